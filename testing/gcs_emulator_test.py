@@ -1,0 +1,40 @@
+"""Tests for the fake-gcs-server fixture: start, restart, persistence."""
+
+from absl.testing import absltest
+from google.api_core import exceptions
+
+from testing import gcs_emulator
+
+
+class GcsEmulatorTest(absltest.TestCase):
+
+  def test_restart_keeps_port_buckets_and_objects(self):
+    root = self.create_tempdir().full_path
+    emulator = gcs_emulator.GcsEmulator(buckets=["kept"], root=root)
+    self.addCleanup(emulator.cleanup)
+    emulator.start()
+    port = emulator.port
+    emulator.client().bucket("kept").blob("a/b.txt").upload_from_string(
+        b"payload")
+    emulator.kill()
+    self.assertFalse(emulator.running)
+    emulator.start()
+    self.assertEqual(emulator.port, port)
+    self.assertTrue(emulator.running)
+    self.assertEqual(
+        emulator.client().bucket("kept").blob("a/b.txt").download_as_bytes(),
+        b"payload")
+    emulator.restart()
+    self.assertEqual([b.name for b in emulator.client().list_blobs("kept")],
+                     ["a/b.txt"])
+
+  def test_missing_bucket_is_an_error(self):
+    with gcs_emulator.GcsEmulator(buckets=["one"]) as emulator:
+      with self.assertRaises(exceptions.NotFound):
+        emulator.client().bucket("other").blob("x").download_as_bytes()
+      self.assertTrue(emulator.url.startswith("http://127.0.0.1:"))
+    self.assertFalse(emulator.running)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,56 @@
+"""Turns a run's metrics.jsonl into a PNG of train loss and eval loss.
+
+Run:
+
+  tools/bazel run //tools:plot_metrics -- \
+      --metrics=/path/to/run_dir/metrics.jsonl [--output=/tmp/loss.png]
+
+`--metrics` may also name the run directory. The PNG defaults to
+`metrics.png` beside the metrics file. Relative paths resolve against the
+directory `bazel run` was started from.
+"""
+
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from maxtext import metric_logger
+from tools import plot_metrics_lib
+
+_METRICS = flags.DEFINE_string(
+    "metrics", None,
+    "Required: metrics.jsonl file, or the run directory holding it.")
+_OUTPUT = flags.DEFINE_string(
+    "output", None, "PNG to write; default metrics.png beside the metrics file.")
+_METRIC = flags.DEFINE_string("metric", "loss", "Metric name to plot.")
+_TARGET = flags.DEFINE_float(
+    "target", None, "Draw a dashed line at this value (e.g. target eval loss).")
+
+
+def _resolve(path: str) -> str:
+  """Resolves a relative path against the caller's directory under bazel run."""
+  base = os.environ.get("BUILD_WORKING_DIRECTORY")
+  if base and not os.path.isabs(path):
+    path = os.path.join(base, path)
+  return os.path.normpath(path)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _METRICS.value:
+    raise app.UsageError("--metrics is required")
+  metrics = _resolve(_METRICS.value)
+  if os.path.isdir(metrics):
+    metrics = os.path.join(metrics, metric_logger.METRICS_FILENAME)
+  output = _resolve(_OUTPUT.value) if _OUTPUT.value else None
+  written = plot_metrics_lib.plot_metrics(
+      metrics, output, metric=_METRIC.value, target=_TARGET.value)
+  logging.info("Wrote %s", written)
+  print(written)
+
+
+if __name__ == "__main__":
+  app.run(main)
