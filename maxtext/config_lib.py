@@ -1,0 +1,364 @@
+"""Config checks and helpers: validation before any device work, JSON, loading.
+
+`validate(config)` checks every field of a run configuration (the fields of
+`maxtext/configs/base.py`, no more, no fewer): its type, its range, and the
+relations between fields. Errors are `TypeError` (wrong type) or `ValueError`
+(bad value) and name the field and the value. Checks that need the devices
+(batch divisible by the device count, mesh shape) belong to the mesh code.
+
+The MLPerf submission fields are checked against what the installed
+`mlperf_logging` package knows, since its compliance checker crashes on an
+unknown division or benchmark instead of reporting it.
+"""
+
+import importlib.util
+import json
+import math
+import os
+from typing import Any
+
+import ml_collections
+from mlperf_logging import benchmark_meta
+from mlperf_logging.mllog import constants as mllog_constants
+
+ALLOWED_DTYPES = ("float32", "bfloat16", "float16")
+DATASET_TYPES = ("synthetic", "tokens_file")
+HARDWARE = ("cpu", "tpu", "gpu")
+SUBMISSION_DIVISIONS = (mllog_constants.CLOSED, mllog_constants.OPEN)
+SUBMISSION_STATUSES = (mllog_constants.ONPREM, mllog_constants.CLOUD,
+                       mllog_constants.RESEARCH)
+# Rulesets whose events the engine writes (the 6.x disclosure keys).
+SUPPORTED_MLLOG_RULESETS = ("6.0.0", "6.1.0")
+
+# Expected Python type of every field. `float` fields also take ints.
+_STR, _INT, _FLOAT, _BOOL = str, int, float, bool
+FIELD_TYPES: dict[str, type] = {
+    "run_name": _STR,
+    "base_output_directory": _STR,
+    "local_staging_directory": _STR,
+    "checkpoint_directory": _STR,
+    "resume": _BOOL,
+    "load_parameters_path": _STR,
+    "checkpoint_period": _INT,
+    "max_checkpoints_to_keep": _INT,
+    "seed": _INT,
+    "data_shuffle_seed": _INT,
+    "vocab_size": _INT,
+    "emb_dim": _INT,
+    "num_layers": _INT,
+    "num_heads": _INT,
+    "num_kv_heads": _INT,
+    "head_dim": _INT,
+    "mlp_dim": _INT,
+    "max_sequence_length": _INT,
+    "rope_theta": _FLOAT,
+    "norm_epsilon": _FLOAT,
+    "weight_dtype": _STR,
+    "compute_dtype": _STR,
+    "dataset_type": _STR,
+    "train_data_path": _STR,
+    "eval_data_path": _STR,
+    "global_batch_size": _INT,
+    "gradient_accumulation_steps": _INT,
+    "steps": _INT,
+    "learning_rate": _FLOAT,
+    "warmup_steps": _INT,
+    "lr_schedule_steps": _INT,
+    "lr_end_fraction": _FLOAT,
+    "adam_b1": _FLOAT,
+    "adam_b2": _FLOAT,
+    "adam_eps": _FLOAT,
+    "weight_decay": _FLOAT,
+    "grad_clip_norm": _FLOAT,
+    "eval_interval": _INT,
+    "eval_steps": _INT,
+    "eval_batch_size": _INT,
+    "target_eval_loss": _FLOAT,
+    "log_period": _INT,
+    "profiler_steps": _INT,
+    "profiler_start_step": _INT,
+    "max_consecutive_skipped_steps": _INT,
+    "data_parallelism": _INT,
+    "fsdp_parallelism": _INT,
+    "coordinator_address": _STR,
+    "num_processes": _INT,
+    "process_id": _INT,
+    "distributed_init_timeout_seconds": _INT,
+    "jax_compilation_cache_dir": _STR,
+    "hardware": _STR,
+    "allow_cpu_fallback": _BOOL,
+    "enable_mllog": _BOOL,
+    "mllog_file": _STR,
+    "mllog_ruleset": _STR,
+    "submission_org": _STR,
+    "submission_platform": _STR,
+    "submission_division": _STR,
+    "submission_status": _STR,
+    "submission_benchmark": _STR,
+    "mllog_train_samples": _INT,
+    "gcs_sync_interval_seconds": _FLOAT,
+    "gcs_request_timeout_seconds": _FLOAT,
+    "gcs_final_timeout_seconds": _FLOAT,
+}
+
+
+def _fail(key: str, value: Any, why: str) -> ValueError:
+  return ValueError(f"config.{key}={value!r}: {why}")
+
+
+def _check_types(values: dict[str, Any]) -> None:
+  missing = sorted(set(FIELD_TYPES) - set(values))
+  if missing:
+    raise ValueError(f"config is missing field(s) {missing}; every field of "
+                     f"maxtext/configs/base.py is required")
+  unknown = sorted(set(values) - set(FIELD_TYPES))
+  if unknown:
+    raise ValueError(f"config has unknown field(s) {unknown}; add new fields "
+                     f"to maxtext/configs/base.py and config_lib.FIELD_TYPES")
+  for key, expected in FIELD_TYPES.items():
+    value = values[key]
+    if expected is _FLOAT:
+      ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif expected is _INT:
+      ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+      ok = isinstance(value, expected)
+    if not ok:
+      raise TypeError(f"config.{key}={value!r}: expected "
+                      f"{expected.__name__}, got {type(value).__name__}")
+    if expected is _FLOAT and not math.isfinite(value):
+      raise _fail(key, value, "must be finite")
+
+
+def _at_least(values, key: str, minimum: int) -> None:
+  if values[key] < minimum:
+    raise _fail(key, values[key], f"must be >= {minimum}")
+
+
+def _one_of(values, key: str, allowed) -> None:
+  if values[key] not in allowed:
+    raise _fail(key, values[key], f"must be one of {list(allowed)}")
+
+
+def known_mllog_rulesets() -> tuple[str, ...]:
+  """Supported rulesets that the installed compliance checker also has."""
+  checker_dir = os.path.join(
+      os.path.dirname(os.path.dirname(mllog_constants.__file__)),
+      "compliance_checker")
+  return tuple(r for r in SUPPORTED_MLLOG_RULESETS
+               if os.path.isdir(os.path.join(checker_dir, f"training_{r}")))
+
+
+def known_benchmarks(ruleset: str) -> tuple[str, ...]:
+  """Training benchmarks that `mlperf_logging` allows for `ruleset`."""
+  return tuple(benchmark_meta.get_allowed_benchmarks("training", ruleset))
+
+
+def _check_relative_name(key: str, value: str) -> None:
+  if (os.path.isabs(value) or "/" in value or "\\" in value or
+      value in (".", "..") or value.startswith("~")):
+    raise _fail(key, value, "must be a plain directory name inside "
+                "base_output_directory (no '/', '..' or absolute path)")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks every field; raises on the first problem found.
+
+  Args:
+    config: a run configuration (flat ConfigDict).
+
+  Raises:
+    TypeError: a field has the wrong type (message names field and value).
+    ValueError: a field is missing, unknown, out of range or inconsistent with
+      another field (message names field and value).
+  """
+  if not isinstance(config, (ml_collections.ConfigDict, dict)):
+    raise TypeError(f"config must be a ConfigDict, got {type(config).__name__}")
+  values = dict(config.items())
+  _check_types(values)
+  v = values
+
+  # Run and output.
+  if v["run_name"]:
+    _check_relative_name("run_name", v["run_name"])
+  if not v["base_output_directory"]:
+    raise _fail("base_output_directory", "", "must not be empty")
+  if (v["base_output_directory"].startswith("gs://") and
+      len(v["base_output_directory"].rstrip("/")) <= len("gs://")):
+    raise _fail("base_output_directory", v["base_output_directory"],
+                "needs a bucket: gs://bucket[/prefix]")
+  _at_least(v, "checkpoint_period", 0)
+  _at_least(v, "max_checkpoints_to_keep", 0)
+  _at_least(v, "seed", 0)
+  _at_least(v, "data_shuffle_seed", 0)
+
+  # Model.
+  for key in ("vocab_size", "emb_dim", "num_layers", "num_heads",
+              "num_kv_heads", "head_dim", "mlp_dim", "max_sequence_length"):
+    _at_least(v, key, 1)
+  if v["num_heads"] % v["num_kv_heads"]:
+    raise _fail("num_kv_heads", v["num_kv_heads"],
+                f"must divide num_heads={v['num_heads']}")
+  if v["head_dim"] % 2:
+    raise _fail("head_dim", v["head_dim"], "must be even (rotary embeddings)")
+  if v["rope_theta"] <= 0:
+    raise _fail("rope_theta", v["rope_theta"], "must be > 0")
+  if v["norm_epsilon"] <= 0:
+    raise _fail("norm_epsilon", v["norm_epsilon"], "must be > 0")
+  _one_of(v, "weight_dtype", ALLOWED_DTYPES)
+  _one_of(v, "compute_dtype", ALLOWED_DTYPES)
+
+  # Data.
+  _one_of(v, "dataset_type", DATASET_TYPES)
+  if v["dataset_type"] == "tokens_file":
+    for key in ("train_data_path", "eval_data_path"):
+      if not v[key]:
+        raise _fail(key, v[key], "is required when dataset_type='tokens_file'")
+
+  # Batch and steps.
+  _at_least(v, "global_batch_size", 1)
+  _at_least(v, "gradient_accumulation_steps", 1)
+  _at_least(v, "steps", 1)
+  if v["global_batch_size"] % v["gradient_accumulation_steps"]:
+    raise _fail("global_batch_size", v["global_batch_size"],
+                f"must be divisible by gradient_accumulation_steps="
+                f"{v['gradient_accumulation_steps']}")
+
+  # Optimizer.
+  if v["learning_rate"] <= 0:
+    raise _fail("learning_rate", v["learning_rate"], "must be > 0")
+  _at_least(v, "warmup_steps", 0)
+  _at_least(v, "lr_schedule_steps", 0)
+  if v["warmup_steps"] > lr_schedule_steps(config):
+    raise _fail("warmup_steps", v["warmup_steps"],
+                f"must be <= the schedule length {lr_schedule_steps(config)} "
+                f"(lr_schedule_steps, 0 = steps)")
+  if not 0.0 <= v["lr_end_fraction"] <= 1.0:
+    raise _fail("lr_end_fraction", v["lr_end_fraction"], "must be in [0, 1]")
+  for key in ("adam_b1", "adam_b2"):
+    if not 0.0 <= v[key] < 1.0:
+      raise _fail(key, v[key], "must be in [0, 1)")
+  if v["adam_eps"] <= 0:
+    raise _fail("adam_eps", v["adam_eps"], "must be > 0")
+  if v["weight_decay"] < 0:
+    raise _fail("weight_decay", v["weight_decay"], "must be >= 0")
+  if v["grad_clip_norm"] < 0:
+    raise _fail("grad_clip_norm", v["grad_clip_norm"],
+                "must be >= 0 (0 = no clipping)")
+
+  # Evaluation and monitoring.
+  _at_least(v, "eval_interval", 1)
+  _at_least(v, "eval_steps", 1)
+  _at_least(v, "eval_batch_size", 1)
+  if v["target_eval_loss"] < 0:
+    raise _fail("target_eval_loss", v["target_eval_loss"],
+                "must be >= 0 (0 = no target)")
+  _at_least(v, "log_period", 1)
+  _at_least(v, "profiler_steps", 0)
+  _at_least(v, "profiler_start_step", 0)
+  _at_least(v, "max_consecutive_skipped_steps", 1)
+
+  # Mesh.
+  for key in ("data_parallelism", "fsdp_parallelism"):
+    if v[key] != -1 and v[key] < 1:
+      raise _fail(key, v[key], "must be -1 (all remaining devices) or >= 1")
+  if v["data_parallelism"] == -1 and v["fsdp_parallelism"] == -1:
+    raise _fail("fsdp_parallelism", -1,
+                "only one of data_parallelism and fsdp_parallelism may be -1")
+
+  # Distribution.
+  _at_least(v, "num_processes", 0)
+  if v["num_processes"] > 1:
+    address = v["coordinator_address"]
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+      raise _fail("coordinator_address", address,
+                  "must be 'host:port' when num_processes > 1")
+    if not 0 <= v["process_id"] < v["num_processes"]:
+      raise _fail("process_id", v["process_id"],
+                  f"must be in [0, num_processes={v['num_processes']})")
+  elif v["process_id"] < -1:
+    raise _fail("process_id", v["process_id"], "must be >= -1")
+  _at_least(v, "distributed_init_timeout_seconds", 1)
+
+  # Runtime.
+  _one_of(v, "hardware", HARDWARE)
+
+  # MLPerf log. Checked even when off, so turning it on cannot fail later.
+  _one_of(v, "mllog_ruleset", known_mllog_rulesets())
+  for key in ("submission_org", "submission_platform"):
+    if not v[key].strip():
+      raise _fail(key, v[key], "must not be empty (the checker requires it)")
+  _one_of(v, "submission_division", SUBMISSION_DIVISIONS)
+  _one_of(v, "submission_status", SUBMISSION_STATUSES)
+  _one_of(v, "submission_benchmark", known_benchmarks(v["mllog_ruleset"]))
+  _at_least(v, "mllog_train_samples", 0)
+
+  # GCS mirror.
+  _at_least(v, "gcs_sync_interval_seconds", 0)
+  for key in ("gcs_request_timeout_seconds", "gcs_final_timeout_seconds"):
+    if v[key] <= 0:
+      raise _fail(key, v[key], "must be > 0")
+
+
+def lr_schedule_steps(config) -> int:
+  """Length of the learning-rate schedule: lr_schedule_steps, 0 = steps."""
+  return config.lr_schedule_steps or config.steps
+
+
+def micro_batch_size(config) -> int:
+  """Sequences per micro-batch over all processes: global batch / K."""
+  return config.global_batch_size // config.gradient_accumulation_steps
+
+
+def train_samples(config) -> int:
+  """`train_samples` for the MLPerf log: mllog_train_samples, 0 = the budget."""
+  return config.mllog_train_samples or config.steps * config.global_batch_size
+
+
+def eval_samples(config) -> int:
+  """Sequences in one evaluation: eval_steps * eval_batch_size."""
+  return config.eval_steps * config.eval_batch_size
+
+
+def to_json_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The config as a JSON-serialisable dict (field references resolved).
+
+  Raises:
+    TypeError: if a value cannot be written as JSON.
+  """
+  values = config.to_dict() if isinstance(
+      config, ml_collections.ConfigDict) else dict(config)
+  json.dumps(values)  # Raises TypeError naming the unserialisable type.
+  return values
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """Loads a config file (a module with `get_config()`) by path.
+
+  Args:
+    path: path of a Python file defining `get_config() -> ConfigDict`.
+
+  Returns:
+    The ConfigDict that `get_config()` returns (not validated).
+
+  Raises:
+    FileNotFoundError: if the path does not exist.
+    ValueError: if the file has no `get_config` or it returns no ConfigDict.
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} does not exist")
+  name = "maxtext_config_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  if spec is None or spec.loader is None:
+    raise ValueError(f"config file {path!r} cannot be imported")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  get_config = getattr(module, "get_config", None)
+  if not callable(get_config):
+    raise ValueError(f"config file {path!r} defines no get_config()")
+  config = get_config()
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ValueError(f"get_config() of {path!r} returned "
+                     f"{type(config).__name__}, not a ConfigDict")
+  return config

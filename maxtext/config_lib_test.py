@@ -1,0 +1,308 @@
+"""Tests for config_lib and the config files in maxtext/configs."""
+
+import glob
+import json
+import os
+import re
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import ml_collections
+from mlperf_logging.mllog import constants as mllog_constants
+import yaml
+
+from maxtext import config_lib
+from maxtext import optimizer
+
+_CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "configs")
+_CHECKER_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(mllog_constants.__file__)),
+    "compliance_checker")
+
+
+def _config_files():
+  return sorted(glob.glob(os.path.join(_CONFIG_DIR, "*.py")))
+
+
+def _load(name):
+  return config_lib.load_config_file(os.path.join(_CONFIG_DIR, name + ".py"))
+
+
+def _with(config, **overrides):
+  """A plain copy of `config` with fields replaced, bypassing type locking."""
+  values = config.to_dict()
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
+
+
+class ConfigFilesTest(parameterized.TestCase):
+
+  def test_config_dir_has_the_promised_files(self):
+    names = {os.path.basename(p) for p in _config_files()}
+    self.assertContainsSubset({"base.py", "default.py", "llama31_8b.py"},
+                              names)
+
+  def test_every_config_file_loads_and_validates(self):
+    for path in _config_files():
+      with self.subTest(path=os.path.basename(path)):
+        config = config_lib.load_config_file(path)
+        config_lib.validate(config)
+        self.assertEqual(set(config.keys()), set(config_lib.FIELD_TYPES))
+
+  def test_every_base_field_is_commented(self):
+    with open(os.path.join(_CONFIG_DIR, "base.py")) as f:
+      lines = f.read().splitlines()
+    assigned = re.compile(r"^\s+config\.(\w+) = ")
+    seen = set()
+    for i, line in enumerate(lines):
+      match = assigned.match(line)
+      if not match:
+        continue
+      seen.add(match.group(1))
+      previous = lines[i - 1].strip()
+      with self.subTest(field=match.group(1)):
+        self.assertTrue("#" in line or previous.startswith("#"),
+                        f"base.py field {match.group(1)} has no comment")
+    self.assertEqual(seen, set(config_lib.FIELD_TYPES))
+
+  def test_base_and_default_follow_the_design(self):
+    base = _load("base")
+    default = _load("default")
+    self.assertFalse(base.enable_mllog)
+    self.assertTrue(default.enable_mllog)
+    self.assertEqual(base.weight_dtype, "float32")
+    self.assertEqual(default.hardware, "cpu")
+    self.assertEqual(default.dataset_type, "synthetic")
+    self.assertGreater(default.target_eval_loss, 0.0)
+    self.assertLess(default.target_eval_loss, 1.0)
+    self.assertTrue(os.path.isabs(default.base_output_directory))
+
+  def test_llama31_8b_is_an_accelerator_config(self):
+    config = _load("llama31_8b")
+    self.assertEqual(config.compute_dtype, "bfloat16")
+    self.assertEqual(config.hardware, "tpu")
+    self.assertEqual(config.dataset_type, "tokens_file")
+    self.assertEqual(config.submission_division, "closed")
+    self.assertEqual(config.num_heads % config.num_kv_heads, 0)
+
+  def test_llama31_8b_meets_the_closed_rule_checks(self):
+    """Evaluates the ruleset's own CHECK expressions on the config's values."""
+    config = _load("llama31_8b")
+    summary = optimizer.schedule_summary(config)
+    logged = {
+        "max_sequence_length": config.max_sequence_length,
+        "opt_name": "adamw",
+        "opt_learning_rate_warmup_steps": summary["warmup_steps"],
+        "opt_learning_rate_decay_steps": summary["decay_steps"],
+        "opt_learning_rate_decay_schedule": summary["decay_schedule"],
+        "opt_adamw_beta_1": summary["adam_b1"],
+        "opt_adamw_beta_2": summary["adam_b2"],
+        "opt_adamw_epsilon": summary["adam_eps"],
+        "opt_adamw_weight_decay": summary["weight_decay"],
+        "opt_gradient_clip_norm": summary["grad_clip_norm"],
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "eval_samples": config_lib.eval_samples(config),
+        "max_steps": config.steps,
+        "global_batch_size": config.global_batch_size,
+    }
+    for ruleset in config_lib.known_mllog_rulesets():
+      path = os.path.join(_CHECKER_DIR, f"training_{ruleset}",
+                          f"closed_{config.submission_benchmark}.yaml")
+      with open(path) as f:
+        rules = yaml.safe_load(f)
+      state = {}
+      checked = 0
+      for rule in rules:
+        key = rule.get("KEY", {})
+        name = key.get("NAME")
+        if name not in logged:
+          continue
+        v = {"value": logged[name], "metadata": {}}
+        if "CHECK" in key:
+          checks = key["CHECK"]
+          checks = checks if isinstance(checks, list) else [checks]
+          for check in checks:
+            with self.subTest(ruleset=ruleset, key=name, check=check):
+              self.assertTrue(eval(check, {}, {"v": v, "s": state}))  # pylint: disable=eval-used
+          checked += 1
+        if "POST" in key:
+          exec(key["POST"], {}, {"v": v, "s": state})  # pylint: disable=exec-used
+      self.assertGreaterEqual(checked, 10, ruleset)
+      # The eval target is one the rule's accuracy check accepts.
+      accuracy = [r["KEY"] for r in rules
+                  if r.get("KEY", {}).get("NAME") == "eval_accuracy"]
+      for key in accuracy:
+        if "ATLEAST_ONE_CHECK" in key:
+          self.assertTrue(eval(key["ATLEAST_ONE_CHECK"], {},  # pylint: disable=eval-used
+                               {"v": {"value": config.target_eval_loss}}))
+
+
+class ValidateTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.config = _load("base")
+
+  @parameterized.named_parameters(
+      ("steps_zero", {"steps": 0}, "steps"),
+      ("accumulation_zero", {"gradient_accumulation_steps": 0},
+       "gradient_accumulation_steps"),
+      ("batch_not_divisible", {"global_batch_size": 10,
+                               "gradient_accumulation_steps": 4},
+       "global_batch_size=10.*gradient_accumulation_steps=4"),
+      ("warmup_past_steps", {"warmup_steps": 11, "steps": 10},
+       "warmup_steps=11.*10"),
+      ("warmup_past_schedule", {"warmup_steps": 6, "lr_schedule_steps": 5},
+       "warmup_steps=6"),
+      ("weight_dtype", {"weight_dtype": "float64"}, "weight_dtype='float64'"),
+      ("compute_dtype", {"compute_dtype": "int8"}, "compute_dtype='int8'"),
+      ("dataset_type", {"dataset_type": "csv"}, "dataset_type='csv'"),
+      ("tokens_file_without_train_path",
+       {"dataset_type": "tokens_file", "eval_data_path": "/x.npy"},
+       "train_data_path"),
+      ("tokens_file_without_eval_path",
+       {"dataset_type": "tokens_file", "train_data_path": "/x.npy"},
+       "eval_data_path"),
+      ("eval_interval_zero", {"eval_interval": 0}, "eval_interval=0"),
+      ("eval_steps_zero", {"eval_steps": 0}, "eval_steps=0"),
+      ("run_name_slash", {"run_name": "a/b"}, "run_name='a/b'"),
+      ("run_name_dotdot", {"run_name": ".."}, "run_name='..'"),
+      ("run_name_absolute", {"run_name": "/tmp/x"}, "run_name='/tmp/x'"),
+      ("run_name_home", {"run_name": "~"}, "run_name='~'"),
+      ("data_parallelism_zero", {"data_parallelism": 0}, "data_parallelism=0"),
+      ("fsdp_minus_two", {"fsdp_parallelism": -2}, "fsdp_parallelism=-2"),
+      ("both_minus_one", {"data_parallelism": -1, "fsdp_parallelism": -1},
+       "only one"),
+      ("kv_heads", {"num_heads": 4, "num_kv_heads": 3}, "num_kv_heads=3"),
+      ("odd_head_dim", {"head_dim": 7}, "head_dim=7"),
+      ("learning_rate", {"learning_rate": 0.0}, "learning_rate=0.0"),
+      ("lr_end_fraction", {"lr_end_fraction": 1.5}, "lr_end_fraction=1.5"),
+      ("adam_b2", {"adam_b2": 1.0}, "adam_b2=1.0"),
+      ("grad_clip", {"grad_clip_norm": -1.0}, "grad_clip_norm=-1.0"),
+      ("division", {"submission_division": "semi"},
+       "submission_division='semi'"),
+      ("status", {"submission_status": "unknown"},
+       "submission_status='unknown'"),
+      ("benchmark", {"submission_benchmark": "no_such_benchmark"},
+       "submission_benchmark='no_such_benchmark'"),
+      ("ruleset", {"mllog_ruleset": "1.0.0"}, "mllog_ruleset='1.0.0'"),
+      ("empty_org", {"submission_org": ""}, "submission_org"),
+      ("hardware", {"hardware": "npu"}, "hardware='npu'"),
+      ("multi_process_without_coordinator",
+       {"num_processes": 2, "process_id": 0}, "coordinator_address"),
+      ("process_id_out_of_range",
+       {"num_processes": 2, "process_id": 2,
+        "coordinator_address": "10.0.0.1:1234"}, "process_id=2"),
+      ("gs_without_bucket", {"base_output_directory": "gs://"},
+       "base_output_directory"),
+      ("empty_output", {"base_output_directory": ""}, "base_output_directory"),
+      ("nan_learning_rate", {"learning_rate": float("nan")}, "learning_rate"),
+      ("skipped_steps_zero", {"max_consecutive_skipped_steps": 0},
+       "max_consecutive_skipped_steps=0"),
+      ("gcs_sync_negative", {"gcs_sync_interval_seconds": -1.0},
+       "gcs_sync_interval_seconds=-1.0"),
+      ("gcs_timeout_zero", {"gcs_request_timeout_seconds": 0.0},
+       "gcs_request_timeout_seconds=0.0"),
+  )
+  def test_bad_value_raises_value_error_naming_it(self, overrides, pattern):
+    with self.assertRaisesRegex(ValueError, pattern):
+      config_lib.validate(_with(self.config, **overrides))
+
+  @parameterized.named_parameters(
+      ("str_for_int", "steps", "10"),
+      ("float_for_int", "global_batch_size", 16.0),
+      ("bool_for_int", "steps", True),
+      ("int_for_bool", "resume", 1),
+      ("str_for_float", "learning_rate", "1e-3"),
+      ("int_for_str", "run_name", 3),
+  )
+  def test_wrong_type_raises_type_error_naming_it(self, key, value):
+    with self.assertRaisesRegex(TypeError, f"config.{key}="):
+      config_lib.validate(_with(self.config, **{key: value}))
+
+  def test_int_is_accepted_for_float_fields(self):
+    config_lib.validate(_with(self.config, learning_rate=1, rope_theta=10000))
+
+  def test_missing_and_unknown_fields_are_errors(self):
+    values = self.config.to_dict()
+    del values["steps"]
+    with self.assertRaisesRegex(ValueError, "missing.*steps"):
+      config_lib.validate(ml_collections.ConfigDict(values))
+    with self.assertRaisesRegex(ValueError, "unknown.*stpes"):
+      config_lib.validate(_with(self.config, stpes=10))
+
+  def test_valid_variants_pass(self):
+    config_lib.validate(_with(self.config, run_name="my_run-1.2"))
+    config_lib.validate(_with(self.config, num_processes=2, process_id=1,
+                              coordinator_address="10.0.0.1:8476"))
+    config_lib.validate(_with(self.config, num_processes=0))
+    config_lib.validate(_with(self.config, data_parallelism=2,
+                              fsdp_parallelism=-1))
+    config_lib.validate(_with(self.config, warmup_steps=10, steps=10))
+    config_lib.validate(_with(self.config,
+                              base_output_directory="gs://bucket/prefix"))
+
+  def test_every_known_benchmark_and_division_exists_in_the_checker(self):
+    for ruleset in config_lib.known_mllog_rulesets():
+      ruleset_dir = os.path.join(_CHECKER_DIR, f"training_{ruleset}")
+      for division in config_lib.SUBMISSION_DIVISIONS:
+        self.assertTrue(os.path.isfile(
+            os.path.join(ruleset_dir, f"{division}_common.yaml")), division)
+        for benchmark in config_lib.known_benchmarks(ruleset):
+          with self.subTest(ruleset=ruleset, division=division,
+                            benchmark=benchmark):
+            self.assertTrue(os.path.isfile(
+                os.path.join(ruleset_dir, f"{division}_{benchmark}.yaml")))
+            config_lib.validate(_with(self.config, mllog_ruleset=ruleset,
+                                      submission_division=division,
+                                      submission_benchmark=benchmark))
+
+  def test_locked_config_rejects_a_misspelt_override(self):
+    config = _load("default")
+    config.lock()
+    with self.assertRaises(AttributeError):
+      config.stpes = 10  # pylint: disable=attribute-defined-outside-init
+
+
+class HelpersTest(absltest.TestCase):
+
+  def test_derived_values(self):
+    config = _with(_load("base"), steps=50, lr_schedule_steps=0,
+                   global_batch_size=12, gradient_accumulation_steps=3,
+                   mllog_train_samples=0, eval_steps=5, eval_batch_size=7)
+    self.assertEqual(config_lib.lr_schedule_steps(config), 50)
+    self.assertEqual(config_lib.micro_batch_size(config), 4)
+    self.assertEqual(config_lib.train_samples(config), 50 * 12)
+    self.assertEqual(config_lib.eval_samples(config), 35)
+    config = _with(config, lr_schedule_steps=80, mllog_train_samples=999)
+    self.assertEqual(config_lib.lr_schedule_steps(config), 80)
+    self.assertEqual(config_lib.train_samples(config), 999)
+
+  def test_to_json_dict_round_trips(self):
+    config = _load("default")
+    values = config_lib.to_json_dict(config)
+    self.assertEqual(json.loads(json.dumps(values)), config.to_dict())
+
+  def test_to_json_dict_rejects_unserialisable_values(self):
+    with self.assertRaises(TypeError):
+      config_lib.to_json_dict(_with(_load("base"), run_name=object()))
+
+  def test_load_config_file_errors(self):
+    with self.assertRaisesRegex(FileNotFoundError, "nope.py"):
+      config_lib.load_config_file("/nonexistent/nope.py")
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "empty_config.py")
+      with open(path, "w") as f:
+        f.write("X = 1\n")
+      with self.assertRaisesRegex(ValueError, "get_config"):
+        config_lib.load_config_file(path)
+      with open(path, "w") as f:
+        f.write("def get_config():\n  return {'a': 1}\n")
+      with self.assertRaisesRegex(ValueError, "not a ConfigDict"):
+        config_lib.load_config_file(path)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,177 @@
+"""Base configuration: every field the engine reads, with neutral defaults.
+
+Other config files import this module and override a few fields (see
+`default.py` and `llama31_8b.py`). `maxtext.config_lib.validate` checks every
+field listed here; a field missing from this file is an error there, so a new
+field is added here first, with a comment.
+
+The defaults describe a small decoder-only model on the CPU, synthetic data,
+MLPerf logging off. They validate but are not tuned to reach any target; use
+`default.py` for the runnable embedded default.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """Returns the base configuration (a flat ConfigDict)."""
+  config = ml_collections.ConfigDict()
+
+  # ---------------------------------------------------------- run & output
+  # Name of the run directory under `base_output_directory`. "" = a timestamp
+  # chosen at start-up. A plain name only: no '/', no '..', not absolute.
+  config.run_name = ""
+  # Where run directories live: a local path (relative paths resolve against the
+  # caller's working directory) or "gs://bucket/prefix".
+  config.base_output_directory = "maxtext_runs"
+  # Local directory that holds the run directory while it is mirrored to a
+  # gs:// `base_output_directory`. "" = a directory under the system temp dir.
+  # Unused for local output.
+  config.local_staging_directory = ""
+  # GCS mirror of a gs:// `base_output_directory` (unused for local output).
+  # Least seconds between the starts of two background upload passes; changes
+  # in between coalesce into the next pass.
+  config.gcs_sync_interval_seconds = 30.0
+  # Most seconds one GCS request may take, its retries included (also bounds
+  # the download of a run from the mirror at start).
+  config.gcs_request_timeout_seconds = 60.0
+  # Most seconds the end of the run waits for the final upload pass; after
+  # that the run ends with a warning (the local staging keeps everything).
+  config.gcs_final_timeout_seconds = 300.0
+  # Orbax checkpoint directory (local or gs://). "" = <run dir>/checkpoints.
+  config.checkpoint_directory = ""
+  # Continue from the newest checkpoint of the run directory (an existing run
+  # directory with checkpoints also resumes).
+  config.resume = False
+  # Start from the parameters of an existing checkpoint (a step directory or a
+  # checkpoint directory whose newest step is used), with a fresh optimizer.
+  # "" = initialise parameters from `seed`.
+  config.load_parameters_path = ""
+  # Save a checkpoint every this many steps (and always at the end). 0 = only
+  # at the end.
+  config.checkpoint_period = 1000
+  # Number of newest checkpoints kept; older ones are deleted. 0 = keep all.
+  config.max_checkpoints_to_keep = 3
+
+  # ------------------------------------------------------------ randomness
+  # Seed of parameter initialisation and of the synthetic data streams.
+  config.seed = 0
+  # Seed of the order in which a tokens file's windows are visited.
+  config.data_shuffle_seed = 0
+
+  # ----------------------------------------------------------------- model
+  # Decoder-only transformer (RMSNorm, rotary embeddings, SwiGLU MLP, causal
+  # attention with grouped key/value heads).
+  config.vocab_size = 256  # Token ids are in [0, vocab_size).
+  config.emb_dim = 128  # Width of the residual stream.
+  config.num_layers = 2  # Number of transformer blocks.
+  config.num_heads = 4  # Query heads per attention layer.
+  # Key/value heads; num_heads must be a multiple (grouped-query attention).
+  config.num_kv_heads = 4
+  config.head_dim = 32  # Width of one attention head.
+  config.mlp_dim = 512  # Hidden width of the SwiGLU MLP.
+  # Tokens per training sequence (the model sees inputs of this length).
+  config.max_sequence_length = 64
+  # Base of the rotary position embedding frequencies.
+  config.rope_theta = 10000.0
+  # Epsilon inside the RMSNorm square root.
+  config.norm_epsilon = 1e-5
+  # Storage dtype of parameters and optimizer state:
+  # float32 | bfloat16 | float16.
+  config.weight_dtype = "float32"
+  # Dtype of activations and matmuls (parameters are cast at use); logits and
+  # the loss are always float32. float32 on the CPU, bfloat16 on accelerators.
+  config.compute_dtype = "float32"
+
+  # ------------------------------------------------------------------ data
+  # "synthetic": generated, learnable sequences (no files).
+  # "tokens_file": a flat NumPy .npy file of token ids (any integer dtype), or a
+  # raw .bin file of little-endian uint16 token ids, memory-mapped.
+  config.dataset_type = "synthetic"
+  config.train_data_path = ""  # Tokens file for training (tokens_file only).
+  config.eval_data_path = ""  # Tokens file for evaluation (tokens_file only).
+
+  # --------------------------------------------------------- batch & steps
+  # Sequences per optimizer step, over all processes and micro-batches.
+  config.global_batch_size = 16
+  # Micro-batches per optimizer step; global_batch_size must be divisible by it.
+  config.gradient_accumulation_steps = 1
+  # Optimizer steps to run at most (the run stops earlier at the eval target).
+  config.steps = 1000
+
+  # ------------------------------------------------------------- optimizer
+  # AdamW with linear warmup from 0 to `learning_rate` over `warmup_steps`, then
+  # cosine decay to learning_rate * lr_end_fraction at `lr_schedule_steps`.
+  config.learning_rate = 1e-3  # Peak learning rate.
+  config.warmup_steps = 100  # Steps of linear warmup from 0.
+  config.lr_schedule_steps = 0  # Length of warmup + decay. 0 = `steps`.
+  config.lr_end_fraction = 0.1  # Final learning rate as a fraction of the peak.
+  config.adam_b1 = 0.9  # AdamW first-moment decay.
+  config.adam_b2 = 0.95  # AdamW second-moment decay.
+  config.adam_eps = 1e-8  # AdamW denominator epsilon.
+  # Decoupled weight decay, applied to matrices (not to norm scales).
+  config.weight_decay = 0.1
+  # Clip gradients to this global L2 norm. 0 = no clipping.
+  config.grad_clip_norm = 1.0
+
+  # ------------------------------------------------------------ evaluation
+  config.eval_interval = 100  # Evaluate every this many steps (and at the end).
+  config.eval_steps = 4  # Eval batches per evaluation.
+  config.eval_batch_size = 16  # Sequences per eval batch, over all processes.
+  # Stop with success when the mean eval loss (nats per token) is <= this.
+  # 0 = no target: run for `steps`.
+  config.target_eval_loss = 0.0
+
+  # ------------------------------------------------------------ monitoring
+  config.log_period = 10  # Console line every this many steps.
+  # Steps traced by the JAX profiler (trace next to the TensorBoard logs).
+  # 0 = no trace.
+  config.profiler_steps = 0
+  # First step of the profiler window (later than 0 keeps compilation out).
+  config.profiler_start_step = 3
+  # Stop the run after this many consecutive steps whose gradients were not
+  # finite (each such step is skipped, parameters untouched).
+  config.max_consecutive_skipped_steps = 5
+
+  # ----------------------------------------------------------- parallelism
+  # Device mesh axes. -1 = all devices the other axis leaves; at most one -1.
+  config.data_parallelism = -1  # Data-parallel replicas.
+  config.fsdp_parallelism = 1  # Devices that shard parameters (FSDP).
+
+  # ---------------------------------------------------------- distribution
+  # Multi-process (multi-host) runs through jax.distributed.
+  # num_processes: 1 = one process, no distributed runtime; > 1 = explicit
+  # setup from `coordinator_address` and `process_id`; 0 = detect everything
+  # from the cluster environment (TPU pods, SLURM).
+  config.num_processes = 1
+  config.coordinator_address = ""  # "host:port" of process 0's coordinator.
+  config.process_id = -1  # This process's index when num_processes > 1.
+  config.distributed_init_timeout_seconds = 300  # Wait for all processes.
+
+  # --------------------------------------------------------------- runtime
+  # Persistent JAX compilation cache directory. "" = no persistent cache.
+  config.jax_compilation_cache_dir = ""
+  # Accelerator the run expects: "cpu" | "tpu" | "gpu".
+  config.hardware = "cpu"
+  # When `hardware` is not present: True = warn and run on the CPU,
+  # False = stop with an error.
+  config.allow_cpu_fallback = False
+
+  # ------------------------------------------------------------ MLPerf log
+  # Write an MLPerf Training :::MLLOG log (process 0 only). Off = no work.
+  config.enable_mllog = False
+  config.mllog_file = ""  # "" = <run dir>/mllog.log.
+  # Training ruleset the log follows (a ruleset the installed checker knows).
+  config.mllog_ruleset = "6.1.0"
+  config.submission_org = "maxtext-engine"  # Submitting organisation.
+  config.submission_platform = "cpu"  # System name in the submission.
+  config.submission_division = "open"  # "closed" | "open".
+  # System availability: "onprem" | "cloud" | "research".
+  config.submission_status = "onprem"
+  # Benchmark name known to the ruleset (e.g. "llama31_8b").
+  config.submission_benchmark = "llama31_8b"
+  # `train_samples` logged: size of the training set in sequences.
+  # 0 = steps * global_batch_size (the samples the step budget covers).
+  config.mllog_train_samples = 0
+
+  return config

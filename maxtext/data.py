@@ -1,0 +1,312 @@
+"""Training and eval data: batches as NumPy arrays, addressed by step.
+
+Every batch is a pure function of (config, step): no iterator state exists, so
+a resumed run sees exactly the data order of an uninterrupted one. Each process
+builds only its own rows of the global batch: rows
+[process_index * B_local, (process_index + 1) * B_local) with
+B_local = global batch size / process_count.
+
+Batches are dicts {"inputs": int32 [B_local, S], "targets": int32 [B_local, S]}
+with S = config.max_sequence_length and targets[:, t] = the token after
+inputs[:, t].
+
+Two sources, chosen by `config.dataset_type` through `make_dataset`:
+  * "synthetic": `SyntheticDataset`, arithmetic progressions modulo the
+    vocabulary, learnable to a loss near 0.
+  * "tokens_file": `TokensFileDataset`, memory-mapped token files.
+"""
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+
+# Common differences of the synthetic progressions. After two tokens the
+# difference is known, so only the first prediction of a sequence stays
+# uncertain (log(len(SYNTHETIC_STEPS)) nats).
+SYNTHETIC_STEPS = (1, 2, 3, 5)
+
+# Stream ids that keep the train and eval random streams apart.
+_TRAIN_STREAM = 0
+_EVAL_STREAM = 1
+
+# Raw token files (".bin") hold little-endian uint16 token ids, no header.
+RAW_TOKEN_DTYPE = np.dtype("<u2")
+
+
+def _local_rows(global_batch: int, process_index: int, process_count: int,
+                name: str) -> slice:
+  """The slice of global batch rows that one process owns."""
+  if not isinstance(process_count, int) or process_count < 1:
+    raise ValueError(f"process_count must be a positive int, got "
+                     f"{process_count!r}")
+  if not isinstance(process_index, int) or not (
+      0 <= process_index < process_count):
+    raise ValueError(f"process_index must be in [0, {process_count}), got "
+                     f"{process_index!r}")
+  if global_batch % process_count:
+    raise ValueError(f"{name}={global_batch} is not divisible by the process "
+                     f"count {process_count}")
+  local = global_batch // process_count
+  return slice(process_index * local, (process_index + 1) * local)
+
+
+def _check_index(value: int, name: str) -> int:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (int, np.integer)) or value < 0:
+    raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+  return int(value)
+
+
+def _to_batch(windows: np.ndarray) -> Batch:
+  """[B, S + 1] token windows -> inputs/targets int32 [B, S]."""
+  windows = windows.astype(np.int32)
+  return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
+
+
+def split_micro_batches(batch: Batch, num_micro_batches: int) -> list[Batch]:
+  """Splits a batch along its first axis into equal micro-batches.
+
+  Args:
+    batch: dict of arrays that share the leading dimension B.
+    num_micro_batches: K >= 1, a divisor of B.
+
+  Returns:
+    K dicts with the same keys, arrays [B / K, ...], in row order.
+
+  Raises:
+    ValueError: if K is not a positive int dividing B, or the arrays disagree
+      on B.
+  """
+  if isinstance(num_micro_batches, bool) or not isinstance(
+      num_micro_batches, int) or num_micro_batches < 1:
+    raise ValueError(f"num_micro_batches must be a positive int, got "
+                     f"{num_micro_batches!r}")
+  if not batch:
+    raise ValueError("batch is empty")
+  sizes = {key: np.shape(value)[0] for key, value in batch.items()}
+  if len(set(sizes.values())) != 1:
+    raise ValueError(f"batch arrays disagree on the batch dimension: {sizes}")
+  size = next(iter(sizes.values()))
+  if size % num_micro_batches:
+    raise ValueError(f"batch size {size} is not divisible by "
+                     f"num_micro_batches={num_micro_batches}")
+  micro = size // num_micro_batches
+  return [{key: value[i * micro:(i + 1) * micro]
+           for key, value in batch.items()}
+          for i in range(num_micro_batches)]
+
+
+class SyntheticDataset:
+  """Arithmetic progressions modulo the vocabulary, deterministic by seed.
+
+  Each sequence is (a + d * t) mod vocab_size for t = 0..S, with a start `a`
+  uniform over the vocabulary and a difference `d` drawn from SYNTHETIC_STEPS.
+  A model that reads the last two tokens predicts every token after the first
+  exactly, so the attainable mean loss is log(len(SYNTHETIC_STEPS)) / S.
+
+  Train batch `step` and eval batch `i` come from separate random streams
+  seeded by (config.seed, stream, index); the global batch is drawn whole and
+  each process keeps its rows, so the data does not depend on the process
+  count.
+  """
+
+  def __init__(self, config, process_index: int = 0, process_count: int = 1):
+    """Creates the dataset.
+
+    Args:
+      config: the run configuration (vocab_size, max_sequence_length, seed,
+        global_batch_size, eval_batch_size).
+      process_index: this process's index.
+      process_count: number of processes sharing each global batch.
+
+    Raises:
+      ValueError: if a batch size is not divisible by process_count, or the
+        process arguments are out of range.
+    """
+    self._vocab = config.vocab_size
+    self._seq = config.max_sequence_length
+    self._seed = config.seed
+    self._train_batch = config.global_batch_size
+    self._eval_batch = config.eval_batch_size
+    self._train_rows = _local_rows(config.global_batch_size, process_index,
+                                   process_count, "global_batch_size")
+    self._eval_rows = _local_rows(config.eval_batch_size, process_index,
+                                  process_count, "eval_batch_size")
+
+  def _windows(self, stream: int, index: int, batch: int) -> np.ndarray:
+    rng = np.random.default_rng([self._seed, stream, index])
+    starts = rng.integers(0, self._vocab, size=(batch, 1))
+    steps = rng.choice(np.asarray(SYNTHETIC_STEPS), size=(batch, 1))
+    positions = np.arange(self._seq + 1)[None, :]
+    return (starts + steps * positions) % self._vocab
+
+  def get_batch(self, step: int) -> Batch:
+    """This process's rows of the training batch of global step `step`."""
+    step = _check_index(step, "step")
+    windows = self._windows(_TRAIN_STREAM, step, self._train_batch)
+    return _to_batch(windows[self._train_rows])
+
+  def get_eval_batch(self, index: int) -> Batch:
+    """This process's rows of eval batch `index` (eval_batch_size rows)."""
+    index = _check_index(index, "index")
+    windows = self._windows(_EVAL_STREAM, index, self._eval_batch)
+    return _to_batch(windows[self._eval_rows])
+
+
+def _open_tokens(path: str, name: str) -> np.ndarray:
+  """Memory-maps a 1-D integer token file (.npy, or raw uint16 .bin)."""
+  if not path:
+    raise ValueError(f"{name} is required for dataset_type='tokens_file'")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{name}: token file {path!r} does not exist")
+  if os.path.getsize(path) == 0:
+    raise ValueError(f"{name}: token file {path!r} is empty")
+  if path.endswith(".npy"):
+    try:
+      tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as e:
+      raise ValueError(f"{name}: {path!r} is not a readable .npy file: {e}"
+                       ) from e
+  elif path.endswith(".bin"):
+    size = os.path.getsize(path)
+    if size % RAW_TOKEN_DTYPE.itemsize:
+      raise ValueError(f"{name}: raw token file {path!r} has {size} bytes, "
+                       f"not a multiple of {RAW_TOKEN_DTYPE.itemsize} (uint16)")
+    tokens = np.memmap(path, dtype=RAW_TOKEN_DTYPE, mode="r")
+  else:
+    raise ValueError(f"{name}: token file {path!r} must end in .npy (NumPy "
+                     f"array) or .bin (raw little-endian uint16)")
+  if not np.issubdtype(tokens.dtype, np.integer):
+    raise ValueError(f"{name}: token file {path!r} has dtype {tokens.dtype}; "
+                     f"token ids must be integers")
+  if tokens.ndim != 1:
+    raise ValueError(f"{name}: token file {path!r} has shape {tokens.shape}; "
+                     f"expected a flat 1-D array of token ids")
+  return tokens
+
+
+class TokensFileDataset:
+  """Windows of a memory-mapped token file, shuffled by data_shuffle_seed.
+
+  File formats: a NumPy ".npy" file holding one 1-D array of any integer dtype,
+  or a raw ".bin" file of little-endian uint16 token ids with no header. Token
+  ids must be in [0, vocab_size); each batch is checked as it is read.
+
+  The file is cut into W = (N - 1) // S windows of S + 1 tokens, window w being
+  tokens[w * S : w * S + S + 1] (neighbours share one boundary token, so every
+  token but the first is a target once). Training sample n (= step *
+  global_batch_size + row) is window perm_e[n mod W] of epoch e = n // W, where
+  perm_e is a permutation seeded by (data_shuffle_seed, e). Eval batches read
+  the eval file's windows in order, wrapping around.
+  """
+
+  def __init__(self, config, process_index: int = 0, process_count: int = 1):
+    """Opens both token files and checks them.
+
+    Args:
+      config: the run configuration (train_data_path, eval_data_path,
+        vocab_size, max_sequence_length, data_shuffle_seed, global_batch_size,
+        eval_batch_size).
+      process_index: this process's index.
+      process_count: number of processes sharing each global batch.
+
+    Raises:
+      FileNotFoundError: if a file does not exist.
+      ValueError: for an empty, malformed or too short file, a bad dtype, or
+        batch sizes not divisible by process_count; the message names the path.
+    """
+    self._vocab = config.vocab_size
+    self._seq = config.max_sequence_length
+    self._shuffle_seed = config.data_shuffle_seed
+    self._train_batch = config.global_batch_size
+    self._eval_batch = config.eval_batch_size
+    self._train_rows = _local_rows(config.global_batch_size, process_index,
+                                   process_count, "global_batch_size")
+    self._eval_rows = _local_rows(config.eval_batch_size, process_index,
+                                  process_count, "eval_batch_size")
+    self._train_path = config.train_data_path
+    self._eval_path = config.eval_data_path
+    self._train = _open_tokens(config.train_data_path, "train_data_path")
+    self._eval = _open_tokens(config.eval_data_path, "eval_data_path")
+    for path, tokens in ((self._train_path, self._train),
+                         (self._eval_path, self._eval)):
+      if tokens.shape[0] < self._seq + 1:
+        raise ValueError(
+            f"token file {path!r} holds {tokens.shape[0]} tokens; one sequence "
+            f"needs max_sequence_length + 1 = {self._seq + 1}")
+    self._train_windows = (self._train.shape[0] - 1) // self._seq
+    self._eval_windows = (self._eval.shape[0] - 1) // self._seq
+    self._perm_cache: dict[int, np.ndarray] = {}
+
+  @property
+  def num_train_windows(self) -> int:
+    """Training sequences per epoch."""
+    return self._train_windows
+
+  @property
+  def num_eval_windows(self) -> int:
+    """Distinct eval sequences."""
+    return self._eval_windows
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    perm = self._perm_cache.get(epoch)
+    if perm is None:
+      rng = np.random.default_rng([self._shuffle_seed, epoch])
+      perm = rng.permutation(self._train_windows)
+      # A step touches at most two epochs; keep the two newest.
+      if len(self._perm_cache) >= 2:
+        self._perm_cache.pop(min(self._perm_cache))
+      self._perm_cache[epoch] = perm
+    return perm
+
+  def _read(self, tokens: np.ndarray, window_ids: Sequence[int],
+            path: str) -> Batch:
+    windows = np.stack([
+        np.asarray(tokens[w * self._seq:w * self._seq + self._seq + 1])
+        for w in window_ids
+    ])
+    if windows.size and (windows.min() < 0 or windows.max() >= self._vocab):
+      raise ValueError(
+          f"token file {path!r} holds token ids outside [0, {self._vocab}) "
+          f"(found {windows.min()}..{windows.max()}); check vocab_size")
+    return _to_batch(windows)
+
+  def get_batch(self, step: int) -> Batch:
+    """This process's rows of the training batch of global step `step`."""
+    step = _check_index(step, "step")
+    rows = range(self._train_batch)[self._train_rows]
+    window_ids = []
+    for row in rows:
+      sample = step * self._train_batch + row
+      epoch, offset = divmod(sample, self._train_windows)
+      window_ids.append(int(self._permutation(epoch)[offset]))
+    return self._read(self._train, window_ids, self._train_path)
+
+  def get_eval_batch(self, index: int) -> Batch:
+    """This process's rows of eval batch `index` (eval_batch_size rows)."""
+    index = _check_index(index, "index")
+    rows = range(self._eval_batch)[self._eval_rows]
+    window_ids = [(index * self._eval_batch + row) % self._eval_windows
+                  for row in rows]
+    return self._read(self._eval, window_ids, self._eval_path)
+
+
+def make_dataset(config, process_index: int = 0, process_count: int = 1):
+  """The dataset that `config.dataset_type` names.
+
+  Returns:
+    A `SyntheticDataset` or `TokensFileDataset` (both have `get_batch(step)`
+    and `get_eval_batch(index)`).
+
+  Raises:
+    ValueError: for an unknown dataset_type, and as the dataset constructors.
+  """
+  if config.dataset_type == "synthetic":
+    return SyntheticDataset(config, process_index, process_count)
+  if config.dataset_type == "tokens_file":
+    return TokensFileDataset(config, process_index, process_count)
+  raise ValueError(f"dataset_type={config.dataset_type!r}: must be "
+                   f"'synthetic' or 'tokens_file'")

@@ -1,0 +1,401 @@
+"""The training engine: gradient accumulation, optimizer step, step metrics.
+
+One training step is K = `gradient_accumulation_steps` calls of `fwd_bwd` (one
+jitted dispatch each) followed by one `update()`:
+
+* `fwd_bwd(micro_batch)` runs `jax.value_and_grad(loss_fn)`, adds the gradients
+  into a donated device accumulator and returns the loss and the scalar aux
+  metrics packed in one array; the engine hands that array to
+  `MetricsRecorder.buffer_packed` (host lists, no device op). Weighted aux
+  metrics go through the per-name path.
+* `update()` first flushes the recorder (one concatenation and one transfer for
+  the whole step), so a value that cannot be fetched raises before anything
+  changes. Then one jitted apply takes the mean gradient, its global norm, skips
+  the step if the gradients are not finite (parameters and optimizer state
+  unchanged, `step_skipped` = 1), applies the optimizer and resets the
+  accumulator. It records `learning_rate`, `grad_norm` and `step_skipped`,
+  flushes them, advances `step` and returns the step's `MetricsBuffer`.
+
+Metric names follow `record_metrics`: nested dicts become `name/sub`; None
+values, the key `intermediate_outputs` and tuple/list values are skipped. The
+loss is recorded as `loss`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maxtext import metrics_recorder
+
+LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
+
+_SKIPPED_KEY = "intermediate_outputs"
+_UPDATE_NAMES = ("learning_rate", "grad_norm", "step_skipped")
+
+
+def flatten_metrics(name: str, value) -> list[tuple[str, Any]]:
+  """Walks `value` as `record_metrics` does; returns [(name, leaf), ...].
+
+  Args:
+    name: the prefix ("" for none).
+    value: a leaf or a (nested) mapping of leaves.
+
+  Returns:
+    (full name, leaf) pairs in the mapping's iteration order; None values, the
+    key `intermediate_outputs` and tuple/list values are left out.
+  """
+  out = []
+
+  def walk(prefix, v):
+    if v is None or isinstance(v, (tuple, list)):
+      return
+    if isinstance(v, Mapping):
+      for key, sub in v.items():
+        if key == _SKIPPED_KEY:
+          continue
+        walk(f"{prefix}/{key}" if prefix else str(key), sub)
+      return
+    out.append((prefix, v))
+
+  walk(name, value)
+  return out
+
+
+def _host_signature(tree) -> tuple:
+  """A cheap key of a micro-batch's structure, shapes and dtypes."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return (treedef,) + tuple(
+      (getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves)
+
+
+class Engine:
+  """Runs micro-batches and optimizer steps; records the step's metrics."""
+
+  def __init__(self,
+               loss_fn: LossFn,
+               params,
+               optimizer: optax.GradientTransformation,
+               learning_rate_fn: Union[Callable[[Any], Any], float],
+               recorder: metrics_recorder.MetricsRecorder,
+               gradient_accumulation_steps: int,
+               *,
+               param_shardings=None,
+               batch_sharding=None):
+    """Creates the engine and the optimizer state.
+
+    Args:
+      loss_fn: `loss_fn(params, micro_batch) -> (loss, aux)`: `loss` the mean
+        loss (a scalar), `aux` None or a (nested) dict of scalar metrics; it may
+        hold None, `intermediate_outputs` and tuples, which are not recorded.
+      params: the parameter pytree.
+      optimizer: the optax transformation.
+      learning_rate_fn: the schedule (step -> learning rate), or a constant;
+        only recorded, the optimizer applies its own.
+      recorder: where metrics go.
+      gradient_accumulation_steps: K, the micro-batches per `update()`.
+      param_shardings: None, or a pytree of `jax.sharding.NamedSharding` like
+        `params`; then every jitted function has explicit shardings.
+      batch_sharding: None, or the micro-batch's sharding (a sharding or a
+        pytree prefix of the micro-batch).
+
+    Raises:
+      TypeError/ValueError: on bad arguments.
+    """
+    if not callable(loss_fn):
+      raise TypeError(f"loss_fn must be callable; got {loss_fn!r}")
+    if not isinstance(optimizer, optax.GradientTransformation):
+      raise TypeError("optimizer must be an optax.GradientTransformation; got "
+                      f"{type(optimizer).__name__}")
+    if not callable(learning_rate_fn) and not isinstance(
+        learning_rate_fn, (int, float)):
+      raise TypeError("learning_rate_fn must be callable or a number; got "
+                      f"{learning_rate_fn!r}")
+    if not isinstance(recorder, metrics_recorder.MetricsRecorder):
+      raise TypeError("recorder must be a MetricsRecorder; got "
+                      f"{type(recorder).__name__}")
+    if (isinstance(gradient_accumulation_steps, bool) or
+        not isinstance(gradient_accumulation_steps, int) or
+        gradient_accumulation_steps < 1):
+      raise ValueError("gradient_accumulation_steps must be an int >= 1; got "
+                       f"{gradient_accumulation_steps!r}")
+    if (param_shardings is None) != (batch_sharding is None):
+      raise ValueError("param_shardings and batch_sharding must be given "
+                       "together (or neither)")
+    self._loss_fn = loss_fn
+    self._optimizer = optimizer
+    self._lr_fn = (learning_rate_fn if callable(learning_rate_fn) else
+                   (lambda _, lr=float(learning_rate_fn): lr))
+    self._recorder = recorder
+    self._k = gradient_accumulation_steps
+    self._param_shardings = param_shardings
+    self._batch_sharding = batch_sharding
+    self._step = 0
+    self._micro = 0
+    self._names: dict = {}  # micro-batch signature -> (names, weighted names)
+    self._traced_names = None
+    self._trace_count = 0
+
+    if param_shardings is not None:
+      params = jax.device_put(params, param_shardings)
+    self._params = params
+    if param_shardings is not None:
+      # The optimizer state's copies of the parameter tree (e.g. Adam's moments)
+      # take the parameters' shardings; its other leaves (step counts) are
+      # replicated over the same mesh.
+      mesh = jax.tree_util.tree_leaves(param_shardings)[0].mesh
+      replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      opt_shardings = optax.tree_map_params(
+          optimizer, lambda _, sharding: sharding,
+          jax.eval_shape(optimizer.init, params), param_shardings,
+          transform_non_params=lambda _: replicated)
+      self._opt_state = jax.jit(optimizer.init,
+                                out_shardings=opt_shardings)(params)
+    else:
+      self._opt_state = jax.jit(optimizer.init)(params)
+    self._build_jitted()
+    self._grad_acc = self._zeros(self._params)
+
+  # -- jitted functions ----------------------------------------------------
+
+  def _build_jitted(self) -> None:
+    ps, bs = self._param_shardings, self._batch_sharding
+    explicit = ps is not None
+    if explicit:
+      # Scalars and packed metrics are replicated over the params' mesh.
+      mesh = jax.tree_util.tree_leaves(ps)[0].mesh
+      rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      opt_shardings = jax.tree.map(lambda x: x.sharding, self._opt_state)
+      self._opt_shardings = opt_shardings
+    acc_dtypes = jax.tree.map(
+        lambda p: jnp.promote_types(p.dtype, jnp.float32), self._params)
+
+    def zeros(params):
+      return jax.tree.map(lambda p, dt: jnp.zeros(p.shape, dt), params,
+                          acc_dtypes)
+
+    def fwd_bwd(params, grad_acc, micro_batch):
+      (loss, aux), grads = jax.value_and_grad(
+          self._loss_fn, has_aux=True)(params, micro_batch)
+      grad_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grad_acc,
+                              grads)
+      names, packed, weighted = self._pack(loss, aux)
+      # A side effect of tracing: the names of this trace's packed metrics.
+      self._traced_names = (names, tuple(weighted))
+      self._trace_count += 1
+      return grad_acc, packed, weighted
+
+    def apply(params, opt_state, grad_acc, step):
+      grads = jax.tree.map(lambda a: a / self._k, grad_acc)
+      grad_norm = optax.tree.norm(grads)
+      finite = jnp.isfinite(grad_norm)
+      updates, new_opt = self._optimizer.update(
+          jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params),
+          opt_state, params)
+      new_params = optax.apply_updates(params, updates)
+      keep = lambda new, old: jnp.where(finite, new, old)
+      new_params = jax.tree.map(keep, new_params, params)
+      new_opt = jax.tree.map(keep, new_opt, opt_state)
+      lr = jnp.asarray(self._lr_fn(step), jnp.float32)
+      packed = jnp.stack([lr, grad_norm.astype(jnp.float32),
+                          jnp.where(finite, 0.0, 1.0).astype(jnp.float32)])
+      return new_params, new_opt, zeros(grad_acc), packed
+
+    def eval_loss(params, batch):
+      return self._loss_fn(params, batch)[0]
+
+    if explicit:
+      self._zeros = jax.jit(zeros, out_shardings=ps)
+      self._fwd_bwd = jax.jit(fwd_bwd, donate_argnums=(1,),
+                              in_shardings=(ps, ps, bs),
+                              out_shardings=(ps, rep, rep))
+      self._apply = jax.jit(
+          apply, donate_argnums=(2,),
+          in_shardings=(ps, opt_shardings, ps, rep),
+          out_shardings=(ps, opt_shardings, ps, rep))
+      self._eval = jax.jit(eval_loss, in_shardings=(ps, bs),
+                           out_shardings=rep)
+    else:
+      self._zeros = jax.jit(zeros)
+      self._fwd_bwd = jax.jit(fwd_bwd, donate_argnums=(1,))
+      self._apply = jax.jit(apply, donate_argnums=(2,))
+      self._eval = jax.jit(eval_loss)
+
+  @staticmethod
+  def _pack(loss, aux):
+    """Splits the step's metrics (at trace time) into packed and weighted."""
+    if aux is not None and not isinstance(aux, Mapping):
+      raise TypeError("loss_fn's aux must be None or a dict of metrics; got "
+                      f"{type(aux).__name__}")
+    scalars = [("loss", loss)]
+    weighted = {}
+    for name, leaf in flatten_metrics("", aux):
+      if isinstance(leaf, metrics_recorder.WeightedMetric):
+        weighted[name] = leaf
+      else:
+        scalars.append((name, leaf))
+    names = tuple(n for n, _ in scalars)
+    if len(set(names) | set(weighted)) != len(names) + len(weighted):
+      raise ValueError(f"metric names collide: {sorted(names)} "
+                       f"{sorted(weighted)}")
+    leaves = []
+    for name, leaf in scalars:
+      if isinstance(leaf, (str, bytes)):
+        raise TypeError(f"metric {name!r}: not a number: {leaf!r}")
+      try:
+        arr = jnp.asarray(leaf)
+      except TypeError as exc:
+        raise TypeError(f"metric {name!r}: not a number: {leaf!r}") from exc
+      if arr.dtype == jnp.bool_ or jnp.issubdtype(arr.dtype,
+                                                   jnp.complexfloating):
+        raise TypeError(f"metric {name!r}: dtype {arr.dtype} is not accepted "
+                        "(boolean or complex)")
+      if not (jnp.issubdtype(arr.dtype, jnp.integer) or
+              jnp.issubdtype(arr.dtype, jnp.floating)):
+        raise TypeError(f"metric {name!r}: dtype {arr.dtype} is not numeric")
+      if arr.shape not in ((), (1,)):
+        raise ValueError(f"metric {name!r}: must have shape () or (1,); got "
+                         f"shape {arr.shape}")
+      leaves.append(arr.reshape(()))
+    dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
+    packed = jnp.stack([x.astype(dtype) for x in leaves])
+    return names, packed, weighted
+
+  # -- training ------------------------------------------------------------
+
+  def fwd_bwd(self, micro_batch) -> None:
+    """Runs one micro-batch: gradients into the accumulator, metrics buffered.
+
+    Args:
+      micro_batch: the loss_fn's batch pytree.
+
+    Raises:
+      ValueError: if K micro-batches already ran since the last update().
+    """
+    if self._micro >= self._k:
+      raise ValueError(
+          f"fwd_bwd called {self._micro + 1} times in step {self._step}, but "
+          f"gradient_accumulation_steps is {self._k}; call update() first")
+    traces = self._trace_count
+    key = _host_signature(micro_batch)
+    grad_acc, packed, weighted = self._fwd_bwd(self._params, self._grad_acc,
+                                               micro_batch)
+    self._grad_acc = grad_acc
+    self._micro += 1
+    found = self._names.get(key)
+    if found is None:
+      if self._trace_count == traces:  # Compiled earlier under another key.
+        jax.eval_shape(self._fwd_bwd, self._params, grad_acc, micro_batch)
+      found = self._names[key] = self._traced_names
+    names, weighted_names = found
+    self._recorder.buffer_packed(self._step, names, packed)
+    for name in weighted_names:
+      self._recorder.buffer_metrics(self._step, name, weighted[name])
+
+  def record_metrics(self, name: str, value) -> None:
+    """Buffers `value` for the current step under `name` (per-name API).
+
+    Nested dicts are walked as `name/sub`; None values, the key
+    `intermediate_outputs` and tuple/list values are skipped. Every leaf goes
+    through `MetricsRecorder.buffer_metrics` (validated on the host).
+    """
+    if not isinstance(name, str):
+      raise TypeError(f"metric name must be a str; got {name!r}")
+    for full_name, leaf in flatten_metrics(name, value):
+      self._recorder.buffer_metrics(self._step, full_name, leaf)
+
+  def update(self) -> metrics_recorder.MetricsBuffer:
+    """Flushes the step's metrics, then applies the optimizer.
+
+    Returns:
+      The step's flushed MetricsBuffer (micro-batch metrics plus
+      `learning_rate`, `grad_norm`, `step_skipped`).
+
+    Raises:
+      ValueError: if fewer than K micro-batches ran this step.
+      Whatever `MetricsRecorder.flush` raises; then parameters, optimizer
+        state, step counter and accumulator are untouched.
+    """
+    if self._micro != self._k:
+      raise ValueError(
+          f"update() after {self._micro} micro-batches in step {self._step}; "
+          f"gradient_accumulation_steps is {self._k}")
+    self._recorder.flush()
+    step = self._step
+    params, opt_state, grad_acc, packed = self._apply(
+        self._params, self._opt_state, self._grad_acc, np.int32(step))
+    self._params, self._opt_state, self._grad_acc = params, opt_state, grad_acc
+    self._step += 1
+    self._micro = 0
+    self._recorder.buffer_packed(step, _UPDATE_NAMES, packed)
+    return self._recorder.get_step_metrics(step)
+
+  def eval_step(self, batch) -> jax.Array:
+    """The mean loss of `batch` with the current parameters (no gradients)."""
+    return self._eval(self._params, batch)
+
+  def close(self) -> None:
+    """Drops the recorder's buffers."""
+    self._recorder.cleanup()
+
+  # -- state ---------------------------------------------------------------
+
+  @property
+  def params(self):
+    return self._params
+
+  @property
+  def opt_state(self):
+    return self._opt_state
+
+  @property
+  def step(self) -> int:
+    """Completed optimizer steps; metrics of the running step use this."""
+    return self._step
+
+  @property
+  def micro_batches_done(self) -> int:
+    return self._micro
+
+  @property
+  def recorder(self) -> metrics_recorder.MetricsRecorder:
+    return self._recorder
+
+  @property
+  def state(self) -> dict:
+    """The checkpointable state: {"params", "opt_state", "step"}."""
+    return {"params": self._params, "opt_state": self._opt_state,
+            "step": np.asarray(self._step, np.int64)}
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    """Restores `state` (as from `state`); only between steps.
+
+    Raises:
+      ValueError: mid-step, or if the trees do not match the current ones.
+    """
+    if self._micro:
+      raise ValueError(f"set_state() in the middle of step {self._step} "
+                       f"({self._micro} micro-batches done)")
+    for key in ("params", "opt_state", "step"):
+      if key not in state:
+        raise ValueError(f"state lacks {key!r}; has {sorted(state)}")
+    for key in ("params", "opt_state"):
+      want = jax.tree_util.tree_structure(getattr(self, key))
+      got = jax.tree_util.tree_structure(state[key])
+      if want != got:
+        raise ValueError(f"state[{key!r}] has structure {got}, want {want}")
+    step = int(np.asarray(state["step"]))
+    if step < 0:
+      raise ValueError(f"state['step'] must be >= 0; got {step}")
+    params, opt_state = state["params"], state["opt_state"]
+    if self._param_shardings is not None:
+      params = jax.device_put(params, self._param_shardings)
+      opt_state = jax.device_put(opt_state, self._opt_shardings)
+    else:
+      params = jax.device_put(params)
+      opt_state = jax.device_put(opt_state)
+    self._params, self._opt_state, self._step = params, opt_state, step

@@ -1,0 +1,316 @@
+"""Tests for maxtext.engine, on a tiny linear model."""
+
+import contextlib
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+from jax._src import pjit as jax_pjit
+from jax._src.interpreters import pxla
+from jax._src.lib import _jax as jax_lib_cpp
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maxtext import engine as engine_lib
+from maxtext import metrics_recorder as mr
+
+K = 3
+
+
+def _clear_cpp_dispatch_caches():
+  """Drops the C++ dispatch entries (and their fast-path data) only; compiled
+  executables stay cached, so nothing recompiles."""
+  # pylint: disable=protected-access
+  jax_pjit._cpp_pjit_cache_fun_only.clear()
+  jax_pjit._cpp_pjit_cache_explicit_attributes.clear()
+  jax_lib_cpp.PjitFunctionCache.clear_all()
+
+
+@contextlib.contextmanager
+def count_dispatches():
+  """Counts executable launches with JAX's C++ dispatch fast path off."""
+  count = [0]
+  original_call = pxla.ExecuteReplicated.__call__
+  original_fastpath = jax_pjit._get_fastpath_data  # pylint: disable=protected-access
+
+  def counting_call(self, *args):
+    count[0] += 1
+    return original_call(self, *args)
+
+  _clear_cpp_dispatch_caches()
+  pxla.ExecuteReplicated.__call__ = counting_call
+  jax_pjit._get_fastpath_data = lambda *a, **k: None  # pylint: disable=protected-access
+  try:
+    yield count
+  finally:
+    pxla.ExecuteReplicated.__call__ = original_call
+    jax_pjit._get_fastpath_data = original_fastpath  # pylint: disable=protected-access
+    _clear_cpp_dispatch_caches()
+
+
+def make_loss_fn(num_extra=2):
+  def loss_fn(params, batch):
+    pred = batch["x"] @ params["w"] + params["b"]
+    err = pred - batch["y"]
+    loss = jnp.mean(err**2)
+    aux = {
+        "mae": jnp.mean(jnp.abs(err)),
+        "nested": {"double": 2.0 * loss, "intermediate_outputs": err,
+                   "none": None},
+        "skipped_tuple": (loss, loss),
+        "skipped_list": [loss],
+        "intermediate_outputs": {"pred": pred},
+        "sq": mr.WeightedMetric(jnp.sum(err**2), err.size),
+        "extra": {f"e{i}": loss + i for i in range(num_extra)},
+    }
+    return loss, aux
+  return loss_fn
+
+
+def make_params():
+  return {"w": jnp.zeros((3, 1), jnp.float32), "b": jnp.zeros((1,))}
+
+
+def make_batches(n, seed=0, scale=1.0):
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    x = rng.normal(size=(4, 3)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.3) * scale
+    out.append({"x": x, "y": y.astype(np.float32)})
+  return out
+
+
+def make_engine(loss_fn=None, k=K, **kwargs):
+  return engine_lib.Engine(
+      loss_fn or make_loss_fn(), make_params(), optax.adam(0.05),
+      optax.linear_schedule(0.1, 0.0, 10), mr.MetricsRecorder(), k, **kwargs)
+
+
+class FlattenTest(parameterized.TestCase):
+
+  def test_skip_rules(self):
+    value = {"a": 1.0, "b": None, "c": (1.0,), "d": [1.0],
+             "intermediate_outputs": 5.0,
+             "e": {"f": 2.0, "intermediate_outputs": 3.0, "g": {"h": 4.0}}}
+    self.assertEqual(engine_lib.flatten_metrics("top", value),
+                     [("top/a", 1.0), ("top/e/f", 2.0), ("top/e/g/h", 4.0)])
+    self.assertEqual(engine_lib.flatten_metrics("x", 1.5), [("x", 1.5)])
+    self.assertEqual(engine_lib.flatten_metrics("x", None), [])
+
+  def test_record_metrics_goes_through_the_recorder(self):
+    eng = make_engine()
+    eng.record_metrics("user", {"a": jnp.float32(1.0), "skip": None,
+                                "t": (1.0, 2.0),
+                                "w": mr.WeightedMetric(1.0, 4.0),
+                                "intermediate_outputs": {"z": 1.0}})
+    self.assertEqual(eng.recorder.pending_count(), 2)
+    with self.assertRaisesRegex(TypeError, "metric 'user/bad'.*boolean"):
+      eng.record_metrics("user", {"bad": True})
+    buf = eng.recorder.get_step_metrics(0)
+    self.assertEqual(set(buf.scalar_metrics), {"user/a"})
+    self.assertEqual(set(buf.weighted_metrics), {"user/w"})
+
+
+class EngineTest(parameterized.TestCase):
+
+  def test_step_metrics_and_parameter_update(self):
+    eng = make_engine()
+    batches = make_batches(K)
+    params0 = jax.tree.map(np.asarray, eng.params)
+    for b in batches:
+      eng.fwd_bwd(b)
+    buf = eng.update()
+    self.assertEqual(eng.step, 1)
+    self.assertEqual(buf.step, 0)
+    expected = {"loss", "mae", "nested/double", "extra/e0", "extra/e1",
+                "learning_rate", "grad_norm", "step_skipped"}
+    self.assertEqual(set(buf.scalar_metrics), expected)
+    self.assertEqual(set(buf.weighted_metrics), {"sq"})
+    for name in expected - {"learning_rate", "grad_norm", "step_skipped"}:
+      chex.assert_shape(buf.scalar_metrics[name], (K,))
+    chex.assert_shape(buf.weighted_metrics["sq"].unreduced_sum, (K,))
+    # Reference: the loss, gradient and Adam step computed directly.
+    loss_fn = make_loss_fn()
+    losses = [float(loss_fn(params0, b)[0]) for b in batches]
+    np.testing.assert_allclose(buf.scalar_metrics["loss"], losses, rtol=1e-5)
+    np.testing.assert_allclose(buf.scalar_metrics["nested/double"],
+                               2 * np.array(losses), rtol=1e-5)
+    grads = [jax.grad(lambda p, b: loss_fn(p, b)[0])(params0, b)
+             for b in batches]
+    mean_grad = jax.tree.map(lambda *g: sum(g) / K, *grads)
+    opt = optax.adam(0.05)
+    updates, _ = opt.update(mean_grad, opt.init(params0), params0)
+    chex.assert_trees_all_close(eng.params,
+                                optax.apply_updates(params0, updates),
+                                rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(buf.scalar_metrics["grad_norm"],
+                               [optax.tree.norm(mean_grad)], rtol=1e-5)
+    np.testing.assert_allclose(buf.scalar_metrics["learning_rate"], [0.1])
+    np.testing.assert_array_equal(buf.scalar_metrics["step_skipped"], [0.0])
+    reduced = mr.reduce_buffer(buf)
+    self.assertAlmostEqual(reduced["sq"], np.mean(losses), places=5)
+
+  def test_learning_rate_follows_schedule_and_training_learns(self):
+    eng = make_engine()
+    probe = make_batches(1, seed=99)[0]
+    before = float(eng.eval_step(probe))
+    for step in range(4):
+      for b in make_batches(K, seed=step):
+        eng.fwd_bwd(b)
+      buf = eng.update()
+      np.testing.assert_allclose(buf.scalar_metrics["learning_rate"],
+                                 [0.1 * (1 - step / 10)], rtol=1e-6)
+    self.assertLess(float(eng.eval_step(probe)), 0.8 * before)
+
+  def test_non_finite_gradients_skip_the_step(self):
+    eng = make_engine()
+    params0 = jax.tree.map(np.asarray, eng.params)
+    opt0 = jax.tree.map(np.asarray, eng.opt_state)
+    batches = make_batches(K)
+    batches[1]["x"][0, 0] = np.inf
+    for b in batches:
+      eng.fwd_bwd(b)
+    buf = eng.update()
+    np.testing.assert_array_equal(buf.scalar_metrics["step_skipped"], [1.0])
+    self.assertFalse(np.isfinite(buf.scalar_metrics["grad_norm"][0]))
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, eng.params), params0)
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, eng.opt_state), opt0)
+    self.assertEqual(eng.step, 1)
+    # The accumulator was reset: the next step trains normally.
+    for b in make_batches(K, seed=1):
+      eng.fwd_bwd(b)
+    buf = eng.update()
+    np.testing.assert_array_equal(buf.scalar_metrics["step_skipped"], [0.0])
+    self.assertTrue(np.isfinite(buf.scalar_metrics["grad_norm"][0]))
+
+  def test_update_with_unconvertible_value_leaves_state_untouched(self):
+    eng = make_engine()
+    for b in make_batches(K):
+      eng.fwd_bwd(b)
+    doomed = jnp.float32(1.0)
+    eng.record_metrics("user", {"doomed": doomed})
+    doomed.delete()
+    params, opt_state = eng.params, eng.opt_state
+    acc = eng._grad_acc  # pylint: disable=protected-access
+    acc_values = jax.tree.map(np.asarray, acc)
+    pending = eng.recorder.pending_count()
+    with self.assertRaisesRegex(ValueError, "metric 'user/doomed'"):
+      eng.update()
+    self.assertIs(eng.params, params)
+    self.assertIs(eng.opt_state, opt_state)
+    self.assertIs(eng._grad_acc, acc)  # pylint: disable=protected-access
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, acc), acc_values)
+    self.assertEqual(eng.step, 0)
+    self.assertEqual(eng.micro_batches_done, K)
+    self.assertEqual(eng.recorder.pending_count(), pending)
+    self.assertEqual(eng.recorder._history[0].scalar_metrics, {})  # pylint: disable=protected-access
+
+  def test_micro_batch_count_must_match(self):
+    eng = make_engine(k=2)
+    b = make_batches(3)
+    eng.fwd_bwd(b[0])
+    with self.assertRaisesRegex(ValueError, "after 1 micro-batches.*is 2"):
+      eng.update()
+    eng.fwd_bwd(b[1])
+    with self.assertRaisesRegex(ValueError, "called 3 times.*is 2"):
+      eng.fwd_bwd(b[2])
+    eng.update()
+
+  @parameterized.named_parameters(("m5", 3), ("m40", 38))
+  def test_device_ops_per_micro_batch_and_update_independent_of_m(self, extra):
+    eng = make_engine(make_loss_fn(num_extra=extra))
+    batches = make_batches(K)
+    with count_dispatches() as count:
+      for _ in range(2):  # The first round compiles.
+        per_micro = []
+        for b in batches:
+          before = count[0]
+          eng.fwd_bwd(b)
+          per_micro.append(count[0] - before)
+        before = count[0]
+        buf = eng.update()
+        per_update = count[0] - before
+    self.assertEqual(per_micro, [1] * K)
+    # One concatenation at the first flush, one optimizer apply; the second
+    # flush fetches the single packed update array without a launch.
+    self.assertEqual(per_update, 2)
+    self.assertLen(buf.scalar_metrics, 6 + extra)
+
+  def test_eval_step(self):
+    eng = make_engine()
+    batch = make_batches(1)[0]
+    loss = eng.eval_step(batch)
+    chex.assert_shape(loss, ())
+    np.testing.assert_allclose(loss, make_loss_fn()(eng.params, batch)[0],
+                               rtol=1e-6)
+    self.assertEqual(eng.recorder.pending_count(), 0)
+
+  def test_state_round_trip(self):
+    eng = make_engine()
+    for b in make_batches(K):
+      eng.fwd_bwd(b)
+    eng.update()
+    saved = jax.tree.map(np.asarray, eng.state)
+    other = make_engine()
+    other.set_state(saved)
+    self.assertEqual(other.step, 1)
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, other.params),
+                                saved["params"])
+    other.fwd_bwd(make_batches(1)[0])
+    with self.assertRaisesRegex(ValueError, "middle of step 1"):
+      other.set_state(saved)
+    with self.assertRaisesRegex(ValueError, "structure"):
+      make_engine().set_state({**saved, "params": {"w": saved["params"]["w"]}})
+
+  def test_explicit_shardings_match_plain_jit(self):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    sharded = make_engine(param_shardings=jax.tree.map(lambda _: rep,
+                                                       make_params()),
+                          batch_sharding=data)
+    plain = make_engine()
+    for eng in (sharded, plain):
+      for b in make_batches(K):
+        eng.fwd_bwd(b)
+      eng.update()
+    chex.assert_trees_all_close(sharded.params, plain.params, rtol=1e-6)
+    self.assertEqual(sharded.params["w"].sharding, rep)
+
+  def test_close_cleans_up(self):
+    eng = make_engine()
+    eng.fwd_bwd(make_batches(1)[0])
+    eng.close()
+    self.assertEqual(eng.recorder.pending_count(), 0)
+    self.assertEqual(eng.recorder.get_metrics_history(), [])
+
+  def test_bad_aux_metric_is_named(self):
+    def loss_fn(params, batch):
+      loss = jnp.mean(batch["x"] @ params["w"])
+      return loss, {"vec": jnp.ones(2)}
+    eng = make_engine(loss_fn)
+    with self.assertRaisesRegex(ValueError, "metric 'vec'.*shape"):
+      eng.fwd_bwd(make_batches(1)[0])
+
+  @parameterized.named_parameters(
+      ("k0", dict(k=0), ValueError, "gradient_accumulation_steps"),
+      ("one_sharding", dict(batch_sharding=object()), ValueError, "together"),
+  )
+  def test_bad_arguments(self, kwargs, exc, pattern):
+    with self.assertRaisesRegex(exc, pattern):
+      make_engine(**kwargs)
+
+  def test_bad_optimizer_and_recorder(self):
+    with self.assertRaisesRegex(TypeError, "optimizer"):
+      engine_lib.Engine(make_loss_fn(), make_params(), "adam", 0.1,
+                        mr.MetricsRecorder(), 1)
+    with self.assertRaisesRegex(TypeError, "recorder"):
+      engine_lib.Engine(make_loss_fn(), make_params(), optax.sgd(0.1), 0.1,
+                        None, 1)
+
+
+if __name__ == "__main__":
+  absltest.main()

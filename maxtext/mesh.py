@@ -1,0 +1,105 @@
+"""The device mesh and how parameters and batches are laid out on it.
+
+Every run is built on a mesh with two named axes, ("data", "fsdp"); one CPU is a 1x1
+mesh, so single- and multi-device runs share the same code. Batches are split over
+both axes (every device holds a different slice of the batch); parameters, and the
+optimizer state that mirrors them, are split over "fsdp" and replicated over "data".
+"""
+
+from typing import Any, Mapping, Optional, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+import numpy as np
+
+DATA_AXIS = "data"
+FSDP_AXIS = "fsdp"
+BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
+
+
+def mesh_shape(data_parallelism: int, fsdp_parallelism: int,
+               num_devices: int) -> tuple[int, int]:
+  """Resolves the (data, fsdp) sizes; -1 means "all devices the other leaves".
+
+  Raises:
+    ValueError: the sizes are not positive (or -1), both are -1, or their product
+      is not the number of devices.
+  """
+  sizes = {"data_parallelism": data_parallelism, "fsdp_parallelism": fsdp_parallelism}
+  for key, value in sizes.items():
+    if value != -1 and value < 1:
+      raise ValueError(f"{key} must be -1 or positive, got {value}")
+  if data_parallelism == -1 and fsdp_parallelism == -1:
+    raise ValueError("at most one of data_parallelism and fsdp_parallelism may be -1")
+  if data_parallelism == -1 or fsdp_parallelism == -1:
+    known_key, known = ((("fsdp_parallelism", fsdp_parallelism))
+                        if data_parallelism == -1 else
+                        ("data_parallelism", data_parallelism))
+    if num_devices % known:
+      raise ValueError(f"{known_key}={known} does not divide the {num_devices} devices")
+    rest = num_devices // known
+    return (rest, known) if data_parallelism == -1 else (known, rest)
+  if data_parallelism * fsdp_parallelism != num_devices:
+    raise ValueError(
+        f"data_parallelism={data_parallelism} x fsdp_parallelism={fsdp_parallelism} = "
+        f"{data_parallelism * fsdp_parallelism} does not match the {num_devices} devices")
+  return data_parallelism, fsdp_parallelism
+
+
+def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """The run's ("data", "fsdp") mesh over all (or the given) devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(config.data_parallelism, config.fsdp_parallelism, len(devices))
+  # Processes own contiguous blocks of the device list, so data-parallel groups line
+  # up with hosts and FSDP collectives stay within a host where they can.
+  return Mesh(np.asarray(devices).reshape(shape), BATCH_AXES)
+
+
+def check_batch_layout(config, mesh: Mesh) -> None:
+  """Checks that the global and micro batches split evenly over the mesh.
+
+  Raises:
+    ValueError: naming the batch size and the number of batch shards.
+  """
+  shards = mesh.shape[DATA_AXIS] * mesh.shape[FSDP_AXIS]
+  micro = config.global_batch_size // config.gradient_accumulation_steps
+  if micro % shards:
+    raise ValueError(
+        f"global_batch_size={config.global_batch_size} / gradient_accumulation_steps="
+        f"{config.gradient_accumulation_steps} = {micro} sequences per micro-batch is "
+        f"not divisible by the {shards} batch shards (data x fsdp devices)")
+  if config.eval_batch_size % shards:
+    raise ValueError(f"eval_batch_size={config.eval_batch_size} is not divisible by "
+                     f"the {shards} batch shards (data x fsdp devices)")
+  processes = jax.process_count()
+  if micro % processes or config.eval_batch_size % processes:
+    raise ValueError(
+        f"micro-batch size {micro} and eval_batch_size={config.eval_batch_size} must "
+        f"be divisible by the {processes} processes")
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of a [batch, sequence] array: batch over every mesh axis."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, None))
+
+
+def param_shardings(partition_specs: Any, mesh: Mesh) -> Any:
+  """NamedShardings from a pytree of PartitionSpecs."""
+  return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), partition_specs,
+                                is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray],
+                 sharding: NamedSharding) -> dict[str, jax.Array]:
+  """Assembles this process's rows into global arrays sharded as `sharding`.
+
+  Args:
+    local_batch: name -> [local_rows, ...] NumPy arrays: this process's contiguous
+      share of the global batch, in process order.
+    sharding: the batch sharding.
+
+  Returns:
+    name -> global jax.Array of shape [local_rows * process_count, ...].
+  """
+  return {name: jax.make_array_from_process_local_data(sharding, value)
+          for name, value in local_batch.items()}

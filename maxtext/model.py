@@ -1,0 +1,343 @@
+"""Decoder-only transformer in plain JAX: parameters, forward pass, loss.
+
+The model is a stack of pre-norm blocks: RMSNorm, causal self-attention with
+rotary position embeddings and grouped key/value heads, RMSNorm, SwiGLU MLP.
+Parameters are a nested dict of arrays (a pytree); the blocks' parameters are
+stacked along a leading `layers` axis and applied with `jax.lax.scan`, so the
+compile time does not grow with the depth.
+
+Parameters are stored in `config.weight_dtype` and cast to
+`config.compute_dtype` where they are used; normalisation statistics, softmax,
+logits and the loss are computed in float32.
+
+Parameter shapes (L layers, E emb_dim, H heads, K kv heads, D head_dim,
+M mlp_dim, V vocab_size):
+  embedding          [V, E]
+  layers/attn_norm   [L, E]
+  layers/wq          [L, E, H, D]
+  layers/wk, wv      [L, E, K, D]
+  layers/wo          [L, H, D, E]
+  layers/mlp_norm    [L, E]
+  layers/w_gate, w_up [L, E, M]
+  layers/w_down      [L, M, E]
+  final_norm         [E]
+  unembedding        [E, V]
+"""
+
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Params = dict[str, Any]
+
+# Logical axis names of every parameter, one name per dimension. The mesh code
+# maps them to mesh axes; `param_fsdp_axis` derives the FSDP shard dimension.
+_LOGICAL_AXES = {
+    "embedding": ("vocab", "embed"),
+    "layers": {
+        "attn_norm": ("layers", "norm"),
+        "wq": ("layers", "embed", "heads", "head_dim"),
+        "wk": ("layers", "embed", "kv_heads", "head_dim"),
+        "wv": ("layers", "embed", "kv_heads", "head_dim"),
+        "wo": ("layers", "heads", "head_dim", "embed"),
+        "mlp_norm": ("layers", "norm"),
+        "w_gate": ("layers", "embed", "mlp"),
+        "w_up": ("layers", "embed", "mlp"),
+        "w_down": ("layers", "mlp", "embed"),
+    },
+    "final_norm": ("norm",),
+    "unembedding": ("embed", "vocab"),
+}
+
+
+def _dtype(name: str) -> jnp.dtype:
+  return jnp.dtype(name)
+
+
+def init_params(config, rng: jax.Array) -> Params:
+  """Initialises the parameters.
+
+  Matrices are drawn from a truncated normal with standard deviation
+  1/sqrt(fan_in) (the embedding with 1.0, since it is looked up, not
+  multiplied); norm scales start at 1.
+
+  Args:
+    config: the run configuration (model fields and `weight_dtype`).
+    rng: a JAX PRNG key.
+
+  Returns:
+    The parameter pytree, every leaf in `config.weight_dtype`.
+  """
+  v, e, l = config.vocab_size, config.emb_dim, config.num_layers
+  h, k, d, m = (config.num_heads, config.num_kv_heads, config.head_dim,
+                config.mlp_dim)
+  dtype = _dtype(config.weight_dtype)
+  keys = iter(jax.random.split(rng, 9))
+
+  def normal(shape, fan_in):
+    std = 1.0 / math.sqrt(fan_in)
+    x = jax.random.truncated_normal(next(keys), -2.0, 2.0, shape, jnp.float32)
+    return (x * std).astype(dtype)
+
+  return {
+      "embedding": normal((v, e), 1),
+      "layers": {
+          "attn_norm": jnp.ones((l, e), dtype),
+          "wq": normal((l, e, h, d), e),
+          "wk": normal((l, e, k, d), e),
+          "wv": normal((l, e, k, d), e),
+          "wo": normal((l, h, d, e), h * d),
+          "mlp_norm": jnp.ones((l, e), dtype),
+          "w_gate": normal((l, e, m), e),
+          "w_up": normal((l, e, m), e),
+          "w_down": normal((l, m, e), m),
+      },
+      "final_norm": jnp.ones((e,), dtype),
+      "unembedding": normal((e, v), e),
+  }
+
+
+def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm over the last axis, statistics in float32, result in x's dtype."""
+  x32 = x.astype(jnp.float32)
+  mean_square = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+  normed = x32 * jax.lax.rsqrt(mean_square + eps)
+  return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def _rope(x: jax.Array, theta: float) -> jax.Array:
+  """Applies rotary position embeddings.
+
+  Dimension i of the first half of each head is rotated together with
+  dimension i of the second half, by the angle position * theta^(-2i/D).
+
+  Args:
+    x: [B, S, N, D] queries or keys, D even.
+    theta: frequency base.
+
+  Returns:
+    [B, S, N, D] in x's dtype.
+  """
+  seq_len, head_dim = x.shape[1], x.shape[3]
+  half = head_dim // 2
+  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
+  angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+  sin = jnp.sin(angles)[None, :, None, :]
+  cos = jnp.cos(angles)[None, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = x32[..., :half], x32[..., half:]
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x.dtype)
+
+
+def _attention(x: jax.Array, layer: Mapping[str, jax.Array],
+               config) -> jax.Array:
+  """Causal grouped-query self-attention. x: [B, S, E] -> [B, S, E]."""
+  cdt = x.dtype
+  b, s, _ = x.shape
+  kv, group = config.num_kv_heads, config.num_heads // config.num_kv_heads
+  d = config.head_dim
+  q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
+  k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
+  v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
+  q = _rope(q, config.rope_theta)
+  k = _rope(k, config.rope_theta)
+  # Query heads h = kv_head * group + g share key/value head kv_head.
+  q = q.reshape(b, s, kv, group, d)
+  scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
+  scores = scores / math.sqrt(d)
+  causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
+  scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
+  out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+  out = out.reshape(b, s, config.num_heads, d)
+  return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt))
+
+
+def _mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
+  """SwiGLU MLP. x: [B, S, E] -> [B, S, E]."""
+  cdt = x.dtype
+  gate = jnp.einsum("bse,em->bsm", x, layer["w_gate"].astype(cdt))
+  up = jnp.einsum("bse,em->bsm", x, layer["w_up"].astype(cdt))
+  return jnp.einsum("bsm,me->bse", jax.nn.silu(gate) * up,
+                    layer["w_down"].astype(cdt))
+
+
+def apply(params: Params, tokens: jax.Array, config) -> jax.Array:
+  """Runs the model.
+
+  Args:
+    params: the parameter pytree from `init_params`.
+    tokens: int32 [B, S] token ids, S <= config.max_sequence_length.
+    config: the run configuration.
+
+  Returns:
+    float32 [B, S, vocab_size] logits; position t predicts token t + 1.
+  """
+  cdt = _dtype(config.compute_dtype)
+  eps = config.norm_epsilon
+  x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
+
+  def block(x, layer):
+    x = x + _attention(_rms_norm(x, layer["attn_norm"], eps), layer, config)
+    x = x + _mlp(_rms_norm(x, layer["mlp_norm"], eps), layer)
+    return x, None
+
+  x, _ = jax.lax.scan(block, x, params["layers"])
+  x = _rms_norm(x, params["final_norm"], eps)
+  return jnp.einsum("bse,ev->bsv", x, params["unembedding"].astype(cdt),
+                    preferred_element_type=jnp.float32)
+
+
+def loss_fn(params: Params, batch: Mapping[str, jax.Array],
+            config) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean next-token cross entropy.
+
+  Args:
+    params: the parameter pytree.
+    batch: "inputs" int32 [B, S], "targets" int32 [B, S] (targets[:, t] is the
+      token after inputs[:, t]), optional "weights" [B, S] (0 masks a position).
+    config: the run configuration.
+
+  Returns:
+    (loss, aux): loss is the weighted mean cross entropy in nats per token
+    (float32 scalar, 0 when every weight is 0). aux holds float32 scalars:
+    "loss_sum" (weighted sum of cross entropies), "num_tokens" (sum of
+    weights), "num_correct" (weighted count of argmax hits) and "accuracy"
+    (num_correct / num_tokens), so micro-batch results combine exactly by
+    summing the sums.
+  """
+  logits = apply(params, batch["inputs"], config)
+  targets = batch["targets"]
+  weights = batch.get("weights")
+  if weights is None:
+    weights = jnp.ones(targets.shape, jnp.float32)
+  else:
+    weights = weights.astype(jnp.float32)
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  loss_sum = jnp.sum(nll * weights)
+  num_tokens = jnp.sum(weights)
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  num_correct = jnp.sum(correct * weights)
+  denom = jnp.maximum(num_tokens, 1e-8)
+  loss = jnp.where(num_tokens > 0, loss_sum / denom, 0.0)
+  aux = {
+      "loss_sum": loss_sum,
+      "num_tokens": num_tokens,
+      "num_correct": num_correct,
+      "accuracy": jnp.where(num_tokens > 0, num_correct / denom, 0.0),
+  }
+  return loss, aux
+
+
+def num_params(params: Params) -> int:
+  """Total number of parameter elements."""
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+def num_matmul_params(config) -> int:
+  """Parameters that take part in a matmul per token (all but the embedding).
+
+  The embedding is a lookup, so it costs no FLOPs; norm scales are negligible
+  and left out.
+  """
+  e, h, k, d, m = (config.emb_dim, config.num_heads, config.num_kv_heads,
+                   config.head_dim, config.mlp_dim)
+  per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * m
+  return config.num_layers * per_layer + e * config.vocab_size
+
+
+def flops_per_token(config) -> int:
+  """Training FLOPs per token (forward + backward), for MFU.
+
+  6 FLOPs per matmul parameter (2 forward, 4 backward) plus the attention
+  score and value products: per layer 2 matmuls of S x H x D multiply-adds per
+  token, i.e. 12 * S * H * D training FLOPs, counted over the full sequence
+  length S (the causal mask is not subtracted, the usual convention).
+  """
+  attention = (12 * config.num_layers * config.max_sequence_length *
+               config.num_heads * config.head_dim)
+  return 6 * num_matmul_params(config) + attention
+
+
+def param_logical_axes(params: Params) -> Params:
+  """Logical axis names of every parameter, a pytree like `params`.
+
+  Each leaf is a tuple with one name per dimension, e.g. ("layers", "embed",
+  "mlp") for layers/w_up.
+
+  Raises:
+    ValueError: if `params` does not have the structure of `init_params`.
+  """
+  expected = jax.tree_util.tree_structure(
+      _LOGICAL_AXES, is_leaf=lambda x: isinstance(x, tuple))
+  actual = jax.tree_util.tree_structure(params)
+  if expected != actual:
+    raise ValueError(f"params structure {actual} is not the model's {expected}")
+  return jax.tree_util.tree_map(lambda axes: axes, _LOGICAL_AXES,
+                                is_leaf=lambda x: isinstance(x, tuple))
+
+
+def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
+  """Which dimension of each parameter to shard over an FSDP mesh axis.
+
+  The largest dimension divisible by `fsdp_size` is chosen (the first of
+  equals), never the stacked "layers" dimension, which `lax.scan` slices.
+  A parameter with no such dimension, or `fsdp_size` 1, is replicated.
+
+  Args:
+    params: the parameter pytree (arrays or anything with `.shape`).
+    fsdp_size: number of devices on the FSDP mesh axis (>= 1).
+
+  Returns:
+    A pytree like `params` whose leaves are an int dimension or None.
+
+  Raises:
+    ValueError: if fsdp_size < 1.
+  """
+  if not isinstance(fsdp_size, int) or fsdp_size < 1:
+    raise ValueError(f"fsdp_size must be a positive int, got {fsdp_size!r}")
+  axes = param_logical_axes(params)
+
+  def choose(x, names):
+    if fsdp_size == 1:
+      return None
+    best = None
+    for dim, (size, name) in enumerate(zip(x.shape, names)):
+      if name == "layers" or size % fsdp_size:
+        continue
+      if best is None or size > x.shape[best]:
+        best = dim
+    return best
+
+  return jax.tree_util.tree_map(choose, params, axes,
+                                is_leaf=lambda x: isinstance(x, tuple))
+
+
+def param_partition_specs(params: Params, fsdp_size: int,
+                          fsdp_axis_name: str = "fsdp") -> Params:
+  """`jax.sharding.PartitionSpec` per parameter for FSDP sharding.
+
+  Args:
+    params: the parameter pytree (arrays or anything with `.shape`).
+    fsdp_size: number of devices on the FSDP mesh axis.
+    fsdp_axis_name: the mesh axis name to shard over.
+
+  Returns:
+    A pytree like `params` of PartitionSpecs (replicated where
+    `param_fsdp_axis` gives None).
+  """
+  dims = param_fsdp_axis(params, fsdp_size)
+
+  def spec(x, dim):
+    names = [None] * len(x.shape)
+    if dim is not None:
+      names[dim] = fsdp_axis_name
+    return jax.sharding.PartitionSpec(*names)
+
+  return jax.tree_util.tree_map(spec, params, dims,
+                                is_leaf=lambda x: x is None)

@@ -1,0 +1,283 @@
+"""Tests for the decoder-only transformer in maxtext/model.py."""
+
+import functools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maxtext import data
+from maxtext import model
+from maxtext.configs import base
+
+
+def _tiny_config(**overrides):
+  config = base.get_config()
+  config.vocab_size = 32
+  config.emb_dim = 32
+  config.num_layers = 2
+  config.num_heads = 4
+  config.num_kv_heads = 2
+  config.head_dim = 8
+  config.mlp_dim = 64
+  config.max_sequence_length = 16
+  config.global_batch_size = 8
+  config.eval_batch_size = 8
+  for key, value in overrides.items():
+    config[key] = value
+  return config
+
+
+def _jit_apply(config):
+  return jax.jit(functools.partial(model.apply, config=config))
+
+
+def _jit_loss(config):
+  return jax.jit(functools.partial(model.loss_fn, config=config))
+
+
+def _tokens(config, batch=2, seed=0):
+  rng = np.random.default_rng(seed)
+  return jnp.asarray(rng.integers(0, config.vocab_size,
+                                  (batch, config.max_sequence_length)),
+                     jnp.int32)
+
+
+class ModelTest(parameterized.TestCase):
+
+  def test_param_shapes_and_dtype(self):
+    config = _tiny_config()
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    l, e, h, k, d, m, v = 2, 32, 4, 2, 8, 64, 32
+    chex.assert_trees_all_equal_shapes(params, {
+        "embedding": jnp.zeros((v, e)),
+        "layers": {
+            "attn_norm": jnp.zeros((l, e)),
+            "wq": jnp.zeros((l, e, h, d)),
+            "wk": jnp.zeros((l, e, k, d)),
+            "wv": jnp.zeros((l, e, k, d)),
+            "wo": jnp.zeros((l, h, d, e)),
+            "mlp_norm": jnp.zeros((l, e)),
+            "w_gate": jnp.zeros((l, e, m)),
+            "w_up": jnp.zeros((l, e, m)),
+            "w_down": jnp.zeros((l, m, e)),
+        },
+        "final_norm": jnp.zeros((e,)),
+        "unembedding": jnp.zeros((e, v)),
+    })
+    chex.assert_trees_all_equal_dtypes(
+        params, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params))
+    self.assertEqual(model.num_params(params),
+                     sum(x.size for x in jax.tree_util.tree_leaves(params)))
+
+  def test_init_is_deterministic_by_key(self):
+    config = _tiny_config()
+    a = model.init_params(config, jax.random.PRNGKey(1))
+    b = model.init_params(config, jax.random.PRNGKey(1))
+    c = model.init_params(config, jax.random.PRNGKey(2))
+    chex.assert_trees_all_equal(a, b)
+    self.assertFalse(np.array_equal(a["embedding"], c["embedding"]))
+
+  @parameterized.named_parameters(
+      ("float32", "float32", "float32"),
+      ("bf16_compute", "float32", "bfloat16"),
+      ("bf16_weights", "bfloat16", "bfloat16"),
+  )
+  def test_logits_shape_and_dtype(self, weight_dtype, compute_dtype):
+    config = _tiny_config(weight_dtype=weight_dtype,
+                          compute_dtype=compute_dtype)
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    for leaf in jax.tree_util.tree_leaves(params):
+      self.assertEqual(leaf.dtype, jnp.dtype(weight_dtype))
+    logits = jax.jit(lambda p, t: model.apply(p, t, config))(
+        params, _tokens(config, batch=3))
+    chex.assert_shape(logits, (3, config.max_sequence_length,
+                               config.vocab_size))
+    chex.assert_type(logits, jnp.float32)
+    chex.assert_tree_all_finite(logits)
+
+  def test_attention_is_causal(self):
+    config = _tiny_config()
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    tokens = _tokens(config, batch=1)
+    changed = tokens.at[0, 10].set((tokens[0, 10] + 1) % config.vocab_size)
+    apply = _jit_apply(config)
+    a = apply(params, tokens)
+    b = apply(params, changed)
+    np.testing.assert_allclose(a[:, :10], b[:, :10], rtol=1e-5, atol=1e-5)
+    self.assertGreater(float(jnp.max(jnp.abs(a[:, 10:] - b[:, 10:]))), 1e-4)
+
+  def test_grouped_kv_heads_equal_repeated_full_heads(self):
+    """K kv heads behave as H heads whose k/v weights repeat per group."""
+    grouped = _tiny_config(num_heads=4, num_kv_heads=2)
+    full = _tiny_config(num_heads=4, num_kv_heads=4)
+    params = model.init_params(grouped, jax.random.PRNGKey(3))
+    group = grouped.num_heads // grouped.num_kv_heads
+    expanded = jax.tree_util.tree_map(lambda x: x, params)
+    for name in ("wk", "wv"):
+      expanded["layers"][name] = jnp.repeat(params["layers"][name], group,
+                                            axis=2)
+    tokens = _tokens(grouped, batch=2)
+    np.testing.assert_allclose(_jit_apply(grouped)(params, tokens),
+                               _jit_apply(full)(expanded, tokens),
+                               rtol=1e-5, atol=1e-5)
+
+  def test_rope_scores_depend_only_on_relative_position(self):
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(np.broadcast_to(rng.normal(size=(1, 1, 1, 8)),
+                                    (1, 12, 1, 8)), jnp.float32)
+    k = jnp.asarray(np.broadcast_to(rng.normal(size=(1, 1, 1, 8)),
+                                    (1, 12, 1, 8)), jnp.float32)
+    rq, rk = model._rope(q, 10000.0), model._rope(k, 10000.0)  # pylint: disable=protected-access
+    scores = jnp.einsum("bsnd,btnd->st", rq, rk)
+    np.testing.assert_allclose(scores[5, 2], scores[9, 6], rtol=1e-5)
+    np.testing.assert_allclose(scores[3, 3], scores[11, 11], rtol=1e-5)
+    self.assertGreater(abs(float(scores[5, 2] - scores[5, 4])), 1e-4)
+    # Rotation keeps norms.
+    np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1),
+                               jnp.linalg.norm(q, axis=-1), rtol=1e-5)
+
+  def test_loss_matches_reference_cross_entropy(self):
+    config = _tiny_config()
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    inputs = _tokens(config, batch=2, seed=1)
+    targets = _tokens(config, batch=2, seed=2)
+    loss, aux = _jit_loss(config)(params, {"inputs": inputs,
+                                           "targets": targets})
+    logits = np.asarray(_jit_apply(config)(params, inputs), np.float64)
+    logits -= logits.max(-1, keepdims=True)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(log_probs, np.asarray(targets)[..., None],
+                              -1)[..., 0]
+    np.testing.assert_allclose(loss, nll.mean(), rtol=1e-5)
+    np.testing.assert_allclose(aux["loss_sum"], nll.sum(), rtol=1e-5)
+    self.assertEqual(float(aux["num_tokens"]), nll.size)
+    hits = (logits.argmax(-1) == np.asarray(targets)).sum()
+    self.assertEqual(float(aux["num_correct"]), hits)
+    np.testing.assert_allclose(aux["accuracy"], hits / nll.size, rtol=1e-6)
+    for value in aux.values():
+      chex.assert_shape(value, ())
+
+  def test_loss_weights_mask_positions(self):
+    config = _tiny_config()
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    inputs = _tokens(config, batch=2, seed=1)
+    targets = _tokens(config, batch=2, seed=2)
+    weights = np.zeros(inputs.shape, np.float32)
+    weights[0, :] = 1.0
+    loss = _jit_loss(config)
+    masked, aux = loss(
+        params, {"inputs": inputs, "targets": targets, "weights": weights})
+    first, _ = _jit_loss(config)(
+        params, {"inputs": inputs[:1], "targets": targets[:1]})
+    np.testing.assert_allclose(masked, first, rtol=1e-5)
+    self.assertEqual(float(aux["num_tokens"]), config.max_sequence_length)
+    empty, aux = loss(
+        params, {"inputs": inputs, "targets": targets,
+                 "weights": np.zeros(inputs.shape, np.float32)})
+    self.assertEqual(float(empty), 0.0)
+    self.assertEqual(float(aux["accuracy"]), 0.0)
+
+  def test_jitted_step_lowers_loss_on_synthetic_data(self):
+    config = _tiny_config(num_layers=1)
+    dataset = data.SyntheticDataset(config)
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    tx = optax.adam(1e-2)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+      (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(
+          params, batch, config)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss
+
+    eval_batch = dataset.get_eval_batch(0)
+    eval_loss = _jit_loss(config)
+    before, _ = eval_loss(params, eval_batch)
+    for i in range(40):
+      params, opt_state, loss = step(params, opt_state, dataset.get_batch(i))
+    after, _ = eval_loss(params, eval_batch)
+    chex.assert_tree_all_finite(params)
+    self.assertTrue(np.isfinite(float(loss)))
+    self.assertLess(float(after), 0.5 * float(before))
+
+  def test_flops_per_token_counts_matmul_params(self):
+    config = _tiny_config()
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    layers = params["layers"]
+    matmul = (model.num_params(params) - params["embedding"].size -
+              params["final_norm"].size - layers["attn_norm"].size -
+              layers["mlp_norm"].size)
+    self.assertEqual(model.num_matmul_params(config), matmul)
+    attention = (12 * config.num_layers * config.max_sequence_length *
+                 config.num_heads * config.head_dim)
+    self.assertEqual(model.flops_per_token(config), 6 * matmul + attention)
+
+
+class ShardingTest(parameterized.TestCase):
+
+  def _shapes(self, config):
+    return jax.eval_shape(
+        lambda: model.init_params(config, jax.random.PRNGKey(0)))
+
+  def test_logical_axes_name_every_dimension(self):
+    shapes = self._shapes(_tiny_config())
+    axes = model.param_logical_axes(shapes)
+    jax.tree_util.tree_map(
+        lambda x, names: self.assertLen(names, len(x.shape)), shapes, axes,
+        is_leaf=lambda x: isinstance(x, tuple))
+
+  def test_logical_axes_reject_other_structures(self):
+    with self.assertRaisesRegex(ValueError, "structure"):
+      model.param_logical_axes({"w": jnp.zeros((2, 2))})
+
+  @parameterized.named_parameters(("one", 1), ("two", 2), ("four", 4),
+                                  ("three", 3), ("sixty_four", 64))
+  def test_fsdp_axis_is_divisible_and_never_layers(self, fsdp):
+    config = _tiny_config()
+    shapes = self._shapes(config)
+    dims = model.param_fsdp_axis(shapes, fsdp)
+    axes = model.param_logical_axes(shapes)
+
+    def check(x, dim, names):
+      if fsdp == 1:
+        self.assertIsNone(dim)
+        return
+      candidates = [i for i, (size, name) in enumerate(zip(x.shape, names))
+                    if name != "layers" and size % fsdp == 0]
+      if not candidates:
+        self.assertIsNone(dim)
+      else:
+        self.assertIn(dim, candidates)
+        self.assertEqual(x.shape[dim], max(x.shape[i] for i in candidates))
+
+    jax.tree_util.tree_map(check, shapes, dims, axes,
+                           is_leaf=lambda x: x is None)
+
+  def test_fsdp_axis_rejects_bad_size(self):
+    with self.assertRaisesRegex(ValueError, "fsdp_size"):
+      model.param_fsdp_axis(self._shapes(_tiny_config()), 0)
+
+  def test_partition_specs_place_params_on_a_mesh(self):
+    config = _tiny_config()
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1),
+                             ("data", "fsdp"))
+    specs = model.param_partition_specs(params, 1)
+    sharded = jax.tree_util.tree_map(
+        lambda x, spec: jax.device_put(x, jax.sharding.NamedSharding(mesh,
+                                                                    spec)),
+        params, specs)
+    chex.assert_trees_all_equal(sharded, params)
+    specs = model.param_partition_specs(self._shapes(config), 4)
+    self.assertEqual(specs["layers"]["w_up"],
+                     jax.sharding.PartitionSpec(None, None, "fsdp"))
+
+
+if __name__ == "__main__":
+  absltest.main()

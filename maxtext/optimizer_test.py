@@ -1,0 +1,184 @@
+"""Tests for maxtext/optimizer.py: schedule, AdamW chain, summary."""
+
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maxtext import optimizer
+from maxtext.configs import base
+
+
+def _config(**overrides):
+  config = base.get_config()
+  config.learning_rate = 0.02
+  config.warmup_steps = 10
+  config.steps = 110
+  config.lr_schedule_steps = 0
+  config.lr_end_fraction = 0.25
+  for key, value in overrides.items():
+    config[key] = value
+  return config
+
+
+class ScheduleTest(parameterized.TestCase):
+
+  def test_values_at_key_steps(self):
+    config = _config()
+    schedule = optimizer.make_schedule(config)
+    peak = config.learning_rate
+    end = peak * config.lr_end_fraction
+    warmup = config.warmup_steps
+    total = config.steps
+    decay = total - warmup
+    expected = {
+        0: 0.0,
+        warmup // 2: peak * (warmup // 2) / warmup,
+        warmup - 1: peak * (warmup - 1) / warmup,
+        warmup: peak,
+        warmup + decay // 2: (peak + end) / 2,
+        warmup + decay // 4:
+            end + (peak - end) * 0.5 * (1 + math.cos(math.pi / 4)),
+        total - 1: end + (peak - end) * 0.5 * (1 + math.cos(
+            math.pi * (decay - 1) / decay)),
+        total: end,
+        total + 50: end,
+    }
+    for step, value in expected.items():
+      with self.subTest(step=step):
+        np.testing.assert_allclose(float(schedule(step)), value, rtol=1e-5,
+                                   atol=1e-9)
+
+  def test_monotone_warmup_then_decay(self):
+    config = _config()
+    values = np.asarray(jax.vmap(optimizer.make_schedule(config))(
+        jnp.arange(config.steps + 1)))
+    warmup = config.warmup_steps
+    self.assertTrue(np.all(np.diff(values[:warmup + 1]) > 0))
+    self.assertTrue(np.all(np.diff(values[warmup:]) < 0))
+    self.assertEqual(values.dtype, np.float32)
+
+  def test_lr_schedule_steps_overrides_steps(self):
+    config = _config(lr_schedule_steps=60)
+    schedule = optimizer.make_schedule(config)
+    end = config.learning_rate * config.lr_end_fraction
+    np.testing.assert_allclose(float(schedule(60)), end, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(35)),
+                               (config.learning_rate + end) / 2, rtol=1e-5)
+
+  def test_no_warmup_starts_at_peak(self):
+    config = _config(warmup_steps=0)
+    np.testing.assert_allclose(float(optimizer.make_schedule(config)(0)),
+                               config.learning_rate, rtol=1e-6)
+
+  def test_jittable_with_traced_count(self):
+    config = _config()
+    schedule = optimizer.make_schedule(config)
+    np.testing.assert_allclose(jax.jit(schedule)(jnp.int32(5)), schedule(5))
+
+  @parameterized.named_parameters(
+      ("warmup_past_steps", dict(warmup_steps=200), "warmup_steps=200"),
+      ("warmup_past_schedule", dict(lr_schedule_steps=5), "warmup_steps=10"),
+      ("end_fraction", dict(lr_end_fraction=2.0), "lr_end_fraction"),
+  )
+  def test_bad_schedule(self, overrides, pattern):
+    config = _config(**overrides)
+    with self.assertRaisesRegex(ValueError, pattern):
+      optimizer.make_schedule(config)
+    with self.assertRaisesRegex(ValueError, pattern):
+      optimizer.schedule_summary(config)
+
+
+class SummaryTest(absltest.TestCase):
+
+  def test_summary_describes_the_schedule(self):
+    config = _config()
+    summary = optimizer.schedule_summary(config)
+    schedule = optimizer.make_schedule(config)
+    self.assertEqual(summary["warmup_steps"], config.warmup_steps)
+    self.assertEqual(summary["schedule_steps"], config.steps)
+    self.assertEqual(summary["decay_steps"],
+                     config.steps - config.warmup_steps)
+    self.assertEqual(summary["learning_rate"], config.learning_rate)
+    np.testing.assert_allclose(
+        float(schedule(summary["warmup_steps"])), summary["learning_rate"],
+        rtol=1e-6)
+    np.testing.assert_allclose(
+        float(schedule(summary["schedule_steps"])),
+        summary["end_learning_rate"], rtol=1e-6)
+    self.assertEqual(summary["decay_schedule"], optimizer.DECAY_SCHEDULE_NAME)
+    for key in ("adam_b1", "adam_b2", "adam_eps", "weight_decay",
+                "grad_clip_norm"):
+      self.assertEqual(summary[key], config[key])
+
+  def test_summary_uses_lr_schedule_steps(self):
+    config = _config(lr_schedule_steps=70)
+    summary = optimizer.schedule_summary(config)
+    self.assertEqual(summary["schedule_steps"], 70)
+    self.assertEqual(summary["decay_steps"], 70 - config.warmup_steps)
+
+
+class OptimizerTest(absltest.TestCase):
+
+  def _params(self):
+    return {"w": jnp.full((3, 4), 2.0), "scale": jnp.full((4,), 2.0)}
+
+  def test_first_warmup_step_changes_nothing(self):
+    config = _config()
+    tx = optimizer.make_optimizer(config, optimizer.make_schedule(config))
+    params = self._params()
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    chex.assert_trees_all_close(optax.apply_updates(params, updates), params)
+
+  def test_weight_decay_applies_to_matrices_only(self):
+    config = _config(warmup_steps=0, weight_decay=0.5)
+    tx = optimizer.make_optimizer(config, optimizer.make_schedule(config))
+    params = self._params()
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    np.testing.assert_allclose(
+        updates["w"], -config.learning_rate * config.weight_decay * 2.0,
+        rtol=1e-6)
+    np.testing.assert_allclose(updates["scale"], 0.0)
+
+  def test_gradients_are_clipped_to_the_global_norm(self):
+    # A large epsilon makes Adam's first update depend on the gradient scale,
+    # so clipping is visible: clipped big gradients = unclipped small ones.
+    clip = 0.5
+    common = dict(warmup_steps=0, weight_decay=0.0, adam_eps=10.0)
+    clipped_tx = optimizer.make_optimizer(
+        _config(grad_clip_norm=clip, **common),
+        optimizer.make_schedule(_config(**common)))
+    plain_tx = optimizer.make_optimizer(
+        _config(grad_clip_norm=0.0, **common),
+        optimizer.make_schedule(_config(**common)))
+    params = self._params()
+    grads = {"w": jnp.arange(12.0).reshape(3, 4), "scale": jnp.ones((4,))}
+    norm = optax.tree.norm(grads)
+    self.assertGreater(float(norm), clip)
+    small = jax.tree_util.tree_map(lambda g: g * clip / norm, grads)
+    clipped, _ = clipped_tx.update(grads, clipped_tx.init(params), params)
+    expected, _ = plain_tx.update(small, plain_tx.init(params), params)
+    chex.assert_trees_all_close(clipped, expected, rtol=1e-5)
+    unclipped, _ = plain_tx.update(grads, plain_tx.init(params), params)
+    self.assertGreater(
+        float(jnp.max(jnp.abs(unclipped["w"] - clipped["w"]))), 1e-4)
+
+  def test_state_keeps_parameter_dtype(self):
+    config = _config()
+    tx = optimizer.make_optimizer(config, optimizer.make_schedule(config))
+    params = {"w": jnp.ones((2, 2), jnp.bfloat16)}
+    state = tx.init(params)
+    for leaf in jax.tree_util.tree_leaves(state):
+      if getattr(leaf, "shape", ()) == (2, 2):
+        self.assertEqual(leaf.dtype, jnp.bfloat16)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,74 @@
+"""Graceful stops: SIGTERM/SIGINT ask the training loop to stop between steps.
+
+A scheduler that preempts a job sends SIGTERM (a user at a terminal, SIGINT). The
+handler only records the request; the training loop finishes the step it is in,
+writes a checkpoint, closes its writers and stops. With several processes, each one
+may see the signal at a different step, so they agree on the stop step through JAX's
+preemption sync point (every process reaches it at the same step) or, failing that,
+through a small all-reduce of the local flags.
+"""
+
+import signal
+import threading
+from typing import Optional
+
+from absl import logging
+import jax
+import numpy as np
+
+
+class StopRequest:
+  """Installs SIGTERM/SIGINT handlers that set a flag; restores the old ones on close.
+
+  Handlers can only be installed from the main thread; elsewhere (a test that runs
+  the trainer in a thread) the request is still usable through `request()`.
+  """
+
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+    self._event = threading.Event()
+    self._signal_name: Optional[str] = None
+    self._previous = {}
+    if threading.current_thread() is threading.main_thread():
+      for sig in signals:
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.request(signal.Signals(signum).name)
+
+  def request(self, reason: str = "request") -> None:
+    """Asks the loop to stop after the current step."""
+    if not self._event.is_set():
+      self._signal_name = reason
+      logging.warning("%s received: stopping after the current step.", reason)
+    self._event.set()
+
+  @property
+  def reason(self) -> Optional[str]:
+    return self._signal_name
+
+  def local(self) -> bool:
+    return self._event.is_set()
+
+  def should_stop(self, step: int) -> bool:
+    """Whether every process stops after `step` (a collective with >1 process).
+
+    Args:
+      step: the step just completed; every process must call this at every step.
+    """
+    if jax.process_count() == 1:
+      return self._event.is_set()
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    flags = multihost_utils.process_allgather(np.asarray(self._event.is_set()))
+    stop = bool(np.any(flags))
+    if stop and not self._event.is_set():
+      self._signal_name = "a peer's stop request"
+      self._event.set()
+    del step
+    return stop
+
+  def close(self) -> None:
+    """Restores the signal handlers that were there before."""
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
+    self._previous = {}

@@ -1,0 +1,179 @@
+"""End-to-end tests of a gs:// run directory through `trainer.run` (in-process).
+
+The GCS API is the real fake-gcs-server emulator on loopback with its
+filesystem backend (a restart keeps its objects), reached the way production
+reaches GCS: `google-cloud-storage`'s default client, pointed at the emulator
+by `STORAGE_EMULATOR_HOST`. Each run stages its directory under a temporary
+`local_staging_directory`; the tests compare the bucket with the local files
+byte for byte.
+"""
+
+import os
+import shutil
+import tempfile
+import threading
+
+from absl.testing import absltest
+import jax
+
+from maxtext import trainer
+from maxtext.configs import default
+from testing import gcs_emulator
+
+_BUCKET = "bucket"
+_PREFIX = "runs/e2e"
+
+# Same tiny shape as trainer_mllog_test: the default config, shrunk.
+_TINY = dict(
+    vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
+    num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
+    global_batch_size=8, gradient_accumulation_steps=2,
+    eval_steps=1, eval_batch_size=8, eval_interval=5,
+    learning_rate=1e-2, warmup_steps=3, steps=10, lr_schedule_steps=40,
+    checkpoint_period=5, log_period=10, target_eval_loss=0.0,
+    # Small GCS bounds, so a dead emulator costs seconds, not minutes.
+    gcs_sync_interval_seconds=0.2, gcs_request_timeout_seconds=2.0,
+    gcs_final_timeout_seconds=30.0,
+)
+
+
+def local_files(root):
+  """Relative path -> bytes of every file under `root`."""
+  files = {}
+  for directory, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(directory, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+  return files
+
+
+class TrainerGcsTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.cache_dir = os.path.join(
+        os.environ.get("TEST_TMPDIR", tempfile.gettempdir()),
+        "trainer_gcs_test_jax_cache")
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+  def setUp(self):
+    super().setUp()
+    self.emulator = gcs_emulator.GcsEmulator(buckets=[_BUCKET])
+    self.addCleanup(self.emulator.cleanup)
+    self.emulator.start()
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = self.emulator.url
+
+    def restore_env():
+      if previous is None:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+      else:
+        os.environ["STORAGE_EMULATOR_HOST"] = previous
+    self.addCleanup(restore_env)
+    self.staging = self.create_tempdir().full_path
+
+  def config(self, run_name, **overrides):
+    config = default.get_config()
+    config.base_output_directory = f"gs://{_BUCKET}/{_PREFIX}"
+    config.local_staging_directory = self.staging
+    config.jax_compilation_cache_dir = self.cache_dir
+    config.run_name = run_name
+    for key, value in {**_TINY, **overrides}.items():
+      setattr(config, key, value)
+    return config
+
+  def objects(self, run_name):
+    """Object name (relative to the run's prefix) -> bytes."""
+    client = self.emulator.client()
+    prefix = f"{_PREFIX}/{run_name}/"
+    return {blob.name[len(prefix):]: blob.download_as_bytes()
+            for blob in client.list_blobs(_BUCKET, prefix=prefix)}
+
+  def assert_run_dir_complete(self, run_dir, final_step):
+    names = set(local_files(run_dir))
+    for name in ("config.json", "metrics.jsonl", "mllog.log"):
+      self.assertIn(name, names)
+    self.assertTrue(any(n.startswith(f"checkpoints/{final_step}/")
+                        for n in names), sorted(names))
+    self.assertFalse([n for n in names if "orbax-checkpoint-tmp" in n])
+
+  def test_bucket_holds_the_run_directory_at_the_end(self):
+    config = self.config("plain")
+    result = trainer.run(config, config_filename="default.py", process_index=0)
+    self.assertEqual(result.final_step, config.steps)
+    self.assertEqual(result.run_dir, os.path.join(self.staging, "plain"))
+    self.assert_run_dir_complete(result.run_dir, config.steps)
+    self.assertEqual(self.objects("plain"), local_files(result.run_dir))
+
+  def test_emulator_down_from_the_start(self):
+    self.emulator.stop()
+    config = self.config("down", gcs_request_timeout_seconds=0.5,
+                         gcs_final_timeout_seconds=2.0)
+    with self.assertLogs(level="WARNING") as logs:
+      result = trainer.run(config, config_filename="default.py",
+                           process_index=0)
+    self.assertEqual(result.final_step, config.steps)
+    self.assert_run_dir_complete(result.run_dir, config.steps)
+    # Warned at the start (no mirror to resume from) and at the end (the
+    # final upload failed or timed out).
+    self.assertTrue(any("Could not read the GCS mirror" in line
+                        for line in logs.output), logs.output)
+    self.assertTrue(any("GCS mirror" in line and ("failed" in line or
+                                                  "did not finish" in line)
+                        for line in logs.output), logs.output)
+    # Nothing reached the bucket: the emulator (same root) holds no object.
+    self.emulator.start()
+    self.assertEqual(self.objects("down"), {})
+
+  def test_emulator_killed_mid_run_and_restarted(self):
+    config = self.config("outage", steps=20)
+    outage = {}
+    restarter = threading.Timer(2.0, self.emulator.start)
+    self.addCleanup(restarter.cancel)
+
+    def on_step(step, unused_step_time):
+      if step == 3:
+        self.emulator.kill()
+        outage["killed_at"] = step
+        restarter.start()
+      if outage and "restarted_by" not in outage and self.emulator.running:
+        outage["restarted_by"] = step
+      # Slow steps, so that training goes on through the outage.
+      threading.Event().wait(0.2)
+
+    result = trainer.run(config, config_filename="default.py", process_index=0,
+                         step_callback=on_step)
+    restarter.join(30.0)
+    self.assertEqual(result.final_step, config.steps)
+    # The outage began and ended while the run was training.
+    self.assertEqual(outage.get("killed_at"), 3)
+    self.assertLess(outage.get("restarted_by", config.steps + 1), config.steps)
+    self.assert_run_dir_complete(result.run_dir, config.steps)
+    self.assertEqual(self.objects("outage"), local_files(result.run_dir))
+
+  def test_resume_from_the_mirror_without_local_staging(self):
+    config = self.config("moved")
+    first = trainer.run(config, config_filename="default.py", process_index=0)
+    self.assertEqual(first.final_step, config.steps)
+    self.assertEqual(self.objects("moved"), local_files(first.run_dir))
+    # A new machine: the local staging is gone, the bucket holds the run.
+    shutil.rmtree(first.run_dir)
+
+    config2 = self.config("moved", steps=config.steps + 5)
+    second = trainer.run(config2, config_filename="default.py", process_index=0)
+    self.assertEqual(second.start_step, first.final_step)
+    self.assertEqual(second.final_step, config2.steps)
+    files = local_files(second.run_dir)
+    # The first attempt's log came back from the bucket; this one is the 2nd.
+    self.assertIn("mllog.log", files)
+    self.assertIn("mllog.2.log", files)
+    self.assertIn(f'"value": {first.final_step}',
+                  [line for line in files["mllog.2.log"].decode().splitlines()
+                   if '"init_checkpoint_step"' in line][0])
+    self.assertEqual(self.objects("moved"), files)
+
+
+if __name__ == "__main__":
+  absltest.main()

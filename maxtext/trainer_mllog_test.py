@@ -1,0 +1,224 @@
+"""End-to-end tests of the MLPerf log through `trainer.run` (in-process).
+
+Each test trains a tiny model of the default config's shape (grouped-query
+attention, gradient accumulation, synthetic progressions) for a few dozen
+steps, then judges the log the run wrote with the official `mlperf_logging`
+compliance checker and compares its values with the run's real schedule and
+step count.
+"""
+
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+
+from maxtext import optimizer
+from maxtext import trainer
+from maxtext.configs import default
+from testing import compliance_checker
+
+# The tiny shape that every run here shares, so runs reuse compilations.
+_TINY = dict(
+    vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
+    num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
+    global_batch_size=8, gradient_accumulation_steps=2,
+    eval_steps=1, eval_batch_size=8, eval_interval=5,
+    learning_rate=1e-2, warmup_steps=3, steps=30, lr_schedule_steps=40,
+    checkpoint_period=0, log_period=10,
+)
+# The tiny model's eval loss passes these by step 30 (and only later for a
+# lower one); see test_aborted_run_passes_with_run_stop_aborted's assertion.
+_REACHABLE_TARGET = 0.95
+_UNREACHABLE_TARGET = 0.05
+
+
+def tiny_config(base_output_directory, cache_dir, **overrides):
+  """The default config, shrunk to run in seconds on a CPU."""
+  config = default.get_config()
+  config.base_output_directory = base_output_directory
+  config.jax_compilation_cache_dir = cache_dir
+  for key, value in {**_TINY, **overrides}.items():
+    setattr(config, key, value)
+  return config
+
+
+def read_events(path):
+  """The log's events (dicts) in file order."""
+  events = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      if line.startswith(":::MLLOG "):
+        events.append(json.loads(line[len(":::MLLOG "):]))
+  return events
+
+
+def values_of(events, key):
+  return [e["value"] for e in events if e["key"] == key]
+
+
+def metadata_of(events, key):
+  return [e["metadata"] for e in events if e["key"] == key]
+
+
+def single(events, key):
+  found = values_of(events, key)
+  if len(found) != 1:
+    raise AssertionError(f"expected exactly one {key!r}, found {found}")
+  return found[0]
+
+
+class TrainerMllogTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.cache_dir = os.path.join(
+        os.environ.get("TEST_TMPDIR", tempfile.gettempdir()),
+        "trainer_mllog_test_jax_cache")
+    # Even the tiny compilations are worth caching between the runs here.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+  def setUp(self):
+    super().setUp()
+    self.out = self.create_tempdir().full_path
+
+  def run_tiny(self, run_name, process_index=0, **overrides):
+    config = tiny_config(self.out, self.cache_dir, run_name=run_name,
+                         **overrides)
+    result = trainer.run(config, config_filename="default.py",
+                         process_index=process_index)
+    return config, result
+
+  def assert_checker_passes(self, path, ruleset):
+    result = compliance_checker.run_checker(path, ruleset=ruleset)
+    self.assertTrue(result.passed,
+                    f"ruleset {ruleset}: {result.messages}\n{result.output}")
+
+  def assert_values_match_run(self, config, result, events):
+    """Schedule keys, samples counts and eval values equal the run's real ones."""
+    summary = optimizer.schedule_summary(config)
+    gbs = config.global_batch_size
+    self.assertEqual(single(events, "opt_learning_rate_warmup_steps"),
+                     summary["warmup_steps"])
+    self.assertEqual(single(events, "opt_learning_rate_decay_steps"),
+                     summary["decay_steps"])
+    self.assertEqual(single(events, "opt_learning_rate_decay_schedule"),
+                     summary["decay_schedule"])
+    self.assertEqual(single(events, "global_batch_size"), gbs)
+    self.assertEqual(single(events, "gradient_accumulation_steps"),
+                     config.gradient_accumulation_steps)
+    self.assertEqual(single(events, "max_steps"), config.steps)
+    self.assertEqual(single(events, "init_checkpoint_step"), result.start_step)
+    keys = {e["key"] for e in events}
+    self.assertIn("opt_adamw_beta_1", keys)
+    self.assertNotIn("opt_adam_beta_1", keys)
+    # samples_count: samples trained at each point, from the restored step on.
+    evals = [m["samples_count"] for m in metadata_of(events, "eval_accuracy")]
+    interval = config.eval_interval
+    first_eval = (result.start_step // interval + 1) * interval
+    expected_eval_steps = list(range(first_eval, result.final_step + 1,
+                                     interval))
+    if result.final_step not in expected_eval_steps:
+      expected_eval_steps.append(result.final_step)  # The final eval.
+    self.assertEqual(evals, [s * gbs for s in expected_eval_steps])
+    self.assertEqual(metadata_of(events, "block_start")[0]["samples_count"],
+                     result.start_step * gbs)
+    self.assertEqual(metadata_of(events, "run_stop")[0]["samples_count"],
+                     result.final_step * gbs)
+    # One tracked_stats per step, and the last eval is the run's last eval.
+    steps = [e["metadata"]["step"] for e in events
+             if e["key"] == "tracked_stats" and "train_loss" in e["value"]]
+    self.assertEqual(steps, list(range(result.start_step + 1,
+                                       result.final_step + 1)))
+    self.assertAlmostEqual(values_of(events, "eval_accuracy")[-1],
+                           result.last_eval_loss, places=5)
+    # block_start/block_stop pair up.
+    self.assertEqual(len(values_of(events, "block_start")),
+                     len(values_of(events, "block_stop")))
+
+  def test_run_reaching_target_passes_with_run_stop_success(self):
+    # A budget past the step that reaches the target: the target stops it.
+    config, result = self.run_tiny("success", steps=40,
+                                   target_eval_loss=_REACHABLE_TARGET)
+    self.assertEqual(result.status, trainer.SUCCESS)
+    self.assertLess(result.final_step, config.steps)
+    path = os.path.join(result.run_dir, "mllog.log")
+    for ruleset in ("6.1.0", "6.0.0"):
+      self.assert_checker_passes(path, ruleset)
+    events = read_events(path)
+    self.assertEqual([m["status"] for m in metadata_of(events, "run_stop")],
+                     ["success"])
+    self.assertEqual(events[0]["key"], "cache_clear")
+    self.assertEqual(events[-1]["key"], "run_stop")
+    self.assertLessEqual(values_of(events, "eval_accuracy")[-1],
+                         _REACHABLE_TARGET)
+    self.assert_values_match_run(config, result, events)
+
+  def test_aborted_run_and_its_resume_each_pass(self):
+    config, first = self.run_tiny("budget", target_eval_loss=_UNREACHABLE_TARGET)
+    self.assertEqual(first.status, trainer.COMPLETED)
+    self.assertEqual(first.final_step, config.steps)
+    path = os.path.join(first.run_dir, "mllog.log")
+    events = read_events(path)
+    # The open rule wants one eval below 1.0: the budget is sized for that.
+    self.assertLess(min(values_of(events, "eval_accuracy")), 1.0)
+    for ruleset in ("6.1.0", "6.0.0"):
+      self.assert_checker_passes(path, ruleset)
+    self.assertEqual([m["status"] for m in metadata_of(events, "run_stop")],
+                     ["aborted"])
+    self.assert_values_match_run(config, first, events)
+    with open(path, encoding="utf-8") as f:
+      first_log = f.read()
+
+    # The same run name resumes from the final checkpoint with a larger budget.
+    config2, second = self.run_tiny("budget",
+                                    target_eval_loss=_UNREACHABLE_TARGET,
+                                    steps=config.steps + 2 * config.eval_interval)
+    self.assertEqual(second.start_step, first.final_step)
+    self.assertEqual(second.final_step, config2.steps)
+    path2 = os.path.join(second.run_dir, "mllog.2.log")
+    self.assertTrue(os.path.isfile(path2), os.listdir(second.run_dir))
+    for ruleset in ("6.1.0", "6.0.0"):
+      self.assert_checker_passes(path2, ruleset)
+    events2 = read_events(path2)
+    self.assertEqual(single(events2, "init_checkpoint_step"), first.final_step)
+    self.assertEqual(events2[0]["key"], "cache_clear")
+    self.assertEqual([m["status"] for m in metadata_of(events2, "run_stop")],
+                     ["aborted"])
+    self.assert_values_match_run(config2, second, events2)
+    # The first attempt's log is left as it was.
+    with open(path, encoding="utf-8") as f:
+      self.assertEqual(f.read(), first_log)
+
+  def test_process_one_writes_no_mllog(self):
+    config, result = self.run_tiny("proc1", process_index=1, steps=2)
+    self.assertEqual(result.final_step, config.steps)
+    logs = [n for n in os.listdir(result.run_dir) if n.startswith("mllog")]
+    self.assertEqual(logs, [])
+
+  def test_unwritable_mllog_path_disables_logging(self):
+    # A regular file where the log's directory should be: creating the log
+    # fails for every user (root included, unlike a read-only directory).
+    blocker = os.path.join(self.out, "a_file")
+    with open(blocker, "w") as f:
+      f.write("not a directory\n")
+    mllog_file = os.path.join(blocker, "mllog.log")
+    with self.assertLogs(level="WARNING") as logs:
+      config, result = self.run_tiny("unwritable", steps=2,
+                                     mllog_file=mllog_file)
+    self.assertEqual(result.final_step, config.steps)
+    self.assertTrue(any("MLPerf log" in line and "disabled" in line
+                        for line in logs.output), logs.output)
+    with open(blocker) as f:
+      self.assertEqual(f.read(), "not a directory\n")
+    self.assertFalse(
+        [n for n in os.listdir(result.run_dir) if n.startswith("mllog")])
+    self.assertTrue(os.path.isfile(os.path.join(result.run_dir,
+                                                "metrics.jsonl")))
+
+
+if __name__ == "__main__":
+  absltest.main()

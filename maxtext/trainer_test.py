@@ -1,0 +1,333 @@
+"""End-to-end tests of `trainer.run`, in-process, on tiny real runs.
+
+Every run trains the shrunk default config of `testing.tiny_configs` (a 1-layer
+model, 16-token sequences, a few steps) into a temp dir and is checked through
+the files it leaves: config.json, metrics.jsonl, TensorBoard events, orbax
+checkpoints (read back with `maxtext.checkpointing`) and the MLPerf log. Runs
+share a persistent compilation cache, so each one after the first mostly pays
+for its steps.
+"""
+
+import functools
+import glob
+import json
+import math
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext import checkpointing
+from maxtext import config_lib
+from maxtext import data
+from maxtext import metric_logger
+from maxtext import model
+from maxtext import optimizer as optimizer_lib
+from maxtext import preemption
+from maxtext import trainer
+from testing import tiny_configs
+
+# The reference run: 6 steps, eval after steps 3 and 6, checkpoints at 3 and 6.
+_STEPS = 6
+_HALF = 3
+# Record fields that measure wall-clock time, which differs between runs.
+_TIMING_KEYS = frozenset({"step_time_s", "tokens_per_s", "eval_time"})
+
+
+def setUpModule():
+  # Small functions (optimizer init, zeros) compile in well under the default
+  # 1 s threshold; caching them too makes every run after the first cheap.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def _config(output_dir, run_name, **overrides):
+  # lr_schedule_steps is fixed so that a run cut at _HALF steps and resumed to
+  # _STEPS follows the same schedule as the reference run.
+  overrides.setdefault("lr_schedule_steps", _STEPS)
+  return tiny_configs.tiny_config(output_dir, run_name=run_name, **overrides)
+
+
+def _records(run_dir):
+  """metrics.jsonl without the timing fields."""
+  return [{k: v for k, v in r.items() if k not in _TIMING_KEYS}
+          for r in metric_logger.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def _steps(records, kind):
+  return [r["step"] for r in records if r["kind"] == kind]
+
+
+def _mllog_events(path):
+  events = []
+  with open(path) as f:
+    for line in f:
+      if line.startswith(":::MLLOG "):
+        events.append(json.loads(line[len(":::MLLOG "):]))
+  return events
+
+
+def _run_stop_status(path):
+  stops = [e for e in _mllog_events(path) if e["key"] == "run_stop"]
+  if len(stops) != 1:
+    raise AssertionError(f"{path}: expected one run_stop, got {stops}")
+  return stops[0]["metadata"]["status"]
+
+
+def _single_device(tree):
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def _abstract_params(config):
+  return jax.eval_shape(functools.partial(model.init_params, config),
+                        jax.random.PRNGKey(0))
+
+
+def _restore_state(config, run_dir, step):
+  """The train state of checkpoint `step` of a run, read from its files."""
+  params = _abstract_params(config)
+  opt = optimizer_lib.make_optimizer(config, optimizer_lib.make_schedule(config))
+  abstract = {"params": params, "opt_state": jax.eval_shape(opt.init, params),
+              "step": jax.ShapeDtypeStruct((), np.int64)}
+  with checkpointing.Checkpointer(os.path.join(run_dir, "checkpoints"),
+                                  save_period=1, max_to_keep=0) as ckpt:
+    state, metadata = ckpt.restore(step, _single_device(abstract))
+  return state, metadata
+
+
+def _checkpoint_steps(run_dir):
+  with checkpointing.Checkpointer(os.path.join(run_dir, "checkpoints"),
+                                  save_period=1, max_to_keep=0) as ckpt:
+    return ckpt.all_steps()
+
+
+def _optimizer_counts(opt_state):
+  """The step counters inside an optax state (one per counting transform)."""
+  return [int(np.asarray(leaf))
+          for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state)
+          if "count" in jax.tree_util.keystr(path)]
+
+
+class TrainerTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = os.path.join(absltest.get_default_test_tmpdir(), "trainer_test")
+    os.makedirs(cls.root, exist_ok=True)
+    # The uninterrupted reference run; it also traces step 1 with the profiler.
+    cls.ref_config = _config(cls.root, "reference", steps=_STEPS, profiler_steps=1,
+                             profiler_start_step=1)
+    cls.ref = trainer.run(cls.ref_config)
+    cls.ref_records = _records(cls.ref.run_dir)
+    cls.ref_state, _ = _restore_state(cls.ref_config, cls.ref.run_dir, _STEPS)
+
+  def assert_matches_reference(self, result, config):
+    """The run's metrics and final state equal the reference run's."""
+    self.assertEqual(result.final_step, _STEPS)
+    self.assertEqual(_records(result.run_dir), self.ref_records)
+    state, metadata = _restore_state(config, result.run_dir, _STEPS)
+    chex.assert_trees_all_close(state, self.ref_state, rtol=1e-6, atol=1e-7)
+    self.assertEqual(metadata["samples_count"], _STEPS * config.global_batch_size)
+
+  def test_run_directory_layout(self):
+    self.assertEqual(self.ref.status, trainer.COMPLETED)
+    self.assertEqual((self.ref.start_step, self.ref.final_step), (0, _STEPS))
+    run_dir = os.path.join(self.root, "reference")
+    self.assertEqual(self.ref.run_dir, run_dir)
+
+    with open(os.path.join(run_dir, "config.json")) as f:
+      document = json.load(f)
+    self.assertEqual(document["config"], config_lib.to_json_dict(self.ref_config))
+    provenance = document["provenance"]
+    for key in ("git_revision", "requirements_lock", "jax_version", "devices",
+                "device_count", "jax_backend"):
+      self.assertIn(key, provenance)
+    self.assertEqual(provenance["jax_version"], jax.__version__)
+    self.assertEqual(provenance["run_name"], "reference")
+    self.assertEqual(provenance["start_step"], 0)
+
+    records = metric_logger.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    self.assertEqual(_steps(records, "train"), list(range(_STEPS)))
+    self.assertEqual(_steps(records, "eval"), [_HALF - 1, _STEPS - 1])
+    train = [r for r in records if r["kind"] == "train"]
+    for key in ("loss", "learning_rate", "grad_norm", "step_skipped", "accuracy",
+                "step_time_s", "tokens_per_s"):
+      self.assertIn(key, train[0])
+    self.assertTrue(all(r["step_skipped"] == 0 for r in train))
+    for r in records:
+      if r["kind"] == "eval":
+        self.assertTrue(math.isfinite(r["eval_loss"]))
+
+    self.assertNotEmpty(glob.glob(os.path.join(run_dir, "tensorboard",
+                                               "events.out.tfevents.*")))
+    self.assertEqual(_checkpoint_steps(run_dir), [_HALF, _STEPS])
+    # No target: the MLPerf log (on in the default config) ends aborted.
+    self.assertEqual(_run_stop_status(os.path.join(run_dir, "mllog.log")),
+                     "aborted")
+
+  def test_loss_falls(self):
+    train = [r for r in self.ref_records if r["kind"] == "train"]
+    evals = [r["eval_loss"] for r in self.ref_records if r["kind"] == "eval"]
+    # The first step sees the initial model: no better than uniform guessing
+    # over the 32-token vocabulary (ln 32 = 3.47 nats per token).
+    self.assertGreater(train[0]["loss"], math.log(32) - 0.1)
+    self.assertLess(train[-1]["loss"], train[0]["loss"] - 0.5)
+    self.assertLess(evals[-1], evals[0])
+    self.assertAlmostEqual(self.ref.last_train_loss, train[-1]["loss"], places=5)
+    self.assertAlmostEqual(self.ref.last_eval_loss, evals[-1], places=5)
+
+  def test_profiler_writes_trace(self):
+    traces = glob.glob(os.path.join(self.ref.run_dir, "tensorboard", "plugins",
+                                    "profile", "*", "*.xplane.pb"))
+    self.assertLen(traces, 1)
+    self.assertGreater(os.path.getsize(traces[0]), 0)
+
+  def test_reaches_target(self):
+    config = tiny_configs.tiny_config(self.root, run_name="target", steps=60,
+                                      target_eval_loss=1.0, checkpoint_period=0)
+    result = trainer.run(config)
+    self.assertEqual(result.status, trainer.SUCCESS)
+    self.assertLess(result.final_step, 60)
+    self.assertLessEqual(result.last_eval_loss, 1.0)
+    self.assertEqual(result.final_step % config.eval_interval, 0)
+    records = _records(result.run_dir)
+    self.assertEqual(_steps(records, "train"), list(range(result.final_step)))
+    self.assertEqual(records[-1]["kind"], "eval")
+    self.assertEqual(_checkpoint_steps(result.run_dir), [result.final_step])
+    self.assertEqual(_run_stop_status(os.path.join(result.run_dir, "mllog.log")),
+                     "success")
+
+  def test_resume_equals_uninterrupted(self):
+    first = trainer.run(_config(self.root, "resumed", steps=_HALF))
+    self.assertEqual((first.status, first.final_step), (trainer.COMPLETED, _HALF))
+    config = _config(self.root, "resumed", steps=_STEPS)
+    second = trainer.run(config)
+    self.assertEqual(second.status, trainer.COMPLETED)
+    self.assertEqual(second.start_step, _HALF)
+    self.assert_matches_reference(second, config)
+    # Each attempt has its own complete MLPerf log.
+    self.assertTrue(os.path.exists(os.path.join(second.run_dir, "mllog.2.log")))
+
+  def test_resume_without_checkpoint_is_an_error(self):
+    config = _config(self.root, "nothing_to_resume", steps=_STEPS, resume=True)
+    with self.assertRaisesRegex(ValueError, "resume=True.*no checkpoint"):
+      trainer.run(config)
+
+  def test_stop_request_checkpoints_and_resumes(self):
+    stop_after = 2  # Not a multiple of checkpoint_period (3).
+    stop = preemption.StopRequest(signals=())
+    completed_steps = []
+
+    def on_step(completed, step_time):
+      self.assertGreaterEqual(step_time, 0.0)
+      completed_steps.append(completed)
+      if completed == stop_after:
+        stop.request("test stop")
+
+    # The stop falls inside the profiler window (steps 1-3).
+    result = trainer.run(_config(self.root, "stopped", steps=_STEPS,
+                                 profiler_steps=3, profiler_start_step=1),
+                         stop_request=stop, step_callback=on_step)
+    self.assertEqual(result.status, trainer.INTERRUPTED)
+    self.assertEqual(result.stop_reason, "test stop")
+    self.assertEqual(result.final_step, stop_after)
+    self.assertEqual(completed_steps, [1, 2])
+    self.assertEqual(_checkpoint_steps(result.run_dir), [stop_after])
+    _, metadata = _restore_state(self.ref_config, result.run_dir, stop_after)
+    self.assertEqual(metadata["step"], stop_after)
+    # Complete files: every line whole, one train record per finished step.
+    with open(os.path.join(result.run_dir, "metrics.jsonl")) as f:
+      self.assertTrue(f.read().endswith("\n"))
+    self.assertEqual(_steps(_records(result.run_dir), "train"), [0, 1])
+    self.assertEqual(_run_stop_status(os.path.join(result.run_dir, "mllog.log")),
+                     "aborted")
+    self.assertLen(glob.glob(os.path.join(result.run_dir, "tensorboard", "plugins",
+                                          "profile", "*", "*.xplane.pb")), 1)
+
+    config = _config(self.root, "stopped", steps=_STEPS)
+    resumed = trainer.run(config)
+    self.assertEqual(resumed.start_step, stop_after)
+    self.assert_matches_reference(resumed, config)
+
+  def test_load_parameters_path_uses_params_with_fresh_optimizer(self):
+    source = os.path.join(self.ref.run_dir, "checkpoints", str(_STEPS))
+    config = _config(self.root, "finetune", steps=_HALF, load_parameters_path=source)
+    result = trainer.run(config)
+    self.assertEqual((result.start_step, result.final_step), (0, _HALF))
+
+    # Step 0 trained on the loaded parameters: its loss is theirs on batch 0.
+    params = self.ref_state["params"]
+    batch = data.make_dataset(config).get_batch(0)
+    micro_losses = [
+        model.loss_fn(params, jax.tree_util.tree_map(jnp.asarray, micro),
+                      config)[0]
+        for micro in data.split_micro_batches(batch, config.gradient_accumulation_steps)
+    ]
+    train = [r for r in _records(result.run_dir) if r["kind"] == "train"]
+    self.assertAlmostEqual(train[0]["loss"], float(np.mean(micro_losses)), places=4)
+    self.assertLess(train[0]["loss"], self.ref_records[0]["loss"] - 0.5)
+
+    # The optimizer started fresh: its counters count this run's steps only.
+    self.assertEqual(set(_optimizer_counts(self.ref_state["opt_state"])), {_STEPS})
+    state, _ = _restore_state(config, result.run_dir, _HALF)
+    self.assertEqual(set(_optimizer_counts(state["opt_state"])), {_HALF})
+    self.assertEqual(int(state["step"]), _HALF)
+
+  def test_non_finite_gradients_skip_steps_then_stop(self):
+    config = _config(self.root, "nan", steps=_STEPS, max_consecutive_skipped_steps=4)
+    params = model.init_params(config, jax.random.PRNGKey(7))
+    params["unembedding"] = params["unembedding"].at[0, 0].set(jnp.nan)
+    nan_dir = os.path.join(self.root, "nan_params")
+    with checkpointing.Checkpointer(nan_dir, save_period=1, max_to_keep=0) as ckpt:
+      ckpt.save(0, {"params": params, "step": np.asarray(0, np.int64)}, {})
+    config.load_parameters_path = nan_dir
+
+    with self.assertRaisesRegex(
+        trainer.TrainingError,
+        r"4 consecutive steps had non-finite gradients "
+        r"\(max_consecutive_skipped_steps=4\); stopping at step 3"):
+      trainer.run(config)
+
+    run_dir = os.path.join(self.root, "nan")
+    train = [r for r in _records(run_dir) if r["kind"] == "train"]
+    self.assertEqual([r["step"] for r in train], [0, 1, 2, 3])
+    for r in train:
+      self.assertEqual(r["step_skipped"], 1)
+      self.assertTrue(math.isnan(r["loss"]))
+    # The checkpoint after step 3 holds the loaded parameters, untouched, and
+    # an optimizer that never applied an update.
+    state, _ = _restore_state(config, run_dir, _HALF)
+    chex.assert_trees_all_equal(state["params"], jax.device_get(params))
+    self.assertEqual(set(_optimizer_counts(state["opt_state"])), {0})
+    self.assertEqual(_run_stop_status(os.path.join(run_dir, "mllog.log")), "aborted")
+
+  @parameterized.named_parameters(
+      ("zero_steps", {"steps": 0}, ValueError, r"config\.steps=0"),
+      ("batch_not_divisible", {"global_batch_size": 7}, ValueError,
+       r"config\.global_batch_size=7.*gradient_accumulation_steps=2"),
+      ("kv_heads_not_dividing", {"num_kv_heads": 3}, ValueError,
+       r"config\.num_kv_heads=3.*num_heads=2"),
+      ("escaping_run_name", {"run_name": "../escape"}, ValueError,
+       r"config\.run_name='\.\./escape'"),
+      ("warmup_past_schedule", {"warmup_steps": 9, "lr_schedule_steps": 0},
+       ValueError, r"config\.warmup_steps=9"),
+      ("unknown_dataset", {"dataset_type": "c4"}, ValueError,
+       r"config\.dataset_type='c4'"),
+  )
+  def test_bad_config_raises_before_any_work(self, overrides, error, message):
+    output = os.path.join(self.root, "bad_" + self._testMethodName)
+    config = _config(output, "bad", steps=_STEPS)
+    config.update(overrides)
+    with self.assertRaisesRegex(error, message):
+      trainer.run(config)
+    self.assertFalse(os.path.exists(output))
+
+
+if __name__ == "__main__":
+  absltest.main()

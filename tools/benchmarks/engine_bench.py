@@ -1,0 +1,227 @@
+r"""Benchmark: the training loop's step time against a bare jitted loop.
+
+Runbook:
+
+  tools/bazel run //tools/benchmarks:engine_bench -- [--rounds=5] [--steps=30]
+  # Another model or config: any --config.x override of configs/default.py.
+
+Two ways train the same model (the `--config`, by default configs/default.py)
+on the same data, interleaved in blocks in one process:
+
+  trainer  `maxtext.trainer.run`, everything on: engine, metrics recorder,
+           console/JSONL/TensorBoard writers, MLPerf log, eval every
+           `eval_interval` steps, checkpoints every `checkpoint_period`
+           steps. Step times come from `run`'s `step_callback`; the trainer
+           leaves eval time out of them, and this benchmark leaves out the
+           steps that follow a checkpoint save (whose time includes it) and
+           each run's first `--warmup_steps` (compilation).
+  bare     K jitted micro-steps (forward, backward, gradient accumulation),
+           one jitted optimizer update and one fetch of the step's mean loss:
+           the least any loop must do per step. Same params, optimizer,
+           batches and shardings as the trainer.
+
+Each round runs one trainer block (a fresh run of `--steps` steps) and one bare
+block of as many steps, in alternating order. A round's ratio is the trainer's
+median step time over the bare loop's; the table shows every round, and the
+summary the median ratio with its spread (min, max). Tokens/s is the
+trainer's; MFU is (6 x matmul parameters x tokens + attention FLOPs) per
+second over the devices' peak from `_PEAK_FLOPS` (dense bf16 peaks; "n/a"
+where the device kind is not listed, as on a CPU). The last line is:
+
+  engine_bench: ratio=R tokens_per_s=T
+"""
+
+import functools
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import optax
+
+from maxtext import data
+from maxtext import mesh as mesh_lib
+from maxtext import model
+from maxtext import optimizer as optimizer_lib
+from maxtext import trainer
+
+_DEFAULT_CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "maxtext", "configs", "default.py")
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", _DEFAULT_CONFIG, "Model and run config (default: configs/default.py).",
+    lock_config=True)
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved rounds (trainer + bare).")
+_STEPS = flags.DEFINE_integer("steps", 30, "Steps per block.")
+_WARMUP = flags.DEFINE_integer("warmup_steps", 3,
+                               "Steps left out at the start of every block.")
+
+# Peak dense bf16 FLOP/s per device, by `jax.Device.device_kind`.
+_PEAK_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H200": 989e12,
+}
+
+
+def peak_flops(devices) -> float | None:
+  """Summed peak FLOP/s of `devices`, or None if any kind is unknown."""
+  peaks = [_PEAK_FLOPS.get(d.device_kind) for d in devices]
+  return None if None in peaks else float(sum(peaks))
+
+
+class BareLoop:
+  """The least a training step does: K micro-steps, one update, one loss fetch."""
+
+  def __init__(self, config):
+    self.config = config
+    self.k = config.gradient_accumulation_steps
+    mesh = mesh_lib.make_mesh(config)
+    init = functools.partial(model.init_params, config)
+    rng = jax.random.PRNGKey(config.seed)
+    param_shardings = mesh_lib.param_shardings(
+        model.param_partition_specs(jax.eval_shape(init, rng),
+                                    mesh.shape[mesh_lib.FSDP_AXIS]), mesh)
+    self.batch_sharding = mesh_lib.batch_sharding(mesh)
+    self.params = jax.jit(init, out_shardings=param_shardings)(rng)
+    optimizer = optimizer_lib.make_optimizer(config,
+                                             optimizer_lib.make_schedule(config))
+    self.opt_state = jax.jit(optimizer.init)(self.params)
+    self.dataset = data.make_dataset(config)
+    loss_fn = functools.partial(model.loss_fn, config=config)
+    k = self.k
+
+    def micro_step(params, grad_acc, loss_acc, batch):
+      (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+      return jax.tree.map(jnp.add, grad_acc, grads), loss_acc + loss
+
+    def update(params, opt_state, grad_acc):
+      grads = jax.tree.map(lambda g: g / k, grad_acc)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state,
+              jax.tree.map(jnp.zeros_like, grad_acc))
+
+    self._micro_step = jax.jit(micro_step, donate_argnums=(1, 2))
+    self._update = jax.jit(update, donate_argnums=(2,))
+    self.grad_acc = jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p))(self.params)
+
+  def step(self, step: int) -> float:
+    """Runs training step `step`; returns its mean micro-batch loss (fetched)."""
+    loss_acc = jnp.zeros((), jnp.float32)
+    for micro in data.split_micro_batches(self.dataset.get_batch(step), self.k):
+      self.grad_acc, loss_acc = self._micro_step(
+          self.params, self.grad_acc, loss_acc,
+          mesh_lib.global_batch(micro, self.batch_sharding))
+    self.params, self.opt_state, self.grad_acc = self._update(
+        self.params, self.opt_state, self.grad_acc)
+    return float(loss_acc) / self.k
+
+  def block(self, first_step: int, steps: int) -> list[float]:
+    """Step times (s) of `steps` steps from `first_step`."""
+    times = []
+    for step in range(first_step, first_step + steps):
+      start = time.perf_counter()
+      self.step(step)
+      times.append(time.perf_counter() - start)
+    return times
+
+
+def trainer_block(config, output_dir: str, name: str, warmup: int) -> list[float]:
+  """Step times (s) of one fresh trainer run, warm-up and post-save steps left out."""
+  config = config.copy_and_resolve_references()
+  config.run_name = name
+  config.base_output_directory = output_dir
+  times = {}
+  result = trainer.run(config, config_filename="engine_bench",
+                       step_callback=lambda completed, t: times.__setitem__(completed, t))
+  if result.final_step != config.steps:
+    raise RuntimeError(f"trainer block {name} stopped at step {result.final_step} "
+                       f"({result.status}); expected {config.steps}")
+  period = config.checkpoint_period or config.steps
+  # A step's time runs from the end of the previous step, so it includes the
+  # previous step's checkpoint save (eval time the trainer leaves out itself).
+  return [t for completed, t in sorted(times.items())
+          if completed > warmup and (completed - 1) % period != 0]
+
+
+def _ms(seconds: float) -> str:
+  return f"{seconds * 1e3:8.2f}"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+  rounds, steps, warmup = _ROUNDS.value, _STEPS.value, _WARMUP.value
+  if rounds < 1 or steps <= warmup + 1 or warmup < 0:
+    raise app.UsageError("need --rounds >= 1 and --steps > --warmup_steps + 1 >= 1")
+  output_dir = tempfile.mkdtemp(prefix="engine_bench_")
+  config = _CONFIG.value.copy_and_resolve_references()
+  config.steps = steps
+  config.target_eval_loss = 0.0  # Every block runs its full budget.
+  if not config.jax_compilation_cache_dir:
+    config.jax_compilation_cache_dir = os.path.join(output_dir, "jax_cache")
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+  tokens_per_step = config.global_batch_size * config.max_sequence_length
+  devices = jax.devices()
+  try:
+    bare = BareLoop(config)
+    bare.block(0, warmup)  # Compiles the bare loop's functions.
+    rows = []
+    for r in range(rounds):
+      order = ("trainer", "bare") if r % 2 == 0 else ("bare", "trainer")
+      got = {}
+      for way in order:
+        if way == "trainer":
+          got[way] = trainer_block(config, output_dir, f"round{r}", warmup)
+        else:
+          got[way] = bare.block(warmup + r * steps, steps)[warmup:]
+      t_med, b_med = statistics.median(got["trainer"]), statistics.median(got["bare"])
+      rows.append((r, t_med, b_med, t_med / b_med, len(got["trainer"]),
+                   len(got["bare"])))
+  finally:
+    shutil.rmtree(output_dir, ignore_errors=True)
+
+  print(f"engine_bench: {len(devices)} x {devices[0].device_kind} "
+        f"({jax.default_backend()}), emb {config.emb_dim}, {config.num_layers} "
+        f"layers, seq {config.max_sequence_length}, global batch "
+        f"{config.global_batch_size} in K={config.gradient_accumulation_steps} "
+        f"micro-batches, eval every {config.eval_interval}, checkpoint every "
+        f"{config.checkpoint_period}, {steps} steps per block")
+  print("round  trainer_ms   bare_ms   ratio  timed_steps(trainer/bare)")
+  for r, t_med, b_med, ratio, nt, nb in rows:
+    print(f"{r:5d}  {_ms(t_med)}  {_ms(b_med)}  {ratio:6.3f}  {nt}/{nb}")
+  ratios = [row[3] for row in rows]
+  ratio = statistics.median(ratios)
+  trainer_step = statistics.median(row[1] for row in rows)
+  bare_step = statistics.median(row[2] for row in rows)
+  tokens_per_s = tokens_per_step / trainer_step
+  peak = peak_flops(devices)
+  flops_per_s = model.flops_per_token(config) * tokens_per_s
+  mfu = f"{flops_per_s / peak:.1%}" if peak else "n/a"
+  print(f"median ratio {ratio:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
+        f"over {rounds} rounds")
+  print(f"trainer: median step {trainer_step * 1e3:.2f} ms, {tokens_per_s:,.0f} "
+        f"tokens/s, {flops_per_s / 1e9:.2f} GFLOP/s, MFU {mfu}")
+  print(f"bare:    median step {bare_step * 1e3:.2f} ms, "
+        f"{tokens_per_step / bare_step:,.0f} tokens/s")
+  print(f"engine_bench: ratio={ratio:.3f} tokens_per_s={tokens_per_s:.0f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,298 @@
+r"""Benchmark: the cost of recording M metrics over K micro-batches per step.
+
+Runbook:
+
+  bazel run //tools/benchmarks:metrics_bench -- [--rounds=9] [--block=3]
+
+Every way runs the same training step (K jitted micro-steps of a small MLP's
+forward/backward with gradient accumulation, then one jitted optimizer apply)
+and ends the step with all metric values on the host:
+
+  baseline     the micro-step computing all M metrics, returned packed in one
+               array (the engine's form) and dropped; nothing recorded.
+  dict_step    (reference, not a way) the micro-step returning the M metrics
+               as M separate outputs, dropped: ways a, b and d need that form,
+               so their overheads include its cost.
+  a/append     one device array per metric, `jnp.append` per micro-batch.
+  b/stack      host lists of device scalars, one `jnp.stack` per metric.
+  c/engine     `maxtext.engine.Engine`: packed metrics, `buffer_packed`,
+               one flush (plus learning_rate, grad_norm, step_skipped).
+  d/per_name   `MetricsRecorder.buffer_metrics` per metric, one flush.
+
+The ways run interleaved in blocks (a shuffled order each round) so machine
+noise hits them alike. The overhead of a way is its block's mean step time
+minus the baseline block's of the same round; the table shows the median over
+rounds and the interquartile range. Device dispatches per step are counted by
+wrapping the executable launch with JAX's C++ dispatch fast path off (a
+separate, untimed run). The last line holds the ratios of median overheads at
+M=100, K=16:
+
+  metrics_bench: engine/stack=R1 engine/append=R2 per_name/append=R3
+"""
+
+import contextlib
+import time
+from typing import Callable
+
+from absl import app
+from absl import flags
+import jax
+from jax._src import pjit as jax_pjit
+from jax._src.interpreters import pxla
+from jax._src.lib import _jax as jax_lib_cpp
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maxtext import engine as engine_lib
+from maxtext import metrics_recorder
+
+_NUM_METRICS = flags.DEFINE_integer("num_metrics", 100,
+                                    "M, metrics per micro-batch (loss "
+                                    "included).")
+_KS = flags.DEFINE_list("ks", ["4", "16", "64"], "Micro-batches per step.")
+_ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved rounds per K.")
+_BLOCK = flags.DEFINE_integer("block", 2, "Steps per way per round.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the block order.")
+
+_WAYS = ("baseline", "dict_step", "a/append", "b/stack", "c/engine",
+         "d/per_name")
+_WIDTH = 32
+
+
+def _loss_fn(num_metrics: int) -> Callable:
+  """A 2-layer MLP regression loss with num_metrics - 1 aux metrics."""
+  def loss_fn(params, batch):
+    h = jnp.tanh(batch["x"] @ params["w1"])
+    err = h @ params["w2"] - batch["y"]
+    loss = jnp.mean(err**2)
+    col = jnp.mean(err * h, axis=0)
+    aux = {f"m{i:03d}": loss * (i + 1) + col[i % _WIDTH]
+           for i in range(num_metrics - 1)}
+    return loss, aux
+  return loss_fn
+
+
+def _params():
+  rng = np.random.default_rng(0)
+  return {"w1": jnp.asarray(rng.normal(size=(_WIDTH, _WIDTH)) * 0.1,
+                            jnp.float32),
+          "w2": jnp.asarray(rng.normal(size=(_WIDTH, 1)) * 0.1, jnp.float32)}
+
+
+def _batch():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(8, _WIDTH)).astype(np.float32)
+  return {"x": jnp.asarray(x), "y": jnp.asarray(x[:, :1] * 2.0)}
+
+
+class _Manual:
+  """Baseline and ways a, b, d: the micro-step and apply, jitted here."""
+
+  def __init__(self, loss_fn, k: int, way: str):
+    self.k, self.way = k, way
+    self.optimizer = optax.sgd(1e-3)
+    self.params = _params()
+    self.opt_state = self.optimizer.init(self.params)
+    self.acc = jax.tree.map(jnp.zeros_like, self.params)
+    self.recorder = metrics_recorder.MetricsRecorder(max_history=4)
+    self.step_count = 0
+
+    def micro_metrics(params, acc, batch):
+      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params,
+                                                                      batch)
+      return jax.tree.map(jnp.add, acc, grads), {"loss": loss, **aux}
+
+    def micro_plain(params, acc, batch):
+      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params,
+                                                                      batch)
+      packed = jnp.stack([loss, *jax.tree_util.tree_leaves(aux)])
+      return jax.tree.map(jnp.add, acc, grads), packed
+
+    def apply(params, opt_state, acc):
+      grads = jax.tree.map(lambda g: g / k, acc)
+      updates, opt_state = self.optimizer.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state,
+              jax.tree.map(jnp.zeros_like, acc))
+
+    self.micro_metrics = jax.jit(micro_metrics, donate_argnums=(1,))
+    self.micro_plain = jax.jit(micro_plain, donate_argnums=(1,))
+    self.apply = jax.jit(apply, donate_argnums=(2,))
+
+  def step(self, batch):
+    """One training step; returns the host values of the step's metrics."""
+    way, out = self.way, None
+    if way == "baseline":
+      for _ in range(self.k):
+        self.acc, _ = self.micro_plain(self.params, self.acc, batch)
+    elif way == "dict_step":
+      for _ in range(self.k):
+        self.acc, _ = self.micro_metrics(self.params, self.acc, batch)
+    elif way == "a/append":
+      arrays = None
+      for _ in range(self.k):
+        self.acc, metrics = self.micro_metrics(self.params, self.acc, batch)
+        if arrays is None:
+          arrays = {n: jnp.reshape(v, (1,)) for n, v in metrics.items()}
+        else:
+          arrays = {n: jnp.append(arrays[n], metrics[n]) for n in arrays}
+      out = arrays
+    elif way == "b/stack":
+      lists = None
+      for _ in range(self.k):
+        self.acc, metrics = self.micro_metrics(self.params, self.acc, batch)
+        if lists is None:
+          lists = {n: [] for n in metrics}
+        for n, v in metrics.items():
+          lists[n].append(v)
+      out = {n: jnp.stack(l) for n, l in lists.items()}
+    else:  # d/per_name
+      for _ in range(self.k):
+        self.acc, metrics = self.micro_metrics(self.params, self.acc, batch)
+        for n, v in metrics.items():
+          self.recorder.buffer_metrics(self.step_count, n, v)
+      self.recorder.flush()
+      out = self.recorder.get_step_metrics(self.step_count).scalar_metrics
+      self.recorder.cleanup()  # The trainer releases each written step.
+    self.params, self.opt_state, self.acc = self.apply(
+        self.params, self.opt_state, self.acc)
+    self.step_count += 1
+    if out is not None and way != "d/per_name":
+      out = jax.device_get(out)
+    jax.block_until_ready(self.params)
+    return out
+
+
+class _EngineWay:
+  """Way c: the engine's fwd_bwd and update."""
+
+  def __init__(self, loss_fn, k: int):
+    self.k = k
+    self.engine = engine_lib.Engine(
+        loss_fn, _params(), optax.sgd(1e-3), 1e-3,
+        metrics_recorder.MetricsRecorder(max_history=4), k)
+
+  def step(self, batch):
+    for _ in range(self.k):
+      self.engine.fwd_bwd(batch)
+    out = self.engine.update().scalar_metrics
+    self.engine.recorder.cleanup()  # The trainer releases each written step.
+    jax.block_until_ready(self.engine.params)
+    return out
+
+
+def _clear_cpp_dispatch_caches():
+  """Drops the C++ dispatch entries (and their fast-path data) only; compiled
+  executables stay cached, so nothing recompiles."""
+  # pylint: disable=protected-access
+  jax_pjit._cpp_pjit_cache_fun_only.clear()
+  jax_pjit._cpp_pjit_cache_explicit_attributes.clear()
+  jax_lib_cpp.PjitFunctionCache.clear_all()
+
+
+@contextlib.contextmanager
+def _count_dispatches():
+  """Counts executable launches, with JAX's C++ dispatch fast path off."""
+  count = [0]
+  original_call = pxla.ExecuteReplicated.__call__
+  original_fastpath = jax_pjit._get_fastpath_data  # pylint: disable=protected-access
+
+  def counting_call(self, *args):
+    count[0] += 1
+    return original_call(self, *args)
+
+  _clear_cpp_dispatch_caches()
+  pxla.ExecuteReplicated.__call__ = counting_call
+  jax_pjit._get_fastpath_data = lambda *a, **k: None  # pylint: disable=protected-access
+  try:
+    yield count
+  finally:
+    pxla.ExecuteReplicated.__call__ = original_call
+    jax_pjit._get_fastpath_data = original_fastpath  # pylint: disable=protected-access
+    _clear_cpp_dispatch_caches()
+
+
+def _make_ways(m: int, k: int) -> dict:
+  loss_fn = _loss_fn(m)
+  ways = {w: _Manual(loss_fn, k, w) for w in _WAYS if w != "c/engine"}
+  ways["c/engine"] = _EngineWay(loss_fn, k)
+  return ways
+
+
+def _check_values(ways: dict, batch, m: int, k: int) -> None:
+  """Every recording way ends with M host arrays of K values each."""
+  for name, way in ways.items():
+    out = way.step(batch)
+    if name in ("baseline", "dict_step"):
+      continue
+    got = {n: np.asarray(v) for n, v in out.items() if n.startswith("m") or
+           n == "loss"}
+    if len(got) != m or any(v.shape != (k,) for v in got.values()):
+      raise RuntimeError(f"{name}: expected {m} metrics of shape ({k},)")
+
+
+def _measure(m: int, k: int, rounds: int, block: int, rng) -> tuple:
+  """Returns (overheads: way -> list of seconds, base times, dispatches)."""
+  ways = _make_ways(m, k)
+  batch = _batch()
+  for _ in range(2):  # Compile every length and path.
+    _check_values(ways, batch, m, k)
+  times = {w: [] for w in _WAYS}
+  for _ in range(rounds):
+    for w in rng.permutation(len(_WAYS)):
+      name = _WAYS[w]
+      start = time.perf_counter()
+      for _ in range(block):
+        ways[name].step(batch)
+      times[name].append((time.perf_counter() - start) / block)
+  base = np.array(times["baseline"])
+  overheads = {w: np.array(times[w]) - base for w in _WAYS if w != "baseline"}
+  dispatches = {}
+  with _count_dispatches() as count:
+    for name, way in ways.items():
+      way.step(batch)  # Warms up the Python dispatch path.
+      before = count[0]
+      way.step(batch)
+      dispatches[name] = count[0] - before
+  return overheads, base, dispatches
+
+
+def _fmt_ms(x: float) -> str:
+  return f"{x * 1e3:9.3f}"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  m = _NUM_METRICS.value
+  ks = [int(k) for k in _KS.value]
+  rng = np.random.default_rng(_SEED.value)
+  print(f"metrics_bench: M={m}, K in {ks}, {_ROUNDS.value} interleaved rounds"
+        f" x {_BLOCK.value} steps per way; jax {jax.__version__} on "
+        f"{jax.devices()[0].platform}")
+  print("overhead = way step time - baseline step time (same round); "
+        "median [p25, p75] in ms; dispatches per step.")
+  header = (f"{'K':>3} {'way':<11} {'overhead_ms':>11} {'p25':>9} "
+            f"{'p75':>9} {'step_ms':>9} {'dispatches':>10}")
+  medians = {}
+  for k in ks:
+    overheads, base, dispatches = _measure(m, k, _ROUNDS.value, _BLOCK.value,
+                                           rng)
+    print(header)
+    print(f"{k:>3} {'baseline':<11} {_fmt_ms(0.0):>11} {'':>9} {'':>9} "
+          f"{_fmt_ms(np.median(base))} {dispatches['baseline']:>10}")
+    for w in _WAYS[1:]:
+      o = overheads[w]
+      medians[(k, w)] = float(np.median(o))
+      print(f"{k:>3} {w:<11} {_fmt_ms(np.median(o)):>11} "
+            f"{_fmt_ms(np.percentile(o, 25))} {_fmt_ms(np.percentile(o, 75))} "
+            f"{_fmt_ms(np.median(base + o))} {dispatches[w]:>10}")
+  k_ref = 16 if 16 in ks else ks[0]
+  ratio = lambda a, b: medians[(k_ref, a)] / medians[(k_ref, b)]
+  print(f"metrics_bench: engine/stack={ratio('c/engine', 'b/stack'):.4f} "
+        f"engine/append={ratio('c/engine', 'a/append'):.4f} "
+        f"per_name/append={ratio('d/per_name', 'a/append'):.4f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

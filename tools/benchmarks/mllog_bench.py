@@ -1,0 +1,217 @@
+r"""Benchmark: what MLPerf logging costs the training loop's step time.
+
+Runbook:
+
+  bazel run //tools/benchmarks:mllog_bench -- [--blocks=5] [--steps=200]
+
+Each way trains the same tiny model (the default config, shrunk) through the
+real `maxtext.trainer.run`, in this process, and records the step times the
+loop itself measures (`run(..., step_callback=...)`, the same number the MLPerf
+log's `tracked_stats` reports; eval time excluded):
+
+  off      enable_mllog=False, local output directory.
+  local    enable_mllog=True, the log in the local run directory.
+  gcs      enable_mllog=True, base_output_directory=gs://..., staged locally
+           and mirrored by the background uploader to a fake-gcs-server
+           emulator behind a loopback proxy that delays every answer by
+           --delay_ms (a slow network). The mirror syncs every
+           --sync_interval_s seconds, so uploads overlap the steps.
+
+The ways run interleaved in blocks (a shuffled order per block) so machine
+noise hits them alike. Per run, the first --skip_steps steps (compilation,
+warm-up) are dropped and the median of the rest is the run's step time. A
+way's ratio in a block is its step time over the `off` run's of the same
+block; the table shows the median ratio over blocks and its spread (min-max).
+The last line holds the largest median ratio of the two logging ways:
+
+  mllog_bench: worst_ratio=R
+"""
+
+import os
+import random
+import shutil
+import socket
+import tempfile
+import threading
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import numpy as np
+
+from maxtext import trainer
+from maxtext.configs import default
+from testing import gcs_emulator
+
+_BLOCKS = flags.DEFINE_integer("blocks", 5, "Interleaved blocks (rounds).")
+_STEPS = flags.DEFINE_integer("steps", 200, "Training steps per run.")
+_SKIP = flags.DEFINE_integer("skip_steps", 10,
+                             "First steps of each run left out (warm-up).")
+_DELAY_MS = flags.DEFINE_float("delay_ms", 50.0,
+                               "Delay of each emulator answer chunk (ms).")
+_SYNC_S = flags.DEFINE_float("sync_interval_s", 1.0,
+                             "gcs_sync_interval_seconds of the gcs way.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the block order.")
+
+_WAYS = ("off", "local", "gcs")
+_BUCKET = "bench"
+
+# The default config's architecture, shrunk so a step takes milliseconds on
+# a CPU: the logging cost is then as large a share of the step as it can be.
+_TINY = dict(
+    vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
+    num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
+    global_batch_size=8, gradient_accumulation_steps=2,
+    eval_steps=1, eval_batch_size=8, eval_interval=50,
+    learning_rate=1e-2, warmup_steps=3, target_eval_loss=0.0,
+    checkpoint_period=0, log_period=1_000_000,
+)
+
+
+class DelayProxy:
+  """A loopback TCP proxy that delays every chunk the upstream sends back."""
+
+  def __init__(self, upstream_port: int, delay_s: float):
+    self._upstream = ("127.0.0.1", upstream_port)
+    self._delay_s = delay_s
+    self._server = socket.create_server(("127.0.0.1", 0))
+    self.port = self._server.getsockname()[1]
+    self._closed = threading.Event()
+    threading.Thread(target=self._accept, daemon=True,
+                     name="delay-proxy").start()
+
+  @property
+  def url(self) -> str:
+    return f"http://127.0.0.1:{self.port}"
+
+  def _accept(self) -> None:
+    while not self._closed.is_set():
+      try:
+        client, _ = self._server.accept()
+      except OSError:
+        return
+      try:
+        upstream = socket.create_connection(self._upstream, timeout=10)
+        upstream.settimeout(None)
+      except OSError:
+        client.close()
+        continue
+      threading.Thread(target=self._pump, args=(client, upstream, 0.0),
+                       daemon=True).start()
+      threading.Thread(target=self._pump,
+                       args=(upstream, client, self._delay_s),
+                       daemon=True).start()
+
+  @staticmethod
+  def _pump(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
+    try:
+      while True:
+        data = src.recv(65536)
+        if not data:
+          break
+        if delay_s:
+          time.sleep(delay_s)
+        dst.sendall(data)
+    except OSError:
+      pass
+    finally:
+      for s in (src, dst):
+        try:
+          s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+          pass
+        s.close()
+
+  def close(self) -> None:
+    self._closed.set()
+    self._server.close()
+
+
+def _config(way: str, run_name: str, out: str, cache_dir: str):
+  config = default.get_config()
+  for key, value in _TINY.items():
+    setattr(config, key, value)
+  config.steps = _STEPS.value
+  config.run_name = run_name
+  config.jax_compilation_cache_dir = cache_dir
+  config.enable_mllog = way != "off"
+  if way == "gcs":
+    config.base_output_directory = f"gs://{_BUCKET}/mllog_bench"
+    config.local_staging_directory = os.path.join(out, "staging")
+    config.gcs_sync_interval_seconds = _SYNC_S.value
+    config.gcs_final_timeout_seconds = 60.0
+  else:
+    config.base_output_directory = os.path.join(out, "runs")
+  return config
+
+
+def _run_once(way: str, run_name: str, out: str, cache_dir: str) -> float:
+  """Trains one run; returns its median step time after the warm-up."""
+  times = []
+  trainer.run(_config(way, run_name, out, cache_dir),
+              config_filename="default.py", process_index=0,
+              step_callback=lambda step, seconds: times.append(seconds))
+  kept = times[_SKIP.value:]
+  if not kept:
+    raise ValueError(f"--steps={_STEPS.value} leaves no step after "
+                     f"--skip_steps={_SKIP.value}")
+  return float(np.median(kept))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _BLOCKS.value < 1:
+    raise app.UsageError(f"--blocks must be >= 1, got {_BLOCKS.value}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Keep the libraries' INFO quiet.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  out = tempfile.mkdtemp(prefix="mllog_bench_")
+  emulator = gcs_emulator.GcsEmulator(buckets=[_BUCKET]).start()
+  proxy = DelayProxy(emulator.port, _DELAY_MS.value / 1e3)
+  previous_host = os.environ.get("STORAGE_EMULATOR_HOST")
+  os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
+  rng = random.Random(_SEED.value)
+  step_times = {way: [] for way in _WAYS}
+  try:
+    # One untimed run per way: fills the compilation cache, starts threads.
+    for way in _WAYS:
+      _run_once(way, f"warmup-{way}", out, os.path.join(out, "jax_cache"))
+    for block in range(_BLOCKS.value):
+      order = list(_WAYS)
+      rng.shuffle(order)
+      for way in order:
+        step_times[way].append(_run_once(way, f"{way}-{block}", out,
+                                         os.path.join(out, "jax_cache")))
+  finally:
+    if previous_host is None:
+      os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+      os.environ["STORAGE_EMULATOR_HOST"] = previous_host
+    proxy.close()
+    emulator.cleanup()
+    shutil.rmtree(out, ignore_errors=True)
+
+  off = np.asarray(step_times["off"])
+  print(f"mllog_bench: {_BLOCKS.value} interleaved blocks x {len(_WAYS)} ways,"
+        f" {_STEPS.value} steps per run (first {_SKIP.value} dropped), gcs "
+        f"answers delayed {_DELAY_MS.value:g} ms, mirror interval "
+        f"{_SYNC_S.value:g} s")
+  print(f"{'way':<6} {'median step ms':>15} {'ratio vs off':>13} "
+        f"{'min ratio':>10} {'max ratio':>10}")
+  worst = 0.0
+  for way in _WAYS:
+    times = np.asarray(step_times[way])
+    ratios = times / off
+    median_ratio = float(np.median(ratios))
+    if way != "off":
+      worst = max(worst, median_ratio)
+    print(f"{way:<6} {np.median(times) * 1e3:>15.3f} {median_ratio:>13.4f} "
+          f"{ratios.min():>10.4f} {ratios.max():>10.4f}")
+  print(f"mllog_bench: worst_ratio={worst:.4f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
