@@ -23,7 +23,7 @@ loss is recorded as `loss`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Union
 
 import jax
 import jax.numpy as jnp

@@ -2,7 +2,6 @@
 
 import contextlib
 
-from absl import logging
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex

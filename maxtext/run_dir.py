@@ -24,8 +24,11 @@ import jax
 from maxtext import config_lib
 from maxtext import gcs_mirror
 
-_LOCK_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "third_party", "py", "requirements_lock.txt")
+_LOCK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "third_party", "py")
+# The build ships the lock of its platform (//third_party/py:requirements_lock).
+_LOCK_FILES = ("requirements_lock.txt", "requirements_tpu_lock.txt",
+               "requirements_gpu_lock.txt")
 
 
 def resolve_local_path(path: str, environ: Mapping[str, str] = os.environ) -> str:
@@ -128,11 +131,14 @@ def _git_revision(environ: Mapping[str, str]) -> str:
 
 
 def _lock_hash() -> str:
-  try:
-    with open(_LOCK_FILE, "rb") as f:
-      return "sha256:" + hashlib.sha256(f.read()).hexdigest()
-  except OSError:
-    return "unknown"
+  """'<lock file>:sha256:<hex>' of the dependency lock this program runs with."""
+  for name in _LOCK_FILES:
+    try:
+      with open(os.path.join(_LOCK_DIR, name), "rb") as f:
+        return f"{name}:sha256:{hashlib.sha256(f.read()).hexdigest()}"
+    except OSError:
+      continue
+  return "unknown"
 
 
 def provenance(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:

@@ -72,7 +72,7 @@ class ConfigJsonTest(absltest.TestCase):
       document = json.load(f)
     self.assertEqual(document["config"]["base_output_directory"], "runs")
     provenance = document["provenance"]
-    self.assertRegex(provenance["requirements_lock"], r"^sha256:[0-9a-f]{64}$")
+    self.assertRegex(provenance["requirements_lock"], r"^requirements(_tpu|_gpu)?_lock\.txt:sha256:[0-9a-f]{64}$")
     self.assertEqual(provenance["jax_backend"], "cpu")
     self.assertGreaterEqual(provenance["device_count"], 1)
     self.assertIn("git_revision", provenance)

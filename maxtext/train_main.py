@@ -82,7 +82,7 @@ def main(argv):
   except (ValueError, TypeError) as e:
     print(f"train_main: error: {e}", file=sys.stderr)
     return 2
-  except trainer.TrainingError as e:
+  except (trainer.TrainingError, trainer.HardwareError) as e:
     print(f"train_main: error: {e}", file=sys.stderr)
     return 1
   print(f"train_main: {result.status} after step {result.final_step} "

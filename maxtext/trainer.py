@@ -46,6 +46,10 @@ class TrainingError(RuntimeError):
   """The run cannot go on (e.g. too many consecutive non-finite steps)."""
 
 
+class HardwareError(RuntimeError):
+  """The accelerator the config asks for is not there (and no CPU fallback)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RunResult:
   """What a run did.
@@ -80,7 +84,7 @@ def _check_hardware(config) -> None:
       logging.warning("hardware=%r requested but JAX found only the CPU; running on "
                       "the CPU because allow_cpu_fallback=True.", config.hardware)
     else:
-      raise RuntimeError(
+      raise HardwareError(
           f"hardware={config.hardware!r} requested but JAX's backend is {backend!r} "
           f"(devices: {devices}). Install the {config.hardware} packages or set "
           "--config.allow_cpu_fallback=True to run on the CPU.")

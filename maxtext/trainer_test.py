@@ -13,6 +13,7 @@ import glob
 import json
 import math
 import os
+import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -118,8 +119,11 @@ class TrainerTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = os.path.join(absltest.get_default_test_tmpdir(), "trainer_test")
-    os.makedirs(cls.root, exist_ok=True)
+    # A fresh directory: run directories left by an earlier invocation would be
+    # resumed.
+    tmp = absltest.get_default_test_tmpdir()
+    os.makedirs(tmp, exist_ok=True)
+    cls.root = tempfile.mkdtemp(prefix="trainer_test_", dir=tmp)
     # The uninterrupted reference run; it also traces step 1 with the profiler.
     cls.ref_config = _config(cls.root, "reference", steps=_STEPS, profiler_steps=1,
                              profiler_start_step=1)

@@ -12,9 +12,18 @@ def maxtext_repositories():
     native.local_repository(name = "remote_coverage_tools", path = "third_party/bazel/remote_coverage_tools")
 
     python_venv(name = "python_venv")
-    pip_repository(name = "pypi_cpu", lock = "//third_party/py:requirements_lock.txt")
+
+    # One package repository per platform; a build installs only the one its
+    # //third_party/py:platform selects (--config=tpu, --config=gpu).
+    locks = {
+        "cpu": "//third_party/py:requirements_lock.txt",
+        "tpu": "//third_party/py:requirements_tpu_lock.txt",
+        "gpu": "//third_party/py:requirements_gpu_lock.txt",
+    }
+    for platform, lock in locks.items():
+        pip_repository(name = "pypi_" + platform, lock = lock)
     pip_alias_repository(
         name = "pypi",
-        lock = "//third_party/py:requirements_lock.txt",
-        target = "@pypi_cpu",
+        locks = {lock: platform for platform, lock in locks.items()},
+        repositories = {platform: "pypi_" + platform for platform in locks},
     )

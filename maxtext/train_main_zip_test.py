@@ -1,0 +1,124 @@
+"""The self-contained train_main files, run as a user would: python3 and nothing else.
+
+Each file is copied into an empty directory and started with the host's `python3`
+in an environment without any Bazel variable, JAX settings or import path.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from absl.testing import absltest
+
+from testing import tiny_configs
+
+_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
+_TIMEOUT_S = 600
+
+
+def _artifact(name):
+  for root in (os.environ.get("RUNFILES_DIR"), os.environ.get("TEST_SRCDIR")):
+    if root:
+      for workspace in (os.environ.get("TEST_WORKSPACE", ""), "maxtext_engine"):
+        path = os.path.join(root, workspace, "maxtext", name)
+        if os.path.isfile(path):
+          return path
+  raise FileNotFoundError(f"{name} is not in this test's runfiles")
+
+
+class ZipappTest(absltest.TestCase):
+
+  def _copy(self, name):
+    """The artifact in a fresh, otherwise empty directory; returns (dir, path)."""
+    directory = self.create_tempdir().full_path
+    path = os.path.join(directory, name)
+    shutil.copy(_artifact(name), path)
+    return directory, path
+
+  def _env(self, directory):
+    # What a plain login on another machine has: a PATH and a HOME, nothing else.
+    return {"PATH": _SEARCH_PATH, "HOME": os.path.join(directory, "home"),
+            "MAXTEXT_ZIPAPP_CACHE": os.path.join(os.environ.get("TEST_TMPDIR", directory),
+                                                 "zipapp_cache")}
+
+  def _start(self, name, flags):
+    directory, path = self._copy(name)
+    python3 = shutil.which("python3", path=_SEARCH_PATH)
+    self.assertIsNotNone(python3)
+    log = open(os.path.join(directory, "output.log"), "wb")
+    self.addCleanup(log.close)
+    process = subprocess.Popen([python3, path] + flags, cwd=directory,
+                               env=self._env(directory), stdout=log,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    self.addCleanup(lambda: process.poll() is None and process.kill())
+    return directory, process, os.path.join(directory, "output.log")
+
+  def _flags(self, directory, **extra):
+    run_name = extra.pop("run_name", "z")
+    return tiny_configs.tiny_flags(os.path.join(directory, "out"), run_name=run_name,
+                                   steps=extra.pop("steps", 4), extra=extra)
+
+  def _read(self, path):
+    with open(path, errors="replace") as f:
+      return f.read()
+
+  def test_cpu_file_trains_with_python3_alone(self):
+    directory = self.create_tempdir().full_path
+    _, process, log = self._start("train_main.pyz", self._flags(directory))
+    self.assertEqual(process.wait(_TIMEOUT_S), 0, self._read(log)[-3000:])
+    run_dir = os.path.join(directory, "out", "z")
+    for name in ("config.json", "metrics.jsonl", "mllog.log", "checkpoints/4"):
+      self.assertTrue(os.path.exists(os.path.join(run_dir, name)), name)
+    with open(os.path.join(run_dir, "config.json")) as f:
+      provenance = json.load(f)["provenance"]
+    self.assertStartsWith(provenance["requirements_lock"], "requirements_lock.txt:sha256:")
+    self.assertIn("JAX backend cpu", self._read(log))
+
+  def test_sigterm_stops_cleanly_with_a_checkpoint(self):
+    directory = self.create_tempdir().full_path
+    _, process, log = self._start("train_main.pyz",
+                                  self._flags(directory, steps=500, checkpoint_period=1000))
+    metrics = os.path.join(directory, "out", "z", "metrics.jsonl")
+    deadline = time.monotonic() + _TIMEOUT_S
+    while not (os.path.exists(metrics) and len(self._read(metrics).splitlines()) >= 3):
+      self.assertIsNone(process.poll(), self._read(log)[-3000:])
+      self.assertLess(time.monotonic(), deadline, "no metrics before the deadline")
+      time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    self.assertEqual(process.wait(_TIMEOUT_S), 1, self._read(log)[-3000:])
+    output = self._read(log)
+    self.assertIn("stopped by SIGTERM", output)
+    checkpoints = os.listdir(os.path.join(directory, "out", "z", "checkpoints"))
+    self.assertLen(checkpoints, 1)
+    stop_step = int(checkpoints[0])
+    self.assertIn(f"after step {stop_step - 1}; checkpoint saved", output)
+    train = [json.loads(line) for line in self._read(metrics).splitlines()
+             if '"kind": "train"' in line]
+    self.assertEqual([r["step"] for r in train], list(range(stop_step)))
+
+  def test_tpu_file_reports_the_missing_tpu_and_falls_back_when_allowed(self):
+    directory = self.create_tempdir().full_path
+    _, process, log = self._start("train_main_tpu.pyz",
+                                  self._flags(directory, hardware="tpu"))
+    self.assertNotEqual(process.wait(_TIMEOUT_S), 0)
+    output = self._read(log)
+    self.assertIn("hardware='tpu' requested but JAX's backend is 'cpu'", output)
+    self.assertIn("allow_cpu_fallback=True", output)
+    self.assertFalse(os.path.exists(os.path.join(directory, "out", "z", "checkpoints")))
+
+    _, process, log = self._start(
+        "train_main_tpu.pyz",
+        self._flags(directory, hardware="tpu", allow_cpu_fallback=True, run_name="f"))
+    self.assertEqual(process.wait(_TIMEOUT_S), 0, self._read(log)[-3000:])
+    self.assertIn("running on the CPU because allow_cpu_fallback=True", self._read(log))
+    with open(os.path.join(directory, "out", "f", "config.json")) as f:
+      provenance = json.load(f)["provenance"]
+    self.assertStartsWith(provenance["requirements_lock"],
+                          "requirements_tpu_lock.txt:sha256:")
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,89 @@
+"""Packs a runfiles tree and the launcher into one executable zip (python_zipapp).
+
+Inputs come from zipapp.bzl: a manifest of `short_path<TAB>exec_path` lines (one per
+runfile), the workspace name, the main file and the import paths (both relative to
+the runfiles root). The output is `#!/usr/bin/env python3`, then a zip holding
+`__main__.py` (the launcher), `zipapp_manifest.json` and `runfiles/...`.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import stat
+import zipfile
+
+_SHEBANG = b"#!/usr/bin/env python3\n"
+# Deflate at level 1: most of the bytes are native libraries, which level 9 hardly
+# shrinks further while taking several times longer.
+_COMPRESS_LEVEL = 1
+
+
+def _runfiles_path(short_path: str, workspace: str) -> str:
+  """Where a file sits under the runfiles root (external repositories: ../repo/...)."""
+  if short_path.startswith("../"):
+    return short_path[3:]
+  return workspace + "/" + short_path
+
+
+def _read_manifest(path: str, workspace: str) -> list[tuple[str, str]]:
+  entries = {}
+  with open(path) as f:
+    for line in f:
+      line = line.rstrip("\n")
+      if not line:
+        continue
+      short_path, exec_path = line.split("\t")
+      entries[_runfiles_path(short_path, workspace)] = exec_path
+  return sorted(entries.items())
+
+
+def build(output: str, launcher: str, entries: list[tuple[str, str]], main: str,
+          python_paths: list[str]) -> str:
+  """Writes the zipapp; returns its content id (a hash of every path and byte)."""
+  digest = hashlib.sha256()
+  with open(output, "wb") as f:
+    f.write(_SHEBANG)
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED,
+                         compresslevel=_COMPRESS_LEVEL) as archive:
+      for runfiles_path, source in entries:
+        digest.update(runfiles_path.encode() + b"\0")
+        with open(source, "rb") as src:
+          data = src.read()
+        digest.update(hashlib.sha256(data).digest())
+        info = zipfile.ZipInfo("runfiles/" + runfiles_path, date_time=(1980, 1, 1, 0, 0, 0))
+        mode = 0o755 if os.stat(source).st_mode & stat.S_IXUSR else 0o644
+        info.external_attr = (stat.S_IFREG | mode) << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        archive.writestr(info, data, compresslevel=_COMPRESS_LEVEL)
+      with open(launcher, "rb") as src:
+        launcher_data = src.read()
+      digest.update(launcher_data)
+      content_id = digest.hexdigest()[:24]
+      manifest = {"id": content_id, "main": main, "python_paths": python_paths}
+      for name, data in (("zipapp_manifest.json", json.dumps(manifest, indent=1).encode()),
+                         ("__main__.py", launcher_data)):
+        info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+        info.external_attr = (stat.S_IFREG | 0o644) << 16
+        archive.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+  os.chmod(output, 0o755)
+  return content_id
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--output", required=True)
+  parser.add_argument("--launcher", required=True)
+  parser.add_argument("--workspace", required=True)
+  parser.add_argument("--main", required=True)
+  parser.add_argument("--python_path", action="append", default=[])
+  parser.add_argument("--manifest", required=True)
+  args = parser.parse_args()
+  entries = _read_manifest(args.manifest, args.workspace)
+  if args.main not in dict(entries):
+    parser.error(f"--main {args.main} is not among the runfiles")
+  build(args.output, args.launcher, entries, args.main, args.python_path)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,76 @@
+"""Starts the program packed in this file (the `__main__.py` of a python_zipapp).
+
+Run as `python3 FILE ARGS...` or `./FILE ARGS...`. The first start unpacks the
+runfiles into `$MAXTEXT_ZIPAPP_CACHE` (default `~/.cache/maxtext_zipapp`) under the
+file's content id; later starts of the same file reuse them. The program then runs in
+this very process, with only the packed code and packages on sys.path (the host's
+site-packages are left out), so signals reach it directly.
+"""
+
+import json
+import os
+import runpy
+import shutil
+import sys
+import tempfile
+import zipfile
+
+_PYTHON = (3, 11)  # The packed wheels are built for this CPython.
+
+
+def _fail(message):
+  sys.stderr.write(f"{os.path.basename(sys.argv[0])}: error: {message}\n")
+  sys.exit(2)
+
+
+def _unpack(archive_path, manifest):
+  cache = os.environ.get("MAXTEXT_ZIPAPP_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "maxtext_zipapp")
+  target = os.path.join(cache, manifest["id"])
+  if os.path.isfile(os.path.join(target, ".complete")):
+    return target
+  os.makedirs(cache, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=".unpack-", dir=cache)
+  try:
+    with zipfile.ZipFile(archive_path) as archive:
+      for info in archive.infolist():
+        if not info.filename.startswith("runfiles/"):
+          continue
+        path = archive.extract(info, staging)
+        mode = (info.external_attr >> 16) & 0o777
+        if mode:
+          os.chmod(path, mode)
+    open(os.path.join(staging, ".complete"), "w").close()
+    try:
+      os.rename(staging, target)
+    except OSError:
+      if not os.path.isfile(os.path.join(target, ".complete")):
+        raise
+      shutil.rmtree(staging, ignore_errors=True)  # Another start won the race.
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return target
+
+
+def main():
+  if sys.version_info[:2] != _PYTHON:
+    _fail(f"needs Python {_PYTHON[0]}.{_PYTHON[1]} (the packed packages are built for "
+          f"it); this is Python {sys.version.split()[0]} at {sys.executable}")
+  archive_path = os.path.abspath(sys.argv[0])
+  with zipfile.ZipFile(archive_path) as archive:
+    manifest = json.loads(archive.read("zipapp_manifest.json"))
+  root = os.path.join(_unpack(archive_path, manifest), "runfiles")
+  packed = [os.path.join(root, p) for p in manifest["python_paths"]]
+  # Keep the interpreter's standard library; drop the archive and host packages.
+  host = [p for p in sys.path[1:]
+          if p and "site-packages" not in p and "dist-packages" not in p]
+  sys.path[:] = packed + host
+  os.environ["MAXTEXT_ZIPAPP"] = archive_path
+  main_path = os.path.join(root, manifest["main"])
+  sys.argv[0] = main_path
+  runpy.run_path(main_path, run_name="__main__")
+
+
+if __name__ == "__main__":
+  main()
