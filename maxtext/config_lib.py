@@ -280,6 +280,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
   elif v["process_id"] < -1:
     raise _fail("process_id", v["process_id"], "must be >= -1")
   _at_least(v, "distributed_init_timeout_seconds", 1)
+  if (v["num_processes"] != 1 and v["base_output_directory"].startswith("gs://")
+      and not v["checkpoint_directory"]):
+    # Each host stages its own copy of a gs:// run directory, so the default
+    # checkpoint directory inside it would not be shared between the processes.
+    raise _fail("checkpoint_directory", "",
+                f"must name storage every process shares (e.g. gs://bucket/ckpt) "
+                f"when num_processes={v['num_processes']} and base_output_directory "
+                f"is {v['base_output_directory']}")
 
   # Runtime.
   _one_of(v, "hardware", HARDWARE)
@@ -293,6 +301,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _one_of(v, "submission_status", SUBMISSION_STATUSES)
   _one_of(v, "submission_benchmark", known_benchmarks(v["mllog_ruleset"]))
   _at_least(v, "mllog_train_samples", 0)
+  if v["mllog_file"].startswith("gs://"):
+    raise _fail("mllog_file", v["mllog_file"],
+                "must be a local path: the log is staged locally and mirrored to "
+                "gs:// with the run directory when base_output_directory is gs://")
 
   # GCS mirror.
   _at_least(v, "gcs_sync_interval_seconds", 0)

@@ -205,6 +205,11 @@ class ValidateTest(parameterized.TestCase):
        "gcs_sync_interval_seconds=-1.0"),
       ("gcs_timeout_zero", {"gcs_request_timeout_seconds": 0.0},
        "gcs_request_timeout_seconds=0.0"),
+      ("mllog_file_on_gcs", {"mllog_file": "gs://b/mllog.log"},
+       "mllog_file='gs://b/mllog.log'"),
+      ("multi_process_gcs_without_shared_checkpoints",
+       {"num_processes": 2, "process_id": 0, "coordinator_address": "h:1",
+        "base_output_directory": "gs://b/runs"}, "checkpoint_directory=''"),
   )
   def test_bad_value_raises_value_error_naming_it(self, overrides, pattern):
     with self.assertRaisesRegex(ValueError, pattern):

@@ -1,53 +1,18 @@
 """Tests for maxtext.engine, on a tiny linear model."""
 
-import contextlib
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
 import jax
-from jax._src import pjit as jax_pjit
-from jax._src.interpreters import pxla
-from jax._src.lib import _jax as jax_lib_cpp
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from maxtext import engine as engine_lib
 from maxtext import metrics_recorder as mr
+from testing import dispatch_counter
 
 K = 3
-
-
-def _clear_cpp_dispatch_caches():
-  """Drops the C++ dispatch entries (and their fast-path data) only; compiled
-  executables stay cached, so nothing recompiles."""
-  # pylint: disable=protected-access
-  jax_pjit._cpp_pjit_cache_fun_only.clear()
-  jax_pjit._cpp_pjit_cache_explicit_attributes.clear()
-  jax_lib_cpp.PjitFunctionCache.clear_all()
-
-
-@contextlib.contextmanager
-def count_dispatches():
-  """Counts executable launches with JAX's C++ dispatch fast path off."""
-  count = [0]
-  original_call = pxla.ExecuteReplicated.__call__
-  original_fastpath = jax_pjit._get_fastpath_data  # pylint: disable=protected-access
-
-  def counting_call(self, *args):
-    count[0] += 1
-    return original_call(self, *args)
-
-  _clear_cpp_dispatch_caches()
-  pxla.ExecuteReplicated.__call__ = counting_call
-  jax_pjit._get_fastpath_data = lambda *a, **k: None  # pylint: disable=protected-access
-  try:
-    yield count
-  finally:
-    pxla.ExecuteReplicated.__call__ = original_call
-    jax_pjit._get_fastpath_data = original_fastpath  # pylint: disable=protected-access
-    _clear_cpp_dispatch_caches()
 
 
 def make_loss_fn(num_extra=2):
@@ -223,7 +188,7 @@ class EngineTest(parameterized.TestCase):
   def test_device_ops_per_micro_batch_and_update_independent_of_m(self, extra):
     eng = make_engine(make_loss_fn(num_extra=extra))
     batches = make_batches(K)
-    with count_dispatches() as count:
+    with dispatch_counter.count_dispatches() as count:
       for _ in range(2):  # The first round compiles.
         per_micro = []
         for b in batches:

@@ -56,20 +56,29 @@ Every rejection raises TypeError or ValueError naming the metric and the value,
 and nothing enters any buffer (no empty buffer is created either).
 
 The recorder is not thread-safe: one training loop owns it.
+
+The data types live in `maxtext.metrics_buffer` and the flush machinery in
+`maxtext.metrics_flush`; this module re-exports `WeightedMetric`,
+`MetricsBuffer` and `MAX_OPERANDS_PER_LAUNCH`, so callers import only it.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-AggregationFn = Callable[[Any], Any]
+from maxtext import metrics_buffer
+from maxtext import metrics_flush
+
+AggregationFn = metrics_buffer.AggregationFn
+MetricsBuffer = metrics_buffer.MetricsBuffer
+WeightedMetric = metrics_buffer.WeightedMetric
+MAX_OPERANDS_PER_LAUNCH = metrics_flush.MAX_OPERANDS_PER_LAUNCH
 
 # Concrete JAX array classes seen so far (learned, not imported privately);
 # values of these classes take the validation fast path.
@@ -77,83 +86,6 @@ _concrete_array_types: set = set()
 
 _SCALAR = "scalar"
 _WEIGHTED = "weighted"
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class WeightedMetric:
-  """A metric reduced as sum(unreduced_sum) / sum(denominator).
-
-  A pytree, so it can be returned from jitted functions. It is deliberately not
-  a tuple: the engine skips tuple values when it walks auxiliary outputs.
-
-  Attributes:
-    unreduced_sum: the numerator, a scalar or (after a flush) a 1D array.
-    denominator: the denominator, same shape as `unreduced_sum`.
-  """
-
-  unreduced_sum: Any
-  denominator: Any
-
-  def compute(self):
-    """Returns unreduced_sum / denominator, and 0 where the denominator is 0.
-
-    NumPy in, NumPy out; JAX arrays (and tracers) in, JAX out.
-    """
-    s, d = self.unreduced_sum, self.denominator
-    xp = jnp if isinstance(s, jax.Array) or isinstance(d, jax.Array) else np
-    zero = d == 0
-    safe = xp.where(zero, xp.ones_like(d), d)
-    return xp.where(zero, xp.zeros_like(s / safe), s / safe)
-
-
-@dataclasses.dataclass(eq=False)
-class MetricsBuffer:
-  """One step's metrics.
-
-  Attributes:
-    step: the training step.
-    mode: the recorder's mode ("train", "eval", ...).
-    scalar_metrics: name -> NumPy 1D array, one entry per flushed value, in
-      buffering order.
-    weighted_metrics: name -> WeightedMetric of two NumPy 1D arrays.
-    aggregation_fns: name -> callable given when the metric was buffered.
-  """
-
-  step: int
-  mode: str
-  scalar_metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-  weighted_metrics: dict[str, WeightedMetric] = dataclasses.field(
-      default_factory=dict)
-  aggregation_fns: dict[str, AggregationFn] = dataclasses.field(
-      default_factory=dict)
-  # Records in buffering order: ("s", name, x), ("w", name, x_sum, x_den) or
-  # ("p", names, x). Each x is a NumPy array (a host value: shape (1,), packed
-  # (len(names),)) or the slot (dtype, element offset) of a device value in
-  # `_device`.
-  _pending: list = dataclasses.field(default_factory=list, repr=False)
-  _pending_values: int = dataclasses.field(default=0, repr=False)
-  # dtype -> [pending device values in buffering order, their total size].
-  _device: dict = dataclasses.field(default_factory=dict, repr=False)
-  _kinds: dict = dataclasses.field(default_factory=dict, repr=False)
-  _packed_names_ok: set = dataclasses.field(default_factory=set, repr=False)
-
-  @property
-  def pending_count(self) -> int:
-    """Values of this buffer waiting for a flush."""
-    return self._pending_values
-
-  def _hold(self, x, size: int = 1):
-    """Keeps a validated value: NumPy as it is, a device value in a slot."""
-    if isinstance(x, np.ndarray):
-      return x
-    group = self._device.get(x.dtype)
-    if group is None:
-      group = self._device[x.dtype] = [[], 0]
-    offset = group[1]
-    group[0].append(x)
-    group[1] = offset + size
-    return (x.dtype, offset)
 
 
 # --------------------------------------------------------------------------
@@ -184,17 +116,9 @@ def _dtype_problem(dtype) -> Optional[str]:
   return verdict
 
 
-def _describe(value) -> str:
-  """A description of `value` that never reads device memory."""
-  if isinstance(value, jax.Array):
-    kind = "tracer" if isinstance(value, jax.core.Tracer) else "jax.Array"
-    return f"{kind}(shape={tuple(value.shape)}, dtype={value.dtype})"
-  text = repr(value)
-  return text if len(text) <= 120 else text[:117] + "..."
-
-
 def _bad(exc_type, name, problem, value):
-  return exc_type(f"metric {name!r}: {problem}; got {_describe(value)}")
+  return exc_type(
+      f"metric {name!r}: {problem}; got {metrics_buffer.describe(value)}")
 
 
 def _host_or_device_scalar(name: str, value, what: str = "value"):
@@ -253,7 +177,8 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
 def _check_step(step) -> int:
   if isinstance(step, (bool, np.bool_)) or not isinstance(
       step, (int, np.integer)):
-    raise TypeError(f"step must be a non-negative int; got {_describe(step)}")
+    raise TypeError("step must be a non-negative int; got "
+                    f"{metrics_buffer.describe(step)}")
   if step < 0:
     raise ValueError(f"step must be a non-negative int; got {step!r}")
   return int(step)
@@ -262,259 +187,14 @@ def _check_step(step) -> int:
 def _check_name(name) -> None:
   if not isinstance(name, str) or not name:
     raise (TypeError if not isinstance(name, str) else ValueError)(
-        f"metric name must be a non-empty str; got {_describe(name)}")
+        "metric name must be a non-empty str; got "
+        f"{metrics_buffer.describe(name)}")
 
 
 def _check_aggregation_fn(name, fn) -> None:
   if fn is not None and not callable(fn):
     raise TypeError(f"metric {name!r}: aggregation_fn must be None or "
-                    f"callable; got {_describe(fn)}")
-
-
-# --------------------------------------------------------------------------
-# Flush machinery.
-
-
-@jax.jit
-def _concat_groups(groups):
-  """groups: tuple of tuples of arrays; returns one 1D array per group."""
-  return tuple(jnp.concatenate([jnp.ravel(x) for x in g]) for g in groups)
-
-
-# The most device values one jitted concatenation takes. XLA's compile time
-# grows faster than linearly in the operand count (measured on CPU: 256
-# operands 0.3 s, 1600 operands 5 s, 6400 operands 49 s), so larger flushes are
-# split into chunks of this size.
-MAX_OPERANDS_PER_LAUNCH = 256
-
-
-def _padded_arity(n: int) -> int:
-  """n rounded up to a power of two (at most MAX_OPERANDS_PER_LAUNCH), so a
-  varying number of values reuses a few compiled concatenations."""
-  return min(MAX_OPERANDS_PER_LAUNCH, 1 << max(0, n - 1).bit_length())
-
-
-def _fetch(values: dict, sizes: dict, name_of) -> dict:
-  """Brings every device value to the host with few device ops.
-
-  Each dtype's values are cut into chunks of at most MAX_OPERANDS_PER_LAUNCH
-  values, each padded to a power of two by repeating its first value; chunks
-  are packed into jitted concatenation calls of at most MAX_OPERANDS_PER_LAUNCH
-  operands. Up to that many device values therefore take one launch whatever
-  their dtypes; more take about one launch per MAX_OPERANDS_PER_LAUNCH values.
-  A dtype holding a single 1D value needs no launch. One `jax.device_get` then
-  brings every result to the host. Values that cannot share one computation
-  (arrays committed to different devices) make a call fail; then each value
-  is copied to the host on its own: no launch, one transfer per value.
-
-  Args:
-    values: dtype -> device arrays, in offset order.
-    sizes: dtype -> total number of elements of those arrays.
-    name_of: (dtype, index in values[dtype]) -> metric name, for errors.
-
-  Returns:
-    dtype -> flat NumPy array of sizes[dtype] elements.
-  """
-  keys = list(values)
-  chunks, fetched = [], []  # fetched: (dtype, chunk index or None)
-  for k in keys:
-    vals = values[k]
-    if len(vals) == 1 and vals[0].ndim == 1:
-      fetched.append((k, None))
-      continue
-    for i in range(0, len(vals), MAX_OPERANDS_PER_LAUNCH):
-      chunk = vals[i:i + MAX_OPERANDS_PER_LAUNCH]
-      chunk = chunk + chunk[:1] * (_padded_arity(len(chunk)) - len(chunk))
-      chunks.append(tuple(chunk))
-      fetched.append((k, len(chunks) - 1))
-  try:
-    calls, arity = [[]], 0
-    for chunk in chunks:
-      if arity + len(chunk) > MAX_OPERANDS_PER_LAUNCH:
-        calls.append([])
-        arity = 0
-      calls[-1].append(chunk)
-      arity += len(chunk)
-    chunk_outputs = []
-    for call in calls:
-      if call:
-        chunk_outputs.extend(_concat_groups(tuple(call)))
-    host = jax.device_get([values[k][0] if c is None else chunk_outputs[c]
-                           for k, c in fetched])
-  except Exception:  # pylint: disable=broad-except
-    return {k: _fetch_one_by_one(k, values[k], name_of) for k in keys}
-  parts: dict = {k: [] for k in keys}
-  for (k, _), h in zip(fetched, host):
-    parts[k].append(np.asarray(h).reshape(-1))
-  return {k: (np.concatenate(p) if len(p) > 1 else p[0])[:sizes[k]]
-          for k, p in parts.items()}
-
-
-def _fetch_one_by_one(key, vals, name_of) -> np.ndarray:
-  parts = []
-  for i, value in enumerate(vals):
-    try:
-      parts.append(np.asarray(jax.device_get(value)).reshape(-1))
-    except Exception as exc:  # pylint: disable=broad-except
-      raise RuntimeError(f"metric {name_of(key, i)!r}: cannot fetch "
-                         f"{_describe(value)} from the device: {exc}"
-                        ) from exc
-  return np.concatenate(parts)
-
-
-def _concat(parts: list[np.ndarray]) -> np.ndarray:
-  """np.concatenate, widening ml_dtypes floats (bfloat16, ...) to float32 when
-  NumPy has no promotion rule for the mix (e.g. int64 with bfloat16)."""
-  try:
-    return np.concatenate(parts)
-  except (TypeError, np.exceptions.DTypePromotionError):
-    native = lambda dt: dt.kind in "biuf" and dt.type.__module__ == "numpy"
-    return np.concatenate([p if native(p.dtype) else p.astype(np.float32)
-                           for p in parts])
-
-
-def _owner_name(buf: MetricsBuffer, dtype, index: int) -> str:
-  """The metric whose device value is buf._device[dtype][0][index]."""
-  # pylint: disable=protected-access
-  vals = buf._device[dtype][0]
-  offset = sum(v.size for v in vals[:index])
-  for rec in buf._pending:
-    for x in rec[2:]:
-      if isinstance(x, tuple) and x == (dtype, offset):
-        return rec[1] if rec[0] != "p" else f"{rec[1][0]}... (packed)"
-  return "?"
-
-
-class _Segments:
-  """Per-name pieces in order: index lists into a flat array, or arrays."""
-
-  __slots__ = ("items",)
-
-  def __init__(self):
-    self.items = []
-
-  def add_index(self, dtype, offset: int) -> None:
-    items = self.items
-    if items and type(items[-1]) is list and items[-1][0] == dtype:  # pylint: disable=unidiomatic-typecheck
-      items[-1][1].append(offset)
-    else:
-      items.append([dtype, [offset]])
-
-  def add_array(self, array: np.ndarray) -> None:
-    self.items.append(array)
-
-  def build(self, flat: dict, old: Optional[np.ndarray]) -> np.ndarray:
-    pieces = [] if old is None else [old]
-    for item in self.items:
-      if type(item) is list:  # pylint: disable=unidiomatic-typecheck
-        pieces.append(flat[item[0]][np.asarray(item[1], np.intp)])
-      else:
-        pieces.append(item)
-    return _concat(pieces)
-
-
-def _flush_buffers(buffers: Sequence[MetricsBuffer]) -> None:
-  """All-or-nothing flush of `buffers`; raises naming the metric on failure."""
-  # pylint: disable=protected-access
-  work = [b for b in buffers if b._pending]
-  if not work:
-    return
-  # Phase 1: every buffer's device values, per dtype, one after the other.
-  values, sizes, bases, owners = {}, {}, [], {}
-  for buf in work:
-    base = {}
-    for dt, (vals, size) in buf._device.items():
-      lst = values.get(dt)
-      if lst is None:
-        lst = values[dt] = []
-        owners[dt] = []
-        sizes[dt] = 0
-      base[dt] = sizes[dt]
-      owners[dt].append((len(lst), buf))
-      for i, v in enumerate(vals):
-        if v.is_deleted():
-          raise ValueError(
-              f"metric {_owner_name(buf, dt, i)!r}: its device buffer was "
-              f"deleted before flush ({_describe(v)})")
-      lst.extend(vals)
-      sizes[dt] += size
-    bases.append(base)
-
-  def name_of(dt, index):
-    start, owner = max((o for o in owners[dt] if o[0] <= index),
-                       key=lambda o: o[0])
-    return _owner_name(owner, dt, index - start)
-
-  # Phase 2: few device ops and one transfer.
-  flat = _fetch(values, sizes, name_of) if values else {}
-  # Phase 3: build every new array (nothing is committed yet).
-  results = []
-  for buf, base in zip(work, bases):
-    scalar_segs: dict = {}
-    weighted_segs: dict = {}
-    pending = buf._pending
-    i, n_recs = 0, len(pending)
-    while i < n_recs:
-      rec = pending[i]
-      tag = rec[0]
-      if tag == "s":
-        segs = scalar_segs.get(rec[1])
-        if segs is None:
-          segs = scalar_segs[rec[1]] = _Segments()
-        x = rec[2]
-        if type(x) is tuple:  # pylint: disable=unidiomatic-typecheck
-          segs.add_index(x[0], base[x[0]] + x[1])
-        else:
-          segs.add_array(x)
-        i += 1
-      elif tag == "w":
-        pair = weighted_segs.get(rec[1])
-        if pair is None:
-          pair = weighted_segs[rec[1]] = (_Segments(), _Segments())
-        for segs, x in zip(pair, rec[2:]):
-          if type(x) is tuple:  # pylint: disable=unidiomatic-typecheck
-            segs.add_index(x[0], base[x[0]] + x[1])
-          else:
-            segs.add_array(x)
-        i += 1
-      else:
-        names, x = rec[1], rec[2]
-        width = len(names)
-        # A run of packed records with the same names whose values are
-        # contiguous in one flat array becomes one (k, width) view.
-        k = 1
-        if type(x) is tuple:  # pylint: disable=unidiomatic-typecheck
-          while (i + k < n_recs and pending[i + k][0] == "p" and
-                 pending[i + k][1] == names and
-                 type(pending[i + k][2]) is tuple and  # pylint: disable=unidiomatic-typecheck
-                 pending[i + k][2] == (x[0], x[1] + k * width)):
-            k += 1
-          start = base[x[0]] + x[1]
-          matrix = flat[x[0]][start:start + k * width].reshape(k, width)
-        else:
-          matrix = x.reshape(1, width)
-        for j, name in enumerate(names):
-          segs = scalar_segs.get(name)
-          if segs is None:
-            segs = scalar_segs[name] = _Segments()
-          segs.add_array(matrix[:, j])
-        i += k
-    new_scalars = {name: segs.build(flat, buf.scalar_metrics.get(name))
-                   for name, segs in scalar_segs.items()}
-    new_weighted = {}
-    for name, (s_segs, d_segs) in weighted_segs.items():
-      old = buf.weighted_metrics.get(name)
-      new_weighted[name] = WeightedMetric(
-          s_segs.build(flat, None if old is None else old.unreduced_sum),
-          d_segs.build(flat, None if old is None else old.denominator))
-    results.append((buf, new_scalars, new_weighted))
-  # Phase 4: commit (plain assignments that cannot fail).
-  for buf, new_scalars, new_weighted in results:
-    buf.scalar_metrics.update(new_scalars)
-    buf.weighted_metrics.update(new_weighted)
-    buf._pending = []
-    buf._pending_values = 0
-    buf._device = {}
+                    f"callable; got {metrics_buffer.describe(fn)}")
 
 
 # --------------------------------------------------------------------------
@@ -620,7 +300,7 @@ class MetricsRecorder:
       if old_kind is not None and old_kind != kind:
         raise ValueError(
             f"metric {name!r}: is {old_kind} in step {step}, cannot buffer a "
-            f"{kind} value; got {_describe(metric)}")
+            f"{kind} value; got {metrics_buffer.describe(metric)}")
       self._check_fn_conflict(buf, name, aggregation_fn)
     buf = self._open(step)
     # pylint: disable=protected-access
@@ -654,7 +334,8 @@ class MetricsRecorder:
     """
     step = _check_step(step)
     if not isinstance(names, tuple):
-      raise TypeError(f"names must be a tuple of str; got {_describe(names)}")
+      raise TypeError("names must be a tuple of str; got "
+                      f"{metrics_buffer.describe(names)}")
     buf = self._target(step)
     known = buf is not None and names in buf._packed_names_ok  # pylint: disable=protected-access
     if not known:
@@ -695,7 +376,7 @@ class MetricsRecorder:
     if aggregation_fns is not None:
       if not isinstance(aggregation_fns, Mapping):
         raise TypeError("aggregation_fns must be None or a mapping; got "
-                        f"{_describe(aggregation_fns)}")
+                        f"{metrics_buffer.describe(aggregation_fns)}")
       for name, fn in aggregation_fns.items():
         if name not in names:
           raise ValueError(f"aggregation_fns names {name!r}, which is not in "
@@ -724,14 +405,14 @@ class MetricsRecorder:
       ValueError/RuntimeError: naming the metric whose value cannot be
         fetched; then no buffer and no pending value has changed.
     """
-    _flush_buffers(list(self._history))
+    metrics_flush.flush_buffers(list(self._history))
 
   def get_step_metrics(self, step: int) -> Optional[MetricsBuffer]:
     """The newest buffer of `step`, flushed, or None."""
     step = _check_step(step)
     for buf in reversed(self._history):
       if buf.step == step:
-        _flush_buffers([buf])
+        metrics_flush.flush_buffers([buf])
         return buf
     return None
 

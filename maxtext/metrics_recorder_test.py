@@ -1,58 +1,14 @@
 """Tests for maxtext.metrics_recorder."""
 
-import contextlib
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
 import jax
-from jax._src import pjit as jax_pjit
-from jax._src.interpreters import pxla
-from jax._src.lib import _jax as jax_lib_cpp
 import jax.numpy as jnp
 import numpy as np
 
 from maxtext import metrics_recorder as mr
-
-
-def _clear_cpp_dispatch_caches():
-  """Drops the C++ dispatch entries (and their fast-path data) only; compiled
-  executables stay cached, so nothing recompiles."""
-  # pylint: disable=protected-access
-  jax_pjit._cpp_pjit_cache_fun_only.clear()
-  jax_pjit._cpp_pjit_cache_explicit_attributes.clear()
-  jax_lib_cpp.PjitFunctionCache.clear_all()
-
-
-@contextlib.contextmanager
-def count_dispatches():
-  """Counts executable launches, with JAX's C++ dispatch fast path off.
-
-  With the fast path off every jitted call (eager ops included) goes through
-  `ExecuteReplicated.__call__`, which is wrapped to count. The C++ dispatch
-  caches are cleared on entry and exit so no fast-path entry made outside (or
-  entry without one made inside) leaks across.
-
-  Yields:
-    A one-element list holding the count.
-  """
-  count = [0]
-  original_call = pxla.ExecuteReplicated.__call__
-  original_fastpath = jax_pjit._get_fastpath_data  # pylint: disable=protected-access
-
-  def counting_call(self, *args):
-    count[0] += 1
-    return original_call(self, *args)
-
-  _clear_cpp_dispatch_caches()
-  pxla.ExecuteReplicated.__call__ = counting_call
-  jax_pjit._get_fastpath_data = lambda *a, **k: None  # pylint: disable=protected-access
-  try:
-    yield count
-  finally:
-    pxla.ExecuteReplicated.__call__ = original_call
-    jax_pjit._get_fastpath_data = original_fastpath  # pylint: disable=protected-access
-    _clear_cpp_dispatch_caches()
+from testing import dispatch_counter
 
 
 class WeightedMetricTest(parameterized.TestCase):
@@ -95,7 +51,8 @@ class BufferingTest(parameterized.TestCase):
     packed = [jnp.arange(3, dtype=jnp.float32) + i for i in range(4)]
     wsum, wden = jnp.float32(3.0), jnp.int32(2)
     bad_values = (jnp.ones((2,)), jnp.array(True))
-    with count_dispatches() as count, jax.transfer_guard("disallow"):
+    with (dispatch_counter.count_dispatches() as count,
+          jax.transfer_guard("disallow")):
       for i in range(4):
         rec.buffer_metrics(0, "loss", dev[i])
         rec.buffer_metrics(0, "host", float(i))
@@ -354,7 +311,7 @@ class FlushTest(parameterized.TestCase):
   def test_packed_flush_is_one_launch_for_any_m_and_k(self, k, m):
     names = tuple(f"m{j}" for j in range(m))
     packed = [jnp.arange(m, dtype=jnp.float32) + i for i in range(k)]
-    with count_dispatches() as count:
+    with dispatch_counter.count_dispatches() as count:
       for _ in range(2):  # The first round compiles.
         rec = mr.MetricsRecorder()
         for i in range(k):
@@ -382,7 +339,7 @@ class FlushTest(parameterized.TestCase):
                 for j, n in enumerate(names)}
     ints = [jnp.int32(i) for i in range(k)]
     weighted = mr.WeightedMetric(jnp.float32(1.0), jnp.float32(2.0))
-    with count_dispatches() as count:
+    with dispatch_counter.count_dispatches() as count:
       for _ in range(2):  # The first round compiles.
         rec = mr.MetricsRecorder()
         for i in range(k):
@@ -405,7 +362,7 @@ class FlushTest(parameterized.TestCase):
 
   def test_single_packed_value_needs_no_launch(self):
     packed = jnp.arange(3, dtype=jnp.float32)
-    with count_dispatches() as count:
+    with dispatch_counter.count_dispatches() as count:
       rec = mr.MetricsRecorder()
       rec.buffer_packed(0, ("a", "b", "c"), packed)
       rec.flush()
@@ -413,7 +370,7 @@ class FlushTest(parameterized.TestCase):
     self.assertEqual(rec.get_step_metrics(0).scalar_metrics["c"][0], 2.0)
 
   def test_host_only_values_need_no_launch(self):
-    with count_dispatches() as count:
+    with dispatch_counter.count_dispatches() as count:
       rec = mr.MetricsRecorder()
       for i in range(5):
         rec.buffer_metrics(0, "a", float(i))

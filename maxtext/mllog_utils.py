@@ -19,6 +19,10 @@ The event sequence the MLPerf Training rules (6.0.0 and 6.1.0) demand:
 
 Values are host Python/NumPy numbers the caller already has; this module never
 reads device arrays, so logging adds no device synchronization to a step.
+
+What a log holds (submission checks, the hyperparameter keys and their values
+from a config) is decided in `maxtext.mllog_config`; the names callers use are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ from typing import Any, Callable, Mapping, Optional, TextIO
 from absl import logging
 import numpy as np
 
+from maxtext import mllog_config
+
+BENCHMARKS_BY_RULESET = mllog_config.BENCHMARKS_BY_RULESET
+DIVISIONS = mllog_config.DIVISIONS
+REQUIRED_HYPERPARAMETERS = mllog_config.REQUIRED_HYPERPARAMETERS
+hyperparameters_from_config = mllog_config.hyperparameters_from_config
+
 # Event types of the MLCommons log format.
 INTERVAL_START = "INTERVAL_START"
 INTERVAL_END = "INTERVAL_END"
@@ -44,77 +55,6 @@ LINE_PREFIX = ":::MLLOG "
 # `run_stop` statuses.
 SUCCESS = "success"
 ABORTED = "aborted"
-
-DIVISIONS = ("closed", "open")
-STATUSES = ("onprem", "cloud", "research", "preview")
-
-# Benchmark names each supported ruleset accepts (its *_common.yaml); the
-# official checker crashes on a name outside its list.
-BENCHMARKS_BY_RULESET = {
-    "6.0.0": ("flux1", "dlrm_dcnv2", "llama31_8b", "llama2_70b_lora",
-              "llama31_405b", "gpt_oss_20b", "deepseekv3_671b"),
-    "6.1.0": ("flux1", "llama31_8b", "llama2_70b_lora", "gpt_oss_20b",
-              "deepseekv3_671b", "qwen35_397b_grpo", "dlrmv4"),
-}
-
-# Precision names the 6.1 disclosure keys accept.
-PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "fp8", "mxfp6", "nvfp4", "mxfp4",
-              "bfloat16", "Graphcore FLOAT 16.16", "int8", "uint8", "int4",
-              "uint4")
-
-PRECISION_KEYS = (
-    "lowest_numerical_precision_in_linear",
-    "lowest_numerical_precision_in_attn",
-    "lowest_numerical_precision_in_comm",
-)
-PARALLELISM_KEYS = (
-    "tensor_parallelism",
-    "pipeline_parallelism",
-    "context_parallelism",
-    "expert_parallelism",
-)
-
-# Keys `MLLogger.hyperparameters` requires, in the order they are logged. They
-# cover the closed llama31_8b rule and the 6.1 disclosure keys, so a log that
-# passes the closed rules differs from an open one only in its values.
-REQUIRED_HYPERPARAMETERS = (
-    "global_batch_size",
-    "gradient_accumulation_steps",
-    "max_sequence_length",
-    "seed",
-    "opt_name",
-    "opt_base_learning_rate",
-    "opt_end_learning_rate",
-    "opt_learning_rate_warmup_steps",
-    "opt_learning_rate_decay_steps",
-    "opt_learning_rate_decay_schedule",
-    "opt_adamw_beta_1",
-    "opt_adamw_beta_2",
-    "opt_adamw_epsilon",
-    "opt_adamw_weight_decay",
-    "opt_gradient_clip_norm",
-    "max_steps",
-    "train_samples",
-    "eval_samples",
-    "init_checkpoint_step",
-    *PRECISION_KEYS,
-    *PARALLELISM_KEYS,
-    "micro_batch_size",
-    "config_filename",
-)
-
-# JAX dtype names -> MLPerf precision names, and their order (lowest first).
-_DTYPE_PRECISION = {
-    "float64": "fp64",
-    "float32": "fp32",
-    "tensorfloat32": "tf32",
-    "bfloat16": "bfloat16",
-    "float16": "fp16",
-    "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8",
-}
-_PRECISION_RANK = {"fp8": 0, "fp16": 1, "bfloat16": 1, "tf32": 2, "fp32": 3,
-                   "fp64": 4}
 
 
 def next_attempt_path(path: str) -> str:
@@ -153,139 +93,6 @@ def attempt_paths(path: str) -> list[str]:
     found.append(f"{stem}.{attempt}{ext}")
     attempt += 1
   return found
-
-
-def validate_mllog_config(config: Any) -> None:
-  """Checks the config fields the MLPerf log takes its submission info from.
-
-  Args:
-    config: a config with `mllog_ruleset`, `submission_org`,
-      `submission_platform`, `submission_division`, `submission_status` and
-      `submission_benchmark`.
-
-  Raises:
-    ValueError: naming the field and the value that the official compliance
-      checker would reject (or crash on).
-  """
-  ruleset = config.mllog_ruleset
-  if ruleset not in BENCHMARKS_BY_RULESET:
-    raise ValueError(
-        f"config.mllog_ruleset must be one of {sorted(BENCHMARKS_BY_RULESET)},"
-        f" got {ruleset!r}")
-  for field in ("submission_org", "submission_platform"):
-    value = getattr(config, field)
-    if not isinstance(value, str) or not value.strip():
-      raise ValueError(f"config.{field} must be a non-empty string, got "
-                       f"{value!r}")
-  if config.submission_division not in DIVISIONS:
-    raise ValueError(f"config.submission_division must be one of {DIVISIONS},"
-                     f" got {config.submission_division!r}")
-  if config.submission_status not in STATUSES:
-    raise ValueError(f"config.submission_status must be one of {STATUSES}, "
-                     f"got {config.submission_status!r}")
-  benchmarks = BENCHMARKS_BY_RULESET[ruleset]
-  if config.submission_benchmark not in benchmarks:
-    raise ValueError(
-        f"config.submission_benchmark must be one of {benchmarks} for "
-        f"ruleset {ruleset}, got {config.submission_benchmark!r}")
-
-
-def precision_name(dtype: Any) -> str:
-  """Maps a dtype (name or object) to its MLPerf precision name."""
-  name = str(np.dtype(dtype).name) if not isinstance(dtype, str) else dtype
-  if name not in _DTYPE_PRECISION:
-    raise ValueError(f"dtype {dtype!r} has no MLPerf precision name; known: "
-                     f"{sorted(_DTYPE_PRECISION)}")
-  return _DTYPE_PRECISION[name]
-
-
-def _lowest_precision(*names: str) -> str:
-  return min(names, key=lambda n: _PRECISION_RANK[n])
-
-
-def hyperparameters_from_config(
-    config: Any,
-    *,
-    warmup_steps: int,
-    schedule_steps: int,
-    train_samples: int,
-    eval_samples: int,
-    init_checkpoint_step: int,
-    micro_batch_size: int,
-    config_filename: str,
-    end_learning_rate: Optional[float] = None,
-    decay_schedule: str = "cosine with linear warmup",
-    tensor_parallelism: int = 1,
-    pipeline_parallelism: int = 1,
-    context_parallelism: int = 1,
-    expert_parallelism: int = 1,
-) -> dict[str, Any]:
-  """Builds the hyperparameter events of a run from its config and real values.
-
-  Fields read from `config`: `global_batch_size`,
-  `gradient_accumulation_steps`, `max_sequence_length`, `seed`,
-  `learning_rate`, `lr_end_fraction` (only when `end_learning_rate` is None),
-  `adam_b1`, `adam_b2`, `adam_eps`, `weight_decay`, `grad_clip_norm`, `steps`,
-  `weight_dtype`, `compute_dtype`.
-
-  Args:
-    config: the run's resolved config.
-    warmup_steps: the learning-rate schedule's real number of warmup steps.
-    schedule_steps: the schedule's total steps (warmup + decay).
-    train_samples: samples in the training set (or the disclosed number).
-    eval_samples: samples one evaluation reads.
-    init_checkpoint_step: the step the run starts from (0 for a fresh run).
-    micro_batch_size: samples per micro-batch per data-parallel replica.
-    config_filename: the config file the run was started from.
-    end_learning_rate: the schedule's final learning rate; defaults to
-      `learning_rate * lr_end_fraction`.
-    decay_schedule: the schedule's description as MLPerf spells it.
-    tensor_parallelism: tensor-parallel degree.
-    pipeline_parallelism: pipeline-parallel degree.
-    context_parallelism: context-parallel degree.
-    expert_parallelism: expert-parallel degree.
-
-  Returns:
-    A dict with every key of `REQUIRED_HYPERPARAMETERS`, in that order.
-  """
-  if not 0 <= warmup_steps <= schedule_steps:
-    raise ValueError(f"warmup_steps must be in [0, schedule_steps="
-                     f"{schedule_steps}], got {warmup_steps}")
-  if end_learning_rate is None:
-    end_learning_rate = config.learning_rate * config.lr_end_fraction
-  linear = precision_name(config.compute_dtype)
-  comm = _lowest_precision(linear, precision_name(config.weight_dtype))
-  values = {
-      "global_batch_size": config.global_batch_size,
-      "gradient_accumulation_steps": config.gradient_accumulation_steps,
-      "max_sequence_length": config.max_sequence_length,
-      "seed": config.seed,
-      "opt_name": "adamw",
-      "opt_base_learning_rate": config.learning_rate,
-      "opt_end_learning_rate": end_learning_rate,
-      "opt_learning_rate_warmup_steps": warmup_steps,
-      "opt_learning_rate_decay_steps": schedule_steps - warmup_steps,
-      "opt_learning_rate_decay_schedule": decay_schedule,
-      "opt_adamw_beta_1": config.adam_b1,
-      "opt_adamw_beta_2": config.adam_b2,
-      "opt_adamw_epsilon": config.adam_eps,
-      "opt_adamw_weight_decay": config.weight_decay,
-      "opt_gradient_clip_norm": config.grad_clip_norm,
-      "max_steps": config.steps,
-      "train_samples": train_samples,
-      "eval_samples": eval_samples,
-      "init_checkpoint_step": init_checkpoint_step,
-      "lowest_numerical_precision_in_linear": linear,
-      "lowest_numerical_precision_in_attn": linear,
-      "lowest_numerical_precision_in_comm": comm,
-      "tensor_parallelism": tensor_parallelism,
-      "pipeline_parallelism": pipeline_parallelism,
-      "context_parallelism": context_parallelism,
-      "expert_parallelism": expert_parallelism,
-      "micro_batch_size": micro_batch_size,
-      "config_filename": config_filename,
-  }
-  return {key: values[key] for key in REQUIRED_HYPERPARAMETERS}
 
 
 _PLAIN_TYPES = (bool, str, int, float, type(None))
@@ -441,18 +248,19 @@ class MLLogger:
     """
     if self._file is None:
       return
-    missing = [k for k in REQUIRED_HYPERPARAMETERS if k not in values]
+    missing = [k for k in mllog_config.REQUIRED_HYPERPARAMETERS
+               if k not in values]
     if missing:
       raise ValueError(f"hyperparameters is missing required keys {missing}")
     repeated = sorted(set(values) & self._logged_hparams)
     if repeated:
       raise ValueError(f"hyperparameters {repeated} were already logged")
-    for key in PRECISION_KEYS:
-      if values[key] not in PRECISIONS:
-        raise ValueError(f"hyperparameter {key} must be one of {PRECISIONS},"
-                         f" got {values[key]!r}")
-    for key in PARALLELISM_KEYS + ("micro_batch_size",
-                                   "gradient_accumulation_steps"):
+    for key in mllog_config.PRECISION_KEYS:
+      if values[key] not in mllog_config.PRECISIONS:
+        raise ValueError(f"hyperparameter {key} must be one of "
+                         f"{mllog_config.PRECISIONS}, got {values[key]!r}")
+    for key in mllog_config.PARALLELISM_KEYS + ("micro_batch_size",
+                                                "gradient_accumulation_steps"):
       if _count(key, values[key]) < 1:
         raise ValueError(f"hyperparameter {key} must be >= 1, got "
                          f"{values[key]}")
@@ -603,7 +411,7 @@ def create_mllogger(config: Any, path: str, *,
 
   Args:
     config: the run's config: `enable_mllog` and the fields
-      `validate_mllog_config` reads.
+      `mllog_config.validate_mllog_config` reads.
     path: the first attempt's log path (e.g. `<run dir>/mllog.log`); this
       attempt writes to `next_attempt_path(path)`, see `MLLogger.path`.
     process_index: this process's index; defaults to `jax.process_index()`.
@@ -618,7 +426,7 @@ def create_mllogger(config: Any, path: str, *,
   """
   if not config.enable_mllog:
     return MLLogger.disabled()
-  validate_mllog_config(config)
+  mllog_config.validate_mllog_config(config)
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index = jax.process_index()

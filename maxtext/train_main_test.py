@@ -19,6 +19,7 @@ from absl.testing import parameterized
 
 from maxtext import checkpointing
 from maxtext import metric_logger
+from testing import runfiles
 from testing import tiny_configs
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,23 +27,12 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _RUN_TIMEOUT_S = 300
 
 
-def _train_main_command() -> list[str]:
-  """How to start train_main: the Bazel binary from the runfiles, or `-m`."""
-  runfiles = os.environ.get("TEST_SRCDIR") or os.environ.get("RUNFILES_DIR")
-  if runfiles:
-    workspace = os.environ.get("TEST_WORKSPACE", "maxtext_engine")
-    binary = os.path.join(runfiles, workspace, "maxtext", "train_main")
-    if os.path.exists(binary):
-      return [binary]
-  return [sys.executable, "-m", "maxtext.train_main"]
-
-
 def _environ(**extra) -> dict[str, str]:
   env = dict(os.environ)
   env.setdefault("JAX_PLATFORMS", "cpu")
   # Cache even the small functions' compilations between the runs.
   env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  if _train_main_command()[0] == sys.executable:
+  if runfiles.train_main_command()[0] == sys.executable:
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
   env.update(extra)
@@ -72,8 +62,9 @@ class TrainMainTest(parameterized.TestCase):
     self.tmp = self.create_tempdir().full_path
 
   def run_main(self, args, cwd=None, env=None):
-    return subprocess.run(_train_main_command() + list(args), cwd=cwd or self.tmp,
-                          env=env or _environ(), capture_output=True, text=True,
+    return subprocess.run(runfiles.train_main_command() + list(args),
+                          cwd=cwd or self.tmp, env=env or _environ(),
+                          capture_output=True, text=True,
                           timeout=_RUN_TIMEOUT_S, check=False)
 
   def test_relative_output_resolves_against_caller_and_writes_layout(self):
@@ -138,7 +129,7 @@ class TrainMainTest(parameterized.TestCase):
     metrics = os.path.join(run_dir, "metrics.jsonl")
     # A budget the run cannot finish before the signal; eval every 3 steps.
     args = tiny_configs.tiny_flags(output, run_name="preempted", steps=100000)
-    proc = subprocess.Popen(_train_main_command() + args, cwd=self.tmp,
+    proc = subprocess.Popen(runfiles.train_main_command() + args, cwd=self.tmp,
                             env=_environ(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -13,6 +13,7 @@ import time
 
 from absl.testing import absltest
 
+from testing import runfiles
 from testing import tiny_configs
 
 _SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -20,13 +21,10 @@ _TIMEOUT_S = 600
 
 
 def _artifact(name):
-  for root in (os.environ.get("RUNFILES_DIR"), os.environ.get("TEST_SRCDIR")):
-    if root:
-      for workspace in (os.environ.get("TEST_WORKSPACE", ""), "maxtext_engine"):
-        path = os.path.join(root, workspace, "maxtext", name)
-        if os.path.isfile(path):
-          return path
-  raise FileNotFoundError(f"{name} is not in this test's runfiles")
+  path = runfiles.find(f"maxtext/{name}")
+  if path is None:
+    raise FileNotFoundError(f"{name} is not in this test's runfiles")
+  return path
 
 
 class ZipappTest(absltest.TestCase):

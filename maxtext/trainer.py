@@ -164,7 +164,7 @@ class _Run:
   def start_mllog(self) -> None:
     config = self.config
     path = config.mllog_file or mllog_utils.default_log_path(config, self.paths.run_dir)
-    if config.mllog_file and not gcs_mirror.is_gs_url(path):
+    if config.mllog_file:  # A local path (config_lib refuses gs:// here).
       path = run_dir_lib.resolve_local_path(path)
     self.mllog = mllog_utils.create_mllogger(config, path,
                                              process_index=self.process_index)

@@ -10,27 +10,28 @@ byte for byte.
 
 import os
 import shutil
-import tempfile
 import threading
 
 from absl.testing import absltest
 import jax
 
 from maxtext import trainer
-from maxtext.configs import default
 from testing import gcs_emulator
+from testing import tiny_configs
 
 _BUCKET = "bucket"
 _PREFIX = "runs/e2e"
 
-# Same tiny shape as trainer_mllog_test: the default config, shrunk.
+# Overrides of `tiny_configs.tiny_config`: the tiny shape of trainer_mllog_test
+# and the default config's checkpoint retention (so the mirror also deletes).
 _TINY = dict(
     vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
     num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
     global_batch_size=8, gradient_accumulation_steps=2,
     eval_steps=1, eval_batch_size=8, eval_interval=5,
     learning_rate=1e-2, warmup_steps=3, steps=10, lr_schedule_steps=40,
-    checkpoint_period=5, log_period=10, target_eval_loss=0.0,
+    checkpoint_period=5, max_checkpoints_to_keep=3, log_period=10,
+    target_eval_loss=0.0,
     # Small GCS bounds, so a dead emulator costs seconds, not minutes.
     gcs_sync_interval_seconds=0.2, gcs_request_timeout_seconds=2.0,
     gcs_final_timeout_seconds=30.0,
@@ -53,9 +54,6 @@ class TrainerGcsTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.cache_dir = os.path.join(
-        os.environ.get("TEST_TMPDIR", tempfile.gettempdir()),
-        "trainer_gcs_test_jax_cache")
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
   def setUp(self):
@@ -75,14 +73,9 @@ class TrainerGcsTest(absltest.TestCase):
     self.staging = self.create_tempdir().full_path
 
   def config(self, run_name, **overrides):
-    config = default.get_config()
-    config.base_output_directory = f"gs://{_BUCKET}/{_PREFIX}"
-    config.local_staging_directory = self.staging
-    config.jax_compilation_cache_dir = self.cache_dir
-    config.run_name = run_name
-    for key, value in {**_TINY, **overrides}.items():
-      setattr(config, key, value)
-    return config
+    return tiny_configs.tiny_config(
+        f"gs://{_BUCKET}/{_PREFIX}", run_name=run_name,
+        local_staging_directory=self.staging, **{**_TINY, **overrides})
 
   def objects(self, run_name):
     """Object name (relative to the run's prefix) -> bytes."""

@@ -9,7 +9,6 @@ step count.
 
 import json
 import os
-import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -17,32 +16,25 @@ import jax
 
 from maxtext import optimizer
 from maxtext import trainer
-from maxtext.configs import default
 from testing import compliance_checker
+from testing import tiny_configs
 
-# The tiny shape that every run here shares, so runs reuse compilations.
+# Overrides of `tiny_configs.tiny_config`: the tiny shape that every run here
+# shares (so runs reuse compilations), and the default config's target and
+# checkpoint retention.
 _TINY = dict(
     vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
     num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
     global_batch_size=8, gradient_accumulation_steps=2,
     eval_steps=1, eval_batch_size=8, eval_interval=5,
     learning_rate=1e-2, warmup_steps=3, steps=30, lr_schedule_steps=40,
-    checkpoint_period=0, log_period=10,
+    checkpoint_period=0, log_period=10, target_eval_loss=0.5,
+    max_checkpoints_to_keep=3,
 )
 # The tiny model's eval loss passes these by step 30 (and only later for a
 # lower one); see test_aborted_run_passes_with_run_stop_aborted's assertion.
 _REACHABLE_TARGET = 0.95
 _UNREACHABLE_TARGET = 0.05
-
-
-def tiny_config(base_output_directory, cache_dir, **overrides):
-  """The default config, shrunk to run in seconds on a CPU."""
-  config = default.get_config()
-  config.base_output_directory = base_output_directory
-  config.jax_compilation_cache_dir = cache_dir
-  for key, value in {**_TINY, **overrides}.items():
-    setattr(config, key, value)
-  return config
 
 
 def read_events(path):
@@ -75,9 +67,6 @@ class TrainerMllogTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.cache_dir = os.path.join(
-        os.environ.get("TEST_TMPDIR", tempfile.gettempdir()),
-        "trainer_mllog_test_jax_cache")
     # Even the tiny compilations are worth caching between the runs here.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
@@ -86,8 +75,8 @@ class TrainerMllogTest(parameterized.TestCase):
     self.out = self.create_tempdir().full_path
 
   def run_tiny(self, run_name, process_index=0, **overrides):
-    config = tiny_config(self.out, self.cache_dir, run_name=run_name,
-                         **overrides)
+    config = tiny_configs.tiny_config(self.out, run_name=run_name,
+                                      **{**_TINY, **overrides})
     result = trainer.run(config, config_filename="default.py",
                          process_index=process_index)
     return config, result

@@ -4,7 +4,8 @@ Each process gets `--config.num_processes=N --config.process_id=i
 --config.coordinator_address=127.0.0.1:PORT` plus the caller's flags, its own
 stdout/stderr files, and an environment without Bazel's test-sharding variables.
 Under Bazel the binary is the `//maxtext:train_main` runfile; run directly, it is
-`python -m maxtext.train_main` with the caller's sys.path.
+`python -m maxtext.train_main` with the caller's sys.path (see
+`testing.runfiles.train_main_command`).
 """
 
 import os
@@ -15,22 +16,13 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from testing import runfiles
+
 
 def free_port() -> int:
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
-
-
-def train_main_command() -> list[str]:
-  """The command that starts train_main: the Bazel binary if present, else -m."""
-  for root in (os.environ.get("RUNFILES_DIR"), os.environ.get("TEST_SRCDIR")):
-    if root:
-      for workspace in (os.environ.get("TEST_WORKSPACE", ""), "maxtext_engine", "_main"):
-        path = os.path.join(root, workspace, "maxtext", "train_main")
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-          return [path]
-  return [sys.executable, "-m", "maxtext.train_main"]
 
 
 def child_env(extra: Optional[dict] = None) -> dict:
@@ -93,7 +85,7 @@ def launch(num_processes: int, flags: Sequence[str], log_dir: str, *,
   os.makedirs(log_dir, exist_ok=True)
   processes = []
   for i in (range(num_processes) if process_ids is None else process_ids):
-    command = train_main_command() + list(flags) + [
+    command = runfiles.train_main_command() + list(flags) + [
         f"--config.num_processes={num_processes}",
         f"--config.process_id={i}",
         f"--config.coordinator_address=127.0.0.1:{port}",

@@ -20,8 +20,15 @@ def maxtext_repositories():
         "tpu": "//third_party/py:requirements_tpu_lock.txt",
         "gpu": "//third_party/py:requirements_gpu_lock.txt",
     }
+    # The accelerator extras jax was locked with also become deps of the jax target,
+    # so the TPU set's jax pulls in libtpu and the GPU set's the CUDA plugin wheels.
+    extras = {
+        "cpu": {},
+        "tpu": {"jax": ["tpu"]},
+        "gpu": {"jax": ["cuda12"], "jax_cuda12_plugin": ["with-cuda"]},
+    }
     for platform, lock in locks.items():
-        pip_repository(name = "pypi_" + platform, lock = lock)
+        pip_repository(name = "pypi_" + platform, lock = lock, extras = extras[platform])
     pip_alias_repository(
         name = "pypi",
         locks = {lock: platform for platform, lock in locks.items()},

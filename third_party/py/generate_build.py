@@ -3,14 +3,16 @@
 Run by the `pip_repository` rule after `pip install --target site-packages`. Each
 distribution found in site-packages becomes `py_library(name = <normalized name>)`
 whose data are the files its RECORD lists, and whose deps are the distributions its
-metadata requires (markers evaluated for this interpreter, extras excluded). Dependency
+metadata requires (markers evaluated for this interpreter; a requirement under an
+extra counts only where the extras argument asks for that extra of that package,
+e.g. {"jax": ["tpu"]} makes jax depend on libtpu). Dependency
 cycles, which Bazel cannot express, are broken by dropping the edge that closes them;
 the dropped edges are listed in the generated file.
 
-Usage: generate_build.py SITE_PACKAGES_DIR OUTPUT_BUILD_FILE
+Usage: generate_build.py SITE_PACKAGES_DIR OUTPUT_BUILD_FILE [EXTRAS_JSON]
 """
 
-import os
+import json
 import re
 import sys
 
@@ -23,14 +25,15 @@ def normalize(name):
   return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _requirements(dist, markers, requirement_cls):
+def _requirements(dist, extras, requirement_cls):
+  """Normalized names of what `dist` requires, with the given extras enabled."""
   names = []
   for text in dist.requires or ():
     req = requirement_cls(text)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+    if req.marker is not None and not any(
+        req.marker.evaluate({"extra": extra}) for extra in [""] + list(extras)):
       continue
     names.append(normalize(req.name))
-  del markers
   return names
 
 
@@ -73,9 +76,9 @@ def _break_cycles(graph):
 
 def main(argv):
   site_packages, output = argv[1], argv[2]
+  extras = {normalize(k): v for k, v in json.loads(argv[3]).items()} if len(argv) > 3 else {}
   sys.path.insert(0, site_packages)
   from importlib import metadata  # pylint: disable=g-import-not-at-top
-  from packaging import markers  # pylint: disable=g-import-not-at-top
   from packaging.requirements import Requirement  # pylint: disable=g-import-not-at-top
 
   dists = {}
@@ -83,7 +86,7 @@ def main(argv):
     dists[normalize(dist.metadata["Name"])] = dist
   graph = {}
   for name, dist in dists.items():
-    graph[name] = sorted({dep for dep in _requirements(dist, markers, Requirement)
+    graph[name] = sorted({dep for dep in _requirements(dist, extras.get(name, ()), Requirement)
                           if dep in dists and dep != name})
   graph, dropped = _break_cycles(graph)
 

@@ -44,8 +44,9 @@ class GenerateBuildTest(parameterized.TestCase):
     site = os.path.join(root, "site-packages")
     # Two hand-written distributions: "alpha" requires "beta" unconditionally, an
     # absent package, and "beta" again only under an extra (which must be ignored).
-    for name, requires in (("alpha", ["beta>=1", "missing", 'gamma; extra == "x"']),
-                           ("beta", [])):
+    for name, requires in (("alpha", ["beta>=1", "missing", 'gamma; extra == "x"',
+                                      'delta; extra == "y"']),
+                           ("beta", []), ("gamma", []), ("delta", [])):
       info = os.path.join(site, "%s-1.0.dist-info" % name)
       os.makedirs(info)
       os.makedirs(os.path.join(site, name), exist_ok=True)
@@ -70,6 +71,11 @@ class GenerateBuildTest(parameterized.TestCase):
     self.assertNotIn(":missing", build)
     self.assertNotIn(":gamma", build)
     self.assertIn('"site-packages/alpha/__init__.py"', build)
+    # Asking for alpha's extra "y" (as the TPU set asks for jax[tpu]) adds delta.
+    subprocess.run([sys.executable, generate_build.__file__, site, output,
+                    '{"Alpha": ["y"]}'], check=True)
+    with open(output) as f:
+      self.assertIn('deps = [":beta", ":delta"],', f.read())
 
 
 if __name__ == "__main__":

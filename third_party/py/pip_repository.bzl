@@ -89,7 +89,7 @@ def _pip_repository_impl(rctx):
     if result.return_code != 0:
         fail("pip install of %s failed (exit %d):\n%s" % (rctx.attr.lock, result.return_code, result.stderr))
     generator = rctx.path(rctx.attr._generator)
-    result = rctx.execute([python, str(generator), "site-packages", "BUILD"])
+    result = rctx.execute([python, str(generator), "site-packages", "BUILD", json.encode(rctx.attr.extras)])
     if result.return_code != 0:
         fail("Generating the BUILD file of %s failed:\n%s" % (rctx.name, result.stderr))
 
@@ -98,6 +98,7 @@ pip_repository = repository_rule(
     attrs = {
         "lock": attr.label(mandatory = True, allow_single_file = True, doc = "Hash-locked requirements file."),
         "python": attr.string(default = "python3", doc = "Host interpreter that runs pip."),
+        "extras": attr.string_list_dict(doc = "package -> extras whose requirements become deps, e.g. {'jax': ['tpu']}."),
         "_generator": attr.label(default = "//third_party/py:generate_build.py"),
     },
     environ = ["PATH", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"],

@@ -30,22 +30,19 @@ M=100, K=16:
   metrics_bench: engine/stack=R1 engine/append=R2 per_name/append=R3
 """
 
-import contextlib
 import time
 from typing import Callable
 
 from absl import app
 from absl import flags
 import jax
-from jax._src import pjit as jax_pjit
-from jax._src.interpreters import pxla
-from jax._src.lib import _jax as jax_lib_cpp
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from maxtext import engine as engine_lib
 from maxtext import metrics_recorder
+from testing import dispatch_counter
 
 _NUM_METRICS = flags.DEFINE_integer("num_metrics", 100,
                                     "M, metrics per micro-batch (loss "
@@ -181,37 +178,6 @@ class _EngineWay:
     return out
 
 
-def _clear_cpp_dispatch_caches():
-  """Drops the C++ dispatch entries (and their fast-path data) only; compiled
-  executables stay cached, so nothing recompiles."""
-  # pylint: disable=protected-access
-  jax_pjit._cpp_pjit_cache_fun_only.clear()
-  jax_pjit._cpp_pjit_cache_explicit_attributes.clear()
-  jax_lib_cpp.PjitFunctionCache.clear_all()
-
-
-@contextlib.contextmanager
-def _count_dispatches():
-  """Counts executable launches, with JAX's C++ dispatch fast path off."""
-  count = [0]
-  original_call = pxla.ExecuteReplicated.__call__
-  original_fastpath = jax_pjit._get_fastpath_data  # pylint: disable=protected-access
-
-  def counting_call(self, *args):
-    count[0] += 1
-    return original_call(self, *args)
-
-  _clear_cpp_dispatch_caches()
-  pxla.ExecuteReplicated.__call__ = counting_call
-  jax_pjit._get_fastpath_data = lambda *a, **k: None  # pylint: disable=protected-access
-  try:
-    yield count
-  finally:
-    pxla.ExecuteReplicated.__call__ = original_call
-    jax_pjit._get_fastpath_data = original_fastpath  # pylint: disable=protected-access
-    _clear_cpp_dispatch_caches()
-
-
 def _make_ways(m: int, k: int) -> dict:
   loss_fn = _loss_fn(m)
   ways = {w: _Manual(loss_fn, k, w) for w in _WAYS if w != "c/engine"}
@@ -248,7 +214,7 @@ def _measure(m: int, k: int, rounds: int, block: int, rng) -> tuple:
   base = np.array(times["baseline"])
   overheads = {w: np.array(times[w]) - base for w in _WAYS if w != "baseline"}
   dispatches = {}
-  with _count_dispatches() as count:
+  with dispatch_counter.count_dispatches() as count:
     for name, way in ways.items():
       way.step(batch)  # Warms up the Python dispatch path.
       before = count[0]

@@ -1,0 +1,103 @@
+"""The data types of buffered training metrics: WeightedMetric, MetricsBuffer.
+
+`maxtext.metrics_recorder` fills `MetricsBuffer`s (validated values wait in
+host lists) and `maxtext.metrics_flush` turns their pending values into NumPy
+arrays; both share these types, so they live here, below both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+AggregationFn = Callable[[Any], Any]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class WeightedMetric:
+  """A metric reduced as sum(unreduced_sum) / sum(denominator).
+
+  A pytree, so it can be returned from jitted functions. It is deliberately not
+  a tuple: the engine skips tuple values when it walks auxiliary outputs.
+
+  Attributes:
+    unreduced_sum: the numerator, a scalar or (after a flush) a 1D array.
+    denominator: the denominator, same shape as `unreduced_sum`.
+  """
+
+  unreduced_sum: Any
+  denominator: Any
+
+  def compute(self):
+    """Returns unreduced_sum / denominator, and 0 where the denominator is 0.
+
+    NumPy in, NumPy out; JAX arrays (and tracers) in, JAX out.
+    """
+    s, d = self.unreduced_sum, self.denominator
+    xp = jnp if isinstance(s, jax.Array) or isinstance(d, jax.Array) else np
+    zero = d == 0
+    safe = xp.where(zero, xp.ones_like(d), d)
+    return xp.where(zero, xp.zeros_like(s / safe), s / safe)
+
+
+@dataclasses.dataclass(eq=False)
+class MetricsBuffer:
+  """One step's metrics.
+
+  Attributes:
+    step: the training step.
+    mode: the recorder's mode ("train", "eval", ...).
+    scalar_metrics: name -> NumPy 1D array, one entry per flushed value, in
+      buffering order.
+    weighted_metrics: name -> WeightedMetric of two NumPy 1D arrays.
+    aggregation_fns: name -> callable given when the metric was buffered.
+  """
+
+  step: int
+  mode: str
+  scalar_metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  weighted_metrics: dict[str, WeightedMetric] = dataclasses.field(
+      default_factory=dict)
+  aggregation_fns: dict[str, AggregationFn] = dataclasses.field(
+      default_factory=dict)
+  # Records in buffering order: ("s", name, x), ("w", name, x_sum, x_den) or
+  # ("p", names, x). Each x is a NumPy array (a host value: shape (1,), packed
+  # (len(names),)) or the slot (dtype, element offset) of a device value in
+  # `_device`.
+  _pending: list = dataclasses.field(default_factory=list, repr=False)
+  _pending_values: int = dataclasses.field(default=0, repr=False)
+  # dtype -> [pending device values in buffering order, their total size].
+  _device: dict = dataclasses.field(default_factory=dict, repr=False)
+  _kinds: dict = dataclasses.field(default_factory=dict, repr=False)
+  _packed_names_ok: set = dataclasses.field(default_factory=set, repr=False)
+
+  @property
+  def pending_count(self) -> int:
+    """Values of this buffer waiting for a flush."""
+    return self._pending_values
+
+  def _hold(self, x, size: int = 1):
+    """Keeps a validated value: NumPy as it is, a device value in a slot."""
+    if isinstance(x, np.ndarray):
+      return x
+    group = self._device.get(x.dtype)
+    if group is None:
+      group = self._device[x.dtype] = [[], 0]
+    offset = group[1]
+    group[0].append(x)
+    group[1] = offset + size
+    return (x.dtype, offset)
+
+
+def describe(value) -> str:
+  """A description of `value` that never reads device memory."""
+  if isinstance(value, jax.Array):
+    kind = "tracer" if isinstance(value, jax.core.Tracer) else "jax.Array"
+    return f"{kind}(shape={tuple(value.shape)}, dtype={value.dtype})"
+  text = repr(value)
+  return text if len(text) <= 120 else text[:117] + "..."

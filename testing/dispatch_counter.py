@@ -1,0 +1,81 @@
+"""Counts device executable launches made by JAX inside a `with` block.
+
+Tests and benchmarks use this to check how many times a piece of code sends a
+compiled program to the device (for example, that a metrics flush is one
+launch however many values it gathers).
+
+How JAX launches a jitted function, and why a plain wrapper misses launches:
+
+  A `jax.jit` function, and every eager op (which JAX runs as a small jitted
+  computation), is a C++ callable with its own cache keyed on the argument
+  signature. On a signature it has not seen, it calls back into Python: the
+  Python path traces, compiles (or takes the compiled executable from the
+  compilation cache), and launches through `pxla.ExecuteReplicated.__call__`.
+  It then asks `pjit._get_fastpath_data` for what C++ needs to launch that
+  executable by itself and stores the answer in the C++ cache. From then on,
+  calls with that signature launch from C++ and never run Python, so a
+  wrapper around `ExecuteReplicated.__call__` sees only the first call.
+
+What `count_dispatches` does:
+
+  * It replaces `pjit._get_fastpath_data` with a function returning None, so
+    the C++ cache never gets launch data: every call takes the Python path
+    and so goes through `ExecuteReplicated.__call__`, which is wrapped to
+    count.
+  * It clears the C++ dispatch caches on entry, so entries that already hold
+    launch data (made before the block) cannot bypass the count, and on exit,
+    so entries made without launch data inside the block do not keep those
+    calls on the slow path afterwards. Only the C++ dispatch entries are
+    dropped: compiled executables stay cached, so nothing recompiles.
+
+This reaches into JAX internals (`jax._src`), which is why it lives in a
+`testonly` library; `dispatch_counter_test` pins the behaviour on the JAX
+version in use.
+"""
+
+import contextlib
+from typing import Iterator
+
+from jax._src import pjit as jax_pjit
+from jax._src.interpreters import pxla
+from jax._src.lib import _jax as jax_lib_cpp
+
+
+def _clear_cpp_dispatch_caches() -> None:
+  """Drops the C++ dispatch entries (and their launch data) only."""
+  # pylint: disable=protected-access
+  jax_pjit._cpp_pjit_cache_fun_only.clear()
+  jax_pjit._cpp_pjit_cache_explicit_attributes.clear()
+  jax_lib_cpp.PjitFunctionCache.clear_all()
+
+
+@contextlib.contextmanager
+def count_dispatches() -> Iterator[list[int]]:
+  """Counts executable launches, with JAX's C++ dispatch fast path off.
+
+  Read the count inside or after the block; compare readings taken before and
+  after a call to count that call's launches. Not thread-safe: it patches
+  module globals of JAX for the duration of the block.
+
+  Yields:
+    A one-element list whose element is the number of launches so far in the
+    block; it grows as the block runs.
+  """
+  # pylint: disable=protected-access
+  count = [0]
+  original_call = pxla.ExecuteReplicated.__call__
+  original_fastpath = jax_pjit._get_fastpath_data
+
+  def counting_call(self, *args):
+    count[0] += 1
+    return original_call(self, *args)
+
+  _clear_cpp_dispatch_caches()
+  pxla.ExecuteReplicated.__call__ = counting_call
+  jax_pjit._get_fastpath_data = lambda *a, **k: None
+  try:
+    yield count
+  finally:
+    pxla.ExecuteReplicated.__call__ = original_call
+    jax_pjit._get_fastpath_data = original_fastpath
+    _clear_cpp_dispatch_caches()
