@@ -8,13 +8,18 @@ jitted dispatch each) followed by one `update()`:
   metrics packed in one array; the engine hands that array to
   `MetricsRecorder.buffer_packed` (host lists, no device op). Weighted aux
   metrics go through the per-name path.
+* The step's last `fwd_bwd` (a second compiled variant, still one dispatch)
+  also measures the mean gradient: its global norm, whether it is finite, and
+  the learning rate; these `learning_rate`, `grad_norm` and `step_skipped`
+  values are buffered packed, like the micro-batch metrics.
 * `update()` first flushes the recorder (one concatenation and one transfer for
-  the whole step), so a value that cannot be fetched raises before anything
-  changes. Then one jitted apply takes the mean gradient, its global norm, skips
-  the step if the gradients are not finite (parameters and optimizer state
-  unchanged, `step_skipped` = 1), applies the optimizer and resets the
-  accumulator. It records `learning_rate`, `grad_norm` and `step_skipped`,
-  flushes them, advances `step` and returns the step's `MetricsBuffer`.
+  the whole step, update metrics included), so a value that cannot be fetched
+  raises before anything changes. Then it dispatches one jitted apply, which
+  skips the step if the gradients are not finite (parameters and optimizer
+  state unchanged) and otherwise applies the optimizer, and resets the
+  accumulator; it advances `step` and returns the step's flushed
+  `MetricsBuffer` without waiting for the apply, so the host prepares the next
+  step while the device runs it.
 
 Metric names follow `record_metrics`: nested dicts become `name/sub`; None
 values, the key `intermediate_outputs` and tuple/list values are skipped. The
@@ -136,6 +141,7 @@ class Engine:
     self._batch_sharding = batch_sharding
     self._step = 0
     self._micro = 0
+    self._update_packed = None  # The update's metrics, from the last micro-batch.
     self._names: dict = {}  # micro-batch signature -> (names, weighted names)
     self._traced_names = None
     self._trace_count = 0
@@ -189,21 +195,36 @@ class Engine:
       self._trace_count += 1
       return grad_acc, packed, weighted
 
-    def apply(params, opt_state, grad_acc, step):
-      grads = jax.tree.map(lambda a: a / self._k, grad_acc)
-      grad_norm = optax.tree.norm(grads)
+    def fwd_bwd_last(params, grad_acc, micro_batch, step):
+      # The step's last micro-batch also measures the accumulated gradient, so
+      # the update's metrics are known (and flushed) before the optimizer runs
+      # and nothing on the host has to wait for the optimizer's result.
+      grad_acc, packed, weighted = fwd_bwd(params, grad_acc, micro_batch)
+      grad_norm = optax.tree.norm(jax.tree.map(lambda a: a / self._k, grad_acc))
       finite = jnp.isfinite(grad_norm)
-      updates, new_opt = self._optimizer.update(
-          jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params),
-          opt_state, params)
-      new_params = optax.apply_updates(params, updates)
-      keep = lambda new, old: jnp.where(finite, new, old)
-      new_params = jax.tree.map(keep, new_params, params)
-      new_opt = jax.tree.map(keep, new_opt, opt_state)
       lr = jnp.asarray(self._lr_fn(step), jnp.float32)
-      packed = jnp.stack([lr, grad_norm.astype(jnp.float32),
-                          jnp.where(finite, 0.0, 1.0).astype(jnp.float32)])
-      return new_params, new_opt, zeros(grad_acc), packed
+      update_packed = jnp.stack([lr, grad_norm.astype(jnp.float32),
+                                 jnp.where(finite, 0.0, 1.0).astype(jnp.float32)])
+      return grad_acc, packed, weighted, update_packed
+
+    def apply(params, opt_state, grad_acc, update_packed):
+      def step_fn(operands):
+        params, opt_state, grad_acc = operands
+        grads = jax.tree.map(lambda a, p: (a / self._k).astype(p.dtype),
+                             grad_acc, params)
+        updates, new_opt = self._optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_opt
+
+      def skip_fn(operands):
+        params, opt_state, _ = operands
+        return params, opt_state
+
+      # step_skipped, measured by fwd_bwd_last: a step with non-finite gradients
+      # leaves parameters and optimizer state as they are. A conditional runs
+      # one branch only, so a normal step pays nothing for the check.
+      new_params, new_opt = jax.lax.cond(update_packed[2] == 0.0, step_fn, skip_fn,
+                                         (params, opt_state, grad_acc))
+      return new_params, new_opt, zeros(grad_acc)
 
     def eval_loss(params, batch):
       return self._loss_fn(params, batch)[0]
@@ -213,15 +234,19 @@ class Engine:
       self._fwd_bwd = jax.jit(fwd_bwd, donate_argnums=(1,),
                               in_shardings=(ps, ps, bs),
                               out_shardings=(ps, rep, rep))
+      self._fwd_bwd_last = jax.jit(fwd_bwd_last, donate_argnums=(1,),
+                                   in_shardings=(ps, ps, bs, rep),
+                                   out_shardings=(ps, rep, rep, rep))
       self._apply = jax.jit(
           apply, donate_argnums=(2,),
           in_shardings=(ps, opt_shardings, ps, rep),
-          out_shardings=(ps, opt_shardings, ps, rep))
+          out_shardings=(ps, opt_shardings, ps))
       self._eval = jax.jit(eval_loss, in_shardings=(ps, bs),
                            out_shardings=rep)
     else:
       self._zeros = jax.jit(zeros)
       self._fwd_bwd = jax.jit(fwd_bwd, donate_argnums=(1,))
+      self._fwd_bwd_last = jax.jit(fwd_bwd_last, donate_argnums=(1,))
       self._apply = jax.jit(apply, donate_argnums=(2,))
       self._eval = jax.jit(eval_loss)
 
@@ -282,8 +307,13 @@ class Engine:
           f"gradient_accumulation_steps is {self._k}; call update() first")
     traces = self._trace_count
     key = _host_signature(micro_batch)
-    grad_acc, packed, weighted = self._fwd_bwd(self._params, self._grad_acc,
-                                               micro_batch)
+    last = self._micro == self._k - 1
+    if last:
+      grad_acc, packed, weighted, update_packed = self._fwd_bwd_last(
+          self._params, self._grad_acc, micro_batch, np.int32(self._step))
+    else:
+      grad_acc, packed, weighted = self._fwd_bwd(self._params, self._grad_acc,
+                                                 micro_batch)
     self._grad_acc = grad_acc
     self._micro += 1
     found = self._names.get(key)
@@ -295,6 +325,9 @@ class Engine:
     self._recorder.buffer_packed(self._step, names, packed)
     for name in weighted_names:
       self._recorder.buffer_metrics(self._step, name, weighted[name])
+    if last:
+      self._update_packed = update_packed
+      self._recorder.buffer_packed(self._step, _UPDATE_NAMES, update_packed)
 
   def record_metrics(self, name: str, value) -> None:
     """Buffers `value` for the current step under `name` (per-name API).
@@ -324,14 +357,19 @@ class Engine:
       raise ValueError(
           f"update() after {self._micro} micro-batches in step {self._step}; "
           f"gradient_accumulation_steps is {self._k}")
+    # The flush fetches the micro-batches' metrics and the update's (measured by
+    # the last micro-batch) before the optimizer runs: a value that cannot be
+    # fetched raises here, with parameters, optimizer state, step counter and
+    # accumulator untouched. The optimizer is then only dispatched; the host
+    # goes on while it runs.
     self._recorder.flush()
     step = self._step
-    params, opt_state, grad_acc, packed = self._apply(
-        self._params, self._opt_state, self._grad_acc, np.int32(step))
+    params, opt_state, grad_acc = self._apply(
+        self._params, self._opt_state, self._grad_acc, self._update_packed)
     self._params, self._opt_state, self._grad_acc = params, opt_state, grad_acc
+    self._update_packed = None
     self._step += 1
     self._micro = 0
-    self._recorder.buffer_packed(step, _UPDATE_NAMES, packed)
     return self._recorder.get_step_metrics(step)
 
   def eval_step(self, batch) -> jax.Array:

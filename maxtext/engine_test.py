@@ -199,8 +199,8 @@ class EngineTest(parameterized.TestCase):
         buf = eng.update()
         per_update = count[0] - before
     self.assertEqual(per_micro, [1] * K)
-    # One concatenation at the first flush, one optimizer apply; the second
-    # flush fetches the single packed update array without a launch.
+    # One concatenation at the flush (micro-batch and update metrics, the
+    # latter measured by the last micro-batch), one optimizer apply.
     self.assertEqual(per_update, 2)
     self.assertLen(buf.scalar_metrics, 6 + extra)
 

@@ -13,6 +13,7 @@ one per step that brings the step's metrics to the host.
 """
 
 import dataclasses
+import datetime
 import functools
 import os
 import time
@@ -98,7 +99,6 @@ def _run_name(config) -> str:
     return run_dir_lib.default_run_name()
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   stamp = multihost_utils.broadcast_one_to_all(np.asarray(int(time.time()), np.int64))
-  import datetime  # pylint: disable=g-import-not-at-top
   return run_dir_lib.default_run_name(
       datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc))
 
@@ -357,12 +357,11 @@ def _train_loop(r: _Run, start_step: int, samples: int, stop):
   k = config.gradient_accumulation_steps
   consecutive_skipped = 0
   last_eval = last_train = None
-  profiling = False
   step_start = time.monotonic()
   for step in range(start_step, config.steps):
     if config.profiler_steps and r.is_primary and step == config.profiler_start_step:
       jax.profiler.start_trace(r.paths.tensorboard_dir)
-      profiling = r.profiling = True
+      r.profiling = True
     for micro in data.split_micro_batches(r.dataset.get_batch(step), k):
       r.engine.fwd_bwd(r.global_batch(micro))
     buffer = r.engine.update()
@@ -378,9 +377,9 @@ def _train_loop(r: _Run, start_step: int, samples: int, stop):
     r.mllog.tracked_stats(completed, {"train_loss": last_train, "step_time": step_time})
     if r.step_callback is not None:
       r.step_callback(completed, step_time)
-    if profiling and step + 1 >= config.profiler_start_step + config.profiler_steps:
+    if r.profiling and step + 1 >= config.profiler_start_step + config.profiler_steps:
       jax.profiler.stop_trace()
-      profiling = r.profiling = False
+      r.profiling = False
 
     if scalars.get("step_skipped", 0.0) > 0:
       consecutive_skipped += 1
@@ -423,7 +422,4 @@ def _train_loop(r: _Run, start_step: int, samples: int, stop):
       return INTERRUPTED, last_eval, last_train
     r.save(completed, samples, force=completed == config.steps)
     r.sync_mirror()
-  if profiling:
-    jax.profiler.stop_trace()
-    r.profiling = False
-  return COMPLETED, last_eval, last_train
+  return COMPLETED, last_eval, last_train  # close() ends a trace still open.
