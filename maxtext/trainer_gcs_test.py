@@ -123,7 +123,15 @@ class TrainerGcsTest(absltest.TestCase):
   def test_emulator_killed_mid_run_and_restarted(self):
     config = self.config("outage", steps=20)
     outage = {}
-    restarter = threading.Timer(2.0, self.emulator.start)
+    restart_errors = []
+
+    def restart():
+      try:
+        self.emulator.start()
+      except Exception as e:  # pylint: disable=broad-except
+        restart_errors.append(e)  # Reported below, not lost in the timer thread.
+
+    restarter = threading.Timer(2.0, restart)
     self.addCleanup(restarter.cancel)
 
     def on_step(step, unused_step_time):
@@ -139,6 +147,7 @@ class TrainerGcsTest(absltest.TestCase):
     result = trainer.run(config, config_filename="default.py", process_index=0,
                          step_callback=on_step)
     restarter.join(30.0)
+    self.assertEqual(restart_errors, [])
     self.assertEqual(result.final_step, config.steps)
     # The outage began and ended while the run was training.
     self.assertEqual(outage.get("killed_at"), 3)

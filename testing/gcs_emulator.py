@@ -131,18 +131,35 @@ class GcsEmulator:
       self.create_bucket(bucket)
     return self
 
-  def create_bucket(self, name: str) -> None:
-    """Creates bucket `name`; an existing bucket is left as it is."""
-    request = urllib.request.Request(
-        f"{self.url}/storage/v1/b?project={PROJECT}",
-        data=json.dumps({"name": name}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
-    try:
-      with urllib.request.urlopen(request, timeout=5.0):
-        pass
-    except urllib.error.HTTPError as e:
-      if e.code != 409:  # 409: the bucket exists already.
-        raise
+  def create_bucket(self, name: str, attempts: int = 5) -> None:
+    """Makes sure bucket `name` exists (an existing bucket is left as it is).
+
+    Right after a restart the server can answer before it serves every bucket
+    again, so creation is confirmed by reading the bucket back, a few times.
+
+    Raises:
+      RuntimeError: the bucket is still missing after `attempts` tries.
+    """
+    for _ in range(attempts):
+      request = urllib.request.Request(
+          f"{self.url}/storage/v1/b?project={PROJECT}",
+          data=json.dumps({"name": name}).encode(),
+          headers={"Content-Type": "application/json"}, method="POST")
+      try:
+        with urllib.request.urlopen(request, timeout=5.0):
+          pass
+      except urllib.error.HTTPError as e:
+        if e.code != 409:  # 409: the bucket exists already.
+          raise
+      try:
+        with urllib.request.urlopen(f"{self.url}/storage/v1/b/{name}", timeout=5.0):
+          return
+      except urllib.error.HTTPError as e:
+        if e.code != 404:
+          raise
+      time.sleep(0.2)
+    raise RuntimeError(f"bucket {name!r} is still missing on {self.url} after "
+                       f"{attempts} attempts to create it")
 
   def stop(self, timeout_s: float = 5.0) -> None:
     """Kills the server (SIGKILL after `timeout_s` of SIGTERM); keeps root."""

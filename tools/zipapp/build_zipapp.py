@@ -2,8 +2,16 @@
 
 Inputs come from zipapp.bzl: a manifest of `short_path<TAB>exec_path` lines (one per
 runfile), the workspace name, the main file and the import paths (both relative to
-the runfiles root). The output is `#!/usr/bin/env python3`, then a zip holding
-`__main__.py` (the launcher), `zipapp_manifest.json` and `runfiles/...`.
+the runfiles root). The output is three parts back to back:
+
+  #!/usr/bin/env python3      the line that lets the file run as ./FILE
+  payload zip                 runfiles/... (ZIP64 when it passes 4 GiB: CUDA wheels do)
+  launcher zip                __main__.py (the launcher) and zipapp_manifest.json
+
+Python runs a file whose end is a zip archive by importing `__main__` from it, and
+its zip importer reads the last archive of the file, allowing data before it, but
+not ZIP64. So the small launcher archive comes last and the payload, however
+large, sits before it; the manifest gives the payload's offset and length.
 """
 
 import argparse
@@ -38,29 +46,38 @@ def _read_manifest(path: str, workspace: str) -> list[tuple[str, str]]:
   return sorted(entries.items())
 
 
+def _write_payload(f, entries: list[tuple[str, str]], digest) -> None:
+  with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED,
+                       compresslevel=_COMPRESS_LEVEL, allowZip64=True) as archive:
+    for runfiles_path, source in entries:
+      with open(source, "rb") as src:
+        data = src.read()
+      digest.update(runfiles_path.encode() + b"\0")
+      digest.update(hashlib.sha256(data).digest())
+      info = zipfile.ZipInfo("runfiles/" + runfiles_path, date_time=(1980, 1, 1, 0, 0, 0))
+      mode = 0o755 if os.stat(source).st_mode & stat.S_IXUSR else 0o644
+      info.external_attr = (stat.S_IFREG | mode) << 16
+      info.compress_type = zipfile.ZIP_DEFLATED
+      archive.writestr(info, data, compresslevel=_COMPRESS_LEVEL)
+
+
 def build(output: str, launcher: str, entries: list[tuple[str, str]], main: str,
           python_paths: list[str]) -> str:
   """Writes the zipapp; returns its content id (a hash of every path and byte)."""
   digest = hashlib.sha256()
+  with open(launcher, "rb") as src:
+    launcher_data = src.read()
   with open(output, "wb") as f:
     f.write(_SHEBANG)
+    payload_offset = f.tell()
+    _write_payload(f, entries, digest)
+    payload_length = f.tell() - payload_offset
+    digest.update(launcher_data)
+    content_id = digest.hexdigest()[:24]
+    manifest = {"id": content_id, "main": main, "python_paths": python_paths,
+                "payload_offset": payload_offset, "payload_length": payload_length}
     with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED,
-                         compresslevel=_COMPRESS_LEVEL) as archive:
-      for runfiles_path, source in entries:
-        digest.update(runfiles_path.encode() + b"\0")
-        with open(source, "rb") as src:
-          data = src.read()
-        digest.update(hashlib.sha256(data).digest())
-        info = zipfile.ZipInfo("runfiles/" + runfiles_path, date_time=(1980, 1, 1, 0, 0, 0))
-        mode = 0o755 if os.stat(source).st_mode & stat.S_IXUSR else 0o644
-        info.external_attr = (stat.S_IFREG | mode) << 16
-        info.compress_type = zipfile.ZIP_DEFLATED
-        archive.writestr(info, data, compresslevel=_COMPRESS_LEVEL)
-      with open(launcher, "rb") as src:
-        launcher_data = src.read()
-      digest.update(launcher_data)
-      content_id = digest.hexdigest()[:24]
-      manifest = {"id": content_id, "main": main, "python_paths": python_paths}
+                         allowZip64=False) as archive:
       for name, data in (("zipapp_manifest.json", json.dumps(manifest, indent=1).encode()),
                          ("__main__.py", launcher_data)):
         info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))

@@ -1,12 +1,15 @@
 """Starts the program packed in this file (the `__main__.py` of a python_zipapp).
 
-Run as `python3 FILE ARGS...` or `./FILE ARGS...`. The first start unpacks the
+Run as `python3 FILE ARGS...` or `./FILE ARGS...`. FILE holds the payload archive
+(the runfiles) before the small archive this module comes from; the manifest says
+where. The first start unpacks the
 runfiles into `$MAXTEXT_ZIPAPP_CACHE` (default `~/.cache/maxtext_zipapp`) under the
 file's content id; later starts of the same file reuse them. The program then runs in
 this very process, with only the packed code and packages on sys.path (the host's
 site-packages are left out), so signals reach it directly.
 """
 
+import io
 import json
 import os
 import runpy
@@ -23,6 +26,41 @@ def _fail(message):
   sys.exit(2)
 
 
+class _Window(io.RawIOBase):
+  """A read-only view of bytes [offset, offset + length) of a file."""
+
+  def __init__(self, path, offset, length):
+    super().__init__()
+    self._file = open(path, "rb")  # pylint: disable=consider-using-with
+    self._offset, self._length, self._pos = offset, length, 0
+
+  def readable(self):
+    return True
+
+  def seekable(self):
+    return True
+
+  def tell(self):
+    return self._pos
+
+  def seek(self, pos, whence=io.SEEK_SET):
+    base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+    self._pos = max(0, base + pos)
+    return self._pos
+
+  def readinto(self, buffer):
+    count = max(0, min(len(buffer), self._length - self._pos))
+    self._file.seek(self._offset + self._pos)
+    data = self._file.read(count)
+    buffer[:len(data)] = data
+    self._pos += len(data)
+    return len(data)
+
+  def close(self):
+    self._file.close()
+    super().close()
+
+
 def _unpack(archive_path, manifest):
   cache = os.environ.get("MAXTEXT_ZIPAPP_CACHE") or os.path.join(
       os.path.expanduser("~"), ".cache", "maxtext_zipapp")
@@ -32,7 +70,9 @@ def _unpack(archive_path, manifest):
   os.makedirs(cache, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=".unpack-", dir=cache)
   try:
-    with zipfile.ZipFile(archive_path) as archive:
+    payload = _Window(archive_path, manifest["payload_offset"],
+                      manifest["payload_length"])
+    with payload, zipfile.ZipFile(payload) as archive:
       for info in archive.infolist():
         if not info.filename.startswith("runfiles/"):
           continue
