@@ -16,6 +16,7 @@ large, sits before it; the manifest gives the payload's offset and length.
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import stat
@@ -76,13 +77,17 @@ def build(output: str, launcher: str, entries: list[tuple[str, str]], main: str,
     content_id = digest.hexdigest()[:24]
     manifest = {"id": content_id, "main": main, "python_paths": python_paths,
                 "payload_offset": payload_offset, "payload_length": payload_length}
-    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED,
+    # Built in memory so that its offsets count from its own start: readers find
+    # it through its end record, whatever lies before it, and it needs no ZIP64.
+    launcher_zip = io.BytesIO()
+    with zipfile.ZipFile(launcher_zip, "w", compression=zipfile.ZIP_DEFLATED,
                          allowZip64=False) as archive:
       for name, data in (("zipapp_manifest.json", json.dumps(manifest, indent=1).encode()),
                          ("__main__.py", launcher_data)):
         info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
         info.external_attr = (stat.S_IFREG | 0o644) << 16
         archive.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+    f.write(launcher_zip.getvalue())
   os.chmod(output, 0o755)
   return content_id
 
