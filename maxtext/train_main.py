@@ -7,8 +7,8 @@
   tools/bazel run //maxtext:train_main -- \\
       --config=maxtext/configs/default.py --config.steps=50 --config.run_name=try1
 
-  # Resume a run: the same run_name (or --config.resume=True to insist).
-  tools/bazel run //maxtext:train_main -- --config.run_name=try1
+  # Resume a run: the same command again (same run_name and config; add
+  # --config.resume=True to make a missing checkpoint an error).
 
 Relative paths (--config, output directories) resolve against the directory the
 command was run from. SIGTERM or SIGINT stops after the current step with a
