@@ -53,6 +53,15 @@ def _local_rows(global_batch: int, process_index: int, process_count: int,
   return slice(process_index * local, (process_index + 1) * local)
 
 
+def _process_shares(config, process_index: int, process_count: int):
+  """(train batch, eval batch, train row slice, eval row slice) of one process."""
+  return (config.global_batch_size, config.eval_batch_size,
+          _local_rows(config.global_batch_size, process_index, process_count,
+                      "global_batch_size"),
+          _local_rows(config.eval_batch_size, process_index, process_count,
+                      "eval_batch_size"))
+
+
 def _check_index(value: int, name: str) -> int:
   if isinstance(value, (bool, np.bool_)) or not isinstance(
       value, (int, np.integer)) or value < 0:
@@ -129,12 +138,8 @@ class SyntheticDataset:
     self._vocab = config.vocab_size
     self._seq = config.max_sequence_length
     self._seed = config.seed
-    self._train_batch = config.global_batch_size
-    self._eval_batch = config.eval_batch_size
-    self._train_rows = _local_rows(config.global_batch_size, process_index,
-                                   process_count, "global_batch_size")
-    self._eval_rows = _local_rows(config.eval_batch_size, process_index,
-                                  process_count, "eval_batch_size")
+    (self._train_batch, self._eval_batch, self._train_rows,
+     self._eval_rows) = _process_shares(config, process_index, process_count)
 
   def _windows(self, stream: int, index: int, batch: int) -> np.ndarray:
     rng = np.random.default_rng([self._seed, stream, index])
@@ -221,12 +226,8 @@ class TokensFileDataset:
     self._vocab = config.vocab_size
     self._seq = config.max_sequence_length
     self._shuffle_seed = config.data_shuffle_seed
-    self._train_batch = config.global_batch_size
-    self._eval_batch = config.eval_batch_size
-    self._train_rows = _local_rows(config.global_batch_size, process_index,
-                                   process_count, "global_batch_size")
-    self._eval_rows = _local_rows(config.eval_batch_size, process_index,
-                                  process_count, "eval_batch_size")
+    (self._train_batch, self._eval_batch, self._train_rows,
+     self._eval_rows) = _process_shares(config, process_index, process_count)
     self._train_path = config.train_data_path
     self._eval_path = config.eval_data_path
     self._train = _open_tokens(config.train_data_path, "train_data_path")

@@ -22,16 +22,10 @@ from testing import tiny_configs
 _BUCKET = "bucket"
 _PREFIX = "runs/e2e"
 
-# Overrides of `tiny_configs.tiny_config`: the tiny shape of trainer_mllog_test
-# and the default config's checkpoint retention (so the mirror also deletes).
+# Overrides of `tiny_configs.tiny_config`: the MLPerf tiny shape with rotated
+# checkpoints (so the mirror also deletes).
 _TINY = dict(
-    vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
-    num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
-    global_batch_size=8, gradient_accumulation_steps=2,
-    eval_steps=1, eval_batch_size=8, eval_interval=5,
-    learning_rate=1e-2, warmup_steps=3, steps=10, lr_schedule_steps=40,
-    checkpoint_period=5, max_checkpoints_to_keep=3, log_period=10,
-    target_eval_loss=0.0,
+    tiny_configs.MLPERF_SHAPE, steps=10, checkpoint_period=5, target_eval_loss=0.0,
     # Small GCS bounds, so a dead emulator costs seconds, not minutes.
     gcs_sync_interval_seconds=0.2, gcs_request_timeout_seconds=2.0,
     gcs_final_timeout_seconds=30.0,

@@ -19,18 +19,10 @@ from maxtext import trainer
 from testing import compliance_checker
 from testing import tiny_configs
 
-# Overrides of `tiny_configs.tiny_config`: the tiny shape that every run here
-# shares (so runs reuse compilations), and the default config's target and
-# checkpoint retention.
-_TINY = dict(
-    vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
-    num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
-    global_batch_size=8, gradient_accumulation_steps=2,
-    eval_steps=1, eval_batch_size=8, eval_interval=5,
-    learning_rate=1e-2, warmup_steps=3, steps=30, lr_schedule_steps=40,
-    checkpoint_period=0, log_period=10, target_eval_loss=0.5,
-    max_checkpoints_to_keep=3,
-)
+# Overrides of `tiny_configs.tiny_config`: the MLPerf tiny shape that every run
+# here shares (so runs reuse compilations), with the default config's target.
+_TINY = dict(tiny_configs.MLPERF_SHAPE, steps=30, checkpoint_period=0,
+             target_eval_loss=0.5)
 # The tiny model's eval loss passes these by step 30 (and only later for a
 # lower one); see test_aborted_run_passes_with_run_stop_aborted's assertion.
 _REACHABLE_TARGET = 0.95
