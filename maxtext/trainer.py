@@ -132,6 +132,9 @@ class _Run:
     self.engine = None
     self.profiling = False  # A profiler trace is open (closed by close()).
     self.step_callback = None  # run()'s step_callback.
+    # Samples trained so far, resumed ones included; None until restore() has
+    # said where the run starts. An aborted run_stop reports it.
+    self.samples = None
 
   # -- set-up ----------------------------------------------------------------
 
@@ -321,7 +324,8 @@ def run(config, *, config_filename: str = "unknown",
     r.build()
     metadata = r.restore()
     start_step = r.engine.step
-    samples = int(metadata.get("samples_count", start_step * config.global_batch_size))
+    r.samples = int(metadata.get("samples_count",
+                                 start_step * config.global_batch_size))
     if r.is_primary:
       run_dir_lib.write_config_json(
           r.paths.config_json, config,
@@ -336,22 +340,23 @@ def run(config, *, config_filename: str = "unknown",
                                          config_filename))
     r.mllog.init_stop()
     r.mllog.run_start()
-    r.mllog.block_start(samples)
+    r.mllog.block_start(r.samples)
     r.sync_mirror()
 
-    status, last_eval, last_train = _train_loop(r, start_step, samples, stop)
+    status, last_eval, last_train = _train_loop(r, start_step, stop)
     return RunResult(status=status, run_dir=r.paths.run_dir, start_step=start_step,
                      final_step=r.engine.step, last_eval_loss=last_eval,
                      last_train_loss=last_train, stop_reason=stop.reason)
   finally:
     if status != SUCCESS:
-      r.mllog.run_stop(mllog_utils.ABORTED)
+      # The samples really trained, also when no eval reported them yet.
+      r.mllog.run_stop(mllog_utils.ABORTED, r.samples)
     r.close()
     if own_stop:
       stop.close()
 
 
-def _train_loop(r: _Run, start_step: int, samples: int, stop):
+def _train_loop(r: _Run, start_step: int, stop):
   """Runs steps until the target, the budget or a stop request. Returns the outcome."""
   config = r.config
   k = config.gradient_accumulation_steps
@@ -368,7 +373,8 @@ def _train_loop(r: _Run, start_step: int, samples: int, stop):
     scalars = metrics_recorder.reduce_buffer(buffer)
     # The step's buffer is released once reduced, so the history never grows.
     r.engine.recorder.get_metrics_history(clear=True)
-    samples += config.global_batch_size
+    r.samples += config.global_batch_size
+    samples = r.samples
     completed = step + 1
     now = time.monotonic()
     step_time, step_start = now - step_start, now

@@ -71,11 +71,16 @@ def _mllog_events(path):
   return events
 
 
-def _run_stop_status(path):
+def _run_stop(path):
+  """The metadata of the MLPerf log's only run_stop event."""
   stops = [e for e in _mllog_events(path) if e["key"] == "run_stop"]
   if len(stops) != 1:
     raise AssertionError(f"{path}: expected one run_stop, got {stops}")
-  return stops[0]["metadata"]["status"]
+  return stops[0]["metadata"]
+
+
+def _run_stop_status(path):
+  return _run_stop(path)["status"]
 
 
 def _single_device(tree):
@@ -249,8 +254,11 @@ class TrainerTest(parameterized.TestCase):
     with open(os.path.join(result.run_dir, "metrics.jsonl")) as f:
       self.assertTrue(f.read().endswith("\n"))
     self.assertEqual(_steps(_records(result.run_dir), "train"), [0, 1])
-    self.assertEqual(_run_stop_status(os.path.join(result.run_dir, "mllog.log")),
-                     "aborted")
+    # Stopped before the first eval (every 3 steps): run_stop still counts
+    # the samples trained, not the last count an eval reported.
+    run_stop = _run_stop(os.path.join(result.run_dir, "mllog.log"))
+    self.assertEqual(run_stop["status"], "aborted")
+    self.assertEqual(run_stop["samples_count"], stop_after * 8)
     self.assertLen(glob.glob(os.path.join(result.run_dir, "tensorboard", "plugins",
                                           "profile", "*", "*.xplane.pb")), 1)
 
@@ -309,7 +317,9 @@ class TrainerTest(parameterized.TestCase):
     state, _ = _restore_state(config, run_dir, _HALF)
     chex.assert_trees_all_equal(state["params"], jax.device_get(params))
     self.assertEqual(set(_optimizer_counts(state["opt_state"])), {0})
-    self.assertEqual(_run_stop_status(os.path.join(run_dir, "mllog.log")), "aborted")
+    run_stop = _run_stop(os.path.join(run_dir, "mllog.log"))
+    self.assertEqual(run_stop["status"], "aborted")
+    self.assertEqual(run_stop["samples_count"], 4 * config.global_batch_size)
 
   @parameterized.named_parameters(
       ("zero_steps", {"steps": 0}, ValueError, r"config\.steps=0"),
