@@ -166,6 +166,10 @@ class Checkpointer:
     self._check_open()
     step = _check_int("step", step, 0)
     metadata = _check_metadata(metadata)
+    if not force and not self.due(step):
+      # Decided here, without asking orbax: its manager's bookkeeping costs
+      # about a millisecond per call, and the loop asks after every step.
+      return False
     if step in self._manager.all_steps():
       logging.info("Checkpoint step %d already exists in %s; not saving again.",
                    step, self._directory)
@@ -180,6 +184,10 @@ class Checkpointer:
     if saved:
       logging.info("Saving checkpoint step %d to %s", step, self._directory)
     return saved
+
+  def due(self, step: int) -> bool:
+    """Whether `save(step, ...)` without `force` writes a checkpoint."""
+    return step % self._save_period == 0
 
   def wait(self) -> None:
     """Blocks until every started save is committed to storage."""

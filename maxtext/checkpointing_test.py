@@ -79,6 +79,8 @@ class CheckpointingTest(parameterized.TestCase):
   def test_save_period_force_and_latest_step(self):
     ckpt = self.make_checkpointer(save_period=2)
     self.assertIsNone(ckpt.latest_step())
+    self.assertEqual([ckpt.due(step) for step in range(1, 6)],
+                     [False, True, False, True, False])
     state = make_state(1.0, self.sharding)
     self.assertFalse(ckpt.save(1, state, {}))
     self.assertTrue(ckpt.save(2, state, {}))

@@ -14,12 +14,13 @@ jitted dispatch each) followed by one `update()`:
   values are buffered packed, like the micro-batch metrics.
 * `update()` first flushes the recorder (one concatenation and one transfer for
   the whole step, update metrics included), so a value that cannot be fetched
-  raises before anything changes. Then it dispatches one jitted apply, which
-  skips the step if the gradients are not finite (parameters and optimizer
-  state unchanged) and otherwise applies the optimizer, and resets the
-  accumulator; it advances `step` and returns the step's flushed
-  `MetricsBuffer` without waiting for the apply, so the host prepares the next
-  step while the device runs it.
+  raises before anything changes. The flushed `step_skipped` is then a host
+  value, and `update()` dispatches one jitted program: the optimizer apply
+  (which also resets the accumulator), or, if the gradients are not finite,
+  only the accumulator reset, leaving parameters and optimizer state
+  unchanged. It advances `step` and returns the step's flushed
+  `MetricsBuffer` without waiting for that program, so the host prepares the
+  next step while the device runs it.
 
 Metric names follow `record_metrics`: nested dicts become `name/sub`; None
 values, the key `intermediate_outputs` and tuple/list values are skipped. The
@@ -141,7 +142,6 @@ class Engine:
     self._batch_sharding = batch_sharding
     self._step = 0
     self._micro = 0
-    self._update_packed = None  # The update's metrics, from the last micro-batch.
     self._names: dict = {}  # micro-batch signature -> (names, weighted names)
     self._traced_names = None
     self._trace_count = 0
@@ -207,24 +207,11 @@ class Engine:
                                  jnp.where(finite, 0.0, 1.0).astype(jnp.float32)])
       return grad_acc, packed, weighted, update_packed
 
-    def apply(params, opt_state, grad_acc, update_packed):
-      def step_fn(operands):
-        params, opt_state, grad_acc = operands
-        grads = jax.tree.map(lambda a, p: (a / self._k).astype(p.dtype),
-                             grad_acc, params)
-        updates, new_opt = self._optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), new_opt
-
-      def skip_fn(operands):
-        params, opt_state, _ = operands
-        return params, opt_state
-
-      # step_skipped, measured by fwd_bwd_last: a step with non-finite gradients
-      # leaves parameters and optimizer state as they are. A conditional runs
-      # one branch only, so a normal step pays nothing for the check.
-      new_params, new_opt = jax.lax.cond(update_packed[2] == 0.0, step_fn, skip_fn,
-                                         (params, opt_state, grad_acc))
-      return new_params, new_opt, zeros(grad_acc)
+    def apply(params, opt_state, grad_acc):
+      grads = jax.tree.map(lambda a, p: (a / self._k).astype(p.dtype),
+                           grad_acc, params)
+      updates, new_opt = self._optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), new_opt, zeros(grad_acc)
 
     def eval_loss(params, batch):
       return self._loss_fn(params, batch)[0]
@@ -239,8 +226,10 @@ class Engine:
                                    out_shardings=(ps, rep, rep, rep))
       self._apply = jax.jit(
           apply, donate_argnums=(2,),
-          in_shardings=(ps, opt_shardings, ps, rep),
+          in_shardings=(ps, opt_shardings, ps),
           out_shardings=(ps, opt_shardings, ps))
+      self._reset = jax.jit(zeros, donate_argnums=(0,), in_shardings=(ps,),
+                            out_shardings=ps)
       self._eval = jax.jit(eval_loss, in_shardings=(ps, bs),
                            out_shardings=rep)
     else:
@@ -248,6 +237,7 @@ class Engine:
       self._fwd_bwd = jax.jit(fwd_bwd, donate_argnums=(1,))
       self._fwd_bwd_last = jax.jit(fwd_bwd_last, donate_argnums=(1,))
       self._apply = jax.jit(apply, donate_argnums=(2,))
+      self._reset = jax.jit(zeros, donate_argnums=(0,))
       self._eval = jax.jit(eval_loss)
 
   @staticmethod
@@ -326,7 +316,6 @@ class Engine:
     for name in weighted_names:
       self._recorder.buffer_metrics(self._step, name, weighted[name])
     if last:
-      self._update_packed = update_packed
       self._recorder.buffer_packed(self._step, _UPDATE_NAMES, update_packed)
 
   def record_metrics(self, name: str, value) -> None:
@@ -364,13 +353,20 @@ class Engine:
     # goes on while it runs.
     self._recorder.flush()
     step = self._step
-    params, opt_state, grad_acc = self._apply(
-        self._params, self._opt_state, self._grad_acc, self._update_packed)
-    self._params, self._opt_state, self._grad_acc = params, opt_state, grad_acc
-    self._update_packed = None
+    buffer = self._recorder.get_step_metrics(step)
+    # The flushed skip flag is a host value, so the host picks the program: a
+    # step with non-finite gradients only resets the accumulator (parameters
+    # and optimizer state stay as they are), and a normal step runs the plain
+    # optimizer with no conditional in it. The flag comes from the global
+    # gradient norm, the same on every process, so all processes agree.
+    if buffer.scalar_metrics["step_skipped"][-1] > 0:
+      self._grad_acc = self._reset(self._grad_acc)
+    else:
+      self._params, self._opt_state, self._grad_acc = self._apply(
+          self._params, self._opt_state, self._grad_acc)
     self._step += 1
     self._micro = 0
-    return self._recorder.get_step_metrics(step)
+    return buffer
 
   def eval_step(self, batch) -> jax.Array:
     """The mean loss of `batch` with the current parameters (no gradients)."""

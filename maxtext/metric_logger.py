@@ -11,7 +11,8 @@ Outputs, written only by the primary process (process 0):
 * `<run_dir>/metrics.jsonl`: one JSON object per line and per write, e.g.
   `{"step": 3, "kind": "train", "loss": 2.5, ..., "step_time_s": 0.1}`;
   the file is flushed after every line, so a crashed process loses nothing;
-* TensorBoard scalars under `<run_dir>/tensorboard`, tagged `<kind>/<name>`.
+* TensorBoard scalars under `<run_dir>/tensorboard`, tagged `<kind>/<name>`,
+  one event (one `Summary` of all its values) per write.
 
 Non-finite values are data. JSON has no NaN or infinity, so they are written
 as the strings "NaN", "Infinity" and "-Infinity" (the spellings Python's
@@ -21,8 +22,10 @@ Steps are the trainer's 0-based step indices: `write_train(step, ...)` reports
 the step that has just finished, so `total_steps - step - 1` steps remain.
 
 Resuming: a logger built with `first_step=s` first drops every record whose
-step is >= s from an existing `metrics.jsonl` and opens TensorBoard with
-`purge_step=s`, so both match what an uninterrupted run would have written.
+step is >= s from an existing `metrics.jsonl` and starts its TensorBoard event
+file with a session start at step s, TensorBoard's sign to discard the older
+files' events at steps >= s; so both match what an uninterrupted run would
+have written.
 Checkpoint steps count completed steps (see `checkpointing`), so a trainer
 resuming from checkpoint step `c`, taken after that many steps and their
 evals, passes `first_step=c`.
@@ -270,11 +273,20 @@ class MetricLogger:
     self._jsonl = open(jsonl_path, "a", encoding="utf-8")
     # Imported here so that non-primary processes never load it.
     import tensorboardX  # pylint: disable=g-import-not-at-top
-    # purge_step makes TensorBoard discard events at steps >= first_step that
-    # an interrupted earlier attempt left in older event files.
-    self._tb = tensorboardX.SummaryWriter(
-        logdir=os.path.join(self._run_dir, TENSORBOARD_DIRNAME),
-        purge_step=first_step, flush_secs=30)
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+    self._summary_pb2 = summary_pb2
+    # The plain event file writer: one Summary per record holds all its
+    # scalars (SummaryWriter.add_scalar writes one event per scalar, about
+    # ten times the host time per step).
+    self._tb = tensorboardX.FileWriter(
+        os.path.join(self._run_dir, TENSORBOARD_DIRNAME), flush_secs=30)
+    # A session start at first_step makes TensorBoard discard the events at
+    # steps >= first_step that an interrupted earlier attempt left in older
+    # event files.
+    self._tb.add_event(event_pb2.Event(
+        step=first_step,
+        session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
   @property
   def jsonl_path(self) -> str:
@@ -299,28 +311,37 @@ class MetricLogger:
       converted[name] = _to_host_number(name, value)
     return step, converted
 
-  def write_train(self, step: int, scalars: Mapping[str, Any]) -> None:
+  def write_train(self, step: int, scalars: Mapping[str, Any], *,
+                  step_time: float | None = None) -> None:
     """Records one finished training step.
 
-    Adds `step_time_s` (clock time since the previous train write, or since
-    construction for the first) and `tokens_per_s` to the record.
+    Adds `step_time_s` and `tokens_per_s` to the record.
 
     Args:
       step: 0-based index of the step that just finished.
       scalars: metric name -> host scalar (Python/NumPy int or float, or a
         NumPy array of shape () or (1,)). Names "step" and "kind" are
         reserved.
+      step_time: the step's time in seconds as the caller measured it (the
+        trainer leaves eval time out); None means the clock time since the
+        previous train write (or since construction, for the first).
 
     Raises:
-      TypeError, ValueError: a bad step, name or value (nothing is written).
+      TypeError, ValueError: a bad step, name, value or step_time (nothing is
+        written).
       RuntimeError: the logger is closed.
     """
     step, values = self._convert(step, scalars)
     for key in (STEP_TIME_KEY, TOKENS_PER_SECOND_KEY):
       if key in values:
         raise ValueError(f"metric name {key!r} is reserved for train writes")
+    if step_time is not None:
+      step_time = _to_host_number("step_time", step_time)
+      if not (math.isfinite(step_time) and step_time >= 0):
+        raise ValueError(f"step_time must be a finite number >= 0, got {step_time!r}")
     now = self._time_fn()
-    step_time = now - self._last_time
+    if step_time is None:
+      step_time = now - self._last_time
     self._last_time = now
     values[STEP_TIME_KEY] = step_time
     values[TOKENS_PER_SECOND_KEY] = (
@@ -373,8 +394,12 @@ class MetricLogger:
                     values: Mapping[str, int | float]) -> None:
     self._jsonl.write(encode_record(step, kind, values) + "\n")
     self._jsonl.flush()
-    for name, value in values.items():
-      self._tb.add_scalar(f"{kind}/{name}", float(value), global_step=step)
+    value_pb = self._summary_pb2.Summary.Value
+    self._tb.add_summary(
+        self._summary_pb2.Summary(value=[
+            value_pb(tag=f"{kind}/{name}", simple_value=float(value))
+            for name, value in values.items()]),
+        global_step=step)
 
   def flush(self) -> None:
     """Pushes buffered TensorBoard events to disk (the JSONL is always flushed)."""

@@ -93,6 +93,25 @@ class MetricLoggerTest(parameterized.TestCase):
     self.assertIsInstance(lines[1]["step_skipped"], int)
     self.assertEqual(lines[2], {"step": 1, "kind": "eval", "loss": 2.25})
 
+  def test_caller_step_time_replaces_the_clock(self):
+    logger = self.make_logger(clock=FakeClock(0.5), log_period=1)
+    with self.assertLogs(level="INFO") as logs:
+      logger.write_train(0, {"loss": 3.0}, step_time=0.25)
+      logger.write_train(1, {"loss": 2.0})  # The clock again: 0.5 s.
+    lines = self.read_lines()
+    self.assertEqual([(l["step_time_s"], l["tokens_per_s"]) for l in lines],
+                     [(0.25, 4000.0), (0.5, 2000.0)])
+    self.assertIn("step_time 0.250s", logs.records[0].getMessage())
+
+  @parameterized.named_parameters(
+      ("negative", -1.0, ValueError), ("nan", float("nan"), ValueError),
+      ("inf", float("inf"), ValueError), ("string", "1", TypeError))
+  def test_bad_step_time_writes_nothing(self, step_time, error):
+    logger = self.make_logger()
+    with self.assertRaisesRegex(error, "step_time"):
+      logger.write_train(0, {"loss": 3.0}, step_time=step_time)
+    self.assertEqual(self.read_lines(), [])
+
   def test_accepts_numpy_scalars_and_small_arrays(self):
     logger = self.make_logger()
     logger.write_train(0, {"a": np.int32(7), "b": np.array(1.5),

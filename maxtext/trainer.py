@@ -9,7 +9,8 @@
 
 Every writer (console, JSONL, TensorBoard, MLPerf log, GCS mirror) is driven from
 the host values the step already fetched; the loop adds no device syncs beyond the
-one per step that brings the step's metrics to the host.
+one per step that brings the step's metrics to the host. A step's records are
+written while the device runs the next step's micro-batches (see `_train_loop`).
 """
 
 import dataclasses
@@ -294,10 +295,11 @@ def run(config, *, config_filename: str = "unknown",
       process-0 rule (tests).
     stop_request: where stop requests come from; by default SIGTERM/SIGINT
       handlers are installed for the duration of the run.
-    step_callback: called on the host after every optimizer step's writers
-      with (completed steps, step time in seconds), the same step time the
-      MLPerf log reports (eval time excluded). For benchmarks and tests; it
-      runs inside the loop, so its own time counts toward the next step.
+    step_callback: called on the host after every optimizer step with
+      (completed steps, step time in seconds), the step time the JSONL and
+      MLPerf logs report (eval time excluded); the step's records may be
+      written later (see `_train_loop`). For benchmarks and tests; it runs
+      inside the loop, so its own time counts toward the next step.
 
   Returns:
     The RunResult.
@@ -356,76 +358,118 @@ def run(config, *, config_filename: str = "unknown",
       stop.close()
 
 
+@dataclasses.dataclass(frozen=True)
+class _StepRecord:
+  """A finished step's host values, waiting to be written."""
+  step: int  # 0-based index of the step.
+  scalars: dict  # Its reduced metrics (host numbers).
+  step_time: float  # Seconds, eval time left out.
+
+
+def _write_step(r: _Run, record: _StepRecord) -> None:
+  """Writes one step's train record: console/JSONL/TensorBoard and the MLPerf log."""
+  r.metrics.write_train(record.step, record.scalars, step_time=record.step_time)
+  r.mllog.tracked_stats(record.step + 1, {"train_loss": record.scalars.get("loss"),
+                                          "step_time": record.step_time})
+  r.sync_mirror()
+
+
 def _train_loop(r: _Run, start_step: int, stop):
-  """Runs steps until the target, the budget or a stop request. Returns the outcome."""
+  """Runs steps until the target, the budget or a stop request. Returns the outcome.
+
+  A step's records are written while the next step runs: once the next step's
+  micro-batches are dispatched, the host writes the previous step's console,
+  JSONL, TensorBoard and MLPerf lines instead of leaving the device idle. Any
+  step followed by more than the next step (an eval, a checkpoint, a stop,
+  the end) writes its records first, so every file keeps step order.
+  """
   config = r.config
   k = config.gradient_accumulation_steps
   consecutive_skipped = 0
   last_eval = last_train = None
+  unwritten = None  # A _StepRecord written after the next step's dispatch.
   step_start = time.monotonic()
-  for step in range(start_step, config.steps):
-    if config.profiler_steps and r.is_primary and step == config.profiler_start_step:
-      jax.profiler.start_trace(r.paths.tensorboard_dir)
-      r.profiling = True
-    for micro in data.split_micro_batches(r.dataset.get_batch(step), k):
-      r.engine.fwd_bwd(r.global_batch(micro))
-    buffer = r.engine.update()
-    scalars = metrics_recorder.reduce_buffer(buffer)
-    # The step's buffer is released once reduced, so the history never grows.
-    r.engine.recorder.get_metrics_history(clear=True)
-    r.samples += config.global_batch_size
-    samples = r.samples
-    completed = step + 1
-    now = time.monotonic()
-    step_time, step_start = now - step_start, now
-    last_train = scalars.get("loss")
-    r.metrics.write_train(step, scalars)
-    r.mllog.tracked_stats(completed, {"train_loss": last_train, "step_time": step_time})
-    if r.step_callback is not None:
-      r.step_callback(completed, step_time)
-    if r.profiling and step + 1 >= config.profiler_start_step + config.profiler_steps:
-      jax.profiler.stop_trace()
-      r.profiling = False
+  try:
+    for step in range(start_step, config.steps):
+      if config.profiler_steps and r.is_primary and step == config.profiler_start_step:
+        jax.profiler.start_trace(r.paths.tensorboard_dir)
+        r.profiling = True
+      for micro in data.split_micro_batches(r.dataset.get_batch(step), k):
+        r.engine.fwd_bwd(r.global_batch(micro))
+      if unwritten is not None:
+        record, unwritten = unwritten, None
+        _write_step(r, record)
+      buffer = r.engine.update()
+      scalars = metrics_recorder.reduce_buffer(buffer)
+      # The step's buffer is released once reduced, so the history never grows.
+      r.engine.recorder.get_metrics_history(clear=True)
+      r.samples += config.global_batch_size
+      samples = r.samples
+      completed = step + 1
+      now = time.monotonic()
+      step_time, step_start = now - step_start, now
+      last_train = scalars.get("loss")
+      unwritten = _StepRecord(step, scalars, step_time)
+      if r.step_callback is not None:
+        r.step_callback(completed, step_time)
+      if r.profiling and step + 1 >= config.profiler_start_step + config.profiler_steps:
+        jax.profiler.stop_trace()
+        r.profiling = False
 
-    if scalars.get("step_skipped", 0.0) > 0:
-      consecutive_skipped += 1
-      logging.warning("Step %d skipped: gradients not finite (%d in a row).", step,
-                      consecutive_skipped)
-      if consecutive_skipped >= config.max_consecutive_skipped_steps:
-        raise TrainingError(
-            f"{consecutive_skipped} consecutive steps had non-finite gradients "
-            f"(max_consecutive_skipped_steps={config.max_consecutive_skipped_steps}); "
-            f"stopping at step {step}. The last checkpoint holds the last good state.")
-    else:
-      consecutive_skipped = 0
+      if scalars.get("step_skipped", 0.0) > 0:
+        consecutive_skipped += 1
+        logging.warning("Step %d skipped: gradients not finite (%d in a row).", step,
+                        consecutive_skipped)
+        if consecutive_skipped >= config.max_consecutive_skipped_steps:
+          raise TrainingError(
+              f"{consecutive_skipped} consecutive steps had non-finite gradients "
+              f"(max_consecutive_skipped_steps={config.max_consecutive_skipped_steps}); "
+              f"stopping at step {step}. The last checkpoint holds the last good state.")
+      else:
+        consecutive_skipped = 0
 
-    if completed % config.eval_interval == 0 or completed == config.steps:
-      r.mllog.block_stop(samples)
-      eval_start = time.monotonic()
-      r.mllog.eval_start(samples)
-      last_eval = r.evaluate()
-      eval_time = time.monotonic() - eval_start
-      r.mllog.eval_accuracy(last_eval, samples)
-      r.mllog.eval_stop(samples)
-      r.mllog.tracked_stats(completed, {"validation_time": eval_time})
-      r.metrics.write_eval(step, {"eval_loss": last_eval, "eval_time": eval_time})
-      if config.target_eval_loss and last_eval <= config.target_eval_loss:
-        logging.info("Eval loss %.4f <= target %.4f at step %d: success.", last_eval,
-                     config.target_eval_loss, step)
+      eval_due = completed % config.eval_interval == 0 or completed == config.steps
+      stopping = stop.should_stop(completed)
+      save_due = r.checkpointer.due(completed) or completed == config.steps
+      if not (eval_due or stopping or save_due):
+        continue  # Its records are written once the next step is dispatched.
+      record, unwritten = unwritten, None
+      _write_step(r, record)
+
+      if eval_due:
+        r.mllog.block_stop(samples)
+        eval_start = time.monotonic()
+        r.mllog.eval_start(samples)
+        last_eval = r.evaluate()
+        eval_time = time.monotonic() - eval_start
+        r.mllog.eval_accuracy(last_eval, samples)
+        r.mllog.eval_stop(samples)
+        r.mllog.tracked_stats(completed, {"validation_time": eval_time})
+        r.metrics.write_eval(step, {"eval_loss": last_eval, "eval_time": eval_time})
+        if config.target_eval_loss and last_eval <= config.target_eval_loss:
+          logging.info("Eval loss %.4f <= target %.4f at step %d: success.", last_eval,
+                       config.target_eval_loss, step)
+          r.save(completed, samples, force=True)
+          r.mllog.run_stop(mllog_utils.SUCCESS, samples)
+          r.sync_mirror()
+          return SUCCESS, last_eval, last_train
+        if completed < config.steps:
+          r.mllog.block_start(samples)
+        step_start = time.monotonic()  # Eval time is not step time.
+
+      if stopping:
         r.save(completed, samples, force=True)
-        r.mllog.run_stop(mllog_utils.SUCCESS, samples)
+        logging.warning("Stopped by %s after step %d; checkpoint saved in %s.",
+                        stop.reason, step, r.paths.checkpoint_dir)
         r.sync_mirror()
-        return SUCCESS, last_eval, last_train
-      if completed < config.steps:
-        r.mllog.block_start(samples)
-      step_start = time.monotonic()  # Eval time is not step time.
-
-    if stop.should_stop(completed):
-      r.save(completed, samples, force=True)
-      logging.warning("Stopped by %s after step %d; checkpoint saved in %s.",
-                      stop.reason, step, r.paths.checkpoint_dir)
+        return INTERRUPTED, last_eval, last_train
+      r.save(completed, samples, force=completed == config.steps)
       r.sync_mirror()
-      return INTERRUPTED, last_eval, last_train
-    r.save(completed, samples, force=completed == config.steps)
-    r.sync_mirror()
+  finally:
+    # A step that finished before an error still gets its records.
+    if unwritten is not None:
+      try:
+        _write_step(r, unwritten)
+      except Exception:  # pylint: disable=broad-except
+        logging.exception("Could not write the records of step %d.", unwritten.step)
   return COMPLETED, last_eval, last_train  # close() ends a trace still open.
