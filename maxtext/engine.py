@@ -91,7 +91,8 @@ class Engine:
                gradient_accumulation_steps: int,
                *,
                param_shardings=None,
-               batch_sharding=None):
+               batch_sharding=None,
+               grad_clip_norm: float = 0.0):
     """Creates the engine and the optimizer state.
 
     Args:
@@ -108,6 +109,10 @@ class Engine:
         `params`; then every jitted function has explicit shardings.
       batch_sharding: None, or the micro-batch's sharding (a sharding or a
         pytree prefix of the micro-batch).
+      grad_clip_norm: if > 0, the mean gradient is scaled down to this global
+        norm before the optimizer sees it, using the norm the last micro-batch
+        measured (one pass over the gradients for both the metric and the
+        clipping); `optimizer` should then not clip again. 0 = no clipping.
 
     Raises:
       TypeError/ValueError: on bad arguments.
@@ -129,6 +134,11 @@ class Engine:
         gradient_accumulation_steps < 1):
       raise ValueError("gradient_accumulation_steps must be an int >= 1; got "
                        f"{gradient_accumulation_steps!r}")
+    if (isinstance(grad_clip_norm, bool) or
+        not isinstance(grad_clip_norm, (int, float)) or
+        not grad_clip_norm >= 0 or grad_clip_norm == float("inf")):
+      raise ValueError("grad_clip_norm must be a finite number >= 0; got "
+                       f"{grad_clip_norm!r}")
     if (param_shardings is None) != (batch_sharding is None):
       raise ValueError("param_shardings and batch_sharding must be given "
                        "together (or neither)")
@@ -138,6 +148,8 @@ class Engine:
                    (lambda _, lr=float(learning_rate_fn): lr))
     self._recorder = recorder
     self._k = gradient_accumulation_steps
+    self._clip = float(grad_clip_norm)
+    self._update_packed = None  # The update's metrics, from the last micro-batch.
     self._param_shardings = param_shardings
     self._batch_sharding = batch_sharding
     self._step = 0
@@ -207,9 +219,18 @@ class Engine:
                                  jnp.where(finite, 0.0, 1.0).astype(jnp.float32)])
       return grad_acc, packed, weighted, update_packed
 
-    def apply(params, opt_state, grad_acc):
+    def apply(params, opt_state, grad_acc, update_packed):
       grads = jax.tree.map(lambda a, p: (a / self._k).astype(p.dtype),
                            grad_acc, params)
+      if self._clip > 0:
+        # Global-norm clipping as optax.clip_by_global_norm does it, with the
+        # norm of the mean gradient that the last micro-batch measured
+        # (update_packed[1]) instead of a second pass over the gradients.
+        norm = update_packed[1]
+        keep = norm < self._clip
+        grads = jax.tree.map(
+            lambda g: jnp.where(keep, g, (g / norm.astype(g.dtype)) * self._clip),
+            grads)
       updates, new_opt = self._optimizer.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), new_opt, zeros(grad_acc)
 
@@ -226,7 +247,7 @@ class Engine:
                                    out_shardings=(ps, rep, rep, rep))
       self._apply = jax.jit(
           apply, donate_argnums=(2,),
-          in_shardings=(ps, opt_shardings, ps),
+          in_shardings=(ps, opt_shardings, ps, rep),
           out_shardings=(ps, opt_shardings, ps))
       self._reset = jax.jit(zeros, donate_argnums=(0,), in_shardings=(ps,),
                             out_shardings=ps)
@@ -316,6 +337,7 @@ class Engine:
     for name in weighted_names:
       self._recorder.buffer_metrics(self._step, name, weighted[name])
     if last:
+      self._update_packed = update_packed
       self._recorder.buffer_packed(self._step, _UPDATE_NAMES, update_packed)
 
   def record_metrics(self, name: str, value) -> None:
@@ -363,7 +385,8 @@ class Engine:
       self._grad_acc = self._reset(self._grad_acc)
     else:
       self._params, self._opt_state, self._grad_acc = self._apply(
-          self._params, self._opt_state, self._grad_acc)
+          self._params, self._opt_state, self._grad_acc, self._update_packed)
+    self._update_packed = None
     self._step += 1
     self._micro = 0
     return buffer

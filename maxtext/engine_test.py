@@ -260,9 +260,37 @@ class EngineTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "metric 'vec'.*shape"):
       eng.fwd_bwd(make_batches(1)[0])
 
+  @parameterized.named_parameters(("clipped", 0.5), ("not_reached", 1e6))
+  def test_grad_clip_norm_matches_optax_clipping(self, clip):
+    # The engine's clipping (with the norm measured by the last micro-batch)
+    # and optax's clip_by_global_norm give the same step. Scaled targets make
+    # the gradient norm far above 0.5.
+    def run(optimizer, **kwargs):
+      eng = engine_lib.Engine(make_loss_fn(), make_params(), optimizer, 0.1,
+                              mr.MetricsRecorder(), K, **kwargs)
+      for b in make_batches(K, scale=20.0):
+        eng.fwd_bwd(b)
+      buf = eng.update()
+      return eng.params, float(buf.scalar_metrics["grad_norm"][0])
+
+    by_optax, norm = run(optax.chain(optax.clip_by_global_norm(clip), optax.sgd(0.1)))
+    by_engine, _ = run(optax.chain(optax.identity(), optax.sgd(0.1)),
+                       grad_clip_norm=clip)
+    unclipped, _ = run(optax.sgd(0.1))
+    self.assertGreater(norm, 0.5)
+    chex.assert_trees_all_close(by_engine, by_optax, rtol=1e-6)
+    if clip < norm:
+      self.assertGreater(float(jnp.max(jnp.abs(unclipped["w"] - by_engine["w"]))), 0.1)
+    else:
+      chex.assert_trees_all_close(by_engine, unclipped, rtol=1e-6)
+
   @parameterized.named_parameters(
       ("k0", dict(k=0), ValueError, "gradient_accumulation_steps"),
       ("one_sharding", dict(batch_sharding=object()), ValueError, "together"),
+      ("negative_clip", dict(grad_clip_norm=-1.0), ValueError, "grad_clip_norm"),
+      ("infinite_clip", dict(grad_clip_norm=float("inf")), ValueError,
+       "grad_clip_norm"),
+      ("bool_clip", dict(grad_clip_norm=True), ValueError, "grad_clip_norm"),
   )
   def test_bad_arguments(self, kwargs, exc, pattern):
     with self.assertRaisesRegex(exc, pattern):

@@ -78,14 +78,17 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map(lambda x: jnp.ndim(x) >= 2, params)
 
 
-def make_optimizer(config,
-                   schedule: optax.Schedule) -> optax.GradientTransformation:
+def make_optimizer(config, schedule: optax.Schedule, *,
+                   include_clipping: bool = True) -> optax.GradientTransformation:
   """Global-norm clipping followed by AdamW.
 
   Args:
     config: adam_b1, adam_b2, adam_eps, weight_decay, grad_clip_norm (0 = no
       clipping).
     schedule: the learning-rate schedule from `make_schedule`.
+    include_clipping: False leaves the clipping to the caller: the engine
+      clips with the gradient norm it measures anyway (`Engine`'s
+      `grad_clip_norm`), which saves a second pass over the gradients.
 
   Returns:
     The optax transformation. Its state lives in the parameters' dtypes.
@@ -99,7 +102,12 @@ def make_optimizer(config,
       mask=_decay_mask,
   )
   if config.grad_clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
+    # Without clipping here an identity stage takes the clip's place: both
+    # have an empty state, so the optimizer state, and every checkpoint, has
+    # the same structure either way.
+    clip = (optax.clip_by_global_norm(config.grad_clip_norm) if include_clipping
+            else optax.identity())
+    return optax.chain(clip, adamw)
   return adamw
 
 

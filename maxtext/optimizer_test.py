@@ -170,6 +170,23 @@ class OptimizerTest(absltest.TestCase):
     self.assertGreater(
         float(jnp.max(jnp.abs(unclipped["w"] - clipped["w"]))), 1e-4)
 
+  def test_without_clipping_same_state_structure_and_no_clip(self):
+    common = dict(warmup_steps=0, weight_decay=0.0, adam_eps=10.0)
+    config = _config(grad_clip_norm=0.5, **common)
+    schedule = optimizer.make_schedule(config)
+    with_clip = optimizer.make_optimizer(config, schedule)
+    without = optimizer.make_optimizer(config, schedule, include_clipping=False)
+    plain = optimizer.make_optimizer(_config(grad_clip_norm=0.0, **common),
+                                     schedule)
+    params = self._params()
+    # Checkpoints written either way restore into the other.
+    self.assertEqual(jax.tree_util.tree_structure(with_clip.init(params)),
+                     jax.tree_util.tree_structure(without.init(params)))
+    grads = {"w": jnp.arange(12.0).reshape(3, 4), "scale": jnp.ones((4,))}
+    got, _ = without.update(grads, without.init(params), params)
+    expected, _ = plain.update(grads, plain.init(params), params)
+    chex.assert_trees_all_close(got, expected)
+
   def test_state_keeps_parameter_dtype(self):
     config = _config()
     tx = optimizer.make_optimizer(config, optimizer.make_schedule(config))

@@ -198,12 +198,14 @@ class _Run:
     self.engine = engine_lib.Engine(
         functools.partial(model.loss_fn, config=config),
         params,
-        optimizer_lib.make_optimizer(config, self.schedule),
+        # The engine clips with the gradient norm it measures for the metrics.
+        optimizer_lib.make_optimizer(config, self.schedule, include_clipping=False),
         self.schedule,
         metrics_recorder.MetricsRecorder(mode="train"),
         config.gradient_accumulation_steps,
         param_shardings=self.param_shardings,
-        batch_sharding=self.batch_sharding)
+        batch_sharding=self.batch_sharding,
+        grad_clip_norm=config.grad_clip_norm)
     self.dataset = data.make_dataset(config, jax.process_index(), jax.process_count())
     self.checkpointer = checkpointing.Checkpointer(
         self.paths.checkpoint_dir,

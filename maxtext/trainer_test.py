@@ -232,10 +232,14 @@ class TrainerTest(parameterized.TestCase):
     stop_after = 2  # Not a multiple of checkpoint_period (3).
     stop = preemption.StopRequest(signals=())
     completed_steps = []
+    written = []  # Train records in metrics.jsonl at each callback.
+    metrics = os.path.join(self.root, "stopped", "metrics.jsonl")
 
     def on_step(completed, step_time):
       self.assertGreaterEqual(step_time, 0.0)
       completed_steps.append(completed)
+      with open(metrics) as f:
+        written.append(f.read().count('"kind": "train"'))
       if completed == stop_after:
         stop.request("test stop")
 
@@ -247,6 +251,9 @@ class TrainerTest(parameterized.TestCase):
     self.assertEqual(result.stop_reason, "test stop")
     self.assertEqual(result.final_step, stop_after)
     self.assertEqual(completed_steps, [1, 2])
+    # A plain step's record is written once the next step is dispatched, so
+    # at the callback of step c the file holds the records of steps < c - 1.
+    self.assertEqual(written, [0, 1])
     self.assertEqual(_checkpoint_steps(result.run_dir), [stop_after])
     _, metadata = _restore_state(self.ref_config, result.run_dir, stop_after)
     self.assertEqual(metadata["step"], stop_after)

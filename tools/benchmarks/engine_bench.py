@@ -2,31 +2,50 @@ r"""Benchmark: the training loop's step time against a bare jitted loop.
 
 Runbook:
 
-  tools/bazel run //tools/benchmarks:engine_bench -- [--rounds=5] [--steps=30]
+  tools/bazel run //tools/benchmarks:engine_bench -- [--rounds=9] [--steps=40]
+      [--pairing=block|step]
   # Another model or config: any --config.x override of configs/default.py.
 
 Two ways train the same model (the `--config`, by default configs/default.py)
-on the same data, interleaved in blocks in one process:
+on the same data in one process:
 
   trainer  `maxtext.trainer.run`, everything on: engine, metrics recorder,
            console/JSONL/TensorBoard writers, MLPerf log, eval every
            `eval_interval` steps, checkpoints every `checkpoint_period`
            steps. Step times come from `run`'s `step_callback`; the trainer
-           leaves eval time out of them, and this benchmark leaves out the
-           steps that follow a checkpoint save (whose time includes it) and
-           each run's first `--warmup_steps` (compilation).
+           leaves eval time out of them, and this benchmark leaves out each
+           run's first `--warmup_steps` (compilation) and every step that
+           follows an eval or a checkpoint save.
   bare     K jitted micro-steps (forward, backward, gradient accumulation),
            one jitted optimizer update and one fetch of the step's mean loss:
            the least any loop must do per step. Same params, optimizer,
            batches and shardings as the trainer.
 
-Each round runs one trainer block (a fresh run of `--steps` steps) and one bare
-block of as many steps, in alternating order. A round's ratio is the trainer's
-median step time over the bare loop's; the table shows every round, and the
-summary the median ratio with its spread (min, max). Tokens/s is the
-trainer's; MFU is (6 x matmul parameters x tokens + attention FLOPs) per
-second over the devices' peak from `_PEAK_FLOPS` (dense bf16 peaks; "n/a"
-where the device kind is not listed, as on a CPU). The last line is:
+How they interleave (`--pairing`):
+
+  step     Blocks of one step. Each round is one trainer run of
+           `--steps` steps; after every trainer step its callback waits for
+           the trainer's device work (every live array ready), then runs and
+           times one bare step. The next trainer step's time, which includes
+           the callback, is counted without the bare step. Neighbouring steps
+           see the same machine, so the slow drifts of a shared machine
+           (several percent over seconds) cancel in the pairs; the round's
+           ratio is the median over its pairs of trainer time / bare time.
+           The trainer's device queue is drained before each of its steps,
+           as the bare loop's is by its loss fetch, so the trainer loses the
+           overlap of its optimizer apply with the next step's host work:
+           a strict bound, with little noise.
+  block    (default) Each round runs one trainer run of `--steps` steps and
+           one bare block of as many steps, in alternating order; the round's
+           ratio is the trainer's median step time over the bare block's. The
+           trainer runs as in production (its device queue never drained by
+           the benchmark), but drifts between blocks add noise.
+
+The table shows every round, the summary the median ratio over rounds with
+its spread (min, max). Tokens/s is the trainer's; MFU is (6 x matmul
+parameters x tokens + attention FLOPs) per second over the devices' peak from
+`_PEAK_FLOPS` (dense bf16 peaks; "n/a" where the device kind is not listed, as
+on a CPU). The last line is:
 
   engine_bench: ratio=R tokens_per_s=T
 """
@@ -58,8 +77,10 @@ _DEFAULT_CONFIG = os.path.join(
 _CONFIG = config_flags.DEFINE_config_file(
     "config", _DEFAULT_CONFIG, "Model and run config (default: configs/default.py).",
     lock_config=True)
-_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved rounds (trainer + bare).")
-_STEPS = flags.DEFINE_integer("steps", 30, "Steps per block.")
+_ROUNDS = flags.DEFINE_integer("rounds", 9, "Rounds (trainer runs).")
+_STEPS = flags.DEFINE_integer("steps", 40, "Steps per trainer run (and bare block).")
+_PAIRING = flags.DEFINE_enum("pairing", "block", ["block", "step"],
+                             "Interleave single steps or whole blocks (see above).")
 _WARMUP = flags.DEFINE_integer("warmup_steps", 3,
                                "Steps left out at the start of every block.")
 
@@ -141,22 +162,56 @@ class BareLoop:
     return times
 
 
-def trainer_block(config, output_dir: str, name: str, warmup: int) -> list[float]:
-  """Step times (s) of one fresh trainer run, warm-up and post-save steps left out."""
+def _timed_steps(config, times: dict, warmup: int) -> list[int]:
+  """The completed-step numbers whose times count: after the warm-up, and not
+  following an eval or a checkpoint save (their times hold that work)."""
+  period = config.checkpoint_period or config.steps
+  return [c for c in sorted(times)
+          if c > warmup and (c - 1) % period != 0 and (c - 1) % config.eval_interval != 0]
+
+
+def _run_trainer(config, output_dir: str, name: str, step_callback) -> None:
   config = config.copy_and_resolve_references()
   config.run_name = name
   config.base_output_directory = output_dir
-  times = {}
   result = trainer.run(config, config_filename="engine_bench",
-                       step_callback=lambda completed, t: times.__setitem__(completed, t))
+                       step_callback=step_callback)
   if result.final_step != config.steps:
-    raise RuntimeError(f"trainer block {name} stopped at step {result.final_step} "
+    raise RuntimeError(f"trainer run {name} stopped at step {result.final_step} "
                        f"({result.status}); expected {config.steps}")
-  period = config.checkpoint_period or config.steps
-  # A step's time runs from the end of the previous step, so it includes the
-  # previous step's checkpoint save (eval time the trainer leaves out itself).
-  return [t for completed, t in sorted(times.items())
-          if completed > warmup and (completed - 1) % period != 0]
+
+
+def trainer_block(config, output_dir: str, name: str, warmup: int) -> list[float]:
+  """Step times (s) of one fresh trainer run, warm-up and post-eval/save steps left out."""
+  times = {}
+  _run_trainer(config, output_dir, name,
+               lambda completed, t: times.__setitem__(completed, t))
+  return [times[c] for c in _timed_steps(config, times, warmup)]
+
+
+def paired_round(config, bare: BareLoop, output_dir: str, name: str, warmup: int,
+                 first_bare_step: int) -> tuple[list[float], list[float]]:
+  """One trainer run with a bare step after each of its steps.
+
+  Returns:
+    (trainer step times, bare step times) in seconds, index-aligned pairs: a
+    trainer step and the bare step that ran just before it.
+  """
+  trainer_times, bare_times = {}, {}
+  excluded = [0.0]  # The bare step's time inside the previous callback.
+
+  def on_step(completed, step_time):
+    trainer_times[completed] = step_time - excluded[0]
+    # The trainer's remaining device work (its optimizer apply) is its own:
+    # wait for it here, where the time still counts toward its next step.
+    jax.block_until_ready(jax.live_arrays())
+    start = time.perf_counter()
+    bare.step(first_bare_step + completed)
+    bare_times[completed + 1] = excluded[0] = time.perf_counter() - start
+
+  _run_trainer(config, output_dir, name, on_step)
+  steps = [c for c in _timed_steps(config, trainer_times, warmup) if c in bare_times]
+  return [trainer_times[c] for c in steps], [bare_times[c] for c in steps]
 
 
 def _ms(seconds: float) -> str:
@@ -171,6 +226,10 @@ def main(argv):
     raise app.UsageError("need --rounds >= 1 and --steps > --warmup_steps + 1 >= 1")
   output_dir = tempfile.mkdtemp(prefix="engine_bench_")
   config = _CONFIG.value.copy_and_resolve_references()
+  # The config's learning-rate schedule whatever the block length, so short
+  # blocks stay valid (warmup within the schedule).
+  if not config.lr_schedule_steps:
+    config.lr_schedule_steps = config.steps
   config.steps = steps
   config.target_eval_loss = 0.0  # Every block runs its full budget.
   if not config.jax_compilation_cache_dir:
@@ -184,16 +243,21 @@ def main(argv):
     bare.block(0, warmup)  # Compiles the bare loop's functions.
     rows = []
     for r in range(rounds):
-      order = ("trainer", "bare") if r % 2 == 0 else ("bare", "trainer")
       got = {}
-      for way in order:
-        if way == "trainer":
-          got[way] = trainer_block(config, output_dir, f"round{r}", warmup)
-        else:
-          got[way] = bare.block(warmup + r * steps, steps)[warmup:]
-      t_med, b_med = statistics.median(got["trainer"]), statistics.median(got["bare"])
-      rows.append((r, t_med, b_med, t_med / b_med, len(got["trainer"]),
-                   len(got["bare"])))
+      if _PAIRING.value == "step":
+        got["trainer"], got["bare"] = paired_round(
+            config, bare, output_dir, f"round{r}", warmup, warmup + r * (steps + 1))
+        ratio = statistics.median(t / b for t, b in zip(got["trainer"], got["bare"]))
+      else:
+        order = ("trainer", "bare") if r % 2 == 0 else ("bare", "trainer")
+        for way in order:
+          if way == "trainer":
+            got[way] = trainer_block(config, output_dir, f"round{r}", warmup)
+          else:
+            got[way] = bare.block(warmup + r * steps, steps)[warmup:]
+        ratio = statistics.median(got["trainer"]) / statistics.median(got["bare"])
+      rows.append((r, statistics.median(got["trainer"]), statistics.median(got["bare"]),
+                   ratio, len(got["trainer"]), len(got["bare"])))
   finally:
     shutil.rmtree(output_dir, ignore_errors=True)
 
@@ -202,7 +266,7 @@ def main(argv):
         f"layers, seq {config.max_sequence_length}, global batch "
         f"{config.global_batch_size} in K={config.gradient_accumulation_steps} "
         f"micro-batches, eval every {config.eval_interval}, checkpoint every "
-        f"{config.checkpoint_period}, {steps} steps per block")
+        f"{config.checkpoint_period}, {steps} steps per run, pairing={_PAIRING.value}")
   print("round  trainer_ms   bare_ms   ratio  timed_steps(trainer/bare)")
   for r, t_med, b_med, ratio, nt, nb in rows:
     print(f"{r:5d}  {_ms(t_med)}  {_ms(b_med)}  {ratio:6.3f}  {nt}/{nb}")
