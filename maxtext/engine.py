@@ -16,7 +16,8 @@ jitted dispatch each) followed by one `update()`:
   the whole step, update metrics included), so a value that cannot be fetched
   raises before anything changes. The flushed `step_skipped` is then a host
   value, and `update()` dispatches one jitted program: the optimizer apply
-  (which also resets the accumulator), or, if the gradients are not finite,
+  (which clips the mean gradient to `grad_clip_norm` with the norm already
+  measured, and resets the accumulator), or, if the gradients are not finite,
   only the accumulator reset, leaving parameters and optimizer state
   unchanged. It advances `step` and returns the step's flushed
   `MetricsBuffer` without waiting for that program, so the host prepares the
