@@ -23,21 +23,6 @@ def _write(root, files):
       f.write(data)
 
 
-def _local_tree(root):
-  tree = {}
-  for dirpath, _, names in os.walk(root):
-    for name in names:
-      path = os.path.join(dirpath, name)
-      with open(path, "rb") as f:
-        tree[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
-  return tree
-
-
-def _remote_tree(client, prefix):
-  return {b.name[len(prefix) + 1:]: b.download_as_bytes()
-          for b in client.list_blobs(_BUCKET, prefix=prefix + "/")}
-
-
 def _wait_until(predicate, timeout_s=30.0):
   """Polls `predicate` until it holds; fails the test after `timeout_s`."""
   deadline = time.monotonic() + timeout_s
@@ -95,9 +80,9 @@ class GcsMirrorTest(parameterized.TestCase):
     mirror.request_sync()
     self.assertTrue(mirror.close())
 
-    expected = _local_tree(self.local)
+    expected = gcs_emulator.local_files(self.local)
     del expected["checkpoints/3.orbax-checkpoint-tmp-1/data"]
-    self.assertEqual(_remote_tree(self.client, self.prefix), expected)
+    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix), expected)
     self.assertEqual(mirror.stats().files_deleted, 1)
     self.assertFalse(mirror.stats().pending)
 
@@ -120,7 +105,7 @@ class GcsMirrorTest(parameterized.TestCase):
     stats = mirror.stats()
     self.assertEqual(stats.passes, 2)
     self.assertEqual(stats.files_uploaded, len(files) + 1)
-    self.assertEqual(_remote_tree(self.client, self.prefix)["mllog.log"],
+    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix)["mllog.log"],
                      b"line 19\n")
 
   def test_request_sync_returns_while_a_pass_is_blocked(self):
@@ -138,8 +123,8 @@ class GcsMirrorTest(parameterized.TestCase):
     self.assertEqual(mirror.stats().passes, 0)
     release.set()
     self.assertTrue(mirror.close())
-    self.assertEqual(_remote_tree(self.client, self.prefix),
-                     _local_tree(self.local))
+    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
+                     gcs_emulator.local_files(self.local))
 
   def test_emulator_down_from_the_start_warns_and_close_is_bounded(self):
     _write(self.local, _files("down"))
@@ -183,8 +168,8 @@ class GcsMirrorTest(parameterized.TestCase):
 
     emulator.start()
     self.assertTrue(mirror.close())
-    self.assertEqual(_remote_tree(emulator.client(), self.prefix),
-                     _local_tree(self.local))
+    self.assertEqual(gcs_emulator.remote_files(emulator.client(), _BUCKET, self.prefix),
+                     gcs_emulator.local_files(self.local))
 
   def test_download_prefix_restores_a_deleted_staging(self):
     files = _files("restore")
@@ -197,7 +182,7 @@ class GcsMirrorTest(parameterized.TestCase):
     written = gcs_mirror.download_prefix(self.url, self.local,
                                          client_factory=self.emulator.client)
     self.assertEqual(written, sorted(files))
-    self.assertEqual(_local_tree(self.local), files)
+    self.assertEqual(gcs_emulator.local_files(self.local), files)
 
     # A mirror of the restored directory finds everything already uploaded.
     resumed = self._mirror()
@@ -206,8 +191,8 @@ class GcsMirrorTest(parameterized.TestCase):
     self.assertTrue(resumed.close())
     self.assertEqual(resumed.stats().files_seeded, len(files))
     self.assertEqual(resumed.stats().files_uploaded, 1)
-    self.assertEqual(_remote_tree(self.client, self.prefix),
-                     _local_tree(self.local))
+    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
+                     gcs_emulator.local_files(self.local))
 
   def test_download_prefix_keeps_local_files_and_reports_empty_prefix(self):
     self.assertEqual(gcs_mirror.download_prefix(
@@ -219,11 +204,11 @@ class GcsMirrorTest(parameterized.TestCase):
     _write(self.local, {"a.txt": b"local"})
     self.assertEqual(gcs_mirror.download_prefix(
         self.url, self.local, client_factory=self.emulator.client), [])
-    self.assertEqual(_local_tree(self.local), {"a.txt": b"local"})
+    self.assertEqual(gcs_emulator.local_files(self.local), {"a.txt": b"local"})
     self.assertEqual(gcs_mirror.download_prefix(
         self.url, self.local, client_factory=self.emulator.client,
         overwrite=True), ["a.txt"])
-    self.assertEqual(_local_tree(self.local), {"a.txt": b"remote"})
+    self.assertEqual(gcs_emulator.local_files(self.local), {"a.txt": b"remote"})
 
   def test_download_prefix_with_emulator_down_raises_gcs_error(self):
     dead = gcs_emulator.GcsEmulator()
@@ -242,7 +227,7 @@ class GcsMirrorTest(parameterized.TestCase):
                                     final_timeout_s=30.0)
       mirror.request_sync()
       self.assertTrue(mirror.close())
-    self.assertEqual(_remote_tree(self.client, self.prefix),
+    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
                      {"config.json": b"{}"})
 
   @parameterized.named_parameters(

@@ -32,17 +32,6 @@ _TINY = dict(
 )
 
 
-def local_files(root):
-  """Relative path -> bytes of every file under `root`."""
-  files = {}
-  for directory, _, names in os.walk(root):
-    for name in names:
-      path = os.path.join(directory, name)
-      with open(path, "rb") as f:
-        files[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
-  return files
-
-
 class TrainerGcsTest(absltest.TestCase):
 
   @classmethod
@@ -73,13 +62,11 @@ class TrainerGcsTest(absltest.TestCase):
 
   def objects(self, run_name):
     """Object name (relative to the run's prefix) -> bytes."""
-    client = self.emulator.client()
-    prefix = f"{_PREFIX}/{run_name}/"
-    return {blob.name[len(prefix):]: blob.download_as_bytes()
-            for blob in client.list_blobs(_BUCKET, prefix=prefix)}
+    return gcs_emulator.remote_files(self.emulator.client(), _BUCKET,
+                                     f"{_PREFIX}/{run_name}")
 
   def assert_run_dir_complete(self, run_dir, final_step):
-    names = set(local_files(run_dir))
+    names = set(gcs_emulator.local_files(run_dir))
     for name in ("config.json", "metrics.jsonl", "mllog.log"):
       self.assertIn(name, names)
     self.assertTrue(any(n.startswith(f"checkpoints/{final_step}/")
@@ -92,7 +79,7 @@ class TrainerGcsTest(absltest.TestCase):
     self.assertEqual(result.final_step, config.steps)
     self.assertEqual(result.run_dir, os.path.join(self.staging, "plain"))
     self.assert_run_dir_complete(result.run_dir, config.steps)
-    self.assertEqual(self.objects("plain"), local_files(result.run_dir))
+    self.assertEqual(self.objects("plain"), gcs_emulator.local_files(result.run_dir))
 
   def test_emulator_down_from_the_start(self):
     self.emulator.stop()
@@ -147,13 +134,13 @@ class TrainerGcsTest(absltest.TestCase):
     self.assertEqual(outage.get("killed_at"), 3)
     self.assertLess(outage.get("restarted_by", config.steps + 1), config.steps)
     self.assert_run_dir_complete(result.run_dir, config.steps)
-    self.assertEqual(self.objects("outage"), local_files(result.run_dir))
+    self.assertEqual(self.objects("outage"), gcs_emulator.local_files(result.run_dir))
 
   def test_resume_from_the_mirror_without_local_staging(self):
     config = self.config("moved")
     first = trainer.run(config, config_filename="default.py", process_index=0)
     self.assertEqual(first.final_step, config.steps)
-    self.assertEqual(self.objects("moved"), local_files(first.run_dir))
+    self.assertEqual(self.objects("moved"), gcs_emulator.local_files(first.run_dir))
     # A new machine: the local staging is gone, the bucket holds the run.
     shutil.rmtree(first.run_dir)
 
@@ -161,7 +148,7 @@ class TrainerGcsTest(absltest.TestCase):
     second = trainer.run(config2, config_filename="default.py", process_index=0)
     self.assertEqual(second.start_step, first.final_step)
     self.assertEqual(second.final_step, config2.steps)
-    files = local_files(second.run_dir)
+    files = gcs_emulator.local_files(second.run_dir)
     # The first attempt's log came back from the bucket; this one is the 2nd.
     self.assertIn("mllog.log", files)
     self.assertIn("mllog.2.log", files)

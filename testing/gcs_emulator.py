@@ -54,6 +54,25 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def local_files(root: str) -> dict[str, bytes]:
+  """Relative path ("/"-separated) -> bytes of every file under `root`."""
+  files = {}
+  for directory, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(directory, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+  return files
+
+
+def remote_files(client, bucket: str, prefix: str) -> dict[str, bytes]:
+  """Object name relative to `prefix` -> bytes of every object under
+  `gs://bucket/prefix/`, the counterpart of `local_files`."""
+  start = prefix.rstrip("/") + "/"
+  return {blob.name[len(start):]: blob.download_as_bytes()
+          for blob in client.list_blobs(bucket, prefix=start)}
+
+
 class GcsEmulator:
   """fake-gcs-server on 127.0.0.1 with a filesystem backend.
 
