@@ -4,24 +4,26 @@ One training step is K = `gradient_accumulation_steps` calls of `fwd_bwd` (one
 jitted dispatch each) followed by one `update()`:
 
 * `fwd_bwd(micro_batch)` runs `jax.value_and_grad(loss_fn)`, adds the gradients
-  into a donated device accumulator and returns the loss and the scalar aux
-  metrics packed in one array; the engine hands that array to
-  `MetricsRecorder.buffer_packed` (host lists, no device op). Weighted aux
-  metrics go through the per-name path.
-* The step's last `fwd_bwd` (a second compiled variant, still one dispatch)
+  into a donated device accumulator (the step's first micro-batch starts it)
+  and returns the loss and the scalar aux metrics packed in one array; the
+  engine hands that array to `MetricsRecorder.buffer_packed` (host lists, no
+  device op). Weighted aux metrics go through the per-name path.
+* The step's last `fwd_bwd` (another compiled variant, still one dispatch)
   also measures the mean gradient: its global norm, whether it is finite, and
   the learning rate; these `learning_rate`, `grad_norm` and `step_skipped`
   values are buffered packed, like the micro-batch metrics.
-* `update()` first flushes the recorder (one concatenation and one transfer for
-  the whole step, update metrics included), so a value that cannot be fetched
-  raises before anything changes. The flushed `step_skipped` is then a host
-  value, and `update()` dispatches one jitted program: the optimizer apply
+* `update()` dispatches the flush's concatenation, then the optimizer apply
   (which clips the mean gradient to `grad_clip_norm` with the norm already
-  measured, and resets the accumulator), or, if the gradients are not finite,
-  only the accumulator reset, leaving parameters and optimizer state
-  unchanged. It advances `step` and returns the step's flushed
-  `MetricsBuffer` without waiting for that program, so the host prepares the
-  next step while the device runs it.
+  measured), then flushes the recorder: one concatenation and one transfer for
+  the whole step, update metrics included. The device runs the apply while the
+  host sorts the metrics. The apply's result replaces parameters and optimizer
+  state only when the flush succeeded and its `step_skipped` says the
+  gradients were finite; a value that cannot be fetched raises with nothing
+  changed, and a non-finite step keeps the old state. `update()` advances
+  `step` and returns the step's flushed `MetricsBuffer` without waiting for
+  the apply, so the host prepares the next step while the device runs it.
+  Parameters and optimizer state are not donated to the apply: both versions
+  exist until the flush has decided, the price of keeping the device busy.
 
 Metric names follow `record_metrics`: nested dicts become `name/sub`; None
 values, the key `intermediate_outputs` and tuple/list values are skipped. The
@@ -177,7 +179,8 @@ class Engine:
     else:
       self._opt_state = jax.jit(optimizer.init)(params)
     self._build_jitted()
-    self._grad_acc = self._zeros(self._params)
+    # The gradient sum of the running step; None between steps.
+    self._grad_acc = None
 
   # -- jitted functions ----------------------------------------------------
 
@@ -193,15 +196,16 @@ class Engine:
     acc_dtypes = jax.tree.map(
         lambda p: jnp.promote_types(p.dtype, jnp.float32), self._params)
 
-    def zeros(params):
-      return jax.tree.map(lambda p, dt: jnp.zeros(p.shape, dt), params,
-                          acc_dtypes)
-
     def fwd_bwd(params, grad_acc, micro_batch):
+      # grad_acc is None for the step's first micro-batch: its gradients start
+      # the accumulator, so no zeroed accumulator is ever materialised.
       (loss, aux), grads = jax.value_and_grad(
           self._loss_fn, has_aux=True)(params, micro_batch)
-      grad_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grad_acc,
-                              grads)
+      if grad_acc is None:
+        grad_acc = jax.tree.map(lambda g, dt: g.astype(dt), grads, acc_dtypes)
+      else:
+        grad_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grad_acc,
+                                grads)
       names, packed, weighted = self._pack(loss, aux)
       # A side effect of tracing: the names of this trace's packed metrics.
       self._traced_names = (names, tuple(weighted))
@@ -210,8 +214,8 @@ class Engine:
 
     def fwd_bwd_last(params, grad_acc, micro_batch, step):
       # The step's last micro-batch also measures the accumulated gradient, so
-      # the update's metrics are known (and flushed) before the optimizer runs
-      # and nothing on the host has to wait for the optimizer's result.
+      # the update's metrics are known (and flushed) before the optimizer's
+      # result is kept, and nothing on the host waits for the optimizer.
       grad_acc, packed, weighted = fwd_bwd(params, grad_acc, micro_batch)
       grad_norm = optax.tree.norm(jax.tree.map(lambda a: a / self._k, grad_acc))
       finite = jnp.isfinite(grad_norm)
@@ -233,33 +237,45 @@ class Engine:
             lambda g: jnp.where(keep, g, (g / norm.astype(g.dtype)) * self._clip),
             grads)
       updates, new_opt = self._optimizer.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), new_opt, zeros(grad_acc)
+      return optax.apply_updates(params, updates), new_opt
 
     def eval_loss(params, batch):
       return self._loss_fn(params, batch)[0]
 
+    # One compiled variant of the micro-step per (first, last) position in the
+    # step: the first takes no accumulator, the last also takes the step
+    # number and returns the update's metrics. Donating the accumulator lets
+    # XLA add into it in place.
+    first_fn = lambda params, micro_batch: fwd_bwd(params, None, micro_batch)
+    first_last_fn = lambda params, micro_batch, step: fwd_bwd_last(
+        params, None, micro_batch, step)
     if explicit:
-      self._zeros = jax.jit(zeros, out_shardings=ps)
-      self._fwd_bwd = jax.jit(fwd_bwd, donate_argnums=(1,),
-                              in_shardings=(ps, ps, bs),
-                              out_shardings=(ps, rep, rep))
-      self._fwd_bwd_last = jax.jit(fwd_bwd_last, donate_argnums=(1,),
-                                   in_shardings=(ps, ps, bs, rep),
-                                   out_shardings=(ps, rep, rep, rep))
-      self._apply = jax.jit(
-          apply, donate_argnums=(2,),
-          in_shardings=(ps, opt_shardings, ps, rep),
-          out_shardings=(ps, opt_shardings, ps))
-      self._reset = jax.jit(zeros, donate_argnums=(0,), in_shardings=(ps,),
-                            out_shardings=ps)
+      self._micro_fns = {
+          (True, False): jax.jit(first_fn, in_shardings=(ps, bs),
+                                 out_shardings=(ps, rep, rep)),
+          (False, False): jax.jit(fwd_bwd, donate_argnums=(1,),
+                                  in_shardings=(ps, ps, bs),
+                                  out_shardings=(ps, rep, rep)),
+          (True, True): jax.jit(first_last_fn, in_shardings=(ps, bs, rep),
+                                out_shardings=(ps, rep, rep, rep)),
+          (False, True): jax.jit(fwd_bwd_last, donate_argnums=(1,),
+                                 in_shardings=(ps, ps, bs, rep),
+                                 out_shardings=(ps, rep, rep, rep)),
+      }
+      # The parameters and optimizer state are not donated: they stay valid
+      # until the flush that follows the apply's dispatch has succeeded.
+      self._apply = jax.jit(apply, in_shardings=(ps, opt_shardings, ps, rep),
+                            out_shardings=(ps, opt_shardings))
       self._eval = jax.jit(eval_loss, in_shardings=(ps, bs),
                            out_shardings=rep)
     else:
-      self._zeros = jax.jit(zeros)
-      self._fwd_bwd = jax.jit(fwd_bwd, donate_argnums=(1,))
-      self._fwd_bwd_last = jax.jit(fwd_bwd_last, donate_argnums=(1,))
-      self._apply = jax.jit(apply, donate_argnums=(2,))
-      self._reset = jax.jit(zeros, donate_argnums=(0,))
+      self._micro_fns = {
+          (True, False): jax.jit(first_fn),
+          (False, False): jax.jit(fwd_bwd, donate_argnums=(1,)),
+          (True, True): jax.jit(first_last_fn),
+          (False, True): jax.jit(fwd_bwd_last, donate_argnums=(1,)),
+      }
+      self._apply = jax.jit(apply)
       self._eval = jax.jit(eval_loss)
 
   @staticmethod
@@ -319,19 +335,22 @@ class Engine:
           f"gradient_accumulation_steps is {self._k}; call update() first")
     traces = self._trace_count
     key = _host_signature(micro_batch)
+    first = self._micro == 0
     last = self._micro == self._k - 1
+    fn = self._micro_fns[(first, last)]
+    args = (self._params,) + (() if first else (self._grad_acc,)) + (
+        micro_batch,) + ((np.int32(self._step),) if last else ())
     if last:
-      grad_acc, packed, weighted, update_packed = self._fwd_bwd_last(
-          self._params, self._grad_acc, micro_batch, np.int32(self._step))
+      grad_acc, packed, weighted, update_packed = fn(*args)
     else:
-      grad_acc, packed, weighted = self._fwd_bwd(self._params, self._grad_acc,
-                                                 micro_batch)
+      grad_acc, packed, weighted = fn(*args)
     self._grad_acc = grad_acc
     self._micro += 1
     found = self._names.get(key)
     if found is None:
       if self._trace_count == traces:  # Compiled earlier under another key.
-        jax.eval_shape(self._fwd_bwd, self._params, grad_acc, micro_batch)
+        jax.eval_shape(self._micro_fns[(True, False)], self._params,
+                       micro_batch)
       found = self._names[key] = self._traced_names
     names, weighted_names = found
     self._recorder.buffer_packed(self._step, names, packed)
@@ -354,7 +373,8 @@ class Engine:
       self._recorder.buffer_metrics(self._step, full_name, leaf)
 
   def update(self) -> metrics_recorder.MetricsBuffer:
-    """Flushes the step's metrics, then applies the optimizer.
+    """Runs the optimizer and flushes the step's metrics; keeps the result
+    only if the flush succeeded and the gradients were finite.
 
     Returns:
       The step's flushed MetricsBuffer (micro-batch metrics plus
@@ -369,24 +389,29 @@ class Engine:
       raise ValueError(
           f"update() after {self._micro} micro-batches in step {self._step}; "
           f"gradient_accumulation_steps is {self._k}")
-    # The flush fetches the micro-batches' metrics and the update's (measured by
-    # the last micro-batch) before the optimizer runs: a value that cannot be
-    # fetched raises here, with parameters, optimizer state, step counter and
-    # accumulator untouched. The optimizer is then only dispatched; the host
-    # goes on while it runs.
+    # The optimizer is dispatched before the flush waits for anything, so the
+    # device goes from the last micro-batch straight on to the optimizer while
+    # the host fetches and sorts the step's metrics. Its result is kept only
+    # once the flush has succeeded and says the gradients were finite:
+    # parameters and optimizer state are not donated, so until then they are
+    # untouched, and so are the accumulator and the step counter. The flush's
+    # own launches are dispatched first (prefetch), so on a device that runs
+    # programs in order the fetch does not wait for the optimizer.
+    self._recorder.prefetch()
+    new_params, new_opt_state = self._apply(
+        self._params, self._opt_state, self._grad_acc, self._update_packed)
+    # A value that cannot be fetched raises here; the optimizer's result is
+    # dropped with nothing changed.
     self._recorder.flush()
     step = self._step
     buffer = self._recorder.get_step_metrics(step)
-    # The flushed skip flag is a host value, so the host picks the program: a
-    # step with non-finite gradients only resets the accumulator (parameters
-    # and optimizer state stay as they are), and a normal step runs the plain
-    # optimizer with no conditional in it. The flag comes from the global
-    # gradient norm, the same on every process, so all processes agree.
-    if buffer.scalar_metrics["step_skipped"][-1] > 0:
-      self._grad_acc = self._reset(self._grad_acc)
-    else:
-      self._params, self._opt_state, self._grad_acc = self._apply(
-          self._params, self._opt_state, self._grad_acc, self._update_packed)
+    # A step with non-finite gradients keeps the old parameters and optimizer
+    # state. The flag comes from the global gradient norm, the same on every
+    # process, so all processes keep or drop the step alike (and all ran the
+    # same programs).
+    if not buffer.scalar_metrics["step_skipped"][-1] > 0:
+      self._params, self._opt_state = new_params, new_opt_state
+    self._grad_acc = None  # The next step's first micro-batch starts anew.
     self._update_packed = None
     self._step += 1
     self._micro = 0

@@ -81,9 +81,12 @@ class FlattenTest(parameterized.TestCase):
 
 class EngineTest(parameterized.TestCase):
 
-  def test_step_metrics_and_parameter_update(self):
-    eng = make_engine()
-    batches = make_batches(K)
+  @parameterized.named_parameters(("k1", 1), ("k2", 2), ("k3", 3))
+  def test_step_metrics_and_parameter_update(self, k):
+    # K=1 runs the first-and-last micro-step variant, K=2 first then last,
+    # K=3 also the middle one.
+    eng = make_engine(k=k)
+    batches = make_batches(k)
     params0 = jax.tree.map(np.asarray, eng.params)
     for b in batches:
       eng.fwd_bwd(b)
@@ -95,8 +98,8 @@ class EngineTest(parameterized.TestCase):
     self.assertEqual(set(buf.scalar_metrics), expected)
     self.assertEqual(set(buf.weighted_metrics), {"sq"})
     for name in expected - {"learning_rate", "grad_norm", "step_skipped"}:
-      chex.assert_shape(buf.scalar_metrics[name], (K,))
-    chex.assert_shape(buf.weighted_metrics["sq"].unreduced_sum, (K,))
+      chex.assert_shape(buf.scalar_metrics[name], (k,))
+    chex.assert_shape(buf.weighted_metrics["sq"].unreduced_sum, (k,))
     # Reference: the loss, gradient and Adam step computed directly.
     loss_fn = make_loss_fn()
     losses = [float(loss_fn(params0, b)[0]) for b in batches]
@@ -105,7 +108,7 @@ class EngineTest(parameterized.TestCase):
                                2 * np.array(losses), rtol=1e-5)
     grads = [jax.grad(lambda p, b: loss_fn(p, b)[0])(params0, b)
              for b in batches]
-    mean_grad = jax.tree.map(lambda *g: sum(g) / K, *grads)
+    mean_grad = jax.tree.map(lambda *g: sum(g) / k, *grads)
     opt = optax.adam(0.05)
     updates, _ = opt.update(mean_grad, opt.init(params0), params0)
     chex.assert_trees_all_close(eng.params,
@@ -203,6 +206,18 @@ class EngineTest(parameterized.TestCase):
     # latter measured by the last micro-batch), one optimizer apply.
     self.assertEqual(per_update, 2)
     self.assertLen(buf.scalar_metrics, 6 + extra)
+
+  def test_update_launches_the_flush_before_the_optimizer(self):
+    # The flush's concatenation goes first, so on a device that runs programs
+    # in order the host's fetch never waits for the optimizer.
+    eng = make_engine(make_loss_fn(num_extra=0))
+    batches = make_batches(K)
+    for _ in range(2):  # The first round compiles.
+      for b in batches:
+        eng.fwd_bwd(b)
+      with dispatch_counter.record_launches() as launches:
+        eng.update()
+    self.assertEqual(launches, ["jit(_concat_groups)", "jit(apply)"])
 
   def test_eval_step(self):
     eng = make_engine()

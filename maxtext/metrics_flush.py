@@ -17,6 +17,11 @@
    order, and appended to what the buffer already holds;
 4. commit: plain assignments that cannot fail.
 
+`prefetch_buffers` runs the device half of phases 1 and 2 ahead of time (the
+concatenations and the start of their copies to the host) so that device work
+dispatched after it, such as the optimizer step, queues behind the flush's
+launches; the `flush_buffers` that follows takes its results.
+
 Any failure before the commit raises with nothing changed, so a caller may
 retry or drop the buffers. `maxtext.metrics_recorder` is the public entry
 point; this module is its machinery.
@@ -52,31 +57,30 @@ def _padded_arity(n: int) -> int:
   return min(MAX_OPERANDS_PER_LAUNCH, 1 << max(0, n - 1).bit_length())
 
 
-def _fetch(values: dict, sizes: dict, name_of) -> dict:
-  """Brings every device value to the host with few device ops.
+def _launch(values: dict) -> tuple[list, list]:
+  """Dispatches the concatenations that bring `values` home in few transfers.
 
   Each dtype's values are cut into chunks of at most MAX_OPERANDS_PER_LAUNCH
   values, each padded to a power of two by repeating its first value; chunks
   are packed into jitted concatenation calls of at most MAX_OPERANDS_PER_LAUNCH
   operands. Up to that many device values therefore take one launch whatever
   their dtypes; more take about one launch per MAX_OPERANDS_PER_LAUNCH values.
-  A dtype holding a single 1D value needs no launch. One `jax.device_get` then
-  brings every result to the host. Values that cannot share one computation
-  (arrays committed to different devices) make a call fail; then each value
-  is copied to the host on its own: no launch, one transfer per value.
+  A dtype holding a single 1D value needs no launch. Nothing waits for the
+  device here.
 
   Args:
     values: dtype -> device arrays, in offset order.
-    sizes: dtype -> total number of elements of those arrays.
-    name_of: (dtype, index in values[dtype]) -> metric name, for errors.
 
   Returns:
-    dtype -> flat NumPy array of sizes[dtype] elements.
+    (fetched, arrays): fetched[i] = (dtype, chunk index or None) says what the
+    device array arrays[i] holds; arrays of one dtype come in offset order.
+
+  Raises:
+    Whatever the concatenation raises for values that cannot share one
+    computation (arrays committed to different devices).
   """
-  keys = list(values)
   chunks, fetched = [], []  # fetched: (dtype, chunk index or None)
-  for k in keys:
-    vals = values[k]
+  for k, vals in values.items():
     if len(vals) == 1 and vals[0].ndim == 1:
       fetched.append((k, None))
       continue
@@ -85,20 +89,42 @@ def _fetch(values: dict, sizes: dict, name_of) -> dict:
       chunk = chunk + chunk[:1] * (_padded_arity(len(chunk)) - len(chunk))
       chunks.append(tuple(chunk))
       fetched.append((k, len(chunks) - 1))
+  calls, arity = [[]], 0
+  for chunk in chunks:
+    if arity + len(chunk) > MAX_OPERANDS_PER_LAUNCH:
+      calls.append([])
+      arity = 0
+    calls[-1].append(chunk)
+    arity += len(chunk)
+  chunk_outputs = []
+  for call in calls:
+    if call:
+      chunk_outputs.extend(_concat_groups(tuple(call)))
+  return fetched, [values[k][0] if c is None else chunk_outputs[c]
+                   for k, c in fetched]
+
+
+def _fetch(values: dict, sizes: dict, name_of, launched=None) -> dict:
+  """Brings every device value to the host with few device ops.
+
+  The concatenations of `_launch` (or `launched`, its result from earlier),
+  then one `jax.device_get` for all their results. Values that cannot share
+  one computation make a call fail; then each value is copied to the host on
+  its own: no launch, one transfer per value.
+
+  Args:
+    values: dtype -> device arrays, in offset order.
+    sizes: dtype -> total number of elements of those arrays.
+    name_of: (dtype, index in values[dtype]) -> metric name, for errors.
+    launched: None, or what `_launch(values)` returned for these very values.
+
+  Returns:
+    dtype -> flat NumPy array of sizes[dtype] elements.
+  """
+  keys = list(values)
   try:
-    calls, arity = [[]], 0
-    for chunk in chunks:
-      if arity + len(chunk) > MAX_OPERANDS_PER_LAUNCH:
-        calls.append([])
-        arity = 0
-      calls[-1].append(chunk)
-      arity += len(chunk)
-    chunk_outputs = []
-    for call in calls:
-      if call:
-        chunk_outputs.extend(_concat_groups(tuple(call)))
-    host = jax.device_get([values[k][0] if c is None else chunk_outputs[c]
-                           for k, c in fetched])
+    fetched, arrays = launched if launched is not None else _launch(values)
+    host = jax.device_get(arrays)
   except Exception:  # pylint: disable=broad-except
     return {k: _fetch_one_by_one(k, values[k], name_of) for k in keys}
   parts: dict = {k: [] for k in keys}
@@ -172,23 +198,18 @@ class _Segments:
     return _concat(pieces)
 
 
-def flush_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer]) -> None:
-  """Turns the pending values of `buffers` into their arrays; all or nothing.
+def _gather(work):
+  """Phase 1: every buffer's device values, per dtype, one after the other.
 
-  Args:
-    buffers: the buffers to flush; those with nothing pending are skipped.
+  Returns:
+    (values, sizes, bases, name_of): dtype -> device arrays in offset order;
+    dtype -> their total elements; per buffer, dtype -> where its values
+    start; (dtype, index in values[dtype]) -> metric name.
 
   Raises:
-    ValueError: a device value was deleted before the flush (naming its
-      metric).
-    RuntimeError: a device value cannot be fetched (naming its metric).
-    Either way no buffer and no pending value has changed.
+    ValueError: a device value was deleted (naming its metric).
   """
   # pylint: disable=protected-access
-  work = [b for b in buffers if b._pending]
-  if not work:
-    return
-  # Phase 1: every buffer's device values, per dtype, one after the other.
   values, sizes, bases, owners = {}, {}, [], {}
   for buf in work:
     base = {}
@@ -214,8 +235,86 @@ def flush_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer]) -> None:
                        key=lambda o: o[0])
     return _owner_name(owner, dt, index - start)
 
+  return values, sizes, bases, name_of
+
+
+class Prefetch:
+  """The device side of a flush, dispatched ahead: see `prefetch_buffers`."""
+
+  __slots__ = ("work", "counts", "launched")
+
+  def __init__(self, work, launched):
+    self.work = work  # The buffers with pending values, in order.
+    self.counts = _pending_counts(work)
+    self.launched = launched  # What `_launch` returned for their values.
+
+  def matches(self, work) -> bool:
+    """Whether `work` holds just what was pending at the prefetch."""
+    return (len(work) == len(self.work) and
+            all(a is b for a, b in zip(work, self.work)) and
+            _pending_counts(work) == self.counts)
+
+
+def _pending_counts(work) -> list[int]:
+  return [len(b._pending) for b in work]  # pylint: disable=protected-access
+
+
+def prefetch_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer]
+                    ) -> Optional[Prefetch]:
+  """Dispatches a flush's concatenations and starts their copies to the host.
+
+  Nothing waits for the device and nothing changes. A `flush_buffers` of the
+  same buffers, with nothing buffered or flushed in between, can take the
+  result and skip its own launches; its caller must make sure of that.
+  Dispatching early lets later device work (an optimizer step) queue behind
+  the concatenations instead of ahead of them.
+
+  Returns:
+    The Prefetch, or None when nothing is pending or the values cannot be
+    prefetched (a deleted value, values on different devices); then
+    `flush_buffers` does all the work and reports any error.
+  """
+  # pylint: disable=protected-access
+  work = [b for b in buffers if b._pending]
+  if not work:
+    return None
+  try:
+    values = _gather(work)[0]
+    if not values:
+      return None
+    launched = _launch(values)
+    for array in launched[1]:
+      array.copy_to_host_async()
+  except Exception:  # pylint: disable=broad-except
+    return None  # flush_buffers meets the same problem and names the metric.
+  return Prefetch(work, launched)
+
+
+def flush_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer],
+                  prefetch: Optional[Prefetch] = None) -> None:
+  """Turns the pending values of `buffers` into their arrays; all or nothing.
+
+  Args:
+    buffers: the buffers to flush; those with nothing pending are skipped.
+    prefetch: None, or what `prefetch_buffers(buffers)` returned with nothing
+      buffered or flushed since; its launches then stand in for this flush's.
+
+  Raises:
+    ValueError: a device value was deleted before the flush (naming its
+      metric).
+    RuntimeError: a device value cannot be fetched (naming its metric).
+    Either way no buffer and no pending value has changed.
+  """
+  # pylint: disable=protected-access
+  work = [b for b in buffers if b._pending]
+  if not work:
+    return
+  values, sizes, bases, name_of = _gather(work)
+  launched = None
+  if prefetch is not None and prefetch.matches(work):
+    launched = prefetch.launched
   # Phase 2: few device ops and one transfer.
-  flat = _fetch(values, sizes, name_of) if values else {}
+  flat = _fetch(values, sizes, name_of, launched) if values else {}
   # Phase 3: build every new array (nothing is committed yet).
   results = []
   for buf, base in zip(work, bases):

@@ -224,6 +224,9 @@ class MetricsRecorder:
     self._mode = mode
     self._max_history = max_history
     self._history: collections.deque[MetricsBuffer] = collections.deque()
+    # The device side of the next flush, dispatched by prefetch(); anything
+    # that buffers or flushes values drops it.
+    self._prefetch: Optional[metrics_flush.Prefetch] = None
 
   @property
   def mode(self) -> str:
@@ -242,6 +245,7 @@ class MetricsRecorder:
     return None
 
   def _open(self, step: int) -> MetricsBuffer:
+    self._prefetch = None  # A value is about to be buffered.
     buf = self._target(step)
     if buf is not None:
       return buf
@@ -398,6 +402,18 @@ class MetricsRecorder:
 
   # -- flushing and reading ------------------------------------------------
 
+  def prefetch(self) -> None:
+    """Dispatches the device side of the next `flush()` without waiting.
+
+    The pending values' concatenations are launched and their copies to the
+    host started; the next `flush()` takes them if nothing was buffered or
+    flushed in between (otherwise they are dropped and `flush()` does the
+    work). Device work dispatched after `prefetch()` queues behind these
+    launches, so the flush does not wait for it. Never raises and changes
+    nothing: a value that cannot be fetched is reported by `flush()`.
+    """
+    self._prefetch = metrics_flush.prefetch_buffers(list(self._history))
+
   def flush(self) -> None:
     """Turns every pending value into its buffer's arrays; all or nothing.
 
@@ -405,11 +421,13 @@ class MetricsRecorder:
       ValueError/RuntimeError: naming the metric whose value cannot be
         fetched; then no buffer and no pending value has changed.
     """
-    metrics_flush.flush_buffers(list(self._history))
+    prefetch, self._prefetch = self._prefetch, None
+    metrics_flush.flush_buffers(list(self._history), prefetch)
 
   def get_step_metrics(self, step: int) -> Optional[MetricsBuffer]:
     """The newest buffer of `step`, flushed, or None."""
     step = _check_step(step)
+    self._prefetch = None
     for buf in reversed(self._history):
       if buf.step == step:
         metrics_flush.flush_buffers([buf])
@@ -426,6 +444,7 @@ class MetricsRecorder:
 
   def cleanup(self) -> None:
     """Drops every buffer and its pending values."""
+    self._prefetch = None
     self._history.clear()
 
   def pending_count(self) -> int:

@@ -409,6 +409,66 @@ class FlushTest(parameterized.TestCase):
     self.assertNotIn("host", history[0].scalar_metrics)
     self.assertEqual(history[1].scalar_metrics, {})
 
+  def test_prefetch_launches_ahead_and_flush_uses_it(self):
+    names = ("a", "b")
+    packed = [jnp.arange(2, dtype=jnp.float32) + 10 * i for i in range(3)]
+    with dispatch_counter.count_dispatches() as count:
+      for _ in range(2):  # The first round compiles.
+        rec = mr.MetricsRecorder()
+        for i in range(3):
+          rec.buffer_packed(0, names, packed[i])
+        rec.buffer_metrics(0, "host", 1.5)
+        before = count[0]
+        rec.prefetch()
+        prefetch_launches = count[0] - before
+        self.assertEqual(rec.pending_count(), 7)  # Nothing flushed yet.
+        before = count[0]
+        rec.flush()
+        flush_launches = count[0] - before
+    self.assertEqual((prefetch_launches, flush_launches), (1, 0))
+    buf = rec.get_step_metrics(0)
+    np.testing.assert_array_equal(buf.scalar_metrics["a"], [0.0, 10.0, 20.0])
+    np.testing.assert_array_equal(buf.scalar_metrics["b"], [1.0, 11.0, 21.0])
+    np.testing.assert_array_equal(buf.scalar_metrics["host"], [1.5])
+
+  @parameterized.named_parameters(("same_buffer", 0), ("new_buffer", 1))
+  def test_values_buffered_after_prefetch_are_flushed_too(self, late_step):
+    rec = mr.MetricsRecorder()
+    rec.buffer_metrics(0, "x", jnp.float32(1.0))
+    rec.buffer_metrics(0, "x", jnp.float32(2.0))
+    rec.prefetch()
+    rec.buffer_metrics(late_step, "x", jnp.float32(3.0))
+    rec.flush()
+    self.assertEqual(rec.pending_count(), 0)
+    values = {b.step: list(b.scalar_metrics["x"])
+              for b in rec.get_metrics_history()}
+    self.assertEqual(values, {0: [1.0, 2.0, 3.0]} if late_step == 0 else
+                     {0: [1.0, 2.0], 1: [3.0]})
+
+  def test_prefetch_never_raises_and_flush_names_the_bad_value(self):
+    rec = mr.MetricsRecorder()
+    rec.buffer_metrics(0, "good", jnp.float32(1.0))
+    doomed = jnp.float32(2.0)
+    rec.buffer_metrics(0, "doomed", doomed)
+    doomed.delete()
+    rec.prefetch()
+    with self.assertRaisesRegex(ValueError, "metric 'doomed'.*deleted"):
+      rec.flush()
+    self.assertEqual(rec.pending_count(), 2)
+    self.assertEqual(rec._history[0].scalar_metrics, {})  # pylint: disable=protected-access
+
+  def test_cleanup_drops_a_prefetch(self):
+    rec = mr.MetricsRecorder()
+    rec.buffer_metrics(0, "x", jnp.float32(1.0))
+    rec.buffer_metrics(0, "x", jnp.float32(2.0))
+    rec.prefetch()
+    rec.cleanup()
+    rec.buffer_metrics(0, "y", jnp.float32(3.0))
+    rec.flush()
+    buf = rec.get_step_metrics(0)
+    self.assertEqual(list(buf.scalar_metrics), ["y"])
+    np.testing.assert_array_equal(buf.scalar_metrics["y"], [3.0])
+
 
 class HistoryTest(parameterized.TestCase):
 

@@ -34,7 +34,7 @@ version in use.
 """
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 from jax._src import pjit as jax_pjit
 from jax._src.interpreters import pxla
@@ -50,6 +50,28 @@ def _clear_cpp_dispatch_caches() -> None:
 
 
 @contextlib.contextmanager
+def _on_launch(callback: Callable[[str], None]) -> Iterator[None]:
+  """Calls callback(executable name) at every launch inside the block."""
+  # pylint: disable=protected-access
+  original_call = pxla.ExecuteReplicated.__call__
+  original_fastpath = jax_pjit._get_fastpath_data
+
+  def reporting_call(self, *args):
+    callback(self.name)
+    return original_call(self, *args)
+
+  _clear_cpp_dispatch_caches()
+  pxla.ExecuteReplicated.__call__ = reporting_call
+  jax_pjit._get_fastpath_data = lambda *a, **k: None
+  try:
+    yield
+  finally:
+    pxla.ExecuteReplicated.__call__ = original_call
+    jax_pjit._get_fastpath_data = original_fastpath
+    _clear_cpp_dispatch_caches()
+
+
+@contextlib.contextmanager
 def count_dispatches() -> Iterator[list[int]]:
   """Counts executable launches, with JAX's C++ dispatch fast path off.
 
@@ -61,21 +83,25 @@ def count_dispatches() -> Iterator[list[int]]:
     A one-element list whose element is the number of launches so far in the
     block; it grows as the block runs.
   """
-  # pylint: disable=protected-access
   count = [0]
-  original_call = pxla.ExecuteReplicated.__call__
-  original_fastpath = jax_pjit._get_fastpath_data
 
-  def counting_call(self, *args):
+  def add(_):
     count[0] += 1
-    return original_call(self, *args)
 
-  _clear_cpp_dispatch_caches()
-  pxla.ExecuteReplicated.__call__ = counting_call
-  jax_pjit._get_fastpath_data = lambda *a, **k: None
-  try:
+  with _on_launch(add):
     yield count
-  finally:
-    pxla.ExecuteReplicated.__call__ = original_call
-    jax_pjit._get_fastpath_data = original_fastpath
-    _clear_cpp_dispatch_caches()
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[list[str]]:
+  """Records the executables launched, in order, with the fast path off.
+
+  Not thread-safe, like `count_dispatches`.
+
+  Yields:
+    A list that grows with the name of each launched executable: "jit(f)"
+    for a jitted function f, e.g. "jit(apply)" or "jit(_concat_groups)".
+  """
+  names = []
+  with _on_launch(names.append):
+    yield names

@@ -92,6 +92,20 @@ class CountDispatchesTest(parameterized.TestCase):
     self.assertEqual(inner[0], 1)
     self.assertEqual(outer[0], 3)
 
+  def test_record_launches_names_them_in_order(self):
+    def double(x):
+      return x * 2.0
+
+    def increment(x):
+      return x + 1.0
+
+    double_fn, increment_fn = jax.jit(double), jax.jit(increment)
+    x = jax.block_until_ready(increment_fn(double_fn(jnp.ones((2,)))))
+    with dispatch_counter.record_launches() as names:
+      x = increment_fn(double_fn(increment_fn(x)))
+      jax.block_until_ready(x)
+    self.assertEqual(names, ["jit(increment)", "jit(double)", "jit(increment)"])
+
 
 if __name__ == "__main__":
   absltest.main()
