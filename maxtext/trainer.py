@@ -362,63 +362,81 @@ def run(config, *, config_filename: str = "unknown",
 
 @dataclasses.dataclass(frozen=True)
 class _StepRecord:
-  """A finished step's host values, waiting to be written."""
+  """A finished step's metrics, waiting to be reduced and written."""
   step: int  # 0-based index of the step.
-  scalars: dict  # Its reduced metrics (host numbers).
+  buffer: metrics_recorder.MetricsBuffer  # Its flushed metrics (host arrays).
   step_time: float  # Seconds, eval time left out.
 
 
-def _write_step(r: _Run, record: _StepRecord) -> None:
-  """Writes one step's train record: console/JSONL/TensorBoard and the MLPerf log."""
-  r.metrics.write_train(record.step, record.scalars, step_time=record.step_time)
-  r.mllog.tracked_stats(record.step + 1, {"train_loss": record.scalars.get("loss"),
+def _write_step(r: _Run, record: _StepRecord) -> dict:
+  """Writes one step's train record: console/JSONL/TensorBoard and the MLPerf log.
+
+  Returns:
+    The step's reduced metrics (name -> float).
+  """
+  scalars = metrics_recorder.reduce_buffer(record.buffer)
+  r.metrics.write_train(record.step, scalars, step_time=record.step_time)
+  r.mllog.tracked_stats(record.step + 1, {"train_loss": scalars.get("loss"),
                                           "step_time": record.step_time})
   r.sync_mirror()
+  return scalars
+
+
+def _device_batches(r: _Run, step: int) -> list:
+  """Step `step`'s micro-batches, as global arrays on the devices."""
+  return [r.global_batch(micro) for micro in data.split_micro_batches(
+      r.dataset.get_batch(step), r.config.gradient_accumulation_steps)]
 
 
 def _train_loop(r: _Run, start_step: int, stop):
   """Runs steps until the target, the budget or a stop request. Returns the outcome.
 
-  A step's records are written while the next step runs: once the next step's
-  micro-batches are dispatched, the host writes the previous step's console,
-  JSONL, TensorBoard and MLPerf lines instead of leaving the device idle. Any
-  step followed by more than the next step (an eval, a checkpoint, a stop,
-  the end) writes its records first, so every file keeps step order.
+  The host keeps ahead of the device: once a step's micro-batches are
+  dispatched, it puts the next step's micro-batches on the devices and writes
+  the previous step's records (reduced metrics to the console, JSONL,
+  TensorBoard and MLPerf lines) while the device computes, and only then
+  waits in `update()` for the step's metrics. So between the optimizer's
+  dispatch and the next step's first micro-batch, the host only looks at the
+  step's skip flag and what comes next. A step followed by more than the
+  next step (an eval, a checkpoint, a stop, the end) writes its records
+  first, so every file keeps step order.
   """
   config = r.config
-  k = config.gradient_accumulation_steps
   consecutive_skipped = 0
   last_eval = last_train = None
   unwritten = None  # A _StepRecord written after the next step's dispatch.
   step_start = time.monotonic()
+  batches = _device_batches(r, start_step) if start_step < config.steps else []
   try:
     for step in range(start_step, config.steps):
       if config.profiler_steps and r.is_primary and step == config.profiler_start_step:
         jax.profiler.start_trace(r.paths.tensorboard_dir)
         r.profiling = True
-      for micro in data.split_micro_batches(r.dataset.get_batch(step), k):
-        r.engine.fwd_bwd(r.global_batch(micro))
+      for micro in batches:
+        r.engine.fwd_bwd(micro)
+      # The next step's data goes to the devices while this step computes (a
+      # run that stops early leaves one batch unused).
+      batches = _device_batches(r, step + 1) if step + 1 < config.steps else []
       if unwritten is not None:
         record, unwritten = unwritten, None
-        _write_step(r, record)
+        last_train = _write_step(r, record).get("loss")
       buffer = r.engine.update()
-      scalars = metrics_recorder.reduce_buffer(buffer)
-      # The step's buffer is released once reduced, so the history never grows.
+      # The step's buffer leaves the recorder (it lives on in its record), so
+      # the recorder's history never grows.
       r.engine.recorder.get_metrics_history(clear=True)
       r.samples += config.global_batch_size
       samples = r.samples
       completed = step + 1
       now = time.monotonic()
       step_time, step_start = now - step_start, now
-      last_train = scalars.get("loss")
-      unwritten = _StepRecord(step, scalars, step_time)
+      unwritten = _StepRecord(step, buffer, step_time)
       if r.step_callback is not None:
         r.step_callback(completed, step_time)
       if r.profiling and step + 1 >= config.profiler_start_step + config.profiler_steps:
         jax.profiler.stop_trace()
         r.profiling = False
 
-      if scalars.get("step_skipped", 0.0) > 0:
+      if buffer.scalar_metrics["step_skipped"][-1] > 0:
         consecutive_skipped += 1
         logging.warning("Step %d skipped: gradients not finite (%d in a row).", step,
                         consecutive_skipped)
@@ -436,7 +454,7 @@ def _train_loop(r: _Run, start_step: int, stop):
       if not (eval_due or stopping or save_due):
         continue  # Its records are written once the next step is dispatched.
       record, unwritten = unwritten, None
-      _write_step(r, record)
+      last_train = _write_step(r, record).get("loss")
 
       if eval_due:
         r.mllog.block_stop(samples)
