@@ -173,22 +173,29 @@ def _owner_name(buf: metrics_buffer.MetricsBuffer, dtype, index: int) -> str:
 class _Segments:
   """Per-name pieces in order: index lists into a flat array, or arrays."""
 
-  __slots__ = ("items",)
+  __slots__ = ("items", "owned")
 
   def __init__(self):
     self.items = []
+    self.owned = False  # items is one array that nothing else refers to.
 
   def add_index(self, dtype, offset: int) -> None:
     items = self.items
+    self.owned = False
     if items and type(items[-1]) is list and items[-1][0] == dtype:  # pylint: disable=unidiomatic-typecheck
       items[-1][1].append(offset)
     else:
       items.append([dtype, [offset]])
 
-  def add_array(self, array: np.ndarray) -> None:
+  def add_array(self, array: np.ndarray, owned: bool = False) -> None:
+    """Appends `array`; `owned` says no one else holds it (so the build may
+    return it as it is when it is the only piece)."""
+    self.owned = owned and not self.items
     self.items.append(array)
 
   def build(self, flat: dict, old: Optional[np.ndarray]) -> np.ndarray:
+    if old is None and self.owned:
+      return self.items[0]
     pieces = [] if old is None else [old]
     for item in self.items:
       if type(item) is list:  # pylint: disable=unidiomatic-typecheck
@@ -361,11 +368,14 @@ def flush_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer],
           matrix = flat[x[0]][start:start + k * width].reshape(k, width)
         else:
           matrix = x.reshape(1, width)
+        # One copy for the run: row j holds names[j]'s k values, contiguous,
+        # in an array of the flush's own.
+        columns = matrix.T.copy()
         for j, name in enumerate(names):
           segs = scalar_segs.get(name)
           if segs is None:
             segs = scalar_segs[name] = _Segments()
-          segs.add_array(matrix[:, j])
+          segs.add_array(columns[j], owned=True)
         i += k
     new_scalars = {name: segs.build(flat, buf.scalar_metrics.get(name))
                    for name, segs in scalar_segs.items()}

@@ -86,6 +86,8 @@ _concrete_array_types: set = set()
 
 _SCALAR = "scalar"
 _WEIGHTED = "weighted"
+# How many distinct well-formed names tuples a recorder remembers.
+_MAX_VALID_NAMES = 1024
 
 
 # --------------------------------------------------------------------------
@@ -227,6 +229,9 @@ class MetricsRecorder:
     # The device side of the next flush, dispatched by prefetch(); anything
     # that buffers or flushes values drops it.
     self._prefetch: Optional[metrics_flush.Prefetch] = None
+    # Names tuples of buffer_packed already found well formed (a jitted step
+    # hands the same tuple every micro-batch of every step).
+    self._valid_names: set[tuple[str, ...]] = set()
 
   @property
   def mode(self) -> str:
@@ -343,13 +348,17 @@ class MetricsRecorder:
     buf = self._target(step)
     known = buf is not None and names in buf._packed_names_ok  # pylint: disable=protected-access
     if not known:
-      if not names:
-        raise ValueError("names must not be empty")
-      for name in names:
-        _check_name(name)
-      if len(set(names)) != len(names):
-        dup = sorted(n for n in set(names) if names.count(n) > 1)
-        raise ValueError(f"names must be distinct; repeated: {dup}")
+      if names not in self._valid_names:
+        if not names:
+          raise ValueError("names must not be empty")
+        for name in names:
+          _check_name(name)
+        if len(set(names)) != len(names):
+          dup = sorted(n for n in set(names) if names.count(n) > 1)
+          raise ValueError(f"names must be distinct; repeated: {dup}")
+        if len(self._valid_names) >= _MAX_VALID_NAMES:
+          self._valid_names.clear()
+        self._valid_names.add(names)
       if buf is not None:
         for name in names:
           if buf._kinds.get(name, _SCALAR) != _SCALAR:  # pylint: disable=protected-access
