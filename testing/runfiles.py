@@ -4,12 +4,13 @@ Under `bazel test` (and `bazel run`) a target's data files sit in a runfiles
 tree: `$TEST_SRCDIR` for a test, `$RUNFILES_DIR` for a binary, each holding one
 directory per workspace (`$TEST_WORKSPACE`, here `maxtext_engine`) laid out as
 the source tree. Run directly with `python -m`, a test has no runfiles tree;
-`train_main_command` then falls back to `python -m maxtext.train_main`.
+`binary_command` then falls back to `python -m` and the binary's module.
 """
 
 import os
+import subprocess
 import sys
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 # Names the main workspace's directory may have in a runfiles tree: the
 # WORKSPACE name, and "_main" where Bazel's module system names it.
@@ -39,18 +40,58 @@ def find(relative_path: str,
   return None
 
 
-def train_main_command(
-    environ: Mapping[str, str] = os.environ) -> list[str]:
-  """The command that starts train_main: the Bazel binary if present, else -m.
+def binary_command(target_path: str,
+                   environ: Mapping[str, str] = os.environ) -> list[str]:
+  """The command that starts a py_binary: the Bazel binary if present, else -m.
 
-  The binary is `//maxtext:train_main`, found when the test lists it in `data`;
-  otherwise the command is this interpreter with `-m maxtext.train_main`, which
+  The binary (e.g. "maxtext/train_main" for `//maxtext:train_main`) is found
+  when the test lists it in `data`; otherwise the command is this interpreter
+  with `-m` and the module of the same path ("maxtext.train_main"), which
   needs the repository root on the child's import path.
 
   Args:
+    target_path: the binary's path from the workspace root, '/'-separated.
     environ: the environment holding Bazel's runfiles variables.
   """
-  binary = find("maxtext/train_main", environ)
+  binary = find(target_path, environ)
   if binary and os.access(binary, os.X_OK):
     return [binary]
-  return [sys.executable, "-m", "maxtext.train_main"]
+  return [sys.executable, "-m", target_path.replace("/", ".")]
+
+
+def train_main_command(
+    environ: Mapping[str, str] = os.environ) -> list[str]:
+  """The command that starts `//maxtext:train_main` (see `binary_command`)."""
+  return binary_command("maxtext/train_main", environ)
+
+
+# The repository root, for `python -m` runs outside Bazel.
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_binary(target_path: str, args: Sequence[str], *, timeout_s: float,
+               cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+  """Runs a py_binary (see `binary_command`) to the end; output captured.
+
+  The child gets this environment with JAX_PLATFORMS defaulting to "cpu" and,
+  for a `python -m` run, the repository root on PYTHONPATH.
+
+  Args:
+    target_path: the binary's path from the workspace root, '/'-separated.
+    args: its command-line arguments.
+    timeout_s: how long it may run (subprocess.TimeoutExpired after that).
+    cwd: its working directory (default: this process's).
+
+  Returns:
+    The CompletedProcess, with text stdout and stderr; the caller checks the
+    return code.
+  """
+  command = binary_command(target_path)
+  env = dict(os.environ)
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  if command[0] == sys.executable:
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+  return subprocess.run(command + list(args), cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=timeout_s,
+                        check=False)
