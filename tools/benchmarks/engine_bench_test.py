@@ -14,40 +14,38 @@ from testing import runfiles
 from testing import tiny_configs
 
 _TIMEOUT_S = 600
-# testing/tiny_configs' model as --config overrides of configs/default.py.
-_TINY = [
-    "--config.vocab_size=32", "--config.emb_dim=32", "--config.num_layers=1",
-    "--config.num_heads=2", "--config.num_kv_heads=1", "--config.head_dim=16",
-    "--config.mlp_dim=64", "--config.max_sequence_length=16",
-    "--config.global_batch_size=8", "--config.eval_batch_size=8",
-]
 _LAST_LINE = re.compile(r"^engine_bench: ratio=(\d+\.\d{3}) tokens_per_s=(\d+)$")
 
 
 def _run(*args):
+  # testing/tiny_configs' config as --config overrides (eval and checkpoint
+  # every 3 steps); the benchmark sets its own output directory and steps.
   return runfiles.run_binary(
       "tools/benchmarks/engine_bench",
-      _TINY + [f"--config.jax_compilation_cache_dir="
-               f"{tiny_configs.compilation_cache_dir()}"] + list(args),
+      tiny_configs.tiny_flags(absltest.get_default_test_tmpdir()) + list(args),
       timeout_s=_TIMEOUT_S)
 
 
 class EngineBenchTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(("step", "step"), ("block", "block"))
-  def test_runs_and_reports(self, pairing):
-    # 7 steps, the first 2 left out as warm-up; eval every 10 steps (and after
-    # the last): steps 3-7 are timed on both sides.
+  @parameterized.named_parameters(("step", "step", "3/3"),
+                                  ("block", "block", "3/5"))
+  def test_runs_and_reports(self, pairing, timed):
+    # 7 steps, the first 2 left out as warm-up. Eval and checkpoint every 3
+    # steps: the trainer's steps 4 and 7 (after them) are left out, so 3, 5
+    # and 6 are timed; a bare block times all 5, a step pairing only the
+    # bare steps paired with a timed trainer step.
     proc = _run("--rounds=2", "--steps=7", "--warmup_steps=2",
                 f"--pairing={pairing}")
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     lines = proc.stdout.strip().splitlines()
     self.assertIn(f"7 steps per run, pairing={pairing}", lines[0])
     self.assertIn("emb 32, 1 layers, seq 16, global batch 8 in K=2", lines[0])
+    self.assertIn("eval every 3, checkpoint every 3", lines[0])
     rows = [l.split() for l in lines if re.match(r"^\s+\d+\s", l)]
     self.assertEqual([r[0] for r in rows], ["0", "1"])
     for row in rows:
-      self.assertEqual(row[-1], "5/5")
+      self.assertEqual(row[-1], timed)
       trainer_ms, bare_ms, ratio = map(float, row[1:4])
       self.assertGreater(trainer_ms, 0)
       self.assertGreater(bare_ms, 0)

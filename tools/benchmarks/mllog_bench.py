@@ -44,6 +44,7 @@ import numpy as np
 from maxtext import trainer
 from maxtext.configs import default
 from testing import gcs_emulator
+from testing import tiny_configs
 
 _BLOCKS = flags.DEFINE_integer("blocks", 5, "Interleaved blocks (rounds).")
 _STEPS = flags.DEFINE_integer("steps", 200, "Training steps per run.")
@@ -58,14 +59,12 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the block order.")
 _WAYS = ("off", "local", "gcs")
 _BUCKET = "bench"
 
-# The default config's architecture, shrunk so a step takes milliseconds on
-# a CPU: the logging cost is then as large a share of the step as it can be.
+# The tests' MLPerf-shaped tiny model, so a step takes milliseconds on a CPU
+# and the logging cost is as large a share of the step as it can be; the
+# schedule spans the whole run, evals are rare, no checkpoints, no console.
 _TINY = dict(
-    vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
-    num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
-    global_batch_size=8, gradient_accumulation_steps=2,
-    eval_steps=1, eval_batch_size=8, eval_interval=50,
-    learning_rate=1e-2, warmup_steps=3, target_eval_loss=0.0,
+    tiny_configs.MLPERF_SHAPE,
+    eval_interval=50, lr_schedule_steps=0, target_eval_loss=0.0,
     checkpoint_period=0, log_period=1_000_000,
 )
 
