@@ -248,11 +248,12 @@ def _gather(work):
 class Prefetch:
   """The device side of a flush, dispatched ahead: see `prefetch_buffers`."""
 
-  __slots__ = ("work", "counts", "launched")
+  __slots__ = ("work", "counts", "gathered", "launched")
 
-  def __init__(self, work, launched):
+  def __init__(self, work, gathered, launched):
     self.work = work  # The buffers with pending values, in order.
     self.counts = _pending_counts(work)
+    self.gathered = gathered  # What `_gather(work)` returned.
     self.launched = launched  # What `_launch` returned for their values.
 
   def matches(self, work) -> bool:
@@ -286,15 +287,15 @@ def prefetch_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer]
   if not work:
     return None
   try:
-    values = _gather(work)[0]
-    if not values:
+    gathered = _gather(work)
+    if not gathered[0]:
       return None
-    launched = _launch(values)
+    launched = _launch(gathered[0])
     for array in launched[1]:
       array.copy_to_host_async()
   except Exception:  # pylint: disable=broad-except
     return None  # flush_buffers meets the same problem and names the metric.
-  return Prefetch(work, launched)
+  return Prefetch(work, gathered, launched)
 
 
 def flush_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer],
@@ -304,7 +305,8 @@ def flush_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer],
   Args:
     buffers: the buffers to flush; those with nothing pending are skipped.
     prefetch: None, or what `prefetch_buffers(buffers)` returned with nothing
-      buffered or flushed since; its launches then stand in for this flush's.
+      buffered or flushed since; its gathering and launches then stand in
+      for this flush's.
 
   Raises:
     ValueError: a device value was deleted before the flush (naming its
@@ -316,10 +318,13 @@ def flush_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer],
   work = [b for b in buffers if b._pending]
   if not work:
     return
-  values, sizes, bases, name_of = _gather(work)
-  launched = None
   if prefetch is not None and prefetch.matches(work):
-    launched = prefetch.launched
+    # The same values as at the prefetch: its gathering and launches hold.
+    (values, sizes, bases, name_of), launched = (prefetch.gathered,
+                                                 prefetch.launched)
+  else:
+    values, sizes, bases, name_of = _gather(work)
+    launched = None
   # Phase 2: few device ops and one transfer.
   flat = _fetch(values, sizes, name_of, launched) if values else {}
   # Phase 3: build every new array (nothing is committed yet).
