@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 from absl.testing import absltest
@@ -28,15 +27,10 @@ _RUN_TIMEOUT_S = 300
 
 
 def _environ(**extra) -> dict[str, str]:
-  env = dict(os.environ)
-  env.setdefault("JAX_PLATFORMS", "cpu")
   # Cache even the small functions' compilations between the runs.
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  if runfiles.train_main_command()[0] == sys.executable:
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
-  env.update(extra)
-  return env
+  return runfiles.binary_environ(
+      runfiles.train_main_command(),
+      {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra})
 
 
 def _mllog_run_stop(path: str) -> dict:

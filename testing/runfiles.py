@@ -69,12 +69,26 @@ def train_main_command(
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def binary_environ(command: Sequence[str],
+                   extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+  """The environment to start `command` (from `binary_command`) with.
+
+  This process's environment with JAX_PLATFORMS defaulting to "cpu", the
+  repository root on PYTHONPATH when `command` is a `python -m` run, and
+  `extra` on top.
+  """
+  env = dict(os.environ)
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  if command[0] == sys.executable:
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+  env.update(extra or {})
+  return env
+
+
 def run_binary(target_path: str, args: Sequence[str], *, timeout_s: float,
                cwd: Optional[str] = None) -> subprocess.CompletedProcess:
   """Runs a py_binary (see `binary_command`) to the end; output captured.
-
-  The child gets this environment with JAX_PLATFORMS defaulting to "cpu" and,
-  for a `python -m` run, the repository root on PYTHONPATH.
 
   Args:
     target_path: the binary's path from the workspace root, '/'-separated.
@@ -84,14 +98,9 @@ def run_binary(target_path: str, args: Sequence[str], *, timeout_s: float,
 
   Returns:
     The CompletedProcess, with text stdout and stderr; the caller checks the
-    return code.
+    return code. The child's environment is `binary_environ`'s.
   """
   command = binary_command(target_path)
-  env = dict(os.environ)
-  env.setdefault("JAX_PLATFORMS", "cpu")
-  if command[0] == sys.executable:
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
-  return subprocess.run(command + list(args), cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=timeout_s,
-                        check=False)
+  return subprocess.run(command + list(args), cwd=cwd,
+                        env=binary_environ(command), capture_output=True,
+                        text=True, timeout=timeout_s, check=False)
