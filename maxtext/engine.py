@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maxtext import metrics_recorder
+from maxtext.metrics import recorder as metrics_recorder
 
 LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
 

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 
 from maxtext import engine as engine_lib
-from maxtext import metrics_recorder as mr
+from maxtext.metrics import recorder as mr
 from testing import dispatch_counter
 
 K = 3

@@ -19,10 +19,10 @@ import chex
 import jax
 import numpy as np
 
-from maxtext import checkpointing
+from maxtext.storage import checkpointing
 from maxtext import engine as engine_lib
 from maxtext import mesh as mesh_lib
-from maxtext import metrics_recorder
+from maxtext.metrics import recorder as metrics_recorder
 from maxtext import model
 from maxtext import optimizer as optimizer_lib
 from maxtext import trainer

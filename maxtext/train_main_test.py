@@ -16,8 +16,8 @@ import time
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from maxtext import checkpointing
-from maxtext import metric_logger
+from maxtext.storage import checkpointing
+from maxtext.metrics import writers as metric_logger
 from testing import runfiles
 from testing import tiny_configs
 

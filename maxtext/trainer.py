@@ -24,20 +24,20 @@ from absl import logging
 import jax
 import numpy as np
 
-from maxtext import checkpointing
+from maxtext.storage import checkpointing
 from maxtext import config_lib
 from maxtext import data
 from maxtext import distributed
 from maxtext import engine as engine_lib
-from maxtext import gcs_mirror
+from maxtext.storage import gcs_mirror
 from maxtext import mesh as mesh_lib
-from maxtext import metric_logger
-from maxtext import metrics_recorder
-from maxtext import mllog_utils
+from maxtext.metrics import writers as metric_logger
+from maxtext.metrics import recorder as metrics_recorder
+from maxtext.mllog import logger as mllog_utils
 from maxtext import model
 from maxtext import optimizer as optimizer_lib
 from maxtext import preemption
-from maxtext import run_dir as run_dir_lib
+from maxtext.storage import run_dir as run_dir_lib
 
 SUCCESS = "success"  # Reached target_eval_loss.
 COMPLETED = "completed"  # Ran the step budget (no target, or not reached).

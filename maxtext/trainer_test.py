@@ -3,7 +3,7 @@
 Every run trains the shrunk default config of `testing.tiny_configs` (a 1-layer
 model, 16-token sequences, a few steps) into a temp dir and is checked through
 the files it leaves: config.json, metrics.jsonl, TensorBoard events, orbax
-checkpoints (read back with `maxtext.checkpointing`) and the MLPerf log. Runs
+checkpoints (read back with `maxtext.storage.checkpointing`) and the MLPerf log. Runs
 share a persistent compilation cache, so each one after the first mostly pays
 for its steps.
 """
@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import checkpointing
+from maxtext.storage import checkpointing
 from maxtext import config_lib
 from maxtext import data
-from maxtext import metric_logger
+from maxtext.metrics import writers as metric_logger
 from maxtext import model
 from maxtext import optimizer as optimizer_lib
 from maxtext import preemption

@@ -16,7 +16,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from maxtext import metric_logger
+from maxtext.metrics import writers as metric_logger
 from tools import plot_metrics_lib
 
 _METRICS = flags.DEFINE_string(

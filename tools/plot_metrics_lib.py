@@ -10,7 +10,7 @@ import os
 
 from matplotlib import figure as mpl_figure
 
-from maxtext import metric_logger
+from maxtext.metrics import writers as metric_logger
 
 DEFAULT_OUTPUT_NAME = "metrics.png"
 

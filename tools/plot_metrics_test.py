@@ -9,7 +9,7 @@ from absl.testing import parameterized
 from matplotlib import image as mpl_image
 import numpy as np
 
-from maxtext import metric_logger
+from maxtext.metrics import writers as metric_logger
 from tools import plot_metrics
 from tools import plot_metrics_lib
 

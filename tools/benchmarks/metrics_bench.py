@@ -41,7 +41,7 @@ import numpy as np
 import optax
 
 from maxtext import engine as engine_lib
-from maxtext import metrics_recorder
+from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter
 
 _NUM_METRICS = flags.DEFINE_integer("num_metrics", 100,

@@ -57,8 +57,8 @@ and nothing enters any buffer (no empty buffer is created either).
 
 The recorder is not thread-safe: one training loop owns it.
 
-The data types live in `maxtext.metrics_buffer` and the flush machinery in
-`maxtext.metrics_flush`; this module re-exports `WeightedMetric`,
+The data types live in `maxtext.metrics.buffer` and the flush machinery in
+`maxtext.metrics.flush`; this module re-exports `WeightedMetric`,
 `MetricsBuffer` and `MAX_OPERANDS_PER_LAUNCH`, so callers import only it.
 """
 
@@ -72,8 +72,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import metrics_buffer
-from maxtext import metrics_flush
+from maxtext.metrics import buffer as metrics_buffer
+from maxtext.metrics import flush as metrics_flush
 
 AggregationFn = metrics_buffer.AggregationFn
 MetricsBuffer = metrics_buffer.MetricsBuffer

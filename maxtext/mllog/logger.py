@@ -21,7 +21,7 @@ Values are host Python/NumPy numbers the caller already has; this module never
 reads device arrays, so logging adds no device synchronization to a step.
 
 What a log holds (submission checks, the hyperparameter keys and their values
-from a config) is decided in `maxtext.mllog_config`; the names callers use are
+from a config) is decided in `maxtext.mllog.hyperparameters`; the names callers use are
 re-exported here.
 """
 
@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Optional, TextIO
 from absl import logging
 import numpy as np
 
-from maxtext import mllog_config
+from maxtext.mllog import hyperparameters as mllog_config
 
 BENCHMARKS_BY_RULESET = mllog_config.BENCHMARKS_BY_RULESET
 DIVISIONS = mllog_config.DIVISIONS

@@ -1,4 +1,4 @@
-"""Tests for maxtext.checkpointing with real orbax checkpoints in temp dirs."""
+"""Tests for maxtext.storage.checkpointing with real orbax checkpoints in temp dirs."""
 
 import os
 
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import checkpointing
+from maxtext.storage import checkpointing
 
 
 def make_state(scale: float, sharding: jax.sharding.Sharding):

@@ -1,7 +1,7 @@
 """The data types of buffered training metrics: WeightedMetric, MetricsBuffer.
 
-`maxtext.metrics_recorder` fills `MetricsBuffer`s (validated values wait in
-host lists) and `maxtext.metrics_flush` turns their pending values into NumPy
+`maxtext.metrics.recorder` fills `MetricsBuffer`s (validated values wait in
+host lists) and `maxtext.metrics.flush` turns their pending values into NumPy
 arrays; both share these types, so they live here, below both.
 """
 

@@ -5,7 +5,7 @@ the official compliance checker would reject (or crash on).
 `hyperparameters_from_config` builds the hyperparameter events a log must
 hold (`REQUIRED_HYPERPARAMETERS`, in order) from the config and the run's
 real values, naming precisions as MLPerf spells them (`precision_name`).
-`maxtext.mllog_utils` writes the log; this module only decides its contents.
+`maxtext.mllog.logger` writes the log; this module only decides its contents.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from maxtext import checkpointing
+from maxtext.storage import checkpointing
 
 
 class ShardedCheckpointTest(absltest.TestCase):

@@ -1,4 +1,4 @@
-"""Tests for maxtext.metric_logger, with real files in temp dirs and a fake clock."""
+"""Tests for maxtext.metrics.writers, with real files in temp dirs and a fake clock."""
 
 import glob
 import json
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from tensorboardX.proto import event_pb2
 
-from maxtext import metric_logger
+from maxtext.metrics import writers as metric_logger
 
 
 class FakeClock:

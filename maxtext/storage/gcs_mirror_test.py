@@ -9,7 +9,7 @@ from unittest import mock
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from maxtext import gcs_mirror
+from maxtext.storage import gcs_mirror
 from testing import gcs_emulator
 
 _BUCKET = "mirror-test"

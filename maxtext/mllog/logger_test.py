@@ -14,7 +14,7 @@ from mlperf_logging.mllog import mllog as official_mllog
 import numpy as np
 import yaml
 
-from maxtext import mllog_utils
+from maxtext.mllog import logger as mllog_utils
 from testing import compliance_checker
 
 _RULESETS_DIR = os.path.join(

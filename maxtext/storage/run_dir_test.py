@@ -7,7 +7,7 @@ import os
 from absl.testing import absltest
 import ml_collections
 
-from maxtext import run_dir
+from maxtext.storage import run_dir
 
 
 def _config(**overrides):

@@ -23,7 +23,7 @@ dispatched after it, such as the optimizer step, queues behind the flush's
 launches; the `flush_buffers` that follows takes its results.
 
 Any failure before the commit raises with nothing changed, so a caller may
-retry or drop the buffers. `maxtext.metrics_recorder` is the public entry
+retry or drop the buffers. `maxtext.metrics.recorder` is the public entry
 point; this module is its machinery.
 """
 
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import metrics_buffer
+from maxtext.metrics import buffer as metrics_buffer
 
 
 @jax.jit

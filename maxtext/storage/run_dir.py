@@ -3,7 +3,7 @@
 A run writes into `<base_output_directory>/<run_name>/`. For a local
 `base_output_directory` that directory is written directly. For `gs://bucket/prefix`
 the run directory is written under `local_staging_directory` and mirrored to
-`gs://bucket/prefix/<run_name>/` by `maxtext.gcs_mirror`.
+`gs://bucket/prefix/<run_name>/` by `maxtext.storage.gcs_mirror`.
 
 Relative local paths resolve against the directory the user ran the command from:
 `bazel run` changes the working directory to the runfiles tree and says where the
@@ -22,10 +22,11 @@ from typing import Any, Mapping, Optional
 import jax
 
 from maxtext import config_lib
-from maxtext import gcs_mirror
+from maxtext.storage import gcs_mirror
 
-_LOCK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         "third_party", "py")
+# The workspace root: this file is maxtext/storage/run_dir.py.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_LOCK_DIR = os.path.join(_ROOT, "third_party", "py")
 # The build ships the lock of its platform (//third_party/py:requirements_lock).
 _LOCK_FILES = ("requirements_lock.txt", "requirements_tpu_lock.txt",
                "requirements_gpu_lock.txt")

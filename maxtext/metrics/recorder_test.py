@@ -1,4 +1,4 @@
-"""Tests for maxtext.metrics_recorder."""
+"""Tests for maxtext.metrics.recorder."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import metrics_recorder as mr
+from maxtext.metrics import recorder as mr
 from testing import dispatch_counter
 
 

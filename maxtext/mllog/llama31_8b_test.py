@@ -18,7 +18,7 @@ import mlperf_logging
 import yaml
 
 from maxtext import config_lib
-from maxtext import mllog_utils
+from maxtext.mllog import logger as mllog_utils
 from maxtext import optimizer
 from maxtext.configs import llama31_8b
 from testing import compliance_checker
