@@ -15,6 +15,8 @@ import datetime
 import hashlib
 import json
 import os
+import secrets
+import string
 import subprocess
 import tempfile
 from typing import Any, Mapping, Optional
@@ -48,10 +50,56 @@ def resolve_local_path(path: str, environ: Mapping[str, str] = os.environ) -> st
   return os.path.normpath(path)
 
 
-def default_run_name(now: Optional[datetime.datetime] = None) -> str:
-  """A timestamp run name, e.g. 'run-20261130-051703' (UTC)."""
-  now = now or datetime.datetime.now(datetime.timezone.utc)
-  return now.strftime("run-%Y%m%d-%H%M%S")
+_SUFFIX_CHARS = frozenset(string.ascii_lowercase + string.digits)
+_SUFFIX_MAX_LEN = 16
+
+
+def new_run_name_suffix() -> str:
+  """A short random suffix for `default_run_name`, e.g. 'a1b2' (4 hex digits).
+
+  Multi-process runs draw it on process 0 and broadcast it, so that every
+  process builds the same run name.
+  """
+  return secrets.token_hex(2)
+
+
+def default_run_name(now: Optional[datetime.datetime] = None,
+                     suffix: Optional[str] = None) -> str:
+  """A run name that two runs started at once do not share.
+
+  The name is the UTC time to the microsecond plus a short random suffix,
+  e.g. 'run-20261130-231500-123456-a1b2': runs started in the same second
+  differ by the microseconds, and runs started in the same microsecond (or
+  on hosts whose clocks agree) by the suffix. It is a plain directory name.
+
+  Args:
+    now: the start time; naive datetimes are taken as UTC. Defaults to now.
+    suffix: the random part, 1 to 16 characters of [a-z0-9]; defaults to
+      `new_run_name_suffix()`. Multi-process runs pass the value process 0
+      drew, like `now`, so every process names the same directory.
+
+  Returns:
+    The run name.
+
+  Raises:
+    TypeError: `now` is not a datetime or `suffix` is not a str.
+    ValueError: `suffix` is empty, too long or has other characters.
+  """
+  if now is None:
+    now = datetime.datetime.now(datetime.timezone.utc)
+  if not isinstance(now, datetime.datetime):
+    raise TypeError(f"now must be a datetime.datetime, got {now!r}")
+  if now.tzinfo is not None:
+    now = now.astimezone(datetime.timezone.utc)
+  if suffix is None:
+    suffix = new_run_name_suffix()
+  if not isinstance(suffix, str):
+    raise TypeError(f"suffix must be a str, got {suffix!r}")
+  if (not suffix or len(suffix) > _SUFFIX_MAX_LEN or
+      not set(suffix) <= _SUFFIX_CHARS):
+    raise ValueError(f"suffix must be 1 to {_SUFFIX_MAX_LEN} characters of "
+                     f"[a-z0-9], got {suffix!r}")
+  return now.strftime("run-%Y%m%d-%H%M%S-%f-") + suffix
 
 
 @dataclasses.dataclass(frozen=True)

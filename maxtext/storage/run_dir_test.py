@@ -5,6 +5,7 @@ import json
 import os
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import ml_collections
 
 from maxtext.storage import run_dir
@@ -58,9 +59,49 @@ class RunPathsTest(absltest.TestCase):
     paths = run_dir.make_run_paths(_config(checkpoint_directory="gs://b/ckpt"), "r", {})
     self.assertEqual(paths.checkpoint_dir, "gs://b/ckpt")
 
-  def test_default_run_name_is_a_utc_timestamp(self):
+
+class DefaultRunNameTest(parameterized.TestCase):
+
+  def test_utc_microseconds_and_given_suffix(self):
+    when = datetime.datetime(2026, 11, 30, 5, 17, 3, 123456,
+                             tzinfo=datetime.timezone.utc)
+    self.assertEqual(run_dir.default_run_name(when, suffix="a1b2"),
+                     "run-20261130-051703-123456-a1b2")
+
+  def test_other_time_zones_are_converted_to_utc(self):
+    tz = datetime.timezone(datetime.timedelta(hours=2))
+    when = datetime.datetime(2026, 12, 1, 1, 0, 0, 5, tzinfo=tz)
+    self.assertEqual(run_dir.default_run_name(when, suffix="z9"),
+                     "run-20261130-230000-000005-z9")
+
+  def test_same_time_gives_different_names(self):
+    # The trainer's single-process path passes neither argument; two runs in
+    # the same second (here: the same microsecond) must still differ.
     when = datetime.datetime(2026, 11, 30, 5, 17, 3, tzinfo=datetime.timezone.utc)
-    self.assertEqual(run_dir.default_run_name(when), "run-20261130-051703")
+    names = {run_dir.default_run_name(when) for _ in range(50)}
+    self.assertGreater(len(names), 40)
+    names.update(run_dir.default_run_name() for _ in range(50))
+    self.assertGreater(len(names), 90)
+
+  def test_name_is_a_plain_directory_name(self):
+    name = run_dir.default_run_name()
+    self.assertRegex(name, r"^run-\d{8}-\d{6}-\d{6}-[0-9a-f]{4}$")
+    self.assertEqual(os.path.basename(name), name)
+
+  @parameterized.named_parameters(
+      ("empty", "", ValueError),
+      ("slash", "a/b", ValueError),
+      ("upper_case", "AB", ValueError),
+      ("too_long", "a" * 17, ValueError),
+      ("not_a_str", 12, TypeError),
+  )
+  def test_bad_suffix_is_refused(self, suffix, error):
+    with self.assertRaisesRegex(error, "suffix"):
+      run_dir.default_run_name(suffix=suffix)
+
+  def test_bad_time_is_refused(self):
+    with self.assertRaisesRegex(TypeError, "now"):
+      run_dir.default_run_name(now=1234.5)
 
 
 class ConfigJsonTest(absltest.TestCase):
