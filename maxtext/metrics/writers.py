@@ -8,15 +8,12 @@ Outputs, written only by the primary process (process 0):
 
 * a console line (absl `logging.info`) every `log_period` steps and on the last
   step: step, loss, learning rate, gradient norm, tokens/s, step time, ETA;
-* `<run_dir>/metrics.jsonl`: one JSON object per line and per write, e.g.
-  `{"step": 3, "kind": "train", "loss": 2.5, ..., "step_time_s": 0.1}`;
-  the file is flushed after every line, so a crashed process loses nothing;
+* `<run_dir>/metrics.jsonl`: one JSON object per line and per write, in the
+  format of `maxtext.metrics.jsonl` (non-finite values as "NaN",
+  "Infinity", "-Infinity"); the file is flushed after every line, so a
+  crashed process loses nothing;
 * TensorBoard scalars under `<run_dir>/tensorboard`, tagged `<kind>/<name>`,
   one event (one `Summary` of all its values) per write.
-
-Non-finite values are data. JSON has no NaN or infinity, so they are written
-as the strings "NaN", "Infinity" and "-Infinity" (the spellings Python's
-`float()` parses back); `read_jsonl` turns them back into floats.
 
 Steps are the trainer's 0-based step indices: `write_train(step, ...)` reports
 the step that has just finished, so `total_steps - step - 1` steps remain.
@@ -33,50 +30,25 @@ evals, passes `first_step=c`.
 
 from collections.abc import Callable, Mapping
 import datetime
-import json
 import math
 import numbers
 import os
-import tempfile
 import time
 from typing import Any, TextIO
 
 from absl import logging
 import numpy as np
 
-METRICS_FILENAME = "metrics.jsonl"
+from maxtext import checks
+from maxtext.metrics import jsonl
+
 TENSORBOARD_DIRNAME = "tensorboard"
 
-# Metric names the console line shows, when present in a train write.
-LOSS_KEY = "loss"
-LEARNING_RATE_KEY = "learning_rate"
-GRAD_NORM_KEY = "grad_norm"
-# Names the logger adds to every train record.
-STEP_TIME_KEY = "step_time_s"
-TOKENS_PER_SECOND_KEY = "tokens_per_s"
-
-_RESERVED_KEYS = frozenset({"step", "kind"})
-_KINDS = ("train", "eval")
-_JSON_TO_NON_FINITE = {
-    "NaN": float("nan"),
-    "Infinity": float("inf"),
-    "-Infinity": float("-inf"),
-}
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{name} must be an int, got {value!r}")
-  if value <= 0:
-    raise ValueError(f"{name} must be > 0, got {value!r}")
-
-
-def _check_step(step: Any) -> int:
-  if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-    raise TypeError(f"step must be an int, got {step!r}")
-  if step < 0:
-    raise ValueError(f"step must be >= 0, got {step!r}")
-  return int(step)
+# The record format lives in `maxtext.metrics.jsonl`. These two names stay
+# here only for callers that still read a run's metrics through this module
+# (maxtext/trainer_test.py); new code imports `jsonl`.
+METRICS_FILENAME = jsonl.METRICS_FILENAME
+read_jsonl = jsonl.read_jsonl
 
 
 def _to_host_number(name: str, value: Any) -> int | float:
@@ -93,116 +65,6 @@ def _to_host_number(name: str, value: Any) -> int | float:
       f"metric {name!r} must be a host scalar (Python or NumPy int/float), "
       f"got {type(value).__name__}: {value!r}; fetch device values with "
       "jax.device_get before logging")
-
-
-def _json_value(value: int | float) -> int | float | str:
-  if isinstance(value, float) and not math.isfinite(value):
-    if math.isnan(value):
-      return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"
-  return value
-
-
-def encode_record(step: int, kind: str, scalars: Mapping[str, int | float]) -> str:
-  """Returns one `metrics.jsonl` line (without the newline).
-
-  Args:
-    step: the step index.
-    kind: "train" or "eval".
-    scalars: metric name -> Python int or float; non-finite floats are written
-      as "NaN", "Infinity" or "-Infinity".
-  """
-  record = {"step": step, "kind": kind}
-  record.update((k, _json_value(v)) for k, v in scalars.items())
-  return json.dumps(record, allow_nan=False)
-
-
-def _decode_value(value: Any) -> Any:
-  if isinstance(value, str) and value in _JSON_TO_NON_FINITE:
-    return _JSON_TO_NON_FINITE[value]
-  return value
-
-
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-  """Reads a `metrics.jsonl` file written by `MetricLogger`.
-
-  A torn last line (a process killed mid-write) is dropped with a warning;
-  any other malformed line is an error.
-
-  Args:
-    path: the file.
-
-  Returns:
-    The records in file order, non-finite values back as floats.
-
-  Raises:
-    FileNotFoundError: `path` does not exist.
-    ValueError: a line other than the last is not a JSON object with an
-      integer "step" and a "kind" of "train" or "eval"; names path and line.
-  """
-  path = os.fspath(path)
-  with open(path, encoding="utf-8") as f:
-    lines = f.read().split("\n")
-  # A complete file ends with "\n", leaving one empty final element.
-  torn_tail = lines[-1]
-  lines = lines[:-1]
-  records = []
-  for number, line in enumerate(lines, start=1):
-    records.append(_parse_line(path, number, line))
-  if torn_tail:
-    try:
-      records.append(_parse_line(path, len(lines) + 1, torn_tail))
-    except ValueError:
-      logging.warning("%s: dropping a torn last line: %r", path, torn_tail[:80])
-  return records
-
-
-def _parse_line(path: str, number: int, line: str) -> dict[str, Any]:
-  try:
-    record = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{path}:{number}: not valid JSON ({e}): {line[:80]!r}") from e
-  if (not isinstance(record, dict) or
-      isinstance(record.get("step"), bool) or
-      not isinstance(record.get("step"), int) or
-      record.get("kind") not in _KINDS):
-    raise ValueError(
-        f"{path}:{number}: expected an object with an int 'step' and 'kind' in "
-        f"{_KINDS}, got {line[:80]!r}")
-  return {k: _decode_value(v) for k, v in record.items()}
-
-
-def truncate_jsonl(path: str | os.PathLike[str], first_step: int) -> int:
-  """Drops every record with step >= `first_step` from a metrics file.
-
-  The file is rewritten through a temporary file and an atomic rename, so a
-  crash during truncation leaves either the old or the new file. A missing
-  file is left missing.
-
-  Args:
-    path: the `metrics.jsonl` file.
-    first_step: the first step the resumed run will write.
-
-  Returns:
-    The number of records kept.
-  """
-  first_step = _check_step(first_step)
-  path = os.fspath(path)
-  if not os.path.exists(path):
-    return 0
-  kept = [r for r in read_jsonl(path) if r["step"] < first_step]
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=".metrics.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for r in kept:
-        scalars = {k: v for k, v in r.items() if k not in _RESERVED_KEYS}
-        f.write(encode_record(r["step"], r["kind"], scalars) + "\n")
-    os.replace(tmp_path, path)
-  except BaseException:
-    os.unlink(tmp_path)
-    raise
-  return len(kept)
 
 
 def _format_duration(seconds: float) -> str:
@@ -245,10 +107,10 @@ class MetricLogger:
     Raises:
       TypeError, ValueError: an argument has the wrong type or range.
     """
-    _check_positive_int("log_period", log_period)
-    _check_positive_int("total_steps", total_steps)
-    _check_positive_int("tokens_per_step", tokens_per_step)
-    first_step = _check_step(first_step)
+    checks.check_int("log_period", log_period, 1)
+    checks.check_int("total_steps", total_steps, 1)
+    checks.check_int("tokens_per_step", tokens_per_step, 1)
+    first_step = checks.check_int("first_step", first_step, 0)
     if not callable(time_fn):
       raise TypeError(f"time_fn must be callable, got {time_fn!r}")
     self._run_dir = os.fspath(run_dir)
@@ -268,8 +130,8 @@ class MetricLogger:
     if not self._is_primary:
       return
     os.makedirs(self._run_dir, exist_ok=True)
-    jsonl_path = os.path.join(self._run_dir, METRICS_FILENAME)
-    truncate_jsonl(jsonl_path, first_step)
+    jsonl_path = os.path.join(self._run_dir, jsonl.METRICS_FILENAME)
+    jsonl.truncate_jsonl(jsonl_path, first_step)
     self._jsonl = open(jsonl_path, "a", encoding="utf-8")
     # Imported here so that non-primary processes never load it.
     import tensorboardX  # pylint: disable=g-import-not-at-top
@@ -290,7 +152,7 @@ class MetricLogger:
 
   @property
   def jsonl_path(self) -> str:
-    return os.path.join(self._run_dir, METRICS_FILENAME)
+    return os.path.join(self._run_dir, jsonl.METRICS_FILENAME)
 
   @property
   def tensorboard_dir(self) -> str:
@@ -299,14 +161,14 @@ class MetricLogger:
   def _convert(self, step: Any, scalars: Any) -> tuple[int, dict[str, int | float]]:
     if self._closed:
       raise RuntimeError("MetricLogger is closed")
-    step = _check_step(step)
+    step = checks.check_int("step", step, 0)
     if not isinstance(scalars, Mapping):
       raise TypeError(f"scalars must be a mapping, got {type(scalars).__name__}")
     converted = {}
     for name, value in scalars.items():
       if not isinstance(name, str) or not name:
         raise TypeError(f"metric names must be non-empty str, got {name!r}")
-      if name in _RESERVED_KEYS:
+      if name in jsonl.RESERVED_KEYS:
         raise ValueError(f"metric name {name!r} is reserved")
       converted[name] = _to_host_number(name, value)
     return step, converted
@@ -332,7 +194,7 @@ class MetricLogger:
       RuntimeError: the logger is closed.
     """
     step, values = self._convert(step, scalars)
-    for key in (STEP_TIME_KEY, TOKENS_PER_SECOND_KEY):
+    for key in (jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY):
       if key in values:
         raise ValueError(f"metric name {key!r} is reserved for train writes")
     if step_time is not None:
@@ -343,14 +205,14 @@ class MetricLogger:
     if step_time is None:
       step_time = now - self._last_time
     self._last_time = now
-    values[STEP_TIME_KEY] = step_time
-    values[TOKENS_PER_SECOND_KEY] = (
+    values[jsonl.STEP_TIME_KEY] = step_time
+    values[jsonl.TOKENS_PER_SECOND_KEY] = (
         self._tokens_per_step / step_time if step_time > 0 else float("inf"))
     self._window_seconds += step_time
     self._window_steps += 1
     if not self._is_primary:
       return
-    self._write_record(step, "train", values)
+    self._write_record(step, jsonl.TRAIN, values)
     if step % self._log_period == 0 or step >= self._total_steps - 1:
       self._log_train_line(step, values)
 
@@ -360,9 +222,9 @@ class MetricLogger:
     self._window_steps = 0
     remaining = max(self._total_steps - step - 1, 0)
     parts = [f"step {step}/{self._total_steps}"]
-    for key, label, fmt in ((LOSS_KEY, "loss", ".4f"),
-                            (LEARNING_RATE_KEY, "lr", ".3e"),
-                            (GRAD_NORM_KEY, "grad_norm", ".3f")):
+    for key, label, fmt in ((jsonl.LOSS_KEY, "loss", ".4f"),
+                            (jsonl.LEARNING_RATE_KEY, "lr", ".3e"),
+                            (jsonl.GRAD_NORM_KEY, "grad_norm", ".3f")):
       if key in values:
         parts.append(f"{label} {_format_number(values[key], fmt)}")
     tokens_per_s = (self._tokens_per_step / mean_step_time
@@ -377,22 +239,30 @@ class MetricLogger:
 
     Args:
       step: the train step the evaluation follows.
-      scalars: metric name -> host scalar, as for `write_train`.
+      scalars: metric name -> host scalar, as for `write_train`; every name
+        starts with "eval_" (the `jsonl` schema: the eval loss is
+        "eval_loss").
 
     Raises:
-      TypeError, ValueError: a bad step, name or value (nothing is written).
+      TypeError, ValueError: a bad step, name or value, or a name without the
+        "eval_" prefix (nothing is written).
       RuntimeError: the logger is closed.
     """
     step, values = self._convert(step, scalars)
+    for name in values:
+      if not name.startswith(jsonl.EVAL_PREFIX):
+        raise ValueError(
+            f"eval metric name {name!r} must start with {jsonl.EVAL_PREFIX!r} "
+            f"(e.g. {jsonl.EVAL_LOSS_KEY!r})")
     if not self._is_primary:
       return
-    self._write_record(step, "eval", values)
+    self._write_record(step, jsonl.EVAL, values)
     logging.info("eval after step %d | %s", step, " | ".join(
         f"{k} {_format_number(float(v), '.4f')}" for k, v in values.items()))
 
   def _write_record(self, step: int, kind: str,
                     values: Mapping[str, int | float]) -> None:
-    self._jsonl.write(encode_record(step, kind, values) + "\n")
+    self._jsonl.write(jsonl.encode_record(step, kind, values) + "\n")
     self._jsonl.flush()
     value_pb = self._summary_pb2.Summary.Value
     self._tb.add_summary(

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from tensorboardX.proto import event_pb2
 
+from maxtext.metrics import jsonl
 from maxtext.metrics import writers as metric_logger
 
 
@@ -55,7 +56,7 @@ def scalar_events(logdir: str) -> list[tuple[str, int, float]]:
 
 
 def strip_timing(records):
-  drop = {metric_logger.STEP_TIME_KEY, metric_logger.TOKENS_PER_SECOND_KEY}
+  drop = {jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY}
   return [{k: v for k, v in r.items() if k not in drop} for r in records]
 
 
@@ -85,13 +86,13 @@ class MetricLoggerTest(parameterized.TestCase):
         "step": 0, "kind": "train", "loss": 3.0, "learning_rate": 1e-3,
         "step_time_s": 0.5, "tokens_per_s": 2000.0}])
     logger.write_train(1, {"loss": np.float32(2.5), "step_skipped": 0})
-    logger.write_eval(1, {"loss": 2.25})
+    logger.write_eval(1, {"eval_loss": 2.25})
     lines = self.read_lines()
     self.assertLen(lines, 3)
     self.assertEqual(lines[1]["loss"], 2.5)
     self.assertEqual(lines[1]["step_skipped"], 0)
     self.assertIsInstance(lines[1]["step_skipped"], int)
-    self.assertEqual(lines[2], {"step": 1, "kind": "eval", "loss": 2.25})
+    self.assertEqual(lines[2], {"step": 1, "kind": "eval", "eval_loss": 2.25})
 
   def test_caller_step_time_replaces_the_clock(self):
     logger = self.make_logger(clock=FakeClock(0.5), log_period=1)
@@ -134,7 +135,7 @@ class MetricLoggerTest(parameterized.TestCase):
     raw = json.loads(line, parse_constant=reject)
     self.assertEqual((raw["loss"], raw["grad_norm"], raw["other"]),
                      ("NaN", "Infinity", "-Infinity"))
-    record = metric_logger.read_jsonl(logger.jsonl_path)[0]
+    record = jsonl.read_jsonl(logger.jsonl_path)[0]
     self.assertTrue(math.isnan(record["loss"]))
     self.assertEqual(record["grad_norm"], math.inf)
     self.assertEqual(record["other"], -math.inf)
@@ -158,19 +159,20 @@ class MetricLoggerTest(parameterized.TestCase):
   def test_eval_console_line(self):
     logger = self.make_logger()
     with self.assertLogs(level="INFO") as logs:
-      logger.write_eval(4, {"loss": 0.75})
-    self.assertIn("eval after step 4 | loss 0.7500",
+      logger.write_eval(4, {"eval_loss": 0.75})
+    self.assertIn("eval after step 4 | eval_loss 0.7500",
                   [r.getMessage() for r in logs.records])
 
   def test_tensorboard_scalars(self):
     logger = self.make_logger()
     logger.write_train(0, {"loss": 3.0})
     logger.write_train(1, {"loss": 2.0})
-    logger.write_eval(1, {"loss": 2.5})
+    logger.write_eval(1, {"eval_loss": 2.5})
     logger.close()
     events = scalar_events(logger.tensorboard_dir)
     self.assertContainsSubset(
-        [("train/loss", 0, 3.0), ("train/loss", 1, 2.0), ("eval/loss", 1, 2.5),
+        [("train/loss", 0, 3.0), ("train/loss", 1, 2.0),
+         ("eval/eval_loss", 1, 2.5),
          ("train/tokens_per_s", 0, 2000.0)], events)
 
   def test_non_primary_writes_and_opens_nothing(self):
@@ -180,7 +182,7 @@ class MetricLoggerTest(parameterized.TestCase):
         tokens_per_step=8, time_fn=FakeClock(1.0))
     with self.assertNoLogs(level="INFO"):
       logger.write_train(0, {"loss": 1.0})
-      logger.write_eval(0, {"loss": 1.0})
+      logger.write_eval(0, {"eval_loss": 1.0})
     logger.close()
     self.assertFalse(os.path.exists(run_dir))
 
@@ -195,7 +197,7 @@ class MetricLoggerTest(parameterized.TestCase):
       for step in steps:
         logger.write_train(step, {"loss": 1.0 / (step + 1)})
         if step % 2 == 1:
-          logger.write_eval(step, {"loss": 2.0 / (step + 1)})
+          logger.write_eval(step, {"eval_loss": 2.0 / (step + 1)})
 
     full_dir = os.path.join(self.run_dir, "full")
     with metric_logger.MetricLogger(full_dir, is_primary=True, log_period=1,
@@ -214,8 +216,8 @@ class MetricLoggerTest(parameterized.TestCase):
                                     time_fn=FakeClock(1.0)) as logger:
       run(logger, range(4, 6))
 
-    full = metric_logger.read_jsonl(os.path.join(full_dir, "metrics.jsonl"))
-    resumed = metric_logger.read_jsonl(
+    full = jsonl.read_jsonl(os.path.join(full_dir, "metrics.jsonl"))
+    resumed = jsonl.read_jsonl(
         os.path.join(resumed_dir, "metrics.jsonl"))
     self.assertLen(full, 9)
     self.assertEqual(strip_timing(resumed), strip_timing(full))
@@ -235,23 +237,13 @@ class MetricLoggerTest(parameterized.TestCase):
     self.assertEqual([(r["step"], r["loss"]) for r in self.read_lines()],
                      [(0, 1.0), (1, 0.5)])
 
-  def test_corrupt_middle_line_is_an_error_naming_path_and_line(self):
+  def test_corrupt_middle_line_stops_a_resume(self):
     path = os.path.join(self.run_dir, "metrics.jsonl")
     with open(path, "w") as f:
-      f.write('{"step": 0, "kind": "train"}\nnot json\n{"step": 1, "kind": "eval"}\n')
-    with self.assertRaisesRegex(ValueError, "metrics.jsonl:2: not valid JSON"):
-      metric_logger.read_jsonl(path)
+      f.write('{"step": 0, "kind": "train"}\nnot json\n'
+              '{"step": 1, "kind": "eval"}\n')
     with self.assertRaisesRegex(ValueError, "metrics.jsonl:2"):
       self.make_logger(first_step=1)
-
-  def test_truncate_jsonl_missing_file(self):
-    path = os.path.join(self.run_dir, "absent.jsonl")
-    self.assertEqual(metric_logger.truncate_jsonl(path, 3), 0)
-    self.assertFalse(os.path.exists(path))
-
-  def test_read_jsonl_missing_file_names_path(self):
-    with self.assertRaisesRegex(FileNotFoundError, "absent.jsonl"):
-      metric_logger.read_jsonl(os.path.join(self.run_dir, "absent.jsonl"))
 
   def test_close_is_idempotent_and_final(self):
     logger = self.make_logger()
@@ -266,7 +258,8 @@ class MetricLoggerTest(parameterized.TestCase):
       ("float_total_steps", dict(total_steps=2.0), TypeError, "total_steps"),
       ("negative_tokens", dict(tokens_per_step=-1), ValueError,
        "tokens_per_step"),
-      ("negative_first_step", dict(first_step=-1), ValueError, "step"),
+      ("negative_first_step", dict(first_step=-1), ValueError, "first_step"),
+      ("bool_log_period", dict(log_period=True), TypeError, "log_period"),
       ("clock_not_callable", dict(time_fn=3.0), TypeError, "time_fn"),
   )
   def test_bad_constructor_arguments(self, override, error, regex):
@@ -288,6 +281,17 @@ class MetricLoggerTest(parameterized.TestCase):
     logger = self.make_logger()
     with self.assertRaisesRegex(error, regex):
       logger.write_train(step, scalars)
+    self.assertEqual(self.read_lines(), [])
+
+  @parameterized.named_parameters(
+      ("no_eval_prefix", {"loss": 1.0}, "'loss' must start with 'eval_'"),
+      ("one_of_two_unprefixed", {"eval_loss": 1.0, "time": 0.5}, "'time'"),
+  )
+  def test_eval_names_need_the_schema_prefix(self, scalars, regex):
+    for is_primary in (True, False):
+      logger = self.make_logger(is_primary=is_primary)
+      with self.assertRaisesRegex(ValueError, regex):
+        logger.write_eval(0, scalars)
     self.assertEqual(self.read_lines(), [])
 
 
