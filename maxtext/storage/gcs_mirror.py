@@ -14,14 +14,20 @@ call only sets a flag. One background thread does the uploads:
   retried a bounded number of times with exponential backoff, and failures
   are logged as warnings, never raised into the caller; the local copy keeps
   everything and the next pass tries again;
-* `close()` forces a final pass and waits for it at most a given time.
+* an endpoint that refuses connections or whose host name does not resolve
+  is "unreachable": a request fails at once instead of retrying for its whole
+  timeout, and when no pass of the mirror has ever succeeded, the final pass
+  is a single attempt;
+* `close()` forces a final pass, waits for it at most a given time, and
+  names in one warning what the bucket is still missing.
 
 A fresh mirror first lists what the bucket already holds under its prefix and
 counts a local file as uploaded when its size and CRC32C match the object, so
 a resumed run does not upload its whole directory again.
 
 `download_prefix()` restores a run directory from the bucket, for a resume on
-a machine whose local staging is gone.
+a machine whose local staging is gone; its listing (the look-up of whether
+the bucket holds a run at all) has its own short bound.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import base64
 import dataclasses
 import fnmatch
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -44,6 +51,9 @@ GS_SCHEME = "gs://"
 DEFAULT_EXCLUDE = ("*orbax-checkpoint-tmp*",)
 
 _CHUNK = 1 << 20
+
+# How many not-uploaded files close()'s warning names before it says "...".
+_NAMES_IN_WARNING = 5
 
 
 class GcsError(RuntimeError):
@@ -82,11 +92,103 @@ def default_client_factory():
   return storage.Client()
 
 
+def is_unreachable_error(error: BaseException) -> bool:
+  """True when `error` says nothing answers at the endpoint at all.
+
+  That is a refused TCP connection (nothing listens on the port) or a host
+  name that does not resolve. Retrying either within one request only spends
+  the request's timeout; a slow or dropped connection (a timeout, a reset) is
+  not unreachable and is retried as before.
+
+  The storage client reports both as a `requests.ConnectionError` wrapping
+  urllib3's `MaxRetryError` -> `NewConnectionError`/`NameResolutionError` ->
+  `ConnectionRefusedError`/`socket.gaierror`, and after its retries as a
+  `google.api_core.exceptions.RetryError` whose `cause` is that error, so the
+  whole chain of causes is searched.
+
+  Args:
+    error: any exception raised by a storage call.
+  """
+  seen = set()
+  stack = [error]
+  while stack:
+    e = stack.pop()
+    if not isinstance(e, BaseException) or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, (ConnectionRefusedError, socket.gaierror)):
+      return True
+    stack.extend((e.__cause__, e.__context__, getattr(e, "reason", None),
+                  getattr(e, "cause", None)))
+    stack.extend(a for a in e.args if isinstance(a, BaseException))
+  return False
+
+
 def _bounded_retry(timeout_s: float):
-  """The storage library's retry policy, bounded to `timeout_s` in total."""
+  """The storage library's retry policy, bounded to `timeout_s` in total.
+
+  It retries what the library retries except an unreachable endpoint, which
+  fails the request at once (the pass-level retries of `GcsMirror` and the
+  caller of `download_prefix` decide what happens next).
+  """
   from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
-  return retry.DEFAULT_RETRY.with_timeout(timeout_s).with_delay(
-      initial=0.1, maximum=1.0, multiplier=2.0)
+  # The library's own list of transient errors; it has no public accessor.
+  transient = retry.DEFAULT_RETRY._predicate  # pylint: disable=protected-access
+  return retry.DEFAULT_RETRY.with_predicate(
+      lambda e: transient(e) and not is_unreachable_error(e)).with_timeout(
+          timeout_s).with_delay(initial=0.1, maximum=1.0, multiplier=2.0)
+
+
+def _request_timeout(request_timeout_s: float,
+                     deadline: Optional[float]) -> float:
+  """One request's bound: `request_timeout_s`, cut to what `deadline` leaves.
+
+  Raises:
+    GcsError: the deadline (a `time.monotonic()` value) has passed.
+  """
+  if deadline is None:
+    return request_timeout_s
+  remaining = deadline - time.monotonic()
+  if remaining <= 0:
+    raise GcsError("deadline passed")
+  return max(0.1, min(request_timeout_s, remaining))
+
+
+def _list_blobs(client, bucket, prefix: str, request_timeout_s: float,
+                deadline: Optional[float]) -> list[Any]:
+  """Every blob under `prefix`, one request per page, within `deadline`.
+
+  Each page gets its own request bound cut to what the deadline leaves, so a
+  listing of many pages is bounded as a whole, not only page by page.
+
+  Args:
+    client: a `google.cloud.storage.Client`.
+    bucket: a bucket name or `Bucket`.
+    prefix: the object name prefix.
+    request_timeout_s: the most one page's request may take, retries
+      included.
+    deadline: a `time.monotonic()` value the listing must end by; None for
+      no bound beyond each request's.
+
+  Raises:
+    GcsError: the deadline passed.
+    Exception: what the client raised.
+  """
+  blobs = []
+  token = None
+  while True:
+    try:
+      timeout = _request_timeout(request_timeout_s, deadline)
+    except GcsError:
+      raise GcsError(f"listing of {prefix!r} did not finish in time, "
+                     f"{len(blobs)} objects listed") from None
+    iterator = client.list_blobs(bucket, prefix=prefix, page_token=token,
+                                 timeout=timeout,
+                                 retry=_bounded_retry(timeout))
+    blobs.extend(next(iterator.pages))
+    token = iterator.next_page_token
+    if not token:
+      return blobs
 
 
 def _is_permanent_object_error(error: BaseException) -> bool:
@@ -122,6 +224,10 @@ class MirrorStats:
     files_deleted: objects deleted because their local file was gone.
     files_seeded: local files found already in the bucket, not uploaded.
     last_error: the newest failure, as text, or None.
+    unreachable: the newest failure said nothing answers at the endpoint
+      (see `is_unreachable_error`); False after a pass succeeds.
+    not_uploaded: after `close()`, the relative paths of local files the
+      bucket does not hold as they are locally, sorted; empty before.
     pending: True while a requested pass has not completed yet.
   """
   passes: int
@@ -130,6 +236,8 @@ class MirrorStats:
   files_deleted: int
   files_seeded: int
   last_error: Optional[str]
+  unreachable: bool
+  not_uploaded: tuple[str, ...]
   pending: bool
 
 
@@ -196,7 +304,8 @@ class GcsMirror:
     self._closing = threading.Event()
     self._stats_lock = threading.Lock()
     self._stats = dict(passes=0, failed_passes=0, files_uploaded=0,
-                       files_deleted=0, files_seeded=0, last_error=None)
+                       files_deleted=0, files_seeded=0, last_error=None,
+                       unreachable=False, not_uploaded=())
     self._final_deadline = 0.0
     self._in_pass = False
     self._final_ok = False
@@ -219,13 +328,19 @@ class GcsMirror:
   def close(self, timeout_s: Optional[float] = None) -> bool:
     """Runs a final pass and waits for it at most `timeout_s` seconds.
 
+    When no pass has ever succeeded and the endpoint is unreachable, the
+    final pass is one attempt, which fails at once, rather than retries
+    until the deadline.
+
     Args:
       timeout_s: the wait bound; defaults to `final_timeout_s`.
 
     Returns:
-      True when the bucket holds every local file as it is now. False (with
-      a warning) when the final pass failed or did not finish in time; the
-      local directory still has everything.
+      True when the bucket holds every local file as it is now. False when
+      the final pass failed or did not finish in time: one warning then
+      says why and how many files (naming a few) the bucket is missing, and
+      `stats().not_uploaded` lists them all; the local directory still has
+      everything.
     """
     if self._closed:
       return self._final_ok
@@ -236,17 +351,38 @@ class GcsMirror:
     self._wake.set()
     self._thread.join(timeout_s)
     if self._thread.is_alive():
-      logging.warning("GCS mirror %s -> %s: final upload did not finish within"
-                      " %.1f s; the local copy is complete.", self.local_dir,
-                      self.gs_url, timeout_s)
-      return False
-    return self._final_ok
+      reason = f"the final upload did not finish within {timeout_s:.1f} s"
+    elif self._final_ok:
+      return True
+    else:
+      reason = f"the final upload failed ({self.stats().last_error})"
+    missing = self._not_uploaded()
+    with self._stats_lock:
+      self._stats["not_uploaded"] = tuple(missing)
+    names = ", ".join(missing[:_NAMES_IN_WARNING])
+    if len(missing) > _NAMES_IN_WARNING:
+      names += ", ..."
+    logging.warning(
+        "GCS mirror %s -> %s: %d file(s) not uploaded%s: %s; the local copy"
+        " keeps everything.", self.local_dir, self.gs_url, len(missing),
+        f" ({names})" if names else "", reason)
+    return False
 
   def __enter__(self) -> "GcsMirror":
     return self
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+  def _not_uploaded(self) -> list[str]:
+    """Relative paths of local files not in the bucket as they are now."""
+    if not os.path.isdir(self.local_dir):
+      return []
+    # A copy: the background thread may still be updating it after a
+    # close() that timed out.
+    synced = dict(self._synced)
+    return sorted(rel for rel, (signature, _) in self._scan().items()
+                  if synced.get(rel) != signature)
 
   # --- background thread ------------------------------------------------------
 
@@ -275,33 +411,44 @@ class GcsMirror:
     return self._final_deadline - time.monotonic() if final else None
 
   def _run_pass(self, final: bool) -> bool:
-    """One pass with its retries; True when every file is in the bucket."""
+    """One pass with its retries; True when every file is in the bucket.
+
+    The final pass logs no warning of its own: close() reports its outcome.
+    """
     attempt = 0
     while True:
       try:
         if self._sync_once(final):
           with self._stats_lock:
             self._stats["passes"] += 1
+            self._stats["unreachable"] = False
           return True
         error = "interrupted by close()"
       except Exception as e:  # pylint: disable=broad-except
         error = f"{type(e).__name__}: {e}"
         with self._stats_lock:
           self._stats["last_error"] = error
+          self._stats["unreachable"] = is_unreachable_error(e)
       if not final and self._closing.is_set():
         return False  # The final pass takes over at once.
       attempt += 1
       delay = self._backoff_s * 2 ** (attempt - 1)
       remaining = self._remaining(final)
-      if attempt > self._max_retries or (
-          remaining is not None and remaining <= delay):
+      with self._stats_lock:
+        # An endpoint that never worked and refuses now will not start
+        # working within close()'s wait; retrying only delays the run's end.
+        never_reached = (self._stats["unreachable"] and
+                         self._stats["passes"] == 0)
+      if (attempt > self._max_retries or (final and never_reached) or
+          (remaining is not None and remaining <= delay)):
         with self._stats_lock:
           self._stats["failed_passes"] += 1
-        logging.warning(
-            "GCS mirror %s -> %s: upload pass failed after %d attempt(s): %s."
-            " Training goes on; the local copy keeps everything%s.",
-            self.local_dir, self.gs_url, attempt, error,
-            "" if final else " and a later pass retries")
+        if not final:
+          logging.warning(
+              "GCS mirror %s -> %s: upload pass failed after %d attempt(s):"
+              " %s. Training goes on; the local copy keeps everything and a"
+              " later pass retries.", self.local_dir, self.gs_url, attempt,
+              error)
         return False
       if final:
         time.sleep(delay)
@@ -340,10 +487,9 @@ class GcsMirror:
   def _seed(self, bucket, local, final: bool) -> None:
     """Marks local files that the bucket already holds as uploaded."""
     list_prefix = _object_name(self._prefix, "")
-    timeout = self._request_timeout(final)
-    blobs = bucket.client.list_blobs(
-        bucket, prefix=list_prefix, timeout=timeout,
-        retry=_bounded_retry(timeout))
+    blobs = _list_blobs(bucket.client, bucket, list_prefix,
+                        self._request_timeout_s,
+                        self._final_deadline if final else None)
     seeded = 0
     for blob in blobs:
       rel = blob.name[len(list_prefix):]
@@ -413,8 +559,16 @@ class GcsMirror:
 def download_prefix(gs_url: str, local_dir: str, *,
                     client_factory: Optional[Callable[[], Any]] = None,
                     request_timeout_s: float = 60.0,
+                    list_timeout_s: Optional[float] = None,
                     overwrite: bool = False) -> list[str]:
   """Downloads every object under `gs_url` into `local_dir`.
+
+  First the prefix is listed: that look-up (is there a run, and what does it
+  hold) is bounded by `list_timeout_s` in total, and an unreachable endpoint
+  (see `is_unreachable_error`) fails it at once. Only then are the objects
+  downloaded, each bounded by `request_timeout_s`, however long the whole
+  download takes: a resume needs every file of its checkpoint, and a bound
+  on the total would cut a large but healthy download short.
 
   Each file is written to a temporary name and renamed when complete, so an
   interrupted download never leaves a truncated file under its real name.
@@ -425,6 +579,8 @@ def download_prefix(gs_url: str, local_dir: str, *,
     client_factory: returns a `google.cloud.storage.Client`; defaults to
       `default_client_factory`.
     request_timeout_s: the most one request may take, retries included.
+    list_timeout_s: the most the listing may take in total, all its pages
+      and retries included; None for `request_timeout_s` per page.
     overwrite: replace local files that exist; by default they are kept (the
       local staging is newer than the mirror).
 
@@ -433,18 +589,25 @@ def download_prefix(gs_url: str, local_dir: str, *,
     prefix.
 
   Raises:
-    ValueError: a bad URL.
-    GcsError: listing or downloading failed within its retries.
+    ValueError: a bad URL or a bound that is not positive.
+    GcsError: the endpoint is unreachable, the listing did not finish within
+      `list_timeout_s`, or listing or downloading failed within its retries.
   """
   bucket_name, prefix = parse_gs_url(gs_url)
+  for name, value in (("request_timeout_s", request_timeout_s),
+                      ("list_timeout_s", list_timeout_s)):
+    if value is not None and value <= 0:
+      raise ValueError(f"{name} must be > 0, got {value}")
+  list_deadline = (None if list_timeout_s is None else
+                   time.monotonic() + list_timeout_s)
   list_prefix = _object_name(prefix, "")
   local_dir = os.path.abspath(local_dir)
   retry = _bounded_retry(request_timeout_s)
   written = []
   try:
     client = (client_factory or default_client_factory)()
-    blobs = list(client.list_blobs(bucket_name, prefix=list_prefix,
-                                   timeout=request_timeout_s, retry=retry))
+    blobs = _list_blobs(client, bucket_name, list_prefix, request_timeout_s,
+                        list_deadline)
     for blob in blobs:
       rel = blob.name[len(list_prefix):]
       parts = rel.split("/")
@@ -469,6 +632,7 @@ def download_prefix(gs_url: str, local_dir: str, *,
           os.remove(tmp)
       written.append(rel)
   except Exception as e:  # pylint: disable=broad-except
-    raise GcsError(f"download of {gs_url} into {local_dir} failed: "
+    what = "unreachable endpoint: " if is_unreachable_error(e) else ""
+    raise GcsError(f"download of {gs_url} into {local_dir} failed: {what}"
                    f"{type(e).__name__}: {e}") from e
   return sorted(written)
