@@ -9,6 +9,9 @@ buckets, objects and resumable-upload sessions survive a `stop()` and a
       client = emulator.client()            # anonymous, bounded retries
       ...                                   # or code that reads
                                             # STORAGE_EMULATOR_HOST
+
+For endpoints that do not work: `closed_port_url()` (connection refused),
+`unresolvable_url()` (no such host) and `SlowProxy` (works, but slowly).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from typing import Iterable, Optional
 import urllib.error
@@ -243,3 +247,129 @@ class GcsEmulator:
 
   def __exit__(self, *exc_info) -> None:
     self.cleanup()
+
+
+def closed_port_url() -> str:
+  """An endpoint URL on 127.0.0.1 whose port refuses connections.
+
+  The port is free when this returns; nothing in the tests binds it, but
+  another process on the machine could, so use it at once.
+  """
+  return f"http://127.0.0.1:{free_port()}"
+
+
+def unresolvable_url() -> str:
+  """An endpoint URL whose host name never resolves (RFC 2606 `.invalid`)."""
+  return "http://gcs-emulator.invalid:4443"
+
+
+def client_for(url: str):
+  """An anonymous google-cloud-storage Client for the endpoint `url`."""
+  from google.auth import credentials  # pylint: disable=g-import-not-at-top
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  return storage.Client(
+      project=PROJECT, credentials=credentials.AnonymousCredentials(),
+      client_options={"api_endpoint": url})
+
+
+class SlowProxy:
+  """A TCP proxy on 127.0.0.1 that delays every chunk sent to the server.
+
+  Put in front of a `GcsEmulator`, it makes an endpoint that works but is
+  slow, e.g. uploads that take seconds, without touching the emulator.
+
+      with gcs_emulator.SlowProxy(emulator.port, delay_s=0.2) as proxy:
+        client = gcs_emulator.client_for(proxy.url)
+
+  Attributes:
+    port: the port the proxy listens on.
+    delay_s: the current delay per chunk.
+  """
+
+  def __init__(self, target_port: int, delay_s: float,
+               chunk_bytes: int = 64 << 10):
+    """Starts listening; each connection is served by two daemon threads.
+
+    Args:
+      target_port: the server's port on 127.0.0.1.
+      delay_s: the sleep before each chunk from the client is forwarded;
+        the attribute `delay_s` may be changed at any time.
+      chunk_bytes: the most bytes forwarded per chunk (so per delay).
+    """
+    self._target_port = target_port
+    self.delay_s = delay_s
+    self._chunk_bytes = chunk_bytes
+    self._sockets: list[socket.socket] = []
+    self._lock = threading.Lock()
+    self._closed = False
+    self._listener = socket.create_server(("127.0.0.1", 0))
+    self.port = self._listener.getsockname()[1]
+    threading.Thread(target=self._accept, daemon=True,
+                     name="slow-proxy").start()
+
+  @property
+  def url(self) -> str:
+    return f"http://127.0.0.1:{self.port}"
+
+  def _accept(self) -> None:
+    while True:
+      try:
+        client, _ = self._listener.accept()
+        server = socket.create_connection(("127.0.0.1", self._target_port),
+                                          timeout=5.0)
+        server.settimeout(None)
+      except OSError:
+        return  # close() shut the listener (or the server is gone).
+      with self._lock:
+        if self._closed:
+          client.close()
+          server.close()
+          return
+        self._sockets += [client, server]
+      for src, dst, delayed in ((client, server, True),
+                                (server, client, False)):
+        threading.Thread(target=self._pump, args=(src, dst, delayed),
+                         daemon=True, name="slow-proxy-pump").start()
+
+  def _pump(self, src: socket.socket, dst: socket.socket,
+            delayed: bool) -> None:
+    try:
+      while True:
+        data = src.recv(self._chunk_bytes)
+        if not data:
+          break
+        if delayed and self.delay_s:
+          time.sleep(self.delay_s)
+        dst.sendall(data)
+    except OSError:
+      pass
+    # Pass the end of the stream on, so the other side sees it too.
+    for s in (src, dst):
+      try:
+        s.shutdown(socket.SHUT_RDWR)
+      except OSError:
+        pass
+
+  def close(self) -> None:
+    """Stops accepting and drops every open connection."""
+    with self._lock:
+      self._closed = True
+      sockets, self._sockets = self._sockets, []
+    try:
+      # Wakes the accept() in the proxy's thread; close() alone may not.
+      self._listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+      pass
+    self._listener.close()
+    for s in sockets:
+      try:
+        s.shutdown(socket.SHUT_RDWR)
+      except OSError:
+        pass
+      s.close()
+
+  def __enter__(self) -> "SlowProxy":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()

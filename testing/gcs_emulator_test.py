@@ -1,4 +1,6 @@
-"""Tests for the fake-gcs-server fixture: start, restart, persistence."""
+"""Tests for the fake-gcs-server fixture and its broken-endpoint helpers."""
+
+import time
 
 from absl.testing import absltest
 from google.api_core import exceptions
@@ -47,6 +49,26 @@ class GcsEmulatorTest(absltest.TestCase):
           gcs_emulator.remote_files(client, "files", "run/",
                                     names=["d/y.txt", "missing.txt"]),
           {"d/y.txt": b"y"})
+
+  def test_closed_port_and_unresolvable_host_fail(self):
+    # retry=None: the first error itself (a requests.ConnectionError).
+    with self.assertRaisesRegex(Exception, "Connection refused"):
+      list(gcs_emulator.client_for(gcs_emulator.closed_port_url()).list_blobs(
+          "any", retry=None))
+    with self.assertRaisesRegex(Exception, "Failed to resolve"):
+      list(gcs_emulator.client_for(gcs_emulator.unresolvable_url()).list_blobs(
+          "any", retry=None))
+
+  def test_slow_proxy_forwards_with_a_delay(self):
+    with gcs_emulator.GcsEmulator(buckets=["slow"]) as emulator:
+      with gcs_emulator.SlowProxy(emulator.port, delay_s=0.3) as proxy:
+        client = gcs_emulator.client_for(proxy.url)
+        start = time.monotonic()
+        client.bucket("slow").blob("x").upload_from_string(b"payload")
+        self.assertGreaterEqual(time.monotonic() - start, 0.3)
+        proxy.delay_s = 0.0
+        self.assertEqual(
+            client.bucket("slow").blob("x").download_as_bytes(), b"payload")
 
 
 if __name__ == "__main__":
