@@ -1,11 +1,10 @@
-"""MLPerf log settings from a run's config: submission checks, hyperparameters.
+"""MLPerf log hyperparameters from a run's config and its real values.
 
-`validate_mllog_config` rejects, before a run starts, the submission fields
-the official compliance checker would reject (or crash on).
 `hyperparameters_from_config` builds the hyperparameter events a log must
 hold (`REQUIRED_HYPERPARAMETERS`, in order) from the config and the run's
 real values, naming precisions as MLPerf spells them (`precision_name`).
 `maxtext.mllog.logger` writes the log; this module only decides its contents.
+The submission fields are checked by `maxtext.mllog.rules`.
 """
 
 from __future__ import annotations
@@ -13,19 +12,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
-
-# Submission divisions and statuses the rules accept.
-DIVISIONS = ("closed", "open")
-STATUSES = ("onprem", "cloud", "research", "preview")
-
-# Benchmark names each supported ruleset accepts (its *_common.yaml); the
-# official checker crashes on a name outside its list.
-BENCHMARKS_BY_RULESET = {
-    "6.0.0": ("flux1", "dlrm_dcnv2", "llama31_8b", "llama2_70b_lora",
-              "llama31_405b", "gpt_oss_20b", "deepseekv3_671b"),
-    "6.1.0": ("flux1", "llama31_8b", "llama2_70b_lora", "gpt_oss_20b",
-              "deepseekv3_671b", "qwen35_397b_grpo", "dlrmv4"),
-}
 
 # Precision names the 6.1 disclosure keys accept.
 PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "fp8", "mxfp6", "nvfp4", "mxfp4",
@@ -85,41 +71,6 @@ _DTYPE_PRECISION = {
 }
 _PRECISION_RANK = {"fp8": 0, "fp16": 1, "bfloat16": 1, "tf32": 2, "fp32": 3,
                    "fp64": 4}
-
-
-def validate_mllog_config(config: Any) -> None:
-  """Checks the config fields the MLPerf log takes its submission info from.
-
-  Args:
-    config: a config with `mllog_ruleset`, `submission_org`,
-      `submission_platform`, `submission_division`, `submission_status` and
-      `submission_benchmark`.
-
-  Raises:
-    ValueError: naming the field and the value that the official compliance
-      checker would reject (or crash on).
-  """
-  ruleset = config.mllog_ruleset
-  if ruleset not in BENCHMARKS_BY_RULESET:
-    raise ValueError(
-        f"config.mllog_ruleset must be one of {sorted(BENCHMARKS_BY_RULESET)},"
-        f" got {ruleset!r}")
-  for field in ("submission_org", "submission_platform"):
-    value = getattr(config, field)
-    if not isinstance(value, str) or not value.strip():
-      raise ValueError(f"config.{field} must be a non-empty string, got "
-                       f"{value!r}")
-  if config.submission_division not in DIVISIONS:
-    raise ValueError(f"config.submission_division must be one of {DIVISIONS},"
-                     f" got {config.submission_division!r}")
-  if config.submission_status not in STATUSES:
-    raise ValueError(f"config.submission_status must be one of {STATUSES}, "
-                     f"got {config.submission_status!r}")
-  benchmarks = BENCHMARKS_BY_RULESET[ruleset]
-  if config.submission_benchmark not in benchmarks:
-    raise ValueError(
-        f"config.submission_benchmark must be one of {benchmarks} for "
-        f"ruleset {ruleset}, got {config.submission_benchmark!r}")
 
 
 def precision_name(dtype: Any) -> str:

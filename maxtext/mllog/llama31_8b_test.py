@@ -14,13 +14,13 @@ import json
 import os
 
 from absl.testing import absltest
-import mlperf_logging
 import yaml
 
 from maxtext import config_lib
-from maxtext.mllog import logger as mllog_utils
 from maxtext import optimizer
 from maxtext.configs import llama31_8b
+from maxtext.mllog import logger as mllog_utils
+from maxtext.mllog import rules
 from testing import compliance_checker
 
 # Keys of the run phase; every other key a rule names is a header key.
@@ -34,8 +34,7 @@ _SYNTHETIC = {"synthetic": True}
 
 def rule_keys(ruleset, division, benchmark):
   """Every key named by the installed checker's rules for the benchmark."""
-  root = os.path.join(os.path.dirname(mlperf_logging.__file__),
-                      "compliance_checker", f"training_{ruleset}")
+  root = rules.ruleset_dir(ruleset)
   keys = set()
   for name in ("common.yaml", f"{division}_common.yaml",
                f"{division}_{benchmark}.yaml"):
@@ -146,9 +145,7 @@ class Llama318bMllogTest(absltest.TestCase):
     self.assertIn("opt_learning_rate_decay_steps", result.failed_keys())
 
   def test_header_logs_every_key_the_rules_name(self):
-    root = os.path.join(os.path.dirname(mlperf_logging.__file__),
-                        "compliance_checker",
-                        f"training_{self.config.mllog_ruleset}")
+    root = rules.ruleset_dir(self.config.mllog_ruleset)
     self.assertTrue(glob.glob(os.path.join(root, "closed_llama31_8b.yaml")))
     rule_header_keys = rule_keys(self.config.mllog_ruleset, "closed",
                                  self.config.submission_benchmark) - _RUN_KEYS

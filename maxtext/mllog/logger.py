@@ -20,15 +20,15 @@ The event sequence the MLPerf Training rules (6.0.0 and 6.1.0) demand:
 Values are host Python/NumPy numbers the caller already has; this module never
 reads device arrays, so logging adds no device synchronization to a step.
 
-What a log holds (submission checks, the hyperparameter keys and their values
-from a config) is decided in `maxtext.mllog.hyperparameters`; the names callers use are
-re-exported here.
+What a log holds is decided elsewhere: the submission fields are checked by
+`maxtext.mllog.rules`, the hyperparameter keys and their values from a config
+come from `maxtext.mllog.hyperparameters` (whose names callers use are
+re-exported here).
 """
 
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import sys
 import threading
@@ -38,10 +38,10 @@ from typing import Any, Callable, Mapping, Optional, TextIO
 from absl import logging
 import numpy as np
 
+from maxtext import checks
 from maxtext.mllog import hyperparameters as mllog_config
+from maxtext.mllog import rules
 
-BENCHMARKS_BY_RULESET = mllog_config.BENCHMARKS_BY_RULESET
-DIVISIONS = mllog_config.DIVISIONS
 REQUIRED_HYPERPARAMETERS = mllog_config.REQUIRED_HYPERPARAMETERS
 hyperparameters_from_config = mllog_config.hyperparameters_from_config
 
@@ -115,15 +115,6 @@ def _to_json_value(name: str, value: Any) -> Any:
       f"MLPerf log value {name!r} must be a host scalar (Python or NumPy), "
       f"str, list or dict; got {type(value).__name__}. Device arrays are "
       "rejected so that logging never waits for the device.")
-
-
-def _count(name: str, value: Any) -> int:
-  """Validates a sample/step count and returns it as an int."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{name} must be an integer, got {value!r}")
-  if value < 0:
-    raise ValueError(f"{name} must be >= 0, got {value}")
-  return int(value)
 
 
 class MLLogger:
@@ -261,14 +252,12 @@ class MLLogger:
                          f"{mllog_config.PRECISIONS}, got {values[key]!r}")
     for key in mllog_config.PARALLELISM_KEYS + ("micro_batch_size",
                                                 "gradient_accumulation_steps"):
-      if _count(key, values[key]) < 1:
-        raise ValueError(f"hyperparameter {key} must be >= 1, got "
-                         f"{values[key]}")
+      checks.check_int(f"hyperparameter {key}", values[key], 1)
     for key in ("opt_learning_rate_warmup_steps",
                 "opt_learning_rate_decay_steps", "max_steps",
                 "init_checkpoint_step", "global_batch_size",
                 "max_sequence_length", "train_samples", "eval_samples"):
-      _count(key, values[key])
+      checks.check_int(f"hyperparameter {key}", values[key], 0)
     for key in ("config_filename", "opt_name",
                 "opt_learning_rate_decay_schedule"):
       if not isinstance(values[key], str) or not values[key]:
@@ -298,10 +287,9 @@ class MLLogger:
       if epoch_count is None or first_epoch_num is None:
         raise ValueError("block_start needs both epoch_count and "
                          "first_epoch_num, or neither")
-      if _count("epoch_count", epoch_count) < 1:
-        raise ValueError(f"epoch_count must be >= 1, got {epoch_count}")
-      meta["epoch_count"] = int(epoch_count)
-      meta["first_epoch_num"] = _count("first_epoch_num", first_epoch_num)
+      meta["epoch_count"] = checks.check_int("epoch_count", epoch_count, 1)
+      meta["first_epoch_num"] = checks.check_int("first_epoch_num",
+                                                 first_epoch_num, 0)
     self._in_block = True
     self.event("block_start", None, meta, INTERVAL_START)
 
@@ -325,11 +313,9 @@ class MLLogger:
     """Logs the eval metric (mean eval loss, nats/token) at `samples_count`."""
     if self._file is None:
       return
-    if isinstance(value, bool) or not isinstance(
-        value, (numbers.Real, np.generic)):
-      raise TypeError(f"eval_accuracy value must be a host real number, got "
-                      f"{type(value).__name__}")
-    self.event("eval_accuracy", float(value),
+    # A non-finite loss is still the run's result, so it is logged as is.
+    value = checks.check_number("eval_accuracy value", value, finite=False)
+    self.event("eval_accuracy", value,
                {"samples_count": self._note_samples(samples_count)})
 
   def eval_stop(self, samples_count: int) -> None:
@@ -349,7 +335,7 @@ class MLLogger:
     if self._file is None:
       return
     self._write("tracked_stats", _to_json_value("tracked_stats", stats),
-                {"step": _count("step", step)}, POINT_IN_TIME)
+                {"step": checks.check_int("step", step, 0)}, POINT_IN_TIME)
 
   def run_stop(self, status: str, samples_count: Optional[int] = None) -> bool:
     """Logs `run_stop` once per logger; later calls do nothing.
@@ -381,7 +367,7 @@ class MLLogger:
       return True
 
   def _note_samples(self, samples_count: Any) -> int:
-    self._samples_count = _count("samples_count", samples_count)
+    self._samples_count = checks.check_int("samples_count", samples_count, 0)
     return self._samples_count
 
   def close(self) -> None:
@@ -411,7 +397,7 @@ def create_mllogger(config: Any, path: str, *,
 
   Args:
     config: the run's config: `enable_mllog` and the fields
-      `mllog_config.validate_mllog_config` reads.
+      `rules.validate_submission` reads.
     path: the first attempt's log path (e.g. `<run dir>/mllog.log`); this
       attempt writes to `next_attempt_path(path)`, see `MLLogger.path`.
     process_index: this process's index; defaults to `jax.process_index()`.
@@ -426,7 +412,7 @@ def create_mllogger(config: Any, path: str, *,
   """
   if not config.enable_mllog:
     return MLLogger.disabled()
-  mllog_config.validate_mllog_config(config)
+  rules.validate_submission(config)
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index = jax.process_index()
