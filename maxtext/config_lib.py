@@ -6,9 +6,9 @@ relations between fields. Errors are `TypeError` (wrong type) or `ValueError`
 (bad value) and name the field and the value. Checks that need the devices
 (batch divisible by the device count, mesh shape) belong to the mesh code.
 
-The MLPerf submission fields are checked against what the installed
-`mlperf_logging` package knows, since its compliance checker crashes on an
-unknown division or benchmark instead of reporting it.
+The expected type of each field is the type of its default in `base.py`; the
+MLPerf submission fields are checked by `maxtext.mllog.rules`, against what
+the installed `mlperf_logging` package knows.
 """
 
 import importlib.util
@@ -18,88 +18,19 @@ import os
 from typing import Any
 
 import ml_collections
-from mlperf_logging import benchmark_meta
-from mlperf_logging.mllog import constants as mllog_constants
+
+from maxtext import checks
+from maxtext.configs import base
+from maxtext.mllog import rules
 
 ALLOWED_DTYPES = ("float32", "bfloat16", "float16")
 DATASET_TYPES = ("synthetic", "tokens_file")
 HARDWARE = ("cpu", "tpu", "gpu")
-SUBMISSION_DIVISIONS = (mllog_constants.CLOSED, mllog_constants.OPEN)
-SUBMISSION_STATUSES = (mllog_constants.ONPREM, mllog_constants.CLOUD,
-                       mllog_constants.RESEARCH)
-# Rulesets whose events the engine writes (the 6.x disclosure keys).
-SUPPORTED_MLLOG_RULESETS = ("6.0.0", "6.1.0")
 
-# Expected Python type of every field. `float` fields also take ints.
-_STR, _INT, _FLOAT, _BOOL = str, int, float, bool
+# Expected Python type of every field: the type of its default in base.py, so
+# a field is declared once, there. `float` fields also take ints.
 FIELD_TYPES: dict[str, type] = {
-    "run_name": _STR,
-    "base_output_directory": _STR,
-    "local_staging_directory": _STR,
-    "checkpoint_directory": _STR,
-    "resume": _BOOL,
-    "load_parameters_path": _STR,
-    "checkpoint_period": _INT,
-    "max_checkpoints_to_keep": _INT,
-    "seed": _INT,
-    "data_shuffle_seed": _INT,
-    "vocab_size": _INT,
-    "emb_dim": _INT,
-    "num_layers": _INT,
-    "num_heads": _INT,
-    "num_kv_heads": _INT,
-    "head_dim": _INT,
-    "mlp_dim": _INT,
-    "max_sequence_length": _INT,
-    "rope_theta": _FLOAT,
-    "norm_epsilon": _FLOAT,
-    "weight_dtype": _STR,
-    "compute_dtype": _STR,
-    "dataset_type": _STR,
-    "train_data_path": _STR,
-    "eval_data_path": _STR,
-    "global_batch_size": _INT,
-    "gradient_accumulation_steps": _INT,
-    "steps": _INT,
-    "learning_rate": _FLOAT,
-    "warmup_steps": _INT,
-    "lr_schedule_steps": _INT,
-    "lr_end_fraction": _FLOAT,
-    "adam_b1": _FLOAT,
-    "adam_b2": _FLOAT,
-    "adam_eps": _FLOAT,
-    "weight_decay": _FLOAT,
-    "grad_clip_norm": _FLOAT,
-    "eval_interval": _INT,
-    "eval_steps": _INT,
-    "eval_batch_size": _INT,
-    "target_eval_loss": _FLOAT,
-    "log_period": _INT,
-    "profiler_steps": _INT,
-    "profiler_start_step": _INT,
-    "max_consecutive_skipped_steps": _INT,
-    "data_parallelism": _INT,
-    "fsdp_parallelism": _INT,
-    "coordinator_address": _STR,
-    "num_processes": _INT,
-    "process_id": _INT,
-    "distributed_init_timeout_seconds": _INT,
-    "jax_compilation_cache_dir": _STR,
-    "hardware": _STR,
-    "allow_cpu_fallback": _BOOL,
-    "enable_mllog": _BOOL,
-    "mllog_file": _STR,
-    "mllog_ruleset": _STR,
-    "submission_org": _STR,
-    "submission_platform": _STR,
-    "submission_division": _STR,
-    "submission_status": _STR,
-    "submission_benchmark": _STR,
-    "mllog_train_samples": _INT,
-    "gcs_sync_interval_seconds": _FLOAT,
-    "gcs_request_timeout_seconds": _FLOAT,
-    "gcs_final_timeout_seconds": _FLOAT,
-}
+    key: type(value) for key, value in base.get_config().items()}
 
 
 def _fail(key: str, value: Any, why: str) -> ValueError:
@@ -114,19 +45,20 @@ def _check_types(values: dict[str, Any]) -> None:
   unknown = sorted(set(values) - set(FIELD_TYPES))
   if unknown:
     raise ValueError(f"config has unknown field(s) {unknown}; add new fields "
-                     f"to maxtext/configs/base.py and config_lib.FIELD_TYPES")
+                     f"to maxtext/configs/base.py, with a comment")
   for key, expected in FIELD_TYPES.items():
     value = values[key]
-    if expected is _FLOAT:
-      ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif expected is _INT:
-      ok = isinstance(value, int) and not isinstance(value, bool)
+    # Python values only (no NumPy scalars): the config is written as JSON.
+    if expected is float:
+      ok = checks.is_number(value) and isinstance(value, (int, float))
+    elif expected is int:
+      ok = checks.is_int(value) and isinstance(value, int)
     else:
       ok = isinstance(value, expected)
     if not ok:
       raise TypeError(f"config.{key}={value!r}: expected "
                       f"{expected.__name__}, got {type(value).__name__}")
-    if expected is _FLOAT and not math.isfinite(value):
+    if expected is float and not math.isfinite(value):
       raise _fail(key, value, "must be finite")
 
 
@@ -138,20 +70,6 @@ def _at_least(values, key: str, minimum: int) -> None:
 def _one_of(values, key: str, allowed) -> None:
   if values[key] not in allowed:
     raise _fail(key, values[key], f"must be one of {list(allowed)}")
-
-
-def known_mllog_rulesets() -> tuple[str, ...]:
-  """Supported rulesets that the installed compliance checker also has."""
-  checker_dir = os.path.join(
-      os.path.dirname(os.path.dirname(mllog_constants.__file__)),
-      "compliance_checker")
-  return tuple(r for r in SUPPORTED_MLLOG_RULESETS
-               if os.path.isdir(os.path.join(checker_dir, f"training_{r}")))
-
-
-def known_benchmarks(ruleset: str) -> tuple[str, ...]:
-  """Training benchmarks that `mlperf_logging` allows for `ruleset`."""
-  return tuple(benchmark_meta.get_allowed_benchmarks("training", ruleset))
 
 
 def _check_relative_name(key: str, value: str) -> None:
@@ -293,13 +211,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _one_of(v, "hardware", HARDWARE)
 
   # MLPerf log. Checked even when off, so turning it on cannot fail later.
-  _one_of(v, "mllog_ruleset", known_mllog_rulesets())
-  for key in ("submission_org", "submission_platform"):
-    if not v[key].strip():
-      raise _fail(key, v[key], "must not be empty (the checker requires it)")
-  _one_of(v, "submission_division", SUBMISSION_DIVISIONS)
-  _one_of(v, "submission_status", SUBMISSION_STATUSES)
-  _one_of(v, "submission_benchmark", known_benchmarks(v["mllog_ruleset"]))
+  rules.validate_submission(v)
   _at_least(v, "mllog_train_samples", 0)
   if v["mllog_file"].startswith("gs://"):
     raise _fail("mllog_file", v["mllog_file"],

@@ -9,17 +9,16 @@ import tempfile
 from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
-from mlperf_logging.mllog import constants as mllog_constants
+import numpy as np
 import yaml
 
 from maxtext import config_lib
 from maxtext import optimizer
+from maxtext.configs import base
+from maxtext.mllog import rules
 
 _CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "configs")
-_CHECKER_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(mllog_constants.__file__)),
-    "compliance_checker")
 
 
 def _config_files():
@@ -107,14 +106,14 @@ class ConfigFilesTest(parameterized.TestCase):
         "max_steps": config.steps,
         "global_batch_size": config.global_batch_size,
     }
-    for ruleset in config_lib.known_mllog_rulesets():
-      path = os.path.join(_CHECKER_DIR, f"training_{ruleset}",
+    for ruleset in rules.rulesets():
+      path = os.path.join(rules.ruleset_dir(ruleset),
                           f"closed_{config.submission_benchmark}.yaml")
       with open(path) as f:
-        rules = yaml.safe_load(f)
+        records = yaml.safe_load(f)
       state = {}
       checked = 0
-      for rule in rules:
+      for rule in records:
         key = rule.get("KEY", {})
         name = key.get("NAME")
         if name not in logged:
@@ -131,7 +130,7 @@ class ConfigFilesTest(parameterized.TestCase):
           exec(key["POST"], {}, {"v": v, "s": state})  # pylint: disable=exec-used
       self.assertGreaterEqual(checked, 10, ruleset)
       # The eval target is one the rule's accuracy check accepts.
-      accuracy = [r["KEY"] for r in rules
+      accuracy = [r["KEY"] for r in records
                   if r.get("KEY", {}).get("NAME") == "eval_accuracy"]
       for key in accuracy:
         if "ATLEAST_ONE_CHECK" in key:
@@ -222,10 +221,28 @@ class ValidateTest(parameterized.TestCase):
       ("int_for_bool", "resume", 1),
       ("str_for_float", "learning_rate", "1e-3"),
       ("int_for_str", "run_name", 3),
+      ("numpy_int_for_int", "steps", np.int64(10)),
+      ("bool_for_float", "learning_rate", False),
   )
   def test_wrong_type_raises_type_error_naming_it(self, key, value):
     with self.assertRaisesRegex(TypeError, f"config.{key}="):
       config_lib.validate(_with(self.config, **{key: value}))
+
+  def test_field_types_are_the_types_of_the_base_defaults(self):
+    defaults = base.get_config()
+    self.assertEqual(set(config_lib.FIELD_TYPES), set(defaults.keys()))
+    for key, expected in config_lib.FIELD_TYPES.items():
+      with self.subTest(field=key):
+        self.assertIn(expected, (str, int, float, bool))
+        self.assertIs(type(defaults[key]), expected)
+    # Spot checks: a float field written as an int literal in base.py would
+    # turn into an int field and refuse the float values users give it.
+    for key in ("learning_rate", "rope_theta", "target_eval_loss",
+                "gcs_sync_interval_seconds", "grad_clip_norm"):
+      self.assertIs(config_lib.FIELD_TYPES[key], float, key)
+    self.assertIs(config_lib.FIELD_TYPES["steps"], int)
+    self.assertIs(config_lib.FIELD_TYPES["resume"], bool)
+    self.assertIs(config_lib.FIELD_TYPES["run_name"], str)
 
   def test_int_is_accepted_for_float_fields(self):
     config_lib.validate(_with(self.config, learning_rate=1, rope_theta=10000))
@@ -249,17 +266,12 @@ class ValidateTest(parameterized.TestCase):
     config_lib.validate(_with(self.config,
                               base_output_directory="gs://bucket/prefix"))
 
-  def test_every_known_benchmark_and_division_exists_in_the_checker(self):
-    for ruleset in config_lib.known_mllog_rulesets():
-      ruleset_dir = os.path.join(_CHECKER_DIR, f"training_{ruleset}")
-      for division in config_lib.SUBMISSION_DIVISIONS:
-        self.assertTrue(os.path.isfile(
-            os.path.join(ruleset_dir, f"{division}_common.yaml")), division)
-        for benchmark in config_lib.known_benchmarks(ruleset):
+  def test_every_allowed_submission_validates(self):
+    for ruleset in rules.rulesets():
+      for division in rules.DIVISIONS:
+        for benchmark in rules.benchmarks(ruleset):
           with self.subTest(ruleset=ruleset, division=division,
                             benchmark=benchmark):
-            self.assertTrue(os.path.isfile(
-                os.path.join(ruleset_dir, f"{division}_{benchmark}.yaml")))
             config_lib.validate(_with(self.config, mllog_ruleset=ruleset,
                                       submission_division=division,
                                       submission_benchmark=benchmark))

@@ -13,19 +13,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from maxtext import config_lib
+
 # Name of the schedule in the MLPerf log (`opt_learning_rate_decay_schedule`).
 DECAY_SCHEDULE_NAME = "cosine with linear warmup"
-
-
-def schedule_steps(config) -> int:
-  """Total schedule length: `lr_schedule_steps`, or `steps` when that is 0."""
-  return config.lr_schedule_steps or config.steps
 
 
 def _check(config) -> tuple[float, int, int, float]:
   peak = float(config.learning_rate)
   warmup = int(config.warmup_steps)
-  total = schedule_steps(config)
+  total = config_lib.lr_schedule_steps(config)
   end_fraction = float(config.lr_end_fraction)
   if warmup < 0:
     raise ValueError(f"warmup_steps must be >= 0, got {warmup}")
