@@ -21,6 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
+from maxtext import checks
+
 Batch = dict[str, np.ndarray]
 
 # Common differences of the synthetic progressions. After two tokens the
@@ -39,10 +41,10 @@ RAW_TOKEN_DTYPE = np.dtype("<u2")
 def _local_rows(global_batch: int, process_index: int, process_count: int,
                 name: str) -> slice:
   """The slice of global batch rows that one process owns."""
-  if not isinstance(process_count, int) or process_count < 1:
+  if not checks.is_int(process_count) or process_count < 1:
     raise ValueError(f"process_count must be a positive int, got "
                      f"{process_count!r}")
-  if not isinstance(process_index, int) or not (
+  if not checks.is_int(process_index) or not (
       0 <= process_index < process_count):
     raise ValueError(f"process_index must be in [0, {process_count}), got "
                      f"{process_index!r}")
@@ -63,8 +65,7 @@ def _process_shares(config, process_index: int, process_count: int):
 
 
 def _check_index(value: int, name: str) -> int:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, (int, np.integer)) or value < 0:
+  if not checks.is_int(value) or value < 0:
     raise ValueError(f"{name} must be a non-negative int, got {value!r}")
   return int(value)
 
@@ -89,8 +90,7 @@ def split_micro_batches(batch: Batch, num_micro_batches: int) -> list[Batch]:
     ValueError: if K is not a positive int dividing B, or the arrays disagree
       on B.
   """
-  if isinstance(num_micro_batches, bool) or not isinstance(
-      num_micro_batches, int) or num_micro_batches < 1:
+  if not checks.is_int(num_micro_batches) or num_micro_batches < 1:
     raise ValueError(f"num_micro_batches must be a positive int, got "
                      f"{num_micro_batches!r}")
   if not batch:

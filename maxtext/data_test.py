@@ -81,6 +81,10 @@ class SyntheticDatasetTest(parameterized.TestCase):
       ("index_out_of_range", dict(process_index=2, process_count=2),
        "process_index"),
       ("count_zero", dict(process_index=0, process_count=0), "process_count"),
+      ("count_bool", dict(process_index=0, process_count=True),
+       "process_count"),
+      ("index_bool", dict(process_index=False, process_count=1),
+       "process_index"),
   )
   def test_bad_process_arguments(self, kwargs, pattern):
     with self.assertRaisesRegex(ValueError, pattern):
@@ -92,6 +96,12 @@ class SyntheticDatasetTest(parameterized.TestCase):
       dataset.get_batch(-1)
     with self.assertRaisesRegex(ValueError, "index"):
       dataset.get_eval_batch(1.5)
+    with self.assertRaisesRegex(ValueError, "step"):
+      dataset.get_batch(True)
+    with self.assertRaisesRegex(ValueError, "step"):
+      dataset.get_batch(np.bool_(True))
+    np.testing.assert_array_equal(dataset.get_batch(np.int64(3))["inputs"],
+                                  dataset.get_batch(3)["inputs"])
 
 
 class TokensFileDatasetTest(parameterized.TestCase):
