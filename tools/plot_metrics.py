@@ -16,7 +16,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from maxtext.metrics import writers as metric_logger
+from maxtext.metrics import jsonl
 from tools import plot_metrics_lib
 
 _METRICS = flags.DEFINE_string(
@@ -24,7 +24,10 @@ _METRICS = flags.DEFINE_string(
     "Required: metrics.jsonl file, or the run directory holding it.")
 _OUTPUT = flags.DEFINE_string(
     "output", None, "PNG to write; default metrics.png beside the metrics file.")
-_METRIC = flags.DEFINE_string("metric", "loss", "Metric name to plot.")
+_METRIC = flags.DEFINE_string(
+    "metric", jsonl.LOSS_KEY,
+    "Metric to plot: train records' <metric> and eval records' "
+    "eval_<metric> (loss: train loss and eval_loss).")
 _TARGET = flags.DEFINE_float(
     "target", None, "Draw a dashed line at this value (e.g. target eval loss).")
 
@@ -44,7 +47,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("--metrics is required")
   metrics = _resolve(_METRICS.value)
   if os.path.isdir(metrics):
-    metrics = os.path.join(metrics, metric_logger.METRICS_FILENAME)
+    metrics = os.path.join(metrics, jsonl.METRICS_FILENAME)
   output = _resolve(_OUTPUT.value) if _OUTPUT.value else None
   written = plot_metrics_lib.plot_metrics(
       metrics, output, metric=_METRIC.value, target=_TARGET.value)

@@ -1,7 +1,11 @@
 """Plots train and eval loss from a run's metrics.jsonl into a PNG file.
 
-The library behind `//tools:plot_metrics`. It draws with matplotlib's Agg
-renderer on a private `Figure` (no pyplot global state, no display needed).
+The library behind `//tools:plot_metrics`. It reads records through
+`maxtext.metrics.jsonl` (the one record schema; no JAX or TensorBoard), so a
+metric is read under its schema key per record kind: the train curve of
+"loss" from train records' "loss", the eval curve from eval records'
+"eval_loss". It draws with matplotlib's Agg renderer on a private `Figure`
+(no pyplot global state, no display needed).
 """
 
 import dataclasses
@@ -10,9 +14,11 @@ import os
 
 from matplotlib import figure as mpl_figure
 
-from maxtext.metrics import writers as metric_logger
+from maxtext import checks
+from maxtext.metrics import jsonl
 
 DEFAULT_OUTPUT_NAME = "metrics.png"
+_DPI = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,16 +31,18 @@ class LossCurves:
 
 
 def load_loss_curves(metrics_path: str | os.PathLike[str],
-                     metric: str = "loss") -> LossCurves:
+                     metric: str = jsonl.LOSS_KEY) -> LossCurves:
   """Reads `metric` of train and eval records from a metrics.jsonl file.
 
-  Records without the metric, and non-finite values, are left out. When a
-  step appears more than once for a kind (a file appended to without
-  truncation), the last record wins.
+  Train records hold the metric under its name, eval records under
+  `jsonl.metric_key("eval", metric)` ("loss" -> "eval_loss"). Records
+  without the metric, and non-finite values, are left out. When a step
+  appears more than once for a kind (a file appended to without truncation),
+  the last record wins.
 
   Args:
-    metrics_path: a `metrics.jsonl` file written by `MetricLogger`.
-    metric: the metric name to read.
+    metrics_path: a `metrics.jsonl` file.
+    metric: the metric's base name, e.g. "loss".
 
   Returns:
     The curves, sorted by step.
@@ -42,21 +50,22 @@ def load_loss_curves(metrics_path: str | os.PathLike[str],
   Raises:
     FileNotFoundError: the file is missing.
     ValueError: the file is malformed, or holds no finite `metric` value;
-      the message names the path.
+      the message names the path. Also for an empty `metric`.
   """
+  keys = {kind: jsonl.metric_key(kind, metric) for kind in jsonl.KINDS}
   path = os.fspath(metrics_path)
-  points = {"train": {}, "eval": {}}
-  for record in metric_logger.read_jsonl(path):
-    value = record.get(metric)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-      continue
-    if math.isfinite(value):
-      points[record["kind"]][record["step"]] = float(value)
-  if not points["train"] and not points["eval"]:
+  points = {kind: {} for kind in jsonl.KINDS}
+  for record in jsonl.read_jsonl(path):
+    kind = record[jsonl.KIND_KEY]
+    value = record.get(keys[kind])
+    if checks.is_number(value) and math.isfinite(value):
+      points[kind][record[jsonl.STEP_KEY]] = float(value)
+  if not any(points.values()):
     raise ValueError(
-        f"{path}: no train or eval record has a finite {metric!r} value")
-  train = sorted(points["train"].items())
-  evals = sorted(points["eval"].items())
+        f"{path}: no train record has a finite {keys[jsonl.TRAIN]!r} value "
+        f"and no eval record a finite {keys[jsonl.EVAL]!r} value")
+  train = sorted(points[jsonl.TRAIN].items())
+  evals = sorted(points[jsonl.EVAL].items())
   return LossCurves(
       train_steps=tuple(s for s, _ in train),
       train_values=tuple(v for _, v in train),
@@ -64,46 +73,38 @@ def load_loss_curves(metrics_path: str | os.PathLike[str],
       eval_values=tuple(v for _, v in evals))
 
 
-def plot_metrics(metrics_path: str | os.PathLike[str],
-                 output_path: str | os.PathLike[str] | None = None,
-                 *,
-                 metric: str = "loss",
-                 target: float | None = None,
-                 title: str | None = None,
-                 width_px: int = 1000,
-                 height_px: int = 600) -> str:
-  """Writes a PNG of the train and eval `metric` versus step.
+def make_figure(curves: LossCurves,
+                *,
+                metric: str = jsonl.LOSS_KEY,
+                target: float | None = None,
+                title: str = "",
+                width_px: int = 1000,
+                height_px: int = 600) -> mpl_figure.Figure:
+  """Draws the curves on a new figure: one line per kind that has points.
 
   Args:
-    metrics_path: a `metrics.jsonl` file written by `MetricLogger`.
-    output_path: the PNG to write; default `metrics.png` beside the input.
-      Its directory is created if missing.
-    metric: the metric to plot.
+    curves: the points to draw.
+    metric: the metric's base name, for the labels.
     target: if given, drawn as a dashed horizontal line (e.g. the target
       eval loss).
-    title: the plot title; default the input path.
-    width_px: image width in pixels (> 0).
-    height_px: image height in pixels (> 0).
+    title: the plot title.
+    width_px: image width in pixels (>= 1).
+    height_px: image height in pixels (>= 1).
 
   Returns:
-    The path of the written PNG.
+    The figure; its axes' lines are labelled "train <metric>", "eval
+    <metric>" and "target <value>".
 
   Raises:
-    FileNotFoundError, ValueError: see `load_loss_curves`; ValueError also
-      for a non-positive size.
+    TypeError, ValueError: a size is not an int >= 1, or `target` is not a
+      finite number.
   """
-  for name, value in (("width_px", width_px), ("height_px", height_px)):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-      raise ValueError(f"{name} must be a positive int, got {value!r}")
-  metrics_path = os.fspath(metrics_path)
-  curves = load_loss_curves(metrics_path, metric)
-  if output_path is None:
-    output_path = os.path.join(os.path.dirname(os.path.abspath(metrics_path)),
-                               DEFAULT_OUTPUT_NAME)
-  output_path = os.fspath(output_path)
-
-  dpi = 100
-  fig = mpl_figure.Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+  width_px = checks.check_int("width_px", width_px, 1)
+  height_px = checks.check_int("height_px", height_px, 1)
+  if target is not None:
+    target = checks.check_number("target", target)
+  fig = mpl_figure.Figure(figsize=(width_px / _DPI, height_px / _DPI),
+                          dpi=_DPI)
   ax = fig.subplots()
   if curves.train_steps:
     ax.plot(curves.train_steps, curves.train_values, label=f"train {metric}",
@@ -116,10 +117,53 @@ def plot_metrics(metrics_path: str | os.PathLike[str],
                label=f"target {target:g}")
   ax.set_xlabel("step")
   ax.set_ylabel(metric)
-  ax.set_title(title if title is not None else metrics_path, fontsize=9)
+  ax.set_title(title, fontsize=9)
   ax.grid(True, alpha=0.3)
   ax.legend()
   fig.tight_layout()
+  return fig
+
+
+def plot_metrics(metrics_path: str | os.PathLike[str],
+                 output_path: str | os.PathLike[str] | None = None,
+                 *,
+                 metric: str = jsonl.LOSS_KEY,
+                 target: float | None = None,
+                 title: str | None = None,
+                 width_px: int = 1000,
+                 height_px: int = 600) -> str:
+  """Writes a PNG of the train and eval `metric` versus step.
+
+  Args:
+    metrics_path: a `metrics.jsonl` file.
+    output_path: the PNG to write; default `metrics.png` beside the input.
+      Its directory is created if missing.
+    metric: the metric's base name (the eval curve reads "eval_<metric>").
+    target: if given, drawn as a dashed horizontal line (e.g. the target
+      eval loss).
+    title: the plot title; default the input path.
+    width_px: image width in pixels (>= 1).
+    height_px: image height in pixels (>= 1).
+
+  Returns:
+    The path of the written PNG.
+
+  Raises:
+    FileNotFoundError, ValueError: see `load_loss_curves`.
+    TypeError, ValueError: see `make_figure`; checked before the file is
+      read.
+  """
+  checks.check_int("width_px", width_px, 1)
+  checks.check_int("height_px", height_px, 1)
+  metrics_path = os.fspath(metrics_path)
+  curves = load_loss_curves(metrics_path, metric)
+  fig = make_figure(curves, metric=metric, target=target,
+                    title=title if title is not None else metrics_path,
+                    width_px=width_px, height_px=height_px)
+  if output_path is None:
+    output_path = os.path.join(
+        os.path.dirname(os.path.abspath(metrics_path)), DEFAULT_OUTPUT_NAME)
+  output_path = os.fspath(output_path)
   os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-  fig.savefig(output_path, format="png", dpi=dpi)
+  fig.savefig(output_path, format="png", dpi=_DPI)
   return output_path
