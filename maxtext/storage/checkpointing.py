@@ -24,17 +24,39 @@ Directories may be local paths or any URL orbax handles (`gs://...`); only
 local directories are tested here. In a multi-process run every process
 calls the same methods in the same order: orbax coordinates which process
 writes what and synchronises them.
+
+Failures:
+
+* A save that cannot be written (disk full, permission denied, ...) raises
+  `CheckpointError` with one line naming the directory, the step and the
+  OS error, wherever orbax reports it: in `wait`, in the next `save` or in
+  `close` (the files are written in the background), or in `save` itself.
+  orbax's temporary directory of that step (`<step>.orbax-checkpoint-tmp*`)
+  is removed first, so a failed save leaves nothing behind.
+* `restore_newest` restores the newest checkpoint that restores. A damaged
+  one (a data file truncated or overwritten, `_METADATA`, a manifest or the
+  metadata item missing) is logged, moved aside to
+  `<step>.corrupt-<UTC time>` (never deleted) and the next older one is
+  tried; when none restores, `CheckpointError` lists each step and why.
+  A checkpoint whose tree or shapes differ from the abstract state is not
+  damaged: the config changed, and `ValueError` names the leaf.
 """
 
 from collections.abc import Mapping
+import dataclasses
+import datetime
+import glob
 import json
-import numbers
 import os
-from typing import Any
+import re
+import shutil
+from typing import Any, Optional
 
 from absl import logging
 import jax
 import orbax.checkpoint as ocp
+
+from maxtext import checks
 
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
@@ -53,14 +75,6 @@ def _normalize_directory(directory: str | os.PathLike[str]) -> str:
   if not directory:
     raise ValueError("checkpoint directory must be non-empty")
   return directory if _is_url(directory) else os.path.abspath(directory)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{name} must be an int, got {value!r}")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-  return int(value)
 
 
 def _check_metadata(metadata: Any) -> dict[str, Any]:
@@ -97,6 +111,177 @@ def _read_only_manager(directory: str, item_names: tuple[str, ...]
           read_only=True, create=False, save_interval_steps=0))
 
 
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written, or no checkpoint could be restored.
+
+  The message is one line (or, for a failed restore, one line per step)
+  meant for the user as it stands; the orbax error is its `__cause__`.
+  """
+
+
+@dataclasses.dataclass(frozen=True)
+class SetAside:
+  """A checkpoint step that `restore_newest` could not restore.
+
+  Attributes:
+    step: the checkpoint's step.
+    moved_to: where its directory now is (`<dir>/<step>.corrupt-<time>`), or
+      None where it was left in place (a remote directory).
+    reason: the first line of the error that restoring it raised.
+  """
+  step: int
+  moved_to: Optional[str]
+  reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """What `restore_newest` restored.
+
+  Attributes:
+    step: the restored checkpoint's step.
+    state: the state pytree of jax.Arrays.
+    metadata: the metadata dict given to `save`.
+    set_aside: newer checkpoints that did not restore, newest first.
+  """
+  step: int
+  state: Any
+  metadata: dict[str, Any]
+  set_aside: tuple[SetAside, ...] = ()
+
+
+# TensorStore reports I/O and format errors as ValueError whose message
+# starts with an absl status code ("RESOURCE_EXHAUSTED: ...", "NOT_FOUND:
+# ...", "OUT_OF_RANGE: ..."), not as OSError.
+_STATUS_PREFIX = re.compile(r"^[A-Z][A-Z_]+: ")
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+def _error_chain(error: BaseException) -> list[BaseException]:
+  chain = []
+  while error is not None and error not in chain:
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  return chain
+
+
+def _is_storage_error(error: BaseException) -> bool:
+  """Whether `error` (or what caused it) is a failed read or write of files."""
+  for e in _error_chain(error):
+    if isinstance(e, OSError):
+      return True
+    if isinstance(e, ValueError) and _STATUS_PREFIX.match(str(e)):
+      return True
+  return False
+
+
+def _is_damage(error: Exception) -> bool:
+  """Whether an error restoring a checkpoint means the checkpoint is damaged.
+
+  Called only after the checkpoint's tree metadata matched the abstract
+  state (or could not be read, which is damage itself), so a config change
+  never lands here. Damage, as orbax 0.12 reports it:
+  * missing files: FileNotFoundError (an OSError), e.g. `metadata/metadata`;
+  * truncated or overwritten data files and missing manifests: TensorStore's
+    ValueError ("OUT_OF_RANGE: ...", "NOT_FOUND: ..."), which orbax wraps
+    in a plain `Exception` ("Encountered error while reading array ...");
+  * unparsable JSON (`_METADATA`, the metadata item): JSONDecodeError, and
+    a tree that no longer matches its metadata: ValueError.
+  Anything else (TypeError, AttributeError, KeyError, MemoryError, an XLA
+  runtime error such as a device out of memory) is a bug or a problem of
+  this process, not of the files, and is raised unchanged.
+
+  Args:
+    error: the exception raised while reading the checkpoint.
+  """
+  if isinstance(error, (OSError, ValueError)):
+    return True
+  # orbax's wrapper of a failed array read is a bare Exception.
+  return type(error) is Exception and _is_storage_error(error)  # pylint: disable=unidiomatic-typecheck
+
+
+def _first_line(error: BaseException) -> str:
+  lines = str(error).strip().splitlines()
+  text = lines[0] if lines else ""
+  return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _reason(error: BaseException) -> str:
+  """One line saying why a checkpoint did not restore."""
+  # orbax's bare Exception around a failed array read says little; the
+  # TensorStore error it wraps names the file and the problem.
+  if type(error) is Exception and error.__cause__ is not None:  # pylint: disable=unidiomatic-typecheck
+    error = error.__cause__
+  line = _first_line(error).split(" [tensorstore_spec=")[0]
+  return line if len(line) <= 400 else line[:397] + "..."
+
+
+def _os_error_text(error: BaseException) -> str:
+  """The OS error behind a failed write, e.g. "[Errno 28] No space left ..."."""
+  for e in _error_chain(error):
+    if isinstance(e, OSError) and e.errno is not None:
+      return f"[Errno {e.errno}] {e.strerror or os.strerror(e.errno)}"
+    match = _OS_ERROR_CODE.search(str(e))
+    if match:
+      code = int(match.group(1))
+      return f"[Errno {code}] {os.strerror(code)}"
+  return _first_line(error)
+
+
+def _key_name(key: Any) -> str:
+  """A tree path entry as orbax names it on disk (namedtuple fields as keys)."""
+  for attr in ("key", "idx", "name"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _leaves_by_path(tree: Any) -> dict[tuple[str, ...], tuple[str, Any]]:
+  leaves = jax.tree_util.tree_leaves_with_path(
+      tree, is_leaf=lambda x: x is None)
+  return {tuple(_key_name(k) for k in path):
+          (jax.tree_util.keystr(path), leaf)
+          for path, leaf in leaves if leaf is not None}
+
+
+def _check_matches(abstract_state: Any, stored: Any, step: int) -> None:
+  """Raises ValueError where the abstract state differs from checkpoint `step`.
+
+  Leaves present in one tree and not the other, and array shapes, must
+  match. Dtypes may differ: `restore` casts to the abstract dtype.
+
+  Args:
+    abstract_state: the abstract state pytree asked for.
+    stored: the checkpoint's tree metadata (orbax `ArrayMetadata` leaves).
+    step: the checkpoint's step, for the message.
+  """
+  wanted = _leaves_by_path(abstract_state)
+  have = _leaves_by_path(stored)
+  hint = ("the checkpoint was written with another config (model or "
+          "optimizer shape); restore it with that config or start a new run")
+  for path, (name, leaf) in wanted.items():
+    if path not in have:
+      raise ValueError(f"abstract_state{name} is not in checkpoint step "
+                       f"{step}: {hint}")
+    stored_shape = getattr(have[path][1], "shape", None)
+    shape = getattr(leaf, "shape", None)
+    if (stored_shape is not None and shape is not None
+        and tuple(stored_shape) != tuple(shape)):
+      raise ValueError(
+          f"abstract_state{name} has shape {tuple(shape)} but checkpoint step "
+          f"{step} holds shape {tuple(stored_shape)}: {hint}")
+  for path, (name, _) in have.items():
+    if path not in wanted:
+      raise ValueError(f"checkpoint step {step} holds {name}, which "
+                       f"abstract_state lacks: {hint}")
+
+
+def _utc_stamp() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).strftime(
+      "%Y%m%dT%H%M%SZ")
+
+
 class Checkpointer:
   """Saves and restores train states in one checkpoint directory."""
 
@@ -115,12 +300,18 @@ class Checkpointer:
       TypeError, ValueError: an argument has the wrong type or range.
     """
     self._directory = _normalize_directory(directory)
-    self._save_period = _check_int("save_period", save_period, 1)
-    self._max_to_keep = _check_int("max_to_keep", max_to_keep, 0)
+    self._save_period = checks.check_int("save_period", save_period, 1)
+    self._max_to_keep = checks.check_int("max_to_keep", max_to_keep, 0)
     self._closed = False
+    # The step of the save orbax may still be writing in the background:
+    # its errors surface later, in wait(), the next save() or close().
+    self._pending_step = None
     self._manager = ocp.CheckpointManager(
         self._directory,
-        item_names=(STATE_ITEM, METADATA_ITEM),
+        # Handlers rather than names, so that item_metadata() reads the
+        # state's tree metadata before any restore.
+        item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
+                       METADATA_ITEM: ocp.JsonCheckpointHandler()},
         options=ocp.CheckpointManagerOptions(
             # Only multiples of save_period (and forced saves). orbax's
             # default policy also saves the first step it sees in a
@@ -131,6 +322,8 @@ class Checkpointer:
             # keeps all.
             max_to_keep=self._max_to_keep or None,
             create=True,
+            # Removes what a killed run's unfinished save left behind.
+            cleanup_tmp_directories=True,
             enable_async_checkpointing=True))
 
   @property
@@ -162,9 +355,11 @@ class Checkpointer:
     Raises:
       TypeError, ValueError: bad step or metadata (nothing is saved).
       RuntimeError: the checkpointer is closed.
+      CheckpointError: this save or the previous one (still being written)
+        could not be written; names the step and the OS error.
     """
     self._check_open()
-    step = _check_int("step", step, 0)
+    step = checks.check_int("step", step, 0)
     metadata = _check_metadata(metadata)
     if not force and not self.due(step):
       # Decided here, without asking orbax: its manager's bookkeeping costs
@@ -174,14 +369,21 @@ class Checkpointer:
       logging.info("Checkpoint step %d already exists in %s; not saving again.",
                    step, self._directory)
       return False
-    saved = self._manager.save(
-        step,
-        args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state),
-            METADATA_ITEM: ocp.args.JsonSave(metadata),
-        }),
-        force=force)
+    # orbax would wait for the previous save inside save(); waiting here
+    # attributes its failure to its own step.
+    self.wait()
+    try:
+      saved = self._manager.save(
+          step,
+          args=ocp.args.Composite(**{
+              STATE_ITEM: ocp.args.StandardSave(state),
+              METADATA_ITEM: ocp.args.JsonSave(metadata),
+          }),
+          force=force)
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      self._save_failed(step, e)
     if saved:
+      self._pending_step = step
       logging.info("Saving checkpoint step %d to %s", step, self._directory)
     return saved
 
@@ -190,8 +392,52 @@ class Checkpointer:
     return step % self._save_period == 0
 
   def wait(self) -> None:
-    """Blocks until every started save is committed to storage."""
-    self._manager.wait_until_finished()
+    """Blocks until every started save is committed to storage.
+
+    Raises:
+      CheckpointError: the save in progress could not be written; names the
+        step and the OS error. Its temporary directory is removed.
+    """
+    step, self._pending_step = self._pending_step, None
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      self._save_failed(step, e)
+
+  def _save_failed(self, step: Optional[int], error: Exception) -> None:
+    """Removes the failed save's temporary files and raises.
+
+    Args:
+      step: the step being saved, or None if unknown.
+      error: what orbax raised.
+
+    Raises:
+      CheckpointError: for a storage error (OSError, or TensorStore's
+        status errors such as RESOURCE_EXHAUSTED), one line naming the
+        directory, the step and the OS error.
+      Exception: `error` itself for anything else (a bug, not storage).
+    """
+    self._remove_tmp_directories(step)
+    if not _is_storage_error(error):
+      raise error
+    raise CheckpointError(
+        f"could not write checkpoint step {step} to {self._directory}: "
+        f"{_os_error_text(error)}") from error
+
+  def _remove_tmp_directories(self, step: Optional[int]) -> None:
+    """Removes orbax's temporary directory of a failed save of `step`."""
+    # Process 0 owns the directory layout (it is the one that renames a
+    # finished save into place); a remote directory is left to orbax's
+    # cleanup_tmp_directories at the next open.
+    if jax.process_index() != 0 or _is_url(self._directory):
+      return
+    pattern = f"{step}{_TMP_SUFFIX}*" if step is not None else f"*{_TMP_SUFFIX}*"
+    for path in glob.glob(os.path.join(glob.escape(self._directory), pattern)):
+      try:
+        shutil.rmtree(path)
+      except OSError as e:
+        logging.warning("Could not remove the unfinished checkpoint %s: %s",
+                        path, e)
 
   def all_steps(self) -> list[int]:
     """Returns the committed (and in-progress) checkpoint steps, ascending."""
@@ -216,16 +462,44 @@ class Checkpointer:
 
     Raises:
       FileNotFoundError: no checkpoint of that step; names the directory.
-      ValueError: an abstract leaf has no sharding.
+      ValueError: an abstract leaf has no sharding, or the checkpoint's tree
+        or an array shape differs from `abstract_state` (names the leaf).
+      Exception: whatever orbax raises for a damaged checkpoint; see
+        `restore_newest`, which handles damage.
     """
     self._check_open()
-    step = _check_int("step", step, 0)
+    step = checks.check_int("step", step, 0)
     _check_abstract_tree("abstract_state", abstract_state)
     self.wait()
     if step not in self._manager.all_steps():
       raise FileNotFoundError(
           f"no checkpoint of step {step} in {self._directory}; available "
           f"steps: {self.all_steps()}")
+    try:
+      stored = self._tree_metadata(step)
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      # Unreadable tree metadata: orbax's restore reports the damage.
+      logging.warning("Cannot check checkpoint step %d against the abstract "
+                      "state: %s", step, _reason(e))
+    else:
+      _check_matches(abstract_state, stored, step)
+    return self._restore_unchecked(step, abstract_state)
+
+  def _tree_metadata(self, step: int) -> Any:
+    """The state item's tree of ArrayMetadata (shape, dtype) of `step`.
+
+    Raises:
+      FileNotFoundError: orbax found no tree metadata (`_METADATA`).
+      Exception: as orbax raises for an unreadable one.
+    """
+    stored = self._manager.item_metadata(step)[STATE_ITEM]
+    if stored is None:
+      raise FileNotFoundError(
+          f"the tree metadata of item {STATE_ITEM!r} (_METADATA) is missing")
+    return stored
+
+  def _restore_unchecked(self, step: int, abstract_state: Any
+                        ) -> tuple[Any, dict[str, Any]]:
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(**{
@@ -234,13 +508,110 @@ class Checkpointer:
         }))
     return restored[STATE_ITEM], dict(restored[METADATA_ITEM] or {})
 
+  def restore_newest(self, abstract_state: Any) -> Optional[Restored]:
+    """Restores the newest checkpoint that restores, setting damaged ones aside.
+
+    Tries the steps newest first. A step that cannot be read (see
+    `_is_damage`: missing or truncated files, unparsable metadata) is
+    logged as a warning naming the step and the reason, moved aside to
+    `<directory>/<step>.corrupt-<UTC time>` (never deleted; orbax no longer
+    lists it) and the next older step is tried. In a remote (`gs://`)
+    directory a rename is a copy of every object, so a damaged step is
+    left in place, with the warning, and the next one is tried. Errors that
+    are not damage (a bug, a device out of memory) are raised unchanged
+    and nothing is moved.
+
+    Only single-process runs move checkpoints aside: in a multi-process run
+    the processes would first have to agree that a step is damaged (each
+    reads its own shards), so there the first damaged step raises
+    `CheckpointError` telling the user to move it aside.
+
+    Args:
+      abstract_state: as for `restore`.
+
+    Returns:
+      The restored step, state and metadata with the steps set aside, or
+      None if the directory holds no checkpoint.
+
+    Raises:
+      ValueError: an abstract leaf has no sharding, or a checkpoint's tree
+        or an array shape differs from `abstract_state` (a config change,
+        not damage: nothing is moved); names the leaf.
+      CheckpointError: no checkpoint restores; one line per step and why.
+    """
+    self._check_open()
+    _check_abstract_tree("abstract_state", abstract_state)
+    self.wait()
+    set_aside = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        stored = self._tree_metadata(step)
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        if not _is_damage(e):
+          raise
+        set_aside.append(self._set_aside(step, _reason(e)))
+        continue
+      _check_matches(abstract_state, stored, step)
+      try:
+        state, metadata = self._restore_unchecked(step, abstract_state)
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        if not _is_damage(e):
+          raise
+        set_aside.append(self._set_aside(step, _reason(e)))
+        continue
+      return Restored(step, state, metadata, tuple(set_aside))
+    if not set_aside:
+      return None
+    lines = [f"no checkpoint in {self._directory} could be restored:"]
+    for entry in set_aside:
+      where = (f"moved to {entry.moved_to}" if entry.moved_to
+               else "left in place")
+      lines.append(f"  step {entry.step} ({where}): {entry.reason}")
+    raise CheckpointError("\n".join(lines))
+
+  def _set_aside(self, step: int, reason: str) -> SetAside:
+    """Logs that `step` is damaged and moves it out of orbax's sight."""
+    source = os.path.join(self._directory, str(step))
+    if jax.process_count() > 1:
+      raise CheckpointError(
+          f"checkpoint step {step} in {self._directory} cannot be restored: "
+          f"{reason}; multi-process runs do not move it aside, so move "
+          f"{source} aside (e.g. to {source}.corrupt) and rerun")
+    if _is_url(self._directory):
+      logging.warning(
+          "Checkpoint step %d in %s cannot be restored: %s. Left in place (a "
+          "remote directory is not renamed); trying an older one.",
+          step, self._directory, reason)
+      return SetAside(step, None, reason)
+    stamp = _utc_stamp()
+    target = f"{source}.corrupt-{stamp}"
+    suffix = 1
+    while os.path.exists(target):
+      target = f"{source}.corrupt-{stamp}-{suffix}"
+      suffix += 1
+    os.rename(source, target)
+    # The manager caches its step list; re-read it so that the moved step
+    # is neither listed nor the latest.
+    self._manager.reload()
+    logging.warning(
+        "Checkpoint step %d in %s cannot be restored: %s. Moved it aside to "
+        "%s; trying an older one.", step, self._directory, reason, target)
+    return SetAside(step, target, reason)
+
   def close(self) -> None:
-    """Waits for pending saves and releases orbax's resources. Idempotent."""
+    """Waits for pending saves and releases orbax's resources. Idempotent.
+
+    Raises:
+      CheckpointError: the last save could not be written (see `wait`);
+        the resources are released all the same.
+    """
     if self._closed:
       return
     self._closed = True
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
 
   def __enter__(self) -> "Checkpointer":
     return self

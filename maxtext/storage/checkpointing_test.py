@@ -1,6 +1,16 @@
-"""Tests for maxtext.storage.checkpointing with real orbax checkpoints in temp dirs."""
+"""Tests for maxtext.storage.checkpointing with real orbax checkpoints in temp dirs.
 
+Damaged checkpoints are real ones damaged on disk; a full disk is a real
+1 MiB tmpfs mounted in a user and mount namespace (`unshare -Urm`).
+"""
+
+import glob
+import json
 import os
+import shutil
+import subprocess
+import sys
+import textwrap
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -24,6 +34,61 @@ def make_state(scale: float, sharding: jax.sharding.Sharding):
                     "count": put(jnp.asarray(int(scale), jnp.int32))},
       "step": put(jnp.asarray(int(scale), jnp.int32)),
   }
+
+
+def make_big_state(scale: float, sharding: jax.sharding.Sharding):
+  """`make_state` plus a 64 KiB array.
+
+  OCDBT stores small arrays inline in its b-tree nodes; this one lands in
+  a data file of its own, so damaging that file damages the checkpoint.
+  """
+  state = make_state(scale, sharding)
+  state["params"]["big"] = jax.device_put(
+      jnp.arange(256 * 64, dtype=jnp.float32).reshape(256, 64) * scale,
+      sharding)
+  return state
+
+
+def _largest_data_file(step_dir):
+  files = glob.glob(os.path.join(step_dir, "state", "**", "d", "*"),
+                    recursive=True)
+  return max(files, key=os.path.getsize)
+
+
+def _truncate_data_file(step_dir):
+  path = _largest_data_file(step_dir)
+  os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _overwrite_data_file(step_dir):
+  path = _largest_data_file(step_dir)
+  with open(path, "wb") as f:
+    f.write(b"\x5a" * os.path.getsize(path))
+
+
+def _remover(*parts):
+  return lambda step_dir: os.remove(os.path.join(step_dir, *parts))
+
+
+# Ways a checkpoint step directory gets damaged, as seen in the field.
+DAMAGES = (
+    ("truncated_data_file", _truncate_data_file),
+    ("overwritten_data_file", _overwrite_data_file),
+    ("no_tree_metadata", _remover("state", "_METADATA")),
+    ("no_metadata_item", _remover("metadata", "metadata")),
+    ("no_manifest", _remover("state", "manifest.ocdbt")),
+)
+
+
+def snapshot(directory):
+  """Relative path -> bytes of every file under `directory`."""
+  files = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, directory)] = f.read()
+  return files
 
 
 def abstract_like(tree, sharding):
@@ -192,6 +257,201 @@ class CheckpointingTest(parameterized.TestCase):
     ckpt.close()
     with self.assertRaisesRegex(RuntimeError, "closed"):
       ckpt.save(1, make_state(1.0, self.sharding), {})
+
+
+class RestoreNewestTest(parameterized.TestCase):
+  """restore_newest over real checkpoints damaged on disk."""
+
+  def setUp(self):
+    super().setUp()
+    self.directory = os.path.join(self.create_tempdir().full_path, "checkpoints")
+    self.sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    self.abstract = abstract_like(make_big_state(0.0, self.sharding),
+                                  self.sharding)
+
+  def write_steps(self, *steps):
+    with checkpointing.Checkpointer(self.directory, save_period=1,
+                                    max_to_keep=0) as ckpt:
+      for step in steps:
+        ckpt.save(step, make_big_state(float(step), self.sharding),
+                  {"samples_count": step * 8})
+
+  def make_checkpointer(self):
+    ckpt = checkpointing.Checkpointer(self.directory, save_period=1,
+                                      max_to_keep=0)
+    self.addCleanup(ckpt.close)
+    return ckpt
+
+  def test_no_checkpoint_gives_none(self):
+    self.assertIsNone(self.make_checkpointer().restore_newest(self.abstract))
+
+  def test_intact_newest_is_restored(self):
+    self.write_steps(4, 8)
+    restored = self.make_checkpointer().restore_newest(self.abstract)
+    self.assertEqual(restored.step, 8)
+    self.assertEqual(restored.set_aside, ())
+    self.assertEqual(restored.metadata, {"samples_count": 64})
+    chex.assert_trees_all_equal(restored.state,
+                                make_big_state(8.0, self.sharding))
+
+  @parameterized.named_parameters(*DAMAGES)
+  def test_damaged_newest_is_set_aside(self, damage):
+    self.write_steps(4, 8)
+    damage(os.path.join(self.directory, "8"))
+    damaged_files = snapshot(os.path.join(self.directory, "8"))
+    ckpt = self.make_checkpointer()
+    with self.assertLogs(level="WARNING") as logs:
+      restored = ckpt.restore_newest(self.abstract)
+
+    self.assertEqual(restored.step, 4)
+    self.assertEqual(restored.metadata, {"samples_count": 32})
+    chex.assert_trees_all_equal(restored.state,
+                                make_big_state(4.0, self.sharding))
+    self.assertLen(restored.set_aside, 1)
+    entry = restored.set_aside[0]
+    self.assertEqual(entry.step, 8)
+    self.assertRegex(os.path.basename(entry.moved_to),
+                     r"^8\.corrupt-\d{8}T\d{6}Z$")
+    self.assertNotIn("\n", entry.reason)
+    # Moved, not deleted: every file as the damage left it.
+    self.assertEqual(snapshot(entry.moved_to), damaged_files)
+    self.assertFalse(os.path.exists(os.path.join(self.directory, "8")))
+    warnings = [r.getMessage() for r in logs.records
+                if "cannot be restored" in r.getMessage()]
+    self.assertLen(warnings, 1)
+    self.assertIn("step 8", warnings[0])
+    self.assertIn(entry.reason, warnings[0])
+    self.assertIn(entry.moved_to, warnings[0])
+    # orbax no longer lists it, here or in a new run.
+    self.assertEqual(ckpt.all_steps(), [4])
+    self.assertEqual(ckpt.latest_step(), 4)
+    ckpt.close()
+    reopened = self.make_checkpointer()
+    self.assertEqual(reopened.all_steps(), [4])
+    self.assertEqual(reopened.restore_newest(self.abstract).step, 4)
+    # Saving step 8 again works beside the set-aside copy.
+    self.assertTrue(reopened.save(8, make_big_state(8.0, self.sharding), {}))
+    reopened.wait()
+    self.assertEqual(reopened.all_steps(), [4, 8])
+
+  def test_every_checkpoint_damaged_lists_each(self):
+    self.write_steps(4, 8)
+    _truncate_data_file(os.path.join(self.directory, "8"))
+    os.remove(os.path.join(self.directory, "4", "metadata", "metadata"))
+    ckpt = self.make_checkpointer()
+    with self.assertRaises(checkpointing.CheckpointError) as raised:
+      ckpt.restore_newest(self.abstract)
+    message = str(raised.exception)
+    self.assertIsInstance(raised.exception, RuntimeError)
+    lines = message.splitlines()
+    self.assertLen(lines, 3)
+    self.assertIn(self.directory, lines[0])
+    self.assertRegex(lines[1], r"step 8 \(moved to .*8\.corrupt-.*\): .*")
+    self.assertRegex(lines[2],
+                     r"step 4 \(moved to .*4\.corrupt-.*\): .*metadata")
+    self.assertEqual(ckpt.all_steps(), [])
+    self.assertLen(glob.glob(os.path.join(self.directory, "*.corrupt-*")), 2)
+
+  @parameterized.named_parameters(
+      ("shape", lambda a: a["params"].update(
+          big=a["params"]["big"].update(shape=(128, 64))),
+       r"abstract_state\['params'\]\['big'\] has shape \(128, 64\) but "
+       r"checkpoint step 8 holds shape \(256, 64\)"),
+      ("extra_leaf", lambda a: a["params"].update(
+          extra=a["params"]["big"]),
+       r"abstract_state\['params'\]\['extra'\] is not in checkpoint step 8"),
+      ("missing_leaf", lambda a: a["opt_state"].pop("mu"),
+       r"checkpoint step 8 holds \['opt_state'\]\['mu'\]"),
+  )
+  def test_config_change_is_not_damage(self, change, regex):
+    self.write_steps(4, 8)
+    before = snapshot(self.directory)
+    change(self.abstract)
+    ckpt = self.make_checkpointer()
+    with self.assertRaisesRegex(ValueError, regex):
+      ckpt.restore_newest(self.abstract)
+    with self.assertRaisesRegex(ValueError, regex):
+      ckpt.restore(8, self.abstract)
+    self.assertEqual(snapshot(self.directory), before)
+    self.assertEqual(ckpt.all_steps(), [4, 8])
+
+  def test_dtype_change_is_a_cast_not_an_error(self):
+    self.write_steps(8)
+    self.abstract["params"]["big"] = jax.ShapeDtypeStruct(
+        (256, 64), jnp.bfloat16, sharding=self.sharding)
+    restored = self.make_checkpointer().restore_newest(self.abstract)
+    self.assertEqual(restored.step, 8)
+    self.assertEqual(restored.state["params"]["big"].dtype, jnp.bfloat16)
+
+
+# Run inside a 1 MiB tmpfs: saves a 4 MiB array, then reaches the point
+# (`mode`) where orbax reports the background write's failure.
+_FULL_DISK_CHILD = textwrap.dedent("""
+    import json, os, sys
+    import jax, jax.numpy as jnp
+    from maxtext.storage import checkpointing
+    directory, mode = sys.argv[1], sys.argv[2]
+    state = {"params": {"w": jax.random.normal(jax.random.key(0), (1024, 1024))}}
+    ckpt = checkpointing.Checkpointer(directory, save_period=1, max_to_keep=0)
+    code = 0
+    try:
+      ckpt.save(1, state, {})
+      if mode == "wait":
+        ckpt.wait()
+      elif mode == "next_save":
+        ckpt.save(2, {"params": {"w": jnp.ones(4)}}, {})
+      ckpt.close()
+    except checkpointing.CheckpointError as e:
+      print("CheckpointError:", e, flush=True)
+      code = 3
+    ckpt.close()
+    print("LEFT:", json.dumps(sorted(
+        os.path.relpath(os.path.join(root, name), directory)
+        for root, dirs, files in os.walk(directory)
+        for name in dirs + files)), flush=True)
+    sys.exit(code)
+""")
+
+
+def _namespaces_work() -> bool:
+  try:
+    return subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1M tmpfs /mnt"],
+        capture_output=True, check=False, timeout=60).returncode == 0
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+
+
+class FullDiskTest(parameterized.TestCase):
+  """A save onto a full disk: one clear error and no temporary files left."""
+
+  @parameterized.named_parameters(
+      ("in_wait", "wait"), ("in_next_save", "next_save"), ("in_close", "close"))
+  def test_full_disk(self, mode):
+    if not _namespaces_work():
+      self.skipTest("needs `unshare -Urm` and tmpfs mounts")
+    mount = self.create_tempdir().full_path
+    directory = os.path.join(mount, "checkpoints")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c",
+         'mount -t tmpfs -o size=1M tmpfs "$1" && shift && exec "$@"', "sh",
+         mount, sys.executable, "-c", _FULL_DISK_CHILD, directory, mode],
+        capture_output=True, text=True, env=env, check=False, timeout=300)
+    output = result.stdout + result.stderr
+    self.assertEqual(result.returncode, 3, output)
+    errors = [line for line in result.stdout.splitlines()
+              if line.startswith("CheckpointError:")]
+    self.assertLen(errors, 1, output)
+    self.assertEqual(
+        errors[0],
+        f"CheckpointError: could not write checkpoint step 1 to {directory}: "
+        "[Errno 28] No space left on device")
+    left = [line for line in result.stdout.splitlines()
+            if line.startswith("LEFT:")]
+    self.assertLen(left, 1, output)
+    self.assertEqual(json.loads(left[0][len("LEFT:"):]), [], output)
 
 
 if __name__ == "__main__":
