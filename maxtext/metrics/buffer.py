@@ -1,8 +1,10 @@
 """The data types of buffered training metrics: WeightedMetric, MetricsBuffer.
 
-`maxtext.metrics.recorder` fills `MetricsBuffer`s (validated values wait in
-host lists) and `maxtext.metrics.flush` turns their pending values into NumPy
-arrays; both share these types, so they live here, below both.
+A `MetricsBuffer` is the public result of `maxtext.metrics.recorder`: one
+step's flushed arrays. The values still waiting for a flush are the recorder's
+own state (`maxtext.metrics.pending`), not part of the buffer; the recorder,
+`maxtext.metrics.pending` and `maxtext.metrics.flush` share these types, so
+they live here, below all three.
 """
 
 from __future__ import annotations
@@ -56,42 +58,19 @@ class MetricsBuffer:
       buffering order.
     weighted_metrics: name -> WeightedMetric of two NumPy 1D arrays.
     aggregation_fns: name -> callable given when the metric was buffered.
+    pending_count: values of this buffer waiting for a flush (the recorder
+      keeps it; 0 once flushed).
   """
 
   step: int
   mode: str
-  scalar_metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  scalar_metrics: dict[str, np.ndarray] = dataclasses.field(
+      default_factory=dict)
   weighted_metrics: dict[str, WeightedMetric] = dataclasses.field(
       default_factory=dict)
   aggregation_fns: dict[str, AggregationFn] = dataclasses.field(
       default_factory=dict)
-  # Records in buffering order: ("s", name, x), ("w", name, x_sum, x_den) or
-  # ("p", names, x). Each x is a NumPy array (a host value: shape (1,), packed
-  # (len(names),)) or the slot (dtype, element offset) of a device value in
-  # `_device`.
-  _pending: list = dataclasses.field(default_factory=list, repr=False)
-  _pending_values: int = dataclasses.field(default=0, repr=False)
-  # dtype -> [pending device values in buffering order, their total size].
-  _device: dict = dataclasses.field(default_factory=dict, repr=False)
-  _kinds: dict = dataclasses.field(default_factory=dict, repr=False)
-  _packed_names_ok: set = dataclasses.field(default_factory=set, repr=False)
-
-  @property
-  def pending_count(self) -> int:
-    """Values of this buffer waiting for a flush."""
-    return self._pending_values
-
-  def _hold(self, x, size: int = 1):
-    """Keeps a validated value: NumPy as it is, a device value in a slot."""
-    if isinstance(x, np.ndarray):
-      return x
-    group = self._device.get(x.dtype)
-    if group is None:
-      group = self._device[x.dtype] = [[], 0]
-    offset = group[1]
-    group[0].append(x)
-    group[1] = offset + size
-    return (x.dtype, offset)
+  pending_count: int = 0
 
 
 def describe(value) -> str:

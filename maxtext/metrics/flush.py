@@ -1,6 +1,14 @@
-"""The all-or-nothing flush of `MetricsBuffer`s: pending values to NumPy arrays.
+"""The all-or-nothing flush of pending metric values into NumPy arrays.
 
-`flush_buffers` runs in four phases over every buffer it is given:
+A flush is two steps, so that all or nothing is visible in the code:
+
+* `build(pending_buffers)` computes every buffer's new arrays and touches no
+  state: the buffers, their pending values and their arrays stay as they are.
+  It raises, naming the metric, if any value cannot be brought home.
+* `commit(updates)` stores what `build` returned: plain assignments that
+  cannot fail (`PendingBuffer.commit`).
+
+`build` runs in three phases over every pending buffer it is given:
 
 1. gather: each buffer's pending device values, per dtype, one buffer after
    the other (a deleted device buffer fails here, naming its metric);
@@ -12,23 +20,22 @@
    launch; a dtype holding a single 1D value (one packed array) takes none.
    Values that cannot share one computation (committed to different devices)
    are copied to the host one by one instead;
-3. build: each metric's new array is assembled from index lists into the flat
-   host arrays, strided views of packed runs, and host values, in buffering
-   order, and appended to what the buffer already holds;
-4. commit: plain assignments that cannot fail.
+3. assemble: each metric's new array is put together from index lists into
+   the flat host arrays, strided views of packed runs, and host values, in
+   buffering order, after what the buffer already holds.
 
-`prefetch_buffers` runs the device half of phases 1 and 2 ahead of time (the
+`prefetch` runs the device half of phases 1 and 2 ahead of time (the
 concatenations and the start of their copies to the host) so that device work
 dispatched after it, such as the optimizer step, queues behind the flush's
-launches; the `flush_buffers` that follows takes its results.
+launches; the `build` that follows takes its results.
 
-Any failure before the commit raises with nothing changed, so a caller may
-retry or drop the buffers. `maxtext.metrics.recorder` is the public entry
-point; this module is its machinery.
+`maxtext.metrics.recorder` is the public entry point; this module is its
+machinery and changes nothing but through `PendingBuffer.commit`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 import jax
@@ -36,6 +43,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.metrics import buffer as metrics_buffer
+from maxtext.metrics import pending as metrics_pending
+
+_DeviceSlot = metrics_pending.DeviceSlot
+_PackedRecord = metrics_pending.PackedRecord
+_ScalarRecord = metrics_pending.ScalarRecord
+_WeightedRecord = metrics_pending.WeightedRecord
 
 
 @jax.jit
@@ -158,20 +171,18 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
                            for p in parts])
 
 
-def _owner_name(buf: metrics_buffer.MetricsBuffer, dtype, index: int) -> str:
-  """The metric whose device value is buf._device[dtype][0][index]."""
-  # pylint: disable=protected-access
-  vals = buf._device[dtype][0]
-  offset = sum(v.size for v in vals[:index])
-  for rec in buf._pending:
-    for x in rec[2:]:
-      if isinstance(x, tuple) and x == (dtype, offset):
-        return rec[1] if rec[0] != "p" else f"{rec[1][0]}... (packed)"
-  return "?"
+class _IndexRun:
+  """Elements of one dtype's flat host array, picked by their indices."""
+
+  __slots__ = ("dtype", "indices")
+
+  def __init__(self, dtype, index: int):
+    self.dtype = dtype
+    self.indices = [index]
 
 
 class _Segments:
-  """Per-name pieces in order: index lists into a flat array, or arrays."""
+  """One metric's new pieces in order: `_IndexRun`s and host arrays."""
 
   __slots__ = ("items", "owned")
 
@@ -179,33 +190,42 @@ class _Segments:
     self.items = []
     self.owned = False  # items is one array that nothing else refers to.
 
-  def add_index(self, dtype, offset: int) -> None:
+  def add(self, held: metrics_pending.Held, base: dict) -> None:
+    """Appends one pending value; `base`: dtype -> where the buffer's device
+    values start in the flat host arrays."""
+    if isinstance(held, _DeviceSlot):
+      self.add_index(held.dtype, base[held.dtype] + held.offset)
+    else:
+      self.add_array(held)
+
+  def add_index(self, dtype, index: int) -> None:
     items = self.items
     self.owned = False
-    if items and type(items[-1]) is list and items[-1][0] == dtype:  # pylint: disable=unidiomatic-typecheck
-      items[-1][1].append(offset)
+    if items and isinstance(items[-1], _IndexRun) and items[-1].dtype == dtype:
+      items[-1].indices.append(index)
     else:
-      items.append([dtype, [offset]])
+      items.append(_IndexRun(dtype, index))
 
   def add_array(self, array: np.ndarray, owned: bool = False) -> None:
-    """Appends `array`; `owned` says no one else holds it (so the build may
-    return it as it is when it is the only piece)."""
+    """Appends `array`; `owned` says no one else holds it (so the assembly
+    may return it as it is when it is the only piece)."""
     self.owned = owned and not self.items
     self.items.append(array)
 
-  def build(self, flat: dict, old: Optional[np.ndarray]) -> np.ndarray:
+  def assemble(self, flat: dict, old: Optional[np.ndarray]) -> np.ndarray:
+    """The metric's whole new array: `old` (or nothing), then the pieces."""
     if old is None and self.owned:
       return self.items[0]
     pieces = [] if old is None else [old]
     for item in self.items:
-      if type(item) is list:  # pylint: disable=unidiomatic-typecheck
-        pieces.append(flat[item[0]][np.asarray(item[1], np.intp)])
+      if isinstance(item, _IndexRun):
+        pieces.append(flat[item.dtype][np.asarray(item.indices, np.intp)])
       else:
         pieces.append(item)
     return _concat(pieces)
 
 
-def _gather(work):
+def _gather(work: Sequence[metrics_pending.PendingBuffer]):
   """Phase 1: every buffer's device values, per dtype, one after the other.
 
   Returns:
@@ -216,42 +236,45 @@ def _gather(work):
   Raises:
     ValueError: a device value was deleted (naming its metric).
   """
-  # pylint: disable=protected-access
   values, sizes, bases, owners = {}, {}, [], {}
-  for buf in work:
+  for pending in work:
     base = {}
-    for dt, (vals, size) in buf._device.items():
+    for dt, group in pending.device.items():
       lst = values.get(dt)
       if lst is None:
         lst = values[dt] = []
         owners[dt] = []
         sizes[dt] = 0
       base[dt] = sizes[dt]
-      owners[dt].append((len(lst), buf))
-      for i, v in enumerate(vals):
+      owners[dt].append((len(lst), pending))
+      for i, v in enumerate(group.values):
         if v.is_deleted():
           raise ValueError(
-              f"metric {_owner_name(buf, dt, i)!r}: its device buffer was "
+              f"metric {pending.owner_name(dt, i)!r}: its device buffer was "
               f"deleted before flush ({metrics_buffer.describe(v)})")
-      lst.extend(vals)
-      sizes[dt] += size
+      lst.extend(group.values)
+      sizes[dt] += group.size
     bases.append(base)
 
   def name_of(dt, index):
     start, owner = max((o for o in owners[dt] if o[0] <= index),
                        key=lambda o: o[0])
-    return _owner_name(owner, dt, index - start)
+    return owner.owner_name(dt, index - start)
 
   return values, sizes, bases, name_of
 
 
+def _pending_counts(work) -> list[int]:
+  return [len(p.records) for p in work]
+
+
 class Prefetch:
-  """The device side of a flush, dispatched ahead: see `prefetch_buffers`."""
+  """The device side of a flush, dispatched ahead: see `prefetch`."""
 
   __slots__ = ("work", "counts", "gathered", "launched")
 
   def __init__(self, work, gathered, launched):
-    self.work = work  # The buffers with pending values, in order.
+    self.work = work  # The pending buffers with records, in order.
     self.counts = _pending_counts(work)
     self.gathered = gathered  # What `_gather(work)` returned.
     self.launched = launched  # What `_launch` returned for their values.
@@ -263,27 +286,22 @@ class Prefetch:
             _pending_counts(work) == self.counts)
 
 
-def _pending_counts(work) -> list[int]:
-  return [len(b._pending) for b in work]  # pylint: disable=protected-access
-
-
-def prefetch_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer]
-                    ) -> Optional[Prefetch]:
+def prefetch(pending_buffers: Sequence[metrics_pending.PendingBuffer]
+            ) -> Optional[Prefetch]:
   """Dispatches a flush's concatenations and starts their copies to the host.
 
-  Nothing waits for the device and nothing changes. A `flush_buffers` of the
-  same buffers, with nothing buffered or flushed in between, can take the
+  Nothing waits for the device and nothing changes. A `build` of the same
+  pending buffers, with nothing buffered or flushed in between, can take the
   result and skip its own launches; its caller must make sure of that.
   Dispatching early lets later device work (an optimizer step) queue behind
   the concatenations instead of ahead of them.
 
   Returns:
     The Prefetch, or None when nothing is pending or the values cannot be
-    prefetched (a deleted value, values on different devices); then
-    `flush_buffers` does all the work and reports any error.
+    prefetched (a deleted value, values on different devices); then `build`
+    does all the work and reports any error.
   """
-  # pylint: disable=protected-access
-  work = [b for b in buffers if b._pending]
+  work = [p for p in pending_buffers if p.records]
   if not work:
     return None
   try:
@@ -294,107 +312,131 @@ def prefetch_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer]
     for array in launched[1]:
       array.copy_to_host_async()
   except Exception:  # pylint: disable=broad-except
-    return None  # flush_buffers meets the same problem and names the metric.
+    return None  # build meets the same problem and names the metric.
   return Prefetch(work, gathered, launched)
 
 
-def flush_buffers(buffers: Sequence[metrics_buffer.MetricsBuffer],
-                  prefetch: Optional[Prefetch] = None) -> None:
-  """Turns the pending values of `buffers` into their arrays; all or nothing.
+@dataclasses.dataclass(slots=True)
+class Update:
+  """What a flush stores for one pending buffer: see `commit`.
+
+  Attributes:
+    pending: the pending buffer.
+    scalars: name -> the scalar metric's whole new array.
+    weighted: name -> the weighted metric's whole new WeightedMetric.
+  """
+
+  pending: metrics_pending.PendingBuffer
+  scalars: dict
+  weighted: dict
+
+
+def _packed_run(records, i: int) -> int:
+  """How many records from records[i] (a PackedRecord) on have the same names
+  and values contiguous in one device group, so one view takes them all."""
+  first = records[i]
+  slot, names = first.values, first.names
+  if not isinstance(slot, _DeviceSlot):
+    return 1
+  width, n, k = len(names), len(records), 1
+  while i + k < n:
+    nxt = records[i + k]
+    if not (isinstance(nxt, _PackedRecord) and nxt.names == names and
+            isinstance(nxt.values, _DeviceSlot) and
+            nxt.values.dtype == slot.dtype and
+            nxt.values.offset == slot.offset + k * width):
+      break
+    k += 1
+  return k
+
+
+def _assemble(pending: metrics_pending.PendingBuffer, base: dict,
+              flat: dict) -> Update:
+  """Phase 3 for one buffer: its new arrays, built from its records."""
+  scalar_segs: dict = {}
+  weighted_segs: dict = {}
+  records = pending.records
+  i, n = 0, len(records)
+  while i < n:
+    record = records[i]
+    if isinstance(record, _ScalarRecord):
+      segs = scalar_segs.get(record.name)
+      if segs is None:
+        segs = scalar_segs[record.name] = _Segments()
+      segs.add(record.value, base)
+      i += 1
+    elif isinstance(record, _WeightedRecord):
+      pair = weighted_segs.get(record.name)
+      if pair is None:
+        pair = weighted_segs[record.name] = (_Segments(), _Segments())
+      pair[0].add(record.unreduced_sum, base)
+      pair[1].add(record.denominator, base)
+      i += 1
+    else:
+      names, held = record.names, record.values
+      width = len(names)
+      k = _packed_run(records, i)
+      if isinstance(held, _DeviceSlot):
+        start = base[held.dtype] + held.offset
+        matrix = flat[held.dtype][start:start + k * width].reshape(k, width)
+      else:
+        matrix = held.reshape(1, width)
+      # One copy for the run: row j holds names[j]'s k values, contiguous,
+      # in an array of the flush's own.
+      columns = matrix.T.copy()
+      for j, name in enumerate(names):
+        segs = scalar_segs.get(name)
+        if segs is None:
+          segs = scalar_segs[name] = _Segments()
+        segs.add_array(columns[j], owned=True)
+      i += k
+  buf = pending.buffer
+  scalars = {name: segs.assemble(flat, buf.scalar_metrics.get(name))
+             for name, segs in scalar_segs.items()}
+  weighted = {}
+  for name, (s_segs, d_segs) in weighted_segs.items():
+    old = buf.weighted_metrics.get(name)
+    weighted[name] = metrics_buffer.WeightedMetric(
+        s_segs.assemble(flat, None if old is None else old.unreduced_sum),
+        d_segs.assemble(flat, None if old is None else old.denominator))
+  return Update(pending, scalars, weighted)
+
+
+def build(pending_buffers: Sequence[metrics_pending.PendingBuffer],
+          prefetched: Optional[Prefetch] = None) -> list[Update]:
+  """Builds the new arrays of every pending value; changes nothing.
 
   Args:
-    buffers: the buffers to flush; those with nothing pending are skipped.
-    prefetch: None, or what `prefetch_buffers(buffers)` returned with nothing
-      buffered or flushed since; its gathering and launches then stand in
-      for this flush's.
+    pending_buffers: the buffers to flush; those with nothing pending are
+      skipped.
+    prefetched: None, or what `prefetch(pending_buffers)` returned with
+      nothing buffered or flushed since; its gathering and launches then
+      stand in for this build's.
+
+  Returns:
+    One Update per buffer with pending values, for `commit`.
 
   Raises:
     ValueError: a device value was deleted before the flush (naming its
       metric).
     RuntimeError: a device value cannot be fetched (naming its metric).
-    Either way no buffer and no pending value has changed.
   """
-  # pylint: disable=protected-access
-  work = [b for b in buffers if b._pending]
+  work = [p for p in pending_buffers if p.records]
   if not work:
-    return
-  if prefetch is not None and prefetch.matches(work):
+    return []
+  if prefetched is not None and prefetched.matches(work):
     # The same values as at the prefetch: its gathering and launches hold.
-    (values, sizes, bases, name_of), launched = (prefetch.gathered,
-                                                 prefetch.launched)
+    (values, sizes, bases, name_of), launched = (prefetched.gathered,
+                                                 prefetched.launched)
   else:
     values, sizes, bases, name_of = _gather(work)
     launched = None
   # Phase 2: few device ops and one transfer.
   flat = _fetch(values, sizes, name_of, launched) if values else {}
-  # Phase 3: build every new array (nothing is committed yet).
-  results = []
-  for buf, base in zip(work, bases):
-    scalar_segs: dict = {}
-    weighted_segs: dict = {}
-    pending = buf._pending
-    i, n_recs = 0, len(pending)
-    while i < n_recs:
-      rec = pending[i]
-      tag = rec[0]
-      if tag == "s":
-        segs = scalar_segs.get(rec[1])
-        if segs is None:
-          segs = scalar_segs[rec[1]] = _Segments()
-        x = rec[2]
-        if type(x) is tuple:  # pylint: disable=unidiomatic-typecheck
-          segs.add_index(x[0], base[x[0]] + x[1])
-        else:
-          segs.add_array(x)
-        i += 1
-      elif tag == "w":
-        pair = weighted_segs.get(rec[1])
-        if pair is None:
-          pair = weighted_segs[rec[1]] = (_Segments(), _Segments())
-        for segs, x in zip(pair, rec[2:]):
-          if type(x) is tuple:  # pylint: disable=unidiomatic-typecheck
-            segs.add_index(x[0], base[x[0]] + x[1])
-          else:
-            segs.add_array(x)
-        i += 1
-      else:
-        names, x = rec[1], rec[2]
-        width = len(names)
-        # A run of packed records with the same names whose values are
-        # contiguous in one flat array becomes one (k, width) view.
-        k = 1
-        if type(x) is tuple:  # pylint: disable=unidiomatic-typecheck
-          while (i + k < n_recs and pending[i + k][0] == "p" and
-                 pending[i + k][1] == names and
-                 type(pending[i + k][2]) is tuple and  # pylint: disable=unidiomatic-typecheck
-                 pending[i + k][2] == (x[0], x[1] + k * width)):
-            k += 1
-          start = base[x[0]] + x[1]
-          matrix = flat[x[0]][start:start + k * width].reshape(k, width)
-        else:
-          matrix = x.reshape(1, width)
-        # One copy for the run: row j holds names[j]'s k values, contiguous,
-        # in an array of the flush's own.
-        columns = matrix.T.copy()
-        for j, name in enumerate(names):
-          segs = scalar_segs.get(name)
-          if segs is None:
-            segs = scalar_segs[name] = _Segments()
-          segs.add_array(columns[j], owned=True)
-        i += k
-    new_scalars = {name: segs.build(flat, buf.scalar_metrics.get(name))
-                   for name, segs in scalar_segs.items()}
-    new_weighted = {}
-    for name, (s_segs, d_segs) in weighted_segs.items():
-      old = buf.weighted_metrics.get(name)
-      new_weighted[name] = metrics_buffer.WeightedMetric(
-          s_segs.build(flat, None if old is None else old.unreduced_sum),
-          d_segs.build(flat, None if old is None else old.denominator))
-    results.append((buf, new_scalars, new_weighted))
-  # Phase 4: commit (plain assignments that cannot fail).
-  for buf, new_scalars, new_weighted in results:
-    buf.scalar_metrics.update(new_scalars)
-    buf.weighted_metrics.update(new_weighted)
-    buf._pending = []
-    buf._pending_values = 0
-    buf._device = {}
+  return [_assemble(p, base, flat) for p, base in zip(work, bases)]
+
+
+def commit(updates: Sequence[Update]) -> None:
+  """Stores what `build` returned; plain assignments that cannot fail."""
+  for update in updates:
+    update.pending.commit(update.scalars, update.weighted)

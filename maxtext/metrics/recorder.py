@@ -57,9 +57,11 @@ and nothing enters any buffer (no empty buffer is created either).
 
 The recorder is not thread-safe: one training loop owns it.
 
-The data types live in `maxtext.metrics.buffer` and the flush machinery in
-`maxtext.metrics.flush`; this module re-exports `WeightedMetric`,
-`MetricsBuffer` and `MAX_OPERANDS_PER_LAUNCH`, so callers import only it.
+The data types live in `maxtext.metrics.buffer`, the pending state (one
+`PendingBuffer` per `MetricsBuffer`, owned by the recorder) in
+`maxtext.metrics.pending` and the flush machinery in `maxtext.metrics.flush`;
+this module re-exports `WeightedMetric`, `MetricsBuffer` and
+`MAX_OPERANDS_PER_LAUNCH`, so callers import only it.
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext import checks
 from maxtext.metrics import buffer as metrics_buffer
 from maxtext.metrics import flush as metrics_flush
+from maxtext.metrics import pending as metrics_pending
 
 AggregationFn = metrics_buffer.AggregationFn
 MetricsBuffer = metrics_buffer.MetricsBuffer
@@ -84,8 +88,8 @@ MAX_OPERANDS_PER_LAUNCH = metrics_flush.MAX_OPERANDS_PER_LAUNCH
 # values of these classes take the validation fast path.
 _concrete_array_types: set = set()
 
-_SCALAR = "scalar"
-_WEIGHTED = "weighted"
+_SCALAR = metrics_pending.SCALAR
+_WEIGHTED = metrics_pending.WEIGHTED
 # How many distinct well-formed names tuples a recorder remembers.
 _MAX_VALID_NAMES = 1024
 
@@ -177,8 +181,7 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
 
 
 def _check_step(step) -> int:
-  if isinstance(step, (bool, np.bool_)) or not isinstance(
-      step, (int, np.integer)):
+  if not checks.is_int(step):
     raise TypeError("step must be a non-negative int; got "
                     f"{metrics_buffer.describe(step)}")
   if step < 0:
@@ -219,13 +222,15 @@ class MetricsRecorder:
     """
     if not isinstance(mode, str) or not mode:
       raise ValueError(f"mode must be a non-empty str; got {mode!r}")
-    if isinstance(max_history, bool) or not isinstance(max_history, int):
-      raise TypeError(f"max_history must be an int; got {max_history!r}")
-    if max_history < 1:
-      raise ValueError(f"max_history must be >= 1; got {max_history!r}")
+    self._max_history = checks.check_int("max_history", max_history,
+                                         minimum=1)
     self._mode = mode
-    self._max_history = max_history
+    # The buffers, oldest first: the public results.
     self._history: collections.deque[MetricsBuffer] = collections.deque()
+    # Buffer -> its pending state, for every buffer of the history (in the
+    # same order): what waits for a flush and what new values are checked
+    # against. Only the recorder holds these.
+    self._pending: dict[MetricsBuffer, metrics_pending.PendingBuffer] = {}
     # The device side of the next flush, dispatched by prefetch(); anything
     # that buffers or flushes values drops it.
     self._prefetch: Optional[metrics_flush.Prefetch] = None
@@ -243,36 +248,39 @@ class MetricsRecorder:
 
   # -- buffering -----------------------------------------------------------
 
-  def _target(self, step: int) -> Optional[MetricsBuffer]:
+  def _target(self, step: int) -> Optional[metrics_pending.PendingBuffer]:
     """The buffer a value for `step` goes to, or None if a new one starts."""
     if self._history and self._history[-1].step == step:
-      return self._history[-1]
+      return self._pending[self._history[-1]]
     return None
 
-  def _open(self, step: int) -> MetricsBuffer:
+  def _open(self, step: int) -> metrics_pending.PendingBuffer:
     self._prefetch = None  # A value is about to be buffered.
-    buf = self._target(step)
-    if buf is not None:
-      return buf
+    target = self._target(step)
+    if target is not None:
+      return target
     buf = MetricsBuffer(step=step, mode=self._mode)
+    target = self._pending[buf] = metrics_pending.PendingBuffer(buf)
     self._history.append(buf)
     while len(self._history) > self._max_history:
       old = self._history.popleft()
+      del self._pending[old]  # Its pending values go with it.
       logging.warning(
           "MetricsRecorder(%s): history passed max_history=%d; evicting the "
           "buffer of step %d with %d pending values.", self._mode,
           self._max_history, old.step, old.pending_count)
-    return buf
+    return target
 
   @staticmethod
-  def _check_fn_conflict(buf, name, fn) -> None:
-    if buf is None or fn is None:
+  def _check_fn_conflict(target: Optional[metrics_pending.PendingBuffer],
+                         name, fn) -> None:
+    if target is None or fn is None:
       return
-    old = buf.aggregation_fns.get(name)
+    old = target.buffer.aggregation_fns.get(name)
     if old is not None and old is not fn:
       raise ValueError(
           f"metric {name!r}: aggregation_fn {fn!r} differs from {old!r} given "
-          f"earlier for step {buf.step}")
+          f"earlier for step {target.buffer.step}")
 
   def buffer_metrics(self, step: int, name: str, metric,
                      aggregation_fn: Optional[AggregationFn] = None) -> None:
@@ -303,25 +311,21 @@ class MetricsRecorder:
     else:
       kind = _SCALAR
       values = (_host_or_device_scalar(name, metric),)
-    buf = self._target(step)
-    if buf is not None:
-      old_kind = buf._kinds.get(name)  # pylint: disable=protected-access
+    target = self._target(step)
+    if target is not None:
+      old_kind = target.kinds.get(name)
       if old_kind is not None and old_kind != kind:
         raise ValueError(
             f"metric {name!r}: is {old_kind} in step {step}, cannot buffer a "
             f"{kind} value; got {metrics_buffer.describe(metric)}")
-      self._check_fn_conflict(buf, name, aggregation_fn)
-    buf = self._open(step)
-    # pylint: disable=protected-access
-    buf._kinds[name] = kind
+      self._check_fn_conflict(target, name, aggregation_fn)
+    target = self._open(step)
     if kind == _SCALAR:
-      buf._pending.append(("s", name, buf._hold(values[0])))
+      target.add_scalar(name, values[0])
     else:
-      buf._pending.append(("w", name, buf._hold(values[0]),
-                           buf._hold(values[1])))
-    buf._pending_values += 1
+      target.add_weighted(name, values[0], values[1])
     if aggregation_fn is not None:
-      buf.aggregation_fns[name] = aggregation_fn
+      target.buffer.aggregation_fns[name] = aggregation_fn
 
   def buffer_packed(self, step: int, names: tuple[str, ...], packed,
                     aggregation_fns: Optional[Mapping[str,
@@ -345,8 +349,8 @@ class MetricsRecorder:
     if not isinstance(names, tuple):
       raise TypeError("names must be a tuple of str; got "
                       f"{metrics_buffer.describe(names)}")
-    buf = self._target(step)
-    known = buf is not None and names in buf._packed_names_ok  # pylint: disable=protected-access
+    target = self._target(step)
+    known = target is not None and names in target.packed_names
     if not known:
       if names not in self._valid_names:
         if not names:
@@ -359,9 +363,9 @@ class MetricsRecorder:
         if len(self._valid_names) >= _MAX_VALID_NAMES:
           self._valid_names.clear()
         self._valid_names.add(names)
-      if buf is not None:
+      if target is not None:
         for name in names:
-          if buf._kinds.get(name, _SCALAR) != _SCALAR:  # pylint: disable=protected-access
+          if target.kinds.get(name, _SCALAR) != _SCALAR:
             raise ValueError(
                 f"metric {name!r}: is weighted in step {step}, cannot buffer "
                 "a scalar value through buffer_packed")
@@ -395,19 +399,13 @@ class MetricsRecorder:
           raise ValueError(f"aggregation_fns names {name!r}, which is not in "
                            "names")
         _check_aggregation_fn(name, fn)
-        self._check_fn_conflict(buf, name, fn)
-    buf = self._open(step)
-    # pylint: disable=protected-access
-    if names not in buf._packed_names_ok:
-      for name in names:
-        buf._kinds[name] = _SCALAR
-      buf._packed_names_ok.add(names)
-    buf._pending.append(("p", names, buf._hold(value, len(names))))
-    buf._pending_values += len(names)
+        self._check_fn_conflict(target, name, fn)
+    target = self._open(step)
+    target.add_packed(names, value)
     if aggregation_fns:
       for name, fn in aggregation_fns.items():
         if fn is not None:
-          buf.aggregation_fns[name] = fn
+          target.buffer.aggregation_fns[name] = fn
 
   # -- flushing and reading ------------------------------------------------
 
@@ -421,7 +419,7 @@ class MetricsRecorder:
     launches, so the flush does not wait for it. Never raises and changes
     nothing: a value that cannot be fetched is reported by `flush()`.
     """
-    self._prefetch = metrics_flush.prefetch_buffers(list(self._history))
+    self._prefetch = metrics_flush.prefetch(list(self._pending.values()))
 
   def flush(self) -> None:
     """Turns every pending value into its buffer's arrays; all or nothing.
@@ -430,8 +428,16 @@ class MetricsRecorder:
       ValueError/RuntimeError: naming the metric whose value cannot be
         fetched; then no buffer and no pending value has changed.
     """
-    prefetch, self._prefetch = self._prefetch, None
-    metrics_flush.flush_buffers(list(self._history), prefetch)
+    prefetched, self._prefetch = self._prefetch, None
+    self._flush(list(self._pending.values()), prefetched)
+
+  @staticmethod
+  def _flush(targets: list[metrics_pending.PendingBuffer],
+             prefetched: Optional[metrics_flush.Prefetch] = None) -> None:
+    # Every new array is built before anything is stored: if the build
+    # raises, no buffer and no pending value has changed.
+    updates = metrics_flush.build(targets, prefetched)
+    metrics_flush.commit(updates)
 
   def get_step_metrics(self, step: int) -> Optional[MetricsBuffer]:
     """The newest buffer of `step`, flushed, or None."""
@@ -439,7 +445,7 @@ class MetricsRecorder:
     self._prefetch = None
     for buf in reversed(self._history):
       if buf.step == step:
-        metrics_flush.flush_buffers([buf])
+        self._flush([self._pending[buf]])
         return buf
     return None
 
@@ -449,16 +455,18 @@ class MetricsRecorder:
     history = list(self._history)
     if clear:
       self._history.clear()
+      self._pending.clear()
     return history
 
   def cleanup(self) -> None:
     """Drops every buffer and its pending values."""
     self._prefetch = None
     self._history.clear()
+    self._pending.clear()
 
   def pending_count(self) -> int:
     """Number of values waiting for a flush, over all buffers."""
-    return sum(b.pending_count for b in self._history)
+    return sum(buf.pending_count for buf in self._history)
 
 
 def reduce_buffer(buffer: MetricsBuffer) -> dict[str, float]:

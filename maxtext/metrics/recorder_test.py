@@ -38,7 +38,8 @@ class BufferingTest(parameterized.TestCase):
     rec.buffer_metrics(0, "loss", 1.0)
     rec.buffer_metrics(0, "loss", np.float32(2.0))
     buf = rec._history[-1]  # pylint: disable=protected-access
-    self.assertIsInstance(buf._pending, list)  # pylint: disable=protected-access
+    pending = rec._pending[buf]  # pylint: disable=protected-access
+    self.assertIsInstance(pending.records, list)
     self.assertEqual(buf.scalar_metrics, {})
     self.assertEqual(rec.pending_count(), 2)
     rec.flush()
@@ -390,12 +391,16 @@ class FlushTest(parameterized.TestCase):
     rec.buffer_packed(1, ("p",), jnp.ones((1,)))
     doomed.delete()
     history = rec._history  # pylint: disable=protected-access
-    before = [(dict(b.scalar_metrics), list(b._pending))  # pylint: disable=protected-access
+
+    def snapshot():
+      return [(dict(b.scalar_metrics),
+               list(rec._pending[b].records))  # pylint: disable=protected-access
               for b in history]
+
+    before = snapshot()
     with self.assertRaisesRegex(ValueError, "metric 'doomed'.*deleted"):
       rec.flush()
-    after = [(dict(b.scalar_metrics), list(b._pending))  # pylint: disable=protected-access
-             for b in history]
+    after = snapshot()
     self.assertEqual(len(before), len(after))
     for (s0, p0), (s1, p1) in zip(before, after):
       self.assertEqual(s0.keys(), s1.keys())
