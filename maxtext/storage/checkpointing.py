@@ -176,6 +176,11 @@ def _is_storage_error(error: BaseException) -> bool:
   return False
 
 
+def _is_bare_exception(error: BaseException) -> bool:
+  # Exactly Exception, not a subclass: how orbax wraps a failed array read.
+  return type(error) is Exception  # pylint: disable=unidiomatic-typecheck
+
+
 def _is_damage(error: Exception) -> bool:
   """Whether an error restoring a checkpoint means the checkpoint is damaged.
 
@@ -198,7 +203,7 @@ def _is_damage(error: Exception) -> bool:
   if isinstance(error, (OSError, ValueError)):
     return True
   # orbax's wrapper of a failed array read is a bare Exception.
-  return type(error) is Exception and _is_storage_error(error)  # pylint: disable=unidiomatic-typecheck
+  return _is_bare_exception(error) and _is_storage_error(error)
 
 
 def _first_line(error: BaseException) -> str:
@@ -211,7 +216,7 @@ def _reason(error: BaseException) -> str:
   """One line saying why a checkpoint did not restore."""
   # orbax's bare Exception around a failed array read says little; the
   # TensorStore error it wraps names the file and the problem.
-  if type(error) is Exception and error.__cause__ is not None:  # pylint: disable=unidiomatic-typecheck
+  if _is_bare_exception(error) and error.__cause__ is not None:
     error = error.__cause__
   line = _first_line(error).split(" [tensorstore_spec=")[0]
   return line if len(line) <= 400 else line[:397] + "..."
@@ -431,7 +436,8 @@ class Checkpointer:
     # cleanup_tmp_directories at the next open.
     if jax.process_index() != 0 or _is_url(self._directory):
       return
-    pattern = f"{step}{_TMP_SUFFIX}*" if step is not None else f"*{_TMP_SUFFIX}*"
+    prefix = str(step) if step is not None else "*"
+    pattern = f"{prefix}{_TMP_SUFFIX}*"
     for path in glob.glob(os.path.join(glob.escape(self._directory), pattern)):
       try:
         shutil.rmtree(path)

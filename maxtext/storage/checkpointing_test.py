@@ -264,7 +264,8 @@ class RestoreNewestTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.directory = os.path.join(self.create_tempdir().full_path, "checkpoints")
+    self.directory = os.path.join(self.create_tempdir().full_path,
+                                  "checkpoints")
     self.sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     self.abstract = abstract_like(make_big_state(0.0, self.sharding),
                                   self.sharding)
@@ -391,7 +392,8 @@ _FULL_DISK_CHILD = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from maxtext.storage import checkpointing
     directory, mode = sys.argv[1], sys.argv[2]
-    state = {"params": {"w": jax.random.normal(jax.random.key(0), (1024, 1024))}}
+    key = jax.random.key(0)
+    state = {"params": {"w": jax.random.normal(key, (1024, 1024))}}
     ckpt = checkpointing.Checkpointer(directory, save_period=1, max_to_keep=0)
     code = 0
     try:
