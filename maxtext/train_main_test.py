@@ -1,8 +1,8 @@
 """Tests of the `train_main` binary.
 
 `resolve_config_args` is tested in-process. The end-to-end tests run the
-binary as a subprocess: under Bazel the binary is the `//maxtext:train_main` py_binary in this test's
-runfiles; run directly (`python -m maxtext.train_main_test`), the test starts
+binary as a subprocess: under Bazel the binary is the `//maxtext:train_main`
+py_binary in this test's runfiles; run directly (`python -m maxtext.train_main_test`), the test starts
 `python -m maxtext.train_main` instead. Every run trains the tiny config of
 `testing.tiny_configs`, given as --config.x overrides, into a temp dir.
 """

@@ -23,7 +23,8 @@ _METRICS = flags.DEFINE_string(
     "metrics", None,
     "Required: metrics.jsonl file, or the run directory holding it.")
 _OUTPUT = flags.DEFINE_string(
-    "output", None, "PNG to write; default metrics.png beside the metrics file.")
+    "output", None,
+    "PNG to write; default metrics.png beside the metrics file.")
 _METRIC = flags.DEFINE_string(
     "metric", jsonl.LOSS_KEY,
     "Metric to plot: train records' <metric> and eval records' "

@@ -127,7 +127,8 @@ class JsonlTest(parameterized.TestCase):
     self.assertFalse(os.path.exists(path))
 
   def test_truncate_malformed_file_leaves_it_untouched(self):
-    text = '{"step": 0, "kind": "train"}\nnot json\n{"step": 1, "kind": "eval"}\n'
+    text = ('{"step": 0, "kind": "train"}\nnot json\n'
+            '{"step": 1, "kind": "eval"}\n')
     self.write(text)
     with self.assertRaisesRegex(ValueError, "metrics.jsonl:2"):
       jsonl.truncate_jsonl(self.path, 1)
@@ -156,7 +157,8 @@ class JsonlTest(parameterized.TestCase):
                      jsonl.LOSS_KEY)
 
   @parameterized.named_parameters(
-      ("bad_kind", "test", "loss", "kind"), ("empty_metric", "eval", "", "metric"))
+      ("bad_kind", "test", "loss", "kind"),
+      ("empty_metric", "eval", "", "metric"))
   def test_metric_key_rejects(self, kind, metric, regex):
     with self.assertRaisesRegex(ValueError, regex):
       jsonl.metric_key(kind, metric)
