@@ -2,9 +2,10 @@
 
 `resolve_config_args` is tested in-process. The end-to-end tests run the
 binary as a subprocess: under Bazel the binary is the `//maxtext:train_main`
-py_binary in this test's runfiles; run directly (`python -m maxtext.train_main_test`), the test starts
-`python -m maxtext.train_main` instead. Every run trains the tiny config of
-`testing.tiny_configs`, given as --config.x overrides, into a temp dir.
+py_binary in this test's runfiles; run directly (`python -m
+maxtext.train_main_test`), the test starts `python -m maxtext.train_main`
+instead. Every run trains the tiny config of `testing.tiny_configs`, given as
+--config.x overrides, into a temp dir.
 """
 
 import glob
