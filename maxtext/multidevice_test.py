@@ -19,13 +19,11 @@ import chex
 import jax
 import numpy as np
 
-from maxtext.storage import checkpointing
-from maxtext import engine as engine_lib
 from maxtext import mesh as mesh_lib
-from maxtext.metrics import recorder as metrics_recorder
 from maxtext import model
-from maxtext import optimizer as optimizer_lib
+from maxtext import model_setup
 from maxtext import trainer
+from maxtext.storage import checkpointing
 from maxtext.configs import default
 
 _STEPS = 3
@@ -64,16 +62,8 @@ class MultiDeviceTest(absltest.TestCase):
                           fsdp_parallelism=4)
     mesh = mesh_lib.make_mesh(config)
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 4})
-    init = functools.partial(model.init_params, config)
-    abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
-    shardings = mesh_lib.param_shardings(model.param_partition_specs(abstract, 4), mesh)
-    params = jax.jit(init, out_shardings=shardings)(jax.random.PRNGKey(0))
-    schedule = optimizer_lib.make_schedule(config)
-    engine = engine_lib.Engine(
-        functools.partial(model.loss_fn, config=config), params,
-        optimizer_lib.make_optimizer(config, schedule), schedule,
-        metrics_recorder.MetricsRecorder(), 2, param_shardings=shardings,
-        batch_sharding=mesh_lib.batch_sharding(mesh))
+    engine, setup = model_setup.build_engine(config, mesh)
+    abstract = setup.abstract_params
     fsdp_dims = model.param_fsdp_axis(abstract, 4)
     sharded = 0
     for leaf, dim in zip(jax.tree_util.tree_leaves(engine.params),
@@ -88,7 +78,7 @@ class MultiDeviceTest(absltest.TestCase):
         self.assertEqual(shard_shape, tuple(expected))
     self.assertGreater(sharded, 0)
     batch = mesh_lib.global_batch(
-        {"inputs": np.zeros((8, 16), np.int32)}, mesh_lib.batch_sharding(mesh))
+        {"inputs": np.zeros((8, 16), np.int32)}, setup.batch_sharding)
     self.assertEqual(batch["inputs"].addressable_shards[0].data.shape, (1, 16))
 
   def test_matches_the_single_device_run(self):

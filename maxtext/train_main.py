@@ -145,12 +145,13 @@ def main(argv):
   except (ValueError, TypeError) as e:
     print(f"train_main: error: {e}", file=sys.stderr)
     return 2
-  except (trainer.TrainingError, trainer.HardwareError) as e:
+  except (trainer.TrainingError, trainer.HardwareError,
+          trainer.ListenerError) as e:
     print(f"train_main: error: {e}", file=sys.stderr)
     return 1
-  print(f"train_main: {result.status} after step {result.final_step} "
+  print(f"train_main: {result.status.value} after step {result.final_step} "
         f"(eval loss {result.last_eval_loss}); run directory {result.run_dir}")
-  if result.status == trainer.INTERRUPTED:
+  if result.status == trainer.RunOutcome.INTERRUPTED:
     print(f"train_main: stopped by {result.stop_reason}; resume with the same "
           "run_name.", file=sys.stderr)
     return 1

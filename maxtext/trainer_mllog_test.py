@@ -124,7 +124,7 @@ class TrainerMllogTest(parameterized.TestCase):
     # A budget past the step that reaches the target: the target stops it.
     config, result = self.run_tiny("success", steps=40,
                                    target_eval_loss=_REACHABLE_TARGET)
-    self.assertEqual(result.status, trainer.SUCCESS)
+    self.assertEqual(result.status, trainer.RunOutcome.SUCCESS)
     self.assertLess(result.final_step, config.steps)
     path = os.path.join(result.run_dir, "mllog.log")
     for ruleset in ("6.1.0", "6.0.0"):
@@ -140,7 +140,7 @@ class TrainerMllogTest(parameterized.TestCase):
 
   def test_aborted_run_and_its_resume_each_pass(self):
     config, first = self.run_tiny("budget", target_eval_loss=_UNREACHABLE_TARGET)
-    self.assertEqual(first.status, trainer.COMPLETED)
+    self.assertEqual(first.status, trainer.RunOutcome.COMPLETED)
     self.assertEqual(first.final_step, config.steps)
     path = os.path.join(first.run_dir, "mllog.log")
     events = read_events(path)

@@ -30,6 +30,7 @@ from maxtext import model
 from maxtext import optimizer as optimizer_lib
 from maxtext import preemption
 from maxtext import trainer
+from maxtext.listeners import interface as listener_interface
 from testing import tiny_configs
 
 # The reference run: 6 steps, eval after steps 3 and 6, checkpoints at 3 and 6.
@@ -145,7 +146,7 @@ class TrainerTest(parameterized.TestCase):
     self.assertEqual(metadata["samples_count"], _STEPS * config.global_batch_size)
 
   def test_run_directory_layout(self):
-    self.assertEqual(self.ref.status, trainer.COMPLETED)
+    self.assertEqual(self.ref.status, trainer.RunOutcome.COMPLETED)
     self.assertEqual((self.ref.start_step, self.ref.final_step), (0, _STEPS))
     run_dir = os.path.join(self.root, "reference")
     self.assertEqual(self.ref.run_dir, run_dir)
@@ -201,7 +202,7 @@ class TrainerTest(parameterized.TestCase):
     config = tiny_configs.tiny_config(self.root, run_name="target", steps=60,
                                       target_eval_loss=1.0, checkpoint_period=0)
     result = trainer.run(config)
-    self.assertEqual(result.status, trainer.SUCCESS)
+    self.assertEqual(result.status, trainer.RunOutcome.SUCCESS)
     self.assertLess(result.final_step, 60)
     self.assertLessEqual(result.last_eval_loss, 1.0)
     self.assertEqual(result.final_step % config.eval_interval, 0)
@@ -214,10 +215,10 @@ class TrainerTest(parameterized.TestCase):
 
   def test_resume_equals_uninterrupted(self):
     first = trainer.run(_config(self.root, "resumed", steps=_HALF))
-    self.assertEqual((first.status, first.final_step), (trainer.COMPLETED, _HALF))
+    self.assertEqual((first.status, first.final_step), (trainer.RunOutcome.COMPLETED, _HALF))
     config = _config(self.root, "resumed", steps=_STEPS)
     second = trainer.run(config)
-    self.assertEqual(second.status, trainer.COMPLETED)
+    self.assertEqual(second.status, trainer.RunOutcome.COMPLETED)
     self.assertEqual(second.start_step, _HALF)
     self.assert_matches_reference(second, config)
     # Each attempt has its own complete MLPerf log.
@@ -247,7 +248,7 @@ class TrainerTest(parameterized.TestCase):
     result = trainer.run(_config(self.root, "stopped", steps=_STEPS,
                                  profiler_steps=3, profiler_start_step=1),
                          stop_request=stop, step_callback=on_step)
-    self.assertEqual(result.status, trainer.INTERRUPTED)
+    self.assertEqual(result.status, trainer.RunOutcome.INTERRUPTED)
     self.assertEqual(result.stop_reason, "test stop")
     self.assertEqual(result.final_step, stop_after)
     self.assertEqual(completed_steps, [1, 2])
@@ -327,6 +328,44 @@ class TrainerTest(parameterized.TestCase):
     run_stop = _run_stop(os.path.join(run_dir, "mllog.log"))
     self.assertEqual(run_stop["status"], "aborted")
     self.assertEqual(run_stop["samples_count"], 4 * config.global_batch_size)
+
+  def test_failing_output_checkpoints_the_last_step_and_stops(self):
+
+    class FullDisk(listener_interface.RunListener):
+      """An extra output whose disk fills up when step 2's record comes."""
+      name = "full_disk"
+
+      def __init__(self):
+        self.closed = False
+
+      def on_step(self, record):
+        if record.step == 2:
+          raise OSError(28, "No space left on device", "/full/metrics")
+
+      def close(self):
+        self.closed = True
+
+    output = FullDisk()
+    config = _config(self.root, "full", steps=_STEPS, checkpoint_period=0,
+                     eval_interval=_STEPS)
+    with self.assertRaisesRegex(
+        trainer.ListenerError,
+        r"^output 'full_disk' failed \(on_step\): OSError: \[Errno 28\] No "
+        r"space left on device: '/full/metrics'$"):
+      trainer.run(config, extra_listeners=[output])
+    self.assertTrue(output.closed)
+    run_dir = os.path.join(self.root, "full")
+    # Step 2's record is written once step 3 is dispatched, before its
+    # update: the checkpoint holds the 3 completed steps, as the reference.
+    state, metadata = _restore_state(config, run_dir, _HALF)
+    self.assertEqual(int(state["step"]), _HALF)
+    self.assertEqual(metadata["samples_count"], _HALF * config.global_batch_size)
+    ref_half, _ = _restore_state(self.ref_config, self.ref.run_dir, _HALF)
+    chex.assert_trees_all_close(state, ref_half, rtol=1e-6, atol=1e-7)
+    # The other outputs got step 2 and ended cleanly.
+    self.assertEqual([r["step"] for r in _records(run_dir)], [0, 1, 2])
+    run_stop = _run_stop(os.path.join(run_dir, "mllog.log"))
+    self.assertEqual(run_stop["status"], "aborted")
 
   @parameterized.named_parameters(
       ("zero_steps", {"steps": 0}, ValueError, r"config\.steps=0"),

@@ -68,6 +68,7 @@ import optax
 from maxtext import data
 from maxtext import mesh as mesh_lib
 from maxtext import model
+from maxtext import model_setup
 from maxtext import optimizer as optimizer_lib
 from maxtext import trainer
 
@@ -113,14 +114,9 @@ class BareLoop:
   def __init__(self, config):
     self.config = config
     self.k = config.gradient_accumulation_steps
-    mesh = mesh_lib.make_mesh(config)
-    init = functools.partial(model.init_params, config)
-    rng = jax.random.PRNGKey(config.seed)
-    param_shardings = mesh_lib.param_shardings(
-        model.param_partition_specs(jax.eval_shape(init, rng),
-                                    mesh.shape[mesh_lib.FSDP_AXIS]), mesh)
-    self.batch_sharding = mesh_lib.batch_sharding(mesh)
-    self.params = jax.jit(init, out_shardings=param_shardings)(rng)
+    setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
+    self.batch_sharding = setup.batch_sharding
+    self.params = model_setup.init_params(config, setup)
     optimizer = optimizer_lib.make_optimizer(config,
                                              optimizer_lib.make_schedule(config))
     self.opt_state = jax.jit(optimizer.init)(self.params)
@@ -179,7 +175,7 @@ def _run_trainer(config, output_dir: str, name: str, step_callback) -> None:
                        step_callback=step_callback)
   if result.final_step != config.steps:
     raise RuntimeError(f"trainer run {name} stopped at step {result.final_step} "
-                       f"({result.status}); expected {config.steps}")
+                       f"({result.status.value}); expected {config.steps}")
 
 
 def trainer_block(config, output_dir: str, name: str, warmup: int) -> list[float]:

@@ -1,0 +1,134 @@
+"""The MLPerf log as a run listener: run events become `:::MLLOG` events.
+
+`start(config, ...)` opens the attempt's log and writes what precedes the
+model's initialisation (`cache_clear`, `init_start`, the `submission_*`
+keys); the listener then writes the rest as the run reports it:
+
+  on_run_start   hyperparameters, init_stop, run_start, block_start
+  on_step        tracked_stats (train loss, step time)
+  on_eval_start  block_stop, eval_start
+  on_eval        eval_accuracy, eval_stop, tracked_stats (validation time),
+                 then run_stop(success) at the target or block_start if the
+                 run goes on
+  on_run_end     run_stop(aborted) unless the run succeeded
+
+Every value comes from the run: samples counts from the samples trained,
+warmup and decay steps from the real schedule.
+"""
+
+from typing import Any, Optional
+
+from maxtext import config_lib
+from maxtext import optimizer as optimizer_lib
+from maxtext.listeners import interface
+from maxtext.mllog import hyperparameters as mllog_hyperparameters
+from maxtext.mllog import logger as mllog_logger
+from maxtext.storage import run_dir as run_dir_lib
+
+
+def hyperparameters(config: Any, *, data_parallelism: int, start_step: int,
+                    config_filename: str) -> dict[str, Any]:
+  """The run's hyperparameter events, from its config and real schedule.
+
+  Args:
+    config: the run's config.
+    data_parallelism: the mesh's data axis size (the micro batch size is per
+      data-parallel replica).
+    start_step: the step the attempt starts from (init_checkpoint_step).
+    config_filename: the config file's name, for the 6.1 disclosure.
+  """
+  summary = optimizer_lib.schedule_summary(config)
+  return mllog_hyperparameters.hyperparameters_from_config(
+      config,
+      warmup_steps=summary["warmup_steps"],
+      schedule_steps=summary["schedule_steps"],
+      end_learning_rate=summary["end_learning_rate"],
+      decay_schedule=summary["decay_schedule"],
+      train_samples=config_lib.train_samples(config),
+      eval_samples=config_lib.eval_samples(config),
+      init_checkpoint_step=start_step,
+      micro_batch_size=config_lib.micro_batch_size(config) // data_parallelism,
+      config_filename=config_filename,
+  )
+
+
+class MLLogListener(interface.RunListener):
+  """Writes one attempt's MLPerf log; see the module docstring."""
+
+  name = "mllog"
+
+  def __init__(self, logger: mllog_logger.MLLogger, config: Any, *,
+               data_parallelism: int, config_filename: str):
+    self._logger = logger
+    self._config = config
+    self._data_parallelism = data_parallelism
+    self._config_filename = config_filename
+
+  @property
+  def logger(self) -> mllog_logger.MLLogger:
+    return self._logger
+
+  def on_run_start(self, start: interface.RunStart) -> None:
+    log = self._logger
+    log.hyperparameters(hyperparameters(
+        self._config, data_parallelism=self._data_parallelism,
+        start_step=start.start_step, config_filename=self._config_filename))
+    log.init_stop()
+    log.run_start()
+    log.block_start(start.samples)
+
+  def on_step(self, record: interface.StepRecord) -> None:
+    self._logger.tracked_stats(record.step + 1, {
+        "train_loss": record.metrics.get("loss"),
+        "step_time": record.step_time})
+
+  def on_eval_start(self, step: int, samples: int) -> None:
+    self._logger.block_stop(samples)
+    self._logger.eval_start(samples)
+
+  def on_eval(self, record: interface.EvalRecord) -> None:
+    log = self._logger
+    log.eval_accuracy(record.eval_loss, record.samples)
+    log.eval_stop(record.samples)
+    log.tracked_stats(record.step + 1, {"validation_time": record.eval_time})
+    if record.target_reached:
+      log.run_stop(mllog_logger.SUCCESS, record.samples)
+    elif record.continues:
+      log.block_start(record.samples)
+
+  def on_run_end(self, end: interface.RunEnd) -> None:
+    if end.outcome != interface.RunOutcome.SUCCESS:
+      # The samples really trained, also when no eval reported them yet.
+      self._logger.run_stop(mllog_logger.ABORTED, end.samples)
+
+  def close(self) -> None:
+    self._logger.close()
+
+
+def start(config: Any, run_dir: str, *, process_index: Optional[int],
+          data_parallelism: int, config_filename: str) -> MLLogListener:
+  """Opens the attempt's MLPerf log and writes its initialisation events.
+
+  Args:
+    config: the run's config.
+    run_dir: the local run directory (the default log lives there).
+    process_index: this process's index (only process 0 writes), or None for
+      jax.process_index().
+    data_parallelism: the mesh's data axis size.
+    config_filename: the config file's name, for the 6.1 disclosure.
+
+  Returns:
+    The listener; its logger writes nothing when `enable_mllog` is off or
+    this is not process 0.
+  """
+  if config.mllog_file:  # A local path (config_lib refuses gs:// here).
+    path = run_dir_lib.resolve_local_path(config.mllog_file)
+  else:
+    path = mllog_logger.default_log_path(config, run_dir)
+  logger = mllog_logger.create_mllogger(config, path,
+                                        process_index=process_index)
+  logger.cache_clear()
+  logger.init_start()
+  logger.submission_info()
+  return MLLogListener(logger, config, data_parallelism=data_parallelism,
+                       config_filename=config_filename)

@@ -1,0 +1,99 @@
+"""Builds a model's training state from a config: one place for every caller.
+
+The trainer, the benchmarks and the multi-device tests all set a model up the
+same way: the mesh's parameter and batch shardings, parameters initialised
+from `config.seed` directly into their shardings (or loaded from
+`load_parameters_path`), and an `Engine` with the configured optimizer.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+from absl import logging
+import jax
+
+from maxtext import engine as engine_lib
+from maxtext import mesh as mesh_lib
+from maxtext import model
+from maxtext import optimizer as optimizer_lib
+from maxtext.metrics import recorder as metrics_recorder
+from maxtext.storage import checkpointing
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSetup:
+  """Where a model's arrays live.
+
+  Attributes:
+    mesh: the device mesh.
+    abstract_params: the parameters' shapes and dtypes (ShapeDtypeStructs).
+    param_shardings: the parameters' shardings (FSDP over the mesh).
+    batch_sharding: the sharding of a global batch's arrays.
+  """
+  mesh: jax.sharding.Mesh
+  abstract_params: Any
+  param_shardings: Any
+  batch_sharding: jax.sharding.NamedSharding
+
+
+def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
+  """Shapes and shardings of the config's model on `mesh`; allocates nothing."""
+  abstract = jax.eval_shape(functools.partial(model.init_params, config),
+                            jax.random.PRNGKey(config.seed))
+  fsdp = mesh.shape[mesh_lib.FSDP_AXIS]
+  return ModelSetup(
+      mesh=mesh,
+      abstract_params=abstract,
+      param_shardings=mesh_lib.param_shardings(
+          model.param_partition_specs(abstract, fsdp), mesh),
+      batch_sharding=mesh_lib.batch_sharding(mesh))
+
+
+def init_params(config: Any, setup: ModelSetup) -> Any:
+  """The initial parameters, placed on their shardings.
+
+  From `load_parameters_path` (another run's newest checkpoint, or one step
+  directory) when set, else initialised from `config.seed`.
+  """
+  if config.load_parameters_path:
+    return checkpointing.restore_params_only(
+        config.load_parameters_path,
+        jax.tree_util.tree_map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            setup.abstract_params, setup.param_shardings))
+  init = functools.partial(model.init_params, config)
+  return jax.jit(init, out_shardings=setup.param_shardings)(
+      jax.random.PRNGKey(config.seed))
+
+
+def make_engine(config: Any, setup: ModelSetup, params: Any,
+                recorder: Optional[metrics_recorder.MetricsRecorder] = None
+                ) -> engine_lib.Engine:
+  """An engine training `params` with the config's optimizer and schedule.
+
+  The engine clips with the gradient norm it measures for the metrics, so
+  the optimizer itself has no clipping stage.
+  """
+  schedule = optimizer_lib.make_schedule(config)
+  return engine_lib.Engine(
+      functools.partial(model.loss_fn, config=config),
+      params,
+      optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
+      schedule,
+      recorder or metrics_recorder.MetricsRecorder(mode="train"),
+      config.gradient_accumulation_steps,
+      param_shardings=setup.param_shardings,
+      batch_sharding=setup.batch_sharding,
+      grad_clip_norm=config.grad_clip_norm)
+
+
+def build_engine(config: Any, mesh: Optional[jax.sharding.Mesh] = None
+                 ) -> tuple[engine_lib.Engine, ModelSetup]:
+  """The config's model on `mesh` (default: the config's mesh), as an engine."""
+  if mesh is None:
+    mesh = mesh_lib.make_mesh(config)
+  setup = setup_model(config, mesh)
+  params = init_params(config, setup)
+  logging.info("Model: %s parameters.", f"{model.num_params(params):,}")
+  return make_engine(config, setup, params), setup

@@ -1,0 +1,277 @@
+"""Everything one run holds, built from its config by one function.
+
+`build(config, ...)` turns a validated config into a `RunState`: the mesh,
+the run directory (fetched from its GCS mirror on a new machine), the
+outputs as listeners (MLPerf log, console/JSONL/TensorBoard, profiler, GCS
+mirror), the model and its engine, the data, the checkpointer, and the
+restored checkpoint if there is one. The training loop (`maxtext/trainer.py`)
+only reads it and calls its methods.
+
+The MLPerf log is opened before the model is built (its `init_start` must
+precede the initialisation); every other output is added once the restore
+has said where the run starts. If building fails, what was opened is closed
+again and the MLPerf log ends with an aborted `run_stop`.
+"""
+
+import dataclasses
+import datetime
+import os
+import time
+from typing import Any, Optional, Sequence
+
+from absl import logging
+import jax
+import numpy as np
+
+from maxtext import data
+from maxtext import mesh as mesh_lib
+from maxtext import model_setup
+from maxtext.listeners import interface
+from maxtext.listeners import multi_listener
+from maxtext.listeners import profiler
+from maxtext.metrics import listener as metrics_listener
+from maxtext.metrics import writers
+from maxtext.mllog import listener as mllog_listener
+from maxtext.storage import checkpointing
+from maxtext.storage import gcs_mirror
+from maxtext.storage import mirror_listener
+from maxtext.storage import run_dir as run_dir_lib
+
+
+@dataclasses.dataclass
+class RunState:
+  """One run's state; see the module docstring.
+
+  Attributes:
+    config: the run's validated config.
+    paths: the run's directories.
+    is_primary: whether this is process 0 (the one that writes outputs).
+    setup: the model's mesh and shardings.
+    engine: the training engine (parameters, optimizer state, step).
+    dataset: this process's share of the data.
+    checkpointer: the run's checkpoint directory.
+    listeners: every output of the run.
+    start_step: completed steps at the start of this attempt.
+    samples: samples trained so far, resumed ones included.
+  """
+  config: Any
+  paths: run_dir_lib.RunPaths
+  is_primary: bool
+  setup: model_setup.ModelSetup
+  engine: Any
+  dataset: Any
+  checkpointer: checkpointing.Checkpointer
+  listeners: multi_listener.MultiListener
+  start_step: int
+  samples: int
+
+  def device_batches(self, step: int) -> list:
+    """Step `step`'s micro-batches as global arrays on the devices; [] past
+    the last step."""
+    if step >= self.config.steps:
+      return []
+    return [mesh_lib.global_batch(micro, self.setup.batch_sharding)
+            for micro in data.split_micro_batches(
+                self.dataset.get_batch(step),
+                self.config.gradient_accumulation_steps)]
+
+  def evaluate(self) -> float:
+    """The mean eval loss over `eval_steps` batches (nats per token)."""
+    losses = [self.engine.eval_step(mesh_lib.global_batch(
+        self.dataset.get_eval_batch(i), self.setup.batch_sharding))
+              for i in range(self.config.eval_steps)]
+    return float(np.mean(jax.device_get(losses)))
+
+  def save(self, force: bool = False) -> bool:
+    """Checkpoints the completed steps if due (or `force`d) and not saved yet.
+
+    Returns:
+      True if a checkpoint was started.
+    """
+    step = self.engine.step
+    saved = self.checkpointer.save(
+        step, self.engine.state, {"samples_count": self.samples, "step": step},
+        force=force)
+    if saved:
+      logging.info("Checkpoint of step %d: %s", step, self.paths.checkpoint_dir)
+    return saved
+
+  def close(self) -> None:
+    """Releases the checkpointer and the engine (listeners close separately)."""
+    for closer in (self.checkpointer.close, self.engine.close):
+      try:
+        closer()
+      except Exception as e:  # pylint: disable=broad-except
+        # Closing must reach every part; the checkpointer's own errors were
+        # raised by the saves that caused them.
+        logging.warning("Closing the run: %s", e)
+
+
+def _run_name(config) -> str:
+  """config.run_name, or a timestamp that every process agrees on."""
+  if config.run_name:
+    return config.run_name
+  if jax.process_count() == 1:
+    return run_dir_lib.default_run_name()
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  stamp = multihost_utils.broadcast_one_to_all(
+      np.asarray(int(time.time()), np.int64))
+  return run_dir_lib.default_run_name(
+      datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc))
+
+
+def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
+  """On a new machine, a gs:// run's files come from its mirror."""
+  if not paths.remote_url or os.path.isdir(paths.run_dir):
+    return
+  try:
+    files = gcs_mirror.download_prefix(
+        paths.remote_url, paths.run_dir,
+        request_timeout_s=config.gcs_request_timeout_seconds)
+  except gcs_mirror.GcsError as e:
+    # GCS trouble never stops a run: it starts from what is local (nothing),
+    # and resume=True still fails when no checkpoint is found.
+    logging.warning("Could not read the GCS mirror %s (%s); starting without "
+                    "its files.", paths.remote_url, e)
+    return
+  if files:
+    logging.info("Restored %d files of %s from %s.", len(files), paths.run_dir,
+                 paths.remote_url)
+
+
+def _abstract(tree, host_sharding):
+  """ShapeDtypeStructs (with shardings) of a pytree of arrays.
+
+  Host (NumPy) leaves such as the step counter have no sharding of their
+  own; they are restored onto `host_sharding`.
+  """
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(
+          np.shape(x), x.dtype,
+          sharding=getattr(x, "sharding", None) or host_sharding), tree)
+
+
+def _restore(config, engine, checkpointer, paths, mesh) -> dict:
+  """Restores the newest checkpoint, if any; returns its metadata."""
+  step = checkpointer.latest_step()
+  if step is None:
+    if config.resume:
+      raise ValueError(
+          f"resume=True but {paths.checkpoint_dir} holds no checkpoint (set "
+          "run_name to the run to resume)")
+    return {}
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state, metadata = checkpointer.restore(step, _abstract(engine.state,
+                                                         replicated))
+  engine.set_state(state)
+  logging.info("Resumed from the checkpoint of step %d in %s.", step,
+               paths.checkpoint_dir)
+  return metadata
+
+
+def _output_listeners(config, paths, is_primary: bool, start_step: int
+                      ) -> list[interface.RunListener]:
+  """The outputs besides the MLPerf log, in the order they are called."""
+  listeners = [metrics_listener.MetricsListener(writers.MetricLogger(
+      paths.run_dir, is_primary=is_primary, log_period=config.log_period,
+      total_steps=config.steps,
+      tokens_per_step=config.global_batch_size * config.max_sequence_length,
+      first_step=start_step))]
+  if config.profiler_steps and is_primary:
+    listeners.append(profiler.ProfilerListener(
+        paths.tensorboard_dir, config.profiler_start_step,
+        config.profiler_steps))
+  return listeners
+
+
+def build(config, *, config_filename: str = "unknown",
+          process_index: Optional[int] = None,
+          extra_listeners: Sequence[interface.RunListener] = ()) -> RunState:
+  """Builds the run's state from its (validated) config.
+
+  Args:
+    config: the run's config, already validated.
+    config_filename: the config file's name, for the MLPerf log.
+    process_index: overrides jax.process_index() for the outputs' process-0
+      rule (tests).
+    extra_listeners: more outputs, called after the built-in ones (and
+      before the GCS mirror), under the same failure policy.
+
+  Returns:
+    The RunState, with every listener added; the caller calls
+    `listeners.on_run_start` when it starts training.
+
+  Raises:
+    ValueError/TypeError: a config problem found while building (e.g. the
+      batch does not fit the mesh, resume=True without a checkpoint).
+  """
+  if process_index is None:
+    process_index = jax.process_index()
+  is_primary = process_index == 0
+  mesh = mesh_lib.make_mesh(config)
+  mesh_lib.check_batch_layout(config, mesh)
+  paths = run_dir_lib.make_run_paths(config, _run_name(config))
+  _fetch_remote_run(config, paths)
+  os.makedirs(paths.run_dir, exist_ok=True)
+  listeners = multi_listener.MultiListener()
+  mirror = None
+  engine = checkpointer = None
+  samples = 0
+  try:
+    if paths.remote_url and is_primary:
+      mirror = mirror_listener.MirrorListener(gcs_mirror.GcsMirror(
+          paths.run_dir, paths.remote_url,
+          min_interval_s=config.gcs_sync_interval_seconds,
+          request_timeout_s=config.gcs_request_timeout_seconds,
+          final_timeout_s=config.gcs_final_timeout_seconds))
+    listeners.add(mllog_listener.start(
+        config, paths.run_dir, process_index=process_index,
+        data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
+        config_filename=config_filename))
+    engine, setup = model_setup.build_engine(config, mesh)
+    dataset = data.make_dataset(config, jax.process_index(),
+                                jax.process_count())
+    checkpointer = checkpointing.Checkpointer(
+        paths.checkpoint_dir,
+        save_period=config.checkpoint_period or config.steps,
+        max_to_keep=config.max_checkpoints_to_keep)
+    metadata = _restore(config, engine, checkpointer, paths, mesh)
+    start_step = engine.step
+    samples = int(metadata.get("samples_count",
+                               start_step * config.global_batch_size))
+    if is_primary:
+      run_dir_lib.write_config_json(
+          paths.config_json, config,
+          dict(run_dir_lib.provenance(), run_name=paths.run_name,
+               start_step=start_step, remote_url=paths.remote_url))
+    for listener in (*_output_listeners(config, paths, is_primary, start_step),
+                     *extra_listeners):
+      listeners.add(listener)
+    if mirror is not None:
+      listeners.add(mirror)  # Last: it uploads what the others wrote.
+    return RunState(config=config, paths=paths, is_primary=is_primary,
+                    setup=setup, engine=engine, dataset=dataset,
+                    checkpointer=checkpointer, listeners=listeners,
+                    start_step=start_step, samples=samples)
+  except BaseException:
+    if mirror is not None and mirror not in listeners.listeners:
+      listeners.add(mirror)
+    _abandon(listeners, engine, checkpointer, samples)
+    raise
+
+
+def _abandon(listeners, engine, checkpointer, samples: int) -> None:
+  """Closes what a failed `build` opened; the MLPerf log ends aborted."""
+  step = engine.step if engine is not None else 0
+  try:
+    listeners.on_run_end(interface.RunEnd(interface.RunOutcome.FAILED, step,
+                                          samples))
+  except multi_listener.ListenerError:
+    pass  # Logged by MultiListener; the build's own error is the one raised.
+  for part in (checkpointer, engine):
+    if part is not None:
+      part.close()
+  try:
+    listeners.close()  # After the checkpointer: the mirror uploads last.
+  except multi_listener.ListenerError:
+    pass  # As above.
