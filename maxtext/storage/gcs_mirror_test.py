@@ -218,6 +218,123 @@ class GcsMirrorTest(parameterized.TestCase):
                                  client_factory=dead.client,
                                  request_timeout_s=0.5)
 
+  # The bounds below are the production defaults (config base.py), under which
+  # the code before fail-fast took 60 s to give up on a download and about
+  # 300 s to close a mirror; "a few seconds" is asserted with a wide margin.
+
+  @parameterized.named_parameters(
+      ("closed_port", gcs_emulator.closed_port_url),
+      ("unresolvable_host", gcs_emulator.unresolvable_url),
+  )
+  def test_download_prefix_from_unreachable_endpoint_fails_fast(self, url_fn):
+    url = url_fn()
+    start = time.monotonic()
+    with self.assertRaisesRegex(gcs_mirror.GcsError, "unreachable endpoint"):
+      gcs_mirror.download_prefix(
+          self.url, self.local,
+          client_factory=lambda: gcs_emulator.client_for(url),
+          request_timeout_s=60.0)
+    self.assertLess(time.monotonic() - start, 10.0)
+    self.assertFalse(os.path.exists(self.local))
+
+  def test_download_prefix_list_timeout_bounds_a_slow_listing(self):
+    proxy = gcs_emulator.SlowProxy(self.emulator.port, delay_s=30.0)
+    self.addCleanup(proxy.close)
+    start = time.monotonic()
+    with self.assertRaisesRegex(gcs_mirror.GcsError, self.url):
+      gcs_mirror.download_prefix(
+          self.url, self.local,
+          client_factory=lambda: gcs_emulator.client_for(proxy.url),
+          request_timeout_s=60.0, list_timeout_s=1.0)
+    self.assertLess(time.monotonic() - start, 10.0)
+
+  @parameterized.named_parameters(
+      ("list_timeout", dict(list_timeout_s=0.0), "list_timeout_s"),
+      ("request_timeout", dict(request_timeout_s=-1.0), "request_timeout_s"),
+  )
+  def test_download_prefix_bad_bounds_raise(self, kwargs, field):
+    with self.assertRaisesRegex(ValueError, field):
+      gcs_mirror.download_prefix(self.url, self.local,
+                                 client_factory=self.emulator.client, **kwargs)
+
+  @parameterized.named_parameters(
+      ("closed_port", gcs_emulator.closed_port_url),
+      ("unresolvable_host", gcs_emulator.unresolvable_url),
+  )
+  def test_unreachable_endpoint_close_is_prompt_and_names_what_is_missing(
+      self, url_fn):
+    files = _files("unreachable")
+    _write(self.local, files)
+    url = url_fn()
+    mirror = self._mirror(client_factory=lambda: gcs_emulator.client_for(url),
+                          max_retries=3, backoff_s=2.0,
+                          request_timeout_s=60.0, final_timeout_s=300.0)
+    mirror.request_sync()
+    _wait_until(lambda: mirror.stats().last_error is not None)
+    self.assertTrue(mirror.stats().unreachable)
+    start = time.monotonic()
+    with self.assertLogs(level="WARNING") as logs:
+      ok = mirror.close()
+    self.assertLess(time.monotonic() - start, 10.0)
+    self.assertFalse(ok)
+    self.assertLen(logs.output, 1)
+    self.assertIn("4 file(s) not uploaded (checkpoints/1/state/data, "
+                  "metrics.jsonl, mllog.log, tensorboard/events.out)",
+                  logs.output[0])
+    stats = mirror.stats()
+    self.assertEqual(stats.not_uploaded, tuple(sorted(files)))
+    self.assertEqual(stats.files_uploaded, 0)
+    self.assertEqual(stats.passes, 0)
+    self.assertEqual(gcs_emulator.local_files(self.local), files)
+
+  def test_close_before_any_pass_against_closed_port_is_prompt(self):
+    _write(self.local, {"config.json": b"{}"})
+    url = gcs_emulator.closed_port_url()
+    mirror = self._mirror(client_factory=lambda: gcs_emulator.client_for(url),
+                          max_retries=3, backoff_s=2.0,
+                          request_timeout_s=60.0, final_timeout_s=300.0)
+    start = time.monotonic()
+    with self.assertLogs(level="WARNING") as logs:
+      self.assertFalse(mirror.close())
+    self.assertLess(time.monotonic() - start, 10.0)
+    self.assertRegex(logs.output[0], r"1 file\(s\) not uploaded "
+                     r"\(config.json\): the final upload failed "
+                     r"\(ConnectionError: .*refused")
+
+  def test_warning_names_a_few_files_when_many_are_missing(self):
+    _write(self.local, {f"f{i:02d}": b"x" for i in range(12)})
+    url = gcs_emulator.closed_port_url()
+    mirror = self._mirror(client_factory=lambda: gcs_emulator.client_for(url))
+    with self.assertLogs(level="WARNING") as logs:
+      self.assertFalse(mirror.close())
+    self.assertIn("12 file(s) not uploaded (f00, f01, f02, f03, f04, ...)",
+                  logs.output[0])
+    self.assertLen(mirror.stats().not_uploaded, 12)
+
+  def test_slow_endpoint_that_never_completed_a_pass_keeps_final_retries(self):
+    # Requests time out (a slow endpoint, not an unreachable one) until the
+    # delay is lifted during close(): the final pass must keep retrying
+    # within its deadline instead of giving up after one attempt.
+    files = _files("slow")
+    _write(self.local, files)
+    proxy = gcs_emulator.SlowProxy(self.emulator.port, delay_s=30.0)
+    self.addCleanup(proxy.close)
+    mirror = self._mirror(
+        client_factory=lambda: gcs_emulator.client_for(proxy.url),
+        request_timeout_s=0.5, max_retries=100, backoff_s=0.2,
+        final_timeout_s=60.0)
+    mirror.request_sync()
+    _wait_until(lambda: mirror.stats().last_error is not None)
+    self.assertFalse(mirror.stats().unreachable)
+    self.assertEqual(mirror.stats().passes, 0)
+    lift = threading.Timer(2.0, setattr, (proxy, "delay_s", 0.0))
+    lift.start()
+    self.addCleanup(lift.cancel)
+    self.assertTrue(mirror.close())
+    self.assertEqual(mirror.stats().not_uploaded, ())
+    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET,
+                                               self.prefix), files)
+
   def test_default_client_factory_uses_storage_emulator_host(self):
     _write(self.local, {"config.json": b"{}"})
     with mock.patch.dict(os.environ,
