@@ -220,7 +220,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   # GCS mirror.
   _at_least(v, "gcs_sync_interval_seconds", 0)
-  for key in ("gcs_request_timeout_seconds", "gcs_final_timeout_seconds"):
+  for key in ("gcs_request_timeout_seconds", "gcs_final_timeout_seconds",
+              "run_lock_refresh_interval_seconds"):
     if v[key] <= 0:
       raise _fail(key, v[key], "must be > 0")
 

@@ -34,8 +34,10 @@ from maxtext.metrics import writers
 from maxtext.mllog import listener as mllog_listener
 from maxtext.storage import checkpointing
 from maxtext.storage import gcs_mirror
+from maxtext.storage import lock_listener
 from maxtext.storage import mirror_listener
 from maxtext.storage import run_dir as run_dir_lib
+from maxtext.storage import run_lock
 
 
 @dataclasses.dataclass
@@ -120,10 +122,47 @@ def _run_name(config) -> str:
       datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc))
 
 
+def _lock_run(config, paths: run_dir_lib.RunPaths, is_primary: bool
+              ) -> Optional[run_lock.RunLocks]:
+  """Process 0 locks the run's directories; every process learns the outcome.
+
+  Raises:
+    RunLockError: another run holds one of them (on every process, so none
+      starts training).
+  """
+  locations = [paths.run_dir]
+  if paths.remote_url:
+    locations.append(paths.remote_url)
+  if config.checkpoint_directory:
+    locations.append(paths.checkpoint_dir)
+  locks, error = None, None
+  if is_primary:
+    try:
+      locks = run_lock.acquire_run_locks(
+          locations,
+          refresh_interval_s=config.run_lock_refresh_interval_seconds,
+          request_timeout_s=config.gcs_request_timeout_seconds)
+    except run_lock.RunLockError as e:
+      error = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    locked = multihost_utils.broadcast_one_to_all(
+        np.asarray(error is None and is_primary, np.int32))
+    if not int(locked) and error is None:
+      error = run_lock.RunLockError(
+          paths.run_dir, None, "process 0 could not lock the run directory")
+  if error is not None:
+    raise error
+  return locks
+
+
 def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
   """On a new machine, a gs:// run's files come from its mirror."""
-  if not paths.remote_url or os.path.isdir(paths.run_dir):
+  if not paths.remote_url:
     return
+  local = set(os.listdir(paths.run_dir)) if os.path.isdir(paths.run_dir) else ()
+  if set(local) - {run_lock.LOCK_FILE_NAME}:
+    return  # The local staging holds the run: it is the newest copy.
   try:
     files = gcs_mirror.download_prefix(
         paths.remote_url, paths.run_dir,
@@ -152,21 +191,27 @@ def _abstract(tree, host_sharding):
 
 
 def _restore(config, engine, checkpointer, paths, mesh) -> dict:
-  """Restores the newest checkpoint, if any; returns its metadata."""
-  step = checkpointer.latest_step()
-  if step is None:
+  """Restores the newest checkpoint that restores, if any; returns its
+  metadata. Damaged newer ones are set aside (see
+  `Checkpointer.restore_newest`)."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  restored = checkpointer.restore_newest(_abstract(engine.state, replicated))
+  if restored is None:
     if config.resume:
       raise ValueError(
-          f"resume=True but {paths.checkpoint_dir} holds no checkpoint (set "
-          "run_name to the run to resume)")
+          f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
+          "(set run_name to the run to resume)")
     return {}
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  state, metadata = checkpointer.restore(step, _abstract(engine.state,
-                                                         replicated))
-  engine.set_state(state)
-  logging.info("Resumed from the checkpoint of step %d in %s.", step,
+  engine.set_state(restored.state)
+  for aside in restored.set_aside:
+    logging.warning("Checkpoint of step %d could not be restored (%s); %s. "
+                    "Resuming from the older step %d instead.", aside.step,
+                    aside.reason,
+                    f"moved to {aside.moved_to}" if aside.moved_to
+                    else "left in place", restored.step)
+  logging.info("Resumed from the checkpoint of step %d in %s.", restored.step,
                paths.checkpoint_dir)
-  return metadata
+  return restored.metadata
 
 
 def _output_listeners(config, paths, is_primary: bool, start_step: int
@@ -211,13 +256,14 @@ def build(config, *, config_filename: str = "unknown",
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
   paths = run_dir_lib.make_run_paths(config, _run_name(config))
-  _fetch_remote_run(config, paths)
-  os.makedirs(paths.run_dir, exist_ok=True)
+  locks = _lock_run(config, paths, is_primary)
   listeners = multi_listener.MultiListener()
   mirror = None
   engine = checkpointer = None
   samples = 0
   try:
+    _fetch_remote_run(config, paths)
+    os.makedirs(paths.run_dir, exist_ok=True)
     if paths.remote_url and is_primary:
       mirror = mirror_listener.MirrorListener(gcs_mirror.GcsMirror(
           paths.run_dir, paths.remote_url,
@@ -248,7 +294,9 @@ def build(config, *, config_filename: str = "unknown",
                      *extra_listeners):
       listeners.add(listener)
     if mirror is not None:
-      listeners.add(mirror)  # Last: it uploads what the others wrote.
+      listeners.add(mirror)  # It uploads what the others wrote.
+    if locks is not None:
+      listeners.add(lock_listener.RunLockListener(locks))  # Released last.
     return RunState(config=config, paths=paths, is_primary=is_primary,
                     setup=setup, engine=engine, dataset=dataset,
                     checkpointer=checkpointer, listeners=listeners,
@@ -257,6 +305,10 @@ def build(config, *, config_filename: str = "unknown",
     if mirror is not None and mirror not in listeners.listeners:
       listeners.add(mirror)
     _abandon(listeners, engine, checkpointer, samples)
+    if locks is not None and not any(
+        isinstance(l, lock_listener.RunLockListener)
+        for l in listeners.listeners):
+      locks.release()
     raise
 
 

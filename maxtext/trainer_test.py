@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.storage import checkpointing
+from maxtext.storage import run_lock
 from maxtext import config_lib
 from maxtext import data
 from maxtext.metrics import writers as metric_logger
@@ -223,6 +224,40 @@ class TrainerTest(parameterized.TestCase):
     self.assert_matches_reference(second, config)
     # Each attempt has its own complete MLPerf log.
     self.assertTrue(os.path.exists(os.path.join(second.run_dir, "mllog.2.log")))
+
+  def test_resume_falls_back_past_a_damaged_newest_checkpoint(self):
+    # Checkpoints after steps 3 and 6 (the step budget); the newest loses its
+    # metadata, as a crash while writing or a bad copy would leave it.
+    config = _config(self.root, "damaged", steps=_STEPS)
+    first = trainer.run(config)
+    self.assertEqual(_checkpoint_steps(first.run_dir), [_HALF, _STEPS])
+    checkpoints = os.path.join(first.run_dir, "checkpoints")
+    os.remove(os.path.join(checkpoints, str(_STEPS), "state", "_METADATA"))
+
+    with self.assertLogs(level="WARNING") as logs:
+      second = trainer.run(config)
+    self.assertEqual(second.start_step, _HALF)
+    self.assertRegex("\n".join(logs.output),
+                     rf"step {_STEPS} could not be restored .*moved to "
+                     rf".*{_STEPS}\.corrupt-")
+    (aside,) = glob.glob(os.path.join(checkpoints, f"{_STEPS}.corrupt-*"))
+    self.assertTrue(os.path.isdir(os.path.join(aside, "state")))
+    # Retrained from step 3: the same records (no duplicates) and state as
+    # the uninterrupted reference.
+    self.assert_matches_reference(second, config)
+
+  def test_second_run_on_a_locked_run_directory_is_refused(self):
+    config = _config(self.root, "locked", steps=_STEPS)
+    run_dir = os.path.join(self.root, "locked")
+    with run_lock.acquire_run_locks([run_dir]):
+      with self.assertRaisesRegex(
+          run_lock.RunLockError,
+          rf"^run directory {run_dir} is locked by another run \(host="):
+        trainer.run(config)
+    # Refused before any output: no MLPerf log, no metrics, no checkpoints.
+    self.assertEqual(os.listdir(run_dir), [run_lock.LOCK_FILE_NAME])
+    # Once released, the directory is free again.
+    self.assertEqual(trainer.run(config).final_step, _STEPS)
 
   def test_resume_without_checkpoint_is_an_error(self):
     config = _config(self.root, "nothing_to_resume", steps=_STEPS, resume=True)

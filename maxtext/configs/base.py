@@ -38,6 +38,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Most seconds the end of the run waits for the final upload pass; after
   # that the run ends with a warning (the local staging keeps everything).
   config.gcs_final_timeout_seconds = 300.0
+  # A run locks its directories for its whole life (a second run on them is
+  # refused). A gs:// run also holds a lock object in the bucket, rewritten
+  # every this many seconds; another run takes it over only once it is older
+  # than three times this (its holder died without releasing it).
+  config.run_lock_refresh_interval_seconds = 60.0
   # Orbax checkpoint directory (local or gs://). "" = <run dir>/checkpoints.
   config.checkpoint_directory = ""
   # Continue from the newest checkpoint of the run directory (an existing run
