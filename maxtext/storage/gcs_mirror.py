@@ -109,6 +109,11 @@ def is_unreachable_error(error: BaseException) -> bool:
   Args:
     error: any exception raised by a storage call.
   """
+  return _unreachable_cause(error) is not None
+
+
+def _unreachable_cause(error: BaseException) -> Optional[str]:
+  """The refusal or resolution failure inside `error`, as short text."""
   seen = set()
   stack = [error]
   while stack:
@@ -117,11 +122,11 @@ def is_unreachable_error(error: BaseException) -> bool:
       continue
     seen.add(id(e))
     if isinstance(e, (ConnectionRefusedError, socket.gaierror)):
-      return True
+      return f"{type(e).__name__}: {e}"
     stack.extend((e.__cause__, e.__context__, getattr(e, "reason", None),
                   getattr(e, "cause", None)))
     stack.extend(a for a in e.args if isinstance(a, BaseException))
-  return False
+  return None
 
 
 def _bounded_retry(timeout_s: float):
@@ -306,6 +311,9 @@ class GcsMirror:
     self._stats = dict(passes=0, failed_passes=0, files_uploaded=0,
                        files_deleted=0, files_seeded=0, last_error=None,
                        unreachable=False, not_uploaded=())
+    # The short text of the newest failure when it was an unreachable
+    # endpoint, for close()'s warning; None otherwise.
+    self._unreachable_cause: Optional[str] = None
     self._final_deadline = 0.0
     self._in_pass = False
     self._final_ok = False
@@ -354,6 +362,8 @@ class GcsMirror:
       reason = f"the final upload did not finish within {timeout_s:.1f} s"
     elif self._final_ok:
       return True
+    elif self._unreachable_cause:
+      reason = f"the endpoint is unreachable ({self._unreachable_cause})"
     else:
       reason = f"the final upload failed ({self.stats().last_error})"
     missing = self._not_uploaded()
@@ -422,13 +432,15 @@ class GcsMirror:
           with self._stats_lock:
             self._stats["passes"] += 1
             self._stats["unreachable"] = False
+            self._unreachable_cause = None
           return True
         error = "interrupted by close()"
       except Exception as e:  # pylint: disable=broad-except
         error = f"{type(e).__name__}: {e}"
         with self._stats_lock:
           self._stats["last_error"] = error
-          self._stats["unreachable"] = is_unreachable_error(e)
+          self._unreachable_cause = _unreachable_cause(e)
+          self._stats["unreachable"] = self._unreachable_cause is not None
       if not final and self._closing.is_set():
         return False  # The final pass takes over at once.
       attempt += 1
@@ -632,7 +644,9 @@ def download_prefix(gs_url: str, local_dir: str, *,
           os.remove(tmp)
       written.append(rel)
   except Exception as e:  # pylint: disable=broad-except
-    what = "unreachable endpoint: " if is_unreachable_error(e) else ""
-    raise GcsError(f"download of {gs_url} into {local_dir} failed: {what}"
-                   f"{type(e).__name__}: {e}") from e
+    cause = _unreachable_cause(e)
+    what = (f"unreachable endpoint ({cause})" if cause else
+            f"{type(e).__name__}: {e}")
+    raise GcsError(f"download of {gs_url} into {local_dir} failed: "
+                   f"{what}") from e
   return sorted(written)
