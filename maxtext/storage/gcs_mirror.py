@@ -144,8 +144,8 @@ def _bounded_retry(timeout_s: float):
           timeout_s).with_delay(initial=0.1, maximum=1.0, multiplier=2.0)
 
 
-def _request_timeout(request_timeout_s: float,
-                     deadline: Optional[float]) -> float:
+def _cut_timeout(request_timeout_s: float,
+                 deadline: Optional[float]) -> float:
   """One request's bound: `request_timeout_s`, cut to what `deadline` leaves.
 
   Raises:
@@ -183,7 +183,7 @@ def _list_blobs(client, bucket, prefix: str, request_timeout_s: float,
   token = None
   while True:
     try:
-      timeout = _request_timeout(request_timeout_s, deadline)
+      timeout = _cut_timeout(request_timeout_s, deadline)
     except GcsError:
       raise GcsError(f"listing of {prefix!r} did not finish in time, "
                      f"{len(blobs)} objects listed") from None
@@ -468,12 +468,11 @@ class GcsMirror:
         return False
 
   def _request_timeout(self, final: bool) -> float:
-    remaining = self._remaining(final)
-    if remaining is None:
-      return self._request_timeout_s
-    if remaining <= 0:
-      raise GcsError("close() deadline passed")
-    return max(0.1, min(self._request_timeout_s, remaining))
+    try:
+      return _cut_timeout(self._request_timeout_s,
+                          self._final_deadline if final else None)
+    except GcsError:
+      raise GcsError("close() deadline passed") from None
 
   def _bucket(self):
     if self._client is None:
