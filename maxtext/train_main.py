@@ -20,13 +20,17 @@ import logging as std_logging
 import os
 import re
 import sys
+import traceback
 
 from absl import app
 from absl import flags
 from absl import logging
+import ml_collections
 from ml_collections import config_flags
 
 from maxtext import trainer
+from maxtext.storage import checkpointing
+from maxtext.storage import run_lock
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                "configs", "default.py")
@@ -126,6 +130,25 @@ def _parse_flags(argv):
     print(f"FATAL Flags parsing error: --config override of an unknown field: "
           f"{cause}", file=sys.stderr)
     sys.exit(1)
+  except Exception as e:  # pylint: disable=broad-except
+    # Anything else comes from loading the user's config file (a syntax
+    # error, an exception in get_config): that file's problem, said in one
+    # line with its location.
+    sys.exit(_error(f"--config file cannot be loaded: {_located(e)}",
+                    status=2))
+
+
+def _located(error: BaseException) -> str:
+  """`Type: message (file, line N)` for an error raised by a config file."""
+  if isinstance(error, SyntaxError):
+    return (f"SyntaxError: {error.msg} ({error.filename}, line "
+            f"{error.lineno})")
+  where = ""
+  frames = traceback.extract_tb(error.__traceback__)
+  if frames:
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})"
+  message = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {message[-1] if message else ''}{where}"
 
 
 class _QuietLibraries(std_logging.Filter):
@@ -135,20 +158,52 @@ class _QuietLibraries(std_logging.Filter):
     return record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname
 
 
+def _config_load_error(config, config_path: str) -> str:
+  """One line saying why the --config file did not load.
+
+  ml_collections keeps a config file's load error in a stand-in object that
+  raises it on first use.
+  """
+  file_path = config_path.partition(":")[0]
+  if not os.path.isfile(file_path):
+    problem = ("is a directory, not a config file" if os.path.isdir(file_path)
+               else "does not exist")
+    return f"--config={config_path}: {problem}"
+  try:
+    config.lock()
+  except Exception as e:  # pylint: disable=broad-except
+    # Whatever the user's config file raised is the file's problem.
+    cause = e.__cause__ or e
+    return (f"--config={config_path} cannot be loaded: "
+            f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1]}")
+  return f"--config={config_path} did not give a ConfigDict"
+
+
+def _error(error, status: int) -> int:
+  """Prints a failure the user can act on, without a traceback; returns
+  `status`. The message is one line, except where it lists several causes
+  (e.g. every checkpoint that failed to restore)."""
+  print(f"train_main: error: {str(error).strip()}", file=sys.stderr)
+  return status
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_QuietLibraries())
   config_path = flags.FLAGS["config"].config_filename
+  config = _CONFIG.value
+  if not isinstance(config, ml_collections.ConfigDict):
+    return _error(_config_load_error(config, config_path), status=2)
   try:
-    result = trainer.run(_CONFIG.value, config_filename=os.path.basename(config_path))
-  except (ValueError, TypeError) as e:
-    print(f"train_main: error: {e}", file=sys.stderr)
-    return 2
+    result = trainer.run(config, config_filename=os.path.basename(config_path))
+  except (ValueError, TypeError, run_lock.RunLockError) as e:
+    # The config, a path or the run directory: fixable before a new start.
+    return _error(e, status=2)
   except (trainer.TrainingError, trainer.HardwareError,
-          trainer.ListenerError) as e:
-    print(f"train_main: error: {e}", file=sys.stderr)
-    return 1
+          trainer.ListenerError, checkpointing.CheckpointError, OSError) as e:
+    # The run could not go on; its last checkpoint holds what it trained.
+    return _error(e, status=1)
   print(f"train_main: {result.status.value} after step {result.final_step} "
         f"(eval loss {result.last_eval_loss}); run directory {result.run_dir}")
   if result.status == trainer.RunOutcome.INTERRUPTED:

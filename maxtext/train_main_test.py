@@ -212,6 +212,25 @@ class TrainMainTest(parameterized.TestCase):
     self.assertRegex(proc.stderr, message)
     self.assertFalse(os.path.exists(output))
 
+  @parameterized.named_parameters(
+      ("missing", None, r"--config=\S*/missing\.py: does not exist"),
+      ("syntax_error", "def get_config(:\n",
+       r"--config file cannot be loaded: SyntaxError: .*bad\.py, line 1\)"),
+      ("get_config_raises", "def get_config():\n  return 1 / 0\n",
+       r"--config file cannot be loaded: ZeroDivisionError: division by zero "
+       r"\(\S*bad\.py, line 2\)"),
+  )
+  def test_config_file_that_cannot_load_is_one_line(self, source, message):
+    path = os.path.join(self.tmp, "missing.py" if source is None else "bad.py")
+    if source is not None:
+      with open(path, "w") as f:
+        f.write(source)
+    proc = self.run_main([f"--config={path}"])
+    self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+    self.assertNotIn("Traceback", proc.stderr)
+    (line,) = [l for l in proc.stderr.splitlines() if "train_main" in l]
+    self.assertRegex(line, r"^train_main: error: " + message)
+
   def test_sigterm_stops_with_checkpoint_and_complete_files(self):
     output = os.path.join(self.tmp, "out")
     run_dir = os.path.join(output, "preempted")
