@@ -16,7 +16,10 @@ Two sources, chosen by `config.dataset_type` through `make_dataset`:
   * "tokens_file": `TokensFileDataset`, memory-mapped token files.
 """
 
+import errno
+import math
 import os
+import stat
 from typing import Sequence
 
 import numpy as np
@@ -161,36 +164,157 @@ class SyntheticDataset:
     return _to_batch(windows[self._eval_rows])
 
 
+def _fail(name: str, path: str, problem: str) -> ValueError:
+  """A token file error in the config's words: `config.<name>=<path>: ...`."""
+  return ValueError(f"config.{name}={path!r}: {problem}")
+
+
+def _file_kind(mode: int) -> str:
+  if stat.S_ISDIR(mode):
+    return "a directory"
+  if stat.S_ISFIFO(mode):
+    return "a FIFO"
+  if stat.S_ISSOCK(mode):
+    return "a socket"
+  if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+    return "a device"
+  return "a special file"
+
+
+def _npy_layout(f, size: int, path: str, name: str
+                ) -> tuple[np.dtype, tuple[int, ...], int]:
+  """Reads a .npy header without reading the array (and never unpickling).
+
+  Args:
+    f: the file, open in binary mode at its start.
+    size: the file's size in bytes.
+    path: its path, for messages.
+    name: the config field that names it, for messages.
+
+  Returns:
+    (dtype, shape, offset of the data).
+
+  Raises:
+    ValueError: the header is malformed, the array holds Python objects,
+      is not stored in C order, or the file is shorter than its header says.
+  """
+  try:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+      shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+      shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+      raise ValueError(f"unsupported format version {version[0]}."
+                       f"{version[1]}")
+  except (ValueError, SyntaxError, TypeError) as e:
+    # np.load would try to unpickle a file without the magic string and
+    # report "pickled data"; the file is simply not a .npy file.
+    detail = " ".join(str(e).split())  # One line, whatever NumPy says.
+    raise _fail(name, path, f"malformed .npy file: {detail}") from None
+  if dtype.hasobject:
+    raise _fail(name, path, "malformed .npy file: it holds Python objects "
+                "(a pickled array), not token ids")
+  offset = f.tell()
+  count = math.prod(shape)
+  needed = offset + count * dtype.itemsize
+  if size < needed:
+    raise _fail(name, path, f"malformed .npy file: truncated: its header "
+                f"says shape {shape} of {dtype} ({needed} bytes with the "
+                f"header), the file has {size} bytes")
+  del fortran_order  # One order for the 1-D arrays accepted.
+  return dtype, shape, offset
+
+
 def _open_tokens(path: str, name: str) -> np.ndarray:
-  """Memory-maps a 1-D integer token file (.npy, or raw uint16 .bin)."""
+  """Memory-maps a 1-D integer token file (.npy, or raw uint16 .bin).
+
+  Only the header is read (nothing is unpickled, no token is loaded), so a
+  bad file is found at once, before any training: by `TokensFileDataset` and
+  by `check_token_files`.
+
+  Args:
+    path: the file, as the config names it.
+    name: the config field naming it ("train_data_path", "eval_data_path").
+
+  Returns:
+    The tokens, a read-only memory-mapped 1-D integer array.
+
+  Raises:
+    ValueError: `config.<name>=<path>: <problem>` for a missing, unreadable,
+      empty, malformed or non-integer file, or one that is not a regular
+      file.
+  """
   if not path:
     raise ValueError(f"{name} is required for dataset_type='tokens_file'")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{name}: token file {path!r} does not exist")
-  if os.path.getsize(path) == 0:
-    raise ValueError(f"{name}: token file {path!r} is empty")
-  if path.endswith(".npy"):
-    try:
-      tokens = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as e:
-      raise ValueError(f"{name}: {path!r} is not a readable .npy file: {e}"
-                       ) from e
-  elif path.endswith(".bin"):
-    size = os.path.getsize(path)
-    if size % RAW_TOKEN_DTYPE.itemsize:
-      raise ValueError(f"{name}: raw token file {path!r} has {size} bytes, "
-                       f"not a multiple of {RAW_TOKEN_DTYPE.itemsize} (uint16)")
-    tokens = np.memmap(path, dtype=RAW_TOKEN_DTYPE, mode="r")
-  else:
-    raise ValueError(f"{name}: token file {path!r} must end in .npy (NumPy "
-                     f"array) or .bin (raw little-endian uint16)")
-  if not np.issubdtype(tokens.dtype, np.integer):
-    raise ValueError(f"{name}: token file {path!r} has dtype {tokens.dtype}; "
-                     f"token ids must be integers")
-  if tokens.ndim != 1:
-    raise ValueError(f"{name}: token file {path!r} has shape {tokens.shape}; "
-                     f"expected a flat 1-D array of token ids")
+  try:
+    info = os.stat(path)
+  except OSError as e:
+    if e.errno in (errno.ENOENT, errno.ENOTDIR):
+      raise _fail(name, path, "does not exist") from None
+    raise _fail(name, path, f"cannot be read: {e.strerror}") from None
+  if not stat.S_ISREG(info.st_mode):
+    # Checked before opening: opening a FIFO would wait for a writer.
+    raise _fail(name, path, f"is {_file_kind(info.st_mode)}, not a token "
+                "file")
+  if not path.endswith((".npy", ".bin")):
+    raise _fail(name, path, "a token file must end in .npy (NumPy array) or "
+                ".bin (raw little-endian uint16)")
+  size = info.st_size
+  if size == 0:
+    raise _fail(name, path, "is empty")
+  try:
+    with open(path, "rb") as f:
+      if path.endswith(".npy"):
+        dtype, shape, offset = _npy_layout(f, size, path, name)
+      else:
+        if size % RAW_TOKEN_DTYPE.itemsize:
+          raise _fail(name, path, f"raw token file has {size} bytes, not a "
+                      f"multiple of {RAW_TOKEN_DTYPE.itemsize} (uint16)")
+        dtype, shape, offset = RAW_TOKEN_DTYPE, (size // 2,), 0
+  except OSError as e:
+    raise _fail(name, path, f"cannot be read: {e.strerror or e}") from None
+  if not np.issubdtype(dtype, np.integer):
+    raise _fail(name, path, f"has dtype {dtype}; token ids must be integers")
+  if len(shape) != 1:
+    raise _fail(name, path, f"has shape {shape}; expected a flat 1-D array "
+                "of token ids")
+  if shape[0] == 0:
+    return np.zeros((0,), dtype)  # mmap cannot map zero bytes.
+  try:
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+  except OSError as e:
+    raise _fail(name, path, f"cannot be read: {e.strerror or e}") from None
+
+
+def _open_checked(config, name: str) -> np.ndarray:
+  """`_open_tokens` of `config.<name>`, long enough for one sequence."""
+  path = config[name]
+  tokens = _open_tokens(path, name)
+  needed = config.max_sequence_length + 1
+  if tokens.shape[0] < needed:
+    raise _fail(name, path, f"holds {tokens.shape[0]} tokens; one sequence "
+                f"needs max_sequence_length + 1 = {needed}")
   return tokens
+
+
+def check_token_files(config) -> None:
+  """Checks the tokens_file dataset's files as `TokensFileDataset` does.
+
+  Reads only the files' headers and sizes. For `maxtext/preflight.py`: a
+  bad file is reported before any device work.
+
+  Args:
+    config: the run configuration (dataset_type, train_data_path,
+      eval_data_path, max_sequence_length).
+
+  Raises:
+    ValueError: `config.<field>=<path>: <problem>` for the first bad file.
+  """
+  if config.dataset_type != "tokens_file":
+    return
+  for name in ("train_data_path", "eval_data_path"):
+    _open_checked(config, name)
 
 
 class TokensFileDataset:
@@ -219,9 +343,9 @@ class TokensFileDataset:
       process_count: number of processes sharing each global batch.
 
     Raises:
-      FileNotFoundError: if a file does not exist.
-      ValueError: for an empty, malformed or too short file, a bad dtype, or
-        batch sizes not divisible by process_count; the message names the path.
+      ValueError: for a missing, unreadable, empty, malformed or too short
+        file, a bad dtype, or batch sizes not divisible by process_count; a
+        file's message is `config.<field>=<path>: <problem>`.
     """
     self._vocab = config.vocab_size
     self._seq = config.max_sequence_length
@@ -230,14 +354,8 @@ class TokensFileDataset:
      self._eval_rows) = _process_shares(config, process_index, process_count)
     self._train_path = config.train_data_path
     self._eval_path = config.eval_data_path
-    self._train = _open_tokens(config.train_data_path, "train_data_path")
-    self._eval = _open_tokens(config.eval_data_path, "eval_data_path")
-    for path, tokens in ((self._train_path, self._train),
-                         (self._eval_path, self._eval)):
-      if tokens.shape[0] < self._seq + 1:
-        raise ValueError(
-            f"token file {path!r} holds {tokens.shape[0]} tokens; one sequence "
-            f"needs max_sequence_length + 1 = {self._seq + 1}")
+    self._train = _open_checked(config, "train_data_path")
+    self._eval = _open_checked(config, "eval_data_path")
     self._train_windows = (self._train.shape[0] - 1) // self._seq
     self._eval_windows = (self._eval.shape[0] - 1) // self._seq
     self._perm_cache: dict[int, np.ndarray] = {}

@@ -1,5 +1,6 @@
 """Tests for maxtext/data.py: synthetic and token-file datasets."""
 
+import io
 import os
 
 from absl.testing import absltest
@@ -192,7 +193,17 @@ class TokensFileDatasetTest(parameterized.TestCase):
 
   def test_missing_file(self):
     path = os.path.join(self.dir, "absent.npy")
-    with self.assertRaisesRegex(FileNotFoundError, "absent.npy"):
+    with self.assertRaisesRegex(
+        ValueError, r"^config\.train_data_path='.*absent\.npy': does not "
+        r"exist$"):
+      self._dataset(path)
+
+  def test_directory_is_not_a_token_file(self):
+    path = os.path.join(self.dir, "shards.npy")
+    os.mkdir(path)
+    with self.assertRaisesRegex(
+        ValueError, "train_data_path=.*shards.npy': is a directory, not a "
+        "token file"):
       self._dataset(path)
 
   def test_empty_file(self):
@@ -215,12 +226,59 @@ class TokensFileDatasetTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "bad.npy.*" + pattern):
       self._dataset(path)
 
-  def test_not_a_npy_file(self):
-    path = os.path.join(self.dir, "text.npy")
-    with open(path, "w") as f:
-      f.write("hello world, not numpy\n")
-    with self.assertRaisesRegex(ValueError, "text.npy"):
+  def _write_bytes(self, name, content):
+    path = os.path.join(self.dir, name)
+    with open(path, "wb") as f:
+      f.write(content)
+    return path
+
+  def _npy_bytes(self, array, allow_pickle=False):
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=allow_pickle)
+    return buffer.getvalue()
+
+  @parameterized.named_parameters(
+      ("bad_magic", lambda t: b"hello world, not numpy\n",
+       "magic string is not correct"),
+      ("magic_only", lambda t: t._npy_bytes(np.arange(100))[:8],
+       "EOF: reading array header length"),
+      ("truncated_header", lambda t: t._npy_bytes(np.arange(100))[:40],
+       "EOF: reading array header"),
+      ("garbled_header",
+       lambda t: t._npy_bytes(np.arange(100)).replace(b"'descr'", b"'d#scr'"),
+       "Header does not contain the correct keys"),
+      ("pickled_objects",
+       lambda t: t._npy_bytes(np.array([{"a": 1}, None] * 60),
+                              allow_pickle=True),
+       r"Python objects \(a pickled array\), not token ids"),
+      ("truncated_data",
+       lambda t: t._npy_bytes(np.arange(100, dtype=np.int32))[:-4],
+       r"truncated: its header says shape \(100,\) of int32"),
+  )
+  def test_malformed_npy_file(self, make_content, detail):
+    path = self._write_bytes("bad.npy", make_content(self))
+    with self.assertRaises(ValueError) as raised:
       self._dataset(path)
+    message = str(raised.exception)
+    self.assertRegex(message, r"^config\.train_data_path='.*bad\.npy': "
+                     r"malformed \.npy file: .*" + detail)
+    self.assertNotIn("\n", message)
+    # np.load's fallback would have said "pickled data" about any of these.
+    self.assertNotIn("pickled data", message)
+
+  def test_check_token_files_reads_headers_only(self):
+    good = self._write("good.npy", np.arange(100, dtype=np.int32) % 50)
+    bad = self._write_bytes("bad.bin", b"\x01" * 7)
+    data.check_token_files(_config(dataset_type="tokens_file",
+                                   train_data_path=good, eval_data_path=good))
+    with self.assertRaisesRegex(
+        ValueError, r"^config\.eval_data_path='.*bad\.bin': raw token file "
+        "has 7 bytes"):
+      data.check_token_files(_config(dataset_type="tokens_file",
+                                     train_data_path=good,
+                                     eval_data_path=bad))
+    # Nothing to check for synthetic data, whatever the paths say.
+    data.check_token_files(_config(train_data_path=bad))
 
   def test_bad_extension_and_odd_raw_size(self):
     path = self._write("tokens.txt", np.arange(100, dtype=np.int32))
