@@ -404,11 +404,13 @@ def create_mllogger(config: Any, path: str, *,
     time_fn: seconds since the epoch; injectable for tests.
 
   Returns:
-    An enabled `MLLogger`, or a disabled one when `enable_mllog` is off, this
-    is not process 0, or the file cannot be created (logged as a warning).
+    An enabled `MLLogger`, or a disabled one when `enable_mllog` is off or
+    this is not process 0.
 
   Raises:
-    ValueError: a submission field the official checker rejects.
+    ValueError: a submission field the official checker rejects, or the log
+      file cannot be created (the message names `mllog_file`, the path and
+      the OS error).
   """
   if not config.enable_mllog:
     return MLLogger.disabled()
@@ -440,8 +442,9 @@ def create_mllogger(config: Any, path: str, *,
     else:
       raise OSError(f"no free attempt file name next to {path}")
   except OSError as e:
-    logging.warning("MLPerf log %s cannot be created (%s); MLPerf logging is "
-                    "disabled for this run, training goes on.", path, e)
-    return MLLogger.disabled()
+    # A run asked to write an MLPerf log must not train without one.
+    raise ValueError(
+        f"config.mllog_file={getattr(config, 'mllog_file', '')!r}: the MLPerf "
+        f"log {path} cannot be created: {e.strerror or e}") from e
   logging.info("MLPerf log: %s", attempt_path)
   return MLLogger(file, attempt_path, submission, time_fn)

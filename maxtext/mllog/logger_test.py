@@ -300,18 +300,20 @@ class MllogUtilsTest(parameterized.TestCase):
                       if e["key"] == "tracked_stats"}, {"b"})
     self.assertEqual(_all_handlers(), handlers_before)
 
-  def test_unwritable_path_disables_with_warning(self):
-    blocker = os.path.join(self.dir, "not_a_dir")
-    with open(blocker, "w") as f:
+  @parameterized.named_parameters(
+      ("under_a_file", "not_a_dir/run/mllog.log", "Not a directory"),
+      ("name_too_long", "x" * 300 + ".log", "File name too long"),
+  )
+  def test_uncreatable_file_is_a_config_error(self, relative, os_error):
+    with open(os.path.join(self.dir, "not_a_dir"), "w") as f:
       f.write("a file where the log directory should be")
-    with self.assertLogs(level="WARNING") as logs:
-      logger = mllog_utils.create_mllogger(
-          _config(), os.path.join(blocker, "run", "mllog.log"),
-          process_index=0)
-    self.assertFalse(logger.enabled)
-    self.assertTrue(any("cannot be created" in m for m in logs.output),
-                    logs.output)
-    _write_run(logger, _config(), target=1.0)  # Training goes on.
+    path = os.path.join(self.dir, relative)
+    config = _config(mllog_file=path)
+    with self.assertRaisesRegex(
+        ValueError, r"^config\.mllog_file='.*': the MLPerf log "
+        f"{re.escape(path)} cannot be created: {os_error}$"):
+      mllog_utils.create_mllogger(config, path, process_index=0)
+    self.assertEqual(os.listdir(self.dir), ["not_a_dir"])
 
   def test_run_stop_is_written_once(self):
     logger = mllog_utils.create_mllogger(
