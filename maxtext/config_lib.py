@@ -107,7 +107,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 "needs a bucket: gs://bucket[/prefix]")
   _at_least(v, "checkpoint_period", 0)
   _at_least(v, "max_checkpoints_to_keep", 0)
-  _at_least(v, "seed", 0)
+  # -1 = a seed drawn at the start of the run (maxtext.storage.run_record).
+  _at_least(v, "seed", -1)
   _at_least(v, "data_shuffle_seed", 0)
 
   # Model.

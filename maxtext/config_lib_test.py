@@ -164,6 +164,9 @@ class ValidateTest(parameterized.TestCase):
       ("tokens_file_without_eval_path",
        {"dataset_type": "tokens_file", "train_data_path": "/x.npy"},
        "eval_data_path"),
+      ("seed_below_minus_one", {"seed": -2}, "seed=-2"),
+      ("data_shuffle_seed_minus_one", {"data_shuffle_seed": -1},
+       "data_shuffle_seed=-1"),
       ("eval_interval_zero", {"eval_interval": 0}, "eval_interval=0"),
       ("eval_steps_zero", {"eval_steps": 0}, "eval_steps=0"),
       ("run_name_slash", {"run_name": "a/b"}, "run_name='a/b'"),
@@ -263,6 +266,7 @@ class ValidateTest(parameterized.TestCase):
     config_lib.validate(_with(self.config, data_parallelism=2,
                               fsdp_parallelism=-1))
     config_lib.validate(_with(self.config, warmup_steps=10, steps=10))
+    config_lib.validate(_with(self.config, seed=-1))  # Drawn at the start.
     config_lib.validate(_with(self.config,
                               base_output_directory="gs://bucket/prefix"))
 

@@ -60,6 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ------------------------------------------------------------ randomness
   # Seed of parameter initialisation and of the synthetic data streams.
+  # -1 = draw one from os.urandom at the start of the run; the drawn seed is
+  # what config.json records and the MLPerf log shows, and a resumed run
+  # reuses the recorded seed.
   config.seed = 0
   # Seed of the order in which a tokens file's windows are visited.
   config.data_shuffle_seed = 0
