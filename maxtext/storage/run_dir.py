@@ -206,7 +206,11 @@ def provenance(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
 
 
 def write_config_json(path: str, config, extra: Mapping[str, Any]) -> None:
-  """Writes the resolved config and provenance, atomically (write then rename)."""
+  """Writes the resolved config and provenance, atomically (write then rename).
+
+  `maxtext.storage.run_record.record_attempt` calls this for a run's first
+  attempt only and keeps every attempt in config_history.jsonl.
+  """
   document = {"config": config_lib.to_json_dict(config), "provenance": dict(extra)}
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
