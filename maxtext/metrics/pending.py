@@ -112,10 +112,11 @@ class PendingBuffer:
     """Keeps a validated value: NumPy as it is, a device value in a slot."""
     if isinstance(value, np.ndarray):
       return value
-    group = self.device.get(value.dtype)
+    dtype = value.dtype  # A property of jax.Array: read it once.
+    group = self.device.get(dtype)
     if group is None:
-      group = self.device[value.dtype] = DeviceGroup()
-    slot = DeviceSlot(value.dtype, group.size)
+      group = self.device[dtype] = DeviceGroup()
+    slot = DeviceSlot(dtype, group.size)
     group.values.append(value)
     group.size += size
     return slot
