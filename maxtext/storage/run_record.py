@@ -347,7 +347,8 @@ def record_attempt(run_dir: str, config: Any, provenance: Mapping[str, Any],
         config=values, provenance=provenance, start_step=start_step)
     run_dir_lib.write_config_json(
         config_path, first["config"],
-        dict(first["provenance"], start_step=first["start_step"]))
+        dict(first.get("provenance") or {},
+             start_step=first.get("start_step", 0)))
   line = json.dumps({
       "attempt": len(attempts) + 1,
       "time_utc": now.astimezone(datetime.timezone.utc).isoformat(),
