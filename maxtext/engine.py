@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from maxtext import checks
 from maxtext.metrics import recorder as metrics_recorder
 
 LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
@@ -132,13 +133,13 @@ class Engine:
     if not isinstance(recorder, metrics_recorder.MetricsRecorder):
       raise TypeError("recorder must be a MetricsRecorder; got "
                       f"{type(recorder).__name__}")
-    if (isinstance(gradient_accumulation_steps, bool) or
-        not isinstance(gradient_accumulation_steps, int) or
+    # These two raise ValueError for a wrong type too (bool included), as they
+    # always have, so they use the predicates of `checks`, not check_int.
+    if (not checks.is_int(gradient_accumulation_steps) or
         gradient_accumulation_steps < 1):
       raise ValueError("gradient_accumulation_steps must be an int >= 1; got "
                        f"{gradient_accumulation_steps!r}")
-    if (isinstance(grad_clip_norm, bool) or
-        not isinstance(grad_clip_norm, (int, float)) or
+    if (not checks.is_number(grad_clip_norm) or
         not grad_clip_norm >= 0 or grad_clip_norm == float("inf")):
       raise ValueError("grad_clip_norm must be a finite number >= 0; got "
                        f"{grad_clip_norm!r}")
@@ -150,7 +151,7 @@ class Engine:
     self._lr_fn = (learning_rate_fn if callable(learning_rate_fn) else
                    (lambda _, lr=float(learning_rate_fn): lr))
     self._recorder = recorder
-    self._k = gradient_accumulation_steps
+    self._k = int(gradient_accumulation_steps)
     self._clip = float(grad_clip_norm)
     self._update_packed = None  # The update's metrics, from the last micro-batch.
     self._param_shardings = param_shardings
