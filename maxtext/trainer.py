@@ -25,6 +25,7 @@ import jax
 from maxtext import config_lib
 from maxtext import distributed
 from maxtext import preemption
+from maxtext import preflight
 from maxtext import run_state as run_state_lib
 from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
@@ -119,6 +120,7 @@ def run(config, *, config_filename: str = "unknown",
       was written first.
   """
   config_lib.validate(config)
+  preflight.check(config)
   distributed.initialize(config)
   if config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", run_dir_lib.resolve_local_path(
