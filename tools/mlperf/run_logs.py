@@ -1,0 +1,146 @@
+"""What a packager needs from one run directory: its MLPerf log and config.
+
+A run directory written by `maxtext.trainer` holds `config.json` (the resolved
+config and its provenance: JAX version, devices, git revision) and the MLPerf
+log, `mllog.log` unless the config's `mllog_file` names another path. A
+resumed run writes one log per attempt (`mllog.2.log`, ...); a submission's
+time to train must come from one uninterrupted attempt, so such a run is
+refused here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+LINE_PREFIX = ":::MLLOG "
+
+# The log keys a submission is described by, and the RunLog fields they fill.
+_SUBMISSION_KEYS = {
+    "submission_org": "org",
+    "submission_platform": "system",
+    "submission_division": "division",
+    "submission_status": "status",
+    "submission_benchmark": "benchmark",
+}
+
+
+class RunDirError(ValueError):
+  """A run directory that cannot be packaged; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLog:
+  """One run's MLPerf log and the facts a package is built from.
+
+  Attributes:
+    run_dir: the run directory.
+    log_path: its MLPerf log.
+    org: `submission_org` as logged.
+    system: `submission_platform` as logged (the system's name).
+    division: `submission_division` as logged ("open" or "closed").
+    status: `submission_status` as logged ("onprem", "cloud", "research").
+    benchmark: `submission_benchmark` as logged.
+    ruleset: the config's `mllog_ruleset`.
+    seed: the logged `seed`, or None when the log has none.
+    config: the resolved config (config.json's "config").
+    provenance: config.json's "provenance" (versions, devices).
+  """
+  run_dir: str
+  log_path: str
+  org: str
+  system: str
+  division: str
+  status: str
+  benchmark: str
+  ruleset: str
+  seed: Optional[int]
+  config: dict[str, Any]
+  provenance: dict[str, Any]
+
+
+def read_events(log_path: str) -> list[dict[str, Any]]:
+  """The `:::MLLOG` events of a log, in file order.
+
+  Raises:
+    RunDirError: a line after the prefix is not a JSON object.
+  """
+  events = []
+  with open(log_path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.startswith(LINE_PREFIX):
+        continue
+      try:
+        event = json.loads(line[len(LINE_PREFIX):])
+      except json.JSONDecodeError as e:
+        raise RunDirError(f"{log_path}:{lineno}: not an MLLOG line: {e}") from e
+      if not isinstance(event, dict):
+        raise RunDirError(f"{log_path}:{lineno}: not an MLLOG event object")
+      events.append(event)
+  return events
+
+
+def _second_attempt(log_path: str) -> str:
+  stem, ext = os.path.splitext(log_path)
+  return f"{stem}.2{ext}"
+
+
+def _read_config_json(run_dir: str) -> dict[str, Any]:
+  path = os.path.join(run_dir, "config.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      document = json.load(f)
+  except FileNotFoundError:
+    raise RunDirError(f"run directory {run_dir!r} has no config.json: not a "
+                      f"run directory written by maxtext") from None
+  except json.JSONDecodeError as e:
+    raise RunDirError(f"{path}: not valid JSON: {e}") from e
+  if not isinstance(document.get("config"), dict):
+    raise RunDirError(f"{path}: has no 'config' object")
+  return document
+
+
+def read_run(run_dir: str) -> RunLog:
+  """Reads a run directory's config.json and the submission facts of its log.
+
+  Args:
+    run_dir: a run directory written by `maxtext.trainer.run` with
+      `enable_mllog` on.
+
+  Returns:
+    The run's RunLog.
+
+  Raises:
+    RunDirError: not a directory, no config.json, no MLPerf log, a resumed
+      run (several attempt logs), or a log missing a submission key.
+  """
+  if not os.path.isdir(run_dir):
+    raise RunDirError(f"run directory {run_dir!r} does not exist")
+  run_dir = os.path.abspath(run_dir)
+  document = _read_config_json(run_dir)
+  config = document["config"]
+  log_path = config.get("mllog_file") or os.path.join(run_dir, "mllog.log")
+  if not os.path.isfile(log_path):
+    raise RunDirError(f"run directory {run_dir!r} has no MLPerf log "
+                      f"{log_path!r} (was enable_mllog on?)")
+  if os.path.exists(_second_attempt(log_path)):
+    raise RunDirError(
+        f"run directory {run_dir!r} was resumed ({_second_attempt(log_path)} "
+        f"exists): a result must be one uninterrupted run")
+  found: dict[str, Any] = {}
+  seed = None
+  for event in read_events(log_path):
+    key = event.get("key")
+    if key in _SUBMISSION_KEYS and _SUBMISSION_KEYS[key] not in found:
+      found[_SUBMISSION_KEYS[key]] = event.get("value")
+    elif key == "seed" and seed is None and isinstance(event.get("value"), int):
+      seed = event["value"]
+  missing = [k for k, field in _SUBMISSION_KEYS.items() if field not in found]
+  if missing:
+    raise RunDirError(f"{log_path}: the log has no {', '.join(missing)}")
+  return RunLog(run_dir=run_dir, log_path=log_path,
+                ruleset=str(config.get("mllog_ruleset", "")), seed=seed,
+                config=config, provenance=dict(document.get("provenance") or {}),
+                **{k: str(v) for k, v in found.items()})
