@@ -9,6 +9,7 @@ step count.
 
 import json
 import os
+import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -180,25 +181,21 @@ class TrainerMllogTest(parameterized.TestCase):
     logs = [n for n in os.listdir(result.run_dir) if n.startswith("mllog")]
     self.assertEqual(logs, [])
 
-  def test_unwritable_mllog_path_disables_logging(self):
+  def test_unwritable_mllog_path_is_refused_before_training(self):
     # A regular file where the log's directory should be: creating the log
     # fails for every user (root included, unlike a read-only directory).
     blocker = os.path.join(self.out, "a_file")
     with open(blocker, "w") as f:
       f.write("not a directory\n")
     mllog_file = os.path.join(blocker, "mllog.log")
-    with self.assertLogs(level="WARNING") as logs:
-      config, result = self.run_tiny("unwritable", steps=2,
-                                     mllog_file=mllog_file)
-    self.assertEqual(result.final_step, config.steps)
-    self.assertTrue(any("MLPerf log" in line and "disabled" in line
-                        for line in logs.output), logs.output)
+    with self.assertRaisesRegex(
+        ValueError, rf"^config\.mllog_file='{re.escape(mllog_file)}': "
+        rf"{re.escape(blocker)} is a regular file, not a directory$"):
+      self.run_tiny("unwritable", steps=2, mllog_file=mllog_file)
     with open(blocker) as f:
       self.assertEqual(f.read(), "not a directory\n")
-    self.assertFalse(
-        [n for n in os.listdir(result.run_dir) if n.startswith("mllog")])
-    self.assertTrue(os.path.isfile(os.path.join(result.run_dir,
-                                                "metrics.jsonl")))
+    # Refused before the run directory, or anything else, was made.
+    self.assertEqual(os.listdir(self.out), ["a_file"])
 
 
 if __name__ == "__main__":
