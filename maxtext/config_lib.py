@@ -126,6 +126,19 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise _fail("norm_epsilon", v["norm_epsilon"], "must be > 0")
   _one_of(v, "weight_dtype", ALLOWED_DTYPES)
   _one_of(v, "compute_dtype", ALLOWED_DTYPES)
+  # The same values as maxtext/model.py's ATTENTION_IMPLEMENTATIONS and
+  # REMAT_POLICIES (kept here so validation does not import JAX).
+  _one_of(v, "attention", ("auto", "einsum", "dot_product", "cudnn", "splash"))
+  if v["attention"] == "cudnn" and v["compute_dtype"] == "float32":
+    # cuDNN's fused kernel takes half precision only; casting would silently
+    # change the numerics of a float32 run.
+    raise _fail("attention", "cudnn", "needs compute_dtype bfloat16 or "
+                "float16, got 'float32'")
+  if v["attention"] == "cudnn" and v["hardware"] != "gpu":
+    raise _fail("attention", "cudnn",
+                f"needs hardware='gpu', got {v['hardware']!r}")
+  _one_of(v, "remat_policy", ("none", "full", "save_dots", "save_named"))
+  _at_least(v, "loss_chunk_size", 0)
 
   # Data.
   _one_of(v, "dataset_type", DATASET_TYPES)
@@ -222,6 +235,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   # GCS mirror.
   _at_least(v, "gcs_sync_interval_seconds", 0)
   for key in ("gcs_request_timeout_seconds", "gcs_final_timeout_seconds",
+              "gcs_startup_timeout_seconds",
               "run_lock_refresh_interval_seconds"):
     if v[key] <= 0:
       raise _fail(key, v[key], "must be > 0")

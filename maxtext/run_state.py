@@ -7,10 +7,11 @@ mirror), the model and its engine, the data, the checkpointer, and the
 restored checkpoint if there is one. The training loop (`maxtext/trainer.py`)
 only reads it and calls its methods.
 
-The MLPerf log is opened before the model is built (its `init_start` must
-precede the initialisation); every other output is added once the restore
-has said where the run starts. If building fails, what was opened is closed
-again and the MLPerf log ends with an aborted `run_stop`.
+The data and the checkpoint directory are opened first, then the MLPerf log
+(its `init_start` must precede the model's initialisation); every other
+output is added once the restore has said where the run starts. If building
+fails, what was opened is closed again, and an MLPerf log already opened
+ends as a complete sequence with an aborted `run_stop`.
 """
 
 import dataclasses
@@ -38,6 +39,11 @@ from maxtext.storage import lock_listener
 from maxtext.storage import mirror_listener
 from maxtext.storage import run_dir as run_dir_lib
 from maxtext.storage import run_lock
+
+
+# Not mirrored: orbax's unfinished checkpoints, and the local lock file (the
+# bucket holds the run's own lock object under that name, see run_lock).
+_MIRROR_EXCLUDE = (*gcs_mirror.DEFAULT_EXCLUDE, run_lock.LOCK_FILE_NAME)
 
 
 @dataclasses.dataclass
@@ -166,7 +172,9 @@ def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
   try:
     files = gcs_mirror.download_prefix(
         paths.remote_url, paths.run_dir,
-        request_timeout_s=config.gcs_request_timeout_seconds)
+        request_timeout_s=config.gcs_request_timeout_seconds,
+        list_timeout_s=config.gcs_startup_timeout_seconds,
+        exclude=_MIRROR_EXCLUDE)
   except gcs_mirror.GcsError as e:
     # GCS trouble never stops a run: it starts from what is local (nothing),
     # and resume=True still fails when no checkpoint is found.
@@ -190,18 +198,14 @@ def _abstract(tree, host_sharding):
           sharding=getattr(x, "sharding", None) or host_sharding), tree)
 
 
-def _restore(config, engine, checkpointer, paths, mesh) -> dict:
+def _restore(engine, checkpointer, paths, mesh) -> dict:
   """Restores the newest checkpoint that restores, if any; returns its
   metadata. Damaged newer ones are set aside (see
   `Checkpointer.restore_newest`)."""
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   restored = checkpointer.restore_newest(_abstract(engine.state, replicated))
   if restored is None:
-    if config.resume:
-      raise ValueError(
-          f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
-          "(set run_name to the run to resume)")
-    return {}
+    return {}  # A new run (build checked `resume` already).
   engine.set_state(restored.state)
   for aside in restored.set_aside:
     logging.warning("Checkpoint of step %d could not be restored (%s); %s. "
@@ -269,19 +273,26 @@ def build(config, *, config_filename: str = "unknown",
           paths.run_dir, paths.remote_url,
           min_interval_s=config.gcs_sync_interval_seconds,
           request_timeout_s=config.gcs_request_timeout_seconds,
-          final_timeout_s=config.gcs_final_timeout_seconds))
-    listeners.add(mllog_listener.start(
-        config, paths.run_dir, process_index=process_index,
-        data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
-        config_filename=config_filename))
-    engine, setup = model_setup.build_engine(config, mesh)
+          final_timeout_s=config.gcs_final_timeout_seconds,
+          exclude=_MIRROR_EXCLUDE))
+    # The data and the checkpoint directory are opened (and checked) before
+    # the MLPerf log exists: a mistake there leaves no log behind.
     dataset = data.make_dataset(config, jax.process_index(),
                                 jax.process_count())
     checkpointer = checkpointing.Checkpointer(
         paths.checkpoint_dir,
         save_period=config.checkpoint_period or config.steps,
         max_to_keep=config.max_checkpoints_to_keep)
-    metadata = _restore(config, engine, checkpointer, paths, mesh)
+    if config.resume and checkpointer.latest_step() is None:
+      raise ValueError(
+          f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
+          "(set run_name to the run to resume)")
+    listeners.add(mllog_listener.start(
+        config, paths.run_dir, process_index=process_index,
+        data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
+        config_filename=config_filename))
+    engine, setup = model_setup.build_engine(config, mesh)
+    metadata = _restore(engine, checkpointer, paths, mesh)
     start_step = engine.step
     samples = int(metadata.get("samples_count",
                                start_step * config.global_batch_size))

@@ -16,6 +16,7 @@ from absl.testing import absltest
 import jax
 
 from maxtext import trainer
+from maxtext.storage import run_lock
 from testing import gcs_emulator
 from testing import tiny_configs
 
@@ -31,6 +32,14 @@ _TINY = dict(
     gcs_final_timeout_seconds=30.0,
 )
 
+
+
+def _mirrored_files(run_dir):
+  """The run directory's files the mirror uploads: all but the local lock
+  file (the bucket holds the run's own lock object while it runs)."""
+  files = gcs_emulator.local_files(run_dir)
+  files.pop(run_lock.LOCK_FILE_NAME, None)
+  return files
 
 class TrainerGcsTest(absltest.TestCase):
 
@@ -66,7 +75,7 @@ class TrainerGcsTest(absltest.TestCase):
                                      f"{_PREFIX}/{run_name}", names)
 
   def assert_run_dir_complete(self, run_dir, final_step):
-    names = set(gcs_emulator.local_files(run_dir))
+    names = set(_mirrored_files(run_dir))
     for name in ("config.json", "metrics.jsonl", "mllog.log"):
       self.assertIn(name, names)
     self.assertTrue(any(n.startswith(f"checkpoints/{final_step}/")
@@ -79,7 +88,7 @@ class TrainerGcsTest(absltest.TestCase):
     self.assertEqual(result.final_step, config.steps)
     self.assertEqual(result.run_dir, os.path.join(self.staging, "plain"))
     self.assert_run_dir_complete(result.run_dir, config.steps)
-    self.assertEqual(self.objects("plain"), gcs_emulator.local_files(result.run_dir))
+    self.assertEqual(self.objects("plain"), _mirrored_files(result.run_dir))
 
   def test_emulator_down_from_the_start(self):
     self.emulator.stop()
@@ -138,14 +147,14 @@ class TrainerGcsTest(absltest.TestCase):
     # filesystem backend does not write atomically, so a SIGKILL during an
     # upload can leave a file that fails every later listing of the bucket
     # (it answers 404), which real GCS never does.
-    local = gcs_emulator.local_files(result.run_dir)
+    local = _mirrored_files(result.run_dir)
     self.assertEqual(self.objects("outage", names=local), local)
 
   def test_resume_from_the_mirror_without_local_staging(self):
     config = self.config("moved")
     first = trainer.run(config, config_filename="default.py", process_index=0)
     self.assertEqual(first.final_step, config.steps)
-    self.assertEqual(self.objects("moved"), gcs_emulator.local_files(first.run_dir))
+    self.assertEqual(self.objects("moved"), _mirrored_files(first.run_dir))
     # A new machine: the local staging is gone, the bucket holds the run.
     shutil.rmtree(first.run_dir)
 
@@ -153,7 +162,7 @@ class TrainerGcsTest(absltest.TestCase):
     second = trainer.run(config2, config_filename="default.py", process_index=0)
     self.assertEqual(second.start_step, first.final_step)
     self.assertEqual(second.final_step, config2.steps)
-    files = gcs_emulator.local_files(second.run_dir)
+    files = _mirrored_files(second.run_dir)
     # The first attempt's log came back from the bucket; this one is the 2nd.
     self.assertIn("mllog.log", files)
     self.assertIn("mllog.2.log", files)

@@ -198,5 +198,37 @@ class TrainerMllogTest(parameterized.TestCase):
     self.assertEqual(os.listdir(self.out), ["a_file"])
 
 
+  def test_failure_after_the_log_opened_still_ends_it_as_a_sequence(self):
+    # Parameters of another shape: found only once the model is built, after
+    # the log's init_start.
+    _, other = self.run_tiny("other_shape", steps=1, emb_dim=16, num_heads=2,
+                             num_kv_heads=1, enable_mllog=False)
+    with self.assertRaises(Exception):
+      self.run_tiny("wrong_params", load_parameters_path=os.path.join(
+          other.run_dir, "checkpoints"))
+    path = os.path.join(self.out, "wrong_params", "mllog.log")
+    events = read_events(path)
+    self.assertEqual([m["status"] for m in metadata_of(events, "run_stop")],
+                     ["aborted"])
+    self.assertEqual(metadata_of(events, "run_stop")[0]["samples_count"], 0)
+    self.assertEqual([e["key"] for e in events if e["key"] in (
+        "init_start", "init_stop", "run_start", "block_start", "block_stop",
+        "run_stop")], ["init_start", "init_stop", "run_start", "block_start",
+                       "block_stop", "run_stop"])
+    # A complete sequence; the checker's only complaint is the missing eval
+    # result, which a run that never trained cannot have.
+    for ruleset in ("6.1.0", "6.0.0"):
+      result = compliance_checker.run_checker(path, ruleset=ruleset)
+      self.assertFalse(result.passed)
+      self.assertEqual(result.messages, (
+          "Required AT_LEAST_ONE occurrence of 'eval_accuracy' but found 0",),
+                       result.output)
+
+  def test_mistake_found_before_the_log_leaves_none(self):
+    with self.assertRaisesRegex(ValueError, r"resume=True.*no checkpoint"):
+      self.run_tiny("nothing_to_resume", resume=True)
+    self.assertFalse(os.path.exists(
+        os.path.join(self.out, "nothing_to_resume", "mllog.log")))
+
 if __name__ == "__main__":
   absltest.main()

@@ -35,6 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Most seconds one GCS request may take, its retries included (also bounds
   # the download of a run from the mirror at start).
   config.gcs_request_timeout_seconds = 60.0
+  # Most seconds the start-up look-up of a run in the GCS mirror (listing its
+  # objects) may take in total; downloading what it finds is bounded per
+  # request by gcs_request_timeout_seconds.
+  config.gcs_startup_timeout_seconds = 20.0
   # Most seconds the end of the run waits for the final upload pass; after
   # that the run ends with a warning (the local staging keeps everything).
   config.gcs_final_timeout_seconds = 300.0
@@ -90,6 +94,21 @@ def get_config() -> ml_collections.ConfigDict:
   # Dtype of activations and matmuls (parameters are cast at use); logits and
   # the loss are always float32. float32 on the CPU, bfloat16 on accelerators.
   config.compute_dtype = "float32"
+  # Attention implementation: "einsum" (the reference), "dot_product"
+  # (jax.nn.dot_product_attention on XLA), "cudnn" (cuDNN fused flash
+  # attention; GPU, bfloat16/float16 compute only), "splash" (Pallas TPU
+  # kernel; interpret mode elsewhere, slow) or "auto": cudnn on a capable GPU
+  # with half-precision compute, dot_product on other GPUs and TPUs, einsum
+  # on the CPU.
+  config.attention = "auto"
+  # What each scanned block keeps for the backward pass: "none" (everything,
+  # fastest), "full" (only its input; recompute the rest), "save_dots" (also
+  # the projection matmul outputs), "save_named" (also q, k, v, the attention
+  # context and the attention and MLP outputs). Same gradients; less memory.
+  config.remat_policy = "none"
+  # Compute the loss this many sequence positions at a time, so the float32
+  # [batch, seq, vocab] logits never exist at once. 0 = all at once.
+  config.loss_chunk_size = 0
 
   # ------------------------------------------------------------------ data
   # "synthetic": generated, learnable sequences (no files).

@@ -10,7 +10,9 @@ keys); the listener then writes the rest as the run reports it:
   on_eval        eval_accuracy, eval_stop, tracked_stats (validation time),
                  then run_stop(success) at the target or block_start if the
                  run goes on
-  on_run_end     run_stop(aborted) unless the run succeeded
+  on_run_end     run_stop(aborted) unless the run succeeded; if the
+                 initialisation failed before on_run_start, the events of
+                 on_run_start first, so the file is a complete sequence
 
 Every value comes from the run: samples counts from the samples trained,
 warmup and decay steps from the real schedule.
@@ -63,12 +65,14 @@ class MLLogListener(interface.RunListener):
     self._config = config
     self._data_parallelism = data_parallelism
     self._config_filename = config_filename
+    self._started = False  # on_run_start has logged the run's start.
 
   @property
   def logger(self) -> mllog_logger.MLLogger:
     return self._logger
 
   def on_run_start(self, start: interface.RunStart) -> None:
+    self._started = True
     log = self._logger
     log.hyperparameters(hyperparameters(
         self._config, data_parallelism=self._data_parallelism,
@@ -97,9 +101,16 @@ class MLLogListener(interface.RunListener):
       log.block_start(record.samples)
 
   def on_run_end(self, end: interface.RunEnd) -> None:
-    if end.outcome != interface.RunOutcome.SUCCESS:
-      # The samples really trained, also when no eval reported them yet.
-      self._logger.run_stop(mllog_logger.ABORTED, end.samples)
+    if end.outcome == interface.RunOutcome.SUCCESS:
+      return  # on_eval logged run_stop(success).
+    if not self._started:
+      # The initialisation failed after init_start. The log still becomes a
+      # complete sequence whose run_stop says the run aborted having trained
+      # nothing (the compliance checker then reports only the missing
+      # eval_accuracy: there is no result).
+      self.on_run_start(interface.RunStart(end.final_step, end.samples))
+    # The samples really trained, also when no eval reported them yet.
+    self._logger.run_stop(mllog_logger.ABORTED, end.samples)
 
   def close(self) -> None:
     self._logger.close()

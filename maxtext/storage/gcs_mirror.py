@@ -129,7 +129,7 @@ def _unreachable_cause(error: BaseException) -> Optional[str]:
   return None
 
 
-def _bounded_retry(timeout_s: float):
+def bounded_retry(timeout_s: float):
   """The storage library's retry policy, bounded to `timeout_s` in total.
 
   It retries what the library retries except an unreachable endpoint, which
@@ -189,7 +189,7 @@ def _list_blobs(client, bucket, prefix: str, request_timeout_s: float,
                      f"{len(blobs)} objects listed") from None
     iterator = client.list_blobs(bucket, prefix=prefix, page_token=token,
                                  timeout=timeout,
-                                 retry=_bounded_retry(timeout))
+                                 retry=bounded_retry(timeout))
     blobs.extend(next(iterator.pages))
     token = iterator.next_page_token
     if not token:
@@ -537,7 +537,7 @@ class GcsMirror:
       timeout = self._request_timeout(final)
       try:
         bucket.blob(_object_name(self._prefix, rel)).upload_from_filename(
-            path, timeout=timeout, retry=_bounded_retry(timeout))
+            path, timeout=timeout, retry=bounded_retry(timeout))
       except FileNotFoundError:
         continue  # Deleted since the scan; the next pass sees it gone.
       except Exception as e:  # pylint: disable=broad-except
@@ -552,7 +552,7 @@ class GcsMirror:
       timeout = self._request_timeout(final)
       try:
         bucket.blob(_object_name(self._prefix, rel)).delete(
-            timeout=timeout, retry=_bounded_retry(timeout))
+            timeout=timeout, retry=bounded_retry(timeout))
       except Exception as e:  # pylint: disable=broad-except
         if not _is_not_found(e):
           if not _is_permanent_object_error(e):
@@ -571,7 +571,8 @@ def download_prefix(gs_url: str, local_dir: str, *,
                     client_factory: Optional[Callable[[], Any]] = None,
                     request_timeout_s: float = 60.0,
                     list_timeout_s: Optional[float] = None,
-                    overwrite: bool = False) -> list[str]:
+                    overwrite: bool = False,
+                    exclude: Iterable[str] = DEFAULT_EXCLUDE) -> list[str]:
   """Downloads every object under `gs_url` into `local_dir`.
 
   First the prefix is listed: that look-up (is there a run, and what does it
@@ -594,6 +595,8 @@ def download_prefix(gs_url: str, local_dir: str, *,
       and retries included; None for `request_timeout_s` per page.
     overwrite: replace local files that exist; by default they are kept (the
       local staging is newer than the mirror).
+    exclude: `fnmatch` patterns of relative paths (with "/") not to
+      download, as for `GcsMirror`.
 
   Returns:
     The relative paths written, sorted; empty when nothing is under the
@@ -613,7 +616,7 @@ def download_prefix(gs_url: str, local_dir: str, *,
                    time.monotonic() + list_timeout_s)
   list_prefix = _object_name(prefix, "")
   local_dir = os.path.abspath(local_dir)
-  retry = _bounded_retry(request_timeout_s)
+  retry = bounded_retry(request_timeout_s)
   written = []
   try:
     client = (client_factory or default_client_factory)()
@@ -627,6 +630,8 @@ def download_prefix(gs_url: str, local_dir: str, *,
         if rel and not rel.endswith("/"):
           logging.warning("download_prefix: skipping object %r (not a "
                           "plain relative path)", blob.name)
+        continue
+      if any(fnmatch.fnmatch(rel, p) for p in exclude):
         continue
       path = os.path.join(local_dir, *parts)
       if os.path.exists(path) and not overwrite:

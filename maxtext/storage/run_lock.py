@@ -314,8 +314,7 @@ class RemoteLock:
 
   def _request_args(self) -> dict[str, Any]:
     # The storage library's retry, bounded; gcs_mirror owns the policy.
-    # pylint: disable-next=protected-access
-    retry = gcs_mirror._bounded_retry(self._timeout)
+    retry = gcs_mirror.bounded_retry(self._timeout)
     return dict(timeout=self._timeout, retry=retry)
 
   def _bucket(self):
