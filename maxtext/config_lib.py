@@ -232,6 +232,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 "must be a local path: the log is staged locally and mirrored to "
                 "gs:// with the run directory when base_output_directory is gs://")
 
+  _at_least(v, "warmup_steps_before_run_start", -1)
+
   # GCS mirror.
   _at_least(v, "gcs_sync_interval_seconds", 0)
   for key in ("gcs_request_timeout_seconds", "gcs_final_timeout_seconds",

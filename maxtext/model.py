@@ -24,14 +24,31 @@ M mlp_dim, V vocab_size):
   unembedding        [E, V]
 """
 
+import functools
 import math
 from typing import Any, Mapping
 
 import jax
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel as splash_kernel)
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_mask as splash_mask)
 import jax.numpy as jnp
 import numpy as np
 
 Params = dict[str, Any]
+
+# Values of `config.attention`. "einsum" is the reference; "auto" resolves per
+# backend in `attention_implementation`.
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "dot_product", "cudnn",
+                             "splash")
+# Values of `config.remat_policy` (what the scanned block keeps for backward).
+REMAT_POLICIES = ("none", "full", "save_dots", "save_named")
+# Intermediates the block tags with `checkpoint_name`; "save_named" keeps
+# exactly these and recomputes the rest (norms, scores, the MLP hidden layer).
+SAVED_NAMES = ("query", "key", "value", "context", "attn_out", "mlp_out")
+# Splash kernel block length: its blocks must be multiples of 128 lanes.
+_SPLASH_BLOCK = 128
 
 # Logical axis names of every parameter, one name per dimension. The mesh code
 # maps them to mesh axes; `param_fsdp_axis` derives the FSDP shard dimension.
@@ -133,28 +150,130 @@ def _rope(x: jax.Array, theta: float) -> jax.Array:
   return rotated.astype(x.dtype)
 
 
-def _attention(x: jax.Array, layer: Mapping[str, jax.Array],
-               config) -> jax.Array:
-  """Causal grouped-query self-attention. x: [B, S, E] -> [B, S, E]."""
-  cdt = x.dtype
-  b, s, _ = x.shape
-  kv, group = config.num_kv_heads, config.num_heads // config.num_kv_heads
-  d = config.head_dim
-  q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
-  k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
-  v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
-  q = _rope(q, config.rope_theta)
-  k = _rope(k, config.rope_theta)
+def attention_implementation(config) -> str:
+  """The attention implementation a run uses: `config.attention` resolved.
+
+  "auto" picks, for the default JAX backend: "cudnn" (fused flash attention)
+  on a GPU of compute capability 8.0 or newer when the compute dtype is
+  bfloat16/float16 and head_dim is a multiple of 8 up to 128; otherwise
+  "dot_product" (XLA) on GPU and TPU; "einsum" on the CPU, where it is as fast
+  and is the reference. "splash" (a Pallas TPU kernel) is never picked by
+  "auto": it is not partitioned over a device mesh without `shard_map`.
+
+  Args:
+    config: the run configuration (`attention`, `compute_dtype`, `head_dim`).
+
+  Returns:
+    One of "einsum", "dot_product", "cudnn", "splash".
+
+  Raises:
+    ValueError: unknown `config.attention`, or "cudnn" with float32 compute
+      (cuDNN's fused kernel takes bfloat16/float16 only; casting silently
+      would change the run's numerics) or off a GPU.
+  """
+  name = config.attention
+  if name not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f"config.attention={name!r}: must be one of "
+                     f"{list(ATTENTION_IMPLEMENTATIONS)}")
+  backend = jax.default_backend()
+  half = config.compute_dtype in ("bfloat16", "float16")
+  if name == "cudnn":
+    if not half:
+      raise ValueError(f"config.attention='cudnn' needs compute_dtype "
+                       f"bfloat16 or float16, got {config.compute_dtype!r}")
+    if backend != "gpu":
+      raise ValueError(f"config.attention='cudnn' needs a GPU backend, "
+                       f"got {backend!r}")
+  if name != "auto":
+    return name
+  if backend == "gpu":
+    capability = getattr(jax.devices()[0], "compute_capability", "0")
+    if (half and float(capability) >= 8.0 and config.head_dim % 8 == 0 and
+        config.head_dim <= 128):
+      return "cudnn"
+    return "dot_product"
+  if backend == "tpu":
+    return "dot_product"
+  return "einsum"
+
+
+def _attend_einsum(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """Reference causal attention; scores and softmax in float32.
+
+  Args:
+    q: [B, S, H, D] queries (rotary embeddings applied).
+    k: [B, S, K, D] keys, H a multiple of K.
+    v: [B, S, K, D] values.
+
+  Returns:
+    [B, S, H, D] in q's dtype.
+  """
+  b, s, h, d = q.shape
+  kv = k.shape[2]
   # Query heads h = kv_head * group + g share key/value head kv_head.
-  q = q.reshape(b, s, kv, group, d)
+  q = q.reshape(b, s, kv, h // kv, d)
   scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
   scores = scores / math.sqrt(d)
   causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
   scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
-  out = out.reshape(b, s, config.num_heads, d)
-  return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt))
+  return out.reshape(b, s, h, d)
+
+
+def _attend_splash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """Causal attention with the Pallas splash kernel; shapes as `_attend_einsum`.
+
+  The sequence is zero-padded to a multiple of the kernel's block: padded
+  keys lie after every real query, so the causal mask hides them, and padded
+  queries are dropped. Off a TPU the kernel runs in Pallas interpret mode
+  (slow; for checking numerics on the CPU).
+  """
+  b, s, h, d = q.shape
+  padded = -(-s // _SPLASH_BLOCK) * _SPLASH_BLOCK
+  block = 512 if padded % 512 == 0 else _SPLASH_BLOCK
+
+  def heads_first(x):  # [B, S, N, D] -> [B, N, padded, D]
+    x = jnp.pad(x, ((0, 0), (0, padded - s), (0, 0), (0, 0)))
+    return jnp.swapaxes(x, 1, 2)
+
+  mask = splash_mask.MultiHeadMask(
+      [splash_mask.CausalMask((padded, padded))] * h)
+  sizes = splash_kernel.BlockSizes(
+      block_q=block, block_kv=block, block_kv_compute=block,
+      block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+      block_q_dq=block, block_kv_dq=block)
+  kernel = splash_kernel.make_splash_mha(
+      mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+      interpret=jax.default_backend() != "tpu")
+  q = q * jnp.asarray(1.0 / math.sqrt(d), q.dtype)
+  out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
+  return jnp.swapaxes(out, 1, 2)[:, :s]
+
+
+def _attention(x: jax.Array, layer: Mapping[str, jax.Array],
+               config) -> jax.Array:
+  """Causal grouped-query self-attention. x: [B, S, E] -> [B, S, E]."""
+  cdt = x.dtype
+  tag = jax.ad_checkpoint.checkpoint_name
+  q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
+  k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
+  v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
+  q = tag(_rope(q, config.rope_theta), "query")
+  k = tag(_rope(k, config.rope_theta), "key")
+  v = tag(v, "value")
+  implementation = attention_implementation(config)
+  if implementation == "einsum":
+    out = _attend_einsum(q, k, v)
+  elif implementation == "splash":
+    out = _attend_splash(q, k, v)
+  else:
+    out = jax.nn.dot_product_attention(
+        q, k, v, is_causal=True,
+        implementation="xla" if implementation == "dot_product" else "cudnn")
+  out = tag(out, "context")
+  return tag(jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)),
+              "attn_out")
 
 
 def _mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
@@ -162,8 +281,57 @@ def _mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
   cdt = x.dtype
   gate = jnp.einsum("bse,em->bsm", x, layer["w_gate"].astype(cdt))
   up = jnp.einsum("bse,em->bsm", x, layer["w_up"].astype(cdt))
-  return jnp.einsum("bsm,me->bse", jax.nn.silu(gate) * up,
-                    layer["w_down"].astype(cdt))
+  out = jnp.einsum("bsm,me->bse", jax.nn.silu(gate) * up,
+                   layer["w_down"].astype(cdt))
+  return jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
+
+
+def _remat(block, policy: str):
+  """Wraps the scanned block in `jax.checkpoint` as `config.remat_policy` says.
+
+  "none" keeps every intermediate for the backward pass; "full" keeps only
+  the block's input and recomputes the rest; "save_dots" keeps the matmul
+  outputs that have no batch dimension (the projections, not the [S, S]
+  attention scores); "save_named" keeps the values named in `SAVED_NAMES`.
+
+  Raises:
+    ValueError: unknown policy.
+  """
+  policies = {
+      "full": None,
+      "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+      "save_named": jax.checkpoint_policies.save_only_these_names(
+          *SAVED_NAMES),
+  }
+  if policy == "none":
+    return block
+  if policy not in policies:
+    raise ValueError(f"config.remat_policy={policy!r}: must be one of "
+                     f"{list(REMAT_POLICIES)}")
+  # Inside scan, CSE cannot merge the recomputation into the forward pass,
+  # so the CSE barrier is only a cost.
+  return jax.checkpoint(block, policy=policies[policy], prevent_cse=False)
+
+
+def _final_hidden(params: Params, tokens: jax.Array, config) -> jax.Array:
+  """Embedding, blocks and final norm: [B, S] tokens -> [B, S, E] (compute)."""
+  cdt = _dtype(config.compute_dtype)
+  eps = config.norm_epsilon
+  x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
+
+  def block(x, layer):
+    x = x + _attention(_rms_norm(x, layer["attn_norm"], eps), layer, config)
+    x = x + _mlp(_rms_norm(x, layer["mlp_norm"], eps), layer)
+    return x, None
+
+  x, _ = jax.lax.scan(_remat(block, config.remat_policy), x, params["layers"])
+  return _rms_norm(x, params["final_norm"], eps)
+
+
+def _unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
+  """[B, S, E] hidden states -> float32 [B, S, V] logits."""
+  return jnp.einsum("bse,ev->bsv", x, unembedding.astype(x.dtype),
+                    preferred_element_type=jnp.float32)
 
 
 def apply(params: Params, tokens: jax.Array, config) -> jax.Array:
@@ -177,24 +345,64 @@ def apply(params: Params, tokens: jax.Array, config) -> jax.Array:
   Returns:
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
-  cdt = _dtype(config.compute_dtype)
-  eps = config.norm_epsilon
-  x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
+  return _unembed(_final_hidden(params, tokens, config), params["unembedding"])
 
-  def block(x, layer):
-    x = x + _attention(_rms_norm(x, layer["attn_norm"], eps), layer, config)
-    x = x + _mlp(_rms_norm(x, layer["mlp_norm"], eps), layer)
-    return x, None
 
-  x, _ = jax.lax.scan(block, x, params["layers"])
-  x = _rms_norm(x, params["final_norm"], eps)
-  return jnp.einsum("bse,ev->bsv", x, params["unembedding"].astype(cdt),
-                    preferred_element_type=jnp.float32)
+def _token_sums(logits: jax.Array, targets: jax.Array,
+                weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Weighted sums of cross entropy and argmax hits over [B, S] positions."""
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return jnp.sum(nll * weights), jnp.sum(correct * weights)
+
+
+def _chunked_token_sums(x: jax.Array, unembedding: jax.Array,
+                        targets: jax.Array, weights: jax.Array,
+                        chunk: int) -> tuple[jax.Array, jax.Array]:
+  """`_token_sums` of `_unembed(x)`, `chunk` sequence positions at a time.
+
+  Only one chunk's float32 logits [B, chunk, V] exist at once, forward and
+  backward: each chunk is rematerialised in the backward pass. The sequence
+  is padded to a multiple of `chunk` with weight-0 positions.
+
+  Args:
+    x: [B, S, E] final hidden states.
+    unembedding: [E, V].
+    targets: int32 [B, S].
+    weights: float32 [B, S].
+    chunk: positions per chunk, >= 1.
+  """
+  b, s = x.shape[:2]
+  n = -(-s // chunk)
+  pad = n * chunk - s
+
+  def chunks(a):  # [B, S, ...] -> [n, B, chunk, ...]
+    a = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
+    return jnp.swapaxes(a.reshape(b, n, chunk, *a.shape[2:]), 0, 1)
+
+  @functools.partial(jax.checkpoint, prevent_cse=False)
+  def sums(x_c, targets_c, weights_c):
+    return _token_sums(_unembed(x_c, unembedding), targets_c, weights_c)
+
+  def body(totals, inputs):
+    loss_sum, num_correct = sums(*inputs)
+    return (totals[0] + loss_sum, totals[1] + num_correct), None
+
+  zero = jnp.zeros((), jnp.float32)
+  totals, _ = jax.lax.scan(body, (zero, zero),
+                           (chunks(x), chunks(targets), chunks(weights)))
+  return totals
 
 
 def loss_fn(params: Params, batch: Mapping[str, jax.Array],
             config) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean next-token cross entropy.
+
+  With `config.loss_chunk_size` > 0 (and below the sequence length), the
+  logits are computed and reduced that many sequence positions at a time, so
+  the full float32 [B, S, V] logits never exist; the result is the same up to
+  float32 summation order.
 
   Args:
     params: the parameter pytree.
@@ -209,20 +417,28 @@ def loss_fn(params: Params, batch: Mapping[str, jax.Array],
     weights), "num_correct" (weighted count of argmax hits) and "accuracy"
     (num_correct / num_tokens), so micro-batch results combine exactly by
     summing the sums.
+
+  Raises:
+    ValueError: `config.loss_chunk_size` < 0.
   """
-  logits = apply(params, batch["inputs"], config)
+  chunk = config.loss_chunk_size
+  if chunk < 0:
+    raise ValueError(f"config.loss_chunk_size={chunk!r}: must be >= 0 "
+                     f"(0 = unchunked)")
+  x = _final_hidden(params, batch["inputs"], config)
   targets = batch["targets"]
   weights = batch.get("weights")
   if weights is None:
     weights = jnp.ones(targets.shape, jnp.float32)
   else:
     weights = weights.astype(jnp.float32)
-  log_probs = jax.nn.log_softmax(logits, axis=-1)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  loss_sum = jnp.sum(nll * weights)
+  if 0 < chunk < targets.shape[1]:
+    loss_sum, num_correct = _chunked_token_sums(
+        x, params["unembedding"], targets, weights, chunk)
+  else:
+    loss_sum, num_correct = _token_sums(_unembed(x, params["unembedding"]),
+                                        targets, weights)
   num_tokens = jnp.sum(weights)
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-  num_correct = jnp.sum(correct * weights)
   denom = jnp.maximum(num_tokens, 1e-8)
   loss = jnp.where(num_tokens > 0, loss_sum / denom, 0.0)
   aux = {
