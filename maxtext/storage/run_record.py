@@ -85,6 +85,7 @@ RESUMABLE_FIELDS = frozenset({
     # GCS mirror and run-lock timing.
     "gcs_sync_interval_seconds",
     "gcs_request_timeout_seconds",
+    "gcs_startup_timeout_seconds",
     "gcs_final_timeout_seconds",
     "run_lock_refresh_interval_seconds",
     # Resume is how the later attempts start.
@@ -103,6 +104,15 @@ RESUMABLE_FIELDS = frozenset({
     "hardware",
     "allow_cpu_fallback",
     "jax_compilation_cache_dir",
+    # How the same step is computed: the attention kernel ("auto" already
+    # follows `hardware`), rematerialisation and loss chunking trade speed for
+    # memory (a resume on a smaller accelerator may need them) without
+    # changing what the gradients are; compute_dtype, which does, must match.
+    # The compile warm-up before run_start leaves the state untouched.
+    "attention",
+    "remat_policy",
+    "loss_chunk_size",
+    "warmup_steps_before_run_start",
 })
 # Not resumable, on purpose: `enable_mllog` and the submission fields (a
 # submission's log must describe the run it was taken from, so turning the
