@@ -112,6 +112,8 @@ def _walk(path: str) -> tuple[Optional[str], str]:
       mode = os.stat(prefix).st_mode
     except FileNotFoundError:
       if os.path.islink(prefix):
+        if prefix == path:
+          return "is a broken symbolic link", nearest
         return f"is under {prefix}, a broken symbolic link", nearest
       return None, nearest  # The rest is created by the run.
     except PermissionError:

@@ -147,6 +147,15 @@ class PreflightTest(parameterized.TestCase):
         rf"^config\.local_staging_directory='{staging}': is under "
         rf"{self.file}, which is a regular file$")
 
+  def test_checkpoint_directory_under_a_broken_link(self):
+    link = os.path.join(self.tmp, "link")
+    os.symlink(os.path.join(self.tmp, "gone"), link)
+    ckpt = os.path.join(link, "ckpt")
+    self.assert_refused(
+        self.config(checkpoint_directory=ckpt),
+        rf"^config\.checkpoint_directory='{ckpt}': is under {link}, a broken "
+        "symbolic link$")
+
   def test_checkpoint_directory_under_a_file(self):
     ckpt = os.path.join(self.file, "ckpt")
     self.assert_refused(
