@@ -429,3 +429,19 @@ def make_dataset(config, process_index: int = 0, process_count: int = 1):
     return TokensFileDataset(config, process_index, process_count)
   raise ValueError(f"dataset_type={config.dataset_type!r}: must be "
                    f"'synthetic' or 'tokens_file'")
+
+
+def placeholder_batches(config, process_index: int = 0,
+                        process_count: int = 1) -> tuple[Batch, Batch]:
+  """(train batch, eval batch) of zeros with this process's real shapes.
+
+  For compiling and warming up the step before a run starts: they have the
+  shapes and dtypes of `get_batch` and `get_eval_batch` without reading the
+  data set (MLPerf forbids touching it before `run_start`).
+  """
+  train_rows, eval_rows = _process_shares(config, process_index,
+                                          process_count)[2:]
+  def zeros(rows: slice) -> Batch:
+    return _to_batch(np.zeros(
+        (rows.stop - rows.start, config.max_sequence_length + 1), np.int32))
+  return zeros(train_rows), zeros(eval_rows)

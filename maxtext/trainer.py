@@ -4,7 +4,8 @@
 in-process. One run:
 
   validate config -> jax.distributed -> run_state.build (mesh, run
-  directory, outputs, model, data, checkpoint restore) -> on_run_start ->
+  directory, outputs, model, data, checkpoint restore) -> warm-up steps on
+  placeholder batches (compilation before the timed region) -> on_run_start ->
   steps (K micro-batches, update, records, eval every eval_interval,
   checkpoint between steps) -> on_run_end -> close.
 
@@ -27,6 +28,7 @@ from maxtext import distributed
 from maxtext import preemption
 from maxtext import preflight
 from maxtext import run_state as run_state_lib
+from maxtext import warmup
 from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
 from maxtext.metrics import recorder as metrics_recorder
@@ -134,8 +136,9 @@ def run(config, *, config_filename: str = "unknown",
                                 extra_listeners=extra_listeners)
     outcome = RunOutcome.FAILED
     try:
+      warmup_time = warmup.warm_up(state, _warmup_steps(state))
       state.listeners.on_run_start(
-          interface.RunStart(state.start_step, state.samples))
+          interface.RunStart(state.start_step, state.samples, warmup_time))
       outcome, last_eval, last_train = _train_loop(state, stop, step_callback)
     except ListenerError:
       # An output failed: keep what was trained. The engine holds the last
@@ -151,6 +154,16 @@ def run(config, *, config_filename: str = "unknown",
   finally:
     if stop_request is None:
       stop.close()
+
+
+def _warmup_steps(state: run_state_lib.RunState) -> int:
+  """Warm-up steps before the run starts (see `maxtext/warmup.py`)."""
+  config = state.config
+  if state.start_step >= config.steps:
+    return 0  # Nothing left to train.
+  if config.warmup_steps_before_run_start >= 0:
+    return config.warmup_steps_before_run_start
+  return 1 if config.enable_mllog else 0
 
 
 def _end(state: run_state_lib.RunState, outcome: RunOutcome) -> None:

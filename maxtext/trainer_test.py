@@ -259,6 +259,23 @@ class TrainerTest(parameterized.TestCase):
     # Once released, the directory is free again.
     self.assertEqual(trainer.run(config).final_step, _STEPS)
 
+  @parameterized.named_parameters(("none", 0), ("three_steps", 3))
+  def test_warm_up_before_run_start_leaves_the_run_unchanged(self, steps):
+    # The reference warms up one step (MLPerf logging is on in the default
+    # config); none or three give the same records and the same state.
+    config = _config(self.root, f"warmup_{steps}", steps=_STEPS,
+                     warmup_steps_before_run_start=steps)
+    result = trainer.run(config)
+    self.assert_matches_reference(result, config)
+    events = [json.loads(line[len(":::MLLOG "):]) for line in open(
+        os.path.join(result.run_dir, "mllog.log")) if line.startswith(":::")]
+    keys = [e["key"] for e in events]
+    if steps:
+      self.assertLess(keys.index("warmup_time"), keys.index("init_stop"))
+      self.assertGreater(events[keys.index("warmup_time")]["value"], 0)
+    else:
+      self.assertNotIn("warmup_time", keys)
+
   def test_resume_without_checkpoint_is_an_error(self):
     config = _config(self.root, "nothing_to_resume", steps=_STEPS, resume=True)
     with self.assertRaisesRegex(ValueError, "resume=True.*no checkpoint"):

@@ -41,9 +41,12 @@ class RunStart:
   Attributes:
     start_step: completed steps restored from a checkpoint (0 for a new run).
     samples: samples trained before this attempt.
+    warmup_time: seconds spent compiling and warming up the step before the
+      run starts (0 when there was no warm-up).
   """
   start_step: int
   samples: int
+  warmup_time: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

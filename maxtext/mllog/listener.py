@@ -4,7 +4,8 @@
 model's initialisation (`cache_clear`, `init_start`, the `submission_*`
 keys); the listener then writes the rest as the run reports it:
 
-  on_run_start   hyperparameters, init_stop, run_start, block_start
+  on_run_start   hyperparameters, warmup_time, init_stop, run_start,
+                 block_start
   on_step        tracked_stats (train loss, step time)
   on_eval_start  block_stop, eval_start
   on_eval        eval_accuracy, eval_stop, tracked_stats (validation time),
@@ -77,6 +78,9 @@ class MLLogListener(interface.RunListener):
     log.hyperparameters(hyperparameters(
         self._config, data_parallelism=self._data_parallelism,
         start_step=start.start_step, config_filename=self._config_filename))
+    if start.warmup_time:
+      # Compilation and warm-up, inside the untimed initialisation.
+      log.event("warmup_time", round(start.warmup_time, 3))
     log.init_stop()
     log.run_start()
     log.block_start(start.samples)
