@@ -1,7 +1,8 @@
 """Packages MLPerf Training runs as a submission and checks it. The runbook:
 
   # Package runs already made (each a run directory with a compliant log):
-  tools/bazel run //tools/mlperf:package -- --output_dir=OUT RUN_DIR [RUN_DIR ...]
+  tools/bazel run //tools/mlperf:package -- --output_dir=OUT \\
+      RUN_DIR [RUN_DIR ...]
 
   # Or train the runs here, one after another (each with a fresh random seed,
   # its log checked right after it), in OUT/runs/run_<i>, then package them:
@@ -98,6 +99,10 @@ def main(argv):
     # PackageError and RunDirError are ValueErrors: refusals, each explained.
     print(f"mlperf_package: refused: {e}", file=sys.stderr)
     return 2
+  except (RuntimeError, OSError) as e:
+    # A run of --runs could not go on (trainer errors are RuntimeErrors).
+    print(f"mlperf_package: a run failed: {e}", file=sys.stderr)
+    return 1
   print(result.last_line())
   return 0 if result.checker.ok else 1
 

@@ -142,5 +142,6 @@ def read_run(run_dir: str) -> RunLog:
     raise RunDirError(f"{log_path}: the log has no {', '.join(missing)}")
   return RunLog(run_dir=run_dir, log_path=log_path,
                 ruleset=str(config.get("mllog_ruleset", "")), seed=seed,
-                config=config, provenance=dict(document.get("provenance") or {}),
+                config=config,
+                provenance=dict(document.get("provenance") or {}),
                 **{k: str(v) for k, v in found.items()})

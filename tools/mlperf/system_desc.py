@@ -198,7 +198,9 @@ def describe(*, org: str, system: str, division: str, log_status: str,
   backend = str(provenance.get("jax_backend", ""))
   kinds = ", ".join(str(k) for k in provenance.get("devices") or ())
   desc = {field: "" for field in FIELDS}
-  desc.update({k: v for k, v in host.items() if k in desc})
+  # The summarizer multiplies this one by the node count: never "".
+  desc["host_processors_per_node"] = "1"
+  desc.update({k: v for k, v in host.items() if k in desc and v})
   desc.update({
       "submitter": org,
       "division": division,

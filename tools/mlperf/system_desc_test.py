@@ -113,6 +113,8 @@ class SystemDescTest(parameterized.TestCase):
         provenance=_CPU_RUN, host={})
     self.assertEqual(desc["accelerators_per_node"], "0")
     self.assertEqual(desc["accelerator_model_name"], "N/A")
+    # The summarizer reads it as an int.
+    self.assertEqual(desc["host_processors_per_node"], "1")
 
   def test_unknown_status(self):
     with self.assertRaisesRegex(ValueError, "submission_status='preview'"):
