@@ -85,8 +85,9 @@ class LayoutTest(parameterized.TestCase):
     dest = os.path.join(self.tmp, "impl")
     copied = layout.copy_implementation(dest)
     self.assertIn("maxtext", copied)
-    self.assertTrue(os.path.isfile(os.path.join(dest, "maxtext",
-                                                "trainer.py")))
+    # The configs are in every tree this module runs from (runfiles too).
+    self.assertTrue(os.path.isfile(os.path.join(dest, "maxtext", "configs",
+                                                "default.py")))
     self.assertTrue(os.path.isfile(os.path.join(dest, "tools", "mlperf",
                                                 "layout.py")))
 
