@@ -39,6 +39,7 @@ from maxtext.storage import lock_listener
 from maxtext.storage import mirror_listener
 from maxtext.storage import run_dir as run_dir_lib
 from maxtext.storage import run_lock
+from maxtext.storage import run_record
 
 
 # Not mirrored: orbax's unfinished checkpoints, and the local lock file (the
@@ -62,7 +63,7 @@ class RunState:
     start_step: completed steps at the start of this attempt.
     samples: samples trained so far, resumed ones included.
   """
-  config: Any
+  config: Any  # The attempt's config, with its resolved seed.
   paths: run_dir_lib.RunPaths
   is_primary: bool
   setup: model_setup.ModelSetup
@@ -126,6 +127,30 @@ def _run_name(config) -> str:
       np.asarray(int(time.time()), np.int64))
   return run_dir_lib.default_run_name(
       datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc))
+
+
+class AlreadyFinished(Exception):
+  """The run already trained its `steps`: nothing to do, no output written.
+
+  Attributes:
+    step: the newest checkpoint's step.
+    run_dir: the run directory.
+  """
+
+  def __init__(self, message: str, step: int, run_dir: str):
+    super().__init__(message)
+    self.step = step
+    self.run_dir = run_dir
+
+
+def _draw_seed() -> int:
+  """A fresh seed; with several processes, process 0's, broadcast."""
+  seed = run_record.new_seed()
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    seed = int(multihost_utils.broadcast_one_to_all(
+        np.asarray(seed, np.int32)))
+  return seed
 
 
 def _lock_run(config, paths: run_dir_lib.RunPaths, is_primary: bool
@@ -252,7 +277,10 @@ def build(config, *, config_filename: str = "unknown",
 
   Raises:
     ValueError/TypeError: a config problem found while building (e.g. the
-      batch does not fit the mesh, resume=True without a checkpoint).
+      batch does not fit the mesh, resume=True without a checkpoint, a
+      resume that changes a field the run's record fixes).
+    RunLockError: another run holds the run directory.
+    AlreadyFinished: the run's newest checkpoint is at or past `steps`.
   """
   if process_index is None:
     process_index = jax.process_index()
@@ -268,6 +296,23 @@ def build(config, *, config_filename: str = "unknown",
   try:
     _fetch_remote_run(config, paths)
     os.makedirs(paths.run_dir, exist_ok=True)
+    recorded = run_record.load_recorded_config(paths.run_dir)
+    checkpointer = checkpointing.Checkpointer(
+        paths.checkpoint_dir,
+        save_period=config.checkpoint_period or config.steps,
+        max_to_keep=config.max_checkpoints_to_keep)
+    finished = run_record.finished_message(
+        paths.run_name, checkpointer.latest_step(), config.steps)
+    if finished:
+      raise AlreadyFinished(finished, checkpointer.latest_step(),
+                            paths.run_dir)
+    if recorded is not None:
+      changes = run_record.check_resume(recorded, config,
+                                        run_name=paths.run_name)
+      if changes:
+        logging.info("%s", run_record.describe_changes(changes))
+    config = run_record.with_seed(
+        config, run_record.resolve_seed(config, recorded, draw=_draw_seed))
     if paths.remote_url and is_primary:
       mirror = mirror_listener.MirrorListener(gcs_mirror.GcsMirror(
           paths.run_dir, paths.remote_url,
@@ -279,10 +324,6 @@ def build(config, *, config_filename: str = "unknown",
     # the MLPerf log exists: a mistake there leaves no log behind.
     dataset = data.make_dataset(config, jax.process_index(),
                                 jax.process_count())
-    checkpointer = checkpointing.Checkpointer(
-        paths.checkpoint_dir,
-        save_period=config.checkpoint_period or config.steps,
-        max_to_keep=config.max_checkpoints_to_keep)
     if config.resume and checkpointer.latest_step() is None:
       raise ValueError(
           f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
@@ -297,10 +338,10 @@ def build(config, *, config_filename: str = "unknown",
     samples = int(metadata.get("samples_count",
                                start_step * config.global_batch_size))
     if is_primary:
-      run_dir_lib.write_config_json(
-          paths.config_json, config,
+      run_record.record_attempt(
+          paths.run_dir, config,
           dict(run_dir_lib.provenance(), run_name=paths.run_name,
-               start_step=start_step, remote_url=paths.remote_url))
+               remote_url=paths.remote_url), start_step)
     for listener in (*_output_listeners(config, paths, is_primary, start_step),
                      *extra_listeners):
       listeners.add(listener)

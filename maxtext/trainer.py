@@ -131,9 +131,15 @@ def run(config, *, config_filename: str = "unknown",
 
   stop = stop_request or preemption.StopRequest()
   try:
-    state = run_state_lib.build(config, config_filename=config_filename,
-                                process_index=process_index,
-                                extra_listeners=extra_listeners)
+    try:
+      state = run_state_lib.build(config, config_filename=config_filename,
+                                  process_index=process_index,
+                                  extra_listeners=extra_listeners)
+    except run_state_lib.AlreadyFinished as done:
+      logging.warning("%s", done)
+      return RunResult(status=RunOutcome.COMPLETED, run_dir=done.run_dir,
+                       start_step=done.step, final_step=done.step,
+                       last_eval_loss=None, last_train_loss=None)
     outcome = RunOutcome.FAILED
     try:
       warmup_time = warmup.warm_up(state, _warmup_steps(state))

@@ -226,21 +226,25 @@ class TrainerTest(parameterized.TestCase):
     self.assertTrue(os.path.exists(os.path.join(second.run_dir, "mllog.2.log")))
 
   def test_resume_falls_back_past_a_damaged_newest_checkpoint(self):
-    # Checkpoints after steps 3 and 6 (the step budget); the newest loses its
-    # metadata, as a crash while writing or a bad copy would leave it.
+    # Stopped after step 5: checkpoints after steps 3 (periodic) and 5 (the
+    # stop's); the newest then loses its metadata, as a bad copy would.
+    stopped = _STEPS - 1
+    stop = preemption.StopRequest(signals=())
     config = _config(self.root, "damaged", steps=_STEPS)
-    first = trainer.run(config)
-    self.assertEqual(_checkpoint_steps(first.run_dir), [_HALF, _STEPS])
+    first = trainer.run(
+        config, stop_request=stop,
+        step_callback=lambda done, _: done == stopped and stop.request("test"))
+    self.assertEqual(_checkpoint_steps(first.run_dir), [_HALF, stopped])
     checkpoints = os.path.join(first.run_dir, "checkpoints")
-    os.remove(os.path.join(checkpoints, str(_STEPS), "state", "_METADATA"))
+    os.remove(os.path.join(checkpoints, str(stopped), "state", "_METADATA"))
 
     with self.assertLogs(level="WARNING") as logs:
       second = trainer.run(config)
     self.assertEqual(second.start_step, _HALF)
     self.assertRegex("\n".join(logs.output),
-                     rf"step {_STEPS} could not be restored .*moved to "
-                     rf".*{_STEPS}\.corrupt-")
-    (aside,) = glob.glob(os.path.join(checkpoints, f"{_STEPS}.corrupt-*"))
+                     rf"step {stopped} could not be restored .*moved to "
+                     rf".*{stopped}\.corrupt-")
+    (aside,) = glob.glob(os.path.join(checkpoints, f"{stopped}.corrupt-*"))
     self.assertTrue(os.path.isdir(os.path.join(aside, "state")))
     # Retrained from step 3: the same records (no duplicates) and state as
     # the uninterrupted reference.
@@ -267,14 +271,64 @@ class TrainerTest(parameterized.TestCase):
                      warmup_steps_before_run_start=steps)
     result = trainer.run(config)
     self.assert_matches_reference(result, config)
-    events = [json.loads(line[len(":::MLLOG "):]) for line in open(
-        os.path.join(result.run_dir, "mllog.log")) if line.startswith(":::")]
+    with open(os.path.join(result.run_dir, "mllog.log")) as f:
+      events = [json.loads(line[len(":::MLLOG "):]) for line in f
+                if line.startswith(":::MLLOG ")]
     keys = [e["key"] for e in events]
     if steps:
       self.assertLess(keys.index("warmup_time"), keys.index("init_stop"))
       self.assertGreater(events[keys.index("warmup_time")]["value"], 0)
     else:
       self.assertNotIn("warmup_time", keys)
+
+  def test_rerun_of_a_finished_run_does_nothing(self):
+    # The reference trained 6 steps; asking for 4 writes nothing new.
+    before = sorted(os.listdir(self.ref.run_dir))
+    config = _config(self.root, "reference", steps=_STEPS - 2)
+    result = trainer.run(config)
+    self.assertEqual((result.status, result.start_step, result.final_step),
+                     (trainer.RunOutcome.COMPLETED, _STEPS, _STEPS))
+    self.assertEqual(sorted(os.listdir(self.ref.run_dir)), before)
+    self.assertFalse(os.path.exists(
+        os.path.join(self.ref.run_dir, "mllog.2.log")))
+
+  def test_resume_refuses_a_changed_model_and_keeps_the_first_config(self):
+    first = trainer.run(_config(self.root, "guarded", steps=_HALF))
+    with open(os.path.join(first.run_dir, "config.json")) as f:
+      recorded = f.read()
+    changed = _config(self.root, "guarded", steps=_STEPS, emb_dim=64,
+                      weight_dtype="bfloat16")
+    with self.assertRaisesRegex(
+        ValueError,
+        r"(?s)^Refusing to resume run 'guarded'.*emb_dim: 32 -> 64.*"
+        r"weight_dtype: 'float32' -> 'bfloat16'"):
+      trainer.run(changed)
+    # Allowed changes resume; config.json keeps the first attempt.
+    second = trainer.run(_config(self.root, "guarded", steps=_STEPS,
+                                 log_period=2))
+    self.assertEqual(second.start_step, _HALF)
+    with open(os.path.join(first.run_dir, "config.json")) as f:
+      self.assertEqual(f.read(), recorded)
+    with open(os.path.join(first.run_dir, "config_history.jsonl")) as f:
+      attempts = [json.loads(line) for line in f]
+    self.assertEqual([(a["attempt"], a["start_step"]) for a in attempts],
+                     [(1, 0), (2, _HALF)])
+    self.assertEqual(attempts[1]["config"]["log_period"], 2)
+
+  def test_seed_minus_one_draws_a_seed_that_the_record_keeps(self):
+    seeds = []
+    for name in ("drawn_a", "drawn_b"):
+      result = trainer.run(_config(self.root, name, steps=_HALF, seed=-1))
+      with open(os.path.join(result.run_dir, "config.json")) as f:
+        seeds.append(json.load(f)["config"]["seed"])
+    self.assertNotEqual(seeds[0], seeds[1])
+    self.assertGreaterEqual(min(seeds), 0)
+    # A resume with seed=-1 reuses the recorded seed: it continues exactly
+    # as a run that had that seed from the start.
+    resumed = trainer.run(_config(self.root, "drawn_a", steps=_STEPS, seed=-1))
+    fixed = trainer.run(_config(self.root, "fixed_seed", steps=_STEPS,
+                                seed=seeds[0]))
+    self.assertEqual(_records(resumed.run_dir), _records(fixed.run_dir))
 
   def test_resume_without_checkpoint_is_an_error(self):
     config = _config(self.root, "nothing_to_resume", steps=_STEPS, resume=True)
