@@ -7,13 +7,21 @@ the logger never touches device arrays, so writing cannot stall the device.
 Outputs, written only by the primary process (process 0):
 
 * a console line (absl `logging.info`) every `log_period` steps and on the last
-  step: step, loss, learning rate, gradient norm, tokens/s, step time, ETA;
+  step: step, loss, learning rate, gradient norm, tokens/s (with a
+  `throughput` also samples/s, TFLOP/s per device and MFU when the peak is
+  known), step time, ETA;
 * `<run_dir>/metrics.jsonl`: one JSON object per line and per write, in the
   format of `maxtext.metrics.jsonl` (non-finite values as "NaN",
   "Infinity", "-Infinity"); the file is flushed after every line, so a
   crashed process loses nothing;
 * TensorBoard scalars under `<run_dir>/tensorboard`, tagged `<kind>/<name>`,
   one event (one `Summary` of all its values) per write.
+
+Train records carry `step_time_s` and `tokens_per_s`; a logger given the run's
+`throughput.StepThroughput` adds `samples_per_s`, `tflops_per_device` and,
+where the devices' peak is known, `mfu` (a fraction), to the JSONL and
+TensorBoard records alike (`maxtext.metrics.throughput` states the FLOP
+convention).
 
 Steps are the trainer's 0-based step indices: `write_train(step, ...)` reports
 the step that has just finished, so `total_steps - step - 1` steps remain.
@@ -41,6 +49,7 @@ import numpy as np
 
 from maxtext import checks
 from maxtext.metrics import jsonl
+from maxtext.metrics import throughput as throughput_lib
 
 TENSORBOARD_DIRNAME = "tensorboard"
 
@@ -49,6 +58,10 @@ TENSORBOARD_DIRNAME = "tensorboard"
 # (maxtext/trainer_test.py); new code imports `jsonl`.
 METRICS_FILENAME = jsonl.METRICS_FILENAME
 read_jsonl = jsonl.read_jsonl
+
+# Names a train write adds itself; metrics may not use them.
+_TRAIN_TIMING_KEYS = frozenset(
+    {jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY, *throughput_lib.KEYS})
 
 
 def _to_host_number(name: str, value: Any) -> int | float:
@@ -91,6 +104,7 @@ class MetricLogger:
                total_steps: int,
                tokens_per_step: int,
                first_step: int = 0,
+               throughput: throughput_lib.StepThroughput | None = None,
                time_fn: Callable[[], float] = time.monotonic):
     """Opens the outputs (primary process only).
 
@@ -102,6 +116,10 @@ class MetricLogger:
       tokens_per_step: tokens trained per step across all processes (> 0).
       first_step: the first step this logger will write; records with a step
         >= `first_step` already in `metrics.jsonl` are dropped (resume).
+      throughput: the run's per-step throughput constants; when given, train
+        records and console lines add samples/s, TFLOP/s per device and MFU
+        (MFU only where its peak is known). Its `tokens_per_step` must equal
+        `tokens_per_step`.
       time_fn: monotonic clock in seconds; tests inject a fake one.
 
     Raises:
@@ -113,6 +131,15 @@ class MetricLogger:
     first_step = checks.check_int("first_step", first_step, 0)
     if not callable(time_fn):
       raise TypeError(f"time_fn must be callable, got {time_fn!r}")
+    if throughput is not None:
+      if not isinstance(throughput, throughput_lib.StepThroughput):
+        raise TypeError("throughput must be a throughput.StepThroughput or "
+                        f"None, got {throughput!r}")
+      if throughput.tokens_per_step != tokens_per_step:
+        raise ValueError(
+            f"throughput.tokens_per_step ({throughput.tokens_per_step}) must "
+            f"equal tokens_per_step ({tokens_per_step})")
+    self._throughput = throughput
     self._run_dir = os.fspath(run_dir)
     self._is_primary = bool(is_primary)
     self._log_period = int(log_period)
@@ -177,7 +204,9 @@ class MetricLogger:
                   step_time: float | None = None) -> None:
     """Records one finished training step.
 
-    Adds `step_time_s` and `tokens_per_s` to the record.
+    Adds `step_time_s` and `tokens_per_s` to the record, and with a
+    `throughput` also `samples_per_s`, `tflops_per_device` and `mfu` (when
+    known).
 
     Args:
       step: 0-based index of the step that just finished.
@@ -194,9 +223,10 @@ class MetricLogger:
       RuntimeError: the logger is closed.
     """
     step, values = self._convert(step, scalars)
-    for key in (jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY):
-      if key in values:
-        raise ValueError(f"metric name {key!r} is reserved for train writes")
+    reserved = _TRAIN_TIMING_KEYS.intersection(values)
+    if reserved:
+      raise ValueError(
+          f"metric name {min(reserved)!r} is reserved for train writes")
     if step_time is not None:
       step_time = _to_host_number("step_time", step_time)
       if not (math.isfinite(step_time) and step_time >= 0):
@@ -206,8 +236,11 @@ class MetricLogger:
       step_time = now - self._last_time
     self._last_time = now
     values[jsonl.STEP_TIME_KEY] = step_time
-    values[jsonl.TOKENS_PER_SECOND_KEY] = (
-        self._tokens_per_step / step_time if step_time > 0 else float("inf"))
+    if self._throughput is not None:
+      values.update(self._throughput.figures(step_time))
+    else:
+      values[jsonl.TOKENS_PER_SECOND_KEY] = (
+          self._tokens_per_step / step_time if step_time > 0 else float("inf"))
     self._window_seconds += step_time
     self._window_steps += 1
     if not self._is_primary:
@@ -230,6 +263,14 @@ class MetricLogger:
     tokens_per_s = (self._tokens_per_step / mean_step_time
                     if mean_step_time > 0 else float("inf"))
     parts.append(f"tokens/s {_format_number(tokens_per_s, ',.0f')}")
+    if self._throughput is not None:
+      figures = self._throughput.figures(mean_step_time)
+      for key, label, fmt in (
+          (throughput_lib.SAMPLES_PER_SECOND_KEY, "samples/s", ",.1f"),
+          (throughput_lib.TFLOPS_PER_DEVICE_KEY, "TFLOP/s/device", ".4g"),
+          (throughput_lib.MFU_KEY, "MFU", ".1%")):
+        if key in figures:
+          parts.append(f"{label} {_format_number(figures[key], fmt)}")
     parts.append(f"step_time {mean_step_time:.3f}s")
     parts.append(f"ETA {_format_duration(remaining * mean_step_time)}")
     logging.info("%s", " | ".join(parts))

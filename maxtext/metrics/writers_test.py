@@ -13,6 +13,7 @@ import numpy as np
 from tensorboardX.proto import event_pb2
 
 from maxtext.metrics import jsonl
+from maxtext.metrics import throughput
 from maxtext.metrics import writers as metric_logger
 
 
@@ -56,7 +57,7 @@ def scalar_events(logdir: str) -> list[tuple[str, int, float]]:
 
 
 def strip_timing(records):
-  drop = {jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY}
+  drop = {jsonl.STEP_TIME_KEY, *throughput.KEYS}
   return [{k: v for k, v in r.items() if k not in drop} for r in records]
 
 
@@ -275,6 +276,7 @@ class MetricLoggerTest(parameterized.TestCase):
       ("string_value", 0, {"loss": "1.0"}, TypeError, "'loss'"),
       ("reserved_name", 0, {"kind": 1.0}, ValueError, "'kind'"),
       ("timing_name", 0, {"step_time_s": 1.0}, ValueError, "'step_time_s'"),
+      ("throughput_name", 0, {"mfu": 0.5}, ValueError, "'mfu'"),
       ("empty_name", 0, {"": 1.0}, TypeError, "non-empty"),
   )
   def test_bad_writes_raise_and_write_nothing(self, step, scalars, error, regex):
@@ -282,6 +284,65 @@ class MetricLoggerTest(parameterized.TestCase):
     with self.assertRaisesRegex(error, regex):
       logger.write_train(step, scalars)
     self.assertEqual(self.read_lines(), [])
+
+  def test_throughput_figures_in_jsonl_tensorboard_and_console(self):
+    # 1000 tokens in 4 samples, 8e12 FLOPs over 2 devices of 4e12 FLOP/s peak:
+    # a 0.5 s step is 8 samples/s, 2000 tokens/s, 8 TFLOP/s per device and
+    # an MFU of 2 (a fake peak; the figures are what is checked).
+    run = throughput.StepThroughput(
+        samples_per_step=4, tokens_per_step=1000, flops_per_step=8e12,
+        num_devices=2, peak_flops_per_device=4e12)
+    logger = self.make_logger(clock=FakeClock(0.5), log_period=1,
+                              throughput=run)
+    with self.assertLogs(level="INFO") as logs:
+      logger.write_train(0, {"loss": 3.0})
+      logger.write_train(1, {"loss": 2.0}, step_time=0.25)
+    self.assertEqual(self.read_lines(), [
+        {"step": 0, "kind": "train", "loss": 3.0, "step_time_s": 0.5,
+         "samples_per_s": 8.0, "tokens_per_s": 2000.0,
+         "tflops_per_device": 8.0, "mfu": 2.0},
+        {"step": 1, "kind": "train", "loss": 2.0, "step_time_s": 0.25,
+         "samples_per_s": 16.0, "tokens_per_s": 4000.0,
+         "tflops_per_device": 16.0, "mfu": 4.0}])
+    self.assertEqual(
+        logs.records[0].getMessage(),
+        "step 0/6 | loss 3.0000 | tokens/s 2,000 | samples/s 8.0 | "
+        "TFLOP/s/device 8 | MFU 200.0% | step_time 0.500s | ETA 0:00:02")
+    logger.close()
+    events = scalar_events(logger.tensorboard_dir)
+    self.assertContainsSubset(
+        [("train/samples_per_s", 1, 16.0), ("train/tokens_per_s", 1, 4000.0),
+         ("train/tflops_per_device", 1, 16.0), ("train/mfu", 1, 4.0)], events)
+
+  def test_no_mfu_where_the_peak_is_unknown(self):
+    run = throughput.StepThroughput(
+        samples_per_step=2, tokens_per_step=1000, flops_per_step=3e9,
+        num_devices=1)
+    logger = self.make_logger(clock=FakeClock(0.5), throughput=run)
+    with self.assertLogs(level="INFO") as logs:
+      logger.write_train(0, {"loss": 3.0})
+    record = self.read_lines()[0]
+    self.assertNotIn("mfu", record)
+    self.assertEqual((record["samples_per_s"], record["tflops_per_device"]),
+                     (4.0, 0.006))
+    line = logs.records[0].getMessage()
+    self.assertIn("| samples/s 4.0 | TFLOP/s/device 0.006 | step_time", line)
+    self.assertNotIn("MFU", line)
+
+  def test_figure_names_follow_the_jsonl_schema(self):
+    self.assertEqual(throughput.TOKENS_PER_SECOND_KEY,
+                     jsonl.TOKENS_PER_SECOND_KEY)
+
+  @parameterized.named_parameters(
+      ("other_tokens", dict(tokens_per_step=999), ValueError,
+       r"throughput.tokens_per_step \(1000\) must equal"),
+      ("not_a_step_throughput", dict(throughput={"mfu": 1.0}), TypeError,
+       "throughput must be"),
+  )
+  def test_bad_throughput(self, override, error, regex):
+    run = throughput.StepThroughput(1, 1000, 1.0, 1)
+    with self.assertRaisesRegex(error, regex):
+      self.make_logger(**{"throughput": run, **override})
 
   @parameterized.named_parameters(
       ("no_eval_prefix", {"loss": 1.0}, "'loss' must start with 'eval_'"),
