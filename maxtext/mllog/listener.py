@@ -6,7 +6,9 @@ keys); the listener then writes the rest as the run reports it:
 
   on_run_start   hyperparameters, warmup_time, init_stop, run_start,
                  block_start
-  on_step        tracked_stats (train loss, step time)
+  on_step        tracked_stats (train loss, step time; with a throughput
+                 also samples/s, tokens/s, TFLOP/s per device and MFU
+                 where the peak is known)
   on_eval_start  block_stop, eval_start
   on_eval        eval_accuracy, eval_stop, tracked_stats (validation time),
                  then run_stop(success) at the target or block_start if the
@@ -24,6 +26,7 @@ from typing import Any, Optional
 from maxtext import config_lib
 from maxtext import optimizer as optimizer_lib
 from maxtext.listeners import interface
+from maxtext.metrics import throughput as throughput_lib
 from maxtext.mllog import hyperparameters as mllog_hyperparameters
 from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import run_dir as run_dir_lib
@@ -61,7 +64,27 @@ class MLLogListener(interface.RunListener):
   name = "mllog"
 
   def __init__(self, logger: mllog_logger.MLLogger, config: Any, *,
-               data_parallelism: int, config_filename: str):
+               data_parallelism: int, config_filename: str,
+               throughput: Optional[throughput_lib.StepThroughput] = None):
+    """Builds the listener over an opened log.
+
+    Args:
+      logger: the attempt's MLPerf logger.
+      config: the run's config.
+      data_parallelism: the mesh's data axis size.
+      config_filename: the config file's name, for the 6.1 disclosure.
+      throughput: the run's per-step constants; when given, each step's
+        tracked_stats add samples_per_s, tokens_per_s, tflops_per_device and
+        mfu (where the peak is known).
+
+    Raises:
+      TypeError: `throughput` is neither None nor a StepThroughput.
+    """
+    if not (throughput is None or
+            isinstance(throughput, throughput_lib.StepThroughput)):
+      raise TypeError("throughput must be a throughput.StepThroughput or "
+                      f"None, got {throughput!r}")
+    self._throughput = throughput
     self._logger = logger
     self._config = config
     self._data_parallelism = data_parallelism
@@ -86,9 +109,12 @@ class MLLogListener(interface.RunListener):
     log.block_start(start.samples)
 
   def on_step(self, record: interface.StepRecord) -> None:
-    self._logger.tracked_stats(record.step + 1, {
-        "train_loss": record.metrics.get("loss"),
-        "step_time": record.step_time})
+    stats = {"train_loss": record.metrics.get("loss"),
+             "step_time": record.step_time}
+    if self._throughput is not None and self._logger.enabled:
+      # A division and a few products (the constants are precomputed).
+      stats.update(self._throughput.figures(record.step_time))
+    self._logger.tracked_stats(record.step + 1, stats)
 
   def on_eval_start(self, step: int, samples: int) -> None:
     self._logger.block_stop(samples)
