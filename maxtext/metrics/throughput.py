@@ -48,29 +48,32 @@ _TERA = 1e12
 # `jax.Device.device_kind`, per compute dtype. One JAX device is one chip on
 # every kind listed (TPU v4 and v5p run their two TensorCores as one
 # megacore device). NVIDIA quotes tensor-core peaks "with sparsity"; the dense
-# figure is half of it. "float32" is the non-tensor-core FP32 figure; TPUs
-# have no published float32 matmul peak, so none is listed and a float32
-# run's MFU there is None.
-_A100 = {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}
+# figure is half of it.
+# "float32" is the peak of the units a float32 matmul runs on at JAX's
+# default precision (the project sets none): "float32 dot products may be
+# computed with reduced-precision arithmetic internally (bfloat16 on TPU, TF32
+# on recent GPUs)" (JAX docs, "Matmul precision"). So it is the TF32 tensor
+# core peak on NVIDIA and the bfloat16 peak on TPU.
+_A100 = {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12}
 # NVIDIA A100 Tensor Core GPU datasheet: BF16/FP16 Tensor Core 312 TFLOPS
-# (624 with sparsity), FP32 19.5 TFLOPS; the same for the 40 GB, 80 GB, SXM4
-# and PCIe parts.
-_H100_SXM = {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}
+# (624 with sparsity), TF32 Tensor Core 156 TFLOPS (312 with sparsity); the
+# same for the 40 GB, 80 GB, SXM4 and PCIe parts.
+_H100_SXM = {"bfloat16": 989e12, "float16": 989e12, "float32": 494.5e12}
 # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16/FP16 Tensor Core
-# 1,979 TFLOPS with sparsity (989 dense), FP32 67 TFLOPS.
-_H100_PCIE = {"bfloat16": 756e12, "float16": 756e12, "float32": 51e12}
-# Same datasheet, H100 PCIe: BF16/FP16 1,513 TFLOPS with sparsity, FP32 51.
+# 1,979 TFLOPS with sparsity (989 dense), TF32 989 with sparsity.
+_H100_PCIE = {"bfloat16": 756e12, "float16": 756e12, "float32": 378e12}
+# Same datasheet, H100 PCIe: BF16/FP16 1,513 TFLOPS with sparsity, TF32 756.
 _H200 = _H100_SXM
 # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16/FP16 Tensor Core
-# 1,979 TFLOPS with sparsity (989 dense), FP32 67 TFLOPS (the H100 SXM's
-# compute with more, faster memory).
-_TPU_V4 = {"bfloat16": 275e12}
+# 1,979 TFLOPS with sparsity (989 dense), TF32 989 with sparsity (the H100
+# SXM's compute with more, faster memory).
+_TPU_V4 = {"bfloat16": 275e12, "float32": 275e12}
 # Google Cloud TPU docs, "TPU v4": 275 bf16 TFLOPs peak compute per chip.
-_TPU_V5E = {"bfloat16": 197e12}
+_TPU_V5E = {"bfloat16": 197e12, "float32": 197e12}
 # Google Cloud TPU docs, "TPU v5e": 197 bf16 TFLOPs per chip.
-_TPU_V5P = {"bfloat16": 459e12}
+_TPU_V5P = {"bfloat16": 459e12, "float32": 459e12}
 # Google Cloud TPU docs, "TPU v5p": 459 bf16 TFLOPs per chip.
-_TPU_V6E = {"bfloat16": 918e12}
+_TPU_V6E = {"bfloat16": 918e12, "float32": 918e12}
 # Google Cloud TPU docs, "TPU v6e" (Trillium): 918 bf16 TFLOPs per chip.
 
 _PEAK_FLOPS = {

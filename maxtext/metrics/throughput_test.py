@@ -33,13 +33,14 @@ class PeakTest(parameterized.TestCase):
       ("h200_bf16", "NVIDIA H200", "bfloat16", 989e12),
       ("h100_sxm_fp16", "NVIDIA H100 80GB HBM3", "float16", 989e12),
       ("h100_pcie", "NVIDIA H100 PCIe", "bfloat16", 756e12),
-      ("a100_fp32", "NVIDIA A100-SXM4-80GB", "float32", 19.5e12),
+      ("a100_fp32_runs_tf32", "NVIDIA A100-SXM4-80GB", "float32", 156e12),
       ("tpu_v4", "TPU v4", "bfloat16", 275e12),
       ("tpu_v5e_as_jax_names_it", "TPU v5 lite", "bfloat16", 197e12),
       ("tpu_v5p_as_jax_names_it", "TPU v5", "bfloat16", 459e12),
       ("tpu_v6e", "TPU v6e", "bfloat16", 918e12),
       ("cpu", "cpu", "bfloat16", None),
-      ("tpu_fp32_unpublished", "TPU v4", "float32", None),
+      ("tpu_fp32_runs_bf16", "TPU v4", "float32", 275e12),
+      ("tpu_fp16_unlisted", "TPU v4", "float16", None),
       ("unknown_dtype", "NVIDIA H200", "int8", None),
   )
   def test_peak(self, kind, dtype, expected):
@@ -48,11 +49,12 @@ class PeakTest(parameterized.TestCase):
   def test_default_dtype_is_bfloat16(self):
     self.assertEqual(throughput.peak_flops_per_device("TPU v6 lite"), 918e12)
 
-  def test_every_listed_kind_has_a_bfloat16_peak(self):
+  def test_every_listed_kind_has_bfloat16_and_float32_peaks(self):
     for kind in throughput.known_device_kinds():
-      peak = throughput.peak_flops_per_device(kind, "bfloat16")
-      self.assertIsNotNone(peak, kind)
-      self.assertGreater(peak, 1e14, kind)
+      bf16 = throughput.peak_flops_per_device(kind, "bfloat16")
+      fp32 = throughput.peak_flops_per_device(kind, "float32")
+      self.assertGreater(bf16, 1e14, kind)
+      self.assertBetween(fp32, bf16 / 2, bf16)
 
   @parameterized.named_parameters(
       ("kind", 3, "bfloat16", "device_kind"),
@@ -144,7 +146,7 @@ class StepThroughputTest(parameterized.TestCase):
     kinds = ["NVIDIA H200"] * 8
     fp32 = throughput.StepThroughput.for_run(
         _config(compute_dtype="float32"), kinds)
-    self.assertEqual(fp32.peak_flops_per_device, 67e12)
+    self.assertEqual(fp32.peak_flops_per_device, 494.5e12)
     bf16 = throughput.StepThroughput.for_run(
         _config(compute_dtype="float32"), kinds, dtype="bfloat16")
     self.assertEqual(bf16.peak_flops_per_device, 989e12)
