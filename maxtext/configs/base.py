@@ -188,6 +188,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Write an MLPerf Training :::MLLOG log (process 0 only). Off = no work.
   config.enable_mllog = False
   config.mllog_file = ""  # "" = <run dir>/mllog.log.
+  # Shell command every host runs to flush its caches before the run; the
+  # log's cache_clear is True only if it exits 0 on every host, else False
+  # with a warning saying why. "" = `sync` and drop the page cache (needs
+  # root on Linux; elsewhere nothing is flushed and cache_clear is False).
+  config.cache_clear_command = ""
   # Throw-away training steps (and one eval batch) on placeholder batches
   # before the run starts, so that compilation falls outside MLPerf's timed
   # region (run_start .. run_stop); the model, optimizer, step and data are

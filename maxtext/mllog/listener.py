@@ -23,10 +23,13 @@ warmup and decay steps from the real schedule.
 
 from typing import Any, Optional
 
+from absl import logging
+
 from maxtext import config_lib
 from maxtext import optimizer as optimizer_lib
 from maxtext.listeners import interface
 from maxtext.metrics import throughput as throughput_lib
+from maxtext.mllog import cache_flush
 from maxtext.mllog import hyperparameters as mllog_hyperparameters
 from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import run_dir as run_dir_lib
@@ -150,6 +153,10 @@ def start(config: Any, run_dir: str, *, process_index: Optional[int],
           data_parallelism: int, config_filename: str) -> MLLogListener:
   """Opens the attempt's MLPerf log and writes its initialisation events.
 
+  With `enable_mllog`, every process first flushes its host's caches
+  (`cache_clear_command`; a collective, so every process calls this), and
+  `cache_clear` is logged True only if all of them succeeded.
+
   Args:
     config: the run's config.
     run_dir: the local run directory (the default log lives there).
@@ -166,9 +173,18 @@ def start(config: Any, run_dir: str, *, process_index: Optional[int],
     path = run_dir_lib.resolve_local_path(config.mllog_file)
   else:
     path = mllog_logger.default_log_path(config, run_dir)
+  flushed = False
+  if config.enable_mllog:
+    # Every host flushes (a collective), before the log exists, so that the
+    # log's cache_clear states what happened on all of them.
+    flush = cache_flush.flush_all_hosts(config.cache_clear_command)
+    flushed = flush.flushed
+    if not flushed:
+      logging.warning("MLPerf log: cache_clear is logged False: %s",
+                      flush.reason)
   logger = mllog_logger.create_mllogger(config, path,
                                         process_index=process_index)
-  logger.cache_clear()
+  logger.cache_clear(flushed)
   logger.init_start()
   logger.submission_info()
   return MLLogListener(logger, config, data_parallelism=data_parallelism,

@@ -212,8 +212,17 @@ class MLLogger:
 
   # --- init phase ------------------------------------------------------------
 
-  def cache_clear(self) -> None:
-    self.event("cache_clear", True)
+  def cache_clear(self, flushed: bool = False) -> None:
+    """Logs `cache_clear`: True only for a flush that really happened.
+
+    Args:
+      flushed: whether the caches were flushed on every host (see
+        `maxtext.mllog.cache_flush`); the default claims nothing.
+    """
+    if not isinstance(flushed, (bool, np.bool_)):
+      raise TypeError(f"cache_clear flushed must be a bool, got "
+                      f"{type(flushed).__name__}")
+    self.event("cache_clear", bool(flushed))
 
   def init_start(self) -> None:
     self.event("init_start", None, event_type=INTERVAL_START)
