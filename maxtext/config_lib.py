@@ -226,7 +226,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   # MLPerf log. Checked even when off, so turning it on cannot fail later.
   rules.validate_submission(v)
+  if v["enable_mllog"]:
+    # Only for a run with a log (a run without one submits nothing). Closed:
+    # an error before any device work; open: warnings.
+    rules.check_reference_hyperparameters(v)
   _at_least(v, "mllog_train_samples", 0)
+  command = v["cache_clear_command"]
+  if "\0" in command or (command and not command.strip()):
+    raise _fail("cache_clear_command", command,
+                "must be '' (the default flush) or a shell command")
   if v["mllog_file"].startswith("gs://"):
     raise _fail("mllog_file", v["mllog_file"],
                 "must be a local path: the log is staged locally and mirrored to "

@@ -325,5 +325,57 @@ class HelpersTest(absltest.TestCase):
         config_lib.load_config_file(path)
 
 
+class MLPerfPreflightTest(parameterized.TestCase):
+  """The cache flush command and the closed pre-flight against the RCPs."""
+
+  def setUp(self):
+    super().setUp()
+    self.llama = _load("llama31_8b")
+
+  def test_closed_llama31_8b_at_its_reference_batch_validates(self):
+    self.assertEqual(self.llama.global_batch_size, 32)
+    config_lib.validate(self.llama)
+
+  def test_closed_batch_outside_the_reference_range_is_refused(self):
+    with self.assertRaisesRegex(
+        ValueError, r"config.global_batch_size=8 is outside .*\[16, 128\].*"
+        r"rcps_llama31_8b.json"):
+      config_lib.validate(_with(self.llama, global_batch_size=8))
+
+  def test_open_batch_outside_the_reference_range_is_a_warning(self):
+    with self.assertLogs(level="WARNING") as logs:
+      config_lib.validate(_with(self.llama, global_batch_size=8,
+                                submission_division="open"))
+    self.assertTrue(any("config.global_batch_size=8" in line
+                        for line in logs.output), logs.output)
+
+  def test_closed_learning_rate_off_the_reference_is_refused(self):
+    with self.assertRaisesRegex(ValueError, "config.learning_rate=0.0004 "
+                                "differs from the reference"):
+      config_lib.validate(_with(self.llama, learning_rate=4e-4))
+
+  def test_gradient_accumulation_is_not_compared(self):
+    config_lib.validate(_with(self.llama, gradient_accumulation_steps=4))
+
+  def test_no_preflight_without_the_mllog(self):
+    config_lib.validate(_with(self.llama, enable_mllog=False,
+                              global_batch_size=8, learning_rate=1e-3))
+
+  @parameterized.named_parameters(
+      ("default", ""), ("command", "sync"), ("pipeline", "sync && true"))
+  def test_cache_clear_command_accepts(self, command):
+    config_lib.validate(_with(_load("default"), cache_clear_command=command))
+
+  @parameterized.named_parameters(("blank", "  "), ("nul", "sync\0true"))
+  def test_cache_clear_command_refuses(self, command):
+    with self.assertRaisesRegex(
+        ValueError, f"config.cache_clear_command={re.escape(repr(command))}"):
+      config_lib.validate(_with(_load("default"), cache_clear_command=command))
+
+  def test_cache_clear_command_of_wrong_type_is_refused(self):
+    with self.assertRaisesRegex(TypeError, "config.cache_clear_command=1"):
+      config_lib.validate(_with(_load("default"), cache_clear_command=1))
+
+
 if __name__ == "__main__":
   absltest.main()

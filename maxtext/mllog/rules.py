@@ -10,13 +10,24 @@ so upgrading `mlperf_logging` updates every check at once.
 `validate_submission` checks a config's submission fields against these rules
 before a run starts: the official checker crashes on an unknown division or
 benchmark instead of reporting it.
+
+`check_reference_hyperparameters` is the closed division's pre-flight against
+the benchmark's reference convergence points (RCPs), read from the installed
+RCP checker's data: the global batch size must lie within the reference batch
+sizes (the RCP checker interpolates convergence between them), and at a
+reference batch size the learning rate and warm-up must be the reference's.
 """
 
+import dataclasses
 import functools
+import json
+import math
 import os
-from typing import Any
+from typing import Any, Mapping
 
+from absl import logging
 from mlperf_logging import benchmark_meta
+from mlperf_logging import rcp_checker
 from mlperf_logging.mllog import constants as mllog_constants
 
 # Rulesets whose event sequence and disclosure keys `maxtext.mllog.logger`
@@ -115,3 +126,142 @@ def validate_submission(config: Any) -> None:
   _one_of("submission_status", config["submission_status"], STATUSES)
   _one_of("submission_benchmark", config["submission_benchmark"],
           benchmarks(ruleset))
+
+
+# --- Reference convergence points (the closed division's pre-flight) --------
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferencePoint:
+  """One reference convergence point of a benchmark, as the RCP data has it.
+
+  Attributes:
+    name: the record's name in the RCP file, e.g. "llama31_8b_ref_32".
+    batch_size: its global batch size ("BS").
+    hyperparameters: its "Hyperparams", keyed by MLPerf log key.
+  """
+  name: str
+  batch_size: int
+  hyperparameters: Mapping[str, Any]
+
+
+def rcp_file(ruleset: str, benchmark: str) -> str:
+  """The installed RCP checker's data file for a training benchmark."""
+  return os.path.join(os.path.dirname(rcp_checker.__file__),
+                      f"{_USAGE}_{ruleset}", f"rcps_{benchmark}.json")
+
+
+@functools.cache
+def reference_points(ruleset: str, benchmark: str
+                     ) -> tuple[ReferencePoint, ...]:
+  """The benchmark's reference points, smallest batch first.
+
+  Args:
+    ruleset: a training ruleset, e.g. "6.1.0".
+    benchmark: a benchmark of that ruleset, e.g. "llama31_8b".
+
+  Raises:
+    FileNotFoundError: the installed package has no RCP data for them.
+  """
+  with open(rcp_file(ruleset, benchmark), encoding="utf-8") as f:
+    records = json.load(f)
+  points = [ReferencePoint(name, int(record["BS"]),
+                           dict(record.get("Hyperparams", {})))
+            for name, record in records.items()]
+  return tuple(sorted(points, key=lambda p: p.batch_size))
+
+
+def _reference_mismatches(config: Any, point: ReferencePoint,
+                          where: str) -> list[str]:
+  """The learning rate and warm-up of `config` that differ from `point`'s."""
+  batch = config["global_batch_size"]
+  stated = point.hyperparameters
+  problems = []
+  if "opt_base_learning_rate" in stated:
+    reference = float(stated["opt_base_learning_rate"])
+    if not math.isclose(config["learning_rate"], reference, rel_tol=1e-6):
+      problems.append(
+          f"config.learning_rate={config['learning_rate']!r} differs from the "
+          f"reference opt_base_learning_rate={reference!r} at "
+          f"global_batch_size={batch} ({where})")
+  warmup = config["warmup_steps"]
+  if "opt_learning_rate_warmup_samples" in stated:
+    reference = int(stated["opt_learning_rate_warmup_samples"])
+    # Warm-up is whole steps: a reference that is not a multiple of the batch
+    # is met by the whole number of steps either side of it.
+    if abs(warmup * batch - reference) >= batch:
+      problems.append(
+          f"config.warmup_steps={warmup} is {warmup * batch} warm-up samples "
+          f"at global_batch_size={batch}; the reference "
+          f"opt_learning_rate_warmup_samples is {reference} "
+          f"(warmup_steps={reference / batch:g}) ({where})")
+  if "opt_learning_rate_warmup_steps" in stated:
+    reference = int(stated["opt_learning_rate_warmup_steps"])
+    if warmup != reference:
+      problems.append(
+          f"config.warmup_steps={warmup} differs from the reference "
+          f"opt_learning_rate_warmup_steps={reference} at "
+          f"global_batch_size={batch} ({where})")
+  return problems
+
+
+def reference_mismatches(config: Any) -> list[str]:
+  """How a config departs from its benchmark's reference convergence points.
+
+  Gradient accumulation is not compared: the closed rules only require it to
+  be positive. Between two reference batch sizes the RCP data states no
+  hyperparameters (the RCP checker interpolates only the convergence), so only
+  the batch range is checked there.
+
+  Args:
+    config: a ConfigDict or dict with `mllog_ruleset`, `submission_benchmark`,
+      `global_batch_size`, `learning_rate` and `warmup_steps`.
+
+  Returns:
+    One message per mismatch, each naming the config field, its value, the
+    reference value and the RCP file; empty when the config agrees.
+  """
+  ruleset = config["mllog_ruleset"]
+  benchmark = config["submission_benchmark"]
+  path = rcp_file(ruleset, benchmark)
+  try:
+    points = reference_points(ruleset, benchmark)
+  except FileNotFoundError:
+    return [f"the installed mlperf_logging has no reference convergence "
+            f"points for {benchmark} in ruleset {ruleset} ({path} is "
+            f"missing), so the RCP checker cannot judge the run"]
+  batch = config["global_batch_size"]
+  low, high = points[0].batch_size, points[-1].batch_size
+  if not low <= batch <= high:
+    return [f"config.global_batch_size={batch} is outside the {benchmark} "
+            f"reference convergence points' batch sizes [{low}, {high}] "
+            f"({[p.batch_size for p in points]} in {path})"]
+  for point in points:
+    if point.batch_size == batch:
+      return _reference_mismatches(config, point, f"{point.name} in {path}")
+  return []
+
+
+def check_reference_hyperparameters(config: Any) -> None:
+  """The closed-division pre-flight: refuses a config off the reference.
+
+  See `reference_mismatches` for what is compared. In the closed division a
+  mismatch is an error; in the open division each one is a warning.
+
+  Args:
+    config: as for `reference_mismatches`, plus `submission_division`.
+
+  Raises:
+    ValueError: closed division and the config departs from the reference;
+      the message names each field, value, reference and the RCP file.
+  """
+  problems = reference_mismatches(config)
+  if not problems:
+    return
+  if config["submission_division"] == mllog_constants.CLOSED:
+    raise ValueError(
+        "closed-division pre-flight against the reference convergence "
+        "points: " + "; ".join(problems) +
+        " (submission_division='open' runs it anyway, with warnings)")
+  for problem in problems:
+    logging.warning("MLPerf open division: %s", problem)

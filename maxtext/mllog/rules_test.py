@@ -5,6 +5,8 @@ import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import mlperf_logging
+from mlperf_logging.rcp_checker import rcp_checker
 import yaml
 
 from maxtext.mllog import rules
@@ -98,6 +100,142 @@ class RulesTest(parameterized.TestCase):
   def test_org_of_wrong_type_raises_type_error(self):
     with self.assertRaisesRegex(TypeError, "config.submission_org=3"):
       rules.validate_submission(_submission(submission_org=3))
+
+
+def _run_config(**overrides):
+  """The fields the RCP pre-flight reads: closed llama31_8b at batch 32."""
+  values = _submission(submission_division="closed", global_batch_size=32,
+                       learning_rate=8e-4, warmup_steps=128)
+  values.update(overrides)
+  return values
+
+
+def _at_point(point, **overrides):
+  """A closed config with `point`'s batch, learning rate and warm-up."""
+  stated = point.hyperparameters
+  values = _run_config(
+      global_batch_size=point.batch_size,
+      learning_rate=stated["opt_base_learning_rate"],
+      warmup_steps=round(stated["opt_learning_rate_warmup_samples"] /
+                         point.batch_size))
+  values.update(overrides)
+  return values
+
+
+_LLAMA_POINTS = rules.reference_points("6.1.0", "llama31_8b")
+
+
+class ReferencePointsTest(parameterized.TestCase):
+
+  def test_data_is_the_installed_packages_not_a_copy(self):
+    path = rules.rcp_file("6.1.0", "llama31_8b")
+    package = os.path.dirname(os.path.abspath(mlperf_logging.__file__))
+    self.assertTrue(os.path.abspath(path).startswith(package + os.sep), path)
+    self.assertTrue(os.path.isfile(path), path)
+
+  def test_every_benchmark_has_reference_points(self):
+    for ruleset in rules.rulesets():
+      for benchmark in rules.benchmarks(ruleset):
+        with self.subTest(ruleset=ruleset, benchmark=benchmark):
+          self.assertNotEmpty(rules.reference_points(ruleset, benchmark))
+
+  def test_points_are_those_the_rcp_checker_reads(self):
+    for ruleset in rules.rulesets():
+      checker = rcp_checker.RCP_Checker("training", ruleset, "llama31_8b",
+                                        verbose=False)
+      official = {name: (record["BS"], record["Hyperparams"])
+                  for name, record in checker.rcp_data.items()}
+      ours = {p.name: (p.batch_size, dict(p.hyperparameters))
+              for p in rules.reference_points(ruleset, "llama31_8b")}
+      self.assertEqual(official, ours)
+      self.assertEqual(
+          [p.batch_size for p in rules.reference_points(ruleset,
+                                                        "llama31_8b")],
+          sorted(bs for bs, _ in official.values()))
+
+  @parameterized.named_parameters(
+      (f"bs{p.batch_size}", p) for p in _LLAMA_POINTS)
+  def test_closed_config_at_a_reference_point_passes(self, point):
+    config = _at_point(point, gradient_accumulation_steps=1)
+    self.assertEqual(rules.reference_mismatches(config), [])
+    rules.check_reference_hyperparameters(config)
+
+  def test_reference_batch_32_is_what_llama31_8b_states(self):
+    point = next(p for p in _LLAMA_POINTS if p.batch_size == 32)
+    self.assertEqual(point.hyperparameters["opt_base_learning_rate"], 8e-4)
+    self.assertEqual(
+        point.hyperparameters["opt_learning_rate_warmup_samples"], 128 * 32)
+
+  def test_batch_between_reference_points_passes(self):
+    low, high = _LLAMA_POINTS[0].batch_size, _LLAMA_POINTS[1].batch_size
+    self.assertGreater(high - low, 1)
+    rules.check_reference_hyperparameters(
+        _run_config(global_batch_size=low + 1, learning_rate=1.0))
+
+  @parameterized.named_parameters(("below", -1), ("above", +1))
+  def test_batch_outside_the_range_is_refused_in_closed(self, side):
+    low, high = _LLAMA_POINTS[0].batch_size, _LLAMA_POINTS[-1].batch_size
+    batch = low - 1 if side < 0 else high + 1
+    pattern = (f"config.global_batch_size={batch} is outside .* "
+               f"\\[{low}, {high}\\].*"
+               f"{re.escape(rules.rcp_file('6.1.0', 'llama31_8b'))}")
+    with self.assertRaisesRegex(ValueError, pattern):
+      rules.check_reference_hyperparameters(
+          _run_config(global_batch_size=batch))
+
+  def test_batch_outside_the_range_is_a_warning_in_open(self):
+    config = _run_config(submission_division="open", global_batch_size=8)
+    with self.assertLogs(level="WARNING") as logs:
+      rules.check_reference_hyperparameters(config)
+    self.assertLen(logs.records, 1)
+    self.assertIn("config.global_batch_size=8", logs.output[0])
+    self.assertIn("rcps_llama31_8b.json", logs.output[0])
+
+  def test_learning_rate_off_the_reference_is_refused_in_closed(self):
+    with self.assertRaisesRegex(
+        ValueError, r"config.learning_rate=0.001 differs from the reference "
+        r"opt_base_learning_rate=0.0008 at global_batch_size=32 "
+        r"\(llama31_8b_ref_32 in .*rcps_llama31_8b.json\)"):
+      rules.check_reference_hyperparameters(_run_config(learning_rate=1e-3))
+
+  def test_learning_rate_off_the_reference_is_a_warning_in_open(self):
+    with self.assertLogs(level="WARNING") as logs:
+      rules.check_reference_hyperparameters(
+          _run_config(submission_division="open", learning_rate=1e-3))
+    self.assertLen(logs.records, 1)
+    self.assertIn("config.learning_rate=0.001", logs.output[0])
+
+  def test_warmup_off_the_reference_is_refused_in_closed(self):
+    with self.assertRaisesRegex(
+        ValueError, r"config.warmup_steps=100 is 3200 warm-up samples .*"
+        r"opt_learning_rate_warmup_samples is 4096 \(warmup_steps=128\)"):
+      rules.check_reference_hyperparameters(_run_config(warmup_steps=100))
+
+  def test_warmup_not_a_multiple_of_the_batch_takes_either_whole_step(self):
+    point = next(p for p in _LLAMA_POINTS
+                 if p.hyperparameters["opt_learning_rate_warmup_samples"]
+                 % p.batch_size)
+    samples = point.hyperparameters["opt_learning_rate_warmup_samples"]
+    below = samples // point.batch_size
+    for steps, ok in ((below - 1, False), (below, True), (below + 1, True),
+                      (below + 2, False)):
+      with self.subTest(warmup_steps=steps):
+        problems = rules.reference_mismatches(
+            _at_point(point) | {"warmup_steps": steps})
+        self.assertEqual(not problems, ok, problems)
+
+  def test_all_mismatches_are_named_at_once(self):
+    with self.assertRaises(ValueError) as raised:
+      rules.check_reference_hyperparameters(
+          _run_config(learning_rate=1e-3, warmup_steps=1))
+    self.assertIn("config.learning_rate", str(raised.exception))
+    self.assertIn("config.warmup_steps", str(raised.exception))
+
+  def test_benchmark_without_rcp_data_is_named(self):
+    with self.assertRaisesRegex(ValueError, "no reference convergence points "
+                                "for no_such_benchmark"):
+      rules.check_reference_hyperparameters(
+          _run_config(submission_benchmark="no_such_benchmark"))
 
 
 if __name__ == "__main__":
