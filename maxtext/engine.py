@@ -12,18 +12,31 @@ jitted dispatch each) followed by one `update()`:
   also measures the mean gradient: its global norm, whether it is finite, and
   the learning rate; these `learning_rate`, `grad_norm` and `step_skipped`
   values are buffered packed, like the micro-batch metrics.
-* `update()` dispatches the flush's concatenation, then the optimizer apply
+* `update()` flushes the recorder (one concatenation and one transfer for
+  the whole step, update metrics included) and dispatches the optimizer apply
   (which clips the mean gradient to `grad_clip_norm` with the norm already
-  measured), then flushes the recorder: one concatenation and one transfer for
-  the whole step, update metrics included. The device runs the apply while the
-  host sorts the metrics. The apply's result replaces parameters and optimizer
-  state only when the flush succeeded and its `step_skipped` says the
-  gradients were finite; a value that cannot be fetched raises with nothing
-  changed, and a non-finite step keeps the old state. `update()` advances
-  `step` and returns the step's flushed `MetricsBuffer` without waiting for
-  the apply, so the host prepares the next step while the device runs it.
-  Parameters and optimizer state are not donated to the apply: both versions
-  exist until the flush has decided, the price of keeping the device busy.
+  measured). A value that cannot be fetched raises with nothing changed, and
+  a non-finite step keeps the old state. `update()` advances `step` and
+  returns the step's flushed `MetricsBuffer` without waiting for the apply,
+  so the host prepares the next step while the device runs it.
+
+Two ways to keep that contract (`donate_state`):
+
+* True (the default): one copy of the training state. The flush runs first;
+  only once it has succeeded is the apply dispatched, with parameters and
+  optimizer state donated, so XLA updates them in place. The apply itself
+  reads the step's `step_skipped` flag and writes the old values back when
+  the gradients were not finite. The device waits for the host's flush
+  between the last micro-batch and the apply.
+* False: the apply is dispatched before the flush, without donation, and its
+  result is kept only once the flush has succeeded and says the gradients
+  were finite. The device runs the apply while the host sorts the metrics,
+  but both versions of the state exist until the flush has decided: one
+  more copy of parameters and optimizer state at every update.
+
+`lower(micro_batch)` lowers the engine's own programs for ahead-of-time
+compilation; an engine built on abstract parameters (`ShapeDtypeStruct`s)
+allocates nothing and can only be lowered (`tools/benchmarks/memory_bench`).
 
 Metric names follow `record_metrics`: nested dicts become `name/sub`; None
 values, the key `intermediate_outputs` and tuple/list values are skipped. The
@@ -96,7 +109,8 @@ class Engine:
                *,
                param_shardings=None,
                batch_sharding=None,
-               grad_clip_norm: float = 0.0):
+               grad_clip_norm: float = 0.0,
+               donate_state: bool = True):
     """Creates the engine and the optimizer state.
 
     Args:
@@ -117,6 +131,10 @@ class Engine:
         norm before the optimizer sees it, using the norm the last micro-batch
         measured (one pass over the gradients for both the metric and the
         clipping); `optimizer` should then not clip again. 0 = no clipping.
+      donate_state: True = one copy of parameters and optimizer state (the
+        apply donates them, dispatched after the flush); False = the apply
+        runs during the flush and both versions exist until it has decided
+        (see the module docstring).
 
     Raises:
       TypeError/ValueError: on bad arguments.
@@ -143,6 +161,8 @@ class Engine:
         not grad_clip_norm >= 0 or grad_clip_norm == float("inf")):
       raise ValueError("grad_clip_norm must be a finite number >= 0; got "
                        f"{grad_clip_norm!r}")
+    if not isinstance(donate_state, bool):
+      raise TypeError(f"donate_state must be a bool; got {donate_state!r}")
     if (param_shardings is None) != (batch_sharding is None):
       raise ValueError("param_shardings and batch_sharding must be given "
                        "together (or neither)")
@@ -153,6 +173,7 @@ class Engine:
     self._recorder = recorder
     self._k = int(gradient_accumulation_steps)
     self._clip = float(grad_clip_norm)
+    self._donate = donate_state
     self._update_packed = None  # The update's metrics, from the last micro-batch.
     self._param_shardings = param_shardings
     self._batch_sharding = batch_sharding
@@ -162,9 +183,20 @@ class Engine:
     self._traced_names = None
     self._trace_count = 0
 
+    # Abstract parameters (ShapeDtypeStructs): the engine only lowers its
+    # programs (`lower`); nothing is allocated.
+    self._abstract = all(isinstance(x, jax.ShapeDtypeStruct)
+                         for x in jax.tree_util.tree_leaves(params))
     if param_shardings is not None:
-      params = jax.device_put(params, param_shardings)
+      if self._abstract:
+        params = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            params, param_shardings)
+      else:
+        params = jax.device_put(params, param_shardings)
     self._params = params
+    init = (lambda fn, *args: jax.eval_shape(fn, *args)) if self._abstract else (
+        lambda fn, *args: fn(*args))
     if param_shardings is not None:
       # The optimizer state's copies of the parameter tree (e.g. Adam's moments)
       # take the parameters' shardings; its other leaves (step counts) are
@@ -175,10 +207,10 @@ class Engine:
           optimizer, lambda _, sharding: sharding,
           jax.eval_shape(optimizer.init, params), param_shardings,
           transform_non_params=lambda _: replicated)
-      self._opt_state = jax.jit(optimizer.init,
-                                out_shardings=opt_shardings)(params)
+      self._opt_state = init(jax.jit(optimizer.init,
+                                     out_shardings=opt_shardings), params)
     else:
-      self._opt_state = jax.jit(optimizer.init)(params)
+      self._opt_state = init(jax.jit(optimizer.init), params)
     self._build_jitted()
     # The gradient sum of the running step; None between steps.
     self._grad_acc = None
@@ -238,7 +270,16 @@ class Engine:
             lambda g: jnp.where(keep, g, (g / norm.astype(g.dtype)) * self._clip),
             grads)
       updates, new_opt = self._optimizer.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), new_opt
+      new_params = optax.apply_updates(params, updates)
+      if self._donate:
+        # The state is donated, so a step whose gradients were not finite
+        # (update_packed[2], the flushed `step_skipped`) writes the old
+        # values back. Element-wise, it fuses into the update: no copy.
+        skip = update_packed[2] > 0
+        new_params, new_opt = jax.tree.map(
+            lambda new, old: jnp.where(skip, old, new), (new_params, new_opt),
+            (params, opt_state))
+      return new_params, new_opt
 
     def eval_loss(params, batch):
       return self._loss_fn(params, batch)[0]
@@ -248,6 +289,16 @@ class Engine:
     # number and returns the update's metrics. Donating the accumulator lets
     # XLA add into it in place.
     first_fn = lambda params, micro_batch: fwd_bwd(params, None, micro_batch)
+    # Without donation, parameters and optimizer state stay valid until the
+    # flush that follows the apply's dispatch has succeeded.
+    donate = (0, 1) if self._donate else ()
+    # A discarded update (`update(discard=True)`) runs the same apply with
+    # the skip flag set.
+    if explicit:
+      self._force_skip = jax.jit(lambda packed: packed.at[2].set(1.0),
+                                 in_shardings=rep, out_shardings=rep)
+    else:
+      self._force_skip = jax.jit(lambda packed: packed.at[2].set(1.0))
     first_last_fn = lambda params, micro_batch, step: fwd_bwd_last(
         params, None, micro_batch, step)
     if explicit:
@@ -263,10 +314,9 @@ class Engine:
                                  in_shardings=(ps, ps, bs, rep),
                                  out_shardings=(ps, rep, rep, rep)),
       }
-      # The parameters and optimizer state are not donated: they stay valid
-      # until the flush that follows the apply's dispatch has succeeded.
       self._apply = jax.jit(apply, in_shardings=(ps, opt_shardings, ps, rep),
-                            out_shardings=(ps, opt_shardings))
+                            out_shardings=(ps, opt_shardings),
+                            donate_argnums=donate)
       self._eval = jax.jit(eval_loss, in_shardings=(ps, bs),
                            out_shardings=rep)
     else:
@@ -276,7 +326,7 @@ class Engine:
           (True, True): jax.jit(first_last_fn),
           (False, True): jax.jit(fwd_bwd_last, donate_argnums=(1,)),
       }
-      self._apply = jax.jit(apply)
+      self._apply = jax.jit(apply, donate_argnums=donate)
       self._eval = jax.jit(eval_loss)
 
   @staticmethod
@@ -330,6 +380,7 @@ class Engine:
     Raises:
       ValueError: if K micro-batches already ran since the last update().
     """
+    self._check_concrete("fwd_bwd")
     if self._micro >= self._k:
       raise ValueError(
           f"fwd_bwd called {self._micro + 1} times in step {self._step}, but "
@@ -373,9 +424,15 @@ class Engine:
     for full_name, leaf in flatten_metrics(name, value):
       self._recorder.buffer_metrics(self._step, full_name, leaf)
 
-  def update(self) -> metrics_recorder.MetricsBuffer:
-    """Runs the optimizer and flushes the step's metrics; keeps the result
+  def update(self, *, discard: bool = False
+             ) -> metrics_recorder.MetricsBuffer:
+    """Flushes the step's metrics and runs the optimizer; keeps its result
     only if the flush succeeded and the gradients were finite.
+
+    Args:
+      discard: run the same programs but keep parameters and optimizer state
+        as they were, as for a step with non-finite gradients (the compile
+        warm-up before a run's timed region); the step counter advances.
 
     Returns:
       The step's flushed MetricsBuffer (micro-batch metrics plus
@@ -390,28 +447,42 @@ class Engine:
       raise ValueError(
           f"update() after {self._micro} micro-batches in step {self._step}; "
           f"gradient_accumulation_steps is {self._k}")
-    # The optimizer is dispatched before the flush waits for anything, so the
-    # device goes from the last micro-batch straight on to the optimizer while
-    # the host fetches and sorts the step's metrics. Its result is kept only
-    # once the flush has succeeded and says the gradients were finite:
-    # parameters and optimizer state are not donated, so until then they are
-    # untouched, and so are the accumulator and the step counter. The flush's
-    # own launches are dispatched first (prefetch), so on a device that runs
-    # programs in order the fetch does not wait for the optimizer.
+    packed = self._update_packed
+    if discard:
+      packed = self._force_skip(packed)
+    # The flush's own launches are dispatched first (prefetch), so on a
+    # device that runs programs in order the fetch does not wait for the
+    # optimizer.
     self._recorder.prefetch()
-    new_params, new_opt_state = self._apply(
-        self._params, self._opt_state, self._grad_acc, self._update_packed)
-    # A value that cannot be fetched raises here; the optimizer's result is
-    # dropped with nothing changed.
-    self._recorder.flush()
-    step = self._step
-    buffer = self._recorder.get_step_metrics(step)
-    # A step with non-finite gradients keeps the old parameters and optimizer
-    # state. The flag comes from the global gradient norm, the same on every
-    # process, so all processes keep or drop the step alike (and all ran the
-    # same programs).
-    if not buffer.scalar_metrics["step_skipped"][-1] > 0:
-      self._params, self._opt_state = new_params, new_opt_state
+    if self._donate:
+      # The flush decides before anything is donated: a value that cannot be
+      # fetched raises here with nothing changed. The apply then updates the
+      # state in place, and writes the old values back itself when the
+      # step's gradients were not finite (its `step_skipped` flag).
+      self._recorder.flush()
+      self._params, self._opt_state = self._apply(
+          self._params, self._opt_state, self._grad_acc, packed)
+      buffer = self._recorder.get_step_metrics(self._step)
+    else:
+      # The optimizer is dispatched before the flush waits for anything, so
+      # the device goes from the last micro-batch straight on to the
+      # optimizer while the host fetches and sorts the step's metrics. Its
+      # result is kept only once the flush has succeeded and says the
+      # gradients were finite: parameters and optimizer state are not
+      # donated, so until then they are untouched, and so are the
+      # accumulator and the step counter.
+      new_params, new_opt_state = self._apply(
+          self._params, self._opt_state, self._grad_acc, packed)
+      # A value that cannot be fetched raises here; the optimizer's result
+      # is dropped with nothing changed.
+      self._recorder.flush()
+      buffer = self._recorder.get_step_metrics(self._step)
+      # A step with non-finite gradients keeps the old parameters and
+      # optimizer state. The flag comes from the global gradient norm, the
+      # same on every process, so all processes keep or drop the step alike
+      # (and all ran the same programs).
+      if not discard and not buffer.scalar_metrics["step_skipped"][-1] > 0:
+        self._params, self._opt_state = new_params, new_opt_state
     self._grad_acc = None  # The next step's first micro-batch starts anew.
     self._update_packed = None
     self._step += 1
@@ -420,7 +491,58 @@ class Engine:
 
   def eval_step(self, batch) -> jax.Array:
     """The mean loss of `batch` with the current parameters (no gradients)."""
+    self._check_concrete("eval_step")
     return self._eval(self._params, batch)
+
+  # -- ahead-of-time compilation -------------------------------------------
+
+  def _check_concrete(self, what: str) -> None:
+    if self._abstract:
+      raise RuntimeError(f"{what}() on an engine built on abstract parameters "
+                         "(ShapeDtypeStructs); such an engine can only lower "
+                         "its programs")
+
+  def lower(self, micro_batch) -> dict[str, jax.stages.Lowered]:
+    """Lowers the programs one training step runs, without running them.
+
+    Args:
+      micro_batch: a micro-batch pytree of arrays or `jax.ShapeDtypeStruct`s
+        (the shapes are what matter; nothing is read).
+
+    Returns:
+      name -> `jax.stages.Lowered`, in the order a step runs them: the
+      micro-step variants this K uses ("micro_step_first_last" for K = 1;
+      "micro_step_first", "micro_step" (K > 2), "micro_step_last"
+      otherwise), then "apply" (the optimizer update, donating parameters
+      and optimizer state when `donate_state`). `.compile()` on each gives
+      its `memory_analysis()` and `cost_analysis()`.
+    """
+    abstract = lambda tree: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                       sharding=getattr(x, "sharding", None)),
+        tree)
+    params, opt_state = abstract(self._params), abstract(self._opt_state)
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         micro_batch)
+    step = jax.ShapeDtypeStruct((), jnp.int32)
+    grad_acc, _, _ = jax.eval_shape(self._micro_fns[(True, False)], params,
+                                    batch)
+    if self._param_shardings is not None:
+      grad_acc = jax.tree.map(
+          lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+          grad_acc, self._param_shardings)
+    variants = [("micro_step_first_last", (True, True))] if self._k == 1 else (
+        [("micro_step_first", (True, False))] +
+        ([("micro_step", (False, False))] if self._k > 2 else []) +
+        [("micro_step_last", (False, True))])
+    lowered = {}
+    for name, (first, last) in variants:
+      args = (params,) + (() if first else (grad_acc,)) + (batch,) + (
+          (step,) if last else ())
+      lowered[name] = self._micro_fns[(first, last)].lower(*args)
+    packed = jax.ShapeDtypeStruct((len(_UPDATE_NAMES),), jnp.float32)
+    lowered["apply"] = self._apply.lower(params, opt_state, grad_acc, packed)
+    return lowered
 
   def close(self) -> None:
     """Drops the recorder's buffers."""
@@ -435,6 +557,11 @@ class Engine:
   @property
   def opt_state(self):
     return self._opt_state
+
+  @property
+  def donates_state(self) -> bool:
+    """Whether the apply donates parameters and optimizer state."""
+    return self._donate
 
   @property
   def step(self) -> int:

@@ -34,9 +34,11 @@ def warm_up(state, steps: int) -> float:
     return 0.0
   start = time.monotonic()
   engine, config = state.engine, state.config
-  # update() does not donate parameters or optimizer state, so these arrays
-  # stay valid while the warm-up steps replace the engine's own.
-  saved = engine.state
+  # The warm-up's updates are discarded: they run the same programs as real
+  # steps, but parameters and optimizer state keep their values (in place
+  # when the engine donates them, so the warm-up needs no second copy of the
+  # state). Only the step counter advances; it is set back at the end.
+  step = engine.step
   train, evaluation = data.placeholder_batches(
       config, jax.process_index(), jax.process_count())
   micro_batches = [mesh_lib.global_batch(micro, state.setup.batch_sharding)
@@ -45,10 +47,11 @@ def warm_up(state, steps: int) -> float:
   for _ in range(steps):
     for micro in micro_batches:
       engine.fwd_bwd(micro)
-    engine.update()
+    engine.update(discard=True)
   loss = engine.eval_step(mesh_lib.global_batch(
       evaluation, state.setup.batch_sharding))
-  jax.block_until_ready((loss, engine.state))
+  jax.block_until_ready((loss, engine.params, engine.opt_state))
   engine.recorder.cleanup()
-  engine.set_state(saved)
+  engine.set_state({"params": engine.params, "opt_state": engine.opt_state,
+                    "step": step})
   return time.monotonic() - start
