@@ -43,10 +43,12 @@ How they interleave (`--pairing`):
            the benchmark), but drifts between blocks add noise.
 
 The table shows every round, the summary the median ratio over rounds with
-its spread (min, max). Tokens/s is the trainer's; MFU is (6 x matmul
-parameters x tokens + attention FLOPs) per second over the devices' peak from
-`_PEAK_FLOPS` (dense bf16 peaks; "n/a" where the device kind is not listed, as
-on a CPU). The last line is:
+its spread (min, max). Tokens/s, TFLOP/s per device and MFU are the
+trainer's, from `maxtext.metrics.throughput` (the same figures the console,
+`metrics.jsonl` and the MLPerf log report): model FLOPs per token 6 x matmul
+parameters + full-sequence attention, over the devices' dense peak for the
+config's compute dtype; MFU "n/a" where no peak is known, as on a CPU. The
+last line is:
 
   engine_bench: ratio=R tokens_per_s=T
 """
@@ -71,6 +73,7 @@ from maxtext import model
 from maxtext import model_setup
 from maxtext import optimizer as optimizer_lib
 from maxtext import trainer
+from maxtext.metrics import throughput
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -85,28 +88,6 @@ _PAIRING = flags.DEFINE_enum("pairing", "step", ["step", "block"],
                              "Interleave single steps or whole blocks (see above).")
 _WARMUP = flags.DEFINE_integer("warmup_steps", 3,
                                "Steps left out at the start of every block.")
-
-# Peak dense bf16 FLOP/s per device, by `jax.Device.device_kind`.
-_PEAK_FLOPS = {
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5": 459e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12,
-    "NVIDIA A100-SXM4-40GB": 312e12,
-    "NVIDIA A100-SXM4-80GB": 312e12,
-    "NVIDIA H100 80GB HBM3": 989e12,
-    "NVIDIA H200": 989e12,
-}
-
-
-def peak_flops(devices) -> float | None:
-  """Summed peak FLOP/s of `devices`, or None if any kind is unknown."""
-  peaks = [_PEAK_FLOPS.get(d.device_kind) for d in devices]
-  return None if None in peaks else float(sum(peaks))
-
 
 class BareLoop:
   """The least a training step does: K micro-steps, one update, one loss fetch."""
@@ -235,8 +216,10 @@ def main(argv):
     config.jax_compilation_cache_dir = os.path.join(output_dir, "jax_cache")
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
-  tokens_per_step = config.global_batch_size * config.max_sequence_length
   devices = jax.devices()
+  run = throughput.StepThroughput.for_run(
+      config, [d.device_kind for d in devices])
+  tokens_per_step = run.tokens_per_step
   try:
     bare = BareLoop(config)
     bare.block(0, warmup)  # Compiles the bare loop's functions.
@@ -273,14 +256,15 @@ def main(argv):
   ratio = statistics.median(ratios)
   trainer_step = statistics.median(row[1] for row in rows)
   bare_step = statistics.median(row[2] for row in rows)
-  tokens_per_s = tokens_per_step / trainer_step
-  peak = peak_flops(devices)
-  flops_per_s = model.flops_per_token(config) * tokens_per_s
-  mfu = f"{flops_per_s / peak:.1%}" if peak else "n/a"
+  figures = run.figures(trainer_step)
+  tokens_per_s = figures[throughput.TOKENS_PER_SECOND_KEY]
+  mfu = (f"{figures[throughput.MFU_KEY]:.1%}"
+         if throughput.MFU_KEY in figures else "n/a")
   print(f"median ratio {ratio:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
         f"over {rounds} rounds")
   print(f"trainer: median step {trainer_step * 1e3:.2f} ms, {tokens_per_s:,.0f} "
-        f"tokens/s, {flops_per_s / 1e9:.2f} GFLOP/s, MFU {mfu}")
+        f"tokens/s, {figures[throughput.TFLOPS_PER_DEVICE_KEY]:.4g} TFLOP/s "
+        f"per device, MFU {mfu}")
   print(f"bare:    median step {bare_step * 1e3:.2f} ms, "
         f"{tokens_per_step / bare_step:,.0f} tokens/s")
   print(f"engine_bench: ratio={ratio:.3f} tokens_per_s={tokens_per_s:.0f}")
