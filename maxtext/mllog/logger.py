@@ -123,8 +123,10 @@ class MLLogger:
   Create it with `create_mllogger`. All methods are safe to call on a disabled
   logger. Writing is serialized by a reentrant lock, so `run_stop` may be
   called from a signal handler that interrupted another event. An `OSError`
-  while writing (disk full, ...) logs one warning and disables the logger; the
-  caller's training goes on.
+  while writing (disk full, ...) is raised to the caller, with the log's path
+  as its filename, and the logger is disabled: the log is incomplete from
+  there on, so the run must not pass for one with a log. (A signal handler
+  that calls `run_stop` catches it.)
   """
 
   def __init__(self, file: Optional[TextIO], path: Optional[str],
@@ -172,7 +174,12 @@ class MLLogger:
   def event(self, key: str, value: Any = None,
             metadata: Optional[Mapping[str, Any]] = None,
             event_type: str = POINT_IN_TIME) -> None:
-    """Writes one log line (any key); the named methods below call this."""
+    """Writes one log line (any key); the named methods below call this.
+
+    Raises:
+      OSError: the line could not be written; it names the log file. The
+        logger is disabled from then on.
+    """
     if self._file is None:
       return
     if event_type not in (INTERVAL_START, INTERVAL_END, POINT_IN_TIME):
@@ -206,9 +213,16 @@ class MLLogger:
         self._file.write(line)
         self._file.flush()
       except OSError as e:
-        logging.warning("MLPerf log %s: write failed (%s); MLPerf logging is "
-                        "disabled for the rest of this run.", self._path, e)
-        self._close_file()
+        # A run asked for an MLPerf log has lost it: that is the caller's
+        # failure to handle (the run listener stops the run after a
+        # checkpoint), not a warning. The file is let go first, so later
+        # events, `run_stop` included, do nothing.
+        file, self._file = self._file, None
+        try:
+          file.close()
+        except OSError:
+          pass  # Its buffered bytes hit the same error, raised below.
+        raise OSError(e.errno, e.strerror or str(e), self._path) from e
 
   # --- init phase ------------------------------------------------------------
 
@@ -358,6 +372,10 @@ class MLLogger:
 
     Returns:
       True if this call wrote `run_stop`.
+
+    Raises:
+      OSError: the line could not be written (see `event`); later calls
+        return False.
     """
     if status not in (SUCCESS, ABORTED):
       raise ValueError(f"run_stop status must be {SUCCESS!r} or {ABORTED!r},"

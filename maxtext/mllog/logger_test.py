@@ -1,5 +1,6 @@
 """Tests for mllog_utils: our logs, judged by the official checker."""
 
+import errno
 import json
 import logging as std_logging
 import os
@@ -314,6 +315,25 @@ class MllogUtilsTest(parameterized.TestCase):
         f"{re.escape(path)} cannot be created: {os_error}$"):
       mllog_utils.create_mllogger(config, path, process_index=0)
     self.assertEqual(os.listdir(self.dir), ["not_a_dir"])
+
+  def test_write_failure_is_raised_naming_the_log(self):
+    # /dev/full fails every write with a real ENOSPC.
+    if not os.path.exists("/dev/full"):
+      self.skipTest("needs /dev/full")
+    logger = mllog_utils.MLLogger(open("/dev/full", "w", encoding="utf-8"),
+                                  "/dev/full")
+    with self.assertRaises(OSError) as raised:
+      logger.run_start()
+    self.assertEqual(raised.exception.errno, errno.ENOSPC)
+    self.assertEqual(raised.exception.filename, "/dev/full")
+    self.assertRegex(str(raised.exception),
+                     r"^\[Errno 28\] No space left on device: '/dev/full'$")
+    # The log is lost from there on: later events, run_stop and close do
+    # nothing and raise nothing.
+    self.assertFalse(logger.enabled)
+    logger.block_start(8)
+    self.assertFalse(logger.run_stop(mllog_utils.ABORTED, 8))
+    logger.close()
 
   def test_run_stop_is_written_once(self):
     logger = mllog_utils.create_mllogger(
