@@ -2,7 +2,9 @@
 
 Inputs come from zipapp.bzl: a manifest of `short_path<TAB>exec_path` lines (one per
 runfile), the workspace name, the main file and the import paths (both relative to
-the runfiles root). The output is three parts back to back:
+the runfiles root), and `--file RUNFILES_PATH=EXEC_PATH` for files added to the
+runfiles or replacing one there (the stamped build_info.json). The output is three
+parts back to back:
 
   #!/usr/bin/env python3      the line that lets the file run as ./FILE
   payload zip                 runfiles/... (ZIP64 when it passes 4 GiB: CUDA wheels do)
@@ -100,8 +102,16 @@ def main():
   parser.add_argument("--main", required=True)
   parser.add_argument("--python_path", action="append", default=[])
   parser.add_argument("--manifest", required=True)
+  parser.add_argument("--file", action="append", default=[],
+                      help="RUNFILES_PATH=EXEC_PATH, added or replacing")
   args = parser.parse_args()
-  entries = _read_manifest(args.manifest, args.workspace)
+  entries = dict(_read_manifest(args.manifest, args.workspace))
+  for extra in args.file:
+    runfiles_path, sep, exec_path = extra.partition("=")
+    if not sep or not runfiles_path or not exec_path:
+      parser.error(f"--file {extra!r}: expected RUNFILES_PATH=EXEC_PATH")
+    entries[runfiles_path] = exec_path
+  entries = sorted(entries.items())
   if args.main not in dict(entries):
     parser.error(f"--main {args.main} is not among the runfiles")
   build(args.output, args.launcher, entries, args.main, args.python_path)

@@ -9,7 +9,14 @@ program in its own process, so signals such as SIGTERM reach the program directl
 
 `platform` ("cpu", "tpu", "gpu") builds the binary for that package set through a
 transition; empty keeps the build's own --//third_party/py:platform.
+
+A zipapp is a release file, so it is always stamped: `build_info` names the
+workspace path (e.g. "maxtext/build_info.json") where the build's revision goes
+(see build_info.bzl), replacing any unstamped or older one in the runfiles.
+Stamping reruns only this packing action when the revision changes.
 """
+
+load(":build_info.bzl", "STAMP_ATTRS", "write_build_info")
 
 _PLATFORM_FLAG = "//third_party/py:platform"
 
@@ -41,6 +48,16 @@ def _python_zipapp_impl(ctx):
     args.add("--workspace", ctx.workspace_name)
     args.add("--main", main)
     args.add_all(python_paths, before_each = "--python_path")
+    inputs = [ctx.file._launcher]
+    if ctx.attr.build_info:
+        stamp = ctx.actions.declare_file(ctx.label.name + ".build_info.json")
+        write_build_info(ctx, stamp)
+        inputs.append(stamp)
+        args.add("--file", "%s/%s=%s" % (
+            ctx.workspace_name,
+            ctx.attr.build_info,
+            stamp.path,
+        ))
     manifest = ctx.actions.args()
     manifest.add_all(runfiles, map_each = _manifest_line)
     manifest.use_param_file("--manifest=%s", use_always = True)
@@ -48,7 +65,7 @@ def _python_zipapp_impl(ctx):
     ctx.actions.run(
         executable = ctx.executable._builder,
         arguments = [args, manifest],
-        inputs = depset([ctx.file._launcher], transitive = [runfiles]),
+        inputs = depset(inputs, transitive = [runfiles]),
         outputs = [output],
         mnemonic = "PythonZipapp",
         progress_message = "Packing %s" % output.short_path,
@@ -58,7 +75,7 @@ def _python_zipapp_impl(ctx):
 python_zipapp = rule(
     implementation = _python_zipapp_impl,
     executable = True,
-    attrs = {
+    attrs = dict(STAMP_ATTRS, **{
         "binary": attr.label(
             mandatory = True,
             cfg = _platform_transition,
@@ -76,6 +93,10 @@ python_zipapp = rule(
             doc = "Package platform to build for; empty = the build's own.",
         ),
         "out": attr.string(doc = "Output file name; defaults to the target name."),
+        "build_info": attr.string(
+            default = "",
+            doc = "Workspace path of the stamped build_info.json; empty: none.",
+        ),
         "_builder": attr.label(
             default = "//tools/zipapp:build_zipapp",
             executable = True,
@@ -88,6 +109,6 @@ python_zipapp = rule(
         "_allowlist_function_transition": attr.label(
             default = "@bazel_tools//tools/allowlists/function_transition_allowlist",
         ),
-    },
+    }),
     doc = "A self-contained executable zip of a py_binary and its runfiles.",
 )
