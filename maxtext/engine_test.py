@@ -133,8 +133,9 @@ class EngineTest(parameterized.TestCase):
                                  [0.1 * (1 - step / 10)], rtol=1e-6)
     self.assertLess(float(eng.eval_step(probe)), 0.8 * before)
 
-  def test_non_finite_gradients_skip_the_step(self):
-    eng = make_engine()
+  @parameterized.named_parameters(("donating", True), ("overlapping", False))
+  def test_non_finite_gradients_skip_the_step(self, donate):
+    eng = make_engine(donate_state=donate)
     params0 = jax.tree.map(np.asarray, eng.params)
     opt0 = jax.tree.map(np.asarray, eng.opt_state)
     batches = make_batches(K)
@@ -154,8 +155,10 @@ class EngineTest(parameterized.TestCase):
     np.testing.assert_array_equal(buf.scalar_metrics["step_skipped"], [0.0])
     self.assertTrue(np.isfinite(buf.scalar_metrics["grad_norm"][0]))
 
-  def test_update_with_unconvertible_value_leaves_state_untouched(self):
-    eng = make_engine()
+  @parameterized.named_parameters(("donating", True), ("overlapping", False))
+  def test_update_with_unconvertible_value_leaves_state_untouched(self,
+                                                                  donate):
+    eng = make_engine(donate_state=donate)
     for b in make_batches(K):
       eng.fwd_bwd(b)
     doomed = jnp.float32(1.0)
@@ -175,6 +178,82 @@ class EngineTest(parameterized.TestCase):
     self.assertEqual(eng.micro_batches_done, K)
     self.assertEqual(eng.recorder.pending_count(), pending)
     self.assertEqual(eng.recorder._history[0].scalar_metrics, {})  # pylint: disable=protected-access
+
+  def test_default_update_donates_the_state(self):
+    eng = make_engine()
+    self.assertTrue(eng.donates_state)
+    params, opt_state = eng.params, eng.opt_state
+    for b in make_batches(K):
+      eng.fwd_bwd(b)
+    eng.update()
+    jax.block_until_ready(eng.params)
+    # One copy: the apply took the old buffers over.
+    self.assertTrue(params["w"].is_deleted())
+    self.assertTrue(all(x.is_deleted() for x in jax.tree.leaves(opt_state)
+                        if isinstance(x, jax.Array)))
+
+  def test_overlapping_update_keeps_the_old_state_alive(self):
+    eng = make_engine(donate_state=False)
+    params = eng.params
+    for b in make_batches(K):
+      eng.fwd_bwd(b)
+    eng.update()
+    self.assertFalse(params["w"].is_deleted())
+
+  def test_donating_and_overlapping_updates_train_alike(self):
+    results = []
+    for donate in (True, False):
+      eng = make_engine(donate_state=donate)
+      for step in range(3):
+        for b in make_batches(K, seed=step):
+          eng.fwd_bwd(b)
+        eng.update()
+      results.append(jax.tree.map(np.asarray, eng.state))
+    chex.assert_trees_all_close(results[0], results[1], rtol=1e-6)
+
+  @parameterized.named_parameters(("donating", True), ("overlapping", False))
+  def test_discarded_update_keeps_the_state(self, donate):
+    eng = make_engine(donate_state=donate)
+    params0 = jax.tree.map(np.asarray, eng.params)
+    opt0 = jax.tree.map(np.asarray, eng.opt_state)
+    for b in make_batches(K):
+      eng.fwd_bwd(b)
+    buf = eng.update(discard=True)
+    np.testing.assert_array_equal(buf.scalar_metrics["step_skipped"], [0.0])
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, eng.params), params0)
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, eng.opt_state), opt0)
+    self.assertEqual(eng.step, 1)
+    # The next, real, update trains.
+    for b in make_batches(K):
+      eng.fwd_bwd(b)
+    eng.update()
+    self.assertFalse(np.array_equal(np.asarray(eng.params["w"]),
+                                    params0["w"]))
+
+  @parameterized.named_parameters(("donating", True), ("overlapping", False))
+  def test_abstract_engine_lowers_the_step_without_allocating(self, donate):
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            make_params())
+    eng = engine_lib.Engine(
+        make_loss_fn(), abstract, optax.adam(0.05), 0.1, mr.MetricsRecorder(),
+        K, donate_state=donate)
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         make_batches(1)[0])
+    lowered = eng.lower(batch)
+    self.assertEqual(list(lowered), ["micro_step_first", "micro_step",
+                                     "micro_step_last", "apply"])
+    memory = lowered["apply"].compile().memory_analysis()
+    # The parameters and Adam's two moments (the count may stay apart).
+    state_bytes = 3 * sum(x.size * 4 for x in jax.tree.leaves(abstract))
+    if donate:
+      self.assertGreaterEqual(memory.alias_size_in_bytes, state_bytes)
+    else:
+      self.assertEqual(memory.alias_size_in_bytes, 0)
+    with self.assertRaisesRegex(RuntimeError, "abstract parameters"):
+      eng.fwd_bwd(make_batches(1)[0])
+    self.assertEqual(
+        list(make_engine(k=1).lower(batch)), ["micro_step_first_last",
+                                              "apply"])
 
   def test_micro_batch_count_must_match(self):
     eng = make_engine(k=2)
@@ -306,6 +385,7 @@ class EngineTest(parameterized.TestCase):
       ("infinite_clip", dict(grad_clip_norm=float("inf")), ValueError,
        "grad_clip_norm"),
       ("bool_clip", dict(grad_clip_norm=True), ValueError, "grad_clip_norm"),
+      ("int_donate", dict(donate_state=1), TypeError, "donate_state"),
   )
   def test_bad_arguments(self, kwargs, exc, pattern):
     with self.assertRaisesRegex(exc, pattern):
