@@ -47,6 +47,166 @@ def _tokens(config, batch=2, seed=0):
                      jnp.int32)
 
 
+def _batch(config, batch=2, weights=False):
+  out = {"inputs": _tokens(config, batch=batch, seed=1),
+         "targets": _tokens(config, batch=batch, seed=2)}
+  if weights:
+    rng = np.random.default_rng(3)
+    out["weights"] = jnp.asarray(
+        rng.integers(0, 2, (batch, config.max_sequence_length)), jnp.float32)
+  return out
+
+
+def _loss_and_grads(config, params, batch):
+  return jax.jit(jax.value_and_grad(
+      functools.partial(model.loss_fn, config=config), has_aux=True))(
+          params, batch)
+
+
+def _grad_temp_bytes(config, batch):
+  """Compiled (not run) temp bytes of the loss gradient at this shape."""
+  params = jax.eval_shape(
+      lambda: model.init_params(config, jax.random.PRNGKey(0)))
+  tokens = jax.ShapeDtypeStruct((batch, config.max_sequence_length),
+                                jnp.int32)
+  grad_fn = jax.jit(jax.grad(
+      lambda p, b: model.loss_fn(p, b, config)[0]))
+  compiled = grad_fn.lower(params, {"inputs": tokens,
+                                    "targets": tokens}).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+# (name, seq, heads, kv_heads, head_dim): grouped, one kv head, full heads;
+# sequence lengths that are no multiple of 8 or of the splash block.
+_ATTENTION_SHAPES = (
+    ("grouped", 16, 4, 2, 8),
+    ("one_kv_head", 13, 4, 1, 8),
+    ("full_heads", 9, 3, 3, 4),
+    ("wide_group", 24, 8, 2, 16),
+)
+
+
+class AttentionImplementationTest(parameterized.TestCase):
+
+  def _check_matches_einsum(self, implementation, seq, heads, kv_heads,
+                            head_dim):
+    reference = _tiny_config(max_sequence_length=seq, num_heads=heads,
+                             num_kv_heads=kv_heads, head_dim=head_dim,
+                             attention="einsum")
+    config = _tiny_config(max_sequence_length=seq, num_heads=heads,
+                          num_kv_heads=kv_heads, head_dim=head_dim,
+                          attention=implementation)
+    params = model.init_params(reference, jax.random.PRNGKey(4))
+    tokens = _tokens(reference, batch=2)
+    np.testing.assert_allclose(_jit_apply(config)(params, tokens),
+                               _jit_apply(reference)(params, tokens),
+                               rtol=1e-5, atol=1e-5)
+    batch = _batch(reference, weights=True)
+    (loss, _), grads = _loss_and_grads(config, params, batch)
+    (ref_loss, _), ref_grads = _loss_and_grads(reference, params, batch)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-6)
+
+  @parameterized.named_parameters(*_ATTENTION_SHAPES)
+  def test_dot_product_matches_einsum(self, seq, heads, kv_heads, head_dim):
+    self._check_matches_einsum("dot_product", seq, heads, kv_heads, head_dim)
+
+  # The Pallas kernel runs in interpret mode on the CPU (seconds per shape),
+  # so two shapes: one padded to a block, one spanning two blocks.
+  @parameterized.named_parameters(("one_kv_head_padded", 13, 4, 1, 8),
+                                  ("grouped_two_blocks", 130, 4, 2, 8))
+  def test_splash_matches_einsum(self, seq, heads, kv_heads, head_dim):
+    self._check_matches_einsum("splash", seq, heads, kv_heads, head_dim)
+
+  def test_auto_is_the_einsum_reference_on_cpu(self):
+    self.assertEqual(jax.default_backend(), "cpu")
+    config = _tiny_config()
+    self.assertEqual(config.attention, "auto")
+    self.assertEqual(model.attention_implementation(config), "einsum")
+    for name in ("einsum", "dot_product", "splash"):
+      config.attention = name
+      self.assertEqual(model.attention_implementation(config), name)
+
+  @parameterized.named_parameters(
+      ("cudnn_float32", "cudnn", "float32", "compute_dtype"),
+      ("cudnn_off_gpu", "cudnn", "bfloat16", "GPU backend"),
+      ("unknown", "flash", "float32", "must be one of"),
+  )
+  def test_refused_implementations(self, attention, compute_dtype, message):
+    config = _tiny_config(attention=attention, compute_dtype=compute_dtype)
+    with self.assertRaisesRegex(ValueError, f"attention.*{message}"):
+      model.attention_implementation(config)
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    with self.assertRaisesRegex(ValueError, message):
+      model.apply(params, _tokens(config), config)
+
+
+class RematTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(("full", "full"), ("save_dots", "save_dots"),
+                                  ("save_named", "save_named"))
+  def test_grads_match_no_remat(self, policy):
+    reference = _tiny_config(num_layers=3)
+    config = _tiny_config(num_layers=3, remat_policy=policy)
+    params = model.init_params(reference, jax.random.PRNGKey(5))
+    batch = _batch(reference, weights=True)
+    (loss, aux), grads = _loss_and_grads(config, params, batch)
+    (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    chex.assert_trees_all_close(aux, ref_aux, rtol=1e-6)
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
+
+  def test_unknown_policy_is_refused(self):
+    config = _tiny_config(remat_policy="some")
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    with self.assertRaisesRegex(ValueError, "remat_policy='some'"):
+      model.apply(params, _tokens(config), config)
+
+  def test_full_remat_compiles_to_less_temp_memory(self):
+    # Activations dominate: wide MLP, several layers, no big vocabulary.
+    kwargs = dict(num_layers=4, emb_dim=64, mlp_dim=512,
+                  max_sequence_length=64)
+    none = _grad_temp_bytes(_tiny_config(**kwargs), batch=8)
+    full = _grad_temp_bytes(_tiny_config(remat_policy="full", **kwargs),
+                            batch=8)
+    self.assertLess(full, none)
+
+
+class ChunkedLossTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("divides", 4), ("does_not_divide", 5), ("one", 1),
+      ("whole_sequence", 16), ("longer_than_sequence", 40))
+  def test_same_loss_accuracy_and_grads(self, chunk):
+    reference = _tiny_config()
+    config = _tiny_config(loss_chunk_size=chunk)
+    params = model.init_params(reference, jax.random.PRNGKey(6))
+    batch = _batch(reference, batch=3, weights=True)
+    (loss, aux), grads = _loss_and_grads(config, params, batch)
+    (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    np.testing.assert_allclose(aux["loss_sum"], ref_aux["loss_sum"],
+                               rtol=1e-6)
+    for key in ("num_tokens", "num_correct", "accuracy"):
+      self.assertEqual(float(aux[key]), float(ref_aux[key]), key)
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
+
+  def test_negative_chunk_is_refused(self):
+    config = _tiny_config(loss_chunk_size=-1)
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    with self.assertRaisesRegex(ValueError, "loss_chunk_size=-1"):
+      model.loss_fn(params, _batch(config), config)
+
+  def test_chunked_loss_compiles_to_less_temp_memory(self):
+    # Logits dominate: [4, 64, 4096] float32 is 4 MiB, the rest is small.
+    kwargs = dict(vocab_size=4096, num_layers=1, max_sequence_length=64)
+    whole = _grad_temp_bytes(_tiny_config(**kwargs), batch=4)
+    chunked = _grad_temp_bytes(_tiny_config(loss_chunk_size=8, **kwargs),
+                               batch=4)
+    self.assertLess(chunked, whole)
+    self.assertLess(chunked, 4 * 64 * 4096 * 4)
+
+
 class ModelTest(parameterized.TestCase):
 
   def test_param_shapes_and_dtype(self):
