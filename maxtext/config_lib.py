@@ -25,7 +25,7 @@ from maxtext.mllog import rules
 
 ALLOWED_DTYPES = ("float32", "bfloat16", "float16")
 DATASET_TYPES = ("synthetic", "tokens_file")
-HARDWARE = ("cpu", "tpu", "gpu")
+HARDWARE = ("auto", "cpu", "tpu", "gpu")
 
 # Expected Python type of every field: the type of its default in base.py, so
 # a field is declared once, there. `float` fields also take ints.
@@ -134,9 +134,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     # change the numerics of a float32 run.
     raise _fail("attention", "cudnn", "needs compute_dtype bfloat16 or "
                 "float16, got 'float32'")
-  if v["attention"] == "cudnn" and v["hardware"] != "gpu":
+  if v["attention"] == "cudnn" and v["hardware"] not in ("gpu", "auto"):
+    # With "auto", model.attention_implementation refuses a non-GPU backend.
     raise _fail("attention", "cudnn",
-                f"needs hardware='gpu', got {v['hardware']!r}")
+                f"needs hardware='gpu' or 'auto', got {v['hardware']!r}")
   _one_of(v, "remat_policy", ("none", "full", "save_dots", "save_named"))
   _at_least(v, "loss_chunk_size", 0)
 

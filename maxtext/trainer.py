@@ -70,13 +70,15 @@ class RunResult:
 
 def _check_hardware(config) -> None:
   """Logs the backend and devices; a missing accelerator is an error unless
-  allowed."""
+  allowed. hardware="auto" runs on whatever JAX found."""
   backend = jax.default_backend()
   devices = jax.devices()
-  logging.info("JAX backend %s: %d device(s) (%s), %d process(es).", backend,
-               len(devices), ", ".join(sorted({d.device_kind for d in devices})),
-               jax.process_count())
-  if config.hardware != backend:
+  logging.info("JAX backend %s: %d device(s) (%s), %d process(es)%s.",
+               backend, len(devices),
+               ", ".join(sorted({d.device_kind for d in devices})),
+               jax.process_count(),
+               " (hardware='auto')" if config.hardware == "auto" else "")
+  if config.hardware != "auto" and config.hardware != backend:
     if (config.hardware != "cpu" and backend == "cpu" and
         config.allow_cpu_fallback):
       logging.warning("hardware=%r requested but JAX found only the CPU; "

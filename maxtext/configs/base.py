@@ -178,10 +178,11 @@ def get_config() -> ml_collections.ConfigDict:
   # --------------------------------------------------------------- runtime
   # Persistent JAX compilation cache directory. "" = no persistent cache.
   config.jax_compilation_cache_dir = ""
-  # Accelerator the run expects: "cpu" | "tpu" | "gpu".
-  config.hardware = "cpu"
-  # When `hardware` is not present: True = warn and run on the CPU,
-  # False = stop with an error.
+  # Accelerator the run expects: "auto" (whatever JAX finds; the start-up log
+  # names it) | "cpu" | "tpu" | "gpu".
+  config.hardware = "auto"
+  # When `hardware` (not "auto") is not present: True = warn and run on the
+  # CPU, False = stop with an error.
   config.allow_cpu_fallback = False
 
   # ------------------------------------------------------------ MLPerf log
