@@ -124,6 +124,7 @@ def run(config, *, config_filename: str = "unknown",
       was written first.
   """
   config_lib.validate(config)
+  config = run_dir_lib.with_input_paths_resolved(config)
   preflight.check(config)
   distributed.initialize(config)
   if config.jax_compilation_cache_dir:

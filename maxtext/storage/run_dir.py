@@ -17,13 +17,13 @@ import json
 import os
 import secrets
 import string
-import subprocess
 import tempfile
 from typing import Any, Mapping, Optional
 
 import jax
 
 from maxtext import config_lib
+from maxtext.storage import build_info
 from maxtext.storage import gcs_mirror
 
 # The workspace root: this file is maxtext/storage/run_dir.py.
@@ -48,6 +48,35 @@ def resolve_local_path(path: str, environ: Mapping[str, str] = os.environ) -> st
   if not os.path.isabs(path):
     path = os.path.join(environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd(), path)
   return os.path.normpath(path)
+
+
+# Config fields naming files the run reads. Output locations are resolved
+# where the run directory is laid out (`make_run_paths`).
+INPUT_PATH_FIELDS = ("train_data_path", "eval_data_path",
+                     "load_parameters_path")
+
+
+def with_input_paths_resolved(config, environ: Mapping[str, str] = os.environ):
+  """A copy of `config` whose relative input paths are absolute.
+
+  Relative paths are the caller's: under `bazel run` the process starts in
+  the runfiles tree, and BUILD_WORKING_DIRECTORY names where the command was
+  typed (see `resolve_local_path`). gs:// paths and empty fields stay as they
+  are. The config's lock state is kept.
+  """
+  updates = {}
+  for field in INPUT_PATH_FIELDS:
+    value = config[field]
+    if value and not gcs_mirror.is_gs_url(value):
+      resolved = resolve_local_path(value, environ)
+      if resolved != value:
+        updates[field] = resolved
+  if not updates:
+    return config
+  copy = config.copy_and_resolve_references()
+  with copy.unlocked():
+    copy.update(updates)
+  return copy
 
 
 _SUFFIX_CHARS = frozenset(string.ascii_lowercase + string.digits)
@@ -161,24 +190,6 @@ def make_run_paths(config, run_name: str,
                   checkpoint_dir=checkpoint_dir)
 
 
-def _git_revision(environ: Mapping[str, str]) -> str:
-  """The workspace's git revision ('+dirty' if modified), or 'unknown'."""
-  for directory in (environ.get("BUILD_WORKSPACE_DIRECTORY"),
-                    os.path.dirname(os.path.realpath(__file__))):
-    if not directory:
-      continue
-    try:
-      revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory,
-                                capture_output=True, text=True, timeout=10, check=True)
-      dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                             cwd=directory, capture_output=True, text=True, timeout=10,
-                             check=True)
-    except (OSError, subprocess.SubprocessError):
-      continue
-    return revision.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-  return "unknown"
-
-
 def _lock_hash() -> str:
   """'<lock file>:sha256:<hex>' of the dependency lock this program runs with."""
   for name in _LOCK_FILES:
@@ -191,10 +202,15 @@ def _lock_hash() -> str:
 
 
 def provenance(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-  """What produced this run: code revision, dependency lock, JAX and its devices."""
+  """What produced this run: code revision, dependency lock, JAX and its devices.
+
+  The revision is the one stamped into the binary at build time when it has
+  one, else git's at run time; `git_revision_source` says which
+  (`maxtext.storage.build_info`), `build_time_utc` when the stamp was made.
+  """
   devices = jax.devices()
   return {
-      "git_revision": _git_revision(environ),
+      **build_info.current(environ).provenance(),
       "requirements_lock": _lock_hash(),
       "jax_version": jax.__version__,
       "jax_backend": jax.default_backend(),

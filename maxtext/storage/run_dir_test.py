@@ -120,5 +120,27 @@ class ConfigJsonTest(absltest.TestCase):
     self.assertFalse(os.path.exists(path + ".tmp"))
 
 
+
+class InputPathsTest(absltest.TestCase):
+
+  def test_relative_inputs_resolve_against_the_callers_directory(self):
+    config = ml_collections.ConfigDict({
+        "train_data_path": "data/train.npy", "eval_data_path": "",
+        "load_parameters_path": "gs://bucket/ckpt"})
+    config.lock()
+    resolved = run_dir.with_input_paths_resolved(
+        config, {"BUILD_WORKING_DIRECTORY": "/caller"})
+    self.assertEqual(resolved.train_data_path, "/caller/data/train.npy")
+    self.assertEqual(resolved.eval_data_path, "")
+    self.assertEqual(resolved.load_parameters_path, "gs://bucket/ckpt")
+    self.assertTrue(resolved.is_locked)
+    self.assertEqual(config.train_data_path, "data/train.npy")  # A copy.
+
+  def test_absolute_inputs_give_the_same_config(self):
+    config = ml_collections.ConfigDict({
+        "train_data_path": "/d/t.npy", "eval_data_path": "",
+        "load_parameters_path": ""})
+    self.assertIs(run_dir.with_input_paths_resolved(config, {}), config)
+
 if __name__ == "__main__":
   absltest.main()
