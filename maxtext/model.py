@@ -10,6 +10,13 @@ Parameters are stored in `config.weight_dtype` and cast to
 `config.compute_dtype` where they are used; normalisation statistics, softmax,
 logits and the loss are computed in float32.
 
+Three config fields trade speed and memory without changing the parameters
+or (beyond float32 rounding) the results: `attention` (einsum reference,
+XLA or cuDNN `dot_product_attention`, Pallas splash), `remat_policy` (what
+the scanned block keeps for the backward pass) and `loss_chunk_size` (the
+cross entropy a sequence chunk at a time, so the float32 logits never exist
+whole).
+
 Parameter shapes (L layers, E emb_dim, H heads, K kv heads, D head_dim,
 M mlp_dim, V vocab_size):
   embedding          [V, E]
@@ -150,6 +157,14 @@ def _rope(x: jax.Array, theta: float) -> jax.Array:
   return rotated.astype(x.dtype)
 
 
+def _cuda_capability() -> float:
+  """Compute capability of the first GPU, 0 when it is not an NVIDIA GPU."""
+  try:
+    return float(getattr(jax.devices()[0], "compute_capability", "0"))
+  except ValueError:  # e.g. "gfx90a" on ROCm.
+    return 0.0
+
+
 def attention_implementation(config) -> str:
   """The attention implementation a run uses: `config.attention` resolved.
 
@@ -187,8 +202,7 @@ def attention_implementation(config) -> str:
   if name != "auto":
     return name
   if backend == "gpu":
-    capability = getattr(jax.devices()[0], "compute_capability", "0")
-    if (half and float(capability) >= 8.0 and config.head_dim % 8 == 0 and
+    if (half and _cuda_capability() >= 8.0 and config.head_dim % 8 == 0 and
         config.head_dim <= 128):
       return "cudnn"
     return "dot_product"

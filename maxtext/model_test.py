@@ -162,14 +162,18 @@ class RematTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "remat_policy='some'"):
       model.apply(params, _tokens(config), config)
 
-  def test_full_remat_compiles_to_less_temp_memory(self):
-    # Activations dominate: wide MLP, several layers, no big vocabulary.
+  def test_policies_order_compiled_temp_memory(self):
+    # Activations dominate: wide MLP, several layers, no big vocabulary. Each
+    # saving policy keeps more than full and less than none (were the block's
+    # names missing, save_named would equal full).
     kwargs = dict(num_layers=4, emb_dim=64, mlp_dim=512,
                   max_sequence_length=64)
-    none = _grad_temp_bytes(_tiny_config(**kwargs), batch=8)
-    full = _grad_temp_bytes(_tiny_config(remat_policy="full", **kwargs),
-                            batch=8)
-    self.assertLess(full, none)
+    temp = {policy: _grad_temp_bytes(
+        _tiny_config(remat_policy=policy, **kwargs), batch=8)
+            for policy in model.REMAT_POLICIES}
+    for policy in ("save_dots", "save_named"):
+      self.assertLess(temp["full"], temp[policy], policy)
+      self.assertLess(temp[policy], temp["none"], policy)
 
 
 class ChunkedLossTest(parameterized.TestCase):
