@@ -22,12 +22,13 @@ jitted dispatch each) followed by one `update()`:
 
 Two ways to keep that contract (`donate_state`):
 
-* True (the default): one copy of the training state. The flush runs first;
-  only once it has succeeded is the apply dispatched, with parameters and
-  optimizer state donated, so XLA updates them in place. The apply itself
-  reads the step's `step_skipped` flag and writes the old values back when
-  the gradients were not finite. The device waits for the host's flush
-  between the last micro-batch and the apply.
+* True (the default): one copy of the training state. The flush runs first
+  and decides: only once it has succeeded, and says the gradients were
+  finite, is the apply dispatched, with parameters and optimizer state
+  donated, so XLA updates them in place (a skipped step runs no apply). The
+  device waits for the host's flush between the last micro-batch and the
+  apply. (Selecting the old values inside a donating apply instead would
+  cost XLA temporaries of the size of the optimizer's moments.)
 * False: the apply is dispatched before the flush, without donation, and its
   result is kept only once the flush has succeeded and says the gradients
   were finite. The device runs the apply while the host sorts the metrics,
@@ -270,16 +271,7 @@ class Engine:
             lambda g: jnp.where(keep, g, (g / norm.astype(g.dtype)) * self._clip),
             grads)
       updates, new_opt = self._optimizer.update(grads, opt_state, params)
-      new_params = optax.apply_updates(params, updates)
-      if self._donate:
-        # The state is donated, so a step whose gradients were not finite
-        # (update_packed[2], the flushed `step_skipped`) writes the old
-        # values back. Element-wise, it fuses into the update: no copy.
-        skip = update_packed[2] > 0
-        new_params, new_opt = jax.tree.map(
-            lambda new, old: jnp.where(skip, old, new), (new_params, new_opt),
-            (params, opt_state))
-      return new_params, new_opt
+      return optax.apply_updates(params, updates), new_opt
 
     def eval_loss(params, batch):
       return self._loss_fn(params, batch)[0]
@@ -292,13 +284,6 @@ class Engine:
     # Without donation, parameters and optimizer state stay valid until the
     # flush that follows the apply's dispatch has succeeded.
     donate = (0, 1) if self._donate else ()
-    # A discarded update (`update(discard=True)`) runs the same apply with
-    # the skip flag set.
-    if explicit:
-      self._force_skip = jax.jit(lambda packed: packed.at[2].set(1.0),
-                                 in_shardings=rep, out_shardings=rep)
-    else:
-      self._force_skip = jax.jit(lambda packed: packed.at[2].set(1.0))
     first_last_fn = lambda params, micro_batch, step: fwd_bwd_last(
         params, None, micro_batch, step)
     if explicit:
@@ -430,9 +415,10 @@ class Engine:
     only if the flush succeeded and the gradients were finite.
 
     Args:
-      discard: run the same programs but keep parameters and optimizer state
-        as they were, as for a step with non-finite gradients (the compile
-        warm-up before a run's timed region); the step counter advances.
+      discard: keep parameters and optimizer state as they were, as for a
+        step with non-finite gradients, but have every program of a real
+        update compiled (the warm-up before a run's timed region): the
+        donating apply is compiled, not run; the step counter advances.
 
     Returns:
       The step's flushed MetricsBuffer (micro-batch metrics plus
@@ -447,9 +433,8 @@ class Engine:
       raise ValueError(
           f"update() after {self._micro} micro-batches in step {self._step}; "
           f"gradient_accumulation_steps is {self._k}")
-    packed = self._update_packed
-    if discard:
-      packed = self._force_skip(packed)
+    args = (self._params, self._opt_state, self._grad_acc,
+            self._update_packed)
     # The flush's own launches are dispatched first (prefetch), so on a
     # device that runs programs in order the fetch does not wait for the
     # optimizer.
@@ -457,12 +442,16 @@ class Engine:
     if self._donate:
       # The flush decides before anything is donated: a value that cannot be
       # fetched raises here with nothing changed. The apply then updates the
-      # state in place, and writes the old values back itself when the
-      # step's gradients were not finite (its `step_skipped` flag).
+      # state in place, unless the step's gradients were not finite. The
+      # flag comes from the global gradient norm, the same on every process,
+      # so all processes run the apply or not alike.
       self._recorder.flush()
-      self._params, self._opt_state = self._apply(
-          self._params, self._opt_state, self._grad_acc, packed)
       buffer = self._recorder.get_step_metrics(self._step)
+      if discard:
+        # Compiled into the cache the next real update's call hits.
+        self._apply.lower(*args).compile()
+      elif not buffer.scalar_metrics["step_skipped"][-1] > 0:
+        self._params, self._opt_state = self._apply(*args)
     else:
       # The optimizer is dispatched before the flush waits for anything, so
       # the device goes from the last micro-batch straight on to the
@@ -471,8 +460,7 @@ class Engine:
       # gradients were finite: parameters and optimizer state are not
       # donated, so until then they are untouched, and so are the
       # accumulator and the step counter.
-      new_params, new_opt_state = self._apply(
-          self._params, self._opt_state, self._grad_acc, packed)
+      new_params, new_opt_state = self._apply(*args)
       # A value that cannot be fetched raises here; the optimizer's result
       # is dropped with nothing changed.
       self._recorder.flush()

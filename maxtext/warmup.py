@@ -5,8 +5,10 @@ initialisation before it. `warm_up` runs whole training steps (K micro-
 batches, the update with its metrics flush) and one eval batch on
 placeholder batches of the real shapes, through the engine's own calls, so
 every program the timed steps run is compiled and its dispatch path warm (an
-ahead-of-time `.lower().compile()` alone leaves the dispatch caches cold).
-Its results are thrown away: afterwards parameters, optimizer state, step
+ahead-of-time `.lower().compile()` alone leaves the dispatch caches cold);
+only an engine that donates its state compiles the optimizer apply without
+running it, since running it would consume the state. Its results are
+thrown away: afterwards parameters, optimizer state, step
 counter and recorder are exactly those of a run without warm-up, and the
 data set was never read (batches are a function of the step, so the data
 position is untouched too).
@@ -34,10 +36,11 @@ def warm_up(state, steps: int) -> float:
     return 0.0
   start = time.monotonic()
   engine, config = state.engine, state.config
-  # The warm-up's updates are discarded: they run the same programs as real
-  # steps, but parameters and optimizer state keep their values (in place
-  # when the engine donates them, so the warm-up needs no second copy of the
-  # state). Only the step counter advances; it is set back at the end.
+  # The warm-up's updates are discarded: every program of a real step is
+  # compiled, but parameters and optimizer state keep their values (an
+  # engine that donates them compiles its apply without running it, so the
+  # warm-up needs no second copy of the state). Only the step counter
+  # advances; it is set back at the end.
   step = engine.step
   train, evaluation = data.placeholder_batches(
       config, jax.process_index(), jax.process_count())
