@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.storage import checkpointing
+from testing import tmpfs
 
 
 def make_state(scale: float, sharding: jax.sharding.Sharding):
@@ -415,31 +416,21 @@ _FULL_DISK_CHILD = textwrap.dedent("""
 """)
 
 
-def _namespaces_work() -> bool:
-  try:
-    return subprocess.run(
-        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1M tmpfs /mnt"],
-        capture_output=True, check=False, timeout=60).returncode == 0
-  except (OSError, subprocess.TimeoutExpired):
-    return False
-
-
 class FullDiskTest(parameterized.TestCase):
   """A save onto a full disk: one clear error and no temporary files left."""
 
   @parameterized.named_parameters(
       ("in_wait", "wait"), ("in_next_save", "next_save"), ("in_close", "close"))
   def test_full_disk(self, mode):
-    if not _namespaces_work():
+    if not tmpfs.available():
       self.skipTest("needs `unshare -Urm` and tmpfs mounts")
     mount = self.create_tempdir().full_path
     directory = os.path.join(mount, "checkpoints")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
                JAX_PLATFORMS="cpu")
     result = subprocess.run(
-        ["unshare", "-Urm", "sh", "-c",
-         'mount -t tmpfs -o size=1M tmpfs "$1" && shift && exec "$@"', "sh",
-         mount, sys.executable, "-c", _FULL_DISK_CHILD, directory, mode],
+        tmpfs.command(mount, "1M", [sys.executable, "-c", _FULL_DISK_CHILD,
+                                    directory, mode]),
         capture_output=True, text=True, env=env, check=False, timeout=300)
     output = result.stdout + result.stderr
     self.assertEqual(result.returncode, 3, output)
