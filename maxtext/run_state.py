@@ -31,6 +31,7 @@ from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
 from maxtext.listeners import profiler
 from maxtext.metrics import listener as metrics_listener
+from maxtext.metrics import throughput
 from maxtext.metrics import writers
 from maxtext.mllog import listener as mllog_listener
 from maxtext.storage import checkpointing
@@ -243,14 +244,15 @@ def _restore(engine, checkpointer, paths, mesh) -> dict:
   return restored.metadata
 
 
-def _output_listeners(config, paths, is_primary: bool, start_step: int
+def _output_listeners(config, paths, is_primary: bool, start_step: int,
+                      step_throughput: throughput.StepThroughput
                       ) -> list[interface.RunListener]:
   """The outputs besides the MLPerf log, in the order they are called."""
   listeners = [metrics_listener.MetricsListener(writers.MetricLogger(
       paths.run_dir, is_primary=is_primary, log_period=config.log_period,
       total_steps=config.steps,
-      tokens_per_step=config.global_batch_size * config.max_sequence_length,
-      first_step=start_step))]
+      tokens_per_step=step_throughput.tokens_per_step,
+      first_step=start_step, throughput=step_throughput))]
   if config.profiler_steps and is_primary:
     listeners.append(profiler.ProfilerListener(
         paths.tensorboard_dir, config.profiler_start_step,
@@ -287,6 +289,8 @@ def build(config, *, config_filename: str = "unknown",
   is_primary = process_index == 0
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
+  step_throughput = throughput.StepThroughput.for_run(
+      config, [d.device_kind for d in mesh.devices.flat])
   paths = run_dir_lib.make_run_paths(config, _run_name(config))
   locks = _lock_run(config, paths, is_primary)
   listeners = multi_listener.MultiListener()
@@ -331,7 +335,7 @@ def build(config, *, config_filename: str = "unknown",
     listeners.add(mllog_listener.start(
         config, paths.run_dir, process_index=process_index,
         data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
-        config_filename=config_filename))
+        config_filename=config_filename, throughput=step_throughput))
     engine, setup = model_setup.build_engine(config, mesh)
     metadata = _restore(engine, checkpointer, paths, mesh)
     start_step = engine.step
@@ -342,7 +346,8 @@ def build(config, *, config_filename: str = "unknown",
           paths.run_dir, config,
           dict(run_dir_lib.provenance(), run_name=paths.run_name,
                remote_url=paths.remote_url), start_step)
-    for listener in (*_output_listeners(config, paths, is_primary, start_step),
+    for listener in (*_output_listeners(config, paths, is_primary, start_step,
+                                        step_throughput),
                      *extra_listeners):
       listeners.add(listener)
     if mirror is not None:

@@ -115,6 +115,16 @@ class TrainerMllogTest(parameterized.TestCase):
              if e["key"] == "tracked_stats" and "train_loss" in e["value"]]
     self.assertEqual(steps, list(range(result.start_step + 1,
                                        result.final_step + 1)))
+    # Each step's stats carry the samples trained and the throughput.
+    for e in events:
+      if e["key"] == "tracked_stats" and "train_loss" in e["value"]:
+        self.assertEqual(e["metadata"]["samples_count"],
+                         e["metadata"]["step"] * gbs)
+        self.assertGreater(e["value"]["samples_per_s"], 0)
+        self.assertAlmostEqual(
+            e["value"]["tokens_per_s"],
+            e["value"]["samples_per_s"] * config.max_sequence_length,
+            delta=1e-6 * e["value"]["tokens_per_s"])
     self.assertAlmostEqual(values_of(events, "eval_accuracy")[-1],
                            result.last_eval_loss, places=5)
     # block_start/block_stop pair up.

@@ -117,7 +117,8 @@ class MLLogListener(interface.RunListener):
     if self._throughput is not None and self._logger.enabled:
       # A division and a few products (the constants are precomputed).
       stats.update(self._throughput.figures(record.step_time))
-    self._logger.tracked_stats(record.step + 1, stats)
+    self._logger.tracked_stats(record.step + 1, stats,
+                               samples_count=record.samples)
 
   def on_eval_start(self, step: int, samples: int) -> None:
     self._logger.block_stop(samples)
@@ -150,7 +151,9 @@ class MLLogListener(interface.RunListener):
 
 
 def start(config: Any, run_dir: str, *, process_index: Optional[int],
-          data_parallelism: int, config_filename: str) -> MLLogListener:
+          data_parallelism: int, config_filename: str,
+          throughput: Optional[throughput_lib.StepThroughput] = None
+          ) -> MLLogListener:
   """Opens the attempt's MLPerf log and writes its initialisation events.
 
   With `enable_mllog`, every process first flushes its host's caches
@@ -164,6 +167,8 @@ def start(config: Any, run_dir: str, *, process_index: Optional[int],
       jax.process_index().
     data_parallelism: the mesh's data axis size.
     config_filename: the config file's name, for the 6.1 disclosure.
+    throughput: the run's throughput constants, for each step's
+      tracked_stats (samples/s, tokens/s, TFLOP/s per device, MFU).
 
   Returns:
     The listener; its logger writes nothing when `enable_mllog` is off or
@@ -188,4 +193,4 @@ def start(config: Any, run_dir: str, *, process_index: Optional[int],
   logger.init_start()
   logger.submission_info()
   return MLLogListener(logger, config, data_parallelism=data_parallelism,
-                       config_filename=config_filename)
+                       config_filename=config_filename, throughput=throughput)

@@ -348,17 +348,24 @@ class MLLogger:
                {"samples_count": self._note_samples(samples_count)},
                INTERVAL_END)
 
-  def tracked_stats(self, step: int, stats: Mapping[str, Any]) -> None:
+  def tracked_stats(self, step: int, stats: Mapping[str, Any],
+                    samples_count: Optional[int] = None) -> None:
     """Logs per-step statistics (host values, e.g. loss and step time).
 
     Args:
       step: the training step the statistics belong to.
       stats: name -> host scalar; device arrays are rejected (TypeError).
+      samples_count: samples trained when the statistics were taken, added
+        to the metadata when given.
     """
     if self._file is None:
       return
-    self._write("tracked_stats", _to_json_value("tracked_stats", stats),
-                {"step": checks.check_int("step", step, 0)}, POINT_IN_TIME)
+    meta = {"step": checks.check_int("step", step, 0)}
+    if samples_count is not None:
+      meta["samples_count"] = checks.check_int("samples_count", samples_count,
+                                               0)
+    self._write("tracked_stats", _to_json_value("tracked_stats", stats), meta,
+                POINT_IN_TIME)
 
   def run_stop(self, status: str, samples_count: Optional[int] = None) -> bool:
     """Logs `run_stop` once per logger; later calls do nothing.
