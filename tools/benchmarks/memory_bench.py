@@ -1,0 +1,250 @@
+r"""Memory report: the compiled training step's device memory, never run.
+
+Runbook:
+
+  tools/bazel run //tools/benchmarks:memory_bench -- \
+      --config=maxtext/configs/gpu_1b.py [--device_memory_gb=141,80]
+  # 8 fake CPU devices, FSDP over all of them:
+  tools/bazel run //tools/benchmarks:memory_bench -- \
+      --config=maxtext/configs/llama31_8b.py --host_devices=8
+
+It builds the config's engine on abstract parameters (`jax.ShapeDtypeStruct`s
+with their real shardings: nothing is allocated), lowers the programs one
+training step runs with `Engine.lower` (the trainer's own micro-step variants
+and optimizer apply, not copies) and compiles them for the default backend,
+once per attention implementation the backend has and per remat policy. For
+each program it prints XLA's memory analysis per device:
+
+  args      bytes of the program's arguments (parameters, accumulator, batch)
+  out       bytes of its outputs
+  alias     output bytes that reuse donated argument buffers
+  temp      XLA's temporaries (activations kept for the backward pass, ...)
+  peak      args + out - alias + temp, plus the training state that stays on
+            the device without being an argument (the optimizer state during
+            the micro-steps): what the device holds while the program runs.
+
+A step fits a device if its largest program peak is at most the device
+memory (`--device_memory_gb`, decimal GB) times `--usable_fraction` (what the
+runtime leaves to programs; on GPUs set XLA_PYTHON_CLIENT_MEM_FRACTION to
+match). The optimizer apply is shown twice: donating parameters and optimizer
+state (the engine's default, one copy of the state) and not donating (two
+copies while the flush decides).
+
+The closing line compares the temporaries of full rematerialisation with none
+for the config's own attention implementation (its largest micro-step):
+
+  memory_bench: temp_full/none=R
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+_DEFAULT_CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "maxtext", "configs", "gpu_1b.py")
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", _DEFAULT_CONFIG,
+    "Model and run config (default: configs/gpu_1b.py).", lock_config=True)
+_ATTENTION = flags.DEFINE_list(
+    "attention", [], "Attention implementations to compile (default: every "
+    "one the backend has).")
+_REMAT = flags.DEFINE_list(
+    "remat_policy", ["none", "full", "save_dots", "save_named"],
+    "Remat policies to compile.")
+_DEVICE_MEMORY_GB = flags.DEFINE_list(
+    "device_memory_gb", ["141", "80"],
+    "Device memories (decimal GB) to check the step against.")
+_USABLE = flags.DEFINE_float(
+    "usable_fraction", 0.95,
+    "Fraction of a device's memory that programs may use.")
+_UNIT = flags.DEFINE_enum("unit", "GB", ["GB", "MB"],
+                          "Unit of the table (decimal).")
+_HOST_DEVICES = flags.DEFINE_integer(
+    "host_devices", 0,
+    "If > 0, run on this many fake CPU devices "
+    "(--xla_force_host_platform_device_count).")
+
+_GB = 1e9
+
+
+def _attentions(config) -> list[str]:
+  """The attention implementations the default backend has."""
+  import jax  # pylint: disable=g-import-not-at-top
+  backend = jax.default_backend()
+  names = ["einsum", "dot_product"]
+  if backend == "gpu" and config.compute_dtype in ("bfloat16", "float16"):
+    names.append("cudnn")
+  if backend == "tpu":
+    names.append("splash")
+  return names
+
+
+def _device_bytes(tree) -> int:
+  """Bytes one device holds of a pytree of (sharded) ShapeDtypeStructs."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  total = 0
+  for x in jax.tree_util.tree_leaves(tree):
+    shape = x.shape
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None:
+      shape = sharding.shard_shape(shape)
+    total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def _engine(config, setup, donate: bool):
+  """The trainer's engine (`model_setup.make_engine`) on abstract params."""
+  # pylint: disable=g-import-not-at-top
+  import functools
+  from maxtext import engine as engine_lib
+  from maxtext import model
+  from maxtext import optimizer as optimizer_lib
+  from maxtext.metrics import recorder as metrics_recorder
+  # pylint: enable=g-import-not-at-top
+  schedule = optimizer_lib.make_schedule(config)
+  # The arguments of model_setup.make_engine, with donate_state chosen here.
+  return engine_lib.Engine(
+      functools.partial(model.loss_fn, config=config),
+      setup.abstract_params,
+      optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
+      schedule, metrics_recorder.MetricsRecorder(mode="train"),
+      config.gradient_accumulation_steps,
+      param_shardings=setup.param_shardings,
+      batch_sharding=setup.batch_sharding,
+      grad_clip_norm=config.grad_clip_norm, donate_state=donate)
+
+
+def _micro_batch(config):
+  """The abstract micro-batch of one process (zeros' shapes, not data)."""
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from maxtext import data
+  # pylint: enable=g-import-not-at-top
+  train, _ = data.placeholder_batches(config)
+  micro = data.split_micro_batches(train, config.gradient_accumulation_steps)[0]
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), micro)
+
+
+def analyse(config, donate: bool = True, programs=None) -> list[dict]:
+  """Compiles the step's programs for `config`; returns one row per program.
+
+  Args:
+    config: a run config (base.py's fields).
+    donate: the engine's `donate_state`.
+    programs: None for all, or a predicate on the names (`Engine.lower`'s
+      keys) of the programs to compile.
+
+  Returns:
+    Rows {"program", "args", "out", "alias", "temp", "resident", "peak"},
+    per-device bytes, in the order the step runs the programs.
+  """
+  # pylint: disable=g-import-not-at-top
+  from maxtext import mesh as mesh_lib
+  from maxtext import model_setup
+  # pylint: enable=g-import-not-at-top
+  setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
+  engine = _engine(config, setup, donate)
+  opt_bytes = _device_bytes(engine.opt_state)
+  rows = []
+  for name, lowered in engine.lower(_micro_batch(config)).items():
+    if programs is not None and not programs(name):
+      continue
+    memory = lowered.compile().memory_analysis()
+    # The optimizer state stays on the device during the micro-steps without
+    # being one of their arguments.
+    resident = 0 if name == "apply" else opt_bytes
+    row = {
+        "program": name,
+        "args": memory.argument_size_in_bytes,
+        "out": memory.output_size_in_bytes,
+        "alias": memory.alias_size_in_bytes,
+        "temp": memory.temp_size_in_bytes,
+        "resident": resident,
+    }
+    row["peak"] = (row["args"] + row["out"] - row["alias"] + row["temp"] +
+                   resident)
+    rows.append(row)
+  return rows
+
+
+def _gb(n: int) -> str:
+  return f"{n / (_GB if _UNIT.value == 'GB' else 1e6):.3f}"
+
+
+def _print_rows(label: str, rows: list[dict], memories: list[float]) -> None:
+  for row in rows:
+    fits = " ".join(
+        "yes" if row["peak"] <= m * _GB * _USABLE.value else "NO"
+        for m in memories)
+    print(f"{label:<24} {row['program']:<22} {_gb(row['args']):>9} "
+          f"{_gb(row['out']):>9} {_gb(row['alias']):>9} "
+          f"{_gb(row['temp']):>9} {_gb(row['resident']):>9} "
+          f"{_gb(row['peak']):>9}  {fits}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _HOST_DEVICES.value > 0:
+    # Read when the CPU backend starts, i.e. before the first device query.
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") +
+        f" --xla_force_host_platform_device_count={_HOST_DEVICES.value}")
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from maxtext import config_lib
+  from maxtext import model
+  # pylint: enable=g-import-not-at-top
+  base = _CONFIG.value
+  config_lib.validate(base)
+  memories = [float(m) for m in _DEVICE_MEMORY_GB.value]
+  attentions = _ATTENTION.value or _attentions(base)
+  devices = jax.devices()
+  print(f"memory_bench: {len(devices)} x {devices[0].device_kind} "
+        f"({jax.default_backend()}); emb {base.emb_dim}, {base.num_layers} "
+        f"layers, seq {base.max_sequence_length}, global batch "
+        f"{base.global_batch_size} in K={base.gradient_accumulation_steps}, "
+        f"mesh data={base.data_parallelism} fsdp={base.fsdp_parallelism}, "
+        f"weights {base.weight_dtype}, compute {base.compute_dtype}, "
+        f"loss_chunk_size {base.loss_chunk_size}")
+  print(f"per-device {_UNIT.value}; fits = peak <= {_USABLE.value:g} x "
+        f"{', '.join(f'{m:g}' for m in memories)} GB")
+  print(f"{'attention/remat':<24} {'program':<22} {'args':>9} {'out':>9} "
+        f"{'alias':>9} {'temp':>9} {'resident':>9} {'peak':>9}  fits")
+  sys.stdout.flush()
+  own = model.attention_implementation(base)
+  micro_temp = {}
+  peaks = {}
+  for attention in attentions:
+    for remat in _REMAT.value:
+      config = base.copy_and_resolve_references()
+      with config.unlocked():
+        config.attention = attention
+        config.remat_policy = remat
+      rows = analyse(config, programs=lambda name: name != "apply")
+      _print_rows(f"{attention}/{remat}", rows, memories)
+      sys.stdout.flush()
+      micro_temp[(attention, remat)] = max(r["temp"] for r in rows)
+      peaks[(attention, remat)] = max(r["peak"] for r in rows)
+  # The apply does not depend on the attention or remat policy.
+  for donate in (True, False):
+    rows = analyse(base, donate=donate, programs=lambda name: name == "apply")
+    _print_rows("apply/donated" if donate else "apply/not_donated", rows,
+                memories)
+    if donate:
+      apply_peak = rows[0]["peak"]
+  print("step peak (largest program) with the donating apply: " + ", ".join(
+      f"{a}/{r} {_gb(max(p, apply_peak))}" for (a, r), p in peaks.items()))
+  if (own, "full") in micro_temp and (own, "none") in micro_temp:
+    ratio = micro_temp[(own, "full")] / max(micro_temp[(own, "none")], 1)
+    print(f"memory_bench: temp_full/none={ratio:.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

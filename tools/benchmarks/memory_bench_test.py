@@ -1,0 +1,66 @@
+"""Runs the memory_bench binary on a shrunk gpu_1b config over 2 CPU devices.
+
+Memory figures are XLA's compiled analysis, deterministic for a given XLA,
+so the test checks relations that must hold whatever the version: every
+program and policy has a row, full rematerialisation needs fewer
+temporaries than none, the donating apply's peak is below the non-donating
+one's by at least the donated outputs, and the closing line parses.
+"""
+
+import re
+
+from absl.testing import absltest
+
+from testing import runfiles
+
+_LAST_LINE = re.compile(r"^memory_bench: temp_full/none=(\d+\.\d{3})$")
+_SHRINK = {
+    "emb_dim": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+    "head_dim": 16, "mlp_dim": 128, "vocab_size": 256,
+    "max_sequence_length": 64, "global_batch_size": 4, "eval_batch_size": 4,
+    "loss_chunk_size": 16,
+}
+
+
+class MemoryBenchTest(absltest.TestCase):
+
+  def test_report_over_two_devices(self):
+    proc = runfiles.run_binary(
+        "tools/benchmarks/memory_bench",
+        [f"--config.{k}={v}" for k, v in _SHRINK.items()] +
+        ["--host_devices=2", "--device_memory_gb=141,0.0001", "--unit=MB"],
+        timeout_s=600)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    lines = proc.stdout.strip().splitlines()
+    self.assertIn("memory_bench: 2 x cpu (cpu)", lines[0])
+    self.assertIn("seq 64, global batch 4 in K=1", lines[0])
+    rows = {}
+    for line in lines:
+      fields = line.split()
+      if len(fields) == 10 and fields[1] in ("micro_step_first_last",
+                                             "apply"):
+        rows[fields[0]] = [float(x) for x in fields[2:8]] + [fields[8:]]
+    expected = {f"{a}/{r}" for a in ("einsum", "dot_product")
+                for r in ("none", "full", "save_dots", "save_named")}
+    self.assertEqual(set(rows), expected | {"apply/donated",
+                                            "apply/not_donated"})
+    for row in rows.values():
+      args, out, alias, temp, resident, peak, fits = row
+      self.assertAlmostEqual(peak, args + out - alias + temp + resident,
+                             delta=0.005)
+      # Tiny: fits 141 GB, not 100 bytes.
+      self.assertEqual(fits, ["yes", "NO"])
+    for attention in ("einsum", "dot_product"):
+      self.assertLess(rows[f"{attention}/full"][3],
+                      rows[f"{attention}/none"][3])
+    donated, kept = rows["apply/donated"], rows["apply/not_donated"]
+    self.assertGreater(donated[2], 0)  # Parameters and moments aliased.
+    self.assertEqual(kept[2], 0)
+    self.assertLess(donated[5], kept[5])
+    match = _LAST_LINE.match(lines[-1])
+    self.assertIsNotNone(match, lines[-1])
+    self.assertLess(float(match.group(1)), 1.0)
+
+
+if __name__ == "__main__":
+  absltest.main()
