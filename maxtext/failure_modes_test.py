@@ -148,8 +148,7 @@ class FailureModesTest(parameterized.TestCase):
     self.assert_one_error(
         second.returncode, second.stderr, 2,
         rf"run directory {re.escape(run_dir)} is locked by another run "
-        rf"\(host=\S+ pid={first.pid} started {started}\)(: lock file "
-        rf"{re.escape(lock_path)})?$")
+        rf"\(host=\S+ pid={first.pid} started {started}\)(: lock file .*)?$")
 
     stdout, stderr = first.communicate(timeout=_TIMEOUT_S)
     self.assertEqual(first.returncode, 0, stderr[-3000:])
@@ -296,7 +295,9 @@ class FailureModesTest(parameterized.TestCase):
     self.assertRegex(
         errors[0], rf"^{re.escape(_ERROR)}could not write checkpoint step \d+ "
         rf"to {re.escape(checkpoints)}: \[Errno 28\] No space left on device$")
-    self.assertEqual(proc.stderr.strip().splitlines()[-1], errors[0])
+    # Nothing after it: no background thread's traceback at exit.
+    self.assertEqual(proc.stderr.strip().splitlines()[-1], errors[0],
+                     proc.stderr[-5000:])
     self.assertEqual([n for n in _tree(left) if "orbax-checkpoint-tmp" in n],
                      [])
 
