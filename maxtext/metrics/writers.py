@@ -37,6 +37,7 @@ evals, passes `first_step=c`.
 """
 
 from collections.abc import Callable, Mapping
+import contextlib
 import datetime
 import math
 import numbers
@@ -48,10 +49,13 @@ from absl import logging
 import numpy as np
 
 from maxtext import checks
+from maxtext.metrics import event_file
 from maxtext.metrics import jsonl
 from maxtext.metrics import throughput as throughput_lib
 
 TENSORBOARD_DIRNAME = "tensorboard"
+# Seconds between syncs of the TensorBoard event file to the disk.
+_TB_FLUSH_SECONDS = 30.0
 
 # The record format lives in `maxtext.metrics.jsonl`. These two names stay
 # here only for callers that still read a run's metrics through this module
@@ -161,21 +165,36 @@ class MetricLogger:
     jsonl.truncate_jsonl(jsonl_path, first_step)
     self._jsonl = open(jsonl_path, "a", encoding="utf-8")
     # Imported here so that non-primary processes never load it.
-    import tensorboardX  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import summary_pb2  # pylint: disable=g-import-not-at-top
-    self._summary_pb2 = summary_pb2
-    # The plain event file writer: one Summary per record holds all its
-    # scalars (SummaryWriter.add_scalar writes one event per scalar, about
-    # ten times the host time per step).
-    self._tb = tensorboardX.FileWriter(
-        os.path.join(self._run_dir, TENSORBOARD_DIRNAME), flush_secs=30)
+    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+    # One Summary per record holds all its scalars (one event per scalar
+    # costs about ten times the host time per step).
+    self._tb = event_file.EventFile(
+        self.tensorboard_dir,
+        event_pb2.Event(wall_time=time.time(),
+                        file_version="brain.Event:2").SerializeToString())
     # A session start at first_step makes TensorBoard discard the events at
     # steps >= first_step that an interrupted earlier attempt left in older
     # event files.
-    self._tb.add_event(event_pb2.Event(
-        step=first_step,
-        session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+    self._tb.write(event_pb2.Event(
+        step=first_step, wall_time=time.time(),
+        session_log=event_pb2.SessionLog(
+            status=event_pb2.SessionLog.START)).SerializeToString())
+    # Real time, not time_fn: the flush cadence is no metric.
+    self._tb_flushed_at = time.monotonic()
+
+  @staticmethod
+  @contextlib.contextmanager
+  def _naming(path: str):
+    """Re-raises an OSError with `path` as its file name, so that the one
+    line a failed output gets says which file could not be written."""
+    try:
+      yield
+    except OSError as e:
+      if e.filename:
+        raise
+      raise OSError(e.errno, e.strerror or str(e), path) from e
 
   @property
   def jsonl_path(self) -> str:
@@ -303,19 +322,28 @@ class MetricLogger:
 
   def _write_record(self, step: int, kind: str,
                     values: Mapping[str, int | float]) -> None:
-    self._jsonl.write(jsonl.encode_record(step, kind, values) + "\n")
-    self._jsonl.flush()
+    with self._naming(self.jsonl_path):
+      self._jsonl.write(jsonl.encode_record(step, kind, values) + "\n")
+      self._jsonl.flush()
     value_pb = self._summary_pb2.Summary.Value
-    self._tb.add_summary(
-        self._summary_pb2.Summary(value=[
+    self._tb.write(self._event_pb2.Event(
+        step=step, wall_time=time.time(),
+        summary=self._summary_pb2.Summary(value=[
             value_pb(tag=f"{kind}/{name}", simple_value=float(value))
-            for name, value in values.items()]),
-        global_step=step)
+            for name, value in values.items()])).SerializeToString())
+    # Events reach the disk every _TB_FLUSH_SECONDS (a flush syncs the
+    # file), at flush() and at close().
+    if time.monotonic() - self._tb_flushed_at >= _TB_FLUSH_SECONDS:
+      self._flush_tb()
+
+  def _flush_tb(self) -> None:
+    self._tb.flush()
+    self._tb_flushed_at = time.monotonic()
 
   def flush(self) -> None:
     """Pushes buffered TensorBoard events to disk (the JSONL is always flushed)."""
     if self._tb is not None and not self._closed:
-      self._tb.flush()
+      self._flush_tb()
 
   def close(self) -> None:
     """Flushes and closes every output. Safe to call more than once."""
@@ -327,7 +355,8 @@ class MetricLogger:
         self._tb.close()
     finally:
       if self._jsonl is not None:
-        self._jsonl.close()
+        with self._naming(self.jsonl_path):
+          self._jsonl.close()
 
   def __enter__(self) -> "MetricLogger":
     return self
