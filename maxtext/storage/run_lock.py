@@ -66,11 +66,15 @@ def _utc_now_iso() -> str:
       timespec="microseconds").replace("+00:00", "Z")
 
 
-def _one_line(value: Any) -> str:
-  """`value` as text fit for a one-line message (files may hold anything)."""
+def _one_line(value: Any, limit: Optional[int] = _MAX_FIELD_LEN) -> str:
+  """`value` as text fit for a one-line message.
+
+  Fields read from a lock file may hold anything, so they are cut to
+  `limit` characters; the error's own detail (paths) passes `limit=None`.
+  """
   text = str(value)
   text = "".join(c if c.isprintable() else "?" for c in text)
-  return text[:_MAX_FIELD_LEN]
+  return text if limit is None else text[:limit]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +139,7 @@ class RunLockError(RuntimeError):
     who = holder.describe() if holder else "an unknown holder"
     message = f"run directory {location} is locked by another run ({who})"
     if detail:
-      message += f": {_one_line(detail)}"
+      message += f": {_one_line(detail, limit=None)}"
     super().__init__(message)
 
 
