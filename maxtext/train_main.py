@@ -197,8 +197,9 @@ def main(argv):
     return _error(_config_load_error(config, config_path), status=2)
   try:
     result = trainer.run(config, config_filename=os.path.basename(config_path))
-  except (ValueError, TypeError, run_lock.RunLockError) as e:
+  except (trainer.ConfigError, run_lock.RunLockError) as e:
     # The config, a path or the run directory: fixable before a new start.
+    # Any other ValueError is a bug and keeps its traceback.
     return _error(e, status=2)
   except (trainer.TrainingError, trainer.HardwareError,
           trainer.ListenerError, checkpointing.CheckpointError, OSError) as e:

@@ -38,6 +38,14 @@ RunOutcome = interface.RunOutcome
 ListenerError = multi_listener.ListenerError
 
 
+class ConfigError(ValueError):
+  """The config, a path it names or the run's directory cannot be used.
+
+  Raised before any training step (before any device work for the config's
+  own fields and paths); the message names the field and the value.
+  """
+
+
 class TrainingError(RuntimeError):
   """The run cannot go on (e.g. too many consecutive non-finite steps)."""
 
@@ -118,14 +126,17 @@ def run(config, *, config_filename: str = "unknown",
     The RunResult.
 
   Raises:
-    ValueError/TypeError: a bad config field, named.
+    ConfigError: a bad config field, path or run directory, named.
     TrainingError: the run could not go on (e.g. non-finite gradients).
     ListenerError: an output failed; a checkpoint of the last completed step
       was written first.
   """
-  config_lib.validate(config)
-  config = run_dir_lib.with_input_paths_resolved(config)
-  preflight.check(config)
+  try:
+    config_lib.validate(config)
+    config = run_dir_lib.with_input_paths_resolved(config)
+    preflight.check(config)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(str(e)) from e
   distributed.initialize(config)
   if config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", run_dir_lib.resolve_local_path(
@@ -138,6 +149,11 @@ def run(config, *, config_filename: str = "unknown",
       state = run_state_lib.build(config, config_filename=config_filename,
                                   process_index=process_index,
                                   extra_listeners=extra_listeners)
+    except ValueError as e:
+      # Building checks what needs the devices, the run directory or the
+      # checkpoints: the batch against the mesh, the run's record, a
+      # resume without a checkpoint, parameters of another shape.
+      raise ConfigError(str(e)) from e
     except run_state_lib.AlreadyFinished as done:
       logging.warning("%s", done)
       return RunResult(status=RunOutcome.COMPLETED, run_dir=done.run_dir,
