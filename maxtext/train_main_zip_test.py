@@ -6,10 +6,12 @@ in an environment without any Bazel variable, JAX settings or import path.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
+import zipfile
 
 from absl.testing import absltest
 
@@ -18,6 +20,9 @@ from testing import tiny_configs
 
 _SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 _TIMEOUT_S = 600
+# A release file's revision: a commit, maybe modified, or "unknown" when it
+# was built outside a git checkout (tools/workspace_status.sh).
+_STAMPED_REVISION = r"^(?:[0-9a-f]{40}(?:\+dirty)?|unknown)$"
 
 
 def _artifact(name):
@@ -63,6 +68,27 @@ class ZipappTest(absltest.TestCase):
     with open(path, errors="replace") as f:
       return f.read()
 
+  def _build_info(self, name):
+    """The build_info.json packed in the artifact's payload archive."""
+    _, path = self._copy(name)
+    with zipfile.ZipFile(path) as launcher:  # The last archive of the file.
+      manifest = json.loads(launcher.read("zipapp_manifest.json"))
+    # Cut the launcher archive off: what is left is the payload archive with
+    # the shebang line before it, which zipfile reads.
+    os.truncate(path, manifest["payload_offset"] + manifest["payload_length"])
+    with zipfile.ZipFile(path) as payload:
+      names = [n for n in payload.namelist()
+               if re.fullmatch(r"runfiles/[^/]+/maxtext/build_info\.json", n)]
+      self.assertLen(names, 1, "one stamped build_info.json in the payload")
+      return json.loads(payload.read(names[0]))
+
+  def test_cpu_file_is_stamped_with_its_revision(self):
+    info = self._build_info("train_main.pyz")
+    self.assertRegex(info["git_revision"], _STAMPED_REVISION)
+    self.assertEqual(info["git_revision"].endswith("+dirty"),
+                     info["git_dirty"] is True)
+    self.assertIsNotNone(info["build_time_utc"])
+
   def test_cpu_file_trains_with_python3_alone(self):
     directory = self.create_tempdir().full_path
     _, process, log = self._start("train_main.pyz", self._flags(directory))
@@ -74,6 +100,11 @@ class ZipappTest(absltest.TestCase):
       provenance = json.load(f)["provenance"]
     self.assertStartsWith(provenance["requirements_lock"], "requirements_lock.txt:sha256:")
     self.assertIn("JAX backend cpu", self._read(log))
+    # Unpacked away from any checkout, the run names the stamped revision.
+    stamp = self._build_info("train_main.pyz")
+    self.assertEqual(provenance["git_revision_source"], "stamped")
+    self.assertEqual(provenance["git_revision"], stamp["git_revision"])
+    self.assertEqual(provenance["build_time_utc"], stamp["build_time_utc"])
 
   def test_sigterm_stops_cleanly_with_a_checkpoint(self):
     directory = self.create_tempdir().full_path
