@@ -32,13 +32,14 @@ from maxtext import optimizer as optimizer_lib
 from maxtext import preemption
 from maxtext import trainer
 from maxtext.listeners import interface as listener_interface
+from maxtext.metrics import throughput
 from testing import tiny_configs
 
 # The reference run: 6 steps, eval after steps 3 and 6, checkpoints at 3 and 6.
 _STEPS = 6
 _HALF = 3
 # Record fields that measure wall-clock time, which differs between runs.
-_TIMING_KEYS = frozenset({"step_time_s", "tokens_per_s", "eval_time"})
+_TIMING_KEYS = frozenset({"step_time_s", "eval_time", *throughput.KEYS})
 
 
 def setUpModule():
