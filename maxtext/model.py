@@ -469,31 +469,6 @@ def num_params(params: Params) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
 
 
-def num_matmul_params(config) -> int:
-  """Parameters that take part in a matmul per token (all but the embedding).
-
-  The embedding is a lookup, so it costs no FLOPs; norm scales are negligible
-  and left out.
-  """
-  e, h, k, d, m = (config.emb_dim, config.num_heads, config.num_kv_heads,
-                   config.head_dim, config.mlp_dim)
-  per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * m
-  return config.num_layers * per_layer + e * config.vocab_size
-
-
-def flops_per_token(config) -> int:
-  """Training FLOPs per token (forward + backward), for MFU.
-
-  6 FLOPs per matmul parameter (2 forward, 4 backward) plus the attention
-  score and value products: per layer 2 matmuls of S x H x D multiply-adds per
-  token, i.e. 12 * S * H * D training FLOPs, counted over the full sequence
-  length S (the causal mask is not subtracted, the usual convention).
-  """
-  attention = (12 * config.num_layers * config.max_sequence_length *
-               config.num_heads * config.head_dim)
-  return 6 * num_matmul_params(config) + attention
-
-
 def param_logical_axes(params: Params) -> Params:
   """Logical axis names of every parameter, a pytree like `params`.
 
