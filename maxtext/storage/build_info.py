@@ -57,15 +57,18 @@ class BuildInfo:
     source: SOURCE_STAMPED, SOURCE_GIT or SOURCE_UNKNOWN.
     build_time_utc: ISO 8601 time of the stamped build, else None.
   """
+
   git_revision: str
   source: str
   build_time_utc: Optional[str] = None
 
   def provenance(self) -> dict[str, Any]:
     """The fields config.json's provenance records."""
-    return {"git_revision": self.git_revision,
-            "git_revision_source": self.source,
-            "build_time_utc": self.build_time_utc}
+    return {
+        "git_revision": self.git_revision,
+        "git_revision_source": self.source,
+        "build_time_utc": self.build_time_utc,
+    }
 
 
 def read_stamp(path: str) -> Optional[BuildInfo]:
@@ -91,23 +94,35 @@ def read_stamp(path: str) -> Optional[BuildInfo]:
   except json.JSONDecodeError as e:
     raise ValueError(f"build info {path!r} is not JSON: {e}") from e
   if not isinstance(document, dict):
-    raise ValueError(f"build info {path!r} is not a JSON object: "
-                     f"{document!r}")
+    raise ValueError(
+        f"build info {path!r} is not a JSON object: {document!r}"
+    )
   revision = document.get("git_revision")
   if not isinstance(revision, str) or not _REVISION.match(revision):
-    raise ValueError(f"build info {path!r}: git_revision={revision!r} is not "
-                     f"40 hex digits (optionally '+dirty') or 'unknown'")
+    raise ValueError(
+        f"build info {path!r}: git_revision={revision!r} is not "
+        f"40 hex digits (optionally '+dirty') or 'unknown'"
+    )
   build_time = document.get("build_time_utc")
   if build_time is not None and not isinstance(build_time, str):
-    raise ValueError(f"build info {path!r}: build_time_utc={build_time!r} is "
-                     f"not a string or null")
-  return BuildInfo(git_revision=revision, source=SOURCE_STAMPED,
-                   build_time_utc=build_time)
+    raise ValueError(
+        f"build info {path!r}: build_time_utc={build_time!r} is "
+        f"not a string or null"
+    )
+  return BuildInfo(
+      git_revision=revision, source=SOURCE_STAMPED, build_time_utc=build_time
+  )
 
 
 def _git(directory: str, *args: str) -> str:
-  return subprocess.run(["git", *args], cwd=directory, capture_output=True,
-                        text=True, timeout=_GIT_TIMEOUT_S, check=True).stdout
+  return subprocess.run(
+      ["git", *args],
+      cwd=directory,
+      capture_output=True,
+      text=True,
+      timeout=_GIT_TIMEOUT_S,
+      check=True,
+  ).stdout
 
 
 def git_revision(directory: str) -> Optional[str]:
@@ -124,8 +139,9 @@ def git_revision(directory: str) -> Optional[str]:
   """
   try:
     toplevel = _git(directory, "rev-parse", "--show-toplevel").strip()
-    if (not toplevel or
-        os.path.realpath(toplevel) != os.path.realpath(directory)):
+    if not toplevel or os.path.realpath(toplevel) != os.path.realpath(
+        directory
+    ):
       return None
     commit = _git(directory, "rev-parse", "--verify", "HEAD").strip()
     changes = _git(directory, "status", "--porcelain", "--untracked-files=no")
@@ -135,9 +151,11 @@ def git_revision(directory: str) -> Optional[str]:
   return revision if _REVISION.match(revision) else None
 
 
-def current(environ: Mapping[str, str] = os.environ,
-            loaded_root: str = _LOADED_ROOT,
-            source_root: str = _SOURCE_ROOT) -> BuildInfo:
+def current(
+    environ: Mapping[str, str] = os.environ,
+    loaded_root: str = _LOADED_ROOT,
+    source_root: str = _SOURCE_ROOT,
+) -> BuildInfo:
   """This program's build info: the stamp if it has one, else git's answer.
 
   Args:

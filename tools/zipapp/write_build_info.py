@@ -44,11 +44,13 @@ def _build_time(timestamp: Optional[str]) -> Optional[str]:
   except (TypeError, ValueError):
     return None
   return datetime.datetime.fromtimestamp(
-      seconds, datetime.timezone.utc).isoformat()
+      seconds, datetime.timezone.utc
+  ).isoformat()
 
 
-def build_info(stable: dict[str, str],
-               volatile: dict[str, str]) -> dict[str, Any]:
+def build_info(
+    stable: dict[str, str], volatile: dict[str, str]
+) -> dict[str, Any]:
   """The build_info.json document of one build's status files.
 
   Args:
@@ -65,8 +67,12 @@ def build_info(stable: dict[str, str],
   else:
     dirty = _DIRTY.get(stable.get("STABLE_GIT_DIRTY", ""))
   revision = commit + ("+dirty" if dirty else "")
-  return {"git_revision": revision, "git_commit": commit, "git_dirty": dirty,
-          "build_time_utc": _build_time(volatile.get("BUILD_TIMESTAMP"))}
+  return {
+      "git_revision": revision,
+      "git_commit": commit,
+      "git_dirty": dirty,
+      "build_time_utc": _build_time(volatile.get("BUILD_TIMESTAMP")),
+  }
 
 
 def main():
@@ -75,8 +81,9 @@ def main():
   parser.add_argument("--volatile_status", required=True)
   parser.add_argument("--output", required=True)
   args = parser.parse_args()
-  document = build_info(read_status(args.stable_status),
-                        read_status(args.volatile_status))
+  document = build_info(
+      read_status(args.stable_status), read_status(args.volatile_status)
+  )
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(document, f, indent=2, sort_keys=True)
     f.write("\n")

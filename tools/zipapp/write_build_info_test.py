@@ -23,15 +23,19 @@ class BuildInfoTest(parameterized.TestCase):
   def test_revision_and_dirty_flag(self, dirty, revision, flag):
     info = write_build_info.build_info(
         {"STABLE_GIT_COMMIT": _COMMIT, "STABLE_GIT_DIRTY": dirty},
-        {"BUILD_TIMESTAMP": "1700000000"})
+        {"BUILD_TIMESTAMP": "1700000000"},
+    )
     self.assertEqual(info["git_revision"], revision)
     self.assertEqual(info["git_commit"], _COMMIT)
     self.assertEqual(info["git_dirty"], flag)
     self.assertEqual(info["build_time_utc"], "2023-11-14T22:13:20+00:00")
 
   @parameterized.named_parameters(
-      ("unknown", "unknown"), ("missing", None), ("short", "abc123"),
-      ("upper_case", _COMMIT.upper()))
+      ("unknown", "unknown"),
+      ("missing", None),
+      ("short", "abc123"),
+      ("upper_case", _COMMIT.upper()),
+  )
   def test_anything_but_a_commit_is_unknown(self, commit):
     stable = {"STABLE_GIT_DIRTY": "true"}
     if commit is not None:
@@ -47,17 +51,35 @@ class BuildInfoTest(parameterized.TestCase):
     stable = directory.create_file(
         "stable-status.txt",
         f"BUILD_EMBED_LABEL \nBUILD_HOST h\nSTABLE_GIT_COMMIT {_COMMIT}\n"
-        "STABLE_GIT_DIRTY true\n").full_path
+        "STABLE_GIT_DIRTY true\n",
+    ).full_path
     volatile = directory.create_file(
-        "volatile-status.txt", "BUILD_TIMESTAMP 1700000000\n").full_path
+        "volatile-status.txt", "BUILD_TIMESTAMP 1700000000\n"
+    ).full_path
     output = os.path.join(directory.full_path, "build_info.json")
     subprocess.run(
-        [sys.executable, write_build_info.__file__, "--stable_status", stable,
-         "--volatile_status", volatile, "--output", output], check=True)
-    with open(output) as f:
-      self.assertEqual(json.load(f), {
-          "git_revision": f"{_COMMIT}+dirty", "git_commit": _COMMIT,
-          "git_dirty": True, "build_time_utc": "2023-11-14T22:13:20+00:00"})
+        [
+            sys.executable,
+            write_build_info.__file__,
+            "--stable_status",
+            stable,
+            "--volatile_status",
+            volatile,
+            "--output",
+            output,
+        ],
+        check=True,
+    )
+    with open(output, encoding="utf-8") as f:
+      self.assertEqual(
+          json.load(f),
+          {
+              "git_revision": f"{_COMMIT}+dirty",
+              "git_commit": _COMMIT,
+              "git_dirty": True,
+              "build_time_utc": "2023-11-14T22:13:20+00:00",
+          },
+      )
 
 
 if __name__ == "__main__":
