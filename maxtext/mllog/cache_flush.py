@@ -19,7 +19,11 @@ import sys
 from typing import Callable, Optional
 
 from absl import logging
+import jax
+from jax.experimental import multihost_utils
 import numpy as np
+
+from maxtext import checks
 
 # The default flush: write back dirty pages, then drop the page cache, dentries
 # and inodes (3). Only root may write drop_caches.
@@ -42,6 +46,7 @@ class FlushResult:
     reason: why the cache was not flushed ("" when it was).
     command: the shell command run, or "" when none was.
   """
+
   flushed: bool
   reason: str = ""
   command: str = ""
@@ -50,12 +55,16 @@ class FlushResult:
 def _default_command(platform: str, euid: Optional[int]) -> tuple[str, str]:
   """Returns (command, "") for the default flush, or ("", why it cannot run)."""
   if not platform.startswith("linux"):
-    return "", (f"the default cache flush needs Linux (this is {platform}); "
-                "set cache_clear_command to this system's flush command")
+    return "", (
+        f"the default cache flush needs Linux (this is {platform}); "
+        "set cache_clear_command to this system's flush command"
+    )
   if euid != 0:
-    return "", (f"the default cache flush writes /proc/sys/vm/drop_caches, "
-                f"which needs root (effective uid {euid}); run as root or set "
-                "cache_clear_command")
+    return "", (
+        f"the default cache flush writes /proc/sys/vm/drop_caches, "
+        f"which needs root (effective uid {euid}); run as root or set "
+        "cache_clear_command"
+    )
   return DEFAULT_COMMAND, ""
 
 
@@ -66,9 +75,13 @@ def _tail(text: str) -> str:
   return text
 
 
-def flush_cache(command: str = "", *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                platform: str = sys.platform,
-                euid: Optional[int] = None) -> FlushResult:
+def flush_cache(
+    command: str = "",
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    platform: str = sys.platform,
+    euid: Optional[int] = None,
+) -> FlushResult:
   """Flushes this host's caches; never raises for a flush that fails.
 
   Args:
@@ -85,14 +98,14 @@ def flush_cache(command: str = "", *, timeout_s: float = DEFAULT_TIMEOUT_S,
     status and output, a timeout, or a command that could not start).
 
   Raises:
-    TypeError: `command` is not a str.
-    ValueError: `timeout_s` is not > 0.
+    TypeError: `command` is not a str, or `timeout_s` not a number.
+    ValueError: `timeout_s` is not finite and > 0.
   """
   if not isinstance(command, str):
-    raise TypeError(f"cache_clear_command must be a str, got "
-                    f"{type(command).__name__}")
-  if not timeout_s > 0:
-    raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    raise TypeError(
+        f"cache_clear_command must be a str, got {type(command).__name__}"
+    )
+  timeout_s = checks.check_number("timeout_s", timeout_s, positive=True)
   if not command.strip():
     if euid is None:
       euid = os.geteuid() if hasattr(os, "geteuid") else None
@@ -101,26 +114,43 @@ def flush_cache(command: str = "", *, timeout_s: float = DEFAULT_TIMEOUT_S,
       return FlushResult(False, why_not)
   try:
     proc = subprocess.run(
-        command, shell=True, stdin=subprocess.DEVNULL, capture_output=True,
-        text=True, errors="replace", timeout=timeout_s, check=False)
+        command,
+        shell=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout_s,
+        check=False,
+    )
   except subprocess.TimeoutExpired:
-    return FlushResult(False, f"{command!r} did not finish within "
-                              f"{timeout_s:g} s and was killed", command)
+    return FlushResult(
+        False,
+        f"{command!r} did not finish within " f"{timeout_s:g} s and was killed",
+        command,
+    )
   except OSError as e:  # No shell to run it with.
     return FlushResult(False, f"{command!r} could not start: {e}", command)
   if proc.returncode != 0:
     output = _tail(proc.stderr) or _tail(proc.stdout)
-    status = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
-              else f"exited with status {proc.returncode}")
+    status = (
+        f"was killed by signal {-proc.returncode}"
+        if proc.returncode < 0
+        else f"exited with status {proc.returncode}"
+    )
     return FlushResult(
-        False, f"{command!r} {status}" + (f": {output}" if output else ""),
-        command)
+        False,
+        f"{command!r} {status}" + (f": {output}" if output else ""),
+        command,
+    )
   return FlushResult(True, "", command)
 
 
-def agree(result: FlushResult, *,
-          allgather: Optional[Callable[[np.ndarray], np.ndarray]] = None
-          ) -> FlushResult:
+def agree(
+    result: FlushResult,
+    *,
+    allgather: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+) -> FlushResult:
   """The job's outcome: flushed only if every process flushed.
 
   A collective: with more than one JAX process, every process must call it.
@@ -137,22 +167,23 @@ def agree(result: FlushResult, *,
     own logs say why).
   """
   if allgather is None:
-    import jax  # pylint: disable=g-import-not-at-top
     if jax.process_count() == 1:
       return result
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     allgather = multihost_utils.process_allgather
   flags = np.asarray(allgather(np.asarray(result.flushed, np.int32)))
   failed = [i for i, ok in enumerate(flags.reshape(-1)) if not ok]
   if not failed or not result.flushed:
     return result
   return FlushResult(
-      False, f"the cache flush failed on process(es) {failed} (their logs say "
-             "why)", result.command)
+      False,
+      f"the cache flush failed on process(es) {failed} (their logs say " "why)",
+      result.command,
+  )
 
 
-def flush_all_hosts(command: str = "", *,
-                    timeout_s: float = DEFAULT_TIMEOUT_S) -> FlushResult:
+def flush_all_hosts(
+    command: str = "", *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> FlushResult:
   """Flushes every host's caches and agrees on the outcome (a collective).
 
   Each process runs `flush_cache(command)` on its own host and warns with the

@@ -1,4 +1,4 @@
-"""Tests for cache_flush: real commands, real processes, the official checker."""
+"""Tests for cache_flush: real commands and processes, the official checker."""
 
 import json
 import os
@@ -20,8 +20,11 @@ from testing import tiny_configs
 
 def _events(path):
   with open(path, encoding="utf-8") as f:
-    return [json.loads(line[len(":::MLLOG "):]) for line in f
-            if line.startswith(":::MLLOG ")]
+    return [
+        json.loads(line[len(":::MLLOG ") :])
+        for line in f
+        if line.startswith(":::MLLOG ")
+    ]
 
 
 class FlushCacheTest(parameterized.TestCase):
@@ -32,10 +35,16 @@ class FlushCacheTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("exit_status", "false", "'false' exited with status 1"),
-      ("nonexistent", "no_such_flush_command_x",
-       "exited with status 127: .*no_such_flush_command_x.*not found"),
-      ("output_quoted", "echo cannot drop >&2; exit 3",
-       "exited with status 3: cannot drop"),
+      (
+          "nonexistent",
+          "no_such_flush_command_x",
+          "exited with status 127: .*no_such_flush_command_x.*not found",
+      ),
+      (
+          "output_quoted",
+          "echo cannot drop >&2; exit 3",
+          "exited with status 3: cannot drop",
+      ),
       ("killed", "kill -9 $$", "was killed by signal 9"),
   )
   def test_command_that_fails_is_not_a_flush(self, command, reason):
@@ -53,7 +62,7 @@ class FlushCacheTest(parameterized.TestCase):
     marker = self.create_tempfile().full_path
     result = cache_flush.flush_cache(f"sync && echo done > {marker}")
     self.assertTrue(result.flushed, result.reason)
-    with open(marker) as f:
+    with open(marker, encoding="utf-8") as f:
       self.assertEqual(f.read(), "done\n")
 
   def test_default_needs_linux_and_runs_nothing_elsewhere(self):
@@ -92,12 +101,14 @@ class AgreeTest(parameterized.TestCase):
     def allgather(value):
       self.assertEqual(np.asarray(value).shape, ())
       return np.asarray(flags)
+
     return allgather
 
   def test_flushed_when_every_process_flushed(self):
     ok = cache_flush.FlushResult(True, "", "true")
-    self.assertEqual(cache_flush.agree(ok, allgather=self._gather([1, 1, 1])),
-                     ok)
+    self.assertEqual(
+        cache_flush.agree(ok, allgather=self._gather([1, 1, 1])), ok
+    )
 
   def test_a_peer_that_failed_makes_it_not_flushed(self):
     ok = cache_flush.FlushResult(True, "", "true")
@@ -106,10 +117,12 @@ class AgreeTest(parameterized.TestCase):
     self.assertIn("process(es) [1, 3]", result.reason)
 
   def test_own_failure_keeps_its_reason(self):
-    failed = cache_flush.FlushResult(False, "'false' exited with status 1",
-                                     "false")
+    failed = cache_flush.FlushResult(
+        False, "'false' exited with status 1", "false"
+    )
     self.assertEqual(
-        cache_flush.agree(failed, allgather=self._gather([0, 1])), failed)
+        cache_flush.agree(failed, allgather=self._gather([0, 1])), failed
+    )
 
   def test_one_process_needs_no_collective(self):
     ok = cache_flush.FlushResult(True, "", "true")
@@ -137,11 +150,25 @@ class MultiProcessTest(absltest.TestCase):
   def test_every_process_learns_that_one_host_failed(self):
     address = f"127.0.0.1:{multiprocess.free_port()}"
     commands = ["true", "false"]
-    procs = [subprocess.Popen(
-        [sys.executable, "-c", _PROCESS_SCRIPT, address, str(i), commands[i]],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL, env=multiprocess.child_env())
-             for i in range(2)]
+    procs = [
+        # Both must run at once (no `with`); the finally below reaps them.
+        subprocess.Popen(  # pylint: disable=consider-using-with
+            [
+                sys.executable,
+                "-c",
+                _PROCESS_SCRIPT,
+                address,
+                str(i),
+                commands[i],
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env=multiprocess.child_env(),
+        )
+        for i in range(2)
+    ]
     outputs = []
     try:
       for proc in procs:
@@ -153,10 +180,16 @@ class MultiProcessTest(absltest.TestCase):
         if proc.poll() is None:
           proc.kill()
           proc.wait()
-    results = [json.loads(next(line[len("RESULT "):]
-                               for line in out.splitlines()
-                               if line.startswith("RESULT ")))
-               for out, _ in outputs]
+    results = [
+        json.loads(
+            next(
+                line[len("RESULT ") :]
+                for line in out.splitlines()
+                if line.startswith("RESULT ")
+            )
+        )
+        for out, _ in outputs
+    ]
     # All agree on True for `true`, and on False once process 1 failed.
     self.assertEqual([r[:2] for r in results], [[True, False], [True, False]])
     self.assertIn("process(es) [1]", results[0][2])
@@ -168,42 +201,65 @@ class ListenerStartTest(parameterized.TestCase):
   """`listener.start` logs cache_clear as the flush turned out."""
 
   def _log(self, command, **overrides):
+    """Logs a short successful run through the listener; returns the log."""
     out = self.create_tempdir().full_path
-    config = tiny_configs.tiny_config(out, cache_clear_command=command,
-                                      **overrides)
-    listener = mllog_listener.start(config, out, process_index=0,
-                                    data_parallelism=1,
-                                    config_filename="tiny.py")
+    config = tiny_configs.tiny_config(
+        out, cache_clear_command=command, **overrides
+    )
+    listener = mllog_listener.start(
+        config,
+        out,
+        process_index=0,
+        data_parallelism=1,
+        config_filename="tiny.py",
+    )
     listener.on_run_start(interface.RunStart(0, 0))
     samples = 3 * config.global_batch_size
     listener.on_eval_start(2, samples)
-    listener.on_eval(interface.EvalRecord(
-        step=2, eval_loss=0.5, eval_time=0.1, samples=samples,
-        target_reached=True, continues=False))
-    listener.on_run_end(interface.RunEnd(interface.RunOutcome.SUCCESS, 3,
-                                         samples))
+    listener.on_eval(
+        interface.EvalRecord(
+            step=2,
+            eval_loss=0.5,
+            eval_time=0.1,
+            samples=samples,
+            target_reached=True,
+            continues=False,
+        )
+    )
+    listener.on_run_end(
+        interface.RunEnd(interface.RunOutcome.SUCCESS, 3, samples)
+    )
     listener.close()
     return listener.logger.path
 
   def test_successful_command_logs_true(self):
     path = self._log("true")
     events = _events(path)
-    self.assertEqual((events[0]["key"], events[0]["value"]),
-                     ("cache_clear", True))
+    self.assertEqual(
+        (events[0]["key"], events[0]["value"]), ("cache_clear", True)
+    )
     self.assertTrue(compliance_checker.run_checker(path).passed)
 
   @parameterized.named_parameters(
       ("failing", "false", "'false' exited with status 1"),
-      ("nonexistent", "no_such_flush_command_x", "status 127"))
+      ("nonexistent", "no_such_flush_command_x", "status 127"),
+  )
   def test_failed_command_logs_false_says_why_and_passes_the_checker(
-      self, command, reason):
+      self, command, reason
+  ):
     with self.assertLogs(level="WARNING") as logs:
       path = self._log(command)
     events = _events(path)
-    self.assertEqual((events[0]["key"], events[0]["value"]),
-                     ("cache_clear", False))
-    self.assertTrue(any("cache_clear is logged False" in line and
-                        reason in line for line in logs.output), logs.output)
+    self.assertEqual(
+        (events[0]["key"], events[0]["value"]), ("cache_clear", False)
+    )
+    self.assertTrue(
+        any(
+            "cache_clear is logged False" in line and reason in line
+            for line in logs.output
+        ),
+        logs.output,
+    )
     # The official checker accepts an honest False.
     result = compliance_checker.run_checker(path)
     self.assertTrue(result.passed, result.output + "\n".join(result.messages))
@@ -212,10 +268,15 @@ class ListenerStartTest(parameterized.TestCase):
     out = self.create_tempdir().full_path
     marker = os.path.join(out, "flushed")
     config = tiny_configs.tiny_config(
-        out, enable_mllog=False, cache_clear_command=f"touch {marker}")
-    listener = mllog_listener.start(config, out, process_index=0,
-                                    data_parallelism=1,
-                                    config_filename="tiny.py")
+        out, enable_mllog=False, cache_clear_command=f"touch {marker}"
+    )
+    listener = mllog_listener.start(
+        config,
+        out,
+        process_index=0,
+        data_parallelism=1,
+        config_filename="tiny.py",
+    )
     listener.close()
     self.assertFalse(os.path.exists(marker))
     self.assertFalse(listener.logger.enabled)
