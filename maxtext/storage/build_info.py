@@ -94,9 +94,7 @@ def read_stamp(path: str) -> Optional[BuildInfo]:
   except json.JSONDecodeError as e:
     raise ValueError(f"build info {path!r} is not JSON: {e}") from e
   if not isinstance(document, dict):
-    raise ValueError(
-        f"build info {path!r} is not a JSON object: {document!r}"
-    )
+    raise ValueError(f"build info {path!r} is not a JSON object: {document!r}")
   revision = document.get("git_revision")
   if not isinstance(revision, str) or not _REVISION.match(revision):
     raise ValueError(
