@@ -21,10 +21,12 @@ import ml_collections
 
 from maxtext import checks
 from maxtext.configs import base
+from maxtext.mllog import hyperparameters as mllog_hyperparameters
 from maxtext.mllog import rules
+from maxtext.text import metadata as text_metadata
 
 ALLOWED_DTYPES = ("float32", "bfloat16", "float16")
-DATASET_TYPES = ("synthetic", "tokens_file")
+DATASET_TYPES = ("synthetic", "tokens_file", "grain")
 HARDWARE = ("auto", "cpu", "tpu", "gpu")
 
 # Expected Python type of every field: the type of its default in base.py, so
@@ -77,6 +79,36 @@ def _check_relative_name(key: str, value: str) -> None:
       value in (".", "..") or value.startswith("~")):
     raise _fail(key, value, "must be a plain directory name inside "
                 "base_output_directory (no '/', '..' or absolute path)")
+
+
+def _check_moe(v) -> None:
+  """The mixture-of-experts fields (maxtext/moe.py)."""
+  for key in ("num_experts", "num_shared_experts", "num_dense_layers",
+              "moe_mlp_dim"):
+    _at_least(v, key, 0)
+  _at_least(v, "expert_parallelism", 1)
+  # The same values as maxtext/moe.py's ROUTER_SCORES and LOAD_BALANCE_LOSSES.
+  _one_of(v, "router_score", ("softmax", "sigmoid"))
+  _one_of(v, "load_balance_loss", ("switch", "sequence"))
+  for key in ("load_balance_loss_weight", "capacity_factor"):
+    if v[key] < 0:
+      raise _fail(key, v[key], "must be >= 0")
+  experts = v["num_experts"]
+  if not experts:
+    if v["expert_parallelism"] != 1:
+      raise _fail("expert_parallelism", v["expert_parallelism"],
+                  "must be 1 when num_experts=0 (a dense model)")
+    return
+  if not 1 <= v["num_experts_per_token"] <= experts:
+    raise _fail("num_experts_per_token", v["num_experts_per_token"],
+                f"must be in [1, num_experts={experts}]")
+  if v["num_dense_layers"] >= v["num_layers"]:
+    raise _fail("num_dense_layers", v["num_dense_layers"],
+                f"must be < num_layers={v['num_layers']} (at least one MoE "
+                f"layer when num_experts > 0)")
+  if experts % v["expert_parallelism"]:
+    raise _fail("expert_parallelism", v["expert_parallelism"],
+                f"must divide num_experts={experts}")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -140,6 +172,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 f"needs hardware='gpu' or 'auto', got {v['hardware']!r}")
   _one_of(v, "remat_policy", ("none", "full", "save_dots", "save_named"))
   _at_least(v, "loss_chunk_size", 0)
+  _check_moe(v)
 
   # Data.
   _one_of(v, "dataset_type", DATASET_TYPES)
@@ -147,6 +180,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for key in ("train_data_path", "eval_data_path"):
       if not v[key]:
         raise _fail(key, v[key], "is required when dataset_type='tokens_file'")
+  _at_least(v, "grain_worker_count", 0)
+  if v["dataset_type"] == "grain":
+    # Reads only metadata.json: a directory without one, or a vocabulary
+    # larger than the model's, is refused before any device work.
+    text_metadata.check_config(v["train_data_path"], v["eval_data_path"],
+                               v["vocab_size"], v["max_sequence_length"])
 
   # Batch and steps.
   _at_least(v, "global_batch_size", 1)
@@ -227,6 +266,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   # MLPerf log. Checked even when off, so turning it on cannot fail later.
   rules.validate_submission(v)
+  if (v["submission_division"] == "closed" and not v["num_experts"] and
+      mllog_hyperparameters.rules_require_key(
+          rules.ruleset_dir(v["mllog_ruleset"]), "closed",
+          v["submission_benchmark"], mllog_hyperparameters.MOE_AUX_LOSS_COEFF)):
+    # The benchmark is a mixture-of-experts model: its closed rules require
+    # moe_aux_loss_coeff, which a dense model has no honest value for.
+    raise _fail("num_experts", 0,
+                f"a closed {v['submission_benchmark']} run needs a model with "
+                f"experts (its rules require moe_aux_loss_coeff)")
   if v["enable_mllog"]:
     # Only for a run with a log (a run without one submits nothing). Closed:
     # an error before any device work; open: warnings.
@@ -263,13 +311,27 @@ def micro_batch_size(config) -> int:
 
 
 def train_samples(config) -> int:
-  """`train_samples` for the MLPerf log: mllog_train_samples, 0 = the budget."""
-  return config.mllog_train_samples or config.steps * config.global_batch_size
+  """`train_samples` for the MLPerf log: mllog_train_samples; 0 = the
+  prepared data's training sequences (grain), else the budget."""
+  if config.mllog_train_samples:
+    return config.mllog_train_samples
+  if config.dataset_type == "grain":
+    meta = text_metadata.load(config.train_data_path)
+    return text_metadata.windows(meta, "train", config.max_sequence_length)
+  return config.steps * config.global_batch_size
 
 
 def eval_samples(config) -> int:
-  """Sequences in one evaluation: eval_steps * eval_batch_size."""
-  return config.eval_steps * config.eval_batch_size
+  """Distinct sequences in one evaluation: eval_steps * eval_batch_size, at
+  most the prepared eval split's sequences (grain)."""
+  samples = config.eval_steps * config.eval_batch_size
+  if config.dataset_type == "grain":
+    meta = text_metadata.load(config.eval_data_path or config.train_data_path,
+                              "eval_data_path" if config.eval_data_path
+                              else "train_data_path")
+    samples = min(samples, text_metadata.windows(
+        meta, "eval", config.max_sequence_length))
+  return samples
 
 
 def to_json_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:

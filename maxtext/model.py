@@ -29,6 +29,14 @@ M mlp_dim, V vocab_size):
   layers/w_down      [L, M, E]
   final_norm         [E]
   unembedding        [E, V]
+
+With `num_experts` > 0 the feed-forward layers after the first
+`num_dense_layers` are mixture-of-experts layers (`maxtext.moe`). Dense and
+MoE blocks have different parameters, so they are two stacks scanned one
+after the other: `layers` (the num_dense_layers dense blocks; absent when
+that is 0) and `moe_layers` (the rest: the attention parameters above plus
+the MoE layer's, with a leading axis of num_layers - num_dense_layers). A
+dense model (num_experts 0) has exactly the tree above.
 """
 
 import functools
@@ -42,6 +50,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask as splash_mask)
 import jax.numpy as jnp
 import numpy as np
+
+from maxtext import moe
 
 Params = dict[str, Any]
 
@@ -59,15 +69,18 @@ _SPLASH_BLOCK = 128
 
 # Logical axis names of every parameter, one name per dimension. The mesh code
 # maps them to mesh axes; `param_fsdp_axis` derives the FSDP shard dimension.
+_ATTENTION_AXES = {
+    "attn_norm": ("layers", "norm"),
+    "wq": ("layers", "embed", "heads", "head_dim"),
+    "wk": ("layers", "embed", "kv_heads", "head_dim"),
+    "wv": ("layers", "embed", "kv_heads", "head_dim"),
+    "wo": ("layers", "heads", "head_dim", "embed"),
+    "mlp_norm": ("layers", "norm"),
+}
 _LOGICAL_AXES = {
     "embedding": ("vocab", "embed"),
     "layers": {
-        "attn_norm": ("layers", "norm"),
-        "wq": ("layers", "embed", "heads", "head_dim"),
-        "wk": ("layers", "embed", "kv_heads", "head_dim"),
-        "wv": ("layers", "embed", "kv_heads", "head_dim"),
-        "wo": ("layers", "heads", "head_dim", "embed"),
-        "mlp_norm": ("layers", "norm"),
+        **_ATTENTION_AXES,
         "w_gate": ("layers", "embed", "mlp"),
         "w_up": ("layers", "embed", "mlp"),
         "w_down": ("layers", "mlp", "embed"),
@@ -75,6 +88,8 @@ _LOGICAL_AXES = {
     "final_norm": ("norm",),
     "unembedding": ("embed", "vocab"),
 }
+# The experts' dimension: sharded over the mesh's expert axis, never FSDP's.
+EXPERT_LOGICAL_AXIS = "experts"
 
 
 def _dtype(name: str) -> jnp.dtype:
@@ -95,6 +110,8 @@ def init_params(config, rng: jax.Array) -> Params:
   Returns:
     The parameter pytree, every leaf in `config.weight_dtype`.
   """
+  if config.num_experts:
+    return _init_moe_params(config, rng)
   v, e, l = config.vocab_size, config.emb_dim, config.num_layers
   h, k, d, m = (config.num_heads, config.num_kv_heads, config.head_dim,
                 config.mlp_dim)
@@ -122,6 +139,46 @@ def init_params(config, rng: jax.Array) -> Params:
       "final_norm": jnp.ones((e,), dtype),
       "unembedding": normal((e, v), e),
   }
+
+
+def _init_moe_params(config, rng: jax.Array) -> Params:
+  """`init_params` of a model with experts: a dense and an MoE stack."""
+  v, e = config.vocab_size, config.emb_dim
+  h, k, d, m = (config.num_heads, config.num_kv_heads, config.head_dim,
+                config.mlp_dim)
+  dtype = _dtype(config.weight_dtype)
+  keys = iter(jax.random.split(rng, 32))
+
+  def normal(shape, fan_in):
+    std = 1.0 / math.sqrt(fan_in)
+    x = jax.random.truncated_normal(next(keys), -2.0, 2.0, shape, jnp.float32)
+    return (x * std).astype(dtype)
+
+  def attention(l):
+    return {
+        "attn_norm": jnp.ones((l, e), dtype),
+        "wq": normal((l, e, h, d), e),
+        "wk": normal((l, e, k, d), e),
+        "wv": normal((l, e, k, d), e),
+        "wo": normal((l, h, d, e), h * d),
+        "mlp_norm": jnp.ones((l, e), dtype),
+    }
+
+  params = {"embedding": normal((v, e), 1)}
+  dense = config.num_dense_layers
+  if dense:
+    params["layers"] = {
+        **attention(dense),
+        "w_gate": normal((dense, e, m), e),
+        "w_up": normal((dense, e, m), e),
+        "w_down": normal((dense, m, e), m),
+    }
+  sparse = config.num_layers - dense
+  params["moe_layers"] = {**attention(sparse),
+                          **moe.init_params(config, sparse, normal)}
+  params["final_norm"] = jnp.ones((e,), dtype)
+  params["unembedding"] = normal((e, v), e)
+  return params
 
 
 def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -327,8 +384,20 @@ def _remat(block, policy: str):
   return jax.checkpoint(block, policy=policies[policy], prevent_cse=False)
 
 
-def _final_hidden(params: Params, tokens: jax.Array, config) -> jax.Array:
-  """Embedding, blocks and final norm: [B, S] tokens -> [B, S, E] (compute)."""
+def _final_hidden(params: Params, tokens: jax.Array,
+                  config) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Embedding, blocks and final norm.
+
+  Args:
+    params: the parameter pytree.
+    tokens: int32 [B, S].
+    config: the run configuration.
+
+  Returns:
+    (x, moe_stats): x [B, S, E] in the compute dtype; moe_stats the MoE
+    layers' statistics reduced over layers (`moe.summarize`), {} for a dense
+    model.
+  """
   cdt = _dtype(config.compute_dtype)
   eps = config.norm_epsilon
   x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
@@ -338,8 +407,22 @@ def _final_hidden(params: Params, tokens: jax.Array, config) -> jax.Array:
     x = x + _mlp(_rms_norm(x, layer["mlp_norm"], eps), layer)
     return x, None
 
-  x, _ = jax.lax.scan(_remat(block, config.remat_policy), x, params["layers"])
-  return _rms_norm(x, params["final_norm"], eps)
+  def moe_block(x, layer):
+    x = x + _attention(_rms_norm(x, layer["attn_norm"], eps), layer, config)
+    out, stats = moe.moe_mlp(_rms_norm(x, layer["mlp_norm"], eps), layer,
+                             config)
+    x = x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
+    return x, stats
+
+  if "layers" in params:
+    x, _ = jax.lax.scan(_remat(block, config.remat_policy), x,
+                        params["layers"])
+  stats = {}
+  if "moe_layers" in params:
+    x, per_layer = jax.lax.scan(_remat(moe_block, config.remat_policy), x,
+                                params["moe_layers"])
+    stats = moe.summarize(per_layer)
+  return _rms_norm(x, params["final_norm"], eps), stats
 
 
 def _unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
@@ -359,7 +442,8 @@ def apply(params: Params, tokens: jax.Array, config) -> jax.Array:
   Returns:
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
-  return _unembed(_final_hidden(params, tokens, config), params["unembedding"])
+  return _unembed(_final_hidden(params, tokens, config)[0],
+                  params["unembedding"])
 
 
 def _token_sums(logits: jax.Array, targets: jax.Array,
@@ -439,7 +523,7 @@ def loss_fn(params: Params, batch: Mapping[str, jax.Array],
   if chunk < 0:
     raise ValueError(f"config.loss_chunk_size={chunk!r}: must be >= 0 "
                      f"(0 = unchunked)")
-  x = _final_hidden(params, batch["inputs"], config)
+  x, moe_stats = _final_hidden(params, batch["inputs"], config)
   targets = batch["targets"]
   weights = batch.get("weights")
   if weights is None:
@@ -461,7 +545,25 @@ def loss_fn(params: Params, batch: Mapping[str, jax.Array],
       "num_correct": num_correct,
       "accuracy": jnp.where(num_tokens > 0, num_correct / denom, 0.0),
   }
+  if moe_stats:
+    loss = loss + config.load_balance_loss_weight * moe_stats["aux_loss"]
+    aux["moe"] = _moe_metrics(moe_stats, config)
   return loss, aux
+
+
+def _moe_metrics(stats: Mapping[str, jax.Array],
+                 config) -> dict[str, jax.Array]:
+  """The `moe/...` metrics of one micro-batch (README: "MoE metrics").
+
+  The engine averages packed scalars over a step's K micro-batches, so the
+  dropped-assignment count is reported times K
+  (`gradient_accumulation_steps`): the mean of those is the step's sum.
+  """
+  metrics = {name: stats[name] for name in moe.STAT_NAMES
+             if name != "dropped"}
+  metrics["dropped_tokens"] = (stats["dropped"] *
+                               config.gradient_accumulation_steps)
+  return metrics
 
 
 def num_params(params: Params) -> int:
@@ -478,20 +580,27 @@ def param_logical_axes(params: Params) -> Params:
   Raises:
     ValueError: if `params` does not have the structure of `init_params`.
   """
-  expected = jax.tree_util.tree_structure(
-      _LOGICAL_AXES, is_leaf=lambda x: isinstance(x, tuple))
+  is_axes = lambda x: isinstance(x, tuple)
+  axes = dict(_LOGICAL_AXES)
+  if "moe_layers" in params:
+    if "layers" not in params:
+      del axes["layers"]
+    moe_axes = {**_ATTENTION_AXES, **moe.LOGICAL_AXES}
+    axes["moe_layers"] = {name: moe_axes.get(name, ())
+                          for name in params["moe_layers"]}
+  expected = jax.tree_util.tree_structure(axes, is_leaf=is_axes)
   actual = jax.tree_util.tree_structure(params)
   if expected != actual:
     raise ValueError(f"params structure {actual} is not the model's {expected}")
-  return jax.tree_util.tree_map(lambda axes: axes, _LOGICAL_AXES,
-                                is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree_util.tree_map(lambda a: a, axes, is_leaf=is_axes)
 
 
 def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
   """Which dimension of each parameter to shard over an FSDP mesh axis.
 
   The largest dimension divisible by `fsdp_size` is chosen (the first of
-  equals), never the stacked "layers" dimension, which `lax.scan` slices.
+  equals), never the stacked "layers" dimension, which `lax.scan` slices,
+  nor the "experts" dimension, which the expert mesh axis shards.
   A parameter with no such dimension, or `fsdp_size` 1, is replicated.
 
   Args:
@@ -513,7 +622,7 @@ def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
       return None
     best = None
     for dim, (size, name) in enumerate(zip(x.shape, names)):
-      if name == "layers" or size % fsdp_size:
+      if name in ("layers", EXPERT_LOGICAL_AXIS) or size % fsdp_size:
         continue
       if best is None or size > x.shape[best]:
         best = dim
@@ -524,25 +633,45 @@ def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
 
 
 def param_partition_specs(params: Params, fsdp_size: int,
-                          fsdp_axis_name: str = "fsdp") -> Params:
-  """`jax.sharding.PartitionSpec` per parameter for FSDP sharding.
+                          fsdp_axis_name: str = "fsdp", *,
+                          expert_size: int = 1,
+                          expert_axis_name: str = "expert") -> Params:
+  """`jax.sharding.PartitionSpec` per parameter for FSDP and expert sharding.
 
   Args:
     params: the parameter pytree (arrays or anything with `.shape`).
     fsdp_size: number of devices on the FSDP mesh axis.
     fsdp_axis_name: the mesh axis name to shard over.
+    expert_size: number of devices on the expert mesh axis; > 1 shards
+      every "experts" dimension over `expert_axis_name`.
+    expert_axis_name: the expert mesh axis name.
 
   Returns:
     A pytree like `params` of PartitionSpecs (replicated where
-    `param_fsdp_axis` gives None).
+    `param_fsdp_axis` gives None and there is no sharded experts dimension).
+
+  Raises:
+    ValueError: expert_size < 1, or it does not divide the number of
+      experts.
   """
+  if not isinstance(expert_size, int) or expert_size < 1:
+    raise ValueError(f"expert_size must be a positive int, got "
+                     f"{expert_size!r}")
   dims = param_fsdp_axis(params, fsdp_size)
+  axes = param_logical_axes(params)
 
-  def spec(x, dim):
-    names = [None] * len(x.shape)
+  def spec(x, dim, names):
+    out = [None] * len(x.shape)
     if dim is not None:
-      names[dim] = fsdp_axis_name
-    return jax.sharding.PartitionSpec(*names)
+      out[dim] = fsdp_axis_name
+    if expert_size > 1 and EXPERT_LOGICAL_AXIS in names:
+      experts = names.index(EXPERT_LOGICAL_AXIS)
+      if x.shape[experts] % expert_size:
+        raise ValueError(f"expert_parallelism={expert_size} does not divide "
+                         f"the {x.shape[experts]} experts")
+      out[experts] = expert_axis_name
+    return jax.sharding.PartitionSpec(*out)
 
-  return jax.tree_util.tree_map(spec, params, dims,
-                                is_leaf=lambda x: x is None)
+  return jax.tree_util.tree_map(
+      spec, params, dims, axes,
+      is_leaf=lambda x: x is None or isinstance(x, tuple))

@@ -109,14 +109,46 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute the loss this many sequence positions at a time, so the float32
   # [batch, seq, vocab] logits never exist at once. 0 = all at once.
   config.loss_chunk_size = 0
+  # Mixture of experts (maxtext/moe.py). Number of routed experts per MoE
+  # layer; 0 = a dense model (every layer a SwiGLU MLP).
+  config.num_experts = 0
+  # Experts each token is routed to (top-k), in [1, num_experts].
+  config.num_experts_per_token = 1
+  # Experts every token also goes through (DeepSeek's shared experts).
+  config.num_shared_experts = 0
+  # The first this many layers keep a dense MLP; the rest are MoE layers.
+  config.num_dense_layers = 0
+  # Hidden width of one expert (and of each shared expert). 0 = mlp_dim.
+  config.moe_mlp_dim = 0
+  # Router scores: "softmax" (top-k probabilities are the weights) or
+  # "sigmoid" (DeepSeek-V3: top-k sigmoid affinities normalised to sum 1).
+  config.router_score = "softmax"
+  # Load-balancing loss: "switch" (over the micro-batch) or "sequence"
+  # (DeepSeek-V3's sequence-wise form), averaged over the MoE layers.
+  config.load_balance_loss = "switch"
+  # Weight of the load-balancing loss in the training loss (and the MLPerf
+  # log's moe_aux_loss_coeff).
+  config.load_balance_loss_weight = 0.01
+  # Each expert takes at most ceil(capacity_factor * tokens * k /
+  # num_experts) assignments of a micro-batch; the rest are dropped (and
+  # counted). 0 = no limit, nothing dropped.
+  config.capacity_factor = 0.0
 
   # ------------------------------------------------------------------ data
   # "synthetic": generated, learnable sequences (no files).
   # "tokens_file": a flat NumPy .npy file of token ids (any integer dtype), or a
   # raw .bin file of little-endian uint16 token ids, memory-mapped.
+  # "grain": a directory written by tools/prepare_data (ArrayRecord shards of
+  # tokenized text plus metadata.json), read with Grain, resumable.
   config.dataset_type = "synthetic"
-  config.train_data_path = ""  # Tokens file for training (tokens_file only).
-  config.eval_data_path = ""  # Tokens file for evaluation (tokens_file only).
+  # tokens_file: the training tokens file. grain: the prepared directory.
+  config.train_data_path = ""
+  # tokens_file: the eval tokens file. grain: a prepared directory whose eval
+  # split is read; "" = train_data_path's eval split.
+  config.eval_data_path = ""
+  # grain: Grain worker processes reading batches ahead (0 = reader threads
+  # in the training process only).
+  config.grain_worker_count = 0
 
   # --------------------------------------------------------- batch & steps
   # Sequences per optimizer step, over all processes and micro-batches.
@@ -164,6 +196,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Device mesh axes. -1 = all devices the other axis leaves; at most one -1.
   config.data_parallelism = -1  # Data-parallel replicas.
   config.fsdp_parallelism = 1  # Devices that shard parameters (FSDP).
+  # Devices that shard the experts (the "expert" mesh axis; batches are split
+  # over it too). 1 = no expert axis. Must divide num_experts.
+  config.expert_parallelism = 1
 
   # ---------------------------------------------------------- distribution
   # Multi-process (multi-host) runs through jax.distributed.

@@ -5,13 +5,20 @@ hold (`REQUIRED_HYPERPARAMETERS`, in order) from the config and the run's
 real values, naming precisions as MLPerf spells them (`precision_name`).
 `maxtext.mllog.logger` writes the log; this module only decides its contents.
 The submission fields are checked by `maxtext.mllog.rules`.
+
+A model with experts (`num_experts` > 0) also logs `moe_aux_loss_coeff`, its
+`load_balance_loss_weight`; `rules_require_key` tells whether a benchmark's
+rules demand a key (the config check refuses a closed deepseekv3_671b run of
+a dense model, whose log could not carry it honestly).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import numpy as np
+import yaml
 
 # Precision names the 6.1 disclosure keys accept.
 PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "fp8", "mxfp6", "nvfp4", "mxfp4",
@@ -59,6 +66,11 @@ REQUIRED_HYPERPARAMETERS = (
     "config_filename",
 )
 
+# Logged after the required keys when the model has experts.
+MOE_AUX_LOSS_COEFF = "moe_aux_loss_coeff"
+# Rule requirements that make a key mandatory in a checker's YAML.
+_REQUIRING = ("EXACTLY_ONE", "AT_LEAST_ONE")
+
 # JAX dtype names -> MLPerf precision names, and their order (lowest first).
 _DTYPE_PRECISION = {
     "float64": "fp64",
@@ -101,7 +113,7 @@ def hyperparameters_from_config(
     tensor_parallelism: int = 1,
     pipeline_parallelism: int = 1,
     context_parallelism: int = 1,
-    expert_parallelism: int = 1,
+    expert_parallelism: Optional[int] = None,
 ) -> dict[str, Any]:
   """Builds the hyperparameter events of a run from its config and real values.
 
@@ -109,7 +121,9 @@ def hyperparameters_from_config(
   `gradient_accumulation_steps`, `max_sequence_length`, `seed`,
   `learning_rate`, `lr_end_fraction` (only when `end_learning_rate` is None),
   `adam_b1`, `adam_b2`, `adam_eps`, `weight_decay`, `grad_clip_norm`, `steps`,
-  `weight_dtype`, `compute_dtype`.
+  `weight_dtype`, `compute_dtype`; `num_experts`,
+  `load_balance_loss_weight` and `expert_parallelism` where the config has
+  them.
 
   Args:
     config: the run's resolved config.
@@ -126,11 +140,15 @@ def hyperparameters_from_config(
     tensor_parallelism: tensor-parallel degree.
     pipeline_parallelism: pipeline-parallel degree.
     context_parallelism: context-parallel degree.
-    expert_parallelism: expert-parallel degree.
+    expert_parallelism: expert-parallel degree; None = the config's
+      `expert_parallelism` (1 when it has none).
 
   Returns:
-    A dict with every key of `REQUIRED_HYPERPARAMETERS`, in that order.
+    A dict with every key of `REQUIRED_HYPERPARAMETERS`, in that order, then
+    `moe_aux_loss_coeff` when the config's model has experts.
   """
+  if expert_parallelism is None:
+    expert_parallelism = getattr(config, "expert_parallelism", 1)
   if not 0 <= warmup_steps <= schedule_steps:
     raise ValueError(f"warmup_steps must be in [0, schedule_steps="
                      f"{schedule_steps}], got {warmup_steps}")
@@ -168,4 +186,34 @@ def hyperparameters_from_config(
       "micro_batch_size": micro_batch_size,
       "config_filename": config_filename,
   }
-  return {key: values[key] for key in REQUIRED_HYPERPARAMETERS}
+  out = {key: values[key] for key in REQUIRED_HYPERPARAMETERS}
+  if getattr(config, "num_experts", 0) > 0:
+    out[MOE_AUX_LOSS_COEFF] = config.load_balance_loss_weight
+  return out
+
+
+def rules_require_key(rules_dir: str, division: str, benchmark: str,
+                      key: str) -> bool:
+  """Whether a checker rule file requires `key` in the log.
+
+  Args:
+    rules_dir: a ruleset's directory of YAML rules (`rules.ruleset_dir`).
+    division: "closed" or "open".
+    benchmark: the benchmark name.
+    key: the log key.
+
+  Returns:
+    True when `<division>_<benchmark>.yaml` exists and names `key` with
+    REQ EXACTLY_ONE or AT_LEAST_ONE.
+  """
+  path = os.path.join(rules_dir, f"{division}_{benchmark}.yaml")
+  if not os.path.isfile(path):
+    return False
+  with open(path, encoding="utf-8") as f:
+    entries = yaml.safe_load(f) or []
+  for entry in entries:
+    rule = entry.get("KEY") if isinstance(entry, dict) else None
+    if (isinstance(rule, dict) and rule.get("NAME") == key and
+        rule.get("REQ") in _REQUIRING):
+      return True
+  return False

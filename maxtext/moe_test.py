@@ -1,0 +1,148 @@
+"""Tests of maxtext/moe.py: sorted dispatch against the dense reference."""
+
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from maxtext import moe
+
+
+def _config(**overrides):
+  config = ml_collections.ConfigDict(dict(
+      emb_dim=8, mlp_dim=16, moe_mlp_dim=6, num_experts=4,
+      num_experts_per_token=2, num_shared_experts=0, router_score="softmax",
+      load_balance_loss="switch", capacity_factor=0.0))
+  config.update(overrides)
+  return config
+
+
+def _layer(config, seed=0):
+  keys = iter(jax.random.split(jax.random.PRNGKey(seed), 8))
+
+  def normal(shape, fan_in):
+    return jax.random.normal(next(keys), shape) / math.sqrt(fan_in)
+
+  params = moe.init_params(config, 1, normal)
+  return jax.tree.map(lambda x: x[0], params)
+
+
+def _inputs(seed=1, shape=(2, 5, 8)):
+  return jax.random.normal(jax.random.PRNGKey(seed), shape)
+
+
+_CHOICES = (
+    ("softmax_switch", dict()),
+    ("sigmoid_sequence", dict(router_score="sigmoid",
+                              load_balance_loss="sequence")),
+    ("top1_shared", dict(num_experts_per_token=1, num_shared_experts=2)),
+    ("capacity_drops", dict(capacity_factor=0.5)),
+    ("sigmoid_capacity_top3", dict(router_score="sigmoid",
+                                   num_experts_per_token=3,
+                                   capacity_factor=0.75)),
+)
+
+
+class MoeTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*_CHOICES)
+  def test_values_and_gradients_match_dense_reference(self, overrides):
+    config = _config(**overrides)
+    layer, x = _layer(config), _inputs()
+    probe = _inputs(seed=7)
+
+    def objective(fn):
+      def f(x, p):
+        out = fn(x, p)
+        return jnp.sum(out * probe), out
+      return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
+
+    (_, got_out), got = objective(
+        lambda x, p: moe.moe_mlp(x, p, config)[0])(x, layer)
+    (_, want_out), want = objective(
+        lambda x, p: moe.dense_reference(x, p, config))(x, layer)
+    chex.assert_shape(got_out, x.shape)
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-5)
+
+  @parameterized.named_parameters(
+      ("switch", "switch"), ("sequence", "sequence"))
+  def test_balance_loss_and_its_gradient(self, kind):
+    # Reference written from the definition, one group at a time.
+    config = _config(load_balance_loss=kind)
+    logits = jax.random.normal(jax.random.PRNGKey(3), (2, 5, 4))
+
+    def loss(logits):
+      probs, _, experts = moe.route(logits.reshape(10, 4), config)
+      return moe.balance_loss(probs.reshape(2, 5, 4),
+                              experts.reshape(2, 5, 2), 4, kind)
+
+    def reference(logits):
+      groups = [logits.reshape(10, 4)] if kind == "switch" else list(logits)
+      total = 0.0
+      for group in groups:
+        probs = jax.nn.softmax(group, axis=-1)
+        chosen = np.asarray(jax.lax.top_k(probs, 2)[1])
+        fraction = np.zeros(4)
+        for row in chosen:
+          for expert in row:
+            fraction[expert] += 1.0 / chosen.size
+        total = total + 4 * jnp.sum(fraction * jnp.mean(probs, axis=0))
+      return total / len(groups)
+
+    np.testing.assert_allclose(loss(logits), reference(logits), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(loss)(logits),
+                               jax.grad(reference)(logits), rtol=1e-5,
+                               atol=1e-7)
+
+  def test_uniform_routing_has_balance_loss_one(self):
+    probs = jnp.full((1, 4, 4), 0.25)
+    experts = jnp.array([[[0], [1], [2], [3]]])
+    self.assertAlmostEqual(
+        float(moe.balance_loss(probs, experts, 4, "switch")), 1.0, places=6)
+
+  def test_sigmoid_weights_are_normalised(self):
+    config = _config(router_score="sigmoid", num_experts_per_token=3)
+    logits = jax.random.normal(jax.random.PRNGKey(4), (6, 4))
+    probs, weights, _ = moe.route(logits, config)
+    np.testing.assert_allclose(jnp.sum(weights, -1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(jnp.sum(probs, -1), 1.0, rtol=1e-6)
+
+  def test_stats(self):
+    config = _config(capacity_factor=0.5)
+    layer, x = _layer(config), _inputs()
+    _, stats = moe.moe_mlp(x, layer, config)
+    self.assertEqual(set(stats), set(moe.STAT_NAMES))
+    # 10 tokens x 2 slots over 4 experts at capacity ceil(0.5*10*2/4) = 3:
+    # at most 12 assignments are kept, so at least 8 of 20 are dropped.
+    self.assertGreaterEqual(float(stats["dropped"]), 8.0)
+    self.assertLessEqual(float(stats["load_min"]), 0.25)
+    self.assertGreaterEqual(float(stats["load_max"]), 0.25)
+    self.assertGreater(float(stats["router_entropy"]), 0.0)
+    self.assertLessEqual(float(stats["router_entropy"]), math.log(4) + 1e-6)
+    _, no_drop = moe.moe_mlp(x, layer, _config())
+    self.assertEqual(float(no_drop["dropped"]), 0.0)
+
+  def test_summarize_reduces_over_layers(self):
+    per_layer = {name: jnp.array([1.0, 3.0]) for name in moe.STAT_NAMES}
+    summary = moe.summarize(per_layer)
+    self.assertEqual(float(summary["aux_loss"]), 2.0)
+    self.assertEqual(float(summary["load_max"]), 3.0)
+    self.assertEqual(float(summary["load_min"]), 1.0)
+    self.assertEqual(float(summary["dropped"]), 4.0)
+
+  def test_unknown_choices_raise(self):
+    with self.assertRaisesRegex(ValueError, "router_score='cosine'"):
+      moe.route(jnp.zeros((2, 4)), _config(router_score="cosine"))
+    with self.assertRaisesRegex(ValueError, "load_balance_loss='z'"):
+      moe.balance_loss(jnp.zeros((1, 2, 4)), jnp.zeros((1, 2, 1), jnp.int32),
+                       4, "z")
+
+
+if __name__ == "__main__":
+  absltest.main()
