@@ -9,6 +9,7 @@ each naming the argument and the value.
 
 import math
 import numbers
+import stat
 from typing import Any, Optional
 
 
@@ -63,3 +64,18 @@ def check_number(name: str, value: Any, *, finite: bool = True,
   if positive and not value > 0:
     raise ValueError(f"{name} must be > 0, got {value!r}")
   return float(value)
+
+
+def file_kind(mode: int) -> str:
+  """What an `os.stat` mode says a path is, for messages ("a directory")."""
+  if stat.S_ISREG(mode):
+    return "a regular file"
+  if stat.S_ISDIR(mode):
+    return "a directory"
+  if stat.S_ISFIFO(mode):
+    return "a FIFO"
+  if stat.S_ISSOCK(mode):
+    return "a socket"
+  if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+    return "a device"
+  return "a special file"

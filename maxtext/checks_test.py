@@ -1,5 +1,7 @@
 """Tests for maxtext.checks."""
 
+import os
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
@@ -40,6 +42,19 @@ class ChecksTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r"lr must be > 0, got 0"):
       checks.check_number("lr", 0, positive=True)
 
+
+  def test_file_kind(self):
+    tmp = self.create_tempdir()
+    regular = tmp.create_file("f").full_path
+    self.assertEqual(checks.file_kind(os.stat(regular).st_mode),
+                     "a regular file")
+    self.assertEqual(checks.file_kind(os.stat(tmp.full_path).st_mode),
+                     "a directory")
+    self.assertEqual(checks.file_kind(os.stat("/dev/null").st_mode),
+                     "a device")
+    fifo = os.path.join(tmp.full_path, "fifo")
+    os.mkfifo(fifo)
+    self.assertEqual(checks.file_kind(os.stat(fifo).st_mode), "a FIFO")
 
 if __name__ == "__main__":
   absltest.main()

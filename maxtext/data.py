@@ -169,18 +169,6 @@ def _fail(name: str, path: str, problem: str) -> ValueError:
   return ValueError(f"config.{name}={path!r}: {problem}")
 
 
-def _file_kind(mode: int) -> str:
-  if stat.S_ISDIR(mode):
-    return "a directory"
-  if stat.S_ISFIFO(mode):
-    return "a FIFO"
-  if stat.S_ISSOCK(mode):
-    return "a socket"
-  if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-    return "a device"
-  return "a special file"
-
-
 def _npy_layout(f, size: int, path: str, name: str
                 ) -> tuple[np.dtype, tuple[int, ...], int]:
   """Reads a .npy header without reading the array (and never unpickling).
@@ -255,7 +243,7 @@ def _open_tokens(path: str, name: str) -> np.ndarray:
     raise _fail(name, path, f"cannot be read: {e.strerror}") from None
   if not stat.S_ISREG(info.st_mode):
     # Checked before opening: opening a FIFO would wait for a writer.
-    raise _fail(name, path, f"is {_file_kind(info.st_mode)}, not a token "
+    raise _fail(name, path, f"is {checks.file_kind(info.st_mode)}, not a token "
                 "file")
   if not path.endswith((".npy", ".bin")):
     raise _fail(name, path, "a token file must end in .npy (NumPy array) or "

@@ -18,6 +18,7 @@ import stat
 import tempfile
 from typing import Optional
 
+from maxtext import checks
 from maxtext import data
 from maxtext.storage import gcs_mirror
 from maxtext.storage import run_dir as run_dir_lib
@@ -40,18 +41,6 @@ def _fail(field: str, value: str, path: Optional[str],
   if path and path != value:
     problem = f"{path} {problem}"
   return ValueError(f"config.{field}={value!r}: {problem}")
-
-
-def _kind(mode: int) -> str:
-  if stat.S_ISREG(mode):
-    return "a regular file"
-  if stat.S_ISDIR(mode):
-    return "a directory"
-  if stat.S_ISFIFO(mode):
-    return "a FIFO"
-  if stat.S_ISSOCK(mode):
-    return "a socket"
-  return "a special file"
 
 
 def _limit(path: str, name: str, default: int) -> int:
@@ -122,8 +111,8 @@ def _walk(path: str) -> tuple[Optional[str], str]:
       return f"cannot be reached: {prefix}: {e.strerror or e}", nearest
     if not stat.S_ISDIR(mode):
       if prefix == path:
-        return f"is {_kind(mode)}, not a directory", nearest
-      return f"is under {prefix}, which is {_kind(mode)}", nearest
+        return f"is {checks.file_kind(mode)}, not a directory", nearest
+      return f"is under {prefix}, which is {checks.file_kind(mode)}", nearest
     nearest = prefix
   return None, nearest
 
@@ -172,7 +161,7 @@ def _check_run_name(config, run_dir: str) -> None:
     return  # Absent (the run creates it), or the directory checks say why.
   if not stat.S_ISDIR(mode):
     raise _fail("run_name", config.run_name, run_dir,
-                f"is {_kind(mode)}, not a run directory")
+                f"is {checks.file_kind(mode)}, not a run directory")
 
 
 def _check_output(config) -> None:
@@ -221,7 +210,7 @@ def _check_load_parameters(config) -> None:
                 f"cannot be read: {e.strerror or e}") from None
   if not stat.S_ISDIR(mode):
     raise _fail("load_parameters_path", value, None,
-                f"is {_kind(mode)}, not a checkpoint directory")
+                f"is {checks.file_kind(mode)}, not a checkpoint directory")
   if not os.access(path, os.R_OK | os.X_OK):
     raise _fail("load_parameters_path", value, None,
                 "permission denied: cannot be read")

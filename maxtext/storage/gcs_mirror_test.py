@@ -41,24 +41,13 @@ def _files(tag):
   }
 
 
-class GcsMirrorTest(parameterized.TestCase):
+class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.emulator = gcs_emulator.GcsEmulator(buckets=[_BUCKET]).start()
-    cls.client = cls.emulator.client()
-
-  @classmethod
-  def tearDownClass(cls):
-    cls.emulator.cleanup()
-    super().tearDownClass()
+  BUCKET = _BUCKET
 
   def setUp(self):
     super().setUp()
     self.local = os.path.join(self.create_tempdir().full_path, "run")
-    self.prefix = f"runs/{self.id().rsplit('.', 1)[-1]}"
-    self.url = f"gs://{_BUCKET}/{self.prefix}"
 
   def _mirror(self, emulator=None, **kwargs):
     emulator = emulator or self.emulator

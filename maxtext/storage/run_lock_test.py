@@ -162,24 +162,13 @@ class LocalLockTest(parameterized.TestCase):
     self.assertFalse(os.path.exists(os.path.join(self.root, "d")))
 
 
-class RemoteLockTest(absltest.TestCase):
+class RemoteLockTest(gcs_emulator.EmulatorTestCase):
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.emulator = gcs_emulator.GcsEmulator(buckets=[_BUCKET]).start()
-    cls.client = cls.emulator.client()
-
-  @classmethod
-  def tearDownClass(cls):
-    cls.emulator.cleanup()
-    super().tearDownClass()
+  BUCKET = _BUCKET
 
   def setUp(self):
     super().setUp()
     self.root = self.create_tempdir().full_path
-    self.prefix = f"runs/{self.id().rsplit('.', 1)[-1]}"
-    self.url = f"gs://{_BUCKET}/{self.prefix}"
 
   def _acquire(self, locations=None, **kwargs):
     options = dict(client_factory=self.emulator.client,
