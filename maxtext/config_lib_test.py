@@ -72,7 +72,7 @@ class ConfigFilesTest(parameterized.TestCase):
     self.assertFalse(base.enable_mllog)
     self.assertTrue(default.enable_mllog)
     self.assertEqual(base.weight_dtype, "float32")
-    self.assertEqual(default.hardware, "cpu")
+    self.assertEqual(default.hardware, "auto")
     self.assertEqual(default.dataset_type, "synthetic")
     self.assertGreater(default.target_eval_loss, 0.0)
     self.assertLess(default.target_eval_loss, 1.0)

@@ -85,7 +85,8 @@ def make_engine(config: Any, setup: ModelSetup, params: Any,
       config.gradient_accumulation_steps,
       param_shardings=setup.param_shardings,
       batch_sharding=setup.batch_sharding,
-      grad_clip_norm=config.grad_clip_norm)
+      grad_clip_norm=config.grad_clip_norm,
+      donate_state=config.donate_state)
 
 
 def build_engine(config: Any, mesh: Optional[jax.sharding.Mesh] = None

@@ -54,6 +54,9 @@ def tiny_config(output_dir: str, *, run_name: str = "tiny",
   config.base_output_directory = os.fspath(output_dir)
   config.run_name = run_name
   config.jax_compilation_cache_dir = compilation_cache_dir()
+  # Test logs are no submissions and need no cold page cache: the default
+  # flush would drop the whole (shared) machine's cache at every run.
+  config.cache_clear_command = "sync"
 
   # One block of width 32, two query heads sharing one key/value head (keeps
   # grouped-query attention exercised), 16-token sequences over 32 tokens.

@@ -113,6 +113,8 @@ RESUMABLE_FIELDS = frozenset({
     "remat_policy",
     "loss_chunk_size",
     "warmup_steps_before_run_start",
+    # One copy of the state or two: the same update either way.
+    "donate_state",
 })
 # Not resumable, on purpose: `enable_mllog` and the submission fields (a
 # submission's log must describe the run it was taken from, so turning the
