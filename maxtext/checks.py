@@ -42,8 +42,9 @@ def check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
   return int(value)
 
 
-def check_number(name: str, value: Any, *, finite: bool = True,
-                 positive: bool = False) -> float:
+def check_number(
+    name: str, value: Any, *, finite: bool = True, positive: bool = False
+) -> float:
   """Returns `value` as a float.
 
   Args:

@@ -21,13 +21,17 @@ def _explain_if_stuck(done: threading.Event, timeout: int, config) -> None:
   """
   margin = min(1.0, 0.1 * timeout)
   if not done.wait(max(0.0, timeout - margin)):
-    print(f"train_main: error: jax.distributed could not gather all "
-          f"{config.num_processes} processes at coordinator "
-          f"{config.coordinator_address or '(from the cluster environment)'} "
-          f"within distributed_init_timeout_seconds={timeout} (this is process "
-          f"{config.process_id}). Check that every process was started with the same "
-          "num_processes and coordinator_address and can reach it; JAX will now "
-          "abort this process.", file=sys.stderr, flush=True)
+    print(
+        f"train_main: error: jax.distributed could not gather all "
+        f"{config.num_processes} processes at coordinator "
+        f"{config.coordinator_address or '(from the cluster environment)'} "
+        f"within distributed_init_timeout_seconds={timeout} (this is process "
+        f"{config.process_id}). Check that every process was started with the same "
+        "num_processes and coordinator_address and can reach it; JAX will now "
+        "abort this process.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def initialize(config) -> None:
@@ -45,15 +49,23 @@ def initialize(config) -> None:
     return
   timeout = int(config.distributed_init_timeout_seconds)
   done = threading.Event()
-  threading.Thread(target=_explain_if_stuck, args=(done, timeout, config), daemon=True,
-                   name="distributed_init_watchdog").start()
+  threading.Thread(
+      target=_explain_if_stuck,
+      args=(done, timeout, config),
+      daemon=True,
+      name="distributed_init_watchdog",
+  ).start()
   try:
     _initialize(config, num_processes, timeout)
   finally:
     done.set()
-  logging.info("jax.distributed ready: process %d of %d, %d local / %d global devices.",
-               jax.process_index(), jax.process_count(), jax.local_device_count(),
-               jax.device_count())
+  logging.info(
+      "jax.distributed ready: process %d of %d, %d local / %d global devices.",
+      jax.process_index(),
+      jax.process_count(),
+      jax.local_device_count(),
+      jax.device_count(),
+  )
 
 
 def _initialize(config, num_processes: int, timeout: int) -> None:
@@ -63,13 +75,21 @@ def _initialize(config, num_processes: int, timeout: int) -> None:
   else:
     if not config.coordinator_address:
       raise ValueError(
-          f"coordinator_address must be set when num_processes={num_processes}")
+          f"coordinator_address must be set when num_processes={num_processes}"
+      )
     if not 0 <= config.process_id < num_processes:
-      raise ValueError(f"process_id={config.process_id} must be in "
-                       f"[0, {num_processes}) when num_processes={num_processes}")
-    logging.info("Initialising jax.distributed: process %d of %d, coordinator %s; "
-                 "waiting up to %d s for every process to join.", config.process_id,
-                 num_processes, config.coordinator_address, timeout)
+      raise ValueError(
+          f"process_id={config.process_id} must be in "
+          f"[0, {num_processes}) when num_processes={num_processes}"
+      )
+    logging.info(
+        "Initialising jax.distributed: process %d of %d, coordinator %s; "
+        "waiting up to %d s for every process to join.",
+        config.process_id,
+        num_processes,
+        config.coordinator_address,
+        timeout,
+    )
     jax.distributed.initialize(
         coordinator_address=config.coordinator_address,
         num_processes=num_processes,

@@ -22,8 +22,11 @@ def make_loss_fn(num_extra=2):
     loss = jnp.mean(err**2)
     aux = {
         "mae": jnp.mean(jnp.abs(err)),
-        "nested": {"double": 2.0 * loss, "intermediate_outputs": err,
-                   "none": None},
+        "nested": {
+            "double": 2.0 * loss,
+            "intermediate_outputs": err,
+            "none": None,
+        },
         "skipped_tuple": (loss, loss),
         "skipped_list": [loss],
         "intermediate_outputs": {"pred": pred},
@@ -31,6 +34,7 @@ def make_loss_fn(num_extra=2):
         "extra": {f"e{i}": loss + i for i in range(num_extra)},
     }
     return loss, aux
+
   return loss_fn
 
 
@@ -50,27 +54,46 @@ def make_batches(n, seed=0, scale=1.0):
 
 def make_engine(loss_fn=None, k=K, **kwargs):
   return engine_lib.Engine(
-      loss_fn or make_loss_fn(), make_params(), optax.adam(0.05),
-      optax.linear_schedule(0.1, 0.0, 10), mr.MetricsRecorder(), k, **kwargs)
+      loss_fn or make_loss_fn(),
+      make_params(),
+      optax.adam(0.05),
+      optax.linear_schedule(0.1, 0.0, 10),
+      mr.MetricsRecorder(),
+      k,
+      **kwargs,
+  )
 
 
 class FlattenTest(parameterized.TestCase):
 
   def test_skip_rules(self):
-    value = {"a": 1.0, "b": None, "c": (1.0,), "d": [1.0],
-             "intermediate_outputs": 5.0,
-             "e": {"f": 2.0, "intermediate_outputs": 3.0, "g": {"h": 4.0}}}
-    self.assertEqual(engine_lib.flatten_metrics("top", value),
-                     [("top/a", 1.0), ("top/e/f", 2.0), ("top/e/g/h", 4.0)])
+    value = {
+        "a": 1.0,
+        "b": None,
+        "c": (1.0,),
+        "d": [1.0],
+        "intermediate_outputs": 5.0,
+        "e": {"f": 2.0, "intermediate_outputs": 3.0, "g": {"h": 4.0}},
+    }
+    self.assertEqual(
+        engine_lib.flatten_metrics("top", value),
+        [("top/a", 1.0), ("top/e/f", 2.0), ("top/e/g/h", 4.0)],
+    )
     self.assertEqual(engine_lib.flatten_metrics("x", 1.5), [("x", 1.5)])
     self.assertEqual(engine_lib.flatten_metrics("x", None), [])
 
   def test_record_metrics_goes_through_the_recorder(self):
     eng = make_engine()
-    eng.record_metrics("user", {"a": jnp.float32(1.0), "skip": None,
-                                "t": (1.0, 2.0),
-                                "w": mr.WeightedMetric(1.0, 4.0),
-                                "intermediate_outputs": {"z": 1.0}})
+    eng.record_metrics(
+        "user",
+        {
+            "a": jnp.float32(1.0),
+            "skip": None,
+            "t": (1.0, 2.0),
+            "w": mr.WeightedMetric(1.0, 4.0),
+            "intermediate_outputs": {"z": 1.0},
+        },
+    )
     self.assertEqual(eng.recorder.pending_count(), 2)
     with self.assertRaisesRegex(TypeError, "metric 'user/bad'.*boolean"):
       eng.record_metrics("user", {"bad": True})
@@ -93,8 +116,16 @@ class EngineTest(parameterized.TestCase):
     buf = eng.update()
     self.assertEqual(eng.step, 1)
     self.assertEqual(buf.step, 0)
-    expected = {"loss", "mae", "nested/double", "extra/e0", "extra/e1",
-                "learning_rate", "grad_norm", "step_skipped"}
+    expected = {
+        "loss",
+        "mae",
+        "nested/double",
+        "extra/e0",
+        "extra/e1",
+        "learning_rate",
+        "grad_norm",
+        "step_skipped",
+    }
     self.assertEqual(set(buf.scalar_metrics), expected)
     self.assertEqual(set(buf.weighted_metrics), {"sq"})
     for name in expected - {"learning_rate", "grad_norm", "step_skipped"}:
@@ -104,18 +135,21 @@ class EngineTest(parameterized.TestCase):
     loss_fn = make_loss_fn()
     losses = [float(loss_fn(params0, b)[0]) for b in batches]
     np.testing.assert_allclose(buf.scalar_metrics["loss"], losses, rtol=1e-5)
-    np.testing.assert_allclose(buf.scalar_metrics["nested/double"],
-                               2 * np.array(losses), rtol=1e-5)
-    grads = [jax.grad(lambda p, b: loss_fn(p, b)[0])(params0, b)
-             for b in batches]
+    np.testing.assert_allclose(
+        buf.scalar_metrics["nested/double"], 2 * np.array(losses), rtol=1e-5
+    )
+    grads = [
+        jax.grad(lambda p, b: loss_fn(p, b)[0])(params0, b) for b in batches
+    ]
     mean_grad = jax.tree.map(lambda *g: sum(g) / k, *grads)
     opt = optax.adam(0.05)
     updates, _ = opt.update(mean_grad, opt.init(params0), params0)
-    chex.assert_trees_all_close(eng.params,
-                                optax.apply_updates(params0, updates),
-                                rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(buf.scalar_metrics["grad_norm"],
-                               [optax.tree.norm(mean_grad)], rtol=1e-5)
+    chex.assert_trees_all_close(
+        eng.params, optax.apply_updates(params0, updates), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        buf.scalar_metrics["grad_norm"], [optax.tree.norm(mean_grad)], rtol=1e-5
+    )
     np.testing.assert_allclose(buf.scalar_metrics["learning_rate"], [0.1])
     np.testing.assert_array_equal(buf.scalar_metrics["step_skipped"], [0.0])
     reduced = mr.reduce_buffer(buf)
@@ -129,8 +163,11 @@ class EngineTest(parameterized.TestCase):
       for b in make_batches(K, seed=step):
         eng.fwd_bwd(b)
       buf = eng.update()
-      np.testing.assert_allclose(buf.scalar_metrics["learning_rate"],
-                                 [0.1 * (1 - step / 10)], rtol=1e-6)
+      np.testing.assert_allclose(
+          buf.scalar_metrics["learning_rate"],
+          [0.1 * (1 - step / 10)],
+          rtol=1e-6,
+      )
     self.assertLess(float(eng.eval_step(probe)), 0.8 * before)
 
   @parameterized.named_parameters(("donating", True), ("overlapping", False))
@@ -156,8 +193,7 @@ class EngineTest(parameterized.TestCase):
     self.assertTrue(np.isfinite(buf.scalar_metrics["grad_norm"][0]))
 
   @parameterized.named_parameters(("donating", True), ("overlapping", False))
-  def test_update_with_unconvertible_value_leaves_state_untouched(self,
-                                                                  donate):
+  def test_update_with_unconvertible_value_leaves_state_untouched(self, donate):
     eng = make_engine(donate_state=donate)
     for b in make_batches(K):
       eng.fwd_bwd(b)
@@ -189,8 +225,13 @@ class EngineTest(parameterized.TestCase):
     jax.block_until_ready(eng.params)
     # One copy: the apply took the old buffers over.
     self.assertTrue(params["w"].is_deleted())
-    self.assertTrue(all(x.is_deleted() for x in jax.tree.leaves(opt_state)
-                        if isinstance(x, jax.Array)))
+    self.assertTrue(
+        all(
+            x.is_deleted()
+            for x in jax.tree.leaves(opt_state)
+            if isinstance(x, jax.Array)
+        )
+    )
 
   def test_overlapping_update_keeps_the_old_state_alive(self):
     eng = make_engine(donate_state=False)
@@ -227,21 +268,30 @@ class EngineTest(parameterized.TestCase):
     for b in make_batches(K):
       eng.fwd_bwd(b)
     eng.update()
-    self.assertFalse(np.array_equal(np.asarray(eng.params["w"]),
-                                    params0["w"]))
+    self.assertFalse(np.array_equal(np.asarray(eng.params["w"]), params0["w"]))
 
   @parameterized.named_parameters(("donating", True), ("overlapping", False))
   def test_abstract_engine_lowers_the_step_without_allocating(self, donate):
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            make_params())
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), make_params()
+    )
     eng = engine_lib.Engine(
-        make_loss_fn(), abstract, optax.adam(0.05), 0.1, mr.MetricsRecorder(),
-        K, donate_state=donate)
-    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                         make_batches(1)[0])
+        make_loss_fn(),
+        abstract,
+        optax.adam(0.05),
+        0.1,
+        mr.MetricsRecorder(),
+        K,
+        donate_state=donate,
+    )
+    batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), make_batches(1)[0]
+    )
     lowered = eng.lower(batch)
-    self.assertEqual(list(lowered), ["micro_step_first", "micro_step",
-                                     "micro_step_last", "apply"])
+    self.assertEqual(
+        list(lowered),
+        ["micro_step_first", "micro_step", "micro_step_last", "apply"],
+    )
     memory = lowered["apply"].compile().memory_analysis()
     # The parameters and Adam's two moments (the count may stay apart).
     state_bytes = 3 * sum(x.size * 4 for x in jax.tree.leaves(abstract))
@@ -252,8 +302,8 @@ class EngineTest(parameterized.TestCase):
     with self.assertRaisesRegex(RuntimeError, "abstract parameters"):
       eng.fwd_bwd(make_batches(1)[0])
     self.assertEqual(
-        list(make_engine(k=1).lower(batch)), ["micro_step_first_last",
-                                              "apply"])
+        list(make_engine(k=1).lower(batch)), ["micro_step_first_last", "apply"]
+    )
 
   def test_micro_batch_count_must_match(self):
     eng = make_engine(k=2)
@@ -303,8 +353,9 @@ class EngineTest(parameterized.TestCase):
     batch = make_batches(1)[0]
     loss = eng.eval_step(batch)
     chex.assert_shape(loss, ())
-    np.testing.assert_allclose(loss, make_loss_fn()(eng.params, batch)[0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        loss, make_loss_fn()(eng.params, batch)[0], rtol=1e-6
+    )
     self.assertEqual(eng.recorder.pending_count(), 0)
 
   def test_state_round_trip(self):
@@ -316,8 +367,9 @@ class EngineTest(parameterized.TestCase):
     other = make_engine()
     other.set_state(saved)
     self.assertEqual(other.step, 1)
-    chex.assert_trees_all_equal(jax.tree.map(np.asarray, other.params),
-                                saved["params"])
+    chex.assert_trees_all_equal(
+        jax.tree.map(np.asarray, other.params), saved["params"]
+    )
     other.fwd_bwd(make_batches(1)[0])
     with self.assertRaisesRegex(ValueError, "middle of step 1"):
       other.set_state(saved)
@@ -328,9 +380,10 @@ class EngineTest(parameterized.TestCase):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-    sharded = make_engine(param_shardings=jax.tree.map(lambda _: rep,
-                                                       make_params()),
-                          batch_sharding=data)
+    sharded = make_engine(
+        param_shardings=jax.tree.map(lambda _: rep, make_params()),
+        batch_sharding=data,
+    )
     plain = make_engine()
     for eng in (sharded, plain):
       for b in make_batches(K):
@@ -350,6 +403,7 @@ class EngineTest(parameterized.TestCase):
     def loss_fn(params, batch):
       loss = jnp.mean(batch["x"] @ params["w"])
       return loss, {"vec": jnp.ones(2)}
+
     eng = make_engine(loss_fn)
     with self.assertRaisesRegex(ValueError, "metric 'vec'.*shape"):
       eng.fwd_bwd(make_batches(1)[0])
@@ -360,30 +414,51 @@ class EngineTest(parameterized.TestCase):
     # and optax's clip_by_global_norm give the same step. Scaled targets make
     # the gradient norm far above 0.5.
     def run(optimizer, **kwargs):
-      eng = engine_lib.Engine(make_loss_fn(), make_params(), optimizer, 0.1,
-                              mr.MetricsRecorder(), K, **kwargs)
+      eng = engine_lib.Engine(
+          make_loss_fn(),
+          make_params(),
+          optimizer,
+          0.1,
+          mr.MetricsRecorder(),
+          K,
+          **kwargs,
+      )
       for b in make_batches(K, scale=20.0):
         eng.fwd_bwd(b)
       buf = eng.update()
       return eng.params, float(buf.scalar_metrics["grad_norm"][0])
 
-    by_optax, norm = run(optax.chain(optax.clip_by_global_norm(clip), optax.sgd(0.1)))
-    by_engine, _ = run(optax.chain(optax.identity(), optax.sgd(0.1)),
-                       grad_clip_norm=clip)
+    by_optax, norm = run(
+        optax.chain(optax.clip_by_global_norm(clip), optax.sgd(0.1))
+    )
+    by_engine, _ = run(
+        optax.chain(optax.identity(), optax.sgd(0.1)), grad_clip_norm=clip
+    )
     unclipped, _ = run(optax.sgd(0.1))
     self.assertGreater(norm, 0.5)
     chex.assert_trees_all_close(by_engine, by_optax, rtol=1e-6)
     if clip < norm:
-      self.assertGreater(float(jnp.max(jnp.abs(unclipped["w"] - by_engine["w"]))), 0.1)
+      self.assertGreater(
+          float(jnp.max(jnp.abs(unclipped["w"] - by_engine["w"]))), 0.1
+      )
     else:
       chex.assert_trees_all_close(by_engine, unclipped, rtol=1e-6)
 
   @parameterized.named_parameters(
       ("k0", dict(k=0), ValueError, "gradient_accumulation_steps"),
       ("one_sharding", dict(batch_sharding=object()), ValueError, "together"),
-      ("negative_clip", dict(grad_clip_norm=-1.0), ValueError, "grad_clip_norm"),
-      ("infinite_clip", dict(grad_clip_norm=float("inf")), ValueError,
-       "grad_clip_norm"),
+      (
+          "negative_clip",
+          dict(grad_clip_norm=-1.0),
+          ValueError,
+          "grad_clip_norm",
+      ),
+      (
+          "infinite_clip",
+          dict(grad_clip_norm=float("inf")),
+          ValueError,
+          "grad_clip_norm",
+      ),
       ("bool_clip", dict(grad_clip_norm=True), ValueError, "grad_clip_norm"),
       ("int_donate", dict(donate_state=1), TypeError, "donate_state"),
   )
@@ -393,11 +468,13 @@ class EngineTest(parameterized.TestCase):
 
   def test_bad_optimizer_and_recorder(self):
     with self.assertRaisesRegex(TypeError, "optimizer"):
-      engine_lib.Engine(make_loss_fn(), make_params(), "adam", 0.1,
-                        mr.MetricsRecorder(), 1)
+      engine_lib.Engine(
+          make_loss_fn(), make_params(), "adam", 0.1, mr.MetricsRecorder(), 1
+      )
     with self.assertRaisesRegex(TypeError, "recorder"):
-      engine_lib.Engine(make_loss_fn(), make_params(), optax.sgd(0.1), 0.1,
-                        None, 1)
+      engine_lib.Engine(
+          make_loss_fn(), make_params(), optax.sgd(0.1), 0.1, None, 1
+      )
 
 
 if __name__ == "__main__":

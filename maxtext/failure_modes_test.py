@@ -41,12 +41,14 @@ def _environ(**extra) -> dict[str, str]:
   # Cache even the small functions' compilations between the runs.
   return runfiles.binary_environ(
       runfiles.train_main_command(),
-      {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra})
+      {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra},
+  )
 
 
 def _checkpoint_steps(directory: str) -> list[int]:
-  with checkpointing.Checkpointer(directory, save_period=1,
-                                  max_to_keep=0) as ckpt:
+  with checkpointing.Checkpointer(
+      directory, save_period=1, max_to_keep=0
+  ) as ckpt:
     return ckpt.all_steps()
 
 
@@ -58,13 +60,19 @@ def _finished_step_dirs(directory: str) -> list[int]:
 
 
 def _train_steps(run_dir: str) -> list[int]:
-  return [r["step"] for r in jsonl.read_jsonl(
-      os.path.join(run_dir, jsonl.METRICS_FILENAME)) if r["kind"] == "train"]
+  return [
+      r["step"]
+      for r in jsonl.read_jsonl(os.path.join(run_dir, jsonl.METRICS_FILENAME))
+      if r["kind"] == "train"
+  ]
 
 
 def _tree(root: str) -> list[str]:
-  return sorted(os.path.relpath(os.path.join(d, n), root)
-                for d, dirs, files in os.walk(root) for n in dirs + files)
+  return sorted(
+      os.path.relpath(os.path.join(d, n), root)
+      for d, dirs, files in os.walk(root)
+      for n in dirs + files
+  )
 
 
 class FailureModesTest(parameterized.TestCase):
@@ -77,35 +85,48 @@ class FailureModesTest(parameterized.TestCase):
   def flags(self, run_name, steps=6, **extra):
     # A fixed schedule length: a resume may then change `steps`.
     extra.setdefault("lr_schedule_steps", _SCHEDULE_STEPS)
-    return tiny_configs.tiny_flags(self.out, run_name=run_name, steps=steps,
-                                   extra=extra)
+    return tiny_configs.tiny_flags(
+        self.out, run_name=run_name, steps=steps, extra=extra
+    )
 
   def start(self, args, env=None) -> subprocess.Popen:
     proc = subprocess.Popen(
-        runfiles.train_main_command() + list(args), cwd=self.tmp,
-        env=env or _environ(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        runfiles.train_main_command() + list(args),
+        cwd=self.tmp,
+        env=env or _environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def reap():
       if proc.poll() is None:
         proc.kill()
         proc.communicate()
+
     self.addCleanup(reap)
     return proc
 
   def run_main(self, args, env=None, command=None):
     return subprocess.run(
-        (command or runfiles.train_main_command()) + list(args), cwd=self.tmp,
-        env=env or _environ(), capture_output=True, text=True,
-        timeout=_TIMEOUT_S, check=False)
+        (command or runfiles.train_main_command()) + list(args),
+        cwd=self.tmp,
+        env=env or _environ(),
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        check=False,
+    )
 
   def wait_for(self, proc, condition, what):
     deadline = time.monotonic() + _TIMEOUT_S
     while time.monotonic() < deadline:
       if proc.poll() is not None:
         _, stderr = proc.communicate()
-        self.fail(f"train_main exited ({proc.returncode}) before {what}:\n"
-                  f"{stderr[-3000:]}")
+        self.fail(
+            f"train_main exited ({proc.returncode}) before {what}:\n"
+            f"{stderr[-3000:]}"
+        )
       if condition():
         return
       time.sleep(0.05)
@@ -136,6 +157,7 @@ class FailureModesTest(parameterized.TestCase):
         return None
       with open(lock_path, "rb") as f:
         return run_lock.Holder.from_bytes(f.read())
+
     self.wait_for(first, lambda: holder() is not None, "the run lock")
     self.assertEqual(holder().pid, first.pid)
     # Stopped while it holds the lock, so the second run surely meets it.
@@ -146,9 +168,12 @@ class FailureModesTest(parameterized.TestCase):
       first.send_signal(signal.SIGCONT)
     started = re.escape(holder().start_time_utc)
     self.assert_one_error(
-        second.returncode, second.stderr, 2,
+        second.returncode,
+        second.stderr,
+        2,
         rf"run directory {re.escape(run_dir)} is locked by another run "
-        rf"\(host=\S+ pid={first.pid} started {started}\)(: lock file .*)?$")
+        rf"\(host=\S+ pid={first.pid} started {started}\)(: lock file .*)?$",
+    )
 
     stdout, stderr = first.communicate(timeout=_TIMEOUT_S)
     self.assertEqual(first.returncode, 0, stderr[-3000:])
@@ -176,16 +201,21 @@ class FailureModesTest(parameterized.TestCase):
     self.assertEqual(done.returncode, 0, done.stderr[-3000:])
     self.assertNotIn("Traceback", done.stderr)
     self.assertIn("completed after step 6", done.stdout)
-    self.assertEqual(glob.glob(os.path.join(run_dir, "mllog*.log")),
-                     [os.path.join(run_dir, "mllog.log")])
+    self.assertEqual(
+        glob.glob(os.path.join(run_dir, "mllog*.log")),
+        [os.path.join(run_dir, "mllog.log")],
+    )
     self.assertEqual(_train_steps(run_dir), list(range(6)))
 
   def test_killed_run_leaves_no_stale_lock(self):
     run_dir = os.path.join(self.out, "killed")
     checkpoints = os.path.join(run_dir, "checkpoints")
     victim = self.start(self.flags("killed", steps=_FOREVER))
-    self.wait_for(victim, lambda: 3 in _finished_step_dirs(checkpoints),
-                  "the checkpoint of step 3")
+    self.wait_for(
+        victim,
+        lambda: 3 in _finished_step_dirs(checkpoints),
+        "the checkpoint of step 3",
+    )
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=_TIMEOUT_S)
     # The lock file stays, naming a dead holder; the kernel dropped the lock.
@@ -196,8 +226,9 @@ class FailureModesTest(parameterized.TestCase):
     again = self.run_main(self.flags("killed", steps=newest + 3))
     self.assertEqual(again.returncode, 0, again.stderr[-3000:])
     self.assertNotIn("locked", again.stderr)
-    self.assertIn(f"Resumed from the checkpoint of step {newest} ",
-                  again.stderr)
+    self.assertIn(
+        f"Resumed from the checkpoint of step {newest} ", again.stderr
+    )
     self.assertIn(f"completed after step {newest + 3} ", again.stdout)
     # The killed attempt's records past the restored step are replaced.
     self.assertEqual(_train_steps(run_dir), list(range(newest + 3)))
@@ -208,16 +239,22 @@ class FailureModesTest(parameterized.TestCase):
     run_dir = os.path.join(self.out, "damaged")
     checkpoints = os.path.join(run_dir, "checkpoints")
     first = self.start(self.flags("damaged", steps=_FOREVER))
-    self.wait_for(first, lambda: 6 in _finished_step_dirs(checkpoints),
-                  "the checkpoint of step 6")
+    self.wait_for(
+        first,
+        lambda: 6 in _finished_step_dirs(checkpoints),
+        "the checkpoint of step 6",
+    )
     first.send_signal(signal.SIGTERM)
     _, stderr = first.communicate(timeout=_TIMEOUT_S)
     self.assertEqual(first.returncode, 1, stderr[-3000:])
     steps = _checkpoint_steps(checkpoints)
     newest, older = steps[-1], steps[-2]
     # Damage the newest on disk: its largest data file loses its second half.
-    data_files = glob.glob(os.path.join(checkpoints, str(newest), "state",
-                                        "ocdbt.process_0", "d", "*"))
+    data_files = glob.glob(
+        os.path.join(
+            checkpoints, str(newest), "state", "ocdbt.process_0", "d", "*"
+        )
+    )
     self.assertNotEmpty(data_files)
     largest = max(data_files, key=os.path.getsize)
     with open(largest, "r+b") as f:
@@ -232,18 +269,23 @@ class FailureModesTest(parameterized.TestCase):
         second.stderr,
         rf"Checkpoint of step {newest} could not be restored \(.+\); moved to "
         rf"{re.escape(checkpoints)}/{newest}\.corrupt-\S+\. Resuming from "
-        rf"the older step {older} instead\.")
-    self.assertLen(glob.glob(os.path.join(checkpoints, f"{newest}.corrupt-*")),
-                   1)
+        rf"the older step {older} instead\.",
+    )
+    self.assertLen(
+        glob.glob(os.path.join(checkpoints, f"{newest}.corrupt-*")), 1
+    )
     self.assertEqual(_train_steps(run_dir), list(range(budget)))
     attempt_log = os.path.join(run_dir, "mllog.2.log")
-    self.assertCountEqual(glob.glob(os.path.join(run_dir, "mllog*.log")),
-                          [os.path.join(run_dir, "mllog.log"), attempt_log])
+    self.assertCountEqual(
+        glob.glob(os.path.join(run_dir, "mllog*.log")),
+        [os.path.join(run_dir, "mllog.log"), attempt_log],
+    )
     result = compliance_checker.run_checker(attempt_log)
     self.assertTrue(result.passed, f"{result.messages}\n{result.output}")
     with open(attempt_log) as f:
-      self.assertIn(f'"key": "init_checkpoint_step", "value": {older},',
-                    f.read())
+      self.assertIn(
+          f'"key": "init_checkpoint_step", "value": {older},', f.read()
+      )
 
   # --- 3: a failing output, a full checkpoint disk ---------------------------
 
@@ -257,8 +299,13 @@ class FailureModesTest(parameterized.TestCase):
     command = runfiles.train_main_command()
     proc = subprocess.run(
         tmpfs.command(mount, size, command + list(args), copy_to=left),
-        cwd=self.tmp, env=_environ(), capture_output=True, text=True,
-        timeout=_TIMEOUT_S, check=False)
+        cwd=self.tmp,
+        env=_environ(),
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        check=False,
+    )
     self.assertNotEqual(proc.returncode, tmpfs.MOUNT_FAILED, proc.stderr)
     return proc, left
 
@@ -266,16 +313,27 @@ class FailureModesTest(parameterized.TestCase):
     # The run directory fills up after some steps; the checkpoints have room.
     mount = os.path.join(self.tmp, "small")
     checkpoints = os.path.join(self.tmp, "checkpoints")
-    proc, left = self.run_on_tmpfs(mount, "64k", tiny_configs.tiny_flags(
-        mount, run_name="full", steps=_FOREVER,
-        extra={"checkpoint_directory": checkpoints}))
+    proc, left = self.run_on_tmpfs(
+        mount,
+        "64k",
+        tiny_configs.tiny_flags(
+            mount,
+            run_name="full",
+            steps=_FOREVER,
+            extra={"checkpoint_directory": checkpoints},
+        ),
+    )
     self.assert_one_error(
-        proc.returncode, proc.stderr, 1,
+        proc.returncode,
+        proc.stderr,
+        1,
         r"output '(metrics|mllog)' failed \(\w+\): OSError: \[Errno 28\] No "
-        rf"space left on device: '{re.escape(mount)}/full/[^']+'$")
+        rf"space left on device: '{re.escape(mount)}/full/[^']+'$",
+    )
     # The forced save after the failure holds every step trained.
-    saved = [int(s) for s in re.findall(r"Checkpoint of step (\d+):",
-                                        proc.stderr)]
+    saved = [
+        int(s) for s in re.findall(r"Checkpoint of step (\d+):", proc.stderr)
+    ]
     self.assertNotEmpty(saved)
     self.assertEqual(max(_checkpoint_steps(checkpoints)), saved[-1])
     with open(os.path.join(left, "full", jsonl.METRICS_FILENAME)) as f:
@@ -287,35 +345,58 @@ class FailureModesTest(parameterized.TestCase):
   def test_full_checkpoint_disk_is_one_line(self):
     mount = os.path.join(self.tmp, "small")
     checkpoints = os.path.join(mount, "checkpoints")
-    proc, left = self.run_on_tmpfs(mount, "32k", self.flags(
-        "ckpt_full", steps=_FOREVER, checkpoint_directory=checkpoints))
+    proc, left = self.run_on_tmpfs(
+        mount,
+        "32k",
+        self.flags(
+            "ckpt_full", steps=_FOREVER, checkpoint_directory=checkpoints
+        ),
+    )
     self.assertEqual(proc.returncode, 1, proc.stderr[-5000:])
     errors = [l for l in proc.stderr.splitlines() if l.startswith(_ERROR)]
     self.assertLen(errors, 1, proc.stderr[-5000:])
     self.assertRegex(
-        errors[0], rf"^{re.escape(_ERROR)}could not write checkpoint step \d+ "
-        rf"to {re.escape(checkpoints)}: \[Errno 28\] No space left on device$")
+        errors[0],
+        rf"^{re.escape(_ERROR)}could not write checkpoint step \d+ "
+        rf"to {re.escape(checkpoints)}: \[Errno 28\] No space left on device$",
+    )
     # Nothing after it: no background thread's traceback at exit.
-    self.assertEqual(proc.stderr.strip().splitlines()[-1], errors[0],
-                     proc.stderr[-5000:])
-    self.assertEqual([n for n in _tree(left) if "orbax-checkpoint-tmp" in n],
-                     [])
+    self.assertEqual(
+        proc.stderr.strip().splitlines()[-1], errors[0], proc.stderr[-5000:]
+    )
+    self.assertEqual(
+        [n for n in _tree(left) if "orbax-checkpoint-tmp" in n], []
+    )
 
   # --- 4: user mistakes (the rest are in train_main_errors_test) ------------
 
   @parameterized.named_parameters(
-      ("run_directory_is_a_file",
-       lambda t: (t.make_file(os.path.join(t.out, "run")), {}),
-       r"config\.run_name='run': .*/runs/run is a regular file, not a run "
-       r"directory$"),
-      ("missing_train_data",
-       lambda t: (None, {"dataset_type": "tokens_file",
-                         "train_data_path": os.path.join(t.tmp, "no.npy"),
-                         "eval_data_path": os.path.join(t.tmp, "no.npy")}),
-       r"config\.train_data_path='.*/no\.npy': .*(does not exist|No such)"),
-      ("missing_load_parameters",
-       lambda t: (None, {"load_parameters_path": os.path.join(t.tmp, "gone")}),
-       r"config\.load_parameters_path='.*/gone': does not exist$"),
+      (
+          "run_directory_is_a_file",
+          lambda t: (t.make_file(os.path.join(t.out, "run")), {}),
+          r"config\.run_name='run': .*/runs/run is a regular file, not a run "
+          r"directory$",
+      ),
+      (
+          "missing_train_data",
+          lambda t: (
+              None,
+              {
+                  "dataset_type": "tokens_file",
+                  "train_data_path": os.path.join(t.tmp, "no.npy"),
+                  "eval_data_path": os.path.join(t.tmp, "no.npy"),
+              },
+          ),
+          r"config\.train_data_path='.*/no\.npy': .*(does not exist|No such)",
+      ),
+      (
+          "missing_load_parameters",
+          lambda t: (
+              None,
+              {"load_parameters_path": os.path.join(t.tmp, "gone")},
+          ),
+          r"config\.load_parameters_path='.*/gone': does not exist$",
+      ),
   )
   def test_user_mistake_is_one_line(self, make, pattern):
     _, extra = make(self)
@@ -340,12 +421,19 @@ class FailureModesTest(parameterized.TestCase):
 
     staging = os.path.join(self.tmp, "staging")
     remote = tiny_configs.tiny_flags(
-        "gs://bucket/x", run_name="remote", steps=6,
-        extra={"local_staging_directory": staging,
-               "lr_schedule_steps": _SCHEDULE_STEPS})
+        "gs://bucket/x",
+        run_name="remote",
+        steps=6,
+        extra={
+            "local_staging_directory": staging,
+            "lr_schedule_steps": _SCHEDULE_STEPS,
+        },
+    )
     start = time.monotonic()
-    proc = self.run_main(remote, env=_environ(
-        STORAGE_EMULATOR_HOST=gcs_emulator.closed_port_url()))
+    proc = self.run_main(
+        remote,
+        env=_environ(STORAGE_EMULATOR_HOST=gcs_emulator.closed_port_url()),
+    )
     remote_s = time.monotonic() - start
     self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
     self.assertNotIn("Traceback", proc.stderr)
@@ -355,16 +443,31 @@ class FailureModesTest(parameterized.TestCase):
     # The local staging copy holds the whole run.
     run_dir = os.path.join(staging, "remote")
     self.assertContainsSubset(
-        {"config.json", "metrics.jsonl", "mllog.log", "tensorboard",
-         "checkpoints"}, set(os.listdir(run_dir)))
-    self.assertEqual(_checkpoint_steps(os.path.join(run_dir, "checkpoints")),
-                     [3, 6])
+        {
+            "config.json",
+            "metrics.jsonl",
+            "mllog.log",
+            "tensorboard",
+            "checkpoints",
+        },
+        set(os.listdir(run_dir)),
+    )
+    self.assertEqual(
+        _checkpoint_steps(os.path.join(run_dir, "checkpoints")), [3, 6]
+    )
     self.assertEqual(_train_steps(run_dir), list(range(6)))
-    warnings = [l for l in proc.stderr.splitlines()
-                if l.startswith("W") and "gs://bucket/x/remote" in l]
-    self.assertTrue(any("not uploaded" in l or "did not finish" in l or
-                        "failed" in l for l in warnings),
-                    proc.stderr[-5000:])
+    warnings = [
+        l
+        for l in proc.stderr.splitlines()
+        if l.startswith("W") and "gs://bucket/x/remote" in l
+    ]
+    self.assertTrue(
+        any(
+            "not uploaded" in l or "did not finish" in l or "failed" in l
+            for l in warnings
+        ),
+        proc.stderr[-5000:],
+    )
 
 
 if __name__ == "__main__":

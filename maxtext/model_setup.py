@@ -31,6 +31,7 @@ class ModelSetup:
     param_shardings: the parameters' shardings (FSDP over the mesh).
     batch_sharding: the sharding of a global batch's arrays.
   """
+
   mesh: jax.sharding.Mesh
   abstract_params: Any
   param_shardings: Any
@@ -39,15 +40,19 @@ class ModelSetup:
 
 def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
   """Shapes and shardings of the config's model on `mesh`; allocates nothing."""
-  abstract = jax.eval_shape(functools.partial(model.init_params, config),
-                            jax.random.PRNGKey(config.seed))
+  abstract = jax.eval_shape(
+      functools.partial(model.init_params, config),
+      jax.random.PRNGKey(config.seed),
+  )
   fsdp = mesh.shape[mesh_lib.FSDP_AXIS]
   return ModelSetup(
       mesh=mesh,
       abstract_params=abstract,
       param_shardings=mesh_lib.param_shardings(
-          model.param_partition_specs(abstract, fsdp), mesh),
-      batch_sharding=mesh_lib.batch_sharding(mesh))
+          model.param_partition_specs(abstract, fsdp), mesh
+      ),
+      batch_sharding=mesh_lib.batch_sharding(mesh),
+  )
 
 
 def init_params(config: Any, setup: ModelSetup) -> Any:
@@ -61,15 +66,22 @@ def init_params(config: Any, setup: ModelSetup) -> Any:
         config.load_parameters_path,
         jax.tree_util.tree_map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-            setup.abstract_params, setup.param_shardings))
+            setup.abstract_params,
+            setup.param_shardings,
+        ),
+    )
   init = functools.partial(model.init_params, config)
   return jax.jit(init, out_shardings=setup.param_shardings)(
-      jax.random.PRNGKey(config.seed))
+      jax.random.PRNGKey(config.seed)
+  )
 
 
-def make_engine(config: Any, setup: ModelSetup, params: Any,
-                recorder: Optional[metrics_recorder.MetricsRecorder] = None
-                ) -> engine_lib.Engine:
+def make_engine(
+    config: Any,
+    setup: ModelSetup,
+    params: Any,
+    recorder: Optional[metrics_recorder.MetricsRecorder] = None,
+) -> engine_lib.Engine:
   """An engine training `params` with the config's optimizer and schedule.
 
   The engine clips with the gradient norm it measures for the metrics, so
@@ -86,11 +98,13 @@ def make_engine(config: Any, setup: ModelSetup, params: Any,
       param_shardings=setup.param_shardings,
       batch_sharding=setup.batch_sharding,
       grad_clip_norm=config.grad_clip_norm,
-      donate_state=config.donate_state)
+      donate_state=config.donate_state,
+  )
 
 
-def build_engine(config: Any, mesh: Optional[jax.sharding.Mesh] = None
-                 ) -> tuple[engine_lib.Engine, ModelSetup]:
+def build_engine(
+    config: Any, mesh: Optional[jax.sharding.Mesh] = None
+) -> tuple[engine_lib.Engine, ModelSetup]:
   """The config's model on `mesh` (default: the config's mesh), as an engine."""
   if mesh is None:
     mesh = mesh_lib.make_mesh(config)

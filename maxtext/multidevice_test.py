@@ -6,8 +6,10 @@ XLA_FLAGS before importing JAX. The one-device reference run is a subprocess.
 
 import os
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=8"
+).strip()
 
 import functools  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import json
@@ -31,12 +33,28 @@ _STEPS = 3
 
 def _tiny_overrides(output_dir, **overrides):
   values = dict(
-      base_output_directory=output_dir, run_name="r", emb_dim=32, num_heads=4,
-      num_kv_heads=2, head_dim=8, mlp_dim=64, num_layers=2, vocab_size=64,
-      max_sequence_length=16, global_batch_size=16, gradient_accumulation_steps=2,
-      eval_batch_size=8, eval_steps=1, eval_interval=_STEPS, steps=_STEPS,
-      warmup_steps=1, target_eval_loss=0.0, enable_mllog=False, checkpoint_period=_STEPS,
-      jax_compilation_cache_dir=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""))
+      base_output_directory=output_dir,
+      run_name="r",
+      emb_dim=32,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=8,
+      mlp_dim=64,
+      num_layers=2,
+      vocab_size=64,
+      max_sequence_length=16,
+      global_batch_size=16,
+      gradient_accumulation_steps=2,
+      eval_batch_size=8,
+      eval_steps=1,
+      eval_interval=_STEPS,
+      steps=_STEPS,
+      warmup_steps=1,
+      target_eval_loss=0.0,
+      enable_mllog=False,
+      checkpoint_period=_STEPS,
+      jax_compilation_cache_dir=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
+  )
   values.update(overrides)
   return values
 
@@ -58,16 +76,19 @@ class MultiDeviceTest(absltest.TestCase):
     self.assertEqual(jax.device_count(), 8)
 
   def test_params_and_batches_are_sharded_as_configured(self):
-    config = _tiny_config(self.create_tempdir().full_path, data_parallelism=2,
-                          fsdp_parallelism=4)
+    config = _tiny_config(
+        self.create_tempdir().full_path, data_parallelism=2, fsdp_parallelism=4
+    )
     mesh = mesh_lib.make_mesh(config)
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 4})
     engine, setup = model_setup.build_engine(config, mesh)
     abstract = setup.abstract_params
     fsdp_dims = model.param_fsdp_axis(abstract, 4)
     sharded = 0
-    for leaf, dim in zip(jax.tree_util.tree_leaves(engine.params),
-                         jax.tree_util.tree_leaves(fsdp_dims, is_leaf=lambda x: x is None)):
+    for leaf, dim in zip(
+        jax.tree_util.tree_leaves(engine.params),
+        jax.tree_util.tree_leaves(fsdp_dims, is_leaf=lambda x: x is None),
+    ):
       shard_shape = leaf.addressable_shards[0].data.shape
       if dim is None:
         self.assertEqual(shard_shape, leaf.shape)
@@ -78,42 +99,69 @@ class MultiDeviceTest(absltest.TestCase):
         self.assertEqual(shard_shape, tuple(expected))
     self.assertGreater(sharded, 0)
     batch = mesh_lib.global_batch(
-        {"inputs": np.zeros((8, 16), np.int32)}, setup.batch_sharding)
+        {"inputs": np.zeros((8, 16), np.int32)}, setup.batch_sharding
+    )
     self.assertEqual(batch["inputs"].addressable_shards[0].data.shape, (1, 16))
 
   def test_matches_the_single_device_run(self):
     root = self.create_tempdir().full_path
-    multi = trainer.run(_tiny_config(os.path.join(root, "multi"), data_parallelism=2,
-                                     fsdp_parallelism=4))
+    multi = trainer.run(
+        _tiny_config(
+            os.path.join(root, "multi"), data_parallelism=2, fsdp_parallelism=4
+        )
+    )
     self.assertEqual(multi.final_step, _STEPS)
     # The reference: the same config in a fresh process that sees one device.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = env["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=8",
-                                                "")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu"
+    )
+    env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(
+        "--xla_force_host_platform_device_count=8", ""
+    )
     script = (
         "import json, sys, jax; from maxtext import trainer; "
         "from maxtext.configs import default; "
         "assert jax.device_count() == 1, jax.devices(); "
         "config = default.get_config(); config.update(json.loads(sys.argv[1])); "
-        "trainer.run(config)")
+        "trainer.run(config)"
+    )
     subprocess.run(
-        [sys.executable, "-c", script,
-         json.dumps(_tiny_overrides(os.path.join(root, "single")))],
-        env=env, check=True, timeout=600)
+        [
+            sys.executable,
+            "-c",
+            script,
+            json.dumps(_tiny_overrides(os.path.join(root, "single"))),
+        ],
+        env=env,
+        check=True,
+        timeout=600,
+    )
     single_dir = os.path.join(root, "single", "r")
-    np.testing.assert_allclose(_losses(multi.run_dir), _losses(single_dir), rtol=2e-5)
-    abstract = jax.eval_shape(functools.partial(model.init_params, _tiny_config(root)),
-                              jax.random.PRNGKey(0))
+    np.testing.assert_allclose(
+        _losses(multi.run_dir), _losses(single_dir), rtol=2e-5
+    )
+    abstract = jax.eval_shape(
+        functools.partial(model.init_params, _tiny_config(root)),
+        jax.random.PRNGKey(0),
+    )
     cpu = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    chex.assert_trees_all_close(self._params(multi.run_dir, abstract, cpu),
-                                self._params(single_dir, abstract, cpu),
-                                atol=2e-5, rtol=2e-5)
+    chex.assert_trees_all_close(
+        self._params(multi.run_dir, abstract, cpu),
+        self._params(single_dir, abstract, cpu),
+        atol=2e-5,
+        rtol=2e-5,
+    )
 
   def _params(self, run_dir, abstract, sharding):
     abstract = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract)
-    return jax.device_get(checkpointing.restore_params_only(
-        os.path.join(run_dir, "checkpoints"), abstract))
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+        abstract,
+    )
+    return jax.device_get(
+        checkpointing.restore_params_only(
+            os.path.join(run_dir, "checkpoints"), abstract
+        )
+    )
 
 
 if __name__ == "__main__":

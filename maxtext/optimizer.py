@@ -27,8 +27,10 @@ def _check(config) -> tuple[float, int, int, float]:
   if warmup < 0:
     raise ValueError(f"warmup_steps must be >= 0, got {warmup}")
   if total < warmup:
-    raise ValueError(f"warmup_steps={warmup} exceeds the schedule length "
-                     f"{total} (lr_schedule_steps, 0 = steps)")
+    raise ValueError(
+        f"warmup_steps={warmup} exceeds the schedule length "
+        f"{total} (lr_schedule_steps, 0 = steps)"
+    )
   if not 0.0 <= end_fraction <= 1.0:
     raise ValueError(f"lr_end_fraction must be in [0, 1], got {end_fraction}")
   return peak, warmup, total, end_fraction
@@ -75,8 +77,9 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map(lambda x: jnp.ndim(x) >= 2, params)
 
 
-def make_optimizer(config, schedule: optax.Schedule, *,
-                   include_clipping: bool = True) -> optax.GradientTransformation:
+def make_optimizer(
+    config, schedule: optax.Schedule, *, include_clipping: bool = True
+) -> optax.GradientTransformation:
   """Global-norm clipping followed by AdamW.
 
   Args:
@@ -102,8 +105,11 @@ def make_optimizer(config, schedule: optax.Schedule, *,
     # Without clipping here an identity stage takes the clip's place: both
     # have an empty state, so the optimizer state, and every checkpoint, has
     # the same structure either way.
-    clip = (optax.clip_by_global_norm(config.grad_clip_norm) if include_clipping
-            else optax.identity())
+    clip = (
+        optax.clip_by_global_norm(config.grad_clip_norm)
+        if include_clipping
+        else optax.identity()
+    )
     return optax.chain(clip, adamw)
   return adamw
 

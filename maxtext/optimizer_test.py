@@ -42,24 +42,28 @@ class ScheduleTest(parameterized.TestCase):
         warmup - 1: peak * (warmup - 1) / warmup,
         warmup: peak,
         warmup + decay // 2: (peak + end) / 2,
-        warmup + decay // 4:
-            end + (peak - end) * 0.5 * (1 + math.cos(math.pi / 4)),
-        total - 1: end + (peak - end) * 0.5 * (1 + math.cos(
-            math.pi * (decay - 1) / decay)),
+        warmup
+        + decay // 4: end
+        + (peak - end) * 0.5 * (1 + math.cos(math.pi / 4)),
+        total
+        - 1: end
+        + (peak - end) * 0.5 * (1 + math.cos(math.pi * (decay - 1) / decay)),
         total: end,
         total + 50: end,
     }
     for step, value in expected.items():
       with self.subTest(step=step):
-        np.testing.assert_allclose(float(schedule(step)), value, rtol=1e-5,
-                                   atol=1e-9)
+        np.testing.assert_allclose(
+            float(schedule(step)), value, rtol=1e-5, atol=1e-9
+        )
 
   def test_monotone_warmup_then_decay(self):
     config = _config()
-    values = np.asarray(jax.vmap(optimizer.make_schedule(config))(
-        jnp.arange(config.steps + 1)))
+    values = np.asarray(
+        jax.vmap(optimizer.make_schedule(config))(jnp.arange(config.steps + 1))
+    )
     warmup = config.warmup_steps
-    self.assertTrue(np.all(np.diff(values[:warmup + 1]) > 0))
+    self.assertTrue(np.all(np.diff(values[: warmup + 1]) > 0))
     self.assertTrue(np.all(np.diff(values[warmup:]) < 0))
     self.assertEqual(values.dtype, np.float32)
 
@@ -68,13 +72,17 @@ class ScheduleTest(parameterized.TestCase):
     schedule = optimizer.make_schedule(config)
     end = config.learning_rate * config.lr_end_fraction
     np.testing.assert_allclose(float(schedule(60)), end, rtol=1e-6)
-    np.testing.assert_allclose(float(schedule(35)),
-                               (config.learning_rate + end) / 2, rtol=1e-5)
+    np.testing.assert_allclose(
+        float(schedule(35)), (config.learning_rate + end) / 2, rtol=1e-5
+    )
 
   def test_no_warmup_starts_at_peak(self):
     config = _config(warmup_steps=0)
-    np.testing.assert_allclose(float(optimizer.make_schedule(config)(0)),
-                               config.learning_rate, rtol=1e-6)
+    np.testing.assert_allclose(
+        float(optimizer.make_schedule(config)(0)),
+        config.learning_rate,
+        rtol=1e-6,
+    )
 
   def test_jittable_with_traced_count(self):
     config = _config()
@@ -102,18 +110,26 @@ class SummaryTest(absltest.TestCase):
     schedule = optimizer.make_schedule(config)
     self.assertEqual(summary["warmup_steps"], config.warmup_steps)
     self.assertEqual(summary["schedule_steps"], config.steps)
-    self.assertEqual(summary["decay_steps"],
-                     config.steps - config.warmup_steps)
+    self.assertEqual(summary["decay_steps"], config.steps - config.warmup_steps)
     self.assertEqual(summary["learning_rate"], config.learning_rate)
     np.testing.assert_allclose(
-        float(schedule(summary["warmup_steps"])), summary["learning_rate"],
-        rtol=1e-6)
+        float(schedule(summary["warmup_steps"])),
+        summary["learning_rate"],
+        rtol=1e-6,
+    )
     np.testing.assert_allclose(
         float(schedule(summary["schedule_steps"])),
-        summary["end_learning_rate"], rtol=1e-6)
+        summary["end_learning_rate"],
+        rtol=1e-6,
+    )
     self.assertEqual(summary["decay_schedule"], optimizer.DECAY_SCHEDULE_NAME)
-    for key in ("adam_b1", "adam_b2", "adam_eps", "weight_decay",
-                "grad_clip_norm"):
+    for key in (
+        "adam_b1",
+        "adam_b2",
+        "adam_eps",
+        "weight_decay",
+        "grad_clip_norm",
+    ):
       self.assertEqual(summary[key], config[key])
 
   def test_summary_uses_lr_schedule_steps(self):
@@ -143,8 +159,10 @@ class OptimizerTest(absltest.TestCase):
     zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
     updates, _ = tx.update(zeros, tx.init(params), params)
     np.testing.assert_allclose(
-        updates["w"], -config.learning_rate * config.weight_decay * 2.0,
-        rtol=1e-6)
+        updates["w"],
+        -config.learning_rate * config.weight_decay * 2.0,
+        rtol=1e-6,
+    )
     np.testing.assert_allclose(updates["scale"], 0.0)
 
   def test_gradients_are_clipped_to_the_global_norm(self):
@@ -154,10 +172,12 @@ class OptimizerTest(absltest.TestCase):
     common = dict(warmup_steps=0, weight_decay=0.0, adam_eps=10.0)
     clipped_tx = optimizer.make_optimizer(
         _config(grad_clip_norm=clip, **common),
-        optimizer.make_schedule(_config(**common)))
+        optimizer.make_schedule(_config(**common)),
+    )
     plain_tx = optimizer.make_optimizer(
         _config(grad_clip_norm=0.0, **common),
-        optimizer.make_schedule(_config(**common)))
+        optimizer.make_schedule(_config(**common)),
+    )
     params = self._params()
     grads = {"w": jnp.arange(12.0).reshape(3, 4), "scale": jnp.ones((4,))}
     norm = optax.tree.norm(grads)
@@ -168,7 +188,8 @@ class OptimizerTest(absltest.TestCase):
     chex.assert_trees_all_close(clipped, expected, rtol=1e-5)
     unclipped, _ = plain_tx.update(grads, plain_tx.init(params), params)
     self.assertGreater(
-        float(jnp.max(jnp.abs(unclipped["w"] - clipped["w"]))), 1e-4)
+        float(jnp.max(jnp.abs(unclipped["w"] - clipped["w"]))), 1e-4
+    )
 
   def test_without_clipping_same_state_structure_and_no_clip(self):
     common = dict(warmup_steps=0, weight_decay=0.0, adam_eps=10.0)
@@ -176,12 +197,15 @@ class OptimizerTest(absltest.TestCase):
     schedule = optimizer.make_schedule(config)
     with_clip = optimizer.make_optimizer(config, schedule)
     without = optimizer.make_optimizer(config, schedule, include_clipping=False)
-    plain = optimizer.make_optimizer(_config(grad_clip_norm=0.0, **common),
-                                     schedule)
+    plain = optimizer.make_optimizer(
+        _config(grad_clip_norm=0.0, **common), schedule
+    )
     params = self._params()
     # Checkpoints written either way restore into the other.
-    self.assertEqual(jax.tree_util.tree_structure(with_clip.init(params)),
-                     jax.tree_util.tree_structure(without.init(params)))
+    self.assertEqual(
+        jax.tree_util.tree_structure(with_clip.init(params)),
+        jax.tree_util.tree_structure(without.init(params)),
+    )
     grads = {"w": jnp.arange(12.0).reshape(3, 4), "scale": jnp.ones((4,))}
     got, _ = without.update(grads, without.init(params), params)
     expected, _ = plain.update(grads, plain.init(params), params)

@@ -59,6 +59,7 @@ class StopRequest:
     if jax.process_count() == 1:
       return self._event.is_set()
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     flags = multihost_utils.process_allgather(np.asarray(self._event.is_set()))
     stop = bool(np.any(flags))
     if stop and not self._event.is_set():

@@ -35,8 +35,9 @@ _DEFAULT_PATH_MAX = 4096
 _PROBE_PREFIX = ".maxtext_preflight_"
 
 
-def _fail(field: str, value: str, path: Optional[str],
-          problem: str) -> ValueError:
+def _fail(
+    field: str, value: str, path: Optional[str], problem: str
+) -> ValueError:
   """`config.<field>=<value>: [<path> ]<problem>`, the path if it says more."""
   if path and path != value:
     problem = f"{path} {problem}"
@@ -117,8 +118,9 @@ def _walk(path: str) -> tuple[Optional[str], str]:
   return None, nearest
 
 
-def _directory_problem(path: str, *, room: int = 0,
-                       write: bool = True) -> Optional[str]:
+def _directory_problem(
+    path: str, *, room: int = 0, write: bool = True
+) -> Optional[str]:
   """Why the run cannot create (if needed) and write directory `path`.
 
   Args:
@@ -135,8 +137,10 @@ def _directory_problem(path: str, *, room: int = 0,
   path_max = _limit(nearest, "PC_PATH_MAX", _DEFAULT_PATH_MAX)
   length = len(os.fsencode(path)) + room
   if length >= path_max:
-    return (f"path too long ({len(os.fsencode(path))} characters, and the "
-            f"run's files need {room} more; the limit is {path_max})")
+    return (
+        f"path too long ({len(os.fsencode(path))} characters, and the "
+        f"run's files need {room} more; the limit is {path_max})"
+    )
   return _write_problem(nearest) if write else None
 
 
@@ -149,19 +153,30 @@ def _nearest_directory(path: str) -> str:
 
 def _check_run_name(config, run_dir: str) -> None:
   """The named run directory: a name the file system takes, not a file."""
-  name_max = _limit(_nearest_directory(os.path.dirname(run_dir)),
-                    "PC_NAME_MAX", _DEFAULT_NAME_MAX)
+  name_max = _limit(
+      _nearest_directory(os.path.dirname(run_dir)),
+      "PC_NAME_MAX",
+      _DEFAULT_NAME_MAX,
+  )
   length = len(os.fsencode(config.run_name))
   if length > name_max:
-    raise _fail("run_name", config.run_name, None,
-                f"name too long ({length} > {name_max} characters)")
+    raise _fail(
+        "run_name",
+        config.run_name,
+        None,
+        f"name too long ({length} > {name_max} characters)",
+    )
   try:
     mode = os.stat(run_dir).st_mode
   except OSError:
     return  # Absent (the run creates it), or the directory checks say why.
   if not stat.S_ISDIR(mode):
-    raise _fail("run_name", config.run_name, run_dir,
-                f"is {checks.file_kind(mode)}, not a run directory")
+    raise _fail(
+        "run_name",
+        config.run_name,
+        run_dir,
+        f"is {checks.file_kind(mode)}, not a run directory",
+    )
 
 
 def _check_output(config) -> None:
@@ -190,8 +205,12 @@ def _check_output(config) -> None:
   # file of that name would stop it); an explicit one is checked on its own.
   problem = _directory_problem(paths.checkpoint_dir, room=_ROOM_INSIDE)
   if problem:
-    raise _fail("checkpoint_directory", config.checkpoint_directory,
-                paths.checkpoint_dir, problem)
+    raise _fail(
+        "checkpoint_directory",
+        config.checkpoint_directory,
+        paths.checkpoint_dir,
+        problem,
+    )
 
 
 def _check_load_parameters(config) -> None:
@@ -204,16 +223,26 @@ def _check_load_parameters(config) -> None:
     mode = os.stat(path).st_mode
   except OSError as e:
     if e.errno in (errno.ENOENT, errno.ENOTDIR):
-      raise _fail("load_parameters_path", value, None,
-                  "does not exist") from None
-    raise _fail("load_parameters_path", value, None,
-                f"cannot be read: {e.strerror or e}") from None
+      raise _fail(
+          "load_parameters_path", value, None, "does not exist"
+      ) from None
+    raise _fail(
+        "load_parameters_path",
+        value,
+        None,
+        f"cannot be read: {e.strerror or e}",
+    ) from None
   if not stat.S_ISDIR(mode):
-    raise _fail("load_parameters_path", value, None,
-                f"is {checks.file_kind(mode)}, not a checkpoint directory")
+    raise _fail(
+        "load_parameters_path",
+        value,
+        None,
+        f"is {checks.file_kind(mode)}, not a checkpoint directory",
+    )
   if not os.access(path, os.R_OK | os.X_OK):
-    raise _fail("load_parameters_path", value, None,
-                "permission denied: cannot be read")
+    raise _fail(
+        "load_parameters_path", value, None, "permission denied: cannot be read"
+    )
   # A checkpoint directory holds step directories ("500"); a step directory
   # is named by its step.
   if os.path.basename(path).isdigit():
@@ -221,9 +250,13 @@ def _check_load_parameters(config) -> None:
   with os.scandir(path) as entries:
     steps = [e.name for e in entries if e.name.isdigit() and e.is_dir()]
   if not steps:
-    raise _fail("load_parameters_path", value, None,
-                "holds no checkpoint: expected a checkpoint directory with "
-                "step subdirectories, or one step directory")
+    raise _fail(
+        "load_parameters_path",
+        value,
+        None,
+        "holds no checkpoint: expected a checkpoint directory with "
+        "step subdirectories, or one step directory",
+    )
 
 
 def _check_mllog(config) -> None:
@@ -240,9 +273,13 @@ def _check_mllog(config) -> None:
   name_max = _limit(directory, "PC_NAME_MAX", _DEFAULT_NAME_MAX)
   length = len(os.fsencode(name))
   if length + _ATTEMPT_ROOM > name_max:
-    raise _fail("mllog_file", config.mllog_file, None,
-                f"name too long ({length} characters, and an attempt number "
-                f"adds {_ATTEMPT_ROOM}; the limit is {name_max})")
+    raise _fail(
+        "mllog_file",
+        config.mllog_file,
+        None,
+        f"name too long ({length} characters, and an attempt number "
+        f"adds {_ATTEMPT_ROOM}; the limit is {name_max})",
+    )
 
 
 def _check_compilation_cache(config) -> None:

@@ -73,13 +73,21 @@ class PreflightTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ("new_run", lambda tmp: {}),
       ("unnamed_run", lambda tmp: {"run_name": ""}),
-      ("mllog_elsewhere", lambda tmp: {
-          "enable_mllog": True,
-          "mllog_file": os.path.join(tmp, "new", "logs.log")}),
-      ("gs_run", lambda tmp: {
-          "base_output_directory": "gs://bucket/prefix",
-          "local_staging_directory": os.path.join(tmp, "staging"),
-          "checkpoint_directory": "gs://bucket/ckpt"}),
+      (
+          "mllog_elsewhere",
+          lambda tmp: {
+              "enable_mllog": True,
+              "mllog_file": os.path.join(tmp, "new", "logs.log"),
+          },
+      ),
+      (
+          "gs_run",
+          lambda tmp: {
+              "base_output_directory": "gs://bucket/prefix",
+              "local_staging_directory": os.path.join(tmp, "staging"),
+              "checkpoint_directory": "gs://bucket/ckpt",
+          },
+      ),
   )
   def test_good_config_passes_and_creates_nothing(self, overrides):
     before = self.listing()
@@ -97,13 +105,15 @@ class PreflightTest(parameterized.TestCase):
     self.assert_refused(
         self.config(base_output_directory=base_dir),
         rf"^config\.base_output_directory='{base_dir}': is under "
-        rf"{self.file}, which is a regular file$")
+        rf"{self.file}, which is a regular file$",
+    )
 
   def test_base_output_directory_is_a_file(self):
     self.assert_refused(
         self.config(base_output_directory=self.file),
         rf"^config\.base_output_directory='{self.file}': is a regular file, "
-        "not a directory$")
+        "not a directory$",
+    )
 
   def test_relative_base_names_the_resolved_path(self):
     self.addCleanup(os.chdir, os.getcwd())
@@ -111,7 +121,8 @@ class PreflightTest(parameterized.TestCase):
     self.assert_refused(
         self.config(base_output_directory="a_file/runs"),
         rf"^config\.base_output_directory='a_file/runs': {self.file}/runs is "
-        rf"under {self.file}, which is a regular file$")
+        rf"under {self.file}, which is a regular file$",
+    )
 
   def test_run_directory_is_a_file(self):
     os.makedirs(self.out)
@@ -119,33 +130,43 @@ class PreflightTest(parameterized.TestCase):
     self.assert_refused(
         self.config(),
         rf"^config\.run_name='run': {self.out}/run is a regular file, not a "
-        "run directory$")
+        "run directory$",
+    )
 
   def test_run_name_too_long(self):
     name = "r" * 300
-    self.assert_refused(self.config(run_name=name),
-                        rf"^config\.run_name='{name}': name too long "
-                        r"\(300 > 255 characters\)$")
+    self.assert_refused(
+        self.config(run_name=name),
+        rf"^config\.run_name='{name}': name too long "
+        r"\(300 > 255 characters\)$",
+    )
 
   def test_base_component_too_long(self):
     base_dir = os.path.join(self.tmp, "b" * 256, "runs")
-    self.assert_refused(self.config(base_output_directory=base_dir),
-                        r"^config\.base_output_directory='.*': name too long "
-                        r"\(256 > 255 characters\)$")
+    self.assert_refused(
+        self.config(base_output_directory=base_dir),
+        r"^config\.base_output_directory='.*': name too long "
+        r"\(256 > 255 characters\)$",
+    )
 
   def test_path_too_long(self):
     base_dir = os.path.join(self.tmp, *["d" * 200] * 20)
-    self.assert_refused(self.config(base_output_directory=base_dir),
-                        r"^config\.base_output_directory='.*': .*path too "
-                        r"long \(\d+ characters, .*the limit is 4096\)$")
+    self.assert_refused(
+        self.config(base_output_directory=base_dir),
+        r"^config\.base_output_directory='.*': .*path too "
+        r"long \(\d+ characters, .*the limit is 4096\)$",
+    )
 
   def test_staging_directory_of_a_gs_run(self):
     staging = os.path.join(self.file, "staging")
     self.assert_refused(
-        self.config(base_output_directory="gs://bucket/prefix",
-                    local_staging_directory=staging),
+        self.config(
+            base_output_directory="gs://bucket/prefix",
+            local_staging_directory=staging,
+        ),
         rf"^config\.local_staging_directory='{staging}': is under "
-        rf"{self.file}, which is a regular file$")
+        rf"{self.file}, which is a regular file$",
+    )
 
   def test_checkpoint_directory_under_a_broken_link(self):
     link = os.path.join(self.tmp, "link")
@@ -154,14 +175,16 @@ class PreflightTest(parameterized.TestCase):
     self.assert_refused(
         self.config(checkpoint_directory=ckpt),
         rf"^config\.checkpoint_directory='{ckpt}': is under {link}, a broken "
-        "symbolic link$")
+        "symbolic link$",
+    )
 
   def test_checkpoint_directory_under_a_file(self):
     ckpt = os.path.join(self.file, "ckpt")
     self.assert_refused(
         self.config(checkpoint_directory=ckpt),
         rf"^config\.checkpoint_directory='{ckpt}': is under {self.file}, "
-        "which is a regular file$")
+        "which is a regular file$",
+    )
 
   def test_default_checkpoint_directory_is_a_file(self):
     os.makedirs(os.path.join(self.out, "run"))
@@ -169,14 +192,16 @@ class PreflightTest(parameterized.TestCase):
     self.assert_refused(
         self.config(),
         rf"^config\.checkpoint_directory='': {self.out}/run/checkpoints is "
-        "a regular file, not a directory$")
+        "a regular file, not a directory$",
+    )
 
   def test_compilation_cache_under_a_file(self):
     cache = os.path.join(self.file, "cache")
     self.assert_refused(
         self.config(jax_compilation_cache_dir=cache),
         rf"^config\.jax_compilation_cache_dir='{cache}': is under "
-        rf"{self.file}, which is a regular file$")
+        rf"{self.file}, which is a regular file$",
+    )
 
   def test_read_only_file_system(self):
     # A read-only tmpfs in a user namespace of its own: the check must see
@@ -184,9 +209,18 @@ class PreflightTest(parameterized.TestCase):
     mount = os.path.join(self.tmp, "ro")
     os.mkdir(mount)
     probe = subprocess.run(
-        ["unshare", "-Urm", "sh", "-c",
-         'mount -t tmpfs -o ro tmpfs "$0"', mount],
-        capture_output=True, text=True, check=False)
+        [
+            "unshare",
+            "-Urm",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o ro tmpfs "$0"',
+            mount,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if probe.returncode:
       self.skipTest(f"no user namespace mounts here: {probe.stderr.strip()}")
     code = (
@@ -200,18 +234,31 @@ class PreflightTest(parameterized.TestCase):
         "  preflight.check(config)\n"
         "except ValueError as e:\n"
         "  print(e)\n"
-        "  sys.exit(3)\n")
+        "  sys.exit(3)\n"
+    )
     proc = subprocess.run(
-        ["unshare", "-Urm", "sh", "-c",
-         'mount -t tmpfs -o ro tmpfs "$0" && exec "$1" -c "$2"', mount,
-         sys.executable, code],
-        capture_output=True, text=True, check=False, timeout=120,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        [
+            "unshare",
+            "-Urm",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o ro tmpfs "$0" && exec "$1" -c "$2"',
+            mount,
+            sys.executable,
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
     self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
     self.assertEqual(
         proc.stdout.strip(),
         f"config.base_output_directory='{mount}/runs': read-only file system "
-        f"({mount})")
+        f"({mount})",
+    )
     self.assertEqual(os.listdir(mount), [])  # The mount is gone with it.
 
   # --- the MLPerf log ---------------------------------------------------------
@@ -221,24 +268,30 @@ class PreflightTest(parameterized.TestCase):
     self.assert_refused(
         self.config(enable_mllog=True, mllog_file=log),
         rf"^config\.mllog_file='{log}': {self.file} is a regular file, not a "
-        "directory$")
+        "directory$",
+    )
 
   def test_mllog_file_name_too_long(self):
     log = os.path.join(self.tmp, "m" * 252 + ".log")
     self.assert_refused(
         self.config(enable_mllog=True, mllog_file=log),
         r"^config\.mllog_file='.*': .*name too long \(256 characters, and an "
-        r"attempt number adds 4; the limit is 255\)$")
+        r"attempt number adds 4; the limit is 255\)$",
+    )
 
   def test_mllog_file_ignored_when_off(self):
-    preflight.check(self.config(
-        mllog_file=os.path.join(self.file, "mllog.log")))
+    preflight.check(
+        self.config(mllog_file=os.path.join(self.file, "mllog.log"))
+    )
 
   # --- data -------------------------------------------------------------------
 
   def tokens_config(self, train, evaluation=None):
-    return self.config(dataset_type="tokens_file", train_data_path=train,
-                       eval_data_path=evaluation or train)
+    return self.config(
+        dataset_type="tokens_file",
+        train_data_path=train,
+        eval_data_path=evaluation or train,
+    )
 
   def test_good_token_files_pass(self):
     path = self.write_npy("train.npy", np.arange(1000, dtype=np.int32) % 256)
@@ -249,7 +302,8 @@ class PreflightTest(parameterized.TestCase):
     path = os.path.join(self.tmp, "absent.npy")
     self.assert_refused(
         self.tokens_config(path),
-        rf"^config\.train_data_path='{path}': does not exist$")
+        rf"^config\.train_data_path='{path}': does not exist$",
+    )
 
   def test_directory_as_eval_data(self):
     good = self.write_npy("train.npy", np.arange(1000, dtype=np.int32) % 256)
@@ -258,23 +312,29 @@ class PreflightTest(parameterized.TestCase):
     self.assert_refused(
         self.tokens_config(good, directory),
         rf"^config\.eval_data_path='{directory}': is a directory, not a token "
-        "file$")
+        "file$",
+    )
 
   @parameterized.named_parameters(
       ("bad_magic", lambda: b"just text\n" * 10, "magic string is not correct"),
-      ("truncated_header",
-       lambda: _npy_bytes(np.arange(1000, dtype=np.int32))[:30],
-       "EOF: reading array header"),
-      ("pickled_objects",
-       lambda: _npy_bytes(np.array([{"token": 1}] * 100), allow_pickle=True),
-       r"Python objects \(a pickled array\)"),
+      (
+          "truncated_header",
+          lambda: _npy_bytes(np.arange(1000, dtype=np.int32))[:30],
+          "EOF: reading array header",
+      ),
+      (
+          "pickled_objects",
+          lambda: _npy_bytes(np.array([{"token": 1}] * 100), allow_pickle=True),
+          r"Python objects \(a pickled array\)",
+      ),
   )
   def test_malformed_npy(self, content, detail):
     path = self.write_bytes("train.npy", content())
     message = self.assert_refused(
         self.tokens_config(path),
         rf"^config\.train_data_path='{path}': malformed \.npy file: .*"
-        + detail)
+        + detail,
+    )
     self.assertNotIn("pickled data", message)
 
   def test_too_short_token_file(self):
@@ -282,7 +342,8 @@ class PreflightTest(parameterized.TestCase):
     self.assert_refused(
         self.tokens_config(path),
         rf"^config\.train_data_path='{path}': holds 10 tokens; one sequence "
-        r"needs max_sequence_length \+ 1 = 65$")
+        r"needs max_sequence_length \+ 1 = 65$",
+    )
 
   # --- load_parameters_path ---------------------------------------------------
 
@@ -290,20 +351,24 @@ class PreflightTest(parameterized.TestCase):
     missing = os.path.join(self.tmp, "absent")
     self.assert_refused(
         self.config(load_parameters_path=missing),
-        rf"^config\.load_parameters_path='{missing}': does not exist$")
+        rf"^config\.load_parameters_path='{missing}': does not exist$",
+    )
     self.assert_refused(
         self.config(load_parameters_path=self.file),
         rf"^config\.load_parameters_path='{self.file}': is a regular file, "
-        "not a checkpoint directory$")
+        "not a checkpoint directory$",
+    )
     empty = os.path.join(self.tmp, "ckpt")
     os.mkdir(empty)
     self.assert_refused(
         self.config(load_parameters_path=empty),
-        rf"^config\.load_parameters_path='{empty}': holds no checkpoint")
+        rf"^config\.load_parameters_path='{empty}': holds no checkpoint",
+    )
     os.mkdir(os.path.join(empty, "500"))
     preflight.check(self.config(load_parameters_path=empty))
-    preflight.check(self.config(
-        load_parameters_path=os.path.join(empty, "500")))
+    preflight.check(
+        self.config(load_parameters_path=os.path.join(empty, "500"))
+    )
     # Read by orbax at restore time, where GCS trouble is retried.
     preflight.check(self.config(load_parameters_path="gs://bucket/ckpt"))
 

@@ -42,7 +42,6 @@ from maxtext.storage import run_dir as run_dir_lib
 from maxtext.storage import run_lock
 from maxtext.storage import run_record
 
-
 # Not mirrored: orbax's unfinished checkpoints, and the local lock file (the
 # bucket holds the run's own lock object under that name, see run_lock).
 _MIRROR_EXCLUDE = (*gcs_mirror.DEFAULT_EXCLUDE, run_lock.LOCK_FILE_NAME)
@@ -64,6 +63,7 @@ class RunState:
     start_step: completed steps at the start of this attempt.
     samples: samples trained so far, resumed ones included.
   """
+
   config: Any  # The attempt's config, with its resolved seed.
   paths: run_dir_lib.RunPaths
   is_primary: bool
@@ -80,16 +80,24 @@ class RunState:
     the last step."""
     if step >= self.config.steps:
       return []
-    return [mesh_lib.global_batch(micro, self.setup.batch_sharding)
-            for micro in data.split_micro_batches(
-                self.dataset.get_batch(step),
-                self.config.gradient_accumulation_steps)]
+    return [
+        mesh_lib.global_batch(micro, self.setup.batch_sharding)
+        for micro in data.split_micro_batches(
+            self.dataset.get_batch(step),
+            self.config.gradient_accumulation_steps,
+        )
+    ]
 
   def evaluate(self) -> float:
     """The mean eval loss over `eval_steps` batches (nats per token)."""
-    losses = [self.engine.eval_step(mesh_lib.global_batch(
-        self.dataset.get_eval_batch(i), self.setup.batch_sharding))
-              for i in range(self.config.eval_steps)]
+    losses = [
+        self.engine.eval_step(
+            mesh_lib.global_batch(
+                self.dataset.get_eval_batch(i), self.setup.batch_sharding
+            )
+        )
+        for i in range(self.config.eval_steps)
+    ]
     return float(np.mean(jax.device_get(losses)))
 
   def save(self, force: bool = False) -> bool:
@@ -100,8 +108,11 @@ class RunState:
     """
     step = self.engine.step
     saved = self.checkpointer.save(
-        step, self.engine.state, {"samples_count": self.samples, "step": step},
-        force=force)
+        step,
+        self.engine.state,
+        {"samples_count": self.samples, "step": step},
+        force=force,
+    )
     if saved:
       logging.info("Checkpoint of step %d: %s", step, self.paths.checkpoint_dir)
     return saved
@@ -124,10 +135,13 @@ def _run_name(config) -> str:
   if jax.process_count() == 1:
     return run_dir_lib.default_run_name()
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
   stamp = multihost_utils.broadcast_one_to_all(
-      np.asarray(int(time.time()), np.int64))
+      np.asarray(int(time.time()), np.int64)
+  )
   return run_dir_lib.default_run_name(
-      datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc))
+      datetime.datetime.fromtimestamp(int(stamp), datetime.timezone.utc)
+  )
 
 
 class AlreadyFinished(Exception):
@@ -149,13 +163,14 @@ def _draw_seed() -> int:
   seed = run_record.new_seed()
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    seed = int(multihost_utils.broadcast_one_to_all(
-        np.asarray(seed, np.int32)))
+
+    seed = int(multihost_utils.broadcast_one_to_all(np.asarray(seed, np.int32)))
   return seed
 
 
-def _lock_run(config, paths: run_dir_lib.RunPaths, is_primary: bool
-              ) -> Optional[run_lock.RunLocks]:
+def _lock_run(
+    config, paths: run_dir_lib.RunPaths, is_primary: bool
+) -> Optional[run_lock.RunLocks]:
   """Process 0 locks the run's directories; every process learns the outcome.
 
   Raises:
@@ -173,16 +188,20 @@ def _lock_run(config, paths: run_dir_lib.RunPaths, is_primary: bool
       locks = run_lock.acquire_run_locks(
           locations,
           refresh_interval_s=config.run_lock_refresh_interval_seconds,
-          request_timeout_s=config.gcs_request_timeout_seconds)
+          request_timeout_s=config.gcs_request_timeout_seconds,
+      )
     except run_lock.RunLockError as e:
       error = e
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     locked = multihost_utils.broadcast_one_to_all(
-        np.asarray(error is None and is_primary, np.int32))
+        np.asarray(error is None and is_primary, np.int32)
+    )
     if not int(locked) and error is None:
       error = run_lock.RunLockError(
-          paths.run_dir, None, "process 0 could not lock the run directory")
+          paths.run_dir, None, "process 0 could not lock the run directory"
+      )
   if error is not None:
     raise error
   return locks
@@ -197,19 +216,28 @@ def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
     return  # The local staging holds the run: it is the newest copy.
   try:
     files = gcs_mirror.download_prefix(
-        paths.remote_url, paths.run_dir,
+        paths.remote_url,
+        paths.run_dir,
         request_timeout_s=config.gcs_request_timeout_seconds,
         list_timeout_s=config.gcs_startup_timeout_seconds,
-        exclude=_MIRROR_EXCLUDE)
+        exclude=_MIRROR_EXCLUDE,
+    )
   except gcs_mirror.GcsError as e:
     # GCS trouble never stops a run: it starts from what is local (nothing),
     # and resume=True still fails when no checkpoint is found.
-    logging.warning("Could not read the GCS mirror %s (%s); starting without "
-                    "its files.", paths.remote_url, e)
+    logging.warning(
+        "Could not read the GCS mirror %s (%s); starting without " "its files.",
+        paths.remote_url,
+        e,
+    )
     return
   if files:
-    logging.info("Restored %d files of %s from %s.", len(files), paths.run_dir,
-                 paths.remote_url)
+    logging.info(
+        "Restored %d files of %s from %s.",
+        len(files),
+        paths.run_dir,
+        paths.remote_url,
+    )
 
 
 def _abstract(tree, host_sharding):
@@ -220,8 +248,12 @@ def _abstract(tree, host_sharding):
   """
   return jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(
-          np.shape(x), x.dtype,
-          sharding=getattr(x, "sharding", None) or host_sharding), tree)
+          np.shape(x),
+          x.dtype,
+          sharding=getattr(x, "sharding", None) or host_sharding,
+      ),
+      tree,
+  )
 
 
 def _restore(engine, checkpointer, paths, mesh) -> dict:
@@ -234,35 +266,61 @@ def _restore(engine, checkpointer, paths, mesh) -> dict:
     return {}  # A new run (build checked `resume` already).
   engine.set_state(restored.state)
   for aside in restored.set_aside:
-    logging.warning("Checkpoint of step %d could not be restored (%s); %s. "
-                    "Resuming from the older step %d instead.", aside.step,
-                    aside.reason,
-                    f"moved to {aside.moved_to}" if aside.moved_to
-                    else "left in place", restored.step)
-  logging.info("Resumed from the checkpoint of step %d in %s.", restored.step,
-               paths.checkpoint_dir)
+    logging.warning(
+        "Checkpoint of step %d could not be restored (%s); %s. "
+        "Resuming from the older step %d instead.",
+        aside.step,
+        aside.reason,
+        f"moved to {aside.moved_to}" if aside.moved_to else "left in place",
+        restored.step,
+    )
+  logging.info(
+      "Resumed from the checkpoint of step %d in %s.",
+      restored.step,
+      paths.checkpoint_dir,
+  )
   return restored.metadata
 
 
-def _output_listeners(config, paths, is_primary: bool, start_step: int,
-                      step_throughput: throughput.StepThroughput
-                      ) -> list[interface.RunListener]:
+def _output_listeners(
+    config,
+    paths,
+    is_primary: bool,
+    start_step: int,
+    step_throughput: throughput.StepThroughput,
+) -> list[interface.RunListener]:
   """The outputs besides the MLPerf log, in the order they are called."""
-  listeners = [metrics_listener.MetricsListener(writers.MetricLogger(
-      paths.run_dir, is_primary=is_primary, log_period=config.log_period,
-      total_steps=config.steps,
-      tokens_per_step=step_throughput.tokens_per_step,
-      first_step=start_step, throughput=step_throughput))]
+  listeners = [
+      metrics_listener.MetricsListener(
+          writers.MetricLogger(
+              paths.run_dir,
+              is_primary=is_primary,
+              log_period=config.log_period,
+              total_steps=config.steps,
+              tokens_per_step=step_throughput.tokens_per_step,
+              first_step=start_step,
+              throughput=step_throughput,
+          )
+      )
+  ]
   if config.profiler_steps and is_primary:
-    listeners.append(profiler.ProfilerListener(
-        paths.tensorboard_dir, config.profiler_start_step,
-        config.profiler_steps))
+    listeners.append(
+        profiler.ProfilerListener(
+            paths.tensorboard_dir,
+            config.profiler_start_step,
+            config.profiler_steps,
+        )
+    )
   return listeners
 
 
-def build(config, *, config_filename: str = "unknown",
-          process_index: Optional[int] = None,
-          extra_listeners: Sequence[interface.RunListener] = ()) -> RunState:
+def build(
+    config,
+    *,
+    config_filename: str = "unknown",
+    process_index: Optional[int] = None,
+    extra_listeners: Sequence[interface.RunListener] = (),
+) -> RunState:
   """Builds the run's state from its (validated) config.
 
   Args:
@@ -290,7 +348,8 @@ def build(config, *, config_filename: str = "unknown",
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
   step_throughput = throughput.StepThroughput.for_run(
-      config, [d.device_kind for d in mesh.devices.flat])
+      config, [d.device_kind for d in mesh.devices.flat]
+  )
   paths = run_dir_lib.make_run_paths(config, _run_name(config))
   locks = _lock_run(config, paths, is_primary)
   listeners = multi_listener.MultiListener()
@@ -304,67 +363,101 @@ def build(config, *, config_filename: str = "unknown",
     checkpointer = checkpointing.Checkpointer(
         paths.checkpoint_dir,
         save_period=config.checkpoint_period or config.steps,
-        max_to_keep=config.max_checkpoints_to_keep)
+        max_to_keep=config.max_checkpoints_to_keep,
+    )
     finished = run_record.finished_message(
-        paths.run_name, checkpointer.latest_step(), config.steps)
+        paths.run_name, checkpointer.latest_step(), config.steps
+    )
     if finished:
-      raise AlreadyFinished(finished, checkpointer.latest_step(),
-                            paths.run_dir)
+      raise AlreadyFinished(finished, checkpointer.latest_step(), paths.run_dir)
     if recorded is not None:
-      changes = run_record.check_resume(recorded, config,
-                                        run_name=paths.run_name)
+      changes = run_record.check_resume(
+          recorded, config, run_name=paths.run_name
+      )
       if changes:
         logging.info("%s", run_record.describe_changes(changes))
     config = run_record.with_seed(
-        config, run_record.resolve_seed(config, recorded, draw=_draw_seed))
+        config, run_record.resolve_seed(config, recorded, draw=_draw_seed)
+    )
     if paths.remote_url and is_primary:
-      mirror = mirror_listener.MirrorListener(gcs_mirror.GcsMirror(
-          paths.run_dir, paths.remote_url,
-          min_interval_s=config.gcs_sync_interval_seconds,
-          request_timeout_s=config.gcs_request_timeout_seconds,
-          final_timeout_s=config.gcs_final_timeout_seconds,
-          exclude=_MIRROR_EXCLUDE))
+      mirror = mirror_listener.MirrorListener(
+          gcs_mirror.GcsMirror(
+              paths.run_dir,
+              paths.remote_url,
+              min_interval_s=config.gcs_sync_interval_seconds,
+              request_timeout_s=config.gcs_request_timeout_seconds,
+              final_timeout_s=config.gcs_final_timeout_seconds,
+              exclude=_MIRROR_EXCLUDE,
+          )
+      )
     # The data and the checkpoint directory are opened (and checked) before
     # the MLPerf log exists: a mistake there leaves no log behind.
-    dataset = data.make_dataset(config, jax.process_index(),
-                                jax.process_count())
+    dataset = data.make_dataset(
+        config, jax.process_index(), jax.process_count()
+    )
     if config.resume and checkpointer.latest_step() is None:
       raise ValueError(
           f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
-          "(set run_name to the run to resume)")
-    listeners.add(mllog_listener.start(
-        config, paths.run_dir, process_index=process_index,
-        data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
-        config_filename=config_filename, throughput=step_throughput))
+          "(set run_name to the run to resume)"
+      )
+    listeners.add(
+        mllog_listener.start(
+            config,
+            paths.run_dir,
+            process_index=process_index,
+            data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
+            config_filename=config_filename,
+            throughput=step_throughput,
+        )
+    )
     engine, setup = model_setup.build_engine(config, mesh)
     metadata = _restore(engine, checkpointer, paths, mesh)
     start_step = engine.step
-    samples = int(metadata.get("samples_count",
-                               start_step * config.global_batch_size))
+    samples = int(
+        metadata.get("samples_count", start_step * config.global_batch_size)
+    )
     if is_primary:
       run_record.record_attempt(
-          paths.run_dir, config,
-          dict(run_dir_lib.provenance(), run_name=paths.run_name,
-               remote_url=paths.remote_url), start_step)
-    for listener in (*_output_listeners(config, paths, is_primary, start_step,
-                                        step_throughput),
-                     *extra_listeners):
+          paths.run_dir,
+          config,
+          dict(
+              run_dir_lib.provenance(),
+              run_name=paths.run_name,
+              remote_url=paths.remote_url,
+          ),
+          start_step,
+      )
+    for listener in (
+        *_output_listeners(
+            config, paths, is_primary, start_step, step_throughput
+        ),
+        *extra_listeners,
+    ):
       listeners.add(listener)
     if mirror is not None:
       listeners.add(mirror)  # It uploads what the others wrote.
     if locks is not None:
       listeners.add(lock_listener.RunLockListener(locks))  # Released last.
-    return RunState(config=config, paths=paths, is_primary=is_primary,
-                    setup=setup, engine=engine, dataset=dataset,
-                    checkpointer=checkpointer, listeners=listeners,
-                    start_step=start_step, samples=samples)
+    return RunState(
+        config=config,
+        paths=paths,
+        is_primary=is_primary,
+        setup=setup,
+        engine=engine,
+        dataset=dataset,
+        checkpointer=checkpointer,
+        listeners=listeners,
+        start_step=start_step,
+        samples=samples,
+    )
   except BaseException:
     if mirror is not None and mirror not in listeners.listeners:
       listeners.add(mirror)
     _abandon(listeners, engine, checkpointer, samples)
     if locks is not None and not any(
         isinstance(l, lock_listener.RunLockListener)
-        for l in listeners.listeners):
+        for l in listeners.listeners
+    ):
       locks.release()
     raise
 
@@ -373,8 +466,9 @@ def _abandon(listeners, engine, checkpointer, samples: int) -> None:
   """Closes what a failed `build` opened; the MLPerf log ends aborted."""
   step = engine.step if engine is not None else 0
   try:
-    listeners.on_run_end(interface.RunEnd(interface.RunOutcome.FAILED, step,
-                                          samples))
+    listeners.on_run_end(
+        interface.RunEnd(interface.RunOutcome.FAILED, step, samples)
+    )
   except multi_listener.ListenerError:
     pass  # Logged by MultiListener; the build's own error is the one raised.
   for part in (checkpointer, engine):

@@ -32,8 +32,9 @@ from maxtext import trainer
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               "configs", "default.py")
+_DEFAULT_CONFIG = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "configs", "default.py"
+)
 # "--config=...", "-config=...", or "--config"/"-config" followed by the path.
 _CONFIG_ARG = re.compile(r"-{1,2}config(=|$)")
 
@@ -42,8 +43,12 @@ _CONFIG_ARG = re.compile(r"-{1,2}config(=|$)")
 # traceback at import. `resolve_config_args` names the default on the command
 # line instead, and the file is then loaded by the flags parser at run time.
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file (a module with get_config()); default "
-    "maxtext/configs/default.py.", lock_config=True)
+    "config",
+    None,
+    "Config file (a module with get_config()); default "
+    "maxtext/configs/default.py.",
+    lock_config=True,
+)
 
 
 def _caller_path(path: str, caller_dir: str) -> str:
@@ -58,8 +63,11 @@ def _caller_path(path: str, caller_dir: str) -> str:
   return path
 
 
-def resolve_config_args(argv: Sequence[str], environ: Mapping[str, str],
-                        default_config: str = _DEFAULT_CONFIG) -> list[str]:
+def resolve_config_args(
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    default_config: str = _DEFAULT_CONFIG,
+) -> list[str]:
   """Returns the command line with its --config file made explicit.
 
   `bazel run` starts the binary in its runfiles tree and names the caller's
@@ -97,8 +105,8 @@ def resolve_config_args(argv: Sequence[str], environ: Mapping[str, str],
     if not caller_dir:
       continue
     if match.group(1) == "=":
-      prefix = arg[:match.end()]
-      args[i] = prefix + _caller_path(arg[match.end():], caller_dir)
+      prefix = arg[: match.end()]
+      args[i] = prefix + _caller_path(arg[match.end() :], caller_dir)
     elif i + 1 < len(args):
       args[i + 1] = _caller_path(args[i + 1], caller_dir)
   if not config_given:
@@ -127,22 +135,25 @@ def _parse_flags(argv):
     cause = e
     while isinstance(cause, BaseException) and cause.args:
       cause = cause.args[0]
-    print(f"FATAL Flags parsing error: --config override of an unknown field: "
-          f"{cause}", file=sys.stderr)
+    print(
+        f"FATAL Flags parsing error: --config override of an unknown field: "
+        f"{cause}",
+        file=sys.stderr,
+    )
     sys.exit(1)
   except Exception as e:  # pylint: disable=broad-except
     # Anything else comes from loading the user's config file (a syntax
     # error, an exception in get_config): that file's problem, said in one
     # line with its location.
-    sys.exit(_error(f"--config file cannot be loaded: {_located(e)}",
-                    status=2))
+    sys.exit(_error(f"--config file cannot be loaded: {_located(e)}", status=2))
 
 
 def _located(error: BaseException) -> str:
   """`Type: message (file, line N)` for an error raised by a config file."""
   if isinstance(error, SyntaxError):
-    return (f"SyntaxError: {error.msg} ({error.filename}, line "
-            f"{error.lineno})")
+    return (
+        f"SyntaxError: {error.msg} ({error.filename}, line " f"{error.lineno})"
+    )
   where = ""
   frames = traceback.extract_tb(error.__traceback__)
   if frames:
@@ -155,7 +166,10 @@ class _QuietLibraries(std_logging.Filter):
   """Drops INFO chatter of orbax's internals; their warnings and errors still show."""
 
   def filter(self, record):
-    return record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname
+    return (
+        record.levelno >= std_logging.WARNING
+        or "/orbax/" not in record.pathname
+    )
 
 
 def _config_load_error(config, config_path: str) -> str:
@@ -166,16 +180,21 @@ def _config_load_error(config, config_path: str) -> str:
   """
   file_path = config_path.partition(":")[0]
   if not os.path.isfile(file_path):
-    problem = ("is a directory, not a config file" if os.path.isdir(file_path)
-               else "does not exist")
+    problem = (
+        "is a directory, not a config file"
+        if os.path.isdir(file_path)
+        else "does not exist"
+    )
     return f"--config={config_path}: {problem}"
   try:
     config.lock()
   except Exception as e:  # pylint: disable=broad-except
     # Whatever the user's config file raised is the file's problem.
     cause = e.__cause__ or e
-    return (f"--config={config_path} cannot be loaded: "
-            f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1]}")
+    return (
+        f"--config={config_path} cannot be loaded: "
+        f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1]}"
+    )
   return f"--config={config_path} did not give a ConfigDict"
 
 
@@ -201,15 +220,25 @@ def main(argv):
     # The config, a path or the run directory: fixable before a new start.
     # Any other ValueError is a bug and keeps its traceback.
     return _error(e, status=2)
-  except (trainer.TrainingError, trainer.HardwareError,
-          trainer.ListenerError, checkpointing.CheckpointError, OSError) as e:
+  except (
+      trainer.TrainingError,
+      trainer.HardwareError,
+      trainer.ListenerError,
+      checkpointing.CheckpointError,
+      OSError,
+  ) as e:
     # The run could not go on; its last checkpoint holds what it trained.
     return _error(e, status=1)
-  print(f"train_main: {result.status.value} after step {result.final_step} "
-        f"(eval loss {result.last_eval_loss}); run directory {result.run_dir}")
+  print(
+      f"train_main: {result.status.value} after step {result.final_step} "
+      f"(eval loss {result.last_eval_loss}); run directory {result.run_dir}"
+  )
   if result.status == trainer.RunOutcome.INTERRUPTED:
-    print(f"train_main: stopped by {result.stop_reason}; resume with the same "
-          "run_name.", file=sys.stderr)
+    print(
+        f"train_main: stopped by {result.stop_reason}; resume with the same "
+        "run_name.",
+        file=sys.stderr,
+    )
     return 1
   return 0
 

@@ -35,35 +35,52 @@ class TrainMainErrorsTest(parameterized.TestCase):
     return found
 
   @parameterized.named_parameters(
-      ("output_under_a_file",
-       lambda t: {"base_output_directory": os.path.join(t.file, "runs")},
-       r"config\.base_output_directory='.*/a_file/runs': is under "
-       r".*/a_file, which is a regular file"),
-      ("run_name_too_long", lambda t: {"run_name": "r" * 300},
-       r"config\.run_name='r{300}': name too long \(300 > 255 characters\)"),
-      ("malformed_npy",
-       lambda t: {"dataset_type": "tokens_file",
-                  "train_data_path": t.not_numpy("train.npy"),
-                  "eval_data_path": t.not_numpy("train.npy")},
-       r"config\.train_data_path='.*/train\.npy': malformed \.npy file: the "
-       r"magic string is not correct; expected .*, got b'tokens'"),
-      ("mllog_file_under_a_file",
-       lambda t: {"mllog_file": os.path.join(t.file, "mllog.log")},
-       r"config\.mllog_file='.*/a_file/mllog\.log': .*/a_file is a regular "
-       r"file, not a directory"),
+      (
+          "output_under_a_file",
+          lambda t: {"base_output_directory": os.path.join(t.file, "runs")},
+          r"config\.base_output_directory='.*/a_file/runs': is under "
+          r".*/a_file, which is a regular file",
+      ),
+      (
+          "run_name_too_long",
+          lambda t: {"run_name": "r" * 300},
+          r"config\.run_name='r{300}': name too long \(300 > 255 characters\)",
+      ),
+      (
+          "malformed_npy",
+          lambda t: {
+              "dataset_type": "tokens_file",
+              "train_data_path": t.not_numpy("train.npy"),
+              "eval_data_path": t.not_numpy("train.npy"),
+          },
+          r"config\.train_data_path='.*/train\.npy': malformed \.npy file: the "
+          r"magic string is not correct; expected .*, got b'tokens'",
+      ),
+      (
+          "mllog_file_under_a_file",
+          lambda t: {"mllog_file": os.path.join(t.file, "mllog.log")},
+          r"config\.mllog_file='.*/a_file/mllog\.log': .*/a_file is a regular "
+          r"file, not a directory",
+      ),
   )
   def test_mistake_is_one_line_and_exit_status_2(self, overrides, message):
     fields = overrides(self)
     before = self.listing()
     flags = tiny_configs.tiny_flags(
         fields.pop("base_output_directory", os.path.join(self.tmp, "runs")),
-        run_name=fields.pop("run_name", "run"), extra=fields)
-    proc = runfiles.run_binary("maxtext/train_main", flags,
-                               timeout_s=_TIMEOUT_S, cwd=self.tmp)
+        run_name=fields.pop("run_name", "run"),
+        extra=fields,
+    )
+    proc = runfiles.run_binary(
+        "maxtext/train_main", flags, timeout_s=_TIMEOUT_S, cwd=self.tmp
+    )
     output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     self.assertEqual(proc.returncode, 2, output)
-    errors = [line for line in proc.stderr.splitlines()
-              if line.startswith("train_main: error:")]
+    errors = [
+        line
+        for line in proc.stderr.splitlines()
+        if line.startswith("train_main: error:")
+    ]
     self.assertLen(errors, 1, output)
     self.assertRegex(errors[0], "^train_main: error: " + message + "$")
     self.assertNotIn("Traceback", proc.stderr)
@@ -75,6 +92,7 @@ class TrainMainErrorsTest(parameterized.TestCase):
     with open(path, "wb") as f:
       f.write(b"tokens, not NumPy\n")
     return path
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -34,13 +34,17 @@ def _environ(**extra) -> dict[str, str]:
   # Cache even the small functions' compilations between the runs.
   return runfiles.binary_environ(
       runfiles.train_main_command(),
-      {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra})
+      {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra},
+  )
 
 
 def _mllog_run_stop(path: str) -> dict:
   with open(path) as f:
-    events = [json.loads(line[len(":::MLLOG "):]) for line in f
-              if line.startswith(":::MLLOG ")]
+    events = [
+        json.loads(line[len(":::MLLOG ") :])
+        for line in f
+        if line.startswith(":::MLLOG ")
+    ]
   stops = [e for e in events if e["key"] == "run_stop"]
   if len(stops) != 1:
     raise AssertionError(f"{path}: expected one run_stop, got {stops}")
@@ -48,8 +52,9 @@ def _mllog_run_stop(path: str) -> dict:
 
 
 def _checkpoint_steps(run_dir: str) -> list[int]:
-  with checkpointing.Checkpointer(os.path.join(run_dir, "checkpoints"),
-                                  save_period=1, max_to_keep=0) as ckpt:
+  with checkpointing.Checkpointer(
+      os.path.join(run_dir, "checkpoints"), save_period=1, max_to_keep=0
+  ) as ckpt:
     return ckpt.all_steps()
 
 
@@ -67,7 +72,8 @@ class ResolveConfigArgsTest(parameterized.TestCase):
     return train_main.resolve_config_args(
         ["train_main"] + args,
         self.environ if environ is None else environ,
-        default_config="/defaults/default.py")
+        default_config="/defaults/default.py",
+    )
 
   def test_import_leaves_sys_argv_alone(self):
     # The module is imported above; the test's own command line has no
@@ -77,36 +83,56 @@ class ResolveConfigArgsTest(parameterized.TestCase):
   def test_default_config_named_first_when_none_given(self):
     self.assertEqual(
         self.resolve(["--config.steps=3", "--alsologtostderr"]),
-        ["train_main", "--config=/defaults/default.py", "--config.steps=3",
-         "--alsologtostderr"])
+        [
+            "train_main",
+            "--config=/defaults/default.py",
+            "--config.steps=3",
+            "--alsologtostderr",
+        ],
+    )
 
   def test_real_default_is_this_packages_default_config(self):
     args = train_main.resolve_config_args(["train_main"], {})
     self.assertLen(args, 2)
-    path = args[1][len("--config="):]
-    self.assertEqual(path[-len("maxtext/configs/default.py"):].replace(
-        os.sep, "/"), "maxtext/configs/default.py")
+    path = args[1][len("--config=") :]
+    self.assertEqual(
+        path[-len("maxtext/configs/default.py") :].replace(os.sep, "/"),
+        "maxtext/configs/default.py",
+    )
     self.assertTrue(os.path.isfile(path))
 
   @parameterized.named_parameters(
-      ("double_dash", "--config="), ("single_dash", "-config="))
+      ("double_dash", "--config="), ("single_dash", "-config=")
+  )
   def test_relative_path_resolves_against_caller(self, prefix):
     self.assertEqual(
         self.resolve([prefix + "cfg/mine.py", "--config.steps=3"]),
-        ["train_main", prefix + os.path.join(self.caller, "cfg/mine.py"),
-         "--config.steps=3"])
+        [
+            "train_main",
+            prefix + os.path.join(self.caller, "cfg/mine.py"),
+            "--config.steps=3",
+        ],
+    )
 
   def test_config_argument_suffix_is_kept(self):
     self.assertEqual(
         self.resolve(["--config=cfg/mine.py:small"]),
-        ["train_main",
-         "--config=" + os.path.join(self.caller, "cfg/mine.py:small")])
+        [
+            "train_main",
+            "--config=" + os.path.join(self.caller, "cfg/mine.py:small"),
+        ],
+    )
 
   def test_path_as_separate_argument(self):
     self.assertEqual(
         self.resolve(["--config", "cfg/mine.py", "--config.steps=3"]),
-        ["train_main", "--config", os.path.join(self.caller, "cfg/mine.py"),
-         "--config.steps=3"])
+        [
+            "train_main",
+            "--config",
+            os.path.join(self.caller, "cfg/mine.py"),
+            "--config.steps=3",
+        ],
+    )
 
   @parameterized.named_parameters(
       # Not the caller's file: left for the binary's working directory.
@@ -118,21 +144,33 @@ class ResolveConfigArgsTest(parameterized.TestCase):
     self.assertEqual(self.resolve(args), ["train_main"] + args)
 
   def test_without_bazel_run_paths_are_left_alone(self):
-    self.assertEqual(self.resolve(["--config=cfg/mine.py"], environ={}),
-                     ["train_main", "--config=cfg/mine.py"])
+    self.assertEqual(
+        self.resolve(["--config=cfg/mine.py"], environ={}),
+        ["train_main", "--config=cfg/mine.py"],
+    )
 
   def test_config_after_double_dash_is_positional(self):
     self.assertEqual(
         self.resolve(["--", "--config=cfg/mine.py"]),
-        ["train_main", "--config=/defaults/default.py", "--",
-         "--config=cfg/mine.py"])
+        [
+            "train_main",
+            "--config=/defaults/default.py",
+            "--",
+            "--config=cfg/mine.py",
+        ],
+    )
 
   def test_override_flags_are_not_config_files(self):
     # --config.x and --configs are other flags; the default is still added.
     self.assertEqual(
         self.resolve(["--config.run_name=cfg/mine.py", "--configs=x"]),
-        ["train_main", "--config=/defaults/default.py",
-         "--config.run_name=cfg/mine.py", "--configs=x"])
+        [
+            "train_main",
+            "--config=/defaults/default.py",
+            "--config.run_name=cfg/mine.py",
+            "--configs=x",
+        ],
+    )
 
   def test_input_list_is_not_changed(self):
     argv = ["train_main", "--config=cfg/mine.py"]
@@ -151,10 +189,15 @@ class TrainMainTest(parameterized.TestCase):
     self.tmp = self.create_tempdir().full_path
 
   def run_main(self, args, cwd=None, env=None):
-    return subprocess.run(runfiles.train_main_command() + list(args),
-                          cwd=cwd or self.tmp, env=env or _environ(),
-                          capture_output=True, text=True,
-                          timeout=_RUN_TIMEOUT_S, check=False)
+    return subprocess.run(
+        runfiles.train_main_command() + list(args),
+        cwd=cwd or self.tmp,
+        env=env or _environ(),
+        capture_output=True,
+        text=True,
+        timeout=_RUN_TIMEOUT_S,
+        check=False,
+    )
 
   def test_relative_output_resolves_against_caller_and_writes_layout(self):
     # As under `bazel run`: started elsewhere (the runfiles tree), with the
@@ -164,61 +207,99 @@ class TrainMainTest(parameterized.TestCase):
     os.makedirs(caller)
     os.makedirs(elsewhere)
     args = tiny_configs.tiny_flags("rel/runs", run_name="smoke", steps=3)
-    proc = self.run_main(args, cwd=elsewhere,
-                         env=_environ(BUILD_WORKING_DIRECTORY=caller))
+    proc = self.run_main(
+        args, cwd=elsewhere, env=_environ(BUILD_WORKING_DIRECTORY=caller)
+    )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn("train_main: completed after step 3", proc.stdout)
 
     run_dir = os.path.join(caller, "rel", "runs", "smoke")
     self.assertEqual(os.listdir(elsewhere), [])
     self.assertContainsSubset(
-        {"config.json", "metrics.jsonl", "mllog.log", "tensorboard", "checkpoints"},
-        set(os.listdir(run_dir)))
+        {
+            "config.json",
+            "metrics.jsonl",
+            "mllog.log",
+            "tensorboard",
+            "checkpoints",
+        },
+        set(os.listdir(run_dir)),
+    )
     with open(os.path.join(run_dir, "config.json")) as f:
       document = json.load(f)
     self.assertEqual(document["config"]["steps"], 3)
     self.assertEqual(document["config"]["base_output_directory"], "rel/runs")
     self.assertIn("git_revision", document["provenance"])
     records = jsonl.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-    self.assertEqual([r["step"] for r in records if r["kind"] == "train"], [0, 1, 2])
+    self.assertEqual(
+        [r["step"] for r in records if r["kind"] == "train"], [0, 1, 2]
+    )
     self.assertEqual([r["step"] for r in records if r["kind"] == "eval"], [2])
-    self.assertNotEmpty(glob.glob(os.path.join(run_dir, "tensorboard",
-                                               "events.out.tfevents.*")))
+    self.assertNotEmpty(
+        glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*"))
+    )
     self.assertEqual(_checkpoint_steps(run_dir), [3])
-    self.assertEqual(_mllog_run_stop(os.path.join(run_dir, "mllog.log"))
-                     ["metadata"]["status"], "aborted")
+    self.assertEqual(
+        _mllog_run_stop(os.path.join(run_dir, "mllog.log"))["metadata"][
+            "status"
+        ],
+        "aborted",
+    )
 
   @parameterized.named_parameters(
-      ("misspelt_key", ["--config.stpes=3"],
-       r"FATAL Flags parsing error: --config override of an unknown field: "
-       r"'stpes'\nDid you mean \"steps\""),
-      ("misspelt_key_with_config_file",
-       [f"--config={_REPO_ROOT}/maxtext/configs/default.py", "--config.stpes=3"],
-       r"unknown field: 'stpes'"),
-      ("unparsable_value", ["--config.steps=abc"],
-       r"FATAL Flags parsing error: flag --config.steps=abc"),
+      (
+          "misspelt_key",
+          ["--config.stpes=3"],
+          r"FATAL Flags parsing error: --config override of an unknown field: "
+          r"'stpes'\nDid you mean \"steps\"",
+      ),
+      (
+          "misspelt_key_with_config_file",
+          [
+              f"--config={_REPO_ROOT}/maxtext/configs/default.py",
+              "--config.stpes=3",
+          ],
+          r"unknown field: 'stpes'",
+      ),
+      (
+          "unparsable_value",
+          ["--config.steps=abc"],
+          r"FATAL Flags parsing error: flag --config.steps=abc",
+      ),
       ("bad_value", ["--config.steps=0"], r"config\.steps=0: must be >= 1"),
-      ("positional_argument", ["extra_arg"],
-       r"Unexpected positional arguments: \['extra_arg'\]"),
+      (
+          "positional_argument",
+          ["extra_arg"],
+          r"Unexpected positional arguments: \['extra_arg'\]",
+      ),
   )
   def test_bad_command_line_fails_clearly(self, args, message):
     output = os.path.join(self.tmp, "out")
     # A --config=file comes before any --config.x override.
     files = [a for a in args if a.startswith("--config=")]
     rest = [a for a in args if a not in files]
-    proc = self.run_main(files + [f"--config.base_output_directory={output}",
-                                  "--config.run_name=bad"] + rest)
+    proc = self.run_main(
+        files
+        + [f"--config.base_output_directory={output}", "--config.run_name=bad"]
+        + rest
+    )
     self.assertNotEqual(proc.returncode, 0)
     self.assertRegex(proc.stderr, message)
     self.assertFalse(os.path.exists(output))
 
   @parameterized.named_parameters(
       ("missing", None, r"--config=\S*/missing\.py: does not exist"),
-      ("syntax_error", "def get_config(:\n",
-       r"--config file cannot be loaded: SyntaxError: .*bad\.py, line 1\)"),
-      ("get_config_raises", "def get_config():\n  return 1 / 0\n",
-       r"--config file cannot be loaded: ZeroDivisionError: division by zero "
-       r"\(\S*bad\.py, line 2\)"),
+      (
+          "syntax_error",
+          "def get_config(:\n",
+          r"--config file cannot be loaded: SyntaxError: .*bad\.py, line 1\)",
+      ),
+      (
+          "get_config_raises",
+          "def get_config():\n  return 1 / 0\n",
+          r"--config file cannot be loaded: ZeroDivisionError: division by zero "
+          r"\(\S*bad\.py, line 2\)",
+      ),
   )
   def test_config_file_that_cannot_load_is_one_line(self, source, message):
     path = os.path.join(self.tmp, "missing.py" if source is None else "bad.py")
@@ -237,9 +318,14 @@ class TrainMainTest(parameterized.TestCase):
     metrics = os.path.join(run_dir, "metrics.jsonl")
     # A budget the run cannot finish before the signal; eval every 3 steps.
     args = tiny_configs.tiny_flags(output, run_name="preempted", steps=100000)
-    proc = subprocess.Popen(runfiles.train_main_command() + args, cwd=self.tmp,
-                            env=_environ(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        runfiles.train_main_command() + args,
+        cwd=self.tmp,
+        env=_environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
       deadline = time.monotonic() + _RUN_TIMEOUT_S
       # Wait until the loop is running: two train records written.

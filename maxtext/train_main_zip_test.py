@@ -43,9 +43,13 @@ class ZipappTest(absltest.TestCase):
 
   def _env(self, directory):
     # What a plain login on another machine has: a PATH and a HOME, nothing else.
-    return {"PATH": _SEARCH_PATH, "HOME": os.path.join(directory, "home"),
-            "MAXTEXT_ZIPAPP_CACHE": os.path.join(os.environ.get("TEST_TMPDIR", directory),
-                                                 "zipapp_cache")}
+    return {
+        "PATH": _SEARCH_PATH,
+        "HOME": os.path.join(directory, "home"),
+        "MAXTEXT_ZIPAPP_CACHE": os.path.join(
+            os.environ.get("TEST_TMPDIR", directory), "zipapp_cache"
+        ),
+    }
 
   def _start(self, name, flags):
     directory, path = self._copy(name)
@@ -53,16 +57,25 @@ class ZipappTest(absltest.TestCase):
     self.assertIsNotNone(python3)
     log = open(os.path.join(directory, "output.log"), "wb")
     self.addCleanup(log.close)
-    process = subprocess.Popen([python3, path] + flags, cwd=directory,
-                               env=self._env(directory), stdout=log,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [python3, path] + flags,
+        cwd=directory,
+        env=self._env(directory),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     self.addCleanup(lambda: process.poll() is None and process.kill())
     return directory, process, os.path.join(directory, "output.log")
 
   def _flags(self, directory, **extra):
     run_name = extra.pop("run_name", "z")
-    return tiny_configs.tiny_flags(os.path.join(directory, "out"), run_name=run_name,
-                                   steps=extra.pop("steps", 4), extra=extra)
+    return tiny_configs.tiny_flags(
+        os.path.join(directory, "out"),
+        run_name=run_name,
+        steps=extra.pop("steps", 4),
+        extra=extra,
+    )
 
   def _read(self, path):
     with open(path, errors="replace") as f:
@@ -77,16 +90,20 @@ class ZipappTest(absltest.TestCase):
     # the shebang line before it, which zipfile reads.
     os.truncate(path, manifest["payload_offset"] + manifest["payload_length"])
     with zipfile.ZipFile(path) as payload:
-      names = [n for n in payload.namelist()
-               if re.fullmatch(r"runfiles/[^/]+/maxtext/build_info\.json", n)]
+      names = [
+          n
+          for n in payload.namelist()
+          if re.fullmatch(r"runfiles/[^/]+/maxtext/build_info\.json", n)
+      ]
       self.assertLen(names, 1, "one stamped build_info.json in the payload")
       return json.loads(payload.read(names[0]))
 
   def test_cpu_file_is_stamped_with_its_revision(self):
     info = self._build_info("train_main.pyz")
     self.assertRegex(info["git_revision"], _STAMPED_REVISION)
-    self.assertEqual(info["git_revision"].endswith("+dirty"),
-                     info["git_dirty"] is True)
+    self.assertEqual(
+        info["git_revision"].endswith("+dirty"), info["git_dirty"] is True
+    )
     self.assertIsNotNone(info["build_time_utc"])
 
   def test_cpu_file_trains_with_python3_alone(self):
@@ -98,7 +115,9 @@ class ZipappTest(absltest.TestCase):
       self.assertTrue(os.path.exists(os.path.join(run_dir, name)), name)
     with open(os.path.join(run_dir, "config.json")) as f:
       provenance = json.load(f)["provenance"]
-    self.assertStartsWith(provenance["requirements_lock"], "requirements_lock.txt:sha256:")
+    self.assertStartsWith(
+        provenance["requirements_lock"], "requirements_lock.txt:sha256:"
+    )
     self.assertIn("JAX backend cpu", self._read(log))
     # Unpacked away from any checkout, the run names the stamped revision.
     stamp = self._build_info("train_main.pyz")
@@ -108,13 +127,19 @@ class ZipappTest(absltest.TestCase):
 
   def test_sigterm_stops_cleanly_with_a_checkpoint(self):
     directory = self.create_tempdir().full_path
-    _, process, log = self._start("train_main.pyz",
-                                  self._flags(directory, steps=500, checkpoint_period=1000))
+    _, process, log = self._start(
+        "train_main.pyz",
+        self._flags(directory, steps=500, checkpoint_period=1000),
+    )
     metrics = os.path.join(directory, "out", "z", "metrics.jsonl")
     deadline = time.monotonic() + _TIMEOUT_S
-    while not (os.path.exists(metrics) and len(self._read(metrics).splitlines()) >= 3):
+    while not (
+        os.path.exists(metrics) and len(self._read(metrics).splitlines()) >= 3
+    ):
       self.assertIsNone(process.poll(), self._read(log)[-3000:])
-      self.assertLess(time.monotonic(), deadline, "no metrics before the deadline")
+      self.assertLess(
+          time.monotonic(), deadline, "no metrics before the deadline"
+      )
       time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
     self.assertEqual(process.wait(_TIMEOUT_S), 1, self._read(log)[-3000:])
@@ -124,29 +149,41 @@ class ZipappTest(absltest.TestCase):
     self.assertLen(checkpoints, 1)
     stop_step = int(checkpoints[0])
     self.assertIn(f"after step {stop_step - 1}; checkpoint saved", output)
-    train = [json.loads(line) for line in self._read(metrics).splitlines()
-             if '"kind": "train"' in line]
+    train = [
+        json.loads(line)
+        for line in self._read(metrics).splitlines()
+        if '"kind": "train"' in line
+    ]
     self.assertEqual([r["step"] for r in train], list(range(stop_step)))
 
   def test_tpu_file_reports_the_missing_tpu_and_falls_back_when_allowed(self):
     directory = self.create_tempdir().full_path
-    _, process, log = self._start("train_main_tpu.pyz",
-                                  self._flags(directory, hardware="tpu"))
+    _, process, log = self._start(
+        "train_main_tpu.pyz", self._flags(directory, hardware="tpu")
+    )
     self.assertNotEqual(process.wait(_TIMEOUT_S), 0)
     output = self._read(log)
     self.assertIn("hardware='tpu' requested but JAX's backend is 'cpu'", output)
     self.assertIn("allow_cpu_fallback=True", output)
-    self.assertFalse(os.path.exists(os.path.join(directory, "out", "z", "checkpoints")))
+    self.assertFalse(
+        os.path.exists(os.path.join(directory, "out", "z", "checkpoints"))
+    )
 
     _, process, log = self._start(
         "train_main_tpu.pyz",
-        self._flags(directory, hardware="tpu", allow_cpu_fallback=True, run_name="f"))
+        self._flags(
+            directory, hardware="tpu", allow_cpu_fallback=True, run_name="f"
+        ),
+    )
     self.assertEqual(process.wait(_TIMEOUT_S), 0, self._read(log)[-3000:])
-    self.assertIn("running on the CPU because allow_cpu_fallback=True", self._read(log))
+    self.assertIn(
+        "running on the CPU because allow_cpu_fallback=True", self._read(log)
+    )
     with open(os.path.join(directory, "out", "f", "config.json")) as f:
       provenance = json.load(f)["provenance"]
-    self.assertStartsWith(provenance["requirements_lock"],
-                          "requirements_tpu_lock.txt:sha256:")
+    self.assertStartsWith(
+        provenance["requirements_lock"], "requirements_tpu_lock.txt:sha256:"
+    )
 
 
 if __name__ == "__main__":

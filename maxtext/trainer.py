@@ -67,6 +67,7 @@ class RunResult:
     last_train_loss: the newest train loss, or None if no step ran.
     stop_reason: for INTERRUPTED, the signal that stopped the run.
   """
+
   status: RunOutcome
   run_dir: str
   start_step: int
@@ -81,29 +82,42 @@ def _check_hardware(config) -> None:
   allowed. hardware="auto" runs on whatever JAX found."""
   backend = jax.default_backend()
   devices = jax.devices()
-  logging.info("JAX backend %s: %d device(s) (%s), %d process(es)%s.",
-               backend, len(devices),
-               ", ".join(sorted({d.device_kind for d in devices})),
-               jax.process_count(),
-               " (hardware='auto')" if config.hardware == "auto" else "")
+  logging.info(
+      "JAX backend %s: %d device(s) (%s), %d process(es)%s.",
+      backend,
+      len(devices),
+      ", ".join(sorted({d.device_kind for d in devices})),
+      jax.process_count(),
+      " (hardware='auto')" if config.hardware == "auto" else "",
+  )
   if config.hardware != "auto" and config.hardware != backend:
-    if (config.hardware != "cpu" and backend == "cpu" and
-        config.allow_cpu_fallback):
-      logging.warning("hardware=%r requested but JAX found only the CPU; "
-                      "running on the CPU because allow_cpu_fallback=True.",
-                      config.hardware)
+    if (
+        config.hardware != "cpu"
+        and backend == "cpu"
+        and config.allow_cpu_fallback
+    ):
+      logging.warning(
+          "hardware=%r requested but JAX found only the CPU; "
+          "running on the CPU because allow_cpu_fallback=True.",
+          config.hardware,
+      )
     else:
       raise HardwareError(
           f"hardware={config.hardware!r} requested but JAX's backend is "
           f"{backend!r} (devices: {devices}). Install the {config.hardware} "
-          "packages or set --config.allow_cpu_fallback=True to run on the CPU.")
+          "packages or set --config.allow_cpu_fallback=True to run on the CPU."
+      )
 
 
-def run(config, *, config_filename: str = "unknown",
-        process_index: Optional[int] = None,
-        stop_request: Optional[preemption.StopRequest] = None,
-        step_callback: Optional[Callable[[int, float], None]] = None,
-        extra_listeners: Sequence[interface.RunListener] = ()) -> RunResult:
+def run(
+    config,
+    *,
+    config_filename: str = "unknown",
+    process_index: Optional[int] = None,
+    stop_request: Optional[preemption.StopRequest] = None,
+    step_callback: Optional[Callable[[int, float], None]] = None,
+    extra_listeners: Sequence[interface.RunListener] = (),
+) -> RunResult:
   """Trains one run as the config says.
 
   Args:
@@ -139,16 +153,21 @@ def run(config, *, config_filename: str = "unknown",
     raise ConfigError(str(e)) from e
   distributed.initialize(config)
   if config.jax_compilation_cache_dir:
-    jax.config.update("jax_compilation_cache_dir", run_dir_lib.resolve_local_path(
-        config.jax_compilation_cache_dir))
+    jax.config.update(
+        "jax_compilation_cache_dir",
+        run_dir_lib.resolve_local_path(config.jax_compilation_cache_dir),
+    )
   _check_hardware(config)
 
   stop = stop_request or preemption.StopRequest()
   try:
     try:
-      state = run_state_lib.build(config, config_filename=config_filename,
-                                  process_index=process_index,
-                                  extra_listeners=extra_listeners)
+      state = run_state_lib.build(
+          config,
+          config_filename=config_filename,
+          process_index=process_index,
+          extra_listeners=extra_listeners,
+      )
     except ValueError as e:
       # Building checks what needs the devices, the run directory or the
       # checkpoints: the batch against the mesh, the run's record, a
@@ -156,14 +175,20 @@ def run(config, *, config_filename: str = "unknown",
       raise ConfigError(str(e)) from e
     except run_state_lib.AlreadyFinished as done:
       logging.warning("%s", done)
-      return RunResult(status=RunOutcome.COMPLETED, run_dir=done.run_dir,
-                       start_step=done.step, final_step=done.step,
-                       last_eval_loss=None, last_train_loss=None)
+      return RunResult(
+          status=RunOutcome.COMPLETED,
+          run_dir=done.run_dir,
+          start_step=done.step,
+          final_step=done.step,
+          last_eval_loss=None,
+          last_train_loss=None,
+      )
     outcome = RunOutcome.FAILED
     try:
       warmup_time = warmup.warm_up(state, _warmup_steps(state))
       state.listeners.on_run_start(
-          interface.RunStart(state.start_step, state.samples, warmup_time))
+          interface.RunStart(state.start_step, state.samples, warmup_time)
+      )
       outcome, last_eval, last_train = _train_loop(state, stop, step_callback)
     except ListenerError:
       # An output failed: keep what was trained. The engine holds the last
@@ -172,10 +197,15 @@ def run(config, *, config_filename: str = "unknown",
       raise
     finally:
       _end(state, outcome)
-    return RunResult(status=outcome, run_dir=state.paths.run_dir,
-                     start_step=state.start_step, final_step=state.engine.step,
-                     last_eval_loss=last_eval, last_train_loss=last_train,
-                     stop_reason=stop.reason)
+    return RunResult(
+        status=outcome,
+        run_dir=state.paths.run_dir,
+        start_step=state.start_step,
+        final_step=state.engine.step,
+        last_eval_loss=last_eval,
+        last_train_loss=last_train,
+        stop_reason=stop.reason,
+    )
   finally:
     if stop_request is None:
       stop.close()
@@ -203,8 +233,9 @@ def _end(state: run_state_lib.RunState, outcome: RunOutcome) -> None:
   """
   failure = None
   try:
-    state.listeners.on_run_end(interface.RunEnd(outcome, state.engine.step,
-                                                state.samples))
+    state.listeners.on_run_end(
+        interface.RunEnd(outcome, state.engine.step, state.samples)
+    )
   except ListenerError as e:
     failure = e
   state.close()
@@ -219,6 +250,7 @@ def _end(state: run_state_lib.RunState, outcome: RunOutcome) -> None:
 @dataclasses.dataclass(frozen=True)
 class _Finished:
   """A finished step whose records wait to be written."""
+
   step: int  # 0-based index of the step.
   buffer: metrics_recorder.MetricsBuffer  # Its flushed metrics (host arrays).
   step_time: float  # Seconds, eval time left out.
@@ -226,8 +258,11 @@ class _Finished:
 
   def record(self) -> interface.StepRecord:
     return interface.StepRecord(
-        self.step, metrics_recorder.reduce_buffer(self.buffer), self.step_time,
-        self.samples)
+        self.step,
+        metrics_recorder.reduce_buffer(self.buffer),
+        self.step_time,
+        self.samples,
+    )
 
 
 class _SkipGuard:
@@ -242,13 +277,17 @@ class _SkipGuard:
       self._count = 0
       return
     self._count += 1
-    logging.warning("Step %d skipped: gradients not finite (%d in a row).",
-                    step, self._count)
+    logging.warning(
+        "Step %d skipped: gradients not finite (%d in a row).",
+        step,
+        self._count,
+    )
     if self._count >= self._limit:
       raise TrainingError(
           f"{self._count} consecutive steps had non-finite gradients "
           f"(max_consecutive_skipped_steps={self._limit}); stopping at step "
-          f"{step}. The last checkpoint holds the last good state.")
+          f"{step}. The last checkpoint holds the last good state."
+      )
 
 
 def _train_loop(state: run_state_lib.RunState, stop, step_callback):
@@ -291,8 +330,9 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
         step_callback(completed, unwritten.step_time)
       skips.check(step, buffer)
 
-      eval_due = (completed % config.eval_interval == 0 or
-                  completed == config.steps)
+      eval_due = (
+          completed % config.eval_interval == 0 or completed == config.steps
+      )
       stopping = stop.should_stop(completed)
       save_due = state.checkpointer.due(completed) or completed == config.steps
       if not (eval_due or stopping or save_due):
@@ -302,15 +342,23 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
       if eval_due:
         last_eval = _evaluate(state, step)
         if config.target_eval_loss and last_eval <= config.target_eval_loss:
-          logging.info("Eval loss %.4f <= target %.4f at step %d: success.",
-                       last_eval, config.target_eval_loss, step)
+          logging.info(
+              "Eval loss %.4f <= target %.4f at step %d: success.",
+              last_eval,
+              config.target_eval_loss,
+              step,
+          )
           _checkpoint(state, force=True)
           return RunOutcome.SUCCESS, last_eval, last_train
         step_start = time.monotonic()  # Eval time is not step time.
       _checkpoint(state, force=stopping or completed == config.steps)
       if stopping:
-        logging.warning("Stopped by %s after step %d; checkpoint saved in %s.",
-                        stop.reason, step, state.paths.checkpoint_dir)
+        logging.warning(
+            "Stopped by %s after step %d; checkpoint saved in %s.",
+            stop.reason,
+            step,
+            state.paths.checkpoint_dir,
+        )
         return RunOutcome.INTERRUPTED, last_eval, last_train
   finally:
     # A step that finished before an error still gets its records.
@@ -319,8 +367,9 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
         listeners.on_step(unwritten.record())
       except Exception:  # pylint: disable=broad-except
         # The error already on its way out is the one to report.
-        logging.exception("Could not write the records of step %d.",
-                          unwritten.step)
+        logging.exception(
+            "Could not write the records of step %d.", unwritten.step
+        )
   return RunOutcome.COMPLETED, last_eval, last_train
 
 
@@ -338,10 +387,16 @@ def _evaluate(state: run_state_lib.RunState, step: int) -> float:
   start = time.monotonic()
   loss = state.evaluate()
   target = bool(config.target_eval_loss) and loss <= config.target_eval_loss
-  state.listeners.on_eval(interface.EvalRecord(
-      step=step, eval_loss=loss, eval_time=time.monotonic() - start,
-      samples=state.samples, target_reached=target,
-      continues=not target and step + 1 < config.steps))
+  state.listeners.on_eval(
+      interface.EvalRecord(
+          step=step,
+          eval_loss=loss,
+          eval_time=time.monotonic() - start,
+          samples=state.samples,
+          target_reached=target,
+          continues=not target and step + 1 < config.steps,
+      )
+  )
   return loss
 
 

@@ -26,12 +26,15 @@ _PREFIX = "runs/e2e"
 # Overrides of `tiny_configs.tiny_config`: the MLPerf tiny shape with rotated
 # checkpoints (so the mirror also deletes).
 _TINY = dict(
-    tiny_configs.MLPERF_SHAPE, steps=10, checkpoint_period=5, target_eval_loss=0.0,
+    tiny_configs.MLPERF_SHAPE,
+    steps=10,
+    checkpoint_period=5,
+    target_eval_loss=0.0,
     # Small GCS bounds, so a dead emulator costs seconds, not minutes.
-    gcs_sync_interval_seconds=0.2, gcs_request_timeout_seconds=2.0,
+    gcs_sync_interval_seconds=0.2,
+    gcs_request_timeout_seconds=2.0,
     gcs_final_timeout_seconds=30.0,
 )
-
 
 
 def _mirrored_files(run_dir):
@@ -40,6 +43,7 @@ def _mirrored_files(run_dir):
   files = gcs_emulator.local_files(run_dir)
   files.pop(run_lock.LOCK_FILE_NAME, None)
   return files
+
 
 class TrainerGcsTest(absltest.TestCase):
 
@@ -61,25 +65,32 @@ class TrainerGcsTest(absltest.TestCase):
         os.environ.pop("STORAGE_EMULATOR_HOST", None)
       else:
         os.environ["STORAGE_EMULATOR_HOST"] = previous
+
     self.addCleanup(restore_env)
     self.staging = self.create_tempdir().full_path
 
   def config(self, run_name, **overrides):
     return tiny_configs.tiny_config(
-        f"gs://{_BUCKET}/{_PREFIX}", run_name=run_name,
-        local_staging_directory=self.staging, **{**_TINY, **overrides})
+        f"gs://{_BUCKET}/{_PREFIX}",
+        run_name=run_name,
+        local_staging_directory=self.staging,
+        **{**_TINY, **overrides},
+    )
 
   def objects(self, run_name, names=None):
     """Object name (relative to the run's prefix) -> bytes; all, or `names`."""
-    return gcs_emulator.remote_files(self.emulator.client(), _BUCKET,
-                                     f"{_PREFIX}/{run_name}", names)
+    return gcs_emulator.remote_files(
+        self.emulator.client(), _BUCKET, f"{_PREFIX}/{run_name}", names
+    )
 
   def assert_run_dir_complete(self, run_dir, final_step):
     names = set(_mirrored_files(run_dir))
     for name in ("config.json", "metrics.jsonl", "mllog.log"):
       self.assertIn(name, names)
-    self.assertTrue(any(n.startswith(f"checkpoints/{final_step}/")
-                        for n in names), sorted(names))
+    self.assertTrue(
+        any(n.startswith(f"checkpoints/{final_step}/") for n in names),
+        sorted(names),
+    )
     self.assertFalse([n for n in names if "orbax-checkpoint-tmp" in n])
 
   def test_bucket_holds_the_run_directory_at_the_end(self):
@@ -92,20 +103,29 @@ class TrainerGcsTest(absltest.TestCase):
 
   def test_emulator_down_from_the_start(self):
     self.emulator.stop()
-    config = self.config("down", gcs_request_timeout_seconds=0.5,
-                         gcs_final_timeout_seconds=2.0)
+    config = self.config(
+        "down", gcs_request_timeout_seconds=0.5, gcs_final_timeout_seconds=2.0
+    )
     with self.assertLogs(level="WARNING") as logs:
-      result = trainer.run(config, config_filename="default.py",
-                           process_index=0)
+      result = trainer.run(
+          config, config_filename="default.py", process_index=0
+      )
     self.assertEqual(result.final_step, config.steps)
     self.assert_run_dir_complete(result.run_dir, config.steps)
     # Warned at the start (no mirror to resume from) and at the end (the
     # final upload failed or timed out).
-    self.assertTrue(any("Could not read the GCS mirror" in line
-                        for line in logs.output), logs.output)
-    self.assertTrue(any("GCS mirror" in line and ("failed" in line or
-                                                  "did not finish" in line)
-                        for line in logs.output), logs.output)
+    self.assertTrue(
+        any("Could not read the GCS mirror" in line for line in logs.output),
+        logs.output,
+    )
+    self.assertTrue(
+        any(
+            "GCS mirror" in line
+            and ("failed" in line or "did not finish" in line)
+            for line in logs.output
+        ),
+        logs.output,
+    )
     # Nothing reached the bucket: the emulator (same root) holds no object.
     self.emulator.start()
     self.assertEqual(self.objects("down"), {})
@@ -119,7 +139,9 @@ class TrainerGcsTest(absltest.TestCase):
       try:
         self.emulator.start()
       except Exception as e:  # pylint: disable=broad-except
-        restart_errors.append(e)  # Reported below, not lost in the timer thread.
+        restart_errors.append(
+            e
+        )  # Reported below, not lost in the timer thread.
 
     restarter = threading.Timer(2.0, restart)
     self.addCleanup(restarter.cancel)
@@ -134,8 +156,12 @@ class TrainerGcsTest(absltest.TestCase):
       # Slow steps, so that training goes on through the outage.
       threading.Event().wait(0.2)
 
-    result = trainer.run(config, config_filename="default.py", process_index=0,
-                         step_callback=on_step)
+    result = trainer.run(
+        config,
+        config_filename="default.py",
+        process_index=0,
+        step_callback=on_step,
+    )
     restarter.join(30.0)
     self.assertEqual(restart_errors, [])
     self.assertEqual(result.final_step, config.steps)
@@ -166,9 +192,14 @@ class TrainerGcsTest(absltest.TestCase):
     # The first attempt's log came back from the bucket; this one is the 2nd.
     self.assertIn("mllog.log", files)
     self.assertIn("mllog.2.log", files)
-    self.assertIn(f'"value": {first.final_step}',
-                  [line for line in files["mllog.2.log"].decode().splitlines()
-                   if '"init_checkpoint_step"' in line][0])
+    self.assertIn(
+        f'"value": {first.final_step}',
+        [
+            line
+            for line in files["mllog.2.log"].decode().splitlines()
+            if '"init_checkpoint_step"' in line
+        ][0],
+    )
     self.assertEqual(self.objects("moved"), files)
 
 

@@ -57,8 +57,10 @@ def _config(output_dir, run_name, **overrides):
 
 def _records(run_dir):
   """metrics.jsonl without the timing fields."""
-  return [{k: v for k, v in r.items() if k not in _TIMING_KEYS}
-          for r in metric_logger.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+  return [
+      {k: v for k, v in r.items() if k not in _TIMING_KEYS}
+      for r in metric_logger.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+  ]
 
 
 def _steps(records, kind):
@@ -70,7 +72,7 @@ def _mllog_events(path):
   with open(path) as f:
     for line in f:
       if line.startswith(":::MLLOG "):
-        events.append(json.loads(line[len(":::MLLOG "):]))
+        events.append(json.loads(line[len(":::MLLOG ") :]))
   return events
 
 
@@ -89,37 +91,48 @@ def _run_stop_status(path):
 def _single_device(tree):
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+  )
 
 
 def _abstract_params(config):
-  return jax.eval_shape(functools.partial(model.init_params, config),
-                        jax.random.PRNGKey(0))
+  return jax.eval_shape(
+      functools.partial(model.init_params, config), jax.random.PRNGKey(0)
+  )
 
 
 def _restore_state(config, run_dir, step):
   """The train state of checkpoint `step` of a run, read from its files."""
   params = _abstract_params(config)
-  opt = optimizer_lib.make_optimizer(config, optimizer_lib.make_schedule(config))
-  abstract = {"params": params, "opt_state": jax.eval_shape(opt.init, params),
-              "step": jax.ShapeDtypeStruct((), np.int64)}
-  with checkpointing.Checkpointer(os.path.join(run_dir, "checkpoints"),
-                                  save_period=1, max_to_keep=0) as ckpt:
+  opt = optimizer_lib.make_optimizer(
+      config, optimizer_lib.make_schedule(config)
+  )
+  abstract = {
+      "params": params,
+      "opt_state": jax.eval_shape(opt.init, params),
+      "step": jax.ShapeDtypeStruct((), np.int64),
+  }
+  with checkpointing.Checkpointer(
+      os.path.join(run_dir, "checkpoints"), save_period=1, max_to_keep=0
+  ) as ckpt:
     state, metadata = ckpt.restore(step, _single_device(abstract))
   return state, metadata
 
 
 def _checkpoint_steps(run_dir):
-  with checkpointing.Checkpointer(os.path.join(run_dir, "checkpoints"),
-                                  save_period=1, max_to_keep=0) as ckpt:
+  with checkpointing.Checkpointer(
+      os.path.join(run_dir, "checkpoints"), save_period=1, max_to_keep=0
+  ) as ckpt:
     return ckpt.all_steps()
 
 
 def _optimizer_counts(opt_state):
   """The step counters inside an optax state (one per counting transform)."""
-  return [int(np.asarray(leaf))
-          for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state)
-          if "count" in jax.tree_util.keystr(path)]
+  return [
+      int(np.asarray(leaf))
+      for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state)
+      if "count" in jax.tree_util.keystr(path)
+  ]
 
 
 class TrainerTest(parameterized.TestCase):
@@ -133,8 +146,13 @@ class TrainerTest(parameterized.TestCase):
     os.makedirs(tmp, exist_ok=True)
     cls.root = tempfile.mkdtemp(prefix="trainer_test_", dir=tmp)
     # The uninterrupted reference run; it also traces step 1 with the profiler.
-    cls.ref_config = _config(cls.root, "reference", steps=_STEPS, profiler_steps=1,
-                             profiler_start_step=1)
+    cls.ref_config = _config(
+        cls.root,
+        "reference",
+        steps=_STEPS,
+        profiler_steps=1,
+        profiler_start_step=1,
+    )
     cls.ref = trainer.run(cls.ref_config)
     cls.ref_records = _records(cls.ref.run_dir)
     cls.ref_state, _ = _restore_state(cls.ref_config, cls.ref.run_dir, _STEPS)
@@ -145,7 +163,9 @@ class TrainerTest(parameterized.TestCase):
     self.assertEqual(_records(result.run_dir), self.ref_records)
     state, metadata = _restore_state(config, result.run_dir, _STEPS)
     chex.assert_trees_all_close(state, self.ref_state, rtol=1e-6, atol=1e-7)
-    self.assertEqual(metadata["samples_count"], _STEPS * config.global_batch_size)
+    self.assertEqual(
+        metadata["samples_count"], _STEPS * config.global_batch_size
+    )
 
   def test_run_directory_layout(self):
     self.assertEqual(self.ref.status, trainer.RunOutcome.COMPLETED)
@@ -155,10 +175,18 @@ class TrainerTest(parameterized.TestCase):
 
     with open(os.path.join(run_dir, "config.json")) as f:
       document = json.load(f)
-    self.assertEqual(document["config"], config_lib.to_json_dict(self.ref_config))
+    self.assertEqual(
+        document["config"], config_lib.to_json_dict(self.ref_config)
+    )
     provenance = document["provenance"]
-    for key in ("git_revision", "requirements_lock", "jax_version", "devices",
-                "device_count", "jax_backend"):
+    for key in (
+        "git_revision",
+        "requirements_lock",
+        "jax_version",
+        "devices",
+        "device_count",
+        "jax_backend",
+    ):
       self.assertIn(key, provenance)
     self.assertEqual(provenance["jax_version"], jax.__version__)
     self.assertEqual(provenance["run_name"], "reference")
@@ -168,20 +196,29 @@ class TrainerTest(parameterized.TestCase):
     self.assertEqual(_steps(records, "train"), list(range(_STEPS)))
     self.assertEqual(_steps(records, "eval"), [_HALF - 1, _STEPS - 1])
     train = [r for r in records if r["kind"] == "train"]
-    for key in ("loss", "learning_rate", "grad_norm", "step_skipped", "accuracy",
-                "step_time_s", "tokens_per_s"):
+    for key in (
+        "loss",
+        "learning_rate",
+        "grad_norm",
+        "step_skipped",
+        "accuracy",
+        "step_time_s",
+        "tokens_per_s",
+    ):
       self.assertIn(key, train[0])
     self.assertTrue(all(r["step_skipped"] == 0 for r in train))
     for r in records:
       if r["kind"] == "eval":
         self.assertTrue(math.isfinite(r["eval_loss"]))
 
-    self.assertNotEmpty(glob.glob(os.path.join(run_dir, "tensorboard",
-                                               "events.out.tfevents.*")))
+    self.assertNotEmpty(
+        glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*"))
+    )
     self.assertEqual(_checkpoint_steps(run_dir), [_HALF, _STEPS])
     # No target: the MLPerf log (on in the default config) ends aborted.
-    self.assertEqual(_run_stop_status(os.path.join(run_dir, "mllog.log")),
-                     "aborted")
+    self.assertEqual(
+        _run_stop_status(os.path.join(run_dir, "mllog.log")), "aborted"
+    )
 
   def test_loss_falls(self):
     train = [r for r in self.ref_records if r["kind"] == "train"]
@@ -191,18 +228,33 @@ class TrainerTest(parameterized.TestCase):
     self.assertGreater(train[0]["loss"], math.log(32) - 0.1)
     self.assertLess(train[-1]["loss"], train[0]["loss"] - 0.5)
     self.assertLess(evals[-1], evals[0])
-    self.assertAlmostEqual(self.ref.last_train_loss, train[-1]["loss"], places=5)
+    self.assertAlmostEqual(
+        self.ref.last_train_loss, train[-1]["loss"], places=5
+    )
     self.assertAlmostEqual(self.ref.last_eval_loss, evals[-1], places=5)
 
   def test_profiler_writes_trace(self):
-    traces = glob.glob(os.path.join(self.ref.run_dir, "tensorboard", "plugins",
-                                    "profile", "*", "*.xplane.pb"))
+    traces = glob.glob(
+        os.path.join(
+            self.ref.run_dir,
+            "tensorboard",
+            "plugins",
+            "profile",
+            "*",
+            "*.xplane.pb",
+        )
+    )
     self.assertLen(traces, 1)
     self.assertGreater(os.path.getsize(traces[0]), 0)
 
   def test_reaches_target(self):
-    config = tiny_configs.tiny_config(self.root, run_name="target", steps=60,
-                                      target_eval_loss=1.0, checkpoint_period=0)
+    config = tiny_configs.tiny_config(
+        self.root,
+        run_name="target",
+        steps=60,
+        target_eval_loss=1.0,
+        checkpoint_period=0,
+    )
     result = trainer.run(config)
     self.assertEqual(result.status, trainer.RunOutcome.SUCCESS)
     self.assertLess(result.final_step, 60)
@@ -212,12 +264,15 @@ class TrainerTest(parameterized.TestCase):
     self.assertEqual(_steps(records, "train"), list(range(result.final_step)))
     self.assertEqual(records[-1]["kind"], "eval")
     self.assertEqual(_checkpoint_steps(result.run_dir), [result.final_step])
-    self.assertEqual(_run_stop_status(os.path.join(result.run_dir, "mllog.log")),
-                     "success")
+    self.assertEqual(
+        _run_stop_status(os.path.join(result.run_dir, "mllog.log")), "success"
+    )
 
   def test_resume_equals_uninterrupted(self):
     first = trainer.run(_config(self.root, "resumed", steps=_HALF))
-    self.assertEqual((first.status, first.final_step), (trainer.RunOutcome.COMPLETED, _HALF))
+    self.assertEqual(
+        (first.status, first.final_step), (trainer.RunOutcome.COMPLETED, _HALF)
+    )
     config = _config(self.root, "resumed", steps=_STEPS)
     second = trainer.run(config)
     self.assertEqual(second.status, trainer.RunOutcome.COMPLETED)
@@ -233,8 +288,10 @@ class TrainerTest(parameterized.TestCase):
     stop = preemption.StopRequest(signals=())
     config = _config(self.root, "damaged", steps=_STEPS)
     first = trainer.run(
-        config, stop_request=stop,
-        step_callback=lambda done, _: done == stopped and stop.request("test"))
+        config,
+        stop_request=stop,
+        step_callback=lambda done, _: done == stopped and stop.request("test"),
+    )
     self.assertEqual(_checkpoint_steps(first.run_dir), [_HALF, stopped])
     checkpoints = os.path.join(first.run_dir, "checkpoints")
     os.remove(os.path.join(checkpoints, str(stopped), "state", "_METADATA"))
@@ -242,9 +299,11 @@ class TrainerTest(parameterized.TestCase):
     with self.assertLogs(level="WARNING") as logs:
       second = trainer.run(config)
     self.assertEqual(second.start_step, _HALF)
-    self.assertRegex("\n".join(logs.output),
-                     rf"step {stopped} could not be restored .*moved to "
-                     rf".*{stopped}\.corrupt-")
+    self.assertRegex(
+        "\n".join(logs.output),
+        rf"step {stopped} could not be restored .*moved to "
+        rf".*{stopped}\.corrupt-",
+    )
     (aside,) = glob.glob(os.path.join(checkpoints, f"{stopped}.corrupt-*"))
     self.assertTrue(os.path.isdir(os.path.join(aside, "state")))
     # Retrained from step 3: the same records (no duplicates) and state as
@@ -257,7 +316,8 @@ class TrainerTest(parameterized.TestCase):
     with run_lock.acquire_run_locks([run_dir]):
       with self.assertRaisesRegex(
           run_lock.RunLockError,
-          rf"^run directory {run_dir} is locked by another run \(host="):
+          rf"^run directory {run_dir} is locked by another run \(host=",
+      ):
         trainer.run(config)
     # Refused before any output: no MLPerf log, no metrics, no checkpoints.
     self.assertEqual(os.listdir(run_dir), [run_lock.LOCK_FILE_NAME])
@@ -268,13 +328,20 @@ class TrainerTest(parameterized.TestCase):
   def test_warm_up_before_run_start_leaves_the_run_unchanged(self, steps):
     # The reference warms up one step (MLPerf logging is on in the default
     # config); none or three give the same records and the same state.
-    config = _config(self.root, f"warmup_{steps}", steps=_STEPS,
-                     warmup_steps_before_run_start=steps)
+    config = _config(
+        self.root,
+        f"warmup_{steps}",
+        steps=_STEPS,
+        warmup_steps_before_run_start=steps,
+    )
     result = trainer.run(config)
     self.assert_matches_reference(result, config)
     with open(os.path.join(result.run_dir, "mllog.log")) as f:
-      events = [json.loads(line[len(":::MLLOG "):]) for line in f
-                if line.startswith(":::MLLOG ")]
+      events = [
+          json.loads(line[len(":::MLLOG ") :])
+          for line in f
+          if line.startswith(":::MLLOG ")
+      ]
     keys = [e["key"] for e in events]
     if steps:
       self.assertLess(keys.index("warmup_time"), keys.index("init_stop"))
@@ -287,33 +354,41 @@ class TrainerTest(parameterized.TestCase):
     before = sorted(os.listdir(self.ref.run_dir))
     config = _config(self.root, "reference", steps=_STEPS - 2)
     result = trainer.run(config)
-    self.assertEqual((result.status, result.start_step, result.final_step),
-                     (trainer.RunOutcome.COMPLETED, _STEPS, _STEPS))
+    self.assertEqual(
+        (result.status, result.start_step, result.final_step),
+        (trainer.RunOutcome.COMPLETED, _STEPS, _STEPS),
+    )
     self.assertEqual(sorted(os.listdir(self.ref.run_dir)), before)
-    self.assertFalse(os.path.exists(
-        os.path.join(self.ref.run_dir, "mllog.2.log")))
+    self.assertFalse(
+        os.path.exists(os.path.join(self.ref.run_dir, "mllog.2.log"))
+    )
 
   def test_resume_refuses_a_changed_model_and_keeps_the_first_config(self):
     first = trainer.run(_config(self.root, "guarded", steps=_HALF))
     with open(os.path.join(first.run_dir, "config.json")) as f:
       recorded = f.read()
-    changed = _config(self.root, "guarded", steps=_STEPS, emb_dim=64,
-                      weight_dtype="bfloat16")
+    changed = _config(
+        self.root, "guarded", steps=_STEPS, emb_dim=64, weight_dtype="bfloat16"
+    )
     with self.assertRaisesRegex(
         ValueError,
         r"(?s)^Refusing to resume run 'guarded'.*emb_dim: 32 -> 64.*"
-        r"weight_dtype: 'float32' -> 'bfloat16'"):
+        r"weight_dtype: 'float32' -> 'bfloat16'",
+    ):
       trainer.run(changed)
     # Allowed changes resume; config.json keeps the first attempt.
-    second = trainer.run(_config(self.root, "guarded", steps=_STEPS,
-                                 log_period=2))
+    second = trainer.run(
+        _config(self.root, "guarded", steps=_STEPS, log_period=2)
+    )
     self.assertEqual(second.start_step, _HALF)
     with open(os.path.join(first.run_dir, "config.json")) as f:
       self.assertEqual(f.read(), recorded)
     with open(os.path.join(first.run_dir, "config_history.jsonl")) as f:
       attempts = [json.loads(line) for line in f]
-    self.assertEqual([(a["attempt"], a["start_step"]) for a in attempts],
-                     [(1, 0), (2, _HALF)])
+    self.assertEqual(
+        [(a["attempt"], a["start_step"]) for a in attempts],
+        [(1, 0), (2, _HALF)],
+    )
     self.assertEqual(attempts[1]["config"]["log_period"], 2)
 
   def test_seed_minus_one_draws_a_seed_that_the_record_keeps(self):
@@ -327,8 +402,9 @@ class TrainerTest(parameterized.TestCase):
     # A resume with seed=-1 reuses the recorded seed: it continues exactly
     # as a run that had that seed from the start.
     resumed = trainer.run(_config(self.root, "drawn_a", steps=_STEPS, seed=-1))
-    fixed = trainer.run(_config(self.root, "fixed_seed", steps=_STEPS,
-                                seed=seeds[0]))
+    fixed = trainer.run(
+        _config(self.root, "fixed_seed", steps=_STEPS, seed=seeds[0])
+    )
     self.assertEqual(_records(resumed.run_dir), _records(fixed.run_dir))
 
   def test_resume_without_checkpoint_is_an_error(self):
@@ -352,9 +428,17 @@ class TrainerTest(parameterized.TestCase):
         stop.request("test stop")
 
     # The stop falls inside the profiler window (steps 1-3).
-    result = trainer.run(_config(self.root, "stopped", steps=_STEPS,
-                                 profiler_steps=3, profiler_start_step=1),
-                         stop_request=stop, step_callback=on_step)
+    result = trainer.run(
+        _config(
+            self.root,
+            "stopped",
+            steps=_STEPS,
+            profiler_steps=3,
+            profiler_start_step=1,
+        ),
+        stop_request=stop,
+        step_callback=on_step,
+    )
     self.assertEqual(result.status, trainer.RunOutcome.INTERRUPTED)
     self.assertEqual(result.stop_reason, "test stop")
     self.assertEqual(result.final_step, stop_after)
@@ -374,8 +458,19 @@ class TrainerTest(parameterized.TestCase):
     run_stop = _run_stop(os.path.join(result.run_dir, "mllog.log"))
     self.assertEqual(run_stop["status"], "aborted")
     self.assertEqual(run_stop["samples_count"], stop_after * 8)
-    self.assertLen(glob.glob(os.path.join(result.run_dir, "tensorboard", "plugins",
-                                          "profile", "*", "*.xplane.pb")), 1)
+    self.assertLen(
+        glob.glob(
+            os.path.join(
+                result.run_dir,
+                "tensorboard",
+                "plugins",
+                "profile",
+                "*",
+                "*.xplane.pb",
+            )
+        ),
+        1,
+    )
 
     config = _config(self.root, "stopped", steps=_STEPS)
     resumed = trainer.run(config)
@@ -384,7 +479,9 @@ class TrainerTest(parameterized.TestCase):
 
   def test_load_parameters_path_uses_params_with_fresh_optimizer(self):
     source = os.path.join(self.ref.run_dir, "checkpoints", str(_STEPS))
-    config = _config(self.root, "finetune", steps=_HALF, load_parameters_path=source)
+    config = _config(
+        self.root, "finetune", steps=_HALF, load_parameters_path=source
+    )
     result = trainer.run(config)
     self.assertEqual((result.start_step, result.final_step), (0, _HALF))
 
@@ -392,33 +489,45 @@ class TrainerTest(parameterized.TestCase):
     params = self.ref_state["params"]
     batch = data.make_dataset(config).get_batch(0)
     micro_losses = [
-        model.loss_fn(params, jax.tree_util.tree_map(jnp.asarray, micro),
-                      config)[0]
-        for micro in data.split_micro_batches(batch, config.gradient_accumulation_steps)
+        model.loss_fn(
+            params, jax.tree_util.tree_map(jnp.asarray, micro), config
+        )[0]
+        for micro in data.split_micro_batches(
+            batch, config.gradient_accumulation_steps
+        )
     ]
     train = [r for r in _records(result.run_dir) if r["kind"] == "train"]
-    self.assertAlmostEqual(train[0]["loss"], float(np.mean(micro_losses)), places=4)
+    self.assertAlmostEqual(
+        train[0]["loss"], float(np.mean(micro_losses)), places=4
+    )
     self.assertLess(train[0]["loss"], self.ref_records[0]["loss"] - 0.5)
 
     # The optimizer started fresh: its counters count this run's steps only.
-    self.assertEqual(set(_optimizer_counts(self.ref_state["opt_state"])), {_STEPS})
+    self.assertEqual(
+        set(_optimizer_counts(self.ref_state["opt_state"])), {_STEPS}
+    )
     state, _ = _restore_state(config, result.run_dir, _HALF)
     self.assertEqual(set(_optimizer_counts(state["opt_state"])), {_HALF})
     self.assertEqual(int(state["step"]), _HALF)
 
   def test_non_finite_gradients_skip_steps_then_stop(self):
-    config = _config(self.root, "nan", steps=_STEPS, max_consecutive_skipped_steps=4)
+    config = _config(
+        self.root, "nan", steps=_STEPS, max_consecutive_skipped_steps=4
+    )
     params = model.init_params(config, jax.random.PRNGKey(7))
     params["unembedding"] = params["unembedding"].at[0, 0].set(jnp.nan)
     nan_dir = os.path.join(self.root, "nan_params")
-    with checkpointing.Checkpointer(nan_dir, save_period=1, max_to_keep=0) as ckpt:
+    with checkpointing.Checkpointer(
+        nan_dir, save_period=1, max_to_keep=0
+    ) as ckpt:
       ckpt.save(0, {"params": params, "step": np.asarray(0, np.int64)}, {})
     config.load_parameters_path = nan_dir
 
     with self.assertRaisesRegex(
         trainer.TrainingError,
         r"4 consecutive steps had non-finite gradients "
-        r"\(max_consecutive_skipped_steps=4\); stopping at step 3"):
+        r"\(max_consecutive_skipped_steps=4\); stopping at step 3",
+    ):
       trainer.run(config)
 
     run_dir = os.path.join(self.root, "nan")
@@ -440,6 +549,7 @@ class TrainerTest(parameterized.TestCase):
 
     class FullDisk(listener_interface.RunListener):
       """An extra output whose disk fills up when step 2's record comes."""
+
       name = "full_disk"
 
       def __init__(self):
@@ -453,12 +563,18 @@ class TrainerTest(parameterized.TestCase):
         self.closed = True
 
     output = FullDisk()
-    config = _config(self.root, "full", steps=_STEPS, checkpoint_period=0,
-                     eval_interval=_STEPS)
+    config = _config(
+        self.root,
+        "full",
+        steps=_STEPS,
+        checkpoint_period=0,
+        eval_interval=_STEPS,
+    )
     with self.assertRaisesRegex(
         trainer.ListenerError,
         r"^output 'full_disk' failed \(on_step\): OSError: \[Errno 28\] No "
-        r"space left on device: '/full/metrics'$"):
+        r"space left on device: '/full/metrics'$",
+    ):
       trainer.run(config, extra_listeners=[output])
     self.assertTrue(output.closed)
     run_dir = os.path.join(self.root, "full")
@@ -466,7 +582,9 @@ class TrainerTest(parameterized.TestCase):
     # update: the checkpoint holds the 3 completed steps, as the reference.
     state, metadata = _restore_state(config, run_dir, _HALF)
     self.assertEqual(int(state["step"]), _HALF)
-    self.assertEqual(metadata["samples_count"], _HALF * config.global_batch_size)
+    self.assertEqual(
+        metadata["samples_count"], _HALF * config.global_batch_size
+    )
     ref_half, _ = _restore_state(self.ref_config, self.ref.run_dir, _HALF)
     chex.assert_trees_all_close(state, ref_half, rtol=1e-6, atol=1e-7)
     # The other outputs got step 2 and ended cleanly.
@@ -476,16 +594,36 @@ class TrainerTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("zero_steps", {"steps": 0}, ValueError, r"config\.steps=0"),
-      ("batch_not_divisible", {"global_batch_size": 7}, ValueError,
-       r"config\.global_batch_size=7.*gradient_accumulation_steps=2"),
-      ("kv_heads_not_dividing", {"num_kv_heads": 3}, ValueError,
-       r"config\.num_kv_heads=3.*num_heads=2"),
-      ("escaping_run_name", {"run_name": "../escape"}, ValueError,
-       r"config\.run_name='\.\./escape'"),
-      ("warmup_past_schedule", {"warmup_steps": 9, "lr_schedule_steps": 0},
-       ValueError, r"config\.warmup_steps=9"),
-      ("unknown_dataset", {"dataset_type": "c4"}, ValueError,
-       r"config\.dataset_type='c4'"),
+      (
+          "batch_not_divisible",
+          {"global_batch_size": 7},
+          ValueError,
+          r"config\.global_batch_size=7.*gradient_accumulation_steps=2",
+      ),
+      (
+          "kv_heads_not_dividing",
+          {"num_kv_heads": 3},
+          ValueError,
+          r"config\.num_kv_heads=3.*num_heads=2",
+      ),
+      (
+          "escaping_run_name",
+          {"run_name": "../escape"},
+          ValueError,
+          r"config\.run_name='\.\./escape'",
+      ),
+      (
+          "warmup_past_schedule",
+          {"warmup_steps": 9, "lr_schedule_steps": 0},
+          ValueError,
+          r"config\.warmup_steps=9",
+      ),
+      (
+          "unknown_dataset",
+          {"dataset_type": "c4"},
+          ValueError,
+          r"config\.dataset_type='c4'",
+      ),
   )
   def test_bad_config_raises_before_any_work(self, overrides, error, message):
     output = os.path.join(self.root, "bad_" + self._testMethodName)

@@ -43,18 +43,24 @@ def warm_up(state, steps: int) -> float:
   # advances; it is set back at the end.
   step = engine.step
   train, evaluation = data.placeholder_batches(
-      config, jax.process_index(), jax.process_count())
-  micro_batches = [mesh_lib.global_batch(micro, state.setup.batch_sharding)
-                   for micro in data.split_micro_batches(
-                       train, config.gradient_accumulation_steps)]
+      config, jax.process_index(), jax.process_count()
+  )
+  micro_batches = [
+      mesh_lib.global_batch(micro, state.setup.batch_sharding)
+      for micro in data.split_micro_batches(
+          train, config.gradient_accumulation_steps
+      )
+  ]
   for _ in range(steps):
     for micro in micro_batches:
       engine.fwd_bwd(micro)
     engine.update(discard=True)
-  loss = engine.eval_step(mesh_lib.global_batch(
-      evaluation, state.setup.batch_sharding))
+  loss = engine.eval_step(
+      mesh_lib.global_batch(evaluation, state.setup.batch_sharding)
+  )
   jax.block_until_ready((loss, engine.params, engine.opt_state))
   engine.recorder.cleanup()
-  engine.set_state({"params": engine.params, "opt_state": engine.opt_state,
-                    "step": step})
+  engine.set_state(
+      {"params": engine.params, "opt_state": engine.opt_state, "step": step}
+  )
   return time.monotonic() - start

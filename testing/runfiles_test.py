@@ -48,8 +48,9 @@ class RunfilesTest(parameterized.TestCase):
 
   def test_train_main_command_prefers_the_executable_binary(self):
     binary = self._make("maxtext_engine", "maxtext/train_main", executable=True)
-    self.assertEqual(runfiles.train_main_command({"TEST_SRCDIR": self.root}),
-                     [binary])
+    self.assertEqual(
+        runfiles.train_main_command({"TEST_SRCDIR": self.root}), [binary]
+    )
 
   @parameterized.named_parameters(
       ("no_runfiles", False, False),
@@ -60,24 +61,33 @@ class RunfilesTest(parameterized.TestCase):
     if present:
       self._make("maxtext_engine", "maxtext/train_main", executable=executable)
       environ["TEST_SRCDIR"] = self.root
-    self.assertEqual(runfiles.train_main_command(environ),
-                     [sys.executable, "-m", "maxtext.train_main"])
+    self.assertEqual(
+        runfiles.train_main_command(environ),
+        [sys.executable, "-m", "maxtext.train_main"],
+    )
 
   def test_binary_command_for_another_binary(self):
-    binary = self._make("maxtext_engine", "tools/benchmarks/engine_bench",
-                        executable=True)
+    binary = self._make(
+        "maxtext_engine", "tools/benchmarks/engine_bench", executable=True
+    )
     self.assertEqual(
-        runfiles.binary_command("tools/benchmarks/engine_bench",
-                                {"TEST_SRCDIR": self.root}), [binary])
-    self.assertEqual(runfiles.binary_command("tools/benchmarks/engine_bench", {}),
-                     [sys.executable, "-m", "tools.benchmarks.engine_bench"])
+        runfiles.binary_command(
+            "tools/benchmarks/engine_bench", {"TEST_SRCDIR": self.root}
+        ),
+        [binary],
+    )
+    self.assertEqual(
+        runfiles.binary_command("tools/benchmarks/engine_bench", {}),
+        [sys.executable, "-m", "tools.benchmarks.engine_bench"],
+    )
 
   def test_run_binary_falls_back_to_the_module_from_anywhere(self):
     # No executable testing/runfiles exists, so this runs `python -m
     # testing.runfiles` from a directory outside the repository: it imports
     # only with the repository root put on the child's PYTHONPATH.
-    proc = runfiles.run_binary("testing/runfiles", [], timeout_s=60,
-                               cwd=self.root)
+    proc = runfiles.run_binary(
+        "testing/runfiles", [], timeout_s=60, cwd=self.root
+    )
     self.assertEqual(proc.returncode, 0, proc.stderr)
 
 

@@ -29,13 +29,16 @@ def compilation_cache_dir(environ=os.environ) -> str:
   """
   path = environ.get(COMPILATION_CACHE_ENV, "")
   if not path:
-    path = os.path.join(environ.get("TEST_TMPDIR") or tempfile.gettempdir(),
-                        "maxtext_test_jax_cache")
+    path = os.path.join(
+        environ.get("TEST_TMPDIR") or tempfile.gettempdir(),
+        "maxtext_test_jax_cache",
+    )
   return os.path.abspath(os.path.expanduser(path))
 
 
-def tiny_config(output_dir: str, *, run_name: str = "tiny",
-                steps: int = 6, **overrides) -> ml_collections.ConfigDict:
+def tiny_config(
+    output_dir: str, *, run_name: str = "tiny", steps: int = 6, **overrides
+) -> ml_collections.ConfigDict:
   """The default config shrunk for tests, writing under `output_dir`.
 
   Args:
@@ -100,17 +103,34 @@ def tiny_config(output_dir: str, *, run_name: str = "tiny",
 # block of width 32, grouped-query attention). Tests that check MLPerf logs pass
 # it to `tiny_config` with their own step budget, target and checkpoints.
 MLPERF_SHAPE = dict(
-    vocab_size=16, max_sequence_length=16, emb_dim=32, num_layers=1,
-    num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
-    global_batch_size=8, gradient_accumulation_steps=2,
-    eval_steps=1, eval_batch_size=8, eval_interval=5,
-    learning_rate=1e-2, warmup_steps=3, lr_schedule_steps=40,
-    max_checkpoints_to_keep=3, log_period=10,
+    vocab_size=16,
+    max_sequence_length=16,
+    emb_dim=32,
+    num_layers=1,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    global_batch_size=8,
+    gradient_accumulation_steps=2,
+    eval_steps=1,
+    eval_batch_size=8,
+    eval_interval=5,
+    learning_rate=1e-2,
+    warmup_steps=3,
+    lr_schedule_steps=40,
+    max_checkpoints_to_keep=3,
+    log_period=10,
 )
 
 
-def tiny_flags(output_dir: str, *, run_name: str = "tiny", steps: int = 6,
-               extra: Optional[dict] = None) -> list[str]:
+def tiny_flags(
+    output_dir: str,
+    *,
+    run_name: str = "tiny",
+    steps: int = 6,
+    extra: Optional[dict] = None,
+) -> list[str]:
   """`--config.key=value` flags giving `train_main` the tiny config.
 
   Args:
@@ -123,7 +143,11 @@ def tiny_flags(output_dir: str, *, run_name: str = "tiny", steps: int = 6,
     The flags, one per field that differs from the default config.
   """
   reference = default.get_config()
-  config = tiny_config(output_dir, run_name=run_name, steps=steps,
-                       **(extra or {}))
-  return [f"--config.{key}={value}" for key, value in sorted(config.items())
-          if reference[key] != value or (extra and key in extra)]
+  config = tiny_config(
+      output_dir, run_name=run_name, steps=steps, **(extra or {})
+  )
+  return [
+      f"--config.{key}={value}"
+      for key, value in sorted(config.items())
+      if reference[key] != value or (extra and key in extra)
+  ]

@@ -41,16 +41,32 @@ exit $status
 def available() -> bool:
   """Whether this machine lets a process mount a tmpfs in a new namespace."""
   try:
-    return subprocess.run(
-        ["unshare", "-Urm", "sh", "-c",
-         "mount -t tmpfs -o size=64k tmpfs /mnt"],
-        capture_output=True, check=False, timeout=60).returncode == 0
+    return (
+        subprocess.run(
+            [
+                "unshare",
+                "-Urm",
+                "sh",
+                "-c",
+                "mount -t tmpfs -o size=64k tmpfs /mnt",
+            ],
+            capture_output=True,
+            check=False,
+            timeout=60,
+        ).returncode
+        == 0
+    )
   except (OSError, subprocess.TimeoutExpired):
     return False
 
 
-def command(mount_point: str, size: str, argv: Sequence[str], *,
-            copy_to: Optional[str] = None) -> list[str]:
+def command(
+    mount_point: str,
+    size: str,
+    argv: Sequence[str],
+    *,
+    copy_to: Optional[str] = None,
+) -> list[str]:
   """The command line that runs `argv` with a `size` tmpfs at `mount_point`.
 
   Args:
@@ -72,5 +88,15 @@ def command(mount_point: str, size: str, argv: Sequence[str], *,
     raise ValueError("argv must name a program, got []")
   if not size:
     raise ValueError(f"size must be a tmpfs size such as '64k', got {size!r}")
-  return ["unshare", "-Urm", "sh", "-c", _SCRIPT, "sh", mount_point, size,
-          copy_to or "", *argv]
+  return [
+      "unshare",
+      "-Urm",
+      "sh",
+      "-c",
+      _SCRIPT,
+      "sh",
+      mount_point,
+      size,
+      copy_to or "",
+      *argv,
+  ]

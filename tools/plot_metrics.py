@@ -20,17 +20,22 @@ from maxtext.metrics import jsonl
 from tools import plot_metrics_lib
 
 _METRICS = flags.DEFINE_string(
-    "metrics", None,
-    "Required: metrics.jsonl file, or the run directory holding it.")
+    "metrics",
+    None,
+    "Required: metrics.jsonl file, or the run directory holding it.",
+)
 _OUTPUT = flags.DEFINE_string(
-    "output", None,
-    "PNG to write; default metrics.png beside the metrics file.")
+    "output", None, "PNG to write; default metrics.png beside the metrics file."
+)
 _METRIC = flags.DEFINE_string(
-    "metric", jsonl.LOSS_KEY,
+    "metric",
+    jsonl.LOSS_KEY,
     "Metric to plot: train records' <metric> and eval records' "
-    "eval_<metric> (loss: train loss and eval_loss).")
+    "eval_<metric> (loss: train loss and eval_loss).",
+)
 _TARGET = flags.DEFINE_float(
-    "target", None, "Draw a dashed line at this value (e.g. target eval loss).")
+    "target", None, "Draw a dashed line at this value (e.g. target eval loss)."
+)
 
 
 def _resolve(path: str) -> str:
@@ -51,7 +56,8 @@ def main(argv: list[str]) -> None:
     metrics = os.path.join(metrics, jsonl.METRICS_FILENAME)
   output = _resolve(_OUTPUT.value) if _OUTPUT.value else None
   written = plot_metrics_lib.plot_metrics(
-      metrics, output, metric=_METRIC.value, target=_TARGET.value)
+      metrics, output, metric=_METRIC.value, target=_TARGET.value
+  )
   logging.info("Wrote %s", written)
   print(written)
 

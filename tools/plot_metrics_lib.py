@@ -24,14 +24,16 @@ _DPI = 100
 @dataclasses.dataclass(frozen=True)
 class LossCurves:
   """Finite (step, value) points of one metric, per record kind."""
+
   train_steps: tuple[int, ...]
   train_values: tuple[float, ...]
   eval_steps: tuple[int, ...]
   eval_values: tuple[float, ...]
 
 
-def load_loss_curves(metrics_path: str | os.PathLike[str],
-                     metric: str = jsonl.LOSS_KEY) -> LossCurves:
+def load_loss_curves(
+    metrics_path: str | os.PathLike[str], metric: str = jsonl.LOSS_KEY
+) -> LossCurves:
   """Reads `metric` of train and eval records from a metrics.jsonl file.
 
   Train records hold the metric under its name, eval records under
@@ -63,23 +65,27 @@ def load_loss_curves(metrics_path: str | os.PathLike[str],
   if not any(points.values()):
     raise ValueError(
         f"{path}: no train record has a finite {keys[jsonl.TRAIN]!r} value "
-        f"and no eval record a finite {keys[jsonl.EVAL]!r} value")
+        f"and no eval record a finite {keys[jsonl.EVAL]!r} value"
+    )
   train = sorted(points[jsonl.TRAIN].items())
   evals = sorted(points[jsonl.EVAL].items())
   return LossCurves(
       train_steps=tuple(s for s, _ in train),
       train_values=tuple(v for _, v in train),
       eval_steps=tuple(s for s, _ in evals),
-      eval_values=tuple(v for _, v in evals))
+      eval_values=tuple(v for _, v in evals),
+  )
 
 
-def make_figure(curves: LossCurves,
-                *,
-                metric: str = jsonl.LOSS_KEY,
-                target: float | None = None,
-                title: str = "",
-                width_px: int = 1000,
-                height_px: int = 600) -> mpl_figure.Figure:
+def make_figure(
+    curves: LossCurves,
+    *,
+    metric: str = jsonl.LOSS_KEY,
+    target: float | None = None,
+    title: str = "",
+    width_px: int = 1000,
+    height_px: int = 600,
+) -> mpl_figure.Figure:
   """Draws the curves on a new figure: one line per kind that has points.
 
   Args:
@@ -103,18 +109,31 @@ def make_figure(curves: LossCurves,
   height_px = checks.check_int("height_px", height_px, 1)
   if target is not None:
     target = checks.check_number("target", target)
-  fig = mpl_figure.Figure(figsize=(width_px / _DPI, height_px / _DPI),
-                          dpi=_DPI)
+  fig = mpl_figure.Figure(figsize=(width_px / _DPI, height_px / _DPI), dpi=_DPI)
   ax = fig.subplots()
   if curves.train_steps:
-    ax.plot(curves.train_steps, curves.train_values, label=f"train {metric}",
-            linewidth=1.0)
+    ax.plot(
+        curves.train_steps,
+        curves.train_values,
+        label=f"train {metric}",
+        linewidth=1.0,
+    )
   if curves.eval_steps:
-    ax.plot(curves.eval_steps, curves.eval_values, label=f"eval {metric}",
-            marker="o", linewidth=1.5)
+    ax.plot(
+        curves.eval_steps,
+        curves.eval_values,
+        label=f"eval {metric}",
+        marker="o",
+        linewidth=1.5,
+    )
   if target is not None:
-    ax.axhline(target, color="gray", linestyle="--", linewidth=1.0,
-               label=f"target {target:g}")
+    ax.axhline(
+        target,
+        color="gray",
+        linestyle="--",
+        linewidth=1.0,
+        label=f"target {target:g}",
+    )
   ax.set_xlabel("step")
   ax.set_ylabel(metric)
   ax.set_title(title, fontsize=9)
@@ -124,14 +143,16 @@ def make_figure(curves: LossCurves,
   return fig
 
 
-def plot_metrics(metrics_path: str | os.PathLike[str],
-                 output_path: str | os.PathLike[str] | None = None,
-                 *,
-                 metric: str = jsonl.LOSS_KEY,
-                 target: float | None = None,
-                 title: str | None = None,
-                 width_px: int = 1000,
-                 height_px: int = 600) -> str:
+def plot_metrics(
+    metrics_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str] | None = None,
+    *,
+    metric: str = jsonl.LOSS_KEY,
+    target: float | None = None,
+    title: str | None = None,
+    width_px: int = 1000,
+    height_px: int = 600,
+) -> str:
   """Writes a PNG of the train and eval `metric` versus step.
 
   Args:
@@ -157,12 +178,18 @@ def plot_metrics(metrics_path: str | os.PathLike[str],
   checks.check_int("height_px", height_px, 1)
   metrics_path = os.fspath(metrics_path)
   curves = load_loss_curves(metrics_path, metric)
-  fig = make_figure(curves, metric=metric, target=target,
-                    title=title if title is not None else metrics_path,
-                    width_px=width_px, height_px=height_px)
+  fig = make_figure(
+      curves,
+      metric=metric,
+      target=target,
+      title=title if title is not None else metrics_path,
+      width_px=width_px,
+      height_px=height_px,
+  )
   if output_path is None:
     output_path = os.path.join(
-        os.path.dirname(os.path.abspath(metrics_path)), DEFAULT_OUTPUT_NAME)
+        os.path.dirname(os.path.abspath(metrics_path)), DEFAULT_OUTPUT_NAME
+    )
   output_path = os.fspath(output_path)
   os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
   fig.savefig(output_path, format="png", dpi=_DPI)

@@ -54,8 +54,13 @@ class RealRunPlotTest(absltest.TestCase):
     # 4 steps, evals after step indices 1 and 3; no MLPerf log or
     # checkpoints, which the plot does not read.
     config = tiny_configs.tiny_config(
-        cls.root, run_name="plot", steps=4, eval_interval=2,
-        enable_mllog=False, checkpoint_period=0)
+        cls.root,
+        run_name="plot",
+        steps=4,
+        eval_interval=2,
+        enable_mllog=False,
+        checkpoint_period=0,
+    )
     cls.result = trainer.run(config)
     cls.metrics = os.path.join(cls.result.run_dir, jsonl.METRICS_FILENAME)
 
@@ -64,8 +69,9 @@ class RealRunPlotTest(absltest.TestCase):
     self.assertEqual(curves.train_steps, (0, 1, 2, 3))
     self.assertEqual(curves.eval_steps, (1, 3))
     self.assertTrue(all(math.isfinite(v) for v in curves.train_values))
-    self.assertAlmostEqual(curves.eval_values[-1], self.result.last_eval_loss,
-                           places=5)
+    self.assertAlmostEqual(
+        curves.eval_values[-1], self.result.last_eval_loss, places=5
+    )
 
   def test_figure_of_a_real_run_draws_both_curves(self):
     curves = plot_metrics_lib.load_loss_curves(self.metrics)
@@ -102,7 +108,8 @@ class PlotMetricsTest(parameterized.TestCase):
     write_metrics(self.metrics, SAMPLE)
     output = os.path.join(self.dir, "plots", "loss.png")
     written = plot_metrics_lib.plot_metrics(
-        self.metrics, output, target=1.2, width_px=640, height_px=400)
+        self.metrics, output, target=1.2, width_px=640, height_px=400
+    )
     self.assertEqual(written, output)
     pixels = mpl_image.imread(output)
     self.assertEqual(pixels.shape[:2], (400, 640))
@@ -117,9 +124,14 @@ class PlotMetricsTest(parameterized.TestCase):
 
   def test_eval_curve_reads_the_eval_prefixed_key(self):
     # An eval record's bare "loss" is not the schema's eval loss.
-    write_metrics(self.metrics, [(0, "train", {"loss": 2.0}),
-                                 (0, "eval", {"eval_loss": 1.5}),
-                                 (1, "eval", {"loss": 9.0})])
+    write_metrics(
+        self.metrics,
+        [
+            (0, "train", {"loss": 2.0}),
+            (0, "eval", {"eval_loss": 1.5}),
+            (1, "eval", {"loss": 9.0}),
+        ],
+    )
     curves = plot_metrics_lib.load_loss_curves(self.metrics)
     self.assertEqual((curves.eval_steps, curves.eval_values), ((0,), (1.5,)))
 
@@ -131,7 +143,8 @@ class PlotMetricsTest(parameterized.TestCase):
   def test_figure_lines(self):
     write_metrics(self.metrics, SAMPLE)
     fig = plot_metrics_lib.make_figure(
-        plot_metrics_lib.load_loss_curves(self.metrics), title="t")
+        plot_metrics_lib.load_loss_curves(self.metrics), title="t"
+    )
     lines = _lines_by_label(fig)
     self.assertCountEqual(lines, ["train loss", "eval loss"])
     self.assertEqual(list(lines["train loss"].get_ydata()), [3.0, 2.0, 1.0])
@@ -139,17 +152,30 @@ class PlotMetricsTest(parameterized.TestCase):
   def test_figure_without_eval_points_has_no_eval_line(self):
     write_metrics(self.metrics, SAMPLE[:2])
     fig = plot_metrics_lib.make_figure(
-        plot_metrics_lib.load_loss_curves(self.metrics))
+        plot_metrics_lib.load_loss_curves(self.metrics)
+    )
     self.assertEqual(list(_lines_by_label(fig)), ["train loss"])
 
   @parameterized.named_parameters(
       ("empty", "", ValueError, "no train record"),
-      ("no_loss", '{"step": 0, "kind": "train", "lr": 1.0}\n', ValueError,
-       "no train record"),
-      ("eval_bare_loss", '{"step": 0, "kind": "eval", "loss": 1.0}\n',
-       ValueError, "no eval record a finite 'eval_loss'"),
-      ("bad_json", 'garbage\n{"step": 0, "kind": "train", "loss": 1}\n',
-       ValueError, "metrics.jsonl:1"),
+      (
+          "no_loss",
+          '{"step": 0, "kind": "train", "lr": 1.0}\n',
+          ValueError,
+          "no train record",
+      ),
+      (
+          "eval_bare_loss",
+          '{"step": 0, "kind": "eval", "loss": 1.0}\n',
+          ValueError,
+          "no eval record a finite 'eval_loss'",
+      ),
+      (
+          "bad_json",
+          'garbage\n{"step": 0, "kind": "train", "loss": 1}\n',
+          ValueError,
+          "metrics.jsonl:1",
+      ),
   )
   def test_bad_file_names_the_path(self, content, error, regex):
     with open(self.metrics, "w") as f:

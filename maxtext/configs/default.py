@@ -20,8 +20,9 @@ def get_config() -> ml_collections.ConfigDict:
   config = base.get_config()
 
   # Output under the system temp dir, so a first run needs no setup.
-  config.base_output_directory = os.path.join(tempfile.gettempdir(),
-                                              "maxtext_runs")
+  config.base_output_directory = os.path.join(
+      tempfile.gettempdir(), "maxtext_runs"
+  )
   config.checkpoint_period = 100
 
   # Tiny model: 2 layers, width 128, grouped-query attention (4 query heads

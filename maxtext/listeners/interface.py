@@ -28,6 +28,7 @@ from typing import Mapping
 
 class RunOutcome(enum.Enum):
   """How a run ended."""
+
   SUCCESS = "success"  # An eval reached target_eval_loss.
   COMPLETED = "completed"  # Ran its step budget without reaching a target.
   INTERRUPTED = "interrupted"  # Stopped by SIGTERM/SIGINT after a checkpoint.
@@ -44,6 +45,7 @@ class RunStart:
     warmup_time: seconds spent compiling and warming up the step before the
       run starts (0 when there was no warm-up).
   """
+
   start_step: int
   samples: int
   warmup_time: float = 0.0
@@ -60,6 +62,7 @@ class StepRecord:
     step_time: seconds the step took, eval and checkpoint time left out.
     samples: samples trained once this step finished, resumed ones included.
   """
+
   step: int
   metrics: Mapping[str, float]
   step_time: float
@@ -80,6 +83,7 @@ class EvalRecord:
     continues: training goes on after this eval (neither the target nor the
       last step was reached).
   """
+
   step: int
   eval_loss: float
   eval_time: float
@@ -97,6 +101,7 @@ class RunEnd:
     final_step: completed steps at the end.
     samples: samples trained at the end, resumed ones included.
   """
+
   outcome: RunOutcome
   final_step: int
   samples: int
@@ -112,6 +117,7 @@ class RunListener:
       False for outputs that retry on their own and whose failures are
       warnings (the GCS mirror).
   """
+
   name: str = "listener"
   critical: bool = True
 

@@ -24,8 +24,15 @@ from absl import logging
 
 from maxtext.listeners import interface
 
-_EVENTS = ("on_run_start", "on_step_start", "on_step", "on_eval_start",
-           "on_eval", "on_checkpoint", "on_run_end")
+_EVENTS = (
+    "on_run_start",
+    "on_step_start",
+    "on_step",
+    "on_eval_start",
+    "on_eval",
+    "on_checkpoint",
+    "on_run_end",
+)
 
 
 class ListenerError(RuntimeError):
@@ -38,16 +45,19 @@ class ListenerError(RuntimeError):
   """
 
   def __init__(self, listener: str, event: str, error: BaseException):
-    super().__init__(f"output {listener!r} failed ({event}): "
-                     f"{type(error).__name__}: {error}")
+    super().__init__(
+        f"output {listener!r} failed ({event}): "
+        f"{type(error).__name__}: {error}"
+    )
     self.listener = listener
     self.event = event
     self.error = error
 
 
 def _overrides(listener: interface.RunListener, method: str) -> bool:
-  return (getattr(type(listener), method) is not
-          getattr(interface.RunListener, method))
+  return getattr(type(listener), method) is not getattr(
+      interface.RunListener, method
+  )
 
 
 class MultiListener(interface.RunListener):
@@ -60,7 +70,8 @@ class MultiListener(interface.RunListener):
     # Per event, the listeners that override it: the hot path (one step)
     # calls only those.
     self._by_event: dict[str, list[interface.RunListener]] = {
-        event: [] for event in _EVENTS}
+        event: [] for event in _EVENTS
+    }
     self._broken: set[int] = set()  # ids of critical listeners taken out.
     self._closed = False
     for listener in listeners:
@@ -77,11 +88,15 @@ class MultiListener(interface.RunListener):
       if _overrides(listener, event):
         receivers.append(listener)
 
-  def _failed(self, listener: interface.RunListener, event: str,
-              error: Exception) -> Optional[ListenerError]:
+  def _failed(
+      self, listener: interface.RunListener, event: str, error: Exception
+  ) -> Optional[ListenerError]:
     """Applies the policy to one failure; returns the error to raise, if any."""
-    log = (logging.warning if isinstance(error, OSError) or
-           not listener.critical else logging.exception)
+    log = (
+        logging.warning
+        if isinstance(error, OSError) or not listener.critical
+        else logging.exception
+    )
     if not listener.critical:
       log("Output %r failed (%s), continuing: %s", listener.name, event, error)
       return None

@@ -6,10 +6,10 @@ from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
 
 _START = interface.RunStart(start_step=0, samples=0)
-_STEP = interface.StepRecord(step=0, metrics={"loss": 1.0}, step_time=0.1,
-                             samples=8)
-_END = interface.RunEnd(interface.RunOutcome.COMPLETED, final_step=1,
-                        samples=8)
+_STEP = interface.StepRecord(
+    step=0, metrics={"loss": 1.0}, step_time=0.1, samples=8
+)
+_END = interface.RunEnd(interface.RunOutcome.COMPLETED, final_step=1, samples=8)
 
 
 class Recording(interface.RunListener):
@@ -45,6 +45,7 @@ class Recording(interface.RunListener):
 
 class StepsOnly(interface.RunListener):
   """Overrides one event only."""
+
   name = "steps_only"
 
   def __init__(self):
@@ -64,8 +65,9 @@ class MultiListenerTest(absltest.TestCase):
     listeners.on_run_end(_END)
     listeners.close()
     for listener in (a, b):
-      self.assertEqual(listener.events,
-                       ["on_run_start", "on_step", "on_run_end", "close"])
+      self.assertEqual(
+          listener.events, ["on_run_start", "on_step", "on_run_end", "close"]
+      )
     self.assertEqual(listeners.listeners, (a, b))
 
   def test_default_methods_are_no_ops(self):
@@ -86,7 +88,8 @@ class MultiListenerTest(absltest.TestCase):
     listeners = multi_listener.MultiListener([bad, good])
     with self.assertRaisesRegex(
         multi_listener.ListenerError,
-        r"^output 'metrics' failed \(on_step\): OSError: .*No space left"):
+        r"^output 'metrics' failed \(on_step\): OSError: .*No space left",
+    ):
       listeners.on_step(_STEP)
     self.assertEqual(good.events, ["on_step"])  # Still got the event.
     listeners.on_step(_STEP)  # The failed one is out: no second error.
@@ -98,27 +101,35 @@ class MultiListenerTest(absltest.TestCase):
   def test_error_carries_the_listener_event_and_cause(self):
     error = ValueError("bug")
     listeners = multi_listener.MultiListener(
-        [Recording("profiler", fail_on={"on_run_start"}, error=error)])
+        [Recording("profiler", fail_on={"on_run_start"}, error=error)]
+    )
     with self.assertRaises(multi_listener.ListenerError) as raised:
       with self.assertLogs(level="ERROR") as logs:
         listeners.on_run_start(_START)
-    self.assertEqual((raised.exception.listener, raised.exception.event,
-                      raised.exception.error),
-                     ("profiler", "on_run_start", error))
+    self.assertEqual(
+        (
+            raised.exception.listener,
+            raised.exception.event,
+            raised.exception.error,
+        ),
+        ("profiler", "on_run_start", error),
+    )
     # Not an OSError: a bug, logged with its traceback.
     self.assertIn("Traceback", "\n".join(logs.output))
 
   def test_os_error_is_logged_as_one_line(self):
     listeners = multi_listener.MultiListener(
-        [Recording("metrics", fail_on={"on_step"})])
+        [Recording("metrics", fail_on={"on_step"})]
+    )
     with self.assertLogs(level="WARNING") as logs:
       with self.assertRaises(multi_listener.ListenerError):
         listeners.on_step(_STEP)
     self.assertNotIn("Traceback", "\n".join(logs.output))
 
   def test_non_critical_failure_is_a_warning_and_it_keeps_listening(self):
-    mirror = Recording("gcs_mirror", critical=False,
-                       fail_on={"on_step", "close"})
+    mirror = Recording(
+        "gcs_mirror", critical=False, fail_on={"on_step", "close"}
+    )
     listeners = multi_listener.MultiListener([mirror])
     with self.assertLogs(level="WARNING") as logs:
       listeners.on_step(_STEP)
@@ -131,8 +142,9 @@ class MultiListenerTest(absltest.TestCase):
     bad = Recording("mllog", fail_on={"close"})
     after = Recording("gcs_mirror", critical=False)
     listeners = multi_listener.MultiListener([bad, after])
-    with self.assertRaisesRegex(multi_listener.ListenerError,
-                                r"'mllog' failed \(close\)"):
+    with self.assertRaisesRegex(
+        multi_listener.ListenerError, r"'mllog' failed \(close\)"
+    ):
       listeners.close()
     self.assertEqual(after.events, ["close"])
     listeners.close()  # Idempotent.

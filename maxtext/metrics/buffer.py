@@ -65,11 +65,14 @@ class MetricsBuffer:
   step: int
   mode: str
   scalar_metrics: dict[str, np.ndarray] = dataclasses.field(
-      default_factory=dict)
+      default_factory=dict
+  )
   weighted_metrics: dict[str, WeightedMetric] = dataclasses.field(
-      default_factory=dict)
+      default_factory=dict
+  )
   aggregation_fns: dict[str, AggregationFn] = dataclasses.field(
-      default_factory=dict)
+      default_factory=dict
+  )
   pending_count: int = 0
 
 

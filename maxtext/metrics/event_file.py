@@ -37,8 +37,9 @@ def encode_record(data: bytes) -> bytes:
 class EventFile:
   """Appends serialized `Event`s to a new event file in a directory."""
 
-  def __init__(self, directory: str, version_event: bytes,
-               now: Optional[float] = None):
+  def __init__(
+      self, directory: str, version_event: bytes, now: Optional[float] = None
+  ):
     """Creates `<directory>/events.out.tfevents.<time>.<host>`.
 
     Args:
@@ -52,7 +53,8 @@ class EventFile:
     os.makedirs(directory, exist_ok=True)
     stamp = int(time.time() if now is None else now)
     self.path = os.path.join(
-        directory, f"events.out.tfevents.{stamp}.{socket.gethostname()}")
+        directory, f"events.out.tfevents.{stamp}.{socket.gethostname()}"
+    )
     self._file = open(self.path, "ab")  # pylint: disable=consider-using-with
     self.write(version_event)
 

@@ -11,8 +11,9 @@ from maxtext.metrics import event_file
 
 
 def _version_event() -> bytes:
-  return event_pb2.Event(wall_time=1.0,
-                         file_version="brain.Event:2").SerializeToString()
+  return event_pb2.Event(
+      wall_time=1.0, file_version="brain.Event:2"
+  ).SerializeToString()
 
 
 class EventFileTest(absltest.TestCase):
@@ -38,8 +39,11 @@ class EventFileTest(absltest.TestCase):
     (path,) = glob.glob(os.path.join(tmp, "events.out.tfevents.1234.*"))
     self.assertEqual(path, events.path)
     with open(path, "rb") as f:
-      self.assertEqual(f.read(), event_file.encode_record(_version_event()) +
-                       event_file.encode_record(step))
+      self.assertEqual(
+          f.read(),
+          event_file.encode_record(_version_event())
+          + event_file.encode_record(step),
+      )
 
   def test_full_disk_is_raised_naming_the_file(self):
     tmp = self.create_tempdir().full_path
@@ -48,8 +52,9 @@ class EventFileTest(absltest.TestCase):
     # ENOSPC, as on a full disk.
     os.dup2(os.open("/dev/full", os.O_WRONLY), events._file.fileno())  # pylint: disable=protected-access
     events.write(b"x" * 100)  # Buffered: nothing reached the disk yet.
-    with self.assertRaisesRegex(OSError, r"No space left on device: '"
-                                + events.path):
+    with self.assertRaisesRegex(
+        OSError, r"No space left on device: '" + events.path
+    ):
       events.close()
     events.close()  # Closed despite the failure; nothing left to retry.
 

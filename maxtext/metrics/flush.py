@@ -98,7 +98,7 @@ def _launch(values: dict) -> tuple[list, list]:
       fetched.append((k, None))
       continue
     for i in range(0, len(vals), MAX_OPERANDS_PER_LAUNCH):
-      chunk = vals[i:i + MAX_OPERANDS_PER_LAUNCH]
+      chunk = vals[i : i + MAX_OPERANDS_PER_LAUNCH]
       chunk = chunk + chunk[:1] * (_padded_arity(len(chunk)) - len(chunk))
       chunks.append(tuple(chunk))
       fetched.append((k, len(chunks) - 1))
@@ -113,8 +113,9 @@ def _launch(values: dict) -> tuple[list, list]:
   for call in calls:
     if call:
       chunk_outputs.extend(_concat_groups(tuple(call)))
-  return fetched, [values[k][0] if c is None else chunk_outputs[c]
-                   for k, c in fetched]
+  return fetched, [
+      values[k][0] if c is None else chunk_outputs[c] for k, c in fetched
+  ]
 
 
 def _fetch(values: dict, sizes: dict, name_of, launched=None) -> dict:
@@ -143,8 +144,10 @@ def _fetch(values: dict, sizes: dict, name_of, launched=None) -> dict:
   parts: dict = {k: [] for k in keys}
   for (k, _), h in zip(fetched, host):
     parts[k].append(np.asarray(h).reshape(-1))
-  return {k: (np.concatenate(p) if len(p) > 1 else p[0])[:sizes[k]]
-          for k, p in parts.items()}
+  return {
+      k: (np.concatenate(p) if len(p) > 1 else p[0])[: sizes[k]]
+      for k, p in parts.items()
+  }
 
 
 def _fetch_one_by_one(key, vals, name_of) -> np.ndarray:
@@ -153,10 +156,11 @@ def _fetch_one_by_one(key, vals, name_of) -> np.ndarray:
     try:
       parts.append(np.asarray(jax.device_get(value)).reshape(-1))
     except Exception as exc:  # pylint: disable=broad-except
-      raise RuntimeError(f"metric {name_of(key, i)!r}: cannot fetch "
-                         f"{metrics_buffer.describe(value)} from the device: "
-                         f"{exc}"
-                        ) from exc
+      raise RuntimeError(
+          f"metric {name_of(key, i)!r}: cannot fetch "
+          f"{metrics_buffer.describe(value)} from the device: "
+          f"{exc}"
+      ) from exc
   return np.concatenate(parts)
 
 
@@ -167,8 +171,9 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts)
   except (TypeError, np.exceptions.DTypePromotionError):
     native = lambda dt: dt.kind in "biuf" and dt.type.__module__ == "numpy"
-    return np.concatenate([p if native(p.dtype) else p.astype(np.float32)
-                           for p in parts])
+    return np.concatenate(
+        [p if native(p.dtype) else p.astype(np.float32) for p in parts]
+    )
 
 
 class _IndexRun:
@@ -251,14 +256,16 @@ def _gather(work: Sequence[metrics_pending.PendingBuffer]):
         if v.is_deleted():
           raise ValueError(
               f"metric {pending.owner_name(dt, i)!r}: its device buffer was "
-              f"deleted before flush ({metrics_buffer.describe(v)})")
+              f"deleted before flush ({metrics_buffer.describe(v)})"
+          )
       lst.extend(group.values)
       sizes[dt] += group.size
     bases.append(base)
 
   def name_of(dt, index):
-    start, owner = max((o for o in owners[dt] if o[0] <= index),
-                       key=lambda o: o[0])
+    start, owner = max(
+        (o for o in owners[dt] if o[0] <= index), key=lambda o: o[0]
+    )
     return owner.owner_name(dt, index - start)
 
   return values, sizes, bases, name_of
@@ -281,13 +288,16 @@ class Prefetch:
 
   def matches(self, work) -> bool:
     """Whether `work` holds just what was pending at the prefetch."""
-    return (len(work) == len(self.work) and
-            all(a is b for a, b in zip(work, self.work)) and
-            _pending_counts(work) == self.counts)
+    return (
+        len(work) == len(self.work)
+        and all(a is b for a, b in zip(work, self.work))
+        and _pending_counts(work) == self.counts
+    )
 
 
-def prefetch(pending_buffers: Sequence[metrics_pending.PendingBuffer]
-            ) -> Optional[Prefetch]:
+def prefetch(
+    pending_buffers: Sequence[metrics_pending.PendingBuffer],
+) -> Optional[Prefetch]:
   """Dispatches a flush's concatenations and starts their copies to the host.
 
   Nothing waits for the device and nothing changes. A `build` of the same
@@ -341,17 +351,21 @@ def _packed_run(records, i: int) -> int:
   width, n, k = len(names), len(records), 1
   while i + k < n:
     nxt = records[i + k]
-    if not (isinstance(nxt, _PackedRecord) and nxt.names == names and
-            isinstance(nxt.values, _DeviceSlot) and
-            nxt.values.dtype == slot.dtype and
-            nxt.values.offset == slot.offset + k * width):
+    if not (
+        isinstance(nxt, _PackedRecord)
+        and nxt.names == names
+        and isinstance(nxt.values, _DeviceSlot)
+        and nxt.values.dtype == slot.dtype
+        and nxt.values.offset == slot.offset + k * width
+    ):
       break
     k += 1
   return k
 
 
-def _assemble(pending: metrics_pending.PendingBuffer, base: dict,
-              flat: dict) -> Update:
+def _assemble(
+    pending: metrics_pending.PendingBuffer, base: dict, flat: dict
+) -> Update:
   """Phase 3 for one buffer: its new arrays, built from its records."""
   scalar_segs: dict = {}
   weighted_segs: dict = {}
@@ -378,7 +392,7 @@ def _assemble(pending: metrics_pending.PendingBuffer, base: dict,
       k = _packed_run(records, i)
       if isinstance(held, _DeviceSlot):
         start = base[held.dtype] + held.offset
-        matrix = flat[held.dtype][start:start + k * width].reshape(k, width)
+        matrix = flat[held.dtype][start : start + k * width].reshape(k, width)
       else:
         matrix = held.reshape(1, width)
       # One copy for the run: row j holds names[j]'s k values, contiguous,
@@ -391,19 +405,24 @@ def _assemble(pending: metrics_pending.PendingBuffer, base: dict,
         segs.add_array(columns[j], owned=True)
       i += k
   buf = pending.buffer
-  scalars = {name: segs.assemble(flat, buf.scalar_metrics.get(name))
-             for name, segs in scalar_segs.items()}
+  scalars = {
+      name: segs.assemble(flat, buf.scalar_metrics.get(name))
+      for name, segs in scalar_segs.items()
+  }
   weighted = {}
   for name, (s_segs, d_segs) in weighted_segs.items():
     old = buf.weighted_metrics.get(name)
     weighted[name] = metrics_buffer.WeightedMetric(
         s_segs.assemble(flat, None if old is None else old.unreduced_sum),
-        d_segs.assemble(flat, None if old is None else old.denominator))
+        d_segs.assemble(flat, None if old is None else old.denominator),
+    )
   return Update(pending, scalars, weighted)
 
 
-def build(pending_buffers: Sequence[metrics_pending.PendingBuffer],
-          prefetched: Optional[Prefetch] = None) -> list[Update]:
+def build(
+    pending_buffers: Sequence[metrics_pending.PendingBuffer],
+    prefetched: Optional[Prefetch] = None,
+) -> list[Update]:
   """Builds the new arrays of every pending value; changes nothing.
 
   Args:
@@ -426,8 +445,10 @@ def build(pending_buffers: Sequence[metrics_pending.PendingBuffer],
     return []
   if prefetched is not None and prefetched.matches(work):
     # The same values as at the prefetch: its gathering and launches hold.
-    (values, sizes, bases, name_of), launched = (prefetched.gathered,
-                                                 prefetched.launched)
+    (values, sizes, bases, name_of), launched = (
+        prefetched.gathered,
+        prefetched.launched,
+    )
   else:
     values, sizes, bases, name_of = _gather(work)
     launched = None

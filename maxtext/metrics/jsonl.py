@@ -90,8 +90,9 @@ def _json_value(value: int | float) -> int | float | str:
   return value
 
 
-def encode_record(step: int, kind: str,
-                  scalars: Mapping[str, int | float]) -> str:
+def encode_record(
+    step: int, kind: str, scalars: Mapping[str, int | float]
+) -> str:
   """Returns one `metrics.jsonl` line (without the newline).
 
   Args:
@@ -127,13 +128,17 @@ def _parse_line(path: str, number: int, line: str) -> dict[str, Any]:
     record = json.loads(line)
   except json.JSONDecodeError as e:
     raise ValueError(
-        f"{path}:{number}: not valid JSON ({e}): {line[:80]!r}") from e
-  if (not isinstance(record, dict) or
-      not checks.is_int(record.get(STEP_KEY)) or
-      record.get(KIND_KEY) not in KINDS):
+        f"{path}:{number}: not valid JSON ({e}): {line[:80]!r}"
+    ) from e
+  if (
+      not isinstance(record, dict)
+      or not checks.is_int(record.get(STEP_KEY))
+      or record.get(KIND_KEY) not in KINDS
+  ):
     raise ValueError(
         f"{path}:{number}: expected an object with an int {STEP_KEY!r} and "
-        f"{KIND_KEY!r} in {KINDS}, got {line[:80]!r}")
+        f"{KIND_KEY!r} in {KINDS}, got {line[:80]!r}"
+    )
   return {k: _decode_value(v) for k, v in record.items()}
 
 
@@ -160,14 +165,15 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
   # A complete file ends with "\n", leaving one empty final element.
   torn_tail = lines[-1]
   lines = lines[:-1]
-  records = [_parse_line(path, number, line)
-             for number, line in enumerate(lines, start=1)]
+  records = [
+      _parse_line(path, number, line)
+      for number, line in enumerate(lines, start=1)
+  ]
   if torn_tail:
     try:
       records.append(_parse_line(path, len(lines) + 1, torn_tail))
     except ValueError:
-      logging.warning("%s: dropping a torn last line: %r", path,
-                      torn_tail[:80])
+      logging.warning("%s: dropping a torn last line: %r", path, torn_tail[:80])
   return records
 
 
@@ -195,8 +201,9 @@ def truncate_jsonl(path: str | os.PathLike[str], first_step: int) -> int:
     return 0
   kept = [r for r in read_jsonl(path) if r[STEP_KEY] < first_step]
   directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=".metrics.",
-                                  suffix=".tmp")
+  fd, tmp_path = tempfile.mkstemp(
+      dir=directory, prefix=".metrics.", suffix=".tmp"
+  )
   try:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
       for r in kept:

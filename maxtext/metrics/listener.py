@@ -17,12 +17,15 @@ class MetricsListener(interface.RunListener):
     self._logger = logger
 
   def on_step(self, record: interface.StepRecord) -> None:
-    self._logger.write_train(record.step, record.metrics,
-                             step_time=record.step_time)
+    self._logger.write_train(
+        record.step, record.metrics, step_time=record.step_time
+    )
 
   def on_eval(self, record: interface.EvalRecord) -> None:
-    self._logger.write_eval(record.step, {"eval_loss": record.eval_loss,
-                                          "eval_time": record.eval_time})
+    self._logger.write_eval(
+        record.step,
+        {"eval_loss": record.eval_loss, "eval_time": record.eval_time},
+    )
 
   def close(self) -> None:
     self._logger.close()

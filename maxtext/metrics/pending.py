@@ -141,8 +141,9 @@ class PendingBuffer:
       denominator: as `value` in `add_scalar`.
     """
     self.kinds[name] = WEIGHTED
-    self.records.append(WeightedRecord(name, self._hold(unreduced_sum),
-                                       self._hold(denominator)))
+    self.records.append(
+        WeightedRecord(name, self._hold(unreduced_sum), self._hold(denominator))
+    )
     self.buffer.pending_count += 1
 
   def add_packed(self, names: tuple[str, ...], values) -> None:
@@ -174,13 +175,19 @@ class PendingBuffer:
       else:
         held, name = (record.value,), record.name
       for h in held:
-        if (isinstance(h, DeviceSlot) and h.dtype == dtype and
-            h.offset == offset):
+        if (
+            isinstance(h, DeviceSlot)
+            and h.dtype == dtype
+            and h.offset == offset
+        ):
           return name
     return "?"
 
-  def commit(self, scalars: dict[str, np.ndarray],
-             weighted: dict[str, metrics_buffer.WeightedMetric]) -> None:
+  def commit(
+      self,
+      scalars: dict[str, np.ndarray],
+      weighted: dict[str, metrics_buffer.WeightedMetric],
+  ) -> None:
     """Stores a flush's arrays in the buffer and drops the pending values.
 
     Plain assignments that cannot fail: the flush builds every array first.

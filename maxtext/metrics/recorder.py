@@ -111,7 +111,8 @@ def _dtype_problem(dtype) -> Optional[str]:
   elif jnp.issubdtype(dtype, jnp.complexfloating):
     verdict = "complex dtype is not accepted"
   elif jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(
-      dtype, jnp.floating):
+      dtype, jnp.floating
+  ):
     verdict = None
   else:
     verdict = f"dtype {dtype} is not numeric"
@@ -124,7 +125,8 @@ def _dtype_problem(dtype) -> Optional[str]:
 
 def _bad(exc_type, name, problem, value):
   return exc_type(
-      f"metric {name!r}: {problem}; got {metrics_buffer.describe(value)}")
+      f"metric {name!r}: {problem}; got {metrics_buffer.describe(value)}"
+  )
 
 
 def _host_or_device_scalar(name: str, value, what: str = "value"):
@@ -132,8 +134,7 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
   cls = type(value)
   if cls in _concrete_array_types:  # The common case: a concrete JAX array.
     verdict = _dtype_verdicts.get(value.dtype, "")
-    if (verdict is None and value.shape in ((), (1,)) and
-        not value.is_deleted()):
+    if verdict is None and value.shape in ((), (1,)) and not value.is_deleted():
       return value
   if cls is float:
     return np.array([value], np.float64)
@@ -141,25 +142,28 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
     try:
       return np.array([value], np.int64)
     except OverflowError:
-      raise _bad(ValueError, name, f"{what} does not fit in int64",
-                 value) from None
+      raise _bad(
+          ValueError, name, f"{what} does not fit in int64", value
+      ) from None
   if isinstance(value, (bool, np.bool_)):
-    raise _bad(TypeError, name,
-               f"{what} is a boolean (cast to int or float)", value)
+    raise _bad(
+        TypeError, name, f"{what} is a boolean (cast to int or float)", value
+    )
   if isinstance(value, jax.Array):
     if isinstance(value, jax.core.Tracer):
-      raise _bad(TypeError, name,
-                 f"{what} is a traced value; buffer metrics outside jit",
-                 value)
+      raise _bad(
+          TypeError,
+          name,
+          f"{what} is a traced value; buffer metrics outside jit",
+          value,
+      )
     problem = _dtype_problem(value.dtype)
     if problem:
       raise _bad(TypeError, name, f"{what} {problem}", value)
     if value.shape not in ((), (1,)):
-      raise _bad(ValueError, name, f"{what} must have shape () or (1,)",
-                 value)
+      raise _bad(ValueError, name, f"{what} must have shape () or (1,)", value)
     if value.is_deleted():
-      raise _bad(ValueError, name, f"{what} has a deleted device buffer",
-                 value)
+      raise _bad(ValueError, name, f"{what} has a deleted device buffer", value)
     _concrete_array_types.add(cls)
     return value
   if isinstance(value, (np.ndarray, np.generic)):
@@ -167,25 +171,31 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
     if problem:
       raise _bad(TypeError, name, f"{what} {problem}", value)
     if np.shape(value) not in ((), (1,)):
-      raise _bad(ValueError, name, f"{what} must have shape () or (1,)",
-                 value)
+      raise _bad(ValueError, name, f"{what} must have shape () or (1,)", value)
     return np.array(value, copy=True).reshape(1)
   if isinstance(value, (int, float)):  # Subclasses of int/float.
-    return _host_or_device_scalar(name, (float if isinstance(value, float)
-                                         else int)(value), what)
+    return _host_or_device_scalar(
+        name, (float if isinstance(value, float) else int)(value), what
+    )
   if isinstance(value, complex):
     raise _bad(TypeError, name, f"{what} is a complex number", value)
-  raise _bad(TypeError, name,
-             f"{what} must be a Python int/float, a NumPy or JAX numeric "
-             "scalar, or a WeightedMetric of such", value)
+  raise _bad(
+      TypeError,
+      name,
+      f"{what} must be a Python int/float, a NumPy or JAX numeric "
+      "scalar, or a WeightedMetric of such",
+      value,
+  )
 
 
 def _check_step(step) -> int:
   # A plain int (every step the engine passes) skips the numbers-ABC check,
   # which costs about as much as the rest of buffering a value.
   if step.__class__ is not int and not checks.is_int(step):
-    raise TypeError("step must be a non-negative int; got "
-                    f"{metrics_buffer.describe(step)}")
+    raise TypeError(
+        "step must be a non-negative int; got "
+        f"{metrics_buffer.describe(step)}"
+    )
   if step < 0:
     raise ValueError(f"step must be a non-negative int; got {step!r}")
   return int(step)
@@ -195,13 +205,16 @@ def _check_name(name) -> None:
   if not isinstance(name, str) or not name:
     raise (TypeError if not isinstance(name, str) else ValueError)(
         "metric name must be a non-empty str; got "
-        f"{metrics_buffer.describe(name)}")
+        f"{metrics_buffer.describe(name)}"
+    )
 
 
 def _check_aggregation_fn(name, fn) -> None:
   if fn is not None and not callable(fn):
-    raise TypeError(f"metric {name!r}: aggregation_fn must be None or "
-                    f"callable; got {metrics_buffer.describe(fn)}")
+    raise TypeError(
+        f"metric {name!r}: aggregation_fn must be None or "
+        f"callable; got {metrics_buffer.describe(fn)}"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -224,8 +237,7 @@ class MetricsRecorder:
     """
     if not isinstance(mode, str) or not mode:
       raise ValueError(f"mode must be a non-empty str; got {mode!r}")
-    self._max_history = checks.check_int("max_history", max_history,
-                                         minimum=1)
+    self._max_history = checks.check_int("max_history", max_history, minimum=1)
     self._mode = mode
     # The buffers, oldest first: the public results.
     self._history: collections.deque[MetricsBuffer] = collections.deque()
@@ -269,23 +281,34 @@ class MetricsRecorder:
       del self._pending[old]  # Its pending values go with it.
       logging.warning(
           "MetricsRecorder(%s): history passed max_history=%d; evicting the "
-          "buffer of step %d with %d pending values.", self._mode,
-          self._max_history, old.step, old.pending_count)
+          "buffer of step %d with %d pending values.",
+          self._mode,
+          self._max_history,
+          old.step,
+          old.pending_count,
+      )
     return target
 
   @staticmethod
-  def _check_fn_conflict(target: Optional[metrics_pending.PendingBuffer],
-                         name, fn) -> None:
+  def _check_fn_conflict(
+      target: Optional[metrics_pending.PendingBuffer], name, fn
+  ) -> None:
     if target is None or fn is None:
       return
     old = target.buffer.aggregation_fns.get(name)
     if old is not None and old is not fn:
       raise ValueError(
           f"metric {name!r}: aggregation_fn {fn!r} differs from {old!r} given "
-          f"earlier for step {target.buffer.step}")
+          f"earlier for step {target.buffer.step}"
+      )
 
-  def buffer_metrics(self, step: int, name: str, metric,
-                     aggregation_fn: Optional[AggregationFn] = None) -> None:
+  def buffer_metrics(
+      self,
+      step: int,
+      name: str,
+      metric,
+      aggregation_fn: Optional[AggregationFn] = None,
+  ) -> None:
     """Buffers one value on the host; no device op, no transfer.
 
     Args:
@@ -306,10 +329,10 @@ class MetricsRecorder:
     _check_aggregation_fn(name, aggregation_fn)
     if isinstance(metric, WeightedMetric):
       kind = _WEIGHTED
-      values = (_host_or_device_scalar(name, metric.unreduced_sum,
-                                       "unreduced_sum"),
-                _host_or_device_scalar(name, metric.denominator,
-                                       "denominator"))
+      values = (
+          _host_or_device_scalar(name, metric.unreduced_sum, "unreduced_sum"),
+          _host_or_device_scalar(name, metric.denominator, "denominator"),
+      )
     else:
       kind = _SCALAR
       values = (_host_or_device_scalar(name, metric),)
@@ -319,7 +342,8 @@ class MetricsRecorder:
       if old_kind is not None and old_kind != kind:
         raise ValueError(
             f"metric {name!r}: is {old_kind} in step {step}, cannot buffer a "
-            f"{kind} value; got {metrics_buffer.describe(metric)}")
+            f"{kind} value; got {metrics_buffer.describe(metric)}"
+        )
       self._check_fn_conflict(target, name, aggregation_fn)
     target = self._open(step)
     if kind == _SCALAR:
@@ -329,10 +353,13 @@ class MetricsRecorder:
     if aggregation_fn is not None:
       target.buffer.aggregation_fns[name] = aggregation_fn
 
-  def buffer_packed(self, step: int, names: tuple[str, ...], packed,
-                    aggregation_fns: Optional[Mapping[str,
-                                                      AggregationFn]] = None
-                    ) -> None:
+  def buffer_packed(
+      self,
+      step: int,
+      names: tuple[str, ...],
+      packed,
+      aggregation_fns: Optional[Mapping[str, AggregationFn]] = None,
+  ) -> None:
     """Buffers scalar metrics packed in one array; no device op, no transfer.
 
     Args:
@@ -349,8 +376,10 @@ class MetricsRecorder:
     """
     step = _check_step(step)
     if not isinstance(names, tuple):
-      raise TypeError("names must be a tuple of str; got "
-                      f"{metrics_buffer.describe(names)}")
+      raise TypeError(
+          "names must be a tuple of str; got "
+          f"{metrics_buffer.describe(names)}"
+      )
     target = self._target(step)
     known = target is not None and names in target.packed_names
     if not known:
@@ -370,36 +399,46 @@ class MetricsRecorder:
           if target.kinds.get(name, _SCALAR) != _SCALAR:
             raise ValueError(
                 f"metric {name!r}: is weighted in step {step}, cannot buffer "
-                "a scalar value through buffer_packed")
+                "a scalar value through buffer_packed"
+            )
     label = f"{names[0]}... (packed)"
     if isinstance(packed, jax.Array):
       if isinstance(packed, jax.core.Tracer):
-        raise _bad(TypeError, label,
-                   "packed is a traced value; buffer metrics outside jit",
-                   packed)
+        raise _bad(
+            TypeError,
+            label,
+            "packed is a traced value; buffer metrics outside jit",
+            packed,
+        )
       value = packed
     elif isinstance(packed, np.ndarray):
       value = np.array(packed, copy=True)
     else:
-      raise _bad(TypeError, label, "packed must be a JAX or NumPy array",
-                 packed)
+      raise _bad(
+          TypeError, label, "packed must be a JAX or NumPy array", packed
+      )
     problem = _dtype_problem(value.dtype)
     if problem:
       raise _bad(TypeError, label, f"packed {problem}", packed)
     if value.shape != (len(names),):
-      raise _bad(ValueError, label,
-                 f"packed must have shape ({len(names)},)", packed)
+      raise _bad(
+          ValueError, label, f"packed must have shape ({len(names)},)", packed
+      )
     if isinstance(value, jax.Array) and value.is_deleted():
-      raise _bad(ValueError, label, "packed has a deleted device buffer",
-                 packed)
+      raise _bad(
+          ValueError, label, "packed has a deleted device buffer", packed
+      )
     if aggregation_fns is not None:
       if not isinstance(aggregation_fns, Mapping):
-        raise TypeError("aggregation_fns must be None or a mapping; got "
-                        f"{metrics_buffer.describe(aggregation_fns)}")
+        raise TypeError(
+            "aggregation_fns must be None or a mapping; got "
+            f"{metrics_buffer.describe(aggregation_fns)}"
+        )
       for name, fn in aggregation_fns.items():
         if name not in names:
-          raise ValueError(f"aggregation_fns names {name!r}, which is not in "
-                           "names")
+          raise ValueError(
+              f"aggregation_fns names {name!r}, which is not in " "names"
+          )
         _check_aggregation_fn(name, fn)
         self._check_fn_conflict(target, name, fn)
     target = self._open(step)
@@ -434,8 +473,10 @@ class MetricsRecorder:
     self._flush(list(self._pending.values()), prefetched)
 
   @staticmethod
-  def _flush(targets: list[metrics_pending.PendingBuffer],
-             prefetched: Optional[metrics_flush.Prefetch] = None) -> None:
+  def _flush(
+      targets: list[metrics_pending.PendingBuffer],
+      prefetched: Optional[metrics_flush.Prefetch] = None,
+  ) -> None:
     # Every new array is built before anything is stored: if the build
     # raises, no buffer and no pending value has changed.
     updates = metrics_flush.build(targets, prefetched)
@@ -489,8 +530,10 @@ def reduce_buffer(buffer: MetricsBuffer) -> dict[str, float]:
       return a scalar (naming the metric).
   """
   if buffer.pending_count:
-    raise ValueError(f"buffer of step {buffer.step} has "
-                     f"{buffer.pending_count} pending values; flush first")
+    raise ValueError(
+        f"buffer of step {buffer.step} has "
+        f"{buffer.pending_count} pending values; flush first"
+    )
   out = {}
   for name, values in buffer.scalar_metrics.items():
     fn = buffer.aggregation_fns.get(name)
@@ -500,14 +543,17 @@ def reduce_buffer(buffer: MetricsBuffer) -> dict[str, float]:
     if fn:
       reduced = fn(wm)
     else:
-      reduced = WeightedMetric(np.sum(wm.unreduced_sum),
-                               np.sum(wm.denominator)).compute()
+      reduced = WeightedMetric(
+          np.sum(wm.unreduced_sum), np.sum(wm.denominator)
+      ).compute()
     out[name] = _to_float(name, reduced)
   return dict(sorted(out.items()))
 
 
 def _to_float(name: str, value) -> float:
   if np.shape(value) not in ((), (1,)):
-    raise ValueError(f"metric {name!r}: aggregation_fn must return a scalar; "
-                     f"got shape {np.shape(value)}")
+    raise ValueError(
+        f"metric {name!r}: aggregation_fn must return a scalar; "
+        f"got shape {np.shape(value)}"
+    )
   return float(np.asarray(value).reshape(()))

@@ -19,7 +19,8 @@ class WeightedMetricTest(parameterized.TestCase):
 
   def test_compute_jax_zero_denominator_under_jit(self):
     out = jax.jit(lambda s, d: mr.WeightedMetric(s, d).compute())(
-        jnp.float32(5.0), jnp.float32(0.0))
+        jnp.float32(5.0), jnp.float32(0.0)
+    )
     self.assertEqual(float(out), 0.0)
     self.assertTrue(np.isfinite(float(out)))
 
@@ -52,8 +53,10 @@ class BufferingTest(parameterized.TestCase):
     packed = [jnp.arange(3, dtype=jnp.float32) + i for i in range(4)]
     wsum, wden = jnp.float32(3.0), jnp.int32(2)
     bad_values = (jnp.ones((2,)), jnp.array(True))
-    with (dispatch_counter.count_dispatches() as count,
-          jax.transfer_guard("disallow")):
+    with (
+        dispatch_counter.count_dispatches() as count,
+        jax.transfer_guard("disallow"),
+    ):
       for i in range(4):
         rec.buffer_metrics(0, "loss", dev[i])
         rec.buffer_metrics(0, "host", float(i))
@@ -109,8 +112,7 @@ class ValidationTest(parameterized.TestCase):
       ("list", [1.0], TypeError, "must be a Python int/float"),
       ("tuple", (1.0,), TypeError, "must be a Python int/float"),
       ("object", object(), TypeError, "must be a Python int/float"),
-      ("object_array", np.array([1.0], dtype=object), TypeError,
-       "not numeric"),
+      ("object_array", np.array([1.0], dtype=object), TypeError, "not numeric"),
       ("string_array", np.array(["a"]), TypeError, "not numeric"),
       ("np_vector", np.ones(3), ValueError, r"shape \(\) or \(1,\)"),
       ("np_matrix", np.ones((1, 1)), ValueError, r"shape \(\) or \(1,\)"),
@@ -138,8 +140,9 @@ class ValidationTest(parameterized.TestCase):
     value = make()
     rec = mr.MetricsRecorder()
     with jax.transfer_guard("disallow"):
-      with self.assertRaisesRegex(exc, "metric 'm'.*" + pattern +
-                                  ".*got jax.Array"):
+      with self.assertRaisesRegex(
+          exc, "metric 'm'.*" + pattern + ".*got jax.Array"
+      ):
         rec.buffer_metrics(0, "m", value)
     self.assertEqual(rec.pending_count(), 0)
 
@@ -161,24 +164,30 @@ class ValidationTest(parameterized.TestCase):
     self.assertEqual(rec.pending_count(), 0)
 
   @parameterized.named_parameters(
-      ("negative", -1, ValueError), ("float", 1.0, TypeError),
-      ("bool", True, TypeError), ("str", "1", TypeError),
-      ("jax", jnp.int32(1), TypeError))
+      ("negative", -1, ValueError),
+      ("float", 1.0, TypeError),
+      ("bool", True, TypeError),
+      ("str", "1", TypeError),
+      ("jax", jnp.int32(1), TypeError),
+  )
   def test_bad_step(self, step, exc):
     with self.assertRaisesRegex(exc, "step must be a non-negative int"):
       mr.MetricsRecorder().buffer_metrics(step, "m", 1.0)
 
-  @parameterized.named_parameters(("empty", "", ValueError),
-                                  ("int", 3, TypeError),
-                                  ("none", None, TypeError))
+  @parameterized.named_parameters(
+      ("empty", "", ValueError),
+      ("int", 3, TypeError),
+      ("none", None, TypeError),
+  )
   def test_bad_name(self, name, exc):
     with self.assertRaisesRegex(exc, "name must be a non-empty str"):
       mr.MetricsRecorder().buffer_metrics(0, name, 1.0)
 
   def test_bad_aggregation_fn(self):
     rec = mr.MetricsRecorder()
-    with self.assertRaisesRegex(TypeError,
-                                "metric 'm': aggregation_fn must be None"):
+    with self.assertRaisesRegex(
+        TypeError, "metric 'm': aggregation_fn must be None"
+    ):
       rec.buffer_metrics(0, "m", 1.0, aggregation_fn="max")
     rec.buffer_metrics(0, "m", 1.0, aggregation_fn=np.max)
     with self.assertRaisesRegex(ValueError, "metric 'm': aggregation_fn"):
@@ -200,23 +209,40 @@ class ValidationTest(parameterized.TestCase):
 
   def test_bad_weighted_part(self):
     rec = mr.MetricsRecorder()
-    with self.assertRaisesRegex(TypeError, "metric 'w': denominator is a "
-                                "boolean"):
+    with self.assertRaisesRegex(
+        TypeError, "metric 'w': denominator is a " "boolean"
+    ):
       rec.buffer_metrics(0, "w", mr.WeightedMetric(1.0, True))
-    with self.assertRaisesRegex(ValueError, "metric 'w': unreduced_sum must "
-                                r"have shape"):
+    with self.assertRaisesRegex(
+        ValueError, "metric 'w': unreduced_sum must " r"have shape"
+    ):
       rec.buffer_metrics(0, "w", mr.WeightedMetric(np.ones(2), 1.0))
     self.assertEqual(rec.pending_count(), 0)
 
   @parameterized.named_parameters(
       ("list_names", ["a"], np.zeros(1, np.float32), TypeError, "tuple"),
       ("empty_names", (), np.zeros(0, np.float32), ValueError, "empty"),
-      ("dup_names", ("a", "a"), np.zeros(2, np.float32), ValueError,
-       "distinct"),
-      ("bad_name", ("a", ""), np.zeros(2, np.float32), ValueError,
-       "non-empty str"),
-      ("wrong_shape", ("a", "b"), np.zeros(3, np.float32), ValueError,
-       r"shape \(2,\)"),
+      (
+          "dup_names",
+          ("a", "a"),
+          np.zeros(2, np.float32),
+          ValueError,
+          "distinct",
+      ),
+      (
+          "bad_name",
+          ("a", ""),
+          np.zeros(2, np.float32),
+          ValueError,
+          "non-empty str",
+      ),
+      (
+          "wrong_shape",
+          ("a", "b"),
+          np.zeros(3, np.float32),
+          ValueError,
+          r"shape \(2,\)",
+      ),
       ("bool", ("a",), np.zeros(1, bool), TypeError, "boolean"),
       ("list_value", ("a",), [1.0], TypeError, "JAX or NumPy array"),
   )
@@ -242,8 +268,9 @@ class ValidationTest(parameterized.TestCase):
     rec.buffer_metrics(0, "m", value)
     value[0] = 9.0
     rec.flush()
-    np.testing.assert_array_equal(rec.get_step_metrics(0).scalar_metrics["m"],
-                                  [1.0])
+    np.testing.assert_array_equal(
+        rec.get_step_metrics(0).scalar_metrics["m"], [1.0]
+    )
 
 
 class FlushTest(parameterized.TestCase):
@@ -283,8 +310,7 @@ class FlushTest(parameterized.TestCase):
     rec.flush()
     self.assertIs(rec.get_step_metrics(0), buf)
     np.testing.assert_array_equal(buf.scalar_metrics["loss"], np.arange(5))
-    np.testing.assert_array_equal(buf.scalar_metrics["a"],
-                                  10.0 * np.arange(5))
+    np.testing.assert_array_equal(buf.scalar_metrics["a"], 10.0 * np.arange(5))
 
   def test_per_name_and_packed_keep_buffering_order(self):
     rec = mr.MetricsRecorder()
@@ -307,8 +333,9 @@ class FlushTest(parameterized.TestCase):
     np.testing.assert_array_equal(values, [1.0, 2.5])
     self.assertTrue(np.issubdtype(values.dtype, np.floating))
 
-  @parameterized.named_parameters(("k4_m3", 4, 3), ("k16_m12", 16, 12),
-                                  ("k64_m300", 64, 300))
+  @parameterized.named_parameters(
+      ("k4_m3", 4, 3), ("k16_m12", 16, 12), ("k64_m300", 64, 300)
+  )
   def test_packed_flush_is_one_launch_for_any_m_and_k(self, k, m):
     names = tuple(f"m{j}" for j in range(m))
     packed = [jnp.arange(m, dtype=jnp.float32) + i for i in range(k)]
@@ -324,20 +351,25 @@ class FlushTest(parameterized.TestCase):
     self.assertEqual(launches, 1)
     buf = rec.get_step_metrics(0)
     self.assertLen(buf.scalar_metrics, m + 1)
-    np.testing.assert_array_equal(buf.scalar_metrics[names[-1]],
-                                  np.arange(k) + m - 1)
+    np.testing.assert_array_equal(
+        buf.scalar_metrics[names[-1]], np.arange(k) + m - 1
+    )
     np.testing.assert_array_equal(buf.scalar_metrics["extra"], [7])
 
   @parameterized.named_parameters(
       # (k, m, launches): up to MAX_OPERANDS_PER_LAUNCH device values, mixed
       # dtypes included, take one launch; more take one per chunk of that many
       # values per dtype (3200 + 128 float32 values: 13 chunks; int32: 1).
-      ("k4_m3", 4, 3, 1), ("k16_m5", 16, 5, 1), ("k64_m50", 64, 50, 14))
+      ("k4_m3", 4, 3, 1),
+      ("k16_m5", 16, 5, 1),
+      ("k64_m50", 64, 50, 14),
+  )
   def test_per_name_flush_launches(self, k, m, expected):
     self.assertEqual(mr.MAX_OPERANDS_PER_LAUNCH, 256)
     names = tuple(f"m{j}" for j in range(m))
-    per_name = {n: [jnp.float32(i + j) for i in range(k)]
-                for j, n in enumerate(names)}
+    per_name = {
+        n: [jnp.float32(i + j) for i in range(k)] for j, n in enumerate(names)
+    }
     ints = [jnp.int32(i) for i in range(k)]
     weighted = mr.WeightedMetric(jnp.float32(1.0), jnp.float32(2.0))
     with dispatch_counter.count_dispatches() as count:
@@ -358,8 +390,9 @@ class FlushTest(parameterized.TestCase):
       np.testing.assert_array_equal(buf.scalar_metrics[n], np.arange(k) + j)
     np.testing.assert_array_equal(buf.scalar_metrics["int"], np.arange(k))
     np.testing.assert_array_equal(buf.scalar_metrics["host"], np.arange(k))
-    np.testing.assert_array_equal(buf.weighted_metrics["w"].denominator,
-                                  np.full(k, 2.0))
+    np.testing.assert_array_equal(
+        buf.weighted_metrics["w"].denominator, np.full(k, 2.0)
+    )
 
   def test_single_packed_value_needs_no_launch(self):
     packed = jnp.arange(3, dtype=jnp.float32)
@@ -393,9 +426,13 @@ class FlushTest(parameterized.TestCase):
     history = rec._history  # pylint: disable=protected-access
 
     def snapshot():
-      return [(dict(b.scalar_metrics),
-               list(rec._pending[b].records))  # pylint: disable=protected-access
-              for b in history]
+      return [
+          (
+              dict(b.scalar_metrics),
+              list(rec._pending[b].records),
+          )  # pylint: disable=protected-access
+          for b in history
+      ]
 
     before = snapshot()
     with self.assertRaisesRegex(ValueError, "metric 'doomed'.*deleted"):
@@ -445,10 +482,13 @@ class FlushTest(parameterized.TestCase):
     rec.buffer_metrics(late_step, "x", jnp.float32(3.0))
     rec.flush()
     self.assertEqual(rec.pending_count(), 0)
-    values = {b.step: list(b.scalar_metrics["x"])
-              for b in rec.get_metrics_history()}
-    self.assertEqual(values, {0: [1.0, 2.0, 3.0]} if late_step == 0 else
-                     {0: [1.0, 2.0], 1: [3.0]})
+    values = {
+        b.step: list(b.scalar_metrics["x"]) for b in rec.get_metrics_history()
+    }
+    self.assertEqual(
+        values,
+        {0: [1.0, 2.0, 3.0]} if late_step == 0 else {0: [1.0, 2.0], 1: [3.0]},
+    )
 
   def test_prefetch_never_raises_and_flush_names_the_bad_value(self):
     rec = mr.MetricsRecorder()
@@ -483,8 +523,9 @@ class HistoryTest(parameterized.TestCase):
     rec.buffer_metrics(1, "x", 1.0)
     with self.assertLogs(level="WARNING") as logs:
       rec.buffer_metrics(2, "x", 2.0)
-    self.assertRegex("\n".join(logs.output),
-                     "evicting the buffer of step 0 with 1 pending")
+    self.assertRegex(
+        "\n".join(logs.output), "evicting the buffer of step 0 with 1 pending"
+    )
     self.assertEqual(rec.pending_count(), 2)
     self.assertEqual([b.step for b in rec.get_metrics_history()], [1, 2])
 
@@ -502,8 +543,9 @@ class HistoryTest(parameterized.TestCase):
     self.assertEqual(rec.get_metrics_history(), [])
     self.assertIsNone(rec.get_step_metrics(2))
 
-  @parameterized.named_parameters(("zero", 0, ValueError),
-                                  ("float", 2.0, TypeError))
+  @parameterized.named_parameters(
+      ("zero", 0, ValueError), ("float", 2.0, TypeError)
+  )
   def test_bad_max_history(self, value, exc):
     with self.assertRaisesRegex(exc, "max_history"):
       mr.MetricsRecorder(max_history=value)
@@ -520,8 +562,9 @@ class ReduceTest(parameterized.TestCase):
       rec.buffer_metrics(0, "peak", float(i), aggregation_fn=np.max)
     rec.flush()
     out = mr.reduce_buffer(rec.get_step_metrics(0))
-    self.assertEqual(out, {"acc": 6.0 / 8.0, "empty": 0.0, "loss": 1.5,
-                           "peak": 3.0})
+    self.assertEqual(
+        out, {"acc": 6.0 / 8.0, "empty": 0.0, "loss": 1.5, "peak": 3.0}
+    )
     for v in out.values():
       self.assertIsInstance(v, float)
 

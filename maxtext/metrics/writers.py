@@ -65,7 +65,8 @@ read_jsonl = jsonl.read_jsonl
 
 # Names a train write adds itself; metrics may not use them.
 _TRAIN_TIMING_KEYS = frozenset(
-    {jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY, *throughput_lib.KEYS})
+    {jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY, *throughput_lib.KEYS}
+)
 
 
 def _to_host_number(name: str, value: Any) -> int | float:
@@ -81,7 +82,8 @@ def _to_host_number(name: str, value: Any) -> int | float:
   raise TypeError(
       f"metric {name!r} must be a host scalar (Python or NumPy int/float), "
       f"got {type(value).__name__}: {value!r}; fetch device values with "
-      "jax.device_get before logging")
+      "jax.device_get before logging"
+  )
 
 
 def _format_duration(seconds: float) -> str:
@@ -100,16 +102,18 @@ class MetricLogger:
   Not thread-safe: one training loop calls it.
   """
 
-  def __init__(self,
-               run_dir: str | os.PathLike[str],
-               *,
-               is_primary: bool,
-               log_period: int,
-               total_steps: int,
-               tokens_per_step: int,
-               first_step: int = 0,
-               throughput: throughput_lib.StepThroughput | None = None,
-               time_fn: Callable[[], float] = time.monotonic):
+  def __init__(
+      self,
+      run_dir: str | os.PathLike[str],
+      *,
+      is_primary: bool,
+      log_period: int,
+      total_steps: int,
+      tokens_per_step: int,
+      first_step: int = 0,
+      throughput: throughput_lib.StepThroughput | None = None,
+      time_fn: Callable[[], float] = time.monotonic,
+  ):
     """Opens the outputs (primary process only).
 
     Args:
@@ -137,12 +141,15 @@ class MetricLogger:
       raise TypeError(f"time_fn must be callable, got {time_fn!r}")
     if throughput is not None:
       if not isinstance(throughput, throughput_lib.StepThroughput):
-        raise TypeError("throughput must be a throughput.StepThroughput or "
-                        f"None, got {throughput!r}")
+        raise TypeError(
+            "throughput must be a throughput.StepThroughput or "
+            f"None, got {throughput!r}"
+        )
       if throughput.tokens_per_step != tokens_per_step:
         raise ValueError(
             f"throughput.tokens_per_step ({throughput.tokens_per_step}) must "
-            f"equal tokens_per_step ({tokens_per_step})")
+            f"equal tokens_per_step ({tokens_per_step})"
+        )
     self._throughput = throughput
     self._run_dir = os.fspath(run_dir)
     self._is_primary = bool(is_primary)
@@ -167,20 +174,26 @@ class MetricLogger:
     # Imported here so that non-primary processes never load it.
     from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+
     self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
     # One Summary per record holds all its scalars (one event per scalar
     # costs about ten times the host time per step).
     self._tb = event_file.EventFile(
         self.tensorboard_dir,
-        event_pb2.Event(wall_time=time.time(),
-                        file_version="brain.Event:2").SerializeToString())
+        event_pb2.Event(
+            wall_time=time.time(), file_version="brain.Event:2"
+        ).SerializeToString(),
+    )
     # A session start at first_step makes TensorBoard discard the events at
     # steps >= first_step that an interrupted earlier attempt left in older
     # event files.
-    self._tb.write(event_pb2.Event(
-        step=first_step, wall_time=time.time(),
-        session_log=event_pb2.SessionLog(
-            status=event_pb2.SessionLog.START)).SerializeToString())
+    self._tb.write(
+        event_pb2.Event(
+            step=first_step,
+            wall_time=time.time(),
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+        ).SerializeToString()
+    )
     # Real time, not time_fn: the flush cadence is no metric.
     self._tb_flushed_at = time.monotonic()
 
@@ -204,12 +217,16 @@ class MetricLogger:
   def tensorboard_dir(self) -> str:
     return os.path.join(self._run_dir, TENSORBOARD_DIRNAME)
 
-  def _convert(self, step: Any, scalars: Any) -> tuple[int, dict[str, int | float]]:
+  def _convert(
+      self, step: Any, scalars: Any
+  ) -> tuple[int, dict[str, int | float]]:
     if self._closed:
       raise RuntimeError("MetricLogger is closed")
     step = checks.check_int("step", step, 0)
     if not isinstance(scalars, Mapping):
-      raise TypeError(f"scalars must be a mapping, got {type(scalars).__name__}")
+      raise TypeError(
+          f"scalars must be a mapping, got {type(scalars).__name__}"
+      )
     converted = {}
     for name, value in scalars.items():
       if not isinstance(name, str) or not name:
@@ -219,8 +236,13 @@ class MetricLogger:
       converted[name] = _to_host_number(name, value)
     return step, converted
 
-  def write_train(self, step: int, scalars: Mapping[str, Any], *,
-                  step_time: float | None = None) -> None:
+  def write_train(
+      self,
+      step: int,
+      scalars: Mapping[str, Any],
+      *,
+      step_time: float | None = None,
+  ) -> None:
     """Records one finished training step.
 
     Adds `step_time_s` and `tokens_per_s` to the record, and with a
@@ -245,11 +267,14 @@ class MetricLogger:
     reserved = _TRAIN_TIMING_KEYS.intersection(values)
     if reserved:
       raise ValueError(
-          f"metric name {min(reserved)!r} is reserved for train writes")
+          f"metric name {min(reserved)!r} is reserved for train writes"
+      )
     if step_time is not None:
       step_time = _to_host_number("step_time", step_time)
       if not (math.isfinite(step_time) and step_time >= 0):
-        raise ValueError(f"step_time must be a finite number >= 0, got {step_time!r}")
+        raise ValueError(
+            f"step_time must be a finite number >= 0, got {step_time!r}"
+        )
     now = self._time_fn()
     if step_time is None:
       step_time = now - self._last_time
@@ -259,7 +284,8 @@ class MetricLogger:
       values.update(self._throughput.figures(step_time))
     else:
       values[jsonl.TOKENS_PER_SECOND_KEY] = (
-          self._tokens_per_step / step_time if step_time > 0 else float("inf"))
+          self._tokens_per_step / step_time if step_time > 0 else float("inf")
+      )
     self._window_seconds += step_time
     self._window_steps += 1
     if not self._is_primary:
@@ -268,26 +294,34 @@ class MetricLogger:
     if step % self._log_period == 0 or step >= self._total_steps - 1:
       self._log_train_line(step, values)
 
-  def _log_train_line(self, step: int, values: Mapping[str, int | float]) -> None:
+  def _log_train_line(
+      self, step: int, values: Mapping[str, int | float]
+  ) -> None:
     mean_step_time = self._window_seconds / self._window_steps
     self._window_seconds = 0.0
     self._window_steps = 0
     remaining = max(self._total_steps - step - 1, 0)
     parts = [f"step {step}/{self._total_steps}"]
-    for key, label, fmt in ((jsonl.LOSS_KEY, "loss", ".4f"),
-                            (jsonl.LEARNING_RATE_KEY, "lr", ".3e"),
-                            (jsonl.GRAD_NORM_KEY, "grad_norm", ".3f")):
+    for key, label, fmt in (
+        (jsonl.LOSS_KEY, "loss", ".4f"),
+        (jsonl.LEARNING_RATE_KEY, "lr", ".3e"),
+        (jsonl.GRAD_NORM_KEY, "grad_norm", ".3f"),
+    ):
       if key in values:
         parts.append(f"{label} {_format_number(values[key], fmt)}")
-    tokens_per_s = (self._tokens_per_step / mean_step_time
-                    if mean_step_time > 0 else float("inf"))
+    tokens_per_s = (
+        self._tokens_per_step / mean_step_time
+        if mean_step_time > 0
+        else float("inf")
+    )
     parts.append(f"tokens/s {_format_number(tokens_per_s, ',.0f')}")
     if self._throughput is not None:
       figures = self._throughput.figures(mean_step_time)
       for key, label, fmt in (
           (throughput_lib.SAMPLES_PER_SECOND_KEY, "samples/s", ",.1f"),
           (throughput_lib.TFLOPS_PER_DEVICE_KEY, "TFLOP/s/device", ".4g"),
-          (throughput_lib.MFU_KEY, "MFU", ".1%")):
+          (throughput_lib.MFU_KEY, "MFU", ".1%"),
+      ):
         if key in figures:
           parts.append(f"{label} {_format_number(figures[key], fmt)}")
     parts.append(f"step_time {mean_step_time:.3f}s")
@@ -313,24 +347,38 @@ class MetricLogger:
       if not name.startswith(jsonl.EVAL_PREFIX):
         raise ValueError(
             f"eval metric name {name!r} must start with {jsonl.EVAL_PREFIX!r} "
-            f"(e.g. {jsonl.EVAL_LOSS_KEY!r})")
+            f"(e.g. {jsonl.EVAL_LOSS_KEY!r})"
+        )
     if not self._is_primary:
       return
     self._write_record(step, jsonl.EVAL, values)
-    logging.info("eval after step %d | %s", step, " | ".join(
-        f"{k} {_format_number(float(v), '.4f')}" for k, v in values.items()))
+    logging.info(
+        "eval after step %d | %s",
+        step,
+        " | ".join(
+            f"{k} {_format_number(float(v), '.4f')}" for k, v in values.items()
+        ),
+    )
 
-  def _write_record(self, step: int, kind: str,
-                    values: Mapping[str, int | float]) -> None:
+  def _write_record(
+      self, step: int, kind: str, values: Mapping[str, int | float]
+  ) -> None:
     with self._naming(self.jsonl_path):
       self._jsonl.write(jsonl.encode_record(step, kind, values) + "\n")
       self._jsonl.flush()
     value_pb = self._summary_pb2.Summary.Value
-    self._tb.write(self._event_pb2.Event(
-        step=step, wall_time=time.time(),
-        summary=self._summary_pb2.Summary(value=[
-            value_pb(tag=f"{kind}/{name}", simple_value=float(value))
-            for name, value in values.items()])).SerializeToString())
+    self._tb.write(
+        self._event_pb2.Event(
+            step=step,
+            wall_time=time.time(),
+            summary=self._summary_pb2.Summary(
+                value=[
+                    value_pb(tag=f"{kind}/{name}", simple_value=float(value))
+                    for name, value in values.items()
+                ]
+            ),
+        ).SerializeToString()
+    )
     # Events reach the disk every _TB_FLUSH_SECONDS (a flush syncs the
     # file), at flush() and at close().
     if time.monotonic() - self._tb_flushed_at >= _TB_FLUSH_SECONDS:

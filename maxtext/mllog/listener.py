@@ -35,8 +35,9 @@ from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import run_dir as run_dir_lib
 
 
-def hyperparameters(config: Any, *, data_parallelism: int, start_step: int,
-                    config_filename: str) -> dict[str, Any]:
+def hyperparameters(
+    config: Any, *, data_parallelism: int, start_step: int, config_filename: str
+) -> dict[str, Any]:
   """The run's hyperparameter events, from its config and real schedule.
 
   Args:
@@ -66,9 +67,15 @@ class MLLogListener(interface.RunListener):
 
   name = "mllog"
 
-  def __init__(self, logger: mllog_logger.MLLogger, config: Any, *,
-               data_parallelism: int, config_filename: str,
-               throughput: Optional[throughput_lib.StepThroughput] = None):
+  def __init__(
+      self,
+      logger: mllog_logger.MLLogger,
+      config: Any,
+      *,
+      data_parallelism: int,
+      config_filename: str,
+      throughput: Optional[throughput_lib.StepThroughput] = None,
+  ):
     """Builds the listener over an opened log.
 
     Args:
@@ -83,10 +90,14 @@ class MLLogListener(interface.RunListener):
     Raises:
       TypeError: `throughput` is neither None nor a StepThroughput.
     """
-    if not (throughput is None or
-            isinstance(throughput, throughput_lib.StepThroughput)):
-      raise TypeError("throughput must be a throughput.StepThroughput or "
-                      f"None, got {throughput!r}")
+    if not (
+        throughput is None
+        or isinstance(throughput, throughput_lib.StepThroughput)
+    ):
+      raise TypeError(
+          "throughput must be a throughput.StepThroughput or "
+          f"None, got {throughput!r}"
+      )
     self._throughput = throughput
     self._logger = logger
     self._config = config
@@ -101,9 +112,14 @@ class MLLogListener(interface.RunListener):
   def on_run_start(self, start: interface.RunStart) -> None:
     self._started = True
     log = self._logger
-    log.hyperparameters(hyperparameters(
-        self._config, data_parallelism=self._data_parallelism,
-        start_step=start.start_step, config_filename=self._config_filename))
+    log.hyperparameters(
+        hyperparameters(
+            self._config,
+            data_parallelism=self._data_parallelism,
+            start_step=start.start_step,
+            config_filename=self._config_filename,
+        )
+    )
     if start.warmup_time:
       # Compilation and warm-up, inside the untimed initialisation.
       log.event("warmup_time", round(start.warmup_time, 3))
@@ -112,13 +128,16 @@ class MLLogListener(interface.RunListener):
     log.block_start(start.samples)
 
   def on_step(self, record: interface.StepRecord) -> None:
-    stats = {"train_loss": record.metrics.get("loss"),
-             "step_time": record.step_time}
+    stats = {
+        "train_loss": record.metrics.get("loss"),
+        "step_time": record.step_time,
+    }
     if self._throughput is not None and self._logger.enabled:
       # A division and a few products (the constants are precomputed).
       stats.update(self._throughput.figures(record.step_time))
-    self._logger.tracked_stats(record.step + 1, stats,
-                               samples_count=record.samples)
+    self._logger.tracked_stats(
+        record.step + 1, stats, samples_count=record.samples
+    )
 
   def on_eval_start(self, step: int, samples: int) -> None:
     self._logger.block_stop(samples)
@@ -150,10 +169,15 @@ class MLLogListener(interface.RunListener):
     self._logger.close()
 
 
-def start(config: Any, run_dir: str, *, process_index: Optional[int],
-          data_parallelism: int, config_filename: str,
-          throughput: Optional[throughput_lib.StepThroughput] = None
-          ) -> MLLogListener:
+def start(
+    config: Any,
+    run_dir: str,
+    *,
+    process_index: Optional[int],
+    data_parallelism: int,
+    config_filename: str,
+    throughput: Optional[throughput_lib.StepThroughput] = None,
+) -> MLLogListener:
   """Opens the attempt's MLPerf log and writes its initialisation events.
 
   With `enable_mllog`, every process first flushes its host's caches
@@ -185,12 +209,19 @@ def start(config: Any, run_dir: str, *, process_index: Optional[int],
     flush = cache_flush.flush_all_hosts(config.cache_clear_command)
     flushed = flush.flushed
     if not flushed:
-      logging.warning("MLPerf log: cache_clear is logged False: %s",
-                      flush.reason)
-  logger = mllog_logger.create_mllogger(config, path,
-                                        process_index=process_index)
+      logging.warning(
+          "MLPerf log: cache_clear is logged False: %s", flush.reason
+      )
+  logger = mllog_logger.create_mllogger(
+      config, path, process_index=process_index
+  )
   logger.cache_clear(flushed)
   logger.init_start()
   logger.submission_info()
-  return MLLogListener(logger, config, data_parallelism=data_parallelism,
-                       config_filename=config_filename, throughput=throughput)
+  return MLLogListener(
+      logger,
+      config,
+      data_parallelism=data_parallelism,
+      config_filename=config_filename,
+      throughput=throughput,
+  )

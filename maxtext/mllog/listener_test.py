@@ -22,8 +22,11 @@ _STEPS = 10
 
 def _events(path):
   with open(path, encoding="utf-8") as f:
-    return [json.loads(line[len(mllog_logger.LINE_PREFIX):])
-            for line in f if line.startswith(mllog_logger.LINE_PREFIX)]
+    return [
+        json.loads(line[len(mllog_logger.LINE_PREFIX) :])
+        for line in f
+        if line.startswith(mllog_logger.LINE_PREFIX)
+    ]
 
 
 class MLLogListenerThroughputTest(parameterized.TestCase):
@@ -31,72 +34,119 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
   def write_run(self, run):
     """Logs a 10-step run that reaches its target at the eval after step 10."""
     out = self.create_tempdir().full_path
-    config = tiny_configs.tiny_config(out, steps=_STEPS,
-                                      **tiny_configs.MLPERF_SHAPE)
-    log = mllog_logger.create_mllogger(config, f"{out}/mllog.log",
-                                       process_index=0)
+    config = tiny_configs.tiny_config(
+        out, steps=_STEPS, **tiny_configs.MLPERF_SHAPE
+    )
+    log = mllog_logger.create_mllogger(
+        config, f"{out}/mllog.log", process_index=0
+    )
     log.cache_clear()
     log.init_start()
     log.submission_info()
     listener = mllog_listener.MLLogListener(
-        log, config, data_parallelism=1, config_filename="default.py",
-        throughput=run)
+        log,
+        config,
+        data_parallelism=1,
+        config_filename="default.py",
+        throughput=run,
+    )
     batch = config.global_batch_size
     listener.on_run_start(interface.RunStart(start_step=0, samples=0))
     for step in range(_STEPS):
-      listener.on_step(interface.StepRecord(
-          step=step, metrics={"loss": 2.0 / (step + 1)}, step_time=0.5,
-          samples=(step + 1) * batch))
+      listener.on_step(
+          interface.StepRecord(
+              step=step,
+              metrics={"loss": 2.0 / (step + 1)},
+              step_time=0.5,
+              samples=(step + 1) * batch,
+          )
+      )
       if (step + 1) % config.eval_interval == 0:
         samples = (step + 1) * batch
         listener.on_eval_start(step, samples)
         last = step + 1 == _STEPS
-        listener.on_eval(interface.EvalRecord(
-            step=step, eval_loss=0.5 if last else 1.5, eval_time=0.1,
-            samples=samples, target_reached=last, continues=not last))
-    listener.on_run_end(interface.RunEnd(interface.RunOutcome.SUCCESS,
-                                         _STEPS, _STEPS * batch))
+        listener.on_eval(
+            interface.EvalRecord(
+                step=step,
+                eval_loss=0.5 if last else 1.5,
+                eval_time=0.1,
+                samples=samples,
+                target_reached=last,
+                continues=not last,
+            )
+        )
+    listener.on_run_end(
+        interface.RunEnd(interface.RunOutcome.SUCCESS, _STEPS, _STEPS * batch)
+    )
     listener.close()
     return log.path
 
   @parameterized.named_parameters(
-      ("with_mfu", "NVIDIA H200",
-       {"samples_per_s", "tokens_per_s", "tflops_per_device", "mfu"}),
-      ("without_a_peak", "cpu",
-       {"samples_per_s", "tokens_per_s", "tflops_per_device"}))
-  def test_tracked_stats_carry_throughput_and_pass_the_checker(self, kind,
-                                                                keys):
+      (
+          "with_mfu",
+          "NVIDIA H200",
+          {"samples_per_s", "tokens_per_s", "tflops_per_device", "mfu"},
+      ),
+      (
+          "without_a_peak",
+          "cpu",
+          {"samples_per_s", "tokens_per_s", "tflops_per_device"},
+      ),
+  )
+  def test_tracked_stats_carry_throughput_and_pass_the_checker(
+      self, kind, keys
+  ):
     run = throughput.StepThroughput(
-        samples_per_step=8, tokens_per_step=128, flops_per_step=4e12,
+        samples_per_step=8,
+        tokens_per_step=128,
+        flops_per_step=4e12,
         num_devices=2,
-        peak_flops_per_device=throughput.peak_flops_per_device(kind))
+        peak_flops_per_device=throughput.peak_flops_per_device(kind),
+    )
     path = self.write_run(run)
-    stats = [e["value"] for e in _events(path)
-             if e["key"] == "tracked_stats" and "train_loss" in e["value"]]
+    stats = [
+        e["value"]
+        for e in _events(path)
+        if e["key"] == "tracked_stats" and "train_loss" in e["value"]
+    ]
     self.assertLen(stats, _STEPS)
     for value in stats:
       self.assertEqual(set(value), {"train_loss", "step_time", *keys})
     # A 0.5 s step: 16 samples/s, 256 tokens/s, 4 TFLOP/s on each device.
-    self.assertEqual((stats[0]["samples_per_s"], stats[0]["tokens_per_s"],
-                      stats[0]["tflops_per_device"]), (16.0, 256.0, 4.0))
+    self.assertEqual(
+        (
+            stats[0]["samples_per_s"],
+            stats[0]["tokens_per_s"],
+            stats[0]["tflops_per_device"],
+        ),
+        (16.0, 256.0, 4.0),
+    )
     if "mfu" in keys:
       self.assertAlmostEqual(stats[0]["mfu"], 4e12 / 989e12)
     for ruleset in ("6.1.0", "6.0.0"):
       result = compliance_checker.run_checker(path, ruleset=ruleset)
-      self.assertTrue(result.passed,
-                      f"{ruleset}: {result.messages}\n{result.output}")
+      self.assertTrue(
+          result.passed, f"{ruleset}: {result.messages}\n{result.output}"
+      )
 
   def test_without_throughput_tracked_stats_are_loss_and_time(self):
     path = self.write_run(None)
-    stats = [e["value"] for e in _events(path)
-             if e["key"] == "tracked_stats" and "train_loss" in e["value"]]
+    stats = [
+        e["value"]
+        for e in _events(path)
+        if e["key"] == "tracked_stats" and "train_loss" in e["value"]
+    ]
     self.assertEqual(set(stats[0]), {"train_loss", "step_time"})
 
   def test_rejects_a_non_throughput(self):
     with self.assertRaisesRegex(TypeError, "throughput must be"):
       mllog_listener.MLLogListener(
-          mllog_logger.MLLogger.disabled(), None, data_parallelism=1,
-          config_filename="x", throughput={"mfu": 1.0})
+          mllog_logger.MLLogger.disabled(),
+          None,
+          data_parallelism=1,
+          config_filename="x",
+          throughput={"mfu": 1.0},
+      )
 
 
 if __name__ == "__main__":

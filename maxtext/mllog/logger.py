@@ -103,7 +103,8 @@ def _to_json_value(name: str, value: Any) -> Any:
   if type(value) in _PLAIN_TYPES:  # The common case, checked first.
     return value
   if isinstance(value, np.generic) or (
-      isinstance(value, np.ndarray) and value.ndim == 0):
+      isinstance(value, np.ndarray) and value.ndim == 0
+  ):
     return value.item()
   if isinstance(value, (dict, Mapping)):
     return {str(k): _to_json_value(f"{name}/{k}", v) for k, v in value.items()}
@@ -114,7 +115,8 @@ def _to_json_value(name: str, value: Any) -> Any:
   raise TypeError(
       f"MLPerf log value {name!r} must be a host scalar (Python or NumPy), "
       f"str, list or dict; got {type(value).__name__}. Device arrays are "
-      "rejected so that logging never waits for the device.")
+      "rejected so that logging never waits for the device."
+  )
 
 
 class MLLogger:
@@ -129,9 +131,13 @@ class MLLogger:
   that calls `run_stop` catches it.)
   """
 
-  def __init__(self, file: Optional[TextIO], path: Optional[str],
-               submission: Optional[Mapping[str, str]] = None,
-               time_fn: Callable[[], float] = time.time):
+  def __init__(
+      self,
+      file: Optional[TextIO],
+      path: Optional[str],
+      submission: Optional[Mapping[str, str]] = None,
+      time_fn: Callable[[], float] = time.time,
+  ):
     """Wraps an open file; use `create_mllogger` or `MLLogger.disabled()`.
 
     Args:
@@ -171,9 +177,13 @@ class MLLogger:
 
   # --- low level -----------------------------------------------------------
 
-  def event(self, key: str, value: Any = None,
-            metadata: Optional[Mapping[str, Any]] = None,
-            event_type: str = POINT_IN_TIME) -> None:
+  def event(
+      self,
+      key: str,
+      value: Any = None,
+      metadata: Optional[Mapping[str, Any]] = None,
+      event_type: str = POINT_IN_TIME,
+  ) -> None:
     """Writes one log line (any key); the named methods below call this.
 
     Raises:
@@ -183,13 +193,19 @@ class MLLogger:
     if self._file is None:
       return
     if event_type not in (INTERVAL_START, INTERVAL_END, POINT_IN_TIME):
-      raise ValueError(f"event_type must be an MLLOG event type, got "
-                       f"{event_type!r}")
-    self._write(key, _to_json_value(key, value),
-                _to_json_value(f"{key}.metadata", metadata or {}), event_type)
+      raise ValueError(
+          f"event_type must be an MLLOG event type, got " f"{event_type!r}"
+      )
+    self._write(
+        key,
+        _to_json_value(key, value),
+        _to_json_value(f"{key}.metadata", metadata or {}),
+        event_type,
+    )
 
-  def _write(self, key: str, value: Any, metadata: dict[str, Any],
-             event_type: str) -> None:
+  def _write(
+      self, key: str, value: Any, metadata: dict[str, Any], event_type: str
+  ) -> None:
     """Formats and writes one line; `value` and `metadata` are JSON-ready."""
     caller = sys._getframe(1)  # pylint: disable=protected-access
     while caller.f_code.co_filename == __file__ and caller.f_back is not None:
@@ -234,8 +250,10 @@ class MLLogger:
         `maxtext.mllog.cache_flush`); the default claims nothing.
     """
     if not isinstance(flushed, (bool, np.bool_)):
-      raise TypeError(f"cache_clear flushed must be a bool, got "
-                      f"{type(flushed).__name__}")
+      raise TypeError(
+          f"cache_clear flushed must be a bool, got "
+          f"{type(flushed).__name__}"
+      )
     self.event("cache_clear", bool(flushed))
 
   def init_start(self) -> None:
@@ -243,8 +261,13 @@ class MLLogger:
 
   def submission_info(self) -> None:
     """Logs org, platform, division, status and benchmark from the config."""
-    for key in ("submission_org", "submission_platform", "submission_division",
-                "submission_status", "submission_benchmark"):
+    for key in (
+        "submission_org",
+        "submission_platform",
+        "submission_division",
+        "submission_status",
+        "submission_benchmark",
+    ):
       self.event(key, self._submission.get(key))
 
   def hyperparameters(self, values: Mapping[str, Any]) -> None:
@@ -262,8 +285,9 @@ class MLLogger:
     """
     if self._file is None:
       return
-    missing = [k for k in mllog_config.REQUIRED_HYPERPARAMETERS
-               if k not in values]
+    missing = [
+        k for k in mllog_config.REQUIRED_HYPERPARAMETERS if k not in values
+    ]
     if missing:
       raise ValueError(f"hyperparameters is missing required keys {missing}")
     repeated = sorted(set(values) & self._logged_hparams)
@@ -271,21 +295,36 @@ class MLLogger:
       raise ValueError(f"hyperparameters {repeated} were already logged")
     for key in mllog_config.PRECISION_KEYS:
       if values[key] not in mllog_config.PRECISIONS:
-        raise ValueError(f"hyperparameter {key} must be one of "
-                         f"{mllog_config.PRECISIONS}, got {values[key]!r}")
-    for key in mllog_config.PARALLELISM_KEYS + ("micro_batch_size",
-                                                "gradient_accumulation_steps"):
+        raise ValueError(
+            f"hyperparameter {key} must be one of "
+            f"{mllog_config.PRECISIONS}, got {values[key]!r}"
+        )
+    for key in mllog_config.PARALLELISM_KEYS + (
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+    ):
       checks.check_int(f"hyperparameter {key}", values[key], 1)
-    for key in ("opt_learning_rate_warmup_steps",
-                "opt_learning_rate_decay_steps", "max_steps",
-                "init_checkpoint_step", "global_batch_size",
-                "max_sequence_length", "train_samples", "eval_samples"):
+    for key in (
+        "opt_learning_rate_warmup_steps",
+        "opt_learning_rate_decay_steps",
+        "max_steps",
+        "init_checkpoint_step",
+        "global_batch_size",
+        "max_sequence_length",
+        "train_samples",
+        "eval_samples",
+    ):
       checks.check_int(f"hyperparameter {key}", values[key], 0)
-    for key in ("config_filename", "opt_name",
-                "opt_learning_rate_decay_schedule"):
+    for key in (
+        "config_filename",
+        "opt_name",
+        "opt_learning_rate_decay_schedule",
+    ):
       if not isinstance(values[key], str) or not values[key]:
-        raise ValueError(f"hyperparameter {key} must be a non-empty string, "
-                         f"got {values[key]!r}")
+        raise ValueError(
+            f"hyperparameter {key} must be a non-empty string, "
+            f"got {values[key]!r}"
+        )
     converted = [(k, _to_json_value(k, v)) for k, v in values.items()]
     for key, value in converted:
       self.event(key, value)
@@ -299,20 +338,27 @@ class MLLogger:
   def run_start(self) -> None:
     self.event("run_start", None, event_type=INTERVAL_START)
 
-  def block_start(self, samples_count: int, *,
-                  epoch_count: Optional[int] = None,
-                  first_epoch_num: Optional[int] = None) -> None:
+  def block_start(
+      self,
+      samples_count: int,
+      *,
+      epoch_count: Optional[int] = None,
+      first_epoch_num: Optional[int] = None,
+  ) -> None:
     """Opens a training block; `samples_count`: samples trained so far."""
     if self._file is None:
       return
     meta = {"samples_count": self._note_samples(samples_count)}
     if epoch_count is not None or first_epoch_num is not None:
       if epoch_count is None or first_epoch_num is None:
-        raise ValueError("block_start needs both epoch_count and "
-                         "first_epoch_num, or neither")
+        raise ValueError(
+            "block_start needs both epoch_count and "
+            "first_epoch_num, or neither"
+        )
       meta["epoch_count"] = checks.check_int("epoch_count", epoch_count, 1)
-      meta["first_epoch_num"] = checks.check_int("first_epoch_num",
-                                                 first_epoch_num, 0)
+      meta["first_epoch_num"] = checks.check_int(
+          "first_epoch_num", first_epoch_num, 0
+      )
     self._in_block = True
     self.event("block_start", None, meta, INTERVAL_START)
 
@@ -321,16 +367,22 @@ class MLLogger:
     if self._file is None or not self._in_block:
       return
     self._in_block = False
-    self.event("block_stop", None,
-               {"samples_count": self._note_samples(samples_count)},
-               INTERVAL_END)
+    self.event(
+        "block_stop",
+        None,
+        {"samples_count": self._note_samples(samples_count)},
+        INTERVAL_END,
+    )
 
   def eval_start(self, samples_count: int) -> None:
     if self._file is None:
       return
-    self.event("eval_start", None,
-               {"samples_count": self._note_samples(samples_count)},
-               INTERVAL_START)
+    self.event(
+        "eval_start",
+        None,
+        {"samples_count": self._note_samples(samples_count)},
+        INTERVAL_START,
+    )
 
   def eval_accuracy(self, value: float, samples_count: int) -> None:
     """Logs the eval metric (mean eval loss, nats/token) at `samples_count`."""
@@ -338,18 +390,28 @@ class MLLogger:
       return
     # A non-finite loss is still the run's result, so it is logged as is.
     value = checks.check_number("eval_accuracy value", value, finite=False)
-    self.event("eval_accuracy", value,
-               {"samples_count": self._note_samples(samples_count)})
+    self.event(
+        "eval_accuracy",
+        value,
+        {"samples_count": self._note_samples(samples_count)},
+    )
 
   def eval_stop(self, samples_count: int) -> None:
     if self._file is None:
       return
-    self.event("eval_stop", None,
-               {"samples_count": self._note_samples(samples_count)},
-               INTERVAL_END)
+    self.event(
+        "eval_stop",
+        None,
+        {"samples_count": self._note_samples(samples_count)},
+        INTERVAL_END,
+    )
 
-  def tracked_stats(self, step: int, stats: Mapping[str, Any],
-                    samples_count: Optional[int] = None) -> None:
+  def tracked_stats(
+      self,
+      step: int,
+      stats: Mapping[str, Any],
+      samples_count: Optional[int] = None,
+  ) -> None:
     """Logs per-step statistics (host values, e.g. loss and step time).
 
     Args:
@@ -362,10 +424,15 @@ class MLLogger:
       return
     meta = {"step": checks.check_int("step", step, 0)}
     if samples_count is not None:
-      meta["samples_count"] = checks.check_int("samples_count", samples_count,
-                                               0)
-    self._write("tracked_stats", _to_json_value("tracked_stats", stats), meta,
-                POINT_IN_TIME)
+      meta["samples_count"] = checks.check_int(
+          "samples_count", samples_count, 0
+      )
+    self._write(
+        "tracked_stats",
+        _to_json_value("tracked_stats", stats),
+        meta,
+        POINT_IN_TIME,
+    )
 
   def run_stop(self, status: str, samples_count: Optional[int] = None) -> bool:
     """Logs `run_stop` once per logger; later calls do nothing.
@@ -385,8 +452,10 @@ class MLLogger:
         return False.
     """
     if status not in (SUCCESS, ABORTED):
-      raise ValueError(f"run_stop status must be {SUCCESS!r} or {ABORTED!r},"
-                       f" got {status!r}")
+      raise ValueError(
+          f"run_stop status must be {SUCCESS!r} or {ABORTED!r},"
+          f" got {status!r}"
+      )
     with self._lock:
       if self._file is None or self._run_stopped:
         return False
@@ -394,10 +463,15 @@ class MLLogger:
       if samples_count is None:
         samples_count = self._samples_count
       self.block_stop(samples_count)
-      self.event("run_stop", None,
-                 {"status": status,
-                  "samples_count": self._note_samples(samples_count)},
-                 INTERVAL_END)
+      self.event(
+          "run_stop",
+          None,
+          {
+              "status": status,
+              "samples_count": self._note_samples(samples_count),
+          },
+          INTERVAL_END,
+      )
       return True
 
   def _note_samples(self, samples_count: Any) -> int:
@@ -424,9 +498,13 @@ class MLLogger:
     self.close()
 
 
-def create_mllogger(config: Any, path: str, *,
-                    process_index: Optional[int] = None,
-                    time_fn: Callable[[], float] = time.time) -> MLLogger:
+def create_mllogger(
+    config: Any,
+    path: str,
+    *,
+    process_index: Optional[int] = None,
+    time_fn: Callable[[], float] = time.time,
+) -> MLLogger:
   """Returns the run attempt's logger (disabled when off or not process 0).
 
   Args:
@@ -451,6 +529,7 @@ def create_mllogger(config: Any, path: str, *,
   rules.validate_submission(config)
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top
+
     process_index = jax.process_index()
   if process_index != 0:
     return MLLogger.disabled()
@@ -479,6 +558,7 @@ def create_mllogger(config: Any, path: str, *,
     # A run asked to write an MLPerf log must not train without one.
     raise ValueError(
         f"config.mllog_file={getattr(config, 'mllog_file', '')!r}: the MLPerf "
-        f"log {path} cannot be created: {e.strerror or e}") from e
+        f"log {path} cannot be created: {e.strerror or e}"
+    ) from e
   logging.info("MLPerf log: %s", attempt_path)
   return MLLogger(file, attempt_path, submission, time_fn)

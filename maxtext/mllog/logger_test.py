@@ -20,33 +20,35 @@ from testing import compliance_checker
 
 def _config(**overrides):
   """A small run's config with the fields mllog_utils reads."""
-  config = ml_collections.ConfigDict(dict(
-      enable_mllog=True,
-      mllog_ruleset="6.1.0",
-      submission_org="Example Org",
-      submission_platform="cpu-1x",
-      submission_division="open",
-      submission_status="research",
-      submission_benchmark="llama31_8b",
-      global_batch_size=8,
-      gradient_accumulation_steps=2,
-      max_sequence_length=64,
-      seed=1234,
-      learning_rate=3e-3,
-      lr_end_fraction=0.1,
-      adam_b1=0.9,
-      adam_b2=0.95,
-      adam_eps=1e-8,
-      weight_decay=0.1,
-      grad_clip_norm=1.0,
-      steps=24,
-      warmup_steps=3,
-      eval_interval=6,
-      eval_steps=2,
-      eval_batch_size=4,
-      weight_dtype="float32",
-      compute_dtype="float32",
-  ))
+  config = ml_collections.ConfigDict(
+      dict(
+          enable_mllog=True,
+          mllog_ruleset="6.1.0",
+          submission_org="Example Org",
+          submission_platform="cpu-1x",
+          submission_division="open",
+          submission_status="research",
+          submission_benchmark="llama31_8b",
+          global_batch_size=8,
+          gradient_accumulation_steps=2,
+          max_sequence_length=64,
+          seed=1234,
+          learning_rate=3e-3,
+          lr_end_fraction=0.1,
+          adam_b1=0.9,
+          adam_b2=0.95,
+          adam_eps=1e-8,
+          weight_decay=0.1,
+          grad_clip_norm=1.0,
+          steps=24,
+          warmup_steps=3,
+          eval_interval=6,
+          eval_steps=2,
+          eval_batch_size=4,
+          weight_dtype="float32",
+          compute_dtype="float32",
+      )
+  )
   config.update(overrides)
   return config
 
@@ -72,16 +74,20 @@ def _header(logger, config, init_checkpoint_step=0):
   logger.cache_clear()
   logger.init_start()
   logger.submission_info()
-  logger.hyperparameters(mllog_utils.hyperparameters_from_config(
-      config,
-      warmup_steps=config.warmup_steps,
-      schedule_steps=config.steps,
-      train_samples=config.steps * config.global_batch_size,
-      eval_samples=config.eval_steps * config.eval_batch_size,
-      init_checkpoint_step=init_checkpoint_step,
-      micro_batch_size=(config.global_batch_size //
-                        config.gradient_accumulation_steps),
-      config_filename="configs/test.py"))
+  logger.hyperparameters(
+      mllog_utils.hyperparameters_from_config(
+          config,
+          warmup_steps=config.warmup_steps,
+          schedule_steps=config.steps,
+          train_samples=config.steps * config.global_batch_size,
+          eval_samples=config.eval_steps * config.eval_batch_size,
+          init_checkpoint_step=init_checkpoint_step,
+          micro_batch_size=(
+              config.global_batch_size // config.gradient_accumulation_steps
+          ),
+          config_filename="configs/test.py",
+      )
+  )
   logger.init_stop()
 
 
@@ -94,8 +100,9 @@ def _write_run(logger, config, target, first_step=1):
   logger.block_start((first_step - 1) * batch)
   for step in range(first_step, config.steps + 1):
     samples = step * batch
-    logger.tracked_stats(step, {"train_loss": np.float32(1.5 / step),
-                                "step_time_s": 0.01})
+    logger.tracked_stats(
+        step, {"train_loss": np.float32(1.5 / step), "step_time_s": 0.01}
+    )
     if step in losses:
       logger.block_stop(samples)
       logger.eval_start(samples)
@@ -116,7 +123,7 @@ def _read_events(path):
     lines = f.read().splitlines()
   for line in lines:
     assert line.startswith(mllog_utils.LINE_PREFIX), line
-  return [json.loads(l[len(mllog_utils.LINE_PREFIX):]) for l in lines]
+  return [json.loads(l[len(mllog_utils.LINE_PREFIX) :]) for l in lines]
 
 
 def _all_handlers():
@@ -135,12 +142,14 @@ class MllogUtilsTest(parameterized.TestCase):
     super().setUp()
     self.dir = self.create_tempdir().full_path
 
-  @parameterized.named_parameters(("ruleset_6_1_0", "6.1.0"),
-                                  ("ruleset_6_0_0", "6.0.0"))
+  @parameterized.named_parameters(
+      ("ruleset_6_1_0", "6.1.0"), ("ruleset_6_0_0", "6.0.0")
+  )
   def test_successful_run_passes_official_checker(self, ruleset):
     config = _config(mllog_ruleset=ruleset)
     logger = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "mllog.log"), process_index=0)
+        config, os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     status = _write_run(logger, config, target=1.0)
     logger.close()
     self.assertEqual(status, mllog_utils.SUCCESS)
@@ -154,12 +163,18 @@ class MllogUtilsTest(parameterized.TestCase):
     self.assertLen(stops, 1)
     self.assertEqual(stops[0]["metadata"]["status"], "success")
     by_key = {e["key"]: e["value"] for e in events}
-    self.assertEqual(by_key["opt_learning_rate_warmup_steps"],
-                     config.warmup_steps)
-    self.assertEqual(by_key["opt_learning_rate_decay_steps"],
-                     config.steps - config.warmup_steps)
-    counts = [e["metadata"]["samples_count"] for e in events
-              if "samples_count" in e["metadata"]]
+    self.assertEqual(
+        by_key["opt_learning_rate_warmup_steps"], config.warmup_steps
+    )
+    self.assertEqual(
+        by_key["opt_learning_rate_decay_steps"],
+        config.steps - config.warmup_steps,
+    )
+    counts = [
+        e["metadata"]["samples_count"]
+        for e in events
+        if "samples_count" in e["metadata"]
+    ]
     self.assertEqual(counts, sorted(counts))
     starts = sum(e["key"] == "block_start" for e in events)
     self.assertEqual(starts, sum(e["key"] == "block_stop" for e in events))
@@ -167,7 +182,8 @@ class MllogUtilsTest(parameterized.TestCase):
   def test_aborted_run_passes_official_checker(self):
     config = _config()
     logger = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "mllog.log"), process_index=0)
+        config, os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     # No fake eval loss reaches 0.1, so the step budget ends the run.
     status = _write_run(logger, config, target=0.1)
     logger.close()
@@ -176,13 +192,16 @@ class MllogUtilsTest(parameterized.TestCase):
     self.assertTrue(result.passed, result.output)
     stops = [e for e in _read_events(logger.path) if e["key"] == "run_stop"]
     self.assertEqual([s["metadata"]["status"] for s in stops], ["aborted"])
-    self.assertEqual(stops[0]["metadata"]["samples_count"],
-                     config.steps * config.global_batch_size)
+    self.assertEqual(
+        stops[0]["metadata"]["samples_count"],
+        config.steps * config.global_batch_size,
+    )
 
   def test_missing_run_stop_fails_checker(self):
     config = _config()
     logger = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "mllog.log"), process_index=0)
+        config, os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     _header(logger, config)
     logger.run_start()
     logger.block_start(0)
@@ -199,7 +218,8 @@ class MllogUtilsTest(parameterized.TestCase):
   def test_eval_accuracy_without_samples_count_fails_checker(self):
     config = _config()
     logger = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "mllog.log"), process_index=0)
+        config, os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     _header(logger, config)
     logger.run_start()
     logger.block_start(0)
@@ -217,13 +237,26 @@ class MllogUtilsTest(parameterized.TestCase):
     # A closed-division config shaped like the benchmark's reference setup;
     # the rule's numbers live only in the config, never in an assertion.
     config = _config(
-        submission_division="closed", max_sequence_length=8192,
-        global_batch_size=32, gradient_accumulation_steps=1, steps=1_200_000,
-        warmup_steps=8000, adam_eps=1e-5, eval_steps=1, eval_batch_size=1024)
+        submission_division="closed",
+        max_sequence_length=8192,
+        global_batch_size=32,
+        gradient_accumulation_steps=1,
+        steps=1_200_000,
+        warmup_steps=8000,
+        adam_eps=1e-5,
+        eval_steps=1,
+        eval_batch_size=1024,
+    )
     hparams = mllog_utils.hyperparameters_from_config(
-        config, warmup_steps=config.warmup_steps, schedule_steps=config.steps,
-        train_samples=100_000, eval_samples=1024, init_checkpoint_step=0,
-        micro_batch_size=1, config_filename="configs/llama31_8b.py")
+        config,
+        warmup_steps=config.warmup_steps,
+        schedule_steps=config.steps,
+        train_samples=100_000,
+        eval_samples=1024,
+        init_checkpoint_step=0,
+        micro_batch_size=1,
+        config_filename="configs/llama31_8b.py",
+    )
     hparam_keys = set(mllog_utils.REQUIRED_HYPERPARAMETERS)
 
     def check(decay_delta):
@@ -257,7 +290,8 @@ class MllogUtilsTest(parameterized.TestCase):
   def test_process_one_writes_nothing(self):
     config = _config()
     logger = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "mllog.log"), process_index=1)
+        config, os.path.join(self.dir, "mllog.log"), process_index=1
+    )
     self.assertFalse(logger.enabled)
     _write_run(logger, config, target=1.0)
     self.assertFalse(logger.run_stop(mllog_utils.ABORTED))
@@ -269,7 +303,8 @@ class MllogUtilsTest(parameterized.TestCase):
     threads = threading.active_count()
     config = _config(enable_mllog=False, submission_division="not checked")
     logger = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "mllog.log"), process_index=0)
+        config, os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     self.assertFalse(logger.enabled)
     _write_run(logger, _config(enable_mllog=False), target=1.0)
     self.assertEqual(os.listdir(self.dir), [])
@@ -279,9 +314,11 @@ class MllogUtilsTest(parameterized.TestCase):
     handlers_before = _all_handlers()
     config = _config()
     a = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "a", "mllog.log"), process_index=0)
+        config, os.path.join(self.dir, "a", "mllog.log"), process_index=0
+    )
     b = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "b", "mllog.log"), process_index=0)
+        config, os.path.join(self.dir, "b", "mllog.log"), process_index=0
+    )
     a.cache_clear()
     b.cache_clear()
     a.tracked_stats(1, {"run": "a"})
@@ -293,12 +330,18 @@ class MllogUtilsTest(parameterized.TestCase):
     b.close()
     events_a = _read_events(a.path)
     events_b = _read_events(b.path)
-    self.assertEqual([e["key"] for e in events_a],
-                     ["cache_clear", "tracked_stats", "run_start", "run_stop"])
-    self.assertEqual([e["key"] for e in events_b],
-                     ["cache_clear", "tracked_stats", "tracked_stats"])
-    self.assertEqual({e["value"]["run"] for e in events_b
-                      if e["key"] == "tracked_stats"}, {"b"})
+    self.assertEqual(
+        [e["key"] for e in events_a],
+        ["cache_clear", "tracked_stats", "run_start", "run_stop"],
+    )
+    self.assertEqual(
+        [e["key"] for e in events_b],
+        ["cache_clear", "tracked_stats", "tracked_stats"],
+    )
+    self.assertEqual(
+        {e["value"]["run"] for e in events_b if e["key"] == "tracked_stats"},
+        {"b"},
+    )
     self.assertEqual(_all_handlers(), handlers_before)
 
   @parameterized.named_parameters(
@@ -311,8 +354,10 @@ class MllogUtilsTest(parameterized.TestCase):
     path = os.path.join(self.dir, relative)
     config = _config(mllog_file=path)
     with self.assertRaisesRegex(
-        ValueError, r"^config\.mllog_file='.*': the MLPerf log "
-        f"{re.escape(path)} cannot be created: {os_error}$"):
+        ValueError,
+        r"^config\.mllog_file='.*': the MLPerf log "
+        f"{re.escape(path)} cannot be created: {os_error}$",
+    ):
       mllog_utils.create_mllogger(config, path, process_index=0)
     self.assertEqual(os.listdir(self.dir), ["not_a_dir"])
 
@@ -320,14 +365,17 @@ class MllogUtilsTest(parameterized.TestCase):
     # /dev/full fails every write with a real ENOSPC.
     if not os.path.exists("/dev/full"):
       self.skipTest("needs /dev/full")
-    logger = mllog_utils.MLLogger(open("/dev/full", "w", encoding="utf-8"),
-                                  "/dev/full")
+    logger = mllog_utils.MLLogger(
+        open("/dev/full", "w", encoding="utf-8"), "/dev/full"
+    )
     with self.assertRaises(OSError) as raised:
       logger.run_start()
     self.assertEqual(raised.exception.errno, errno.ENOSPC)
     self.assertEqual(raised.exception.filename, "/dev/full")
-    self.assertRegex(str(raised.exception),
-                     r"^\[Errno 28\] No space left on device: '/dev/full'$")
+    self.assertRegex(
+        str(raised.exception),
+        r"^\[Errno 28\] No space left on device: '/dev/full'$",
+    )
     # The log is lost from there on: later events, run_stop and close do
     # nothing and raise nothing.
     self.assertFalse(logger.enabled)
@@ -337,15 +385,17 @@ class MllogUtilsTest(parameterized.TestCase):
 
   def test_run_stop_is_written_once(self):
     logger = mllog_utils.create_mllogger(
-        _config(), os.path.join(self.dir, "mllog.log"), process_index=0)
+        _config(), os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     logger.run_start()
     logger.block_start(0)
     self.assertTrue(logger.run_stop(mllog_utils.ABORTED, 16))
     self.assertFalse(logger.run_stop(mllog_utils.SUCCESS, 16))
     logger.close()
     keys = [e["key"] for e in _read_events(logger.path)]
-    self.assertEqual(keys, ["run_start", "block_start", "block_stop",
-                            "run_stop"])
+    self.assertEqual(
+        keys, ["run_start", "block_start", "block_stop", "run_stop"]
+    )
     with self.assertRaisesRegex(ValueError, "status.*'done'"):
       logger.run_stop("done")
 
@@ -363,22 +413,32 @@ class MllogUtilsTest(parameterized.TestCase):
     self.assertEqual(first.path, base)
     self.assertEqual(second.path, os.path.join(self.dir, "mllog.2.log"))
     self.assertEqual(mllog_utils.attempt_paths(base), [first.path, second.path])
-    self.assertEqual(mllog_utils.next_attempt_path(base),
-                     os.path.join(self.dir, "mllog.3.log"))
+    self.assertEqual(
+        mllog_utils.next_attempt_path(base),
+        os.path.join(self.dir, "mllog.3.log"),
+    )
     events = _read_events(second.path)
     self.assertEqual(events[0]["key"], "cache_clear")
     by_key = {e["key"]: e for e in events}
     self.assertEqual(by_key["init_checkpoint_step"]["value"], 6)
     self.assertEqual(
-        [e["metadata"]["samples_count"] for e in events
-         if e["key"] == "block_start"][0], 6 * config.global_batch_size)
+        [
+            e["metadata"]["samples_count"]
+            for e in events
+            if e["key"] == "block_start"
+        ][0],
+        6 * config.global_batch_size,
+    )
     result = compliance_checker.run_checker(second.path)
     self.assertTrue(result.passed, result.output)
 
   def test_lines_match_the_official_encoding(self):
     logger = mllog_utils.create_mllogger(
-        _config(), os.path.join(self.dir, "mllog.log"), process_index=0,
-        time_fn=lambda: 1700000000.1234)
+        _config(),
+        os.path.join(self.dir, "mllog.log"),
+        process_index=0,
+        time_fn=lambda: 1700000000.1234,
+    )
     logger.eval_accuracy(np.float64(0.75), np.int64(40))
     logger.tracked_stats(3, {"train_loss": np.float32(0.5), "step": 3})
     logger.close()
@@ -386,31 +446,56 @@ class MllogUtilsTest(parameterized.TestCase):
       lines = f.read().splitlines()
     self.assertLen(lines, 2)
     for line in lines:
-      record = json.loads(line[len(mllog_utils.LINE_PREFIX):])
+      record = json.loads(line[len(mllog_utils.LINE_PREFIX) :])
       self.assertEqual(record["metadata"]["file"], __file__)
       official = official_mllog._encode_log(  # pylint: disable=protected-access
-          record["namespace"], record["time_ms"], record["event_type"],
-          record["key"], record["value"], record["metadata"])
+          record["namespace"],
+          record["time_ms"],
+          record["event_type"],
+          record["key"],
+          record["value"],
+          record["metadata"],
+      )
       self.assertEqual(line, official)
       self.assertEqual(record["time_ms"], 1700000000123)
 
   @parameterized.named_parameters(
-      ("bool_samples", lambda l: l.block_start(True), TypeError,
-       "samples_count"),
-      ("float_samples", lambda l: l.eval_start(8.0), TypeError,
-       "samples_count"),
-      ("negative_samples", lambda l: l.eval_stop(-1), ValueError,
-       "samples_count"),
+      (
+          "bool_samples",
+          lambda l: l.block_start(True),
+          TypeError,
+          "samples_count",
+      ),
+      (
+          "float_samples",
+          lambda l: l.eval_start(8.0),
+          TypeError,
+          "samples_count",
+      ),
+      (
+          "negative_samples",
+          lambda l: l.eval_stop(-1),
+          ValueError,
+          "samples_count",
+      ),
       ("bool_step", lambda l: l.tracked_stats(False, {}), TypeError, "step"),
-      ("bool_accuracy", lambda l: l.eval_accuracy(True, 8), TypeError,
-       "eval_accuracy"),
-      ("bool_epoch_count",
-       lambda l: l.block_start(8, epoch_count=True, first_epoch_num=0),
-       TypeError, "epoch_count"),
+      (
+          "bool_accuracy",
+          lambda l: l.eval_accuracy(True, 8),
+          TypeError,
+          "eval_accuracy",
+      ),
+      (
+          "bool_epoch_count",
+          lambda l: l.block_start(8, epoch_count=True, first_epoch_num=0),
+          TypeError,
+          "epoch_count",
+      ),
   )
   def test_counts_reject_bools_and_bad_values(self, call, error, pattern):
     logger = mllog_utils.create_mllogger(
-        _config(), os.path.join(self.dir, "mllog.log"), process_index=0)
+        _config(), os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     with self.assertRaisesRegex(error, pattern):
       call(logger)
     logger.close()
@@ -418,19 +503,28 @@ class MllogUtilsTest(parameterized.TestCase):
   def test_hyperparameters_reject_a_bool_count(self):
     config = _config()
     values = mllog_utils.hyperparameters_from_config(
-        config, warmup_steps=3, schedule_steps=24, train_samples=1,
-        eval_samples=1, init_checkpoint_step=0, micro_batch_size=True,
-        config_filename="c.py")
+        config,
+        warmup_steps=3,
+        schedule_steps=24,
+        train_samples=1,
+        eval_samples=1,
+        init_checkpoint_step=0,
+        micro_batch_size=True,
+        config_filename="c.py",
+    )
     logger = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "mllog.log"), process_index=0)
+        config, os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     with self.assertRaisesRegex(TypeError, "micro_batch_size"):
       logger.hyperparameters(values)
     logger.close()
 
   def test_tracked_stats_rejects_device_arrays(self):
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
     logger = mllog_utils.create_mllogger(
-        _config(), os.path.join(self.dir, "mllog.log"), process_index=0)
+        _config(), os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     with self.assertRaisesRegex(TypeError, "train_loss"):
       logger.tracked_stats(1, {"train_loss": jnp.asarray(1.0)})
     logger.close()
@@ -446,21 +540,31 @@ class MllogUtilsTest(parameterized.TestCase):
     config = _config(**{field: value})
     pattern = f"{field}.*{re.escape(repr(value))}"
     with self.assertRaisesRegex(ValueError, pattern):
-      mllog_utils.create_mllogger(config, os.path.join(self.dir, "m.log"),
-                                  process_index=0)
+      mllog_utils.create_mllogger(
+          config, os.path.join(self.dir, "m.log"), process_index=0
+      )
     self.assertEqual(os.listdir(self.dir), [])
 
   def test_key_names_match_official_constants(self):
     official = {v for k, v in vars(mllog_constants).items() if k.isupper()}
-    self.assertContainsSubset(set(mllog_utils.REQUIRED_HYPERPARAMETERS),
-                              official)
     self.assertContainsSubset(
-        {mllog_utils.SUCCESS, mllog_utils.ABORTED, mllog_utils.INTERVAL_START,
-         mllog_utils.INTERVAL_END, mllog_utils.POINT_IN_TIME}, official)
+        set(mllog_utils.REQUIRED_HYPERPARAMETERS), official
+    )
+    self.assertContainsSubset(
+        {
+            mllog_utils.SUCCESS,
+            mllog_utils.ABORTED,
+            mllog_utils.INTERVAL_START,
+            mllog_utils.INTERVAL_END,
+            mllog_utils.POINT_IN_TIME,
+        },
+        official,
+    )
 
   def test_hyperparameters_missing_key_raises(self):
     logger = mllog_utils.create_mllogger(
-        _config(), os.path.join(self.dir, "mllog.log"), process_index=0)
+        _config(), os.path.join(self.dir, "mllog.log"), process_index=0
+    )
     with self.assertRaisesRegex(ValueError, "missing.*opt_adamw_beta_1"):
       logger.hyperparameters({"global_batch_size": 8})
     logger.close()
@@ -469,9 +573,15 @@ class MllogUtilsTest(parameterized.TestCase):
     config = _config()
     with self.assertRaisesRegex(ValueError, "warmup_steps.*30"):
       mllog_utils.hyperparameters_from_config(
-          config, warmup_steps=30, schedule_steps=24, train_samples=1,
-          eval_samples=1, init_checkpoint_step=0, micro_batch_size=1,
-          config_filename="c.py")
+          config,
+          warmup_steps=30,
+          schedule_steps=24,
+          train_samples=1,
+          eval_samples=1,
+          init_checkpoint_step=0,
+          micro_batch_size=1,
+          config_filename="c.py",
+      )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,11 @@ from mlperf_logging.mllog import constants as mllog_constants
 SUPPORTED_RULESETS = ("6.0.0", "6.1.0")
 
 DIVISIONS = (mllog_constants.CLOSED, mllog_constants.OPEN)
-STATUSES = (mllog_constants.ONPREM, mllog_constants.CLOUD,
-            mllog_constants.RESEARCH)
+STATUSES = (
+    mllog_constants.ONPREM,
+    mllog_constants.CLOUD,
+    mllog_constants.RESEARCH,
+)
 
 # `benchmark_meta` groups benchmarks by usage; MLPerf Training is one usage.
 _USAGE = "training"
@@ -47,7 +50,8 @@ def checker_dir() -> str:
   """The installed compliance checker's directory of rule files."""
   return os.path.join(
       os.path.dirname(os.path.dirname(mllog_constants.__file__)),
-      "compliance_checker")
+      "compliance_checker",
+  )
 
 
 def ruleset_dir(ruleset: str) -> str:
@@ -66,8 +70,11 @@ def _known_to_benchmark_meta(ruleset: str) -> bool:
 @functools.cache
 def rulesets() -> tuple[str, ...]:
   """`SUPPORTED_RULESETS` that the installed package has, in that order."""
-  return tuple(r for r in SUPPORTED_RULESETS
-               if os.path.isdir(ruleset_dir(r)) and _known_to_benchmark_meta(r))
+  return tuple(
+      r
+      for r in SUPPORTED_RULESETS
+      if os.path.isdir(ruleset_dir(r)) and _known_to_benchmark_meta(r)
+  )
 
 
 @functools.cache
@@ -85,13 +92,18 @@ def benchmarks(ruleset: str) -> tuple[str, ...]:
     ValueError: `ruleset` is not one of `rulesets()`.
   """
   if ruleset not in rulesets():
-    raise ValueError(f"mllog ruleset must be one of {list(rulesets())}, got "
-                     f"{ruleset!r}")
+    raise ValueError(
+        f"mllog ruleset must be one of {list(rulesets())}, got " f"{ruleset!r}"
+    )
   directory = ruleset_dir(ruleset)
   return tuple(
-      name for name in benchmark_meta.get_allowed_benchmarks(_USAGE, ruleset)
-      if all(os.path.isfile(os.path.join(directory, f"{d}_{name}.yaml"))
-             for d in DIVISIONS))
+      name
+      for name in benchmark_meta.get_allowed_benchmarks(_USAGE, ruleset)
+      if all(
+          os.path.isfile(os.path.join(directory, f"{d}_{name}.yaml"))
+          for d in DIVISIONS
+      )
+  )
 
 
 def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -117,15 +129,22 @@ def validate_submission(config: Any) -> None:
   for key in ("submission_org", "submission_platform"):
     value = config[key]
     if not isinstance(value, str):
-      raise TypeError(f"config.{key}={value!r}: expected str, got "
-                      f"{type(value).__name__}")
+      raise TypeError(
+          f"config.{key}={value!r}: expected str, got "
+          f"{type(value).__name__}"
+      )
     if not value.strip():
-      raise ValueError(f"config.{key}={value!r}: must not be empty (the "
-                       f"checker requires it)")
+      raise ValueError(
+          f"config.{key}={value!r}: must not be empty (the "
+          f"checker requires it)"
+      )
   _one_of("submission_division", config["submission_division"], DIVISIONS)
   _one_of("submission_status", config["submission_status"], STATUSES)
-  _one_of("submission_benchmark", config["submission_benchmark"],
-          benchmarks(ruleset))
+  _one_of(
+      "submission_benchmark",
+      config["submission_benchmark"],
+      benchmarks(ruleset),
+  )
 
 
 # --- Reference convergence points (the closed division's pre-flight) --------
@@ -140,6 +159,7 @@ class ReferencePoint:
     batch_size: its global batch size ("BS").
     hyperparameters: its "Hyperparams", keyed by MLPerf log key.
   """
+
   name: str
   batch_size: int
   hyperparameters: Mapping[str, Any]
@@ -147,13 +167,17 @@ class ReferencePoint:
 
 def rcp_file(ruleset: str, benchmark: str) -> str:
   """The installed RCP checker's data file for a training benchmark."""
-  return os.path.join(os.path.dirname(rcp_checker.__file__),
-                      f"{_USAGE}_{ruleset}", f"rcps_{benchmark}.json")
+  return os.path.join(
+      os.path.dirname(rcp_checker.__file__),
+      f"{_USAGE}_{ruleset}",
+      f"rcps_{benchmark}.json",
+  )
 
 
 @functools.cache
-def reference_points(ruleset: str, benchmark: str
-                     ) -> tuple[ReferencePoint, ...]:
+def reference_points(
+    ruleset: str, benchmark: str
+) -> tuple[ReferencePoint, ...]:
   """The benchmark's reference points, smallest batch first.
 
   Args:
@@ -165,14 +189,18 @@ def reference_points(ruleset: str, benchmark: str
   """
   with open(rcp_file(ruleset, benchmark), encoding="utf-8") as f:
     records = json.load(f)
-  points = [ReferencePoint(name, int(record["BS"]),
-                           dict(record.get("Hyperparams", {})))
-            for name, record in records.items()]
+  points = [
+      ReferencePoint(
+          name, int(record["BS"]), dict(record.get("Hyperparams", {}))
+      )
+      for name, record in records.items()
+  ]
   return tuple(sorted(points, key=lambda p: p.batch_size))
 
 
-def _reference_mismatches(config: Any, point: ReferencePoint,
-                          where: str) -> list[str]:
+def _reference_mismatches(
+    config: Any, point: ReferencePoint, where: str
+) -> list[str]:
   """The learning rate and warm-up of `config` that differ from `point`'s."""
   batch = config["global_batch_size"]
   stated = point.hyperparameters
@@ -183,7 +211,8 @@ def _reference_mismatches(config: Any, point: ReferencePoint,
       problems.append(
           f"config.learning_rate={config['learning_rate']!r} differs from the "
           f"reference opt_base_learning_rate={reference!r} at "
-          f"global_batch_size={batch} ({where})")
+          f"global_batch_size={batch} ({where})"
+      )
   warmup = config["warmup_steps"]
   if "opt_learning_rate_warmup_samples" in stated:
     reference = int(stated["opt_learning_rate_warmup_samples"])
@@ -194,14 +223,16 @@ def _reference_mismatches(config: Any, point: ReferencePoint,
           f"config.warmup_steps={warmup} is {warmup * batch} warm-up samples "
           f"at global_batch_size={batch}; the reference "
           f"opt_learning_rate_warmup_samples is {reference} "
-          f"(warmup_steps={reference / batch:g}) ({where})")
+          f"(warmup_steps={reference / batch:g}) ({where})"
+      )
   if "opt_learning_rate_warmup_steps" in stated:
     reference = int(stated["opt_learning_rate_warmup_steps"])
     if warmup != reference:
       problems.append(
           f"config.warmup_steps={warmup} differs from the reference "
           f"opt_learning_rate_warmup_steps={reference} at "
-          f"global_batch_size={batch} ({where})")
+          f"global_batch_size={batch} ({where})"
+      )
   return problems
 
 
@@ -227,15 +258,19 @@ def reference_mismatches(config: Any) -> list[str]:
   try:
     points = reference_points(ruleset, benchmark)
   except FileNotFoundError:
-    return [f"the installed mlperf_logging has no reference convergence "
-            f"points for {benchmark} in ruleset {ruleset} ({path} is "
-            f"missing), so the RCP checker cannot judge the run"]
+    return [
+        f"the installed mlperf_logging has no reference convergence "
+        f"points for {benchmark} in ruleset {ruleset} ({path} is "
+        f"missing), so the RCP checker cannot judge the run"
+    ]
   batch = config["global_batch_size"]
   low, high = points[0].batch_size, points[-1].batch_size
   if not low <= batch <= high:
-    return [f"config.global_batch_size={batch} is outside the {benchmark} "
-            f"reference convergence points' batch sizes [{low}, {high}] "
-            f"({[p.batch_size for p in points]} in {path})"]
+    return [
+        f"config.global_batch_size={batch} is outside the {benchmark} "
+        f"reference convergence points' batch sizes [{low}, {high}] "
+        f"({[p.batch_size for p in points]} in {path})"
+    ]
   for point in points:
     if point.batch_size == batch:
       return _reference_mismatches(config, point, f"{point.name} in {path}")
@@ -261,7 +296,9 @@ def check_reference_hyperparameters(config: Any) -> None:
   if config["submission_division"] == mllog_constants.CLOSED:
     raise ValueError(
         "closed-division pre-flight against the reference convergence "
-        "points: " + "; ".join(problems) +
-        " (submission_division='open' runs it anyway, with warnings)")
+        "points: "
+        + "; ".join(problems)
+        + " (submission_division='open' runs it anyway, with warnings)"
+    )
   for problem in problems:
     logging.warning("MLPerf open division: %s", problem)

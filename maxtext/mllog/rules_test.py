@@ -29,8 +29,9 @@ def _check_list(path, name):
   """The values the YAML rule for key `name` in `path` accepts."""
   with open(path) as f:
     records = yaml.safe_load(f)
-  check = next(r["KEY"]["CHECK"] for r in records
-               if r.get("KEY", {}).get("NAME") == name)
+  check = next(
+      r["KEY"]["CHECK"] for r in records if r.get("KEY", {}).get("NAME") == name
+  )
   listed = re.search(r"in \[(.*)\]", check).group(1)
   return set(re.findall(r"'([^']+)'", listed))
 
@@ -46,23 +47,33 @@ class RulesTest(parameterized.TestCase):
   def test_divisions_match_the_checker(self):
     for ruleset in rules.rulesets():
       path = os.path.join(rules.ruleset_dir(ruleset), "common.yaml")
-      self.assertEqual(set(rules.DIVISIONS),
-                       _check_list(path, "submission_division"), path)
+      self.assertEqual(
+          set(rules.DIVISIONS), _check_list(path, "submission_division"), path
+      )
 
   def test_benchmarks_match_the_checker(self):
     for ruleset in rules.rulesets():
       for division in rules.DIVISIONS:
-        path = os.path.join(rules.ruleset_dir(ruleset),
-                            f"{division}_common.yaml")
-        self.assertEqual(set(rules.benchmarks(ruleset)),
-                         _check_list(path, "submission_benchmark"), path)
+        path = os.path.join(
+            rules.ruleset_dir(ruleset), f"{division}_common.yaml"
+        )
+        self.assertEqual(
+            set(rules.benchmarks(ruleset)),
+            _check_list(path, "submission_benchmark"),
+            path,
+        )
 
   def test_every_benchmark_has_rule_files(self):
     for ruleset in rules.rulesets():
       for division in rules.DIVISIONS:
         for benchmark in rules.benchmarks(ruleset):
-          self.assertTrue(os.path.isfile(os.path.join(
-              rules.ruleset_dir(ruleset), f"{division}_{benchmark}.yaml")))
+          self.assertTrue(
+              os.path.isfile(
+                  os.path.join(
+                      rules.ruleset_dir(ruleset), f"{division}_{benchmark}.yaml"
+                  )
+              )
+          )
 
   def test_benchmarks_of_an_unknown_ruleset_raise(self):
     with self.assertRaisesRegex(ValueError, "'1.0.0'"):
@@ -73,9 +84,14 @@ class RulesTest(parameterized.TestCase):
       for division in rules.DIVISIONS:
         for status in rules.STATUSES:
           for benchmark in rules.benchmarks(ruleset):
-            rules.validate_submission(_submission(
-                mllog_ruleset=ruleset, submission_division=division,
-                submission_status=status, submission_benchmark=benchmark))
+            rules.validate_submission(
+                _submission(
+                    mllog_ruleset=ruleset,
+                    submission_division=division,
+                    submission_status=status,
+                    submission_benchmark=benchmark,
+                )
+            )
 
   @parameterized.named_parameters(
       ("ruleset", "mllog_ruleset", "5.9.0"),
@@ -86,16 +102,20 @@ class RulesTest(parameterized.TestCase):
       ("blank_platform", "submission_platform", "  "),
   )
   def test_bad_value_raises_naming_field_and_value(self, field, value):
-    with self.assertRaisesRegex(ValueError,
-                                f"config.{field}={re.escape(repr(value))}"):
+    with self.assertRaisesRegex(
+        ValueError, f"config.{field}={re.escape(repr(value))}"
+    ):
       rules.validate_submission(_submission(**{field: value}))
 
   def test_benchmark_of_another_ruleset_is_refused(self):
     only_600 = set(rules.benchmarks("6.0.0")) - set(rules.benchmarks("6.1.0"))
     self.assertNotEmpty(only_600)
     with self.assertRaisesRegex(ValueError, "submission_benchmark"):
-      rules.validate_submission(_submission(
-          mllog_ruleset="6.1.0", submission_benchmark=sorted(only_600)[0]))
+      rules.validate_submission(
+          _submission(
+              mllog_ruleset="6.1.0", submission_benchmark=sorted(only_600)[0]
+          )
+      )
 
   def test_org_of_wrong_type_raises_type_error(self):
     with self.assertRaisesRegex(TypeError, "config.submission_org=3"):
@@ -104,8 +124,12 @@ class RulesTest(parameterized.TestCase):
 
 def _run_config(**overrides):
   """The fields the RCP pre-flight reads: closed llama31_8b at batch 32."""
-  values = _submission(submission_division="closed", global_batch_size=32,
-                       learning_rate=8e-4, warmup_steps=128)
+  values = _submission(
+      submission_division="closed",
+      global_batch_size=32,
+      learning_rate=8e-4,
+      warmup_steps=128,
+  )
   values.update(overrides)
   return values
 
@@ -116,8 +140,10 @@ def _at_point(point, **overrides):
   values = _run_config(
       global_batch_size=point.batch_size,
       learning_rate=stated["opt_base_learning_rate"],
-      warmup_steps=round(stated["opt_learning_rate_warmup_samples"] /
-                         point.batch_size))
+      warmup_steps=round(
+          stated["opt_learning_rate_warmup_samples"] / point.batch_size
+      ),
+  )
   values.update(overrides)
   return values
 
@@ -141,20 +167,26 @@ class ReferencePointsTest(parameterized.TestCase):
 
   def test_points_are_those_the_rcp_checker_reads(self):
     for ruleset in rules.rulesets():
-      checker = rcp_checker.RCP_Checker("training", ruleset, "llama31_8b",
-                                        verbose=False)
-      official = {name: (record["BS"], record["Hyperparams"])
-                  for name, record in checker.rcp_data.items()}
-      ours = {p.name: (p.batch_size, dict(p.hyperparameters))
-              for p in rules.reference_points(ruleset, "llama31_8b")}
+      checker = rcp_checker.RCP_Checker(
+          "training", ruleset, "llama31_8b", verbose=False
+      )
+      official = {
+          name: (record["BS"], record["Hyperparams"])
+          for name, record in checker.rcp_data.items()
+      }
+      ours = {
+          p.name: (p.batch_size, dict(p.hyperparameters))
+          for p in rules.reference_points(ruleset, "llama31_8b")
+      }
       self.assertEqual(official, ours)
       self.assertEqual(
-          [p.batch_size for p in rules.reference_points(ruleset,
-                                                        "llama31_8b")],
-          sorted(bs for bs, _ in official.values()))
+          [p.batch_size for p in rules.reference_points(ruleset, "llama31_8b")],
+          sorted(bs for bs, _ in official.values()),
+      )
 
   @parameterized.named_parameters(
-      (f"bs{p.batch_size}", p) for p in _LLAMA_POINTS)
+      (f"bs{p.batch_size}", p) for p in _LLAMA_POINTS
+  )
   def test_closed_config_at_a_reference_point_passes(self, point):
     config = _at_point(point, gradient_accumulation_steps=1)
     self.assertEqual(rules.reference_mismatches(config), [])
@@ -164,24 +196,29 @@ class ReferencePointsTest(parameterized.TestCase):
     point = next(p for p in _LLAMA_POINTS if p.batch_size == 32)
     self.assertEqual(point.hyperparameters["opt_base_learning_rate"], 8e-4)
     self.assertEqual(
-        point.hyperparameters["opt_learning_rate_warmup_samples"], 128 * 32)
+        point.hyperparameters["opt_learning_rate_warmup_samples"], 128 * 32
+    )
 
   def test_batch_between_reference_points_passes(self):
     low, high = _LLAMA_POINTS[0].batch_size, _LLAMA_POINTS[1].batch_size
     self.assertGreater(high - low, 1)
     rules.check_reference_hyperparameters(
-        _run_config(global_batch_size=low + 1, learning_rate=1.0))
+        _run_config(global_batch_size=low + 1, learning_rate=1.0)
+    )
 
   @parameterized.named_parameters(("below", -1), ("above", +1))
   def test_batch_outside_the_range_is_refused_in_closed(self, side):
     low, high = _LLAMA_POINTS[0].batch_size, _LLAMA_POINTS[-1].batch_size
     batch = low - 1 if side < 0 else high + 1
-    pattern = (f"config.global_batch_size={batch} is outside .* "
-               f"\\[{low}, {high}\\].*"
-               f"{re.escape(rules.rcp_file('6.1.0', 'llama31_8b'))}")
+    pattern = (
+        f"config.global_batch_size={batch} is outside .* "
+        f"\\[{low}, {high}\\].*"
+        f"{re.escape(rules.rcp_file('6.1.0', 'llama31_8b'))}"
+    )
     with self.assertRaisesRegex(ValueError, pattern):
       rules.check_reference_hyperparameters(
-          _run_config(global_batch_size=batch))
+          _run_config(global_batch_size=batch)
+      )
 
   def test_batch_outside_the_range_is_a_warning_in_open(self):
     config = _run_config(submission_division="open", global_batch_size=8)
@@ -193,49 +230,64 @@ class ReferencePointsTest(parameterized.TestCase):
 
   def test_learning_rate_off_the_reference_is_refused_in_closed(self):
     with self.assertRaisesRegex(
-        ValueError, r"config.learning_rate=0.001 differs from the reference "
+        ValueError,
+        r"config.learning_rate=0.001 differs from the reference "
         r"opt_base_learning_rate=0.0008 at global_batch_size=32 "
-        r"\(llama31_8b_ref_32 in .*rcps_llama31_8b.json\)"):
+        r"\(llama31_8b_ref_32 in .*rcps_llama31_8b.json\)",
+    ):
       rules.check_reference_hyperparameters(_run_config(learning_rate=1e-3))
 
   def test_learning_rate_off_the_reference_is_a_warning_in_open(self):
     with self.assertLogs(level="WARNING") as logs:
       rules.check_reference_hyperparameters(
-          _run_config(submission_division="open", learning_rate=1e-3))
+          _run_config(submission_division="open", learning_rate=1e-3)
+      )
     self.assertLen(logs.records, 1)
     self.assertIn("config.learning_rate=0.001", logs.output[0])
 
   def test_warmup_off_the_reference_is_refused_in_closed(self):
     with self.assertRaisesRegex(
-        ValueError, r"config.warmup_steps=100 is 3200 warm-up samples .*"
-        r"opt_learning_rate_warmup_samples is 4096 \(warmup_steps=128\)"):
+        ValueError,
+        r"config.warmup_steps=100 is 3200 warm-up samples .*"
+        r"opt_learning_rate_warmup_samples is 4096 \(warmup_steps=128\)",
+    ):
       rules.check_reference_hyperparameters(_run_config(warmup_steps=100))
 
   def test_warmup_not_a_multiple_of_the_batch_takes_either_whole_step(self):
-    point = next(p for p in _LLAMA_POINTS
-                 if p.hyperparameters["opt_learning_rate_warmup_samples"]
-                 % p.batch_size)
+    point = next(
+        p
+        for p in _LLAMA_POINTS
+        if p.hyperparameters["opt_learning_rate_warmup_samples"] % p.batch_size
+    )
     samples = point.hyperparameters["opt_learning_rate_warmup_samples"]
     below = samples // point.batch_size
-    for steps, ok in ((below - 1, False), (below, True), (below + 1, True),
-                      (below + 2, False)):
+    for steps, ok in (
+        (below - 1, False),
+        (below, True),
+        (below + 1, True),
+        (below + 2, False),
+    ):
       with self.subTest(warmup_steps=steps):
         problems = rules.reference_mismatches(
-            _at_point(point) | {"warmup_steps": steps})
+            _at_point(point) | {"warmup_steps": steps}
+        )
         self.assertEqual(not problems, ok, problems)
 
   def test_all_mismatches_are_named_at_once(self):
     with self.assertRaises(ValueError) as raised:
       rules.check_reference_hyperparameters(
-          _run_config(learning_rate=1e-3, warmup_steps=1))
+          _run_config(learning_rate=1e-3, warmup_steps=1)
+      )
     self.assertIn("config.learning_rate", str(raised.exception))
     self.assertIn("config.warmup_steps", str(raised.exception))
 
   def test_benchmark_without_rcp_data_is_named(self):
-    with self.assertRaisesRegex(ValueError, "no reference convergence points "
-                                "for no_such_benchmark"):
+    with self.assertRaisesRegex(
+        ValueError, "no reference convergence points " "for no_such_benchmark"
+    ):
       rules.check_reference_hyperparameters(
-          _run_config(submission_benchmark="no_such_benchmark"))
+          _run_config(submission_benchmark="no_such_benchmark")
+      )
 
 
 if __name__ == "__main__":

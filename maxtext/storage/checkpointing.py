@@ -70,7 +70,8 @@ def _is_url(path: str) -> bool:
 def _normalize_directory(directory: str | os.PathLike[str]) -> str:
   if not isinstance(directory, (str, os.PathLike)):
     raise TypeError(
-        f"checkpoint directory must be a str or path, got {directory!r}")
+        f"checkpoint directory must be a str or path, got {directory!r}"
+    )
   directory = os.fspath(directory)
   if not directory:
     raise ValueError("checkpoint directory must be non-empty")
@@ -99,16 +100,20 @@ def _check_abstract_tree(name: str, tree: Any) -> None:
     if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
       raise ValueError(
           f"{name}{jax.tree_util.keystr(path)} has no sharding; give every "
-          "jax.ShapeDtypeStruct the sharding to restore onto")
+          "jax.ShapeDtypeStruct the sharding to restore onto"
+      )
 
 
-def _read_only_manager(directory: str, item_names: tuple[str, ...]
-                      ) -> ocp.CheckpointManager:
+def _read_only_manager(
+    directory: str, item_names: tuple[str, ...]
+) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       directory,
       item_names=item_names,
       options=ocp.CheckpointManagerOptions(
-          read_only=True, create=False, save_interval_steps=0))
+          read_only=True, create=False, save_interval_steps=0
+      ),
+  )
 
 
 class CheckpointError(RuntimeError):
@@ -129,6 +134,7 @@ class SetAside:
       None where it was left in place (a remote directory).
     reason: the first line of the error that restoring it raised.
   """
+
   step: int
   moved_to: Optional[str]
   reason: str
@@ -144,6 +150,7 @@ class Restored:
     metadata: the metadata dict given to `save`.
     set_aside: newer checkpoints that did not restore, newest first.
   """
+
   step: int
   state: Any
   metadata: dict[str, Any]
@@ -244,10 +251,13 @@ def _key_name(key: Any) -> str:
 
 def _leaves_by_path(tree: Any) -> dict[tuple[str, ...], tuple[str, Any]]:
   leaves = jax.tree_util.tree_leaves_with_path(
-      tree, is_leaf=lambda x: x is None)
-  return {tuple(_key_name(k) for k in path):
-          (jax.tree_util.keystr(path), leaf)
-          for path, leaf in leaves if leaf is not None}
+      tree, is_leaf=lambda x: x is None
+  )
+  return {
+      tuple(_key_name(k) for k in path): (jax.tree_util.keystr(path), leaf)
+      for path, leaf in leaves
+      if leaf is not None
+  }
 
 
 def _check_matches(abstract_state: Any, stored: Any, step: int) -> None:
@@ -263,35 +273,48 @@ def _check_matches(abstract_state: Any, stored: Any, step: int) -> None:
   """
   wanted = _leaves_by_path(abstract_state)
   have = _leaves_by_path(stored)
-  hint = ("the checkpoint was written with another config (model or "
-          "optimizer shape); restore it with that config or start a new run")
+  hint = (
+      "the checkpoint was written with another config (model or "
+      "optimizer shape); restore it with that config or start a new run"
+  )
   for path, (name, leaf) in wanted.items():
     if path not in have:
-      raise ValueError(f"abstract_state{name} is not in checkpoint step "
-                       f"{step}: {hint}")
+      raise ValueError(
+          f"abstract_state{name} is not in checkpoint step " f"{step}: {hint}"
+      )
     stored_shape = getattr(have[path][1], "shape", None)
     shape = getattr(leaf, "shape", None)
-    if (stored_shape is not None and shape is not None
-        and tuple(stored_shape) != tuple(shape)):
+    if (
+        stored_shape is not None
+        and shape is not None
+        and tuple(stored_shape) != tuple(shape)
+    ):
       raise ValueError(
           f"abstract_state{name} has shape {tuple(shape)} but checkpoint step "
-          f"{step} holds shape {tuple(stored_shape)}: {hint}")
+          f"{step} holds shape {tuple(stored_shape)}: {hint}"
+      )
   for path, (name, _) in have.items():
     if path not in wanted:
-      raise ValueError(f"checkpoint step {step} holds {name}, which "
-                       f"abstract_state lacks: {hint}")
+      raise ValueError(
+          f"checkpoint step {step} holds {name}, which "
+          f"abstract_state lacks: {hint}"
+      )
 
 
 def _utc_stamp() -> str:
-  return datetime.datetime.now(datetime.timezone.utc).strftime(
-      "%Y%m%dT%H%M%SZ")
+  return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 class Checkpointer:
   """Saves and restores train states in one checkpoint directory."""
 
-  def __init__(self, directory: str | os.PathLike[str], *, save_period: int,
-               max_to_keep: int):
+  def __init__(
+      self,
+      directory: str | os.PathLike[str],
+      *,
+      save_period: int,
+      max_to_keep: int,
+  ):
     """Opens (and, for a local path, creates) the checkpoint directory.
 
     Args:
@@ -315,21 +338,26 @@ class Checkpointer:
         self._directory,
         # Handlers rather than names, so that item_metadata() reads the
         # state's tree metadata before any restore.
-        item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
-                       METADATA_ITEM: ocp.JsonCheckpointHandler()},
+        item_handlers={
+            STATE_ITEM: ocp.StandardCheckpointHandler(),
+            METADATA_ITEM: ocp.JsonCheckpointHandler(),
+        },
         options=ocp.CheckpointManagerOptions(
             # Only multiples of save_period (and forced saves). orbax's
             # default policy also saves the first step it sees in a
             # directory, which would make the schedule depend on history.
             save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(
-                self._save_period),
+                self._save_period
+            ),
             # orbax deletes every checkpoint when max_to_keep is 0; None
             # keeps all.
             max_to_keep=self._max_to_keep or None,
             create=True,
             # Removes what a killed run's unfinished save left behind.
             cleanup_tmp_directories=True,
-            enable_async_checkpointing=True))
+            enable_async_checkpointing=True,
+        ),
+    )
 
   @property
   def directory(self) -> str:
@@ -339,8 +367,14 @@ class Checkpointer:
     if self._closed:
       raise RuntimeError(f"Checkpointer for {self._directory} is closed")
 
-  def save(self, step: int, state: Any, metadata: Mapping[str, Any], *,
-           force: bool = False) -> bool:
+  def save(
+      self,
+      step: int,
+      state: Any,
+      metadata: Mapping[str, Any],
+      *,
+      force: bool = False,
+  ) -> bool:
     """Starts saving `state` and `metadata` as checkpoint `step`.
 
     Call between training steps, never inside one. Returns without waiting
@@ -371,8 +405,11 @@ class Checkpointer:
       # about a millisecond per call, and the loop asks after every step.
       return False
     if step in self._manager.all_steps():
-      logging.info("Checkpoint step %d already exists in %s; not saving again.",
-                   step, self._directory)
+      logging.info(
+          "Checkpoint step %d already exists in %s; not saving again.",
+          step,
+          self._directory,
+      )
       return False
     # orbax would wait for the previous save inside save(); waiting here
     # attributes its failure to its own step.
@@ -380,11 +417,14 @@ class Checkpointer:
     try:
       saved = self._manager.save(
           step,
-          args=ocp.args.Composite(**{
-              STATE_ITEM: ocp.args.StandardSave(state),
-              METADATA_ITEM: ocp.args.JsonSave(metadata),
-          }),
-          force=force)
+          args=ocp.args.Composite(
+              **{
+                  STATE_ITEM: ocp.args.StandardSave(state),
+                  METADATA_ITEM: ocp.args.JsonSave(metadata),
+              }
+          ),
+          force=force,
+      )
     except Exception as e:  # pylint: disable=broad-exception-caught
       self._save_failed(step, e)
     if saved:
@@ -427,7 +467,8 @@ class Checkpointer:
       raise error
     raise CheckpointError(
         f"could not write checkpoint step {step} to {self._directory}: "
-        f"{_os_error_text(error)}") from error
+        f"{_os_error_text(error)}"
+    ) from error
 
   def _remove_tmp_directories(self, step: Optional[int]) -> None:
     """Removes orbax's temporary directory of a failed save of `step`."""
@@ -442,8 +483,9 @@ class Checkpointer:
       try:
         shutil.rmtree(path)
       except OSError as e:
-        logging.warning("Could not remove the unfinished checkpoint %s: %s",
-                        path, e)
+        logging.warning(
+            "Could not remove the unfinished checkpoint %s: %s", path, e
+        )
 
   def all_steps(self) -> list[int]:
     """Returns the committed (and in-progress) checkpoint steps, ascending."""
@@ -453,7 +495,9 @@ class Checkpointer:
     """Returns the newest checkpoint step, or None if there is none."""
     return self._manager.latest_step()
 
-  def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+  def restore(
+      self, step: int, abstract_state: Any
+  ) -> tuple[Any, dict[str, Any]]:
     """Restores checkpoint `step` onto the shardings of `abstract_state`.
 
     Args:
@@ -480,13 +524,17 @@ class Checkpointer:
     if step not in self._manager.all_steps():
       raise FileNotFoundError(
           f"no checkpoint of step {step} in {self._directory}; available "
-          f"steps: {self.all_steps()}")
+          f"steps: {self.all_steps()}"
+      )
     try:
       stored = self._tree_metadata(step)
     except Exception as e:  # pylint: disable=broad-exception-caught
       # Unreadable tree metadata: orbax's restore reports the damage.
-      logging.warning("Cannot check checkpoint step %d against the abstract "
-                      "state: %s", step, _reason(e))
+      logging.warning(
+          "Cannot check checkpoint step %d against the abstract " "state: %s",
+          step,
+          _reason(e),
+      )
     else:
       _check_matches(abstract_state, stored, step)
     return self._restore_unchecked(step, abstract_state)
@@ -501,17 +549,22 @@ class Checkpointer:
     stored = self._manager.item_metadata(step)[STATE_ITEM]
     if stored is None:
       raise FileNotFoundError(
-          f"the tree metadata of item {STATE_ITEM!r} (_METADATA) is missing")
+          f"the tree metadata of item {STATE_ITEM!r} (_METADATA) is missing"
+      )
     return stored
 
-  def _restore_unchecked(self, step: int, abstract_state: Any
-                        ) -> tuple[Any, dict[str, Any]]:
+  def _restore_unchecked(
+      self, step: int, abstract_state: Any
+  ) -> tuple[Any, dict[str, Any]]:
     restored = self._manager.restore(
         step,
-        args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardRestore(abstract_state),
-            METADATA_ITEM: ocp.args.JsonRestore(),
-        }))
+        args=ocp.args.Composite(
+            **{
+                STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+                METADATA_ITEM: ocp.args.JsonRestore(),
+            }
+        ),
+    )
     return restored[STATE_ITEM], dict(restored[METADATA_ITEM] or {})
 
   def restore_newest(self, abstract_state: Any) -> Optional[Restored]:
@@ -570,8 +623,9 @@ class Checkpointer:
       return None
     lines = [f"no checkpoint in {self._directory} could be restored:"]
     for entry in set_aside:
-      where = (f"moved to {entry.moved_to}" if entry.moved_to
-               else "left in place")
+      where = (
+          f"moved to {entry.moved_to}" if entry.moved_to else "left in place"
+      )
       lines.append(f"  step {entry.step} ({where}): {entry.reason}")
     raise CheckpointError("\n".join(lines))
 
@@ -582,12 +636,16 @@ class Checkpointer:
       raise CheckpointError(
           f"checkpoint step {step} in {self._directory} cannot be restored: "
           f"{reason}; multi-process runs do not move it aside, so move "
-          f"{source} aside (e.g. to {source}.corrupt) and rerun")
+          f"{source} aside (e.g. to {source}.corrupt) and rerun"
+      )
     if _is_url(self._directory):
       logging.warning(
           "Checkpoint step %d in %s cannot be restored: %s. Left in place (a "
           "remote directory is not renamed); trying an older one.",
-          step, self._directory, reason)
+          step,
+          self._directory,
+          reason,
+      )
       return SetAside(step, None, reason)
     stamp = _utc_stamp()
     target = f"{source}.corrupt-{stamp}"
@@ -601,7 +659,12 @@ class Checkpointer:
     self._manager.reload()
     logging.warning(
         "Checkpoint step %d in %s cannot be restored: %s. Moved it aside to "
-        "%s; trying an older one.", step, self._directory, reason, target)
+        "%s; trying an older one.",
+        step,
+        self._directory,
+        reason,
+        target,
+    )
     return SetAside(step, target, reason)
 
   def close(self) -> None:
@@ -629,8 +692,9 @@ class Checkpointer:
 def _find_params_checkpoint(path: str) -> tuple[ocp.CheckpointManager, int]:
   """Finds the checkpoint `path` names: a checkpoint directory or a step in one."""
   if not _is_url(path) and not os.path.isdir(path):
-    raise FileNotFoundError(f"load_parameters_path {path} does not exist or "
-                            "is not a directory")
+    raise FileNotFoundError(
+        f"load_parameters_path {path} does not exist or " "is not a directory"
+    )
   manager = _read_only_manager(path, (STATE_ITEM,))
   step = manager.latest_step()
   if step is not None:
@@ -644,10 +708,13 @@ def _find_params_checkpoint(path: str) -> tuple[ocp.CheckpointManager, int]:
     parent_manager.close()
   raise FileNotFoundError(
       f"load_parameters_path {path} holds no checkpoint: expected a "
-      "checkpoint directory with step subdirectories, or one step directory")
+      "checkpoint directory with step subdirectories, or one step directory"
+  )
 
 
-def restore_params_only(path: str | os.PathLike[str], abstract_params: Any) -> Any:
+def restore_params_only(
+    path: str | os.PathLike[str], abstract_params: Any
+) -> Any:
   """Restores only the "params" subtree of a previous run's checkpoint.
 
   For `load_parameters_path`: the optimizer state and step in the checkpoint
@@ -674,12 +741,18 @@ def restore_params_only(path: str | os.PathLike[str], abstract_params: Any) -> A
     item = {PARAMS_KEY: abstract_params}
     restored = manager.restore(
         step,
-        args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.PyTreeRestore(
-                item=item,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-                partial_restore=True),
-        }))
+        args=ocp.args.Composite(
+            **{
+                STATE_ITEM: ocp.args.PyTreeRestore(
+                    item=item,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(
+                        item
+                    ),
+                    partial_restore=True,
+                ),
+            }
+        ),
+    )
   finally:
     manager.close()
   logging.info("Loaded parameters from step %d of %s", step, path)

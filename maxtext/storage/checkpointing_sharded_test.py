@@ -6,8 +6,9 @@ Its own target: the device count is fixed before JAX starts.
 import os
 
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") +
-    " --xla_force_host_platform_device_count=4").strip()
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=4"
+).strip()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl.testing import absltest
@@ -35,40 +36,54 @@ class ShardedCheckpointTest(absltest.TestCase):
   def test_save_on_one_mesh_restore_on_another(self):
     saved_sharding = NamedSharding(self.mesh_2x2, P("fsdp", None))
     state = {
-        "params": {"w": jax.device_put(
-            jnp.arange(32, dtype=jnp.float32).reshape(8, 4), saved_sharding)},
-        "opt_state": {"mu": jax.device_put(
-            jnp.ones((8, 4), jnp.float32), saved_sharding)},
+        "params": {
+            "w": jax.device_put(
+                jnp.arange(32, dtype=jnp.float32).reshape(8, 4), saved_sharding
+            )
+        },
+        "opt_state": {
+            "mu": jax.device_put(jnp.ones((8, 4), jnp.float32), saved_sharding)
+        },
         "step": jnp.asarray(5, jnp.int32),
     }
-    with checkpointing.Checkpointer(self.directory, save_period=5,
-                                    max_to_keep=1) as ckpt:
+    with checkpointing.Checkpointer(
+        self.directory, save_period=5, max_to_keep=1
+    ) as ckpt:
       self.assertTrue(ckpt.save(5, state, {"samples_count": 40}))
 
     target = NamedSharding(self.mesh_1x4, P(None, "fsdp"))
     replicated = NamedSharding(self.mesh_1x4, P())
     abstract = {
-        "params": {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32,
-                                             sharding=target)},
-        "opt_state": {"mu": jax.ShapeDtypeStruct((8, 4), jnp.float32,
-                                                 sharding=target)},
+        "params": {
+            "w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=target)
+        },
+        "opt_state": {
+            "mu": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=target)
+        },
         "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
     }
-    with checkpointing.Checkpointer(self.directory, save_period=5,
-                                    max_to_keep=1) as ckpt:
+    with checkpointing.Checkpointer(
+        self.directory, save_period=5, max_to_keep=1
+    ) as ckpt:
       self.assertEqual(ckpt.latest_step(), 5)
       restored, metadata = ckpt.restore(5, abstract)
     chex.assert_trees_all_equal(restored, state)
     self.assertEqual(metadata, {"samples_count": 40})
     self.assertEqual(restored["params"]["w"].sharding, target)
     # Each of the 4 devices holds one (8, 1) column block.
-    shard_shapes = {s.data.shape for s in
-                    restored["params"]["w"].addressable_shards}
+    shard_shapes = {
+        s.data.shape for s in restored["params"]["w"].addressable_shards
+    }
     self.assertEqual(shard_shapes, {(8, 1)})
 
     params = checkpointing.restore_params_only(
-        self.directory, {"w": jax.ShapeDtypeStruct(
-            (8, 4), jnp.float32, sharding=saved_sharding)})
+        self.directory,
+        {
+            "w": jax.ShapeDtypeStruct(
+                (8, 4), jnp.float32, sharding=saved_sharding
+            )
+        },
+    )
     chex.assert_trees_all_equal(params, state["params"])
     self.assertEqual(params["w"].sharding, saved_sharding)
 

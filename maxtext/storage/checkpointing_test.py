@@ -31,8 +31,10 @@ def make_state(scale: float, sharding: jax.sharding.Sharding):
           "embed": put(jnp.arange(12, dtype=jnp.float32).reshape(3, 4) * scale),
           "layer": {"w": put(jnp.full((4, 2), scale, jnp.float32))},
       },
-      "opt_state": {"mu": put(jnp.ones((4, 2), jnp.float32) * -scale),
-                    "count": put(jnp.asarray(int(scale), jnp.int32))},
+      "opt_state": {
+          "mu": put(jnp.ones((4, 2), jnp.float32) * -scale),
+          "count": put(jnp.asarray(int(scale), jnp.int32)),
+      },
       "step": put(jnp.asarray(int(scale), jnp.int32)),
   }
 
@@ -45,14 +47,15 @@ def make_big_state(scale: float, sharding: jax.sharding.Sharding):
   """
   state = make_state(scale, sharding)
   state["params"]["big"] = jax.device_put(
-      jnp.arange(256 * 64, dtype=jnp.float32).reshape(256, 64) * scale,
-      sharding)
+      jnp.arange(256 * 64, dtype=jnp.float32).reshape(256, 64) * scale, sharding
+  )
   return state
 
 
 def _largest_data_file(step_dir):
-  files = glob.glob(os.path.join(step_dir, "state", "**", "d", "*"),
-                    recursive=True)
+  files = glob.glob(
+      os.path.join(step_dir, "state", "**", "d", "*"), recursive=True
+  )
   return max(files, key=os.path.getsize)
 
 
@@ -94,18 +97,23 @@ def snapshot(directory):
 
 def abstract_like(tree, sharding):
   return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+  )
 
 
 class CheckpointingTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.directory = os.path.join(self.create_tempdir().full_path, "checkpoints")
+    self.directory = os.path.join(
+        self.create_tempdir().full_path, "checkpoints"
+    )
     mesh = jax.sharding.Mesh(
-        np.array(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
+        np.array(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp")
+    )
     self.sharding = jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec())
+        mesh, jax.sharding.PartitionSpec()
+    )
 
   def make_checkpointer(self, directory=None, **kwargs):
     args = dict(save_period=1, max_to_keep=0)
@@ -135,18 +143,22 @@ class CheckpointingTest(parameterized.TestCase):
     ckpt.save(2, state, {})
     abstract = abstract_like(state, self.sharding)
     abstract["params"]["embed"] = jax.ShapeDtypeStruct(
-        (3, 4), jnp.bfloat16, sharding=self.sharding)
+        (3, 4), jnp.bfloat16, sharding=self.sharding
+    )
     restored, _ = ckpt.restore(2, abstract)
     self.assertEqual(restored["params"]["embed"].dtype, jnp.bfloat16)
     np.testing.assert_array_equal(
         np.asarray(restored["params"]["embed"], np.float32),
-        np.asarray(state["params"]["embed"]))
+        np.asarray(state["params"]["embed"]),
+    )
 
   def test_save_period_force_and_latest_step(self):
     ckpt = self.make_checkpointer(save_period=2)
     self.assertIsNone(ckpt.latest_step())
-    self.assertEqual([ckpt.due(step) for step in range(1, 6)],
-                     [False, True, False, True, False])
+    self.assertEqual(
+        [ckpt.due(step) for step in range(1, 6)],
+        [False, True, False, True, False],
+    )
     state = make_state(1.0, self.sharding)
     self.assertFalse(ckpt.save(1, state, {}))
     self.assertTrue(ckpt.save(2, state, {}))
@@ -168,14 +180,18 @@ class CheckpointingTest(parameterized.TestCase):
   def test_max_to_keep_retention(self):
     ckpt = self.make_checkpointer(max_to_keep=2)
     for step in range(1, 6):
-      ckpt.save(step, make_state(float(step), self.sharding),
-                {"samples_count": step * 8})
+      ckpt.save(
+          step,
+          make_state(float(step), self.sharding),
+          {"samples_count": step * 8},
+      )
     ckpt.wait()
     self.assertEqual(ckpt.all_steps(), [4, 5])
     on_disk = sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
     self.assertEqual(on_disk, [4, 5])
     restored, metadata = ckpt.restore(
-        4, abstract_like(make_state(4.0, self.sharding), self.sharding))
+        4, abstract_like(make_state(4.0, self.sharding), self.sharding)
+    )
     chex.assert_trees_all_equal(restored, make_state(4.0, self.sharding))
     self.assertEqual(metadata, {"samples_count": 32})
 
@@ -185,27 +201,35 @@ class CheckpointingTest(parameterized.TestCase):
     ckpt.save(2, make_state(2.0, self.sharding), {})
     ckpt.close()
     abstract_params = abstract_like(
-        make_state(0.0, self.sharding)["params"], self.sharding)
+        make_state(0.0, self.sharding)["params"], self.sharding
+    )
 
     latest = checkpointing.restore_params_only(self.directory, abstract_params)
-    chex.assert_trees_all_equal(latest, make_state(2.0, self.sharding)["params"])
-    self.assertEqual(jax.tree.structure(latest),
-                     jax.tree.structure(abstract_params))
+    chex.assert_trees_all_equal(
+        latest, make_state(2.0, self.sharding)["params"]
+    )
+    self.assertEqual(
+        jax.tree.structure(latest), jax.tree.structure(abstract_params)
+    )
     for leaf in jax.tree.leaves(latest):
       self.assertEqual(leaf.sharding, self.sharding)
 
     first = checkpointing.restore_params_only(
-        os.path.join(self.directory, "1"), abstract_params)
+        os.path.join(self.directory, "1"), abstract_params
+    )
     chex.assert_trees_all_equal(first, make_state(1.0, self.sharding)["params"])
 
   def test_missing_and_empty_directories_name_the_path(self):
     abstract_params = abstract_like(
-        make_state(0.0, self.sharding)["params"], self.sharding)
+        make_state(0.0, self.sharding)["params"], self.sharding
+    )
     missing = os.path.join(self.create_tempdir().full_path, "nowhere")
     with self.assertRaisesRegex(FileNotFoundError, f"{missing} does not exist"):
       checkpointing.restore_params_only(missing, abstract_params)
     empty = self.create_tempdir().full_path
-    with self.assertRaisesRegex(FileNotFoundError, f"{empty} holds no checkpoint"):
+    with self.assertRaisesRegex(
+        FileNotFoundError, f"{empty} holds no checkpoint"
+    ):
       checkpointing.restore_params_only(empty, abstract_params)
     self.assertFalse(os.path.exists(missing))
 
@@ -214,7 +238,8 @@ class CheckpointingTest(parameterized.TestCase):
     state = make_state(1.0, self.sharding)
     ckpt.save(1, state, {})
     with self.assertRaisesRegex(
-        FileNotFoundError, rf"step 7 in {self.directory}.*\[1\]"):
+        FileNotFoundError, rf"step 7 in {self.directory}.*\[1\]"
+    ):
       ckpt.restore(7, abstract_like(state, self.sharding))
 
   def test_abstract_leaf_without_sharding_is_rejected(self):
@@ -223,7 +248,9 @@ class CheckpointingTest(parameterized.TestCase):
     ckpt.save(1, state, {})
     abstract = abstract_like(state, self.sharding)
     abstract["opt_state"]["mu"] = jax.ShapeDtypeStruct((4, 2), jnp.float32)
-    with self.assertRaisesRegex(ValueError, r"\['opt_state'\]\['mu'\].*sharding"):
+    with self.assertRaisesRegex(
+        ValueError, r"\['opt_state'\]\['mu'\].*sharding"
+    ):
       ckpt.restore(1, abstract)
 
   @parameterized.named_parameters(
@@ -265,22 +292,29 @@ class RestoreNewestTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.directory = os.path.join(self.create_tempdir().full_path,
-                                  "checkpoints")
+    self.directory = os.path.join(
+        self.create_tempdir().full_path, "checkpoints"
+    )
     self.sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    self.abstract = abstract_like(make_big_state(0.0, self.sharding),
-                                  self.sharding)
+    self.abstract = abstract_like(
+        make_big_state(0.0, self.sharding), self.sharding
+    )
 
   def write_steps(self, *steps):
-    with checkpointing.Checkpointer(self.directory, save_period=1,
-                                    max_to_keep=0) as ckpt:
+    with checkpointing.Checkpointer(
+        self.directory, save_period=1, max_to_keep=0
+    ) as ckpt:
       for step in steps:
-        ckpt.save(step, make_big_state(float(step), self.sharding),
-                  {"samples_count": step * 8})
+        ckpt.save(
+            step,
+            make_big_state(float(step), self.sharding),
+            {"samples_count": step * 8},
+        )
 
   def make_checkpointer(self):
-    ckpt = checkpointing.Checkpointer(self.directory, save_period=1,
-                                      max_to_keep=0)
+    ckpt = checkpointing.Checkpointer(
+        self.directory, save_period=1, max_to_keep=0
+    )
     self.addCleanup(ckpt.close)
     return ckpt
 
@@ -293,8 +327,9 @@ class RestoreNewestTest(parameterized.TestCase):
     self.assertEqual(restored.step, 8)
     self.assertEqual(restored.set_aside, ())
     self.assertEqual(restored.metadata, {"samples_count": 64})
-    chex.assert_trees_all_equal(restored.state,
-                                make_big_state(8.0, self.sharding))
+    chex.assert_trees_all_equal(
+        restored.state, make_big_state(8.0, self.sharding)
+    )
 
   @parameterized.named_parameters(*DAMAGES)
   def test_damaged_newest_is_set_aside(self, damage):
@@ -307,19 +342,24 @@ class RestoreNewestTest(parameterized.TestCase):
 
     self.assertEqual(restored.step, 4)
     self.assertEqual(restored.metadata, {"samples_count": 32})
-    chex.assert_trees_all_equal(restored.state,
-                                make_big_state(4.0, self.sharding))
+    chex.assert_trees_all_equal(
+        restored.state, make_big_state(4.0, self.sharding)
+    )
     self.assertLen(restored.set_aside, 1)
     entry = restored.set_aside[0]
     self.assertEqual(entry.step, 8)
-    self.assertRegex(os.path.basename(entry.moved_to),
-                     r"^8\.corrupt-\d{8}T\d{6}Z$")
+    self.assertRegex(
+        os.path.basename(entry.moved_to), r"^8\.corrupt-\d{8}T\d{6}Z$"
+    )
     self.assertNotIn("\n", entry.reason)
     # Moved, not deleted: every file as the damage left it.
     self.assertEqual(snapshot(entry.moved_to), damaged_files)
     self.assertFalse(os.path.exists(os.path.join(self.directory, "8")))
-    warnings = [r.getMessage() for r in logs.records
-                if "cannot be restored" in r.getMessage()]
+    warnings = [
+        r.getMessage()
+        for r in logs.records
+        if "cannot be restored" in r.getMessage()
+    ]
     self.assertLen(warnings, 1)
     self.assertIn("step 8", warnings[0])
     self.assertIn(entry.reason, warnings[0])
@@ -349,21 +389,31 @@ class RestoreNewestTest(parameterized.TestCase):
     self.assertLen(lines, 3)
     self.assertIn(self.directory, lines[0])
     self.assertRegex(lines[1], r"step 8 \(moved to .*8\.corrupt-.*\): .*")
-    self.assertRegex(lines[2],
-                     r"step 4 \(moved to .*4\.corrupt-.*\): .*metadata")
+    self.assertRegex(
+        lines[2], r"step 4 \(moved to .*4\.corrupt-.*\): .*metadata"
+    )
     self.assertEqual(ckpt.all_steps(), [])
     self.assertLen(glob.glob(os.path.join(self.directory, "*.corrupt-*")), 2)
 
   @parameterized.named_parameters(
-      ("shape", lambda a: a["params"].update(
-          big=a["params"]["big"].update(shape=(128, 64))),
-       r"abstract_state\['params'\]\['big'\] has shape \(128, 64\) but "
-       r"checkpoint step 8 holds shape \(256, 64\)"),
-      ("extra_leaf", lambda a: a["params"].update(
-          extra=a["params"]["big"]),
-       r"abstract_state\['params'\]\['extra'\] is not in checkpoint step 8"),
-      ("missing_leaf", lambda a: a["opt_state"].pop("mu"),
-       r"checkpoint step 8 holds \['opt_state'\]\['mu'\]"),
+      (
+          "shape",
+          lambda a: a["params"].update(
+              big=a["params"]["big"].update(shape=(128, 64))
+          ),
+          r"abstract_state\['params'\]\['big'\] has shape \(128, 64\) but "
+          r"checkpoint step 8 holds shape \(256, 64\)",
+      ),
+      (
+          "extra_leaf",
+          lambda a: a["params"].update(extra=a["params"]["big"]),
+          r"abstract_state\['params'\]\['extra'\] is not in checkpoint step 8",
+      ),
+      (
+          "missing_leaf",
+          lambda a: a["opt_state"].pop("mu"),
+          r"checkpoint step 8 holds \['opt_state'\]\['mu'\]",
+      ),
   )
   def test_config_change_is_not_damage(self, change, regex):
     self.write_steps(4, 8)
@@ -380,7 +430,8 @@ class RestoreNewestTest(parameterized.TestCase):
   def test_dtype_change_is_a_cast_not_an_error(self):
     self.write_steps(8)
     self.abstract["params"]["big"] = jax.ShapeDtypeStruct(
-        (256, 64), jnp.bfloat16, sharding=self.sharding)
+        (256, 64), jnp.bfloat16, sharding=self.sharding
+    )
     restored = self.make_checkpointer().restore_newest(self.abstract)
     self.assertEqual(restored.step, 8)
     self.assertEqual(restored.state["params"]["big"].dtype, jnp.bfloat16)
@@ -420,31 +471,46 @@ class FullDiskTest(parameterized.TestCase):
   """A save onto a full disk: one clear error and no temporary files left."""
 
   @parameterized.named_parameters(
-      ("in_wait", "wait"), ("in_next_save", "next_save"), ("in_close", "close"))
+      ("in_wait", "wait"), ("in_next_save", "next_save"), ("in_close", "close")
+  )
   def test_full_disk(self, mode):
     if not tmpfs.available():
       self.skipTest("needs `unshare -Urm` and tmpfs mounts")
     mount = self.create_tempdir().full_path
     directory = os.path.join(mount, "checkpoints")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
-               JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu"
+    )
     result = subprocess.run(
-        tmpfs.command(mount, "1M", [sys.executable, "-c", _FULL_DISK_CHILD,
-                                    directory, mode]),
-        capture_output=True, text=True, env=env, check=False, timeout=300)
+        tmpfs.command(
+            mount,
+            "1M",
+            [sys.executable, "-c", _FULL_DISK_CHILD, directory, mode],
+        ),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=300,
+    )
     output = result.stdout + result.stderr
     self.assertEqual(result.returncode, 3, output)
-    errors = [line for line in result.stdout.splitlines()
-              if line.startswith("CheckpointError:")]
+    errors = [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith("CheckpointError:")
+    ]
     self.assertLen(errors, 1, output)
     self.assertEqual(
         errors[0],
         f"CheckpointError: could not write checkpoint step 1 to {directory}: "
-        "[Errno 28] No space left on device")
-    left = [line for line in result.stdout.splitlines()
-            if line.startswith("LEFT:")]
+        "[Errno 28] No space left on device",
+    )
+    left = [
+        line for line in result.stdout.splitlines() if line.startswith("LEFT:")
+    ]
     self.assertLen(left, 1, output)
-    self.assertEqual(json.loads(left[0][len("LEFT:"):]), [], output)
+    self.assertEqual(json.loads(left[0][len("LEFT:") :]), [], output)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def parse_gs_url(url: str) -> tuple[str, str]:
   """
   if not is_gs_url(url):
     raise ValueError(f"GCS url must start with {GS_SCHEME!r}, got {url!r}")
-  bucket, _, prefix = url[len(GS_SCHEME):].partition("/")
+  bucket, _, prefix = url[len(GS_SCHEME) :].partition("/")
   if not bucket:
     raise ValueError(f"GCS url must name a bucket, got {url!r}")
   return bucket, prefix.strip("/")
@@ -89,6 +89,7 @@ def default_client_factory():
   talks to that emulator with anonymous credentials.
   """
   from google.cloud import storage  # pylint: disable=g-import-not-at-top
+
   return storage.Client()
 
 
@@ -123,8 +124,14 @@ def _unreachable_cause(error: BaseException) -> Optional[str]:
     seen.add(id(e))
     if isinstance(e, (ConnectionRefusedError, socket.gaierror)):
       return f"{type(e).__name__}: {e}"
-    stack.extend((e.__cause__, e.__context__, getattr(e, "reason", None),
-                  getattr(e, "cause", None)))
+    stack.extend(
+        (
+            e.__cause__,
+            e.__context__,
+            getattr(e, "reason", None),
+            getattr(e, "cause", None),
+        )
+    )
     stack.extend(a for a in e.args if isinstance(a, BaseException))
   return None
 
@@ -139,13 +146,16 @@ def bounded_retry(timeout_s: float):
   from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
   # The library's own list of transient errors; it has no public accessor.
   transient = retry.DEFAULT_RETRY._predicate  # pylint: disable=protected-access
-  return retry.DEFAULT_RETRY.with_predicate(
-      lambda e: transient(e) and not is_unreachable_error(e)).with_timeout(
-          timeout_s).with_delay(initial=0.1, maximum=1.0, multiplier=2.0)
+  return (
+      retry.DEFAULT_RETRY.with_predicate(
+          lambda e: transient(e) and not is_unreachable_error(e)
+      )
+      .with_timeout(timeout_s)
+      .with_delay(initial=0.1, maximum=1.0, multiplier=2.0)
+  )
 
 
-def _cut_timeout(request_timeout_s: float,
-                 deadline: Optional[float]) -> float:
+def _cut_timeout(request_timeout_s: float, deadline: Optional[float]) -> float:
   """One request's bound: `request_timeout_s`, cut to what `deadline` leaves.
 
   Raises:
@@ -159,8 +169,13 @@ def _cut_timeout(request_timeout_s: float,
   return max(0.1, min(request_timeout_s, remaining))
 
 
-def _list_blobs(client, bucket, prefix: str, request_timeout_s: float,
-                deadline: Optional[float]) -> list[Any]:
+def _list_blobs(
+    client,
+    bucket,
+    prefix: str,
+    request_timeout_s: float,
+    deadline: Optional[float],
+) -> list[Any]:
   """Every blob under `prefix`, one request per page, within `deadline`.
 
   Each page gets its own request bound cut to what the deadline leaves, so a
@@ -185,11 +200,17 @@ def _list_blobs(client, bucket, prefix: str, request_timeout_s: float,
     try:
       timeout = _cut_timeout(request_timeout_s, deadline)
     except GcsError:
-      raise GcsError(f"listing of {prefix!r} did not finish in time, "
-                     f"{len(blobs)} objects listed") from None
-    iterator = client.list_blobs(bucket, prefix=prefix, page_token=token,
-                                 timeout=timeout,
-                                 retry=bounded_retry(timeout))
+      raise GcsError(
+          f"listing of {prefix!r} did not finish in time, "
+          f"{len(blobs)} objects listed"
+      ) from None
+    iterator = client.list_blobs(
+        bucket,
+        prefix=prefix,
+        page_token=token,
+        timeout=timeout,
+        retry=bounded_retry(timeout),
+    )
     blobs.extend(next(iterator.pages))
     token = iterator.next_page_token
     if not token:
@@ -199,18 +220,23 @@ def _list_blobs(client, bucket, prefix: str, request_timeout_s: float,
 def _is_permanent_object_error(error: BaseException) -> bool:
   """A 4xx answer about one object (other objects may still succeed)."""
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-  return (isinstance(error, exceptions.ClientError) and
-          error.code not in (408, 429))
+
+  return isinstance(error, exceptions.ClientError) and error.code not in (
+      408,
+      429,
+  )
 
 
 def _is_not_found(error: BaseException) -> bool:
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+
   return isinstance(error, exceptions.NotFound)
 
 
 def _crc32c_b64(path: str) -> str:
   """The file's CRC32C as GCS reports it (base64 of the big-endian value)."""
   import google_crc32c  # pylint: disable=g-import-not-at-top
+
   checksum = google_crc32c.Checksum()
   with open(path, "rb") as f:
     for chunk in iter(lambda: f.read(_CHUNK), b""):
@@ -235,6 +261,7 @@ class MirrorStats:
       bucket does not hold as they are locally, sorted; empty before.
     pending: True while a requested pass has not completed yet.
   """
+
   passes: int
   failed_passes: int
   files_uploaded: int
@@ -253,14 +280,19 @@ class GcsMirror:
   thread. None of them raises on network trouble.
   """
 
-  def __init__(self, local_dir: str, gs_url: str, *,
-               client_factory: Optional[Callable[[], Any]] = None,
-               min_interval_s: float = 30.0,
-               max_retries: int = 3,
-               backoff_s: float = 2.0,
-               request_timeout_s: float = 60.0,
-               final_timeout_s: float = 300.0,
-               exclude: Iterable[str] = DEFAULT_EXCLUDE):
+  def __init__(
+      self,
+      local_dir: str,
+      gs_url: str,
+      *,
+      client_factory: Optional[Callable[[], Any]] = None,
+      min_interval_s: float = 30.0,
+      max_retries: int = 3,
+      backoff_s: float = 2.0,
+      request_timeout_s: float = 60.0,
+      final_timeout_s: float = 300.0,
+      exclude: Iterable[str] = DEFAULT_EXCLUDE,
+  ):
     """Starts the background thread; uploads begin on the first request.
 
     Args:
@@ -281,12 +313,16 @@ class GcsMirror:
       ValueError: a bad URL or a negative or zero bound.
     """
     self._bucket_name, self._prefix = parse_gs_url(gs_url)
-    for name, value in (("min_interval_s", min_interval_s),
-                        ("backoff_s", backoff_s)):
+    for name, value in (
+        ("min_interval_s", min_interval_s),
+        ("backoff_s", backoff_s),
+    ):
       if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
-    for name, value in (("request_timeout_s", request_timeout_s),
-                        ("final_timeout_s", final_timeout_s)):
+    for name, value in (
+        ("request_timeout_s", request_timeout_s),
+        ("final_timeout_s", final_timeout_s),
+    ):
       if value <= 0:
         raise ValueError(f"{name} must be > 0, got {value}")
     if max_retries < 0:
@@ -308,9 +344,16 @@ class GcsMirror:
     self._wake = threading.Event()
     self._closing = threading.Event()
     self._stats_lock = threading.Lock()
-    self._stats = dict(passes=0, failed_passes=0, files_uploaded=0,
-                       files_deleted=0, files_seeded=0, last_error=None,
-                       unreachable=False, not_uploaded=())
+    self._stats = dict(
+        passes=0,
+        failed_passes=0,
+        files_uploaded=0,
+        files_deleted=0,
+        files_seeded=0,
+        last_error=None,
+        unreachable=False,
+        not_uploaded=(),
+    )
     # The short text of the newest failure when it was an unreachable
     # endpoint, for close()'s warning; None otherwise.
     self._unreachable_cause: Optional[str] = None
@@ -318,8 +361,9 @@ class GcsMirror:
     self._in_pass = False
     self._final_ok = False
     self._closed = False
-    self._thread = threading.Thread(target=self._loop, name="gcs-mirror",
-                                    daemon=True)
+    self._thread = threading.Thread(
+        target=self._loop, name="gcs-mirror", daemon=True
+    )
     self._thread.start()
 
   # --- caller side ------------------------------------------------------------
@@ -330,8 +374,9 @@ class GcsMirror:
 
   def stats(self) -> MirrorStats:
     with self._stats_lock:
-      return MirrorStats(pending=self._wake.is_set() or self._in_pass,
-                         **self._stats)
+      return MirrorStats(
+          pending=self._wake.is_set() or self._in_pass, **self._stats
+      )
 
   def close(self, timeout_s: Optional[float] = None) -> bool:
     """Runs a final pass and waits for it at most `timeout_s` seconds.
@@ -374,8 +419,13 @@ class GcsMirror:
       names += ", ..."
     logging.warning(
         "GCS mirror %s -> %s: %d file(s) not uploaded%s: %s; the local copy"
-        " keeps everything.", self.local_dir, self.gs_url, len(missing),
-        f" ({names})" if names else "", reason)
+        " keeps everything.",
+        self.local_dir,
+        self.gs_url,
+        len(missing),
+        f" ({names})" if names else "",
+        reason,
+    )
     return False
 
   def __enter__(self) -> "GcsMirror":
@@ -391,8 +441,11 @@ class GcsMirror:
     # A copy: the background thread may still be updating it after a
     # close() that timed out.
     synced = dict(self._synced)
-    return sorted(rel for rel, (signature, _) in self._scan().items()
-                  if synced.get(rel) != signature)
+    return sorted(
+        rel
+        for rel, (signature, _) in self._scan().items()
+        if synced.get(rel) != signature
+    )
 
   # --- background thread ------------------------------------------------------
 
@@ -449,18 +502,26 @@ class GcsMirror:
       with self._stats_lock:
         # An endpoint that never worked and refuses now will not start
         # working within close()'s wait; retrying only delays the run's end.
-        never_reached = (self._stats["unreachable"] and
-                         self._stats["passes"] == 0)
-      if (attempt > self._max_retries or (final and never_reached) or
-          (remaining is not None and remaining <= delay)):
+        never_reached = (
+            self._stats["unreachable"] and self._stats["passes"] == 0
+        )
+      if (
+          attempt > self._max_retries
+          or (final and never_reached)
+          or (remaining is not None and remaining <= delay)
+      ):
         with self._stats_lock:
           self._stats["failed_passes"] += 1
         if not final:
           logging.warning(
               "GCS mirror %s -> %s: upload pass failed after %d attempt(s):"
               " %s. Training goes on; the local copy keeps everything and a"
-              " later pass retries.", self.local_dir, self.gs_url, attempt,
-              error)
+              " later pass retries.",
+              self.local_dir,
+              self.gs_url,
+              attempt,
+              error,
+          )
         return False
       if final:
         time.sleep(delay)
@@ -469,8 +530,9 @@ class GcsMirror:
 
   def _request_timeout(self, final: bool) -> float:
     try:
-      return _cut_timeout(self._request_timeout_s,
-                          self._final_deadline if final else None)
+      return _cut_timeout(
+          self._request_timeout_s, self._final_deadline if final else None
+      )
     except GcsError:
       raise GcsError("close() deadline passed") from None
 
@@ -498,12 +560,16 @@ class GcsMirror:
   def _seed(self, bucket, local, final: bool) -> None:
     """Marks local files that the bucket already holds as uploaded."""
     list_prefix = _object_name(self._prefix, "")
-    blobs = _list_blobs(bucket.client, bucket, list_prefix,
-                        self._request_timeout_s,
-                        self._final_deadline if final else None)
+    blobs = _list_blobs(
+        bucket.client,
+        bucket,
+        list_prefix,
+        self._request_timeout_s,
+        self._final_deadline if final else None,
+    )
     seeded = 0
     for blob in blobs:
-      rel = blob.name[len(list_prefix):]
+      rel = blob.name[len(list_prefix) :]
       if rel not in local or not blob.crc32c:
         continue
       signature, path = local[rel]
@@ -537,7 +603,8 @@ class GcsMirror:
       timeout = self._request_timeout(final)
       try:
         bucket.blob(_object_name(self._prefix, rel)).upload_from_filename(
-            path, timeout=timeout, retry=bounded_retry(timeout))
+            path, timeout=timeout, retry=bounded_retry(timeout)
+        )
       except FileNotFoundError:
         continue  # Deleted since the scan; the next pass sees it gone.
       except Exception as e:  # pylint: disable=broad-except
@@ -552,7 +619,8 @@ class GcsMirror:
       timeout = self._request_timeout(final)
       try:
         bucket.blob(_object_name(self._prefix, rel)).delete(
-            timeout=timeout, retry=bounded_retry(timeout))
+            timeout=timeout, retry=bounded_retry(timeout)
+        )
       except Exception as e:  # pylint: disable=broad-except
         if not _is_not_found(e):
           if not _is_permanent_object_error(e):
@@ -567,12 +635,16 @@ class GcsMirror:
     return True
 
 
-def download_prefix(gs_url: str, local_dir: str, *,
-                    client_factory: Optional[Callable[[], Any]] = None,
-                    request_timeout_s: float = 60.0,
-                    list_timeout_s: Optional[float] = None,
-                    overwrite: bool = False,
-                    exclude: Iterable[str] = DEFAULT_EXCLUDE) -> list[str]:
+def download_prefix(
+    gs_url: str,
+    local_dir: str,
+    *,
+    client_factory: Optional[Callable[[], Any]] = None,
+    request_timeout_s: float = 60.0,
+    list_timeout_s: Optional[float] = None,
+    overwrite: bool = False,
+    exclude: Iterable[str] = DEFAULT_EXCLUDE,
+) -> list[str]:
   """Downloads every object under `gs_url` into `local_dir`.
 
   First the prefix is listed: that look-up (is there a run, and what does it
@@ -608,28 +680,38 @@ def download_prefix(gs_url: str, local_dir: str, *,
       `list_timeout_s`, or listing or downloading failed within its retries.
   """
   bucket_name, prefix = parse_gs_url(gs_url)
-  for name, value in (("request_timeout_s", request_timeout_s),
-                      ("list_timeout_s", list_timeout_s)):
+  for name, value in (
+      ("request_timeout_s", request_timeout_s),
+      ("list_timeout_s", list_timeout_s),
+  ):
     if value is not None and value <= 0:
       raise ValueError(f"{name} must be > 0, got {value}")
-  list_deadline = (None if list_timeout_s is None else
-                   time.monotonic() + list_timeout_s)
+  list_deadline = (
+      None if list_timeout_s is None else time.monotonic() + list_timeout_s
+  )
   list_prefix = _object_name(prefix, "")
   local_dir = os.path.abspath(local_dir)
   retry = bounded_retry(request_timeout_s)
   written = []
   try:
     client = (client_factory or default_client_factory)()
-    blobs = _list_blobs(client, bucket_name, list_prefix, request_timeout_s,
-                        list_deadline)
+    blobs = _list_blobs(
+        client, bucket_name, list_prefix, request_timeout_s, list_deadline
+    )
     for blob in blobs:
-      rel = blob.name[len(list_prefix):]
+      rel = blob.name[len(list_prefix) :]
       parts = rel.split("/")
-      if not rel or rel.endswith("/") or any(p in ("", ".", "..")
-                                             for p in parts):
+      if (
+          not rel
+          or rel.endswith("/")
+          or any(p in ("", ".", "..") for p in parts)
+      ):
         if rel and not rel.endswith("/"):
-          logging.warning("download_prefix: skipping object %r (not a "
-                          "plain relative path)", blob.name)
+          logging.warning(
+              "download_prefix: skipping object %r (not a "
+              "plain relative path)",
+              blob.name,
+          )
         continue
       if any(fnmatch.fnmatch(rel, p) for p in exclude):
         continue
@@ -637,8 +719,9 @@ def download_prefix(gs_url: str, local_dir: str, *,
       if os.path.exists(path) and not overwrite:
         continue
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
-                                 prefix=f".{parts[-1]}.", suffix=".part")
+      fd, tmp = tempfile.mkstemp(
+          dir=os.path.dirname(path), prefix=f".{parts[-1]}.", suffix=".part"
+      )
       os.close(fd)
       try:
         blob.download_to_filename(tmp, timeout=request_timeout_s, retry=retry)
@@ -649,8 +732,12 @@ def download_prefix(gs_url: str, local_dir: str, *,
       written.append(rel)
   except Exception as e:  # pylint: disable=broad-except
     cause = _unreachable_cause(e)
-    what = (f"unreachable endpoint ({cause})" if cause else
-            f"{type(e).__name__}: {e}")
-    raise GcsError(f"download of {gs_url} into {local_dir} failed: "
-                   f"{what}") from e
+    what = (
+        f"unreachable endpoint ({cause})"
+        if cause
+        else f"{type(e).__name__}: {e}"
+    )
+    raise GcsError(
+        f"download of {gs_url} into {local_dir} failed: " f"{what}"
+    ) from e
   return sorted(written)

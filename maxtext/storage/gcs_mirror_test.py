@@ -51,9 +51,14 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
 
   def _mirror(self, emulator=None, **kwargs):
     emulator = emulator or self.emulator
-    options = dict(client_factory=emulator.client, min_interval_s=0.0,
-                   max_retries=1, backoff_s=0.05, request_timeout_s=2.0,
-                   final_timeout_s=30.0)
+    options = dict(
+        client_factory=emulator.client,
+        min_interval_s=0.0,
+        max_retries=1,
+        backoff_s=0.05,
+        request_timeout_s=2.0,
+        final_timeout_s=30.0,
+    )
     options.update(kwargs)
     return gcs_mirror.GcsMirror(self.local, self.url, **options)
 
@@ -62,8 +67,13 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     mirror = self._mirror()
     mirror.request_sync()
     _wait_until(lambda: mirror.stats().passes >= 1)
-    _write(self.local, {"mllog.log": b":::MLLOG changed\n",
-                        "checkpoints/2/state/data": b"new checkpoint"})
+    _write(
+        self.local,
+        {
+            "mllog.log": b":::MLLOG changed\n",
+            "checkpoints/2/state/data": b"new checkpoint",
+        },
+    )
     os.remove(os.path.join(self.local, "checkpoints/1/state/data"))
     _write(self.local, {"checkpoints/3.orbax-checkpoint-tmp-1/data": b"x"})
     mirror.request_sync()
@@ -71,7 +81,9 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
 
     expected = gcs_emulator.local_files(self.local)
     del expected["checkpoints/3.orbax-checkpoint-tmp-1/data"]
-    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix), expected)
+    self.assertEqual(
+        gcs_emulator.remote_files(self.client, _BUCKET, self.prefix), expected
+    )
     self.assertEqual(mirror.stats().files_deleted, 1)
     self.assertFalse(mirror.stats().pending)
 
@@ -82,8 +94,9 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     # the next pass, which only close() forces.
     mirror = self._mirror(min_interval_s=3600.0)
     mirror.request_sync()
-    _wait_until(lambda: mirror.stats().passes == 1 and
-                not mirror.stats().pending)
+    _wait_until(
+        lambda: mirror.stats().passes == 1 and not mirror.stats().pending
+    )
     self.assertEqual(mirror.stats().files_uploaded, len(files))
     for i in range(20):
       _write(self.local, {"mllog.log": f"line {i}\n".encode()})
@@ -94,8 +107,12 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     stats = mirror.stats()
     self.assertEqual(stats.passes, 2)
     self.assertEqual(stats.files_uploaded, len(files) + 1)
-    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix)["mllog.log"],
-                     b"line 19\n")
+    self.assertEqual(
+        gcs_emulator.remote_files(self.client, _BUCKET, self.prefix)[
+            "mllog.log"
+        ],
+        b"line 19\n",
+    )
 
   def test_request_sync_returns_while_a_pass_is_blocked(self):
     _write(self.local, _files("blocked"))
@@ -112,15 +129,18 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.assertEqual(mirror.stats().passes, 0)
     release.set()
     self.assertTrue(mirror.close())
-    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
-                     gcs_emulator.local_files(self.local))
+    self.assertEqual(
+        gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
+        gcs_emulator.local_files(self.local),
+    )
 
   def test_emulator_down_from_the_start_warns_and_close_is_bounded(self):
     _write(self.local, _files("down"))
     dead = gcs_emulator.GcsEmulator()  # Never started: nothing listens.
     self.addCleanup(dead.cleanup)
-    mirror = self._mirror(emulator=dead, request_timeout_s=0.5,
-                          final_timeout_s=2.0)
+    mirror = self._mirror(
+        emulator=dead, request_timeout_s=0.5, final_timeout_s=2.0
+    )
     with self.assertLogs(level="WARNING") as logs:
       mirror.request_sync()
       _wait_until(lambda: mirror.stats().failed_passes >= 1)
@@ -128,10 +148,12 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.assertFalse(ok)
     # The final pass gave up on its own deadline; close() did not have to
     # abandon a thread that was still busy.
-    self.assertTrue(any("upload pass failed" in m for m in logs.output),
-                    logs.output)
-    self.assertFalse(any("did not finish" in m for m in logs.output),
-                     logs.output)
+    self.assertTrue(
+        any("upload pass failed" in m for m in logs.output), logs.output
+    )
+    self.assertFalse(
+        any("did not finish" in m for m in logs.output), logs.output
+    )
     self.assertIn("Connection", mirror.stats().last_error)
     self.assertEqual(mirror.stats().files_uploaded, 0)
     # Calling close again returns the same verdict at once.
@@ -141,15 +163,21 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     emulator = gcs_emulator.GcsEmulator(buckets=[_BUCKET]).start()
     self.addCleanup(emulator.cleanup)
     _write(self.local, _files("before"))
-    mirror = self._mirror(emulator=emulator, request_timeout_s=1.0,
-                          final_timeout_s=30.0)
+    mirror = self._mirror(
+        emulator=emulator, request_timeout_s=1.0, final_timeout_s=30.0
+    )
     mirror.request_sync()
     _wait_until(lambda: mirror.stats().passes >= 1)
 
     emulator.kill()
     # Over 8 MiB: a resumable upload, in several requests.
-    _write(self.local, {"checkpoints/2/state/data": os.urandom(9 << 20),
-                        "mllog.log": b":::MLLOG after the crash\n"})
+    _write(
+        self.local,
+        {
+            "checkpoints/2/state/data": os.urandom(9 << 20),
+            "mllog.log": b":::MLLOG after the crash\n",
+        },
+    )
     with self.assertLogs(level="WARNING") as logs:
       mirror.request_sync()
       _wait_until(lambda: mirror.stats().failed_passes >= 1)
@@ -157,8 +185,10 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
 
     emulator.start()
     self.assertTrue(mirror.close())
-    self.assertEqual(gcs_emulator.remote_files(emulator.client(), _BUCKET, self.prefix),
-                     gcs_emulator.local_files(self.local))
+    self.assertEqual(
+        gcs_emulator.remote_files(emulator.client(), _BUCKET, self.prefix),
+        gcs_emulator.local_files(self.local),
+    )
 
   def test_download_prefix_restores_a_deleted_staging(self):
     files = _files("restore")
@@ -168,8 +198,9 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.assertTrue(mirror.close())
     shutil.rmtree(self.local)
 
-    written = gcs_mirror.download_prefix(self.url, self.local,
-                                         client_factory=self.emulator.client)
+    written = gcs_mirror.download_prefix(
+        self.url, self.local, client_factory=self.emulator.client
+    )
     self.assertEqual(written, sorted(files))
     self.assertEqual(gcs_emulator.local_files(self.local), files)
 
@@ -180,32 +211,52 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.assertTrue(resumed.close())
     self.assertEqual(resumed.stats().files_seeded, len(files))
     self.assertEqual(resumed.stats().files_uploaded, 1)
-    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
-                     gcs_emulator.local_files(self.local))
+    self.assertEqual(
+        gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
+        gcs_emulator.local_files(self.local),
+    )
 
   def test_download_prefix_keeps_local_files_and_reports_empty_prefix(self):
-    self.assertEqual(gcs_mirror.download_prefix(
-        f"gs://{_BUCKET}/nothing/here", self.local,
-        client_factory=self.emulator.client), [])
+    self.assertEqual(
+        gcs_mirror.download_prefix(
+            f"gs://{_BUCKET}/nothing/here",
+            self.local,
+            client_factory=self.emulator.client,
+        ),
+        [],
+    )
     _write(self.local, {"a.txt": b"remote"})
     with self._mirror() as mirror:
       mirror.request_sync()
     _write(self.local, {"a.txt": b"local"})
-    self.assertEqual(gcs_mirror.download_prefix(
-        self.url, self.local, client_factory=self.emulator.client), [])
+    self.assertEqual(
+        gcs_mirror.download_prefix(
+            self.url, self.local, client_factory=self.emulator.client
+        ),
+        [],
+    )
     self.assertEqual(gcs_emulator.local_files(self.local), {"a.txt": b"local"})
-    self.assertEqual(gcs_mirror.download_prefix(
-        self.url, self.local, client_factory=self.emulator.client,
-        overwrite=True), ["a.txt"])
+    self.assertEqual(
+        gcs_mirror.download_prefix(
+            self.url,
+            self.local,
+            client_factory=self.emulator.client,
+            overwrite=True,
+        ),
+        ["a.txt"],
+    )
     self.assertEqual(gcs_emulator.local_files(self.local), {"a.txt": b"remote"})
 
   def test_download_prefix_with_emulator_down_raises_gcs_error(self):
     dead = gcs_emulator.GcsEmulator()
     self.addCleanup(dead.cleanup)
     with self.assertRaisesRegex(gcs_mirror.GcsError, self.url):
-      gcs_mirror.download_prefix(self.url, self.local,
-                                 client_factory=dead.client,
-                                 request_timeout_s=0.5)
+      gcs_mirror.download_prefix(
+          self.url,
+          self.local,
+          client_factory=dead.client,
+          request_timeout_s=0.5,
+      )
 
   # The bounds below are the production defaults (config base.py), under which
   # the code before fail-fast took 60 s to give up on a download and about
@@ -220,9 +271,11 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     start = time.monotonic()
     with self.assertRaisesRegex(gcs_mirror.GcsError, "unreachable endpoint"):
       gcs_mirror.download_prefix(
-          self.url, self.local,
+          self.url,
+          self.local,
           client_factory=lambda: gcs_emulator.client_for(url),
-          request_timeout_s=60.0)
+          request_timeout_s=60.0,
+      )
     self.assertLess(time.monotonic() - start, 10.0)
     self.assertFalse(os.path.exists(self.local))
 
@@ -232,9 +285,12 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     start = time.monotonic()
     with self.assertRaisesRegex(gcs_mirror.GcsError, self.url):
       gcs_mirror.download_prefix(
-          self.url, self.local,
+          self.url,
+          self.local,
           client_factory=lambda: gcs_emulator.client_for(proxy.url),
-          request_timeout_s=60.0, list_timeout_s=1.0)
+          request_timeout_s=60.0,
+          list_timeout_s=1.0,
+      )
     self.assertLess(time.monotonic() - start, 10.0)
 
   @parameterized.named_parameters(
@@ -243,21 +299,27 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
   )
   def test_download_prefix_bad_bounds_raise(self, kwargs, field):
     with self.assertRaisesRegex(ValueError, field):
-      gcs_mirror.download_prefix(self.url, self.local,
-                                 client_factory=self.emulator.client, **kwargs)
+      gcs_mirror.download_prefix(
+          self.url, self.local, client_factory=self.emulator.client, **kwargs
+      )
 
   @parameterized.named_parameters(
       ("closed_port", gcs_emulator.closed_port_url),
       ("unresolvable_host", gcs_emulator.unresolvable_url),
   )
   def test_unreachable_endpoint_close_is_prompt_and_names_what_is_missing(
-      self, url_fn):
+      self, url_fn
+  ):
     files = _files("unreachable")
     _write(self.local, files)
     url = url_fn()
-    mirror = self._mirror(client_factory=lambda: gcs_emulator.client_for(url),
-                          max_retries=3, backoff_s=2.0,
-                          request_timeout_s=60.0, final_timeout_s=300.0)
+    mirror = self._mirror(
+        client_factory=lambda: gcs_emulator.client_for(url),
+        max_retries=3,
+        backoff_s=2.0,
+        request_timeout_s=60.0,
+        final_timeout_s=300.0,
+    )
     mirror.request_sync()
     _wait_until(lambda: mirror.stats().last_error is not None)
     self.assertTrue(mirror.stats().unreachable)
@@ -267,9 +329,11 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.assertLess(time.monotonic() - start, 10.0)
     self.assertFalse(ok)
     self.assertLen(logs.output, 1)
-    self.assertIn("4 file(s) not uploaded (checkpoints/1/state/data, "
-                  "metrics.jsonl, mllog.log, tensorboard/events.out)",
-                  logs.output[0])
+    self.assertIn(
+        "4 file(s) not uploaded (checkpoints/1/state/data, "
+        "metrics.jsonl, mllog.log, tensorboard/events.out)",
+        logs.output[0],
+    )
     stats = mirror.stats()
     self.assertEqual(stats.not_uploaded, tuple(sorted(files)))
     self.assertEqual(stats.files_uploaded, 0)
@@ -279,16 +343,23 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
   def test_close_before_any_pass_against_closed_port_is_prompt(self):
     _write(self.local, {"config.json": b"{}"})
     url = gcs_emulator.closed_port_url()
-    mirror = self._mirror(client_factory=lambda: gcs_emulator.client_for(url),
-                          max_retries=3, backoff_s=2.0,
-                          request_timeout_s=60.0, final_timeout_s=300.0)
+    mirror = self._mirror(
+        client_factory=lambda: gcs_emulator.client_for(url),
+        max_retries=3,
+        backoff_s=2.0,
+        request_timeout_s=60.0,
+        final_timeout_s=300.0,
+    )
     start = time.monotonic()
     with self.assertLogs(level="WARNING") as logs:
       self.assertFalse(mirror.close())
     self.assertLess(time.monotonic() - start, 10.0)
-    self.assertIn("1 file(s) not uploaded (config.json): the endpoint is "
-                  "unreachable (ConnectionRefusedError: [Errno 111] "
-                  "Connection refused)", logs.output[0])
+    self.assertIn(
+        "1 file(s) not uploaded (config.json): the endpoint is "
+        "unreachable (ConnectionRefusedError: [Errno 111] "
+        "Connection refused)",
+        logs.output[0],
+    )
 
   def test_warning_names_a_few_files_when_many_are_missing(self):
     _write(self.local, {f"f{i:02d}": b"x" for i in range(12)})
@@ -296,8 +367,9 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     mirror = self._mirror(client_factory=lambda: gcs_emulator.client_for(url))
     with self.assertLogs(level="WARNING") as logs:
       self.assertFalse(mirror.close())
-    self.assertIn("12 file(s) not uploaded (f00, f01, f02, f03, f04, ...)",
-                  logs.output[0])
+    self.assertIn(
+        "12 file(s) not uploaded (f00, f01, f02, f03, f04, ...)", logs.output[0]
+    )
     self.assertLen(mirror.stats().not_uploaded, 12)
 
   def test_slow_endpoint_that_never_completed_a_pass_keeps_final_retries(self):
@@ -310,8 +382,11 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.addCleanup(proxy.close)
     mirror = self._mirror(
         client_factory=lambda: gcs_emulator.client_for(proxy.url),
-        request_timeout_s=0.5, max_retries=100, backoff_s=0.2,
-        final_timeout_s=60.0)
+        request_timeout_s=0.5,
+        max_retries=100,
+        backoff_s=0.2,
+        final_timeout_s=60.0,
+    )
     mirror.request_sync()
     _wait_until(lambda: mirror.stats().last_error is not None)
     self.assertFalse(mirror.stats().unreachable)
@@ -321,20 +396,28 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.addCleanup(lift.cancel)
     self.assertTrue(mirror.close())
     self.assertEqual(mirror.stats().not_uploaded, ())
-    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET,
-                                               self.prefix), files)
+    self.assertEqual(
+        gcs_emulator.remote_files(self.client, _BUCKET, self.prefix), files
+    )
 
   def test_default_client_factory_uses_storage_emulator_host(self):
     _write(self.local, {"config.json": b"{}"})
-    with mock.patch.dict(os.environ,
-                         {"STORAGE_EMULATOR_HOST": self.emulator.url}):
-      mirror = gcs_mirror.GcsMirror(self.local, self.url, min_interval_s=0.0,
-                                    request_timeout_s=2.0,
-                                    final_timeout_s=30.0)
+    with mock.patch.dict(
+        os.environ, {"STORAGE_EMULATOR_HOST": self.emulator.url}
+    ):
+      mirror = gcs_mirror.GcsMirror(
+          self.local,
+          self.url,
+          min_interval_s=0.0,
+          request_timeout_s=2.0,
+          final_timeout_s=30.0,
+      )
       mirror.request_sync()
       self.assertTrue(mirror.close())
-    self.assertEqual(gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
-                     {"config.json": b"{}"})
+    self.assertEqual(
+        gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
+        {"config.json": b"{}"},
+    )
 
   @parameterized.named_parameters(
       ("bucket_and_prefix", "gs://b/x/y/", ("b", "x/y")),

@@ -27,14 +27,21 @@ from maxtext.storage import build_info
 from maxtext.storage import gcs_mirror
 
 # The workspace root: this file is maxtext/storage/run_dir.py.
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 _LOCK_DIR = os.path.join(_ROOT, "third_party", "py")
 # The build ships the lock of its platform (//third_party/py:requirements_lock).
-_LOCK_FILES = ("requirements_lock.txt", "requirements_tpu_lock.txt",
-               "requirements_gpu_lock.txt")
+_LOCK_FILES = (
+    "requirements_lock.txt",
+    "requirements_tpu_lock.txt",
+    "requirements_gpu_lock.txt",
+)
 
 
-def resolve_local_path(path: str, environ: Mapping[str, str] = os.environ) -> str:
+def resolve_local_path(
+    path: str, environ: Mapping[str, str] = os.environ
+) -> str:
   """Absolute form of a local path; relative paths are taken from the caller's cwd.
 
   Args:
@@ -46,14 +53,19 @@ def resolve_local_path(path: str, environ: Mapping[str, str] = os.environ) -> st
   """
   path = os.path.expanduser(path)
   if not os.path.isabs(path):
-    path = os.path.join(environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd(), path)
+    path = os.path.join(
+        environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd(), path
+    )
   return os.path.normpath(path)
 
 
 # Config fields naming files the run reads. Output locations are resolved
 # where the run directory is laid out (`make_run_paths`).
-INPUT_PATH_FIELDS = ("train_data_path", "eval_data_path",
-                     "load_parameters_path")
+INPUT_PATH_FIELDS = (
+    "train_data_path",
+    "eval_data_path",
+    "load_parameters_path",
+)
 
 
 def with_input_paths_resolved(config, environ: Mapping[str, str] = os.environ):
@@ -92,8 +104,9 @@ def new_run_name_suffix() -> str:
   return secrets.token_hex(2)
 
 
-def default_run_name(now: Optional[datetime.datetime] = None,
-                     suffix: Optional[str] = None) -> str:
+def default_run_name(
+    now: Optional[datetime.datetime] = None, suffix: Optional[str] = None
+) -> str:
   """A run name that two runs started at once do not share.
 
   The name is the UTC time to the microsecond plus a short random suffix,
@@ -124,10 +137,15 @@ def default_run_name(now: Optional[datetime.datetime] = None,
     suffix = new_run_name_suffix()
   if not isinstance(suffix, str):
     raise TypeError(f"suffix must be a str, got {suffix!r}")
-  if (not suffix or len(suffix) > _SUFFIX_MAX_LEN or
-      not set(suffix) <= _SUFFIX_CHARS):
-    raise ValueError(f"suffix must be 1 to {_SUFFIX_MAX_LEN} characters of "
-                     f"[a-z0-9], got {suffix!r}")
+  if (
+      not suffix
+      or len(suffix) > _SUFFIX_MAX_LEN
+      or not set(suffix) <= _SUFFIX_CHARS
+  ):
+    raise ValueError(
+        f"suffix must be 1 to {_SUFFIX_MAX_LEN} characters of "
+        f"[a-z0-9], got {suffix!r}"
+    )
   return now.strftime("run-%Y%m%d-%H%M%S-%f-") + suffix
 
 
@@ -141,6 +159,7 @@ class RunPaths:
     remote_url: gs://bucket/prefix/<run_name> when mirrored, else None.
     checkpoint_dir: orbax checkpoint directory (local path or gs:// URL).
   """
+
   run_name: str
   run_dir: str
   remote_url: Optional[str]
@@ -159,8 +178,9 @@ class RunPaths:
     return os.path.join(self.run_dir, "tensorboard")
 
 
-def make_run_paths(config, run_name: str,
-                   environ: Mapping[str, str] = os.environ) -> RunPaths:
+def make_run_paths(
+    config, run_name: str, environ: Mapping[str, str] = os.environ
+) -> RunPaths:
   """Resolves the run's paths from the config (no directory is created).
 
   Args:
@@ -174,7 +194,8 @@ def make_run_paths(config, run_name: str,
   base = config.base_output_directory
   if gcs_mirror.is_gs_url(base):
     staging = config.local_staging_directory or os.path.join(
-        tempfile.gettempdir(), "maxtext_staging")
+        tempfile.gettempdir(), "maxtext_staging"
+    )
     run_dir = os.path.join(resolve_local_path(staging, environ), run_name)
     remote_url = base.rstrip("/") + "/" + run_name
   else:
@@ -186,8 +207,12 @@ def make_run_paths(config, run_name: str,
       checkpoint_dir = resolve_local_path(checkpoint_dir, environ)
   else:
     checkpoint_dir = os.path.join(run_dir, "checkpoints")
-  return RunPaths(run_name=run_name, run_dir=run_dir, remote_url=remote_url,
-                  checkpoint_dir=checkpoint_dir)
+  return RunPaths(
+      run_name=run_name,
+      run_dir=run_dir,
+      remote_url=remote_url,
+      checkpoint_dir=checkpoint_dir,
+  )
 
 
 def _lock_hash() -> str:
@@ -217,7 +242,9 @@ def provenance(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
       "process_count": jax.process_count(),
       "device_count": len(devices),
       "devices": sorted({d.device_kind for d in devices}),
-      "start_time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+      "start_time_utc": datetime.datetime.now(
+          datetime.timezone.utc
+      ).isoformat(),
   }
 
 
@@ -227,7 +254,10 @@ def write_config_json(path: str, config, extra: Mapping[str, Any]) -> None:
   `maxtext.storage.run_record.record_attempt` calls this for a run's first
   attempt only and keeps every attempt in config_history.jsonl.
   """
-  document = {"config": config_lib.to_json_dict(config), "provenance": dict(extra)}
+  document = {
+      "config": config_lib.to_json_dict(config),
+      "provenance": dict(extra),
+  }
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(document, f, indent=2, sort_keys=True)

@@ -12,9 +12,13 @@ from maxtext.storage import run_dir
 
 
 def _config(**overrides):
-  config = ml_collections.ConfigDict(dict(
-      base_output_directory="runs", local_staging_directory="",
-      checkpoint_directory=""))
+  config = ml_collections.ConfigDict(
+      dict(
+          base_output_directory="runs",
+          local_staging_directory="",
+          checkpoint_directory="",
+      )
+  )
   config.update(overrides)
   return config
 
@@ -23,23 +27,31 @@ class ResolvePathTest(absltest.TestCase):
 
   def test_relative_path_resolves_against_the_bazel_run_caller(self):
     env = {"BUILD_WORKING_DIRECTORY": "/home/user/project"}
-    self.assertEqual(run_dir.resolve_local_path("out/runs", env),
-                     "/home/user/project/out/runs")
+    self.assertEqual(
+        run_dir.resolve_local_path("out/runs", env),
+        "/home/user/project/out/runs",
+    )
 
   def test_relative_path_without_bazel_uses_cwd(self):
-    self.assertEqual(run_dir.resolve_local_path("x", {}), os.path.join(os.getcwd(), "x"))
+    self.assertEqual(
+        run_dir.resolve_local_path("x", {}), os.path.join(os.getcwd(), "x")
+    )
 
   def test_absolute_and_home_paths(self):
     env = {"BUILD_WORKING_DIRECTORY": "/elsewhere"}
     self.assertEqual(run_dir.resolve_local_path("/abs/p", env), "/abs/p")
-    self.assertEqual(run_dir.resolve_local_path("~/p", env),
-                     os.path.join(os.path.expanduser("~"), "p"))
+    self.assertEqual(
+        run_dir.resolve_local_path("~/p", env),
+        os.path.join(os.path.expanduser("~"), "p"),
+    )
 
 
 class RunPathsTest(absltest.TestCase):
 
   def test_local_layout(self):
-    paths = run_dir.make_run_paths(_config(), "r1", {"BUILD_WORKING_DIRECTORY": "/w"})
+    paths = run_dir.make_run_paths(
+        _config(), "r1", {"BUILD_WORKING_DIRECTORY": "/w"}
+    )
     self.assertEqual(paths.run_dir, "/w/runs/r1")
     self.assertIsNone(paths.remote_url)
     self.assertEqual(paths.checkpoint_dir, "/w/runs/r1/checkpoints")
@@ -48,36 +60,47 @@ class RunPathsTest(absltest.TestCase):
     self.assertEqual(paths.tensorboard_dir, "/w/runs/r1/tensorboard")
 
   def test_gs_output_is_staged_locally_and_mirrored(self):
-    config = _config(base_output_directory="gs://bucket/prefix/",
-                     local_staging_directory="/stage")
+    config = _config(
+        base_output_directory="gs://bucket/prefix/",
+        local_staging_directory="/stage",
+    )
     paths = run_dir.make_run_paths(config, "r2", {})
     self.assertEqual(paths.run_dir, "/stage/r2")
     self.assertEqual(paths.remote_url, "gs://bucket/prefix/r2")
     self.assertEqual(paths.checkpoint_dir, "/stage/r2/checkpoints")
 
   def test_separate_checkpoint_directory(self):
-    paths = run_dir.make_run_paths(_config(checkpoint_directory="gs://b/ckpt"), "r", {})
+    paths = run_dir.make_run_paths(
+        _config(checkpoint_directory="gs://b/ckpt"), "r", {}
+    )
     self.assertEqual(paths.checkpoint_dir, "gs://b/ckpt")
 
 
 class DefaultRunNameTest(parameterized.TestCase):
 
   def test_utc_microseconds_and_given_suffix(self):
-    when = datetime.datetime(2026, 11, 30, 5, 17, 3, 123456,
-                             tzinfo=datetime.timezone.utc)
-    self.assertEqual(run_dir.default_run_name(when, suffix="a1b2"),
-                     "run-20261130-051703-123456-a1b2")
+    when = datetime.datetime(
+        2026, 11, 30, 5, 17, 3, 123456, tzinfo=datetime.timezone.utc
+    )
+    self.assertEqual(
+        run_dir.default_run_name(when, suffix="a1b2"),
+        "run-20261130-051703-123456-a1b2",
+    )
 
   def test_other_time_zones_are_converted_to_utc(self):
     tz = datetime.timezone(datetime.timedelta(hours=2))
     when = datetime.datetime(2026, 12, 1, 1, 0, 0, 5, tzinfo=tz)
-    self.assertEqual(run_dir.default_run_name(when, suffix="z9"),
-                     "run-20261130-230000-000005-z9")
+    self.assertEqual(
+        run_dir.default_run_name(when, suffix="z9"),
+        "run-20261130-230000-000005-z9",
+    )
 
   def test_same_time_gives_different_names(self):
     # The trainer's single-process path passes neither argument; two runs in
     # the same second (here: the same microsecond) must still differ.
-    when = datetime.datetime(2026, 11, 30, 5, 17, 3, tzinfo=datetime.timezone.utc)
+    when = datetime.datetime(
+        2026, 11, 30, 5, 17, 3, tzinfo=datetime.timezone.utc
+    )
     names = {run_dir.default_run_name(when) for _ in range(50)}
     self.assertGreater(len(names), 40)
     names.update(run_dir.default_run_name() for _ in range(50))
@@ -113,23 +136,30 @@ class ConfigJsonTest(absltest.TestCase):
       document = json.load(f)
     self.assertEqual(document["config"]["base_output_directory"], "runs")
     provenance = document["provenance"]
-    self.assertRegex(provenance["requirements_lock"], r"^requirements(_tpu|_gpu)?_lock\.txt:sha256:[0-9a-f]{64}$")
+    self.assertRegex(
+        provenance["requirements_lock"],
+        r"^requirements(_tpu|_gpu)?_lock\.txt:sha256:[0-9a-f]{64}$",
+    )
     self.assertEqual(provenance["jax_backend"], "cpu")
     self.assertGreaterEqual(provenance["device_count"], 1)
     self.assertIn("git_revision", provenance)
     self.assertFalse(os.path.exists(path + ".tmp"))
 
 
-
 class InputPathsTest(absltest.TestCase):
 
   def test_relative_inputs_resolve_against_the_callers_directory(self):
-    config = ml_collections.ConfigDict({
-        "train_data_path": "data/train.npy", "eval_data_path": "",
-        "load_parameters_path": "gs://bucket/ckpt"})
+    config = ml_collections.ConfigDict(
+        {
+            "train_data_path": "data/train.npy",
+            "eval_data_path": "",
+            "load_parameters_path": "gs://bucket/ckpt",
+        }
+    )
     config.lock()
     resolved = run_dir.with_input_paths_resolved(
-        config, {"BUILD_WORKING_DIRECTORY": "/caller"})
+        config, {"BUILD_WORKING_DIRECTORY": "/caller"}
+    )
     self.assertEqual(resolved.train_data_path, "/caller/data/train.npy")
     self.assertEqual(resolved.eval_data_path, "")
     self.assertEqual(resolved.load_parameters_path, "gs://bucket/ckpt")
@@ -137,10 +167,15 @@ class InputPathsTest(absltest.TestCase):
     self.assertEqual(config.train_data_path, "data/train.npy")  # A copy.
 
   def test_absolute_inputs_give_the_same_config(self):
-    config = ml_collections.ConfigDict({
-        "train_data_path": "/d/t.npy", "eval_data_path": "",
-        "load_parameters_path": ""})
+    config = ml_collections.ConfigDict(
+        {
+            "train_data_path": "/d/t.npy",
+            "eval_data_path": "",
+            "load_parameters_path": "",
+        }
+    )
     self.assertIs(run_dir.with_input_paths_resolved(config, {}), config)
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -62,8 +62,11 @@ _MAX_FIELD_LEN = 200
 
 
 def _utc_now_iso() -> str:
-  return datetime.datetime.now(datetime.timezone.utc).isoformat(
-      timespec="microseconds").replace("+00:00", "Z")
+  return (
+      datetime.datetime.now(datetime.timezone.utc)
+      .isoformat(timespec="microseconds")
+      .replace("+00:00", "Z")
+  )
 
 
 def _one_line(value: Any, limit: Optional[int] = _MAX_FIELD_LEN) -> str:
@@ -89,6 +92,7 @@ class Holder:
       this run wrote from another run's.
     refresh_interval_s: how often the holder refreshes its remote locks.
   """
+
   host: str
   pid: int
   start_time_utc: str
@@ -97,13 +101,18 @@ class Holder:
 
   @classmethod
   def for_this_process(cls, refresh_interval_s: float = 0.0) -> "Holder":
-    return cls(host=socket.gethostname(), pid=os.getpid(),
-               start_time_utc=_utc_now_iso(), run_id=uuid.uuid4().hex,
-               refresh_interval_s=refresh_interval_s)
+    return cls(
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        start_time_utc=_utc_now_iso(),
+        run_id=uuid.uuid4().hex,
+        refresh_interval_s=refresh_interval_s,
+    )
 
   def to_bytes(self) -> bytes:
-    return (json.dumps(dataclasses.asdict(self), sort_keys=True) +
-            "\n").encode()
+    return (
+        json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n"
+    ).encode()
 
   @classmethod
   def from_bytes(cls, data: bytes) -> Optional["Holder"]:
@@ -111,17 +120,20 @@ class Holder:
     try:
       fields = json.loads(data.decode())
       interval = fields.get("refresh_interval_s", 0.0)
-      return cls(host=_one_line(fields["host"]), pid=int(fields["pid"]),
-                 start_time_utc=_one_line(fields["start_time_utc"]),
-                 run_id=_one_line(fields["run_id"]),
-                 refresh_interval_s=(float(interval)
-                                     if checks.is_number(interval) else 0.0))
+      return cls(
+          host=_one_line(fields["host"]),
+          pid=int(fields["pid"]),
+          start_time_utc=_one_line(fields["start_time_utc"]),
+          run_id=_one_line(fields["run_id"]),
+          refresh_interval_s=(
+              float(interval) if checks.is_number(interval) else 0.0
+          ),
+      )
     except (ValueError, TypeError, KeyError, AttributeError):
       return None
 
   def describe(self) -> str:
-    return (f"host={self.host} pid={self.pid} "
-            f"started {self.start_time_utc}")
+    return f"host={self.host} pid={self.pid} " f"started {self.start_time_utc}"
 
 
 class RunLockError(RuntimeError):
@@ -132,8 +144,7 @@ class RunLockError(RuntimeError):
     holder: the other run, or None when it could not be read.
   """
 
-  def __init__(self, location: str, holder: Optional[Holder],
-               detail: str = ""):
+  def __init__(self, location: str, holder: Optional[Holder], detail: str = ""):
     self.location = location
     self.holder = holder
     who = holder.describe() if holder else "an unknown holder"
@@ -175,8 +186,9 @@ class LocalLock:
         raise
       holder = self._read_holder(fd)
       os.close(fd)
-      raise RunLockError(self.directory, holder,
-                         f"lock file {self.path}") from None
+      raise RunLockError(
+          self.directory, holder, f"lock file {self.path}"
+      ) from None
     try:
       os.ftruncate(fd, 0)
       os.pwrite(fd, self._holder.to_bytes(), 0)
@@ -204,6 +216,7 @@ class LocalLock:
 
 def _is_precondition_failed(error: BaseException) -> bool:
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+
   return isinstance(error, exceptions.PreconditionFailed)
 
 
@@ -214,11 +227,16 @@ class RemoteLock:
   trouble is logged and retried by the refresh thread.
   """
 
-  def __init__(self, url: str, holder: Holder, *,
-               refresh_interval_s: float,
-               request_timeout_s: float,
-               client_factory: Optional[Callable[[], Any]] = None,
-               clock: Callable[[], float] = time.time):
+  def __init__(
+      self,
+      url: str,
+      holder: Holder,
+      *,
+      refresh_interval_s: float,
+      request_timeout_s: float,
+      client_factory: Optional[Callable[[], Any]] = None,
+      clock: Callable[[], float] = time.time,
+  ):
     """Prepares the lock; nothing is sent until `acquire`.
 
     Args:
@@ -280,10 +298,15 @@ class RemoteLock:
       logging.warning(
           "Run lock %s: GCS could not be reached (%s: %s). The run goes on "
           "with its local lock only and keeps trying to take the remote "
-          "lock every %.1f s.", self.url, type(e).__name__, _one_line(e),
-          self._interval)
-    self._thread = threading.Thread(target=self._refresh_loop, daemon=True,
-                                    name=f"run-lock-{self._object}")
+          "lock every %.1f s.",
+          self.url,
+          type(e).__name__,
+          _one_line(e),
+          self._interval,
+      )
+    self._thread = threading.Thread(
+        target=self._refresh_loop, daemon=True, name=f"run-lock-{self._object}"
+    )
     self._thread.start()
     return self.held
 
@@ -303,16 +326,20 @@ class RemoteLock:
       blob = self._bucket().get_blob(self._object, **self._request_args())
       # fake-gcs-server ignores preconditions on delete: read, then delete
       # conditionally, so a lock taken over meanwhile is never deleted.
-      if blob is None or not self._ours(Holder.from_bytes(
-          blob.download_as_bytes(**self._request_args()))):
+      if blob is None or not self._ours(
+          Holder.from_bytes(blob.download_as_bytes(**self._request_args()))
+      ):
         return
-      blob.delete(if_generation_match=blob.generation,
-                  **self._request_args())
+      blob.delete(if_generation_match=blob.generation, **self._request_args())
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning("Run lock %s: could not delete the lock object (%s: "
-                      "%s); the next run takes it over after %.1f s.",
-                      self.url, type(e).__name__, _one_line(e),
-                      3 * self._interval)
+      logging.warning(
+          "Run lock %s: could not delete the lock object (%s: "
+          "%s); the next run takes it over after %.1f s.",
+          self.url,
+          type(e).__name__,
+          _one_line(e),
+          3 * self._interval,
+      )
 
   # --- GCS requests -----------------------------------------------------------
 
@@ -329,10 +356,12 @@ class RemoteLock:
   def _write(self, if_generation_match: int) -> int:
     """Writes this run's holder; returns the new generation."""
     blob = self._bucket().blob(self._object)
-    blob.upload_from_string(self._holder.to_bytes(),
-                            content_type="application/json",
-                            if_generation_match=if_generation_match,
-                            **self._request_args())
+    blob.upload_from_string(
+        self._holder.to_bytes(),
+        content_type="application/json",
+        if_generation_match=if_generation_match,
+        **self._request_args(),
+    )
     return blob.generation
 
   def _ours(self, holder: Optional[Holder]) -> bool:
@@ -350,8 +379,9 @@ class RemoteLock:
       if blob is None:
         return None
       try:
-        data = blob.download_as_bytes(if_generation_match=blob.generation,
-                                      **self._request_args())
+        data = blob.download_as_bytes(
+            if_generation_match=blob.generation, **self._request_args()
+        )
       except Exception as e:  # pylint: disable=broad-except
         if _is_precondition_failed(e):
           continue  # Rewritten between the two requests: read again.
@@ -386,11 +416,13 @@ class RemoteLock:
       if self._ours(holder):
         self._set_generation(generation)
         return
-      interval = max(self._interval,
-                     holder.refresh_interval_s if holder else 0.0)
+      interval = max(
+          self._interval, holder.refresh_interval_s if holder else 0.0
+      )
       if age < 3 * interval:
-        raise RunLockError(self.url, holder,
-                           f"lock object refreshed {max(age, 0.0):.1f} s ago")
+        raise RunLockError(
+            self.url, holder, f"lock object refreshed {max(age, 0.0):.1f} s ago"
+        )
       try:
         taken = self._write(if_generation_match=generation)
       except Exception as e:  # pylint: disable=broad-except
@@ -399,8 +431,12 @@ class RemoteLock:
         continue  # Someone else wrote it first: look again.
       logging.warning(
           "Run lock %s: took over a lock abandoned %.1f s ago (more than 3 x "
-          "%.1f s) by %s.", self.url, age, interval,
-          holder.describe() if holder else "an unknown holder")
+          "%.1f s) by %s.",
+          self.url,
+          age,
+          interval,
+          holder.describe() if holder else "an unknown holder",
+      )
       self._set_generation(taken)
       return
     raise RunLockError(self.url, None, "the lock object kept changing")
@@ -419,21 +455,31 @@ class RemoteLock:
       except RunLockError as e:
         with self._mutex:
           self._lost, self._generation = e, None
-        logging.error("Run lock %s was taken by another run; this run no "
-                      "longer owns the directory: %s", self.url, e)
+        logging.error(
+            "Run lock %s was taken by another run; this run no "
+            "longer owns the directory: %s",
+            self.url,
+            e,
+        )
         return
       except Exception as e:  # pylint: disable=broad-except
         if not self._failing:
-          logging.warning("Run lock %s: refresh failed (%s: %s); retrying "
-                          "every %.1f s. Another run may take the lock over "
-                          "after %.1f s without a refresh.", self.url,
-                          type(e).__name__, _one_line(e), self._interval,
-                          3 * self._interval)
+          logging.warning(
+              "Run lock %s: refresh failed (%s: %s); retrying "
+              "every %.1f s. Another run may take the lock over "
+              "after %.1f s without a refresh.",
+              self.url,
+              type(e).__name__,
+              _one_line(e),
+              self._interval,
+              3 * self._interval,
+          )
         self._failing = True
       else:
         if self._failing:
-          logging.info("Run lock %s: GCS answers again; the lock is held.",
-                       self.url)
+          logging.info(
+              "Run lock %s: GCS answers again; the lock is held.", self.url
+          )
         self._failing = False
 
   def _refresh_once(self) -> None:
@@ -501,11 +547,13 @@ class RunLocks:
 
 
 def acquire_run_locks(
-    locations: Sequence[str], *,
+    locations: Sequence[str],
+    *,
     refresh_interval_s: float = 60.0,
     request_timeout_s: float = 20.0,
     client_factory: Optional[Callable[[], Any]] = None,
-    clock: Callable[[], float] = time.time) -> RunLocks:
+    clock: Callable[[], float] = time.time,
+) -> RunLocks:
   """Locks every location of a run, all or nothing.
 
   Local directories are created if missing and locked first (cheap and
@@ -539,9 +587,11 @@ def acquire_run_locks(
     if not isinstance(location, str) or not location:
       raise TypeError(f"locations must hold non-empty str, got {location!r}")
   refresh_interval_s = checks.check_number(
-      "refresh_interval_s", refresh_interval_s, positive=True)
+      "refresh_interval_s", refresh_interval_s, positive=True
+  )
   request_timeout_s = checks.check_number(
-      "request_timeout_s", request_timeout_s, positive=True)
+      "request_timeout_s", request_timeout_s, positive=True
+  )
   holder = Holder.for_this_process(refresh_interval_s)
   local, remote = [], []
   for location in locations:
@@ -562,9 +612,14 @@ def acquire_run_locks(
       lock.acquire()
       locks._locks.append(lock)  # pylint: disable=protected-access
     for url in remote:
-      lock = RemoteLock(url, holder, refresh_interval_s=refresh_interval_s,
-                        request_timeout_s=request_timeout_s,
-                        client_factory=client_factory, clock=clock)
+      lock = RemoteLock(
+          url,
+          holder,
+          refresh_interval_s=refresh_interval_s,
+          request_timeout_s=request_timeout_s,
+          client_factory=client_factory,
+          clock=clock,
+      )
       locks._locks.append(lock)  # pylint: disable=protected-access
       lock.acquire()
   except BaseException:

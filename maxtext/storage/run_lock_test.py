@@ -41,15 +41,25 @@ class _Holder:
 
   def __init__(self, locations, refresh_interval_s=60.0, **env):
     self.process = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER_SCRIPT, str(refresh_interval_s),
-         *locations], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=_child_env(**env), text=True)
+        [
+            sys.executable,
+            "-c",
+            _HOLDER_SCRIPT,
+            str(refresh_interval_s),
+            *locations,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_child_env(**env),
+        text=True,
+    )
     ready, _, _ = select.select([self.process.stdout], [], [], 60.0)
     line = self.process.stdout.readline() if ready else ""
     if line.strip() != "locked":
       self.kill()
-      raise AssertionError(f"holder did not lock: {line!r} "
-                           f"{self.process.stderr.read()}")
+      raise AssertionError(
+          f"holder did not lock: {line!r} " f"{self.process.stderr.read()}"
+      )
 
   @property
   def pid(self):
@@ -86,8 +96,9 @@ class LocalLockTest(parameterized.TestCase):
       self.assertEqual(written["pid"], os.getpid())
       self.assertEqual(written["host"], socket.gethostname())
       self.assertEqual(written["run_id"], locks.holder.run_id)
-      self.assertRegex(written["start_time_utc"],
-                       r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+      self.assertRegex(
+          written["start_time_utc"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$"
+      )
 
   def test_second_process_is_refused_with_the_holder_named(self):
     holder = _Holder([self.run_dir])
@@ -100,9 +111,11 @@ class LocalLockTest(parameterized.TestCase):
     message = str(raised.exception)
     self.assertNotIn("\n", message)
     self.assertRegex(
-        message, rf"^run directory {self.run_dir} is locked by another run "
+        message,
+        rf"^run directory {self.run_dir} is locked by another run "
         rf"\(host={socket.gethostname()} pid={holder.pid} started "
-        r"\d{4}-\d\d-\d\dT[\d:.]+Z\)")
+        r"\d{4}-\d\d-\d\dT[\d:.]+Z\)",
+    )
     self.assertEqual(raised.exception.holder.pid, holder.pid)
 
   def test_killed_holder_leaves_the_lock_free(self):
@@ -113,8 +126,9 @@ class LocalLockTest(parameterized.TestCase):
 
   def test_same_process_twice_is_refused(self):
     with run_lock.acquire_run_locks([self.run_dir]):
-      with self.assertRaisesRegex(run_lock.RunLockError,
-                                  rf"pid={os.getpid()} "):
+      with self.assertRaisesRegex(
+          run_lock.RunLockError, rf"pid={os.getpid()} "
+      ):
         run_lock.acquire_run_locks([self.run_dir])
       # The same directory spelled differently is the same lock.
       with self.assertRaises(run_lock.RunLockError):
@@ -144,19 +158,35 @@ class LocalLockTest(parameterized.TestCase):
       ("no_locations", [], {}, ValueError, "locations"),
       ("a_str", "/tmp/x", {}, TypeError, "locations"),
       ("empty_name", [""], {}, TypeError, "locations"),
-      ("zero_interval", ["d"], {"refresh_interval_s": 0}, ValueError,
-       "refresh_interval_s"),
-      ("bool_interval", ["d"], {"refresh_interval_s": True}, TypeError,
-       "refresh_interval_s"),
-      ("negative_timeout", ["d"], {"request_timeout_s": -1.0}, ValueError,
-       "request_timeout_s"),
+      (
+          "zero_interval",
+          ["d"],
+          {"refresh_interval_s": 0},
+          ValueError,
+          "refresh_interval_s",
+      ),
+      (
+          "bool_interval",
+          ["d"],
+          {"refresh_interval_s": True},
+          TypeError,
+          "refresh_interval_s",
+      ),
+      (
+          "negative_timeout",
+          ["d"],
+          {"request_timeout_s": -1.0},
+          ValueError,
+          "request_timeout_s",
+      ),
       ("bucketless_url", ["gs://"], {}, ValueError, "bucket"),
   )
   def test_bad_arguments_are_refused(self, locations, kwargs, error, regex):
     if isinstance(locations, list):
       # "d" stands for a directory in the test's temporary root.
-      locations = [os.path.join(self.root, p) if p == "d" else p
-                   for p in locations]
+      locations = [
+          os.path.join(self.root, p) if p == "d" else p for p in locations
+      ]
     with self.assertRaisesRegex(error, regex):
       run_lock.acquire_run_locks(locations, **kwargs)
     self.assertFalse(os.path.exists(os.path.join(self.root, "d")))
@@ -171,8 +201,11 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
     self.root = self.create_tempdir().full_path
 
   def _acquire(self, locations=None, **kwargs):
-    options = dict(client_factory=self.emulator.client,
-                   refresh_interval_s=60.0, request_timeout_s=5.0)
+    options = dict(
+        client_factory=self.emulator.client,
+        refresh_interval_s=60.0,
+        request_timeout_s=5.0,
+    )
     options.update(kwargs)
     locks = run_lock.acquire_run_locks(locations or [self.url], **options)
     self.addCleanup(locks.release)
@@ -201,8 +234,9 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
       self._acquire([local, self.url])
     message = str(raised.exception)
     self.assertIn(f"run directory {self.url} is locked by another run", message)
-    self.assertIn(f"pid={os.getpid()} started {first.holder.start_time_utc}",
-                  message)
+    self.assertIn(
+        f"pid={os.getpid()} started {first.holder.start_time_utc}", message
+    )
     self.assertNotIn("\n", message)
     # All or nothing: the local staging lock taken first was released.
     self._acquire([local])
@@ -212,8 +246,9 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
     interval = 1.0  # Generous: refreshes must not miss 3N on a busy host.
     locks = self._acquire(refresh_interval_s=interval)
     generations = {self._lock_object()[0]}
-    _wait_until(lambda: generations.add(self._lock_object()[0]) or
-                len(generations) >= 3)
+    _wait_until(
+        lambda: generations.add(self._lock_object()[0]) or len(generations) >= 3
+    )
     # Longer than 3N after the first write, and still refused: refreshed.
     time.sleep(3 * interval + 0.5)
     with self.assertRaisesRegex(run_lock.RunLockError, "refreshed"):
@@ -222,8 +257,11 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
 
   def test_abandoned_lock_is_taken_over_after_3n(self):
     interval = 1.0  # Generous: refreshes must not miss 3N on a busy host.
-    holder = _Holder([os.path.join(self.root, "a"), self.url], interval,
-                     STORAGE_EMULATOR_HOST=self.emulator.url)
+    holder = _Holder(
+        [os.path.join(self.root, "a"), self.url],
+        interval,
+        STORAGE_EMULATOR_HOST=self.emulator.url,
+    )
     self.addCleanup(holder.kill)
     self.assertEqual(self._lock_object()[1]["pid"], holder.pid)
     with self.assertRaisesRegex(run_lock.RunLockError, f"pid={holder.pid}"):
@@ -241,11 +279,13 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
   def test_holder_whose_lock_was_taken_over_learns_it_and_keeps_off(self):
     first = self._acquire(refresh_interval_s=0.2)
     # A clock far ahead makes the first run's fresh lock look abandoned.
-    second = self._acquire(refresh_interval_s=0.2,
-                           clock=lambda: time.time() + 3600.0)
+    second = self._acquire(
+        refresh_interval_s=0.2, clock=lambda: time.time() + 3600.0
+    )
     _wait_until(lambda: first.remote_locks[0].lost is not None)
-    with self.assertRaisesRegex(run_lock.RunLockError,
-                                "taken over|locked by another run"):
+    with self.assertRaisesRegex(
+        run_lock.RunLockError, "taken over|locked by another run"
+    ):
       first.check()
     first.release()
     self.assertEqual(self._lock_object()[1]["run_id"], second.holder.run_id)
@@ -258,8 +298,12 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
     local = os.path.join(self.root, "staging", "r")
     started = time.monotonic()
     with self.assertLogs(level="WARNING") as logs:
-      locks = self._acquire([local, self.url], client_factory=down.client,
-                            request_timeout_s=1.0, refresh_interval_s=0.3)
+      locks = self._acquire(
+          [local, self.url],
+          client_factory=down.client,
+          request_timeout_s=1.0,
+          refresh_interval_s=0.3,
+      )
     self.assertLess(time.monotonic() - started, 30.0)
     self.assertIn("could not be reached", "\n".join(logs.output))
     self.assertFalse(locks.remote_locks[0].held)
@@ -271,8 +315,9 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
     down.start()
     _wait_until(lambda: locks.remote_locks[0].held)
     blob = down.client().bucket(_BUCKET).get_blob(f"{self.prefix}/.run.lock")
-    self.assertEqual(json.loads(blob.download_as_bytes())["run_id"],
-                     locks.holder.run_id)
+    self.assertEqual(
+        json.loads(blob.download_as_bytes())["run_id"], locks.holder.run_id
+    )
 
 
 if __name__ == "__main__":

@@ -55,67 +55,69 @@ SEED_BITS = 31
 # one run. None of them changes the model, the optimizer, the learning-rate
 # schedule, the data a step reads or the MLPerf submission; every other field
 # must match the recorded config.
-RESUMABLE_FIELDS = frozenset({
-    # The step budget. The schedule's length is compared separately (0 =
-    # steps makes it follow `steps`), see check_resume.
-    "steps",
-    # When to evaluate, and on how many of the fixed eval batches (batch i is
-    # the same batch in every attempt). The eval batch size is not here: it
-    # changes which sequences each eval batch holds.
-    "eval_interval",
-    "eval_steps",
-    # When to log, profile and checkpoint; how many checkpoints to keep.
-    "log_period",
-    "profiler_steps",
-    "profiler_start_step",
-    "checkpoint_period",
-    "max_checkpoints_to_keep",
-    # How many skipped (non-finite) steps in a row stop the run: an operator's
-    # guard, not part of training.
-    "max_consecutive_skipped_steps",
-    # Where the run's files are. The run directory itself is what is being
-    # resumed: its recorded name may be "" (a generated name) and it may have
-    # moved. A moved checkpoint directory restores the same state: the state's
-    # shape and meaning are pinned by the fields that must match.
-    "run_name",
-    "base_output_directory",
-    "local_staging_directory",
-    "checkpoint_directory",
-    "mllog_file",
-    # GCS mirror and run-lock timing.
-    "gcs_sync_interval_seconds",
-    "gcs_request_timeout_seconds",
-    "gcs_startup_timeout_seconds",
-    "gcs_final_timeout_seconds",
-    "run_lock_refresh_interval_seconds",
-    # Resume is how the later attempts start.
-    "resume",
-    # The machines. The state is restored into the new mesh's shardings, and
-    # the data does not depend on the process count: each step's global batch
-    # is drawn whole and every process keeps its rows (maxtext/data.py), so a
-    # resume on another slice or process count trains on the same data. Each
-    # attempt's devices are in its provenance.
-    "num_processes",
-    "process_id",
-    "coordinator_address",
-    "distributed_init_timeout_seconds",
-    "data_parallelism",
-    "fsdp_parallelism",
-    "hardware",
-    "allow_cpu_fallback",
-    "jax_compilation_cache_dir",
-    # How the same step is computed: the attention kernel ("auto" already
-    # follows `hardware`), rematerialisation and loss chunking trade speed for
-    # memory (a resume on a smaller accelerator may need them) without
-    # changing what the gradients are; compute_dtype, which does, must match.
-    # The compile warm-up before run_start leaves the state untouched.
-    "attention",
-    "remat_policy",
-    "loss_chunk_size",
-    "warmup_steps_before_run_start",
-    # One copy of the state or two: the same update either way.
-    "donate_state",
-})
+RESUMABLE_FIELDS = frozenset(
+    {
+        # The step budget. The schedule's length is compared separately (0 =
+        # steps makes it follow `steps`), see check_resume.
+        "steps",
+        # When to evaluate, and on how many of the fixed eval batches (batch i is
+        # the same batch in every attempt). The eval batch size is not here: it
+        # changes which sequences each eval batch holds.
+        "eval_interval",
+        "eval_steps",
+        # When to log, profile and checkpoint; how many checkpoints to keep.
+        "log_period",
+        "profiler_steps",
+        "profiler_start_step",
+        "checkpoint_period",
+        "max_checkpoints_to_keep",
+        # How many skipped (non-finite) steps in a row stop the run: an operator's
+        # guard, not part of training.
+        "max_consecutive_skipped_steps",
+        # Where the run's files are. The run directory itself is what is being
+        # resumed: its recorded name may be "" (a generated name) and it may have
+        # moved. A moved checkpoint directory restores the same state: the state's
+        # shape and meaning are pinned by the fields that must match.
+        "run_name",
+        "base_output_directory",
+        "local_staging_directory",
+        "checkpoint_directory",
+        "mllog_file",
+        # GCS mirror and run-lock timing.
+        "gcs_sync_interval_seconds",
+        "gcs_request_timeout_seconds",
+        "gcs_startup_timeout_seconds",
+        "gcs_final_timeout_seconds",
+        "run_lock_refresh_interval_seconds",
+        # Resume is how the later attempts start.
+        "resume",
+        # The machines. The state is restored into the new mesh's shardings, and
+        # the data does not depend on the process count: each step's global batch
+        # is drawn whole and every process keeps its rows (maxtext/data.py), so a
+        # resume on another slice or process count trains on the same data. Each
+        # attempt's devices are in its provenance.
+        "num_processes",
+        "process_id",
+        "coordinator_address",
+        "distributed_init_timeout_seconds",
+        "data_parallelism",
+        "fsdp_parallelism",
+        "hardware",
+        "allow_cpu_fallback",
+        "jax_compilation_cache_dir",
+        # How the same step is computed: the attention kernel ("auto" already
+        # follows `hardware`), rematerialisation and loss chunking trade speed for
+        # memory (a resume on a smaller accelerator may need them) without
+        # changing what the gradients are; compute_dtype, which does, must match.
+        # The compile warm-up before run_start leaves the state untouched.
+        "attention",
+        "remat_policy",
+        "loss_chunk_size",
+        "warmup_steps_before_run_start",
+        # One copy of the state or two: the same update either way.
+        "donate_state",
+    }
+)
 # Not resumable, on purpose: `enable_mllog` and the submission fields (a
 # submission's log must describe the run it was taken from, so turning the
 # log on or off mid-run is refused), `target_eval_loss` (the quality target
@@ -138,8 +140,10 @@ def _as_dict(config: Any, name: str) -> dict[str, Any]:
   elif isinstance(config, Mapping):
     values = dict(config)
   else:
-    raise TypeError(f"{name} must be a ConfigDict or a mapping, got "
-                    f"{type(config).__name__}")
+    raise TypeError(
+        f"{name} must be a ConfigDict or a mapping, got "
+        f"{type(config).__name__}"
+    )
   # The recorded side went through JSON; so does this one, so that a tuple
   # and the list it was recorded as compare equal.
   return json.loads(json.dumps(values))
@@ -155,12 +159,16 @@ def _same(old: Any, new: Any) -> bool:
 def _schedule_length(values: Mapping[str, Any]) -> Optional[int]:
   if "lr_schedule_steps" not in values or "steps" not in values:
     return None
-  return config_lib.lr_schedule_steps(types.SimpleNamespace(
-      lr_schedule_steps=values["lr_schedule_steps"], steps=values["steps"]))
+  return config_lib.lr_schedule_steps(
+      types.SimpleNamespace(
+          lr_schedule_steps=values["lr_schedule_steps"], steps=values["steps"]
+      )
+  )
 
 
-def check_resume(recorded: Mapping[str, Any], new: Any, *,
-                 run_name: str = "") -> list[tuple[str, Any, Any]]:
+def check_resume(
+    recorded: Mapping[str, Any], new: Any, *, run_name: str = ""
+) -> list[tuple[str, Any, Any]]:
   """Compares a resuming attempt's config with the run's recorded config.
 
   Rules:
@@ -200,12 +208,15 @@ def check_resume(recorded: Mapping[str, Any], new: Any, *,
   allowed, refused = [], []
   for key in sorted(set(old) | set(values)):
     if key not in old:
-      if key in RESUMABLE_FIELDS or _same(defaults.get(key, _ABSENT),
-                                          values[key]):
+      if key in RESUMABLE_FIELDS or _same(
+          defaults.get(key, _ABSENT), values[key]
+      ):
         allowed.append((key, _ABSENT, values[key]))
       else:
-        refused.append(f"{key}: {_ABSENT} (base default "
-                       f"{defaults.get(key, _ABSENT)!r}) -> {values[key]!r}")
+        refused.append(
+            f"{key}: {_ABSENT} (base default "
+            f"{defaults.get(key, _ABSENT)!r}) -> {values[key]!r}"
+        )
       continue
     if key not in values:
       allowed.append((key, old[key], _ABSENT))
@@ -220,8 +231,11 @@ def check_resume(recorded: Mapping[str, Any], new: Any, *,
     else:
       refused.append(f"{key}: {old[key]!r} -> {values[key]!r}")
   old_length, new_length = _schedule_length(old), _schedule_length(values)
-  if (old_length is not None and new_length is not None and
-      old_length != new_length):
+  if (
+      old_length is not None
+      and new_length is not None
+      and old_length != new_length
+  ):
     allowed = [c for c in allowed if c[0] != "lr_schedule_steps"]
     refused.append(
         f"learning-rate schedule length (lr_schedule_steps, 0 = steps): "
@@ -229,14 +243,16 @@ def check_resume(recorded: Mapping[str, Any], new: Any, *,
         f"{old['lr_schedule_steps']}, steps={old['steps']}; new "
         f"lr_schedule_steps={values['lr_schedule_steps']}, steps="
         f"{values['steps']}); set lr_schedule_steps={old_length} to change "
-        f"steps and keep the schedule")
+        f"steps and keep the schedule"
+    )
     refused.sort()
   if refused:
     run = f"run {run_name!r}" if run_name else "the run"
     raise ResumeRefusedError(
         f"Refusing to resume {run}: {len(refused)} field(s) differ from the "
         f"run's recorded config and may not change on resume (start a new "
-        f"run_name to change them):\n  " + "\n  ".join(refused))
+        f"run_name to change them):\n  " + "\n  ".join(refused)
+    )
   return allowed
 
 
@@ -244,9 +260,9 @@ def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
   """Console text for `check_resume`'s allowed changes ("" if none)."""
   if not changes:
     return ""
-  return ("Resuming with changed fields (allowed on resume):\n  " +
-          "\n  ".join(f"{key}: {old!r} -> {new!r}"
-                      for key, old, new in changes))
+  return "Resuming with changed fields (allowed on resume):\n  " + "\n  ".join(
+      f"{key}: {old!r} -> {new!r}" for key, old, new in changes
+  )
 
 
 def _read_history(path: str) -> list[dict[str, Any]]:
@@ -267,8 +283,9 @@ def _read_history(path: str) -> list[dict[str, Any]]:
     try:
       attempt = json.loads(line)
     except ValueError:
-      logging.warning("%s line %d is not JSON (cut short?); skipped.", path,
-                      number)
+      logging.warning(
+          "%s line %d is not JSON (cut short?); skipped.", path, number
+      )
       continue
     if isinstance(attempt, dict) and isinstance(attempt.get("config"), dict):
       attempts.append(attempt)
@@ -284,12 +301,17 @@ def _read_config_json(path: str) -> Optional[dict[str, Any]]:
   except FileNotFoundError:
     return None
   except ValueError as e:
-    raise ValueError(f"{path} is not valid JSON ({e}); the run's recorded "
-                     f"config cannot be read") from e
+    raise ValueError(
+        f"{path} is not valid JSON ({e}); the run's recorded "
+        f"config cannot be read"
+    ) from e
   if not isinstance(document, dict) or not isinstance(
-      document.get("config"), dict):
-    raise ValueError(f"{path} holds no 'config' object; the run's recorded "
-                     f"config cannot be read")
+      document.get("config"), dict
+  ):
+    raise ValueError(
+        f"{path} holds no 'config' object; the run's recorded "
+        f"config cannot be read"
+    )
   return document
 
 
@@ -316,9 +338,14 @@ def load_recorded_config(run_dir: str) -> Optional[dict[str, Any]]:
   return None if document is None else document["config"]
 
 
-def record_attempt(run_dir: str, config: Any, provenance: Mapping[str, Any],
-                   start_step: int, *,
-                   now: Optional[datetime.datetime] = None) -> int:
+def record_attempt(
+    run_dir: str,
+    config: Any,
+    provenance: Mapping[str, Any],
+    start_step: int,
+    *,
+    now: Optional[datetime.datetime] = None,
+) -> int:
   """Records one attempt of the run; call it on the writing process only.
 
   The first attempt writes config.json ({"config": ..., "provenance": ...},
@@ -343,8 +370,9 @@ def record_attempt(run_dir: str, config: Any, provenance: Mapping[str, Any],
   """
   start_step = checks.check_int("start_step", start_step, 0)
   if not isinstance(provenance, Mapping):
-    raise TypeError(f"provenance must be a mapping, got "
-                    f"{type(provenance).__name__}")
+    raise TypeError(
+        f"provenance must be a mapping, got " f"{type(provenance).__name__}"
+    )
   if now is None:
     now = datetime.datetime.now(datetime.timezone.utc)
   if not isinstance(now, datetime.datetime):
@@ -355,19 +383,28 @@ def record_attempt(run_dir: str, config: Any, provenance: Mapping[str, Any],
   config_path = os.path.join(run_dir, CONFIG_JSON)
   if _read_config_json(config_path) is None:
     # The run holds its directory's lock: nobody else writes config.json.
-    first = attempts[0] if attempts else dict(
-        config=values, provenance=provenance, start_step=start_step)
+    first = (
+        attempts[0]
+        if attempts
+        else dict(config=values, provenance=provenance, start_step=start_step)
+    )
     run_dir_lib.write_config_json(
-        config_path, first["config"],
-        dict(first.get("provenance") or {},
-             start_step=first.get("start_step", 0)))
-  line = json.dumps({
-      "attempt": len(attempts) + 1,
-      "time_utc": now.astimezone(datetime.timezone.utc).isoformat(),
-      "start_step": start_step,
-      "config": values,
-      "provenance": dict(provenance),
-  }, sort_keys=True)
+        config_path,
+        first["config"],
+        dict(
+            first.get("provenance") or {}, start_step=first.get("start_step", 0)
+        ),
+    )
+  line = json.dumps(
+      {
+          "attempt": len(attempts) + 1,
+          "time_utc": now.astimezone(datetime.timezone.utc).isoformat(),
+          "start_step": start_step,
+          "config": values,
+          "provenance": dict(provenance),
+      },
+      sort_keys=True,
+  )
   with open(history_path, "a+b") as f:
     # A previous attempt that died mid-append left no newline; start afresh
     # so that its fragment stays one unreadable line, not two.
@@ -391,8 +428,12 @@ def new_seed() -> int:
   return int.from_bytes(os.urandom(4), "little") >> (32 - SEED_BITS)
 
 
-def resolve_seed(config: Any, recorded: Optional[Mapping[str, Any]], *,
-                 draw: Callable[[], int] = new_seed) -> int:
+def resolve_seed(
+    config: Any,
+    recorded: Optional[Mapping[str, Any]],
+    *,
+    draw: Callable[[], int] = new_seed,
+) -> int:
   """The run's seed, logged here and nowhere else.
 
   - Resuming (`recorded` is not None): the recorded seed (the new config's
@@ -417,18 +458,23 @@ def resolve_seed(config: Any, recorded: Optional[Mapping[str, Any]], *,
   if recorded is not None:
     old = recorded.get("seed")
     if not checks.is_int(old) or isinstance(old, bool) or old < 0:
-      raise ValueError(f"the run's recorded config has seed={old!r}, not a "
-                       f"resolved seed; the run cannot be resumed with it")
+      raise ValueError(
+          f"the run's recorded config has seed={old!r}, not a "
+          f"resolved seed; the run cannot be resumed with it"
+      )
     if seed not in (RANDOM_SEED, old):
-      raise ValueError(f"config.seed={seed!r} differs from the run's recorded "
-                       f"seed {old}; use {old} or -1 to resume")
+      raise ValueError(
+          f"config.seed={seed!r} differs from the run's recorded "
+          f"seed {old}; use {old} or -1 to resume"
+      )
     logging.info("Seed %d, recorded by the run (resume).", old)
     return int(old)
   if seed == RANDOM_SEED:
     drawn = draw()
     if not checks.is_int(drawn) or not 0 <= drawn < 2**SEED_BITS:
-      raise ValueError(f"the drawn seed {drawn!r} is not in "
-                       f"[0, 2**{SEED_BITS})")
+      raise ValueError(
+          f"the drawn seed {drawn!r} is not in " f"[0, 2**{SEED_BITS})"
+      )
     logging.info("Seed %d, drawn from os.urandom (config.seed=-1).", drawn)
     return int(drawn)
   seed = checks.check_int("config.seed", seed, 0)
@@ -436,8 +482,9 @@ def resolve_seed(config: Any, recorded: Optional[Mapping[str, Any]], *,
   return seed
 
 
-def with_seed(config: ml_collections.ConfigDict,
-              seed: int) -> ml_collections.ConfigDict:
+def with_seed(
+    config: ml_collections.ConfigDict, seed: int
+) -> ml_collections.ConfigDict:
   """A copy of `config` with `seed` set; the original is left alone.
 
   The copy keeps the original's lock (a misspelt field stays an error).
@@ -448,8 +495,9 @@ def with_seed(config: ml_collections.ConfigDict,
   return copy
 
 
-def finished_message(run_name: str, latest_checkpoint_step: Optional[int],
-                     steps: int) -> Optional[str]:
+def finished_message(
+    run_name: str, latest_checkpoint_step: Optional[int], steps: int
+) -> Optional[str]:
   """Says that a run has nothing left to train, or None if it has.
 
   A run whose newest checkpoint has completed `steps` steps or more is
@@ -467,11 +515,12 @@ def finished_message(run_name: str, latest_checkpoint_step: Optional[int],
   steps = checks.check_int("steps", steps, 1)
   if latest_checkpoint_step is None:
     return None
-  latest = checks.check_int("latest_checkpoint_step", latest_checkpoint_step,
-                            0)
+  latest = checks.check_int("latest_checkpoint_step", latest_checkpoint_step, 0)
   if latest < steps:
     return None
-  return (f"Run {run_name!r} already completed step {latest} "
-          f"(steps={steps}); nothing to do. To train further, raise steps "
-          f"(keeping the learning-rate schedule: set lr_schedule_steps to "
-          f"the recorded schedule length).")
+  return (
+      f"Run {run_name!r} already completed step {latest} "
+      f"(steps={steps}); nothing to do. To train further, raise steps "
+      f"(keeping the learning-rate schedule: set lr_schedule_steps to "
+      f"the recorded schedule length)."
+  )

@@ -38,8 +38,9 @@ def _changed(value):
   return value + "_x"
 
 
-_REFUSED_FIELDS = sorted(set(base.get_config().keys()) -
-                         run_record.RESUMABLE_FIELDS)
+_REFUSED_FIELDS = sorted(
+    set(base.get_config().keys()) - run_record.RESUMABLE_FIELDS
+)
 
 
 class CheckResumeTest(parameterized.TestCase):
@@ -52,11 +53,15 @@ class CheckResumeTest(parameterized.TestCase):
     with self.assertRaises(run_record.ResumeRefusedError) as raised:
       run_record.check_resume(_recorded(), new, run_name="r1")
     lines = str(raised.exception).splitlines()
-    self.assertRegex(lines[0], r"^Refusing to resume run 'r1': 2 field\(s\) "
-                     r"differ .* may not change on resume")
-    self.assertEqual([l.strip() for l in lines[1:]],
-                     ["emb_dim: 128 -> 256",
-                      "weight_dtype: 'float32' -> 'bfloat16'"])
+    self.assertRegex(
+        lines[0],
+        r"^Refusing to resume run 'r1': 2 field\(s\) "
+        r"differ .* may not change on resume",
+    )
+    self.assertEqual(
+        [l.strip() for l in lines[1:]],
+        ["emb_dim: 128 -> 256", "weight_dtype: 'float32' -> 'bfloat16'"],
+    )
     self.assertIsInstance(raised.exception, ValueError)
 
   @parameterized.parameters(*_REFUSED_FIELDS)
@@ -69,28 +74,47 @@ class CheckResumeTest(parameterized.TestCase):
       run_record.check_resume(recorded, new)
 
   def test_allow_list_names_base_fields(self):
-    self.assertLessEqual(run_record.RESUMABLE_FIELDS,
-                         set(base.get_config().keys()))
-    for key in ("emb_dim", "weight_dtype", "seed", "lr_schedule_steps",
-                "enable_mllog", "target_eval_loss", "global_batch_size",
-                "data_shuffle_seed", "train_data_path"):
+    self.assertLessEqual(
+        run_record.RESUMABLE_FIELDS, set(base.get_config().keys())
+    )
+    for key in (
+        "emb_dim",
+        "weight_dtype",
+        "seed",
+        "lr_schedule_steps",
+        "enable_mllog",
+        "target_eval_loss",
+        "global_batch_size",
+        "data_shuffle_seed",
+        "train_data_path",
+    ):
       self.assertNotIn(key, run_record.RESUMABLE_FIELDS)
 
   def test_allowed_changes_are_listed_for_the_console(self):
     recorded = _recorded(lr_schedule_steps=60)
-    new = _config(lr_schedule_steps=60, steps=80, eval_interval=5,
-                  log_period=1, resume=True, base_output_directory="/elsewhere",
-                  num_processes=0, gcs_sync_interval_seconds=5.0)
+    new = _config(
+        lr_schedule_steps=60,
+        steps=80,
+        eval_interval=5,
+        log_period=1,
+        resume=True,
+        base_output_directory="/elsewhere",
+        num_processes=0,
+        gcs_sync_interval_seconds=5.0,
+    )
     changes = run_record.check_resume(recorded, new)
-    self.assertEqual(changes, [
-        ("base_output_directory", "maxtext_runs", "/elsewhere"),
-        ("eval_interval", 100, 5),
-        ("gcs_sync_interval_seconds", 30.0, 5.0),
-        ("log_period", 10, 1),
-        ("num_processes", 1, 0),
-        ("resume", False, True),
-        ("steps", 60, 80),
-    ])
+    self.assertEqual(
+        changes,
+        [
+            ("base_output_directory", "maxtext_runs", "/elsewhere"),
+            ("eval_interval", 100, 5),
+            ("gcs_sync_interval_seconds", 30.0, 5.0),
+            ("log_period", 10, 1),
+            ("num_processes", 1, 0),
+            ("resume", False, True),
+            ("steps", 60, 80),
+        ],
+    )
     text = run_record.describe_changes(changes)
     self.assertIn("Resuming with changed fields", text.splitlines()[0])
     self.assertIn("  steps: 60 -> 80", text.splitlines())
@@ -98,14 +122,17 @@ class CheckResumeTest(parameterized.TestCase):
 
   def test_numbers_compare_by_value_and_bools_by_type(self):
     recorded = _recorded()
-    self.assertEqual(run_record.check_resume(
-        recorded, dict(recorded, gcs_request_timeout_seconds=60)), [])
+    self.assertEqual(
+        run_record.check_resume(
+            recorded, dict(recorded, gcs_request_timeout_seconds=60)
+        ),
+        [],
+    )
     with self.assertRaisesRegex(ValueError, "enable_mllog: False -> 0"):
       run_record.check_resume(recorded, dict(recorded, enable_mllog=0))
 
   def test_seed_minus_one_reuses_the_recorded_seed(self):
-    self.assertEqual(run_record.check_resume(_recorded(), _config(seed=-1)),
-                     [])
+    self.assertEqual(run_record.check_resume(_recorded(), _config(seed=-1)), [])
     with self.assertRaisesRegex(ValueError, r"seed: 1234 -> 5"):
       run_record.check_resume(_recorded(), _config(seed=5))
 
@@ -116,39 +143,50 @@ class CheckResumeTest(parameterized.TestCase):
       run_record.check_resume(_recorded(), _config(steps=40))
     message = str(raised.exception)
     self.assertIn("1 field(s)", message.splitlines()[0])
-    self.assertIn("learning-rate schedule length (lr_schedule_steps, 0 = "
-                  "steps): 60 -> 40", message)
+    self.assertIn(
+        "learning-rate schedule length (lr_schedule_steps, 0 = "
+        "steps): 60 -> 40",
+        message,
+    )
     self.assertIn("set lr_schedule_steps=60", message)
 
   def test_steps_may_change_once_the_schedule_length_is_pinned(self):
     changes = run_record.check_resume(
-        _recorded(), _config(steps=100, lr_schedule_steps=60))
-    self.assertEqual(changes, [("lr_schedule_steps", 0, 60),
-                               ("steps", 60, 100)])
+        _recorded(), _config(steps=100, lr_schedule_steps=60)
+    )
+    self.assertEqual(
+        changes, [("lr_schedule_steps", 0, 60), ("steps", 60, 100)]
+    )
     changes = run_record.check_resume(
-        _recorded(lr_schedule_steps=60),
-        _config(steps=30, lr_schedule_steps=60))
+        _recorded(lr_schedule_steps=60), _config(steps=30, lr_schedule_steps=60)
+    )
     self.assertEqual(changes, [("steps", 60, 30)])
 
   def test_changed_schedule_length_is_refused(self):
     with self.assertRaisesRegex(ValueError, r"60 -> 70 .*lr_schedule_steps=60"):
-      run_record.check_resume(_recorded(lr_schedule_steps=60),
-                              _config(lr_schedule_steps=70, steps=70))
+      run_record.check_resume(
+          _recorded(lr_schedule_steps=60),
+          _config(lr_schedule_steps=70, steps=70),
+      )
 
   def test_field_added_since_the_run_started(self):
     recorded = _recorded()
     del recorded["eval_steps"], recorded["emb_dim"]
     self.assertEqual(
         run_record.check_resume(recorded, _config()),
-        [("emb_dim", "<absent>", 128), ("eval_steps", "<absent>", 4)])
+        [("emb_dim", "<absent>", 128), ("eval_steps", "<absent>", 4)],
+    )
     with self.assertRaisesRegex(
-        ValueError, r"emb_dim: <absent> \(base default 128\) -> 64"):
+        ValueError, r"emb_dim: <absent> \(base default 128\) -> 64"
+    ):
       run_record.check_resume(recorded, _config(emb_dim=64))
 
   def test_field_removed_since_the_run_started_is_listed(self):
     recorded = dict(_recorded(), old_knob=3)
-    self.assertEqual(run_record.check_resume(recorded, _config()),
-                     [("old_knob", 3, "<absent>")])
+    self.assertEqual(
+        run_record.check_resume(recorded, _config()),
+        [("old_knob", 3, "<absent>")],
+    )
 
   def test_bad_arguments(self):
     with self.assertRaisesRegex(TypeError, "recorded"):
@@ -174,22 +212,29 @@ class RecordAttemptTest(absltest.TestCase):
 
   def test_first_attempt_writes_config_json_and_history(self):
     number = run_record.record_attempt(
-        self.run_dir, _config(), {"run_name": "r", "git_revision": "abc"}, 0,
-        now=_T0)
+        self.run_dir,
+        _config(),
+        {"run_name": "r", "git_revision": "abc"},
+        0,
+        now=_T0,
+    )
     self.assertEqual(number, 1)
     with open(self.config_json) as f:
       document = json.load(f)
     self.assertEqual(document["config"]["seed"], 1234)
-    self.assertEqual(document["provenance"],
-                     {"run_name": "r", "git_revision": "abc", "start_step": 0})
+    self.assertEqual(
+        document["provenance"],
+        {"run_name": "r", "git_revision": "abc", "start_step": 0},
+    )
     [attempt] = self._history()
     self.assertEqual(attempt["attempt"], 1)
     self.assertEqual(attempt["time_utc"], "2026-11-30T05:00:00+00:00")
     self.assertEqual(attempt["start_step"], 0)
     self.assertEqual(attempt["config"], document["config"])
     self.assertEqual(attempt["provenance"]["git_revision"], "abc")
-    self.assertEqual(run_record.load_recorded_config(self.run_dir),
-                     document["config"])
+    self.assertEqual(
+        run_record.load_recorded_config(self.run_dir), document["config"]
+    )
 
   def test_config_json_stays_the_first_while_history_grows(self):
     run_record.record_attempt(self.run_dir, _config(), {"n": 1}, 0, now=_T0)
@@ -197,41 +242,51 @@ class RecordAttemptTest(absltest.TestCase):
       first = f.read()
     for number, steps in ((2, 80), (3, 90)):
       later = _T0 + datetime.timedelta(hours=number)
-      self.assertEqual(run_record.record_attempt(
-          self.run_dir, _config(steps=steps), {"n": number}, 10 * number,
-          now=later), number)
+      self.assertEqual(
+          run_record.record_attempt(
+              self.run_dir,
+              _config(steps=steps),
+              {"n": number},
+              10 * number,
+              now=later,
+          ),
+          number,
+      )
       with open(self.config_json, "rb") as f:
         self.assertEqual(f.read(), first)
     history = self._history()
     self.assertEqual([a["attempt"] for a in history], [1, 2, 3])
     self.assertEqual([a["start_step"] for a in history], [0, 20, 30])
     self.assertEqual([a["config"]["steps"] for a in history], [60, 80, 90])
-    self.assertEqual([a["provenance"] for a in history],
-                     [{"n": 1}, {"n": 2}, {"n": 3}])
-    # The comparison of the next attempt is with the newest one.
     self.assertEqual(
-        run_record.load_recorded_config(self.run_dir)["steps"], 90)
+        [a["provenance"] for a in history], [{"n": 1}, {"n": 2}, {"n": 3}]
+    )
+    # The comparison of the next attempt is with the newest one.
+    self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 90)
 
   def test_attempt_cut_short_mid_append_is_skipped(self):
     run_record.record_attempt(self.run_dir, _config(), {}, 0, now=_T0)
     with open(self.history, "a") as f:
       f.write('{"attempt": 2, "conf')  # The writer died here.
-    self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"],
-                     60)
-    self.assertEqual(run_record.record_attempt(
-        self.run_dir, _config(steps=70), {}, 5, now=_T0), 2)
+    self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 60)
+    self.assertEqual(
+        run_record.record_attempt(
+            self.run_dir, _config(steps=70), {}, 5, now=_T0
+        ),
+        2,
+    )
     with open(self.history) as f:
       lines = f.read().splitlines()
     self.assertLen(lines, 3)
     self.assertEqual(json.loads(lines[2])["config"]["steps"], 70)
-    self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"],
-                     70)
+    self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 70)
 
   def test_lost_config_json_is_written_again_from_the_first_attempt(self):
     run_record.record_attempt(self.run_dir, _config(), {"n": 1}, 0, now=_T0)
     os.remove(self.config_json)
-    run_record.record_attempt(self.run_dir, _config(steps=70), {"n": 2}, 9,
-                              now=_T0)
+    run_record.record_attempt(
+        self.run_dir, _config(steps=70), {"n": 2}, 9, now=_T0
+    )
     with open(self.config_json) as f:
       document = json.load(f)
     self.assertEqual(document["config"]["steps"], 60)
@@ -240,8 +295,7 @@ class RecordAttemptTest(absltest.TestCase):
   def test_run_recorded_before_the_history_existed(self):
     with open(self.config_json, "w") as f:
       json.dump({"config": _recorded(steps=50), "provenance": {}}, f)
-    self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"],
-                     50)
+    self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 50)
 
   def test_unreadable_config_json_is_an_error_naming_it(self):
     with open(self.config_json, "w") as f:
@@ -274,7 +328,7 @@ class SeedTest(absltest.TestCase):
   def test_drawn_seeds_use_all_bits(self):
     seeds = [run_record.new_seed() for _ in range(64)]
     self.assertLess(max(seeds), 2**run_record.SEED_BITS)
-    self.assertGreaterEqual(max(seeds), 2**(run_record.SEED_BITS - 1))
+    self.assertGreaterEqual(max(seeds), 2 ** (run_record.SEED_BITS - 1))
 
   def test_given_seed_is_kept(self):
     self.assertEqual(run_record.resolve_seed(_config(seed=7), None), 7)
@@ -282,10 +336,13 @@ class SeedTest(absltest.TestCase):
   def test_resume_reuses_the_recorded_seed(self):
     recorded = _recorded(seed=987654321)
     for seed in (-1, 987654321):
-      self.assertEqual(run_record.resolve_seed(
-          _config(seed=seed), recorded, draw=lambda: 5), 987654321)
-    with self.assertRaisesRegex(ValueError,
-                                "config.seed=3 differs .*987654321"):
+      self.assertEqual(
+          run_record.resolve_seed(_config(seed=seed), recorded, draw=lambda: 5),
+          987654321,
+      )
+    with self.assertRaisesRegex(
+        ValueError, "config.seed=3 differs .*987654321"
+    ):
       run_record.resolve_seed(_config(seed=3), recorded)
 
   def test_unresolved_recorded_seed_is_an_error(self):
@@ -307,16 +364,19 @@ class SeedTest(absltest.TestCase):
     self.assertEqual(recorded["seed"], first.seed)
 
     again = _config(seed=-1, resume=True)
-    self.assertEqual(run_record.check_resume(recorded, again),
-                     [("resume", False, True)])
-    again = run_record.with_seed(again,
-                                 run_record.resolve_seed(again, recorded))
+    self.assertEqual(
+        run_record.check_resume(recorded, again), [("resume", False, True)]
+    )
+    again = run_record.with_seed(
+        again, run_record.resolve_seed(again, recorded)
+    )
     self.assertEqual(again.seed, first.seed)
     batches = [data.SyntheticDataset(c).get_batch(3) for c in (first, again)]
     np.testing.assert_array_equal(batches[0]["inputs"], batches[1]["inputs"])
     other = data.SyntheticDataset(run_record.with_seed(first, first.seed + 1))
-    self.assertFalse(np.array_equal(other.get_batch(3)["inputs"],
-                                    batches[0]["inputs"]))
+    self.assertFalse(
+        np.array_equal(other.get_batch(3)["inputs"], batches[0]["inputs"])
+    )
 
   def test_with_seed_copies_and_keeps_the_lock(self):
     config = _config(seed=-1)
@@ -346,8 +406,10 @@ class FinishedTest(parameterized.TestCase):
   def test_finished_run_says_so(self, latest, steps):
     message = run_record.finished_message("r1", latest, steps)
     self.assertStartsWith(
-        message, f"Run 'r1' already completed step {latest} (steps={steps}); "
-        "nothing to do.")
+        message,
+        f"Run 'r1' already completed step {latest} (steps={steps}); "
+        "nothing to do.",
+    )
 
   def test_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, "steps"):

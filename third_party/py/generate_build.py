@@ -31,7 +31,8 @@ def _requirements(dist, extras, requirement_cls):
   for text in dist.requires or ():
     req = requirement_cls(text)
     if req.marker is not None and not any(
-        req.marker.evaluate({"extra": extra}) for extra in [""] + list(extras)):
+        req.marker.evaluate({"extra": extra}) for extra in [""] + list(extras)
+    ):
       continue
     names.append(normalize(req.name))
   return names
@@ -76,7 +77,11 @@ def _break_cycles(graph):
 
 def main(argv):
   site_packages, output = argv[1], argv[2]
-  extras = {normalize(k): v for k, v in json.loads(argv[3]).items()} if len(argv) > 3 else {}
+  extras = (
+      {normalize(k): v for k, v in json.loads(argv[3]).items()}
+      if len(argv) > 3
+      else {}
+  )
   sys.path.insert(0, site_packages)
   from importlib import metadata  # pylint: disable=g-import-not-at-top
   from packaging.requirements import Requirement  # pylint: disable=g-import-not-at-top
@@ -86,8 +91,13 @@ def main(argv):
     dists[normalize(dist.metadata["Name"])] = dist
   graph = {}
   for name, dist in dists.items():
-    graph[name] = sorted({dep for dep in _requirements(dist, extras.get(name, ()), Requirement)
-                          if dep in dists and dep != name})
+    graph[name] = sorted(
+        {
+            dep
+            for dep in _requirements(dist, extras.get(name, ()), Requirement)
+            if dep in dists and dep != name
+        }
+    )
   graph, dropped = _break_cycles(graph)
 
   out = [

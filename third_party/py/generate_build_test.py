@@ -34,7 +34,9 @@ class GenerateBuildTest(parameterized.TestCase):
     self.assertEqual(acyclic, {"a": ["b"], "b": ["c"], "c": [], "d": ["a"]})
 
   def test_files_skip_outside_and_unsafe_paths(self):
-    dist = _FakeDist(["pkg/a.py", "../../bin/tool", "pkg/with space.txt", "pkg/a.py"])
+    dist = _FakeDist(
+        ["pkg/a.py", "../../bin/tool", "pkg/with space.txt", "pkg/a.py"]
+    )
     kept, skipped = generate_build._files(dist)
     self.assertEqual(kept, ["site-packages/pkg/a.py"])
     self.assertEqual(skipped, ["pkg/with space.txt"])
@@ -44,9 +46,20 @@ class GenerateBuildTest(parameterized.TestCase):
     site = os.path.join(root, "site-packages")
     # Two hand-written distributions: "alpha" requires "beta" unconditionally, an
     # absent package, and "beta" again only under an extra (which must be ignored).
-    for name, requires in (("alpha", ["beta>=1", "missing", 'gamma; extra == "x"',
-                                      'delta; extra == "y"']),
-                           ("beta", []), ("gamma", []), ("delta", [])):
+    for name, requires in (
+        (
+            "alpha",
+            [
+                "beta>=1",
+                "missing",
+                'gamma; extra == "x"',
+                'delta; extra == "y"',
+            ],
+        ),
+        ("beta", []),
+        ("gamma", []),
+        ("delta", []),
+    ):
       info = os.path.join(site, "%s-1.0.dist-info" % name)
       os.makedirs(info)
       os.makedirs(os.path.join(site, name), exist_ok=True)
@@ -57,12 +70,19 @@ class GenerateBuildTest(parameterized.TestCase):
         for req in requires:
           f.write("Requires-Dist: %s\n" % req)
       with open(os.path.join(info, "RECORD"), "w") as f:
-        f.write("%s/__init__.py,,\n%s-1.0.dist-info/METADATA,,\n" % (name, name))
+        f.write(
+            "%s/__init__.py,,\n%s-1.0.dist-info/METADATA,,\n" % (name, name)
+        )
     # The generator imports `packaging` from the tree it scans; make one visible there.
     import packaging  # pylint: disable=g-import-not-at-top
-    os.symlink(os.path.dirname(packaging.__file__), os.path.join(site, "packaging"))
+
+    os.symlink(
+        os.path.dirname(packaging.__file__), os.path.join(site, "packaging")
+    )
     output = os.path.join(root, "BUILD")
-    subprocess.run([sys.executable, generate_build.__file__, site, output], check=True)
+    subprocess.run(
+        [sys.executable, generate_build.__file__, site, output], check=True
+    )
     with open(output) as f:
       build = f.read()
     self.assertIn('name = "alpha"', build)
@@ -72,8 +92,16 @@ class GenerateBuildTest(parameterized.TestCase):
     self.assertNotIn(":gamma", build)
     self.assertIn('"site-packages/alpha/__init__.py"', build)
     # Asking for alpha's extra "y" (as the TPU set asks for jax[tpu]) adds delta.
-    subprocess.run([sys.executable, generate_build.__file__, site, output,
-                    '{"Alpha": ["y"]}'], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            generate_build.__file__,
+            site,
+            output,
+            '{"Alpha": ["y"]}',
+        ],
+        check=True,
+    )
     with open(output) as f:
       self.assertIn('deps = [":beta", ":delta"],', f.read())
 

@@ -76,18 +76,34 @@ from maxtext import trainer
 from maxtext.metrics import throughput
 
 _DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "maxtext", "configs", "default.py")
+    os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ),
+    "maxtext",
+    "configs",
+    "default.py",
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Model and run config (default: configs/default.py).",
-    lock_config=True)
+    "config",
+    _DEFAULT_CONFIG,
+    "Model and run config (default: configs/default.py).",
+    lock_config=True,
+)
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Rounds (trainer runs).")
-_STEPS = flags.DEFINE_integer("steps", 40, "Steps per trainer run (and bare block).")
-_PAIRING = flags.DEFINE_enum("pairing", "step", ["step", "block"],
-                             "Interleave single steps or whole blocks (see above).")
-_WARMUP = flags.DEFINE_integer("warmup_steps", 3,
-                               "Steps left out at the start of every block.")
+_STEPS = flags.DEFINE_integer(
+    "steps", 40, "Steps per trainer run (and bare block)."
+)
+_PAIRING = flags.DEFINE_enum(
+    "pairing",
+    "step",
+    ["step", "block"],
+    "Interleave single steps or whole blocks (see above).",
+)
+_WARMUP = flags.DEFINE_integer(
+    "warmup_steps", 3, "Steps left out at the start of every block."
+)
+
 
 class BareLoop:
   """The least a training step does: K micro-steps, one update, one loss fetch."""
@@ -98,36 +114,48 @@ class BareLoop:
     setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
     self.batch_sharding = setup.batch_sharding
     self.params = model_setup.init_params(config, setup)
-    optimizer = optimizer_lib.make_optimizer(config,
-                                             optimizer_lib.make_schedule(config))
+    optimizer = optimizer_lib.make_optimizer(
+        config, optimizer_lib.make_schedule(config)
+    )
     self.opt_state = jax.jit(optimizer.init)(self.params)
     self.dataset = data.make_dataset(config)
     loss_fn = functools.partial(model.loss_fn, config=config)
     k = self.k
 
     def micro_step(params, grad_acc, loss_acc, batch):
-      (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+      (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          params, batch
+      )
       return jax.tree.map(jnp.add, grad_acc, grads), loss_acc + loss
 
     def update(params, opt_state, grad_acc):
       grads = jax.tree.map(lambda g: g / k, grad_acc)
       updates, opt_state = optimizer.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state,
-              jax.tree.map(jnp.zeros_like, grad_acc))
+      return (
+          optax.apply_updates(params, updates),
+          opt_state,
+          jax.tree.map(jnp.zeros_like, grad_acc),
+      )
 
     self._micro_step = jax.jit(micro_step, donate_argnums=(1, 2))
     self._update = jax.jit(update, donate_argnums=(2,))
-    self.grad_acc = jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p))(self.params)
+    self.grad_acc = jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p))(
+        self.params
+    )
 
   def step(self, step: int) -> float:
     """Runs training step `step`; returns its mean micro-batch loss (fetched)."""
     loss_acc = jnp.zeros((), jnp.float32)
     for micro in data.split_micro_batches(self.dataset.get_batch(step), self.k):
       self.grad_acc, loss_acc = self._micro_step(
-          self.params, self.grad_acc, loss_acc,
-          mesh_lib.global_batch(micro, self.batch_sharding))
+          self.params,
+          self.grad_acc,
+          loss_acc,
+          mesh_lib.global_batch(micro, self.batch_sharding),
+      )
     self.params, self.opt_state, self.grad_acc = self._update(
-        self.params, self.opt_state, self.grad_acc)
+        self.params, self.opt_state, self.grad_acc
+    )
     return float(loss_acc) / self.k
 
   def block(self, first_step: int, steps: int) -> list[float]:
@@ -144,31 +172,51 @@ def _timed_steps(config, times: dict, warmup: int) -> list[int]:
   """The completed-step numbers whose times count: after the warm-up, and not
   following an eval or a checkpoint save (their times hold that work)."""
   period = config.checkpoint_period or config.steps
-  return [c for c in sorted(times)
-          if c > warmup and (c - 1) % period != 0 and (c - 1) % config.eval_interval != 0]
+  return [
+      c
+      for c in sorted(times)
+      if c > warmup
+      and (c - 1) % period != 0
+      and (c - 1) % config.eval_interval != 0
+  ]
 
 
 def _run_trainer(config, output_dir: str, name: str, step_callback) -> None:
   config = config.copy_and_resolve_references()
   config.run_name = name
   config.base_output_directory = output_dir
-  result = trainer.run(config, config_filename="engine_bench",
-                       step_callback=step_callback)
+  result = trainer.run(
+      config, config_filename="engine_bench", step_callback=step_callback
+  )
   if result.final_step != config.steps:
-    raise RuntimeError(f"trainer run {name} stopped at step {result.final_step} "
-                       f"({result.status.value}); expected {config.steps}")
+    raise RuntimeError(
+        f"trainer run {name} stopped at step {result.final_step} "
+        f"({result.status.value}); expected {config.steps}"
+    )
 
 
-def trainer_block(config, output_dir: str, name: str, warmup: int) -> list[float]:
+def trainer_block(
+    config, output_dir: str, name: str, warmup: int
+) -> list[float]:
   """Step times (s) of one fresh trainer run, warm-up and post-eval/save steps left out."""
   times = {}
-  _run_trainer(config, output_dir, name,
-               lambda completed, t: times.__setitem__(completed, t))
+  _run_trainer(
+      config,
+      output_dir,
+      name,
+      lambda completed, t: times.__setitem__(completed, t),
+  )
   return [times[c] for c in _timed_steps(config, times, warmup)]
 
 
-def paired_round(config, bare: BareLoop, output_dir: str, name: str, warmup: int,
-                 first_bare_step: int) -> tuple[list[float], list[float]]:
+def paired_round(
+    config,
+    bare: BareLoop,
+    output_dir: str,
+    name: str,
+    warmup: int,
+    first_bare_step: int,
+) -> tuple[list[float], list[float]]:
   """One trainer run with a bare step after each of its steps.
 
   Returns:
@@ -190,7 +238,9 @@ def paired_round(config, bare: BareLoop, output_dir: str, name: str, warmup: int
     bare_times[completed + 1] = excluded[0] = time.perf_counter() - start
 
   _run_trainer(config, output_dir, name, on_step)
-  steps = [c for c in _timed_steps(config, trainer_times, warmup) if c in bare_times]
+  steps = [
+      c for c in _timed_steps(config, trainer_times, warmup) if c in bare_times
+  ]
   return [trainer_times[c] for c in steps], [bare_times[c] for c in steps]
 
 
@@ -203,7 +253,9 @@ def main(argv):
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   rounds, steps, warmup = _ROUNDS.value, _STEPS.value, _WARMUP.value
   if rounds < 1 or steps <= warmup + 1 or warmup < 0:
-    raise app.UsageError("need --rounds >= 1 and --steps > --warmup_steps + 1 >= 1")
+    raise app.UsageError(
+        "need --rounds >= 1 and --steps > --warmup_steps + 1 >= 1"
+    )
   output_dir = tempfile.mkdtemp(prefix="engine_bench_")
   config = _CONFIG.value.copy_and_resolve_references()
   # The config's learning-rate schedule whatever the block length, so short
@@ -218,7 +270,8 @@ def main(argv):
 
   devices = jax.devices()
   run = throughput.StepThroughput.for_run(
-      config, [d.device_kind for d in devices])
+      config, [d.device_kind for d in devices]
+  )
   tokens_per_step = run.tokens_per_step
   try:
     bare = BareLoop(config)
@@ -228,8 +281,16 @@ def main(argv):
       got = {}
       if _PAIRING.value == "step":
         got["trainer"], got["bare"] = paired_round(
-            config, bare, output_dir, f"round{r}", warmup, warmup + r * (steps + 1))
-        ratio = statistics.median(t / b for t, b in zip(got["trainer"], got["bare"]))
+            config,
+            bare,
+            output_dir,
+            f"round{r}",
+            warmup,
+            warmup + r * (steps + 1),
+        )
+        ratio = statistics.median(
+            t / b for t, b in zip(got["trainer"], got["bare"])
+        )
       else:
         order = ("trainer", "bare") if r % 2 == 0 else ("bare", "trainer")
         for way in order:
@@ -237,18 +298,30 @@ def main(argv):
             got[way] = trainer_block(config, output_dir, f"round{r}", warmup)
           else:
             got[way] = bare.block(warmup + r * steps, steps)[warmup:]
-        ratio = statistics.median(got["trainer"]) / statistics.median(got["bare"])
-      rows.append((r, statistics.median(got["trainer"]), statistics.median(got["bare"]),
-                   ratio, len(got["trainer"]), len(got["bare"])))
+        ratio = statistics.median(got["trainer"]) / statistics.median(
+            got["bare"]
+        )
+      rows.append(
+          (
+              r,
+              statistics.median(got["trainer"]),
+              statistics.median(got["bare"]),
+              ratio,
+              len(got["trainer"]),
+              len(got["bare"]),
+          )
+      )
   finally:
     shutil.rmtree(output_dir, ignore_errors=True)
 
-  print(f"engine_bench: {len(devices)} x {devices[0].device_kind} "
-        f"({jax.default_backend()}), emb {config.emb_dim}, {config.num_layers} "
-        f"layers, seq {config.max_sequence_length}, global batch "
-        f"{config.global_batch_size} in K={config.gradient_accumulation_steps} "
-        f"micro-batches, eval every {config.eval_interval}, checkpoint every "
-        f"{config.checkpoint_period}, {steps} steps per run, pairing={_PAIRING.value}")
+  print(
+      f"engine_bench: {len(devices)} x {devices[0].device_kind} "
+      f"({jax.default_backend()}), emb {config.emb_dim}, {config.num_layers} "
+      f"layers, seq {config.max_sequence_length}, global batch "
+      f"{config.global_batch_size} in K={config.gradient_accumulation_steps} "
+      f"micro-batches, eval every {config.eval_interval}, checkpoint every "
+      f"{config.checkpoint_period}, {steps} steps per run, pairing={_PAIRING.value}"
+  )
   print("round  trainer_ms   bare_ms   ratio  timed_steps(trainer/bare)")
   for r, t_med, b_med, ratio, nt, nb in rows:
     print(f"{r:5d}  {_ms(t_med)}  {_ms(b_med)}  {ratio:6.3f}  {nt}/{nb}")
@@ -258,15 +331,24 @@ def main(argv):
   bare_step = statistics.median(row[2] for row in rows)
   figures = run.figures(trainer_step)
   tokens_per_s = figures[throughput.TOKENS_PER_SECOND_KEY]
-  mfu = (f"{figures[throughput.MFU_KEY]:.1%}"
-         if throughput.MFU_KEY in figures else "n/a")
-  print(f"median ratio {ratio:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
-        f"over {rounds} rounds")
-  print(f"trainer: median step {trainer_step * 1e3:.2f} ms, {tokens_per_s:,.0f} "
-        f"tokens/s, {figures[throughput.TFLOPS_PER_DEVICE_KEY]:.4g} TFLOP/s "
-        f"per device, MFU {mfu}")
-  print(f"bare:    median step {bare_step * 1e3:.2f} ms, "
-        f"{tokens_per_step / bare_step:,.0f} tokens/s")
+  mfu = (
+      f"{figures[throughput.MFU_KEY]:.1%}"
+      if throughput.MFU_KEY in figures
+      else "n/a"
+  )
+  print(
+      f"median ratio {ratio:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
+      f"over {rounds} rounds"
+  )
+  print(
+      f"trainer: median step {trainer_step * 1e3:.2f} ms, {tokens_per_s:,.0f} "
+      f"tokens/s, {figures[throughput.TFLOPS_PER_DEVICE_KEY]:.4g} TFLOP/s "
+      f"per device, MFU {mfu}"
+  )
+  print(
+      f"bare:    median step {bare_step * 1e3:.2f} ms, "
+      f"{tokens_per_step / bare_step:,.0f} tokens/s"
+  )
   print(f"engine_bench: ratio={ratio:.3f} tokens_per_s={tokens_per_s:.0f}")
 
 

@@ -14,7 +14,9 @@ from testing import runfiles
 from testing import tiny_configs
 
 _TIMEOUT_S = 600
-_LAST_LINE = re.compile(r"^engine_bench: ratio=(\d+\.\d{3}) tokens_per_s=(\d+)$")
+_LAST_LINE = re.compile(
+    r"^engine_bench: ratio=(\d+\.\d{3}) tokens_per_s=(\d+)$"
+)
 
 
 def _run(*args):
@@ -23,20 +25,23 @@ def _run(*args):
   return runfiles.run_binary(
       "tools/benchmarks/engine_bench",
       tiny_configs.tiny_flags(absltest.get_default_test_tmpdir()) + list(args),
-      timeout_s=_TIMEOUT_S)
+      timeout_s=_TIMEOUT_S,
+  )
 
 
 class EngineBenchTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(("step", "step", "3/3"),
-                                  ("block", "block", "3/5"))
+  @parameterized.named_parameters(
+      ("step", "step", "3/3"), ("block", "block", "3/5")
+  )
   def test_runs_and_reports(self, pairing, timed):
     # 7 steps, the first 2 left out as warm-up. Eval and checkpoint every 3
     # steps: the trainer's steps 4 and 7 (after them) are left out, so 3, 5
     # and 6 are timed; a bare block times all 5, a step pairing only the
     # bare steps paired with a timed trainer step.
-    proc = _run("--rounds=2", "--steps=7", "--warmup_steps=2",
-                f"--pairing={pairing}")
+    proc = _run(
+        "--rounds=2", "--steps=7", "--warmup_steps=2", f"--pairing={pairing}"
+    )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     lines = proc.stdout.strip().splitlines()
     self.assertIn(f"7 steps per run, pairing={pairing}", lines[0])
@@ -62,8 +67,9 @@ class EngineBenchTest(parameterized.TestCase):
   def test_too_few_steps_is_a_usage_error(self):
     proc = _run("--steps=3", "--warmup_steps=2")
     self.assertNotEqual(proc.returncode, 0)
-    self.assertIn("need --rounds >= 1 and --steps > --warmup_steps + 1",
-                  proc.stderr)
+    self.assertIn(
+        "need --rounds >= 1 and --steps > --warmup_steps + 1", proc.stderr
+    )
 
 
 if __name__ == "__main__":

@@ -36,22 +36,31 @@ from absl import flags
 
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds (each runs every tree).")
 _STEPS = flags.DEFINE_integer("steps", 60, "Training steps per run.")
-_SKIP = flags.DEFINE_integer("skip_steps", 5,
-                             "Leading steps left out (compilation).")
+_SKIP = flags.DEFINE_integer(
+    "skip_steps", 5, "Leading steps left out (compilation)."
+)
 _TREES = flags.DEFINE_list(
-    "trees", [], "name=path of source trees to compare; empty = this tree.")
+    "trees", [], "name=path of source trees to compare; empty = this tree."
+)
 _SET = flags.DEFINE_multi_string(
-    "set", [], "field=value overrides of configs/default.py (JSON values).")
-_CHILD = flags.DEFINE_string("child", "",
-                             "Internal: run one measurement into this dir.")
+    "set", [], "field=value overrides of configs/default.py (JSON values)."
+)
+_CHILD = flags.DEFINE_string(
+    "child", "", "Internal: run one measurement into this dir."
+)
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 def _overrides(steps: int, output_dir: str) -> dict:
-  values = {"steps": steps, "base_output_directory": output_dir,
-            "run_name": "bench", "log_period": 1000}
+  values = {
+      "steps": steps,
+      "base_output_directory": output_dir,
+      "run_name": "bench",
+      "log_period": 1000,
+  }
   for item in _SET.value:
     key, _, value = item.partition("=")
     try:
@@ -66,6 +75,7 @@ def measure(overrides: dict, skip: int) -> dict:
   # Imported here: the tree on sys.path decides which maxtext this is.
   from maxtext import trainer  # pylint: disable=g-import-not-at-top
   from maxtext.configs import default  # pylint: disable=g-import-not-at-top
+
   config = default.get_config()
   config.update(overrides)
   thread, process = [], []
@@ -90,16 +100,23 @@ def _run_child(tree: str, output_dir: str) -> dict:
   path = [p for p in sys.path if p and os.path.abspath(p) != _ROOT]
   env["PYTHONPATH"] = os.pathsep.join([tree] + path)
   env.setdefault("JAX_PLATFORMS", "cpu")
-  command = [sys.executable, os.path.abspath(__file__),
-             f"--child={output_dir}", f"--steps={_STEPS.value}",
-             f"--skip_steps={_SKIP.value}"]
+  command = [
+      sys.executable,
+      os.path.abspath(__file__),
+      f"--child={output_dir}",
+      f"--steps={_STEPS.value}",
+      f"--skip_steps={_SKIP.value}",
+  ]
   command += [f"--set={item}" for item in _SET.value]
-  proc = subprocess.run(command, env=env, cwd=tree, capture_output=True,
-                        text=True, check=False)
+  proc = subprocess.run(
+      command, env=env, cwd=tree, capture_output=True, text=True, check=False
+  )
   lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
   if proc.returncode or not lines:
-    raise RuntimeError(f"measurement in {tree} failed (exit "
-                       f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+    raise RuntimeError(
+        f"measurement in {tree} failed (exit "
+        f"{proc.returncode}):\n{proc.stderr[-3000:]}"
+    )
   return json.loads(lines[-1])
 
 
@@ -109,19 +126,24 @@ def main(argv):
   if _STEPS.value <= _SKIP.value + 2:
     raise app.UsageError("need --steps > --skip_steps + 2")
   if _CHILD.value:
-    print(json.dumps(measure(_overrides(_STEPS.value, _CHILD.value),
-                             _SKIP.value)))
+    print(
+        json.dumps(measure(_overrides(_STEPS.value, _CHILD.value), _SKIP.value))
+    )
     return
   trees = []
   for item in _TREES.value or [f"this={_ROOT}"]:
     name, sep, path = item.partition("=")
     if not sep or not os.path.isdir(os.path.join(path, "maxtext")):
-      raise app.UsageError(f"--trees item {item!r}: want name=path of a "
-                           "checkout holding maxtext/")
+      raise app.UsageError(
+          f"--trees item {item!r}: want name=path of a "
+          "checkout holding maxtext/"
+      )
     trees.append((name, os.path.abspath(path)))
   results = {name: [] for name, _ in trees}
-  print(f"{'round':>5} {'tree':>8} {'main thread ms/step':>20} "
-        f"{'process ms/step':>16}")
+  print(
+      f"{'round':>5} {'tree':>8} {'main thread ms/step':>20} "
+      f"{'process ms/step':>16}"
+  )
   for round_index in range(_ROUNDS.value):
     order = trees if round_index % 2 == 0 else trees[::-1]
     for name, path in order:
@@ -131,19 +153,28 @@ def main(argv):
       finally:
         shutil.rmtree(output_dir, ignore_errors=True)
       results[name].append(result)
-      print(f"{round_index:>5} {name:>8} {result['main_thread_ms']:>20.3f} "
-            f"{result['process_ms']:>16.3f}", flush=True)
+      print(
+          f"{round_index:>5} {name:>8} {result['main_thread_ms']:>20.3f} "
+          f"{result['process_ms']:>16.3f}",
+          flush=True,
+      )
   summary = {}
   for name, _ in trees:
     values = [r["main_thread_ms"] for r in results[name]]
     summary[name] = statistics.median(values)
-    print(f"{name}: main thread {summary[name]:.3f} ms/step (rounds "
-          f"{min(values):.3f}-{max(values):.3f})")
+    print(
+        f"{name}: main thread {summary[name]:.3f} ms/step (rounds "
+        f"{min(values):.3f}-{max(values):.3f})"
+    )
   first = trees[0][0]
-  ratios = " ".join(f"{name}/{first}={summary[name] / summary[first]:.3f}"
-                    for name, _ in trees[1:])
-  print(f"host_cpu_bench: main_thread_ms={summary[first]:.3f}"
-        + (f" {ratios}" if ratios else ""))
+  ratios = " ".join(
+      f"{name}/{first}={summary[name] / summary[first]:.3f}"
+      for name, _ in trees[1:]
+  )
+  print(
+      f"host_cpu_bench: main_thread_ms={summary[first]:.3f}"
+      + (f" {ratios}" if ratios else "")
+  )
 
 
 if __name__ == "__main__":

@@ -17,19 +17,31 @@ class HostCpuBenchTest(absltest.TestCase):
 
   def test_two_trees_side_by_side(self):
     # This test's own tree (the runfiles tree under Bazel) holds maxtext/.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))))
+    root = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
     proc = runfiles.run_binary(
         "tools/benchmarks/host_cpu_bench",
-        ["--rounds=2", "--steps=8", "--skip_steps=2",
-         f"--trees=a={root},b={root}", "--set=eval_interval=4",
-         "--set=enable_mllog=false"],
-        timeout_s=600)
+        [
+            "--rounds=2",
+            "--steps=8",
+            "--skip_steps=2",
+            f"--trees=a={root},b={root}",
+            "--set=eval_interval=4",
+            "--set=enable_mllog=false",
+        ],
+        timeout_s=600,
+    )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    rows = [line.split() for line in proc.stdout.splitlines()
-            if re.match(r"^\s*\d+\s+[ab]\s", line)]
-    self.assertEqual([(r[0], r[1]) for r in rows],
-                     [("0", "a"), ("0", "b"), ("1", "b"), ("1", "a")])
+    rows = [
+        line.split()
+        for line in proc.stdout.splitlines()
+        if re.match(r"^\s*\d+\s+[ab]\s", line)
+    ]
+    self.assertEqual(
+        [(r[0], r[1]) for r in rows],
+        [("0", "a"), ("0", "b"), ("1", "b"), ("1", "a")],
+    )
     for row in rows:
       self.assertGreater(float(row[2]), 0)  # Main-thread ms per step.
       self.assertGreaterEqual(float(row[3]), float(row[2]))  # All threads.
@@ -38,12 +50,15 @@ class HostCpuBenchTest(absltest.TestCase):
       match = re.match(r"^([ab]): main thread (\d+\.\d+) ms/step", line)
       if match:
         medians[match.group(1)] = float(match.group(2))
-    match = re.match(r"^host_cpu_bench: main_thread_ms=(\d+\.\d+) b/a=(\d+\.\d+)$",
-                     proc.stdout.strip().splitlines()[-1])
+    match = re.match(
+        r"^host_cpu_bench: main_thread_ms=(\d+\.\d+) b/a=(\d+\.\d+)$",
+        proc.stdout.strip().splitlines()[-1],
+    )
     self.assertIsNotNone(match, proc.stdout[-500:])
     self.assertAlmostEqual(float(match.group(1)), medians["a"], places=3)
-    self.assertAlmostEqual(float(match.group(2)), medians["b"] / medians["a"],
-                           places=2)
+    self.assertAlmostEqual(
+        float(match.group(2)), medians["b"] / medians["a"], places=2
+    )
 
 
 if __name__ == "__main__":

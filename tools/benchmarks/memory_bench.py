@@ -44,30 +44,50 @@ from absl import flags
 from ml_collections import config_flags
 
 _DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "maxtext", "configs", "gpu_1b.py")
+    os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ),
+    "maxtext",
+    "configs",
+    "gpu_1b.py",
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG,
-    "Model and run config (default: configs/gpu_1b.py).", lock_config=True)
+    "config",
+    _DEFAULT_CONFIG,
+    "Model and run config (default: configs/gpu_1b.py).",
+    lock_config=True,
+)
 _ATTENTION = flags.DEFINE_list(
-    "attention", [], "Attention implementations to compile (default: every "
-    "one the backend has).")
+    "attention",
+    [],
+    "Attention implementations to compile (default: every "
+    "one the backend has).",
+)
 _REMAT = flags.DEFINE_list(
-    "remat_policy", ["none", "full", "save_dots", "save_named"],
-    "Remat policies to compile.")
+    "remat_policy",
+    ["none", "full", "save_dots", "save_named"],
+    "Remat policies to compile.",
+)
 _DEVICE_MEMORY_GB = flags.DEFINE_list(
-    "device_memory_gb", ["141", "80"],
-    "Device memories (decimal GB) to check the step against.")
+    "device_memory_gb",
+    ["141", "80"],
+    "Device memories (decimal GB) to check the step against.",
+)
 _USABLE = flags.DEFINE_float(
-    "usable_fraction", 0.95,
-    "Fraction of a device's memory that programs may use.")
-_UNIT = flags.DEFINE_enum("unit", "GB", ["GB", "MB"],
-                          "Unit of the table (decimal).")
+    "usable_fraction",
+    0.95,
+    "Fraction of a device's memory that programs may use.",
+)
+_UNIT = flags.DEFINE_enum(
+    "unit", "GB", ["GB", "MB"], "Unit of the table (decimal)."
+)
 _HOST_DEVICES = flags.DEFINE_integer(
-    "host_devices", 0,
+    "host_devices",
+    0,
     "If > 0, run on this many fake CPU devices "
-    "(--xla_force_host_platform_device_count).")
+    "(--xla_force_host_platform_device_count).",
+)
 
 _GB = 1e9
 
@@ -75,6 +95,7 @@ _GB = 1e9
 def _attentions(config) -> list[str]:
   """The attention implementations the default backend has."""
   import jax  # pylint: disable=g-import-not-at-top
+
   backend = jax.default_backend()
   names = ["einsum", "dot_product"]
   if backend == "gpu" and config.compute_dtype in ("bfloat16", "float16"):
@@ -88,6 +109,7 @@ def _device_bytes(tree) -> int:
   """Bytes one device holds of a pytree of (sharded) ShapeDtypeStructs."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   total = 0
   for x in jax.tree_util.tree_leaves(tree):
     shape = x.shape
@@ -113,11 +135,14 @@ def _engine(config, setup, donate: bool):
       functools.partial(model.loss_fn, config=config),
       setup.abstract_params,
       optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
-      schedule, metrics_recorder.MetricsRecorder(mode="train"),
+      schedule,
+      metrics_recorder.MetricsRecorder(mode="train"),
       config.gradient_accumulation_steps,
       param_shardings=setup.param_shardings,
       batch_sharding=setup.batch_sharding,
-      grad_clip_norm=config.grad_clip_norm, donate_state=donate)
+      grad_clip_norm=config.grad_clip_norm,
+      donate_state=donate,
+  )
 
 
 def _micro_batch(config):
@@ -167,8 +192,9 @@ def analyse(config, donate: bool = True, programs=None) -> list[dict]:
         "temp": memory.temp_size_in_bytes,
         "resident": resident,
     }
-    row["peak"] = (row["args"] + row["out"] - row["alias"] + row["temp"] +
-                   resident)
+    row["peak"] = (
+        row["args"] + row["out"] - row["alias"] + row["temp"] + resident
+    )
     rows.append(row)
   return rows
 
@@ -181,11 +207,14 @@ def _print_rows(label: str, rows: list[dict], memories: list[float]) -> None:
   for row in rows:
     fits = " ".join(
         "yes" if row["peak"] <= m * _GB * _USABLE.value else "NO"
-        for m in memories)
-    print(f"{label:<24} {row['program']:<22} {_gb(row['args']):>9} "
-          f"{_gb(row['out']):>9} {_gb(row['alias']):>9} "
-          f"{_gb(row['temp']):>9} {_gb(row['resident']):>9} "
-          f"{_gb(row['peak']):>9}  {fits}")
+        for m in memories
+    )
+    print(
+        f"{label:<24} {row['program']:<22} {_gb(row['args']):>9} "
+        f"{_gb(row['out']):>9} {_gb(row['alias']):>9} "
+        f"{_gb(row['temp']):>9} {_gb(row['resident']):>9} "
+        f"{_gb(row['peak']):>9}  {fits}"
+    )
 
 
 def main(argv):
@@ -194,8 +223,9 @@ def main(argv):
   if _HOST_DEVICES.value > 0:
     # Read when the CPU backend starts, i.e. before the first device query.
     os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") +
-        f" --xla_force_host_platform_device_count={_HOST_DEVICES.value}")
+        os.environ.get("XLA_FLAGS", "")
+        + f" --xla_force_host_platform_device_count={_HOST_DEVICES.value}"
+    )
   # pylint: disable=g-import-not-at-top
   import jax
   from maxtext import config_lib
@@ -206,17 +236,23 @@ def main(argv):
   memories = [float(m) for m in _DEVICE_MEMORY_GB.value]
   attentions = _ATTENTION.value or _attentions(base)
   devices = jax.devices()
-  print(f"memory_bench: {len(devices)} x {devices[0].device_kind} "
-        f"({jax.default_backend()}); emb {base.emb_dim}, {base.num_layers} "
-        f"layers, seq {base.max_sequence_length}, global batch "
-        f"{base.global_batch_size} in K={base.gradient_accumulation_steps}, "
-        f"mesh data={base.data_parallelism} fsdp={base.fsdp_parallelism}, "
-        f"weights {base.weight_dtype}, compute {base.compute_dtype}, "
-        f"loss_chunk_size {base.loss_chunk_size}")
-  print(f"per-device {_UNIT.value}; fits = peak <= {_USABLE.value:g} x "
-        f"{', '.join(f'{m:g}' for m in memories)} GB")
-  print(f"{'attention/remat':<24} {'program':<22} {'args':>9} {'out':>9} "
-        f"{'alias':>9} {'temp':>9} {'resident':>9} {'peak':>9}  fits")
+  print(
+      f"memory_bench: {len(devices)} x {devices[0].device_kind} "
+      f"({jax.default_backend()}); emb {base.emb_dim}, {base.num_layers} "
+      f"layers, seq {base.max_sequence_length}, global batch "
+      f"{base.global_batch_size} in K={base.gradient_accumulation_steps}, "
+      f"mesh data={base.data_parallelism} fsdp={base.fsdp_parallelism}, "
+      f"weights {base.weight_dtype}, compute {base.compute_dtype}, "
+      f"loss_chunk_size {base.loss_chunk_size}"
+  )
+  print(
+      f"per-device {_UNIT.value}; fits = peak <= {_USABLE.value:g} x "
+      f"{', '.join(f'{m:g}' for m in memories)} GB"
+  )
+  print(
+      f"{'attention/remat':<24} {'program':<22} {'args':>9} {'out':>9} "
+      f"{'alias':>9} {'temp':>9} {'resident':>9} {'peak':>9}  fits"
+  )
   sys.stdout.flush()
   own = model.attention_implementation(base)
   micro_temp = {}
@@ -235,12 +271,17 @@ def main(argv):
   # The apply does not depend on the attention or remat policy.
   for donate in (True, False):
     rows = analyse(base, donate=donate, programs=lambda name: name == "apply")
-    _print_rows("apply/donated" if donate else "apply/not_donated", rows,
-                memories)
+    _print_rows(
+        "apply/donated" if donate else "apply/not_donated", rows, memories
+    )
     if donate:
       apply_peak = rows[0]["peak"]
-  print("step peak (largest program) with the donating apply: " + ", ".join(
-      f"{a}/{r} {_gb(max(p, apply_peak))}" for (a, r), p in peaks.items()))
+  print(
+      "step peak (largest program) with the donating apply: "
+      + ", ".join(
+          f"{a}/{r} {_gb(max(p, apply_peak))}" for (a, r), p in peaks.items()
+      )
+  )
   if (own, "full") in micro_temp and (own, "none") in micro_temp:
     ratio = micro_temp[(own, "full")] / max(micro_temp[(own, "none")], 1)
     print(f"memory_bench: temp_full/none={ratio:.3f}")

@@ -15,9 +15,16 @@ from testing import runfiles
 
 _LAST_LINE = re.compile(r"^memory_bench: temp_full/none=(\d+\.\d{3})$")
 _SHRINK = {
-    "emb_dim": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-    "head_dim": 16, "mlp_dim": 128, "vocab_size": 256,
-    "max_sequence_length": 64, "global_batch_size": 4, "eval_batch_size": 4,
+    "emb_dim": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+    "mlp_dim": 128,
+    "vocab_size": 256,
+    "max_sequence_length": 64,
+    "global_batch_size": 4,
+    "eval_batch_size": 4,
     "loss_chunk_size": 16,
 }
 
@@ -27,9 +34,10 @@ class MemoryBenchTest(absltest.TestCase):
   def test_report_over_two_devices(self):
     proc = runfiles.run_binary(
         "tools/benchmarks/memory_bench",
-        [f"--config.{k}={v}" for k, v in _SHRINK.items()] +
-        ["--host_devices=2", "--device_memory_gb=141,0.0001", "--unit=MB"],
-        timeout_s=600)
+        [f"--config.{k}={v}" for k, v in _SHRINK.items()]
+        + ["--host_devices=2", "--device_memory_gb=141,0.0001", "--unit=MB"],
+        timeout_s=600,
+    )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     lines = proc.stdout.strip().splitlines()
     self.assertIn("memory_bench: 2 x cpu (cpu)", lines[0])
@@ -37,22 +45,27 @@ class MemoryBenchTest(absltest.TestCase):
     rows = {}
     for line in lines:
       fields = line.split()
-      if len(fields) == 10 and fields[1] in ("micro_step_first_last",
-                                             "apply"):
+      if len(fields) == 10 and fields[1] in ("micro_step_first_last", "apply"):
         rows[fields[0]] = [float(x) for x in fields[2:8]] + [fields[8:]]
-    expected = {f"{a}/{r}" for a in ("einsum", "dot_product")
-                for r in ("none", "full", "save_dots", "save_named")}
-    self.assertEqual(set(rows), expected | {"apply/donated",
-                                            "apply/not_donated"})
+    expected = {
+        f"{a}/{r}"
+        for a in ("einsum", "dot_product")
+        for r in ("none", "full", "save_dots", "save_named")
+    }
+    self.assertEqual(
+        set(rows), expected | {"apply/donated", "apply/not_donated"}
+    )
     for row in rows.values():
       args, out, alias, temp, resident, peak, fits = row
-      self.assertAlmostEqual(peak, args + out - alias + temp + resident,
-                             delta=0.005)
+      self.assertAlmostEqual(
+          peak, args + out - alias + temp + resident, delta=0.005
+      )
       # Tiny: fits 141 GB, not 100 bytes.
       self.assertEqual(fits, ["yes", "NO"])
     for attention in ("einsum", "dot_product"):
-      self.assertLess(rows[f"{attention}/full"][3],
-                      rows[f"{attention}/none"][3])
+      self.assertLess(
+          rows[f"{attention}/full"][3], rows[f"{attention}/none"][3]
+      )
     donated, kept = rows["apply/donated"], rows["apply/not_donated"]
     self.assertGreater(donated[2], 0)  # Parameters and moments aliased.
     self.assertEqual(kept[2], 0)

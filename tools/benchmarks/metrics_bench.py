@@ -44,37 +44,48 @@ from maxtext import engine as engine_lib
 from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter
 
-_NUM_METRICS = flags.DEFINE_integer("num_metrics", 100,
-                                    "M, metrics per micro-batch (loss "
-                                    "included).")
+_NUM_METRICS = flags.DEFINE_integer(
+    "num_metrics", 100, "M, metrics per micro-batch (loss " "included)."
+)
 _KS = flags.DEFINE_list("ks", ["4", "16", "64"], "Micro-batches per step.")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved rounds per K.")
 _BLOCK = flags.DEFINE_integer("block", 2, "Steps per way per round.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the block order.")
 
-_WAYS = ("baseline", "dict_step", "a/append", "b/stack", "c/engine",
-         "d/per_name")
+_WAYS = (
+    "baseline",
+    "dict_step",
+    "a/append",
+    "b/stack",
+    "c/engine",
+    "d/per_name",
+)
 _WIDTH = 32
 
 
 def _loss_fn(num_metrics: int) -> Callable:
   """A 2-layer MLP regression loss with num_metrics - 1 aux metrics."""
+
   def loss_fn(params, batch):
     h = jnp.tanh(batch["x"] @ params["w1"])
     err = h @ params["w2"] - batch["y"]
     loss = jnp.mean(err**2)
     col = jnp.mean(err * h, axis=0)
-    aux = {f"m{i:03d}": loss * (i + 1) + col[i % _WIDTH]
-           for i in range(num_metrics - 1)}
+    aux = {
+        f"m{i:03d}": loss * (i + 1) + col[i % _WIDTH]
+        for i in range(num_metrics - 1)
+    }
     return loss, aux
+
   return loss_fn
 
 
 def _params():
   rng = np.random.default_rng(0)
-  return {"w1": jnp.asarray(rng.normal(size=(_WIDTH, _WIDTH)) * 0.1,
-                            jnp.float32),
-          "w2": jnp.asarray(rng.normal(size=(_WIDTH, 1)) * 0.1, jnp.float32)}
+  return {
+      "w1": jnp.asarray(rng.normal(size=(_WIDTH, _WIDTH)) * 0.1, jnp.float32),
+      "w2": jnp.asarray(rng.normal(size=(_WIDTH, 1)) * 0.1, jnp.float32),
+  }
 
 
 def _batch():
@@ -96,21 +107,26 @@ class _Manual:
     self.step_count = 0
 
     def micro_metrics(params, acc, batch):
-      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params,
-                                                                      batch)
+      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          params, batch
+      )
       return jax.tree.map(jnp.add, acc, grads), {"loss": loss, **aux}
 
     def micro_plain(params, acc, batch):
-      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params,
-                                                                      batch)
+      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          params, batch
+      )
       packed = jnp.stack([loss, *jax.tree_util.tree_leaves(aux)])
       return jax.tree.map(jnp.add, acc, grads), packed
 
     def apply(params, opt_state, acc):
       grads = jax.tree.map(lambda g: g / k, acc)
       updates, opt_state = self.optimizer.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state,
-              jax.tree.map(jnp.zeros_like, acc))
+      return (
+          optax.apply_updates(params, updates),
+          opt_state,
+          jax.tree.map(jnp.zeros_like, acc),
+      )
 
     self.micro_metrics = jax.jit(micro_metrics, donate_argnums=(1,))
     self.micro_plain = jax.jit(micro_plain, donate_argnums=(1,))
@@ -152,7 +168,8 @@ class _Manual:
       out = self.recorder.get_step_metrics(self.step_count).scalar_metrics
       self.recorder.cleanup()  # The trainer releases each written step.
     self.params, self.opt_state, self.acc = self.apply(
-        self.params, self.opt_state, self.acc)
+        self.params, self.opt_state, self.acc
+    )
     self.step_count += 1
     if out is not None and way != "d/per_name":
       out = jax.device_get(out)
@@ -166,8 +183,13 @@ class _EngineWay:
   def __init__(self, loss_fn, k: int):
     self.k = k
     self.engine = engine_lib.Engine(
-        loss_fn, _params(), optax.sgd(1e-3), 1e-3,
-        metrics_recorder.MetricsRecorder(max_history=4), k)
+        loss_fn,
+        _params(),
+        optax.sgd(1e-3),
+        1e-3,
+        metrics_recorder.MetricsRecorder(max_history=4),
+        k,
+    )
 
   def step(self, batch):
     for _ in range(self.k):
@@ -191,8 +213,11 @@ def _check_values(ways: dict, batch, m: int, k: int) -> None:
     out = way.step(batch)
     if name in ("baseline", "dict_step"):
       continue
-    got = {n: np.asarray(v) for n, v in out.items() if n.startswith("m") or
-           n == "loss"}
+    got = {
+        n: np.asarray(v)
+        for n, v in out.items()
+        if n.startswith("m") or n == "loss"
+    }
     if len(got) != m or any(v.shape != (k,) for v in got.values()):
       raise RuntimeError(f"{name}: expected {m} metrics of shape ({k},)")
 
@@ -233,31 +258,44 @@ def main(argv):
   m = _NUM_METRICS.value
   ks = [int(k) for k in _KS.value]
   rng = np.random.default_rng(_SEED.value)
-  print(f"metrics_bench: M={m}, K in {ks}, {_ROUNDS.value} interleaved rounds"
-        f" x {_BLOCK.value} steps per way; jax {jax.__version__} on "
-        f"{jax.devices()[0].platform}")
-  print("overhead = way step time - baseline step time (same round); "
-        "median [p25, p75] in ms; dispatches per step.")
-  header = (f"{'K':>3} {'way':<11} {'overhead_ms':>11} {'p25':>9} "
-            f"{'p75':>9} {'step_ms':>9} {'dispatches':>10}")
+  print(
+      f"metrics_bench: M={m}, K in {ks}, {_ROUNDS.value} interleaved rounds"
+      f" x {_BLOCK.value} steps per way; jax {jax.__version__} on "
+      f"{jax.devices()[0].platform}"
+  )
+  print(
+      "overhead = way step time - baseline step time (same round); "
+      "median [p25, p75] in ms; dispatches per step."
+  )
+  header = (
+      f"{'K':>3} {'way':<11} {'overhead_ms':>11} {'p25':>9} "
+      f"{'p75':>9} {'step_ms':>9} {'dispatches':>10}"
+  )
   medians = {}
   for k in ks:
-    overheads, base, dispatches = _measure(m, k, _ROUNDS.value, _BLOCK.value,
-                                           rng)
+    overheads, base, dispatches = _measure(
+        m, k, _ROUNDS.value, _BLOCK.value, rng
+    )
     print(header)
-    print(f"{k:>3} {'baseline':<11} {_fmt_ms(0.0):>11} {'':>9} {'':>9} "
-          f"{_fmt_ms(np.median(base))} {dispatches['baseline']:>10}")
+    print(
+        f"{k:>3} {'baseline':<11} {_fmt_ms(0.0):>11} {'':>9} {'':>9} "
+        f"{_fmt_ms(np.median(base))} {dispatches['baseline']:>10}"
+    )
     for w in _WAYS[1:]:
       o = overheads[w]
       medians[(k, w)] = float(np.median(o))
-      print(f"{k:>3} {w:<11} {_fmt_ms(np.median(o)):>11} "
-            f"{_fmt_ms(np.percentile(o, 25))} {_fmt_ms(np.percentile(o, 75))} "
-            f"{_fmt_ms(np.median(base + o))} {dispatches[w]:>10}")
+      print(
+          f"{k:>3} {w:<11} {_fmt_ms(np.median(o)):>11} "
+          f"{_fmt_ms(np.percentile(o, 25))} {_fmt_ms(np.percentile(o, 75))} "
+          f"{_fmt_ms(np.median(base + o))} {dispatches[w]:>10}"
+      )
   k_ref = 16 if 16 in ks else ks[0]
   ratio = lambda a, b: medians[(k_ref, a)] / medians[(k_ref, b)]
-  print(f"metrics_bench: engine/stack={ratio('c/engine', 'b/stack'):.4f} "
-        f"engine/append={ratio('c/engine', 'a/append'):.4f} "
-        f"per_name/append={ratio('d/per_name', 'a/append'):.4f}")
+  print(
+      f"metrics_bench: engine/stack={ratio('c/engine', 'b/stack'):.4f} "
+      f"engine/append={ratio('c/engine', 'a/append'):.4f} "
+      f"per_name/append={ratio('d/per_name', 'a/append'):.4f}"
+  )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,14 @@ from testing import runfiles
 
 _M = 5
 _KS = (2, 8)
-_WAYS = ("baseline", "dict_step", "a/append", "b/stack", "c/engine",
-         "d/per_name")
+_WAYS = (
+    "baseline",
+    "dict_step",
+    "a/append",
+    "b/stack",
+    "c/engine",
+    "d/per_name",
+)
 
 
 class MetricsBenchTest(absltest.TestCase):
@@ -20,8 +26,14 @@ class MetricsBenchTest(absltest.TestCase):
   def test_dispatch_counts_and_closing_line(self):
     proc = runfiles.run_binary(
         "tools/benchmarks/metrics_bench",
-        [f"--num_metrics={_M}", f"--ks={','.join(map(str, _KS))}",
-         "--rounds=2", "--block=1"], timeout_s=600)
+        [
+            f"--num_metrics={_M}",
+            f"--ks={','.join(map(str, _KS))}",
+            "--rounds=2",
+            "--block=1",
+        ],
+        timeout_s=600,
+    )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     dispatches = {}
     for line in proc.stdout.splitlines():
@@ -35,15 +47,19 @@ class MetricsBenchTest(absltest.TestCase):
           {
               "baseline": plain,
               "dict_step": plain,
-              "a/append": plain + _M * k,  # One append per metric and micro-batch.
+              "a/append": plain
+              + _M * k,  # One append per metric and micro-batch.
               "b/stack": plain + _M,  # One stack per metric.
               "c/engine": plain + 1,  # One concatenation of the packed arrays.
               "d/per_name": plain + 1,  # M*K <= 256 values: one launch.
-          }, f"K={k}")
+          },
+          f"K={k}",
+      )
     self.assertRegex(
         proc.stdout.strip().splitlines()[-1],
         r"^metrics_bench: engine/stack=-?\d+\.\d{4} engine/append=-?\d+\.\d{4} "
-        r"per_name/append=-?\d+\.\d{4}$")
+        r"per_name/append=-?\d+\.\d{4}$",
+    )
 
 
 if __name__ == "__main__":

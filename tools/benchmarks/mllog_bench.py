@@ -53,12 +53,15 @@ from testing import tiny_configs
 
 _BLOCKS = flags.DEFINE_integer("blocks", 5, "Interleaved blocks (rounds).")
 _STEPS = flags.DEFINE_integer("steps", 200, "Training steps per run.")
-_SKIP = flags.DEFINE_integer("skip_steps", 10,
-                             "First steps of each run left out (warm-up).")
-_DELAY_MS = flags.DEFINE_float("delay_ms", 50.0,
-                               "Delay of each emulator answer chunk (ms).")
-_SYNC_S = flags.DEFINE_float("sync_interval_s", 1.0,
-                             "gcs_sync_interval_seconds of the gcs way.")
+_SKIP = flags.DEFINE_integer(
+    "skip_steps", 10, "First steps of each run left out (warm-up)."
+)
+_DELAY_MS = flags.DEFINE_float(
+    "delay_ms", 50.0, "Delay of each emulator answer chunk (ms)."
+)
+_SYNC_S = flags.DEFINE_float(
+    "sync_interval_s", 1.0, "gcs_sync_interval_seconds of the gcs way."
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the block order.")
 
 _WAYS = ("off", "local", "gcs")
@@ -69,8 +72,11 @@ _BUCKET = "bench"
 # schedule spans the whole run, evals are rare, no checkpoints, no console.
 _TINY = dict(
     tiny_configs.MLPERF_SHAPE,
-    eval_interval=50, lr_schedule_steps=0, target_eval_loss=0.0,
-    checkpoint_period=0, log_period=1_000_000,
+    eval_interval=50,
+    lr_schedule_steps=0,
+    target_eval_loss=0.0,
+    checkpoint_period=0,
+    log_period=1_000_000,
 )
 
 
@@ -83,8 +89,9 @@ class DelayProxy:
     self._server = socket.create_server(("127.0.0.1", 0))
     self.port = self._server.getsockname()[1]
     self._closed = threading.Event()
-    threading.Thread(target=self._accept, daemon=True,
-                     name="delay-proxy").start()
+    threading.Thread(
+        target=self._accept, daemon=True, name="delay-proxy"
+    ).start()
 
   @property
   def url(self) -> str:
@@ -102,11 +109,12 @@ class DelayProxy:
       except OSError:
         client.close()
         continue
-      threading.Thread(target=self._pump, args=(client, upstream, 0.0),
-                       daemon=True).start()
-      threading.Thread(target=self._pump,
-                       args=(upstream, client, self._delay_s),
-                       daemon=True).start()
+      threading.Thread(
+          target=self._pump, args=(client, upstream, 0.0), daemon=True
+      ).start()
+      threading.Thread(
+          target=self._pump, args=(upstream, client, self._delay_s), daemon=True
+      ).start()
 
   @staticmethod
   def _pump(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
@@ -151,8 +159,9 @@ def _config(way: str, run_name: str, out: str, cache_dir: str):
   return config
 
 
-def _run_once(way: str, run_name: str, out: str,
-              cache_dir: str) -> tuple[float, float, float]:
+def _run_once(
+    way: str, run_name: str, out: str, cache_dir: str
+) -> tuple[float, float, float]:
   """Trains one run.
 
   Returns:
@@ -169,17 +178,24 @@ def _run_once(way: str, run_name: str, out: str,
     process.append(time.process_time())
     thread.append(time.thread_time())
 
-  trainer.run(_config(way, run_name, out, cache_dir),
-              config_filename="default.py", process_index=0,
-              step_callback=on_step)
-  kept = times[_SKIP.value:]
+  trainer.run(
+      _config(way, run_name, out, cache_dir),
+      config_filename="default.py",
+      process_index=0,
+      step_callback=on_step,
+  )
+  kept = times[_SKIP.value :]
   if len(kept) < 2:
-    raise ValueError(f"--steps={_STEPS.value} leaves too few steps after "
-                     f"--skip_steps={_SKIP.value}")
+    raise ValueError(
+        f"--steps={_STEPS.value} leaves too few steps after "
+        f"--skip_steps={_SKIP.value}"
+    )
   steps = len(kept) - 1
-  return (float(np.median(kept)),
-          (process[-1] - process[_SKIP.value]) / steps,
-          (thread[-1] - thread[_SKIP.value]) / steps)
+  return (
+      float(np.median(kept)),
+      (process[-1] - process[_SKIP.value]) / steps,
+      (thread[-1] - thread[_SKIP.value]) / steps,
+  )
 
 
 def main(argv):
@@ -207,8 +223,9 @@ def main(argv):
       order = list(_WAYS)
       rng.shuffle(order)
       for way in order:
-        wall, cpu, main_cpu = _run_once(way, f"{way}-{block}", out,
-                                        os.path.join(out, "jax_cache"))
+        wall, cpu, main_cpu = _run_once(
+            way, f"{way}-{block}", out, os.path.join(out, "jax_cache")
+        )
         step_times[way].append(wall)
         process_cpu[way].append(cpu)
         thread_cpu[way].append(main_cpu)
@@ -222,13 +239,17 @@ def main(argv):
     shutil.rmtree(out, ignore_errors=True)
 
   off = np.asarray(step_times["off"])
-  print(f"mllog_bench: {_BLOCKS.value} interleaved blocks x {len(_WAYS)} ways,"
-        f" {_STEPS.value} steps per run (first {_SKIP.value} dropped), gcs "
-        f"answers delayed {_DELAY_MS.value:g} ms, mirror interval "
-        f"{_SYNC_S.value:g} s")
-  print(f"{'way':<6} {'median step ms':>15} {'ratio vs off':>13} "
-        f"{'min ratio':>10} {'max ratio':>10} {'cpu ms/step':>12} "
-        f"{'cpu added':>10} {'main ms/step':>13} {'main added':>11}")
+  print(
+      f"mllog_bench: {_BLOCKS.value} interleaved blocks x {len(_WAYS)} ways,"
+      f" {_STEPS.value} steps per run (first {_SKIP.value} dropped), gcs "
+      f"answers delayed {_DELAY_MS.value:g} ms, mirror interval "
+      f"{_SYNC_S.value:g} s"
+  )
+  print(
+      f"{'way':<6} {'median step ms':>15} {'ratio vs off':>13} "
+      f"{'min ratio':>10} {'max ratio':>10} {'cpu ms/step':>12} "
+      f"{'cpu added':>10} {'main ms/step':>13} {'main added':>11}"
+  )
   worst = worst_cpu = worst_main = 0.0
   off_cpu = np.asarray(process_cpu["off"])
   off_main = np.asarray(thread_cpu["off"])
@@ -244,12 +265,16 @@ def main(argv):
       worst = max(worst, median_ratio)
       worst_cpu = max(worst_cpu, cpu_added)
       worst_main = max(worst_main, main_added)
-    print(f"{way:<6} {np.median(times) * 1e3:>15.3f} {median_ratio:>13.4f} "
-          f"{ratios.min():>10.4f} {ratios.max():>10.4f} "
-          f"{np.median(process_cpu[way]) * 1e3:>12.3f} {cpu_added:>+10.2%} "
-          f"{np.median(thread_cpu[way]) * 1e3:>13.3f} {main_added:>+11.2%}")
-  print(f"mllog_bench: worst_ratio={worst:.4f} worst_cpu_added="
-        f"{worst_cpu * 100:.2f}% worst_main_thread_added={worst_main * 100:.2f}%")
+    print(
+        f"{way:<6} {np.median(times) * 1e3:>15.3f} {median_ratio:>13.4f} "
+        f"{ratios.min():>10.4f} {ratios.max():>10.4f} "
+        f"{np.median(process_cpu[way]) * 1e3:>12.3f} {cpu_added:>+10.2%} "
+        f"{np.median(thread_cpu[way]) * 1e3:>13.3f} {main_added:>+11.2%}"
+    )
+  print(
+      f"mllog_bench: worst_ratio={worst:.4f} worst_cpu_added="
+      f"{worst_cpu * 100:.2f}% worst_main_thread_added={worst_main * 100:.2f}%"
+  )
 
 
 if __name__ == "__main__":

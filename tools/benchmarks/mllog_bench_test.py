@@ -18,7 +18,8 @@ class MllogBenchTest(absltest.TestCase):
     proc = runfiles.run_binary(
         "tools/benchmarks/mllog_bench",
         ["--blocks=1", "--steps=12", "--skip_steps=2", "--delay_ms=5"],
-        timeout_s=600)
+        timeout_s=600,
+    )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     ratios, cpu_added = {}, {}
     for line in proc.stdout.splitlines():
@@ -31,15 +32,21 @@ class MllogBenchTest(absltest.TestCase):
     self.assertEqual(set(ratios), {"off", "local", "gcs"})
     self.assertEqual(ratios["off"], 1.0)
     self.assertEqual(cpu_added["off"], 0.0)
-    match = re.match(r"^mllog_bench: worst_ratio=(\d+\.\d{4}) "
-                     r"worst_cpu_added=(-?\d+\.\d{2})% "
-                     r"worst_main_thread_added=(-?\d+\.\d{2})%$",
-                     proc.stdout.strip().splitlines()[-1])
+    match = re.match(
+        r"^mllog_bench: worst_ratio=(\d+\.\d{4}) "
+        r"worst_cpu_added=(-?\d+\.\d{2})% "
+        r"worst_main_thread_added=(-?\d+\.\d{2})%$",
+        proc.stdout.strip().splitlines()[-1],
+    )
     self.assertIsNotNone(match, proc.stdout[-500:])
-    self.assertAlmostEqual(float(match.group(1)),
-                           max(ratios["local"], ratios["gcs"]), places=4)
-    self.assertAlmostEqual(float(match.group(2)),
-                           max(cpu_added["local"], cpu_added["gcs"]), places=2)
+    self.assertAlmostEqual(
+        float(match.group(1)), max(ratios["local"], ratios["gcs"]), places=4
+    )
+    self.assertAlmostEqual(
+        float(match.group(2)),
+        max(cpu_added["local"], cpu_added["gcs"]),
+        places=2,
+    )
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ def _glob_regex(pattern):
 @dataclasses.dataclass
 class Glob:
   """A union of (include, exclude) pattern sets, as `glob(...) + glob(...)` builds."""
+
   parts: list
 
   def __add__(self, other):
@@ -47,8 +48,9 @@ class Glob:
 
   def matches(self, path):
     for include, exclude in self.parts:
-      if (any(_glob_regex(p).match(path) for p in include)
-          and not any(_glob_regex(p).match(path) for p in exclude)):
+      if any(_glob_regex(p).match(path) for p in include) and not any(
+          _glob_regex(p).match(path) for p in exclude
+      ):
         return True
     return False
 
@@ -75,7 +77,9 @@ class Move:
       if path == self.before:
         moved[self.after] = content
       elif path.startswith(self.before.rstrip("/") + "/"):
-        moved[self.after.rstrip("/") + path[len(self.before.rstrip("/")):]] = content
+        moved[self.after.rstrip("/") + path[len(self.before.rstrip("/")) :]] = (
+            content
+        )
       else:
         moved[path] = content
     return moved
@@ -97,9 +101,11 @@ class Replace:
       leading = re.match(r"\(\?([a-z]+)\)", group)
       if leading:
         flags.update(leading.group(1))
-        group = group[leading.end():]
+        group = group[leading.end() :]
       pattern = pattern.replace(re.escape("${%s}" % name), "(?:%s)" % group)
-    return re.compile(("(?%s)" % "".join(sorted(flags)) if flags else "") + pattern)
+    return re.compile(
+        ("(?%s)" % "".join(sorted(flags)) if flags else "") + pattern
+    )
 
   def apply(self, files):
     regex = self.regex()
@@ -142,7 +148,9 @@ class Workflow:
 
   def export(self, source_files):
     """Runs the workflow on {path: content}: selects origin files, then transforms."""
-    files = {p: c for p, c in source_files.items() if self.origin_files.matches(p)}
+    files = {
+        p: c for p, c in source_files.items() if self.origin_files.matches(p)
+    }
     for transformation in self.transformations:
       files = transformation.apply(files)
     return files
@@ -160,8 +168,12 @@ class _Core:
   def move(self, before, after, **unused_kwargs):
     return Move(before, after)
 
-  def replace(self, before, after, regex_groups=None, paths=None, **unused_kwargs):
-    return Replace(before, after, dict(regex_groups or {}), paths or glob(["**"]))
+  def replace(
+      self, before, after, regex_groups=None, paths=None, **unused_kwargs
+  ):
+    return Replace(
+        before, after, dict(regex_groups or {}), paths or glob(["**"])
+    )
 
 
 class _Module:
@@ -172,7 +184,8 @@ class _Module:
 
   def __getattr__(self, attr):
     return lambda *args, **kwargs: Endpoint(
-        "%s.%s" % (self._name, attr), dict(kwargs, args=args))
+        "%s.%s" % (self._name, attr), dict(kwargs, args=args)
+    )
 
 
 class _Metadata:
@@ -202,8 +215,11 @@ def read_tree(root):
   files = {}
   for dirpath, dirnames, filenames in os.walk(root):
     rel_dir = os.path.relpath(dirpath, root)
-    dirnames[:] = [d for d in dirnames
-                   if d != ".git" and d != "__pycache__" and not d.startswith("bazel-")]
+    dirnames[:] = [
+        d
+        for d in dirnames
+        if d != ".git" and d != "__pycache__" and not d.startswith("bazel-")
+    ]
     for name in filenames:
       if rel_dir == "." and name.startswith("bazel-"):
         continue

@@ -32,20 +32,25 @@ class ToolResult:
     returncode: its exit status.
     output: its stdout, stderr and log file, in that order.
   """
+
   ok: bool
   returncode: int
   output: str
 
   def problems(self, limit: int = 20) -> str:
     """The output's WARNING/ERROR lines (at most `limit`), for a message."""
-    lines = [line.strip() for line in self.output.splitlines()
-             if line.startswith(("WARNING", "ERROR", "CRITICAL"))
-             or "failed" in line.lower()]
+    lines = [
+        line.strip()
+        for line in self.output.splitlines()
+        if line.startswith(("WARNING", "ERROR", "CRITICAL"))
+        or "failed" in line.lower()
+    ]
     return "\n".join(lines[:limit]) or self.output.strip()[-2000:]
 
 
-def _run(module: str, args: Sequence[str], work_dir: str,
-         log_name: Optional[str]) -> tuple[int, str]:
+def _run(
+    module: str, args: Sequence[str], work_dir: str, log_name: Optional[str]
+) -> tuple[int, str]:
   """Runs `python -m <module> <args>` in `work_dir`; returns (status, text)."""
   os.makedirs(work_dir, exist_ok=True)
   log_args = []
@@ -55,9 +60,14 @@ def _run(module: str, args: Sequence[str], work_dir: str,
     if os.path.exists(log_path):
       os.remove(log_path)  # The tools append to an existing log.
     log_args = ["--log_output", log_path]
-  proc = subprocess.run([sys.executable, "-m", module, *args, *log_args],
-                        cwd=work_dir, capture_output=True, text=True,
-                        timeout=_TIMEOUT_S, check=False)
+  proc = subprocess.run(
+      [sys.executable, "-m", module, *args, *log_args],
+      cwd=work_dir,
+      capture_output=True,
+      text=True,
+      timeout=_TIMEOUT_S,
+      check=False,
+  )
   text = proc.stdout + proc.stderr
   if log_path and os.path.exists(log_path):
     with open(log_path, encoding="utf-8", errors="replace") as f:
@@ -73,12 +83,15 @@ def compliance(log_path: str, ruleset: str, work_dir: str) -> ToolResult:
     ruleset: e.g. "6.1.0".
     work_dir: where the checker runs and writes its log.
   """
-  status, text = _run("mlperf_logging.compliance_checker",
-                      ["--usage", USAGE, "--ruleset", ruleset,
-                       os.path.abspath(log_path)],
-                      work_dir, "compliance_checker.log")
-  return ToolResult(ok=status == 0 and "SUCCESS" in text, returncode=status,
-                    output=text)
+  status, text = _run(
+      "mlperf_logging.compliance_checker",
+      ["--usage", USAGE, "--ruleset", ruleset, os.path.abspath(log_path)],
+      work_dir,
+      "compliance_checker.log",
+  )
+  return ToolResult(
+      ok=status == 0 and "SUCCESS" in text, returncode=status, output=text
+  )
 
 
 def package_checker(org_dir: str, ruleset: str, work_dir: str) -> ToolResult:
@@ -89,12 +102,14 @@ def package_checker(org_dir: str, ruleset: str, work_dir: str) -> ToolResult:
     ruleset: e.g. "6.1.0".
     work_dir: where the checker runs and writes its log.
   """
-  status, text = _run("mlperf_logging.package_checker",
-                      [os.path.abspath(org_dir), USAGE, ruleset],
-                      work_dir, "package_checker.log")
+  status, text = _run(
+      "mlperf_logging.package_checker",
+      [os.path.abspath(org_dir), USAGE, ruleset],
+      work_dir,
+      "package_checker.log",
+  )
   # The checker exits 0 whether or not it found errors: its line decides.
-  return ToolResult(ok=PACKAGE_OK_LINE in text, returncode=status,
-                    output=text)
+  return ToolResult(ok=PACKAGE_OK_LINE in text, returncode=status, output=text)
 
 
 def rcp_checker(benchmark_dir: str, ruleset: str, work_dir: str) -> ToolResult:
@@ -105,12 +120,23 @@ def rcp_checker(benchmark_dir: str, ruleset: str, work_dir: str) -> ToolResult:
     ruleset: e.g. "6.1.0".
     work_dir: where the checker runs and writes its log.
   """
-  status, text = _run("mlperf_logging.rcp_checker",
-                      [os.path.abspath(benchmark_dir), "--rcp_usage", USAGE,
-                       "--rcp_version", ruleset],
-                      work_dir, "rcp_checker.log")
-  return ToolResult(ok=status == 0 and "RCP test PASSED" in text,
-                    returncode=status, output=text)
+  status, text = _run(
+      "mlperf_logging.rcp_checker",
+      [
+          os.path.abspath(benchmark_dir),
+          "--rcp_usage",
+          USAGE,
+          "--rcp_version",
+          ruleset,
+      ],
+      work_dir,
+      "rcp_checker.log",
+  )
+  return ToolResult(
+      ok=status == 0 and "RCP test PASSED" in text,
+      returncode=status,
+      output=text,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,13 +149,15 @@ class Summary:
       the summarizer gave no score (too few converged runs, no row).
     rows: the summarizer's strong-scaling rows (summary.json).
   """
+
   tool: ToolResult
   score_minutes: Optional[float]
   rows: list
 
 
-def summarize(org_dir: str, ruleset: str, benchmark: str,
-              work_dir: str) -> Summary:
+def summarize(
+    org_dir: str, ruleset: str, benchmark: str, work_dir: str
+) -> Summary:
   """Runs the result summarizer on an organization's tree; reads its score.
 
   The summarizer writes its table as `<csv stem>.json` beside the --csv path;
@@ -145,9 +173,12 @@ def summarize(org_dir: str, ruleset: str, benchmark: str,
   json_path = os.path.join(os.path.abspath(work_dir), "summary.json")
   if os.path.exists(json_path):
     os.remove(json_path)
-  status, text = _run("mlperf_logging.result_summarizer",
-                      [os.path.abspath(org_dir), USAGE, ruleset,
-                       "--csv", csv_path], work_dir, None)
+  status, text = _run(
+      "mlperf_logging.result_summarizer",
+      [os.path.abspath(org_dir), USAGE, ruleset, "--csv", csv_path],
+      work_dir,
+      None,
+  )
   rows = []
   if os.path.exists(json_path):
     with open(json_path, encoding="utf-8") as f:
@@ -159,5 +190,8 @@ def summarize(org_dir: str, ruleset: str, benchmark: str,
       score = float(value)
       break
   ok = status == 0 and os.path.exists(json_path)
-  return Summary(tool=ToolResult(ok=ok, returncode=status, output=text),
-                 score_minutes=score, rows=rows)
+  return Summary(
+      tool=ToolResult(ok=ok, returncode=status, output=text),
+      score_minutes=score,
+      rows=rows,
+  )

@@ -26,9 +26,18 @@ class CheckersTest(absltest.TestCase):
     layout.write_system_json(
         layout.system_json(cls.out, "acme", "box"),
         system_desc.describe(
-            org="acme", system="box", division="open", log_status="onprem",
-            provenance={"jax_backend": "cpu", "device_count": 1,
-                        "process_count": 1}, host={}))
+            org="acme",
+            system="box",
+            division="open",
+            log_status="onprem",
+            provenance={
+                "jax_backend": "cpu",
+                "device_count": 1,
+                "process_count": 1,
+            },
+            host={},
+        ),
+    )
 
   def setUp(self):
     super().setUp()
@@ -48,8 +57,9 @@ class CheckersTest(absltest.TestCase):
     self.assertIn("run_stop", result.problems())
 
   def test_package_checker_judged_by_its_line_not_its_status(self):
-    result = checkers.package_checker(layout.org_dir(self.out, "acme"),
-                                      "6.1.0", self.work)
+    result = checkers.package_checker(
+        layout.org_dir(self.out, "acme"), "6.1.0", self.work
+    )
     self.assertFalse(result.ok, result.output)
     # The checker exits 0 although it found errors.
     self.assertEqual(result.returncode, 0)
@@ -58,15 +68,18 @@ class CheckersTest(absltest.TestCase):
 
   def test_rcp_checker_fails_a_batch_size_without_reference(self):
     result = checkers.rcp_checker(
-        layout.results_dir(self.out, "acme", "box", "llama31_8b"), "6.1.0",
-        self.work)
+        layout.results_dir(self.out, "acme", "box", "llama31_8b"),
+        "6.1.0",
+        self.work,
+    )
     self.assertFalse(result.ok, result.output)
     self.assertNotEqual(result.returncode, 0)
 
   def test_summarizer_gives_no_score_for_a_single_run(self):
     # The olympic average drops the best and the worst of the runs.
-    summary = checkers.summarize(layout.org_dir(self.out, "acme"), "6.1.0",
-                                 "llama31_8b", self.work)
+    summary = checkers.summarize(
+        layout.org_dir(self.out, "acme"), "6.1.0", "llama31_8b", self.work
+    )
     self.assertTrue(summary.tool.ok, summary.tool.output)
     self.assertIsNone(summary.score_minutes)
     self.assertLen(summary.rows, 1)

@@ -22,7 +22,12 @@ DEFAULT_IMPLEMENTATION = "maxtext-jax"
 
 # What of the workspace an implementation directory holds, from its root.
 IMPLEMENTATION_PATHS = (
-    "README.md", "WORKSPACE", "BUILD", ".bazelrc", "maxtext", "tools/mlperf",
+    "README.md",
+    "WORKSPACE",
+    "BUILD",
+    ".bazelrc",
+    "maxtext",
+    "tools/mlperf",
     "third_party/py",
 )
 # The one path without which the copy is not this program.
@@ -31,8 +36,9 @@ _SKIPPED_DIRS = ("__pycache__",)
 _SKIPPED_SUFFIXES = (".pyc",)
 
 # This file is <root>/tools/mlperf/layout.py.
-_MODULE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+_MODULE_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 def org_dir(out_dir: str, org: str) -> str:
@@ -47,16 +53,20 @@ def results_dir(out_dir: str, org: str, system: str, benchmark: str) -> str:
   return os.path.join(out_dir, org, "results", system, benchmark)
 
 
-def result_file(out_dir: str, org: str, system: str, benchmark: str,
-                index: int) -> str:
-  return os.path.join(results_dir(out_dir, org, system, benchmark),
-                      f"result_{index}.txt")
+def result_file(
+    out_dir: str, org: str, system: str, benchmark: str, index: int
+) -> str:
+  return os.path.join(
+      results_dir(out_dir, org, system, benchmark), f"result_{index}.txt"
+  )
 
 
-def implementation_dir(out_dir: str, org: str, benchmark: str,
-                       implementation: str) -> str:
-  return os.path.join(out_dir, org, "benchmarks", benchmark,
-                      "implementations", implementation)
+def implementation_dir(
+    out_dir: str, org: str, benchmark: str, implementation: str
+) -> str:
+  return os.path.join(
+      out_dir, org, "benchmarks", benchmark, "implementations", implementation
+  )
 
 
 def check_name(field: str, value: str) -> None:
@@ -65,10 +75,17 @@ def check_name(field: str, value: str) -> None:
   Raises:
     ValueError: empty, "." or "..", or holding a path separator.
   """
-  if (not isinstance(value, str) or not value.strip() or value in (".", "..")
-      or "/" in value or os.sep in value):
-    raise ValueError(f"{field}={value!r}: must be a non-empty name without "
-                     f"'/' (it names a directory of the submission)")
+  if (
+      not isinstance(value, str)
+      or not value.strip()
+      or value in (".", "..")
+      or "/" in value
+      or os.sep in value
+  ):
+    raise ValueError(
+        f"{field}={value!r}: must be a non-empty name without "
+        f"'/' (it names a directory of the submission)"
+    )
 
 
 def write_system_json(path: str, desc: Mapping[str, str]) -> None:
@@ -78,8 +95,13 @@ def write_system_json(path: str, desc: Mapping[str, str]) -> None:
     f.write("\n")
 
 
-def write_results(out_dir: str, org: str, system: str, benchmark: str,
-                  log_paths: Sequence[str]) -> list[str]:
+def write_results(
+    out_dir: str,
+    org: str,
+    system: str,
+    benchmark: str,
+    log_paths: Sequence[str],
+) -> list[str]:
   """Copies each log to `result_<i>.txt`, in the order given.
 
   Raises:
@@ -88,8 +110,10 @@ def write_results(out_dir: str, org: str, system: str, benchmark: str,
   """
   directory = results_dir(out_dir, org, system, benchmark)
   if os.path.isdir(directory) and os.listdir(directory):
-    raise FileExistsError(f"results directory {directory!r} is not empty: "
-                          f"choose a new --output_dir")
+    raise FileExistsError(
+        f"results directory {directory!r} is not empty: "
+        f"choose a new --output_dir"
+    )
   os.makedirs(directory, exist_ok=True)
   written = []
   for i, log_path in enumerate(log_paths):
@@ -110,14 +134,20 @@ def source_root(environ: Mapping[str, str] = os.environ) -> str:
 
 def _ignore(directory: str, names: list[str]) -> set[str]:
   del directory  # Unused: the same names are skipped everywhere.
-  return {n for n in names
-          if n in _SKIPPED_DIRS or n.endswith(_SKIPPED_SUFFIXES)
-          or n.startswith("bazel-")}
+  return {
+      n
+      for n in names
+      if n in _SKIPPED_DIRS
+      or n.endswith(_SKIPPED_SUFFIXES)
+      or n.startswith("bazel-")
+  }
 
 
-def copy_implementation(dest: str, root: Optional[str] = None,
-                        paths: Sequence[str] = IMPLEMENTATION_PATHS
-                        ) -> list[str]:
+def copy_implementation(
+    dest: str,
+    root: Optional[str] = None,
+    paths: Sequence[str] = IMPLEMENTATION_PATHS,
+) -> list[str]:
   """Copies this program's sources into `dest`.
 
   Args:
@@ -137,8 +167,10 @@ def copy_implementation(dest: str, root: Optional[str] = None,
   if not os.path.isdir(os.path.join(root, _ESSENTIAL)):
     raise FileNotFoundError(f"no {_ESSENTIAL}/ sources under {root!r}")
   if os.path.exists(dest):
-    raise FileExistsError(f"implementation directory {dest!r} exists: choose "
-                          f"a new --output_dir")
+    raise FileExistsError(
+        f"implementation directory {dest!r} exists: choose "
+        f"a new --output_dir"
+    )
   os.makedirs(dest)
   copied = []
   for relative in paths:

@@ -16,16 +16,21 @@ class LayoutTest(parameterized.TestCase):
     self.tmp = self.create_tempdir().full_path
 
   def test_paths_are_the_ones_the_checkers_walk(self):
-    self.assertEqual(layout.system_json("o", "acme", "box"),
-                     "o/acme/systems/box.json")
-    self.assertEqual(layout.result_file("o", "acme", "box", "llama31_8b", 3),
-                     "o/acme/results/box/llama31_8b/result_3.txt")
+    self.assertEqual(
+        layout.system_json("o", "acme", "box"), "o/acme/systems/box.json"
+    )
+    self.assertEqual(
+        layout.result_file("o", "acme", "box", "llama31_8b", 3),
+        "o/acme/results/box/llama31_8b/result_3.txt",
+    )
     self.assertEqual(
         layout.implementation_dir("o", "acme", "llama31_8b", "impl"),
-        "o/acme/benchmarks/llama31_8b/implementations/impl")
+        "o/acme/benchmarks/llama31_8b/implementations/impl",
+    )
 
   @parameterized.named_parameters(
-      ("empty", ""), ("dot", "."), ("dotdot", ".."), ("slash", "a/b"))
+      ("empty", ""), ("dot", "."), ("dotdot", ".."), ("slash", "a/b")
+  )
   def test_bad_names(self, name):
     with self.assertRaisesRegex(ValueError, "org="):
       layout.check_name("org", name)
@@ -38,8 +43,10 @@ class LayoutTest(parameterized.TestCase):
         f.write(f"log {i}\n")
     out = os.path.join(self.tmp, "out")
     written = layout.write_results(out, "acme", "box", "b", logs)
-    self.assertEqual([os.path.basename(p) for p in written],
-                     ["result_0.txt", "result_1.txt", "result_2.txt"])
+    self.assertEqual(
+        [os.path.basename(p) for p in written],
+        ["result_0.txt", "result_1.txt", "result_2.txt"],
+    )
     with open(written[2]) as f:
       self.assertEqual(f.read(), "log 2\n")
     with self.assertRaisesRegex(FileExistsError, "not empty"):
@@ -59,8 +66,13 @@ class LayoutTest(parameterized.TestCase):
     with open(target, "w") as f:
       f.write("x = 1\n")
     os.symlink(target, os.path.join(root, "maxtext", "trainer.py"))
-    for name in ("maxtext/__pycache__/t.pyc", "maxtext/a.pyc", "README.md",
-                 "tools/mlperf/package.py", "tools/other.py"):
+    for name in (
+        "maxtext/__pycache__/t.pyc",
+        "maxtext/a.pyc",
+        "README.md",
+        "tools/mlperf/package.py",
+        "tools/other.py",
+    ):
       with open(os.path.join(root, name), "w") as f:
         f.write("")
     dest = os.path.join(self.tmp, "impl")
@@ -71,8 +83,9 @@ class LayoutTest(parameterized.TestCase):
     with open(trainer) as f:
       self.assertEqual(f.read(), "x = 1\n")
     self.assertFalse(os.path.exists(os.path.join(dest, "maxtext", "a.pyc")))
-    self.assertFalse(os.path.exists(os.path.join(dest, "maxtext",
-                                                 "__pycache__")))
+    self.assertFalse(
+        os.path.exists(os.path.join(dest, "maxtext", "__pycache__"))
+    )
     self.assertFalse(os.path.exists(os.path.join(dest, "tools", "other.py")))
     with self.assertRaisesRegex(FileExistsError, "exists"):
       layout.copy_implementation(dest, root)
@@ -86,15 +99,18 @@ class LayoutTest(parameterized.TestCase):
     copied = layout.copy_implementation(dest)
     self.assertIn("maxtext", copied)
     # The configs are in every tree this module runs from (runfiles too).
-    self.assertTrue(os.path.isfile(os.path.join(dest, "maxtext", "configs",
-                                                "default.py")))
-    self.assertTrue(os.path.isfile(os.path.join(dest, "tools", "mlperf",
-                                                "layout.py")))
+    self.assertTrue(
+        os.path.isfile(os.path.join(dest, "maxtext", "configs", "default.py"))
+    )
+    self.assertTrue(
+        os.path.isfile(os.path.join(dest, "tools", "mlperf", "layout.py"))
+    )
 
   def test_source_root_prefers_the_workspace_under_bazel_run(self):
     os.makedirs(os.path.join(self.tmp, "maxtext"))
     self.assertEqual(
-        layout.source_root({"BUILD_WORKSPACE_DIRECTORY": self.tmp}), self.tmp)
+        layout.source_root({"BUILD_WORKSPACE_DIRECTORY": self.tmp}), self.tmp
+    )
     self.assertNotEqual(layout.source_root({}), self.tmp)
 
 

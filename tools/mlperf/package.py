@@ -36,17 +36,26 @@ from tools.mlperf import run_logs
 from tools.mlperf import submission
 
 _OUTPUT_DIR = flags.DEFINE_string(
-    "output_dir", None, "Directory the submission is written under.",
-    required=True)
+    "output_dir",
+    None,
+    "Directory the submission is written under.",
+    required=True,
+)
 _RUNS = flags.DEFINE_integer(
-    "runs", 0, "Train this many runs of --config first (instead of packaging "
-    "the run directories given as arguments).", lower_bound=0)
+    "runs",
+    0,
+    "Train this many runs of --config first (instead of packaging "
+    "the run directories given as arguments).",
+    lower_bound=0,
+)
 _IMPLEMENTATION = flags.DEFINE_string(
-    "implementation", layout.DEFAULT_IMPLEMENTATION,
-    "Name of the benchmarks/<benchmark>/implementations/ directory.")
+    "implementation",
+    layout.DEFAULT_IMPLEMENTATION,
+    "Name of the benchmarks/<benchmark>/implementations/ directory.",
+)
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file of the runs (with --runs).",
-    lock_config=True)
+    "config", None, "Config file of the runs (with --runs).", lock_config=True
+)
 
 _CONFIG_ARG = re.compile(r"^(-{1,2}config=)(.*)$")
 
@@ -78,23 +87,32 @@ def main(argv):
   if _RUNS.value and run_dirs:
     raise app.UsageError("give either run directories or --runs, not both")
   if not _RUNS.value and not run_dirs:
-    raise app.UsageError("give run directories to package, or --runs=N and "
-                         "--config=FILE to train them")
+    raise app.UsageError(
+        "give run directories to package, or --runs=N and "
+        "--config=FILE to train them"
+    )
   if _RUNS.value and config is None:
     raise app.UsageError("--runs needs --config=FILE")
   try:
     if _RUNS.value:
       # Only --runs trains: the packaging path needs no model code.
       from tools.mlperf import training  # pylint: disable=g-import-not-at-top
+
       config_path = flags.FLAGS["config"].config_filename
       runs = training.train_runs(
-          config, _RUNS.value, out_dir,
-          config_filename=os.path.basename(config_path.partition(":")[0]))
+          config,
+          _RUNS.value,
+          out_dir,
+          config_filename=os.path.basename(config_path.partition(":")[0]),
+      )
     else:
       runs = [run_logs.read_run(d) for d in run_dirs]
     result = submission.build_package(
-        out_dir, runs, implementation=_IMPLEMENTATION.value,
-        compliance_checked=bool(_RUNS.value))
+        out_dir,
+        runs,
+        implementation=_IMPLEMENTATION.value,
+        compliance_checked=bool(_RUNS.value),
+    )
   except (ValueError, FileExistsError) as e:
     # PackageError and RunDirError are ValueErrors: refusals, each explained.
     print(f"mlperf_package: refused: {e}", file=sys.stderr)

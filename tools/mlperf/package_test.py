@@ -27,7 +27,8 @@ from tools.mlperf import submission
 
 _COUNT = submission.required_runs("llama31_8b")
 _LAST_LINE = re.compile(
-    rf"^mlperf_package: checker=ok runs={_COUNT} score=(\d+\.\d+)$")
+    rf"^mlperf_package: checker=ok runs={_COUNT} score=(\d+\.\d+)$"
+)
 _ORG, _SYSTEM = "maxtext-engine", "cpu"
 
 
@@ -35,9 +36,16 @@ def run_package(args, timeout_s=900):
   """Runs //tools/mlperf:package with `args`; returns the CompletedProcess."""
   command = runfiles.binary_command("tools/mlperf/package")
   env = runfiles.binary_environ(
-      command, {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
-  return subprocess.run(command + list(args), env=env, capture_output=True,
-                        text=True, timeout=timeout_s, check=False)
+      command, {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  )
+  return subprocess.run(
+      command + list(args),
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout_s,
+      check=False,
+  )
 
 
 def output_of(proc):
@@ -52,9 +60,13 @@ class PackageTest(parameterized.TestCase):
     cls.tmp = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     cls.out = os.path.join(cls.tmp, "out")
     cls.proc = run_package(
-        [f"--output_dir={cls.out}", f"--runs={_COUNT}",
-         f"--config={os.path.abspath(default.__file__)}",
-         *mlperf_runs.tiny_mlperf_flags(cls.tmp)])
+        [
+            f"--output_dir={cls.out}",
+            f"--runs={_COUNT}",
+            f"--config={os.path.abspath(default.__file__)}",
+            *mlperf_runs.tiny_mlperf_flags(cls.tmp),
+        ]
+    )
     cls.run_dirs = sorted(glob.glob(os.path.join(cls.out, "runs", "run_*")))
 
   def setUp(self):
@@ -73,21 +85,25 @@ class PackageTest(parameterized.TestCase):
     seeds = [run_logs.read_run(d).seed for d in self.run_dirs]
     self.assertLen(set(seeds), _COUNT, seeds)  # A fresh seed per run.
 
-    results = sorted(os.listdir(
-        layout.results_dir(self.out, _ORG, _SYSTEM, "llama31_8b")))
-    self.assertEqual(results, sorted(f"result_{i}.txt"
-                                     for i in range(_COUNT)))
+    results = sorted(
+        os.listdir(layout.results_dir(self.out, _ORG, _SYSTEM, "llama31_8b"))
+    )
+    self.assertEqual(results, sorted(f"result_{i}.txt" for i in range(_COUNT)))
     with open(layout.system_json(self.out, _ORG, _SYSTEM)) as f:
       desc = json.load(f)
     self.assertLen(desc, 33)
     self.assertEqual(desc["division"], "open")
     self.assertEqual(desc["status"], "Available on-premise")
     self.assertEqual(desc["submitter"], _ORG)
-    impl = layout.implementation_dir(self.out, _ORG, "llama31_8b",
-                                     layout.DEFAULT_IMPLEMENTATION)
-    for source in ("maxtext/trainer.py", "maxtext/configs/default.py",
-                   "tools/mlperf/package.py",
-                   "third_party/py/requirements_lock.txt"):
+    impl = layout.implementation_dir(
+        self.out, _ORG, "llama31_8b", layout.DEFAULT_IMPLEMENTATION
+    )
+    for source in (
+        "maxtext/trainer.py",
+        "maxtext/configs/default.py",
+        "tools/mlperf/package.py",
+        "third_party/py/requirements_lock.txt",
+    ):
       self.assertTrue(os.path.isfile(os.path.join(impl, source)), source)
 
   def test_run_directories_are_packaged(self):
@@ -113,26 +129,32 @@ class PackageTest(parameterized.TestCase):
     self.assert_refused(
         [broken, *self.run_dirs[1:]],
         r"refused: 1 of 10 logs fail the MLPerf compliance checker:\n"
-        r".*run_altered/mllog.log")
+        r".*run_altered/mllog.log",
+    )
 
   def test_refuses_mixed_divisions(self):
     closed = self.altered_copy(set_value=("submission_division", "closed"))
-    self.assert_refused([closed, *self.run_dirs[1:]],
-                        r"refused: mixed divisions \['closed', 'open'\]")
+    self.assert_refused(
+        [closed, *self.run_dirs[1:]],
+        r"refused: mixed divisions \['closed', 'open'\]",
+    )
 
   @parameterized.named_parameters(("too_few", -1), ("too_many", 1))
   def test_refuses_the_wrong_number_of_runs(self, delta):
-    run_dirs = list(self.run_dirs[:_COUNT + delta])
+    run_dirs = list(self.run_dirs[: _COUNT + delta])
     if delta > 0:
       run_dirs.append(self.altered_copy())
     self.assert_refused(
-        run_dirs, rf"refused: wrong number of runs for llama31_8b: got "
-        rf"{_COUNT + delta}, the benchmark needs exactly {_COUNT}")
+        run_dirs,
+        rf"refused: wrong number of runs for llama31_8b: got "
+        rf"{_COUNT + delta}, the benchmark needs exactly {_COUNT}",
+    )
 
   def test_runs_mode_refuses_the_wrong_count_before_training(self):
     self.assert_refused(
         ["--runs=2", f"--config={os.path.abspath(default.__file__)}"],
-        r"wrong number of runs for llama31_8b: got 2")
+        r"wrong number of runs for llama31_8b: got 2",
+    )
     self.assertFalse(os.path.exists(os.path.join(self.new_out, "runs")))
 
 

@@ -48,6 +48,7 @@ class RunLog:
     config: the resolved config (config.json's "config").
     provenance: config.json's "provenance" (versions, devices).
   """
+
   run_dir: str
   log_path: str
   org: str
@@ -73,7 +74,7 @@ def read_events(log_path: str) -> list[dict[str, Any]]:
       if not line.startswith(LINE_PREFIX):
         continue
       try:
-        event = json.loads(line[len(LINE_PREFIX):])
+        event = json.loads(line[len(LINE_PREFIX) :])
       except json.JSONDecodeError as e:
         raise RunDirError(f"{log_path}:{lineno}: not an MLLOG line: {e}") from e
       if not isinstance(event, dict):
@@ -93,8 +94,10 @@ def _read_config_json(run_dir: str) -> dict[str, Any]:
     with open(path, encoding="utf-8") as f:
       document = json.load(f)
   except FileNotFoundError:
-    raise RunDirError(f"run directory {run_dir!r} has no config.json: not a "
-                      f"run directory written by maxtext") from None
+    raise RunDirError(
+        f"run directory {run_dir!r} has no config.json: not a "
+        f"run directory written by maxtext"
+    ) from None
   except json.JSONDecodeError as e:
     raise RunDirError(f"{path}: not valid JSON: {e}") from e
   if not isinstance(document.get("config"), dict):
@@ -123,12 +126,15 @@ def read_run(run_dir: str) -> RunLog:
   config = document["config"]
   log_path = config.get("mllog_file") or os.path.join(run_dir, "mllog.log")
   if not os.path.isfile(log_path):
-    raise RunDirError(f"run directory {run_dir!r} has no MLPerf log "
-                      f"{log_path!r} (was enable_mllog on?)")
+    raise RunDirError(
+        f"run directory {run_dir!r} has no MLPerf log "
+        f"{log_path!r} (was enable_mllog on?)"
+    )
   if os.path.exists(_second_attempt(log_path)):
     raise RunDirError(
         f"run directory {run_dir!r} was resumed ({_second_attempt(log_path)} "
-        f"exists): a result must be one uninterrupted run")
+        f"exists): a result must be one uninterrupted run"
+    )
   found: dict[str, Any] = {}
   seed = None
   for event in read_events(log_path):
@@ -140,8 +146,12 @@ def read_run(run_dir: str) -> RunLog:
   missing = [k for k, field in _SUBMISSION_KEYS.items() if field not in found]
   if missing:
     raise RunDirError(f"{log_path}: the log has no {', '.join(missing)}")
-  return RunLog(run_dir=run_dir, log_path=log_path,
-                ruleset=str(config.get("mllog_ruleset", "")), seed=seed,
-                config=config,
-                provenance=dict(document.get("provenance") or {}),
-                **{k: str(v) for k, v in found.items()})
+  return RunLog(
+      run_dir=run_dir,
+      log_path=log_path,
+      ruleset=str(config.get("mllog_ruleset", "")),
+      seed=seed,
+      config=config,
+      provenance=dict(document.get("provenance") or {}),
+      **{k: str(v) for k, v in found.items()},
+  )

@@ -9,31 +9,57 @@ from absl.testing import parameterized
 from tools.mlperf import run_logs
 
 _SUBMISSION = {
-    "submission_org": "acme", "submission_platform": "box",
-    "submission_division": "open", "submission_status": "onprem",
+    "submission_org": "acme",
+    "submission_platform": "box",
+    "submission_division": "open",
+    "submission_status": "onprem",
     "submission_benchmark": "llama31_8b",
 }
 
 
 def _line(key, value):
-  return ":::MLLOG " + json.dumps({
-      "namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME",
-      "key": key, "value": value, "metadata": {}}) + "\n"
+  return (
+      ":::MLLOG "
+      + json.dumps(
+          {
+              "namespace": "",
+              "time_ms": 1,
+              "event_type": "POINT_IN_TIME",
+              "key": key,
+              "value": value,
+              "metadata": {},
+          }
+      )
+      + "\n"
+  )
 
 
-def write_run_dir(path, *, submission=None, seed=7, mllog_file="",
-                  log_name="mllog.log", config_json=True):
+def write_run_dir(
+    path,
+    *,
+    submission=None,
+    seed=7,
+    mllog_file="",
+    log_name="mllog.log",
+    config_json=True,
+):
   """A run directory as maxtext.trainer writes one (config.json + log)."""
   os.makedirs(path, exist_ok=True)
   if config_json:
     with open(os.path.join(path, "config.json"), "w") as f:
-      json.dump({"config": {"mllog_ruleset": "6.1.0", "mllog_file": mllog_file},
-                 "provenance": {"jax_version": "9.9", "device_count": 1}}, f)
+      json.dump(
+          {
+              "config": {"mllog_ruleset": "6.1.0", "mllog_file": mllog_file},
+              "provenance": {"jax_version": "9.9", "device_count": 1},
+          },
+          f,
+      )
   log = mllog_file or os.path.join(path, log_name)
   with open(log, "w") as f:
     f.write("unrelated line\n")
-    for key, value in (submission if submission is not None
-                       else _SUBMISSION).items():
+    for key, value in (
+        submission if submission is not None else _SUBMISSION
+    ).items():
       f.write(_line(key, value))
     f.write(_line("seed", seed))
   return path
@@ -49,7 +75,8 @@ class ReadRunTest(parameterized.TestCase):
     run = run_logs.read_run(write_run_dir(os.path.join(self.tmp, "r")))
     self.assertEqual(
         (run.org, run.system, run.division, run.status, run.benchmark),
-        ("acme", "box", "open", "onprem", "llama31_8b"))
+        ("acme", "box", "open", "onprem", "llama31_8b"),
+    )
     self.assertEqual(run.ruleset, "6.1.0")
     self.assertEqual(run.seed, 7)
     self.assertEqual(run.provenance["jax_version"], "9.9")
@@ -57,8 +84,9 @@ class ReadRunTest(parameterized.TestCase):
 
   def test_reads_the_log_the_config_names(self):
     log = os.path.join(self.tmp, "elsewhere.log")
-    run = run_logs.read_run(write_run_dir(os.path.join(self.tmp, "r"),
-                                          mllog_file=log))
+    run = run_logs.read_run(
+        write_run_dir(os.path.join(self.tmp, "r"), mllog_file=log)
+    )
     self.assertEqual(run.log_path, log)
 
   def test_missing_directory(self):
@@ -72,23 +100,24 @@ class ReadRunTest(parameterized.TestCase):
 
   def test_no_log(self):
     path = write_run_dir(os.path.join(self.tmp, "r"), log_name="other.log")
-    with self.assertRaisesRegex(run_logs.RunDirError,
-                                "no MLPerf log.*enable_mllog"):
+    with self.assertRaisesRegex(
+        run_logs.RunDirError, "no MLPerf log.*enable_mllog"
+    ):
       run_logs.read_run(path)
 
   def test_resumed_run_is_refused(self):
     path = write_run_dir(os.path.join(self.tmp, "r"))
     write_run_dir(path, log_name="mllog.2.log")
-    with self.assertRaisesRegex(run_logs.RunDirError,
-                                "resumed.*one uninterrupted run"):
+    with self.assertRaisesRegex(
+        run_logs.RunDirError, "resumed.*one uninterrupted run"
+    ):
       run_logs.read_run(path)
 
   def test_missing_submission_key(self):
     fields = dict(_SUBMISSION)
     del fields["submission_division"]
     path = write_run_dir(os.path.join(self.tmp, "r"), submission=fields)
-    with self.assertRaisesRegex(run_logs.RunDirError,
-                                "no submission_division"):
+    with self.assertRaisesRegex(run_logs.RunDirError, "no submission_division"):
       run_logs.read_run(path)
 
   def test_bad_json_line(self):

@@ -37,8 +37,10 @@ def required_runs(benchmark: str) -> int:
   """
   counts = benchmark_meta.get_result_file_counts(checkers.USAGE)
   if benchmark not in counts:
-    raise PackageError(f"benchmark {benchmark!r} is not an MLPerf training "
-                       f"benchmark; known: {sorted(counts)}")
+    raise PackageError(
+        f"benchmark {benchmark!r} is not an MLPerf training "
+        f"benchmark; known: {sorted(counts)}"
+    )
   return counts[benchmark]
 
 
@@ -48,13 +50,18 @@ def check_run_count(benchmark: str, count: int) -> None:
   if count != needed:
     raise PackageError(
         f"wrong number of runs for {benchmark}: got {count}, the benchmark "
-        f"needs exactly {needed} (mlperf_logging benchmark_meta)")
+        f"needs exactly {needed} (mlperf_logging benchmark_meta)"
+    )
 
 
 # RunLog fields that every run of one submission shares, and their log keys.
-_SHARED = (("org", "submission_org"), ("system", "submission_platform"),
-           ("benchmark", "submission_benchmark"),
-           ("status", "submission_status"), ("ruleset", "mllog_ruleset"))
+_SHARED = (
+    ("org", "submission_org"),
+    ("system", "submission_platform"),
+    ("benchmark", "submission_benchmark"),
+    ("status", "submission_status"),
+    ("ruleset", "mllog_ruleset"),
+)
 
 
 def check_consistent(runs: Sequence[run_logs.RunLog]) -> None:
@@ -74,24 +81,31 @@ def check_consistent(runs: Sequence[run_logs.RunLog]) -> None:
     seen.add(run.run_dir)
   divisions = sorted({run.division for run in runs})
   if len(divisions) > 1:
-    by_division = {d: [r.run_dir for r in runs if r.division == d]
-                   for d in divisions}
-    raise PackageError(f"mixed divisions {divisions}: a submission's results "
-                       f"are all open or all closed; runs by division: "
-                       f"{by_division}")
+    by_division = {
+        d: [r.run_dir for r in runs if r.division == d] for d in divisions
+    }
+    raise PackageError(
+        f"mixed divisions {divisions}: a submission's results "
+        f"are all open or all closed; runs by division: "
+        f"{by_division}"
+    )
   for field, key in _SHARED:
     values = sorted({getattr(run, field) for run in runs})
     if len(values) > 1:
       raise PackageError(f"the runs differ in {key}: {values}")
   first = runs[0]
   if first.division not in rules.DIVISIONS:
-    raise PackageError(f"submission_division={first.division!r}: must be one "
-                       f"of {list(rules.DIVISIONS)}")
+    raise PackageError(
+        f"submission_division={first.division!r}: must be one "
+        f"of {list(rules.DIVISIONS)}"
+    )
   for field in ("org", "system"):
     layout.check_name(field, getattr(first, field))
   if first.ruleset not in rules.rulesets():
-    raise PackageError(f"mllog_ruleset={first.ruleset!r}: must be one of "
-                       f"{list(rules.rulesets())}")
+    raise PackageError(
+        f"mllog_ruleset={first.ruleset!r}: must be one of "
+        f"{list(rules.rulesets())}"
+    )
   check_run_count(first.benchmark, len(runs))
 
 
@@ -109,7 +123,8 @@ def check_compliance(runs: Sequence[run_logs.RunLog], work_dir: str) -> None:
   if failures:
     raise PackageError(
         f"{len(failures)} of {len(runs)} logs fail the MLPerf compliance "
-        f"checker:\n" + "\n".join(failures))
+        f"checker:\n" + "\n".join(failures)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +141,7 @@ class PackageResult:
     summary: the result summarizer's output.
     runs: the number of runs packaged.
   """
+
   org_dir: str
   system_json: str
   result_files: tuple[str, ...]
@@ -138,16 +154,22 @@ class PackageResult:
   def last_line(self) -> str:
     """`mlperf_package: checker=<ok|failed> runs=<N> score=<minutes|n/a>`."""
     score = self.summary.score_minutes
-    return (f"mlperf_package: checker={'ok' if self.checker.ok else 'failed'}"
-            f" runs={self.runs} "
-            f"score={'n/a' if score is None else f'{score:.4f}'}")
+    return (
+        f"mlperf_package: checker={'ok' if self.checker.ok else 'failed'}"
+        f" runs={self.runs} "
+        f"score={'n/a' if score is None else f'{score:.4f}'}"
+    )
 
 
-def build_package(out_dir: str, runs: Sequence[run_logs.RunLog], *,
-                  implementation: str = layout.DEFAULT_IMPLEMENTATION,
-                  source_root: Optional[str] = None,
-                  emit: Callable[[str], None] = print,
-                  compliance_checked: bool = False) -> PackageResult:
+def build_package(
+    out_dir: str,
+    runs: Sequence[run_logs.RunLog],
+    *,
+    implementation: str = layout.DEFAULT_IMPLEMENTATION,
+    source_root: Optional[str] = None,
+    emit: Callable[[str], None] = print,
+    compliance_checked: bool = False,
+) -> PackageResult:
   """Writes the submission tree of `runs` under `out_dir` and checks it.
 
   Args:
@@ -178,49 +200,72 @@ def build_package(out_dir: str, runs: Sequence[run_logs.RunLog], *,
   first = runs[0]
   org, system, benchmark = first.org, first.system, first.benchmark
 
-  results = layout.write_results(out_dir, org, system, benchmark,
-                                 [run.log_path for run in runs])
+  results = layout.write_results(
+      out_dir, org, system, benchmark, [run.log_path for run in runs]
+  )
   desc = system_desc.describe(
-      org=org, system=system, division=first.division,
-      log_status=first.status, provenance=first.provenance,
+      org=org,
+      system=system,
+      division=first.division,
+      log_status=first.status,
+      provenance=first.provenance,
       host=system_desc.detect_host(),
       accelerator_memory_bytes=system_desc.live_accelerator_memory(
-          first.provenance.get("devices")))
+          first.provenance.get("devices")
+      ),
+  )
   system_json = layout.system_json(out_dir, org, system)
   layout.write_system_json(system_json, desc)
-  impl_dir = layout.implementation_dir(out_dir, org, benchmark,
-                                       implementation)
+  impl_dir = layout.implementation_dir(out_dir, org, benchmark, implementation)
   copied = layout.copy_implementation(impl_dir, source_root)
-  emit(f"mlperf_package: wrote {layout.org_dir(out_dir, org)} "
-       f"({len(results)} results; sources: {', '.join(copied)})")
+  emit(
+      f"mlperf_package: wrote {layout.org_dir(out_dir, org)} "
+      f"({len(results)} results; sources: {', '.join(copied)})"
+  )
   empty = [f for f in system_desc.MANUAL_FIELDS if not desc[f]]
   if empty:
-    emit(f"mlperf_package: fill in by hand in {system_json}: "
-         f"{', '.join(empty)}")
+    emit(
+        f"mlperf_package: fill in by hand in {system_json}: "
+        f"{', '.join(empty)}"
+    )
 
   org_dir = layout.org_dir(out_dir, org)
   checker = checkers.package_checker(org_dir, first.ruleset, work_dir)
-  emit(f"mlperf_package: package checker "
-       f"{'found no errors' if checker.ok else 'FAILED'}"
-       f" (log: {os.path.join(work_dir, 'package_checker.log')})")
+  emit(
+      f"mlperf_package: package checker "
+      f"{'found no errors' if checker.ok else 'FAILED'}"
+      f" (log: {os.path.join(work_dir, 'package_checker.log')})"
+  )
   if not checker.ok:
     emit(checker.problems())
   rcp = None
   if first.division == "closed":
     rcp = checkers.rcp_checker(
-        layout.results_dir(out_dir, org, system, benchmark), first.ruleset,
-        work_dir)
+        layout.results_dir(out_dir, org, system, benchmark),
+        first.ruleset,
+        work_dir,
+    )
     emit(f"mlperf_package: RCP checker {'passed' if rcp.ok else 'FAILED'}")
     if not rcp.ok:
       emit(rcp.problems())
   summary = checkers.summarize(org_dir, first.ruleset, benchmark, work_dir)
   if summary.score_minutes is not None:
-    emit(f"mlperf_package: result summarizer score for {benchmark}: "
-         f"{summary.score_minutes:.4f} minutes")
+    emit(
+        f"mlperf_package: result summarizer score for {benchmark}: "
+        f"{summary.score_minutes:.4f} minutes"
+    )
   else:
-    emit(f"mlperf_package: the result summarizer gave no score for "
-         f"{benchmark}:\n{summary.tool.problems()}")
-  return PackageResult(org_dir=org_dir, system_json=system_json,
-                       result_files=tuple(results),
-                       implementation_dir=impl_dir, checker=checker, rcp=rcp,
-                       summary=summary, runs=len(runs))
+    emit(
+        f"mlperf_package: the result summarizer gave no score for "
+        f"{benchmark}:\n{summary.tool.problems()}"
+    )
+  return PackageResult(
+      org_dir=org_dir,
+      system_json=system_json,
+      result_files=tuple(results),
+      implementation_dir=impl_dir,
+      checker=checker,
+      rcp=rcp,
+      summary=summary,
+      runs=len(runs),
+  )

@@ -18,10 +18,19 @@ _COUNT = benchmark_meta.get_result_file_counts("training")["llama31_8b"]
 
 def fake_run(i, **fields):
   """A RunLog as read_run returns it, for run `i`."""
-  values = dict(run_dir=f"/runs/run_{i}", log_path=f"/runs/run_{i}/mllog.log",
-                org="acme", system="box", division="open", status="onprem",
-                benchmark="llama31_8b", ruleset="6.1.0", seed=i, config={},
-                provenance={})
+  values = dict(
+      run_dir=f"/runs/run_{i}",
+      log_path=f"/runs/run_{i}/mllog.log",
+      org="acme",
+      system="box",
+      division="open",
+      status="onprem",
+      benchmark="llama31_8b",
+      ruleset="6.1.0",
+      seed=i,
+      config={},
+      provenance={},
+  )
   values.update(fields)
   return run_logs.RunLog(**values)
 
@@ -34,13 +43,15 @@ class RequiredRunsTest(parameterized.TestCase):
 
   def test_counts_come_from_benchmark_meta(self):
     self.assertEqual(submission.required_runs("llama31_8b"), _COUNT)
-    self.assertEqual(submission.required_runs("llama31_405b"),
-                     benchmark_meta.get_result_file_counts("training")[
-                         "llama31_405b"])
+    self.assertEqual(
+        submission.required_runs("llama31_405b"),
+        benchmark_meta.get_result_file_counts("training")["llama31_405b"],
+    )
 
   def test_unknown_benchmark(self):
-    with self.assertRaisesRegex(submission.PackageError,
-                                "'gpt9' is not an MLPerf training"):
+    with self.assertRaisesRegex(
+        submission.PackageError, "'gpt9' is not an MLPerf training"
+    ):
       submission.required_runs("gpt9")
 
   @parameterized.named_parameters(("too_few", -1), ("too_many", 1))
@@ -48,7 +59,8 @@ class RequiredRunsTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         submission.PackageError,
         f"wrong number of runs for llama31_8b: got {_COUNT + delta}, the "
-        f"benchmark needs exactly {_COUNT}"):
+        f"benchmark needs exactly {_COUNT}",
+    ):
       submission.check_run_count("llama31_8b", _COUNT + delta)
 
 
@@ -72,7 +84,8 @@ class CheckConsistentTest(parameterized.TestCase):
     given[3] = dataclasses.replace(given[3], division="closed")
     with self.assertRaisesRegex(
         submission.PackageError,
-        r"mixed divisions \['closed', 'open'\].*/runs/run_3"):
+        r"mixed divisions \['closed', 'open'\].*/runs/run_3",
+    ):
       submission.check_consistent(given)
 
   @parameterized.named_parameters(
@@ -80,23 +93,25 @@ class CheckConsistentTest(parameterized.TestCase):
       ("system", "system", "submission_platform"),
       ("benchmark", "benchmark", "submission_benchmark"),
       ("status", "status", "submission_status"),
-      ("ruleset", "ruleset", "mllog_ruleset"))
+      ("ruleset", "ruleset", "mllog_ruleset"),
+  )
   def test_differing_field(self, field, key):
     given = runs()
     given[1] = dataclasses.replace(given[1], **{field: "other"})
-    with self.assertRaisesRegex(submission.PackageError,
-                                f"differ in {key}"):
+    with self.assertRaisesRegex(submission.PackageError, f"differ in {key}"):
       submission.check_consistent(given)
 
   def test_wrong_count(self):
-    with self.assertRaisesRegex(submission.PackageError,
-                                "wrong number of runs"):
+    with self.assertRaisesRegex(
+        submission.PackageError, "wrong number of runs"
+    ):
       submission.check_consistent(runs(_COUNT - 1))
 
   def test_unknown_ruleset(self):
     given = [dataclasses.replace(r, ruleset="1.0.0") for r in runs()]
-    with self.assertRaisesRegex(submission.PackageError,
-                                "mllog_ruleset='1.0.0'"):
+    with self.assertRaisesRegex(
+        submission.PackageError, "mllog_ruleset='1.0.0'"
+    ):
       submission.check_consistent(given)
 
   def test_org_with_a_slash(self):

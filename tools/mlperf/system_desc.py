@@ -31,29 +31,57 @@ STATUS_NAMES = {
 
 # Every field of a training system description, in the checker's order.
 FIELDS = (
-    "submitter", "division", "status", "system_name", "number_of_nodes",
-    "host_processors_per_node", "host_processor_model_name",
-    "host_processor_core_count", "host_processor_vcpu_count",
-    "host_processor_frequency", "host_processor_caches",
-    "host_processor_interconnect", "host_memory_capacity", "host_storage_type",
-    "host_storage_capacity", "host_networking", "host_networking_topology",
-    "host_memory_configuration", "accelerators_per_node",
-    "accelerator_model_name", "accelerator_host_interconnect",
-    "accelerator_frequency", "accelerator_on-chip_memories",
-    "accelerator_memory_configuration", "accelerator_memory_capacity",
-    "accelerator_interconnect", "accelerator_interconnect_topology", "cooling",
-    "hw_notes", "framework", "other_software_stack", "operating_system",
+    "submitter",
+    "division",
+    "status",
+    "system_name",
+    "number_of_nodes",
+    "host_processors_per_node",
+    "host_processor_model_name",
+    "host_processor_core_count",
+    "host_processor_vcpu_count",
+    "host_processor_frequency",
+    "host_processor_caches",
+    "host_processor_interconnect",
+    "host_memory_capacity",
+    "host_storage_type",
+    "host_storage_capacity",
+    "host_networking",
+    "host_networking_topology",
+    "host_memory_configuration",
+    "accelerators_per_node",
+    "accelerator_model_name",
+    "accelerator_host_interconnect",
+    "accelerator_frequency",
+    "accelerator_on-chip_memories",
+    "accelerator_memory_configuration",
+    "accelerator_memory_capacity",
+    "accelerator_interconnect",
+    "accelerator_interconnect_topology",
+    "cooling",
+    "hw_notes",
+    "framework",
+    "other_software_stack",
+    "operating_system",
     "sw_notes",
 )
 
 # Fields nothing here can detect: the submitter fills them in by hand.
 MANUAL_FIELDS = (
-    "host_processor_frequency", "host_processor_interconnect",
-    "host_storage_type", "host_storage_capacity", "host_networking",
-    "host_networking_topology", "host_memory_configuration",
-    "accelerator_host_interconnect", "accelerator_frequency",
-    "accelerator_on-chip_memories", "accelerator_memory_configuration",
-    "accelerator_interconnect", "accelerator_interconnect_topology", "cooling",
+    "host_processor_frequency",
+    "host_processor_interconnect",
+    "host_storage_type",
+    "host_storage_capacity",
+    "host_networking",
+    "host_networking_topology",
+    "host_memory_configuration",
+    "accelerator_host_interconnect",
+    "accelerator_frequency",
+    "accelerator_on-chip_memories",
+    "accelerator_memory_configuration",
+    "accelerator_interconnect",
+    "accelerator_interconnect_topology",
+    "cooling",
 )
 
 # Accelerator fields of a CPU-only system.
@@ -68,8 +96,10 @@ def availability(log_status: str) -> str:
     ValueError: `log_status` is not one of `STATUS_NAMES`.
   """
   if log_status not in STATUS_NAMES:
-    raise ValueError(f"submission_status={log_status!r}: must be one of "
-                     f"{sorted(STATUS_NAMES)}")
+    raise ValueError(
+        f"submission_status={log_status!r}: must be one of "
+        f"{sorted(STATUS_NAMES)}"
+    )
   return STATUS_NAMES[log_status]
 
 
@@ -126,8 +156,9 @@ def _caches(sys_root: str) -> str:
   return ", ".join(names)
 
 
-def detect_host(proc_root: str = "/proc",
-                sys_root: str = "/sys") -> dict[str, str]:
+def detect_host(
+    proc_root: str = "/proc", sys_root: str = "/sys"
+) -> dict[str, str]:
   """The host fields this machine reports (CPU, caches, memory, OS).
 
   Args:
@@ -143,8 +174,10 @@ def detect_host(proc_root: str = "/proc",
   processors = _cpuinfo(proc_root)
   vcpus = len(processors) or os.cpu_count() or 0
   sockets = {p.get("physical id") for p in processors if "physical id" in p}
-  model = next((p["model name"] for p in processors if "model name" in p),
-               platform.processor())
+  model = next(
+      (p["model name"] for p in processors if "model name" in p),
+      platform.processor(),
+  )
   cores = next((p["cpu cores"] for p in processors if "cpu cores" in p), "")
   memory = _memory_bytes(proc_root)
   return {
@@ -165,9 +198,16 @@ def _version(distribution: str) -> str:
     return "unknown"
 
 
-def describe(*, org: str, system: str, division: str, log_status: str,
-             provenance: Mapping[str, Any], host: Mapping[str, str],
-             accelerator_memory_bytes: Optional[int] = None) -> dict[str, str]:
+def describe(
+    *,
+    org: str,
+    system: str,
+    division: str,
+    log_status: str,
+    provenance: Mapping[str, Any],
+    host: Mapping[str, str],
+    accelerator_memory_bytes: Optional[int] = None,
+) -> dict[str, str]:
   """A system description from the runs' facts and this host's.
 
   Args:
@@ -193,28 +233,35 @@ def describe(*, org: str, system: str, division: str, log_status: str,
     nodes = int(provenance["process_count"])
     devices = int(provenance["device_count"])
   except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"run provenance has no usable process_count/"
-                     f"device_count: {dict(provenance)!r}") from e
+    raise ValueError(
+        f"run provenance has no usable process_count/"
+        f"device_count: {dict(provenance)!r}"
+    ) from e
   backend = str(provenance.get("jax_backend", ""))
   kinds = ", ".join(str(k) for k in provenance.get("devices") or ())
   desc = {field: "" for field in FIELDS}
   # The summarizer multiplies this one by the node count: never "".
   desc["host_processors_per_node"] = "1"
   desc.update({k: v for k, v in host.items() if k in desc and v})
-  desc.update({
-      "submitter": org,
-      "division": division,
-      "status": availability(log_status),
-      "system_name": system,
-      "number_of_nodes": str(nodes),
-      "framework": f"JAX {provenance.get('jax_version', _version('jax'))}",
-      "other_software_stack": (
-          f"jaxlib {_version('jaxlib')}, Python {platform.python_version()}, "
-          f"mlperf-logging {_version('mlperf-logging')}, maxtext_engine "
-          f"{provenance.get('git_revision', 'unknown')}"),
-      "sw_notes": (f"Dependencies pinned by "
-                   f"{provenance.get('requirements_lock', 'unknown')}."),
-  })
+  desc.update(
+      {
+          "submitter": org,
+          "division": division,
+          "status": availability(log_status),
+          "system_name": system,
+          "number_of_nodes": str(nodes),
+          "framework": f"JAX {provenance.get('jax_version', _version('jax'))}",
+          "other_software_stack": (
+              f"jaxlib {_version('jaxlib')}, Python {platform.python_version()}, "
+              f"mlperf-logging {_version('mlperf-logging')}, maxtext_engine "
+              f"{provenance.get('git_revision', 'unknown')}"
+          ),
+          "sw_notes": (
+              f"Dependencies pinned by "
+              f"{provenance.get('requirements_lock', 'unknown')}."
+          ),
+      }
+  )
   if backend == "cpu":
     desc["accelerators_per_node"] = "0"
     for field in _ACCELERATOR_FIELDS:
@@ -239,6 +286,7 @@ def live_accelerator_memory(device_kinds) -> Optional[int]:
     on devices of other kinds, or when the backend does not say.
   """
   import jax  # pylint: disable=g-import-not-at-top  # Only when asked.
+
   if jax.default_backend() == "cpu":
     return None
   device = jax.local_devices()[0]

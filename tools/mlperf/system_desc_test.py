@@ -10,11 +10,22 @@ from absl.testing import parameterized
 
 from tools.mlperf import system_desc
 
-_CPU_RUN = {"jax_backend": "cpu", "device_count": 1, "process_count": 1,
-            "devices": ["cpu"], "jax_version": "0.10.2",
-            "git_revision": "abc123", "requirements_lock": "lock:sha256:00"}
-_GPU_RUN = dict(_CPU_RUN, jax_backend="gpu", device_count=16, process_count=2,
-                devices=["NVIDIA H200"])
+_CPU_RUN = {
+    "jax_backend": "cpu",
+    "device_count": 1,
+    "process_count": 1,
+    "devices": ["cpu"],
+    "jax_version": "0.10.2",
+    "git_revision": "abc123",
+    "requirements_lock": "lock:sha256:00",
+}
+_GPU_RUN = dict(
+    _CPU_RUN,
+    jax_backend="gpu",
+    device_count=16,
+    process_count=2,
+    devices=["NVIDIA H200"],
+)
 
 _CPUINFO = """processor\t: 0
 model name\t: Test CPU 9000
@@ -36,10 +47,21 @@ cpu cores\t: 2
 def check_with_official_checker(path, ruleset="6.1.0"):
   """(passed, output) of mlperf_logging.system_desc_checker on `path`."""
   proc = subprocess.run(
-      [sys.executable, "-m", "mlperf_logging.system_desc_checker", path,
-       "training", ruleset, "--log_output",
-       os.path.join(os.path.dirname(path), "checker.log")],
-      capture_output=True, text=True, timeout=120, check=False)
+      [
+          sys.executable,
+          "-m",
+          "mlperf_logging.system_desc_checker",
+          path,
+          "training",
+          ruleset,
+          "--log_output",
+          os.path.join(os.path.dirname(path), "checker.log"),
+      ],
+      capture_output=True,
+      text=True,
+      timeout=120,
+      check=False,
+  )
   output = proc.stdout + proc.stderr
   return "System description checker passed" in output, output
 
@@ -63,8 +85,13 @@ class SystemDescTest(parameterized.TestCase):
   )
   def test_description_passes_the_official_checker(self, log_status, status):
     desc = system_desc.describe(
-        org="acme", system="box", division="open", log_status=log_status,
-        provenance=_CPU_RUN, host=system_desc.detect_host())
+        org="acme",
+        system="box",
+        division="open",
+        log_status=log_status,
+        provenance=_CPU_RUN,
+        host=system_desc.detect_host(),
+    )
     self.assertEqual(len(desc), 33)
     self.assertEqual(tuple(desc), system_desc.FIELDS)
     self.assertTrue(all(isinstance(v, str) for v in desc.values()), desc)
@@ -75,8 +102,13 @@ class SystemDescTest(parameterized.TestCase):
   def test_checker_fails_a_description_missing_a_field(self):
     # The check above can fail: the official checker counts the fields.
     desc = system_desc.describe(
-        org="acme", system="box", division="open", log_status="onprem",
-        provenance=_CPU_RUN, host=system_desc.detect_host())
+        org="acme",
+        system="box",
+        division="open",
+        log_status="onprem",
+        provenance=_CPU_RUN,
+        host=system_desc.detect_host(),
+    )
     del desc["cooling"]
     passed, output = check_with_official_checker(self.write(desc))
     self.assertFalse(passed, output)
@@ -84,16 +116,27 @@ class SystemDescTest(parameterized.TestCase):
 
   def test_checker_fails_the_logs_status_string(self):
     desc = system_desc.describe(
-        org="acme", system="box", division="open", log_status="onprem",
-        provenance=_CPU_RUN, host=system_desc.detect_host())
+        org="acme",
+        system="box",
+        division="open",
+        log_status="onprem",
+        provenance=_CPU_RUN,
+        host=system_desc.detect_host(),
+    )
     desc["status"] = "onprem"
     passed, output = check_with_official_checker(self.write(desc))
     self.assertFalse(passed, output)
 
   def test_fields_from_the_runs(self):
     desc = system_desc.describe(
-        org="acme", system="box", division="closed", log_status="cloud",
-        provenance=_GPU_RUN, host={}, accelerator_memory_bytes=141 * 2**30)
+        org="acme",
+        system="box",
+        division="closed",
+        log_status="cloud",
+        provenance=_GPU_RUN,
+        host={},
+        accelerator_memory_bytes=141 * 2**30,
+    )
     self.assertEqual(desc["submitter"], "acme")
     self.assertEqual(desc["system_name"], "box")
     self.assertEqual(desc["division"], "closed")
@@ -109,8 +152,13 @@ class SystemDescTest(parameterized.TestCase):
 
   def test_cpu_system_has_no_accelerators(self):
     desc = system_desc.describe(
-        org="acme", system="box", division="open", log_status="onprem",
-        provenance=_CPU_RUN, host={})
+        org="acme",
+        system="box",
+        division="open",
+        log_status="onprem",
+        provenance=_CPU_RUN,
+        host={},
+    )
     self.assertEqual(desc["accelerators_per_node"], "0")
     self.assertEqual(desc["accelerator_model_name"], "N/A")
     # The summarizer reads it as an int.
@@ -118,21 +166,37 @@ class SystemDescTest(parameterized.TestCase):
 
   def test_unknown_status(self):
     with self.assertRaisesRegex(ValueError, "submission_status='preview'"):
-      system_desc.describe(org="a", system="b", division="open",
-                           log_status="preview", provenance=_CPU_RUN, host={})
+      system_desc.describe(
+          org="a",
+          system="b",
+          division="open",
+          log_status="preview",
+          provenance=_CPU_RUN,
+          host={},
+      )
 
   def test_provenance_without_device_counts(self):
     with self.assertRaisesRegex(ValueError, "process_count"):
-      system_desc.describe(org="a", system="b", division="open",
-                           log_status="onprem", provenance={}, host={})
+      system_desc.describe(
+          org="a",
+          system="b",
+          division="open",
+          log_status="onprem",
+          provenance={},
+          host={},
+      )
 
   def test_detect_host_reads_cpuinfo_meminfo_and_caches(self):
     proc = os.path.join(self.tmp, "proc")
     cache = os.path.join(self.tmp, "sys/devices/system/cpu/cpu0/cache")
     os.makedirs(proc)
     for index, (level, kind, size) in enumerate(
-        [("1", "Data", "48K"), ("1", "Instruction", "32K"),
-         ("2", "Unified", "2048K")]):
+        [
+            ("1", "Data", "48K"),
+            ("1", "Instruction", "32K"),
+            ("2", "Unified", "2048K"),
+        ]
+    ):
       directory = os.path.join(cache, f"index{index}")
       os.makedirs(directory)
       for name, value in (("level", level), ("type", kind), ("size", size)):
@@ -148,8 +212,9 @@ class SystemDescTest(parameterized.TestCase):
     self.assertEqual(host["host_processor_core_count"], "2")
     self.assertEqual(host["host_processor_vcpu_count"], "3")
     self.assertEqual(host["host_memory_capacity"], "16.0 GiB")
-    self.assertEqual(host["host_processor_caches"],
-                     "L1d 48K, L1i 32K, L2 2048K")
+    self.assertEqual(
+        host["host_processor_caches"], "L1d 48K, L1i 32K, L2 2048K"
+    )
 
 
 if __name__ == "__main__":

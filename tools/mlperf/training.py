@@ -26,8 +26,9 @@ from tools.mlperf import submission
 _SEED_BOUND = 2**31
 
 
-def draw_seeds(count: int, urandom: Callable[[int], bytes] = os.urandom
-               ) -> list[int]:
+def draw_seeds(
+    count: int, urandom: Callable[[int], bytes] = os.urandom
+) -> list[int]:
   """`count` distinct seeds in [0, 2**31) drawn from `urandom`."""
   checks.check_int("count", count, 1)
   seeds: list[int] = []
@@ -43,11 +44,15 @@ def runs_dir(out_dir: str) -> str:
   return os.path.join(out_dir, "runs")
 
 
-def train_runs(config, count: int, out_dir: str, *,
-               config_filename: str = "unknown",
-               seeds: Optional[Sequence[int]] = None,
-               emit: Callable[[str], None] = print
-               ) -> list[run_logs.RunLog]:
+def train_runs(
+    config,
+    count: int,
+    out_dir: str,
+    *,
+    config_filename: str = "unknown",
+    seeds: Optional[Sequence[int]] = None,
+    emit: Callable[[str], None] = print,
+) -> list[run_logs.RunLog]:
   """Trains `count` runs of `config`, checking each log right after its run.
 
   Args:
@@ -74,13 +79,15 @@ def train_runs(config, count: int, out_dir: str, *,
   seeds = list(seeds) if seeds is not None else draw_seeds(count)
   if len(seeds) != count or len(set(seeds)) != count:
     raise submission.PackageError(
-        f"seeds={seeds!r}: need {count} distinct seeds, one per run")
+        f"seeds={seeds!r}: need {count} distinct seeds, one per run"
+    )
   base = runs_dir(out_dir)
   for i in range(count):
     if os.path.exists(os.path.join(base, f"run_{i}")):
       raise submission.PackageError(
           f"{os.path.join(base, f'run_{i}')} exists: --runs needs a fresh "
-          f"--output_dir (a run directory would be resumed, not run anew)")
+          f"--output_dir (a run directory would be resumed, not run anew)"
+      )
   runs = []
   for i, seed in enumerate(seeds):
     run_config = config.copy_and_resolve_references()
@@ -94,8 +101,10 @@ def train_runs(config, count: int, out_dir: str, *,
     emit(f"mlperf_package: run {i + 1}/{count} (seed {seed})")
     result = trainer.run(run_config, config_filename=config_filename)
     run = run_logs.read_run(result.run_dir)
-    emit(f"mlperf_package: run {i + 1}/{count} {result.status.value} after "
-         f"step {result.final_step}; {run.log_path}")
+    emit(
+        f"mlperf_package: run {i + 1}/{count} {result.status.value} after "
+        f"step {result.final_step}; {run.log_path}"
+    )
     submission.check_compliance([run], os.path.join(out_dir, "checker_logs"))
     runs.append(run)
   return runs

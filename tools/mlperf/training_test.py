@@ -37,8 +37,9 @@ class TrainRunsRefusalsTest(parameterized.TestCase):
     self.config = mlperf_runs.tiny_mlperf_config(self.out)
 
   def test_wrong_count_is_refused_before_training(self):
-    with self.assertRaisesRegex(submission.PackageError,
-                                "wrong number of runs for llama31_8b"):
+    with self.assertRaisesRegex(
+        submission.PackageError, "wrong number of runs for llama31_8b"
+    ):
       training.train_runs(self.config, 3, self.out)
     self.assertFalse(os.path.exists(training.runs_dir(self.out)))
 

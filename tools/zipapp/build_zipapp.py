@@ -50,22 +50,34 @@ def _read_manifest(path: str, workspace: str) -> list[tuple[str, str]]:
 
 
 def _write_payload(f, entries: list[tuple[str, str]], digest) -> None:
-  with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED,
-                       compresslevel=_COMPRESS_LEVEL, allowZip64=True) as archive:
+  with zipfile.ZipFile(
+      f,
+      "w",
+      compression=zipfile.ZIP_DEFLATED,
+      compresslevel=_COMPRESS_LEVEL,
+      allowZip64=True,
+  ) as archive:
     for runfiles_path, source in entries:
       with open(source, "rb") as src:
         data = src.read()
       digest.update(runfiles_path.encode() + b"\0")
       digest.update(hashlib.sha256(data).digest())
-      info = zipfile.ZipInfo("runfiles/" + runfiles_path, date_time=(1980, 1, 1, 0, 0, 0))
+      info = zipfile.ZipInfo(
+          "runfiles/" + runfiles_path, date_time=(1980, 1, 1, 0, 0, 0)
+      )
       mode = 0o755 if os.stat(source).st_mode & stat.S_IXUSR else 0o644
       info.external_attr = (stat.S_IFREG | mode) << 16
       info.compress_type = zipfile.ZIP_DEFLATED
       archive.writestr(info, data, compresslevel=_COMPRESS_LEVEL)
 
 
-def build(output: str, launcher: str, entries: list[tuple[str, str]], main: str,
-          python_paths: list[str]) -> str:
+def build(
+    output: str,
+    launcher: str,
+    entries: list[tuple[str, str]],
+    main: str,
+    python_paths: list[str],
+) -> str:
   """Writes the zipapp; returns its content id (a hash of every path and byte)."""
   digest = hashlib.sha256()
   with open(launcher, "rb") as src:
@@ -77,15 +89,23 @@ def build(output: str, launcher: str, entries: list[tuple[str, str]], main: str,
     payload_length = f.tell() - payload_offset
     digest.update(launcher_data)
     content_id = digest.hexdigest()[:24]
-    manifest = {"id": content_id, "main": main, "python_paths": python_paths,
-                "payload_offset": payload_offset, "payload_length": payload_length}
+    manifest = {
+        "id": content_id,
+        "main": main,
+        "python_paths": python_paths,
+        "payload_offset": payload_offset,
+        "payload_length": payload_length,
+    }
     # Built in memory so that its offsets count from its own start: readers find
     # it through its end record, whatever lies before it, and it needs no ZIP64.
     launcher_zip = io.BytesIO()
-    with zipfile.ZipFile(launcher_zip, "w", compression=zipfile.ZIP_DEFLATED,
-                         allowZip64=False) as archive:
-      for name, data in (("zipapp_manifest.json", json.dumps(manifest, indent=1).encode()),
-                         ("__main__.py", launcher_data)):
+    with zipfile.ZipFile(
+        launcher_zip, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=False
+    ) as archive:
+      for name, data in (
+          ("zipapp_manifest.json", json.dumps(manifest, indent=1).encode()),
+          ("__main__.py", launcher_data),
+      ):
         info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
         info.external_attr = (stat.S_IFREG | 0o644) << 16
         archive.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
@@ -102,8 +122,12 @@ def main():
   parser.add_argument("--main", required=True)
   parser.add_argument("--python_path", action="append", default=[])
   parser.add_argument("--manifest", required=True)
-  parser.add_argument("--file", action="append", default=[],
-                      help="RUNFILES_PATH=EXEC_PATH, added or replacing")
+  parser.add_argument(
+      "--file",
+      action="append",
+      default=[],
+      help="RUNFILES_PATH=EXEC_PATH, added or replacing",
+  )
   args = parser.parse_args()
   entries = dict(_read_manifest(args.manifest, args.workspace))
   for extra in args.file:

@@ -44,7 +44,9 @@ class _Window(io.RawIOBase):
     return self._pos
 
   def seek(self, pos, whence=io.SEEK_SET):
-    base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+    base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[
+        whence
+    ]
     self._pos = max(0, base + pos)
     return self._pos
 
@@ -52,7 +54,7 @@ class _Window(io.RawIOBase):
     count = max(0, min(len(buffer), self._length - self._pos))
     self._file.seek(self._offset + self._pos)
     data = self._file.read(count)
-    buffer[:len(data)] = data
+    buffer[: len(data)] = data
     self._pos += len(data)
     return len(data)
 
@@ -63,15 +65,17 @@ class _Window(io.RawIOBase):
 
 def _unpack(archive_path, manifest):
   cache = os.environ.get("MAXTEXT_ZIPAPP_CACHE") or os.path.join(
-      os.path.expanduser("~"), ".cache", "maxtext_zipapp")
+      os.path.expanduser("~"), ".cache", "maxtext_zipapp"
+  )
   target = os.path.join(cache, manifest["id"])
   if os.path.isfile(os.path.join(target, ".complete")):
     return target
   os.makedirs(cache, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=".unpack-", dir=cache)
   try:
-    payload = _Window(archive_path, manifest["payload_offset"],
-                      manifest["payload_length"])
+    payload = _Window(
+        archive_path, manifest["payload_offset"], manifest["payload_length"]
+    )
     with payload, zipfile.ZipFile(payload) as archive:
       for info in archive.infolist():
         if not info.filename.startswith("runfiles/"):
@@ -95,16 +99,21 @@ def _unpack(archive_path, manifest):
 
 def main():
   if sys.version_info[:2] != _PYTHON:
-    _fail(f"needs Python {_PYTHON[0]}.{_PYTHON[1]} (the packed packages are built for "
-          f"it); this is Python {sys.version.split()[0]} at {sys.executable}")
+    _fail(
+        f"needs Python {_PYTHON[0]}.{_PYTHON[1]} (the packed packages are built for "
+        f"it); this is Python {sys.version.split()[0]} at {sys.executable}"
+    )
   archive_path = os.path.abspath(sys.argv[0])
   with zipfile.ZipFile(archive_path) as archive:
     manifest = json.loads(archive.read("zipapp_manifest.json"))
   root = os.path.join(_unpack(archive_path, manifest), "runfiles")
   packed = [os.path.join(root, p) for p in manifest["python_paths"]]
   # Keep the interpreter's standard library; drop the archive and host packages.
-  host = [p for p in sys.path[1:]
-          if p and "site-packages" not in p and "dist-packages" not in p]
+  host = [
+      p
+      for p in sys.path[1:]
+      if p and "site-packages" not in p and "dist-packages" not in p
+  ]
   sys.path[:] = packed + host
   os.environ["MAXTEXT_ZIPAPP"] = archive_path
   main_path = os.path.join(root, manifest["main"])
