@@ -23,7 +23,6 @@ from maxtext import checks
 from maxtext.configs import base
 from maxtext.mllog import hyperparameters as mllog_hyperparameters
 from maxtext.mllog import rules
-from maxtext.text import metadata as text_metadata
 
 ALLOWED_DTYPES = ("float32", "bfloat16", "float16")
 DATASET_TYPES = ("synthetic", "tokens_file", "grain")
@@ -33,6 +32,13 @@ HARDWARE = ("auto", "cpu", "tpu", "gpu")
 # a field is declared once, there. `float` fields also take ints.
 FIELD_TYPES: dict[str, type] = {
     key: type(value) for key, value in base.get_config().items()}
+
+
+def _text_metadata():
+  """maxtext.text.metadata, imported only for dataset_type="grain" configs."""
+  # pylint: disable-next=g-import-not-at-top
+  from maxtext.text import metadata as text_metadata
+  return text_metadata
 
 
 def _fail(key: str, value: Any, why: str) -> ValueError:
@@ -184,6 +190,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if v["dataset_type"] == "grain":
     # Reads only metadata.json: a directory without one, or a vocabulary
     # larger than the model's, is refused before any device work.
+    text_metadata = _text_metadata()
     text_metadata.check_config(v["train_data_path"], v["eval_data_path"],
                                v["vocab_size"], v["max_sequence_length"])
 
@@ -316,6 +323,7 @@ def train_samples(config) -> int:
   if config.mllog_train_samples:
     return config.mllog_train_samples
   if config.dataset_type == "grain":
+    text_metadata = _text_metadata()
     meta = text_metadata.load(config.train_data_path)
     return text_metadata.windows(meta, "train", config.max_sequence_length)
   return config.steps * config.global_batch_size
@@ -326,6 +334,7 @@ def eval_samples(config) -> int:
   most the prepared eval split's sequences (grain)."""
   samples = config.eval_steps * config.eval_batch_size
   if config.dataset_type == "grain":
+    text_metadata = _text_metadata()
     meta = text_metadata.load(config.eval_data_path or config.train_data_path,
                               "eval_data_path" if config.eval_data_path
                               else "train_data_path")

@@ -14,6 +14,9 @@ Two sources, chosen by `config.dataset_type` through `make_dataset`:
   * "synthetic": `SyntheticDataset`, arithmetic progressions modulo the
     vocabulary, learnable to a loss near 0.
   * "tokens_file": `TokensFileDataset`, memory-mapped token files.
+  * "grain": `maxtext.text.grain_dataset.GrainDataset`, prepared text shards
+    through Grain; its batches come from a stateful iterator, read in step
+    order (see that module).
 """
 
 import errno
@@ -405,8 +408,9 @@ def make_dataset(config, process_index: int = 0, process_count: int = 1):
   """The dataset that `config.dataset_type` names.
 
   Returns:
-    A `SyntheticDataset` or `TokensFileDataset` (both have `get_batch(step)`
-    and `get_eval_batch(index)`).
+    A `SyntheticDataset`, `TokensFileDataset` or `grain_dataset.GrainDataset`
+    (all have `get_batch(step)` and `get_eval_batch(index)`; the grain one
+    reads steps in order and has iterator state, see its module).
 
   Raises:
     ValueError: for an unknown dataset_type, and as the dataset constructors.
@@ -415,8 +419,13 @@ def make_dataset(config, process_index: int = 0, process_count: int = 1):
     return SyntheticDataset(config, process_index, process_count)
   if config.dataset_type == "tokens_file":
     return TokensFileDataset(config, process_index, process_count)
+  if config.dataset_type == "grain":
+    # Imported here: Grain is needed only by runs that read prepared text.
+    # pylint: disable-next=g-import-not-at-top
+    from maxtext.text import grain_dataset
+    return grain_dataset.GrainDataset(config, process_index, process_count)
   raise ValueError(f"dataset_type={config.dataset_type!r}: must be "
-                   f"'synthetic' or 'tokens_file'")
+                   f"'synthetic', 'tokens_file' or 'grain'")
 
 
 def placeholder_batches(config, process_index: int = 0,
