@@ -11,8 +11,12 @@ import numpy as np
 import optax
 
 from maxtext import data
+from maxtext import engine as engine_lib
 from maxtext import model
 from maxtext.configs import base
+from maxtext.configs import default
+from maxtext.metrics import recorder as metrics_recorder
+from maxtext.storage import checkpointing
 
 
 def _tiny_config(**overrides):
@@ -428,6 +432,125 @@ class ShardingTest(parameterized.TestCase):
     specs = model.param_partition_specs(self._shapes(config), 4)
     self.assertEqual(specs["layers"]["w_up"],
                      jax.sharding.PartitionSpec(None, None, "fsdp"))
+
+
+# The default config's parameters for PRNGKey(0) as the code before mixture of
+# experts initialised them: (path, shape, sum of the leaf). A dense model's
+# tree, shapes and values must not change, so its checkpoints still restore.
+_DENSE_DEFAULT_PARAMS = (
+    ("['embedding']", (256, 128), -155.815),
+    ("['final_norm']", (128,), 128.0),
+    ("['layers']['attn_norm']", (2, 128), 256.0),
+    ("['layers']['mlp_norm']", (2, 128), 256.0),
+    ("['layers']['w_down']", (2, 512, 128), 0.702),
+    ("['layers']['w_gate']", (2, 128, 512), -11.417),
+    ("['layers']['w_up']", (2, 128, 512), -8.073),
+    ("['layers']['wk']", (2, 128, 2, 32), -3.091),
+    ("['layers']['wo']", (2, 4, 32, 128), 23.085),
+    ("['layers']['wq']", (2, 128, 4, 32), 13.562),
+    ("['layers']['wv']", (2, 128, 2, 32), -9.404),
+    ("['unembedding']", (128, 256), -9.369),
+)
+
+
+def _moe_config(**overrides):
+  values = dict(num_experts=4, num_experts_per_token=2, num_shared_experts=1,
+                num_dense_layers=1, moe_mlp_dim=16)
+  values.update(overrides)
+  return _tiny_config(**values)
+
+
+class MoeModelTest(parameterized.TestCase):
+
+  def test_dense_tree_is_unchanged(self):
+    params = model.init_params(default.get_config(), jax.random.PRNGKey(0))
+    got = tuple(
+        (jax.tree_util.keystr(path), x.shape,
+         round(float(np.asarray(x, np.float64).sum()), 3))
+        for path, x in jax.tree_util.tree_leaves_with_path(params))
+    self.assertEqual([(p, s) for p, s, _ in got],
+                     [(p, s) for p, s, _ in _DENSE_DEFAULT_PARAMS])
+    np.testing.assert_allclose([v for _, _, v in got],
+                               [v for _, _, v in _DENSE_DEFAULT_PARAMS],
+                               atol=2e-3)
+
+  def test_dense_checkpoint_restores(self):
+    config = _tiny_config()
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    directory = self.create_tempdir().full_path
+    saver = checkpointing.Checkpointer(directory, save_period=1, max_to_keep=0)
+    saver.save(1, {"params": params}, {"step": 1}, force=True)
+    saver.wait()
+    abstract = jax.eval_shape(
+        lambda: model.init_params(config, jax.random.PRNGKey(1)))
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu),
+        abstract)
+    chex.assert_trees_all_equal(
+        checkpointing.restore_params_only(directory, abstract), params)
+
+  def test_moe_tree_has_dense_then_moe_stacks(self):
+    params = jax.eval_shape(
+        lambda: model.init_params(_moe_config(), jax.random.PRNGKey(0)))
+    self.assertEqual(params["layers"]["w_up"].shape, (1, 32, 64))
+    self.assertEqual(params["moe_layers"]["w_up"].shape, (1, 4, 32, 16))
+    self.assertEqual(params["moe_layers"]["router"].shape, (1, 32, 4))
+    self.assertEqual(params["moe_layers"]["shared_w_up"].shape, (1, 32, 16))
+    no_dense = jax.eval_shape(lambda: model.init_params(
+        _moe_config(num_dense_layers=0), jax.random.PRNGKey(0)))
+    self.assertNotIn("layers", no_dense)
+    self.assertEqual(no_dense["moe_layers"]["wq"].shape[0], 2)
+    model.param_logical_axes(no_dense)
+
+  def test_loss_adds_weighted_balance_loss(self):
+    # Remat "full": the MoE block's statistics come out of a checkpointed scan.
+    config = _moe_config(load_balance_loss_weight=0.5, remat_policy="full")
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    batch = _batch(config)
+    (loss, aux), grads = _loss_and_grads(config, params, batch)
+    cross_entropy = aux["loss_sum"] / aux["num_tokens"]
+    np.testing.assert_allclose(
+        loss, cross_entropy + 0.5 * aux["moe"]["aux_loss"], rtol=1e-6)
+    # The balance loss trains the router.
+    config.load_balance_loss_weight = 0.0
+    _, grads_without = _loss_and_grads(config, params, batch)
+    self.assertGreater(
+        float(jnp.abs(grads["moe_layers"]["router"] -
+                      grads_without["moe_layers"]["router"]).max()), 0.0)
+
+  def test_expert_partition_specs(self):
+    shapes = jax.eval_shape(
+        lambda: model.init_params(_moe_config(), jax.random.PRNGKey(0)))
+    specs = model.param_partition_specs(shapes, 2, expert_size=2)
+    p = jax.sharding.PartitionSpec
+    self.assertEqual(specs["moe_layers"]["w_up"],
+                     p(None, "expert", "fsdp", None))
+    self.assertEqual(specs["moe_layers"]["router"], p(None, "fsdp", "expert"))
+    self.assertEqual(specs["layers"]["w_up"], p(None, None, "fsdp"))
+    with self.assertRaisesRegex(ValueError, "expert_parallelism=3"):
+      model.param_partition_specs(shapes, 1, expert_size=3)
+
+  def test_engine_sums_dropped_tokens_over_micro_batches(self):
+    # Capacity 0.25 drops assignments; K = 2 micro-batches per step.
+    config = _moe_config(capacity_factor=0.25, gradient_accumulation_steps=2)
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    loss_fn = functools.partial(model.loss_fn, config=config)
+    micro = [_batch(config), {"inputs": _tokens(config, seed=5),
+                              "targets": _tokens(config, seed=6)}]
+    dropped = [float(jax.jit(loss_fn)(params, b)[1]["moe"]["dropped_tokens"])
+               / 2 for b in micro]
+    self.assertGreater(min(dropped), 0.0)
+    engine = engine_lib.Engine(loss_fn, params, optax.sgd(0.0), 0.0,
+                               metrics_recorder.MetricsRecorder(), 2)
+    for batch in micro:
+      engine.fwd_bwd(batch)
+    reduced = metrics_recorder.reduce_buffer(engine.update())
+    self.assertAlmostEqual(reduced["moe/dropped_tokens"], sum(dropped),
+                           places=3)
+    for name in ("aux_loss", "load_max", "load_min", "load_cv",
+                 "router_entropy"):
+      self.assertIn(f"moe/{name}", reduced)
 
 
 if __name__ == "__main__":
