@@ -43,6 +43,7 @@ from jax._src.lib import _jax as jax_lib_cpp
 
 def _clear_cpp_dispatch_caches() -> None:
   """Drops the C++ dispatch entries (and their launch data) only."""
+  # jax has no public hook for its dispatch caches; these are its internals.
   # pylint: disable=protected-access
   jax_pjit._cpp_pjit_cache_fun_only.clear()
   jax_pjit._cpp_pjit_cache_explicit_attributes.clear()
@@ -52,6 +53,7 @@ def _clear_cpp_dispatch_caches() -> None:
 @contextlib.contextmanager
 def _on_launch(callback: Callable[[str], None]) -> Iterator[None]:
   """Calls callback(executable name) at every launch inside the block."""
+  # jax has no public launch hook: this patches its internals for the block.
   # pylint: disable=protected-access
   original_call = pxla.ExecuteReplicated.__call__
   original_fastpath = jax_pjit._get_fastpath_data

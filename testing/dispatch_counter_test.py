@@ -61,6 +61,7 @@ class CountDispatchesTest(parameterized.TestCase):
 
   def test_restores_jax_after_the_block(self):
     original_call = pxla.ExecuteReplicated.__call__
+    # The jax internals that count_dispatches patches must be put back.
     # pylint: disable=protected-access
     original_fastpath = jax_pjit._get_fastpath_data
     fn = _plain_jit()

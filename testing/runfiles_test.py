@@ -19,7 +19,7 @@ class RunfilesTest(parameterized.TestCase):
   def _make(self, workspace, relative_path, executable=False):
     path = os.path.join(self.root, workspace, *relative_path.split("/"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
       f.write("#!/bin/sh\n")
     if executable:
       os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)

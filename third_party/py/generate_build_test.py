@@ -7,6 +7,7 @@ import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import packaging
 
 from third_party.py import generate_build
 
@@ -29,6 +30,8 @@ class GenerateBuildTest(parameterized.TestCase):
 
   def test_break_cycles_drops_only_closing_edges(self):
     graph = {"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}
+    # Cycle breaking is a private step of main(), tested here on its own.
+    # pylint: disable-next=protected-access
     acyclic, dropped = generate_build._break_cycles(graph)
     self.assertEqual(dropped, [("c", "a")])
     self.assertEqual(acyclic, {"a": ["b"], "b": ["c"], "c": [], "d": ["a"]})
@@ -37,6 +40,8 @@ class GenerateBuildTest(parameterized.TestCase):
     dist = _FakeDist(
         ["pkg/a.py", "../../bin/tool", "pkg/with space.txt", "pkg/a.py"]
     )
+    # File selection is a private step of main(), tested here on its own.
+    # pylint: disable-next=protected-access
     kept, skipped = generate_build._files(dist)
     self.assertEqual(kept, ["site-packages/pkg/a.py"])
     self.assertEqual(skipped, ["pkg/with space.txt"])
@@ -44,8 +49,9 @@ class GenerateBuildTest(parameterized.TestCase):
   def test_generates_library_per_installed_distribution(self):
     root = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     site = os.path.join(root, "site-packages")
-    # Two hand-written distributions: "alpha" requires "beta" unconditionally, an
-    # absent package, and "beta" again only under an extra (which must be ignored).
+    # Hand-written distributions: "alpha" requires "beta" unconditionally, an
+    # absent package, and "gamma" and "delta" only under extras (ignored unless
+    # asked for).
     for name, requires in (
         (
             "alpha",
@@ -63,19 +69,18 @@ class GenerateBuildTest(parameterized.TestCase):
       info = os.path.join(site, "%s-1.0.dist-info" % name)
       os.makedirs(info)
       os.makedirs(os.path.join(site, name), exist_ok=True)
-      with open(os.path.join(site, name, "__init__.py"), "w"):
+      with open(os.path.join(site, name, "__init__.py"), "w", encoding="utf-8"):
         pass
-      with open(os.path.join(info, "METADATA"), "w") as f:
+      with open(os.path.join(info, "METADATA"), "w", encoding="utf-8") as f:
         f.write("Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n" % name)
         for req in requires:
           f.write("Requires-Dist: %s\n" % req)
-      with open(os.path.join(info, "RECORD"), "w") as f:
+      with open(os.path.join(info, "RECORD"), "w", encoding="utf-8") as f:
         f.write(
             "%s/__init__.py,,\n%s-1.0.dist-info/METADATA,,\n" % (name, name)
         )
-    # The generator imports `packaging` from the tree it scans; make one visible there.
-    import packaging  # pylint: disable=g-import-not-at-top
-
+    # The generator imports `packaging` from the tree it scans; make one
+    # visible there.
     os.symlink(
         os.path.dirname(packaging.__file__), os.path.join(site, "packaging")
     )
@@ -83,7 +88,7 @@ class GenerateBuildTest(parameterized.TestCase):
     subprocess.run(
         [sys.executable, generate_build.__file__, site, output], check=True
     )
-    with open(output) as f:
+    with open(output, encoding="utf-8") as f:
       build = f.read()
     self.assertIn('name = "alpha"', build)
     self.assertIn('name = "beta"', build)
@@ -91,7 +96,8 @@ class GenerateBuildTest(parameterized.TestCase):
     self.assertNotIn(":missing", build)
     self.assertNotIn(":gamma", build)
     self.assertIn('"site-packages/alpha/__init__.py"', build)
-    # Asking for alpha's extra "y" (as the TPU set asks for jax[tpu]) adds delta.
+    # Asking for alpha's extra "y" (as the TPU set asks for jax[tpu]) adds
+    # delta.
     subprocess.run(
         [
             sys.executable,
@@ -102,7 +108,7 @@ class GenerateBuildTest(parameterized.TestCase):
         ],
         check=True,
     )
-    with open(output) as f:
+    with open(output, encoding="utf-8") as f:
       self.assertIn('deps = [":beta", ":delta"],', f.read())
 
 

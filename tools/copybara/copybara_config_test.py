@@ -46,10 +46,10 @@ class CopybaraConfigTest(absltest.TestCase):
   def test_every_glob_pattern_matches_an_existing_file(self):
     for name, workflow in self.workflows.items():
       for kind, pattern in workflow.origin_files.patterns():
-        regex = copybara_standins._glob_regex(pattern)
+        alone = copybara_standins.Glob([([pattern], [])])
         with self.subTest(workflow=name, pattern=pattern):
           self.assertTrue(
-              any(regex.match(p) for p in self.tree),
+              any(alone.matches(p) for p in self.tree),
               "%s pattern %r of %s matches no file" % (kind, pattern, name),
           )
 
@@ -102,7 +102,9 @@ class CopybaraConfigTest(absltest.TestCase):
             "# copybara:strip_end\n"
             "also_keep = 3\n"
         ),
-        "README.md": "Mark a line with `# copybara:strip` at its end to drop it.\n",
+        "README.md": (
+            "Mark a line with `# copybara:strip` at its end to drop it.\n"
+        ),
     }
     out = source
     for transformation in self.env["STRIP_TRANSFORMATIONS"]:

@@ -1,10 +1,11 @@
-"""Small Python stand-ins for Copybara's Starlark modules, to evaluate copy.bara.sky.
+"""Python stand-ins for Copybara's Starlark modules, to evaluate copy.bara.sky.
 
-Copybara itself cannot be installed here. Its configuration language is a Python-like
-Starlark, so the file can be executed as Python with these objects bound to the names
-Copybara provides (`core`, `git`, `folder`, `metadata`, `authoring`, `glob`). The
-stand-ins record what the configuration declares and implement just enough of the
-semantics (glob matching, moves, regex replacements) to run an export between folders.
+Copybara itself cannot be installed here. Its configuration language is a
+Python-like Starlark, so the file can be executed as Python with these objects
+bound to the names Copybara provides (`core`, `git`, `folder`, `metadata`,
+`authoring`, `glob`). The stand-ins record what the configuration declares and
+implement just enough of the semantics (glob matching, moves, regex
+replacements) to run an export between folders.
 """
 
 import dataclasses
@@ -15,7 +16,7 @@ from typing import Any
 
 
 def _glob_regex(pattern):
-  """Translates a Copybara glob pattern ('**' crosses '/', '*' does not) to a regex."""
+  """Translates a Copybara glob ('**' crosses '/', '*' does not) to a regex."""
   out = []
   i = 0
   while i < len(pattern):
@@ -39,7 +40,7 @@ def _glob_regex(pattern):
 
 @dataclasses.dataclass
 class Glob:
-  """A union of (include, exclude) pattern sets, as `glob(...) + glob(...)` builds."""
+  """A union of (include, exclude) pattern sets: `glob(...) + glob(...)`."""
 
   parts: list
 
@@ -55,7 +56,7 @@ class Glob:
     return False
 
   def patterns(self):
-    """Every include and exclude pattern, each with the word saying which it is."""
+    """Yields ("include" or "exclude", pattern) for every pattern."""
     for include, exclude in self.parts:
       yield from (("include", p) for p in include)
       yield from (("exclude", p) for p in exclude)
@@ -67,6 +68,8 @@ def glob(include, exclude=()):
 
 @dataclasses.dataclass
 class Move:
+  """core.move: renames a file or a folder."""
+
   before: str
   after: str
 
@@ -87,6 +90,8 @@ class Move:
 
 @dataclasses.dataclass
 class Replace:
+  """core.replace: a regex replacement in the contents of matching files."""
+
   before: str
   after: str
   regex_groups: dict
@@ -97,7 +102,8 @@ class Replace:
     pattern = re.escape(self.before)
     flags = set()
     for name, group in self.regex_groups.items():
-      # RE2 allows flags such as (?m) at the start of a group; Python wants them first.
+      # RE2 allows flags such as (?m) at the start of a group; Python wants
+      # them at the start of the pattern.
       leading = re.match(r"\(\?([a-z]+)\)", group)
       if leading:
         flags.update(leading.group(1))
@@ -137,6 +143,8 @@ class Endpoint:
 
 @dataclasses.dataclass
 class Workflow:
+  """core.workflow: what to copy from where to where, and how to change it."""
+
   name: str
   origin: Endpoint
   destination: Endpoint
@@ -147,7 +155,7 @@ class Workflow:
   mode: str = "SQUASH"
 
   def export(self, source_files):
-    """Runs the workflow on {path: content}: selects origin files, then transforms."""
+    """Runs on {path: content}: selects origin files, then transforms them."""
     files = {
         p: c for p, c in source_files.items() if self.origin_files.matches(p)
     }
@@ -205,13 +213,15 @@ def evaluate(config_path):
       "metadata": _Metadata(),
       "glob": glob,
   }
-  with open(config_path) as f:
-    exec(compile(f.read(), config_path, "exec"), env)  # pylint: disable=exec-used
+  with open(config_path, encoding="utf-8") as f:
+    # Starlark is executed as Python: the config is this repository's own file.
+    # pylint: disable-next=exec-used
+    exec(compile(f.read(), config_path, "exec"), env)
   return {w.name: w for w in core.workflows}, env
 
 
 def read_tree(root):
-  """{relative path: text or bytes} for every file under root but VCS and Bazel output."""
+  """{relative path: text or bytes} of files under root, but VCS and Bazel's."""
   files = {}
   for dirpath, dirnames, filenames in os.walk(root):
     rel_dir = os.path.relpath(dirpath, root)

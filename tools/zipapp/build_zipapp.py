@@ -1,19 +1,20 @@
-"""Packs a runfiles tree and the launcher into one executable zip (python_zipapp).
+"""Packs runfiles and the launcher into one executable zip (python_zipapp).
 
-Inputs come from zipapp.bzl: a manifest of `short_path<TAB>exec_path` lines (one per
-runfile), the workspace name, the main file and the import paths (both relative to
-the runfiles root), and `--file RUNFILES_PATH=EXEC_PATH` for files added to the
-runfiles or replacing one there (the stamped build_info.json). The output is three
-parts back to back:
+Inputs come from zipapp.bzl: a manifest of `short_path<TAB>exec_path` lines (one
+per runfile), the workspace name, the main file and the import paths (both
+relative to the runfiles root), and `--file RUNFILES_PATH=EXEC_PATH` for files
+added to the runfiles or replacing one there (the stamped build_info.json). The
+output is three parts back to back:
 
-  #!/usr/bin/env python3      the line that lets the file run as ./FILE
-  payload zip                 runfiles/... (ZIP64 when it passes 4 GiB: CUDA wheels do)
-  launcher zip                __main__.py (the launcher) and zipapp_manifest.json
+  #!/usr/bin/env python3  the line that lets the file run as ./FILE
+  payload zip             runfiles/... (ZIP64 past 4 GiB, as with CUDA wheels)
+  launcher zip            __main__.py (the launcher) and zipapp_manifest.json
 
-Python runs a file whose end is a zip archive by importing `__main__` from it, and
-its zip importer reads the last archive of the file, allowing data before it, but
-not ZIP64. So the small launcher archive comes last and the payload, however
-large, sits before it; the manifest gives the payload's offset and length.
+Python runs a file whose end is a zip archive by importing `__main__` from it,
+and its zip importer reads the last archive of the file, allowing data before
+it, but not ZIP64. So the small launcher archive comes last and the payload,
+however large, sits before it; the manifest gives the payload's offset and
+length.
 """
 
 import argparse
@@ -25,21 +26,22 @@ import stat
 import zipfile
 
 _SHEBANG = b"#!/usr/bin/env python3\n"
-# Deflate at level 1: most of the bytes are native libraries, which level 9 hardly
-# shrinks further while taking several times longer.
+# Deflate at level 1: most of the bytes are native libraries, which level 9
+# hardly shrinks further while taking several times longer.
 _COMPRESS_LEVEL = 1
 
 
 def _runfiles_path(short_path: str, workspace: str) -> str:
-  """Where a file sits under the runfiles root (external repositories: ../repo/...)."""
+  """Where a file sits under the runfiles root (external repos: ../repo/...)."""
   if short_path.startswith("../"):
     return short_path[3:]
   return workspace + "/" + short_path
 
 
 def _read_manifest(path: str, workspace: str) -> list[tuple[str, str]]:
+  """Returns the manifest's (runfiles path, exec path) pairs, sorted."""
   entries = {}
-  with open(path) as f:
+  with open(path, encoding="utf-8") as f:
     for line in f:
       line = line.rstrip("\n")
       if not line:
@@ -50,6 +52,7 @@ def _read_manifest(path: str, workspace: str) -> list[tuple[str, str]]:
 
 
 def _write_payload(f, entries: list[tuple[str, str]], digest) -> None:
+  """Writes the runfiles archive to `f`; hashes paths and files into digest."""
   with zipfile.ZipFile(
       f,
       "w",
@@ -75,10 +78,10 @@ def build(
     output: str,
     launcher: str,
     entries: list[tuple[str, str]],
-    main: str,
+    main_path: str,
     python_paths: list[str],
 ) -> str:
-  """Writes the zipapp; returns its content id (a hash of every path and byte)."""
+  """Writes the zipapp; returns its content id (a hash of paths and bytes)."""
   digest = hashlib.sha256()
   with open(launcher, "rb") as src:
     launcher_data = src.read()
@@ -91,7 +94,7 @@ def build(
     content_id = digest.hexdigest()[:24]
     manifest = {
         "id": content_id,
-        "main": main,
+        "main": main_path,
         "python_paths": python_paths,
         "payload_offset": payload_offset,
         "payload_length": payload_length,

@@ -1,12 +1,12 @@
-"""Starts the program packed in this file (the `__main__.py` of a python_zipapp).
+"""Starts the program packed in this file (`__main__.py` of a python_zipapp).
 
-Run as `python3 FILE ARGS...` or `./FILE ARGS...`. FILE holds the payload archive
-(the runfiles) before the small archive this module comes from; the manifest says
-where. The first start unpacks the
-runfiles into `$MAXTEXT_ZIPAPP_CACHE` (default `~/.cache/maxtext_zipapp`) under the
-file's content id; later starts of the same file reuse them. The program then runs in
-this very process, with only the packed code and packages on sys.path (the host's
-site-packages are left out), so signals reach it directly.
+Run as `python3 FILE ARGS...` or `./FILE ARGS...`. FILE holds the payload
+archive (the runfiles) before the small archive this module comes from; the
+manifest says where. The first start unpacks the runfiles into
+`$MAXTEXT_ZIPAPP_CACHE` (default `~/.cache/maxtext_zipapp`) under the file's
+content id; later starts of the same file reuse them. The program then runs in
+this very process, with only the packed code and packages on sys.path (the
+host's site-packages are left out), so signals reach it directly.
 """
 
 import io
@@ -31,6 +31,7 @@ class _Window(io.RawIOBase):
 
   def __init__(self, path, offset, length):
     super().__init__()
+    # Held open for the view's life; close() closes it.
     self._file = open(path, "rb")  # pylint: disable=consider-using-with
     self._offset, self._length, self._pos = offset, length, 0
 
@@ -64,6 +65,7 @@ class _Window(io.RawIOBase):
 
 
 def _unpack(archive_path, manifest):
+  """Unpacks the payload into the cache unless there; returns its directory."""
   cache = os.environ.get("MAXTEXT_ZIPAPP_CACHE") or os.path.join(
       os.path.expanduser("~"), ".cache", "maxtext_zipapp"
   )
@@ -84,7 +86,8 @@ def _unpack(archive_path, manifest):
         mode = (info.external_attr >> 16) & 0o777
         if mode:
           os.chmod(path, mode)
-    open(os.path.join(staging, ".complete"), "w").close()
+    with open(os.path.join(staging, ".complete"), "w", encoding="utf-8"):
+      pass  # An empty marker: the unpacking finished.
     try:
       os.rename(staging, target)
     except OSError:
@@ -100,8 +103,9 @@ def _unpack(archive_path, manifest):
 def main():
   if sys.version_info[:2] != _PYTHON:
     _fail(
-        f"needs Python {_PYTHON[0]}.{_PYTHON[1]} (the packed packages are built for "
-        f"it); this is Python {sys.version.split()[0]} at {sys.executable}"
+        f"needs Python {_PYTHON[0]}.{_PYTHON[1]} (the packed packages are "
+        f"built for it); this is Python {sys.version.split()[0]} at "
+        f"{sys.executable}"
     )
   archive_path = os.path.abspath(sys.argv[0])
   with zipfile.ZipFile(archive_path) as archive:
