@@ -421,7 +421,7 @@ def make_dataset(config, process_index: int = 0, process_count: int = 1):
     return TokensFileDataset(config, process_index, process_count)
   if config.dataset_type == "grain":
     # Imported here: Grain is needed only by runs that read prepared text.
-    # pylint: disable-next=g-import-not-at-top
+    # pylint: disable-next=import-outside-toplevel
     from maxtext.text import grain_dataset
     return grain_dataset.GrainDataset(config, process_index, process_count)
   raise ValueError(f"dataset_type={config.dataset_type!r}: must be "

@@ -18,6 +18,7 @@ JSONL_SUFFIXES = (".jsonl",)
 @dataclasses.dataclass
 class CorpusStats:
   """What reading the input found (updated while documents are read)."""
+
   files: int = 0
   documents: int = 0
   empty_documents: int = 0
@@ -34,16 +35,18 @@ def list_files(inputs: Sequence[str]) -> list[str]:
       a file nor a directory.
   """
   if not inputs:
-    raise ValueError("input: at least one --input file or directory is "
-                     "required")
+    raise ValueError(
+        "input: at least one --input file or directory is required"
+    )
   files = []
   for path in inputs:
     if os.path.isdir(path):
       found = []
       for root, dirs, names in os.walk(path):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found.extend(os.path.join(root, n) for n in names
-                     if not n.startswith("."))
+        found.extend(
+            os.path.join(root, n) for n in names if not n.startswith(".")
+        )
       files.extend(sorted(found))
     elif os.path.isfile(path):
       files.append(path)
@@ -69,17 +72,19 @@ def _decode(data: bytes, stats: CorpusStats) -> tuple[str, int]:
       out.append(decoder.decode(rest, final=True))
       break
     except UnicodeDecodeError as e:
-      out.append(rest[:e.start].decode("utf-8"))
+      out.append(rest[: e.start].decode("utf-8"))
       out.append("\ufffd")
       invalid += e.end - e.start
-      rest = rest[e.end:]
+      rest = rest[e.end :]
       decoder.reset()
   stats.invalid_utf8_bytes += invalid
   return "".join(out), invalid
 
 
-def _jsonl_documents(path: str, data: bytes, text_field: str,
-                     stats: CorpusStats) -> Iterator[str]:
+def _jsonl_documents(
+    path: str, data: bytes, text_field: str, stats: CorpusStats
+) -> Iterator[str]:
+  """The `text_field` of each line of a JSONL file, in order."""
   for number, raw in enumerate(data.split(b"\n"), start=1):
     if not raw.strip():
       continue
@@ -89,17 +94,21 @@ def _jsonl_documents(path: str, data: bytes, text_field: str,
     except ValueError as e:
       raise ValueError(f"{path}:{number}: not a JSON object: {e}") from None
     if not isinstance(record, dict) or text_field not in record:
-      raise ValueError(f"{path}:{number}: has no field {text_field!r} "
-                       "(set --text_field)")
+      raise ValueError(
+          f"{path}:{number}: has no field {text_field!r} " "(set --text_field)"
+      )
     text = record[text_field]
     if not isinstance(text, str):
-      raise ValueError(f"{path}:{number}: field {text_field!r} is "
-                       f"{type(text).__name__}, not a string")
+      raise ValueError(
+          f"{path}:{number}: field {text_field!r} is "
+          f"{type(text).__name__}, not a string"
+      )
     yield text
 
 
-def read_documents(files: Sequence[str], stats: CorpusStats,
-                   text_field: str = "text") -> Iterator[str]:
+def read_documents(
+    files: Sequence[str], stats: CorpusStats, text_field: str = "text"
+) -> Iterator[str]:
   """Yields the documents of `files` in order, counting into `stats`.
 
   Empty (whitespace-only) documents are counted and skipped.
@@ -113,8 +122,9 @@ def read_documents(files: Sequence[str], stats: CorpusStats,
       with open(path, "rb") as f:
         data = f.read()
     except OSError as e:
-      raise ValueError(f"input={path!r}: cannot be read: "
-                       f"{e.strerror or e}") from None
+      raise ValueError(
+          f"input={path!r}: cannot be read: " f"{e.strerror or e}"
+      ) from None
     stats.files += 1
     stats.bytes += len(data)
     before = stats.invalid_utf8_bytes

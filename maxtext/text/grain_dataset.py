@@ -25,6 +25,7 @@ import collections
 import os
 from typing import Any, Optional
 
+import grain
 import numpy as np
 
 from maxtext import checks
@@ -43,10 +44,16 @@ class WindowReader:
   """Reads windows of S + 1 tokens of one split's stream. Picklable (Grain
   worker processes get a copy and open the shards themselves)."""
 
-  def __init__(self, data_dir: str, meta: dict[str, Any], split: str,
-               sequence_length: int):
-    self._paths = [os.path.join(data_dir, name)
-                   for name in meta["splits"][split]["shards"]]
+  def __init__(
+      self,
+      data_dir: str,
+      meta: dict[str, Any],
+      split: str,
+      sequence_length: int,
+  ):
+    self._paths = [
+        os.path.join(data_dir, name) for name in meta["splits"][split]["shards"]
+    ]
     self._dtype = np.dtype(meta["token_dtype"])
     self._record = meta["record_tokens"]
     self._seq = sequence_length
@@ -59,7 +66,6 @@ class WindowReader:
 
   def _open(self):
     if self._source is None:
-      import grain  # pylint: disable=g-import-not-at-top
       self._source = grain.sources.ArrayRecordDataSource(self._paths)
     return self._source
 
@@ -70,22 +76,23 @@ class WindowReader:
     first, last = start // self._record, (stop - 1) // self._record
     source = self._open()
     records = [source[i] for i in range(first, last + 1)]
-    stream = np.concatenate(
-        [np.frombuffer(r, self._dtype) for r in records])
+    stream = np.concatenate([np.frombuffer(r, self._dtype) for r in records])
     offset = start - first * self._record
-    return stream[offset:offset + self._seq + 1].astype(np.int32)
+    return stream[offset : offset + self._seq + 1].astype(np.int32)
 
 
 def _to_batch(windows: np.ndarray) -> Batch:
   return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
 
 
-def load_checked_metadata(config) -> tuple[dict[str, Any], dict[str, Any],
-                                           str]:
+def load_checked_metadata(config) -> tuple[dict[str, Any], dict[str, Any], str]:
   """`metadata.check_config` of a grain config's fields."""
   return metadata_lib.check_config(
-      config.train_data_path, config.eval_data_path, config.vocab_size,
-      config.max_sequence_length)
+      config.train_data_path,
+      config.eval_data_path,
+      config.vocab_size,
+      config.max_sequence_length,
+  )
 
 
 class GrainDataset:
@@ -108,14 +115,17 @@ class GrainDataset:
     process_count = checks.check_int("process_count", process_count, 1)
     process_index = checks.check_int("process_index", process_index, 0)
     if process_index >= process_count:
-      raise ValueError(f"process_index must be in [0, {process_count}), got "
-                       f"{process_index}")
+      raise ValueError(
+          f"process_index must be in [0, {process_count}), got "
+          f"{process_index}"
+      )
     for name in ("global_batch_size", "eval_batch_size"):
       if config[name] % process_count:
-        raise ValueError(f"{name}={config[name]} is not divisible by the "
-                         f"process count {process_count}")
-    self._train_meta, self._eval_meta, eval_dir = load_checked_metadata(
-        config)
+        raise ValueError(
+            f"{name}={config[name]} is not divisible by the "
+            f"process count {process_count}"
+        )
+    self._train_meta, self._eval_meta, eval_dir = load_checked_metadata(config)
     self._data_dir = config.train_data_path
     self._seq = config.max_sequence_length
     self._seed = config.data_shuffle_seed
@@ -124,22 +134,26 @@ class GrainDataset:
     self._count = process_count
     self._local = config.global_batch_size // process_count
     self._eval_local = config.eval_batch_size // process_count
-    self._eval_rows = range(process_index * self._eval_local,
-                            (process_index + 1) * self._eval_local)
+    self._eval_rows = range(
+        process_index * self._eval_local, (process_index + 1) * self._eval_local
+    )
     self._eval_batch = config.eval_batch_size
-    self._train_reader = WindowReader(self._data_dir, self._train_meta,
-                                      "train", self._seq)
-    self._eval_reader = WindowReader(eval_dir, self._eval_meta, "eval",
-                                     self._seq)
-    self.num_train_windows = metadata_lib.windows(self._train_meta, "train",
-                                                  self._seq)
-    self.num_eval_windows = metadata_lib.windows(self._eval_meta, "eval",
-                                                 self._seq)
+    self._train_reader = WindowReader(
+        self._data_dir, self._train_meta, "train", self._seq
+    )
+    self._eval_reader = WindowReader(
+        eval_dir, self._eval_meta, "eval", self._seq
+    )
+    self.num_train_windows = metadata_lib.windows(
+        self._train_meta, "train", self._seq
+    )
+    self.num_eval_windows = metadata_lib.windows(
+        self._eval_meta, "eval", self._seq
+    )
     self._iterator = None
     self._base_step = 0
     self._next_step = 0
-    self._states: collections.OrderedDict[int, Any] = (
-        collections.OrderedDict())
+    self._states: collections.OrderedDict[int, Any] = collections.OrderedDict()
 
   @property
   def metadata(self) -> dict[str, Any]:
@@ -152,20 +166,29 @@ class GrainDataset:
 
   def _pipeline(self, base_step: int):
     """This process's batches from global step `base_step` on."""
-    import grain  # pylint: disable=g-import-not-at-top
-    samples = (grain.MapDataset.range(self.num_train_windows)
-               .shuffle(seed=self._seed).repeat())
+    samples = (
+        grain.MapDataset.range(self.num_train_windows)
+        .shuffle(seed=self._seed)
+        .repeat()
+    )
     first = base_step * self._local * self._count + self._index
-    local = samples[first::self._count].map(self._train_reader)
+    local = samples[first :: self._count].map(self._train_reader)
     batches = local.batch(self._local, drop_remainder=True).map(
-        lambda w: _to_batch(np.asarray(w)))
-    iterable = batches.to_iter_dataset(grain.ReadOptions(
-        num_threads=max(1, min(16, self._local)),
-        prefetch_buffer_size=_PREFETCH_BATCHES * self._local))
+        lambda w: _to_batch(np.asarray(w))
+    )
+    iterable = batches.to_iter_dataset(
+        grain.ReadOptions(
+            num_threads=max(1, min(16, self._local)),
+            prefetch_buffer_size=_PREFETCH_BATCHES * self._local,
+        )
+    )
     if self._workers:
-      iterable = iterable.mp_prefetch(grain.MultiprocessingOptions(
-          num_workers=self._workers,
-          per_worker_buffer_size=_PREFETCH_BATCHES))
+      iterable = iterable.mp_prefetch(
+          grain.MultiprocessingOptions(
+              num_workers=self._workers,
+              per_worker_buffer_size=_PREFETCH_BATCHES,
+          )
+      )
     return iterable
 
   def _start(self, base_step: int, grain_state: Optional[Any] = None):
@@ -196,8 +219,10 @@ class GrainDataset:
       self._start(step)
       self._next_step = step
     if step != self._next_step:
-      raise ValueError(f"step={step}: the grain dataset reads steps in "
-                       f"order; the next one is {self._next_step}")
+      raise ValueError(
+          f"step={step}: the grain dataset reads steps in "
+          f"order; the next one is {self._next_step}"
+      )
     self._states[step] = self._iterator.get_state()
     while len(self._states) > _STATES_KEPT:
       self._states.popitem(last=False)
@@ -217,19 +242,27 @@ class GrainDataset:
     """
     step = checks.check_int("step", step, 0)
     if self._iterator is None or step == self._next_step:
-      grain_state = (None if self._iterator is None
-                     else self._iterator.get_state())
+      grain_state = (
+          None if self._iterator is None else self._iterator.get_state()
+      )
       base = self._base_step if self._iterator is not None else step
     elif step in self._states:
       grain_state, base = self._states[step], self._base_step
     else:
-      raise ValueError(f"step={step}: no iterator state kept for it (next "
-                       f"step {self._next_step})")
-    return {"kind": "grain", "process_index": self._index,
-            "process_count": self._count, "step": step, "base_step": base,
-            "workers": self._workers,
-            "tokenizer_sha256": self._train_meta["tokenizer"]["sha256"],
-            "grain_state": _jsonable(grain_state)}
+      raise ValueError(
+          f"step={step}: no iterator state kept for it (next "
+          f"step {self._next_step})"
+      )
+    return {
+        "kind": "grain",
+        "process_index": self._index,
+        "process_count": self._count,
+        "step": step,
+        "base_step": base,
+        "workers": self._workers,
+        "tokenizer_sha256": self._train_meta["tokenizer"]["sha256"],
+        "grain_state": _jsonable(grain_state),
+    }
 
   def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
     """Puts back what `checkpoint_state` returned (this process's item).
@@ -239,21 +272,27 @@ class GrainDataset:
         for data with another tokenizer.
     """
     if not isinstance(state, dict) or state.get("kind") != "grain":
-      raise ValueError(f"data iterator state {state!r} is not a grain "
-                       "dataset's state")
+      raise ValueError(
+          f"data iterator state {state!r} is not a grain " "dataset's state"
+      )
     if state["process_count"] != self._count:
       raise ValueError(
           f"the checkpoint's data iterator was saved by "
           f"{state['process_count']} process(es); this run has {self._count}. "
           "Resume with the same process count (each process's position in "
-          "the data is its own)")
+          "the data is its own)"
+      )
     if state["process_index"] != self._index:
-      raise ValueError(f"data iterator state of process "
-                       f"{state['process_index']} given to process "
-                       f"{self._index}")
+      raise ValueError(
+          f"data iterator state of process "
+          f"{state['process_index']} given to process "
+          f"{self._index}"
+      )
     if state["tokenizer_sha256"] != self._train_meta["tokenizer"]["sha256"]:
-      raise ValueError("the checkpoint's data iterator read data made by "
-                       "another tokenizer than config.train_data_path's")
+      raise ValueError(
+          "the checkpoint's data iterator read data made by "
+          "another tokenizer than config.train_data_path's"
+      )
     if state.get("workers") != self._workers or state["grain_state"] is None:
       # Grain's state is shaped by the worker count; the batches are not
       # (they are a function of the sample index), so start afresh there.
@@ -265,10 +304,14 @@ class GrainDataset:
   def get_eval_batch(self, index: int) -> Batch:
     """This process's rows of eval batch `index` (eval_batch_size rows)."""
     index = checks.check_int("index", index, 0)
-    windows = np.stack([
-        self._eval_reader((index * self._eval_batch + row)
-                          % self.num_eval_windows)
-        for row in self._eval_rows])
+    windows = np.stack(
+        [
+            self._eval_reader(
+                (index * self._eval_batch + row) % self.num_eval_windows
+            )
+            for row in self._eval_rows
+        ]
+    )
     return _to_batch(windows)
 
   def close(self) -> None:

@@ -49,8 +49,11 @@ def metadata_path(data_dir: str) -> str:
 def _require(meta: dict[str, Any], key: str, kind: type, path: str) -> Any:
   value = meta.get(key)
   if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
-    raise _fail(path, f"field {key!r} must be a {kind.__name__}, got "
-                f"{value!r}; rerun tools/prepare_data")
+    raise _fail(
+        path,
+        f"field {key!r} must be a {kind.__name__}, got "
+        f"{value!r}; rerun tools/prepare_data",
+    )
   return value
 
 
@@ -70,8 +73,11 @@ def check(meta: Any, path: str) -> dict[str, Any]:
   if not isinstance(meta, dict):
     raise _fail(path, "is not a JSON object")
   if meta.get("format") != FORMAT:
-    raise _fail(path, f"format is {meta.get('format')!r}, expected "
-                f"{FORMAT!r}; rerun tools/prepare_data")
+    raise _fail(
+        path,
+        f"format is {meta.get('format')!r}, expected "
+        f"{FORMAT!r}; rerun tools/prepare_data",
+    )
   vocab = _require(meta, "vocab_size", int, path)
   eod = _require(meta, "eod_id", int, path)
   if not 0 <= eod < vocab:
@@ -113,8 +119,10 @@ def load(data_dir: str, field: str = "train_data_path") -> dict[str, Any]:
   """
   where = f"config.{field}={data_dir!r}"
   if not data_dir:
-    raise ValueError(f"{where}: a prepared data directory is required "
-                     "(tools/prepare_data --output_dir)")
+    raise ValueError(
+        f"{where}: a prepared data directory is required "
+        "(tools/prepare_data --output_dir)"
+    )
   if not os.path.isdir(data_dir):
     raise ValueError(f"{where}: is not a directory")
   path = metadata_path(data_dir)
@@ -122,8 +130,10 @@ def load(data_dir: str, field: str = "train_data_path") -> dict[str, Any]:
     with open(path, encoding="utf-8") as f:
       meta = json.load(f)
   except FileNotFoundError:
-    raise ValueError(f"{where}: has no {METADATA_FILE}; is it a directory "
-                     "written by tools/prepare_data?") from None
+    raise ValueError(
+        f"{where}: has no {METADATA_FILE}; is it a directory "
+        "written by tools/prepare_data?"
+    ) from None
   except (OSError, ValueError) as e:
     raise ValueError(f"{where}: cannot read {METADATA_FILE}: {e}") from None
   try:
@@ -151,10 +161,14 @@ def provenance(meta: dict[str, Any], data_dir: str) -> dict[str, Any]:
       "tokenizer_kind": meta["tokenizer"]["kind"],
       "vocab_size": meta["vocab_size"],
       "eod_id": meta["eod_id"],
-      "splits": {split: {"shards": list(meta["splits"][split]["shards"]),
-                         "documents": meta["splits"][split]["documents"],
-                         "tokens": meta["splits"][split]["tokens"]}
-                 for split in SPLITS},
+      "splits": {
+          split: {
+              "shards": list(meta["splits"][split]["shards"]),
+              "documents": meta["splits"][split]["documents"],
+              "tokens": meta["splits"][split]["tokens"],
+          }
+          for split in SPLITS
+      },
   }
 
 
@@ -177,12 +191,16 @@ def check_resume(recorded: Any, current: dict[str, Any]) -> None:
         f"(sha256 {current['tokenizer_sha256'][:12]}...) differs from the "
         f"one the run recorded (sha256 "
         f"{recorded['tokenizer_sha256'][:12]}...); token ids would change "
-        "meaning. Resume with the original data, or start a new run_name")
+        "meaning. Resume with the original data, or start a new run_name"
+    )
 
 
-def check_config(train_data_path: str, eval_data_path: str, vocab_size: int,
-                 max_sequence_length: int
-                 ) -> tuple[dict[str, Any], dict[str, Any], str]:
+def check_config(
+    train_data_path: str,
+    eval_data_path: str,
+    vocab_size: int,
+    max_sequence_length: int,
+) -> tuple[dict[str, Any], dict[str, Any], str]:
   """Checks a grain run's data fields against the prepared data.
 
   Args:
@@ -204,22 +222,29 @@ def check_config(train_data_path: str, eval_data_path: str, vocab_size: int,
   eval_dir = eval_data_path or train_data_path
   eval_field = "eval_data_path" if eval_data_path else "train_data_path"
   eval_meta = load(eval_dir, eval_field) if eval_data_path else train_meta
-  for field, path, meta in (("train_data_path", train_data_path, train_meta),
-                            (eval_field, eval_dir, eval_meta)):
+  for field, path, meta in (
+      ("train_data_path", train_data_path, train_meta),
+      (eval_field, eval_dir, eval_meta),
+  ):
     if meta["vocab_size"] > vocab_size:
       raise ValueError(
           f"config.vocab_size={vocab_size}: smaller than the vocabulary of "
           f"{field}={path!r} ({meta['vocab_size']} ids); set vocab_size >= "
-          f"{meta['vocab_size']}")
+          f"{meta['vocab_size']}"
+      )
   if eval_meta["tokenizer"]["sha256"] != train_meta["tokenizer"]["sha256"]:
-    raise ValueError(f"config.eval_data_path={eval_dir!r}: prepared with "
-                     "another tokenizer than train_data_path")
+    raise ValueError(
+        f"config.eval_data_path={eval_dir!r}: prepared with "
+        "another tokenizer than train_data_path"
+    )
   for field, path, meta, split in (
       ("train_data_path", train_data_path, train_meta, "train"),
-      (eval_field, eval_dir, eval_meta, "eval")):
+      (eval_field, eval_dir, eval_meta, "eval"),
+  ):
     if windows(meta, split, max_sequence_length) < 1:
       raise ValueError(
           f"config.{field}={path!r}: its {split} split holds "
           f"{meta['splits'][split]['tokens']} tokens; one sequence needs "
-          f"max_sequence_length + 1 = {max_sequence_length + 1}")
+          f"max_sequence_length + 1 = {max_sequence_length + 1}"
+      )
   return train_meta, eval_meta, eval_dir

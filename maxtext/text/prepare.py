@@ -14,6 +14,7 @@ import shutil
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from array_record.python import array_record_module
 import numpy as np
 
 from maxtext import checks
@@ -27,8 +28,14 @@ _ENCODE_BATCH = 64
 class _SplitWriter:
   """One split's stream of ids, written as records into rolling shards."""
 
-  def __init__(self, output_dir: str, split: str, dtype: np.dtype,
-               record_tokens: int, shard_tokens: int):
+  def __init__(
+      self,
+      output_dir: str,
+      split: str,
+      dtype: np.dtype,
+      record_tokens: int,
+      shard_tokens: int,
+  ):
     self._dir = output_dir
     self._split = split
     self._dtype = dtype
@@ -44,6 +51,7 @@ class _SplitWriter:
     self.records = 0
 
   def add(self, ids: np.ndarray) -> None:
+    """Appends one document's ids (its end-of-document id included)."""
     self.documents += 1
     self.tokens += ids.size
     self._pending.append(ids.astype(self._dtype))
@@ -52,13 +60,12 @@ class _SplitWriter:
       stream = np.concatenate(self._pending)
       full = stream.size // self._record * self._record
       for start in range(0, full, self._record):
-        self._write(stream[start:start + self._record])
+        self._write(stream[start : start + self._record])
       self._pending = [stream[full:]]
       self._pending_count = stream.size - full
 
   def _write(self, record: np.ndarray) -> None:
-    # pylint: disable-next=g-import-not-at-top
-    from array_record.python import array_record_module
+    """Writes one record, starting a new shard when this one is full."""
     if self._writer is None or self._in_shard == self._shard_records:
       if self._writer is not None:
         self._writer.close()
@@ -66,7 +73,8 @@ class _SplitWriter:
       self.shards.append(name)
       # group_size:1 keeps every record separately readable (random access).
       self._writer = array_record_module.ArrayRecordWriter(
-          os.path.join(self._dir, name), "group_size:1")
+          os.path.join(self._dir, name), "group_size:1"
+      )
       self._in_shard = 0
     self._writer.write(record.tobytes())
     self._in_shard += 1
@@ -77,8 +85,12 @@ class _SplitWriter:
       self._write(np.concatenate(self._pending))
     if self._writer is not None:
       self._writer.close()
-    return {"shards": self.shards, "documents": self.documents,
-            "tokens": self.tokens, "records": self.records}
+    return {
+        "shards": self.shards,
+        "documents": self.documents,
+        "tokens": self.tokens,
+        "records": self.records,
+    }
 
 
 class Progress:
@@ -91,9 +103,13 @@ class Progress:
     clock: time source (tests pass their own).
   """
 
-  def __init__(self, total_bytes: int, report: Callable[[str], None],
-               interval_s: float = 10.0,
-               clock: Callable[[], float] = time.monotonic):
+  def __init__(
+      self,
+      total_bytes: int,
+      report: Callable[[str], None],
+      interval_s: float = 10.0,
+      clock: Callable[[], float] = time.monotonic,
+  ):
     self._total = max(1, total_bytes)
     self._report = report
     self._interval = interval_s
@@ -101,8 +117,14 @@ class Progress:
     self._start = clock()
     self._last = self._start
 
-  def update(self, stats: corpus.CorpusStats, total_files: int, tokens: int,
-             force: bool = False) -> None:
+  def update(
+      self,
+      stats: corpus.CorpusStats,
+      total_files: int,
+      tokens: int,
+      force: bool = False,
+  ) -> None:
+    """Reports a progress line if `interval_s` has passed (or `force`)."""
     now = self._clock()
     if not force and now - self._last < self._interval:
       return
@@ -113,29 +135,45 @@ class Progress:
     self._report(
         f"files {stats.files}/{total_files}  documents {stats.documents}  "
         f"tokens {tokens}  {tokens / elapsed:,.0f} tokens/s  "
-        f"{100 * done:.0f}%  ETA {eta:,.0f} s")
+        f"{100 * done:.0f}%  ETA {eta:,.0f} s"
+    )
 
 
 def _token_dtype(name: str, vocab_size: int) -> np.dtype:
+  """The id dtype `name` names; refuses one the vocabulary overflows."""
   if name == "auto":
-    name = "uint16" if vocab_size <= metadata_lib.TOKEN_DTYPES[
-        "uint16"] else "uint32"
+    name = (
+        "uint16"
+        if vocab_size <= metadata_lib.TOKEN_DTYPES["uint16"]
+        else "uint32"
+    )
   if name not in metadata_lib.TOKEN_DTYPES:
-    raise ValueError(f"token_dtype={name!r}: must be 'auto', 'uint16' or "
-                     "'uint32'")
+    raise ValueError(
+        f"token_dtype={name!r}: must be 'auto', 'uint16' or " "'uint32'"
+    )
   if vocab_size > metadata_lib.TOKEN_DTYPES[name]:
-    raise ValueError(f"token_dtype={name!r}: the tokenizer's vocabulary of "
-                     f"{vocab_size} ids does not fit {name}; use uint32")
+    raise ValueError(
+        f"token_dtype={name!r}: the tokenizer's vocabulary of "
+        f"{vocab_size} ids does not fit {name}; use uint32"
+    )
   return np.dtype(name)
 
 
-def prepare(inputs: Sequence[str], output_dir: str, *,
-            tokenizer_path: str = "", train_vocab_size: int = 0,
-            text_field: str = "text", eval_every: int = 20,
-            token_dtype: str = "auto", record_tokens: int = 4096,
-            shard_tokens: int = 64 * 2**20, eod_token: Optional[str] = None,
-            report: Callable[[str], None] = print,
-            progress_interval_s: float = 10.0) -> dict[str, Any]:
+def prepare(
+    inputs: Sequence[str],
+    output_dir: str,
+    *,
+    tokenizer_path: str = "",
+    train_vocab_size: int = 0,
+    text_field: str = "text",
+    eval_every: int = 20,
+    token_dtype: str = "auto",
+    record_tokens: int = 4096,
+    shard_tokens: int = 64 * 2**20,
+    eod_token: Optional[str] = None,
+    report: Callable[[str], None] = print,
+    progress_interval_s: float = 10.0,
+) -> dict[str, Any]:
   """Prepares a text data directory; returns its metadata.
 
   Args:
@@ -164,28 +202,35 @@ def prepare(inputs: Sequence[str], output_dir: str, *,
       dtype, output directory already prepared, bad arguments).
   """
   if bool(tokenizer_path) == bool(train_vocab_size):
-    raise ValueError("give exactly one of --tokenizer and "
-                     "--train_tokenizer_vocab_size")
+    raise ValueError(
+        "give exactly one of --tokenizer and --train_tokenizer_vocab_size"
+    )
   eval_every = checks.check_int("eval_every", eval_every, 2)
   record_tokens = checks.check_int("record_tokens", record_tokens, 1)
   shard_tokens = checks.check_int("shard_tokens", shard_tokens, 1)
   if not output_dir:
     raise ValueError("output_dir: required")
   if os.path.exists(metadata_lib.metadata_path(output_dir)):
-    raise ValueError(f"output_dir={output_dir!r}: already holds a prepared "
-                     "data set; choose a new directory")
+    raise ValueError(
+        f"output_dir={output_dir!r}: already holds a prepared "
+        "data set; choose a new directory"
+    )
   files = corpus.list_files(inputs)
   os.makedirs(output_dir, exist_ok=True)
   if train_vocab_size:
     checks.check_int("train_tokenizer_vocab_size", train_vocab_size, 1)
     source = os.path.join(output_dir, "tokenizer.model")
     stats = corpus.CorpusStats()
-    report(f"Training a {train_vocab_size}-piece sentencepiece BPE tokenizer "
-           f"on {len(files)} file(s)")
+    report(
+        f"Training a {train_vocab_size}-piece sentencepiece BPE tokenizer "
+        f"on {len(files)} file(s)"
+    )
     try:
       tokenizer_lib.train_sentencepiece(
           corpus.read_documents(files, stats, text_field),
-          train_vocab_size, source)
+          train_vocab_size,
+          source,
+      )
     except ValueError:
       _check_documents(inputs, stats)  # The real reason, if it is this.
       raise
@@ -193,20 +238,27 @@ def prepare(inputs: Sequence[str], output_dir: str, *,
   else:
     source = tokenizer_path
     tokenizer_file = os.path.join(
-        output_dir, "tokenizer." + (
-            "model" if tokenizer_lib.kind_of(source) == "sentencepiece"
-            else "json"))
+        output_dir,
+        "tokenizer."
+        + (
+            "model"
+            if tokenizer_lib.kind_of(source) == "sentencepiece"
+            else "json"
+        ),
+    )
   tok = tokenizer_lib.load(source, eod_token)
   dtype = _token_dtype(token_dtype, tok.vocab_size)
   if os.path.abspath(source) != os.path.abspath(tokenizer_file):
     shutil.copyfile(source, tokenizer_file)
 
   stats = corpus.CorpusStats()
-  writers = {split: _SplitWriter(output_dir, split, dtype, record_tokens,
-                                 shard_tokens)
-             for split in metadata_lib.SPLITS}
-  progress = Progress(sum(os.path.getsize(f) for f in files), report,
-                      progress_interval_s)
+  writers = {
+      split: _SplitWriter(output_dir, split, dtype, record_tokens, shard_tokens)
+      for split in metadata_lib.SPLITS
+  }
+  progress = Progress(
+      sum(os.path.getsize(f) for f in files), report, progress_interval_s
+  )
   eod = np.asarray([tok.eod_id], np.int64)
   tokens = 0
   docs = corpus.read_documents(files, stats, text_field)
@@ -218,8 +270,10 @@ def prepare(inputs: Sequence[str], output_dir: str, *,
     for ids in tok.encode_batch(batch):
       ids = np.concatenate([np.asarray(ids, np.int64), eod])
       if ids.max() >= tok.vocab_size:
-        raise ValueError(f"tokenizer={source!r}: produced id {ids.max()} "
-                         f">= its vocab_size {tok.vocab_size}")
+        raise ValueError(
+            f"tokenizer={source!r}: produced id {ids.max()} "
+            f">= its vocab_size {tok.vocab_size}"
+        )
       split = "eval" if index % eval_every == 0 else "train"
       writers[split].add(ids)
       tokens += ids.size
@@ -228,46 +282,58 @@ def prepare(inputs: Sequence[str], output_dir: str, *,
   progress.update(stats, len(files), tokens, force=True)
   _check_documents(inputs, stats)
   if stats.invalid_utf8_bytes:
-    report(f"WARNING: {stats.invalid_utf8_bytes} byte(s) of invalid UTF-8 in "
-           f"{stats.files_with_invalid_utf8} file(s) were replaced by U+FFFD")
+    report(
+        f"WARNING: {stats.invalid_utf8_bytes} byte(s) of invalid UTF-8 in "
+        f"{stats.files_with_invalid_utf8} file(s) were replaced by U+FFFD"
+    )
   splits = {split: w.close() for split, w in writers.items()}
   meta = {
       "format": metadata_lib.FORMAT,
-      "tokenizer": {"file": os.path.basename(tokenizer_file),
-                    "kind": tok.kind,
-                    "sha256": tokenizer_lib.file_sha256(tokenizer_file),
-                    "source": os.path.abspath(source),
-                    "trained": bool(train_vocab_size)},
+      "tokenizer": {
+          "file": os.path.basename(tokenizer_file),
+          "kind": tok.kind,
+          "sha256": tokenizer_lib.file_sha256(tokenizer_file),
+          "source": os.path.abspath(source),
+          "trained": bool(train_vocab_size),
+      },
       "vocab_size": tok.vocab_size,
       "eod_id": tok.eod_id,
       "token_dtype": dtype.name,
       "record_tokens": record_tokens,
       "eval_rule": f"document i (non-empty documents counted from 0 in input "
-                   f"order) is in eval when i % {eval_every} == 0",
+      f"order) is in eval when i % {eval_every} == 0",
       "splits": splits,
-      "input": {"paths": [os.path.abspath(p) for p in inputs],
-                "files": stats.files, "documents": stats.documents,
-                "empty_documents": stats.empty_documents,
-                "bytes": stats.bytes,
-                "invalid_utf8_bytes": stats.invalid_utf8_bytes,
-                "text_field": text_field},
+      "input": {
+          "paths": [os.path.abspath(p) for p in inputs],
+          "files": stats.files,
+          "documents": stats.documents,
+          "empty_documents": stats.empty_documents,
+          "bytes": stats.bytes,
+          "invalid_utf8_bytes": stats.invalid_utf8_bytes,
+          "text_field": text_field,
+      },
   }
   metadata_lib.check(meta, metadata_lib.metadata_path(output_dir))
   _write_json(metadata_lib.metadata_path(output_dir), meta)
-  report(f"Wrote {splits['train']['tokens']} train and "
-         f"{splits['eval']['tokens']} eval tokens ({stats.documents} "
-         f"documents) to {output_dir}")
+  report(
+      f"Wrote {splits['train']['tokens']} train and "
+      f"{splits['eval']['tokens']} eval tokens ({stats.documents} "
+      f"documents) to {output_dir}"
+  )
   return meta
 
 
-def _check_documents(inputs: Sequence[str],
-                     stats: corpus.CorpusStats) -> None:
+def _check_documents(inputs: Sequence[str], stats: corpus.CorpusStats) -> None:
   if not stats.documents:
-    raise ValueError(f"input={list(inputs)!r}: the corpus is empty (no "
-                     f"non-empty document in {stats.files} file(s))")
+    raise ValueError(
+        f"input={list(inputs)!r}: the corpus is empty (no "
+        f"non-empty document in {stats.files} file(s))"
+    )
   if stats.documents < 2:
-    raise ValueError(f"input={list(inputs)!r}: one document cannot make "
-                     "both a train and an eval split; give at least two")
+    raise ValueError(
+        f"input={list(inputs)!r}: one document cannot make "
+        "both a train and an eval split; give at least two"
+    )
 
 
 def _write_json(path: str, value: Any) -> None:

@@ -4,7 +4,9 @@ import json
 import os
 
 from absl.testing import absltest
+from array_record.python import array_record_data_source
 import numpy as np
+import tokenizers
 
 from maxtext.text import metadata as metadata_lib
 from maxtext.text import prepare
@@ -16,32 +18,37 @@ _VOCAB = 512
 
 def _stream(data_dir, meta, split):
   """A split's ids, read back from its shards."""
-  # pylint: disable-next=g-import-not-at-top
-  from array_record.python import array_record_data_source
   paths = [os.path.join(data_dir, s) for s in meta["splits"][split]["shards"]]
   source = array_record_data_source.ArrayRecordDataSource(paths)
-  return np.concatenate([np.frombuffer(source[i], meta["token_dtype"])
-                         for i in range(len(source))])
+  return np.concatenate(
+      [
+          np.frombuffer(source[i], meta["token_dtype"])
+          for i in range(len(source))
+      ]
+  )
 
 
 def _hf_tokenizer(path, vocab_size=None):
   """A Hugging Face tokenizer.json: a trained byte-level BPE, or (with
   vocab_size) a word-level vocabulary of that many ids."""
-  import tokenizers  # pylint: disable=g-import-not-at-top
   if vocab_size:
     vocab = {f"w{i}": i for i in range(vocab_size - 1)}
     vocab["<|endoftext|>"] = vocab_size - 1
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-        vocab, unk_token="w0"))
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel(vocab, unk_token="w0")
+    )
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
   else:
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
-        add_prefix_space=False)
+        add_prefix_space=False
+    )
     tok.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train(stdlib_corpus.files(3), trainer)
   tok.add_special_tokens(["<|endoftext|>"])
   tok.save(path)
@@ -61,25 +68,28 @@ class PrepareTest(absltest.TestCase):
     self.lines = []
 
   def _prepare(self, inputs, name="out", **kwargs):
-    kwargs.setdefault("train_vocab_size", 0 if "tokenizer_path" in kwargs
-                      else _VOCAB)
+    kwargs.setdefault(
+        "train_vocab_size", 0 if "tokenizer_path" in kwargs else _VOCAB
+    )
     kwargs.setdefault("eval_every", 2)
     kwargs.setdefault("record_tokens", 100)
     out = os.path.join(self.root, name)
-    return out, prepare.prepare(inputs, out, report=self.lines.append,
-                                **kwargs)
+    return out, prepare.prepare(inputs, out, report=self.lines.append, **kwargs)
 
   def test_trained_tokenizer_shards_decode_to_the_documents(self):
     files = stdlib_corpus.files(5)
     out, meta = self._prepare(files, shard_tokens=2000)
-    with open(os.path.join(out, metadata_lib.METADATA_FILE)) as f:
+    with open(
+        os.path.join(out, metadata_lib.METADATA_FILE), encoding="utf-8"
+    ) as f:
       self.assertEqual(json.load(f), meta)
     self.assertEqual(meta["vocab_size"], _VOCAB)
     self.assertEqual(meta["token_dtype"], "uint16")
     self.assertEqual(meta["input"]["documents"], 5)
-    self.assertEqual(meta["tokenizer"]["sha256"],
-                     tokenizer_lib.file_sha256(
-                         os.path.join(out, "tokenizer.model")))
+    self.assertEqual(
+        meta["tokenizer"]["sha256"],
+        tokenizer_lib.file_sha256(os.path.join(out, "tokenizer.model")),
+    )
     self.assertGreater(len(meta["splits"]["train"]["shards"]), 1)
     tok = tokenizer_lib.load(os.path.join(out, "tokenizer.model"))
     texts = [_read(f) for f in files]
@@ -96,7 +106,7 @@ class PrepareTest(absltest.TestCase):
     hf = _hf_tokenizer(os.path.join(self.root, "tokenizer.json"))
     jsonl = os.path.join(self.root, "docs.jsonl")
     texts = [_read(f) for f in stdlib_corpus.files(4)]
-    with open(jsonl, "w") as f:
+    with open(jsonl, "w", encoding="utf-8") as f:
       for text in texts:
         f.write(json.dumps({"body": text}) + "\n")
     out, meta = self._prepare([jsonl], tokenizer_path=hf, text_field="body")
@@ -104,7 +114,7 @@ class PrepareTest(absltest.TestCase):
     self.assertTrue(os.path.exists(os.path.join(out, "tokenizer.json")))
     tok = tokenizer_lib.load(os.path.join(out, "tokenizer.json"))
     stream = _stream(out, meta, "train")
-    first = stream[:np.flatnonzero(stream == meta["eod_id"])[0]]
+    first = stream[: np.flatnonzero(stream == meta["eod_id"])[0]]
     self.assertEqual(tok.decode(first), texts[1])
 
   def test_invalid_utf8_is_counted_and_reported(self):
@@ -113,40 +123,57 @@ class PrepareTest(absltest.TestCase):
       f.write(b"caf\xe9 au lait\n" * 50 + b"\xff\xfe end\n")
     _, meta = self._prepare([bad] + stdlib_corpus.files(2))
     self.assertEqual(meta["input"]["invalid_utf8_bytes"], 52)
-    self.assertTrue(any("52 byte(s) of invalid UTF-8 in 1 file(s)" in line
-                        for line in self.lines), self.lines)
+    self.assertTrue(
+        any(
+            "52 byte(s) of invalid UTF-8 in 1 file(s)" in line
+            for line in self.lines
+        ),
+        self.lines,
+    )
 
   def test_progress_reports_files_documents_rate_and_eta(self):
     ticks = iter(range(100))
-    progress = prepare.Progress(200, self.lines.append, interval_s=1.0,
-                                clock=lambda: float(next(ticks)))
+    progress = prepare.Progress(
+        200, self.lines.append, interval_s=1.0, clock=lambda: float(next(ticks))
+    )
     stats = prepare.corpus.CorpusStats(files=1, documents=3, bytes=100)
     progress.update(stats, 2, 500)
-    self.assertEqual(self.lines, [
-        "files 1/2  documents 3  tokens 500  500 tokens/s  50%  ETA 1 s"])
+    self.assertEqual(
+        self.lines,
+        ["files 1/2  documents 3  tokens 500  500 tokens/s  50%  ETA 1 s"],
+    )
 
   def test_bad_inputs(self):
     missing = os.path.join(self.root, "missing.txt")
     empty = os.path.join(self.root, "empty.txt")
-    open(empty, "w").close()
+    with open(empty, "w", encoding="utf-8"):
+      pass
     nofield = os.path.join(self.root, "nofield.jsonl")
-    with open(nofield, "w") as f:
+    with open(nofield, "w", encoding="utf-8") as f:
       f.write('{"text": "a"}\n{"body": "b"}\n')
-    big = _hf_tokenizer(os.path.join(self.root, "big.json"),
-                        vocab_size=70_000)
+    big = _hf_tokenizer(os.path.join(self.root, "big.json"), vocab_size=70_000)
     corpus_files = stdlib_corpus.files(2)
     cases = [
         (dict(inputs=[missing]), r"^input='.*missing.txt': does not exist$"),
         (dict(inputs=[empty]), r"^input=.*: the corpus is empty"),
-        (dict(inputs=[nofield], tokenizer_path=big),
-         r"^.*nofield.jsonl:2: has no field 'text' \(set --text_field\)$"),
-        (dict(inputs=corpus_files, tokenizer_path=big, token_dtype="uint16"),
-         r"^token_dtype='uint16': the tokenizer's vocabulary of 70000 ids "
-         r"does not fit uint16; use uint32$"),
-        (dict(inputs=corpus_files, tokenizer_path=big, train_vocab_size=300),
-         r"^give exactly one of --tokenizer and --train_tokenizer_vocab_size"),
-        (dict(inputs=corpus_files, tokenizer_path=missing + ".model"),
-         r"^tokenizer=.*: does not exist$"),
+        (
+            dict(inputs=[nofield], tokenizer_path=big),
+            r"^.*nofield.jsonl:2: has no field 'text' \(set --text_field\)$",
+        ),
+        (
+            dict(inputs=corpus_files, tokenizer_path=big, token_dtype="uint16"),
+            r"^token_dtype='uint16': the tokenizer's vocabulary of 70000 ids "
+            r"does not fit uint16; use uint32$",
+        ),
+        (
+            dict(inputs=corpus_files, tokenizer_path=big, train_vocab_size=300),
+            r"^give exactly one of --tokenizer and "
+            r"--train_tokenizer_vocab_size",
+        ),
+        (
+            dict(inputs=corpus_files, tokenizer_path=missing + ".model"),
+            r"^tokenizer=.*: does not exist$",
+        ),
     ]
     for i, (kwargs, message) in enumerate(cases):
       with self.subTest(message):

@@ -10,10 +10,18 @@ import io
 import os
 from typing import Iterable, Optional
 
+import sentencepiece
+import tokenizers
+
 # Tokens tried, in order, as the end-of-document id of a tokenizer.json that
 # does not say which one it uses.
-_HF_EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>",
-                      "[SEP]")
+_HF_EOD_CANDIDATES = (
+    "<|endoftext|>",
+    "</s>",
+    "<eos>",
+    "<|end_of_text|>",
+    "[SEP]",
+)
 
 SENTENCEPIECE = "sentencepiece"
 HUGGINGFACE = "huggingface"
@@ -29,7 +37,7 @@ def file_sha256(path: str) -> str:
 
 
 def kind_of(path: str) -> str:
-  """"sentencepiece" for `.model` files, "huggingface" for `.json` files.
+  """ "sentencepiece" for `.model` files, "huggingface" for `.json` files.
 
   Raises:
     ValueError: any other suffix.
@@ -38,15 +46,16 @@ def kind_of(path: str) -> str:
     return SENTENCEPIECE
   if path.endswith(".json"):
     return HUGGINGFACE
-  raise ValueError(f"tokenizer={path!r}: expected a sentencepiece .model "
-                   "file or a Hugging Face tokenizer.json")
+  raise ValueError(
+      f"tokenizer={path!r}: expected a sentencepiece .model "
+      "file or a Hugging Face tokenizer.json"
+  )
 
 
 class Tokenizer:
   """A loaded tokenizer; `load` makes one."""
 
-  def __init__(self, path: str, kind: str, impl, eod_id: int,
-               vocab_size: int):
+  def __init__(self, path: str, kind: str, impl, eod_id: int, vocab_size: int):
     self.path = path
     self.kind = kind
     self._impl = impl
@@ -63,8 +72,9 @@ class Tokenizer:
     """`encode` of each text (the libraries run batches in native threads)."""
     if self.kind == SENTENCEPIECE:
       return self._impl.encode(texts)
-    return [e.ids for e in self._impl.encode_batch(
-        texts, add_special_tokens=False)]
+    return [
+        e.ids for e in self._impl.encode_batch(texts, add_special_tokens=False)
+    ]
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of token ids; the end-of-document id decodes to nothing."""
@@ -93,41 +103,53 @@ def load(path: str, eod_token: Optional[str] = None) -> Tokenizer:
   if not os.path.isfile(path):
     raise ValueError(f"tokenizer={path!r}: does not exist")
   if kind == SENTENCEPIECE:
-    import sentencepiece  # pylint: disable=g-import-not-at-top
     impl = sentencepiece.SentencePieceProcessor()
     try:
       impl.Load(path)
     except (OSError, RuntimeError) as e:
-      raise ValueError(f"tokenizer={path!r}: not a sentencepiece model: "
-                       f"{e}") from None
-    vocab = impl.get_piece_size()
-    eod = impl.eos_id() if eod_token is None else impl.piece_to_id(eod_token)
-    if eod_token is not None and impl.id_to_piece(eod) != eod_token:
+      raise ValueError(
+          f"tokenizer={path!r}: not a sentencepiece model: " f"{e}"
+      ) from None
+    vocab = impl.GetPieceSize()
+    eod = impl.eos_id() if eod_token is None else impl.PieceToId(eod_token)
+    if eod_token is not None and impl.IdToPiece(eod) != eod_token:
       eod = -1
   else:
-    import tokenizers  # pylint: disable=g-import-not-at-top
     try:
       impl = tokenizers.Tokenizer.from_file(path)
-    except Exception as e:  # pylint: disable=broad-except
-      # The library raises a bare Exception for malformed JSON.
-      raise ValueError(f"tokenizer={path!r}: not a Hugging Face tokenizer."
-                       f"json: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # The library raises bare Exceptions here.
+      raise ValueError(
+          f"tokenizer={path!r}: not a Hugging Face tokenizer."
+          f"json: {str(e).splitlines()[0]}"
+      ) from None
     vocab = impl.get_vocab_size(with_added_tokens=True)
-    candidates = (eod_token,) if eod_token is not None else (
-        _HF_EOD_CANDIDATES)
-    eod = next((impl.token_to_id(t) for t in candidates
-                if impl.token_to_id(t) is not None), -1)
+    candidates = (eod_token,) if eod_token is not None else (_HF_EOD_CANDIDATES)
+    eod = next(
+        (
+            impl.token_to_id(t)
+            for t in candidates
+            if impl.token_to_id(t) is not None
+        ),
+        -1,
+    )
   if eod is None or eod < 0:
     raise ValueError(
         f"tokenizer={path!r}: has no end-of-document token"
-        + (f" {eod_token!r}" if eod_token else "") + "; name one with "
-        "--eod_token")
+        + (f" {eod_token!r}" if eod_token else "")
+        + "; name one with "
+        "--eod_token"
+    )
   return Tokenizer(path, kind, impl, int(eod), int(vocab))
 
 
-def train_sentencepiece(texts: Iterable[str], vocab_size: int,
-                        output_path: str, *, max_sentences: int = 2_000_000,
-                        num_threads: int = 0) -> None:
+def train_sentencepiece(
+    texts: Iterable[str],
+    vocab_size: int,
+    output_path: str,
+    *,
+    max_sentences: int = 2_000_000,
+    num_threads: int = 0,
+) -> None:
   """Trains a byte-fallback BPE sentencepiece model offline.
 
   The model keeps text exactly (identity normalisation, whitespace kept, no
@@ -145,10 +167,11 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int,
   Raises:
     ValueError: vocab_size too small, or the text too small for it.
   """
-  import sentencepiece  # pylint: disable=g-import-not-at-top
   if vocab_size < 260:
-    raise ValueError(f"train_tokenizer_vocab_size={vocab_size}: must be >= "
-                     "260 (3 special ids + 256 byte pieces + 1)")
+    raise ValueError(
+        f"train_tokenizer_vocab_size={vocab_size}: must be >= "
+        "260 (3 special ids + 256 byte pieces + 1)"
+    )
 
   def lines():
     for text in texts:
@@ -158,17 +181,31 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int,
 
   model = io.BytesIO()
   try:
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=lines(), model_writer=model, vocab_size=vocab_size,
-        model_type="bpe", byte_fallback=True, character_coverage=0.9995,
-        normalization_rule_name="identity", remove_extra_whitespaces=False,
-        add_dummy_prefix=False, allow_whitespace_only_pieces=True,
-        split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        input_sentence_size=max_sentences, shuffle_input_sentence=True,
+    sentencepiece.SentencePieceTrainer.Train(
+        sentence_iterator=lines(),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=0.9995,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        allow_whitespace_only_pieces=True,
+        split_digits=True,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=True,
         num_threads=num_threads or os.cpu_count() or 1,
-        minloglevel=2)
+        minloglevel=2,
+    )
   except RuntimeError as e:
-    raise ValueError(f"train_tokenizer_vocab_size={vocab_size}: sentencepiece "
-                     f"training failed: {str(e).strip()}") from None
+    raise ValueError(
+        f"train_tokenizer_vocab_size={vocab_size}: sentencepiece "
+        f"training failed: {str(e).strip()}"
+    ) from None
   with open(output_path, "wb") as f:
     f.write(model.getvalue())

@@ -1,0 +1,96 @@
+"""Tokenizes text into a data directory for dataset_type="grain".
+
+Run:
+
+  tools/bazel run //tools:prepare_data -- \
+      --input=PATH [--input=PATH ...] --output_dir=DIR \
+      (--tokenizer=FILE | --train_tokenizer_vocab_size=N)
+
+`--input` names text files (one document each), `.jsonl` files (one document
+per line, its `--text_field`), or directories of them. `--tokenizer` is a
+sentencepiece `.model` or a Hugging Face `tokenizer.json`;
+`--train_tokenizer_vocab_size` trains a sentencepiece BPE tokenizer on the
+input first (offline). The directory then holds ArrayRecord shards of the
+train and eval splits, the tokenizer, and metadata.json; train on it with
+
+  tools/bazel run //maxtext:train_main -- --config.dataset_type=grain \
+      --config.train_data_path=DIR --config.vocab_size=N
+
+A bad input is a one-line error (exit status 2). Relative paths resolve
+against the directory `bazel run` was started from.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from maxtext.text import prepare
+
+_INPUT = flags.DEFINE_multi_string(
+    "input", [], "Text file, .jsonl file or directory; repeatable."
+)
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Directory to write (must not be prepared already)."
+)
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer", "", "sentencepiece .model or Hugging Face tokenizer.json."
+)
+_TRAIN_VOCAB = flags.DEFINE_integer(
+    "train_tokenizer_vocab_size",
+    0,
+    "Train a sentencepiece BPE tokenizer of this many ids (>= 260) instead.",
+)
+_TEXT_FIELD = flags.DEFINE_string(
+    "text_field", "text", "The text field of .jsonl records."
+)
+_EVAL_EVERY = flags.DEFINE_integer(
+    "eval_every",
+    20,
+    "Document i (from 0, input order) goes to eval when i % eval_every == 0.",
+)
+_TOKEN_DTYPE = flags.DEFINE_enum(
+    "token_dtype", "auto", ["auto", "uint16", "uint32"], "Stored id dtype."
+)
+_EOD_TOKEN = flags.DEFINE_string(
+    "eod_token", None, "End-of-document token; default: the tokenizer's."
+)
+_PROGRESS_S = flags.DEFINE_float(
+    "progress_interval_s", 10.0, "Seconds between progress lines."
+)
+
+
+def _resolve(path: str) -> str:
+  """Resolves a relative path against the caller's directory under bazel run."""
+  base = os.environ.get("BUILD_WORKING_DIRECTORY")
+  if base and path and not os.path.isabs(path):
+    path = os.path.join(base, path)
+  return path
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _OUTPUT_DIR.value:
+    raise app.UsageError("--output_dir is required")
+  try:
+    prepare.prepare(
+        [_resolve(p) for p in _INPUT.value],
+        _resolve(_OUTPUT_DIR.value),
+        tokenizer_path=_resolve(_TOKENIZER.value),
+        train_vocab_size=_TRAIN_VOCAB.value,
+        text_field=_TEXT_FIELD.value,
+        eval_every=_EVAL_EVERY.value,
+        token_dtype=_TOKEN_DTYPE.value,
+        eod_token=_EOD_TOKEN.value,
+        report=lambda line: print(line, flush=True),
+        progress_interval_s=_PROGRESS_S.value,
+    )
+  except ValueError as e:
+    print(f"prepare_data: error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)
