@@ -19,7 +19,7 @@ def is_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-  """True for a real number (int or float, Python or NumPy) that is not a bool."""
+  """True for a real number (int or float, Python or NumPy), not a bool."""
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 

@@ -1,9 +1,10 @@
 """Starting JAX's multi-controller runtime from the config.
 
-Must run before any other JAX call of the process. One process (the default) needs
-no runtime and this is a no-op. With `num_processes > 1` every process passes the
-same `coordinator_address` and its own `process_id`; with `num_processes == 0` JAX
-detects everything from the cluster environment (TPU pods, SLURM, ...).
+Must run before any other JAX call of the process. One process (the default)
+needs no runtime and this is a no-op. With `num_processes > 1` every process
+passes the same `coordinator_address` and its own `process_id`; with
+`num_processes == 0` JAX detects everything from the cluster environment (TPU
+pods, SLURM, ...).
 """
 
 import sys
@@ -26,9 +27,9 @@ def _explain_if_stuck(done: threading.Event, timeout: int, config) -> None:
         f"{config.num_processes} processes at coordinator "
         f"{config.coordinator_address or '(from the cluster environment)'} "
         f"within distributed_init_timeout_seconds={timeout} (this is process "
-        f"{config.process_id}). Check that every process was started with the same "
-        "num_processes and coordinator_address and can reach it; JAX will now "
-        "abort this process.",
+        f"{config.process_id}). Check that every process was started with the "
+        "same num_processes and coordinator_address and can reach it; JAX will "
+        "now abort this process.",
         file=sys.stderr,
         flush=True,
     )
@@ -42,7 +43,8 @@ def initialize(config) -> None:
       process_id, distributed_init_timeout_seconds).
 
   Raises:
-    ValueError: an explicit multi-process setup lacks its coordinator or process id.
+    ValueError: an explicit multi-process setup lacks its coordinator or
+      process id.
   """
   num_processes = config.num_processes
   if num_processes == 1:
@@ -69,6 +71,7 @@ def initialize(config) -> None:
 
 
 def _initialize(config, num_processes: int, timeout: int) -> None:
+  """Calls jax.distributed.initialize with the config's or detected setup."""
   if num_processes == 0:
     logging.info("Initialising jax.distributed from the cluster environment.")
     jax.distributed.initialize(initialization_timeout=timeout)

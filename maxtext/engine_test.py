@@ -16,6 +16,8 @@ K = 3
 
 
 def make_loss_fn(num_extra=2):
+  """A linear-regression loss whose aux holds every kind of metric value."""
+
   def loss_fn(params, batch):
     pred = batch["x"] @ params["w"] + params["b"]
     err = pred - batch["y"]
@@ -201,6 +203,7 @@ class EngineTest(parameterized.TestCase):
     eng.record_metrics("user", {"doomed": doomed})
     doomed.delete()
     params, opt_state = eng.params, eng.opt_state
+    # The engine has no public view of its gradient accumulator.
     acc = eng._grad_acc  # pylint: disable=protected-access
     acc_values = jax.tree.map(np.asarray, acc)
     pending = eng.recorder.pending_count()
@@ -208,12 +211,15 @@ class EngineTest(parameterized.TestCase):
       eng.update()
     self.assertIs(eng.params, params)
     self.assertIs(eng.opt_state, opt_state)
+    # The engine has no public view of its gradient accumulator.
     self.assertIs(eng._grad_acc, acc)  # pylint: disable=protected-access
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, acc), acc_values)
     self.assertEqual(eng.step, 0)
     self.assertEqual(eng.micro_batches_done, K)
     self.assertEqual(eng.recorder.pending_count(), pending)
-    self.assertEqual(eng.recorder._history[0].scalar_metrics, {})  # pylint: disable=protected-access
+    # The public readers flush the pending (deleted) value; read it unflushed.
+    history = eng.recorder._history  # pylint: disable=protected-access
+    self.assertEqual(history[0].scalar_metrics, {})
 
   def test_default_update_donates_the_state(self):
     eng = make_engine()

@@ -25,6 +25,7 @@ from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 from testing import compliance_checker
 from testing import gcs_emulator
+from testing import run_layout
 from testing import runfiles
 from testing import tiny_configs
 from testing import tmpfs
@@ -90,7 +91,9 @@ class FailureModesTest(parameterized.TestCase):
     )
 
   def start(self, args, env=None) -> subprocess.Popen:
-    proc = subprocess.Popen(
+    """Starts train_main with args; cleanup kills it if still running."""
+    # The process outlives this method: the test signals or waits for it.
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with
         runfiles.train_main_command() + list(args),
         cwd=self.tmp,
         env=env or _environ(),
@@ -119,6 +122,7 @@ class FailureModesTest(parameterized.TestCase):
     )
 
   def wait_for(self, proc, condition, what):
+    """Polls until condition() holds; fails if proc exits first or times out."""
     deadline = time.monotonic() + _TIMEOUT_S
     while time.monotonic() < deadline:
       if proc.poll() is not None:
@@ -180,10 +184,12 @@ class FailureModesTest(parameterized.TestCase):
     self.assertIn("train_main: completed after step 6", stdout)
     # Only the first run's records and config: one attempt, its rate.
     self.assertEqual(_train_steps(run_dir), list(range(6)))
-    with open(os.path.join(run_dir, "config_history.jsonl")) as f:
+    with open(
+        os.path.join(run_dir, "config_history.jsonl"), encoding="utf-8"
+    ) as f:
       history = [json.loads(line) for line in f]
     self.assertLen(history, 1)
-    with open(os.path.join(run_dir, "config.json")) as f:
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
       self.assertEqual(json.load(f)["config"]["learning_rate"], 3e-2)
     files = _tree(run_dir)
 
@@ -282,7 +288,7 @@ class FailureModesTest(parameterized.TestCase):
     )
     result = compliance_checker.run_checker(attempt_log)
     self.assertTrue(result.passed, f"{result.messages}\n{result.output}")
-    with open(attempt_log) as f:
+    with open(attempt_log, encoding="utf-8") as f:
       self.assertIn(
           f'"key": "init_checkpoint_step", "value": {older},', f.read()
       )
@@ -336,7 +342,9 @@ class FailureModesTest(parameterized.TestCase):
     ]
     self.assertNotEmpty(saved)
     self.assertEqual(max(_checkpoint_steps(checkpoints)), saved[-1])
-    with open(os.path.join(left, "full", jsonl.METRICS_FILENAME)) as f:
+    with open(
+        os.path.join(left, "full", jsonl.METRICS_FILENAME), encoding="utf-8"
+    ) as f:
       whole = [json.loads(line) for line in f if line.endswith("\n")]
     trained = [r["step"] for r in whole if r["kind"] == "train"]
     self.assertNotEmpty(trained)
@@ -407,7 +415,7 @@ class FailureModesTest(parameterized.TestCase):
 
   def make_file(self, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
       f.write("a file, not a run directory\n")
 
   # --- 7: an unreachable bucket ---------------------------------------------
@@ -443,14 +451,7 @@ class FailureModesTest(parameterized.TestCase):
     # The local staging copy holds the whole run.
     run_dir = os.path.join(staging, "remote")
     self.assertContainsSubset(
-        {
-            "config.json",
-            "metrics.jsonl",
-            "mllog.log",
-            "tensorboard",
-            "checkpoints",
-        },
-        set(os.listdir(run_dir)),
+        run_layout.RUN_DIR_ENTRIES, set(os.listdir(run_dir))
     )
     self.assertEqual(
         _checkpoint_steps(os.path.join(run_dir, "checkpoints")), [3, 6]

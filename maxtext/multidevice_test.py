@@ -1,7 +1,8 @@
-"""Eight fake CPU devices: FSDP/data sharding, and the same training as one device.
+"""Eight fake CPU devices: FSDP/data sharding, and the same training as one.
 
-The device count is fixed when JAX starts, so this test has its own target and sets
-XLA_FLAGS before importing JAX. The one-device reference run is a subprocess.
+The device count is fixed when JAX starts, so this test has its own target and
+sets XLA_FLAGS before importing JAX. The one-device reference run is a
+subprocess.
 """
 
 import os
@@ -11,7 +12,9 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_force_host_platform_device_count=8"
 ).strip()
 
-import functools  # pylint: disable=g-import-not-at-top,g-bad-import-order
+# XLA_FLAGS must be set before JAX is imported (here or by maxtext modules).
+# pylint: disable=wrong-import-position
+import functools
 import json
 import subprocess
 import sys
@@ -28,10 +31,13 @@ from maxtext import trainer
 from maxtext.storage import checkpointing
 from maxtext.configs import default
 
+# pylint: enable=wrong-import-position
+
 _STEPS = 3
 
 
 def _tiny_overrides(output_dir, **overrides):
+  """Returns config overrides for a tiny run writing under output_dir."""
   values = dict(
       base_output_directory=output_dir,
       run_name="r",
@@ -66,7 +72,7 @@ def _tiny_config(output_dir, **overrides):
 
 
 def _losses(run_dir):
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+  with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
     return [r["loss"] for r in map(json.loads, f) if r["kind"] == "train"]
 
 
@@ -122,7 +128,8 @@ class MultiDeviceTest(absltest.TestCase):
         "import json, sys, jax; from maxtext import trainer; "
         "from maxtext.configs import default; "
         "assert jax.device_count() == 1, jax.devices(); "
-        "config = default.get_config(); config.update(json.loads(sys.argv[1])); "
+        "config = default.get_config(); "
+        "config.update(json.loads(sys.argv[1])); "
         "trainer.run(config)"
     )
     subprocess.run(

@@ -40,7 +40,7 @@ def _final_line(process):
 
 
 def _train_records(run_dir):
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+  with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
     return [r for r in map(json.loads, f) if r["kind"] == "train"]
 
 
@@ -80,7 +80,8 @@ class MultiProcessTest(absltest.TestCase):
 
   def test_peer_that_never_arrives_fails_with_a_clear_message(self):
     root = self.create_tempdir().full_path
-    [lone] = multiprocess.launch(
+    # launch returns one process per id; pylint infers its list as empty.
+    [lone] = multiprocess.launch(  # pylint: disable=unbalanced-tuple-unpacking
         2,
         _flags(root, "lone", distributed_init_timeout_seconds=5),
         os.path.join(root, "logs"),

@@ -20,6 +20,7 @@ DECAY_SCHEDULE_NAME = "cosine with linear warmup"
 
 
 def _check(config) -> tuple[float, int, int, float]:
+  """Returns (peak, warmup, total, end_fraction); raises ValueError if bad."""
   peak = float(config.learning_rate)
   warmup = int(config.warmup_steps)
   total = config_lib.lr_schedule_steps(config)

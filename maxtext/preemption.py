@@ -1,11 +1,11 @@
 """Graceful stops: SIGTERM/SIGINT ask the training loop to stop between steps.
 
-A scheduler that preempts a job sends SIGTERM (a user at a terminal, SIGINT). The
-handler only records the request; the training loop finishes the step it is in,
-writes a checkpoint, closes its writers and stops. With several processes, each one
-may see the signal at a different step, so they agree on the stop step through JAX's
-preemption sync point (every process reaches it at the same step) or, failing that,
-through a small all-reduce of the local flags.
+A scheduler that preempts a job sends SIGTERM (a user at a terminal, SIGINT).
+The handler only records the request; the training loop finishes the step it is
+in, writes a checkpoint, closes its writers and stops. With several processes,
+each one may see the signal at a different step, so they agree on the stop step
+through JAX's preemption sync point (every process reaches it at the same step)
+or, failing that, through a small all-reduce of the local flags.
 """
 
 import signal
@@ -14,14 +14,16 @@ from typing import Optional
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 
 class StopRequest:
-  """Installs SIGTERM/SIGINT handlers that set a flag; restores the old ones on close.
+  """Installs SIGTERM/SIGINT handlers that set a flag; close restores the old.
 
-  Handlers can only be installed from the main thread; elsewhere (a test that runs
-  the trainer in a thread) the request is still usable through `request()`.
+  Handlers can only be installed from the main thread; elsewhere (a test that
+  runs the trainer in a thread) the request is still usable through
+  `request()`.
   """
 
   def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
@@ -58,8 +60,6 @@ class StopRequest:
     """
     if jax.process_count() == 1:
       return self._event.is_set()
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-
     flags = multihost_utils.process_allgather(np.asarray(self._event.is_set()))
     stop = bool(np.any(flags))
     if stop and not self._event.is_set():

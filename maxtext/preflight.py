@@ -214,6 +214,7 @@ def _check_output(config) -> None:
 
 
 def _check_load_parameters(config) -> None:
+  """Raises when a local load_parameters_path is not a readable directory."""
   value = config.load_parameters_path
   if not value or gcs_mirror.is_gs_url(value):
     return  # gs:// is read by orbax at restore time; no access here.

@@ -28,7 +28,7 @@ class PreflightTest(parameterized.TestCase):
     self.tmp = self.create_tempdir().full_path
     self.out = os.path.join(self.tmp, "runs")
     self.file = os.path.join(self.tmp, "a_file")
-    with open(self.file, "w") as f:
+    with open(self.file, "w", encoding="utf-8") as f:
       f.write("not a directory\n")
 
   def config(self, **overrides):

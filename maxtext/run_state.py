@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from maxtext import data
@@ -122,9 +123,9 @@ class RunState:
     for closer in (self.checkpointer.close, self.engine.close):
       try:
         closer()
+      # Closing must reach every part; the checkpointer's own errors were
+      # raised by the saves that caused them.
       except Exception as e:  # pylint: disable=broad-except
-        # Closing must reach every part; the checkpointer's own errors were
-        # raised by the saves that caused them.
         logging.warning("Closing the run: %s", e)
 
 
@@ -134,8 +135,6 @@ def _run_name(config) -> str:
     return config.run_name
   if jax.process_count() == 1:
     return run_dir_lib.default_run_name()
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-
   stamp = multihost_utils.broadcast_one_to_all(
       np.asarray(int(time.time()), np.int64)
   )
@@ -162,8 +161,6 @@ def _draw_seed() -> int:
   """A fresh seed; with several processes, process 0's, broadcast."""
   seed = run_record.new_seed()
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-
     seed = int(multihost_utils.broadcast_one_to_all(np.asarray(seed, np.int32)))
   return seed
 
@@ -193,8 +190,6 @@ def _lock_run(
     except run_lock.RunLockError as e:
       error = e
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-
     locked = multihost_utils.broadcast_one_to_all(
         np.asarray(error is None and is_primary, np.int32)
     )
@@ -226,7 +221,7 @@ def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
     # GCS trouble never stops a run: it starts from what is local (nothing),
     # and resume=True still fails when no checkpoint is found.
     logging.warning(
-        "Could not read the GCS mirror %s (%s); starting without " "its files.",
+        "Could not read the GCS mirror %s (%s); starting without its files.",
         paths.remote_url,
         e,
     )

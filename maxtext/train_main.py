@@ -5,7 +5,8 @@
 
   # Another config file, with overrides (a misspelt key is an error):
   tools/bazel run //maxtext:train_main -- \\
-      --config=maxtext/configs/default.py --config.steps=50 --config.run_name=try1
+      --config=maxtext/configs/default.py --config.steps=50 \\
+      --config.run_name=try1
 
   # Resume a run: the same command again (same run_name and config; add
   # --config.resume=True to make a missing checkpoint an error).
@@ -131,7 +132,8 @@ def _parse_flags(argv):
   try:
     return app.parse_flags_with_usage(argv)
   except (AttributeError, KeyError) as e:
-    # ml_collections raises AttributeError(KeyError("'stpes'\nDid you mean ...")).
+    # ml_collections raises
+    # AttributeError(KeyError("'stpes'\nDid you mean ...")).
     cause = e
     while isinstance(cause, BaseException) and cause.args:
       cause = cause.args[0]
@@ -141,6 +143,7 @@ def _parse_flags(argv):
         file=sys.stderr,
     )
     sys.exit(1)
+  # The config file is user code: it may raise anything.
   except Exception as e:  # pylint: disable=broad-except
     # Anything else comes from loading the user's config file (a syntax
     # error, an exception in get_config): that file's problem, said in one
@@ -151,9 +154,7 @@ def _parse_flags(argv):
 def _located(error: BaseException) -> str:
   """`Type: message (file, line N)` for an error raised by a config file."""
   if isinstance(error, SyntaxError):
-    return (
-        f"SyntaxError: {error.msg} ({error.filename}, line " f"{error.lineno})"
-    )
+    return f"SyntaxError: {error.msg} ({error.filename}, line {error.lineno})"
   where = ""
   frames = traceback.extract_tb(error.__traceback__)
   if frames:
@@ -163,7 +164,7 @@ def _located(error: BaseException) -> str:
 
 
 class _QuietLibraries(std_logging.Filter):
-  """Drops INFO chatter of orbax's internals; their warnings and errors still show."""
+  """Drops INFO chatter of orbax's internals; warnings and errors still show."""
 
   def filter(self, record):
     return (
@@ -188,8 +189,8 @@ def _config_load_error(config, config_path: str) -> str:
     return f"--config={config_path}: {problem}"
   try:
     config.lock()
+  # Whatever the user's config file raised is the file's problem.
   except Exception as e:  # pylint: disable=broad-except
-    # Whatever the user's config file raised is the file's problem.
     cause = e.__cause__ or e
     return (
         f"--config={config_path} cannot be loaded: "

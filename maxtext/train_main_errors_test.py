@@ -25,7 +25,7 @@ class TrainMainErrorsTest(parameterized.TestCase):
     super().setUp()
     self.tmp = self.create_tempdir().full_path
     self.file = os.path.join(self.tmp, "a_file")
-    with open(self.file, "w") as f:
+    with open(self.file, "w", encoding="utf-8") as f:
       f.write("not a directory\n")
 
   def listing(self):

@@ -22,6 +22,7 @@ from absl.testing import parameterized
 from maxtext import train_main
 from maxtext.metrics import jsonl
 from maxtext.storage import checkpointing
+from testing import run_layout
 from testing import runfiles
 from testing import tiny_configs
 
@@ -39,7 +40,8 @@ def _environ(**extra) -> dict[str, str]:
 
 
 def _mllog_run_stop(path: str) -> dict:
-  with open(path) as f:
+  """Returns the run_stop event of the MLPerf log at path."""
+  with open(path, encoding="utf-8") as f:
     events = [
         json.loads(line[len(":::MLLOG ") :])
         for line in f
@@ -64,7 +66,9 @@ class ResolveConfigArgsTest(parameterized.TestCase):
     super().setUp()
     self.caller = self.create_tempdir().full_path
     os.makedirs(os.path.join(self.caller, "cfg"))
-    with open(os.path.join(self.caller, "cfg", "mine.py"), "w") as f:
+    with open(
+        os.path.join(self.caller, "cfg", "mine.py"), "w", encoding="utf-8"
+    ) as f:
       f.write("def get_config(): ...\n")
     self.environ = {"BUILD_WORKING_DIRECTORY": self.caller}
 
@@ -216,16 +220,9 @@ class TrainMainTest(parameterized.TestCase):
     run_dir = os.path.join(caller, "rel", "runs", "smoke")
     self.assertEqual(os.listdir(elsewhere), [])
     self.assertContainsSubset(
-        {
-            "config.json",
-            "metrics.jsonl",
-            "mllog.log",
-            "tensorboard",
-            "checkpoints",
-        },
-        set(os.listdir(run_dir)),
+        run_layout.RUN_DIR_ENTRIES, set(os.listdir(run_dir))
     )
-    with open(os.path.join(run_dir, "config.json")) as f:
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
       document = json.load(f)
     self.assertEqual(document["config"]["steps"], 3)
     self.assertEqual(document["config"]["base_output_directory"], "rel/runs")
@@ -297,14 +294,14 @@ class TrainMainTest(parameterized.TestCase):
       (
           "get_config_raises",
           "def get_config():\n  return 1 / 0\n",
-          r"--config file cannot be loaded: ZeroDivisionError: division by zero "
-          r"\(\S*bad\.py, line 2\)",
+          r"--config file cannot be loaded: ZeroDivisionError: "
+          r"division by zero \(\S*bad\.py, line 2\)",
       ),
   )
   def test_config_file_that_cannot_load_is_one_line(self, source, message):
     path = os.path.join(self.tmp, "missing.py" if source is None else "bad.py")
     if source is not None:
-      with open(path, "w") as f:
+      with open(path, "w", encoding="utf-8") as f:
         f.write(source)
     proc = self.run_main([f"--config={path}"])
     self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
@@ -318,36 +315,36 @@ class TrainMainTest(parameterized.TestCase):
     metrics = os.path.join(run_dir, "metrics.jsonl")
     # A budget the run cannot finish before the signal; eval every 3 steps.
     args = tiny_configs.tiny_flags(output, run_name="preempted", steps=100000)
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         runfiles.train_main_command() + args,
         cwd=self.tmp,
         env=_environ(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-      deadline = time.monotonic() + _RUN_TIMEOUT_S
-      # Wait until the loop is running: two train records written.
-      while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.exists(metrics):
-          with open(metrics) as f:
-            if f.read().count('"kind": "train"') >= 2:
-              break
-        time.sleep(0.05)
-      self.assertIsNone(proc.poll(), "train_main exited before the signal")
-      proc.send_signal(signal.SIGTERM)
-      stdout, stderr = proc.communicate(timeout=_RUN_TIMEOUT_S)
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+    ) as proc:
+      try:
+        deadline = time.monotonic() + _RUN_TIMEOUT_S
+        # Wait until the loop is running: two train records written.
+        while time.monotonic() < deadline and proc.poll() is None:
+          if os.path.exists(metrics):
+            with open(metrics, encoding="utf-8") as f:
+              if f.read().count('"kind": "train"') >= 2:
+                break
+          time.sleep(0.05)
+        self.assertIsNone(proc.poll(), "train_main exited before the signal")
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=_RUN_TIMEOUT_S)
+      finally:
+        if proc.poll() is None:
+          proc.kill()
+          proc.communicate()
     self.assertEqual(proc.returncode, 1, stderr[-3000:])
     self.assertIn("train_main: interrupted after step", stdout)
     self.assertIn("stopped by SIGTERM", stderr)
 
     # Every line whole; the train records are steps 0..n-1 with no gap.
-    with open(metrics) as f:
+    with open(metrics, encoding="utf-8") as f:
       self.assertTrue(f.read().endswith("\n"))
     records = jsonl.read_jsonl(metrics)
     train_steps = [r["step"] for r in records if r["kind"] == "train"]
@@ -356,7 +353,8 @@ class TrainMainTest(parameterized.TestCase):
     self.assertLess(stop_step, 100000)
     self.assertEqual(train_steps, list(range(stop_step)))
     self.assertIn(f"interrupted after step {stop_step} ", stdout)
-    # A checkpoint of the stop step (steps completed), readable with its metadata.
+    # A checkpoint of the stop step (steps completed), readable with its
+    # metadata.
     self.assertEqual(max(_checkpoint_steps(run_dir)), stop_step)
     run_stop = _mllog_run_stop(os.path.join(run_dir, "mllog.log"))
     self.assertEqual(run_stop["metadata"]["status"], "aborted")

@@ -1,7 +1,8 @@
-"""The self-contained train_main files, run as a user would: python3 and nothing else.
+"""The self-contained train_main files, run as a user would: plain python3.
 
-Each file is copied into an empty directory and started with the host's `python3`
-in an environment without any Bazel variable, JAX settings or import path.
+Each file is copied into an empty directory and started with the host's
+`python3` in an environment without any Bazel variable, JAX settings or import
+path.
 """
 
 import json
@@ -35,14 +36,14 @@ def _artifact(name):
 class ZipappTest(absltest.TestCase):
 
   def _copy(self, name):
-    """The artifact in a fresh, otherwise empty directory; returns (dir, path)."""
+    """Copies the artifact into a new, empty directory; returns (dir, path)."""
     directory = self.create_tempdir().full_path
     path = os.path.join(directory, name)
     shutil.copy(_artifact(name), path)
     return directory, path
 
   def _env(self, directory):
-    # What a plain login on another machine has: a PATH and a HOME, nothing else.
+    # What a plain login on another machine has: a PATH and a HOME, no more.
     return {
         "PATH": _SEARCH_PATH,
         "HOME": os.path.join(directory, "home"),
@@ -52,12 +53,17 @@ class ZipappTest(absltest.TestCase):
     }
 
   def _start(self, name, flags):
+    """Starts the artifact; returns (directory, process, output log path)."""
     directory, path = self._copy(name)
     python3 = shutil.which("python3", path=_SEARCH_PATH)
     self.assertIsNotNone(python3)
-    log = open(os.path.join(directory, "output.log"), "wb")
+    # The log outlives this method: the process writes to it until it ends.
+    log = open(  # pylint: disable=consider-using-with
+        os.path.join(directory, "output.log"), "wb"
+    )
     self.addCleanup(log.close)
-    process = subprocess.Popen(
+    # The caller waits for or signals the process; cleanup kills a leftover.
+    process = subprocess.Popen(  # pylint: disable=consider-using-with
         [python3, path] + flags,
         cwd=directory,
         env=self._env(directory),
@@ -78,7 +84,7 @@ class ZipappTest(absltest.TestCase):
     )
 
   def _read(self, path):
-    with open(path, errors="replace") as f:
+    with open(path, errors="replace", encoding="utf-8") as f:
       return f.read()
 
   def _build_info(self, name):
@@ -113,7 +119,7 @@ class ZipappTest(absltest.TestCase):
     run_dir = os.path.join(directory, "out", "z")
     for name in ("config.json", "metrics.jsonl", "mllog.log", "checkpoints/4"):
       self.assertTrue(os.path.exists(os.path.join(run_dir, name)), name)
-    with open(os.path.join(run_dir, "config.json")) as f:
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
       provenance = json.load(f)["provenance"]
     self.assertStartsWith(
         provenance["requirements_lock"], "requirements_lock.txt:sha256:"
@@ -179,7 +185,9 @@ class ZipappTest(absltest.TestCase):
     self.assertIn(
         "running on the CPU because allow_cpu_fallback=True", self._read(log)
     )
-    with open(os.path.join(directory, "out", "f", "config.json")) as f:
+    with open(
+        os.path.join(directory, "out", "f", "config.json"), encoding="utf-8"
+    ) as f:
       provenance = json.load(f)["provenance"]
     self.assertStartsWith(
         provenance["requirements_lock"], "requirements_tpu_lock.txt:sha256:"

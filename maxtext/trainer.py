@@ -90,7 +90,7 @@ def _check_hardware(config) -> None:
       jax.process_count(),
       " (hardware='auto')" if config.hardware == "auto" else "",
   )
-  if config.hardware != "auto" and config.hardware != backend:
+  if config.hardware not in ("auto", backend):
     if (
         config.hardware != "cpu"
         and backend == "cpu"
@@ -273,6 +273,7 @@ class _SkipGuard:
     self._count = 0
 
   def check(self, step: int, buffer: metrics_recorder.MetricsBuffer) -> None:
+    """Counts a skipped step or resets; raises TrainingError at the limit."""
     if not buffer.scalar_metrics["step_skipped"][-1] > 0:
       self._count = 0
       return
@@ -365,8 +366,8 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
     if unwritten is not None:
       try:
         listeners.on_step(unwritten.record())
+      # The error already on its way out is the one to report.
       except Exception:  # pylint: disable=broad-except
-        # The error already on its way out is the one to report.
         logging.exception(
             "Could not write the records of step %d.", unwritten.step
         )

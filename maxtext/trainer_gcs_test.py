@@ -138,10 +138,9 @@ class TrainerGcsTest(absltest.TestCase):
     def restart():
       try:
         self.emulator.start()
+      # Any error is reported below, not lost in the timer thread.
       except Exception as e:  # pylint: disable=broad-except
-        restart_errors.append(
-            e
-        )  # Reported below, not lost in the timer thread.
+        restart_errors.append(e)
 
     restarter = threading.Timer(2.0, restart)
     self.addCleanup(restarter.cancel)

@@ -87,7 +87,7 @@ class TrainerMllogTest(parameterized.TestCase):
     )
 
   def assert_values_match_run(self, config, result, events):
-    """Schedule keys, samples counts and eval values equal the run's real ones."""
+    """Schedule keys, sample counts and eval values match the run's."""
     summary = optimizer.schedule_summary(config)
     gbs = config.global_batch_size
     self.assertEqual(
@@ -232,7 +232,7 @@ class TrainerMllogTest(parameterized.TestCase):
     # A regular file where the log's directory should be: creating the log
     # fails for every user (root included, unlike a read-only directory).
     blocker = os.path.join(self.out, "a_file")
-    with open(blocker, "w") as f:
+    with open(blocker, "w", encoding="utf-8") as f:
       f.write("not a directory\n")
     mllog_file = os.path.join(blocker, "mllog.log")
     with self.assertRaisesRegex(
@@ -241,7 +241,7 @@ class TrainerMllogTest(parameterized.TestCase):
         rf"{re.escape(blocker)} is a regular file, not a directory$",
     ):
       self.run_tiny("unwritable", steps=2, mllog_file=mllog_file)
-    with open(blocker) as f:
+    with open(blocker, encoding="utf-8") as f:
       self.assertEqual(f.read(), "not a directory\n")
     # Refused before the run directory, or anything else, was made.
     self.assertEqual(os.listdir(self.out), ["a_file"])

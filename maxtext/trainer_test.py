@@ -3,9 +3,9 @@
 Every run trains the shrunk default config of `testing.tiny_configs` (a 1-layer
 model, 16-token sequences, a few steps) into a temp dir and is checked through
 the files it leaves: config.json, metrics.jsonl, TensorBoard events, orbax
-checkpoints (read back with `maxtext.storage.checkpointing`) and the MLPerf log. Runs
-share a persistent compilation cache, so each one after the first mostly pays
-for its steps.
+checkpoints (read back with `maxtext.storage.checkpointing`) and the MLPerf
+log. Runs share a persistent compilation cache, so each one after the first
+mostly pays for its steps.
 """
 
 import functools
@@ -69,7 +69,7 @@ def _steps(records, kind):
 
 def _mllog_events(path):
   events = []
-  with open(path) as f:
+  with open(path, encoding="utf-8") as f:
     for line in f:
       if line.startswith(":::MLLOG "):
         events.append(json.loads(line[len(":::MLLOG ") :]))
@@ -173,7 +173,7 @@ class TrainerTest(parameterized.TestCase):
     run_dir = os.path.join(self.root, "reference")
     self.assertEqual(self.ref.run_dir, run_dir)
 
-    with open(os.path.join(run_dir, "config.json")) as f:
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
       document = json.load(f)
     self.assertEqual(
         document["config"], config_lib.to_json_dict(self.ref_config)
@@ -336,7 +336,7 @@ class TrainerTest(parameterized.TestCase):
     )
     result = trainer.run(config)
     self.assert_matches_reference(result, config)
-    with open(os.path.join(result.run_dir, "mllog.log")) as f:
+    with open(os.path.join(result.run_dir, "mllog.log"), encoding="utf-8") as f:
       events = [
           json.loads(line[len(":::MLLOG ") :])
           for line in f
@@ -365,7 +365,9 @@ class TrainerTest(parameterized.TestCase):
 
   def test_resume_refuses_a_changed_model_and_keeps_the_first_config(self):
     first = trainer.run(_config(self.root, "guarded", steps=_HALF))
-    with open(os.path.join(first.run_dir, "config.json")) as f:
+    with open(
+        os.path.join(first.run_dir, "config.json"), encoding="utf-8"
+    ) as f:
       recorded = f.read()
     changed = _config(
         self.root, "guarded", steps=_STEPS, emb_dim=64, weight_dtype="bfloat16"
@@ -381,9 +383,13 @@ class TrainerTest(parameterized.TestCase):
         _config(self.root, "guarded", steps=_STEPS, log_period=2)
     )
     self.assertEqual(second.start_step, _HALF)
-    with open(os.path.join(first.run_dir, "config.json")) as f:
+    with open(
+        os.path.join(first.run_dir, "config.json"), encoding="utf-8"
+    ) as f:
       self.assertEqual(f.read(), recorded)
-    with open(os.path.join(first.run_dir, "config_history.jsonl")) as f:
+    with open(
+        os.path.join(first.run_dir, "config_history.jsonl"), encoding="utf-8"
+    ) as f:
       attempts = [json.loads(line) for line in f]
     self.assertEqual(
         [(a["attempt"], a["start_step"]) for a in attempts],
@@ -395,7 +401,9 @@ class TrainerTest(parameterized.TestCase):
     seeds = []
     for name in ("drawn_a", "drawn_b"):
       result = trainer.run(_config(self.root, name, steps=_HALF, seed=-1))
-      with open(os.path.join(result.run_dir, "config.json")) as f:
+      with open(
+          os.path.join(result.run_dir, "config.json"), encoding="utf-8"
+      ) as f:
         seeds.append(json.load(f)["config"]["seed"])
     self.assertNotEqual(seeds[0], seeds[1])
     self.assertGreaterEqual(min(seeds), 0)
@@ -422,7 +430,7 @@ class TrainerTest(parameterized.TestCase):
     def on_step(completed, step_time):
       self.assertGreaterEqual(step_time, 0.0)
       completed_steps.append(completed)
-      with open(metrics) as f:
+      with open(metrics, encoding="utf-8") as f:
         written.append(f.read().count('"kind": "train"'))
       if completed == stop_after:
         stop.request("test stop")
@@ -450,7 +458,9 @@ class TrainerTest(parameterized.TestCase):
     _, metadata = _restore_state(self.ref_config, result.run_dir, stop_after)
     self.assertEqual(metadata["step"], stop_after)
     # Complete files: every line whole, one train record per finished step.
-    with open(os.path.join(result.run_dir, "metrics.jsonl")) as f:
+    with open(
+        os.path.join(result.run_dir, "metrics.jsonl"), encoding="utf-8"
+    ) as f:
       self.assertTrue(f.read().endswith("\n"))
     self.assertEqual(_steps(_records(result.run_dir), "train"), [0, 1])
     # Stopped before the first eval (every 3 steps): run_stop still counts

@@ -108,12 +108,13 @@ class MultiListener(interface.RunListener):
     return ListenerError(listener.name, event, error)
 
   def _dispatch(self, event: str, *args) -> None:
+    """Calls `event` on its listeners; raises the first critical failure."""
     failure = None
     for listener in tuple(self._by_event[event]):
       try:
         getattr(listener, event)(*args)
+      # Any exception: the policy above decides, in this one place.
       except Exception as e:  # pylint: disable=broad-except
-        # Any exception: the policy above decides, in this one place.
         error = self._failed(listener, event, e)
         failure = failure or error
     if failure is not None:
@@ -155,9 +156,9 @@ class MultiListener(interface.RunListener):
     for listener in self._listeners:
       try:
         listener.close()
+      # A listener that failed before is closed on a best-effort basis:
+      # its error was already reported.
       except Exception as e:  # pylint: disable=broad-except
-        # A listener that failed before is closed on a best-effort basis:
-        # its error was already reported.
         if listener.critical and id(listener) not in self._broken:
           failure = failure or self._failed(listener, "close", e)
         else:

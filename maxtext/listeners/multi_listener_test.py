@@ -1,4 +1,4 @@
-"""Tests for maxtext.listeners.multi_listener: fan-out and the failure policy."""
+"""Tests for maxtext.listeners.multi_listener: fan-out, failure policy."""
 
 from absl.testing import absltest
 
