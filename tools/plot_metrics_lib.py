@@ -111,6 +111,9 @@ def make_figure(
     target = checks.check_number("target", target)
   fig = mpl_figure.Figure(figsize=(width_px / _DPI, height_px / _DPI), dpi=_DPI)
   ax = fig.subplots()
+  # With no grid arguments subplots() returns one Axes, but pylint infers the
+  # ndarray of Axes that a grid call returns.
+  # pylint: disable=no-member
   if curves.train_steps:
     ax.plot(
         curves.train_steps,

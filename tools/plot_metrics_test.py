@@ -24,7 +24,7 @@ from tools import plot_metrics_lib
 
 
 def write_metrics(path: str, records) -> None:
-  with open(path, "w") as f:
+  with open(path, "w", encoding="utf-8") as f:
     for step, kind, scalars in records:
       f.write(jsonl.encode_record(step, kind, scalars) + "\n")
 
@@ -178,7 +178,7 @@ class PlotMetricsTest(parameterized.TestCase):
       ),
   )
   def test_bad_file_names_the_path(self, content, error, regex):
-    with open(self.metrics, "w") as f:
+    with open(self.metrics, "w", encoding="utf-8") as f:
       f.write(content)
     with self.assertRaisesRegex(error, regex) as ctx:
       plot_metrics_lib.plot_metrics(self.metrics)
