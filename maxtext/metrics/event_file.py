@@ -55,6 +55,7 @@ class EventFile:
     self.path = os.path.join(
         directory, f"events.out.tfevents.{stamp}.{socket.gethostname()}"
     )
+    # The file stays open for the EventFile's life; close() closes it.
     self._file = open(self.path, "ab")  # pylint: disable=consider-using-with
     self.write(version_event)
 

@@ -50,7 +50,9 @@ class EventFileTest(absltest.TestCase):
     events = event_file.EventFile(tmp, _version_event(), now=1.0)
     # The events go to /dev/full from here on: every write-out fails with
     # ENOSPC, as on a full disk.
-    os.dup2(os.open("/dev/full", os.O_WRONLY), events._file.fileno())  # pylint: disable=protected-access
+    # EventFile has no public descriptor: the test reaches into its file.
+    fileno = events._file.fileno()  # pylint: disable=protected-access
+    os.dup2(os.open("/dev/full", os.O_WRONLY), fileno)
     events.write(b"x" * 100)  # Buffered: nothing reached the disk yet.
     with self.assertRaisesRegex(
         OSError, r"No space left on device: '" + events.path

@@ -139,7 +139,9 @@ def _fetch(values: dict, sizes: dict, name_of, launched=None) -> dict:
   try:
     fetched, arrays = launched if launched is not None else _launch(values)
     host = jax.device_get(arrays)
-  except Exception:  # pylint: disable=broad-except
+  # Whatever failed in the batched fetch, the one-by-one fetch below finds the
+  # value at fault and names its metric.
+  except Exception:  # pylint: disable=broad-exception-caught
     return {k: _fetch_one_by_one(k, values[k], name_of) for k in keys}
   parts: dict = {k: [] for k in keys}
   for (k, _), h in zip(fetched, host):
@@ -151,11 +153,24 @@ def _fetch(values: dict, sizes: dict, name_of, launched=None) -> dict:
 
 
 def _fetch_one_by_one(key, vals, name_of) -> np.ndarray:
+  """The values of `key` fetched one at a time, naming the one that fails.
+
+  Args:
+    key: the dtype the values share.
+    vals: the device values of that dtype, in order.
+    name_of: (key, index) -> the metric's name, for the error.
+
+  Returns:
+    The values' elements as one flat host array.
+
+  Raises:
+    RuntimeError: a value cannot be fetched; it names the metric.
+  """
   parts = []
   for i, value in enumerate(vals):
     try:
       parts.append(np.asarray(jax.device_get(value)).reshape(-1))
-    except Exception as exc:  # pylint: disable=broad-except
+    except Exception as exc:
       raise RuntimeError(
           f"metric {name_of(key, i)!r}: cannot fetch "
           f"{metrics_buffer.describe(value)} from the device: "
@@ -170,7 +185,10 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
   try:
     return np.concatenate(parts)
   except (TypeError, np.exceptions.DTypePromotionError):
-    native = lambda dt: dt.kind in "biuf" and dt.type.__module__ == "numpy"
+
+    def native(dt):
+      return dt.kind in "biuf" and dt.type.__module__ == "numpy"
+
     return np.concatenate(
         [p if native(p.dtype) else p.astype(np.float32) for p in parts]
     )
@@ -321,7 +339,8 @@ def prefetch(
     launched = _launch(gathered[0])
     for array in launched[1]:
       array.copy_to_host_async()
-  except Exception:  # pylint: disable=broad-except
+  # A prefetch is only a head start: any failure falls back to build().
+  except Exception:  # pylint: disable=broad-exception-caught
     return None  # build meets the same problem and names the metric.
   return Prefetch(work, gathered, launched)
 

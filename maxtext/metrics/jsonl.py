@@ -124,6 +124,11 @@ def _decode_value(value: Any) -> Any:
 
 
 def _parse_line(path: str, number: int, line: str) -> dict[str, Any]:
+  """The record on line `number` of `path`, its non-finite values decoded.
+
+  Raises:
+    ValueError: the line is not JSON or not a record (names path:number).
+  """
   try:
     record = json.loads(line)
   except json.JSONDecodeError as e:

@@ -189,6 +189,7 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
 
 
 def _check_step(step) -> int:
+  """`step` as an int; TypeError/ValueError unless a non-negative int."""
   # A plain int (every step the engine passes) skips the numbers-ABC check,
   # which costs about as much as the rest of buffering a value.
   if step.__class__ is not int and not checks.is_int(step):
@@ -269,6 +270,7 @@ class MetricsRecorder:
     return None
 
   def _open(self, step: int) -> metrics_pending.PendingBuffer:
+    """The buffer for `step`, starting one (and evicting the oldest)."""
     self._prefetch = None  # A value is about to be buffered.
     target = self._target(step)
     if target is not None:
@@ -437,7 +439,7 @@ class MetricsRecorder:
       for name, fn in aggregation_fns.items():
         if name not in names:
           raise ValueError(
-              f"aggregation_fns names {name!r}, which is not in " "names"
+              f"aggregation_fns names {name!r}, which is not in names"
           )
         _check_aggregation_fn(name, fn)
         self._check_fn_conflict(target, name, fn)

@@ -35,11 +35,13 @@ class WeightedMetricTest(parameterized.TestCase):
 class BufferingTest(parameterized.TestCase):
 
   def test_values_stay_in_python_lists_until_flush(self):
+    # The test looks into the recorder's buffers, which have no public view.
+    # pylint: disable=protected-access
     rec = mr.MetricsRecorder()
     rec.buffer_metrics(0, "loss", 1.0)
     rec.buffer_metrics(0, "loss", np.float32(2.0))
-    buf = rec._history[-1]  # pylint: disable=protected-access
-    pending = rec._pending[buf]  # pylint: disable=protected-access
+    buf = rec._history[-1]
+    pending = rec._pending[buf]
     self.assertIsInstance(pending.records, list)
     self.assertEqual(buf.scalar_metrics, {})
     self.assertEqual(rec.pending_count(), 2)
@@ -210,11 +212,11 @@ class ValidationTest(parameterized.TestCase):
   def test_bad_weighted_part(self):
     rec = mr.MetricsRecorder()
     with self.assertRaisesRegex(
-        TypeError, "metric 'w': denominator is a " "boolean"
+        TypeError, "metric 'w': denominator is a boolean"
     ):
       rec.buffer_metrics(0, "w", mr.WeightedMetric(1.0, True))
     with self.assertRaisesRegex(
-        ValueError, "metric 'w': unreduced_sum must " r"have shape"
+        ValueError, "metric 'w': unreduced_sum must have shape"
     ):
       rec.buffer_metrics(0, "w", mr.WeightedMetric(np.ones(2), 1.0))
     self.assertEqual(rec.pending_count(), 0)
@@ -413,6 +415,8 @@ class FlushTest(parameterized.TestCase):
     self.assertEqual(count[0], 0)
 
   def test_all_or_nothing_when_a_device_buffer_was_deleted(self):
+    # The test looks into the recorder's buffers, which have no public view.
+    # pylint: disable=protected-access
     rec = mr.MetricsRecorder()
     rec.buffer_metrics(0, "good", jnp.float32(1.0))
     rec.flush()
@@ -423,14 +427,14 @@ class FlushTest(parameterized.TestCase):
     rec.buffer_metrics(1, "doomed", doomed)
     rec.buffer_packed(1, ("p",), jnp.ones((1,)))
     doomed.delete()
-    history = rec._history  # pylint: disable=protected-access
+    history = rec._history
 
     def snapshot():
       return [
           (
               dict(b.scalar_metrics),
               list(rec._pending[b].records),
-          )  # pylint: disable=protected-access
+          )
           for b in history
       ]
 
@@ -491,6 +495,8 @@ class FlushTest(parameterized.TestCase):
     )
 
   def test_prefetch_never_raises_and_flush_names_the_bad_value(self):
+    # The test looks into the recorder's buffers, which have no public view.
+    # pylint: disable=protected-access
     rec = mr.MetricsRecorder()
     rec.buffer_metrics(0, "good", jnp.float32(1.0))
     doomed = jnp.float32(2.0)
@@ -500,7 +506,7 @@ class FlushTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "metric 'doomed'.*deleted"):
       rec.flush()
     self.assertEqual(rec.pending_count(), 2)
-    self.assertEqual(rec._history[0].scalar_metrics, {})  # pylint: disable=protected-access
+    self.assertEqual(rec._history[0].scalar_metrics, {})
 
   def test_cleanup_drops_a_prefetch(self):
     rec = mr.MetricsRecorder()

@@ -170,10 +170,14 @@ class MetricLogger:
     os.makedirs(self._run_dir, exist_ok=True)
     jsonl_path = os.path.join(self._run_dir, jsonl.METRICS_FILENAME)
     jsonl.truncate_jsonl(jsonl_path, first_step)
-    self._jsonl = open(jsonl_path, "a", encoding="utf-8")
-    # Imported here so that non-primary processes never load it.
-    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
-    from tensorboardX.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+    # Held open for the logger's life and closed by close().
+    self._jsonl = open(  # pylint: disable=consider-using-with
+        jsonl_path, "a", encoding="utf-8"
+    )
+    # Imported here so that non-primary processes never load tensorboardX.
+    from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+    # Imported here for the same reason.
+    from tensorboardX.proto import summary_pb2  # pylint: disable=import-outside-toplevel
 
     self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
     # One Summary per record holds all its scalars (one event per scalar
@@ -220,6 +224,7 @@ class MetricLogger:
   def _convert(
       self, step: Any, scalars: Any
   ) -> tuple[int, dict[str, int | float]]:
+    """The checked step and the scalars as host numbers, for a record."""
     if self._closed:
       raise RuntimeError("MetricLogger is closed")
     step = checks.check_int("step", step, 0)
@@ -297,6 +302,7 @@ class MetricLogger:
   def _log_train_line(
       self, step: int, values: Mapping[str, int | float]
   ) -> None:
+    """Logs the console line of `step` with the window's mean step time."""
     mean_step_time = self._window_seconds / self._window_steps
     self._window_seconds = 0.0
     self._window_steps = 0
@@ -363,6 +369,7 @@ class MetricLogger:
   def _write_record(
       self, step: int, kind: str, values: Mapping[str, int | float]
   ) -> None:
+    """Appends one record to the JSONL file and to the TensorBoard events."""
     with self._naming(self.jsonl_path):
       self._jsonl.write(jsonl.encode_record(step, kind, values) + "\n")
       self._jsonl.flush()
@@ -389,7 +396,7 @@ class MetricLogger:
     self._tb_flushed_at = time.monotonic()
 
   def flush(self) -> None:
-    """Pushes buffered TensorBoard events to disk (the JSONL is always flushed)."""
+    """Pushes buffered TensorBoard events to disk (the JSONL always is)."""
     if self._tb is not None and not self._closed:
       self._flush_tb()
 

@@ -1,4 +1,4 @@
-"""Tests for maxtext.metrics.writers, with real files in temp dirs and a fake clock."""
+"""Tests for maxtext.metrics.writers: real files in temp dirs, a fake clock."""
 
 import glob
 import json
@@ -68,6 +68,7 @@ class MetricLoggerTest(parameterized.TestCase):
     self.run_dir = self.create_tempdir().full_path
 
   def make_logger(self, clock=None, **kwargs):
+    """A primary MetricLogger in self.run_dir, closed at cleanup."""
     args = dict(
         is_primary=True,
         log_period=2,
@@ -81,7 +82,9 @@ class MetricLoggerTest(parameterized.TestCase):
     return logger
 
   def read_lines(self):
-    with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
+    with open(
+        os.path.join(self.run_dir, "metrics.jsonl"), encoding="utf-8"
+    ) as f:
       return [json.loads(line) for line in f]
 
   def test_jsonl_records_with_timing_and_flush_per_write(self):
@@ -161,7 +164,7 @@ class MetricLoggerTest(parameterized.TestCase):
         },
     )
     logger.close()
-    with open(logger.jsonl_path) as f:
+    with open(logger.jsonl_path, encoding="utf-8") as f:
       line = f.readline()
 
     def reject(constant):
@@ -303,7 +306,7 @@ class MetricLoggerTest(parameterized.TestCase):
 
   def test_torn_last_line_is_dropped_on_resume(self):
     path = os.path.join(self.run_dir, "metrics.jsonl")
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
       f.write('{"step": 0, "kind": "train", "loss": 1.0}\n{"step": 1, "ki')
     logger = self.make_logger(first_step=1)
     logger.write_train(1, {"loss": 0.5})
@@ -315,7 +318,7 @@ class MetricLoggerTest(parameterized.TestCase):
 
   def test_corrupt_middle_line_stops_a_resume(self):
     path = os.path.join(self.run_dir, "metrics.jsonl")
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
       f.write(
           '{"step": 0, "kind": "train"}\nnot json\n'
           '{"step": 1, "kind": "eval"}\n'

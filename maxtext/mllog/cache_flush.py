@@ -126,7 +126,7 @@ def flush_cache(
   except subprocess.TimeoutExpired:
     return FlushResult(
         False,
-        f"{command!r} did not finish within " f"{timeout_s:g} s and was killed",
+        f"{command!r} did not finish within {timeout_s:g} s and was killed",
         command,
     )
   except OSError as e:  # No shell to run it with.
@@ -176,7 +176,7 @@ def agree(
     return result
   return FlushResult(
       False,
-      f"the cache flush failed on process(es) {failed} (their logs say " "why)",
+      f"the cache flush failed on process(es) {failed} (their logs say why)",
       result.command,
   )
 

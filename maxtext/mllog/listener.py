@@ -109,7 +109,11 @@ class MLLogListener(interface.RunListener):
   def logger(self) -> mllog_logger.MLLogger:
     return self._logger
 
-  def on_run_start(self, start: interface.RunStart) -> None:
+  # The parameter is named as in the RunListener interface; it shadows the
+  # module's start() only inside this method, which does not call it.
+  def on_run_start(  # pylint: disable=redefined-outer-name
+      self, start: interface.RunStart
+  ) -> None:
     self._started = True
     log = self._logger
     log.hyperparameters(

@@ -83,7 +83,7 @@ def hyperparameters(config, schedule_steps_delta=0):
 
 
 def write_log(config, path, hparams):
-  """Header events from the config, then synthetic run events; returns the file."""
+  """Writes header events from the config, then run events; returns the path."""
   logger = mllog_utils.create_mllogger(config, path, process_index=0)
   if not logger.enabled:
     raise AssertionError(f"llama31_8b must enable the MLPerf log ({path})")

@@ -194,7 +194,7 @@ class MLLogger:
       return
     if event_type not in (INTERVAL_START, INTERVAL_END, POINT_IN_TIME):
       raise ValueError(
-          f"event_type must be an MLLOG event type, got " f"{event_type!r}"
+          f"event_type must be an MLLOG event type, got {event_type!r}"
       )
     self._write(
         key,
@@ -207,6 +207,8 @@ class MLLogger:
       self, key: str, value: Any, metadata: dict[str, Any], event_type: str
   ) -> None:
     """Formats and writes one line; `value` and `metadata` are JSON-ready."""
+    # The caller's frame, for its file and line; sys._getframe is the
+    # documented cheap way to get it (inspect.stack reads source files).
     caller = sys._getframe(1)  # pylint: disable=protected-access
     while caller.f_code.co_filename == __file__ and caller.f_back is not None:
       caller = caller.f_back
@@ -528,7 +530,8 @@ def create_mllogger(
     return MLLogger.disabled()
   rules.validate_submission(config)
   if process_index is None:
-    import jax  # pylint: disable=g-import-not-at-top
+    # Imported only here: a caller that passes process_index never loads jax.
+    import jax  # pylint: disable=import-outside-toplevel
 
     process_index = jax.process_index()
   if process_index != 0:
@@ -548,7 +551,10 @@ def create_mllogger(
     for _ in range(100):
       attempt_path = next_attempt_path(path)
       try:
-        file = open(attempt_path, "x", encoding="utf-8")
+        # The MLLogger returned below holds the file open and closes it.
+        file = open(  # pylint: disable=consider-using-with
+            attempt_path, "x", encoding="utf-8"
+        )
         break
       except FileExistsError:
         continue

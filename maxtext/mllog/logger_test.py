@@ -9,6 +9,7 @@ import threading
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax.numpy as jnp
 import ml_collections
 from mlperf_logging.mllog import constants as mllog_constants
 from mlperf_logging.mllog import mllog as official_mllog
@@ -71,6 +72,7 @@ def _fake_eval_losses(config):
 
 
 def _header(logger, config, init_checkpoint_step=0):
+  """Logs what a run logs before run_start: init, submission, hparams."""
   logger.cache_clear()
   logger.init_start()
   logger.submission_info()
@@ -349,7 +351,7 @@ class MllogUtilsTest(parameterized.TestCase):
       ("name_too_long", "x" * 300 + ".log", "File name too long"),
   )
   def test_uncreatable_file_is_a_config_error(self, relative, os_error):
-    with open(os.path.join(self.dir, "not_a_dir"), "w") as f:
+    with open(os.path.join(self.dir, "not_a_dir"), "w", encoding="utf-8") as f:
       f.write("a file where the log directory should be")
     path = os.path.join(self.dir, relative)
     config = _config(mllog_file=path)
@@ -366,7 +368,11 @@ class MllogUtilsTest(parameterized.TestCase):
     if not os.path.exists("/dev/full"):
       self.skipTest("needs /dev/full")
     logger = mllog_utils.MLLogger(
-        open("/dev/full", "w", encoding="utf-8"), "/dev/full"
+        # The logger holds the file for its life, as create_mllogger's does.
+        open(  # pylint: disable=consider-using-with
+            "/dev/full", "w", encoding="utf-8"
+        ),
+        "/dev/full",
     )
     with self.assertRaises(OSError) as raised:
       logger.run_start()
@@ -448,6 +454,7 @@ class MllogUtilsTest(parameterized.TestCase):
     for line in lines:
       record = json.loads(line[len(mllog_utils.LINE_PREFIX) :])
       self.assertEqual(record["metadata"]["file"], __file__)
+      # The official logger's line encoder, to compare with; it is not public.
       official = official_mllog._encode_log(  # pylint: disable=protected-access
           record["namespace"],
           record["time_ms"],
@@ -520,8 +527,6 @@ class MllogUtilsTest(parameterized.TestCase):
     logger.close()
 
   def test_tracked_stats_rejects_device_arrays(self):
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
     logger = mllog_utils.create_mllogger(
         _config(), os.path.join(self.dir, "mllog.log"), process_index=0
     )

@@ -93,7 +93,7 @@ def benchmarks(ruleset: str) -> tuple[str, ...]:
   """
   if ruleset not in rulesets():
     raise ValueError(
-        f"mllog ruleset must be one of {list(rulesets())}, got " f"{ruleset!r}"
+        f"mllog ruleset must be one of {list(rulesets())}, got {ruleset!r}"
     )
   directory = ruleset_dir(ruleset)
   return tuple(

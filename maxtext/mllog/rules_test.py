@@ -13,6 +13,7 @@ from maxtext.mllog import rules
 
 
 def _submission(**overrides):
+  """Valid submission fields, with `overrides` replacing some."""
   values = dict(
       mllog_ruleset="6.1.0",
       submission_org="Example Org",
@@ -27,7 +28,7 @@ def _submission(**overrides):
 
 def _check_list(path, name):
   """The values the YAML rule for key `name` in `path` accepts."""
-  with open(path) as f:
+  with open(path, encoding="utf-8") as f:
     records = yaml.safe_load(f)
   check = next(
       r["KEY"]["CHECK"] for r in records if r.get("KEY", {}).get("NAME") == name
@@ -283,7 +284,7 @@ class ReferencePointsTest(parameterized.TestCase):
 
   def test_benchmark_without_rcp_data_is_named(self):
     with self.assertRaisesRegex(
-        ValueError, "no reference convergence points " "for no_such_benchmark"
+        ValueError, "no reference convergence points for no_such_benchmark"
     ):
       rules.check_reference_hyperparameters(
           _run_config(submission_benchmark="no_such_benchmark")
