@@ -79,6 +79,7 @@ def _normalize_directory(directory: str | os.PathLike[str]) -> str:
 
 
 def _check_metadata(metadata: Any) -> dict[str, Any]:
+  """A copy of `metadata`, checked to be a dict of finite JSON values."""
   if not isinstance(metadata, Mapping):
     raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
   for key in metadata:
@@ -280,7 +281,7 @@ def _check_matches(abstract_state: Any, stored: Any, step: int) -> None:
   for path, (name, leaf) in wanted.items():
     if path not in have:
       raise ValueError(
-          f"abstract_state{name} is not in checkpoint step " f"{step}: {hint}"
+          f"abstract_state{name} is not in checkpoint step {step}: {hint}"
       )
     stored_shape = getattr(have[path][1], "shape", None)
     shape = getattr(leaf, "shape", None)
@@ -425,6 +426,8 @@ class Checkpointer:
           ),
           force=force,
       )
+    # Orbax raises many types; any failure becomes a CheckpointError that
+    # names the step.
     except Exception as e:  # pylint: disable=broad-exception-caught
       self._save_failed(step, e)
     if saved:
@@ -446,6 +449,8 @@ class Checkpointer:
     step, self._pending_step = self._pending_step, None
     try:
       self._manager.wait_until_finished()
+    # Orbax raises many types; any failure becomes a CheckpointError that
+    # names the step.
     except Exception as e:  # pylint: disable=broad-exception-caught
       self._save_failed(step, e)
 
@@ -528,10 +533,11 @@ class Checkpointer:
       )
     try:
       stored = self._tree_metadata(step)
+    # Unreadable tree metadata, whatever the error: orbax's restore reports
+    # the damage.
     except Exception as e:  # pylint: disable=broad-exception-caught
-      # Unreadable tree metadata: orbax's restore reports the damage.
       logging.warning(
-          "Cannot check checkpoint step %d against the abstract " "state: %s",
+          "Cannot check checkpoint step %d against the abstract state: %s",
           step,
           _reason(e),
       )
@@ -556,6 +562,7 @@ class Checkpointer:
   def _restore_unchecked(
       self, step: int, abstract_state: Any
   ) -> tuple[Any, dict[str, Any]]:
+    """Restores `step` into `abstract_state` without checking it first."""
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(
@@ -605,6 +612,7 @@ class Checkpointer:
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
         stored = self._tree_metadata(step)
+      # Damage shows as many error types; all others are re-raised.
       except Exception as e:  # pylint: disable=broad-exception-caught
         if not _is_damage(e):
           raise
@@ -613,6 +621,7 @@ class Checkpointer:
       _check_matches(abstract_state, stored, step)
       try:
         state, metadata = self._restore_unchecked(step, abstract_state)
+      # Damage shows as many error types; all others are re-raised.
       except Exception as e:  # pylint: disable=broad-exception-caught
         if not _is_damage(e):
           raise
@@ -690,10 +699,10 @@ class Checkpointer:
 
 
 def _find_params_checkpoint(path: str) -> tuple[ocp.CheckpointManager, int]:
-  """Finds the checkpoint `path` names: a checkpoint directory or a step in one."""
+  """The checkpoint `path` names: a checkpoint directory or a step in one."""
   if not _is_url(path) and not os.path.isdir(path):
     raise FileNotFoundError(
-        f"load_parameters_path {path} does not exist or " "is not a directory"
+        f"load_parameters_path {path} does not exist or is not a directory"
     )
   manager = _read_only_manager(path, (STATE_ITEM,))
   step = manager.latest_step()

@@ -10,7 +10,8 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_force_host_platform_device_count=4"
 ).strip()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
+# XLA_FLAGS above must be set before JAX is imported.
+# pylint: disable=wrong-import-position
 from absl.testing import absltest
 import chex
 import jax

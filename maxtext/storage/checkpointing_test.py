@@ -1,4 +1,4 @@
-"""Tests for maxtext.storage.checkpointing with real orbax checkpoints in temp dirs.
+"""Tests for maxtext.storage.checkpointing: real orbax checkpoints, temp dirs.
 
 Damaged checkpoints are real ones damaged on disk; a full disk is a real
 1 MiB tmpfs mounted in a user and mount namespace (`unshare -Urm`).
@@ -7,7 +7,6 @@ Damaged checkpoints are real ones damaged on disk; a full disk is a real
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,7 +24,10 @@ from testing import tmpfs
 
 def make_state(scale: float, sharding: jax.sharding.Sharding):
   """A small train state shaped like the trainer's, placed on `sharding`."""
-  put = lambda x: jax.device_put(x, sharding)
+
+  def put(x):
+    return jax.device_put(x, sharding)
+
   return {
       "params": {
           "embed": put(jnp.arange(12, dtype=jnp.float32).reshape(3, 4) * scale),
@@ -262,9 +264,8 @@ class CheckpointingTest(parameterized.TestCase):
   def test_bad_constructor_arguments(self, override, error, regex):
     args = dict(directory=self.directory, save_period=1, max_to_keep=1)
     args.update(override)
-    directory = args.pop("directory")
     with self.assertRaisesRegex(error, regex):
-      checkpointing.Checkpointer(directory, **args)
+      checkpointing.Checkpointer(**args)
 
   @parameterized.named_parameters(
       ("negative_step", -1, {}, ValueError, "step"),

@@ -88,7 +88,8 @@ def default_client_factory():
   With `STORAGE_EMULATOR_HOST` set (e.g. `http://127.0.0.1:4443`) the client
   talks to that emulator with anonymous credentials.
   """
-  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  # Imported on first use: local runs never load the GCS client libraries.
+  from google.cloud import storage  # pylint: disable=import-outside-toplevel
 
   return storage.Client()
 
@@ -143,7 +144,8 @@ def bounded_retry(timeout_s: float):
   fails the request at once (the pass-level retries of `GcsMirror` and the
   caller of `download_prefix` decide what happens next).
   """
-  from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
+  # Imported on first use: local runs never load the GCS client libraries.
+  from google.cloud.storage import retry  # pylint: disable=import-outside-toplevel
   # The library's own list of transient errors; it has no public accessor.
   transient = retry.DEFAULT_RETRY._predicate  # pylint: disable=protected-access
   return (
@@ -219,7 +221,8 @@ def _list_blobs(
 
 def _is_permanent_object_error(error: BaseException) -> bool:
   """A 4xx answer about one object (other objects may still succeed)."""
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  # Imported on first use: local runs never load the GCS client libraries.
+  from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
 
   return isinstance(error, exceptions.ClientError) and error.code not in (
       408,
@@ -228,14 +231,16 @@ def _is_permanent_object_error(error: BaseException) -> bool:
 
 
 def _is_not_found(error: BaseException) -> bool:
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  # Imported on first use: local runs never load the GCS client libraries.
+  from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
 
   return isinstance(error, exceptions.NotFound)
 
 
 def _crc32c_b64(path: str) -> str:
   """The file's CRC32C as GCS reports it (base64 of the big-endian value)."""
-  import google_crc32c  # pylint: disable=g-import-not-at-top
+  # Imported on first use: local runs never load the GCS client libraries.
+  import google_crc32c  # pylint: disable=import-outside-toplevel
 
   checksum = google_crc32c.Checksum()
   with open(path, "rb") as f:
@@ -450,6 +455,7 @@ class GcsMirror:
   # --- background thread ------------------------------------------------------
 
   def _loop(self) -> None:
+    """The background thread: passes on request, then the final pass."""
     last_start = -float("inf")
     while True:
       self._wake.wait()
@@ -488,7 +494,9 @@ class GcsMirror:
             self._unreachable_cause = None
           return True
         error = "interrupted by close()"
-      except Exception as e:  # pylint: disable=broad-except
+      # Any failure of a pass is recorded and retried, never raised into the
+      # caller (the module's contract).
+      except Exception as e:  # pylint: disable=broad-exception-caught
         error = f"{type(e).__name__}: {e}"
         with self._stats_lock:
           self._stats["last_error"] = error
@@ -607,7 +615,9 @@ class GcsMirror:
         )
       except FileNotFoundError:
         continue  # Deleted since the scan; the next pass sees it gone.
-      except Exception as e:  # pylint: disable=broad-except
+      # The client raises many types; all but a permanent per-object error
+      # are re-raised to fail the pass.
+      except Exception as e:  # pylint: disable=broad-exception-caught
         if not _is_permanent_object_error(e):
           raise
         object_errors.append(f"{rel}: {e}")
@@ -621,7 +631,9 @@ class GcsMirror:
         bucket.blob(_object_name(self._prefix, rel)).delete(
             timeout=timeout, retry=bounded_retry(timeout)
         )
-      except Exception as e:  # pylint: disable=broad-except
+      # The client raises many types; all but a missing or permanently
+      # failing object are re-raised to fail the pass.
+      except Exception as e:  # pylint: disable=broad-exception-caught
         if not _is_not_found(e):
           if not _is_permanent_object_error(e):
             raise
@@ -730,7 +742,7 @@ def download_prefix(
         if os.path.exists(tmp):
           os.remove(tmp)
       written.append(rel)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     cause = _unreachable_cause(e)
     what = (
         f"unreachable endpoint ({cause})"
@@ -738,6 +750,6 @@ def download_prefix(
         else f"{type(e).__name__}: {e}"
     )
     raise GcsError(
-        f"download of {gs_url} into {local_dir} failed: " f"{what}"
+        f"download of {gs_url} into {local_dir} failed: {what}"
     ) from e
   return sorted(written)

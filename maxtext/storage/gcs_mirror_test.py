@@ -50,6 +50,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.local = os.path.join(self.create_tempdir().full_path, "run")
 
   def _mirror(self, emulator=None, **kwargs):
+    """A fast-retrying GcsMirror of self.local to the emulator's bucket."""
     emulator = emulator or self.emulator
     options = dict(
         client_factory=emulator.client,

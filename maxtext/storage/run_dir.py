@@ -1,13 +1,14 @@
-"""Where a run writes: the run directory, its files, and config.json with provenance.
+"""Where a run writes: the run directory, its files, config.json, provenance.
 
 A run writes into `<base_output_directory>/<run_name>/`. For a local
-`base_output_directory` that directory is written directly. For `gs://bucket/prefix`
-the run directory is written under `local_staging_directory` and mirrored to
-`gs://bucket/prefix/<run_name>/` by `maxtext.storage.gcs_mirror`.
+`base_output_directory` that directory is written directly. For
+`gs://bucket/prefix` the run directory is written under
+`local_staging_directory` and mirrored to `gs://bucket/prefix/<run_name>/` by
+`maxtext.storage.gcs_mirror`.
 
-Relative local paths resolve against the directory the user ran the command from:
-`bazel run` changes the working directory to the runfiles tree and says where the
-caller was in BUILD_WORKING_DIRECTORY.
+Relative local paths resolve against the directory the user ran the command
+from: `bazel run` changes the working directory to the runfiles tree and says
+where the caller was in BUILD_WORKING_DIRECTORY.
 """
 
 import dataclasses
@@ -42,11 +43,12 @@ _LOCK_FILES = (
 def resolve_local_path(
     path: str, environ: Mapping[str, str] = os.environ
 ) -> str:
-  """Absolute form of a local path; relative paths are taken from the caller's cwd.
+  """Absolute form of a local path; relative ones are from the caller's cwd.
 
   Args:
     path: a local path, possibly relative or starting with '~'.
-    environ: the process environment (BUILD_WORKING_DIRECTORY is set by bazel run).
+    environ: the process environment (BUILD_WORKING_DIRECTORY is set by bazel
+      run).
 
   Returns:
     The absolute, normalised path.
@@ -216,7 +218,7 @@ def make_run_paths(
 
 
 def _lock_hash() -> str:
-  """'<lock file>:sha256:<hex>' of the dependency lock this program runs with."""
+  """'<lock file>:sha256:<hex>' of the dependency lock this program uses."""
   for name in _LOCK_FILES:
     try:
       with open(os.path.join(_LOCK_DIR, name), "rb") as f:
@@ -227,7 +229,7 @@ def _lock_hash() -> str:
 
 
 def provenance(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-  """What produced this run: code revision, dependency lock, JAX and its devices.
+  """What produced this run: code revision, dependency lock, JAX, devices.
 
   The revision is the one stamped into the binary at build time when it has
   one, else git's at run time; `git_revision_source` says which
@@ -259,7 +261,7 @@ def write_config_json(path: str, config, extra: Mapping[str, Any]) -> None:
       "provenance": dict(extra),
   }
   tmp = path + ".tmp"
-  with open(tmp, "w") as f:
+  with open(tmp, "w", encoding="utf-8") as f:
     json.dump(document, f, indent=2, sort_keys=True)
     f.write("\n")
   os.replace(tmp, path)

@@ -132,7 +132,7 @@ class ConfigJsonTest(absltest.TestCase):
   def test_writes_config_and_provenance(self):
     path = os.path.join(self.create_tempdir().full_path, "config.json")
     run_dir.write_config_json(path, _config(), run_dir.provenance())
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       document = json.load(f)
     self.assertEqual(document["config"]["base_output_directory"], "runs")
     provenance = document["provenance"]

@@ -133,7 +133,7 @@ class Holder:
       return None
 
   def describe(self) -> str:
-    return f"host={self.host} pid={self.pid} " f"started {self.start_time_utc}"
+    return f"host={self.host} pid={self.pid} started {self.start_time_utc}"
 
 
 class RunLockError(RuntimeError):
@@ -215,7 +215,8 @@ class LocalLock:
 
 
 def _is_precondition_failed(error: BaseException) -> bool:
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  # Imported on first use: local runs never load the GCS client libraries.
+  from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
 
   return isinstance(error, exceptions.PreconditionFailed)
 
@@ -293,7 +294,8 @@ class RemoteLock:
       self._take()
     except RunLockError:
       raise
-    except Exception as e:  # pylint: disable=broad-except
+    # Any failure to reach GCS leaves the run on its local lock; it retries.
+    except Exception as e:  # pylint: disable=broad-exception-caught
       self._failing = True
       logging.warning(
           "Run lock %s: GCS could not be reached (%s: %s). The run goes on "
@@ -331,7 +333,8 @@ class RemoteLock:
       ):
         return
       blob.delete(if_generation_match=blob.generation, **self._request_args())
-    except Exception as e:  # pylint: disable=broad-except
+    # Any failure to delete is only logged: a later run takes a stale lock.
+    except Exception as e:  # pylint: disable=broad-exception-caught
       logging.warning(
           "Run lock %s: could not delete the lock object (%s: "
           "%s); the next run takes it over after %.1f s.",
@@ -382,7 +385,7 @@ class RemoteLock:
         data = blob.download_as_bytes(
             if_generation_match=blob.generation, **self._request_args()
         )
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         if _is_precondition_failed(e):
           continue  # Rewritten between the two requests: read again.
         raise
@@ -403,7 +406,9 @@ class RemoteLock:
     for _ in range(5):
       try:
         generation = self._write(if_generation_match=0)
-      except Exception as e:  # pylint: disable=broad-except
+      # The client raises many types; all but a failed precondition are
+      # re-raised.
+      except Exception as e:  # pylint: disable=broad-exception-caught
         if not _is_precondition_failed(e):
           raise
       else:
@@ -425,7 +430,9 @@ class RemoteLock:
         )
       try:
         taken = self._write(if_generation_match=generation)
-      except Exception as e:  # pylint: disable=broad-except
+      # The client raises many types; all but a failed precondition are
+      # re-raised.
+      except Exception as e:  # pylint: disable=broad-exception-caught
         if not _is_precondition_failed(e):
           raise
         continue  # Someone else wrote it first: look again.
@@ -449,6 +456,7 @@ class RemoteLock:
   # --- background thread ------------------------------------------------------
 
   def _refresh_loop(self) -> None:
+    """The background thread: refreshes the lock object every interval."""
     while not self._stop.wait(self._interval):
       try:
         self._refresh_once()
@@ -462,7 +470,8 @@ class RemoteLock:
             e,
         )
         return
-      except Exception as e:  # pylint: disable=broad-except
+      # The refresh thread outlives any failure: it logs it and retries.
+      except Exception as e:  # pylint: disable=broad-exception-caught
         if not self._failing:
           logging.warning(
               "Run lock %s: refresh failed (%s: %s); retrying "
@@ -496,7 +505,9 @@ class RemoteLock:
     try:
       self._set_generation(self._write(if_generation_match=generation))
       return
-    except Exception as e:  # pylint: disable=broad-except
+    # The client raises many types; all but a failed precondition are
+    # re-raised.
+    except Exception as e:  # pylint: disable=broad-exception-caught
       if not _is_precondition_failed(e):
         raise
     found = self._read()
@@ -610,6 +621,7 @@ def acquire_run_locks(
     for path in local:
       lock = LocalLock(path, holder)
       lock.acquire()
+      # RunLocks is filled here, in its own module, as each lock is taken.
       locks._locks.append(lock)  # pylint: disable=protected-access
     for url in remote:
       lock = RemoteLock(
@@ -620,6 +632,7 @@ def acquire_run_locks(
           client_factory=client_factory,
           clock=clock,
       )
+      # As above: RunLocks is filled here, in its own module.
       locks._locks.append(lock)  # pylint: disable=protected-access
       lock.acquire()
   except BaseException:

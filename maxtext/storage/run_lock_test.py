@@ -40,7 +40,8 @@ class _Holder:
   """A child process that holds locks until it is killed."""
 
   def __init__(self, locations, refresh_interval_s=60.0, **env):
-    self.process = subprocess.Popen(
+    # The child runs until kill(), beyond this constructor.
+    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         [
             sys.executable,
             "-c",
@@ -58,7 +59,7 @@ class _Holder:
     if line.strip() != "locked":
       self.kill()
       raise AssertionError(
-          f"holder did not lock: {line!r} " f"{self.process.stderr.read()}"
+          f"holder did not lock: {line!r} {self.process.stderr.read()}"
       )
 
   @property
@@ -91,7 +92,7 @@ class LocalLockTest(parameterized.TestCase):
 
   def test_creates_the_directory_and_names_the_holder_in_the_file(self):
     with run_lock.acquire_run_locks([self.run_dir]) as locks:
-      with open(os.path.join(self.run_dir, ".run.lock")) as f:
+      with open(os.path.join(self.run_dir, ".run.lock"), encoding="utf-8") as f:
         written = json.load(f)
       self.assertEqual(written["pid"], os.getpid())
       self.assertEqual(written["host"], socket.gethostname())

@@ -60,9 +60,9 @@ RESUMABLE_FIELDS = frozenset(
         # The step budget. The schedule's length is compared separately (0 =
         # steps makes it follow `steps`), see check_resume.
         "steps",
-        # When to evaluate, and on how many of the fixed eval batches (batch i is
-        # the same batch in every attempt). The eval batch size is not here: it
-        # changes which sequences each eval batch holds.
+        # When to evaluate, and on how many of the fixed eval batches (batch
+        # i is the same batch in every attempt). The eval batch size is not
+        # here: it changes which sequences each eval batch holds.
         "eval_interval",
         "eval_steps",
         # When to log, profile and checkpoint; how many checkpoints to keep.
@@ -71,13 +71,14 @@ RESUMABLE_FIELDS = frozenset(
         "profiler_start_step",
         "checkpoint_period",
         "max_checkpoints_to_keep",
-        # How many skipped (non-finite) steps in a row stop the run: an operator's
-        # guard, not part of training.
+        # How many skipped (non-finite) steps in a row stop the run: an
+        # operator's guard, not part of training.
         "max_consecutive_skipped_steps",
-        # Where the run's files are. The run directory itself is what is being
-        # resumed: its recorded name may be "" (a generated name) and it may have
-        # moved. A moved checkpoint directory restores the same state: the state's
-        # shape and meaning are pinned by the fields that must match.
+        # Where the run's files are. The run directory itself is what is
+        # being resumed: its recorded name may be "" (a generated name) and it
+        # may have moved. A moved checkpoint directory restores the same
+        # state: the state's shape and meaning are pinned by the fields that
+        # must match.
         "run_name",
         "base_output_directory",
         "local_staging_directory",
@@ -91,11 +92,12 @@ RESUMABLE_FIELDS = frozenset(
         "run_lock_refresh_interval_seconds",
         # Resume is how the later attempts start.
         "resume",
-        # The machines. The state is restored into the new mesh's shardings, and
-        # the data does not depend on the process count: each step's global batch
-        # is drawn whole and every process keeps its rows (maxtext/data.py), so a
-        # resume on another slice or process count trains on the same data. Each
-        # attempt's devices are in its provenance.
+        # The machines. The state is restored into the new mesh's shardings,
+        # and the data does not depend on the process count: each step's
+        # global batch is drawn whole and every process keeps its rows
+        # (maxtext/data.py), so a resume on another slice or process count
+        # trains on the same data. Each attempt's devices are in its
+        # provenance.
         "num_processes",
         "process_id",
         "coordinator_address",
@@ -106,10 +108,11 @@ RESUMABLE_FIELDS = frozenset(
         "allow_cpu_fallback",
         "jax_compilation_cache_dir",
         # How the same step is computed: the attention kernel ("auto" already
-        # follows `hardware`), rematerialisation and loss chunking trade speed for
-        # memory (a resume on a smaller accelerator may need them) without
-        # changing what the gradients are; compute_dtype, which does, must match.
-        # The compile warm-up before run_start leaves the state untouched.
+        # follows `hardware`), rematerialisation and loss chunking trade speed
+        # for memory (a resume on a smaller accelerator may need them) without
+        # changing what the gradients are; compute_dtype, which does, must
+        # match. The compile warm-up before run_start leaves the state
+        # untouched.
         "attention",
         "remat_policy",
         "loss_chunk_size",
@@ -272,7 +275,7 @@ def _read_history(path: str) -> list[dict[str, Any]]:
   lines after it still count.
   """
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       lines = f.read().splitlines()
   except FileNotFoundError:
     return []
@@ -295,8 +298,13 @@ def _read_history(path: str) -> list[dict[str, Any]]:
 
 
 def _read_config_json(path: str) -> Optional[dict[str, Any]]:
+  """The recorded document at `path`; None where there is no such file.
+
+  Raises:
+    ValueError: the file is not JSON or holds no 'config' object.
+  """
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       document = json.load(f)
   except FileNotFoundError:
     return None
@@ -371,7 +379,7 @@ def record_attempt(
   start_step = checks.check_int("start_step", start_step, 0)
   if not isinstance(provenance, Mapping):
     raise TypeError(
-        f"provenance must be a mapping, got " f"{type(provenance).__name__}"
+        f"provenance must be a mapping, got {type(provenance).__name__}"
     )
   if now is None:
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -473,7 +481,7 @@ def resolve_seed(
     drawn = draw()
     if not checks.is_int(drawn) or not 0 <= drawn < 2**SEED_BITS:
       raise ValueError(
-          f"the drawn seed {drawn!r} is not in " f"[0, 2**{SEED_BITS})"
+          f"the drawn seed {drawn!r} is not in [0, 2**{SEED_BITS})"
       )
     logging.info("Seed %d, drawn from os.urandom (config.seed=-1).", drawn)
     return int(drawn)

@@ -204,7 +204,7 @@ class RecordAttemptTest(absltest.TestCase):
     self.history = os.path.join(self.run_dir, "config_history.jsonl")
 
   def _history(self) -> list[dict]:
-    with open(self.history) as f:
+    with open(self.history, encoding="utf-8") as f:
       return [json.loads(line) for line in f]
 
   def test_new_run_has_no_record(self):
@@ -219,7 +219,7 @@ class RecordAttemptTest(absltest.TestCase):
         now=_T0,
     )
     self.assertEqual(number, 1)
-    with open(self.config_json) as f:
+    with open(self.config_json, encoding="utf-8") as f:
       document = json.load(f)
     self.assertEqual(document["config"]["seed"], 1234)
     self.assertEqual(
@@ -266,7 +266,7 @@ class RecordAttemptTest(absltest.TestCase):
 
   def test_attempt_cut_short_mid_append_is_skipped(self):
     run_record.record_attempt(self.run_dir, _config(), {}, 0, now=_T0)
-    with open(self.history, "a") as f:
+    with open(self.history, "a", encoding="utf-8") as f:
       f.write('{"attempt": 2, "conf')  # The writer died here.
     self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 60)
     self.assertEqual(
@@ -275,7 +275,7 @@ class RecordAttemptTest(absltest.TestCase):
         ),
         2,
     )
-    with open(self.history) as f:
+    with open(self.history, encoding="utf-8") as f:
       lines = f.read().splitlines()
     self.assertLen(lines, 3)
     self.assertEqual(json.loads(lines[2])["config"]["steps"], 70)
@@ -287,22 +287,22 @@ class RecordAttemptTest(absltest.TestCase):
     run_record.record_attempt(
         self.run_dir, _config(steps=70), {"n": 2}, 9, now=_T0
     )
-    with open(self.config_json) as f:
+    with open(self.config_json, encoding="utf-8") as f:
       document = json.load(f)
     self.assertEqual(document["config"]["steps"], 60)
     self.assertEqual(document["provenance"], {"n": 1, "start_step": 0})
 
   def test_run_recorded_before_the_history_existed(self):
-    with open(self.config_json, "w") as f:
+    with open(self.config_json, "w", encoding="utf-8") as f:
       json.dump({"config": _recorded(steps=50), "provenance": {}}, f)
     self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 50)
 
   def test_unreadable_config_json_is_an_error_naming_it(self):
-    with open(self.config_json, "w") as f:
+    with open(self.config_json, "w", encoding="utf-8") as f:
       f.write("{not json")
     with self.assertRaisesRegex(ValueError, "config.json is not valid JSON"):
       run_record.load_recorded_config(self.run_dir)
-    with open(self.config_json, "w") as f:
+    with open(self.config_json, "w", encoding="utf-8") as f:
       json.dump({"provenance": {}}, f)
     with self.assertRaisesRegex(ValueError, "holds no 'config'"):
       run_record.load_recorded_config(self.run_dir)
