@@ -106,7 +106,7 @@ _WARMUP = flags.DEFINE_integer(
 
 
 class BareLoop:
-  """The least a training step does: K micro-steps, one update, one loss fetch."""
+  """The least a training step does: K micro-steps, an update, a loss fetch."""
 
   def __init__(self, config):
     self.config = config
@@ -144,7 +144,7 @@ class BareLoop:
     )
 
   def step(self, step: int) -> float:
-    """Runs training step `step`; returns its mean micro-batch loss (fetched)."""
+    """Runs training step `step`; returns its mean micro-batch loss, fetched."""
     loss_acc = jnp.zeros((), jnp.float32)
     for micro in data.split_micro_batches(self.dataset.get_batch(step), self.k):
       self.grad_acc, loss_acc = self._micro_step(
@@ -198,13 +198,16 @@ def _run_trainer(config, output_dir: str, name: str, step_callback) -> None:
 def trainer_block(
     config, output_dir: str, name: str, warmup: int
 ) -> list[float]:
-  """Step times (s) of one fresh trainer run, warm-up and post-eval/save steps left out."""
+  """Step times (s) of one fresh trainer run.
+
+  Warm-up steps and the steps after an eval or a save are left out.
+  """
   times = {}
   _run_trainer(
       config,
       output_dir,
       name,
-      lambda completed, t: times.__setitem__(completed, t),
+      times.__setitem__,
   )
   return [times[c] for c in _timed_steps(config, times, warmup)]
 
@@ -320,7 +323,8 @@ def main(argv):
       f"layers, seq {config.max_sequence_length}, global batch "
       f"{config.global_batch_size} in K={config.gradient_accumulation_steps} "
       f"micro-batches, eval every {config.eval_interval}, checkpoint every "
-      f"{config.checkpoint_period}, {steps} steps per run, pairing={_PAIRING.value}"
+      f"{config.checkpoint_period}, {steps} steps per run, "
+      f"pairing={_PAIRING.value}"
   )
   print("round  trainer_ms   bare_ms   ratio  timed_steps(trainer/bare)")
   for r, t_med, b_med, ratio, nt, nb in rows:
@@ -337,8 +341,8 @@ def main(argv):
       else "n/a"
   )
   print(
-      f"median ratio {ratio:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
-      f"over {rounds} rounds"
+      f"median ratio {ratio:.3f} (min {min(ratios):.3f}, "
+      f"max {max(ratios):.3f}) over {rounds} rounds"
   )
   print(
       f"trainer: median step {trainer_step * 1e3:.2f} ms, {tokens_per_s:,.0f} "

@@ -55,6 +55,7 @@ _ROOT = os.path.dirname(
 
 
 def _overrides(steps: int, output_dir: str) -> dict:
+  """The config overrides of one run: its steps and output, then `--set`."""
   values = {
       "steps": steps,
       "base_output_directory": output_dir,
@@ -73,8 +74,10 @@ def _overrides(steps: int, output_dir: str) -> dict:
 def measure(overrides: dict, skip: int) -> dict:
   """Trains one run in this process; returns its CPU times per step (ms)."""
   # Imported here: the tree on sys.path decides which maxtext this is.
-  from maxtext import trainer  # pylint: disable=g-import-not-at-top
-  from maxtext.configs import default  # pylint: disable=g-import-not-at-top
+  # pylint: disable=import-outside-toplevel
+  from maxtext import trainer
+  from maxtext.configs import default
+  # pylint: enable=import-outside-toplevel
 
   config = default.get_config()
   config.update(overrides)
@@ -95,6 +98,7 @@ def measure(overrides: dict, skip: int) -> dict:
 
 
 def _run_child(tree: str, output_dir: str) -> dict:
+  """Runs measure() in a fresh process on `tree`; returns what it measured."""
   env = dict(os.environ)
   # The tree's own packages first; this tree's maxtext must not shadow it.
   path = [p for p in sys.path if p and os.path.abspath(p) != _ROOT]

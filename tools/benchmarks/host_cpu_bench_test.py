@@ -28,6 +28,8 @@ class HostCpuBenchTest(absltest.TestCase):
             "--skip_steps=2",
             f"--trees=a={root},b={root}",
             "--set=eval_interval=4",
+            # default.py's 20 warm-up steps must fit in the 8 steps run here.
+            "--set=warmup_steps=2",
             "--set=enable_mllog=false",
         ],
         timeout_s=600,

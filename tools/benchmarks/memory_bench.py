@@ -36,6 +36,7 @@ for the config's own attention implementation (its largest micro-step):
   memory_bench: temp_full/none=R
 """
 
+import functools
 import os
 import sys
 
@@ -94,7 +95,9 @@ _GB = 1e9
 
 def _attentions(config) -> list[str]:
   """The attention implementations the default backend has."""
-  import jax  # pylint: disable=g-import-not-at-top
+  # jax, and maxtext that imports it, load only after main() has set
+  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
+  import jax  # pylint: disable=import-outside-toplevel
 
   backend = jax.default_backend()
   names = ["einsum", "dot_product"]
@@ -107,8 +110,12 @@ def _attentions(config) -> list[str]:
 
 def _device_bytes(tree) -> int:
   """Bytes one device holds of a pytree of (sharded) ShapeDtypeStructs."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  # jax, and maxtext that imports it, load only after main() has set
+  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
+  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
+  # pylint: enable=import-outside-toplevel
 
   total = 0
   for x in jax.tree_util.tree_leaves(tree):
@@ -122,13 +129,14 @@ def _device_bytes(tree) -> int:
 
 def _engine(config, setup, donate: bool):
   """The trainer's engine (`model_setup.make_engine`) on abstract params."""
-  # pylint: disable=g-import-not-at-top
-  import functools
+  # jax, and maxtext that imports it, load only after main() has set
+  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
+  # pylint: disable=import-outside-toplevel
   from maxtext import engine as engine_lib
   from maxtext import model
   from maxtext import optimizer as optimizer_lib
   from maxtext.metrics import recorder as metrics_recorder
-  # pylint: enable=g-import-not-at-top
+  # pylint: enable=import-outside-toplevel
   schedule = optimizer_lib.make_schedule(config)
   # The arguments of model_setup.make_engine, with donate_state chosen here.
   return engine_lib.Engine(
@@ -147,10 +155,12 @@ def _engine(config, setup, donate: bool):
 
 def _micro_batch(config):
   """The abstract micro-batch of one process (zeros' shapes, not data)."""
-  # pylint: disable=g-import-not-at-top
+  # jax, and maxtext that imports it, load only after main() has set
+  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
+  # pylint: disable=import-outside-toplevel
   import jax
   from maxtext import data
-  # pylint: enable=g-import-not-at-top
+  # pylint: enable=import-outside-toplevel
   train, _ = data.placeholder_batches(config)
   micro = data.split_micro_batches(train, config.gradient_accumulation_steps)[0]
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), micro)
@@ -169,10 +179,12 @@ def analyse(config, donate: bool = True, programs=None) -> list[dict]:
     Rows {"program", "args", "out", "alias", "temp", "resident", "peak"},
     per-device bytes, in the order the step runs the programs.
   """
-  # pylint: disable=g-import-not-at-top
+  # jax, and maxtext that imports it, load only after main() has set
+  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
+  # pylint: disable=import-outside-toplevel
   from maxtext import mesh as mesh_lib
   from maxtext import model_setup
-  # pylint: enable=g-import-not-at-top
+  # pylint: enable=import-outside-toplevel
   setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
   engine = _engine(config, setup, donate)
   opt_bytes = _device_bytes(engine.opt_state)
@@ -226,11 +238,12 @@ def main(argv):
         os.environ.get("XLA_FLAGS", "")
         + f" --xla_force_host_platform_device_count={_HOST_DEVICES.value}"
     )
-  # pylint: disable=g-import-not-at-top
+  # Only now, with XLA_FLAGS set: the CPU backend reads it once.
+  # pylint: disable=import-outside-toplevel
   import jax
   from maxtext import config_lib
   from maxtext import model
-  # pylint: enable=g-import-not-at-top
+  # pylint: enable=import-outside-toplevel
   base = _CONFIG.value
   config_lib.validate(base)
   memories = [float(m) for m in _DEVICE_MEMORY_GB.value]

@@ -45,7 +45,7 @@ from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter
 
 _NUM_METRICS = flags.DEFINE_integer(
-    "num_metrics", 100, "M, metrics per micro-batch (loss " "included)."
+    "num_metrics", 100, "M, metrics per micro-batch (loss included)."
 )
 _KS = flags.DEFINE_list("ks", ["4", "16", "64"], "Micro-batches per step.")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved rounds per K.")
@@ -290,7 +290,10 @@ def main(argv):
           f"{_fmt_ms(np.median(base + o))} {dispatches[w]:>10}"
       )
   k_ref = 16 if 16 in ks else ks[0]
-  ratio = lambda a, b: medians[(k_ref, a)] / medians[(k_ref, b)]
+
+  def ratio(a, b):
+    return medians[(k_ref, a)] / medians[(k_ref, b)]
+
   print(
       f"metrics_bench: engine/stack={ratio('c/engine', 'b/stack'):.4f} "
       f"engine/append={ratio('c/engine', 'a/append'):.4f} "

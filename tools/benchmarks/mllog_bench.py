@@ -98,6 +98,7 @@ class DelayProxy:
     return f"http://127.0.0.1:{self.port}"
 
   def _accept(self) -> None:
+    """Pipes each client to upstream until close(), delaying the replies."""
     while not self._closed.is_set():
       try:
         client, _ = self._server.accept()
@@ -118,6 +119,7 @@ class DelayProxy:
 
   @staticmethod
   def _pump(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
+    """Copies src to dst (each chunk `delay_s` late) until either ends."""
     try:
       while True:
         data = src.recv(65536)
@@ -142,6 +144,14 @@ class DelayProxy:
 
 
 def _config(way: str, run_name: str, out: str, cache_dir: str):
+  """The tiny config of one run, MLPerf log off or on (local or GCS output).
+
+  Args:
+    way: "off", "local" or "gcs".
+    run_name: the run's name.
+    out: the folder for the run's local files.
+    cache_dir: JAX's compilation cache.
+  """
   config = default.get_config()
   for key, value in _TINY.items():
     setattr(config, key, value)
