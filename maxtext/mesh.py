@@ -4,8 +4,14 @@ Every run is built on a mesh with two named axes, ("data", "fsdp"); one CPU is a
 mesh, so single- and multi-device runs share the same code. Batches are split over
 both axes (every device holds a different slice of the batch); parameters, and the
 optimizer state that mirrors them, are split over "fsdp" and replicated over "data".
+
+With `expert_parallelism` > 1 the mesh has a third axis, "expert": the experts of
+the mixture-of-experts layers are split over it (`model.param_partition_specs`
+with `expert_size`), and batches are split over it as well, so its devices do
+not repeat each other's work outside the experts.
 """
 
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
@@ -14,6 +20,7 @@ import numpy as np
 
 DATA_AXIS = "data"
 FSDP_AXIS = "fsdp"
+EXPERT_AXIS = "expert"
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
 
 
@@ -47,12 +54,39 @@ def mesh_shape(data_parallelism: int, fsdp_parallelism: int,
 
 
 def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-  """The run's ("data", "fsdp") mesh over all (or the given) devices."""
+  """The run's mesh over all (or the given) devices.
+
+  ("data", "fsdp"), plus "expert" (last, so expert groups are neighbouring
+  devices) when `config.expert_parallelism` > 1.
+
+  Raises:
+    ValueError: bad sizes (see `mesh_shape`), or expert_parallelism does not
+      divide the number of devices.
+  """
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(config.data_parallelism, config.fsdp_parallelism, len(devices))
+  experts = getattr(config, "expert_parallelism", 1)
+  if experts < 1 or len(devices) % experts:
+    raise ValueError(f"expert_parallelism={experts} must be >= 1 and divide "
+                     f"the {len(devices)} devices")
+  shape = mesh_shape(config.data_parallelism, config.fsdp_parallelism,
+                     len(devices) // experts)
   # Processes own contiguous blocks of the device list, so data-parallel groups line
   # up with hosts and FSDP collectives stay within a host where they can.
-  return Mesh(np.asarray(devices).reshape(shape), BATCH_AXES)
+  if experts == 1:
+    return Mesh(np.asarray(devices).reshape(shape), BATCH_AXES)
+  return Mesh(np.asarray(devices).reshape(shape + (experts,)),
+              BATCH_AXES + (EXPERT_AXIS,))
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+  """The mesh axes a batch is split over: all of them."""
+  return tuple(name for name in BATCH_AXES + (EXPERT_AXIS,)
+               if name in mesh.axis_names)
+
+
+def expert_size(mesh: Mesh) -> int:
+  """Devices on the mesh's expert axis (1 when it has none)."""
+  return mesh.shape.get(EXPERT_AXIS, 1)
 
 
 def check_batch_layout(config, mesh: Mesh) -> None:
@@ -61,16 +95,16 @@ def check_batch_layout(config, mesh: Mesh) -> None:
   Raises:
     ValueError: naming the batch size and the number of batch shards.
   """
-  shards = mesh.shape[DATA_AXIS] * mesh.shape[FSDP_AXIS]
+  shards = math.prod(mesh.shape[name] for name in batch_axes(mesh))
   micro = config.global_batch_size // config.gradient_accumulation_steps
   if micro % shards:
     raise ValueError(
         f"global_batch_size={config.global_batch_size} / gradient_accumulation_steps="
         f"{config.gradient_accumulation_steps} = {micro} sequences per micro-batch is "
-        f"not divisible by the {shards} batch shards (data x fsdp devices)")
+        f"not divisible by the {shards} batch shards (data x fsdp x expert devices)")
   if config.eval_batch_size % shards:
     raise ValueError(f"eval_batch_size={config.eval_batch_size} is not divisible by "
-                     f"the {shards} batch shards (data x fsdp devices)")
+                     f"the {shards} batch shards (data x fsdp x expert devices)")
   processes = jax.process_count()
   if micro % processes or config.eval_batch_size % processes:
     raise ValueError(
@@ -80,7 +114,7 @@ def check_batch_layout(config, mesh: Mesh) -> None:
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Sharding of a [batch, sequence] array: batch over every mesh axis."""
-  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, None))
+  return NamedSharding(mesh, PartitionSpec(batch_axes(mesh), None))
 
 
 def param_shardings(partition_specs: Any, mesh: Mesh) -> Any:

@@ -47,6 +47,16 @@ class BatchLayoutTest(absltest.TestCase):
     self.assertEqual(dict(mesh.shape), {"data": 1, "fsdp": 1})
     mesh_lib.check_batch_layout(_config(), mesh)
 
+  def test_expert_axis_only_when_asked_and_must_divide_devices(self):
+    mesh = mesh_lib.make_mesh(_config())
+    self.assertNotIn(mesh_lib.EXPERT_AXIS, mesh.axis_names)
+    self.assertEqual(mesh_lib.expert_size(mesh), 1)
+    self.assertEqual(mesh_lib.batch_axes(mesh), ("data", "fsdp"))
+    config = _config()
+    config.expert_parallelism = 2
+    with self.assertRaisesRegex(ValueError, "expert_parallelism=2"):
+      mesh_lib.make_mesh(config)
+
   def test_global_batch_is_sharded_over_batch_axes(self):
     mesh = mesh_lib.make_mesh(_config())
     sharding = mesh_lib.batch_sharding(mesh)

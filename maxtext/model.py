@@ -580,7 +580,9 @@ def param_logical_axes(params: Params) -> Params:
   Raises:
     ValueError: if `params` does not have the structure of `init_params`.
   """
-  is_axes = lambda x: isinstance(x, tuple)
+  def is_axes(x):
+    return isinstance(x, tuple)
+
   axes = dict(_LOGICAL_AXES)
   if "moe_layers" in params:
     if "layers" not in params:

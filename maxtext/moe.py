@@ -60,8 +60,14 @@ LOGICAL_AXES = {
 }
 
 # Per-layer statistics `moe_mlp` returns, reduced over layers by `summarize`.
-STAT_NAMES = ("aux_loss", "load_max", "load_min", "load_cv",
-              "router_entropy", "dropped")
+STAT_NAMES = (
+    "aux_loss",
+    "load_max",
+    "load_min",
+    "load_cv",
+    "router_entropy",
+    "dropped",
+)
 
 
 def expert_width(config) -> int:
@@ -69,9 +75,9 @@ def expert_width(config) -> int:
   return config.moe_mlp_dim or config.mlp_dim
 
 
-def init_params(config, num_layers: int,
-                normal: Callable[[tuple[int, ...], int], jax.Array]
-                ) -> dict[str, jax.Array]:
+def init_params(
+    config, num_layers: int, normal: Callable[[tuple[int, ...], int], jax.Array]
+) -> dict[str, jax.Array]:
   """The MoE feed-forward parameters of `num_layers` stacked layers.
 
   Args:
@@ -98,8 +104,7 @@ def init_params(config, num_layers: int,
   return params
 
 
-def route(logits: jax.Array, config) -> tuple[jax.Array, jax.Array,
-                                              jax.Array]:
+def route(logits: jax.Array, config) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Router scores and each token's top-k experts.
 
   Args:
@@ -124,13 +129,16 @@ def route(logits: jax.Array, config) -> tuple[jax.Array, jax.Array,
     top, experts = jax.lax.top_k(scores, k)
     weights = top / jnp.sum(top, axis=-1, keepdims=True)
   else:
-    raise ValueError(f"config.router_score={config.router_score!r}: must be "
-                     f"one of {list(ROUTER_SCORES)}")
+    raise ValueError(
+        f"config.router_score={config.router_score!r}: must be "
+        f"one of {list(ROUTER_SCORES)}"
+    )
   return probs, weights, experts
 
 
-def balance_loss(probs: jax.Array, experts: jax.Array, num_experts: int,
-                 kind: str) -> jax.Array:
+def balance_loss(
+    probs: jax.Array, experts: jax.Array, num_experts: int, kind: str
+) -> jax.Array:
   """The load-balancing loss (module docstring) of one layer.
 
   Args:
@@ -146,20 +154,24 @@ def balance_loss(probs: jax.Array, experts: jax.Array, num_experts: int,
     ValueError: unknown `kind`.
   """
   if kind not in LOAD_BALANCE_LOSSES:
-    raise ValueError(f"config.load_balance_loss={kind!r}: must be one of "
-                     f"{list(LOAD_BALANCE_LOSSES)}")
-  counts = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=jnp.float32),
-                   axis=2)  # [B, S, X]
+    raise ValueError(
+        f"config.load_balance_loss={kind!r}: must be one of "
+        f"{list(LOAD_BALANCE_LOSSES)}"
+    )
+  counts = jnp.sum(
+      jax.nn.one_hot(experts, num_experts, dtype=jnp.float32), axis=2
+  )  # [B, S, X]
   if kind == "switch":
-    fraction = jnp.sum(counts, axis=(0, 1)) / (experts.shape[0] *
-                                               experts.shape[1] *
-                                               experts.shape[2])
+    fraction = jnp.sum(counts, axis=(0, 1)) / (
+        experts.shape[0] * experts.shape[1] * experts.shape[2]
+    )
     mean_prob = jnp.mean(probs, axis=(0, 1))
     return num_experts * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
   fraction = jnp.sum(counts, axis=1) / (experts.shape[1] * experts.shape[2])
   mean_prob = jnp.mean(probs, axis=1)  # [B, X]
   per_sequence = num_experts * jnp.sum(
-      jax.lax.stop_gradient(fraction) * mean_prob, axis=-1)
+      jax.lax.stop_gradient(fraction) * mean_prob, axis=-1
+  )
   return jnp.mean(per_sequence)
 
 
@@ -167,20 +179,26 @@ def capacity(num_tokens: int, config) -> int:
   """Assignments one expert takes at most; 0 = unlimited."""
   if not config.capacity_factor:
     return 0
-  return math.ceil(config.capacity_factor * num_tokens *
-                   config.num_experts_per_token / config.num_experts)
+  return math.ceil(
+      config.capacity_factor
+      * num_tokens
+      * config.num_experts_per_token
+      / config.num_experts
+  )
 
 
-def _swiglu(x: jax.Array, layer: Mapping[str, jax.Array],
-            prefix: str) -> jax.Array:
+def _swiglu(
+    x: jax.Array, layer: Mapping[str, jax.Array], prefix: str
+) -> jax.Array:
   cdt = x.dtype
   gate = x @ layer[prefix + "w_gate"].astype(cdt)
   up = x @ layer[prefix + "w_up"].astype(cdt)
   return (jax.nn.silu(gate) * up) @ layer[prefix + "w_down"].astype(cdt)
 
 
-def moe_mlp(x: jax.Array, layer: Mapping[str, jax.Array],
-            config) -> tuple[jax.Array, dict[str, jax.Array]]:
+def moe_mlp(
+    x: jax.Array, layer: Mapping[str, jax.Array], config
+) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The MoE feed-forward layer.
 
   Args:
@@ -198,8 +216,12 @@ def moe_mlp(x: jax.Array, layer: Mapping[str, jax.Array],
   cdt = x.dtype
   n, k = config.num_experts, config.num_experts_per_token
   tokens = x.reshape(b * s, e)
-  logits = jnp.einsum("te,ex->tx", tokens, layer["router"].astype(cdt),
-                      preferred_element_type=jnp.float32)
+  logits = jnp.einsum(
+      "te,ex->tx",
+      tokens,
+      layer["router"].astype(cdt),
+      preferred_element_type=jnp.float32,
+  )
   probs, weights, experts = route(logits, config)
 
   # Sorted dispatch: assignment a = token * k + slot; a stable sort by expert
@@ -216,11 +238,15 @@ def moe_mlp(x: jax.Array, layer: Mapping[str, jax.Array],
     starts = jnp.cumsum(group_sizes) - group_sizes
     rank = jnp.arange(order.shape[0]) - starts[sorted_experts]
     keep = rank < cap
-  cast = lambda name: layer[name].astype(cdt)
+
+  def cast(name):
+    return layer[name].astype(cdt)
+
   gate = jax.lax.ragged_dot(rows, cast("w_gate"), group_sizes)
   up = jax.lax.ragged_dot(rows, cast("w_up"), group_sizes)
-  out_sorted = jax.lax.ragged_dot(jax.nn.silu(gate) * up, cast("w_down"),
-                                  group_sizes)
+  out_sorted = jax.lax.ragged_dot(
+      jax.nn.silu(gate) * up, cast("w_down"), group_sizes
+  )
   out_sorted = jnp.where(keep[:, None], out_sorted, 0)
   # Back to assignment order, weighted, summed over each token's k slots.
   inverse = jnp.argsort(order)
@@ -233,9 +259,12 @@ def moe_mlp(x: jax.Array, layer: Mapping[str, jax.Array],
   mean_fraction = 1.0 / n
   entropy = -jnp.sum(probs * jnp.log(jnp.maximum(probs, 1e-30)), axis=-1)
   stats = {
-      "aux_loss": balance_loss(probs.reshape(b, s, n),
-                               experts.reshape(b, s, k), n,
-                               config.load_balance_loss),
+      "aux_loss": balance_loss(
+          probs.reshape(b, s, n),
+          experts.reshape(b, s, k),
+          n,
+          config.load_balance_loss,
+      ),
       "load_max": jnp.max(fraction),
       "load_min": jnp.min(fraction),
       "load_cv": jnp.std(fraction) / mean_fraction,
@@ -262,8 +291,9 @@ def summarize(stats: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
   }
 
 
-def dense_reference(x: jax.Array, layer: Mapping[str, jax.Array],
-                    config) -> jax.Array:
+def dense_reference(
+    x: jax.Array, layer: Mapping[str, jax.Array], config
+) -> jax.Array:
   """`moe_mlp`'s output computed densely: every expert on every token.
 
   The straightforward [tokens, experts, moe_mlp] computation the tests check
@@ -273,8 +303,12 @@ def dense_reference(x: jax.Array, layer: Mapping[str, jax.Array],
   b, s, e = x.shape
   n = config.num_experts
   tokens = x.reshape(b * s, e)
-  logits = jnp.einsum("te,ex->tx", tokens, layer["router"].astype(x.dtype),
-                      preferred_element_type=jnp.float32)
+  logits = jnp.einsum(
+      "te,ex->tx",
+      tokens,
+      layer["router"].astype(x.dtype),
+      preferred_element_type=jnp.float32,
+  )
   _, weights, experts = route(logits, config)
   chosen = jax.nn.one_hot(experts, n, dtype=jnp.float32)  # [T, k, X]
   cap = capacity(b * s, config)

@@ -14,10 +14,20 @@ from maxtext import moe
 
 
 def _config(**overrides):
-  config = ml_collections.ConfigDict(dict(
-      emb_dim=8, mlp_dim=16, moe_mlp_dim=6, num_experts=4,
-      num_experts_per_token=2, num_shared_experts=0, router_score="softmax",
-      load_balance_loss="switch", capacity_factor=0.0))
+  """A small MoE layer config with `overrides` applied."""
+  config = ml_collections.ConfigDict(
+      dict(
+          emb_dim=8,
+          mlp_dim=16,
+          moe_mlp_dim=6,
+          num_experts=4,
+          num_experts_per_token=2,
+          num_shared_experts=0,
+          router_score="softmax",
+          load_balance_loss="switch",
+          capacity_factor=0.0,
+      )
+  )
   config.update(overrides)
   return config
 
@@ -38,13 +48,20 @@ def _inputs(seed=1, shape=(2, 5, 8)):
 
 _CHOICES = (
     ("softmax_switch", dict()),
-    ("sigmoid_sequence", dict(router_score="sigmoid",
-                              load_balance_loss="sequence")),
+    (
+        "sigmoid_sequence",
+        dict(router_score="sigmoid", load_balance_loss="sequence"),
+    ),
     ("top1_shared", dict(num_experts_per_token=1, num_shared_experts=2)),
     ("capacity_drops", dict(capacity_factor=0.5)),
-    ("sigmoid_capacity_top3", dict(router_score="sigmoid",
-                                   num_experts_per_token=3,
-                                   capacity_factor=0.75)),
+    (
+        "sigmoid_capacity_top3",
+        dict(
+            router_score="sigmoid",
+            num_experts_per_token=3,
+            capacity_factor=0.75,
+        ),
+    ),
 )
 
 
@@ -60,18 +77,22 @@ class MoeTest(parameterized.TestCase):
       def f(x, p):
         out = fn(x, p)
         return jnp.sum(out * probe), out
+
       return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
 
-    (_, got_out), got = objective(
-        lambda x, p: moe.moe_mlp(x, p, config)[0])(x, layer)
+    (_, got_out), got = objective(lambda x, p: moe.moe_mlp(x, p, config)[0])(
+        x, layer
+    )
     (_, want_out), want = objective(
-        lambda x, p: moe.dense_reference(x, p, config))(x, layer)
+        lambda x, p: moe.dense_reference(x, p, config)
+    )(x, layer)
     chex.assert_shape(got_out, x.shape)
     np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
     chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-5)
 
   @parameterized.named_parameters(
-      ("switch", "switch"), ("sequence", "sequence"))
+      ("switch", "switch"), ("sequence", "sequence")
+  )
   def test_balance_loss_and_its_gradient(self, kind):
     # Reference written from the definition, one group at a time.
     config = _config(load_balance_loss=kind)
@@ -79,8 +100,9 @@ class MoeTest(parameterized.TestCase):
 
     def loss(logits):
       probs, _, experts = moe.route(logits.reshape(10, 4), config)
-      return moe.balance_loss(probs.reshape(2, 5, 4),
-                              experts.reshape(2, 5, 2), 4, kind)
+      return moe.balance_loss(
+          probs.reshape(2, 5, 4), experts.reshape(2, 5, 2), 4, kind
+      )
 
     def reference(logits):
       groups = [logits.reshape(10, 4)] if kind == "switch" else list(logits)
@@ -96,15 +118,19 @@ class MoeTest(parameterized.TestCase):
       return total / len(groups)
 
     np.testing.assert_allclose(loss(logits), reference(logits), rtol=1e-6)
-    np.testing.assert_allclose(jax.grad(loss)(logits),
-                               jax.grad(reference)(logits), rtol=1e-5,
-                               atol=1e-7)
+    np.testing.assert_allclose(
+        jax.grad(loss)(logits),
+        jax.grad(reference)(logits),
+        rtol=1e-5,
+        atol=1e-7,
+    )
 
   def test_uniform_routing_has_balance_loss_one(self):
     probs = jnp.full((1, 4, 4), 0.25)
     experts = jnp.array([[[0], [1], [2], [3]]])
     self.assertAlmostEqual(
-        float(moe.balance_loss(probs, experts, 4, "switch")), 1.0, places=6)
+        float(moe.balance_loss(probs, experts, 4, "switch")), 1.0, places=6
+    )
 
   def test_sigmoid_weights_are_normalised(self):
     config = _config(router_score="sigmoid", num_experts_per_token=3)
@@ -140,8 +166,9 @@ class MoeTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "router_score='cosine'"):
       moe.route(jnp.zeros((2, 4)), _config(router_score="cosine"))
     with self.assertRaisesRegex(ValueError, "load_balance_loss='z'"):
-      moe.balance_loss(jnp.zeros((1, 2, 4)), jnp.zeros((1, 2, 1), jnp.int32),
-                       4, "z")
+      moe.balance_loss(
+          jnp.zeros((1, 2, 4)), jnp.zeros((1, 2, 1), jnp.int32), 4, "z"
+      )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,15 @@ from testing import tiny_configs
 
 def _hyperparameters(config):
   return hyperparameters.hyperparameters_from_config(
-      config, warmup_steps=1, schedule_steps=2, train_samples=16,
-      eval_samples=16, init_checkpoint_step=0, micro_batch_size=8,
-      config_filename="x.py")
+      config,
+      warmup_steps=1,
+      schedule_steps=2,
+      train_samples=16,
+      eval_samples=16,
+      init_checkpoint_step=0,
+      micro_batch_size=8,
+      config_filename="x.py",
+  )
 
 
 class MoeTinyTest(absltest.TestCase):
@@ -34,25 +40,38 @@ class MoeTinyTest(absltest.TestCase):
     result = trainer.run(config)
     self.assertEqual(result.status, trainer.RunOutcome.SUCCESS)
     self.assertLessEqual(result.last_eval_loss, config.target_eval_loss)
-    with open(os.path.join(result.run_dir, "metrics.jsonl")) as f:
+    with open(
+        os.path.join(result.run_dir, "metrics.jsonl"), encoding="utf-8"
+    ) as f:
       train = [r for r in map(json.loads, f) if r["kind"] == "train"]
-    for name in ("aux_loss", "load_max", "load_min", "load_cv",
-                 "router_entropy", "dropped_tokens"):
+    for name in (
+        "aux_loss",
+        "load_max",
+        "load_min",
+        "load_cv",
+        "router_entropy",
+        "dropped_tokens",
+    ):
       self.assertIn(f"moe/{name}", train[-1])
     self.assertEqual(train[-1]["moe/dropped_tokens"], 0.0)
     self.assertGreater(train[0]["moe/aux_loss"], 0.9)
     log = os.path.join(result.run_dir, "mllog.log")
-    with open(log) as f:
-      coeff = [json.loads(line.split(" ", 1)[1]) for line in f
-               if '"moe_aux_loss_coeff"' in line]
+    with open(log, encoding="utf-8") as f:
+      coeff = [
+          json.loads(line.split(" ", 1)[1])
+          for line in f
+          if '"moe_aux_loss_coeff"' in line
+      ]
     self.assertEqual([c["value"] for c in coeff], [0.01])
     # The official checker accepts the extra key in an open llama31_8b log.
     checked = compliance_checker.run_checker(log)
     self.assertTrue(checked.passed, checked.output)
 
   def test_moe_aux_loss_coeff_only_with_experts(self):
-    self.assertNotIn(hyperparameters.MOE_AUX_LOSS_COEFF,
-                     _hyperparameters(default.get_config()))
+    self.assertNotIn(
+        hyperparameters.MOE_AUX_LOSS_COEFF,
+        _hyperparameters(default.get_config()),
+    )
     config = moe_tiny.get_config()
     config.load_balance_loss_weight = 0.003
     values = _hyperparameters(config)
@@ -61,27 +80,39 @@ class MoeTinyTest(absltest.TestCase):
 
   def test_deepseek_rules_require_the_coefficient(self):
     directory = rules.ruleset_dir("6.1.0")
-    self.assertTrue(hyperparameters.rules_require_key(
-        directory, "closed", "deepseekv3_671b", "moe_aux_loss_coeff"))
-    self.assertFalse(hyperparameters.rules_require_key(
-        directory, "closed", "llama31_8b", "moe_aux_loss_coeff"))
+    self.assertTrue(
+        hyperparameters.rules_require_key(
+            directory, "closed", "deepseekv3_671b", "moe_aux_loss_coeff"
+        )
+    )
+    self.assertFalse(
+        hyperparameters.rules_require_key(
+            directory, "closed", "llama31_8b", "moe_aux_loss_coeff"
+        )
+    )
 
   def test_closed_deepseek_run_of_a_dense_model_is_refused(self):
     config = default.get_config()
-    config.update(enable_mllog=False, submission_division="closed",
-                  submission_benchmark="deepseekv3_671b")
-    with self.assertRaisesRegex(ValueError,
-                                r"config.num_experts=0: .*moe_aux_loss_coeff"):
+    config.update(
+        enable_mllog=False,
+        submission_division="closed",
+        submission_benchmark="deepseekv3_671b",
+    )
+    with self.assertRaisesRegex(
+        ValueError, r"config.num_experts=0: .*moe_aux_loss_coeff"
+    ):
       config_lib.validate(config)
 
   def test_config_validates_and_moe_fields_are_checked(self):
     config_lib.validate(moe_tiny.get_config())
-    bad = [("num_experts_per_token", 5, "num_experts_per_token=5"),
-           ("num_dense_layers", 2, "num_dense_layers=2"),
-           ("router_score", "cosine", "router_score='cosine'"),
-           ("load_balance_loss", "z", "load_balance_loss='z'"),
-           ("capacity_factor", -1.0, "capacity_factor=-1.0"),
-           ("expert_parallelism", 3, "expert_parallelism=3")]
+    bad = [
+        ("num_experts_per_token", 5, "num_experts_per_token=5"),
+        ("num_dense_layers", 2, "num_dense_layers=2"),
+        ("router_score", "cosine", "router_score='cosine'"),
+        ("load_balance_loss", "z", "load_balance_loss='z'"),
+        ("capacity_factor", -1.0, "capacity_factor=-1.0"),
+        ("expert_parallelism", 3, "expert_parallelism=3"),
+    ]
     for key, value, message in bad:
       config = moe_tiny.get_config()
       config[key] = value

@@ -148,16 +148,30 @@ def matmul_params(config: Any) -> int:
   Per layer the query, key, value and output projections (grouped-query
   attention: `num_kv_heads` key/value heads) and the SwiGLU MLP's gate, up
   and down matrices; then the unembedding. The embedding (a lookup) and the
-  norm scales are left out.
+  norm scales are left out. A mixture-of-experts layer (`num_experts` > 0,
+  after the first `num_dense_layers`) counts its active parameters: the
+  router and the `num_experts_per_token` routed plus `num_shared_experts`
+  shared experts a token goes through, each of width `moe_mlp_dim` (0 =
+  `mlp_dim`).
 
   Args:
     config: a config with `emb_dim`, `num_heads`, `num_kv_heads`, `head_dim`,
-      `mlp_dim`, `num_layers` and `vocab_size`.
+      `mlp_dim`, `num_layers` and `vocab_size`, and optionally the MoE
+      fields above.
   """
   e, h, k, d, m = (config.emb_dim, config.num_heads, config.num_kv_heads,
                    config.head_dim, config.mlp_dim)
-  per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * m
-  return config.num_layers * per_layer + e * config.vocab_size
+  attention = e * h * d + 2 * e * k * d + h * d * e
+  experts = getattr(config, "num_experts", 0)
+  if not experts:
+    return (config.num_layers * (attention + 3 * e * m) +
+            e * config.vocab_size)
+  dense = config.num_dense_layers
+  width = config.moe_mlp_dim or m
+  active = config.num_experts_per_token + config.num_shared_experts
+  moe_layer = attention + e * experts + 3 * e * width * active
+  return (dense * (attention + 3 * e * m) +
+          (config.num_layers - dense) * moe_layer + e * config.vocab_size)
 
 
 def training_flops_per_token(config: Any) -> int:

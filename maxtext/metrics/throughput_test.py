@@ -90,6 +90,35 @@ class FlopsTest(parameterized.TestCase):
                 size(layers["attn_norm"]) - size(layers["mlp_norm"]))
     self.assertEqual(throughput.matmul_params(config), expected)
 
+  @parameterized.named_parameters(
+      ("top2_shared_dense_first", dict(num_dense_layers=1,
+                                       num_shared_experts=1)),
+      ("top1_all_moe", dict(num_experts_per_token=1, moe_mlp_dim=0)),
+  )
+  def test_moe_matmul_params_count_active_experts(self, overrides):
+    values = dict(num_layers=3, num_experts=8, num_experts_per_token=2,
+                  moe_mlp_dim=24)
+    values.update(overrides)
+    config = _config(**values)
+    shapes = jax.eval_shape(
+        lambda: model.init_params(config, jax.random.PRNGKey(0)))
+    def size(x):
+      return int(np.prod(x.shape))
+
+    moe = shapes["moe_layers"]
+    # Every matrix, minus the experts a token does not go through.
+    inactive = (config.num_experts - config.num_experts_per_token) / (
+        config.num_experts)
+    expected = sum(size(x) for x in jax.tree_util.tree_leaves(shapes))
+    expected -= size(shapes["embedding"]) + size(shapes["final_norm"])
+    for stack in ("layers", "moe_layers"):
+      if stack in shapes:
+        expected -= (size(shapes[stack]["attn_norm"]) +
+                     size(shapes[stack]["mlp_norm"]))
+    expected -= inactive * sum(size(moe[n]) for n in ("w_gate", "w_up",
+                                                      "w_down"))
+    self.assertEqual(throughput.matmul_params(config), expected)
+
   def test_flops_per_token_convention(self):
     config = _config(**_ONE_B)
     # The 1B-class model has exactly 2**30 matmul parameters.
