@@ -18,6 +18,8 @@ class CheckersTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    # make_runs returns `count` dirs; pylint sees only the empty list it fills.
+    # pylint: disable-next=unbalanced-tuple-unpacking
     (run_dir,) = mlperf_runs.make_runs(os.path.join(cls.tmp, "runs"), 1)
     cls.log = os.path.join(run_dir, "mllog.log")
     # A package of one result: the checker wants llama31_8b's full count.

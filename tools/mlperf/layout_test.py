@@ -39,7 +39,7 @@ class LayoutTest(parameterized.TestCase):
     logs = []
     for i in range(3):
       logs.append(os.path.join(self.tmp, f"log{i}"))
-      with open(logs[-1], "w") as f:
+      with open(logs[-1], "w", encoding="utf-8") as f:
         f.write(f"log {i}\n")
     out = os.path.join(self.tmp, "out")
     written = layout.write_results(out, "acme", "box", "b", logs)
@@ -47,7 +47,7 @@ class LayoutTest(parameterized.TestCase):
         [os.path.basename(p) for p in written],
         ["result_0.txt", "result_1.txt", "result_2.txt"],
     )
-    with open(written[2]) as f:
+    with open(written[2], encoding="utf-8") as f:
       self.assertEqual(f.read(), "log 2\n")
     with self.assertRaisesRegex(FileExistsError, "not empty"):
       layout.write_results(out, "acme", "box", "b", logs)
@@ -55,7 +55,7 @@ class LayoutTest(parameterized.TestCase):
   def test_write_system_json(self):
     path = os.path.join(self.tmp, "o", "acme", "systems", "box.json")
     layout.write_system_json(path, {"a": "1"})
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       self.assertEqual(json.load(f), {"a": "1"})
 
   def test_copy_implementation_follows_links_and_skips_caches(self):
@@ -63,7 +63,7 @@ class LayoutTest(parameterized.TestCase):
     os.makedirs(os.path.join(root, "maxtext", "__pycache__"))
     os.makedirs(os.path.join(root, "tools", "mlperf"))
     target = os.path.join(self.tmp, "real.py")
-    with open(target, "w") as f:
+    with open(target, "w", encoding="utf-8") as f:
       f.write("x = 1\n")
     os.symlink(target, os.path.join(root, "maxtext", "trainer.py"))
     for name in (
@@ -73,14 +73,14 @@ class LayoutTest(parameterized.TestCase):
         "tools/mlperf/package.py",
         "tools/other.py",
     ):
-      with open(os.path.join(root, name), "w") as f:
+      with open(os.path.join(root, name), "w", encoding="utf-8") as f:
         f.write("")
     dest = os.path.join(self.tmp, "impl")
     copied = layout.copy_implementation(dest, root)
     self.assertEqual(copied, ["README.md", "maxtext", "tools/mlperf"])
     trainer = os.path.join(dest, "maxtext", "trainer.py")
     self.assertFalse(os.path.islink(trainer))
-    with open(trainer) as f:
+    with open(trainer, encoding="utf-8") as f:
       self.assertEqual(f.read(), "x = 1\n")
     self.assertFalse(os.path.exists(os.path.join(dest, "maxtext", "a.pyc")))
     self.assertFalse(

@@ -96,7 +96,8 @@ def main(argv):
   try:
     if _RUNS.value:
       # Only --runs trains: the packaging path needs no model code.
-      from tools.mlperf import training  # pylint: disable=g-import-not-at-top
+      # pylint: disable-next=import-outside-toplevel
+      from tools.mlperf import training
 
       config_path = flags.FLAGS["config"].config_filename
       runs = training.train_runs(

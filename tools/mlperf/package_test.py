@@ -89,7 +89,9 @@ class PackageTest(parameterized.TestCase):
         os.listdir(layout.results_dir(self.out, _ORG, _SYSTEM, "llama31_8b"))
     )
     self.assertEqual(results, sorted(f"result_{i}.txt" for i in range(_COUNT)))
-    with open(layout.system_json(self.out, _ORG, _SYSTEM)) as f:
+    with open(
+        layout.system_json(self.out, _ORG, _SYSTEM), encoding="utf-8"
+    ) as f:
       desc = json.load(f)
     self.assertLen(desc, 33)
     self.assertEqual(desc["division"], "open")

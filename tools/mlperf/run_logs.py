@@ -89,6 +89,7 @@ def _second_attempt(log_path: str) -> str:
 
 
 def _read_config_json(run_dir: str) -> dict[str, Any]:
+  """Returns the run's config.json document; RunDirError if it is not one."""
   path = os.path.join(run_dir, "config.json")
   try:
     with open(path, encoding="utf-8") as f:

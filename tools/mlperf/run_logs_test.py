@@ -46,7 +46,7 @@ def write_run_dir(
   """A run directory as maxtext.trainer writes one (config.json + log)."""
   os.makedirs(path, exist_ok=True)
   if config_json:
-    with open(os.path.join(path, "config.json"), "w") as f:
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
       json.dump(
           {
               "config": {"mllog_ruleset": "6.1.0", "mllog_file": mllog_file},
@@ -55,7 +55,7 @@ def write_run_dir(
           f,
       )
   log = mllog_file or os.path.join(path, log_name)
-  with open(log, "w") as f:
+  with open(log, "w", encoding="utf-8") as f:
     f.write("unrelated line\n")
     for key, value in (
         submission if submission is not None else _SUBMISSION
@@ -122,7 +122,7 @@ class ReadRunTest(parameterized.TestCase):
 
   def test_bad_json_line(self):
     path = write_run_dir(os.path.join(self.tmp, "r"))
-    with open(os.path.join(path, "mllog.log"), "a") as f:
+    with open(os.path.join(path, "mllog.log"), "a", encoding="utf-8") as f:
       f.write(":::MLLOG {not json\n")
     with self.assertRaisesRegex(run_logs.RunDirError, "not an MLLOG line"):
       run_logs.read_run(path)

@@ -252,7 +252,8 @@ def describe(
           "number_of_nodes": str(nodes),
           "framework": f"JAX {provenance.get('jax_version', _version('jax'))}",
           "other_software_stack": (
-              f"jaxlib {_version('jaxlib')}, Python {platform.python_version()}, "
+              f"jaxlib {_version('jaxlib')}, "
+              f"Python {platform.python_version()}, "
               f"mlperf-logging {_version('mlperf-logging')}, maxtext_engine "
               f"{provenance.get('git_revision', 'unknown')}"
           ),
@@ -285,7 +286,8 @@ def live_accelerator_memory(device_kinds) -> Optional[int]:
     The first local device's memory limit in bytes, or None on a CPU backend,
     on devices of other kinds, or when the backend does not say.
   """
-  import jax  # pylint: disable=g-import-not-at-top  # Only when asked.
+  # Only when asked: describing a system from its run logs needs no jax.
+  import jax  # pylint: disable=import-outside-toplevel
 
   if jax.default_backend() == "cpu":
     return None

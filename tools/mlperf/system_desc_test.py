@@ -74,7 +74,7 @@ class SystemDescTest(parameterized.TestCase):
 
   def write(self, desc, name="box.json"):
     path = os.path.join(self.tmp, name)
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
       json.dump(desc, f)
     return path
 
@@ -200,11 +200,11 @@ class SystemDescTest(parameterized.TestCase):
       directory = os.path.join(cache, f"index{index}")
       os.makedirs(directory)
       for name, value in (("level", level), ("type", kind), ("size", size)):
-        with open(os.path.join(directory, name), "w") as f:
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
           f.write(value + "\n")
-    with open(os.path.join(proc, "cpuinfo"), "w") as f:
+    with open(os.path.join(proc, "cpuinfo"), "w", encoding="utf-8") as f:
       f.write(_CPUINFO)
-    with open(os.path.join(proc, "meminfo"), "w") as f:
+    with open(os.path.join(proc, "meminfo"), "w", encoding="utf-8") as f:
       f.write("MemTotal:       16777216 kB\nMemFree: 1 kB\n")
     host = system_desc.detect_host(proc, os.path.join(self.tmp, "sys"))
     self.assertEqual(host["host_processor_model_name"], "Test CPU 9000")

@@ -17,7 +17,6 @@ from typing import Callable, Optional, Sequence
 
 from maxtext import checks
 from maxtext import trainer
-from tools.mlperf import checkers
 from tools.mlperf import run_logs
 from tools.mlperf import submission
 
