@@ -105,6 +105,8 @@ class MultiProcessTest(absltest.TestCase):
         root,
         "pre",
         steps=60,
+        # A fixed schedule, so the resume below may change `steps`.
+        lr_schedule_steps=60,
         target_eval_loss=0.0,
         eval_interval=50,
         checkpoint_period=1000,
@@ -143,6 +145,7 @@ class MultiProcessTest(absltest.TestCase):
             root,
             "pre",
             steps=stop_step + 2,
+            lr_schedule_steps=60,
             target_eval_loss=0.0,
             eval_interval=50,
             checkpoint_period=1000,
