@@ -36,6 +36,7 @@ from maxtext.metrics import throughput
 from maxtext.metrics import writers
 from maxtext.mllog import listener as mllog_listener
 from maxtext.storage import checkpointing
+from maxtext.storage import data_state
 from maxtext.storage import gcs_mirror
 from maxtext.storage import lock_listener
 from maxtext.storage import mirror_listener
@@ -116,11 +117,22 @@ class RunState:
     )
     if saved:
       logging.info("Checkpoint of step %d: %s", step, self.paths.checkpoint_dir)
+      if hasattr(self.dataset, "checkpoint_state"):
+        # The data pipeline's position for this checkpoint, one file per
+        # process; states of rotated-out checkpoints go.
+        data_state.save(self.paths.checkpoint_dir, step,
+                        jax.process_index(),
+                        self.dataset.checkpoint_state(step))
+        data_state.prune(self.paths.checkpoint_dir,
+                         self.checkpointer.all_steps())
     return saved
 
   def close(self) -> None:
     """Releases the checkpointer and the engine (listeners close separately)."""
-    for closer in (self.checkpointer.close, self.engine.close):
+    closers = [self.checkpointer.close, self.engine.close]
+    if hasattr(self.dataset, "close"):
+      closers.append(self.dataset.close)  # Grain's threads and workers.
+    for closer in closers:
       try:
         closer()
       # Closing must reach every part; the checkpointer's own errors were
@@ -349,7 +361,7 @@ def build(
   locks = _lock_run(config, paths, is_primary)
   listeners = multi_listener.MultiListener()
   mirror = None
-  engine = checkpointer = None
+  engine = checkpointer = dataset = None
   samples = 0
   try:
     _fetch_remote_run(config, paths)
@@ -408,6 +420,13 @@ def build(
     engine, setup = model_setup.build_engine(config, mesh)
     metadata = _restore(engine, checkpointer, paths, mesh)
     start_step = engine.step
+    if hasattr(dataset, "restore_checkpoint_state"):
+      # Checkpoints written before the data state existed have none: the
+      # dataset then finds the position from the step.
+      state = data_state.load(paths.checkpoint_dir, start_step,
+                              jax.process_index())
+      if state is not None:
+        dataset.restore_checkpoint_state(state)
     samples = int(
         metadata.get("samples_count", start_step * config.global_batch_size)
     )
@@ -419,6 +438,8 @@ def build(
               run_dir_lib.provenance(),
               run_name=paths.run_name,
               remote_url=paths.remote_url,
+              **({"data": dataset.provenance()}
+                 if hasattr(dataset, "provenance") else {}),
           ),
           start_step,
       )
@@ -448,7 +469,7 @@ def build(
   except BaseException:
     if mirror is not None and mirror not in listeners.listeners:
       listeners.add(mirror)
-    _abandon(listeners, engine, checkpointer, samples)
+    _abandon(listeners, engine, checkpointer, dataset, samples)
     if locks is not None and not any(
         isinstance(l, lock_listener.RunLockListener)
         for l in listeners.listeners
@@ -457,7 +478,7 @@ def build(
     raise
 
 
-def _abandon(listeners, engine, checkpointer, samples: int) -> None:
+def _abandon(listeners, engine, checkpointer, dataset, samples: int) -> None:
   """Closes what a failed `build` opened; the MLPerf log ends aborted."""
   step = engine.step if engine is not None else 0
   try:
@@ -466,8 +487,8 @@ def _abandon(listeners, engine, checkpointer, samples: int) -> None:
     )
   except multi_listener.ListenerError:
     pass  # Logged by MultiListener; the build's own error is the one raised.
-  for part in (checkpointer, engine):
-    if part is not None:
+  for part in (checkpointer, engine, dataset):
+    if part is not None and hasattr(part, "close"):
       part.close()
   try:
     listeners.close()  # After the checkpointer: the mirror uploads last.

@@ -1,12 +1,14 @@
 """A tiny model trained on the stdlib's sources through dataset_type=grain."""
 
 import os
+import tempfile
 
 from absl.testing import absltest
 
 from maxtext import trainer
 from maxtext.metrics import throughput
 from maxtext.metrics import writers as metric_logger
+from maxtext.storage import data_state
 from maxtext.text import prepare
 from maxtext.text import stdlib_corpus
 from testing import tiny_configs
@@ -28,7 +30,11 @@ class GrainTrainTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = absltest.get_default_test_tmpdir()
+    # A fresh directory: run directories left by an earlier invocation (the
+    # default test tmpdir persists outside Bazel) would be resumed.
+    tmp = absltest.get_default_test_tmpdir()
+    os.makedirs(tmp, exist_ok=True)
+    cls.root = tempfile.mkdtemp(prefix="grain_train_test_", dir=tmp)
     cls.data = os.path.join(cls.root, "stdlib_data")
     if not os.path.exists(os.path.join(cls.data, "metadata.json")):
       prepare.prepare(
@@ -68,6 +74,11 @@ class GrainTrainTest(absltest.TestCase):
 
     first = trainer.run(self._config("resumed", _HALF))
     self.assertEqual(first.final_step, _HALF)
+    # The checkpoint carries the pipeline's position, which the resume
+    # restores (a different tokenizer or process count would be refused).
+    state = data_state.load(
+        os.path.join(first.run_dir, "checkpoints"), _HALF, 0)
+    self.assertEqual((state["kind"], state["step"]), ("grain", _HALF))
     second = trainer.run(self._config("resumed", _STEPS))
     self.assertEqual(second.start_step, _HALF)
     self.assertEqual(_records(second.run_dir), _records(reference.run_dir))
