@@ -44,30 +44,48 @@ _EVAL_STREAM = 1
 RAW_TOKEN_DTYPE = np.dtype("<u2")
 
 
-def _local_rows(global_batch: int, process_index: int, process_count: int,
-                name: str) -> slice:
+def _local_rows(
+    global_batch: int, process_index: int, process_count: int, name: str
+) -> slice:
   """The slice of global batch rows that one process owns."""
   if not checks.is_int(process_count) or process_count < 1:
-    raise ValueError(f"process_count must be a positive int, got "
-                     f"{process_count!r}")
+    raise ValueError(
+        f"process_count must be a positive int, got " f"{process_count!r}"
+    )
   if not checks.is_int(process_index) or not (
-      0 <= process_index < process_count):
-    raise ValueError(f"process_index must be in [0, {process_count}), got "
-                     f"{process_index!r}")
+      0 <= process_index < process_count
+  ):
+    raise ValueError(
+        f"process_index must be in [0, {process_count}), got "
+        f"{process_index!r}"
+    )
   if global_batch % process_count:
-    raise ValueError(f"{name}={global_batch} is not divisible by the process "
-                     f"count {process_count}")
+    raise ValueError(
+        f"{name}={global_batch} is not divisible by the process "
+        f"count {process_count}"
+    )
   local = global_batch // process_count
   return slice(process_index * local, (process_index + 1) * local)
 
 
 def _process_shares(config, process_index: int, process_count: int):
   """(train batch, eval batch, train row slice, eval row slice) of one process."""
-  return (config.global_batch_size, config.eval_batch_size,
-          _local_rows(config.global_batch_size, process_index, process_count,
-                      "global_batch_size"),
-          _local_rows(config.eval_batch_size, process_index, process_count,
-                      "eval_batch_size"))
+  return (
+      config.global_batch_size,
+      config.eval_batch_size,
+      _local_rows(
+          config.global_batch_size,
+          process_index,
+          process_count,
+          "global_batch_size",
+      ),
+      _local_rows(
+          config.eval_batch_size,
+          process_index,
+          process_count,
+          "eval_batch_size",
+      ),
+  )
 
 
 def _check_index(value: int, name: str) -> int:
@@ -97,8 +115,10 @@ def split_micro_batches(batch: Batch, num_micro_batches: int) -> list[Batch]:
       on B.
   """
   if not checks.is_int(num_micro_batches) or num_micro_batches < 1:
-    raise ValueError(f"num_micro_batches must be a positive int, got "
-                     f"{num_micro_batches!r}")
+    raise ValueError(
+        f"num_micro_batches must be a positive int, got "
+        f"{num_micro_batches!r}"
+    )
   if not batch:
     raise ValueError("batch is empty")
   sizes = {key: np.shape(value)[0] for key, value in batch.items()}
@@ -106,12 +126,15 @@ def split_micro_batches(batch: Batch, num_micro_batches: int) -> list[Batch]:
     raise ValueError(f"batch arrays disagree on the batch dimension: {sizes}")
   size = next(iter(sizes.values()))
   if size % num_micro_batches:
-    raise ValueError(f"batch size {size} is not divisible by "
-                     f"num_micro_batches={num_micro_batches}")
+    raise ValueError(
+        f"batch size {size} is not divisible by "
+        f"num_micro_batches={num_micro_batches}"
+    )
   micro = size // num_micro_batches
-  return [{key: value[i * micro:(i + 1) * micro]
-           for key, value in batch.items()}
-          for i in range(num_micro_batches)]
+  return [
+      {key: value[i * micro : (i + 1) * micro] for key, value in batch.items()}
+      for i in range(num_micro_batches)
+  ]
 
 
 class SyntheticDataset:
@@ -144,8 +167,9 @@ class SyntheticDataset:
     self._vocab = config.vocab_size
     self._seq = config.max_sequence_length
     self._seed = config.seed
-    (self._train_batch, self._eval_batch, self._train_rows,
-     self._eval_rows) = _process_shares(config, process_index, process_count)
+    self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
+        _process_shares(config, process_index, process_count)
+    )
 
   def _windows(self, stream: int, index: int, batch: int) -> np.ndarray:
     rng = np.random.default_rng([self._seed, stream, index])
@@ -172,8 +196,9 @@ def _fail(name: str, path: str, problem: str) -> ValueError:
   return ValueError(f"config.{name}={path!r}: {problem}")
 
 
-def _npy_layout(f, size: int, path: str, name: str
-                ) -> tuple[np.dtype, tuple[int, ...], int]:
+def _npy_layout(
+    f, size: int, path: str, name: str
+) -> tuple[np.dtype, tuple[int, ...], int]:
   """Reads a .npy header without reading the array (and never unpickling).
 
   Args:
@@ -196,23 +221,32 @@ def _npy_layout(f, size: int, path: str, name: str
     elif version == (2, 0):
       shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(f)
     else:
-      raise ValueError(f"unsupported format version {version[0]}."
-                       f"{version[1]}")
+      raise ValueError(
+          f"unsupported format version {version[0]}." f"{version[1]}"
+      )
   except (ValueError, SyntaxError, TypeError) as e:
     # np.load would try to unpickle a file without the magic string and
     # report "pickled data"; the file is simply not a .npy file.
     detail = " ".join(str(e).split())  # One line, whatever NumPy says.
     raise _fail(name, path, f"malformed .npy file: {detail}") from None
   if dtype.hasobject:
-    raise _fail(name, path, "malformed .npy file: it holds Python objects "
-                "(a pickled array), not token ids")
+    raise _fail(
+        name,
+        path,
+        "malformed .npy file: it holds Python objects "
+        "(a pickled array), not token ids",
+    )
   offset = f.tell()
   count = math.prod(shape)
   needed = offset + count * dtype.itemsize
   if size < needed:
-    raise _fail(name, path, f"malformed .npy file: truncated: its header "
-                f"says shape {shape} of {dtype} ({needed} bytes with the "
-                f"header), the file has {size} bytes")
+    raise _fail(
+        name,
+        path,
+        f"malformed .npy file: truncated: its header "
+        f"says shape {shape} of {dtype} ({needed} bytes with the "
+        f"header), the file has {size} bytes",
+    )
   del fortran_order  # One order for the 1-D arrays accepted.
   return dtype, shape, offset
 
@@ -246,11 +280,16 @@ def _open_tokens(path: str, name: str) -> np.ndarray:
     raise _fail(name, path, f"cannot be read: {e.strerror}") from None
   if not stat.S_ISREG(info.st_mode):
     # Checked before opening: opening a FIFO would wait for a writer.
-    raise _fail(name, path, f"is {checks.file_kind(info.st_mode)}, not a token "
-                "file")
+    raise _fail(
+        name, path, f"is {checks.file_kind(info.st_mode)}, not a token " "file"
+    )
   if not path.endswith((".npy", ".bin")):
-    raise _fail(name, path, "a token file must end in .npy (NumPy array) or "
-                ".bin (raw little-endian uint16)")
+    raise _fail(
+        name,
+        path,
+        "a token file must end in .npy (NumPy array) or "
+        ".bin (raw little-endian uint16)",
+    )
   size = info.st_size
   if size == 0:
     raise _fail(name, path, "is empty")
@@ -260,16 +299,23 @@ def _open_tokens(path: str, name: str) -> np.ndarray:
         dtype, shape, offset = _npy_layout(f, size, path, name)
       else:
         if size % RAW_TOKEN_DTYPE.itemsize:
-          raise _fail(name, path, f"raw token file has {size} bytes, not a "
-                      f"multiple of {RAW_TOKEN_DTYPE.itemsize} (uint16)")
+          raise _fail(
+              name,
+              path,
+              f"raw token file has {size} bytes, not a "
+              f"multiple of {RAW_TOKEN_DTYPE.itemsize} (uint16)",
+          )
         dtype, shape, offset = RAW_TOKEN_DTYPE, (size // 2,), 0
   except OSError as e:
     raise _fail(name, path, f"cannot be read: {e.strerror or e}") from None
   if not np.issubdtype(dtype, np.integer):
     raise _fail(name, path, f"has dtype {dtype}; token ids must be integers")
   if len(shape) != 1:
-    raise _fail(name, path, f"has shape {shape}; expected a flat 1-D array "
-                "of token ids")
+    raise _fail(
+        name,
+        path,
+        f"has shape {shape}; expected a flat 1-D array " "of token ids",
+    )
   if shape[0] == 0:
     return np.zeros((0,), dtype)  # mmap cannot map zero bytes.
   try:
@@ -284,8 +330,12 @@ def _open_checked(config, name: str) -> np.ndarray:
   tokens = _open_tokens(path, name)
   needed = config.max_sequence_length + 1
   if tokens.shape[0] < needed:
-    raise _fail(name, path, f"holds {tokens.shape[0]} tokens; one sequence "
-                f"needs max_sequence_length + 1 = {needed}")
+    raise _fail(
+        name,
+        path,
+        f"holds {tokens.shape[0]} tokens; one sequence "
+        f"needs max_sequence_length + 1 = {needed}",
+    )
   return tokens
 
 
@@ -341,8 +391,9 @@ class TokensFileDataset:
     self._vocab = config.vocab_size
     self._seq = config.max_sequence_length
     self._shuffle_seed = config.data_shuffle_seed
-    (self._train_batch, self._eval_batch, self._train_rows,
-     self._eval_rows) = _process_shares(config, process_index, process_count)
+    self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
+        _process_shares(config, process_index, process_count)
+    )
     self._train_path = config.train_data_path
     self._eval_path = config.eval_data_path
     self._train = _open_checked(config, "train_data_path")
@@ -372,16 +423,20 @@ class TokensFileDataset:
       self._perm_cache[epoch] = perm
     return perm
 
-  def _read(self, tokens: np.ndarray, window_ids: Sequence[int],
-            path: str) -> Batch:
-    windows = np.stack([
-        np.asarray(tokens[w * self._seq:w * self._seq + self._seq + 1])
-        for w in window_ids
-    ])
+  def _read(
+      self, tokens: np.ndarray, window_ids: Sequence[int], path: str
+  ) -> Batch:
+    windows = np.stack(
+        [
+            np.asarray(tokens[w * self._seq : w * self._seq + self._seq + 1])
+            for w in window_ids
+        ]
+    )
     if windows.size and (windows.min() < 0 or windows.max() >= self._vocab):
       raise ValueError(
           f"token file {path!r} holds token ids outside [0, {self._vocab}) "
-          f"(found {windows.min()}..{windows.max()}); check vocab_size")
+          f"(found {windows.min()}..{windows.max()}); check vocab_size"
+      )
     return _to_batch(windows)
 
   def get_batch(self, step: int) -> Batch:
@@ -399,8 +454,9 @@ class TokensFileDataset:
     """This process's rows of eval batch `index` (eval_batch_size rows)."""
     index = _check_index(index, "index")
     rows = range(self._eval_batch)[self._eval_rows]
-    window_ids = [(index * self._eval_batch + row) % self._eval_windows
-                  for row in rows]
+    window_ids = [
+        (index * self._eval_batch + row) % self._eval_windows for row in rows
+    ]
     return self._read(self._eval, window_ids, self._eval_path)
 
 
@@ -423,22 +479,32 @@ def make_dataset(config, process_index: int = 0, process_count: int = 1):
     # Imported here: Grain is needed only by runs that read prepared text.
     # pylint: disable-next=import-outside-toplevel
     from maxtext.text import grain_dataset
+
     return grain_dataset.GrainDataset(config, process_index, process_count)
-  raise ValueError(f"dataset_type={config.dataset_type!r}: must be "
-                   f"'synthetic', 'tokens_file' or 'grain'")
+  raise ValueError(
+      f"dataset_type={config.dataset_type!r}: must be "
+      f"'synthetic', 'tokens_file' or 'grain'"
+  )
 
 
-def placeholder_batches(config, process_index: int = 0,
-                        process_count: int = 1) -> tuple[Batch, Batch]:
+def placeholder_batches(
+    config, process_index: int = 0, process_count: int = 1
+) -> tuple[Batch, Batch]:
   """(train batch, eval batch) of zeros with this process's real shapes.
 
   For compiling and warming up the step before a run starts: they have the
   shapes and dtypes of `get_batch` and `get_eval_batch` without reading the
   data set (MLPerf forbids touching it before `run_start`).
   """
-  train_rows, eval_rows = _process_shares(config, process_index,
-                                          process_count)[2:]
+  train_rows, eval_rows = _process_shares(config, process_index, process_count)[
+      2:
+  ]
+
   def zeros(rows: slice) -> Batch:
-    return _to_batch(np.zeros(
-        (rows.stop - rows.start, config.max_sequence_length + 1), np.int32))
+    return _to_batch(
+        np.zeros(
+            (rows.stop - rows.start, config.max_sequence_length + 1), np.int32
+        )
+    )
+
   return zeros(train_rows), zeros(eval_rows)

@@ -30,8 +30,9 @@ def _check_batch(test, batch, rows, seq):
   chex.assert_type(batch["inputs"], np.int32)
   chex.assert_type(batch["targets"], np.int32)
   # Targets are the inputs shifted by one token.
-  np.testing.assert_array_equal(batch["inputs"][:, 1:],
-                                batch["targets"][:, :-1])
+  np.testing.assert_array_equal(
+      batch["inputs"][:, 1:], batch["targets"][:, :-1]
+  )
 
 
 class SyntheticDatasetTest(parameterized.TestCase):
@@ -45,8 +46,9 @@ class SyntheticDatasetTest(parameterized.TestCase):
     for row in diffs:
       self.assertLen(set(row.tolist()), 1)
       self.assertIn(int(row[0]), data.SYNTHETIC_STEPS)
-    self.assertTrue(np.all((batch["inputs"] >= 0) &
-                           (batch["inputs"] < config.vocab_size)))
+    self.assertTrue(
+        np.all((batch["inputs"] >= 0) & (batch["inputs"] < config.vocab_size))
+    )
     _check_batch(self, dataset.get_eval_batch(3), 2, 8)
 
   def test_deterministic_by_seed_and_step(self):
@@ -55,37 +57,54 @@ class SyntheticDatasetTest(parameterized.TestCase):
     c = data.SyntheticDataset(_config(seed=2))
     chex.assert_trees_all_equal(a.get_batch(7), b.get_batch(7))
     chex.assert_trees_all_equal(a.get_eval_batch(2), b.get_eval_batch(2))
-    self.assertFalse(np.array_equal(a.get_batch(7)["inputs"],
-                                    a.get_batch(8)["inputs"]))
-    self.assertFalse(np.array_equal(a.get_batch(7)["inputs"],
-                                    c.get_batch(7)["inputs"]))
+    self.assertFalse(
+        np.array_equal(a.get_batch(7)["inputs"], a.get_batch(8)["inputs"])
+    )
+    self.assertFalse(
+        np.array_equal(a.get_batch(7)["inputs"], c.get_batch(7)["inputs"])
+    )
 
   def test_eval_stream_differs_from_train(self):
     dataset = data.SyntheticDataset(_config(eval_batch_size=4))
-    self.assertFalse(np.array_equal(dataset.get_batch(0)["inputs"],
-                                    dataset.get_eval_batch(0)["inputs"]))
+    self.assertFalse(
+        np.array_equal(
+            dataset.get_batch(0)["inputs"], dataset.get_eval_batch(0)["inputs"]
+        )
+    )
 
   def test_processes_split_the_global_batch(self):
     config = _config()
     whole = data.SyntheticDataset(config).get_batch(5)
-    parts = [data.SyntheticDataset(config, i, 2).get_batch(5)
-             for i in range(2)]
+    parts = [data.SyntheticDataset(config, i, 2).get_batch(5) for i in range(2)]
     for part in parts:
       _check_batch(self, part, 2, 8)
     for key in whole:
       np.testing.assert_array_equal(
-          np.concatenate([p[key] for p in parts]), whole[key])
+          np.concatenate([p[key] for p in parts]), whole[key]
+      )
 
   @parameterized.named_parameters(
-      ("batch_not_divisible", dict(process_index=0, process_count=3),
-       "global_batch_size=4"),
-      ("index_out_of_range", dict(process_index=2, process_count=2),
-       "process_index"),
+      (
+          "batch_not_divisible",
+          dict(process_index=0, process_count=3),
+          "global_batch_size=4",
+      ),
+      (
+          "index_out_of_range",
+          dict(process_index=2, process_count=2),
+          "process_index",
+      ),
       ("count_zero", dict(process_index=0, process_count=0), "process_count"),
-      ("count_bool", dict(process_index=0, process_count=True),
-       "process_count"),
-      ("index_bool", dict(process_index=False, process_count=1),
-       "process_index"),
+      (
+          "count_bool",
+          dict(process_index=0, process_count=True),
+          "process_count",
+      ),
+      (
+          "index_bool",
+          dict(process_index=False, process_count=1),
+          "process_index",
+      ),
   )
   def test_bad_process_arguments(self, kwargs, pattern):
     with self.assertRaisesRegex(ValueError, pattern):
@@ -101,8 +120,9 @@ class SyntheticDatasetTest(parameterized.TestCase):
       dataset.get_batch(True)
     with self.assertRaisesRegex(ValueError, "step"):
       dataset.get_batch(np.bool_(True))
-    np.testing.assert_array_equal(dataset.get_batch(np.int64(3))["inputs"],
-                                  dataset.get_batch(3)["inputs"])
+    np.testing.assert_array_equal(
+        dataset.get_batch(np.int64(3))["inputs"], dataset.get_batch(3)["inputs"]
+    )
 
 
 class TokensFileDatasetTest(parameterized.TestCase):
@@ -120,10 +140,20 @@ class TokensFileDatasetTest(parameterized.TestCase):
         f.write(np.asarray(array).tobytes())
     return path
 
-  def _dataset(self, train, evaluation=None, process_index=0,
-               process_count=1, **overrides):
-    config = _config(dataset_type="tokens_file", train_data_path=train,
-                     eval_data_path=evaluation or train, **overrides)
+  def _dataset(
+      self,
+      train,
+      evaluation=None,
+      process_index=0,
+      process_count=1,
+      **overrides,
+  ):
+    config = _config(
+        dataset_type="tokens_file",
+        train_data_path=train,
+        eval_data_path=evaluation or train,
+        **overrides,
+    )
     return data.TokensFileDataset(config, process_index, process_count)
 
   def test_batches_are_windows_of_the_file(self):
@@ -138,19 +168,21 @@ class TokensFileDatasetTest(parameterized.TestCase):
       window = np.concatenate([inputs, targets[-1:]])
       start = int(np.where(tokens == window[0])[0][0])
       self.assertEqual(start % 8, 0)
-      np.testing.assert_array_equal(window, tokens[start:start + 9])
+      np.testing.assert_array_equal(window, tokens[start : start + 9])
 
   def test_one_epoch_visits_every_window_once_in_shuffled_order(self):
     tokens = np.arange(8 * 12 + 1, dtype=np.int32)
     path = self._write("train.npy", tokens)
     dataset = self._dataset(path, vocab_size=1000)
     firsts = np.concatenate(
-        [dataset.get_batch(step)["inputs"][:, 0] for step in range(3)])
+        [dataset.get_batch(step)["inputs"][:, 0] for step in range(3)]
+    )
     self.assertCountEqual(firsts.tolist(), list(range(0, 96, 8)))
     self.assertNotEqual(firsts.tolist(), sorted(firsts.tolist()))
     # The next epoch is another permutation of the same windows.
     later = np.concatenate(
-        [dataset.get_batch(step)["inputs"][:, 0] for step in range(3, 6)])
+        [dataset.get_batch(step)["inputs"][:, 0] for step in range(3, 6)]
+    )
     self.assertCountEqual(later.tolist(), list(range(0, 96, 8)))
 
   def test_deterministic_and_seeded(self):
@@ -161,26 +193,33 @@ class TokensFileDatasetTest(parameterized.TestCase):
     c = self._dataset(path, vocab_size=1000, data_shuffle_seed=4)
     for step in (0, 4, 17):
       chex.assert_trees_all_equal(a.get_batch(step), b.get_batch(step))
-    self.assertFalse(all(
-        np.array_equal(a.get_batch(s)["inputs"], c.get_batch(s)["inputs"])
-        for s in range(3)))
+    self.assertFalse(
+        all(
+            np.array_equal(a.get_batch(s)["inputs"], c.get_batch(s)["inputs"])
+            for s in range(3)
+        )
+    )
 
   def test_processes_split_the_global_batch(self):
     path = self._write("train.npy", np.arange(8 * 20 + 1, dtype=np.int32))
     whole = self._dataset(path, vocab_size=1000).get_batch(3)
-    parts = [self._dataset(path, None, i, 2, vocab_size=1000).get_batch(3)
-             for i in range(2)]
+    parts = [
+        self._dataset(path, None, i, 2, vocab_size=1000).get_batch(3)
+        for i in range(2)
+    ]
     for key in whole:
       np.testing.assert_array_equal(
-          np.concatenate([p[key] for p in parts]), whole[key])
+          np.concatenate([p[key] for p in parts]), whole[key]
+      )
 
   def test_eval_reads_the_eval_file_in_order(self):
     train = self._write("train.npy", np.zeros(100, np.int32))
     evaluation = self._write("eval.npy", np.arange(8 * 3 + 1, dtype=np.int32))
     dataset = self._dataset(train, evaluation)
     self.assertEqual(dataset.num_eval_windows, 3)
-    firsts = [dataset.get_eval_batch(i)["inputs"][:, 0].tolist()
-              for i in range(2)]
+    firsts = [
+        dataset.get_eval_batch(i)["inputs"][:, 0].tolist() for i in range(2)
+    ]
     self.assertEqual(firsts, [[0, 8], [16, 0]])
 
   def test_raw_uint16_file(self):
@@ -188,22 +227,25 @@ class TokensFileDatasetTest(parameterized.TestCase):
     path = self._write("train.bin", tokens)
     batch = self._dataset(path).get_batch(0)
     _check_batch(self, batch, 4, 8)
-    self.assertCountEqual(batch["inputs"][:, 0].tolist(),
-                          [tokens[8 * i] for i in range(4)])
+    self.assertCountEqual(
+        batch["inputs"][:, 0].tolist(), [tokens[8 * i] for i in range(4)]
+    )
 
   def test_missing_file(self):
     path = os.path.join(self.dir, "absent.npy")
     with self.assertRaisesRegex(
-        ValueError, r"^config\.train_data_path='.*absent\.npy': does not "
-        r"exist$"):
+        ValueError,
+        r"^config\.train_data_path='.*absent\.npy': does not " r"exist$",
+    ):
       self._dataset(path)
 
   def test_directory_is_not_a_token_file(self):
     path = os.path.join(self.dir, "shards.npy")
     os.mkdir(path)
     with self.assertRaisesRegex(
-        ValueError, "train_data_path=.*shards.npy': is a directory, not a "
-        "token file"):
+        ValueError,
+        "train_data_path=.*shards.npy': is a directory, not a " "token file",
+    ):
       self._dataset(path)
 
   def test_empty_file(self):
@@ -238,30 +280,51 @@ class TokensFileDatasetTest(parameterized.TestCase):
     return buffer.getvalue()
 
   @parameterized.named_parameters(
-      ("bad_magic", lambda t: b"hello world, not numpy\n",
-       "magic string is not correct"),
-      ("magic_only", lambda t: t._npy_bytes(np.arange(100))[:8],
-       "EOF: reading array header length"),
-      ("truncated_header", lambda t: t._npy_bytes(np.arange(100))[:40],
-       "EOF: reading array header"),
-      ("garbled_header",
-       lambda t: t._npy_bytes(np.arange(100)).replace(b"'descr'", b"'d#scr'"),
-       "Header does not contain the correct keys"),
-      ("pickled_objects",
-       lambda t: t._npy_bytes(np.array([{"a": 1}, None] * 60),
-                              allow_pickle=True),
-       r"Python objects \(a pickled array\), not token ids"),
-      ("truncated_data",
-       lambda t: t._npy_bytes(np.arange(100, dtype=np.int32))[:-4],
-       r"truncated: its header says shape \(100,\) of int32"),
+      (
+          "bad_magic",
+          lambda t: b"hello world, not numpy\n",
+          "magic string is not correct",
+      ),
+      (
+          "magic_only",
+          lambda t: t._npy_bytes(np.arange(100))[:8],
+          "EOF: reading array header length",
+      ),
+      (
+          "truncated_header",
+          lambda t: t._npy_bytes(np.arange(100))[:40],
+          "EOF: reading array header",
+      ),
+      (
+          "garbled_header",
+          lambda t: t._npy_bytes(np.arange(100)).replace(
+              b"'descr'", b"'d#scr'"
+          ),
+          "Header does not contain the correct keys",
+      ),
+      (
+          "pickled_objects",
+          lambda t: t._npy_bytes(
+              np.array([{"a": 1}, None] * 60), allow_pickle=True
+          ),
+          r"Python objects \(a pickled array\), not token ids",
+      ),
+      (
+          "truncated_data",
+          lambda t: t._npy_bytes(np.arange(100, dtype=np.int32))[:-4],
+          r"truncated: its header says shape \(100,\) of int32",
+      ),
   )
   def test_malformed_npy_file(self, make_content, detail):
     path = self._write_bytes("bad.npy", make_content(self))
     with self.assertRaises(ValueError) as raised:
       self._dataset(path)
     message = str(raised.exception)
-    self.assertRegex(message, r"^config\.train_data_path='.*bad\.npy': "
-                     r"malformed \.npy file: .*" + detail)
+    self.assertRegex(
+        message,
+        r"^config\.train_data_path='.*bad\.npy': "
+        r"malformed \.npy file: .*" + detail,
+    )
     self.assertNotIn("\n", message)
     # np.load's fallback would have said "pickled data" about any of these.
     self.assertNotIn("pickled data", message)
@@ -269,14 +332,24 @@ class TokensFileDatasetTest(parameterized.TestCase):
   def test_check_token_files_reads_headers_only(self):
     good = self._write("good.npy", np.arange(100, dtype=np.int32) % 50)
     bad = self._write_bytes("bad.bin", b"\x01" * 7)
-    data.check_token_files(_config(dataset_type="tokens_file",
-                                   train_data_path=good, eval_data_path=good))
+    data.check_token_files(
+        _config(
+            dataset_type="tokens_file",
+            train_data_path=good,
+            eval_data_path=good,
+        )
+    )
     with self.assertRaisesRegex(
-        ValueError, r"^config\.eval_data_path='.*bad\.bin': raw token file "
-        "has 7 bytes"):
-      data.check_token_files(_config(dataset_type="tokens_file",
-                                     train_data_path=good,
-                                     eval_data_path=bad))
+        ValueError,
+        r"^config\.eval_data_path='.*bad\.bin': raw token file " "has 7 bytes",
+    ):
+      data.check_token_files(
+          _config(
+              dataset_type="tokens_file",
+              train_data_path=good,
+              eval_data_path=bad,
+          )
+      )
     # Nothing to check for synthetic data, whatever the paths say.
     data.check_token_files(_config(train_data_path=bad))
 
@@ -299,8 +372,9 @@ class TokensFileDatasetTest(parameterized.TestCase):
   def test_make_dataset_dispatches(self):
     path = self._write("train.npy", np.arange(100, dtype=np.int32) % 50)
     self.assertIsInstance(data.make_dataset(_config()), data.SyntheticDataset)
-    config = _config(dataset_type="tokens_file", train_data_path=path,
-                     eval_data_path=path)
+    config = _config(
+        dataset_type="tokens_file", train_data_path=path, eval_data_path=path
+    )
     self.assertIsInstance(data.make_dataset(config), data.TokensFileDataset)
     with self.assertRaisesRegex(ValueError, "dataset_type='csv'"):
       data.make_dataset(_config(dataset_type="csv"))
@@ -318,7 +392,8 @@ class SplitMicroBatchesTest(parameterized.TestCase):
       _check_batch(self, part, 2, 8)
     for key in batch:
       np.testing.assert_array_equal(
-          np.concatenate([p[key] for p in parts]), batch[key])
+          np.concatenate([p[key] for p in parts]), batch[key]
+      )
     self.assertLen(data.split_micro_batches(batch, 1), 1)
 
   @parameterized.named_parameters(
@@ -333,8 +408,9 @@ class SplitMicroBatchesTest(parameterized.TestCase):
 
   def test_mismatched_arrays(self):
     with self.assertRaisesRegex(ValueError, "disagree"):
-      data.split_micro_batches({"inputs": np.zeros((4, 2)),
-                                "targets": np.zeros((2, 2))}, 2)
+      data.split_micro_batches(
+          {"inputs": np.zeros((4, 2)), "targets": np.zeros((2, 2))}, 2
+      )
 
 
 if __name__ == "__main__":

@@ -94,24 +94,27 @@ def _host_signature(tree) -> tuple:
   """A cheap key of a micro-batch's structure, shapes and dtypes."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   return (treedef,) + tuple(
-      (getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves)
+      (getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves
+  )
 
 
 class Engine:
   """Runs micro-batches and optimizer steps; records the step's metrics."""
 
-  def __init__(self,
-               loss_fn: LossFn,
-               params,
-               optimizer: optax.GradientTransformation,
-               learning_rate_fn: Union[Callable[[Any], Any], float],
-               recorder: metrics_recorder.MetricsRecorder,
-               gradient_accumulation_steps: int,
-               *,
-               param_shardings=None,
-               batch_sharding=None,
-               grad_clip_norm: float = 0.0,
-               donate_state: bool = True):
+  def __init__(
+      self,
+      loss_fn: LossFn,
+      params,
+      optimizer: optax.GradientTransformation,
+      learning_rate_fn: Union[Callable[[Any], Any], float],
+      recorder: metrics_recorder.MetricsRecorder,
+      gradient_accumulation_steps: int,
+      *,
+      param_shardings=None,
+      batch_sharding=None,
+      grad_clip_norm: float = 0.0,
+      donate_state: bool = True,
+  ):
     """Creates the engine and the optimizer state.
 
     Args:
@@ -143,39 +146,62 @@ class Engine:
     if not callable(loss_fn):
       raise TypeError(f"loss_fn must be callable; got {loss_fn!r}")
     if not isinstance(optimizer, optax.GradientTransformation):
-      raise TypeError("optimizer must be an optax.GradientTransformation; got "
-                      f"{type(optimizer).__name__}")
+      raise TypeError(
+          "optimizer must be an optax.GradientTransformation; got "
+          f"{type(optimizer).__name__}"
+      )
     if not callable(learning_rate_fn) and not isinstance(
-        learning_rate_fn, (int, float)):
-      raise TypeError("learning_rate_fn must be callable or a number; got "
-                      f"{learning_rate_fn!r}")
+        learning_rate_fn, (int, float)
+    ):
+      raise TypeError(
+          "learning_rate_fn must be callable or a number; got "
+          f"{learning_rate_fn!r}"
+      )
     if not isinstance(recorder, metrics_recorder.MetricsRecorder):
-      raise TypeError("recorder must be a MetricsRecorder; got "
-                      f"{type(recorder).__name__}")
+      raise TypeError(
+          "recorder must be a MetricsRecorder; got "
+          f"{type(recorder).__name__}"
+      )
     # These two raise ValueError for a wrong type too (bool included), as they
     # always have, so they use the predicates of `checks`, not check_int.
-    if (not checks.is_int(gradient_accumulation_steps) or
-        gradient_accumulation_steps < 1):
-      raise ValueError("gradient_accumulation_steps must be an int >= 1; got "
-                       f"{gradient_accumulation_steps!r}")
-    if (not checks.is_number(grad_clip_norm) or
-        not grad_clip_norm >= 0 or grad_clip_norm == float("inf")):
-      raise ValueError("grad_clip_norm must be a finite number >= 0; got "
-                       f"{grad_clip_norm!r}")
+    if (
+        not checks.is_int(gradient_accumulation_steps)
+        or gradient_accumulation_steps < 1
+    ):
+      raise ValueError(
+          "gradient_accumulation_steps must be an int >= 1; got "
+          f"{gradient_accumulation_steps!r}"
+      )
+    if (
+        not checks.is_number(grad_clip_norm)
+        or not grad_clip_norm >= 0
+        or grad_clip_norm == float("inf")
+    ):
+      raise ValueError(
+          "grad_clip_norm must be a finite number >= 0; got "
+          f"{grad_clip_norm!r}"
+      )
     if not isinstance(donate_state, bool):
       raise TypeError(f"donate_state must be a bool; got {donate_state!r}")
     if (param_shardings is None) != (batch_sharding is None):
-      raise ValueError("param_shardings and batch_sharding must be given "
-                       "together (or neither)")
+      raise ValueError(
+          "param_shardings and batch_sharding must be given "
+          "together (or neither)"
+      )
     self._loss_fn = loss_fn
     self._optimizer = optimizer
-    self._lr_fn = (learning_rate_fn if callable(learning_rate_fn) else
-                   (lambda _, lr=float(learning_rate_fn): lr))
+    self._lr_fn = (
+        learning_rate_fn
+        if callable(learning_rate_fn)
+        else (lambda _, lr=float(learning_rate_fn): lr)
+    )
     self._recorder = recorder
     self._k = int(gradient_accumulation_steps)
     self._clip = float(grad_clip_norm)
     self._donate = donate_state
-    self._update_packed = None  # The update's metrics, from the last micro-batch.
+    self._update_packed = (
+        None  # The update's metrics, from the last micro-batch.
+    )
     self._param_shardings = param_shardings
     self._batch_sharding = batch_sharding
     self._step = 0
@@ -186,30 +212,43 @@ class Engine:
 
     # Abstract parameters (ShapeDtypeStructs): the engine only lowers its
     # programs (`lower`); nothing is allocated.
-    self._abstract = all(isinstance(x, jax.ShapeDtypeStruct)
-                         for x in jax.tree_util.tree_leaves(params))
+    self._abstract = all(
+        isinstance(x, jax.ShapeDtypeStruct)
+        for x in jax.tree_util.tree_leaves(params)
+    )
     if param_shardings is not None:
       if self._abstract:
         params = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-            params, param_shardings)
+            params,
+            param_shardings,
+        )
       else:
         params = jax.device_put(params, param_shardings)
     self._params = params
-    init = (lambda fn, *args: jax.eval_shape(fn, *args)) if self._abstract else (
-        lambda fn, *args: fn(*args))
+    init = (
+        (lambda fn, *args: jax.eval_shape(fn, *args))
+        if self._abstract
+        else (lambda fn, *args: fn(*args))
+    )
     if param_shardings is not None:
       # The optimizer state's copies of the parameter tree (e.g. Adam's moments)
       # take the parameters' shardings; its other leaves (step counts) are
       # replicated over the same mesh.
       mesh = jax.tree_util.tree_leaves(param_shardings)[0].mesh
-      replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      replicated = jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec()
+      )
       opt_shardings = optax.tree_map_params(
-          optimizer, lambda _, sharding: sharding,
-          jax.eval_shape(optimizer.init, params), param_shardings,
-          transform_non_params=lambda _: replicated)
-      self._opt_state = init(jax.jit(optimizer.init,
-                                     out_shardings=opt_shardings), params)
+          optimizer,
+          lambda _, sharding: sharding,
+          jax.eval_shape(optimizer.init, params),
+          param_shardings,
+          transform_non_params=lambda _: replicated,
+      )
+      self._opt_state = init(
+          jax.jit(optimizer.init, out_shardings=opt_shardings), params
+      )
     else:
       self._opt_state = init(jax.jit(optimizer.init), params)
     self._build_jitted()
@@ -228,18 +267,21 @@ class Engine:
       opt_shardings = jax.tree.map(lambda x: x.sharding, self._opt_state)
       self._opt_shardings = opt_shardings
     acc_dtypes = jax.tree.map(
-        lambda p: jnp.promote_types(p.dtype, jnp.float32), self._params)
+        lambda p: jnp.promote_types(p.dtype, jnp.float32), self._params
+    )
 
     def fwd_bwd(params, grad_acc, micro_batch):
       # grad_acc is None for the step's first micro-batch: its gradients start
       # the accumulator, so no zeroed accumulator is ever materialised.
-      (loss, aux), grads = jax.value_and_grad(
-          self._loss_fn, has_aux=True)(params, micro_batch)
+      (loss, aux), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(
+          params, micro_batch
+      )
       if grad_acc is None:
         grad_acc = jax.tree.map(lambda g, dt: g.astype(dt), grads, acc_dtypes)
       else:
-        grad_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grad_acc,
-                                grads)
+        grad_acc = jax.tree.map(
+            lambda a, g: a + g.astype(a.dtype), grad_acc, grads
+        )
       names, packed, weighted = self._pack(loss, aux)
       # A side effect of tracing: the names of this trace's packed metrics.
       self._traced_names = (names, tuple(weighted))
@@ -254,13 +296,19 @@ class Engine:
       grad_norm = optax.tree.norm(jax.tree.map(lambda a: a / self._k, grad_acc))
       finite = jnp.isfinite(grad_norm)
       lr = jnp.asarray(self._lr_fn(step), jnp.float32)
-      update_packed = jnp.stack([lr, grad_norm.astype(jnp.float32),
-                                 jnp.where(finite, 0.0, 1.0).astype(jnp.float32)])
+      update_packed = jnp.stack(
+          [
+              lr,
+              grad_norm.astype(jnp.float32),
+              jnp.where(finite, 0.0, 1.0).astype(jnp.float32),
+          ]
+      )
       return grad_acc, packed, weighted, update_packed
 
     def apply(params, opt_state, grad_acc, update_packed):
-      grads = jax.tree.map(lambda a, p: (a / self._k).astype(p.dtype),
-                           grad_acc, params)
+      grads = jax.tree.map(
+          lambda a, p: (a / self._k).astype(p.dtype), grad_acc, params
+      )
       if self._clip > 0:
         # Global-norm clipping as optax.clip_by_global_norm does it, with the
         # norm of the mean gradient that the last micro-batch measured
@@ -268,8 +316,11 @@ class Engine:
         norm = update_packed[1]
         keep = norm < self._clip
         grads = jax.tree.map(
-            lambda g: jnp.where(keep, g, (g / norm.astype(g.dtype)) * self._clip),
-            grads)
+            lambda g: jnp.where(
+                keep, g, (g / norm.astype(g.dtype)) * self._clip
+            ),
+            grads,
+        )
       updates, new_opt = self._optimizer.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), new_opt
 
@@ -285,25 +336,38 @@ class Engine:
     # flush that follows the apply's dispatch has succeeded.
     donate = (0, 1) if self._donate else ()
     first_last_fn = lambda params, micro_batch, step: fwd_bwd_last(
-        params, None, micro_batch, step)
+        params, None, micro_batch, step
+    )
     if explicit:
       self._micro_fns = {
-          (True, False): jax.jit(first_fn, in_shardings=(ps, bs),
-                                 out_shardings=(ps, rep, rep)),
-          (False, False): jax.jit(fwd_bwd, donate_argnums=(1,),
-                                  in_shardings=(ps, ps, bs),
-                                  out_shardings=(ps, rep, rep)),
-          (True, True): jax.jit(first_last_fn, in_shardings=(ps, bs, rep),
-                                out_shardings=(ps, rep, rep, rep)),
-          (False, True): jax.jit(fwd_bwd_last, donate_argnums=(1,),
-                                 in_shardings=(ps, ps, bs, rep),
-                                 out_shardings=(ps, rep, rep, rep)),
+          (True, False): jax.jit(
+              first_fn, in_shardings=(ps, bs), out_shardings=(ps, rep, rep)
+          ),
+          (False, False): jax.jit(
+              fwd_bwd,
+              donate_argnums=(1,),
+              in_shardings=(ps, ps, bs),
+              out_shardings=(ps, rep, rep),
+          ),
+          (True, True): jax.jit(
+              first_last_fn,
+              in_shardings=(ps, bs, rep),
+              out_shardings=(ps, rep, rep, rep),
+          ),
+          (False, True): jax.jit(
+              fwd_bwd_last,
+              donate_argnums=(1,),
+              in_shardings=(ps, ps, bs, rep),
+              out_shardings=(ps, rep, rep, rep),
+          ),
       }
-      self._apply = jax.jit(apply, in_shardings=(ps, opt_shardings, ps, rep),
-                            out_shardings=(ps, opt_shardings),
-                            donate_argnums=donate)
-      self._eval = jax.jit(eval_loss, in_shardings=(ps, bs),
-                           out_shardings=rep)
+      self._apply = jax.jit(
+          apply,
+          in_shardings=(ps, opt_shardings, ps, rep),
+          out_shardings=(ps, opt_shardings),
+          donate_argnums=donate,
+      )
+      self._eval = jax.jit(eval_loss, in_shardings=(ps, bs), out_shardings=rep)
     else:
       self._micro_fns = {
           (True, False): jax.jit(first_fn),
@@ -318,8 +382,10 @@ class Engine:
   def _pack(loss, aux):
     """Splits the step's metrics (at trace time) into packed and weighted."""
     if aux is not None and not isinstance(aux, Mapping):
-      raise TypeError("loss_fn's aux must be None or a dict of metrics; got "
-                      f"{type(aux).__name__}")
+      raise TypeError(
+          "loss_fn's aux must be None or a dict of metrics; got "
+          f"{type(aux).__name__}"
+      )
     scalars = [("loss", loss)]
     weighted = {}
     for name, leaf in flatten_metrics("", aux):
@@ -329,8 +395,9 @@ class Engine:
         scalars.append((name, leaf))
     names = tuple(n for n, _ in scalars)
     if len(set(names) | set(weighted)) != len(names) + len(weighted):
-      raise ValueError(f"metric names collide: {sorted(names)} "
-                       f"{sorted(weighted)}")
+      raise ValueError(
+          f"metric names collide: {sorted(names)} " f"{sorted(weighted)}"
+      )
     leaves = []
     for name, leaf in scalars:
       if isinstance(leaf, (str, bytes)):
@@ -339,16 +406,23 @@ class Engine:
         arr = jnp.asarray(leaf)
       except TypeError as exc:
         raise TypeError(f"metric {name!r}: not a number: {leaf!r}") from exc
-      if arr.dtype == jnp.bool_ or jnp.issubdtype(arr.dtype,
-                                                   jnp.complexfloating):
-        raise TypeError(f"metric {name!r}: dtype {arr.dtype} is not accepted "
-                        "(boolean or complex)")
-      if not (jnp.issubdtype(arr.dtype, jnp.integer) or
-              jnp.issubdtype(arr.dtype, jnp.floating)):
+      if arr.dtype == jnp.bool_ or jnp.issubdtype(
+          arr.dtype, jnp.complexfloating
+      ):
+        raise TypeError(
+            f"metric {name!r}: dtype {arr.dtype} is not accepted "
+            "(boolean or complex)"
+        )
+      if not (
+          jnp.issubdtype(arr.dtype, jnp.integer)
+          or jnp.issubdtype(arr.dtype, jnp.floating)
+      ):
         raise TypeError(f"metric {name!r}: dtype {arr.dtype} is not numeric")
       if arr.shape not in ((), (1,)):
-        raise ValueError(f"metric {name!r}: must have shape () or (1,); got "
-                         f"shape {arr.shape}")
+        raise ValueError(
+            f"metric {name!r}: must have shape () or (1,); got "
+            f"shape {arr.shape}"
+        )
       leaves.append(arr.reshape(()))
     dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
     packed = jnp.stack([x.astype(dtype) for x in leaves])
@@ -369,14 +443,19 @@ class Engine:
     if self._micro >= self._k:
       raise ValueError(
           f"fwd_bwd called {self._micro + 1} times in step {self._step}, but "
-          f"gradient_accumulation_steps is {self._k}; call update() first")
+          f"gradient_accumulation_steps is {self._k}; call update() first"
+      )
     traces = self._trace_count
     key = _host_signature(micro_batch)
     first = self._micro == 0
     last = self._micro == self._k - 1
     fn = self._micro_fns[(first, last)]
-    args = (self._params,) + (() if first else (self._grad_acc,)) + (
-        micro_batch,) + ((np.int32(self._step),) if last else ())
+    args = (
+        (self._params,)
+        + (() if first else (self._grad_acc,))
+        + (micro_batch,)
+        + ((np.int32(self._step),) if last else ())
+    )
     if last:
       grad_acc, packed, weighted, update_packed = fn(*args)
     else:
@@ -386,8 +465,9 @@ class Engine:
     found = self._names.get(key)
     if found is None:
       if self._trace_count == traces:  # Compiled earlier under another key.
-        jax.eval_shape(self._micro_fns[(True, False)], self._params,
-                       micro_batch)
+        jax.eval_shape(
+            self._micro_fns[(True, False)], self._params, micro_batch
+        )
       found = self._names[key] = self._traced_names
     names, weighted_names = found
     self._recorder.buffer_packed(self._step, names, packed)
@@ -409,8 +489,7 @@ class Engine:
     for full_name, leaf in flatten_metrics(name, value):
       self._recorder.buffer_metrics(self._step, full_name, leaf)
 
-  def update(self, *, discard: bool = False
-             ) -> metrics_recorder.MetricsBuffer:
+  def update(self, *, discard: bool = False) -> metrics_recorder.MetricsBuffer:
     """Flushes the step's metrics and runs the optimizer; keeps its result
     only if the flush succeeded and the gradients were finite.
 
@@ -432,9 +511,9 @@ class Engine:
     if self._micro != self._k:
       raise ValueError(
           f"update() after {self._micro} micro-batches in step {self._step}; "
-          f"gradient_accumulation_steps is {self._k}")
-    args = (self._params, self._opt_state, self._grad_acc,
-            self._update_packed)
+          f"gradient_accumulation_steps is {self._k}"
+      )
+    args = (self._params, self._opt_state, self._grad_acc, self._update_packed)
     # The flush's own launches are dispatched first (prefetch), so on a
     # device that runs programs in order the fetch does not wait for the
     # optimizer.
@@ -486,9 +565,11 @@ class Engine:
 
   def _check_concrete(self, what: str) -> None:
     if self._abstract:
-      raise RuntimeError(f"{what}() on an engine built on abstract parameters "
-                         "(ShapeDtypeStructs); such an engine can only lower "
-                         "its programs")
+      raise RuntimeError(
+          f"{what}() on an engine built on abstract parameters "
+          "(ShapeDtypeStructs); such an engine can only lower "
+          "its programs"
+      )
 
   def lower(self, micro_batch) -> dict[str, jax.stages.Lowered]:
     """Lowers the programs one training step runs, without running them.
@@ -506,27 +587,42 @@ class Engine:
       its `memory_analysis()` and `cost_analysis()`.
     """
     abstract = lambda tree: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                       sharding=getattr(x, "sharding", None)),
-        tree)
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=getattr(x, "sharding", None)
+        ),
+        tree,
+    )
     params, opt_state = abstract(self._params), abstract(self._opt_state)
-    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                         micro_batch)
+    batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), micro_batch
+    )
     step = jax.ShapeDtypeStruct((), jnp.int32)
-    grad_acc, _, _ = jax.eval_shape(self._micro_fns[(True, False)], params,
-                                    batch)
+    grad_acc, _, _ = jax.eval_shape(
+        self._micro_fns[(True, False)], params, batch
+    )
     if self._param_shardings is not None:
       grad_acc = jax.tree.map(
           lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-          grad_acc, self._param_shardings)
-    variants = [("micro_step_first_last", (True, True))] if self._k == 1 else (
-        [("micro_step_first", (True, False))] +
-        ([("micro_step", (False, False))] if self._k > 2 else []) +
-        [("micro_step_last", (False, True))])
+          grad_acc,
+          self._param_shardings,
+      )
+    variants = (
+        [("micro_step_first_last", (True, True))]
+        if self._k == 1
+        else (
+            [("micro_step_first", (True, False))]
+            + ([("micro_step", (False, False))] if self._k > 2 else [])
+            + [("micro_step_last", (False, True))]
+        )
+    )
     lowered = {}
     for name, (first, last) in variants:
-      args = (params,) + (() if first else (grad_acc,)) + (batch,) + (
-          (step,) if last else ())
+      args = (
+          (params,)
+          + (() if first else (grad_acc,))
+          + (batch,)
+          + ((step,) if last else ())
+      )
       lowered[name] = self._micro_fns[(first, last)].lower(*args)
     packed = jax.ShapeDtypeStruct((len(_UPDATE_NAMES),), jnp.float32)
     lowered["apply"] = self._apply.lower(params, opt_state, grad_acc, packed)
@@ -567,8 +663,11 @@ class Engine:
   @property
   def state(self) -> dict:
     """The checkpointable state: {"params", "opt_state", "step"}."""
-    return {"params": self._params, "opt_state": self._opt_state,
-            "step": np.asarray(self._step, np.int64)}
+    return {
+        "params": self._params,
+        "opt_state": self._opt_state,
+        "step": np.asarray(self._step, np.int64),
+    }
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     """Restores `state` (as from `state`); only between steps.
@@ -577,8 +676,10 @@ class Engine:
       ValueError: mid-step, or if the trees do not match the current ones.
     """
     if self._micro:
-      raise ValueError(f"set_state() in the middle of step {self._step} "
-                       f"({self._micro} micro-batches done)")
+      raise ValueError(
+          f"set_state() in the middle of step {self._step} "
+          f"({self._micro} micro-batches done)"
+      )
     for key in ("params", "opt_state", "step"):
       if key not in state:
         raise ValueError(f"state lacks {key!r}; has {sorted(state)}")
