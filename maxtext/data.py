@@ -69,7 +69,7 @@ def _local_rows(
 
 
 def _process_shares(config, process_index: int, process_count: int):
-  """(train batch, eval batch, train row slice, eval row slice) of one process."""
+  """(train batch, eval batch, train rows, eval rows) of one process."""
   return (
       config.global_batch_size,
       config.eval_batch_size,
@@ -426,6 +426,7 @@ class TokensFileDataset:
   def _read(
       self, tokens: np.ndarray, window_ids: Sequence[int], path: str
   ) -> Batch:
+    """The windows `window_ids` of `tokens` (read from `path`) as a batch."""
     windows = np.stack(
         [
             np.asarray(tokens[w * self._seq : w * self._seq + self._seq + 1])

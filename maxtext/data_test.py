@@ -35,6 +35,13 @@ def _check_batch(test, batch, rows, seq):
   )
 
 
+def _npy_bytes(array, allow_pickle=False) -> bytes:
+  """The bytes np.save writes for `array`."""
+  buffer = io.BytesIO()
+  np.save(buffer, array, allow_pickle=allow_pickle)
+  return buffer.getvalue()
+
+
 class SyntheticDatasetTest(parameterized.TestCase):
 
   def test_shapes_and_progressions(self):
@@ -78,9 +85,9 @@ class SyntheticDatasetTest(parameterized.TestCase):
     parts = [data.SyntheticDataset(config, i, 2).get_batch(5) for i in range(2)]
     for part in parts:
       _check_batch(self, part, 2, 8)
-    for key in whole:
+    for key, value in whole.items():
       np.testing.assert_array_equal(
-          np.concatenate([p[key] for p in parts]), whole[key]
+          np.concatenate([p[key] for p in parts]), value
       )
 
   @parameterized.named_parameters(
@@ -148,6 +155,7 @@ class TokensFileDatasetTest(parameterized.TestCase):
       process_count=1,
       **overrides,
   ):
+    """A token-file dataset over `train` (and `evaluation`, else `train`)."""
     config = _config(
         dataset_type="tokens_file",
         train_data_path=train,
@@ -207,9 +215,9 @@ class TokensFileDatasetTest(parameterized.TestCase):
         self._dataset(path, None, i, 2, vocab_size=1000).get_batch(3)
         for i in range(2)
     ]
-    for key in whole:
+    for key, value in whole.items():
       np.testing.assert_array_equal(
-          np.concatenate([p[key] for p in parts]), whole[key]
+          np.concatenate([p[key] for p in parts]), value
       )
 
   def test_eval_reads_the_eval_file_in_order(self):
@@ -235,7 +243,7 @@ class TokensFileDatasetTest(parameterized.TestCase):
     path = os.path.join(self.dir, "absent.npy")
     with self.assertRaisesRegex(
         ValueError,
-        r"^config\.train_data_path='.*absent\.npy': does not " r"exist$",
+        r"^config\.train_data_path='.*absent\.npy': does not exist$",
     ):
       self._dataset(path)
 
@@ -244,13 +252,14 @@ class TokensFileDatasetTest(parameterized.TestCase):
     os.mkdir(path)
     with self.assertRaisesRegex(
         ValueError,
-        "train_data_path=.*shards.npy': is a directory, not a " "token file",
+        "train_data_path=.*shards.npy': is a directory, not a token file",
     ):
       self._dataset(path)
 
   def test_empty_file(self):
     path = os.path.join(self.dir, "empty.npy")
-    open(path, "wb").close()
+    with open(path, "wb"):
+      pass
     with self.assertRaisesRegex(ValueError, "empty.npy.*empty"):
       self._dataset(path)
 
@@ -274,11 +283,6 @@ class TokensFileDatasetTest(parameterized.TestCase):
       f.write(content)
     return path
 
-  def _npy_bytes(self, array, allow_pickle=False):
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=allow_pickle)
-    return buffer.getvalue()
-
   @parameterized.named_parameters(
       (
           "bad_magic",
@@ -287,31 +291,29 @@ class TokensFileDatasetTest(parameterized.TestCase):
       ),
       (
           "magic_only",
-          lambda t: t._npy_bytes(np.arange(100))[:8],
+          lambda t: _npy_bytes(np.arange(100))[:8],
           "EOF: reading array header length",
       ),
       (
           "truncated_header",
-          lambda t: t._npy_bytes(np.arange(100))[:40],
+          lambda t: _npy_bytes(np.arange(100))[:40],
           "EOF: reading array header",
       ),
       (
           "garbled_header",
-          lambda t: t._npy_bytes(np.arange(100)).replace(
-              b"'descr'", b"'d#scr'"
-          ),
+          lambda t: _npy_bytes(np.arange(100)).replace(b"'descr'", b"'d#scr'"),
           "Header does not contain the correct keys",
       ),
       (
           "pickled_objects",
-          lambda t: t._npy_bytes(
+          lambda t: _npy_bytes(
               np.array([{"a": 1}, None] * 60), allow_pickle=True
           ),
           r"Python objects \(a pickled array\), not token ids",
       ),
       (
           "truncated_data",
-          lambda t: t._npy_bytes(np.arange(100, dtype=np.int32))[:-4],
+          lambda t: _npy_bytes(np.arange(100, dtype=np.int32))[:-4],
           r"truncated: its header says shape \(100,\) of int32",
       ),
   )
@@ -390,9 +392,9 @@ class SplitMicroBatchesTest(parameterized.TestCase):
     self.assertLen(parts, 3)
     for part in parts:
       _check_batch(self, part, 2, 8)
-    for key in batch:
+    for key, value in batch.items():
       np.testing.assert_array_equal(
-          np.concatenate([p[key] for p in parts]), batch[key]
+          np.concatenate([p[key] for p in parts]), value
       )
     self.assertLen(data.split_micro_batches(batch, 1), 1)
 

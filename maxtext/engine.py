@@ -174,7 +174,8 @@ class Engine:
       )
     if (
         not checks.is_number(grad_clip_norm)
-        or not grad_clip_norm >= 0
+        # `not >= 0` also refuses NaN, which `< 0` would let through.
+        or not grad_clip_norm >= 0  # pylint: disable=unnecessary-negation
         or grad_clip_norm == float("inf")
     ):
       raise ValueError(
@@ -226,11 +227,11 @@ class Engine:
       else:
         params = jax.device_put(params, param_shardings)
     self._params = params
-    init = (
-        (lambda fn, *args: jax.eval_shape(fn, *args))
-        if self._abstract
-        else (lambda fn, *args: fn(*args))
-    )
+
+    def init(fn, *args):
+      # An abstract engine (for lowering) allocates nothing.
+      return jax.eval_shape(fn, *args) if self._abstract else fn(*args)
+
     if param_shardings is not None:
       # The optimizer state's copies of the parameter tree (e.g. Adam's moments)
       # take the parameters' shardings; its other leaves (step counts) are
@@ -258,6 +259,7 @@ class Engine:
   # -- jitted functions ----------------------------------------------------
 
   def _build_jitted(self) -> None:
+    """Compiles (lazily, by jax.jit) the step's programs for these shapes."""
     ps, bs = self._param_shardings, self._batch_sharding
     explicit = ps is not None
     if explicit:
@@ -331,13 +333,16 @@ class Engine:
     # step: the first takes no accumulator, the last also takes the step
     # number and returns the update's metrics. Donating the accumulator lets
     # XLA add into it in place.
-    first_fn = lambda params, micro_batch: fwd_bwd(params, None, micro_batch)
+    def first_fn(params, micro_batch):
+      return fwd_bwd(params, None, micro_batch)
+
     # Without donation, parameters and optimizer state stay valid until the
     # flush that follows the apply's dispatch has succeeded.
     donate = (0, 1) if self._donate else ()
-    first_last_fn = lambda params, micro_batch, step: fwd_bwd_last(
-        params, None, micro_batch, step
-    )
+
+    def first_last_fn(params, micro_batch, step):
+      return fwd_bwd_last(params, None, micro_batch, step)
+
     if explicit:
       self._micro_fns = {
           (True, False): jax.jit(
@@ -586,12 +591,15 @@ class Engine:
       and optimizer state when `donate_state`). `.compile()` on each gives
       its `memory_analysis()` and `cost_analysis()`.
     """
-    abstract = lambda tree: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=getattr(x, "sharding", None)
-        ),
-        tree,
-    )
+
+    def abstract(tree):
+      return jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(
+              x.shape, x.dtype, sharding=getattr(x, "sharding", None)
+          ),
+          tree,
+      )
+
     params, opt_state = abstract(self._params), abstract(self._opt_state)
     batch = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), micro_batch
