@@ -31,7 +31,8 @@ HARDWARE = ("auto", "cpu", "tpu", "gpu")
 # Expected Python type of every field: the type of its default in base.py, so
 # a field is declared once, there. `float` fields also take ints.
 FIELD_TYPES: dict[str, type] = {
-    key: type(value) for key, value in base.get_config().items()}
+    key: type(value) for key, value in base.get_config().items()
+}
 
 
 def _text_metadata():
@@ -39,6 +40,7 @@ def _text_metadata():
   # Lazy: other configs need neither the module nor its Bazel dep.
   # pylint: disable-next=import-outside-toplevel
   from maxtext.text import metadata as text_metadata
+
   return text_metadata
 
 
@@ -49,12 +51,16 @@ def _fail(key: str, value: Any, why: str) -> ValueError:
 def _check_types(values: dict[str, Any]) -> None:
   missing = sorted(set(FIELD_TYPES) - set(values))
   if missing:
-    raise ValueError(f"config is missing field(s) {missing}; every field of "
-                     f"maxtext/configs/base.py is required")
+    raise ValueError(
+        f"config is missing field(s) {missing}; every field of "
+        f"maxtext/configs/base.py is required"
+    )
   unknown = sorted(set(values) - set(FIELD_TYPES))
   if unknown:
-    raise ValueError(f"config has unknown field(s) {unknown}; add new fields "
-                     f"to maxtext/configs/base.py, with a comment")
+    raise ValueError(
+        f"config has unknown field(s) {unknown}; add new fields "
+        f"to maxtext/configs/base.py, with a comment"
+    )
   for key, expected in FIELD_TYPES.items():
     value = values[key]
     # Python values only (no NumPy scalars): the config is written as JSON.
@@ -65,8 +71,10 @@ def _check_types(values: dict[str, Any]) -> None:
     else:
       ok = isinstance(value, expected)
     if not ok:
-      raise TypeError(f"config.{key}={value!r}: expected "
-                      f"{expected.__name__}, got {type(value).__name__}")
+      raise TypeError(
+          f"config.{key}={value!r}: expected "
+          f"{expected.__name__}, got {type(value).__name__}"
+      )
     if expected is float and not math.isfinite(value):
       raise _fail(key, value, "must be finite")
 
@@ -82,16 +90,29 @@ def _one_of(values, key: str, allowed) -> None:
 
 
 def _check_relative_name(key: str, value: str) -> None:
-  if (os.path.isabs(value) or "/" in value or "\\" in value or
-      value in (".", "..") or value.startswith("~")):
-    raise _fail(key, value, "must be a plain directory name inside "
-                "base_output_directory (no '/', '..' or absolute path)")
+  if (
+      os.path.isabs(value)
+      or "/" in value
+      or "\\" in value
+      or value in (".", "..")
+      or value.startswith("~")
+  ):
+    raise _fail(
+        key,
+        value,
+        "must be a plain directory name inside "
+        "base_output_directory (no '/', '..' or absolute path)",
+    )
 
 
 def _check_moe(v) -> None:
   """The mixture-of-experts fields (maxtext/moe.py)."""
-  for key in ("num_experts", "num_shared_experts", "num_dense_layers",
-              "moe_mlp_dim"):
+  for key in (
+      "num_experts",
+      "num_shared_experts",
+      "num_dense_layers",
+      "moe_mlp_dim",
+  ):
     _at_least(v, key, 0)
   _at_least(v, "expert_parallelism", 1)
   # The same values as maxtext/moe.py's ROUTER_SCORES and LOAD_BALANCE_LOSSES.
@@ -103,19 +124,31 @@ def _check_moe(v) -> None:
   experts = v["num_experts"]
   if not experts:
     if v["expert_parallelism"] != 1:
-      raise _fail("expert_parallelism", v["expert_parallelism"],
-                  "must be 1 when num_experts=0 (a dense model)")
+      raise _fail(
+          "expert_parallelism",
+          v["expert_parallelism"],
+          "must be 1 when num_experts=0 (a dense model)",
+      )
     return
   if not 1 <= v["num_experts_per_token"] <= experts:
-    raise _fail("num_experts_per_token", v["num_experts_per_token"],
-                f"must be in [1, num_experts={experts}]")
+    raise _fail(
+        "num_experts_per_token",
+        v["num_experts_per_token"],
+        f"must be in [1, num_experts={experts}]",
+    )
   if v["num_dense_layers"] >= v["num_layers"]:
-    raise _fail("num_dense_layers", v["num_dense_layers"],
-                f"must be < num_layers={v['num_layers']} (at least one MoE "
-                f"layer when num_experts > 0)")
+    raise _fail(
+        "num_dense_layers",
+        v["num_dense_layers"],
+        f"must be < num_layers={v['num_layers']} (at least one MoE "
+        f"layer when num_experts > 0)",
+    )
   if experts % v["expert_parallelism"]:
-    raise _fail("expert_parallelism", v["expert_parallelism"],
-                f"must divide num_experts={experts}")
+    raise _fail(
+        "expert_parallelism",
+        v["expert_parallelism"],
+        f"must divide num_experts={experts}",
+    )
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -140,10 +173,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_relative_name("run_name", v["run_name"])
   if not v["base_output_directory"]:
     raise _fail("base_output_directory", "", "must not be empty")
-  if (v["base_output_directory"].startswith("gs://") and
-      len(v["base_output_directory"].rstrip("/")) <= len("gs://")):
-    raise _fail("base_output_directory", v["base_output_directory"],
-                "needs a bucket: gs://bucket[/prefix]")
+  if v["base_output_directory"].startswith("gs://") and len(
+      v["base_output_directory"].rstrip("/")
+  ) <= len("gs://"):
+    raise _fail(
+        "base_output_directory",
+        v["base_output_directory"],
+        "needs a bucket: gs://bucket[/prefix]",
+    )
   _at_least(v, "checkpoint_period", 0)
   _at_least(v, "max_checkpoints_to_keep", 0)
   # -1 = a seed drawn at the start of the run (maxtext.storage.run_record).
@@ -151,12 +188,23 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _at_least(v, "data_shuffle_seed", 0)
 
   # Model.
-  for key in ("vocab_size", "emb_dim", "num_layers", "num_heads",
-              "num_kv_heads", "head_dim", "mlp_dim", "max_sequence_length"):
+  for key in (
+      "vocab_size",
+      "emb_dim",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "mlp_dim",
+      "max_sequence_length",
+  ):
     _at_least(v, key, 1)
   if v["num_heads"] % v["num_kv_heads"]:
-    raise _fail("num_kv_heads", v["num_kv_heads"],
-                f"must divide num_heads={v['num_heads']}")
+    raise _fail(
+        "num_kv_heads",
+        v["num_kv_heads"],
+        f"must divide num_heads={v['num_heads']}",
+    )
   if v["head_dim"] % 2:
     raise _fail("head_dim", v["head_dim"], "must be even (rotary embeddings)")
   if v["rope_theta"] <= 0:
@@ -171,12 +219,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if v["attention"] == "cudnn" and v["compute_dtype"] == "float32":
     # cuDNN's fused kernel takes half precision only; casting would silently
     # change the numerics of a float32 run.
-    raise _fail("attention", "cudnn", "needs compute_dtype bfloat16 or "
-                "float16, got 'float32'")
+    raise _fail(
+        "attention",
+        "cudnn",
+        "needs compute_dtype bfloat16 or " "float16, got 'float32'",
+    )
   if v["attention"] == "cudnn" and v["hardware"] not in ("gpu", "auto"):
     # With "auto", model.attention_implementation refuses a non-GPU backend.
-    raise _fail("attention", "cudnn",
-                f"needs hardware='gpu' or 'auto', got {v['hardware']!r}")
+    raise _fail(
+        "attention",
+        "cudnn",
+        f"needs hardware='gpu' or 'auto', got {v['hardware']!r}",
+    )
   _one_of(v, "remat_policy", ("none", "full", "save_dots", "save_named"))
   _at_least(v, "loss_chunk_size", 0)
   _check_moe(v)
@@ -192,17 +246,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
     # Reads only metadata.json: a directory without one, or a vocabulary
     # larger than the model's, is refused before any device work.
     text_metadata = _text_metadata()
-    text_metadata.check_config(v["train_data_path"], v["eval_data_path"],
-                               v["vocab_size"], v["max_sequence_length"])
+    text_metadata.check_config(
+        v["train_data_path"],
+        v["eval_data_path"],
+        v["vocab_size"],
+        v["max_sequence_length"],
+    )
 
   # Batch and steps.
   _at_least(v, "global_batch_size", 1)
   _at_least(v, "gradient_accumulation_steps", 1)
   _at_least(v, "steps", 1)
   if v["global_batch_size"] % v["gradient_accumulation_steps"]:
-    raise _fail("global_batch_size", v["global_batch_size"],
-                f"must be divisible by gradient_accumulation_steps="
-                f"{v['gradient_accumulation_steps']}")
+    raise _fail(
+        "global_batch_size",
+        v["global_batch_size"],
+        f"must be divisible by gradient_accumulation_steps="
+        f"{v['gradient_accumulation_steps']}",
+    )
 
   # Optimizer.
   if v["learning_rate"] <= 0:
@@ -210,9 +271,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _at_least(v, "warmup_steps", 0)
   _at_least(v, "lr_schedule_steps", 0)
   if v["warmup_steps"] > lr_schedule_steps(config):
-    raise _fail("warmup_steps", v["warmup_steps"],
-                f"must be <= the schedule length {lr_schedule_steps(config)} "
-                f"(lr_schedule_steps, 0 = steps)")
+    raise _fail(
+        "warmup_steps",
+        v["warmup_steps"],
+        f"must be <= the schedule length {lr_schedule_steps(config)} "
+        f"(lr_schedule_steps, 0 = steps)",
+    )
   if not 0.0 <= v["lr_end_fraction"] <= 1.0:
     raise _fail("lr_end_fraction", v["lr_end_fraction"], "must be in [0, 1]")
   for key in ("adam_b1", "adam_b2"):
@@ -223,16 +287,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if v["weight_decay"] < 0:
     raise _fail("weight_decay", v["weight_decay"], "must be >= 0")
   if v["grad_clip_norm"] < 0:
-    raise _fail("grad_clip_norm", v["grad_clip_norm"],
-                "must be >= 0 (0 = no clipping)")
+    raise _fail(
+        "grad_clip_norm", v["grad_clip_norm"], "must be >= 0 (0 = no clipping)"
+    )
 
   # Evaluation and monitoring.
   _at_least(v, "eval_interval", 1)
   _at_least(v, "eval_steps", 1)
   _at_least(v, "eval_batch_size", 1)
   if v["target_eval_loss"] < 0:
-    raise _fail("target_eval_loss", v["target_eval_loss"],
-                "must be >= 0 (0 = no target)")
+    raise _fail(
+        "target_eval_loss",
+        v["target_eval_loss"],
+        "must be >= 0 (0 = no target)",
+    )
   _at_least(v, "log_period", 1)
   _at_least(v, "profiler_steps", 0)
   _at_least(v, "profiler_start_step", 0)
@@ -243,8 +311,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if v[key] != -1 and v[key] < 1:
       raise _fail(key, v[key], "must be -1 (all remaining devices) or >= 1")
   if v["data_parallelism"] == -1 and v["fsdp_parallelism"] == -1:
-    raise _fail("fsdp_parallelism", -1,
-                "only one of data_parallelism and fsdp_parallelism may be -1")
+    raise _fail(
+        "fsdp_parallelism",
+        -1,
+        "only one of data_parallelism and fsdp_parallelism may be -1",
+    )
 
   # Distribution.
   _at_least(v, "num_processes", 0)
@@ -252,37 +323,58 @@ def validate(config: ml_collections.ConfigDict) -> None:
     address = v["coordinator_address"]
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-      raise _fail("coordinator_address", address,
-                  "must be 'host:port' when num_processes > 1")
+      raise _fail(
+          "coordinator_address",
+          address,
+          "must be 'host:port' when num_processes > 1",
+      )
     if not 0 <= v["process_id"] < v["num_processes"]:
-      raise _fail("process_id", v["process_id"],
-                  f"must be in [0, num_processes={v['num_processes']})")
+      raise _fail(
+          "process_id",
+          v["process_id"],
+          f"must be in [0, num_processes={v['num_processes']})",
+      )
   elif v["process_id"] < -1:
     raise _fail("process_id", v["process_id"], "must be >= -1")
   _at_least(v, "distributed_init_timeout_seconds", 1)
-  if (v["num_processes"] != 1 and v["base_output_directory"].startswith("gs://")
-      and not v["checkpoint_directory"]):
+  if (
+      v["num_processes"] != 1
+      and v["base_output_directory"].startswith("gs://")
+      and not v["checkpoint_directory"]
+  ):
     # Each host stages its own copy of a gs:// run directory, so the default
     # checkpoint directory inside it would not be shared between the processes.
-    raise _fail("checkpoint_directory", "",
-                f"must name storage every process shares (e.g. gs://bucket/ckpt) "
-                f"when num_processes={v['num_processes']} and base_output_directory "
-                f"is {v['base_output_directory']}")
+    raise _fail(
+        "checkpoint_directory",
+        "",
+        f"must name storage every process shares (e.g. gs://bucket/ckpt) "
+        f"when num_processes={v['num_processes']} and base_output_directory "
+        f"is {v['base_output_directory']}",
+    )
 
   # Runtime.
   _one_of(v, "hardware", HARDWARE)
 
   # MLPerf log. Checked even when off, so turning it on cannot fail later.
   rules.validate_submission(v)
-  if (v["submission_division"] == "closed" and not v["num_experts"] and
-      mllog_hyperparameters.rules_require_key(
-          rules.ruleset_dir(v["mllog_ruleset"]), "closed",
-          v["submission_benchmark"], mllog_hyperparameters.MOE_AUX_LOSS_COEFF)):
+  if (
+      v["submission_division"] == "closed"
+      and not v["num_experts"]
+      and mllog_hyperparameters.rules_require_key(
+          rules.ruleset_dir(v["mllog_ruleset"]),
+          "closed",
+          v["submission_benchmark"],
+          mllog_hyperparameters.MOE_AUX_LOSS_COEFF,
+      )
+  ):
     # The benchmark is a mixture-of-experts model: its closed rules require
     # moe_aux_loss_coeff, which a dense model has no honest value for.
-    raise _fail("num_experts", 0,
-                f"a closed {v['submission_benchmark']} run needs a model with "
-                f"experts (its rules require moe_aux_loss_coeff)")
+    raise _fail(
+        "num_experts",
+        0,
+        f"a closed {v['submission_benchmark']} run needs a model with "
+        f"experts (its rules require moe_aux_loss_coeff)",
+    )
   if v["enable_mllog"]:
     # Only for a run with a log (a run without one submits nothing). Closed:
     # an error before any device work; open: warnings.
@@ -290,20 +382,29 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _at_least(v, "mllog_train_samples", 0)
   command = v["cache_clear_command"]
   if "\0" in command or (command and not command.strip()):
-    raise _fail("cache_clear_command", command,
-                "must be '' (the default flush) or a shell command")
+    raise _fail(
+        "cache_clear_command",
+        command,
+        "must be '' (the default flush) or a shell command",
+    )
   if v["mllog_file"].startswith("gs://"):
-    raise _fail("mllog_file", v["mllog_file"],
-                "must be a local path: the log is staged locally and mirrored to "
-                "gs:// with the run directory when base_output_directory is gs://")
+    raise _fail(
+        "mllog_file",
+        v["mllog_file"],
+        "must be a local path: the log is staged locally and mirrored to "
+        "gs:// with the run directory when base_output_directory is gs://",
+    )
 
   _at_least(v, "warmup_steps_before_run_start", -1)
 
   # GCS mirror.
   _at_least(v, "gcs_sync_interval_seconds", 0)
-  for key in ("gcs_request_timeout_seconds", "gcs_final_timeout_seconds",
-              "gcs_startup_timeout_seconds",
-              "run_lock_refresh_interval_seconds"):
+  for key in (
+      "gcs_request_timeout_seconds",
+      "gcs_final_timeout_seconds",
+      "gcs_startup_timeout_seconds",
+      "run_lock_refresh_interval_seconds",
+  ):
     if v[key] <= 0:
       raise _fail(key, v[key], "must be > 0")
 
@@ -336,11 +437,13 @@ def eval_samples(config) -> int:
   samples = config.eval_steps * config.eval_batch_size
   if config.dataset_type == "grain":
     text_metadata = _text_metadata()
-    meta = text_metadata.load(config.eval_data_path or config.train_data_path,
-                              "eval_data_path" if config.eval_data_path
-                              else "train_data_path")
-    samples = min(samples, text_metadata.windows(
-        meta, "eval", config.max_sequence_length))
+    meta = text_metadata.load(
+        config.eval_data_path or config.train_data_path,
+        "eval_data_path" if config.eval_data_path else "train_data_path",
+    )
+    samples = min(
+        samples, text_metadata.windows(meta, "eval", config.max_sequence_length)
+    )
   return samples
 
 
@@ -350,8 +453,11 @@ def to_json_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
   Raises:
     TypeError: if a value cannot be written as JSON.
   """
-  values = config.to_dict() if isinstance(
-      config, ml_collections.ConfigDict) else dict(config)
+  values = (
+      config.to_dict()
+      if isinstance(config, ml_collections.ConfigDict)
+      else dict(config)
+  )
   json.dumps(values)  # Raises TypeError naming the unserialisable type.
   return values
 
@@ -382,6 +488,8 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     raise ValueError(f"config file {path!r} defines no get_config()")
   config = get_config()
   if not isinstance(config, ml_collections.ConfigDict):
-    raise ValueError(f"get_config() of {path!r} returned "
-                     f"{type(config).__name__}, not a ConfigDict")
+    raise ValueError(
+        f"get_config() of {path!r} returned "
+        f"{type(config).__name__}, not a ConfigDict"
+    )
   return config

@@ -17,8 +17,9 @@ from maxtext import optimizer
 from maxtext.configs import base
 from maxtext.mllog import rules
 
-_CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                           "configs")
+_CONFIG_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "configs"
+)
 
 
 def _config_files():
@@ -40,8 +41,7 @@ class ConfigFilesTest(parameterized.TestCase):
 
   def test_config_dir_has_the_promised_files(self):
     names = {os.path.basename(p) for p in _config_files()}
-    self.assertContainsSubset({"base.py", "default.py", "llama31_8b.py"},
-                              names)
+    self.assertContainsSubset({"base.py", "default.py", "llama31_8b.py"}, names)
 
   def test_every_config_file_loads_and_validates(self):
     for path in _config_files():
@@ -62,8 +62,10 @@ class ConfigFilesTest(parameterized.TestCase):
       seen.add(match.group(1))
       previous = lines[i - 1].strip()
       with self.subTest(field=match.group(1)):
-        self.assertTrue("#" in line or previous.startswith("#"),
-                        f"base.py field {match.group(1)} has no comment")
+        self.assertTrue(
+            "#" in line or previous.startswith("#"),
+            f"base.py field {match.group(1)} has no comment",
+        )
     self.assertEqual(seen, set(config_lib.FIELD_TYPES))
 
   def test_base_and_default_follow_the_design(self):
@@ -107,8 +109,10 @@ class ConfigFilesTest(parameterized.TestCase):
         "global_batch_size": config.global_batch_size,
     }
     for ruleset in rules.rulesets():
-      path = os.path.join(rules.ruleset_dir(ruleset),
-                          f"closed_{config.submission_benchmark}.yaml")
+      path = os.path.join(
+          rules.ruleset_dir(ruleset),
+          f"closed_{config.submission_benchmark}.yaml",
+      )
       with open(path) as f:
         records = yaml.safe_load(f)
       state = {}
@@ -130,12 +134,20 @@ class ConfigFilesTest(parameterized.TestCase):
           exec(key["POST"], {}, {"v": v, "s": state})  # pylint: disable=exec-used
       self.assertGreaterEqual(checked, 10, ruleset)
       # The eval target is one the rule's accuracy check accepts.
-      accuracy = [r["KEY"] for r in records
-                  if r.get("KEY", {}).get("NAME") == "eval_accuracy"]
+      accuracy = [
+          r["KEY"]
+          for r in records
+          if r.get("KEY", {}).get("NAME") == "eval_accuracy"
+      ]
       for key in accuracy:
         if "ATLEAST_ONE_CHECK" in key:
-          self.assertTrue(eval(key["ATLEAST_ONE_CHECK"], {},  # pylint: disable=eval-used
-                               {"v": {"value": config.target_eval_loss}}))
+          self.assertTrue(
+              eval(
+                  key["ATLEAST_ONE_CHECK"],
+                  {},  # pylint: disable=eval-used
+                  {"v": {"value": config.target_eval_loss}},
+              )
+          )
 
 
 class ValidateTest(parameterized.TestCase):
@@ -146,27 +158,45 @@ class ValidateTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("steps_zero", {"steps": 0}, "steps"),
-      ("accumulation_zero", {"gradient_accumulation_steps": 0},
-       "gradient_accumulation_steps"),
-      ("batch_not_divisible", {"global_batch_size": 10,
-                               "gradient_accumulation_steps": 4},
-       "global_batch_size=10.*gradient_accumulation_steps=4"),
-      ("warmup_past_steps", {"warmup_steps": 11, "steps": 10},
-       "warmup_steps=11.*10"),
-      ("warmup_past_schedule", {"warmup_steps": 6, "lr_schedule_steps": 5},
-       "warmup_steps=6"),
+      (
+          "accumulation_zero",
+          {"gradient_accumulation_steps": 0},
+          "gradient_accumulation_steps",
+      ),
+      (
+          "batch_not_divisible",
+          {"global_batch_size": 10, "gradient_accumulation_steps": 4},
+          "global_batch_size=10.*gradient_accumulation_steps=4",
+      ),
+      (
+          "warmup_past_steps",
+          {"warmup_steps": 11, "steps": 10},
+          "warmup_steps=11.*10",
+      ),
+      (
+          "warmup_past_schedule",
+          {"warmup_steps": 6, "lr_schedule_steps": 5},
+          "warmup_steps=6",
+      ),
       ("weight_dtype", {"weight_dtype": "float64"}, "weight_dtype='float64'"),
       ("compute_dtype", {"compute_dtype": "int8"}, "compute_dtype='int8'"),
       ("dataset_type", {"dataset_type": "csv"}, "dataset_type='csv'"),
-      ("tokens_file_without_train_path",
-       {"dataset_type": "tokens_file", "eval_data_path": "/x.npy"},
-       "train_data_path"),
-      ("tokens_file_without_eval_path",
-       {"dataset_type": "tokens_file", "train_data_path": "/x.npy"},
-       "eval_data_path"),
+      (
+          "tokens_file_without_train_path",
+          {"dataset_type": "tokens_file", "eval_data_path": "/x.npy"},
+          "train_data_path",
+      ),
+      (
+          "tokens_file_without_eval_path",
+          {"dataset_type": "tokens_file", "train_data_path": "/x.npy"},
+          "eval_data_path",
+      ),
       ("seed_below_minus_one", {"seed": -2}, "seed=-2"),
-      ("data_shuffle_seed_minus_one", {"data_shuffle_seed": -1},
-       "data_shuffle_seed=-1"),
+      (
+          "data_shuffle_seed_minus_one",
+          {"data_shuffle_seed": -1},
+          "data_shuffle_seed=-1",
+      ),
       ("eval_interval_zero", {"eval_interval": 0}, "eval_interval=0"),
       ("eval_steps_zero", {"eval_steps": 0}, "eval_steps=0"),
       ("run_name_slash", {"run_name": "a/b"}, "run_name='a/b'"),
@@ -175,43 +205,86 @@ class ValidateTest(parameterized.TestCase):
       ("run_name_home", {"run_name": "~"}, "run_name='~'"),
       ("data_parallelism_zero", {"data_parallelism": 0}, "data_parallelism=0"),
       ("fsdp_minus_two", {"fsdp_parallelism": -2}, "fsdp_parallelism=-2"),
-      ("both_minus_one", {"data_parallelism": -1, "fsdp_parallelism": -1},
-       "only one"),
+      (
+          "both_minus_one",
+          {"data_parallelism": -1, "fsdp_parallelism": -1},
+          "only one",
+      ),
       ("kv_heads", {"num_heads": 4, "num_kv_heads": 3}, "num_kv_heads=3"),
       ("odd_head_dim", {"head_dim": 7}, "head_dim=7"),
       ("learning_rate", {"learning_rate": 0.0}, "learning_rate=0.0"),
       ("lr_end_fraction", {"lr_end_fraction": 1.5}, "lr_end_fraction=1.5"),
       ("adam_b2", {"adam_b2": 1.0}, "adam_b2=1.0"),
       ("grad_clip", {"grad_clip_norm": -1.0}, "grad_clip_norm=-1.0"),
-      ("division", {"submission_division": "semi"},
-       "submission_division='semi'"),
-      ("status", {"submission_status": "unknown"},
-       "submission_status='unknown'"),
-      ("benchmark", {"submission_benchmark": "no_such_benchmark"},
-       "submission_benchmark='no_such_benchmark'"),
+      (
+          "division",
+          {"submission_division": "semi"},
+          "submission_division='semi'",
+      ),
+      (
+          "status",
+          {"submission_status": "unknown"},
+          "submission_status='unknown'",
+      ),
+      (
+          "benchmark",
+          {"submission_benchmark": "no_such_benchmark"},
+          "submission_benchmark='no_such_benchmark'",
+      ),
       ("ruleset", {"mllog_ruleset": "1.0.0"}, "mllog_ruleset='1.0.0'"),
       ("empty_org", {"submission_org": ""}, "submission_org"),
       ("hardware", {"hardware": "npu"}, "hardware='npu'"),
-      ("multi_process_without_coordinator",
-       {"num_processes": 2, "process_id": 0}, "coordinator_address"),
-      ("process_id_out_of_range",
-       {"num_processes": 2, "process_id": 2,
-        "coordinator_address": "10.0.0.1:1234"}, "process_id=2"),
-      ("gs_without_bucket", {"base_output_directory": "gs://"},
-       "base_output_directory"),
+      (
+          "multi_process_without_coordinator",
+          {"num_processes": 2, "process_id": 0},
+          "coordinator_address",
+      ),
+      (
+          "process_id_out_of_range",
+          {
+              "num_processes": 2,
+              "process_id": 2,
+              "coordinator_address": "10.0.0.1:1234",
+          },
+          "process_id=2",
+      ),
+      (
+          "gs_without_bucket",
+          {"base_output_directory": "gs://"},
+          "base_output_directory",
+      ),
       ("empty_output", {"base_output_directory": ""}, "base_output_directory"),
       ("nan_learning_rate", {"learning_rate": float("nan")}, "learning_rate"),
-      ("skipped_steps_zero", {"max_consecutive_skipped_steps": 0},
-       "max_consecutive_skipped_steps=0"),
-      ("gcs_sync_negative", {"gcs_sync_interval_seconds": -1.0},
-       "gcs_sync_interval_seconds=-1.0"),
-      ("gcs_timeout_zero", {"gcs_request_timeout_seconds": 0.0},
-       "gcs_request_timeout_seconds=0.0"),
-      ("mllog_file_on_gcs", {"mllog_file": "gs://b/mllog.log"},
-       "mllog_file='gs://b/mllog.log'"),
-      ("multi_process_gcs_without_shared_checkpoints",
-       {"num_processes": 2, "process_id": 0, "coordinator_address": "h:1",
-        "base_output_directory": "gs://b/runs"}, "checkpoint_directory=''"),
+      (
+          "skipped_steps_zero",
+          {"max_consecutive_skipped_steps": 0},
+          "max_consecutive_skipped_steps=0",
+      ),
+      (
+          "gcs_sync_negative",
+          {"gcs_sync_interval_seconds": -1.0},
+          "gcs_sync_interval_seconds=-1.0",
+      ),
+      (
+          "gcs_timeout_zero",
+          {"gcs_request_timeout_seconds": 0.0},
+          "gcs_request_timeout_seconds=0.0",
+      ),
+      (
+          "mllog_file_on_gcs",
+          {"mllog_file": "gs://b/mllog.log"},
+          "mllog_file='gs://b/mllog.log'",
+      ),
+      (
+          "multi_process_gcs_without_shared_checkpoints",
+          {
+              "num_processes": 2,
+              "process_id": 0,
+              "coordinator_address": "h:1",
+              "base_output_directory": "gs://b/runs",
+          },
+          "checkpoint_directory=''",
+      ),
   )
   def test_bad_value_raises_value_error_naming_it(self, overrides, pattern):
     with self.assertRaisesRegex(ValueError, pattern):
@@ -240,8 +313,13 @@ class ValidateTest(parameterized.TestCase):
         self.assertIs(type(defaults[key]), expected)
     # Spot checks: a float field written as an int literal in base.py would
     # turn into an int field and refuse the float values users give it.
-    for key in ("learning_rate", "rope_theta", "target_eval_loss",
-                "gcs_sync_interval_seconds", "grad_clip_norm"):
+    for key in (
+        "learning_rate",
+        "rope_theta",
+        "target_eval_loss",
+        "gcs_sync_interval_seconds",
+        "grad_clip_norm",
+    ):
       self.assertIs(config_lib.FIELD_TYPES[key], float, key)
     self.assertIs(config_lib.FIELD_TYPES["steps"], int)
     self.assertIs(config_lib.FIELD_TYPES["resume"], bool)
@@ -260,25 +338,39 @@ class ValidateTest(parameterized.TestCase):
 
   def test_valid_variants_pass(self):
     config_lib.validate(_with(self.config, run_name="my_run-1.2"))
-    config_lib.validate(_with(self.config, num_processes=2, process_id=1,
-                              coordinator_address="10.0.0.1:8476"))
+    config_lib.validate(
+        _with(
+            self.config,
+            num_processes=2,
+            process_id=1,
+            coordinator_address="10.0.0.1:8476",
+        )
+    )
     config_lib.validate(_with(self.config, num_processes=0))
-    config_lib.validate(_with(self.config, data_parallelism=2,
-                              fsdp_parallelism=-1))
+    config_lib.validate(
+        _with(self.config, data_parallelism=2, fsdp_parallelism=-1)
+    )
     config_lib.validate(_with(self.config, warmup_steps=10, steps=10))
     config_lib.validate(_with(self.config, seed=-1))  # Drawn at the start.
-    config_lib.validate(_with(self.config,
-                              base_output_directory="gs://bucket/prefix"))
+    config_lib.validate(
+        _with(self.config, base_output_directory="gs://bucket/prefix")
+    )
 
   def test_every_allowed_submission_validates(self):
     for ruleset in rules.rulesets():
       for division in rules.DIVISIONS:
         for benchmark in rules.benchmarks(ruleset):
-          with self.subTest(ruleset=ruleset, division=division,
-                            benchmark=benchmark):
-            config_lib.validate(_with(self.config, mllog_ruleset=ruleset,
-                                      submission_division=division,
-                                      submission_benchmark=benchmark))
+          with self.subTest(
+              ruleset=ruleset, division=division, benchmark=benchmark
+          ):
+            config_lib.validate(
+                _with(
+                    self.config,
+                    mllog_ruleset=ruleset,
+                    submission_division=division,
+                    submission_benchmark=benchmark,
+                )
+            )
 
   def test_locked_config_rejects_a_misspelt_override(self):
     config = _load("default")
@@ -290,9 +382,16 @@ class ValidateTest(parameterized.TestCase):
 class HelpersTest(absltest.TestCase):
 
   def test_derived_values(self):
-    config = _with(_load("base"), steps=50, lr_schedule_steps=0,
-                   global_batch_size=12, gradient_accumulation_steps=3,
-                   mllog_train_samples=0, eval_steps=5, eval_batch_size=7)
+    config = _with(
+        _load("base"),
+        steps=50,
+        lr_schedule_steps=0,
+        global_batch_size=12,
+        gradient_accumulation_steps=3,
+        mllog_train_samples=0,
+        eval_steps=5,
+        eval_batch_size=7,
+    )
     self.assertEqual(config_lib.lr_schedule_steps(config), 50)
     self.assertEqual(config_lib.micro_batch_size(config), 4)
     self.assertEqual(config_lib.train_samples(config), 50 * 12)
@@ -338,38 +437,52 @@ class MLPerfPreflightTest(parameterized.TestCase):
 
   def test_closed_batch_outside_the_reference_range_is_refused(self):
     with self.assertRaisesRegex(
-        ValueError, r"config.global_batch_size=8 is outside .*\[16, 128\].*"
-        r"rcps_llama31_8b.json"):
+        ValueError,
+        r"config.global_batch_size=8 is outside .*\[16, 128\].*"
+        r"rcps_llama31_8b.json",
+    ):
       config_lib.validate(_with(self.llama, global_batch_size=8))
 
   def test_open_batch_outside_the_reference_range_is_a_warning(self):
     with self.assertLogs(level="WARNING") as logs:
-      config_lib.validate(_with(self.llama, global_batch_size=8,
-                                submission_division="open"))
-    self.assertTrue(any("config.global_batch_size=8" in line
-                        for line in logs.output), logs.output)
+      config_lib.validate(
+          _with(self.llama, global_batch_size=8, submission_division="open")
+      )
+    self.assertTrue(
+        any("config.global_batch_size=8" in line for line in logs.output),
+        logs.output,
+    )
 
   def test_closed_learning_rate_off_the_reference_is_refused(self):
-    with self.assertRaisesRegex(ValueError, "config.learning_rate=0.0004 "
-                                "differs from the reference"):
+    with self.assertRaisesRegex(
+        ValueError, "config.learning_rate=0.0004 " "differs from the reference"
+    ):
       config_lib.validate(_with(self.llama, learning_rate=4e-4))
 
   def test_gradient_accumulation_is_not_compared(self):
     config_lib.validate(_with(self.llama, gradient_accumulation_steps=4))
 
   def test_no_preflight_without_the_mllog(self):
-    config_lib.validate(_with(self.llama, enable_mllog=False,
-                              global_batch_size=8, learning_rate=1e-3))
+    config_lib.validate(
+        _with(
+            self.llama,
+            enable_mllog=False,
+            global_batch_size=8,
+            learning_rate=1e-3,
+        )
+    )
 
   @parameterized.named_parameters(
-      ("default", ""), ("command", "sync"), ("pipeline", "sync && true"))
+      ("default", ""), ("command", "sync"), ("pipeline", "sync && true")
+  )
   def test_cache_clear_command_accepts(self, command):
     config_lib.validate(_with(_load("default"), cache_clear_command=command))
 
   @parameterized.named_parameters(("blank", "  "), ("nul", "sync\0true"))
   def test_cache_clear_command_refuses(self, command):
     with self.assertRaisesRegex(
-        ValueError, f"config.cache_clear_command={re.escape(repr(command))}"):
+        ValueError, f"config.cache_clear_command={re.escape(repr(command))}"
+    ):
       config_lib.validate(_with(_load("default"), cache_clear_command=command))
 
   def test_cache_clear_command_of_wrong_type_is_refused(self):

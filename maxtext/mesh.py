@@ -24,32 +24,43 @@ EXPERT_AXIS = "expert"
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
 
 
-def mesh_shape(data_parallelism: int, fsdp_parallelism: int,
-               num_devices: int) -> tuple[int, int]:
+def mesh_shape(
+    data_parallelism: int, fsdp_parallelism: int, num_devices: int
+) -> tuple[int, int]:
   """Resolves the (data, fsdp) sizes; -1 means "all devices the other leaves".
 
   Raises:
     ValueError: the sizes are not positive (or -1), both are -1, or their product
       is not the number of devices.
   """
-  sizes = {"data_parallelism": data_parallelism, "fsdp_parallelism": fsdp_parallelism}
+  sizes = {
+      "data_parallelism": data_parallelism,
+      "fsdp_parallelism": fsdp_parallelism,
+  }
   for key, value in sizes.items():
     if value != -1 and value < 1:
       raise ValueError(f"{key} must be -1 or positive, got {value}")
   if data_parallelism == -1 and fsdp_parallelism == -1:
-    raise ValueError("at most one of data_parallelism and fsdp_parallelism may be -1")
+    raise ValueError(
+        "at most one of data_parallelism and fsdp_parallelism may be -1"
+    )
   if data_parallelism == -1 or fsdp_parallelism == -1:
-    known_key, known = ((("fsdp_parallelism", fsdp_parallelism))
-                        if data_parallelism == -1 else
-                        ("data_parallelism", data_parallelism))
+    known_key, known = (
+        (("fsdp_parallelism", fsdp_parallelism))
+        if data_parallelism == -1
+        else ("data_parallelism", data_parallelism)
+    )
     if num_devices % known:
-      raise ValueError(f"{known_key}={known} does not divide the {num_devices} devices")
+      raise ValueError(
+          f"{known_key}={known} does not divide the {num_devices} devices"
+      )
     rest = num_devices // known
     return (rest, known) if data_parallelism == -1 else (known, rest)
   if data_parallelism * fsdp_parallelism != num_devices:
     raise ValueError(
         f"data_parallelism={data_parallelism} x fsdp_parallelism={fsdp_parallelism} = "
-        f"{data_parallelism * fsdp_parallelism} does not match the {num_devices} devices")
+        f"{data_parallelism * fsdp_parallelism} does not match the {num_devices} devices"
+    )
   return data_parallelism, fsdp_parallelism
 
 
@@ -66,22 +77,28 @@ def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   experts = getattr(config, "expert_parallelism", 1)
   if experts < 1 or len(devices) % experts:
-    raise ValueError(f"expert_parallelism={experts} must be >= 1 and divide "
-                     f"the {len(devices)} devices")
-  shape = mesh_shape(config.data_parallelism, config.fsdp_parallelism,
-                     len(devices) // experts)
+    raise ValueError(
+        f"expert_parallelism={experts} must be >= 1 and divide "
+        f"the {len(devices)} devices"
+    )
+  shape = mesh_shape(
+      config.data_parallelism, config.fsdp_parallelism, len(devices) // experts
+  )
   # Processes own contiguous blocks of the device list, so data-parallel groups line
   # up with hosts and FSDP collectives stay within a host where they can.
   if experts == 1:
     return Mesh(np.asarray(devices).reshape(shape), BATCH_AXES)
-  return Mesh(np.asarray(devices).reshape(shape + (experts,)),
-              BATCH_AXES + (EXPERT_AXIS,))
+  return Mesh(
+      np.asarray(devices).reshape(shape + (experts,)),
+      BATCH_AXES + (EXPERT_AXIS,),
+  )
 
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
   """The mesh axes a batch is split over: all of them."""
-  return tuple(name for name in BATCH_AXES + (EXPERT_AXIS,)
-               if name in mesh.axis_names)
+  return tuple(
+      name for name in BATCH_AXES + (EXPERT_AXIS,) if name in mesh.axis_names
+  )
 
 
 def expert_size(mesh: Mesh) -> int:
@@ -101,15 +118,19 @@ def check_batch_layout(config, mesh: Mesh) -> None:
     raise ValueError(
         f"global_batch_size={config.global_batch_size} / gradient_accumulation_steps="
         f"{config.gradient_accumulation_steps} = {micro} sequences per micro-batch is "
-        f"not divisible by the {shards} batch shards (data x fsdp x expert devices)")
+        f"not divisible by the {shards} batch shards (data x fsdp x expert devices)"
+    )
   if config.eval_batch_size % shards:
-    raise ValueError(f"eval_batch_size={config.eval_batch_size} is not divisible by "
-                     f"the {shards} batch shards (data x fsdp x expert devices)")
+    raise ValueError(
+        f"eval_batch_size={config.eval_batch_size} is not divisible by "
+        f"the {shards} batch shards (data x fsdp x expert devices)"
+    )
   processes = jax.process_count()
   if micro % processes or config.eval_batch_size % processes:
     raise ValueError(
         f"micro-batch size {micro} and eval_batch_size={config.eval_batch_size} must "
-        f"be divisible by the {processes} processes")
+        f"be divisible by the {processes} processes"
+    )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -119,12 +140,16 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def param_shardings(partition_specs: Any, mesh: Mesh) -> Any:
   """NamedShardings from a pytree of PartitionSpecs."""
-  return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), partition_specs,
-                                is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return jax.tree_util.tree_map(
+      lambda spec: NamedSharding(mesh, spec),
+      partition_specs,
+      is_leaf=lambda x: isinstance(x, PartitionSpec),
+  )
 
 
-def global_batch(local_batch: Mapping[str, np.ndarray],
-                 sharding: NamedSharding) -> dict[str, jax.Array]:
+def global_batch(
+    local_batch: Mapping[str, np.ndarray], sharding: NamedSharding
+) -> dict[str, jax.Array]:
   """Assembles this process's rows into global arrays sharded as `sharding`.
 
   Args:
@@ -135,5 +160,7 @@ def global_batch(local_batch: Mapping[str, np.ndarray],
   Returns:
     name -> global jax.Array of shape [local_rows * process_count, ...].
   """
-  return {name: jax.make_array_from_process_local_data(sharding, value)
-          for name, value in local_batch.items()}
+  return {
+      name: jax.make_array_from_process_local_data(sharding, value)
+      for name, value in local_batch.items()
+  }

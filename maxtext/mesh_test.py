@@ -10,9 +10,15 @@ from maxtext import mesh as mesh_lib
 
 
 def _config(**overrides):
-  config = ml_collections.ConfigDict(dict(
-      data_parallelism=-1, fsdp_parallelism=1, global_batch_size=16,
-      gradient_accumulation_steps=2, eval_batch_size=8))
+  config = ml_collections.ConfigDict(
+      dict(
+          data_parallelism=-1,
+          fsdp_parallelism=1,
+          global_batch_size=16,
+          gradient_accumulation_steps=2,
+          eval_batch_size=8,
+      )
+  )
   config.update(overrides)
   return config
 
@@ -29,13 +35,27 @@ class MeshShapeTest(parameterized.TestCase):
     self.assertEqual(mesh_lib.mesh_shape(data, fsdp, devices), expected)
 
   @parameterized.named_parameters(
-      ("not_dividing", -1, 3, 8, r"fsdp_parallelism=3 does not divide the 8 devices"),
-      ("wrong_product", 2, 2, 8, r"data_parallelism=2 x fsdp_parallelism=2 = 4 does "
-       r"not match the 8 devices"),
+      (
+          "not_dividing",
+          -1,
+          3,
+          8,
+          r"fsdp_parallelism=3 does not divide the 8 devices",
+      ),
+      (
+          "wrong_product",
+          2,
+          2,
+          8,
+          r"data_parallelism=2 x fsdp_parallelism=2 = 4 does "
+          r"not match the 8 devices",
+      ),
       ("two_rests", -1, -1, 8, r"at most one"),
       ("zero", 0, 1, 8, r"data_parallelism must be -1 or positive, got 0"),
   )
-  def test_impossible_layouts_name_the_numbers(self, data, fsdp, devices, message):
+  def test_impossible_layouts_name_the_numbers(
+      self, data, fsdp, devices, message
+  ):
     with self.assertRaisesRegex(ValueError, message):
       mesh_lib.mesh_shape(data, fsdp, devices)
 
@@ -60,12 +80,14 @@ class BatchLayoutTest(absltest.TestCase):
   def test_global_batch_is_sharded_over_batch_axes(self):
     mesh = mesh_lib.make_mesh(_config())
     sharding = mesh_lib.batch_sharding(mesh)
-    batch = mesh_lib.global_batch({"inputs": np.arange(8, dtype=np.int32).reshape(2, 4)},
-                                  sharding)
+    batch = mesh_lib.global_batch(
+        {"inputs": np.arange(8, dtype=np.int32).reshape(2, 4)}, sharding
+    )
     self.assertEqual(batch["inputs"].shape, (2, 4))
     self.assertEqual(batch["inputs"].sharding, sharding)
-    np.testing.assert_array_equal(jax.device_get(batch["inputs"]),
-                                  np.arange(8).reshape(2, 4))
+    np.testing.assert_array_equal(
+        jax.device_get(batch["inputs"]), np.arange(8).reshape(2, 4)
+    )
 
 
 if __name__ == "__main__":

@@ -45,9 +45,11 @@ from typing import Any, Mapping
 
 import jax
 from jax.experimental.pallas.ops.tpu.splash_attention import (
-    splash_attention_kernel as splash_kernel)
+    splash_attention_kernel as splash_kernel,
+)
 from jax.experimental.pallas.ops.tpu.splash_attention import (
-    splash_attention_mask as splash_mask)
+    splash_attention_mask as splash_mask,
+)
 import jax.numpy as jnp
 import numpy as np
 
@@ -57,8 +59,7 @@ Params = dict[str, Any]
 
 # Values of `config.attention`. "einsum" is the reference; "auto" resolves per
 # backend in `attention_implementation`.
-ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "dot_product", "cudnn",
-                             "splash")
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "dot_product", "cudnn", "splash")
 # Values of `config.remat_policy` (what the scanned block keeps for backward).
 REMAT_POLICIES = ("none", "full", "save_dots", "save_named")
 # Intermediates the block tags with `checkpoint_name`; "save_named" keeps
@@ -113,8 +114,12 @@ def init_params(config, rng: jax.Array) -> Params:
   if config.num_experts:
     return _init_moe_params(config, rng)
   v, e, l = config.vocab_size, config.emb_dim, config.num_layers
-  h, k, d, m = (config.num_heads, config.num_kv_heads, config.head_dim,
-                config.mlp_dim)
+  h, k, d, m = (
+      config.num_heads,
+      config.num_kv_heads,
+      config.head_dim,
+      config.mlp_dim,
+  )
   dtype = _dtype(config.weight_dtype)
   keys = iter(jax.random.split(rng, 9))
 
@@ -144,8 +149,12 @@ def init_params(config, rng: jax.Array) -> Params:
 def _init_moe_params(config, rng: jax.Array) -> Params:
   """`init_params` of a model with experts: a dense and an MoE stack."""
   v, e = config.vocab_size, config.emb_dim
-  h, k, d, m = (config.num_heads, config.num_kv_heads, config.head_dim,
-                config.mlp_dim)
+  h, k, d, m = (
+      config.num_heads,
+      config.num_kv_heads,
+      config.head_dim,
+      config.mlp_dim,
+  )
   dtype = _dtype(config.weight_dtype)
   keys = iter(jax.random.split(rng, 32))
 
@@ -174,8 +183,10 @@ def _init_moe_params(config, rng: jax.Array) -> Params:
         "w_down": normal((dense, m, e), m),
     }
   sparse = config.num_layers - dense
-  params["moe_layers"] = {**attention(sparse),
-                          **moe.init_params(config, sparse, normal)}
+  params["moe_layers"] = {
+      **attention(sparse),
+      **moe.init_params(config, sparse, normal),
+  }
   params["final_norm"] = jnp.ones((e,), dtype)
   params["unembedding"] = normal((e, v), e)
   return params
@@ -245,22 +256,31 @@ def attention_implementation(config) -> str:
   """
   name = config.attention
   if name not in ATTENTION_IMPLEMENTATIONS:
-    raise ValueError(f"config.attention={name!r}: must be one of "
-                     f"{list(ATTENTION_IMPLEMENTATIONS)}")
+    raise ValueError(
+        f"config.attention={name!r}: must be one of "
+        f"{list(ATTENTION_IMPLEMENTATIONS)}"
+    )
   backend = jax.default_backend()
   half = config.compute_dtype in ("bfloat16", "float16")
   if name == "cudnn":
     if not half:
-      raise ValueError(f"config.attention='cudnn' needs compute_dtype "
-                       f"bfloat16 or float16, got {config.compute_dtype!r}")
+      raise ValueError(
+          f"config.attention='cudnn' needs compute_dtype "
+          f"bfloat16 or float16, got {config.compute_dtype!r}"
+      )
     if backend != "gpu":
-      raise ValueError(f"config.attention='cudnn' needs a GPU backend, "
-                       f"got {backend!r}")
+      raise ValueError(
+          f"config.attention='cudnn' needs a GPU backend, " f"got {backend!r}"
+      )
   if name != "auto":
     return name
   if backend == "gpu":
-    if (half and _cuda_capability() >= 8.0 and config.head_dim % 8 == 0 and
-        config.head_dim <= 128):
+    if (
+        half
+        and _cuda_capability() >= 8.0
+        and config.head_dim % 8 == 0
+        and config.head_dim <= 128
+    ):
       return "cudnn"
     return "dot_product"
   if backend == "tpu":
@@ -309,21 +329,33 @@ def _attend_splash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 1, 2)
 
   mask = splash_mask.MultiHeadMask(
-      [splash_mask.CausalMask((padded, padded))] * h)
+      [splash_mask.CausalMask((padded, padded))] * h
+  )
   sizes = splash_kernel.BlockSizes(
-      block_q=block, block_kv=block, block_kv_compute=block,
-      block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-      block_q_dq=block, block_kv_dq=block)
+      block_q=block,
+      block_kv=block,
+      block_kv_compute=block,
+      block_q_dkv=block,
+      block_kv_dkv=block,
+      block_kv_dkv_compute=block,
+      block_q_dq=block,
+      block_kv_dq=block,
+  )
   kernel = splash_kernel.make_splash_mha(
-      mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-      interpret=jax.default_backend() != "tpu")
+      mask,
+      block_sizes=sizes,
+      head_shards=1,
+      q_seq_shards=1,
+      interpret=jax.default_backend() != "tpu",
+  )
   q = q * jnp.asarray(1.0 / math.sqrt(d), q.dtype)
   out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
   return jnp.swapaxes(out, 1, 2)[:, :s]
 
 
-def _attention(x: jax.Array, layer: Mapping[str, jax.Array],
-               config) -> jax.Array:
+def _attention(
+    x: jax.Array, layer: Mapping[str, jax.Array], config
+) -> jax.Array:
   """Causal grouped-query self-attention. x: [B, S, E] -> [B, S, E]."""
   cdt = x.dtype
   tag = jax.ad_checkpoint.checkpoint_name
@@ -340,11 +372,16 @@ def _attention(x: jax.Array, layer: Mapping[str, jax.Array],
     out = _attend_splash(q, k, v)
   else:
     out = jax.nn.dot_product_attention(
-        q, k, v, is_causal=True,
-        implementation="xla" if implementation == "dot_product" else "cudnn")
+        q,
+        k,
+        v,
+        is_causal=True,
+        implementation="xla" if implementation == "dot_product" else "cudnn",
+    )
   out = tag(out, "context")
-  return tag(jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)),
-              "attn_out")
+  return tag(
+      jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
+  )
 
 
 def _mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
@@ -352,8 +389,9 @@ def _mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
   cdt = x.dtype
   gate = jnp.einsum("bse,em->bsm", x, layer["w_gate"].astype(cdt))
   up = jnp.einsum("bse,em->bsm", x, layer["w_up"].astype(cdt))
-  out = jnp.einsum("bsm,me->bse", jax.nn.silu(gate) * up,
-                   layer["w_down"].astype(cdt))
+  out = jnp.einsum(
+      "bsm,me->bse", jax.nn.silu(gate) * up, layer["w_down"].astype(cdt)
+  )
   return jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
 
 
@@ -371,21 +409,23 @@ def _remat(block, policy: str):
   policies = {
       "full": None,
       "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-      "save_named": jax.checkpoint_policies.save_only_these_names(
-          *SAVED_NAMES),
+      "save_named": jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES),
   }
   if policy == "none":
     return block
   if policy not in policies:
-    raise ValueError(f"config.remat_policy={policy!r}: must be one of "
-                     f"{list(REMAT_POLICIES)}")
+    raise ValueError(
+        f"config.remat_policy={policy!r}: must be one of "
+        f"{list(REMAT_POLICIES)}"
+    )
   # Inside scan, CSE cannot merge the recomputation into the forward pass,
   # so the CSE barrier is only a cost.
   return jax.checkpoint(block, policy=policies[policy], prevent_cse=False)
 
 
-def _final_hidden(params: Params, tokens: jax.Array,
-                  config) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _final_hidden(
+    params: Params, tokens: jax.Array, config
+) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Embedding, blocks and final norm.
 
   Args:
@@ -409,26 +449,31 @@ def _final_hidden(params: Params, tokens: jax.Array,
 
   def moe_block(x, layer):
     x = x + _attention(_rms_norm(x, layer["attn_norm"], eps), layer, config)
-    out, stats = moe.moe_mlp(_rms_norm(x, layer["mlp_norm"], eps), layer,
-                             config)
+    out, stats = moe.moe_mlp(
+        _rms_norm(x, layer["mlp_norm"], eps), layer, config
+    )
     x = x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
     return x, stats
 
   if "layers" in params:
-    x, _ = jax.lax.scan(_remat(block, config.remat_policy), x,
-                        params["layers"])
+    x, _ = jax.lax.scan(_remat(block, config.remat_policy), x, params["layers"])
   stats = {}
   if "moe_layers" in params:
-    x, per_layer = jax.lax.scan(_remat(moe_block, config.remat_policy), x,
-                                params["moe_layers"])
+    x, per_layer = jax.lax.scan(
+        _remat(moe_block, config.remat_policy), x, params["moe_layers"]
+    )
     stats = moe.summarize(per_layer)
   return _rms_norm(x, params["final_norm"], eps), stats
 
 
 def _unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
   """[B, S, E] hidden states -> float32 [B, S, V] logits."""
-  return jnp.einsum("bse,ev->bsv", x, unembedding.astype(x.dtype),
-                    preferred_element_type=jnp.float32)
+  return jnp.einsum(
+      "bse,ev->bsv",
+      x,
+      unembedding.astype(x.dtype),
+      preferred_element_type=jnp.float32,
+  )
 
 
 def apply(params: Params, tokens: jax.Array, config) -> jax.Array:
@@ -442,12 +487,14 @@ def apply(params: Params, tokens: jax.Array, config) -> jax.Array:
   Returns:
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
-  return _unembed(_final_hidden(params, tokens, config)[0],
-                  params["unembedding"])
+  return _unembed(
+      _final_hidden(params, tokens, config)[0], params["unembedding"]
+  )
 
 
-def _token_sums(logits: jax.Array, targets: jax.Array,
-                weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _token_sums(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """Weighted sums of cross entropy and argmax hits over [B, S] positions."""
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
@@ -455,9 +502,13 @@ def _token_sums(logits: jax.Array, targets: jax.Array,
   return jnp.sum(nll * weights), jnp.sum(correct * weights)
 
 
-def _chunked_token_sums(x: jax.Array, unembedding: jax.Array,
-                        targets: jax.Array, weights: jax.Array,
-                        chunk: int) -> tuple[jax.Array, jax.Array]:
+def _chunked_token_sums(
+    x: jax.Array,
+    unembedding: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    chunk: int,
+) -> tuple[jax.Array, jax.Array]:
   """`_token_sums` of `_unembed(x)`, `chunk` sequence positions at a time.
 
   Only one chunk's float32 logits [B, chunk, V] exist at once, forward and
@@ -488,13 +539,15 @@ def _chunked_token_sums(x: jax.Array, unembedding: jax.Array,
     return (totals[0] + loss_sum, totals[1] + num_correct), None
 
   zero = jnp.zeros((), jnp.float32)
-  totals, _ = jax.lax.scan(body, (zero, zero),
-                           (chunks(x), chunks(targets), chunks(weights)))
+  totals, _ = jax.lax.scan(
+      body, (zero, zero), (chunks(x), chunks(targets), chunks(weights))
+  )
   return totals
 
 
-def loss_fn(params: Params, batch: Mapping[str, jax.Array],
-            config) -> tuple[jax.Array, dict[str, jax.Array]]:
+def loss_fn(
+    params: Params, batch: Mapping[str, jax.Array], config
+) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean next-token cross entropy.
 
   With `config.loss_chunk_size` > 0 (and below the sequence length), the
@@ -521,8 +574,9 @@ def loss_fn(params: Params, batch: Mapping[str, jax.Array],
   """
   chunk = config.loss_chunk_size
   if chunk < 0:
-    raise ValueError(f"config.loss_chunk_size={chunk!r}: must be >= 0 "
-                     f"(0 = unchunked)")
+    raise ValueError(
+        f"config.loss_chunk_size={chunk!r}: must be >= 0 " f"(0 = unchunked)"
+    )
   x, moe_stats = _final_hidden(params, batch["inputs"], config)
   targets = batch["targets"]
   weights = batch.get("weights")
@@ -532,10 +586,12 @@ def loss_fn(params: Params, batch: Mapping[str, jax.Array],
     weights = weights.astype(jnp.float32)
   if 0 < chunk < targets.shape[1]:
     loss_sum, num_correct = _chunked_token_sums(
-        x, params["unembedding"], targets, weights, chunk)
+        x, params["unembedding"], targets, weights, chunk
+    )
   else:
-    loss_sum, num_correct = _token_sums(_unembed(x, params["unembedding"]),
-                                        targets, weights)
+    loss_sum, num_correct = _token_sums(
+        _unembed(x, params["unembedding"]), targets, weights
+    )
   num_tokens = jnp.sum(weights)
   denom = jnp.maximum(num_tokens, 1e-8)
   loss = jnp.where(num_tokens > 0, loss_sum / denom, 0.0)
@@ -551,18 +607,19 @@ def loss_fn(params: Params, batch: Mapping[str, jax.Array],
   return loss, aux
 
 
-def _moe_metrics(stats: Mapping[str, jax.Array],
-                 config) -> dict[str, jax.Array]:
+def _moe_metrics(
+    stats: Mapping[str, jax.Array], config
+) -> dict[str, jax.Array]:
   """The `moe/...` metrics of one micro-batch (README: "MoE metrics").
 
   The engine averages packed scalars over a step's K micro-batches, so the
   dropped-assignment count is reported times K
   (`gradient_accumulation_steps`): the mean of those is the step's sum.
   """
-  metrics = {name: stats[name] for name in moe.STAT_NAMES
-             if name != "dropped"}
-  metrics["dropped_tokens"] = (stats["dropped"] *
-                               config.gradient_accumulation_steps)
+  metrics = {name: stats[name] for name in moe.STAT_NAMES if name != "dropped"}
+  metrics["dropped_tokens"] = (
+      stats["dropped"] * config.gradient_accumulation_steps
+  )
   return metrics
 
 
@@ -580,6 +637,7 @@ def param_logical_axes(params: Params) -> Params:
   Raises:
     ValueError: if `params` does not have the structure of `init_params`.
   """
+
   def is_axes(x):
     return isinstance(x, tuple)
 
@@ -588,8 +646,9 @@ def param_logical_axes(params: Params) -> Params:
     if "layers" not in params:
       del axes["layers"]
     moe_axes = {**_ATTENTION_AXES, **moe.LOGICAL_AXES}
-    axes["moe_layers"] = {name: moe_axes.get(name, ())
-                          for name in params["moe_layers"]}
+    axes["moe_layers"] = {
+        name: moe_axes.get(name, ()) for name in params["moe_layers"]
+    }
   expected = jax.tree_util.tree_structure(axes, is_leaf=is_axes)
   actual = jax.tree_util.tree_structure(params)
   if expected != actual:
@@ -630,14 +689,19 @@ def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
         best = dim
     return best
 
-  return jax.tree_util.tree_map(choose, params, axes,
-                                is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree_util.tree_map(
+      choose, params, axes, is_leaf=lambda x: isinstance(x, tuple)
+  )
 
 
-def param_partition_specs(params: Params, fsdp_size: int,
-                          fsdp_axis_name: str = "fsdp", *,
-                          expert_size: int = 1,
-                          expert_axis_name: str = "expert") -> Params:
+def param_partition_specs(
+    params: Params,
+    fsdp_size: int,
+    fsdp_axis_name: str = "fsdp",
+    *,
+    expert_size: int = 1,
+    expert_axis_name: str = "expert",
+) -> Params:
   """`jax.sharding.PartitionSpec` per parameter for FSDP and expert sharding.
 
   Args:
@@ -657,8 +721,9 @@ def param_partition_specs(params: Params, fsdp_size: int,
       experts.
   """
   if not isinstance(expert_size, int) or expert_size < 1:
-    raise ValueError(f"expert_size must be a positive int, got "
-                     f"{expert_size!r}")
+    raise ValueError(
+        f"expert_size must be a positive int, got " f"{expert_size!r}"
+    )
   dims = param_fsdp_axis(params, fsdp_size)
   axes = param_logical_axes(params)
 
@@ -669,11 +734,17 @@ def param_partition_specs(params: Params, fsdp_size: int,
     if expert_size > 1 and EXPERT_LOGICAL_AXIS in names:
       experts = names.index(EXPERT_LOGICAL_AXIS)
       if x.shape[experts] % expert_size:
-        raise ValueError(f"expert_parallelism={expert_size} does not divide "
-                         f"the {x.shape[experts]} experts")
+        raise ValueError(
+            f"expert_parallelism={expert_size} does not divide "
+            f"the {x.shape[experts]} experts"
+        )
       out[experts] = expert_axis_name
     return jax.sharding.PartitionSpec(*out)
 
   return jax.tree_util.tree_map(
-      spec, params, dims, axes,
-      is_leaf=lambda x: x is None or isinstance(x, tuple))
+      spec,
+      params,
+      dims,
+      axes,
+      is_leaf=lambda x: x is None or isinstance(x, tuple),
+  )

@@ -46,37 +46,43 @@ def _jit_loss(config):
 
 def _tokens(config, batch=2, seed=0):
   rng = np.random.default_rng(seed)
-  return jnp.asarray(rng.integers(0, config.vocab_size,
-                                  (batch, config.max_sequence_length)),
-                     jnp.int32)
+  return jnp.asarray(
+      rng.integers(0, config.vocab_size, (batch, config.max_sequence_length)),
+      jnp.int32,
+  )
 
 
 def _batch(config, batch=2, weights=False):
-  out = {"inputs": _tokens(config, batch=batch, seed=1),
-         "targets": _tokens(config, batch=batch, seed=2)}
+  out = {
+      "inputs": _tokens(config, batch=batch, seed=1),
+      "targets": _tokens(config, batch=batch, seed=2),
+  }
   if weights:
     rng = np.random.default_rng(3)
     out["weights"] = jnp.asarray(
-        rng.integers(0, 2, (batch, config.max_sequence_length)), jnp.float32)
+        rng.integers(0, 2, (batch, config.max_sequence_length)), jnp.float32
+    )
   return out
 
 
 def _loss_and_grads(config, params, batch):
-  return jax.jit(jax.value_and_grad(
-      functools.partial(model.loss_fn, config=config), has_aux=True))(
-          params, batch)
+  return jax.jit(
+      jax.value_and_grad(
+          functools.partial(model.loss_fn, config=config), has_aux=True
+      )
+  )(params, batch)
 
 
 def _grad_temp_bytes(config, batch):
   """Compiled (not run) temp bytes of the loss gradient at this shape."""
   params = jax.eval_shape(
-      lambda: model.init_params(config, jax.random.PRNGKey(0)))
-  tokens = jax.ShapeDtypeStruct((batch, config.max_sequence_length),
-                                jnp.int32)
-  grad_fn = jax.jit(jax.grad(
-      lambda p, b: model.loss_fn(p, b, config)[0]))
-  compiled = grad_fn.lower(params, {"inputs": tokens,
-                                    "targets": tokens}).compile()
+      lambda: model.init_params(config, jax.random.PRNGKey(0))
+  )
+  tokens = jax.ShapeDtypeStruct((batch, config.max_sequence_length), jnp.int32)
+  grad_fn = jax.jit(jax.grad(lambda p, b: model.loss_fn(p, b, config)[0]))
+  compiled = grad_fn.lower(
+      params, {"inputs": tokens, "targets": tokens}
+  ).compile()
   return compiled.memory_analysis().temp_size_in_bytes
 
 
@@ -91,19 +97,31 @@ _ATTENTION_SHAPES = (
 
 class AttentionImplementationTest(parameterized.TestCase):
 
-  def _check_matches_einsum(self, implementation, seq, heads, kv_heads,
-                            head_dim):
-    reference = _tiny_config(max_sequence_length=seq, num_heads=heads,
-                             num_kv_heads=kv_heads, head_dim=head_dim,
-                             attention="einsum")
-    config = _tiny_config(max_sequence_length=seq, num_heads=heads,
-                          num_kv_heads=kv_heads, head_dim=head_dim,
-                          attention=implementation)
+  def _check_matches_einsum(
+      self, implementation, seq, heads, kv_heads, head_dim
+  ):
+    reference = _tiny_config(
+        max_sequence_length=seq,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        attention="einsum",
+    )
+    config = _tiny_config(
+        max_sequence_length=seq,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        attention=implementation,
+    )
     params = model.init_params(reference, jax.random.PRNGKey(4))
     tokens = _tokens(reference, batch=2)
-    np.testing.assert_allclose(_jit_apply(config)(params, tokens),
-                               _jit_apply(reference)(params, tokens),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        _jit_apply(config)(params, tokens),
+        _jit_apply(reference)(params, tokens),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     batch = _batch(reference, weights=True)
     (loss, _), grads = _loss_and_grads(config, params, batch)
     (ref_loss, _), ref_grads = _loss_and_grads(reference, params, batch)
@@ -116,8 +134,9 @@ class AttentionImplementationTest(parameterized.TestCase):
 
   # The Pallas kernel runs in interpret mode on the CPU (seconds per shape),
   # so two shapes: one padded to a block, one spanning two blocks.
-  @parameterized.named_parameters(("one_kv_head_padded", 13, 4, 1, 8),
-                                  ("grouped_two_blocks", 130, 4, 2, 8))
+  @parameterized.named_parameters(
+      ("one_kv_head_padded", 13, 4, 1, 8), ("grouped_two_blocks", 130, 4, 2, 8)
+  )
   def test_splash_matches_einsum(self, seq, heads, kv_heads, head_dim):
     self._check_matches_einsum("splash", seq, heads, kv_heads, head_dim)
 
@@ -146,8 +165,9 @@ class AttentionImplementationTest(parameterized.TestCase):
 
 class RematTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(("full", "full"), ("save_dots", "save_dots"),
-                                  ("save_named", "save_named"))
+  @parameterized.named_parameters(
+      ("full", "full"), ("save_dots", "save_dots"), ("save_named", "save_named")
+  )
   def test_grads_match_no_remat(self, policy):
     reference = _tiny_config(num_layers=3)
     config = _tiny_config(num_layers=3, remat_policy=policy)
@@ -169,11 +189,13 @@ class RematTest(parameterized.TestCase):
     # Activations dominate: wide MLP, several layers, no big vocabulary. Each
     # saving policy keeps more than full and less than none (were the block's
     # names missing, save_named would equal full).
-    kwargs = dict(num_layers=4, emb_dim=64, mlp_dim=512,
-                  max_sequence_length=64)
-    temp = {policy: _grad_temp_bytes(
-        _tiny_config(remat_policy=policy, **kwargs), batch=8)
-            for policy in model.REMAT_POLICIES}
+    kwargs = dict(num_layers=4, emb_dim=64, mlp_dim=512, max_sequence_length=64)
+    temp = {
+        policy: _grad_temp_bytes(
+            _tiny_config(remat_policy=policy, **kwargs), batch=8
+        )
+        for policy in model.REMAT_POLICIES
+    }
     for policy in ("save_dots", "save_named"):
       self.assertLess(temp["full"], temp[policy], policy)
       self.assertLess(temp[policy], temp["none"], policy)
@@ -182,8 +204,11 @@ class RematTest(parameterized.TestCase):
 class ChunkedLossTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ("divides", 4), ("does_not_divide", 5), ("whole_sequence", 16),
-      ("longer_than_sequence", 40))
+      ("divides", 4),
+      ("does_not_divide", 5),
+      ("whole_sequence", 16),
+      ("longer_than_sequence", 40),
+  )
   def test_same_loss_accuracy_and_grads(self, chunk):
     reference = _tiny_config()
     config = _tiny_config(loss_chunk_size=chunk)
@@ -192,8 +217,7 @@ class ChunkedLossTest(parameterized.TestCase):
     (loss, aux), grads = _loss_and_grads(config, params, batch)
     (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
-    np.testing.assert_allclose(aux["loss_sum"], ref_aux["loss_sum"],
-                               rtol=1e-6)
+    np.testing.assert_allclose(aux["loss_sum"], ref_aux["loss_sum"], rtol=1e-6)
     for key in ("num_tokens", "num_correct", "accuracy"):
       self.assertEqual(float(aux[key]), float(ref_aux[key]), key)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
@@ -208,8 +232,9 @@ class ChunkedLossTest(parameterized.TestCase):
     # Logits dominate: [4, 64, 4096] float32 is 4 MiB, the rest is small.
     kwargs = dict(vocab_size=4096, num_layers=1, max_sequence_length=64)
     whole = _grad_temp_bytes(_tiny_config(**kwargs), batch=4)
-    chunked = _grad_temp_bytes(_tiny_config(loss_chunk_size=8, **kwargs),
-                               batch=4)
+    chunked = _grad_temp_bytes(
+        _tiny_config(loss_chunk_size=8, **kwargs), batch=4
+    )
     self.assertLess(chunked, whole)
     self.assertLess(chunked, 4 * 64 * 4096 * 4)
 
@@ -220,26 +245,32 @@ class ModelTest(parameterized.TestCase):
     config = _tiny_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
     l, e, h, k, d, m, v = 2, 32, 4, 2, 8, 64, 32
-    chex.assert_trees_all_equal_shapes(params, {
-        "embedding": jnp.zeros((v, e)),
-        "layers": {
-            "attn_norm": jnp.zeros((l, e)),
-            "wq": jnp.zeros((l, e, h, d)),
-            "wk": jnp.zeros((l, e, k, d)),
-            "wv": jnp.zeros((l, e, k, d)),
-            "wo": jnp.zeros((l, h, d, e)),
-            "mlp_norm": jnp.zeros((l, e)),
-            "w_gate": jnp.zeros((l, e, m)),
-            "w_up": jnp.zeros((l, e, m)),
-            "w_down": jnp.zeros((l, m, e)),
+    chex.assert_trees_all_equal_shapes(
+        params,
+        {
+            "embedding": jnp.zeros((v, e)),
+            "layers": {
+                "attn_norm": jnp.zeros((l, e)),
+                "wq": jnp.zeros((l, e, h, d)),
+                "wk": jnp.zeros((l, e, k, d)),
+                "wv": jnp.zeros((l, e, k, d)),
+                "wo": jnp.zeros((l, h, d, e)),
+                "mlp_norm": jnp.zeros((l, e)),
+                "w_gate": jnp.zeros((l, e, m)),
+                "w_up": jnp.zeros((l, e, m)),
+                "w_down": jnp.zeros((l, m, e)),
+            },
+            "final_norm": jnp.zeros((e,)),
+            "unembedding": jnp.zeros((e, v)),
         },
-        "final_norm": jnp.zeros((e,)),
-        "unembedding": jnp.zeros((e, v)),
-    })
+    )
     chex.assert_trees_all_equal_dtypes(
-        params, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params))
-    self.assertEqual(model.num_params(params),
-                     sum(x.size for x in jax.tree_util.tree_leaves(params)))
+        params, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)
+    )
+    self.assertEqual(
+        model.num_params(params),
+        sum(x.size for x in jax.tree_util.tree_leaves(params)),
+    )
 
   def test_init_is_deterministic_by_key(self):
     config = _tiny_config()
@@ -255,15 +286,18 @@ class ModelTest(parameterized.TestCase):
       ("bf16_weights", "bfloat16", "bfloat16"),
   )
   def test_logits_shape_and_dtype(self, weight_dtype, compute_dtype):
-    config = _tiny_config(weight_dtype=weight_dtype,
-                          compute_dtype=compute_dtype)
+    config = _tiny_config(
+        weight_dtype=weight_dtype, compute_dtype=compute_dtype
+    )
     params = model.init_params(config, jax.random.PRNGKey(0))
     for leaf in jax.tree_util.tree_leaves(params):
       self.assertEqual(leaf.dtype, jnp.dtype(weight_dtype))
     logits = jax.jit(lambda p, t: model.apply(p, t, config))(
-        params, _tokens(config, batch=3))
-    chex.assert_shape(logits, (3, config.max_sequence_length,
-                               config.vocab_size))
+        params, _tokens(config, batch=3)
+    )
+    chex.assert_shape(
+        logits, (3, config.max_sequence_length, config.vocab_size)
+    )
     chex.assert_type(logits, jnp.float32)
     chex.assert_tree_all_finite(logits)
 
@@ -286,40 +320,51 @@ class ModelTest(parameterized.TestCase):
     group = grouped.num_heads // grouped.num_kv_heads
     expanded = jax.tree_util.tree_map(lambda x: x, params)
     for name in ("wk", "wv"):
-      expanded["layers"][name] = jnp.repeat(params["layers"][name], group,
-                                            axis=2)
+      expanded["layers"][name] = jnp.repeat(
+          params["layers"][name], group, axis=2
+      )
     tokens = _tokens(grouped, batch=2)
-    np.testing.assert_allclose(_jit_apply(grouped)(params, tokens),
-                               _jit_apply(full)(expanded, tokens),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        _jit_apply(grouped)(params, tokens),
+        _jit_apply(full)(expanded, tokens),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
   def test_rope_scores_depend_only_on_relative_position(self):
     rng = np.random.default_rng(0)
-    q = jnp.asarray(np.broadcast_to(rng.normal(size=(1, 1, 1, 8)),
-                                    (1, 12, 1, 8)), jnp.float32)
-    k = jnp.asarray(np.broadcast_to(rng.normal(size=(1, 1, 1, 8)),
-                                    (1, 12, 1, 8)), jnp.float32)
+    q = jnp.asarray(
+        np.broadcast_to(rng.normal(size=(1, 1, 1, 8)), (1, 12, 1, 8)),
+        jnp.float32,
+    )
+    k = jnp.asarray(
+        np.broadcast_to(rng.normal(size=(1, 1, 1, 8)), (1, 12, 1, 8)),
+        jnp.float32,
+    )
     rq, rk = model._rope(q, 10000.0), model._rope(k, 10000.0)  # pylint: disable=protected-access
     scores = jnp.einsum("bsnd,btnd->st", rq, rk)
     np.testing.assert_allclose(scores[5, 2], scores[9, 6], rtol=1e-5)
     np.testing.assert_allclose(scores[3, 3], scores[11, 11], rtol=1e-5)
     self.assertGreater(abs(float(scores[5, 2] - scores[5, 4])), 1e-4)
     # Rotation keeps norms.
-    np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1),
-                               jnp.linalg.norm(q, axis=-1), rtol=1e-5)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(q, axis=-1), rtol=1e-5
+    )
 
   def test_loss_matches_reference_cross_entropy(self):
     config = _tiny_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
     inputs = _tokens(config, batch=2, seed=1)
     targets = _tokens(config, batch=2, seed=2)
-    loss, aux = _jit_loss(config)(params, {"inputs": inputs,
-                                           "targets": targets})
+    loss, aux = _jit_loss(config)(
+        params, {"inputs": inputs, "targets": targets}
+    )
     logits = np.asarray(_jit_apply(config)(params, inputs), np.float64)
     logits -= logits.max(-1, keepdims=True)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    nll = -np.take_along_axis(log_probs, np.asarray(targets)[..., None],
-                              -1)[..., 0]
+    nll = -np.take_along_axis(log_probs, np.asarray(targets)[..., None], -1)[
+        ..., 0
+    ]
     np.testing.assert_allclose(loss, nll.mean(), rtol=1e-5)
     np.testing.assert_allclose(aux["loss_sum"], nll.sum(), rtol=1e-5)
     self.assertEqual(float(aux["num_tokens"]), nll.size)
@@ -338,14 +383,21 @@ class ModelTest(parameterized.TestCase):
     weights[0, :] = 1.0
     loss = _jit_loss(config)
     masked, aux = loss(
-        params, {"inputs": inputs, "targets": targets, "weights": weights})
+        params, {"inputs": inputs, "targets": targets, "weights": weights}
+    )
     first, _ = _jit_loss(config)(
-        params, {"inputs": inputs[:1], "targets": targets[:1]})
+        params, {"inputs": inputs[:1], "targets": targets[:1]}
+    )
     np.testing.assert_allclose(masked, first, rtol=1e-5)
     self.assertEqual(float(aux["num_tokens"]), config.max_sequence_length)
     empty, aux = loss(
-        params, {"inputs": inputs, "targets": targets,
-                 "weights": np.zeros(inputs.shape, np.float32)})
+        params,
+        {
+            "inputs": inputs,
+            "targets": targets,
+            "weights": np.zeros(inputs.shape, np.float32),
+        },
+    )
     self.assertEqual(float(empty), 0.0)
     self.assertEqual(float(aux["accuracy"]), 0.0)
 
@@ -359,7 +411,8 @@ class ModelTest(parameterized.TestCase):
     @jax.jit
     def step(params, opt_state, batch):
       (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(
-          params, batch, config)
+          params, batch, config
+      )
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, loss
 
@@ -378,21 +431,26 @@ class ShardingTest(parameterized.TestCase):
 
   def _shapes(self, config):
     return jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0)))
+        lambda: model.init_params(config, jax.random.PRNGKey(0))
+    )
 
   def test_logical_axes_name_every_dimension(self):
     shapes = self._shapes(_tiny_config())
     axes = model.param_logical_axes(shapes)
     jax.tree_util.tree_map(
-        lambda x, names: self.assertLen(names, len(x.shape)), shapes, axes,
-        is_leaf=lambda x: isinstance(x, tuple))
+        lambda x, names: self.assertLen(names, len(x.shape)),
+        shapes,
+        axes,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
   def test_logical_axes_reject_other_structures(self):
     with self.assertRaisesRegex(ValueError, "structure"):
       model.param_logical_axes({"w": jnp.zeros((2, 2))})
 
-  @parameterized.named_parameters(("one", 1), ("two", 2), ("four", 4),
-                                  ("three", 3), ("sixty_four", 64))
+  @parameterized.named_parameters(
+      ("one", 1), ("two", 2), ("four", 4), ("three", 3), ("sixty_four", 64)
+  )
   def test_fsdp_axis_is_divisible_and_never_layers(self, fsdp):
     config = _tiny_config()
     shapes = self._shapes(config)
@@ -403,16 +461,20 @@ class ShardingTest(parameterized.TestCase):
       if fsdp == 1:
         self.assertIsNone(dim)
         return
-      candidates = [i for i, (size, name) in enumerate(zip(x.shape, names))
-                    if name != "layers" and size % fsdp == 0]
+      candidates = [
+          i
+          for i, (size, name) in enumerate(zip(x.shape, names))
+          if name != "layers" and size % fsdp == 0
+      ]
       if not candidates:
         self.assertIsNone(dim)
       else:
         self.assertIn(dim, candidates)
         self.assertEqual(x.shape[dim], max(x.shape[i] for i in candidates))
 
-    jax.tree_util.tree_map(check, shapes, dims, axes,
-                           is_leaf=lambda x: x is None)
+    jax.tree_util.tree_map(
+        check, shapes, dims, axes, is_leaf=lambda x: x is None
+    )
 
   def test_fsdp_axis_rejects_bad_size(self):
     with self.assertRaisesRegex(ValueError, "fsdp_size"):
@@ -421,17 +483,22 @@ class ShardingTest(parameterized.TestCase):
   def test_partition_specs_place_params_on_a_mesh(self):
     config = _tiny_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1),
-                             ("data", "fsdp"))
+    mesh = jax.sharding.Mesh(
+        np.array(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp")
+    )
     specs = model.param_partition_specs(params, 1)
     sharded = jax.tree_util.tree_map(
-        lambda x, spec: jax.device_put(x, jax.sharding.NamedSharding(mesh,
-                                                                    spec)),
-        params, specs)
+        lambda x, spec: jax.device_put(
+            x, jax.sharding.NamedSharding(mesh, spec)
+        ),
+        params,
+        specs,
+    )
     chex.assert_trees_all_equal(sharded, params)
     specs = model.param_partition_specs(self._shapes(config), 4)
-    self.assertEqual(specs["layers"]["w_up"],
-                     jax.sharding.PartitionSpec(None, None, "fsdp"))
+    self.assertEqual(
+        specs["layers"]["w_up"], jax.sharding.PartitionSpec(None, None, "fsdp")
+    )
 
 
 # The default config's parameters for PRNGKey(0) as the code before mixture of
@@ -454,8 +521,13 @@ _DENSE_DEFAULT_PARAMS = (
 
 
 def _moe_config(**overrides):
-  values = dict(num_experts=4, num_experts_per_token=2, num_shared_experts=1,
-                num_dense_layers=1, moe_mlp_dim=16)
+  values = dict(
+      num_experts=4,
+      num_experts_per_token=2,
+      num_shared_experts=1,
+      num_dense_layers=1,
+      moe_mlp_dim=16,
+  )
   values.update(overrides)
   return _tiny_config(**values)
 
@@ -465,14 +537,22 @@ class MoeModelTest(parameterized.TestCase):
   def test_dense_tree_is_unchanged(self):
     params = model.init_params(default.get_config(), jax.random.PRNGKey(0))
     got = tuple(
-        (jax.tree_util.keystr(path), x.shape,
-         round(float(np.asarray(x, np.float64).sum()), 3))
-        for path, x in jax.tree_util.tree_leaves_with_path(params))
-    self.assertEqual([(p, s) for p, s, _ in got],
-                     [(p, s) for p, s, _ in _DENSE_DEFAULT_PARAMS])
-    np.testing.assert_allclose([v for _, _, v in got],
-                               [v for _, _, v in _DENSE_DEFAULT_PARAMS],
-                               atol=2e-3)
+        (
+            jax.tree_util.keystr(path),
+            x.shape,
+            round(float(np.asarray(x, np.float64).sum()), 3),
+        )
+        for path, x in jax.tree_util.tree_leaves_with_path(params)
+    )
+    self.assertEqual(
+        [(p, s) for p, s, _ in got],
+        [(p, s) for p, s, _ in _DENSE_DEFAULT_PARAMS],
+    )
+    np.testing.assert_allclose(
+        [v for _, _, v in got],
+        [v for _, _, v in _DENSE_DEFAULT_PARAMS],
+        atol=2e-3,
+    )
 
   def test_dense_checkpoint_restores(self):
     config = _tiny_config()
@@ -482,23 +562,29 @@ class MoeModelTest(parameterized.TestCase):
     saver.save(1, {"params": params}, {"step": 1}, force=True)
     saver.wait()
     abstract = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(1)))
+        lambda: model.init_params(config, jax.random.PRNGKey(1))
+    )
     cpu = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu),
-        abstract)
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), abstract
+    )
     chex.assert_trees_all_equal(
-        checkpointing.restore_params_only(directory, abstract), params)
+        checkpointing.restore_params_only(directory, abstract), params
+    )
 
   def test_moe_tree_has_dense_then_moe_stacks(self):
     params = jax.eval_shape(
-        lambda: model.init_params(_moe_config(), jax.random.PRNGKey(0)))
+        lambda: model.init_params(_moe_config(), jax.random.PRNGKey(0))
+    )
     self.assertEqual(params["layers"]["w_up"].shape, (1, 32, 64))
     self.assertEqual(params["moe_layers"]["w_up"].shape, (1, 4, 32, 16))
     self.assertEqual(params["moe_layers"]["router"].shape, (1, 32, 4))
     self.assertEqual(params["moe_layers"]["shared_w_up"].shape, (1, 32, 16))
-    no_dense = jax.eval_shape(lambda: model.init_params(
-        _moe_config(num_dense_layers=0), jax.random.PRNGKey(0)))
+    no_dense = jax.eval_shape(
+        lambda: model.init_params(
+            _moe_config(num_dense_layers=0), jax.random.PRNGKey(0)
+        )
+    )
     self.assertNotIn("layers", no_dense)
     self.assertEqual(no_dense["moe_layers"]["wq"].shape[0], 2)
     model.param_logical_axes(no_dense)
@@ -511,21 +597,30 @@ class MoeModelTest(parameterized.TestCase):
     (loss, aux), grads = _loss_and_grads(config, params, batch)
     cross_entropy = aux["loss_sum"] / aux["num_tokens"]
     np.testing.assert_allclose(
-        loss, cross_entropy + 0.5 * aux["moe"]["aux_loss"], rtol=1e-6)
+        loss, cross_entropy + 0.5 * aux["moe"]["aux_loss"], rtol=1e-6
+    )
     # The balance loss trains the router.
     config.load_balance_loss_weight = 0.0
     _, grads_without = _loss_and_grads(config, params, batch)
     self.assertGreater(
-        float(jnp.abs(grads["moe_layers"]["router"] -
-                      grads_without["moe_layers"]["router"]).max()), 0.0)
+        float(
+            jnp.abs(
+                grads["moe_layers"]["router"]
+                - grads_without["moe_layers"]["router"]
+            ).max()
+        ),
+        0.0,
+    )
 
   def test_expert_partition_specs(self):
     shapes = jax.eval_shape(
-        lambda: model.init_params(_moe_config(), jax.random.PRNGKey(0)))
+        lambda: model.init_params(_moe_config(), jax.random.PRNGKey(0))
+    )
     specs = model.param_partition_specs(shapes, 2, expert_size=2)
     p = jax.sharding.PartitionSpec
-    self.assertEqual(specs["moe_layers"]["w_up"],
-                     p(None, "expert", "fsdp", None))
+    self.assertEqual(
+        specs["moe_layers"]["w_up"], p(None, "expert", "fsdp", None)
+    )
     self.assertEqual(specs["moe_layers"]["router"], p(None, "fsdp", "expert"))
     self.assertEqual(specs["layers"]["w_up"], p(None, None, "fsdp"))
     with self.assertRaisesRegex(ValueError, "expert_parallelism=3"):
@@ -536,20 +631,36 @@ class MoeModelTest(parameterized.TestCase):
     config = _moe_config(capacity_factor=0.25, gradient_accumulation_steps=2)
     params = model.init_params(config, jax.random.PRNGKey(0))
     loss_fn = functools.partial(model.loss_fn, config=config)
-    micro = [_batch(config), {"inputs": _tokens(config, seed=5),
-                              "targets": _tokens(config, seed=6)}]
-    dropped = [float(jax.jit(loss_fn)(params, b)[1]["moe"]["dropped_tokens"])
-               / 2 for b in micro]
+    micro = [
+        _batch(config),
+        {"inputs": _tokens(config, seed=5), "targets": _tokens(config, seed=6)},
+    ]
+    dropped = [
+        float(jax.jit(loss_fn)(params, b)[1]["moe"]["dropped_tokens"]) / 2
+        for b in micro
+    ]
     self.assertGreater(min(dropped), 0.0)
-    engine = engine_lib.Engine(loss_fn, params, optax.sgd(0.0), 0.0,
-                               metrics_recorder.MetricsRecorder(), 2)
+    engine = engine_lib.Engine(
+        loss_fn,
+        params,
+        optax.sgd(0.0),
+        0.0,
+        metrics_recorder.MetricsRecorder(),
+        2,
+    )
     for batch in micro:
       engine.fwd_bwd(batch)
     reduced = metrics_recorder.reduce_buffer(engine.update())
-    self.assertAlmostEqual(reduced["moe/dropped_tokens"], sum(dropped),
-                           places=3)
-    for name in ("aux_loss", "load_max", "load_min", "load_cv",
-                 "router_entropy"):
+    self.assertAlmostEqual(
+        reduced["moe/dropped_tokens"], sum(dropped), places=3
+    )
+    for name in (
+        "aux_loss",
+        "load_max",
+        "load_min",
+        "load_cv",
+        "router_entropy",
+    ):
       self.assertIn(f"moe/{name}", reduced)
 
 

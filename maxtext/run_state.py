@@ -120,11 +120,15 @@ class RunState:
       if hasattr(self.dataset, "checkpoint_state"):
         # The data pipeline's position for this checkpoint, one file per
         # process; states of rotated-out checkpoints go.
-        data_state.save(self.paths.checkpoint_dir, step,
-                        jax.process_index(),
-                        self.dataset.checkpoint_state(step))
-        data_state.prune(self.paths.checkpoint_dir,
-                         self.checkpointer.all_steps())
+        data_state.save(
+            self.paths.checkpoint_dir,
+            step,
+            jax.process_index(),
+            self.dataset.checkpoint_state(step),
+        )
+        data_state.prune(
+            self.paths.checkpoint_dir, self.checkpointer.all_steps()
+        )
     return saved
 
   def close(self) -> None:
@@ -423,8 +427,9 @@ def build(
     if hasattr(dataset, "restore_checkpoint_state"):
       # Checkpoints written before the data state existed have none: the
       # dataset then finds the position from the step.
-      state = data_state.load(paths.checkpoint_dir, start_step,
-                              jax.process_index())
+      state = data_state.load(
+          paths.checkpoint_dir, start_step, jax.process_index()
+      )
       if state is not None:
         dataset.restore_checkpoint_state(state)
     samples = int(
@@ -438,8 +443,11 @@ def build(
               run_dir_lib.provenance(),
               run_name=paths.run_name,
               remote_url=paths.remote_url,
-              **({"data": dataset.provenance()}
-                 if hasattr(dataset, "provenance") else {}),
+              **(
+                  {"data": dataset.provenance()}
+                  if hasattr(dataset, "provenance")
+                  else {}
+              ),
           ),
           start_step,
       )

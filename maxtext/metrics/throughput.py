@@ -39,8 +39,12 @@ SAMPLES_PER_SECOND_KEY = "samples_per_s"
 TOKENS_PER_SECOND_KEY = "tokens_per_s"
 TFLOPS_PER_DEVICE_KEY = "tflops_per_device"
 MFU_KEY = "mfu"
-KEYS = (SAMPLES_PER_SECOND_KEY, TOKENS_PER_SECOND_KEY, TFLOPS_PER_DEVICE_KEY,
-        MFU_KEY)
+KEYS = (
+    SAMPLES_PER_SECOND_KEY,
+    TOKENS_PER_SECOND_KEY,
+    TFLOPS_PER_DEVICE_KEY,
+    MFU_KEY,
+)
 
 _TERA = 1e12
 
@@ -100,8 +104,9 @@ def known_device_kinds() -> tuple[str, ...]:
   return tuple(sorted(_PEAK_FLOPS))
 
 
-def peak_flops_per_device(device_kind: str,
-                          dtype: str = "bfloat16") -> Optional[float]:
+def peak_flops_per_device(
+    device_kind: str, dtype: str = "bfloat16"
+) -> Optional[float]:
   """Published dense peak FLOP/s of one device of `device_kind`.
 
   Args:
@@ -122,8 +127,9 @@ def peak_flops_per_device(device_kind: str,
   return _PEAK_FLOPS.get(device_kind, {}).get(dtype)
 
 
-def mean_peak_flops_per_device(device_kinds: Sequence[str],
-                               dtype: str = "bfloat16") -> Optional[float]:
+def mean_peak_flops_per_device(
+    device_kinds: Sequence[str], dtype: str = "bfloat16"
+) -> Optional[float]:
   """The devices' summed peak over their count, or None if any is unknown.
 
   With this mean as the per-device peak, MFU is the run's total model FLOP/s
@@ -134,8 +140,9 @@ def mean_peak_flops_per_device(device_kinds: Sequence[str],
     TypeError: a kind or `dtype` is not a str.
   """
   if not device_kinds:
-    raise ValueError("device_kinds must name at least one device, got "
-                     f"{device_kinds!r}")
+    raise ValueError(
+        "device_kinds must name at least one device, got " f"{device_kinds!r}"
+    )
   peaks = [peak_flops_per_device(kind, dtype) for kind in device_kinds]
   if None in peaks:
     return None
@@ -159,19 +166,26 @@ def matmul_params(config: Any) -> int:
       `mlp_dim`, `num_layers` and `vocab_size`, and optionally the MoE
       fields above.
   """
-  e, h, k, d, m = (config.emb_dim, config.num_heads, config.num_kv_heads,
-                   config.head_dim, config.mlp_dim)
+  e, h, k, d, m = (
+      config.emb_dim,
+      config.num_heads,
+      config.num_kv_heads,
+      config.head_dim,
+      config.mlp_dim,
+  )
   attention = e * h * d + 2 * e * k * d + h * d * e
   experts = getattr(config, "num_experts", 0)
   if not experts:
-    return (config.num_layers * (attention + 3 * e * m) +
-            e * config.vocab_size)
+    return config.num_layers * (attention + 3 * e * m) + e * config.vocab_size
   dense = config.num_dense_layers
   width = config.moe_mlp_dim or m
   active = config.num_experts_per_token + config.num_shared_experts
   moe_layer = attention + e * experts + 3 * e * width * active
-  return (dense * (attention + 3 * e * m) +
-          (config.num_layers - dense) * moe_layer + e * config.vocab_size)
+  return (
+      dense * (attention + 3 * e * m)
+      + (config.num_layers - dense) * moe_layer
+      + e * config.vocab_size
+  )
 
 
 def training_flops_per_token(config: Any) -> int:
@@ -180,8 +194,13 @@ def training_flops_per_token(config: Any) -> int:
   `6 * matmul_params(config) + 12 * num_layers * num_heads * head_dim *
   max_sequence_length` (the module docstring states the convention).
   """
-  attention = (12 * config.num_layers * config.num_heads * config.head_dim *
-               config.max_sequence_length)
+  attention = (
+      12
+      * config.num_layers
+      * config.num_heads
+      * config.head_dim
+      * config.max_sequence_length
+  )
   return 6 * matmul_params(config) + attention
 
 
@@ -201,6 +220,7 @@ class StepThroughput:
     peak_flops_per_device: dense peak FLOP/s of one device, or None when
       unknown (then no MFU).
   """
+
   samples_per_step: int
   tokens_per_step: int
   flops_per_step: float
@@ -208,32 +228,53 @@ class StepThroughput:
   peak_flops_per_device: Optional[float] = None
   # Per-second figure = constant / step time; precomputed in __post_init__.
   _tflops_per_device_s: float = dataclasses.field(
-      init=False, repr=False, compare=False, default=0.0)
+      init=False, repr=False, compare=False, default=0.0
+  )
   _mfu_s: Optional[float] = dataclasses.field(
-      init=False, repr=False, compare=False, default=None)
+      init=False, repr=False, compare=False, default=None
+  )
 
   def __post_init__(self):
     set_field = object.__setattr__  # The dataclass is frozen.
-    set_field(self, "samples_per_step",
-              checks.check_int("samples_per_step", self.samples_per_step, 1))
-    set_field(self, "tokens_per_step",
-              checks.check_int("tokens_per_step", self.tokens_per_step, 1))
-    set_field(self, "flops_per_step",
-              checks.check_number("flops_per_step", self.flops_per_step,
-                                  positive=True))
-    set_field(self, "num_devices",
-              checks.check_int("num_devices", self.num_devices, 1))
+    set_field(
+        self,
+        "samples_per_step",
+        checks.check_int("samples_per_step", self.samples_per_step, 1),
+    )
+    set_field(
+        self,
+        "tokens_per_step",
+        checks.check_int("tokens_per_step", self.tokens_per_step, 1),
+    )
+    set_field(
+        self,
+        "flops_per_step",
+        checks.check_number(
+            "flops_per_step", self.flops_per_step, positive=True
+        ),
+    )
+    set_field(
+        self,
+        "num_devices",
+        checks.check_int("num_devices", self.num_devices, 1),
+    )
     if self.peak_flops_per_device is not None:
-      set_field(self, "peak_flops_per_device", checks.check_number(
-          "peak_flops_per_device", self.peak_flops_per_device, positive=True))
+      set_field(
+          self,
+          "peak_flops_per_device",
+          checks.check_number(
+              "peak_flops_per_device", self.peak_flops_per_device, positive=True
+          ),
+      )
     per_device = self.flops_per_step / self.num_devices
     set_field(self, "_tflops_per_device_s", per_device / _TERA)
     if self.peak_flops_per_device is not None:
       set_field(self, "_mfu_s", per_device / self.peak_flops_per_device)
 
   @classmethod
-  def for_run(cls, config: Any, device_kinds: Sequence[str],
-              dtype: Optional[str] = None) -> "StepThroughput":
+  def for_run(
+      cls, config: Any, device_kinds: Sequence[str], dtype: Optional[str] = None
+  ) -> "StepThroughput":
     """The constants of a run of `config` on devices of `device_kinds`.
 
     Args:
@@ -247,10 +288,8 @@ class StepThroughput:
     Raises:
       ValueError, TypeError: no devices, or a field out of range.
     """
-    samples = checks.check_int("global_batch_size", config.global_batch_size,
-                               1)
-    seq = checks.check_int("max_sequence_length",
-                           config.max_sequence_length, 1)
+    samples = checks.check_int("global_batch_size", config.global_batch_size, 1)
+    seq = checks.check_int("max_sequence_length", config.max_sequence_length, 1)
     tokens = samples * seq
     return cls(
         samples_per_step=samples,
@@ -258,7 +297,9 @@ class StepThroughput:
         flops_per_step=float(training_flops_per_token(config) * tokens),
         num_devices=len(device_kinds),
         peak_flops_per_device=mean_peak_flops_per_device(
-            device_kinds, config.compute_dtype if dtype is None else dtype))
+            device_kinds, config.compute_dtype if dtype is None else dtype
+        ),
+    )
 
   def figures(self, step_time: float) -> dict[str, float]:
     """Throughput of a step that took `step_time` seconds.

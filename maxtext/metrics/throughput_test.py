@@ -21,10 +21,18 @@ def _config(**overrides) -> ml_collections.ConfigDict:
 
 # The 1B-class model of the accelerators issue (16 layers, emb 2048, 16 heads,
 # 8 kv heads, head_dim 128, mlp 8192, vocab 32768, seq 1024, global batch 8).
-_ONE_B = dict(num_layers=16, emb_dim=2048, num_heads=16, num_kv_heads=8,
-              head_dim=128, mlp_dim=8192, vocab_size=32768,
-              max_sequence_length=1024, global_batch_size=8,
-              compute_dtype="bfloat16")
+_ONE_B = dict(
+    num_layers=16,
+    emb_dim=2048,
+    num_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    mlp_dim=8192,
+    vocab_size=32768,
+    max_sequence_length=1024,
+    global_batch_size=8,
+    compute_dtype="bfloat16",
+)
 
 
 class PeakTest(parameterized.TestCase):
@@ -57,17 +65,22 @@ class PeakTest(parameterized.TestCase):
       self.assertBetween(fp32, bf16 / 2, bf16)
 
   @parameterized.named_parameters(
-      ("kind", 3, "bfloat16", "device_kind"),
-      ("dtype", "TPU v4", None, "dtype"))
+      ("kind", 3, "bfloat16", "device_kind"), ("dtype", "TPU v4", None, "dtype")
+  )
   def test_peak_rejects_non_strings(self, kind, dtype, regex):
     with self.assertRaisesRegex(TypeError, regex):
       throughput.peak_flops_per_device(kind, dtype)
 
   def test_mean_peak_of_a_mix_and_of_an_unknown(self):
-    self.assertEqual(throughput.mean_peak_flops_per_device(
-        ["NVIDIA H200", "NVIDIA H100 PCIe"]), (989e12 + 756e12) / 2)
-    self.assertIsNone(throughput.mean_peak_flops_per_device(
-        ["NVIDIA H200", "cpu"]))
+    self.assertEqual(
+        throughput.mean_peak_flops_per_device(
+            ["NVIDIA H200", "NVIDIA H100 PCIe"]
+        ),
+        (989e12 + 756e12) / 2,
+    )
+    self.assertIsNone(
+        throughput.mean_peak_flops_per_device(["NVIDIA H200", "cpu"])
+    )
     with self.assertRaisesRegex(ValueError, "device_kinds"):
       throughput.mean_peak_flops_per_device([])
 
@@ -76,47 +89,69 @@ class FlopsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("base", {}),
-      ("grouped_query", dict(num_heads=4, num_kv_heads=2, head_dim=8,
-                             mlp_dim=48, num_layers=3, vocab_size=40)),
+      (
+          "grouped_query",
+          dict(
+              num_heads=4,
+              num_kv_heads=2,
+              head_dim=8,
+              mlp_dim=48,
+              num_layers=3,
+              vocab_size=40,
+          ),
+      ),
   )
   def test_matmul_params_are_the_models_matrices(self, overrides):
     config = _config(**overrides)
     shapes = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0)))
+        lambda: model.init_params(config, jax.random.PRNGKey(0))
+    )
     size = lambda x: int(np.prod(x.shape))
     layers = shapes["layers"]
-    expected = (sum(size(x) for x in jax.tree_util.tree_leaves(shapes)) -
-                size(shapes["embedding"]) - size(shapes["final_norm"]) -
-                size(layers["attn_norm"]) - size(layers["mlp_norm"]))
+    expected = (
+        sum(size(x) for x in jax.tree_util.tree_leaves(shapes))
+        - size(shapes["embedding"])
+        - size(shapes["final_norm"])
+        - size(layers["attn_norm"])
+        - size(layers["mlp_norm"])
+    )
     self.assertEqual(throughput.matmul_params(config), expected)
 
   @parameterized.named_parameters(
-      ("top2_shared_dense_first", dict(num_dense_layers=1,
-                                       num_shared_experts=1)),
+      (
+          "top2_shared_dense_first",
+          dict(num_dense_layers=1, num_shared_experts=1),
+      ),
       ("top1_all_moe", dict(num_experts_per_token=1, moe_mlp_dim=0)),
   )
   def test_moe_matmul_params_count_active_experts(self, overrides):
-    values = dict(num_layers=3, num_experts=8, num_experts_per_token=2,
-                  moe_mlp_dim=24)
+    values = dict(
+        num_layers=3, num_experts=8, num_experts_per_token=2, moe_mlp_dim=24
+    )
     values.update(overrides)
     config = _config(**values)
     shapes = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0)))
+        lambda: model.init_params(config, jax.random.PRNGKey(0))
+    )
+
     def size(x):
       return int(np.prod(x.shape))
 
     moe = shapes["moe_layers"]
     # Every matrix, minus the experts a token does not go through.
     inactive = (config.num_experts - config.num_experts_per_token) / (
-        config.num_experts)
+        config.num_experts
+    )
     expected = sum(size(x) for x in jax.tree_util.tree_leaves(shapes))
     expected -= size(shapes["embedding"]) + size(shapes["final_norm"])
     for stack in ("layers", "moe_layers"):
       if stack in shapes:
-        expected -= (size(shapes[stack]["attn_norm"]) +
-                     size(shapes[stack]["mlp_norm"]))
-    expected -= inactive * sum(size(moe[n]) for n in ("w_gate", "w_up",
-                                                      "w_down"))
+        expected -= size(shapes[stack]["attn_norm"]) + size(
+            shapes[stack]["mlp_norm"]
+        )
+    expected -= inactive * sum(
+        size(moe[n]) for n in ("w_gate", "w_up", "w_down")
+    )
     self.assertEqual(throughput.matmul_params(config), expected)
 
   def test_flops_per_token_convention(self):
@@ -124,36 +159,53 @@ class FlopsTest(parameterized.TestCase):
     # The 1B-class model has exactly 2**30 matmul parameters.
     self.assertEqual(throughput.matmul_params(config), 2**30)
     attention = 12 * 16 * 16 * 128 * 1024  # Full sequence, no causal half.
-    self.assertEqual(throughput.training_flops_per_token(config),
-                     6 * 2**30 + attention)
+    self.assertEqual(
+        throughput.training_flops_per_token(config), 6 * 2**30 + attention
+    )
 
   def test_reproduces_the_issues_h200_measurement(self):
     # The accelerators issue measured this model at 44,233 tokens/s on one
     # H200 and reported MFU 30.6% with the same convention and peak.
     run = throughput.StepThroughput.for_run(_config(**_ONE_B), ["NVIDIA H200"])
     step_time = run.tokens_per_step / 44233
-    self.assertAlmostEqual(run.figures(step_time)[throughput.MFU_KEY], 0.306,
-                           delta=0.0005)
+    self.assertAlmostEqual(
+        run.figures(step_time)[throughput.MFU_KEY], 0.306, delta=0.0005
+    )
 
 
 class StepThroughputTest(parameterized.TestCase):
 
   def test_figures(self):
     run = throughput.StepThroughput(
-        samples_per_step=8, tokens_per_step=8192, flops_per_step=4e15,
-        num_devices=4, peak_flops_per_device=1e15)
-    self.assertEqual(run.figures(0.5), {
-        "samples_per_s": 16.0, "tokens_per_s": 16384.0,
-        "tflops_per_device": 2000.0, "mfu": 2.0})
+        samples_per_step=8,
+        tokens_per_step=8192,
+        flops_per_step=4e15,
+        num_devices=4,
+        peak_flops_per_device=1e15,
+    )
+    self.assertEqual(
+        run.figures(0.5),
+        {
+            "samples_per_s": 16.0,
+            "tokens_per_s": 16384.0,
+            "tflops_per_device": 2000.0,
+            "mfu": 2.0,
+        },
+    )
     self.assertEqual(run.keys(), throughput.KEYS)
 
   def test_no_mfu_without_a_peak(self):
     run = throughput.StepThroughput(
-        samples_per_step=2, tokens_per_step=20, flops_per_step=3e12,
-        num_devices=3)
+        samples_per_step=2,
+        tokens_per_step=20,
+        flops_per_step=3e12,
+        num_devices=3,
+    )
     figures = run.figures(2.0)
-    self.assertEqual(figures, {"samples_per_s": 1.0, "tokens_per_s": 10.0,
-                               "tflops_per_device": 0.5})
+    self.assertEqual(
+        figures,
+        {"samples_per_s": 1.0, "tokens_per_s": 10.0, "tflops_per_device": 0.5},
+    )
     self.assertEqual(tuple(figures), run.keys())
 
   def test_zero_step_time_gives_infinite_figures(self):
@@ -164,20 +216,28 @@ class StepThroughputTest(parameterized.TestCase):
     config = _config(global_batch_size=4, max_sequence_length=16)
     run = throughput.StepThroughput.for_run(config, ["cpu"] * 2)
     self.assertEqual(
-        (run.samples_per_step, run.tokens_per_step, run.num_devices,
-         run.peak_flops_per_device),
-        (4, 64, 2, None))
-    self.assertEqual(run.flops_per_step,
-                     64 * throughput.training_flops_per_token(config))
+        (
+            run.samples_per_step,
+            run.tokens_per_step,
+            run.num_devices,
+            run.peak_flops_per_device,
+        ),
+        (4, 64, 2, None),
+    )
+    self.assertEqual(
+        run.flops_per_step, 64 * throughput.training_flops_per_token(config)
+    )
     self.assertNotIn(throughput.MFU_KEY, run.figures(1.0))
 
   def test_for_run_peak_follows_the_compute_dtype(self):
     kinds = ["NVIDIA H200"] * 8
     fp32 = throughput.StepThroughput.for_run(
-        _config(compute_dtype="float32"), kinds)
+        _config(compute_dtype="float32"), kinds
+    )
     self.assertEqual(fp32.peak_flops_per_device, 494.5e12)
     bf16 = throughput.StepThroughput.for_run(
-        _config(compute_dtype="float32"), kinds, dtype="bfloat16")
+        _config(compute_dtype="float32"), kinds, dtype="bfloat16"
+    )
     self.assertEqual(bf16.peak_flops_per_device, 989e12)
 
   def test_for_run_without_devices(self):
@@ -188,15 +248,28 @@ class StepThroughputTest(parameterized.TestCase):
       ("samples", dict(samples_per_step=0), ValueError, "samples_per_step"),
       ("tokens", dict(tokens_per_step=2.0), TypeError, "tokens_per_step"),
       ("flops", dict(flops_per_step=-1.0), ValueError, "flops_per_step"),
-      ("flops_nan", dict(flops_per_step=math.nan), ValueError,
-       "flops_per_step"),
+      (
+          "flops_nan",
+          dict(flops_per_step=math.nan),
+          ValueError,
+          "flops_per_step",
+      ),
       ("devices", dict(num_devices=True), TypeError, "num_devices"),
-      ("peak", dict(peak_flops_per_device=0.0), ValueError,
-       "peak_flops_per_device"),
+      (
+          "peak",
+          dict(peak_flops_per_device=0.0),
+          ValueError,
+          "peak_flops_per_device",
+      ),
   )
   def test_bad_arguments(self, override, error, regex):
-    args = dict(samples_per_step=1, tokens_per_step=1, flops_per_step=1.0,
-                num_devices=1, peak_flops_per_device=None)
+    args = dict(
+        samples_per_step=1,
+        tokens_per_step=1,
+        flops_per_step=1.0,
+        num_devices=1,
+        peak_flops_per_device=None,
+    )
     args.update(override)
     with self.assertRaisesRegex(error, regex):
       throughput.StepThroughput(**args)

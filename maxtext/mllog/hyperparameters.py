@@ -21,9 +21,22 @@ import numpy as np
 import yaml
 
 # Precision names the 6.1 disclosure keys accept.
-PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "fp8", "mxfp6", "nvfp4", "mxfp4",
-              "bfloat16", "Graphcore FLOAT 16.16", "int8", "uint8", "int4",
-              "uint4")
+PRECISIONS = (
+    "fp64",
+    "fp32",
+    "tf32",
+    "fp16",
+    "fp8",
+    "mxfp6",
+    "nvfp4",
+    "mxfp4",
+    "bfloat16",
+    "Graphcore FLOAT 16.16",
+    "int8",
+    "uint8",
+    "int4",
+    "uint4",
+)
 
 PRECISION_KEYS = (
     "lowest_numerical_precision_in_linear",
@@ -81,16 +94,24 @@ _DTYPE_PRECISION = {
     "float8_e4m3fn": "fp8",
     "float8_e5m2": "fp8",
 }
-_PRECISION_RANK = {"fp8": 0, "fp16": 1, "bfloat16": 1, "tf32": 2, "fp32": 3,
-                   "fp64": 4}
+_PRECISION_RANK = {
+    "fp8": 0,
+    "fp16": 1,
+    "bfloat16": 1,
+    "tf32": 2,
+    "fp32": 3,
+    "fp64": 4,
+}
 
 
 def precision_name(dtype: Any) -> str:
   """Maps a dtype (name or object) to its MLPerf precision name."""
   name = str(np.dtype(dtype).name) if not isinstance(dtype, str) else dtype
   if name not in _DTYPE_PRECISION:
-    raise ValueError(f"dtype {dtype!r} has no MLPerf precision name; known: "
-                     f"{sorted(_DTYPE_PRECISION)}")
+    raise ValueError(
+        f"dtype {dtype!r} has no MLPerf precision name; known: "
+        f"{sorted(_DTYPE_PRECISION)}"
+    )
   return _DTYPE_PRECISION[name]
 
 
@@ -150,8 +171,10 @@ def hyperparameters_from_config(
   if expert_parallelism is None:
     expert_parallelism = getattr(config, "expert_parallelism", 1)
   if not 0 <= warmup_steps <= schedule_steps:
-    raise ValueError(f"warmup_steps must be in [0, schedule_steps="
-                     f"{schedule_steps}], got {warmup_steps}")
+    raise ValueError(
+        f"warmup_steps must be in [0, schedule_steps="
+        f"{schedule_steps}], got {warmup_steps}"
+    )
   if end_learning_rate is None:
     end_learning_rate = config.learning_rate * config.lr_end_fraction
   linear = precision_name(config.compute_dtype)
@@ -192,8 +215,9 @@ def hyperparameters_from_config(
   return out
 
 
-def rules_require_key(rules_dir: str, division: str, benchmark: str,
-                      key: str) -> bool:
+def rules_require_key(
+    rules_dir: str, division: str, benchmark: str, key: str
+) -> bool:
   """Whether a checker rule file requires `key` in the log.
 
   Args:
@@ -213,7 +237,10 @@ def rules_require_key(rules_dir: str, division: str, benchmark: str,
     entries = yaml.safe_load(f) or []
   for entry in entries:
     rule = entry.get("KEY") if isinstance(entry, dict) else None
-    if (isinstance(rule, dict) and rule.get("NAME") == key and
-        rule.get("REQ") in _REQUIRING):
+    if (
+        isinstance(rule, dict)
+        and rule.get("NAME") == key
+        and rule.get("REQ") in _REQUIRING
+    ):
       return True
   return False

@@ -27,12 +27,14 @@ DIRNAME = "data_iterator"
 
 
 def _path(checkpoint_dir: str, step: int, process_index: int) -> str:
-  return os.path.join(checkpoint_dir, DIRNAME, str(step),
-                      f"process_{process_index}.json")
+  return os.path.join(
+      checkpoint_dir, DIRNAME, str(step), f"process_{process_index}.json"
+  )
 
 
-def save(checkpoint_dir: str, step: int, process_index: int,
-         state: dict[str, Any]) -> Optional[str]:
+def save(
+    checkpoint_dir: str, step: int, process_index: int, state: dict[str, Any]
+) -> Optional[str]:
   """Writes one process's state for checkpoint `step`; returns the path.
 
   Returns None (writing nothing) for a gs:// checkpoint directory.
@@ -57,8 +59,9 @@ def save(checkpoint_dir: str, step: int, process_index: int,
   return path
 
 
-def load(checkpoint_dir: str, step: int,
-         process_index: int) -> Optional[dict[str, Any]]:
+def load(
+    checkpoint_dir: str, step: int, process_index: int
+) -> Optional[dict[str, Any]]:
   """This process's state for checkpoint `step`, or None if none was saved.
 
   Raises:

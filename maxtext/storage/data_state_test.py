@@ -13,12 +13,12 @@ class DataStateTest(absltest.TestCase):
     root = self.create_tempdir().full_path
     for index in (0, 1):
       data_state.save(root, 8, index, {"kind": "grain", "index": index})
-    self.assertEqual(data_state.load(root, 8, 1), {"kind": "grain",
-                                                   "index": 1})
+    self.assertEqual(data_state.load(root, 8, 1), {"kind": "grain", "index": 1})
     self.assertIsNone(data_state.load(root, 4, 0))  # Never saved.
     self.assertEqual(
         sorted(os.listdir(os.path.join(root, data_state.DIRNAME, "8"))),
-        ["process_0.json", "process_1.json"])
+        ["process_0.json", "process_1.json"],
+    )
 
   def test_prune_keeps_the_checkpointed_steps(self):
     root = self.create_tempdir().full_path

@@ -77,7 +77,8 @@ class GrainTrainTest(absltest.TestCase):
     # The checkpoint carries the pipeline's position, which the resume
     # restores (a different tokenizer or process count would be refused).
     state = data_state.load(
-        os.path.join(first.run_dir, "checkpoints"), _HALF, 0)
+        os.path.join(first.run_dir, "checkpoints"), _HALF, 0
+    )
     self.assertEqual((state["kind"], state["step"]), ("grain", _HALF))
     second = trainer.run(self._config("resumed", _STEPS))
     self.assertEqual(second.start_step, _HALF)
