@@ -327,7 +327,12 @@ class Engine:
       return optax.apply_updates(params, updates), new_opt
 
     def eval_loss(params, batch):
-      return self._loss_fn(params, batch)[0]
+      loss, aux = self._loss_fn(params, batch)
+      if isinstance(aux, dict) and "moe" in aux:
+        # The eval metric is the cross entropy alone; a mixture-of-experts
+        # training loss also holds the weighted load-balancing loss.
+        return aux["loss_sum"] / jnp.maximum(aux["num_tokens"], 1e-8)
+      return loss
 
     # One compiled variant of the micro-step per (first, last) position in the
     # step: the first takes no accumulator, the last also takes the step

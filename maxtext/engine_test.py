@@ -106,6 +106,26 @@ class FlattenTest(parameterized.TestCase):
 
 class EngineTest(parameterized.TestCase):
 
+  def test_eval_of_a_mixture_of_experts_is_the_cross_entropy(self):
+    # A mixture-of-experts loss adds its weighted balance loss (here 0.5) to
+    # the cross entropy; the eval metric is the cross entropy alone.
+    def loss_fn(params, batch):
+      err = batch["x"] @ params["w"] + params["b"] - batch["y"]
+      loss_sum, num_tokens = jnp.sum(err**2), jnp.float32(err.size)
+      aux = {
+          "loss_sum": loss_sum,
+          "num_tokens": num_tokens,
+          "moe": {"aux_loss": jnp.float32(0.5)},
+      }
+      return loss_sum / num_tokens + 0.5, aux
+
+    (batch,) = make_batches(1)
+    engine = make_engine(loss_fn)
+    err = batch["x"] @ np.zeros((3, 1), np.float32) - batch["y"]
+    np.testing.assert_allclose(
+        float(engine.eval_step(batch)), float(np.mean(err**2)), rtol=1e-6
+    )
+
   @parameterized.named_parameters(("k1", 1), ("k2", 2), ("k3", 3))
   def test_step_metrics_and_parameter_update(self, k):
     # K=1 runs the first-and-last micro-step variant, K=2 first then last,

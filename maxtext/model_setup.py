@@ -49,7 +49,10 @@ def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
       mesh=mesh,
       abstract_params=abstract,
       param_shardings=mesh_lib.param_shardings(
-          model.param_partition_specs(abstract, fsdp), mesh
+          model.param_partition_specs(
+              abstract, fsdp, expert_size=mesh_lib.expert_size(mesh)
+          ),
+          mesh,
       ),
       batch_sharding=mesh_lib.batch_sharding(mesh),
   )
