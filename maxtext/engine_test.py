@@ -119,7 +119,7 @@ class EngineTest(parameterized.TestCase):
       }
       return loss_sum / num_tokens + 0.5, aux
 
-    (batch,) = make_batches(1)
+    batch = make_batches(1)[0]
     engine = make_engine(loss_fn)
     err = batch["x"] @ np.zeros((3, 1), np.float32) - batch["y"]
     np.testing.assert_allclose(
