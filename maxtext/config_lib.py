@@ -49,6 +49,7 @@ def _fail(key: str, value: Any, why: str) -> ValueError:
 
 
 def _check_types(values: dict[str, Any]) -> None:
+  """Checks that `values` has exactly base.py's fields, each of its type."""
   missing = sorted(set(FIELD_TYPES) - set(values))
   if missing:
     raise ValueError(
@@ -222,7 +223,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise _fail(
         "attention",
         "cudnn",
-        "needs compute_dtype bfloat16 or " "float16, got 'float32'",
+        "needs compute_dtype bfloat16 or float16, got 'float32'",
     )
   if v["attention"] == "cudnn" and v["hardware"] not in ("gpu", "auto"):
     # With "auto", model.attention_implementation refuses a non-GPU backend.
@@ -486,7 +487,8 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   get_config = getattr(module, "get_config", None)
   if not callable(get_config):
     raise ValueError(f"config file {path!r} defines no get_config()")
-  config = get_config()
+  # get_config is callable (checked above); pylint infers only getattr's None.
+  config = get_config()  # pylint: disable=not-callable
   if not isinstance(config, ml_collections.ConfigDict):
     raise ValueError(
         f"get_config() of {path!r} returned "

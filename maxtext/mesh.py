@@ -1,14 +1,16 @@
 """The device mesh and how parameters and batches are laid out on it.
 
-Every run is built on a mesh with two named axes, ("data", "fsdp"); one CPU is a 1x1
-mesh, so single- and multi-device runs share the same code. Batches are split over
-both axes (every device holds a different slice of the batch); parameters, and the
-optimizer state that mirrors them, are split over "fsdp" and replicated over "data".
+Every run is built on a mesh with two named axes, ("data", "fsdp"); one CPU is
+a 1x1 mesh, so single- and multi-device runs share the same code. Batches are
+split over both axes (every device holds a different slice of the batch);
+parameters, and the optimizer state that mirrors them, are split over "fsdp"
+and replicated over "data".
 
-With `expert_parallelism` > 1 the mesh has a third axis, "expert": the experts of
-the mixture-of-experts layers are split over it (`model.param_partition_specs`
-with `expert_size`), and batches are split over it as well, so its devices do
-not repeat each other's work outside the experts.
+With `expert_parallelism` > 1 the mesh has a third axis, "expert": the experts
+of the mixture-of-experts layers are split over it
+(`model.param_partition_specs` with `expert_size`), and batches are split over
+it as well, so its devices do not repeat each other's work outside the
+experts.
 """
 
 import math
@@ -30,8 +32,8 @@ def mesh_shape(
   """Resolves the (data, fsdp) sizes; -1 means "all devices the other leaves".
 
   Raises:
-    ValueError: the sizes are not positive (or -1), both are -1, or their product
-      is not the number of devices.
+    ValueError: the sizes are not positive (or -1), both are -1, or their
+      product is not the number of devices.
   """
   sizes = {
       "data_parallelism": data_parallelism,
@@ -58,8 +60,10 @@ def mesh_shape(
     return (rest, known) if data_parallelism == -1 else (known, rest)
   if data_parallelism * fsdp_parallelism != num_devices:
     raise ValueError(
-        f"data_parallelism={data_parallelism} x fsdp_parallelism={fsdp_parallelism} = "
-        f"{data_parallelism * fsdp_parallelism} does not match the {num_devices} devices"
+        f"data_parallelism={data_parallelism} x "
+        f"fsdp_parallelism={fsdp_parallelism} = "
+        f"{data_parallelism * fsdp_parallelism} does not match the "
+        f"{num_devices} devices"
     )
   return data_parallelism, fsdp_parallelism
 
@@ -84,8 +88,8 @@ def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   shape = mesh_shape(
       config.data_parallelism, config.fsdp_parallelism, len(devices) // experts
   )
-  # Processes own contiguous blocks of the device list, so data-parallel groups line
-  # up with hosts and FSDP collectives stay within a host where they can.
+  # Processes own contiguous blocks of the device list, so data-parallel groups
+  # line up with hosts and FSDP collectives stay within a host where they can.
   if experts == 1:
     return Mesh(np.asarray(devices).reshape(shape), BATCH_AXES)
   return Mesh(
@@ -116,9 +120,10 @@ def check_batch_layout(config, mesh: Mesh) -> None:
   micro = config.global_batch_size // config.gradient_accumulation_steps
   if micro % shards:
     raise ValueError(
-        f"global_batch_size={config.global_batch_size} / gradient_accumulation_steps="
-        f"{config.gradient_accumulation_steps} = {micro} sequences per micro-batch is "
-        f"not divisible by the {shards} batch shards (data x fsdp x expert devices)"
+        f"global_batch_size={config.global_batch_size} / "
+        f"gradient_accumulation_steps={config.gradient_accumulation_steps} = "
+        f"{micro} sequences per micro-batch is not divisible by the {shards} "
+        f"batch shards (data x fsdp x expert devices)"
     )
   if config.eval_batch_size % shards:
     raise ValueError(
@@ -128,8 +133,9 @@ def check_batch_layout(config, mesh: Mesh) -> None:
   processes = jax.process_count()
   if micro % processes or config.eval_batch_size % processes:
     raise ValueError(
-        f"micro-batch size {micro} and eval_batch_size={config.eval_batch_size} must "
-        f"be divisible by the {processes} processes"
+        f"micro-batch size {micro} and "
+        f"eval_batch_size={config.eval_batch_size} must be divisible by the "
+        f"{processes} processes"
     )
 
 
@@ -153,8 +159,8 @@ def global_batch(
   """Assembles this process's rows into global arrays sharded as `sharding`.
 
   Args:
-    local_batch: name -> [local_rows, ...] NumPy arrays: this process's contiguous
-      share of the global batch, in process order.
+    local_batch: name -> [local_rows, ...] NumPy arrays: this process's
+      contiguous share of the global batch, in process order.
     sharding: the batch sharding.
 
   Returns:

@@ -1,4 +1,7 @@
-"""Tests for the mesh layout rules (one CPU device here; 8 devices in mesh_8dev_test)."""
+"""Tests for the mesh layout rules.
+
+One CPU device here; mesh_8dev_test runs them on 8 devices.
+"""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -10,6 +13,7 @@ from maxtext import mesh as mesh_lib
 
 
 def _config(**overrides):
+  """A ConfigDict with the mesh and batch fields, updated by `overrides`."""
   config = ml_collections.ConfigDict(
       dict(
           data_parallelism=-1,

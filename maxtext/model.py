@@ -320,7 +320,7 @@ def _attend_splash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   queries are dropped. Off a TPU the kernel runs in Pallas interpret mode
   (slow; for checking numerics on the CPU).
   """
-  b, s, h, d = q.shape
+  _, s, h, d = q.shape
   padded = -(-s // _SPLASH_BLOCK) * _SPLASH_BLOCK
   block = 512 if padded % 512 == 0 else _SPLASH_BLOCK
 

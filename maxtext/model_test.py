@@ -20,6 +20,7 @@ from maxtext.storage import checkpointing
 
 
 def _tiny_config(**overrides):
+  """base.py's config shrunk to a CPU-sized model, updated by `overrides`."""
   config = base.get_config()
   config.vocab_size = 32
   config.emb_dim = 32
@@ -53,6 +54,7 @@ def _tokens(config, batch=2, seed=0):
 
 
 def _batch(config, batch=2, weights=False):
+  """A random batch of inputs and targets, with loss weights if `weights`."""
   out = {
       "inputs": _tokens(config, batch=batch, seed=1),
       "targets": _tokens(config, batch=batch, seed=2),
@@ -100,6 +102,7 @@ class AttentionImplementationTest(parameterized.TestCase):
   def _check_matches_einsum(
       self, implementation, seq, heads, kv_heads, head_dim
   ):
+    """Checks `implementation` matches einsum's outputs, loss and grads."""
     reference = _tiny_config(
         max_sequence_length=seq,
         num_heads=heads,
@@ -341,7 +344,9 @@ class ModelTest(parameterized.TestCase):
         np.broadcast_to(rng.normal(size=(1, 1, 1, 8)), (1, 12, 1, 8)),
         jnp.float32,
     )
-    rq, rk = model._rope(q, 10000.0), model._rope(k, 10000.0)  # pylint: disable=protected-access
+    # RoPE's relative-position property is only observable on _rope itself.
+    # pylint: disable-next=protected-access
+    rq, rk = model._rope(q, 10000.0), model._rope(k, 10000.0)
     scores = jnp.einsum("bsnd,btnd->st", rq, rk)
     np.testing.assert_allclose(scores[5, 2], scores[9, 6], rtol=1e-5)
     np.testing.assert_allclose(scores[3, 3], scores[11, 11], rtol=1e-5)

@@ -106,7 +106,10 @@ class FlopsTest(parameterized.TestCase):
     shapes = jax.eval_shape(
         lambda: model.init_params(config, jax.random.PRNGKey(0))
     )
-    size = lambda x: int(np.prod(x.shape))
+
+    def size(x):
+      return int(np.prod(x.shape))
+
     layers = shapes["layers"]
     expected = (
         sum(size(x) for x in jax.tree_util.tree_leaves(shapes))
