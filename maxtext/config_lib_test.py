@@ -15,6 +15,7 @@ import yaml
 from maxtext import config_lib
 from maxtext import optimizer
 from maxtext.configs import base
+from maxtext.mllog import hyperparameters as mllog_hyperparameters
 from maxtext.mllog import rules
 
 _CONFIG_DIR = os.path.join(
@@ -23,7 +24,12 @@ _CONFIG_DIR = os.path.join(
 
 
 def _config_files():
-  return sorted(glob.glob(os.path.join(_CONFIG_DIR, "*.py")))
+  """The config files beside base.py (their tests are not config files)."""
+  return sorted(
+      path
+      for path in glob.glob(os.path.join(_CONFIG_DIR, "*.py"))
+      if not path.endswith("_test.py")
+  )
 
 
 def _load(name):
@@ -368,14 +374,45 @@ class ValidateTest(parameterized.TestCase):
           with self.subTest(
               ruleset=ruleset, division=division, benchmark=benchmark
           ):
+            # A benchmark whose closed rules require moe_aux_loss_coeff is
+            # a mixture-of-experts model: the closed run needs experts
+            # (test_closed_moe_benchmark_refuses_a_dense_model).
+            experts = division == "closed" and (
+                mllog_hyperparameters.rules_require_key(
+                    rules.ruleset_dir(ruleset),
+                    "closed",
+                    benchmark,
+                    mllog_hyperparameters.MOE_AUX_LOSS_COEFF,
+                )
+            )
+            moe = (
+                dict(num_experts=4, num_experts_per_token=2, moe_mlp_dim=64)
+                if experts
+                else {}
+            )
             config_lib.validate(
                 _with(
                     self.config,
                     mllog_ruleset=ruleset,
                     submission_division=division,
                     submission_benchmark=benchmark,
+                    **moe,
                 )
             )
+
+  def test_closed_moe_benchmark_refuses_a_dense_model(self):
+    with self.assertRaisesRegex(
+        ValueError,
+        r"config\.num_experts=0: a closed deepseekv3_671b run needs a model "
+        r"with experts",
+    ):
+      config_lib.validate(
+          _with(
+              self.config,
+              submission_division="closed",
+              submission_benchmark="deepseekv3_671b",
+          )
+      )
 
   def test_locked_config_rejects_a_misspelt_override(self):
     config = _load("default")
