@@ -298,8 +298,9 @@ class FailureModesTest(parameterized.TestCase):
   def run_on_tmpfs(self, mount, size, args):
     """Runs train_main with a `size` tmpfs at `mount`; returns the process
     and a copy of what it left on the tmpfs."""
-    if not tmpfs.available():
-      self.skipTest("needs `unshare -Urm` and tmpfs mounts")
+    self.assertTrue(
+        tmpfs.available(), "the test needs `unshare -Urm` and tmpfs mounts"
+    )
     os.makedirs(mount)
     left = self.create_tempdir().full_path
     command = runfiles.train_main_command()

@@ -221,8 +221,11 @@ class PreflightTest(parameterized.TestCase):
         text=True,
         check=False,
     )
-    if probe.returncode:
-      self.skipTest(f"no user namespace mounts here: {probe.stderr.strip()}")
+    self.assertEqual(
+        probe.returncode,
+        0,
+        f"the test needs user namespace mounts: {probe.stderr.strip()}",
+    )
     code = (
         "import sys\n"
         "from maxtext import preflight\n"

@@ -11,8 +11,7 @@ the command left on the tmpfs out first, so a test can inspect it.
 Writes past `size` fail with a real ENOSPC ("No space left on device").
 `RLIMIT_FSIZE` would give EFBIG, and `/dev/full` fails a single file only.
 
-    if not tmpfs.available():
-      self.skipTest("needs `unshare -Urm` and tmpfs mounts")
+    self.assertTrue(tmpfs.available(), "needs `unshare -Urm` and tmpfs")
     subprocess.run(tmpfs.command(mount, "64k", [sys.executable, ...],
                                  copy_to=out), ...)
 """

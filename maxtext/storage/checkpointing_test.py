@@ -475,8 +475,9 @@ class FullDiskTest(parameterized.TestCase):
       ("in_wait", "wait"), ("in_next_save", "next_save"), ("in_close", "close")
   )
   def test_full_disk(self, mode):
-    if not tmpfs.available():
-      self.skipTest("needs `unshare -Urm` and tmpfs mounts")
+    self.assertTrue(
+        tmpfs.available(), "the test needs `unshare -Urm` and tmpfs mounts"
+    )
     mount = self.create_tempdir().full_path
     directory = os.path.join(mount, "checkpoints")
     env = dict(
