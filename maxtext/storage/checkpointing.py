@@ -335,6 +335,8 @@ class Checkpointer:
     # The step of the save orbax may still be writing in the background:
     # its errors surface later, in wait(), the next save() or close().
     self._pending_step = None
+    if not _is_url(self._directory):
+      self._remove_tmp_directories(None)
     self._manager = ocp.CheckpointManager(
         self._directory,
         # Handlers rather than names, so that item_metadata() reads the
@@ -354,8 +356,12 @@ class Checkpointer:
             # keeps all.
             max_to_keep=self._max_to_keep or None,
             create=True,
-            # Removes what a killed run's unfinished save left behind.
-            cleanup_tmp_directories=True,
+            # What a killed run's unfinished save left behind goes at
+            # open: for a local directory removed here, synchronously
+            # (orbax's own cleanup runs in a thread that close() does not
+            # wait for, and a run refused right after the open would exit
+            # under it); for a remote one by orbax.
+            cleanup_tmp_directories=_is_url(self._directory),
             enable_async_checkpointing=True,
         ),
     )
@@ -476,7 +482,8 @@ class Checkpointer:
     ) from error
 
   def _remove_tmp_directories(self, step: Optional[int]) -> None:
-    """Removes orbax's temporary directory of a failed save of `step`."""
+    """Removes orbax's temporary directory of a failed save of `step` (of
+    every step when None)."""
     # Process 0 owns the directory layout (it is the one that renames a
     # finished save into place); a remote directory is left to orbax's
     # cleanup_tmp_directories at the next open.

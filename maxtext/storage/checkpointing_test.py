@@ -124,6 +124,16 @@ class CheckpointingTest(parameterized.TestCase):
     self.addCleanup(ckpt.close)
     return ckpt
 
+  def test_open_removes_what_a_killed_save_left(self):
+    ckpt = self.make_checkpointer()
+    ckpt.save(2, make_state(1.0, self.sharding), {}, force=True)
+    ckpt.close()
+    leftover = os.path.join(self.directory, "4.orbax-checkpoint-tmp-99")
+    os.makedirs(os.path.join(leftover, "state"))
+    reopened = self.make_checkpointer()
+    self.assertFalse(os.path.exists(leftover))
+    self.assertEqual(reopened.all_steps(), [2])
+
   def test_round_trip_onto_shardings(self):
     ckpt = self.make_checkpointer()
     state = make_state(3.0, self.sharding)
