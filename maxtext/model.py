@@ -97,6 +97,19 @@ def _dtype(name: str) -> jnp.dtype:
   return jnp.dtype(name)
 
 
+def _truncated_normal_init(rng: jax.Array, count: int, dtype):
+  """`normal(shape, fan_in)`: the next of `count` keys split from `rng`,
+  truncated at 2 standard deviations of 1 / sqrt(fan_in), in `dtype`."""
+  keys = iter(jax.random.split(rng, count))
+
+  def normal(shape, fan_in):
+    std = 1.0 / math.sqrt(fan_in)
+    x = jax.random.truncated_normal(next(keys), -2.0, 2.0, shape, jnp.float32)
+    return (x * std).astype(dtype)
+
+  return normal
+
+
 def init_params(config, rng: jax.Array) -> Params:
   """Initialises the parameters.
 
@@ -121,13 +134,7 @@ def init_params(config, rng: jax.Array) -> Params:
       config.mlp_dim,
   )
   dtype = _dtype(config.weight_dtype)
-  keys = iter(jax.random.split(rng, 9))
-
-  def normal(shape, fan_in):
-    std = 1.0 / math.sqrt(fan_in)
-    x = jax.random.truncated_normal(next(keys), -2.0, 2.0, shape, jnp.float32)
-    return (x * std).astype(dtype)
-
+  normal = _truncated_normal_init(rng, 9, dtype)
   return {
       "embedding": normal((v, e), 1),
       "layers": {
@@ -156,12 +163,7 @@ def _init_moe_params(config, rng: jax.Array) -> Params:
       config.mlp_dim,
   )
   dtype = _dtype(config.weight_dtype)
-  keys = iter(jax.random.split(rng, 32))
-
-  def normal(shape, fan_in):
-    std = 1.0 / math.sqrt(fan_in)
-    x = jax.random.truncated_normal(next(keys), -2.0, 2.0, shape, jnp.float32)
-    return (x * std).astype(dtype)
+  normal = _truncated_normal_init(rng, 32, dtype)
 
   def attention(l):
     return {
