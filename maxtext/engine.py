@@ -499,7 +499,9 @@ class Engine:
     for full_name, leaf in flatten_metrics(name, value):
       self._recorder.buffer_metrics(self._step, full_name, leaf)
 
-  def update(self, *, discard: bool = False) -> metrics_recorder.MetricsBuffer:
+  def update(
+      self, *, discard: bool = False, release: bool = False
+  ) -> metrics_recorder.MetricsBuffer:
     """Flushes the step's metrics and runs the optimizer; keeps its result
     only if the flush succeeded and the gradients were finite.
 
@@ -508,6 +510,8 @@ class Engine:
         step with non-finite gradients, but have every program of a real
         update compiled (the warm-up before a run's timed region): the
         donating apply is compiled, not run; the step counter advances.
+      release: the returned buffer leaves the recorder (the caller keeps
+        it), so a training loop's recorder history never grows.
 
     Returns:
       The step's flushed MetricsBuffer (micro-batch metrics plus
@@ -564,6 +568,8 @@ class Engine:
     self._update_packed = None
     self._step += 1
     self._micro = 0
+    if release:
+      self._recorder.get_metrics_history(clear=True)
     return buffer
 
   def eval_step(self, batch) -> jax.Array:

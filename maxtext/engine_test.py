@@ -106,6 +106,13 @@ class FlattenTest(parameterized.TestCase):
 
 class EngineTest(parameterized.TestCase):
 
+  def test_released_buffer_leaves_the_recorder(self):
+    eng = make_engine(k=1)
+    eng.fwd_bwd(make_batches(1)[0])
+    buf = eng.update(release=True)
+    self.assertEqual(eng.recorder.get_metrics_history(), [])
+    self.assertIn("loss", buf.scalar_metrics)  # The caller's copy stays.
+
   def test_eval_of_a_mixture_of_experts_is_the_cross_entropy(self):
     # A mixture-of-experts loss adds its weighted balance loss (here 0.5) to
     # the cross entropy; the eval metric is the cross entropy alone.

@@ -319,10 +319,8 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
       if unwritten is not None:
         finished, unwritten = unwritten, None
         last_train = _write(listeners, finished)
-      buffer = engine.update()
-      # The buffer leaves the recorder (it lives on in its record), so the
-      # recorder's history never grows.
-      engine.recorder.get_metrics_history(clear=True)
+      # The step's buffer leaves the recorder: it lives on in its record.
+      buffer = engine.update(release=True)
       state.samples += config.global_batch_size
       completed, now = step + 1, time.monotonic()
       unwritten = _Finished(step, buffer, now - step_start, state.samples)

@@ -194,8 +194,8 @@ class _EngineWay:
   def step(self, batch):
     for _ in range(self.k):
       self.engine.fwd_bwd(batch)
-    out = self.engine.update().scalar_metrics
-    self.engine.recorder.cleanup()  # The trainer releases each written step.
+    # As the trainer: the step's buffer leaves the recorder.
+    out = self.engine.update(release=True).scalar_metrics
     jax.block_until_ready(self.engine.params)
     return out
 
