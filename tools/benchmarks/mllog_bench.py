@@ -276,7 +276,8 @@ def main(argv):
       f"{'cpu added':>10} {'main ms/step':>13} {'main added':>11} "
       f"{'slowest/median':>15}"
   )
-  worst = worst_cpu = worst_main = 0.0
+  # The CPU shares may be negative (noise), so their worst starts below any.
+  worst, worst_cpu, worst_main = 0.0, float("-inf"), float("-inf")
   off_cpu = np.asarray(process_cpu["off"])
   off_main = np.asarray(thread_cpu["off"])
   for way in _WAYS:
