@@ -106,6 +106,30 @@ def _check_relative_name(key: str, value: str) -> None:
     )
 
 
+def _check_mla(v) -> None:
+  """The multi-head latent attention fields (maxtext/mla.py)."""
+  _one_of(v, "attention_type", ("gqa", "mla"))
+  for key in (
+      "q_lora_rank",
+      "kv_lora_rank",
+      "qk_nope_head_dim",
+      "qk_rope_head_dim",
+      "v_head_dim",
+  ):
+    _at_least(v, key, 0)
+  if v["attention_type"] != "mla":
+    return
+  for key in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+    _at_least(v, key, 1)
+  _at_least(v, "qk_rope_head_dim", 2)
+  if v["qk_rope_head_dim"] % 2:
+    raise _fail(
+        "qk_rope_head_dim",
+        v["qk_rope_head_dim"],
+        "must be even (rotary embeddings)",
+    )
+
+
 def _check_moe(v) -> None:
   """The mixture-of-experts fields (maxtext/moe.py)."""
   for key in (
@@ -234,6 +258,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     )
   _one_of(v, "remat_policy", ("none", "full", "save_dots", "save_named"))
   _at_least(v, "loss_chunk_size", 0)
+  _check_mla(v)
   _check_moe(v)
 
   # Data.
@@ -294,6 +319,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   # Evaluation and monitoring.
   _at_least(v, "eval_interval", 1)
+  _at_least(v, "first_eval_samples", 0)
+  if v["first_eval_samples"] % v["global_batch_size"]:
+    raise _fail(
+        "first_eval_samples",
+        v["first_eval_samples"],
+        f"must be a multiple of global_batch_size={v['global_batch_size']}",
+    )
   _at_least(v, "eval_steps", 1)
   _at_least(v, "eval_batch_size", 1)
   if v["target_eval_loss"] < 0:

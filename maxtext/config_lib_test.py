@@ -281,6 +281,33 @@ class ValidateTest(parameterized.TestCase):
           {"gcs_request_timeout_seconds": 0.0},
           "gcs_request_timeout_seconds=0.0",
       ),
+      ("unknown_attention_type", {"attention_type": "mqa"}, "attention_type"),
+      (
+          "mla_without_latent_rank",
+          {
+              "attention_type": "mla",
+              "qk_nope_head_dim": 16,
+              "qk_rope_head_dim": 8,
+              "v_head_dim": 16,
+          },
+          "kv_lora_rank=0",
+      ),
+      (
+          "mla_odd_rope_width",
+          {
+              "attention_type": "mla",
+              "kv_lora_rank": 32,
+              "qk_nope_head_dim": 16,
+              "qk_rope_head_dim": 7,
+              "v_head_dim": 16,
+          },
+          "qk_rope_head_dim=7: must be even",
+      ),
+      (
+          "first_eval_off_the_batch",
+          {"first_eval_samples": 20},
+          "first_eval_samples=20: must be a multiple of global_batch_size",
+      ),
       (
           "mllog_file_on_gcs",
           {"mllog_file": "gs://b/mllog.log"},
@@ -363,6 +390,19 @@ class ValidateTest(parameterized.TestCase):
     )
     config_lib.validate(_with(self.config, warmup_steps=10, steps=10))
     config_lib.validate(_with(self.config, seed=-1))  # Drawn at the start.
+    config_lib.validate(
+        _with(
+            self.config,
+            attention_type="mla",
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+        )
+    )
+    config_lib.validate(
+        _with(self.config, first_eval_samples=3 * self.config.global_batch_size)
+    )
     config_lib.validate(
         _with(self.config, base_output_directory="gs://bucket/prefix")
     )

@@ -82,6 +82,24 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_kv_heads = 4
   config.head_dim = 32  # Width of one attention head.
   config.mlp_dim = 512  # Hidden width of the SwiGLU MLP.
+  # Attention layout: "gqa" (query heads sharing grouped key/value heads:
+  # num_heads, num_kv_heads, head_dim) or "mla" (DeepSeek-V2/V3 multi-head
+  # latent attention, maxtext/mla.py: low-rank query and key/value
+  # projections, a rotary key part shared by the heads; num_heads and the
+  # five fields below; num_kv_heads and head_dim unused).
+  config.attention_type = "gqa"
+  # MLA: rank of the queries' low-rank bottleneck. 0 = queries projected
+  # straight from the residual stream.
+  config.q_lora_rank = 0
+  # MLA: rank of the compressed key/value latent shared by all heads.
+  config.kv_lora_rank = 0
+  # MLA: width of each head's query/key part without rotary embedding.
+  config.qk_nope_head_dim = 0
+  # MLA: width of the query/key part with rotary embedding (even); the key's
+  # is one vector per position, shared by the heads.
+  config.qk_rope_head_dim = 0
+  # MLA: width of each head's value (and attention output).
+  config.v_head_dim = 0
   # Tokens per training sequence (the model sees inputs of this length).
   config.max_sequence_length = 64
   # Base of the rotary position embedding frequencies.
@@ -181,6 +199,11 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ------------------------------------------------------------ evaluation
   config.eval_interval = 100  # Evaluate every this many steps (and at the end).
+  # Samples trained before the first evaluation (a multiple of
+  # global_batch_size); later ones follow every eval_interval steps after it.
+  # 0 = the first at eval_interval steps. MLPerf deepseekv3_671b fixes the
+  # first evaluation's sample count.
+  config.first_eval_samples = 0
   config.eval_steps = 4  # Eval batches per evaluation.
   config.eval_batch_size = 16  # Sequences per eval batch, over all processes.
   # Stop with success when the mean eval loss (nats per token) is <= this.

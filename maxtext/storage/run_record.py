@@ -64,6 +64,7 @@ RESUMABLE_FIELDS = frozenset(
         # i is the same batch in every attempt). The eval batch size is not
         # here: it changes which sequences each eval batch holds.
         "eval_interval",
+        "first_eval_samples",
         "eval_steps",
         # When to log, profile and checkpoint; how many checkpoints to keep.
         "log_period",
