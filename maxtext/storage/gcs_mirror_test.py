@@ -11,6 +11,7 @@ from absl.testing import parameterized
 
 from maxtext.storage import gcs_mirror
 from testing import gcs_emulator
+from testing import polling
 
 _BUCKET = "mirror-test"
 
@@ -21,15 +22,6 @@ def _write(root, files):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
       f.write(data)
-
-
-def _wait_until(predicate, timeout_s=30.0):
-  """Polls `predicate` until it holds; fails the test after `timeout_s`."""
-  deadline = time.monotonic() + timeout_s
-  while not predicate():
-    if time.monotonic() > deadline:
-      raise AssertionError(f"condition not reached within {timeout_s} s")
-    time.sleep(0.02)
 
 
 def _files(tag):
@@ -67,7 +59,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     _write(self.local, _files("first"))
     mirror = self._mirror()
     mirror.request_sync()
-    _wait_until(lambda: mirror.stats().passes >= 1)
+    polling.wait_until(lambda: mirror.stats().passes >= 1)
     _write(
         self.local,
         {
@@ -95,7 +87,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     # the next pass, which only close() forces.
     mirror = self._mirror(min_interval_s=3600.0)
     mirror.request_sync()
-    _wait_until(
+    polling.wait_until(
         lambda: mirror.stats().passes == 1 and not mirror.stats().pending
     )
     self.assertEqual(mirror.stats().files_uploaded, len(files))
@@ -126,7 +118,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     mirror = self._mirror(client_factory=slow_factory)
     for _ in range(3):
       mirror.request_sync()  # Returns although the pass cannot progress.
-    _wait_until(lambda: mirror.stats().pending)
+    polling.wait_until(lambda: mirror.stats().pending)
     self.assertEqual(mirror.stats().passes, 0)
     release.set()
     self.assertTrue(mirror.close())
@@ -144,7 +136,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     )
     with self.assertLogs(level="WARNING") as logs:
       mirror.request_sync()
-      _wait_until(lambda: mirror.stats().failed_passes >= 1)
+      polling.wait_until(lambda: mirror.stats().failed_passes >= 1)
       ok = mirror.close()
     self.assertFalse(ok)
     # The final pass gave up on its own deadline; close() did not have to
@@ -168,7 +160,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
         emulator=emulator, request_timeout_s=1.0, final_timeout_s=30.0
     )
     mirror.request_sync()
-    _wait_until(lambda: mirror.stats().passes >= 1)
+    polling.wait_until(lambda: mirror.stats().passes >= 1)
 
     emulator.kill()
     # Over 8 MiB: a resumable upload, in several requests.
@@ -181,7 +173,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     )
     with self.assertLogs(level="WARNING") as logs:
       mirror.request_sync()
-      _wait_until(lambda: mirror.stats().failed_passes >= 1)
+      polling.wait_until(lambda: mirror.stats().failed_passes >= 1)
     self.assertTrue(any("upload pass failed" in m for m in logs.output))
 
     emulator.start()
@@ -322,7 +314,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
         final_timeout_s=300.0,
     )
     mirror.request_sync()
-    _wait_until(lambda: mirror.stats().last_error is not None)
+    polling.wait_until(lambda: mirror.stats().last_error is not None)
     self.assertTrue(mirror.stats().unreachable)
     start = time.monotonic()
     with self.assertLogs(level="WARNING") as logs:
@@ -389,7 +381,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
         final_timeout_s=60.0,
     )
     mirror.request_sync()
-    _wait_until(lambda: mirror.stats().last_error is not None)
+    polling.wait_until(lambda: mirror.stats().last_error is not None)
     self.assertFalse(mirror.stats().unreachable)
     self.assertEqual(mirror.stats().passes, 0)
     lift = threading.Timer(2.0, setattr, (proxy, "delay_s", 0.0))

@@ -15,6 +15,7 @@ from absl.testing import parameterized
 
 from maxtext.storage import run_lock
 from testing import gcs_emulator
+from testing import polling
 
 _BUCKET = "lock-test"
 
@@ -72,15 +73,6 @@ class _Holder:
     self.process.wait(timeout=30)
     self.process.stdout.close()
     self.process.stderr.close()
-
-
-def _wait_until(predicate, timeout_s=30.0):
-  """Polls `predicate` until it holds; fails the test after `timeout_s`."""
-  deadline = time.monotonic() + timeout_s
-  while not predicate():
-    if time.monotonic() > deadline:
-      raise AssertionError(f"condition not reached within {timeout_s} s")
-    time.sleep(0.02)
 
 
 class LocalLockTest(parameterized.TestCase):
@@ -247,7 +239,7 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
     interval = 1.0  # Generous: refreshes must not miss 3N on a busy host.
     locks = self._acquire(refresh_interval_s=interval)
     generations = {self._lock_object()[0]}
-    _wait_until(
+    polling.wait_until(
         lambda: generations.add(self._lock_object()[0]) or len(generations) >= 3
     )
     # Longer than 3N after the first write, and still refused: refreshed.
@@ -283,7 +275,7 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
     second = self._acquire(
         refresh_interval_s=0.2, clock=lambda: time.time() + 3600.0
     )
-    _wait_until(lambda: first.remote_locks[0].lost is not None)
+    polling.wait_until(lambda: first.remote_locks[0].lost is not None)
     with self.assertRaisesRegex(
         run_lock.RunLockError, "taken over|locked by another run"
     ):
@@ -314,7 +306,7 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
       run_lock.acquire_run_locks([local])
     # When the bucket answers again, the refresh thread takes the lock.
     down.start()
-    _wait_until(lambda: locks.remote_locks[0].held)
+    polling.wait_until(lambda: locks.remote_locks[0].held)
     blob = down.client().bucket(_BUCKET).get_blob(f"{self.prefix}/.run.lock")
     self.assertEqual(
         json.loads(blob.download_as_bytes())["run_id"], locks.holder.run_id
