@@ -2,7 +2,8 @@
 
 `start(config, ...)` opens the attempt's log and writes what precedes the
 model's initialisation (`cache_clear`, `init_start`, the `submission_*`
-keys); the listener then writes the rest as the run reports it:
+keys, the platform's metadata naming the source revision); the listener then
+writes the rest as the run reports it:
 
   on_run_start   hyperparameters, warmup_time, init_stop, run_start,
                  block_start
@@ -32,6 +33,7 @@ from maxtext.metrics import throughput as throughput_lib
 from maxtext.mllog import cache_flush
 from maxtext.mllog import hyperparameters as mllog_hyperparameters
 from maxtext.mllog import logger as mllog_logger
+from maxtext.storage import build_info
 from maxtext.storage import run_dir as run_dir_lib
 
 
@@ -181,6 +183,7 @@ def start(
     data_parallelism: int,
     config_filename: str,
     throughput: Optional[throughput_lib.StepThroughput] = None,
+    build: Optional[build_info.BuildInfo] = None,
 ) -> MLLogListener:
   """Opens the attempt's MLPerf log and writes its initialisation events.
 
@@ -197,6 +200,9 @@ def start(
     config_filename: the config file's name, for the 6.1 disclosure.
     throughput: the run's throughput constants, for each step's
       tracked_stats (samples/s, tokens/s, TFLOP/s per device, MFU).
+    build: the source the run was built from, named in the log's
+      submission_platform metadata; pass the one config.json records
+      (default: `build_info.current()` when the log is written).
 
   Returns:
     The listener; its logger writes nothing when `enable_mllog` is off or
@@ -217,7 +223,7 @@ def start(
           "MLPerf log: cache_clear is logged False: %s", flush.reason
       )
   logger = mllog_logger.create_mllogger(
-      config, path, process_index=process_index
+      config, path, process_index=process_index, build=build
   )
   logger.cache_clear(flushed)
   logger.init_start()

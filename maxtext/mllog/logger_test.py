@@ -16,6 +16,7 @@ from mlperf_logging.mllog import mllog as official_mllog
 import numpy as np
 
 from maxtext.mllog import logger as mllog_utils
+from maxtext.storage import build_info
 from testing import compliance_checker
 
 
@@ -546,6 +547,63 @@ class MllogUtilsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, pattern):
       mllog_utils.create_mllogger(
           config, os.path.join(self.dir, "m.log"), process_index=0
+      )
+    self.assertEqual(os.listdir(self.dir), [])
+
+  def test_platform_event_names_the_revision_and_the_checker_passes(self):
+    build = build_info.BuildInfo("ab" * 20 + "+dirty", "stamped", "2025")
+    logger = mllog_utils.create_mllogger(
+        _config(),
+        os.path.join(self.dir, "mllog.log"),
+        process_index=0,
+        build=build,
+    )
+    _write_run(logger, _config(), target=1.0)
+    logger.close()
+
+    result = compliance_checker.run_checker(logger.path, ruleset="6.1.0")
+    self.assertTrue(result.passed, result.output)
+    self.assertEmpty(result.messages, result.output)
+    events = _read_events(logger.path)
+    named = [e for e in events if "git_revision" in e["metadata"]]
+    self.assertEqual([e["key"] for e in named], ["submission_platform"])
+    self.assertEqual(named[0]["value"], "cpu-1x")
+    self.assertEqual(named[0]["metadata"]["git_revision"], "ab" * 20 + "+dirty")
+    self.assertEqual(named[0]["metadata"]["git_revision_source"], "stamped")
+
+  def test_default_revision_is_this_programs(self):
+    logger = mllog_utils.create_mllogger(
+        _config(), os.path.join(self.dir, "mllog.log"), process_index=0
+    )
+    logger.submission_info()
+    logger.close()
+    (event,) = [
+        e
+        for e in _read_events(logger.path)
+        if e["key"] == mllog_utils.REVISION_EVENT
+    ]
+    # Git may move between two asks in a shared checkout: the form and the
+    # source are what this checks, the value is build_info's own test.
+    self.assertRegex(
+        event["metadata"][mllog_utils.REVISION_METADATA],
+        r"^([0-9a-f]{40}(\+dirty)?|unknown)$",
+    )
+    self.assertIn(
+        event["metadata"]["git_revision_source"],
+        (
+            build_info.SOURCE_STAMPED,
+            build_info.SOURCE_GIT,
+            build_info.SOURCE_UNKNOWN,
+        ),
+    )
+
+  def test_a_build_that_is_not_build_info_is_refused_before_the_file(self):
+    with self.assertRaisesRegex(TypeError, "build must be a build_info"):
+      mllog_utils.create_mllogger(
+          _config(),
+          os.path.join(self.dir, "m.log"),
+          process_index=0,
+          build={"git_revision": "unknown"},
       )
     self.assertEqual(os.listdir(self.dir), [])
 
