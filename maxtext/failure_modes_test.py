@@ -121,6 +121,24 @@ class FailureModesTest(parameterized.TestCase):
         check=False,
     )
 
+  def signal_after_checkpoint(self, run_name, step, signum):
+    """Runs `run_name` without end until the checkpoint of `step` is
+    finished, sends `signum`, and waits for the process to end.
+
+    Returns:
+      (the process, its stderr, the run's checkpoint directory).
+    """
+    checkpoints = os.path.join(self.out, run_name, "checkpoints")
+    proc = self.start(self.flags(run_name, steps=_FOREVER))
+    self.wait_for(
+        proc,
+        lambda: step in _finished_step_dirs(checkpoints),
+        f"the checkpoint of step {step}",
+    )
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=_TIMEOUT_S)
+    return proc, stderr, checkpoints
+
   def wait_for(self, proc, condition, what):
     """Polls until condition() holds; fails if proc exits first or times out."""
     deadline = time.monotonic() + _TIMEOUT_S
@@ -215,15 +233,9 @@ class FailureModesTest(parameterized.TestCase):
 
   def test_killed_run_leaves_no_stale_lock(self):
     run_dir = os.path.join(self.out, "killed")
-    checkpoints = os.path.join(run_dir, "checkpoints")
-    victim = self.start(self.flags("killed", steps=_FOREVER))
-    self.wait_for(
-        victim,
-        lambda: 3 in _finished_step_dirs(checkpoints),
-        "the checkpoint of step 3",
+    victim, _, checkpoints = self.signal_after_checkpoint(
+        "killed", 3, signal.SIGKILL
     )
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate(timeout=_TIMEOUT_S)
     # The lock file stays, naming a dead holder; the kernel dropped the lock.
     with open(os.path.join(run_dir, run_lock.LOCK_FILE_NAME), "rb") as f:
       self.assertEqual(run_lock.Holder.from_bytes(f.read()).pid, victim.pid)
@@ -243,15 +255,9 @@ class FailureModesTest(parameterized.TestCase):
 
   def test_damaged_newest_checkpoint_is_set_aside(self):
     run_dir = os.path.join(self.out, "damaged")
-    checkpoints = os.path.join(run_dir, "checkpoints")
-    first = self.start(self.flags("damaged", steps=_FOREVER))
-    self.wait_for(
-        first,
-        lambda: 6 in _finished_step_dirs(checkpoints),
-        "the checkpoint of step 6",
+    first, stderr, checkpoints = self.signal_after_checkpoint(
+        "damaged", 6, signal.SIGTERM
     )
-    first.send_signal(signal.SIGTERM)
-    _, stderr = first.communicate(timeout=_TIMEOUT_S)
     self.assertEqual(first.returncode, 1, stderr[-3000:])
     steps = _checkpoint_steps(checkpoints)
     newest, older = steps[-1], steps[-2]

@@ -27,6 +27,17 @@ def _events(path):
     ]
 
 
+def _start(config, out):
+  """The MLPerf listener of a single-process run of `config` in `out`."""
+  return mllog_listener.start(
+      config,
+      out,
+      process_index=0,
+      data_parallelism=1,
+      config_filename="tiny.py",
+  )
+
+
 class FlushCacheTest(parameterized.TestCase):
 
   def test_command_that_succeeds_flushes(self):
@@ -206,13 +217,7 @@ class ListenerStartTest(parameterized.TestCase):
     config = tiny_configs.tiny_config(
         out, cache_clear_command=command, **overrides
     )
-    listener = mllog_listener.start(
-        config,
-        out,
-        process_index=0,
-        data_parallelism=1,
-        config_filename="tiny.py",
-    )
+    listener = _start(config, out)
     listener.on_run_start(interface.RunStart(0, 0))
     samples = 3 * config.global_batch_size
     listener.on_eval_start(2, samples)
@@ -270,13 +275,7 @@ class ListenerStartTest(parameterized.TestCase):
     config = tiny_configs.tiny_config(
         out, enable_mllog=False, cache_clear_command=f"touch {marker}"
     )
-    listener = mllog_listener.start(
-        config,
-        out,
-        process_index=0,
-        data_parallelism=1,
-        config_filename="tiny.py",
-    )
+    listener = _start(config, out)
     listener.close()
     self.assertFalse(os.path.exists(marker))
     self.assertFalse(listener.logger.enabled)
