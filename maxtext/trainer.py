@@ -6,7 +6,7 @@ in-process. One run:
   validate config -> jax.distributed -> run_state.build (mesh, run
   directory, outputs, model, data, checkpoint restore) -> warm-up steps on
   placeholder batches (compilation before the timed region) -> on_run_start ->
-  steps (K micro-batches, update, records, eval every eval_interval,
+  steps (K micro-batches, update, records, evals as `eval_schedule` says,
   checkpoint between steps) -> on_run_end -> close.
 
 The loop knows no output: it reports to the run's listeners (console, JSONL,
@@ -25,6 +25,7 @@ import jax
 
 from maxtext import config_lib
 from maxtext import distributed
+from maxtext import eval_schedule
 from maxtext import preemption
 from maxtext import preflight
 from maxtext import run_state as run_state_lib
@@ -329,9 +330,7 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
         step_callback(completed, unwritten.step_time)
       skips.check(step, buffer)
 
-      eval_due = (
-          completed % config.eval_interval == 0 or completed == config.steps
-      )
+      eval_due = eval_schedule.eval_due(config, completed)
       stopping = stop.should_stop(completed)
       save_due = state.checkpointer.due(completed) or completed == config.steps
       if not (eval_due or stopping or save_due):

@@ -268,6 +268,29 @@ class TrainerTest(parameterized.TestCase):
         _run_stop_status(os.path.join(result.run_dir, "mllog.log")), "success"
     )
 
+  def test_first_eval_samples_places_the_first_eval(self):
+    # First eval after 2 steps (16 samples of 8), then every 3 steps, and at
+    # the end of the 7-step budget: after steps 2, 5 and 7.
+    config = tiny_configs.tiny_config(
+        self.root,
+        run_name="first_eval",
+        steps=7,
+        first_eval_samples=16,
+        checkpoint_period=0,
+    )
+    result = trainer.run(config)
+    self.assertEqual(result.status, trainer.RunOutcome.COMPLETED)
+    records = _records(result.run_dir)
+    self.assertEqual(_steps(records, "eval"), [1, 4, 6])
+    self.assertEqual(_steps(records, "train"), list(range(7)))
+    # The MLPerf log's eval_accuracy counts the samples trained at each eval.
+    evals = [
+        e["metadata"]["samples_count"]
+        for e in _mllog_events(os.path.join(result.run_dir, "mllog.log"))
+        if e["key"] == "eval_accuracy"
+    ]
+    self.assertEqual(evals, [16, 40, 56])
+
   def test_resume_equals_uninterrupted(self):
     first = trainer.run(_config(self.root, "resumed", steps=_HALF))
     self.assertEqual(
