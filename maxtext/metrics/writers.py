@@ -63,6 +63,17 @@ _TB_FLUSH_SECONDS = 30.0
 METRICS_FILENAME = jsonl.METRICS_FILENAME
 read_jsonl = jsonl.read_jsonl
 
+# The console line's figures, in order: (record key, label, format). A key
+# the step's figures lack is left out of the line.
+_CONSOLE_FIGURES = (
+    (jsonl.LOSS_KEY, "loss", ".4f"),
+    (jsonl.LEARNING_RATE_KEY, "lr", ".3e"),
+    (jsonl.GRAD_NORM_KEY, "grad_norm", ".3f"),
+    (jsonl.TOKENS_PER_SECOND_KEY, "tokens/s", ",.0f"),
+    (throughput_lib.SAMPLES_PER_SECOND_KEY, "samples/s", ",.1f"),
+    (throughput_lib.TFLOPS_PER_DEVICE_KEY, "TFLOP/s/device", ".4g"),
+    (throughput_lib.MFU_KEY, "MFU", ".1%"),
+)
 # Names a train write adds itself; metrics may not use them.
 _TRAIN_TIMING_KEYS = frozenset(
     {jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY, *throughput_lib.KEYS}
@@ -307,29 +318,18 @@ class MetricLogger:
     self._window_seconds = 0.0
     self._window_steps = 0
     remaining = max(self._total_steps - step - 1, 0)
-    parts = [f"step {step}/{self._total_steps}"]
-    for key, label, fmt in (
-        (jsonl.LOSS_KEY, "loss", ".4f"),
-        (jsonl.LEARNING_RATE_KEY, "lr", ".3e"),
-        (jsonl.GRAD_NORM_KEY, "grad_norm", ".3f"),
-    ):
-      if key in values:
-        parts.append(f"{label} {_format_number(values[key], fmt)}")
     tokens_per_s = (
         self._tokens_per_step / mean_step_time
         if mean_step_time > 0
         else float("inf")
     )
-    parts.append(f"tokens/s {_format_number(tokens_per_s, ',.0f')}")
+    figures = {**values, jsonl.TOKENS_PER_SECOND_KEY: tokens_per_s}
     if self._throughput is not None:
-      figures = self._throughput.figures(mean_step_time)
-      for key, label, fmt in (
-          (throughput_lib.SAMPLES_PER_SECOND_KEY, "samples/s", ",.1f"),
-          (throughput_lib.TFLOPS_PER_DEVICE_KEY, "TFLOP/s/device", ".4g"),
-          (throughput_lib.MFU_KEY, "MFU", ".1%"),
-      ):
-        if key in figures:
-          parts.append(f"{label} {_format_number(figures[key], fmt)}")
+      figures.update(self._throughput.figures(mean_step_time))
+    parts = [f"step {step}/{self._total_steps}"]
+    for key, label, fmt in _CONSOLE_FIGURES:
+      if key in figures:
+        parts.append(f"{label} {_format_number(figures[key], fmt)}")
     parts.append(f"step_time {mean_step_time:.3f}s")
     parts.append(f"ETA {_format_duration(remaining * mean_step_time)}")
     logging.info("%s", " | ".join(parts))
