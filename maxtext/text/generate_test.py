@@ -1,0 +1,161 @@
+"""Samples from a tiny model trained on the stdlib's sources."""
+
+import json
+import os
+import shutil
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from maxtext import trainer
+from maxtext.text import generate
+from maxtext.text import stdlib_run
+from testing import tiny_configs
+
+_STEPS = 6
+_OPTIONS = dict(max_new_tokens=24, num_samples=2)
+
+
+class GenerateTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    tmp = absltest.get_default_test_tmpdir()
+    os.makedirs(tmp, exist_ok=True)
+    cls.root = tempfile.mkdtemp(prefix="generate_test_", dir=tmp)
+    cls.data = stdlib_run.prepare_data(cls.root)
+    # Checkpoints at steps 3 and 6.
+    cls.result = stdlib_run.train(cls.root, cls.data, "text", _STEPS)
+    cls.loaded = generate.load_run(cls.result.run_dir)
+
+  def test_loads_the_newest_checkpoint_and_the_recorded_tokenizer(self):
+    self.assertEqual(self.loaded.step, _STEPS)
+    self.assertEqual(self.loaded.tokenizer.vocab_size, stdlib_run.VOCAB_SIZE)
+    self.assertEqual(self.loaded.eod_id, self.loaded.tokenizer.eod_id)
+    older = generate.load_run(self.result.run_dir, step=3)
+    self.assertEqual(older.step, 3)
+    # Three more steps changed the parameters: the steps are not mixed up.
+    self.assertFalse(
+        (older.params["embedding"] == self.loaded.params["embedding"]).all()
+    )
+
+  def test_same_seed_same_text_and_the_text_round_trips(self):
+    first = generate.generate(
+        self.loaded, "import ", temperature=1.0, seed=5, **_OPTIONS
+    )
+    again = generate.generate(
+        self.loaded, "import ", temperature=1.0, seed=5, **_OPTIONS
+    )
+    self.assertEqual(first, again)
+    self.assertLen(first, 2)
+    for text in first:
+      self.assertIsInstance(text, str)
+      # Valid text: it encodes back to ids that decode to it again.
+      tok = self.loaded.tokenizer
+      self.assertEqual(tok.decode(tok.encode(text)), text)
+
+  def test_other_seeds_draw_other_ids(self):
+    draws = {
+        tuple(
+            map(
+                tuple,
+                generate.generate_ids(
+                    self.loaded,
+                    [self.loaded.eod_id],
+                    temperature=1.0,
+                    seed=seed,
+                    **_OPTIONS,
+                ),
+            )
+        )
+        for seed in range(3)
+    }
+    # 2 x 24 draws from 400 ids at temperature 1 after 6 steps: equal
+    # draws for two seeds would mean the seed is ignored.
+    self.assertLen(draws, 3)
+
+  def test_greedy_ignores_the_seed_and_top_k_one_is_greedy(self):
+    greedy = [
+        generate.generate_ids(self.loaded, [5, 6, 7], seed=seed, **_OPTIONS)
+        for seed in (0, 1)
+    ]
+    self.assertEqual(greedy[0], greedy[1])
+    self.assertEqual(greedy[0][0], greedy[0][1])
+    top_one = generate.generate_ids(
+        self.loaded, [5, 6, 7], temperature=2.0, top_k=1, seed=3, **_OPTIONS
+    )
+    self.assertEqual(top_one, greedy[0])
+
+  def test_a_continuation_longer_than_the_window(self):
+    # 16 prompt ids fill the window; 24 more slide it.
+    ids = generate.generate_ids(
+        self.loaded, [1] * 16, temperature=1.0, seed=1, **_OPTIONS
+    )
+    self.assertLen(ids[0], 24)
+    self.assertTrue(all(0 <= i < stdlib_run.VOCAB_SIZE for i in ids[0]))
+
+  @parameterized.named_parameters(
+      ("long_prompt", dict(prompt_ids=[1] * 17), "more than the model's"),
+      ("negative_temperature", dict(temperature=-1.0), "temperature must"),
+      ("negative_top_k", dict(top_k=-1), "top_k must be >= 0"),
+      ("no_new_tokens", dict(max_new_tokens=0), "max_new_tokens must"),
+      ("id_outside_vocab", dict(prompt_ids=[400]), "outside the model's"),
+  )
+  def test_bad_options_are_named(self, changes, message):
+    options = dict(prompt_ids=[1, 2], max_new_tokens=4)
+    options.update(changes)
+    with self.assertRaisesRegex(ValueError, message):
+      generate.generate_ids(self.loaded, **options)
+
+  def test_no_checkpoint_and_no_step_are_named(self):
+    empty = os.path.join(self.root, "empty")
+    shutil.copytree(
+        self.result.run_dir,
+        empty,
+        ignore=shutil.ignore_patterns("checkpoints"),
+    )
+    with self.assertRaisesRegex(ValueError, "holds no checkpoint"):
+      generate.load_run(empty)
+    with self.assertRaisesRegex(ValueError, r"step=4: .*steps \[3, 6\]"):
+      generate.load_run(self.result.run_dir, step=4)
+    with self.assertRaisesRegex(ValueError, "holds no config.json"):
+      generate.load_run(self.root)
+
+  def test_changed_or_missing_tokenizer_is_refused(self):
+    data = os.path.join(self.root, "copied_data")
+    shutil.copytree(self.data, data)
+    run_dir = os.path.join(self.root, "copied_run")
+    shutil.copytree(self.result.run_dir, run_dir)
+    path = os.path.join(run_dir, "config.json")
+    with open(path, encoding="utf-8") as f:
+      document = json.load(f)
+    document["provenance"]["data"]["data_dir"] = data
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(document, f)
+    tokenizer = os.path.join(data, "tokenizer.model")
+    with open(tokenizer, "ab") as f:
+      f.write(b"\0")
+    with self.assertRaisesRegex(ValueError, "changed since the run trained"):
+      generate.load_run(run_dir)
+    os.remove(tokenizer)
+    with self.assertRaisesRegex(ValueError, "tokenizer .*: missing"):
+      generate.load_run(run_dir)
+
+  def test_a_run_without_tokenizer_samples_ids(self):
+    result = trainer.run(
+        tiny_configs.tiny_config(
+            self.root, run_name="synthetic", steps=3, enable_mllog=False
+        )
+    )
+    run = generate.load_run(result.run_dir)
+    self.assertIsNone(run.tokenizer)
+    ids = generate.generate_ids(run, [1, 2, 3], max_new_tokens=5)
+    self.assertLen(ids[0], 5)
+    with self.assertRaisesRegex(ValueError, r"--prompt_ids=1,2,3"):
+      generate.generate(run, "text", max_new_tokens=5)
+
+
+if __name__ == "__main__":
+  absltest.main()

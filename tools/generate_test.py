@@ -1,0 +1,65 @@
+"""End-to-end test of //tools:generate on a run trained on stdlib text."""
+
+import os
+import tempfile
+
+from absl.testing import absltest
+
+from maxtext.text import generate
+from maxtext.text import stdlib_run
+from testing import runfiles
+
+
+def _run(*args):
+  return runfiles.run_binary("tools/generate", list(args), timeout_s=300)
+
+
+class GenerateMainTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    tmp = absltest.get_default_test_tmpdir()
+    os.makedirs(tmp, exist_ok=True)
+    cls.root = tempfile.mkdtemp(prefix="generate_main_test_", dir=tmp)
+    data = stdlib_run.prepare_data(cls.root)
+    cls.run_dir = stdlib_run.train(cls.root, data, "text", 3).run_dir
+
+  def test_prints_the_continuations_the_library_draws(self):
+    options = dict(max_new_tokens=12, temperature=1.0, top_k=20, seed=4)
+    expected = generate.generate(
+        generate.load_run(self.run_dir), "def ", num_samples=2, **options
+    )
+    done = _run(
+        f"--run_dir={self.run_dir}",
+        "--prompt=def ",
+        "--num_samples=2",
+        *(f"--{k}={v}" for k, v in options.items()),
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertEqual(
+        done.stdout,
+        f"generate: {self.run_dir} step 3, temperature 1, top_k 20, seed 4\n"
+        f"=== sample 1/2 ===\ndef {expected[0]}\n"
+        f"=== sample 2/2 ===\ndef {expected[1]}\n",
+    )
+
+  def test_bad_input_is_a_one_line_error(self):
+    for args, message in (
+        (
+            [f"--run_dir={self.run_dir}", "--prompt=x", "--temperature=-1"],
+            "generate: error: temperature must be >= 0 (0 = greedy), got -1.0",
+        ),
+        (
+            [f"--run_dir={self.root}", "--prompt_ids=1,2"],
+            f"generate: error: run_dir={self.root!r}: holds no config.json; "
+            "is it a run directory written by train_main?",
+        ),
+    ):
+      done = _run(*args)
+      self.assertEqual(done.returncode, 2, done.stderr)
+      self.assertEqual(done.stderr.strip().splitlines(), [message])
+
+
+if __name__ == "__main__":
+  absltest.main()
