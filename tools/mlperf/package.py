@@ -17,8 +17,14 @@ with the line
 
 Exit status: 0 when the package checker found no errors, 1 when it found
 some, 2 when the runs were refused (mixed divisions, the wrong number of runs
-for the benchmark, a log failing the compliance checker) or the arguments are
-wrong. Relative paths resolve against the directory the command was run from.
+for the benchmark, runs recorded under different git revisions, in the closed
+division a run whose revision is not the packager's clean one, a log failing
+the compliance checker) or the arguments are wrong. Relative paths resolve
+against the directory the command was run from.
+
+The implementation directory's build_info.json names the packager's git
+revision; in the open division a run that does not record it (or records an
+unknown or modified tree) is a WARNING line, not a refusal.
 """
 
 from collections.abc import Sequence

@@ -15,6 +15,8 @@ import json
 import os
 from typing import Any, Optional
 
+from maxtext.mllog import logger as mllog_logger
+
 LINE_PREFIX = ":::MLLOG "
 
 # The log keys a submission is described by, and the RunLog fields they fill.
@@ -46,7 +48,9 @@ class RunLog:
     ruleset: the config's `mllog_ruleset`.
     seed: the logged `seed`, or None when the log has none.
     config: the resolved config (config.json's "config").
-    provenance: config.json's "provenance" (versions, devices).
+    provenance: config.json's "provenance" (versions, devices, revision).
+    log_revision: the git revision the MLPerf log names (the metadata of
+      its `submission_platform` event), or None for a log that names none.
   """
 
   run_dir: str
@@ -60,6 +64,13 @@ class RunLog:
   seed: Optional[int]
   config: dict[str, Any]
   provenance: dict[str, Any]
+  log_revision: Optional[str] = None
+
+  @property
+  def git_revision(self) -> str:
+    """The revision config.json records; "unknown" where it records none."""
+    revision = self.provenance.get("git_revision")
+    return revision if isinstance(revision, str) and revision else "unknown"
 
 
 def read_events(log_path: str) -> list[dict[str, Any]]:
@@ -137,9 +148,14 @@ def read_run(run_dir: str) -> RunLog:
         f"exists): a result must be one uninterrupted run"
     )
   found: dict[str, Any] = {}
-  seed = None
+  seed = log_revision = None
   for event in read_events(log_path):
     key = event.get("key")
+    if key == mllog_logger.REVISION_EVENT and log_revision is None:
+      metadata = event.get("metadata")
+      if isinstance(metadata, dict):
+        revision = metadata.get(mllog_logger.REVISION_METADATA)
+        log_revision = str(revision) if revision is not None else None
     if key in _SUBMISSION_KEYS and _SUBMISSION_KEYS[key] not in found:
       found[_SUBMISSION_KEYS[key]] = event.get("value")
     elif key == "seed" and seed is None and isinstance(event.get("value"), int):
@@ -154,5 +170,6 @@ def read_run(run_dir: str) -> RunLog:
       seed=seed,
       config=config,
       provenance=dict(document.get("provenance") or {}),
+      log_revision=log_revision,
       **{k: str(v) for k, v in found.items()},
   )

@@ -17,7 +17,7 @@ _SUBMISSION = {
 }
 
 
-def _line(key, value):
+def _line(key, value, metadata=None):
   return (
       ":::MLLOG "
       + json.dumps(
@@ -27,7 +27,7 @@ def _line(key, value):
               "event_type": "POINT_IN_TIME",
               "key": key,
               "value": value,
-              "metadata": {},
+              "metadata": metadata or {},
           }
       )
       + "\n"
@@ -42,6 +42,7 @@ def write_run_dir(
     mllog_file="",
     log_name="mllog.log",
     config_json=True,
+    revision=None,
 ):
   """A run directory as maxtext.trainer writes one (config.json + log)."""
   os.makedirs(path, exist_ok=True)
@@ -50,7 +51,11 @@ def write_run_dir(
       json.dump(
           {
               "config": {"mllog_ruleset": "6.1.0", "mllog_file": mllog_file},
-              "provenance": {"jax_version": "9.9", "device_count": 1},
+              "provenance": {
+                  "jax_version": "9.9",
+                  "device_count": 1,
+                  **({"git_revision": revision} if revision else {}),
+              },
           },
           f,
       )
@@ -60,7 +65,8 @@ def write_run_dir(
     for key, value in (
         submission if submission is not None else _SUBMISSION
     ).items():
-      f.write(_line(key, value))
+      named = revision if key == "submission_platform" else None
+      f.write(_line(key, value, named and {"git_revision": named}))
     f.write(_line("seed", seed))
   return path
 
@@ -81,6 +87,18 @@ class ReadRunTest(parameterized.TestCase):
     self.assertEqual(run.seed, 7)
     self.assertEqual(run.provenance["jax_version"], "9.9")
     self.assertEqual(run.log_path, os.path.join(self.tmp, "r", "mllog.log"))
+
+  def test_reads_the_revision_of_config_json_and_of_the_log(self):
+    run = run_logs.read_run(
+        write_run_dir(os.path.join(self.tmp, "r"), revision="c" * 40)
+    )
+    self.assertEqual(run.git_revision, "c" * 40)
+    self.assertEqual(run.log_revision, "c" * 40)
+
+  def test_a_run_recording_no_revision_is_unknown(self):
+    run = run_logs.read_run(write_run_dir(os.path.join(self.tmp, "r")))
+    self.assertEqual(run.git_revision, "unknown")
+    self.assertIsNone(run.log_revision)
 
   def test_reads_the_log_the_config_names(self):
     log = os.path.join(self.tmp, "elsewhere.log")

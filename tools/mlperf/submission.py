@@ -2,9 +2,11 @@
 
 `build_package(out_dir, runs)` refuses runs that cannot make one submission
 (mixed divisions or other submission fields, the wrong number of runs for the
-benchmark, a log the compliance checker fails), then writes the tree that
-`tools.mlperf.layout` describes and runs the official package checker, the RCP
-checker (closed division) and the result summarizer on it.
+benchmark, runs built from other source than the packaged implementation as
+`tools.mlperf.provenance` rules, a log the compliance checker fails), then
+writes the tree that `tools.mlperf.layout` describes, with the
+implementation's `build_info.json`, and runs the official package checker,
+the RCP checker (closed division) and the result summarizer on it.
 
 The required number of runs comes from `mlperf_logging.benchmark_meta`, so it
 follows the installed package.
@@ -19,8 +21,10 @@ from typing import Callable, Optional, Sequence
 from mlperf_logging import benchmark_meta
 
 from maxtext.mllog import rules
+from maxtext.storage import build_info as build_info_lib
 from tools.mlperf import checkers
 from tools.mlperf import layout
+from tools.mlperf import provenance
 from tools.mlperf import run_logs
 from tools.mlperf import system_desc
 
@@ -140,6 +144,9 @@ class PackageResult:
     rcp: the RCP checker's verdict (closed division), else None.
     summary: the result summarizer's output.
     runs: the number of runs packaged.
+    build_info_json: the implementation's build_info.json.
+    provenance_warnings: the open division's provenance warnings, one line
+      per run (see `tools.mlperf.provenance.check_runs`).
   """
 
   org_dir: str
@@ -150,6 +157,8 @@ class PackageResult:
   rcp: Optional[checkers.ToolResult]
   summary: checkers.Summary
   runs: int
+  build_info_json: str = ""
+  provenance_warnings: tuple[str, ...] = ()
 
   def last_line(self) -> str:
     """`mlperf_package: checker=<ok|failed> runs=<N> score=<minutes|n/a>`."""
@@ -169,6 +178,7 @@ def build_package(
     source_root: Optional[str] = None,
     emit: Callable[[str], None] = print,
     compliance_checked: bool = False,
+    build: Optional[build_info_lib.BuildInfo] = None,
 ) -> PackageResult:
   """Writes the submission tree of `runs` under `out_dir` and checks it.
 
@@ -182,6 +192,9 @@ def build_package(
     emit: where progress lines go.
     compliance_checked: the logs already passed the compliance checker
       (the packager's --runs mode checks each right after its run).
+    build: the build info of the sources copied from `source_root` (default
+      `build_info.current()`, this packager's own), compared with each run's
+      recorded revision and written to the implementation's build_info.json.
 
   Returns:
     The PackageResult; a failed package check is reported there, not raised.
@@ -189,10 +202,17 @@ def build_package(
   Raises:
     PackageError: the runs are refused (see `check_consistent`,
       `check_compliance`).
+    provenance.ProvenanceError: the runs' recorded revisions are refused
+      (see `provenance.check_runs`).
     FileExistsError: `out_dir` already holds this package.
   """
   check_consistent(runs)
   layout.check_name("implementation", implementation)
+  if build is None:
+    build = build_info_lib.current()
+  warnings = provenance.check_runs(runs, build)
+  for warning in warnings:
+    emit(f"mlperf_package: WARNING: {warning}")
   work_dir = os.path.join(out_dir, "checker_logs")
   if not compliance_checked:
     emit(f"mlperf_package: compliance checker on {len(runs)} logs")
@@ -218,6 +238,11 @@ def build_package(
   layout.write_system_json(system_json, desc)
   impl_dir = layout.implementation_dir(out_dir, org, benchmark, implementation)
   copied = layout.copy_implementation(impl_dir, source_root)
+  build_info_json = provenance.write_build_info(impl_dir, build, runs, warnings)
+  emit(
+      f"mlperf_package: implementation revision {build.git_revision} "
+      f"({build.source}; {build_info_json})"
+  )
   emit(
       f"mlperf_package: wrote {layout.org_dir(out_dir, org)} "
       f"({len(results)} results; sources: {', '.join(copied)})"
@@ -268,4 +293,6 @@ def build_package(
       rcp=rcp,
       summary=summary,
       runs=len(runs),
+      build_info_json=build_info_json,
+      provenance_warnings=tuple(warnings),
   )
