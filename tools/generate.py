@@ -89,13 +89,14 @@ def _generate() -> None:
       else f"temperature {_TEMPERATURE.value:g}, top_k {_TOP_K.value}, "
       f"seed {_SEED.value}"
   )
-  print(f"generate: {run.run_dir} step {run.step}, {how}", flush=True)
   if prompt_ids is not None:
     rows = generate.generate_ids(run, prompt_ids, **options)
+    print(f"generate: {run.run_dir} step {run.step}, {how}")
     for row in rows:
       print(",".join(str(i) for i in row))
     return
   texts = generate.generate(run, _PROMPT.value, **options)
+  print(f"generate: {run.run_dir} step {run.step}, {how}")
   for i, text in enumerate(texts):
     print(f"=== sample {i + 1}/{len(texts)} ===")
     print(_PROMPT.value + text, flush=True)
