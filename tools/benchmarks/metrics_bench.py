@@ -19,6 +19,14 @@ and ends the step with all metric values on the host:
                one flush (plus learning_rate, grad_norm, step_skipped).
   d/per_name   `MetricsRecorder.buffer_metrics` per metric, one flush.
 
+With `--model_config=FILE` the micro-step is that config's model instead
+(its parameters, a synthetic batch of its shape and `maxtext.model.loss_fn`,
+whose metrics a mixture-of-experts config extends with the MoE statistics),
+and M is the number of metrics it reports:
+
+  bazel run //tools/benchmarks:metrics_bench -- \
+      --model_config=maxtext/configs/moe_tiny.py
+
 The ways run interleaved in blocks (a shuffled order each round) so machine
 noise hits them alike. The overhead of a way is its block's mean step time
 minus the baseline block's of the same round; the table shows the median over
@@ -40,7 +48,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from maxtext import config_lib
 from maxtext import engine as engine_lib
+from maxtext import model
 from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter
 
@@ -51,6 +61,13 @@ _KS = flags.DEFINE_list("ks", ["4", "16", "64"], "Micro-batches per step.")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved rounds per K.")
 _BLOCK = flags.DEFINE_integer("block", 2, "Steps per way per round.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the block order.")
+_MODEL_CONFIG = flags.DEFINE_string(
+    "model_config",
+    "",
+    "A config file: the micro-step is its model's loss on a synthetic batch "
+    "of its shape (M = the metrics it reports; --num_metrics is unused). "
+    "'' = the small MLP with --num_metrics metrics.",
+)
 
 _WAYS = (
     "baseline",
@@ -80,27 +97,69 @@ def _loss_fn(num_metrics: int) -> Callable:
   return loss_fn
 
 
-def _params():
-  rng = np.random.default_rng(0)
-  return {
-      "w1": jnp.asarray(rng.normal(size=(_WIDTH, _WIDTH)) * 0.1, jnp.float32),
-      "w2": jnp.asarray(rng.normal(size=(_WIDTH, 1)) * 0.1, jnp.float32),
-  }
+class _Problem:
+  """What every way trains: `loss_fn(params, batch) -> (loss, aux)` with
+  flat scalar aux metrics, a parameter factory and one batch."""
+
+  def __init__(self, loss_fn: Callable, make_params: Callable, batch):
+    self.loss_fn, self.make_params, self.batch = loss_fn, make_params, batch
+    _, aux = jax.eval_shape(loss_fn, jax.eval_shape(make_params), batch)
+    # The names a way must bring home: the loss and every aux metric.
+    self.names = ("loss", *aux)
 
 
-def _batch():
+def _mlp_problem(num_metrics: int) -> _Problem:
+  """The small MLP with num_metrics metrics."""
+
+  def make_params():
+    rng = np.random.default_rng(0)
+    return {
+        "w1": jnp.asarray(rng.normal(size=(_WIDTH, _WIDTH)) * 0.1, jnp.float32),
+        "w2": jnp.asarray(rng.normal(size=(_WIDTH, 1)) * 0.1, jnp.float32),
+    }
+
   rng = np.random.default_rng(1)
   x = rng.normal(size=(8, _WIDTH)).astype(np.float32)
-  return {"x": jnp.asarray(x), "y": jnp.asarray(x[:, :1] * 2.0)}
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray(x[:, :1] * 2.0)}
+  return _Problem(_loss_fn(num_metrics), make_params, batch)
+
+
+def _model_problem(path: str) -> _Problem:
+  """The model of the config file at `path`, one micro-batch of its shape.
+
+  The aux metrics are flattened to "moe/aux_loss"-style names, as the
+  engine names them, so the ways that record by name see the same metrics.
+  """
+  config = config_lib.load_config_file(path)
+  config_lib.validate(config)
+
+  def loss_fn(params, batch):
+    loss, aux = model.loss_fn(params, batch, config)
+    return loss, dict(engine_lib.flatten_metrics("", aux))
+
+  def make_params():
+    return model.init_params(config, jax.random.PRNGKey(0))
+
+  rows = config_lib.micro_batch_size(config)
+  seq = config.max_sequence_length
+  tokens = np.random.default_rng(1).integers(
+      0, config.vocab_size, size=(rows, seq + 1), dtype=np.int32
+  )
+  batch = {
+      "inputs": jnp.asarray(tokens[:, :-1]),
+      "targets": jnp.asarray(tokens[:, 1:]),
+  }
+  return _Problem(loss_fn, make_params, batch)
 
 
 class _Manual:
   """Baseline and ways a, b, d: the micro-step and apply, jitted here."""
 
-  def __init__(self, loss_fn, k: int, way: str):
+  def __init__(self, problem: _Problem, k: int, way: str):
     self.k, self.way = k, way
+    loss_fn = problem.loss_fn
     self.optimizer = optax.sgd(1e-3)
-    self.params = _params()
+    self.params = problem.make_params()
     self.opt_state = self.optimizer.init(self.params)
     self.acc = jax.tree.map(jnp.zeros_like, self.params)
     self.recorder = metrics_recorder.MetricsRecorder(max_history=4)
@@ -180,11 +239,11 @@ class _Manual:
 class _EngineWay:
   """Way c: the engine's fwd_bwd and update."""
 
-  def __init__(self, loss_fn, k: int):
+  def __init__(self, problem: _Problem, k: int):
     self.k = k
     self.engine = engine_lib.Engine(
-        loss_fn,
-        _params(),
+        problem.loss_fn,
+        problem.make_params(),
         optax.sgd(1e-3),
         1e-3,
         metrics_recorder.MetricsRecorder(max_history=4),
@@ -200,34 +259,31 @@ class _EngineWay:
     return out
 
 
-def _make_ways(m: int, k: int) -> dict:
-  loss_fn = _loss_fn(m)
-  ways = {w: _Manual(loss_fn, k, w) for w in _WAYS if w != "c/engine"}
-  ways["c/engine"] = _EngineWay(loss_fn, k)
+def _make_ways(problem: _Problem, k: int) -> dict:
+  ways = {w: _Manual(problem, k, w) for w in _WAYS if w != "c/engine"}
+  ways["c/engine"] = _EngineWay(problem, k)
   return ways
 
 
-def _check_values(ways: dict, batch, m: int, k: int) -> None:
-  """Every recording way ends with M host arrays of K values each."""
+def _check_values(ways: dict, problem: _Problem, k: int) -> None:
+  """Every recording way ends with the M metrics, K host values each."""
   for name, way in ways.items():
-    out = way.step(batch)
+    out = way.step(problem.batch)
     if name in ("baseline", "dict_step"):
       continue
-    got = {
-        n: np.asarray(v)
-        for n, v in out.items()
-        if n.startswith("m") or n == "loss"
-    }
-    if len(got) != m or any(v.shape != (k,) for v in got.values()):
-      raise RuntimeError(f"{name}: expected {m} metrics of shape ({k},)")
+    missing = [n for n in problem.names if np.shape(out.get(n)) != (k,)]
+    if missing:
+      raise RuntimeError(
+          f"{name}: metrics {missing} missing or not of shape ({k},)"
+      )
 
 
-def _measure(m: int, k: int, rounds: int, block: int, rng) -> tuple:
+def _measure(problem: _Problem, k: int, rounds: int, block: int, rng):
   """Returns (overheads: way -> list of seconds, base times, dispatches)."""
-  ways = _make_ways(m, k)
-  batch = _batch()
+  ways = _make_ways(problem, k)
+  batch = problem.batch
   for _ in range(2):  # Compile every length and path.
-    _check_values(ways, batch, m, k)
+    _check_values(ways, problem, k)
   times = {w: [] for w in _WAYS}
   for _ in range(rounds):
     for w in rng.permutation(len(_WAYS)):
@@ -255,13 +311,19 @@ def _fmt_ms(x: float) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  m = _NUM_METRICS.value
+  if _MODEL_CONFIG.value:
+    problem = _model_problem(_MODEL_CONFIG.value)
+    what = f"{_MODEL_CONFIG.value}'s model"
+  else:
+    problem = _mlp_problem(_NUM_METRICS.value)
+    what = "a small MLP"
+  m = len(problem.names)
   ks = [int(k) for k in _KS.value]
   rng = np.random.default_rng(_SEED.value)
   print(
-      f"metrics_bench: M={m}, K in {ks}, {_ROUNDS.value} interleaved rounds"
-      f" x {_BLOCK.value} steps per way; jax {jax.__version__} on "
-      f"{jax.devices()[0].platform}"
+      f"metrics_bench: {what}, M={m}, K in {ks}, {_ROUNDS.value} "
+      f"interleaved rounds x {_BLOCK.value} steps per way; "
+      f"jax {jax.__version__} on {jax.devices()[0].platform}"
   )
   print(
       "overhead = way step time - baseline step time (same round); "
@@ -274,7 +336,7 @@ def main(argv):
   medians = {}
   for k in ks:
     overheads, base, dispatches = _measure(
-        m, k, _ROUNDS.value, _BLOCK.value, rng
+        problem, k, _ROUNDS.value, _BLOCK.value, rng
     )
     print(header)
     print(

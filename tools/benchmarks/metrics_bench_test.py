@@ -2,8 +2,11 @@
 
 Times are not checked. The dispatch counts are exact and machine-independent,
 so they are: per step, K micro-steps and one optimizer apply for every way,
-plus what each way adds to bring the metrics home.
+plus what each way adds to bring the metrics home; for the small MLP and for
+a small mixture-of-experts model, whose MoE statistics add metrics.
 """
+
+import re
 
 from absl.testing import absltest
 
@@ -13,30 +16,51 @@ _M = 5
 _KS = (2, 8)
 
 
-def _expected_dispatches(k: int) -> dict[str, int]:
-  """Dispatches per step of each way, at K=k micro-batches of _M metrics."""
+# The MoE model of moe_tiny.py made small enough for a quick step: a test of
+# the counts, not of the model.
+_SMALL_MOE_CONFIG = """
+from maxtext.configs import moe_tiny
+
+
+def get_config():
+  config = moe_tiny.get_config()
+  config.update(
+      vocab_size=16, max_sequence_length=8, emb_dim=16, num_heads=2,
+      num_kv_heads=2, head_dim=8, mlp_dim=32, moe_mlp_dim=8,
+      global_batch_size=4, gradient_accumulation_steps=1,
+  )
+  return config
+"""
+# Metrics of a dense model's loss: loss, loss_sum, num_tokens, num_correct,
+# accuracy.
+_DENSE_MODEL_METRICS = 5
+
+
+def _expected_dispatches(k: int, m: int) -> dict[str, int]:
+  """Dispatches per step of each way, at K=k micro-batches of m metrics."""
   plain = k + 1  # K micro-steps and the optimizer apply.
   return {
       "baseline": plain,
       "dict_step": plain,
-      "a/append": plain + _M * k,  # One append per metric and micro-batch.
-      "b/stack": plain + _M,  # One stack per metric.
+      "a/append": plain + m * k,  # One append per metric and micro-batch.
+      "b/stack": plain + m,  # One stack per metric.
       "c/engine": plain + 1,  # One concatenation of the packed arrays.
       "d/per_name": plain + 1,  # M*K <= 256 values: one launch.
   }
 
 
 # The ways the binary reports.
-_WAYS = tuple(_expected_dispatches(1))
+_WAYS = tuple(_expected_dispatches(1, 1))
 
 
 class MetricsBenchTest(absltest.TestCase):
 
-  def test_dispatch_counts_and_closing_line(self):
+  def run_bench(self, *flags):
+    """Runs the binary; returns (M it reports, dispatches, its stdout)."""
     proc = runfiles.run_binary(
         "tools/benchmarks/metrics_bench",
         [
-            f"--num_metrics={_M}",
+            *flags,
             f"--ks={','.join(map(str, _KS))}",
             "--rounds=2",
             "--block=1",
@@ -44,22 +68,39 @@ class MetricsBenchTest(absltest.TestCase):
         timeout_s=600,
     )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    m = int(re.search(r" M=(\d+),", proc.stdout).group(1))
     dispatches = {}
     for line in proc.stdout.splitlines():
       fields = line.split()
       if len(fields) >= 4 and fields[0].isdigit() and fields[1] in _WAYS:
         dispatches[(int(fields[0]), fields[1])] = int(fields[-1])
-    for k in _KS:
-      self.assertEqual(
-          {w: dispatches[(k, w)] for w in _WAYS},
-          _expected_dispatches(k),
-          f"K={k}",
-      )
     self.assertRegex(
         proc.stdout.strip().splitlines()[-1],
         r"^metrics_bench: engine/stack=-?\d+\.\d{4} "
         r"engine/append=-?\d+\.\d{4} per_name/append=-?\d+\.\d{4}$",
     )
+    return m, dispatches
+
+  def assert_dispatches(self, dispatches, m):
+    for k in _KS:
+      self.assertEqual(
+          {w: dispatches[(k, w)] for w in _WAYS},
+          _expected_dispatches(k, m),
+          f"K={k}",
+      )
+
+  def test_dispatch_counts_and_closing_line(self):
+    m, dispatches = self.run_bench(f"--num_metrics={_M}")
+    self.assertEqual(m, _M)
+    self.assert_dispatches(dispatches, _M)
+
+  def test_an_moe_model_adds_its_metrics_and_no_flush_dispatch(self):
+    path = self.create_tempfile("small_moe.py", _SMALL_MOE_CONFIG).full_path
+    m, dispatches = self.run_bench(f"--model_config={path}")
+    # The MoE statistics come on top of the dense loss's metrics, and the
+    # engine still brings them home in one dispatch per step.
+    self.assertGreater(m, _DENSE_MODEL_METRICS)
+    self.assert_dispatches(dispatches, m)
 
 
 if __name__ == "__main__":
