@@ -1,0 +1,79 @@
+"""The warm-up leaves no compilation to the timed region of a run.
+
+MLPerf times a run from `run_start`. A run with `warmup_steps_before_run_start`
+traces and compiles every program of its steps, its evaluation and its
+checkpoints before `init_stop`; this test counts JAX's own compilation events
+(tracing a function to a jaxpr, lowering it, compiling it for the backend)
+after `run_start`, a count that does not depend on the machine's speed. The
+run without warm-up is the control: its first steps compile in the timed
+region, so the count can fail.
+"""
+
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from jax import monitoring
+
+from maxtext import trainer
+from maxtext.listeners import interface
+from testing import tiny_configs
+
+# JAX reports the duration of each stage of turning a function into a
+# program under this prefix (/jax/core/compile/jaxpr_trace_duration, ...);
+# a persistent-cache hit skips the backend compile but not the tracing.
+_COMPILE_EVENT_PREFIX = "/jax/core/compile/"
+
+# (monotonic time, event name) of every compilation event of this process.
+_EVENTS = []
+
+
+def _on_duration(event: str, duration_s: float, **unused_kwargs) -> None:
+  del duration_s
+  if event.startswith(_COMPILE_EVENT_PREFIX):
+    _EVENTS.append((time.monotonic(), event))
+
+
+monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+class _RunStartTime(interface.RunListener):
+  """Notes when the run's timed region began."""
+
+  def __init__(self):
+    self.at = None
+
+  def on_run_start(self, start: interface.RunStart) -> None:
+    del start
+    self.at = time.monotonic()
+
+
+class WarmUpTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(("warmed_up", 1), ("control", 0))
+  def test_compilations_after_run_start(self, warmup_steps):
+    # Steps, two evaluations and a checkpoint between them, as the default
+    # config runs them; MLPerf logging on.
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        steps=10,
+        eval_interval=5,
+        checkpoint_period=5,
+        warmup_steps_before_run_start=warmup_steps,
+    )
+    start = _RunStartTime()
+    del _EVENTS[:]
+    result = trainer.run(config, extra_listeners=[start])
+    self.assertEqual(result.status, trainer.RunOutcome.COMPLETED)
+    self.assertIsNotNone(start.at)
+    before = [name for at, name in _EVENTS if at <= start.at]
+    after = [name for at, name in _EVENTS if at > start.at]
+    self.assertNotEmpty(before)  # The events are seen at all.
+    if warmup_steps:
+      self.assertEqual(after, [])
+    else:
+      self.assertNotEmpty(after)
+
+
+if __name__ == "__main__":
+  absltest.main()
