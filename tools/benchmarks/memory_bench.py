@@ -34,9 +34,21 @@ The closing line compares the temporaries of full rematerialisation with none
 for the config's own attention implementation (its largest micro-step):
 
   memory_bench: temp_full/none=R
+
+With `--mesh` it compiles nothing and needs no devices: it prints the
+per-device bytes of the training state (parameters, float32 gradient
+accumulator, AdamW moments) for that mesh, from the model's shapes and
+partition specs (`state_memory`), and whether the state alone fits each
+device memory (activations come on top):
+
+  tools/bazel run //tools/benchmarks:memory_bench -- \
+      --config=maxtext/configs/deepseekv3_671b.py --mesh=expert=32,fsdp=8
+
+  memory_bench state: total=T GB fits 141=yes 80=NO
 """
 
 import functools
+import math
 import os
 import sys
 
@@ -82,6 +94,13 @@ _USABLE = flags.DEFINE_float(
 )
 _UNIT = flags.DEFINE_enum(
     "unit", "GB", ["GB", "MB"], "Unit of the table (decimal)."
+)
+_MESH = flags.DEFINE_string(
+    "mesh",
+    "",
+    "If set, e.g. expert=32,fsdp=8 (axes data, fsdp, expert; unnamed = 1): "
+    "report the training state's per-device bytes on that mesh from shapes "
+    "alone, compiling nothing.",
 )
 _HOST_DEVICES = flags.DEFINE_integer(
     "host_devices",
@@ -229,9 +248,63 @@ def _print_rows(label: str, rows: list[dict], memories: list[float]) -> None:
     )
 
 
+def _state_report(config, mesh_text: str, memories: list[float]) -> None:
+  """Prints the training state's per-device bytes on a stated mesh."""
+  # jax, and maxtext that imports it, load only after main() has set
+  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
+  # pylint: disable=import-outside-toplevel
+  from tools.benchmarks import state_memory
+
+  # pylint: enable=import-outside-toplevel
+  try:
+    sizes = state_memory.parse_mesh(mesh_text)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  state = state_memory.state_bytes(config, sizes)
+  devices = math.prod(sizes.values())
+  mesh = " ".join(f"{a}={n}" for a, n in sizes.items())
+  print(
+      f"memory_bench state: emb "
+      f"{config.emb_dim}, {config.num_layers} layers, {config.num_experts} "
+      f"routed experts; mesh {mesh} ({devices} devices); weights "
+      f"{config.weight_dtype}"
+  )
+  print(
+      f"per-device {_UNIT.value}, training state only (activations and "
+      f"temporaries come on top); fits = total <= {_USABLE.value:g} x "
+      f"device memory:"
+  )
+  for name, value in (
+      ("parameters", state.params),
+      ("gradients", state.grads),
+      ("optimizer", state.opt_state),
+      ("total", state.total),
+  ):
+    print(f"  {name:<12} {_gb(value):>12}")
+  fits = " ".join(
+      f"{m:g}={'yes' if state.total <= m * _GB * _USABLE.value else 'NO'}"
+      for m in memories
+  )
+  print(
+      f"memory_bench state: total={_gb(state.total)} {_UNIT.value} "
+      f"fits {fits}"
+  )
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _MESH.value:
+    # Imported here, like below: jax loads only after XLA_FLAGS is final.
+    # pylint: disable=import-outside-toplevel
+    from maxtext import config_lib
+
+    # pylint: enable=import-outside-toplevel
+    config_lib.validate(_CONFIG.value)
+    _state_report(
+        _CONFIG.value, _MESH.value, [float(m) for m in _DEVICE_MEMORY_GB.value]
+    )
+    return
   if _HOST_DEVICES.value > 0:
     # Read when the CPU backend starts, i.e. before the first device query.
     os.environ["XLA_FLAGS"] = (
