@@ -9,6 +9,7 @@ from absl.testing import absltest
 from testing import mlperf_runs
 from tools.mlperf import checkers
 from tools.mlperf import layout
+from tools.mlperf import run_logs
 from tools.mlperf import system_desc
 
 
@@ -21,6 +22,7 @@ class CheckersTest(absltest.TestCase):
     # make_runs returns `count` dirs; pylint sees only the empty list it fills.
     # pylint: disable-next=unbalanced-tuple-unpacking
     (run_dir,) = mlperf_runs.make_runs(os.path.join(cls.tmp, "runs"), 1)
+    cls.run_dir = run_dir
     cls.log = os.path.join(run_dir, "mllog.log")
     # A package of one result: the checker wants llama31_8b's full count.
     cls.out = os.path.join(cls.tmp, "out")
@@ -49,6 +51,14 @@ class CheckersTest(absltest.TestCase):
     result = checkers.compliance(self.log, "6.1.0", self.work)
     self.assertTrue(result.ok, result.output)
     self.assertEqual(result.returncode, 0)
+
+  def test_the_log_names_the_revision_config_json_records(self):
+    # The log above passes the checker with the revision in it; here is the
+    # revision itself.
+    run = run_logs.read_run(self.run_dir)
+    self.assertRegex(run.git_revision, r"^([0-9a-f]{40}(\+dirty)?|unknown)$")
+    self.assertEqual(run.log_revision, run.git_revision)
+    self.assertIn("git_revision_source", run.provenance)
 
   def test_compliance_fails_a_log_without_run_stop(self):
     broken = os.path.join(self.work, "broken.log")

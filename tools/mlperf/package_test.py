@@ -4,7 +4,8 @@ The binary trains llama31_8b's required number of tiny runs (--runs mode, a
 few seconds each with the persistent compilation cache), packages them, and
 the official package checker and result summarizer pass on the tree (open
 division). The same run directories are then packaged again as arguments, and
-altered copies of them are refused.
+altered copies of them are refused, or packaged with a warning: among them
+copies recording another git revision than the packager's.
 """
 
 import glob
@@ -30,6 +31,8 @@ _LAST_LINE = re.compile(
     rf"^mlperf_package: checker=ok runs={_COUNT} score=(\d+\.\d+)$"
 )
 _ORG, _SYSTEM = "maxtext-engine", "cpu"
+_OTHER = "0123456789abcdef" * 2 + "01234567"
+_REVISION = re.compile(r"^([0-9a-f]{40}(\+dirty)?|unknown)$")
 
 
 def run_package(args, timeout_s=900):
@@ -46,6 +49,31 @@ def run_package(args, timeout_s=900):
       timeout=timeout_s,
       check=False,
   )
+
+
+def set_revision(run_dir, revision):
+  """Makes a run directory name `revision` as if it had been built from it.
+
+  config.json's provenance and the MLPerf log's submission_platform metadata
+  are both rewritten, as a binary built from `revision` writes them.
+  """
+  path = os.path.join(run_dir, "config.json")
+  with open(path, encoding="utf-8") as f:
+    document = json.load(f)
+  document["provenance"]["git_revision"] = revision
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(document, f)
+  log_path = os.path.join(run_dir, "mllog.log")
+  prefix = ":::MLLOG "
+  with open(log_path, encoding="utf-8") as f:
+    lines = f.readlines()
+  with open(log_path, "w", encoding="utf-8") as f:
+    for line in lines:
+      if line.startswith(prefix) and '"git_revision"' in line:
+        event = json.loads(line[len(prefix) :])
+        event["metadata"]["git_revision"] = revision
+        line = prefix + json.dumps(event) + "\n"
+      f.write(line)
 
 
 def output_of(proc):
@@ -108,10 +136,89 @@ class PackageTest(parameterized.TestCase):
     ):
       self.assertTrue(os.path.isfile(os.path.join(impl, source)), source)
 
+  def read_build_info(self, out):
+    impl = layout.implementation_dir(
+        out, _ORG, "llama31_8b", layout.DEFAULT_IMPLEMENTATION
+    )
+    with open(os.path.join(impl, "build_info.json"), encoding="utf-8") as f:
+      return json.load(f)
+
   def test_run_directories_are_packaged(self):
     proc = run_package([f"--output_dir={self.new_out}", *self.run_dirs])
     self.assertEqual(proc.returncode, 0, output_of(proc))
     self.assertRegex(proc.stdout.strip().splitlines()[-1], _LAST_LINE)
+    # The implementation names the packager's revision and the runs' one;
+    # each run whose revision is not the packager's clean one (this
+    # checkout may be modified, or have moved on) is one WARNING line.
+    recorded = {run_logs.read_run(d).git_revision for d in self.run_dirs}
+    self.assertLen(recorded, 1)
+    info = self.read_build_info(self.new_out)
+    self.assertRegex(info["git_revision"], _REVISION)
+    self.assertEqual(info["runs_git_revision"], recorded.pop())
+    warnings = [
+        line[len("mlperf_package: WARNING: ") :]
+        for line in proc.stdout.splitlines()
+        if line.startswith("mlperf_package: WARNING: ")
+    ]
+    self.assertEqual(info["warnings"], warnings)
+    clean = info["git_revision"] == info["runs_git_revision"] and (
+        info["modified"] is False
+    )
+    self.assertLen(warnings, 0 if clean else _COUNT)
+
+  def copies_of_the_runs(self, revision=_OTHER, **edit):
+    """Copies of every run directory recording `revision`, logs edited."""
+    base = self.create_tempdir().full_path
+    copies = []
+    for i, run_dir in enumerate(self.run_dirs):
+      copy = os.path.join(base, f"run_copy_{i}")
+      shutil.copytree(run_dir, copy)
+      set_revision(copy, revision)
+      if edit:
+        mlperf_runs.edit_log(os.path.join(copy, "mllog.log"), **edit)
+      copies.append(copy)
+    return copies
+
+  def test_another_revision_is_packaged_with_warnings_in_the_open_division(
+      self,
+  ):
+    copies = self.copies_of_the_runs()
+    proc = run_package([f"--output_dir={self.new_out}", *copies])
+    self.assertEqual(proc.returncode, 0, output_of(proc))
+    self.assertRegex(proc.stdout.strip().splitlines()[-1], _LAST_LINE)
+    for copy in copies:
+      self.assertRegex(
+          proc.stdout,
+          rf"mlperf_package: WARNING: {re.escape(copy)}: the run recorded "
+          rf"git_revision '{_OTHER}', the packaged implementation is "
+          rf"'([0-9a-f]{{40}}(\+dirty)?|unknown)'",
+      )
+    info = self.read_build_info(self.new_out)
+    self.assertEqual(info["runs_git_revision"], _OTHER)
+    self.assertLen(info["warnings"], _COUNT)
+
+  @parameterized.named_parameters(("other", _OTHER), ("unknown", "unknown"))
+  def test_closed_division_refuses_a_revision_not_the_packagers(self, revision):
+    copies = self.copies_of_the_runs(
+        revision, set_value=("submission_division", "closed")
+    )
+    self.assert_refused(
+        copies,
+        rf"refused: closed division: {_COUNT} of {_COUNT} runs do not name "
+        rf"the packaged implementation's clean revision.*\n"
+        rf"  {re.escape(copies[0])}: the run recorded git_revision "
+        rf"'{revision}', the packaged implementation is "
+        rf"'([0-9a-f]{{40}}(\+dirty)?|unknown)'",
+    )
+
+  def test_runs_of_different_revisions_are_refused(self):
+    copies = self.copies_of_the_runs()
+    set_revision(copies[3], "unknown")
+    self.assert_refused(
+        copies,
+        rf"refused: the runs were built from 2 different revisions.*\n"
+        rf"  {_OTHER}: .*\n  unknown: {re.escape(copies[3])}$",
+    )
 
   def altered_copy(self, **edit):
     """A copy of the first run directory with its log edited."""
