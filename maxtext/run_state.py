@@ -77,18 +77,26 @@ class RunState:
   start_step: int
   samples: int
 
-  def device_batches(self, step: int) -> list:
-    """Step `step`'s micro-batches as global arrays on the devices; [] past
-    the last step."""
+  def device_batches(self, step: int) -> tuple[list, float]:
+    """Step `step`'s micro-batches as global arrays on the devices.
+
+    Returns:
+      (micro-batches, seconds spent waiting for the data set to give the
+      batch, its transfer to the devices left out); ([], 0.0) past the last
+      step.
+    """
     if step >= self.config.steps:
-      return []
-    return [
+      return [], 0.0
+    start = time.monotonic()
+    batch = self.dataset.get_batch(step)
+    wait = time.monotonic() - start
+    micro_batches = [
         mesh_lib.global_batch(micro, self.setup.batch_sharding)
         for micro in data.split_micro_batches(
-            self.dataset.get_batch(step),
-            self.config.gradient_accumulation_steps,
+            batch, self.config.gradient_accumulation_steps
         )
     ]
+    return micro_batches, wait
 
   def evaluate(self) -> float:
     """The mean eval loss over `eval_steps` batches (nats per token)."""

@@ -256,6 +256,7 @@ class _Finished:
   buffer: metrics_recorder.MetricsBuffer  # Its flushed metrics (host arrays).
   step_time: float  # Seconds, eval time left out.
   samples: int  # Samples trained once it finished.
+  data_wait: float  # Seconds of step_time spent waiting for the data set.
 
   def record(self) -> interface.StepRecord:
     return interface.StepRecord(
@@ -263,6 +264,7 @@ class _Finished:
         metrics_recorder.reduce_buffer(self.buffer),
         self.step_time,
         self.samples,
+        self.data_wait,
     )
 
 
@@ -310,13 +312,16 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
   last_eval = last_train = None
   unwritten = None  # A _Finished step, written after the next dispatch.
   step_start = time.monotonic()
-  batches = state.device_batches(state.start_step)
+  # The first step's time holds the read of its own batch; every later
+  # step's holds the read of the next one, which overlaps it.
+  batches, data_wait = state.device_batches(state.start_step)
   try:
     for step in range(state.start_step, config.steps):
       listeners.on_step_start(step)
       for micro in batches:
         engine.fwd_bwd(micro)
-      batches = state.device_batches(step + 1)  # Overlaps this step.
+      batches, next_wait = state.device_batches(step + 1)
+      data_wait += next_wait
       if unwritten is not None:
         finished, unwritten = unwritten, None
         last_train = _write(listeners, finished)
@@ -324,8 +329,10 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
       buffer = engine.update(release=True)
       state.samples += config.global_batch_size
       completed, now = step + 1, time.monotonic()
-      unwritten = _Finished(step, buffer, now - step_start, state.samples)
-      step_start = now
+      unwritten = _Finished(
+          step, buffer, now - step_start, state.samples, data_wait
+      )
+      step_start, data_wait = now, 0.0
       if step_callback is not None:
         step_callback(completed, unwritten.step_time)
       skips.check(step, buffer)

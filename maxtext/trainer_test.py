@@ -26,20 +26,17 @@ from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 from maxtext import config_lib
 from maxtext import data
-from maxtext.metrics import writers as metric_logger
+from maxtext.metrics import jsonl
 from maxtext import model
 from maxtext import optimizer as optimizer_lib
 from maxtext import preemption
 from maxtext import trainer
 from maxtext.listeners import interface as listener_interface
-from maxtext.metrics import throughput
 from testing import tiny_configs
 
 # The reference run: 6 steps, eval after steps 3 and 6, checkpoints at 3 and 6.
 _STEPS = 6
 _HALF = 3
-# Record fields that measure wall-clock time, which differs between runs.
-_TIMING_KEYS = frozenset({"step_time_s", "eval_time", *throughput.KEYS})
 
 
 def setUpModule():
@@ -57,10 +54,7 @@ def _config(output_dir, run_name, **overrides):
 
 def _records(run_dir):
   """metrics.jsonl without the timing fields."""
-  return [
-      {k: v for k, v in r.items() if k not in _TIMING_KEYS}
-      for r in metric_logger.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  ]
+  return jsonl.read_untimed(os.path.join(run_dir, jsonl.METRICS_FILENAME))
 
 
 def _steps(records, kind):
@@ -192,7 +186,7 @@ class TrainerTest(parameterized.TestCase):
     self.assertEqual(provenance["run_name"], "reference")
     self.assertEqual(provenance["start_step"], 0)
 
-    records = metric_logger.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    records = jsonl.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     self.assertEqual(_steps(records, "train"), list(range(_STEPS)))
     self.assertEqual(_steps(records, "eval"), [_HALF - 1, _STEPS - 1])
     train = [r for r in records if r["kind"] == "train"]
@@ -203,9 +197,14 @@ class TrainerTest(parameterized.TestCase):
         "step_skipped",
         "accuracy",
         "step_time_s",
+        "data_wait_s",
         "tokens_per_s",
     ):
       self.assertIn(key, train[0])
+    # The data set's reads are part of the step's time.
+    self.assertTrue(
+        all(0 <= r["data_wait_s"] <= r["step_time_s"] for r in train)
+    )
     self.assertTrue(all(r["step_skipped"] == 0 for r in train))
     for r in records:
       if r["kind"] == "eval":

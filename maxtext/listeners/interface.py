@@ -61,12 +61,15 @@ class StepRecord:
       `learning_rate`, `grad_norm`, `step_skipped`, ...
     step_time: seconds the step took, eval and checkpoint time left out.
     samples: samples trained once this step finished, resumed ones included.
+    data_wait: seconds of `step_time` the host spent reading batches from
+      the data set (the next step's, read while this one computes).
   """
 
   step: int
   metrics: Mapping[str, float]
   step_time: float
   samples: int
+  data_wait: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any
 from absl import logging
 
 from maxtext import checks
+from maxtext.metrics import throughput
 
 METRICS_FILENAME = "metrics.jsonl"
 
@@ -48,11 +49,19 @@ LEARNING_RATE_KEY = "learning_rate"
 GRAD_NORM_KEY = "grad_norm"
 STEP_TIME_KEY = "step_time_s"
 TOKENS_PER_SECOND_KEY = "tokens_per_s"
+# Seconds of the step's time the host spent waiting for the data set.
+DATA_WAIT_KEY = "data_wait_s"
 
 # Eval records name their metrics with this prefix: "eval_loss", "eval_time".
 EVAL_PREFIX = "eval_"
 EVAL_LOSS_KEY = EVAL_PREFIX + LOSS_KEY
 EVAL_TIME_KEY = EVAL_PREFIX + "time"
+
+# Fields that measure the machine's speed (times and the rates derived from
+# them): two runs of the same training agree on everything else.
+TIMING_KEYS = frozenset(
+    {STEP_TIME_KEY, DATA_WAIT_KEY, EVAL_TIME_KEY, *throughput.KEYS}
+)
 
 _NON_FINITE_FROM_JSON = {
     "NaN": float("nan"),
@@ -180,6 +189,15 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except ValueError:
       logging.warning("%s: dropping a torn last line: %r", path, torn_tail[:80])
   return records
+
+
+def read_untimed(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+  """`read_jsonl` without the `TIMING_KEYS` fields: what two runs of the same
+  training (one resumed, one not; one warmed up, one not) must agree on."""
+  return [
+      {k: v for k, v in record.items() if k not in TIMING_KEYS}
+      for record in read_jsonl(path)
+  ]
 
 
 def truncate_jsonl(path: str | os.PathLike[str], first_step: int) -> int:

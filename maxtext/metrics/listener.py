@@ -18,7 +18,10 @@ class MetricsListener(interface.RunListener):
 
   def on_step(self, record: interface.StepRecord) -> None:
     self._logger.write_train(
-        record.step, record.metrics, step_time=record.step_time
+        record.step,
+        record.metrics,
+        step_time=record.step_time,
+        data_wait=record.data_wait,
     )
 
   def on_eval(self, record: interface.EvalRecord) -> None:

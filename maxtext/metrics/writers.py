@@ -57,12 +57,6 @@ TENSORBOARD_DIRNAME = "tensorboard"
 # Seconds between syncs of the TensorBoard event file to the disk.
 _TB_FLUSH_SECONDS = 30.0
 
-# The record format lives in `maxtext.metrics.jsonl`. These two names stay
-# here only for callers that still read a run's metrics through this module
-# (maxtext/trainer_test.py); new code imports `jsonl`.
-METRICS_FILENAME = jsonl.METRICS_FILENAME
-read_jsonl = jsonl.read_jsonl
-
 # The console line's figures, in order: (record key, label, format). A key
 # the step's figures lack is left out of the line.
 _CONSOLE_FIGURES = (
@@ -75,9 +69,7 @@ _CONSOLE_FIGURES = (
     (throughput_lib.MFU_KEY, "MFU", ".1%"),
 )
 # Names a train write adds itself; metrics may not use them.
-_TRAIN_TIMING_KEYS = frozenset(
-    {jsonl.STEP_TIME_KEY, jsonl.TOKENS_PER_SECOND_KEY, *throughput_lib.KEYS}
-)
+_TRAIN_TIMING_KEYS = jsonl.TIMING_KEYS - {jsonl.EVAL_TIME_KEY}
 
 
 def _to_host_number(name: str, value: Any) -> int | float:
@@ -95,6 +87,14 @@ def _to_host_number(name: str, value: Any) -> int | float:
       f"got {type(value).__name__}: {value!r}; fetch device values with "
       "jax.device_get before logging"
   )
+
+
+def _seconds(name: str, value: Any) -> float:
+  """`value` as a duration: a finite number >= 0, or raises naming it."""
+  seconds = _to_host_number(name, value)
+  if not (math.isfinite(seconds) and seconds >= 0):
+    raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+  return seconds
 
 
 def _format_duration(seconds: float) -> str:
@@ -258,12 +258,13 @@ class MetricLogger:
       scalars: Mapping[str, Any],
       *,
       step_time: float | None = None,
+      data_wait: float | None = None,
   ) -> None:
     """Records one finished training step.
 
-    Adds `step_time_s` and `tokens_per_s` to the record, and with a
-    `throughput` also `samples_per_s`, `tflops_per_device` and `mfu` (when
-    known).
+    Adds `step_time_s` and `tokens_per_s` to the record, with a `data_wait`
+    also `data_wait_s`, and with a `throughput` also `samples_per_s`,
+    `tflops_per_device` and `mfu` (when known).
 
     Args:
       step: 0-based index of the step that just finished.
@@ -273,10 +274,12 @@ class MetricLogger:
       step_time: the step's time in seconds as the caller measured it (the
         trainer leaves eval time out); None means the clock time since the
         previous train write (or since construction, for the first).
+      data_wait: seconds of the step's time spent waiting for the data set;
+        None leaves `data_wait_s` out of the record.
 
     Raises:
-      TypeError, ValueError: a bad step, name, value or step_time (nothing is
-        written).
+      TypeError, ValueError: a bad step, name, value, step_time or
+        data_wait (nothing is written).
       RuntimeError: the logger is closed.
     """
     step, values = self._convert(step, scalars)
@@ -286,11 +289,9 @@ class MetricLogger:
           f"metric name {min(reserved)!r} is reserved for train writes"
       )
     if step_time is not None:
-      step_time = _to_host_number("step_time", step_time)
-      if not (math.isfinite(step_time) and step_time >= 0):
-        raise ValueError(
-            f"step_time must be a finite number >= 0, got {step_time!r}"
-        )
+      step_time = _seconds("step_time", step_time)
+    if data_wait is not None:
+      values[jsonl.DATA_WAIT_KEY] = _seconds("data_wait", data_wait)
     now = self._time_fn()
     if step_time is None:
       step_time = now - self._last_time

@@ -57,8 +57,10 @@ def scalar_events(logdir: str) -> list[tuple[str, int, float]]:
 
 
 def strip_timing(records):
-  drop = {jsonl.STEP_TIME_KEY, *throughput.KEYS}
-  return [{k: v for k, v in r.items() if k not in drop} for r in records]
+  return [
+      {k: v for k, v in r.items() if k not in jsonl.TIMING_KEYS}
+      for r in records
+  ]
 
 
 class MetricLoggerTest(parameterized.TestCase):
@@ -125,16 +127,32 @@ class MetricLoggerTest(parameterized.TestCase):
     )
     self.assertIn("step_time 0.250s", logs.records[0].getMessage())
 
-  @parameterized.named_parameters(
-      ("negative", -1.0, ValueError),
-      ("nan", float("nan"), ValueError),
-      ("inf", float("inf"), ValueError),
-      ("string", "1", TypeError),
-  )
-  def test_bad_step_time_writes_nothing(self, step_time, error):
+  def test_data_wait_is_recorded_only_when_given(self):
     logger = self.make_logger()
-    with self.assertRaisesRegex(error, "step_time"):
-      logger.write_train(0, {"loss": 3.0}, step_time=step_time)
+    logger.write_train(0, {"loss": 3.0}, step_time=0.25, data_wait=0.125)
+    logger.write_train(1, {"loss": 2.0}, step_time=0.25)
+    logger.close()
+    lines = self.read_lines()
+    self.assertEqual(lines[0]["data_wait_s"], 0.125)
+    self.assertNotIn("data_wait_s", lines[1])
+    self.assertIn(
+        ("train/data_wait_s", 0, 0.125), scalar_events(logger.tensorboard_dir)
+    )
+
+  @parameterized.product(
+      argument=("step_time", "data_wait"),
+      bad=(
+          (-1.0, ValueError),
+          (float("nan"), ValueError),
+          (float("inf"), ValueError),
+          ("1", TypeError),
+      ),
+  )
+  def test_bad_durations_write_nothing(self, argument, bad):
+    value, error = bad
+    logger = self.make_logger()
+    with self.assertRaisesRegex(error, argument):
+      logger.write_train(0, {"loss": 3.0}, **{argument: value})
     self.assertEqual(self.read_lines(), [])
 
   def test_accepts_numpy_scalars_and_small_arrays(self):
@@ -365,6 +383,7 @@ class MetricLoggerTest(parameterized.TestCase):
       ("string_value", 0, {"loss": "1.0"}, TypeError, "'loss'"),
       ("reserved_name", 0, {"kind": 1.0}, ValueError, "'kind'"),
       ("timing_name", 0, {"step_time_s": 1.0}, ValueError, "'step_time_s'"),
+      ("data_wait_name", 0, {"data_wait_s": 1.0}, ValueError, "'data_wait_s'"),
       ("throughput_name", 0, {"mfu": 0.5}, ValueError, "'mfu'"),
       ("empty_name", 0, {"": 1.0}, TypeError, "non-empty"),
   )

@@ -13,21 +13,17 @@ import tempfile
 
 from absl.testing import absltest
 
-from maxtext.metrics import throughput
-from maxtext.metrics import writers as metric_logger
+from maxtext.metrics import jsonl
 from maxtext.storage import data_state
 from maxtext.text import stdlib_run
 
 _STEPS = 12
 _HALF = 6
-_TIMING_KEYS = frozenset({"step_time_s", "eval_time", *throughput.KEYS})
 
 
 def _records(run_dir):
-  return [
-      {k: v for k, v in r.items() if k not in _TIMING_KEYS}
-      for r in metric_logger.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  ]
+  """metrics.jsonl without the timing fields."""
+  return jsonl.read_untimed(os.path.join(run_dir, jsonl.METRICS_FILENAME))
 
 
 class ResumeWithoutDataStateTest(absltest.TestCase):
