@@ -202,7 +202,7 @@ def start(
       tracked_stats (samples/s, tokens/s, TFLOP/s per device, MFU).
     build: the source the run was built from, named in the log's
       submission_platform metadata; pass the one config.json records
-      (default: `build_info.current()` when the log is written).
+      (default: `build_info.loaded()`, this process's code).
 
   Returns:
     The listener; its logger writes nothing when `enable_mllog` is off or

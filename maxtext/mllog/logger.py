@@ -551,7 +551,7 @@ def create_mllogger(
     time_fn: seconds since the epoch; injectable for tests.
     build: the source the run was built from, logged with
       `submission_info` (pass the BuildInfo the run's config.json records);
-      default `build_info.current()`, asked only for an enabled logger.
+      default `build_info.loaded()`, asked only for an enabled logger.
 
   Returns:
     An enabled `MLLogger`, or a disabled one when `enable_mllog` is off or
@@ -574,7 +574,7 @@ def create_mllogger(
   if process_index != 0:
     return MLLogger.disabled()
   if build is None:
-    build = build_info_lib.current()
+    build = build_info_lib.loaded()
   elif not isinstance(build, build_info_lib.BuildInfo):
     # Checked before the file exists, so a bad argument leaves no log.
     raise TypeError(

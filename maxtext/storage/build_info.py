@@ -19,6 +19,7 @@ repository's revision.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -179,3 +180,15 @@ def current(
       if revision is not None:
         return BuildInfo(git_revision=revision, source=SOURCE_GIT)
   return BuildInfo(git_revision=UNKNOWN, source=SOURCE_UNKNOWN)
+
+
+@functools.cache
+def loaded() -> BuildInfo:
+  """The build info of the code this process runs: `current()` asked once.
+
+  A process loads its code once, so the first answer stays true while the
+  checkout it came from is committed to or edited; every later ask (each
+  run's record and MLPerf log, the packager's comparison) gets that answer,
+  never a newer revision the process is not running.
+  """
+  return current()

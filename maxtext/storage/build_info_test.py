@@ -166,6 +166,14 @@ class GitFallbackTest(absltest.TestCase):
         info.git_revision, r"^(?:[0-9a-f]{40}(?:\+dirty)?|unknown)$"
     )
 
+  def test_the_loaded_code_keeps_its_first_answer(self):
+    first = build_info.loaded()
+    self.assertIs(build_info.loaded(), first)
+    self.assertIn(first.source, ("git", "unknown"))
+    # The first answer is what `current` said; asking again later may differ
+    # once the checkout changes, the loaded code does not.
+    self.assertEqual(build_info.loaded.cache_info().misses, 1)
+
 
 if __name__ == "__main__":
   absltest.main()

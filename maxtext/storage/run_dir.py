@@ -228,16 +228,17 @@ def _lock_hash() -> str:
   return "unknown"
 
 
-def provenance(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+def provenance() -> dict[str, Any]:
   """What produced this run: code revision, dependency lock, JAX, devices.
 
   The revision is the one stamped into the binary at build time when it has
-  one, else git's at run time; `git_revision_source` says which
-  (`maxtext.storage.build_info`), `build_time_utc` when the stamp was made.
+  one, else git's when the process first asked (`build_info.loaded`);
+  `git_revision_source` says which, `build_time_utc` when the stamp was
+  made.
   """
   devices = jax.devices()
   return {
-      **build_info.current(environ).provenance(),
+      **build_info.loaded().provenance(),
       "requirements_lock": _lock_hash(),
       "jax_version": jax.__version__,
       "jax_backend": jax.default_backend(),

@@ -193,7 +193,7 @@ def build_package(
     compliance_checked: the logs already passed the compliance checker
       (the packager's --runs mode checks each right after its run).
     build: the build info of the sources copied from `source_root` (default
-      `build_info.current()`, this packager's own), compared with each run's
+      `build_info.loaded()`, this packager's own), compared with each run's
       recorded revision and written to the implementation's build_info.json.
 
   Returns:
@@ -209,7 +209,7 @@ def build_package(
   check_consistent(runs)
   layout.check_name("implementation", implementation)
   if build is None:
-    build = build_info_lib.current()
+    build = build_info_lib.loaded()
   warnings = provenance.check_runs(runs, build)
   for warning in warnings:
     emit(f"mlperf_package: WARNING: {warning}")
