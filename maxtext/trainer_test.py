@@ -13,7 +13,6 @@ import glob
 import json
 import math
 import os
-import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -134,11 +133,7 @@ class TrainerTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    # A fresh directory: run directories left by an earlier invocation would be
-    # resumed.
-    tmp = absltest.get_default_test_tmpdir()
-    os.makedirs(tmp, exist_ok=True)
-    cls.root = tempfile.mkdtemp(prefix="trainer_test_", dir=tmp)
+    cls.root = tiny_configs.fresh_output_dir("trainer_test_")
     # The uninterrupted reference run; it also traces step 1 with the profiler.
     cls.ref_config = _config(
         cls.root,

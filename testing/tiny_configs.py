@@ -14,6 +14,7 @@ import os
 import tempfile
 from typing import Optional
 
+from absl.testing import absltest
 import ml_collections
 
 from maxtext.configs import default
@@ -34,6 +35,18 @@ def compilation_cache_dir(environ=os.environ) -> str:
         "maxtext_test_jax_cache",
     )
   return os.path.abspath(os.path.expanduser(path))
+
+
+def fresh_output_dir(prefix: str) -> str:
+  """A new, empty directory under the test's temp dir, for a test class's runs.
+
+  Outside Bazel the default test temp dir outlives the test, and a run
+  directory left there by an earlier invocation would be resumed; a fresh
+  directory per test class keeps every invocation's runs its own.
+  """
+  tmp = absltest.get_default_test_tmpdir()
+  os.makedirs(tmp, exist_ok=True)
+  return tempfile.mkdtemp(prefix=prefix, dir=tmp)
 
 
 def tiny_config(

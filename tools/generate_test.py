@@ -1,12 +1,10 @@
 """End-to-end test of //tools:generate on a run trained on stdlib text."""
 
-import os
-import tempfile
-
 from absl.testing import absltest
 
 from maxtext.text import generate
 from maxtext.text import stdlib_run
+from testing import tiny_configs
 from testing import runfiles
 
 
@@ -19,9 +17,7 @@ class GenerateMainTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    tmp = absltest.get_default_test_tmpdir()
-    os.makedirs(tmp, exist_ok=True)
-    cls.root = tempfile.mkdtemp(prefix="generate_main_test_", dir=tmp)
+    cls.root = tiny_configs.fresh_output_dir("generate_main_test_")
     data = stdlib_run.prepare_data(cls.root)
     cls.run_dir = stdlib_run.train(cls.root, data, "text", 3).run_dir
 

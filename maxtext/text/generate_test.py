@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -22,9 +21,7 @@ class GenerateTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    tmp = absltest.get_default_test_tmpdir()
-    os.makedirs(tmp, exist_ok=True)
-    cls.root = tempfile.mkdtemp(prefix="generate_test_", dir=tmp)
+    cls.root = tiny_configs.fresh_output_dir("generate_test_")
     cls.data = stdlib_run.prepare_data(cls.root)
     # Checkpoints at steps 3 and 6.
     cls.result = stdlib_run.train(cls.root, cls.data, "text", _STEPS)

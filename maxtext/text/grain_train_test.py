@@ -1,7 +1,6 @@
 """A tiny model trained on the stdlib's sources through dataset_type=grain."""
 
 import os
-import tempfile
 
 from absl.testing import absltest
 
@@ -26,11 +25,7 @@ class GrainTrainTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    # A fresh directory: run directories left by an earlier invocation (the
-    # default test tmpdir persists outside Bazel) would be resumed.
-    tmp = absltest.get_default_test_tmpdir()
-    os.makedirs(tmp, exist_ok=True)
-    cls.root = tempfile.mkdtemp(prefix="grain_train_test_", dir=tmp)
+    cls.root = tiny_configs.fresh_output_dir("grain_train_test_")
     cls.data = os.path.join(cls.root, "stdlib_data")
     if not os.path.exists(os.path.join(cls.data, "metadata.json")):
       prepare.prepare(

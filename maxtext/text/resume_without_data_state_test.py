@@ -9,13 +9,13 @@ position from the step).
 
 import os
 import shutil
-import tempfile
 
 from absl.testing import absltest
 
 from maxtext.metrics import jsonl
 from maxtext.storage import data_state
 from maxtext.text import stdlib_run
+from testing import tiny_configs
 
 _STEPS = 12
 _HALF = 6
@@ -30,9 +30,7 @@ class ResumeWithoutDataStateTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    tmp = absltest.get_default_test_tmpdir()
-    os.makedirs(tmp, exist_ok=True)
-    self.root = tempfile.mkdtemp(prefix="resume_without_state_", dir=tmp)
+    self.root = tiny_configs.fresh_output_dir("resume_without_state_")
     self.data = stdlib_run.prepare_data(self.root)
 
   def _train(self, run_name, steps):
