@@ -17,16 +17,39 @@ import math
 import os
 from typing import Any
 
+from absl import logging
 import ml_collections
 
 from maxtext import checks
 from maxtext.configs import base
-from maxtext.mllog import hyperparameters as mllog_hyperparameters
+from maxtext.mllog import hyperparameters as mllog_hyperparameters_lib
 from maxtext.mllog import rules
 
 ALLOWED_DTYPES = ("float32", "bfloat16", "float16")
 DATASET_TYPES = ("synthetic", "tokens_file", "grain")
 HARDWARE = ("auto", "cpu", "tpu", "gpu")
+# What sets a header key whose name is not a config field's, for the header
+# proof's messages (hyperparameters.hyperparameters_from_config logs them).
+_HEADER_SOURCES = {
+    "opt_base_learning_rate": "config.learning_rate",
+    "opt_end_learning_rate": "config.learning_rate * lr_end_fraction",
+    "opt_learning_rate_warmup_steps": "config.warmup_steps",
+    "opt_learning_rate_decay_steps": (
+        "config.lr_schedule_steps (0 = steps) - warmup_steps"
+    ),
+    "opt_adamw_beta_1": "config.adam_b1",
+    "opt_adamw_beta_2": "config.adam_b2",
+    "opt_adamw_epsilon": "config.adam_eps",
+    "opt_adamw_weight_decay": "config.weight_decay",
+    "opt_gradient_clip_norm": "config.grad_clip_norm",
+    "max_steps": "config.steps",
+    "eval_samples": "config.eval_steps * eval_batch_size",
+    "train_samples": "config.mllog_train_samples",
+    "moe_aux_loss_coeff": "config.load_balance_loss_weight",
+}
+# The config file a header proof names: validation does not know the file.
+# The trainer's default for the same unknown (trainer.run).
+PROOF_CONFIG_FILENAME = "unknown"
 
 # Expected Python type of every field: the type of its default in base.py, so
 # a field is declared once, there. `float` fields also take ints.
@@ -393,11 +416,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if (
       v["submission_division"] == "closed"
       and not v["num_experts"]
-      and mllog_hyperparameters.rules_require_key(
+      and mllog_hyperparameters_lib.rules_require_key(
           rules.ruleset_dir(v["mllog_ruleset"]),
           "closed",
           v["submission_benchmark"],
-          mllog_hyperparameters.MOE_AUX_LOSS_COEFF,
+          mllog_hyperparameters_lib.MOE_AUX_LOSS_COEFF,
       )
   ):
     # The benchmark is a mixture-of-experts model: its closed rules require
@@ -410,7 +433,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     )
   if v["enable_mllog"]:
     # Only for a run with a log (a run without one submits nothing). Closed:
-    # an error before any device work; open: warnings.
+    # an error before any device work; open: warnings. The header proof
+    # (below) holds the rest of the checker's rules.
     rules.check_reference_hyperparameters(v)
   _at_least(v, "mllog_train_samples", 0)
   command = v["cache_clear_command"]
@@ -440,6 +464,128 @@ def validate(config: ml_collections.ConfigDict) -> None:
   ):
     if v[key] <= 0:
       raise _fail(key, v[key], "must be > 0")
+
+  if v["enable_mllog"]:
+    # Last: the proof writes the log from the whole, checked config.
+    _check_header_proof(
+        config
+        if isinstance(config, ml_collections.ConfigDict)
+        else ml_collections.ConfigDict(values)
+    )
+
+
+def _header_proof():
+  """maxtext.mllog.header_proof, imported only for configs with a log."""
+  # Lazy: it loads the MLPerf logger and the compliance checker, which a
+  # config without a log never needs.
+  # pylint: disable-next=import-outside-toplevel
+  from maxtext.mllog import header_proof
+
+  return header_proof
+
+
+def _check_header_proof(config: ml_collections.ConfigDict) -> None:
+  """The MLPerf pre-flight: the official checker on the run's header.
+
+  The log a run of `config` starts with (its real header, see
+  `mllog_hyperparameters`) plus synthetic run events at the run's own
+  evaluation points goes through the installed compliance checker with the
+  rules of the config's ruleset, division and benchmark
+  (`maxtext.mllog.header_proof`). Every failure about a header key or
+  `eval_accuracy` (the first evaluation's samples, the target) is one the
+  run's log would fail after the run. Closed division: an error; open: a
+  warning each.
+
+  Args:
+    config: a config `validate` has checked, `enable_mllog` on.
+
+  Raises:
+    ValueError: closed division and the checker fails the header; the
+      message names each failing key, its logged value and the rule.
+  """
+  header_proof = _header_proof()
+  verdict = header_proof.prove(
+      config,
+      mllog_hyperparameters(
+          config,
+          # The mesh decides a data axis of -1; the rules ask only for a
+          # positive micro batch, which the mesh code guarantees.
+          data_parallelism=max(config.data_parallelism, 1),
+          start_step=0,
+          config_filename=PROOF_CONFIG_FILENAME,
+      ),
+  )
+  for failure in verdict.run_failures():
+    # The synthetic events are this engine's, not the config's: a bug to
+    # report, not a reason to refuse the run.
+    logging.warning(
+        "MLPerf header proof: the synthetic run events fail the checker "
+        "(maxtext.mllog.header_proof): %s",
+        failure.message,
+    )
+  problems = [
+      header_proof.describe(
+          f,
+          config,
+          _HEADER_SOURCES.get(
+              f.key, f"config.{f.key}" if f.key in FIELD_TYPES else ""
+          ),
+      )
+      for f in verdict.config_failures()
+  ]
+  if not problems:
+    return
+  rules_name = (
+      f"mlperf_logging training_{config.mllog_ruleset} "
+      f"{config.submission_division} {config.submission_benchmark} rules"
+  )
+  if config.submission_division == "closed":
+    raise ValueError(
+        f"closed-division pre-flight: the MLPerf log this config writes "
+        f"fails the official compliance checker ({rules_name}): "
+        + "; ".join(problems)
+        + " (submission_division='open' runs it anyway, with warnings)"
+    )
+  for problem in problems:
+    logging.warning(
+        "MLPerf open division: the log fails the checker (%s): %s",
+        rules_name,
+        problem,
+    )
+
+
+def mllog_hyperparameters(
+    config, *, data_parallelism: int, start_step: int, config_filename: str
+) -> dict[str, Any]:
+  """The hyperparameter events of a run's MLPerf log, without JAX.
+
+  The same values the trainer's MLPerf listener logs
+  (`maxtext.mllog.listener.hyperparameters`, whose schedule numbers come
+  from `optimizer.schedule_summary`); `header_proof_test` checks that they
+  are equal.
+
+  Args:
+    config: the run's config.
+    data_parallelism: the mesh's data axis size (the micro batch size is per
+      data-parallel replica).
+    start_step: the step the attempt starts from (init_checkpoint_step).
+    config_filename: the config file's name, for the 6.1 disclosure.
+  """
+  warmup = int(config.warmup_steps)
+  end = float(config.learning_rate) * float(config.lr_end_fraction)
+  # Free of float noise from the multiplication, as the schedule states it.
+  end = float(f"{end:.12g}") if end else end
+  return mllog_hyperparameters_lib.hyperparameters_from_config(
+      config,
+      warmup_steps=warmup,
+      schedule_steps=lr_schedule_steps(config),
+      end_learning_rate=end,
+      train_samples=train_samples(config),
+      eval_samples=eval_samples(config),
+      init_checkpoint_step=start_step,
+      micro_batch_size=micro_batch_size(config) // data_parallelism,
+      config_filename=config_filename,
+  )
 
 
 def lr_schedule_steps(config) -> int:

@@ -4,6 +4,8 @@ import glob
 import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
 
 from absl.testing import absltest
@@ -15,6 +17,7 @@ import yaml
 from maxtext import config_lib
 from maxtext import optimizer
 from maxtext.configs import base
+from maxtext.configs import deepseekv3_671b
 from maxtext.mllog import hyperparameters as mllog_hyperparameters
 from maxtext.mllog import rules
 
@@ -507,7 +510,7 @@ class HelpersTest(absltest.TestCase):
 
 
 class MLPerfPreflightTest(parameterized.TestCase):
-  """The cache flush command and the closed pre-flight against the RCPs."""
+  """The cache flush command and the pre-flights: the RCPs, the header."""
 
   def setUp(self):
     super().setUp()
@@ -553,6 +556,83 @@ class MLPerfPreflightTest(parameterized.TestCase):
             learning_rate=1e-3,
         )
     )
+
+  def test_closed_deepseek_first_eval_one_step_late_is_refused(self):
+    deepseek = _load("deepseekv3_671b")
+    late = deepseek.first_eval_samples + deepseek.global_batch_size
+    with self.assertRaisesRegex(
+        ValueError,
+        r"closed-division pre-flight: the MLPerf log this config writes "
+        r"fails the official compliance checker \(mlperf_logging "
+        r"training_6.1.0 closed deepseekv3_671b rules\): eval_accuracy: the "
+        rf"first evaluation, after 44 steps \(config.first_eval_samples="
+        rf"{late}, .*\), at samples_count={late} fails `",
+    ):
+      config_lib.validate(_with(deepseek, first_eval_samples=late))
+
+  def test_closed_deepseek_learning_rate_off_the_formula_is_refused(self):
+    # 17408 lies between reference batch sizes, where the RCP data states
+    # no learning rate: only the closed rule's formula refuses it.
+    shipped = deepseekv3_671b.get_config("17408")
+    config_lib.validate(shipped)
+    config = _with(shipped, learning_rate=2.4e-5)
+    self.assertEqual(rules.reference_mismatches(config), [])
+    with self.assertRaisesRegex(
+        ValueError,
+        r"closed-division pre-flight: .*: opt_base_learning_rate=2.4e-05 "
+        r"\(config.learning_rate\) fails `abs\(v\['value'\] - ",
+    ):
+      config_lib.validate(config)
+
+  def test_open_division_header_failures_are_warnings(self):
+    deepseek = _load("deepseekv3_671b")
+    late = deepseek.first_eval_samples + deepseek.global_batch_size
+    open_late = _with(
+        deepseek, submission_division="open", first_eval_samples=late
+    )
+    # The open rules fix no first evaluation: nothing to warn about.
+    config_lib.validate(open_late)
+    # They do fix the sequence length: a warning naming it, no error.
+    with self.assertLogs(level="WARNING") as logs:
+      config_lib.validate(_with(open_late, max_sequence_length=8192))
+    self.assertTrue(
+        any(
+            "MLPerf open division: the log fails the checker "
+            "(mlperf_logging training_6.1.0 open deepseekv3_671b rules): "
+            "max_sequence_length=8192 (config.max_sequence_length) fails"
+            in line
+            for line in logs.output
+        ),
+        logs.output,
+    )
+    with self.assertRaisesRegex(ValueError, "max_sequence_length=8192"):
+      config_lib.validate(
+          _with(deepseek, max_sequence_length=8192, first_eval_samples=late)
+      )
+
+  def test_closed_llama31_8b_as_shipped_is_accepted(self):
+    with self.assertNoLogs(level="WARNING"):
+      config_lib.validate(self.llama)
+
+  def test_header_proof_loads_no_jax(self):
+    # Validation runs before any device work, and loads no JAX for it.
+    code = (
+        "import sys\n"
+        "from maxtext import config_lib\n"
+        "from maxtext.configs import deepseekv3_671b\n"
+        "config_lib.validate(deepseekv3_671b.get_config())\n"
+        "assert 'jax' not in sys.modules, 'jax loaded'\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr)
 
   @parameterized.named_parameters(
       ("default", ""), ("command", "sync"), ("pipeline", "sync && true")
