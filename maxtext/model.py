@@ -1,10 +1,12 @@
 """Decoder-only transformer in plain JAX: parameters, forward pass, loss.
 
 The model is a stack of pre-norm blocks: RMSNorm, causal self-attention with
-rotary position embeddings and grouped key/value heads, RMSNorm, SwiGLU MLP.
-Parameters are a nested dict of arrays (a pytree); the blocks' parameters are
-stacked along a leading `layers` axis and applied with `jax.lax.scan`, so the
-compile time does not grow with the depth.
+rotary position embeddings, RMSNorm, SwiGLU MLP. The attention is
+`config.attention_type`: "gqa" (grouped key/value heads, below) or "mla"
+(DeepSeek-V2/V3 multi-head latent attention, `maxtext.mla`). Parameters are
+a nested dict of arrays (a pytree); the blocks' parameters are stacked along
+a leading `layers` axis and applied with `jax.lax.scan`, so the compile time
+does not grow with the depth.
 
 Parameters are stored in `config.weight_dtype` and cast to
 `config.compute_dtype` where they are used; normalisation statistics, softmax,
@@ -12,23 +14,35 @@ logits and the loss are computed in float32.
 
 Three config fields trade speed and memory without changing the parameters
 or (beyond float32 rounding) the results: `attention` (einsum reference,
-XLA or cuDNN `dot_product_attention`, Pallas splash), `remat_policy` (what
-the scanned block keeps for the backward pass) and `loss_chunk_size` (the
-cross entropy a sequence chunk at a time, so the float32 logits never exist
-whole).
+XLA or cuDNN `dot_product_attention`, Pallas splash; `maxtext.layers`),
+`remat_policy` (what the scanned block keeps for the backward pass) and
+`loss_chunk_size` (the cross entropy a sequence chunk at a time, so the
+float32 logits never exist whole).
 
 Parameter shapes (L layers, E emb_dim, H heads, K kv heads, D head_dim,
 M mlp_dim, V vocab_size):
   embedding          [V, E]
   layers/attn_norm   [L, E]
-  layers/wq          [L, E, H, D]
-  layers/wk, wv      [L, E, K, D]
-  layers/wo          [L, H, D, E]
+  layers/wq          [L, E, H, D]     (gqa)
+  layers/wk, wv      [L, E, K, D]     (gqa)
+  layers/wo          [L, H, D, E]     (gqa)
   layers/mlp_norm    [L, E]
   layers/w_gate, w_up [L, E, M]
   layers/w_down      [L, M, E]
   final_norm         [E]
   unembedding        [E, V]
+
+With attention_type "mla" the gqa rows are replaced by (Q q_lora_rank,
+C kv_lora_rank, N qk_nope_head_dim, R qk_rope_head_dim, Dv v_head_dim;
+`maxtext.mla` says what each is):
+  layers/wq_a        [L, E, Q]          (Q > 0)
+  layers/q_norm      [L, Q]             (Q > 0)
+  layers/wq_b        [L, Q, H, N + R]   (Q > 0)
+  layers/wq          [L, E, H, N + R]   (Q = 0)
+  layers/wkv_a       [L, E, C + R]
+  layers/kv_norm     [L, C]
+  layers/wkv_b       [L, C, H, N + Dv]
+  layers/wo          [L, H, Dv, E]
 
 With `num_experts` > 0 the feed-forward layers after the first
 `num_dense_layers` are mixture-of-experts layers (`maxtext.moe`). Dense and
@@ -44,15 +58,11 @@ import math
 from typing import Any, Mapping
 
 import jax
-from jax.experimental.pallas.ops.tpu.splash_attention import (
-    splash_attention_kernel as splash_kernel,
-)
-from jax.experimental.pallas.ops.tpu.splash_attention import (
-    splash_attention_mask as splash_mask,
-)
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext import layers
+from maxtext import mla
 from maxtext import moe
 
 Params = dict[str, Any]
@@ -65,27 +75,29 @@ REMAT_POLICIES = ("none", "full", "save_dots", "save_named")
 # Intermediates the block tags with `checkpoint_name`; "save_named" keeps
 # exactly these and recomputes the rest (norms, scores, the MLP hidden layer).
 SAVED_NAMES = ("query", "key", "value", "context", "attn_out", "mlp_out")
-# Splash kernel block length: its blocks must be multiples of 128 lanes.
-_SPLASH_BLOCK = 128
+# Values of `config.attention_type`.
+ATTENTION_TYPES = ("gqa", "mla")
 
 # Logical axis names of every parameter, one name per dimension. The mesh code
 # maps them to mesh axes; `param_fsdp_axis` derives the FSDP shard dimension.
-_ATTENTION_AXES = {
+# A stack's attention axes are `_GQA_AXES` or `mla.LOGICAL_AXES`.
+_NORM_AXES = {
     "attn_norm": ("layers", "norm"),
+    "mlp_norm": ("layers", "norm"),
+}
+_GQA_AXES = {
     "wq": ("layers", "embed", "heads", "head_dim"),
     "wk": ("layers", "embed", "kv_heads", "head_dim"),
     "wv": ("layers", "embed", "kv_heads", "head_dim"),
     "wo": ("layers", "heads", "head_dim", "embed"),
-    "mlp_norm": ("layers", "norm"),
 }
-_LOGICAL_AXES = {
+_MLP_AXES = {
+    "w_gate": ("layers", "embed", "mlp"),
+    "w_up": ("layers", "embed", "mlp"),
+    "w_down": ("layers", "mlp", "embed"),
+}
+_OUTER_AXES = {
     "embedding": ("vocab", "embed"),
-    "layers": {
-        **_ATTENTION_AXES,
-        "w_gate": ("layers", "embed", "mlp"),
-        "w_up": ("layers", "embed", "mlp"),
-        "w_down": ("layers", "mlp", "embed"),
-    },
     "final_norm": ("norm",),
     "unembedding": ("embed", "vocab"),
 }
@@ -115,7 +127,9 @@ def init_params(config, rng: jax.Array) -> Params:
 
   Matrices are drawn from a truncated normal with standard deviation
   1/sqrt(fan_in) (the embedding with 1.0, since it is looked up, not
-  multiplied); norm scales start at 1.
+  multiplied); norm scales start at 1. Every array is drawn whole (no
+  Python loop over layers or experts), so `jax.eval_shape` of this is
+  cheap at any size.
 
   Args:
     config: the run configuration (model fields and `weight_dtype`).
@@ -123,108 +137,86 @@ def init_params(config, rng: jax.Array) -> Params:
 
   Returns:
     The parameter pytree, every leaf in `config.weight_dtype`.
+
+  Raises:
+    ValueError: unknown `config.attention_type`.
   """
+  _check_attention_type(config)
   if config.num_experts:
     return _init_moe_params(config, rng)
-  v, e, l = config.vocab_size, config.emb_dim, config.num_layers
-  h, k, d, m = (
-      config.num_heads,
-      config.num_kv_heads,
-      config.head_dim,
+  v, e, l, m = (
+      config.vocab_size,
+      config.emb_dim,
+      config.num_layers,
       config.mlp_dim,
   )
   dtype = _dtype(config.weight_dtype)
-  normal = _truncated_normal_init(rng, 9, dtype)
+  # 9 keys for grouped-query attention: the draws (and so the values) of a
+  # dense gqa model are those of the code before MLA, so its checkpoints and
+  # seeds keep their meaning.
+  count = 9 if config.attention_type == "gqa" else 16
+  normal = _truncated_normal_init(rng, count, dtype)
+  embedding = normal((v, e), 1)
+  stack = _attention_params(config, l, normal, dtype)
+  stack["w_gate"] = normal((l, e, m), e)
+  stack["w_up"] = normal((l, e, m), e)
+  stack["w_down"] = normal((l, m, e), m)
   return {
-      "embedding": normal((v, e), 1),
-      "layers": {
-          "attn_norm": jnp.ones((l, e), dtype),
-          "wq": normal((l, e, h, d), e),
-          "wk": normal((l, e, k, d), e),
-          "wv": normal((l, e, k, d), e),
-          "wo": normal((l, h, d, e), h * d),
-          "mlp_norm": jnp.ones((l, e), dtype),
-          "w_gate": normal((l, e, m), e),
-          "w_up": normal((l, e, m), e),
-          "w_down": normal((l, m, e), m),
-      },
+      "embedding": embedding,
+      "layers": stack,
       "final_norm": jnp.ones((e,), dtype),
       "unembedding": normal((e, v), e),
   }
 
 
+def _check_attention_type(config) -> None:
+  if config.attention_type not in ATTENTION_TYPES:
+    raise ValueError(
+        f"config.attention_type={config.attention_type!r}: must be one of "
+        f"{list(ATTENTION_TYPES)}"
+    )
+
+
+def _attention_params(config, l: int, normal, dtype) -> Params:
+  """A stack's norm scales and attention parameters (of `attention_type`)."""
+  e, h = config.emb_dim, config.num_heads
+  params = {
+      "attn_norm": jnp.ones((l, e), dtype),
+      "mlp_norm": jnp.ones((l, e), dtype),
+  }
+  if config.attention_type == "mla":
+    params.update(mla.init_params(config, l, normal, dtype))
+    return params
+  k, d = config.num_kv_heads, config.head_dim
+  params["wq"] = normal((l, e, h, d), e)
+  params["wk"] = normal((l, e, k, d), e)
+  params["wv"] = normal((l, e, k, d), e)
+  params["wo"] = normal((l, h, d, e), h * d)
+  return params
+
+
 def _init_moe_params(config, rng: jax.Array) -> Params:
   """`init_params` of a model with experts: a dense and an MoE stack."""
-  v, e = config.vocab_size, config.emb_dim
-  h, k, d, m = (
-      config.num_heads,
-      config.num_kv_heads,
-      config.head_dim,
-      config.mlp_dim,
-  )
+  v, e, m = config.vocab_size, config.emb_dim, config.mlp_dim
   dtype = _dtype(config.weight_dtype)
   normal = _truncated_normal_init(rng, 32, dtype)
-
-  def attention(l):
-    return {
-        "attn_norm": jnp.ones((l, e), dtype),
-        "wq": normal((l, e, h, d), e),
-        "wk": normal((l, e, k, d), e),
-        "wv": normal((l, e, k, d), e),
-        "wo": normal((l, h, d, e), h * d),
-        "mlp_norm": jnp.ones((l, e), dtype),
-    }
-
   params = {"embedding": normal((v, e), 1)}
   dense = config.num_dense_layers
   if dense:
     params["layers"] = {
-        **attention(dense),
+        **_attention_params(config, dense, normal, dtype),
         "w_gate": normal((dense, e, m), e),
         "w_up": normal((dense, e, m), e),
         "w_down": normal((dense, m, e), m),
     }
   sparse = config.num_layers - dense
   params["moe_layers"] = {
-      **attention(sparse),
+      **_attention_params(config, sparse, normal, dtype),
       **moe.init_params(config, sparse, normal),
   }
   params["final_norm"] = jnp.ones((e,), dtype)
   params["unembedding"] = normal((e, v), e)
   return params
-
-
-def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm over the last axis, statistics in float32, result in x's dtype."""
-  x32 = x.astype(jnp.float32)
-  mean_square = jnp.mean(x32 * x32, axis=-1, keepdims=True)
-  normed = x32 * jax.lax.rsqrt(mean_square + eps)
-  return (normed * scale.astype(jnp.float32)).astype(x.dtype)
-
-
-def _rope(x: jax.Array, theta: float) -> jax.Array:
-  """Applies rotary position embeddings.
-
-  Dimension i of the first half of each head is rotated together with
-  dimension i of the second half, by the angle position * theta^(-2i/D).
-
-  Args:
-    x: [B, S, N, D] queries or keys, D even.
-    theta: frequency base.
-
-  Returns:
-    [B, S, N, D] in x's dtype.
-  """
-  seq_len, head_dim = x.shape[1], x.shape[3]
-  half = head_dim // 2
-  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
-  angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-  sin = jnp.sin(angles)[None, :, None, :]
-  cos = jnp.cos(angles)[None, :, None, :]
-  x32 = x.astype(jnp.float32)
-  x1, x2 = x32[..., :half], x32[..., half:]
-  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return rotated.astype(x.dtype)
 
 
 def _cuda_capability() -> float:
@@ -240,13 +232,16 @@ def attention_implementation(config) -> str:
 
   "auto" picks, for the default JAX backend: "cudnn" (fused flash attention)
   on a GPU of compute capability 8.0 or newer when the compute dtype is
-  bfloat16/float16 and head_dim is a multiple of 8 up to 128; otherwise
-  "dot_product" (XLA) on GPU and TPU; "einsum" on the CPU, where it is as fast
-  and is the reference. "splash" (a Pallas TPU kernel) is never picked by
-  "auto": it is not partitioned over a device mesh without `shard_map`.
+  bfloat16/float16 and the kernel's head width (`_kernel_head_width`) is a
+  multiple of 8 up to 128; otherwise "dot_product" (XLA) on GPU and TPU;
+  "einsum" on the CPU, where it is as fast and is the reference. "splash" (a
+  Pallas TPU kernel) is never picked by "auto": it is not partitioned over a
+  device mesh without `shard_map`. Every implementation serves both
+  attention types.
 
   Args:
-    config: the run configuration (`attention`, `compute_dtype`, `head_dim`).
+    config: the run configuration (`attention`, `compute_dtype`, `head_dim`
+      or the MLA head widths).
 
   Returns:
     One of "einsum", "dot_product", "cudnn", "splash".
@@ -277,12 +272,8 @@ def attention_implementation(config) -> str:
   if name != "auto":
     return name
   if backend == "gpu":
-    if (
-        half
-        and _cuda_capability() >= 8.0
-        and config.head_dim % 8 == 0
-        and config.head_dim <= 128
-    ):
+    width = _kernel_head_width(config)
+    if half and _cuda_capability() >= 8.0 and width % 8 == 0 and width <= 128:
       return "cudnn"
     return "dot_product"
   if backend == "tpu":
@@ -290,97 +281,30 @@ def attention_implementation(config) -> str:
   return "einsum"
 
 
-def _attend_einsum(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-  """Reference causal attention; scores and softmax in float32.
-
-  Args:
-    q: [B, S, H, D] queries (rotary embeddings applied).
-    k: [B, S, K, D] keys, H a multiple of K.
-    v: [B, S, K, D] values.
-
-  Returns:
-    [B, S, H, D] in q's dtype.
-  """
-  b, s, h, d = q.shape
-  kv = k.shape[2]
-  # Query heads h = kv_head * group + g share key/value head kv_head.
-  q = q.reshape(b, s, kv, h // kv, d)
-  scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
-  scores = scores / math.sqrt(d)
-  causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
-  scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
-  return out.reshape(b, s, h, d)
-
-
-def _attend_splash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-  """Causal attention with the Pallas splash kernel; shapes as `_attend_einsum`.
-
-  The sequence is zero-padded to a multiple of the kernel's block: padded
-  keys lie after every real query, so the causal mask hides them, and padded
-  queries are dropped. Off a TPU the kernel runs in Pallas interpret mode
-  (slow; for checking numerics on the CPU).
-  """
-  _, s, h, d = q.shape
-  padded = -(-s // _SPLASH_BLOCK) * _SPLASH_BLOCK
-  block = 512 if padded % 512 == 0 else _SPLASH_BLOCK
-
-  def heads_first(x):  # [B, S, N, D] -> [B, N, padded, D]
-    x = jnp.pad(x, ((0, 0), (0, padded - s), (0, 0), (0, 0)))
-    return jnp.swapaxes(x, 1, 2)
-
-  mask = splash_mask.MultiHeadMask(
-      [splash_mask.CausalMask((padded, padded))] * h
-  )
-  sizes = splash_kernel.BlockSizes(
-      block_q=block,
-      block_kv=block,
-      block_kv_compute=block,
-      block_q_dkv=block,
-      block_kv_dkv=block,
-      block_kv_dkv_compute=block,
-      block_q_dq=block,
-      block_kv_dq=block,
-  )
-  kernel = splash_kernel.make_splash_mha(
-      mask,
-      block_sizes=sizes,
-      head_shards=1,
-      q_seq_shards=1,
-      interpret=jax.default_backend() != "tpu",
-  )
-  q = q * jnp.asarray(1.0 / math.sqrt(d), q.dtype)
-  out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
-  return jnp.swapaxes(out, 1, 2)[:, :s]
+def _kernel_head_width(config) -> int:
+  """Head width the fused kernels see: head_dim, or for MLA the wider of the
+  query/key and value widths (`layers.attend` pads to it)."""
+  if config.attention_type == "mla":
+    return max(mla.qk_head_dim(config), config.v_head_dim)
+  return config.head_dim
 
 
 def _attention(
     x: jax.Array, layer: Mapping[str, jax.Array], config
 ) -> jax.Array:
-  """Causal grouped-query self-attention. x: [B, S, E] -> [B, S, E]."""
+  """Causal self-attention of `config.attention_type`. [B, S, E] -> same."""
+  implementation = attention_implementation(config)
+  if config.attention_type == "mla":
+    return mla.attention(x, layer, config, implementation)
   cdt = x.dtype
   tag = jax.ad_checkpoint.checkpoint_name
   q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
   k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
   v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
-  q = tag(_rope(q, config.rope_theta), "query")
-  k = tag(_rope(k, config.rope_theta), "key")
+  q = tag(layers.rope(q, config.rope_theta), "query")
+  k = tag(layers.rope(k, config.rope_theta), "key")
   v = tag(v, "value")
-  implementation = attention_implementation(config)
-  if implementation == "einsum":
-    out = _attend_einsum(q, k, v)
-  elif implementation == "splash":
-    out = _attend_splash(q, k, v)
-  else:
-    out = jax.nn.dot_product_attention(
-        q,
-        k,
-        v,
-        is_causal=True,
-        implementation="xla" if implementation == "dot_product" else "cudnn",
-    )
-  out = tag(out, "context")
+  out = tag(layers.attend(q, k, v, implementation), "context")
   return tag(
       jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
   )
@@ -445,14 +369,18 @@ def _final_hidden(
   x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
 
   def block(x, layer):
-    x = x + _attention(_rms_norm(x, layer["attn_norm"], eps), layer, config)
-    x = x + _mlp(_rms_norm(x, layer["mlp_norm"], eps), layer)
+    x = x + _attention(
+        layers.rms_norm(x, layer["attn_norm"], eps), layer, config
+    )
+    x = x + _mlp(layers.rms_norm(x, layer["mlp_norm"], eps), layer)
     return x, None
 
   def moe_block(x, layer):
-    x = x + _attention(_rms_norm(x, layer["attn_norm"], eps), layer, config)
+    x = x + _attention(
+        layers.rms_norm(x, layer["attn_norm"], eps), layer, config
+    )
     out, stats = moe.moe_mlp(
-        _rms_norm(x, layer["mlp_norm"], eps), layer, config
+        layers.rms_norm(x, layer["mlp_norm"], eps), layer, config
     )
     x = x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
     return x, stats
@@ -465,7 +393,7 @@ def _final_hidden(
         _remat(moe_block, config.remat_policy), x, params["moe_layers"]
     )
     stats = moe.summarize(per_layer)
-  return _rms_norm(x, params["final_norm"], eps), stats
+  return layers.rms_norm(x, params["final_norm"], eps), stats
 
 
 def _unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
@@ -643,19 +571,37 @@ def param_logical_axes(params: Params) -> Params:
   def is_axes(x):
     return isinstance(x, tuple)
 
-  axes = dict(_LOGICAL_AXES)
+  axes = dict(_OUTER_AXES)
+  if "layers" in params or "moe_layers" not in params:
+    axes["layers"] = _stack_axes(params.get("layers"), _MLP_AXES)
   if "moe_layers" in params:
-    if "layers" not in params:
-      del axes["layers"]
-    moe_axes = {**_ATTENTION_AXES, **moe.LOGICAL_AXES}
-    axes["moe_layers"] = {
-        name: moe_axes.get(name, ()) for name in params["moe_layers"]
-    }
+    moe_layers = params["moe_layers"]
+    shared = isinstance(moe_layers, Mapping) and "shared_w_gate" in moe_layers
+    axes["moe_layers"] = _stack_axes(
+        moe_layers,
+        {
+            name: names
+            for name, names in moe.LOGICAL_AXES.items()
+            if shared or not name.startswith("shared_")
+        },
+    )
   expected = jax.tree_util.tree_structure(axes, is_leaf=is_axes)
   actual = jax.tree_util.tree_structure(params)
   if expected != actual:
     raise ValueError(f"params structure {actual} is not the model's {expected}")
   return jax.tree_util.tree_map(lambda a: a, axes, is_leaf=is_axes)
+
+
+def _stack_axes(stack, ffn_axes: Params) -> Params:
+  """Logical axes of a block stack: norms, attention (its type read from
+  the stack's names) and the feed-forward layer's `ffn_axes`."""
+  if not isinstance(stack, Mapping):
+    return {}  # Cannot match: param_logical_axes reports the structure.
+  if "wkv_a" in stack:
+    attention = mla.logical_axes(low_rank_query="wq_a" in stack)
+  else:
+    attention = _GQA_AXES
+  return {**_NORM_AXES, **attention, **ffn_axes}
 
 
 def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:

@@ -12,6 +12,7 @@ import optax
 
 from maxtext import data
 from maxtext import engine as engine_lib
+from maxtext import layers
 from maxtext import model
 from maxtext.configs import base
 from maxtext.configs import default
@@ -143,9 +144,10 @@ class AttentionImplementationTest(parameterized.TestCase):
   def test_splash_matches_einsum(self, seq, heads, kv_heads, head_dim):
     self._check_matches_einsum("splash", seq, heads, kv_heads, head_dim)
 
-  def test_auto_is_the_einsum_reference_on_cpu(self):
+  @parameterized.named_parameters(("gqa", "gqa"), ("mla", "mla"))
+  def test_auto_is_the_einsum_reference_on_cpu(self, attention_type):
     self.assertEqual(jax.default_backend(), "cpu")
-    config = _tiny_config()
+    config = _tiny_config(attention_type=attention_type)
     self.assertEqual(config.attention, "auto")
     self.assertEqual(model.attention_implementation(config), "einsum")
     for name in ("einsum", "dot_product", "splash"):
@@ -344,9 +346,7 @@ class ModelTest(parameterized.TestCase):
         np.broadcast_to(rng.normal(size=(1, 1, 1, 8)), (1, 12, 1, 8)),
         jnp.float32,
     )
-    # RoPE's relative-position property is only observable on _rope itself.
-    # pylint: disable-next=protected-access
-    rq, rk = model._rope(q, 10000.0), model._rope(k, 10000.0)
+    rq, rk = layers.rope(q, 10000.0), layers.rope(k, 10000.0)
     scores = jnp.einsum("bsnd,btnd->st", rq, rk)
     np.testing.assert_allclose(scores[5, 2], scores[9, 6], rtol=1e-5)
     np.testing.assert_allclose(scores[3, 3], scores[11, 11], rtol=1e-5)
@@ -452,6 +452,39 @@ class ShardingTest(parameterized.TestCase):
   def test_logical_axes_reject_other_structures(self):
     with self.assertRaisesRegex(ValueError, "structure"):
       model.param_logical_axes({"w": jnp.zeros((2, 2))})
+    # A stack mixing the two attention types is no model's.
+    shapes = self._shapes(_tiny_config())
+    shapes["layers"]["wkv_a"] = shapes["layers"]["wq"]
+    with self.assertRaisesRegex(ValueError, "structure"):
+      model.param_logical_axes(shapes)
+
+  @parameterized.named_parameters(("low_rank_q", 8), ("full_rank_q", 0))
+  def test_mla_logical_axes_and_specs(self, q_lora_rank):
+    config = _tiny_config(
+        attention_type="mla",
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+    )
+    shapes = self._shapes(config)
+    self.assertNotIn("wk", shapes["layers"])
+    self.assertEqual(shapes["layers"]["wkv_a"].shape, (2, 32, 20))
+    axes = model.param_logical_axes(shapes)
+    self.assertEqual(
+        axes["layers"]["wkv_b"], ("layers", "kv_lora", "heads", "head_dim")
+    )
+    specs = model.param_partition_specs(shapes, 4)
+    p = jax.sharding.PartitionSpec
+    self.assertEqual(specs["layers"]["wkv_a"], p(None, "fsdp", None))
+    self.assertEqual(specs["layers"]["wo"], p(None, None, None, "fsdp"))
+
+  def test_unknown_attention_type_is_refused(self):
+    with self.assertRaisesRegex(ValueError, "attention_type='mha'"):
+      model.init_params(
+          _tiny_config(attention_type="mha"), jax.random.PRNGKey(0)
+      )
 
   @parameterized.named_parameters(
       ("one", 1), ("two", 2), ("four", 4), ("three", 3), ("sixty_four", 64)

@@ -1,0 +1,176 @@
+"""Layer primitives the attention layouts share: RMSNorm, RoPE, causal kernels.
+
+`maxtext.model` (grouped-query attention) and `maxtext.mla` (multi-head
+latent attention) both build their queries, keys and values with these and
+hand them to `attend`, so every attention implementation serves both. The
+module imports neither of them, so neither import is a cycle.
+"""
+
+import math
+
+import jax
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel as splash_kernel,
+)
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_mask as splash_mask,
+)
+import jax.numpy as jnp
+
+# Implementations `attend` runs ("auto" is resolved before, by
+# `maxtext.model.attention_implementation`).
+KERNELS = ("einsum", "dot_product", "cudnn", "splash")
+# Splash kernel block length: its blocks must be multiples of 128 lanes.
+_SPLASH_BLOCK = 128
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm over the last axis, statistics in float32, result in x's dtype."""
+  x32 = x.astype(jnp.float32)
+  mean_square = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+  normed = x32 * jax.lax.rsqrt(mean_square + eps)
+  return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: jax.Array, theta: float) -> jax.Array:
+  """Applies rotary position embeddings.
+
+  Dimension i of the first half of each head is rotated together with
+  dimension i of the second half, by the angle position * theta^(-2i/D).
+
+  Args:
+    x: [B, S, N, D] queries or keys, D even.
+    theta: frequency base.
+
+  Returns:
+    [B, S, N, D] in x's dtype.
+  """
+  seq_len, head_dim = x.shape[1], x.shape[3]
+  half = head_dim // 2
+  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
+  angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+  sin = jnp.sin(angles)[None, :, None, :]
+  cos = jnp.cos(angles)[None, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = x32[..., :half], x32[..., half:]
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x.dtype)
+
+
+def attend(
+    q: jax.Array, k: jax.Array, v: jax.Array, implementation: str
+) -> jax.Array:
+  """Causal attention with softmax scale 1/sqrt(query width).
+
+  The value width may differ from the query/key width (multi-head latent
+  attention). "einsum" takes that as it is; the fused kernels want one head
+  width, so q, k and v are zero-padded to the wider of the two (zero
+  columns add nothing to a score, and a value's zero columns give output
+  columns that are sliced off) and the scale is passed explicitly.
+
+  Args:
+    q: [B, S, H, Dqk] queries (rotary embeddings applied).
+    k: [B, S, K, Dqk] keys, H a multiple of K.
+    v: [B, S, K, Dv] values.
+    implementation: one of `KERNELS`.
+
+  Returns:
+    [B, S, H, Dv] in q's dtype.
+
+  Raises:
+    ValueError: unknown implementation.
+  """
+  if implementation not in KERNELS:
+    raise ValueError(
+        f"attention implementation {implementation!r}: must be one of "
+        f"{list(KERNELS)}"
+    )
+  qk_width, v_width = q.shape[-1], v.shape[-1]
+  scale = 1.0 / math.sqrt(qk_width)
+  if implementation == "einsum":
+    return _attend_einsum(q, k, v, scale)
+  width = max(qk_width, v_width)
+
+  def pad(x):
+    extra = width - x.shape[-1]
+    return jnp.pad(x, [(0, 0)] * 3 + [(0, extra)]) if extra else x
+
+  q, k, v = pad(q), pad(k), pad(v)
+  if implementation == "splash":
+    out = _attend_splash(q, k, v, scale)
+  else:
+    out = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        is_causal=True,
+        implementation="xla" if implementation == "dot_product" else "cudnn",
+    )
+  return out[..., :v_width]
+
+
+def _attend_einsum(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float
+) -> jax.Array:
+  """Reference causal attention; scores and softmax in float32.
+
+  Args: as `attend`, plus the softmax scale.
+
+  Returns:
+    [B, S, H, Dv] in q's dtype.
+  """
+  b, s, h, d = q.shape
+  kv = k.shape[2]
+  # Query heads h = kv_head * group + g share key/value head kv_head.
+  q = q.reshape(b, s, kv, h // kv, d)
+  scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
+  scores = scores * scale
+  causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
+  scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+  return out.reshape(b, s, h, v.shape[-1])
+
+
+def _attend_splash(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float
+) -> jax.Array:
+  """Causal attention with the Pallas splash kernel; q, k, v of one width.
+
+  The sequence is zero-padded to a multiple of the kernel's block: padded
+  keys lie after every real query, so the causal mask hides them, and padded
+  queries are dropped. Off a TPU the kernel runs in Pallas interpret mode
+  (slow; for checking numerics on the CPU).
+  """
+  _, s, h, _ = q.shape
+  padded = -(-s // _SPLASH_BLOCK) * _SPLASH_BLOCK
+  block = 512 if padded % 512 == 0 else _SPLASH_BLOCK
+
+  def heads_first(x):  # [B, S, N, D] -> [B, N, padded, D]
+    x = jnp.pad(x, ((0, 0), (0, padded - s), (0, 0), (0, 0)))
+    return jnp.swapaxes(x, 1, 2)
+
+  mask = splash_mask.MultiHeadMask(
+      [splash_mask.CausalMask((padded, padded))] * h
+  )
+  sizes = splash_kernel.BlockSizes(
+      block_q=block,
+      block_kv=block,
+      block_kv_compute=block,
+      block_q_dkv=block,
+      block_kv_dkv=block,
+      block_kv_dkv_compute=block,
+      block_q_dq=block,
+      block_kv_dq=block,
+  )
+  kernel = splash_kernel.make_splash_mha(
+      mask,
+      block_sizes=sizes,
+      head_shards=1,
+      q_seq_shards=1,
+      interpret=jax.default_backend() != "tpu",
+  )
+  q = q * jnp.asarray(scale, q.dtype)
+  out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
+  return jnp.swapaxes(out, 1, 2)[:, :s]

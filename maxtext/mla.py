@@ -1,0 +1,176 @@
+"""Multi-head latent attention (MLA), the attention of DeepSeek-V2 and V3.
+
+Keys and values are not projected per head from the residual stream: one
+low-rank latent c_kv = RMSNorm(x W_kv_a) of width `kv_lora_rank` is shared by
+all heads, and each head's key part k_nope and its value are projected up from
+it (W_kv_b). Position enters through a separate rotary part: the queries have
+a per-head rotary part q_rope, the keys one rotary vector k_rope per position,
+projected straight from x and shared by every head. Queries come from the
+residual stream directly (`q_lora_rank` 0) or through their own normalised
+low-rank bottleneck of width `q_lora_rank`.
+
+Per head h (nope = `qk_nope_head_dim`, rope = `qk_rope_head_dim`):
+  q_h = [q_nope_h, RoPE(q_rope_h)]           width nope + rope
+  k_h = [k_nope_h, RoPE(k_rope)]             width nope + rope
+  v_h                                        width `v_head_dim`
+  out = sum_h causal_softmax(q_h k_h^T / sqrt(nope + rope)) v_h W_o,h
+
+The attention itself is `maxtext.layers.attend`, so every implementation of
+`config.attention` serves MLA (the fused kernels get v zero-padded to the
+query/key width). Keys are materialised per head, as the training-time form
+of DeepSeek-V3 does; the absorbed form that attends in the latent space is an
+inference optimisation and not implemented.
+
+DeepSeek-V3's YaRN rotary scaling (its long-context extension) is out of
+scope: the rotary part uses the plain `rope_theta` frequencies.
+
+Parameter shapes of a stack of L layers (E emb_dim, H num_heads, Q
+q_lora_rank, C kv_lora_rank, N qk_nope_head_dim, R qk_rope_head_dim,
+D v_head_dim):
+  wq_a     [L, E, Q]           (Q > 0)
+  q_norm   [L, Q]              (Q > 0)
+  wq_b     [L, Q, H, N + R]    (Q > 0)
+  wq       [L, E, H, N + R]    (Q = 0, instead of the three above)
+  wkv_a    [L, E, C + R]       the last R columns give the shared k_rope
+  kv_norm  [L, C]
+  wkv_b    [L, C, H, N + D]    the first N columns of a head give k_nope
+  wo       [L, H, D, E]
+"""
+
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from maxtext import layers
+
+# Logical axis names of the MLA parameters (one per dimension).
+LOGICAL_AXES = {
+    "wq_a": ("layers", "embed", "q_lora"),
+    "q_norm": ("layers", "norm"),
+    "wq_b": ("layers", "q_lora", "heads", "head_dim"),
+    "wq": ("layers", "embed", "heads", "head_dim"),
+    "wkv_a": ("layers", "embed", "kv_lora"),
+    "kv_norm": ("layers", "norm"),
+    "wkv_b": ("layers", "kv_lora", "heads", "head_dim"),
+    "wo": ("layers", "heads", "head_dim", "embed"),
+}
+# The query parameters of each choice of q_lora_rank.
+_LOW_RANK_QUERY = ("wq_a", "q_norm", "wq_b")
+_FULL_RANK_QUERY = ("wq",)
+
+
+def qk_head_dim(config) -> int:
+  """Width of one head's queries and keys: nope + rope."""
+  return config.qk_nope_head_dim + config.qk_rope_head_dim
+
+
+def logical_axes(low_rank_query: bool) -> dict[str, tuple[str, ...]]:
+  """Logical axes of one stack's MLA parameters.
+
+  Args:
+    low_rank_query: whether the queries have the low-rank bottleneck
+      (`q_lora_rank` > 0: wq_a, q_norm, wq_b) or not (wq).
+  """
+  query = _LOW_RANK_QUERY if low_rank_query else _FULL_RANK_QUERY
+  return {
+      name: names
+      for name, names in LOGICAL_AXES.items()
+      if name in query or name not in _LOW_RANK_QUERY + _FULL_RANK_QUERY
+  }
+
+
+def init_params(
+    config,
+    num_layers: int,
+    normal: Callable[[tuple[int, ...], int], jax.Array],
+    dtype,
+) -> dict[str, jax.Array]:
+  """The MLA parameters of `num_layers` stacked layers.
+
+  Matrices come from `normal(shape, fan_in)` (draws in the order wq_a, wq_b
+  or wq, then wkv_a, wkv_b, wo); the norm scales start at 1.
+
+  Args:
+    config: the run configuration (`emb_dim`, `num_heads` and the MLA
+      fields).
+    num_layers: layers in the stack.
+    normal: `normal(shape, fan_in)` draws a scaled truncated normal.
+    dtype: dtype of the norm scales (the matrices' is `normal`'s).
+
+  Returns:
+    name -> array, the shapes in the module docstring.
+  """
+  l, e, h = num_layers, config.emb_dim, config.num_heads
+  q_rank, kv_rank = config.q_lora_rank, config.kv_lora_rank
+  rope_dim, v_dim = config.qk_rope_head_dim, config.v_head_dim
+  qk = qk_head_dim(config)
+  params = {}
+  if q_rank:
+    params["wq_a"] = normal((l, e, q_rank), e)
+    params["q_norm"] = jnp.ones((l, q_rank), dtype)
+    params["wq_b"] = normal((l, q_rank, h, qk), q_rank)
+  else:
+    params["wq"] = normal((l, e, h, qk), e)
+  params["wkv_a"] = normal((l, e, kv_rank + rope_dim), e)
+  params["kv_norm"] = jnp.ones((l, kv_rank), dtype)
+  params["wkv_b"] = normal(
+      (l, kv_rank, h, config.qk_nope_head_dim + v_dim), kv_rank
+  )
+  params["wo"] = normal((l, h, v_dim, e), h * v_dim)
+  return params
+
+
+def attention(
+    x: jax.Array, layer: Mapping[str, jax.Array], config, implementation: str
+) -> jax.Array:
+  """Causal multi-head latent attention of one layer.
+
+  The intermediates carry the `checkpoint_name` tags of the grouped-query
+  attention ("query", "key", "value", "context", "attn_out"), so the remat
+  policies keep the same things.
+
+  Args:
+    x: [B, S, E] normalised input, in the compute dtype.
+    layer: one layer's parameters (the module docstring's, without L).
+    config: the run configuration (`num_heads`, the MLA fields,
+      `rope_theta`, `norm_epsilon`).
+    implementation: a resolved attention implementation
+      (`maxtext.layers.KERNELS`).
+
+  Returns:
+    [B, S, E] in x's dtype.
+  """
+  cdt = x.dtype
+  tag = jax.ad_checkpoint.checkpoint_name
+  b, s, _ = x.shape
+  h = config.num_heads
+  nope, rope_dim = config.qk_nope_head_dim, config.qk_rope_head_dim
+  kv_rank = config.kv_lora_rank
+  theta, eps = config.rope_theta, config.norm_epsilon
+
+  if "wq_a" in layer:
+    q_latent = jnp.einsum("bse,eq->bsq", x, layer["wq_a"].astype(cdt))
+    q_latent = layers.rms_norm(q_latent, layer["q_norm"], eps)
+    q = jnp.einsum("bsq,qhd->bshd", q_latent, layer["wq_b"].astype(cdt))
+  else:
+    q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
+  q = jnp.concatenate(
+      [q[..., :nope], layers.rope(q[..., nope:], theta)], axis=-1
+  )
+
+  kv_a = jnp.einsum("bse,ec->bsc", x, layer["wkv_a"].astype(cdt))
+  kv_latent = layers.rms_norm(kv_a[..., :kv_rank], layer["kv_norm"], eps)
+  k_rope = layers.rope(kv_a[:, :, None, kv_rank:], theta)  # [B, S, 1, R]
+  kv = jnp.einsum("bsc,chd->bshd", kv_latent, layer["wkv_b"].astype(cdt))
+  k = jnp.concatenate(
+      [kv[..., :nope], jnp.broadcast_to(k_rope, (b, s, h, rope_dim))],
+      axis=-1,
+  )
+  v = kv[..., nope:]
+
+  q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
+  out = tag(layers.attend(q, k, v, implementation), "context")
+  return tag(
+      jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
+  )

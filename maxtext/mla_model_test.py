@@ -1,0 +1,249 @@
+"""Tests of the model with multi-head latent attention (maxtext/mla.py).
+
+Dense and mixture-of-experts MLA models train through `model.loss_fn`, the
+remat policies give the same gradients, every parameter has a partition
+spec, and a run sharded over four fake CPU devices (fixed when JAX starts,
+so this test has its own target and sets XLA_FLAGS before importing JAX)
+computes the one-device gradients. The layer itself is tested in
+mla_test.py.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=4"
+).strip()
+
+# XLA_FLAGS must be set before JAX is imported, so the imports follow it.
+# pylint: disable=wrong-import-position
+import functools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maxtext import mesh as mesh_lib
+from maxtext import model
+from maxtext.configs import base
+
+# pylint: enable=wrong-import-position
+
+
+def _model_config(**overrides):
+  """base.py's model shrunk, with MLA attention."""
+  config = base.get_config()
+  config.update(
+      dict(
+          vocab_size=32,
+          emb_dim=32,
+          num_layers=2,
+          num_heads=4,
+          mlp_dim=64,
+          max_sequence_length=16,
+          global_batch_size=8,
+          attention_type="mla",
+          q_lora_rank=8,
+          kv_lora_rank=12,
+          qk_nope_head_dim=8,
+          qk_rope_head_dim=4,
+          v_head_dim=6,
+      )
+  )
+  config.update(overrides)
+  return config
+
+
+_MOE = dict(
+    num_experts=4,
+    num_experts_per_token=2,
+    num_shared_experts=1,
+    num_dense_layers=1,
+    moe_mlp_dim=16,
+)
+
+
+def _batch(config, batch=4, seed=0):
+  rng = np.random.default_rng(seed)
+  shape = (batch, config.max_sequence_length)
+  return {
+      "inputs": jnp.asarray(rng.integers(0, config.vocab_size, shape)),
+      "targets": jnp.asarray(rng.integers(0, config.vocab_size, shape)),
+  }
+
+
+def _loss_and_grads(config, params, batch):
+  return jax.jit(
+      jax.value_and_grad(
+          functools.partial(model.loss_fn, config=config), has_aux=True
+      )
+  )(params, batch)
+
+
+class MlaModelTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("dense_full_rank_q", dict(q_lora_rank=0)),
+      ("experts_low_rank_q", _MOE),
+  )
+  def test_trains(self, overrides):
+    config = _model_config(**overrides)
+    params = model.init_params(config, jax.random.PRNGKey(0))
+    attention = params["moe_layers" if "num_experts" in overrides else "layers"]
+    self.assertIn("wkv_b", attention)
+    self.assertNotIn("wk", attention)
+    batch = _batch(config)
+    tx = optax.adam(1e-2)
+
+    @jax.jit
+    def step(params, opt_state):
+      (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(
+          params, batch, config
+      )
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss
+
+    opt_state = tx.init(params)
+    losses = []
+    for _ in range(8):
+      params, opt_state, loss = step(params, opt_state)
+      losses.append(float(loss))
+    chex.assert_tree_all_finite(params)
+    self.assertLess(losses[-1], 0.8 * losses[0], losses)
+
+  def test_remat_grads_match_no_remat(self):
+    reference = _model_config()
+    params = model.init_params(reference, jax.random.PRNGKey(2))
+    batch = _batch(reference)
+    (ref_loss, _), ref_grads = _loss_and_grads(reference, params, batch)
+    for policy in ("full", "save_dots", "save_named"):
+      config = _model_config(remat_policy=policy)
+      (loss, _), grads = _loss_and_grads(config, params, batch)
+      np.testing.assert_allclose(loss, ref_loss, rtol=1e-6, err_msg=policy)
+      chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
+
+  def test_block_tags_the_saved_names(self):
+    # save_named keeps what the block tags; MLA tags what gqa does.
+    config = _model_config()
+    params = jax.eval_shape(
+        lambda: model.init_params(config, jax.random.PRNGKey(0))
+    )
+    jaxpr = str(
+        jax.make_jaxpr(functools.partial(model.loss_fn, config=config))(
+            params, _batch(config)
+        )
+    )
+    for name in model.SAVED_NAMES:
+      self.assertIn(f"name={name}", jaxpr)
+
+
+class MlaShardingTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(("low_rank_q", 8), ("full_rank_q", 0))
+  def test_every_parameter_has_a_partition_spec(self, q_lora_rank):
+    config = _model_config(q_lora_rank=q_lora_rank, **_MOE)
+    shapes = jax.eval_shape(
+        lambda: model.init_params(config, jax.random.PRNGKey(0))
+    )
+    specs = model.param_partition_specs(shapes, 4, expert_size=2)
+    jax.tree.map(
+        lambda x, spec: self.assertLen(spec, x.ndim),
+        shapes,
+        specs,
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
+    )
+    for stack in ("layers", "moe_layers"):
+      self.assertIn("wkv_b", specs[stack])
+
+  @parameterized.named_parameters(("experts", _MOE, 2, 2))
+  def test_sharded_gradients_match_one_device(self, overrides, fsdp, experts):
+    config = _model_config(**overrides)
+    params = model.init_params(config, jax.random.PRNGKey(3))
+    specs = model.param_partition_specs(params, fsdp, expert_size=experts)
+    axes = model.param_logical_axes(params)
+    jax.tree.map(
+        lambda x, names: self.assertLen(names, x.ndim),
+        params,
+        axes,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
+    # The big attention matrices are really split over FSDP.
+    stack = params["moe_layers" if experts > 1 else "layers"]
+    stack_specs = specs["moe_layers" if experts > 1 else "layers"]
+    for name in ("wkv_a", "wkv_b", "wo"):
+      self.assertIn("fsdp", tuple(stack_specs[name]), name)
+    mesh = jax.sharding.Mesh(
+        devices=np.array(jax.devices()[:4]).reshape((1, fsdp, experts)),
+        axis_names=("data", "fsdp", "expert"),
+    )
+    sharded = jax.device_put(params, mesh_lib.param_shardings(specs, mesh))
+    sharded_stack = sharded["moe_layers" if experts > 1 else "layers"]
+    for name in ("wkv_a", "wkv_b", "wo"):
+      shard = sharded_stack[name].addressable_shards[0].data
+      self.assertEqual(shard.size * fsdp, stack[name].size, name)
+    batch = _batch(config)
+    (loss, _), grads = _loss_and_grads(config, sharded, batch)
+    (ref_loss, _), ref_grads = _loss_and_grads(config, params, batch)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-6)
+
+
+def _deepseek_v3(**overrides):
+  """DeepSeek-V3's published shape (without the multi-token prediction)."""
+  config = base.get_config()
+  config.update(
+      dict(
+          vocab_size=129280,
+          emb_dim=7168,
+          num_layers=61,
+          num_heads=128,
+          mlp_dim=18432,
+          attention_type="mla",
+          q_lora_rank=1536,
+          kv_lora_rank=512,
+          qk_nope_head_dim=128,
+          qk_rope_head_dim=64,
+          v_head_dim=128,
+          num_experts=256,
+          num_experts_per_token=8,
+          num_shared_experts=1,
+          num_dense_layers=3,
+          moe_mlp_dim=2048,
+          weight_dtype="bfloat16",
+      )
+  )
+  config.update(overrides)
+  return config
+
+
+class DeepSeekShapeTest(absltest.TestCase):
+
+  def test_full_size_params_under_eval_shape(self):
+    config = _deepseek_v3()
+    shapes = jax.eval_shape(
+        lambda: model.init_params(config, jax.random.PRNGKey(0))
+    )
+    moe_layers = shapes["moe_layers"]
+    self.assertEqual(moe_layers["wq_b"].shape, (58, 1536, 128, 192))
+    self.assertEqual(moe_layers["wkv_a"].shape, (58, 7168, 576))
+    self.assertEqual(moe_layers["wkv_b"].shape, (58, 512, 128, 256))
+    self.assertEqual(moe_layers["wo"].shape, (58, 128, 128, 7168))
+    self.assertEqual(moe_layers["w_up"].shape, (58, 256, 7168, 2048))
+    self.assertEqual(shapes["layers"]["wq_a"].shape, (3, 7168, 1536))
+    # DeepSeek-V3 reports 671B parameters for the main model; ours lacks
+    # only its router bias (256 per MoE layer).
+    total = model.num_params(shapes)
+    self.assertBetween(total, 670e9, 672e9)
+    specs = model.param_partition_specs(shapes, 8, expert_size=8)
+    self.assertEqual(
+        specs["moe_layers"]["w_up"],
+        jax.sharding.PartitionSpec(None, "expert", "fsdp", None),
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()
