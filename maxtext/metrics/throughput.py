@@ -7,15 +7,18 @@ benchmarks report the same figures.
 FLOP convention (model FLOPs, as MaxText and PaLM count them): a training
 step costs, per token,
 
-  6 * N + 12 * L * H * D * S
+  6 * N + 6 * L * H * (D_qk + D_v) * S
 
 where N is the number of parameters that take part in a matmul (every weight
 matrix and the unembedding; the embedding is a lookup and the norm scales are
 element-wise, so neither counts), 6 = 2 forward + 4 backward FLOPs per
 parameter, and the second term is attention's score (QK^T) and value (AV)
-products: per layer two matmuls of S x H x D multiply-adds per token, forward
-and backward, over the full sequence length S. The causal mask is not
-subtracted, and rematerialisation is not counted: the figure is what the
+products: per layer and token, S x H x D_qk and S x H x D_v multiply-adds,
+forward and backward, over the full sequence length S. With grouped-query
+attention D_qk = D_v = head_dim, so the term is 12 * L * H * D * S; with
+multi-head latent attention (`attention_type` "mla") D_qk =
+qk_nope_head_dim + qk_rope_head_dim and D_v = v_head_dim. The causal mask is
+not subtracted, and rematerialisation is not counted: the figure is what the
 model needs, not what the hardware ran.
 
 MFU is the model FLOP/s per device over the device's published dense peak for
@@ -153,7 +156,8 @@ def matmul_params(config: Any) -> int:
   """Parameters that take part in a matmul per token (N of the convention).
 
   Per layer the query, key, value and output projections (grouped-query
-  attention: `num_kv_heads` key/value heads) and the SwiGLU MLP's gate, up
+  attention: `num_kv_heads` key/value heads; multi-head latent attention:
+  its low-rank projections, `_mla_params`) and the SwiGLU MLP's gate, up
   and down matrices; then the unembedding. The embedding (a lookup) and the
   norm scales are left out. A mixture-of-experts layer (`num_experts` > 0,
   after the first `num_dense_layers`) counts its active parameters: the
@@ -164,7 +168,7 @@ def matmul_params(config: Any) -> int:
   Args:
     config: a config with `emb_dim`, `num_heads`, `num_kv_heads`, `head_dim`,
       `mlp_dim`, `num_layers` and `vocab_size`, and optionally the MoE
-      fields above.
+      and MLA fields.
   """
   e, h, k, d, m = (
       config.emb_dim,
@@ -173,7 +177,10 @@ def matmul_params(config: Any) -> int:
       config.head_dim,
       config.mlp_dim,
   )
-  attention = e * h * d + 2 * e * k * d + h * d * e
+  if _is_mla(config):
+    attention = _mla_params(config)
+  else:
+    attention = e * h * d + 2 * e * k * d + h * d * e
   experts = getattr(config, "num_experts", 0)
   if not experts:
     return config.num_layers * (attention + 3 * e * m) + e * config.vocab_size
@@ -188,17 +195,47 @@ def matmul_params(config: Any) -> int:
   )
 
 
+def _is_mla(config: Any) -> bool:
+  return getattr(config, "attention_type", "gqa") == "mla"
+
+
+def _mla_params(config: Any) -> int:
+  """Matmul parameters of one multi-head latent attention layer.
+
+  Queries: E x Q down and Q x H(N+R) up (`q_lora_rank` Q > 0), or E x H(N+R);
+  keys/values: E x (C + R) down (the latent and the shared rotary key) and
+  C x H(N+D) up; output: H D x E (C kv_lora_rank, N qk_nope_head_dim,
+  R qk_rope_head_dim, D v_head_dim; `maxtext.mla`).
+  """
+  e, h = config.emb_dim, config.num_heads
+  q, c = config.q_lora_rank, config.kv_lora_rank
+  n, r, d = (
+      config.qk_nope_head_dim,
+      config.qk_rope_head_dim,
+      config.v_head_dim,
+  )
+  query = e * q + q * h * (n + r) if q else e * h * (n + r)
+  return query + e * (c + r) + c * h * (n + d) + h * d * e
+
+
 def training_flops_per_token(config: Any) -> int:
   """Model FLOPs of one training token, forward and backward.
 
-  `6 * matmul_params(config) + 12 * num_layers * num_heads * head_dim *
-  max_sequence_length` (the module docstring states the convention).
+  `6 * matmul_params(config) + 6 * num_layers * num_heads * (D_qk + D_v) *
+  max_sequence_length`, D_qk = D_v = head_dim for grouped-query attention
+  (the module docstring states the convention).
   """
+  if _is_mla(config):
+    widths = (
+        config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
+    )
+  else:
+    widths = 2 * config.head_dim
   attention = (
-      12
+      6
       * config.num_layers
       * config.num_heads
-      * config.head_dim
+      * widths
       * config.max_sequence_length
   )
   return 6 * matmul_params(config) + attention

@@ -166,6 +166,63 @@ class FlopsTest(parameterized.TestCase):
         throughput.training_flops_per_token(config), 6 * 2**30 + attention
     )
 
+  @parameterized.named_parameters(
+      # E 16, H 2, C 6, N 3, R 2, Dv 5, one layer, M 8, V 10, S 4. Attention:
+      # queries 16*4 + 4*2*(3+2) = 104 (Q 4) or 16*2*(3+2) = 160 (Q 0);
+      # keys/values 16*(6+2) + 6*2*(3+5) = 224; output 2*5*16 = 160. MLP
+      # 3*16*8 = 384, unembedding 16*10 = 160. Scores and values:
+      # 6 * 1 layer * 2 heads * ((3+2) + 5) * 4 positions = 480.
+      ("low_rank_q", 4, 104 + 224 + 160 + 384 + 160),
+      ("full_rank_q", 0, 160 + 224 + 160 + 384 + 160),
+  )
+  def test_mla_counts_by_hand(self, q_lora_rank, matmul_params):
+    config = _config(
+        attention_type="mla",
+        emb_dim=16,
+        num_heads=2,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=6,
+        qk_nope_head_dim=3,
+        qk_rope_head_dim=2,
+        v_head_dim=5,
+        num_layers=1,
+        mlp_dim=8,
+        vocab_size=10,
+        max_sequence_length=4,
+    )
+    self.assertEqual(throughput.matmul_params(config), matmul_params)
+    self.assertEqual(
+        throughput.training_flops_per_token(config), 6 * matmul_params + 480
+    )
+
+  @parameterized.named_parameters(
+      ("dense", dict()),
+      ("experts", dict(num_experts=4, num_dense_layers=1, moe_mlp_dim=24)),
+  )
+  def test_mla_matmul_params_are_the_models_matrices(self, overrides):
+    config = _config(
+        attention_type="mla",
+        q_lora_rank=24,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=12,
+        num_layers=2,
+        num_experts_per_token=4,
+        **overrides,
+    )
+    shapes = jax.eval_shape(
+        lambda: model.init_params(config, jax.random.PRNGKey(0))
+    )
+    norms = ("attn_norm", "mlp_norm", "q_norm", "kv_norm", "final_norm")
+    # Every expert is active (top-4 of 4), so every matrix counts.
+    expected = sum(
+        int(np.prod(x.shape))
+        for path, x in jax.tree_util.tree_leaves_with_path(shapes)
+        if path[-1].key not in norms + ("embedding",)
+    )
+    self.assertEqual(throughput.matmul_params(config), expected)
+
   def test_reproduces_the_issues_h200_measurement(self):
     # The accelerators issue measured this model at 44,233 tokens/s on one
     # H200 and reported MFU 30.6% with the same convention and peak.
