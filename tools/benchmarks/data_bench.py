@@ -1,26 +1,29 @@
-r"""Benchmark: the Grain input pipeline's batches/s against the step's demand.
+r"""Benchmark: the Grain input pipeline against the training step's demand.
 
 Runbook:
 
   tools/bazel run //tools/benchmarks:data_bench -- [--shapes=default,gpu_1b]
-      [--workers=0,2] [--batches=40] [--steps=30]
+      [--workers=0,2] [--batches=40] [--steps=30] [--warmup_steps=3]
       [--device_kind="NVIDIA H200"] [--mfu=0.4] [--num_devices=1]
-  # A shape shrunk or changed: --set=<shape>.<field>=<JSON value>, e.g.
+      [--output_dir=DIR]
+  # A shape changed: --set=<shape>.<field>=<JSON value>, e.g.
   #   --set=gpu_1b.global_batch_size=8
+  # --set=<shape>.grain_worker_count=N measures that shape at N workers only.
 
 The goal: the pipeline is never the bottleneck, i.e. the training loop waits
-for its next batch at most `--goal_share` (2%) of its step time.
+for its next batch at most `--goal_share` (2%) of its step time, as the
+trainer's own step timing reports it.
 
 Data: the Python standard library's sources (`maxtext/text/stdlib_corpus`),
-prepared in a temp dir by `maxtext.text.prepare` (a `--vocab`-piece
-sentencepiece tokenizer trained on them, the library's default records and
-shards), read by `maxtext.text.grain_dataset.GrainDataset`, the reader of
-dataset_type="grain", at each shape's real batch x sequence. A shape is a
-config file of `maxtext/configs/` whose vocabulary is raised to the
-tokenizer's where smaller (default.py's 256 ids are fewer than any trained
-tokenizer's), with `--set` overrides. Each shape is measured with each
-`--workers` count (`grain_worker_count`: 0 reads in the trainer's process
-with Grain's threads, n > 0 in n worker processes).
+prepared by `maxtext.text.prepare` (a `--vocab`-piece sentencepiece
+tokenizer trained on them, the library's default records and shards), read
+through dataset_type="grain" (`maxtext.text.grain_dataset.GrainDataset`) at
+each shape's real batch x sequence. A shape is a config file of
+`maxtext/configs/` whose vocabulary is raised to the tokenizer's where
+smaller (default.py's 256 ids are fewer than any trained tokenizer's), with
+`--set` overrides. Each shape is measured with each `--workers` count
+(`grain_worker_count`: 0 reads in the trainer's process with Grain's
+threads, n > 0 in n worker processes).
 
 Per row:
 
@@ -28,33 +31,35 @@ Per row:
                 back, after `--warmup_batches` (the iterator's start, worker
                 processes' start-up); Grain's read-ahead buffer of a few
                 batches counts into the first timed ones.
-  demand_b/s    steps/s the training step runs at when data costs nothing:
-                  cpu        (shapes in `--train_shapes`) measured here: the
-                             engine's real steps on batches read beforehand;
-                  <device>   (the others) from the model's FLOPs per step
-                             (`maxtext.metrics.throughput`, the FLOPs the
-                             trainer's MFU counts) over `--num_devices`
-                             devices of `--device_kind` at `--mfu` of their
-                             dense peak for the config's compute dtype.
+  steps, step_ms, wait_ms, wait_share
+                the loop fed by the pipeline, over `--steps` steps after
+                `--warmup_steps`: steps counted, mean step time, mean data
+                wait per step, sum(waits) / sum(step times). `times_from`:
+    metrics.jsonl   (shapes in `--train_shapes`) the trainer's own timing:
+        `trainer.run(config)` trains the shape on the prepared data, and
+        the figures are its train records' `step_time_s` and `data_wait_s`
+        (the step's seconds in the data set's `get_batch`; see
+        `maxtext/trainer.py`). The config's model, batch, K and learning
+        rate schedule; one evaluation and one checkpoint, after the last
+        step (outside the step times); no MLPerf log.
+    paced_stand-in  (the others: too big to train on this host) NOT the
+        trainer: a stand-in for the device's step. Per step the host reads
+        the next batch (timed: the wait), then sleeps until the FLOP-based
+        step time has passed since the step started, as it idles in
+        `update()` while an accelerator computes.
+  demand_b/s    steps/s of the training step when data costs nothing:
+    trainer     (trained shapes) the row's trainer run:
+        1 / mean(step_time_s - data_wait_s); on a CPU the pipeline's
+        threads and processes share the cores with the step, as they do in
+        any CPU run.
+    <device>    (the others) the model's FLOPs per step
+        (`maxtext.metrics.throughput`, the FLOPs the trainer's MFU counts)
+        over `--num_devices` devices of `--device_kind` at `--mfu` of their
+        dense peak for the config's compute dtype.
   ratio         pipeline_b/s / demand_b/s (>= 1: the pipeline keeps up).
-  step_ms, wait_ms, wait_share
-                a training loop fed by the pipeline: per step the mean step
-                time, the mean time spent in `get_batch` (the data wait) and
-                their ratio, sum(waits) / sum(step times), over `--steps`
-                steps after `--warmup_steps`. The loop does what the
-                trainer's loop (`maxtext.trainer._train_loop`) does, in its
-                order: dispatch the step's K micro-batches, read the next
-                step's batch (timed: the wait) and put its micro-batches on
-                the devices, then `update()`; a step's time runs from one
-                `update()`'s return to the next's, as the trainer's does.
-                For a `cpu` shape the step is the engine's real step on
-                this machine (the pipeline's threads and the step share its
-                cores, as they do in a CPU run). For the others the
-                device's step is emulated: the host reads the batch, then
-                sleeps until the demanded step time has passed since the
-                step started (on an accelerator the host idles in
-                `update()` while the device computes).
 
+`--output_dir` keeps the prepared data (data/) and the runs
+(runs/<shape>_workers<n>/metrics.jsonl); by default a temp dir, removed.
 The last line is:
 
   data_bench: min_ratio=R worst_wait_share=S% goal=met|missed
@@ -79,9 +84,8 @@ import jax
 
 from maxtext import checks
 from maxtext import config_lib
-from maxtext import data
-from maxtext import mesh as mesh_lib
-from maxtext import model_setup
+from maxtext import trainer
+from maxtext.metrics import jsonl
 from maxtext.metrics import throughput
 from maxtext.text import grain_dataset
 from maxtext.text import prepare
@@ -93,8 +97,8 @@ _SHAPES = flags.DEFINE_list(
 _TRAIN_SHAPES = flags.DEFINE_list(
     "train_shapes",
     ["default"],
-    "Shapes whose demand is measured by training here (the others' comes "
-    "from their FLOPs at --device_kind and --mfu).",
+    "Shapes the trainer trains here (the others are paced at their FLOP "
+    "step time on --device_kind at --mfu).",
 )
 _SET = flags.DEFINE_multi_string(
     "set", [], "<shape>.<field>=<JSON value> overrides of a shape's config."
@@ -110,7 +114,10 @@ _WARMUP_BATCHES = flags.DEFINE_integer(
 )
 _STEPS = flags.DEFINE_integer("steps", 30, "Training steps timed per row.")
 _WARMUP_STEPS = flags.DEFINE_integer(
-    "warmup_steps", 3, "Training steps run before timing (compilation)."
+    "warmup_steps",
+    3,
+    "Training steps before the timed ones (compilation, the pipeline's "
+    "start); a trainer run trains warmup_steps + steps steps.",
 )
 _DEVICE_KIND = flags.DEFINE_string(
     "device_kind",
@@ -130,16 +137,42 @@ _CORPUS_FILES = flags.DEFINE_integer(
 _VOCAB = flags.DEFINE_integer(
     "vocab", 512, "Pieces of the sentencepiece tokenizer trained on it."
 )
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir",
+    "",
+    "Keeps the prepared data and the trainer's runs here (empty or absent); "
+    "empty = a temp dir, removed at the end.",
+)
 _CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir",
     "",
-    "JAX's persistent compilation cache; empty = a temp dir of this run.",
+    "JAX's persistent compilation cache; empty = a dir under the output.",
 )
 _GOAL_SHARE = flags.DEFINE_float(
     "goal_share", 0.02, "Largest data wait share of the step time."
 )
 
-CPU_DEMAND = "cpu"
+TRAINER_DEMAND = "trainer"
+FROM_RECORDS = "metrics.jsonl"
+FROM_PACED = "paced_stand-in"
+_WORKERS_FIELD = "grain_worker_count"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopTimes:
+  """Per-step times of a training loop (s), index-aligned, non-empty."""
+
+  step: list[float]
+  wait: list[float]
+
+  @property
+  def wait_share(self) -> float:
+    return math.fsum(self.wait) / math.fsum(self.step)
+
+  @property
+  def busy_rate(self) -> float:
+    """Steps/s of the loop with its data waits taken out."""
+    return len(self.step) / (math.fsum(self.step) - math.fsum(self.wait))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +184,11 @@ class Row:
     workers: grain_worker_count.
     pipeline_rate: batches/s of the pipeline read alone.
     demand_rate: steps/s the training step needs.
-    demand_from: "cpu" (measured here) or the device the FLOPs assume.
-    step_s: mean step time of the loop fed by the pipeline (s).
-    wait_s: mean time per step in `get_batch` in that loop (s).
-    wait_share: sum of waits over sum of step times in that loop.
+    demand_from: "trainer" (its run's records) or the device the FLOPs
+      assume.
+    times: the timed steps of the loop fed by the pipeline.
+    times_from: "metrics.jsonl" (the trainer's records) or
+      "paced_stand-in" (the device's step emulated).
   """
 
   shape: str
@@ -162,13 +196,16 @@ class Row:
   pipeline_rate: float
   demand_rate: float
   demand_from: str
-  step_s: float
-  wait_s: float
-  wait_share: float
+  times: LoopTimes
+  times_from: str
 
   @property
   def ratio(self) -> float:
     return self.pipeline_rate / self.demand_rate
+
+  @property
+  def wait_share(self) -> float:
+    return self.times.wait_share
 
 
 def prepare_corpus(output_dir: str, files: int, vocab: int) -> dict:
@@ -249,6 +286,19 @@ def shape_config(
   return config
 
 
+def shape_workers(
+    workers: Sequence[int], overrides: Optional[dict]
+) -> list[int]:
+  """The worker counts a shape is measured at: --set's one, else `workers`.
+
+  Raises:
+    ValueError: the override's grain_worker_count is no int >= 0.
+  """
+  if overrides and _WORKERS_FIELD in overrides:
+    return [checks.check_int(_WORKERS_FIELD, overrides[_WORKERS_FIELD], 0)]
+  return list(workers)
+
+
 def flops_step_time(
     config, device_kind: str, mfu: float, num_devices: int
 ) -> float:
@@ -272,79 +322,94 @@ def flops_step_time(
   return run.flops_per_step / (num_devices * run.peak_flops_per_device * mfu)
 
 
-def pipeline_rate(dataset, batches: int, warmup: int) -> float:
-  """Batches/s of `dataset.get_batch` called back to back.
+def pipeline_rate(config, batches: int, warmup: int) -> float:
+  """Batches/s of a fresh pipeline's `get_batch` called back to back.
 
   Reads steps 0 .. warmup + batches - 1 and times the last `batches`.
   """
-  for step in range(warmup):
-    dataset.get_batch(step)
-  start = time.perf_counter()
-  for step in range(warmup, warmup + batches):
-    dataset.get_batch(step)
-  return batches / (time.perf_counter() - start)
+  dataset = grain_dataset.GrainDataset(config)
+  try:
+    for step in range(warmup):
+      dataset.get_batch(step)
+    start = time.perf_counter()
+    for step in range(warmup, warmup + batches):
+      dataset.get_batch(step)
+    return batches / (time.perf_counter() - start)
+  finally:
+    dataset.close()
 
 
-@dataclasses.dataclass(frozen=True)
-class LoopTimes:
-  """Per-step times of a training loop (s), index-aligned."""
+def train_config(
+    config, runs_dir: str, run_name: str, steps: int, cache_dir: str
+):
+  """`config` (a `shape_config`) as a trainer run of `steps` steps.
 
-  step: list[float]
-  wait: list[float]
+  The run, `<runs_dir>/<run_name>`, keeps the config's model, batch, K and
+  learning-rate schedule; it evaluates and checkpoints only after its last
+  step (outside every step's time), writes no MLPerf log and does not stop
+  early.
+  """
+  config = config.copy_and_resolve_references()
+  config.lr_schedule_steps = config_lib.lr_schedule_steps(config)
+  config.steps = steps
+  config.base_output_directory = runs_dir
+  config.run_name = run_name
+  config.eval_interval = steps
+  config.eval_steps = 1
+  config.checkpoint_period = 0
+  config.target_eval_loss = 0.0
+  config.enable_mllog = False
+  config.profiler_steps = 0
+  config.jax_compilation_cache_dir = cache_dir
+  return config
 
-  @property
-  def wait_share(self) -> float:
-    return math.fsum(self.wait) / math.fsum(self.step)
+
+def record_times(run_dir: str, warmup: int) -> LoopTimes:
+  """The step and data wait times of a run's train records past `warmup`.
+
+  Args:
+    run_dir: a trainer run's directory (its metrics.jsonl).
+    warmup: train records of steps below this are left out.
+
+  Raises:
+    ValueError: no train record past the warm-up, or one lacks
+      step_time_s or data_wait_s.
+  """
+  path = os.path.join(run_dir, jsonl.METRICS_FILENAME)
+  timed = [
+      r
+      for r in jsonl.read_jsonl(path)
+      if r[jsonl.KIND_KEY] == jsonl.TRAIN and r[jsonl.STEP_KEY] >= warmup
+  ]
+  if not timed:
+    raise ValueError(f"{path}: no train record of a step >= {warmup}")
+  for record in timed:
+    for key in (jsonl.STEP_TIME_KEY, jsonl.DATA_WAIT_KEY):
+      if key not in record:
+        raise ValueError(
+            f"{path}: step {record[jsonl.STEP_KEY]}'s record has no {key!r}"
+        )
+  return LoopTimes(
+      [r[jsonl.STEP_TIME_KEY] for r in timed],
+      [r[jsonl.DATA_WAIT_KEY] for r in timed],
+  )
 
 
-class HostTraining:
-  """The trainer's step on this host: its engine, its loop's order."""
-
-  def __init__(self, config):
-    self.config = config
-    self.k = config.gradient_accumulation_steps
-    self.engine, self.setup = model_setup.build_engine(config)
-
-  def _micro_batches(self, batch) -> list:
-    return [
-        mesh_lib.global_batch(micro, self.setup.batch_sharding)
-        for micro in data.split_micro_batches(batch, self.k)
-    ]
-
-  def loop(
-      self, get_batch: Callable[[int], dict], steps: int, warmup: int
-  ) -> LoopTimes:
-    """Trains `warmup + steps` steps reading batches from `get_batch`.
-
-    The order is the trainer's: the step's micro-batches are dispatched,
-    then the next step's batch is read (timed: the data wait) and put on
-    the devices, then `update()` waits for the step. Returns the last
-    `steps` steps' times.
-    """
-    times, waits = [], []
-    batches = self._micro_batches(get_batch(0))
-    step_start = time.monotonic()
-    for step in range(warmup + steps):
-      for micro in batches:
-        self.engine.fwd_bwd(micro)
-      wait_start = time.monotonic()
-      batch = get_batch(step + 1)
-      waits.append(time.monotonic() - wait_start)
-      batches = self._micro_batches(batch)
-      self.engine.update(release=True)
-      now = time.monotonic()
-      times.append(now - step_start)
-      step_start = now
-    return LoopTimes(times[warmup:], waits[warmup:])
-
-  def close(self) -> None:
-    self.engine.close()
+def trainer_times(config, warmup: int) -> LoopTimes:
+  """Trains `config` with the trainer; its records' times past `warmup`."""
+  result = trainer.run(config, config_filename="data_bench")
+  if result.final_step != config.steps:
+    raise RuntimeError(
+        f"{result.run_dir}: the run ended at step {result.final_step} of "
+        f"{config.steps} ({result.status})"
+    )
+  return record_times(result.run_dir, warmup)
 
 
 def paced_loop(
     get_batch: Callable[[int], dict], step_s: float, steps: int, warmup: int
 ) -> LoopTimes:
-  """The trainer's loop with the device's step emulated by a wait.
+  """A stand-in for the trainer's loop whose device step is a wait.
 
   Per step the host reads the next batch (timed: the data wait), then
   idles until `step_s` has passed since the step started, as it does in
@@ -367,10 +432,13 @@ def paced_loop(
   return LoopTimes(times[warmup:], waits[warmup:])
 
 
-def _preread(dataset, count: int) -> Callable[[int], dict]:
-  """`get_batch` over `count` batches read beforehand, cycled: free data."""
-  cached = [dataset.get_batch(step) for step in range(count)]
-  return lambda step: cached[step % count]
+def paced_times(config, step_s: float, steps: int, warmup: int) -> LoopTimes:
+  """`paced_loop` over a fresh pipeline of `config`, read from step 0."""
+  dataset = grain_dataset.GrainDataset(config)
+  try:
+    return paced_loop(dataset.get_batch, step_s, steps, warmup)
+  finally:
+    dataset.close()
 
 
 def measure_shape(
@@ -381,6 +449,8 @@ def measure_shape(
     overrides: Optional[dict],
     *,
     train: bool,
+    runs_dir: str,
+    cache_dir: str,
     batches: int,
     warmup_batches: int,
     steps: int,
@@ -389,7 +459,11 @@ def measure_shape(
     mfu: float,
     num_devices: int,
 ) -> tuple[list[Row], str]:
-  """Rows of one shape, one per worker count, and its description line."""
+  """Rows of one shape, one per worker count, and its description line.
+
+  A `train` shape's loop is the trainer's (`trainer.run`, its records); the
+  others' is `paced_loop` at the FLOP-based step time.
+  """
   base = shape_config(name, data_dir, vocab, 0, overrides)
   flop_step = flops_step_time(base, device_kind, mfu, num_devices)
   flops = throughput.StepThroughput.for_run(base, ["cpu"]).flops_per_step
@@ -399,55 +473,51 @@ def measure_shape(
       f"{base.max_sequence_length} ({tokens:,} tokens) in "
       f"K={base.gradient_accumulation_steps}, vocab {base.vocab_size}, "
       f"{flops / 1e9:,.3g} GFLOP/step; {num_devices} x {device_kind} at "
-      f"{mfu:.0%} MFU ({base.compute_dtype}): {flop_step * 1e3:,.4g} ms/step"
+      f"{mfu:.0%} MFU ({base.compute_dtype}): {flop_step * 1e3:,.4g} "
+      "ms/step; "
   )
+  if train:
+    line += (
+        f"trained here by trainer.run ({warmup_steps + steps} steps per "
+        "row): wait share from its metrics.jsonl"
+    )
+  else:
+    line += (
+        "not trained here: wait share from a paced stand-in for the device "
+        "step, not from the trainer"
+    )
+  device = device_kind.replace(" ", "_") + f"@{mfu:.0%}MFU"
   rows = []
-  host = HostTraining(base) if train else None
-  try:
-    if host is not None:
-      dataset = grain_dataset.GrainDataset(base)
-      try:
-        free = _preread(dataset, 4)
-      finally:
-        dataset.close()
-      bare = host.loop(free, steps, warmup_steps)
-      demand_step = math.fsum(bare.step) / len(bare.step)
-      line += f"; this CPU: {demand_step * 1e3:,.4g} ms/step measured"
-      demand_from = CPU_DEMAND
-    else:
-      demand_step = flop_step
-      demand_from = device_kind.replace(" ", "_") + f"@{mfu:.0%}MFU"
-    for count in workers:
-      config = shape_config(name, data_dir, vocab, count, overrides)
-      dataset = grain_dataset.GrainDataset(config)
-      try:
-        rate = pipeline_rate(dataset, batches, warmup_batches)
-      finally:
-        dataset.close()
-      # A fresh pipeline for the loop, read from step 0 (steps in order).
-      dataset = grain_dataset.GrainDataset(config)
-      try:
-        if host is not None:
-          fed = host.loop(dataset.get_batch, steps, warmup_steps)
-        else:
-          fed = paced_loop(dataset.get_batch, flop_step, steps, warmup_steps)
-      finally:
-        dataset.close()
-      rows.append(
-          Row(
-              shape=name,
-              workers=count,
-              pipeline_rate=rate,
-              demand_rate=1.0 / demand_step,
-              demand_from=demand_from,
-              step_s=math.fsum(fed.step) / len(fed.step),
-              wait_s=math.fsum(fed.wait) / len(fed.wait),
-              wait_share=fed.wait_share,
-          )
+  for count in shape_workers(workers, overrides):
+    config = shape_config(name, data_dir, vocab, count, overrides)
+    rate = pipeline_rate(config, batches, warmup_batches)
+    if train:
+      config = train_config(
+          config,
+          runs_dir,
+          f"{name}_workers{count}",
+          warmup_steps + steps,
+          cache_dir,
       )
-  finally:
-    if host is not None:
-      host.close()
+      times = trainer_times(config, warmup_steps)
+      demand, demand_from, times_from = (
+          times.busy_rate,
+          TRAINER_DEMAND,
+          FROM_RECORDS,
+      )
+    else:
+      times = paced_times(config, flop_step, steps, warmup_steps)
+      demand, demand_from, times_from = 1.0 / flop_step, device, FROM_PACED
+    row = Row(
+        shape=name,
+        workers=count,
+        pipeline_rate=rate,
+        demand_rate=demand,
+        demand_from=demand_from,
+        times=times,
+        times_from=times_from,
+    )
+    rows.append(row)
   return rows, line
 
 
@@ -455,14 +525,24 @@ def format_table(rows: Sequence[Row]) -> list[str]:
   """The table's lines: a header, then one line per row."""
   lines = [
       f"{'shape':<10} {'workers':>7} {'pipeline_b/s':>12} {'demand_b/s':>11} "
-      f"{'ratio':>9} {'step_ms':>9} {'wait_ms':>8} {'wait_share':>10}  "
-      "demand_from"
+      f"{'ratio':>9} {'steps':>5} {'step_ms':>9} {'wait_ms':>8} "
+      f"{'wait_share':>10}  {'times_from':<14}  demand_from"
   ]
   for r in rows:
+    t = r.times
     lines.append(
         f"{r.shape:<10} {r.workers:>7d} {r.pipeline_rate:>12.2f} "
-        f"{r.demand_rate:>11.3f} {r.ratio:>9.2f} {r.step_s * 1e3:>9.2f} "
-        f"{r.wait_s * 1e3:>8.3f} {r.wait_share:>9.2%}  {r.demand_from}"
+        f"{r.demand_rate:>11.3f} {r.ratio:>9.2f} {len(t.step):>5d} "
+        f"{math.fsum(t.step) / len(t.step) * 1e3:>9.2f} "
+        f"{math.fsum(t.wait) / len(t.wait) * 1e3:>8.3f} "
+        f"{r.wait_share:>9.2%}  {r.times_from:<14}  {r.demand_from}"
+    )
+  paced = sorted({r.shape for r in rows if r.times_from == FROM_PACED})
+  if paced:
+    lines.append(
+        f"{FROM_PACED} rows ({', '.join(paced)}): not trained here; their "
+        "wait_share is a stand-in loop's (the host sleeps through the "
+        "FLOP-based device step), not the trainer's step timing"
     )
   return lines
 
@@ -476,6 +556,20 @@ def verdict(rows: Sequence[Row], goal_share: float) -> str:
       f"data_bench: min_ratio={min_ratio:.2f} worst_wait_share={worst:.2%} "
       f"goal={'met' if met else 'missed'}"
   )
+
+
+def _output_dir(path: str) -> str:
+  """--output_dir made ready: a new temp dir for "", else `path` (empty)."""
+  if not path:
+    return tempfile.mkdtemp(prefix="data_bench_")
+  path = os.path.abspath(path)
+  if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+    raise app.UsageError(
+        f"--output_dir={path!r}: want an empty or absent directory (the "
+        "trainer would resume runs left there)"
+    )
+  os.makedirs(path, exist_ok=True)
+  return path
 
 
 def main(argv):
@@ -503,16 +597,17 @@ def main(argv):
   try:
     for name in shapes:
       config = shape_config(name, "", _VOCAB.value, 0, overrides.get(name))
+      shape_workers(workers, overrides.get(name))
       flops_step_time(
           config, _DEVICE_KIND.value, _MFU.value, _NUM_DEVICES.value
       )
   except (ValueError, TypeError) as e:
     raise app.UsageError(str(e)) from None
-  output_dir = tempfile.mkdtemp(prefix="data_bench_")
-  jax.config.update(
-      "jax_compilation_cache_dir",
-      _CACHE_DIR.value or os.path.join(output_dir, "jax_cache"),
+  output_dir = _output_dir(_OUTPUT_DIR.value)
+  cache_dir = os.path.abspath(
+      _CACHE_DIR.value or os.path.join(output_dir, "jax_cache")
   )
+  jax.config.update("jax_compilation_cache_dir", cache_dir)
   try:
     data_dir = os.path.join(output_dir, "data")
     meta = prepare_corpus(data_dir, _CORPUS_FILES.value, _VOCAB.value)
@@ -536,6 +631,8 @@ def main(argv):
           workers,
           overrides.get(name),
           train=name in _TRAIN_SHAPES.value,
+          runs_dir=os.path.join(output_dir, "runs"),
+          cache_dir=cache_dir,
           batches=_BATCHES.value,
           warmup_batches=_WARMUP_BATCHES.value,
           steps=_STEPS.value,
@@ -547,7 +644,8 @@ def main(argv):
       print(line, flush=True)
       rows.extend(got)
   finally:
-    shutil.rmtree(output_dir, ignore_errors=True)
+    if not _OUTPUT_DIR.value:
+      shutil.rmtree(output_dir, ignore_errors=True)
   for line in format_table(rows):
     print(line)
   print(verdict(rows, _GOAL_SHARE.value))
