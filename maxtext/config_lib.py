@@ -559,10 +559,8 @@ def mllog_hyperparameters(
 ) -> dict[str, Any]:
   """The hyperparameter events of a run's MLPerf log, without JAX.
 
-  The same values the trainer's MLPerf listener logs
-  (`maxtext.mllog.listener.hyperparameters`, whose schedule numbers come
-  from `optimizer.schedule_summary`); `header_proof_test` checks that they
-  are equal.
+  The trainer's MLPerf listener logs exactly these; the header proof of a
+  closed run checks them before training.
 
   Args:
     config: the run's config.
@@ -571,21 +569,25 @@ def mllog_hyperparameters(
     start_step: the step the attempt starts from (init_checkpoint_step).
     config_filename: the config file's name, for the 6.1 disclosure.
   """
-  warmup = int(config.warmup_steps)
-  end = float(config.learning_rate) * float(config.lr_end_fraction)
-  # Free of float noise from the multiplication, as the schedule states it.
-  end = float(f"{end:.12g}") if end else end
   return mllog_hyperparameters_lib.hyperparameters_from_config(
       config,
-      warmup_steps=warmup,
+      warmup_steps=int(config.warmup_steps),
       schedule_steps=lr_schedule_steps(config),
-      end_learning_rate=end,
+      end_learning_rate=end_learning_rate(config),
       train_samples=train_samples(config),
       eval_samples=eval_samples(config),
       init_checkpoint_step=start_step,
       micro_batch_size=micro_batch_size(config) // data_parallelism,
       config_filename=config_filename,
   )
+
+
+def end_learning_rate(config) -> float:
+  """The schedule's last learning rate: learning_rate * lr_end_fraction,
+  free of float noise from the multiplication (1e-3 * 0.1 is 1e-4), as the
+  MLPerf log and the schedule summary state it."""
+  end = float(config.learning_rate) * float(config.lr_end_fraction)
+  return float(f"{end:.12g}") if end else end
 
 
 def lr_schedule_steps(config) -> int:

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import optax
 
 from maxtext import config_lib
+from maxtext.mllog import hyperparameters as mllog_hyperparameters
 
 # Name of the schedule in the MLPerf log (`opt_learning_rate_decay_schedule`).
-DECAY_SCHEDULE_NAME = "cosine with linear warmup"
+DECAY_SCHEDULE_NAME = mllog_hyperparameters.DECAY_SCHEDULE
 
 
 def _check(config) -> tuple[float, int, int, float]:
@@ -124,14 +125,10 @@ def schedule_summary(config) -> dict[str, Any]:
     "decay_schedule" (DECAY_SCHEDULE_NAME), and the optimizer's
     "adam_b1", "adam_b2", "adam_eps", "weight_decay", "grad_clip_norm".
   """
-  peak, warmup, total, end_fraction = _check(config)
-  end = peak * end_fraction
-  # Keep the end rate free of float noise from the multiplication (1e-3 * 0.1).
-  if end:
-    end = float(f"{end:.12g}")
+  peak, warmup, total, _ = _check(config)
   return {
       "learning_rate": peak,
-      "end_learning_rate": end,
+      "end_learning_rate": config_lib.end_learning_rate(config),
       "warmup_steps": warmup,
       "decay_steps": total - warmup,
       "schedule_steps": total,

@@ -18,7 +18,6 @@ import ml_collections
 from maxtext import config_lib
 from maxtext.configs import deepseekv3_671b
 from maxtext.mllog import header_proof
-from maxtext.mllog import listener
 from maxtext.mllog import rules
 
 _RULESETS = ("6.1.0", "6.0.0")
@@ -33,7 +32,7 @@ def _config(ruleset, batch="", **overrides):
 
 def _header(config):
   """The header the run's MLPerf listener logs for a fresh run."""
-  return listener.hyperparameters(
+  return config_lib.mllog_hyperparameters(
       config,
       data_parallelism=config.data_parallelism,
       start_step=0,

@@ -80,6 +80,9 @@ REQUIRED_HYPERPARAMETERS = (
 )
 
 # Logged after the required keys when the model has experts.
+# How MLPerf spells the engine's learning-rate schedule (maxtext/optimizer.py):
+# a linear warm-up, then a cosine decay.
+DECAY_SCHEDULE = "cosine with linear warmup"
 MOE_AUX_LOSS_COEFF = "moe_aux_loss_coeff"
 # Rule requirements that make a key mandatory in a checker's YAML.
 _REQUIRING = ("EXACTLY_ONE", "AT_LEAST_ONE")
@@ -130,7 +133,7 @@ def hyperparameters_from_config(
     micro_batch_size: int,
     config_filename: str,
     end_learning_rate: Optional[float] = None,
-    decay_schedule: str = "cosine with linear warmup",
+    decay_schedule: str = DECAY_SCHEDULE,
     tensor_parallelism: int = 1,
     pipeline_parallelism: int = 1,
     context_parallelism: int = 1,

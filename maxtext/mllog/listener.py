@@ -27,41 +27,12 @@ from typing import Any, Optional
 from absl import logging
 
 from maxtext import config_lib
-from maxtext import optimizer as optimizer_lib
 from maxtext.listeners import interface
 from maxtext.metrics import throughput as throughput_lib
 from maxtext.mllog import cache_flush
-from maxtext.mllog import hyperparameters as mllog_hyperparameters
 from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import build_info
 from maxtext.storage import run_dir as run_dir_lib
-
-
-def hyperparameters(
-    config: Any, *, data_parallelism: int, start_step: int, config_filename: str
-) -> dict[str, Any]:
-  """The run's hyperparameter events, from its config and real schedule.
-
-  Args:
-    config: the run's config.
-    data_parallelism: the mesh's data axis size (the micro batch size is per
-      data-parallel replica).
-    start_step: the step the attempt starts from (init_checkpoint_step).
-    config_filename: the config file's name, for the 6.1 disclosure.
-  """
-  summary = optimizer_lib.schedule_summary(config)
-  return mllog_hyperparameters.hyperparameters_from_config(
-      config,
-      warmup_steps=summary["warmup_steps"],
-      schedule_steps=summary["schedule_steps"],
-      end_learning_rate=summary["end_learning_rate"],
-      decay_schedule=summary["decay_schedule"],
-      train_samples=config_lib.train_samples(config),
-      eval_samples=config_lib.eval_samples(config),
-      init_checkpoint_step=start_step,
-      micro_batch_size=config_lib.micro_batch_size(config) // data_parallelism,
-      config_filename=config_filename,
-  )
 
 
 class MLLogListener(interface.RunListener):
@@ -119,7 +90,7 @@ class MLLogListener(interface.RunListener):
     self._started = True
     log = self._logger
     log.hyperparameters(
-        hyperparameters(
+        config_lib.mllog_hyperparameters(
             self._config,
             data_parallelism=self._data_parallelism,
             start_step=start.start_step,

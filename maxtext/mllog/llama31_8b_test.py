@@ -17,7 +17,6 @@ import ml_collections
 from maxtext import config_lib
 from maxtext.configs import llama31_8b
 from maxtext.mllog import header_proof
-from maxtext.mllog import listener
 from maxtext.mllog import rules
 
 _BENCHMARK = "llama31_8b"
@@ -40,7 +39,7 @@ def _config(ruleset="6.1.0", **overrides):
 
 def _header(config):
   """The header the run's MLPerf listener logs for a fresh run."""
-  return listener.hyperparameters(
+  return config_lib.mllog_hyperparameters(
       config,
       data_parallelism=config.data_parallelism,
       start_step=0,
