@@ -1,4 +1,4 @@
-"""Parameter counts: tiny configs by hand."""
+"""Parameter counts: tiny configs by hand, DeepSeek-V3 against its paper."""
 
 import os
 
@@ -6,10 +6,15 @@ from absl.testing import absltest
 import jax
 
 from maxtext import model
+from maxtext.configs import deepseekv3_671b
 from maxtext.configs import default
 from maxtext.configs import moe_tiny
 from testing import runfiles
 from tools import param_count_lib
+
+# DeepSeek-V3's published totals (main model, the multi-token-prediction
+# module excluded): 671B parameters (and 37B activated per token).
+_PUBLISHED_TOTAL = 671e9
 
 
 def _moe_tiny_by_hand():
@@ -26,6 +31,31 @@ def _moe_tiny_by_hand():
       "shared_experts": 3 * e * 128,
       "routed_experts": 4 * 3 * e * 128,
       "unembedding": e * 256,
+  }
+
+
+def _deepseek_by_hand():
+  """DeepSeek-V3's parts from its config.json's numbers."""
+  e, layers, dense, vocab, heads = 7168, 61, 3, 129280, 128
+  moe_layers = layers - dense
+  mla = (
+      e * 1536  # q down-projection
+      + 1536 * heads * (128 + 64)  # q up-projection (nope + rope)
+      + e * (512 + 64)  # kv latent and the shared rope key
+      + 512 * heads * (128 + 128)  # k nope and v from the latent
+      + heads * 128 * e  # output
+  )
+  expert = 3 * e * 2048
+  return {
+      "embedding": vocab * e,
+      "attention": layers * mla,
+      # attn_norm, mlp_norm, q and kv latent norms per layer; final_norm.
+      "norms": layers * (2 * e + 1536 + 512) + e,
+      "dense_mlp": dense * 3 * e * 18432,
+      "router": moe_layers * e * 256,
+      "shared_experts": moe_layers * expert,
+      "routed_experts": moe_layers * 256 * expert,
+      "unembedding": e * vocab,
   }
 
 
@@ -48,6 +78,22 @@ class ParamCountTest(absltest.TestCase):
     self.assertEqual(counts.total, model.num_params(params))
     self.assertEqual(counts.active, counts.total)
     self.assertEqual(counts.parts["routed_experts"], 0)
+
+  def test_deepseek_v3_matches_its_published_shape(self):
+    counts = param_count_lib.count(deepseekv3_671b.get_config())
+    parts = _deepseek_by_hand()
+    self.assertEqual(counts.parts, parts)
+    self.assertEqual(
+        counts.active,
+        sum(parts.values()) - parts["routed_experts"] * 248 // 256,
+    )
+    # Total: within 1% of the published 671B.
+    self.assertLess(abs(counts.total / _PUBLISHED_TOTAL - 1), 0.01)
+    # Active: "37B" is a rounded figure. The count without the input
+    # embedding table (a lookup, not a matmul: DeepSeek's convention; with it
+    # DeepSeek-V2-Lite would be 2.66B, not its published 2.4B) rounds to it
+    # (36.63B); with the table it is 37.55B.
+    self.assertEqual(round(counts.active_without_embedding / 1e9), 37)
 
   def test_binary_prints_the_counts(self):
     proc = runfiles.run_binary(

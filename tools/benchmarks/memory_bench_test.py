@@ -14,6 +14,10 @@ from absl.testing import absltest
 from testing import runfiles
 
 _LAST_LINE = re.compile(r"^memory_bench: temp_full/none=(\d+\.\d{3})$")
+_STATE_LINE = re.compile(
+    r"^memory_bench state: total=(\d+\.\d{3}) GB fits 141=(yes|NO) "
+    r"80=(yes|NO)$"
+)
 _SHRINK = {
     "emb_dim": 64,
     "num_layers": 2,
@@ -73,6 +77,37 @@ class MemoryBenchTest(absltest.TestCase):
     match = _LAST_LINE.match(lines[-1])
     self.assertIsNotNone(match, lines[-1])
     self.assertLess(float(match.group(1)), 1.0)
+
+  def test_deepseek_state_report_on_a_stated_mesh(self):
+    # No devices and no compilation: shapes and partition specs only. The
+    # routed experts split 256 ways, the other 17.1B parameters 8 ways.
+    proc = runfiles.run_binary(
+        "tools/benchmarks/memory_bench",
+        [
+            "--config=maxtext/configs/deepseekv3_671b.py",
+            "--mesh=expert=32,fsdp=8",
+        ],
+        timeout_s=300,
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    lines = proc.stdout.strip().splitlines()
+    self.assertIn("mesh data=1 fsdp=8 expert=32 (256 devices)", lines[0])
+    values = {
+        l.split()[0]: float(l.split()[1]) for l in lines[2:6] if l.strip()
+    }
+    self.assertEqual(
+        set(values), {"parameters", "gradients", "optimizer", "total"}
+    )
+    self.assertEqual(values["gradients"], values["parameters"])
+    self.assertAlmostEqual(
+        values["optimizer"], 2 * values["parameters"], delta=0.002
+    )
+    # Float32: 653.9B routed-expert parameters / 256, 17.1B others / 8.
+    self.assertAlmostEqual(values["parameters"], 18.725, delta=0.01)
+    match = _STATE_LINE.match(lines[-1])
+    self.assertIsNotNone(match, lines[-1])
+    self.assertEqual(float(match.group(1)), values["total"])
+    self.assertEqual(match.group(2, 3), ("yes", "yes"))
 
 
 if __name__ == "__main__":
