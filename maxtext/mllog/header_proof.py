@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import re
 import tempfile
@@ -300,6 +301,20 @@ def write_log(
     return logger.path
 
 
+class _CheckerProgress(logging.Filter):
+  """Drops the checker's progress lines ("Compliance checks: <rule file>"),
+  which it logs at INFO on the root logger: a pre-flight on every run start
+  should not announce rule files. Its warnings and errors pass."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or (
+        os.path.basename(record.pathname) != "mlp_compliance.py"
+    )
+
+
+_CHECKER_PROGRESS = _CheckerProgress()
+
+
 def _failures(checker: Any) -> list[Failure]:
   """The checker's messages (not its warnings), each with its key."""
   failures = [Failure(k, m) for k, m in checker.overwritable.items()]
@@ -335,12 +350,15 @@ def check_log(path: str, ruleset: str) -> Verdict:
   checker = mlp_compliance.make_checker(
       _USAGE, ruleset, quiet=False, werror=False
   )
+  root = logging.getLogger()
   with _CHECKER_LOCK:
     # Rule files a crashed check left queued would be read for this log.
     mlp_compliance.enqueued_configs.clear()
+    root.addFilter(_CHECKER_PROGRESS)
     try:
       checker.check_loglines(loglines, f"{_USAGE}_{ruleset}/common.yaml")
     finally:
+      root.removeFilter(_CHECKER_PROGRESS)
       mlp_compliance.enqueued_configs.clear()
   return Verdict(ruleset, tuple(failures + _failures(checker)))
 

@@ -255,6 +255,14 @@ class ProveTest(parameterized.TestCase):
     verdict = header_proof.prove(config, _header(config))
     self.assertTrue(verdict.passed, verdict)
 
+  def test_a_proof_logs_nothing(self):
+    # A pre-flight at every run start: neither the checker's progress lines
+    # nor the logger's path of the throw-away log may reach the run's log.
+    config = _with(default.get_config(), steps=12345)  # Not in the cache.
+    with self.assertNoLogs(level="INFO"):
+      verdict = header_proof.prove(config, _header(config))
+    self.assertTrue(verdict.passed, verdict)
+
   def test_first_evaluation_late_is_named(self):
     config = _deepseek_late()
     verdict = header_proof.prove(config, _header(config))

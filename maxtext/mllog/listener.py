@@ -196,6 +196,8 @@ def start(
   logger = mllog_logger.create_mllogger(
       config, path, process_index=process_index, build=build
   )
+  if logger.enabled:
+    logging.info("MLPerf log: %s", logger.path)
   logger.cache_clear(flushed)
   logger.init_start()
   logger.submission_info()

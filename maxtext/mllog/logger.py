@@ -610,5 +610,4 @@ def create_mllogger(
         f"config.mllog_file={getattr(config, 'mllog_file', '')!r}: the MLPerf "
         f"log {path} cannot be created: {e.strerror or e}"
     ) from e
-  logging.info("MLPerf log: %s", attempt_path)
   return MLLogger(file, attempt_path, submission, time_fn, build)
