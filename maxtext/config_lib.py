@@ -504,17 +504,7 @@ def _check_header_proof(config: ml_collections.ConfigDict) -> None:
       message names each failing key, its logged value and the rule.
   """
   header_proof = _header_proof()
-  verdict = header_proof.prove(
-      config,
-      mllog_hyperparameters(
-          config,
-          # The mesh decides a data axis of -1; the rules ask only for a
-          # positive micro batch, which the mesh code guarantees.
-          data_parallelism=max(config.data_parallelism, 1),
-          start_step=0,
-          config_filename=PROOF_CONFIG_FILENAME,
-      ),
-  )
+  verdict = header_proof.prove(config, fresh_run_header(config))
   for failure in verdict.run_failures():
     # The synthetic events are this engine's, not the config's: a bug to
     # report, not a reason to refuse the run.
@@ -578,6 +568,23 @@ def mllog_hyperparameters(
       eval_samples=eval_samples(config),
       init_checkpoint_step=start_step,
       micro_batch_size=micro_batch_size(config) // data_parallelism,
+      config_filename=config_filename,
+  )
+
+
+def fresh_run_header(
+    config, config_filename: str = PROOF_CONFIG_FILENAME
+) -> dict[str, Any]:
+  """`mllog_hyperparameters` of a fresh run of `config`, before its mesh
+  exists: the header the pre-flight proves.
+
+  The mesh decides a data axis of -1; the rules ask only for a positive
+  micro batch, which the mesh code guarantees, so -1 counts as 1 here.
+  """
+  return mllog_hyperparameters(
+      config,
+      data_parallelism=max(config.data_parallelism, 1),
+      start_step=0,
       config_filename=config_filename,
   )
 

@@ -31,13 +31,8 @@ def _config(ruleset, batch="", **overrides):
 
 
 def _header(config):
-  """The header the run's MLPerf listener logs for a fresh run."""
-  return config_lib.mllog_hyperparameters(
-      config,
-      data_parallelism=config.data_parallelism,
-      start_step=0,
-      config_filename="deepseekv3_671b.py",
-  )
+  """The header a fresh run of `config` logs."""
+  return config_lib.fresh_run_header(config, "deepseekv3_671b.py")
 
 
 def _prove(config):

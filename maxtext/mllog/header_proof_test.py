@@ -31,13 +31,8 @@ def _with(config, **overrides):
 
 
 def _header(config):
-  """The header the trainer's listener logs for a fresh run of `config`."""
-  return config_lib.mllog_hyperparameters(
-      config,
-      data_parallelism=max(config.data_parallelism, 1),
-      start_step=0,
-      config_filename="config.py",
-  )
+  """The header a fresh run of `config` logs."""
+  return config_lib.fresh_run_header(config, "config.py")
 
 
 def _events(path):

@@ -38,13 +38,8 @@ def _config(ruleset="6.1.0", **overrides):
 
 
 def _header(config):
-  """The header the run's MLPerf listener logs for a fresh run."""
-  return config_lib.mllog_hyperparameters(
-      config,
-      data_parallelism=config.data_parallelism,
-      start_step=0,
-      config_filename="llama31_8b.py",
-  )
+  """The header a fresh run of `config` logs."""
+  return config_lib.fresh_run_header(config, "llama31_8b.py")
 
 
 class Llama318bMllogTest(parameterized.TestCase):
