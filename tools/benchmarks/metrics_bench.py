@@ -152,18 +152,16 @@ def _model_problem(path: str) -> _Problem:
   return _Problem(loss_fn, make_params, batch)
 
 
-class _Manual:
-  """Baseline and ways a, b, d: the micro-step and apply, jitted here."""
+class _ManualPrograms:
+  """The jitted micro-steps and apply of the baseline and ways a, b, d.
 
-  def __init__(self, problem: _Problem, k: int, way: str):
-    self.k, self.way = k, way
+  Built once per problem and K and shared by those ways: each program is
+  then compiled once, not once per way.
+  """
+
+  def __init__(self, problem: _Problem, k: int):
     loss_fn = problem.loss_fn
     self.optimizer = optax.sgd(1e-3)
-    self.params = problem.make_params()
-    self.opt_state = self.optimizer.init(self.params)
-    self.acc = jax.tree.map(jnp.zeros_like, self.params)
-    self.recorder = metrics_recorder.MetricsRecorder(max_history=4)
-    self.step_count = 0
 
     def micro_metrics(params, acc, batch):
       (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -190,6 +188,23 @@ class _Manual:
     self.micro_metrics = jax.jit(micro_metrics, donate_argnums=(1,))
     self.micro_plain = jax.jit(micro_plain, donate_argnums=(1,))
     self.apply = jax.jit(apply, donate_argnums=(2,))
+
+
+class _Manual:
+  """Baseline and ways a, b, d: each its own state, the shared programs."""
+
+  def __init__(
+      self, problem: _Problem, programs: _ManualPrograms, k: int, way: str
+  ):
+    self.k, self.way = k, way
+    self.params = problem.make_params()
+    self.opt_state = programs.optimizer.init(self.params)
+    self.acc = jax.tree.map(jnp.zeros_like, self.params)
+    self.recorder = metrics_recorder.MetricsRecorder(max_history=4)
+    self.step_count = 0
+    self.micro_metrics = programs.micro_metrics
+    self.micro_plain = programs.micro_plain
+    self.apply = programs.apply
 
   def step(self, batch):
     """One training step; returns the host values of the step's metrics."""
@@ -260,7 +275,8 @@ class _EngineWay:
 
 
 def _make_ways(problem: _Problem, k: int) -> dict:
-  ways = {w: _Manual(problem, k, w) for w in _WAYS if w != "c/engine"}
+  programs = _ManualPrograms(problem, k)
+  ways = {w: _Manual(problem, programs, k, w) for w in _WAYS if w != "c/engine"}
   ways["c/engine"] = _EngineWay(problem, k)
   return ways
 
