@@ -39,7 +39,14 @@ class MemoryBenchTest(absltest.TestCase):
     proc = runfiles.run_binary(
         "tools/benchmarks/memory_bench",
         [f"--config.{k}={v}" for k, v in _SHRINK.items()]
-        + ["--host_devices=2", "--device_memory_gb=141,0.0001", "--unit=MB"],
+        + [
+            "--host_devices=2",
+            "--device_memory_gb=141,0.0001",
+            "--unit=MB",
+            # Two policies make the closing ratio; each row is compiled, so
+            # the other two would only add time.
+            "--remat_policy=none,full",
+        ],
         timeout_s=600,
     )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
@@ -52,9 +59,7 @@ class MemoryBenchTest(absltest.TestCase):
       if len(fields) == 10 and fields[1] in ("micro_step_first_last", "apply"):
         rows[fields[0]] = [float(x) for x in fields[2:8]] + [fields[8:]]
     expected = {
-        f"{a}/{r}"
-        for a in ("einsum", "dot_product")
-        for r in ("none", "full", "save_dots", "save_named")
+        f"{a}/{r}" for a in ("einsum", "dot_product") for r in ("none", "full")
     }
     self.assertEqual(
         set(rows), expected | {"apply/donated", "apply/not_donated"}
