@@ -44,6 +44,21 @@ cpu cores\t: 2
 """
 
 
+def _describe(**overrides):
+  """`system_desc.describe` of an open-division on-premise CPU run on this
+  host, with `overrides`."""
+  arguments = dict(
+      org="acme",
+      system="box",
+      division="open",
+      log_status="onprem",
+      provenance=_CPU_RUN,
+      host=system_desc.detect_host(),
+  )
+  arguments.update(overrides)
+  return system_desc.describe(**arguments)
+
+
 def check_with_official_checker(path, ruleset="6.1.0"):
   """(passed, output) of mlperf_logging.system_desc_checker on `path`."""
   proc = subprocess.run(
@@ -84,14 +99,7 @@ class SystemDescTest(parameterized.TestCase):
       ("research", "research", "Research, Development, or Internal (RDI)"),
   )
   def test_description_passes_the_official_checker(self, log_status, status):
-    desc = system_desc.describe(
-        org="acme",
-        system="box",
-        division="open",
-        log_status=log_status,
-        provenance=_CPU_RUN,
-        host=system_desc.detect_host(),
-    )
+    desc = _describe(log_status=log_status)
     self.assertEqual(len(desc), 33)
     self.assertEqual(tuple(desc), system_desc.FIELDS)
     self.assertTrue(all(isinstance(v, str) for v in desc.values()), desc)
@@ -101,36 +109,20 @@ class SystemDescTest(parameterized.TestCase):
 
   def test_checker_fails_a_description_missing_a_field(self):
     # The check above can fail: the official checker counts the fields.
-    desc = system_desc.describe(
-        org="acme",
-        system="box",
-        division="open",
-        log_status="onprem",
-        provenance=_CPU_RUN,
-        host=system_desc.detect_host(),
-    )
+    desc = _describe()
     del desc["cooling"]
     passed, output = check_with_official_checker(self.write(desc))
     self.assertFalse(passed, output)
     self.assertIn("Missing field cooling", output)
 
   def test_checker_fails_the_logs_status_string(self):
-    desc = system_desc.describe(
-        org="acme",
-        system="box",
-        division="open",
-        log_status="onprem",
-        provenance=_CPU_RUN,
-        host=system_desc.detect_host(),
-    )
+    desc = _describe()
     desc["status"] = "onprem"
     passed, output = check_with_official_checker(self.write(desc))
     self.assertFalse(passed, output)
 
   def test_fields_from_the_runs(self):
-    desc = system_desc.describe(
-        org="acme",
-        system="box",
+    desc = _describe(
         division="closed",
         log_status="cloud",
         provenance=_GPU_RUN,
@@ -151,14 +143,7 @@ class SystemDescTest(parameterized.TestCase):
       self.assertEqual(desc[field], "", field)
 
   def test_cpu_system_has_no_accelerators(self):
-    desc = system_desc.describe(
-        org="acme",
-        system="box",
-        division="open",
-        log_status="onprem",
-        provenance=_CPU_RUN,
-        host={},
-    )
+    desc = _describe(host={})
     self.assertEqual(desc["accelerators_per_node"], "0")
     self.assertEqual(desc["accelerator_model_name"], "N/A")
     # The summarizer reads it as an int.
@@ -166,25 +151,11 @@ class SystemDescTest(parameterized.TestCase):
 
   def test_unknown_status(self):
     with self.assertRaisesRegex(ValueError, "submission_status='preview'"):
-      system_desc.describe(
-          org="a",
-          system="b",
-          division="open",
-          log_status="preview",
-          provenance=_CPU_RUN,
-          host={},
-      )
+      _describe(org="a", system="b", log_status="preview", host={})
 
   def test_provenance_without_device_counts(self):
     with self.assertRaisesRegex(ValueError, "process_count"):
-      system_desc.describe(
-          org="a",
-          system="b",
-          division="open",
-          log_status="onprem",
-          provenance={},
-          host={},
-      )
+      _describe(org="a", system="b", provenance={}, host={})
 
   def test_detect_host_reads_cpuinfo_meminfo_and_caches(self):
     proc = os.path.join(self.tmp, "proc")
