@@ -83,6 +83,12 @@ class MetricLoggerTest(parameterized.TestCase):
     self.addCleanup(logger.close)
     return logger
 
+  def assert_closed_logger_wrote(self, logger, expected):
+    """Closes `logger`; its TensorBoard events hold every (tag, step, value)
+    of `expected`."""
+    logger.close()
+    self.assertContainsSubset(expected, scalar_events(logger.tensorboard_dir))
+
   def read_lines(self):
     with open(
         os.path.join(self.run_dir, "metrics.jsonl"), encoding="utf-8"
@@ -131,13 +137,10 @@ class MetricLoggerTest(parameterized.TestCase):
     logger = self.make_logger()
     logger.write_train(0, {"loss": 3.0}, step_time=0.25, data_wait=0.125)
     logger.write_train(1, {"loss": 2.0}, step_time=0.25)
-    logger.close()
     lines = self.read_lines()
     self.assertEqual(lines[0]["data_wait_s"], 0.125)
     self.assertNotIn("data_wait_s", lines[1])
-    self.assertIn(
-        ("train/data_wait_s", 0, 0.125), scalar_events(logger.tensorboard_dir)
-    )
+    self.assert_closed_logger_wrote(logger, [("train/data_wait_s", 0, 0.125)])
 
   @parameterized.product(
       argument=("step_time", "data_wait"),
@@ -236,16 +239,14 @@ class MetricLoggerTest(parameterized.TestCase):
     logger.write_train(0, {"loss": 3.0})
     logger.write_train(1, {"loss": 2.0})
     logger.write_eval(1, {"eval_loss": 2.5})
-    logger.close()
-    events = scalar_events(logger.tensorboard_dir)
-    self.assertContainsSubset(
+    self.assert_closed_logger_wrote(
+        logger,
         [
             ("train/loss", 0, 3.0),
             ("train/loss", 1, 2.0),
             ("eval/eval_loss", 1, 2.5),
             ("train/tokens_per_s", 0, 2000.0),
         ],
-        events,
     )
 
   def test_non_primary_writes_and_opens_nothing(self):
@@ -442,16 +443,14 @@ class MetricLoggerTest(parameterized.TestCase):
         "step 0/6 | loss 3.0000 | tokens/s 2,000 | samples/s 8.0 | "
         "TFLOP/s/device 8 | MFU 200.0% | step_time 0.500s | ETA 0:00:02",
     )
-    logger.close()
-    events = scalar_events(logger.tensorboard_dir)
-    self.assertContainsSubset(
+    self.assert_closed_logger_wrote(
+        logger,
         [
             ("train/samples_per_s", 1, 16.0),
             ("train/tokens_per_s", 1, 4000.0),
             ("train/tflops_per_device", 1, 16.0),
             ("train/mfu", 1, 4.0),
         ],
-        events,
     )
 
   def test_no_mfu_where_the_peak_is_unknown(self):
