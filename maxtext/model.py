@@ -537,6 +537,13 @@ def loss_fn(
   return loss, aux
 
 
+# The `moe/<name>` metrics a model with experts reports every micro-batch:
+# moe.STAT_NAMES, the dropped assignments named for what they count.
+MOE_METRICS = tuple(
+    "dropped_tokens" if name == "dropped" else name for name in moe.STAT_NAMES
+)
+
+
 def _moe_metrics(
     stats: Mapping[str, jax.Array], config
 ) -> dict[str, jax.Array]:
