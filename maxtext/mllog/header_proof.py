@@ -25,10 +25,10 @@ before the run, so that no rule is ever repeated here:
   header keys and `eval_accuracy`: the first evaluation's point and the
   target), not the synthetic events' own sequence.
 
-The hyperparameters are the caller's: `maxtext.config_lib` builds them for
-its pre-flight, the trainer's MLPerf listener for the run (they are equal,
-which `header_proof_test` checks). A proof takes a few milliseconds; its
-verdict is cached by the log's contents, which depend only on the config.
+The hyperparameters are the caller's: `maxtext.config_lib.mllog_hyperparameters`
+builds them, for the pre-flight and for the trainer's MLPerf listener alike.
+A proof takes a few milliseconds; its verdict is cached by the log's
+contents, which depend only on the config.
 """
 
 from __future__ import annotations
