@@ -3,38 +3,20 @@
 MLPerf times a run from `run_start`. A run with `warmup_steps_before_run_start`
 traces and compiles every program of its steps, its evaluation and its
 checkpoints before `init_stop`; this test counts JAX's own compilation events
-(tracing a function to a jaxpr, lowering it, compiling it for the backend)
-after `run_start`, a count that does not depend on the machine's speed. The
-run without warm-up is the control: its first steps compile in the timed
-region, so the count can fail.
+(`testing.compile_counter`) after `run_start`, a count that does not depend
+on the machine's speed. The run without warm-up is the control: its first
+steps compile in the timed region, so the count can fail.
 """
 
 import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
-from jax import monitoring
 
 from maxtext import trainer
 from maxtext.listeners import interface
+from testing import compile_counter
 from testing import tiny_configs
-
-# JAX reports the duration of each stage of turning a function into a
-# program under this prefix (/jax/core/compile/jaxpr_trace_duration, ...);
-# a persistent-cache hit skips the backend compile but not the tracing.
-_COMPILE_EVENT_PREFIX = "/jax/core/compile/"
-
-# (monotonic time, event name) of every compilation event of this process.
-_EVENTS = []
-
-
-def _on_duration(event: str, duration_s: float, **unused_kwargs) -> None:
-  del duration_s
-  if event.startswith(_COMPILE_EVENT_PREFIX):
-    _EVENTS.append((time.monotonic(), event))
-
-
-monitoring.register_event_duration_secs_listener(_on_duration)
 
 
 class _RunStartTime(interface.RunListener):
@@ -61,18 +43,21 @@ class WarmUpTest(parameterized.TestCase):
         checkpoint_period=5,
         warmup_steps_before_run_start=warmup_steps,
     )
+    compile_counter.install()
     start = _RunStartTime()
-    del _EVENTS[:]
+    began = time.monotonic()
     result = trainer.run(config, extra_listeners=[start])
     self.assertEqual(result.status, trainer.RunOutcome.COMPLETED)
     self.assertIsNotNone(start.at)
-    before = [name for at, name in _EVENTS if at <= start.at]
-    after = [name for at, name in _EVENTS if at > start.at]
-    self.assertNotEmpty(before)  # The events are seen at all.
+    before = compile_counter.count_after(began) - compile_counter.count_after(
+        start.at
+    )
+    after = compile_counter.count_after(start.at)
+    self.assertGreater(before, 0)  # The events are seen at all.
     if warmup_steps:
-      self.assertEqual(after, [])
+      self.assertEqual(after, 0)
     else:
-      self.assertNotEmpty(after)
+      self.assertGreater(after, 0)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ noise hits them alike. Per run, the first --skip_steps steps (compilation,
 warm-up) are dropped and the median of the rest is the run's step time. A
 way's ratio in a block is its step time over the `off` run's of the same
 block; the table shows the median ratio over blocks and its spread (min-max).
-The last column is the slowest step over the median step of a run, every
-step from run_start on (the largest over the blocks): with the compilation
-done before run_start (`warmup_steps_before_run_start`), no timed step pays
-for it.
+The last two columns are the slowest step over the median step of a run,
+every step from run_start on, and the JAX compilation events (tracing,
+lowering, compiling: `testing.compile_counter`) after run_start (each the
+largest over the blocks): with the compilation done before run_start
+(`warmup_steps_before_run_start`), no timed step pays for it, and the count,
+unlike the ratio, does not depend on the machine's noise.
 
 Wall-clock ratios of millisecond steps are noisy on a shared machine, so
 each run also measures CPU time per step after the warm-up: the process's
@@ -53,6 +55,8 @@ import numpy as np
 
 from maxtext import trainer
 from maxtext.configs import default
+from maxtext.listeners import interface
+from testing import compile_counter
 from testing import gcs_emulator
 from testing import tiny_configs
 
@@ -178,9 +182,20 @@ def _config(way: str, run_name: str, out: str, cache_dir: str):
   return config
 
 
+class _RunStartTime(interface.RunListener):
+  """Notes when the run's timed region began."""
+
+  def __init__(self):
+    self.at = None
+
+  def on_run_start(self, start: interface.RunStart) -> None:
+    del start
+    self.at = time.monotonic()
+
+
 def _run_once(
     way: str, run_name: str, out: str, cache_dir: str
-) -> tuple[float, float, float, float]:
+) -> tuple[float, float, float, float, int]:
   """Trains one run.
 
   Returns:
@@ -188,9 +203,11 @@ def _run_once(
     step) in seconds, over the steps after --skip_steps; CPU times are
     means: the mirror's uploads come in bursts on their own thread, and a
     mean charges each burst to the steps it served. Then the slowest step
-    over the median, over every step from run_start on.
+    over the median, over every step from run_start on, and the number of
+    JAX compilation events after run_start.
   """
   times, process, thread = [], [], []
+  run_start = _RunStartTime()
 
   def on_step(step, seconds):
     del step
@@ -203,6 +220,7 @@ def _run_once(
       config_filename="default.py",
       process_index=0,
       step_callback=on_step,
+      extra_listeners=[run_start],
   )
   kept = times[_SKIP.value :]
   if len(kept) < 2:
@@ -218,6 +236,7 @@ def _run_once(
       # Every step from run_start on, none left out: compilation before
       # run_start (the warm-up) keeps the slowest near the median.
       float(np.max(times) / np.median(times)),
+      compile_counter.count_after(run_start.at),
   )
 
 
@@ -239,6 +258,8 @@ def main(argv):
   process_cpu = {way: [] for way in _WAYS}
   thread_cpu = {way: [] for way in _WAYS}
   slowest = {way: [] for way in _WAYS}
+  compiles = {way: [] for way in _WAYS}
+  compile_counter.install()
   try:
     # One untimed run per way: fills the compilation cache, starts threads.
     for way in _WAYS:
@@ -247,10 +268,11 @@ def main(argv):
       order = list(_WAYS)
       rng.shuffle(order)
       for way in order:
-        wall, cpu, main_cpu, worst_step = _run_once(
+        wall, cpu, main_cpu, worst_step, compiled = _run_once(
             way, f"{way}-{block}", out, os.path.join(out, "jax_cache")
         )
         slowest[way].append(worst_step)
+        compiles[way].append(compiled)
         step_times[way].append(wall)
         process_cpu[way].append(cpu)
         thread_cpu[way].append(main_cpu)
@@ -274,7 +296,7 @@ def main(argv):
       f"{'way':<6} {'median step ms':>15} {'ratio vs off':>13} "
       f"{'min ratio':>10} {'max ratio':>10} {'cpu ms/step':>12} "
       f"{'cpu added':>10} {'main ms/step':>13} {'main added':>11} "
-      f"{'slowest/median':>15}"
+      f"{'slowest/median':>15} {'compiles':>9}"
   )
   # The CPU shares may be negative (noise), so their worst starts below any.
   worst, worst_cpu, worst_main = 0.0, float("-inf"), float("-inf")
@@ -297,7 +319,7 @@ def main(argv):
         f"{ratios.min():>10.4f} {ratios.max():>10.4f} "
         f"{np.median(process_cpu[way]) * 1e3:>12.3f} {cpu_added:>+10.2%} "
         f"{np.median(thread_cpu[way]) * 1e3:>13.3f} {main_added:>+11.2%} "
-        f"{max(slowest[way]):>15.2f}"
+        f"{max(slowest[way]):>15.2f} {max(compiles[way]):>9d}"
     )
   print(
       f"mllog_bench: worst_ratio={worst:.4f} worst_cpu_added="

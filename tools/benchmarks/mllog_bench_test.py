@@ -29,6 +29,8 @@ class MllogBenchTest(absltest.TestCase):
         self.assertGreater(float(fields[1]), 0)  # Median step in ms.
         self.assertGreater(float(fields[5]), 0)  # CPU ms per step.
         cpu_added[fields[0]] = float(fields[6].rstrip("%"))
+        # Warmed up before run_start, every way compiles nothing after it.
+        self.assertEqual(int(fields[10]), 0, line)
     self.assertEqual(set(ratios), {"off", "local", "gcs"})
     self.assertEqual(ratios["off"], 1.0)
     self.assertEqual(cpu_added["off"], 0.0)

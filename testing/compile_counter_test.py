@@ -1,0 +1,35 @@
+"""Tests of testing/compile_counter.py."""
+
+import time
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+
+from testing import compile_counter
+
+
+class CompileCounterTest(absltest.TestCase):
+
+  def test_a_new_function_counts_a_second_call_does_not(self):
+    compile_counter.install()
+    compile_counter.install()  # A second install changes nothing.
+
+    @jax.jit
+    def f(x):
+      return jnp.sin(x) * 3.0
+
+    start = time.monotonic()
+    f(jnp.ones(4)).block_until_ready()
+    compiled = compile_counter.count_after(start)
+    self.assertGreaterEqual(compiled, 1)
+    again = time.monotonic()
+    f(jnp.ones(4)).block_until_ready()
+    self.assertEqual(compile_counter.count_after(again), 0)
+    # A new shape is a new program.
+    f(jnp.ones(5)).block_until_ready()
+    self.assertGreaterEqual(compile_counter.count_after(again), 1)
+
+
+if __name__ == "__main__":
+  absltest.main()
