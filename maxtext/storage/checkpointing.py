@@ -47,6 +47,7 @@ import dataclasses
 import datetime
 import glob
 import json
+import logging as std_logging
 import os
 import re
 import shutil
@@ -182,6 +183,30 @@ def _is_storage_error(error: BaseException) -> bool:
     if isinstance(e, ValueError) and _STATUS_PREFIX.match(str(e)):
       return True
   return False
+
+
+class _ReportedWriteErrors(std_logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" reports of storage
+  errors, once a failed save has been reported as a CheckpointError.
+
+  Orbax writes a checkpoint's arrays in concurrent asyncio tasks; when the
+  disk fills, several fail with the same error, the first is raised (and
+  becomes the run's one-line CheckpointError) and the others are never
+  retrieved, so asyncio logs each with a traceback when the task is
+  collected, often after the run's error line, at exit. Those are the same
+  failure already reported; any other unretrieved task error still logs.
+  """
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (
+        record.getMessage().startswith("Task exception was never retrieved")
+        and exc is not None
+        and _is_storage_error(exc)
+    )
+
+
+_REPORTED_WRITE_ERRORS = _ReportedWriteErrors()
 
 
 def _is_bare_exception(error: BaseException) -> bool:
@@ -476,6 +501,8 @@ class Checkpointer:
     self._remove_tmp_directories(step)
     if not _is_storage_error(error):
       raise error
+    # Adding a filter twice keeps one.
+    std_logging.getLogger("asyncio").addFilter(_REPORTED_WRITE_ERRORS)
     raise CheckpointError(
         f"could not write checkpoint step {step} to {self._directory}: "
         f"{_os_error_text(error)}"

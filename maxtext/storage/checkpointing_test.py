@@ -4,6 +4,9 @@ Damaged checkpoints are real ones damaged on disk; a full disk is a real
 1 MiB tmpfs mounted in a user and mount namespace (`unshare -Urm`).
 """
 
+import asyncio
+import errno
+import gc
 import glob
 import json
 import os
@@ -523,6 +526,39 @@ class FullDiskTest(parameterized.TestCase):
     ]
     self.assertLen(left, 1, output)
     self.assertEqual(json.loads(left[0][len("LEFT:") :]), [], output)
+
+
+class ReportedWriteErrorsTest(absltest.TestCase):
+  """Sibling write tasks of a reported full-disk failure log nothing more."""
+
+  def _unretrieved_task_error(self, error):
+    """Lets a task fail with `error` unretrieved, as orbax's siblings do."""
+
+    async def write():
+      raise error
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(write())
+    loop.run_until_complete(asyncio.sleep(0))  # The task runs and fails.
+    loop.close()
+    del task
+    gc.collect()  # asyncio reports the unretrieved exception here.
+
+  def test_only_storage_errors_are_dropped_once_a_failure_was_reported(self):
+    directory = self.create_tempdir().full_path
+    checkpointer = checkpointing.Checkpointer(
+        directory, save_period=1, max_to_keep=0
+    )
+    self.addCleanup(checkpointer.close)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with self.assertRaises(checkpointing.CheckpointError):
+      # The way a failed save is reported.
+      checkpointer._save_failed(1, full)  # pylint: disable=protected-access
+    with self.assertLogs("asyncio", level="ERROR") as logs:
+      self._unretrieved_task_error(full)
+      self._unretrieved_task_error(TypeError("a bug, not the disk"))
+    self.assertLen(logs.records, 1)
+    self.assertIsInstance(logs.records[0].exc_info[1], TypeError)
 
 
 if __name__ == "__main__":
