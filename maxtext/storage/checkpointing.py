@@ -186,21 +186,24 @@ def _is_storage_error(error: BaseException) -> bool:
 
 
 class _ReportedWriteErrors(std_logging.Filter):
-  """Drops asyncio's "Task exception was never retrieved" reports of storage
+  """Drops asyncio's "exception was never retrieved" reports of storage
   errors, once a failed save has been reported as a CheckpointError.
 
   Orbax writes a checkpoint's arrays in concurrent asyncio tasks; when the
   disk fills, several fail with the same error, the first is raised (and
-  becomes the run's one-line CheckpointError) and the others are never
-  retrieved, so asyncio logs each with a traceback when the task is
-  collected, often after the run's error line, at exit. Those are the same
+  becomes the run's one-line CheckpointError) and the others (tasks, and
+  the futures gathering them) are never retrieved, so asyncio logs each with
+  a traceback when it is collected, often after the run's error line, at
+  exit. Those are the same
   failure already reported; any other unretrieved task error still logs.
   """
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
     return not (
-        record.getMessage().startswith("Task exception was never retrieved")
+        # "Task ...", "Future ..." or "_GatheringFuture exception was
+        # never retrieved", as asyncio names the awaitable.
+        "exception was never retrieved" in record.getMessage()
         and exc is not None
         and _is_storage_error(exc)
     )

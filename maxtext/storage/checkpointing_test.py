@@ -544,6 +544,24 @@ class ReportedWriteErrorsTest(absltest.TestCase):
     del task
     gc.collect()  # asyncio reports the unretrieved exception here.
 
+  def _unretrieved_gather_error(self, error):
+    """The same for a gather of failing tasks, whose siblings it retrieves."""
+
+    async def write():
+      raise error
+
+    async def start():
+      return asyncio.gather(write(), write())
+
+    loop = asyncio.new_event_loop()
+    gathering = loop.run_until_complete(start())
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.run_until_complete(asyncio.sleep(0))
+    self.assertTrue(gathering.done())
+    loop.close()
+    del gathering
+    gc.collect()
+
   def test_only_storage_errors_are_dropped_once_a_failure_was_reported(self):
     directory = self.create_tempdir().full_path
     checkpointer = checkpointing.Checkpointer(
@@ -556,6 +574,7 @@ class ReportedWriteErrorsTest(absltest.TestCase):
       checkpointer._save_failed(1, full)  # pylint: disable=protected-access
     with self.assertLogs("asyncio", level="ERROR") as logs:
       self._unretrieved_task_error(full)
+      self._unretrieved_gather_error(full)
       self._unretrieved_task_error(TypeError("a bug, not the disk"))
     self.assertLen(logs.records, 1)
     self.assertIsInstance(logs.records[0].exc_info[1], TypeError)
