@@ -10,6 +10,8 @@ one token uses (routed experts: num_experts_per_token of num_experts), with
 and without the input embedding table (see `param_count_lib`).
 """
 
+import sys
+
 from absl import app
 from ml_collections import config_flags
 
@@ -30,7 +32,11 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config is required")
-  config_lib.validate(config)
+  try:
+    config_lib.validate(config)
+  except (TypeError, ValueError) as e:
+    print(f"param_count: error: {e}", file=sys.stderr)
+    sys.exit(2)
   counts = param_count_lib.count(config)
   print(
       f"param_count: {config.num_layers} layers, emb {config.emb_dim}, "

@@ -107,6 +107,22 @@ class ParamCountTest(absltest.TestCase):
     self.assertIn("509,056", lines["active"])
     self.assertIn("routed experts 2 of 4", lines["active"])
 
+  def test_binary_names_a_bad_field_in_one_line(self):
+    proc = runfiles.run_binary(
+        "tools/param_count",
+        [
+            f"--config={os.path.join(_configs_dir(), 'default.py')}",
+            "--config.attention_type=mla",
+        ],
+        timeout_s=300,
+    )
+    self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+    self.assertEqual(
+        proc.stderr.strip().splitlines()[-1],
+        "param_count: error: config.kv_lora_rank=0: must be >= 1",
+    )
+    self.assertNotIn("Traceback", proc.stderr)
+
 
 def _configs_dir():
   return os.path.dirname(os.path.abspath(moe_tiny.__file__))

@@ -258,9 +258,12 @@ def _state_report(config, mesh_text: str, memories: list[float]) -> None:
   # pylint: enable=import-outside-toplevel
   try:
     sizes = state_memory.parse_mesh(mesh_text)
+    # A mesh the config cannot use (e.g. an expert axis that does not divide
+    # num_experts) is the user's mistake too.
+    state = state_memory.state_bytes(config, sizes)
   except ValueError as e:
-    raise app.UsageError(str(e)) from None
-  state = state_memory.state_bytes(config, sizes)
+    print(f"memory_bench: error: {e}", file=sys.stderr)
+    sys.exit(2)
   devices = math.prod(sizes.values())
   mesh = " ".join(f"{a}={n}" for a, n in sizes.items())
   print(
@@ -300,7 +303,11 @@ def main(argv):
     from maxtext import config_lib
 
     # pylint: enable=import-outside-toplevel
-    config_lib.validate(_CONFIG.value)
+    try:
+      config_lib.validate(_CONFIG.value)
+    except (TypeError, ValueError) as e:
+      print(f"memory_bench: error: {e}", file=sys.stderr)
+      sys.exit(2)
     _state_report(
         _CONFIG.value, _MESH.value, [float(m) for m in _DEVICE_MEMORY_GB.value]
     )

@@ -114,6 +114,23 @@ class MemoryBenchTest(absltest.TestCase):
     self.assertEqual(float(match.group(1)), values["total"])
     self.assertEqual(match.group(2, 3), ("yes", "yes"))
 
+  def test_a_mesh_the_config_cannot_use_is_one_line(self):
+    proc = runfiles.run_binary(
+        "tools/benchmarks/memory_bench",
+        [
+            "--config=maxtext/configs/deepseekv3_671b.py",
+            "--mesh=expert=3,fsdp=8",
+        ],
+        timeout_s=300,
+    )
+    self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+    self.assertEqual(
+        proc.stderr.strip().splitlines()[-1],
+        "memory_bench: error: expert_parallelism=3 does not divide the 256 "
+        "experts",
+    )
+    self.assertNotIn("Traceback", proc.stderr)
+
 
 if __name__ == "__main__":
   absltest.main()
