@@ -323,10 +323,12 @@ def client_for(url: str):
 
 
 class SlowProxy:
-  """A TCP proxy on 127.0.0.1 that delays every chunk sent to the server.
+  """A TCP proxy on 127.0.0.1 that delays every chunk sent one way.
 
   Put in front of a `GcsEmulator`, it makes an endpoint that works but is
-  slow, e.g. uploads that take seconds, without touching the emulator.
+  slow without touching the emulator: delaying what the client sends makes
+  uploads take seconds; delaying what the server sends back makes every
+  request's answer late (a distant bucket).
 
       with gcs_emulator.SlowProxy(emulator.port, delay_s=0.2) as proxy:
         client = gcs_emulator.client_for(proxy.url)
@@ -337,19 +339,26 @@ class SlowProxy:
   """
 
   def __init__(
-      self, target_port: int, delay_s: float, chunk_bytes: int = 64 << 10
+      self,
+      target_port: int,
+      delay_s: float,
+      chunk_bytes: int = 64 << 10,
+      delay_replies: bool = False,
   ):
     """Starts listening; each connection is served by two daemon threads.
 
     Args:
       target_port: the server's port on 127.0.0.1.
-      delay_s: the sleep before each chunk from the client is forwarded;
-        the attribute `delay_s` may be changed at any time.
+      delay_s: the sleep before each delayed chunk is forwarded; the
+        attribute `delay_s` may be changed at any time.
       chunk_bytes: the most bytes forwarded per chunk (so per delay).
+      delay_replies: delay the chunks the server sends back instead of the
+        ones the client sends.
     """
     self._target_port = target_port
     self.delay_s = delay_s
     self._chunk_bytes = chunk_bytes
+    self._delay_replies = delay_replies
     self._sockets: list[socket.socket] = []
     self._lock = threading.Lock()
     self._closed = False
@@ -381,8 +390,8 @@ class SlowProxy:
           return
         self._sockets += [client, server]
       for src, dst, delayed in (
-          (client, server, True),
-          (server, client, False),
+          (client, server, not self._delay_replies),
+          (server, client, self._delay_replies),
       ):
         threading.Thread(
             target=self._pump,

@@ -3,12 +3,13 @@
 import time
 
 from absl.testing import absltest
+from absl.testing import parameterized
 from google.api_core import exceptions
 
 from testing import gcs_emulator
 
 
-class GcsEmulatorTest(absltest.TestCase):
+class GcsEmulatorTest(parameterized.TestCase):
 
   def test_restart_keeps_port_buckets_and_objects(self):
     root = self.create_tempdir().full_path
@@ -75,9 +76,15 @@ class GcsEmulatorTest(absltest.TestCase):
           )
       )
 
-  def test_slow_proxy_forwards_with_a_delay(self):
+  @parameterized.named_parameters(
+      ("requests", False),
+      ("replies", True),
+  )
+  def test_slow_proxy_forwards_with_a_delay(self, delay_replies):
     with gcs_emulator.GcsEmulator(buckets=["slow"]) as emulator:
-      with gcs_emulator.SlowProxy(emulator.port, delay_s=0.3) as proxy:
+      with gcs_emulator.SlowProxy(
+          emulator.port, delay_s=0.3, delay_replies=delay_replies
+      ) as proxy:
         client = gcs_emulator.client_for(proxy.url)
         start = time.monotonic()
         client.bucket("slow").blob("x").upload_from_string(b"payload")
