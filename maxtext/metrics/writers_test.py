@@ -278,36 +278,26 @@ class MetricLoggerTest(parameterized.TestCase):
         if step % 2 == 1:
           logger.write_eval(step, {"eval_loss": 2.0 / (step + 1)})
 
+    def attempt(run_dir, first_step=0):
+      """A logger of one attempt at the same 6-step run in `run_dir`."""
+      return metric_logger.MetricLogger(
+          run_dir,
+          is_primary=True,
+          log_period=1,
+          total_steps=6,
+          tokens_per_step=4,
+          first_step=first_step,
+          time_fn=FakeClock(1.0),
+      )
+
     full_dir = os.path.join(self.run_dir, "full")
-    with metric_logger.MetricLogger(
-        full_dir,
-        is_primary=True,
-        log_period=1,
-        total_steps=6,
-        tokens_per_step=4,
-        time_fn=FakeClock(1.0),
-    ) as logger:
+    with attempt(full_dir) as logger:
       run(logger, range(6))
 
     resumed_dir = os.path.join(self.run_dir, "resumed")
-    with metric_logger.MetricLogger(
-        resumed_dir,
-        is_primary=True,
-        log_period=1,
-        total_steps=6,
-        tokens_per_step=4,
-        time_fn=FakeClock(1.0),
-    ) as logger:
+    with attempt(resumed_dir) as logger:
       run(logger, range(5))  # Interrupted after step 4; checkpoint after 3.
-    with metric_logger.MetricLogger(
-        resumed_dir,
-        is_primary=True,
-        log_period=1,
-        total_steps=6,
-        tokens_per_step=4,
-        first_step=4,
-        time_fn=FakeClock(1.0),
-    ) as logger:
+    with attempt(resumed_dir, first_step=4) as logger:
       run(logger, range(4, 6))
 
     full = jsonl.read_jsonl(os.path.join(full_dir, "metrics.jsonl"))
