@@ -268,28 +268,17 @@ class TrainerMllogTest(parameterized.TestCase):
         [m["status"] for m in metadata_of(events, "run_stop")], ["aborted"]
     )
     self.assertEqual(metadata_of(events, "run_stop")[0]["samples_count"], 0)
+    # The events that bracket the run: each once, in this order.
+    sequence = [
+        "init_start",
+        "init_stop",
+        "run_start",
+        "block_start",
+        "block_stop",
+        "run_stop",
+    ]
     self.assertEqual(
-        [
-            e["key"]
-            for e in events
-            if e["key"]
-            in (
-                "init_start",
-                "init_stop",
-                "run_start",
-                "block_start",
-                "block_stop",
-                "run_stop",
-            )
-        ],
-        [
-            "init_start",
-            "init_stop",
-            "run_start",
-            "block_start",
-            "block_stop",
-            "run_stop",
-        ],
+        [e["key"] for e in events if e["key"] in sequence], sequence
     )
     # A complete sequence; the checker's only complaint is the missing eval
     # result, which a run that never trained cannot have.
