@@ -14,20 +14,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from maxtext import trainer
-from maxtext.listeners import interface
 from testing import compile_counter
 from testing import tiny_configs
-
-
-class _RunStartTime(interface.RunListener):
-  """Notes when the run's timed region began."""
-
-  def __init__(self):
-    self.at = None
-
-  def on_run_start(self, start: interface.RunStart) -> None:
-    del start
-    self.at = time.monotonic()
 
 
 class WarmUpTest(parameterized.TestCase):
@@ -43,16 +31,13 @@ class WarmUpTest(parameterized.TestCase):
         checkpoint_period=5,
         warmup_steps_before_run_start=warmup_steps,
     )
-    compile_counter.install()
-    start = _RunStartTime()
+    counter = compile_counter.RunStartCounter()
     began = time.monotonic()
-    result = trainer.run(config, extra_listeners=[start])
+    result = trainer.run(config, extra_listeners=[counter])
     self.assertEqual(result.status, trainer.RunOutcome.COMPLETED)
-    self.assertIsNotNone(start.at)
-    before = compile_counter.count_after(began) - compile_counter.count_after(
-        start.at
-    )
-    after = compile_counter.count_after(start.at)
+    self.assertIsNotNone(counter.at)
+    after = counter.count()
+    before = compile_counter.count_after(began) - after
     self.assertGreater(before, 0)  # The events are seen at all.
     if warmup_steps:
       self.assertEqual(after, 0)

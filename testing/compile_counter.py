@@ -6,7 +6,8 @@ jaxpr_to_mlir_module_duration, backend_compile_duration); a persistent-cache
 hit skips the backend compile but not the tracing. `install()` starts
 recording the time of every such event in this process; `times()` reads them.
 A count of events after some moment (a run's `run_start`) says whether
-anything was compiled after it, independently of the machine's speed.
+anything was compiled after it, independently of the machine's speed:
+`RunStartCounter` is the run listener that notes that moment.
 """
 
 import functools
@@ -14,6 +15,8 @@ import threading
 import time
 
 from jax import monitoring
+
+from maxtext.listeners import interface
 
 PREFIX = "/jax/core/compile/"
 
@@ -44,3 +47,31 @@ def times() -> list[float]:
 def count_after(moment: float) -> int:
   """Compilation events later than `moment` (a `time.monotonic()` value)."""
   return sum(1 for t in times() if t > moment)
+
+
+class RunStartCounter(interface.RunListener):
+  """A run listener that counts the compilation events after `run_start`.
+
+  Pass it in a run's `extra_listeners`; it installs the recording itself.
+
+  Attributes:
+    at: `time.monotonic()` at the run's `run_start`, or None before it.
+  """
+
+  def __init__(self):
+    install()
+    self.at = None
+
+  def on_run_start(self, start: interface.RunStart) -> None:
+    del start
+    self.at = time.monotonic()
+
+  def count(self) -> int:
+    """Compilation events since `run_start`.
+
+    Raises:
+      RuntimeError: the run has not reached `run_start`.
+    """
+    if self.at is None:
+      raise RuntimeError("no run_start yet: the run never began its timed part")
+    return count_after(self.at)

@@ -6,6 +6,7 @@ from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
+from maxtext.listeners import interface
 from testing import compile_counter
 
 
@@ -29,6 +30,23 @@ class CompileCounterTest(absltest.TestCase):
     # A new shape is a new program.
     f(jnp.ones(5)).block_until_ready()
     self.assertGreaterEqual(compile_counter.count_after(again), 1)
+
+  def test_run_start_counter_counts_from_run_start_on(self):
+    counter = compile_counter.RunStartCounter()
+    with self.assertRaisesRegex(RuntimeError, "no run_start yet"):
+      counter.count()
+
+    @jax.jit
+    def f(x):
+      return jnp.cos(x) + 1.0
+
+    # Compiled before run_start: not counted.
+    f(jnp.ones(3)).block_until_ready()
+    counter.on_run_start(interface.RunStart(start_step=0, samples=0))
+    f(jnp.ones(3)).block_until_ready()
+    self.assertEqual(counter.count(), 0)
+    f(jnp.ones(6)).block_until_ready()
+    self.assertGreaterEqual(counter.count(), 1)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,6 @@ import numpy as np
 
 from maxtext import trainer
 from maxtext.configs import default
-from maxtext.listeners import interface
 from testing import compile_counter
 from testing import gcs_emulator
 from testing import tiny_configs
@@ -182,17 +181,6 @@ def _config(way: str, run_name: str, out: str, cache_dir: str):
   return config
 
 
-class _RunStartTime(interface.RunListener):
-  """Notes when the run's timed region began."""
-
-  def __init__(self):
-    self.at = None
-
-  def on_run_start(self, start: interface.RunStart) -> None:
-    del start
-    self.at = time.monotonic()
-
-
 def _run_once(
     way: str, run_name: str, out: str, cache_dir: str
 ) -> tuple[float, float, float, float, int]:
@@ -207,7 +195,7 @@ def _run_once(
     JAX compilation events after run_start.
   """
   times, process, thread = [], [], []
-  run_start = _RunStartTime()
+  compiles = compile_counter.RunStartCounter()
 
   def on_step(step, seconds):
     del step
@@ -220,7 +208,7 @@ def _run_once(
       config_filename="default.py",
       process_index=0,
       step_callback=on_step,
-      extra_listeners=[run_start],
+      extra_listeners=[compiles],
   )
   kept = times[_SKIP.value :]
   if len(kept) < 2:
@@ -236,7 +224,7 @@ def _run_once(
       # Every step from run_start on, none left out: compilation before
       # run_start (the warm-up) keeps the slowest near the median.
       float(np.max(times) / np.median(times)),
-      compile_counter.count_after(run_start.at),
+      compiles.count(),
   )
 
 
@@ -259,7 +247,6 @@ def main(argv):
   thread_cpu = {way: [] for way in _WAYS}
   slowest = {way: [] for way in _WAYS}
   compiles = {way: [] for way in _WAYS}
-  compile_counter.install()
   try:
     # One untimed run per way: fills the compilation cache, starts threads.
     for way in _WAYS:
