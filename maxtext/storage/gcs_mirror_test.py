@@ -24,6 +24,23 @@ def _write(root, files):
       f.write(data)
 
 
+def _first_failure(mirror):
+  """Requests a pass of `mirror`; its stats once an upload has failed."""
+  mirror.request_sync()
+  polling.wait_until(lambda: mirror.stats().last_error is not None)
+  return mirror.stats()
+
+
+# Retries and timeouts that would take minutes to wait out: a close() that
+# returns within seconds gave up on an unreachable endpoint at once.
+_SLOW_TO_GIVE_UP = dict(
+    max_retries=3,
+    backoff_s=2.0,
+    request_timeout_s=60.0,
+    final_timeout_s=300.0,
+)
+
+
 def _files(tag):
   return {
       "mllog.log": f":::MLLOG {tag}\n".encode(),
@@ -54,6 +71,12 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     )
     options.update(kwargs)
     return gcs_mirror.GcsMirror(self.local, self.url, **options)
+
+  def _mirror_via(self, url, **kwargs):
+    """A `_mirror` whose client talks to the endpoint at `url`."""
+    return self._mirror(
+        client_factory=lambda: gcs_emulator.client_for(url), **kwargs
+    )
 
   def test_objects_equal_local_files_after_close(self):
     _write(self.local, _files("first"))
@@ -305,17 +328,8 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
   ):
     files = _files("unreachable")
     _write(self.local, files)
-    url = url_fn()
-    mirror = self._mirror(
-        client_factory=lambda: gcs_emulator.client_for(url),
-        max_retries=3,
-        backoff_s=2.0,
-        request_timeout_s=60.0,
-        final_timeout_s=300.0,
-    )
-    mirror.request_sync()
-    polling.wait_until(lambda: mirror.stats().last_error is not None)
-    self.assertTrue(mirror.stats().unreachable)
+    mirror = self._mirror_via(url_fn(), **_SLOW_TO_GIVE_UP)
+    self.assertTrue(_first_failure(mirror).unreachable)
     start = time.monotonic()
     with self.assertLogs(level="WARNING") as logs:
       ok = mirror.close()
@@ -335,13 +349,8 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
 
   def test_close_before_any_pass_against_closed_port_is_prompt(self):
     _write(self.local, {"config.json": b"{}"})
-    url = gcs_emulator.closed_port_url()
-    mirror = self._mirror(
-        client_factory=lambda: gcs_emulator.client_for(url),
-        max_retries=3,
-        backoff_s=2.0,
-        request_timeout_s=60.0,
-        final_timeout_s=300.0,
+    mirror = self._mirror_via(
+        gcs_emulator.closed_port_url(), **_SLOW_TO_GIVE_UP
     )
     start = time.monotonic()
     with self.assertLogs(level="WARNING") as logs:
@@ -356,8 +365,7 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
 
   def test_warning_names_a_few_files_when_many_are_missing(self):
     _write(self.local, {f"f{i:02d}": b"x" for i in range(12)})
-    url = gcs_emulator.closed_port_url()
-    mirror = self._mirror(client_factory=lambda: gcs_emulator.client_for(url))
+    mirror = self._mirror_via(gcs_emulator.closed_port_url())
     with self.assertLogs(level="WARNING") as logs:
       self.assertFalse(mirror.close())
     self.assertIn(
@@ -373,17 +381,16 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     _write(self.local, files)
     proxy = gcs_emulator.SlowProxy(self.emulator.port, delay_s=30.0)
     self.addCleanup(proxy.close)
-    mirror = self._mirror(
-        client_factory=lambda: gcs_emulator.client_for(proxy.url),
+    mirror = self._mirror_via(
+        proxy.url,
         request_timeout_s=0.5,
         max_retries=100,
         backoff_s=0.2,
         final_timeout_s=60.0,
     )
-    mirror.request_sync()
-    polling.wait_until(lambda: mirror.stats().last_error is not None)
-    self.assertFalse(mirror.stats().unreachable)
-    self.assertEqual(mirror.stats().passes, 0)
+    stats = _first_failure(mirror)
+    self.assertFalse(stats.unreachable)
+    self.assertEqual(stats.passes, 0)
     lift = threading.Timer(2.0, setattr, (proxy, "delay_s", 0.0))
     lift.start()
     self.addCleanup(lift.cancel)
