@@ -2,7 +2,9 @@
 
 `hyperparameters_from_config` builds the hyperparameter events a log must
 hold (`REQUIRED_HYPERPARAMETERS`, in order) from the config and the run's
-real values, naming precisions as MLPerf spells them (`precision_name`).
+real values, naming precisions as MLPerf spells them (`precision_name`);
+`check_values` checks that each value is of the kind its key takes (a count,
+a precision name, a non-empty name).
 `maxtext.mllog.logger` writes the log; this module only decides its contents.
 The submission fields are checked by `maxtext.mllog.rules`.
 
@@ -15,10 +17,12 @@ a dense model, whose log could not carry it honestly).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import yaml
+
+from maxtext import checks
 
 # Precision names the 6.1 disclosure keys accept.
 PRECISIONS = (
@@ -38,51 +42,54 @@ PRECISIONS = (
     "uint4",
 )
 
-PRECISION_KEYS = (
-    "lowest_numerical_precision_in_linear",
-    "lowest_numerical_precision_in_attn",
-    "lowest_numerical_precision_in_comm",
-)
-PARALLELISM_KEYS = (
-    "tensor_parallelism",
-    "pipeline_parallelism",
-    "context_parallelism",
-    "expert_parallelism",
-)
+# Kinds of header value: what `check_values` demands of a key's value.
+_COUNT = "count"  # An int >= 0.
+_POSITIVE_COUNT = "positive count"  # An int >= 1.
+_PRECISION = "precision"  # One of PRECISIONS.
+_NAME = "name"  # A non-empty str.
+_NUMBER = "number"  # Logged as the config gives it.
 
-# Keys `MLLogger.hyperparameters` requires, in the order they are logged. They
-# cover the closed llama31_8b rule and the 6.1 disclosure keys, so a log that
-# passes the closed rules differs from an open one only in its values.
-REQUIRED_HYPERPARAMETERS = (
-    "global_batch_size",
-    "gradient_accumulation_steps",
-    "max_sequence_length",
-    "seed",
-    "opt_name",
-    "opt_base_learning_rate",
-    "opt_end_learning_rate",
-    "opt_learning_rate_warmup_steps",
-    "opt_learning_rate_decay_steps",
-    "opt_learning_rate_decay_schedule",
-    "opt_adamw_beta_1",
-    "opt_adamw_beta_2",
-    "opt_adamw_epsilon",
-    "opt_adamw_weight_decay",
-    "opt_gradient_clip_norm",
-    "max_steps",
-    "train_samples",
-    "eval_samples",
-    "init_checkpoint_step",
-    *PRECISION_KEYS,
-    *PARALLELISM_KEYS,
-    "micro_batch_size",
-    "config_filename",
-)
+# Keys `MLLogger.hyperparameters` requires, in the order they are logged, with
+# the kind of each one's value. They cover the closed llama31_8b rule and the
+# 6.1 disclosure keys, so a log that passes the closed rules differs from an
+# open one only in its values.
+_REQUIRED_KINDS = {
+    "global_batch_size": _COUNT,
+    "gradient_accumulation_steps": _POSITIVE_COUNT,
+    "max_sequence_length": _COUNT,
+    "seed": _NUMBER,
+    "opt_name": _NAME,
+    "opt_base_learning_rate": _NUMBER,
+    "opt_end_learning_rate": _NUMBER,
+    "opt_learning_rate_warmup_steps": _COUNT,
+    "opt_learning_rate_decay_steps": _COUNT,
+    "opt_learning_rate_decay_schedule": _NAME,
+    "opt_adamw_beta_1": _NUMBER,
+    "opt_adamw_beta_2": _NUMBER,
+    "opt_adamw_epsilon": _NUMBER,
+    "opt_adamw_weight_decay": _NUMBER,
+    "opt_gradient_clip_norm": _NUMBER,
+    "max_steps": _COUNT,
+    "train_samples": _COUNT,
+    "eval_samples": _COUNT,
+    "init_checkpoint_step": _COUNT,
+    "lowest_numerical_precision_in_linear": _PRECISION,
+    "lowest_numerical_precision_in_attn": _PRECISION,
+    "lowest_numerical_precision_in_comm": _PRECISION,
+    "tensor_parallelism": _POSITIVE_COUNT,
+    "pipeline_parallelism": _POSITIVE_COUNT,
+    "context_parallelism": _POSITIVE_COUNT,
+    "expert_parallelism": _POSITIVE_COUNT,
+    "micro_batch_size": _POSITIVE_COUNT,
+    "config_filename": _NAME,
+}
+REQUIRED_HYPERPARAMETERS = tuple(_REQUIRED_KINDS)
+_MINIMUM = {_COUNT: 0, _POSITIVE_COUNT: 1}
 
-# Logged after the required keys when the model has experts.
 # How MLPerf spells the engine's learning-rate schedule (maxtext/optimizer.py):
 # a linear warm-up, then a cosine decay.
 DECAY_SCHEDULE = "cosine with linear warmup"
+# Logged after the required keys when the model has experts.
 MOE_AUX_LOSS_COEFF = "moe_aux_loss_coeff"
 # Rule requirements that make a key mandatory in a checker's YAML.
 _REQUIRING = ("EXACTLY_ONE", "AT_LEAST_ONE")
@@ -116,6 +123,34 @@ def precision_name(dtype: Any) -> str:
         f"{sorted(_DTYPE_PRECISION)}"
     )
   return _DTYPE_PRECISION[name]
+
+
+def check_values(values: Mapping[str, Any]) -> None:
+  """Checks that `values` holds every required key, each of its kind.
+
+  Args:
+    values: header key -> value, as `MLLogger.hyperparameters` takes them.
+
+  Raises:
+    ValueError: a required key is missing, or its value is out of range
+      (a negative count, an unknown precision, an empty name).
+    TypeError: a count is not an int (a bool is no count).
+  """
+  missing = [k for k in REQUIRED_HYPERPARAMETERS if k not in values]
+  if missing:
+    raise ValueError(f"hyperparameters is missing required keys {missing}")
+  for key, kind in _REQUIRED_KINDS.items():
+    value = values[key]
+    if kind in _MINIMUM:
+      checks.check_int(f"hyperparameter {key}", value, _MINIMUM[kind])
+    elif kind == _PRECISION and value not in PRECISIONS:
+      raise ValueError(
+          f"hyperparameter {key} must be one of {PRECISIONS}, got {value!r}"
+      )
+    elif kind == _NAME and (not isinstance(value, str) or not value):
+      raise ValueError(
+          f"hyperparameter {key} must be a non-empty string, got {value!r}"
+      )
 
 
 def _lowest_precision(*names: str) -> str:

@@ -314,51 +314,16 @@ class MLLogger:
 
     Raises:
       ValueError: a required key is missing, a key was already logged by this
-        logger, or a disclosure value is outside what the rules accept.
-      TypeError: a value is not a host scalar/str.
+        logger, or a value is outside what the rules accept
+        (`hyperparameters.check_values`).
+      TypeError: a value is not a host scalar/str, or a count is no int.
     """
     if self._file is None:
       return
-    missing = [
-        k for k in mllog_config.REQUIRED_HYPERPARAMETERS if k not in values
-    ]
-    if missing:
-      raise ValueError(f"hyperparameters is missing required keys {missing}")
+    mllog_config.check_values(values)
     repeated = sorted(set(values) & self._logged_hparams)
     if repeated:
       raise ValueError(f"hyperparameters {repeated} were already logged")
-    for key in mllog_config.PRECISION_KEYS:
-      if values[key] not in mllog_config.PRECISIONS:
-        raise ValueError(
-            f"hyperparameter {key} must be one of "
-            f"{mllog_config.PRECISIONS}, got {values[key]!r}"
-        )
-    for key in mllog_config.PARALLELISM_KEYS + (
-        "micro_batch_size",
-        "gradient_accumulation_steps",
-    ):
-      checks.check_int(f"hyperparameter {key}", values[key], 1)
-    for key in (
-        "opt_learning_rate_warmup_steps",
-        "opt_learning_rate_decay_steps",
-        "max_steps",
-        "init_checkpoint_step",
-        "global_batch_size",
-        "max_sequence_length",
-        "train_samples",
-        "eval_samples",
-    ):
-      checks.check_int(f"hyperparameter {key}", values[key], 0)
-    for key in (
-        "config_filename",
-        "opt_name",
-        "opt_learning_rate_decay_schedule",
-    ):
-      if not isinstance(values[key], str) or not values[key]:
-        raise ValueError(
-            f"hyperparameter {key} must be a non-empty string, "
-            f"got {values[key]!r}"
-        )
     converted = [(k, _to_json_value(k, v)) for k, v in values.items()]
     for key, value in converted:
       self.event(key, value)
