@@ -10,49 +10,39 @@ import threading
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax.numpy as jnp
-import ml_collections
 from mlperf_logging.mllog import constants as mllog_constants
 from mlperf_logging.mllog import mllog as official_mllog
 import numpy as np
 
+from maxtext import config_lib
+from maxtext.configs import default
+from maxtext.configs import llama31_8b
+from maxtext.mllog import bad_submissions
 from maxtext.mllog import logger as mllog_utils
 from maxtext.storage import build_info
 from testing import compliance_checker
 
 
 def _config(**overrides):
-  """A small run's config with the fields mllog_utils reads."""
-  config = ml_collections.ConfigDict(
-      dict(
-          enable_mllog=True,
-          mllog_ruleset="6.1.0",
-          submission_org="Example Org",
-          submission_platform="cpu-1x",
-          submission_division="open",
-          submission_status="research",
-          submission_benchmark="llama31_8b",
-          global_batch_size=8,
-          gradient_accumulation_steps=2,
-          max_sequence_length=64,
-          seed=1234,
-          learning_rate=3e-3,
-          lr_end_fraction=0.1,
-          adam_b1=0.9,
-          adam_b2=0.95,
-          adam_eps=1e-8,
-          weight_decay=0.1,
-          grad_clip_norm=1.0,
-          steps=24,
-          warmup_steps=3,
-          eval_interval=6,
-          eval_steps=2,
-          eval_batch_size=4,
-          weight_dtype="float32",
-          compute_dtype="float32",
-      )
-  )
+  """The default config (open llama31_8b log on) with a fake run's budget.
+
+  `_fake_eval_losses` falls below 1.0 at about step 16, so a run of 24 steps
+  reaches the open rule's target at its evaluation of step 20.
+  """
+  config = default.get_config()
+  config.steps = 24
   config.update(overrides)
   return config
+
+
+def _hparams(config, start_step=0):
+  """The hyperparameters a run of `config` logs (what its listener logs)."""
+  return config_lib.mllog_hyperparameters(
+      config,
+      data_parallelism=1,
+      start_step=start_step,
+      config_filename="configs/test.py",
+  )
 
 
 def _fake_eval_losses(config):
@@ -72,31 +62,18 @@ def _fake_eval_losses(config):
   return losses
 
 
-def _header(logger, config, init_checkpoint_step=0):
-  """Logs what a run logs before run_start: init, submission, hparams."""
+def _header(logger, hparams):
+  """Logs what a run logs before run_start: init, submission, `hparams`."""
   logger.cache_clear()
   logger.init_start()
   logger.submission_info()
-  logger.hyperparameters(
-      mllog_utils.hyperparameters_from_config(
-          config,
-          warmup_steps=config.warmup_steps,
-          schedule_steps=config.steps,
-          train_samples=config.steps * config.global_batch_size,
-          eval_samples=config.eval_steps * config.eval_batch_size,
-          init_checkpoint_step=init_checkpoint_step,
-          micro_batch_size=(
-              config.global_batch_size // config.gradient_accumulation_steps
-          ),
-          config_filename="configs/test.py",
-      )
-  )
+  logger.hyperparameters(hparams)
   logger.init_stop()
 
 
 def _write_run(logger, config, target, first_step=1):
   """Logs a whole fake run; returns the run_stop status."""
-  _header(logger, config, init_checkpoint_step=first_step - 1)
+  _header(logger, _hparams(config, start_step=first_step - 1))
   losses = _fake_eval_losses(config)
   batch = config.global_batch_size
   logger.run_start()
@@ -205,7 +182,7 @@ class MllogUtilsTest(parameterized.TestCase):
     logger = mllog_utils.create_mllogger(
         config, os.path.join(self.dir, "mllog.log"), process_index=0
     )
-    _header(logger, config)
+    _header(logger, _hparams(config))
     logger.run_start()
     logger.block_start(0)
     logger.block_stop(8)
@@ -223,7 +200,7 @@ class MllogUtilsTest(parameterized.TestCase):
     logger = mllog_utils.create_mllogger(
         config, os.path.join(self.dir, "mllog.log"), process_index=0
     )
-    _header(logger, config)
+    _header(logger, _hparams(config))
     logger.run_start()
     logger.block_start(0)
     logger.block_stop(8)
@@ -237,29 +214,10 @@ class MllogUtilsTest(parameterized.TestCase):
     self.assertIn("eval_accuracy", result.failed_keys())
 
   def test_closed_rules_judge_decay_steps(self):
-    # A closed-division config shaped like the benchmark's reference setup;
-    # the rule's numbers live only in the config, never in an assertion.
-    config = _config(
-        submission_division="closed",
-        max_sequence_length=8192,
-        global_batch_size=32,
-        gradient_accumulation_steps=1,
-        steps=1_200_000,
-        warmup_steps=8000,
-        adam_eps=1e-5,
-        eval_steps=1,
-        eval_batch_size=1024,
-    )
-    hparams = mllog_utils.hyperparameters_from_config(
-        config,
-        warmup_steps=config.warmup_steps,
-        schedule_steps=config.steps,
-        train_samples=100_000,
-        eval_samples=1024,
-        init_checkpoint_step=0,
-        micro_batch_size=1,
-        config_filename="configs/llama31_8b.py",
-    )
+    # The closed llama31_8b config's real header; the rule's numbers live
+    # only in the config, never in an assertion.
+    config = llama31_8b.get_config()
+    hparams = config_lib.fresh_run_header(config, "llama31_8b.py")
     hparam_keys = set(mllog_utils.REQUIRED_HYPERPARAMETERS)
 
     def check(decay_delta):
@@ -267,11 +225,7 @@ class MllogUtilsTest(parameterized.TestCase):
       values["opt_learning_rate_decay_steps"] += decay_delta
       path = os.path.join(self.dir, f"closed{decay_delta}.log")
       logger = mllog_utils.create_mllogger(config, path, process_index=0)
-      logger.cache_clear()
-      logger.init_start()
-      logger.submission_info()
-      logger.hyperparameters(values)
-      logger.init_stop()
+      _header(logger, values)
       # Synthetic run events: nobody trains this model on a CPU.
       logger.run_start()
       logger.block_start(0)
@@ -409,7 +363,7 @@ class MllogUtilsTest(parameterized.TestCase):
     config = _config()
     base = os.path.join(self.dir, "mllog.log")
     first = mllog_utils.create_mllogger(config, base, process_index=0)
-    _header(first, config)
+    _header(first, _hparams(config))
     first.run_start()
     first.block_start(0)
     first.close()  # The first attempt crashed without run_stop.
@@ -507,24 +461,34 @@ class MllogUtilsTest(parameterized.TestCase):
       call(logger)
     logger.close()
 
-  def test_hyperparameters_reject_a_bool_count(self):
+  @parameterized.named_parameters(
+      ("bool_count", "micro_batch_size", True, TypeError),
+      ("float_count", "max_steps", 24.0, TypeError),
+      ("zero_parallelism", "tensor_parallelism", 0, ValueError),
+      ("negative_count", "eval_samples", -1, ValueError),
+      (
+          "unknown_precision",
+          "lowest_numerical_precision_in_attn",
+          "fp7",
+          ValueError,
+      ),
+      ("empty_name", "config_filename", "", ValueError),
+  )
+  def test_hyperparameters_reject_a_value_of_the_wrong_kind(
+      self, key, value, error
+  ):
     config = _config()
-    values = mllog_utils.hyperparameters_from_config(
-        config,
-        warmup_steps=3,
-        schedule_steps=24,
-        train_samples=1,
-        eval_samples=1,
-        init_checkpoint_step=0,
-        micro_batch_size=True,
-        config_filename="c.py",
-    )
+    values = _hparams(config) | {key: value}
     logger = mllog_utils.create_mllogger(
         config, os.path.join(self.dir, "mllog.log"), process_index=0
     )
-    with self.assertRaisesRegex(TypeError, "micro_batch_size"):
+    with self.assertRaisesRegex(
+        error, f"hyperparameter {key} .*{re.escape(repr(value))}$"
+    ):
       logger.hyperparameters(values)
     logger.close()
+    # Checked before the first line: the header is all or nothing.
+    self.assertEqual(_read_events(logger.path), [])
 
   def test_tracked_stats_rejects_device_arrays(self):
     logger = mllog_utils.create_mllogger(
@@ -534,13 +498,7 @@ class MllogUtilsTest(parameterized.TestCase):
       logger.tracked_stats(1, {"train_loss": jnp.asarray(1.0)})
     logger.close()
 
-  @parameterized.named_parameters(
-      ("division", "submission_division", "Open"),
-      ("benchmark", "submission_benchmark", "llama3_8b"),
-      ("status", "submission_status", "onpremise"),
-      ("org", "submission_org", ""),
-      ("ruleset", "mllog_ruleset", "5.9.0"),
-  )
+  @parameterized.named_parameters(*bad_submissions.CASES)
   def test_bad_submission_field_is_a_config_error(self, field, value):
     config = _config(**{field: value})
     pattern = f"{field}.*{re.escape(repr(value))}"
@@ -552,13 +510,14 @@ class MllogUtilsTest(parameterized.TestCase):
 
   def test_platform_event_names_the_revision_and_the_checker_passes(self):
     build = build_info.BuildInfo("ab" * 20 + "+dirty", "stamped", "2025")
+    config = _config(submission_platform="cpu-1x")
     logger = mllog_utils.create_mllogger(
-        _config(),
+        config,
         os.path.join(self.dir, "mllog.log"),
         process_index=0,
         build=build,
     )
-    _write_run(logger, _config(), target=1.0)
+    _write_run(logger, config, target=1.0)
     logger.close()
 
     result = compliance_checker.run_checker(logger.path, ruleset="6.1.0")
@@ -632,18 +591,8 @@ class MllogUtilsTest(parameterized.TestCase):
     logger.close()
 
   def test_hyperparameters_from_config_rejects_warmup_past_schedule(self):
-    config = _config()
     with self.assertRaisesRegex(ValueError, "warmup_steps.*30"):
-      mllog_utils.hyperparameters_from_config(
-          config,
-          warmup_steps=30,
-          schedule_steps=24,
-          train_samples=1,
-          eval_samples=1,
-          init_checkpoint_step=0,
-          micro_batch_size=1,
-          config_filename="c.py",
-      )
+      _hparams(_config(warmup_steps=30))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import mlperf_logging
 from mlperf_logging.rcp_checker import rcp_checker
 import yaml
 
+from maxtext.mllog import bad_submissions
 from maxtext.mllog import rules
 
 
@@ -94,14 +95,7 @@ class RulesTest(parameterized.TestCase):
                 )
             )
 
-  @parameterized.named_parameters(
-      ("ruleset", "mllog_ruleset", "5.9.0"),
-      ("division", "submission_division", "Open"),
-      ("status", "submission_status", "onpremise"),
-      ("benchmark", "submission_benchmark", "llama3_8b"),
-      ("empty_org", "submission_org", ""),
-      ("blank_platform", "submission_platform", "  "),
-  )
+  @parameterized.named_parameters(*bad_submissions.CASES)
   def test_bad_value_raises_naming_field_and_value(self, field, value):
     with self.assertRaisesRegex(
         ValueError, f"config.{field}={re.escape(repr(value))}"
