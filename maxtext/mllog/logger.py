@@ -61,6 +61,16 @@ LINE_PREFIX = ":::MLLOG "
 REVISION_EVENT = "submission_platform"
 REVISION_METADATA = "git_revision"
 
+# The submission events, in the order they are logged; each key is also the
+# config field its value comes from.
+SUBMISSION_KEYS = (
+    "submission_org",
+    "submission_platform",
+    "submission_division",
+    "submission_status",
+    "submission_benchmark",
+)
+
 # `run_stop` statuses.
 SUCCESS = "success"
 ABORTED = "aborted"
@@ -291,13 +301,7 @@ class MLLogger:
     The platform's event also names the source revision (see
     `REVISION_EVENT`), when the logger was given one.
     """
-    for key in (
-        "submission_org",
-        "submission_platform",
-        "submission_division",
-        "submission_status",
-        "submission_benchmark",
-    ):
+    for key in SUBMISSION_KEYS:
       self.event(
           key,
           self._submission.get(key),
@@ -366,22 +370,10 @@ class MLLogger:
     if self._file is None or not self._in_block:
       return
     self._in_block = False
-    self.event(
-        "block_stop",
-        None,
-        {"samples_count": self._note_samples(samples_count)},
-        INTERVAL_END,
-    )
+    self._counted_event("block_stop", samples_count, INTERVAL_END)
 
   def eval_start(self, samples_count: int) -> None:
-    if self._file is None:
-      return
-    self.event(
-        "eval_start",
-        None,
-        {"samples_count": self._note_samples(samples_count)},
-        INTERVAL_START,
-    )
+    self._counted_event("eval_start", samples_count, INTERVAL_START)
 
   def eval_accuracy(self, value: float, samples_count: int) -> None:
     """Logs the eval metric (mean eval loss, nats/token) at `samples_count`."""
@@ -389,20 +381,25 @@ class MLLogger:
       return
     # A non-finite loss is still the run's result, so it is logged as is.
     value = checks.check_number("eval_accuracy value", value, finite=False)
-    self.event(
-        "eval_accuracy",
-        value,
-        {"samples_count": self._note_samples(samples_count)},
-    )
+    self._counted_event("eval_accuracy", samples_count, POINT_IN_TIME, value)
 
   def eval_stop(self, samples_count: int) -> None:
+    self._counted_event("eval_stop", samples_count, INTERVAL_END)
+
+  def _counted_event(
+      self, key: str, samples_count: int, event_type: str, value: Any = None
+  ) -> None:
+    """Logs `key` with `samples_count` in its metadata (run_stop's default).
+
+    A disabled logger checks nothing: its events cost no work.
+    """
     if self._file is None:
       return
     self.event(
-        "eval_stop",
-        None,
+        key,
+        value,
         {"samples_count": self._note_samples(samples_count)},
-        INTERVAL_END,
+        event_type,
     )
 
   def tracked_stats(
@@ -545,13 +542,7 @@ def create_mllogger(
     raise TypeError(
         f"build must be a build_info.BuildInfo, got {type(build).__name__}"
     )
-  submission = {
-      "submission_org": config.submission_org,
-      "submission_platform": config.submission_platform,
-      "submission_division": config.submission_division,
-      "submission_status": config.submission_status,
-      "submission_benchmark": config.submission_benchmark,
-  }
+  submission = {key: config[key] for key in SUBMISSION_KEYS}
   try:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

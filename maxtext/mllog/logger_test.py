@@ -177,7 +177,8 @@ class MllogUtilsTest(parameterized.TestCase):
         config.steps * config.global_batch_size,
     )
 
-  def test_missing_run_stop_fails_checker(self):
+  def _logger_at_first_eval(self):
+    """A logger whose run trained one block of 8 samples and began an eval."""
     config = _config()
     logger = mllog_utils.create_mllogger(
         config, os.path.join(self.dir, "mllog.log"), process_index=0
@@ -187,6 +188,10 @@ class MllogUtilsTest(parameterized.TestCase):
     logger.block_start(0)
     logger.block_stop(8)
     logger.eval_start(8)
+    return logger
+
+  def test_missing_run_stop_fails_checker(self):
+    logger = self._logger_at_first_eval()
     logger.eval_accuracy(0.5, 8)
     logger.eval_stop(8)
     logger.close()
@@ -196,15 +201,7 @@ class MllogUtilsTest(parameterized.TestCase):
     self.assertIn("run_stop", result.failed_keys())
 
   def test_eval_accuracy_without_samples_count_fails_checker(self):
-    config = _config()
-    logger = mllog_utils.create_mllogger(
-        config, os.path.join(self.dir, "mllog.log"), process_index=0
-    )
-    _header(logger, _hparams(config))
-    logger.run_start()
-    logger.block_start(0)
-    logger.block_stop(8)
-    logger.eval_start(8)
+    logger = self._logger_at_first_eval()
     logger.event("eval_accuracy", 0.5)  # Broken on purpose: no samples_count.
     logger.eval_stop(8)
     logger.run_stop(mllog_utils.SUCCESS, 8)
