@@ -18,6 +18,7 @@ import stat
 import tempfile
 from typing import Optional
 
+from maxtext import caller_paths
 from maxtext import checks
 from maxtext import data
 from maxtext.storage import gcs_mirror
@@ -266,7 +267,7 @@ def _check_mllog(config) -> None:
     return  # The default log is in the run directory, checked above.
   if config.num_processes > 1 and config.process_id != 0:
     return  # Only process 0 writes the log.
-  path = run_dir_lib.resolve_local_path(config.mllog_file)
+  path = caller_paths.resolve_local_path(config.mllog_file)
   directory, name = os.path.split(path)
   problem = _directory_problem(directory)
   if problem:
@@ -287,7 +288,7 @@ def _check_compilation_cache(config) -> None:
   value = config.jax_compilation_cache_dir
   if not value:
     return
-  path = run_dir_lib.resolve_local_path(value)
+  path = caller_paths.resolve_local_path(value)
   # Structure only: JAX reads a cache it cannot write to (and says so), so a
   # read-only cache is not a mistake.
   problem = _directory_problem(path, room=_ROOM_INSIDE, write=False)

@@ -16,10 +16,8 @@ command was run from. SIGTERM or SIGINT stops after the current step with a
 checkpoint; the exit status is then 1.
 """
 
-from collections.abc import Mapping, Sequence
 import logging as std_logging
 import os
-import re
 import sys
 import traceback
 
@@ -29,19 +27,17 @@ from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
+from maxtext import caller_paths
 from maxtext import trainer
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 
-_DEFAULT_CONFIG = os.path.join(
+DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "configs", "default.py"
 )
-# "--config=...", "-config=...", or "--config"/"-config" followed by the path.
-_CONFIG_ARG = re.compile(r"-{1,2}config(=|$)")
-
 # No default here: a default config file would be loaded, and its --config.x
 # overrides parsed, when this module is imported, so a bad override would be a
-# traceback at import. `resolve_config_args` names the default on the command
+# traceback at import. `_parse_flags` names the default on the command
 # line instead, and the file is then loaded by the flags parser at run time.
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -52,71 +48,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 
 
-def _caller_path(path: str, caller_dir: str) -> str:
-  """`path` joined to `caller_dir` if its file part exists there, else as is."""
-  if os.path.isabs(path):
-    return path
-  # ml_collections lets a config file take an argument: "file.py:arg".
-  file_part = path.partition(":")[0]
-  if os.path.exists(os.path.join(caller_dir, file_part)):
-    return os.path.join(caller_dir, path)
-  # Not the caller's file; it may be relative to the runfiles tree.
-  return path
-
-
-def resolve_config_args(
-    argv: Sequence[str],
-    environ: Mapping[str, str],
-    default_config: str = _DEFAULT_CONFIG,
-) -> list[str]:
-  """Returns the command line with its --config file made explicit.
-
-  `bazel run` starts the binary in its runfiles tree and names the caller's
-  directory in BUILD_WORKING_DIRECTORY; a relative --config path that exists
-  there is made absolute against it (a ":arg" suffix for the config's
-  get_config is kept). When no --config is given, `--config=<default_config>`
-  is inserted after the program name, so the default config is loaded by the
-  flags parser with the --config.x overrides, and a bad override is reported
-  as a flag error. Arguments after "--" are positional and left alone.
-
-  Args:
-    argv: the command line, program name first (sys.argv).
-    environ: the process environment (os.environ).
-    default_config: the config file used when argv names none.
-
-  Returns:
-    A new list; `argv` is not changed.
-
-  Raises:
-    ValueError: `argv` is empty (it must hold the program name).
-  """
-  args = list(argv)
-  if not args:
-    raise ValueError("argv must hold at least the program name, got []")
-  caller_dir = environ.get("BUILD_WORKING_DIRECTORY")
-  config_given = False
-  for i in range(1, len(args)):
-    arg = args[i]
-    if arg == "--":
-      break
-    match = _CONFIG_ARG.match(arg)
-    if not match:
-      continue
-    config_given = True
-    if not caller_dir:
-      continue
-    if match.group(1) == "=":
-      prefix = arg[: match.end()]
-      args[i] = prefix + _caller_path(arg[match.end() :], caller_dir)
-    elif i + 1 < len(args):
-      args[i + 1] = _caller_path(args[i + 1], caller_dir)
-  if not config_given:
-    args.insert(1, "--config=" + default_config)
-  return args
-
-
 def _parse_flags(argv):
-  """absl's flag parsing after `resolve_config_args`.
+  """absl's flag parsing after `caller_paths.resolve_config_args`.
 
   An override of a field the config lacks is a flag error.
 
@@ -126,7 +59,7 @@ def _parse_flags(argv):
   Returns:
     The program name and the positional arguments.
   """
-  argv = resolve_config_args(argv, os.environ)
+  argv = caller_paths.resolve_config_args(argv, os.environ, DEFAULT_CONFIG)
   # ml_collections reads the --config.x overrides from sys.argv itself; they
   # are the same there as in `argv`, which only differs in the --config file.
   try:

@@ -1,11 +1,10 @@
 """Tests of the `train_main` binary.
 
-`resolve_config_args` is tested in-process. The end-to-end tests run the
-binary as a subprocess: under Bazel the binary is the `//maxtext:train_main`
-py_binary in this test's runfiles; run directly (`python -m
-maxtext.train_main_test`), the test starts `python -m maxtext.train_main`
-instead. Every run trains the tiny config of `testing.tiny_configs`, given as
---config.x overrides, into a temp dir.
+The end-to-end tests run the binary as a subprocess: under Bazel the binary
+is the `//maxtext:train_main` py_binary in this test's runfiles; run directly
+(`python -m maxtext.train_main_test`), the test starts `python -m
+maxtext.train_main` instead. Every run trains the tiny config of
+`testing.tiny_configs`, given as --config.x overrides, into a temp dir.
 """
 
 import glob
@@ -60,130 +59,20 @@ def _checkpoint_steps(run_dir: str) -> list[int]:
     return ckpt.all_steps()
 
 
-class ResolveConfigArgsTest(parameterized.TestCase):
-
-  def setUp(self):
-    super().setUp()
-    self.caller = self.create_tempdir().full_path
-    os.makedirs(os.path.join(self.caller, "cfg"))
-    with open(
-        os.path.join(self.caller, "cfg", "mine.py"), "w", encoding="utf-8"
-    ) as f:
-      f.write("def get_config(): ...\n")
-    self.environ = {"BUILD_WORKING_DIRECTORY": self.caller}
-
-  def resolve(self, args, environ=None):
-    return train_main.resolve_config_args(
-        ["train_main"] + args,
-        self.environ if environ is None else environ,
-        default_config="/defaults/default.py",
-    )
+class DefaultConfigTest(absltest.TestCase):
 
   def test_import_leaves_sys_argv_alone(self):
     # The module is imported above; the test's own command line has no
     # --config, and importing must not have added one.
     self.assertFalse(any(a.startswith("--config") for a in sys.argv))
 
-  def test_default_config_named_first_when_none_given(self):
-    self.assertEqual(
-        self.resolve(["--config.steps=3", "--alsologtostderr"]),
-        [
-            "train_main",
-            "--config=/defaults/default.py",
-            "--config.steps=3",
-            "--alsologtostderr",
-        ],
-    )
-
-  def test_real_default_is_this_packages_default_config(self):
-    args = train_main.resolve_config_args(["train_main"], {})
-    self.assertLen(args, 2)
-    path = args[1][len("--config=") :]
+  def test_default_is_this_packages_default_config(self):
+    path = train_main.DEFAULT_CONFIG
     self.assertEqual(
         path[-len("maxtext/configs/default.py") :].replace(os.sep, "/"),
         "maxtext/configs/default.py",
     )
     self.assertTrue(os.path.isfile(path))
-
-  @parameterized.named_parameters(
-      ("double_dash", "--config="), ("single_dash", "-config=")
-  )
-  def test_relative_path_resolves_against_caller(self, prefix):
-    self.assertEqual(
-        self.resolve([prefix + "cfg/mine.py", "--config.steps=3"]),
-        [
-            "train_main",
-            prefix + os.path.join(self.caller, "cfg/mine.py"),
-            "--config.steps=3",
-        ],
-    )
-
-  def test_config_argument_suffix_is_kept(self):
-    self.assertEqual(
-        self.resolve(["--config=cfg/mine.py:small"]),
-        [
-            "train_main",
-            "--config=" + os.path.join(self.caller, "cfg/mine.py:small"),
-        ],
-    )
-
-  def test_path_as_separate_argument(self):
-    self.assertEqual(
-        self.resolve(["--config", "cfg/mine.py", "--config.steps=3"]),
-        [
-            "train_main",
-            "--config",
-            os.path.join(self.caller, "cfg/mine.py"),
-            "--config.steps=3",
-        ],
-    )
-
-  @parameterized.named_parameters(
-      # Not the caller's file: left for the binary's working directory.
-      ("missing_in_caller_dir", ["--config=maxtext/configs/default.py"]),
-      ("absolute", ["--config=/elsewhere/c.py"]),
-      ("trailing_flag_without_value", ["--config"]),
-  )
-  def test_left_alone(self, args):
-    self.assertEqual(self.resolve(args), ["train_main"] + args)
-
-  def test_without_bazel_run_paths_are_left_alone(self):
-    self.assertEqual(
-        self.resolve(["--config=cfg/mine.py"], environ={}),
-        ["train_main", "--config=cfg/mine.py"],
-    )
-
-  def test_config_after_double_dash_is_positional(self):
-    self.assertEqual(
-        self.resolve(["--", "--config=cfg/mine.py"]),
-        [
-            "train_main",
-            "--config=/defaults/default.py",
-            "--",
-            "--config=cfg/mine.py",
-        ],
-    )
-
-  def test_override_flags_are_not_config_files(self):
-    # --config.x and --configs are other flags; the default is still added.
-    self.assertEqual(
-        self.resolve(["--config.run_name=cfg/mine.py", "--configs=x"]),
-        [
-            "train_main",
-            "--config=/defaults/default.py",
-            "--config.run_name=cfg/mine.py",
-            "--configs=x",
-        ],
-    )
-
-  def test_input_list_is_not_changed(self):
-    argv = ["train_main", "--config=cfg/mine.py"]
-    train_main.resolve_config_args(argv, self.environ)
-    self.assertEqual(argv, ["train_main", "--config=cfg/mine.py"])
-
-  def test_empty_argv(self):
-    with self.assertRaisesRegex(ValueError, "program name"):
-      train_main.resolve_config_args([], {})
 
 
 class TrainMainTest(parameterized.TestCase):

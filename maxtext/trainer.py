@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 from absl import logging
 import jax
 
+from maxtext import caller_paths
 from maxtext import config_lib
 from maxtext import distributed
 from maxtext import eval_schedule
@@ -156,7 +157,7 @@ def run(
   if config.jax_compilation_cache_dir:
     jax.config.update(
         "jax_compilation_cache_dir",
-        run_dir_lib.resolve_local_path(config.jax_compilation_cache_dir),
+        caller_paths.resolve_local_path(config.jax_compilation_cache_dir),
     )
   _check_hardware(config)
 

@@ -16,6 +16,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from maxtext import caller_paths
 from maxtext.metrics import jsonl
 from tools import plot_metrics_lib
 
@@ -38,23 +39,17 @@ _TARGET = flags.DEFINE_float(
 )
 
 
-def _resolve(path: str) -> str:
-  """Resolves a relative path against the caller's directory under bazel run."""
-  base = os.environ.get("BUILD_WORKING_DIRECTORY")
-  if base and not os.path.isabs(path):
-    path = os.path.join(base, path)
-  return os.path.normpath(path)
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not _METRICS.value:
     raise app.UsageError("--metrics is required")
-  metrics = _resolve(_METRICS.value)
+  metrics = caller_paths.resolve_local_path(_METRICS.value)
   if os.path.isdir(metrics):
     metrics = os.path.join(metrics, jsonl.METRICS_FILENAME)
-  output = _resolve(_OUTPUT.value) if _OUTPUT.value else None
+  output = (
+      caller_paths.resolve_local_path(_OUTPUT.value) if _OUTPUT.value else None
+  )
   written = plot_metrics_lib.plot_metrics(
       metrics, output, metric=_METRIC.value, target=_TARGET.value
   )

@@ -20,12 +20,12 @@ A bad input is a one-line error (exit status 2). Relative paths resolve
 against the directory `bazel run` was started from.
 """
 
-import os
 import sys
 
 from absl import app
 from absl import flags
 
+from maxtext import caller_paths
 from maxtext.text import prepare
 
 _INPUT = flags.DEFINE_multi_string(
@@ -61,14 +61,6 @@ _PROGRESS_S = flags.DEFINE_float(
 )
 
 
-def _resolve(path: str) -> str:
-  """Resolves a relative path against the caller's directory under bazel run."""
-  base = os.environ.get("BUILD_WORKING_DIRECTORY")
-  if base and path and not os.path.isabs(path):
-    path = os.path.join(base, path)
-  return path
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -76,9 +68,13 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("--output_dir is required")
   try:
     prepare.prepare(
-        [_resolve(p) for p in _INPUT.value],
-        _resolve(_OUTPUT_DIR.value),
-        tokenizer_path=_resolve(_TOKENIZER.value),
+        [caller_paths.resolve_local_path(p) for p in _INPUT.value],
+        caller_paths.resolve_local_path(_OUTPUT_DIR.value),
+        tokenizer_path=(
+            caller_paths.resolve_local_path(_TOKENIZER.value)
+            if _TOKENIZER.value
+            else ""
+        ),
         train_vocab_size=_TRAIN_VOCAB.value,
         text_field=_TEXT_FIELD.value,
         eval_every=_EVAL_EVERY.value,

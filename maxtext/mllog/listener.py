@@ -26,13 +26,13 @@ from typing import Any, Optional
 
 from absl import logging
 
+from maxtext import caller_paths
 from maxtext import config_lib
 from maxtext.listeners import interface
 from maxtext.metrics import throughput as throughput_lib
 from maxtext.mllog import cache_flush
 from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import build_info
-from maxtext.storage import run_dir as run_dir_lib
 
 
 class MLLogListener(interface.RunListener):
@@ -180,7 +180,7 @@ def start(
     this is not process 0.
   """
   if config.mllog_file:  # A local path (config_lib refuses gs:// here).
-    path = run_dir_lib.resolve_local_path(config.mllog_file)
+    path = caller_paths.resolve_local_path(config.mllog_file)
   else:
     path = mllog_logger.default_log_path(config, run_dir)
   flushed = False

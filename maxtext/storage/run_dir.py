@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 
 import jax
 
+from maxtext import caller_paths
 from maxtext import config_lib
 from maxtext.storage import build_info
 from maxtext.storage import gcs_mirror
@@ -40,27 +41,6 @@ _LOCK_FILES = (
 )
 
 
-def resolve_local_path(
-    path: str, environ: Mapping[str, str] = os.environ
-) -> str:
-  """Absolute form of a local path; relative ones are from the caller's cwd.
-
-  Args:
-    path: a local path, possibly relative or starting with '~'.
-    environ: the process environment (BUILD_WORKING_DIRECTORY is set by bazel
-      run).
-
-  Returns:
-    The absolute, normalised path.
-  """
-  path = os.path.expanduser(path)
-  if not os.path.isabs(path):
-    path = os.path.join(
-        environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd(), path
-    )
-  return os.path.normpath(path)
-
-
 # Config fields naming files the run reads. Output locations are resolved
 # where the run directory is laid out (`make_run_paths`).
 INPUT_PATH_FIELDS = (
@@ -75,14 +55,14 @@ def with_input_paths_resolved(config, environ: Mapping[str, str] = os.environ):
 
   Relative paths are the caller's: under `bazel run` the process starts in
   the runfiles tree, and BUILD_WORKING_DIRECTORY names where the command was
-  typed (see `resolve_local_path`). gs:// paths and empty fields stay as they
+  typed (see `caller_paths`). gs:// paths and empty fields stay as they
   are. The config's lock state is kept.
   """
   updates = {}
   for field in INPUT_PATH_FIELDS:
     value = config[field]
     if value and not gcs_mirror.is_gs_url(value):
-      resolved = resolve_local_path(value, environ)
+      resolved = caller_paths.resolve_local_path(value, environ)
       if resolved != value:
         updates[field] = resolved
   if not updates:
@@ -198,15 +178,19 @@ def make_run_paths(
     staging = config.local_staging_directory or os.path.join(
         tempfile.gettempdir(), "maxtext_staging"
     )
-    run_dir = os.path.join(resolve_local_path(staging, environ), run_name)
+    run_dir = os.path.join(
+        caller_paths.resolve_local_path(staging, environ), run_name
+    )
     remote_url = base.rstrip("/") + "/" + run_name
   else:
-    run_dir = os.path.join(resolve_local_path(base, environ), run_name)
+    run_dir = os.path.join(
+        caller_paths.resolve_local_path(base, environ), run_name
+    )
     remote_url = None
   if config.checkpoint_directory:
     checkpoint_dir = config.checkpoint_directory
     if not gcs_mirror.is_gs_url(checkpoint_dir):
-      checkpoint_dir = resolve_local_path(checkpoint_dir, environ)
+      checkpoint_dir = caller_paths.resolve_local_path(checkpoint_dir, environ)
   else:
     checkpoint_dir = os.path.join(run_dir, "checkpoints")
   return RunPaths(

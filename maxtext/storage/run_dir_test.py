@@ -23,29 +23,6 @@ def _config(**overrides):
   return config
 
 
-class ResolvePathTest(absltest.TestCase):
-
-  def test_relative_path_resolves_against_the_bazel_run_caller(self):
-    env = {"BUILD_WORKING_DIRECTORY": "/home/user/project"}
-    self.assertEqual(
-        run_dir.resolve_local_path("out/runs", env),
-        "/home/user/project/out/runs",
-    )
-
-  def test_relative_path_without_bazel_uses_cwd(self):
-    self.assertEqual(
-        run_dir.resolve_local_path("x", {}), os.path.join(os.getcwd(), "x")
-    )
-
-  def test_absolute_and_home_paths(self):
-    env = {"BUILD_WORKING_DIRECTORY": "/elsewhere"}
-    self.assertEqual(run_dir.resolve_local_path("/abs/p", env), "/abs/p")
-    self.assertEqual(
-        run_dir.resolve_local_path("~/p", env),
-        os.path.join(os.path.expanduser("~"), "p"),
-    )
-
-
 class RunPathsTest(absltest.TestCase):
 
   def test_local_layout(self):

@@ -27,11 +27,11 @@ from typing import Any, Optional, Sequence
 import jax
 import ml_collections
 
+from maxtext import caller_paths
 from maxtext import checks
 from maxtext import model
 from maxtext.storage import checkpointing
 from maxtext.storage import gcs_mirror
-from maxtext.storage import run_dir as run_dir_lib
 from maxtext.storage import run_record
 from maxtext.text import metadata as metadata_lib
 from maxtext.text import sampling
@@ -91,7 +91,7 @@ def _checkpoint_dir(run_dir: str, config: dict[str, Any]) -> str:
     return os.path.join(run_dir, "checkpoints")
   if gcs_mirror.is_gs_url(directory):
     return directory
-  return run_dir_lib.resolve_local_path(directory)
+  return caller_paths.resolve_local_path(directory)
 
 
 def _checkpoint_steps(checkpoint_dir: str) -> list[int]:

@@ -27,16 +27,14 @@ revision; in the open division a run that does not record it (or records an
 unknown or modified tree) is a WARNING line, not a refusal.
 """
 
-from collections.abc import Sequence
 import os
-import re
 import sys
 
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from maxtext.storage import run_dir as run_dir_lib
+from maxtext import caller_paths
 from tools.mlperf import layout
 from tools.mlperf import run_logs
 from tools.mlperf import submission
@@ -63,32 +61,16 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file of the runs (with --runs).", lock_config=True
 )
 
-_CONFIG_ARG = re.compile(r"^(-{1,2}config=)(.*)$")
-
-
-def resolve_config_arg(argv: Sequence[str], environ) -> list[str]:
-  """The command line with a relative --config=FILE made absolute against the
-  caller's directory (BUILD_WORKING_DIRECTORY) when the file is there."""
-  caller = environ.get("BUILD_WORKING_DIRECTORY")
-  args = list(argv)
-  for i, arg in enumerate(args):
-    if arg == "--":
-      break
-    match = _CONFIG_ARG.match(arg)
-    if caller and match and not os.path.isabs(match.group(2)):
-      file_part = match.group(2).partition(":")[0]
-      if os.path.exists(os.path.join(caller, file_part)):
-        args[i] = match.group(1) + os.path.join(caller, match.group(2))
-  return args
-
 
 def _parse_flags(argv):
-  return app.parse_flags_with_usage(resolve_config_arg(argv, os.environ))
+  return app.parse_flags_with_usage(
+      caller_paths.resolve_config_args(argv, os.environ)
+  )
 
 
 def main(argv):
-  run_dirs = [run_dir_lib.resolve_local_path(d, os.environ) for d in argv[1:]]
-  out_dir = run_dir_lib.resolve_local_path(_OUTPUT_DIR.value, os.environ)
+  run_dirs = [caller_paths.resolve_local_path(d, os.environ) for d in argv[1:]]
+  out_dir = caller_paths.resolve_local_path(_OUTPUT_DIR.value, os.environ)
   config = _CONFIG.value
   if _RUNS.value and run_dirs:
     raise app.UsageError("give either run directories or --runs, not both")
