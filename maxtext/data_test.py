@@ -136,7 +136,8 @@ class TokensFileDatasetTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.dir = self.create_tempdir().full_path
+    self.tempdir = self.create_tempdir()
+    self.dir = self.tempdir.full_path
 
   def _write(self, name, array):
     path = os.path.join(self.dir, name)
@@ -277,12 +278,6 @@ class TokensFileDatasetTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "bad.npy.*" + pattern):
       self._dataset(path)
 
-  def _write_bytes(self, name, content):
-    path = os.path.join(self.dir, name)
-    with open(path, "wb") as f:
-      f.write(content)
-    return path
-
   @parameterized.named_parameters(
       (
           "bad_magic",
@@ -318,7 +313,7 @@ class TokensFileDatasetTest(parameterized.TestCase):
       ),
   )
   def test_malformed_npy_file(self, make_content, detail):
-    path = self._write_bytes("bad.npy", make_content(self))
+    path = self.tempdir.create_file("bad.npy", make_content(self)).full_path
     with self.assertRaises(ValueError) as raised:
       self._dataset(path)
     message = str(raised.exception)
@@ -333,7 +328,7 @@ class TokensFileDatasetTest(parameterized.TestCase):
 
   def test_check_token_files_reads_headers_only(self):
     good = self._write("good.npy", np.arange(100, dtype=np.int32) % 50)
-    bad = self._write_bytes("bad.bin", b"\x01" * 7)
+    bad = self.tempdir.create_file("bad.bin", b"\x01" * 7).full_path
     data.check_token_files(
         _config(
             dataset_type="tokens_file",
@@ -359,9 +354,7 @@ class TokensFileDatasetTest(parameterized.TestCase):
     path = self._write("tokens.txt", np.arange(100, dtype=np.int32))
     with self.assertRaisesRegex(ValueError, "tokens.txt.*.npy"):
       self._dataset(path)
-    path = os.path.join(self.dir, "odd.bin")
-    with open(path, "wb") as f:
-      f.write(b"\x01" * 101)
+    path = self.tempdir.create_file("odd.bin", b"\x01" * 101).full_path
     with self.assertRaisesRegex(ValueError, "odd.bin.*101 bytes"):
       self._dataset(path)
 

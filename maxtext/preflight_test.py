@@ -25,11 +25,12 @@ class PreflightTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = self.create_tempdir().full_path
+    self.tempdir = self.create_tempdir()
+    self.tmp = self.tempdir.full_path
     self.out = os.path.join(self.tmp, "runs")
-    self.file = os.path.join(self.tmp, "a_file")
-    with open(self.file, "w", encoding="utf-8") as f:
-      f.write("not a directory\n")
+    self.file = self.tempdir.create_file(
+        "a_file", "not a directory\n"
+    ).full_path
 
   def config(self, **overrides):
     config = base.get_config()
@@ -60,12 +61,6 @@ class PreflightTest(parameterized.TestCase):
   def write_npy(self, name, array, allow_pickle=False):
     path = os.path.join(self.tmp, name)
     np.save(path, array, allow_pickle=allow_pickle)
-    return path
-
-  def write_bytes(self, name, content):
-    path = os.path.join(self.tmp, name)
-    with open(path, "wb") as f:
-      f.write(content)
     return path
 
   # --- what passes ------------------------------------------------------------
@@ -100,12 +95,22 @@ class PreflightTest(parameterized.TestCase):
 
   # --- output directories -----------------------------------------------------
 
-  def test_base_output_directory_under_a_file(self):
-    base_dir = os.path.join(self.file, "runs")
+  @parameterized.named_parameters(
+      ("base_output_directory", "base_output_directory", {}),
+      (
+          "staging_directory_of_a_gs_run",
+          "local_staging_directory",
+          {"base_output_directory": "gs://bucket/prefix"},
+      ),
+      ("checkpoint_directory", "checkpoint_directory", {}),
+      ("compilation_cache", "jax_compilation_cache_dir", {}),
+  )
+  def test_directory_under_a_file(self, field, other_fields):
+    path = os.path.join(self.file, "sub")
     self.assert_refused(
-        self.config(base_output_directory=base_dir),
-        rf"^config\.base_output_directory='{base_dir}': is under "
-        rf"{self.file}, which is a regular file$",
+        self.config(**{field: path}, **other_fields),
+        rf"^config\.{field}='{path}': is under {self.file}, which is a "
+        "regular file$",
     )
 
   def test_base_output_directory_is_a_file(self):
@@ -157,17 +162,6 @@ class PreflightTest(parameterized.TestCase):
         r"long \(\d+ characters, .*the limit is 4096\)$",
     )
 
-  def test_staging_directory_of_a_gs_run(self):
-    staging = os.path.join(self.file, "staging")
-    self.assert_refused(
-        self.config(
-            base_output_directory="gs://bucket/prefix",
-            local_staging_directory=staging,
-        ),
-        rf"^config\.local_staging_directory='{staging}': is under "
-        rf"{self.file}, which is a regular file$",
-    )
-
   def test_checkpoint_directory_under_a_broken_link(self):
     link = os.path.join(self.tmp, "link")
     os.symlink(os.path.join(self.tmp, "gone"), link)
@@ -178,14 +172,6 @@ class PreflightTest(parameterized.TestCase):
         "symbolic link$",
     )
 
-  def test_checkpoint_directory_under_a_file(self):
-    ckpt = os.path.join(self.file, "ckpt")
-    self.assert_refused(
-        self.config(checkpoint_directory=ckpt),
-        rf"^config\.checkpoint_directory='{ckpt}': is under {self.file}, "
-        "which is a regular file$",
-    )
-
   def test_default_checkpoint_directory_is_a_file(self):
     os.makedirs(os.path.join(self.out, "run"))
     shutil.copy(self.file, os.path.join(self.out, "run", "checkpoints"))
@@ -193,14 +179,6 @@ class PreflightTest(parameterized.TestCase):
         self.config(),
         rf"^config\.checkpoint_directory='': {self.out}/run/checkpoints is "
         "a regular file, not a directory$",
-    )
-
-  def test_compilation_cache_under_a_file(self):
-    cache = os.path.join(self.file, "cache")
-    self.assert_refused(
-        self.config(jax_compilation_cache_dir=cache),
-        rf"^config\.jax_compilation_cache_dir='{cache}': is under "
-        rf"{self.file}, which is a regular file$",
     )
 
   def test_read_only_file_system(self):
@@ -298,7 +276,9 @@ class PreflightTest(parameterized.TestCase):
 
   def test_good_token_files_pass(self):
     path = self.write_npy("train.npy", np.arange(1000, dtype=np.int32) % 256)
-    raw = self.write_bytes("eval.bin", np.arange(100, dtype="<u2").tobytes())
+    raw = self.tempdir.create_file(
+        "eval.bin", np.arange(100, dtype="<u2").tobytes()
+    ).full_path
     preflight.check(self.tokens_config(path, raw))
 
   def test_missing_train_data(self):
@@ -332,7 +312,7 @@ class PreflightTest(parameterized.TestCase):
       ),
   )
   def test_malformed_npy(self, content, detail):
-    path = self.write_bytes("train.npy", content())
+    path = self.tempdir.create_file("train.npy", content()).full_path
     message = self.assert_refused(
         self.tokens_config(path),
         rf"^config\.train_data_path='{path}': malformed \.npy file: .*"
