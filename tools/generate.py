@@ -26,7 +26,7 @@ import sys
 from absl import app
 from absl import flags
 
-from maxtext.storage import run_dir as run_dir_lib
+from maxtext import caller_paths
 from maxtext.text import generate
 from maxtext.text import sampling
 
@@ -67,35 +67,32 @@ def _generate() -> None:
   if (_PROMPT.value is None) == (_PROMPT_IDS.value is None):
     raise ValueError("give exactly one of --prompt and --prompt_ids")
   # The sampling options are checked before the (slower) load.
-  sampling.check_options(
-      _MAX_NEW.value, _TEMPERATURE.value, _TOP_K.value, _NUM_SAMPLES.value
-  )
-  prompt_ids = (
-      _prompt_ids(_PROMPT_IDS.value) if _PROMPT_IDS.value is not None else None
-  )
-  run = generate.load_run(
-      run_dir_lib.resolve_local_path(_RUN_DIR.value), _STEP.value
-  )
-  options = dict(
+  options = sampling.SamplingOptions(
       max_new_tokens=_MAX_NEW.value,
       temperature=_TEMPERATURE.value,
       top_k=_TOP_K.value,
       seed=_SEED.value,
       num_samples=_NUM_SAMPLES.value,
   )
+  prompt_ids = (
+      _prompt_ids(_PROMPT_IDS.value) if _PROMPT_IDS.value is not None else None
+  )
+  run = generate.load_run(
+      caller_paths.resolve_local_path(_RUN_DIR.value), _STEP.value
+  )
   how = (
       "greedy"
-      if _TEMPERATURE.value == 0
-      else f"temperature {_TEMPERATURE.value:g}, top_k {_TOP_K.value}, "
-      f"seed {_SEED.value}"
+      if options.greedy
+      else f"temperature {options.temperature:g}, top_k {options.top_k}, "
+      f"seed {options.seed}"
   )
   if prompt_ids is not None:
-    rows = generate.generate_ids(run, prompt_ids, **options)
+    rows = generate.generate_ids(run, prompt_ids, options)
     print(f"generate: {run.run_dir} step {run.step}, {how}")
     for row in rows:
       print(",".join(str(i) for i in row))
     return
-  texts = generate.generate(run, _PROMPT.value, **options)
+  texts = generate.generate(run, _PROMPT.value, options)
   print(f"generate: {run.run_dir} step {run.step}, {how}")
   for i, text in enumerate(texts):
     print(f"=== sample {i + 1}/{len(texts)} ===")

@@ -1,8 +1,11 @@
 """End-to-end test of //tools:generate on a run trained on stdlib text."""
 
+import dataclasses
+
 from absl.testing import absltest
 
 from maxtext.text import generate
+from maxtext.text import sampling
 from maxtext.text import stdlib_run
 from testing import tiny_configs
 from testing import runfiles
@@ -22,15 +25,20 @@ class GenerateMainTest(absltest.TestCase):
     cls.run_dir = stdlib_run.train(cls.root, data, "text", 3).run_dir
 
   def test_prints_the_continuations_the_library_draws(self):
-    options = dict(max_new_tokens=12, temperature=1.0, top_k=20, seed=4)
-    expected = generate.generate(
-        generate.load_run(self.run_dir), "def ", num_samples=2, **options
+    options = sampling.SamplingOptions(
+        max_new_tokens=12, temperature=1.0, top_k=20, seed=4, num_samples=2
     )
+    expected = generate.generate(
+        generate.load_run(self.run_dir), "def ", options
+    )
+    # The flags are named as the options' fields.
     done = _run(
         f"--run_dir={self.run_dir}",
         "--prompt=def ",
-        "--num_samples=2",
-        *(f"--{k}={v}" for k, v in options.items()),
+        *(
+            f"--{field.name}={getattr(options, field.name)}"
+            for field in dataclasses.fields(options)
+        ),
     )
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertEqual(

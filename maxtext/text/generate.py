@@ -13,8 +13,9 @@
   synthetic data or token files have no tokenizer: they are sampled from
   token ids.
 
-`generate(run, prompt, ...)` and `generate_ids(run, prompt_ids, ...)` then
-continue a prompt (`maxtext.text.sampling`). Every problem a user can fix
+`generate(run, prompt, options)` and `generate_ids(run, prompt_ids, options)`
+then continue a prompt as one `sampling.SamplingOptions` says
+(`maxtext.text.sampling`). Every problem a user can fix
 (no run there, no checkpoint, a missing or changed tokenizer, a prompt too
 long) is a ValueError with one line naming the path or option.
 """
@@ -211,12 +212,7 @@ def load_run(run_dir: str, step: Optional[int] = None) -> LoadedRun:
 def generate_ids(
     run: LoadedRun,
     prompt_ids: Sequence[int],
-    *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    seed: int = 0,
-    num_samples: int = 1,
+    options: sampling.SamplingOptions,
 ) -> list[list[int]]:
   """Continues `prompt_ids`; one list of new ids per sample.
 
@@ -227,11 +223,7 @@ def generate_ids(
       run.params,
       run.config,
       prompt_ids,
-      max_new_tokens=max_new_tokens,
-      temperature=temperature,
-      top_k=top_k,
-      seed=seed,
-      num_samples=num_samples,
+      options,
       allowed_vocab=(
           min(run.tokenizer.vocab_size, run.config.vocab_size)
           if run.tokenizer
@@ -266,29 +258,14 @@ def until_end_of_document(run: LoadedRun, ids: Sequence[int]) -> list[int]:
 
 
 def generate(
-    run: LoadedRun,
-    prompt: str,
-    *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    seed: int = 0,
-    num_samples: int = 1,
+    run: LoadedRun, prompt: str, options: sampling.SamplingOptions
 ) -> list[str]:
   """Continues the text `prompt`; one decoded continuation per sample.
 
   A continuation ends at the first end-of-document id (the model finished
-  a document) or after `max_new_tokens` ids.
+  a document) or after `options.max_new_tokens` ids.
 
   Args and Raises: as `generate_ids` and `encode_prompt`.
   """
-  rows = generate_ids(
-      run,
-      encode_prompt(run, prompt),
-      max_new_tokens=max_new_tokens,
-      temperature=temperature,
-      top_k=top_k,
-      seed=seed,
-      num_samples=num_samples,
-  )
+  rows = generate_ids(run, encode_prompt(run, prompt), options)
   return [run.tokenizer.decode(until_end_of_document(run, r)) for r in rows]

@@ -1,5 +1,6 @@
 """Samples from a tiny model trained on the stdlib's sources."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -9,11 +10,17 @@ from absl.testing import parameterized
 
 from maxtext import trainer
 from maxtext.text import generate
+from maxtext.text import sampling
 from maxtext.text import stdlib_run
 from testing import tiny_configs
 
 _STEPS = 6
-_OPTIONS = dict(max_new_tokens=24, num_samples=2)
+_OPTIONS = sampling.SamplingOptions(max_new_tokens=24, num_samples=2)
+
+
+def _options(**changes) -> sampling.SamplingOptions:
+  """_OPTIONS with `changes`."""
+  return dataclasses.replace(_OPTIONS, **changes)
 
 
 class GenerateTest(parameterized.TestCase):
@@ -39,12 +46,9 @@ class GenerateTest(parameterized.TestCase):
     )
 
   def test_same_seed_same_text_and_the_text_round_trips(self):
-    first = generate.generate(
-        self.loaded, "import ", temperature=1.0, seed=5, **_OPTIONS
-    )
-    again = generate.generate(
-        self.loaded, "import ", temperature=1.0, seed=5, **_OPTIONS
-    )
+    options = _options(temperature=1.0, seed=5)
+    first = generate.generate(self.loaded, "import ", options)
+    again = generate.generate(self.loaded, "import ", options)
     self.assertEqual(first, again)
     self.assertLen(first, 2)
     for text in first:
@@ -61,9 +65,7 @@ class GenerateTest(parameterized.TestCase):
                 generate.generate_ids(
                     self.loaded,
                     [self.loaded.eod_id],
-                    temperature=1.0,
-                    seed=seed,
-                    **_OPTIONS,
+                    _options(temperature=1.0, seed=seed),
                 ),
             )
         )
@@ -75,36 +77,36 @@ class GenerateTest(parameterized.TestCase):
 
   def test_greedy_ignores_the_seed_and_top_k_one_is_greedy(self):
     greedy = [
-        generate.generate_ids(self.loaded, [5, 6, 7], seed=seed, **_OPTIONS)
+        generate.generate_ids(self.loaded, [5, 6, 7], _options(seed=seed))
         for seed in (0, 1)
     ]
     self.assertEqual(greedy[0], greedy[1])
     self.assertEqual(greedy[0][0], greedy[0][1])
     top_one = generate.generate_ids(
-        self.loaded, [5, 6, 7], temperature=2.0, top_k=1, seed=3, **_OPTIONS
+        self.loaded, [5, 6, 7], _options(temperature=2.0, top_k=1, seed=3)
     )
     self.assertEqual(top_one, greedy[0])
 
   def test_a_continuation_longer_than_the_window(self):
     # 16 prompt ids fill the window; 24 more slide it.
     ids = generate.generate_ids(
-        self.loaded, [1] * 16, temperature=1.0, seed=1, **_OPTIONS
+        self.loaded, [1] * 16, _options(temperature=1.0, seed=1)
     )
     self.assertLen(ids[0], 24)
     self.assertTrue(all(0 <= i < stdlib_run.VOCAB_SIZE for i in ids[0]))
 
+  # Options bad in themselves are refused when built: sampling_test.
   @parameterized.named_parameters(
-      ("long_prompt", dict(prompt_ids=[1] * 17), "more than the model's"),
-      ("negative_temperature", dict(temperature=-1.0), "temperature must"),
-      ("negative_top_k", dict(top_k=-1), "top_k must be >= 0"),
-      ("no_new_tokens", dict(max_new_tokens=0), "max_new_tokens must"),
-      ("id_outside_vocab", dict(prompt_ids=[400]), "outside the model's"),
+      ("long_prompt", [1] * 17, 0, "more than the model's"),
+      ("id_outside_vocab", [400], 0, "outside the model's"),
+      ("top_k_above_vocab", [1, 2], 401, "top_k=401: above the vocabulary"),
   )
-  def test_bad_options_are_named(self, changes, message):
-    options = dict(prompt_ids=[1, 2], max_new_tokens=4)
-    options.update(changes)
+  def test_bad_prompts_and_top_k_are_named(self, prompt_ids, top_k, message):
+    options = sampling.SamplingOptions(
+        max_new_tokens=4, temperature=1.0, top_k=top_k
+    )
     with self.assertRaisesRegex(ValueError, message):
-      generate.generate_ids(self.loaded, **options)
+      generate.generate_ids(self.loaded, prompt_ids, options)
 
   def test_no_checkpoint_and_no_step_are_named(self):
     empty = os.path.join(self.root, "empty")
@@ -148,10 +150,11 @@ class GenerateTest(parameterized.TestCase):
     )
     run = generate.load_run(result.run_dir)
     self.assertIsNone(run.tokenizer)
-    ids = generate.generate_ids(run, [1, 2, 3], max_new_tokens=5)
+    options = sampling.SamplingOptions(max_new_tokens=5)
+    ids = generate.generate_ids(run, [1, 2, 3], options)
     self.assertLen(ids[0], 5)
     with self.assertRaisesRegex(ValueError, r"--prompt_ids=1,2,3"):
-      generate.generate(run, "text", max_new_tokens=5)
+      generate.generate(run, "text", options)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Autoregressive sampling from the model: token ids in, token ids out.
 
-`sample(params, config, prompt_ids, ...)` continues a prompt with
-`max_new_tokens` ids per sample, chosen greedily (`temperature` 0) or drawn
-from the softmax of the logits divided by `temperature`, optionally only
-among the `top_k` most likely ids. Draws come from `jax.random` with one
-`seed`, so a seed gives the same ids on the same backend every time.
+`sample(params, config, prompt_ids, options)` continues a prompt with
+`options.max_new_tokens` ids per sample, chosen greedily (`temperature` 0)
+or drawn from the softmax of the logits divided by `temperature`, optionally
+only among the `top_k` most likely ids. Draws come from `jax.random` with one
+`seed`, so a seed gives the same ids on the same backend every time. The
+options are one `SamplingOptions`, checked when it is built.
 
 There is no key/value cache: every new token runs `model.apply` over a
 fixed [num_samples, max_sequence_length] window, so the loop compiles once
@@ -17,6 +18,7 @@ shifted window means the same), which lets a continuation run past
 tokens.
 """
 
+import dataclasses
 import functools
 from typing import Any, Sequence
 
@@ -28,25 +30,55 @@ from maxtext import checks
 from maxtext import model
 
 
-def check_options(
-    max_new_tokens: Any, temperature: Any, top_k: Any, num_samples: Any
-) -> tuple[int, float, int, int]:
-  """Checks the sampling options; returns them as (int, float, int, int).
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+  """How to continue a prompt; checked when built.
+
+  Attributes:
+    max_new_tokens: ids to generate per sample (>= 1).
+    temperature: 0 = greedy (argmax; the seed plays no part), else the
+      softmax temperature (> 0).
+    top_k: draw only among the k most likely ids; 0 = all.
+    seed: the seed of the draws (>= 0); the same seed gives the same ids.
+    num_samples: independent continuations (rows drawn with their own
+      randomness; all equal when greedy).
 
   Raises:
     TypeError/ValueError: naming the option and its value: max_new_tokens
-      or num_samples below 1, temperature negative or not finite, top_k
-      negative.
+      or num_samples below 1, temperature negative or not finite, top_k or
+      seed negative.
   """
-  max_new_tokens = checks.check_int("max_new_tokens", max_new_tokens, 1)
-  temperature = checks.check_number("temperature", temperature)
-  if temperature < 0:
-    raise ValueError(
-        f"temperature must be >= 0 (0 = greedy), got {temperature!r}"
+
+  max_new_tokens: int
+  temperature: float = 0.0
+  top_k: int = 0
+  seed: int = 0
+  num_samples: int = 1
+
+  def __post_init__(self):
+    checked = dict(
+        max_new_tokens=checks.check_int(
+            "max_new_tokens", self.max_new_tokens, 1
+        ),
+        temperature=checks.check_number("temperature", self.temperature),
+        top_k=checks.check_int("top_k", self.top_k, 0),
+        seed=checks.check_int("seed", self.seed, 0),
+        num_samples=checks.check_int("num_samples", self.num_samples, 1),
     )
-  top_k = checks.check_int("top_k", top_k, 0)
-  num_samples = checks.check_int("num_samples", num_samples, 1)
-  return max_new_tokens, temperature, top_k, num_samples
+    if checked["temperature"] < 0:
+      raise ValueError(
+          "temperature must be >= 0 (0 = greedy), got "
+          f"{checked['temperature']!r}"
+      )
+    # The checked values (plain ints and floats, also for numpy scalars)
+    # replace the given ones; the class is frozen to its users.
+    for name, value in checked.items():
+      object.__setattr__(self, name, value)
+
+  @property
+  def greedy(self) -> bool:
+    """Whether the next id is the argmax (temperature 0)."""
+    return self.temperature == 0
 
 
 def _choose(logits, key, temperature, *, greedy: bool, top_k: int):
@@ -130,12 +162,8 @@ def sample(
     params: Any,
     config: Any,
     prompt_ids: Sequence[int],
+    options: SamplingOptions,
     *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    seed: int = 0,
-    num_samples: int = 1,
     allowed_vocab: int = 0,
 ) -> np.ndarray:
   """Continues `prompt_ids` with the model.
@@ -145,37 +173,33 @@ def sample(
     config: the model's config, frozen (an ml_collections FrozenConfigDict:
       it is a static argument of the compiled loop).
     prompt_ids: 1 to config.max_sequence_length ids in [0, vocab_size).
-    max_new_tokens: ids to generate per sample (>= 1).
-    temperature: 0 = greedy (argmax; the seed plays no part), else the
-      softmax temperature (> 0).
-    top_k: draw only among the k most likely ids; 0 = all.
-    seed: the seed of the draws; the same seed gives the same ids.
-    num_samples: independent continuations (rows drawn with their own
-      randomness; all equal when greedy).
+    options: how many ids to generate, and how to choose them.
     allowed_vocab: ids at or above this are never chosen (a tokenizer
       smaller than the model's vocabulary); 0 = config.vocab_size.
 
   Returns:
-    int32 [num_samples, max_new_tokens]: the new ids (the prompt excluded).
+    int32 [options.num_samples, options.max_new_tokens]: the new ids (the
+    prompt excluded).
 
   Raises:
-    TypeError/ValueError: a bad option, or a prompt that is empty, longer
-      than max_sequence_length, or holds an id outside the vocabulary
-      (named, with the value).
+    TypeError/ValueError: `options` not SamplingOptions, top_k above the
+      vocabulary, or a prompt that is empty, longer than
+      max_sequence_length, or holds an id outside the vocabulary (named,
+      with the value).
   """
-  max_new_tokens, temperature, top_k, num_samples = check_options(
-      max_new_tokens, temperature, top_k, num_samples
-  )
-  seed = checks.check_int("seed", seed, 0)
+  if not isinstance(options, SamplingOptions):
+    raise TypeError(
+        f"options must be a SamplingOptions, got {type(options).__name__}"
+    )
   vocab = config.vocab_size
   allowed_vocab = checks.check_int("allowed_vocab", allowed_vocab, 0) or vocab
   if allowed_vocab > vocab:
     raise ValueError(
         f"allowed_vocab={allowed_vocab}: above the model's vocab_size {vocab}"
     )
-  if top_k > allowed_vocab:
+  if options.top_k > allowed_vocab:
     raise ValueError(
-        f"top_k={top_k}: above the vocabulary of {allowed_vocab} ids"
+        f"top_k={options.top_k}: above the vocabulary of {allowed_vocab} ids"
     )
   prompt = [int(checks.check_int("prompt id", i)) for i in prompt_ids]
   length = config.max_sequence_length
@@ -191,19 +215,19 @@ def sample(
     raise ValueError(
         f"prompt id {bad[0]} is outside the model's vocabulary [0, {vocab})"
     )
-  window = np.zeros((num_samples, length), np.int32)
+  window = np.zeros((options.num_samples, length), np.int32)
   window[:, : len(prompt)] = prompt
-  greedy = temperature == 0
+  greedy = options.greedy
   out = _sample_loop(
       params,
       jnp.asarray(window),
       jnp.int32(len(prompt)),
-      jax.random.PRNGKey(seed),
-      jnp.float32(temperature if not greedy else 1.0),
+      jax.random.PRNGKey(options.seed),
+      jnp.float32(options.temperature if not greedy else 1.0),
       jnp.int32(allowed_vocab),
       config=config,
-      max_new_tokens=max_new_tokens,
+      max_new_tokens=options.max_new_tokens,
       greedy=greedy,
-      top_k=top_k if not greedy else 0,
+      top_k=options.top_k if not greedy else 0,
   )
   return np.asarray(jax.device_get(out))
