@@ -73,20 +73,12 @@ from maxtext import model
 from maxtext import model_setup
 from maxtext import optimizer as optimizer_lib
 from maxtext import trainer
+from maxtext.configs import default
 from maxtext.metrics import throughput
-
-_DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ),
-    "maxtext",
-    "configs",
-    "default.py",
-)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
-    _DEFAULT_CONFIG,
+    os.path.abspath(default.__file__),
     "Model and run config (default: configs/default.py).",
     lock_config=True,
 )

@@ -56,18 +56,13 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-_DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ),
-    "maxtext",
-    "configs",
-    "gpu_1b.py",
-)
+# A config file imports no jax, which must load only once main() has set
+# XLA_FLAGS (see below).
+from maxtext.configs import gpu_1b
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
-    _DEFAULT_CONFIG,
+    os.path.abspath(gpu_1b.__file__),
     "Model and run config (default: configs/gpu_1b.py).",
     lock_config=True,
 )
