@@ -13,6 +13,8 @@ from absl.testing import absltest
 
 from testing import runfiles
 
+_BINARY = "tools/benchmarks/memory_bench"
+_DEEPSEEK = "--config=maxtext/configs/deepseekv3_671b.py"
 _LAST_LINE = re.compile(r"^memory_bench: temp_full/none=(\d+\.\d{3})$")
 _STATE_LINE = re.compile(
     r"^memory_bench state: total=(\d+\.\d{3}) GB fits 141=(yes|NO) "
@@ -35,9 +37,18 @@ _SHRINK = {
 
 class MemoryBenchTest(absltest.TestCase):
 
+  def _run(self, args, *, status=0, timeout_s=300):
+    """Runs memory_bench with `args`; checks its exit status."""
+    proc = runfiles.run_binary(_BINARY, args, timeout_s=timeout_s)
+    self.assertEqual(proc.returncode, status, proc.stderr[-3000:])
+    return proc
+
+  def _report(self, args, timeout_s=300) -> list[str]:
+    """The lines memory_bench prints with `args`, which must succeed."""
+    return self._run(args, timeout_s=timeout_s).stdout.strip().splitlines()
+
   def test_report_over_two_devices(self):
-    proc = runfiles.run_binary(
-        "tools/benchmarks/memory_bench",
+    lines = self._report(
         [f"--config.{k}={v}" for k, v in _SHRINK.items()]
         + [
             "--host_devices=2",
@@ -49,8 +60,6 @@ class MemoryBenchTest(absltest.TestCase):
         ],
         timeout_s=600,
     )
-    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    lines = proc.stdout.strip().splitlines()
     self.assertIn("memory_bench: 2 x cpu (cpu)", lines[0])
     self.assertIn("seq 64, global batch 4 in K=1", lines[0])
     rows = {}
@@ -86,16 +95,7 @@ class MemoryBenchTest(absltest.TestCase):
   def test_deepseek_state_report_on_a_stated_mesh(self):
     # No devices and no compilation: shapes and partition specs only. The
     # routed experts split 256 ways, the other 17.1B parameters 8 ways.
-    proc = runfiles.run_binary(
-        "tools/benchmarks/memory_bench",
-        [
-            "--config=maxtext/configs/deepseekv3_671b.py",
-            "--mesh=expert=32,fsdp=8",
-        ],
-        timeout_s=300,
-    )
-    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-    lines = proc.stdout.strip().splitlines()
+    lines = self._report([_DEEPSEEK, "--mesh=expert=32,fsdp=8"])
     self.assertIn("mesh data=1 fsdp=8 expert=32 (256 devices)", lines[0])
     values = {
         l.split()[0]: float(l.split()[1]) for l in lines[2:6] if l.strip()
@@ -115,15 +115,7 @@ class MemoryBenchTest(absltest.TestCase):
     self.assertEqual(match.group(2, 3), ("yes", "yes"))
 
   def test_a_mesh_the_config_cannot_use_is_one_line(self):
-    proc = runfiles.run_binary(
-        "tools/benchmarks/memory_bench",
-        [
-            "--config=maxtext/configs/deepseekv3_671b.py",
-            "--mesh=expert=3,fsdp=8",
-        ],
-        timeout_s=300,
-    )
-    self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+    proc = self._run([_DEEPSEEK, "--mesh=expert=3,fsdp=8"], status=2)
     self.assertEqual(
         proc.stderr.strip().splitlines()[-1],
         "memory_bench: error: expert_parallelism=3 does not divide the 256 "
