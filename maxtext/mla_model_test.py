@@ -29,42 +29,14 @@ import optax
 
 from maxtext import mesh as mesh_lib
 from maxtext import model
-from maxtext.configs import base
+from testing import tiny_configs
 
 # pylint: enable=wrong-import-position
 
 
-def _model_config(**overrides):
-  """base.py's model shrunk, with MLA attention."""
-  config = base.get_config()
-  config.update(
-      dict(
-          vocab_size=32,
-          emb_dim=32,
-          num_layers=2,
-          num_heads=4,
-          mlp_dim=64,
-          max_sequence_length=16,
-          global_batch_size=8,
-          attention_type="mla",
-          q_lora_rank=8,
-          kv_lora_rank=12,
-          qk_nope_head_dim=8,
-          qk_rope_head_dim=4,
-          v_head_dim=6,
-      )
-  )
-  config.update(overrides)
-  return config
-
-
-_MOE = dict(
-    num_experts=4,
-    num_experts_per_token=2,
-    num_shared_experts=1,
-    num_dense_layers=1,
-    moe_mlp_dim=16,
-)
+def _model_config(*presets, **overrides):
+  """The tiny test model with MLA attention, then `presets` and `overrides`."""
+  return tiny_configs.model_config(tiny_configs.TINY_MLA, *presets, **overrides)
 
 
 def _batch(config, batch=4, seed=0):
@@ -88,10 +60,10 @@ class MlaModelTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("dense_full_rank_q", dict(q_lora_rank=0)),
-      ("experts_low_rank_q", _MOE),
+      ("experts_low_rank_q", tiny_configs.TINY_MOE),
   )
   def test_trains(self, overrides):
-    config = _model_config(**overrides)
+    config = _model_config(overrides)
     params = model.init_params(config, jax.random.PRNGKey(0))
     attention = params["moe_layers" if "num_experts" in overrides else "layers"]
     self.assertIn("wkv_b", attention)
@@ -145,9 +117,11 @@ class MlaModelTest(parameterized.TestCase):
 
 class MlaShardingTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(("low_rank_q", 8), ("full_rank_q", 0))
-  def test_every_parameter_has_a_partition_spec(self, q_lora_rank):
-    config = _model_config(q_lora_rank=q_lora_rank, **_MOE)
+  @parameterized.named_parameters(
+      ("low_rank_q", dict()), ("full_rank_q", dict(q_lora_rank=0))
+  )
+  def test_every_parameter_has_a_partition_spec(self, overrides):
+    config = _model_config(tiny_configs.TINY_MOE, overrides)
     shapes = jax.eval_shape(
         lambda: model.init_params(config, jax.random.PRNGKey(0))
     )
@@ -161,9 +135,9 @@ class MlaShardingTest(parameterized.TestCase):
     for stack in ("layers", "moe_layers"):
       self.assertIn("wkv_b", specs[stack])
 
-  @parameterized.named_parameters(("experts", _MOE, 2, 2))
+  @parameterized.named_parameters(("experts", tiny_configs.TINY_MOE, 2, 2))
   def test_sharded_gradients_match_one_device(self, overrides, fsdp, experts):
-    config = _model_config(**overrides)
+    config = _model_config(overrides)
     params = model.init_params(config, jax.random.PRNGKey(3))
     specs = model.param_partition_specs(params, fsdp, expert_size=experts)
     axes = model.param_logical_axes(params)

@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 
 from maxtext import mla
+from testing import random_init
 
 _THETA = 10000.0
 _EPS = 1e-5
@@ -43,18 +44,12 @@ def _layer_config(**overrides) -> ml_collections.ConfigDict:
 
 def _layer(config, seed=0):
   """One layer's parameters, the norm scales random too (so they matter)."""
-  keys = iter(jax.random.split(jax.random.PRNGKey(seed), 16))
-
-  def normal(shape, fan_in):
-    return jax.random.normal(next(keys), shape) / math.sqrt(fan_in)
-
+  normal = random_init.scaled_normal(seed, count=16)
   params = mla.init_params(config, 1, normal, jnp.float32)
   params = jax.tree.map(lambda x: x[0], params)
   for name in ("q_norm", "kv_norm"):
     if name in params:
-      params[name] = 1.0 + 0.5 * jax.random.normal(
-          next(keys), params[name].shape
-      )
+      params[name] = 1.0 + 0.5 * normal(params[name].shape, 1)
   return params
 
 

@@ -11,6 +11,7 @@ import ml_collections
 import numpy as np
 
 from maxtext import moe
+from testing import random_init
 
 
 def _config(**overrides):
@@ -33,12 +34,7 @@ def _config(**overrides):
 
 
 def _layer(config, seed=0):
-  keys = iter(jax.random.split(jax.random.PRNGKey(seed), 8))
-
-  def normal(shape, fan_in):
-    return jax.random.normal(next(keys), shape) / math.sqrt(fan_in)
-
-  params = moe.init_params(config, 1, normal)
+  params = moe.init_params(config, 1, random_init.scaled_normal(seed, count=8))
   return jax.tree.map(lambda x: x[0], params)
 
 

@@ -5,6 +5,11 @@
 everything small enough that a run compiles and trains in seconds on a 2-core
 CPU: a 1-layer model of width 32 on 16-token sequences, a few steps.
 
+`model_config(*presets, **overrides)` is `maxtext/configs/base.py` with the
+two-block TINY_MODEL that the model and layer tests share; the presets
+TINY_MLA and TINY_MOE turn its attention into multi-head latent attention and
+its second block's MLP into a mixture of experts.
+
 Tests that run several trainings share a persistent JAX compilation cache:
 JAX_COMPILATION_CACHE_DIR when the environment names one (`.ci/run` and
 `.bazelrc` may set it), else a directory under the test's temp dir.
@@ -17,6 +22,7 @@ from typing import Optional
 from absl.testing import absltest
 import ml_collections
 
+from maxtext.configs import base
 from maxtext.configs import default
 
 COMPILATION_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
@@ -104,30 +110,91 @@ def tiny_config(
   config.max_checkpoints_to_keep = 0
   config.log_period = 1
 
-  for key, value in overrides.items():
+  _override(config, overrides, "tiny_config")
+  return config
+
+
+def _override(config, values, caller: str) -> None:
+  """Sets `values` in `config`; a field `config` lacks is a KeyError."""
+  for key, value in values.items():
     if key not in config:
-      raise KeyError(f"tiny_config: unknown config field {key!r}")
+      raise KeyError(f"{caller}: unknown config field {key!r}")
     config[key] = value
+
+
+# The tiny model the model tests share: two blocks of width 32, four query
+# heads sharing two key/value heads of 8 (grouped-query attention), a SwiGLU
+# MLP of 64, 16-token sequences over 32 tokens, 8 sequences per batch. One
+# training step compiles and runs in about a second on a CPU.
+TINY_MODEL = dict(
+    vocab_size=32,
+    emb_dim=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    max_sequence_length=16,
+    global_batch_size=8,
+    eval_batch_size=8,
+)
+
+# Multi-head latent attention at TINY_MODEL's scale (it then ignores
+# num_kv_heads and head_dim). The two ranks and three head widths differ from
+# each other, so a count or a reshape that confuses two of them changes a
+# shape or a number.
+TINY_MLA = dict(
+    attention_type="mla",
+    q_lora_rank=16,
+    kv_lora_rank=12,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+)
+
+# Mixture of experts in TINY_MODEL: block 0 stays dense, block 1 routes each
+# token to 2 of 4 experts beside one shared expert, so both parameter stacks
+# and both kinds of expert exist. Experts a quarter of mlp_dim wide.
+TINY_MOE = dict(
+    num_experts=4,
+    num_experts_per_token=2,
+    num_shared_experts=1,
+    num_dense_layers=1,
+    moe_mlp_dim=16,
+)
+
+
+def model_config(*presets: dict, **overrides) -> ml_collections.ConfigDict:
+  """base.py's config with TINY_MODEL, then `presets`, then `overrides`.
+
+  Args:
+    *presets: dicts of config fields applied in order after TINY_MODEL (e.g.
+      TINY_MLA, TINY_MOE).
+    **overrides: further config fields, applied last.
+
+  Returns:
+    An unlocked ConfigDict.
+
+  Raises:
+    KeyError: a preset or override names a field the config does not have.
+  """
+  config = base.get_config()
+  for values in (TINY_MODEL, *presets, overrides):
+    _override(config, values, "model_config")
   return config
 
 
 # A tiny shape whose eval loss falls below 1.0 nats per token within about 25
 # steps, as the open-division MLPerf rules need of a passing log (vocab 16, one
-# block of width 32, grouped-query attention). Tests that check MLPerf logs pass
-# it to `tiny_config` with their own step budget, target and checkpoints.
+# block of TINY_MODEL's width, grouped-query attention). Tests that check MLPerf
+# logs pass it to `tiny_config` with their own step budget, target and
+# checkpoints.
 MLPERF_SHAPE = dict(
+    TINY_MODEL,
     vocab_size=16,
-    max_sequence_length=16,
-    emb_dim=32,
     num_layers=1,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    global_batch_size=8,
     gradient_accumulation_steps=2,
     eval_steps=1,
-    eval_batch_size=8,
     eval_interval=5,
     learning_rate=1e-2,
     warmup_steps=3,

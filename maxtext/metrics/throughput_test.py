@@ -10,7 +10,9 @@ import numpy as np
 
 from maxtext import model
 from maxtext.configs import base
+from maxtext.configs import gpu_1b
 from maxtext.metrics import throughput
+from testing import tiny_configs
 
 
 def _config(**overrides) -> ml_collections.ConfigDict:
@@ -19,20 +21,27 @@ def _config(**overrides) -> ml_collections.ConfigDict:
   return config
 
 
-# The 1B-class model of the accelerators issue (16 layers, emb 2048, 16 heads,
-# 8 kv heads, head_dim 128, mlp 8192, vocab 32768, seq 1024, global batch 8).
-_ONE_B = dict(
-    num_layers=16,
-    emb_dim=2048,
-    num_heads=16,
-    num_kv_heads=8,
-    head_dim=128,
-    mlp_dim=8192,
-    vocab_size=32768,
-    max_sequence_length=1024,
-    global_batch_size=8,
-    compute_dtype="bfloat16",
-)
+def _one_b() -> ml_collections.ConfigDict:
+  """gpu_1b.py's model as the accelerators issue measured it.
+
+  The 1B-class model (16 layers, emb 2048, 16 heads, 8 kv heads, head_dim
+  128, mlp 8192, vocab 32768, bfloat16 compute) on sequences of 1024 tokens,
+  8 per step.
+  """
+  config = gpu_1b.get_config()
+  config.update(dict(max_sequence_length=1024, global_batch_size=8))
+  return config
+
+
+def _abstract_params(config):
+  """The shapes and dtypes of `config`'s parameters (nothing allocated)."""
+  return jax.eval_shape(
+      lambda: model.init_params(config, jax.random.PRNGKey(0))
+  )
+
+
+def _size(x) -> int:
+  return int(np.prod(x.shape))
 
 
 class PeakTest(parameterized.TestCase):
@@ -103,20 +112,14 @@ class FlopsTest(parameterized.TestCase):
   )
   def test_matmul_params_are_the_models_matrices(self, overrides):
     config = _config(**overrides)
-    shapes = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0))
-    )
-
-    def size(x):
-      return int(np.prod(x.shape))
-
+    shapes = _abstract_params(config)
     layers = shapes["layers"]
     expected = (
-        sum(size(x) for x in jax.tree_util.tree_leaves(shapes))
-        - size(shapes["embedding"])
-        - size(shapes["final_norm"])
-        - size(layers["attn_norm"])
-        - size(layers["mlp_norm"])
+        sum(_size(x) for x in jax.tree_util.tree_leaves(shapes))
+        - _size(shapes["embedding"])
+        - _size(shapes["final_norm"])
+        - _size(layers["attn_norm"])
+        - _size(layers["mlp_norm"])
     )
     self.assertEqual(throughput.matmul_params(config), expected)
 
@@ -133,32 +136,26 @@ class FlopsTest(parameterized.TestCase):
     )
     values.update(overrides)
     config = _config(**values)
-    shapes = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0))
-    )
-
-    def size(x):
-      return int(np.prod(x.shape))
-
+    shapes = _abstract_params(config)
     moe = shapes["moe_layers"]
     # Every matrix, minus the experts a token does not go through.
     inactive = (config.num_experts - config.num_experts_per_token) / (
         config.num_experts
     )
-    expected = sum(size(x) for x in jax.tree_util.tree_leaves(shapes))
-    expected -= size(shapes["embedding"]) + size(shapes["final_norm"])
+    expected = sum(_size(x) for x in jax.tree_util.tree_leaves(shapes))
+    expected -= _size(shapes["embedding"]) + _size(shapes["final_norm"])
     for stack in ("layers", "moe_layers"):
       if stack in shapes:
-        expected -= size(shapes[stack]["attn_norm"]) + size(
+        expected -= _size(shapes[stack]["attn_norm"]) + _size(
             shapes[stack]["mlp_norm"]
         )
     expected -= inactive * sum(
-        size(moe[n]) for n in ("w_gate", "w_up", "w_down")
+        _size(moe[n]) for n in ("w_gate", "w_up", "w_down")
     )
     self.assertEqual(throughput.matmul_params(config), expected)
 
   def test_flops_per_token_convention(self):
-    config = _config(**_ONE_B)
+    config = _one_b()
     # The 1B-class model has exactly 2**30 matmul parameters.
     self.assertEqual(throughput.matmul_params(config), 2**30)
     attention = 12 * 16 * 16 * 128 * 1024  # Full sequence, no causal half.
@@ -197,27 +194,15 @@ class FlopsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("dense", dict()),
-      ("experts", dict(num_experts=4, num_dense_layers=1, moe_mlp_dim=24)),
+      # Every expert is active (top-4 of 4), so every matrix counts.
+      ("experts", dict(tiny_configs.TINY_MOE, num_experts_per_token=4)),
   )
   def test_mla_matmul_params_are_the_models_matrices(self, overrides):
-    config = _config(
-        attention_type="mla",
-        q_lora_rank=24,
-        kv_lora_rank=16,
-        qk_nope_head_dim=8,
-        qk_rope_head_dim=4,
-        v_head_dim=12,
-        num_layers=2,
-        num_experts_per_token=4,
-        **overrides,
-    )
-    shapes = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0))
-    )
+    config = _config(num_layers=2, **tiny_configs.TINY_MLA, **overrides)
+    shapes = _abstract_params(config)
     norms = ("attn_norm", "mlp_norm", "q_norm", "kv_norm", "final_norm")
-    # Every expert is active (top-4 of 4), so every matrix counts.
     expected = sum(
-        int(np.prod(x.shape))
+        _size(x)
         for path, x in jax.tree_util.tree_leaves_with_path(shapes)
         if path[-1].key not in norms + ("embedding",)
     )
@@ -226,7 +211,7 @@ class FlopsTest(parameterized.TestCase):
   def test_reproduces_the_issues_h200_measurement(self):
     # The accelerators issue measured this model at 44,233 tokens/s on one
     # H200 and reported MFU 30.6% with the same convention and peak.
-    run = throughput.StepThroughput.for_run(_config(**_ONE_B), ["NVIDIA H200"])
+    run = throughput.StepThroughput.for_run(_one_b(), ["NVIDIA H200"])
     step_time = run.tokens_per_step / 44233
     self.assertAlmostEqual(
         run.figures(step_time)[throughput.MFU_KEY], 0.306, delta=0.0005
