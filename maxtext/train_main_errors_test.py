@@ -12,6 +12,7 @@ import os
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from testing import process_output
 from testing import runfiles
 from testing import tiny_configs
 
@@ -23,10 +24,11 @@ class TrainMainErrorsTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = self.create_tempdir().full_path
-    self.file = os.path.join(self.tmp, "a_file")
-    with open(self.file, "w", encoding="utf-8") as f:
-      f.write("not a directory\n")
+    self.tempdir = self.create_tempdir()
+    self.tmp = self.tempdir.full_path
+    self.file = self.tempdir.create_file(
+        "a_file", "not a directory\n"
+    ).full_path
 
   def listing(self):
     found = set()
@@ -76,22 +78,16 @@ class TrainMainErrorsTest(parameterized.TestCase):
     )
     output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     self.assertEqual(proc.returncode, 2, output)
-    errors = [
-        line
-        for line in proc.stderr.splitlines()
-        if line.startswith("train_main: error:")
-    ]
-    self.assertLen(errors, 1, output)
-    self.assertRegex(errors[0], "^train_main: error: " + message + "$")
+    error = process_output.one_line_starting(
+        proc.stderr, "train_main: error:", output
+    )
+    self.assertRegex(error, "^train_main: error: " + message + "$")
     self.assertNotIn("Traceback", proc.stderr)
     self.assertEqual(self.listing(), before)
 
   def not_numpy(self, name):
     """A file named like a .npy file that is not one."""
-    path = os.path.join(self.tmp, name)
-    with open(path, "wb") as f:
-      f.write(b"tokens, not NumPy\n")
-    return path
+    return self.tempdir.create_file(name, b"tokens, not NumPy\n").full_path
 
 
 if __name__ == "__main__":

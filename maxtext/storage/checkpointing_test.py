@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.storage import checkpointing
+from testing import process_output
 from testing import tmpfs
 
 
@@ -510,22 +511,15 @@ class FullDiskTest(parameterized.TestCase):
     )
     output = result.stdout + result.stderr
     self.assertEqual(result.returncode, 3, output)
-    errors = [
-        line
-        for line in result.stdout.splitlines()
-        if line.startswith("CheckpointError:")
-    ]
-    self.assertLen(errors, 1, output)
     self.assertEqual(
-        errors[0],
+        process_output.one_line_starting(
+            result.stdout, "CheckpointError:", output
+        ),
         f"CheckpointError: could not write checkpoint step 1 to {directory}: "
         "[Errno 28] No space left on device",
     )
-    left = [
-        line for line in result.stdout.splitlines() if line.startswith("LEFT:")
-    ]
-    self.assertLen(left, 1, output)
-    self.assertEqual(json.loads(left[0][len("LEFT:") :]), [], output)
+    left = process_output.one_line_starting(result.stdout, "LEFT:", output)
+    self.assertEqual(json.loads(left[len("LEFT:") :]), [], output)
 
 
 class ReportedWriteErrorsTest(absltest.TestCase):
