@@ -14,32 +14,32 @@ from maxtext import data
 from maxtext import engine as engine_lib
 from maxtext import layers
 from maxtext import model
-from maxtext.configs import base
 from maxtext.configs import default
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.storage import checkpointing
-
-
-def _tiny_config(**overrides):
-  """base.py's config shrunk to a CPU-sized model, updated by `overrides`."""
-  config = base.get_config()
-  config.vocab_size = 32
-  config.emb_dim = 32
-  config.num_layers = 2
-  config.num_heads = 4
-  config.num_kv_heads = 2
-  config.head_dim = 8
-  config.mlp_dim = 64
-  config.max_sequence_length = 16
-  config.global_batch_size = 8
-  config.eval_batch_size = 8
-  for key, value in overrides.items():
-    config[key] = value
-  return config
+from testing import tiny_configs
 
 
 def _jit_apply(config):
   return jax.jit(functools.partial(model.apply, config=config))
+
+
+def _assert_same_logits(config, params, reference, reference_params, tokens):
+  """Asserts two models' logits for `tokens` agree (rtol and atol 1e-5).
+
+  Args:
+    config: the model under test.
+    params: its parameters.
+    reference: the model it must match.
+    reference_params: the reference's parameters.
+    tokens: [B, S] token ids.
+  """
+  np.testing.assert_allclose(
+      _jit_apply(config)(params, tokens),
+      _jit_apply(reference)(reference_params, tokens),
+      rtol=1e-5,
+      atol=1e-5,
+  )
 
 
 def _jit_loss(config):
@@ -104,27 +104,17 @@ class AttentionImplementationTest(parameterized.TestCase):
       self, implementation, seq, heads, kv_heads, head_dim
   ):
     """Checks `implementation` matches einsum's outputs, loss and grads."""
-    reference = _tiny_config(
+    shape = dict(
         max_sequence_length=seq,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        attention="einsum",
     )
-    config = _tiny_config(
-        max_sequence_length=seq,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        attention=implementation,
-    )
+    reference = tiny_configs.model_config(attention="einsum", **shape)
+    config = tiny_configs.model_config(attention=implementation, **shape)
     params = model.init_params(reference, jax.random.PRNGKey(4))
-    tokens = _tokens(reference, batch=2)
-    np.testing.assert_allclose(
-        _jit_apply(config)(params, tokens),
-        _jit_apply(reference)(params, tokens),
-        rtol=1e-5,
-        atol=1e-5,
+    _assert_same_logits(
+        config, params, reference, params, _tokens(reference, batch=2)
     )
     batch = _batch(reference, weights=True)
     (loss, _), grads = _loss_and_grads(config, params, batch)
@@ -147,7 +137,7 @@ class AttentionImplementationTest(parameterized.TestCase):
   @parameterized.named_parameters(("gqa", "gqa"), ("mla", "mla"))
   def test_auto_is_the_einsum_reference_on_cpu(self, attention_type):
     self.assertEqual(jax.default_backend(), "cpu")
-    config = _tiny_config(attention_type=attention_type)
+    config = tiny_configs.model_config(attention_type=attention_type)
     self.assertEqual(config.attention, "auto")
     self.assertEqual(model.attention_implementation(config), "einsum")
     for name in ("einsum", "dot_product", "splash"):
@@ -160,7 +150,9 @@ class AttentionImplementationTest(parameterized.TestCase):
       ("unknown", "flash", "float32", "must be one of"),
   )
   def test_refused_implementations(self, attention, compute_dtype, message):
-    config = _tiny_config(attention=attention, compute_dtype=compute_dtype)
+    config = tiny_configs.model_config(
+        attention=attention, compute_dtype=compute_dtype
+    )
     with self.assertRaisesRegex(ValueError, f"attention.*{message}"):
       model.attention_implementation(config)
     params = model.init_params(config, jax.random.PRNGKey(0))
@@ -174,8 +166,8 @@ class RematTest(parameterized.TestCase):
       ("full", "full"), ("save_dots", "save_dots"), ("save_named", "save_named")
   )
   def test_grads_match_no_remat(self, policy):
-    reference = _tiny_config(num_layers=3)
-    config = _tiny_config(num_layers=3, remat_policy=policy)
+    reference = tiny_configs.model_config(num_layers=3)
+    config = tiny_configs.model_config(num_layers=3, remat_policy=policy)
     params = model.init_params(reference, jax.random.PRNGKey(5))
     batch = _batch(reference, weights=True)
     (loss, aux), grads = _loss_and_grads(config, params, batch)
@@ -185,7 +177,7 @@ class RematTest(parameterized.TestCase):
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
 
   def test_unknown_policy_is_refused(self):
-    config = _tiny_config(remat_policy="some")
+    config = tiny_configs.model_config(remat_policy="some")
     params = model.init_params(config, jax.random.PRNGKey(0))
     with self.assertRaisesRegex(ValueError, "remat_policy='some'"):
       model.apply(params, _tokens(config), config)
@@ -197,7 +189,7 @@ class RematTest(parameterized.TestCase):
     kwargs = dict(num_layers=4, emb_dim=64, mlp_dim=512, max_sequence_length=64)
     temp = {
         policy: _grad_temp_bytes(
-            _tiny_config(remat_policy=policy, **kwargs), batch=8
+            tiny_configs.model_config(remat_policy=policy, **kwargs), batch=8
         )
         for policy in model.REMAT_POLICIES
     }
@@ -215,8 +207,8 @@ class ChunkedLossTest(parameterized.TestCase):
       ("longer_than_sequence", 40),
   )
   def test_same_loss_accuracy_and_grads(self, chunk):
-    reference = _tiny_config()
-    config = _tiny_config(loss_chunk_size=chunk)
+    reference = tiny_configs.model_config()
+    config = tiny_configs.model_config(loss_chunk_size=chunk)
     params = model.init_params(reference, jax.random.PRNGKey(6))
     batch = _batch(reference, batch=3, weights=True)
     (loss, aux), grads = _loss_and_grads(config, params, batch)
@@ -228,7 +220,7 @@ class ChunkedLossTest(parameterized.TestCase):
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
 
   def test_negative_chunk_is_refused(self):
-    config = _tiny_config(loss_chunk_size=-1)
+    config = tiny_configs.model_config(loss_chunk_size=-1)
     params = model.init_params(config, jax.random.PRNGKey(0))
     with self.assertRaisesRegex(ValueError, "loss_chunk_size=-1"):
       model.loss_fn(params, _batch(config), config)
@@ -236,9 +228,9 @@ class ChunkedLossTest(parameterized.TestCase):
   def test_chunked_loss_compiles_to_less_temp_memory(self):
     # Logits dominate: [4, 64, 4096] float32 is 4 MiB, the rest is small.
     kwargs = dict(vocab_size=4096, num_layers=1, max_sequence_length=64)
-    whole = _grad_temp_bytes(_tiny_config(**kwargs), batch=4)
+    whole = _grad_temp_bytes(tiny_configs.model_config(**kwargs), batch=4)
     chunked = _grad_temp_bytes(
-        _tiny_config(loss_chunk_size=8, **kwargs), batch=4
+        tiny_configs.model_config(loss_chunk_size=8, **kwargs), batch=4
     )
     self.assertLess(chunked, whole)
     self.assertLess(chunked, 4 * 64 * 4096 * 4)
@@ -247,7 +239,7 @@ class ChunkedLossTest(parameterized.TestCase):
 class ModelTest(parameterized.TestCase):
 
   def test_param_shapes_and_dtype(self):
-    config = _tiny_config()
+    config = tiny_configs.model_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
     l, e, h, k, d, m, v = 2, 32, 4, 2, 8, 64, 32
     chex.assert_trees_all_equal_shapes(
@@ -278,7 +270,7 @@ class ModelTest(parameterized.TestCase):
     )
 
   def test_init_is_deterministic_by_key(self):
-    config = _tiny_config()
+    config = tiny_configs.model_config()
     a = model.init_params(config, jax.random.PRNGKey(1))
     b = model.init_params(config, jax.random.PRNGKey(1))
     c = model.init_params(config, jax.random.PRNGKey(2))
@@ -291,7 +283,7 @@ class ModelTest(parameterized.TestCase):
       ("bf16_weights", "bfloat16", "bfloat16"),
   )
   def test_logits_shape_and_dtype(self, weight_dtype, compute_dtype):
-    config = _tiny_config(
+    config = tiny_configs.model_config(
         weight_dtype=weight_dtype, compute_dtype=compute_dtype
     )
     params = model.init_params(config, jax.random.PRNGKey(0))
@@ -307,7 +299,7 @@ class ModelTest(parameterized.TestCase):
     chex.assert_tree_all_finite(logits)
 
   def test_attention_is_causal(self):
-    config = _tiny_config()
+    config = tiny_configs.model_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
     tokens = _tokens(config, batch=1)
     changed = tokens.at[0, 10].set((tokens[0, 10] + 1) % config.vocab_size)
@@ -319,8 +311,8 @@ class ModelTest(parameterized.TestCase):
 
   def test_grouped_kv_heads_equal_repeated_full_heads(self):
     """K kv heads behave as H heads whose k/v weights repeat per group."""
-    grouped = _tiny_config(num_heads=4, num_kv_heads=2)
-    full = _tiny_config(num_heads=4, num_kv_heads=4)
+    grouped = tiny_configs.model_config(num_heads=4, num_kv_heads=2)
+    full = tiny_configs.model_config(num_heads=4, num_kv_heads=4)
     params = model.init_params(grouped, jax.random.PRNGKey(3))
     group = grouped.num_heads // grouped.num_kv_heads
     expanded = jax.tree_util.tree_map(lambda x: x, params)
@@ -328,12 +320,8 @@ class ModelTest(parameterized.TestCase):
       expanded["layers"][name] = jnp.repeat(
           params["layers"][name], group, axis=2
       )
-    tokens = _tokens(grouped, batch=2)
-    np.testing.assert_allclose(
-        _jit_apply(grouped)(params, tokens),
-        _jit_apply(full)(expanded, tokens),
-        rtol=1e-5,
-        atol=1e-5,
+    _assert_same_logits(
+        grouped, params, full, expanded, _tokens(grouped, batch=2)
     )
 
   def test_rope_scores_depend_only_on_relative_position(self):
@@ -357,7 +345,7 @@ class ModelTest(parameterized.TestCase):
     )
 
   def test_loss_matches_reference_cross_entropy(self):
-    config = _tiny_config()
+    config = tiny_configs.model_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
     inputs = _tokens(config, batch=2, seed=1)
     targets = _tokens(config, batch=2, seed=2)
@@ -380,7 +368,7 @@ class ModelTest(parameterized.TestCase):
       chex.assert_shape(value, ())
 
   def test_loss_weights_mask_positions(self):
-    config = _tiny_config()
+    config = tiny_configs.model_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
     inputs = _tokens(config, batch=2, seed=1)
     targets = _tokens(config, batch=2, seed=2)
@@ -407,7 +395,7 @@ class ModelTest(parameterized.TestCase):
     self.assertEqual(float(aux["accuracy"]), 0.0)
 
   def test_jitted_step_lowers_loss_on_synthetic_data(self):
-    config = _tiny_config(num_layers=1)
+    config = tiny_configs.model_config(num_layers=1)
     dataset = data.SyntheticDataset(config)
     params = model.init_params(config, jax.random.PRNGKey(0))
     tx = optax.adam(1e-2)
@@ -440,7 +428,7 @@ class ShardingTest(parameterized.TestCase):
     )
 
   def test_logical_axes_name_every_dimension(self):
-    shapes = self._shapes(_tiny_config())
+    shapes = self._shapes(tiny_configs.model_config())
     axes = model.param_logical_axes(shapes)
     jax.tree_util.tree_map(
         lambda x, names: self.assertLen(names, len(x.shape)),
@@ -453,14 +441,14 @@ class ShardingTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "structure"):
       model.param_logical_axes({"w": jnp.zeros((2, 2))})
     # A stack mixing the two attention types is no model's.
-    shapes = self._shapes(_tiny_config())
+    shapes = self._shapes(tiny_configs.model_config())
     shapes["layers"]["wkv_a"] = shapes["layers"]["wq"]
     with self.assertRaisesRegex(ValueError, "structure"):
       model.param_logical_axes(shapes)
 
   @parameterized.named_parameters(("low_rank_q", 8), ("full_rank_q", 0))
   def test_mla_logical_axes_and_specs(self, q_lora_rank):
-    config = _tiny_config(
+    config = tiny_configs.model_config(
         attention_type="mla",
         q_lora_rank=q_lora_rank,
         kv_lora_rank=16,
@@ -483,14 +471,14 @@ class ShardingTest(parameterized.TestCase):
   def test_unknown_attention_type_is_refused(self):
     with self.assertRaisesRegex(ValueError, "attention_type='mha'"):
       model.init_params(
-          _tiny_config(attention_type="mha"), jax.random.PRNGKey(0)
+          tiny_configs.model_config(attention_type="mha"), jax.random.PRNGKey(0)
       )
 
   @parameterized.named_parameters(
       ("one", 1), ("two", 2), ("four", 4), ("three", 3), ("sixty_four", 64)
   )
   def test_fsdp_axis_is_divisible_and_never_layers(self, fsdp):
-    config = _tiny_config()
+    config = tiny_configs.model_config()
     shapes = self._shapes(config)
     dims = model.param_fsdp_axis(shapes, fsdp)
     axes = model.param_logical_axes(shapes)
@@ -516,10 +504,10 @@ class ShardingTest(parameterized.TestCase):
 
   def test_fsdp_axis_rejects_bad_size(self):
     with self.assertRaisesRegex(ValueError, "fsdp_size"):
-      model.param_fsdp_axis(self._shapes(_tiny_config()), 0)
+      model.param_fsdp_axis(self._shapes(tiny_configs.model_config()), 0)
 
   def test_partition_specs_place_params_on_a_mesh(self):
-    config = _tiny_config()
+    config = tiny_configs.model_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
     mesh = jax.sharding.Mesh(
         np.array(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp")
@@ -559,15 +547,8 @@ _DENSE_DEFAULT_PARAMS = (
 
 
 def _moe_config(**overrides):
-  values = dict(
-      num_experts=4,
-      num_experts_per_token=2,
-      num_shared_experts=1,
-      num_dense_layers=1,
-      moe_mlp_dim=16,
-  )
-  values.update(overrides)
-  return _tiny_config(**values)
+  """The tiny test model with TINY_MOE's experts, then `overrides`."""
+  return tiny_configs.model_config(tiny_configs.TINY_MOE, **overrides)
 
 
 class MoeModelTest(parameterized.TestCase):
@@ -593,7 +574,7 @@ class MoeModelTest(parameterized.TestCase):
     )
 
   def test_dense_checkpoint_restores(self):
-    config = _tiny_config()
+    config = tiny_configs.model_config()
     params = model.init_params(config, jax.random.PRNGKey(0))
     directory = self.create_tempdir().full_path
     saver = checkpointing.Checkpointer(directory, save_period=1, max_to_keep=0)
