@@ -298,12 +298,14 @@ def _read_history(path: str) -> list[dict[str, Any]]:
   return attempts
 
 
-def _read_config_json(path: str) -> Optional[dict[str, Any]]:
-  """The recorded document at `path`; None where there is no such file.
+def read_config_json(run_dir: str) -> Optional[dict[str, Any]]:
+  """The run's config.json document ({"config", "provenance"}); None where
+  the run directory has no config.json.
 
   Raises:
     ValueError: the file is not JSON or holds no 'config' object.
   """
+  path = os.path.join(run_dir, CONFIG_JSON)
   try:
     with open(path, encoding="utf-8") as f:
       document = json.load(f)
@@ -343,7 +345,7 @@ def load_recorded_config(run_dir: str) -> Optional[dict[str, Any]]:
   attempts = _read_history(os.path.join(run_dir, CONFIG_HISTORY))
   if attempts:
     return attempts[-1]["config"]
-  document = _read_config_json(os.path.join(run_dir, CONFIG_JSON))
+  document = read_config_json(run_dir)
   return None if document is None else document["config"]
 
 
@@ -390,7 +392,7 @@ def record_attempt(
   history_path = os.path.join(run_dir, CONFIG_HISTORY)
   attempts = _read_history(history_path)
   config_path = os.path.join(run_dir, CONFIG_JSON)
-  if _read_config_json(config_path) is None:
+  if read_config_json(run_dir) is None:
     # The run holds its directory's lock: nobody else writes config.json.
     first = (
         attempts[0]

@@ -21,7 +21,6 @@ long) is a ValueError with one line naming the path or option.
 """
 
 import dataclasses
-import json
 import os
 from typing import Any, Optional, Sequence
 
@@ -76,14 +75,10 @@ def _read_record(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
         f"run_dir={run_dir!r}: holds no {run_record.CONFIG_JSON}; is it a "
         "run directory written by train_main?"
     )
-  path = os.path.join(run_dir, run_record.CONFIG_JSON)
-  provenance = {}
-  try:
-    with open(path, encoding="utf-8") as f:
-      provenance = json.load(f).get("provenance") or {}
-  except FileNotFoundError:
-    pass  # Only the history was kept; it has the config, enough to sample.
-  return config, provenance
+  # Without config.json (only the history kept) the config is still enough
+  # to sample.
+  document = run_record.read_config_json(run_dir) or {}
+  return config, document.get("provenance") or {}
 
 
 def _checkpoint_dir(run_dir: str, config: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ import os
 from typing import Any, Optional
 
 from maxtext.mllog import logger as mllog_logger
+from maxtext.storage import run_record
 
 LINE_PREFIX = ":::MLLOG "
 
@@ -101,19 +102,15 @@ def _second_attempt(log_path: str) -> str:
 
 def _read_config_json(run_dir: str) -> dict[str, Any]:
   """Returns the run's config.json document; RunDirError if it is not one."""
-  path = os.path.join(run_dir, "config.json")
   try:
-    with open(path, encoding="utf-8") as f:
-      document = json.load(f)
-  except FileNotFoundError:
+    document = run_record.read_config_json(run_dir)
+  except ValueError as e:
+    raise RunDirError(str(e)) from e
+  if document is None:
     raise RunDirError(
-        f"run directory {run_dir!r} has no config.json: not a "
+        f"run directory {run_dir!r} has no {run_record.CONFIG_JSON}: not a "
         f"run directory written by maxtext"
-    ) from None
-  except json.JSONDecodeError as e:
-    raise RunDirError(f"{path}: not valid JSON: {e}") from e
-  if not isinstance(document.get("config"), dict):
-    raise RunDirError(f"{path}: has no 'config' object")
+    )
   return document
 
 
