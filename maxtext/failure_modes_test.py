@@ -25,6 +25,7 @@ from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 from testing import compliance_checker
 from testing import gcs_emulator
+from testing import process_output
 from testing import run_layout
 from testing import runfiles
 from testing import tiny_configs
@@ -162,10 +163,9 @@ class FailureModesTest(parameterized.TestCase):
     """
     self.assertEqual(returncode, status, stderr[-5000:])
     self.assertNotIn("Traceback", stderr)
-    errors = [l for l in stderr.splitlines() if l.startswith(_ERROR)]
-    self.assertLen(errors, 1, stderr[-5000:])
-    self.assertRegex(errors[0], "^" + re.escape(_ERROR) + pattern)
-    return errors[0]
+    error = process_output.one_line_starting(stderr, _ERROR, stderr[-5000:])
+    self.assertRegex(error, "^" + re.escape(_ERROR) + pattern)
+    return error
 
   # --- 1 and 5: a run directory belongs to one run ---------------------------
 
@@ -368,16 +368,17 @@ class FailureModesTest(parameterized.TestCase):
         ),
     )
     self.assertEqual(proc.returncode, 1, proc.stderr[-5000:])
-    errors = [l for l in proc.stderr.splitlines() if l.startswith(_ERROR)]
-    self.assertLen(errors, 1, proc.stderr[-5000:])
+    error = process_output.one_line_starting(
+        proc.stderr, _ERROR, proc.stderr[-5000:]
+    )
     self.assertRegex(
-        errors[0],
+        error,
         rf"^{re.escape(_ERROR)}could not write checkpoint step \d+ "
         rf"to {re.escape(checkpoints)}: \[Errno 28\] No space left on device$",
     )
     # Nothing after it: no background thread's traceback at exit.
     self.assertEqual(
-        proc.stderr.strip().splitlines()[-1], errors[0], proc.stderr[-5000:]
+        proc.stderr.strip().splitlines()[-1], error, proc.stderr[-5000:]
     )
     self.assertEqual(
         [n for n in _tree(left) if "orbax-checkpoint-tmp" in n], []
