@@ -42,9 +42,7 @@ last line holds the largest of each over the two logging ways:
 import os
 import random
 import shutil
-import socket
 import tempfile
-import threading
 import time
 
 from absl import app
@@ -90,69 +88,6 @@ _TINY = dict(
     # per step would hold the eval's compilation.
     warmup_steps_before_run_start=1,
 )
-
-
-class DelayProxy:
-  """A loopback TCP proxy that delays every chunk the upstream sends back."""
-
-  def __init__(self, upstream_port: int, delay_s: float):
-    self._upstream = ("127.0.0.1", upstream_port)
-    self._delay_s = delay_s
-    self._server = socket.create_server(("127.0.0.1", 0))
-    self.port = self._server.getsockname()[1]
-    self._closed = threading.Event()
-    threading.Thread(
-        target=self._accept, daemon=True, name="delay-proxy"
-    ).start()
-
-  @property
-  def url(self) -> str:
-    return f"http://127.0.0.1:{self.port}"
-
-  def _accept(self) -> None:
-    """Pipes each client to upstream until close(), delaying the replies."""
-    while not self._closed.is_set():
-      try:
-        client, _ = self._server.accept()
-      except OSError:
-        return
-      try:
-        upstream = socket.create_connection(self._upstream, timeout=10)
-        upstream.settimeout(None)
-      except OSError:
-        client.close()
-        continue
-      threading.Thread(
-          target=self._pump, args=(client, upstream, 0.0), daemon=True
-      ).start()
-      threading.Thread(
-          target=self._pump, args=(upstream, client, self._delay_s), daemon=True
-      ).start()
-
-  @staticmethod
-  def _pump(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
-    """Copies src to dst (each chunk `delay_s` late) until either ends."""
-    try:
-      while True:
-        data = src.recv(65536)
-        if not data:
-          break
-        if delay_s:
-          time.sleep(delay_s)
-        dst.sendall(data)
-    except OSError:
-      pass
-    finally:
-      for s in (src, dst):
-        try:
-          s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-          pass
-        s.close()
-
-  def close(self) -> None:
-    self._closed.set()
-    self._server.close()
 
 
 def _config(way: str, run_name: str, out: str, cache_dir: str):
@@ -238,7 +173,9 @@ def main(argv):
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   out = tempfile.mkdtemp(prefix="mllog_bench_")
   emulator = gcs_emulator.GcsEmulator(buckets=[_BUCKET]).start()
-  proxy = DelayProxy(emulator.port, _DELAY_MS.value / 1e3)
+  proxy = gcs_emulator.SlowProxy(
+      emulator.port, _DELAY_MS.value / 1e3, delay_replies=True
+  )
   previous_host = os.environ.get("STORAGE_EMULATOR_HOST")
   os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
   rng = random.Random(_SEED.value)
