@@ -30,6 +30,7 @@ from maxtext import model_setup
 from maxtext import trainer
 from maxtext.storage import checkpointing
 from maxtext.configs import default
+from testing import tiny_configs
 
 # pylint: enable=wrong-import-position
 
@@ -39,19 +40,13 @@ _STEPS = 3
 def _tiny_overrides(output_dir, **overrides):
   """Returns config overrides for a tiny run writing under output_dir."""
   values = dict(
+      tiny_configs.TINY_MODEL,
       base_output_directory=output_dir,
       run_name="r",
-      emb_dim=32,
-      num_heads=4,
-      num_kv_heads=2,
-      head_dim=8,
-      mlp_dim=64,
-      num_layers=2,
       vocab_size=64,
-      max_sequence_length=16,
+      # 2 micro-batches of 8 sequences: one per device of the 2 x 4 mesh.
       global_batch_size=16,
       gradient_accumulation_steps=2,
-      eval_batch_size=8,
       eval_steps=1,
       eval_interval=_STEPS,
       steps=_STEPS,
@@ -59,7 +54,7 @@ def _tiny_overrides(output_dir, **overrides):
       target_eval_loss=0.0,
       enable_mllog=False,
       checkpoint_period=_STEPS,
-      jax_compilation_cache_dir=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
+      jax_compilation_cache_dir=tiny_configs.compilation_cache_dir(),
   )
   values.update(overrides)
   return values
