@@ -220,38 +220,47 @@ class FlopsTest(parameterized.TestCase):
 
 class StepThroughputTest(parameterized.TestCase):
 
-  def test_figures(self):
-    run = throughput.StepThroughput(
-        samples_per_step=8,
-        tokens_per_step=8192,
-        flops_per_step=4e15,
-        num_devices=4,
-        peak_flops_per_device=1e15,
-    )
-    self.assertEqual(
-        run.figures(0.5),
-        {
-            "samples_per_s": 16.0,
-            "tokens_per_s": 16384.0,
-            "tflops_per_device": 2000.0,
-            "mfu": 2.0,
-        },
-    )
-    self.assertEqual(run.keys(), throughput.KEYS)
-
-  def test_no_mfu_without_a_peak(self):
-    run = throughput.StepThroughput(
-        samples_per_step=2,
-        tokens_per_step=20,
-        flops_per_step=3e12,
-        num_devices=3,
-    )
-    figures = run.figures(2.0)
-    self.assertEqual(
-        figures,
-        {"samples_per_s": 1.0, "tokens_per_s": 10.0, "tflops_per_device": 0.5},
-    )
+  @parameterized.named_parameters(
+      (
+          "with_a_peak",
+          dict(
+              samples_per_step=8,
+              tokens_per_step=8192,
+              flops_per_step=4e15,
+              num_devices=4,
+              peak_flops_per_device=1e15,
+          ),
+          0.5,
+          {
+              "samples_per_s": 16.0,
+              "tokens_per_s": 16384.0,
+              "tflops_per_device": 2000.0,
+              "mfu": 2.0,
+          },
+      ),
+      (
+          "no_mfu_without_a_peak",
+          dict(
+              samples_per_step=2,
+              tokens_per_step=20,
+              flops_per_step=3e12,
+              num_devices=3,
+          ),
+          2.0,
+          {
+              "samples_per_s": 1.0,
+              "tokens_per_s": 10.0,
+              "tflops_per_device": 0.5,
+          },
+      ),
+  )
+  def test_figures(self, args, step_time, expected):
+    run = throughput.StepThroughput(**args)
+    figures = run.figures(step_time)
+    self.assertEqual(figures, expected)
     self.assertEqual(tuple(figures), run.keys())
+    # With a peak every key, without one all but the last (the MFU).
+    self.assertEqual(run.keys(), throughput.KEYS[: len(expected)])
 
   def test_zero_step_time_gives_infinite_figures(self):
     run = throughput.StepThroughput(1, 1, 1.0, 1, 1.0)
