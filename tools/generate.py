@@ -21,14 +21,13 @@ ends at the end of a document or after --max_new_tokens tokens); with
 error (exit status 2).
 """
 
-import sys
-
 from absl import app
 from absl import flags
 
 from maxtext import caller_paths
 from maxtext.text import generate
 from maxtext.text import sampling
+from tools import command_line
 
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "The run directory.")
 _STEP = flags.DEFINE_integer(
@@ -100,15 +99,9 @@ def _generate() -> None:
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _RUN_DIR.value:
-    raise app.UsageError("--run_dir is required")
-  try:
+  command_line.check(argv, _RUN_DIR)
+  with command_line.user_errors("generate"):
     _generate()
-  except ValueError as e:
-    print(f"generate: error: {e}", file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ one token uses (routed experts: num_experts_per_token of num_experts), with
 and without the input embedding table (see `param_count_lib`).
 """
 
-import sys
-
 from absl import app
 from ml_collections import config_flags
 
 from maxtext import config_lib
+from tools import command_line
 from tools import param_count_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -27,16 +26,10 @@ _CONFIG = config_flags.DEFINE_config_file(
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  command_line.check(argv, _CONFIG)
   config = _CONFIG.value
-  if config is None:
-    raise app.UsageError("--config is required")
-  try:
+  with command_line.user_errors("param_count", (TypeError, ValueError)):
     config_lib.validate(config)
-  except (TypeError, ValueError) as e:
-    print(f"param_count: error: {e}", file=sys.stderr)
-    sys.exit(2)
   counts = param_count_lib.count(config)
   print(
       f"param_count: {config.num_layers} layers, emb {config.emb_dim}, "

@@ -18,6 +18,7 @@ from absl import logging
 
 from maxtext import caller_paths
 from maxtext.metrics import jsonl
+from tools import command_line
 from tools import plot_metrics_lib
 
 _METRICS = flags.DEFINE_string(
@@ -40,10 +41,7 @@ _TARGET = flags.DEFINE_float(
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _METRICS.value:
-    raise app.UsageError("--metrics is required")
+  command_line.check(argv, _METRICS)
   metrics = caller_paths.resolve_local_path(_METRICS.value)
   if os.path.isdir(metrics):
     metrics = os.path.join(metrics, jsonl.METRICS_FILENAME)

@@ -20,13 +20,12 @@ A bad input is a one-line error (exit status 2). Relative paths resolve
 against the directory `bazel run` was started from.
 """
 
-import sys
-
 from absl import app
 from absl import flags
 
 from maxtext import caller_paths
 from maxtext.text import prepare
+from tools import command_line
 
 _INPUT = flags.DEFINE_multi_string(
     "input", [], "Text file, .jsonl file or directory; repeatable."
@@ -62,11 +61,8 @@ _PROGRESS_S = flags.DEFINE_float(
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _OUTPUT_DIR.value:
-    raise app.UsageError("--output_dir is required")
-  try:
+  command_line.check(argv, _OUTPUT_DIR)
+  with command_line.user_errors("prepare_data"):
     prepare.prepare(
         [caller_paths.resolve_local_path(p) for p in _INPUT.value],
         caller_paths.resolve_local_path(_OUTPUT_DIR.value),
@@ -83,9 +79,6 @@ def main(argv: list[str]) -> None:
         report=lambda line: print(line, flush=True),
         progress_interval_s=_PROGRESS_S.value,
     )
-  except ValueError as e:
-    print(f"prepare_data: error: {e}", file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from ml_collections import config_flags
 # A config file imports no jax, which must load only once main() has set
 # XLA_FLAGS (see below).
 from maxtext.configs import gpu_1b
+from tools import command_line
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -251,14 +252,11 @@ def _state_report(config, mesh_text: str, memories: list[float]) -> None:
   from tools.benchmarks import state_memory
 
   # pylint: enable=import-outside-toplevel
-  try:
+  with command_line.user_errors("memory_bench"):
     sizes = state_memory.parse_mesh(mesh_text)
     # A mesh the config cannot use (e.g. an expert axis that does not divide
     # num_experts) is the user's mistake too.
     state = state_memory.state_bytes(config, sizes)
-  except ValueError as e:
-    print(f"memory_bench: error: {e}", file=sys.stderr)
-    sys.exit(2)
   devices = math.prod(sizes.values())
   mesh = " ".join(f"{a}={n}" for a, n in sizes.items())
   print(
@@ -290,19 +288,15 @@ def _state_report(config, mesh_text: str, memories: list[float]) -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  command_line.check(argv)
   if _MESH.value:
     # Imported here, like below: jax loads only after XLA_FLAGS is final.
     # pylint: disable=import-outside-toplevel
     from maxtext import config_lib
 
     # pylint: enable=import-outside-toplevel
-    try:
+    with command_line.user_errors("memory_bench", (TypeError, ValueError)):
       config_lib.validate(_CONFIG.value)
-    except (TypeError, ValueError) as e:
-      print(f"memory_bench: error: {e}", file=sys.stderr)
-      sys.exit(2)
     _state_report(
         _CONFIG.value, _MESH.value, [float(m) for m in _DEVICE_MEMORY_GB.value]
     )

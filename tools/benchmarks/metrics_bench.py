@@ -53,6 +53,7 @@ from maxtext import engine as engine_lib
 from maxtext import model
 from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter
+from tools import command_line
 
 _NUM_METRICS = flags.DEFINE_integer(
     "num_metrics", 100, "M, metrics per micro-batch (loss included)."
@@ -325,8 +326,7 @@ def _fmt_ms(x: float) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  command_line.check(argv)
   if _MODEL_CONFIG.value:
     problem = _model_problem(_MODEL_CONFIG.value)
     what = f"{_MODEL_CONFIG.value}'s model"
