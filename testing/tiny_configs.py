@@ -189,19 +189,19 @@ def model_config(*presets: dict, **overrides) -> ml_collections.ConfigDict:
 # block of TINY_MODEL's width, grouped-query attention). Tests that check MLPerf
 # logs pass it to `tiny_config` with their own step budget, target and
 # checkpoints.
-MLPERF_SHAPE = dict(
-    TINY_MODEL,
-    vocab_size=16,
-    num_layers=1,
-    gradient_accumulation_steps=2,
-    eval_steps=1,
-    eval_interval=5,
-    learning_rate=1e-2,
-    warmup_steps=3,
-    lr_schedule_steps=40,
-    max_checkpoints_to_keep=3,
-    log_period=10,
-)
+MLPERF_SHAPE = {
+    **TINY_MODEL,
+    "vocab_size": 16,
+    "num_layers": 1,
+    "gradient_accumulation_steps": 2,
+    "eval_steps": 1,
+    "eval_interval": 5,
+    "learning_rate": 1e-2,
+    "warmup_steps": 3,
+    "lr_schedule_steps": 40,
+    "max_checkpoints_to_keep": 3,
+    "log_period": 10,
+}
 
 
 def tiny_flags(
