@@ -40,11 +40,7 @@ _SCHEDULE_STEPS = 60
 
 
 def _environ(**extra) -> dict[str, str]:
-  # Cache even the small functions' compilations between the runs.
-  return runfiles.binary_environ(
-      runfiles.train_main_command(),
-      {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra},
-  )
+  return runfiles.cached_environ(runfiles.train_main_command(), **extra)
 
 
 def _checkpoint_steps(directory: str) -> list[int]:

@@ -31,11 +31,7 @@ _RUN_TIMEOUT_S = 300
 
 
 def _environ(**extra) -> dict[str, str]:
-  # Cache even the small functions' compilations between the runs.
-  return runfiles.binary_environ(
-      runfiles.train_main_command(),
-      {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra},
-  )
+  return runfiles.cached_environ(runfiles.train_main_command(), **extra)
 
 
 def _mllog_run_stop(path: str) -> dict:

@@ -89,6 +89,18 @@ def binary_environ(
   return env
 
 
+def cached_environ(command: Sequence[str], **extra: str) -> dict[str, str]:
+  """`binary_environ` with every compilation kept in the persistent cache.
+
+  JAX caches only programs that took a second or more to compile by default;
+  a test's tiny programs compile faster, so the runs of one test would each
+  compile them again.
+  """
+  return binary_environ(
+      command, {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **extra}
+  )
+
+
 def run_binary(
     target_path: str,
     args: Sequence[str],

@@ -38,12 +38,9 @@ _REVISION = re.compile(r"^([0-9a-f]{40}(\+dirty)?|unknown)$")
 def run_package(args, timeout_s=900):
   """Runs //tools/mlperf:package with `args`; returns the CompletedProcess."""
   command = runfiles.binary_command("tools/mlperf/package")
-  env = runfiles.binary_environ(
-      command, {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-  )
   return subprocess.run(
       command + list(args),
-      env=env,
+      env=runfiles.cached_environ(command),
       capture_output=True,
       text=True,
       timeout=timeout_s,
