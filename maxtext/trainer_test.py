@@ -31,6 +31,7 @@ from maxtext import optimizer as optimizer_lib
 from maxtext import preemption
 from maxtext import trainer
 from maxtext.listeners import interface as listener_interface
+from testing import run_layout
 from testing import tiny_configs
 
 # The reference run: 6 steps, eval after steps 3 and 6, checkpoints at 3 and 6.
@@ -49,11 +50,6 @@ def _config(output_dir, run_name, **overrides):
   # _STEPS follows the same schedule as the reference run.
   overrides.setdefault("lr_schedule_steps", _STEPS)
   return tiny_configs.tiny_config(output_dir, run_name=run_name, **overrides)
-
-
-def _records(run_dir):
-  """metrics.jsonl without the timing fields."""
-  return jsonl.read_untimed(os.path.join(run_dir, jsonl.METRICS_FILENAME))
 
 
 def _steps(records, kind):
@@ -143,13 +139,15 @@ class TrainerTest(parameterized.TestCase):
         profiler_start_step=1,
     )
     cls.ref = trainer.run(cls.ref_config)
-    cls.ref_records = _records(cls.ref.run_dir)
+    cls.ref_records = run_layout.untimed_records(cls.ref.run_dir)
     cls.ref_state, _ = _restore_state(cls.ref_config, cls.ref.run_dir, _STEPS)
 
   def assert_matches_reference(self, result, config):
     """The run's metrics and final state equal the reference run's."""
     self.assertEqual(result.final_step, _STEPS)
-    self.assertEqual(_records(result.run_dir), self.ref_records)
+    self.assertEqual(
+        run_layout.untimed_records(result.run_dir), self.ref_records
+    )
     state, metadata = _restore_state(config, result.run_dir, _STEPS)
     chex.assert_trees_all_close(state, self.ref_state, rtol=1e-6, atol=1e-7)
     self.assertEqual(
@@ -254,7 +252,7 @@ class TrainerTest(parameterized.TestCase):
     self.assertLess(result.final_step, 60)
     self.assertLessEqual(result.last_eval_loss, 1.0)
     self.assertEqual(result.final_step % config.eval_interval, 0)
-    records = _records(result.run_dir)
+    records = run_layout.untimed_records(result.run_dir)
     self.assertEqual(_steps(records, "train"), list(range(result.final_step)))
     self.assertEqual(records[-1]["kind"], "eval")
     self.assertEqual(_checkpoint_steps(result.run_dir), [result.final_step])
@@ -274,7 +272,7 @@ class TrainerTest(parameterized.TestCase):
     )
     result = trainer.run(config)
     self.assertEqual(result.status, trainer.RunOutcome.COMPLETED)
-    records = _records(result.run_dir)
+    records = run_layout.untimed_records(result.run_dir)
     self.assertEqual(_steps(records, "eval"), [1, 4, 6])
     self.assertEqual(_steps(records, "train"), list(range(7)))
     # The MLPerf log's eval_accuracy counts the samples trained at each eval.
@@ -430,7 +428,10 @@ class TrainerTest(parameterized.TestCase):
     fixed = trainer.run(
         _config(self.root, "fixed_seed", steps=_STEPS, seed=seeds[0])
     )
-    self.assertEqual(_records(resumed.run_dir), _records(fixed.run_dir))
+    self.assertEqual(
+        run_layout.untimed_records(resumed.run_dir),
+        run_layout.untimed_records(fixed.run_dir),
+    )
 
   def test_resume_without_checkpoint_is_an_error(self):
     config = _config(self.root, "nothing_to_resume", steps=_STEPS, resume=True)
@@ -479,7 +480,9 @@ class TrainerTest(parameterized.TestCase):
         os.path.join(result.run_dir, "metrics.jsonl"), encoding="utf-8"
     ) as f:
       self.assertTrue(f.read().endswith("\n"))
-    self.assertEqual(_steps(_records(result.run_dir), "train"), [0, 1])
+    self.assertEqual(
+        _steps(run_layout.untimed_records(result.run_dir), "train"), [0, 1]
+    )
     # Stopped before the first eval (every 3 steps): run_stop still counts
     # the samples trained, not the last count an eval reported.
     run_stop = _run_stop(os.path.join(result.run_dir, "mllog.log"))
@@ -523,7 +526,11 @@ class TrainerTest(parameterized.TestCase):
             batch, config.gradient_accumulation_steps
         )
     ]
-    train = [r for r in _records(result.run_dir) if r["kind"] == "train"]
+    train = [
+        r
+        for r in run_layout.untimed_records(result.run_dir)
+        if r["kind"] == "train"
+    ]
     self.assertAlmostEqual(
         train[0]["loss"], float(np.mean(micro_losses)), places=4
     )
@@ -558,7 +565,9 @@ class TrainerTest(parameterized.TestCase):
       trainer.run(config)
 
     run_dir = os.path.join(self.root, "nan")
-    train = [r for r in _records(run_dir) if r["kind"] == "train"]
+    train = [
+        r for r in run_layout.untimed_records(run_dir) if r["kind"] == "train"
+    ]
     self.assertEqual([r["step"] for r in train], [0, 1, 2, 3])
     for r in train:
       self.assertEqual(r["step_skipped"], 1)
@@ -615,7 +624,9 @@ class TrainerTest(parameterized.TestCase):
     ref_half, _ = _restore_state(self.ref_config, self.ref.run_dir, _HALF)
     chex.assert_trees_all_close(state, ref_half, rtol=1e-6, atol=1e-7)
     # The other outputs got step 2 and ended cleanly.
-    self.assertEqual([r["step"] for r in _records(run_dir)], [0, 1, 2])
+    self.assertEqual(
+        [r["step"] for r in run_layout.untimed_records(run_dir)], [0, 1, 2]
+    )
     run_stop = _run_stop(os.path.join(run_dir, "mllog.log"))
     self.assertEqual(run_stop["status"], "aborted")
 

@@ -5,19 +5,14 @@ import os
 from absl.testing import absltest
 
 from maxtext import trainer
-from maxtext.metrics import jsonl
 from maxtext.storage import data_state
 from maxtext.text import prepare
 from maxtext.text import stdlib_corpus
+from testing import run_layout
 from testing import tiny_configs
 
 _STEPS = 12
 _HALF = 6
-
-
-def _records(run_dir):
-  """metrics.jsonl without the timing fields."""
-  return jsonl.read_untimed(os.path.join(run_dir, jsonl.METRICS_FILENAME))
 
 
 class GrainTrainTest(absltest.TestCase):
@@ -57,7 +52,7 @@ class GrainTrainTest(absltest.TestCase):
     self.assertEqual(reference.final_step, _STEPS)
     evals = [
         r["eval_loss"]
-        for r in _records(reference.run_dir)
+        for r in run_layout.untimed_records(reference.run_dir)
         if r["kind"] == "eval"
     ]
     self.assertLen(evals, 2)
@@ -73,7 +68,10 @@ class GrainTrainTest(absltest.TestCase):
     self.assertEqual((state["kind"], state["step"]), ("grain", _HALF))
     second = trainer.run(self._config("resumed", _STEPS))
     self.assertEqual(second.start_step, _HALF)
-    self.assertEqual(_records(second.run_dir), _records(reference.run_dir))
+    self.assertEqual(
+        run_layout.untimed_records(second.run_dir),
+        run_layout.untimed_records(reference.run_dir),
+    )
 
 
 if __name__ == "__main__":

@@ -12,18 +12,13 @@ import shutil
 
 from absl.testing import absltest
 
-from maxtext.metrics import jsonl
 from maxtext.storage import data_state
 from maxtext.text import stdlib_run
+from testing import run_layout
 from testing import tiny_configs
 
 _STEPS = 12
 _HALF = 6
-
-
-def _records(run_dir):
-  """metrics.jsonl without the timing fields."""
-  return jsonl.read_untimed(os.path.join(run_dir, jsonl.METRICS_FILENAME))
 
 
 class ResumeWithoutDataStateTest(absltest.TestCase):
@@ -54,7 +49,10 @@ class ResumeWithoutDataStateTest(absltest.TestCase):
 
     resumed = self._train("old_style", _STEPS)
     self.assertEqual((resumed.start_step, resumed.final_step), (_HALF, _STEPS))
-    self.assertEqual(_records(resumed.run_dir), _records(reference.run_dir))
+    self.assertEqual(
+        run_layout.untimed_records(resumed.run_dir),
+        run_layout.untimed_records(reference.run_dir),
+    )
     # The resumed run's own checkpoint has a state again.
     self.assertEqual(
         data_state.load(checkpoints, _STEPS, 0)["step"],
