@@ -8,15 +8,12 @@ computes the one-device gradients. The layer itself is tested in
 mla_test.py.
 """
 
-import os
+from maxtext import cpu_devices
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=4"
-).strip()
+cpu_devices.request(4)
 
-# XLA_FLAGS must be set before JAX is imported, so the imports follow it.
-# pylint: disable=wrong-import-position
+# JAX reads the device count when it starts, so the imports follow.
+# pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
 import functools
 
 from absl.testing import absltest
@@ -31,7 +28,7 @@ from maxtext import mesh as mesh_lib
 from maxtext import model
 from testing import tiny_configs
 
-# pylint: enable=wrong-import-position
+# pylint: enable=wrong-import-position,wrong-import-order,ungrouped-imports
 
 
 def _model_config(*presets, **overrides):

@@ -5,15 +5,12 @@ sets XLA_FLAGS before importing JAX. The reference is the same training on one
 device (an engine without shardings), in the same process.
 """
 
-import os
+from maxtext import cpu_devices
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8"
-).strip()
+cpu_devices.request(8)
 
-# XLA_FLAGS must be set before JAX is imported, so the imports follow it.
-# pylint: disable=wrong-import-position
+# JAX reads the device count when it starts, so the imports follow.
+# pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
 import functools
 
 from absl.testing import absltest

@@ -7,13 +7,12 @@ subprocess.
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8"
-).strip()
+from maxtext import cpu_devices
 
-# XLA_FLAGS must be set before JAX is imported (here or by maxtext modules).
-# pylint: disable=wrong-import-position
+cpu_devices.request(8)
+
+# JAX reads the device count when it starts, so the imports follow.
+# pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
 import functools
 import json
 import subprocess
@@ -32,7 +31,7 @@ from maxtext.storage import checkpointing
 from maxtext.configs import default
 from testing import tiny_configs
 
-# pylint: enable=wrong-import-position
+# pylint: enable=wrong-import-position,wrong-import-order,ungrouped-imports
 
 _STEPS = 3
 
@@ -116,9 +115,7 @@ class MultiDeviceTest(absltest.TestCase):
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu"
     )
-    env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(
-        "--xla_force_host_platform_device_count=8", ""
-    )
+    env["XLA_FLAGS"] = cpu_devices.with_device_count(env["XLA_FLAGS"], None)
     script = (
         "import json, sys, jax; from maxtext import trainer; "
         "from maxtext.configs import default; "

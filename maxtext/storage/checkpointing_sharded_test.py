@@ -5,13 +5,12 @@ Its own target: the device count is fixed before JAX starts.
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=4"
-).strip()
+from maxtext import cpu_devices
 
-# XLA_FLAGS above must be set before JAX is imported.
-# pylint: disable=wrong-import-position
+cpu_devices.request(4)
+
+# JAX reads the device count when it starts, so the imports follow.
+# pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
 from absl.testing import absltest
 import chex
 import jax

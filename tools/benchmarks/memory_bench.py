@@ -56,8 +56,9 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-# A config file imports no jax, which must load only once main() has set
-# XLA_FLAGS (see below).
+# A config file and cpu_devices import no jax, which must load only once main()
+# has set the CPU device count (see below).
+from maxtext import cpu_devices
 from maxtext.configs import gpu_1b
 from tools import command_line
 
@@ -302,11 +303,7 @@ def main(argv):
     )
     return
   if _HOST_DEVICES.value > 0:
-    # Read when the CPU backend starts, i.e. before the first device query.
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "")
-        + f" --xla_force_host_platform_device_count={_HOST_DEVICES.value}"
-    )
+    cpu_devices.request(_HOST_DEVICES.value)
   # Only now, with XLA_FLAGS set: the CPU backend reads it once.
   # pylint: disable=import-outside-toplevel
   import jax
