@@ -219,7 +219,18 @@ class TrainMainTest(parameterized.TestCase):
           time.sleep(0.05)
         self.assertIsNone(proc.poll(), "train_main exited before the signal")
         proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=_RUN_TIMEOUT_S)
+        try:
+          stdout, stderr = proc.communicate(timeout=_RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+          # Say why: the child's signal masks and what it last wrote.
+          with open(f"/proc/{proc.pid}/status", encoding="utf-8") as f:
+            masks = [l.strip() for l in f if l.startswith("Sig")]
+          proc.kill()
+          stdout, stderr = proc.communicate()
+          self.fail(
+              f"train_main went on after SIGTERM; {masks}; stdout ends "
+              f"{stdout[-2000:]!r}; stderr ends {stderr[-5000:]!r}"
+          )
       finally:
         if proc.poll() is None:
           proc.kill()
