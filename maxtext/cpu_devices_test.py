@@ -1,11 +1,9 @@
 """Tests of setting the CPU backend's device count."""
 
-import subprocess
-import sys
-
 from absl.testing import absltest
 
 from maxtext import cpu_devices
+from testing import runfiles
 
 
 class WithDeviceCountTest(absltest.TestCase):
@@ -43,17 +41,10 @@ class WithDeviceCountTest(absltest.TestCase):
         "from maxtext import cpu_devices; cpu_devices.request(3); "
         "import jax; print(jax.device_count())"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        env={
-            "PYTHONPATH": ":".join(sys.path),
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    proc = runfiles.run_python(
+        script,
+        timeout_s=300,
+        extra_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
     )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertEqual(proc.stdout.strip(), "3")

@@ -15,8 +15,6 @@ cpu_devices.request(8)
 # pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
 import functools
 import json
-import subprocess
-import sys
 
 from absl.testing import absltest
 import chex
@@ -29,6 +27,7 @@ from maxtext import model_setup
 from maxtext import trainer
 from maxtext.storage import checkpointing
 from maxtext.configs import default
+from testing import runfiles
 from testing import tiny_configs
 
 # pylint: enable=wrong-import-position,wrong-import-order,ungrouped-imports
@@ -112,10 +111,6 @@ class MultiDeviceTest(absltest.TestCase):
     )
     self.assertEqual(multi.final_step, _STEPS)
     # The reference: the same config in a fresh process that sees one device.
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu"
-    )
-    env["XLA_FLAGS"] = cpu_devices.with_device_count(env["XLA_FLAGS"], None)
     script = (
         "import json, sys, jax; from maxtext import trainer; "
         "from maxtext.configs import default; "
@@ -124,17 +119,17 @@ class MultiDeviceTest(absltest.TestCase):
         "config.update(json.loads(sys.argv[1])); "
         "trainer.run(config)"
     )
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            script,
-            json.dumps(_tiny_overrides(os.path.join(root, "single"))),
-        ],
-        env=env,
-        check=True,
-        timeout=600,
+    proc = runfiles.run_python(
+        script,
+        [json.dumps(_tiny_overrides(os.path.join(root, "single")))],
+        timeout_s=600,
+        extra_env={
+            "XLA_FLAGS": cpu_devices.with_device_count(
+                os.environ.get("XLA_FLAGS", ""), None
+            )
+        },
     )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     single_dir = os.path.join(root, "single", "r")
     np.testing.assert_allclose(
         _losses(multi.run_dir), _losses(single_dir), rtol=2e-5

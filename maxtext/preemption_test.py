@@ -2,13 +2,12 @@
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 from absl.testing import absltest
 
 from maxtext import preemption
+from testing import runfiles
 
 
 class StopRequestTest(absltest.TestCase):
@@ -52,14 +51,7 @@ class StopRequestTest(absltest.TestCase):
         "  time.sleep(0.01)\n"
         "print(stop.local(), stop.reason)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = runfiles.run_python(script, timeout_s=120)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertEqual(proc.stdout.strip(), "True SIGTERM")
 

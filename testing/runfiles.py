@@ -130,3 +130,34 @@ def run_binary(
       timeout=timeout_s,
       check=False,
   )
+
+
+def run_python(
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    timeout_s: float,
+    extra_env: Optional[Mapping[str, str]] = None,
+) -> subprocess.CompletedProcess:
+  """Runs `python -c script args...` in a fresh interpreter; output captured.
+
+  A fresh process is how a test sees what happens when a program starts
+  (the devices JAX makes, the signal mask it inherits). The child imports
+  what this process imports (this process's sys.path is its PYTHONPATH),
+  with JAX_PLATFORMS defaulting to "cpu" and `extra_env` on top.
+
+  Returns:
+    The CompletedProcess, with text stdout and stderr; the caller checks the
+    return code.
+  """
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  env.update(extra_env or {})
+  return subprocess.run(
+      [sys.executable, "-c", script, *args],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout_s,
+      check=False,
+  )

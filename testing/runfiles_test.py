@@ -90,6 +90,20 @@ class RunfilesTest(parameterized.TestCase):
     )
     self.assertEqual(proc.returncode, 0, proc.stderr)
 
+  def test_run_python_imports_what_this_process_imports(self):
+    proc = runfiles.run_python(
+        "import os, sys; from testing import runfiles; "
+        "print(sys.argv[1], os.environ['EXTRA'], os.environ['JAX_PLATFORMS'])",
+        ["arg"],
+        timeout_s=120,
+        extra_env={"EXTRA": "yes"},
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    self.assertEqual(
+        proc.stdout.split(),
+        ["arg", "yes", os.environ.get("JAX_PLATFORMS", "cpu")],
+    )
+
 
 if __name__ == "__main__":
   absltest.main()
