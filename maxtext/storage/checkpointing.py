@@ -194,8 +194,8 @@ class _ReportedWriteErrors(std_logging.Filter):
   becomes the run's one-line CheckpointError) and the others (tasks, and
   the futures gathering them) are never retrieved, so asyncio logs each with
   a traceback when it is collected, often after the run's error line, at
-  exit. Those are the same
-  failure already reported; any other unretrieved task error still logs.
+  exit. Those are the same failure already reported; any other unretrieved
+  task error still logs.
   """
 
   def filter(self, record: std_logging.LogRecord) -> bool:
