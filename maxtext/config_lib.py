@@ -130,7 +130,7 @@ def _check_relative_name(key: str, value: str) -> None:
 
 
 def _check_mla(v) -> None:
-  """The multi-head latent attention fields (maxtext/mla.py)."""
+  """The multi-head latent attention fields (maxtext/model/mla.py)."""
   _one_of(v, "attention_type", ("gqa", "mla"))
   for key in (
       "q_lora_rank",
@@ -154,7 +154,7 @@ def _check_mla(v) -> None:
 
 
 def _check_moe(v) -> None:
-  """The mixture-of-experts fields (maxtext/moe.py)."""
+  """The mixture-of-experts fields (maxtext/model/moe.py)."""
   for key in (
       "num_experts",
       "num_shared_experts",
@@ -163,7 +163,8 @@ def _check_moe(v) -> None:
   ):
     _at_least(v, key, 0)
   _at_least(v, "expert_parallelism", 1)
-  # The same values as maxtext/moe.py's ROUTER_SCORES and LOAD_BALANCE_LOSSES.
+  # The same values as maxtext/model/moe.py's ROUTER_SCORES and
+  # LOAD_BALANCE_LOSSES.
   _one_of(v, "router_score", ("softmax", "sigmoid"))
   _one_of(v, "load_balance_loss", ("switch", "sequence"))
   for key in ("load_balance_loss_weight", "capacity_factor"):
@@ -261,8 +262,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise _fail("norm_epsilon", v["norm_epsilon"], "must be > 0")
   _one_of(v, "weight_dtype", ALLOWED_DTYPES)
   _one_of(v, "compute_dtype", ALLOWED_DTYPES)
-  # The same values as maxtext/model.py's ATTENTION_IMPLEMENTATIONS and
-  # REMAT_POLICIES (kept here so validation does not import JAX).
+  # The same values as maxtext/model/transformer.py's
+  # ATTENTION_IMPLEMENTATIONS and REMAT_POLICIES (kept here so validation does
+  # not import JAX).
   _one_of(v, "attention", ("auto", "einsum", "dot_product", "cudnn", "splash"))
   if v["attention"] == "cudnn" and v["compute_dtype"] == "float32":
     # cuDNN's fused kernel takes half precision only; casting would silently

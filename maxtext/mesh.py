@@ -8,9 +8,9 @@ and replicated over "data".
 
 With `expert_parallelism` > 1 the mesh has a third axis, "expert": the experts
 of the mixture-of-experts layers are split over it
-(`model.param_partition_specs` with `expert_size`), and batches are split over
-it as well, so its devices do not repeat each other's work outside the
-experts.
+(`transformer.param_partition_specs` with `expert_size`), and batches are
+split over it as well, so its devices do not repeat each other's work outside
+the experts.
 """
 
 import math

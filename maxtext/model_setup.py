@@ -15,7 +15,7 @@ import jax
 
 from maxtext import engine as engine_lib
 from maxtext import mesh as mesh_lib
-from maxtext import model
+from maxtext.model import transformer
 from maxtext import optimizer as optimizer_lib
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.storage import checkpointing
@@ -41,7 +41,7 @@ class ModelSetup:
 def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
   """Shapes and shardings of the config's model on `mesh`; allocates nothing."""
   abstract = jax.eval_shape(
-      functools.partial(model.init_params, config),
+      functools.partial(transformer.init_params, config),
       jax.random.PRNGKey(config.seed),
   )
   fsdp = mesh.shape[mesh_lib.FSDP_AXIS]
@@ -49,7 +49,7 @@ def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
       mesh=mesh,
       abstract_params=abstract,
       param_shardings=mesh_lib.param_shardings(
-          model.param_partition_specs(
+          transformer.param_partition_specs(
               abstract, fsdp, expert_size=mesh_lib.expert_size(mesh)
           ),
           mesh,
@@ -73,7 +73,7 @@ def init_params(config: Any, setup: ModelSetup) -> Any:
             setup.param_shardings,
         ),
     )
-  init = functools.partial(model.init_params, config)
+  init = functools.partial(transformer.init_params, config)
   return jax.jit(init, out_shardings=setup.param_shardings)(
       jax.random.PRNGKey(config.seed)
   )
@@ -92,7 +92,7 @@ def make_engine(
   """
   schedule = optimizer_lib.make_schedule(config)
   return engine_lib.Engine(
-      functools.partial(model.loss_fn, config=config),
+      functools.partial(transformer.loss_fn, config=config),
       params,
       optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
       schedule,
@@ -113,5 +113,5 @@ def build_engine(
     mesh = mesh_lib.make_mesh(config)
   setup = setup_model(config, mesh)
   params = init_params(config, setup)
-  logging.info("Model: %s parameters.", f"{model.num_params(params):,}")
+  logging.info("Model: %s parameters.", f"{transformer.num_params(params):,}")
   return make_engine(config, setup, params), setup

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from maxtext import mesh as mesh_lib
-from maxtext import model
+from maxtext.model import transformer
 from maxtext import model_setup
 from maxtext import trainer
 from maxtext.storage import checkpointing
@@ -82,7 +82,7 @@ class MultiDeviceTest(absltest.TestCase):
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 4})
     engine, setup = model_setup.build_engine(config, mesh)
     abstract = setup.abstract_params
-    fsdp_dims = model.param_fsdp_axis(abstract, 4)
+    fsdp_dims = transformer.param_fsdp_axis(abstract, 4)
     sharded = 0
     for leaf, dim in zip(
         jax.tree_util.tree_leaves(engine.params),
@@ -135,7 +135,7 @@ class MultiDeviceTest(absltest.TestCase):
         _losses(multi.run_dir), _losses(single_dir), rtol=2e-5
     )
     abstract = jax.eval_shape(
-        functools.partial(model.init_params, _tiny_config(root)),
+        functools.partial(transformer.init_params, _tiny_config(root)),
         jax.random.PRNGKey(0),
     )
     cpu = jax.sharding.SingleDeviceSharding(jax.devices()[0])

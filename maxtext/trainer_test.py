@@ -26,7 +26,7 @@ from maxtext.storage import run_lock
 from maxtext import config_lib
 from maxtext import data
 from maxtext.metrics import jsonl
-from maxtext import model
+from maxtext.model import transformer
 from maxtext import optimizer as optimizer_lib
 from maxtext import preemption
 from maxtext import trainer
@@ -86,7 +86,7 @@ def _single_device(tree):
 
 def _abstract_params(config):
   return jax.eval_shape(
-      functools.partial(model.init_params, config), jax.random.PRNGKey(0)
+      functools.partial(transformer.init_params, config), jax.random.PRNGKey(0)
   )
 
 
@@ -519,7 +519,7 @@ class TrainerTest(parameterized.TestCase):
     params = self.ref_state["params"]
     batch = data.make_dataset(config).get_batch(0)
     micro_losses = [
-        model.loss_fn(
+        transformer.loss_fn(
             params, jax.tree_util.tree_map(jnp.asarray, micro), config
         )[0]
         for micro in data.split_micro_batches(
@@ -548,7 +548,7 @@ class TrainerTest(parameterized.TestCase):
     config = _config(
         self.root, "nan", steps=_STEPS, max_consecutive_skipped_steps=4
     )
-    params = model.init_params(config, jax.random.PRNGKey(7))
+    params = transformer.init_params(config, jax.random.PRNGKey(7))
     params["unembedding"] = params["unembedding"].at[0, 0].set(jnp.nan)
     nan_dir = os.path.join(self.root, "nan_params")
     with checkpointing.Checkpointer(

@@ -6,7 +6,7 @@ from absl.testing import absltest
 
 from maxtext.text import generate
 from maxtext.text import sampling
-from maxtext.text import stdlib_run
+from testing import stdlib_run
 from testing import tiny_configs
 from testing import runfiles
 

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from maxtext import model
+from maxtext.model import transformer
 
 # Parts of the model, in the order `count` reports them.
 PARTS = (
@@ -63,7 +63,7 @@ def _part(path: tuple[str, ...], axes: tuple[str, ...]) -> str:
     return "router"
   if name.startswith("shared_"):
     return "shared_experts"
-  if model.EXPERT_LOGICAL_AXIS in axes:
+  if transformer.EXPERT_LOGICAL_AXIS in axes:
     return "routed_experts"
   if name in ("w_gate", "w_up", "w_down"):
     return "dense_mlp"
@@ -71,7 +71,7 @@ def _part(path: tuple[str, ...], axes: tuple[str, ...]) -> str:
 
 
 def count_abstract(params: Any, config: Any) -> ParamCount:
-  """Counts a parameter tree of `model.init_params`'s structure.
+  """Counts a parameter tree of `transformer.init_params`'s structure.
 
   Args:
     params: the parameters (arrays or ShapeDtypeStructs).
@@ -80,7 +80,7 @@ def count_abstract(params: Any, config: Any) -> ParamCount:
   Raises:
     ValueError: `params` is not of the model's structure.
   """
-  axes = model.param_logical_axes(params)
+  axes = transformer.param_logical_axes(params)
   parts = dict.fromkeys(PARTS, 0)
   leaves = jax.tree_util.tree_leaves_with_path(params)
   axes_leaves = jax.tree_util.tree_leaves(
@@ -101,7 +101,7 @@ def count_abstract(params: Any, config: Any) -> ParamCount:
 def count(config: Any) -> ParamCount:
   """Counts the config's model from `jax.eval_shape`; allocates nothing."""
   params = jax.eval_shape(
-      functools.partial(model.init_params, config), jax.random.PRNGKey(0)
+      functools.partial(transformer.init_params, config), jax.random.PRNGKey(0)
   )
   return count_abstract(params, config)
 

@@ -5,7 +5,7 @@ import os
 from absl.testing import absltest
 import jax
 
-from maxtext import model
+from maxtext.model import transformer
 from maxtext.configs import deepseekv3_671b
 from maxtext.configs import default
 from maxtext.configs import moe_tiny
@@ -74,8 +74,8 @@ class ParamCountTest(absltest.TestCase):
   def test_dense_model_is_all_active_and_matches_num_params(self):
     config = default.get_config()
     counts = param_count_lib.count(config)
-    params = model.init_params(config, jax.random.PRNGKey(0))
-    self.assertEqual(counts.total, model.num_params(params))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    self.assertEqual(counts.total, transformer.num_params(params))
     self.assertEqual(counts.active, counts.total)
     self.assertEqual(counts.parts["routed_experts"], 0)
 

@@ -6,7 +6,7 @@ import subprocess
 from absl.testing import absltest
 
 from maxtext.text import metadata
-from maxtext.text import stdlib_corpus
+from testing import stdlib_corpus
 from testing import runfiles
 
 

@@ -84,7 +84,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.mlp_dim = 512  # Hidden width of the SwiGLU MLP.
   # Attention layout: "gqa" (query heads sharing grouped key/value heads:
   # num_heads, num_kv_heads, head_dim) or "mla" (DeepSeek-V2/V3 multi-head
-  # latent attention, maxtext/mla.py: low-rank query and key/value
+  # latent attention, maxtext/model/mla.py: low-rank query and key/value
   # projections, a rotary key part shared by the heads; num_heads and the
   # five fields below; num_kv_heads and head_dim unused).
   config.attention_type = "gqa"
@@ -127,7 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute the loss this many sequence positions at a time, so the float32
   # [batch, seq, vocab] logits never exist at once. 0 = all at once.
   config.loss_chunk_size = 0
-  # Mixture of experts (maxtext/moe.py). Number of routed experts per MoE
+  # Mixture of experts (maxtext/model/moe.py). Number of routed experts per MoE
   # layer; 0 = a dense model (every layer a SwiGLU MLP).
   config.num_experts = 0
   # Experts each token is routed to (top-k), in [1, num_experts].

@@ -7,7 +7,7 @@ from absl.testing import absltest
 import jax
 
 from maxtext import config_lib
-from maxtext import model
+from maxtext.model import transformer
 from maxtext import trainer
 from maxtext.configs import default
 from maxtext.configs import moe_tiny
@@ -45,7 +45,7 @@ class MoeTinyTest(absltest.TestCase):
         os.path.join(result.run_dir, "metrics.jsonl"), encoding="utf-8"
     ) as f:
       train = [r for r in map(json.loads, f) if r["kind"] == "train"]
-    for name in model.MOE_METRICS:
+    for name in transformer.MOE_METRICS:
       self.assertIn(f"moe/{name}", train[-1])
     self.assertEqual(train[-1]["moe/dropped_tokens"], 0.0)
     self.assertGreater(train[0]["moe/aux_loss"], 0.9)

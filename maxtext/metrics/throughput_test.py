@@ -8,7 +8,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from maxtext import model
+from maxtext.model import transformer
 from maxtext.configs import base
 from maxtext.configs import gpu_1b
 from maxtext.metrics import throughput
@@ -36,7 +36,7 @@ def _one_b() -> ml_collections.ConfigDict:
 def _abstract_params(config):
   """The shapes and dtypes of `config`'s parameters (nothing allocated)."""
   return jax.eval_shape(
-      lambda: model.init_params(config, jax.random.PRNGKey(0))
+      lambda: transformer.init_params(config, jax.random.PRNGKey(0))
   )
 
 

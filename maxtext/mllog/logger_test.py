@@ -17,9 +17,9 @@ import numpy as np
 from maxtext import config_lib
 from maxtext.configs import default
 from maxtext.configs import llama31_8b
-from maxtext.mllog import bad_submissions
 from maxtext.mllog import logger as mllog_utils
 from maxtext.storage import build_info
+from testing import bad_submissions
 from testing import compliance_checker
 
 

@@ -9,7 +9,7 @@ import mlperf_logging
 from mlperf_logging.rcp_checker import rcp_checker
 import yaml
 
-from maxtext.mllog import bad_submissions
+from testing import bad_submissions
 from maxtext.mllog import rules
 
 

@@ -29,7 +29,7 @@ import ml_collections
 
 from maxtext import caller_paths
 from maxtext import checks
-from maxtext import model
+from maxtext.model import transformer
 from maxtext.storage import checkpointing
 from maxtext.storage import gcs_mirror
 from maxtext.storage import run_record
@@ -190,7 +190,8 @@ def load_run(run_dir: str, step: Optional[int] = None) -> LoadedRun:
   abstract = jax.tree_util.tree_map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
       jax.eval_shape(
-          lambda key: model.init_params(config, key), jax.random.PRNGKey(0)
+          lambda key: transformer.init_params(config, key),
+          jax.random.PRNGKey(0),
       ),
   )
   try:

@@ -11,7 +11,7 @@ from absl.testing import parameterized
 from maxtext import trainer
 from maxtext.text import generate
 from maxtext.text import sampling
-from maxtext.text import stdlib_run
+from testing import stdlib_run
 from testing import tiny_configs
 
 _STEPS = 6

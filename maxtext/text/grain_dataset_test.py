@@ -9,7 +9,7 @@ import numpy as np
 from maxtext import config_lib
 from maxtext.text import grain_dataset
 from maxtext.text import prepare
-from maxtext.text import stdlib_corpus
+from testing import stdlib_corpus
 from testing import tiny_configs
 
 _SEQ = 16

@@ -7,7 +7,7 @@ from absl.testing import absltest
 from maxtext import trainer
 from maxtext.storage import data_state
 from maxtext.text import prepare
-from maxtext.text import stdlib_corpus
+from testing import stdlib_corpus
 from testing import run_layout
 from testing import tiny_configs
 

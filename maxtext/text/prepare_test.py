@@ -10,8 +10,8 @@ import tokenizers
 
 from maxtext.text import metadata as metadata_lib
 from maxtext.text import prepare
-from maxtext.text import stdlib_corpus
 from maxtext.text import tokenizer as tokenizer_lib
+from testing import stdlib_corpus
 
 _VOCAB = 512
 

@@ -13,7 +13,7 @@ import shutil
 from absl.testing import absltest
 
 from maxtext.storage import data_state
-from maxtext.text import stdlib_run
+from testing import stdlib_run
 from testing import run_layout
 from testing import tiny_configs
 

@@ -7,7 +7,7 @@ only among the `top_k` most likely ids. Draws come from `jax.random` with one
 `seed`, so a seed gives the same ids on the same backend every time. The
 options are one `SamplingOptions`, checked when it is built.
 
-There is no key/value cache: every new token runs `model.apply` over a
+There is no key/value cache: every new token runs `transformer.apply` over a
 fixed [num_samples, max_sequence_length] window, so the loop compiles once
 for a given (num_samples, max_new_tokens, top_k, greedy) and a prompt of any
 length up to the window. Attention is causal, so ids after the filled part
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext import checks
-from maxtext import model
+from maxtext.model import transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +134,7 @@ def _sample_loop(
 
   def body(i, carry):
     window, filled, out = carry
-    logits = model.apply(params, window, config)
+    logits = transformer.apply(params, window, config)
     last = jax.lax.dynamic_index_in_dim(logits, filled - 1, 1, keepdims=False)
     vocab = jnp.arange(last.shape[-1])
     last = jnp.where(vocab < allowed_vocab, last, -jnp.inf)
@@ -169,7 +169,7 @@ def sample(
   """Continues `prompt_ids` with the model.
 
   Args:
-    params: the model's parameters (`model.init_params`' tree).
+    params: the model's parameters (`transformer.init_params`' tree).
     config: the model's config, frozen (an ml_collections FrozenConfigDict:
       it is a static argument of the compiled loop).
     prompt_ids: 1 to config.max_sequence_length ids in [0, vocab_size).

@@ -14,7 +14,7 @@ The goal: the pipeline is never the bottleneck, i.e. the training loop waits
 for its next batch at most `--goal_share` (2%) of its step time, as the
 trainer's own step timing reports it.
 
-Data: the Python standard library's sources (`maxtext/text/stdlib_corpus`),
+Data: the Python standard library's sources (`testing/stdlib_corpus`),
 prepared by `maxtext.text.prepare` (a `--vocab`-piece sentencepiece
 tokenizer trained on them, the library's default records and shards), read
 through dataset_type="grain" (`maxtext.text.grain_dataset.GrainDataset`) at
@@ -89,7 +89,7 @@ from maxtext.metrics import jsonl
 from maxtext.metrics import throughput
 from maxtext.text import grain_dataset
 from maxtext.text import prepare
-from maxtext.text import stdlib_corpus
+from testing import stdlib_corpus
 
 _SHAPES = flags.DEFINE_list(
     "shapes", ["default", "gpu_1b"], "Config files of maxtext/configs/."

@@ -69,7 +69,7 @@ import optax
 
 from maxtext import data
 from maxtext import mesh as mesh_lib
-from maxtext import model
+from maxtext.model import transformer
 from maxtext import model_setup
 from maxtext import optimizer as optimizer_lib
 from maxtext import trainer
@@ -111,7 +111,7 @@ class BareLoop:
     )
     self.opt_state = jax.jit(optimizer.init)(self.params)
     self.dataset = data.make_dataset(config)
-    loss_fn = functools.partial(model.loss_fn, config=config)
+    loss_fn = functools.partial(transformer.loss_fn, config=config)
     k = self.k
 
     def micro_step(params, grad_acc, loss_acc, batch):

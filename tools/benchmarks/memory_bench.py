@@ -149,14 +149,14 @@ def _engine(config, setup, donate: bool):
   # XLA_FLAGS (--host_devices), which the CPU backend reads once.
   # pylint: disable=import-outside-toplevel
   from maxtext import engine as engine_lib
-  from maxtext import model
+  from maxtext.model import transformer
   from maxtext import optimizer as optimizer_lib
   from maxtext.metrics import recorder as metrics_recorder
   # pylint: enable=import-outside-toplevel
   schedule = optimizer_lib.make_schedule(config)
   # The arguments of model_setup.make_engine, with donate_state chosen here.
   return engine_lib.Engine(
-      functools.partial(model.loss_fn, config=config),
+      functools.partial(transformer.loss_fn, config=config),
       setup.abstract_params,
       optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
       schedule,
@@ -308,7 +308,7 @@ def main(argv):
   # pylint: disable=import-outside-toplevel
   import jax
   from maxtext import config_lib
-  from maxtext import model
+  from maxtext.model import transformer
   # pylint: enable=import-outside-toplevel
   base = _CONFIG.value
   config_lib.validate(base)
@@ -333,7 +333,7 @@ def main(argv):
       f"{'alias':>9} {'temp':>9} {'resident':>9} {'peak':>9}  fits"
   )
   sys.stdout.flush()
-  own = model.attention_implementation(base)
+  own = transformer.attention_implementation(base)
   micro_temp = {}
   peaks = {}
   for attention in attentions:

@@ -20,9 +20,9 @@ and ends the step with all metric values on the host:
   d/per_name   `MetricsRecorder.buffer_metrics` per metric, one flush.
 
 With `--model_config=FILE` the micro-step is that config's model instead
-(its parameters, a synthetic batch of its shape and `maxtext.model.loss_fn`,
-whose metrics a mixture-of-experts config extends with the MoE statistics),
-and M is the number of metrics it reports:
+(its parameters, a synthetic batch of its shape and
+`maxtext.model.transformer.loss_fn`, whose metrics a mixture-of-experts config
+extends with the MoE statistics), and M is the number of metrics it reports:
 
   bazel run //tools/benchmarks:metrics_bench -- \
       --model_config=maxtext/configs/moe_tiny.py
@@ -50,7 +50,7 @@ import optax
 
 from maxtext import config_lib
 from maxtext import engine as engine_lib
-from maxtext import model
+from maxtext.model import transformer
 from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter
 from tools import command_line
@@ -135,11 +135,11 @@ def _model_problem(path: str) -> _Problem:
   config_lib.validate(config)
 
   def loss_fn(params, batch):
-    loss, aux = model.loss_fn(params, batch, config)
+    loss, aux = transformer.loss_fn(params, batch, config)
     return loss, dict(engine_lib.flatten_metrics("", aux))
 
   def make_params():
-    return model.init_params(config, jax.random.PRNGKey(0))
+    return transformer.init_params(config, jax.random.PRNGKey(0))
 
   rows = config_lib.micro_batch_size(config)
   seq = config.max_sequence_length

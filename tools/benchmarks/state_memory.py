@@ -4,9 +4,9 @@ What every device holds between steps, before any activation: its shard of
 the parameters (`weight_dtype`), of the gradient accumulator (the engine
 accumulates in float32 or wider) and of the optimizer state (AdamW's two
 moments in the parameters' dtype, plus step counters). The shards come from
-the model's own partition specs (`model.param_partition_specs`) for a stated
-mesh, so the report needs no devices and allocates nothing: a 671B model on
-256 devices is computed on a laptop.
+the model's own partition specs (`transformer.param_partition_specs`) for a
+stated mesh, so the report needs no devices and allocates nothing: a 671B
+model on 256 devices is computed on a laptop.
 """
 
 import dataclasses
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext import mesh as mesh_lib
-from maxtext import model
+from maxtext.model import transformer
 from maxtext import optimizer as optimizer_lib
 
 # The mesh axes a stated mesh may name (maxtext.mesh's).
@@ -87,7 +87,7 @@ def _bytes(tree) -> int:
 def abstract_params(config: Any) -> Any:
   """The config's parameter shapes and dtypes; allocates nothing."""
   return jax.eval_shape(
-      functools.partial(model.init_params, config), jax.random.PRNGKey(0)
+      functools.partial(transformer.init_params, config), jax.random.PRNGKey(0)
   )
 
 
@@ -106,7 +106,7 @@ def state_bytes(config: Any, sizes: Mapping[str, int]) -> StateBytes:
     ValueError: the expert axis does not divide the number of experts.
   """
   params = abstract_params(config)
-  specs = model.param_partition_specs(
+  specs = transformer.param_partition_specs(
       params,
       sizes[mesh_lib.FSDP_AXIS],
       mesh_lib.FSDP_AXIS,

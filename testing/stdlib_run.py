@@ -5,7 +5,7 @@ import os
 
 from maxtext import trainer
 from maxtext.text import prepare
-from maxtext.text import stdlib_corpus
+from testing import stdlib_corpus
 from testing import tiny_configs
 
 VOCAB_SIZE = 400

@@ -1,4 +1,4 @@
-"""Tests of maxtext/moe.py: sorted dispatch against the dense reference."""
+"""Tests of maxtext/model/moe.py: sorted dispatch against a dense reference."""
 
 import math
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from maxtext import moe
+from maxtext.model import moe
 from testing import random_init
 
 

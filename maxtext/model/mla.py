@@ -42,7 +42,7 @@ from typing import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-from maxtext import layers
+from maxtext.model import layers
 
 # Logical axis names of the MLA parameters (one per dimension).
 LOGICAL_AXES = {

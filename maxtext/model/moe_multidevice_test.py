@@ -21,7 +21,7 @@ import optax
 
 from maxtext import engine as engine_lib
 from maxtext import mesh as mesh_lib
-from maxtext import model
+from maxtext.model import transformer
 from maxtext.configs import moe_tiny
 from maxtext.metrics import recorder as metrics_recorder
 from testing import tiny_configs
@@ -69,7 +69,7 @@ def _batches(config):
 def _train(config, params, shardings=None, batch_sharding=None):
   """Runs _STEPS engine steps; returns the engine and each step's metrics."""
   engine = engine_lib.Engine(
-      functools.partial(model.loss_fn, config=config),
+      functools.partial(transformer.loss_fn, config=config),
       params,
       optax.adamw(1e-2),
       1e-2,
@@ -104,8 +104,8 @@ class MoeMultiDeviceTest(absltest.TestCase):
     mesh = mesh_lib.make_mesh(config)
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 2, "expert": 2})
     self.assertEqual(mesh_lib.expert_size(mesh), 2)
-    params = model.init_params(config, jax.random.PRNGKey(0))
-    specs = model.param_partition_specs(
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    specs = transformer.param_partition_specs(
         params, 2, expert_size=mesh_lib.expert_size(mesh)
     )
     shardings = mesh_lib.param_shardings(specs, mesh)

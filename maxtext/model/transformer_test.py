@@ -1,4 +1,4 @@
-"""Tests for the decoder-only transformer in maxtext/model.py."""
+"""Tests for the decoder-only transformer in maxtext/model/transformer.py."""
 
 import functools
 
@@ -12,8 +12,8 @@ import optax
 
 from maxtext import data
 from maxtext import engine as engine_lib
-from maxtext import layers
-from maxtext import model
+from maxtext.model import layers
+from maxtext.model import transformer
 from maxtext.configs import default
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.storage import checkpointing
@@ -21,7 +21,7 @@ from testing import tiny_configs
 
 
 def _jit_apply(config):
-  return jax.jit(functools.partial(model.apply, config=config))
+  return jax.jit(functools.partial(transformer.apply, config=config))
 
 
 def _assert_same_logits(config, params, reference, reference_params, tokens):
@@ -43,7 +43,7 @@ def _assert_same_logits(config, params, reference, reference_params, tokens):
 
 
 def _jit_loss(config):
-  return jax.jit(functools.partial(model.loss_fn, config=config))
+  return jax.jit(functools.partial(transformer.loss_fn, config=config))
 
 
 def _tokens(config, batch=2, seed=0):
@@ -71,7 +71,7 @@ def _batch(config, batch=2, weights=False):
 def _loss_and_grads(config, params, batch):
   return jax.jit(
       jax.value_and_grad(
-          functools.partial(model.loss_fn, config=config), has_aux=True
+          functools.partial(transformer.loss_fn, config=config), has_aux=True
       )
   )(params, batch)
 
@@ -79,10 +79,10 @@ def _loss_and_grads(config, params, batch):
 def _grad_temp_bytes(config, batch):
   """Compiled (not run) temp bytes of the loss gradient at this shape."""
   params = jax.eval_shape(
-      lambda: model.init_params(config, jax.random.PRNGKey(0))
+      lambda: transformer.init_params(config, jax.random.PRNGKey(0))
   )
   tokens = jax.ShapeDtypeStruct((batch, config.max_sequence_length), jnp.int32)
-  grad_fn = jax.jit(jax.grad(lambda p, b: model.loss_fn(p, b, config)[0]))
+  grad_fn = jax.jit(jax.grad(lambda p, b: transformer.loss_fn(p, b, config)[0]))
   compiled = grad_fn.lower(
       params, {"inputs": tokens, "targets": tokens}
   ).compile()
@@ -112,7 +112,7 @@ class AttentionImplementationTest(parameterized.TestCase):
     )
     reference = tiny_configs.model_config(attention="einsum", **shape)
     config = tiny_configs.model_config(attention=implementation, **shape)
-    params = model.init_params(reference, jax.random.PRNGKey(4))
+    params = transformer.init_params(reference, jax.random.PRNGKey(4))
     _assert_same_logits(
         config, params, reference, params, _tokens(reference, batch=2)
     )
@@ -139,10 +139,10 @@ class AttentionImplementationTest(parameterized.TestCase):
     self.assertEqual(jax.default_backend(), "cpu")
     config = tiny_configs.model_config(attention_type=attention_type)
     self.assertEqual(config.attention, "auto")
-    self.assertEqual(model.attention_implementation(config), "einsum")
+    self.assertEqual(transformer.attention_implementation(config), "einsum")
     for name in ("einsum", "dot_product", "splash"):
       config.attention = name
-      self.assertEqual(model.attention_implementation(config), name)
+      self.assertEqual(transformer.attention_implementation(config), name)
 
   @parameterized.named_parameters(
       ("cudnn_float32", "cudnn", "float32", "compute_dtype"),
@@ -154,10 +154,10 @@ class AttentionImplementationTest(parameterized.TestCase):
         attention=attention, compute_dtype=compute_dtype
     )
     with self.assertRaisesRegex(ValueError, f"attention.*{message}"):
-      model.attention_implementation(config)
-    params = model.init_params(config, jax.random.PRNGKey(0))
+      transformer.attention_implementation(config)
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     with self.assertRaisesRegex(ValueError, message):
-      model.apply(params, _tokens(config), config)
+      transformer.apply(params, _tokens(config), config)
 
 
 class RematTest(parameterized.TestCase):
@@ -168,7 +168,7 @@ class RematTest(parameterized.TestCase):
   def test_grads_match_no_remat(self, policy):
     reference = tiny_configs.model_config(num_layers=3)
     config = tiny_configs.model_config(num_layers=3, remat_policy=policy)
-    params = model.init_params(reference, jax.random.PRNGKey(5))
+    params = transformer.init_params(reference, jax.random.PRNGKey(5))
     batch = _batch(reference, weights=True)
     (loss, aux), grads = _loss_and_grads(config, params, batch)
     (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
@@ -178,9 +178,9 @@ class RematTest(parameterized.TestCase):
 
   def test_unknown_policy_is_refused(self):
     config = tiny_configs.model_config(remat_policy="some")
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     with self.assertRaisesRegex(ValueError, "remat_policy='some'"):
-      model.apply(params, _tokens(config), config)
+      transformer.apply(params, _tokens(config), config)
 
   def test_policies_order_compiled_temp_memory(self):
     # Activations dominate: wide MLP, several layers, no big vocabulary. Each
@@ -191,7 +191,7 @@ class RematTest(parameterized.TestCase):
         policy: _grad_temp_bytes(
             tiny_configs.model_config(remat_policy=policy, **kwargs), batch=8
         )
-        for policy in model.REMAT_POLICIES
+        for policy in transformer.REMAT_POLICIES
     }
     for policy in ("save_dots", "save_named"):
       self.assertLess(temp["full"], temp[policy], policy)
@@ -209,7 +209,7 @@ class ChunkedLossTest(parameterized.TestCase):
   def test_same_loss_accuracy_and_grads(self, chunk):
     reference = tiny_configs.model_config()
     config = tiny_configs.model_config(loss_chunk_size=chunk)
-    params = model.init_params(reference, jax.random.PRNGKey(6))
+    params = transformer.init_params(reference, jax.random.PRNGKey(6))
     batch = _batch(reference, batch=3, weights=True)
     (loss, aux), grads = _loss_and_grads(config, params, batch)
     (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
@@ -221,9 +221,9 @@ class ChunkedLossTest(parameterized.TestCase):
 
   def test_negative_chunk_is_refused(self):
     config = tiny_configs.model_config(loss_chunk_size=-1)
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     with self.assertRaisesRegex(ValueError, "loss_chunk_size=-1"):
-      model.loss_fn(params, _batch(config), config)
+      transformer.loss_fn(params, _batch(config), config)
 
   def test_chunked_loss_compiles_to_less_temp_memory(self):
     # Logits dominate: [4, 64, 4096] float32 is 4 MiB, the rest is small.
@@ -240,7 +240,7 @@ class ModelTest(parameterized.TestCase):
 
   def test_param_shapes_and_dtype(self):
     config = tiny_configs.model_config()
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     l, e, h, k, d, m, v = 2, 32, 4, 2, 8, 64, 32
     chex.assert_trees_all_equal_shapes(
         params,
@@ -265,15 +265,15 @@ class ModelTest(parameterized.TestCase):
         params, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)
     )
     self.assertEqual(
-        model.num_params(params),
+        transformer.num_params(params),
         sum(x.size for x in jax.tree_util.tree_leaves(params)),
     )
 
   def test_init_is_deterministic_by_key(self):
     config = tiny_configs.model_config()
-    a = model.init_params(config, jax.random.PRNGKey(1))
-    b = model.init_params(config, jax.random.PRNGKey(1))
-    c = model.init_params(config, jax.random.PRNGKey(2))
+    a = transformer.init_params(config, jax.random.PRNGKey(1))
+    b = transformer.init_params(config, jax.random.PRNGKey(1))
+    c = transformer.init_params(config, jax.random.PRNGKey(2))
     chex.assert_trees_all_equal(a, b)
     self.assertFalse(np.array_equal(a["embedding"], c["embedding"]))
 
@@ -286,10 +286,10 @@ class ModelTest(parameterized.TestCase):
     config = tiny_configs.model_config(
         weight_dtype=weight_dtype, compute_dtype=compute_dtype
     )
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     for leaf in jax.tree_util.tree_leaves(params):
       self.assertEqual(leaf.dtype, jnp.dtype(weight_dtype))
-    logits = jax.jit(lambda p, t: model.apply(p, t, config))(
+    logits = jax.jit(lambda p, t: transformer.apply(p, t, config))(
         params, _tokens(config, batch=3)
     )
     chex.assert_shape(
@@ -300,7 +300,7 @@ class ModelTest(parameterized.TestCase):
 
   def test_attention_is_causal(self):
     config = tiny_configs.model_config()
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     tokens = _tokens(config, batch=1)
     changed = tokens.at[0, 10].set((tokens[0, 10] + 1) % config.vocab_size)
     apply = _jit_apply(config)
@@ -313,7 +313,7 @@ class ModelTest(parameterized.TestCase):
     """K kv heads behave as H heads whose k/v weights repeat per group."""
     grouped = tiny_configs.model_config(num_heads=4, num_kv_heads=2)
     full = tiny_configs.model_config(num_heads=4, num_kv_heads=4)
-    params = model.init_params(grouped, jax.random.PRNGKey(3))
+    params = transformer.init_params(grouped, jax.random.PRNGKey(3))
     group = grouped.num_heads // grouped.num_kv_heads
     expanded = jax.tree_util.tree_map(lambda x: x, params)
     for name in ("wk", "wv"):
@@ -346,7 +346,7 @@ class ModelTest(parameterized.TestCase):
 
   def test_loss_matches_reference_cross_entropy(self):
     config = tiny_configs.model_config()
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     inputs = _tokens(config, batch=2, seed=1)
     targets = _tokens(config, batch=2, seed=2)
     loss, aux = _jit_loss(config)(
@@ -369,7 +369,7 @@ class ModelTest(parameterized.TestCase):
 
   def test_loss_weights_mask_positions(self):
     config = tiny_configs.model_config()
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     inputs = _tokens(config, batch=2, seed=1)
     targets = _tokens(config, batch=2, seed=2)
     weights = np.zeros(inputs.shape, np.float32)
@@ -397,13 +397,13 @@ class ModelTest(parameterized.TestCase):
   def test_jitted_step_lowers_loss_on_synthetic_data(self):
     config = tiny_configs.model_config(num_layers=1)
     dataset = data.SyntheticDataset(config)
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     tx = optax.adam(1e-2)
     opt_state = tx.init(params)
 
     @jax.jit
     def step(params, opt_state, batch):
-      (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(
+      (loss, _), grads = jax.value_and_grad(transformer.loss_fn, has_aux=True)(
           params, batch, config
       )
       updates, opt_state = tx.update(grads, opt_state, params)
@@ -424,12 +424,12 @@ class ShardingTest(parameterized.TestCase):
 
   def _shapes(self, config):
     return jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0))
+        lambda: transformer.init_params(config, jax.random.PRNGKey(0))
     )
 
   def test_logical_axes_name_every_dimension(self):
     shapes = self._shapes(tiny_configs.model_config())
-    axes = model.param_logical_axes(shapes)
+    axes = transformer.param_logical_axes(shapes)
     jax.tree_util.tree_map(
         lambda x, names: self.assertLen(names, len(x.shape)),
         shapes,
@@ -439,12 +439,12 @@ class ShardingTest(parameterized.TestCase):
 
   def test_logical_axes_reject_other_structures(self):
     with self.assertRaisesRegex(ValueError, "structure"):
-      model.param_logical_axes({"w": jnp.zeros((2, 2))})
+      transformer.param_logical_axes({"w": jnp.zeros((2, 2))})
     # A stack mixing the two attention types is no model's.
     shapes = self._shapes(tiny_configs.model_config())
     shapes["layers"]["wkv_a"] = shapes["layers"]["wq"]
     with self.assertRaisesRegex(ValueError, "structure"):
-      model.param_logical_axes(shapes)
+      transformer.param_logical_axes(shapes)
 
   @parameterized.named_parameters(("low_rank_q", 8), ("full_rank_q", 0))
   def test_mla_logical_axes_and_specs(self, q_lora_rank):
@@ -459,18 +459,18 @@ class ShardingTest(parameterized.TestCase):
     shapes = self._shapes(config)
     self.assertNotIn("wk", shapes["layers"])
     self.assertEqual(shapes["layers"]["wkv_a"].shape, (2, 32, 20))
-    axes = model.param_logical_axes(shapes)
+    axes = transformer.param_logical_axes(shapes)
     self.assertEqual(
         axes["layers"]["wkv_b"], ("layers", "kv_lora", "heads", "head_dim")
     )
-    specs = model.param_partition_specs(shapes, 4)
+    specs = transformer.param_partition_specs(shapes, 4)
     p = jax.sharding.PartitionSpec
     self.assertEqual(specs["layers"]["wkv_a"], p(None, "fsdp", None))
     self.assertEqual(specs["layers"]["wo"], p(None, None, None, "fsdp"))
 
   def test_unknown_attention_type_is_refused(self):
     with self.assertRaisesRegex(ValueError, "attention_type='mha'"):
-      model.init_params(
+      transformer.init_params(
           tiny_configs.model_config(attention_type="mha"), jax.random.PRNGKey(0)
       )
 
@@ -480,8 +480,8 @@ class ShardingTest(parameterized.TestCase):
   def test_fsdp_axis_is_divisible_and_never_layers(self, fsdp):
     config = tiny_configs.model_config()
     shapes = self._shapes(config)
-    dims = model.param_fsdp_axis(shapes, fsdp)
-    axes = model.param_logical_axes(shapes)
+    dims = transformer.param_fsdp_axis(shapes, fsdp)
+    axes = transformer.param_logical_axes(shapes)
 
     def check(x, dim, names):
       if fsdp == 1:
@@ -504,15 +504,15 @@ class ShardingTest(parameterized.TestCase):
 
   def test_fsdp_axis_rejects_bad_size(self):
     with self.assertRaisesRegex(ValueError, "fsdp_size"):
-      model.param_fsdp_axis(self._shapes(tiny_configs.model_config()), 0)
+      transformer.param_fsdp_axis(self._shapes(tiny_configs.model_config()), 0)
 
   def test_partition_specs_place_params_on_a_mesh(self):
     config = tiny_configs.model_config()
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     mesh = jax.sharding.Mesh(
         np.array(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp")
     )
-    specs = model.param_partition_specs(params, 1)
+    specs = transformer.param_partition_specs(params, 1)
     sharded = jax.tree_util.tree_map(
         lambda x, spec: jax.device_put(
             x, jax.sharding.NamedSharding(mesh, spec)
@@ -521,7 +521,7 @@ class ShardingTest(parameterized.TestCase):
         specs,
     )
     chex.assert_trees_all_equal(sharded, params)
-    specs = model.param_partition_specs(self._shapes(config), 4)
+    specs = transformer.param_partition_specs(self._shapes(config), 4)
     self.assertEqual(
         specs["layers"]["w_up"], jax.sharding.PartitionSpec(None, None, "fsdp")
     )
@@ -554,7 +554,9 @@ def _moe_config(**overrides):
 class MoeModelTest(parameterized.TestCase):
 
   def test_dense_tree_is_unchanged(self):
-    params = model.init_params(default.get_config(), jax.random.PRNGKey(0))
+    params = transformer.init_params(
+        default.get_config(), jax.random.PRNGKey(0)
+    )
     got = tuple(
         (
             jax.tree_util.keystr(path),
@@ -575,13 +577,13 @@ class MoeModelTest(parameterized.TestCase):
 
   def test_dense_checkpoint_restores(self):
     config = tiny_configs.model_config()
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     directory = self.create_tempdir().full_path
     saver = checkpointing.Checkpointer(directory, save_period=1, max_to_keep=0)
     saver.save(1, {"params": params}, {"step": 1}, force=True)
     saver.wait()
     abstract = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(1))
+        lambda: transformer.init_params(config, jax.random.PRNGKey(1))
     )
     cpu = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(
@@ -593,25 +595,25 @@ class MoeModelTest(parameterized.TestCase):
 
   def test_moe_tree_has_dense_then_moe_stacks(self):
     params = jax.eval_shape(
-        lambda: model.init_params(_moe_config(), jax.random.PRNGKey(0))
+        lambda: transformer.init_params(_moe_config(), jax.random.PRNGKey(0))
     )
     self.assertEqual(params["layers"]["w_up"].shape, (1, 32, 64))
     self.assertEqual(params["moe_layers"]["w_up"].shape, (1, 4, 32, 16))
     self.assertEqual(params["moe_layers"]["router"].shape, (1, 32, 4))
     self.assertEqual(params["moe_layers"]["shared_w_up"].shape, (1, 32, 16))
     no_dense = jax.eval_shape(
-        lambda: model.init_params(
+        lambda: transformer.init_params(
             _moe_config(num_dense_layers=0), jax.random.PRNGKey(0)
         )
     )
     self.assertNotIn("layers", no_dense)
     self.assertEqual(no_dense["moe_layers"]["wq"].shape[0], 2)
-    model.param_logical_axes(no_dense)
+    transformer.param_logical_axes(no_dense)
 
   def test_loss_adds_weighted_balance_loss(self):
     # Remat "full": the MoE block's statistics come out of a checkpointed scan.
     config = _moe_config(load_balance_loss_weight=0.5, remat_policy="full")
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     batch = _batch(config)
     (loss, aux), grads = _loss_and_grads(config, params, batch)
     cross_entropy = aux["loss_sum"] / aux["num_tokens"]
@@ -633,9 +635,9 @@ class MoeModelTest(parameterized.TestCase):
 
   def test_expert_partition_specs(self):
     shapes = jax.eval_shape(
-        lambda: model.init_params(_moe_config(), jax.random.PRNGKey(0))
+        lambda: transformer.init_params(_moe_config(), jax.random.PRNGKey(0))
     )
-    specs = model.param_partition_specs(shapes, 2, expert_size=2)
+    specs = transformer.param_partition_specs(shapes, 2, expert_size=2)
     p = jax.sharding.PartitionSpec
     self.assertEqual(
         specs["moe_layers"]["w_up"], p(None, "expert", "fsdp", None)
@@ -643,13 +645,13 @@ class MoeModelTest(parameterized.TestCase):
     self.assertEqual(specs["moe_layers"]["router"], p(None, "fsdp", "expert"))
     self.assertEqual(specs["layers"]["w_up"], p(None, None, "fsdp"))
     with self.assertRaisesRegex(ValueError, "expert_parallelism=3"):
-      model.param_partition_specs(shapes, 1, expert_size=3)
+      transformer.param_partition_specs(shapes, 1, expert_size=3)
 
   def test_engine_sums_dropped_tokens_over_micro_batches(self):
     # Capacity 0.25 drops assignments; K = 2 micro-batches per step.
     config = _moe_config(capacity_factor=0.25, gradient_accumulation_steps=2)
-    params = model.init_params(config, jax.random.PRNGKey(0))
-    loss_fn = functools.partial(model.loss_fn, config=config)
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    loss_fn = functools.partial(transformer.loss_fn, config=config)
     micro = [
         _batch(config),
         {"inputs": _tokens(config, seed=5), "targets": _tokens(config, seed=6)},
@@ -673,7 +675,7 @@ class MoeModelTest(parameterized.TestCase):
     self.assertAlmostEqual(
         reduced["moe/dropped_tokens"], sum(dropped), places=3
     )
-    for name in model.MOE_METRICS:
+    for name in transformer.MOE_METRICS:
       self.assertIn(f"moe/{name}", reduced)
 
 

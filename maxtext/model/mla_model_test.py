@@ -1,6 +1,6 @@
-"""Tests of the model with multi-head latent attention (maxtext/mla.py).
+"""Tests of the model with multi-head latent attention (maxtext/model/mla.py).
 
-Dense and mixture-of-experts MLA models train through `model.loss_fn`, the
+Dense and mixture-of-experts MLA models train through `transformer.loss_fn`, the
 remat policies give the same gradients, every parameter has a partition
 spec, and a run sharded over four fake CPU devices (fixed when JAX starts,
 so this test has its own target and sets XLA_FLAGS before importing JAX)
@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from maxtext import mesh as mesh_lib
-from maxtext import model
+from maxtext.model import transformer
 from testing import tiny_configs
 
 # pylint: enable=wrong-import-position,wrong-import-order,ungrouped-imports
@@ -48,7 +48,7 @@ def _batch(config, batch=4, seed=0):
 def _loss_and_grads(config, params, batch):
   return jax.jit(
       jax.value_and_grad(
-          functools.partial(model.loss_fn, config=config), has_aux=True
+          functools.partial(transformer.loss_fn, config=config), has_aux=True
       )
   )(params, batch)
 
@@ -61,7 +61,7 @@ class MlaModelTest(parameterized.TestCase):
   )
   def test_trains(self, overrides):
     config = _model_config(overrides)
-    params = model.init_params(config, jax.random.PRNGKey(0))
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
     attention = params["moe_layers" if "num_experts" in overrides else "layers"]
     self.assertIn("wkv_b", attention)
     self.assertNotIn("wk", attention)
@@ -70,7 +70,7 @@ class MlaModelTest(parameterized.TestCase):
 
     @jax.jit
     def step(params, opt_state):
-      (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(
+      (loss, _), grads = jax.value_and_grad(transformer.loss_fn, has_aux=True)(
           params, batch, config
       )
       updates, opt_state = tx.update(grads, opt_state, params)
@@ -86,7 +86,7 @@ class MlaModelTest(parameterized.TestCase):
 
   def test_remat_grads_match_no_remat(self):
     reference = _model_config()
-    params = model.init_params(reference, jax.random.PRNGKey(2))
+    params = transformer.init_params(reference, jax.random.PRNGKey(2))
     batch = _batch(reference)
     (ref_loss, _), ref_grads = _loss_and_grads(reference, params, batch)
     # "full" recomputes everything; "save_named" keeps the names MLA tags.
@@ -101,14 +101,14 @@ class MlaModelTest(parameterized.TestCase):
     # save_named keeps what the block tags; MLA tags what gqa does.
     config = _model_config()
     params = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0))
+        lambda: transformer.init_params(config, jax.random.PRNGKey(0))
     )
     jaxpr = str(
-        jax.make_jaxpr(functools.partial(model.loss_fn, config=config))(
+        jax.make_jaxpr(functools.partial(transformer.loss_fn, config=config))(
             params, _batch(config)
         )
     )
-    for name in model.SAVED_NAMES:
+    for name in transformer.SAVED_NAMES:
       self.assertIn(f"name={name}", jaxpr)
 
 
@@ -120,9 +120,9 @@ class MlaShardingTest(parameterized.TestCase):
   def test_every_parameter_has_a_partition_spec(self, overrides):
     config = _model_config(tiny_configs.TINY_MOE, overrides)
     shapes = jax.eval_shape(
-        lambda: model.init_params(config, jax.random.PRNGKey(0))
+        lambda: transformer.init_params(config, jax.random.PRNGKey(0))
     )
-    specs = model.param_partition_specs(shapes, 4, expert_size=2)
+    specs = transformer.param_partition_specs(shapes, 4, expert_size=2)
     jax.tree.map(
         lambda x, spec: self.assertLen(spec, x.ndim),
         shapes,
@@ -135,9 +135,9 @@ class MlaShardingTest(parameterized.TestCase):
   @parameterized.named_parameters(("experts", tiny_configs.TINY_MOE, 2, 2))
   def test_sharded_gradients_match_one_device(self, overrides, fsdp, experts):
     config = _model_config(overrides)
-    params = model.init_params(config, jax.random.PRNGKey(3))
-    specs = model.param_partition_specs(params, fsdp, expert_size=experts)
-    axes = model.param_logical_axes(params)
+    params = transformer.init_params(config, jax.random.PRNGKey(3))
+    specs = transformer.param_partition_specs(params, fsdp, expert_size=experts)
+    axes = transformer.param_logical_axes(params)
     jax.tree.map(
         lambda x, names: self.assertLen(names, x.ndim),
         params,

@@ -61,9 +61,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import layers
-from maxtext import mla
-from maxtext import moe
+from maxtext.model import layers
+from maxtext.model import mla
+from maxtext.model import moe
 
 Params = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""Tests of maxtext/mla.py: the multi-head latent attention layer.
+"""Tests of maxtext/model/mla.py: the multi-head latent attention layer.
 
 The layer is checked, values and gradients, against a reference written
 here with explicit per-head loops, keys materialised per head and an
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from maxtext import mla
+from maxtext.model import mla
 from testing import random_init
 
 _THETA = 10000.0
