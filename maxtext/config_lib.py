@@ -230,6 +230,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         v["base_output_directory"],
         "needs a bucket: gs://bucket[/prefix]",
     )
+  if v["start_over"] and v["resume"]:
+    raise _fail("start_over", True, "contradicts resume=True")
   _at_least(v, "checkpoint_period", 0)
   _at_least(v, "max_checkpoints_to_keep", 0)
   # -1 = a seed drawn at the start of the run (maxtext.storage.run_record).

@@ -114,6 +114,11 @@ class ValidateTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ("steps_zero", {"steps": 0}, "steps"),
       (
+          "start_over_with_resume",
+          {"start_over": True, "resume": True},
+          "start_over.*contradicts resume=True",
+      ),
+      (
           "accumulation_zero",
           {"gradient_accumulation_steps": 0},
           "gradient_accumulation_steps",

@@ -16,6 +16,7 @@ ends as a complete sequence with an aborted `run_stop`.
 
 import dataclasses
 import datetime
+import fnmatch
 import os
 import time
 from typing import Any, Optional, Sequence
@@ -31,6 +32,7 @@ from maxtext import model_setup
 from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
 from maxtext.listeners import profiler
+from maxtext.metrics import jsonl
 from maxtext.metrics import listener as metrics_listener
 from maxtext.metrics import throughput
 from maxtext.metrics import writers
@@ -44,9 +46,14 @@ from maxtext.storage import run_dir as run_dir_lib
 from maxtext.storage import run_lock
 from maxtext.storage import run_record
 
-# Not mirrored: orbax's unfinished checkpoints, and the local lock file (the
-# bucket holds the run's own lock object under that name, see run_lock).
-_MIRROR_EXCLUDE = (*gcs_mirror.DEFAULT_EXCLUDE, run_lock.LOCK_FILE_NAME)
+# Not mirrored: orbax's unfinished checkpoints, checkpoints set aside as
+# damaged or partial, and the local lock file (the bucket holds the run's own
+# lock object under that name, see run_lock).
+_MIRROR_EXCLUDE = (
+    *gcs_mirror.DEFAULT_EXCLUDE,
+    *checkpointing.SET_ASIDE_PATTERNS,
+    run_lock.LOCK_FILE_NAME,
+)
 
 
 @dataclasses.dataclass
@@ -259,6 +266,44 @@ def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
     )
 
 
+def _check_start_over(config, paths, checkpointer) -> None:
+  """A start from step 0 over an earlier attempt's records needs start_over.
+
+  Raises:
+    ValueError: the run directory has metrics records or set-aside
+      checkpoints and no checkpoint, without start_over=True; or
+      start_over=True while a checkpoint exists.
+  """
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    if config.start_over:
+      raise ValueError(
+          f"start_over=True but {paths.checkpoint_dir} holds the checkpoint of"
+          f" step {latest}, which this run would resume from; drop start_over"
+          " or choose another run_name"
+      )
+    return
+  found = []
+  metrics = os.path.join(paths.run_dir, jsonl.METRICS_FILENAME)
+  if os.path.isfile(metrics) and os.path.getsize(metrics):
+    found.append(metrics)
+  if os.path.isdir(paths.checkpoint_dir):
+    found += sorted(
+        os.path.join(paths.checkpoint_dir, name)
+        for name in os.listdir(paths.checkpoint_dir)
+        if any(
+            fnmatch.fnmatch(name, p) for p in checkpointing.SET_ASIDE_PATTERNS
+        )
+    )
+  if found and not config.start_over:
+    raise ValueError(
+        f"run directory {paths.run_dir} holds records of an earlier attempt"
+        f" ({', '.join(found)}) but no checkpoint to resume from; set"
+        " start_over=True to train it again from step 0 (its metrics records"
+        " are then replaced)"
+    )
+
+
 def _abstract(tree, host_sharding):
   """ShapeDtypeStructs (with shardings) of a pytree of arrays.
 
@@ -383,6 +428,8 @@ def build(
         paths.checkpoint_dir,
         save_period=config.checkpoint_period or config.steps,
         max_to_keep=config.max_checkpoints_to_keep,
+        # No checkpoint once another run took the run's lock over.
+        fence=locks.check if locks is not None else None,
     )
     finished = run_record.finished_message(
         paths.run_name, checkpointer.latest_step(), config.steps
@@ -407,6 +454,7 @@ def build(
               request_timeout_s=config.gcs_request_timeout_seconds,
               final_timeout_s=config.gcs_final_timeout_seconds,
               exclude=_MIRROR_EXCLUDE,
+              fence=locks.fence if locks is not None else None,
           )
       )
     # The data and the checkpoint directory are opened (and checked) before
@@ -419,6 +467,7 @@ def build(
           f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
           "(set run_name to the run to resume)"
       )
+    _check_start_over(config, paths, checkpointer)
     listeners.add(
         mllog_listener.start(
             config,

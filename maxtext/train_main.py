@@ -159,6 +159,7 @@ def main(argv):
       trainer.HardwareError,
       trainer.ListenerError,
       checkpointing.CheckpointError,
+      run_lock.RunLockLost,
       OSError,
   ) as e:
     # The run could not go on; its last checkpoint holds what it trained.

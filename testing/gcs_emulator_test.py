@@ -77,6 +77,47 @@ class GcsEmulatorTest(parameterized.TestCase):
       )
 
   @parameterized.named_parameters(
+      ("simple", None),
+      # A chunk size makes the client upload in a resumable session.
+      ("resumable", 256 << 10),
+  )
+  def test_uploads_enforce_generation_preconditions(self, chunk_size):
+    """What fencing a bucket relies on: a stale generation is refused."""
+    with gcs_emulator.GcsEmulator(buckets=["fence"]) as emulator:
+      bucket = emulator.client().bucket("fence")
+      payload = b"x" * (600 << 10)
+      first = bucket.blob("o")
+      first.upload_from_string(b"first", if_generation_match=0)
+      current = bucket.blob("o")
+      current.upload_from_string(
+          b"second", if_generation_match=first.generation
+      )
+      for stale in (first.generation, 0):
+        with self.assertRaises(exceptions.PreconditionFailed):
+          bucket.blob("o", chunk_size=chunk_size).upload_from_string(
+              payload, if_generation_match=stale
+          )
+      self.assertEqual(bucket.blob("o").download_as_bytes(), b"second")
+      replaced = bucket.blob("o", chunk_size=chunk_size)
+      replaced.upload_from_string(
+          payload, if_generation_match=current.generation
+      )
+      self.assertEqual(bucket.blob("o").download_as_bytes(), payload)
+
+  def test_deletes_ignore_generation_preconditions(self):
+    """fake-gcs-server 1.54 (the newest the registry ships) deletes whatever
+    generation a delete names; real GCS answers 412. Bucket code must not
+    rely on this emulator to prove a conditional delete: when this test
+    fails, the emulator enforces them and such tests become possible."""
+    with gcs_emulator.GcsEmulator(buckets=["fence"]) as emulator:
+      bucket = emulator.client().bucket("fence")
+      first = bucket.blob("o")
+      first.upload_from_string(b"first")
+      bucket.blob("o").upload_from_string(b"second")
+      bucket.blob("o").delete(if_generation_match=first.generation)
+      self.assertIsNone(bucket.get_blob("o"))
+
+  @parameterized.named_parameters(
       ("requests", False),
       ("replies", True),
   )

@@ -52,6 +52,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Continue from the newest checkpoint of the run directory (an existing run
   # directory with checkpoints also resumes).
   config.resume = False
+  # Train from step 0 in a run directory that has records of an earlier
+  # attempt (metrics, checkpoints set aside as damaged or partial) but no
+  # checkpoint to resume from; without it such a start is refused. The
+  # earlier metrics records are then replaced; set-aside checkpoints stay.
+  # Refused while a checkpoint exists (that run resumes). Recorded in the
+  # run's config history like every field.
+  config.start_over = False
   # Start from the parameters of an existing checkpoint (a step directory or a
   # checkpoint directory whose newest step is used), with a fresh optimizer.
   # "" = initialise parameters from `seed`.

@@ -124,6 +124,13 @@ class RunListener:
   name: str = "listener"
   critical: bool = True
 
+  def check_fence(self) -> None:
+    """Raises when the run may write nothing more (another run owns it).
+
+    `MultiListener` calls it, on the listeners that override it, before
+    every event; once it raised, no listener receives any further event.
+    """
+
   def on_run_start(self, start: RunStart) -> None:
     """The run is about to train its first step (after any restore)."""
 

@@ -16,6 +16,14 @@ The policy, for an exception raised by a listener method:
 An `OSError` (a full disk, a removed directory) is a fact about the
 machine, so it is logged as one line; any other exception is a bug and is
 logged with its traceback.
+
+A fence (a listener that overrides `check_fence`: the run lock) is asked
+before every event, before any listener receives it. When it raises (the
+run's directory now belongs to another run), the run is fenced: that event
+and every later one reach no listener (no step record, no MLPerf line, no
+upload request), the fence's error is logged as one line and raised as it
+is, not as a `ListenerError`, so the trainer writes no checkpoint either;
+`close` still closes every listener.
 """
 
 from typing import Optional, Sequence
@@ -73,6 +81,8 @@ class MultiListener(interface.RunListener):
         event: [] for event in _EVENTS
     }
     self._broken: set[int] = set()  # ids of critical listeners taken out.
+    self._fences: list[interface.RunListener] = []
+    self._fenced: Optional[Exception] = None
     self._closed = False
     for listener in listeners:
       self.add(listener)
@@ -84,6 +94,8 @@ class MultiListener(interface.RunListener):
   def add(self, listener: interface.RunListener) -> None:
     """Adds `listener` last; it receives the events from now on."""
     self._listeners.append(listener)
+    if _overrides(listener, "check_fence"):
+      self._fences.append(listener)
     for event, receivers in self._by_event.items():
       if _overrides(listener, event):
         receivers.append(listener)
@@ -107,8 +119,33 @@ class MultiListener(interface.RunListener):
         receivers.remove(listener)
     return ListenerError(listener.name, event, error)
 
+  @property
+  def fenced(self) -> Optional[Exception]:
+    """The fence's error once the run is fenced, else None."""
+    return self._fenced
+
+  def _check_fences(self) -> bool:
+    """False once fenced; raises the fence's error when it first fails."""
+    if self._fenced is not None:
+      return False
+    for fence in self._fences:
+      try:
+        fence.check_fence()
+      except Exception as e:
+        self._fenced = e
+        logging.error("Output %r: %s", fence.name, e)
+        raise
+    return True
+
   def _dispatch(self, event: str, *args) -> None:
-    """Calls `event` on its listeners; raises the first critical failure."""
+    """Calls `event` on its listeners; raises the first critical failure.
+
+    Raises:
+      Exception: a fence's error (see the module docstring).
+      ListenerError: the first critical listener that failed.
+    """
+    if not self._check_fences():
+      return
     failure = None
     for listener in tuple(self._by_event[event]):
       try:

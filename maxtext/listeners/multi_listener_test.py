@@ -55,7 +55,53 @@ class StepsOnly(interface.RunListener):
     self.steps += 1
 
 
+class Fence(interface.RunListener):
+  """A fence that raises once `lost` is set; listed last, like the lock."""
+
+  name = "run_lock"
+
+  def __init__(self):
+    self.lost = None
+    self.closed = False
+
+  def check_fence(self):
+    if self.lost is not None:
+      raise self.lost
+
+  def close(self):
+    self.closed = True
+
+
 class MultiListenerTest(absltest.TestCase):
+
+  def test_fenced_run_reaches_no_listener_and_raises_the_fence_error(self):
+    metrics, mirror, fence = (
+        Recording("metrics"),
+        Recording("m", False),
+        Fence(),
+    )
+    listeners = multi_listener.MultiListener([metrics, mirror, fence])
+    listeners.on_run_start(_START)
+    listeners.on_step(_STEP)
+    fence.lost = RuntimeError("run lock of gs://b/r was taken over")
+    with self.assertLogs(level="ERROR") as logs:
+      with self.assertRaisesRegex(RuntimeError, "^run lock of gs://b/r"):
+        listeners.on_step(_STEP)
+    self.assertEqual(
+        logs.output,
+        [
+            "ERROR:absl:Output 'run_lock': run lock of gs://b/r was"
+            " taken over"
+        ],
+    )
+    self.assertIs(listeners.fenced, fence.lost)
+    # Later events reach nobody and raise nothing; close reaches everyone.
+    listeners.on_step(_STEP)
+    listeners.on_run_end(_END)
+    listeners.close()
+    for listener in (metrics, mirror):
+      self.assertEqual(listener.events, ["on_run_start", "on_step", "close"])
+    self.assertTrue(fence.closed)
 
   def test_forwards_every_event_in_order(self):
     a, b = Recording("a"), Recording("b")

@@ -37,9 +37,17 @@ Failures:
   one (a data file truncated or overwritten, `_METADATA`, a manifest or the
   metadata item missing) is logged, moved aside to
   `<step>.corrupt-<UTC time>` (never deleted) and the next older one is
-  tried; when none restores, `CheckpointError` lists each step and why.
+  tried; when none restores, `CheckpointError` names each step and why,
+  in one line.
   A checkpoint whose tree or shapes differ from the abstract state is not
   damaged: the config changed, and `ValueError` names the leaf.
+* A step directory without orbax's commit marker (`commit_success.txt`,
+  written before the step directory is renamed into place) is partial: a
+  checkpoint whose upload to a bucket did not finish, downloaded on resume
+  (the GCS mirror uploads the marker last). Opening a local directory moves
+  it aside to `<step>.partial-<UTC time>` with a warning; it is never
+  restored nor taken for damage. `SET_ASIDE_PATTERNS` names what was set
+  aside, for the GCS mirror to leave out.
 """
 
 from collections.abc import Mapping
@@ -51,7 +59,7 @@ import logging as std_logging
 import os
 import re
 import shutil
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 import jax
@@ -60,6 +68,11 @@ import orbax.checkpoint as ocp
 from maxtext import checks
 
 STATE_ITEM = "state"
+# orbax's marker of a finished step directory (and of each item in it).
+COMMIT_MARKER = "commit_success.txt"
+# Where damaged and partial checkpoints go (`fnmatch` patterns of their
+# paths): never restored, and never uploaded.
+SET_ASIDE_PATTERNS = ("*.corrupt-*", "*.partial-*")
 METADATA_ITEM = "metadata"
 PARAMS_KEY = "params"
 
@@ -132,9 +145,11 @@ class SetAside:
 
   Attributes:
     step: the checkpoint's step.
-    moved_to: where its directory now is (`<dir>/<step>.corrupt-<time>`), or
-      None where it was left in place (a remote directory).
-    reason: the first line of the error that restoring it raised.
+    moved_to: where its directory now is (`<dir>/<step>.corrupt-<time>`, or
+      `.partial-<time>` for a partial one), or None where it was left in
+      place (a remote directory).
+    reason: the first line of the error that restoring it raised, or why it
+      is partial.
   """
 
   step: int
@@ -334,6 +349,15 @@ def _utc_stamp() -> str:
   return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
+def _unused_name(path: str) -> str:
+  """`path`, or `path-1`, `path-2`... : the first that does not exist."""
+  target, suffix = path, 1
+  while os.path.exists(target):
+    target = f"{path}-{suffix}"
+    suffix += 1
+  return target
+
+
 class Checkpointer:
   """Saves and restores train states in one checkpoint directory."""
 
@@ -343,6 +367,7 @@ class Checkpointer:
       *,
       save_period: int,
       max_to_keep: int,
+      fence: Optional[Callable[[], None]] = None,
   ):
     """Opens (and, for a local path, creates) the checkpoint directory.
 
@@ -352,6 +377,8 @@ class Checkpointer:
         `force=True` writes any step.
       max_to_keep: how many of the newest checkpoints to keep (>= 1), or 0
         to keep all.
+      fence: called just before each save; it raises when the run may write
+        nothing more (its lock was taken over), and then nothing is saved.
 
     Raises:
       TypeError, ValueError: an argument has the wrong type or range.
@@ -359,12 +386,15 @@ class Checkpointer:
     self._directory = _normalize_directory(directory)
     self._save_period = checks.check_int("save_period", save_period, 1)
     self._max_to_keep = checks.check_int("max_to_keep", max_to_keep, 0)
+    self._fence = fence
     self._closed = False
     # The step of the save orbax may still be writing in the background:
     # its errors surface later, in wait(), the next save() or close().
     self._pending_step = None
+    self._partial: tuple[SetAside, ...] = ()
     if not _is_url(self._directory):
       self._remove_tmp_directories(None)
+      self._partial = self._set_aside_partial()
     self._manager = ocp.CheckpointManager(
         self._directory,
         # Handlers rather than names, so that item_metadata() reads the
@@ -397,6 +427,39 @@ class Checkpointer:
   @property
   def directory(self) -> str:
     return self._directory
+
+  @property
+  def partial(self) -> tuple[SetAside, ...]:
+    """Partial step directories the open moved aside, newest first."""
+    return self._partial
+
+  def _set_aside_partial(self) -> tuple[SetAside, ...]:
+    """Moves step directories without a commit marker aside (process 0)."""
+    if jax.process_index() != 0 or not os.path.isdir(self._directory):
+      return ()
+    partial = []
+    for name in os.listdir(self._directory):
+      source = os.path.join(self._directory, name)
+      if not name.isdigit() or not os.path.isdir(source):
+        continue
+      if os.path.exists(os.path.join(source, COMMIT_MARKER)):
+        continue
+      target = _unused_name(f"{source}.partial-{_utc_stamp()}")
+      os.rename(source, target)
+      reason = (
+          f"partial: no {COMMIT_MARKER} (its upload to the bucket did not"
+          " finish)"
+      )
+      logging.warning(
+          "Checkpoint step %s in %s is %s; moved it aside to %s, it is not"
+          " restored.",
+          name,
+          self._directory,
+          reason,
+          target,
+      )
+      partial.append(SetAside(int(name), target, reason))
+    return tuple(sorted(partial, key=lambda e: -e.step))
 
   def _check_open(self) -> None:
     if self._closed:
@@ -431,6 +494,7 @@ class Checkpointer:
       RuntimeError: the checkpointer is closed.
       CheckpointError: this save or the previous one (still being written)
         could not be written; names the step and the OS error.
+      Exception: what the fence raised (nothing is saved).
     """
     self._check_open()
     step = checks.check_int("step", step, 0)
@@ -446,6 +510,8 @@ class Checkpointer:
           self._directory,
       )
       return False
+    if self._fence is not None:
+      self._fence()
     # orbax would wait for the previous save inside save(); waiting here
     # attributes its failure to its own step.
     self.wait()
@@ -640,7 +706,8 @@ class Checkpointer:
       ValueError: an abstract leaf has no sharding, or a checkpoint's tree
         or an array shape differs from `abstract_state` (a config change,
         not damage: nothing is moved); names the leaf.
-      CheckpointError: no checkpoint restores; one line per step and why.
+      CheckpointError: no checkpoint restores; one line naming each step
+        and why.
     """
     self._check_open()
     _check_abstract_tree("abstract_state", abstract_state)
@@ -667,13 +734,15 @@ class Checkpointer:
       return Restored(step, state, metadata, tuple(set_aside))
     if not set_aside:
       return None
-    lines = [f"no checkpoint in {self._directory} could be restored:"]
-    for entry in set_aside:
-      where = (
-          f"moved to {entry.moved_to}" if entry.moved_to else "left in place"
-      )
-      lines.append(f"  step {entry.step} ({where}): {entry.reason}")
-    raise CheckpointError("\n".join(lines))
+    steps = "; ".join(
+        f"step {entry.step} ("
+        + (f"moved to {entry.moved_to}" if entry.moved_to else "left in place")
+        + f"): {entry.reason}"
+        for entry in set_aside
+    )
+    raise CheckpointError(
+        f"no checkpoint in {self._directory} could be restored: {steps}"
+    )
 
   def _set_aside(self, step: int, reason: str) -> SetAside:
     """Logs that `step` is damaged and moves it out of orbax's sight."""
@@ -693,13 +762,11 @@ class Checkpointer:
           reason,
       )
       return SetAside(step, None, reason)
-    stamp = _utc_stamp()
-    target = f"{source}.corrupt-{stamp}"
-    suffix = 1
-    while os.path.exists(target):
-      target = f"{source}.corrupt-{stamp}-{suffix}"
-      suffix += 1
+    target = _unused_name(f"{source}.corrupt-{_utc_stamp()}")
     os.rename(source, target)
+    # orbax's reads of the damaged files may leave asyncio tasks whose
+    # errors are never retrieved; this damage is reported here.
+    std_logging.getLogger("asyncio").addFilter(_REPORTED_WRITE_ERRORS)
     # The manager caches its step list; re-read it so that the moved step
     # is neither listed nor the latest.
     self._manager.reload()

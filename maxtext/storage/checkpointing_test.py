@@ -10,6 +10,7 @@ import gc
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -400,15 +401,37 @@ class RestoreNewestTest(parameterized.TestCase):
       ckpt.restore_newest(self.abstract)
     message = str(raised.exception)
     self.assertIsInstance(raised.exception, RuntimeError)
-    lines = message.splitlines()
-    self.assertLen(lines, 3)
-    self.assertIn(self.directory, lines[0])
-    self.assertRegex(lines[1], r"step 8 \(moved to .*8\.corrupt-.*\): .*")
+    self.assertNotIn("\n", message)
     self.assertRegex(
-        lines[2], r"step 4 \(moved to .*4\.corrupt-.*\): .*metadata"
+        message,
+        rf"^no checkpoint in {re.escape(self.directory)} could be restored: "
+        r"step 8 \(moved to .*8\.corrupt-.*\): .*; "
+        r"step 4 \(moved to .*4\.corrupt-.*\): .*metadata",
     )
     self.assertEqual(ckpt.all_steps(), [])
     self.assertLen(glob.glob(os.path.join(self.directory, "*.corrupt-*")), 2)
+
+  def test_partial_step_is_set_aside_at_open_not_restored(self):
+    self.write_steps(4, 8)
+    # What a bucket holds when an upload stopped before the commit marker.
+    os.remove(os.path.join(self.directory, "8", checkpointing.COMMIT_MARKER))
+    partial_files = snapshot(os.path.join(self.directory, "8"))
+    with self.assertLogs(level="WARNING") as logs:
+      ckpt = self.make_checkpointer()
+    self.assertEqual(ckpt.all_steps(), [4])
+    (entry,) = ckpt.partial
+    self.assertEqual(entry.step, 8)
+    self.assertRegex(
+        os.path.basename(entry.moved_to), r"^8\.partial-\d{8}T\d{6}Z$"
+    )
+    self.assertEqual(snapshot(entry.moved_to), partial_files)
+    self.assertRegex(
+        "\n".join(logs.output),
+        r"step 8 .* is partial: no commit_success\.txt .* moved it aside",
+    )
+    restored = ckpt.restore_newest(self.abstract)
+    self.assertEqual((restored.step, restored.set_aside), (4, ()))
+    self.assertEqual(glob.glob(os.path.join(self.directory, "*.corrupt-*")), [])
 
   @parameterized.named_parameters(
       (

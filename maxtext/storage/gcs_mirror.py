@@ -10,6 +10,17 @@ call only sets a flag. One background thread does the uploads:
 * a pass uploads only files whose (size, mtime, inode) changed since their
   last successful upload, and deletes the objects of files it mirrored that
   are gone locally (e.g. rotated checkpoints);
+* a directory's own files go after everything beneath it, and a
+  `commit_success.txt` after the other files of its directory, so a
+  checkpoint whose commit marker is in the bucket has all its files there
+  (orbax's step directory ends with its commit marker); a file beside or
+  above one that failed waits for the next pass;
+* every write and delete is conditional on the object's generation as this
+  mirror last wrote or listed it (0: the object must not exist), so an
+  object someone else wrote since is never replaced nor deleted: such a
+  precondition failure (HTTP 412), or the `fence` callable raising
+  `WritesFenced` before a pass or an object, stops the mirror for good
+  (one error line; the local copy keeps everything);
 * every request has a bounded timeout and a bounded retry, a failed pass is
   retried a bounded number of times with exponential backoff, and failures
   are logged as warnings, never raised into the caller; the local copy keeps
@@ -52,12 +63,35 @@ DEFAULT_EXCLUDE = ("*orbax-checkpoint-tmp*",)
 
 _CHUNK = 1 << 20
 
+# orbax's commit marker: the last file of a directory to be uploaded.
+COMMIT_MARKER = "commit_success.txt"
+
 # How many not-uploaded files close()'s warning names before it says "...".
 _NAMES_IN_WARNING = 5
 
 
 class GcsError(RuntimeError):
   """A GCS transfer that did not succeed within its retries."""
+
+
+class WritesFenced(RuntimeError):
+  """This process may no longer write to the bucket (another owns the run).
+
+  Raised by a mirror's `fence` callable; the mirror then stops for good.
+  Any other exception a fence raises fails the pass, which is retried.
+  """
+
+
+def upload_order(rel: str) -> tuple:
+  """The sort key of a relative path in a pass: data first, markers last.
+
+  A directory's subdirectories come before its own files (post-order), and
+  its `commit_success.txt` after its other files.
+  """
+  parts = rel.split("/")
+  key = [(0, p) for p in parts[:-1]]
+  key.append((1, parts[-1] == COMMIT_MARKER, parts[-1]))
+  return tuple(key)
 
 
 def is_gs_url(path: str) -> bool:
@@ -230,6 +264,13 @@ def _is_permanent_object_error(error: BaseException) -> bool:
   )
 
 
+def _is_precondition_failed(error: BaseException) -> bool:
+  # Imported on first use: local runs never load the GCS client libraries.
+  from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
+
+  return isinstance(error, exceptions.PreconditionFailed)
+
+
 def _is_not_found(error: BaseException) -> bool:
   # Imported on first use: local runs never load the GCS client libraries.
   from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
@@ -265,6 +306,8 @@ class MirrorStats:
     not_uploaded: after `close()`, the relative paths of local files the
       bucket does not hold as they are locally, sorted; empty before.
     pending: True while a requested pass has not completed yet.
+    fenced: why the mirror stopped writing for good (its fence said so,
+      or an object changed under it), or None.
   """
 
   passes: int
@@ -276,6 +319,7 @@ class MirrorStats:
   unreachable: bool
   not_uploaded: tuple[str, ...]
   pending: bool
+  fenced: Optional[str] = None
 
 
 class GcsMirror:
@@ -297,6 +341,7 @@ class GcsMirror:
       request_timeout_s: float = 60.0,
       final_timeout_s: float = 300.0,
       exclude: Iterable[str] = DEFAULT_EXCLUDE,
+      fence: Optional[Callable[[], None]] = None,
   ):
     """Starts the background thread; uploads begin on the first request.
 
@@ -313,6 +358,10 @@ class GcsMirror:
       request_timeout_s: the most one request may take, retries included.
       final_timeout_s: the default bound of `close()`.
       exclude: `fnmatch` patterns of relative paths (with "/") to skip.
+      fence: called before each pass and each object write or delete;
+        raises `WritesFenced` when this process may no longer write to the
+        bucket (the mirror stops for good), or any other exception when it
+        may not write now (the pass fails and is retried).
 
     Raises:
       ValueError: a bad URL or a negative or zero bound.
@@ -341,11 +390,15 @@ class GcsMirror:
     self._request_timeout_s = float(request_timeout_s)
     self._final_timeout_s = float(final_timeout_s)
     self._exclude = tuple(exclude)
+    self._fence = fence
 
     self._client = None
     self._seeded = False
     # Relative path -> (size, mtime_ns, inode) at its last successful upload.
     self._synced: dict[str, tuple[int, int, int]] = {}
+    # Relative path -> the object's generation as this mirror last wrote or
+    # listed it: the precondition of its next write or delete.
+    self._generations: dict[str, int] = {}
     self._wake = threading.Event()
     self._closing = threading.Event()
     self._stats_lock = threading.Lock()
@@ -358,6 +411,7 @@ class GcsMirror:
         last_error=None,
         unreachable=False,
         not_uploaded=(),
+        fenced=None,
     )
     # The short text of the newest failure when it was an unreachable
     # endpoint, for close()'s warning; None otherwise.
@@ -408,7 +462,10 @@ class GcsMirror:
     self._closing.set()
     self._wake.set()
     self._thread.join(timeout_s)
-    if self._thread.is_alive():
+    fenced = self.stats().fenced
+    if fenced:
+      reason = f"writes to the bucket are fenced ({fenced})"
+    elif self._thread.is_alive():
       reason = f"the final upload did not finish within {timeout_s:.1f} s"
     elif self._final_ok:
       return True
@@ -468,13 +525,44 @@ class GcsMirror:
       self._in_pass = True
       self._wake.clear()
       ok = self._run_pass(final=False)
-      if not ok and not self._closing.is_set():
+      if not ok and not self._closing.is_set() and not self._is_fenced():
         self._wake.set()  # Content is still unsynced: try again later.
       self._in_pass = False
     self._in_pass = True
     self._wake.clear()
-    self._final_ok = self._run_pass(final=True)
+    self._final_ok = not self._is_fenced() and self._run_pass(final=True)
     self._in_pass = False
+
+  def _is_fenced(self) -> bool:
+    with self._stats_lock:
+      return self._stats["fenced"] is not None
+
+  def _stop_writing(self, reason: str) -> None:
+    """Stops the mirror for good: nothing more is written to the bucket."""
+    with self._stats_lock:
+      if self._stats["fenced"] is not None:
+        return
+      self._stats["fenced"] = reason
+    logging.error(
+        "GCS mirror %s -> %s stopped: %s. Nothing more is written to the"
+        " bucket; the local copy %s keeps everything.",
+        self.local_dir,
+        self.gs_url,
+        reason,
+        self.local_dir,
+    )
+
+  def _check_fence(self) -> None:
+    """Raises WritesFenced (after stopping the mirror) or the fence's error."""
+    if self._is_fenced():
+      raise WritesFenced(self.stats().fenced)
+    if self._fence is None:
+      return
+    try:
+      self._fence()
+    except WritesFenced as e:
+      self._stop_writing(str(e))
+      raise
 
   def _remaining(self, final: bool) -> Optional[float]:
     return self._final_deadline - time.monotonic() if final else None
@@ -487,6 +575,8 @@ class GcsMirror:
     attempt = 0
     while True:
       try:
+        if self._is_fenced():
+          return False
         if self._sync_once(final):
           with self._stats_lock:
             self._stats["passes"] += 1
@@ -494,6 +584,8 @@ class GcsMirror:
             self._unreachable_cause = None
           return True
         error = "interrupted by close()"
+      except WritesFenced:
+        return False  # _stop_writing said why, once.
       # Any failure of a pass is recorded and retried, never raised into the
       # caller (the module's contract).
       except Exception as e:  # pylint: disable=broad-exception-caught
@@ -578,6 +670,7 @@ class GcsMirror:
     seeded = 0
     for blob in blobs:
       rel = blob.name[len(list_prefix) :]
+      self._generations[rel] = blob.generation
       if rel not in local or not blob.crc32c:
         continue
       signature, path = local[rel]
@@ -591,28 +684,37 @@ class GcsMirror:
     """Uploads changed files once; False if close() interrupted it.
 
     Raises:
-      Exception: the first transport error, or a summary of per-object
-        errors after trying every file.
+      WritesFenced: the fence says this process may no longer write, or an
+        object changed under the mirror (the mirror has stopped).
+      Exception: the first transport error, the fence's error, or a summary
+        of per-object errors after trying every file.
     """
     if not os.path.isdir(self.local_dir):
       # Nothing staged yet (or the staging is gone): never delete remotely.
       return True
+    self._check_fence()
     bucket = self._bucket()
     local = self._scan()
     if not self._seeded:
       self._seed(bucket, local, final)
       self._seeded = True
     object_errors = []
-    for rel, (signature, path) in sorted(local.items()):
+    failed: list[str] = []  # Relative paths whose upload failed.
+    for rel, (signature, path) in sorted(
+        local.items(), key=lambda item: upload_order(item[0])
+    ):
       if self._synced.get(rel) == signature:
         continue
       if not final and self._closing.is_set():
         return False
-      timeout = self._request_timeout(final)
+      directory = rel.rpartition("/")[0]
+      if directory and any(f.startswith(directory + "/") for f in failed):
+        # A file beside or above one that failed (a commit marker above its
+        # data) waits until that one is in the bucket.
+        continue
+      self._check_fence()
       try:
-        bucket.blob(_object_name(self._prefix, rel)).upload_from_filename(
-            path, timeout=timeout, retry=bounded_retry(timeout)
-        )
+        self._upload(bucket, rel, path, final)
       except FileNotFoundError:
         continue  # Deleted since the scan; the next pass sees it gone.
       # The client raises many types; all but a permanent per-object error
@@ -621,30 +723,87 @@ class GcsMirror:
         if not _is_permanent_object_error(e):
           raise
         object_errors.append(f"{rel}: {e}")
+        failed.append(rel)
         continue
       self._synced[rel] = signature
       with self._stats_lock:
         self._stats["files_uploaded"] += 1
     for rel in sorted(set(self._synced) - set(local)):
+      self._check_fence()
       timeout = self._request_timeout(final)
       try:
         bucket.blob(_object_name(self._prefix, rel)).delete(
-            timeout=timeout, retry=bounded_retry(timeout)
+            if_generation_match=self._generations.get(rel, 0),
+            timeout=timeout,
+            retry=bounded_retry(timeout),
         )
       # The client raises many types; all but a missing or permanently
       # failing object are re-raised to fail the pass.
       except Exception as e:  # pylint: disable=broad-exception-caught
+        if _is_precondition_failed(e):
+          self._changed_under_us(rel)
         if not _is_not_found(e):
           if not _is_permanent_object_error(e):
             raise
           object_errors.append(f"delete {rel}: {e}")
           continue
       del self._synced[rel]
+      self._generations.pop(rel, None)
       with self._stats_lock:
         self._stats["files_deleted"] += 1
     if object_errors:
       raise GcsError("; ".join(object_errors[:5]))
     return True
+
+  def _upload(self, bucket, rel: str, path: str, final: bool) -> None:
+    """Uploads one file, conditional on the generation last written or seen.
+
+    A failed precondition on an object that now holds exactly this file
+    (this mirror's own write, retried after a lost answer) is adopted.
+
+    Raises:
+      WritesFenced: the object holds something else (another writer).
+      Exception: what the client raised.
+    """
+    name = _object_name(self._prefix, rel)
+    blob = bucket.blob(name)
+    timeout = self._request_timeout(final)
+    try:
+      blob.upload_from_filename(
+          path,
+          if_generation_match=self._generations.get(rel, 0),
+          timeout=timeout,
+          retry=bounded_retry(timeout),
+      )
+    # The client raises many types; only a failed precondition is handled.
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      if not _is_precondition_failed(e):
+        raise
+      found = bucket.get_blob(
+          name, timeout=timeout, retry=bounded_retry(timeout)
+      )
+      if (
+          found is None
+          or found.size != os.path.getsize(path)
+          or found.crc32c != _crc32c_b64(path)
+      ):
+        self._changed_under_us(rel)
+      blob = found
+    self._generations[rel] = blob.generation
+
+  def _changed_under_us(self, rel: str) -> None:
+    """Stops the mirror: another writer changed `rel` since this one saw it.
+
+    Raises:
+      WritesFenced: always.
+    """
+    reason = (
+        f"{_object_name(self._prefix, rel)} was changed in the bucket by"
+        " another writer (its generation is not the one this run last wrote"
+        " or saw)"
+    )
+    self._stop_writing(reason)
+    raise WritesFenced(reason)
 
 
 def download_prefix(

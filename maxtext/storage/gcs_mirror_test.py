@@ -400,6 +400,125 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
         gcs_emulator.remote_files(self.client, _BUCKET, self.prefix), files
     )
 
+  # --- fencing and upload order ------------------------------------------
+
+  def _remote(self):
+    return gcs_emulator.remote_files(self.client, self.BUCKET, self.prefix)
+
+  def test_checkpoint_commit_marker_is_uploaded_last(self):
+    checkpoint = {
+        "checkpoints/3/commit_success.txt": b"committed",
+        "checkpoints/3/_CHECKPOINT_METADATA": b"{}",
+        "checkpoints/3/metadata/metadata": b"{}",
+        "checkpoints/3/metadata/commit_success.txt": b"committed",
+        "checkpoints/3/state/_METADATA": b"{}",
+        "checkpoints/3/state/manifest.ocdbt": b"m",
+        "checkpoints/3/state/commit_success.txt": b"committed",
+        "checkpoints/3/state/d/aa": os.urandom(1000),
+        "checkpoints/3/state/ocdbt.process_0/d/bb": os.urandom(1000),
+        "checkpoints/3/state/ocdbt.process_0/manifest.ocdbt": b"m",
+    }
+    _write(self.local, checkpoint)
+    order = []
+
+    def fence():
+      # Called before each object: the bucket then holds those before it.
+      order.append(sorted(self._remote()))
+
+    with self._mirror(fence=fence) as mirror:
+      mirror.request_sync()
+    self.assertEqual(self._remote(), checkpoint)
+    uploaded = [
+        (set(after) - set(before)).pop()
+        for before, after in zip(order[1:], order[2:] + [sorted(checkpoint)])
+    ]
+    self.assertLen(uploaded, len(checkpoint))
+    self.assertEqual(uploaded[-1], "checkpoints/3/commit_success.txt")
+    for i, rel in enumerate(uploaded):
+      directory = rel.rpartition("/")[0] + "/"
+      # Everything beneath a file's directory went before it ...
+      beneath = [u for u in uploaded if u.startswith(directory) and u != rel]
+      if rel.endswith("/commit_success.txt"):
+        self.assertEqual(set(beneath), set(uploaded[:i]) & set(beneath))
+      below = [u for u in beneath if "/" in u[len(directory) :]]
+      # ... and every file in its subdirectories.
+      self.assertEqual(set(below), set(uploaded[:i]) & set(below), rel)
+
+  def test_object_written_by_another_writer_is_never_replaced(self):
+    _write(self.local, {"metrics.jsonl": b"ours 1\n", "mllog.log": b"a\n"})
+    mirror = self._mirror()
+    self.addCleanup(mirror.close)
+    mirror.request_sync()
+    polling.wait_until(lambda: mirror.stats().passes >= 1)
+    # The run's new owner rewrites one object and deletes none.
+    self.client.bucket(self.BUCKET).blob(
+        f"{self.prefix}/metrics.jsonl"
+    ).upload_from_string(b"theirs\n")
+    _write(self.local, {"metrics.jsonl": b"ours 1\nours 2\n"})
+    os.remove(os.path.join(self.local, "mllog.log"))
+    with self.assertLogs(level="ERROR") as logs:
+      self.assertFalse(mirror.close())
+    self.assertRegex(
+        "\n".join(logs.output),
+        r"stopped: .*metrics\.jsonl was changed in the bucket by another"
+        r" writer.* the local copy .* keeps everything",
+    )
+    self.assertIsNotNone(mirror.stats().fenced)
+    # Theirs stays; and nothing more was written or deleted after the 412.
+    self.assertEqual(
+        self._remote(), {"metrics.jsonl": b"theirs\n", "mllog.log": b"a\n"}
+    )
+
+  def test_new_object_that_appeared_meanwhile_is_not_replaced(self):
+    _write(self.local, {"a.txt": b"ours"})
+    self.client.bucket(self.BUCKET).blob(f"{self.prefix}/b.txt")
+    with self._mirror() as mirror:
+      mirror.request_sync()
+      polling.wait_until(lambda: mirror.stats().passes >= 1)
+      self.client.bucket(self.BUCKET).blob(
+          f"{self.prefix}/b.txt"
+      ).upload_from_string(b"theirs")
+      _write(self.local, {"b.txt": b"ours"})
+    self.assertEqual(self._remote(), {"a.txt": b"ours", "b.txt": b"theirs"})
+    self.assertIsNotNone(mirror.stats().fenced)
+
+  def test_fenced_mirror_writes_and_deletes_nothing(self):
+    _write(self.local, {"keep.txt": b"1", "gone.txt": b"2"})
+    fenced = threading.Event()
+
+    def fence():
+      if fenced.is_set():
+        raise gcs_mirror.WritesFenced("the run lock was taken over")
+
+    mirror = self._mirror(fence=fence)
+    mirror.request_sync()
+    polling.wait_until(lambda: mirror.stats().passes >= 1)
+    fenced.set()
+    _write(self.local, {"keep.txt": b"changed", "new.txt": b"3"})
+    os.remove(os.path.join(self.local, "gone.txt"))
+    with self.assertLogs(level="ERROR") as logs:
+      self.assertFalse(mirror.close())
+    self.assertIn("the run lock was taken over", "\n".join(logs.output))
+    self.assertEqual(self._remote(), {"keep.txt": b"1", "gone.txt": b"2"})
+    self.assertEqual(mirror.stats().fenced, "the run lock was taken over")
+
+  def test_fence_that_says_not_now_fails_the_pass_until_it_allows(self):
+    _write(self.local, {"a.txt": b"1"})
+    allowed = threading.Event()
+
+    def fence():
+      if not allowed.is_set():
+        raise RuntimeError("the run lock is not confirmed")
+
+    with self._mirror(fence=fence, max_retries=0, min_interval_s=0.5) as mirror:
+      self.assertIn("not confirmed", _first_failure(mirror).last_error)
+      self.assertEqual(self._remote(), {})
+      allowed.set()
+      mirror.request_sync()
+      polling.wait_until(lambda: mirror.stats().passes >= 1)
+    self.assertEqual(self._remote(), {"a.txt": b"1"})
+    self.assertIsNone(mirror.stats().fenced)
+
   def test_default_client_factory_uses_storage_emulator_host(self):
     _write(self.local, {"config.json": b"{}"})
     with mock.patch.dict(

@@ -23,7 +23,13 @@ the run goes on with its local locks only (a warning says so) and the
 refresh thread keeps trying to take the remote lock. What does stop a run is
 a remote lock that another run holds and refreshes (`RunLockError`). A run
 whose remote lock was taken over while it ran (it could not refresh for 3N)
-learns it from `RunLocks.check()`.
+learns it from `RunLocks.check()` (`RunLockLost`) and writes nothing more
+there: the check guards each step's records and each checkpoint, and
+`RunLocks.fence()` each write of the GCS mirror, which also refuses to write
+while the lock has gone unconfirmed for 2N (after a long pause, until the
+refresh thread has looked). Every object write of the mirror is conditional
+on the generation it last saw, so a write already under way when the lock
+was lost cannot replace the new owner's objects either.
 
 `flock` is per open file: a second acquisition in the same process is refused
 like one from another process. Lock files are opened close-on-exec, so child
@@ -154,6 +160,35 @@ class RunLockError(RuntimeError):
     super().__init__(message)
 
 
+class RunLockLost(gcs_mirror.WritesFenced):
+  """Another run took this run's remote lock over; the message is one line.
+
+  A subclass of `gcs_mirror.WritesFenced`: a mirror whose fence raises it
+  stops for good.
+
+  Attributes:
+    location: the gs:// location whose lock was lost.
+    holder: the run that holds it now, or None when unknown.
+  """
+
+  def __init__(
+      self, location: str, holder: Optional[Holder], local_dirs: Sequence[str]
+  ):
+    self.location = location
+    self.holder = holder
+    who = holder.describe() if holder else "an unknown holder"
+    where = ", ".join(local_dirs) or "this machine's local directories"
+    super().__init__(
+        f"run lock of {location} was taken over by another run ({who}): "
+        f"this run stopped and writes nothing more there; what it holds "
+        f"stays in its local staging {where}"
+    )
+
+
+class RunLockUnconfirmed(RuntimeError):
+  """A remote lock has not been confirmed recently; writes must wait."""
+
+
 class LocalLock:
   """`flock` on `<directory>/.run.lock`, refused at once when held."""
 
@@ -257,12 +292,16 @@ class RemoteLock:
     self._object = f"{prefix}/{LOCK_FILE_NAME}" if prefix else LOCK_FILE_NAME
     self._holder = holder
     self._interval = refresh_interval_s
+    self.refresh_interval_s = refresh_interval_s
     self._timeout = request_timeout_s
     self._client_factory = client_factory or gcs_mirror.default_client_factory
     self._clock = clock
     self._client = None
     self._mutex = threading.Lock()
     self._generation: Optional[int] = None
+    # time.monotonic() of the newest write or read that showed the lock ours.
+    self._confirmed_at: Optional[float] = None
+    self._last_error: Optional[BaseException] = None
     self._lost: Optional[RunLockError] = None
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
@@ -279,6 +318,26 @@ class RemoteLock:
     """The error to raise when another run took this lock over, else None."""
     with self._mutex:
       return self._lost
+
+  def check_confirmed(self, max_age_s: float) -> None:
+    """Raises unless the lock was confirmed ours within `max_age_s`.
+
+    A lock never taken (GCS unreachable at start) passes: nothing can be
+    written to that bucket anyway, and the refresh thread takes it first.
+
+    Raises:
+      RunLockUnconfirmed: the last confirmation is older (e.g. the process
+        was paused, or refreshes fail); caused by the refresh's error.
+    """
+    with self._mutex:
+      confirmed_at, error = self._confirmed_at, self._last_error
+    if confirmed_at is None:
+      return
+    age = time.monotonic() - confirmed_at
+    if age > max_age_s:
+      raise RunLockUnconfirmed(
+          f"run lock {self.url} not confirmed for {age:.1f} s"
+      ) from error
 
   def acquire(self) -> bool:
     """Takes the lock and starts refreshing it.
@@ -452,6 +511,8 @@ class RemoteLock:
     with self._mutex:
       if not self._stop.is_set():
         self._generation = generation
+        self._confirmed_at = time.monotonic()
+        self._last_error = None
 
   # --- background thread ------------------------------------------------------
 
@@ -472,6 +533,8 @@ class RemoteLock:
         return
       # The refresh thread outlives any failure: it logs it and retries.
       except Exception as e:  # pylint: disable=broad-exception-caught
+        with self._mutex:
+          self._last_error = e
         if not self._failing:
           logging.warning(
               "Run lock %s: refresh failed (%s: %s); retrying "
@@ -539,11 +602,30 @@ class RunLocks:
     """Raises if another run took over a remote lock while this one ran.
 
     Raises:
-      RunLockError: the first remote lock lost to another run.
+      RunLockLost: the first remote lock lost to another run; it names the
+        local directories that keep what this run holds.
     """
     for lock in self.remote_locks:
-      if lock.lost is not None:
-        raise lock.lost
+      lost = lock.lost
+      if lost is not None:
+        raise RunLockLost(
+            lock.url, lost.holder, [l.directory for l in self.local_locks]
+        ) from lost
+
+  def fence(self) -> None:
+    """`check`, and every held remote lock confirmed within 2N.
+
+    The GCS mirror's fence: another run may take a lock over 3N after its
+    last refresh, so a lock not confirmed for 2N (a paused process, failing
+    refreshes) lets nothing be written until the refresh thread has looked.
+
+    Raises:
+      RunLockLost: as for `check`.
+      RunLockUnconfirmed: a remote lock was not confirmed recently.
+    """
+    self.check()
+    for lock in self.remote_locks:
+      lock.check_confirmed(2 * lock.refresh_interval_s)
 
   def release(self) -> None:
     """Releases every lock, newest first; safe to call more than once."""

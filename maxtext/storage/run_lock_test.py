@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -35,6 +36,15 @@ def _child_env(**extra):
   env = dict(os.environ, **extra)
   env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
   return env
+
+
+def _raises(fn) -> bool:
+  """Whether fn() raises a lock error (lost or unconfirmed)."""
+  try:
+    fn()
+  except (run_lock.RunLockLost, run_lock.RunLockUnconfirmed):
+    return True
+  return False
 
 
 class _Holder:
@@ -270,19 +280,42 @@ class RemoteLockTest(gcs_emulator.EmulatorTestCase):
     self.assertEqual(self._lock_object()[1]["run_id"], locks.holder.run_id)
 
   def test_holder_whose_lock_was_taken_over_learns_it_and_keeps_off(self):
-    first = self._acquire(refresh_interval_s=0.2)
+    first = self._acquire(
+        [os.path.join(self.root, "a"), self.url], refresh_interval_s=0.2
+    )
     # A clock far ahead makes the first run's fresh lock look abandoned.
     second = self._acquire(
-        refresh_interval_s=0.2, clock=lambda: time.time() + 3600.0
+        [os.path.join(self.root, "b"), self.url],
+        refresh_interval_s=0.2,
+        clock=lambda: time.time() + 3600.0,
     )
     polling.wait_until(lambda: first.remote_locks[0].lost is not None)
-    with self.assertRaisesRegex(
-        run_lock.RunLockError, "taken over|locked by another run"
-    ):
-      first.check()
+    local = [l.directory for l in first.local_locks]
+    for check in (first.check, first.fence):
+      with self.assertRaisesRegex(
+          run_lock.RunLockLost,
+          rf"^run lock of {re.escape(self.url)} was taken over by another run"
+          rf" \(host=\S+ pid={os.getpid()} started .*\): this run stopped and"
+          rf" writes nothing more there; what it holds stays in its local"
+          rf" staging {re.escape(', '.join(local))}$",
+      ):
+        check()
     first.release()
     self.assertEqual(self._lock_object()[1]["run_id"], second.holder.run_id)
     second.check()
+
+  def test_fence_refuses_writes_while_the_lock_is_unconfirmed(self):
+    interval = 0.5
+    locks = self._acquire(refresh_interval_s=interval)
+    locks.fence()  # Just taken: confirmed.
+    # A pause: this process's refresh thread does not run.
+    self.emulator.stop()
+    with self.assertRaisesRegex(run_lock.RunLockUnconfirmed, "not confirmed"):
+      polling.wait_until(lambda: locks.fence() and False, timeout_s=30.0)
+    locks.check()  # Not lost: the run goes on, its uploads wait.
+    self.emulator.start()
+    polling.wait_until(lambda: not _raises(locks.fence))
+    locks.release()
 
   def test_unreachable_bucket_warns_and_keeps_the_local_lock(self):
     port = gcs_emulator.free_port()

@@ -91,8 +91,10 @@ RESUMABLE_FIELDS = frozenset(
         "gcs_startup_timeout_seconds",
         "gcs_final_timeout_seconds",
         "run_lock_refresh_interval_seconds",
-        # Resume is how the later attempts start.
+        # Resume is how the later attempts start; start_over how one starts
+        # again from step 0 (each attempt's value is in the history).
         "resume",
+        "start_over",
         # The machines. The state is restored into the new mesh's shardings,
         # and the data does not depend on the process count: each step's
         # global batch is drawn whole and every process keeps its rows

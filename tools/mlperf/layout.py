@@ -95,6 +95,21 @@ def write_system_json(path: str, desc: Mapping[str, str]) -> None:
     f.write("\n")
 
 
+def check_no_results(out_dir: str, org: str, system: str, benchmark: str):
+  """Raises unless the results directory is missing or empty.
+
+  Raises:
+    FileExistsError: the results directory already holds files (a package is
+      written once; a stale result would be counted by the checker).
+  """
+  directory = results_dir(out_dir, org, system, benchmark)
+  if os.path.isdir(directory) and os.listdir(directory):
+    raise FileExistsError(
+        f"results directory {directory!r} is not empty: "
+        f"choose a new --output_dir"
+    )
+
+
 def write_results(
     out_dir: str,
     org: str,
@@ -108,12 +123,8 @@ def write_results(
     FileExistsError: the results directory already holds files (a package is
       written once; a stale result would be counted by the checker).
   """
+  check_no_results(out_dir, org, system, benchmark)
   directory = results_dir(out_dir, org, system, benchmark)
-  if os.path.isdir(directory) and os.listdir(directory):
-    raise FileExistsError(
-        f"results directory {directory!r} is not empty: "
-        f"choose a new --output_dir"
-    )
   os.makedirs(directory, exist_ok=True)
   written = []
   for i, log_path in enumerate(log_paths):

@@ -83,6 +83,13 @@ def main(argv):
     raise app.UsageError("--runs needs --config=FILE")
   try:
     if _RUNS.value:
+      # An existing package is refused before any run is trained.
+      layout.check_no_results(
+          out_dir,
+          config.submission_org,
+          config.submission_platform,
+          config.submission_benchmark,
+      )
       # Only --runs trains: the packaging path needs no model code.
       # pylint: disable-next=import-outside-toplevel
       from tools.mlperf import training

@@ -238,6 +238,34 @@ class PackageTest(parameterized.TestCase):
         r".*run_altered/mllog.log",
     )
 
+  def test_refuses_a_log_that_disagrees_with_its_metrics(self):
+    edited = self.altered_copy(set_value=("eval_accuracy", 0.5))
+    self.assert_refused(
+        [edited, *self.run_dirs[1:]],
+        r"refused: .*run_altered/mllog\.log:\d+: eval_accuracy 0\.5 after"
+        r" step \d+ but eval_loss \S+ \(in .*run_altered/metrics\.jsonl\)",
+    )
+
+  def test_refused_packaging_writes_nothing_into_an_existing_package(self):
+    def tree():
+      files = {}
+      for directory, _, names in os.walk(self.out):
+        for name in names:
+          path = os.path.join(directory, name)
+          with open(path, "rb") as f:
+            files[path] = f.read()
+      return files
+
+    before = tree()
+    self.assertIn(
+        os.path.join(self.out, "checker_logs", "compliance_checker.log"),
+        before,
+    )
+    proc = run_package([f"--output_dir={self.out}", *self.run_dirs])
+    self.assertEqual(proc.returncode, 2, output_of(proc))
+    self.assertRegex(proc.stderr, r"refused: results directory .* not empty")
+    self.assertEqual(tree(), before)
+
   def test_refuses_mixed_divisions(self):
     closed = self.altered_copy(set_value=("submission_division", "closed"))
     self.assert_refused(

@@ -5,7 +5,8 @@ config and its provenance: JAX version, devices, git revision) and the MLPerf
 log, `mllog.log` unless the config's `mllog_file` names another path. A
 resumed run writes one log per attempt (`mllog.2.log`, ...); a submission's
 time to train must come from one uninterrupted attempt, so such a run is
-refused here.
+refused here, as is a log that disagrees with the run's `metrics.jsonl`
+(see `cross_check`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Optional
 
 from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import run_record
+from tools.mlperf import cross_check
 
 LINE_PREFIX = ":::MLLOG "
 
@@ -74,8 +76,8 @@ class RunLog:
     return revision if isinstance(revision, str) and revision else "unknown"
 
 
-def read_events(log_path: str) -> list[dict[str, Any]]:
-  """The `:::MLLOG` events of a log, in file order.
+def read_numbered_events(log_path: str) -> list[tuple[int, dict[str, Any]]]:
+  """The `:::MLLOG` events of a log with their line numbers, in file order.
 
   Raises:
     RunDirError: a line after the prefix is not a JSON object.
@@ -91,8 +93,17 @@ def read_events(log_path: str) -> list[dict[str, Any]]:
         raise RunDirError(f"{log_path}:{lineno}: not an MLLOG line: {e}") from e
       if not isinstance(event, dict):
         raise RunDirError(f"{log_path}:{lineno}: not an MLLOG event object")
-      events.append(event)
+      events.append((lineno, event))
   return events
+
+
+def read_events(log_path: str) -> list[dict[str, Any]]:
+  """The `:::MLLOG` events of a log, in file order.
+
+  Raises:
+    RunDirError: a line after the prefix is not a JSON object.
+  """
+  return [event for _, event in read_numbered_events(log_path)]
 
 
 def _second_attempt(log_path: str) -> str:
@@ -146,7 +157,14 @@ def read_run(run_dir: str) -> RunLog:
     )
   found: dict[str, Any] = {}
   seed = log_revision = None
-  for event in read_events(log_path):
+  events = read_numbered_events(log_path)
+  try:
+    cross_check.check_run(
+        log_path, events, run_dir, int(config.get("global_batch_size") or 0)
+    )
+  except cross_check.MismatchError as e:
+    raise RunDirError(str(e)) from e
+  for _, event in events:
     key = event.get("key")
     if key == mllog_logger.REVISION_EVENT and log_revision is None:
       metadata = event.get("metadata")

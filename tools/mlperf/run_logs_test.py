@@ -44,8 +44,11 @@ def write_run_dir(
     config_json=True,
     revision=None,
 ):
-  """A run directory as maxtext.trainer writes one (config.json + log)."""
+  """A run directory as maxtext.trainer writes one (config.json, log and
+  metrics.jsonl, empty: the log records no step)."""
   os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "metrics.jsonl"), "w", encoding="utf-8"):
+    pass
   if config_json:
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
       json.dump(
@@ -106,6 +109,14 @@ class ReadRunTest(parameterized.TestCase):
         write_run_dir(os.path.join(self.tmp, "r"), mllog_file=log)
     )
     self.assertEqual(run.log_path, log)
+
+  def test_log_without_the_runs_metrics_is_refused(self):
+    run_dir = write_run_dir(os.path.join(self.tmp, "run"))
+    os.remove(os.path.join(run_dir, "metrics.jsonl"))
+    with self.assertRaisesRegex(
+        run_logs.RunDirError, r"metrics\.jsonl is missing: the MLPerf log"
+    ):
+      run_logs.read_run(run_dir)
 
   def test_missing_directory(self):
     with self.assertRaisesRegex(run_logs.RunDirError, "does not exist"):

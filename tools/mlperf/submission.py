@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from typing import Callable, Optional, Sequence
 
 from mlperf_logging import benchmark_meta
@@ -113,22 +114,44 @@ def check_consistent(runs: Sequence[run_logs.RunLog]) -> None:
   check_run_count(first.benchmark, len(runs))
 
 
-def check_compliance(runs: Sequence[run_logs.RunLog], work_dir: str) -> None:
+def check_compliance(
+    runs: Sequence[run_logs.RunLog], log_dir: Optional[str] = None
+) -> str:
   """Runs the compliance checker on every log; refuses if any fails.
+
+  The checker runs in a temporary directory: a refusal writes nothing
+  anywhere (the message holds the checker's complaints).
+
+  Args:
+    runs: the runs whose logs to check.
+    log_dir: when every log passes, the checker's output is written to
+      `<log_dir>/compliance_checker.log`; None writes nothing.
+
+  Returns:
+    The checker's output for every log.
 
   Raises:
     PackageError: naming each failing log and the checker's complaints.
   """
-  failures = []
-  for run in runs:
-    result = checkers.compliance(run.log_path, run.ruleset, work_dir)
-    if not result.ok:
-      failures.append(f"{run.log_path}:\n{result.problems()}")
+  failures, outputs = [], []
+  with tempfile.TemporaryDirectory(prefix="compliance_checker_") as work_dir:
+    for run in runs:
+      result = checkers.compliance(run.log_path, run.ruleset, work_dir)
+      outputs.append(f"== {run.log_path}\n{result.output}")
+      if not result.ok:
+        failures.append(f"{run.log_path}:\n{result.problems()}")
   if failures:
     raise PackageError(
         f"{len(failures)} of {len(runs)} logs fail the MLPerf compliance "
         f"checker:\n" + "\n".join(failures)
     )
+  output = "\n".join(outputs)
+  if log_dir is not None:
+    os.makedirs(log_dir, exist_ok=True)
+    path = os.path.join(log_dir, "compliance_checker.log")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(output)
+  return output
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,25 +227,34 @@ def build_package(
       `check_compliance`).
     provenance.ProvenanceError: the runs' recorded revisions are refused
       (see `provenance.check_runs`).
-    FileExistsError: `out_dir` already holds this package.
+    FileExistsError: `out_dir` already holds this package (checked first:
+      a refused packaging writes nothing into it).
   """
   check_consistent(runs)
   layout.check_name("implementation", implementation)
+  first = runs[0]
+  org, system, benchmark = first.org, first.system, first.benchmark
+  # Refused before anything is written: an existing package stays as it is.
+  layout.check_no_results(out_dir, org, system, benchmark)
   if build is None:
     build = build_info_lib.loaded()
   warnings = provenance.check_runs(runs, build)
   for warning in warnings:
     emit(f"mlperf_package: WARNING: {warning}")
   work_dir = os.path.join(out_dir, "checker_logs")
+  compliance_output = None
   if not compliance_checked:
     emit(f"mlperf_package: compliance checker on {len(runs)} logs")
-    check_compliance(runs, work_dir)
-  first = runs[0]
-  org, system, benchmark = first.org, first.system, first.benchmark
+    compliance_output = check_compliance(runs)
 
   results = layout.write_results(
       out_dir, org, system, benchmark, [run.log_path for run in runs]
   )
+  if compliance_output is not None:
+    os.makedirs(work_dir, exist_ok=True)
+    path = os.path.join(work_dir, "compliance_checker.log")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(compliance_output)
   desc = system_desc.describe(
       org=org,
       system=system,
