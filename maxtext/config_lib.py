@@ -654,11 +654,16 @@ def to_json_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return values
 
 
-def load_config_file(path: str) -> ml_collections.ConfigDict:
+def load_config_file(
+    path: str, argument: str = ""
+) -> ml_collections.ConfigDict:
   """Loads a config file (a module with `get_config()`) by path.
 
   Args:
     path: path of a Python file defining `get_config() -> ConfigDict`.
+    argument: the text after `:` in `--config=FILE:ARGUMENT`, passed to
+      `get_config` as its one argument when not empty (as ml_collections'
+      config flags do).
 
   Returns:
     The ConfigDict that `get_config()` returns (not validated).
@@ -679,7 +684,8 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   if not callable(get_config):
     raise ValueError(f"config file {path!r} defines no get_config()")
   # get_config is callable (checked above); pylint infers only getattr's None.
-  config = get_config()  # pylint: disable=not-callable
+  # pylint: disable-next=not-callable
+  config = get_config(argument) if argument else get_config()
   if not isinstance(config, ml_collections.ConfigDict):
     raise ValueError(
         f"get_config() of {path!r} returned "

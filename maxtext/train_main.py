@@ -20,6 +20,7 @@ import logging as std_logging
 import os
 import sys
 import traceback
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -28,6 +29,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from maxtext import caller_paths
+from maxtext import config_lib
 from maxtext import trainer
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
@@ -65,8 +67,13 @@ def _parse_flags(argv):
   try:
     return app.parse_flags_with_usage(argv)
   except (AttributeError, KeyError) as e:
-    # ml_collections raises
-    # AttributeError(KeyError("'stpes'\nDid you mean ...")).
+    # The file itself may be what fails (no get_config, or one that returns
+    # no ConfigDict); otherwise ml_collections raises
+    # AttributeError(KeyError("'stpes'\nDid you mean ...")) for an override.
+    config_path = _config_arg(argv)
+    problem = config_path and _config_file_problem(config_path)
+    if problem:
+      sys.exit(_error(problem, status=2))
     cause = e
     while isinstance(cause, BaseException) and cause.args:
       cause = cause.args[0]
@@ -106,13 +113,16 @@ class _QuietLibraries(std_logging.Filter):
     )
 
 
-def _config_load_error(config, config_path: str) -> str:
-  """One line saying why the --config file did not load.
+def _config_file_problem(config_path: str) -> Optional[str]:
+  """One line saying why `--config=config_path` gives no ConfigDict, or None.
 
-  ml_collections keeps a config file's load error in a stand-in object that
-  raises it on first use.
+  Loads the file again on its own (`config_lib.load_config_file`), so the
+  answer names the file's own problem (no `get_config`, a `get_config` that
+  returns something else, an exception in it) whatever ml_collections made
+  of it: it keeps a load error in a stand-in object, and an override of a
+  file without `get_config` fails as an unknown field.
   """
-  file_path = config_path.partition(":")[0]
+  file_path, _, argument = config_path.partition(":")
   if not os.path.isfile(file_path):
     problem = (
         "is a directory, not a config file"
@@ -121,15 +131,24 @@ def _config_load_error(config, config_path: str) -> str:
     )
     return f"--config={config_path}: {problem}"
   try:
-    config.lock()
+    config_lib.load_config_file(file_path, argument)
+  except ValueError as e:  # The message names the file.
+    return f"--config: {e}"
   # Whatever the user's config file raised is the file's problem.
   except Exception as e:  # pylint: disable=broad-except
-    cause = e.__cause__ or e
-    return (
-        f"--config={config_path} cannot be loaded: "
-        f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1]}"
-    )
-  return f"--config={config_path} did not give a ConfigDict"
+    return f"--config={config_path} cannot be loaded: {_located(e)}"
+  return None
+
+
+def _config_arg(argv) -> Optional[str]:
+  """The value of the last --config=FILE (or --config FILE) in `argv`."""
+  found = None
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      found = arg[len("--config=") :]
+    elif arg == "--config" and i + 1 < len(argv):
+      found = argv[i + 1]
+  return found
 
 
 def _error(error, status: int) -> int:
@@ -147,7 +166,10 @@ def main(argv):
   config_path = flags.FLAGS["config"].config_filename
   config = _CONFIG.value
   if not isinstance(config, ml_collections.ConfigDict):
-    return _error(_config_load_error(config, config_path), status=2)
+    problem = _config_file_problem(config_path) or (
+        f"--config={config_path} did not give a ConfigDict"
+    )
+    return _error(problem, status=2)
   try:
     result = trainer.run(config, config_filename=os.path.basename(config_path))
   except (trainer.ConfigError, run_lock.RunLockError) as e:

@@ -170,25 +170,56 @@ class TrainMainTest(parameterized.TestCase):
     self.assertFalse(os.path.exists(output))
 
   @parameterized.named_parameters(
-      ("missing", None, r"--config=\S*/missing\.py: does not exist"),
+      ("missing", None, [], r"--config=\S*/missing\.py: does not exist"),
       (
           "syntax_error",
           "def get_config(:\n",
+          [],
           r"--config file cannot be loaded: SyntaxError: .*bad\.py, line 1\)",
       ),
       (
           "get_config_raises",
           "def get_config():\n  return 1 / 0\n",
+          [],
           r"--config file cannot be loaded: ZeroDivisionError: "
           r"division by zero \(\S*bad\.py, line 2\)",
       ),
+      (
+          "no_get_config",
+          "X = 1\n",
+          [],
+          r"--config: config file '\S*bad\.py' defines no get_config\(\)$",
+      ),
+      (
+          # ml_collections reads the override as an unknown field.
+          "no_get_config_with_override",
+          "X = 1\n",
+          ["--config.steps=3"],
+          r"--config: config file '\S*bad\.py' defines no get_config\(\)$",
+      ),
+      (
+          "get_config_returns_a_dict",
+          "def get_config():\n  return {'steps': 3}\n",
+          [],
+          r"--config: get_config\(\) of '\S*bad\.py' returned dict, not a "
+          r"ConfigDict$",
+      ),
+      (
+          "get_config_returns_a_dict_with_override",
+          "def get_config():\n  return {'steps': 3}\n",
+          ["--config.steps=3"],
+          r"--config: get_config\(\) of '\S*bad\.py' returned dict, not a "
+          r"ConfigDict$",
+      ),
   )
-  def test_config_file_that_cannot_load_is_one_line(self, source, message):
+  def test_config_file_that_cannot_load_is_one_line(
+      self, source, extra_args, message
+  ):
     path = os.path.join(self.tmp, "missing.py" if source is None else "bad.py")
     if source is not None:
       with open(path, "w", encoding="utf-8") as f:
         f.write(source)
-    proc = self.run_main([f"--config={path}"])
+    proc = self.run_main([f"--config={path}"] + extra_args)
     self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
     self.assertNotIn("Traceback", proc.stderr)
     (line,) = [l for l in proc.stderr.splitlines() if "train_main" in l]
