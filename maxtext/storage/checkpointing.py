@@ -119,12 +119,15 @@ def _check_abstract_tree(name: str, tree: Any) -> None:
       )
 
 
-def _read_only_manager(
-    directory: str, item_names: tuple[str, ...]
-) -> ocp.CheckpointManager:
+def _read_only_manager(directory: str) -> ocp.CheckpointManager:
+  """A manager that reads the state item of `directory`'s checkpoints.
+
+  The item's handler is named, so its tree metadata (shapes) can be read
+  before any array is.
+  """
   return ocp.CheckpointManager(
       directory,
-      item_names=item_names,
+      item_handlers={STATE_ITEM: ocp.PyTreeCheckpointHandler()},
       options=ocp.CheckpointManagerOptions(
           read_only=True, create=False, save_interval_steps=0
       ),
@@ -808,14 +811,14 @@ def _find_params_checkpoint(path: str) -> tuple[ocp.CheckpointManager, int]:
     raise FileNotFoundError(
         f"load_parameters_path {path} does not exist or is not a directory"
     )
-  manager = _read_only_manager(path, (STATE_ITEM,))
+  manager = _read_only_manager(path)
   step = manager.latest_step()
   if step is not None:
     return manager, step
   manager.close()
   parent, name = os.path.split(path.rstrip("/"))
   if name.isdigit() and parent:
-    parent_manager = _read_only_manager(parent, (STATE_ITEM,))
+    parent_manager = _read_only_manager(parent)
     if int(name) in parent_manager.all_steps():
       return parent_manager, int(name)
     parent_manager.close()
@@ -823,6 +826,21 @@ def _find_params_checkpoint(path: str) -> tuple[ocp.CheckpointManager, int]:
       f"load_parameters_path {path} holds no checkpoint: expected a "
       "checkpoint directory with step subdirectories, or one step directory"
   )
+
+
+def _stored_params(manager: ocp.CheckpointManager, step: int) -> Any:
+  """The params subtree of `step`'s tree metadata, or None if unreadable."""
+  try:
+    return manager.item_metadata(step)[STATE_ITEM][PARAMS_KEY]
+  # Unreadable tree metadata, whatever the error: orbax's restore reports
+  # the damage.
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    logging.warning(
+        "Cannot check the parameters of checkpoint step %d: %s",
+        step,
+        _reason(e),
+    )
+    return None
 
 
 def restore_params_only(
@@ -845,13 +863,18 @@ def restore_params_only(
 
   Raises:
     FileNotFoundError: `path` is missing or holds no checkpoint; names it.
-    ValueError: an abstract leaf has no sharding.
+    ValueError: an abstract leaf has no sharding, or the checkpoint's
+      parameters differ from `abstract_params` in a leaf or a shape (names
+      the leaf and both shapes), before orbax reads any array.
   """
   path = _normalize_directory(path)
   _check_abstract_tree("abstract_params", abstract_params)
   manager, step = _find_params_checkpoint(path)
   try:
     item = {PARAMS_KEY: abstract_params}
+    stored = _stored_params(manager, step)
+    if stored is not None:
+      _check_matches(item, {PARAMS_KEY: stored}, step)
     restored = manager.restore(
         step,
         args=ocp.args.Composite(

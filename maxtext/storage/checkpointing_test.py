@@ -236,6 +236,22 @@ class CheckpointingTest(parameterized.TestCase):
     )
     chex.assert_trees_all_equal(first, make_state(1.0, self.sharding)["params"])
 
+  def test_params_only_restore_of_another_shape_names_the_leaf(self):
+    ckpt = self.make_checkpointer()
+    ckpt.save(1, make_state(1.0, self.sharding), {})
+    ckpt.close()
+    params = make_state(0.0, self.sharding)["params"]
+    # Another vocabulary: one more row of the embedding.
+    params["embed"] = jnp.zeros((4, 4), jnp.float32)
+    with self.assertRaisesRegex(
+        ValueError,
+        r"abstract_state\['params'\]\['embed'\] has shape \(4, 4\) but "
+        r"checkpoint step 1 holds shape \(3, 4\)",
+    ):
+      checkpointing.restore_params_only(
+          self.directory, abstract_like(params, self.sharding)
+      )
+
   def test_missing_and_empty_directories_name_the_path(self):
     abstract_params = abstract_like(
         make_state(0.0, self.sharding)["params"], self.sharding
