@@ -388,9 +388,6 @@ class Engine:
         return aux["loss_sum"] / jnp.maximum(aux["num_tokens"], 1e-8)
       return loss
 
-    # One compiled variant of the micro-step per (first, last) position in the
-    # step: the first takes no accumulator, the last also takes the step
-    # number and returns the update's metrics. Donating the accumulator lets
     # Without donation, parameters and optimizer state stay valid until the
     # flush that follows the apply's dispatch has succeeded.
     donate = (0, 1) if self._donate else ()

@@ -524,7 +524,7 @@ class EngineTest(parameterized.TestCase):
 
   @parameterized.named_parameters(("clipped", 0.5), ("not_reached", 1e6))
   def test_grad_clip_norm_matches_optax_clipping(self, clip):
-    # The engine's clipping (with the norm measured by the last micro-batch)
+    # The engine's clipping (with the norm its measure took)
     # and optax's clip_by_global_norm give the same step. Scaled targets make
     # the gradient norm far above 0.5.
     def run(optimizer, **kwargs):
