@@ -11,7 +11,10 @@ and the number of metrics:
   micro-step, so XLA adds in place. One compiled program serves every
   micro-batch: its `first` argument, a traced flag, makes a step's first
   gradients replace the accumulator's contents (the previous step's sum, or
-  a skipped step's non-finite one) instead of adding to them. It returns the
+  a skipped step's non-finite one) instead of adding to them. With K = 1
+  there is nothing to add to: the micro-step takes no accumulator and its
+  gradients become it, as XLA computes them (adding into a donated buffer
+  costs a gradient-sized temporary, which K > 1 pays). It returns the
   loss and the scalar aux metrics packed in one array; their names are
   static data of the output's pytree structure, so every call of the
   compiled program, traced now or found in a cache, hands them back. The
@@ -345,6 +348,19 @@ class Engine:
       packed, weighted = self._pack(loss, aux)
       return grad_acc, packed, weighted
 
+    def single_micro_step(params, micro_batch):
+      # K = 1: the micro-batch's gradients are the step's sum. Taking no
+      # accumulator lets them be the output as XLA computes them; adding
+      # into a donated one would cost a gradient-sized temporary.
+      (loss, aux), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(
+          params, micro_batch
+      )
+      grad_acc = jax.tree.map(
+          lambda g, s: g.astype(s.dtype), grads, self._acc_shapes
+      )
+      packed, weighted = self._pack(loss, aux)
+      return grad_acc, packed, weighted
+
     def measure(grad_acc, step):
       # The update's metrics, known (and flushed) before the optimizer's
       # result is kept or its state donated: the mean gradient's global norm
@@ -396,12 +412,19 @@ class Engine:
     # place; the measure and the apply only read it.
     if explicit:
       self._allocate = jax.jit(allocate, out_shardings=(ps, rep, rep))
-      self._micro_step = jax.jit(
-          micro_step,
-          donate_argnums=(1,),
-          in_shardings=(ps, ps, rep, bs),
-          out_shardings=(ps, rep, rep),
-      )
+      if self._k == 1:
+        self._micro_step = jax.jit(
+            single_micro_step,
+            in_shardings=(ps, bs),
+            out_shardings=(ps, rep, rep),
+        )
+      else:
+        self._micro_step = jax.jit(
+            micro_step,
+            donate_argnums=(1,),
+            in_shardings=(ps, ps, rep, bs),
+            out_shardings=(ps, rep, rep),
+        )
       self._measure = jax.jit(
           measure, in_shardings=(ps, rep), out_shardings=rep
       )
@@ -414,7 +437,10 @@ class Engine:
       self._eval = jax.jit(eval_loss, in_shardings=(ps, bs), out_shardings=rep)
     else:
       self._allocate = jax.jit(allocate)
-      self._micro_step = jax.jit(micro_step, donate_argnums=(1,))
+      if self._k == 1:
+        self._micro_step = jax.jit(single_micro_step)
+      else:
+        self._micro_step = jax.jit(micro_step, donate_argnums=(1,))
       self._measure = jax.jit(measure)
       self._apply = jax.jit(apply, donate_argnums=donate)
       self._eval = jax.jit(eval_loss)
@@ -504,13 +530,20 @@ class Engine:
           f"fwd_bwd called {self._micro + 1} times in step {self._step}, but "
           f"gradient_accumulation_steps is {self._k}; call update() first"
       )
-    if self._grad_acc is None:
-      self._grad_acc, *flags = self._allocate()
-      self._first_flags = tuple(flags)  # (True, False)
-    first = self._first_flags[0 if self._micro == 0 else 1]
-    self._grad_acc, packed, weighted = self._micro_step(
-        self._params, self._grad_acc, first, micro_batch
-    )
+    if self._k == 1:
+      # The last step's sum goes before the new one is made.
+      self._grad_acc = None
+      self._grad_acc, packed, weighted = self._micro_step(
+          self._params, micro_batch
+      )
+    else:
+      if self._grad_acc is None:
+        self._grad_acc, *flags = self._allocate()
+        self._first_flags = tuple(flags)  # (True, False)
+      first = self._first_flags[0 if self._micro == 0 else 1]
+      self._grad_acc, packed, weighted = self._micro_step(
+          self._params, self._grad_acc, first, micro_batch
+      )
     self._micro += 1
     # The names come with the output's structure, whether this call traced
     # the program or found it compiled.
@@ -667,8 +700,11 @@ class Engine:
     first = jax.ShapeDtypeStruct((), jnp.bool_)
     step = jax.ShapeDtypeStruct((), jnp.int32)
     packed = jax.ShapeDtypeStruct((len(_UPDATE_NAMES),), jnp.float32)
+    micro_args = (
+        (params, batch) if self._k == 1 else (params, grad_acc, first, batch)
+    )
     return {
-        "micro_step": self._micro_step.lower(params, grad_acc, first, batch),
+        "micro_step": self._micro_step.lower(*micro_args),
         "measure": self._measure.lower(grad_acc, step),
         "apply": self._apply.lower(params, opt_state, grad_acc, packed),
     }

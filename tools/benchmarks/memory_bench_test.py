@@ -3,10 +3,9 @@
 Memory figures are XLA's compiled analysis, deterministic for a given XLA,
 so the test checks relations that must hold whatever the version: every
 program and policy has a row, full rematerialisation needs fewer
-temporaries than none, the micro-step donates its accumulator, the gradient
-measure's peak is below every micro-step's, the donating apply's peak is
-below the non-donating one's by at least the donated outputs, and the
-closing line parses.
+temporaries than none, the gradient measure's peak is below every
+micro-step's, the donating apply's peak is below the non-donating one's by
+at least the donated outputs, and the closing line parses.
 """
 
 import re
@@ -87,8 +86,6 @@ class MemoryBenchTest(absltest.TestCase):
           rows[f"{attention}/full"][3], rows[f"{attention}/none"][3]
       )
     for label in expected:
-      # The micro-step adds into the donated accumulator in place.
-      self.assertGreater(rows[label][2], 0)
       # The measure holds less than any micro-step: the state and the
       # accumulator, no batch, no activations.
       self.assertLess(rows["measure"][5], rows[label][5])
