@@ -49,10 +49,10 @@ Two ways to keep that contract (`donate_state`):
   but both versions of the state exist until the flush has decided: one
   more copy of parameters and optimizer state at every update.
 
-The accumulator stays allocated between steps, where it held nothing before
-the first micro-batch: every program of a step has it as an argument or
-output, so no program's peak grows, but work between steps (eval,
-checkpoints) runs beside it.
+With K > 1 the accumulator stays allocated between steps: every program of a
+step has it as an argument or output, so no program's peak grows, but work
+between steps (eval, checkpoints) runs beside it. With K = 1 it is freed at
+the end of `update()`.
 
 `lower(micro_batch)` lowers the engine's own programs for ahead-of-time
 compilation: "micro_step", "measure" and "apply", the programs a step runs
@@ -531,8 +531,7 @@ class Engine:
           f"gradient_accumulation_steps is {self._k}; call update() first"
       )
     if self._k == 1:
-      # The last step's sum goes before the new one is made.
-      self._grad_acc = None
+      # update() freed the last step's sum.
       self._grad_acc, packed, weighted = self._micro_step(
           self._params, micro_batch
       )
@@ -642,8 +641,13 @@ class Engine:
       # (and all ran the same programs).
       if not discard and not buffer.scalar_metrics["step_skipped"][-1] > 0:
         self._params, self._opt_state = new_params, new_opt_state
-    # The accumulator keeps this step's sum; the next step's first
-    # micro-batch replaces it.
+    if self._k == 1:
+      # Nothing reads it again: between steps (eval, checkpoints) the
+      # device holds the state alone.
+      self._grad_acc = None
+    # Otherwise the accumulator keeps this step's sum, which the next
+    # step's first micro-batch replaces: allocating it anew would cost a
+    # device op per step.
     self._update_packed = None
     self._step += 1
     self._micro = 0
