@@ -1,24 +1,38 @@
 """The training engine: gradient accumulation, optimizer step, step metrics.
 
 One training step is K = `gradient_accumulation_steps` calls of `fwd_bwd` (one
-jitted dispatch each) followed by one `update()`:
+jitted dispatch each) followed by one `update()` (three dispatches: the
+gradient measure, the flush's concatenation, the optimizer apply), whatever K
+and the number of metrics:
 
-* `fwd_bwd(micro_batch)` runs `jax.value_and_grad(loss_fn)`, adds the gradients
-  into a donated device accumulator (the step's first micro-batch starts it)
-  and returns the loss and the scalar aux metrics packed in one array; the
-  engine hands that array to `MetricsRecorder.buffer_packed` (host lists, no
-  device op). Weighted aux metrics go through the per-name path.
-* The step's last `fwd_bwd` (another compiled variant, still one dispatch)
-  also measures the mean gradient: its global norm, whether it is finite, and
-  the learning rate; these `learning_rate`, `grad_norm` and `step_skipped`
-  values are buffered packed, like the micro-batch metrics.
-* `update()` flushes the recorder (one concatenation and one transfer for
-  the whole step, update metrics included) and dispatches the optimizer apply
+* `fwd_bwd(micro_batch)` runs `jax.value_and_grad(loss_fn)` and adds the
+  gradients into the engine's accumulator, a device buffer allocated by the
+  first micro-batch that lives from then on and is donated to every
+  micro-step, so XLA adds in place. One compiled program serves every
+  micro-batch: its `first` argument, a traced flag, makes a step's first
+  gradients replace the accumulator's contents (the previous step's sum, or
+  a skipped step's non-finite one) instead of adding to them. With K = 1
+  there is nothing to add to: the micro-step takes no accumulator and its
+  gradients become it, as XLA computes them (adding into a donated buffer
+  costs a gradient-sized temporary, which K > 1 pays). It returns the
+  loss and the scalar aux metrics packed in one array; their names are
+  static data of the output's pytree structure, so every call of the
+  compiled program, traced now or found in a cache, hands them back. The
+  engine buffers the array with `MetricsRecorder.buffer_packed` (host lists,
+  no device op). Weighted aux metrics go through the per-name path; a
+  `SummedMetric` is packed and declared to the recorder as a sum, so the
+  step's value of a count is its sum over the micro-batches.
+* `update()` dispatches `measure`, a small program reading the accumulator:
+  the mean gradient's global norm, whether it is finite, and the learning
+  rate (`grad_norm`, `step_skipped`, `learning_rate`, buffered packed like
+  the micro-batch metrics). It then flushes the recorder (one concatenation
+  and one transfer for the whole step) and dispatches the optimizer apply
   (which clips the mean gradient to `grad_clip_norm` with the norm already
-  measured). A value that cannot be fetched raises with nothing changed, and
-  a non-finite step keeps the old state. `update()` advances `step` and
-  returns the step's flushed `MetricsBuffer` without waiting for the apply,
-  so the host prepares the next step while the device runs it.
+  measured). A value that cannot be fetched raises with parameters,
+  optimizer state, step counter and accumulator unchanged, and a non-finite
+  step keeps the old state. `update()` advances `step` and returns the
+  step's flushed `MetricsBuffer` without waiting for the apply, so the host
+  prepares the next step while the device runs it.
 
 Two ways to keep that contract (`donate_state`):
 
@@ -26,18 +40,25 @@ Two ways to keep that contract (`donate_state`):
   and decides: only once it has succeeded, and says the gradients were
   finite, is the apply dispatched, with parameters and optimizer state
   donated, so XLA updates them in place (a skipped step runs no apply). The
-  device waits for the host's flush between the last micro-batch and the
-  apply. (Selecting the old values inside a donating apply instead would
-  cost XLA temporaries of the size of the optimizer's moments.)
+  device waits for the host's flush between the measure and the apply.
+  (Selecting the old values inside a donating apply instead would cost XLA
+  temporaries of the size of the optimizer's moments.)
 * False: the apply is dispatched before the flush, without donation, and its
   result is kept only once the flush has succeeded and says the gradients
   were finite. The device runs the apply while the host sorts the metrics,
   but both versions of the state exist until the flush has decided: one
   more copy of parameters and optimizer state at every update.
 
+With K > 1 the accumulator stays allocated between steps: every program of a
+step has it as an argument or output, so no program's peak grows, but work
+between steps (eval, checkpoints) runs beside it. With K = 1 it is freed at
+the end of `update()`.
+
 `lower(micro_batch)` lowers the engine's own programs for ahead-of-time
-compilation; an engine built on abstract parameters (`ShapeDtypeStruct`s)
-allocates nothing and can only be lowered (`tools/benchmarks/memory_bench`).
+compilation: "micro_step", "measure" and "apply", the programs a step runs
+besides the recorder's concatenation. An engine built on abstract parameters
+(`ShapeDtypeStruct`s) allocates nothing and can only be lowered
+(`tools/benchmarks/memory_bench`).
 
 Metric names follow `record_metrics`: nested dicts become `name/sub`; None
 values, the key `intermediate_outputs` and tuple/list values are skipped. The
@@ -46,7 +67,9 @@ loss is recorded as `loss`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Union
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -90,12 +113,34 @@ def flatten_metrics(name: str, value) -> list[tuple[str, Any]]:
   return out
 
 
-def _host_signature(tree) -> tuple:
-  """A cheap key of a micro-batch's structure, shapes and dtypes."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return (treedef,) + tuple(
-      (getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves
-  )
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["values"],
+    meta_fields=["names", "sums"],
+)
+@dataclasses.dataclass(frozen=True)
+class _PackedMetrics:
+  """A micro-batch's scalar metrics, packed in one array.
+
+  `names` and `sums` are static fields: part of the pytree structure of a
+  jitted program's output, which JAX keeps with the compiled program, so
+  every call returns them with its values.
+
+  Attributes:
+    values: shape (len(names),), one value per name.
+    names: the metric names, in packing order.
+    sums: those of `names` declared `SummedMetric` (reduced by their sum).
+  """
+
+  values: jax.Array
+  names: tuple[str, ...]
+  sums: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _sum_declarations(sums: tuple[str, ...]) -> Optional[dict]:
+  """`buffer_packed`'s aggregation_fns for the summed names (None if none)."""
+  return {name: metrics_recorder.sum_values for name in sums} or None
 
 
 class Engine:
@@ -132,8 +177,8 @@ class Engine:
       batch_sharding: None, or the micro-batch's sharding (a sharding or a
         pytree prefix of the micro-batch).
       grad_clip_norm: if > 0, the mean gradient is scaled down to this global
-        norm before the optimizer sees it, using the norm the last micro-batch
-        measured (one pass over the gradients for both the metric and the
+        norm before the optimizer sees it, using the norm `measure` took
+        (one pass over the gradients for both the metric and the
         clipping); `optimizer` should then not clip again. 0 = no clipping.
       donate_state: True = one copy of parameters and optimizer state (the
         apply donates them, dispatched after the flush); False = the apply
@@ -200,16 +245,12 @@ class Engine:
     self._k = int(gradient_accumulation_steps)
     self._clip = float(grad_clip_norm)
     self._donate = donate_state
-    self._update_packed = (
-        None  # The update's metrics, from the last micro-batch.
-    )
+    # The step's `measure` result, once update() has dispatched it.
+    self._update_packed = None
     self._param_shardings = param_shardings
     self._batch_sharding = batch_sharding
     self._step = 0
     self._micro = 0
-    self._names: dict = {}  # micro-batch signature -> (names, weighted names)
-    self._traced_names = None
-    self._trace_count = 0
 
     # Abstract parameters (ShapeDtypeStructs): the engine only lowers its
     # programs (`lower`); nothing is allocated.
@@ -253,8 +294,10 @@ class Engine:
     else:
       self._opt_state = init(jax.jit(optimizer.init), params)
     self._build_jitted()
-    # The gradient sum of the running step; None between steps.
+    # The gradient sum of the running step (between steps, the last step's);
+    # allocated by the first fwd_bwd, then donated to every micro-step.
     self._grad_acc = None
+    self._first_flags = None  # micro_step's `first` values, on the devices.
 
   # -- jitted functions ----------------------------------------------------
 
@@ -268,44 +311,71 @@ class Engine:
       rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
       opt_shardings = jax.tree.map(lambda x: x.sharding, self._opt_state)
       self._opt_shardings = opt_shardings
-    acc_dtypes = jax.tree.map(
-        lambda p: jnp.promote_types(p.dtype, jnp.float32), self._params
+    # The accumulator: float32 (or wider) copies of the parameters' shapes,
+    # sharded like them.
+    self._acc_shapes = jax.tree.map(
+        lambda p, s: jax.ShapeDtypeStruct(
+            p.shape, jnp.promote_types(p.dtype, jnp.float32), sharding=s
+        ),
+        self._params,
+        ps if explicit else jax.tree.map(lambda _: None, self._params),
     )
 
-    def fwd_bwd(params, grad_acc, micro_batch):
-      # grad_acc is None for the step's first micro-batch: its gradients start
-      # the accumulator, so no zeroed accumulator is ever materialised.
+    def allocate():
+      # The accumulator (its zeros are never read: a step's first
+      # micro-batch replaces them) and the two values of micro_step's
+      # `first` flag, made once on the devices so that no call transfers
+      # them.
+      grad_acc = jax.tree.map(
+          lambda s: jnp.zeros(s.shape, s.dtype), self._acc_shapes
+      )
+      return grad_acc, jnp.asarray(True), jnp.asarray(False)
+
+    def micro_step(params, grad_acc, first, micro_batch):
       (loss, aux), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(
           params, micro_batch
       )
-      if grad_acc is None:
-        grad_acc = jax.tree.map(lambda g, dt: g.astype(dt), grads, acc_dtypes)
-      else:
-        grad_acc = jax.tree.map(
-            lambda a, g: a + g.astype(a.dtype), grad_acc, grads
-        )
-      names, packed, weighted = self._pack(loss, aux)
-      # A side effect of tracing: the names of this trace's packed metrics.
-      self._traced_names = (names, tuple(weighted))
-      self._trace_count += 1
+      # A select, not a product with 0: a step's first sum is exactly its
+      # first gradients, whatever the accumulator held (a skipped step's
+      # NaN included).
+      grad_acc = jax.tree.map(
+          lambda a, g: jnp.where(
+              first, g.astype(a.dtype), a + g.astype(a.dtype)
+          ),
+          grad_acc,
+          grads,
+      )
+      packed, weighted = self._pack(loss, aux)
       return grad_acc, packed, weighted
 
-    def fwd_bwd_last(params, grad_acc, micro_batch, step):
-      # The step's last micro-batch also measures the accumulated gradient, so
-      # the update's metrics are known (and flushed) before the optimizer's
-      # result is kept, and nothing on the host waits for the optimizer.
-      grad_acc, packed, weighted = fwd_bwd(params, grad_acc, micro_batch)
+    def single_micro_step(params, micro_batch):
+      # K = 1: the micro-batch's gradients are the step's sum. Taking no
+      # accumulator lets them be the output as XLA computes them; adding
+      # into a donated one would cost a gradient-sized temporary.
+      (loss, aux), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(
+          params, micro_batch
+      )
+      grad_acc = jax.tree.map(
+          lambda g, s: g.astype(s.dtype), grads, self._acc_shapes
+      )
+      packed, weighted = self._pack(loss, aux)
+      return grad_acc, packed, weighted
+
+    def measure(grad_acc, step):
+      # The update's metrics, known (and flushed) before the optimizer's
+      # result is kept or its state donated: the mean gradient's global norm
+      # (which the apply's clipping uses too), whether it is finite, and the
+      # learning rate.
       grad_norm = optax.tree.norm(jax.tree.map(lambda a: a / self._k, grad_acc))
       finite = jnp.isfinite(grad_norm)
       lr = jnp.asarray(self._lr_fn(step), jnp.float32)
-      update_packed = jnp.stack(
+      return jnp.stack(
           [
               lr,
               grad_norm.astype(jnp.float32),
               jnp.where(finite, 0.0, 1.0).astype(jnp.float32),
           ]
       )
-      return grad_acc, packed, weighted, update_packed
 
     def apply(params, opt_state, grad_acc, update_packed):
       grads = jax.tree.map(
@@ -313,7 +383,7 @@ class Engine:
       )
       if self._clip > 0:
         # Global-norm clipping as optax.clip_by_global_norm does it, with the
-        # norm of the mean gradient that the last micro-batch measured
+        # norm of the mean gradient that `measure` took
         # (update_packed[1]) instead of a second pass over the gradients.
         norm = update_packed[1]
         keep = norm < self._clip
@@ -334,43 +404,30 @@ class Engine:
         return aux["loss_sum"] / jnp.maximum(aux["num_tokens"], 1e-8)
       return loss
 
-    # One compiled variant of the micro-step per (first, last) position in the
-    # step: the first takes no accumulator, the last also takes the step
-    # number and returns the update's metrics. Donating the accumulator lets
-    # XLA add into it in place.
-    def first_fn(params, micro_batch):
-      return fwd_bwd(params, None, micro_batch)
-
     # Without donation, parameters and optimizer state stay valid until the
     # flush that follows the apply's dispatch has succeeded.
     donate = (0, 1) if self._donate else ()
 
-    def first_last_fn(params, micro_batch, step):
-      return fwd_bwd_last(params, None, micro_batch, step)
-
+    # The accumulator is donated to each micro-step, which adds into it in
+    # place; the measure and the apply only read it.
     if explicit:
-      self._micro_fns = {
-          (True, False): jax.jit(
-              first_fn, in_shardings=(ps, bs), out_shardings=(ps, rep, rep)
-          ),
-          (False, False): jax.jit(
-              fwd_bwd,
-              donate_argnums=(1,),
-              in_shardings=(ps, ps, bs),
-              out_shardings=(ps, rep, rep),
-          ),
-          (True, True): jax.jit(
-              first_last_fn,
-              in_shardings=(ps, bs, rep),
-              out_shardings=(ps, rep, rep, rep),
-          ),
-          (False, True): jax.jit(
-              fwd_bwd_last,
-              donate_argnums=(1,),
-              in_shardings=(ps, ps, bs, rep),
-              out_shardings=(ps, rep, rep, rep),
-          ),
-      }
+      self._allocate = jax.jit(allocate, out_shardings=(ps, rep, rep))
+      if self._k == 1:
+        self._micro_step = jax.jit(
+            single_micro_step,
+            in_shardings=(ps, bs),
+            out_shardings=(ps, rep, rep),
+        )
+      else:
+        self._micro_step = jax.jit(
+            micro_step,
+            donate_argnums=(1,),
+            in_shardings=(ps, ps, rep, bs),
+            out_shardings=(ps, rep, rep),
+        )
+      self._measure = jax.jit(
+          measure, in_shardings=(ps, rep), out_shardings=rep
+      )
       self._apply = jax.jit(
           apply,
           in_shardings=(ps, opt_shardings, ps, rep),
@@ -379,30 +436,48 @@ class Engine:
       )
       self._eval = jax.jit(eval_loss, in_shardings=(ps, bs), out_shardings=rep)
     else:
-      self._micro_fns = {
-          (True, False): jax.jit(first_fn),
-          (False, False): jax.jit(fwd_bwd, donate_argnums=(1,)),
-          (True, True): jax.jit(first_last_fn),
-          (False, True): jax.jit(fwd_bwd_last, donate_argnums=(1,)),
-      }
+      self._allocate = jax.jit(allocate)
+      if self._k == 1:
+        self._micro_step = jax.jit(single_micro_step)
+      else:
+        self._micro_step = jax.jit(micro_step, donate_argnums=(1,))
+      self._measure = jax.jit(measure)
       self._apply = jax.jit(apply, donate_argnums=donate)
       self._eval = jax.jit(eval_loss)
 
   @staticmethod
-  def _pack(loss, aux):
-    """Splits the step's metrics (at trace time) into packed and weighted."""
+  def _pack(loss, aux) -> tuple[_PackedMetrics, dict]:
+    """Splits the step's metrics (at trace time) into packed and weighted.
+
+    Returns:
+      (packed, weighted): the loss and the scalar aux metrics (SummedMetric
+      values included, their names in `packed.sums`), and name ->
+      WeightedMetric.
+    """
     if aux is not None and not isinstance(aux, Mapping):
       raise TypeError(
           "loss_fn's aux must be None or a dict of metrics; got "
           f"{type(aux).__name__}"
       )
     scalars = [("loss", loss)]
+    sums = []
     weighted = {}
     for name, leaf in flatten_metrics("", aux):
       if isinstance(leaf, metrics_recorder.WeightedMetric):
         weighted[name] = leaf
-      else:
-        scalars.append((name, leaf))
+        continue
+      if isinstance(leaf, metrics_recorder.SummedMetric):
+        leaf = leaf.value
+        if isinstance(
+            leaf,
+            (metrics_recorder.WeightedMetric, metrics_recorder.SummedMetric),
+        ):
+          raise TypeError(
+              f"metric {name!r}: a SummedMetric holds one scalar; got "
+              f"{type(leaf).__name__}"
+          )
+        sums.append(name)
+      scalars.append((name, leaf))
     names = tuple(n for n, _ in scalars)
     if len(set(names) | set(weighted)) != len(names) + len(weighted):
       raise ValueError(
@@ -436,7 +511,7 @@ class Engine:
       leaves.append(arr.reshape(()))
     dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
     packed = jnp.stack([x.astype(dtype) for x in leaves])
-    return names, packed, weighted
+    return _PackedMetrics(packed, names, tuple(sums)), weighted
 
   # -- training ------------------------------------------------------------
 
@@ -455,37 +530,30 @@ class Engine:
           f"fwd_bwd called {self._micro + 1} times in step {self._step}, but "
           f"gradient_accumulation_steps is {self._k}; call update() first"
       )
-    traces = self._trace_count
-    key = _host_signature(micro_batch)
-    first = self._micro == 0
-    last = self._micro == self._k - 1
-    fn = self._micro_fns[(first, last)]
-    args = (
-        (self._params,)
-        + (() if first else (self._grad_acc,))
-        + (micro_batch,)
-        + ((np.int32(self._step),) if last else ())
-    )
-    if last:
-      grad_acc, packed, weighted, update_packed = fn(*args)
+    if self._k == 1:
+      # update() freed the last step's sum.
+      self._grad_acc, packed, weighted = self._micro_step(
+          self._params, micro_batch
+      )
     else:
-      grad_acc, packed, weighted = fn(*args)
-    self._grad_acc = grad_acc
+      if self._grad_acc is None:
+        self._grad_acc, *flags = self._allocate()
+        self._first_flags = tuple(flags)  # (True, False)
+      first = self._first_flags[0 if self._micro == 0 else 1]
+      self._grad_acc, packed, weighted = self._micro_step(
+          self._params, self._grad_acc, first, micro_batch
+      )
     self._micro += 1
-    found = self._names.get(key)
-    if found is None:
-      if self._trace_count == traces:  # Compiled earlier under another key.
-        jax.eval_shape(
-            self._micro_fns[(True, False)], self._params, micro_batch
-        )
-      found = self._names[key] = self._traced_names
-    names, weighted_names = found
-    self._recorder.buffer_packed(self._step, names, packed)
-    for name in weighted_names:
-      self._recorder.buffer_metrics(self._step, name, weighted[name])
-    if last:
-      self._update_packed = update_packed
-      self._recorder.buffer_packed(self._step, _UPDATE_NAMES, update_packed)
+    # The names come with the output's structure, whether this call traced
+    # the program or found it compiled.
+    self._recorder.buffer_packed(
+        self._step,
+        packed.names,
+        packed.values,
+        _sum_declarations(packed.sums),
+    )
+    for name, value in weighted.items():
+      self._recorder.buffer_metrics(self._step, name, value)
 
   def record_metrics(self, name: str, value) -> None:
     """Buffers `value` for the current step under `name` (per-name API).
@@ -502,8 +570,9 @@ class Engine:
   def update(
       self, *, discard: bool = False, release: bool = False
   ) -> metrics_recorder.MetricsBuffer:
-    """Flushes the step's metrics and runs the optimizer; keeps its result
-    only if the flush succeeded and the gradients were finite.
+    """Measures the mean gradient, flushes the step's metrics and runs the
+    optimizer; keeps its result only if the flush succeeded and the
+    gradients were finite.
 
     Args:
       discard: keep parameters and optimizer state as they were, as for a
@@ -520,12 +589,20 @@ class Engine:
     Raises:
       ValueError: if fewer than K micro-batches ran this step.
       Whatever `MetricsRecorder.flush` raises; then parameters, optimizer
-        state, step counter and accumulator are untouched.
+        state, step counter and accumulator are untouched, and the step's
+        measure stays buffered for a retried update().
     """
     if self._micro != self._k:
       raise ValueError(
           f"update() after {self._micro} micro-batches in step {self._step}; "
           f"gradient_accumulation_steps is {self._k}"
+      )
+    if self._update_packed is None:
+      # Once per step: an update() retried after a failed flush finds the
+      # step's measure buffered already.
+      self._update_packed = self._measure(self._grad_acc, np.int32(self._step))
+      self._recorder.buffer_packed(
+          self._step, _UPDATE_NAMES, self._update_packed
       )
     args = (self._params, self._opt_state, self._grad_acc, self._update_packed)
     # The flush's own launches are dispatched first (prefetch), so on a
@@ -547,7 +624,7 @@ class Engine:
         self._params, self._opt_state = self._apply(*args)
     else:
       # The optimizer is dispatched before the flush waits for anything, so
-      # the device goes from the last micro-batch straight on to the
+      # the device goes from the measure straight on to the
       # optimizer while the host fetches and sorts the step's metrics. Its
       # result is kept only once the flush has succeeded and says the
       # gradients were finite: parameters and optimizer state are not
@@ -564,7 +641,13 @@ class Engine:
       # (and all ran the same programs).
       if not discard and not buffer.scalar_metrics["step_skipped"][-1] > 0:
         self._params, self._opt_state = new_params, new_opt_state
-    self._grad_acc = None  # The next step's first micro-batch starts anew.
+    if self._k == 1:
+      # Nothing reads it again: between steps (eval, checkpoints) the
+      # device holds the state alone.
+      self._grad_acc = None
+    # Otherwise the accumulator keeps this step's sum, which the next
+    # step's first micro-batch replaces: allocating it anew would cost a
+    # device op per step.
     self._update_packed = None
     self._step += 1
     self._micro = 0
@@ -595,12 +678,14 @@ class Engine:
         (the shapes are what matter; nothing is read).
 
     Returns:
-      name -> `jax.stages.Lowered`, in the order a step runs them: the
-      micro-step variants this K uses ("micro_step_first_last" for K = 1;
-      "micro_step_first", "micro_step" (K > 2), "micro_step_last"
-      otherwise), then "apply" (the optimizer update, donating parameters
-      and optimizer state when `donate_state`). `.compile()` on each gives
-      its `memory_analysis()` and `cost_analysis()`.
+      name -> `jax.stages.Lowered`, in the order a step runs them:
+      "micro_step" (forward and backward of one micro-batch, adding into the
+      donated accumulator; run K times), "measure" (the mean gradient's
+      norm, finiteness and the learning rate) and "apply" (the optimizer
+      update, donating parameters and optimizer state when `donate_state`).
+      `.compile()` on each gives its `memory_analysis()` and
+      `cost_analysis()`. The step's one other program is the recorder's
+      concatenation of the packed metrics.
     """
 
     def abstract(tree):
@@ -615,41 +700,23 @@ class Engine:
     batch = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), micro_batch
     )
+    grad_acc = self._acc_shapes
+    first = jax.ShapeDtypeStruct((), jnp.bool_)
     step = jax.ShapeDtypeStruct((), jnp.int32)
-    grad_acc, _, _ = jax.eval_shape(
-        self._micro_fns[(True, False)], params, batch
-    )
-    if self._param_shardings is not None:
-      grad_acc = jax.tree.map(
-          lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-          grad_acc,
-          self._param_shardings,
-      )
-    variants = (
-        [("micro_step_first_last", (True, True))]
-        if self._k == 1
-        else (
-            [("micro_step_first", (True, False))]
-            + ([("micro_step", (False, False))] if self._k > 2 else [])
-            + [("micro_step_last", (False, True))]
-        )
-    )
-    lowered = {}
-    for name, (first, last) in variants:
-      args = (
-          (params,)
-          + (() if first else (grad_acc,))
-          + (batch,)
-          + ((step,) if last else ())
-      )
-      lowered[name] = self._micro_fns[(first, last)].lower(*args)
     packed = jax.ShapeDtypeStruct((len(_UPDATE_NAMES),), jnp.float32)
-    lowered["apply"] = self._apply.lower(params, opt_state, grad_acc, packed)
-    return lowered
+    micro_args = (
+        (params, batch) if self._k == 1 else (params, grad_acc, first, batch)
+    )
+    return {
+        "micro_step": self._micro_step.lower(*micro_args),
+        "measure": self._measure.lower(grad_acc, step),
+        "apply": self._apply.lower(params, opt_state, grad_acc, packed),
+    }
 
   def close(self) -> None:
-    """Drops the recorder's buffers."""
+    """Drops the recorder's buffers and the gradient accumulator."""
     self._recorder.cleanup()
+    self._grad_acc = None
 
   # -- state ---------------------------------------------------------------
 

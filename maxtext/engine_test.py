@@ -1,5 +1,7 @@
 """Tests for maxtext.engine, on a tiny linear model."""
 
+import time
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
@@ -10,6 +12,7 @@ import optax
 
 from maxtext import engine as engine_lib
 from maxtext.metrics import recorder as mr
+from testing import compile_counter
 from testing import dispatch_counter
 
 K = 3
@@ -135,8 +138,8 @@ class EngineTest(parameterized.TestCase):
 
   @parameterized.named_parameters(("k1", 1), ("k2", 2), ("k3", 3))
   def test_step_metrics_and_parameter_update(self, k):
-    # K=1 runs the first-and-last micro-step variant, K=2 first then last,
-    # K=3 also the middle one.
+    # The step's first micro-batch is also its last for K=1; K=3 has one
+    # in between.
     eng = make_engine(k=k)
     batches = make_batches(k)
     params0 = jax.tree.map(np.asarray, eng.params)
@@ -233,7 +236,11 @@ class EngineTest(parameterized.TestCase):
     # The engine has no public view of its gradient accumulator.
     acc = eng._grad_acc  # pylint: disable=protected-access
     acc_values = jax.tree.map(np.asarray, acc)
-    pending = eng.recorder.pending_count()
+    # With the step's measure: learning_rate, grad_norm, step_skipped.
+    pending = eng.recorder.pending_count() + 3
+    with self.assertRaisesRegex(ValueError, "metric 'user/doomed'"):
+      eng.update()
+    # A retry measures nothing twice.
     with self.assertRaisesRegex(ValueError, "metric 'user/doomed'"):
       eng.update()
     self.assertIs(eng.params, params)
@@ -321,10 +328,12 @@ class EngineTest(parameterized.TestCase):
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), make_batches(1)[0]
     )
     lowered = eng.lower(batch)
-    self.assertEqual(
-        list(lowered),
-        ["micro_step_first", "micro_step", "micro_step_last", "apply"],
-    )
+    self.assertEqual(list(lowered), ["micro_step", "measure", "apply"])
+    micro = lowered["micro_step"].compile().memory_analysis()
+    # The accumulator (float32 like the parameters) is donated and updated
+    # in place.
+    param_bytes = sum(x.size * 4 for x in jax.tree.leaves(abstract))
+    self.assertGreaterEqual(micro.alias_size_in_bytes, param_bytes)
     memory = lowered["apply"].compile().memory_analysis()
     # The parameters and Adam's two moments (the count may stay apart).
     state_bytes = 3 * sum(x.size * 4 for x in jax.tree.leaves(abstract))
@@ -335,7 +344,7 @@ class EngineTest(parameterized.TestCase):
     with self.assertRaisesRegex(RuntimeError, "abstract parameters"):
       eng.fwd_bwd(make_batches(1)[0])
     self.assertEqual(
-        list(make_engine(k=1).lower(batch)), ["micro_step_first_last", "apply"]
+        list(make_engine(k=1).lower(batch)), ["micro_step", "measure", "apply"]
     )
 
   def test_micro_batch_count_must_match(self):
@@ -364,10 +373,88 @@ class EngineTest(parameterized.TestCase):
         buf = eng.update()
         per_update = count[0] - before
     self.assertEqual(per_micro, [1] * K)
-    # One concatenation at the flush (micro-batch and update metrics, the
-    # latter measured by the last micro-batch), one optimizer apply.
-    self.assertEqual(per_update, 2)
+    # The gradient measure, one concatenation at the flush (micro-batch and
+    # update metrics), one optimizer apply.
+    self.assertEqual(per_update, 3)
     self.assertLen(buf.scalar_metrics, 6 + extra)
+
+  @parameterized.named_parameters(("k1", 1), ("k2", 2), ("k3", 3), ("k5", 5))
+  def test_one_forward_backward_program_whatever_k(self, k):
+    compile_counter.install()
+    eng = make_engine(k=k)
+    start = time.monotonic()
+    for step in range(2):
+      for b in make_batches(k, seed=step):
+        eng.fwd_bwd(b)
+      eng.update()
+    compiled = compile_counter.backend_compiles_after(start)
+    # The recorder's concatenation is shared by every engine of the
+    # process, so whether it compiles here depends on the tests before.
+    own = sorted(name for name in compiled if "_concat_groups" not in name)
+    # K = 1 accumulates nothing: no accumulator to allocate, no flag.
+    self.assertEqual(
+        own,
+        ["jit(apply)", "jit(measure)", "jit(single_micro_step)"]
+        if k == 1
+        else [
+            "jit(allocate)",
+            "jit(apply)",
+            "jit(measure)",
+            "jit(micro_step)",
+        ],
+    )
+
+  def test_metric_names_follow_the_program_that_ran(self):
+    # The aux metrics' names depend on the micro-batch's shape; a program
+    # found compiled (the third micro-batch) returns its names as surely as
+    # one traced on the spot.
+    def loss_fn(params, batch):
+      loss = jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+      return loss, {f"rows{batch['x'].shape[0]}": loss}
+
+    eng = make_engine(loss_fn)
+    small, large = make_batches(1)[0], make_batches(1, seed=1)[0]
+    large = jax.tree.map(lambda x: np.concatenate([x, x]), large)
+    for b in (small, large, small):
+      eng.fwd_bwd(b)
+    buf = eng.update()
+    self.assertLen(buf.scalar_metrics["loss"], 3)
+    self.assertLen(buf.scalar_metrics["rows4"], 2)
+    self.assertLen(buf.scalar_metrics["rows8"], 1)
+    np.testing.assert_allclose(
+        buf.scalar_metrics["rows4"], buf.scalar_metrics["loss"][[0, 2]]
+    )
+
+  def test_summed_metric_is_the_sum_over_micro_batches(self):
+    def loss_fn(params, batch):
+      loss = jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+      count = jnp.sum(batch["x"] > 0).astype(jnp.float32)
+      return loss, {"moe": {"count": mr.SummedMetric(count)}, "mean": count}
+
+    eng = make_engine(loss_fn)
+    batches = make_batches(K)
+    counts = [float(np.sum(b["x"] > 0)) for b in batches]
+    for b in batches:
+      eng.fwd_bwd(b)
+    eng.record_metrics("user", {"n": mr.SummedMetric(2.0)})
+    eng.record_metrics("user", {"n": mr.SummedMetric(3.0)})
+    buf = eng.update()
+    # Each micro-batch's own value is buffered; the step's value is their
+    # sum, with no knowledge of K on either side.
+    np.testing.assert_array_equal(buf.scalar_metrics["moe/count"], counts)
+    reduced = mr.reduce_buffer(buf)
+    self.assertEqual(reduced["moe/count"], sum(counts))
+    self.assertAlmostEqual(reduced["mean"], np.mean(counts), places=5)
+    self.assertEqual(reduced["user/n"], 5.0)
+
+  def test_summed_metric_of_a_weighted_one_is_refused(self):
+    def loss_fn(params, batch):
+      loss = jnp.mean(batch["x"] @ params["w"])
+      return loss, {"bad": mr.SummedMetric(mr.WeightedMetric(loss, 1.0))}
+
+    eng = make_engine(loss_fn)
+    with self.assertRaisesRegex(TypeError, "metric 'bad'.*one scalar"):
+      eng.fwd_bwd(make_batches(1)[0])
 
   def test_update_launches_the_flush_before_the_optimizer(self):
     # The flush's concatenation goes first, so on a device that runs programs
@@ -379,7 +466,9 @@ class EngineTest(parameterized.TestCase):
         eng.fwd_bwd(b)
       with dispatch_counter.record_launches() as launches:
         eng.update()
-    self.assertEqual(launches, ["jit(_concat_groups)", "jit(apply)"])
+    self.assertEqual(
+        launches, ["jit(measure)", "jit(_concat_groups)", "jit(apply)"]
+    )
 
   def test_eval_step(self):
     eng = make_engine()
@@ -443,7 +532,7 @@ class EngineTest(parameterized.TestCase):
 
   @parameterized.named_parameters(("clipped", 0.5), ("not_reached", 1e6))
   def test_grad_clip_norm_matches_optax_clipping(self, clip):
-    # The engine's clipping (with the norm measured by the last micro-batch)
+    # The engine's clipping (with the norm its measure took)
     # and optax's clip_by_global_norm give the same step. Scaled targets make
     # the gradient norm far above 0.5.
     def run(optimizer, **kwargs):

@@ -8,6 +8,9 @@ recording the time of every such event in this process; `times()` reads them.
 A count of events after some moment (a run's `run_start`) says whether
 anything was compiled after it, independently of the machine's speed:
 `RunStartCounter` is the run listener that notes that moment.
+`backend_compiles_after` names the programs the backend compiled (JAX passes
+the function's name with each event), so a test can say which programs, and
+how many of each, a piece of code compiles.
 """
 
 import functools
@@ -19,16 +22,24 @@ from jax import monitoring
 from maxtext.listeners import interface
 
 PREFIX = "/jax/core/compile/"
+BACKEND_COMPILE = PREFIX + "backend_compile_duration"
 
 _lock = threading.Lock()
 _times: list[float] = []
+# (time.monotonic(), function name) of every backend compilation.
+_backend_compiles: list[tuple[float, str]] = []
 
 
-def _on_duration(event: str, duration_s: float, **unused_kwargs) -> None:
+def _on_duration(
+    event: str, duration_s: float, fun_name: str = "?", **unused_kwargs
+) -> None:
   del duration_s
   if event.startswith(PREFIX):
+    now = time.monotonic()
     with _lock:
-      _times.append(time.monotonic())
+      _times.append(now)
+      if event == BACKEND_COMPILE:
+        _backend_compiles.append((now, fun_name))
 
 
 @functools.cache
@@ -47,6 +58,13 @@ def times() -> list[float]:
 def count_after(moment: float) -> int:
   """Compilation events later than `moment` (a `time.monotonic()` value)."""
   return sum(1 for t in times() if t > moment)
+
+
+def backend_compiles_after(moment: float) -> list[str]:
+  """The names of the functions the backend compiled after `moment`, in
+  order (a persistent-cache hit counts: JAX reports it as a compile)."""
+  with _lock:
+    return [name for t, name in _backend_compiles if t > moment]
 
 
 class RunStartCounter(interface.RunListener):

@@ -31,6 +31,20 @@ class CompileCounterTest(absltest.TestCase):
     f(jnp.ones(5)).block_until_ready()
     self.assertGreaterEqual(compile_counter.count_after(again), 1)
 
+  def test_backend_compiles_are_named(self):
+    compile_counter.install()
+
+    def named_program(x):
+      return jnp.tanh(x) - 2.0
+
+    f = jax.jit(named_program)
+    start = time.monotonic()
+    f(jnp.ones(7)).block_until_ready()
+    f(jnp.ones(7)).block_until_ready()
+    f(jnp.ones(8)).block_until_ready()
+    compiled = compile_counter.backend_compiles_after(start)
+    self.assertLen([n for n in compiled if "named_program" in n], 2)
+
   def test_run_start_counter_counts_from_run_start_on(self):
     counter = compile_counter.RunStartCounter()
     with self.assertRaisesRegex(RuntimeError, "no run_start yet"):

@@ -1,4 +1,5 @@
-"""The data types of buffered training metrics: WeightedMetric, MetricsBuffer.
+"""The data types of buffered training metrics: WeightedMetric, SummedMetric,
+MetricsBuffer.
 
 A `MetricsBuffer` is the public result of `maxtext.metrics.recorder`: one
 step's flushed arrays. The values still waiting for a flush are the recorder's
@@ -45,6 +46,28 @@ class WeightedMetric:
     zero = d == 0
     safe = xp.where(zero, xp.ones_like(d), d)
     return xp.where(zero, xp.zeros_like(s / safe), s / safe)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SummedMetric:
+  """A count-like metric: its step value is the sum of its buffered values.
+
+  A loss function wraps a per-micro-batch count in it (dropped tokens, ...);
+  the step's value is then the sum over the step's micro-batches, which no
+  one has to scale by their number. A pytree, so it can be returned from
+  jitted functions; not a tuple, which the engine would skip.
+
+  Attributes:
+    value: a scalar (Python, NumPy or JAX; a tracer inside `jit`).
+  """
+
+  value: Any
+
+
+def sum_values(values) -> Any:
+  """The aggregation of a `SummedMetric`: the sum of its flushed values."""
+  return np.sum(values)
 
 
 @dataclasses.dataclass(eq=False)

@@ -23,7 +23,9 @@ in buffering order.
 
 Two ways in, one place out:
 
-* `buffer_metrics(step, name, metric)`: the per-name API.
+* `buffer_metrics(step, name, metric)`: the per-name API. A `SummedMetric`
+  is buffered as its value with `aggregation_fn=sum_values`, so the step's
+  value of a count is the sum over micro-batches, not their mean.
 * `buffer_packed(step, names, packed)`: the fast path for a jitted step that
   returns its scalar metrics packed in one array of shape `(len(names),)`. The
   K packed arrays of a step are concatenated once at flush; column `j` becomes
@@ -60,8 +62,8 @@ The recorder is not thread-safe: one training loop owns it.
 The data types live in `maxtext.metrics.buffer`, the pending state (one
 `PendingBuffer` per `MetricsBuffer`, owned by the recorder) in
 `maxtext.metrics.pending` and the flush machinery in `maxtext.metrics.flush`;
-this module re-exports `WeightedMetric`, `MetricsBuffer` and
-`MAX_OPERANDS_PER_LAUNCH`, so callers import only it.
+this module re-exports `WeightedMetric`, `SummedMetric`, `sum_values`,
+`MetricsBuffer` and `MAX_OPERANDS_PER_LAUNCH`, so callers import only it.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ from maxtext.metrics import pending as metrics_pending
 AggregationFn = metrics_buffer.AggregationFn
 MetricsBuffer = metrics_buffer.MetricsBuffer
 WeightedMetric = metrics_buffer.WeightedMetric
+SummedMetric = metrics_buffer.SummedMetric
+sum_values = metrics_buffer.sum_values
 MAX_OPERANDS_PER_LAUNCH = metrics_flush.MAX_OPERANDS_PER_LAUNCH
 
 # Concrete JAX array classes seen so far (learned, not imported privately);
@@ -317,10 +321,12 @@ class MetricsRecorder:
       step: a non-negative int.
       name: a non-empty str.
       metric: a Python int/float, a NumPy or JAX scalar (shape () or (1,),
-        numeric dtype), or a WeightedMetric of two such values.
+        numeric dtype), a WeightedMetric of two such values, or a
+        SummedMetric of one (buffered as its value, reduced by its sum).
       aggregation_fn: None or a callable reducing the flushed values (the 1D
         array, or the WeightedMetric of 1D arrays) to a scalar; see
-        `reduce_buffer`.
+        `reduce_buffer`. None for a SummedMetric, whose aggregation is
+        `sum_values`.
 
     Raises:
       TypeError/ValueError: naming the metric and the value; nothing is
@@ -329,6 +335,20 @@ class MetricsRecorder:
     step = _check_step(step)
     _check_name(name)
     _check_aggregation_fn(name, aggregation_fn)
+    if isinstance(metric, SummedMetric):
+      if aggregation_fn is not None:
+        raise ValueError(
+            f"metric {name!r}: a SummedMetric is reduced by its sum; "
+            f"aggregation_fn must be None, got {aggregation_fn!r}"
+        )
+      if isinstance(metric.value, (WeightedMetric, SummedMetric)):
+        raise _bad(
+            TypeError,
+            name,
+            "a SummedMetric holds one scalar",
+            metric,
+        )
+      metric, aggregation_fn = metric.value, sum_values
     if isinstance(metric, WeightedMetric):
       kind = _WEIGHTED
       values = (
@@ -517,7 +537,8 @@ class MetricsRecorder:
 def reduce_buffer(buffer: MetricsBuffer) -> dict[str, float]:
   """Reduces each metric of a flushed buffer to a float.
 
-  Scalar metrics use their aggregation_fn (given the 1D array) or the mean;
+  Scalar metrics use their aggregation_fn (given the 1D array; `sum_values`
+  for a SummedMetric) or the mean;
   weighted metrics use their aggregation_fn (given the WeightedMetric of 1D
   arrays) or sum(unreduced_sum) / sum(denominator), 0 for a zero denominator.
 

@@ -574,6 +574,39 @@ class ReduceTest(parameterized.TestCase):
     for v in out.values():
       self.assertIsInstance(v, float)
 
+  def test_summed_metric_reduces_to_the_sum(self):
+    rec = mr.MetricsRecorder()
+    for i in range(4):
+      rec.buffer_metrics(0, "dropped", mr.SummedMetric(jnp.float32(i)))
+      rec.buffer_metrics(0, "mean", jnp.float32(i))
+    # A packed count declared a sum, as the engine declares it.
+    rec.buffer_packed(
+        0, ("packed",), np.array([5.0]), {"packed": mr.sum_values}
+    )
+    rec.buffer_packed(
+        0, ("packed",), np.array([7.0]), {"packed": mr.sum_values}
+    )
+    buf = rec.get_step_metrics(0)
+    # The values are kept as buffered; only the reduction differs.
+    np.testing.assert_array_equal(buf.scalar_metrics["dropped"], [0, 1, 2, 3])
+    self.assertEqual(
+        mr.reduce_buffer(buf), {"dropped": 6.0, "mean": 1.5, "packed": 12.0}
+    )
+
+  def test_summed_metric_takes_no_other_aggregation(self):
+    rec = mr.MetricsRecorder()
+    with self.assertRaisesRegex(ValueError, "metric 'n'.*must be None"):
+      rec.buffer_metrics(0, "n", mr.SummedMetric(1.0), aggregation_fn=np.max)
+    with self.assertRaisesRegex(TypeError, "metric 'n'.*one scalar"):
+      rec.buffer_metrics(0, "n", mr.SummedMetric(mr.WeightedMetric(1.0, 2.0)))
+    with self.assertRaisesRegex(TypeError, "metric 'n'.*boolean"):
+      rec.buffer_metrics(0, "n", mr.SummedMetric(True))
+    rec.buffer_metrics(0, "n", 1.0, aggregation_fn=np.max)
+    # The same name cannot become a sum within the step.
+    with self.assertRaisesRegex(ValueError, "metric 'n': aggregation_fn"):
+      rec.buffer_metrics(0, "n", mr.SummedMetric(1.0))
+    self.assertEqual(rec.pending_count(), 1)
+
   def test_reduce_requires_flush(self):
     rec = mr.MetricsRecorder()
     rec.buffer_metrics(0, "loss", 1.0)

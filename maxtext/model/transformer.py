@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext.metrics import buffer as metrics_buffer
 from maxtext.model import layers
 from maxtext.model import mla
 from maxtext.model import moe
@@ -533,7 +534,7 @@ def loss_fn(
   }
   if moe_stats:
     loss = loss + config.load_balance_loss_weight * moe_stats["aux_loss"]
-    aux["moe"] = _moe_metrics(moe_stats, config)
+    aux["moe"] = _moe_metrics(moe_stats)
   return loss, aux
 
 
@@ -544,19 +545,14 @@ MOE_METRICS = tuple(
 )
 
 
-def _moe_metrics(
-    stats: Mapping[str, jax.Array], config
-) -> dict[str, jax.Array]:
+def _moe_metrics(stats: Mapping[str, jax.Array]) -> dict[str, Any]:
   """The `moe/...` metrics of one micro-batch (README: "MoE metrics").
 
-  The engine averages packed scalars over a step's K micro-batches, so the
-  dropped-assignment count is reported times K
-  (`gradient_accumulation_steps`): the mean of those is the step's sum.
+  The dropped-assignment count is a `SummedMetric`: a step reports the sum
+  over its micro-batches; the other statistics, their mean.
   """
   metrics = {name: stats[name] for name in moe.STAT_NAMES if name != "dropped"}
-  metrics["dropped_tokens"] = (
-      stats["dropped"] * config.gradient_accumulation_steps
-  )
+  metrics["dropped_tokens"] = metrics_buffer.SummedMetric(stats["dropped"])
   return metrics
 
 

@@ -10,10 +10,11 @@ Runbook:
 
 It builds the config's engine on abstract parameters (`jax.ShapeDtypeStruct`s
 with their real shardings: nothing is allocated), lowers the programs one
-training step runs with `Engine.lower` (the trainer's own micro-step variants
-and optimizer apply, not copies) and compiles them for the default backend,
-once per attention implementation the backend has and per remat policy. For
-each program it prints XLA's memory analysis per device:
+training step runs with `Engine.lower` (the trainer's own micro-step, gradient
+measure and optimizer apply, not copies) and compiles them for the default
+backend: the micro-step once per attention implementation the backend has
+and per remat policy, the measure and the apply once. For each program it
+prints XLA's memory analysis per device:
 
   args      bytes of the program's arguments (parameters, accumulator, batch)
   out       bytes of its outputs
@@ -21,7 +22,8 @@ each program it prints XLA's memory analysis per device:
   temp      XLA's temporaries (activations kept for the backward pass, ...)
   peak      args + out - alias + temp, plus the training state that stays on
             the device without being an argument (the optimizer state during
-            the micro-steps): what the device holds while the program runs.
+            the micro-step, parameters and optimizer state during the
+            measure): what the device holds while the program runs.
 
 A step fits a device if its largest program peak is at most the device
 memory (`--device_memory_gb`, decimal GB) times `--usable_fraction` (what the
@@ -203,15 +205,21 @@ def analyse(config, donate: bool = True, programs=None) -> list[dict]:
   # pylint: enable=import-outside-toplevel
   setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
   engine = _engine(config, setup, donate)
+  params_bytes = _device_bytes(engine.params)
   opt_bytes = _device_bytes(engine.opt_state)
+  # The training state that stays on the device while a program runs
+  # without being one of its arguments.
+  resident_bytes = {
+      "micro_step": opt_bytes,
+      "measure": params_bytes + opt_bytes,
+      "apply": 0,
+  }
   rows = []
   for name, lowered in engine.lower(_micro_batch(config)).items():
     if programs is not None and not programs(name):
       continue
     memory = lowered.compile().memory_analysis()
-    # The optimizer state stays on the device during the micro-steps without
-    # being one of their arguments.
-    resident = 0 if name == "apply" else opt_bytes
+    resident = resident_bytes[name]
     row = {
         "program": name,
         "args": memory.argument_size_in_bytes,
@@ -342,12 +350,15 @@ def main(argv):
       with config.unlocked():
         config.attention = attention
         config.remat_policy = remat
-      rows = analyse(config, programs=lambda name: name != "apply")
+      rows = analyse(config, programs=lambda name: name == "micro_step")
       _print_rows(f"{attention}/{remat}", rows, memories)
       sys.stdout.flush()
       micro_temp[(attention, remat)] = max(r["temp"] for r in rows)
       peaks[(attention, remat)] = max(r["peak"] for r in rows)
-  # The apply does not depend on the attention or remat policy.
+  # The measure and the apply do not depend on the attention or remat policy.
+  rows = analyse(base, programs=lambda name: name == "measure")
+  _print_rows("measure", rows, memories)
+  measure_peak = rows[0]["peak"]
   for donate in (True, False):
     rows = analyse(base, donate=donate, programs=lambda name: name == "apply")
     _print_rows(
@@ -358,7 +369,8 @@ def main(argv):
   print(
       "step peak (largest program) with the donating apply: "
       + ", ".join(
-          f"{a}/{r} {_gb(max(p, apply_peak))}" for (a, r), p in peaks.items()
+          f"{a}/{r} {_gb(max(p, measure_peak, apply_peak))}"
+          for (a, r), p in peaks.items()
       )
   )
   if (own, "full") in micro_temp and (own, "none") in micro_temp:

@@ -16,7 +16,8 @@ and ends the step with all metric values on the host:
   a/append     one device array per metric, `jnp.append` per micro-batch.
   b/stack      host lists of device scalars, one `jnp.stack` per metric.
   c/engine     `maxtext.engine.Engine`: packed metrics, `buffer_packed`,
-               one flush (plus learning_rate, grad_norm, step_skipped).
+               one flush (plus learning_rate, grad_norm, step_skipped from
+               its gradient measure, one more program per step).
   d/per_name   `MetricsRecorder.buffer_metrics` per metric, one flush.
 
 With `--model_config=FILE` the micro-step is that config's model instead
@@ -109,6 +110,15 @@ class _Problem:
     self.names = ("loss", *aux)
 
 
+def _values(aux: dict) -> dict:
+  """The aux metrics as arrays: a SummedMetric gives its value (that it is
+  reduced by a sum matters only on the host)."""
+  return {
+      name: v.value if isinstance(v, metrics_recorder.SummedMetric) else v
+      for name, v in aux.items()
+  }
+
+
 def _mlp_problem(num_metrics: int) -> _Problem:
   """The small MLP with num_metrics metrics."""
 
@@ -168,13 +178,13 @@ class _ManualPrograms:
       (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
           params, batch
       )
-      return jax.tree.map(jnp.add, acc, grads), {"loss": loss, **aux}
+      return jax.tree.map(jnp.add, acc, grads), {"loss": loss, **_values(aux)}
 
     def micro_plain(params, acc, batch):
       (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
           params, batch
       )
-      packed = jnp.stack([loss, *jax.tree_util.tree_leaves(aux)])
+      packed = jnp.stack([loss, *_values(aux).values()])
       return jax.tree.map(jnp.add, acc, grads), packed
 
     def apply(params, opt_state, acc):

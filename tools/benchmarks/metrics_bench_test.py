@@ -2,8 +2,9 @@
 
 Times are not checked. The dispatch counts are exact and machine-independent,
 so they are: per step, K micro-steps and one optimizer apply for every way,
-plus what each way adds to bring the metrics home; for the small MLP and for
-a small mixture-of-experts model, whose MoE statistics add metrics.
+plus what each way adds to bring the metrics home (the engine: its gradient
+measure and one concatenation); for the small MLP and for a small
+mixture-of-experts model, whose MoE statistics add metrics.
 """
 
 import re
@@ -44,7 +45,10 @@ def _expected_dispatches(k: int, m: int) -> dict[str, int]:
       "dict_step": plain,
       "a/append": plain + m * k,  # One append per metric and micro-batch.
       "b/stack": plain + m,  # One stack per metric.
-      "c/engine": plain + 1,  # One concatenation of the packed arrays.
+      # The gradient measure (norm, finiteness, learning rate: the program
+      # that lets one forward-backward program serve every micro-batch) and
+      # one concatenation of the packed arrays.
+      "c/engine": plain + 2,
       "d/per_name": plain + 1,  # M*K <= 256 values: one launch.
   }
 
