@@ -7,64 +7,32 @@ relations between fields. Errors are `TypeError` (wrong type) or `ValueError`
 (batch divisible by the device count, mesh shape) belong to the mesh code.
 
 The expected type of each field is the type of its default in `base.py`; the
-MLPerf submission fields are checked by `maxtext.mllog.rules`, against what
-the installed `mlperf_logging` package knows.
+values a choice field takes are `maxtext.choices`', and the schedule's
+length is `maxtext.optimizer`'s. `validate` reads no file: paths, data files
+and the MLPerf submission rules are checked by `maxtext.preflight` (the rules
+through `maxtext.mllog.preflight`, against what the installed
+`mlperf_logging` package knows).
 """
 
 import importlib.util
 import json
 import math
 import os
+import types
 from typing import Any
 
-from absl import logging
 import ml_collections
 
 from maxtext import checks
+from maxtext import choices
+from maxtext import optimizer
 from maxtext.configs import base
-from maxtext.mllog import hyperparameters as mllog_hyperparameters_lib
-from maxtext.mllog import rules
-
-ALLOWED_DTYPES = ("float32", "bfloat16", "float16")
-DATASET_TYPES = ("synthetic", "tokens_file", "grain")
-HARDWARE = ("auto", "cpu", "tpu", "gpu")
-# What sets a header key whose name is not a config field's, for the header
-# proof's messages (hyperparameters.hyperparameters_from_config logs them).
-_HEADER_SOURCES = {
-    "opt_base_learning_rate": "config.learning_rate",
-    "opt_end_learning_rate": "config.learning_rate * lr_end_fraction",
-    "opt_learning_rate_warmup_steps": "config.warmup_steps",
-    "opt_learning_rate_decay_steps": (
-        "config.lr_schedule_steps (0 = steps) - warmup_steps"
-    ),
-    "opt_adamw_beta_1": "config.adam_b1",
-    "opt_adamw_beta_2": "config.adam_b2",
-    "opt_adamw_epsilon": "config.adam_eps",
-    "opt_adamw_weight_decay": "config.weight_decay",
-    "opt_gradient_clip_norm": "config.grad_clip_norm",
-    "max_steps": "config.steps",
-    "eval_samples": "config.eval_steps * eval_batch_size",
-    "train_samples": "config.mllog_train_samples",
-    "moe_aux_loss_coeff": "config.load_balance_loss_weight",
-}
-# The config file a header proof names: validation does not know the file.
-# The trainer's default for the same unknown (trainer.run).
-PROOF_CONFIG_FILENAME = "unknown"
 
 # Expected Python type of every field: the type of its default in base.py, so
 # a field is declared once, there. `float` fields also take ints.
 FIELD_TYPES: dict[str, type] = {
     key: type(value) for key, value in base.get_config().items()
 }
-
-
-def _text_metadata():
-  """maxtext.text.metadata, imported only for dataset_type="grain" configs."""
-  # Lazy: other configs need neither the module nor its Bazel dep.
-  # pylint: disable-next=import-outside-toplevel
-  from maxtext.text import metadata as text_metadata
-
-  return text_metadata
 
 
 def _fail(key: str, value: Any, why: str) -> ValueError:
@@ -131,7 +99,7 @@ def _check_relative_name(key: str, value: str) -> None:
 
 def _check_mla(v) -> None:
   """The multi-head latent attention fields (maxtext/model/mla.py)."""
-  _one_of(v, "attention_type", ("gqa", "mla"))
+  _one_of(v, "attention_type", choices.ATTENTION_TYPES)
   for key in (
       "q_lora_rank",
       "kv_lora_rank",
@@ -163,10 +131,8 @@ def _check_moe(v) -> None:
   ):
     _at_least(v, key, 0)
   _at_least(v, "expert_parallelism", 1)
-  # The same values as maxtext/model/moe.py's ROUTER_SCORES and
-  # LOAD_BALANCE_LOSSES.
-  _one_of(v, "router_score", ("softmax", "sigmoid"))
-  _one_of(v, "load_balance_loss", ("switch", "sequence"))
+  _one_of(v, "router_score", choices.ROUTER_SCORES)
+  _one_of(v, "load_balance_loss", choices.LOAD_BALANCE_LOSSES)
   for key in ("load_balance_loss_weight", "capacity_factor"):
     if v[key] < 0:
       raise _fail(key, v[key], "must be >= 0")
@@ -200,24 +166,8 @@ def _check_moe(v) -> None:
     )
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Checks every field; raises on the first problem found.
-
-  Args:
-    config: a run configuration (flat ConfigDict).
-
-  Raises:
-    TypeError: a field has the wrong type (message names field and value).
-    ValueError: a field is missing, unknown, out of range or inconsistent with
-      another field (message names field and value).
-  """
-  if not isinstance(config, (ml_collections.ConfigDict, dict)):
-    raise TypeError(f"config must be a ConfigDict, got {type(config).__name__}")
-  values = dict(config.items())
-  _check_types(values)
-  v = values
-
-  # Run and output.
+def _check_run(v) -> None:
+  """The run's name, output directory, checkpoints and seeds."""
   if v["run_name"]:
     _check_relative_name("run_name", v["run_name"])
   if not v["base_output_directory"]:
@@ -238,7 +188,29 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _at_least(v, "seed", -1)
   _at_least(v, "data_shuffle_seed", 0)
 
-  # Model.
+
+def _check_attention(v) -> None:
+  """The attention implementation against the dtypes and the hardware."""
+  _one_of(v, "attention", choices.ATTENTION_IMPLEMENTATIONS)
+  if v["attention"] == "cudnn" and v["compute_dtype"] == "float32":
+    # cuDNN's fused kernel takes half precision only; casting would silently
+    # change the numerics of a float32 run.
+    raise _fail(
+        "attention",
+        "cudnn",
+        "needs compute_dtype bfloat16 or float16, got 'float32'",
+    )
+  if v["attention"] == "cudnn" and v["hardware"] not in ("gpu", "auto"):
+    # With "auto", model.attention_implementation refuses a non-GPU backend.
+    raise _fail(
+        "attention",
+        "cudnn",
+        f"needs hardware='gpu' or 'auto', got {v['hardware']!r}",
+    )
+
+
+def _check_model(v) -> None:
+  """The network's shape, precision and memory policy."""
   for key in (
       "vocab_size",
       "emb_dim",
@@ -262,51 +234,27 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise _fail("rope_theta", v["rope_theta"], "must be > 0")
   if v["norm_epsilon"] <= 0:
     raise _fail("norm_epsilon", v["norm_epsilon"], "must be > 0")
-  _one_of(v, "weight_dtype", ALLOWED_DTYPES)
-  _one_of(v, "compute_dtype", ALLOWED_DTYPES)
-  # The same values as maxtext/model/transformer.py's
-  # ATTENTION_IMPLEMENTATIONS and REMAT_POLICIES (kept here so validation does
-  # not import JAX).
-  _one_of(v, "attention", ("auto", "einsum", "dot_product", "cudnn", "splash"))
-  if v["attention"] == "cudnn" and v["compute_dtype"] == "float32":
-    # cuDNN's fused kernel takes half precision only; casting would silently
-    # change the numerics of a float32 run.
-    raise _fail(
-        "attention",
-        "cudnn",
-        "needs compute_dtype bfloat16 or float16, got 'float32'",
-    )
-  if v["attention"] == "cudnn" and v["hardware"] not in ("gpu", "auto"):
-    # With "auto", model.attention_implementation refuses a non-GPU backend.
-    raise _fail(
-        "attention",
-        "cudnn",
-        f"needs hardware='gpu' or 'auto', got {v['hardware']!r}",
-    )
-  _one_of(v, "remat_policy", ("none", "full", "save_dots", "save_named"))
+  _one_of(v, "weight_dtype", choices.DTYPES)
+  _one_of(v, "compute_dtype", choices.DTYPES)
+  _check_attention(v)
+  _one_of(v, "remat_policy", choices.REMAT_POLICIES)
   _at_least(v, "loss_chunk_size", 0)
   _check_mla(v)
   _check_moe(v)
 
-  # Data.
-  _one_of(v, "dataset_type", DATASET_TYPES)
+
+def _check_data(v) -> None:
+  """The data set's kind and the fields it needs (its files: preflight)."""
+  _one_of(v, "dataset_type", choices.DATASET_TYPES)
   if v["dataset_type"] == "tokens_file":
     for key in ("train_data_path", "eval_data_path"):
       if not v[key]:
         raise _fail(key, v[key], "is required when dataset_type='tokens_file'")
   _at_least(v, "grain_worker_count", 0)
-  if v["dataset_type"] == "grain":
-    # Reads only metadata.json: a directory without one, or a vocabulary
-    # larger than the model's, is refused before any device work.
-    text_metadata = _text_metadata()
-    text_metadata.check_config(
-        v["train_data_path"],
-        v["eval_data_path"],
-        v["vocab_size"],
-        v["max_sequence_length"],
-    )
 
-  # Batch and steps.
+
+def _check_batch(v) -> None:
+  """The batch, its micro-batches and the step budget."""
   _at_least(v, "global_batch_size", 1)
   _at_least(v, "gradient_accumulation_steps", 1)
   _at_least(v, "steps", 1)
@@ -318,16 +266,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"{v['gradient_accumulation_steps']}",
     )
 
-  # Optimizer.
+
+def _check_optimizer(v) -> None:
+  """The learning-rate schedule and AdamW (maxtext/optimizer.py)."""
+  _one_of(v, "lr_schedule", choices.LR_SCHEDULES)
   if v["learning_rate"] <= 0:
     raise _fail("learning_rate", v["learning_rate"], "must be > 0")
   _at_least(v, "warmup_steps", 0)
   _at_least(v, "lr_schedule_steps", 0)
-  if v["warmup_steps"] > lr_schedule_steps(config):
+  length = optimizer.lr_schedule_steps(types.SimpleNamespace(**v))
+  if v["warmup_steps"] > length:
     raise _fail(
         "warmup_steps",
         v["warmup_steps"],
-        f"must be <= the schedule length {lr_schedule_steps(config)} "
+        f"must be <= the schedule length {length} "
         f"(lr_schedule_steps, 0 = steps)",
     )
   if not 0.0 <= v["lr_end_fraction"] <= 1.0:
@@ -344,7 +296,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "grad_clip_norm", v["grad_clip_norm"], "must be >= 0 (0 = no clipping)"
     )
 
-  # Evaluation and monitoring.
+
+def _check_monitoring(v) -> None:
+  """Evaluation, logging, profiling and the non-finite policy."""
   _at_least(v, "eval_interval", 1)
   _at_least(v, "first_eval_samples", 0)
   if v["first_eval_samples"] % v["global_batch_size"]:
@@ -366,7 +320,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _at_least(v, "profiler_start_step", 0)
   _at_least(v, "max_consecutive_skipped_steps", 1)
 
-  # Mesh.
+
+def _check_mesh(v) -> None:
+  """The mesh axes (their product against the devices: maxtext.mesh)."""
   for key in ("data_parallelism", "fsdp_parallelism"):
     if v[key] != -1 and v[key] < 1:
       raise _fail(key, v[key], "must be -1 (all remaining devices) or >= 1")
@@ -377,7 +333,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "only one of data_parallelism and fsdp_parallelism may be -1",
     )
 
-  # Distribution.
+
+def _check_distribution(v) -> None:
+  """Processes, the coordinator and storage every process shares."""
   _at_least(v, "num_processes", 0)
   if v["num_processes"] > 1:
     address = v["coordinator_address"]
@@ -412,34 +370,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"is {v['base_output_directory']}",
     )
 
-  # Runtime.
-  _one_of(v, "hardware", HARDWARE)
 
-  # MLPerf log. Checked even when off, so turning it on cannot fail later.
-  rules.validate_submission(v)
-  if (
-      v["submission_division"] == "closed"
-      and not v["num_experts"]
-      and mllog_hyperparameters_lib.rules_require_key(
-          rules.ruleset_dir(v["mllog_ruleset"]),
-          "closed",
-          v["submission_benchmark"],
-          mllog_hyperparameters_lib.MOE_AUX_LOSS_COEFF,
-      )
-  ):
-    # The benchmark is a mixture-of-experts model: its closed rules require
-    # moe_aux_loss_coeff, which a dense model has no honest value for.
-    raise _fail(
-        "num_experts",
-        0,
-        f"a closed {v['submission_benchmark']} run needs a model with "
-        f"experts (its rules require moe_aux_loss_coeff)",
-    )
-  if v["enable_mllog"]:
-    # Only for a run with a log (a run without one submits nothing). Closed:
-    # an error before any device work; open: warnings. The header proof
-    # (below) holds the rest of the checker's rules.
-    rules.check_reference_hyperparameters(v)
+def _check_runtime(v) -> None:
+  """The hardware, the MLPerf log's local fields and the warm-up."""
+  _one_of(v, "hardware", choices.HARDWARE)
+  # The submission fields and the header: maxtext.mllog.preflight.
   _at_least(v, "mllog_train_samples", 0)
   command = v["cache_clear_command"]
   if "\0" in command or (command and not command.strip()):
@@ -455,10 +390,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "must be a local path: the log is staged locally and mirrored to "
         "gs:// with the run directory when base_output_directory is gs://",
     )
-
   _at_least(v, "warmup_steps_before_run_start", -1)
 
-  # GCS mirror.
+
+def _check_gcs(v) -> None:
+  """The GCS mirror's and the run lock's intervals and timeouts."""
   _at_least(v, "gcs_sync_interval_seconds", 0)
   for key in (
       "gcs_request_timeout_seconds",
@@ -469,174 +405,47 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if v[key] <= 0:
       raise _fail(key, v[key], "must be > 0")
 
-  if v["enable_mllog"]:
-    # Last: the proof writes the log from the whole, checked config.
-    _check_header_proof(
-        config
-        if isinstance(config, ml_collections.ConfigDict)
-        else ml_collections.ConfigDict(values)
-    )
+
+# The sections of a config, checked in this order after the types.
+_SECTIONS = (
+    _check_run,
+    _check_model,
+    _check_data,
+    _check_batch,
+    _check_optimizer,
+    _check_monitoring,
+    _check_mesh,
+    _check_distribution,
+    _check_runtime,
+    _check_gcs,
+)
 
 
-def _header_proof():
-  """maxtext.mllog.header_proof, imported only for configs with a log."""
-  # Lazy: it loads the MLPerf logger and the compliance checker, which a
-  # config without a log never needs.
-  # pylint: disable-next=import-outside-toplevel
-  from maxtext.mllog import header_proof
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks every field; raises on the first problem found.
 
-  return header_proof
-
-
-def _check_header_proof(config: ml_collections.ConfigDict) -> None:
-  """The MLPerf pre-flight: the official checker on the run's header.
-
-  The log a run of `config` starts with (its real header, see
-  `mllog_hyperparameters`) plus synthetic run events at the run's own
-  evaluation points goes through the installed compliance checker with the
-  rules of the config's ruleset, division and benchmark
-  (`maxtext.mllog.header_proof`). Every failure about a header key or
-  `eval_accuracy` (the first evaluation's samples, the target) is one the
-  run's log would fail after the run. Closed division: an error; open: a
-  warning each.
+  Types, ranges and relations between fields only: no file is read (paths,
+  data files and the MLPerf rules are `maxtext.preflight`'s).
 
   Args:
-    config: a config `validate` has checked, `enable_mllog` on.
+    config: a run configuration (flat ConfigDict).
 
   Raises:
-    ValueError: closed division and the checker fails the header; the
-      message names each failing key, its logged value and the rule.
+    TypeError: a field has the wrong type (message names field and value).
+    ValueError: a field is missing, unknown, out of range or inconsistent with
+      another field (message names field and value).
   """
-  header_proof = _header_proof()
-  verdict = header_proof.prove(config, fresh_run_header(config))
-  for failure in verdict.run_failures():
-    # The synthetic events are this engine's, not the config's: a bug to
-    # report, not a reason to refuse the run.
-    logging.warning(
-        "MLPerf header proof: the synthetic run events fail the checker "
-        "(maxtext.mllog.header_proof): %s",
-        failure.message,
-    )
-  problems = [
-      header_proof.describe(
-          f,
-          config,
-          _HEADER_SOURCES.get(
-              f.key, f"config.{f.key}" if f.key in FIELD_TYPES else ""
-          ),
-      )
-      for f in verdict.config_failures()
-  ]
-  if not problems:
-    return
-  rules_name = (
-      f"mlperf_logging training_{config.mllog_ruleset} "
-      f"{config.submission_division} {config.submission_benchmark} rules"
-  )
-  if config.submission_division == "closed":
-    raise ValueError(
-        f"closed-division pre-flight: the MLPerf log this config writes "
-        f"fails the official compliance checker ({rules_name}): "
-        + "; ".join(problems)
-        + " (submission_division='open' runs it anyway, with warnings)"
-    )
-  for problem in problems:
-    logging.warning(
-        "MLPerf open division: the log fails the checker (%s): %s",
-        rules_name,
-        problem,
-    )
-
-
-def mllog_hyperparameters(
-    config, *, data_parallelism: int, start_step: int, config_filename: str
-) -> dict[str, Any]:
-  """The hyperparameter events of a run's MLPerf log, without JAX.
-
-  The trainer's MLPerf listener logs exactly these; the header proof of a
-  closed run checks them before training.
-
-  Args:
-    config: the run's config.
-    data_parallelism: the mesh's data axis size (the micro batch size is per
-      data-parallel replica).
-    start_step: the step the attempt starts from (init_checkpoint_step).
-    config_filename: the config file's name, for the 6.1 disclosure.
-  """
-  return mllog_hyperparameters_lib.hyperparameters_from_config(
-      config,
-      warmup_steps=int(config.warmup_steps),
-      schedule_steps=lr_schedule_steps(config),
-      end_learning_rate=end_learning_rate(config),
-      train_samples=train_samples(config),
-      eval_samples=eval_samples(config),
-      init_checkpoint_step=start_step,
-      micro_batch_size=micro_batch_size(config) // data_parallelism,
-      config_filename=config_filename,
-  )
-
-
-def fresh_run_header(
-    config, config_filename: str = PROOF_CONFIG_FILENAME
-) -> dict[str, Any]:
-  """`mllog_hyperparameters` of a fresh run of `config`, before its mesh
-  exists: the header the pre-flight proves.
-
-  The mesh decides a data axis of -1; the rules ask only for a positive
-  micro batch, which the mesh code guarantees, so -1 counts as 1 here.
-  """
-  return mllog_hyperparameters(
-      config,
-      data_parallelism=max(config.data_parallelism, 1),
-      start_step=0,
-      config_filename=config_filename,
-  )
-
-
-def end_learning_rate(config) -> float:
-  """The schedule's last learning rate: learning_rate * lr_end_fraction,
-  free of float noise from the multiplication (1e-3 * 0.1 is 1e-4), as the
-  MLPerf log and the schedule summary state it."""
-  end = float(config.learning_rate) * float(config.lr_end_fraction)
-  return float(f"{end:.12g}") if end else end
-
-
-def lr_schedule_steps(config) -> int:
-  """Length of the learning-rate schedule: lr_schedule_steps, 0 = steps."""
-  return config.lr_schedule_steps or config.steps
+  if not isinstance(config, (ml_collections.ConfigDict, dict)):
+    raise TypeError(f"config must be a ConfigDict, got {type(config).__name__}")
+  values = dict(config.items())
+  _check_types(values)
+  for check in _SECTIONS:
+    check(values)
 
 
 def micro_batch_size(config) -> int:
   """Sequences per micro-batch over all processes: global batch / K."""
   return config.global_batch_size // config.gradient_accumulation_steps
-
-
-def train_samples(config) -> int:
-  """`train_samples` for the MLPerf log: mllog_train_samples; 0 = the
-  prepared data's training sequences (grain), else the budget."""
-  if config.mllog_train_samples:
-    return config.mllog_train_samples
-  if config.dataset_type == "grain":
-    text_metadata = _text_metadata()
-    meta = text_metadata.load(config.train_data_path)
-    return text_metadata.windows(meta, "train", config.max_sequence_length)
-  return config.steps * config.global_batch_size
-
-
-def eval_samples(config) -> int:
-  """Distinct sequences in one evaluation: eval_steps * eval_batch_size, at
-  most the prepared eval split's sequences (grain)."""
-  samples = config.eval_steps * config.eval_batch_size
-  if config.dataset_type == "grain":
-    text_metadata = _text_metadata()
-    meta = text_metadata.load(
-        config.eval_data_path or config.train_data_path,
-        "eval_data_path" if config.eval_data_path else "train_data_path",
-    )
-    samples = min(
-        samples, text_metadata.windows(meta, "eval", config.max_sequence_length)
-    )
-  return samples
 
 
 def to_json_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from maxtext import checks
+from maxtext import choices
 
 Batch = dict[str, np.ndarray]
 
@@ -483,8 +484,8 @@ def make_dataset(config, process_index: int = 0, process_count: int = 1):
 
     return grain_dataset.GrainDataset(config, process_index, process_count)
   raise ValueError(
-      f"dataset_type={config.dataset_type!r}: must be "
-      f"'synthetic', 'tokens_file' or 'grain'"
+      f"dataset_type={config.dataset_type!r}: must be one of "
+      f"{list(choices.DATASET_TYPES)}"
   )
 
 

@@ -1,4 +1,4 @@
-"""Tests for maxtext/optimizer.py: schedule, AdamW chain, summary."""
+"""Tests for maxtext/optimizer.py: schedule, its facts, the AdamW chain."""
 
 import math
 
@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from maxtext import choices
 from maxtext import optimizer
 from maxtext.configs import base
 
@@ -93,50 +94,135 @@ class ScheduleTest(parameterized.TestCase):
       ("warmup_past_steps", dict(warmup_steps=200), "warmup_steps=200"),
       ("warmup_past_schedule", dict(lr_schedule_steps=5), "warmup_steps=10"),
       ("end_fraction", dict(lr_end_fraction=2.0), "lr_end_fraction"),
+      ("negative_warmup", dict(warmup_steps=-1), "warmup_steps must be >= 0"),
+      ("unknown_kind", dict(lr_schedule="linear"), "lr_schedule='linear'"),
   )
   def test_bad_schedule(self, overrides, pattern):
     config = _config(**overrides)
     with self.assertRaisesRegex(ValueError, pattern):
       optimizer.make_schedule(config)
     with self.assertRaisesRegex(ValueError, pattern):
-      optimizer.schedule_summary(config)
+      optimizer.schedule_facts(config)
 
 
-class SummaryTest(absltest.TestCase):
+def _hand_written_cosine(config):
+  """Warm-up + cosine written out in float32, the formula of make_schedule's
+  docstring: the reference the optax-built schedule must equal."""
+  peak = float(config.learning_rate)
+  warmup = int(config.warmup_steps)
+  total = config.lr_schedule_steps or config.steps
+  end = peak * float(config.lr_end_fraction)
+  decay = total - warmup
 
-  def test_summary_describes_the_schedule(self):
-    config = _config()
-    summary = optimizer.schedule_summary(config)
+  def schedule(count):
+    t = jnp.asarray(count, jnp.float32)
+    warm = peak * t / max(warmup, 1)
+    progress = jnp.clip((t - warmup) / max(decay, 1), 0.0, 1.0)
+    cosine = end + (peak - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+    lr = jnp.where(t < warmup, warm, jnp.where(t >= total, end, cosine))
+    return lr.astype(jnp.float32)
+
+  return schedule
+
+
+class CosineMatchesFormulaTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("base", {}),
+      ("no_warmup", dict(warmup_steps=0)),
+      ("warmup_is_the_schedule", dict(warmup_steps=110)),
+      ("one_warmup_step", dict(warmup_steps=1)),
+      ("shorter_schedule", dict(lr_schedule_steps=60)),
+      ("decay_to_zero", dict(lr_end_fraction=0.0)),
+      ("no_decay", dict(lr_end_fraction=1.0)),
+      (
+          "llama_like",
+          dict(
+              learning_rate=3e-4,
+              warmup_steps=7,
+              steps=1000,
+              lr_end_fraction=0.1,
+          ),
+      ),
+  )
+  def test_every_step(self, overrides):
+    config = _config(**overrides)
+    steps = jnp.arange(optimizer.lr_schedule_steps(config) + 10)
+    ours = jax.jit(jax.vmap(optimizer.make_schedule(config)))(steps)
+    reference = jax.jit(jax.vmap(_hand_written_cosine(config)))(steps)
+    # Both are float32: where the rate nears 0 (the first warm-up steps,
+    # the end of a decay to 0) their roundings differ by about one float32
+    # ulp of the peak, hence the absolute term.
+    np.testing.assert_allclose(
+        ours, reference, rtol=1e-6, atol=1e-7 * config.learning_rate
+    )
+
+
+class ConstantScheduleTest(parameterized.TestCase):
+
+  def test_warmup_then_constant(self):
+    config = _config(lr_schedule="constant")
+    values = np.asarray(
+        jax.vmap(optimizer.make_schedule(config))(jnp.arange(config.steps + 20))
+    )
+    warmup = config.warmup_steps
+    np.testing.assert_allclose(
+        values[:warmup],
+        config.learning_rate * np.arange(warmup) / warmup,
+        rtol=1e-6,
+        atol=1e-7 * config.learning_rate,
+    )
+    np.testing.assert_allclose(values[warmup:], config.learning_rate)
+    self.assertEqual(values.dtype, np.float32)
+
+  def test_without_warmup_constant_from_the_start(self):
+    config = _config(lr_schedule="constant", warmup_steps=0)
+    values = jax.vmap(optimizer.make_schedule(config))(jnp.arange(50))
+    np.testing.assert_allclose(values, config.learning_rate)
+
+
+class ScheduleFactsTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("cosine", "cosine"), ("constant", "constant")
+  )
+  def test_facts_describe_the_schedule(self, kind):
+    config = _config(lr_schedule=kind, lr_schedule_steps=70)
+    facts = optimizer.schedule_facts(config)
     schedule = optimizer.make_schedule(config)
-    self.assertEqual(summary["warmup_steps"], config.warmup_steps)
-    self.assertEqual(summary["schedule_steps"], config.steps)
-    self.assertEqual(summary["decay_steps"], config.steps - config.warmup_steps)
-    self.assertEqual(summary["learning_rate"], config.learning_rate)
-    np.testing.assert_allclose(
-        float(schedule(summary["warmup_steps"])),
-        summary["learning_rate"],
-        rtol=1e-6,
-    )
-    np.testing.assert_allclose(
-        float(schedule(summary["schedule_steps"])),
-        summary["end_learning_rate"],
-        rtol=1e-6,
-    )
-    self.assertEqual(summary["decay_schedule"], optimizer.DECAY_SCHEDULE_NAME)
-    for key in (
-        "adam_b1",
-        "adam_b2",
-        "adam_eps",
-        "weight_decay",
-        "grad_clip_norm",
+    self.assertEqual(facts.kind, kind)
+    self.assertEqual(facts.warmup_steps, config.warmup_steps)
+    self.assertEqual(facts.schedule_steps, 70)
+    self.assertEqual(facts.decay_steps, 70 - config.warmup_steps)
+    self.assertEqual(facts.learning_rate, config.learning_rate)
+    self.assertEqual(facts.decay_schedule, optimizer.DECAY_SCHEDULE_NAMES[kind])
+    # The schedule reaches the peak after the warm-up and the end rate at
+    # the schedule's end, and stays there.
+    for step, expected in (
+        (facts.warmup_steps, facts.learning_rate),
+        (facts.schedule_steps, facts.end_learning_rate),
+        (facts.schedule_steps + 100, facts.end_learning_rate),
     ):
-      self.assertEqual(summary[key], config[key])
+      with self.subTest(step=step):
+        np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6)
 
-  def test_summary_uses_lr_schedule_steps(self):
-    config = _config(lr_schedule_steps=70)
-    summary = optimizer.schedule_summary(config)
-    self.assertEqual(summary["schedule_steps"], 70)
-    self.assertEqual(summary["decay_steps"], 70 - config.warmup_steps)
+  def test_end_learning_rate_is_free_of_float_noise(self):
+    config = _config(learning_rate=1e-3, lr_end_fraction=0.1)
+    self.assertEqual(optimizer.end_learning_rate(config), 1e-4)
+    config.lr_schedule = "constant"
+    self.assertEqual(optimizer.end_learning_rate(config), 1e-3)
+
+  def test_schedule_length_defaults_to_steps(self):
+    self.assertEqual(optimizer.lr_schedule_steps(_config()), 110)
+    self.assertEqual(
+        optimizer.lr_schedule_steps(_config(lr_schedule_steps=80)), 80
+    )
+
+  def test_every_schedule_has_a_builder_and_a_name(self):
+    self.assertEqual(set(optimizer.DECAYS), set(choices.LR_SCHEDULES))
+    self.assertEqual(
+        set(optimizer.DECAY_SCHEDULE_NAMES), set(choices.LR_SCHEDULES)
+    )
 
 
 class OptimizerTest(absltest.TestCase):

@@ -1,10 +1,11 @@
-"""Checks a run's paths and data before any device work: `check(config)`.
+"""Checks a run's paths, data and MLPerf rules before any device work.
 
-`trainer.run` calls `check` right after `config_lib.validate`: a path the run
-cannot create, write or read, and a malformed data file, are then refused
-with one line, `config.<field>=<value>: <problem>` (a ValueError), before the
-distributed runtime, the devices, the run directory or the MLPerf log are
-touched.
+`trainer.run` calls `check(config)` right after `config_lib.validate`: a
+path the run cannot create, write or read, a malformed data file, prepared
+data that does not fit the model, and a config the MLPerf rules refuse
+(`maxtext.mllog.preflight`) are then refused with one line,
+`config.<field>=<value>: <problem>` (a ValueError), before the distributed
+runtime, the devices, the run directory or the MLPerf log are touched.
 
 Nothing is created here. Whether a directory can be written is tried with a
 temporary file in the directory (or its nearest existing ancestor, where the
@@ -21,7 +22,9 @@ from typing import Optional
 from maxtext import caller_paths
 from maxtext import checks
 from maxtext import data
+from maxtext.mllog import preflight as mllog_preflight
 from maxtext.storage import gcs_mirror
+from maxtext.text import metadata as text_metadata
 from maxtext.storage import run_dir as run_dir_lib
 
 # Bytes the run's own files add below its run directory (and a checkpoint
@@ -296,6 +299,19 @@ def _check_compilation_cache(config) -> None:
     raise _fail("jax_compilation_cache_dir", value, path, problem)
 
 
+def _check_prepared_data(config) -> None:
+  """A grain run's prepared data: reads only its metadata.json. A directory
+  without one, or a vocabulary larger than the model's, is refused."""
+  if config.dataset_type != "grain":
+    return
+  text_metadata.check_config(
+      config.train_data_path,
+      config.eval_data_path,
+      config.vocab_size,
+      config.max_sequence_length,
+  )
+
+
 def check(config) -> None:
   """Checks every path of a validated config, creating nothing.
 
@@ -305,9 +321,13 @@ def check(config) -> None:
   names and the whole path fit the file system's limits, and a file can be
   created where the run writes first (not a read-only file system). Input
   files: the tokens_file dataset's files exist, are regular, readable and
-  well-formed (through `maxtext.data`, the reader the run uses);
+  well-formed (through `maxtext.data`, the reader the run uses); a grain
+  run's prepared data fits the model (its metadata.json);
   load_parameters_path is a local checkpoint directory. gs:// locations are
-  left to the run (their trouble is retried, never a stop).
+  left to the run (their trouble is retried, never a stop). Before the
+  paths: the prepared data, then the MLPerf rules
+  (`maxtext.mllog.preflight.check`: the submission fields always, the
+  reference points and the header proof when enable_mllog is on).
 
   Args:
     config: the run's config, already validated by `config_lib.validate`.
@@ -316,6 +336,8 @@ def check(config) -> None:
     ValueError: one line, `config.<field>=<value>: <problem>`, for the first
       problem found.
   """
+  _check_prepared_data(config)
+  mllog_preflight.check(config)
   _check_output(config)
   _check_mllog(config)
   _check_compilation_cache(config)

@@ -265,7 +265,33 @@ class PreflightTest(parameterized.TestCase):
         self.config(mllog_file=os.path.join(self.file, "mllog.log"))
     )
 
+  def test_submission_fields_checked_when_off(self):
+    # Turning the log on later cannot fail on them (maxtext.mllog.preflight).
+    self.assert_refused(
+        self.config(submission_division="semi"),
+        r"^config\.submission_division='semi': must be one of",
+    )
+
+  def test_closed_config_off_the_reference_is_refused(self):
+    self.assert_refused(
+        self.config(
+            enable_mllog=True,
+            submission_division="closed",
+            submission_benchmark="llama31_8b",
+            global_batch_size=8,
+            first_eval_samples=0,
+        ),
+        r"^closed-division pre-flight .*config\.global_batch_size=8 is "
+        r"outside",
+    )
+
   # --- data -------------------------------------------------------------------
+
+  def test_grain_directory_without_metadata(self):
+    self.assert_refused(
+        self.config(dataset_type="grain", train_data_path=self.tmp),
+        rf"^config\.train_data_path='{self.tmp}': has no metadata\.json",
+    )
 
   def tokens_config(self, train, evaluation=None):
     return self.config(

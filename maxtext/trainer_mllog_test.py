@@ -88,18 +88,17 @@ class TrainerMllogTest(parameterized.TestCase):
 
   def assert_values_match_run(self, config, result, events):
     """Schedule keys, sample counts and eval values match the run's."""
-    summary = optimizer.schedule_summary(config)
+    facts = optimizer.schedule_facts(config)
     gbs = config.global_batch_size
     self.assertEqual(
-        single(events, "opt_learning_rate_warmup_steps"),
-        summary["warmup_steps"],
+        single(events, "opt_learning_rate_warmup_steps"), facts.warmup_steps
     )
     self.assertEqual(
-        single(events, "opt_learning_rate_decay_steps"), summary["decay_steps"]
+        single(events, "opt_learning_rate_decay_steps"), facts.decay_steps
     )
     self.assertEqual(
         single(events, "opt_learning_rate_decay_schedule"),
-        summary["decay_schedule"],
+        facts.decay_schedule,
     )
     self.assertEqual(single(events, "global_batch_size"), gbs)
     self.assertEqual(

@@ -185,7 +185,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ------------------------------------------------------------- optimizer
   # AdamW with linear warmup from 0 to `learning_rate` over `warmup_steps`, then
-  # cosine decay to learning_rate * lr_end_fraction at `lr_schedule_steps`.
+  # the decay `lr_schedule` names (maxtext/optimizer.py): "cosine" decays to
+  # learning_rate * lr_end_fraction at `lr_schedule_steps` and stays there;
+  # "constant" keeps `learning_rate` (lr_end_fraction plays no part).
+  config.lr_schedule = "cosine"
   config.learning_rate = 1e-3  # Peak learning rate.
   config.warmup_steps = 100  # Steps of linear warmup from 0.
   config.lr_schedule_steps = 0  # Length of warmup + decay. 0 = `steps`.

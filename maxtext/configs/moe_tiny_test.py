@@ -85,18 +85,6 @@ class MoeTinyTest(absltest.TestCase):
         )
     )
 
-  def test_closed_deepseek_run_of_a_dense_model_is_refused(self):
-    config = default.get_config()
-    config.update(
-        enable_mllog=False,
-        submission_division="closed",
-        submission_benchmark="deepseekv3_671b",
-    )
-    with self.assertRaisesRegex(
-        ValueError, r"config.num_experts=0: .*moe_aux_loss_coeff"
-    ):
-      config_lib.validate(config)
-
   def test_config_validates_and_moe_fields_are_checked(self):
     config_lib.validate(moe_tiny.get_config())
     bad = [

@@ -18,6 +18,7 @@ import ml_collections
 from maxtext import config_lib
 from maxtext.configs import deepseekv3_671b
 from maxtext.mllog import header_proof
+from maxtext.mllog import preflight
 from maxtext.mllog import rules
 
 _RULESETS = ("6.1.0", "6.0.0")
@@ -32,7 +33,7 @@ def _config(ruleset, batch="", **overrides):
 
 def _header(config):
   """The header a fresh run of `config` logs."""
-  return config_lib.fresh_run_header(config, "deepseekv3_671b.py")
+  return header_proof.fresh_run_header(config, "deepseekv3_671b.py")
 
 
 def _prove(config):
@@ -49,6 +50,7 @@ class DeepseekV3MllogTest(parameterized.TestCase):
       self.assertIn(ruleset, rules.rulesets())
       self.assertIn(_BENCHMARK, rules.benchmarks(ruleset))
       config_lib.validate(_config(ruleset))
+      preflight.check(_config(ruleset))
       # At a reference batch size the config is the reference point's.
       self.assertEqual(rules.reference_mismatches(_config(ruleset)), [])
 
@@ -60,6 +62,7 @@ class DeepseekV3MllogTest(parameterized.TestCase):
   def test_header_satisfies_the_closed_rules(self, ruleset, batch):
     config = _config(ruleset, batch)
     config_lib.validate(config)
+    preflight.check(config)
     hparams = _header(config)
     self.assertEqual(hparams["moe_aux_loss_coeff"], 0.01)
     self.assertEqual(

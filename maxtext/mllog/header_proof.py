@@ -25,7 +25,11 @@ before the run, so that no rule is ever repeated here:
   header keys and `eval_accuracy`: the first evaluation's point and the
   target), not the synthetic events' own sequence.
 
-The hyperparameters are the caller's: `maxtext.config_lib.mllog_hyperparameters`
+  `check_config(config)` is the pre-flight of a run with a log: it proves
+  the header of a fresh run (`fresh_run_header`) and refuses a closed
+  config whose log would fail (an open one: a warning per failure).
+
+The hyperparameters are the caller's: `hyperparameters.run_hyperparameters`
 builds them, for the pre-flight and for the trainer's MLPerf listener alike.
 A proof takes a few milliseconds; its verdict is cached by the log's
 contents, which depend only on the config.
@@ -43,11 +47,14 @@ import tempfile
 import threading
 from typing import Any, Mapping, Optional
 
+from absl import logging as absl_logging
 from mlperf_logging.compliance_checker import mlp_compliance
 from mlperf_logging.compliance_checker import mlp_parser
 import yaml
 
+from maxtext import config_lib
 from maxtext import eval_schedule
+from maxtext.mllog import hyperparameters as hyperparameters_lib
 from maxtext.mllog import logger as mllog_logger
 from maxtext.mllog import rules
 from maxtext.storage import build_info as build_info_lib
@@ -86,6 +93,9 @@ _CLOCK_S = 1.7e9
 _NO_BUILD = build_info_lib.BuildInfo(
     git_revision=build_info_lib.UNKNOWN, source=build_info_lib.SOURCE_UNKNOWN
 )
+# The config file a proof's header names: the pre-flight does not know the
+# file. The trainer's default for the same unknown (trainer.run).
+PROOF_CONFIG_FILENAME = "unknown"
 # Before the evaluation that reaches the target, a run's loss is above it.
 _MISS_MARGIN = 1.0
 
@@ -232,7 +242,7 @@ def write_log(
     path: the log to write (an existing file makes it the next attempt's
       name, as for a run; see `logger.next_attempt_path`).
     hyperparameters: the run's hyperparameter events, in order
-      (`config_lib.mllog_hyperparameters`).
+      (`hyperparameters.run_hyperparameters`).
     build: the revision the submission_platform event names; default
       "unknown".
 
@@ -382,7 +392,7 @@ def prove(config: Any, hyperparameters: Mapping[str, Any]) -> Verdict:
   Args:
     config: a validated config with `enable_mllog` on.
     hyperparameters: the run's hyperparameter events
-      (`config_lib.mllog_hyperparameters`).
+      (`hyperparameters.run_hyperparameters`).
 
   Returns:
     The verdict of the config's `mllog_ruleset`.
@@ -430,3 +440,79 @@ def describe(failure: Failure, config: Any, source: str = "") -> str:
     where = f" ({source})" if source else ""
     return f"{failure.key}={record.get('value')!r}{where} fails `{test}`"
   return failure.message.strip().splitlines()[0]
+
+
+def fresh_run_header(
+    config: Any, config_filename: str = PROOF_CONFIG_FILENAME
+) -> dict[str, Any]:
+  """`hyperparameters.run_hyperparameters` of a fresh run of `config`,
+  before its mesh exists: the header the pre-flight proves.
+
+  The mesh decides a data axis of -1; the rules ask only for a positive
+  micro batch, which the mesh code guarantees, so -1 counts as 1 here.
+  """
+  return hyperparameters_lib.run_hyperparameters(
+      config,
+      data_parallelism=max(config.data_parallelism, 1),
+      start_step=0,
+      config_filename=config_filename,
+  )
+
+
+def _source(key: str) -> str:
+  """What in the config sets header key `key`, or ""."""
+  if key in hyperparameters_lib.HEADER_SOURCES:
+    return hyperparameters_lib.HEADER_SOURCES[key]
+  # A key named as a config field is set by that field.
+  return f"config.{key}" if key in config_lib.FIELD_TYPES else ""
+
+
+def check_config(config: Any) -> None:
+  """The MLPerf pre-flight: the official checker on the run's header.
+
+  The log a run of `config` starts with (its real header,
+  `fresh_run_header`) plus synthetic run events at the run's own
+  evaluation points goes through the installed compliance checker with the
+  rules of the config's ruleset, division and benchmark (`prove`). Every
+  failure about a header key or `eval_accuracy` (the first evaluation's
+  samples, the target) is one the run's log would fail after the run.
+  Closed division: an error; open: a warning each.
+
+  Args:
+    config: a validated config, `enable_mllog` on.
+
+  Raises:
+    ValueError: closed division and the checker fails the header; the
+      message names each failing key, its logged value and the rule.
+  """
+  verdict = prove(config, fresh_run_header(config))
+  for failure in verdict.run_failures():
+    # The synthetic events are this engine's, not the config's: a bug to
+    # report, not a reason to refuse the run.
+    absl_logging.warning(
+        "MLPerf header proof: the synthetic run events fail the checker "
+        "(maxtext.mllog.header_proof): %s",
+        failure.message,
+    )
+  problems = [
+      describe(f, config, _source(f.key)) for f in verdict.config_failures()
+  ]
+  if not problems:
+    return
+  rules_name = (
+      f"mlperf_logging training_{config.mllog_ruleset} "
+      f"{config.submission_division} {config.submission_benchmark} rules"
+  )
+  if config.submission_division == "closed":
+    raise ValueError(
+        f"closed-division pre-flight: the MLPerf log this config writes "
+        f"fails the official compliance checker ({rules_name}): "
+        + "; ".join(problems)
+        + " (submission_division='open' runs it anyway, with warnings)"
+    )
+  for problem in problems:
+    absl_logging.warning(
+        "MLPerf open division: the log fails the checker (%s): %s",
+        rules_name,
+        problem,
+    )

@@ -2,7 +2,7 @@
 
 The in-process checker is compared with the official command line
 (`testing.compliance_checker`, a fresh interpreter) on passing and failing
-logs, and the header `config_lib` proves with the one the trainer's MLPerf
+logs, and the header the pre-flight proves with the one the trainer's MLPerf
 listener logs.
 """
 
@@ -32,7 +32,7 @@ def _with(config, **overrides):
 
 def _header(config):
   """The header a fresh run of `config` logs."""
-  return config_lib.fresh_run_header(config, "config.py")
+  return header_proof.fresh_run_header(config, "config.py")
 
 
 def _events(path):
@@ -67,24 +67,39 @@ class HeaderTest(parameterized.TestCase):
           "data_parallel",
           lambda: _with(default.get_config(), data_parallelism=2),
       ),
+      (
+          "constant",
+          lambda: _with(default.get_config(), lr_schedule="constant"),
+      ),
   )
   def test_header_states_the_optimizers_schedule(self, make_config):
-    # The header is built without JAX; the schedule the optimizer trains
-    # with must be the one it states.
+    # The schedule the optimizer trains with must be the one the header
+    # states: the peak after the warm-up, the end rate at the schedule's end.
     config = make_config()
     header = _header(config)
-    summary = optimizer.schedule_summary(config)
+    facts = optimizer.schedule_facts(config)
+    schedule = optimizer.make_schedule(config)
+    warmup = header["opt_learning_rate_warmup_steps"]
+    end = warmup + header["opt_learning_rate_decay_steps"]
+    self.assertEqual(warmup, config.warmup_steps)
+    self.assertEqual(end, optimizer.lr_schedule_steps(config))
+    for step, key in (
+        (warmup, "opt_base_learning_rate"),
+        (end, "opt_end_learning_rate"),
+    ):
+      # The schedule runs in float32.
+      self.assertAlmostEqual(
+          float(schedule(step)), header[key], delta=1e-6 * abs(header[key])
+      )
     for key, expected in (
-        ("opt_base_learning_rate", summary["learning_rate"]),
-        ("opt_end_learning_rate", summary["end_learning_rate"]),
-        ("opt_learning_rate_warmup_steps", summary["warmup_steps"]),
-        ("opt_learning_rate_decay_steps", summary["decay_steps"]),
-        ("opt_learning_rate_decay_schedule", summary["decay_schedule"]),
-        ("opt_adamw_beta_1", summary["adam_b1"]),
-        ("opt_adamw_beta_2", summary["adam_b2"]),
-        ("opt_adamw_epsilon", summary["adam_eps"]),
-        ("opt_adamw_weight_decay", summary["weight_decay"]),
-        ("opt_gradient_clip_norm", summary["grad_clip_norm"]),
+        ("opt_base_learning_rate", facts.learning_rate),
+        ("opt_end_learning_rate", facts.end_learning_rate),
+        ("opt_learning_rate_decay_schedule", facts.decay_schedule),
+        ("opt_adamw_beta_1", config.adam_b1),
+        ("opt_adamw_beta_2", config.adam_b2),
+        ("opt_adamw_epsilon", config.adam_eps),
+        ("opt_adamw_weight_decay", config.weight_decay),
+        ("opt_gradient_clip_norm", config.grad_clip_norm),
     ):
       with self.subTest(key=key):
         self.assertEqual(header[key], expected)

@@ -5,13 +5,17 @@ hold (`REQUIRED_HYPERPARAMETERS`, in order) from the config and the run's
 real values, naming precisions as MLPerf spells them (`precision_name`);
 `check_values` checks that each value is of the kind its key takes (a count,
 a precision name, a non-empty name).
+`run_hyperparameters` gives a run's header from its config: the schedule as
+`maxtext.optimizer.schedule_facts` states it (the schedule the run trains
+with), the samples from the config and its prepared data (`train_samples_of`,
+`eval_samples_of`); `HEADER_SOURCES` says which config fields set a key.
 `maxtext.mllog.logger` writes the log; this module only decides its contents.
 The submission fields are checked by `maxtext.mllog.rules`.
 
 A model with experts (`num_experts` > 0) also logs `moe_aux_loss_coeff`, its
 `load_balance_loss_weight`; `rules_require_key` tells whether a benchmark's
-rules demand a key (the config check refuses a closed deepseekv3_671b run of
-a dense model, whose log could not carry it honestly).
+rules demand a key (`maxtext.mllog.preflight` refuses a closed
+deepseekv3_671b run of a dense model, whose log could not carry it honestly).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import numpy as np
 import yaml
 
 from maxtext import checks
+from maxtext import config_lib
+from maxtext import optimizer
+from maxtext.text import metadata as text_metadata
 
 # Precision names the 6.1 disclosure keys accept.
 PRECISIONS = (
@@ -86,9 +93,6 @@ _REQUIRED_KINDS = {
 REQUIRED_HYPERPARAMETERS = tuple(_REQUIRED_KINDS)
 _MINIMUM = {_COUNT: 0, _POSITIVE_COUNT: 1}
 
-# How MLPerf spells the engine's learning-rate schedule (maxtext/optimizer.py):
-# a linear warm-up, then a cosine decay.
-DECAY_SCHEDULE = "cosine with linear warmup"
 # Logged after the required keys when the model has experts.
 MOE_AUX_LOSS_COEFF = "moe_aux_loss_coeff"
 # Rule requirements that make a key mandatory in a checker's YAML.
@@ -168,7 +172,7 @@ def hyperparameters_from_config(
     micro_batch_size: int,
     config_filename: str,
     end_learning_rate: Optional[float] = None,
-    decay_schedule: str = DECAY_SCHEDULE,
+    decay_schedule: str = optimizer.DECAY_SCHEDULE_NAMES["cosine"],
     tensor_parallelism: int = 1,
     pipeline_parallelism: int = 1,
     context_parallelism: int = 1,
@@ -282,3 +286,81 @@ def rules_require_key(
     ):
       return True
   return False
+
+
+# What sets a header key whose name is not a config field's, for the header
+# proof's messages (`run_hyperparameters` logs them).
+HEADER_SOURCES = {
+    "opt_base_learning_rate": "config.learning_rate",
+    "opt_end_learning_rate": "config.learning_rate * lr_end_fraction",
+    "opt_learning_rate_warmup_steps": "config.warmup_steps",
+    "opt_learning_rate_decay_steps": (
+        "config.lr_schedule_steps (0 = steps) - warmup_steps"
+    ),
+    "opt_learning_rate_decay_schedule": "config.lr_schedule",
+    "opt_adamw_beta_1": "config.adam_b1",
+    "opt_adamw_beta_2": "config.adam_b2",
+    "opt_adamw_epsilon": "config.adam_eps",
+    "opt_adamw_weight_decay": "config.weight_decay",
+    "opt_gradient_clip_norm": "config.grad_clip_norm",
+    "max_steps": "config.steps",
+    "eval_samples": "config.eval_steps * eval_batch_size",
+    "train_samples": "config.mllog_train_samples",
+    MOE_AUX_LOSS_COEFF: "config.load_balance_loss_weight",
+}
+
+
+def train_samples_of(config: Any) -> int:
+  """`train_samples` for the MLPerf log: mllog_train_samples; 0 = the
+  prepared data's training sequences (grain), else the budget."""
+  if config.mllog_train_samples:
+    return config.mllog_train_samples
+  if config.dataset_type == "grain":
+    meta = text_metadata.load(config.train_data_path)
+    return text_metadata.windows(meta, "train", config.max_sequence_length)
+  return config.steps * config.global_batch_size
+
+
+def eval_samples_of(config: Any) -> int:
+  """Distinct sequences in one evaluation: eval_steps * eval_batch_size, at
+  most the prepared eval split's sequences (grain)."""
+  samples = config.eval_steps * config.eval_batch_size
+  if config.dataset_type == "grain":
+    meta = text_metadata.load(
+        config.eval_data_path or config.train_data_path,
+        "eval_data_path" if config.eval_data_path else "train_data_path",
+    )
+    samples = min(
+        samples, text_metadata.windows(meta, "eval", config.max_sequence_length)
+    )
+  return samples
+
+
+def run_hyperparameters(
+    config: Any, *, data_parallelism: int, start_step: int, config_filename: str
+) -> dict[str, Any]:
+  """The hyperparameter events of a run's MLPerf log.
+
+  The trainer's MLPerf listener logs exactly these; the header proof of a
+  run with a log checks them before training.
+
+  Args:
+    config: the run's validated config.
+    data_parallelism: the mesh's data axis size (the micro batch size is per
+      data-parallel replica).
+    start_step: the step the attempt starts from (init_checkpoint_step).
+    config_filename: the config file's name, for the 6.1 disclosure.
+  """
+  schedule = optimizer.schedule_facts(config)
+  return hyperparameters_from_config(
+      config,
+      warmup_steps=schedule.warmup_steps,
+      schedule_steps=schedule.schedule_steps,
+      end_learning_rate=schedule.end_learning_rate,
+      decay_schedule=schedule.decay_schedule,
+      train_samples=train_samples_of(config),
+      eval_samples=eval_samples_of(config),
+      init_checkpoint_step=start_step,
+      micro_batch_size=config_lib.micro_batch_size(config) // data_parallelism,
+      config_filename=config_filename,
+  )

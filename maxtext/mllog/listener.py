@@ -27,10 +27,10 @@ from typing import Any, Optional
 from absl import logging
 
 from maxtext import caller_paths
-from maxtext import config_lib
 from maxtext.listeners import interface
 from maxtext.metrics import throughput as throughput_lib
 from maxtext.mllog import cache_flush
+from maxtext.mllog import hyperparameters
 from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import build_info
 
@@ -90,7 +90,7 @@ class MLLogListener(interface.RunListener):
     self._started = True
     log = self._logger
     log.hyperparameters(
-        config_lib.mllog_hyperparameters(
+        hyperparameters.run_hyperparameters(
             self._config,
             data_parallelism=self._data_parallelism,
             start_step=start.start_step,

@@ -17,6 +17,7 @@ import ml_collections
 from maxtext import config_lib
 from maxtext.configs import llama31_8b
 from maxtext.mllog import header_proof
+from maxtext.mllog import preflight
 from maxtext.mllog import rules
 
 _BENCHMARK = "llama31_8b"
@@ -39,7 +40,7 @@ def _config(ruleset="6.1.0", **overrides):
 
 def _header(config):
   """The header a fresh run of `config` logs."""
-  return config_lib.fresh_run_header(config, "llama31_8b.py")
+  return header_proof.fresh_run_header(config, "llama31_8b.py")
 
 
 class Llama318bMllogTest(parameterized.TestCase):
@@ -47,6 +48,7 @@ class Llama318bMllogTest(parameterized.TestCase):
   def test_config_is_a_closed_llama31_8b_submission(self):
     config = llama31_8b.get_config()
     config_lib.validate(config)
+    preflight.check(config)
     self.assertEqual(config.submission_division, "closed")
     self.assertEqual(config.submission_benchmark, _BENCHMARK)
     self.assertTrue(config.enable_mllog)
@@ -57,6 +59,7 @@ class Llama318bMllogTest(parameterized.TestCase):
   def test_header_satisfies_the_closed_rules(self, ruleset):
     config = _config(ruleset)
     config_lib.validate(config)
+    preflight.check(config)
     verdict = header_proof.prove(config, _header(config))
     self.assertEqual(verdict.config_failures(), ())
     self.assertTrue(verdict.passed, verdict)

@@ -14,9 +14,10 @@ from mlperf_logging.mllog import constants as mllog_constants
 from mlperf_logging.mllog import mllog as official_mllog
 import numpy as np
 
-from maxtext import config_lib
 from maxtext.configs import default
 from maxtext.configs import llama31_8b
+from maxtext.mllog import header_proof
+from maxtext.mllog import hyperparameters
 from maxtext.mllog import logger as mllog_utils
 from maxtext.storage import build_info
 from testing import bad_submissions
@@ -37,7 +38,7 @@ def _config(**overrides):
 
 def _hparams(config, start_step=0):
   """The hyperparameters a run of `config` logs (what its listener logs)."""
-  return config_lib.mllog_hyperparameters(
+  return hyperparameters.run_hyperparameters(
       config,
       data_parallelism=1,
       start_step=start_step,
@@ -214,7 +215,7 @@ class MllogUtilsTest(parameterized.TestCase):
     # The closed llama31_8b config's real header; the rule's numbers live
     # only in the config, never in an assertion.
     config = llama31_8b.get_config()
-    hparams = config_lib.fresh_run_header(config, "llama31_8b.py")
+    hparams = header_proof.fresh_run_header(config, "llama31_8b.py")
     hparam_keys = set(mllog_utils.REQUIRED_HYPERPARAMETERS)
 
     def check(decay_delta):

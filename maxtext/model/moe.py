@@ -45,8 +45,7 @@ from typing import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-ROUTER_SCORES = ("softmax", "sigmoid")
-LOAD_BALANCE_LOSSES = ("switch", "sequence")
+from maxtext import choices
 
 # Logical axis names of the MoE parameters (one per dimension).
 LOGICAL_AXES = {
@@ -131,7 +130,7 @@ def route(logits: jax.Array, config) -> tuple[jax.Array, jax.Array, jax.Array]:
   else:
     raise ValueError(
         f"config.router_score={config.router_score!r}: must be "
-        f"one of {list(ROUTER_SCORES)}"
+        f"one of {list(choices.ROUTER_SCORES)}"
     )
   return probs, weights, experts
 
@@ -153,10 +152,10 @@ def balance_loss(
   Raises:
     ValueError: unknown `kind`.
   """
-  if kind not in LOAD_BALANCE_LOSSES:
+  if kind not in choices.LOAD_BALANCE_LOSSES:
     raise ValueError(
         f"config.load_balance_loss={kind!r}: must be one of "
-        f"{list(LOAD_BALANCE_LOSSES)}"
+        f"{list(choices.LOAD_BALANCE_LOSSES)}"
     )
   counts = jnp.sum(
       jax.nn.one_hot(experts, num_experts, dtype=jnp.float32), axis=2

@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext import choices
 from maxtext.metrics import buffer as metrics_buffer
 from maxtext.model import layers
 from maxtext.model import mla
@@ -68,16 +69,9 @@ from maxtext.model import moe
 
 Params = dict[str, Any]
 
-# Values of `config.attention`. "einsum" is the reference; "auto" resolves per
-# backend in `attention_implementation`.
-ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "dot_product", "cudnn", "splash")
-# Values of `config.remat_policy` (what the scanned block keeps for backward).
-REMAT_POLICIES = ("none", "full", "save_dots", "save_named")
 # Intermediates the block tags with `checkpoint_name`; "save_named" keeps
 # exactly these and recomputes the rest (norms, scores, the MLP hidden layer).
 SAVED_NAMES = ("query", "key", "value", "context", "attn_out", "mlp_out")
-# Values of `config.attention_type`.
-ATTENTION_TYPES = ("gqa", "mla")
 
 # Logical axis names of every parameter, one name per dimension. The mesh code
 # maps them to mesh axes; `param_fsdp_axis` derives the FSDP shard dimension.
@@ -171,10 +165,10 @@ def init_params(config, rng: jax.Array) -> Params:
 
 
 def _check_attention_type(config) -> None:
-  if config.attention_type not in ATTENTION_TYPES:
+  if config.attention_type not in choices.ATTENTION_TYPES:
     raise ValueError(
         f"config.attention_type={config.attention_type!r}: must be one of "
-        f"{list(ATTENTION_TYPES)}"
+        f"{list(choices.ATTENTION_TYPES)}"
     )
 
 
@@ -253,10 +247,10 @@ def attention_implementation(config) -> str:
       would change the run's numerics) or off a GPU.
   """
   name = config.attention
-  if name not in ATTENTION_IMPLEMENTATIONS:
+  if name not in choices.ATTENTION_IMPLEMENTATIONS:
     raise ValueError(
         f"config.attention={name!r}: must be one of "
-        f"{list(ATTENTION_IMPLEMENTATIONS)}"
+        f"{list(choices.ATTENTION_IMPLEMENTATIONS)}"
     )
   backend = jax.default_backend()
   half = config.compute_dtype in ("bfloat16", "float16")
@@ -343,7 +337,7 @@ def _remat(block, policy: str):
   if policy not in policies:
     raise ValueError(
         f"config.remat_policy={policy!r}: must be one of "
-        f"{list(REMAT_POLICIES)}"
+        f"{list(choices.REMAT_POLICIES)}"
     )
   # Inside scan, CSE cannot merge the recomputation into the forward pass,
   # so the CSE barrier is only a cost.

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from maxtext import choices
 from maxtext import data
 from maxtext import engine as engine_lib
 from maxtext.model import layers
@@ -191,7 +192,7 @@ class RematTest(parameterized.TestCase):
         policy: _grad_temp_bytes(
             tiny_configs.model_config(remat_policy=policy, **kwargs), batch=8
         )
-        for policy in transformer.REMAT_POLICIES
+        for policy in choices.REMAT_POLICIES
     }
     for policy in ("save_dots", "save_named"):
       self.assertLess(temp["full"], temp[policy], policy)

@@ -37,6 +37,7 @@ import ml_collections
 
 from maxtext import checks
 from maxtext import config_lib
+from maxtext import optimizer
 from maxtext.configs import base
 from maxtext.storage import run_dir as run_dir_lib
 
@@ -165,7 +166,7 @@ def _same(old: Any, new: Any) -> bool:
 def _schedule_length(values: Mapping[str, Any]) -> Optional[int]:
   if "lr_schedule_steps" not in values or "steps" not in values:
     return None
-  return config_lib.lr_schedule_steps(
+  return optimizer.lr_schedule_steps(
       types.SimpleNamespace(
           lr_schedule_steps=values["lr_schedule_steps"], steps=values["steps"]
       )
@@ -183,7 +184,7 @@ def check_resume(
   - `seed`: -1 in the new config matches any recorded seed (the recorded
     seed is reused, see `resolve_seed`); another value must equal it.
   - The learning-rate schedule is compared by its resolved length
-    (`config_lib.lr_schedule_steps`: lr_schedule_steps, 0 = steps). So with
+    (`optimizer.lr_schedule_steps`: lr_schedule_steps, 0 = steps). So with
     lr_schedule_steps = 0 a change of `steps` changes the schedule and is
     refused; setting lr_schedule_steps to the recorded length keeps the
     schedule, and then `steps` may change (and the raw lr_schedule_steps

@@ -7,6 +7,8 @@ from absl.testing import parameterized
 import numpy as np
 
 from maxtext import config_lib
+from maxtext import preflight
+from maxtext.mllog import hyperparameters
 from maxtext.text import grain_dataset
 from maxtext.text import prepare
 from testing import stdlib_corpus
@@ -140,26 +142,27 @@ class GrainDatasetTest(parameterized.TestCase):
     ):
       two.restore_checkpoint_state(state)
 
-  def test_config_checks(self):
+  def test_preflight_checks_the_prepared_data(self):
     config_lib.validate(_config())
+    preflight.check(_config())
     with self.assertRaisesRegex(
         ValueError,
         r"^config.vocab_size=300: smaller than the vocabulary of "
         r"train_data_path=.* \(512 ids\)",
     ):
-      config_lib.validate(_config(vocab_size=300))
+      preflight.check(_config(vocab_size=300))
     empty = self.create_tempdir().full_path
     with self.assertRaisesRegex(
         ValueError,
         rf"^config.train_data_path='{empty}': has no " r"metadata.json",
     ):
-      config_lib.validate(_config(train_data_path=empty))
+      preflight.check(_config(train_data_path=empty))
     with self.assertRaisesRegex(ValueError, r"one sequence needs"):
-      config_lib.validate(_config(max_sequence_length=100_000))
+      preflight.check(_config(max_sequence_length=100_000))
     # MLPerf sample counts come from the prepared data.
     config = _config()
     self.assertEqual(
-        config_lib.train_samples(config),
+        hyperparameters.train_samples_of(config),
         grain_dataset.GrainDataset(config).num_train_windows,
     )
 

@@ -84,6 +84,7 @@ import jax
 
 from maxtext import checks
 from maxtext import config_lib
+from maxtext import optimizer
 from maxtext import trainer
 from maxtext.metrics import jsonl
 from maxtext.metrics import throughput
@@ -350,7 +351,7 @@ def train_config(
   early.
   """
   config = config.copy_and_resolve_references()
-  config.lr_schedule_steps = config_lib.lr_schedule_steps(config)
+  config.lr_schedule_steps = optimizer.lr_schedule_steps(config)
   config.steps = steps
   config.base_output_directory = runs_dir
   config.run_name = run_name

@@ -1,0 +1,32 @@
+"""The names a config field chooses between, in one place and without JAX.
+
+Each tuple is the set of values one field of `maxtext/configs/base.py` takes.
+`maxtext.config_lib` refuses any other value before device work starts; the
+module that implements the choice dispatches on the same tuple
+(`choices_test` checks that every name has an implementation).
+"""
+
+# config.attention: "einsum" is the reference; "auto" resolves per backend
+# (maxtext.model.transformer.attention_implementation).
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "dot_product", "cudnn", "splash")
+# config.attention_type: grouped key/value heads, or multi-head latent
+# attention (maxtext.model.mla).
+ATTENTION_TYPES = ("gqa", "mla")
+# config.remat_policy: what the scanned block keeps for the backward pass
+# (maxtext.model.transformer).
+REMAT_POLICIES = ("none", "full", "save_dots", "save_named")
+# config.router_score: how the router turns logits into expert scores
+# (maxtext.model.moe).
+ROUTER_SCORES = ("softmax", "sigmoid")
+# config.load_balance_loss: per batch ("switch") or per sequence
+# (maxtext.model.moe).
+LOAD_BALANCE_LOSSES = ("switch", "sequence")
+# config.weight_dtype and config.compute_dtype.
+DTYPES = ("float32", "bfloat16", "float16")
+# config.dataset_type (maxtext.data.make_dataset).
+DATASET_TYPES = ("synthetic", "tokens_file", "grain")
+# config.hardware: a JAX platform, or "auto" for whatever JAX finds.
+HARDWARE = ("auto", "cpu", "tpu", "gpu")
+# config.lr_schedule: the learning rate after the linear warm-up
+# (maxtext.optimizer.make_schedule).
+LR_SCHEDULES = ("cosine", "constant")
