@@ -82,6 +82,8 @@ def _one_of(values, key: str, allowed) -> None:
 
 
 def _check_relative_name(key: str, value: str) -> None:
+  """Raises unless `value` is one plain directory name (no path, no control
+  characters)."""
   if (
       os.path.isabs(value)
       or "/" in value
@@ -95,6 +97,11 @@ def _check_relative_name(key: str, value: str) -> None:
         "must be a plain directory name inside "
         "base_output_directory (no '/', '..' or absolute path)",
     )
+  control = [c for c in value if ord(c) < 32 or ord(c) == 127]
+  if control:
+    # A newline or escape in a directory name splits log lines and
+    # confuses every listing of the run.
+    raise _fail(key, value, f"holds a control character ({control[0]!r})")
 
 
 def _check_mla(v) -> None:

@@ -150,6 +150,16 @@ class ValidateTest(parameterized.TestCase):
       ("run_name_dotdot", {"run_name": ".."}, "run_name='..'"),
       ("run_name_absolute", {"run_name": "/tmp/x"}, "run_name='/tmp/x'"),
       ("run_name_home", {"run_name": "~"}, "run_name='~'"),
+      (
+          "run_name_newline",
+          {"run_name": "bad\nname"},
+          r"run_name='bad\\nname': holds a control character \('\\n'\)",
+      ),
+      (
+          "run_name_escape",
+          {"run_name": "a\x1bb"},
+          r"run_name='a\\x1bb': holds a control character",
+      ),
       ("data_parallelism_zero", {"data_parallelism": 0}, "data_parallelism=0"),
       ("fsdp_minus_two", {"fsdp_parallelism": -2}, "fsdp_parallelism=-2"),
       (

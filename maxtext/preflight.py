@@ -173,6 +173,14 @@ def _check_run_name(config, run_dir: str) -> None:
   try:
     mode = os.stat(run_dir).st_mode
   except OSError:
+    if os.path.islink(run_dir):
+      # The named run itself is the dangling link, not the output directory.
+      raise _fail(
+          "run_name",
+          config.run_name,
+          run_dir,
+          f"is a broken symbolic link (to {os.readlink(run_dir)})",
+      ) from None
     return  # Absent (the run creates it), or the directory checks say why.
   if not stat.S_ISDIR(mode):
     raise _fail(

@@ -138,6 +138,16 @@ class PreflightTest(parameterized.TestCase):
         "run directory$",
     )
 
+  def test_run_directory_is_a_broken_link(self):
+    os.makedirs(self.out)
+    gone = os.path.join(self.tmp, "gone")
+    os.symlink(gone, os.path.join(self.out, "run"))
+    self.assert_refused(
+        self.config(),
+        rf"^config\.run_name='run': {self.out}/run is a broken symbolic link "
+        rf"\(to {gone}\)$",
+    )
+
   def test_run_name_too_long(self):
     name = "r" * 300
     self.assert_refused(
