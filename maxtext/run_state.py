@@ -337,7 +337,6 @@ def build(
     config,
     *,
     config_filename: str = "unknown",
-    process_index: Optional[int] = None,
     extra_listeners: Sequence[interface.RunListener] = (),
 ) -> RunState:
   """Builds the run's state from its (validated) config.
@@ -345,8 +344,6 @@ def build(
   Args:
     config: the run's config, already validated.
     config_filename: the config file's name, for the MLPerf log.
-    process_index: overrides jax.process_index() for the outputs' process-0
-      rule (tests).
     extra_listeners: more outputs, called after the built-in ones (and
       before the GCS mirror), under the same failure policy.
 
@@ -361,9 +358,7 @@ def build(
     RunLockError: another run holds the run directory.
     AlreadyFinished: the run's newest checkpoint is at or past `steps`.
   """
-  if process_index is None:
-    process_index = jax.process_index()
-  is_primary = process_index == 0
+  is_primary = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
   step_throughput = throughput.StepThroughput.for_run(
@@ -423,7 +418,7 @@ def build(
         mllog_listener.start(
             config,
             paths.run_dir,
-            process_index=process_index,
+            process_index=jax.process_index(),
             data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
             config_filename=config_filename,
             throughput=step_throughput,

@@ -18,7 +18,7 @@ that fails stops the run after a checkpoint of the last completed step
 
 import dataclasses
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from absl import logging
 import jax
@@ -115,9 +115,7 @@ def run(
     config,
     *,
     config_filename: str = "unknown",
-    process_index: Optional[int] = None,
     stop_request: Optional[preemption.StopRequest] = None,
-    step_callback: Optional[Callable[[int, float], None]] = None,
     extra_listeners: Sequence[interface.RunListener] = (),
 ) -> RunResult:
   """Trains one run as the config says.
@@ -126,17 +124,12 @@ def run(
     config: the run's ml_collections config (base.py's fields). It is
       validated here, before any device work.
     config_filename: the config file's name, for the MLPerf log's disclosure.
-    process_index: overrides jax.process_index() for the outputs' process-0
-      rule (tests).
     stop_request: where stop requests come from; by default SIGTERM/SIGINT
       handlers are installed for the duration of the run.
-    step_callback: called on the host after every optimizer step with
-      (completed steps, step time in seconds), the step time the records
-      report (eval time excluded); the step's records may be written later
-      (see `_train_loop`). For benchmarks and tests; it runs inside the loop,
-      so its own time counts toward the next step.
     extra_listeners: more outputs of the run (see `maxtext/listeners/`),
-      called after the built-in ones under the same failure policy.
+      called after the built-in ones under the same failure policy; also
+      how benchmarks and tests watch a run. They run inside the loop, so
+      their time counts toward the steps' times.
 
   Returns:
     The RunResult.
@@ -167,7 +160,6 @@ def run(
       state = run_state_lib.build(
           config,
           config_filename=config_filename,
-          process_index=process_index,
           extra_listeners=extra_listeners,
       )
     except ValueError as e:
@@ -191,7 +183,7 @@ def run(
       state.listeners.on_run_start(
           interface.RunStart(state.start_step, state.samples, warmup_time)
       )
-      outcome, last_eval, last_train = _train_loop(state, stop, step_callback)
+      outcome, last_eval, last_train = _train_loop(state, stop)
     except ListenerError:
       # An output failed: keep what was trained. The engine holds the last
       # completed step's state even mid-step (update() not yet called).
@@ -295,7 +287,7 @@ class _SkipGuard:
       )
 
 
-def _train_loop(state: run_state_lib.RunState, stop, step_callback):
+def _train_loop(state: run_state_lib.RunState, stop):
   """Runs steps until the target, the budget or a stop request.
 
   The host keeps ahead of the device: once a step's micro-batches are
@@ -334,8 +326,6 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
           step, buffer, now - step_start, state.samples, data_wait
       )
       step_start, data_wait = now, 0.0
-      if step_callback is not None:
-        step_callback(completed, unwritten.step_time)
       skips.check(step, buffer)
 
       eval_due = eval_schedule.eval_due(config, completed)
