@@ -26,6 +26,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from maxtext import data
+from maxtext import eval_metrics
 from maxtext import mesh as mesh_lib
 from maxtext import model_setup
 from maxtext.listeners import interface
@@ -98,17 +99,27 @@ class RunState:
     ]
     return micro_batches, wait
 
-  def evaluate(self) -> float:
-    """The mean eval loss over `eval_steps` batches (nats per token)."""
-    losses = [
-        self.engine.eval_step(
-            mesh_lib.global_batch(
-                self.dataset.get_eval_batch(i), self.setup.batch_sharding
+  def evaluate(self) -> dict[str, eval_metrics.EvalMetric]:
+    """Each eval metric's mean over `eval_steps` batches, with its direction.
+
+    The language model's is "loss", the mean eval loss in nats per token.
+    """
+    per_batch = jax.device_get(
+        [
+            self.engine.eval_step(
+                mesh_lib.global_batch(
+                    self.dataset.get_eval_batch(i), self.setup.batch_sharding
+                )
             )
+            for i in range(self.config.eval_steps)
+        ]
+    )
+    return {
+        name: eval_metrics.EvalMetric(
+            float(np.mean([values[name] for values in per_batch])), direction
         )
-        for i in range(self.config.eval_steps)
-    ]
-    return float(np.mean(jax.device_get(losses)))
+        for name, direction in self.engine.eval_directions.items()
+    }
 
   def save(self, force: bool = False) -> bool:
     """Checkpoints the completed steps if due (or `force`d) and not saved yet.

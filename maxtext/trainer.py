@@ -26,6 +26,7 @@ import jax
 from maxtext import caller_paths
 from maxtext import config_lib
 from maxtext import distributed
+from maxtext import eval_metrics
 from maxtext import eval_schedule
 from maxtext import preemption
 from maxtext import preflight
@@ -301,6 +302,7 @@ def _train_loop(state: run_state_lib.RunState, stop):
     (outcome, last eval loss, last train loss).
   """
   config, engine, listeners = state.config, state.engine, state.listeners
+  target = eval_metrics.target(config)
   skips = _SkipGuard(config.max_consecutive_skipped_steps)
   last_eval = last_train = None
   unwritten = None  # A _Finished step, written after the next dispatch.
@@ -336,12 +338,16 @@ def _train_loop(state: run_state_lib.RunState, stop):
       finished, unwritten = unwritten, None
       last_train = _write(listeners, finished)
       if eval_due:
-        last_eval = _evaluate(state, step)
-        if config.target_eval_loss and last_eval <= config.target_eval_loss:
+        record = _evaluate(state, step, target)
+        last_eval = _eval_loss(record)
+        if record.target_reached:
+          metric = record.metrics[target.metric]
           logging.info(
-              "Eval loss %.4f <= target %.4f at step %d: success.",
-              last_eval,
-              config.target_eval_loss,
+              "Eval %s %.4f %s target %.4f at step %d: success.",
+              target.metric,
+              metric.value,
+              metric.direction.symbol,
+              target.threshold,
               step,
           )
           _checkpoint(state, force=True)
@@ -376,24 +382,31 @@ def _write(listeners, finished: _Finished) -> Optional[float]:
   return record.metrics.get("loss")
 
 
-def _evaluate(state: run_state_lib.RunState, step: int) -> float:
-  """Runs the eval after step `step` and reports it; returns the loss."""
-  config = state.config
+def _evaluate(
+    state: run_state_lib.RunState, step: int, target: eval_metrics.Target
+) -> interface.EvalRecord:
+  """Runs the eval after step `step` and reports it; returns its record."""
   state.listeners.on_eval_start(step, state.samples)
   start = time.monotonic()
-  loss = state.evaluate()
-  target = bool(config.target_eval_loss) and loss <= config.target_eval_loss
-  state.listeners.on_eval(
-      interface.EvalRecord(
-          step=step,
-          eval_loss=loss,
-          eval_time=time.monotonic() - start,
-          samples=state.samples,
-          target_reached=target,
-          continues=not target and step + 1 < config.steps,
-      )
+  metrics = state.evaluate()
+  reached = target.reached(metrics)
+  record = interface.EvalRecord(
+      step=step,
+      metrics=metrics,
+      target_metric=target.metric,
+      eval_time=time.monotonic() - start,
+      samples=state.samples,
+      target_reached=reached,
+      continues=not reached and step + 1 < state.config.steps,
   )
-  return loss
+  state.listeners.on_eval(record)
+  return record
+
+
+def _eval_loss(record: interface.EvalRecord) -> Optional[float]:
+  """The record's eval loss, None for an evaluation without one."""
+  loss = record.metrics.get(eval_metrics.LOSS)
+  return None if loss is None else loss.value
 
 
 def _checkpoint(state: run_state_lib.RunState, force: bool) -> None:
