@@ -70,6 +70,7 @@ from ml_collections import config_flags
 import optax
 
 from maxtext import data
+from maxtext import dataset_kinds
 from maxtext import mesh as mesh_lib
 from maxtext.model import transformer
 from maxtext import model_setup
@@ -113,7 +114,7 @@ class BareLoop:
         config, optimizer_lib.make_schedule(config)
     )
     self.opt_state = jax.jit(optimizer.init)(self.params)
-    self.dataset = data.make_dataset(config)
+    self.dataset = dataset_kinds.make_dataset(config)
     loss_fn = functools.partial(transformer.loss_fn, config=config)
     k = self.k
 
