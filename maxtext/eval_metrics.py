@@ -16,6 +16,7 @@ No JAX here: the model, the engine, the loop and the listeners all use it.
 
 import dataclasses
 import enum
+import types
 from typing import Any, Mapping, Optional
 
 
@@ -47,7 +48,9 @@ class EvalMetric:
 
 # The language model's eval metric: mean cross entropy, nats per token.
 LOSS = "loss"
-LOSS_DIRECTIONS: Mapping[str, Direction] = {LOSS: Direction.LOWER_IS_BETTER}
+LOSS_DIRECTIONS: Mapping[str, Direction] = types.MappingProxyType(
+    {LOSS: Direction.LOWER_IS_BETTER}
+)
 
 
 @dataclasses.dataclass(frozen=True)

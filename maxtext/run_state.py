@@ -472,15 +472,15 @@ class _Outputs:
     """Ends a failed build's outputs: the MLPerf log ends aborted."""
     if self.mirror is not None:
       self.listeners.add(self.mirror)  # Its final pass uploads the rest.
-    try:
-      self.listeners.on_run_end(
-          interface.RunEnd(
-              interface.RunOutcome.FAILED, self.start_step, self.samples
-          )
-      )
+    end = interface.RunEnd(
+        interface.RunOutcome.FAILED, self.start_step, self.samples
+    )
+    # A failing output was logged by MultiListener; the build's own error is
+    # the one raised.
+    with contextlib.suppress(multi_listener.ListenerError):
+      self.listeners.on_run_end(end)
+    with contextlib.suppress(multi_listener.ListenerError):
       self.listeners.close()
-    except multi_listener.ListenerError:
-      pass  # Logged by MultiListener; the build's own error is the one raised.
 
 
 def _open_inputs(
