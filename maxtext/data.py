@@ -10,13 +10,11 @@ Batches are dicts {"inputs": int32 [B_local, S], "targets": int32 [B_local, S]}
 with S = config.max_sequence_length and targets[:, t] = the token after
 inputs[:, t].
 
-Two sources, chosen by `config.dataset_type` through `make_dataset`:
+Two `dataset.Dataset`s live here (`maxtext/dataset_kinds.py` maps each
+`config.dataset_type` to its data set, the Grain text pipeline included):
   * "synthetic": `SyntheticDataset`, arithmetic progressions modulo the
     vocabulary, learnable to a loss near 0.
   * "tokens_file": `TokensFileDataset`, memory-mapped token files.
-  * "grain": `maxtext.text.grain_dataset.GrainDataset`, prepared text shards
-    through Grain; its batches come from a stateful iterator, read in step
-    order (see that module).
 """
 
 import errno
@@ -28,9 +26,9 @@ from typing import Sequence
 import numpy as np
 
 from maxtext import checks
-from maxtext import choices
+from maxtext import dataset
 
-Batch = dict[str, np.ndarray]
+Batch = dataset.Batch
 
 # Common differences of the synthetic progressions. After two tokens the
 # difference is known, so only the first prediction of a sequence stays
@@ -138,7 +136,7 @@ def split_micro_batches(batch: Batch, num_micro_batches: int) -> list[Batch]:
   ]
 
 
-class SyntheticDataset:
+class SyntheticDataset(dataset.Dataset):
   """Arithmetic progressions modulo the vocabulary, deterministic by seed.
 
   Each sequence is (a + d * t) mod vocab_size for t = 0..S, with a start `a`
@@ -359,7 +357,7 @@ def check_token_files(config) -> None:
     _open_checked(config, name)
 
 
-class TokensFileDataset:
+class TokensFileDataset(dataset.Dataset):
   """Windows of a memory-mapped token file, shuffled by data_shuffle_seed.
 
   File formats: a NumPy ".npy" file holding one 1-D array of any integer dtype,
@@ -460,33 +458,6 @@ class TokensFileDataset:
         (index * self._eval_batch + row) % self._eval_windows for row in rows
     ]
     return self._read(self._eval, window_ids, self._eval_path)
-
-
-def make_dataset(config, process_index: int = 0, process_count: int = 1):
-  """The dataset that `config.dataset_type` names.
-
-  Returns:
-    A `SyntheticDataset`, `TokensFileDataset` or `grain_dataset.GrainDataset`
-    (all have `get_batch(step)` and `get_eval_batch(index)`; the grain one
-    reads steps in order and has iterator state, see its module).
-
-  Raises:
-    ValueError: for an unknown dataset_type, and as the dataset constructors.
-  """
-  if config.dataset_type == "synthetic":
-    return SyntheticDataset(config, process_index, process_count)
-  if config.dataset_type == "tokens_file":
-    return TokensFileDataset(config, process_index, process_count)
-  if config.dataset_type == "grain":
-    # Imported here: Grain is needed only by runs that read prepared text.
-    # pylint: disable-next=import-outside-toplevel
-    from maxtext.text import grain_dataset
-
-    return grain_dataset.GrainDataset(config, process_index, process_count)
-  raise ValueError(
-      f"dataset_type={config.dataset_type!r}: must be one of "
-      f"{list(choices.DATASET_TYPES)}"
-  )
 
 
 def placeholder_batches(

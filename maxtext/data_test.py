@@ -44,6 +44,15 @@ def _npy_bytes(array, allow_pickle=False) -> bytes:
 
 class SyntheticDatasetTest(parameterized.TestCase):
 
+  def test_has_no_state_provenance_or_resources(self):
+    dataset = data.SyntheticDataset(_config())
+    expected = dataset.get_batch(3)
+    self.assertIsNone(dataset.checkpoint_state(3))
+    self.assertIsNone(dataset.provenance())
+    dataset.restore_checkpoint_state({"step": 7})  # Ignored: no position.
+    dataset.close()
+    chex.assert_trees_all_equal(dataset.get_batch(3), expected)
+
   def test_shapes_and_progressions(self):
     config = _config()
     dataset = data.SyntheticDataset(config)
@@ -363,18 +372,6 @@ class TokensFileDatasetTest(parameterized.TestCase):
     dataset = self._dataset(path)
     with self.assertRaisesRegex(ValueError, "big.npy.*vocab_size"):
       dataset.get_batch(0)
-
-  def test_make_dataset_dispatches(self):
-    path = self._write("train.npy", np.arange(100, dtype=np.int32) % 50)
-    self.assertIsInstance(data.make_dataset(_config()), data.SyntheticDataset)
-    config = _config(
-        dataset_type="tokens_file", train_data_path=path, eval_data_path=path
-    )
-    self.assertIsInstance(data.make_dataset(config), data.TokensFileDataset)
-    with self.assertRaisesRegex(ValueError, "dataset_type='csv'"):
-      data.make_dataset(_config(dataset_type="csv"))
-    with self.assertRaisesRegex(ValueError, "train_data_path"):
-      data.make_dataset(_config(dataset_type="tokens_file"))
 
 
 class SplitMicroBatchesTest(parameterized.TestCase):

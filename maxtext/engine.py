@@ -77,9 +77,12 @@ import numpy as np
 import optax
 
 from maxtext import checks
+from maxtext import eval_metrics
 from maxtext.metrics import recorder as metrics_recorder
 
 LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
+# (params, batch) -> {eval metric name: scalar}.
+EvalFn = Callable[[Any, Any], Mapping[str, jax.Array]]
 
 _SKIPPED_KEY = "intermediate_outputs"
 _UPDATE_NAMES = ("learning_rate", "grad_norm", "step_skipped")
@@ -143,6 +146,53 @@ def _sum_declarations(sums: tuple[str, ...]) -> Optional[dict]:
   return {name: metrics_recorder.sum_values for name in sums} or None
 
 
+def _eval_program(
+    loss_fn: LossFn,
+    eval_fn: Optional[EvalFn],
+    directions: Optional[Mapping[str, eval_metrics.Direction]],
+) -> tuple[EvalFn, Mapping[str, eval_metrics.Direction]]:
+  """The eval function and its metrics' directions (see `Engine`)."""
+  if (eval_fn is None) != (directions is None):
+    raise ValueError(
+        "eval_fn and eval_directions must be given together (or neither)"
+    )
+  if eval_fn is None:
+    return (
+        lambda params, batch: {eval_metrics.LOSS: loss_fn(params, batch)[0]},
+        eval_metrics.LOSS_DIRECTIONS,
+    )
+  if not callable(eval_fn):
+    raise TypeError(f"eval_fn must be callable; got {eval_fn!r}")
+  if not directions or not all(
+      isinstance(name, str) and isinstance(d, eval_metrics.Direction)
+      for name, d in directions.items()
+  ):
+    raise TypeError(
+        "eval_directions must map each eval metric's name (a str) to an "
+        f"eval_metrics.Direction; got {directions!r}"
+    )
+  return eval_fn, dict(directions)
+
+
+def _checked_eval_metrics(
+    values, directions: Mapping[str, eval_metrics.Direction]
+) -> dict[str, jax.Array]:
+  """The eval function's output, checked against its declared names."""
+  if not isinstance(values, Mapping) or set(values) != set(directions):
+    got = sorted(values) if isinstance(values, Mapping) else values
+    raise ValueError(
+        f"the eval function returned {got!r}; it declares the metrics "
+        f"{sorted(directions)}"
+    )
+  for name, value in values.items():
+    if jnp.shape(value) != ():
+      raise TypeError(
+          f"eval metric {name!r}: must be a scalar; got shape "
+          f"{jnp.shape(value)}"
+      )
+  return {name: values[name] for name in directions}
+
+
 class Engine:
   """Runs micro-batches and optimizer steps; records the step's metrics."""
 
@@ -159,6 +209,8 @@ class Engine:
       batch_sharding=None,
       grad_clip_norm: float = 0.0,
       donate_state: bool = True,
+      eval_fn: Optional[EvalFn] = None,
+      eval_directions: Optional[Mapping[str, eval_metrics.Direction]] = None,
   ):
     """Creates the engine and the optimizer state.
 
@@ -184,6 +236,10 @@ class Engine:
         apply donates them, dispatched after the flush); False = the apply
         runs during the flush and both versions exist until it has decided
         (see the module docstring).
+      eval_fn: `eval_fn(params, batch) -> {name: scalar}`, the eval metrics
+        of one batch, given with `eval_directions` (name -> the direction
+        each improves in; the names `eval_fn` returns). Neither: the eval
+        metric is loss_fn's loss, "loss", lower is better.
 
     Raises:
       TypeError/ValueError: on bad arguments.
@@ -234,6 +290,9 @@ class Engine:
           "param_shardings and batch_sharding must be given "
           "together (or neither)"
       )
+    self._eval_fn, self._eval_directions = _eval_program(
+        loss_fn, eval_fn, eval_directions
+    )
     self._loss_fn = loss_fn
     self._optimizer = optimizer
     self._lr_fn = (
@@ -396,13 +455,10 @@ class Engine:
       updates, new_opt = self._optimizer.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), new_opt
 
-    def eval_loss(params, batch):
-      loss, aux = self._loss_fn(params, batch)
-      if isinstance(aux, dict) and "moe" in aux:
-        # The eval metric is the cross entropy alone; a mixture-of-experts
-        # training loss also holds the weighted load-balancing loss.
-        return aux["loss_sum"] / jnp.maximum(aux["num_tokens"], 1e-8)
-      return loss
+    def eval_metrics_of(params, batch):
+      return _checked_eval_metrics(
+          self._eval_fn(params, batch), self._eval_directions
+      )
 
     # Without donation, parameters and optimizer state stay valid until the
     # flush that follows the apply's dispatch has succeeded.
@@ -434,7 +490,9 @@ class Engine:
           out_shardings=(ps, opt_shardings),
           donate_argnums=donate,
       )
-      self._eval = jax.jit(eval_loss, in_shardings=(ps, bs), out_shardings=rep)
+      self._eval = jax.jit(
+          eval_metrics_of, in_shardings=(ps, bs), out_shardings=rep
+      )
     else:
       self._allocate = jax.jit(allocate)
       if self._k == 1:
@@ -443,7 +501,7 @@ class Engine:
         self._micro_step = jax.jit(micro_step, donate_argnums=(1,))
       self._measure = jax.jit(measure)
       self._apply = jax.jit(apply, donate_argnums=donate)
-      self._eval = jax.jit(eval_loss)
+      self._eval = jax.jit(eval_metrics_of)
 
   @staticmethod
   def _pack(loss, aux) -> tuple[_PackedMetrics, dict]:
@@ -655,10 +713,23 @@ class Engine:
       self._recorder.get_metrics_history(clear=True)
     return buffer
 
-  def eval_step(self, batch) -> jax.Array:
-    """The mean loss of `batch` with the current parameters (no gradients)."""
+  def eval_step(self, batch) -> dict[str, jax.Array]:
+    """The eval metrics of `batch` with the current parameters.
+
+    One dispatch, no gradients; {name: scalar} for each name of
+    `eval_directions`, on the devices (not fetched).
+
+    Raises:
+      ValueError/TypeError: (when first traced) the eval function returns
+        other names than it declared, or a value that is not a scalar.
+    """
     self._check_concrete("eval_step")
     return self._eval(self._params, batch)
+
+  @property
+  def eval_directions(self) -> Mapping[str, eval_metrics.Direction]:
+    """Each eval metric's name and the direction it improves in."""
+    return self._eval_directions
 
   # -- ahead-of-time compilation -------------------------------------------
 

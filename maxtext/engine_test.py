@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from maxtext import engine as engine_lib
+from maxtext import eval_metrics
 from maxtext.metrics import recorder as mr
 from testing import compile_counter
 from testing import dispatch_counter
@@ -116,25 +117,51 @@ class EngineTest(parameterized.TestCase):
     self.assertEqual(eng.recorder.get_metrics_history(), [])
     self.assertIn("loss", buf.scalar_metrics)  # The caller's copy stays.
 
-  def test_eval_of_a_mixture_of_experts_is_the_cross_entropy(self):
-    # A mixture-of-experts loss adds its weighted balance loss (here 0.5) to
-    # the cross entropy; the eval metric is the cross entropy alone.
-    def loss_fn(params, batch):
+  def test_eval_gives_the_declared_metrics_of_the_eval_fn(self):
+    def eval_fn(params, batch):
       err = batch["x"] @ params["w"] + params["b"] - batch["y"]
-      loss_sum, num_tokens = jnp.sum(err**2), jnp.float32(err.size)
-      aux = {
-          "loss_sum": loss_sum,
-          "num_tokens": num_tokens,
-          "moe": {"aux_loss": jnp.float32(0.5)},
+      return {
+          "mse": jnp.mean(err**2),
+          "within_one": jnp.mean((jnp.abs(err) < 1.0).astype(jnp.float32)),
       }
-      return loss_sum / num_tokens + 0.5, aux
 
+    directions = {
+        "mse": eval_metrics.Direction.LOWER_IS_BETTER,
+        "within_one": eval_metrics.Direction.HIGHER_IS_BETTER,
+    }
     batch = make_batches(1)[0]
-    engine = make_engine(loss_fn)
+    engine = make_engine(eval_fn=eval_fn, eval_directions=directions)
+    self.assertEqual(engine.eval_directions, directions)
+    metrics = engine.eval_step(batch)
     err = batch["x"] @ np.zeros((3, 1), np.float32) - batch["y"]
+    np.testing.assert_allclose(metrics["mse"], np.mean(err**2), rtol=1e-6)
     np.testing.assert_allclose(
-        float(engine.eval_step(batch)), float(np.mean(err**2)), rtol=1e-6
+        metrics["within_one"], np.mean(np.abs(err) < 1.0), rtol=1e-6
     )
+
+  @parameterized.named_parameters(
+      ("other_names", lambda p, b: {"mae": 0.0}, ValueError, "returned"),
+      ("not_a_dict", lambda p, b: 1.0, ValueError, "returned 1.0"),
+      (
+          "not_a_scalar",
+          lambda p, b: {"mse": b["y"]},
+          TypeError,
+          "'mse': must be a scalar",
+      ),
+  )
+  def test_eval_fn_output_is_checked(self, eval_fn, error, message):
+    engine = make_engine(
+        eval_fn=eval_fn,
+        eval_directions={"mse": eval_metrics.Direction.LOWER_IS_BETTER},
+    )
+    with self.assertRaisesRegex(error, message):
+      engine.eval_step(make_batches(1)[0])
+
+  def test_eval_fn_comes_with_its_directions(self):
+    with self.assertRaisesRegex(ValueError, "given together"):
+      make_engine(eval_fn=lambda p, b: {})
+    with self.assertRaisesRegex(TypeError, "eval_directions must map"):
+      make_engine(eval_fn=lambda p, b: {}, eval_directions={"mse": "lower"})
 
   @parameterized.named_parameters(("k1", 1), ("k2", 2), ("k3", 3))
   def test_step_metrics_and_parameter_update(self, k):
@@ -190,7 +217,7 @@ class EngineTest(parameterized.TestCase):
   def test_learning_rate_follows_schedule_and_training_learns(self):
     eng = make_engine()
     probe = make_batches(1, seed=99)[0]
-    before = float(eng.eval_step(probe))
+    before = float(eng.eval_step(probe)["loss"])
     for step in range(4):
       for b in make_batches(K, seed=step):
         eng.fwd_bwd(b)
@@ -200,7 +227,7 @@ class EngineTest(parameterized.TestCase):
           [0.1 * (1 - step / 10)],
           rtol=1e-6,
       )
-    self.assertLess(float(eng.eval_step(probe)), 0.8 * before)
+    self.assertLess(float(eng.eval_step(probe)["loss"]), 0.8 * before)
 
   @parameterized.named_parameters(("donating", True), ("overlapping", False))
   def test_non_finite_gradients_skip_the_step(self, donate):
@@ -470,13 +497,17 @@ class EngineTest(parameterized.TestCase):
         launches, ["jit(measure)", "jit(_concat_groups)", "jit(apply)"]
     )
 
-  def test_eval_step(self):
+  def test_eval_step_defaults_to_the_loss(self):
     eng = make_engine()
+    self.assertEqual(
+        eng.eval_directions, {"loss": eval_metrics.Direction.LOWER_IS_BETTER}
+    )
     batch = make_batches(1)[0]
-    loss = eng.eval_step(batch)
-    chex.assert_shape(loss, ())
+    metrics = eng.eval_step(batch)
+    self.assertEqual(set(metrics), {"loss"})
+    chex.assert_shape(metrics["loss"], ())
     np.testing.assert_allclose(
-        loss, make_loss_fn()(eng.params, batch)[0], rtol=1e-6
+        metrics["loss"], make_loss_fn()(eng.params, batch)[0], rtol=1e-6
     )
     self.assertEqual(eng.recorder.pending_count(), 0)
 

@@ -102,6 +102,8 @@ def make_engine(
       batch_sharding=setup.batch_sharding,
       grad_clip_norm=config.grad_clip_norm,
       donate_state=config.donate_state,
+      eval_fn=functools.partial(transformer.eval_fn, config=config),
+      eval_directions=transformer.EVAL_DIRECTIONS,
   )
 
 

@@ -14,19 +14,25 @@ fails, what was opened is closed again, and an MLPerf log already opened
 ends as a complete sequence with an aborted `run_stop`.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import fnmatch
 import os
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
+import ml_collections
 import numpy as np
 
 from maxtext import data
+from maxtext import dataset as dataset_lib
+from maxtext import dataset_kinds
+from maxtext import engine as engine_lib
+from maxtext import eval_metrics
 from maxtext import mesh as mesh_lib
 from maxtext import model_setup
 from maxtext.listeners import interface
@@ -73,12 +79,12 @@ class RunState:
     samples: samples trained so far, resumed ones included.
   """
 
-  config: Any  # The attempt's config, with its resolved seed.
+  config: ml_collections.ConfigDict  # The attempt's, its seed resolved.
   paths: run_dir_lib.RunPaths
   is_primary: bool
   setup: model_setup.ModelSetup
-  engine: Any
-  dataset: Any
+  engine: engine_lib.Engine
+  dataset: dataset_lib.Dataset
   checkpointer: checkpointing.Checkpointer
   listeners: multi_listener.MultiListener
   start_step: int
@@ -105,17 +111,27 @@ class RunState:
     ]
     return micro_batches, wait
 
-  def evaluate(self) -> float:
-    """The mean eval loss over `eval_steps` batches (nats per token)."""
-    losses = [
-        self.engine.eval_step(
-            mesh_lib.global_batch(
-                self.dataset.get_eval_batch(i), self.setup.batch_sharding
+  def evaluate(self) -> dict[str, eval_metrics.EvalMetric]:
+    """Each eval metric's mean over `eval_steps` batches, with its direction.
+
+    The language model's is "loss", the mean eval loss in nats per token.
+    """
+    per_batch = jax.device_get(
+        [
+            self.engine.eval_step(
+                mesh_lib.global_batch(
+                    self.dataset.get_eval_batch(i), self.setup.batch_sharding
+                )
             )
+            for i in range(self.config.eval_steps)
+        ]
+    )
+    return {
+        name: eval_metrics.EvalMetric(
+            float(np.mean([values[name] for values in per_batch])), direction
         )
-        for i in range(self.config.eval_steps)
-    ]
-    return float(np.mean(jax.device_get(losses)))
+        for name, direction in self.engine.eval_directions.items()
+    }
 
   def save(self, force: bool = False) -> bool:
     """Checkpoints the completed steps if due (or `force`d) and not saved yet.
@@ -132,14 +148,15 @@ class RunState:
     )
     if saved:
       logging.info("Checkpoint of step %d: %s", step, self.paths.checkpoint_dir)
-      if hasattr(self.dataset, "checkpoint_state"):
+      # The base class's default is None; data sets with a position (Grain's
+      # iterator) override it.
+      # pylint: disable-next=assignment-from-no-return
+      position = self.dataset.checkpoint_state(step)
+      if position is not None:
         # The data pipeline's position for this checkpoint, one file per
         # process; states of rotated-out checkpoints go.
         data_state.save(
-            self.paths.checkpoint_dir,
-            step,
-            jax.process_index(),
-            self.dataset.checkpoint_state(step),
+            self.paths.checkpoint_dir, step, jax.process_index(), position
         )
         data_state.prune(
             self.paths.checkpoint_dir, self.checkpointer.all_steps()
@@ -147,11 +164,12 @@ class RunState:
     return saved
 
   def close(self) -> None:
-    """Releases the checkpointer and the engine (listeners close separately)."""
-    closers = [self.checkpointer.close, self.engine.close]
-    if hasattr(self.dataset, "close"):
-      closers.append(self.dataset.close)  # Grain's threads and workers.
-    for closer in closers:
+    """Releases checkpointer, engine and data (listeners close separately)."""
+    for closer in (
+        self.checkpointer.close,
+        self.engine.close,
+        self.dataset.close,
+    ):
       try:
         closer()
       # Closing must reach every part; the checkpointer's own errors were
@@ -379,10 +397,9 @@ def _output_listeners(
 
 
 def build(
-    config,
+    config: ml_collections.ConfigDict,
     *,
     config_filename: str = "unknown",
-    process_index: Optional[int] = None,
     extra_listeners: Sequence[interface.RunListener] = (),
 ) -> RunState:
   """Builds the run's state from its (validated) config.
@@ -390,8 +407,6 @@ def build(
   Args:
     config: the run's config, already validated.
     config_filename: the config file's name, for the MLPerf log.
-    process_index: overrides jax.process_index() for the outputs' process-0
-      rule (tests).
     extra_listeners: more outputs, called after the built-in ones (and
       before the GCS mirror), under the same failure policy.
 
@@ -406,156 +421,252 @@ def build(
     RunLockError: another run holds the run directory.
     AlreadyFinished: the run's newest checkpoint is at or past `steps`.
   """
-  if process_index is None:
-    process_index = jax.process_index()
-  is_primary = process_index == 0
+  is_primary = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
   step_throughput = throughput.StepThroughput.for_run(
       config, [d.device_kind for d in mesh.devices.flat]
   )
   paths = run_dir_lib.make_run_paths(config, _run_name(config))
-  locks = _lock_run(config, paths, is_primary)
-  listeners = multi_listener.MultiListener()
-  mirror = None
-  engine = checkpointer = dataset = None
-  samples = 0
-  try:
-    _fetch_remote_run(config, paths)
-    os.makedirs(paths.run_dir, exist_ok=True)
-    recorded = run_record.load_recorded_config(paths.run_dir)
-    checkpointer = checkpointing.Checkpointer(
-        paths.checkpoint_dir,
-        save_period=config.checkpoint_period or config.steps,
-        max_to_keep=config.max_checkpoints_to_keep,
-        # No checkpoint once another run took the run's lock over.
-        fence=locks.check if locks is not None else None,
-    )
-    finished = run_record.finished_message(
-        paths.run_name, checkpointer.latest_step(), config.steps
-    )
-    if finished:
-      raise AlreadyFinished(finished, checkpointer.latest_step(), paths.run_dir)
-    if recorded is not None:
-      changes = run_record.check_resume(
-          recorded, config, run_name=paths.run_name
-      )
-      if changes:
-        logging.info("%s", run_record.describe_changes(changes))
-    config = run_record.with_seed(
-        config, run_record.resolve_seed(config, recorded, draw=_draw_seed)
-    )
-    if paths.remote_url and is_primary:
-      mirror = mirror_listener.MirrorListener(
-          gcs_mirror.GcsMirror(
-              paths.run_dir,
-              paths.remote_url,
-              min_interval_s=config.gcs_sync_interval_seconds,
-              request_timeout_s=config.gcs_request_timeout_seconds,
-              final_timeout_s=config.gcs_final_timeout_seconds,
-              exclude=_MIRROR_EXCLUDE,
-              fence=locks.fence if locks is not None else None,
-          )
-      )
+  # What is opened is closed again, in reverse order, if building fails.
+  with contextlib.ExitStack() as opened:
+    locks = _lock_run(config, paths, is_primary)
+    if locks is not None:
+      opened.callback(locks.release)  # Last: after the outputs closed.
+    outputs = _Outputs()
+    opened.callback(outputs.abandon)
     # The data and the checkpoint directory are opened (and checked) before
     # the MLPerf log exists: a mistake there leaves no log behind.
-    dataset = data.make_dataset(
-        config, jax.process_index(), jax.process_count()
+    config, checkpointer, dataset = _open_inputs(
+        config, paths, is_primary, locks, outputs, opened
     )
-    if config.resume and checkpointer.latest_step() is None:
-      raise ValueError(
-          f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
-          "(set run_name to the run to resume)"
-      )
-    _check_start_over(config, paths, checkpointer)
-    listeners.add(
+    outputs.listeners.add(
         mllog_listener.start(
             config,
             paths.run_dir,
-            process_index=process_index,
+            process_index=jax.process_index(),
             data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
             config_filename=config_filename,
             throughput=step_throughput,
         )
     )
     engine, setup = model_setup.build_engine(config, mesh)
-    metadata = _restore(engine, checkpointer, paths, mesh)
-    start_step = engine.step
-    if hasattr(dataset, "restore_checkpoint_state"):
-      # Checkpoints written before the data state existed have none: the
-      # dataset then finds the position from the step.
-      state = data_state.load(
-          paths.checkpoint_dir, start_step, jax.process_index()
-      )
-      if state is not None:
-        dataset.restore_checkpoint_state(state)
-    samples = int(
-        metadata.get("samples_count", start_step * config.global_batch_size)
-    )
+    opened.callback(engine.close)
+    _resume(config, engine, dataset, checkpointer, paths, mesh, outputs)
     if is_primary:
-      run_record.record_attempt(
-          paths.run_dir,
-          config,
-          dict(
-              run_dir_lib.provenance(),
-              run_name=paths.run_name,
-              remote_url=paths.remote_url,
-              **(
-                  {"data": dataset.provenance()}
-                  if hasattr(dataset, "provenance")
-                  else {}
-              ),
-          ),
-          start_step,
-      )
-    for listener in (
-        *_output_listeners(
-            config, paths, is_primary, start_step, step_throughput
-        ),
-        *extra_listeners,
-    ):
-      listeners.add(listener)
-    if mirror is not None:
-      listeners.add(mirror)  # It uploads what the others wrote.
+      _record_attempt(config, paths, dataset, outputs.start_step)
+    listeners = outputs.complete(
+        [
+            *_output_listeners(
+                config, paths, is_primary, outputs.start_step, step_throughput
+            ),
+            *extra_listeners,
+        ],
+        locks,
+    )
+    opened.pop_all()  # The run state owns everything from here on.
+  return RunState(
+      config=config,
+      paths=paths,
+      is_primary=is_primary,
+      setup=setup,
+      engine=engine,
+      dataset=dataset,
+      checkpointer=checkpointer,
+      listeners=listeners,
+      start_step=outputs.start_step,
+      samples=outputs.samples,
+  )
+
+
+class _Outputs:
+  """The run's listeners while `build` assembles them.
+
+  The MLPerf log comes first; the GCS mirror, made early, joins after every
+  other output (it uploads what they wrote), the run's locks last. `abandon`
+  ends and closes a failed build's outputs.
+
+  Attributes:
+    listeners: the outputs added so far.
+    mirror: the GCS mirror's listener, or None.
+    start_step: the restored step (0 until the restore).
+    samples: samples trained before this attempt (0 until the restore).
+  """
+
+  def __init__(self):
+    self.listeners = multi_listener.MultiListener()
+    self.mirror: Optional[mirror_listener.MirrorListener] = None
+    self.start_step = 0
+    self.samples = 0
+
+  def complete(
+      self,
+      others: Sequence[interface.RunListener],
+      locks: Optional[run_lock.RunLocks],
+  ) -> multi_listener.MultiListener:
+    """Adds `others`, then the mirror and the locks' listener."""
+    for listener in others:
+      self.listeners.add(listener)
+    if self.mirror is not None:
+      self.listeners.add(self.mirror)
     if locks is not None:
-      listeners.add(lock_listener.RunLockListener(locks))  # Released last.
-    return RunState(
-        config=config,
-        paths=paths,
-        is_primary=is_primary,
-        setup=setup,
-        engine=engine,
-        dataset=dataset,
-        checkpointer=checkpointer,
-        listeners=listeners,
-        start_step=start_step,
-        samples=samples,
+      self.listeners.add(lock_listener.RunLockListener(locks))
+    return self.listeners
+
+  def abandon(self) -> None:
+    """Ends a failed build's outputs: the MLPerf log ends aborted."""
+    if self.mirror is not None:
+      self.listeners.add(self.mirror)  # Its final pass uploads the rest.
+    end = interface.RunEnd(
+        interface.RunOutcome.FAILED, self.start_step, self.samples
     )
-  except BaseException:
-    if mirror is not None and mirror not in listeners.listeners:
-      listeners.add(mirror)
-    _abandon(listeners, engine, checkpointer, dataset, samples)
-    if locks is not None and not any(
-        isinstance(l, lock_listener.RunLockListener)
-        for l in listeners.listeners
-    ):
-      locks.release()
-    raise
+    # A failing output was logged by MultiListener; the build's own error is
+    # the one raised.
+    with contextlib.suppress(multi_listener.ListenerError):
+      self.listeners.on_run_end(end)
+    with contextlib.suppress(multi_listener.ListenerError):
+      self.listeners.close()
 
 
-def _abandon(listeners, engine, checkpointer, dataset, samples: int) -> None:
-  """Closes what a failed `build` opened; the MLPerf log ends aborted."""
-  step = engine.step if engine is not None else 0
-  try:
-    listeners.on_run_end(
-        interface.RunEnd(interface.RunOutcome.FAILED, step, samples)
+def _open_inputs(
+    config: ml_collections.ConfigDict,
+    paths: run_dir_lib.RunPaths,
+    is_primary: bool,
+    locks: Optional[run_lock.RunLocks],
+    outputs: _Outputs,
+    opened: contextlib.ExitStack,
+) -> tuple[
+    ml_collections.ConfigDict, checkpointing.Checkpointer, dataset_lib.Dataset
+]:
+  """Opens the run directory, its checkpoints and the data.
+
+  What it opens is closed by `opened`; the GCS mirror, if the run has one,
+  goes to `outputs`.
+
+  Returns:
+    (the attempt's config with its resolved seed, checkpointer, data set).
+
+  Raises:
+    AlreadyFinished: the newest checkpoint is at or past `steps`.
+    ValueError: the resume changes a field the run's record fixes, or
+      resume=True finds no checkpoint; and as the data set.
+  """
+  _fetch_remote_run(config, paths)
+  os.makedirs(paths.run_dir, exist_ok=True)
+  checkpointer = checkpointing.Checkpointer(
+      paths.checkpoint_dir,
+      save_period=config.checkpoint_period or config.steps,
+      max_to_keep=config.max_checkpoints_to_keep,
+      # No checkpoint once another run took the run's lock over.
+      fence=locks.check if locks is not None else None,
+  )
+  opened.callback(checkpointer.close)
+  config = _check_resume(config, paths, checkpointer.latest_step())
+  if paths.remote_url and is_primary:
+    outputs.mirror = _mirror(config, paths, locks)
+  dataset = dataset_kinds.make_dataset(
+      config, jax.process_index(), jax.process_count()
+  )
+  opened.callback(dataset.close)
+  if config.resume and checkpointer.latest_step() is None:
+    raise ValueError(
+        f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
+        "(set run_name to the run to resume)"
     )
-  except multi_listener.ListenerError:
-    pass  # Logged by MultiListener; the build's own error is the one raised.
-  for part in (checkpointer, engine, dataset):
-    if part is not None and hasattr(part, "close"):
-      part.close()
-  try:
-    listeners.close()  # After the checkpointer: the mirror uploads last.
-  except multi_listener.ListenerError:
-    pass  # As above.
+  _check_start_over(config, paths, checkpointer)
+  return config, checkpointer, dataset
+
+
+def _check_resume(
+    config: ml_collections.ConfigDict,
+    paths: run_dir_lib.RunPaths,
+    latest_step: Optional[int],
+) -> ml_collections.ConfigDict:
+  """Checks a resume against the run's record; resolves the seed.
+
+  Returns:
+    The attempt's config, with its resolved seed.
+
+  Raises:
+    AlreadyFinished: the newest checkpoint is at or past `steps`.
+    ValueError: the resume changes a field the run's record fixes.
+  """
+  recorded = run_record.load_recorded_config(paths.run_dir)
+  finished = run_record.finished_message(
+      paths.run_name, latest_step, config.steps
+  )
+  if finished:
+    raise AlreadyFinished(finished, latest_step, paths.run_dir)
+  if recorded is not None:
+    changes = run_record.check_resume(recorded, config, run_name=paths.run_name)
+    if changes:
+      logging.info("%s", run_record.describe_changes(changes))
+  return run_record.with_seed(
+      config, run_record.resolve_seed(config, recorded, draw=_draw_seed)
+  )
+
+
+def _mirror(
+    config: ml_collections.ConfigDict,
+    paths: run_dir_lib.RunPaths,
+    locks: Optional[run_lock.RunLocks],
+) -> mirror_listener.MirrorListener:
+  """The listener of the run directory's background mirror to gs://."""
+  return mirror_listener.MirrorListener(
+      gcs_mirror.GcsMirror(
+          paths.run_dir,
+          paths.remote_url,
+          min_interval_s=config.gcs_sync_interval_seconds,
+          request_timeout_s=config.gcs_request_timeout_seconds,
+          final_timeout_s=config.gcs_final_timeout_seconds,
+          exclude=_MIRROR_EXCLUDE,
+          fence=locks.fence if locks is not None else None,
+      )
+  )
+
+
+def _resume(
+    config: ml_collections.ConfigDict,
+    engine: engine_lib.Engine,
+    dataset: dataset_lib.Dataset,
+    checkpointer: checkpointing.Checkpointer,
+    paths: run_dir_lib.RunPaths,
+    mesh: jax.sharding.Mesh,
+    outputs: _Outputs,
+) -> None:
+  """Restores the newest checkpoint and the data's position, if any.
+
+  Sets `outputs.start_step` and `outputs.samples` to where the run starts.
+  """
+  metadata = _restore(engine, checkpointer, paths, mesh)
+  outputs.start_step = engine.step
+  # Checkpoints written before the data state existed have none: the data
+  # set then finds its position from the step.
+  state = data_state.load(
+      paths.checkpoint_dir, outputs.start_step, jax.process_index()
+  )
+  if state is not None:
+    dataset.restore_checkpoint_state(state)
+  outputs.samples = int(
+      metadata.get(
+          "samples_count", outputs.start_step * config.global_batch_size
+      )
+  )
+
+
+def _record_attempt(
+    config: ml_collections.ConfigDict,
+    paths: run_dir_lib.RunPaths,
+    dataset: dataset_lib.Dataset,
+    start_step: int,
+) -> None:
+  """Process 0 adds this attempt to the run's record (config.json)."""
+  provenance = dict(
+      run_dir_lib.provenance(),
+      run_name=paths.run_name,
+      remote_url=paths.remote_url,
+  )
+  data_provenance = dataset.provenance()
+  if data_provenance is not None:
+    provenance["data"] = data_provenance
+  run_record.record_attempt(paths.run_dir, config, provenance, start_step)

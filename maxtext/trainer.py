@@ -18,7 +18,7 @@ that fails stops the run after a checkpoint of the last completed step
 
 import dataclasses
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from absl import logging
 import jax
@@ -26,6 +26,7 @@ import jax
 from maxtext import caller_paths
 from maxtext import config_lib
 from maxtext import distributed
+from maxtext import eval_metrics
 from maxtext import eval_schedule
 from maxtext import preemption
 from maxtext import preflight
@@ -115,9 +116,7 @@ def run(
     config,
     *,
     config_filename: str = "unknown",
-    process_index: Optional[int] = None,
     stop_request: Optional[preemption.StopRequest] = None,
-    step_callback: Optional[Callable[[int, float], None]] = None,
     extra_listeners: Sequence[interface.RunListener] = (),
 ) -> RunResult:
   """Trains one run as the config says.
@@ -126,17 +125,12 @@ def run(
     config: the run's ml_collections config (base.py's fields). It is
       validated here, before any device work.
     config_filename: the config file's name, for the MLPerf log's disclosure.
-    process_index: overrides jax.process_index() for the outputs' process-0
-      rule (tests).
     stop_request: where stop requests come from; by default SIGTERM/SIGINT
       handlers are installed for the duration of the run.
-    step_callback: called on the host after every optimizer step with
-      (completed steps, step time in seconds), the step time the records
-      report (eval time excluded); the step's records may be written later
-      (see `_train_loop`). For benchmarks and tests; it runs inside the loop,
-      so its own time counts toward the next step.
     extra_listeners: more outputs of the run (see `maxtext/listeners/`),
-      called after the built-in ones under the same failure policy.
+      called after the built-in ones under the same failure policy; also
+      how benchmarks and tests watch a run. They run inside the loop, so
+      their time counts toward the steps' times.
 
   Returns:
     The RunResult.
@@ -167,7 +161,6 @@ def run(
       state = run_state_lib.build(
           config,
           config_filename=config_filename,
-          process_index=process_index,
           extra_listeners=extra_listeners,
       )
     except ValueError as e:
@@ -191,7 +184,7 @@ def run(
       state.listeners.on_run_start(
           interface.RunStart(state.start_step, state.samples, warmup_time)
       )
-      outcome, last_eval, last_train = _train_loop(state, stop, step_callback)
+      outcome, last_eval, last_train = _train_loop(state, stop)
     except ListenerError:
       # An output failed: keep what was trained. The engine holds the last
       # completed step's state even mid-step (update() not yet called).
@@ -295,7 +288,7 @@ class _SkipGuard:
       )
 
 
-def _train_loop(state: run_state_lib.RunState, stop, step_callback):
+def _train_loop(state: run_state_lib.RunState, stop):
   """Runs steps until the target, the budget or a stop request.
 
   The host keeps ahead of the device: once a step's micro-batches are
@@ -309,6 +302,7 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
     (outcome, last eval loss, last train loss).
   """
   config, engine, listeners = state.config, state.engine, state.listeners
+  target = eval_metrics.target(config)
   skips = _SkipGuard(config.max_consecutive_skipped_steps)
   last_eval = last_train = None
   unwritten = None  # A _Finished step, written after the next dispatch.
@@ -334,8 +328,6 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
           step, buffer, now - step_start, state.samples, data_wait
       )
       step_start, data_wait = now, 0.0
-      if step_callback is not None:
-        step_callback(completed, unwritten.step_time)
       skips.check(step, buffer)
 
       eval_due = eval_schedule.eval_due(config, completed)
@@ -346,12 +338,16 @@ def _train_loop(state: run_state_lib.RunState, stop, step_callback):
       finished, unwritten = unwritten, None
       last_train = _write(listeners, finished)
       if eval_due:
-        last_eval = _evaluate(state, step)
-        if config.target_eval_loss and last_eval <= config.target_eval_loss:
+        record = _evaluate(state, step, target)
+        last_eval = _eval_loss(record)
+        if record.target_reached:
+          metric = record.metrics[target.metric]
           logging.info(
-              "Eval loss %.4f <= target %.4f at step %d: success.",
-              last_eval,
-              config.target_eval_loss,
+              "Eval %s %.4f %s target %.4f at step %d: success.",
+              target.metric,
+              metric.value,
+              metric.direction.symbol,
+              target.threshold,
               step,
           )
           _checkpoint(state, force=True)
@@ -386,24 +382,31 @@ def _write(listeners, finished: _Finished) -> Optional[float]:
   return record.metrics.get("loss")
 
 
-def _evaluate(state: run_state_lib.RunState, step: int) -> float:
-  """Runs the eval after step `step` and reports it; returns the loss."""
-  config = state.config
+def _evaluate(
+    state: run_state_lib.RunState, step: int, target: eval_metrics.Target
+) -> interface.EvalRecord:
+  """Runs the eval after step `step` and reports it; returns its record."""
   state.listeners.on_eval_start(step, state.samples)
   start = time.monotonic()
-  loss = state.evaluate()
-  target = bool(config.target_eval_loss) and loss <= config.target_eval_loss
-  state.listeners.on_eval(
-      interface.EvalRecord(
-          step=step,
-          eval_loss=loss,
-          eval_time=time.monotonic() - start,
-          samples=state.samples,
-          target_reached=target,
-          continues=not target and step + 1 < config.steps,
-      )
+  metrics = state.evaluate()
+  reached = target.reached(metrics)
+  record = interface.EvalRecord(
+      step=step,
+      metrics=metrics,
+      target_metric=target.metric,
+      eval_time=time.monotonic() - start,
+      samples=state.samples,
+      target_reached=reached,
+      continues=not reached and step + 1 < state.config.steps,
   )
-  return loss
+  state.listeners.on_eval(record)
+  return record
+
+
+def _eval_loss(record: interface.EvalRecord) -> Optional[float]:
+  """The record's eval loss, None for an evaluation without one."""
+  loss = record.metrics.get(eval_metrics.LOSS)
+  return None if loss is None else loss.value
 
 
 def _checkpoint(state: run_state_lib.RunState, force: bool) -> None:

@@ -71,13 +71,11 @@ class TrainerMllogTest(parameterized.TestCase):
     super().setUp()
     self.out = self.create_tempdir().full_path
 
-  def run_tiny(self, run_name, process_index=0, **overrides):
+  def run_tiny(self, run_name, **overrides):
     config = tiny_configs.tiny_config(
         self.out, run_name=run_name, **{**_TINY, **overrides}
     )
-    result = trainer.run(
-        config, config_filename="default.py", process_index=process_index
-    )
+    result = trainer.run(config, config_filename="default.py")
     return config, result
 
   def assert_checker_passes(self, path, ruleset):
@@ -220,12 +218,6 @@ class TrainerMllogTest(parameterized.TestCase):
     # The first attempt's log is left as it was.
     with open(path, encoding="utf-8") as f:
       self.assertEqual(f.read(), first_log)
-
-  def test_process_one_writes_no_mllog(self):
-    config, result = self.run_tiny("proc1", process_index=1, steps=2)
-    self.assertEqual(result.final_step, config.steps)
-    logs = [n for n in os.listdir(result.run_dir) if n.startswith("mllog")]
-    self.assertEqual(logs, [])
 
   def test_unwritable_mllog_path_is_refused_before_training(self):
     # A regular file where the log's directory should be: creating the log

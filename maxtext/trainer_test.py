@@ -124,6 +124,36 @@ def _optimizer_counts(opt_state):
   ]
 
 
+class _StopAt(listener_interface.RunListener):
+  """Requests a stop as step `step` (0-based) starts: the run stops after it."""
+
+  name = "stop_at"
+
+  def __init__(self, stop, step, reason="test"):
+    self._stop, self._step, self._reason = stop, step, reason
+
+  def on_step_start(self, step):
+    if step == self._step:
+      self._stop.request(self._reason)
+
+
+class _Events(listener_interface.RunListener):
+  """Notes the order of step starts and step records, and the step times."""
+
+  name = "events"
+
+  def __init__(self):
+    self.seen = []
+    self.step_times = []
+
+  def on_step_start(self, step):
+    self.seen.append(("start", step))
+
+  def on_step(self, record):
+    self.seen.append(("step", record.step))
+    self.step_times.append(record.step_time)
+
+
 class TrainerTest(parameterized.TestCase):
 
   @classmethod
@@ -305,7 +335,7 @@ class TrainerTest(parameterized.TestCase):
     first = trainer.run(
         config,
         stop_request=stop,
-        step_callback=lambda done, _: done == stopped and stop.request("test"),
+        extra_listeners=[_StopAt(stop, stopped - 1)],
     )
     self.assertEqual(_checkpoint_steps(first.run_dir), [_HALF, stopped])
     checkpoints = os.path.join(first.run_dir, "checkpoints")
@@ -441,17 +471,7 @@ class TrainerTest(parameterized.TestCase):
   def test_stop_request_checkpoints_and_resumes(self):
     stop_after = 2  # Not a multiple of checkpoint_period (3).
     stop = preemption.StopRequest(signals=())
-    completed_steps = []
-    written = []  # Train records in metrics.jsonl at each callback.
-    metrics = os.path.join(self.root, "stopped", "metrics.jsonl")
-
-    def on_step(completed, step_time):
-      self.assertGreaterEqual(step_time, 0.0)
-      completed_steps.append(completed)
-      with open(metrics, encoding="utf-8") as f:
-        written.append(f.read().count('"kind": "train"'))
-      if completed == stop_after:
-        stop.request("test stop")
+    events = _Events()
 
     # The stop falls inside the profiler window (steps 1-3).
     result = trainer.run(
@@ -463,15 +483,17 @@ class TrainerTest(parameterized.TestCase):
             profiler_start_step=1,
         ),
         stop_request=stop,
-        step_callback=on_step,
+        extra_listeners=[events, _StopAt(stop, stop_after - 1, "test stop")],
     )
     self.assertEqual(result.status, trainer.RunOutcome.INTERRUPTED)
     self.assertEqual(result.stop_reason, "test stop")
     self.assertEqual(result.final_step, stop_after)
-    self.assertEqual(completed_steps, [1, 2])
-    # A plain step's record is written once the next step is dispatched, so
-    # at the callback of step c the file holds the records of steps < c - 1.
-    self.assertEqual(written, [0, 1])
+    # A plain step's record is written once the next step is dispatched; the
+    # step that stops the run writes its own at once.
+    self.assertEqual(
+        events.seen, [("start", 0), ("start", 1), ("step", 0), ("step", 1)]
+    )
+    self.assertTrue(all(t >= 0.0 for t in events.step_times))
     self.assertEqual(_checkpoint_steps(result.run_dir), [stop_after])
     _, metadata = _restore_state(self.ref_config, result.run_dir, stop_after)
     self.assertEqual(metadata["step"], stop_after)
@@ -517,7 +539,7 @@ class TrainerTest(parameterized.TestCase):
 
     # Step 0 trained on the loaded parameters: its loss is theirs on batch 0.
     params = self.ref_state["params"]
-    batch = data.make_dataset(config).get_batch(0)
+    batch = data.SyntheticDataset(config).get_batch(0)
     micro_losses = [
         transformer.loss_fn(
             params, jax.tree_util.tree_map(jnp.asarray, micro), config

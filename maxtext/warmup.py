@@ -55,10 +55,10 @@ def warm_up(state, steps: int) -> float:
     for micro in micro_batches:
       engine.fwd_bwd(micro)
     engine.update(discard=True, release=True)
-  loss = engine.eval_step(
+  metrics = engine.eval_step(
       mesh_lib.global_batch(evaluation, state.setup.batch_sharding)
   )
-  jax.block_until_ready((loss, engine.params, engine.opt_state))
+  jax.block_until_ready((metrics, engine.params, engine.opt_state))
   engine.set_state(
       {"params": engine.params, "opt_state": engine.opt_state, "step": step}
   )

@@ -25,11 +25,13 @@ import dataclasses
 import enum
 from typing import Mapping
 
+from maxtext import eval_metrics
+
 
 class RunOutcome(enum.Enum):
   """How a run ended."""
 
-  SUCCESS = "success"  # An eval reached target_eval_loss.
+  SUCCESS = "success"  # An eval reached the quality target.
   COMPLETED = "completed"  # Ran its step budget without reaching a target.
   INTERRUPTED = "interrupted"  # Stopped by SIGTERM/SIGINT after a checkpoint.
   FAILED = "failed"  # An error stopped it.
@@ -78,21 +80,39 @@ class EvalRecord:
 
   Attributes:
     step: 0-based index of the last training step before the eval.
-    eval_loss: mean eval loss in nats per token.
+    metrics: metric name -> its mean over the eval batches and the way it
+      improves; the language model's is "loss", the mean eval loss in nats
+      per token (lower is better).
+    target_metric: the name, among `metrics`, of the metric the run's
+      quality target is on (MLPerf's `eval_accuracy`), also when the run
+      has no target threshold.
     eval_time: seconds the eval took.
     samples: samples trained before the eval.
-    target_reached: the eval loss reached `target_eval_loss`: the run ends
+    target_reached: `target_metric` reached the run's target: the run ends
       with success.
     continues: training goes on after this eval (neither the target nor the
       last step was reached).
   """
 
   step: int
-  eval_loss: float
+  metrics: Mapping[str, eval_metrics.EvalMetric]
+  target_metric: str
   eval_time: float
   samples: int
   target_reached: bool
   continues: bool
+
+  def __post_init__(self):
+    if self.target_metric not in self.metrics:
+      raise ValueError(
+          f"target_metric {self.target_metric!r} is not among the eval "
+          f"metrics {sorted(self.metrics)}"
+      )
+
+  @property
+  def target_value(self) -> float:
+    """The value of `target_metric`."""
+    return self.metrics[self.target_metric].value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from maxtext import eval_metrics
 from maxtext.listeners import interface
 from maxtext.mllog import cache_flush
 from maxtext.mllog import listener as mllog_listener
@@ -224,7 +225,12 @@ class ListenerStartTest(parameterized.TestCase):
     listener.on_eval(
         interface.EvalRecord(
             step=2,
-            eval_loss=0.5,
+            metrics={
+                "loss": eval_metrics.EvalMetric(
+                    0.5, eval_metrics.Direction.LOWER_IS_BETTER
+                )
+            },
+            target_metric="loss",
             eval_time=0.1,
             samples=samples,
             target_reached=True,

@@ -11,7 +11,8 @@ writes the rest as the run reports it:
                  also samples/s, tokens/s, TFLOP/s per device and MFU
                  where the peak is known)
   on_eval_start  block_stop, eval_start
-  on_eval        eval_accuracy, eval_stop, tracked_stats (validation time),
+  on_eval        eval_accuracy (the metric the quality target is on),
+                 eval_stop, tracked_stats (validation time),
                  then run_stop(success) at the target or block_start if the
                  run goes on
   on_run_end     run_stop(aborted) unless the run succeeded; if the
@@ -122,7 +123,9 @@ class MLLogListener(interface.RunListener):
 
   def on_eval(self, record: interface.EvalRecord) -> None:
     log = self._logger
-    log.eval_accuracy(record.eval_loss, record.samples)
+    # The benchmark's quality metric is the one its target is on: for the
+    # language models' benchmarks, the eval loss (log perplexity).
+    log.eval_accuracy(record.target_value, record.samples)
     log.eval_stop(record.samples)
     log.tracked_stats(record.step + 1, {"validation_time": record.eval_time})
     if record.target_reached:

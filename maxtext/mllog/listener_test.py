@@ -10,6 +10,7 @@ import json
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from maxtext import eval_metrics
 from maxtext.listeners import interface
 from maxtext.metrics import throughput
 from maxtext.mllog import listener as mllog_listener
@@ -18,6 +19,8 @@ from testing import compliance_checker
 from testing import tiny_configs
 
 _STEPS = 10
+_LOWER = eval_metrics.Direction.LOWER_IS_BETTER
+_HIGHER = eval_metrics.Direction.HIGHER_IS_BETTER
 
 
 def _events(path):
@@ -31,8 +34,12 @@ def _events(path):
 
 class MLLogListenerThroughputTest(parameterized.TestCase):
 
-  def write_run(self, run):
-    """Logs a 10-step run that reaches its target at the eval after step 10."""
+  def write_run(self, run, target_metric="loss"):
+    """Logs a 10-step run that reaches its target at the eval after step 10.
+
+    Each eval reports a loss (1.5, then 0.5 at the last) and a pass rate
+    (0.4, then 0.9); `target_metric` names the one the target is on.
+    """
     out = self.create_tempdir().full_path
     config = tiny_configs.tiny_config(
         out, steps=_STEPS, **tiny_configs.MLPERF_SHAPE
@@ -68,7 +75,15 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
         listener.on_eval(
             interface.EvalRecord(
                 step=step,
-                eval_loss=0.5 if last else 1.5,
+                metrics={
+                    "loss": eval_metrics.EvalMetric(
+                        0.5 if last else 1.5, _LOWER
+                    ),
+                    "pass_rate": eval_metrics.EvalMetric(
+                        0.9 if last else 0.4, _HIGHER
+                    ),
+                },
+                target_metric=target_metric,
                 eval_time=0.1,
                 samples=samples,
                 target_reached=last,
@@ -137,6 +152,16 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
         if e["key"] == "tracked_stats" and "train_loss" in e["value"]
     ]
     self.assertEqual(set(stats[0]), {"train_loss", "step_time"})
+
+  @parameterized.named_parameters(
+      ("loss", "loss", [1.5, 0.5]), ("pass_rate", "pass_rate", [0.4, 0.9])
+  )
+  def test_eval_accuracy_is_the_target_metric(self, target_metric, values):
+    path = self.write_run(None, target_metric=target_metric)
+    self.assertEqual(
+        [e["value"] for e in _events(path) if e["key"] == "eval_accuracy"],
+        values,
+    )
 
   def test_rejects_a_non_throughput(self):
     with self.assertRaisesRegex(TypeError, "throughput must be"):

@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext import choices
+from maxtext import eval_metrics
 from maxtext.metrics import buffer as metrics_buffer
 from maxtext.model import layers
 from maxtext.model import mla
@@ -468,6 +469,34 @@ def _chunked_token_sums(
       body, (zero, zero), (chunks(x), chunks(targets), chunks(weights))
   )
   return totals
+
+
+# What `eval_fn` returns: each eval metric's name and the way it improves.
+EVAL_DIRECTIONS = eval_metrics.LOSS_DIRECTIONS
+
+
+def eval_fn(
+    params: Params, batch: Mapping[str, jax.Array], config
+) -> dict[str, jax.Array]:
+  """The eval metrics of one batch, named as `EVAL_DIRECTIONS` names them.
+
+  Args:
+    params: the parameter pytree.
+    batch: as for `loss_fn`.
+    config: the run configuration.
+
+  Returns:
+    {"loss": the weighted mean cross entropy in nats per token (float32
+    scalar, 0 when every weight is 0)}: `loss_fn`'s loss without the
+    mixture-of-experts load-balancing term, which is a training objective,
+    not a measure of the model.
+  """
+  _, aux = loss_fn(params, batch, config)
+  num_tokens = aux["num_tokens"]
+  loss = jnp.where(
+      num_tokens > 0, aux["loss_sum"] / jnp.maximum(num_tokens, 1e-8), 0.0
+  )
+  return {eval_metrics.LOSS: loss}
 
 
 def loss_fn(

@@ -395,6 +395,30 @@ class ModelTest(parameterized.TestCase):
     self.assertEqual(float(empty), 0.0)
     self.assertEqual(float(aux["accuracy"]), 0.0)
 
+  @parameterized.named_parameters(
+      ("dense", {}), ("moe", {"load_balance_loss_weight": 0.5})
+  )
+  def test_eval_is_the_cross_entropy_alone(self, moe_overrides):
+    config = (
+        _moe_config(**moe_overrides)
+        if moe_overrides
+        else tiny_configs.model_config()
+    )
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    batch = _batch(config)
+    loss, aux = _jit_loss(config)(params, batch)
+    metrics = jax.jit(functools.partial(transformer.eval_fn, config=config))(
+        params, batch
+    )
+    self.assertEqual(set(metrics), set(transformer.EVAL_DIRECTIONS))
+    cross_entropy = aux["loss_sum"] / aux["num_tokens"]
+    np.testing.assert_allclose(metrics["loss"], cross_entropy, rtol=1e-6)
+    if moe_overrides:
+      # The training loss also holds the weighted load-balancing loss.
+      self.assertGreater(float(loss), float(metrics["loss"]))
+    else:
+      self.assertEqual(float(loss), float(metrics["loss"]))
+
   def test_jitted_step_lowers_loss_on_synthetic_data(self):
     config = tiny_configs.model_config(num_layers=1)
     dataset = data.SyntheticDataset(config)

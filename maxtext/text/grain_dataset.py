@@ -29,9 +29,10 @@ import grain
 import numpy as np
 
 from maxtext import checks
+from maxtext import dataset
 from maxtext.text import metadata as metadata_lib
 
-Batch = dict[str, np.ndarray]
+Batch = dataset.Batch
 
 # Batches Grain reads ahead of the trainer, per process.
 _PREFETCH_BATCHES = 4
@@ -95,7 +96,7 @@ def load_checked_metadata(config) -> tuple[dict[str, Any], dict[str, Any], str]:
   )
 
 
-class GrainDataset:
+class GrainDataset(dataset.Dataset):
   """Prepared text shards through a Grain pipeline (see the module doc)."""
 
   def __init__(self, config, process_index: int = 0, process_count: int = 1):

@@ -12,8 +12,9 @@ on the same data in one process:
   trainer  `maxtext.trainer.run`, everything on: engine, metrics recorder,
            console/JSONL/TensorBoard writers, MLPerf log, eval every
            `eval_interval` steps, checkpoints every `checkpoint_period`
-           steps. Step times come from `run`'s `step_callback`; the trainer
-           leaves eval time out of them, and this benchmark leaves out each
+           steps. Step times come from the step records a run listener
+           sees; the trainer leaves eval time out of them, and this
+           benchmark leaves out each
            run's first `--warmup_steps` (compilation) and every step that
            follows an eval or a checkpoint save.
   bare     K jitted micro-steps (forward, backward, gradient accumulation),
@@ -24,18 +25,19 @@ on the same data in one process:
 How they interleave (`--pairing`):
 
   step     (default) Blocks of one step. Each round is one trainer run of
-           `--steps` steps; after every trainer step its callback waits for
-           the trainer's device work (every live array ready), then runs and
-           times one bare step, up to the end of its optimizer update. The
-           next trainer step's time, which includes the callback, is counted
-           without the bare step. So each step, trainer or bare, runs from an
-           idle device to an idle device and pays for its own update;
-           neighbouring steps see the same machine, so the slow drifts of a
-           shared machine (several percent over seconds) cancel in the
-           pairs. The round's ratio is the median over its pairs of trainer
-           time / bare time. Neither side overlaps its update with the next
-           step's host work, which both do in production: little noise, and
-           the trainer's remaining host work is fully exposed.
+           `--steps` steps; as every trainer step after the first starts, a
+           run listener waits for the trainer's device work (every live
+           array ready), then runs and times one bare step, up to the end of
+           its optimizer update. That trainer step's time, which includes
+           the listener's, is counted without the bare step. So each step,
+           trainer or bare, runs from an idle device to an idle device and
+           pays for its own update; neighbouring steps see the same machine,
+           so the slow drifts of a shared machine (several percent over
+           seconds) cancel in the pairs. The round's ratio is the median
+           over its pairs of trainer time / bare time. Neither side overlaps
+           its update with the next step's host work, which both do in
+           production: little noise, and the trainer's remaining host work
+           is fully exposed.
   block    Each round runs one trainer run of `--steps` steps and
            one bare block of as many steps, in alternating order; the round's
            ratio is the trainer's median step time over the bare block's. The
@@ -68,12 +70,14 @@ from ml_collections import config_flags
 import optax
 
 from maxtext import data
+from maxtext import dataset_kinds
 from maxtext import mesh as mesh_lib
 from maxtext.model import transformer
 from maxtext import model_setup
 from maxtext import optimizer as optimizer_lib
 from maxtext import trainer
 from maxtext.configs import default
+from maxtext.listeners import interface
 from maxtext.metrics import throughput
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -110,7 +114,7 @@ class BareLoop:
         config, optimizer_lib.make_schedule(config)
     )
     self.opt_state = jax.jit(optimizer.init)(self.params)
-    self.dataset = data.make_dataset(config)
+    self.dataset = dataset_kinds.make_dataset(config)
     loss_fn = functools.partial(transformer.loss_fn, config=config)
     k = self.k
 
@@ -173,12 +177,27 @@ def _timed_steps(config, times: dict, warmup: int) -> list[int]:
   ]
 
 
-def _run_trainer(config, output_dir: str, name: str, step_callback) -> None:
+class _StepTimes(interface.RunListener):
+  """Each trainer step's time by its completed-step number (1-based)."""
+
+  name = "engine_bench"
+
+  def __init__(self):
+    self.times = {}
+
+  def on_step(self, record: interface.StepRecord) -> None:
+    self.times[record.step + 1] = record.step_time
+
+
+def _run_trainer(
+    config, output_dir: str, name: str, listener: interface.RunListener
+) -> None:
+  """Trains one fresh run of `config` with `listener` watching it."""
   config = config.copy_and_resolve_references()
   config.run_name = name
   config.base_output_directory = output_dir
   result = trainer.run(
-      config, config_filename="engine_bench", step_callback=step_callback
+      config, config_filename="engine_bench", extra_listeners=[listener]
   )
   if result.final_step != config.steps:
     raise RuntimeError(
@@ -194,14 +213,9 @@ def trainer_block(
 
   Warm-up steps and the steps after an eval or a save are left out.
   """
-  times = {}
-  _run_trainer(
-      config,
-      output_dir,
-      name,
-      times.__setitem__,
-  )
-  return [times[c] for c in _timed_steps(config, times, warmup)]
+  steps = _StepTimes()
+  _run_trainer(config, output_dir, name, steps)
+  return [steps.times[c] for c in _timed_steps(config, steps.times, warmup)]
 
 
 def paired_round(
@@ -218,25 +232,42 @@ def paired_round(
     (trainer step times, bare step times) in seconds, index-aligned pairs: a
     trainer step and the bare step that ran just before it.
   """
-  trainer_times, bare_times = {}, {}
-  excluded = [0.0]  # The bare step's time inside the previous callback.
 
-  def on_step(completed, step_time):
-    trainer_times[completed] = step_time - excluded[0]
-    # The trainer's remaining device work (its optimizer apply) is its own:
-    # wait for it here, where the time still counts toward its next step.
-    jax.block_until_ready(jax.live_arrays())
-    start = time.perf_counter()
-    bare.step(first_bare_step + completed)
-    # The bare step's update is its own too: its time ends with the device idle.
-    jax.block_until_ready((bare.params, bare.opt_state))
-    bare_times[completed + 1] = excluded[0] = time.perf_counter() - start
+  class Paired(_StepTimes):
+    """Runs a bare step as each trainer step after the first starts."""
 
-  _run_trainer(config, output_dir, name, on_step)
+    def __init__(self):
+      super().__init__()
+      self.bare_times = {}  # By the completed-step number of its trainer step.
+
+    def on_step_start(self, step: int) -> None:
+      if step == 0:
+        return
+      # The previous trainer step's remaining device work (its optimizer
+      # apply) is the trainer's own: wait for it here, where its time counts
+      # toward this trainer step (only the bare step's is left out).
+      jax.block_until_ready(jax.live_arrays())
+      start = time.perf_counter()
+      bare.step(first_bare_step + step)
+      # The bare step's update is its own too: its time ends with the
+      # device idle.
+      jax.block_until_ready((bare.params, bare.opt_state))
+      self.bare_times[step + 1] = time.perf_counter() - start
+
+    def on_step(self, record: interface.StepRecord) -> None:
+      completed = record.step + 1
+      self.times[completed] = record.step_time - self.bare_times.get(
+          completed, 0.0
+      )
+
+  paired = Paired()
+  _run_trainer(config, output_dir, name, paired)
   steps = [
-      c for c in _timed_steps(config, trainer_times, warmup) if c in bare_times
+      c
+      for c in _timed_steps(config, paired.times, warmup)
+      if c in paired.bare_times
   ]
-  return [trainer_times[c] for c in steps], [bare_times[c] for c in steps]
+  return [paired.times[c] for c in steps], [paired.bare_times[c] for c in steps]
 
 
 def _ms(seconds: float) -> str:

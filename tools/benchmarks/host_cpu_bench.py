@@ -13,9 +13,10 @@ host work of the loop (dispatch, metrics, records, outputs) and nothing the
 device (XLA's CPU threads included) does. Each round runs every tree once,
 as a fresh process (`--child`), in alternating order, training
 configs/default.py for `--steps` steps with `--set` overrides; a step's CPU
-time is the main thread's `time.thread_time()` between two step callbacks,
-and a run's figure is the median over its steps after the first
-`--skip_steps` (compilation and warm-up). The process CPU time per step
+time is the main thread's `time.thread_time()` between the starts of two
+steps (seen by a run listener's `on_step_start`), and a run's figure is the
+median over its steps after the first `--skip_steps` (compilation and
+warm-up). The process CPU time per step
 (all threads) is shown beside it. The table shows every round; the summary,
 each tree's median over rounds with its spread, and the last line:
 
@@ -77,18 +78,26 @@ def measure(overrides: dict, skip: int) -> dict:
   # pylint: disable=import-outside-toplevel
   from maxtext import trainer
   from maxtext.configs import default
+  from maxtext.listeners import interface
   # pylint: enable=import-outside-toplevel
 
   config = default.get_config()
   config.update(overrides)
   thread, process = [], []
 
-  def on_step(completed, step_time):
-    del completed, step_time
-    thread.append(time.thread_time())
-    process.append(time.process_time())
+  class StepStarts(interface.RunListener):
+    """Notes the CPU times as each step starts."""
 
-  trainer.run(config, config_filename="default.py", step_callback=on_step)
+    name = "host_cpu_bench"
+
+    def on_step_start(self, step):
+      del step
+      thread.append(time.thread_time())
+      process.append(time.process_time())
+
+  trainer.run(
+      config, config_filename="default.py", extra_listeners=[StepStarts()]
+  )
 
   def per_step(stamps):
     diffs = [b - a for a, b in zip(stamps, stamps[1:])][skip:]

@@ -6,8 +6,9 @@ Runbook:
 
 Each way trains the same tiny model (the default config, shrunk) through the
 real `maxtext.trainer.run`, in this process, and records the step times the
-loop itself measures (`run(..., step_callback=...)`, the same number the MLPerf
-log's `tracked_stats` reports; eval time excluded):
+loop itself measures (each step record's `step_time`, seen by a run listener:
+the same number the MLPerf log's `tracked_stats` reports; eval time
+excluded):
 
   off      enable_mllog=False, local output directory.
   local    enable_mllog=True, the log in the local run directory.
@@ -53,6 +54,7 @@ import numpy as np
 
 from maxtext import trainer
 from maxtext.configs import default
+from maxtext.listeners import interface
 from testing import compile_counter
 from testing import gcs_emulator
 from testing import tiny_configs
@@ -132,18 +134,20 @@ def _run_once(
   times, process, thread = [], [], []
   compiles = compile_counter.RunStartCounter()
 
-  def on_step(step, seconds):
-    del step
-    times.append(seconds)
-    process.append(time.process_time())
-    thread.append(time.thread_time())
+  class StepTimes(interface.RunListener):
+    """Notes each step's time and the CPU times as its record arrives."""
+
+    name = "mllog_bench"
+
+    def on_step(self, record):
+      times.append(record.step_time)
+      process.append(time.process_time())
+      thread.append(time.thread_time())
 
   trainer.run(
       _config(way, run_name, out, cache_dir),
       config_filename="default.py",
-      process_index=0,
-      step_callback=on_step,
-      extra_listeners=[compiles],
+      extra_listeners=[compiles, StepTimes()],
   )
   kept = times[_SKIP.value :]
   if len(kept) < 2:
