@@ -204,7 +204,8 @@ def get_config() -> ml_collections.ConfigDict:
   # (one copy on the device; the step's metrics are flushed first, so the
   # device waits for that fetch). False keeps both copies until the flush
   # has decided, letting the device run the apply during the fetch: faster
-  # where memory allows (see README, "One copy of the training state").
+  # where memory allows (see docs/training.md, "One copy of the training
+  # state").
   config.donate_state = True
 
   # ------------------------------------------------------------ evaluation

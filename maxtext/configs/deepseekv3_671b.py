@@ -31,7 +31,7 @@ learning rate and first_eval_samples are computed from it.
 
 It needs hundreds of accelerators (per-device training state:
 `tools/benchmarks/memory_bench --mesh=...`) and the benchmark's data and
-warm-start checkpoint (see README, "DeepSeek-V3").
+warm-start checkpoint (see docs/models.md and docs/mlperf.md).
 """
 
 import math

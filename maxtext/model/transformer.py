@@ -569,7 +569,7 @@ MOE_METRICS = tuple(
 
 
 def _moe_metrics(stats: Mapping[str, jax.Array]) -> dict[str, Any]:
-  """The `moe/...` metrics of one micro-batch (README: "MoE metrics").
+  """The `moe/...` metrics of one micro-batch (docs/models.md, "MoE metrics").
 
   The dropped-assignment count is a `SummedMetric`: a step reports the sum
   over its micro-batches; the other statistics, their mean.

@@ -6,7 +6,8 @@
 
 These are the paths the official package checker and result summarizer walk.
 The implementation directory holds this program's own sources (the `maxtext`
-package and its configs, the packager, the dependency locks, the README),
+package and its configs, the packager, the dependency locks, the README and
+the docs it links to),
 copied from the workspace when the packager runs under `bazel run`, else from
 the tree this module was loaded from (its runfiles).
 """
@@ -23,6 +24,7 @@ DEFAULT_IMPLEMENTATION = "maxtext-jax"
 # What of the workspace an implementation directory holds, from its root.
 IMPLEMENTATION_PATHS = (
     "README.md",
+    "docs",
     "WORKSPACE",
     "BUILD",
     ".bazelrc",
