@@ -12,6 +12,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from maxtext import topology
+from maxtext.metrics import throughput
 
 # `args` of the Bazel target: present when the build has the TPU packages.
 _TPU_ARG = "--tpu"
@@ -53,6 +54,13 @@ class ParseTest(parameterized.TestCase):
   def test_bad_names_name_the_value(self, text, message):
     with self.assertRaisesRegex(ValueError, f"--topology='{text}'.*{message}"):
       topology.parse(text)
+
+  def test_every_generation_has_a_peak_for_mfu(self):
+    for generation in topology.GENERATIONS:
+      self.assertIsNotNone(
+          throughput.peak_flops_per_device(generation.device_kind),
+          generation.name,
+      )
 
   def test_device_kinds_find_their_generation(self):
     self.assertEqual(topology.by_device_kind("TPU v5").name, "v5p")
