@@ -10,8 +10,8 @@ Its target is one TPU v5p-8 slice: 4 chips (v5p:2x2x1), 95.74 GiB of HBM
 each, FSDP over the 4, the smallest v5p slice. The training state
 (parameters, float32 gradients and AdamW moments) takes 30 GiB of each
 chip; the memory settings below make the reference batch's activations fit
-beside it in one micro-batch; the TPU compiler's figures for them (docs/PERFORMANCE.md) come
-from this host, without a TPU:
+beside it in one micro-batch. The TPU compiler's figures for them
+(docs/PERFORMANCE.md) come from any host, without a TPU:
   tools/bazel run --config=tpu //tools:train_compile -- \
     --config=maxtext/configs/llama31_8b.py --topology=v5p-8
 
