@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 import jax
 
 from maxtext import data
+from maxtext import mesh as mesh_lib
 from maxtext import model_setup
 
 _GIB = 2**30
@@ -226,3 +227,85 @@ def table(step: StepCompile) -> list[str]:
         f"{oom.message}"
     )
   return lines
+
+
+# Remat policies from the least recomputation to the most: "none" recomputes
+# nothing; "save_dots" keeps every projection's output and recomputes the
+# element-wise work; "save_named" also recomputes the MLP's hidden layer and
+# the attention scores; "full" recomputes the whole block.
+REMAT_BY_RECOMPUTATION = ("none", "save_dots", "save_named", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One (remat policy, micro-steps) setting a search compiled."""
+
+  remat_policy: str
+  gradient_accumulation_steps: int
+  step: StepCompile
+
+  def fits(self, hbm: int) -> bool:
+    return self.step.out_of_memory is None and self.step.peak <= hbm
+
+
+def accumulation_choices(config, mesh: jax.sharding.Mesh) -> list[int]:
+  """The micro-steps K (ascending) whose micro-batch splits over `mesh`."""
+  shards = 1
+  for name in mesh_lib.batch_axes(mesh):
+    shards *= mesh.shape[name]
+  batch = config.global_batch_size
+  return [
+      k
+      for k in range(1, batch + 1)
+      if batch % k == 0 and (batch // k) % shards == 0
+  ]
+
+
+def search(
+    config,
+    mesh: jax.sharding.Mesh,
+    hbm: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[list[Candidate], Optional[Candidate]]:
+  """The least-recomputing, then fewest-micro-step, setting that fits.
+
+  Tries the remat policies in `REMAT_BY_RECOMPUTATION` order and, for each,
+  the micro-step counts of `accumulation_choices` from the fewest, and
+  stops at the first that fits `hbm` bytes per device: every setting
+  before it recomputes more or runs more micro-steps. The optimizer apply
+  does not depend on either and is compiled once, with the first setting.
+
+  Args:
+    config: a validated run config (its remat policy and K are replaced).
+    mesh: as `compile_step`'s.
+    hbm: bytes one device may use.
+    log: as `compile_step`'s.
+
+  Returns:
+    (the settings tried, in order; the one that fits, or None).
+  """
+  tried = []
+  apply = None
+  for remat in REMAT_BY_RECOMPUTATION:
+    for k in accumulation_choices(config, mesh):
+      candidate_config = config.copy_and_resolve_references()
+      with candidate_config.unlocked():
+        candidate_config.remat_policy = remat
+        candidate_config.gradient_accumulation_steps = k
+      log(f"trying remat_policy={remat} gradient_accumulation_steps={k}")
+      step = compile_step(
+          candidate_config,
+          mesh,
+          programs=None if apply is None else (lambda n: n != "apply"),
+          log=log,
+      )
+      if apply is None:
+        # Compiled once the micro-steps of a setting fit the compiler.
+        apply = tuple(p for p in step.programs if p.program == "apply") or None
+      elif step.out_of_memory is None:
+        step = StepCompile(step.programs + apply, None)
+      candidate = Candidate(remat, k, step)
+      tried.append(candidate)
+      if candidate.fits(hbm):
+        return tried, candidate
+  return tried, None

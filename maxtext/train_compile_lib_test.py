@@ -82,6 +82,45 @@ class CompileStepTest(absltest.TestCase):
     self.assertEqual(step.peak, max(p.peak for p in step.programs))
     self.assertLen(train_compile_lib.table(step), 4)
 
+  def test_search_stops_at_the_least_recomputing_fewest_steps_fit(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        global_batch_size=8,
+        eval_batch_size=8,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+    )
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    # 8 sequences over 4 devices: 1 or 2 micro-steps.
+    self.assertEqual(
+        train_compile_lib.accumulation_choices(config, mesh), [1, 2]
+    )
+    tried, choice = train_compile_lib.search(config, mesh, 2**40)
+    self.assertLen(tried, 1)
+    self.assertEqual(
+        (choice.remat_policy, choice.gradient_accumulation_steps), ("none", 1)
+    )
+    # Just below that setting's peak it no longer fits: the search goes on
+    # to settings that recompute more or accumulate, and stops at the first
+    # that fits (or tries them all).
+    hbm = choice.step.peak - 1
+    tried, choice = train_compile_lib.search(config, mesh, hbm)
+    order = [
+        (r, k) for r in train_compile_lib.REMAT_BY_RECOMPUTATION for k in (1, 2)
+    ]
+    self.assertEqual(
+        [(c.remat_policy, c.gradient_accumulation_steps) for c in tried],
+        order[: len(tried)],
+    )
+    self.assertFalse(any(c.fits(hbm) for c in tried[:-1]))
+    if choice is not None:
+      self.assertIs(choice, tried[-1])
+      self.assertLessEqual(choice.step.peak, hbm)
+      self.assertIn("apply", [p.program for p in choice.step.programs])
+    else:
+      self.assertLen(tried, len(order))
+
   def test_device_bytes_counts_one_shard(self):
     mesh = jax.sharding.Mesh(jax.devices(), ("x",))
     sharded = jax.ShapeDtypeStruct(

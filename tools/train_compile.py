@@ -19,6 +19,9 @@ training state, peak and compile seconds, then one line:
       hbm=95.74 GiB fits=yes compile_s=T
 
 (one line in the output). HBM is per device, in GiB (the TPU compiler's "G").
+With --search it tries remat policies and gradient accumulation and prints
+the least-recomputing, fewest-micro-step setting that fits (the last line
+then describes that setting).
 A step the compiler refuses for memory (RESOURCE_EXHAUSTED) is fits=no with
 what it needed and had, exit status 1; a bad topology, or a mesh or batch
 that does not divide the slice, is one line and exit status 2.
@@ -63,6 +66,14 @@ _NUM_SLICES = flags.DEFINE_integer(
     "Slices joined by the data-center network (data parallelism across "
     "them: dcn_data_parallelism).",
     lower_bound=1,
+)
+_SEARCH = flags.DEFINE_bool(
+    "search",
+    False,
+    "Search what fits: the remat policies from the least recomputation "
+    "(none, save_dots, save_named, full) and, for each, the micro-steps "
+    "(gradient_accumulation_steps) that divide the batch from the fewest; "
+    "stops at the first setting that fits and prints it.",
 )
 _HBM_GIB = flags.DEFINE_float(
     "hbm_gib",
@@ -132,7 +143,29 @@ def main(argv):
   def log(line):
     print(f"{_PROGRAM}: {line}", flush=True)
 
-  step = train_compile_lib.compile_step(config, mesh, log=log)
+  if _SEARCH.value:
+    tried, choice = train_compile_lib.search(config, mesh, hbm, log=log)
+    for candidate in tried:
+      print(
+          f"{_PROGRAM}: remat_policy={candidate.remat_policy} "
+          f"gradient_accumulation_steps="
+          f"{candidate.gradient_accumulation_steps} peak="
+          f"{train_compile_lib.gib(candidate.step.peak)} GiB "
+          f"fits={'yes' if candidate.fits(hbm) else 'no'}"
+      )
+    if choice:
+      print(
+          f"{_PROGRAM}: choice: --config.remat_policy={choice.remat_policy} "
+          f"--config.gradient_accumulation_steps="
+          f"{choice.gradient_accumulation_steps}"
+      )
+    else:
+      print(f"{_PROGRAM}: no remat policy and accumulation fits")
+    step = (choice or tried[-1]).step
+    compile_s = sum(c.step.compile_s for c in tried)
+  else:
+    step = train_compile_lib.compile_step(config, mesh, log=log)
+    compile_s = step.compile_s
   for line in train_compile_lib.table(step):
     print(line)
   oom = step.out_of_memory
@@ -142,7 +175,7 @@ def main(argv):
       f"{_PROGRAM}: topology={tpu_slice.name} devices={len(devices)} "
       f"chips={chips} peak={train_compile_lib.gib(step.peak)} GiB "
       f"hbm={train_compile_lib.gib(hbm)} GiB fits={'yes' if fits else 'no'} "
-      f"compile_s={step.compile_s:.1f}"
+      f"compile_s={compile_s:.1f}"
   )
   if not fits:
     sys.exit(1)

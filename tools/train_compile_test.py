@@ -107,6 +107,30 @@ class TrainCompileTest(absltest.TestCase):
     self.assertEqual(fits, "no")
     self.assertGreater(float(peak), float(hbm))
 
+  def test_two_slices_hold_data_parallel_replicas(self):
+    done = _run(*_SMALL, *_slice("--num_slices=2"))
+    self.assertEqual(done.returncode, 0, done.stderr)
+    topology, devices, chips, *_ = self._last_line(done)
+    self.assertEqual((devices, chips), ("8", "8"))
+    if _TPU:
+      # Data parallelism across the slices, FSDP within each.
+      self.assertEqual(topology, "v5p:2x2x1")
+      self.assertIn("mesh data=2 fsdp=4;", done.stdout)
+
+  def test_search_prints_the_setting_that_fits(self):
+    done = _run(*_SMALL, *_slice("--search"))
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn(
+        "train_compile: remat_policy=none gradient_accumulation_steps=1 ",
+        done.stdout,
+    )
+    self.assertIn(
+        "train_compile: choice: --config.remat_policy=none "
+        "--config.gradient_accumulation_steps=1",
+        done.stdout,
+    )
+    self.assertEqual(self._last_line(done)[5], "yes")
+
   def test_bad_topology_is_one_line(self):
     done = _run(*_SMALL, "--topology=v9-8")
     self.assertEqual(done.returncode, 2)
