@@ -339,6 +339,16 @@ def _check_mesh(v) -> None:
         -1,
         "only one of data_parallelism and fsdp_parallelism may be -1",
     )
+  # Across TPU slices: the same rule for the data-center network's axes.
+  for key in ("dcn_data_parallelism", "dcn_fsdp_parallelism"):
+    if v[key] != -1 and v[key] < 1:
+      raise _fail(key, v[key], "must be -1 (all remaining slices) or >= 1")
+  if v["dcn_data_parallelism"] == -1 and v["dcn_fsdp_parallelism"] == -1:
+    raise _fail(
+        "dcn_fsdp_parallelism",
+        -1,
+        "only one of dcn_data_parallelism and dcn_fsdp_parallelism may be -1",
+    )
 
 
 def _check_distribution(v) -> None:

@@ -11,12 +11,21 @@ of the mixture-of-experts layers are split over it
 (`transformer.param_partition_specs` with `expert_size`), and batches are
 split over it as well, so its devices do not repeat each other's work outside
 the experts.
+
+On TPUs the mesh follows the slice's physical torus
+(`jax.experimental.mesh_utils`), so neighbours on a mesh axis are neighbours
+on the chips' links. Devices of several slices (`slice_index`) make a hybrid
+mesh: `dcn_data_parallelism` x `dcn_fsdp_parallelism` slices joined by the
+data-center network, each axis within a slice as `data_parallelism` and
+`fsdp_parallelism` say; by default data parallelism spans the slices, so
+only its gradient reduction crosses the slower network.
 """
 
 import math
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
@@ -27,75 +36,125 @@ BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
 
 
 def mesh_shape(
-    data_parallelism: int, fsdp_parallelism: int, num_devices: int
+    data_parallelism: int,
+    fsdp_parallelism: int,
+    num_devices: int,
+    *,
+    prefix: str = "",
+    unit: str = "devices",
 ) -> tuple[int, int]:
   """Resolves the (data, fsdp) sizes; -1 means "all devices the other leaves".
+
+  Args:
+    data_parallelism: the data axis size, or -1.
+    fsdp_parallelism: the FSDP axis size, or -1.
+    num_devices: what the two split (devices, or slices).
+    prefix: the config fields' prefix in messages ("dcn_" for the axes
+      across slices).
+    unit: what `num_devices` counts, in messages.
 
   Raises:
     ValueError: the sizes are not positive (or -1), both are -1, or their
       product is not the number of devices.
   """
   sizes = {
-      "data_parallelism": data_parallelism,
-      "fsdp_parallelism": fsdp_parallelism,
+      f"{prefix}data_parallelism": data_parallelism,
+      f"{prefix}fsdp_parallelism": fsdp_parallelism,
   }
   for key, value in sizes.items():
     if value != -1 and value < 1:
       raise ValueError(f"{key} must be -1 or positive, got {value}")
   if data_parallelism == -1 and fsdp_parallelism == -1:
     raise ValueError(
-        "at most one of data_parallelism and fsdp_parallelism may be -1"
+        f"at most one of {prefix}data_parallelism and "
+        f"{prefix}fsdp_parallelism may be -1"
     )
   if data_parallelism == -1 or fsdp_parallelism == -1:
     known_key, known = (
-        (("fsdp_parallelism", fsdp_parallelism))
+        ((f"{prefix}fsdp_parallelism", fsdp_parallelism))
         if data_parallelism == -1
-        else ("data_parallelism", data_parallelism)
+        else (f"{prefix}data_parallelism", data_parallelism)
     )
     if num_devices % known:
       raise ValueError(
-          f"{known_key}={known} does not divide the {num_devices} devices"
+          f"{known_key}={known} does not divide the {num_devices} {unit}"
       )
     rest = num_devices // known
     return (rest, known) if data_parallelism == -1 else (known, rest)
   if data_parallelism * fsdp_parallelism != num_devices:
     raise ValueError(
-        f"data_parallelism={data_parallelism} x "
-        f"fsdp_parallelism={fsdp_parallelism} = "
+        f"{prefix}data_parallelism={data_parallelism} x "
+        f"{prefix}fsdp_parallelism={fsdp_parallelism} = "
         f"{data_parallelism * fsdp_parallelism} does not match the "
-        f"{num_devices} devices"
+        f"{num_devices} {unit}"
     )
   return data_parallelism, fsdp_parallelism
+
+
+def num_slices(devices: Sequence[jax.Device]) -> int:
+  """TPU slices among `devices` (`slice_index`); 1 for other devices."""
+  return len({getattr(d, "slice_index", 0) for d in devices})
 
 
 def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   """The run's mesh over all (or the given) devices.
 
   ("data", "fsdp"), plus "expert" (last, so expert groups are neighbouring
-  devices) when `config.expert_parallelism` > 1.
+  devices) when `config.expert_parallelism` > 1. On TPUs the devices are
+  laid out on the torus and across slices as the module docstring says.
 
   Raises:
     ValueError: bad sizes (see `mesh_shape`), or expert_parallelism does not
-      divide the number of devices.
+      divide the number of devices (of one slice).
   """
   devices = list(jax.devices() if devices is None else devices)
   experts = getattr(config, "expert_parallelism", 1)
-  if experts < 1 or len(devices) % experts:
+  slices = num_slices(devices)
+  per_slice = len(devices) // slices
+  if experts < 1 or per_slice % experts:
     raise ValueError(
         f"expert_parallelism={experts} must be >= 1 and divide "
-        f"the {len(devices)} devices"
+        f"the {per_slice} devices" + (" of a slice" if slices > 1 else "")
     )
-  shape = mesh_shape(
-      config.data_parallelism, config.fsdp_parallelism, len(devices) // experts
+  within = mesh_shape(
+      config.data_parallelism, config.fsdp_parallelism, per_slice // experts
   )
-  # Processes own contiguous blocks of the device list, so data-parallel groups
-  # line up with hosts and FSDP collectives stay within a host where they can.
-  if experts == 1:
-    return Mesh(np.asarray(devices).reshape(shape), BATCH_AXES)
+  names = BATCH_AXES
+  if experts > 1:
+    within += (experts,)
+    names += (EXPERT_AXIS,)
+  if devices[0].platform != "tpu":
+    # Processes own contiguous blocks of the device list, so data-parallel
+    # groups line up with hosts and FSDP collectives stay within a host
+    # where they can.
+    return Mesh(np.asarray(devices).reshape(within), names)
+  if slices == 1:
+    return Mesh(_torus_mesh(within, devices), names)
+  across = mesh_shape(
+      getattr(config, "dcn_data_parallelism", -1),
+      getattr(config, "dcn_fsdp_parallelism", 1),
+      slices,
+      prefix="dcn_",
+      unit="slices",
+  )
+  across += (1,) * (len(within) - 2)
   return Mesh(
-      np.asarray(devices).reshape(shape + (experts,)),
-      BATCH_AXES + (EXPERT_AXIS,),
+      mesh_utils.create_hybrid_device_mesh(
+          within, across, devices, allow_split_physical_axes=True
+      ),
+      names,
   )
+
+
+def _torus_mesh(shape: tuple[int, ...], devices: list) -> np.ndarray:
+  """`devices` as an array of `shape` along the slice's physical axes; an
+  axis that no set of physical axes makes splits one of them."""
+  try:
+    return mesh_utils.create_device_mesh(shape, devices)
+  except (NotImplementedError, ValueError):
+    return mesh_utils.create_device_mesh(
+        shape, devices, allow_split_physical_axes=True
+    )
 
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:

@@ -87,12 +87,14 @@ def make_engine(
 ) -> engine_lib.Engine:
   """An engine training `params` with the config's optimizer and schedule.
 
+  The model is compiled for `setup.mesh`: its "auto" choices resolve for
+  the mesh's devices, and per-device kernels run over it.
   The engine clips with the gradient norm it measures for the metrics, so
   the optimizer itself has no clipping stage.
   """
   schedule = optimizer_lib.make_schedule(config)
   return engine_lib.Engine(
-      functools.partial(transformer.loss_fn, config=config),
+      functools.partial(transformer.loss_fn, config=config, mesh=setup.mesh),
       params,
       optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
       schedule,

@@ -239,6 +239,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Devices that shard the experts (the "expert" mesh axis; batches are split
   # over it too). 1 = no expert axis. Must divide num_experts.
   config.expert_parallelism = 1
+  # Across TPU slices (a multi-slice job, or `train_compile --num_slices`):
+  # the mesh axes over the data-center network, each a number of slices;
+  # the axes above then count devices within one slice. -1 = all slices the
+  # other leaves; at most one -1. Data parallelism across slices keeps the
+  # FSDP collectives on the slices' fast links.
+  config.dcn_data_parallelism = -1  # Slices holding data-parallel replicas.
+  config.dcn_fsdp_parallelism = 1  # Slices that FSDP shards over.
 
   # ---------------------------------------------------------- distribution
   # Multi-process (multi-host) runs through jax.distributed.

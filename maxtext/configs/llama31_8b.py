@@ -6,9 +6,17 @@ gradient clipping, step count, eval samples, eval target) and the reference
 batch size 32 with its learning rate and warmup. The model matches
 Llama 3.1 8B's shapes (without Llama 3.1's rope frequency scaling).
 
-It needs accelerators (bfloat16 compute, FSDP over all devices) and a
-tokenized corpus:
-  tools/bazel run //maxtext:train_main -- \
+Its target is one TPU v5p-8 slice: 4 chips (v5p:2x2x1), 95.74 GiB of HBM
+each, FSDP over the 4, the smallest v5p slice. The training state
+(parameters, float32 gradients and AdamW moments) takes 30 GiB of each
+chip; the memory settings below make the reference batch's activations fit
+beside it in one micro-batch. The TPU compiler's figures for them
+(docs/PERFORMANCE.md) come from any host, without a TPU:
+  tools/bazel run --config=tpu //tools:train_compile -- \
+    --config=maxtext/configs/llama31_8b.py --topology=v5p-8
+
+It needs the accelerators and a tokenized corpus:
+  tools/bazel run --config=tpu //maxtext:train_main -- \
     --config=maxtext/configs/llama31_8b.py \
     --config.train_data_path=/data/c4_train.npy \
     --config.eval_data_path=/data/c4_validation.npy
@@ -42,7 +50,21 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_data_path = "/path/to/c4_train.npy"
   config.eval_data_path = "/path/to/c4_validation.npy"
 
-  # Reference batch: 32 sequences of 8192 tokens, no accumulation.
+  # Memory, for the v5p-8 (the TPU compiler's figures, per chip: peak 87.5
+  # of 95.74 GiB, 8 GiB to spare):
+  # "auto" is the splash kernel on a TPU (flash attention: the [S, S] scores
+  # of 8192 tokens never exist; XLA attention would need terabytes).
+  config.attention = "auto"
+  # Keep only each block's input for the backward pass: without remat the
+  # activations of 32 layers of 8 sequences of 8192 tokens per chip do not
+  # fit. The recomputation costs about a third more FLOPs.
+  config.remat_policy = "full"
+  # The loss 1024 positions at a time: the float32 logits of 8 sequences per
+  # chip over the 128256-entry vocabulary (31 GiB) never exist at once.
+  config.loss_chunk_size = 1024
+
+  # Reference batch: 32 sequences of 8192 tokens, no accumulation (one
+  # forward-backward program per step).
   config.global_batch_size = 32
   config.gradient_accumulation_steps = 1
   config.steps = 1_200_000  # max_steps of the rules; the target stops earlier.

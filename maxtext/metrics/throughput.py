@@ -53,9 +53,9 @@ _TERA = 1e12
 
 # Published dense (no sparsity) peak FLOP/s per device, by
 # `jax.Device.device_kind`, per compute dtype. One JAX device is one chip on
-# every kind listed (TPU v4 and v5p run their two TensorCores as one
-# megacore device). NVIDIA quotes tensor-core peaks "with sparsity"; the dense
-# figure is half of it.
+# every kind listed but TPU7x (TPU v4 and v5p run their two TensorCores as
+# one megacore device). NVIDIA quotes tensor-core peaks "with sparsity"; the
+# dense figure is half of it.
 # "float32" is the peak of the units a float32 matmul runs on at JAX's
 # default precision (the project sets none): "float32 dot products may be
 # computed with reduced-precision arithmetic internally (bfloat16 on TPU, TF32
@@ -82,6 +82,10 @@ _TPU_V5P = {"bfloat16": 459e12, "float32": 459e12}
 # Google Cloud TPU docs, "TPU v5p": 459 bf16 TFLOPs per chip.
 _TPU_V6E = {"bfloat16": 918e12, "float32": 918e12}
 # Google Cloud TPU docs, "TPU v6e" (Trillium): 918 bf16 TFLOPs per chip.
+_TPU7X = {"bfloat16": 1153.5e12, "float32": 1153.5e12}
+# Google Cloud TPU docs, "TPU7x" (Ironwood): 4,614 FP8 TFLOPs, 2,307 bf16
+# TFLOPs per chip; JAX runs each of a chip's two TensorCores as one device,
+# so a device's peak is half the chip's.
 
 _PEAK_FLOPS = {
     "TPU v4": _TPU_V4,
@@ -91,6 +95,7 @@ _PEAK_FLOPS = {
     "TPU v5p": _TPU_V5P,
     "TPU v6 lite": _TPU_V6E,  # What JAX reports for a v6e.
     "TPU v6e": _TPU_V6E,
+    "TPU7x": _TPU7X,  # What JAX reports for a TPU7x (v7x) TensorCore.
     "NVIDIA A100-SXM4-40GB": _A100,
     "NVIDIA A100-SXM4-80GB": _A100,
     "NVIDIA A100-PCIE-40GB": _A100,

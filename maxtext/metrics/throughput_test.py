@@ -55,6 +55,7 @@ class PeakTest(parameterized.TestCase):
       ("tpu_v5e_as_jax_names_it", "TPU v5 lite", "bfloat16", 197e12),
       ("tpu_v5p_as_jax_names_it", "TPU v5", "bfloat16", 459e12),
       ("tpu_v6e", "TPU v6e", "bfloat16", 918e12),
+      ("tpu7x_one_tensorcore", "TPU7x", "bfloat16", 1153.5e12),
       ("cpu", "cpu", "bfloat16", None),
       ("tpu_fp32_runs_bf16", "TPU v4", "float32", 275e12),
       ("tpu_fp16_unlisted", "TPU v4", "float16", None),

@@ -7,6 +7,7 @@ module imports neither of them, so neither import is a cycle.
 """
 
 import math
+from typing import Optional
 
 import jax
 from jax.experimental.pallas.ops.tpu.splash_attention import (
@@ -57,8 +58,20 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
   return rotated.astype(x.dtype)
 
 
+def target_platform(mesh: Optional[jax.sharding.Mesh]) -> str:
+  """The platform a program is compiled for: the mesh's devices' (which may
+  be a TPU slice described on a CPU host), else JAX's default backend."""
+  if mesh is None:
+    return jax.default_backend()
+  return mesh.devices.flat[0].platform
+
+
 def attend(
-    q: jax.Array, k: jax.Array, v: jax.Array, implementation: str
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    implementation: str,
+    mesh: Optional[jax.sharding.Mesh] = None,
 ) -> jax.Array:
   """Causal attention with softmax scale 1/sqrt(query width).
 
@@ -73,6 +86,9 @@ def attend(
     k: [B, S, K, Dqk] keys, H a multiple of K.
     v: [B, S, K, Dv] values.
     implementation: one of `KERNELS`.
+    mesh: the mesh the program is compiled for (its batch split over every
+      mesh axis), or None for one device of the default backend. The splash
+      kernel runs per device in `shard_map` over it.
 
   Returns:
     [B, S, H, Dv] in q's dtype.
@@ -97,7 +113,7 @@ def attend(
 
   q, k, v = pad(q), pad(k), pad(v)
   if implementation == "splash":
-    out = _attend_splash(q, k, v, scale)
+    out = _attend_splash(q, k, v, scale, mesh)
   else:
     out = jax.nn.dot_product_attention(
         q,
@@ -134,14 +150,21 @@ def _attend_einsum(
 
 
 def _attend_splash(
-    q: jax.Array, k: jax.Array, v: jax.Array, scale: float
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    scale: float,
+    mesh: Optional[jax.sharding.Mesh],
 ) -> jax.Array:
   """Causal attention with the Pallas splash kernel; q, k, v of one width.
 
   The sequence is zero-padded to a multiple of the kernel's block: padded
   keys lie after every real query, so the causal mask hides them, and padded
-  queries are dropped. Off a TPU the kernel runs in Pallas interpret mode
-  (slow; for checking numerics on the CPU).
+  queries are dropped. For a TPU target the kernel is the compiled Mosaic
+  kernel; for another platform it runs in Pallas interpret mode (slow; for
+  checking numerics on the CPU). On a mesh it runs in `shard_map`: each
+  device attends over its own sequences with all heads (the mesh has no
+  head axis), so the custom call is never asked to partition.
   """
   _, s, h, _ = q.shape
   padded = -(-s // _SPLASH_BLOCK) * _SPLASH_BLOCK
@@ -169,8 +192,22 @@ def _attend_splash(
       block_sizes=sizes,
       head_shards=1,
       q_seq_shards=1,
-      interpret=jax.default_backend() != "tpu",
+      interpret=target_platform(mesh) != "tpu",
   )
-  q = q * jnp.asarray(scale, q.dtype)
-  out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
-  return jnp.swapaxes(out, 1, 2)[:, :s]
+
+  def local(q, k, v):  # [b, S, N, D] per device
+    q = q * jnp.asarray(scale, q.dtype)
+    out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
+    return jnp.swapaxes(out, 1, 2)[:, :s]
+
+  if mesh is None:
+    return local(q, k, v)
+  # The batch is split over every mesh axis (maxtext.mesh.batch_sharding).
+  spec = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
+  return jax.shard_map(
+      local,
+      mesh=mesh,
+      in_specs=(spec, spec, spec),
+      out_specs=spec,
+      check_vma=False,
+  )(q, k, v)

@@ -37,7 +37,7 @@ D v_head_dim):
   wo       [L, H, D, E]
 """
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -122,7 +122,11 @@ def init_params(
 
 
 def attention(
-    x: jax.Array, layer: Mapping[str, jax.Array], config, implementation: str
+    x: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config,
+    implementation: str,
+    mesh: Optional[jax.sharding.Mesh] = None,
 ) -> jax.Array:
   """Causal multi-head latent attention of one layer.
 
@@ -137,6 +141,7 @@ def attention(
       `rope_theta`, `norm_epsilon`).
     implementation: a resolved attention implementation
       (`maxtext.layers.KERNELS`).
+    mesh: the mesh the program is compiled for, or None (`layers.attend`).
 
   Returns:
     [B, S, E] in x's dtype.
@@ -170,7 +175,7 @@ def attention(
   v = kv[..., nope:]
 
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
-  out = tag(layers.attend(q, k, v, implementation), "context")
+  out = tag(layers.attend(q, k, v, implementation, mesh), "context")
   return tag(
       jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
   )

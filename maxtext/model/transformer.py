@@ -55,7 +55,7 @@ dense model (num_experts 0) has exactly the tree above.
 
 import functools
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -223,21 +223,25 @@ def _cuda_capability() -> float:
     return 0.0
 
 
-def attention_implementation(config) -> str:
+def attention_implementation(
+    config, mesh: Optional[jax.sharding.Mesh] = None
+) -> str:
   """The attention implementation a run uses: `config.attention` resolved.
 
-  "auto" picks, for the default JAX backend: "cudnn" (fused flash attention)
-  on a GPU of compute capability 8.0 or newer when the compute dtype is
+  "auto" picks for the platform the program is compiled for (the mesh's
+  devices, else the default backend; `layers.target_platform`): on a TPU
+  "splash" (the Pallas splash kernel: flash attention, no [S, S] scores in
+  memory, per device in `shard_map`); on a GPU of compute capability 8.0 or
+  newer "cudnn" (fused flash attention) when the compute dtype is
   bfloat16/float16 and the kernel's head width (`_kernel_head_width`) is a
-  multiple of 8 up to 128; otherwise "dot_product" (XLA) on GPU and TPU;
-  "einsum" on the CPU, where it is as fast and is the reference. "splash" (a
-  Pallas TPU kernel) is never picked by "auto": it is not partitioned over a
-  device mesh without `shard_map`. Every implementation serves both
-  attention types.
+  multiple of 8 up to 128, otherwise "dot_product" (XLA); "einsum" on the
+  CPU, where it is as fast and is the reference. Every implementation
+  serves both attention types.
 
   Args:
     config: the run configuration (`attention`, `compute_dtype`, `head_dim`
       or the MLA head widths).
+    mesh: the mesh the program is compiled for, or None.
 
   Returns:
     One of "einsum", "dot_product", "cudnn", "splash".
@@ -253,7 +257,7 @@ def attention_implementation(config) -> str:
         f"config.attention={name!r}: must be one of "
         f"{list(choices.ATTENTION_IMPLEMENTATIONS)}"
     )
-  backend = jax.default_backend()
+  backend = layers.target_platform(mesh)
   half = config.compute_dtype in ("bfloat16", "float16")
   if name == "cudnn":
     if not half:
@@ -273,7 +277,7 @@ def attention_implementation(config) -> str:
       return "cudnn"
     return "dot_product"
   if backend == "tpu":
-    return "dot_product"
+    return "splash"
   return "einsum"
 
 
@@ -286,12 +290,15 @@ def _kernel_head_width(config) -> int:
 
 
 def _attention(
-    x: jax.Array, layer: Mapping[str, jax.Array], config
+    x: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config,
+    mesh: Optional[jax.sharding.Mesh],
 ) -> jax.Array:
   """Causal self-attention of `config.attention_type`. [B, S, E] -> same."""
-  implementation = attention_implementation(config)
+  implementation = attention_implementation(config, mesh)
   if config.attention_type == "mla":
-    return mla.attention(x, layer, config, implementation)
+    return mla.attention(x, layer, config, implementation, mesh)
   cdt = x.dtype
   tag = jax.ad_checkpoint.checkpoint_name
   q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
@@ -300,7 +307,7 @@ def _attention(
   q = tag(layers.rope(q, config.rope_theta), "query")
   k = tag(layers.rope(k, config.rope_theta), "key")
   v = tag(v, "value")
-  out = tag(layers.attend(q, k, v, implementation), "context")
+  out = tag(layers.attend(q, k, v, implementation, mesh), "context")
   return tag(
       jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
   )
@@ -346,7 +353,10 @@ def _remat(block, policy: str):
 
 
 def _final_hidden(
-    params: Params, tokens: jax.Array, config
+    params: Params,
+    tokens: jax.Array,
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Embedding, blocks and final norm.
 
@@ -354,6 +364,7 @@ def _final_hidden(
     params: the parameter pytree.
     tokens: int32 [B, S].
     config: the run configuration.
+    mesh: the mesh the program is compiled for, or None (see `loss_fn`).
 
   Returns:
     (x, moe_stats): x [B, S, E] in the compute dtype; moe_stats the MoE
@@ -366,14 +377,14 @@ def _final_hidden(
 
   def block(x, layer):
     x = x + _attention(
-        layers.rms_norm(x, layer["attn_norm"], eps), layer, config
+        layers.rms_norm(x, layer["attn_norm"], eps), layer, config, mesh
     )
     x = x + _mlp(layers.rms_norm(x, layer["mlp_norm"], eps), layer)
     return x, None
 
   def moe_block(x, layer):
     x = x + _attention(
-        layers.rms_norm(x, layer["attn_norm"], eps), layer, config
+        layers.rms_norm(x, layer["attn_norm"], eps), layer, config, mesh
     )
     out, stats = moe.moe_mlp(
         layers.rms_norm(x, layer["mlp_norm"], eps), layer, config
@@ -402,19 +413,25 @@ def _unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
   )
 
 
-def apply(params: Params, tokens: jax.Array, config) -> jax.Array:
+def apply(
+    params: Params,
+    tokens: jax.Array,
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> jax.Array:
   """Runs the model.
 
   Args:
     params: the parameter pytree from `init_params`.
     tokens: int32 [B, S] token ids, S <= config.max_sequence_length.
     config: the run configuration.
+    mesh: as in `loss_fn`.
 
   Returns:
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
   return _unembed(
-      _final_hidden(params, tokens, config)[0], params["unembedding"]
+      _final_hidden(params, tokens, config, mesh)[0], params["unembedding"]
   )
 
 
@@ -500,7 +517,10 @@ def eval_fn(
 
 
 def loss_fn(
-    params: Params, batch: Mapping[str, jax.Array], config
+    params: Params,
+    batch: Mapping[str, jax.Array],
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean next-token cross entropy.
 
@@ -514,6 +534,9 @@ def loss_fn(
     batch: "inputs" int32 [B, S], "targets" int32 [B, S] (targets[:, t] is the
       token after inputs[:, t]), optional "weights" [B, S] (0 masks a position).
     config: the run configuration.
+    mesh: the mesh the program is compiled for (its batch split over every
+      axis), or None for one device of the default backend: what "auto"
+      choices resolve for, and where per-device kernels run.
 
   Returns:
     (loss, aux): loss is the weighted mean cross entropy in nats per token
@@ -531,7 +554,7 @@ def loss_fn(
     raise ValueError(
         f"config.loss_chunk_size={chunk!r}: must be >= 0 " f"(0 = unchunked)"
     )
-  x, moe_stats = _final_hidden(params, batch["inputs"], config)
+  x, moe_stats = _final_hidden(params, batch["inputs"], config, mesh)
   targets = batch["targets"]
   weights = batch.get("weights")
   if weights is None:

@@ -158,7 +158,7 @@ def _engine(config, setup, donate: bool):
   schedule = optimizer_lib.make_schedule(config)
   # The arguments of model_setup.make_engine, with donate_state chosen here.
   return engine_lib.Engine(
-      functools.partial(transformer.loss_fn, config=config),
+      functools.partial(transformer.loss_fn, config=config, mesh=setup.mesh),
       setup.abstract_params,
       optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
       schedule,

@@ -1,0 +1,123 @@
+"""The attention a program runs is chosen for the devices it is compiled for.
+
+On this host's CPU mesh "auto" is the einsum reference and the splash kernel
+(Pallas interpret mode, in `shard_map` over the mesh) gives its numbers.
+With the TPU package set (`--config=tpu`: the target's `--tpu` argument)
+the model is compiled for a v5p slice that libtpu describes: "auto" is the
+splash kernel, compiled as the real Mosaic kernel (a TPU custom call), even
+though the host is a CPU.
+"""
+
+import os
+import sys
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext import mesh as mesh_lib
+from maxtext import model_setup
+from maxtext import topology
+from maxtext.model import transformer
+from testing import tiny_configs
+
+# `args` of the Bazel target: present when the build has the TPU packages.
+_TPU_ARG = "--tpu"
+
+
+def _config(*presets, **overrides):
+  """The tiny model, FSDP over all devices, a batch of 4 sequences of 13."""
+  fields = dict(
+      max_sequence_length=13,
+      data_parallelism=1,
+      fsdp_parallelism=-1,
+      global_batch_size=4,
+  )
+  fields.update(overrides)
+  return tiny_configs.model_config(*presets, **fields)
+
+
+def _batch(config, rows=4):
+  rng = np.random.default_rng(0)
+  shape = (rows, config.max_sequence_length)
+  return {
+      "inputs": jnp.asarray(rng.integers(0, config.vocab_size, shape)),
+      "targets": jnp.asarray(rng.integers(0, config.vocab_size, shape)),
+  }
+
+
+class CpuMeshTest(absltest.TestCase):
+
+  def test_auto_is_einsum_for_a_cpu_mesh(self):
+    mesh = mesh_lib.make_mesh(_config(), jax.devices())
+    self.assertEqual(
+        transformer.attention_implementation(_config(), mesh), "einsum"
+    )
+
+  def test_splash_on_a_mesh_matches_einsum(self):
+    config = _config(attention="splash")
+    reference = _config(attention="einsum")
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    batch = _batch(config)
+    loss, _ = jax.jit(
+        lambda p, b: transformer.loss_fn(p, b, config, mesh=mesh)
+    )(params, batch)
+    ref, _ = transformer.loss_fn(params, batch, reference)
+    np.testing.assert_allclose(loss, ref, rtol=1e-5)
+
+
+class TpuSliceTest(parameterized.TestCase):
+  """Compiles for a v5p-8 described by libtpu (TPU package set only)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    cls.devices = topology.abstract_devices(topology.parse("v5p-8"))
+
+  @parameterized.named_parameters(("gqa", "gqa"), ("mla", "mla"))
+  def test_auto_is_the_splash_kernel_compiled_for_the_tpu(self, kind):
+    """`kind` is the attention type."""
+    config = _config(
+        *([tiny_configs.TINY_MLA] if kind == "mla" else []),
+        compute_dtype="bfloat16",
+        max_sequence_length=256,
+    )
+    mesh = mesh_lib.make_mesh(config, self.devices)
+    self.assertEqual(
+        transformer.attention_implementation(config, mesh), "splash"
+    )
+    setup = model_setup.setup_model(config, mesh)
+    params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        setup.abstract_params,
+        setup.param_shardings,
+    )
+    batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=setup.batch_sharding
+        ),
+        _batch(config),
+    )
+    compiled = (
+        jax.jit(
+            jax.grad(
+                lambda p, b: transformer.loss_fn(p, b, config, mesh=mesh)[0]
+            )
+        )
+        .lower(params, batch)
+        .compile()
+    )
+    # The Mosaic kernel (forward and backward), not the interpreter.
+    self.assertIn("tpu_custom_call", compiled.as_text())
+
+
+if __name__ == "__main__":
+  if _TPU_ARG in sys.argv:
+    sys.argv.remove(_TPU_ARG)
+  else:
+    del TpuSliceTest  # The CPU package set has no libtpu.
+  absltest.main()

@@ -1,0 +1,190 @@
+r"""Compiles a config's training step for a TPU slice, on this host.
+
+Runbook (the TPU package set holds the TPU compiler, libtpu; no TPU needed):
+
+  tools/bazel run --config=tpu //tools:train_compile -- \
+      --config=maxtext/configs/llama31_8b.py --topology=v5p-8
+  # Two slices joined by the data-center network, an override:
+  tools/bazel run --config=tpu //tools:train_compile -- \
+      --config=maxtext/configs/llama31_8b.py --topology=v5p:2x2x1 \
+      --num_slices=2 --config.gradient_accumulation_steps=2
+
+It builds the run's mesh on the named slice's devices as libtpu describes
+them, compiles the programs one training step runs (the trainer's own:
+`model_setup` and `Engine.lower`) with the TPU compiler, and prints per
+program the per-device arguments, outputs, aliases, temporaries, resident
+training state, peak and compile seconds, then one line:
+
+  train_compile: topology=v5p:2x2x1 devices=4 chips=4 peak=X.XX GiB
+      hbm=95.74 GiB fits=yes compile_s=T
+
+(one line in the output). HBM is per device, in GiB (the TPU compiler's "G").
+With --search it tries remat policies and gradient accumulation and prints
+the least-recomputing, fewest-micro-step setting that fits (the last line
+then describes that setting).
+A step the compiler refuses for memory (RESOURCE_EXHAUSTED) is fits=no with
+what it needed and had, exit status 1; a bad topology, or a mesh or batch
+that does not divide the slice, is one line and exit status 2.
+
+--topology takes JAX's names (v5p:2x2x1, v5e:4x4, v6e:2x4, v4:2x2x2,
+tpu7x:2x2x1) or Cloud TPU's accelerator types (v5p-8, v5e-16, v5litepod-16,
+v6e-8, v4-8, tpu7x-8): v4, v5p and tpu7x types count TensorCores (two per
+chip), v5e and v6e types count chips. cpu:N compiles for N fake CPU devices
+(with --hbm_gib), to try the tool without libtpu.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+# Imports no JAX, which must start only once main() has set its platform.
+from maxtext import caller_paths
+from maxtext import cpu_devices
+from maxtext import topology
+from tools import command_line
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "Config file (a module with get_config()).",
+    lock_config=True,
+)
+_TOPOLOGY = flags.DEFINE_string(
+    "topology",
+    None,
+    "The slice to compile for: v5p:2x2x1, v5e:4x4, ... or a Cloud TPU "
+    "accelerator type: v5p-8, v5e-16, v5litepod-16, v6e-8, v4-8, tpu7x-8 "
+    "(v4, v5p and tpu7x types count TensorCores, two per chip; v5e and v6e "
+    "types count chips); cpu:N for N fake CPU devices.",
+)
+_NUM_SLICES = flags.DEFINE_integer(
+    "num_slices",
+    1,
+    "Slices joined by the data-center network (data parallelism across "
+    "them: dcn_data_parallelism).",
+    lower_bound=1,
+)
+_SEARCH = flags.DEFINE_bool(
+    "search",
+    False,
+    "Search what fits: the remat policies from the least recomputation "
+    "(none, save_dots, save_named, full) and, for each, the micro-steps "
+    "(gradient_accumulation_steps) that divide the batch from the fewest; "
+    "stops at the first setting that fits and prints it.",
+)
+_HBM_GIB = flags.DEFINE_float(
+    "hbm_gib",
+    None,
+    "Judge the fit against this many GiB per device instead of the slice's "
+    "HBM (e.g. less, for headroom); required for cpu:N.",
+)
+
+_PROGRAM = "train_compile"
+
+
+def _devices(tpu_slice: topology.Slice) -> list:
+  """The devices of --num_slices slices; JAX starts here."""
+  if tpu_slice.generation is topology.CPU:
+    cpu_devices.request(tpu_slice.devices * _NUM_SLICES.value)
+  # The host's own accelerators (if any) are never used; libtpu may be loaded
+  # by another process (a training job on a TPU host, a parallel test).
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  # JAX starts only now, with the platform and device count set above.
+  # pylint: disable-next=import-outside-toplevel
+  import jax
+
+  if tpu_slice.generation is topology.CPU:
+    return jax.devices()
+  return topology.abstract_devices(tpu_slice, _NUM_SLICES.value)
+
+
+def main(argv):
+  command_line.check(argv, _CONFIG, _TOPOLOGY)
+  config = _CONFIG.value
+  with command_line.user_errors(_PROGRAM, (TypeError, ValueError)):
+    tpu_slice = topology.parse(_TOPOLOGY.value)
+    hbm = tpu_slice.generation.hbm_bytes
+    if _HBM_GIB.value is not None:
+      if _HBM_GIB.value <= 0:
+        raise ValueError(f"--hbm_gib={_HBM_GIB.value}: must be > 0")
+      hbm = int(_HBM_GIB.value * 2**30)
+    if not hbm:
+      raise ValueError(
+          f"--topology={_TOPOLOGY.value}: fake CPU devices have no HBM; "
+          "give --hbm_gib"
+      )
+  devices = _devices(tpu_slice)
+  # Imported once JAX has its platform (see _devices).
+  # pylint: disable=import-outside-toplevel
+  from maxtext import config_lib
+  from maxtext import mesh as mesh_lib
+  from maxtext import train_compile_lib
+
+  # pylint: enable=import-outside-toplevel
+  with command_line.user_errors(_PROGRAM, (TypeError, ValueError)):
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, devices)
+    mesh_lib.check_batch_layout(config, mesh)
+  print(
+      f"{_PROGRAM}: {tpu_slice.name} x {_NUM_SLICES.value}: {len(devices)} "
+      f"x {devices[0].device_kind}, mesh "
+      + " ".join(f"{a}={n}" for a, n in mesh.shape.items())
+      + f"; global batch {config.global_batch_size} in "
+      f"K={config.gradient_accumulation_steps}, seq "
+      f"{config.max_sequence_length}, attention {config.attention}, remat "
+      f"{config.remat_policy}, loss_chunk_size {config.loss_chunk_size}",
+      flush=True,
+  )
+
+  def log(line):
+    print(f"{_PROGRAM}: {line}", flush=True)
+
+  if _SEARCH.value:
+    tried, choice = train_compile_lib.search(config, mesh, hbm, log=log)
+    for candidate in tried:
+      print(
+          f"{_PROGRAM}: remat_policy={candidate.remat_policy} "
+          f"gradient_accumulation_steps="
+          f"{candidate.gradient_accumulation_steps} peak="
+          f"{train_compile_lib.gib(candidate.step.peak)} GiB "
+          f"fits={'yes' if candidate.fits(hbm) else 'no'}"
+      )
+    if choice:
+      print(
+          f"{_PROGRAM}: choice: --config.remat_policy={choice.remat_policy} "
+          f"--config.gradient_accumulation_steps="
+          f"{choice.gradient_accumulation_steps}"
+      )
+    else:
+      print(f"{_PROGRAM}: no remat policy and accumulation fits")
+    step = (choice or tried[-1]).step
+    compile_s = sum(c.step.compile_s for c in tried)
+  else:
+    step = train_compile_lib.compile_step(config, mesh, log=log)
+    compile_s = step.compile_s
+  for line in train_compile_lib.table(step):
+    print(line)
+  oom = step.out_of_memory
+  fits = oom is None and step.peak <= hbm
+  chips = tpu_slice.chips * _NUM_SLICES.value
+  print(
+      f"{_PROGRAM}: topology={tpu_slice.name} devices={len(devices)} "
+      f"chips={chips} peak={train_compile_lib.gib(step.peak)} GiB "
+      f"hbm={train_compile_lib.gib(hbm)} GiB fits={'yes' if fits else 'no'} "
+      f"compile_s={compile_s:.1f}"
+  )
+  if not fits:
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(
+      main,
+      flags_parser=lambda argv: app.parse_flags_with_usage(
+          caller_paths.resolve_config_args(argv)
+      ),
+  )

@@ -1,0 +1,154 @@
+"""End-to-end tests of //tools:train_compile, run as a user runs it.
+
+With the TPU package set (`--config=tpu`: the target's `--tpu` argument)
+the binary compiles for a 4-chip v5p slice with the real TPU compiler;
+without it, for 4 fake CPU devices judged against --hbm_gib.
+"""
+
+import re
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+from testing import runfiles
+
+# `args` of the Bazel target: present when the build has the TPU packages.
+_TPU_ARG = "--tpu"
+_TPU = _TPU_ARG in sys.argv
+
+# The default config made to compile fast: one micro-batch per step, FSDP
+# over the 4 devices.
+_SMALL = [
+    "--config=maxtext/configs/default.py",
+    "--config.gradient_accumulation_steps=1",
+    "--config.data_parallelism=1",
+    "--config.fsdp_parallelism=-1",
+    "--config.enable_mllog=False",
+]
+_LAST = re.compile(
+    r"^train_compile: topology=(\S+) devices=(\d+) chips=(\d+) "
+    r"peak=(\d+\.\d\d) GiB hbm=(\d+\.\d\d) GiB fits=(yes|no) "
+    r"compile_s=(\d+\.\d)$"
+)
+
+
+def _run(*args):
+  """Runs the binary with `args`; its CompletedProcess."""
+  command = runfiles.binary_command("tools/train_compile")
+  done = subprocess.run(
+      command + list(args),
+      capture_output=True,
+      text=True,
+      env=runfiles.binary_environ(command),
+      check=False,
+      timeout=600,
+  )
+  return done
+
+
+def _slice(*extra) -> list[str]:
+  """The slice flags: a v5p-8 (4 chips), or 4 CPU devices of 1 GiB."""
+  if _TPU:
+    return ["--topology=v5p-8", *extra]
+  return ["--topology=cpu:4", "--hbm_gib=1", *extra]
+
+
+class TrainCompileTest(absltest.TestCase):
+
+  def _last_line(self, done):
+    self.assertNotIn("Traceback", done.stderr)
+    match = _LAST.match(done.stdout.strip().splitlines()[-1])
+    self.assertIsNotNone(match, done.stdout)
+    return match.groups()
+
+  def test_small_config_fits_and_search_stops_there(self):
+    # The search's first setting is the config's own (no remat, K = 1): it
+    # fits, so the search compiles that one and prints it as the choice.
+    done = _run(*_SMALL, *_slice("--search"))
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn(
+        "train_compile: remat_policy=none gradient_accumulation_steps=1 ",
+        done.stdout,
+    )
+    self.assertIn(
+        "train_compile: choice: --config.remat_policy=none "
+        "--config.gradient_accumulation_steps=1",
+        done.stdout,
+    )
+    topology, devices, chips, peak, hbm, fits, _ = self._last_line(done)
+    self.assertEqual(
+        (topology, devices, chips, hbm, fits),
+        ("v5p:2x2x1", "4", "4", "95.74", "yes")
+        if _TPU
+        else ("cpu:4", "4", "4", "1.00", "yes"),
+    )
+    self.assertLess(float(peak), 0.1)
+    # Per program its memory and compile seconds: the one micro-step of
+    # K = 1, then the optimizer apply.
+    rows = re.findall(
+        r"^(micro_step\S*|apply) +((?:\d+\.\d\d +){6})\d+\.\d$",
+        done.stdout,
+        re.MULTILINE,
+    )
+    self.assertEqual(
+        [name for name, _ in rows], ["micro_step_first_last", "apply"]
+    )
+
+  def test_step_that_does_not_fit_is_fits_no(self):
+    if _TPU:
+      # XLA attention's scores of 16 sequences of 32768 tokens per device:
+      # the TPU compiler refuses the micro-step for its temporaries.
+      done = _run(
+          *_SMALL,
+          *_slice(),
+          "--config.attention=dot_product",
+          "--config.max_sequence_length=32768",
+          "--config.global_batch_size=64",
+          "--config.eval_batch_size=64",
+      )
+      self.assertRegex(
+          done.stdout,
+          r"micro_step_first_last +RESOURCE_EXHAUSTED: needs \d+\.\d\d GiB "
+          r"of 95\.74 GiB",
+      )
+    else:
+      done = _run(*_SMALL, "--topology=cpu:4", "--hbm_gib=0.001")
+    self.assertEqual(done.returncode, 1, done.stderr)
+    *_, peak, hbm, fits, _ = self._last_line(done)
+    self.assertEqual(fits, "no")
+    self.assertGreater(float(peak), float(hbm))
+
+  def test_two_slices_hold_data_parallel_replicas(self):
+    done = _run(*_SMALL, *_slice("--num_slices=2"))
+    self.assertEqual(done.returncode, 0, done.stderr)
+    topology, devices, chips, *_ = self._last_line(done)
+    self.assertEqual((devices, chips), ("8", "8"))
+    if _TPU:
+      # Data parallelism across the slices, FSDP within each.
+      self.assertEqual(topology, "v5p:2x2x1")
+      self.assertIn("mesh data=2 fsdp=4;", done.stdout)
+
+  def test_bad_topology_is_one_line(self):
+    done = _run(*_SMALL, "--topology=v9-8")
+    self.assertEqual(done.returncode, 2)
+    self.assertEqual(
+        done.stderr.strip().splitlines()[-1],
+        "train_compile: error: --topology='v9-8': unknown TPU generation "
+        "'v9'; known: tpu7x, v4, v5e, v5litepod, v5p, v6e, v7x",
+    )
+
+  def test_mesh_that_does_not_divide_the_slice_is_one_line(self):
+    done = _run(*_SMALL, *_slice("--config.fsdp_parallelism=3"))
+    self.assertEqual(done.returncode, 2)
+    self.assertRegex(
+        done.stderr.strip().splitlines()[-1],
+        r"^train_compile: error: data_parallelism=1 x fsdp_parallelism=3 = "
+        r"3 does not match the 4 devices$",
+    )
+
+
+if __name__ == "__main__":
+  if _TPU:
+    sys.argv.remove(_TPU_ARG)
+  absltest.main()
