@@ -25,6 +25,7 @@ from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 from testing import compliance_checker
 from testing import gcs_emulator
+from testing import polling
 from testing import process_output
 from testing import run_layout
 from testing import runfiles
@@ -138,18 +139,7 @@ class FailureModesTest(parameterized.TestCase):
 
   def wait_for(self, proc, condition, what):
     """Polls until condition() holds; fails if proc exits first or times out."""
-    deadline = time.monotonic() + _TIMEOUT_S
-    while time.monotonic() < deadline:
-      if proc.poll() is not None:
-        _, stderr = proc.communicate()
-        self.fail(
-            f"train_main exited ({proc.returncode}) before {what}:\n"
-            f"{stderr[-3000:]}"
-        )
-      if condition():
-        return
-      time.sleep(0.05)
-    self.fail(f"timed out waiting for {what}")
+    polling.wait_while_running(proc, condition, what, _TIMEOUT_S)
 
   def assert_one_error(self, returncode, stderr, status, pattern):
     """Exit `status` and one error line matching `pattern`; no traceback.

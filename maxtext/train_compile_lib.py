@@ -163,7 +163,16 @@ def compile_step(
   """
   setup = model_setup.setup_model(config, mesh)
   engine = model_setup.make_engine(config, setup, setup.abstract_params)
+  # The training state that stays on the device while a program runs
+  # without being one of its arguments: the optimizer state beside the
+  # micro-step (its arguments are the parameters and the accumulator), all of
+  # it beside the measure (its argument is the accumulator); the apply takes
+  # both.
   opt_bytes = device_bytes(engine.opt_state)
+  resident_bytes = {
+      "measure": device_bytes(engine.params) + opt_bytes,
+      "apply": 0,
+  }
   done = []
   for name, lowered in engine.lower(abstract_micro_batch(config)).items():
     if programs is not None and not programs(name):
@@ -192,9 +201,7 @@ def compile_step(
             out=memory.output_size_in_bytes,
             alias=memory.alias_size_in_bytes,
             temp=memory.temp_size_in_bytes,
-            # The optimizer state stays on the device during the
-            # micro-steps without being one of their arguments.
-            resident=0 if name == "apply" else opt_bytes,
+            resident=resident_bytes.get(name, opt_bytes),
             compile_s=seconds,
         )
     )

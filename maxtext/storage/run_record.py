@@ -108,6 +108,8 @@ RESUMABLE_FIELDS = frozenset(
         "distributed_init_timeout_seconds",
         "data_parallelism",
         "fsdp_parallelism",
+        "dcn_data_parallelism",
+        "dcn_fsdp_parallelism",
         "hardware",
         "allow_cpu_fallback",
         "jax_compilation_cache_dir",

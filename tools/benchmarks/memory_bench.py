@@ -49,7 +49,6 @@ device memory (activations come on top):
   memory_bench state: total=T GB fits 141=yes 80=NO
 """
 
-import functools
 import math
 import os
 import sys
@@ -126,66 +125,11 @@ def _attentions(config) -> list[str]:
   return names
 
 
-def _device_bytes(tree) -> int:
-  """Bytes one device holds of a pytree of (sharded) ShapeDtypeStructs."""
-  # jax, and maxtext that imports it, load only after main() has set
-  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
-  # pylint: disable=import-outside-toplevel
-  import jax
-  import numpy as np
-  # pylint: enable=import-outside-toplevel
-
-  total = 0
-  for x in jax.tree_util.tree_leaves(tree):
-    shape = x.shape
-    sharding = getattr(x, "sharding", None)
-    if sharding is not None:
-      shape = sharding.shard_shape(shape)
-    total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
-  return total
-
-
-def _engine(config, setup, donate: bool):
-  """The trainer's engine (`model_setup.make_engine`) on abstract params."""
-  # jax, and maxtext that imports it, load only after main() has set
-  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
-  # pylint: disable=import-outside-toplevel
-  from maxtext import engine as engine_lib
-  from maxtext.model import transformer
-  from maxtext import optimizer as optimizer_lib
-  from maxtext.metrics import recorder as metrics_recorder
-  # pylint: enable=import-outside-toplevel
-  schedule = optimizer_lib.make_schedule(config)
-  # The arguments of model_setup.make_engine, with donate_state chosen here.
-  return engine_lib.Engine(
-      functools.partial(transformer.loss_fn, config=config, mesh=setup.mesh),
-      setup.abstract_params,
-      optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
-      schedule,
-      metrics_recorder.MetricsRecorder(mode="train"),
-      config.gradient_accumulation_steps,
-      param_shardings=setup.param_shardings,
-      batch_sharding=setup.batch_sharding,
-      grad_clip_norm=config.grad_clip_norm,
-      donate_state=donate,
-  )
-
-
-def _micro_batch(config):
-  """The abstract micro-batch of one process (zeros' shapes, not data)."""
-  # jax, and maxtext that imports it, load only after main() has set
-  # XLA_FLAGS (--host_devices), which the CPU backend reads once.
-  # pylint: disable=import-outside-toplevel
-  import jax
-  from maxtext import data
-  # pylint: enable=import-outside-toplevel
-  train, _ = data.placeholder_batches(config)
-  micro = data.split_micro_batches(train, config.gradient_accumulation_steps)[0]
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), micro)
-
-
 def analyse(config, donate: bool = True, programs=None) -> list[dict]:
   """Compiles the step's programs for `config`; returns one row per program.
+
+  The compile is `train_compile_lib.compile_step`'s (the trainer's engine
+  from `model_setup`), on this host's devices.
 
   Args:
     config: a run config (base.py's fields).
@@ -201,38 +145,28 @@ def analyse(config, donate: bool = True, programs=None) -> list[dict]:
   # XLA_FLAGS (--host_devices), which the CPU backend reads once.
   # pylint: disable=import-outside-toplevel
   from maxtext import mesh as mesh_lib
-  from maxtext import model_setup
+  from maxtext import train_compile_lib
   # pylint: enable=import-outside-toplevel
-  setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
-  engine = _engine(config, setup, donate)
-  params_bytes = _device_bytes(engine.params)
-  opt_bytes = _device_bytes(engine.opt_state)
-  # The training state that stays on the device while a program runs
-  # without being one of its arguments.
-  resident_bytes = {
-      "micro_step": opt_bytes,
-      "measure": params_bytes + opt_bytes,
-      "apply": 0,
-  }
-  rows = []
-  for name, lowered in engine.lower(_micro_batch(config)).items():
-    if programs is not None and not programs(name):
-      continue
-    memory = lowered.compile().memory_analysis()
-    resident = resident_bytes[name]
-    row = {
-        "program": name,
-        "args": memory.argument_size_in_bytes,
-        "out": memory.output_size_in_bytes,
-        "alias": memory.alias_size_in_bytes,
-        "temp": memory.temp_size_in_bytes,
-        "resident": resident,
-    }
-    row["peak"] = (
-        row["args"] + row["out"] - row["alias"] + row["temp"] + resident
-    )
-    rows.append(row)
-  return rows
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.donate_state = donate
+  step = train_compile_lib.compile_step(
+      config, mesh_lib.make_mesh(config), programs
+  )
+  if step.out_of_memory is not None:
+    raise RuntimeError(step.out_of_memory.message)
+  return [
+      {
+          "program": p.program,
+          "args": p.args,
+          "out": p.out,
+          "alias": p.alias,
+          "temp": p.temp,
+          "resident": p.resident,
+          "peak": p.peak,
+      }
+      for p in step.programs
+  ]
 
 
 def _gb(n: int) -> str:
