@@ -22,8 +22,8 @@ from maxtext.metrics import jsonl
 from maxtext.storage import checkpointing
 from maxtext.storage import gcs_mirror
 from maxtext.storage import run_lock
+from testing import child
 from testing import gcs_emulator
-from testing import polling
 from testing import process_output
 from testing import runfiles
 from testing import tiny_configs
@@ -95,25 +95,12 @@ class BucketFailureModesTest(gcs_emulator.EmulatorTestCase):
         STORAGE_EMULATOR_HOST=endpoint or self.emulator.url,
     )
 
-  def start(self, args, env) -> subprocess.Popen:
+  def start(self, args, env) -> child.Child:
     """Starts train_main with args; cleanup kills it if still running."""
-    # The process outlives this method: the test signals or waits for it.
-    proc = subprocess.Popen(  # pylint: disable=consider-using-with
-        runfiles.train_main_command() + list(args),
-        cwd=self.tmp,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = child.Child(
+        runfiles.train_main_command() + list(args), self.tmp, env
     )
-
-    def reap():
-      if proc.poll() is None:
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        proc.communicate()
-
-    self.addCleanup(reap)
+    self.addCleanup(proc.kill)
     return proc
 
   def run_main(self, args, env):
@@ -129,7 +116,7 @@ class BucketFailureModesTest(gcs_emulator.EmulatorTestCase):
 
   def wait_for(self, proc, condition, what):
     """Polls until condition() holds; fails if proc exits first or times out."""
-    polling.wait_while_running(proc, condition, what, _TIMEOUT_S)
+    proc.wait_until(condition, what, _TIMEOUT_S)
 
   def objects(self, run_name) -> list[str]:
     """Names of the run's objects in the bucket, relative to the run."""
@@ -233,7 +220,6 @@ class BucketFailureModesTest(gcs_emulator.EmulatorTestCase):
       # The stop's checkpoint is uploaded by the final pass, slowly.
       self.wait_for(victim, partial, "part of the stop's checkpoint uploaded")
       victim.kill()
-      victim.communicate(timeout=_TIMEOUT_S)
     marker = f"checkpoints/{found['step']}/{checkpointing.COMMIT_MARKER}"
     names = self.objects("killed")
     self.assertNotIn(marker, names)

@@ -23,9 +23,9 @@ from absl.testing import parameterized
 from maxtext.metrics import jsonl
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
+from testing import child
 from testing import compliance_checker
 from testing import gcs_emulator
-from testing import polling
 from testing import process_output
 from testing import run_layout
 from testing import runfiles
@@ -88,24 +88,12 @@ class FailureModesTest(parameterized.TestCase):
         self.out, run_name=run_name, steps=steps, extra=extra
     )
 
-  def start(self, args, env=None) -> subprocess.Popen:
+  def start(self, args, env=None) -> child.Child:
     """Starts train_main with args; cleanup kills it if still running."""
-    # The process outlives this method: the test signals or waits for it.
-    proc = subprocess.Popen(  # pylint: disable=consider-using-with
-        runfiles.train_main_command() + list(args),
-        cwd=self.tmp,
-        env=env or _environ(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = child.Child(
+        runfiles.train_main_command() + list(args), self.tmp, env or _environ()
     )
-
-    def reap():
-      if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
-
-    self.addCleanup(reap)
+    self.addCleanup(proc.kill)
     return proc
 
   def run_main(self, args, env=None, command=None):
@@ -139,7 +127,7 @@ class FailureModesTest(parameterized.TestCase):
 
   def wait_for(self, proc, condition, what):
     """Polls until condition() holds; fails if proc exits first or times out."""
-    polling.wait_while_running(proc, condition, what, _TIMEOUT_S)
+    proc.wait_until(condition, what, _TIMEOUT_S)
 
   def assert_one_error(self, returncode, stderr, status, pattern):
     """Exit `status` and one error line matching `pattern`; no traceback.
