@@ -380,6 +380,62 @@ class FailureModesTest(parameterized.TestCase):
         [n for n in _tree(left) if "orbax-checkpoint-tmp" in n], []
     )
 
+  # --- diverged training: the message names where the good state is --------
+
+  def diverge(self, run_name, **extra):
+    """Runs `run_name` with a learning rate that makes gradients non-finite
+    within a few steps; returns the finished process."""
+    return self.run_main(
+        self.flags(
+            run_name,
+            steps=30,
+            learning_rate=1e30,
+            warmup_steps=0,
+            max_consecutive_skipped_steps=2,
+            **extra,
+        )
+    )
+
+  def test_divergence_before_the_first_checkpoint_says_there_is_none(self):
+    proc = self.diverge("early", checkpoint_period=1000)
+    checkpoints = os.path.join(self.out, "early", "checkpoints")
+    self.assert_one_error(
+        proc.returncode,
+        proc.stderr,
+        1,
+        r"2 consecutive steps had non-finite gradients "
+        r"\(max_consecutive_skipped_steps=2\); stopping at step \d+\. No "
+        rf"checkpoint was written yet \({re.escape(checkpoints)} holds "
+        r"none\): nothing trained is kept; a new start begins from step 0 "
+        r"under a new run_name\.$",
+    )
+    self.assertEqual(_finished_step_dirs(checkpoints), [])
+    # The run's record refuses the corrected config under the same name.
+    again = self.run_main(self.flags("early", steps=2))
+    self.assert_one_error(
+        again.returncode,
+        again.stderr,
+        2,
+        r"Refusing to resume run 'early': .* \(start a new run_name to change "
+        r"them\):$",
+    )
+    self.assertIn("learning_rate: 1e+30 -> ", again.stderr)
+
+  def test_divergence_after_a_checkpoint_names_its_step(self):
+    proc = self.diverge("late", checkpoint_period=1)
+    checkpoints = os.path.join(self.out, "late", "checkpoints")
+    error = self.assert_one_error(
+        proc.returncode,
+        proc.stderr,
+        1,
+        r"2 consecutive steps had non-finite gradients "
+        r"\(max_consecutive_skipped_steps=2\); stopping at step \d+\. "
+        rf"Checkpoint step (\d+) in {re.escape(checkpoints)} holds the last "
+        r"good state; a resume starts from it\.$",
+    )
+    named = int(re.search(r"Checkpoint step (\d+) in", error).group(1))
+    self.assertEqual(max(_checkpoint_steps(checkpoints)), named)
+
   # --- 4: user mistakes (the rest are in train_main_errors_test) ------------
 
   @parameterized.named_parameters(
