@@ -363,15 +363,22 @@ class FailureModesTest(parameterized.TestCase):
             "ckpt_full", steps=_FOREVER, checkpoint_directory=checkpoints
         ),
     )
-    self.assertEqual(proc.returncode, 1, proc.stderr[-5000:])
-    error = process_output.one_line_starting(
-        proc.stderr, _ERROR, proc.stderr[-5000:]
+    error = self.assert_one_error(
+        proc.returncode,
+        proc.stderr,
+        1,
+        rf"could not write checkpoint step (\d+) to {re.escape(checkpoints)}: "
+        r"\[Errno 28\] No space left on device \(its arrays need "
+        r"[\d.]+ [KMG]?i?B before compression, [\d.]+ [KMG]?i?B free\)$",
     )
-    self.assertRegex(
-        error,
-        rf"^{re.escape(_ERROR)}could not write checkpoint step \d+ "
-        rf"to {re.escape(checkpoints)}: \[Errno 28\] No space left on device$",
+    failed = int(re.search(r"checkpoint step (\d+) to", error).group(1))
+    # Noticed at the checkpoint that failed: no step trained past it.
+    self.assertEqual(
+        _finished_step_dirs(os.path.join(left, "checkpoints")),
+        list(range(3, failed, 3)),
     )
+    trained = _train_steps(os.path.join(self.out, "ckpt_full"))
+    self.assertEqual(trained, list(range(failed)))
     # Nothing after it: no background thread's traceback at exit.
     self.assertEqual(
         proc.stderr.strip().splitlines()[-1], error, proc.stderr[-5000:]
