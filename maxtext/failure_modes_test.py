@@ -387,6 +387,72 @@ class FailureModesTest(parameterized.TestCase):
         [n for n in _tree(left) if "orbax-checkpoint-tmp" in n], []
     )
 
+  # --- data pinned: a resume reads the files the run recorded --------------
+
+  def write_tokens(self, name, tokens):
+    """Writes a raw .bin tokens file (little-endian uint16); returns it."""
+    path = os.path.join(self.tmp, name)
+    with open(path, "wb") as f:
+      f.write(b"".join(t.to_bytes(2, "little") for t in tokens))
+    return path
+
+  def test_changed_tokens_file_refuses_the_resume_unless_allowed(self):
+    train = self.write_tokens("train.bin", [i * 7 % 32 for i in range(2000)])
+    evaluation = self.write_tokens("eval.bin", [i % 32 for i in range(400)])
+
+    def attempt(steps, **extra):
+      return self.run_main(
+          self.flags(
+              "pinned",
+              steps=steps,
+              dataset_type="tokens_file",
+              train_data_path=train,
+              eval_data_path=evaluation,
+              **extra,
+          )
+      )
+
+    first = attempt(3)
+    self.assertEqual(first.returncode, 0, first.stderr[-3000:])
+    # Other tokens of the same length replace the training file.
+    self.write_tokens("train.bin", [i * 11 % 32 for i in range(2000)])
+
+    refused = attempt(6)
+    self.assert_one_error(
+        refused.returncode,
+        refused.stderr,
+        2,
+        rf"config\.train_data_path={re.escape(repr(train))}: same size, other "
+        r"content \(sampled sha256 \w{12}\.\.\. recorded, \w{12}\.\.\. "
+        r"now\); the run 'pinned' trained on other data\. Resume with the "
+        r"recorded file, or set allow_data_change=True if the change is "
+        r"intended$",
+    )
+    run_dir = os.path.join(self.out, "pinned")
+    self.assertEqual(_train_steps(run_dir), [0, 1, 2])
+
+    allowed = attempt(6, allow_data_change=True)
+    self.assertEqual(allowed.returncode, 0, allowed.stderr[-3000:])
+    self.assertIn("Data changed, allowed by allow_data_change", allowed.stderr)
+    self.assertEqual(_train_steps(run_dir), list(range(6)))
+    # The history holds both files' fingerprints and the permission.
+    with open(
+        os.path.join(run_dir, "config_history.jsonl"), encoding="utf-8"
+    ) as f:
+      history = [json.loads(line) for line in f]
+    self.assertEqual(
+        [a["config"]["allow_data_change"] for a in history], [False, True]
+    )
+    fingerprints = [
+        a["provenance"]["data"]["tokens_files"]["train_data_path"]
+        for a in history
+    ]
+    self.assertEqual(fingerprints[0]["size"], 4000)
+    self.assertEqual(fingerprints[1]["size"], 4000)
+    self.assertNotEqual(
+        fingerprints[0]["sampled_sha256"], fingerprints[1]["sampled_sha256"]
+    )
+
   # --- diverged training: the message names where the good state is --------
 
   def diverge(self, run_name, **extra):
