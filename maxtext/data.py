@@ -18,6 +18,7 @@ Two `dataset.Dataset`s live here (`maxtext/dataset_kinds.py` maps each
 """
 
 import errno
+import hashlib
 import math
 import os
 import stat
@@ -41,6 +42,18 @@ _EVAL_STREAM = 1
 
 # Raw token files (".bin") hold little-endian uint16 token ids, no header.
 RAW_TOKEN_DTYPE = np.dtype("<u2")
+
+# A tokens file's content fingerprint: SHA-256 of the file's size and of
+# _FINGERPRINT_BLOCKS blocks of _FINGERPRINT_BLOCK_BYTES at evenly spaced
+# offsets, first and last block included (the whole file when it is smaller
+# than the blocks together). At most 1 MiB is read whatever the file's size,
+# so every resume can afford it on a file of hundreds of GiB; the size
+# catches any change of length, and the blocks (the .npy header among them)
+# a file regenerated from other text or with another tokenizer. An edit
+# that keeps the length and misses every block is not seen.
+_FINGERPRINT_BLOCKS = 16
+_FINGERPRINT_BLOCK_BYTES = 64 * 1024
+_FINGERPRINTED_FIELDS = ("train_data_path", "eval_data_path")
 
 
 def _local_rows(
@@ -357,6 +370,61 @@ def check_token_files(config) -> None:
     _open_checked(config, name)
 
 
+def file_fingerprint(path: str) -> dict[str, object]:
+  """{"path", "size", "sampled_sha256"} of a file (see _FINGERPRINT_BLOCKS)."""
+  size = os.path.getsize(path)
+  digest = hashlib.sha256(size.to_bytes(8, "little"))
+  span = _FINGERPRINT_BLOCKS * _FINGERPRINT_BLOCK_BYTES
+  with open(path, "rb") as f:
+    if size <= span:
+      digest.update(f.read())
+    else:
+      last = size - _FINGERPRINT_BLOCK_BYTES
+      for i in range(_FINGERPRINT_BLOCKS):
+        f.seek(last * i // (_FINGERPRINT_BLOCKS - 1))
+        digest.update(f.read(_FINGERPRINT_BLOCK_BYTES))
+  return {
+      "path": os.path.abspath(path),
+      "size": size,
+      "sampled_sha256": digest.hexdigest(),
+  }
+
+
+def changed_files(recorded, current) -> list[str]:
+  """What differs between two `TokensFileDataset.provenance()`s.
+
+  Args:
+    recorded: the data provenance an earlier attempt recorded (anything
+      without "tokens_files", e.g. None, compares as unchanged).
+    current: this attempt's.
+
+  Returns:
+    One text per changed file: "config.<field>='<path>': <what changed>".
+  """
+  if not isinstance(recorded, dict) or "tokens_files" not in recorded:
+    return []
+  if not isinstance(current, dict) or "tokens_files" not in current:
+    return []
+  changes = []
+  for field in _FINGERPRINTED_FIELDS:
+    old = recorded["tokens_files"].get(field)
+    new = current["tokens_files"].get(field)
+    if old is None or new is None or old == new:
+      continue
+    if old["size"] != new["size"]:
+      what = f"{old['size']} bytes recorded, {new['size']} now"
+    elif old["sampled_sha256"] != new["sampled_sha256"]:
+      what = (
+          f"same size, other content (sampled sha256 "
+          f"{old['sampled_sha256'][:12]}... recorded, "
+          f"{new['sampled_sha256'][:12]}... now)"
+      )
+    else:
+      what = f"recorded as {old['path']!r}"
+    changes.append(f"config.{field}={new['path']!r}: {what}")
+  return changes
+
+
 class TokensFileDataset(dataset.Dataset):
   """Windows of a memory-mapped token file, shuffled by data_shuffle_seed.
 
@@ -400,6 +468,15 @@ class TokensFileDataset(dataset.Dataset):
     self._train_windows = (self._train.shape[0] - 1) // self._seq
     self._eval_windows = (self._eval.shape[0] - 1) // self._seq
     self._perm_cache: dict[int, np.ndarray] = {}
+
+  def provenance(self) -> dict[str, object]:
+    """Each token file's size and content fingerprint (`file_fingerprint`)."""
+    return {
+        "tokens_files": {
+            "train_data_path": file_fingerprint(self._train_path),
+            "eval_data_path": file_fingerprint(self._eval_path),
+        }
+    }
 
   @property
   def num_train_windows(self) -> int:

@@ -374,6 +374,74 @@ class TokensFileDatasetTest(parameterized.TestCase):
       dataset.get_batch(0)
 
 
+class FileFingerprintTest(absltest.TestCase):
+  """A tokens file's size and sampled content hash tell files apart."""
+
+  def setUp(self):
+    super().setUp()
+    self.dir = self.create_tempdir().full_path
+    rng = np.random.default_rng(0)
+    # 3 MiB: more than the sampled blocks together.
+    self.tokens = rng.integers(0, 50000, size=3 * 2**19, dtype=np.uint16)
+
+  def _write(self, name, tokens):
+    path = os.path.join(self.dir, name)
+    np.save(path, tokens)
+    return path
+
+  def test_same_content_same_fingerprint_other_content_another(self):
+    first = data.file_fingerprint(self._write("a.npy", self.tokens))
+    again = data.file_fingerprint(self._write("b.npy", self.tokens))
+    self.assertEqual(first["size"], again["size"])
+    self.assertEqual(first["sampled_sha256"], again["sampled_sha256"])
+    self.assertEqual(first["path"], os.path.join(self.dir, "a.npy"))
+
+    # Other tokens of the same shape: the same size, another fingerprint.
+    other = data.file_fingerprint(self._write("c.npy", self.tokens[::-1]))
+    self.assertEqual(other["size"], first["size"])
+    self.assertNotEqual(other["sampled_sha256"], first["sampled_sha256"])
+    # The last token alone (in the last sampled block) changes it.
+    edited = self.tokens.copy()
+    edited[-1] += 1
+    last = data.file_fingerprint(self._write("d.npy", edited))
+    self.assertNotEqual(last["sampled_sha256"], first["sampled_sha256"])
+
+  def test_small_file_is_hashed_whole(self):
+    small = self.tokens[:1000]
+    edited = small.copy()
+    edited[500] += 1
+    self.assertNotEqual(
+        data.file_fingerprint(self._write("a.npy", small)),
+        data.file_fingerprint(self._write("a.npy", edited)),
+    )
+
+  def test_changed_files_names_the_field_the_path_and_the_change(self):
+    path = self._write("train.npy", self.tokens)
+    recorded = {
+        "tokens_files": {
+            "train_data_path": data.file_fingerprint(path),
+            "eval_data_path": data.file_fingerprint(path),
+        }
+    }
+    self.assertEqual(data.changed_files(recorded, recorded), [])
+    self.assertEqual(data.changed_files(None, recorded), [])
+    self._write("train.npy", self.tokens[:-8])
+    current = {
+        "tokens_files": {
+            "train_data_path": data.file_fingerprint(path),
+            "eval_data_path": recorded["tokens_files"]["eval_data_path"],
+        }
+    }
+    size = recorded["tokens_files"]["train_data_path"]["size"]
+    self.assertEqual(
+        data.changed_files(recorded, current),
+        [
+            f"config.train_data_path={path!r}: {size} bytes recorded, "
+            f"{size - 16} now"
+        ],
+    )
+
+
 class SplitMicroBatchesTest(parameterized.TestCase):
 
   def test_split_and_rejoin(self):

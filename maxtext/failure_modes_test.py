@@ -341,15 +341,22 @@ class FailureModesTest(parameterized.TestCase):
             "ckpt_full", steps=_FOREVER, checkpoint_directory=checkpoints
         ),
     )
-    self.assertEqual(proc.returncode, 1, proc.stderr[-5000:])
-    error = process_output.one_line_starting(
-        proc.stderr, _ERROR, proc.stderr[-5000:]
+    error = self.assert_one_error(
+        proc.returncode,
+        proc.stderr,
+        1,
+        rf"could not write checkpoint step (\d+) to {re.escape(checkpoints)}: "
+        r"\[Errno 28\] No space left on device \(its arrays need "
+        r"[\d.]+ [KMG]?i?B before compression, [\d.]+ [KMG]?i?B free\)$",
     )
-    self.assertRegex(
-        error,
-        rf"^{re.escape(_ERROR)}could not write checkpoint step \d+ "
-        rf"to {re.escape(checkpoints)}: \[Errno 28\] No space left on device$",
+    failed = int(re.search(r"checkpoint step (\d+) to", error).group(1))
+    # Noticed at the checkpoint that failed: no step trained past it.
+    self.assertEqual(
+        _finished_step_dirs(os.path.join(left, "checkpoints")),
+        list(range(3, failed, 3)),
     )
+    trained = _train_steps(os.path.join(self.out, "ckpt_full"))
+    self.assertEqual(trained, list(range(failed)))
     # Nothing after it: no background thread's traceback at exit.
     self.assertEqual(
         proc.stderr.strip().splitlines()[-1], error, proc.stderr[-5000:]
@@ -357,6 +364,128 @@ class FailureModesTest(parameterized.TestCase):
     self.assertEqual(
         [n for n in _tree(left) if "orbax-checkpoint-tmp" in n], []
     )
+
+  # --- data pinned: a resume reads the files the run recorded --------------
+
+  def write_tokens(self, name, tokens):
+    """Writes a raw .bin tokens file (little-endian uint16); returns it."""
+    path = os.path.join(self.tmp, name)
+    with open(path, "wb") as f:
+      f.write(b"".join(t.to_bytes(2, "little") for t in tokens))
+    return path
+
+  def test_changed_tokens_file_refuses_the_resume_unless_allowed(self):
+    train = self.write_tokens("train.bin", [i * 7 % 32 for i in range(2000)])
+    evaluation = self.write_tokens("eval.bin", [i % 32 for i in range(400)])
+
+    def attempt(steps, **extra):
+      return self.run_main(
+          self.flags(
+              "pinned",
+              steps=steps,
+              dataset_type="tokens_file",
+              train_data_path=train,
+              eval_data_path=evaluation,
+              **extra,
+          )
+      )
+
+    first = attempt(3)
+    self.assertEqual(first.returncode, 0, first.stderr[-3000:])
+    # Other tokens of the same length replace the training file.
+    self.write_tokens("train.bin", [i * 11 % 32 for i in range(2000)])
+
+    refused = attempt(6)
+    self.assert_one_error(
+        refused.returncode,
+        refused.stderr,
+        2,
+        rf"config\.train_data_path={re.escape(repr(train))}: same size, other "
+        r"content \(sampled sha256 \w{12}\.\.\. recorded, \w{12}\.\.\. "
+        r"now\); the run 'pinned' trained on other data\. Resume with the "
+        r"recorded file, or set allow_data_change=True if the change is "
+        r"intended$",
+    )
+    run_dir = os.path.join(self.out, "pinned")
+    self.assertEqual(_train_steps(run_dir), [0, 1, 2])
+
+    allowed = attempt(6, allow_data_change=True)
+    self.assertEqual(allowed.returncode, 0, allowed.stderr[-3000:])
+    self.assertIn("Data changed, allowed by allow_data_change", allowed.stderr)
+    self.assertEqual(_train_steps(run_dir), list(range(6)))
+    # The history holds both files' fingerprints and the permission.
+    with open(
+        os.path.join(run_dir, "config_history.jsonl"), encoding="utf-8"
+    ) as f:
+      history = [json.loads(line) for line in f]
+    self.assertEqual(
+        [a["config"]["allow_data_change"] for a in history], [False, True]
+    )
+    fingerprints = [
+        a["provenance"]["data"]["tokens_files"]["train_data_path"]
+        for a in history
+    ]
+    self.assertEqual(fingerprints[0]["size"], 4000)
+    self.assertEqual(fingerprints[1]["size"], 4000)
+    self.assertNotEqual(
+        fingerprints[0]["sampled_sha256"], fingerprints[1]["sampled_sha256"]
+    )
+
+  # --- diverged training: the message names where the good state is --------
+
+  def diverge(self, run_name, **extra):
+    """Runs `run_name` with a learning rate that makes gradients non-finite
+    within a few steps; returns the finished process."""
+    return self.run_main(
+        self.flags(
+            run_name,
+            steps=30,
+            learning_rate=1e30,
+            warmup_steps=0,
+            max_consecutive_skipped_steps=2,
+            **extra,
+        )
+    )
+
+  def test_divergence_before_the_first_checkpoint_says_there_is_none(self):
+    proc = self.diverge("early", checkpoint_period=1000)
+    checkpoints = os.path.join(self.out, "early", "checkpoints")
+    self.assert_one_error(
+        proc.returncode,
+        proc.stderr,
+        1,
+        r"2 consecutive steps had non-finite gradients "
+        r"\(max_consecutive_skipped_steps=2\); stopping at step \d+\. No "
+        rf"checkpoint was written yet \({re.escape(checkpoints)} holds "
+        r"none\): nothing trained is kept; a new start begins from step 0 "
+        r"under a new run_name\.$",
+    )
+    self.assertEqual(_finished_step_dirs(checkpoints), [])
+    # The run's record refuses the corrected config under the same name.
+    again = self.run_main(self.flags("early", steps=2))
+    self.assert_one_error(
+        again.returncode,
+        again.stderr,
+        2,
+        r"Refusing to resume run 'early': .* \(start a new run_name to change "
+        r"them\):$",
+    )
+    self.assertIn("learning_rate: 1e+30 -> ", again.stderr)
+
+  def test_divergence_after_a_checkpoint_names_its_step(self):
+    proc = self.diverge("late", checkpoint_period=1)
+    checkpoints = os.path.join(self.out, "late", "checkpoints")
+    error = self.assert_one_error(
+        proc.returncode,
+        proc.stderr,
+        1,
+        r"2 consecutive steps had non-finite gradients "
+        r"\(max_consecutive_skipped_steps=2\); stopping at step \d+\. "
+        rf"Checkpoint step (\d+) in {re.escape(checkpoints)} holds the last "
+        r"good state; a resume starts from it\.$",
+    )
+    named = int(re.search(r"Checkpoint step (\d+) in", error).group(1))
+    self.assertEqual(max(_checkpoint_steps(checkpoints)), named)
 
   # --- 4: user mistakes (the rest are in train_main_errors_test) ------------
 

@@ -135,7 +135,8 @@ class MultiProcessTest(absltest.TestCase):
     self.assertBetween(stop_step, 3, 59)
     for process in processes:
       self.assertIn(
-          f"after step {stop_step - 1}; checkpoint saved", process.output()
+          f"after step {stop_step}; checkpoint step {stop_step} saved",
+          process.output(),
       )
     self.assertEqual(len(_train_records(run_dir)), stop_step)
 

@@ -574,7 +574,31 @@ def _open_inputs(
         "(set run_name to the run to resume)"
     )
   _check_start_over(config, paths, checkpointer)
+  if checkpointer.latest_step() is not None:
+    _check_data(config, paths, dataset)
   return config, checkpointer, dataset
+
+
+def _check_data(config, paths, dataset: dataset_lib.Dataset) -> None:
+  """A resume reads the data files the run recorded, or says it may not.
+
+  Raises:
+    ValueError: a data file differs from the run's record (named) and
+      allow_data_change is off.
+  """
+  changes = data.changed_files(
+      run_record.recorded_data(paths.run_dir), dataset.provenance()
+  )
+  if not changes:
+    return
+  if not config.allow_data_change:
+    raise ValueError(
+        f"{changes[0]}; the run {paths.run_name!r} trained on other data."
+        " Resume with the recorded file, or set allow_data_change=True if"
+        " the change is intended"
+    )
+  for change in changes:
+    logging.warning("Data changed, allowed by allow_data_change: %s", change)
 
 
 def _check_resume(

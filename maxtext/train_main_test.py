@@ -10,6 +10,7 @@ maxtext.train_main` instead. Every run trains the tiny config of
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -279,7 +280,19 @@ class TrainMainTest(parameterized.TestCase):
     self.assertGreaterEqual(stop_step, 2)
     self.assertLess(stop_step, 100000)
     self.assertEqual(train_steps, list(range(stop_step)))
+    # One stop, one step number: the request's log line, the loop's line
+    # and train_main's line all count completed steps.
     self.assertIn(f"interrupted after step {stop_step} ", stdout)
+    self.assertIn(f"SIGTERM received: stopping after step {stop_step}.", stderr)
+    self.assertIn(
+        f"Stopped by SIGTERM after step {stop_step}; checkpoint step "
+        f"{stop_step} saved in ",
+        stderr,
+    )
+    stop_lines = r"(?:stopping|Stopped by SIGTERM|interrupted) after step (\d+)"
+    self.assertEqual(
+        set(re.findall(stop_lines, stdout + stderr)), {str(stop_step)}
+    )
     # A checkpoint of the stop step (steps completed), readable with its
     # metadata.
     self.assertEqual(max(_checkpoint_steps(run_dir)), stop_step)

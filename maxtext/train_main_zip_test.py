@@ -154,7 +154,9 @@ class ZipappTest(absltest.TestCase):
     checkpoints = os.listdir(os.path.join(directory, "out", "z", "checkpoints"))
     self.assertLen(checkpoints, 1)
     stop_step = int(checkpoints[0])
-    self.assertIn(f"after step {stop_step - 1}; checkpoint saved", output)
+    self.assertIn(
+        f"after step {stop_step}; checkpoint step {stop_step} saved", output
+    )
     train = [
         json.loads(line)
         for line in self._read(metrics).splitlines()

@@ -263,11 +263,16 @@ class _Finished:
 
 
 class _SkipGuard:
-  """Counts consecutive steps with non-finite gradients; too many stop."""
+  """Counts consecutive steps with non-finite gradients; too many stop.
 
-  def __init__(self, limit: int):
+  A skipped step leaves the train state as it was, so every checkpoint,
+  also one written between skipped steps, holds a good state.
+  """
+
+  def __init__(self, limit: int, checkpointer):
     self._limit = limit
     self._count = 0
+    self._checkpointer = checkpointer
 
   def check(self, step: int, buffer: metrics_recorder.MetricsBuffer) -> None:
     """Counts a skipped step or resets; raises TrainingError at the limit."""
@@ -284,8 +289,25 @@ class _SkipGuard:
       raise TrainingError(
           f"{self._count} consecutive steps had non-finite gradients "
           f"(max_consecutive_skipped_steps={self._limit}); stopping at step "
-          f"{step}. The last checkpoint holds the last good state."
+          f"{step}. {self._where_good_state_is()}"
       )
+
+  def _where_good_state_is(self) -> str:
+    """Names the checkpoint a resume starts from, or says there is none."""
+    directory = self._checkpointer.directory
+    latest = self._checkpointer.latest_step()
+    if latest is None:
+      # The run's record fixes the config that diverged: a corrected one
+      # starts under another run_name.
+      return (
+          f"No checkpoint was written yet ({directory} holds none): nothing "
+          "trained is kept; a new start begins from step 0 under a new "
+          "run_name."
+      )
+    return (
+        f"Checkpoint step {latest} in {directory} holds the last good "
+        "state; a resume starts from it."
+    )
 
 
 def _train_loop(state: run_state_lib.RunState, stop):
@@ -303,7 +325,7 @@ def _train_loop(state: run_state_lib.RunState, stop):
   """
   config, engine, listeners = state.config, state.engine, state.listeners
   target = eval_metrics.target(config)
-  skips = _SkipGuard(config.max_consecutive_skipped_steps)
+  skips = _SkipGuard(config.max_consecutive_skipped_steps, state.checkpointer)
   last_eval = last_train = None
   unwritten = None  # A _Finished step, written after the next dispatch.
   step_start = time.monotonic()
@@ -355,10 +377,13 @@ def _train_loop(state: run_state_lib.RunState, stop):
         step_start = time.monotonic()  # Eval time is not step time.
       _checkpoint(state, force=stopping or completed == config.steps)
       if stopping:
+        # "After step N" counts completed steps, as the checkpoint's step,
+        # the stop request's log line and RunResult.final_step do.
         logging.warning(
-            "Stopped by %s after step %d; checkpoint saved in %s.",
+            "Stopped by %s after step %d; checkpoint step %d saved in %s.",
             stop.reason,
-            step,
+            completed,
+            completed,
             state.paths.checkpoint_dir,
         )
         return RunOutcome.INTERRUPTED, last_eval, last_train

@@ -582,7 +582,9 @@ class TrainerTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         trainer.TrainingError,
         r"4 consecutive steps had non-finite gradients "
-        r"\(max_consecutive_skipped_steps=4\); stopping at step 3",
+        r"\(max_consecutive_skipped_steps=4\); stopping at step 3\. "
+        r"Checkpoint step 3 in \S+ holds the last good state; a resume "
+        r"starts from it\.$",
     ):
       trainer.run(config)
 

@@ -59,6 +59,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Refused while a checkpoint exists (that run resumes). Recorded in the
   # run's config history like every field.
   config.start_over = False
+  # Resume although a data file differs from the one the run recorded (its
+  # size or content fingerprint, see maxtext/data.py's file_fingerprint):
+  # without it such a resume is refused, naming the file. The new files'
+  # fingerprints and this value are in the attempt's line of the run's config
+  # history.
+  config.allow_data_change = False
   # Start from the parameters of an existing checkpoint (a step directory or a
   # checkpoint directory whose newest step is used), with a fresh optimizer.
   # "" = initialise parameters from `seed`.

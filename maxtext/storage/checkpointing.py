@@ -53,6 +53,7 @@ Failures:
 from collections.abc import Mapping
 import dataclasses
 import datetime
+import errno
 import glob
 import json
 import logging as std_logging
@@ -230,6 +231,50 @@ class _ReportedWriteErrors(std_logging.Filter):
 _REPORTED_WRITE_ERRORS = _ReportedWriteErrors()
 
 
+class _OneLineStorageErrors(std_logging.Filter):
+  """Logs orbax's reports of a failed write as one warning line each.
+
+  When a background save fails (e.g. a full disk), each of orbax's worker
+  threads logs the same storage error as an ERROR with its traceback before
+  the save's own error reaches `wait`, which raises it as the run's one-line
+  CheckpointError. The library's tracebacks say nothing more: its records
+  of storage errors keep their first line, at WARNING. Any other error
+  record, and every record of other libraries, passes unchanged.
+  """
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    if (
+        exc is not None
+        and "/orbax/" in record.pathname
+        and _is_storage_error(exc)
+    ):
+      record.msg = f"{record.getMessage().splitlines()[0]}: {_reason(exc)}"
+      record.args = None
+      record.exc_info = record.exc_text = None
+      record.levelno, record.levelname = std_logging.WARNING, "WARNING"
+    return True
+
+
+_ONE_LINE_STORAGE_ERRORS = _OneLineStorageErrors()
+
+
+def _array_bytes(state: Any) -> int:
+  """The bytes of the state's arrays (global sizes), uncompressed."""
+  return sum(
+      int(getattr(leaf, "nbytes", 0))
+      for leaf in jax.tree_util.tree_leaves(state)
+  )
+
+
+def _size_text(size: int) -> str:
+  """`size` bytes in the largest binary unit that keeps it >= 1."""
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if size >= scale:
+      return f"{size / scale:.1f} {unit}"
+  return f"{size} B"
+
+
 def _is_bare_exception(error: BaseException) -> bool:
   # Exactly Exception, not a subclass: how orbax wraps a failed array read.
   return type(error) is Exception  # pylint: disable=unidiomatic-typecheck
@@ -387,6 +432,8 @@ class Checkpointer:
       TypeError, ValueError: an argument has the wrong type or range.
     """
     self._directory = _normalize_directory(directory)
+    # Adding a filter twice keeps one.
+    std_logging.getLogger("absl").addFilter(_ONE_LINE_STORAGE_ERRORS)
     self._save_period = checks.check_int("save_period", save_period, 1)
     self._max_to_keep = checks.check_int("max_to_keep", max_to_keep, 0)
     self._fence = fence
@@ -518,6 +565,7 @@ class Checkpointer:
     # orbax would wait for the previous save inside save(); waiting here
     # attributes its failure to its own step.
     self.wait()
+    self._check_room(step, state)
     try:
       saved = self._manager.save(
           step,
@@ -537,6 +585,33 @@ class Checkpointer:
       self._pending_step = step
       logging.info("Saving checkpoint step %d to %s", step, self._directory)
     return saved
+
+  def _check_room(self, step: int, state: Any) -> None:
+    """Refuses a save that the local disk has no room for, before writing.
+
+    orbax writes in the background: a full disk would otherwise surface at
+    the next `wait`, after more training steps. The bound is the arrays'
+    uncompressed size; orbax compresses them (zstd), which rarely saves
+    much on trained floating-point weights, so a disk with less free space
+    than that is taken as full. With several processes the check is left
+    out: their disks' free space may differ, and they must all save or all
+    not; a write that fails then surfaces at the next `wait`.
+
+    Raises:
+      CheckpointError: the free space is less than the arrays' size; names
+        the step, the directory and both sizes.
+    """
+    if _is_url(self._directory) or jax.process_count() > 1:
+      return
+    needed = _array_bytes(state)
+    free = shutil.disk_usage(self._directory).free
+    if free < needed:
+      raise CheckpointError(
+          f"could not write checkpoint step {step} to {self._directory}: "
+          f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)} (its arrays "
+          f"need {_size_text(needed)} before compression, "
+          f"{_size_text(free)} free)"
+      )
 
   def due(self, step: int) -> bool:
     """Whether `save(step, ...)` without `force` writes a checkpoint."""

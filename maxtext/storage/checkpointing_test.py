@@ -499,7 +499,13 @@ _FULL_DISK_CHILD = textwrap.dedent("""
     from maxtext.storage import checkpointing
     directory, mode = sys.argv[1], sys.argv[2]
     key = jax.random.key(0)
-    state = {"params": {"w": jax.random.normal(key, (1024, 1024))}}
+    if mode == "before":
+      # 4 MiB of arrays for the 1 MiB disk: refused before writing.
+      state = {"params": {"w": jax.random.normal(key, (1024, 1024))}}
+    else:
+      # 1000 KiB of incompressible arrays: the check before writing passes,
+      # the write with its metadata files fills the disk in the background.
+      state = {"params": {"w": jax.random.bits(key, (250, 1024))}}
     ckpt = checkpointing.Checkpointer(directory, save_period=1, max_to_keep=0)
     code = 0
     try:
@@ -525,9 +531,16 @@ class FullDiskTest(parameterized.TestCase):
   """A save onto a full disk: one clear error and no temporary files left."""
 
   @parameterized.named_parameters(
-      ("in_wait", "wait"), ("in_next_save", "next_save"), ("in_close", "close")
+      (
+          "before_writing",
+          "before",
+          " (its arrays need 4.0 MiB before compression, 1.0 MiB free)",
+      ),
+      ("in_wait", "wait", ""),
+      ("in_next_save", "next_save", ""),
+      ("in_close", "close", ""),
   )
-  def test_full_disk(self, mode):
+  def test_full_disk(self, mode, detail):
     self.assertTrue(
         tmpfs.available(), "the test needs `unshare -Urm` and tmpfs mounts"
     )
@@ -555,10 +568,15 @@ class FullDiskTest(parameterized.TestCase):
             result.stdout, "CheckpointError:", output
         ),
         f"CheckpointError: could not write checkpoint step 1 to {directory}: "
-        "[Errno 28] No space left on device",
+        f"[Errno 28] No space left on device{detail}",
     )
     left = process_output.one_line_starting(result.stdout, "LEFT:", output)
     self.assertEqual(json.loads(left[len("LEFT:") :]), [], output)
+    # orbax's own reports of the failed write are one line each: no
+    # traceback through orbax's code.
+    self.assertEqual(
+        re.findall(r'(?m)^\s+File ".*/orbax/.*', result.stderr), [], output
+    )
 
 
 class ReportedWriteErrorsTest(absltest.TestCase):

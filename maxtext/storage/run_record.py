@@ -96,6 +96,9 @@ RESUMABLE_FIELDS = frozenset(
         # again from step 0 (each attempt's value is in the history).
         "resume",
         "start_over",
+        # Whether this attempt may read changed data files; the files'
+        # fingerprints are in each attempt's provenance.
+        "allow_data_change",
         # The machines. The state is restored into the new mesh's shardings,
         # and the data does not depend on the process count: each step's
         # global batch is drawn whole and every process keeps its rows
@@ -329,6 +332,22 @@ def read_config_json(run_dir: str) -> Optional[dict[str, Any]]:
         f"config cannot be read"
     )
   return document
+
+
+def recorded_data(run_dir: str) -> Optional[dict[str, Any]]:
+  """The data provenance of the run's newest recorded attempt, or None.
+
+  The newest attempt's, so that a change allowed once (allow_data_change)
+  is the reference for the attempts after it.
+  """
+  for attempt in reversed(_read_history(os.path.join(run_dir, CONFIG_HISTORY))):
+    data = (attempt.get("provenance") or {}).get("data")
+    if data is not None:
+      return data
+  document = read_config_json(run_dir)
+  if document is None:
+    return None
+  return (document.get("provenance") or {}).get("data")
 
 
 def load_recorded_config(run_dir: str) -> Optional[dict[str, Any]]:
