@@ -60,27 +60,40 @@ class CompileStepTest(absltest.TestCase):
     self.assertIsNone(step.out_of_memory)
     self.assertEqual(
         [p.program for p in step.programs],
-        ["micro_step_first", "micro_step_last", "apply"],
+        ["micro_step", "measure", "apply"],
     )
     self.assertEqual(
         lines[0::2],
-        [
-            "compiling micro_step_first",
-            "compiling micro_step_last",
-            "compiling apply",
-        ],
+        ["compiling micro_step", "compiling measure", "compiling apply"],
     )
-    first, last, apply = step.programs
+    self.assertEqual(step.executables, {})
+    micro, measure, apply = step.programs
     # The optimizer state is resident during the micro-steps, an argument
     # of the apply; AdamW's two moments are twice the parameters.
-    self.assertEqual(first.resident, last.resident)
-    self.assertGreater(first.resident, 0)
+    self.assertEqual(micro.resident, measure.resident)
+    self.assertGreater(micro.resident, 0)
     self.assertEqual(apply.resident, 0)
-    self.assertGreaterEqual(apply.args, first.resident * 3 // 2)
+    self.assertGreaterEqual(apply.args, micro.resident * 3 // 2)
     for p in step.programs:
       self.assertEqual(p.peak, p.args + p.out - p.alias + p.temp + p.resident)
     self.assertEqual(step.peak, max(p.peak for p in step.programs))
     self.assertLen(train_compile_lib.table(step), 4)
+
+  def test_every_program_keeps_the_runs_executables(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        gradient_accumulation_steps=2,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+    )
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    step = train_compile_lib.compile_step(config, mesh, every_program=True)
+    names = ["allocate", "micro_step", "measure", "apply", "eval"]
+    self.assertEqual([p.program for p in step.programs], names)
+    self.assertEqual(list(step.executables), names)
+    for compiled in step.executables.values():
+      self.assertIsInstance(compiled, jax.stages.Compiled)
 
   def test_search_stops_at_the_least_recomputing_fewest_steps_fit(self):
     config = tiny_configs.tiny_config(
