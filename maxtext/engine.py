@@ -59,6 +59,11 @@ compilation: "micro_step", "measure" and "apply", the programs a step runs
 besides the recorder's concatenation. An engine built on abstract parameters
 (`ShapeDtypeStruct`s) allocates nothing and can only be lowered
 (`tools/benchmarks/memory_bench`).
+`lower_programs` lowers every program the engine runs (`program_names()`:
+those three, the accumulator's allocation with K > 1, and the eval); an
+engine given them compiled (`executables`, e.g. from `saved_step.load`) runs
+them in place of its jitted functions and compiles none, with the same
+dispatches and the same flush-before-apply contract.
 
 Metric names follow `record_metrics`: nested dicts become `name/sub`; None
 values, the key `intermediate_outputs` and tuple/list values are skipped. The
