@@ -19,6 +19,10 @@ anything that differs is refused with one line naming it, before the
 parameters are made, and otherwise the engine runs the loaded executables
 and compiles none of its programs.
 
+The programs must be compiled anew, not taken from JAX's persistent
+compilation cache: an executable the cache hands back serializes into a
+file whose programs fail to run (train_compile turns the cache off).
+
 The file is two pickles: the description (plain values), then the programs.
 Unpickling can run any code the file names: load only files you made.
 """

@@ -84,16 +84,25 @@ class TrainCompileTest(absltest.TestCase):
         else ("cpu:4", "4", "4", "1.00", "yes"),
     )
     self.assertLess(float(peak), 0.1)
-    # Per program its memory and compile seconds: the one micro-step of
-    # K = 1, then the optimizer apply.
+    # Per program its memory and compile seconds: the micro-step, the
+    # gradient measure, then the optimizer apply.
     rows = re.findall(
-        r"^(micro_step\S*|apply) +((?:\d+\.\d\d +){6})\d+\.\d$",
+        r"^(micro_step|measure|apply) +((?:\d+\.\d\d +){6})\d+\.\d$",
         done.stdout,
         re.MULTILINE,
     )
     self.assertEqual(
-        [name for name, _ in rows], ["micro_step_first_last", "apply"]
+        [name for name, _ in rows], ["micro_step", "measure", "apply"]
     )
+
+  def test_saving_a_search_is_one_line(self):
+    done = _run(
+        *_SMALL,
+        *_slice("--search", "--compiled_step_file=/tmp/unused.step"),
+    )
+    self.assertEqual(done.returncode, 2, done.stderr)
+    self.assertIn("--compiled_step_file: give it without --search", done.stderr)
+    self.assertNotIn("Traceback", done.stderr)
 
   def test_step_that_does_not_fit_is_fits_no(self):
     if _TPU:
