@@ -59,6 +59,11 @@ compilation: "micro_step", "measure" and "apply", the programs a step runs
 besides the recorder's concatenation. An engine built on abstract parameters
 (`ShapeDtypeStruct`s) allocates nothing and can only be lowered
 (`tools/benchmarks/memory_bench`).
+`lower_programs` lowers every program the engine runs (`program_names()`:
+those three, the accumulator's allocation with K > 1, and the eval); an
+engine given them compiled (`executables`, e.g. from `saved_step.load`) runs
+them in place of its jitted functions and compiles none, with the same
+dispatches and the same flush-before-apply contract.
 
 Metric names follow `record_metrics`: nested dicts become `name/sub`; None
 values, the key `intermediate_outputs` and tuple/list values are skipped. The
@@ -193,6 +198,18 @@ def _checked_eval_metrics(
   return {name: values[name] for name in directions}
 
 
+def _abstract(tree, sharded: bool = True):
+  """`tree`'s shapes and dtypes (and shardings, if `sharded`)."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(
+          x.shape,
+          x.dtype,
+          sharding=getattr(x, "sharding", None) if sharded else None,
+      ),
+      tree,
+  )
+
+
 class Engine:
   """Runs micro-batches and optimizer steps; records the step's metrics."""
 
@@ -211,6 +228,7 @@ class Engine:
       donate_state: bool = True,
       eval_fn: Optional[EvalFn] = None,
       eval_directions: Optional[Mapping[str, eval_metrics.Direction]] = None,
+      executables: Optional[Mapping[str, Any]] = None,
   ):
     """Creates the engine and the optimizer state.
 
@@ -240,6 +258,10 @@ class Engine:
         of one batch, given with `eval_directions` (name -> the direction
         each improves in; the names `eval_fn` returns). Neither: the eval
         metric is loss_fn's loss, "loss", lower is better.
+      executables: None, or every program of `program_names()` already
+        compiled for these shapes and shardings (name -> a
+        `jax.stages.Compiled`, e.g. loaded by `saved_step.load`): the
+        engine runs them and compiles none of its own.
 
     Raises:
       TypeError/ValueError: on bad arguments.
@@ -353,6 +375,9 @@ class Engine:
     else:
       self._opt_state = init(jax.jit(optimizer.init), params)
     self._build_jitted()
+    if executables is not None:
+      self._use_executables(executables)
+    self._executables = dict(executables or {})
     # The gradient sum of the running step (between steps, the last step's);
     # allocated by the first fwd_bwd, then donated to every micro-step.
     self._grad_acc = None
@@ -502,6 +527,39 @@ class Engine:
       self._measure = jax.jit(measure)
       self._apply = jax.jit(apply, donate_argnums=donate)
       self._eval = jax.jit(eval_metrics_of)
+    # What `lower` and `lower_programs` lower, whatever the engine runs.
+    self._jitted = {
+        "allocate": self._allocate,
+        "micro_step": self._micro_step,
+        "measure": self._measure,
+        "apply": self._apply,
+        "eval": self._eval,
+    }
+
+  def program_names(self) -> tuple[str, ...]:
+    """The programs this engine runs, as `lower_programs` names them."""
+    first = () if self._k == 1 else ("allocate",)
+    return first + ("micro_step", "measure", "apply", "eval")
+
+  def _use_executables(self, executables: Mapping[str, Any]) -> None:
+    """Runs the given compiled programs in place of the jitted ones."""
+    if not isinstance(executables, Mapping) or set(executables) != set(
+        self.program_names()
+    ):
+      got = sorted(executables) if isinstance(executables, Mapping) else None
+      raise ValueError(
+          f"executables must name the programs {list(self.program_names())}"
+          f"; got {got!r}"
+      )
+    for name, program in executables.items():
+      if not callable(program):
+        raise TypeError(f"executables[{name!r}] is not callable: {program!r}")
+    if self._k > 1:
+      self._allocate = executables["allocate"]
+    self._micro_step = executables["micro_step"]
+    self._measure = executables["measure"]
+    self._apply = executables["apply"]
+    self._eval = executables["eval"]
 
   @staticmethod
   def _pack(loss, aux) -> tuple[_PackedMetrics, dict]:
@@ -676,8 +734,10 @@ class Engine:
       self._recorder.flush()
       buffer = self._recorder.get_step_metrics(self._step)
       if discard:
-        # Compiled into the cache the next real update's call hits.
-        self._apply.lower(*args).compile()
+        # Compiled into the cache the next real update's call hits (a
+        # given executable is compiled already).
+        if "apply" not in self._executables:
+          self._apply.lower(*args).compile()
       elif not buffer.scalar_metrics["step_skipped"][-1] > 0:
         self._params, self._opt_state = self._apply(*args)
     else:
@@ -758,31 +818,38 @@ class Engine:
       `cost_analysis()`. The step's one other program is the recorder's
       concatenation of the packed metrics.
     """
-
-    def abstract(tree):
-      return jax.tree.map(
-          lambda x: jax.ShapeDtypeStruct(
-              x.shape, x.dtype, sharding=getattr(x, "sharding", None)
-          ),
-          tree,
-      )
-
-    params, opt_state = abstract(self._params), abstract(self._opt_state)
-    batch = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), micro_batch
-    )
+    params, opt_state = _abstract(self._params), _abstract(self._opt_state)
     grad_acc = self._acc_shapes
     first = jax.ShapeDtypeStruct((), jnp.bool_)
     step = jax.ShapeDtypeStruct((), jnp.int32)
     packed = jax.ShapeDtypeStruct((len(_UPDATE_NAMES),), jnp.float32)
+    batch = _abstract(micro_batch, sharded=False)
     micro_args = (
         (params, batch) if self._k == 1 else (params, grad_acc, first, batch)
     )
+    jitted = self._jitted
     return {
-        "micro_step": self._micro_step.lower(*micro_args),
-        "measure": self._measure.lower(grad_acc, step),
-        "apply": self._apply.lower(params, opt_state, grad_acc, packed),
+        "micro_step": jitted["micro_step"].lower(*micro_args),
+        "measure": jitted["measure"].lower(grad_acc, step),
+        "apply": jitted["apply"].lower(params, opt_state, grad_acc, packed),
     }
+
+  def lower_programs(
+      self, micro_batch, eval_batch
+  ) -> dict[str, jax.stages.Lowered]:
+    """Lowers every program the engine runs (`program_names()`).
+
+    `lower`'s three, the accumulator's allocation (with K > 1) and the
+    eval of `eval_batch` (shapes as for `micro_batch`): compiled, they are
+    what the `executables` argument takes.
+    """
+    lowered = self.lower(micro_batch)
+    if self._k > 1:
+      lowered["allocate"] = self._jitted["allocate"].lower()
+    lowered["eval"] = self._jitted["eval"].lower(
+        _abstract(self._params), _abstract(eval_batch, sharded=False)
+    )
+    return {name: lowered[name] for name in self.program_names()}
 
   def close(self) -> None:
     """Drops the recorder's buffers and the gradient accumulator."""

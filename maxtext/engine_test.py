@@ -630,5 +630,66 @@ class EngineTest(parameterized.TestCase):
       )
 
 
+class ExecutablesTest(parameterized.TestCase):
+  """An engine given its programs compiled runs them and compiles none."""
+
+  @parameterized.product(k=(1, 3), donate=(True, False))
+  def test_runs_the_given_programs_as_its_own(self, k, donate):
+    batches = make_batches(2 * k + k)
+    # The last step's gradients are NaN: skipped, it changes nothing.
+    nan = dict(batches[-1], y=np.full_like(batches[-1]["y"], np.nan))
+    batches[-1] = nan
+    compiled = {
+        name: lowered.compile()
+        for name, lowered in make_engine(k=k, donate_state=donate)
+        .lower_programs(batches[0], batches[0])
+        .items()
+    }
+    self.assertEqual(
+        list(compiled),
+        (["allocate"] if k > 1 else [])
+        + ["micro_step", "measure", "apply", "eval"],
+    )
+    own = make_engine(k=k, donate_state=donate)
+    given = make_engine(k=k, donate_state=donate, executables=compiled)
+    compile_counter.install()
+    began = time.monotonic()
+    given_metrics = []
+    for step in range(3):
+      for micro in batches[step * k : (step + 1) * k]:
+        given.fwd_bwd(micro)
+      given_metrics.append(given.update().scalar_metrics)
+    given_eval = given.eval_step(batches[0])
+    jax.block_until_ready(given.params)
+    # Only the recorder's concatenation (not the engine's) may compile.
+    self.assertContainsSubset(
+        compile_counter.backend_compiles_after(began), ["jit(_concat_groups)"]
+    )
+    own_metrics = []
+    for step in range(3):
+      for micro in batches[step * k : (step + 1) * k]:
+        own.fwd_bwd(micro)
+      own_metrics.append(own.update().scalar_metrics)
+    self.assertEqual(given_metrics[-1]["step_skipped"][-1], 1.0)
+    for mine, theirs in zip(given_metrics, own_metrics):
+      self.assertEqual(sorted(mine), sorted(theirs))
+      for name, values in mine.items():
+        np.testing.assert_array_equal(values, theirs[name])
+    chex.assert_trees_all_equal(given.params, own.params)
+    chex.assert_trees_all_equal(given.opt_state, own.opt_state)
+    chex.assert_trees_all_equal(given_eval, own.eval_step(batches[0]))
+
+  def test_programs_must_be_all_of_the_engines(self):
+    compiled = {
+        name: lowered.compile()
+        for name, lowered in make_engine(k=1)
+        .lower_programs(make_batches(1)[0], make_batches(1)[0])
+        .items()
+    }
+    del compiled["eval"]
+    with self.assertRaisesRegex(ValueError, "must name the programs"):
+      make_engine(k=1, executables=compiled)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -8,7 +8,7 @@ from `config.seed` directly into their shardings (or loaded from
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from absl import logging
 import jax
@@ -17,6 +17,7 @@ from maxtext import engine as engine_lib
 from maxtext import mesh as mesh_lib
 from maxtext.model import transformer
 from maxtext import optimizer as optimizer_lib
+from maxtext import saved_step
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.storage import checkpointing
 
@@ -84,13 +85,15 @@ def make_engine(
     setup: ModelSetup,
     params: Any,
     recorder: Optional[metrics_recorder.MetricsRecorder] = None,
+    executables: Optional[Mapping[str, Any]] = None,
 ) -> engine_lib.Engine:
   """An engine training `params` with the config's optimizer and schedule.
 
   The model is compiled for `setup.mesh`: its "auto" choices resolve for
   the mesh's devices, and per-device kernels run over it.
   The engine clips with the gradient norm it measures for the metrics, so
-  the optimizer itself has no clipping stage.
+  the optimizer itself has no clipping stage. `executables`: the engine's
+  programs compiled already (`Engine`'s argument), or None.
   """
   schedule = optimizer_lib.make_schedule(config)
   return engine_lib.Engine(
@@ -106,16 +109,27 @@ def make_engine(
       donate_state=config.donate_state,
       eval_fn=functools.partial(transformer.eval_fn, config=config),
       eval_directions=transformer.EVAL_DIRECTIONS,
+      executables=executables,
   )
 
 
 def build_engine(
     config: Any, mesh: Optional[jax.sharding.Mesh] = None
 ) -> tuple[engine_lib.Engine, ModelSetup]:
-  """The config's model on `mesh` (default: the config's mesh), as an engine."""
+  """The config's model on `mesh` (default: the config's mesh), as an engine.
+
+  With `compiled_step_file` set, the engine runs the programs saved there
+  (`saved_step.load`, which raises ValueError naming what differs before
+  anything is allocated) and compiles none.
+  """
   if mesh is None:
     mesh = mesh_lib.make_mesh(config)
+  executables = (
+      saved_step.load(config.compiled_step_file, config, mesh)
+      if config.compiled_step_file
+      else None
+  )
   setup = setup_model(config, mesh)
   params = init_params(config, setup)
   logging.info("Model: %s parameters.", f"{transformer.num_params(params):,}")
-  return make_engine(config, setup, params), setup
+  return make_engine(config, setup, params, executables=executables), setup

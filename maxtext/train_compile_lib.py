@@ -23,7 +23,7 @@ Per program, per device:
 import dataclasses
 import re
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 
@@ -77,6 +77,8 @@ class StepCompile:
 
   programs: tuple[ProgramMemory, ...]
   out_of_memory: Optional[OutOfMemory]
+  # Name -> compiled program, when `compile_step` was asked to keep them.
+  executables: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def peak(self) -> int:
@@ -133,11 +135,21 @@ def device_bytes(tree: Any) -> int:
   return total
 
 
+def _shapes(tree: Any) -> Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
 def abstract_micro_batch(config) -> Any:
   """One micro-batch's shapes (the whole mesh's, as one process feeds it)."""
   train, _ = data.placeholder_batches(config)
-  micro = data.split_micro_batches(train, config.gradient_accumulation_steps)[0]
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), micro)
+  return _shapes(
+      data.split_micro_batches(train, config.gradient_accumulation_steps)[0]
+  )
+
+
+def abstract_eval_batch(config) -> Any:
+  """One eval batch's shapes (the whole mesh's, as one process feeds it)."""
+  return _shapes(data.placeholder_batches(config)[1])
 
 
 def compile_step(
@@ -145,6 +157,7 @@ def compile_step(
     mesh: jax.sharding.Mesh,
     programs: Optional[Callable[[str], bool]] = None,
     log: Callable[[str], None] = lambda _: None,
+    every_program: bool = False,
 ) -> StepCompile:
   """Compiles the programs one training step of `config` runs on `mesh`.
 
@@ -156,6 +169,10 @@ def compile_step(
     programs: None for all, or a predicate on the programs' names
       (`Engine.lower`'s keys) to compile.
     log: called with a line as each compile starts and ends.
+    every_program: also compile the programs a run needs besides the step's
+      (`Engine.lower_programs`: the accumulator's allocation, the eval) and
+      keep every compiled program in the result's `executables`, for
+      `saved_step.save`.
 
   Returns:
     The compiled programs' memory; a program the compiler refuses for memory
@@ -174,7 +191,15 @@ def compile_step(
       "apply": 0,
   }
   done = []
-  for name, lowered in engine.lower(abstract_micro_batch(config)).items():
+  kept = {}
+  micro_batch = abstract_micro_batch(config)
+  if every_program:
+    lowered_programs = engine.lower_programs(
+        micro_batch, abstract_eval_batch(config)
+    )
+  else:
+    lowered_programs = engine.lower(micro_batch)
+  for name, lowered in lowered_programs.items():
     if programs is not None and not programs(name):
       continue
     log(f"compiling {name}")
@@ -193,6 +218,8 @@ def compile_step(
           ),
       )
     seconds = time.perf_counter() - start
+    if every_program:
+      kept[name] = compiled
     memory = compiled.memory_analysis()
     done.append(
         ProgramMemory(
@@ -206,7 +233,7 @@ def compile_step(
         )
     )
     log(f"compiled {name} in {seconds:.1f} s")
-  return StepCompile(tuple(done), None)
+  return StepCompile(tuple(done), None, kept)
 
 
 def gib(n: Optional[int]) -> str:

@@ -66,6 +66,7 @@ class CompileStepTest(absltest.TestCase):
         lines[0::2],
         ["compiling micro_step", "compiling measure", "compiling apply"],
     )
+    self.assertEqual(step.executables, {})
     micro, measure, apply = step.programs
     # The optimizer state is resident during the micro-step, the parameters
     # too during the measure, and both are arguments of the apply; AdamW's
@@ -78,6 +79,22 @@ class CompileStepTest(absltest.TestCase):
       self.assertEqual(p.peak, p.args + p.out - p.alias + p.temp + p.resident)
     self.assertEqual(step.peak, max(p.peak for p in step.programs))
     self.assertLen(train_compile_lib.table(step), 1 + len(step.programs))
+
+  def test_every_program_keeps_the_runs_executables(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        gradient_accumulation_steps=2,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+    )
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    step = train_compile_lib.compile_step(config, mesh, every_program=True)
+    names = ["allocate", "micro_step", "measure", "apply", "eval"]
+    self.assertEqual([p.program for p in step.programs], names)
+    self.assertEqual(list(step.executables), names)
+    for compiled in step.executables.values():
+      self.assertIsInstance(compiled, jax.stages.Compiled)
 
   def test_search_stops_at_the_least_recomputing_fewest_steps_fit(self):
     config = tiny_configs.tiny_config(

@@ -31,6 +31,11 @@ tpu7x:2x2x1) or Cloud TPU's accelerator types (v5p-8, v5e-16, v5litepod-16,
 v6e-8, v4-8, tpu7x-8): v4, v5p and tpu7x types count TensorCores (two per
 chip), v5e and v6e types count chips. cpu:N compiles for N fake CPU devices
 (with --hbm_gib), to try the tool without libtpu.
+
+--compiled_step_file=PATH saves every program a run's engine runs, with the
+config fields, devices and versions they were compiled for, once the step
+fits; `train_main --config.compiled_step_file=PATH` then compiles none of
+them (`maxtext/saved_step.py`). It cannot be combined with --search.
 """
 
 import os
@@ -82,6 +87,16 @@ _HBM_GIB = flags.DEFINE_float(
     "HBM (e.g. less, for headroom); required for cpu:N.",
 )
 
+_COMPILED_STEP_FILE = flags.DEFINE_string(
+    "compiled_step_file",
+    None,
+    "Also compile the run's other programs (the accumulator's allocation, "
+    "the eval) and, if the step fits, save them all to this file with the "
+    "config fields, devices and versions they were compiled for; "
+    "train_main --config.compiled_step_file=PATH then runs them and "
+    "compiles none. A pickle: load only files you made.",
+)
+
 _PROGRAM = "train_compile"
 
 
@@ -106,6 +121,11 @@ def main(argv):
   command_line.check(argv, _CONFIG, _TOPOLOGY)
   config = _CONFIG.value
   with command_line.user_errors(_PROGRAM, (TypeError, ValueError)):
+    if _SEARCH.value and _COMPILED_STEP_FILE.value is not None:
+      raise ValueError(
+          "--compiled_step_file: give it without --search, with the "
+          "setting the search chose"
+      )
     tpu_slice = topology.parse(_TOPOLOGY.value)
     hbm = tpu_slice.generation.hbm_bytes
     if _HBM_GIB.value is not None:
@@ -120,8 +140,17 @@ def main(argv):
   devices = _devices(tpu_slice)
   # Imported once JAX has its platform (see _devices).
   # pylint: disable=import-outside-toplevel
+  import jax
+
+  if _COMPILED_STEP_FILE.value is not None:
+    # Before the first compile, which fixes whether the process uses the
+    # persistent compilation cache: an executable the cache hands back
+    # serializes into a file whose programs fail to run (missing functions,
+    # collectives that never meet), so each program is compiled anew.
+    jax.config.update("jax_enable_compilation_cache", False)
   from maxtext import config_lib
   from maxtext import mesh as mesh_lib
+  from maxtext import saved_step
   from maxtext import train_compile_lib
 
   # pylint: enable=import-outside-toplevel
@@ -164,7 +193,12 @@ def main(argv):
     step = (choice or tried[-1]).step
     compile_s = sum(c.step.compile_s for c in tried)
   else:
-    step = train_compile_lib.compile_step(config, mesh, log=log)
+    step = train_compile_lib.compile_step(
+        config,
+        mesh,
+        log=log,
+        every_program=_COMPILED_STEP_FILE.value is not None,
+    )
     compile_s = step.compile_s
   for line in train_compile_lib.table(step):
     print(line)
@@ -179,6 +213,16 @@ def main(argv):
   )
   if not fits:
     sys.exit(1)
+  if _COMPILED_STEP_FILE.value is not None:
+    path = caller_paths.resolve_local_path(_COMPILED_STEP_FILE.value)
+    saved_step.save(
+        path,
+        step.executables,
+        config,
+        mesh,
+        f"{tpu_slice.name} x {_NUM_SLICES.value}",
+    )
+    print(f"{_PROGRAM}: saved the compiled step to {path}")
 
 
 if __name__ == "__main__":

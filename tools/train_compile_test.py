@@ -95,6 +95,15 @@ class TrainCompileTest(absltest.TestCase):
         [name for name, _ in rows], ["micro_step", "measure", "apply"]
     )
 
+  def test_saving_a_search_is_one_line(self):
+    done = _run(
+        *_SMALL,
+        *_slice("--search", "--compiled_step_file=/tmp/unused.step"),
+    )
+    self.assertEqual(done.returncode, 2, done.stderr)
+    self.assertIn("--compiled_step_file: give it without --search", done.stderr)
+    self.assertNotIn("Traceback", done.stderr)
+
   def test_step_that_does_not_fit_is_fits_no(self):
     if _TPU:
       # XLA attention's scores of 16 sequences of 32768 tokens per device:

@@ -266,6 +266,11 @@ def get_config() -> ml_collections.ConfigDict:
   # --------------------------------------------------------------- runtime
   # Persistent JAX compilation cache directory. "" = no persistent cache.
   config.jax_compilation_cache_dir = ""
+  # A training step compiled ahead of time (train_compile
+  # --compiled_step_file): the run loads its programs and compiles none of
+  # them; a file compiled for another config, mesh or JAX is refused. A
+  # pickle: load only files you made. "" = compile in this process.
+  config.compiled_step_file = ""
   # Accelerator the run expects: "auto" (whatever JAX finds; the start-up log
   # names it) | "cpu" | "tpu" | "gpu".
   config.hardware = "auto"

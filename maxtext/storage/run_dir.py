@@ -47,6 +47,7 @@ INPUT_PATH_FIELDS = (
     "train_data_path",
     "eval_data_path",
     "load_parameters_path",
+    "compiled_step_file",
 )
 
 

@@ -131,6 +131,7 @@ class InputPathsTest(absltest.TestCase):
             "train_data_path": "data/train.npy",
             "eval_data_path": "",
             "load_parameters_path": "gs://bucket/ckpt",
+            "compiled_step_file": "step.pickle",
         }
     )
     config.lock()
@@ -140,6 +141,7 @@ class InputPathsTest(absltest.TestCase):
     self.assertEqual(resolved.train_data_path, "/caller/data/train.npy")
     self.assertEqual(resolved.eval_data_path, "")
     self.assertEqual(resolved.load_parameters_path, "gs://bucket/ckpt")
+    self.assertEqual(resolved.compiled_step_file, "/caller/step.pickle")
     self.assertTrue(resolved.is_locked)
     self.assertEqual(config.train_data_path, "data/train.npy")  # A copy.
 
@@ -149,6 +151,7 @@ class InputPathsTest(absltest.TestCase):
             "train_data_path": "/d/t.npy",
             "eval_data_path": "",
             "load_parameters_path": "",
+            "compiled_step_file": "/s.pickle",
         }
     )
     self.assertIs(run_dir.with_input_paths_resolved(config, {}), config)

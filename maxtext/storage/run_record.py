@@ -116,6 +116,9 @@ RESUMABLE_FIELDS = frozenset(
         "hardware",
         "allow_cpu_fallback",
         "jax_compilation_cache_dir",
+        # Programs compiled ahead of time are the ones the run would compile
+        # (the file is refused otherwise).
+        "compiled_step_file",
         # How the same step is computed: the attention kernel ("auto" already
         # follows `hardware`), rematerialisation and loss chunking trade speed
         # for memory (a resume on a smaller accelerator may need them) without
