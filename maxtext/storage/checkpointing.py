@@ -67,6 +67,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from maxtext import checks
+from maxtext.storage import late_io_reports
 
 STATE_ITEM = "state"
 # orbax's marker of a finished step directory (and of each item in it).
@@ -432,8 +433,9 @@ class Checkpointer:
       TypeError, ValueError: an argument has the wrong type or range.
     """
     self._directory = _normalize_directory(directory)
-    # Adding a filter twice keeps one.
+    # Adding a filter twice keeps one; installing twice installs once.
     std_logging.getLogger("absl").addFilter(_ONE_LINE_STORAGE_ERRORS)
+    late_io_reports.install()
     self._save_period = checks.check_int("save_period", save_period, 1)
     self._max_to_keep = checks.check_int("max_to_keep", max_to_keep, 0)
     self._fence = fence
