@@ -21,9 +21,10 @@ class Child:
     self._dir = tempfile.mkdtemp(prefix="child-", dir=cwd)
     self._stdout = os.path.join(self._dir, "stdout")
     self._stderr = os.path.join(self._dir, "stderr")
-    with open(self._stdout, "w", encoding="utf-8") as out, open(
-        self._stderr, "w", encoding="utf-8"
-    ) as err:
+    with (
+        open(self._stdout, "w", encoding="utf-8") as out,
+        open(self._stderr, "w", encoding="utf-8") as err,
+    ):
       # The process outlives this method: the test signals or waits for it.
       self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
           command, cwd=cwd, env=env, stdout=out, stderr=err

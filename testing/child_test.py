@@ -40,9 +40,7 @@ class ChildTest(absltest.TestCase):
   def test_wait_until_returns_once_the_child_made_the_state_hold(self):
     flag = os.path.join(self.tmp, "flag")
     proc = child.Child(
-        _python(
-            f"import time\nopen({flag!r}, 'w').close()\ntime.sleep(600)\n"
-        ),
+        _python(f"import time\nopen({flag!r}, 'w').close()\ntime.sleep(600)\n"),
         self.tmp,
         self.env,
     )

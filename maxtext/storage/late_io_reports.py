@@ -28,10 +28,6 @@ from absl import logging
 _ORBAX_PATH = "/orbax/"
 _LOOP_CLOSED = "Event loop is closed"
 
-_lock = threading.Lock()
-_installed = False
-_count = 0
-
 
 def _is_closed_loop_callback(exc: BaseException, tb) -> bool:
   """A RuntimeError that a closed asyncio loop raised to a foreign thread."""
@@ -47,49 +43,63 @@ def _is_orbax_coroutine(obj) -> bool:
   )
 
 
-def _report(what: str) -> None:
-  global _count
-  with _lock:
-    _count += 1
-    first = _count == 1
-  if first:
-    logging.warning(
-        "A checkpoint read or write that failed is still finishing in the"
-        " background (%s); its failure is reported on its own. Further"
-        " reports like this are logged at debug level.",
-        what,
-    )
-  else:
-    logging.debug("late checkpoint I/O report %d: %s", _count, what)
+class _Reports:
+  """The late reports seen so far: the first is a warning, the rest debug."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self.count = 0
+    self.installed = False
+
+  def report(self, what: str) -> None:
+    """Logs one late report: a warning the first time, then at debug."""
+    with self._lock:
+      self.count += 1
+      count = self.count
+    if count == 1:
+      logging.warning(
+          "A checkpoint read or write that failed is still finishing in the"
+          " background (%s); its failure is reported on its own. Further"
+          " reports like this are logged at debug level.",
+          what,
+      )
+    else:
+      logging.debug("late checkpoint I/O report %d: %s", count, what)
+
+  def claim_install(self) -> bool:
+    """True the first time only: the caller then installs the hooks."""
+    with self._lock:
+      first = not self.installed
+      self.installed = True
+    return first
+
+
+_REPORTS = _Reports()
 
 
 def reports_seen() -> int:
   """How many late reports the hooks have turned into log lines."""
-  with _lock:
-    return _count
+  return _REPORTS.count
 
 
 def install() -> None:
   """Wraps `sys.excepthook` and `sys.unraisablehook`; a second call is a
   no-op."""
-  global _installed
-  with _lock:
-    if _installed:
-      return
-    _installed = True
+  if not _REPORTS.claim_install():
+    return
   previous_excepthook = sys.excepthook
   previous_unraisablehook = sys.unraisablehook
 
   def excepthook(exc_type, exc, tb):
     if _is_closed_loop_callback(exc, tb):
-      _report(f"RuntimeError: {_LOOP_CLOSED}")
+      _REPORTS.report(f"RuntimeError: {_LOOP_CLOSED}")
       return
     previous_excepthook(exc_type, exc, tb)
 
   def unraisablehook(unraisable):
     if _is_orbax_coroutine(unraisable.object):
       first_line = str(unraisable.exc_value).splitlines()[0:1]
-      _report(
+      _REPORTS.report(
           f"{type(unraisable.exc_value).__name__}:"
           f" {first_line[0] if first_line else ''}"
           f" in {unraisable.object.cr_code.co_name}"
