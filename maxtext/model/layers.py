@@ -68,7 +68,9 @@ def rope_frequencies(head_dim: int, theta: float) -> jax.Array:
   The one place the frequencies are made: a scaled variant (long-context
   extensions rescale them per dimension) changes these and nothing else.
   """
-  return theta ** (-jnp.arange(head_dim // 2, dtype=jnp.float32) * 2.0 / head_dim)
+  return theta ** (
+      -jnp.arange(head_dim // 2, dtype=jnp.float32) * 2.0 / head_dim
+  )
 
 
 def positions_from_zero(seq_len: int) -> jax.Array:
@@ -192,9 +194,7 @@ def attend_cached(
   scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
   scores = scores * (1.0 / math.sqrt(d))
   visible = jnp.arange(length)[None, None, :] <= q_positions[:, :, None]
-  scores = jnp.where(
-      visible[:, None, None], scores, jnp.finfo(jnp.float32).min
-  )
+  scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
   return out.reshape(b, t, h, v.shape[-1])
