@@ -10,7 +10,8 @@ fixes the draws; `stop_ids` end a continuation. `filter_logits` and
 the one to use for anything beyond a look at a model.
 
 `sample(params, config, prompt_ids, options)` continues one prompt with
-`options.max_new_tokens` ids per sample. Draws come from `jax.random` with
+`options.max_new_tokens` ids per sample (`sample_many`: several prompts of
+one length). Draws come from `jax.random` with
 one `seed`, so a seed gives the same ids on the same backend every time.
 There is no key/value cache: every new token runs `transformer.apply` over a
 fixed [num_samples, max_sequence_length] window, so the loop compiles once
@@ -337,29 +338,61 @@ def sample(
       max_sequence_length, or holds an id outside the vocabulary (named,
       with the value).
   """
+  return sample_many(
+      params, config, [prompt_ids], options, allowed_vocab=allowed_vocab
+  )
+
+
+def sample_many(
+    params: Any,
+    config: Any,
+    prompts: Sequence[Sequence[int]],
+    options: SamplingOptions,
+    *,
+    allowed_vocab: int = 0,
+) -> np.ndarray:
+  """Continues prompts of one length together, each `num_samples` times.
+
+  Args and Raises: as `sample`; every prompt must have the first one's
+  length (the window has one filled length).
+
+  Returns:
+    int32 [len(prompts) * num_samples, max_new_tokens]; row r continues
+    prompt r // num_samples.
+  """
   allowed_vocab = check_for_model(options, config, allowed_vocab)
   vocab = config.vocab_size
-  prompt = [int(checks.check_int("prompt id", i)) for i in prompt_ids]
   length = config.max_sequence_length
-  if not prompt:
-    raise ValueError("prompt is empty: give at least one token")
-  if len(prompt) > length:
-    raise ValueError(
-        f"prompt holds {len(prompt)} tokens, more than the model's "
-        f"max_sequence_length {length}; shorten it"
-    )
-  bad = [i for i in prompt if not 0 <= i < vocab]
-  if bad:
-    raise ValueError(
-        f"prompt id {bad[0]} is outside the model's vocabulary [0, {vocab})"
-    )
-  window = np.zeros((options.num_samples, length), np.int32)
-  window[:, : len(prompt)] = prompt
+  rows = []
+  for prompt_ids in prompts:
+    prompt = [int(checks.check_int("prompt id", i)) for i in prompt_ids]
+    if not prompt:
+      raise ValueError("prompt is empty: give at least one token")
+    if len(prompt) > length:
+      raise ValueError(
+          f"prompt holds {len(prompt)} tokens, more than the model's "
+          f"max_sequence_length {length}; shorten it"
+      )
+    if rows and len(prompt) != len(rows[0]):
+      raise ValueError(
+          f"prompts of {len(rows[0])} and {len(prompt)} tokens: the windowed "
+          "sampler continues prompts of one length together"
+      )
+    bad = [i for i in prompt if not 0 <= i < vocab]
+    if bad:
+      raise ValueError(
+          f"prompt id {bad[0]} is outside the model's vocabulary [0, {vocab})"
+      )
+    rows.append(prompt)
+  window = np.zeros((len(rows) * options.num_samples, length), np.int32)
+  for index, prompt in enumerate(rows):
+    first = index * options.num_samples
+    window[first : first + options.num_samples, : len(prompt)] = prompt
   greedy = options.greedy
   out = _sample_loop(
       params,
       jnp.asarray(window),
-      jnp.int32(len(prompt)),
+      jnp.int32(len(rows[0])),
       jax.random.PRNGKey(options.seed),
       jnp.float32(options.temperature if not greedy else 1.0),
       jnp.int32(options.top_k),

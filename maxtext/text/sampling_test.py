@@ -1,6 +1,7 @@
 """Tests of sampling.SamplingOptions (sampling itself: generate_test)."""
 
 import dataclasses
+import types
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -64,6 +65,15 @@ class SamplingOptionsTest(parameterized.TestCase):
   def test_a_float_count_is_a_type_error(self):
     with self.assertRaisesRegex(TypeError, "max_new_tokens"):
       sampling.SamplingOptions(max_new_tokens=2.5)
+
+  def test_sample_many_takes_prompts_of_one_length(self):
+    config = types.SimpleNamespace(vocab_size=32, max_sequence_length=16)
+    with self.assertRaisesRegex(
+        ValueError, "prompts of 2 and 1 tokens: the windowed sampler"
+    ):
+      sampling.sample_many(
+          {}, config, [[1, 2], [3]], sampling.SamplingOptions(max_new_tokens=2)
+      )
 
   def test_sample_takes_only_sampling_options(self):
     with self.assertRaisesRegex(TypeError, "options must be a SamplingOptions"):
