@@ -24,7 +24,8 @@ Each is called twice with the same inputs: the first call's compilation time
 second call is timed (wall clock to the ids on the host; it compiles
 nothing). The table gives generated tokens (rows x new tokens), seconds,
 tokens/s, compile seconds and the cache's bytes (the windowed sampler has
-none). The last line is:
+none); for multi-head latent attention, also the bytes per token that a
+grouped-query cache of the same width would take. The last line is:
 
   decode_bench: speedup=S
 
@@ -181,6 +182,12 @@ def main(argv: list[str]) -> None:
   print(
       f"cache: {generation.cache_length} positions x {batch} rows, "
       f"{kv_cache.bytes_per_token(config)} bytes per token"
+      + (
+          f" ({kv_cache.expanded_bytes_per_token(config)} for grouped-query "
+          "attention of the same width)"
+          if config.attention_type == "mla"
+          else ""
+      )
   )
   print(f"same ids: {same}/{batch} rows agree on the first {windowed} tokens")
   print(f"decode_bench: speedup={cached_rate / window_rate:.1f}")

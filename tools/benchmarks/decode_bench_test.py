@@ -56,10 +56,32 @@ class DecodeBenchTest(absltest.TestCase):
     # 2 heads of 8 float32.
     self.assertEqual(rows["cached"][4], str(16 * 2 * 2 * 2 * 2 * 8 * 4))
     self.assertIn("same ids: 2/2 rows agree on the first 3 tokens", lines)
+    self.assertIn("cache: 16 positions x 2 rows, 256 bytes per token", lines)
     match = _LAST_LINE.match(lines[-1])
     self.assertIsNotNone(match, lines[-1])
     speedup = float(rows["cached"][2]) / float(rows["windowed"][2])
     self.assertAlmostEqual(float(match.group(1)), speedup, delta=0.051)
+
+  def test_mla_reports_its_cache_against_grouped_query_attention(self):
+    proc = _run(
+        "--batch=1",
+        "--prompt_len=2",
+        "--new_tokens=2",
+        "--windowed_tokens=1",
+        "--config.attention_type=mla",
+        "--config.q_lora_rank=0",
+        "--config.kv_lora_rank=12",
+        "--config.qk_nope_head_dim=8",
+        "--config.qk_rope_head_dim=4",
+        "--config.v_head_dim=6",
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    # 2 layers x (12 + 4) float32 against 4 heads x (8 + 4 + 6).
+    self.assertIn(
+        "cache: 16 positions x 1 rows, 128 bytes per token (576 for "
+        "grouped-query attention of the same width)",
+        proc.stdout,
+    )
 
   def test_a_request_past_the_context_is_a_usage_error(self):
     proc = _run("--prompt_len=30", "--new_tokens=8")
