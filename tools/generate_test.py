@@ -26,24 +26,33 @@ class GenerateMainTest(absltest.TestCase):
 
   def test_prints_the_continuations_the_library_draws(self):
     options = sampling.SamplingOptions(
-        max_new_tokens=12, temperature=1.0, top_k=20, seed=4, num_samples=2
+        max_new_tokens=12,
+        temperature=1.0,
+        top_k=20,
+        top_p=0.95,
+        seed=4,
+        num_samples=2,
+        stop_ids=(7, 9),
     )
     expected = generate.generate(
         generate.load_run(self.run_dir), "def ", options
     )
-    # The flags are named as the options' fields.
+    # The flags are named as the options' fields (stop_ids: --stop).
     done = _run(
         f"--run_dir={self.run_dir}",
         "--prompt=def ",
         *(
             f"--{field.name}={getattr(options, field.name)}"
             for field in dataclasses.fields(options)
+            if field.name != "stop_ids"
         ),
+        "--stop=7,9",
     )
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertEqual(
         done.stdout,
-        f"generate: {self.run_dir} step 3, temperature 1, top_k 20, seed 4\n"
+        f"generate: {self.run_dir} step 3, temperature 1, top_k 20, "
+        "top_p 0.95, seed 4\n"
         f"=== sample 1/2 ===\ndef {expected[0]}\n"
         f"=== sample 2/2 ===\ndef {expected[1]}\n",
     )
@@ -53,6 +62,14 @@ class GenerateMainTest(absltest.TestCase):
         (
             [f"--run_dir={self.run_dir}", "--prompt=x", "--temperature=-1"],
             "generate: error: temperature must be >= 0 (0 = greedy), got -1.0",
+        ),
+        (
+            [f"--run_dir={self.run_dir}", "--prompt=x", "--top_p=0"],
+            "generate: error: top_p must be in (0, 1] (1 = all ids), got 0.0",
+        ),
+        (
+            [f"--run_dir={self.run_dir}", "--prompt=x", "--stop=a"],
+            "generate: error: stop='a': expected comma-separated integers",
         ),
         (
             [f"--run_dir={self.root}", "--prompt_ids=1,2"],

@@ -33,29 +33,50 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   return (normed * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x: jax.Array, theta: float) -> jax.Array:
-  """Applies rotary position embeddings.
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Applies rotary position embeddings at the given positions.
 
   Dimension i of the first half of each head is rotated together with
   dimension i of the second half, by the angle position * theta^(-2i/D).
+  Positions are per row, so a batch of sequences that start at different
+  offsets (a decoder's cache, left- or right-padded prompts) rotates each
+  token by its own position.
 
   Args:
     x: [B, S, N, D] queries or keys, D even.
+    positions: integer [B, S] positions of x's tokens ([1, S] broadcasts
+      over the batch).
     theta: frequency base.
 
   Returns:
     [B, S, N, D] in x's dtype.
   """
-  seq_len, head_dim = x.shape[1], x.shape[3]
-  half = head_dim // 2
-  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
-  angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-  sin = jnp.sin(angles)[None, :, None, :]
-  cos = jnp.cos(angles)[None, :, None, :]
+  half = x.shape[3] // 2
+  inv_freq = rope_frequencies(x.shape[3], theta)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, S, half]
+  sin = jnp.sin(angles)[:, :, None, :]
+  cos = jnp.cos(angles)[:, :, None, :]
   x32 = x.astype(jnp.float32)
   x1, x2 = x32[..., :half], x32[..., half:]
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return rotated.astype(x.dtype)
+
+
+def rope_frequencies(head_dim: int, theta: float) -> jax.Array:
+  """float32 [head_dim // 2] rotary frequencies theta^(-2i/head_dim).
+
+  The one place the frequencies are made: a scaled variant (long-context
+  extensions rescale them per dimension) changes these and nothing else.
+  """
+  return theta ** (
+      -jnp.arange(head_dim // 2, dtype=jnp.float32) * 2.0 / head_dim
+  )
+
+
+def positions_from_zero(seq_len: int) -> jax.Array:
+  """int32 [1, S] positions 0..S-1: sequences that start at position 0 (the
+  training batch); the row broadcasts over the batch in `rope`."""
+  return jnp.arange(seq_len, dtype=jnp.int32)[None, :]
 
 
 def target_platform(mesh: Optional[jax.sharding.Mesh]) -> str:
@@ -147,6 +168,36 @@ def _attend_einsum(
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
   return out.reshape(b, s, h, v.shape[-1])
+
+
+def attend_cached(
+    q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array
+) -> jax.Array:
+  """Attention of queries at given positions to a cache of keys and values.
+
+  Slot j of the cache holds the key and value of position j; a query at
+  position p sees slots 0..p (what the causal mask of `attend` lets it see
+  in a whole sequence). Scores and softmax in float32, as `_attend_einsum`.
+
+  Args:
+    q: [B, T, H, Dqk] queries (rotary embeddings applied).
+    k: [B, L, K, Dqk] cached keys, H a multiple of K.
+    v: [B, L, K, Dv] cached values.
+    q_positions: int [B, T] positions of the queries, < L.
+
+  Returns:
+    [B, T, H, Dv] in q's dtype.
+  """
+  b, t, h, d = q.shape
+  length, kv = k.shape[1], k.shape[2]
+  q = q.reshape(b, t, kv, h // kv, d)
+  scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
+  scores = scores * (1.0 / math.sqrt(d))
+  visible = jnp.arange(length)[None, None, :] <= q_positions[:, :, None]
+  scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+  return out.reshape(b, t, h, v.shape[-1])
 
 
 def _attend_splash(

@@ -19,7 +19,8 @@ The attention itself is `maxtext.layers.attend`, so every implementation of
 `config.attention` serves MLA (the fused kernels get v zero-padded to the
 query/key width). Keys are materialised per head, as the training-time form
 of DeepSeek-V3 does; the absorbed form that attends in the latent space is an
-inference optimisation and not implemented.
+inference optimisation and not implemented. A decoder's cache holds only
+what `latent_keys` returns and expands it with `expand_keys_values`.
 
 DeepSeek-V3's YaRN rotary scaling (its long-context extension) is out of
 scope: the rotary part uses the plain `rope_theta` frequencies.
@@ -121,12 +122,97 @@ def init_params(
   return params
 
 
+def queries(
+    x: jax.Array, layer: Mapping[str, jax.Array], config, positions: jax.Array
+) -> jax.Array:
+  """Per-head queries [q_nope, RoPE(q_rope)]: [B, S, E] -> [B, S, H, N + R].
+
+  Args:
+    x: [B, S, E] normalised input, in the compute dtype.
+    layer: one layer's parameters.
+    config: the run configuration.
+    positions: int [B, S] (or [1, S]) positions of x's tokens.
+  """
+  cdt = x.dtype
+  nope = config.qk_nope_head_dim
+  if "wq_a" in layer:
+    q_latent = jnp.einsum("bse,eq->bsq", x, layer["wq_a"].astype(cdt))
+    q_latent = layers.rms_norm(q_latent, layer["q_norm"], config.norm_epsilon)
+    q = jnp.einsum("bsq,qhd->bshd", q_latent, layer["wq_b"].astype(cdt))
+  else:
+    q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
+  return jnp.concatenate(
+      [q[..., :nope], layers.rope(q[..., nope:], positions, config.rope_theta)],
+      axis=-1,
+  )
+
+
+def latent_keys(
+    x: jax.Array, layer: Mapping[str, jax.Array], config, positions: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """What MLA keeps per position: the normalised latent and the rotary key.
+
+  A decoder's cache holds exactly these (C + R numbers per token and
+  layer); `expand_keys_values` turns them into per-head keys and values.
+
+  Args: as `queries`.
+
+  Returns:
+    (kv_latent [B, S, C], k_rope [B, S, R]) in x's dtype, k_rope rotated.
+  """
+  cdt = x.dtype
+  kv_rank = config.kv_lora_rank
+  kv_a = jnp.einsum("bse,ec->bsc", x, layer["wkv_a"].astype(cdt))
+  kv_latent = layers.rms_norm(
+      kv_a[..., :kv_rank], layer["kv_norm"], config.norm_epsilon
+  )
+  k_rope = layers.rope(
+      kv_a[:, :, None, kv_rank:], positions, config.rope_theta
+  )[:, :, 0]
+  return kv_latent, k_rope
+
+
+def expand_keys_values(
+    kv_latent: jax.Array,
+    k_rope: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config,
+) -> tuple[jax.Array, jax.Array]:
+  """Per-head keys and values from the latent and the shared rotary key.
+
+  Args:
+    kv_latent: [B, T, C] normalised latent.
+    k_rope: [B, T, R] rotated key part, shared by the heads.
+    layer: one layer's parameters.
+    config: the run configuration.
+
+  Returns:
+    (k [B, T, H, N + R], v [B, T, H, Dv]) in kv_latent's dtype.
+  """
+  b, t, _ = kv_latent.shape
+  h, nope = config.num_heads, config.qk_nope_head_dim
+  kv = jnp.einsum(
+      "bsc,chd->bshd", kv_latent, layer["wkv_b"].astype(kv_latent.dtype)
+  )
+  k = jnp.concatenate(
+      [
+          kv[..., :nope],
+          jnp.broadcast_to(
+              k_rope[:, :, None, :], (b, t, h, config.qk_rope_head_dim)
+          ),
+      ],
+      axis=-1,
+  )
+  return k, kv[..., nope:]
+
+
 def attention(
     x: jax.Array,
     layer: Mapping[str, jax.Array],
     config,
     implementation: str,
     mesh: Optional[jax.sharding.Mesh] = None,
+    positions: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Causal multi-head latent attention of one layer.
 
@@ -142,38 +228,19 @@ def attention(
     implementation: a resolved attention implementation
       (`maxtext.layers.KERNELS`).
     mesh: the mesh the program is compiled for, or None (`layers.attend`).
+    positions: int [B, S] (or [1, S]) positions; None = 0..S-1.
 
   Returns:
     [B, S, E] in x's dtype.
   """
   cdt = x.dtype
   tag = jax.ad_checkpoint.checkpoint_name
-  b, s, _ = x.shape
-  h = config.num_heads
-  nope, rope_dim = config.qk_nope_head_dim, config.qk_rope_head_dim
-  kv_rank = config.kv_lora_rank
-  theta, eps = config.rope_theta, config.norm_epsilon
-
-  if "wq_a" in layer:
-    q_latent = jnp.einsum("bse,eq->bsq", x, layer["wq_a"].astype(cdt))
-    q_latent = layers.rms_norm(q_latent, layer["q_norm"], eps)
-    q = jnp.einsum("bsq,qhd->bshd", q_latent, layer["wq_b"].astype(cdt))
-  else:
-    q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
-  q = jnp.concatenate(
-      [q[..., :nope], layers.rope(q[..., nope:], theta)], axis=-1
+  if positions is None:
+    positions = layers.positions_from_zero(x.shape[1])
+  q = queries(x, layer, config, positions)
+  k, v = expand_keys_values(
+      *latent_keys(x, layer, config, positions), layer, config
   )
-
-  kv_a = jnp.einsum("bse,ec->bsc", x, layer["wkv_a"].astype(cdt))
-  kv_latent = layers.rms_norm(kv_a[..., :kv_rank], layer["kv_norm"], eps)
-  k_rope = layers.rope(kv_a[:, :, None, kv_rank:], theta)  # [B, S, 1, R]
-  kv = jnp.einsum("bsc,chd->bshd", kv_latent, layer["wkv_b"].astype(cdt))
-  k = jnp.concatenate(
-      [kv[..., :nope], jnp.broadcast_to(k_rope, (b, s, h, rope_dim))],
-      axis=-1,
-  )
-  v = kv[..., nope:]
-
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
   out = tag(layers.attend(q, k, v, implementation, mesh), "context")
   return tag(

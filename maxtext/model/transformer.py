@@ -289,6 +289,24 @@ def _kernel_head_width(config) -> int:
   return config.head_dim
 
 
+def gqa_projections(
+    x: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config,
+    positions: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Grouped-query attention's q [B, S, H, D], k and v [B, S, K, D] of the
+  normalised input x [B, S, E]; rotary embeddings at int `positions`
+  ([B, S] or [1, S]) applied to q and k."""
+  cdt = x.dtype
+  q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
+  k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
+  v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
+  q = layers.rope(q, positions, config.rope_theta)
+  k = layers.rope(k, positions, config.rope_theta)
+  return q, k, v
+
+
 def _attention(
     x: jax.Array,
     layer: Mapping[str, jax.Array],
@@ -301,19 +319,17 @@ def _attention(
     return mla.attention(x, layer, config, implementation, mesh)
   cdt = x.dtype
   tag = jax.ad_checkpoint.checkpoint_name
-  q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
-  k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
-  v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
-  q = tag(layers.rope(q, config.rope_theta), "query")
-  k = tag(layers.rope(k, config.rope_theta), "key")
-  v = tag(v, "value")
+  q, k, v = gqa_projections(
+      x, layer, config, layers.positions_from_zero(x.shape[1])
+  )
+  q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
   out = tag(layers.attend(q, k, v, implementation, mesh), "context")
   return tag(
       jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
   )
 
 
-def _mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
+def mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
   """SwiGLU MLP. x: [B, S, E] -> [B, S, E]."""
   cdt = x.dtype
   gate = jnp.einsum("bse,em->bsm", x, layer["w_gate"].astype(cdt))
@@ -379,7 +395,7 @@ def _final_hidden(
     x = x + _attention(
         layers.rms_norm(x, layer["attn_norm"], eps), layer, config, mesh
     )
-    x = x + _mlp(layers.rms_norm(x, layer["mlp_norm"], eps), layer)
+    x = x + mlp(layers.rms_norm(x, layer["mlp_norm"], eps), layer)
     return x, None
 
   def moe_block(x, layer):
@@ -403,7 +419,7 @@ def _final_hidden(
   return layers.rms_norm(x, params["final_norm"], eps), stats
 
 
-def _unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
+def unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
   """[B, S, E] hidden states -> float32 [B, S, V] logits."""
   return jnp.einsum(
       "bse,ev->bsv",
@@ -430,7 +446,7 @@ def apply(
   Returns:
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
-  return _unembed(
+  return unembed(
       _final_hidden(params, tokens, config, mesh)[0], params["unembedding"]
   )
 
@@ -452,7 +468,7 @@ def _chunked_token_sums(
     weights: jax.Array,
     chunk: int,
 ) -> tuple[jax.Array, jax.Array]:
-  """`_token_sums` of `_unembed(x)`, `chunk` sequence positions at a time.
+  """`_token_sums` of `unembed(x)`, `chunk` sequence positions at a time.
 
   Only one chunk's float32 logits [B, chunk, V] exist at once, forward and
   backward: each chunk is rematerialised in the backward pass. The sequence
@@ -475,7 +491,7 @@ def _chunked_token_sums(
 
   @functools.partial(jax.checkpoint, prevent_cse=False)
   def sums(x_c, targets_c, weights_c):
-    return _token_sums(_unembed(x_c, unembedding), targets_c, weights_c)
+    return _token_sums(unembed(x_c, unembedding), targets_c, weights_c)
 
   def body(totals, inputs):
     loss_sum, num_correct = sums(*inputs)
@@ -567,7 +583,7 @@ def loss_fn(
     )
   else:
     loss_sum, num_correct = _token_sums(
-        _unembed(x, params["unembedding"]), targets, weights
+        unembed(x, params["unembedding"]), targets, weights
     )
   num_tokens = jnp.sum(weights)
   denom = jnp.maximum(num_tokens, 1e-8)

@@ -325,6 +325,18 @@ class ModelTest(parameterized.TestCase):
         grouped, params, full, expanded, _tokens(grouped, batch=2)
     )
 
+  def test_rope_rows_carry_their_own_positions(self):
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(1, 10, 2, 8)), jnp.float32)
+    whole = layers.rope(x, layers.positions_from_zero(10), 10000.0)
+    # Row 0 holds tokens 0..5 at positions 0..5, row 1 tokens 4..9 at 4..9.
+    rows = jnp.concatenate([x[:, :6], x[:, 4:]], axis=0)
+    positions = jnp.asarray([np.arange(6), np.arange(4, 10)], jnp.int32)
+    got = layers.rope(rows, positions, 10000.0)
+    np.testing.assert_allclose(got[0], whole[0, :6], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[1], whole[0, 4:], rtol=1e-6, atol=1e-6)
+    self.assertGreater(float(jnp.max(jnp.abs(got[1] - whole[0, :6]))), 1e-3)
+
   def test_rope_scores_depend_only_on_relative_position(self):
     rng = np.random.default_rng(0)
     q = jnp.asarray(
@@ -335,7 +347,9 @@ class ModelTest(parameterized.TestCase):
         np.broadcast_to(rng.normal(size=(1, 1, 1, 8)), (1, 12, 1, 8)),
         jnp.float32,
     )
-    rq, rk = layers.rope(q, 10000.0), layers.rope(k, 10000.0)
+    positions = layers.positions_from_zero(12)
+    rq = layers.rope(q, positions, 10000.0)
+    rk = layers.rope(k, positions, 10000.0)
     scores = jnp.einsum("bsnd,btnd->st", rq, rk)
     np.testing.assert_allclose(scores[5, 2], scores[9, 6], rtol=1e-5)
     np.testing.assert_allclose(scores[3, 3], scores[11, 11], rtol=1e-5)

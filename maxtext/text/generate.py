@@ -14,10 +14,12 @@
   token ids.
 
 `generate(run, prompt, options)` and `generate_ids(run, prompt_ids, options)`
-then continue a prompt as one `sampling.SamplingOptions` says
-(`maxtext.text.sampling`). Every problem a user can fix
-(no run there, no checkpoint, a missing or changed tokenizer, a prompt too
-long) is a ValueError with one line naming the path or option.
+then continue a prompt as one `sampling.SamplingOptions` says, with the
+key/value-cache decoder (`maxtext.generation.decoder`): a prompt plus
+`max_new_tokens` must fit in the model's `max_sequence_length`. Every
+problem a user can fix (no run there, no checkpoint, a missing or changed
+tokenizer, a prompt too long) is a ValueError with one line naming the path
+or option.
 """
 
 import dataclasses
@@ -29,6 +31,7 @@ import ml_collections
 
 from maxtext import caller_paths
 from maxtext import checks
+from maxtext.generation import decoder
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
 from maxtext.storage import gcs_mirror
@@ -210,15 +213,16 @@ def generate_ids(
     prompt_ids: Sequence[int],
     options: sampling.SamplingOptions,
 ) -> list[list[int]]:
-  """Continues `prompt_ids`; one list of new ids per sample.
+  """Continues `prompt_ids`; one list of new ids per sample, each ending
+  at its first stop id (kept) or after `options.max_new_tokens` ids.
 
-  Args and Raises: as `sampling.sample`. With a tokenizer, ids it does not
-  know are never drawn.
+  Args and Raises: as `decoder.generate` for one prompt. With a tokenizer,
+  ids it does not know are never drawn.
   """
-  out = sampling.sample(
+  out = decoder.generate(
       run.params,
       run.config,
-      prompt_ids,
+      [prompt_ids],
       options,
       allowed_vocab=(
           min(run.tokenizer.vocab_size, run.config.vocab_size)
@@ -226,7 +230,10 @@ def generate_ids(
           else 0
       ),
   )
-  return [[int(i) for i in row] for row in out]
+  return [
+      [int(i) for i in row[:length]]
+      for row, length in zip(out.ids, out.lengths)
+  ]
 
 
 def encode_prompt(run: LoadedRun, prompt: str) -> list[int]:
@@ -259,9 +266,15 @@ def generate(
   """Continues the text `prompt`; one decoded continuation per sample.
 
   A continuation ends at the first end-of-document id (the model finished
-  a document) or after `options.max_new_tokens` ids.
+  a document; it is a stop id besides `options.stop_ids`), at a stop id, or
+  after `options.max_new_tokens` ids.
 
   Args and Raises: as `generate_ids` and `encode_prompt`.
   """
-  rows = generate_ids(run, encode_prompt(run, prompt), options)
+  ids = encode_prompt(run, prompt)
+  if run.eod_id is not None and run.eod_id not in options.stop_ids:
+    options = dataclasses.replace(
+        options, stop_ids=options.stop_ids + (run.eod_id,)
+    )
+  rows = generate_ids(run, ids, options)
   return [run.tokenizer.decode(until_end_of_document(run, r)) for r in rows]

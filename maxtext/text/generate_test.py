@@ -15,7 +15,8 @@ from testing import stdlib_run
 from testing import tiny_configs
 
 _STEPS = 6
-_OPTIONS = sampling.SamplingOptions(max_new_tokens=24, num_samples=2)
+# The tiny run's model sees 16 positions: short prompts and 10 new ids fit.
+_OPTIONS = sampling.SamplingOptions(max_new_tokens=10, num_samples=2)
 
 
 def _options(**changes) -> sampling.SamplingOptions:
@@ -71,7 +72,7 @@ class GenerateTest(parameterized.TestCase):
         )
         for seed in range(3)
     }
-    # 2 x 24 draws from 400 ids at temperature 1 after 6 steps: equal
+    # 2 x 10 draws from 400 ids at temperature 1 after 6 steps: equal
     # draws for two seeds would mean the seed is ignored.
     self.assertLen(draws, 3)
 
@@ -87,17 +88,28 @@ class GenerateTest(parameterized.TestCase):
     )
     self.assertEqual(top_one, greedy[0])
 
-  def test_a_continuation_longer_than_the_window(self):
-    # 16 prompt ids fill the window; 24 more slide it.
-    ids = generate.generate_ids(
-        self.loaded, [1] * 16, _options(temperature=1.0, seed=1)
-    )
-    self.assertLen(ids[0], 24)
-    self.assertTrue(all(0 <= i < stdlib_run.VOCAB_SIZE for i in ids[0]))
+  def test_a_continuation_past_the_context_is_refused(self):
+    # 16 prompt ids fill the model's 16 positions: no room for new ones.
+    with self.assertRaisesRegex(
+        ValueError,
+        r"prompt 0 of 16 tokens \+ max_new_tokens=10 = 26 exceeds the "
+        r"model's max_sequence_length 16; the cached decoder does not slide",
+    ):
+      generate.generate_ids(
+          self.loaded, [1] * 16, _options(temperature=1.0, seed=1)
+      )
+
+  def test_a_stop_id_ends_a_sample(self):
+    free = generate.generate_ids(self.loaded, [5, 6, 7], _options())[0]
+    stop = free[3]
+    stopped = generate.generate_ids(
+        self.loaded, [5, 6, 7], _options(stop_ids=(stop,))
+    )[0]
+    self.assertEqual(stopped, free[: free.index(stop) + 1])
 
   # Options bad in themselves are refused when built: sampling_test.
   @parameterized.named_parameters(
-      ("long_prompt", [1] * 17, 0, "more than the model's"),
+      ("long_prompt", [1] * 13, 0, "exceeds the model's max_sequence_length"),
       ("id_outside_vocab", [400], 0, "outside the model's"),
       ("top_k_above_vocab", [1, 2], 401, "top_k=401: above the vocabulary"),
   )

@@ -1,0 +1,119 @@
+"""The model run over a key/value cache: prefill and decode steps alike.
+
+`forward(params, tokens, positions, cache, config)` runs the transformer of
+`maxtext.model.transformer` on `tokens` at their `positions`: each layer
+writes the new tokens' keys and values (for MLA, the latent and rotary key;
+`kv_cache`) into the cache at those positions and attends to the cache
+slots at or before each token's position. A prefill is a call with whole
+prompts (positions 0..T-1); a decode step is a call with one token per row
+at that row's own position. The layers are the training model's own
+(`transformer.gqa_projections`, `mla.queries` and `latent_keys`,
+`transformer.mlp`, `moe.moe_mlp`), scanned over the stacked parameters and
+cache, so the logits equal `transformer.apply` over the same ids up to
+float32 summation order.
+
+Mixture-of-experts layers route each call's tokens as training does; with
+`capacity_factor` > 0 an expert's capacity counts the call's tokens, so
+drops (and logits) can differ from a whole-sequence pass. Use
+capacity_factor 0 (no drops, the default) to decode.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from maxtext.generation import kv_cache
+from maxtext.model import layers
+from maxtext.model import mla
+from maxtext.model import moe
+from maxtext.model import transformer
+
+
+def _write(entry: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+  """entry [B, T, ...] with new [B, S, ...] written at int [B, S] positions
+  (positions at or past T are dropped)."""
+  return jax.vmap(lambda e, n, p: e.at[p].set(n, mode="drop"))(
+      entry, new.astype(entry.dtype), positions
+  )
+
+
+def _attention(x, layer, entries, positions, config):
+  """One layer's attention over the cache; returns (out, entries)."""
+  cdt = x.dtype
+  if config.attention_type == "mla":
+    q = mla.queries(x, layer, config, positions)
+    latent, k_rope = mla.latent_keys(x, layer, config, positions)
+    entries = {
+        "kv_latent": _write(entries["kv_latent"], latent, positions),
+        "k_rope": _write(entries["k_rope"], k_rope, positions),
+    }
+    k, v = mla.expand_keys_values(
+        entries["kv_latent"], entries["k_rope"], layer, config
+    )
+  else:
+    q, k, v = transformer.gqa_projections(x, layer, config, positions)
+    entries = {
+        "k": _write(entries["k"], k, positions),
+        "v": _write(entries["v"], v, positions),
+    }
+    k, v = entries["k"], entries["v"]
+  out = layers.attend_cached(q, k, v, positions)
+  return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), entries
+
+
+def forward(
+    params: Any,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: kv_cache.Cache,
+    config,
+) -> tuple[jax.Array, kv_cache.Cache]:
+  """Runs the blocks over `tokens`, reading and extending `cache`.
+
+  Args:
+    params: the parameter pytree (`transformer.init_params`).
+    tokens: int32 [B, S] ids.
+    positions: int32 [B, S] their positions, each < the cache length; a
+      row's earlier positions must already be in the cache (or in `tokens`).
+    cache: `kv_cache.init(config, B, T)` or a cache a call returned.
+    config: the run configuration.
+
+  Returns:
+    (hidden, cache): hidden [B, S, E] final-normed hidden states in the
+    compute dtype (`logits` turns them into logits); the cache with these
+    tokens' entries written.
+  """
+  cdt = jnp.dtype(config.compute_dtype)
+  eps = config.norm_epsilon
+  x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
+
+  def block(x, inputs):
+    layer, entries = inputs
+    out, entries = _attention(
+        layers.rms_norm(x, layer["attn_norm"], eps),
+        layer,
+        entries,
+        positions,
+        config,
+    )
+    x = x + out
+    normed = layers.rms_norm(x, layer["mlp_norm"], eps)
+    if "router" in layer:
+      x = x + moe.moe_mlp(normed, layer, config)[0]
+    else:
+      x = x + transformer.mlp(normed, layer)
+    return x, entries
+
+  new_cache = {}
+  for stack in ("layers", "moe_layers"):
+    if stack in params:
+      x, new_cache[stack] = jax.lax.scan(
+          block, x, (params[stack], cache[stack])
+      )
+  return layers.rms_norm(x, params["final_norm"], eps), new_cache
+
+
+def logits(params: Any, hidden: jax.Array) -> jax.Array:
+  """float32 [B, S, V] logits of `forward`'s hidden states."""
+  return transformer.unembed(hidden, params["unembedding"])

@@ -1,0 +1,332 @@
+"""Generation with a key/value cache: batched prefill, then one step a token.
+
+`generate(params, config, prompts, options)` continues a batch of prompts of
+different lengths as one `sampling.SamplingOptions` says (greedy,
+temperature, top_k, top_p, seed, stop ids; each prompt `num_samples` times):
+
+1. Prefill: the prompts, right-padded to the cache length T, run through
+   `cached_model.forward` once at positions 0..T-1, which fills the cache;
+   each row's next-token logits are read at its own last prompt position.
+2. Decode: a `jax.lax.while_loop`, one step per new token: every row chooses
+   its next id (`sampling.choose`, each row with its own PRNG key, folded
+   from the seed, the row and the step), then that id runs through the model
+   at the row's own position (prompt length + step), writing its entry into
+   the cache and giving the next logits. A row stops after one of the stop
+   ids or `max_new_tokens` ids; a stopped row yields `sampling.PAD_ID` from
+   then on, and the loop ends when every row has stopped.
+
+The slots a prefill fills past a row's prompt hold the padding's entries;
+each is overwritten by the row's own token before any query of the row can
+see it, since a query at position p sees slots 0..p only.
+
+Generation stops at the model's `max_sequence_length`: a prompt plus
+`max_new_tokens` longer than that is refused with one line (the windowed
+sampler of `maxtext.text.sampling` slides past it; this decoder does not).
+
+Compilation: one program per (rows, cache length, greedy or not, filtered
+or not, stop-id slots, mesh). The cache length is a bucket, the smallest
+power of two (at least `_MIN_CACHE_LENGTH`) that holds the longest prompt
+and `max_new_tokens`, capped at `max_sequence_length`; the prompt lengths,
+`max_new_tokens`, temperature, top_k, top_p, seed and stop ids are arrays of
+the program, so changing them compiles nothing new.
+
+Sharding: with a `mesh`, the rows are split over its batch axes
+(`maxtext.mesh.batch_axes`) and so is the cache; the parameters stay where
+the caller put them (as the trainer shards them: `model_setup`).
+"""
+
+import dataclasses
+import functools
+import math
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext import checks
+from maxtext import mesh as mesh_lib
+from maxtext.generation import cached_model
+from maxtext.generation import kv_cache
+from maxtext.text import sampling
+
+# The smallest cache length: short generations share one program.
+_MIN_CACHE_LENGTH = 16
+# Stop ids are passed padded to a multiple of this many slots (with -1,
+# which matches no id), so one program serves any few stop ids.
+_STOP_SLOTS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """What `generate` returns, one row per (prompt, sample).
+
+  Attributes:
+    ids: int32 [rows, max_new_tokens] new ids; `sampling.PAD_ID` after a
+      row stopped. Row r continues prompt r // num_samples.
+    lengths: int32 [rows], the real ids of each row (a stop id included).
+    log_probs: float32 [rows, max_new_tokens], the model's log-probability
+      of each id (log-softmax of its logits, before temperature and
+      filtering); 0 at padding.
+    cache_length: the cache's positions per row (the length bucket).
+    cache_bytes: bytes of the whole cache (all rows and layers).
+  """
+
+  ids: np.ndarray
+  lengths: np.ndarray
+  log_probs: np.ndarray
+  cache_length: int
+  cache_bytes: int
+
+
+def cache_length(needed: int, max_sequence_length: int) -> int:
+  """The cache length bucket for `needed` positions (<= the maximum)."""
+  bucket = max(_MIN_CACHE_LENGTH, 1 << max(needed - 1, 0).bit_length())
+  return min(bucket, max_sequence_length)
+
+
+def batch_sharding(
+    mesh: jax.sharding.Mesh, ndim: int, axis: int = 0
+) -> jax.sharding.NamedSharding:
+  """Sharding of an `ndim`-dimensional array whose dimension `axis` is the
+  rows: split over the mesh's batch axes, the rest replicated."""
+  spec = [None] * ndim
+  spec[axis] = mesh_lib.batch_axes(mesh)
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
+def check_rows(mesh: Optional[jax.sharding.Mesh], rows: int, what: str):
+  """Raises ValueError (naming `what`) unless `rows` splits evenly over the
+  mesh's batch shards; nothing to check without a mesh."""
+  if mesh is None:
+    return
+  shards = math.prod(mesh.shape[a] for a in mesh_lib.batch_axes(mesh))
+  if rows % shards:
+    raise ValueError(
+        f"{what} rows is not divisible by the mesh's {shards} batch shards"
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("config", "greedy", "filtered", "mesh")
+)
+def _generate(
+    params,
+    tokens,
+    lengths,
+    seed_key,
+    temperature,
+    top_k,
+    top_p,
+    max_new_tokens,
+    stop_ids,
+    allowed_vocab,
+    *,
+    config,
+    greedy: bool,
+    filtered: bool,
+    mesh: Optional[jax.sharding.Mesh],
+):
+  """The compiled prefill and decode loop; see the module docstring.
+
+  Args:
+    params: the model's parameters.
+    tokens: int32 [B, T] prompts, right-padded.
+    lengths: int32 [B] prompt lengths (>= 1).
+    seed_key: the PRNG key of the seed.
+    temperature, top_k, top_p: as `sampling.filter_logits`.
+    max_new_tokens: int32 scalar, lengths + it <= T.
+    stop_ids: int32 [S] (-1 = no stop id).
+    allowed_vocab: int32 scalar; ids at or above it are never chosen.
+    config, greedy, filtered: static; as `sampling.choose`.
+    mesh: static; the mesh whose batch axes split the rows, or None.
+
+  Returns:
+    (ids, log_probs): int32 and float32 [B, T]; the first max_new_tokens
+    columns are the generation.
+  """
+  rows, length = tokens.shape
+  cache = kv_cache.init(config, rows, length)
+  if mesh is not None:
+    cache = jax.tree_util.tree_map(
+        lambda x: jax.lax.with_sharding_constraint(
+            x, batch_sharding(mesh, x.ndim, 1)
+        ),
+        cache,
+    )
+  positions = jnp.broadcast_to(
+      jnp.arange(length, dtype=jnp.int32), tokens.shape
+  )
+  hidden, cache = cached_model.forward(params, tokens, positions, cache, config)
+  last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
+  logits = cached_model.logits(params, last)[:, 0]
+  row_keys = jax.vmap(lambda r: jax.random.fold_in(seed_key, r))(
+      jnp.arange(rows)
+  )
+  vocab = jnp.arange(logits.shape[-1])
+
+  def cond(carry):
+    step, _, _, done, _, _ = carry
+    return (step < max_new_tokens) & ~jnp.all(done)
+
+  def body(carry):
+    step, cache, logits, done, ids, log_probs = carry
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
+    token = sampling.choose(
+        jnp.where(vocab < allowed_vocab, logits, -jnp.inf),
+        keys,
+        temperature,
+        top_k,
+        top_p,
+        greedy=greedy,
+        filtered=filtered,
+    )
+    log_prob = jnp.take_along_axis(
+        jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1
+    )[:, 0]
+    token = jnp.where(done, sampling.PAD_ID, token)
+    ids = ids.at[:, step].set(token)
+    log_probs = log_probs.at[:, step].set(jnp.where(done, 0.0, log_prob))
+    done = done | jnp.isin(token, stop_ids)
+    hidden, cache = cached_model.forward(
+        params, token[:, None], (lengths + step)[:, None], cache, config
+    )
+    logits = cached_model.logits(params, hidden)[:, 0]
+    return step + 1, cache, logits, done, ids, log_probs
+
+  carry = (
+      jnp.int32(0),
+      cache,
+      logits,
+      jnp.zeros((rows,), jnp.bool_),
+      jnp.full((rows, length), sampling.PAD_ID, jnp.int32),
+      jnp.zeros((rows, length), jnp.float32),
+  )
+  _, _, _, _, ids, log_probs = jax.lax.while_loop(cond, body, carry)
+  return ids, log_probs
+
+
+def check_prompts(
+    prompts: Sequence[Sequence[int]], config, reserved: int
+) -> list[list[int]]:
+  """The prompts as lists of ints, checked against the model.
+
+  Args:
+    prompts: one or more non-empty id sequences.
+    config: the model's config.
+    reserved: positions each prompt must leave free (max_new_tokens).
+
+  Raises:
+    TypeError/ValueError: one line naming the prompt and the problem (no
+      prompts, an empty one, an id outside the vocabulary, too long).
+  """
+  if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+    raise ValueError("prompts: give at least one prompt (a list of id lists)")
+  vocab, limit = config.vocab_size, config.max_sequence_length
+  checked = []
+  for index, prompt in enumerate(prompts):
+    ids = [checks.check_int(f"prompt {index} id", i) for i in prompt]
+    if not ids:
+      raise ValueError(f"prompt {index} is empty: give at least one token")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+      raise ValueError(
+          f"prompt {index} id {bad[0]} is outside the model's vocabulary "
+          f"[0, {vocab})"
+      )
+    if len(ids) + reserved > limit:
+      raise ValueError(
+          f"prompt {index} of {len(ids)} tokens + max_new_tokens={reserved} "
+          f"= {len(ids) + reserved} exceeds the model's max_sequence_length "
+          f"{limit}; the cached decoder does not slide: shorten the prompt "
+          "or ask for fewer tokens"
+      )
+    checked.append(ids)
+  return checked
+
+
+def generate(
+    params: Any,
+    config: Any,
+    prompts: Sequence[Sequence[int]],
+    options: sampling.SamplingOptions,
+    *,
+    allowed_vocab: int = 0,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> Generation:
+  """Continues each prompt `options.num_samples` times.
+
+  Args:
+    params: the model's parameters (`transformer.init_params`' tree), on one
+      device or sharded over `mesh` as the trainer shards them.
+    config: the model's config, frozen (an ml_collections
+      FrozenConfigDict: a static argument of the compiled program).
+    prompts: id lists of 1 or more ids each; len(prompt) + max_new_tokens
+      <= config.max_sequence_length.
+    options: how many ids and how to choose them.
+    allowed_vocab: ids at or above this are never chosen (a tokenizer
+      smaller than the model's vocabulary); 0 = config.vocab_size.
+    mesh: split the rows over this mesh's batch axes; None = one device.
+
+  Returns:
+    A `Generation` of len(prompts) * num_samples rows.
+
+  Raises:
+    TypeError/ValueError: one line naming the option or prompt: options
+      not SamplingOptions, top_k above the vocabulary, a stop id outside
+      it, a bad or too long prompt, rows not divisible by the mesh's
+      batch shards.
+  """
+  allowed_vocab = sampling.check_for_model(options, config, allowed_vocab)
+  new = options.max_new_tokens
+  prompts = check_prompts(prompts, config, new)
+  rows = len(prompts) * options.num_samples
+  check_rows(
+      mesh,
+      rows,
+      f"{len(prompts)} prompts x num_samples={options.num_samples} = {rows}",
+  )
+  length = cache_length(
+      max(len(p) for p in prompts) + new, config.max_sequence_length
+  )
+  tokens = np.full((rows, length), sampling.PAD_ID, np.int32)
+  lengths = np.zeros((rows,), np.int32)
+  for index, prompt in enumerate(prompts):
+    for sample in range(options.num_samples):
+      row = index * options.num_samples + sample
+      tokens[row, : len(prompt)] = prompt
+      lengths[row] = len(prompt)
+  slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
+  stop_ids = np.full((slots,), -1, np.int32)
+  stop_ids[: len(options.stop_ids)] = options.stop_ids
+  tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+  if mesh is not None:
+    tokens = jax.device_put(tokens, batch_sharding(mesh, 2))
+    lengths = jax.device_put(lengths, batch_sharding(mesh, 1))
+  ids, log_probs = _generate(
+      params,
+      tokens,
+      lengths,
+      jax.random.PRNGKey(options.seed),
+      jnp.float32(1.0 if options.greedy else options.temperature),
+      jnp.int32(options.top_k),
+      jnp.float32(options.top_p),
+      jnp.int32(new),
+      jnp.asarray(stop_ids),
+      jnp.int32(allowed_vocab),
+      config=config,
+      greedy=options.greedy,
+      filtered=options.filtered,
+      mesh=mesh,
+  )
+  ids, log_probs = jax.device_get((ids, log_probs))
+  ids, lengths = sampling.mask_after_stop(
+      np.asarray(ids)[:, :new], options.stop_ids
+  )
+  return Generation(
+      ids=ids,
+      lengths=lengths,
+      log_probs=np.asarray(log_probs)[:, :new],
+      cache_length=length,
+      cache_bytes=kv_cache.bytes_per_token(config) * rows * length,
+  )

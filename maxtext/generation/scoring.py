@@ -1,0 +1,134 @@
+"""Log-probabilities of given completions, in one teacher-forced pass.
+
+`completion_log_probs` is the traceable piece a policy-gradient loss builds
+on: prompts and completions packed into one right-padded [B, S] batch, one
+`transformer.apply` over it, and per completion id the log-softmax of the
+logits at the position before it. `score` is its host-side form: id lists
+in, a float32 array out. Padding (after a completion's end, and every
+position of a row's prompt) has log-probability 0.
+"""
+
+import functools
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext import checks
+from maxtext.generation import decoder
+from maxtext.model import transformer
+from maxtext.text import sampling
+
+
+def completion_log_probs(
+    params: Any,
+    tokens: jax.Array,
+    prompt_lengths: jax.Array,
+    completion_lengths: jax.Array,
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> jax.Array:
+  """Per-id log-probabilities of each row's completion.
+
+  Args:
+    params: the model's parameters.
+    tokens: int32 [B, S] rows of prompt then completion, right-padded.
+    prompt_lengths: int32 [B], >= 1.
+    completion_lengths: int32 [B], prompt + completion <= S.
+    config: the model's config.
+    mesh: as `transformer.apply`.
+
+  Returns:
+    float32 [B, S]: column j is the log-probability of completion id j
+    (tokens[b, prompt_lengths[b] + j]); 0 where j >= completion_lengths[b].
+  """
+  length = tokens.shape[1]
+  log_probs = jax.nn.log_softmax(
+      transformer.apply(params, tokens, config, mesh), axis=-1
+  )
+  # Completion id j sits at prompt_length + j; the logits before it predict it.
+  column = jnp.arange(length)[None, :]
+  at = jnp.clip(prompt_lengths[:, None] - 1 + column, 0, length - 2)
+  targets = jnp.take_along_axis(tokens, at + 1, axis=1)
+  picked = jnp.take_along_axis(
+      jnp.take_along_axis(log_probs, at[:, :, None], axis=1),
+      targets[:, :, None],
+      axis=2,
+  )[:, :, 0]
+  return jnp.where(column < completion_lengths[:, None], picked, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "mesh"))
+def _score(params, tokens, prompt_lengths, completion_lengths, config, mesh):
+  return completion_log_probs(
+      params, tokens, prompt_lengths, completion_lengths, config, mesh
+  )
+
+
+def score(
+    params: Any,
+    config: Any,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    *,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> np.ndarray:
+  """The model's log-probability of each completion id given its prompt.
+
+  Args:
+    params: the model's parameters (one device, or sharded over `mesh`).
+    config: the model's config, frozen.
+    prompts: B id lists, each non-empty.
+    completions: B id lists (may be empty); prompt + completion <=
+      config.max_sequence_length.
+    mesh: split the rows over this mesh's batch axes; None = one device.
+
+  Returns:
+    float32 [B, longest completion]; 0 past a completion's end.
+
+  Raises:
+    ValueError: one line naming the row: counts differ, a bad prompt or
+      completion id, a row longer than max_sequence_length, rows not
+      divisible by the mesh's batch shards.
+  """
+  if len(prompts) != len(completions):
+    raise ValueError(
+        f"{len(prompts)} prompts but {len(completions)} completions: give "
+        "one completion per prompt"
+    )
+  prompts = decoder.check_prompts(prompts, config, 0)
+  vocab, limit = config.vocab_size, config.max_sequence_length
+  rows = []
+  for index, (prompt, completion) in enumerate(zip(prompts, completions)):
+    ids = [checks.check_int(f"completion {index} id", i) for i in completion]
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+      raise ValueError(
+          f"completion {index} id {bad[0]} is outside the model's "
+          f"vocabulary [0, {vocab})"
+      )
+    if len(prompt) + len(ids) > limit:
+      raise ValueError(
+          f"row {index}: prompt {len(prompt)} + completion {len(ids)} tokens "
+          f"exceed the model's max_sequence_length {limit}"
+      )
+    rows.append((prompt, ids))
+  decoder.check_rows(mesh, len(rows), f"{len(rows)}")
+  longest = max(len(p) + len(c) for p, c in rows)
+  length = max(decoder.cache_length(longest, limit), 2)
+  tokens = np.full((len(rows), length), sampling.PAD_ID, np.int32)
+  for row, (prompt, completion) in enumerate(rows):
+    tokens[row, : len(prompt) + len(completion)] = prompt + completion
+  lengths = [
+      np.asarray([len(p) for p, _ in rows], np.int32),
+      np.asarray([len(c) for _, c in rows], np.int32),
+  ]
+  arrays = [jnp.asarray(tokens)] + [jnp.asarray(x) for x in lengths]
+  if mesh is not None:
+    arrays = [
+        jax.device_put(x, decoder.batch_sharding(mesh, x.ndim)) for x in arrays
+    ]
+  out = _score(params, *arrays, config=config, mesh=mesh)
+  width = max(len(c) for _, c in rows)
+  return np.asarray(jax.device_get(out))[:, :width]

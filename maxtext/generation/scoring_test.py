@@ -1,0 +1,78 @@
+"""Teacher-forced scoring against the decoder's own log-probabilities."""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from maxtext.generation import decoder
+from maxtext.generation import scoring
+from maxtext.model import transformer
+from maxtext.text import sampling
+from testing import tiny_configs
+
+# float32 log-probabilities of one pass and of the cached steps agree to
+# this (absolute), as the logits do (decoder_test).
+_ATOL = 1e-4
+
+
+class ScoringTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.config = ml_collections.FrozenConfigDict(
+        tiny_configs.model_config(tiny_configs.TINY_MLA)
+    )
+    cls.params = transformer.init_params(cls.config, jax.random.PRNGKey(4))
+
+  def test_scores_equal_the_decoders_log_probs_of_its_samples(self):
+    rng = np.random.default_rng(5)
+    prompts = [list(rng.integers(0, 32, size=n)) for n in (3, 6, 1)]
+
+    def options(stop_ids):
+      return sampling.SamplingOptions(
+          max_new_tokens=7,
+          temperature=1.3,
+          top_p=0.9,
+          seed=11,
+          num_samples=2,
+          stop_ids=stop_ids,
+      )
+
+    # Row 0 draws the same ids with and without stop ids, so its third id
+    # stops it after 3.
+    free = decoder.generate(self.params, self.config, prompts, options(()))
+    got = decoder.generate(
+        self.params, self.config, prompts, options((int(free.ids[0, 2]),))
+    )
+    self.assertLessEqual(got.lengths[0], 3)
+    rows = [p for p in prompts for _ in range(2)]  # num_samples
+    completions = [list(ids[:n]) for ids, n in zip(got.ids, got.lengths)]
+    scores = scoring.score(self.params, self.config, rows, completions)
+    self.assertEqual(scores.shape, (6, int(got.lengths.max())))
+    np.testing.assert_allclose(
+        scores, got.log_probs[:, : scores.shape[1]], atol=_ATOL
+    )
+    for row, n in enumerate(got.lengths):
+      self.assertTrue(np.all(scores[row, :n] < 0))
+      np.testing.assert_array_equal(scores[row, n:], 0.0)
+
+  def test_scores_are_the_log_softmax_of_one_forward_pass(self):
+    ids = [7, 1, 30, 2, 9]
+    scores = scoring.score(self.params, self.config, [ids[:2]], [ids[2:]])
+    logits = transformer.apply(self.params, jnp.asarray([ids]), self.config)
+    log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))[0]
+    expected = [log_probs[t - 1, ids[t]] for t in range(2, 5)]
+    np.testing.assert_allclose(scores[0], expected, atol=1e-6)
+
+  def test_mismatched_rows_are_refused(self):
+    with self.assertRaisesRegex(ValueError, "2 prompts but 1 completions"):
+      scoring.score(self.params, self.config, [[1], [2]], [[3]])
+    with self.assertRaisesRegex(ValueError, "row 0: prompt 10 \\+ completion"):
+      scoring.score(self.params, self.config, [[1] * 10], [[2] * 7])
+
+
+if __name__ == "__main__":
+  absltest.main()

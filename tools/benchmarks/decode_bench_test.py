@@ -1,0 +1,96 @@
+"""Runs the decode_bench binary on a tiny model: its table and closing line.
+
+Times are not checked (tests never assert on speed); what is checked is that
+both samplers run, generate the tokens the table says, agree on their ids,
+and that the last line is the one other tools parse.
+"""
+
+import re
+
+from absl.testing import absltest
+
+from testing import runfiles
+
+_LAST_LINE = re.compile(r"^decode_bench: speedup=(\d+\.\d)$")
+# A tiny model under configs/decode_bench.py's field names.
+_TINY = (
+    "--config.vocab_size=64",
+    "--config.emb_dim=32",
+    "--config.num_layers=2",
+    "--config.num_heads=4",
+    "--config.num_kv_heads=2",
+    "--config.head_dim=8",
+    "--config.mlp_dim=64",
+    "--config.max_sequence_length=32",
+)
+
+
+def _run(*args):
+  return runfiles.run_binary(
+      "tools/benchmarks/decode_bench", list(_TINY + args), timeout_s=600
+  )
+
+
+class DecodeBenchTest(absltest.TestCase):
+
+  def test_runs_and_reports(self):
+    proc = _run(
+        "--batch=2", "--prompt_len=5", "--new_tokens=9", "--windowed_tokens=3"
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    lines = proc.stdout.strip().splitlines()
+    self.assertIn("max_sequence_length 32, batch 2, prompt 5", lines[0])
+    rows = {l.split()[0]: l.split()[1:] for l in lines[2:4]}
+    self.assertEqual(sorted(rows), ["cached", "windowed"])
+    self.assertEqual(rows["cached"][0], "18")  # 2 rows x 9 tokens
+    self.assertEqual(rows["windowed"][0], "6")
+    for name, row in rows.items():
+      seconds, rate, compile_s = map(float, row[1:4])
+      self.assertGreater(seconds, 0, name)
+      # tokens / rate is the time, up to the 3 decimals printed.
+      self.assertAlmostEqual(
+          int(row[0]) / rate, seconds, delta=0.0006, msg=name
+      )
+      self.assertGreater(compile_s, 0, name)
+    # 16 positions (the smallest bucket) x 2 rows x 2 layers x (k, v) of
+    # 2 heads of 8 float32.
+    self.assertEqual(rows["cached"][4], str(16 * 2 * 2 * 2 * 2 * 8 * 4))
+    self.assertIn("same ids: 2/2 rows agree on the first 3 tokens", lines)
+    self.assertIn("cache: 16 positions x 2 rows, 256 bytes per token", lines)
+    match = _LAST_LINE.match(lines[-1])
+    self.assertIsNotNone(match, lines[-1])
+    speedup = float(rows["cached"][2]) / float(rows["windowed"][2])
+    self.assertAlmostEqual(float(match.group(1)), speedup, delta=0.051)
+
+  def test_mla_reports_its_cache_against_grouped_query_attention(self):
+    proc = _run(
+        "--batch=1",
+        "--prompt_len=2",
+        "--new_tokens=2",
+        "--windowed_tokens=1",
+        "--config.attention_type=mla",
+        "--config.q_lora_rank=0",
+        "--config.kv_lora_rank=12",
+        "--config.qk_nope_head_dim=8",
+        "--config.qk_rope_head_dim=4",
+        "--config.v_head_dim=6",
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    # 2 layers x (12 + 4) float32 against 4 heads x (8 + 4 + 6).
+    self.assertIn(
+        "cache: 16 positions x 1 rows, 128 bytes per token (576 for "
+        "grouped-query attention of the same width)",
+        proc.stdout,
+    )
+
+  def test_a_request_past_the_context_is_a_usage_error(self):
+    proc = _run("--prompt_len=30", "--new_tokens=8")
+    self.assertNotEqual(proc.returncode, 0)
+    self.assertIn(
+        "--prompt_len=30 + --new_tokens=8 exceeds max_sequence_length 32",
+        proc.stderr,
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()
