@@ -4,20 +4,26 @@ The model, the hyperparameters and the batch argument are
 `deepseekv3_671b.py`'s (the closed rules' values; see its docstring); this
 file changes only what a TPU needs.
 
-Its target is one TPU v5p-512 slice: 256 chips (v5p:8x8x4), 95.74 GiB of
+Its target is one TPU v5p-512 slice: 256 chips (v5p:4x8x8), 95.74 GiB of
 HBM each, as many devices as the GPU layout counts. The layout is the GPU
 file's: experts over 8 chips, every parameter's other dimensions over the
 other 32 (expert 8 x fsdp 32). Its training state is 49.38 GB (45.99 GiB)
 per chip (`tools/benchmarks/memory_bench --mesh=expert=8,fsdp=32`), under
-half of the chip; expert 32 x fsdp 8 would hold 74.90 GB (69.76 GiB) of
+half of the chip; expert 32 x fsdp 8 would hold 74.90 GB (69.75 GiB) of
 state and leave 26 GiB for the activations and the MoE layers' gathered
-experts, and plain FSDP over 256 saves only 7 GB per chip while every MoE
+experts, and plain FSDP over 256 saves only 7.4 GB per chip while every MoE
 layer would gather all 256 experts' weights onto every chip. The TPU
 compiler's figures for it (docs/PERFORMANCE.md) come from any host,
 without a TPU:
 
   tools/bazel run --config=tpu //tools:train_compile -- \
     --config=maxtext/configs/deepseekv3_671b_tpu.py --topology=v5p-512
+
+With today's MoE layer it does not fit (fits=no, 480.82 GiB of micro-step
+temporaries per chip): the layer's sorted dispatch runs over the whole
+micro-batch, so every chip holds the routed tokens of all 256 sequences
+(docs/models.md, "On a TPU slice"). The layout above is the one to keep
+once each chip dispatches only its own tokens.
 
 It needs the slice, the benchmark's data and its warm-start checkpoint:
 

@@ -69,7 +69,7 @@ class DeepseekV3TpuTest(parameterized.TestCase):
     tpu = deepseekv3_671b_tpu.get_config(batch).to_dict()
     gpu = deepseekv3_671b.get_config(batch).to_dict()
     self.assertEqual(tpu.keys(), gpu.keys())
-    changed = {k for k in tpu if tpu[k] != gpu[k]}
+    changed = {k for k, v in tpu.items() if v != gpu[k]}
     self.assertLessEqual(changed, _TPU_FIELDS)
     self.assertEqual(tpu["hardware"], "tpu")
     self.assertEqual(tpu["submission_platform"], "tpu")
