@@ -73,6 +73,17 @@ class ChoicesTest(parameterized.TestCase):
     self.assertEqual(experts.shape, (6, config.num_experts_per_token))
 
   @parameterized.named_parameters(
+      (name, name) for name in choices.ROPE_SCALINGS
+  )
+  def test_rope_scalings_make_frequencies(self, name):
+    config = tiny_configs.model_config(rope_scaling=name)
+    frequencies = layers.rope_frequencies(
+        config.head_dim, config.rope_theta, layers.rope_scaling(config)
+    )
+    self.assertEqual(frequencies.shape, (config.head_dim // 2,))
+    self.assertTrue(bool(jnp.all(frequencies > 0)))
+
+  @parameterized.named_parameters(
       (name, name) for name in choices.LOAD_BALANCE_LOSSES
   )
   def test_load_balance_losses_compute(self, name):

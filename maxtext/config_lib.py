@@ -128,6 +128,23 @@ def _check_mla(v) -> None:
     )
 
 
+def _check_llama3_scaling(v) -> None:
+  """Llama 3.1's rotary scaling fields (maxtext/model/layers.py)."""
+  if v["rope_scaling_factor"] < 1:
+    raise _fail("rope_scaling_factor", v["rope_scaling_factor"], "must be >= 1")
+  if v["rope_low_freq_factor"] <= 0:
+    raise _fail(
+        "rope_low_freq_factor", v["rope_low_freq_factor"], "must be > 0"
+    )
+  if v["rope_high_freq_factor"] <= v["rope_low_freq_factor"]:
+    raise _fail(
+        "rope_high_freq_factor",
+        v["rope_high_freq_factor"],
+        f"must be > rope_low_freq_factor={v['rope_low_freq_factor']}",
+    )
+  _at_least(v, "rope_original_max_position", 1)
+
+
 def _check_moe(v) -> None:
   """The mixture-of-experts fields (maxtext/model/moe.py)."""
   for key in (
@@ -239,6 +256,9 @@ def _check_model(v) -> None:
     raise _fail("head_dim", v["head_dim"], "must be even (rotary embeddings)")
   if v["rope_theta"] <= 0:
     raise _fail("rope_theta", v["rope_theta"], "must be > 0")
+  _one_of(v, "rope_scaling", choices.ROPE_SCALINGS)
+  if v["rope_scaling"] == "llama3":
+    _check_llama3_scaling(v)
   if v["norm_epsilon"] <= 0:
     raise _fail("norm_epsilon", v["norm_epsilon"], "must be > 0")
   _one_of(v, "weight_dtype", choices.DTYPES)

@@ -234,6 +234,25 @@ class ValidateTest(parameterized.TestCase):
           "qk_rope_head_dim=7: must be even",
       ),
       (
+          "llama3_scaling_below_one",
+          {"rope_scaling": "llama3", "rope_scaling_factor": 0.5},
+          "rope_scaling_factor=0.5: must be >= 1",
+      ),
+      (
+          "llama3_bands_crossed",
+          {
+              "rope_scaling": "llama3",
+              "rope_low_freq_factor": 4.0,
+              "rope_high_freq_factor": 1.0,
+          },
+          "rope_high_freq_factor=1.0: must be > rope_low_freq_factor=4.0",
+      ),
+      (
+          "llama3_no_original_context",
+          {"rope_scaling": "llama3", "rope_original_max_position": 0},
+          "rope_original_max_position=0",
+      ),
+      (
           "first_eval_off_the_batch",
           {"first_eval_samples": 20},
           "first_eval_samples=20: must be a multiple of global_batch_size",
@@ -352,6 +371,7 @@ class ValidateTest(parameterized.TestCase):
       ("attention_type", "attention_type", choices.ATTENTION_TYPES),
       ("remat_policy", "remat_policy", choices.REMAT_POLICIES),
       ("router_score", "router_score", choices.ROUTER_SCORES),
+      ("rope_scaling", "rope_scaling", choices.ROPE_SCALINGS),
       ("load_balance_loss", "load_balance_loss", choices.LOAD_BALANCE_LOSSES),
       ("weight_dtype", "weight_dtype", choices.DTYPES),
       ("compute_dtype", "compute_dtype", choices.DTYPES),

@@ -117,6 +117,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_sequence_length = 64
   # Base of the rotary position embedding frequencies.
   config.rope_theta = 10000.0
+  # Rescaling of the rotary frequencies: none | llama3 (Llama 3.1's
+  # long-context scaling, maxtext.model.layers.Llama3Scaling; its four
+  # fields below are read only then, and default to Llama 3.1's values).
+  config.rope_scaling = "none"
+  # llama3: low frequencies are divided by this factor.
+  config.rope_scaling_factor = 8.0
+  # llama3: wavelengths above original / low_freq_factor are scaled fully,
+  config.rope_low_freq_factor = 1.0
+  # llama3: wavelengths below original / high_freq_factor are kept; those
+  # between the two bounds move smoothly from scaled to kept.
+  config.rope_high_freq_factor = 4.0
+  # llama3: the context length the model was first trained at.
+  config.rope_original_max_position = 8192
   # Epsilon inside the RMSNorm square root.
   config.norm_epsilon = 1e-5
   # Storage dtype of parameters and optimizer state:

@@ -6,6 +6,7 @@ hand them to `attend`, so every attention implementation serves both. The
 module imports neither of them, so neither import is a cycle.
 """
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -17,6 +18,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask as splash_mask,
 )
 import jax.numpy as jnp
+
+from maxtext import choices
 
 # Implementations `attend` runs ("auto" is resolved before, by
 # `maxtext.model.attention_implementation`).
@@ -33,26 +36,88 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   return (normed * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class Llama3Scaling:
+  """Llama 3.1's rescaled rotary frequencies (Hugging Face's rope_type
+  "llama3"), which stretch a model trained on `original_max_position`
+  tokens to a longer context.
+
+  A frequency f has the wavelength w = 2 pi / f. With L =
+  `original_max_position`: where w < L / high_freq_factor (high frequencies,
+  many turns within the original context) f is kept; where w > L /
+  low_freq_factor (low frequencies) it is divided by `factor`; between the
+  two it moves linearly, in L / w, from f / factor to f:
+  f' = (1 - a) f / factor + a f with a = (L / w - low_freq_factor) /
+  (high_freq_factor - low_freq_factor).
+  """
+
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_position: int
+
+  def apply(self, inv_freq: jax.Array) -> jax.Array:
+    """The rescaled frequencies of float32 `inv_freq`."""
+    original = float(self.original_max_position)
+    wavelength = 2.0 * math.pi / inv_freq
+    low, high = self.low_freq_factor, self.high_freq_factor
+    stretched = jnp.where(
+        wavelength > original / low, inv_freq / self.factor, inv_freq
+    )
+    a = (original / wavelength - low) / (high - low)
+    smoothed = (1.0 - a) * inv_freq / self.factor + a * inv_freq
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return jnp.where(medium, smoothed, stretched)
+
+
+def rope_scaling(config) -> Optional[Llama3Scaling]:
+  """The rotary scaling `config.rope_scaling` names (None for "none").
+
+  Raises:
+    ValueError: a name outside `choices.ROPE_SCALINGS`.
+  """
+  name = config.rope_scaling
+  if name == "none":
+    return None
+  if name == "llama3":
+    return Llama3Scaling(
+        factor=float(config.rope_scaling_factor),
+        low_freq_factor=float(config.rope_low_freq_factor),
+        high_freq_factor=float(config.rope_high_freq_factor),
+        original_max_position=int(config.rope_original_max_position),
+    )
+  raise ValueError(
+      f"config.rope_scaling={name!r}: must be one of "
+      f"{list(choices.ROPE_SCALINGS)}"
+  )
+
+
+def rope(
+    x: jax.Array,
+    positions: jax.Array,
+    theta: float,
+    scaling: Optional[Llama3Scaling] = None,
+) -> jax.Array:
   """Applies rotary position embeddings at the given positions.
 
   Dimension i of the first half of each head is rotated together with
-  dimension i of the second half, by the angle position * theta^(-2i/D).
-  Positions are per row, so a batch of sequences that start at different
-  offsets (a decoder's cache, left- or right-padded prompts) rotates each
-  token by its own position.
+  dimension i of the second half, by the angle position * f_i, f_i =
+  `rope_frequencies(D, theta, scaling)[i]`. Positions are per row, so a
+  batch of sequences that start at different offsets (a decoder's cache,
+  left- or right-padded prompts) rotates each token by its own position.
 
   Args:
     x: [B, S, N, D] queries or keys, D even.
     positions: integer [B, S] positions of x's tokens ([1, S] broadcasts
       over the batch).
     theta: frequency base.
+    scaling: a rescaling of the frequencies, or None (`rope_scaling`).
 
   Returns:
     [B, S, N, D] in x's dtype.
   """
   half = x.shape[3] // 2
-  inv_freq = rope_frequencies(x.shape[3], theta)
+  inv_freq = rope_frequencies(x.shape[3], theta, scaling)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, S, half]
   sin = jnp.sin(angles)[:, :, None, :]
   cos = jnp.cos(angles)[:, :, None, :]
@@ -62,15 +127,15 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return rotated.astype(x.dtype)
 
 
-def rope_frequencies(head_dim: int, theta: float) -> jax.Array:
-  """float32 [head_dim // 2] rotary frequencies theta^(-2i/head_dim).
-
-  The one place the frequencies are made: a scaled variant (long-context
-  extensions rescale them per dimension) changes these and nothing else.
-  """
-  return theta ** (
+def rope_frequencies(
+    head_dim: int, theta: float, scaling: Optional[Llama3Scaling] = None
+) -> jax.Array:
+  """float32 [head_dim // 2] rotary frequencies theta^(-2i/head_dim),
+  rescaled by `scaling` when given: the one place they are made."""
+  inv_freq = theta ** (
       -jnp.arange(head_dim // 2, dtype=jnp.float32) * 2.0 / head_dim
   )
+  return inv_freq if scaling is None else scaling.apply(inv_freq)
 
 
 def positions_from_zero(seq_len: int) -> jax.Array:

@@ -141,10 +141,10 @@ def queries(
     q = jnp.einsum("bsq,qhd->bshd", q_latent, layer["wq_b"].astype(cdt))
   else:
     q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
-  return jnp.concatenate(
-      [q[..., :nope], layers.rope(q[..., nope:], positions, config.rope_theta)],
-      axis=-1,
+  q_rope = layers.rope(
+      q[..., nope:], positions, config.rope_theta, layers.rope_scaling(config)
   )
+  return jnp.concatenate([q[..., :nope], q_rope], axis=-1)
 
 
 def latent_keys(
@@ -167,7 +167,10 @@ def latent_keys(
       kv_a[..., :kv_rank], layer["kv_norm"], config.norm_epsilon
   )
   k_rope = layers.rope(
-      kv_a[:, :, None, kv_rank:], positions, config.rope_theta
+      kv_a[:, :, None, kv_rank:],
+      positions,
+      config.rope_theta,
+      layers.rope_scaling(config),
   )[:, :, 0]
   return kv_latent, k_rope
 

@@ -35,6 +35,7 @@ def _layer_config(**overrides) -> ml_collections.ConfigDict:
           qk_rope_head_dim=4,
           v_head_dim=3,
           rope_theta=_THETA,
+          rope_scaling="none",
           norm_epsilon=_EPS,
       )
   )

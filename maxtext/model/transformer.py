@@ -302,8 +302,9 @@ def gqa_projections(
   q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
   k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
   v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
-  q = layers.rope(q, positions, config.rope_theta)
-  k = layers.rope(k, positions, config.rope_theta)
+  scaling = layers.rope_scaling(config)
+  q = layers.rope(q, positions, config.rope_theta, scaling)
+  k = layers.rope(k, positions, config.rope_theta, scaling)
   return q, k, v
 
 

@@ -1,6 +1,7 @@
 """Tests for the decoder-only transformer in maxtext/model/transformer.py."""
 
 import functools
+import math
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -336,6 +337,48 @@ class ModelTest(parameterized.TestCase):
     np.testing.assert_allclose(got[0], whole[0, :6], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got[1], whole[0, 4:], rtol=1e-6, atol=1e-6)
     self.assertGreater(float(jnp.max(jnp.abs(got[1] - whole[0, :6]))), 1e-3)
+
+  def test_llama3_scaling_follows_the_published_rule(self):
+    # Llama 3.1 8B's rotary settings; the rule as Meta's reference code
+    # states it, one frequency at a time.
+    theta, head_dim = 500000.0, 128
+    factor, low, high, original = 8.0, 1.0, 4.0, 8192
+    scaling = layers.Llama3Scaling(factor, low, high, original)
+    expected = []
+    for i in range(head_dim // 2):
+      freq = 1.0 / theta ** (2 * i / head_dim)
+      wavelength = 2 * math.pi / freq
+      if wavelength < original / high:
+        expected.append(freq)
+      elif wavelength > original / low:
+        expected.append(freq / factor)
+      else:
+        smooth = (original / wavelength - low) / (high - low)
+        expected.append((1 - smooth) * freq / factor + smooth * freq)
+    got = layers.rope_frequencies(head_dim, theta, scaling)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    plain = np.asarray(layers.rope_frequencies(head_dim, theta))
+    ratio = plain / np.asarray(got)
+    # All three bands occur: kept, divided by the factor, and in between.
+    self.assertEqual(ratio[0], 1.0)
+    self.assertAlmostEqual(float(ratio[-1]), factor, places=4)
+    self.assertTrue(np.any((ratio > 1.01) & (ratio < factor - 0.01)))
+
+  def test_rope_scaling_is_read_from_the_config(self):
+    config = tiny_configs.model_config()
+    self.assertIsNone(layers.rope_scaling(config))
+    config.rope_scaling = "llama3"
+    config.rope_original_max_position = 16
+    scaling = layers.rope_scaling(config)
+    self.assertEqual(scaling, layers.Llama3Scaling(8.0, 1.0, 4.0, 16))
+    # The model uses it: its logits change, its shapes do not.
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    tokens = _tokens(config, batch=2)
+    scaled = transformer.apply(params, tokens, config)
+    config.rope_scaling = "none"
+    plain = transformer.apply(params, tokens, config)
+    self.assertEqual(scaled.shape, plain.shape)
+    self.assertGreater(float(jnp.max(jnp.abs(scaled - plain))), 1e-4)
 
   def test_rope_scores_depend_only_on_relative_position(self):
     rng = np.random.default_rng(0)
