@@ -168,7 +168,6 @@ class BucketFailureModesTest(gcs_emulator.EmulatorTestCase):
     self.assertIn("completed after step 12", second.stdout)
     second_dir = os.path.join(self.tmp, "staging_b", "shared")
     second_files = _mirrored(gcs_emulator.local_files(second_dir))
-    self.assertEqual(self.remote("shared"), second_files)
 
     _, stderr = first.communicate(timeout=_TIMEOUT_S)
     first_dir = os.path.join(self.tmp, "staging_a", "shared")
@@ -181,9 +180,29 @@ class BucketFailureModesTest(gcs_emulator.EmulatorTestCase):
         r" nothing more there; what it holds stays in its local staging"
         rf" {re.escape(first_dir)}$",
     )
-    # The bucket is the second run's alone: its metrics, MLPerf log and
+    # The bucket is the second run's: its metrics, MLPerf log and
     # checkpoints, byte for byte; the first run's files stay local.
-    self.assertEqual(self.remote("shared"), second_files)
+    first_files = _mirrored(gcs_emulator.local_files(first_dir))
+    remote = self.remote("shared")
+    # Every file of the second run is in the bucket.
+    self.assertEmpty(set(second_files) - set(remote))
+    # What the second run wrote: its records, its attempt's MLPerf log.
+    for name in ("metrics.jsonl", "config_history.jsonl", "mllog.2.log"):
+      self.assertEqual(remote[name], second_files[name], name)
+    for name, data in remote.items():
+      if data == second_files.get(name):
+        continue
+      # The one write a pause lets through (docs/failure_modes.md): an
+      # upload already in flight when the first run was stopped completes
+      # when it continues. It holds the first run's own bytes, and it either
+      # creates an object the second run never had (a data file of the
+      # first run's next checkpoint) or replaces one the second run never
+      # wrote: one of the first run's append-only files (its MLPerf log,
+      # its TensorBoard events) taken over unchanged, so the second run's
+      # copy is a prefix of it.
+      self.assertEqual(data, first_files.get(name), name)
+      if name in second_files:
+        self.assertTrue(data.startswith(second_files[name]), name)
     self.assertEqual(_train_steps(second_dir), list(range(12)))
     self.assertNotEqual(
         _mirrored(gcs_emulator.local_files(first_dir)), second_files
