@@ -9,7 +9,9 @@ otherwise reach stderr with tracebacks, one per array still in flight:
 - orbax closes its asyncio event loop while tensorstore still completes the
   other arrays' reads and writes on its own threads. Each completion calls
   `loop.call_soon_threadsafe` on the closed loop; the RuntimeError it raises
-  has no Python caller, so the interpreter hands it to `sys.excepthook`.
+  has no Python caller, so it is handed to `sys.unraisablehook` with no
+  object (printed as a bare traceback), or, by bindings that print errors
+  their own way, to `sys.excepthook`.
 - orbax's abandoned read coroutines raise their own read error when they
   are collected, which the interpreter hands to `sys.unraisablehook`.
 
@@ -97,6 +99,9 @@ def install() -> None:
     previous_excepthook(exc_type, exc, tb)
 
   def unraisablehook(unraisable):
+    if _is_closed_loop_callback(unraisable.exc_value, unraisable.exc_traceback):
+      _REPORTS.report(f"RuntimeError: {_LOOP_CLOSED}")
+      return
     if _is_orbax_coroutine(unraisable.object):
       first_line = str(unraisable.exc_value).splitlines()[0:1]
       _REPORTS.report(

@@ -23,6 +23,18 @@ _PRELUDE = textwrap.dedent("""
         return e, e.__traceback__.tb_next
       raise AssertionError("a closed loop took a callback")
 
+    def unraisable_without_object(e, tb):
+      # What a foreign thread's failed callback becomes when its binding
+      # reports it as unraisable with no object (PyErr_WriteUnraisable(NULL)):
+      # the hook's argument type is the interpreter's own, taken from a
+      # real report.
+      seen = []
+      hook, sys.unraisablehook = sys.unraisablehook, seen.append
+      collect_failing_coroutine("/site-packages/other/module.py")
+      sys.unraisablehook = hook
+      args_type = type(seen[0])
+      sys.unraisablehook(args_type((type(e), e, tb, None, None)))
+
     def collect_failing_coroutine(filename):
       # A coroutine suspended at an await, whose clean-up raises when it
       # is collected: the interpreter reports that to sys.unraisablehook.
@@ -64,10 +76,12 @@ class LateIoReportsTest(absltest.TestCase):
     proc = _run("""
         e, tb = closed_loop_error()
         sys.excepthook(type(e), e, tb)
+        e, tb = closed_loop_error()
+        unraisable_without_object(e, tb)
         collect_failing_coroutine("/site-packages/orbax/serialization.py")
     """)
     self.assertEqual(proc.returncode, 0, proc.stderr)
-    self.assertEqual(proc.stderr.count("Traceback"), 2, proc.stderr)
+    self.assertEqual(proc.stderr.count("Traceback"), 3, proc.stderr)
     self.assertIn("Event loop is closed", proc.stderr)
     self.assertIn("Exception ignored in: <coroutine", proc.stderr)
 
@@ -78,11 +92,13 @@ class LateIoReportsTest(absltest.TestCase):
         for _ in range(3):
           e, tb = closed_loop_error()
           sys.excepthook(type(e), e, tb)
+          e, tb = closed_loop_error()
+          unraisable_without_object(e, tb)
         collect_failing_coroutine("/site-packages/orbax/serialization.py")
         print(late_io_reports.reports_seen())
     """)
     self.assertEqual(proc.returncode, 0, proc.stderr)
-    self.assertEqual(proc.stdout.strip(), "4")
+    self.assertEqual(proc.stdout.strip(), "7")
     self.assertNotIn("Traceback", proc.stderr)
     self.assertEqual(
         proc.stderr.count("is still finishing in the background"),
