@@ -50,8 +50,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_data_path = "/path/to/c4_train.npy"
   config.eval_data_path = "/path/to/c4_validation.npy"
 
-  # Memory, for the v5p-8 (the TPU compiler's figures, per chip: peak 87.5
-  # of 95.74 GiB, 8 GiB to spare):
+  # Memory, for the v5p-8 (the TPU compiler's figures, per chip: peak 83.9
+  # of 95.74 GiB, 11.9 GiB to spare):
   # "auto" is the splash kernel on a TPU (flash attention: the [S, S] scores
   # of 8192 tokens never exist; XLA attention would need terabytes).
   config.attention = "auto"
