@@ -404,7 +404,7 @@ def _final_hidden(
         layers.rms_norm(x, layer["attn_norm"], eps), layer, config, mesh
     )
     out, stats = moe.moe_mlp(
-        layers.rms_norm(x, layer["mlp_norm"], eps), layer, config
+        layers.rms_norm(x, layer["mlp_norm"], eps), layer, config, mesh
     )
     x = x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
     return x, stats
