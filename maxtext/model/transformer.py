@@ -670,6 +670,20 @@ def _stack_axes(stack, ffn_axes: Params) -> Params:
   return {**_NORM_AXES, **attention, **ffn_axes}
 
 
+def weight_decay_mask(params: Params) -> Params:
+  """True for the parameters weight decay applies to: the matrices.
+
+  A parameter is a matrix when it has two or more dimensions besides the
+  stacked "layers" one: projections, experts and embeddings are; norm
+  scales, which the layer stack makes [layers, embed], are not.
+  """
+  return jax.tree_util.tree_map(
+      lambda names: sum(name != "layers" for name in names) >= 2,
+      param_logical_axes(params),
+      is_leaf=lambda x: isinstance(x, tuple),
+  )
+
+
 def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
   """Which dimension of each parameter to shard over an FSDP mesh axis.
 
