@@ -39,6 +39,7 @@ is not added, the residual stream carries the token on) and counted.
 Parameter shapes of one stacked MoE block (L MoE layers, E emb_dim,
 X num_experts, F moe_mlp_dim, S num_shared_experts):
   router                      [L, E, X]
+  router_bias                 [L, X]          (only with `router_bias`)
   w_gate, w_up                [L, X, E, F]
   w_down                      [L, X, F, E]
   shared_w_gate, shared_w_up  [L, E, S * F]   (only when S > 0)
@@ -59,6 +60,7 @@ from maxtext import mesh as mesh_lib
 # Logical axis names of the MoE parameters (one per dimension).
 LOGICAL_AXES = {
     "router": ("layers", "embed", "experts"),
+    "router_bias": ("layers", "experts"),
     "w_gate": ("layers", "experts", "embed", "moe_mlp"),
     "w_up": ("layers", "experts", "embed", "moe_mlp"),
     "w_down": ("layers", "experts", "moe_mlp", "embed"),
@@ -104,6 +106,8 @@ def init_params(
       "w_up": normal((l, x, e, f), e),
       "w_down": normal((l, x, f, e), f),
   }
+  if config.router_bias:
+    params["router_bias"] = jnp.zeros((l, x), jnp.float32)
   if config.num_shared_experts:
     s = config.num_shared_experts * f
     params["shared_w_gate"] = normal((l, e, s), e)
@@ -112,12 +116,23 @@ def init_params(
   return params
 
 
-def route(logits: jax.Array, config) -> tuple[jax.Array, jax.Array, jax.Array]:
+def route(
+    logits: jax.Array, config, bias: Optional[jax.Array] = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Router scores and each token's top-k experts.
+
+  The choice ranks the scores plus `bias` (DeepSeek-V3's correction bias,
+  which steers the choice and never the weights); with
+  `num_expert_groups` > 1 only the best `expert_groups_per_token` groups
+  of consecutive experts are eligible, a group ranked by the sum of its two
+  best biased scores. The combine weights are the chosen experts' scores
+  (normalised to sum to 1 for "sigmoid") times `routed_scaling_factor`.
 
   Args:
     logits: float32 [T, X] router logits.
-    config: `router_score`, `num_experts_per_token`.
+    config: `router_score`, `num_experts_per_token`, `num_expert_groups`,
+      `expert_groups_per_token`, `routed_scaling_factor`.
+    bias: float32 [X] added to the scores for the choice, or None.
 
   Returns:
     (probs, weights, experts): probs float32 [T, X] the normalised scores
@@ -129,19 +144,34 @@ def route(logits: jax.Array, config) -> tuple[jax.Array, jax.Array, jax.Array]:
   """
   k = config.num_experts_per_token
   if config.router_score == "softmax":
-    probs = jax.nn.softmax(logits, axis=-1)
-    weights, experts = jax.lax.top_k(probs, k)
+    scores = probs = jax.nn.softmax(logits, axis=-1)
   elif config.router_score == "sigmoid":
     scores = jax.nn.sigmoid(logits)
     probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
-    top, experts = jax.lax.top_k(scores, k)
-    weights = top / jnp.sum(top, axis=-1, keepdims=True)
   else:
     raise ValueError(
         f"config.router_score={config.router_score!r}: must be "
         f"one of {list(choices.ROUTER_SCORES)}"
     )
-  return probs, weights, experts
+  choice = scores if bias is None else scores + bias.astype(scores.dtype)
+  _, experts = jax.lax.top_k(_eligible(choice, config), k)
+  weights = jnp.take_along_axis(scores, experts, axis=-1)
+  if config.router_score == "sigmoid":
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return probs, weights * config.routed_scaling_factor, experts
+
+
+def _eligible(choice: jax.Array, config) -> jax.Array:
+  """`choice` [T, X] with experts outside each token's best groups at -inf."""
+  groups = config.num_expert_groups
+  if groups <= 1:
+    return choice
+  t, x = choice.shape
+  grouped = choice.reshape(t, groups, x // groups)
+  group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [T, G]
+  _, best = jax.lax.top_k(group_score, config.expert_groups_per_token)
+  keep = jnp.sum(jax.nn.one_hot(best, groups, dtype=jnp.int32), axis=1) > 0
+  return jnp.where(keep[:, :, None], grouped, -jnp.inf).reshape(t, x)
 
 
 def balance_loss(
@@ -315,14 +345,17 @@ def _statistics(
   }
 
 
-def _route_tokens(tokens: jax.Array, router: jax.Array, config):
+def _route_tokens(
+    tokens: jax.Array, router: Mapping[str, jax.Array], config
+):
+  """`route` of [T, E] tokens with the layer's router (and its bias)."""
   logits = jnp.einsum(
       "te,ex->tx",
       tokens,
-      router.astype(tokens.dtype),
+      router["router"].astype(tokens.dtype),
       preferred_element_type=jnp.float32,
   )
-  return route(logits, config)
+  return route(logits, config, router.get("router_bias"))
 
 
 def moe_mlp(
@@ -362,8 +395,11 @@ def moe_mlp(
   b, s, e = x.shape
   tokens = x.reshape(b * s, e)
   routed = {name: layer[name] for name in ("w_gate", "w_up", "w_down")}
+  router = {
+      name: layer[name] for name in ("router", "router_bias") if name in layer
+  }
   if mesh is None or mesh.size == 1:
-    probs, weights, experts = _route_tokens(tokens, layer["router"], config)
+    probs, weights, experts = _route_tokens(tokens, router, config)
     out, dropped = dispatch(
         tokens, weights, experts, routed, 0, capacity(b * s, config)
     )
@@ -376,7 +412,7 @@ def moe_mlp(
         total=lambda v: v,
     )
   else:
-    out, stats = _sharded(x, layer["router"], routed, config, mesh)
+    out, stats = _sharded(x, router, routed, config, mesh)
     out = out.reshape(b * s, e)
   if config.num_shared_experts:
     out = out + _swiglu(tokens, layer, "shared_")
@@ -385,7 +421,7 @@ def moe_mlp(
 
 def _sharded(
     x: jax.Array,
-    router: jax.Array,
+    router: Mapping[str, jax.Array],
     routed: Mapping[str, jax.Array],
     config,
     mesh: jax.sharding.Mesh,
@@ -436,9 +472,9 @@ def _sharded(
   return jax.shard_map(
       local,
       mesh=mesh,
-      in_specs=(batch, P(), {name: held for name in routed}),
+      in_specs=(batch, {name: P() for name in router}, {name: held for name in routed}),
       out_specs=(batch, P()),
-  )(x, router, dict(routed))
+  )(x, dict(router), dict(routed))
 
 
 def summarize(stats: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
@@ -476,7 +512,7 @@ def dense_reference(
       layer["router"].astype(x.dtype),
       preferred_element_type=jnp.float32,
   )
-  _, weights, experts = route(logits, config)
+  _, weights, experts = route(logits, config, layer.get("router_bias"))
   chosen = jax.nn.one_hot(experts, n, dtype=jnp.float32)  # [T, k, X]
   cap = capacity(b * s, config)
   if cap:

@@ -642,13 +642,15 @@ def param_logical_axes(params: Params) -> Params:
     axes["layers"] = _stack_axes(params.get("layers"), _MLP_AXES)
   if "moe_layers" in params:
     moe_layers = params["moe_layers"]
-    shared = isinstance(moe_layers, Mapping) and "shared_w_gate" in moe_layers
+    present = moe_layers if isinstance(moe_layers, Mapping) else {}
+    # The shared experts and the router's bias are optional.
     axes["moe_layers"] = _stack_axes(
         moe_layers,
         {
             name: names
             for name, names in moe.LOGICAL_AXES.items()
-            if shared or not name.startswith("shared_")
+            if name in present
+            or not (name.startswith("shared_") or name == "router_bias")
         },
     )
   expected = jax.tree_util.tree_structure(axes, is_leaf=is_axes)
