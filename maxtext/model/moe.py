@@ -249,7 +249,8 @@ def dispatch(
     layer: Mapping[str, jax.Array],
     first_expert: jax.Array | int,
     cap: int,
-) -> tuple[jax.Array, jax.Array]:
+    earlier: Optional[jax.Array] = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The routed experts' output for a group of tokens, from some experts.
 
   The experts held are `layer`'s w_gate/w_up/w_down, X_held of them,
@@ -270,11 +271,14 @@ def dispatch(
     layer: the held experts' weights, [X_held, ...] each.
     first_expert: the global id of the first held expert.
     cap: assignments one expert takes at most (`capacity`); 0 = unlimited.
+    earlier: int32 [X_held] assignments each held expert was given by the
+      tokens before these (when a group is dispatched in parts), or None.
 
   Returns:
-    (out, dropped): out [T, E] in tokens' dtype, each token's combine-
-    weighted sum over its assignments to the held experts; dropped the
-    float32 count of those assignments that capacity turned away.
+    (out, dropped, given): out [T, E] in tokens' dtype, each token's
+    combine-weighted sum over its assignments to the held experts; dropped
+    the float32 count of those assignments that capacity turned away; given
+    int32 [X_held] the assignments to each held expert, dropped or not.
   """
   t, e = tokens.shape
   k = experts.shape[1]
@@ -291,7 +295,10 @@ def dispatch(
   keep = taken
   if cap:
     starts = jnp.cumsum(group_sizes) - group_sizes
-    rank = jnp.arange(order.shape[0]) - starts[jnp.minimum(sorted_key, held - 1)]
+    expert = jnp.minimum(sorted_key, held - 1)
+    rank = jnp.arange(order.shape[0]) - starts[expert]
+    if earlier is not None:
+      rank = rank + earlier[expert]
     keep = taken & (rank < cap)
 
   def cast(name):
@@ -308,7 +315,7 @@ def dispatch(
   per_slot = out_sorted[inverse].reshape(t, k, e)
   out = jnp.einsum("tke,tk->te", per_slot, weights.astype(cdt))
   dropped = jnp.sum(taken & ~keep).astype(jnp.float32)
-  return out, dropped
+  return out, dropped, group_sizes
 
 
 def _statistics(
@@ -400,7 +407,7 @@ def moe_mlp(
   }
   if mesh is None or mesh.size == 1:
     probs, weights, experts = _route_tokens(tokens, router, config)
-    out, dropped = dispatch(
+    out, dropped, _ = dispatch(
         tokens, weights, experts, routed, 0, capacity(b * s, config)
     )
     stats = _statistics(
@@ -419,6 +426,54 @@ def moe_mlp(
   return out.reshape(b, s, e), stats
 
 
+def _dispatch_group(
+    tokens: jax.Array,
+    weights: jax.Array,
+    experts: jax.Array,
+    routed: Mapping[str, jax.Array],
+    cap: int,
+    expert_axis: str,
+    batch_axes: tuple[str, ...],
+) -> tuple[jax.Array, jax.Array]:
+  """One device's part of its expert group's dispatch, in `shard_map`.
+
+  The group's G devices' tokens and choices are gathered, and the held
+  experts take them one device's tokens at a time: a scan whose steps keep
+  nothing for the backward pass but their inputs, so the sorted rows of one
+  device's T * k assignments are alive at once rather than the group's
+  G * T * k. Capacity carries over from part to part, in the group's token
+  order. A reduce-scatter sums the G devices' partial outputs back to the
+  tokens' owners.
+
+  Args:
+    tokens, weights, experts: this device's, as `dispatch` takes them.
+    routed: the experts this device holds.
+    cap: `dispatch`'s.
+    expert_axis: the mesh's expert axis.
+    batch_axes: the mesh axes the tokens are split over.
+
+  Returns:
+    (out [T, E], dropped): this device's tokens' routed output, and the
+    assignments this device's experts dropped.
+  """
+  gather = functools.partial(jax.lax.all_gather, axis_name=expert_axis)
+  held = routed["w_gate"].shape[0]
+  first = jax.lax.axis_index(expert_axis) * held
+
+  def part(earlier, source):
+    out, dropped, given = dispatch(*source, routed, first, cap, earlier)
+    return earlier + given, (out, dropped)
+
+  sources = (gather(tokens), gather(weights), gather(experts))
+  # The counts vary over the devices as the tokens do.
+  none_yet = jax.lax.pcast(
+      jnp.zeros((held,), jnp.int32), batch_axes, to="varying"
+  )
+  _, (outs, dropped) = jax.lax.scan(jax.checkpoint(part), none_yet, sources)
+  out = jax.lax.psum_scatter(outs, expert_axis, scatter_dimension=0)
+  return out, jnp.sum(dropped)
+
+
 def _sharded(
     x: jax.Array,
     router: Mapping[str, jax.Array],
@@ -435,28 +490,13 @@ def _sharded(
     b, s, e = x.shape
     tokens = x.reshape(b * s, e)
     probs, weights, experts = _route_tokens(tokens, router, config)
-    first = 0
-    group_tokens, group_weights, group_experts = tokens, weights, experts
+    cap = capacity(group * b * s, config)
     if expert_axis:
-      gather = functools.partial(
-          jax.lax.all_gather, axis_name=expert_axis, tiled=True
+      out, dropped = _dispatch_group(
+          tokens, weights, experts, routed, cap, expert_axis, axes
       )
-      group_tokens = gather(tokens)
-      group_weights = gather(weights)
-      group_experts = gather(experts)
-      first = jax.lax.axis_index(expert_axis) * routed["w_gate"].shape[0]
-    out, dropped = dispatch(
-        group_tokens,
-        group_weights,
-        group_experts,
-        routed,
-        first,
-        capacity(group * b * s, config),
-    )
-    if expert_axis:
-      out = jax.lax.psum_scatter(
-          out, expert_axis, scatter_dimension=0, tiled=True
-      )
+    else:
+      out, dropped, _ = dispatch(tokens, weights, experts, routed, 0, cap)
     stats = _statistics(
         probs.reshape(b, s, -1),
         experts.reshape(b, s, -1),
@@ -472,7 +512,11 @@ def _sharded(
   return jax.shard_map(
       local,
       mesh=mesh,
-      in_specs=(batch, {name: P() for name in router}, {name: held for name in routed}),
+      in_specs=(
+          batch,
+          {name: P() for name in router},
+          {name: held for name in routed},
+      ),
       out_specs=(batch, P()),
   )(x, dict(router), dict(routed))
 
