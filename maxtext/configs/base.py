@@ -177,6 +177,7 @@ def get_config() -> ml_collections.ConfigDict:
   # by the sum of its two best scores, and a token chooses its experts
   # among its best expert_groups_per_token groups. 1 group = no limit.
   config.num_expert_groups = 1
+  # The groups a token's experts may come from (ignored with 1 group).
   config.expert_groups_per_token = 1
   # The combine weights are multiplied by this (DeepSeek-V3's
   # routed_scaling_factor, 2.5).
