@@ -419,7 +419,11 @@ def moe_mlp(
         total=lambda v: v,
     )
   else:
-    out, stats = _sharded(x, router, routed, config, mesh)
+    # The held experts' weights are gathered (over every axis but
+    # "expert") in the compute dtype: half the bytes moved and held of
+    # float32 weights, and their gradients come back in it to be reduced.
+    compute = {name: w.astype(x.dtype) for name, w in routed.items()}
+    out, stats = _sharded(x, router, compute, config, mesh)
     out = out.reshape(b * s, e)
   if config.num_shared_experts:
     out = out + _swiglu(tokens, layer, "shared_")
