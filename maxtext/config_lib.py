@@ -188,6 +188,35 @@ def _check_moe(v) -> None:
         v["expert_parallelism"],
         f"must divide num_experts={experts}",
     )
+  _check_expert_groups(v)
+
+
+def _check_expert_groups(v) -> None:
+  """Group-limited routing and the routed weights' scale."""
+  if not v["routed_scaling_factor"] > 0:
+    raise _fail(
+        "routed_scaling_factor", v["routed_scaling_factor"], "must be > 0"
+    )
+  _at_least(v, "num_expert_groups", 1)
+  experts, groups = v["num_experts"], v["num_expert_groups"]
+  if groups == 1:
+    return
+  if experts % groups or experts // groups < 2:
+    raise _fail(
+        "num_expert_groups",
+        groups,
+        f"must divide num_experts={experts} into groups of at least 2 "
+        f"(a group ranks by its two best scores)",
+    )
+  per_token = v["expert_groups_per_token"]
+  least = -(-v["num_experts_per_token"] // (experts // groups))
+  if not least <= per_token <= groups:
+    raise _fail(
+        "expert_groups_per_token",
+        per_token,
+        f"must be in [{least}, num_expert_groups={groups}] (its groups must "
+        f"hold num_experts_per_token={v['num_experts_per_token']} experts)",
+    )
 
 
 def _check_run(v) -> None:

@@ -99,7 +99,12 @@ def make_engine(
   return engine_lib.Engine(
       functools.partial(transformer.loss_fn, config=config, mesh=setup.mesh),
       params,
-      optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
+      optimizer_lib.make_optimizer(
+          config,
+          schedule,
+          include_clipping=False,
+          decay_mask=transformer.weight_decay_mask,
+      ),
       schedule,
       recorder or metrics_recorder.MetricsRecorder(mode="train"),
       config.gradient_accumulation_steps,

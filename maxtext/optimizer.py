@@ -176,13 +176,17 @@ def make_schedule(config) -> optax.Schedule:
   return lambda count: jnp.asarray(schedule(count), jnp.float32)
 
 
-def _decay_mask(params: Any) -> Any:
-  """Weight decay applies to matrices; vectors (norm scales) are exempt."""
+def matrices(params: Any) -> Any:
+  """The default weight-decay mask: arrays of two or more dimensions."""
   return jax.tree_util.tree_map(lambda x: jnp.ndim(x) >= 2, params)
 
 
 def make_optimizer(
-    config, schedule: optax.Schedule, *, include_clipping: bool = True
+    config,
+    schedule: optax.Schedule,
+    *,
+    include_clipping: bool = True,
+    decay_mask: Callable[[Any], Any] = matrices,
 ) -> optax.GradientTransformation:
   """Global-norm clipping followed by AdamW.
 
@@ -193,6 +197,12 @@ def make_optimizer(
     include_clipping: False leaves the clipping to the caller: the engine
       clips with the gradient norm it measures anyway (`Engine`'s
       `grad_clip_norm`), which saves a second pass over the gradients.
+    decay_mask: params -> a pytree of bools, True where weight decay
+      applies. The model knows its parameters' dimensions: stacked layers
+      make a norm scale two-dimensional, so the model's own mask
+      (`transformer.weight_decay_mask`) is the one a run uses. Either mask
+      gives the optimizer state the same structure (the decay stage has no
+      state).
 
   Returns:
     The optax transformation. Its state lives in the parameters' dtypes.
@@ -203,7 +213,7 @@ def make_optimizer(
       b2=config.adam_b2,
       eps=config.adam_eps,
       weight_decay=config.weight_decay,
-      mask=_decay_mask,
+      mask=decay_mask,
   )
   if config.grad_clip_norm > 0:
     # Without clipping here an identity stage takes the clip's place: both

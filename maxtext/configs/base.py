@@ -167,6 +167,21 @@ def get_config() -> ml_collections.ConfigDict:
   # Router scores: "softmax" (top-k probabilities are the weights) or
   # "sigmoid" (DeepSeek-V3: top-k sigmoid affinities normalised to sum 1).
   config.router_score = "softmax"
+  # A per-expert bias added to the scores for the choice only, never to the
+  # combine weights (DeepSeek-V3's e_score_correction_bias, a parameter
+  # named moe_layers/router_bias that no gradient moves: it is held as
+  # initialised (zero) or imported).
+  config.router_bias = False
+  # Group-limited routing (DeepSeek-V3's n_group, topk_group): the experts
+  # form num_expert_groups groups of consecutive experts, a group is ranked
+  # by the sum of its two best scores, and a token chooses its experts
+  # among its best expert_groups_per_token groups. 1 group = no limit.
+  config.num_expert_groups = 1
+  # The groups a token's experts may come from (ignored with 1 group).
+  config.expert_groups_per_token = 1
+  # The combine weights are multiplied by this (DeepSeek-V3's
+  # routed_scaling_factor, 2.5).
+  config.routed_scaling_factor = 1.0
   # Load-balancing loss: "switch" (over the micro-batch) or "sequence"
   # (DeepSeek-V3's sequence-wise form), averaged over the MoE layers.
   config.load_balance_loss = "switch"

@@ -119,6 +119,15 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
   config.num_dense_layers = 3
   config.moe_mlp_dim = 2048
   config.router_score = "sigmoid"
+  # The published router: a per-expert correction bias steers the choice
+  # (e_score_correction_bias; held as the warm-start checkpoint has it), 8
+  # groups of 32 experts of which a token uses its best 4 (n_group,
+  # topk_group), and the combine weights scaled by 2.5
+  # (routed_scaling_factor).
+  config.router_bias = True
+  config.num_expert_groups = 8
+  config.expert_groups_per_token = 4
+  config.routed_scaling_factor = 2.5
   config.load_balance_loss = "sequence"
   # The rules' moe_aux_loss_coeff.
   config.load_balance_loss_weight = 0.01

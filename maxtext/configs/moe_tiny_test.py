@@ -94,12 +94,31 @@ class MoeTinyTest(absltest.TestCase):
         ("load_balance_loss", "z", "load_balance_loss='z'"),
         ("capacity_factor", -1.0, "capacity_factor=-1.0"),
         ("expert_parallelism", 3, "expert_parallelism=3"),
+        ("routed_scaling_factor", 0.0, "routed_scaling_factor=0.0"),
+        ("num_expert_groups", 3, "num_expert_groups=3: must divide"),
+        # Groups of one expert cannot rank by their two best.
+        ("num_expert_groups", 4, "num_expert_groups=4: must divide"),
+        ("num_expert_groups", 0, "num_expert_groups=0: must be >= 1"),
     ]
     for key, value, message in bad:
       config = moe_tiny.get_config()
       config[key] = value
       with self.subTest(key), self.assertRaisesRegex(ValueError, message):
         config_lib.validate(config)
+    # Two groups of two experts: a token's two experts need one group.
+    config = moe_tiny.get_config()
+    config.update(num_expert_groups=2, expert_groups_per_token=3)
+    with self.assertRaisesRegex(
+        ValueError, r"expert_groups_per_token=3: must be in \[1, "
+    ):
+      config_lib.validate(config)
+    config.update(num_experts_per_token=3, expert_groups_per_token=1)
+    with self.assertRaisesRegex(
+        ValueError, r"expert_groups_per_token=1: must be in \[2, "
+    ):
+      config_lib.validate(config)
+    config.expert_groups_per_token = 2
+    config_lib.validate(config)
     dense = default.get_config()
     dense.expert_parallelism = 2
     with self.assertRaisesRegex(ValueError, "expert_parallelism=2"):

@@ -25,31 +25,42 @@ over the group's tokens of the router's normalised scores for expert i:
 The assignment fractions carry no gradient; the loss trains the router
 through P.
 
+On a mesh of several devices each device routes its own tokens, and the
+tokens of one expert group (the devices along the "expert" mesh axis) are
+dispatched together: each device computes the assignments to the experts it
+holds (`moe_mlp`). One device's tokens never reach another expert group.
+
 With `capacity_factor` c > 0 each expert takes at most
-ceil(c * tokens * k / num_experts) assignments, first come (token order)
-first served; the rest are dropped (their expert output is not added, the
-residual stream carries the token on) and counted.
+ceil(c * tokens * k / num_experts) assignments of a dispatch group (the
+whole micro-batch on one device, one expert group's tokens on a mesh), first
+come (token order) first served; the rest are dropped (their expert output
+is not added, the residual stream carries the token on) and counted.
 
 Parameter shapes of one stacked MoE block (L MoE layers, E emb_dim,
 X num_experts, F moe_mlp_dim, S num_shared_experts):
   router                      [L, E, X]
+  router_bias                 [L, X]          (only with `router_bias`)
   w_gate, w_up                [L, X, E, F]
   w_down                      [L, X, F, E]
   shared_w_gate, shared_w_up  [L, E, S * F]   (only when S > 0)
   shared_w_down               [L, S * F, E]   (only when S > 0)
 """
 
+import functools
 import math
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from maxtext import choices
+from maxtext import mesh as mesh_lib
 
 # Logical axis names of the MoE parameters (one per dimension).
 LOGICAL_AXES = {
     "router": ("layers", "embed", "experts"),
+    "router_bias": ("layers", "experts"),
     "w_gate": ("layers", "experts", "embed", "moe_mlp"),
     "w_up": ("layers", "experts", "embed", "moe_mlp"),
     "w_down": ("layers", "experts", "moe_mlp", "embed"),
@@ -95,6 +106,8 @@ def init_params(
       "w_up": normal((l, x, e, f), e),
       "w_down": normal((l, x, f, e), f),
   }
+  if config.router_bias:
+    params["router_bias"] = jnp.zeros((l, x), jnp.float32)
   if config.num_shared_experts:
     s = config.num_shared_experts * f
     params["shared_w_gate"] = normal((l, e, s), e)
@@ -103,12 +116,23 @@ def init_params(
   return params
 
 
-def route(logits: jax.Array, config) -> tuple[jax.Array, jax.Array, jax.Array]:
+def route(
+    logits: jax.Array, config, bias: Optional[jax.Array] = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Router scores and each token's top-k experts.
+
+  The choice ranks the scores plus `bias` (DeepSeek-V3's correction bias,
+  which steers the choice and never the weights); with
+  `num_expert_groups` > 1 only the best `expert_groups_per_token` groups
+  of consecutive experts are eligible, a group ranked by the sum of its two
+  best biased scores. The combine weights are the chosen experts' scores
+  (normalised to sum to 1 for "sigmoid") times `routed_scaling_factor`.
 
   Args:
     logits: float32 [T, X] router logits.
-    config: `router_score`, `num_experts_per_token`.
+    config: `router_score`, `num_experts_per_token`, `num_expert_groups`,
+      `expert_groups_per_token`, `routed_scaling_factor`.
+    bias: float32 [X] added to the scores for the choice, or None.
 
   Returns:
     (probs, weights, experts): probs float32 [T, X] the normalised scores
@@ -120,23 +144,42 @@ def route(logits: jax.Array, config) -> tuple[jax.Array, jax.Array, jax.Array]:
   """
   k = config.num_experts_per_token
   if config.router_score == "softmax":
-    probs = jax.nn.softmax(logits, axis=-1)
-    weights, experts = jax.lax.top_k(probs, k)
+    scores = probs = jax.nn.softmax(logits, axis=-1)
   elif config.router_score == "sigmoid":
     scores = jax.nn.sigmoid(logits)
     probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
-    top, experts = jax.lax.top_k(scores, k)
-    weights = top / jnp.sum(top, axis=-1, keepdims=True)
   else:
     raise ValueError(
         f"config.router_score={config.router_score!r}: must be "
         f"one of {list(choices.ROUTER_SCORES)}"
     )
-  return probs, weights, experts
+  choice = scores if bias is None else scores + bias.astype(scores.dtype)
+  _, experts = jax.lax.top_k(_eligible(choice, config), k)
+  weights = jnp.take_along_axis(scores, experts, axis=-1)
+  if config.router_score == "sigmoid":
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return probs, weights * config.routed_scaling_factor, experts
+
+
+def _eligible(choice: jax.Array, config) -> jax.Array:
+  """`choice` [T, X] with experts outside each token's best groups at -inf."""
+  groups = config.num_expert_groups
+  if groups <= 1:
+    return choice
+  t, x = choice.shape
+  grouped = choice.reshape(t, groups, x // groups)
+  group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [T, G]
+  _, best = jax.lax.top_k(group_score, config.expert_groups_per_token)
+  keep = jnp.sum(jax.nn.one_hot(best, groups, dtype=jnp.int32), axis=1) > 0
+  return jnp.where(keep[:, :, None], grouped, -jnp.inf).reshape(t, x)
 
 
 def balance_loss(
-    probs: jax.Array, experts: jax.Array, num_experts: int, kind: str
+    probs: jax.Array,
+    experts: jax.Array,
+    num_experts: int,
+    kind: str,
+    mean: Callable[[jax.Array], jax.Array] = lambda v: v,
 ) -> jax.Array:
   """The load-balancing loss (module docstring) of one layer.
 
@@ -145,6 +188,9 @@ def balance_loss(
     experts: int32 [B, S, k] chosen experts.
     num_experts: X.
     kind: "switch" or "sequence".
+    mean: the mean over the devices that each hold an equal part of the
+      micro-batch (`jax.lax.pmean` in `shard_map`); the identity when
+      `probs` is the whole micro-batch.
 
   Returns:
     A float32 scalar.
@@ -161,17 +207,18 @@ def balance_loss(
       jax.nn.one_hot(experts, num_experts, dtype=jnp.float32), axis=2
   )  # [B, S, X]
   if kind == "switch":
-    fraction = jnp.sum(counts, axis=(0, 1)) / (
-        experts.shape[0] * experts.shape[1] * experts.shape[2]
+    fraction = mean(
+        jnp.sum(counts, axis=(0, 1))
+        / (experts.shape[0] * experts.shape[1] * experts.shape[2])
     )
-    mean_prob = jnp.mean(probs, axis=(0, 1))
+    mean_prob = mean(jnp.mean(probs, axis=(0, 1)))
     return num_experts * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
   fraction = jnp.sum(counts, axis=1) / (experts.shape[1] * experts.shape[2])
   mean_prob = jnp.mean(probs, axis=1)  # [B, X]
   per_sequence = num_experts * jnp.sum(
       jax.lax.stop_gradient(fraction) * mean_prob, axis=-1
   )
-  return jnp.mean(per_sequence)
+  return mean(jnp.mean(per_sequence))
 
 
 def capacity(num_tokens: int, config) -> int:
@@ -195,48 +242,64 @@ def _swiglu(
   return (jax.nn.silu(gate) * up) @ layer[prefix + "w_down"].astype(cdt)
 
 
-def moe_mlp(
-    x: jax.Array, layer: Mapping[str, jax.Array], config
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The MoE feed-forward layer.
+def dispatch(
+    tokens: jax.Array,
+    weights: jax.Array,
+    experts: jax.Array,
+    layer: Mapping[str, jax.Array],
+    first_expert: jax.Array | int,
+    cap: int,
+    earlier: Optional[jax.Array] = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The routed experts' output for a group of tokens, from some experts.
+
+  The experts held are `layer`'s w_gate/w_up/w_down, X_held of them,
+  global ids first_expert .. first_expert + X_held - 1; assignments to any
+  other expert add nothing here (another device holds that expert). With
+  all experts held (first_expert 0) this is the whole routed computation.
+
+  Sorted dispatch: assignment a = token * k + slot; a stable sort by expert
+  (other devices' experts last) keeps token order within each expert, so
+  capacity is first come first served in the group's token order.
+  `jax.lax.ragged_dot` multiplies each expert's contiguous rows by its own
+  weights; the rows past the held experts' groups are zero.
 
   Args:
-    x: [B, S, E] normalised hidden states (compute dtype).
-    layer: this layer's parameters (module docstring, without `L`).
-    config: the run configuration.
+    tokens: [T, E] the group's tokens (compute dtype).
+    weights: float32 [T, k] combine weights.
+    experts: int32 [T, k] chosen experts (global ids).
+    layer: the held experts' weights, [X_held, ...] each.
+    first_expert: the global id of the first held expert.
+    cap: assignments one expert takes at most (`capacity`); 0 = unlimited.
+    earlier: int32 [X_held] assignments each held expert was given by the
+      tokens before these (when a group is dispatched in parts), or None.
 
   Returns:
-    (out, stats): out [B, S, E] in x's dtype; stats float32 scalars named
-    as `STAT_NAMES`: the unweighted balance loss, the max and min over experts
-    of the assignment fraction, its coefficient of variation (std / mean),
-    the mean router entropy in nats, and the number of dropped assignments.
+    (out, dropped, given): out [T, E] in tokens' dtype, each token's
+    combine-weighted sum over its assignments to the held experts; dropped
+    the float32 count of those assignments that capacity turned away; given
+    int32 [X_held] the assignments to each held expert, dropped or not.
   """
-  b, s, e = x.shape
-  cdt = x.dtype
-  n, k = config.num_experts, config.num_experts_per_token
-  tokens = x.reshape(b * s, e)
-  logits = jnp.einsum(
-      "te,ex->tx",
-      tokens,
-      layer["router"].astype(cdt),
-      preferred_element_type=jnp.float32,
-  )
-  probs, weights, experts = route(logits, config)
-
-  # Sorted dispatch: assignment a = token * k + slot; a stable sort by expert
-  # keeps token order within each expert (capacity is first come first
-  # served).
-  flat_experts = experts.reshape(-1)
-  order = jnp.argsort(flat_experts, stable=True)
-  sorted_experts = flat_experts[order]
-  group_sizes = jnp.bincount(flat_experts, length=n).astype(jnp.int32)
+  t, e = tokens.shape
+  k = experts.shape[1]
+  cdt = tokens.dtype
+  held = layer["w_gate"].shape[0]
+  local = experts.reshape(-1) - first_expert
+  mine = (local >= 0) & (local < held)
+  key = jnp.where(mine, local, held)
+  order = jnp.argsort(key, stable=True)
+  sorted_key = key[order]
+  group_sizes = jnp.bincount(key, length=held + 1)[:held].astype(jnp.int32)
   rows = tokens[order // k]
-  keep = jnp.ones(order.shape, jnp.bool_)
-  cap = capacity(b * s, config)
+  taken = sorted_key < held
+  keep = taken
   if cap:
     starts = jnp.cumsum(group_sizes) - group_sizes
-    rank = jnp.arange(order.shape[0]) - starts[sorted_experts]
-    keep = rank < cap
+    expert = jnp.minimum(sorted_key, held - 1)
+    rank = jnp.arange(order.shape[0]) - starts[expert]
+    if earlier is not None:
+      rank = rank + earlier[expert]
+    keep = taken & (rank < cap)
 
   def cast(name):
     return layer[name].astype(cdt)
@@ -249,28 +312,217 @@ def moe_mlp(
   out_sorted = jnp.where(keep[:, None], out_sorted, 0)
   # Back to assignment order, weighted, summed over each token's k slots.
   inverse = jnp.argsort(order)
-  per_slot = out_sorted[inverse].reshape(b * s, k, e)
+  per_slot = out_sorted[inverse].reshape(t, k, e)
   out = jnp.einsum("tke,tk->te", per_slot, weights.astype(cdt))
-  if config.num_shared_experts:
-    out = out + _swiglu(tokens, layer, "shared_")
+  dropped = jnp.sum(taken & ~keep).astype(jnp.float32)
+  return out, dropped, group_sizes
 
-  fraction = group_sizes.astype(jnp.float32) / (b * s * k)
-  mean_fraction = 1.0 / n
+
+def _statistics(
+    probs: jax.Array,
+    experts: jax.Array,
+    dropped: jax.Array,
+    config,
+    mean: Callable[[jax.Array], jax.Array],
+    total: Callable[[jax.Array], jax.Array],
+) -> dict[str, jax.Array]:
+  """`moe_mlp`'s statistics of the whole micro-batch.
+
+  Args:
+    probs: float32 [B, S, X] normalised router scores of these tokens.
+    experts: int32 [B, S, k] their chosen experts.
+    dropped: float32 assignments dropped here.
+    config: the run configuration.
+    mean: the mean over devices holding equal parts of the micro-batch.
+    total: the sum over the devices that dropped disjoint assignments.
+  """
+  n = config.num_experts
+  counts = jnp.bincount(experts.reshape(-1), length=n)
+  fraction = mean(counts.astype(jnp.float32) / experts.size)
   entropy = -jnp.sum(probs * jnp.log(jnp.maximum(probs, 1e-30)), axis=-1)
-  stats = {
+  return {
       "aux_loss": balance_loss(
-          probs.reshape(b, s, n),
-          experts.reshape(b, s, k),
-          n,
-          config.load_balance_loss,
+          probs, experts, n, config.load_balance_loss, mean
       ),
       "load_max": jnp.max(fraction),
       "load_min": jnp.min(fraction),
-      "load_cv": jnp.std(fraction) / mean_fraction,
-      "router_entropy": jnp.mean(entropy),
-      "dropped": jnp.sum(~keep).astype(jnp.float32),
+      "load_cv": jnp.std(fraction) * n,
+      "router_entropy": mean(jnp.mean(entropy)),
+      "dropped": total(dropped),
   }
+
+
+def _route_tokens(
+    tokens: jax.Array, router: Mapping[str, jax.Array], config
+):
+  """`route` of [T, E] tokens with the layer's router (and its bias)."""
+  logits = jnp.einsum(
+      "te,ex->tx",
+      tokens,
+      router["router"].astype(tokens.dtype),
+      preferred_element_type=jnp.float32,
+  )
+  return route(logits, config, router.get("router_bias"))
+
+
+def moe_mlp(
+    x: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The MoE feed-forward layer.
+
+  Without a mesh (or on one device) the whole micro-batch is one dispatch
+  group. On a mesh of several devices (the batch split over every mesh
+  axis) each device routes its own tokens in `shard_map` and the dispatch
+  group is the tokens of one expert group: the devices along the mesh's
+  "expert" axis, or the device alone when the mesh has none. A device
+  gathers its group's tokens with their choices (an all-gather over the
+  expert axis), runs the assignments that go to the experts it holds, and
+  the group's devices sum their partial outputs back to the tokens' owners
+  (a reduce-scatter): the all-gather token dispatch, whose traffic equals
+  an all-to-all's when k is about the expert axis's size, with shapes that
+  do not depend on the routing. No device ever holds another group's
+  tokens. Capacity (`capacity_factor`) counts the dispatch group's tokens;
+  the statistics are the whole micro-batch's either way.
+
+  Args:
+    x: [B, S, E] normalised hidden states (compute dtype).
+    layer: this layer's parameters (module docstring, without `L`).
+    config: the run configuration.
+    mesh: the mesh the program is compiled for, or None.
+
+  Returns:
+    (out, stats): out [B, S, E] in x's dtype; stats float32 scalars named
+    as `STAT_NAMES`: the unweighted balance loss, the max and min over experts
+    of the assignment fraction, its coefficient of variation (std / mean),
+    the mean router entropy in nats, and the number of dropped assignments.
+  """
+  b, s, e = x.shape
+  tokens = x.reshape(b * s, e)
+  routed = {name: layer[name] for name in ("w_gate", "w_up", "w_down")}
+  router = {
+      name: layer[name] for name in ("router", "router_bias") if name in layer
+  }
+  if mesh is None or mesh.size == 1:
+    probs, weights, experts = _route_tokens(tokens, router, config)
+    out, dropped, _ = dispatch(
+        tokens, weights, experts, routed, 0, capacity(b * s, config)
+    )
+    stats = _statistics(
+        probs.reshape(b, s, -1),
+        experts.reshape(b, s, -1),
+        dropped,
+        config,
+        mean=lambda v: v,
+        total=lambda v: v,
+    )
+  else:
+    # The held experts' weights are gathered (over every axis but
+    # "expert") in the compute dtype: half the bytes moved and held of
+    # float32 weights, and their gradients come back in it to be reduced.
+    compute = {name: w.astype(x.dtype) for name, w in routed.items()}
+    out, stats = _sharded(x, router, compute, config, mesh)
+    out = out.reshape(b * s, e)
+  if config.num_shared_experts:
+    out = out + _swiglu(tokens, layer, "shared_")
   return out.reshape(b, s, e), stats
+
+
+def _dispatch_group(
+    tokens: jax.Array,
+    weights: jax.Array,
+    experts: jax.Array,
+    routed: Mapping[str, jax.Array],
+    cap: int,
+    expert_axis: str,
+    batch_axes: tuple[str, ...],
+) -> tuple[jax.Array, jax.Array]:
+  """One device's part of its expert group's dispatch, in `shard_map`.
+
+  The group's G devices' tokens and choices are gathered, and the held
+  experts take them one device's tokens at a time: a scan whose steps keep
+  nothing for the backward pass but their inputs, so the sorted rows of one
+  device's T * k assignments are alive at once rather than the group's
+  G * T * k. Capacity carries over from part to part, in the group's token
+  order. A reduce-scatter sums the G devices' partial outputs back to the
+  tokens' owners.
+
+  Args:
+    tokens, weights, experts: this device's, as `dispatch` takes them.
+    routed: the experts this device holds.
+    cap: `dispatch`'s.
+    expert_axis: the mesh's expert axis.
+    batch_axes: the mesh axes the tokens are split over.
+
+  Returns:
+    (out [T, E], dropped): this device's tokens' routed output, and the
+    assignments this device's experts dropped.
+  """
+  gather = functools.partial(jax.lax.all_gather, axis_name=expert_axis)
+  held = routed["w_gate"].shape[0]
+  first = jax.lax.axis_index(expert_axis) * held
+
+  def part(earlier, source):
+    out, dropped, given = dispatch(*source, routed, first, cap, earlier)
+    return earlier + given, (out, dropped)
+
+  sources = (gather(tokens), gather(weights), gather(experts))
+  # The counts vary over the devices as the tokens do.
+  none_yet = jax.lax.pcast(
+      jnp.zeros((held,), jnp.int32), batch_axes, to="varying"
+  )
+  _, (outs, dropped) = jax.lax.scan(jax.checkpoint(part), none_yet, sources)
+  out = jax.lax.psum_scatter(outs, expert_axis, scatter_dimension=0)
+  return out, jnp.sum(dropped)
+
+
+def _sharded(
+    x: jax.Array,
+    router: Mapping[str, jax.Array],
+    routed: Mapping[str, jax.Array],
+    config,
+    mesh: jax.sharding.Mesh,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The routed experts on a mesh (`moe_mlp`'s docstring): [B, S, E] out."""
+  axes = mesh_lib.batch_axes(mesh)
+  expert_axis = mesh_lib.EXPERT_AXIS if mesh_lib.expert_size(mesh) > 1 else None
+  group = mesh.shape[expert_axis] if expert_axis else 1
+
+  def local(x, router, routed):
+    b, s, e = x.shape
+    tokens = x.reshape(b * s, e)
+    probs, weights, experts = _route_tokens(tokens, router, config)
+    cap = capacity(group * b * s, config)
+    if expert_axis:
+      out, dropped = _dispatch_group(
+          tokens, weights, experts, routed, cap, expert_axis, axes
+      )
+    else:
+      out, dropped, _ = dispatch(tokens, weights, experts, routed, 0, cap)
+    stats = _statistics(
+        probs.reshape(b, s, -1),
+        experts.reshape(b, s, -1),
+        dropped,
+        config,
+        mean=lambda v: jax.lax.pmean(v, axes),
+        total=lambda v: jax.lax.psum(v, axes),
+    )
+    return out.reshape(b, s, e), stats
+
+  batch = P(axes)
+  held = P(expert_axis) if expert_axis else P()
+  return jax.shard_map(
+      local,
+      mesh=mesh,
+      in_specs=(
+          batch,
+          {name: P() for name in router},
+          {name: held for name in routed},
+      ),
+      out_specs=(batch, P()),
+  )(x, dict(router), dict(routed))
 
 
 def summarize(stats: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
@@ -308,7 +560,7 @@ def dense_reference(
       layer["router"].astype(x.dtype),
       preferred_element_type=jnp.float32,
   )
-  _, weights, experts = route(logits, config)
+  _, weights, experts = route(logits, config, layer.get("router_bias"))
   chosen = jax.nn.one_hot(experts, n, dtype=jnp.float32)  # [T, k, X]
   cap = capacity(b * s, config)
   if cap:

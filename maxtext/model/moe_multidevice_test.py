@@ -1,8 +1,8 @@
 """Eight fake CPU devices: experts sharded over the "expert" mesh axis.
 
 The device count is fixed when JAX starts, so this test has its own target and
-sets XLA_FLAGS before importing JAX. The reference is the same training on one
-device (an engine without shardings), in the same process.
+sets XLA_FLAGS before importing JAX. The references are the same layer, and
+the same training, on one device, in the same process.
 """
 
 from maxtext import cpu_devices
@@ -14,16 +14,23 @@ cpu_devices.request(8)
 import functools
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import chex
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import ml_collections
 import numpy as np
 import optax
 
 from maxtext import engine as engine_lib
 from maxtext import mesh as mesh_lib
+from maxtext.model import moe
 from maxtext.model import transformer
 from maxtext.configs import moe_tiny
 from maxtext.metrics import recorder as metrics_recorder
+from testing import random_init
 from testing import tiny_configs
 
 _STEPS = 2
@@ -48,9 +55,62 @@ def _config():
       data_parallelism=2,
       fsdp_parallelism=2,
       expert_parallelism=2,
-      capacity_factor=1.0,
   )
   return config
+
+
+def _layer_config(data, fsdp, expert, **overrides):
+  """One MoE layer's fields on a data x fsdp x expert mesh of 8 devices."""
+  config = ml_collections.ConfigDict(
+      dict(
+          emb_dim=16,
+          mlp_dim=32,
+          moe_mlp_dim=8,
+          num_experts=8,
+          num_experts_per_token=2,
+          num_shared_experts=1,
+          router_score="softmax",
+          load_balance_loss="switch",
+          capacity_factor=0.0,
+          router_bias=False,
+          num_expert_groups=1,
+          expert_groups_per_token=1,
+          routed_scaling_factor=1.0,
+          data_parallelism=data,
+          fsdp_parallelism=fsdp,
+          expert_parallelism=expert,
+          dcn_data_parallelism=1,
+          dcn_fsdp_parallelism=1,
+      )
+  )
+  config.update(overrides)
+  return config
+
+
+def _objective(config, mesh):
+  """A scalar of the layer's output and balance loss, and both."""
+
+  def objective(x, layer):
+    out, stats = moe.moe_mlp(x, layer, config, mesh)
+    probe = jnp.cos(jnp.arange(out.size, dtype=out.dtype).reshape(out.shape))
+    return jnp.sum(out * probe) + stats["aux_loss"], (out, stats)
+
+  return jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
+
+
+def _on_mesh(x, layer, mesh):
+  """x split over every mesh axis; experts over "expert", the rest whole."""
+  expert = P(mesh_lib.EXPERT_AXIS) if mesh_lib.expert_size(mesh) > 1 else P()
+  return (
+      jax.device_put(x, mesh_lib.batch_sharding(mesh)),
+      {
+          name: jax.device_put(
+              value,
+              NamedSharding(mesh, expert if name.startswith("w_") else P()),
+          )
+          for name, value in layer.items()
+      },
+  )
 
 
 def _batches(config):
@@ -66,10 +126,10 @@ def _batches(config):
   ]
 
 
-def _train(config, params, shardings=None, batch_sharding=None):
+def _train(config, params, shardings=None, batch_sharding=None, mesh=None):
   """Runs _STEPS engine steps; returns the engine and each step's metrics."""
   engine = engine_lib.Engine(
-      functools.partial(transformer.loss_fn, config=config),
+      functools.partial(transformer.loss_fn, config=config, mesh=mesh),
       params,
       optax.adamw(1e-2),
       1e-2,
@@ -90,13 +150,102 @@ def _train(config, params, shardings=None, batch_sharding=None):
   return engine, records
 
 
-class MoeMultiDeviceTest(absltest.TestCase):
+class MoeMultiDeviceTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
     jax.config.update(
         "jax_compilation_cache_dir", tiny_configs.compilation_cache_dir()
     )
+
+  def _layer(self, config):
+    params = moe.init_params(
+        config, 1, random_init.scaled_normal(0, count=8)
+    )
+    layer = jax.tree.map(lambda a: a[0], params)
+    if config.router_bias:
+      layer["router_bias"] = jax.random.uniform(
+          jax.random.PRNGKey(5), layer["router_bias"].shape, maxval=0.5
+      )
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 4, config.emb_dim))
+    return x, layer
+
+  @parameterized.named_parameters(
+      ("experts_over_2", (2, 2, 2), {}),
+      ("experts_over_8", (1, 1, 8), {}),
+      ("fsdp_only", (1, 8, 1), {}),
+      (
+          "sigmoid_sequence_top3",
+          (1, 4, 2),
+          dict(
+              router_score="sigmoid",
+              load_balance_loss="sequence",
+              num_experts_per_token=3,
+          ),
+      ),
+      (
+          "deepseek_bias_groups",
+          (2, 1, 4),
+          dict(
+              router_score="sigmoid",
+              router_bias=True,
+              num_expert_groups=4,
+              expert_groups_per_token=2,
+              routed_scaling_factor=2.5,
+          ),
+      ),
+  )
+  def test_per_device_dispatch_matches_one_device(self, shape, overrides):
+    config = _layer_config(*shape, **overrides)
+    mesh = mesh_lib.make_mesh(config)
+    self.assertEqual(mesh_lib.expert_size(mesh), shape[2])
+    x, layer = self._layer(config)
+    (want_value, (want_out, want_stats)), want_grads = _objective(
+        config, None
+    )(x, layer)
+    (got_value, (got_out, got_stats)), got_grads = _objective(config, mesh)(
+        *_on_mesh(x, layer, mesh)
+    )
+    # Each device routed only its own tokens: the output keeps the batch
+    # split over every axis.
+    self.assertTrue(
+        got_out.sharding.is_equivalent_to(mesh_lib.batch_sharding(mesh), 3),
+        got_out.sharding,
+    )
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_value, want_value, rtol=1e-5)
+    chex.assert_trees_all_close(got_stats, want_stats, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(
+        jax.device_get(got_grads),
+        jax.device_get(want_grads),
+        rtol=1e-4,
+        atol=1e-5,  # Sums in another order; the gradients are O(1).
+    )
+
+  def test_capacity_counts_the_expert_groups_tokens(self):
+    config = _layer_config(1, 4, 2, capacity_factor=0.5)
+    mesh = mesh_lib.make_mesh(config)
+    x, layer = self._layer(config)
+    (_, (got_out, got_stats)), _ = _objective(config, mesh)(
+        *_on_mesh(x, layer, mesh)
+    )
+    # The batch's rows go to the devices in order, expert axis last, so
+    # the 4 expert groups hold 4 consecutive rows each: one call per group
+    # on one device is the reference.
+    outs, dropped = [], 0.0
+    for rows in np.split(np.asarray(x), 4):
+      out, stats = moe.moe_mlp(jnp.asarray(rows), layer, config)
+      outs.append(out)
+      dropped += float(stats["dropped"])
+    self.assertGreater(dropped, 0)
+    np.testing.assert_allclose(
+        got_out, np.concatenate(outs), rtol=1e-5, atol=1e-6
+    )
+    self.assertEqual(float(got_stats["dropped"]), dropped)
+    # One group for the whole batch drops differently: the grouping is
+    # what the test checks.
+    _, whole = moe.moe_mlp(x, layer, config)
+    self.assertNotEqual(float(whole["dropped"]), dropped)
 
   def test_expert_sharded_run_matches_one_device(self):
     self.assertEqual(jax.device_count(), 8)
@@ -110,7 +259,9 @@ class MoeMultiDeviceTest(absltest.TestCase):
     )
     shardings = mesh_lib.param_shardings(specs, mesh)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    sharded, sharded_records = _train(config, params, shardings, batch_sharding)
+    sharded, sharded_records = _train(
+        config, params, shardings, batch_sharding, mesh
+    )
     # Experts are split over the expert axis (and their embed dim over fsdp).
     w_up = sharded.params["moe_layers"]["w_up"]
     self.assertEqual(w_up.shape, (1, 4, 16, 8))

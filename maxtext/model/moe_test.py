@@ -27,6 +27,10 @@ def _config(**overrides):
           router_score="softmax",
           load_balance_loss="switch",
           capacity_factor=0.0,
+          router_bias=False,
+          num_expert_groups=1,
+          expert_groups_per_token=1,
+          routed_scaling_factor=1.0,
       )
   )
   config.update(overrides)
@@ -35,7 +39,41 @@ def _config(**overrides):
 
 def _layer(config, seed=0):
   params = moe.init_params(config, 1, random_init.scaled_normal(seed, count=8))
-  return jax.tree.map(lambda x: x[0], params)
+  layer = jax.tree.map(lambda x: x[0], params)
+  if config.router_bias:
+    # A bias large enough to change choices (zero as initialised).
+    layer["router_bias"] = jax.random.uniform(
+        jax.random.PRNGKey(seed + 5), layer["router_bias"].shape, maxval=0.5
+    )
+  return layer
+
+
+def _deepseek_routing(logits, bias, config):
+  """DeepSeek-V3's published router, written from its definition in NumPy:
+  sigmoid scores; the choice ranks scores + bias within the best groups (a
+  group's rank: the sum of its two best biased scores); the weights are the
+  chosen unbiased scores normalised to sum 1, times the scaling factor."""
+  logits = np.asarray(logits, np.float64)
+  scores = 1 / (1 + np.exp(-logits))
+  choice = scores + np.asarray(bias)
+  t, x = scores.shape
+  g = config.num_expert_groups
+  per_group = x // g
+  experts = np.zeros((t, config.num_experts_per_token), np.int64)
+  for row in range(t):
+    grouped = choice[row].reshape(g, per_group)
+    group_rank = np.sort(grouped, axis=1)[:, -2:].sum(axis=1)
+    best = np.argsort(-group_rank, kind="stable")[: config.expert_groups_per_token]
+    eligible = np.full(x, -np.inf)
+    for group in best:
+      span = slice(group * per_group, (group + 1) * per_group)
+      eligible[span] = choice[row, span]
+    experts[row] = np.argsort(-eligible, kind="stable")[
+        : config.num_experts_per_token
+    ]
+  top = np.take_along_axis(scores, experts, axis=1)
+  weights = top / top.sum(axis=1, keepdims=True) * config.routed_scaling_factor
+  return weights, experts
 
 
 def _inputs(seed=1, shape=(2, 5, 8)):
@@ -50,6 +88,17 @@ _CHOICES = (
     ),
     ("top1_shared", dict(num_experts_per_token=1, num_shared_experts=2)),
     ("capacity_drops", dict(capacity_factor=0.5)),
+    (
+        "deepseek_bias_groups_scale",
+        dict(
+            num_experts=8,
+            router_score="sigmoid",
+            router_bias=True,
+            num_expert_groups=4,
+            expert_groups_per_token=2,
+            routed_scaling_factor=2.5,
+        ),
+    ),
     (
         "sigmoid_capacity_top3",
         dict(
@@ -134,6 +183,35 @@ class MoeTest(parameterized.TestCase):
     probs, weights, _ = moe.route(logits, config)
     np.testing.assert_allclose(jnp.sum(weights, -1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(jnp.sum(probs, -1), 1.0, rtol=1e-6)
+
+  def test_deepseek_routing_matches_its_definition(self):
+    config = _config(
+        num_experts=16,
+        num_experts_per_token=4,
+        router_score="sigmoid",
+        router_bias=True,
+        num_expert_groups=4,
+        expert_groups_per_token=2,
+        routed_scaling_factor=2.5,
+    )
+    logits = jax.random.normal(jax.random.PRNGKey(8), (32, 16))
+    bias = jax.random.uniform(jax.random.PRNGKey(9), (16,), maxval=0.3)
+    _, weights, experts = moe.route(logits, config, bias)
+    want_weights, want_experts = _deepseek_routing(logits, bias, config)
+    np.testing.assert_array_equal(experts, want_experts)
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-5)
+    # Every choice lies in two groups of four consecutive experts.
+    for row in np.asarray(experts):
+      self.assertLessEqual(len(set(row // 4)), 2)
+    # The bias steers the choice, never the weights' values.
+    _, unbiased_weights, unbiased = moe.route(logits, config)
+    self.assertFalse(np.array_equal(unbiased, experts))
+    scores = jax.nn.sigmoid(logits)
+    chosen = jnp.take_along_axis(scores, experts, axis=1)
+    np.testing.assert_allclose(
+        weights, 2.5 * chosen / jnp.sum(chosen, -1, keepdims=True), rtol=1e-5
+    )
+    del unbiased_weights
 
   def test_stats(self):
     config = _config(capacity_factor=0.5)

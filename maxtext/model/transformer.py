@@ -404,7 +404,7 @@ def _final_hidden(
         layers.rms_norm(x, layer["attn_norm"], eps), layer, config, mesh
     )
     out, stats = moe.moe_mlp(
-        layers.rms_norm(x, layer["mlp_norm"], eps), layer, config
+        layers.rms_norm(x, layer["mlp_norm"], eps), layer, config, mesh
     )
     x = x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
     return x, stats
@@ -642,13 +642,15 @@ def param_logical_axes(params: Params) -> Params:
     axes["layers"] = _stack_axes(params.get("layers"), _MLP_AXES)
   if "moe_layers" in params:
     moe_layers = params["moe_layers"]
-    shared = isinstance(moe_layers, Mapping) and "shared_w_gate" in moe_layers
+    present = moe_layers if isinstance(moe_layers, Mapping) else {}
+    # The shared experts and the router's bias are optional.
     axes["moe_layers"] = _stack_axes(
         moe_layers,
         {
             name: names
             for name, names in moe.LOGICAL_AXES.items()
-            if shared or not name.startswith("shared_")
+            if name in present
+            or not (name.startswith("shared_") or name == "router_bias")
         },
     )
   expected = jax.tree_util.tree_structure(axes, is_leaf=is_axes)
@@ -668,6 +670,20 @@ def _stack_axes(stack, ffn_axes: Params) -> Params:
   else:
     attention = _GQA_AXES
   return {**_NORM_AXES, **attention, **ffn_axes}
+
+
+def weight_decay_mask(params: Params) -> Params:
+  """True for the parameters weight decay applies to: the matrices.
+
+  A parameter is a matrix when it has two or more dimensions besides the
+  stacked "layers" one: projections, experts and embeddings are; norm
+  scales, which the layer stack makes [layers, embed], are not.
+  """
+  return jax.tree_util.tree_map(
+      lambda names: sum(name != "layers" for name in names) >= 2,
+      param_logical_axes(params),
+      is_leaf=lambda x: isinstance(x, tuple),
+  )
 
 
 def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:

@@ -14,6 +14,7 @@ import optax
 from maxtext import choices
 from maxtext import data
 from maxtext import engine as engine_lib
+from maxtext import optimizer
 from maxtext.model import layers
 from maxtext.model import transformer
 from maxtext.configs import default
@@ -517,6 +518,38 @@ class ShardingTest(parameterized.TestCase):
         shapes,
         axes,
         is_leaf=lambda x: isinstance(x, tuple),
+    )
+
+  def test_weight_decay_spares_stacked_norm_scales(self):
+    config = tiny_configs.model_config(num_experts=4, num_dense_layers=1)
+    shapes = self._shapes(config)
+    mask = transformer.weight_decay_mask(shapes)
+    # Stacked, a norm scale is [layers, embed]: two dimensions, no decay.
+    self.assertLen(shapes["layers"]["attn_norm"].shape, 2)
+    self.assertFalse(mask["layers"]["attn_norm"])
+    self.assertFalse(mask["moe_layers"]["mlp_norm"])
+    self.assertFalse(mask["final_norm"])
+    self.assertTrue(mask["layers"]["wq"])
+    self.assertTrue(mask["moe_layers"]["w_up"])
+    self.assertTrue(mask["moe_layers"]["router"])
+    self.assertTrue(mask["embedding"])
+    # The mask the engine's optimizer gets: a zero gradient moves the
+    # decayed matrices and leaves the norm scales where they are.
+    optimizer_config = default.get_config()
+    optimizer_config.update(
+        learning_rate=0.1, warmup_steps=0, weight_decay=0.5, grad_clip_norm=0.0
+    )
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    tx = optimizer.make_optimizer(
+        optimizer_config,
+        optimizer.make_schedule(optimizer_config),
+        decay_mask=transformer.weight_decay_mask,
+    )
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    np.testing.assert_array_equal(updates["layers"]["attn_norm"], 0.0)
+    np.testing.assert_allclose(
+        updates["layers"]["wq"], -0.1 * 0.5 * params["layers"]["wq"], rtol=1e-5
     )
 
   def test_logical_axes_reject_other_structures(self):
