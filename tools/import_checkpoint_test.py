@@ -150,7 +150,11 @@ class ImportCheckpointTest(absltest.TestCase):
         runs,
         run_name="from_import",
         steps=2,
-        extra={"num_layers": 2, "learning_rate": learning_rate},
+        extra={
+            "num_layers": 2,
+            "learning_rate": learning_rate,
+            "warmup_steps": 1,
+        },
     )
     command = runfiles.train_main_command()
     proc = runfiles.subprocess.run(
