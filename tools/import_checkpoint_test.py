@@ -18,8 +18,15 @@ from maxtext.hf import exporter
 from maxtext.hf import safetensors_io
 from maxtext.model import transformer
 from maxtext.text import generate
+from maxtext.text import sampling
 from testing import runfiles
 from testing import tiny_configs
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key.key]
+  return tree
 
 
 def _run(binary, *args):
@@ -140,6 +147,22 @@ class ImportCheckpointTest(absltest.TestCase):
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertIn("config.num_layers = 2\n", done.stdout)
     self.assertIn(f"import_checkpoint: wrote {out}\n", done.stdout)
+
+    # tools/generate reads the import as a run directory.
+    imported = generate.load_run(out)
+    self.assertEqual(imported.step, 0)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(self.params):
+      np.testing.assert_array_equal(
+          np.asarray(_get(imported.params, path)), np.asarray(leaf)
+      )
+    options = sampling.SamplingOptions(max_new_tokens=5, temperature=0.0)
+    expected = generate.generate_ids(imported, [3, 1, 4], options)[0]
+    done = _run("generate", f"--run_dir={out}", "--prompt_ids=3,1,4",
+                "--max_new_tokens=5", "--temperature=0")
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertEqual(
+        done.stdout.splitlines()[-1], ",".join(str(i) for i in expected)
+    )
 
     # Two steps at a small learning rate: the trained parameters stay
     # within a few learning rates of the imported ones, far from any fresh

@@ -5,7 +5,10 @@ checkpoint directory of this project (`maxtext.storage.checkpointing`):
 step 0 holds the "state" item {"params": ...}, which
 `checkpointing.restore_params_only` reads, so a run starts from it with
 `--config.load_parameters_path=output_dir`. Beside it, `config.py` (a
-`get_config()` file usable with `--config=`) states the model fields.
+`get_config()` file usable with `--config=`) states the model fields, and
+`config.json` records the config as a run directory does, with
+`checkpoint_directory` naming `output_dir` itself, so
+`tools/generate --run_dir=output_dir` samples from the imported model.
 
 Everything is checked before anything is written: config.json, every
 shard's header (a truncated shard is found there), every tensor's presence
@@ -34,6 +37,8 @@ from maxtext.hf import hf_directory
 from maxtext.hf import llama
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
+from maxtext.storage import run_dir
+from maxtext.storage import run_record
 
 CONFIG_FILE = "config.py"
 # Rows of an unstacked matrix copied at a time (embedding, unembedding).
@@ -222,6 +227,13 @@ def import_checkpoint(
         os.path.join(checkpoint_dir, "hf_config.json"), "w", encoding="utf-8"
     ) as f:
       json.dump(hf.config, f, indent=2)
+    record = config.copy_and_resolve_references()
+    record.checkpoint_directory = output_dir
+    run_dir.write_config_json(
+        os.path.join(checkpoint_dir, run_record.CONFIG_JSON),
+        record,
+        {"imported_from": os.path.abspath(input_dir)},
+    )
     if os.path.isdir(output_dir):
       os.rmdir(output_dir)
     os.rename(checkpoint_dir, output_dir)
