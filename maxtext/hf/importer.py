@@ -17,11 +17,17 @@ tensor (and both shapes), and `output_dir` is left untouched.
 
 Memory: each shard is memory-mapped; each parameter is assembled in a
 scratch file one layer (or one block of rows) at a time, then handed to
-orbax as a read-only memory map, so the process holds about one layer's
-matrix and orbax's write buffers, not the model.
+orbax as a read-only memory map that orbax writes without copying, one
+parameter at a time, releasing its pages once written. The process holds
+about one parameter and orbax's write buffers, not the model
+(tools/benchmarks/import_bench measures it).
 """
 
+import asyncio
+from collections.abc import Iterator
+import contextlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -30,6 +36,7 @@ from typing import Any, Callable, Optional
 import jax
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 
 from maxtext import config_lib
 from maxtext.configs import base
@@ -115,6 +122,46 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
           f"{tuple(hf.shape(t.hf_name))}, the config expects {wanted}"
       )
   return abstract, tensors
+
+
+class _OneAtATimeNumpyHandler(ocp.type_handlers.NumpyHandler):
+  """orbax's NumPy array handler, writing one array at a time, in place.
+
+  orbax's default deep-copies every host array before its background write
+  and writes them all at once, which would bring the whole model into
+  memory. The arrays saved here are read-only memory maps: each is written
+  without a copy, one after the other, and its pages are released from
+  this process once written.
+  """
+
+  def __init__(self):
+    super().__init__(deepcopy_host_arrays=False)
+    self._lock = None
+
+  async def _open_and_write(self, value, tspec, ts_context):
+    if self._lock is None:
+      self._lock = asyncio.Lock()  # Made inside orbax's event loop.
+    async with self._lock:
+      await super()._open_and_write(value, tspec, ts_context)
+      mapping = getattr(value, "_mmap", None)
+      if mapping is not None:
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
+@contextlib.contextmanager
+def _numpy_arrays_saved_one_at_a_time() -> Iterator[None]:
+  """Registers `_OneAtATimeNumpyHandler` for the block, then puts orbax's
+  default NumPy handler back."""
+  previous = ocp.type_handlers.get_type_handler(np.ndarray)
+  ocp.type_handlers.register_type_handler(
+      np.ndarray, _OneAtATimeNumpyHandler(), override=True
+  )
+  try:
+    yield
+  finally:
+    ocp.type_handlers.register_type_handler(
+        np.ndarray, previous, override=True
+    )
 
 
 def _fill(path: str, shape, dtype, blocks: Callable[[], Any]) -> np.ndarray:
@@ -209,7 +256,7 @@ def import_checkpoint(
           lambda g=group, l=leaf: _leaf_blocks(hf, g, l, dtype),
       )
     checkpoint_dir = os.path.join(staging, "checkpoint")
-    with checkpointing.Checkpointer(
+    with _numpy_arrays_saved_one_at_a_time(), checkpointing.Checkpointer(
         checkpoint_dir, save_period=1, max_to_keep=0
     ) as checkpointer:
       checkpointer.save(
