@@ -32,6 +32,7 @@ _DTYPE = flags.DEFINE_string(
 
 
 def _export() -> None:
+  """Loads the run and exports it; ValueError for bad input."""
   if _DTYPE.value not in exporter.DTYPES:
     raise ValueError(
         f"--dtype={_DTYPE.value!r}: must be one of {list(exporter.DTYPES)}"

@@ -43,6 +43,7 @@ _CONFIG = flags.DEFINE_string(
 
 
 def _import() -> None:
+  """Checks the flags, imports, prints the output; ValueError for bad input."""
   config = None
   if _CONFIG.value:
     path = caller_paths.resolve_local_path(_CONFIG.value)

@@ -57,9 +57,7 @@ class ImportCheckpointTest(absltest.TestCase):
     self.assertEqual(lines[0], "import_checkpoint: error: " + message)
     self.assertFalse(os.path.exists(output_dir))
     parent = os.path.dirname(output_dir)
-    self.assertEqual(
-        [n for n in os.listdir(parent) if n.startswith("out")], []
-    )
+    self.assertEqual([n for n in os.listdir(parent) if n.startswith("out")], [])
 
   def test_directory_without_config_json(self):
     hf = self._copy("no_config")
@@ -142,8 +140,9 @@ class ImportCheckpointTest(absltest.TestCase):
 
   def test_train_main_starts_from_the_import_and_export_round_trips(self):
     out = os.path.join(self.root, "imported")
-    done = _run("import_checkpoint", f"--input={self.hf_dir}",
-                f"--output_dir={out}")
+    done = _run(
+        "import_checkpoint", f"--input={self.hf_dir}", f"--output_dir={out}"
+    )
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertIn("config.num_layers = 2\n", done.stdout)
     self.assertIn(f"import_checkpoint: wrote {out}\n", done.stdout)
@@ -157,8 +156,13 @@ class ImportCheckpointTest(absltest.TestCase):
       )
     options = sampling.SamplingOptions(max_new_tokens=5, temperature=0.0)
     expected = generate.generate_ids(imported, [3, 1, 4], options)[0]
-    done = _run("generate", f"--run_dir={out}", "--prompt_ids=3,1,4",
-                "--max_new_tokens=5", "--temperature=0")
+    done = _run(
+        "generate",
+        f"--run_dir={out}",
+        "--prompt_ids=3,1,4",
+        "--max_new_tokens=5",
+        "--temperature=0",
+    )
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertEqual(
         done.stdout.splitlines()[-1], ",".join(str(i) for i in expected)
@@ -200,9 +204,7 @@ class ImportCheckpointTest(absltest.TestCase):
       moved = np.abs(trained - np.asarray(self.params[name])).max()
       self.assertGreater(moved, 0.0)
       self.assertLess(moved, 10 * learning_rate * 2)
-      self.assertGreater(
-          np.abs(trained - np.asarray(fresh[name])).max(), 0.1
-      )
+      self.assertGreater(np.abs(trained - np.asarray(fresh[name])).max(), 0.1)
     np.testing.assert_array_less(
         np.abs(
             np.asarray(run.params["layers"]["wq"])
@@ -213,12 +215,16 @@ class ImportCheckpointTest(absltest.TestCase):
 
     # Export the trained run and import it again: the same parameters.
     exported = os.path.join(self.root, "exported")
-    done = _run("export_checkpoint", f"--run_dir={run.run_dir}",
-                f"--output_dir={exported}")
+    done = _run(
+        "export_checkpoint",
+        f"--run_dir={run.run_dir}",
+        f"--output_dir={exported}",
+    )
     self.assertEqual(done.returncode, 0, done.stderr)
     reimported = os.path.join(self.root, "reimported")
-    done = _run("import_checkpoint", f"--input={exported}",
-                f"--output_dir={reimported}")
+    done = _run(
+        "import_checkpoint", f"--input={exported}", f"--output_dir={reimported}"
+    )
     self.assertEqual(done.returncode, 0, done.stderr)
     back = safetensors_io.SafetensorsFile(
         os.path.join(exported, "model.safetensors")
@@ -233,9 +239,11 @@ class ImportCheckpointTest(absltest.TestCase):
     with open(os.path.join(used, "x"), "w", encoding="utf-8") as f:
       f.write("x")
     for args, message in (
-        (["--run_dir=/nonexistent", f"--output_dir={used}", "--dtype=int8"],
-         "export_checkpoint: error: --dtype='int8': must be one of "
-         "['bfloat16', 'float32']"),
+        (
+            ["--run_dir=/nonexistent", f"--output_dir={used}", "--dtype=int8"],
+            "export_checkpoint: error: --dtype='int8': must be one of "
+            "['bfloat16', 'float32']",
+        ),
     ):
       done = _run("export_checkpoint", *args)
       self.assertEqual(done.returncode, 2, done.stderr)

@@ -70,7 +70,7 @@ def export_checkpoint(config, params, output_dir: str, dtype: str) -> None:
       not os.path.isdir(output_dir) or os.listdir(output_dir)
   ):
     raise ValueError(f"--output_dir {output_dir}: exists and is not empty")
-  np_dtype = np.dtype(safetensors_io.DTYPES["BF16" if dtype == "bfloat16" else "F32"])
+  np_dtype = safetensors_io.DTYPES["BF16" if dtype == "bfloat16" else "F32"]
   tensors = {}
   for t in llama.tensors(params):
     leaf = params

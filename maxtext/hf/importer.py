@@ -159,9 +159,7 @@ def _numpy_arrays_saved_one_at_a_time() -> Iterator[None]:
   try:
     yield
   finally:
-    ocp.type_handlers.register_type_handler(
-        np.ndarray, previous, override=True
-    )
+    ocp.type_handlers.register_type_handler(np.ndarray, previous, override=True)
 
 
 def _fill(path: str, shape, dtype, blocks: Callable[[], Any]) -> np.ndarray:
@@ -256,9 +254,12 @@ def import_checkpoint(
           lambda g=group, l=leaf: _leaf_blocks(hf, g, l, dtype),
       )
     checkpoint_dir = os.path.join(staging, "checkpoint")
-    with _numpy_arrays_saved_one_at_a_time(), checkpointing.Checkpointer(
-        checkpoint_dir, save_period=1, max_to_keep=0
-    ) as checkpointer:
+    with (
+        _numpy_arrays_saved_one_at_a_time(),
+        checkpointing.Checkpointer(
+            checkpoint_dir, save_period=1, max_to_keep=0
+        ) as checkpointer,
+    ):
       checkpointer.save(
           0,
           {"params": params},

@@ -215,7 +215,7 @@ def tensors(params: Mapping[str, Any]) -> Iterator[Tensor]:
   arrays or shapes from `transformer.init_params`), in file order."""
   for name in ("embedding",):
     yield Tensor(OUTER_TENSORS[name][0], (name,), None, OUTER_TENSORS[name][1])
-  for name, leaf in params["layers"].items():
+  for name in params["layers"]:
     if name not in LAYER_TENSORS:
       raise UnsupportedError(f"parameter layers/{name} has no Llama tensor")
   num_layers = params["layers"]["wq"].shape[0]

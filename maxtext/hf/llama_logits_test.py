@@ -18,9 +18,14 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import numpy as np
+
+# pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import torch
+
+# pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import transformers
 
+from maxtext import config_lib
 from maxtext.hf import exporter
 from maxtext.hf import importer
 from maxtext.model import transformer
@@ -131,7 +136,6 @@ class LlamaLogitsTest(parameterized.TestCase):
     self.assert_logits_close(_logits(params, config, ids), expected)
 
     # The config file written beside the checkpoint is the same config.
-    from maxtext import config_lib  # pylint: disable=g-import-not-at-top
     written = config_lib.load_config_file(os.path.join(out, "config.py"))
     self.assertEqual(written.to_dict(), config.to_dict())
 

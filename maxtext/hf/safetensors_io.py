@@ -102,7 +102,10 @@ class SafetensorsFile:
     if not math.prod(shape):
       return np.zeros(shape, dtype)
     return np.memmap(
-        self.path, dtype=dtype, mode="r", offset=self._start + begin,
+        self.path,
+        dtype=dtype,
+        mode="r",
+        offset=self._start + begin,
         shape=shape,
     )
 

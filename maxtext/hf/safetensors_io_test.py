@@ -48,10 +48,12 @@ class SafetensorsTest(absltest.TestCase):
     )
 
   def test_truncated_file_names_the_tensor(self):
-    path = self._write({
-        "first": np.zeros((4,), np.float32),
-        "last": np.zeros((4,), np.float32),
-    })
+    path = self._write(
+        {
+            "first": np.zeros((4,), np.float32),
+            "last": np.zeros((4,), np.float32),
+        }
+    )
     os.truncate(path, os.path.getsize(path) - 4)
     with self.assertRaisesRegex(
         safetensors_io.FormatError, f"{path}: truncated: tensor last ends"

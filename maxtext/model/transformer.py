@@ -173,7 +173,7 @@ def _untie(params: Params, config) -> Params:
   return params
 
 
-def unembedding(params: Params) -> jax.Array:
+def output_projection(params: Params) -> jax.Array:
   """The [E, V] output projection: "unembedding", or the embedding
   transposed when the model ties them (no "unembedding" parameter)."""
   if "unembedding" in params:
@@ -464,7 +464,7 @@ def apply(
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
   return unembed(
-      _final_hidden(params, tokens, config, mesh)[0], unembedding(params)
+      _final_hidden(params, tokens, config, mesh)[0], output_projection(params)
   )
 
 
@@ -596,11 +596,11 @@ def loss_fn(
     weights = weights.astype(jnp.float32)
   if 0 < chunk < targets.shape[1]:
     loss_sum, num_correct = _chunked_token_sums(
-        x, unembedding(params), targets, weights, chunk
+        x, output_projection(params), targets, weights, chunk
     )
   else:
     loss_sum, num_correct = _token_sums(
-        unembed(x, unembedding(params)), targets, weights
+        unembed(x, output_projection(params)), targets, weights
     )
   num_tokens = jnp.sum(weights)
   denom = jnp.maximum(num_tokens, 1e-8)

@@ -59,6 +59,7 @@ class _Random:
 
 
 def _hf_shapes(layers: int) -> dict[str, tuple[int, ...]]:
+  """Every tensor's name and shape in a model of `layers` layers."""
   e, m, v, d = _EMB.value, _MLP.value, _VOCAB.value, _HEAD_DIM
   shapes = {
       "model.embed_tokens.weight": (v, e),
@@ -153,6 +154,7 @@ def _dir_bytes(path: str) -> int:
 
 
 def main(argv):
+  """Writes both models, imports each in a child, prints the figures."""
   del argv
   with tempfile.TemporaryDirectory(prefix="import_bench_") as tmp:
     layers = _LAYERS.value
