@@ -120,6 +120,30 @@ class ImportCheckpointTest(absltest.TestCase):
     )
     self.assertFalse(os.path.exists(out))
 
+  def test_config_given_is_checked_and_differences_reported(self):
+    config_file = os.path.join(self.create_tempdir().full_path, "eps.py")
+    with open(config_file, "w", encoding="utf-8") as f:
+      f.write(
+          "from testing import tiny_configs\n"
+          "def get_config():\n"
+          "  return tiny_configs.tiny_config('/tmp', num_layers=2, "
+          "norm_epsilon=1e-6)\n"
+      )
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    done = _run(
+        "import_checkpoint",
+        f"--input={self.hf_dir}",
+        f"--config={config_file}",
+        f"--output_dir={out}",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn(
+        "warning: config.norm_epsilon = 1e-06 but config.json gives 1e-05\n",
+        done.stdout,
+    )
+    self.assertNotIn("config.num_layers = 2", done.stdout)
+    self.assertTrue(os.path.isdir(os.path.join(out, "0")))
+
   def test_config_shape_mismatch_names_tensor_and_both_shapes(self):
     config_file = os.path.join(self.create_tempdir().full_path, "wide.py")
     with open(config_file, "w", encoding="utf-8") as f:
@@ -181,6 +205,8 @@ class ImportCheckpointTest(absltest.TestCase):
             "num_layers": 2,
             "learning_rate": learning_rate,
             "warmup_steps": 1,
+            # Fixed, so that the resume below may raise the step budget.
+            "lr_schedule_steps": 3,
         },
     )
     command = runfiles.train_main_command()
@@ -198,6 +224,29 @@ class ImportCheckpointTest(absltest.TestCase):
     self.assertIn("train_main: completed after step 2", proc.stdout)
     run = generate.load_run(os.path.join(runs, "from_import"))
     self.assertEqual(run.step, 2)
+    # The same command with a larger budget resumes the run from its own
+    # step-2 checkpoint (load_parameters_path only starts a fresh run).
+    proc = runfiles.subprocess.run(
+        command
+        + [f"--config={out}/config.py", f"--config.load_parameters_path={out}"]
+        + [f for f in flags if not f.startswith("--config.steps=")]
+        + ["--config.steps=3"],
+        env=runfiles.cached_environ(command),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn("train_main: completed after step 3", proc.stdout)
+    resumed = generate.load_run(os.path.join(runs, "from_import"), 3)
+    self.assertGreater(
+        np.abs(
+            np.asarray(resumed.params["embedding"])
+            - np.asarray(run.params["embedding"])
+        ).max(),
+        0.0,
+    )
     fresh = transformer.init_params(self.config, jax.random.PRNGKey(0))
     for name in ("embedding", "unembedding"):
       trained = np.asarray(run.params[name])
@@ -213,7 +262,7 @@ class ImportCheckpointTest(absltest.TestCase):
         10 * learning_rate * 2,
     )
 
-    # Export the trained run and import it again: the same parameters.
+    # Export the trained run (its newest step, 3) and import it again.
     exported = os.path.join(self.root, "exported")
     done = _run(
         "export_checkpoint",
@@ -226,12 +275,17 @@ class ImportCheckpointTest(absltest.TestCase):
         "import_checkpoint", f"--input={exported}", f"--output_dir={reimported}"
     )
     self.assertEqual(done.returncode, 0, done.stderr)
+    again = generate.load_run(reimported)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(resumed.params):
+      np.testing.assert_array_equal(
+          np.asarray(_get(again.params, path)), np.asarray(leaf)
+      )
     back = safetensors_io.SafetensorsFile(
         os.path.join(exported, "model.safetensors")
     )
     np.testing.assert_array_equal(
         np.asarray(back.array("model.layers.1.self_attn.o_proj.weight")),
-        np.asarray(run.params["layers"]["wo"][1]).reshape(-1, 32).T,
+        np.asarray(resumed.params["layers"]["wo"][1]).reshape(-1, 32).T,
     )
 
   def test_export_refuses_a_bad_dtype_and_a_used_output_dir(self):

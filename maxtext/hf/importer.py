@@ -227,6 +227,15 @@ def import_checkpoint(
     config = derived_config(fields)
     for key, value in fields.items():
       log(f"config.{key} = {value!r}")
+  else:
+    # Shapes are checked below; these fields change the model's function
+    # without changing a shape.
+    for key, value in fields.items():
+      if key != "max_sequence_length" and config[key] != value:
+        log(
+            f"warning: config.{key} = {config[key]!r} but config.json gives "
+            f"{value!r}"
+        )
   abstract, tensors = plan(hf, config)
   dtype = np.dtype(config.weight_dtype)
 
