@@ -29,6 +29,11 @@ def maxtext_repositories():
     }
     for platform, lock in locks.items():
         pip_repository(name = "pypi_" + platform, lock = lock, extras = extras[platform])
+    # Test and tool-only packages (torch, transformers): a hub of their own that only
+    # the targets needing them name (through //third_party/py:torch_transformers), so
+    # the default set-up and train_main never fetch it. Its lock holds only what the
+    # CPU lock lacks; the shared packages come from @pypi.
+    pip_repository(name = "pypi_torch", lock = "//third_party/py:requirements_torch_lock.txt")
     pip_alias_repository(
         name = "pypi",
         locks = {lock: platform for platform, lock in locks.items()},

@@ -132,6 +132,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.rope_original_max_position = 8192
   # Epsilon inside the RMSNorm square root.
   config.norm_epsilon = 1e-5
+  # Tied embeddings (Hugging Face's tie_word_embeddings, e.g. Llama 3.2 1B/3B):
+  # no separate unembedding parameter; the logits use the embedding transposed.
+  config.tie_word_embeddings = False
   # Storage dtype of parameters and optimizer state:
   # float32 | bfloat16 | float16.
   config.weight_dtype = "float32"

@@ -116,4 +116,4 @@ def forward(
 
 def logits(params: Any, hidden: jax.Array) -> jax.Array:
   """float32 [B, S, V] logits of `forward`'s hidden states."""
-  return transformer.unembed(hidden, params["unembedding"])
+  return transformer.unembed(hidden, transformer.output_projection(params))

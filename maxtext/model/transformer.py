@@ -157,12 +157,28 @@ def init_params(config, rng: jax.Array) -> Params:
   stack["w_gate"] = normal((l, e, m), e)
   stack["w_up"] = normal((l, e, m), e)
   stack["w_down"] = normal((l, m, e), m)
-  return {
+  params = {
       "embedding": embedding,
       "layers": stack,
       "final_norm": jnp.ones((e,), dtype),
       "unembedding": normal((e, v), e),
   }
+  return _untie(params, config)
+
+
+def _untie(params: Params, config) -> Params:
+  """`params` without "unembedding" when `config.tie_word_embeddings`."""
+  if config.tie_word_embeddings:
+    del params["unembedding"]
+  return params
+
+
+def output_projection(params: Params) -> jax.Array:
+  """The [E, V] output projection: "unembedding", or the embedding
+  transposed when the model ties them (no "unembedding" parameter)."""
+  if "unembedding" in params:
+    return params["unembedding"]
+  return params["embedding"].T
 
 
 def _check_attention_type(config) -> None:
@@ -212,7 +228,7 @@ def _init_moe_params(config, rng: jax.Array) -> Params:
   }
   params["final_norm"] = jnp.ones((e,), dtype)
   params["unembedding"] = normal((e, v), e)
-  return params
+  return _untie(params, config)
 
 
 def _cuda_capability() -> float:
@@ -448,7 +464,7 @@ def apply(
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
   return unembed(
-      _final_hidden(params, tokens, config, mesh)[0], params["unembedding"]
+      _final_hidden(params, tokens, config, mesh)[0], output_projection(params)
   )
 
 
@@ -580,11 +596,11 @@ def loss_fn(
     weights = weights.astype(jnp.float32)
   if 0 < chunk < targets.shape[1]:
     loss_sum, num_correct = _chunked_token_sums(
-        x, params["unembedding"], targets, weights, chunk
+        x, output_projection(params), targets, weights, chunk
     )
   else:
     loss_sum, num_correct = _token_sums(
-        unembed(x, params["unembedding"]), targets, weights
+        unembed(x, output_projection(params)), targets, weights
     )
   num_tokens = jnp.sum(weights)
   denom = jnp.maximum(num_tokens, 1e-8)
@@ -638,6 +654,8 @@ def param_logical_axes(params: Params) -> Params:
     return isinstance(x, tuple)
 
   axes = dict(_OUTER_AXES)
+  if "unembedding" not in params:
+    del axes["unembedding"]  # Tied embeddings.
   if "layers" in params or "moe_layers" not in params:
     axes["layers"] = _stack_axes(params.get("layers"), _MLP_AXES)
   if "moe_layers" in params:

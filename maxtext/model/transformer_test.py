@@ -272,6 +272,29 @@ class ModelTest(parameterized.TestCase):
         sum(x.size for x in jax.tree_util.tree_leaves(params)),
     )
 
+  def test_tied_embeddings_use_the_embedding_transposed(self):
+    untied = tiny_configs.model_config()
+    tied = tiny_configs.model_config(tie_word_embeddings=True)
+    params = transformer.init_params(tied, jax.random.PRNGKey(0))
+    self.assertNotIn("unembedding", params)
+    self.assertNotIn("unembedding", transformer.param_logical_axes(params))
+    # The same model untied, its unembedding set to the embedding transposed.
+    reference = dict(params, unembedding=params["embedding"].T)
+    tokens = _tokens(tied)
+    # Equal up to float32 rounding: XLA may order the contraction of a
+    # transposed operand differently.
+    np.testing.assert_allclose(
+        _jit_apply(tied)(params, tokens),
+        _jit_apply(untied)(reference, tokens),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    batch = _batch(tied)
+    (loss, _), grads = _loss_and_grads(tied, params, batch)
+    (reference_loss, _), _ = _loss_and_grads(untied, reference, batch)
+    self.assertAlmostEqual(float(loss), float(reference_loss), places=5)
+    self.assertNotIn("unembedding", grads)
+
   def test_init_is_deterministic_by_key(self):
     config = tiny_configs.model_config()
     a = transformer.init_params(config, jax.random.PRNGKey(1))

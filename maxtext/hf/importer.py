@@ -1,0 +1,299 @@
+"""Imports a Hugging Face Llama checkpoint as a `load_parameters_path`.
+
+`import_checkpoint(input_dir, output_dir, config)` writes `output_dir` as a
+checkpoint directory of this project (`maxtext.storage.checkpointing`):
+step 0 holds the "state" item {"params": ...}, which
+`checkpointing.restore_params_only` reads, so a run starts from it with
+`--config.load_parameters_path=output_dir`. Beside it, `config.py` (a
+`get_config()` file usable with `--config=`) states the model fields, and
+`config.json` records the config as a run directory does, with
+`checkpoint_directory` naming `output_dir` itself, so
+`tools/generate --run_dir=output_dir` samples from the imported model.
+
+Everything is checked before anything is written: config.json, every
+shard's header (a truncated shard is found there), every tensor's presence
+and shape. A problem is one `ConversionError` line naming the file or
+tensor (and both shapes), and `output_dir` is left untouched.
+
+Memory: each shard is memory-mapped; each parameter is assembled in a
+scratch file one layer (or one block of rows) at a time, then handed to
+orbax as a read-only memory map that orbax writes without copying, one
+parameter at a time, releasing its pages once written. The process holds
+about one parameter and orbax's write buffers, not the model
+(tools/benchmarks/import_bench measures it).
+"""
+
+import asyncio
+from collections.abc import Iterator
+import contextlib
+import json
+import mmap
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Optional
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from maxtext import config_lib
+from maxtext.configs import base
+from maxtext.hf import hf_directory
+from maxtext.hf import llama
+from maxtext.model import transformer
+from maxtext.storage import checkpointing
+from maxtext.storage import run_dir
+from maxtext.storage import run_record
+
+CONFIG_FILE = "config.py"
+# Rows of an unstacked matrix copied at a time (embedding, unembedding).
+_ROW_BLOCK = 4096
+
+
+class ConversionError(ValueError):
+  """Bad input to a conversion: one line naming the file, tensor or field."""
+
+
+def derived_config(fields: dict[str, Any]) -> ml_collections.ConfigDict:
+  """base.py's config with `fields` set, validated."""
+  config = base.get_config()
+  for key, value in fields.items():
+    config[key] = value
+  config_lib.validate(config)
+  return config
+
+
+def config_file_text(fields: dict[str, Any], source: str) -> str:
+  """A config file (`get_config()`) setting `fields` over base.py."""
+  lines = [
+      f'"""Model fields of the Hugging Face checkpoint {source}.',
+      "",
+      "Written by tools/import_checkpoint; start a run from the imported",
+      "parameters with --config=<this file>",
+      "--config.load_parameters_path=<this file's directory>.",
+      '"""',
+      "",
+      "import ml_collections",
+      "",
+      "from maxtext.configs import base",
+      "",
+      "",
+      "def get_config() -> ml_collections.ConfigDict:",
+      '  """base.py with the imported model\'s fields."""',
+      "  config = base.get_config()",
+  ]
+  lines += [f"  config.{key} = {value!r}" for key, value in fields.items()]
+  lines += ["  return config", ""]
+  return "\n".join(lines)
+
+
+def _abstract_params(config) -> Any:
+  return jax.eval_shape(
+      lambda key: transformer.init_params(config, key), jax.random.PRNGKey(0)
+  )
+
+
+def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
+  """(abstract params, tensors) after checking every tensor's presence and
+  shape against `config`; raises ConversionError on the first problem."""
+  if config.num_experts or config.attention_type != "gqa":
+    raise ConversionError(
+        "config: only dense grouped-query models (Llama) are imported; "
+        f"got attention_type={config.attention_type!r}, "
+        f"num_experts={config.num_experts}"
+    )
+  abstract = _abstract_params(config)
+  tensors = list(llama.tensors(abstract))
+  for t in tensors:
+    leaf = abstract
+    for key in t.path:
+      leaf = leaf[key]
+    shape = leaf.shape[1:] if t.layer is not None else leaf.shape
+    wanted = tuple(t.layout.hf_shape(tuple(shape)))
+    if not hf.has(t.hf_name):
+      raise ConversionError(
+          f"{hf.path}: tensor {t.hf_name} missing (expected shape {wanted})"
+      )
+    if tuple(hf.shape(t.hf_name)) != wanted:
+      raise ConversionError(
+          f"{hf.file_of(t.hf_name)}: tensor {t.hf_name} has shape "
+          f"{tuple(hf.shape(t.hf_name))}, the config expects {wanted}"
+      )
+  return abstract, tensors
+
+
+class _OneAtATimeNumpyHandler(ocp.type_handlers.NumpyHandler):
+  """orbax's NumPy array handler, writing one array at a time, in place.
+
+  orbax's default deep-copies every host array before its background write
+  and writes them all at once, which would bring the whole model into
+  memory. The arrays saved here are read-only memory maps: each is written
+  without a copy, one after the other, and its pages are released from
+  this process once written.
+  """
+
+  def __init__(self):
+    super().__init__(deepcopy_host_arrays=False)
+    self._lock = None
+
+  async def _open_and_write(self, value, tspec, ts_context):
+    if self._lock is None:
+      self._lock = asyncio.Lock()  # Made inside orbax's event loop.
+    async with self._lock:
+      await super()._open_and_write(value, tspec, ts_context)
+      mapping = getattr(value, "_mmap", None)
+      if mapping is not None:
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
+@contextlib.contextmanager
+def _numpy_arrays_saved_one_at_a_time() -> Iterator[None]:
+  """Registers `_OneAtATimeNumpyHandler` for the block, then puts orbax's
+  default NumPy handler back."""
+  previous = ocp.type_handlers.get_type_handler(np.ndarray)
+  ocp.type_handlers.register_type_handler(
+      np.ndarray, _OneAtATimeNumpyHandler(), override=True
+  )
+  try:
+    yield
+  finally:
+    ocp.type_handlers.register_type_handler(np.ndarray, previous, override=True)
+
+
+def _fill(path: str, shape, dtype, blocks: Callable[[], Any]) -> np.ndarray:
+  """Writes the blocks (arrays, in row-major order) to `path` and returns
+  the file as a read-only memory map of `shape`."""
+  with open(path, "wb") as f:
+    for block in blocks():
+      np.ascontiguousarray(block, dtype=dtype).tofile(f)
+  return np.memmap(path, dtype=dtype, mode="r", shape=tuple(shape))
+
+
+def _leaf_blocks(hf, tensors, leaf, dtype):
+  """The blocks of one parameter, in order: one per layer of a stack, or
+  row blocks of an unstacked matrix."""
+  if tensors[0].layer is not None:
+    shape = tuple(leaf.shape[1:])
+    for t in sorted(tensors, key=lambda t: t.layer):
+      yield t.layout.to_project(hf.array(t.hf_name), shape).astype(dtype)
+    return
+  (t,) = tensors
+  array = t.layout.to_project(hf.array(t.hf_name), tuple(leaf.shape))
+  for start in range(0, max(array.shape[0], 1), _ROW_BLOCK):
+    yield np.asarray(array[start : start + _ROW_BLOCK]).astype(dtype)
+
+
+def import_checkpoint(
+    input_dir: str,
+    output_dir: str,
+    config: Optional[ml_collections.ConfigDict] = None,
+    log: Callable[[str], None] = print,
+) -> ml_collections.ConfigDict:
+  """Converts the Hugging Face model at `input_dir` into `output_dir`.
+
+  Args:
+    input_dir: a directory with config.json and *.safetensors (and
+      model.safetensors.index.json when sharded).
+    output_dir: where the checkpoint goes: absent or an empty directory.
+    config: the run config to check every shape against; None = derive the
+      model fields from config.json (and write them as config.py).
+    log: where the derived fields are printed.
+
+  Returns:
+    The config the parameters were written for.
+
+  Raises:
+    ConversionError: bad input, before anything is written.
+  """
+  output_dir = os.path.abspath(output_dir)
+  if os.path.exists(output_dir) and (
+      not os.path.isdir(output_dir) or os.listdir(output_dir)
+  ):
+    raise ConversionError(f"--output_dir {output_dir}: exists and is not empty")
+  try:
+    hf = hf_directory.HfDirectory(input_dir)
+    fields = llama.config_fields(
+        hf.config, os.path.join(input_dir, "config.json")
+    )
+  except (hf_directory.FormatError, llama.UnsupportedError) as e:
+    raise ConversionError(str(e)) from None
+  except KeyError as e:
+    raise ConversionError(
+        f"{os.path.join(input_dir, 'config.json')}: field {e.args[0]} missing"
+    ) from None
+  if config is None:
+    config = derived_config(fields)
+    for key, value in fields.items():
+      log(f"config.{key} = {value!r}")
+  else:
+    # Shapes are checked below; these fields change the model's function
+    # without changing a shape.
+    for key, value in fields.items():
+      if key != "max_sequence_length" and config[key] != value:
+        log(
+            f"warning: config.{key} = {config[key]!r} but config.json gives "
+            f"{value!r}"
+        )
+  abstract, tensors = plan(hf, config)
+  dtype = np.dtype(config.weight_dtype)
+
+  parent = os.path.dirname(output_dir)
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(
+      prefix=os.path.basename(output_dir) + ".importing-", dir=parent
+  )
+  try:
+    scratch = os.path.join(staging, "scratch")
+    os.mkdir(scratch)
+    by_leaf = {}
+    for t in tensors:
+      by_leaf.setdefault(t.path, []).append(t)
+    params = jax.tree_util.tree_map(lambda x: x, abstract)  # A copy to fill.
+    for path, group in by_leaf.items():
+      node = params
+      for key in path[:-1]:
+        node = node[key]
+      leaf = node[path[-1]]
+      node[path[-1]] = _fill(
+          os.path.join(scratch, "_".join(path)),
+          leaf.shape,
+          dtype,
+          lambda g=group, l=leaf: _leaf_blocks(hf, g, l, dtype),
+      )
+    checkpoint_dir = os.path.join(staging, "checkpoint")
+    with (
+        _numpy_arrays_saved_one_at_a_time(),
+        checkpointing.Checkpointer(
+            checkpoint_dir, save_period=1, max_to_keep=0
+        ) as checkpointer,
+    ):
+      checkpointer.save(
+          0,
+          {"params": params},
+          {"source": os.path.abspath(input_dir)},
+          force=True,
+      )
+    del params
+    with open(
+        os.path.join(checkpoint_dir, CONFIG_FILE), "w", encoding="utf-8"
+    ) as f:
+      f.write(config_file_text(fields, os.path.abspath(input_dir)))
+    with open(
+        os.path.join(checkpoint_dir, "hf_config.json"), "w", encoding="utf-8"
+    ) as f:
+      json.dump(hf.config, f, indent=2)
+    record = config.copy_and_resolve_references()
+    record.checkpoint_directory = output_dir
+    run_dir.write_config_json(
+        os.path.join(checkpoint_dir, run_record.CONFIG_JSON),
+        record,
+        {"imported_from": os.path.abspath(input_dir)},
+    )
+    if os.path.isdir(output_dir):
+      os.rmdir(output_dir)
+    os.rename(checkpoint_dir, output_dir)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return config

@@ -1,0 +1,229 @@
+"""Hugging Face Llama (LlamaForCausalLM) <-> this project's dense model.
+
+Config: `config_fields(hf_config)` gives the project's model fields from a
+Llama config.json (Llama 3.x: grouped-query heads, `rope_type: "llama3"`
+frequency scaling, tied or untied embeddings); `hf_config(config)` is the
+reverse.
+
+Tensors: Hugging Face's `nn.Linear` weights are [out, in]; the project's
+matrices are [in, out], with the heads split out:
+
+  model.embed_tokens.weight            [V, E]      embedding      [V, E]
+  model.layers.N.input_layernorm       [E]         attn_norm      [L, E]
+  model.layers.N.self_attn.q_proj      [H*D, E]    wq             [L, E, H, D]
+  model.layers.N.self_attn.k_proj/v    [K*D, E]    wk / wv        [L, E, K, D]
+  model.layers.N.self_attn.o_proj      [E, H*D]    wo             [L, H, D, E]
+  model.layers.N.post_attention_layernorm          mlp_norm       [L, E]
+  model.layers.N.mlp.gate_proj/up_proj [M, E]      w_gate / w_up  [L, E, M]
+  model.layers.N.mlp.down_proj         [E, M]      w_down         [L, M, E]
+  model.norm.weight                    [E]         final_norm     [E]
+  lm_head.weight                       [V, E]      unembedding    [E, V]
+
+Rotary embeddings need no permutation: Hugging Face's Llama rotates halves
+(dimension i with i + D/2, `rotate_half`), as `maxtext.model.layers.rope`
+does; the logit tests check it.
+"""
+
+from collections.abc import Iterator, Mapping
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+ARCHITECTURE = "LlamaForCausalLM"
+UNSUPPORTED_NEXT = "DeepseekV3ForCausalLM"
+
+
+class UnsupportedError(ValueError):
+  """config.json describes a model this converter does not handle."""
+
+
+def _rope(hf: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+  """(rope_theta, scaling dict) of either config.json layout: transformers
+  5's `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
+  params = dict(hf.get("rope_parameters") or {})
+  scaling = dict(hf.get("rope_scaling") or params)
+  theta = hf.get("rope_theta", params.get("rope_theta", 10000.0))
+  return float(theta), scaling
+
+
+def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
+  """The project's model fields of a Llama config.json.
+
+  Args:
+    hf: the parsed config.json.
+    source: its path, named in errors.
+
+  Raises:
+    UnsupportedError: another architecture, or a Llama option the model
+      lacks (biases, another activation or rotary scaling); one line.
+  """
+  architectures = hf.get("architectures") or [hf.get("model_type")]
+  if ARCHITECTURE not in architectures:
+    raise UnsupportedError(
+        f"{source}: architecture {architectures[0]!r} is not supported "
+        f"(supported: {ARCHITECTURE})"
+    )
+  for key, wanted in (
+      ("attention_bias", False),
+      ("mlp_bias", False),
+      ("hidden_act", "silu"),
+  ):
+    if hf.get(key, wanted) != wanted:
+      raise UnsupportedError(
+          f"{source}: {key}={hf[key]!r} is not supported (only {wanted!r})"
+      )
+  heads = int(hf["num_attention_heads"])
+  theta, scaling = _rope(hf)
+  fields = {
+      "vocab_size": int(hf["vocab_size"]),
+      "emb_dim": int(hf["hidden_size"]),
+      "num_layers": int(hf["num_hidden_layers"]),
+      "num_heads": heads,
+      "num_kv_heads": int(hf.get("num_key_value_heads") or heads),
+      "head_dim": int(hf.get("head_dim") or hf["hidden_size"] // heads),
+      "mlp_dim": int(hf["intermediate_size"]),
+      "rope_theta": theta,
+      "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+      "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+      # Training sequences up to the model's context, at most 8192 tokens.
+      "max_sequence_length": min(
+          int(hf.get("max_position_embeddings", 2048)), 8192
+      ),
+      "rope_scaling": "none",
+  }
+  kind = scaling.get("rope_type", scaling.get("type", "default"))
+  if kind == "llama3":
+    fields.update(
+        rope_scaling="llama3",
+        rope_scaling_factor=float(scaling["factor"]),
+        rope_low_freq_factor=float(scaling["low_freq_factor"]),
+        rope_high_freq_factor=float(scaling["high_freq_factor"]),
+        rope_original_max_position=int(
+            scaling["original_max_position_embeddings"]
+        ),
+    )
+  elif kind != "default":
+    raise UnsupportedError(
+        f"{source}: rope_type {kind!r} is not supported (default or llama3)"
+    )
+  return fields
+
+
+def hf_config(config, dtype: str) -> dict[str, Any]:
+  """A Llama config.json for the project's `config` with weights in `dtype`."""
+  rope = {"rope_type": "default", "rope_theta": float(config.rope_theta)}
+  if config.rope_scaling == "llama3":
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": float(config.rope_theta),
+        "factor": float(config.rope_scaling_factor),
+        "low_freq_factor": float(config.rope_low_freq_factor),
+        "high_freq_factor": float(config.rope_high_freq_factor),
+        "original_max_position_embeddings": int(
+            config.rope_original_max_position
+        ),
+    }
+  return {
+      "architectures": [ARCHITECTURE],
+      "model_type": "llama",
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.emb_dim,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "num_key_value_heads": config.num_kv_heads,
+      "head_dim": config.head_dim,
+      "intermediate_size": config.mlp_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": config.max_sequence_length,
+      "rms_norm_eps": float(config.norm_epsilon),
+      # Both layouts: older transformers read rope_theta and rope_scaling.
+      "rope_theta": float(config.rope_theta),
+      "rope_scaling": rope if config.rope_scaling == "llama3" else None,
+      "rope_parameters": rope,
+      "attention_bias": False,
+      "mlp_bias": False,
+      "tie_word_embeddings": bool(config.tie_word_embeddings),
+      "torch_dtype": dtype,
+      "dtype": dtype,
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How one project matrix is stored in Hugging Face's layout.
+
+  `to_project(hf_array, project_shape)` and `to_hf(project_array)` convert
+  one (unstacked) tensor; `hf_shape(project_shape)` is the shape the
+  checkpoint must have.
+  """
+
+  hf_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+  to_project: Callable[[np.ndarray, tuple[int, ...]], np.ndarray]
+  to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+_SAME = Layout(lambda s: s, lambda a, s: a, lambda a: a)
+# [out, in] <-> [in, out].
+_LINEAR = Layout(lambda s: s[::-1], lambda a, s: a.T, lambda a: a.T)
+# [H*D, E] <-> [E, H, D]: the output features are the heads.
+_HEADS_OUT = Layout(
+    lambda s: (s[1] * s[2], s[0]),
+    lambda a, s: a.T.reshape(s),
+    lambda a: a.reshape(a.shape[0], -1).T,
+)
+# [E, H*D] <-> [H, D, E]: the input features are the heads.
+_HEADS_IN = Layout(
+    lambda s: (s[2], s[0] * s[1]),
+    lambda a, s: a.T.reshape(s),
+    lambda a: a.reshape(-1, a.shape[-1]).T,
+)
+
+# Per-layer parameters: project name -> (Hugging Face name suffix, layout).
+LAYER_TENSORS = {
+    "attn_norm": ("input_layernorm.weight", _SAME),
+    "mlp_norm": ("post_attention_layernorm.weight", _SAME),
+    "wq": ("self_attn.q_proj.weight", _HEADS_OUT),
+    "wk": ("self_attn.k_proj.weight", _HEADS_OUT),
+    "wv": ("self_attn.v_proj.weight", _HEADS_OUT),
+    "wo": ("self_attn.o_proj.weight", _HEADS_IN),
+    "w_gate": ("mlp.gate_proj.weight", _LINEAR),
+    "w_up": ("mlp.up_proj.weight", _LINEAR),
+    "w_down": ("mlp.down_proj.weight", _LINEAR),
+}
+# Top-level parameters: project name -> (Hugging Face name, layout).
+OUTER_TENSORS = {
+    "embedding": ("model.embed_tokens.weight", _SAME),
+    "final_norm": ("model.norm.weight", _SAME),
+    "unembedding": ("lm_head.weight", _LINEAR),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+  """One Hugging Face tensor and where it goes: `path` is the project
+  parameter's key path, `layer` its index in the stack (None: unstacked)."""
+
+  hf_name: str
+  path: tuple[str, ...]
+  layer: int | None
+  layout: Layout
+
+
+def tensors(params: Mapping[str, Any]) -> Iterator[Tensor]:
+  """Every Hugging Face tensor of the dense model `params` (a pytree of
+  arrays or shapes from `transformer.init_params`), in file order."""
+  for name in ("embedding",):
+    yield Tensor(OUTER_TENSORS[name][0], (name,), None, OUTER_TENSORS[name][1])
+  for name in params["layers"]:
+    if name not in LAYER_TENSORS:
+      raise UnsupportedError(f"parameter layers/{name} has no Llama tensor")
+  num_layers = params["layers"]["wq"].shape[0]
+  for i in range(num_layers):
+    for name, (suffix, layout) in LAYER_TENSORS.items():
+      yield Tensor(f"model.layers.{i}.{suffix}", ("layers", name), i, layout)
+  for name in ("final_norm", "unembedding"):
+    if name in params:
+      yield Tensor(
+          OUTER_TENSORS[name][0], (name,), None, OUTER_TENSORS[name][1]
+      )

@@ -1,0 +1,55 @@
+"""Exports a run's checkpoint as a Hugging Face Llama model directory.
+
+  tools/bazel run //tools:export_checkpoint -- --run_dir=/runs/llama32_ft \\
+      --output_dir=/models/llama32_ft --dtype=bfloat16
+
+writes config.json and model.safetensors, which
+`transformers.AutoModelForCausalLM.from_pretrained("/models/llama32_ft")`
+loads. --step picks a checkpoint (default: the newest); --dtype is the
+tensors' dtype (bfloat16 or float32, default float32). Only dense
+grouped-query models (Llama 3.x shapes) export. A bad input is one line,
+exit status 2, and --output_dir (absent or empty) stays untouched.
+"""
+
+from absl import app
+from absl import flags
+
+from maxtext import caller_paths
+from maxtext.hf import exporter
+from maxtext.text import generate
+from tools import command_line
+
+_RUN_DIR = flags.DEFINE_string("run_dir", None, "The run directory.")
+_STEP = flags.DEFINE_integer(
+    "step", None, "Checkpoint step to export; default: the newest."
+)
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Hugging Face model directory to write."
+)
+_DTYPE = flags.DEFINE_string(
+    "dtype", "float32", f"Tensor dtype: one of {list(exporter.DTYPES)}."
+)
+
+
+def _export() -> None:
+  """Loads the run and exports it; ValueError for bad input."""
+  if _DTYPE.value not in exporter.DTYPES:
+    raise ValueError(
+        f"--dtype={_DTYPE.value!r}: must be one of {list(exporter.DTYPES)}"
+    )
+  run = generate.load_run(
+      caller_paths.resolve_local_path(_RUN_DIR.value), _STEP.value
+  )
+  output_dir = caller_paths.resolve_local_path(_OUTPUT_DIR.value)
+  exporter.export_checkpoint(run.config, run.params, output_dir, _DTYPE.value)
+  print(f"export_checkpoint: step {run.step} of {run.run_dir} -> {output_dir}")
+
+
+def main(argv: list[str]) -> None:
+  command_line.check(argv, _RUN_DIR, _OUTPUT_DIR)
+  with command_line.user_errors("export_checkpoint"):
+    _export()
+
+
+if __name__ == "__main__":
+  app.run(main)

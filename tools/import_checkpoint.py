@@ -1,0 +1,69 @@
+"""Imports a Hugging Face Llama checkpoint as parameters a run starts from.
+
+  # Derive the model fields from config.json (printed, and written as
+  # DIR/config.py), then train from the imported parameters:
+  tools/bazel run //tools:import_checkpoint -- \\
+      --input=/models/Llama-3.2-1B --output_dir=/ckpt/llama32_1b
+  tools/bazel run //maxtext:train_main -- --config=/ckpt/llama32_1b/config.py \\
+      --config.load_parameters_path=/ckpt/llama32_1b
+
+  # Check every tensor's shape against an existing config file instead:
+  tools/bazel run //tools:import_checkpoint -- --input=/models/Llama-3.1-8B \\
+      --output_dir=/ckpt/llama31_8b --config=maxtext/configs/llama31_8b.py
+
+--input holds config.json and one or many *.safetensors (with
+model.safetensors.index.json); --output_dir must be absent or empty. The
+parameters are stored in the config's weight_dtype. Bad input (no
+config.json, another architecture, a tensor missing or of another shape, a
+truncated shard) is one line naming the file and tensor, exit status 2,
+and nothing is written to --output_dir. Relative paths resolve against the
+directory `bazel run` was started from.
+"""
+
+from absl import app
+from absl import flags
+
+from maxtext import caller_paths
+from maxtext import config_lib
+from maxtext.hf import importer
+from tools import command_line
+
+_INPUT = flags.DEFINE_string(
+    "input", None, "Hugging Face model directory (config.json, safetensors)."
+)
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Checkpoint directory to write (absent or empty)."
+)
+_CONFIG = flags.DEFINE_string(
+    "config",
+    None,
+    "Config file whose model fields every tensor shape is checked against; "
+    "default: derived from config.json.",
+)
+
+
+def _import() -> None:
+  """Checks the flags, imports, prints the output; ValueError for bad input."""
+  config = None
+  if _CONFIG.value:
+    path = caller_paths.resolve_local_path(_CONFIG.value)
+    try:
+      config = config_lib.load_config_file(path)
+    except FileNotFoundError as e:
+      raise ValueError(f"--config: {e}") from None
+    config_lib.validate(config)
+  output_dir = caller_paths.resolve_local_path(_OUTPUT_DIR.value)
+  importer.import_checkpoint(
+      caller_paths.resolve_local_path(_INPUT.value), output_dir, config
+  )
+  print(f"import_checkpoint: wrote {output_dir}")
+
+
+def main(argv: list[str]) -> None:
+  command_line.check(argv, _INPUT, _OUTPUT_DIR)
+  with command_line.user_errors("import_checkpoint"):
+    _import()
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,309 @@
+"""//tools:import_checkpoint and //tools:export_checkpoint through their
+binaries: bad input, shape checks, and a run that starts from an import.
+
+The Hugging Face directories are written with the project's own exporter
+from a random tiny model (no torch here; llama_logits_test checks the
+layout against transformers).
+"""
+
+import json
+import os
+import shutil
+
+from absl.testing import absltest
+import jax
+import numpy as np
+
+from maxtext.hf import exporter
+from maxtext.hf import safetensors_io
+from maxtext.model import transformer
+from maxtext.text import generate
+from maxtext.text import sampling
+from testing import runfiles
+from testing import tiny_configs
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key.key]
+  return tree
+
+
+def _run(binary, *args):
+  return runfiles.run_binary(f"tools/{binary}", list(args), timeout_s=300)
+
+
+class ImportCheckpointTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tiny_configs.fresh_output_dir("import_checkpoint_test_")
+    cls.config = tiny_configs.tiny_config(cls.root, num_layers=2)
+    cls.params = transformer.init_params(cls.config, jax.random.PRNGKey(1))
+    cls.hf_dir = os.path.join(cls.root, "hf")
+    exporter.export_checkpoint(cls.config, cls.params, cls.hf_dir, "float32")
+
+  def _copy(self, name):
+    path = os.path.join(self.create_tempdir().full_path, name)
+    shutil.copytree(self.hf_dir, path)
+    return path
+
+  def assert_refused(self, args, message, output_dir):
+    done = _run("import_checkpoint", *args, f"--output_dir={output_dir}")
+    self.assertEqual(done.returncode, 2, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    self.assertLen(lines, 1, done.stderr)
+    self.assertEqual(lines[0], "import_checkpoint: error: " + message)
+    self.assertFalse(os.path.exists(output_dir))
+    parent = os.path.dirname(output_dir)
+    self.assertEqual([n for n in os.listdir(parent) if n.startswith("out")], [])
+
+  def test_directory_without_config_json(self):
+    hf = self._copy("no_config")
+    os.remove(os.path.join(hf, "config.json"))
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    self.assert_refused(
+        [f"--input={hf}"],
+        f"{hf}/config.json: missing (not a Hugging Face model?)",
+        out,
+    )
+
+  def test_unsupported_architecture(self):
+    hf = self._copy("deepseek")
+    path = os.path.join(hf, "config.json")
+    with open(path, encoding="utf-8") as f:
+      document = json.load(f)
+    document["architectures"] = ["DeepseekV3ForCausalLM"]
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(document, f)
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    self.assert_refused(
+        [f"--input={hf}"],
+        f"{path}: architecture 'DeepseekV3ForCausalLM' is not supported "
+        "(supported: LlamaForCausalLM)",
+        out,
+    )
+
+  def test_missing_tensor(self):
+    hf = self._copy("missing")
+    path = os.path.join(hf, "model.safetensors")
+    source = safetensors_io.SafetensorsFile(path)
+    kept = {
+        n: np.array(source.array(n))
+        for n in source.names()
+        if n != "model.layers.1.mlp.up_proj.weight"
+    }
+    del source
+    safetensors_io.write(path, kept)
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    self.assert_refused(
+        [f"--input={hf}"],
+        f"{hf}: tensor model.layers.1.mlp.up_proj.weight missing "
+        "(expected shape (64, 32))",
+        out,
+    )
+
+  def test_truncated_shard(self):
+    hf = self._copy("truncated")
+    path = os.path.join(hf, "model.safetensors")
+    os.truncate(path, os.path.getsize(path) - 100)
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    # Tensors are written in name order: the last one is cut.
+    last = "model.norm.weight"
+    done = _run("import_checkpoint", f"--input={hf}", f"--output_dir={out}")
+    self.assertEqual(done.returncode, 2, done.stderr)
+    self.assertRegex(
+        done.stderr,
+        rf"^import_checkpoint: error: {path}: truncated: tensor "
+        rf"{last} ends at byte \d+ of a \d+-byte file\n$",
+    )
+    self.assertFalse(os.path.exists(out))
+
+  def test_config_given_is_checked_and_differences_reported(self):
+    config_file = os.path.join(self.create_tempdir().full_path, "eps.py")
+    with open(config_file, "w", encoding="utf-8") as f:
+      f.write(
+          "from testing import tiny_configs\n"
+          "def get_config():\n"
+          "  return tiny_configs.tiny_config('/tmp', num_layers=2, "
+          "norm_epsilon=1e-6)\n"
+      )
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    done = _run(
+        "import_checkpoint",
+        f"--input={self.hf_dir}",
+        f"--config={config_file}",
+        f"--output_dir={out}",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn(
+        "warning: config.norm_epsilon = 1e-06 but config.json gives 1e-05\n",
+        done.stdout,
+    )
+    self.assertNotIn("config.num_layers = 2", done.stdout)
+    self.assertTrue(os.path.isdir(os.path.join(out, "0")))
+
+  def test_config_shape_mismatch_names_tensor_and_both_shapes(self):
+    config_file = os.path.join(self.create_tempdir().full_path, "wide.py")
+    with open(config_file, "w", encoding="utf-8") as f:
+      f.write(
+          "from testing import tiny_configs\n"
+          "def get_config():\n"
+          "  return tiny_configs.tiny_config('/tmp', num_layers=2, "
+          "mlp_dim=48)\n"
+      )
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    self.assert_refused(
+        [f"--input={self.hf_dir}", f"--config={config_file}"],
+        f"{self.hf_dir}/model.safetensors: tensor "
+        "model.layers.0.mlp.gate_proj.weight has shape (64, 32), the config "
+        "expects (48, 32)",
+        out,
+    )
+
+  def test_train_main_starts_from_the_import_and_export_round_trips(self):
+    out = os.path.join(self.root, "imported")
+    done = _run(
+        "import_checkpoint", f"--input={self.hf_dir}", f"--output_dir={out}"
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn("config.num_layers = 2\n", done.stdout)
+    self.assertIn(f"import_checkpoint: wrote {out}\n", done.stdout)
+
+    # tools/generate reads the import as a run directory.
+    imported = generate.load_run(out)
+    self.assertEqual(imported.step, 0)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(self.params):
+      np.testing.assert_array_equal(
+          np.asarray(_get(imported.params, path)), np.asarray(leaf)
+      )
+    options = sampling.SamplingOptions(max_new_tokens=5, temperature=0.0)
+    expected = generate.generate_ids(imported, [3, 1, 4], options)[0]
+    done = _run(
+        "generate",
+        f"--run_dir={out}",
+        "--prompt_ids=3,1,4",
+        "--max_new_tokens=5",
+        "--temperature=0",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertEqual(
+        done.stdout.splitlines()[-1], ",".join(str(i) for i in expected)
+    )
+
+    # Two steps at a small learning rate: the trained parameters stay
+    # within a few learning rates of the imported ones, far from any fresh
+    # initialisation.
+    learning_rate = 1e-4
+    runs = os.path.join(self.root, "runs")
+    flags = tiny_configs.tiny_flags(
+        runs,
+        run_name="from_import",
+        steps=2,
+        extra={
+            "num_layers": 2,
+            "learning_rate": learning_rate,
+            "warmup_steps": 1,
+            # Fixed, so that the resume below may raise the step budget.
+            "lr_schedule_steps": 3,
+        },
+    )
+    command = runfiles.train_main_command()
+    proc = runfiles.subprocess.run(
+        command
+        + [f"--config={out}/config.py", f"--config.load_parameters_path={out}"]
+        + flags,
+        env=runfiles.cached_environ(command),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn("train_main: completed after step 2", proc.stdout)
+    run = generate.load_run(os.path.join(runs, "from_import"))
+    self.assertEqual(run.step, 2)
+    # The same command with a larger budget resumes the run from its own
+    # step-2 checkpoint (load_parameters_path only starts a fresh run).
+    proc = runfiles.subprocess.run(
+        command
+        + [f"--config={out}/config.py", f"--config.load_parameters_path={out}"]
+        + [f for f in flags if not f.startswith("--config.steps=")]
+        + ["--config.steps=3"],
+        env=runfiles.cached_environ(command),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn("train_main: completed after step 3", proc.stdout)
+    resumed = generate.load_run(os.path.join(runs, "from_import"), 3)
+    self.assertGreater(
+        np.abs(
+            np.asarray(resumed.params["embedding"])
+            - np.asarray(run.params["embedding"])
+        ).max(),
+        0.0,
+    )
+    fresh = transformer.init_params(self.config, jax.random.PRNGKey(0))
+    for name in ("embedding", "unembedding"):
+      trained = np.asarray(run.params[name])
+      moved = np.abs(trained - np.asarray(self.params[name])).max()
+      self.assertGreater(moved, 0.0)
+      self.assertLess(moved, 10 * learning_rate * 2)
+      self.assertGreater(np.abs(trained - np.asarray(fresh[name])).max(), 0.1)
+    np.testing.assert_array_less(
+        np.abs(
+            np.asarray(run.params["layers"]["wq"])
+            - np.asarray(self.params["layers"]["wq"])
+        ),
+        10 * learning_rate * 2,
+    )
+
+    # Export the trained run (its newest step, 3) and import it again.
+    exported = os.path.join(self.root, "exported")
+    done = _run(
+        "export_checkpoint",
+        f"--run_dir={run.run_dir}",
+        f"--output_dir={exported}",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    reimported = os.path.join(self.root, "reimported")
+    done = _run(
+        "import_checkpoint", f"--input={exported}", f"--output_dir={reimported}"
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    again = generate.load_run(reimported)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(resumed.params):
+      np.testing.assert_array_equal(
+          np.asarray(_get(again.params, path)), np.asarray(leaf)
+      )
+    back = safetensors_io.SafetensorsFile(
+        os.path.join(exported, "model.safetensors")
+    )
+    np.testing.assert_array_equal(
+        np.asarray(back.array("model.layers.1.self_attn.o_proj.weight")),
+        np.asarray(resumed.params["layers"]["wo"][1]).reshape(-1, 32).T,
+    )
+
+  def test_export_refuses_a_bad_dtype_and_a_used_output_dir(self):
+    used = self.create_tempdir().full_path
+    with open(os.path.join(used, "x"), "w", encoding="utf-8") as f:
+      f.write("x")
+    for args, message in (
+        (
+            ["--run_dir=/nonexistent", f"--output_dir={used}", "--dtype=int8"],
+            "export_checkpoint: error: --dtype='int8': must be one of "
+            "['bfloat16', 'float32']",
+        ),
+    ):
+      done = _run("export_checkpoint", *args)
+      self.assertEqual(done.returncode, 2, done.stderr)
+      self.assertEqual(done.stderr.strip(), message)
+    self.assertEqual(os.listdir(used), ["x"])
+
+
+if __name__ == "__main__":
+  absltest.main()
