@@ -45,6 +45,7 @@ def _copy(tree):
 class StepTest(absltest.TestCase):
 
   def _step(self, num_iterations=1, beta=0.04, learning_rate=1e-2):
+    """An engine with the GRPO loss and a GrpoStep on the progression task."""
     config = tiny_configs.model_config()
     frozen = ml_collections.FrozenConfigDict(config)
     params = transformer.init_params(config, jax.random.PRNGKey(0))

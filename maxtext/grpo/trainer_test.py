@@ -1,0 +1,131 @@
+"""The GRPO run end to end: pretrain briefly, post-train, resume, refuse."""
+
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from maxtext import trainer as pretrainer
+from maxtext.grpo import rewards
+from maxtext.grpo import trainer
+from maxtext.metrics import jsonl
+from testing import tiny_configs
+
+
+def always_fails(prompt, completion):
+  """A reward function that raises."""
+  del completion
+  raise ZeroDivisionError(f"no reward for {len(prompt)} terms")
+
+
+def _grpo_config(output_dir, load_from, **overrides):
+  """The tiny test model as a GRPO run starting from `load_from`."""
+  config = tiny_configs.tiny_config(output_dir, run_name="grpo", steps=3)
+  values = dict(
+      load_parameters_path=load_from,
+      enable_mllog=False,
+      lr_schedule="constant",
+      learning_rate=1e-3,
+      warmup_steps=0,
+      # A schedule length of its own, so a resume may add steps.
+      lr_schedule_steps=10,
+      global_batch_size=8,
+      gradient_accumulation_steps=2,
+      grpo_num_generations=4,
+      grpo_prompt_length=3,
+      grpo_max_completion_length=4,
+      grpo_eval_prompts=8,
+      grpo_beta=0.04,
+      grpo_reward_functions=(
+          "maxtext.grpo.progression_task:exact_match,"
+          "maxtext.grpo.progression_task:prefix_match=0.5"
+      ),
+      eval_interval=2,
+      checkpoint_period=2,
+  )
+  values.update(overrides)
+  for key, value in values.items():
+    config[key] = value
+  return config
+
+
+class GrpoRunTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = absltest.get_default_test_tmpdir()
+    pretrainer.run(
+        tiny_configs.tiny_config(cls.root, run_name="pretrain", steps=6)
+    )
+    cls.checkpoints = os.path.join(cls.root, "pretrain", "checkpoints")
+
+  def test_runs_records_and_resumes(self):
+    out = self.create_tempdir().full_path
+    result = trainer.run(_grpo_config(out, self.checkpoints))
+    self.assertEqual(result.final_step, 3)
+    self.assertIn("pass@1", result.last_eval)
+    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    self.assertEqual([r["step"] for r in train], [0, 1, 2])
+    for name in (
+        "rewards/mean",
+        "rewards/exact_match",
+        "rewards/prefix_match",
+        "is_ratio/mean",
+        "kl",
+        "pg_clipfrac",
+        "advantage/abs_mean",
+        "completions/mean_length",
+        "grad_norm",
+    ):
+      self.assertIn(name, train[0])
+    self.assertAlmostEqual(train[0]["is_ratio/mean"], 1.0, places=3)
+    self.assertEqual([r["step"] for r in evals], [1, 2])
+    self.assertTrue(any("pass@1" in key for key in evals[0]))
+
+    # Resume: the run goes on from its checkpoint of step 3.
+    again = trainer.run(_grpo_config(out, self.checkpoints, steps=5))
+    self.assertEqual((again.start_step, again.final_step), (3, 5))
+
+  @parameterized.named_parameters(
+      ("one_generation", {"grpo_num_generations": 1}, "grpo_num_generations=1"),
+      ("top_p", {"grpo_top_p": 1.5}, r"grpo_top_p=1.5: must be in \(0, 1\]"),
+      (
+          "reward_import",
+          {"grpo_reward_functions": "no_such_module_q:f"},
+          "'no_such_module_q:f' does not import",
+      ),
+      ("iterations", {"grpo_num_iterations": 2}, "grpo_num_iterations=2"),
+      (
+          "groups",
+          {"global_batch_size": 6, "gradient_accumulation_steps": 1},
+          "global_batch_size=6: must be divisible by grpo_num_generations",
+      ),
+  )
+  def test_bad_options_are_one_line(self, overrides, message):
+    out = self.create_tempdir().full_path
+    with self.assertRaisesRegex(trainer.ConfigError, message) as caught:
+      trainer.run(_grpo_config(out, self.checkpoints, **overrides))
+    self.assertNotIn("\n", str(caught.exception))
+    self.assertFalse(os.path.exists(os.path.join(out, "grpo")))
+
+  def test_failing_reward_stops_with_one_line(self):
+    out = self.create_tempdir().full_path
+    with self.assertRaisesRegex(
+        rewards.RewardError,
+        r"^reward function __main__:always_fails on prompt 0 \(sample 0\) "
+        r"raised ZeroDivisionError: no reward for 3 terms$",
+    ):
+      trainer.run(
+          _grpo_config(
+              out,
+              self.checkpoints,
+              grpo_reward_functions="__main__:always_fails",
+          )
+      )
+
+
+if __name__ == "__main__":
+  absltest.main()
