@@ -37,11 +37,15 @@ def main(argv) -> None:
     print(f"grpo_main: {e}", file=sys.stderr)
     sys.exit(1)
   logging.info(
-      "GRPO run %s: %s after step %d; last eval %s",
+      "GRPO run %s: %s after step %d",
       result.run_dir,
       result.status.name,
       result.final_step,
-      result.last_eval,
+  )
+  print(
+      f"grpo_main: {result.status.name.lower()} after step "
+      f"{result.final_step}; held-out eval at the start {result.start_eval}, "
+      f"at the end {result.last_eval}"
   )
 
 

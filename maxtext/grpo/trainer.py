@@ -71,6 +71,8 @@ class RunResult:
     start_step: the step it started from.
     final_step: completed steps at the end.
     last_eval: the newest eval's metrics (name -> value), or None.
+    start_eval: the held-out pass rates of the parameters the run started
+      from (before its first step; logged, not a listener's eval record).
   """
 
   status: RunOutcome
@@ -78,6 +80,7 @@ class RunResult:
   start_step: int
   final_step: int
   last_eval: Optional[dict]
+  start_eval: Optional[dict] = None
 
 
 def loss_options(config) -> policy_loss.LossOptions:
@@ -254,6 +257,19 @@ def run(
   last_eval = None
   listeners = state.listeners
   try:
+    start_eval = evaluation.evaluate(
+        state.engine.params,
+        frozen,
+        task.eval_prompts(),
+        eval_options(config),
+        progression_task.exact_match,
+        mesh=state.setup.mesh,
+    )
+    logging.info(
+        "GRPO eval of the starting parameters (step %d): %s",
+        state.start_step,
+        start_eval,
+    )
     listeners.on_run_start(
         interface.RunStart(state.start_step, state.samples, 0.0)
     )
@@ -295,6 +311,7 @@ def run(
       state.start_step,
       state.engine.step,
       last_eval,
+      start_eval,
   )
 
 

@@ -65,6 +65,7 @@ class GrpoRunTest(parameterized.TestCase):
     result = trainer.run(_grpo_config(out, self.checkpoints))
     self.assertEqual(result.final_step, 3)
     self.assertIn("pass@1", result.last_eval)
+    self.assertIn("pass@1", result.start_eval)
     records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
