@@ -494,6 +494,12 @@ def _check_grpo(v) -> None:
         f"must be <= vocab_size={v['vocab_size']}",
     )
   _at_least(v, "grpo_eval_prompts", 1)
+  if not 0.0 <= v["grpo_target_pass_rate"] <= 1.0:
+    raise _fail(
+        "grpo_target_pass_rate",
+        v["grpo_target_pass_rate"],
+        "must be in [0, 1] (0 = no target)",
+    )
   stop_ids(v)
 
 

@@ -282,6 +282,7 @@ class ValidateTest(parameterized.TestCase):
       ("grpo_eval_temp", {"grpo_eval_temperature": -1.0}, "grpo_eval_temp"),
       ("grpo_length", {"grpo_max_completion_length": 0}, "grpo_max_compl"),
       ("grpo_prompts", {"grpo_eval_prompts": 0}, "grpo_eval_prompts=0"),
+      ("grpo_target", {"grpo_target_pass_rate": 1.5}, "grpo_target_pass_"),
       ("grpo_stop_ids", {"grpo_stop_ids": "1,x"}, r"grpo_stop_ids='1,x': 'x'"),
       ("grpo_stop_big", {"grpo_stop_ids": "99999"}, "grpo_stop_ids='99999'"),
       (

@@ -328,6 +328,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_eval_temperature = 0.0
   config.grpo_eval_top_p = 1.0  # In (0, 1].
   config.grpo_eval_prompts = 64  # Held-out prompts per evaluation (>= 1).
+  # The run ends with success once an eval's held-out pass@1 reaches this
+  # (higher is better); 0 = no target.
+  config.grpo_target_pass_rate = 0.0
   # The built-in task (maxtext/grpo/progression_task.py): prompt tokens
   # given of each progression.
   config.grpo_prompt_length = 4

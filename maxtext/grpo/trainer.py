@@ -20,8 +20,8 @@ step), so a resumed run continues with the prompts and draws an
 uninterrupted run would have used.
 
 Limits of this loop (docs/grpo.md): one process; grpo_num_iterations = 1;
-no warm-up before run_start and no MLPerf GRPO log; an eval reports its pass
-rates and does not end the run (no target yet).
+no warm-up before run_start and no MLPerf GRPO log. An eval whose held-out
+pass@1 reaches `grpo_target_pass_rate` ends the run with success.
 """
 
 import dataclasses
@@ -66,7 +66,7 @@ class RunResult:
   """What a GRPO run did.
 
   Attributes:
-    status: COMPLETED or INTERRUPTED.
+    status: SUCCESS (the target pass rate reached) or COMPLETED.
     run_dir: the local run directory.
     start_step: the step it started from.
     final_step: completed steps at the end.
@@ -294,9 +294,20 @@ def run(
         )
       completed = step + 1
       if completed % config.eval_interval == 0 or completed == config.steps:
-        last_eval = _evaluate(state, frozen, task, config, step)
+        last_eval, reached = _evaluate(state, frozen, task, config, step)
+        if reached:
+          logging.info(
+              "Held-out pass@1 %.4f >= target %.4f at step %d: success.",
+              last_eval[PASS_AT_1],
+              config.grpo_target_pass_rate,
+              step,
+          )
+          _checkpoint(state, force=True)
+          outcome = RunOutcome.SUCCESS
+          break
       _checkpoint(state, force=completed == config.steps)
-    outcome = RunOutcome.COMPLETED
+    else:
+      outcome = RunOutcome.COMPLETED
   finally:
     try:
       listeners.on_run_end(
@@ -315,8 +326,12 @@ def run(
   )
 
 
-def _evaluate(state, frozen, task, config, step) -> dict:
-  """Held-out pass rates after step `step`, reported to the listeners."""
+def _evaluate(state, frozen, task, config, step) -> tuple[dict, bool]:
+  """Held-out pass rates after step `step`, reported to the listeners.
+
+  Returns:
+    (name -> pass rate, whether pass@1 reached grpo_target_pass_rate).
+  """
   state.listeners.on_eval_start(step, state.samples)
   start = time.monotonic()
   values = evaluation.evaluate(
@@ -328,6 +343,8 @@ def _evaluate(state, frozen, task, config, step) -> dict:
       mesh=state.setup.mesh,
   )
   logging.info("GRPO eval after step %d: %s", step, values)
+  target = config.grpo_target_pass_rate
+  reached = 0 < target <= values[PASS_AT_1]
   state.listeners.on_eval(
       interface.EvalRecord(
           step=step,
@@ -340,11 +357,11 @@ def _evaluate(state, frozen, task, config, step) -> dict:
           target_metric=PASS_AT_1,
           eval_time=time.monotonic() - start,
           samples=state.samples,
-          target_reached=False,
-          continues=step + 1 < config.steps,
+          target_reached=reached,
+          continues=not reached and step + 1 < config.steps,
       )
   )
-  return values
+  return values, reached
 
 
 def _checkpoint(state, force: bool) -> None:

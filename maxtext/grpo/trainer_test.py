@@ -56,7 +56,7 @@ class GrpoRunTest(parameterized.TestCase):
     super().setUpClass()
     cls.root = absltest.get_default_test_tmpdir()
     pretrainer.run(
-        tiny_configs.tiny_config(cls.root, run_name="pretrain", steps=6)
+        tiny_configs.tiny_config(cls.root, run_name="pretrain", steps=20)
     )
     cls.checkpoints = os.path.join(cls.root, "pretrain", "checkpoints")
 
@@ -89,6 +89,27 @@ class GrpoRunTest(parameterized.TestCase):
     # Resume: the run goes on from its checkpoint of step 3.
     again = trainer.run(_grpo_config(out, self.checkpoints, steps=5))
     self.assertEqual((again.start_step, again.final_step), (3, 5))
+
+  def test_target_pass_rate_ends_the_run(self):
+    out = self.create_tempdir().full_path
+    # One term to continue: the pretrained model gets some held-out prompts
+    # right from the start, so the first eval (after step 2) reaches the
+    # target and the run stops there.
+    result = trainer.run(
+        _grpo_config(
+            out,
+            self.checkpoints,
+            grpo_max_completion_length=1,
+            grpo_target_pass_rate=0.05,
+        )
+    )
+    self.assertGreater(result.start_eval["pass@1"], 0.05)
+    self.assertEqual(result.status, trainer.RunOutcome.SUCCESS)
+    self.assertEqual(result.final_step, 2)
+    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
+    evals = [r for r in records if r["kind"] == "eval"]
+    self.assertLen(evals, 1)
+    self.assertGreaterEqual(evals[0]["eval_pass@1"], 0.05)
 
   @parameterized.named_parameters(
       ("one_generation", {"grpo_num_generations": 1}, "grpo_num_generations=1"),
