@@ -86,9 +86,32 @@ class GrpoRunTest(parameterized.TestCase):
     self.assertEqual([r["step"] for r in evals], [1, 2])
     self.assertTrue(any("pass@1" in key for key in evals[0]))
 
-    # Resume: the run goes on from its checkpoint of step 3.
+    # Resume: the run goes on from its checkpoint of step 3, and its steps
+    # 3 and 4 are those of a run that was never interrupted (the prompts and
+    # the draws are functions of the seed and the step).
     again = trainer.run(_grpo_config(out, self.checkpoints, steps=5))
     self.assertEqual((again.start_step, again.final_step), (3, 5))
+    straight_dir = self.create_tempdir().full_path
+    straight = trainer.run(
+        _grpo_config(straight_dir, self.checkpoints, steps=5)
+    )
+
+    def train_records(run_dir):
+      return {
+          r["step"]: r
+          for r in jsonl.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+          if r["kind"] == "train"
+      }
+
+    resumed, uninterrupted = (
+        train_records(again.run_dir),
+        train_records(straight.run_dir),
+    )
+    for step in (3, 4):
+      for name in ("rewards/mean", "completions/mean_length", "loss", "kl"):
+        self.assertAlmostEqual(
+            resumed[step][name], uninterrupted[step][name], places=5
+        )
 
   def test_target_pass_rate_ends_the_run(self):
     out = self.create_tempdir().full_path
