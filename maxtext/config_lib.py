@@ -511,10 +511,20 @@ def validate_grpo(config) -> None:
 
   Raises:
     ValueError: one line naming the field: a batch that is not whole groups,
-      micro-batches that split groups, or a prompt and completion longer than
-      the model's sequence.
+      a prompt and completion longer than the model's sequence, or a step
+      count, eval interval or checkpoint period that is not a multiple of
+      grpo_num_iterations.
   """
   v = dict(config.items())
+  passes = v["grpo_num_iterations"]
+  for key in ("steps", "eval_interval", "checkpoint_period"):
+    if v[key] % passes:
+      raise _fail(
+          key,
+          v[key],
+          f"must be a multiple of grpo_num_iterations={passes} (it counts "
+          "optimizer updates, and each rollout feeds that many)",
+      )
   g = v["grpo_num_generations"]
   if v["global_batch_size"] % g:
     raise _fail(

@@ -440,6 +440,12 @@ class HelpersTest(absltest.TestCase):
         ValueError, r"grpo_max_completion_length=61: plus grpo_prompt_length"
     ):
       config_lib.validate_grpo(_with(config, grpo_max_completion_length=61))
+    with self.assertRaisesRegex(
+        ValueError, r"eval_interval=10: must be a multiple of grpo_num_iter"
+    ):
+      config_lib.validate_grpo(
+          _with(config, grpo_num_iterations=4, steps=200, checkpoint_period=100)
+      )
 
   def test_stop_ids(self):
     config = _load("default")

@@ -99,15 +99,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         fsdp_parallelism=4,
         global_batch_size=16,
         gradient_accumulation_steps=2,
-        grpo_num_generations=4,
-        grpo_prompt_length=3,
-        grpo_max_completion_length=4,
-        grpo_eval_prompts=8,
-        grpo_beta=0.04,
-        grpo_reward_functions=(
-            "maxtext.grpo.progression_task:prefix_match,"
-            "maxtext.grpo.progression_task:exact_match"
-        ),
+        **tiny_configs.TINY_GRPO,
     )
     mesh = mesh_lib.make_mesh(config)
     sharded = _steps(config, mesh, model_setup.setup_model(config, mesh), 3)

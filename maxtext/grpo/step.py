@@ -96,8 +96,8 @@ class GrpoStep:
     self._reference = reference_params
     self._mesh = mesh
 
-  def run(self, step: int) -> StepResult:
-    """Runs GRPO step `step` (a rollout and num_iterations updates)."""
+  def rollout(self, step: int) -> tuple[rollout_lib.Rollout, list[dict]]:
+    """Step `step`'s rollout and its K micro-batches (reference included)."""
     start = time.perf_counter()
     options = self._options_of_step(step)
     result = rollout_lib.rollout(
@@ -129,10 +129,16 @@ class GrpoStep:
         "timing/rollout_s": rolled - start,
         "timing/reference_s": referenced - rolled,
     }
-    batches = rollout_lib.micro_batches(result, self._k, ref, extra)
-    records = []
-    for _ in range(self._iterations):
-      for micro_batch in batches:
-        self._engine.fwd_bwd(micro_batch)
-      records.append(self._engine.update(release=True))
+    return result, rollout_lib.micro_batches(result, self._k, ref, extra)
+
+  def train(self, batches: list[dict]) -> buffer.MetricsBuffer:
+    """One pass over a rollout's micro-batches: K fwd_bwd, one update."""
+    for micro_batch in batches:
+      self._engine.fwd_bwd(micro_batch)
+    return self._engine.update(release=True)
+
+  def run(self, step: int) -> StepResult:
+    """Runs GRPO step `step` (a rollout and num_iterations updates)."""
+    result, batches = self.rollout(step)
+    records = [self.train(batches) for _ in range(self._iterations)]
     return StepResult(result, records)

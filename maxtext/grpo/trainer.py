@@ -19,9 +19,13 @@ the built-in progression task (`progression_task`), a function of (seed,
 step), so a resumed run continues with the prompts and draws an
 uninterrupted run would have used.
 
-Limits of this loop (docs/grpo.md): one process; grpo_num_iterations = 1;
-no warm-up before run_start and no MLPerf GRPO log. An eval whose held-out
-pass@1 reaches `grpo_target_pass_rate` ends the run with success.
+With grpo_num_iterations = n, each rollout feeds n optimizer updates, and
+`steps`, `eval_interval` and `checkpoint_period` count updates (multiples of
+n), so checkpoints and evals fall between rollouts; a rollout's P x G
+samples count once. An eval whose held-out pass@1 reaches
+`grpo_target_pass_rate` ends the run with success. Limits of this loop
+(docs/grpo.md): one process; no warm-up before run_start; no MLPerf GRPO
+log.
 """
 
 import dataclasses
@@ -118,12 +122,6 @@ def check(config) -> list[rewards_lib.RewardFunction]:
   try:
     config_lib.validate(config)
     config_lib.validate_grpo(config)
-    if config.grpo_num_iterations != 1:
-      raise ValueError(
-          f"config.grpo_num_iterations={config.grpo_num_iterations}: the "
-          "GRPO run takes one pass per rollout for now (GrpoStep itself "
-          "takes more)"
-      )
     preflight.check(config)
     functions = rewards_lib.load(config.grpo_reward_functions)
     make_task(config)
@@ -273,17 +271,21 @@ def run(
     listeners.on_run_start(
         interface.RunStart(state.start_step, state.samples, 0.0)
     )
-    for step in range(state.start_step, config.steps):
-      listeners.on_step_start(step)
-      start = time.monotonic()
+    passes = config.grpo_num_iterations
+    # `steps`, evals and checkpoints count optimizer updates; rollout r
+    # feeds updates r * passes .. (r + 1) * passes - 1.
+    for first in range(state.start_step, config.steps, passes):
       try:
-        result = grpo.run(step)
+        result, batches = grpo.rollout(first // passes)
       except rewards_lib.RewardError:
         # The engine still holds the last completed step: keep it.
         _checkpoint(state, force=True)
         raise
       state.samples += config.global_batch_size
-      for record in result.records:
+      for step in range(first, first + passes):
+        listeners.on_step_start(step)
+        start = time.monotonic()
+        record = grpo.train(batches)
         listeners.on_step(
             interface.StepRecord(
                 step,
@@ -292,6 +294,8 @@ def run(
                 state.samples,
             )
         )
+      del result
+      step = first + passes - 1
       completed = step + 1
       if completed % config.eval_interval == 0 or completed == config.steps:
         last_eval, reached = _evaluate(state, frozen, task, config, step)

@@ -31,15 +31,7 @@ def _grpo_config(output_dir, load_from, **overrides):
       lr_schedule_steps=10,
       global_batch_size=8,
       gradient_accumulation_steps=2,
-      grpo_num_generations=4,
-      grpo_prompt_length=3,
-      grpo_max_completion_length=4,
-      grpo_eval_prompts=8,
-      grpo_beta=0.04,
-      grpo_reward_functions=(
-          "maxtext.grpo.progression_task:exact_match,"
-          "maxtext.grpo.progression_task:prefix_match=0.5"
-      ),
+      **tiny_configs.TINY_GRPO,
       eval_interval=2,
       checkpoint_period=2,
   )
@@ -134,6 +126,26 @@ class GrpoRunTest(parameterized.TestCase):
     self.assertLen(evals, 1)
     self.assertGreaterEqual(evals[0]["eval_pass@1"], 0.05)
 
+  def test_two_passes_per_rollout(self):
+    out = self.create_tempdir().full_path
+    result = trainer.run(
+        _grpo_config(out, self.checkpoints, grpo_num_iterations=2, steps=4)
+    )
+    self.assertEqual(result.final_step, 4)
+    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
+    train = [r for r in records if r["kind"] == "train"]
+    self.assertEqual([r["step"] for r in train], [0, 1, 2, 3])
+    # Updates 0 and 1 share rollout 0 (the same rewards); the second pass
+    # is off-policy.
+    self.assertEqual(train[0]["rewards/mean"], train[1]["rewards/mean"])
+    self.assertEqual(
+        train[0]["completions/mean_length"], train[1]["completions/mean_length"]
+    )
+    self.assertAlmostEqual(train[0]["is_ratio/mean"], 1.0, places=3)
+    self.assertNotAlmostEqual(train[1]["is_ratio/max"], 1.0, places=4)
+    evals = [r for r in records if r["kind"] == "eval"]
+    self.assertEqual([r["step"] for r in evals], [1, 3])
+
   @parameterized.named_parameters(
       ("one_generation", {"grpo_num_generations": 1}, "grpo_num_generations=1"),
       ("top_p", {"grpo_top_p": 1.5}, r"grpo_top_p=1.5: must be in \(0, 1\]"),
@@ -142,7 +154,11 @@ class GrpoRunTest(parameterized.TestCase):
           {"grpo_reward_functions": "no_such_module_q:f"},
           "'no_such_module_q:f' does not import",
       ),
-      ("iterations", {"grpo_num_iterations": 2}, "grpo_num_iterations=2"),
+      (
+          "iterations",
+          {"grpo_num_iterations": 2},
+          "steps=3: must be a multiple of grpo_num_iterations=2",
+      ),
       (
           "groups",
           {"global_batch_size": 6, "gradient_accumulation_steps": 1},
