@@ -19,6 +19,7 @@ from maxtext.grpo import train_loss
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
 from maxtext.text import sampling
+from testing import dispatch_counter
 from testing import tiny_configs
 
 # Every metric a GRPO step records (the engine adds grad_norm,
@@ -125,6 +126,22 @@ class StepTest(absltest.TestCase):
     change = sequence_log_probs(engine.params) - sequence_log_probs(before)
     # The policy gradient's direction: likelihood moves with the advantage.
     self.assertGreater(float(np.dot(r.advantages, change)), 0.0)
+
+  def test_a_step_is_k_plus_3_device_programs_whatever_its_metrics(self):
+    # The ~36 metrics of a GRPO step ride the packed array: K micro-steps,
+    # the gradient measure, one concatenation for the flush, the apply.
+    engine, step, _ = self._step()
+    _, batches = step.rollout(0)
+    step.train(batches)  # Compiles.
+    with dispatch_counter.record_launches() as launches:
+      record = step.train(batches)
+    self.assertGreater(len(recorder_lib.reduce_buffer(record)), 30)
+    self.assertEqual(
+        launches,
+        ["jit(micro_step)"] * 2
+        + ["jit(measure)", "jit(_concat_groups)", "jit(apply)"],
+    )
+    self.assertEqual(engine.step, 2)
 
 
 if __name__ == "__main__":
