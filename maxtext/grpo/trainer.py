@@ -276,7 +276,7 @@ def run(
     # feeds updates r * passes .. (r + 1) * passes - 1.
     for first in range(state.start_step, config.steps, passes):
       try:
-        result, batches = grpo.rollout(first // passes)
+        _, batches = grpo.rollout(first // passes)
       except rewards_lib.RewardError:
         # The engine still holds the last completed step: keep it.
         _checkpoint(state, force=True)
@@ -294,7 +294,6 @@ def run(
                 state.samples,
             )
         )
-      del result
       step = first + passes - 1
       completed = step + 1
       if completed % config.eval_interval == 0 or completed == config.steps:
