@@ -18,6 +18,19 @@ def always_fails(prompt, completion):
   raise ZeroDivisionError(f"no reward for {len(prompt)} terms")
 
 
+# Calls of `fails_in_step_1`; 2 prompts x 4 completions are one step's 8.
+_CALLS = [0]
+
+
+def fails_in_step_1(prompt, completion):
+  """A reward function that scores step 0's completions, then raises."""
+  del prompt, completion
+  _CALLS[0] += 1
+  if _CALLS[0] > 8:
+    raise ValueError("step 1 is out of scope")
+  return 1.0
+
+
 def _grpo_config(output_dir, load_from, **overrides):
   """The tiny test model as a GRPO run starting from `load_from`."""
   config = tiny_configs.tiny_config(output_dir, run_name="grpo", steps=3)
@@ -186,6 +199,26 @@ class GrpoRunTest(parameterized.TestCase):
               grpo_reward_functions="__main__:always_fails",
           )
       )
+
+  def test_failing_reward_keeps_the_last_completed_step(self):
+    out = self.create_tempdir().full_path
+    _CALLS[0] = 0
+    with self.assertRaisesRegex(
+        rewards.RewardError,
+        r"^reward function __main__:fails_in_step_1 on prompt 0 \(sample 0\) "
+        r"raised ValueError: step 1 is out of scope$",
+    ):
+      trainer.run(
+          _grpo_config(
+              out,
+              self.checkpoints,
+              grpo_reward_functions="__main__:fails_in_step_1",
+          )
+      )
+    # Step 0 completed; its checkpoint (step 1) was written before the stop.
+    self.assertEqual(
+        sorted(os.listdir(os.path.join(out, "grpo", "checkpoints"))), ["1"]
+    )
 
 
 if __name__ == "__main__":
