@@ -33,3 +33,12 @@ HARDWARE = ("auto", "cpu", "tpu", "gpu")
 # config.lr_schedule: the learning rate after the linear warm-up
 # (maxtext.optimizer.make_schedule).
 LR_SCHEDULES = ("cosine", "constant")
+# config.grpo_advantage_estimator: how a group's rewards become advantages
+# (maxtext.grpo.advantages.ESTIMATORS).
+GRPO_ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+# config.grpo_kl_estimator: the per-token estimate of KL(policy || reference)
+# (maxtext.grpo.policy_loss.KL_ESTIMATORS).
+GRPO_KL_ESTIMATORS = ("k1", "k3")
+# config.grpo_loss_aggregation: how per-token losses become one number
+# (maxtext.grpo.policy_loss.AGGREGATIONS).
+GRPO_LOSS_AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")

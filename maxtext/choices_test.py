@@ -16,6 +16,8 @@ import numpy as np
 from maxtext import choices
 from maxtext import dataset_kinds
 from maxtext import optimizer
+from maxtext.grpo import advantages
+from maxtext.grpo import policy_loss
 from maxtext.mllog import hyperparameters
 from maxtext.model import layers
 from maxtext.model import moe
@@ -91,6 +93,27 @@ class ChoicesTest(parameterized.TestCase):
     experts = jnp.zeros((2, 3, 2), jnp.int32)
     loss = moe.balance_loss(probs, experts, 4, name)
     self.assertTrue(np.isfinite(float(loss)))
+
+  def test_grpo_choices_are_the_implementations(self):
+    self.assertEqual(advantages.ESTIMATORS, choices.GRPO_ADVANTAGE_ESTIMATORS)
+    self.assertEqual(policy_loss.KL_ESTIMATORS, choices.GRPO_KL_ESTIMATORS)
+    self.assertEqual(policy_loss.AGGREGATIONS, choices.GRPO_LOSS_AGGREGATIONS)
+    for name in choices.GRPO_ADVANTAGE_ESTIMATORS:
+      self.assertEqual(
+          advantages.group_advantages([[1.0, 1.0]], name).tolist(), [[0, 0]]
+      )
+    for name in choices.GRPO_LOSS_AGGREGATIONS:
+      self.assertEqual(
+          float(
+              policy_loss.aggregate(jnp.ones((1, 2)), jnp.ones((1, 2)), name, 2)
+          ),
+          1.0,
+      )
+    for name in choices.GRPO_KL_ESTIMATORS:
+      self.assertEqual(
+          float(policy_loss.kl_per_token(jnp.zeros(1), jnp.zeros(1), name)[0]),
+          0.0,
+      )
 
   def test_lr_schedules_have_a_decay_and_an_mlperf_name(self):
     self.assertEqual(set(optimizer.DECAYS), set(choices.LR_SCHEDULES))

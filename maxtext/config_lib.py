@@ -472,6 +472,127 @@ def _check_gcs(v) -> None:
       raise _fail(key, v[key], "must be > 0")
 
 
+def _check_grpo(v) -> None:
+  """GRPO post-training fields, each on its own (maxtext/grpo/).
+
+  Every config has them, so only their own ranges are checked here; how
+  they relate to the batch and the model is `validate_grpo`'s, which a GRPO
+  run calls, and the reward names' imports are `maxtext.grpo.rewards`'.
+  """
+  _at_least(v, "grpo_num_generations", 2)
+  _at_least(v, "grpo_num_iterations", 1)
+  _one_of(v, "grpo_advantage_estimator", choices.GRPO_ADVANTAGE_ESTIMATORS)
+  _one_of(v, "grpo_kl_estimator", choices.GRPO_KL_ESTIMATORS)
+  _one_of(v, "grpo_loss_aggregation", choices.GRPO_LOSS_AGGREGATIONS)
+  if v["grpo_advantage_eps"] < 0:
+    raise _fail("grpo_advantage_eps", v["grpo_advantage_eps"], "must be >= 0")
+  if v["grpo_epsilon"] <= 0:
+    raise _fail("grpo_epsilon", v["grpo_epsilon"], "must be > 0")
+  if v["grpo_epsilon_high"] < 0:
+    raise _fail(
+        "grpo_epsilon_high",
+        v["grpo_epsilon_high"],
+        "must be >= 0 (0 = grpo_epsilon)",
+    )
+  if v["grpo_beta"] < 0:
+    raise _fail("grpo_beta", v["grpo_beta"], "must be >= 0")
+  if not v["grpo_reward_functions"].strip():
+    raise _fail(
+        "grpo_reward_functions",
+        v["grpo_reward_functions"],
+        "name at least one reward function as module:function",
+    )
+  _at_least(v, "grpo_max_completion_length", 1)
+  _at_least(v, "grpo_prompt_length", 1)
+  if v["grpo_temperature"] <= 0:
+    raise _fail("grpo_temperature", v["grpo_temperature"], "must be > 0")
+  if v["grpo_eval_temperature"] < 0:
+    raise _fail(
+        "grpo_eval_temperature",
+        v["grpo_eval_temperature"],
+        "must be >= 0 (0 = greedy)",
+    )
+  for key in ("grpo_top_p", "grpo_eval_top_p"):
+    if not 0.0 < v[key] <= 1.0:
+      raise _fail(key, v[key], "must be in (0, 1]")
+  _at_least(v, "grpo_top_k", 0)
+  if v["grpo_top_k"] > v["vocab_size"]:
+    raise _fail(
+        "grpo_top_k",
+        v["grpo_top_k"],
+        f"must be <= vocab_size={v['vocab_size']}",
+    )
+  _at_least(v, "grpo_eval_prompts", 1)
+  if not 0.0 <= v["grpo_target_pass_rate"] <= 1.0:
+    raise _fail(
+        "grpo_target_pass_rate",
+        v["grpo_target_pass_rate"],
+        "must be in [0, 1] (0 = no target)",
+    )
+  stop_ids(v)
+
+
+def validate_grpo(config) -> None:
+  """Checks what a GRPO run needs beyond `validate` (which it follows).
+
+  Args:
+    config: a validated run configuration.
+
+  Raises:
+    ValueError: one line naming the field: a batch that is not whole groups,
+      a prompt and completion longer than the model's sequence, or a step
+      count, eval interval or checkpoint period that is not a multiple of
+      grpo_num_iterations.
+  """
+  v = dict(config.items())
+  passes = v["grpo_num_iterations"]
+  for key in ("steps", "eval_interval", "checkpoint_period"):
+    if v[key] % passes:
+      raise _fail(
+          key,
+          v[key],
+          f"must be a multiple of grpo_num_iterations={passes} (it counts "
+          "optimizer updates, and each rollout feeds that many)",
+      )
+  g = v["grpo_num_generations"]
+  if v["global_batch_size"] % g:
+    raise _fail(
+        "global_batch_size",
+        v["global_batch_size"],
+        f"must be divisible by grpo_num_generations={g} "
+        "(prompts x generations)",
+    )
+  if v["grpo_prompt_length"] + v["grpo_max_completion_length"] > (
+      v["max_sequence_length"]
+  ):
+    raise _fail(
+        "grpo_max_completion_length",
+        v["grpo_max_completion_length"],
+        f"plus grpo_prompt_length={v['grpo_prompt_length']} must be <= "
+        f"max_sequence_length={v['max_sequence_length']}",
+    )
+
+
+def stop_ids(v) -> tuple[int, ...]:
+  """config.grpo_stop_ids as ids; raises naming the field on a bad one.
+
+  Args:
+    v: the config (a ConfigDict or its items as a dict).
+  """
+  text = v["grpo_stop_ids"].strip()
+  ids = []
+  for part in text.split(",") if text else ():
+    part = part.strip()
+    if not part.isdigit() or int(part) >= v["vocab_size"]:
+      raise _fail(
+          "grpo_stop_ids",
+          v["grpo_stop_ids"],
+          f"{part!r} is not an id in [0, vocab_size={v['vocab_size']})",
+      )
+    ids.append(int(part))
+  return tuple(ids)
+
+
 # The sections of a config, checked in this order after the types.
 _SECTIONS = (
     _check_run,
@@ -484,6 +605,7 @@ _SECTIONS = (
     _check_distribution,
     _check_runtime,
     _check_gcs,
+    _check_grpo,
 )
 
 

@@ -263,6 +263,29 @@ class ValidateTest(parameterized.TestCase):
           "mllog_file='gs://b/mllog.log'",
       ),
       (
+          "grpo_generations",
+          {"grpo_num_generations": 1},
+          "grpo_num_generations=1",
+      ),
+      ("grpo_iterations", {"grpo_num_iterations": 0}, "grpo_num_iterations=0"),
+      ("grpo_epsilon", {"grpo_epsilon": 0.0}, "grpo_epsilon=0.0"),
+      ("grpo_epsilon_high", {"grpo_epsilon_high": -0.1}, "grpo_epsilon_high"),
+      ("grpo_beta", {"grpo_beta": -1.0}, "grpo_beta=-1.0"),
+      ("grpo_adv_eps", {"grpo_advantage_eps": -1.0}, "grpo_advantage_eps"),
+      ("grpo_no_reward", {"grpo_reward_functions": " "}, "grpo_reward_funct"),
+      ("grpo_top_p_zero", {"grpo_top_p": 0.0}, r"grpo_top_p=0.0: must be in"),
+      ("grpo_top_p_big", {"grpo_top_p": 1.5}, r"grpo_top_p=1.5: must be in"),
+      ("grpo_eval_top_p", {"grpo_eval_top_p": 0.0}, "grpo_eval_top_p=0.0"),
+      ("grpo_top_k", {"grpo_top_k": -1}, "grpo_top_k=-1"),
+      ("grpo_top_k_vocab", {"grpo_top_k": 100000}, "grpo_top_k=100000"),
+      ("grpo_temperature", {"grpo_temperature": 0.0}, "grpo_temperature=0.0"),
+      ("grpo_eval_temp", {"grpo_eval_temperature": -1.0}, "grpo_eval_temp"),
+      ("grpo_length", {"grpo_max_completion_length": 0}, "grpo_max_compl"),
+      ("grpo_prompts", {"grpo_eval_prompts": 0}, "grpo_eval_prompts=0"),
+      ("grpo_target", {"grpo_target_pass_rate": 1.5}, "grpo_target_pass_"),
+      ("grpo_stop_ids", {"grpo_stop_ids": "1,x"}, r"grpo_stop_ids='1,x': 'x'"),
+      ("grpo_stop_big", {"grpo_stop_ids": "99999"}, "grpo_stop_ids='99999'"),
+      (
           "multi_process_gcs_without_shared_checkpoints",
           {
               "num_processes": 2,
@@ -378,6 +401,17 @@ class ValidateTest(parameterized.TestCase):
       ("dataset_type", "dataset_type", choices.DATASET_TYPES),
       ("hardware", "hardware", choices.HARDWARE),
       ("lr_schedule", "lr_schedule", choices.LR_SCHEDULES),
+      (
+          "grpo_advantage_estimator",
+          "grpo_advantage_estimator",
+          choices.GRPO_ADVANTAGE_ESTIMATORS,
+      ),
+      ("grpo_kl_estimator", "grpo_kl_estimator", choices.GRPO_KL_ESTIMATORS),
+      (
+          "grpo_loss_aggregation",
+          "grpo_loss_aggregation",
+          choices.GRPO_LOSS_AGGREGATIONS,
+      ),
   )
   def test_choice_fields_take_their_choices(self, key, names):
     self.assertIn(self.config[key], names)
@@ -394,6 +428,31 @@ class ValidateTest(parameterized.TestCase):
 
 
 class HelpersTest(absltest.TestCase):
+
+  def test_validate_grpo_relations(self):
+    config = _load("default")
+    config_lib.validate_grpo(config)
+    with self.assertRaisesRegex(
+        ValueError, r"global_batch_size=18: must be divisible by grpo_num_gen"
+    ):
+      config_lib.validate_grpo(_with(config, global_batch_size=18))
+    with self.assertRaisesRegex(
+        ValueError, r"grpo_max_completion_length=61: plus grpo_prompt_length"
+    ):
+      config_lib.validate_grpo(_with(config, grpo_max_completion_length=61))
+    with self.assertRaisesRegex(
+        ValueError, r"eval_interval=10: must be a multiple of grpo_num_iter"
+    ):
+      config_lib.validate_grpo(
+          _with(config, grpo_num_iterations=4, steps=200, checkpoint_period=100)
+      )
+
+  def test_stop_ids(self):
+    config = _load("default")
+    self.assertEqual(config_lib.stop_ids(config), ())
+    self.assertEqual(
+        config_lib.stop_ids(_with(config, grpo_stop_ids="3, 7")), (3, 7)
+    )
 
   def test_micro_batch_size(self):
     config = _with(

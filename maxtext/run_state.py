@@ -401,6 +401,7 @@ def build(
     *,
     config_filename: str = "unknown",
     extra_listeners: Sequence[interface.RunListener] = (),
+    engine_factory=model_setup.build_engine,
 ) -> RunState:
   """Builds the run's state from its (validated) config.
 
@@ -409,6 +410,9 @@ def build(
     config_filename: the config file's name, for the MLPerf log.
     extra_listeners: more outputs, called after the built-in ones (and
       before the GCS mirror), under the same failure policy.
+    engine_factory: `(config, mesh) -> (engine, ModelSetup)`: the engine of
+      the run's kind of step (the pretraining loss by default; a GRPO run
+      passes one with its own loss).
 
   Returns:
     The RunState, with every listener added; the caller calls
@@ -450,7 +454,7 @@ def build(
             throughput=step_throughput,
         )
     )
-    engine, setup = model_setup.build_engine(config, mesh)
+    engine, setup = engine_factory(config, mesh)
     opened.callback(engine.close)
     _resume(config, engine, dataset, checkpointer, paths, mesh, outputs)
     if is_primary:

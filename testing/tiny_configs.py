@@ -164,6 +164,21 @@ TINY_MOE = dict(
 )
 
 
+# GRPO on the tiny model: 4 completions of each prompt of 3 progression terms,
+# 4 terms asked for, 8 held-out prompts, a KL term, both built-in rewards.
+TINY_GRPO = dict(
+    grpo_num_generations=4,
+    grpo_prompt_length=3,
+    grpo_max_completion_length=4,
+    grpo_eval_prompts=8,
+    grpo_beta=0.04,
+    grpo_reward_functions=(
+        "maxtext.grpo.progression_task:exact_match,"
+        "maxtext.grpo.progression_task:prefix_match=0.5"
+    ),
+)
+
+
 def model_config(*presets: dict, **overrides) -> ml_collections.ConfigDict:
   """base.py's config with TINY_MODEL, then `presets`, then `overrides`.
 

@@ -309,6 +309,50 @@ def get_config() -> ml_collections.ConfigDict:
   # CPU, False = stop with an error.
   config.allow_cpu_fallback = False
 
+  # ------------------------------------------------------------------ GRPO
+  # Post-training with group-relative policy optimisation (maxtext/grpo/;
+  # docs/grpo.md). Read only by GRPO runs. A step draws global_batch_size /
+  # grpo_num_generations prompts and grpo_num_generations completions of each.
+  config.grpo_num_generations = 4  # G, completions per prompt (>= 2).
+  # Passes of the policy loss over each rollout batch (>= 1).
+  config.grpo_num_iterations = 1
+  # "grpo" | "dr_grpo" | "rloo" (maxtext/grpo/advantages.py).
+  config.grpo_advantage_estimator = "grpo"
+  # Added to a group's reward std by the "grpo" estimator (>= 0).
+  config.grpo_advantage_eps = 1e-4
+  # Clip range of the probability ratio: [1 - epsilon, 1 + epsilon_high];
+  # grpo_epsilon_high 0 = grpo_epsilon.
+  config.grpo_epsilon = 0.2
+  config.grpo_epsilon_high = 0.0  # The upper clip; 0 = grpo_epsilon.
+  # Weight of the KL term to the frozen reference policy; 0 = no reference.
+  config.grpo_beta = 0.0
+  config.grpo_kl_estimator = "k3"  # "k1" | "k3".
+  # "token_mean" | "sequence_mean_token_mean" | "dr_grpo" (a constant
+  # normaliser: sequences x grpo_max_completion_length).
+  config.grpo_loss_aggregation = "token_mean"
+  # Reward functions, comma-separated "module:function=weight" (weight 1
+  # when "=weight" is left out), each called on every completion
+  # (maxtext/grpo/rewards.py).
+  config.grpo_reward_functions = "maxtext.grpo.progression_task:exact_match"
+  # Rollout: tokens generated per completion at most, and how each is drawn.
+  config.grpo_max_completion_length = 8
+  config.grpo_temperature = 1.0  # > 0.
+  config.grpo_top_p = 1.0  # In (0, 1].
+  config.grpo_top_k = 0  # 0 = the whole vocabulary.
+  # Ids that end a completion, comma-separated ("" = none).
+  config.grpo_stop_ids = ""
+  # Held-out evaluation: completions drawn with these options (temperature 0
+  # = greedy) on grpo_eval_prompts prompts.
+  config.grpo_eval_temperature = 0.0
+  config.grpo_eval_top_p = 1.0  # In (0, 1].
+  config.grpo_eval_prompts = 64  # Held-out prompts per evaluation (>= 1).
+  # The run ends with success once an eval's held-out pass@1 reaches this
+  # (higher is better); 0 = no target.
+  config.grpo_target_pass_rate = 0.0
+  # The built-in task (maxtext/grpo/progression_task.py): prompt tokens
+  # given of each progression.
+  config.grpo_prompt_length = 4
+
   # ------------------------------------------------------------ MLPerf log
   # Write an MLPerf Training :::MLLOG log (process 0 only). Off = no work.
   config.enable_mllog = False

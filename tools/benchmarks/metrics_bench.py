@@ -28,6 +28,13 @@ extends with the MoE statistics), and M is the number of metrics it reports:
   bazel run //tools/benchmarks:metrics_bench -- \
       --model_config=maxtext/configs/moe_tiny.py
 
+With `--grpo` the micro-step is that config's GRPO loss on a synthetic
+rollout micro-batch, and M is a GRPO step's metric set (the loss's metrics
+and the rollout statistics it carries):
+
+  bazel run //tools/benchmarks:metrics_bench -- --grpo \
+      --model_config=maxtext/configs/grpo_tiny.py
+
 The ways run interleaved in blocks (a shuffled order each round) so machine
 noise hits them alike. The overhead of a way is its block's mean step time
 minus the baseline block's of the same round; the table shows the median over
@@ -46,11 +53,16 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
 from maxtext import config_lib
 from maxtext import engine as engine_lib
+from maxtext.grpo import rewards
+from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import train_loss
+from maxtext.grpo import trainer as grpo_trainer
 from maxtext.model import transformer
 from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter
@@ -69,6 +81,15 @@ _MODEL_CONFIG = flags.DEFINE_string(
     "A config file: the micro-step is its model's loss on a synthetic batch "
     "of its shape (M = the metrics it reports; --num_metrics is unused). "
     "'' = the small MLP with --num_metrics metrics.",
+)
+
+_GRPO = flags.DEFINE_bool(
+    "grpo",
+    False,
+    "With --model_config: the micro-step is the GRPO loss "
+    "(maxtext/grpo/train_loss.py) of that model on a synthetic rollout "
+    "micro-batch of the config's grpo_* shape, its rollout statistics "
+    "among the inputs; M = a GRPO step's metric set.",
 )
 
 _WAYS = (
@@ -160,6 +181,56 @@ def _model_problem(path: str) -> _Problem:
       "inputs": jnp.asarray(tokens[:, :-1]),
       "targets": jnp.asarray(tokens[:, 1:]),
   }
+  return _Problem(loss_fn, make_params, batch)
+
+
+def _grpo_problem(path: str) -> _Problem:
+  """The GRPO loss of the config's model on one synthetic rollout
+  micro-batch: every metric a GRPO step records from its micro-batches."""
+  config = config_lib.load_config_file(path)
+  config_lib.validate(config)
+  config_lib.validate_grpo(config)
+  frozen = ml_collections.FrozenConfigDict(config)
+  options = grpo_trainer.loss_options(config)
+
+  def loss_fn(params, batch):
+    loss, aux = train_loss.loss_fn(params, batch, frozen, options)
+    return loss, dict(engine_lib.flatten_metrics("", aux))
+
+  def make_params():
+    return transformer.init_params(config, jax.random.PRNGKey(0))
+
+  rows = config_lib.micro_batch_size(config)
+  length = config.grpo_max_completion_length
+  width = config.grpo_prompt_length + length
+  rng = np.random.default_rng(1)
+  names = [
+      n.rsplit(":", 1)[-1]
+      for n, _ in rewards.parse(config.grpo_reward_functions)
+  ]
+  total = rng.random(config.global_batch_size)
+  stats = rollout_lib.rollout_stats(
+      rewards.Rewards(total, {n: total for n in names}),
+      np.full(config.global_batch_size, length),
+      np.ones(config.global_batch_size, bool),
+      config.grpo_num_generations,
+  )
+  for name in ("rollout_s", "generate_s", "reward_s", "reference_s"):
+    stats[f"timing/{name}"] = 0.0
+  batch = {
+      "tokens": jnp.asarray(
+          rng.integers(0, config.vocab_size, (rows, width), dtype=np.int32)
+      ),
+      "prompt_lengths": jnp.full((rows,), config.grpo_prompt_length, jnp.int32),
+      "mask": jnp.ones((rows, length), jnp.float32),
+      "old_log_probs": jnp.full((rows, length), -1.0, jnp.float32),
+      "advantages": jnp.asarray(rng.normal(size=rows), jnp.float32),
+      "stats": {
+          n: jnp.full((rows,), v, jnp.float32) for n, v in sorted(stats.items())
+      },
+  }
+  if options.beta > 0:
+    batch["ref_log_probs"] = jnp.full((rows, length), -1.0, jnp.float32)
   return _Problem(loss_fn, make_params, batch)
 
 
@@ -337,7 +408,12 @@ def _fmt_ms(x: float) -> str:
 
 def main(argv):
   command_line.check(argv)
-  if _MODEL_CONFIG.value:
+  if _GRPO.value and not _MODEL_CONFIG.value:
+    raise app.UsageError("--grpo needs --model_config (a GRPO config file)")
+  if _GRPO.value:
+    problem = _grpo_problem(_MODEL_CONFIG.value)
+    what = f"{_MODEL_CONFIG.value}'s GRPO step"
+  elif _MODEL_CONFIG.value:
     problem = _model_problem(_MODEL_CONFIG.value)
     what = f"{_MODEL_CONFIG.value}'s model"
   else:

@@ -32,6 +32,21 @@ def get_config():
   )
   return config
 """
+# grpo_tiny.py's GRPO step on a small model: 2 prompts x 4 completions.
+_SMALL_GRPO_CONFIG = """
+from maxtext.configs import grpo_tiny
+
+
+def get_config():
+  config = grpo_tiny.get_config()
+  config.update(
+      vocab_size=32, max_sequence_length=16, emb_dim=16, num_heads=2,
+      num_kv_heads=2, head_dim=8, mlp_dim=32, global_batch_size=8,
+      gradient_accumulation_steps=1, grpo_num_generations=4,
+      grpo_prompt_length=3, grpo_max_completion_length=4,
+  )
+  return config
+"""
 # Metrics of a dense model's loss: loss, loss_sum, num_tokens, num_correct,
 # accuracy.
 _DENSE_MODEL_METRICS = 5
@@ -109,6 +124,21 @@ class MetricsBenchTest(absltest.TestCase):
     # engine still brings them home in one dispatch per step.
     self.assertGreater(m, _DENSE_MODEL_METRICS)
     self.assert_dispatches(dispatches, m, ks=_KS[-1:])
+
+  def test_the_grpo_metric_set(self):
+    path = self.create_tempfile("small_grpo.py", _SMALL_GRPO_CONFIG).full_path
+    # K=2: M*K stays within the one launch per_name's flush makes up to
+    # 256 values, as _expected_dispatches assumes.
+    m, dispatches = self.run_bench(
+        "--grpo", f"--model_config={path}", ks=_KS[:1], rounds=1
+    )
+    # A GRPO step's metrics come home in one engine dispatch per step too:
+    # loss, 17 of the policy loss (pg_loss, kl, kl_loss, 3 clip fractions,
+    # ppo_kl, entropy, 3 ratio and 5 advantage statistics, completion
+    # tokens) and 16 of the rollout (5 reward statistics, one per reward
+    # function (2), frac_reward_zero_std, 4 completion lengths, 4 timings).
+    self.assertEqual(m, 1 + 17 + 16)
+    self.assert_dispatches(dispatches, m, ks=_KS[:1])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,120 @@
+"""Eight fake CPU devices: GRPO steps on a mesh match the same on one device.
+
+The device count is fixed when JAX starts, so this test has its own target
+and sets XLA_FLAGS before importing JAX. The sharded run has the
+parameters split as the trainer splits them (FSDP over 4, data over 2) and
+the rollout's rows over the batch axes; the reference is the same steps
+with everything on one device, in the same process. Same seeds: the same
+completions, rewards and advantages, and the same losses and gradient norms
+up to the order of float32 sums.
+"""
+
+from maxtext import cpu_devices
+
+cpu_devices.request(8)
+
+# JAX reads the device count when it starts, so the imports follow.
+# pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
+import functools
+
+from absl.testing import absltest
+import jax
+import ml_collections
+import numpy as np
+import optax
+
+from maxtext import engine as engine_lib
+from maxtext import mesh as mesh_lib
+from maxtext import model_setup
+from maxtext.grpo import rewards
+from maxtext.grpo import step as step_lib
+from maxtext.grpo import train_loss
+from maxtext.grpo import trainer
+from maxtext.metrics import recorder as recorder_lib
+from maxtext.model import transformer
+from testing import tiny_configs
+
+_ATOL = 1e-4
+
+
+def _steps(config, mesh, setup, steps):
+  """Runs `steps` GRPO steps; returns (completions, metrics) per step."""
+  frozen = ml_collections.FrozenConfigDict(config)
+  options = trainer.loss_options(config)
+  if setup is None:
+    params = transformer.init_params(config, jax.random.PRNGKey(config.seed))
+    reference = transformer.init_params(config, jax.random.PRNGKey(config.seed))
+    shardings = {}
+  else:
+    params = model_setup.init_params(config, setup)
+    reference = model_setup.init_params(config, setup)
+    shardings = dict(
+        param_shardings=setup.param_shardings,
+        batch_sharding=trainer.batch_shardings(config, setup.batch_sharding),
+    )
+  engine = engine_lib.Engine(
+      functools.partial(
+          train_loss.loss_fn, config=frozen, options=options, mesh=mesh
+      ),
+      params,
+      optax.adam(1e-2),
+      1e-2,
+      recorder_lib.MetricsRecorder(),
+      2,
+      **shardings,
+  )
+  task = trainer.make_task(config)
+  grpo = step_lib.GrpoStep(
+      engine,
+      frozen,
+      lambda s: task.train_prompts(s, 4),
+      functools.partial(trainer.rollout_options, config),
+      rewards.load(config.grpo_reward_functions),
+      num_micro_batches=2,
+      width=config.grpo_prompt_length + config.grpo_max_completion_length,
+      reference_params=reference,
+      mesh=mesh,
+  )
+  out = []
+  for step in range(steps):
+    result = grpo.run(step)
+    out.append(
+        (
+            result.rollout.completions,
+            recorder_lib.reduce_buffer(result.records[0]),
+        )
+    )
+  return out
+
+
+class GrpoMultiDeviceTest(absltest.TestCase):
+
+  def test_sharded_steps_match_one_device(self):
+    self.assertEqual(jax.device_count(), 8)
+    jax.config.update(
+        "jax_compilation_cache_dir", tiny_configs.compilation_cache_dir()
+    )
+    config = tiny_configs.model_config(
+        data_parallelism=2,
+        fsdp_parallelism=4,
+        global_batch_size=16,
+        gradient_accumulation_steps=2,
+        **tiny_configs.TINY_GRPO,
+    )
+    mesh = mesh_lib.make_mesh(config)
+    sharded = _steps(config, mesh, model_setup.setup_model(config, mesh), 3)
+    single = _steps(config, None, None, 3)
+    for step, ((ids8, m8), (ids1, m1)) in enumerate(zip(sharded, single)):
+      self.assertEqual(ids8, ids1, f"step {step}")
+      for name in ("loss", "pg_loss", "kl", "grad_norm", "entropy"):
+        np.testing.assert_allclose(
+            m8[name], m1[name], atol=_ATOL, rtol=1e-4, err_msg=name
+        )
+      for name in ("rewards/mean", "advantage/abs_mean"):
+        self.assertEqual(m8[name], m1[name], name)
+    # The steps trained: the policy moved away from the reference.
+    self.assertGreater(abs(single[-1][1]["kl"]), 0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()

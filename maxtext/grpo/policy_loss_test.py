@@ -1,0 +1,248 @@
+"""policy_loss: values against NumPy written from the formulas, gradients."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext import choices
+from maxtext.grpo import policy_loss
+
+
+def _numpy_reference(
+    logp, old, adv, mask, ref, eps, eps_high, beta, kl, agg, length
+):
+  """Token by token in float64, from the module docstring's formulas."""
+  b, t = logp.shape
+  pg = np.zeros((b, t))
+  kls = np.zeros((b, t))
+  clipped = np.zeros((b, t))
+  for i in range(b):
+    for j in range(t):
+      r = np.exp(logp[i, j] - old[i, j])
+      rc = min(max(r, 1 - eps), 1 + eps_high)
+      pg[i, j] = max(-adv[i] * r, -adv[i] * rc)
+      clipped[i, j] = float(-adv[i] * rc > -adv[i] * r)
+      d = ref[i, j] - logp[i, j]
+      kls[i, j] = -d if kl == "k1" else np.exp(d) - d - 1
+
+  def reduce(v):
+    if agg == "token_mean":
+      return (v * mask).sum() / mask.sum()
+    if agg == "sequence_mean_token_mean":
+      return np.mean([(v[i] * mask[i]).sum() / mask[i].sum() for i in range(b)])
+    return (v * mask).sum() / (b * length)
+
+  return reduce(pg) + beta * reduce(kls), reduce(pg), reduce(kls), clipped
+
+
+def _inputs(seed=0, b=4, t=6):
+  rng = np.random.default_rng(seed)
+  logp = -rng.uniform(0.1, 3.0, size=(b, t))
+  old = logp + rng.normal(scale=0.3, size=(b, t))
+  ref = logp + rng.normal(scale=0.5, size=(b, t))
+  adv = rng.normal(size=b)
+  lengths = rng.integers(1, t + 1, size=b)
+  mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float64)
+  return logp, old, adv, mask, ref
+
+
+class PolicyLossTest(parameterized.TestCase):
+
+  def test_names_are_the_config_choices(self):
+    self.assertEqual(policy_loss.KL_ESTIMATORS, choices.GRPO_KL_ESTIMATORS)
+    self.assertEqual(policy_loss.AGGREGATIONS, choices.GRPO_LOSS_AGGREGATIONS)
+
+  @parameterized.product(
+      kl=policy_loss.KL_ESTIMATORS,
+      agg=policy_loss.AGGREGATIONS,
+      eps_high=(None, 0.28),
+      beta=(0.0, 0.04),
+  )
+  def test_matches_numpy(self, kl, agg, eps_high, beta):
+    logp, old, adv, mask, ref = _inputs()
+    options = policy_loss.LossOptions(
+        epsilon=0.2,
+        epsilon_high=eps_high,
+        beta=beta,
+        kl_estimator=kl,
+        aggregation=agg,
+        max_completion_length=8,
+    )
+    loss, metrics = jax.jit(
+        lambda lp, o, a, m, r: policy_loss.policy_loss(
+            lp, o, a, m, options, ref_logp=r
+        )
+    )(
+        jnp.asarray(logp, jnp.float32),
+        jnp.asarray(old, jnp.float32),
+        jnp.asarray(adv, jnp.float32),
+        jnp.asarray(mask, jnp.float32),
+        jnp.asarray(ref, jnp.float32),
+    )
+    want_loss, want_pg, want_kl, clipped = _numpy_reference(
+        logp, old, adv, mask, ref, 0.2, eps_high or 0.2, beta, kl, agg, 8
+    )
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        metrics["pg_loss"], want_pg, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        metrics["kl"], want_kl if beta else 0.0, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        metrics["kl_loss"], beta * want_kl, rtol=1e-5, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        metrics["pg_clipfrac"],
+        (clipped * mask).sum() / mask.sum(),
+        rtol=1e-6,
+    )
+    lower = clipped * (adv < 0)[:, None]
+    np.testing.assert_allclose(
+        metrics["pg_clipfrac_lower"],
+        (lower * mask).sum() / mask.sum(),
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        metrics["pg_clipfrac"],
+        metrics["pg_clipfrac_lower"] + metrics["pg_clipfrac_upper"],
+        rtol=1e-6,
+    )
+
+  def test_ratio_and_advantage_metrics(self):
+    logp, old, adv, mask, ref = _inputs(seed=1)
+    adv[1] = 0.0
+    _, m = policy_loss.policy_loss(
+        jnp.asarray(logp),
+        jnp.asarray(old),
+        jnp.asarray(adv),
+        jnp.asarray(mask),
+        policy_loss.LossOptions(),
+        ref_logp=jnp.asarray(ref),
+        entropy=jnp.asarray(-logp),
+    )
+    ratio = np.exp(logp - old)
+    inside = mask > 0
+    np.testing.assert_allclose(
+        m["is_ratio"]["mean"], ratio[inside].mean(), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        m["is_ratio"]["max"], ratio[inside].max(), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        m["is_ratio"]["min"], ratio[inside].min(), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        m["ppo_kl"], (old - logp)[inside].mean(), rtol=1e-5
+    )
+    np.testing.assert_allclose(m["entropy"], (-logp)[inside].mean(), rtol=1e-5)
+    a = m["advantage"]
+    np.testing.assert_allclose(a["mean"], adv.mean(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(a["abs_mean"], np.abs(adv).mean(), rtol=1e-5)
+    np.testing.assert_allclose(a["max"], adv.max(), rtol=1e-6)
+    np.testing.assert_allclose(a["min"], adv.min(), rtol=1e-6)
+    np.testing.assert_allclose(a["nonzero_frac"], 0.75)
+
+  def test_clipped_tokens_have_zero_gradient(self):
+    # Sequence 0 (A > 0): ratios 1.0, 1.5 (clipped above 1.2), 0.5.
+    # Sequence 1 (A < 0): ratios 1.0, 1.5, 0.5 (clipped below 0.8).
+    ratios = np.array([[1.0, 1.5, 0.5], [1.0, 1.5, 0.5]])
+    old = np.full((2, 3), -1.0)
+    logp = old + np.log(ratios)
+    adv = np.array([1.0, -1.0])
+    mask = np.ones((2, 3))
+    options = policy_loss.LossOptions(epsilon=0.2)
+
+    def loss(lp):
+      return policy_loss.policy_loss(
+          lp, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), options
+      )[0]
+
+    grad = np.asarray(jax.grad(loss)(jnp.asarray(logp, jnp.float32)))
+    clipped = np.array([[False, True, False], [False, False, True]])
+    np.testing.assert_array_equal(grad[clipped], 0.0)
+    self.assertTrue(np.all(grad[~clipped] != 0.0))
+    # Unclipped: d/dlogp of -A ratio / n = -A ratio / n.
+    np.testing.assert_allclose(
+        grad[~clipped], (-adv[:, None] * ratios / 6.0)[~clipped], rtol=1e-5
+    )
+
+  def test_masked_tokens_have_zero_gradient(self):
+    logp, old, adv, mask, ref = _inputs(seed=2)
+    options = policy_loss.LossOptions(beta=0.1)
+    grad = jax.grad(
+        lambda lp: policy_loss.policy_loss(
+            lp,
+            jnp.asarray(old),
+            jnp.asarray(adv),
+            jnp.asarray(mask),
+            options,
+            ref_logp=jnp.asarray(ref),
+        )[0]
+    )(jnp.asarray(logp, jnp.float32))
+    np.testing.assert_array_equal(np.asarray(grad)[mask == 0], 0.0)
+
+  def test_kl_gradients(self):
+    # With A = 0 only the KL term moves logp. k3's gradient per token is
+    # (1 - exp(ref - logp)) / n: it pulls logp towards ref. k1's is 1 / n
+    # whatever ref is (its mean is the KL; per token it only lowers logp).
+    logp = jnp.array([[-1.0, -2.0]])
+    ref = jnp.array([[-2.0, -1.0]])
+
+    def grad(estimator):
+      options = policy_loss.LossOptions(beta=1.0, kl_estimator=estimator)
+      return np.asarray(
+          jax.grad(
+              lambda lp: policy_loss.policy_loss(
+                  lp, lp, jnp.zeros(1), jnp.ones((1, 2)), options, ref_logp=ref
+              )[0]
+          )(logp)
+      )
+
+    np.testing.assert_allclose(
+        grad("k3"), (1.0 - np.exp(ref - logp)) / 2.0, rtol=1e-6
+    )
+    np.testing.assert_allclose(grad("k1"), [[0.5, 0.5]], rtol=1e-6)
+
+  def test_k3_is_non_negative_and_zero_at_equality(self):
+    logp = jnp.array([[-1.0, -0.5, -3.0]])
+    np.testing.assert_allclose(
+        policy_loss.kl_per_token(logp, logp, "k3"), 0.0, atol=1e-7
+    )
+    ref = jnp.array([[-2.0, -0.1, -1.0]])
+    self.assertTrue(
+        np.all(np.asarray(policy_loss.kl_per_token(logp, ref, "k3")) > 0)
+    )
+
+  def test_empty_mask_gives_zero(self):
+    z = jnp.zeros((2, 3))
+    loss, m = policy_loss.policy_loss(
+        z, z, jnp.ones(2), z, policy_loss.LossOptions()
+    )
+    self.assertEqual(float(loss), 0.0)
+    self.assertEqual(float(m["is_ratio"]["max"]), 0.0)
+
+  def test_beta_without_reference_is_refused(self):
+    z = jnp.zeros((1, 2))
+    with self.assertRaisesRegex(ValueError, "reference"):
+      policy_loss.policy_loss(
+          z, z, jnp.ones(1), z + 1, policy_loss.LossOptions(beta=0.1)
+      )
+
+  @parameterized.named_parameters(
+      ("epsilon", dict(epsilon=0.0), "epsilon=0.0"),
+      ("epsilon_high", dict(epsilon_high=-0.1), "epsilon_high=-0.1"),
+      ("beta", dict(beta=-1.0), "beta=-1.0"),
+      ("kl", dict(kl_estimator="k2"), "kl_estimator='k2'"),
+      ("aggregation", dict(aggregation="sum"), "aggregation='sum'"),
+      ("dr_grpo_length", dict(aggregation="dr_grpo"), "max_completion_length"),
+  )
+  def test_bad_options(self, kwargs, message):
+    with self.assertRaisesRegex(ValueError, message):
+      policy_loss.LossOptions(**kwargs)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,244 @@
+"""A GRPO rollout: P prompts x G completions, scored, as micro-batches.
+
+`rollout(...)` generates G completions of each prompt with the key/value-cache
+decoder (`maxtext.generation.decoder`) on the parameters it is given (the
+engine's own: no copy), with the behaviour policy's log-probability of every
+generated id, calls the reward functions on the host, and computes the
+group-relative advantages. `micro_batches` cuts the result into the engine's
+K micro-batches of fixed shapes: tokens [B, W] (prompt, completion, padding),
+prompt lengths, the completion mask [B, L], the behaviour log-probabilities,
+the advantages, the reference log-probabilities when a reference is used,
+and the rollout's statistics as one float32 value per row, which the loss
+reports back through its aux (`train_loss`).
+
+The draws of step s come from a seed that is a function of (config seed, s),
+so a resumed run generates what an uninterrupted one would.
+"""
+
+import dataclasses
+import time
+from typing import Any, Optional, Sequence
+
+import jax
+import numpy as np
+
+from maxtext.generation import decoder
+from maxtext.grpo import advantages as advantages_lib
+from maxtext.grpo import rewards as rewards_lib
+from maxtext.text import sampling
+
+
+def step_seed(seed: int, step: int) -> int:
+  """The sampling seed of step `step`: a function of (seed, step) only."""
+  return int(np.random.SeedSequence([seed, step]).generate_state(1)[0] >> 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+  """One step's completions and everything the loss needs of them.
+
+  Attributes:
+    prompts: P id lists.
+    completions: P x G id tuples, prompt-major.
+    tokens: int32 [N, W]: row r is prompt r // G, then completion r, then
+      `sampling.PAD_ID`.
+    prompt_lengths: int32 [N].
+    completion_lengths: int32 [N].
+    mask: float32 [N, L]: 1 on completion ids.
+    old_log_probs: float32 [N, L]: the behaviour policy's (0 off the mask).
+    rewards: the reward functions' values.
+    advantages: float32 [N].
+    stats: name -> float, the step's rollout statistics.
+  """
+
+  prompts: list
+  completions: list
+  tokens: np.ndarray
+  prompt_lengths: np.ndarray
+  completion_lengths: np.ndarray
+  mask: np.ndarray
+  old_log_probs: np.ndarray
+  rewards: rewards_lib.Rewards
+  advantages: np.ndarray
+  stats: dict
+
+
+def rollout_stats(
+    rewards: rewards_lib.Rewards,
+    completion_lengths: np.ndarray,
+    clipped: np.ndarray,
+    num_generations: int,
+) -> dict[str, float]:
+  """The rollout's metrics.
+
+  Args:
+    rewards: every completion's rewards (N of them).
+    completion_lengths: int [N].
+    clipped: bool [N]: the completion reached the length limit without a
+      stop id.
+    num_generations: G.
+
+  Returns:
+    rewards/{sum,mean,min,max,std}, rewards/<function> (its mean),
+    frac_reward_zero_std, completions/{mean,min,max}_length,
+    completions/clipped_ratio.
+  """
+  total = rewards.total
+  stats = {
+      "rewards/sum": float(np.sum(total)),
+      "rewards/mean": float(np.mean(total)),
+      "rewards/min": float(np.min(total)),
+      "rewards/max": float(np.max(total)),
+      "rewards/std": float(np.std(total)),
+  }
+  for name, values in rewards.per_function.items():
+    stats[f"rewards/{name}"] = float(np.mean(values))
+  stats["frac_reward_zero_std"] = advantages_lib.zero_std_fraction(
+      total.reshape(-1, num_generations)
+  )
+  stats["completions/mean_length"] = float(np.mean(completion_lengths))
+  stats["completions/min_length"] = float(np.min(completion_lengths))
+  stats["completions/max_length"] = float(np.max(completion_lengths))
+  stats["completions/clipped_ratio"] = float(np.mean(clipped))
+  return stats
+
+
+def rollout(
+    params: Any,
+    model_config: Any,
+    prompts: Sequence[Sequence[int]],
+    options: sampling.SamplingOptions,
+    reward_functions: Sequence[rewards_lib.RewardFunction],
+    *,
+    estimator: str = "grpo",
+    advantage_eps: float = 1e-4,
+    width: int = 0,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> Rollout:
+  """Generates, scores and computes advantages for one step.
+
+  Args:
+    params: the policy's parameters (the engine's, read in place).
+    model_config: the model's config, frozen (a static argument of the
+      decoder's program).
+    prompts: P id lists.
+    options: the rollout's sampling; `num_samples` is G (>= 2).
+    reward_functions: from `rewards.load`.
+    estimator: an advantage estimator (`advantages.ESTIMATORS`).
+    advantage_eps: the "grpo" estimator's eps.
+    width: W, the token columns of every row (a fixed shape compiles the
+      loss once); 0 = the longest prompt + options.max_new_tokens.
+    mesh: generate with the rows split over this mesh; None = one device.
+
+  Returns:
+    The Rollout, its stats holding `timing/generate_s` and
+    `timing/reward_s` besides `rollout_stats`'.
+
+  Raises:
+    ValueError: G < 2, or a prompt longer than `width` allows.
+    rewards.RewardError: a reward function failed (one line).
+  """
+  g = options.num_samples
+  if g < 2:
+    raise ValueError(f"num_generations={g}: a group needs at least 2")
+  length = options.max_new_tokens
+  longest = max(len(p) for p in prompts)
+  width = width or longest + length
+  if longest + length > width:
+    raise ValueError(
+        f"a prompt of {longest} tokens + {length} completion tokens does not "
+        f"fit the rollout width {width}"
+    )
+  start = time.perf_counter()
+  generation = decoder.generate(
+      params, model_config, prompts, options, mesh=mesh
+  )
+  generated = time.perf_counter()
+  n = len(prompts) * g
+  lengths = np.asarray(generation.lengths, np.int32)
+  completions = [
+      tuple(map(int, generation.ids[r, : lengths[r]])) for r in range(n)
+  ]
+  rewards = rewards_lib.score(reward_functions, prompts, completions, g)
+  scored = time.perf_counter()
+  adv = advantages_lib.group_advantages(
+      rewards.total.reshape(-1, g), estimator, advantage_eps
+  ).reshape(-1)
+
+  tokens = np.full((n, width), sampling.PAD_ID, np.int32)
+  prompt_lengths = np.zeros((n,), np.int32)
+  for r, completion in enumerate(completions):
+    prompt = list(prompts[r // g])
+    row = prompt + list(completion)
+    tokens[r, : len(row)] = row
+    prompt_lengths[r] = len(prompt)
+  mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)
+  old = np.asarray(generation.log_probs, np.float32) * mask
+  stop_ids = set(options.stop_ids)
+  ends_with_stop = np.array(
+      [bool(c) and c[-1] in stop_ids for c in completions]
+  )
+  clipped = (lengths >= length) & ~ends_with_stop
+  stats = rollout_stats(rewards, lengths, clipped, g)
+  stats["timing/generate_s"] = generated - start
+  stats["timing/reward_s"] = scored - generated
+  return Rollout(
+      prompts=[list(p) for p in prompts],
+      completions=completions,
+      tokens=tokens,
+      prompt_lengths=prompt_lengths,
+      completion_lengths=lengths,
+      mask=mask,
+      old_log_probs=old,
+      rewards=rewards,
+      advantages=adv,
+      stats=stats,
+  )
+
+
+def micro_batches(
+    result: Rollout,
+    num_micro_batches: int,
+    ref_log_probs: Optional[np.ndarray] = None,
+    extra_stats: Optional[dict] = None,
+) -> list[dict]:
+  """The rollout as the engine's K micro-batches (consecutive rows).
+
+  Args:
+    result: the step's rollout (N rows).
+    num_micro_batches: K, dividing N.
+    ref_log_probs: float32 [N, L] of the reference policy, or None (beta 0).
+    extra_stats: more name -> float statistics to carry (e.g. timings
+      measured after the rollout).
+
+  Returns:
+    K dicts, the `train_loss.loss_fn` micro-batch layout.
+
+  Raises:
+    ValueError: K does not divide N.
+  """
+  n = len(result.completions)
+  if num_micro_batches < 1 or n % num_micro_batches:
+    raise ValueError(
+        f"gradient_accumulation_steps={num_micro_batches} must divide the "
+        f"rollout's {n} completions"
+    )
+  stats = dict(result.stats, **(extra_stats or {}))
+  whole = {
+      "tokens": result.tokens,
+      "prompt_lengths": result.prompt_lengths,
+      "mask": result.mask,
+      "old_log_probs": result.old_log_probs,
+      "advantages": result.advantages.astype(np.float32),
+      "stats": {
+          name: np.full((n,), value, np.float32)
+          for name, value in sorted(stats.items())
+      },
+  }
+  if ref_log_probs is not None:
+    whole["ref_log_probs"] = np.asarray(ref_log_probs, np.float32) * result.mask
+  rows = n // num_micro_batches
+  return [
+      jax.tree_util.tree_map(lambda x, k=k: x[k * rows : (k + 1) * rows], whole)
+      for k in range(num_micro_batches)
+  ]

@@ -1,0 +1,171 @@
+"""rollout: generation, rewards, advantages and micro-batches, tiny model."""
+
+from absl.testing import absltest
+import jax
+import ml_collections
+import numpy as np
+
+from maxtext.grpo import advantages
+from maxtext.grpo import progression_task
+from maxtext.grpo import rewards
+from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import train_loss
+from maxtext.model import transformer
+from maxtext.text import sampling
+from testing import tiny_configs
+
+_REWARDS = (
+    "maxtext.grpo.progression_task:prefix_match,"
+    "maxtext.grpo.progression_task:exact_match=0.5"
+)
+
+
+class RolloutTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    config = tiny_configs.model_config()
+    cls.config = ml_collections.FrozenConfigDict(config)
+    cls.params = transformer.init_params(config, jax.random.PRNGKey(0))
+    task = progression_task.ProgressionTask(32, 3, 4, num_eval=8, seed=0)
+    cls.prompts = task.train_prompts(0, 4)
+    cls.functions = rewards.load(_REWARDS)
+    cls.options = sampling.SamplingOptions(
+        max_new_tokens=4, temperature=1.0, seed=5, num_samples=4
+    )
+    cls.result = rollout_lib.rollout(
+        cls.params,
+        cls.config,
+        cls.prompts,
+        cls.options,
+        cls.functions,
+        width=8,
+    )
+
+  def test_rows_hold_prompt_then_completion(self):
+    r = self.result
+    self.assertEqual(r.tokens.shape, (16, 8))
+    self.assertLen(r.completions, 16)
+    for row, completion in enumerate(r.completions):
+      prompt = self.prompts[row // 4]
+      self.assertLen(completion, r.completion_lengths[row])
+      self.assertEqual(
+          list(r.tokens[row, : 3 + len(completion)]), prompt + list(completion)
+      )
+      self.assertTrue(np.all(r.tokens[row, 3 + len(completion) :] == 0))
+    np.testing.assert_array_equal(r.mask.sum(axis=1), r.completion_lengths)
+
+  def test_behaviour_log_probs_match_teacher_forcing(self):
+    r = self.result
+    forced, entropy = train_loss.completion_log_probs(
+        self.params, r.tokens, r.prompt_lengths, 4, self.config
+    )
+    np.testing.assert_allclose(
+        r.old_log_probs, np.asarray(forced) * r.mask, atol=2e-4
+    )
+    self.assertTrue(np.all(np.asarray(entropy) > 0))
+    self.assertTrue(np.all(r.old_log_probs[r.mask > 0] < 0))
+
+  def test_rewards_and_advantages(self):
+    r = self.result
+    prefix = [
+        progression_task.prefix_match(self.prompts[i // 4], c)
+        for i, c in enumerate(r.completions)
+    ]
+    exact = [
+        progression_task.exact_match(self.prompts[i // 4], c)
+        for i, c in enumerate(r.completions)
+    ]
+    np.testing.assert_allclose(
+        r.rewards.total, np.array(prefix) + 0.5 * np.array(exact)
+    )
+    np.testing.assert_allclose(
+        r.advantages,
+        advantages.group_advantages(
+            r.rewards.total.reshape(4, 4), eps=1e-4
+        ).reshape(-1),
+    )
+    s = r.stats
+    self.assertAlmostEqual(s["rewards/mean"], np.mean(r.rewards.total))
+    self.assertAlmostEqual(s["rewards/sum"], np.sum(r.rewards.total))
+    self.assertAlmostEqual(s["rewards/std"], np.std(r.rewards.total))
+    self.assertAlmostEqual(s["rewards/prefix_match"], np.mean(prefix))
+    self.assertAlmostEqual(s["rewards/exact_match"], np.mean(exact))
+    # No stop ids: every completion runs to the limit and is clipped.
+    self.assertEqual(s["completions/clipped_ratio"], 1.0)
+    self.assertEqual(s["completions/mean_length"], 4.0)
+
+  def test_same_seed_same_rollout(self):
+    again = rollout_lib.rollout(
+        self.params,
+        self.config,
+        self.prompts,
+        self.options,
+        self.functions,
+        width=8,
+    )
+    self.assertEqual(again.completions, self.result.completions)
+    self.assertNotEqual(
+        rollout_lib.step_seed(0, 1), rollout_lib.step_seed(0, 2)
+    )
+    self.assertEqual(rollout_lib.step_seed(3, 1), rollout_lib.step_seed(3, 1))
+
+  def test_stop_ids_end_completions(self):
+    options = sampling.SamplingOptions(
+        max_new_tokens=4,
+        temperature=1.0,
+        seed=5,
+        num_samples=2,
+        stop_ids=tuple(range(32)),
+    )
+    r = rollout_lib.rollout(
+        self.params,
+        self.config,
+        self.prompts,
+        options,
+        self.functions,
+        width=8,
+    )
+    np.testing.assert_array_equal(r.completion_lengths, 1)
+    self.assertEqual(r.stats["completions/clipped_ratio"], 0.0)
+    self.assertEqual(r.stats["completions/max_length"], 1.0)
+
+  def test_micro_batches(self):
+    r = self.result
+    ref = np.full(r.mask.shape, -1.0, np.float32)
+    batches = rollout_lib.micro_batches(r, 2, ref, {"timing/x": 2.5})
+    self.assertLen(batches, 2)
+    np.testing.assert_array_equal(
+        np.concatenate([b["tokens"] for b in batches]), r.tokens
+    )
+    np.testing.assert_array_equal(
+        np.concatenate([b["ref_log_probs"] for b in batches]), -r.mask
+    )
+    self.assertEqual(batches[1]["advantages"].shape, (8,))
+    np.testing.assert_array_equal(batches[0]["stats"]["timing/x"], 2.5)
+    self.assertIn("rewards/mean", batches[0]["stats"])
+    with self.assertRaisesRegex(ValueError, "gradient_accumulation_steps=3"):
+      rollout_lib.micro_batches(r, 3)
+
+  def test_one_generation_is_refused(self):
+    options = sampling.SamplingOptions(max_new_tokens=4, num_samples=1)
+    with self.assertRaisesRegex(ValueError, "num_generations=1"):
+      rollout_lib.rollout(
+          self.params, self.config, self.prompts, options, self.functions
+      )
+
+  def test_reward_error_names_function_and_prompt(self):
+    functions = rewards.load("maxtext.grpo.progression_task:exact_match")
+    with self.assertRaisesRegex(
+        rewards.RewardError,
+        r"^reward function maxtext.grpo.progression_task:exact_match on "
+        r"prompt 1 \(sample 0\) raised ValueError: a prompt needs 2 terms",
+    ):
+      rollout_lib.rollout(
+          self.params, self.config, [[1, 2], [3]], self.options, functions
+      )
+
+
+if __name__ == "__main__":
+  absltest.main()

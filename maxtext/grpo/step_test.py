@@ -1,0 +1,148 @@
+"""step: GRPO steps through the real engine on a tiny model."""
+
+import functools
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from maxtext import engine as engine_lib
+from maxtext.grpo import policy_loss
+from maxtext.grpo import progression_task
+from maxtext.grpo import rewards
+from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import step as step_lib
+from maxtext.grpo import train_loss
+from maxtext.metrics import recorder as recorder_lib
+from maxtext.model import transformer
+from maxtext.text import sampling
+from testing import dispatch_counter
+from testing import tiny_configs
+
+# Every metric a GRPO step records (the engine adds grad_norm,
+# learning_rate and step_skipped).
+EXPECTED = {
+    "loss", "pg_loss", "kl", "kl_loss", "pg_clipfrac", "pg_clipfrac_lower",
+    "pg_clipfrac_upper", "ppo_kl", "entropy", "is_ratio/mean", "is_ratio/max",
+    "is_ratio/min", "advantage/mean", "advantage/abs_mean", "advantage/max",
+    "advantage/min", "advantage/nonzero_frac", "rewards/sum", "rewards/mean",
+    "rewards/min", "rewards/max", "rewards/std", "rewards/prefix_match",
+    "frac_reward_zero_std", "completions/mean_length",
+    "completions/min_length", "completions/max_length",
+    "completions/clipped_ratio", "completion_tokens", "timing/rollout_s",
+    "timing/reference_s", "timing/generate_s", "timing/reward_s",
+    "grad_norm", "learning_rate", "step_skipped",
+}  # fmt: skip
+
+
+def _copy(tree):
+  """A copy of every array of `tree` (the engine donates its own)."""
+  return jax.tree_util.tree_map(jnp.copy, tree)
+
+
+class StepTest(absltest.TestCase):
+
+  def _step(self, num_iterations=1, beta=0.04, learning_rate=1e-2):
+    """An engine with the GRPO loss and a GrpoStep on the progression task."""
+    config = tiny_configs.model_config()
+    frozen = ml_collections.FrozenConfigDict(config)
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    task = progression_task.ProgressionTask(32, 3, 4, num_eval=8, seed=0)
+    options = policy_loss.LossOptions(beta=beta)
+    engine = engine_lib.Engine(
+        functools.partial(train_loss.loss_fn, config=frozen, options=options),
+        params,
+        optax.adam(learning_rate),
+        learning_rate,
+        recorder_lib.MetricsRecorder(),
+        2,
+    )
+    reference = _copy(params) if beta > 0 else None
+    step = step_lib.GrpoStep(
+        engine,
+        frozen,
+        lambda s: task.train_prompts(s, 4),
+        lambda s: sampling.SamplingOptions(
+            max_new_tokens=4,
+            temperature=1.0,
+            seed=rollout_lib.step_seed(0, s),
+            num_samples=4,
+        ),
+        rewards.load("maxtext.grpo.progression_task:prefix_match"),
+        num_micro_batches=2,
+        num_iterations=num_iterations,
+        width=8,
+        reference_params=reference,
+    )
+    return engine, step, frozen
+
+  def test_first_pass_is_on_policy_and_records_every_metric(self):
+    engine, step, _ = self._step()
+    result = step.run(0)
+    self.assertLen(result.records, 1)
+    record = recorder_lib.reduce_buffer(result.records[0])
+    self.assertEqual(set(record), EXPECTED)
+    # The behaviour policy is the policy, and the reference too (step 0).
+    self.assertAlmostEqual(record["is_ratio/mean"], 1.0, places=3)
+    self.assertEqual(record["pg_clipfrac"], 0.0)
+    self.assertLess(abs(record["kl"]), 1e-5)
+    self.assertEqual(record["step_skipped"], 0.0)
+    self.assertGreater(record["entropy"], 0.0)
+    # The rollout's statistics come back through the packed metrics.
+    self.assertAlmostEqual(
+        record["rewards/mean"], result.rollout.stats["rewards/mean"], places=5
+    )
+    self.assertEqual(record["completion_tokens"], result.rollout.mask.sum())
+    self.assertEqual(engine.step, 1)
+
+  def test_passes_after_the_first_are_off_policy(self):
+    engine, step, _ = self._step(num_iterations=2, learning_rate=3e-2)
+    result = step.run(0)
+    self.assertLen(result.records, 2)
+    self.assertEqual(engine.step, 2)
+    first, second = (recorder_lib.reduce_buffer(r) for r in result.records)
+    self.assertAlmostEqual(first["is_ratio/mean"], 1.0, places=3)
+    self.assertGreater(second["is_ratio/max"] - second["is_ratio/min"], 1e-3)
+    self.assertGreater(abs(second["kl"]), 0.0)
+    # Same rollout: the rollout statistics are the same in both passes.
+    self.assertEqual(first["rewards/mean"], second["rewards/mean"])
+
+  def test_update_raises_the_likelihood_of_better_completions(self):
+    engine, step, frozen = self._step(beta=0.0)
+    before = _copy(engine.params)
+    result = step.run(0)
+    r = result.rollout
+    self.assertGreater(np.abs(r.advantages).sum(), 0.0)
+
+    def sequence_log_probs(params):
+      lp, _ = train_loss.completion_log_probs(
+          params, r.tokens, r.prompt_lengths, 4, frozen
+      )
+      return (np.asarray(lp) * r.mask).sum(axis=1)
+
+    change = sequence_log_probs(engine.params) - sequence_log_probs(before)
+    # The policy gradient's direction: likelihood moves with the advantage.
+    self.assertGreater(float(np.dot(r.advantages, change)), 0.0)
+
+  def test_a_step_is_k_plus_3_device_programs_whatever_its_metrics(self):
+    # The ~36 metrics of a GRPO step ride the packed array: K micro-steps,
+    # the gradient measure, one concatenation for the flush, the apply.
+    engine, step, _ = self._step()
+    _, batches = step.rollout(0)
+    step.train(batches)  # Compiles.
+    with dispatch_counter.record_launches() as launches:
+      record = step.train(batches)
+    self.assertGreater(len(recorder_lib.reduce_buffer(record)), 30)
+    self.assertEqual(
+        launches,
+        ["jit(micro_step)"] * 2
+        + ["jit(measure)", "jit(_concat_groups)", "jit(apply)"],
+    )
+    self.assertEqual(engine.step, 2)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,109 @@
+"""The GRPO step's `loss_fn(params, micro_batch)` for the engine.
+
+One teacher-forced pass of the model over each row (prompt, then completion,
+right-padded) gives the policy's log-probability and entropy at every
+completion token; `policy_loss.policy_loss` turns them, with the rollout's
+behaviour log-probabilities and advantages, into the loss and its metrics.
+The rollout's statistics (rewards, lengths, timings) come in as micro-batch
+inputs, one float32 value per row, and go out as the mean over the rows, so
+every metric of a GRPO step rides the engine's packed array.
+
+Log-probabilities are of the model's own logits (temperature 1), as the
+decoder's behaviour log-probabilities are: the sampling temperature and
+filters choose which tokens are drawn, not the probabilities trained on.
+"""
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from maxtext.grpo import policy_loss
+from maxtext.metrics import buffer
+from maxtext.model import transformer
+
+
+def completion_log_probs(
+    params: Any,
+    tokens: jax.Array,
+    prompt_lengths: jax.Array,
+    completion_width: int,
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> tuple[jax.Array, jax.Array]:
+  """Per completion position: the log-probability of its id and the entropy.
+
+  Args:
+    params: the model's parameters.
+    tokens: int32 [B, W]: prompt then completion, right-padded.
+    prompt_lengths: int32 [B], >= 1.
+    completion_width: L, the completion columns returned.
+    config: the model's config.
+    mesh: as `transformer.apply`.
+
+  Returns:
+    (log_probs, entropy), float32 [B, L] each: column j belongs to the id at
+    tokens[b, prompt_lengths[b] + j] (meaningless past the completion's end:
+    the caller masks).
+  """
+  width = tokens.shape[1]
+  logits = transformer.apply(params, tokens, config, mesh).astype(jnp.float32)
+  at = jnp.clip(
+      prompt_lengths[:, None] - 1 + jnp.arange(completion_width)[None, :],
+      0,
+      width - 2,
+  )
+  picked = jax.nn.log_softmax(
+      jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1
+  )
+  targets = jnp.take_along_axis(tokens, at + 1, axis=1)
+  log_probs = jnp.take_along_axis(picked, targets[:, :, None], axis=2)[..., 0]
+  entropy = -jnp.sum(jnp.exp(picked) * picked, axis=-1)
+  return log_probs, entropy
+
+
+def loss_fn(
+    params: Any,
+    micro_batch: dict,
+    config,
+    options: policy_loss.LossOptions,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> tuple[jax.Array, dict]:
+  """The engine's loss for one micro-batch of a rollout.
+
+  Args:
+    params: the policy's parameters.
+    micro_batch: "tokens" int32 [B, W], "prompt_lengths" int32 [B],
+      "mask" float32 [B, L] (1 on completion tokens), "old_log_probs"
+      float32 [B, L], "advantages" float32 [B], "ref_log_probs" float32
+      [B, L] (only when options.beta > 0), "stats" {name: float32 [B]}.
+    config: the model's config.
+    options: the loss's hyperparameters.
+    mesh: as `transformer.apply`.
+
+  Returns:
+    (loss, metrics): `policy_loss`'s, plus each of "stats" (its mean over
+    the rows) and "completion_tokens" (a sum over the micro-batches).
+  """
+  mask = micro_batch["mask"]
+  log_probs, entropy = completion_log_probs(
+      params,
+      micro_batch["tokens"],
+      micro_batch["prompt_lengths"],
+      mask.shape[1],
+      config,
+      mesh,
+  )
+  loss, metrics = policy_loss.policy_loss(
+      log_probs,
+      micro_batch["old_log_probs"],
+      micro_batch["advantages"],
+      mask,
+      options,
+      ref_logp=micro_batch.get("ref_log_probs"),
+      entropy=entropy,
+  )
+  for name, values in micro_batch.get("stats", {}).items():
+    metrics[name] = jnp.mean(values)
+  metrics["completion_tokens"] = buffer.SummedMetric(jnp.sum(mask))
+  return loss, metrics

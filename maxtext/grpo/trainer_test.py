@@ -1,0 +1,225 @@
+"""The GRPO run end to end: pretrain briefly, post-train, resume, refuse."""
+
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from maxtext import trainer as pretrainer
+from maxtext.grpo import rewards
+from maxtext.grpo import trainer
+from maxtext.metrics import jsonl
+from testing import tiny_configs
+
+
+def always_fails(prompt, completion):
+  """A reward function that raises."""
+  del completion
+  raise ZeroDivisionError(f"no reward for {len(prompt)} terms")
+
+
+# Calls of `fails_in_step_1`; 2 prompts x 4 completions are one step's 8.
+_CALLS = [0]
+
+
+def fails_in_step_1(prompt, completion):
+  """A reward function that scores step 0's completions, then raises."""
+  del prompt, completion
+  _CALLS[0] += 1
+  if _CALLS[0] > 8:
+    raise ValueError("step 1 is out of scope")
+  return 1.0
+
+
+def _grpo_config(output_dir, load_from, **overrides):
+  """The tiny test model as a GRPO run starting from `load_from`."""
+  config = tiny_configs.tiny_config(output_dir, run_name="grpo", steps=3)
+  values = dict(
+      load_parameters_path=load_from,
+      enable_mllog=False,
+      lr_schedule="constant",
+      learning_rate=1e-3,
+      warmup_steps=0,
+      # A schedule length of its own, so a resume may add steps.
+      lr_schedule_steps=10,
+      global_batch_size=8,
+      gradient_accumulation_steps=2,
+      **tiny_configs.TINY_GRPO,
+      eval_interval=2,
+      checkpoint_period=2,
+  )
+  values.update(overrides)
+  for key, value in values.items():
+    config[key] = value
+  return config
+
+
+class GrpoRunTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = absltest.get_default_test_tmpdir()
+    pretrainer.run(
+        tiny_configs.tiny_config(cls.root, run_name="pretrain", steps=20)
+    )
+    cls.checkpoints = os.path.join(cls.root, "pretrain", "checkpoints")
+
+  def test_runs_records_and_resumes(self):
+    out = self.create_tempdir().full_path
+    result = trainer.run(_grpo_config(out, self.checkpoints))
+    self.assertEqual(result.final_step, 3)
+    self.assertIn("pass@1", result.last_eval)
+    self.assertIn("pass@1", result.start_eval)
+    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    self.assertEqual([r["step"] for r in train], [0, 1, 2])
+    for name in (
+        "rewards/mean",
+        "rewards/exact_match",
+        "rewards/prefix_match",
+        "is_ratio/mean",
+        "kl",
+        "pg_clipfrac",
+        "advantage/abs_mean",
+        "completions/mean_length",
+        "grad_norm",
+    ):
+      self.assertIn(name, train[0])
+    self.assertAlmostEqual(train[0]["is_ratio/mean"], 1.0, places=3)
+    self.assertEqual([r["step"] for r in evals], [1, 2])
+    self.assertTrue(any("pass@1" in key for key in evals[0]))
+
+    # Resume: the run goes on from its checkpoint of step 3, and its steps
+    # 3 and 4 are those of a run that was never interrupted (the prompts and
+    # the draws are functions of the seed and the step).
+    again = trainer.run(_grpo_config(out, self.checkpoints, steps=5))
+    self.assertEqual((again.start_step, again.final_step), (3, 5))
+    straight_dir = self.create_tempdir().full_path
+    straight = trainer.run(
+        _grpo_config(straight_dir, self.checkpoints, steps=5)
+    )
+
+    def train_records(run_dir):
+      return {
+          r["step"]: r
+          for r in jsonl.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+          if r["kind"] == "train"
+      }
+
+    resumed, uninterrupted = (
+        train_records(again.run_dir),
+        train_records(straight.run_dir),
+    )
+    for step in (3, 4):
+      for name in ("rewards/mean", "completions/mean_length", "loss", "kl"):
+        self.assertAlmostEqual(
+            resumed[step][name], uninterrupted[step][name], places=5
+        )
+
+  def test_target_pass_rate_ends_the_run(self):
+    out = self.create_tempdir().full_path
+    # One term to continue: the pretrained model gets some held-out prompts
+    # right from the start, so the first eval (after step 2) reaches the
+    # target and the run stops there.
+    result = trainer.run(
+        _grpo_config(
+            out,
+            self.checkpoints,
+            grpo_max_completion_length=1,
+            grpo_target_pass_rate=0.05,
+        )
+    )
+    self.assertGreater(result.start_eval["pass@1"], 0.05)
+    self.assertEqual(result.status, trainer.RunOutcome.SUCCESS)
+    self.assertEqual(result.final_step, 2)
+    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
+    evals = [r for r in records if r["kind"] == "eval"]
+    self.assertLen(evals, 1)
+    self.assertGreaterEqual(evals[0]["eval_pass@1"], 0.05)
+
+  def test_two_passes_per_rollout(self):
+    out = self.create_tempdir().full_path
+    result = trainer.run(
+        _grpo_config(out, self.checkpoints, grpo_num_iterations=2, steps=4)
+    )
+    self.assertEqual(result.final_step, 4)
+    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
+    train = [r for r in records if r["kind"] == "train"]
+    self.assertEqual([r["step"] for r in train], [0, 1, 2, 3])
+    # Updates 0 and 1 share rollout 0 (the same rewards); the second pass
+    # is off-policy.
+    self.assertEqual(train[0]["rewards/mean"], train[1]["rewards/mean"])
+    self.assertEqual(
+        train[0]["completions/mean_length"], train[1]["completions/mean_length"]
+    )
+    self.assertAlmostEqual(train[0]["is_ratio/mean"], 1.0, places=3)
+    self.assertNotAlmostEqual(train[1]["is_ratio/max"], 1.0, places=4)
+    evals = [r for r in records if r["kind"] == "eval"]
+    self.assertEqual([r["step"] for r in evals], [1, 3])
+
+  @parameterized.named_parameters(
+      ("one_generation", {"grpo_num_generations": 1}, "grpo_num_generations=1"),
+      ("top_p", {"grpo_top_p": 1.5}, r"grpo_top_p=1.5: must be in \(0, 1\]"),
+      (
+          "reward_import",
+          {"grpo_reward_functions": "no_such_module_q:f"},
+          "'no_such_module_q:f' does not import",
+      ),
+      (
+          "iterations",
+          {"grpo_num_iterations": 2},
+          "steps=3: must be a multiple of grpo_num_iterations=2",
+      ),
+      (
+          "groups",
+          {"global_batch_size": 6, "gradient_accumulation_steps": 1},
+          "global_batch_size=6: must be divisible by grpo_num_generations",
+      ),
+  )
+  def test_bad_options_are_one_line(self, overrides, message):
+    out = self.create_tempdir().full_path
+    with self.assertRaisesRegex(trainer.ConfigError, message) as caught:
+      trainer.run(_grpo_config(out, self.checkpoints, **overrides))
+    self.assertNotIn("\n", str(caught.exception))
+    self.assertFalse(os.path.exists(os.path.join(out, "grpo")))
+
+  def test_failing_reward_stops_with_one_line(self):
+    out = self.create_tempdir().full_path
+    with self.assertRaisesRegex(
+        rewards.RewardError,
+        r"^reward function __main__:always_fails on prompt 0 \(sample 0\) "
+        r"raised ZeroDivisionError: no reward for 3 terms$",
+    ):
+      trainer.run(
+          _grpo_config(
+              out,
+              self.checkpoints,
+              grpo_reward_functions="__main__:always_fails",
+          )
+      )
+
+  def test_failing_reward_keeps_the_last_completed_step(self):
+    out = self.create_tempdir().full_path
+    _CALLS[0] = 0
+    with self.assertRaisesRegex(
+        rewards.RewardError,
+        r"^reward function __main__:fails_in_step_1 on prompt 0 \(sample 0\) "
+        r"raised ValueError: step 1 is out of scope$",
+    ):
+      trainer.run(
+          _grpo_config(
+              out,
+              self.checkpoints,
+              grpo_reward_functions="__main__:fails_in_step_1",
+          )
+      )
+    # Step 0 completed; its checkpoint (step 1) was written before the stop.
+    self.assertEqual(
+        sorted(os.listdir(os.path.join(out, "grpo", "checkpoints"))), ["1"]
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,69 @@
+"""The `grpo_main` binary as a subprocess: a short real run, a bad field."""
+
+import os
+
+from absl.testing import absltest
+
+from maxtext.metrics import jsonl
+from testing import runfiles
+
+# The tiny test model (testing/tiny_configs.py's shape) as flags.
+_TINY = [
+    "--config.vocab_size=32",
+    "--config.emb_dim=32",
+    "--config.num_layers=1",
+    "--config.num_heads=2",
+    "--config.num_kv_heads=1",
+    "--config.head_dim=16",
+    "--config.mlp_dim=64",
+    "--config.max_sequence_length=16",
+    "--config.global_batch_size=8",
+    "--config.grpo_prompt_length=3",
+    "--config.grpo_max_completion_length=4",
+    "--config.grpo_eval_prompts=8",
+    "--config.eval_interval=2",
+    "--config.steps=2",
+]
+
+
+class GrpoMainTest(absltest.TestCase):
+
+  def test_short_run(self):
+    out = self.create_tempdir().full_path
+    done = runfiles.run_binary(
+        "maxtext/grpo_main",
+        [f"--config.base_output_directory={out}", *_TINY],
+        timeout_s=300,
+    )
+    self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    self.assertIn("grpo_main: completed after step 2", done.stdout)
+    records = jsonl.read_jsonl(
+        os.path.join(out, "grpo_tiny", jsonl.METRICS_FILENAME)
+    )
+    self.assertEqual(
+        [(r["step"], r["kind"]) for r in records],
+        [(0, "train"), (1, "train"), (1, "eval")],
+    )
+    self.assertIn("rewards/exact_match", records[0])
+
+  def test_bad_field_is_one_line_and_exit_2(self):
+    out = self.create_tempdir().full_path
+    done = runfiles.run_binary(
+        "maxtext/grpo_main",
+        [
+            f"--config.base_output_directory={out}",
+            *_TINY,
+            "--config.grpo_num_generations=1",
+        ],
+        timeout_s=120,
+    )
+    self.assertEqual(done.returncode, 2, done.stderr[-3000:])
+    self.assertEqual(
+        done.stderr.strip().splitlines()[-1],
+        "grpo_main: config.grpo_num_generations=1: must be >= 2",
+    )
+    self.assertEqual(os.listdir(out), [])
+
+
+if __name__ == "__main__":
+  absltest.main()
