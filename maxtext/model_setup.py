@@ -99,12 +99,7 @@ def make_engine(
   return engine_lib.Engine(
       functools.partial(transformer.loss_fn, config=config, mesh=setup.mesh),
       params,
-      optimizer_lib.make_optimizer(
-          config,
-          schedule,
-          include_clipping=False,
-          decay_mask=transformer.weight_decay_mask,
-      ),
+      make_optimizer(config, schedule),
       schedule,
       recorder or metrics_recorder.MetricsRecorder(mode="train"),
       config.gradient_accumulation_steps,
@@ -115,6 +110,19 @@ def make_engine(
       eval_fn=functools.partial(transformer.eval_fn, config=config),
       eval_directions=transformer.EVAL_DIRECTIONS,
       executables=executables,
+  )
+
+
+def make_optimizer(config: Any, schedule) -> Any:
+  """The optimizer every engine of the model trains with: the config's
+  AdamW without its clipping stage (the engine clips with the gradient norm
+  it measures for the metrics), weight decay on the model's matrices only
+  (`transformer.weight_decay_mask`)."""
+  return optimizer_lib.make_optimizer(
+      config,
+      schedule,
+      include_clipping=False,
+      decay_mask=transformer.weight_decay_mask,
   )
 
 

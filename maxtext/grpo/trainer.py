@@ -167,7 +167,7 @@ def _engine_factory(config, mesh):
           mesh=setup.mesh,
       ),
       model_setup.init_params(config, setup),
-      optimizer_lib.make_optimizer(config, schedule, include_clipping=False),
+      model_setup.make_optimizer(config, schedule),
       schedule,
       metrics_recorder.MetricsRecorder(mode="train"),
       config.gradient_accumulation_steps,
