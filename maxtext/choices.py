@@ -16,8 +16,8 @@ ATTENTION_TYPES = ("gqa", "mla")
 # (maxtext.model.transformer).
 REMAT_POLICIES = ("none", "full", "save_dots", "save_named")
 # config.rope_scaling: the rotary frequencies as they are, or rescaled as
-# Llama 3.1's (maxtext.model.layers.rope_scaling).
-ROPE_SCALINGS = ("none", "llama3")
+# Llama 3.1's or by YaRN (maxtext.model.layers.rope_scaling).
+ROPE_SCALINGS = ("none", "llama3", "yarn")
 # config.router_score: how the router turns logits into expert scores
 # (maxtext.model.moe).
 ROUTER_SCORES = ("softmax", "sigmoid")

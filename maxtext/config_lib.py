@@ -128,6 +128,22 @@ def _check_mla(v) -> None:
     )
 
 
+def _check_yarn_scaling(v) -> None:
+  """YaRN's rotary scaling fields (maxtext/model/layers.py)."""
+  if v["rope_scaling_factor"] < 1:
+    raise _fail("rope_scaling_factor", v["rope_scaling_factor"], "must be >= 1")
+  _at_least(v, "rope_original_max_position", 1)
+  if not v["rope_yarn_beta_fast"] > v["rope_yarn_beta_slow"] > 0:
+    raise _fail(
+        "rope_yarn_beta_fast",
+        v["rope_yarn_beta_fast"],
+        f"must be > rope_yarn_beta_slow={v['rope_yarn_beta_slow']} > 0",
+    )
+  for key in ("rope_yarn_mscale", "rope_yarn_mscale_all_dim"):
+    if v[key] < 0:
+      raise _fail(key, v[key], "must be >= 0")
+
+
 def _check_llama3_scaling(v) -> None:
   """Llama 3.1's rotary scaling fields (maxtext/model/layers.py)."""
   if v["rope_scaling_factor"] < 1:
@@ -288,6 +304,8 @@ def _check_model(v) -> None:
   _one_of(v, "rope_scaling", choices.ROPE_SCALINGS)
   if v["rope_scaling"] == "llama3":
     _check_llama3_scaling(v)
+  if v["rope_scaling"] == "yarn":
+    _check_yarn_scaling(v)
   if v["norm_epsilon"] <= 0:
     raise _fail("norm_epsilon", v["norm_epsilon"], "must be > 0")
   _one_of(v, "weight_dtype", choices.DTYPES)

@@ -248,6 +248,25 @@ class ValidateTest(parameterized.TestCase):
           "rope_high_freq_factor=1.0: must be > rope_low_freq_factor=4.0",
       ),
       (
+          "yarn_scaling_below_one",
+          {"rope_scaling": "yarn", "rope_scaling_factor": 0.5},
+          "rope_scaling_factor=0.5: must be >= 1",
+      ),
+      (
+          "yarn_betas_crossed",
+          {
+              "rope_scaling": "yarn",
+              "rope_yarn_beta_fast": 1.0,
+              "rope_yarn_beta_slow": 32.0,
+          },
+          "rope_yarn_beta_fast=1.0: must be > rope_yarn_beta_slow=32.0 > 0",
+      ),
+      (
+          "yarn_negative_mscale",
+          {"rope_scaling": "yarn", "rope_yarn_mscale_all_dim": -1.0},
+          "rope_yarn_mscale_all_dim=-1.0: must be >= 0",
+      ),
+      (
           "llama3_no_original_context",
           {"rope_scaling": "llama3", "rope_original_max_position": 0},
           "rope_original_max_position=0",

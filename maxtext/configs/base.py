@@ -119,17 +119,31 @@ def get_config() -> ml_collections.ConfigDict:
   config.rope_theta = 10000.0
   # Rescaling of the rotary frequencies: none | llama3 (Llama 3.1's
   # long-context scaling, maxtext.model.layers.Llama3Scaling; its four
-  # fields below are read only then, and default to Llama 3.1's values).
+  # fields below are read only then, and default to Llama 3.1's values) |
+  # yarn (YaRN, maxtext.model.layers.YarnScaling: rope_scaling_factor,
+  # rope_original_max_position and the rope_yarn_* fields).
   config.rope_scaling = "none"
-  # llama3: low frequencies are divided by this factor.
+  # llama3, yarn: low frequencies are divided by this factor.
   config.rope_scaling_factor = 8.0
   # llama3: wavelengths above original / low_freq_factor are scaled fully,
   config.rope_low_freq_factor = 1.0
   # llama3: wavelengths below original / high_freq_factor are kept; those
   # between the two bounds move smoothly from scaled to kept.
   config.rope_high_freq_factor = 4.0
-  # llama3: the context length the model was first trained at.
+  # llama3, yarn: the context length the model was first trained at.
   config.rope_original_max_position = 8192
+  # yarn: dimension pairs that turn more than beta_fast times within the
+  # original context keep their frequency; fewer than beta_slow times, are
+  # divided by the factor; a linear ramp between.
+  config.rope_yarn_beta_fast = 32.0
+  # yarn: the slow bound (see rope_yarn_beta_fast).
+  config.rope_yarn_beta_slow = 1.0
+  # yarn: the cosines and sines are scaled by m(mscale) / m(mscale_all_dim),
+  # m(c) = 0.1 c ln(factor) + 1 (m(1) when either is 0).
+  config.rope_yarn_mscale = 0.0
+  # yarn: > 0 multiplies the softmax scale by m(mscale_all_dim)^2
+  # (DeepSeek-V3's attention correction).
+  config.rope_yarn_mscale_all_dim = 0.0
   # Epsilon inside the RMSNorm square root.
   config.norm_epsilon = 1e-5
   # Tied embeddings (Hugging Face's tie_word_embeddings, e.g. Llama 3.2 1B/3B):

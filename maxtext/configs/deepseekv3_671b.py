@@ -108,6 +108,17 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
   config.head_dim = 192
   config.max_sequence_length = 4096
   config.rope_theta = 10000.0
+  # The published rotary scaling of the MLA rotary part: YaRN with factor
+  # 40 over an original context of 4096, beta 32 / 1, mscale and
+  # mscale_all_dim 1 (the cosines unscaled, the softmax scale times
+  # (0.1 ln 40 + 1)^2 = 1.874).
+  config.rope_scaling = "yarn"
+  config.rope_scaling_factor = 40.0
+  config.rope_original_max_position = 4096
+  config.rope_yarn_beta_fast = 32.0
+  config.rope_yarn_beta_slow = 1.0
+  config.rope_yarn_mscale = 1.0
+  config.rope_yarn_mscale_all_dim = 1.0
   config.norm_epsilon = 1e-6
   config.weight_dtype = "float32"
   config.compute_dtype = "bfloat16"

@@ -30,12 +30,25 @@ from testing import tiny_configs
 _ATOL = 1e-4
 
 # The four attention/feed-forward kinds: multi-head (as many kv heads as
-# heads), grouped-query (fewer), multi-head latent, mixture of experts.
+# heads), grouped-query (fewer), multi-head latent, mixture of experts; and
+# multi-head latent attention with YaRN.
 _KINDS = (
     ("dense", (), dict(num_kv_heads=4)),
     ("gqa", (), {}),
     ("mla", (tiny_configs.TINY_MLA,), {}),
     ("moe", (tiny_configs.TINY_MOE,), {}),
+    # DeepSeek-V3's rotary scaling: frequencies and the softmax scale.
+    (
+        "mla_yarn",
+        (tiny_configs.TINY_MLA,),
+        dict(
+            rope_scaling="yarn",
+            rope_scaling_factor=4.0,
+            rope_original_max_position=4,
+            rope_yarn_mscale=1.0,
+            rope_yarn_mscale_all_dim=1.0,
+        ),
+    ),
 )
 
 

@@ -56,8 +56,13 @@ class Llama3Scaling:
   high_freq_factor: float
   original_max_position: int
 
-  def apply(self, inv_freq: jax.Array) -> jax.Array:
-    """The rescaled frequencies of float32 `inv_freq`."""
+  # Llama 3.1's scaling changes only the frequencies.
+  magnitude = 1.0
+  softmax_factor = 1.0
+
+  def apply(self, inv_freq: jax.Array, theta: float) -> jax.Array:
+    """The rescaled frequencies of float32 `inv_freq` (base `theta`)."""
+    del theta  # The wavelengths say which frequencies move.
     original = float(self.original_max_position)
     wavelength = 2.0 * math.pi / inv_freq
     low, high = self.low_freq_factor, self.high_freq_factor
@@ -70,7 +75,79 @@ class Llama3Scaling:
     return jnp.where(medium, smoothed, stretched)
 
 
-def rope_scaling(config) -> Optional[Llama3Scaling]:
+def _yarn_mscale(factor: float, mscale: float) -> float:
+  """YaRN's attention-temperature term 0.1 * mscale * ln(factor) + 1 (1 for
+  factor <= 1)."""
+  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class YarnScaling:
+  """YaRN's rotary scaling (Hugging Face's rope_type "yarn"; DeepSeek-V3's
+  rotary part), which stretches a model trained on `original_max_position`
+  tokens by `factor`.
+
+  With D rotary dimensions, base theta and L = `original_max_position`, the
+  dimension pair that turns r times within L is
+  d(r) = D ln(L / (2 pi r)) / (2 ln theta). Pairs below floor(d(beta_fast))
+  turn fast and keep their frequency f (extrapolation); pairs above
+  ceil(d(beta_slow)) turn slowly and take f / factor (interpolation); in
+  between a linear ramp over the pair index mixes the two. Cosines and sines
+  are multiplied by `magnitude`:
+  m(factor, mscale) / m(factor, mscale_all_dim) with
+  m(s, c) = 0.1 c ln s + 1, or m(factor, 1) when either is 0; and with
+  mscale_all_dim > 0 the softmax scale is multiplied by
+  m(factor, mscale_all_dim)^2 (`softmax_factor`, DeepSeek-V3's attention
+  correction: 1.3689^2 at factor 40).
+  """
+
+  factor: float
+  original_max_position: int
+  beta_fast: float
+  beta_slow: float
+  mscale: float
+  mscale_all_dim: float
+
+  @property
+  def magnitude(self) -> float:
+    if self.mscale and self.mscale_all_dim:
+      return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(
+          self.factor, self.mscale_all_dim
+      )
+    return _yarn_mscale(self.factor, 1.0)
+
+  @property
+  def softmax_factor(self) -> float:
+    if not self.mscale_all_dim:
+      return 1.0
+    return _yarn_mscale(self.factor, self.mscale_all_dim) ** 2
+
+  def apply(self, inv_freq: jax.Array, theta: float) -> jax.Array:
+    """The rescaled frequencies of float32 `inv_freq` (base `theta`)."""
+    pairs = inv_freq.shape[0]
+    dim = 2 * pairs
+
+    def pair_turning(rotations):
+      return (
+          dim
+          * math.log(self.original_max_position / (rotations * 2 * math.pi))
+          / (2 * math.log(theta))
+      )
+
+    low = max(math.floor(pair_turning(self.beta_fast)), 0)
+    high = min(math.ceil(pair_turning(self.beta_slow)), dim - 1)
+    if low == high:
+      high += 0.001  # A ramp of zero width would divide by zero.
+    ramp = jnp.clip(
+        (jnp.arange(pairs, dtype=jnp.float32) - low) / (high - low), 0.0, 1.0
+    )
+    return inv_freq / self.factor * ramp + inv_freq * (1.0 - ramp)
+
+
+RopeScaling = Llama3Scaling | YarnScaling
+
+
+def rope_scaling(config) -> Optional[RopeScaling]:
   """The rotary scaling `config.rope_scaling` names (None for "none").
 
   Raises:
@@ -86,6 +163,15 @@ def rope_scaling(config) -> Optional[Llama3Scaling]:
         high_freq_factor=float(config.rope_high_freq_factor),
         original_max_position=int(config.rope_original_max_position),
     )
+  if name == "yarn":
+    return YarnScaling(
+        factor=float(config.rope_scaling_factor),
+        original_max_position=int(config.rope_original_max_position),
+        beta_fast=float(config.rope_yarn_beta_fast),
+        beta_slow=float(config.rope_yarn_beta_slow),
+        mscale=float(config.rope_yarn_mscale),
+        mscale_all_dim=float(config.rope_yarn_mscale_all_dim),
+    )
   raise ValueError(
       f"config.rope_scaling={name!r}: must be one of "
       f"{list(choices.ROPE_SCALINGS)}"
@@ -96,13 +182,14 @@ def rope(
     x: jax.Array,
     positions: jax.Array,
     theta: float,
-    scaling: Optional[Llama3Scaling] = None,
+    scaling: Optional[RopeScaling] = None,
 ) -> jax.Array:
   """Applies rotary position embeddings at the given positions.
 
   Dimension i of the first half of each head is rotated together with
   dimension i of the second half, by the angle position * f_i, f_i =
-  `rope_frequencies(D, theta, scaling)[i]`. Positions are per row, so a
+  `rope_frequencies(D, theta, scaling)[i]`; a scaling's `magnitude`
+  multiplies the cosines and sines. Positions are per row, so a
   batch of sequences that start at different offsets (a decoder's cache,
   left- or right-padded prompts) rotates each token by its own position.
 
@@ -119,8 +206,9 @@ def rope(
   half = x.shape[3] // 2
   inv_freq = rope_frequencies(x.shape[3], theta, scaling)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, S, half]
-  sin = jnp.sin(angles)[:, :, None, :]
-  cos = jnp.cos(angles)[:, :, None, :]
+  magnitude = 1.0 if scaling is None else scaling.magnitude
+  sin = (jnp.sin(angles) * magnitude)[:, :, None, :]
+  cos = (jnp.cos(angles) * magnitude)[:, :, None, :]
   x32 = x.astype(jnp.float32)
   x1, x2 = x32[..., :half], x32[..., half:]
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -128,14 +216,23 @@ def rope(
 
 
 def rope_frequencies(
-    head_dim: int, theta: float, scaling: Optional[Llama3Scaling] = None
+    head_dim: int, theta: float, scaling: Optional[RopeScaling] = None
 ) -> jax.Array:
   """float32 [head_dim // 2] rotary frequencies theta^(-2i/head_dim),
   rescaled by `scaling` when given: the one place they are made."""
   inv_freq = theta ** (
       -jnp.arange(head_dim // 2, dtype=jnp.float32) * 2.0 / head_dim
   )
-  return inv_freq if scaling is None else scaling.apply(inv_freq)
+  return inv_freq if scaling is None else scaling.apply(inv_freq, theta)
+
+
+def softmax_scale(
+    qk_width: int, scaling: Optional[RopeScaling] = None
+) -> float:
+  """The attention scores' scale: 1 / sqrt(query width), times the rotary
+  scaling's `softmax_factor`: the one place it is made."""
+  factor = 1.0 if scaling is None else scaling.softmax_factor
+  return factor / math.sqrt(qk_width)
 
 
 def positions_from_zero(seq_len: int) -> jax.Array:
@@ -158,8 +255,10 @@ def attend(
     v: jax.Array,
     implementation: str,
     mesh: Optional[jax.sharding.Mesh] = None,
+    scaling: Optional[RopeScaling] = None,
 ) -> jax.Array:
-  """Causal attention with softmax scale 1/sqrt(query width).
+  """Causal attention with softmax scale `softmax_scale(query width,
+  scaling)`.
 
   The value width may differ from the query/key width (multi-head latent
   attention). "einsum" takes that as it is; the fused kernels want one head
@@ -175,6 +274,7 @@ def attend(
     mesh: the mesh the program is compiled for (its batch split over every
       mesh axis), or None for one device of the default backend. The splash
       kernel runs per device in `shard_map` over it.
+    scaling: the model's rotary scaling (`rope_scaling`), or None.
 
   Returns:
     [B, S, H, Dv] in q's dtype.
@@ -188,7 +288,7 @@ def attend(
         f"{list(KERNELS)}"
     )
   qk_width, v_width = q.shape[-1], v.shape[-1]
-  scale = 1.0 / math.sqrt(qk_width)
+  scale = softmax_scale(qk_width, scaling)
   if implementation == "einsum":
     return _attend_einsum(q, k, v, scale)
   width = max(qk_width, v_width)
@@ -236,7 +336,11 @@ def _attend_einsum(
 
 
 def attend_cached(
-    q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_positions: jax.Array,
+    scaling: Optional[RopeScaling] = None,
 ) -> jax.Array:
   """Attention of queries at given positions to a cache of keys and values.
 
@@ -249,6 +353,7 @@ def attend_cached(
     k: [B, L, K, Dqk] cached keys, H a multiple of K.
     v: [B, L, K, Dv] cached values.
     q_positions: int [B, T] positions of the queries, < L.
+    scaling: the model's rotary scaling, as `attend` takes it.
 
   Returns:
     [B, T, H, Dv] in q's dtype.
@@ -257,7 +362,7 @@ def attend_cached(
   length, kv = k.shape[1], k.shape[2]
   q = q.reshape(b, t, kv, h // kv, d)
   scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
-  scores = scores * (1.0 / math.sqrt(d))
+  scores = scores * softmax_scale(d, scaling)
   visible = jnp.arange(length)[None, None, :] <= q_positions[:, :, None]
   scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)

@@ -340,7 +340,12 @@ def _attention(
       x, layer, config, layers.positions_from_zero(x.shape[1])
   )
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
-  out = tag(layers.attend(q, k, v, implementation, mesh), "context")
+  out = tag(
+      layers.attend(
+          q, k, v, implementation, mesh, layers.rope_scaling(config)
+      ),
+      "context",
+  )
   return tag(
       jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
   )

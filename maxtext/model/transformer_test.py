@@ -388,6 +388,67 @@ class ModelTest(parameterized.TestCase):
     self.assertAlmostEqual(float(ratio[-1]), factor, places=4)
     self.assertTrue(np.any((ratio > 1.01) & (ratio < factor - 0.01)))
 
+  def test_yarn_scaling_follows_the_published_rule(self):
+    # DeepSeek-V3's rotary part: 64 dimensions, base 10000, factor 40 over
+    # 4096; the rule as the YaRN paper states it, one pair at a time.
+    theta, dim, factor, original = 10000.0, 64, 40.0, 4096
+    scaling = layers.YarnScaling(factor, original, 32.0, 1.0, 1.0, 1.0)
+
+    def turning(rotations):
+      return dim * math.log(original / (rotations * 2 * math.pi)) / (
+          2 * math.log(theta)
+      )
+
+    low, high = max(math.floor(turning(32.0)), 0), min(
+        math.ceil(turning(1.0)), dim - 1
+    )
+    expected = []
+    for i in range(dim // 2):
+      freq = 1.0 / theta ** (2 * i / dim)
+      ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+      expected.append(freq / factor * ramp + freq * (1 - ramp))
+    got = np.asarray(layers.rope_frequencies(dim, theta, scaling))
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    plain = np.asarray(layers.rope_frequencies(dim, theta))
+    ratio = plain / got
+    self.assertEqual(ratio[0], 1.0)
+    self.assertAlmostEqual(float(ratio[-1]), factor, places=3)
+    self.assertTrue(np.any((ratio > 1.01) & (ratio < factor - 0.01)))
+    # mscale = mscale_all_dim: cosines unscaled, softmax scale corrected.
+    self.assertEqual(scaling.magnitude, 1.0)
+    self.assertAlmostEqual(
+        layers.softmax_scale(192, scaling),
+        (0.1 * math.log(40.0) + 1.0) ** 2 / math.sqrt(192),
+        places=9,
+    )
+    # Without mscale fields: the cosines carry 0.1 ln(factor) + 1, the
+    # softmax scale is plain.
+    bare = layers.YarnScaling(factor, original, 32.0, 1.0, 0.0, 0.0)
+    self.assertAlmostEqual(bare.magnitude, 0.1 * math.log(40.0) + 1.0)
+    self.assertEqual(layers.softmax_scale(16, bare), 0.25)
+
+  def test_yarn_on_mla_changes_the_logits(self):
+    config = tiny_configs.model_config(
+        attention_type="mla",
+        q_lora_rank=8,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+    )
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    tokens = _tokens(config, batch=2)
+    plain = transformer.apply(params, tokens, config)
+    config.update(
+        rope_scaling="yarn",
+        rope_scaling_factor=4.0,
+        rope_original_max_position=4,
+        rope_yarn_mscale=1.0,
+        rope_yarn_mscale_all_dim=1.0,
+    )
+    scaled = transformer.apply(params, tokens, config)
+    self.assertGreater(float(jnp.max(jnp.abs(scaled - plain))), 1e-4)
+
   def test_rope_scaling_is_read_from_the_config(self):
     config = tiny_configs.model_config()
     self.assertIsNone(layers.rope_scaling(config))
