@@ -107,6 +107,7 @@ def run_binary(
     *,
     timeout_s: float,
     cwd: Optional[str] = None,
+    cache_compilations: bool = False,
 ) -> subprocess.CompletedProcess:
   """Runs a py_binary (see `binary_command`) to the end; output captured.
 
@@ -115,16 +116,20 @@ def run_binary(
     args: its command-line arguments.
     timeout_s: how long it may run (subprocess.TimeoutExpired after that).
     cwd: its working directory (default: this process's).
+    cache_compilations: keep every compilation in the persistent cache
+      (`cached_environ`), for a test that runs the binary more than once.
 
   Returns:
     The CompletedProcess, with text stdout and stderr; the caller checks the
-    return code. The child's environment is `binary_environ`'s.
+    return code. The child's environment is `binary_environ`'s (or
+    `cached_environ`'s).
   """
   command = binary_command(target_path)
+  environ = cached_environ if cache_compilations else binary_environ
   return subprocess.run(
       command + list(args),
       cwd=cwd,
-      env=binary_environ(command),
+      env=environ(command),
       capture_output=True,
       text=True,
       timeout=timeout_s,

@@ -209,16 +209,12 @@ class ImportCheckpointTest(absltest.TestCase):
             "lr_schedule_steps": 3,
         },
     )
-    command = runfiles.train_main_command()
-    proc = runfiles.subprocess.run(
-        command
-        + [f"--config={out}/config.py", f"--config.load_parameters_path={out}"]
+    proc = runfiles.run_binary(
+        "maxtext/train_main",
+        [f"--config={out}/config.py", f"--config.load_parameters_path={out}"]
         + flags,
-        env=runfiles.cached_environ(command),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+        timeout_s=600,
+        cache_compilations=True,
     )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn("train_main: completed after step 2", proc.stdout)
@@ -226,16 +222,13 @@ class ImportCheckpointTest(absltest.TestCase):
     self.assertEqual(run.step, 2)
     # The same command with a larger budget resumes the run from its own
     # step-2 checkpoint (load_parameters_path only starts a fresh run).
-    proc = runfiles.subprocess.run(
-        command
-        + [f"--config={out}/config.py", f"--config.load_parameters_path={out}"]
+    proc = runfiles.run_binary(
+        "maxtext/train_main",
+        [f"--config={out}/config.py", f"--config.load_parameters_path={out}"]
         + [f for f in flags if not f.startswith("--config.steps=")]
         + ["--config.steps=3"],
-        env=runfiles.cached_environ(command),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+        timeout_s=600,
+        cache_compilations=True,
     )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn("train_main: completed after step 3", proc.stdout)

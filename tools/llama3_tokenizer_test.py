@@ -177,21 +177,17 @@ class Llama3TokenizerTest(absltest.TestCase):
             "checkpoint_period": 2,
         },
     )
-    command = runfiles.train_main_command()
-    proc = runfiles.subprocess.run(
-        command
-        + [
+    proc = runfiles.run_binary(
+        "maxtext/train_main",
+        [
             f"--config={imported}/config.py",
             f"--config.load_parameters_path={imported}",
             "--config.dataset_type=grain",
             f"--config.train_data_path={prepared}",
         ]
         + flags,
-        env=runfiles.cached_environ(command),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+        timeout_s=600,
+        cache_compilations=True,
     )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn("train_main: completed after step 2", proc.stdout)

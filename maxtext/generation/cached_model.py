@@ -58,9 +58,7 @@ def _attention(x, layer, entries, positions, config):
         "v": _write(entries["v"], v, positions),
     }
     k, v = entries["k"], entries["v"]
-  out = layers.attend_cached(
-      q, k, v, positions, layers.rope_scaling(config)
-  )
+  out = layers.attend_cached(q, k, v, positions, layers.rope_scaling(config))
   return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), entries
 
 

@@ -255,14 +255,7 @@ def run(
   last_eval = None
   listeners = state.listeners
   try:
-    start_eval = evaluation.evaluate(
-        state.engine.params,
-        frozen,
-        task.eval_prompts(),
-        eval_options(config),
-        progression_task.exact_match,
-        mesh=state.setup.mesh,
-    )
+    start_eval = _pass_rates(state, frozen, task, config)
     logging.info(
         "GRPO eval of the starting parameters (step %d): %s",
         state.start_step,
@@ -329,6 +322,18 @@ def run(
   )
 
 
+def _pass_rates(state, frozen, task, config) -> dict:
+  """The held-out prompts' pass rates under the current parameters."""
+  return evaluation.evaluate(
+      state.engine.params,
+      frozen,
+      task.eval_prompts(),
+      eval_options(config),
+      progression_task.exact_match,
+      mesh=state.setup.mesh,
+  )
+
+
 def _evaluate(state, frozen, task, config, step) -> tuple[dict, bool]:
   """Held-out pass rates after step `step`, reported to the listeners.
 
@@ -337,14 +342,7 @@ def _evaluate(state, frozen, task, config, step) -> tuple[dict, bool]:
   """
   state.listeners.on_eval_start(step, state.samples)
   start = time.monotonic()
-  values = evaluation.evaluate(
-      state.engine.params,
-      frozen,
-      task.eval_prompts(),
-      eval_options(config),
-      progression_task.exact_match,
-      mesh=state.setup.mesh,
-  )
+  values = _pass_rates(state, frozen, task, config)
   logging.info("GRPO eval after step %d: %s", step, values)
   target = config.grpo_target_pass_rate
   reached = 0 < target <= values[PASS_AT_1]

@@ -246,9 +246,7 @@ def attention(
   )
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
   out = tag(
-      layers.attend(
-          q, k, v, implementation, mesh, layers.rope_scaling(config)
-      ),
+      layers.attend(q, k, v, implementation, mesh, layers.rope_scaling(config)),
       "context",
   )
   return tag(

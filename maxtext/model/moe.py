@@ -352,9 +352,7 @@ def _statistics(
   }
 
 
-def _route_tokens(
-    tokens: jax.Array, router: Mapping[str, jax.Array], config
-):
+def _route_tokens(tokens: jax.Array, router: Mapping[str, jax.Array], config):
   """`route` of [T, E] tokens with the layer's router (and its bias)."""
   logits = jnp.einsum(
       "te,ex->tx",

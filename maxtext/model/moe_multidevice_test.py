@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-import ml_collections
 import numpy as np
 import optax
 
@@ -60,30 +59,22 @@ def _config():
 
 
 def _layer_config(data, fsdp, expert, **overrides):
-  """One MoE layer's fields on a data x fsdp x expert mesh of 8 devices."""
-  config = ml_collections.ConfigDict(
-      dict(
-          emb_dim=16,
-          mlp_dim=32,
-          moe_mlp_dim=8,
-          num_experts=8,
-          num_experts_per_token=2,
-          num_shared_experts=1,
-          router_score="softmax",
-          load_balance_loss="switch",
-          capacity_factor=0.0,
-          router_bias=False,
-          num_expert_groups=1,
-          expert_groups_per_token=1,
-          routed_scaling_factor=1.0,
-          data_parallelism=data,
-          fsdp_parallelism=fsdp,
-          expert_parallelism=expert,
-          dcn_data_parallelism=1,
-          dcn_fsdp_parallelism=1,
-      )
+  """moe_tiny's MoE layer widened to 8 experts (1 shared), on a data x fsdp
+  x expert mesh of 8 devices."""
+  config = moe_tiny.get_config()
+  config.update(
+      emb_dim=16,
+      mlp_dim=32,
+      moe_mlp_dim=8,
+      num_experts=8,
+      num_experts_per_token=2,
+      num_shared_experts=1,
+      data_parallelism=data,
+      fsdp_parallelism=fsdp,
+      expert_parallelism=expert,
+      dcn_data_parallelism=1,
+      **overrides,
   )
-  config.update(overrides)
   return config
 
 
@@ -159,9 +150,9 @@ class MoeMultiDeviceTest(parameterized.TestCase):
     )
 
   def _layer(self, config):
-    params = moe.init_params(
-        config, 1, random_init.scaled_normal(0, count=8)
-    )
+    """One layer's parameters (a random router bias when it has one) and
+    16 sequences of 4 positions."""
+    params = moe.init_params(config, 1, random_init.scaled_normal(0, count=8))
     layer = jax.tree.map(lambda a: a[0], params)
     if config.router_bias:
       layer["router_bias"] = jax.random.uniform(
@@ -200,9 +191,9 @@ class MoeMultiDeviceTest(parameterized.TestCase):
     mesh = mesh_lib.make_mesh(config)
     self.assertEqual(mesh_lib.expert_size(mesh), shape[2])
     x, layer = self._layer(config)
-    (want_value, (want_out, want_stats)), want_grads = _objective(
-        config, None
-    )(x, layer)
+    (want_value, (want_out, want_stats)), want_grads = _objective(config, None)(
+        x, layer
+    )
     (got_value, (got_out, got_stats)), got_grads = _objective(config, mesh)(
         *_on_mesh(x, layer, mesh)
     )

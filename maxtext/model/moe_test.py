@@ -63,7 +63,9 @@ def _deepseek_routing(logits, bias, config):
   for row in range(t):
     grouped = choice[row].reshape(g, per_group)
     group_rank = np.sort(grouped, axis=1)[:, -2:].sum(axis=1)
-    best = np.argsort(-group_rank, kind="stable")[: config.expert_groups_per_token]
+    best = np.argsort(-group_rank, kind="stable")[
+        : config.expert_groups_per_token
+    ]
     eligible = np.full(x, -np.inf)
     for group in best:
       span = slice(group * per_group, (group + 1) * per_group)

@@ -395,8 +395,10 @@ class ModelTest(parameterized.TestCase):
     scaling = layers.YarnScaling(factor, original, 32.0, 1.0, 1.0, 1.0)
 
     def turning(rotations):
-      return dim * math.log(original / (rotations * 2 * math.pi)) / (
-          2 * math.log(theta)
+      return (
+          dim
+          * math.log(original / (rotations * 2 * math.pi))
+          / (2 * math.log(theta))
       )
 
     low, high = max(math.floor(turning(32.0)), 0), min(
