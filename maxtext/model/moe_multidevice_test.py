@@ -73,8 +73,8 @@ def _layer_config(data, fsdp, expert, **overrides):
       fsdp_parallelism=fsdp,
       expert_parallelism=expert,
       dcn_data_parallelism=1,
-      **overrides,
   )
+  config.update(overrides)
   return config
 
 
