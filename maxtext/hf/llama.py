@@ -31,7 +31,6 @@ from typing import Any, Callable
 import numpy as np
 
 ARCHITECTURE = "LlamaForCausalLM"
-UNSUPPORTED_NEXT = "DeepseekV3ForCausalLM"
 
 
 class UnsupportedError(ValueError):
@@ -202,12 +201,16 @@ OUTER_TENSORS = {
 @dataclasses.dataclass(frozen=True)
 class Tensor:
   """One Hugging Face tensor and where it goes: `path` is the project
-  parameter's key path, `layer` its index in the stack (None: unstacked)."""
+  parameter's key path, `layer` its index in the stack (None: unstacked),
+  `expert` its index in the experts axis after the layer axis (None: the
+  parameter has none; a mixture-of-experts model stores each expert's
+  matrix as its own tensor)."""
 
   hf_name: str
   path: tuple[str, ...]
   layer: int | None
   layout: Layout
+  expert: int | None = None
 
 
 def tensors(params: Mapping[str, Any]) -> Iterator[Tensor]:
