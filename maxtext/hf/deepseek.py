@@ -97,13 +97,19 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     )
   quantization = hf.get("quantization_config") or {}
   if quantization:
-    _require(quantization, source + " quantization_config", "quant_method",
-             "fp8", "fp8")
-    _require(quantization, source + " quantization_config", "fmt", "e4m3",
-             "e4m3")
+    _require(
+        quantization,
+        source + " quantization_config",
+        "quant_method",
+        "fp8",
+        "fp8",
+    )
+    _require(
+        quantization, source + " quantization_config", "fmt", "e4m3", "e4m3"
+    )
   heads = int(hf["num_attention_heads"])
   nope, rope = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"])
-  theta, scaling = llama._rope(hf)  # pylint: disable=protected-access
+  theta, scaling = llama.rope_config(hf)
   fields = {
       "vocab_size": int(hf["vocab_size"]),
       "emb_dim": int(hf["hidden_size"]),
@@ -187,9 +193,9 @@ def interleave_permutation(rope_dim: int) -> np.ndarray:
 
 
 def _rope_columns(
-    array: np.ndarray, nope: int, rope: int, order: np.ndarray
+    array: np.ndarray, nope: int, order: np.ndarray
 ) -> np.ndarray:
-  """`array` [..., nope + rope] with its last `rope` features in `order`."""
+  """`array` [..., nope + R] with its last R features in `order`."""
   out = np.array(array)
   out[..., nope:] = out[..., nope:][..., order]
   return out
@@ -205,18 +211,17 @@ def _permuted(base: Layout, nope: int, rope: int, interleaved: bool) -> Layout:
   inverse = np.argsort(order)
   return Layout(
       base.hf_shape,
-      lambda a, s: _rope_columns(base.to_project(a, s), nope, rope, order),
-      lambda a: base.to_hf(_rope_columns(a, nope, rope, inverse)),
+      lambda a, s: _rope_columns(base.to_project(a, s), nope, order),
+      lambda a: base.to_hf(_rope_columns(a, nope, inverse)),
   )
 
 
-# pylint: disable=protected-access
-_SAME, _LINEAR = llama._SAME, llama._LINEAR
-_HEADS_OUT, _HEADS_IN = llama._HEADS_OUT, llama._HEADS_IN
-# pylint: enable=protected-access
+_SAME, _LINEAR = llama.SAME, llama.LINEAR
+_HEADS_OUT, _HEADS_IN = llama.HEADS_OUT, llama.HEADS_IN
 
 
 def _attention_tensors(config, interleaved: bool) -> dict[str, tuple]:
+  """Attention and norm parameters: name -> (tensor name suffix, layout)."""
   nope, rope = config.qk_nope_head_dim, config.qk_rope_head_dim
   names = {
       "attn_norm": ("input_layernorm.weight", _SAME),
@@ -273,7 +278,9 @@ def tensors(
   interleaved = bool(hf.get("rope_interleave", True))
   attention = _attention_tensors(config, interleaved)
   outer = llama.OUTER_TENSORS
-  yield Tensor(outer["embedding"][0], ("embedding",), None, outer["embedding"][1])
+  yield Tensor(
+      outer["embedding"][0], ("embedding",), None, outer["embedding"][1]
+  )
   dense = config.num_dense_layers
   stacks = (
       ("layers", range(dense), {**attention, **_DENSE_MLP}),

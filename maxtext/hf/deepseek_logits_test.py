@@ -206,9 +206,7 @@ class DeepseekLogitsTest(absltest.TestCase):
     # The bias matters for these tokens: without it some choices differ,
     # so the agreement above checks the bias, not only the router matrix.
     _, _, unbiased = moe.route(jnp.asarray(logits), config)
-    self.assertTrue(
-        np.any(np.sort(np.asarray(unbiased), axis=-1) != theirs)
-    )
+    self.assertTrue(np.any(np.sort(np.asarray(unbiased), axis=-1) != theirs))
 
   def test_import_matches_transformers(self):
     tmp = self.create_tempdir().full_path
@@ -280,20 +278,14 @@ class DeepseekLogitsTest(absltest.TestCase):
       array = np.array(source.array(name), np.float32)
       # As published: the projections in FP8; embeddings, norms, the router
       # and its bias in their own dtype.
-      if (
-          array.ndim == 2
-          and "proj" in name
-          and "layernorm" not in name
-      ):
+      if array.ndim == 2 and "proj" in name and "layernorm" not in name:
         weight, scale = _quantize(array, block)
         quantized[name] = weight
         quantized[name + fp8.SCALE_SUFFIX] = scale
         dequantized[name] = fp8.dequantize(weight, scale, block)
       else:
         quantized[name] = dequantized[name] = array
-    self.assertGreater(
-        sum(n.endswith(fp8.SCALE_SUFFIX) for n in quantized), 30
-    )
+    self.assertGreater(sum(n.endswith(fp8.SCALE_SUFFIX) for n in quantized), 30)
     with open(os.path.join(saved, "config.json"), encoding="utf-8") as f:
       hf_config = json.load(f)
     fp8_dir, plain_dir = os.path.join(tmp, "fp8"), os.path.join(tmp, "plain")
@@ -318,9 +310,13 @@ class DeepseekLogitsTest(absltest.TestCase):
       safetensors_io.write(
           os.path.join(path, "model.safetensors"), tensors, {"format": "pt"}
       )
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        plain_dir, attn_implementation="eager"
-    ).float().eval()
+    reference = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            plain_dir, attn_implementation="eager"
+        )
+        .float()
+        .eval()
+    )
     ids = _ids(1)
     expected, _, _ = _hf_forward(reference, ids, layer=1)
     # Quantisation changed the function: the comparison below is against

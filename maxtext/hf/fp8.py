@@ -79,6 +79,4 @@ def read(hf, name: str) -> np.ndarray:
   array = hf.array(name)
   if array.dtype != FP8:
     return array
-  return dequantize(
-      array, hf.array(name + SCALE_SUFFIX), block_size(hf.config)
-  )
+  return dequantize(array, hf.array(name + SCALE_SUFFIX), block_size(hf.config))

@@ -31,6 +31,7 @@ def _quantize(weight: np.ndarray, block):
 class Fp8Test(absltest.TestCase):
 
   def _directory(self, tensors, block=(128, 128)):
+    """An HfDirectory of one shard holding `tensors`, FP8 with `block`."""
     path = self.create_tempdir().full_path
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
       json.dump(
