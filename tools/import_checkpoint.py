@@ -1,4 +1,7 @@
-"""Imports a Hugging Face Llama checkpoint as parameters a run starts from.
+"""Imports a Hugging Face checkpoint as parameters a run starts from.
+
+LlamaForCausalLM and DeepseekV3ForCausalLM (FP8 weights dequantised; the
+multi-token-prediction layers skipped with a warning): docs/checkpoints.md.
 
   # Derive the model fields from config.json (printed, and written as
   # DIR/config.py), then train from the imported parameters:

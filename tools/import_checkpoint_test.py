@@ -70,18 +70,18 @@ class ImportCheckpointTest(absltest.TestCase):
     )
 
   def test_unsupported_architecture(self):
-    hf = self._copy("deepseek")
+    hf = self._copy("mixtral")
     path = os.path.join(hf, "config.json")
     with open(path, encoding="utf-8") as f:
       document = json.load(f)
-    document["architectures"] = ["DeepseekV3ForCausalLM"]
+    document["architectures"] = ["MixtralForCausalLM"]
     with open(path, "w", encoding="utf-8") as f:
       json.dump(document, f)
     out = os.path.join(self.create_tempdir().full_path, "out")
     self.assert_refused(
         [f"--input={hf}"],
-        f"{path}: architecture 'DeepseekV3ForCausalLM' is not supported "
-        "(supported: LlamaForCausalLM)",
+        f"{path}: architecture 'MixtralForCausalLM' is not supported "
+        "(supported: LlamaForCausalLM, DeepseekV3ForCausalLM)",
         out,
     )
 

@@ -75,6 +75,9 @@ class HfDirectory:
   def shape(self, name: str) -> tuple[int, ...]:
     return self._where[name].shape(name)
 
+  def dtype(self, name: str) -> np.dtype:
+    return self._where[name].dtype(name)
+
   def array(self, name: str) -> np.ndarray:
     """Tensor `name`, memory-mapped (read from disk as it is used)."""
     return self._where[name].array(name)

@@ -1,4 +1,8 @@
-"""Imports a Hugging Face Llama checkpoint as a `load_parameters_path`.
+"""Imports a Hugging Face checkpoint as a `load_parameters_path`.
+
+The families (config.json's `architectures`): LlamaForCausalLM
+(`maxtext.hf.llama`) and DeepseekV3ForCausalLM (`maxtext.hf.deepseek`, FP8
+weights dequantised by `maxtext.hf.fp8`).
 
 `import_checkpoint(input_dir, output_dir, config)` writes `output_dir` as a
 checkpoint directory of this project (`maxtext.storage.checkpointing`):
@@ -40,6 +44,8 @@ import orbax.checkpoint as ocp
 
 from maxtext import config_lib
 from maxtext.configs import base
+from maxtext.hf import deepseek
+from maxtext.hf import fp8
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
 from maxtext.model import transformer
@@ -89,6 +95,27 @@ def config_file_text(fields: dict[str, Any], source: str) -> str:
   return "\n".join(lines)
 
 
+# config.json's architecture -> its conversion module.
+FAMILIES = {
+    llama.ARCHITECTURE: llama,
+    deepseek.ARCHITECTURE: deepseek,
+}
+
+
+def family(hf_config, source: str):
+  """The conversion module of config.json `hf_config` (at `source`)."""
+  architectures = hf_config.get("architectures") or [
+      hf_config.get("model_type")
+  ]
+  for name in architectures:
+    if name in FAMILIES:
+      return FAMILIES[name]
+  raise ConversionError(
+      f"{source}: architecture {architectures[0]!r} is not supported "
+      f"(supported: {', '.join(FAMILIES)})"
+  )
+
+
 def _abstract_params(config) -> Any:
   return jax.eval_shape(
       lambda key: transformer.init_params(config, key), jax.random.PRNGKey(0)
@@ -97,20 +124,42 @@ def _abstract_params(config) -> Any:
 
 def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
   """(abstract params, tensors) after checking every tensor's presence and
-  shape against `config`; raises ConversionError on the first problem."""
-  if config.num_experts or config.attention_type != "gqa":
+  shape (and an FP8 tensor's scale) against `config`; raises
+  ConversionError on the first problem."""
+  source = os.path.join(hf.path, "config.json")
+  module = family(hf.config, source)
+  if module is llama and (config.num_experts or config.attention_type != "gqa"):
     raise ConversionError(
-        "config: only dense grouped-query models (Llama) are imported; "
-        f"got attention_type={config.attention_type!r}, "
+        f"config: a {llama.ARCHITECTURE} checkpoint needs a dense "
+        f"grouped-query model; got attention_type={config.attention_type!r}, "
+        f"num_experts={config.num_experts}"
+    )
+  if module is deepseek and (
+      not config.num_experts or config.attention_type != "mla"
+  ):
+    raise ConversionError(
+        f"config: a {deepseek.ARCHITECTURE} checkpoint needs an MLA "
+        f"mixture-of-experts model; got "
+        f"attention_type={config.attention_type!r}, "
         f"num_experts={config.num_experts}"
     )
   abstract = _abstract_params(config)
-  tensors = list(llama.tensors(abstract))
+  try:
+    if module is llama:
+      tensors = list(llama.tensors(abstract))
+    else:
+      tensors = list(deepseek.tensors(abstract, config, hf.config))
+  except llama.UnsupportedError as e:
+    raise ConversionError(f"config: {e}") from None
   for t in tensors:
     leaf = abstract
     for key in t.path:
       leaf = leaf[key]
-    shape = leaf.shape[1:] if t.layer is not None else leaf.shape
+    shape = leaf.shape
+    if t.layer is not None:
+      shape = shape[1:]
+    if t.expert is not None:
+      shape = shape[1:]
     wanted = tuple(t.layout.hf_shape(tuple(shape)))
     if not hf.has(t.hf_name):
       raise ConversionError(
@@ -121,6 +170,10 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
           f"{hf.file_of(t.hf_name)}: tensor {t.hf_name} has shape "
           f"{tuple(hf.shape(t.hf_name))}, the config expects {wanted}"
       )
+    try:
+      fp8.check(hf, t.hf_name)
+    except fp8.Fp8Error as e:
+      raise ConversionError(str(e)) from None
   return abstract, tensors
 
 
@@ -175,12 +228,13 @@ def _leaf_blocks(hf, tensors, leaf, dtype):
   """The blocks of one parameter, in order: one per layer of a stack, or
   row blocks of an unstacked matrix."""
   if tensors[0].layer is not None:
-    shape = tuple(leaf.shape[1:])
-    for t in sorted(tensors, key=lambda t: t.layer):
-      yield t.layout.to_project(hf.array(t.hf_name), shape).astype(dtype)
+    experts = tensors[0].expert is not None
+    shape = tuple(leaf.shape[2:] if experts else leaf.shape[1:])
+    for t in sorted(tensors, key=lambda t: (t.layer, t.expert or 0)):
+      yield t.layout.to_project(fp8.read(hf, t.hf_name), shape).astype(dtype)
     return
   (t,) = tensors
-  array = t.layout.to_project(hf.array(t.hf_name), tuple(leaf.shape))
+  array = t.layout.to_project(fp8.read(hf, t.hf_name), tuple(leaf.shape))
   for start in range(0, max(array.shape[0], 1), _ROW_BLOCK):
     yield np.asarray(array[start : start + _ROW_BLOCK]).astype(dtype)
 
@@ -214,9 +268,9 @@ def import_checkpoint(
     raise ConversionError(f"--output_dir {output_dir}: exists and is not empty")
   try:
     hf = hf_directory.HfDirectory(input_dir)
-    fields = llama.config_fields(
-        hf.config, os.path.join(input_dir, "config.json")
-    )
+    source = os.path.join(input_dir, "config.json")
+    module = family(hf.config, source)
+    fields = module.config_fields(hf.config, source)
   except (hf_directory.FormatError, llama.UnsupportedError) as e:
     raise ConversionError(str(e)) from None
   except KeyError as e:
@@ -237,7 +291,9 @@ def import_checkpoint(
             f"{value!r}"
         )
   abstract, tensors = plan(hf, config)
-  dtype = np.dtype(config.weight_dtype)
+  if module is deepseek:
+    for line in deepseek.notes(hf.config):
+      log(line)
 
   parent = os.path.dirname(output_dir)
   os.makedirs(parent, exist_ok=True)
@@ -256,11 +312,14 @@ def import_checkpoint(
       for key in path[:-1]:
         node = node[key]
       leaf = node[path[-1]]
+      # Each parameter in its own dtype (weight_dtype; float32 for the
+      # router bias).
+      dtype = np.dtype(leaf.dtype)
       node[path[-1]] = _fill(
           os.path.join(scratch, "_".join(path)),
           leaf.shape,
           dtype,
-          lambda g=group, l=leaf: _leaf_blocks(hf, g, l, dtype),
+          lambda g=group, l=leaf, d=dtype: _leaf_blocks(hf, g, l, d),
       )
     checkpoint_dir = os.path.join(staging, "checkpoint")
     with (

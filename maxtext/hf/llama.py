@@ -31,14 +31,13 @@ from typing import Any, Callable
 import numpy as np
 
 ARCHITECTURE = "LlamaForCausalLM"
-UNSUPPORTED_NEXT = "DeepseekV3ForCausalLM"
 
 
 class UnsupportedError(ValueError):
   """config.json describes a model this converter does not handle."""
 
 
-def _rope(hf: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+def rope_config(hf: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
   """(rope_theta, scaling dict) of either config.json layout: transformers
   5's `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
   params = dict(hf.get("rope_parameters") or {})
@@ -74,7 +73,7 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
           f"{source}: {key}={hf[key]!r} is not supported (only {wanted!r})"
       )
   heads = int(hf["num_attention_heads"])
-  theta, scaling = _rope(hf)
+  theta, scaling = rope_config(hf)
   fields = {
       "vocab_size": int(hf["vocab_size"]),
       "emb_dim": int(hf["hidden_size"]),
@@ -163,17 +162,17 @@ class Layout:
   to_hf: Callable[[np.ndarray], np.ndarray]
 
 
-_SAME = Layout(lambda s: s, lambda a, s: a, lambda a: a)
+SAME = Layout(lambda s: s, lambda a, s: a, lambda a: a)
 # [out, in] <-> [in, out].
-_LINEAR = Layout(lambda s: s[::-1], lambda a, s: a.T, lambda a: a.T)
+LINEAR = Layout(lambda s: s[::-1], lambda a, s: a.T, lambda a: a.T)
 # [H*D, E] <-> [E, H, D]: the output features are the heads.
-_HEADS_OUT = Layout(
+HEADS_OUT = Layout(
     lambda s: (s[1] * s[2], s[0]),
     lambda a, s: a.T.reshape(s),
     lambda a: a.reshape(a.shape[0], -1).T,
 )
 # [E, H*D] <-> [H, D, E]: the input features are the heads.
-_HEADS_IN = Layout(
+HEADS_IN = Layout(
     lambda s: (s[2], s[0] * s[1]),
     lambda a, s: a.T.reshape(s),
     lambda a: a.reshape(-1, a.shape[-1]).T,
@@ -181,33 +180,37 @@ _HEADS_IN = Layout(
 
 # Per-layer parameters: project name -> (Hugging Face name suffix, layout).
 LAYER_TENSORS = {
-    "attn_norm": ("input_layernorm.weight", _SAME),
-    "mlp_norm": ("post_attention_layernorm.weight", _SAME),
-    "wq": ("self_attn.q_proj.weight", _HEADS_OUT),
-    "wk": ("self_attn.k_proj.weight", _HEADS_OUT),
-    "wv": ("self_attn.v_proj.weight", _HEADS_OUT),
-    "wo": ("self_attn.o_proj.weight", _HEADS_IN),
-    "w_gate": ("mlp.gate_proj.weight", _LINEAR),
-    "w_up": ("mlp.up_proj.weight", _LINEAR),
-    "w_down": ("mlp.down_proj.weight", _LINEAR),
+    "attn_norm": ("input_layernorm.weight", SAME),
+    "mlp_norm": ("post_attention_layernorm.weight", SAME),
+    "wq": ("self_attn.q_proj.weight", HEADS_OUT),
+    "wk": ("self_attn.k_proj.weight", HEADS_OUT),
+    "wv": ("self_attn.v_proj.weight", HEADS_OUT),
+    "wo": ("self_attn.o_proj.weight", HEADS_IN),
+    "w_gate": ("mlp.gate_proj.weight", LINEAR),
+    "w_up": ("mlp.up_proj.weight", LINEAR),
+    "w_down": ("mlp.down_proj.weight", LINEAR),
 }
 # Top-level parameters: project name -> (Hugging Face name, layout).
 OUTER_TENSORS = {
-    "embedding": ("model.embed_tokens.weight", _SAME),
-    "final_norm": ("model.norm.weight", _SAME),
-    "unembedding": ("lm_head.weight", _LINEAR),
+    "embedding": ("model.embed_tokens.weight", SAME),
+    "final_norm": ("model.norm.weight", SAME),
+    "unembedding": ("lm_head.weight", LINEAR),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Tensor:
   """One Hugging Face tensor and where it goes: `path` is the project
-  parameter's key path, `layer` its index in the stack (None: unstacked)."""
+  parameter's key path, `layer` its index in the stack (None: unstacked),
+  `expert` its index in the experts axis after the layer axis (None: the
+  parameter has none; a mixture-of-experts model stores each expert's
+  matrix as its own tensor)."""
 
   hf_name: str
   path: tuple[str, ...]
   layer: int | None
   layout: Layout
+  expert: int | None = None
 
 
 def tensors(params: Mapping[str, Any]) -> Iterator[Tensor]:

@@ -8,8 +8,8 @@ stored C-contiguous, little-endian.
 
 `SafetensorsFile` reads the header only; `array(name)` is a read-only
 `np.memmap` view, so a tensor's bytes are read from disk when used (and
-peak memory stays at what the caller copies). bfloat16 comes from
-ml_dtypes. `write` writes a file tensor by tensor.
+peak memory stays at what the caller copies). bfloat16 and float8_e4m3fn
+come from ml_dtypes. `write` writes a file tensor by tensor.
 """
 
 import json
@@ -34,6 +34,8 @@ DTYPES = {
     "I8": np.dtype(np.int8),
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
+    # DeepSeek-V3's block-scaled weights (maxtext.hf.fp8).
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
 }
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 # Larger headers are refused as damage rather than read.
