@@ -22,8 +22,9 @@ of DeepSeek-V3 does; the absorbed form that attends in the latent space is an
 inference optimisation and not implemented. A decoder's cache holds only
 what `latent_keys` returns and expands it with `expand_keys_values`.
 
-DeepSeek-V3's YaRN rotary scaling (its long-context extension) is out of
-scope: the rotary part uses the plain `rope_theta` frequencies.
+The rotary part takes the model's rotary scaling (`layers.rope_scaling`;
+DeepSeek-V3's is YaRN, whose softmax-scale correction `layers.attend`
+applies).
 
 Parameter shapes of a stack of L layers (E emb_dim, H num_heads, Q
 q_lora_rank, C kv_lora_rank, N qk_nope_head_dim, R qk_rope_head_dim,
