@@ -136,13 +136,7 @@ def _hf_forward(model, ids: np.ndarray, layer: int):
 
 def _restore(path: str, config):
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-      jax.eval_shape(
-          lambda key: transformer.init_params(config, key),
-          jax.random.PRNGKey(0),
-      ),
-  )
+  abstract = transformer.abstract_params(config, device)
   return checkpointing.restore_params_only(path, abstract)
 
 

@@ -116,12 +116,6 @@ def family(hf_config, source: str):
   )
 
 
-def _abstract_params(config) -> Any:
-  return jax.eval_shape(
-      lambda key: transformer.init_params(config, key), jax.random.PRNGKey(0)
-  )
-
-
 def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
   """(abstract params, tensors) after checking every tensor's presence and
   shape (and an FP8 tensor's scale) against `config`; raises
@@ -143,7 +137,7 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
         f"attention_type={config.attention_type!r}, "
         f"num_experts={config.num_experts}"
     )
-  abstract = _abstract_params(config)
+  abstract = transformer.abstract_params(config)
   try:
     if module is llama:
       tensors = list(llama.tensors(abstract))

@@ -85,13 +85,7 @@ def _hf_logits(model, ids: np.ndarray) -> np.ndarray:
 
 def _restore(path: str, config):
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-      jax.eval_shape(
-          lambda key: transformer.init_params(config, key),
-          jax.random.PRNGKey(0),
-      ),
-  )
+  abstract = transformer.abstract_params(config, device)
   return checkpointing.restore_params_only(path, abstract)
 
 

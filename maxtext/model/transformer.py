@@ -166,6 +166,23 @@ def init_params(config, rng: jax.Array) -> Params:
   return _untie(params, config)
 
 
+def abstract_params(
+    config, sharding: Optional[jax.sharding.Sharding] = None
+) -> Params:
+  """The parameters' shapes and dtypes (`init_params` traced, nothing
+  allocated), each placed on `sharding` when one is given: what a
+  checkpoint restore takes."""
+  shapes = jax.eval_shape(
+      lambda key: init_params(config, key), jax.random.PRNGKey(0)
+  )
+  if sharding is None:
+    return shapes
+  return jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+      shapes,
+  )
+
+
 def _untie(params: Params, config) -> Params:
   """`params` without "unembedding" when `config.tie_word_embeddings`."""
   if config.tie_word_embeddings:

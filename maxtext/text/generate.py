@@ -190,13 +190,7 @@ def load_run(run_dir: str, step: Optional[int] = None) -> LoadedRun:
   tokenizer, eod_id = _load_tokenizer(values, provenance)
   path = _choose_step(_checkpoint_dir(run_dir, values), step)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-      jax.eval_shape(
-          lambda key: transformer.init_params(config, key),
-          jax.random.PRNGKey(0),
-      ),
-  )
+  abstract = transformer.abstract_params(config, device)
   try:
     params = checkpointing.restore_params_only(path, abstract)
   except FileNotFoundError as e:
