@@ -59,7 +59,7 @@ def _part(path: tuple[str, ...], axes: tuple[str, ...]) -> str:
     return name
   if name.endswith("norm"):
     return "norms"
-  if name == "router":
+  if name in ("router", "router_bias"):
     return "router"
   if name.startswith("shared_"):
     return "shared_experts"

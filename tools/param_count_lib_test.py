@@ -52,7 +52,8 @@ def _deepseek_by_hand():
       # attn_norm, mlp_norm, q and kv latent norms per layer; final_norm.
       "norms": layers * (2 * e + 1536 + 512) + e,
       "dense_mlp": dense * 3 * e * 18432,
-      "router": moe_layers * e * 256,
+      # The router's weights and its correction bias.
+      "router": moe_layers * (e + 1) * 256,
       "shared_experts": moe_layers * expert,
       "routed_experts": moe_layers * 256 * expert,
       "unembedding": e * vocab,
