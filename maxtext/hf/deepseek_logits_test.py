@@ -42,13 +42,11 @@ import transformers
 from maxtext.hf import deepseek
 from maxtext.hf import fp8
 from maxtext.hf import importer
+from maxtext.hf import logits_check
 from maxtext.hf import safetensors_io
 from maxtext.model import moe
 from maxtext.model import transformer
-from maxtext.storage import checkpointing
 
-# |ours - transformers'| <= _RELATIVE * max |transformers' logits|.
-_RELATIVE = 1e-5
 # A routing choice closer than this (in biased sigmoid scores) to flipping
 # is a near tie: float32 rounding differences may flip it.
 _NEAR_TIE = 1e-5
@@ -134,12 +132,6 @@ def _hf_forward(model, ids: np.ndarray, layer: int):
   return logits, seen["x"], seen["experts"]
 
 
-def _restore(path: str, config):
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = transformer.abstract_params(config, device)
-  return checkpointing.restore_params_only(path, abstract)
-
-
 def _margins(scores_for_choice: np.ndarray) -> np.ndarray:
   """Per token, how far its choice is from flipping: the smaller of the gap
   between the last kept and the first dropped group score and the gap
@@ -159,15 +151,6 @@ def _margins(scores_for_choice: np.ndarray) -> np.ndarray:
 
 
 class DeepseekLogitsTest(absltest.TestCase):
-
-  def assert_logits_close(self, actual, expected):
-    scale = float(np.abs(expected).max())
-    self.assertGreater(scale, 1.0)  # Peaked logits, not a flat near-zero.
-    diff = float(np.abs(actual - expected).max())
-    logging.info("logits: max |diff| %.3g, scale %.3g", diff, scale)
-    self.assertLessEqual(
-        diff, _RELATIVE * scale, f"max |diff| {diff}, scale {scale}"
-    )
 
   def assert_same_experts(self, params, config, x, hf_experts, layer):
     """`moe.route` on transformers' router input of MoE layer `layer`
@@ -232,11 +215,11 @@ class DeepseekLogitsTest(absltest.TestCase):
     self.assertTrue(
         any("multi-token-prediction" in line for line in printed), printed
     )
-    params = _restore(out, config)
+    params = logits_check.restore_on_one_device(out, config)
     self.assertEqual(params["moe_layers"]["w_gate"].shape, (2, 8, 64, 32))
     self.assertEqual(params["moe_layers"]["router_bias"].dtype, jnp.float32)
-    self.assert_logits_close(
-        np.asarray(transformer.apply(params, ids, config)), expected
+    logits_check.assert_close_to_scale(
+        self, np.asarray(transformer.apply(params, ids, config)), expected
     )
     self.assert_same_experts(params, config, x, hf_experts, layer=1)
 
@@ -256,7 +239,9 @@ class DeepseekLogitsTest(absltest.TestCase):
     diff = np.abs(
         np.asarray(transformer.apply(undone, ids, config)) - expected
     ).max()
-    self.assertGreater(diff, 100 * _RELATIVE * np.abs(expected).max())
+    self.assertGreater(
+        diff, 100 * logits_check.RELATIVE * np.abs(expected).max()
+    )
 
   def test_fp8_checkpoint_dequantised(self):
     tmp = self.create_tempdir().full_path
@@ -320,9 +305,9 @@ class DeepseekLogitsTest(absltest.TestCase):
 
     out = os.path.join(tmp, "imported")
     config = importer.import_checkpoint(fp8_dir, out, log=lambda s: None)
-    params = _restore(out, config)
-    self.assert_logits_close(
-        np.asarray(transformer.apply(params, ids, config)), expected
+    params = logits_check.restore_on_one_device(out, config)
+    logits_check.assert_close_to_scale(
+        self, np.asarray(transformer.apply(params, ids, config)), expected
     )
 
 

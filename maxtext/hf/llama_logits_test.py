@@ -13,10 +13,8 @@ magnitude). Then the parameters are exported, loaded back with
 import glob
 import os
 
-from absl import logging
 from absl.testing import absltest
 from absl.testing import parameterized
-import jax
 import numpy as np
 
 # pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
@@ -28,11 +26,9 @@ import transformers
 from maxtext import config_lib
 from maxtext.hf import exporter
 from maxtext.hf import importer
+from maxtext.hf import logits_check
 from maxtext.model import transformer
-from maxtext.storage import checkpointing
 
-# |ours - transformers'| <= _RELATIVE * max |transformers' logits|.
-_RELATIVE = 1e-5
 _VOCAB = 96
 _LLAMA3 = {
     "rope_type": "llama3",
@@ -83,24 +79,11 @@ def _hf_logits(model, ids: np.ndarray) -> np.ndarray:
     return model(torch.tensor(ids)).logits.float().numpy()
 
 
-def _restore(path: str, config):
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = transformer.abstract_params(config, device)
-  return checkpointing.restore_params_only(path, abstract)
-
-
 def _logits(params, config, ids) -> np.ndarray:
   return np.asarray(transformer.apply(params, ids, config))
 
 
 class LlamaLogitsTest(parameterized.TestCase):
-
-  def assert_logits_close(self, actual, expected):
-    scale = float(np.abs(expected).max())
-    self.assertGreater(scale, 1.0)  # Peaked logits, not a flat near-zero.
-    diff = float(np.abs(actual - expected).max())
-    logging.info("logits: max |diff| %.3g, scale %.3g", diff, scale)
-    self.assertLessEqual(diff, _RELATIVE * scale, f"max |diff| {diff}")
 
   @parameterized.named_parameters(
       ("untied", False, None),
@@ -125,9 +108,11 @@ class LlamaLogitsTest(parameterized.TestCase):
     self.assertIn("config.tie_word_embeddings = %r" % tie, printed)
     self.assertIn("config.rope_scaling = 'llama3'", printed)
     self.assertEqual(config.num_kv_heads, 2)
-    params = _restore(out, config)
+    params = logits_check.restore_on_one_device(out, config)
     self.assertEqual("unembedding" in params, not tie)
-    self.assert_logits_close(_logits(params, config, ids), expected)
+    logits_check.assert_close_to_scale(
+        self, _logits(params, config, ids), expected
+    )
 
     # The config file written beside the checkpoint is the same config.
     written = config_lib.load_config_file(os.path.join(out, "config.py"))
@@ -140,7 +125,9 @@ class LlamaLogitsTest(parameterized.TestCase):
     ).eval()
     self.assertEqual(type(reloaded).__name__, "LlamaForCausalLM")
     self.assertEqual(reloaded.config.tie_word_embeddings, tie)
-    self.assert_logits_close(_hf_logits(reloaded, ids), expected)
+    logits_check.assert_close_to_scale(
+        self, _hf_logits(reloaded, ids), expected
+    )
 
   def test_rope_scaling_matters_at_these_positions(self):
     # Without llama3 scaling the same weights give other logits: the
@@ -151,13 +138,17 @@ class LlamaLogitsTest(parameterized.TestCase):
     config = importer.import_checkpoint(
         os.path.join(tmp, "hf"), os.path.join(tmp, "out"), log=lambda s: None
     )
-    params = _restore(os.path.join(tmp, "out"), config)
+    params = logits_check.restore_on_one_device(
+        os.path.join(tmp, "out"), config
+    )
     ids = _ids(1)
     expected = _hf_logits(model, ids)
     unscaled = config.copy_and_resolve_references()
     unscaled.rope_scaling = "none"
     diff = np.abs(_logits(params, unscaled, ids) - expected).max()
-    self.assertGreater(diff, 100 * _RELATIVE * np.abs(expected).max())
+    self.assertGreater(
+        diff, 100 * logits_check.RELATIVE * np.abs(expected).max()
+    )
 
   def test_bfloat16_export_loads_as_bfloat16(self):
     tmp = self.create_tempdir().full_path
@@ -166,7 +157,9 @@ class LlamaLogitsTest(parameterized.TestCase):
     config = importer.import_checkpoint(
         os.path.join(tmp, "hf"), os.path.join(tmp, "out"), log=lambda s: None
     )
-    params = _restore(os.path.join(tmp, "out"), config)
+    params = logits_check.restore_on_one_device(
+        os.path.join(tmp, "out"), config
+    )
     exporter.export_checkpoint(
         config, params, os.path.join(tmp, "bf16"), "bfloat16"
     )

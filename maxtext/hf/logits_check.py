@@ -1,0 +1,36 @@
+"""What the checkpoint conversions' logit tests share (test-only).
+
+An imported checkpoint restored onto one device (what `load_parameters_path`
+reads), and the comparison of two sets of logits relative to the expected
+ones' scale, so near-zero logits cannot pass by being near zero.
+"""
+
+from absl import logging
+import jax
+import numpy as np
+
+from maxtext.model import transformer
+from maxtext.storage import checkpointing
+
+# |ours - transformers'| <= RELATIVE * max |transformers' logits|.
+RELATIVE = 1e-5
+
+
+def restore_on_one_device(path: str, config):
+  """The parameters of the checkpoint at `path`, on the first device."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return checkpointing.restore_params_only(
+      path, transformer.abstract_params(config, device)
+  )
+
+
+def assert_close_to_scale(test, actual, expected) -> None:
+  """Fails `test` unless max |actual - expected| <= RELATIVE x the expected
+  logits' largest magnitude, which must exceed 1 (peaked logits)."""
+  scale = float(np.abs(expected).max())
+  test.assertGreater(scale, 1.0)  # Peaked logits, not a flat near-zero.
+  diff = float(np.abs(actual - expected).max())
+  logging.info("logits: max |diff| %.3g, scale %.3g", diff, scale)
+  test.assertLessEqual(
+      diff, RELATIVE * scale, f"max |diff| {diff}, scale {scale}"
+  )
