@@ -1,11 +1,13 @@
 """Log-probabilities of given completions, in one teacher-forced pass.
 
-`completion_log_probs` is the traceable piece a policy-gradient loss builds
-on: prompts and completions packed into one right-padded [B, S] batch, one
-`transformer.apply` over it, and per completion id the log-softmax of the
-logits at the position before it. `score` is its host-side form: id lists
-in, a float32 array out. Padding (after a completion's end, and every
-position of a row's prompt) has log-probability 0.
+`completion_log_probs_and_entropy` is the traceable piece a policy-gradient
+loss builds on (the GRPO loss does): prompts and completions packed into one
+right-padded [B, S] batch, one `transformer.apply` over it, and per
+completion id the log-softmax of the logits at the position before it (and
+the entropy there). `completion_log_probs` masks it to each completion's
+length; `score` is its host-side form: id lists in, a float32 array out.
+Padding (after a completion's end, and every position of a row's prompt) has
+log-probability 0.
 """
 
 import functools
@@ -19,6 +21,46 @@ from maxtext import checks
 from maxtext.generation import decoder
 from maxtext.model import transformer
 from maxtext.text import sampling
+
+
+def completion_log_probs_and_entropy(
+    params: Any,
+    tokens: jax.Array,
+    prompt_lengths: jax.Array,
+    completion_width: int,
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> tuple[jax.Array, jax.Array]:
+  """Per completion position: the log-probability of its id and the entropy.
+
+  Args:
+    params: the model's parameters.
+    tokens: int32 [B, W]: prompt then completion, right-padded.
+    prompt_lengths: int32 [B], >= 1.
+    completion_width: L, the completion columns returned.
+    config: the model's config.
+    mesh: as `transformer.apply`.
+
+  Returns:
+    (log_probs, entropy), float32 [B, L] each: column j belongs to the id at
+    tokens[b, prompt_lengths[b] + j] (meaningless past the completion's end:
+    the caller masks). The softmax is taken only at those positions.
+  """
+  width = tokens.shape[1]
+  logits = transformer.apply(params, tokens, config, mesh).astype(jnp.float32)
+  # Completion id j sits at prompt_length + j; the logits before it predict it.
+  at = jnp.clip(
+      prompt_lengths[:, None] - 1 + jnp.arange(completion_width)[None, :],
+      0,
+      width - 2,
+  )
+  picked = jax.nn.log_softmax(
+      jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1
+  )
+  targets = jnp.take_along_axis(tokens, at + 1, axis=1)
+  log_probs = jnp.take_along_axis(picked, targets[:, :, None], axis=2)[..., 0]
+  entropy = -jnp.sum(jnp.exp(picked) * picked, axis=-1)
+  return log_probs, entropy
 
 
 def completion_log_probs(
@@ -44,18 +86,10 @@ def completion_log_probs(
     (tokens[b, prompt_lengths[b] + j]); 0 where j >= completion_lengths[b].
   """
   length = tokens.shape[1]
-  log_probs = jax.nn.log_softmax(
-      transformer.apply(params, tokens, config, mesh), axis=-1
+  picked, _ = completion_log_probs_and_entropy(
+      params, tokens, prompt_lengths, length, config, mesh
   )
-  # Completion id j sits at prompt_length + j; the logits before it predict it.
   column = jnp.arange(length)[None, :]
-  at = jnp.clip(prompt_lengths[:, None] - 1 + column, 0, length - 2)
-  targets = jnp.take_along_axis(tokens, at + 1, axis=1)
-  picked = jnp.take_along_axis(
-      jnp.take_along_axis(log_probs, at[:, :, None], axis=1),
-      targets[:, :, None],
-      axis=2,
-  )[:, :, 0]
   return jnp.where(column < completion_lengths[:, None], picked, 0.0)
 
 

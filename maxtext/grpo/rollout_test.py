@@ -5,11 +5,11 @@ import jax
 import ml_collections
 import numpy as np
 
+from maxtext.generation import scoring
 from maxtext.grpo import advantages
 from maxtext.grpo import progression_task
 from maxtext.grpo import rewards
 from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import train_loss
 from maxtext.model import transformer
 from maxtext.text import sampling
 from testing import tiny_configs
@@ -58,7 +58,7 @@ class RolloutTest(absltest.TestCase):
 
   def test_behaviour_log_probs_match_teacher_forcing(self):
     r = self.result
-    forced, entropy = train_loss.completion_log_probs(
+    forced, entropy = scoring.completion_log_probs_and_entropy(
         self.params, r.tokens, r.prompt_lengths, 4, self.config
     )
     np.testing.assert_allclose(

@@ -20,16 +20,16 @@ import jax
 import numpy as np
 
 from maxtext import engine as engine_lib
+from maxtext.generation import scoring
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import train_loss
 from maxtext.metrics import buffer
 from maxtext.text import sampling
 
 
 @functools.partial(jax.jit, static_argnames=("width", "config", "mesh"))
 def _reference_log_probs(params, tokens, prompt_lengths, width, config, mesh):
-  return train_loss.completion_log_probs(
+  return scoring.completion_log_probs_and_entropy(
       params, tokens, prompt_lengths, width, config, mesh
   )[0]
 

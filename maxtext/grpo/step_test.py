@@ -10,6 +10,7 @@ import numpy as np
 import optax
 
 from maxtext import engine as engine_lib
+from maxtext.generation import scoring
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
 from maxtext.grpo import rewards
@@ -118,7 +119,7 @@ class StepTest(absltest.TestCase):
     self.assertGreater(np.abs(r.advantages).sum(), 0.0)
 
     def sequence_log_probs(params):
-      lp, _ = train_loss.completion_log_probs(
+      lp, _ = scoring.completion_log_probs_and_entropy(
           params, r.tokens, r.prompt_lengths, 4, frozen
       )
       return (np.asarray(lp) * r.mask).sum(axis=1)

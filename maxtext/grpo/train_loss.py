@@ -18,48 +18,9 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from maxtext.generation import scoring
 from maxtext.grpo import policy_loss
 from maxtext.metrics import buffer
-from maxtext.model import transformer
-
-
-def completion_log_probs(
-    params: Any,
-    tokens: jax.Array,
-    prompt_lengths: jax.Array,
-    completion_width: int,
-    config,
-    mesh: Optional[jax.sharding.Mesh] = None,
-) -> tuple[jax.Array, jax.Array]:
-  """Per completion position: the log-probability of its id and the entropy.
-
-  Args:
-    params: the model's parameters.
-    tokens: int32 [B, W]: prompt then completion, right-padded.
-    prompt_lengths: int32 [B], >= 1.
-    completion_width: L, the completion columns returned.
-    config: the model's config.
-    mesh: as `transformer.apply`.
-
-  Returns:
-    (log_probs, entropy), float32 [B, L] each: column j belongs to the id at
-    tokens[b, prompt_lengths[b] + j] (meaningless past the completion's end:
-    the caller masks).
-  """
-  width = tokens.shape[1]
-  logits = transformer.apply(params, tokens, config, mesh).astype(jnp.float32)
-  at = jnp.clip(
-      prompt_lengths[:, None] - 1 + jnp.arange(completion_width)[None, :],
-      0,
-      width - 2,
-  )
-  picked = jax.nn.log_softmax(
-      jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1
-  )
-  targets = jnp.take_along_axis(tokens, at + 1, axis=1)
-  log_probs = jnp.take_along_axis(picked, targets[:, :, None], axis=2)[..., 0]
-  entropy = -jnp.sum(jnp.exp(picked) * picked, axis=-1)
-  return log_probs, entropy
 
 
 def loss_fn(
@@ -86,7 +47,7 @@ def loss_fn(
     the rows) and "completion_tokens" (a sum over the micro-batches).
   """
   mask = micro_batch["mask"]
-  log_probs, entropy = completion_log_probs(
+  log_probs, entropy = scoring.completion_log_probs_and_entropy(
       params,
       micro_batch["tokens"],
       micro_batch["prompt_lengths"],
