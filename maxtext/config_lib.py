@@ -173,6 +173,17 @@ def _check_moe(v) -> None:
   _at_least(v, "expert_parallelism", 1)
   _one_of(v, "router_score", choices.ROUTER_SCORES)
   _one_of(v, "load_balance_loss", choices.LOAD_BALANCE_LOSSES)
+  rate = v["router_bias_update_rate"]
+  # `not >= 0` also refuses NaN, which `< 0` would let through.
+  if not rate >= 0:
+    raise _fail("router_bias_update_rate", rate, "must be >= 0")
+  if rate > 0 and not (v["router_bias"] and v["num_experts"]):
+    raise _fail(
+        "router_bias_update_rate",
+        rate,
+        "needs num_experts > 0 and router_bias=True (there is no bias to "
+        "update)",
+    )
   for key in ("load_balance_loss_weight", "capacity_factor"):
     if v[key] < 0:
       raise _fail(key, v[key], "must be >= 0")
@@ -560,7 +571,7 @@ def validate_grpo(config) -> None:
     ValueError: one line naming the field: a batch that is not whole groups,
       a prompt and completion longer than the model's sequence, or a step
       count, eval interval or checkpoint period that is not a multiple of
-      grpo_num_iterations.
+      grpo_num_iterations, or a router bias update (not done by GRPO).
   """
   v = dict(config.items())
   passes = v["grpo_num_iterations"]
@@ -588,6 +599,13 @@ def validate_grpo(config) -> None:
         v["grpo_max_completion_length"],
         f"plus grpo_prompt_length={v['grpo_prompt_length']} must be <= "
         f"max_sequence_length={v['max_sequence_length']}",
+    )
+  if v["router_bias_update_rate"] > 0:
+    raise _fail(
+        "router_bias_update_rate",
+        v["router_bias_update_rate"],
+        "must be 0 in a GRPO run (its loss reports no expert loads; the "
+        "bias is held as loaded)",
     )
 
 

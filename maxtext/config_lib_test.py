@@ -305,6 +305,16 @@ class ValidateTest(parameterized.TestCase):
       ("grpo_stop_ids", {"grpo_stop_ids": "1,x"}, r"grpo_stop_ids='1,x': 'x'"),
       ("grpo_stop_big", {"grpo_stop_ids": "99999"}, "grpo_stop_ids='99999'"),
       (
+          "bias_rate_negative",
+          {"router_bias_update_rate": -0.1},
+          "router_bias_update_rate=-0.1: must be >= 0",
+      ),
+      (
+          "bias_rate_without_bias",
+          {"num_experts": 4, "router_bias_update_rate": 0.01},
+          "router_bias_update_rate=0.01: needs num_experts > 0 and router_bias",
+      ),
+      (
           "multi_process_gcs_without_shared_checkpoints",
           {
               "num_processes": 2,
@@ -465,6 +475,10 @@ class HelpersTest(absltest.TestCase):
       config_lib.validate_grpo(
           _with(config, grpo_num_iterations=4, steps=200, checkpoint_period=100)
       )
+    with self.assertRaisesRegex(
+        ValueError, r"router_bias_update_rate=0.01: must be 0 in a GRPO run"
+    ):
+      config_lib.validate_grpo(_with(config, router_bias_update_rate=0.01))
 
   def test_stop_ids(self):
     config = _load("default")

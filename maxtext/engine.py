@@ -65,9 +65,15 @@ engine given them compiled (`executables`, e.g. from `saved_step.load`) runs
 them in place of its jitted functions and compiles none, with the same
 dispatches and the same flush-before-apply contract.
 
+Parameters that statistics of the forward pass move instead of gradients
+(`statistic_rules`; DeepSeek-V3's router bias) ride the same programs: the
+loss returns their statistics in its aux, the accumulator's slot of such a
+parameter sums them, and the apply replaces the parameter by its rule
+(`maxtext/param_statistics.py`). No dispatch is added.
+
 Metric names follow `record_metrics`: nested dicts become `name/sub`; None
-values, the key `intermediate_outputs` and tuple/list values are skipped. The
-loss is recorded as `loss`.
+values, the keys `intermediate_outputs` and `param_statistics` and
+tuple/list values are skipped. The loss is recorded as `loss`.
 """
 
 from __future__ import annotations
@@ -83,13 +89,14 @@ import optax
 
 from maxtext import checks
 from maxtext import eval_metrics
+from maxtext import param_statistics
 from maxtext.metrics import recorder as metrics_recorder
 
 LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
 # (params, batch) -> {eval metric name: scalar}.
 EvalFn = Callable[[Any, Any], Mapping[str, jax.Array]]
 
-_SKIPPED_KEY = "intermediate_outputs"
+_SKIPPED_KEYS = ("intermediate_outputs", param_statistics.KEY)
 _UPDATE_NAMES = ("learning_rate", "grad_norm", "step_skipped")
 
 
@@ -102,7 +109,8 @@ def flatten_metrics(name: str, value) -> list[tuple[str, Any]]:
 
   Returns:
     (full name, leaf) pairs in the mapping's iteration order; None values, the
-    key `intermediate_outputs` and tuple/list values are left out.
+    keys `intermediate_outputs` and `param_statistics` and tuple/list values
+    are left out.
   """
   out = []
 
@@ -111,7 +119,7 @@ def flatten_metrics(name: str, value) -> list[tuple[str, Any]]:
       return
     if isinstance(v, Mapping):
       for key, sub in v.items():
-        if key == _SKIPPED_KEY:
+        if key in _SKIPPED_KEYS:
           continue
         walk(f"{prefix}/{key}" if prefix else str(key), sub)
       return
@@ -229,6 +237,7 @@ class Engine:
       eval_fn: Optional[EvalFn] = None,
       eval_directions: Optional[Mapping[str, eval_metrics.Direction]] = None,
       executables: Optional[Mapping[str, Any]] = None,
+      statistic_rules: Optional[Mapping[str, param_statistics.Rule]] = None,
   ):
     """Creates the engine and the optimizer state.
 
@@ -262,6 +271,9 @@ class Engine:
         compiled for these shapes and shardings (name -> a
         `jax.stages.Compiled`, e.g. loaded by `saved_step.load`): the
         engine runs them and compiles none of its own.
+      statistic_rules: parameter path -> rule, for the parameters that the
+        loss's statistics move instead of gradients
+        (`maxtext/param_statistics.py`); None or {} for none.
 
     Raises:
       TypeError/ValueError: on bad arguments.
@@ -349,6 +361,12 @@ class Engine:
       else:
         params = jax.device_put(params, param_shardings)
     self._params = params
+    shapes = {
+        param_statistics.path_name(path): leaf.shape
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    self._rules = param_statistics.check_rules(statistic_rules or {}, shapes)
+    self._statistic_shapes = {path: shapes[path] for path in self._rules}
 
     def init(fn, *args):
       # An abstract engine (for lowering) allocates nothing.
@@ -419,6 +437,7 @@ class Engine:
       (loss, aux), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(
           params, micro_batch
       )
+      grads = self._with_statistics(grads, aux)
       # A select, not a product with 0: a step's first sum is exactly its
       # first gradients, whatever the accumulator held (a skipped step's
       # NaN included).
@@ -440,7 +459,9 @@ class Engine:
           params, micro_batch
       )
       grad_acc = jax.tree.map(
-          lambda g, s: g.astype(s.dtype), grads, self._acc_shapes
+          lambda g, s: g.astype(s.dtype),
+          self._with_statistics(grads, aux),
+          self._acc_shapes,
       )
       packed, weighted = self._pack(loss, aux)
       return grad_acc, packed, weighted
@@ -449,8 +470,10 @@ class Engine:
       # The update's metrics, known (and flushed) before the optimizer's
       # result is kept or its state donated: the mean gradient's global norm
       # (which the apply's clipping uses too), whether it is finite, and the
-      # learning rate.
-      grad_norm = optax.tree.norm(jax.tree.map(lambda a: a / self._k, grad_acc))
+      # learning rate. The statistics' slots are not gradients.
+      grad_norm = optax.tree.norm(
+          self._gradients_only(jax.tree.map(lambda a: a / self._k, grad_acc))
+      )
       finite = jnp.isfinite(grad_norm)
       lr = jnp.asarray(self._lr_fn(step), jnp.float32)
       return jnp.stack(
@@ -465,6 +488,9 @@ class Engine:
       grads = jax.tree.map(
           lambda a, p: (a / self._k).astype(p.dtype), grad_acc, params
       )
+      # The step's mean statistics; the optimizer sees zeros in their slots.
+      statistics = self._statistics_only(grads)
+      grads = self._map_statistics(grads, lambda _, g: jnp.zeros_like(g))
       if self._clip > 0:
         # Global-norm clipping as optax.clip_by_global_norm does it, with the
         # norm of the mean gradient that `measure` took
@@ -478,7 +504,14 @@ class Engine:
             grads,
         )
       updates, new_opt = self._optimizer.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), new_opt
+      # A statistic-moved parameter takes its rule's value; the optimizer's
+      # update of it is discarded.
+      old = self._statistics_only(params)
+      new_params = self._map_statistics(
+          optax.apply_updates(params, updates),
+          lambda path, _: self._rules[path](old[path], statistics[path]),
+      )
+      return new_params, new_opt
 
     def eval_metrics_of(params, batch):
       return _checked_eval_metrics(
@@ -535,6 +568,44 @@ class Engine:
         "apply": self._apply,
         "eval": self._eval,
     }
+
+  def _map_statistics(self, tree, fn):
+    """`tree` with each statistic leaf replaced by fn(path, leaf), in its
+    dtype; every other leaf as it is."""
+    if not self._rules:
+      return tree
+
+    def one(path, leaf):
+      name = param_statistics.path_name(path)
+      if name not in self._rules:
+        return leaf
+      return jnp.asarray(fn(name, leaf)).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+  def _statistics_only(self, tree) -> dict:
+    """path -> leaf of `tree`, for the statistic-moved parameters."""
+    return {
+        param_statistics.path_name(path): leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if param_statistics.path_name(path) in self._rules
+    }
+
+  def _gradients_only(self, tree) -> list:
+    """`tree`'s leaves without the statistic-moved parameters' slots."""
+    return [
+        leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if param_statistics.path_name(path) not in self._rules
+    ]
+
+  def _with_statistics(self, grads, aux):
+    """The micro-batch's gradients with each statistic-moved parameter's
+    slot holding the loss's statistic (checked at trace time)."""
+    statistics = param_statistics.statistics_of(
+        aux, self._rules, self._statistic_shapes
+    )
+    return self._map_statistics(grads, lambda path, _: statistics[path])
 
   def program_names(self) -> tuple[str, ...]:
     """The programs this engine runs, as `lower_programs` names them."""

@@ -12,6 +12,7 @@ import optax
 
 from maxtext import engine as engine_lib
 from maxtext import eval_metrics
+from maxtext import param_statistics
 from maxtext.metrics import recorder as mr
 from testing import compile_counter
 from testing import dispatch_counter
@@ -628,6 +629,147 @@ class EngineTest(parameterized.TestCase):
       engine_lib.Engine(
           make_loss_fn(), make_params(), optax.sgd(0.1), 0.1, None, 1
       )
+
+
+def statistic_loss_fn(scale=1.0):
+  """make_loss_fn's loss, plus a parameter "c" that no gradient reaches:
+  its statistic is the micro-batch's mean input row (times `scale`)."""
+  base = make_loss_fn()
+
+  def loss_fn(params, batch):
+    loss, aux = base({"w": params["w"], "b": params["b"]}, batch)
+    aux[param_statistics.KEY] = {"c": scale * jnp.mean(batch["x"], axis=0)}
+    return loss, aux
+
+  return loss_fn
+
+
+def add_half(param, statistic):
+  """A statistic rule: the parameter moves by half the step's statistic."""
+  return param + 0.5 * statistic
+
+
+class StatisticRulesTest(parameterized.TestCase):
+
+  def _engines(self, k, **kwargs):
+    """An engine with the statistic-moved "c", and one without it."""
+    with_c = engine_lib.Engine(
+        statistic_loss_fn(kwargs.pop("scale", 1.0)),
+        make_params() | {"c": jnp.ones((3,), jnp.float32)},
+        optax.adam(0.05),
+        0.1,
+        mr.MetricsRecorder(),
+        k,
+        statistic_rules={"c": add_half},
+        **kwargs,
+    )
+    without = engine_lib.Engine(
+        make_loss_fn(),
+        make_params(),
+        optax.adam(0.05),
+        0.1,
+        mr.MetricsRecorder(),
+        k,
+        **kwargs,
+    )
+    return with_c, without
+
+  @parameterized.product(k=(1, 3), donate=(True, False), clip=(0.0, 0.01))
+  def test_rule_moves_the_parameter_by_the_steps_mean_statistic(
+      self, k, donate, clip
+  ):
+    with_c, without = self._engines(k, donate_state=donate, grad_clip_norm=clip)
+    expected_c = np.ones(3, np.float32)
+    for step in range(2):
+      batches = make_batches(k, seed=step)
+      for b in batches:
+        with_c.fwd_bwd(b)
+        without.fwd_bwd(b)
+      got, want = with_c.update(), without.update()
+      mean_row = np.mean([np.mean(b["x"], axis=0) for b in batches], axis=0)
+      expected_c = expected_c + 0.5 * mean_row
+      # The statistic moved "c" by its rule (not clipped, no optimizer);
+      # the gradients, their norm and the optimizer's step are those of
+      # an engine without "c".
+      np.testing.assert_allclose(with_c.params["c"], expected_c, rtol=1e-6)
+      for name in ("w", "b"):
+        np.testing.assert_allclose(
+            with_c.params[name], without.params[name], rtol=1e-6
+        )
+      for name in ("grad_norm", "loss", "step_skipped"):
+        np.testing.assert_allclose(
+            got.scalar_metrics[name], want.scalar_metrics[name], rtol=1e-6
+        )
+      self.assertNotIn(param_statistics.KEY, got.scalar_metrics)
+    # Adam's moments of "c" saw zero gradients only.
+    mu = with_c.opt_state[0].mu["c"]
+    np.testing.assert_array_equal(mu, np.zeros(3, np.float32))
+
+  def test_skipped_step_moves_nothing(self):
+    with_c, _ = self._engines(2)
+    before = np.asarray(with_c.params["c"])
+    batches = make_batches(2)
+    batches[1]["y"] = batches[1]["y"] * np.nan
+    for b in batches:
+      with_c.fwd_bwd(b)
+    buf = with_c.update()
+    self.assertEqual(float(buf.scalar_metrics["step_skipped"][0]), 1.0)
+    np.testing.assert_array_equal(with_c.params["c"], before)
+
+  def test_no_extra_dispatch(self):
+    with_c, without = self._engines(2)
+    counts = []
+    for eng in (with_c, without):
+      for b in make_batches(2):  # compile first
+        eng.fwd_bwd(b)
+      eng.update()
+      with dispatch_counter.count_dispatches() as count:
+        for b in make_batches(2, seed=1):
+          eng.fwd_bwd(b)
+        eng.update()
+      counts.append(count[0])
+    self.assertGreater(counts[0], 0)
+    self.assertEqual(counts[0], counts[1])
+
+  def test_statistics_must_match_the_rules(self):
+    eng = engine_lib.Engine(
+        make_loss_fn(),
+        make_params() | {"c": jnp.ones((3,))},
+        optax.sgd(0.1),
+        0.1,
+        mr.MetricsRecorder(),
+        1,
+        statistic_rules={"c": add_half},
+    )
+    with self.assertRaisesRegex(ValueError, r"aux\['param_statistics'\]"):
+      eng.fwd_bwd(make_batches(1)[0])
+    unruled = engine_lib.Engine(
+        statistic_loss_fn(),
+        make_params() | {"c": jnp.ones((3,))},
+        optax.sgd(0.1),
+        0.1,
+        mr.MetricsRecorder(),
+        1,
+    )
+    with self.assertRaisesRegex(ValueError, "statistic rules for \\[\\]"):
+      unruled.fwd_bwd(make_batches(1)[0])
+    wrong_shape = engine_lib.Engine(
+        statistic_loss_fn(),
+        make_params() | {"c": jnp.ones((4,))},
+        optax.sgd(0.1),
+        0.1,
+        mr.MetricsRecorder(),
+        1,
+        statistic_rules={"c": add_half},
+    )
+    with self.assertRaisesRegex(ValueError, "statistic 'c': shape"):
+      wrong_shape.fwd_bwd(make_batches(1)[0])
+
+  def test_rules_name_parameters(self):
+    with self.assertRaisesRegex(ValueError, "statistic_rules\\['d'\\]"):
+      make_engine(statistic_rules={"d": add_half})
+    with self.assertRaisesRegex(TypeError, "not callable"):
+      make_engine(statistic_rules={"b": 1.0})
 
 
 class ExecutablesTest(parameterized.TestCase):

@@ -110,6 +110,7 @@ def make_engine(
       eval_fn=functools.partial(transformer.eval_fn, config=config),
       eval_directions=transformer.EVAL_DIRECTIONS,
       executables=executables,
+      statistic_rules=transformer.statistic_rules(config),
   )
 
 

@@ -186,9 +186,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.router_score = "softmax"
   # A per-expert bias added to the scores for the choice only, never to the
   # combine weights (DeepSeek-V3's e_score_correction_bias, a parameter
-  # named moe_layers/router_bias that no gradient moves: it is held as
-  # initialised (zero) or imported).
+  # named moe_layers/router_bias that no gradient moves).
   config.router_bias = False
+  # With router_bias: after each step every layer's bias of an expert that
+  # took more than the mean share of the step's assignments goes down by
+  # this much, of one that took less goes up (DeepSeek-V3's auxiliary-loss-
+  # free balancing, 0.001 in its pre-training). 0 = the bias is held as
+  # initialised (zero) or imported.
+  config.router_bias_update_rate = 0.0
   # Group-limited routing (DeepSeek-V3's n_group, topk_group): the experts
   # form num_expert_groups groups of consecutive experts, a group is ranked
   # by the sum of its two best scores, and a token chooses its experts

@@ -6,8 +6,10 @@ routed experts (8 per token, sigmoid router scores) beside one shared
 expert, multi-head latent attention (128 heads), hidden width 7168, its
 129280-entry vocabulary (the benchmark's Llama 3.1 token ids fit in it) and
 untied embedding and unembedding: 671B parameters, 37B active per token
-(`tools/param_count`). The multi-token-prediction module and the router's
-bias-based balancing are not part of this engine's model.
+(`tools/param_count`). The multi-token-prediction module is not part of
+this engine's model. The router's correction bias is held as the
+warm-start checkpoint has it (`router_bias_update_rate` 0, the rate of the
+end of DeepSeek-V3's own pre-training).
 
 Hyperparameters follow the closed rules of the MLPerf Training 6.1.0 and
 6.0.0 rulesets for deepseekv3_671b (closed_deepseekv3_671b.yaml in the

@@ -341,6 +341,7 @@ def _statistics(
   fraction = mean(counts.astype(jnp.float32) / experts.size)
   entropy = -jnp.sum(probs * jnp.log(jnp.maximum(probs, 1e-30)), axis=-1)
   return {
+      "expert_load": fraction,
       "aux_loss": balance_loss(
           probs, experts, n, config.load_balance_loss, mean
       ),
@@ -395,7 +396,9 @@ def moe_mlp(
     (out, stats): out [B, S, E] in x's dtype; stats float32 scalars named
     as `STAT_NAMES`: the unweighted balance loss, the max and min over experts
     of the assignment fraction, its coefficient of variation (std / mean),
-    the mean router entropy in nats, and the number of dropped assignments.
+    the mean router entropy in nats, and the number of dropped assignments;
+    and "expert_load", float32 [X], each expert's fraction of the
+    micro-batch's assignments (what `update_router_bias` balances).
   """
   b, s, e = x.shape
   tokens = x.reshape(b * s, e)
@@ -528,9 +531,12 @@ def summarize(stats: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
 
   The balance loss, coefficient of variation and entropy are means over the
   MoE layers; load_max and load_min the extremes over layers; dropped the
-  sum over layers.
+  sum over layers. "expert_load", when given, stays per layer ([L, X]).
   """
-  return {
+  loads = (
+      {"expert_load": stats["expert_load"]} if "expert_load" in stats else {}
+  )
+  return loads | {
       "aux_loss": jnp.mean(stats["aux_loss"]),
       "load_max": jnp.max(stats["load_max"]),
       "load_min": jnp.min(stats["load_min"]),
@@ -538,6 +544,25 @@ def summarize(stats: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
       "router_entropy": jnp.mean(stats["router_entropy"]),
       "dropped": jnp.sum(stats["dropped"]),
   }
+
+
+def update_router_bias(
+    bias: jax.Array, load: jax.Array, rate: float
+) -> jax.Array:
+  """DeepSeek-V3's auxiliary-loss-free balancing: one step of the bias.
+
+  Each layer's bias of an expert that took more than the mean load goes
+  down by `rate`, of one that took less goes up by `rate` (an expert at
+  exactly the mean keeps its bias): bias + rate * sign(mean load - load).
+
+  Args:
+    bias: float32 [L, X] the router correction bias.
+    load: [L, X] each expert's share of the step's assignments (any
+      positive scale: only the comparison with the layer's mean counts).
+    rate: the update speed (DeepSeek-V3 trained with 0.001).
+  """
+  mean = jnp.mean(load, axis=-1, keepdims=True)
+  return bias + rate * jnp.sign(mean - load).astype(bias.dtype)
 
 
 def dense_reference(

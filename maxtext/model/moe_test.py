@@ -219,7 +219,9 @@ class MoeTest(parameterized.TestCase):
     config = _config(capacity_factor=0.5)
     layer, x = _layer(config), _inputs()
     _, stats = moe.moe_mlp(x, layer, config)
-    self.assertEqual(set(stats), set(moe.STAT_NAMES))
+    self.assertEqual(set(stats), set(moe.STAT_NAMES) | {"expert_load"})
+    self.assertEqual(stats["expert_load"].shape, (4,))
+    self.assertAlmostEqual(float(jnp.sum(stats["expert_load"])), 1.0, 6)
     # 10 tokens x 2 slots over 4 experts at capacity ceil(0.5*10*2/4) = 3:
     # at most 12 assignments are kept, so at least 8 of 20 are dropped.
     self.assertGreaterEqual(float(stats["dropped"]), 8.0)

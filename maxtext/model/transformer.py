@@ -63,6 +63,7 @@ import numpy as np
 
 from maxtext import choices
 from maxtext import eval_metrics
+from maxtext import param_statistics
 from maxtext.metrics import buffer as metrics_buffer
 from maxtext.model import layers
 from maxtext.model import mla
@@ -634,7 +635,25 @@ def loss_fn(
   if moe_stats:
     loss = loss + config.load_balance_loss_weight * moe_stats["aux_loss"]
     aux["moe"] = _moe_metrics(moe_stats)
+    if statistic_rules(config):
+      aux[param_statistics.KEY] = {ROUTER_BIAS: moe_stats["expert_load"]}
   return loss, aux
+
+
+# The router correction bias's path in the parameter tree.
+ROUTER_BIAS = "moe_layers/router_bias"
+
+
+def statistic_rules(config) -> dict[str, param_statistics.Rule]:
+  """The parameters the engine moves by statistics (param_statistics):
+  the router bias, by `moe.update_router_bias` at
+  `router_bias_update_rate`, when that rate is > 0; else none."""
+  rate = config.router_bias_update_rate
+  if not (config.num_experts and config.router_bias and rate > 0):
+    return {}
+  return {
+      ROUTER_BIAS: functools.partial(moe.update_router_bias, rate=rate),
+  }
 
 
 # The `moe/<name>` metrics a model with experts reports every micro-batch:
