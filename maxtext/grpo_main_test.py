@@ -48,7 +48,9 @@ class GrpoMainTest(absltest.TestCase):
     )
     self.assertIn("rewards/exact_match", records[0])
     # grpo_tiny's MLPerf log, of the GRPO benchmark.
-    with open(os.path.join(out, "grpo_tiny", "mllog.log")) as f:
+    with open(
+        os.path.join(out, "grpo_tiny", "mllog.log"), encoding="utf-8"
+    ) as f:
       self.assertIn('"value": "qwen35_397b_grpo"', f.read())
 
   def test_bad_field_is_one_line_and_exit_2(self):

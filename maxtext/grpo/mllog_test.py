@@ -44,7 +44,9 @@ class GrpoMllogTest(absltest.TestCase):
 
   def test_tiny_run_log_fails_exactly_the_fixed_values(self):
     root = self.create_tempdir().full_path
-    pretrainer.run(tiny_configs.tiny_config(root, run_name="pretrain", steps=20))
+    pretrainer.run(
+        tiny_configs.tiny_config(root, run_name="pretrain", steps=20)
+    )
     config = tiny_configs.tiny_config(root, run_name="grpo", steps=4)
     values = dict(
         load_parameters_path=os.path.join(root, "pretrain", "checkpoints"),

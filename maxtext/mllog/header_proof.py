@@ -330,9 +330,7 @@ def write_log(
         "run_stop",
         None,
         {
-            "status": (
-                mllog_logger.SUCCESS if goal else mllog_logger.ABORTED
-            ),
+            "status": (mllog_logger.SUCCESS if goal else mllog_logger.ABORTED),
             "samples_count": start,
             **SYNTHETIC,
         },
@@ -531,7 +529,8 @@ def check_config(config: Any) -> None:
         failure.message,
     )
   problems = [
-      describe(f, config, _source(f.key, config)) for f in verdict.config_failures()
+      describe(f, config, _source(f.key, config))
+      for f in verdict.config_failures()
   ]
   if not problems:
     return

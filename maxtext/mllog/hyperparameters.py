@@ -339,9 +339,7 @@ GRPO_HEADER_SOURCES = {
         "config.mllog_train_samples (0 = steps / grpo_num_iterations * "
         "global_batch_size)"
     ),
-    "num_prompts_per_step": (
-        "config.global_batch_size / grpo_num_generations"
-    ),
+    "num_prompts_per_step": ("config.global_batch_size / grpo_num_generations"),
     "num_generations_per_prompt": "config.grpo_num_generations",
     "generation_training_rollout_temperature": "config.grpo_temperature",
     "generation_training_rollout_top_p": "config.grpo_top_p",

@@ -75,7 +75,8 @@ def check(config: Any, *, grpo: bool = False) -> None:
     ValueError: a submission field the checker would refuse, a closed
       mixture-of-experts benchmark with a dense model, or (log on, closed
       division) a config off the reference or a header the checker fails,
-      or (log on) a benchmark of the other kind of run; the message names the field or key and the value.
+      or (log on) a benchmark of the other kind of run; the message names
+      the field or key and the value.
     TypeError: a submission field of the wrong type.
   """
   rules.validate_submission(config)
