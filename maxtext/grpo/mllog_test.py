@@ -108,6 +108,15 @@ class GrpoMllogTest(absltest.TestCase):
     self.assertEqual([r["step"] for r in evals], [1, 2, 3])
     for event, record in zip(accuracy, evals):
       self.assertTrue(math.isclose(event["value"], record["eval_pass@1"]))
+    # Each step's tracked_stats: the loss and the step time; no token or
+    # FLOP rates (the pretraining step's counts are not a GRPO step's).
+    stats = [
+        e["value"]
+        for e in events
+        if e["key"] == "tracked_stats" and "train_loss" in e["value"]
+    ]
+    self.assertLen(stats, 4)
+    self.assertEqual(set(stats[0]), {"train_loss", "step_time"})
     # run_start after the header; the run ends aborted (no target reached).
     keys = [e["key"] for e in events]
     self.assertLess(keys.index("init_stop"), keys.index("run_start"))
