@@ -20,6 +20,7 @@ deepseekv3_671b run of a dense model, whose log could not carry it honestly).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Mapping, Optional
 
@@ -275,10 +276,12 @@ def hyperparameters_from_config(
   return out
 
 
+@functools.lru_cache(maxsize=256)
 def rules_require_key(
     rules_dir: str, division: str, benchmark: str, key: str
 ) -> bool:
-  """Whether a checker rule file requires `key` in the log.
+  """Whether a checker rule file requires `key` in the log (cached: the
+  installed rule files do not change while a process runs).
 
   Args:
     rules_dir: a ruleset's directory of YAML rules (`rules.ruleset_dir`).

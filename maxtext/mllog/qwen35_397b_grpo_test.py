@@ -169,6 +169,19 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     )
     self.assertIn("num_generations_per_prompt=8", message)
 
+  def test_grpo_run_logs_only_a_grpo_benchmark(self):
+    config = grpo_tiny.get_config()
+    config.submission_benchmark = "llama31_8b"
+    with self.assertRaisesRegex(
+        trainer.ConfigError,
+        r"^config.submission_benchmark='llama31_8b': a GRPO run's MLPerf log "
+        r"is for a GRPO benchmark of ruleset 6.1.0 \(\['qwen35_397b_grpo'\]\)$",
+    ):
+      trainer.check(config)
+    # Without a log there is nothing to refuse.
+    config.enable_mllog = False
+    trainer.check(config)
+
   def test_batch_argument_is_checked(self):
     with self.assertRaisesRegex(ValueError, "260 is not a positive multiple"):
       qwen35_397b_grpo.get_config("260")
