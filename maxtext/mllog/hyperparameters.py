@@ -9,6 +9,9 @@ a precision name, a non-empty name).
 `maxtext.optimizer.schedule_facts` states it (the schedule the run trains
 with), the samples from the config and its prepared data (`train_samples_of`,
 `eval_samples_of`); `HEADER_SOURCES` says which config fields set a key.
+A GRPO benchmark (`is_grpo_benchmark`: its rules require
+`num_generations_per_prompt`) gets a GRPO run's header: `grpo_values` (the
+rows, the evaluation's prompts, the samples, P, G and the sampling options).
 `maxtext.mllog.logger` writes the log; this module only decides its contents.
 The submission fields are checked by `maxtext.mllog.rules`.
 
