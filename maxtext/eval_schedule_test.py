@@ -82,6 +82,21 @@ class EvalScheduleTest(parameterized.TestCase):
     self.assertTrue(eval_schedule.eval_due(config, 43))
     self.assertTrue(eval_schedule.eval_due(config, 44))
 
+  def test_several_updates_per_batch(self):
+    # A GRPO rollout of 8 samples feeding 2 updates: first_eval_samples=24
+    # is 3 rollouts, so 6 updates; then every eval_interval (2) updates,
+    # after every rollout.
+    config = _config(
+        global_batch_size=8, first_eval_samples=24, eval_interval=2, steps=12
+    )
+    self.assertEqual(eval_schedule.first_eval_step(config, 2), 6)
+    self.assertEqual(
+        [c for c in range(1, 13) if eval_schedule.eval_due(config, c, 2)],
+        [6, 8, 10, 12],
+    )
+    # One update per batch: the same samples are 3 updates.
+    self.assertEqual(eval_schedule.first_eval_step(config), 3)
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -23,6 +23,8 @@ _TINY = [
     "--config.grpo_eval_prompts=8",
     "--config.eval_interval=2",
     "--config.steps=2",
+    # grpo_tiny writes an MLPerf log; a test needs no cold page cache.
+    "--config.cache_clear_command=sync",
 ]
 
 
@@ -45,6 +47,11 @@ class GrpoMainTest(absltest.TestCase):
         [(0, "train"), (1, "train"), (1, "eval")],
     )
     self.assertIn("rewards/exact_match", records[0])
+    # grpo_tiny's MLPerf log, of the GRPO benchmark.
+    with open(
+        os.path.join(out, "grpo_tiny", "mllog.log"), encoding="utf-8"
+    ) as f:
+      self.assertIn('"value": "qwen35_397b_grpo"', f.read())
 
   def test_bad_field_is_one_line_and_exit_2(self):
     out = self.create_tempdir().full_path
@@ -61,6 +68,32 @@ class GrpoMainTest(absltest.TestCase):
     self.assertEqual(
         done.stderr.strip().splitlines()[-1],
         "grpo_main: config.grpo_num_generations=1: must be >= 2",
+    )
+    self.assertEqual(os.listdir(out), [])
+
+  def test_closed_division_is_refused_naming_the_key(self):
+    # The tiny run's MLPerf log cannot be a closed qwen35_397b_grpo one:
+    # refused before any device work, one line naming the field.
+    out = self.create_tempdir().full_path
+    done = runfiles.run_binary(
+        "maxtext/grpo_main",
+        [
+            f"--config.base_output_directory={out}",
+            *_TINY,
+            "--config.submission_division=closed",
+        ],
+        timeout_s=120,
+    )
+    self.assertEqual(done.returncode, 2, done.stderr[-3000:])
+    last = done.stderr.strip().splitlines()[-1]
+    self.assertTrue(
+        last.startswith(
+            "grpo_main: closed-division pre-flight against the reference "
+            "convergence points: config.global_batch_size=8 is outside the "
+            "qwen35_397b_grpo reference convergence points' batch sizes "
+            "[256, 1024]"
+        ),
+        last,
     )
     self.assertEqual(os.listdir(out), [])
 

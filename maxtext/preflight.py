@@ -320,7 +320,7 @@ def _check_prepared_data(config) -> None:
   )
 
 
-def check(config) -> None:
+def check(config, *, grpo: bool = False) -> None:
   """Checks every path of a validated config, creating nothing.
 
   Local output directories (the run directory's parent and the run
@@ -339,13 +339,15 @@ def check(config) -> None:
 
   Args:
     config: the run's config, already validated by `config_lib.validate`.
+    grpo: the run is a GRPO run, not pretraining (the MLPerf benchmark must
+      be of its kind).
 
   Raises:
     ValueError: one line, `config.<field>=<value>: <problem>`, for the first
       problem found.
   """
   _check_prepared_data(config)
-  mllog_preflight.check(config)
+  mllog_preflight.check(config, grpo=grpo)
   _check_output(config)
   _check_mllog(config)
   _check_compilation_cache(config)

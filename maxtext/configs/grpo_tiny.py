@@ -50,6 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_interval = 50
   config.checkpoint_period = 50
   config.log_period = 1
-  # No MLPerf GRPO log yet (docs/grpo.md).
-  config.enable_mllog = False
+  # The MLPerf log of benchmark qwen35_397b_grpo (open division, as in
+  # default.py), in the run directory: its values are this tiny run's, so
+  # the checker fails the ones the rules fix otherwise (docs/mlperf.md).
+  config.enable_mllog = True
+  config.submission_benchmark = "qwen35_397b_grpo"
   return config

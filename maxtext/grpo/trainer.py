@@ -22,10 +22,11 @@ uninterrupted run would have used.
 With grpo_num_iterations = n, each rollout feeds n optimizer updates, and
 `steps`, `eval_interval` and `checkpoint_period` count updates (multiples of
 n), so checkpoints and evals fall between rollouts; a rollout's P x G
-samples count once. An eval whose held-out pass@1 reaches
-`grpo_target_pass_rate` ends the run with success. Limits of this loop
-(docs/grpo.md): one process; no warm-up before run_start; no MLPerf GRPO
-log.
+samples count once. Evals follow `eval_schedule` (the first after
+`first_eval_samples` when set, where MLPerf's qwen35_397b_grpo rules put
+it). An eval whose held-out pass@1 reaches `grpo_target_pass_rate` ends the
+run with success. Limits of this loop (docs/grpo.md): one process; no
+warm-up before run_start.
 """
 
 import dataclasses
@@ -40,6 +41,7 @@ import ml_collections
 from maxtext import config_lib
 from maxtext import engine as engine_lib
 from maxtext import eval_metrics
+from maxtext import eval_schedule
 from maxtext import model_setup
 from maxtext import optimizer as optimizer_lib
 from maxtext import preflight
@@ -122,7 +124,7 @@ def check(config) -> list[rewards_lib.RewardFunction]:
   try:
     config_lib.validate(config)
     config_lib.validate_grpo(config)
-    preflight.check(config)
+    preflight.check(config, grpo=True)
     functions = rewards_lib.load(config.grpo_reward_functions)
     make_task(config)
     loss_options(config)
@@ -289,7 +291,7 @@ def run(
         )
       step = first + passes - 1
       completed = step + 1
-      if completed % config.eval_interval == 0 or completed == config.steps:
+      if eval_schedule.eval_due(config, completed, updates_per_batch=passes):
         last_eval, reached = _evaluate(state, frozen, task, config, step)
         if reached:
           logging.info(

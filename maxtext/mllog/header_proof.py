@@ -14,7 +14,8 @@ before the run, so that no rule is ever repeated here:
   then run events marked `"synthetic": true` in their metadata: blocks and
   evaluations at the completed steps where the run's eval schedule
   (`maxtext.eval_schedule`) puts its first two evaluations, the last at the
-  config's `target_eval_loss`, then `run_stop`.
+  config's target (`target_eval_loss`; for a GRPO benchmark
+  `grpo_target_pass_rate`, a pass rate: `target`), then `run_stop`.
 
   `check_log(path, ruleset)` runs the installed checker on a log in this
   process (its rule files, its parser, its `ComplianceChecker`) and returns
@@ -98,6 +99,8 @@ _NO_BUILD = build_info_lib.BuildInfo(
 PROOF_CONFIG_FILENAME = "unknown"
 # Before the evaluation that reaches the target, a run's loss is above it.
 _MISS_MARGIN = 1.0
+# ... and a GRPO run's pass rate below it.
+_MISSED_PASS_RATE = 0.0
 
 # The checker keeps the rule files it still has to read in a module-level
 # list; one check at a time.
@@ -202,6 +205,27 @@ def rule_keys(ruleset: str, division: str, benchmark: str) -> frozenset[str]:
   return frozenset(keys)
 
 
+def updates_per_batch(config: Any) -> int:
+  """Optimizer updates one batch feeds: `grpo_num_iterations` for a GRPO
+  benchmark (a rollout feeds that many), else 1."""
+  if hyperparameters_lib.is_grpo_benchmark(config):
+    return config.grpo_num_iterations
+  return 1
+
+
+def samples_after(config: Any, step: int) -> int:
+  """The samples_count after `step` completed updates (a batch counts once)."""
+  return step // updates_per_batch(config) * config.global_batch_size
+
+
+def target(config: Any) -> float:
+  """The value of the quality metric at which the run stops with success:
+  `grpo_target_pass_rate` for a GRPO benchmark, else `target_eval_loss`."""
+  if hyperparameters_lib.is_grpo_benchmark(config):
+    return float(config.grpo_target_pass_rate)
+  return float(config.target_eval_loss)
+
+
 def eval_points(config: Any) -> tuple[int, ...]:
   """Completed steps of the synthetic run's evaluations: at most two.
 
@@ -214,16 +238,18 @@ def eval_points(config: Any) -> tuple[int, ...]:
   Returns:
     One or two step counts, increasing, each due by `eval_schedule.eval_due`.
   """
-  first = min(eval_schedule.first_eval_step(config), config.steps)
+  per_batch = updates_per_batch(config)
+  first = min(eval_schedule.first_eval_step(config, per_batch), config.steps)
   points = [first]
   if first < config.steps:
     points.append(min(first + config.eval_interval, config.steps))
   for step in points:
     # eval_due decides; the arithmetic above only finds the candidates.
-    if not eval_schedule.eval_due(config, step):
+    if not eval_schedule.eval_due(config, step, per_batch):
       raise AssertionError(
           f"eval_schedule does not evaluate after {step} steps, although "
-          f"first_eval_step is {eval_schedule.first_eval_step(config)}"
+          "first_eval_step is "
+          f"{eval_schedule.first_eval_step(config, per_batch)}"
       )
   return tuple(points)
 
@@ -265,8 +291,12 @@ def write_log(
       time_fn=lambda: _CLOCK_S,
       build=build or _NO_BUILD,
   )
-  batch = config.global_batch_size
-  target = float(config.target_eval_loss)
+  goal = target(config)
+  miss = (
+      _MISSED_PASS_RATE
+      if hyperparameters_lib.is_grpo_benchmark(config)
+      else goal + _MISS_MARGIN
+  )
   points = eval_points(config)
 
   def synthetic(key, value, samples, event_type=mllog_logger.POINT_IN_TIME):
@@ -284,25 +314,23 @@ def write_log(
     logger.event("run_start", None, SYNTHETIC, mllog_logger.INTERVAL_START)
     start = 0
     for i, step in enumerate(points):
-      samples = step * batch
+      samples = samples_after(config, step)
       last = i == len(points) - 1
       # Only the last evaluation reaches the target (without one, 0, every
       # evaluation reports 0): the checker's rule on the reported accuracy
       # then judges the config's target.
-      loss = target if last or not target else target + _MISS_MARGIN
+      value = goal if last or not goal else miss
       synthetic("block_start", None, start, mllog_logger.INTERVAL_START)
       synthetic("block_stop", None, samples, mllog_logger.INTERVAL_END)
       synthetic("eval_start", None, samples, mllog_logger.INTERVAL_START)
-      synthetic(EVAL_ACCURACY, loss, samples)
+      synthetic(EVAL_ACCURACY, value, samples)
       synthetic("eval_stop", None, samples, mllog_logger.INTERVAL_END)
       start = samples
     logger.event(
         "run_stop",
         None,
         {
-            "status": (
-                mllog_logger.SUCCESS if target else mllog_logger.ABORTED
-            ),
+            "status": (mllog_logger.SUCCESS if goal else mllog_logger.ABORTED),
             "samples_count": start,
             **SYNTHETIC,
         },
@@ -423,7 +451,7 @@ def describe(failure: Failure, config: Any, source: str = "") -> str:
   if failure.key == EVAL_ACCURACY:
     first = eval_points(config)[0]
     samples = (record or {}).get("metadata", {}).get("samples_count")
-    if record is not None and samples == first * config.global_batch_size:
+    if record is not None and samples == samples_after(config, first):
       return (
           f"{EVAL_ACCURACY}: the first evaluation, after {first} steps "
           f"(config.first_eval_samples={config.first_eval_samples}, "
@@ -432,9 +460,14 @@ def describe(failure: Failure, config: Any, source: str = "") -> str:
           f"samples_count={samples} fails `{test}`"
       )
     if test and record is None:
+      field = (
+          "grpo_target_pass_rate"
+          if hyperparameters_lib.is_grpo_benchmark(config)
+          else "target_eval_loss"
+      )
       return (
-          f"{EVAL_ACCURACY}: the run stops at config.target_eval_loss="
-          f"{config.target_eval_loss!r}, and no evaluation passes `{test}`"
+          f"{EVAL_ACCURACY}: the run stops at config.{field}="
+          f"{config[field]!r}, and no evaluation passes `{test}`"
       )
   if record is not None and test:
     where = f" ({source})" if source else ""
@@ -459,10 +492,11 @@ def fresh_run_header(
   )
 
 
-def _source(key: str) -> str:
+def _source(key: str, config: Any) -> str:
   """What in the config sets header key `key`, or ""."""
-  if key in hyperparameters_lib.HEADER_SOURCES:
-    return hyperparameters_lib.HEADER_SOURCES[key]
+  sources = hyperparameters_lib.header_sources(config)
+  if key in sources:
+    return sources[key]
   # A key named as a config field is set by that field.
   return f"config.{key}" if key in config_lib.FIELD_TYPES else ""
 
@@ -495,7 +529,8 @@ def check_config(config: Any) -> None:
         failure.message,
     )
   problems = [
-      describe(f, config, _source(f.key)) for f in verdict.config_failures()
+      describe(f, config, _source(f.key, config))
+      for f in verdict.config_failures()
   ]
   if not problems:
     return

@@ -9,6 +9,9 @@ a precision name, a non-empty name).
 `maxtext.optimizer.schedule_facts` states it (the schedule the run trains
 with), the samples from the config and its prepared data (`train_samples_of`,
 `eval_samples_of`); `HEADER_SOURCES` says which config fields set a key.
+A GRPO benchmark (`is_grpo_benchmark`: its rules require
+`num_generations_per_prompt`) gets a GRPO run's header: `grpo_values` (the
+rows, the evaluation's prompts, the samples, P, G and the sampling options).
 `maxtext.mllog.logger` writes the log; this module only decides its contents.
 The submission fields are checked by `maxtext.mllog.rules`.
 
@@ -20,6 +23,7 @@ deepseekv3_671b run of a dense model, whose log could not carry it honestly).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Mapping, Optional
 
@@ -29,6 +33,7 @@ import yaml
 from maxtext import checks
 from maxtext import config_lib
 from maxtext import optimizer
+from maxtext.mllog import rules
 from maxtext.text import metadata as text_metadata
 
 # Precision names the 6.1 disclosure keys accept.
@@ -93,6 +98,21 @@ _REQUIRED_KINDS = {
 REQUIRED_HYPERPARAMETERS = tuple(_REQUIRED_KINDS)
 _MINIMUM = {_COUNT: 0, _POSITIVE_COUNT: 1}
 
+# Keys a GRPO benchmark's log adds after the required ones (6.1.0
+# qwen35_397b_grpo), with their kinds; checked when present.
+_GRPO_KINDS = {
+    "num_prompts_per_step": _POSITIVE_COUNT,
+    "num_generations_per_prompt": _POSITIVE_COUNT,
+    "generation_training_rollout_temperature": _NUMBER,
+    "generation_training_rollout_top_p": _NUMBER,
+    "generation_validation_rollout_temperature": _NUMBER,
+    "generation_validation_rollout_top_p": _NUMBER,
+}
+GRPO_HYPERPARAMETERS = tuple(_GRPO_KINDS)
+# A benchmark is one of GRPO post-training when its rules require this key
+# (read from the installed checker by `is_grpo_benchmark`).
+GRPO_RULE_KEY = "num_generations_per_prompt"
+
 # Logged after the required keys when the model has experts.
 MOE_AUX_LOSS_COEFF = "moe_aux_loss_coeff"
 # Rule requirements that make a key mandatory in a checker's YAML.
@@ -143,7 +163,9 @@ def check_values(values: Mapping[str, Any]) -> None:
   missing = [k for k in REQUIRED_HYPERPARAMETERS if k not in values]
   if missing:
     raise ValueError(f"hyperparameters is missing required keys {missing}")
-  for key, kind in _REQUIRED_KINDS.items():
+  kinds = dict(_REQUIRED_KINDS)
+  kinds.update((k, v) for k, v in _GRPO_KINDS.items() if k in values)
+  for key, kind in kinds.items():
     value = values[key]
     if kind in _MINIMUM:
       checks.check_int(f"hyperparameter {key}", value, _MINIMUM[kind])
@@ -257,10 +279,12 @@ def hyperparameters_from_config(
   return out
 
 
+@functools.lru_cache(maxsize=256)
 def rules_require_key(
     rules_dir: str, division: str, benchmark: str, key: str
 ) -> bool:
-  """Whether a checker rule file requires `key` in the log.
+  """Whether a checker rule file requires `key` in the log (cached: the
+  installed rule files do not change while a process runs).
 
   Args:
     rules_dir: a ruleset's directory of YAML rules (`rules.ruleset_dir`).
@@ -310,6 +334,91 @@ HEADER_SOURCES = {
 }
 
 
+# What sets a GRPO header key (`is_grpo_benchmark`): where it differs from
+# a pretraining run's, or is a GRPO key.
+GRPO_HEADER_SOURCES = {
+    "max_sequence_length": (
+        "config.grpo_prompt_length + grpo_max_completion_length"
+    ),
+    "eval_samples": "config.grpo_eval_prompts",
+    "train_samples": (
+        "config.mllog_train_samples (0 = steps / grpo_num_iterations * "
+        "global_batch_size)"
+    ),
+    "num_prompts_per_step": ("config.global_batch_size / grpo_num_generations"),
+    "num_generations_per_prompt": "config.grpo_num_generations",
+    "generation_training_rollout_temperature": "config.grpo_temperature",
+    "generation_training_rollout_top_p": "config.grpo_top_p",
+    "generation_validation_rollout_temperature": (
+        "config.grpo_eval_temperature"
+    ),
+    "generation_validation_rollout_top_p": "config.grpo_eval_top_p",
+}
+
+
+def is_grpo_benchmark(config: Any) -> bool:
+  """Whether the config's benchmark is one of GRPO post-training.
+
+  True when the installed checker's rules for the config's ruleset,
+  division and benchmark require `GRPO_RULE_KEY` (6.1.0:
+  qwen35_397b_grpo). Its log holds the GRPO header (`grpo_values`), and
+  only a GRPO run may write it (`maxtext.mllog.preflight`).
+  """
+  return rules_require_key(
+      rules.ruleset_dir(config.mllog_ruleset),
+      config.submission_division,
+      config.submission_benchmark,
+      GRPO_RULE_KEY,
+  )
+
+
+def header_sources(config: Any) -> dict[str, str]:
+  """`HEADER_SOURCES`, with `GRPO_HEADER_SOURCES` for a GRPO benchmark."""
+  if is_grpo_benchmark(config):
+    return {**HEADER_SOURCES, **GRPO_HEADER_SOURCES}
+  return dict(HEADER_SOURCES)
+
+
+def grpo_values(config: Any) -> dict[str, Any]:
+  """What a GRPO run's header says differently, then the GRPO keys.
+
+  The values the GRPO run (`maxtext.grpo.trainer`) uses: its sequences are
+  a prompt and a completion (`grpo_prompt_length` +
+  `grpo_max_completion_length` tokens), an evaluation continues
+  `grpo_eval_prompts` held-out prompts, a step's batch is
+  `global_batch_size / grpo_num_generations` prompts of
+  `grpo_num_generations` completions (the samples a rollout adds), drawn
+  with the rollout's and the evaluation's temperature and top-p.
+
+  Args:
+    config: a validated GRPO config.
+
+  Returns:
+    `max_sequence_length`, `eval_samples`, `train_samples`, then
+    `GRPO_HYPERPARAMETERS` in that order.
+  """
+  generations = config.grpo_num_generations
+  rollouts = config.steps // config.grpo_num_iterations
+  values = {
+      "max_sequence_length": (
+          config.grpo_prompt_length + config.grpo_max_completion_length
+      ),
+      "eval_samples": config.grpo_eval_prompts,
+      "train_samples": (
+          config.mllog_train_samples or rollouts * config.global_batch_size
+      ),
+      "num_prompts_per_step": config.global_batch_size // generations,
+      "num_generations_per_prompt": generations,
+      "generation_training_rollout_temperature": config.grpo_temperature,
+      "generation_training_rollout_top_p": config.grpo_top_p,
+      "generation_validation_rollout_temperature": (
+          config.grpo_eval_temperature
+      ),
+      "generation_validation_rollout_top_p": config.grpo_eval_top_p,
+  }
+  return values
+
+
 def train_samples_of(config: Any) -> int:
   """`train_samples` for the MLPerf log: mllog_train_samples; 0 = the
   prepared data's training sequences (grain), else the budget."""
@@ -342,7 +451,9 @@ def run_hyperparameters(
   """The hyperparameter events of a run's MLPerf log.
 
   The trainer's MLPerf listener logs exactly these; the header proof of a
-  run with a log checks them before training.
+  run with a log checks them before training. For a GRPO benchmark
+  (`is_grpo_benchmark`; the pre-flight lets only a GRPO run log one) the
+  header says what the GRPO run uses (`grpo_values`).
 
   Args:
     config: the run's validated config.
@@ -352,15 +463,20 @@ def run_hyperparameters(
     config_filename: the config file's name, for the 6.1 disclosure.
   """
   schedule = optimizer.schedule_facts(config)
-  return hyperparameters_from_config(
+  grpo = is_grpo_benchmark(config)
+  values = hyperparameters_from_config(
       config,
       warmup_steps=schedule.warmup_steps,
       schedule_steps=schedule.schedule_steps,
       end_learning_rate=schedule.end_learning_rate,
       decay_schedule=schedule.decay_schedule,
-      train_samples=train_samples_of(config),
-      eval_samples=eval_samples_of(config),
+      # A GRPO run reads no data set: grpo_values states its samples.
+      train_samples=0 if grpo else train_samples_of(config),
+      eval_samples=0 if grpo else eval_samples_of(config),
       init_checkpoint_step=start_step,
       micro_batch_size=config_lib.micro_batch_size(config) // data_parallelism,
       config_filename=config_filename,
   )
+  if grpo:
+    values.update(grpo_values(config))
+  return values

@@ -70,6 +70,45 @@ class RunHyperparametersTest(parameterized.TestCase):
     header = _header(_config(num_experts=4, num_experts_per_token=2))
     self.assertLessEqual(set(hyperparameters.HEADER_SOURCES), set(header))
 
+  def test_grpo_benchmark_header_is_the_grpo_runs(self):
+    pretraining = _header(_config())
+    self.assertNotIn("num_generations_per_prompt", pretraining)
+    self.assertEqual(pretraining["max_sequence_length"], 64)
+    config = _config(
+        submission_benchmark="qwen35_397b_grpo",
+        grpo_num_generations=4,
+        grpo_num_iterations=2,
+        grpo_prompt_length=5,
+        grpo_max_completion_length=9,
+        grpo_eval_prompts=30,
+        grpo_temperature=0.7,
+        grpo_top_p=0.8,
+        grpo_eval_temperature=0.2,
+        grpo_eval_top_p=0.9,
+    )
+    self.assertTrue(hyperparameters.is_grpo_benchmark(config))
+    header = _header(config)
+    self.assertEqual(
+        {k: header[k] for k in hyperparameters.GRPO_HYPERPARAMETERS},
+        {
+            "num_prompts_per_step": 3,
+            "num_generations_per_prompt": 4,
+            "generation_training_rollout_temperature": 0.7,
+            "generation_training_rollout_top_p": 0.8,
+            "generation_validation_rollout_temperature": 0.2,
+            "generation_validation_rollout_top_p": 0.9,
+        },
+    )
+    self.assertEqual(header["max_sequence_length"], 14)
+    self.assertEqual(header["eval_samples"], 30)
+    # 50 updates, 2 per rollout: 25 rollouts of 12 samples.
+    self.assertEqual(header["train_samples"], 300)
+    self.assertLessEqual(
+        set(hyperparameters.header_sources(config))
+        - {hyperparameters.MOE_AUX_LOSS_COEFF},
+        set(header),
+    )
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -173,7 +173,8 @@ def start(
     data_parallelism: the mesh's data axis size.
     config_filename: the config file's name, for the 6.1 disclosure.
     throughput: the run's throughput constants, for each step's
-      tracked_stats (samples/s, tokens/s, TFLOP/s per device, MFU).
+      tracked_stats (samples/s, tokens/s, TFLOP/s per device, MFU); not
+      used for a GRPO benchmark, whose steps they do not describe.
     build: the source the run was built from, named in the log's
       submission_platform metadata; pass the one config.json records
       (default: `build_info.loaded()`, this process's code).
@@ -196,6 +197,11 @@ def start(
       logging.warning(
           "MLPerf log: cache_clear is logged False: %s", flush.reason
       )
+  if hyperparameters.is_grpo_benchmark(config):
+    # A GRPO step generates before it trains, on rows of a prompt and a
+    # completion: the pretraining step's token and FLOP counts are not its
+    # own, so its tracked_stats carry the loss and the step time only.
+    throughput = None
   logger = mllog_logger.create_mllogger(
       config, path, process_index=process_index, build=build
   )

@@ -1,0 +1,141 @@
+"""A tiny GRPO run's MLPerf qwen35_397b_grpo log through the official checker.
+
+Pretrains the tiny model briefly, runs GRPO from its checkpoint with the log
+on (open division), and runs the official compliance checker on the log (in
+a subprocess, as the other log tests do). The log holds the run's own
+values, so it fails exactly the checks the rules fix to other values than a
+tiny run uses: `max_sequence_length` (65536; the run's prompt plus
+completion is 7 tokens), `eval_samples` (251 held-out prompts; the run has
+8) and `eval_accuracy` (no held-out pass@1 above 0.69). Nothing else fails.
+"""
+
+import json
+import math
+import os
+
+from absl.testing import absltest
+
+from maxtext import trainer as pretrainer
+from maxtext.grpo import trainer
+from maxtext.metrics import jsonl
+from maxtext.mllog import logger as mllog_logger
+from testing import compliance_checker
+from testing import tiny_configs
+
+# The checks a tiny run's log fails, by key: the rule's failed test.
+_EXPECTED_FAILURES = {
+    "max_sequence_length": "v['value'] == 65536",
+    "eval_samples": "v['value'] == 251",
+    "eval_accuracy": "v['value'] > 0.69",
+}
+
+
+def _events(path):
+  """The log's events, each a dict (key, value, metadata)."""
+  with open(path, encoding="utf-8") as f:
+    return [
+        json.loads(line[len(mllog_logger.LINE_PREFIX) :])
+        for line in f
+        if line.startswith(mllog_logger.LINE_PREFIX)
+    ]
+
+
+class GrpoMllogTest(absltest.TestCase):
+
+  def test_tiny_run_log_fails_exactly_the_fixed_values(self):
+    root = self.create_tempdir().full_path
+    pretrainer.run(
+        tiny_configs.tiny_config(root, run_name="pretrain", steps=20)
+    )
+    config = tiny_configs.tiny_config(root, run_name="grpo", steps=4)
+    values = dict(
+        load_parameters_path=os.path.join(root, "pretrain", "checkpoints"),
+        enable_mllog=True,
+        submission_benchmark="qwen35_397b_grpo",
+        lr_schedule="constant",
+        learning_rate=1e-3,
+        warmup_steps=0,
+        global_batch_size=8,
+        gradient_accumulation_steps=2,
+        **tiny_configs.TINY_GRPO,
+        grpo_temperature=0.9,
+        grpo_top_p=0.95,
+        grpo_eval_temperature=0.5,
+        grpo_eval_top_p=0.9,
+        # The rules' schedule scaled down: the first eval after 2 rollouts,
+        # then one after every rollout.
+        first_eval_samples=16,
+        eval_interval=1,
+        checkpoint_period=0,
+    )
+    for key, value in values.items():
+      config[key] = value
+    result = trainer.run(config, config_filename="grpo_mllog_test.py")
+    self.assertEqual(result.final_step, 4)
+    path = os.path.join(result.run_dir, "mllog.log")
+    events = _events(path)
+    header = {e["key"]: e["value"] for e in events}
+
+    # Every value is the run's, from the fields that drive it.
+    gbs, generations = 8, config.grpo_num_generations
+    self.assertEqual(header["submission_benchmark"], "qwen35_397b_grpo")
+    self.assertEqual(header["global_batch_size"], gbs)
+    self.assertEqual(header["num_generations_per_prompt"], generations)
+    self.assertEqual(header["num_prompts_per_step"], gbs // generations)
+    self.assertEqual(
+        header["max_sequence_length"],
+        config.grpo_prompt_length + config.grpo_max_completion_length,
+    )
+    self.assertEqual(header["eval_samples"], config.grpo_eval_prompts)
+    self.assertEqual(header["train_samples"], 4 * gbs)
+    self.assertEqual(header["generation_training_rollout_temperature"], 0.9)
+    self.assertEqual(header["generation_training_rollout_top_p"], 0.95)
+    self.assertEqual(header["generation_validation_rollout_temperature"], 0.5)
+    self.assertEqual(header["generation_validation_rollout_top_p"], 0.9)
+    self.assertEqual(header["opt_learning_rate_decay_schedule"], "constant")
+    self.assertEqual(header["opt_learning_rate_warmup_steps"], 0)
+    self.assertEqual(header["opt_base_learning_rate"], 1e-3)
+    self.assertEqual(header["init_checkpoint_step"], 0)
+
+    # eval_accuracy is held-out pass@1 at the samples the schedule puts it:
+    # after rollouts 2, 3 and 4 (P x G samples each), as metrics.jsonl has.
+    accuracy = [e for e in events if e["key"] == "eval_accuracy"]
+    self.assertEqual(
+        [e["metadata"]["samples_count"] for e in accuracy], [16, 24, 32]
+    )
+    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
+    evals = [r for r in records if r["kind"] == "eval"]
+    self.assertEqual([r["step"] for r in evals], [1, 2, 3])
+    for event, record in zip(accuracy, evals):
+      self.assertTrue(math.isclose(event["value"], record["eval_pass@1"]))
+    # Each step's tracked_stats: the loss and the step time; no token or
+    # FLOP rates (the pretraining step's counts are not a GRPO step's).
+    stats = [
+        e["value"]
+        for e in events
+        if e["key"] == "tracked_stats" and "train_loss" in e["value"]
+    ]
+    self.assertLen(stats, 4)
+    self.assertEqual(set(stats[0]), {"train_loss", "step_time"})
+    # run_start after the header; the run ends aborted (no target reached).
+    keys = [e["key"] for e in events]
+    self.assertLess(keys.index("init_stop"), keys.index("run_start"))
+    stop = [e for e in events if e["key"] == "run_stop"]
+    self.assertLen(stop, 1)
+    self.assertEqual(stop[0]["metadata"]["status"], "aborted")
+
+    checked = compliance_checker.run_checker(path)
+    self.assertFalse(checked.passed)
+    failures = {}
+    for message in checked.messages:
+      first = message.splitlines()[0]
+      keys = [k for k in _EXPECTED_FAILURES if k in first] or [first]
+      failures[keys[0]] = message
+    self.assertEqual(set(failures), set(_EXPECTED_FAILURES), checked.output)
+    self.assertLen(checked.messages, len(_EXPECTED_FAILURES))
+    for key, test in _EXPECTED_FAILURES.items():
+      self.assertIn(test, failures[key])
+
+
+if __name__ == "__main__":
+  absltest.main()

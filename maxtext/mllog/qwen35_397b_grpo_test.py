@@ -1,0 +1,193 @@
+"""The qwen35_397b_grpo config's MLPerf header against the closed rules.
+
+As for deepseekv3_671b: `maxtext.mllog.header_proof` writes the config's real
+header (the hyperparameters the MLPerf listener logs for a GRPO run) and run
+events marked `"synthetic": true` at the evaluations the GRPO run's schedule
+makes, and the official checker judges it with the closed
+qwen35_397b_grpo rules of 6.1.0 (the only ruleset that has the benchmark).
+The tiny GRPO config is refused in the closed division before any device
+work, naming a key.
+"""
+
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import ml_collections
+
+from maxtext import config_lib
+from maxtext.configs import grpo_tiny
+from maxtext.configs import qwen35_397b_grpo
+from maxtext.grpo import trainer
+from maxtext.mllog import header_proof
+from maxtext.mllog import hyperparameters
+from maxtext.mllog import preflight
+from maxtext.mllog import rules
+
+_RULESET = "6.1.0"
+_BENCHMARK = "qwen35_397b_grpo"
+
+
+def _config(batch="", **overrides):
+  values = qwen35_397b_grpo.get_config(batch).to_dict()
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
+
+
+def _header(config):
+  return header_proof.fresh_run_header(config, "qwen35_397b_grpo.py")
+
+
+def _prove(config):
+  return header_proof.prove(config, _header(config))
+
+
+class Qwen35GrpoMllogTest(parameterized.TestCase):
+
+  def test_config_is_a_closed_grpo_submission(self):
+    config = qwen35_397b_grpo.get_config()
+    self.assertEqual(config.submission_division, "closed")
+    self.assertEqual(config.submission_benchmark, _BENCHMARK)
+    self.assertIn(_BENCHMARK, rules.benchmarks(_RULESET))
+    self.assertTrue(hyperparameters.is_grpo_benchmark(config))
+    self.assertEqual(rules.reference_mismatches(config), [])
+    # Every check a GRPO run makes before device work (grpo_main's).
+    trainer.check(config)
+    # A pretraining run cannot log a GRPO benchmark.
+    with self.assertRaisesRegex(
+        ValueError, "submission_benchmark='qwen35_397b_grpo': a GRPO benchmark"
+    ):
+      preflight.check(config)
+
+  @parameterized.parameters("256", "384", "512", "1024")
+  def test_header_satisfies_the_closed_rules(self, batch):
+    config = _config(batch)
+    config_lib.validate(config)
+    config_lib.validate_grpo(config)
+    preflight.check(config, grpo=True)
+    hparams = _header(config)
+    gbs = int(batch)
+    # The values the run uses, from the fields that drive it.
+    self.assertEqual(hparams["global_batch_size"], gbs)
+    self.assertEqual(hparams["num_prompts_per_step"] * 16, gbs)
+    self.assertEqual(
+        hparams["max_sequence_length"],
+        config.grpo_prompt_length + config.grpo_max_completion_length,
+    )
+    self.assertEqual(hparams["eval_samples"], config.grpo_eval_prompts)
+    self.assertEqual(hparams["opt_learning_rate_decay_schedule"], "constant")
+    self.assertAlmostEqual(
+        hparams["opt_base_learning_rate"], 1e-6 * math.sqrt(gbs / 256)
+    )
+    self.assertEqual(
+        hparams["generation_validation_rollout_temperature"],
+        config.grpo_eval_temperature,
+    )
+    # Every key the benchmark's rules name is in the header.
+    rule_header_keys = (
+        header_proof.rule_keys(_RULESET, "closed", _BENCHMARK)
+        - header_proof.RUN_KEYS
+    )
+    self.assertEqual(
+        {k for k in rule_header_keys if not k.startswith("submission_")}
+        - set(hparams),
+        set(),
+    )
+    # The first evaluation at the rule's samples, the next one step later.
+    points = header_proof.eval_points(config)
+    self.assertEqual(
+        [header_proof.samples_after(config, p) for p in points],
+        [
+            gbs * math.ceil(2.5 + 3840 / gbs),
+            gbs * math.ceil(2.5 + 3840 / gbs) + gbs,
+        ],
+    )
+    verdict = _prove(config)
+    self.assertTrue(verdict.passed, verdict)
+
+  def test_two_passes_per_rollout_keep_the_sample_counts(self):
+    # Two updates per rollout: the evaluations fall after every rollout,
+    # at the same samples_count (a rollout's samples count once).
+    config = _config(grpo_num_iterations=2, eval_interval=2, steps=200)
+    points = header_proof.eval_points(config)
+    self.assertEqual(points, (2 * 18, 2 * 19))
+    self.assertEqual(
+        [header_proof.samples_after(config, p) for p in points],
+        [256 * 18, 256 * 19],
+    )
+    self.assertTrue(_prove(config).passed)
+
+  def test_first_eval_a_step_late_fails(self):
+    config = _config()
+    config.first_eval_samples += config.global_batch_size
+    self.assertEqual(
+        [f.key for f in _prove(config).failures], ["eval_accuracy"]
+    )
+
+  @parameterized.named_parameters(
+      ("learning_rate", "learning_rate", 2e-6, "opt_base_learning_rate"),
+      ("clip", "grad_clip_norm", 1.0, "opt_gradient_clip_norm"),
+      ("generations", "grpo_num_generations", 8, "num_generations_per_prompt"),
+      ("rollout_t", "grpo_temperature", 0.7, "generation_training_rollout_"),
+      ("eval_top_p", "grpo_eval_top_p", 1.0, "generation_validation_rollout"),
+      ("eval_prompts", "grpo_eval_prompts", 250, "eval_samples"),
+      ("completion", "grpo_max_completion_length", 1000, "max_sequence_len"),
+      ("beta2", "adam_b2", 0.95, "opt_adamw_beta_2"),
+  )
+  def test_checker_names_a_wrong_hyperparameter(self, field, value, key):
+    verdict = _prove(_config(**{field: value}))
+    keys = {f.key for f in verdict.config_failures()}
+    self.assertTrue(any(k.startswith(key) for k in keys), keys)
+
+  def test_target_at_the_rules_threshold_fails(self):
+    # The run would stop at pass@1 0.69, which the rules do not accept.
+    verdict = _prove(_config(grpo_target_pass_rate=0.69))
+    self.assertEqual([f.key for f in verdict.failures], ["eval_accuracy"])
+    self.assertIn("> s['target_accuracy']", verdict.failures[0].failed_test)
+
+  def test_tiny_config_is_refused_in_the_closed_division(self):
+    config = grpo_tiny.get_config()
+    config.submission_division = "closed"
+    with self.assertRaises(trainer.ConfigError) as caught:
+      trainer.check(config)
+    message = str(caught.exception)
+    self.assertNotIn("\n", message)
+    self.assertIn("config.global_batch_size=64", message)
+    # At a reference batch size the header proof names the keys off the
+    # rules, with the field that sets each.
+    config.global_batch_size = 256
+    config.gradient_accumulation_steps = 8
+    config.learning_rate = 1e-6
+    with self.assertRaises(trainer.ConfigError) as caught:
+      trainer.check(config)
+    message = str(caught.exception)
+    self.assertNotIn("\n", message)
+    self.assertIn(
+        "max_sequence_length=8 (config.grpo_prompt_length + "
+        "grpo_max_completion_length) fails",
+        message,
+    )
+    self.assertIn("num_generations_per_prompt=8", message)
+
+  def test_grpo_run_logs_only_a_grpo_benchmark(self):
+    config = grpo_tiny.get_config()
+    config.submission_benchmark = "llama31_8b"
+    with self.assertRaisesRegex(
+        trainer.ConfigError,
+        r"^config.submission_benchmark='llama31_8b': a GRPO run's MLPerf log "
+        r"is for a GRPO benchmark of ruleset 6.1.0 \(\['qwen35_397b_grpo'\]\)$",
+    ):
+      trainer.check(config)
+    # Without a log there is nothing to refuse.
+    config.enable_mllog = False
+    trainer.check(config)
+
+  def test_batch_argument_is_checked(self):
+    with self.assertRaisesRegex(ValueError, "260 is not a positive multiple"):
+      qwen35_397b_grpo.get_config("260")
+    with self.assertRaisesRegex(ValueError, "must be an integer, got 'x'"):
+      qwen35_397b_grpo.get_config("x")
+
+
+if __name__ == "__main__":
+  absltest.main()
