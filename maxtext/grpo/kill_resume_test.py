@@ -81,6 +81,7 @@ class KillResumeTest(absltest.TestCase):
     )
 
   def _run(self, out, run_name, steps) -> subprocess.CompletedProcess:
+    """grpo_main to `steps` in `out`/`run_name`; it must succeed."""
     done = subprocess.run(
         _command() + self._flags(out, run_name, steps),
         cwd=out,
