@@ -13,11 +13,12 @@ a config DeepseekV3ForCausalLM cannot hold (another attention or router, a
 token-dropping capacity factor, another rotary scaling) is refused with one
 line naming the field (`check_exportable`).
 
-Tensors (`tensors`, one table for both directions: each `Layout` converts
-to the project's layout on import and back on export), Hugging Face's `nn.Linear` [out, in] to the project's [in, out]
-(E hidden, H heads, N/R/D the nope/rope/value head widths, Q q_lora_rank,
-C kv_lora_rank, F the expert width, X experts). Layers below
-`num_dense_layers` go to the stack `layers`, the rest to `moe_layers`:
+Tensors (`tensors`, one table for both directions: each `Layout` converts to
+the project's layout on import and back on export), Hugging Face's
+`nn.Linear` [out, in] to the project's [in, out] (E hidden, H heads, N/R/D
+the nope/rope/value head widths, Q q_lora_rank, C kv_lora_rank, F the expert
+width, X experts). Layers below `num_dense_layers` go to the stack `layers`,
+the rest to `moe_layers`:
 
   model.layers.N.input_layernorm / post_attention_layernorm
                                                 attn_norm / mlp_norm [E]
