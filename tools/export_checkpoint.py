@@ -48,9 +48,10 @@ def _export() -> None:
       caller_paths.resolve_local_path(_RUN_DIR.value), _STEP.value
   )
   output_dir = caller_paths.resolve_local_path(_OUTPUT_DIR.value)
+  start = run.config.get("load_parameters_path") or ""
   selection = tokenizer_files.for_export(
       run.run_dir,
-      run.config.load_parameters_path,
+      caller_paths.resolve_local_path(start) if start else "",
       run.tokenizer.path if run.tokenizer else None,
   )
   exporter.export_checkpoint(
