@@ -1,14 +1,20 @@
-"""Exports a run's checkpoint as a Hugging Face Llama model directory.
+"""Exports a run's checkpoint as a Hugging Face model directory.
 
   tools/bazel run //tools:export_checkpoint -- --run_dir=/runs/llama32_ft \\
       --output_dir=/models/llama32_ft --dtype=bfloat16
+  tools/bazel run //tools:export_checkpoint -- --run_dir=/runs/dsv3_ft \\
+      --output_dir=/models/dsv3_ft --dtype=bfloat16
 
 writes config.json and model.safetensors, which
 `transformers.AutoModelForCausalLM.from_pretrained("/models/llama32_ft")`
-loads. --step picks a checkpoint (default: the newest); --dtype is the
-tensors' dtype (bfloat16 or float32, default float32). Only dense
-grouped-query models (Llama 3.x shapes) export. A bad input is one line,
-exit status 2, and --output_dir (absent or empty) stays untouched.
+loads: dense grouped-query models as LlamaForCausalLM, multi-head latent
+attention mixture-of-experts models as DeepseekV3ForCausalLM. --step picks
+a checkpoint (default: the newest); --dtype is the tensors' dtype (bfloat16
+or float32, default float32). The run's tokenizer files (those of the
+imported checkpoint it started from, or of its prepared data) are copied
+beside them, and the output says which. A bad input (a model neither
+family can hold names the field) is one line, exit status 2, and
+--output_dir (absent or empty) stays untouched.
 """
 
 from absl import app
@@ -16,6 +22,7 @@ from absl import flags
 
 from maxtext import caller_paths
 from maxtext.hf import exporter
+from maxtext.hf import tokenizer_files
 from maxtext.text import generate
 from tools import command_line
 
@@ -41,7 +48,19 @@ def _export() -> None:
       caller_paths.resolve_local_path(_RUN_DIR.value), _STEP.value
   )
   output_dir = caller_paths.resolve_local_path(_OUTPUT_DIR.value)
-  exporter.export_checkpoint(run.config, run.params, output_dir, _DTYPE.value)
+  start = run.config.get("load_parameters_path") or ""
+  selection = tokenizer_files.for_export(
+      run.run_dir,
+      caller_paths.resolve_local_path(start) if start else "",
+      run.tokenizer.path if run.tokenizer else None,
+  )
+  exporter.export_checkpoint(
+      run.config, run.params, output_dir, _DTYPE.value, selection.files
+  )
+  for line in selection.notes:
+    print(f"export_checkpoint: {line}")
+  for name, source in selection.files.items():
+    print(f"export_checkpoint: copied {name} from {source}")
   print(f"export_checkpoint: step {run.step} of {run.run_dir} -> {output_dir}")
 
 

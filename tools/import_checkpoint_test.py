@@ -281,6 +281,112 @@ class ImportCheckpointTest(absltest.TestCase):
         np.asarray(resumed.params["layers"]["wo"][1]).reshape(-1, 32).T,
     )
 
+  def test_deepseek_and_tokenizer_files_round_trip_through_the_binaries(self):
+    # A latent-attention mixture-of-experts model with everything
+    # DeepSeek-V3 adds (dense first layer, grouped biased sigmoid routing,
+    # routed scaling, YaRN), exported, imported and exported again by the
+    # binaries: every parameter and tensor comes back bit for bit, and the
+    # tokenizer files travel with it.
+    config = tiny_configs.model_config(
+        tiny_configs.TINY_MLA,
+        tiny_configs.TINY_MOE,
+        num_layers=3,
+        router_score="sigmoid",
+        router_bias=True,
+        num_expert_groups=2,
+        expert_groups_per_token=1,
+        routed_scaling_factor=2.5,
+        rope_scaling="yarn",
+        rope_scaling_factor=4.0,
+        rope_original_max_position=8,
+        rope_yarn_mscale=1.0,
+        rope_yarn_mscale_all_dim=1.0,
+    )
+    params = transformer.init_params(config, jax.random.PRNGKey(2))
+    params["moe_layers"]["router_bias"] = jax.random.normal(
+        jax.random.PRNGKey(3), params["moe_layers"]["router_bias"].shape
+    )
+    root = self.create_tempdir().full_path
+    hf = os.path.join(root, "hf")
+    exporter.export_checkpoint(config, params, hf, "float32")
+    tokenizer = {
+        "tokenizer.json": '{"model": {"type": "BPE"}}',
+        "tokenizer_config.json": '{"eos_token": "</s>"}',
+        "generation_config.json": '{"eos_token_id": 1}',
+    }
+    for name, text in tokenizer.items():
+      with open(os.path.join(hf, name), "w", encoding="utf-8") as f:
+        f.write(text)
+
+    imported = os.path.join(root, "imported")
+    done = _run(
+        "import_checkpoint", f"--input={hf}", f"--output_dir={imported}"
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    for line in (
+        "config.attention_type = 'mla'",
+        "config.num_dense_layers = 1",
+        "config.num_expert_groups = 2",
+        "config.rope_scaling = 'yarn'",
+        "tokenizer files copied: tokenizer.json, tokenizer_config.json, "
+        "generation_config.json",
+    ):
+      self.assertIn(line + "\n", done.stdout)
+    loaded = generate.load_run(imported)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+      np.testing.assert_array_equal(
+          np.asarray(_get(loaded.params, path)), np.asarray(leaf)
+      )
+
+    exported = os.path.join(root, "exported")
+    done = _run(
+        "export_checkpoint",
+        f"--run_dir={imported}",
+        f"--output_dir={exported}",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    for name, text in tokenizer.items():
+      self.assertIn(
+          f"export_checkpoint: copied {name} from "
+          f"{os.path.join(imported, name)}\n",
+          done.stdout,
+      )
+      with open(os.path.join(exported, name), encoding="utf-8") as f:
+        self.assertEqual(f.read(), text)
+    with open(os.path.join(exported, "config.json"), encoding="utf-8") as f:
+      document = json.load(f)
+    self.assertEqual(document["architectures"], ["DeepseekV3ForCausalLM"])
+    first = safetensors_io.SafetensorsFile(
+        os.path.join(hf, "model.safetensors")
+    )
+    second = safetensors_io.SafetensorsFile(
+        os.path.join(exported, "model.safetensors")
+    )
+    self.assertEqual(second.names(), first.names())
+    self.assertIn(
+        "model.layers.2.mlp.experts.3.down_proj.weight", first.names()
+    )
+    for name in first.names():
+      np.testing.assert_array_equal(
+          np.asarray(second.array(name)),
+          np.asarray(first.array(name)),
+          err_msg=name,
+      )
+
+  def test_export_refuses_a_model_deepseek_cannot_hold(self):
+    config = tiny_configs.model_config(
+        tiny_configs.TINY_MLA, tiny_configs.TINY_MOE, num_layers=2
+    )  # A softmax router: DeepSeek-V3's is a sigmoid.
+    params = transformer.abstract_params(config)
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    with self.assertRaisesRegex(
+        ValueError,
+        r"^config.router_score='softmax': a DeepseekV3ForCausalLM needs "
+        r"'sigmoid'$",
+    ):
+      exporter.export_checkpoint(config, params, out, "float32")
+    self.assertFalse(os.path.exists(out))
+
   def test_export_refuses_a_bad_dtype_and_a_used_output_dir(self):
     used = self.create_tempdir().full_path
     with open(os.path.join(used, "x"), "w", encoding="utf-8") as f:

@@ -10,7 +10,10 @@ as a user would: `//tools:import_checkpoint` on that directory,
 from the import on the prepared text, and `//tools:generate --prompt=...`
 from the trained run. The prompt must be encoded as transformers encodes it,
 and the printed continuation must be the library's decoding of the ids the
-run draws.
+run draws. Finally `//tools:export_checkpoint` writes the trained run with
+the tokenizer files the import copied: transformers loads model and
+tokenizer from that one directory, and the tokenizer encodes the prompt as
+before.
 """
 
 import json
@@ -240,6 +243,34 @@ class Llama3TokenizerTest(absltest.TestCase):
     self.assertLess(moved, 10 * 1e-3 * 2)
     with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
       self.assertIn(prepared, json.dumps(json.load(f)))
+
+    # The import kept the tokenizer files; the export of the trained run
+    # writes them back beside the weights.
+    self.assertTrue(os.path.isfile(os.path.join(imported, "tokenizer.json")))
+    exported = os.path.join(root, "exported")
+    done = _run(
+        "tools/export_checkpoint",
+        f"--run_dir={run_dir}",
+        f"--output_dir={exported}",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn(
+        "export_checkpoint: copied tokenizer_config.json from "
+        f"{os.path.join(imported, 'tokenizer_config.json')}\n",
+        done.stdout,
+    )
+    self.assertIn("export_checkpoint: copied tokenizer.json from ", done.stdout)
+    self.assertNotIn("warning", done.stdout)
+    reloaded = transformers.AutoTokenizer.from_pretrained(exported)
+    self.assertEqual(
+        reloaded(_PROMPT, add_special_tokens=False)["input_ids"], prompt_ids
+    )
+    self.assertEqual(reloaded.eos_token, "<|end_of_text|>")
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported)
+    np.testing.assert_array_equal(
+        model.model.embed_tokens.weight.detach().numpy(),
+        np.asarray(run.params["embedding"]),
+    )
 
 
 if __name__ == "__main__":

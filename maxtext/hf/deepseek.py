@@ -1,4 +1,4 @@
-"""Hugging Face DeepSeek-V3 (DeepseekV3ForCausalLM) -> this project's model.
+"""Hugging Face DeepSeek-V3 (DeepseekV3ForCausalLM) <-> this project's model.
 
 Config: `config_fields(hf_config)` gives the project's model fields from a
 DeepSeek-V3 config.json: multi-head latent attention (`attention_type`
@@ -7,12 +7,18 @@ DeepSeek-V3 config.json: multi-head latent attention (`attention_type`
 experts, the sigmoid router with its `e_score_correction_bias`
 (`router_bias`), group-limited routing (`n_group`, `topk_group`),
 `routed_scaling_factor`, and YaRN rotary scaling. Options the model lacks
-are refused with one line naming the field.
+are refused with one line naming the field. `hf_config(config)` is the
+reverse, from the same tables (`_FIELDS`, `_YARN`, `_REQUIRED`, `_FIXED`);
+a config DeepseekV3ForCausalLM cannot hold (another attention or router, a
+token-dropping capacity factor, another rotary scaling) is refused with one
+line naming the field (`check_exportable`).
 
-Tensors, Hugging Face's `nn.Linear` [out, in] to the project's [in, out]
-(E hidden, H heads, N/R/D the nope/rope/value head widths, Q q_lora_rank,
-C kv_lora_rank, F the expert width, X experts). Layers below
-`num_dense_layers` go to the stack `layers`, the rest to `moe_layers`:
+Tensors (`tensors`, one table for both directions: each `Layout` converts to
+the project's layout on import and back on export), Hugging Face's
+`nn.Linear` [out, in] to the project's [in, out] (E hidden, H heads, N/R/D
+the nope/rope/value head widths, Q q_lora_rank, C kv_lora_rank, F the expert
+width, X experts). Layers below `num_dense_layers` go to the stack `layers`,
+the rest to `moe_layers`:
 
   model.layers.N.input_layernorm / post_attention_layernorm
                                                 attn_norm / mlp_norm [E]
@@ -60,6 +66,71 @@ Layout = llama.Layout
 Tensor = llama.Tensor
 
 
+# config.json keys that must hold one value (the model implements only it):
+# (key, the value, its default when absent). Export writes these values.
+_REQUIRED = (
+    ("attention_bias", False, False),
+    ("hidden_act", "silu", "silu"),
+    ("scoring_func", "sigmoid", "sigmoid"),
+    ("topk_method", "noaux_tc", "noaux_tc"),
+    ("norm_topk_prob", True, True),
+    ("moe_layer_freq", 1, 1),
+)
+# Project fields every DeepSeek-V3 model has: import sets them, export
+# refuses a config with another value (naming the field).
+_FIXED = {
+    "attention_type": "mla",
+    "router_score": "sigmoid",
+    "router_bias": True,
+    "capacity_factor": 0.0,
+}
+_NEEDED = object()  # A key without a default: import needs it.
+# config.json key <-> project field, one for one: (key, field, type, the
+# default when the key is absent or null). Import reads them, export writes
+# them.
+_FIELDS = (
+    ("vocab_size", "vocab_size", int, _NEEDED),
+    ("hidden_size", "emb_dim", int, _NEEDED),
+    ("num_hidden_layers", "num_layers", int, _NEEDED),
+    ("num_attention_heads", "num_heads", int, _NEEDED),
+    ("q_lora_rank", "q_lora_rank", int, 0),
+    ("kv_lora_rank", "kv_lora_rank", int, _NEEDED),
+    ("qk_nope_head_dim", "qk_nope_head_dim", int, _NEEDED),
+    ("qk_rope_head_dim", "qk_rope_head_dim", int, _NEEDED),
+    ("v_head_dim", "v_head_dim", int, _NEEDED),
+    ("intermediate_size", "mlp_dim", int, _NEEDED),
+    ("n_routed_experts", "num_experts", int, _NEEDED),
+    ("num_experts_per_tok", "num_experts_per_token", int, _NEEDED),
+    ("n_shared_experts", "num_shared_experts", int, 0),
+    ("first_k_dense_replace", "num_dense_layers", int, 0),
+    ("moe_intermediate_size", "moe_mlp_dim", int, _NEEDED),
+    ("n_group", "num_expert_groups", int, 1),
+    ("topk_group", "expert_groups_per_token", int, 1),
+    ("routed_scaling_factor", "routed_scaling_factor", float, 1.0),
+    ("rms_norm_eps", "norm_epsilon", float, 1e-6),
+    ("tie_word_embeddings", "tie_word_embeddings", bool, False),
+)
+# YaRN's keys in rope_scaling / rope_parameters <-> project fields, as
+# _FIELDS.
+_YARN = (
+    ("factor", "rope_scaling_factor", float, _NEEDED),
+    (
+        "original_max_position_embeddings",
+        "rope_original_max_position",
+        int,
+        _NEEDED,
+    ),
+    ("beta_fast", "rope_yarn_beta_fast", float, 32.0),
+    ("beta_slow", "rope_yarn_beta_slow", float, 1.0),
+    ("mscale", "rope_yarn_mscale", float, 0.0),
+    ("mscale_all_dim", "rope_yarn_mscale_all_dim", float, 0.0),
+)
+# Written as null when 0, as DeepSeek's configs state "no query bottleneck".
+_NULL_WHEN_ZERO = ("q_lora_rank",)
+# Training sequences up to the model's context, at most this many tokens.
+_MAX_SEQUENCE = 8192
+
+
 def _require(hf: Mapping[str, Any], source: str, key: str, wanted, default):
   value = hf.get(key, default)
   if value is None:
@@ -68,6 +139,28 @@ def _require(hf: Mapping[str, Any], source: str, key: str, wanted, default):
     raise UnsupportedError(
         f"{source}: {key}={value!r} is not supported (only {wanted!r})"
     )
+
+
+def _read(hf: Mapping[str, Any], table) -> dict[str, Any]:
+  """The project fields of `table` (_FIELDS, _YARN) from `hf`."""
+  fields = {}
+  for key, field, kind, default in table:
+    value = hf.get(key)
+    if value is None:
+      if default is _NEEDED:
+        raise KeyError(key)
+      value = default
+    fields[field] = kind(value)
+  return fields
+
+
+def _written(config, table) -> dict[str, Any]:
+  """The config.json keys of `table` from the project's `config`."""
+  document = {}
+  for key, field, kind, _ in table:
+    value = kind(config[field])
+    document[key] = None if key in _NULL_WHEN_ZERO and not value else value
+  return document
 
 
 def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -81,14 +174,7 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     UnsupportedError: an option the model lacks; one line naming it.
     KeyError: a field the conversion needs is missing.
   """
-  for key, wanted, default in (
-      ("attention_bias", False, False),
-      ("hidden_act", "silu", "silu"),
-      ("scoring_func", "sigmoid", "sigmoid"),
-      ("topk_method", "noaux_tc", "noaux_tc"),
-      ("norm_topk_prob", True, True),
-      ("moe_layer_freq", 1, 1),
-  ):
+  for key, wanted, default in _REQUIRED:
     _require(hf, source, key, wanted, default)
   if not hf.get("n_routed_experts"):
     raise UnsupportedError(
@@ -107,43 +193,19 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     _require(
         quantization, source + " quantization_config", "fmt", "e4m3", "e4m3"
     )
-  heads = int(hf["num_attention_heads"])
-  nope, rope = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"])
   theta, scaling = llama.rope_config(hf)
-  fields = {
-      "vocab_size": int(hf["vocab_size"]),
-      "emb_dim": int(hf["hidden_size"]),
-      "num_layers": int(hf["num_hidden_layers"]),
-      "num_heads": heads,
+  fields = _read(hf, _FIELDS)
+  fields.update(_FIXED)
+  fields.update(
       # Unused by MLA; set so the grouped-query fields stay consistent.
-      "num_kv_heads": heads,
-      "head_dim": nope + rope,
-      "attention_type": "mla",
-      "q_lora_rank": int(hf.get("q_lora_rank") or 0),
-      "kv_lora_rank": int(hf["kv_lora_rank"]),
-      "qk_nope_head_dim": nope,
-      "qk_rope_head_dim": rope,
-      "v_head_dim": int(hf["v_head_dim"]),
-      "mlp_dim": int(hf["intermediate_size"]),
-      "num_experts": int(hf["n_routed_experts"]),
-      "num_experts_per_token": int(hf["num_experts_per_tok"]),
-      "num_shared_experts": int(hf.get("n_shared_experts") or 0),
-      "num_dense_layers": int(hf.get("first_k_dense_replace") or 0),
-      "moe_mlp_dim": int(hf["moe_intermediate_size"]),
-      "router_score": "sigmoid",
-      "router_bias": True,
-      "num_expert_groups": int(hf.get("n_group") or 1),
-      "expert_groups_per_token": int(hf.get("topk_group") or 1),
-      "routed_scaling_factor": float(hf.get("routed_scaling_factor", 1.0)),
-      "capacity_factor": 0.0,
-      "rope_theta": theta,
-      "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
-      "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
-      "max_sequence_length": min(
-          int(hf.get("max_position_embeddings", 4096)), 8192
+      num_kv_heads=fields["num_heads"],
+      head_dim=fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"],
+      rope_theta=theta,
+      max_sequence_length=min(
+          int(hf.get("max_position_embeddings", 4096)), _MAX_SEQUENCE
       ),
-      "rope_scaling": "none",
-  }
+      rope_scaling="none",
+  )
   kind = scaling.get("rope_type", scaling.get("type", "default"))
   if kind == "yarn":
     for key in ("attention_factor",):
@@ -155,22 +217,69 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
       raise UnsupportedError(
           f"{source}: rope truncate={scaling['truncate']!r} is not supported"
       )
-    fields.update(
-        rope_scaling="yarn",
-        rope_scaling_factor=float(scaling["factor"]),
-        rope_original_max_position=int(
-            scaling["original_max_position_embeddings"]
-        ),
-        rope_yarn_beta_fast=float(scaling.get("beta_fast") or 32.0),
-        rope_yarn_beta_slow=float(scaling.get("beta_slow") or 1.0),
-        rope_yarn_mscale=float(scaling.get("mscale") or 0.0),
-        rope_yarn_mscale_all_dim=float(scaling.get("mscale_all_dim") or 0.0),
-    )
+    fields.update(rope_scaling="yarn", **_read(scaling, _YARN))
   elif kind != "default":
     raise UnsupportedError(
         f"{source}: rope_type {kind!r} is not supported (default or yarn)"
     )
   return fields
+
+
+def check_exportable(config) -> None:
+  """Raises UnsupportedError (one line naming the field) unless
+  DeepseekV3ForCausalLM can hold the model `config`."""
+  for field, wanted in _FIXED.items():
+    if config[field] != wanted:
+      raise UnsupportedError(
+          f"config.{field}={config[field]!r}: a DeepseekV3ForCausalLM needs "
+          f"{wanted!r}"
+      )
+  if not config.num_experts:
+    raise UnsupportedError(
+        "config.num_experts=0: a DeepseekV3ForCausalLM has routed experts"
+    )
+  if config.num_dense_layers > config.num_layers:
+    raise UnsupportedError(
+        f"config.num_dense_layers={config.num_dense_layers}: more than "
+        f"num_layers={config.num_layers}"
+    )
+  if config.rope_scaling not in ("none", "yarn"):
+    raise UnsupportedError(
+        f"config.rope_scaling={config.rope_scaling!r}: a "
+        "DeepseekV3ForCausalLM has no such rotary scaling (none or yarn)"
+    )
+
+
+def hf_config(config, dtype: str) -> dict[str, Any]:
+  """A DeepSeek-V3 config.json for the project's `config` with weights in
+  `dtype`: what `config_fields` reads back as the same fields.
+
+  Raises:
+    UnsupportedError: `check_exportable`'s refusal.
+  """
+  check_exportable(config)
+  rope = {"rope_type": "default", "rope_theta": float(config.rope_theta)}
+  if config.rope_scaling == "yarn":
+    rope.update(rope_type="yarn", **_written(config, _YARN))
+  document = {
+      "architectures": [ARCHITECTURE],
+      "model_type": "deepseek_v3",
+      **_written(config, _FIELDS),
+      **{key: wanted for key, wanted, _ in _REQUIRED},
+      "num_key_value_heads": config.num_heads,
+      "max_position_embeddings": config.max_sequence_length,
+      # Both layouts: older transformers read rope_theta and rope_scaling.
+      "rope_theta": float(config.rope_theta),
+      "rope_scaling": rope if config.rope_scaling == "yarn" else None,
+      "rope_parameters": rope,
+      # The tensors are written in DeepSeek's interleaved rotary layout.
+      "rope_interleave": True,
+      # The model has no multi-token-prediction layers to write.
+      "num_nextn_predict_layers": 0,
+      "torch_dtype": dtype,
+      "dtype": dtype,
+  }
+  return document
 
 
 def notes(hf: Mapping[str, Any]) -> list[str]:

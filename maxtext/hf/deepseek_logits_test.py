@@ -18,6 +18,13 @@ transformers chose. A token whose choice is within `_NEAR_TIE` of flipping
 near tie: it is reported, and a disagreement there fails with that
 diagnosis instead of a bare mismatch.
 
+The imported parameters are then exported (float32) and loaded back with
+`AutoModelForCausalLM.from_pretrained`: its logits must match again, and
+every exported tensor must equal transformers' original bit for bit (the
+rotary reordering undone on the query and `kv_a` projections); a bfloat16
+export holds the originals rounded to bfloat16, the correction bias kept
+in float32.
+
 Then the same model stored as DeepSeek-V3's published checkpoint stores
 it: FP8 (e4m3) matrices with per-block `weight_scale_inv`, imported and
 compared with transformers running the dequantised weights.
@@ -40,6 +47,7 @@ import torch
 import transformers
 
 from maxtext.hf import deepseek
+from maxtext.hf import exporter
 from maxtext.hf import fp8
 from maxtext.hf import importer
 from maxtext.hf import logits_check
@@ -185,7 +193,7 @@ class DeepseekLogitsTest(absltest.TestCase):
     _, _, unbiased = moe.route(jnp.asarray(logits), config)
     self.assertTrue(np.any(np.sort(np.asarray(unbiased), axis=-1) != theirs))
 
-  def test_import_matches_transformers(self):
+  def test_import_then_export_matches_transformers(self):
     tmp = self.create_tempdir().full_path
     model = _hf_model(seed=3)
     hf_dir = os.path.join(tmp, "hf")
@@ -241,6 +249,63 @@ class DeepseekLogitsTest(absltest.TestCase):
     ).max()
     self.assertGreater(
         diff, 100 * logits_check.RELATIVE * np.abs(expected).max()
+    )
+
+    # Export: transformers loads it, computes the same logits, and every
+    # tensor is the original's, bit for bit.
+    exported = os.path.join(tmp, "exported")
+    exporter.export_checkpoint(config, params, exported, "float32")
+    with open(os.path.join(exported, "config.json"), encoding="utf-8") as f:
+      document = json.load(f)
+    self.assertEqual(
+        deepseek.config_fields(document, "exported"),
+        deepseek.config_fields(written, "original"),
+    )
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        exported, attn_implementation="eager"
+    ).eval()
+    self.assertEqual(type(reloaded).__name__, "DeepseekV3ForCausalLM")
+    again, _, again_experts = _hf_forward(reloaded, ids, layer=2)
+    logits_check.assert_close_to_scale(self, again, expected)
+    np.testing.assert_array_equal(again_experts, hf_experts)
+    original = safetensors_io.SafetensorsFile(
+        os.path.join(hf_dir, "model.safetensors")
+    )
+    back = safetensors_io.SafetensorsFile(
+        os.path.join(exported, "model.safetensors")
+    )
+    self.assertEqual(sorted(back.names()), sorted(original.names()))
+    for name in original.names():
+      ours = np.asarray(back.array(name))
+      self.assertEqual(ours.dtype, np.float32, name)
+      np.testing.assert_array_equal(
+          ours, np.asarray(original.array(name)), err_msg=name
+      )
+    # The permuted tensors differ from a plain transpose of the project's
+    # matrices: the bitwise equality above checks the inverse reordering.
+    self.assertTrue(
+        np.any(
+            np.asarray(params["layers"]["wkv_a"][0]).T
+            != np.asarray(
+                back.array("model.layers.0.self_attn.kv_a_proj_with_mqa.weight")
+            )
+        )
+    )
+
+    half = os.path.join(tmp, "bf16")
+    exporter.export_checkpoint(config, params, half, "bfloat16")
+    back = safetensors_io.SafetensorsFile(
+        os.path.join(half, "model.safetensors")
+    )
+    name = "model.layers.2.mlp.experts.5.down_proj.weight"
+    np.testing.assert_array_equal(
+        np.asarray(back.array(name)),
+        np.asarray(original.array(name)).astype(ml_dtypes.bfloat16),
+    )
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    self.assertEqual(back.array(bias).dtype, np.float32)
+    np.testing.assert_array_equal(
+        np.asarray(back.array(bias)), np.asarray(original.array(bias))
     )
 
   def test_fp8_checkpoint_dequantised(self):

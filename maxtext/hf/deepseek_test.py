@@ -1,5 +1,5 @@
-"""DeepSeek-V3's config.json as published -> the project's fields; the
-rotary reordering; the tensor names; refusals (no torch needed)."""
+"""DeepSeek-V3's config.json as published -> the project's fields and back;
+the rotary reordering; the tensor names; refusals (no torch needed)."""
 
 import copy
 
@@ -78,6 +78,34 @@ class DeepseekTest(absltest.TestCase):
       self.assertEqual(reference[key], value, key)
     self.assertEqual(config.rope_scaling, "yarn")
     self.assertEqual(config.num_dense_layers, 3)
+
+  def test_exported_config_reads_back_as_the_same_fields(self):
+    fields = deepseek.config_fields(PUBLISHED, "config.json")
+    config = importer.derived_config(fields)
+    document = deepseek.hf_config(config, "bfloat16")
+    self.assertEqual(deepseek.config_fields(document, "exported"), fields)
+    for key in ("n_group", "topk_group", "first_k_dense_replace"):
+      self.assertEqual(document[key], PUBLISHED[key], key)
+    self.assertEqual(document["rope_parameters"]["rope_type"], "yarn")
+    self.assertEqual(document["rope_parameters"]["factor"], 40.0)
+    self.assertEqual(document["num_nextn_predict_layers"], 0)
+    self.assertTrue(document["rope_interleave"])
+    no_bottleneck = importer.derived_config({**fields, "q_lora_rank": 0})
+    self.assertIsNone(
+        deepseek.hf_config(no_bottleneck, "float32")["q_lora_rank"]
+    )
+
+  def test_export_refusals_name_the_field(self):
+    fields = deepseek.config_fields(PUBLISHED, "config.json")
+    for key, value, message in (
+        ("router_score", "softmax", "config.router_score='softmax'"),
+        ("router_bias", False, "config.router_bias=False"),
+        ("capacity_factor", 1.25, "config.capacity_factor=1.25"),
+        ("rope_scaling", "llama3", "config.rope_scaling='llama3'"),
+    ):
+      config = importer.derived_config({**fields, key: value})
+      with self.assertRaisesRegex(deepseek.UnsupportedError, message):
+        deepseek.hf_config(config, "float32")
 
   def test_multi_token_prediction_is_named_in_a_warning(self):
     (line,) = deepseek.notes(PUBLISHED)

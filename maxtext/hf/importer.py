@@ -13,6 +13,9 @@ step 0 holds the "state" item {"params": ...}, which
 `config.json` records the config as a run directory does, with
 `checkpoint_directory` naming `output_dir` itself, so
 `tools/generate --run_dir=output_dir` samples from the imported model.
+The model's tokenizer files (`maxtext.hf.tokenizer_files.FILES`: those
+present) are copied beside them, and the log says which; an export of a run
+started from the import writes them back.
 
 Everything is checked before anything is written: config.json, every
 shard's header (a truncated shard is found there), every tensor's presence
@@ -48,6 +51,7 @@ from maxtext.hf import deepseek
 from maxtext.hf import fp8
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
+from maxtext.hf import tokenizer_files
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
 from maxtext.storage import run_dir
@@ -337,6 +341,19 @@ def import_checkpoint(
         os.path.join(checkpoint_dir, "hf_config.json"), "w", encoding="utf-8"
     ) as f:
       json.dump(hf.config, f, indent=2)
+    copied = tokenizer_files.copy(
+        {
+            n: os.path.join(input_dir, n)
+            for n in tokenizer_files.present(input_dir)
+        },
+        checkpoint_dir,
+    )
+    log(
+        f"tokenizer files copied: {', '.join(copied)}"
+        if copied
+        else f"no tokenizer files in {input_dir} (looked for "
+        f"{', '.join(tokenizer_files.FILES)})"
+    )
     record = config.copy_and_resolve_references()
     record.checkpoint_directory = output_dir
     run_dir.write_config_json(

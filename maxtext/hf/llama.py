@@ -110,7 +110,16 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 
 def hf_config(config, dtype: str) -> dict[str, Any]:
-  """A Llama config.json for the project's `config` with weights in `dtype`."""
+  """A Llama config.json for the project's `config` with weights in `dtype`.
+
+  Raises:
+    UnsupportedError: a rotary scaling Llama's config cannot state.
+  """
+  if config.rope_scaling not in ("none", "llama3"):
+    raise UnsupportedError(
+        f"config.rope_scaling={config.rope_scaling!r}: a {ARCHITECTURE} has "
+        "no such rotary scaling (none or llama3)"
+    )
   rope = {"rope_type": "default", "rope_theta": float(config.rope_theta)}
   if config.rope_scaling == "llama3":
     rope = {

@@ -3,18 +3,23 @@ r"""Benchmark: peak host memory of tools/import_checkpoint on a deep model.
 Runbook:
 
   tools/bazel run //tools/benchmarks:import_bench
+  tools/bazel run //tools/benchmarks:import_bench -- --fp8
   # Other shapes: --layers, --emb_dim, --mlp_dim, --vocab, --shards.
 
 Writes a random Llama-shaped Hugging Face directory (bfloat16, `--shards`
 safetensors files with their index, written tensor by tensor with
-`maxtext.hf.safetensors_io`), then runs `//tools:import_checkpoint` on it
-in a child process, twice: on that model and on a one-layer model of the
-same widths (the floor: Python, JAX and orbax themselves, and the largest
-unstacked tensor). The child's peak resident set size comes from
-`getrusage(RUSAGE_CHILDREN)` after each child ends. The last line is:
+`maxtext.hf.safetensors_io`; with --fp8 the attention and MLP matrices are
+float8_e4m3fn with a float32 `weight_scale_inv` per 128x128 block and
+config.json's `quantization_config`, as DeepSeek-V3 publishes its weights,
+which the import dequantises with `maxtext.hf.fp8`), then runs
+`//tools:import_checkpoint` on it in a child process, twice: on that model
+and on a one-layer model of the same widths (the floor: Python, JAX and
+orbax themselves, and the largest unstacked tensor). The child's peak
+resident set size comes from `getrusage(RUSAGE_CHILDREN)` after each child
+ends. The last line is:
 
-  import_bench: layers=L model_bytes=B imported_bytes=I peak_rss=R \
-      floor_rss=F ratio=R/B
+  import_bench: format=bfloat16|fp8 layers=L model_bytes=B imported_bytes=I \
+      peak_rss=R floor_rss=F ratio=R/B
 
 where B is the safetensors files' size, I the imported float32
 parameters' bytes, and ratio the peak RSS over the model's bytes.
@@ -31,6 +36,7 @@ from absl import flags
 import ml_dtypes
 import numpy as np
 
+from maxtext.hf import fp8
 from maxtext.hf import llama
 from maxtext.hf import safetensors_io
 from testing import runfiles
@@ -40,22 +46,53 @@ _EMB = flags.DEFINE_integer("emb_dim", 512, "hidden_size.")
 _MLP = flags.DEFINE_integer("mlp_dim", 1536, "intermediate_size.")
 _VOCAB = flags.DEFINE_integer("vocab", 32000, "vocab_size.")
 _SHARDS = flags.DEFINE_integer("shards", 4, "safetensors files.")
+_FP8 = flags.DEFINE_bool(
+    "fp8", False, "Store the matrices as block-scaled float8_e4m3fn."
+)
 _HEADS, _KV_HEADS, _HEAD_DIM = 8, 2, 64
 
 
 class _Random:
-  """A random bfloat16 tensor made when the writer asks for it."""
+  """A random tensor (`mean` + `scale` x standard normal, in `dtype`:
+  bfloat16 by default) made when the writer asks for it."""
 
-  def __init__(self, shape, seed):
+  def __init__(
+      self, shape, seed, dtype=ml_dtypes.bfloat16, scale=0.02, mean=0.0
+  ):
     self.shape, self.seed = tuple(shape), seed
-    self.dtype = np.dtype(ml_dtypes.bfloat16)
+    self.scale, self.mean = scale, mean
+    self.dtype = np.dtype(dtype)
 
   def __array__(self, dtype=None, copy=None):
     del dtype, copy
     rng = np.random.default_rng(self.seed)
-    return (0.02 * rng.standard_normal(self.shape, np.float32)).astype(
-        self.dtype
-    )
+    values = self.scale * rng.standard_normal(self.shape, np.float32)
+    return (values + np.float32(self.mean)).astype(self.dtype)
+
+
+# FP8 weights span e4m3's range (|x| <= 448); their scales bring them back
+# to the bfloat16 model's 0.02.
+_FP8_SPREAD = 64.0
+
+
+def _tensors(shapes: dict[str, tuple[int, ...]], fp8_matrices: bool):
+  """The writer's tensors for `shapes`: the projections (and with
+  `fp8_matrices` their scales) in FP8, the rest in bfloat16."""
+  tensors = {}
+  for name, shape in shapes.items():
+    seed = hash(name) % 2**32
+    if fp8_matrices and "_proj." in name:
+      tensors[name] = _Random(shape, seed, fp8.FP8, _FP8_SPREAD)
+      tensors[name + fp8.SCALE_SUFFIX] = _Random(
+          fp8.scale_shape(shape, fp8.DEFAULT_BLOCK),
+          seed + 1,
+          np.float32,
+          scale=0.0,
+          mean=0.02 / _FP8_SPREAD,
+      )
+    else:
+      tensors[name] = _Random(shape, seed)
+  return tensors
 
 
 def _hf_shapes(layers: int) -> dict[str, tuple[int, ...]]:
@@ -83,7 +120,9 @@ def _hf_shapes(layers: int) -> dict[str, tuple[int, ...]]:
   return shapes
 
 
-def write_model(path: str, layers: int, shards: int) -> int:
+def write_model(
+    path: str, layers: int, shards: int, fp8_matrices: bool = False
+) -> int:
   """Writes the random model; returns its safetensors files' bytes."""
   os.makedirs(path)
   config = {
@@ -101,19 +140,23 @@ def write_model(path: str, layers: int, shards: int) -> int:
       "rope_theta": 500000.0,
       "tie_word_embeddings": False,
   }
+  if fp8_matrices:
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(fp8.DEFAULT_BLOCK),
+    }
   with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
     json.dump(config, f)
-  names = sorted(_hf_shapes(layers).items())
+  names = sorted(_tensors(_hf_shapes(layers), fp8_matrices).items())
   weight_map, total = {}, 0
   for s in range(shards):
-    part = names[s::shards]
+    part = dict(names[s::shards])
     file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-    safetensors_io.write(
-        os.path.join(path, file),
-        {n: _Random(shape, hash(n) % 2**32) for n, shape in part},
-    )
+    safetensors_io.write(os.path.join(path, file), part)
     total += os.path.getsize(os.path.join(path, file))
-    weight_map.update({n: file for n, _ in part})
+    weight_map.update({n: file for n in part})
   with open(
       os.path.join(path, "model.safetensors.index.json"), "w", encoding="utf-8"
   ) as f:
@@ -158,20 +201,24 @@ def main(argv):
   del argv
   with tempfile.TemporaryDirectory(prefix="import_bench_") as tmp:
     layers = _LAYERS.value
-    model_bytes = write_model(os.path.join(tmp, "hf"), layers, _SHARDS.value)
-    write_model(os.path.join(tmp, "hf_floor"), 1, 1)
+    model_bytes = write_model(
+        os.path.join(tmp, "hf"), layers, _SHARDS.value, _FP8.value
+    )
+    write_model(os.path.join(tmp, "hf_floor"), 1, 1, _FP8.value)
     peak = _import_peak_rss(os.path.join(tmp, "hf"), os.path.join(tmp, "out"))
     imported = _dir_bytes(os.path.join(tmp, "out"))
     floor = _import_peak_rss(
         os.path.join(tmp, "hf_floor"), os.path.join(tmp, "out_floor")
     )
   mib = 1 << 20
-  print(f"model (bfloat16 safetensors): {model_bytes / mib:.1f} MiB")
+  kind = "fp8" if _FP8.value else "bfloat16"
+  print(f"model ({kind} safetensors): {model_bytes / mib:.1f} MiB")
   print(f"imported checkpoint on disk:  {imported / mib:.1f} MiB")
   print(f"import peak RSS:              {peak / mib:.1f} MiB")
   print(f"one-layer import peak RSS:    {floor / mib:.1f} MiB")
   print(
-      f"import_bench: layers={layers} model_bytes={model_bytes} "
+      f"import_bench: format={kind} layers={layers} "
+      f"model_bytes={model_bytes} "
       f"imported_bytes={imported} peak_rss={peak} floor_rss={floor} "
       f"ratio={peak / model_bytes:.3f}"
   )
