@@ -36,6 +36,12 @@ _OUTPUT_DIR = flags.DEFINE_string(
 _DTYPE = flags.DEFINE_string(
     "dtype", "float32", f"Tensor dtype: one of {list(exporter.DTYPES)}."
 )
+_MAX_SHARD_BYTES = flags.DEFINE_integer(
+    "max_shard_bytes",
+    exporter.DEFAULT_MAX_SHARD_BYTES,
+    "The most tensor bytes in one safetensors shard (Hugging Face's 5 GB by "
+    "default); more than one shard comes with model.safetensors.index.json.",
+)
 
 
 def _export() -> None:
@@ -43,6 +49,10 @@ def _export() -> None:
   if _DTYPE.value not in exporter.DTYPES:
     raise ValueError(
         f"--dtype={_DTYPE.value!r}: must be one of {list(exporter.DTYPES)}"
+    )
+  if _MAX_SHARD_BYTES.value < 1:
+    raise ValueError(
+        f"--max_shard_bytes={_MAX_SHARD_BYTES.value}: must be >= 1"
     )
   run = generate.load_run(
       caller_paths.resolve_local_path(_RUN_DIR.value), _STEP.value
@@ -55,7 +65,12 @@ def _export() -> None:
       run.tokenizer.path if run.tokenizer else None,
   )
   exporter.export_checkpoint(
-      run.config, run.params, output_dir, _DTYPE.value, selection.files
+      run.config,
+      run.params,
+      output_dir,
+      _DTYPE.value,
+      selection.files,
+      max_shard_bytes=_MAX_SHARD_BYTES.value,
   )
   for line in selection.notes:
     print(f"export_checkpoint: {line}")

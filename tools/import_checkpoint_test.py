@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from maxtext.hf import exporter
+from maxtext.hf import hf_directory
 from maxtext.hf import safetensors_io
 from maxtext.model import transformer
 from maxtext.text import generate
@@ -338,11 +339,13 @@ class ImportCheckpointTest(absltest.TestCase):
           np.asarray(_get(loaded.params, path)), np.asarray(leaf)
       )
 
+    # Exported again in shards of at most 20 kB (several tensors each).
     exported = os.path.join(root, "exported")
     done = _run(
         "export_checkpoint",
         f"--run_dir={imported}",
         f"--output_dir={exported}",
+        "--max_shard_bytes=20000",
     )
     self.assertEqual(done.returncode, 0, done.stderr)
     for name, text in tokenizer.items():
@@ -359,10 +362,28 @@ class ImportCheckpointTest(absltest.TestCase):
     first = safetensors_io.SafetensorsFile(
         os.path.join(hf, "model.safetensors")
     )
-    second = safetensors_io.SafetensorsFile(
-        os.path.join(exported, "model.safetensors")
+    second = hf_directory.HfDirectory(exported)
+    with open(
+        os.path.join(exported, hf_directory.INDEX_FILE), encoding="utf-8"
+    ) as f:
+      index = json.load(f)
+    shards = sorted(set(index["weight_map"].values()))
+    self.assertGreater(len(shards), 2)
+    self.assertFalse(
+        os.path.exists(os.path.join(exported, "model.safetensors"))
     )
-    self.assertEqual(second.names(), first.names())
+    total = 0
+    for shard in shards:
+      tensors = safetensors_io.SafetensorsFile(os.path.join(exported, shard))
+      nbytes = sum(
+          np.prod(tensors.shape(n)) * tensors.dtype(n).itemsize
+          for n in tensors.names()
+      )
+      # A shard over the limit holds one tensor larger than it.
+      self.assertTrue(nbytes <= 20000 or len(tensors.names()) == 1, shard)
+      total += nbytes
+    self.assertEqual(index["metadata"]["total_size"], total)
+    self.assertEqual(sorted(index["weight_map"]), sorted(first.names()))
     self.assertIn(
         "model.layers.2.mlp.experts.3.down_proj.weight", first.names()
     )

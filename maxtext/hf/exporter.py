@@ -1,7 +1,7 @@
 """Exports a run's checkpoint as a Hugging Face model directory.
 
 `export_checkpoint(config, params, output_dir, dtype)` writes `config.json`
-and `model.safetensors` (with this package's writer, no torch), loadable by
+and the tensors (with this package's writer, no torch), loadable by
 `transformers.AutoModelForCausalLM.from_pretrained`: a dense grouped-query
 model as LlamaForCausalLM (`maxtext.hf.llama`), a multi-head latent
 attention mixture-of-experts model as DeepseekV3ForCausalLM
@@ -12,10 +12,15 @@ field, before anything is written.
 Each tensor is cut from its stacked `[layers, (experts,) ...]` parameter
 and converted to Hugging Face's layout when the file is written, one at a
 time, so the process holds the parameters and one tensor more. Tied
-embeddings write no `lm_head.weight`. The tensors are in the dtype asked
-for, except DeepSeek's router correction bias, which stays float32 (as the
-model and the published checkpoint keep it). `tokenizer_files` (name ->
-path, `maxtext.hf.tokenizer_files.for_export`) are copied beside them.
+embeddings write no `lm_head.weight`. The tensors go into shards of at
+most `max_shard_bytes` each (a tensor larger than that alone in its shard),
+in name order: one shard is `model.safetensors`; several are
+`model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`
+(Hugging Face's names, its "weight_map" and "total_size"). The tensors
+are in the dtype asked for, except DeepSeek's router correction bias,
+which stays float32 (as the model and the published checkpoint keep it).
+`tokenizer_files` (name -> path, `maxtext.hf.tokenizer_files.for_export`)
+are copied beside them.
 """
 
 import json
@@ -28,11 +33,14 @@ import jax
 import numpy as np
 
 from maxtext.hf import deepseek
+from maxtext.hf import hf_directory
 from maxtext.hf import llama
 from maxtext.hf import safetensors_io
 from maxtext.hf import tokenizer_files as tokenizer_files_lib
 
 DTYPES = ("bfloat16", "float32")
+# Hugging Face's default shard size (`save_pretrained(max_shard_size="5GB")`).
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 # Parameters written in float32 whatever the dtype asked for.
 _FLOAT32 = ("router_bias",)
 
@@ -101,6 +109,7 @@ def export_checkpoint(
     output_dir: str,
     dtype: str,
     tokenizer_files: Optional[Mapping[str, str]] = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> None:
   """Writes `params` of the model `config` as a Hugging Face model.
 
@@ -110,13 +119,16 @@ def export_checkpoint(
     output_dir: absent or empty directory to write.
     dtype: "bfloat16" or "float32".
     tokenizer_files: files to copy into `output_dir` (name -> path).
+    max_shard_bytes: the most tensor bytes in one shard (>= 1).
 
   Raises:
-    ValueError: a bad dtype, a model neither family can hold, or a
-      non-empty `output_dir`; one line.
+    ValueError: a bad dtype or shard size, a model neither family can
+      hold, or a non-empty `output_dir`; one line.
   """
   if dtype not in DTYPES:
     raise ValueError(f"--dtype={dtype!r}: must be one of {list(DTYPES)}")
+  if max_shard_bytes < 1:
+    raise ValueError(f"--max_shard_bytes={max_shard_bytes}: must be >= 1")
   document, hf_tensors = hf_config_and_tensors(config, params, dtype)
   output_dir = os.path.abspath(output_dir)
   if os.path.exists(output_dir) and (
@@ -137,11 +149,7 @@ def export_checkpoint(
       prefix=os.path.basename(output_dir) + ".exporting-", dir=parent
   )
   try:
-    safetensors_io.write(
-        os.path.join(staging, "model.safetensors"),
-        tensors,
-        metadata={"format": "pt"},
-    )
+    _write_shards(staging, tensors, max_shard_bytes)
     with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
       json.dump(document, f, indent=2)
     tokenizer_files_lib.copy(tokenizer_files or {}, staging)
@@ -151,3 +159,46 @@ def export_checkpoint(
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
+
+
+def shard_names(tensors: Mapping[str, Any], max_shard_bytes: int) -> list:
+  """The tensors' names grouped into shards: in name order, a shard closed
+  when the next tensor would take it past `max_shard_bytes`."""
+  shards, size = [[]], 0
+  for name in sorted(tensors):
+    t = tensors[name]
+    nbytes = int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+    if shards[-1] and size + nbytes > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(name)
+    size += nbytes
+  return shards
+
+
+def _write_shards(
+    directory: str, tensors: Mapping[str, Any], max_shard_bytes: int
+) -> None:
+  """The safetensors files (and the index, for several) into `directory`."""
+  groups = shard_names(tensors, max_shard_bytes)
+  if len(groups) == 1:
+    files = ["model.safetensors"]
+  else:
+    n = len(groups)
+    files = [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+  weight_map, total = {}, 0
+  for file, names in zip(files, groups):
+    safetensors_io.write(
+        os.path.join(directory, file),
+        {name: tensors[name] for name in names},
+        metadata={"format": "pt"},
+    )
+    for name in names:
+      weight_map[name] = file
+      t = tensors[name]
+      total += int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+  if len(files) > 1:
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    path = os.path.join(directory, hf_directory.INDEX_FILE)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(index, f, indent=2)

@@ -25,6 +25,7 @@ import transformers
 
 from maxtext import config_lib
 from maxtext.hf import exporter
+from maxtext.hf import hf_directory
 from maxtext.hf import importer
 from maxtext.hf import logits_check
 from maxtext.model import transformer
@@ -118,8 +119,22 @@ class LlamaLogitsTest(parameterized.TestCase):
     written = config_lib.load_config_file(os.path.join(out, "config.py"))
     self.assertEqual(written.to_dict(), config.to_dict())
 
+    # The sharded case exports in shards of its own (40 kB) too.
     exported = os.path.join(tmp, "exported")
-    exporter.export_checkpoint(config, params, exported, "float32")
+    exporter.export_checkpoint(
+        config,
+        params,
+        exported,
+        "float32",
+        **({"max_shard_bytes": 40_000} if shard_size else {}),
+    )
+    if shard_size:
+      self.assertGreater(
+          len(glob.glob(os.path.join(exported, "model-*.safetensors"))), 2
+      )
+      self.assertTrue(
+          os.path.isfile(os.path.join(exported, hf_directory.INDEX_FILE))
+      )
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(
         exported, attn_implementation="eager"
     ).eval()
