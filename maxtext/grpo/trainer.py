@@ -7,7 +7,9 @@ whose loss is `train_loss.loss_fn`; the loop is the pretraining loop's
 skeleton with a rollout where the data set's batch was:
 
   validate (config, GRPO relations, reward imports, the task) -> build ->
-  on_run_start -> for each step: on_step_start, `GrpoStep.run` (rollout,
+  an eval of the starting parameters -> warm-up (`GrpoStep.warm_up`: every
+  program of a step compiled, nothing trained) -> on_run_start -> for each
+  step: on_step_start, `GrpoStep.run` (rollout,
   reference log-probs, K micro-batches, update), on_step, an eval of held-out
   pass@1 / pass@k every `eval_interval` steps, a checkpoint when due ->
   on_run_end -> close.
@@ -24,8 +26,7 @@ With grpo_num_iterations = n, each rollout feeds n optimizer updates, and
 n), so checkpoints and evals fall between rollouts; a rollout's P x G
 samples count once. An eval whose held-out pass@1 reaches
 `grpo_target_pass_rate` ends the run with success. Limits of this loop
-(docs/grpo.md): one process; no warm-up before run_start; no MLPerf GRPO
-log.
+(docs/grpo.md): one process; no MLPerf GRPO log.
 """
 
 import dataclasses
@@ -261,10 +262,17 @@ def run(
         state.start_step,
         start_eval,
     )
-    listeners.on_run_start(
-        interface.RunStart(state.start_step, state.samples, 0.0)
-    )
     passes = config.grpo_num_iterations
+    # Every program of a step compiles before the timed region (the start
+    # eval above compiled the eval's); nothing is trained.
+    warmup_time = (
+        grpo.warm_up(state.start_step // passes)
+        if state.start_step < config.steps
+        else 0.0
+    )
+    listeners.on_run_start(
+        interface.RunStart(state.start_step, state.samples, warmup_time)
+    )
     # `steps`, evals and checkpoints count optimizer updates; rollout r
     # feeds updates r * passes .. (r + 1) * passes - 1.
     for first in range(state.start_step, config.steps, passes):
