@@ -171,7 +171,7 @@ class GrpoStep:
         width=self._width,
         mesh=self._mesh,
     )
-    rolled = time.perf_counter()
+    rolled = referenced = time.perf_counter()
     ref = None
     if self._reference is not None:
       ref = np.asarray(
@@ -184,7 +184,7 @@ class GrpoStep:
               mesh=self._mesh,
           )
       )
-    referenced = time.perf_counter()
+      referenced = time.perf_counter()
     extra = {
         "timing/rollout": rolled - start,
         "timing/reference": referenced - rolled,
@@ -248,6 +248,10 @@ class GrpoStep:
     self._rollout_start = None
     jax.block_until_ready((engine.params, engine.opt_state))
     engine.set_state(
-        {"params": engine.params, "opt_state": engine.opt_state, "step": counter}
+        {
+            "params": engine.params,
+            "opt_state": engine.opt_state,
+            "step": counter,
+        }
     )
     return time.perf_counter() - start

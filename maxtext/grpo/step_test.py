@@ -104,9 +104,7 @@ class StepTest(absltest.TestCase):
 
   def test_timings_split_the_step(self):
     _, step, _ = self._step(num_iterations=2)
-    first, second = (
-        recorder_lib.reduce_buffer(r) for r in step.run(0).records
-    )
+    first, second = (recorder_lib.reduce_buffer(r) for r in step.run(0).records)
     for name in step_lib.CARRIED_TIMINGS + step_lib.UPDATE_TIMINGS:
       self.assertGreaterEqual(first[name], 0.0, name)
     # Generation computes the behaviour log-probabilities: no phase of
@@ -136,9 +134,7 @@ class StepTest(absltest.TestCase):
     step.warm_up(0)
     self.assertNotEmpty(compile_counter.backend_compiles_after(began))
     self.assertEqual(engine.step, 0)
-    jax.tree_util.tree_map(
-        np.testing.assert_array_equal, engine.params, before
-    )
+    jax.tree_util.tree_map(np.testing.assert_array_equal, engine.params, before)
     warmed = time.monotonic()
     record = recorder_lib.reduce_buffer(step.run(0).records[0])
     self.assertEqual(compile_counter.backend_compiles_after(warmed), [])

@@ -155,8 +155,12 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
   return out
 
 
-def _engine_factory(config, mesh):
-  """run_state's engine factory: the model with the GRPO loss."""
+def engine_factory(config, mesh):
+  """run_state's engine factory: the model with the GRPO loss.
+
+  Returns:
+    (engine, its model setup).
+  """
   setup = model_setup.setup_model(config, mesh)
   frozen = ml_collections.FrozenConfigDict(config)
   schedule = optimizer_lib.make_schedule(config)
@@ -230,7 +234,7 @@ def run(
       config,
       config_filename=config_filename,
       extra_listeners=extra_listeners,
-      engine_factory=_engine_factory,
+      engine_factory=engine_factory,
   )
   frozen = ml_collections.FrozenConfigDict(config)
   prompts_per_step = config.global_batch_size // config.grpo_num_generations
