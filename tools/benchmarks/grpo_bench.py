@@ -63,7 +63,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "GRPO config (default: maxtext/configs/grpo_tiny.py).",
     lock_config=True,
 )
-_STEPS = flags.DEFINE_integer("steps", 5, "Timed steps after the warm-up.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps after the warm-up.")
 
 # The phases of a step, as the table lists them.
 _PHASES = (
