@@ -131,8 +131,8 @@ def rollout(
     mesh: generate with the rows split over this mesh; None = one device.
 
   Returns:
-    The Rollout, its stats holding `timing/generate_s` and
-    `timing/reward_s` besides `rollout_stats`'.
+    The Rollout, its stats holding `timing/generate` and `timing/reward`
+    (seconds) besides `rollout_stats`'.
 
   Raises:
     ValueError: G < 2, or a prompt longer than `width` allows.
@@ -180,8 +180,9 @@ def rollout(
   )
   clipped = (lengths >= length) & ~ends_with_stop
   stats = rollout_stats(rewards, lengths, clipped, g)
-  stats["timing/generate_s"] = generated - start
-  stats["timing/reward_s"] = scored - generated
+  # `generate` returns host arrays: the device work is done at `generated`.
+  stats["timing/generate"] = generated - start
+  stats["timing/reward"] = scored - generated
   return Rollout(
       prompts=[list(p) for p in prompts],
       completions=completions,

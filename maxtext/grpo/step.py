@@ -9,6 +9,36 @@ micro-batches: each pass is K `engine.fwd_bwd` calls and one
 log-probabilities stay those of the parameters that generated, so later
 passes are off-policy by exactly the updates in between, which the clipped
 ratio bounds. A step consumes P x G samples whatever `num_iterations` is.
+
+Phase timings (seconds on the host clock, each read once the device work it
+times has come back to the host, so no synchronisation is added for them):
+
+  timing/rollout        generation, rewards and advantages (`rollout`; its
+                        parts `timing/generate` and `timing/reward`): the
+                        decoder fetches its ids, so generation is complete.
+  timing/reference      the frozen reference's log-probabilities (0 when
+                        grpo_beta = 0), fetched to the host.
+  timing/old_logprobs   0: the behaviour log-probabilities come out of
+                        generation (the decoder's log-softmax of each drawn
+                        id), so no separate pass computes them; their cost is
+                        inside timing/generate, whatever num_iterations is.
+  timing/update         the K forward-backward passes and the update, up to
+                        the engine's one metrics flush, which waits for every
+                        micro-batch and the gradient measure. The optimizer
+                        apply may still be running then (the engine does not
+                        wait for it); the next phase that reads the
+                        parameters (the next rollout) waits for it instead.
+  timing/step           the record's whole step: from the rollout's start to
+                        the update's flush for the first pass over a rollout,
+                        the update alone for the later passes
+                        (num_iterations > 1), whose records repeat the
+                        rollout's timings.
+
+The first five ride the micro-batches as inputs, like the rollout's other
+statistics; the last two are known only after the flush and are added to
+the flushed record on the host.
+
+`warm_up` compiles every program of a step before a run's timed region.
 """
 
 import dataclasses
@@ -32,6 +62,24 @@ def _reference_log_probs(params, tokens, prompt_lengths, width, config, mesh):
   return scoring.completion_log_probs_and_entropy(
       params, tokens, prompt_lengths, width, config, mesh
   )[0]
+
+
+# The timings the micro-batches carry (measured before the update).
+CARRIED_TIMINGS = (
+    "timing/rollout",
+    "timing/generate",
+    "timing/reward",
+    "timing/reference",
+    "timing/old_logprobs",
+)
+# The timings measured around the update, added to its flushed record.
+UPDATE_TIMINGS = ("timing/update", "timing/step")
+
+
+def _placeholder_reward(prompt, completion) -> float:
+  """The warm-up's reward: no user code runs before the run starts."""
+  del prompt, completion
+  return 0.0
 
 
 @dataclasses.dataclass
@@ -95,9 +143,21 @@ class GrpoStep:
     self._width = width
     self._reference = reference_params
     self._mesh = mesh
+    # perf_counter() at the start of the newest rollout, until the first
+    # update after it has taken it into its timing/step.
+    self._rollout_start = None
 
-  def rollout(self, step: int) -> tuple[rollout_lib.Rollout, list[dict]]:
-    """Step `step`'s rollout and its K micro-batches (reference included)."""
+  def rollout(
+      self,
+      step: int,
+      reward_functions: Optional[Sequence[rewards_lib.RewardFunction]] = None,
+  ) -> tuple[rollout_lib.Rollout, list[dict]]:
+    """Step `step`'s rollout and its K micro-batches (reference included).
+
+    Args:
+      step: the step (its prompts and its draws).
+      reward_functions: instead of the step's own (the warm-up's).
+    """
     start = time.perf_counter()
     options = self._options_of_step(step)
     result = rollout_lib.rollout(
@@ -105,13 +165,13 @@ class GrpoStep:
         self._config,
         self._prompts_of_step(step),
         options,
-        self._rewards,
+        self._rewards if reward_functions is None else reward_functions,
         estimator=self._estimator,
         advantage_eps=self._eps,
         width=self._width,
         mesh=self._mesh,
     )
-    rolled = time.perf_counter()
+    rolled = referenced = time.perf_counter()
     ref = None
     if self._reference is not None:
       ref = np.asarray(
@@ -124,21 +184,74 @@ class GrpoStep:
               mesh=self._mesh,
           )
       )
-    referenced = time.perf_counter()
+      referenced = time.perf_counter()
     extra = {
-        "timing/rollout_s": rolled - start,
-        "timing/reference_s": referenced - rolled,
+        "timing/rollout": rolled - start,
+        "timing/reference": referenced - rolled,
+        # Generation computed them (module docstring).
+        "timing/old_logprobs": 0.0,
     }
+    self._rollout_start = start
     return result, rollout_lib.micro_batches(result, self._k, ref, extra)
 
   def train(self, batches: list[dict]) -> buffer.MetricsBuffer:
-    """One pass over a rollout's micro-batches: K fwd_bwd, one update."""
+    """One pass over a rollout's micro-batches: K fwd_bwd, one update.
+
+    Returns:
+      The flushed record, with `UPDATE_TIMINGS` added.
+    """
+    start = time.perf_counter()
     for micro_batch in batches:
       self._engine.fwd_bwd(micro_batch)
-    return self._engine.update(release=True)
+    record = self._engine.update(release=True)
+    # update() returned after its flush fetched the metrics: the K
+    # micro-batches' work is done (module docstring: the apply may not be).
+    end = time.perf_counter()
+    began = start if self._rollout_start is None else self._rollout_start
+    self._rollout_start = None
+    record.scalar_metrics["timing/update"] = np.array([end - start])
+    record.scalar_metrics["timing/step"] = np.array([end - began])
+    return record
 
   def run(self, step: int) -> StepResult:
     """Runs GRPO step `step` (a rollout and num_iterations updates)."""
     result, batches = self.rollout(step)
     records = [self.train(batches) for _ in range(self._iterations)]
     return StepResult(result, records)
+
+  def warm_up(self, step: int) -> float:
+    """Compiles every program of step `step` without taking it.
+
+    Runs the step's rollout (its prompts and sampling: the decoder's
+    programs of the rollout's shapes), the reference's scoring when there
+    is a reference, and one pass of K fwd_bwd calls with a discarded update
+    (`Engine.update(discard=True)`, as the pretraining warm-up,
+    `maxtext/warmup.py`), so that the first real step compiles nothing. The
+    reward functions are not called (a placeholder of the same names
+    scores 0, so the metric set is the real one); parameters, optimizer
+    state, step counter and recorder end as they were.
+
+    Returns:
+      The seconds it took, device work included.
+    """
+    start = time.perf_counter()
+    engine = self._engine
+    counter = engine.step
+    placeholders = [
+        rewards_lib.RewardFunction(f.name, _placeholder_reward, f.weight)
+        for f in self._rewards
+    ]
+    _, batches = self.rollout(step, placeholders)
+    for micro_batch in batches:
+      engine.fwd_bwd(micro_batch)
+    engine.update(discard=True, release=True)
+    self._rollout_start = None
+    jax.block_until_ready((engine.params, engine.opt_state))
+    engine.set_state(
+        {
+            "params": engine.params,
+            "opt_state": engine.opt_state,
+            "step": counter,
+        }
+    )
+    return time.perf_counter() - start

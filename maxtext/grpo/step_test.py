@@ -1,6 +1,7 @@
 """step: GRPO steps through the real engine on a tiny model."""
 
 import functools
+import time
 
 from absl.testing import absltest
 import jax
@@ -20,6 +21,7 @@ from maxtext.grpo import train_loss
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
 from maxtext.text import sampling
+from testing import compile_counter
 from testing import dispatch_counter
 from testing import tiny_configs
 
@@ -33,8 +35,9 @@ EXPECTED = {
     "rewards/min", "rewards/max", "rewards/std", "rewards/prefix_match",
     "frac_reward_zero_std", "completions/mean_length",
     "completions/min_length", "completions/max_length",
-    "completions/clipped_ratio", "completion_tokens", "timing/rollout_s",
-    "timing/reference_s", "timing/generate_s", "timing/reward_s",
+    "completions/clipped_ratio", "completion_tokens", "timing/rollout",
+    "timing/generate", "timing/reward", "timing/reference",
+    "timing/old_logprobs", "timing/update", "timing/step",
     "grad_norm", "learning_rate", "step_skipped",
 }  # fmt: skip
 
@@ -98,6 +101,55 @@ class StepTest(absltest.TestCase):
     )
     self.assertEqual(record["completion_tokens"], result.rollout.mask.sum())
     self.assertEqual(engine.step, 1)
+
+  def test_timings_split_the_step(self):
+    _, step, _ = self._step(num_iterations=2)
+    first, second = (recorder_lib.reduce_buffer(r) for r in step.run(0).records)
+    for name in step_lib.CARRIED_TIMINGS + step_lib.UPDATE_TIMINGS:
+      self.assertGreaterEqual(first[name], 0.0, name)
+    # Generation computes the behaviour log-probabilities: no phase of
+    # their own.
+    self.assertEqual(first["timing/old_logprobs"], 0.0)
+    self.assertGreater(first["timing/reference"], 0.0)  # beta > 0.
+    self.assertLessEqual(
+        first["timing/generate"] + first["timing/reward"],
+        first["timing/rollout"],
+    )
+    # The first pass's step spans its rollout, reference and update; the
+    # second pass's is its update alone.
+    self.assertGreaterEqual(
+        first["timing/step"],
+        first["timing/rollout"]
+        + first["timing/reference"]
+        + first["timing/update"],
+    )
+    self.assertEqual(second["timing/step"], second["timing/update"])
+    self.assertEqual(second["timing/rollout"], first["timing/rollout"])
+
+  def test_warm_up_compiles_the_step_and_changes_nothing(self):
+    compile_counter.install()
+    engine, step, _ = self._step()
+    before = _copy(engine.params)
+    began = time.monotonic()
+    step.warm_up(0)
+    self.assertNotEmpty(compile_counter.backend_compiles_after(began))
+    self.assertEqual(engine.step, 0)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, engine.params, before)
+    warmed = time.monotonic()
+    record = recorder_lib.reduce_buffer(step.run(0).records[0])
+    self.assertEqual(compile_counter.backend_compiles_after(warmed), [])
+    self.assertEqual(compile_counter.count_after(warmed), 0)
+    # The step is the one a run without warm-up takes first: on-policy.
+    self.assertAlmostEqual(record["is_ratio/mean"], 1.0, places=3)
+    self.assertEqual(engine.step, 1)
+
+  def test_without_warm_up_the_first_step_compiles(self):
+    # The control: the count above can fail.
+    compile_counter.install()
+    _, step, _ = self._step()
+    began = time.monotonic()
+    step.run(0)
+    self.assertNotEmpty(compile_counter.backend_compiles_after(began))
 
   def test_passes_after_the_first_are_off_policy(self):
     engine, step, _ = self._step(num_iterations=2, learning_rate=3e-2)

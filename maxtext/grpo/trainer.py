@@ -7,7 +7,9 @@ whose loss is `train_loss.loss_fn`; the loop is the pretraining loop's
 skeleton with a rollout where the data set's batch was:
 
   validate (config, GRPO relations, reward imports, the task) -> build ->
-  on_run_start -> for each step: on_step_start, `GrpoStep.run` (rollout,
+  an eval of the starting parameters -> warm-up (`GrpoStep.warm_up`: every
+  program of a step compiled, nothing trained) -> on_run_start -> for each
+  step: on_step_start, `GrpoStep.run` (rollout,
   reference log-probs, K micro-batches, update), on_step, an eval of held-out
   pass@1 / pass@k every `eval_interval` steps, a checkpoint when due ->
   on_run_end -> close.
@@ -25,8 +27,7 @@ n), so checkpoints and evals fall between rollouts; a rollout's P x G
 samples count once. Evals follow `eval_schedule` (the first after
 `first_eval_samples` when set, where MLPerf's qwen35_397b_grpo rules put
 it). An eval whose held-out pass@1 reaches `grpo_target_pass_rate` ends the
-run with success. Limits of this loop (docs/grpo.md): one process; no
-warm-up before run_start.
+run with success. Limits of this loop (docs/grpo.md): one process.
 """
 
 import dataclasses
@@ -156,8 +157,12 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
   return out
 
 
-def _engine_factory(config, mesh):
-  """run_state's engine factory: the model with the GRPO loss."""
+def engine_factory(config, mesh):
+  """run_state's engine factory: the model with the GRPO loss.
+
+  Returns:
+    (engine, its model setup).
+  """
   setup = model_setup.setup_model(config, mesh)
   frozen = ml_collections.FrozenConfigDict(config)
   schedule = optimizer_lib.make_schedule(config)
@@ -231,7 +236,7 @@ def run(
       config,
       config_filename=config_filename,
       extra_listeners=extra_listeners,
-      engine_factory=_engine_factory,
+      engine_factory=engine_factory,
   )
   frozen = ml_collections.FrozenConfigDict(config)
   prompts_per_step = config.global_batch_size // config.grpo_num_generations
@@ -263,10 +268,17 @@ def run(
         state.start_step,
         start_eval,
     )
-    listeners.on_run_start(
-        interface.RunStart(state.start_step, state.samples, 0.0)
-    )
     passes = config.grpo_num_iterations
+    # Every program of a step compiles before the timed region (the start
+    # eval above compiled the eval's); nothing is trained.
+    warmup_time = (
+        grpo.warm_up(state.start_step // passes)
+        if state.start_step < config.steps
+        else 0.0
+    )
+    listeners.on_run_start(
+        interface.RunStart(state.start_step, state.samples, warmup_time)
+    )
     # `steps`, evals and checkpoints count optimizer updates; rollout r
     # feeds updates r * passes .. (r + 1) * passes - 1.
     for first in range(state.start_step, config.steps, passes):

@@ -1,6 +1,7 @@
 """The GRPO run end to end: pretrain briefly, post-train, resume, refuse."""
 
 import os
+import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -9,6 +10,7 @@ from maxtext import trainer as pretrainer
 from maxtext.grpo import rewards
 from maxtext.grpo import trainer
 from maxtext.metrics import jsonl
+from testing import compile_counter
 from testing import tiny_configs
 
 
@@ -158,6 +160,29 @@ class GrpoRunTest(parameterized.TestCase):
     self.assertNotAlmostEqual(train[1]["is_ratio/max"], 1.0, places=4)
     evals = [r for r in records if r["kind"] == "eval"]
     self.assertEqual([r["step"] for r in evals], [1, 3])
+
+  def test_nothing_compiles_after_run_start(self):
+    # Rollouts, the reference's scoring (beta > 0), two passes per rollout,
+    # evals and checkpoints after run_start: the warm-up and the start eval
+    # compiled every program before it.
+    counter = compile_counter.RunStartCounter()
+    began = time.monotonic()
+    out = self.create_tempdir().full_path
+    result = trainer.run(
+        _grpo_config(
+            out,
+            self.checkpoints,
+            grpo_beta=0.04,
+            grpo_num_iterations=2,
+            steps=4,
+        ),
+        extra_listeners=[counter],
+    )
+    self.assertEqual(result.final_step, 4)
+    after = counter.count()
+    self.assertGreater(compile_counter.count_after(began) - after, 0)
+    self.assertEqual(compile_counter.backend_compiles_after(counter.at), [])
+    self.assertEqual(after, 0)
 
   @parameterized.named_parameters(
       ("one_generation", {"grpo_num_generations": 1}, "grpo_num_generations=1"),

@@ -4,21 +4,10 @@ Runbook:
 
   bazel run //tools/benchmarks:metrics_bench -- [--rounds=9] [--block=3]
 
-Every way runs the same training step (K jitted micro-steps of a small MLP's
-forward/backward with gradient accumulation, then one jitted optimizer apply)
-and ends the step with all metric values on the host:
-
-  baseline     the micro-step computing all M metrics, returned packed in one
-               array (the engine's form) and dropped; nothing recorded.
-  dict_step    (reference, not a way) the micro-step returning the M metrics
-               as M separate outputs, dropped: ways a, b and d need that form,
-               so their overheads include its cost.
-  a/append     one device array per metric, `jnp.append` per micro-batch.
-  b/stack      host lists of device scalars, one `jnp.stack` per metric.
-  c/engine     `maxtext.engine.Engine`: packed metrics, `buffer_packed`,
-               one flush (plus learning_rate, grad_norm, step_skipped from
-               its gradient measure, one more program per step).
-  d/per_name   `MetricsRecorder.buffer_metrics` per metric, one flush.
+Every way (`metric_ways`: baseline, dict_step, a/append, b/stack, c/engine,
+d/per_name) runs the same training step, K jitted micro-steps of a small
+MLP's forward/backward with gradient accumulation, then one jitted optimizer
+apply, and ends the step with all metric values on the host.
 
 With `--model_config=FILE` the micro-step is that config's model instead
 (its parameters, a synthetic batch of its shape and
@@ -47,26 +36,15 @@ M=100, K=16:
 """
 
 import time
-from typing import Callable
 
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
-import optax
 
 from maxtext import config_lib
-from maxtext import engine as engine_lib
-from maxtext.grpo import rewards
-from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import train_loss
-from maxtext.grpo import trainer as grpo_trainer
-from maxtext.model import transformer
-from maxtext.metrics import recorder as metrics_recorder
-from testing import dispatch_counter
 from tools import command_line
+from tools.benchmarks import metric_ways
 
 _NUM_METRICS = flags.DEFINE_integer(
     "num_metrics", 100, "M, metrics per micro-batch (loss included)."
@@ -92,314 +70,28 @@ _GRPO = flags.DEFINE_bool(
     "among the inputs; M = a GRPO step's metric set.",
 )
 
-_WAYS = (
-    "baseline",
-    "dict_step",
-    "a/append",
-    "b/stack",
-    "c/engine",
-    "d/per_name",
-)
-_WIDTH = 32
 
-
-def _loss_fn(num_metrics: int) -> Callable:
-  """A 2-layer MLP regression loss with num_metrics - 1 aux metrics."""
-
-  def loss_fn(params, batch):
-    h = jnp.tanh(batch["x"] @ params["w1"])
-    err = h @ params["w2"] - batch["y"]
-    loss = jnp.mean(err**2)
-    col = jnp.mean(err * h, axis=0)
-    aux = {
-        f"m{i:03d}": loss * (i + 1) + col[i % _WIDTH]
-        for i in range(num_metrics - 1)
-    }
-    return loss, aux
-
-  return loss_fn
-
-
-class _Problem:
-  """What every way trains: `loss_fn(params, batch) -> (loss, aux)` with
-  flat scalar aux metrics, a parameter factory and one batch."""
-
-  def __init__(self, loss_fn: Callable, make_params: Callable, batch):
-    self.loss_fn, self.make_params, self.batch = loss_fn, make_params, batch
-    _, aux = jax.eval_shape(loss_fn, jax.eval_shape(make_params), batch)
-    # The names a way must bring home: the loss and every aux metric.
-    self.names = ("loss", *aux)
-
-
-def _values(aux: dict) -> dict:
-  """The aux metrics as arrays: a SummedMetric gives its value (that it is
-  reduced by a sum matters only on the host)."""
-  return {
-      name: v.value if isinstance(v, metrics_recorder.SummedMetric) else v
-      for name, v in aux.items()
-  }
-
-
-def _mlp_problem(num_metrics: int) -> _Problem:
-  """The small MLP with num_metrics metrics."""
-
-  def make_params():
-    rng = np.random.default_rng(0)
-    return {
-        "w1": jnp.asarray(rng.normal(size=(_WIDTH, _WIDTH)) * 0.1, jnp.float32),
-        "w2": jnp.asarray(rng.normal(size=(_WIDTH, 1)) * 0.1, jnp.float32),
-    }
-
-  rng = np.random.default_rng(1)
-  x = rng.normal(size=(8, _WIDTH)).astype(np.float32)
-  batch = {"x": jnp.asarray(x), "y": jnp.asarray(x[:, :1] * 2.0)}
-  return _Problem(_loss_fn(num_metrics), make_params, batch)
-
-
-def _model_problem(path: str) -> _Problem:
-  """The model of the config file at `path`, one micro-batch of its shape.
-
-  The aux metrics are flattened to "moe/aux_loss"-style names, as the
-  engine names them, so the ways that record by name see the same metrics.
-  """
-  config = config_lib.load_config_file(path)
-  config_lib.validate(config)
-
-  def loss_fn(params, batch):
-    loss, aux = transformer.loss_fn(params, batch, config)
-    return loss, dict(engine_lib.flatten_metrics("", aux))
-
-  def make_params():
-    return transformer.init_params(config, jax.random.PRNGKey(0))
-
-  rows = config_lib.micro_batch_size(config)
-  seq = config.max_sequence_length
-  tokens = np.random.default_rng(1).integers(
-      0, config.vocab_size, size=(rows, seq + 1), dtype=np.int32
-  )
-  batch = {
-      "inputs": jnp.asarray(tokens[:, :-1]),
-      "targets": jnp.asarray(tokens[:, 1:]),
-  }
-  return _Problem(loss_fn, make_params, batch)
-
-
-def _grpo_problem(path: str) -> _Problem:
-  """The GRPO loss of the config's model on one synthetic rollout
-  micro-batch: every metric a GRPO step records from its micro-batches."""
-  config = config_lib.load_config_file(path)
-  config_lib.validate(config)
-  config_lib.validate_grpo(config)
-  frozen = ml_collections.FrozenConfigDict(config)
-  options = grpo_trainer.loss_options(config)
-
-  def loss_fn(params, batch):
-    loss, aux = train_loss.loss_fn(params, batch, frozen, options)
-    return loss, dict(engine_lib.flatten_metrics("", aux))
-
-  def make_params():
-    return transformer.init_params(config, jax.random.PRNGKey(0))
-
-  rows = config_lib.micro_batch_size(config)
-  length = config.grpo_max_completion_length
-  width = config.grpo_prompt_length + length
-  rng = np.random.default_rng(1)
-  names = [
-      n.rsplit(":", 1)[-1]
-      for n, _ in rewards.parse(config.grpo_reward_functions)
-  ]
-  total = rng.random(config.global_batch_size)
-  stats = rollout_lib.rollout_stats(
-      rewards.Rewards(total, {n: total for n in names}),
-      np.full(config.global_batch_size, length),
-      np.ones(config.global_batch_size, bool),
-      config.grpo_num_generations,
-  )
-  for name in ("rollout_s", "generate_s", "reward_s", "reference_s"):
-    stats[f"timing/{name}"] = 0.0
-  batch = {
-      "tokens": jnp.asarray(
-          rng.integers(0, config.vocab_size, (rows, width), dtype=np.int32)
-      ),
-      "prompt_lengths": jnp.full((rows,), config.grpo_prompt_length, jnp.int32),
-      "mask": jnp.ones((rows, length), jnp.float32),
-      "old_log_probs": jnp.full((rows, length), -1.0, jnp.float32),
-      "advantages": jnp.asarray(rng.normal(size=rows), jnp.float32),
-      "stats": {
-          n: jnp.full((rows,), v, jnp.float32) for n, v in sorted(stats.items())
-      },
-  }
-  if options.beta > 0:
-    batch["ref_log_probs"] = jnp.full((rows, length), -1.0, jnp.float32)
-  return _Problem(loss_fn, make_params, batch)
-
-
-class _ManualPrograms:
-  """The jitted micro-steps and apply of the baseline and ways a, b, d.
-
-  Built once per problem and K and shared by those ways: each program is
-  then compiled once, not once per way.
-  """
-
-  def __init__(self, problem: _Problem, k: int):
-    loss_fn = problem.loss_fn
-    self.optimizer = optax.sgd(1e-3)
-
-    def micro_metrics(params, acc, batch):
-      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          params, batch
-      )
-      return jax.tree.map(jnp.add, acc, grads), {"loss": loss, **_values(aux)}
-
-    def micro_plain(params, acc, batch):
-      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          params, batch
-      )
-      packed = jnp.stack([loss, *_values(aux).values()])
-      return jax.tree.map(jnp.add, acc, grads), packed
-
-    def apply(params, opt_state, acc):
-      grads = jax.tree.map(lambda g: g / k, acc)
-      updates, opt_state = self.optimizer.update(grads, opt_state, params)
-      return (
-          optax.apply_updates(params, updates),
-          opt_state,
-          jax.tree.map(jnp.zeros_like, acc),
-      )
-
-    self.micro_metrics = jax.jit(micro_metrics, donate_argnums=(1,))
-    self.micro_plain = jax.jit(micro_plain, donate_argnums=(1,))
-    self.apply = jax.jit(apply, donate_argnums=(2,))
-
-
-class _Manual:
-  """Baseline and ways a, b, d: each its own state, the shared programs."""
-
-  def __init__(
-      self, problem: _Problem, programs: _ManualPrograms, k: int, way: str
-  ):
-    self.k, self.way = k, way
-    self.params = problem.make_params()
-    self.opt_state = programs.optimizer.init(self.params)
-    self.acc = jax.tree.map(jnp.zeros_like, self.params)
-    self.recorder = metrics_recorder.MetricsRecorder(max_history=4)
-    self.step_count = 0
-    self.micro_metrics = programs.micro_metrics
-    self.micro_plain = programs.micro_plain
-    self.apply = programs.apply
-
-  def step(self, batch):
-    """One training step; returns the host values of the step's metrics."""
-    way, out = self.way, None
-    if way == "baseline":
-      for _ in range(self.k):
-        self.acc, _ = self.micro_plain(self.params, self.acc, batch)
-    elif way == "dict_step":
-      for _ in range(self.k):
-        self.acc, _ = self.micro_metrics(self.params, self.acc, batch)
-    elif way == "a/append":
-      arrays = None
-      for _ in range(self.k):
-        self.acc, metrics = self.micro_metrics(self.params, self.acc, batch)
-        if arrays is None:
-          arrays = {n: jnp.reshape(v, (1,)) for n, v in metrics.items()}
-        else:
-          arrays = {n: jnp.append(arrays[n], metrics[n]) for n in arrays}
-      out = arrays
-    elif way == "b/stack":
-      lists = None
-      for _ in range(self.k):
-        self.acc, metrics = self.micro_metrics(self.params, self.acc, batch)
-        if lists is None:
-          lists = {n: [] for n in metrics}
-        for n, v in metrics.items():
-          lists[n].append(v)
-      out = {n: jnp.stack(l) for n, l in lists.items()}
-    else:  # d/per_name
-      for _ in range(self.k):
-        self.acc, metrics = self.micro_metrics(self.params, self.acc, batch)
-        for n, v in metrics.items():
-          self.recorder.buffer_metrics(self.step_count, n, v)
-      self.recorder.flush()
-      out = self.recorder.get_step_metrics(self.step_count).scalar_metrics
-      self.recorder.cleanup()  # The trainer releases each written step.
-    self.params, self.opt_state, self.acc = self.apply(
-        self.params, self.opt_state, self.acc
-    )
-    self.step_count += 1
-    if out is not None and way != "d/per_name":
-      out = jax.device_get(out)
-    jax.block_until_ready(self.params)
-    return out
-
-
-class _EngineWay:
-  """Way c: the engine's fwd_bwd and update."""
-
-  def __init__(self, problem: _Problem, k: int):
-    self.k = k
-    self.engine = engine_lib.Engine(
-        problem.loss_fn,
-        problem.make_params(),
-        optax.sgd(1e-3),
-        1e-3,
-        metrics_recorder.MetricsRecorder(max_history=4),
-        k,
-    )
-
-  def step(self, batch):
-    for _ in range(self.k):
-      self.engine.fwd_bwd(batch)
-    # As the trainer: the step's buffer leaves the recorder.
-    out = self.engine.update(release=True).scalar_metrics
-    jax.block_until_ready(self.engine.params)
-    return out
-
-
-def _make_ways(problem: _Problem, k: int) -> dict:
-  programs = _ManualPrograms(problem, k)
-  ways = {w: _Manual(problem, programs, k, w) for w in _WAYS if w != "c/engine"}
-  ways["c/engine"] = _EngineWay(problem, k)
-  return ways
-
-
-def _check_values(ways: dict, problem: _Problem, k: int) -> None:
-  """Every recording way ends with the M metrics, K host values each."""
-  for name, way in ways.items():
-    out = way.step(problem.batch)
-    if name in ("baseline", "dict_step"):
-      continue
-    missing = [n for n in problem.names if np.shape(out.get(n)) != (k,)]
-    if missing:
-      raise RuntimeError(
-          f"{name}: metrics {missing} missing or not of shape ({k},)"
-      )
-
-
-def _measure(problem: _Problem, k: int, rounds: int, block: int, rng):
+def _measure(
+    problem: metric_ways.Problem, k: int, rounds: int, block: int, rng
+):
   """Returns (overheads: way -> list of seconds, base times, dispatches)."""
-  ways = _make_ways(problem, k)
+  ways = metric_ways.make_ways(problem, k)
   batch = problem.batch
   for _ in range(2):  # Compile every length and path.
-    _check_values(ways, problem, k)
-  times = {w: [] for w in _WAYS}
+    metric_ways.check_values(ways, problem, k)
+  times = {w: [] for w in metric_ways.WAYS}
   for _ in range(rounds):
-    for w in rng.permutation(len(_WAYS)):
-      name = _WAYS[w]
+    for w in rng.permutation(len(metric_ways.WAYS)):
+      name = metric_ways.WAYS[w]
       start = time.perf_counter()
       for _ in range(block):
         ways[name].step(batch)
       times[name].append((time.perf_counter() - start) / block)
   base = np.array(times["baseline"])
-  overheads = {w: np.array(times[w]) - base for w in _WAYS if w != "baseline"}
-  dispatches = {}
-  with dispatch_counter.count_dispatches() as count:
-    for name, way in ways.items():
-      way.step(batch)  # Warms up the Python dispatch path.
-      before = count[0]
-      way.step(batch)
-      dispatches[name] = count[0] - before
-  return overheads, base, dispatches
+  overheads = {
+      w: np.array(times[w]) - base for w in metric_ways.WAYS if w != "baseline"
+  }
+  return overheads, base, metric_ways.dispatches_per_step(ways, batch)
 
 
 def _fmt_ms(x: float) -> str:
@@ -411,13 +103,16 @@ def main(argv):
   if _GRPO.value and not _MODEL_CONFIG.value:
     raise app.UsageError("--grpo needs --model_config (a GRPO config file)")
   if _GRPO.value:
-    problem = _grpo_problem(_MODEL_CONFIG.value)
+    config = config_lib.load_config_file(_MODEL_CONFIG.value)
+    config_lib.validate(config)
+    config_lib.validate_grpo(config)
+    problem = metric_ways.grpo_problem(config)
     what = f"{_MODEL_CONFIG.value}'s GRPO step"
   elif _MODEL_CONFIG.value:
-    problem = _model_problem(_MODEL_CONFIG.value)
+    problem = metric_ways.model_problem(_MODEL_CONFIG.value)
     what = f"{_MODEL_CONFIG.value}'s model"
   else:
-    problem = _mlp_problem(_NUM_METRICS.value)
+    problem = metric_ways.mlp_problem(_NUM_METRICS.value)
     what = "a small MLP"
   m = len(problem.names)
   ks = [int(k) for k in _KS.value]
@@ -445,7 +140,7 @@ def main(argv):
         f"{k:>3} {'baseline':<11} {_fmt_ms(0.0):>11} {'':>9} {'':>9} "
         f"{_fmt_ms(np.median(base))} {dispatches['baseline']:>10}"
     )
-    for w in _WAYS[1:]:
+    for w in metric_ways.WAYS[1:]:
       o = overheads[w]
       medians[(k, w)] = float(np.median(o))
       print(

@@ -135,9 +135,10 @@ class MetricsBenchTest(absltest.TestCase):
     # A GRPO step's metrics come home in one engine dispatch per step too:
     # loss, 17 of the policy loss (pg_loss, kl, kl_loss, 3 clip fractions,
     # ppo_kl, entropy, 3 ratio and 5 advantage statistics, completion
-    # tokens) and 16 of the rollout (5 reward statistics, one per reward
-    # function (2), frac_reward_zero_std, 4 completion lengths, 4 timings).
-    self.assertEqual(m, 1 + 17 + 16)
+    # tokens) and 17 of the rollout (5 reward statistics, one per reward
+    # function (2), frac_reward_zero_std, 4 completion lengths, the 5
+    # timings the micro-batches carry).
+    self.assertEqual(m, 1 + 17 + 17)
     self.assert_dispatches(dispatches, m, ks=_KS[:1])
 
 

@@ -1,0 +1,192 @@
+r"""Benchmark: a GRPO step's time by phase, and its metrics' dispatches.
+
+Runbook:
+
+  tools/bazel run //tools/benchmarks:grpo_bench
+  # Fewer or more timed steps: --steps; any --config.x override of
+  # maxtext/configs/grpo_tiny.py (or another --config file), e.g.
+  # --config.load_parameters_path=<a pretraining run's checkpoints>.
+
+One process on the default devices (the CPU here), the config's model with
+random parameters (or `load_parameters_path`'s: a benchmark of speed, not of
+learning) and the GRPO step of `maxtext.grpo.step.GrpoStep` on the built-in
+progression task. `GrpoStep.warm_up` compiles every program first; then
+`--steps` steps run, each a rollout and one update, and the step's own
+timings (the `timing/*` metrics of its record, `maxtext/grpo/step.py`) are
+averaged: the table gives each phase's mean seconds and share of
+`timing/step` (rollout = generation + rewards + advantages; reference; old
+log-probs, which generation computes, so 0; update), generated tokens/s
+(the completions' tokens over `timing/generate`) and trained tokens/s (the
+rows' tokens the forward-backward passes run, N x (prompt + completion
+columns), over `timing/update`).
+
+Then the device dispatches of one step's metrics, counted with
+`tools.benchmarks.metric_ways` (as `metrics_bench` counts them) on the GRPO
+loss of the same config: what the engine's recorder adds to a step beyond
+its K micro-steps and optimizer apply, against one `jnp.append` per metric
+and micro-batch. The last line is:
+
+  grpo_bench: rollout_share=R metrics=M recorder_dispatches=D \
+      append_dispatches=A
+
+(one line, without the backslash). R is mean timing/rollout / mean
+timing/step; M the metrics of a real step's record (the micro-batches' m,
+the engine's 3, the 2 timings added after the update); D the recorder's
+dispatches per step (the same for any M); A the appends' dispatches per
+step (m x K).
+"""
+
+import functools
+import os
+
+from absl import app
+from absl import flags
+import jax
+import ml_collections
+from ml_collections import config_flags
+import numpy as np
+
+from maxtext import config_lib
+from maxtext import mesh as mesh_lib
+from maxtext import model_setup
+from maxtext.configs import grpo_tiny
+from maxtext.grpo import rewards
+from maxtext.grpo import step as step_lib
+from maxtext.grpo import trainer as grpo_trainer
+from maxtext.metrics import recorder as metrics_recorder
+from tools import command_line
+from tools.benchmarks import metric_ways
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    os.path.abspath(grpo_tiny.__file__),
+    "GRPO config (default: maxtext/configs/grpo_tiny.py).",
+    lock_config=True,
+)
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps after the warm-up.")
+
+# The phases of a step, as the table lists them.
+_PHASES = (
+    ("rollout", "timing/rollout"),
+    ("  generate", "timing/generate"),
+    ("  reward", "timing/reward"),
+    ("reference", "timing/reference"),
+    ("old_logprobs", "timing/old_logprobs"),
+    ("update", "timing/update"),
+    ("step", "timing/step"),
+)
+# The ways of metric_ways whose dispatches are compared.
+_WAYS = ("baseline", "a/append", "c/engine")
+
+
+def _check(config) -> list:
+  """The config's checks before any device work; the reward functions."""
+  if _STEPS.value < 1:
+    raise ValueError(f"--steps={_STEPS.value}: must be >= 1")
+  config_lib.validate(config)
+  config_lib.validate_grpo(config)
+  if config.grpo_num_iterations != 1:
+    raise ValueError(
+        f"grpo_num_iterations={config.grpo_num_iterations}: the bench times "
+        "one update per rollout; give 1"
+    )
+  return rewards.load(config.grpo_reward_functions)
+
+
+def _grpo_step(config, functions) -> step_lib.GrpoStep:
+  """The GRPO run's engine and step (as `maxtext.grpo.trainer` builds
+  them), without its run directory and outputs."""
+  engine, setup = grpo_trainer.engine_factory(
+      config, mesh_lib.make_mesh(config)
+  )
+  mesh = setup.mesh
+  frozen = ml_collections.FrozenConfigDict(config)
+  task = grpo_trainer.make_task(config)
+  prompts = config.global_batch_size // config.grpo_num_generations
+  return step_lib.GrpoStep(
+      engine,
+      frozen,
+      lambda s: task.train_prompts(s, prompts),
+      functools.partial(grpo_trainer.rollout_options, config),
+      functions,
+      num_micro_batches=config.gradient_accumulation_steps,
+      width=config.grpo_prompt_length + config.grpo_max_completion_length,
+      estimator=config.grpo_advantage_estimator,
+      advantage_eps=config.grpo_advantage_eps,
+      reference_params=(
+          model_setup.init_params(config, setup)
+          if config.grpo_beta > 0
+          else None
+      ),
+      mesh=mesh,
+  )
+
+
+def _timed_steps(grpo, steps: int) -> tuple[list[dict], int, int]:
+  """Runs `steps` steps after the warm-up.
+
+  Returns:
+    (each step's record reduced, generated tokens, trained tokens).
+  """
+  records, generated, trained = [], 0, 0
+  for step in range(steps):
+    result = grpo.run(step)
+    records.append(metrics_recorder.reduce_buffer(result.records[0]))
+    generated += int(result.rollout.completion_lengths.sum())
+    trained += result.rollout.tokens.size
+  return records, generated, trained
+
+
+def main(argv):
+  command_line.check(argv)
+  config = _CONFIG.value
+  with command_line.user_errors("grpo_bench"):
+    functions = _check(config)
+  grpo = _grpo_step(config, functions)
+  k = config.gradient_accumulation_steps
+  warmup_s = grpo.warm_up(0)
+  records, generated, trained = _timed_steps(grpo, _STEPS.value)
+  mean = {
+      name: float(np.mean([r[name] for r in records])) for _, name in _PHASES
+  }
+  print(
+      f"grpo_bench: {config.global_batch_size // config.grpo_num_generations}"
+      f" prompts x {config.grpo_num_generations} completions of up to "
+      f"{config.grpo_max_completion_length} tokens, K={k}, "
+      f"beta={config.grpo_beta}, {_STEPS.value} steps after a "
+      f"{warmup_s:.1f} s warm-up; jax {jax.__version__} on "
+      f"{jax.devices()[0].platform} x {jax.device_count()}"
+  )
+  print(f"{'phase':<13} {'mean_s':>9} {'share':>7}")
+  for label, name in _PHASES:
+    print(
+        f"{label:<13} {mean[name]:>9.4f} "
+        f"{mean[name] / mean['timing/step']:>7.1%}"
+    )
+  generate_s = sum(r["timing/generate"] for r in records)
+  update_s = sum(r["timing/update"] for r in records)
+  print(f"generated tokens/s {generated / generate_s:.1f}")
+  print(f"trained tokens/s {trained / update_s:.1f}")
+
+  problem = metric_ways.grpo_problem(config)
+  dispatches = metric_ways.dispatches_per_step(
+      metric_ways.make_ways(problem, k, _WAYS), problem.batch
+  )
+  m = len(problem.names)
+  metrics = len(records[-1])
+  recorder = dispatches["c/engine"] - dispatches["baseline"]
+  appends = dispatches["a/append"] - dispatches["baseline"]
+  print(
+      f"dispatches per step (K={k}, m={m} micro-batch metrics): "
+      + ", ".join(f"{w} {dispatches[w]}" for w in _WAYS)
+  )
+  print(
+      f"grpo_bench: rollout_share="
+      f"{mean['timing/rollout'] / mean['timing/step']:.4f} "
+      f"metrics={metrics} recorder_dispatches={recorder} "
+      f"append_dispatches={appends}"
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)

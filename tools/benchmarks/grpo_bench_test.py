@@ -1,0 +1,113 @@
+"""Runs the grpo_bench binary small: its phase table and closing line.
+
+Times are not checked. What is: the table has every phase, old log-probs
+take no phase of their own (generation computes them), the closing line's
+metric count is a real step's record, and the dispatch counts are exact and
+machine-independent: the recorder's stay the same when a reward function
+adds a metric, the per-metric appends grow by K.
+"""
+
+import re
+
+from absl.testing import absltest
+
+from testing import runfiles
+
+_LAST_LINE = re.compile(
+    r"^grpo_bench: rollout_share=(\d+\.\d{4}) metrics=(\d+) "
+    r"recorder_dispatches=(\d+) append_dispatches=(\d+)$"
+)
+_K = 2
+# grpo_tiny.py on a smaller model: 2 prompts x 4 completions, K = 2.
+_SMALL = (
+    "--config.vocab_size=32",
+    "--config.max_sequence_length=16",
+    "--config.emb_dim=16",
+    "--config.num_heads=2",
+    "--config.num_kv_heads=2",
+    "--config.head_dim=8",
+    "--config.mlp_dim=32",
+    "--config.num_layers=1",
+    "--config.global_batch_size=8",
+    f"--config.gradient_accumulation_steps={_K}",
+    "--config.grpo_num_generations=4",
+    "--config.grpo_prompt_length=3",
+    "--config.grpo_max_completion_length=4",
+    "--config.grpo_eval_prompts=8",
+    "--steps=2",
+)
+_TASK = "maxtext.grpo.progression_task"
+# Metrics of a step's record besides one per reward function: the loss, 16
+# of the policy loss (pg_loss, kl, kl_loss, 3 clip fractions, ppo_kl,
+# entropy, 3 ratio and 5 advantage statistics), completion_tokens, 10 of
+# the rollout (5 reward statistics, frac_reward_zero_std, 4 completion
+# lengths), the 5 timings the micro-batches carry; the engine's 3
+# (grad_norm, learning_rate, step_skipped) and the 2 timings added after
+# the update.
+_MICRO_BATCH_METRICS = 1 + 16 + 1 + 10 + 5
+_STEP_METRICS = 3 + 2
+
+
+def _run(*args):
+  return runfiles.run_binary(
+      "tools/benchmarks/grpo_bench", list(_SMALL + args), timeout_s=900
+  )
+
+
+class GrpoBenchTest(absltest.TestCase):
+
+  def check_run(self, functions: int, *args):
+    """Runs the bench; returns (metrics, recorder and append dispatches)."""
+    proc = _run(*args)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    lines = proc.stdout.strip().splitlines()
+    phases = {}
+    for line in lines:
+      fields = line.split()
+      if len(fields) == 3 and fields[2].endswith("%"):
+        phases[fields[0]] = float(fields[1])
+    self.assertEqual(
+        set(phases),
+        {"rollout", "generate", "reward", "reference", "old_logprobs",
+         "update", "step"},
+    )  # fmt: skip
+    self.assertEqual(phases["old_logprobs"], 0.0)
+    self.assertEqual(phases["reference"], 0.0)  # grpo_tiny: beta = 0.
+    self.assertGreater(phases["update"], 0.0)
+    self.assertRegex(proc.stdout, r"generated tokens/s \d+\.\d")
+    self.assertRegex(proc.stdout, r"trained tokens/s \d+\.\d")
+    match = _LAST_LINE.match(lines[-1])
+    self.assertIsNotNone(match, lines[-1])
+    share = float(match.group(1))
+    self.assertGreater(share, 0.0)
+    self.assertLessEqual(share, 1.0)
+    metrics, recorder, appends = map(int, match.group(2, 3, 4))
+    m = _MICRO_BATCH_METRICS + functions
+    self.assertEqual(metrics, m + _STEP_METRICS)
+    # One append per micro-batch metric and micro-batch.
+    self.assertEqual(appends, m * _K)
+    self.assertIn(f"m={m} micro-batch metrics", proc.stdout)
+    return metrics, recorder, appends
+
+  def test_one_reward_function_more_adds_appends_not_dispatches(self):
+    two = self.check_run(2)
+    one = self.check_run(
+        1, f"--config.grpo_reward_functions={_TASK}:exact_match"
+    )
+    self.assertEqual(two[0], one[0] + 1)
+    # The gradient measure and the flush's concatenation, whatever M is.
+    self.assertEqual(two[1], 2)
+    self.assertEqual(one[1], two[1])
+    self.assertEqual(two[2] - one[2], _K)
+
+  def test_bad_steps_is_one_line(self):
+    proc = _run("--steps=0")
+    self.assertEqual(proc.returncode, 2)
+    self.assertEqual(
+        proc.stderr.strip().splitlines()[-1],
+        "grpo_bench: error: --steps=0: must be >= 1",
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()
