@@ -12,7 +12,8 @@ test's runfiles, without running Bazel:
 * `--flag` after `tools/bazel run //pkg:bin --` needs `pkg/bin.py` to define
   it (`DEFINE_...("flag"`);
 * a link `[text](file.md#anchor)` needs the file among the docs and the
-  anchor among its headings.
+  anchor among its headings; an image `![text](images/file.png)` needs the
+  file under docs/images/.
 
 A BUILD file or binary source the docs need but this test's `data` lacks is a
 failure naming what to add to `data`.
@@ -116,8 +117,20 @@ def flag_problems(text: str, sources: dict[str, str]) -> list[str]:
   return problems
 
 
-def link_problems(name: str, text: str, docs: dict[str, str]) -> list[str]:
-  """Relative links of document `name` to missing docs or headings."""
+def link_problems(
+    name: str,
+    text: str,
+    docs: dict[str, str],
+    files: frozenset[str] = frozenset(),
+) -> list[str]:
+  """Relative links of document `name` to missing docs, headings or files.
+
+  Args:
+    name: the document's path from the repository root.
+    text: its text.
+    docs: path -> text of every document (links to them may name headings).
+    files: paths of the other files the docs may link to (images).
+  """
   problems = []
   directory = os.path.dirname(name)
   for target in _LINK.findall(text):
@@ -125,6 +138,8 @@ def link_problems(name: str, text: str, docs: dict[str, str]) -> list[str]:
       continue
     path, _, anchor = target.partition("#")
     path = os.path.normpath(os.path.join(directory, path)) if path else name
+    if path in files and not anchor:
+      continue
     if path not in docs:
       problems.append(f"{name}: link to {target}: no such document")
       continue
@@ -150,6 +165,16 @@ def _docs() -> dict[str, str]:
     if filename.endswith(".md"):
       docs[f"docs/{filename}"] = _read(f"docs/{filename}")
   return docs
+
+
+def _images() -> frozenset[str]:
+  """Every file under docs/images/, by path from the repository root."""
+  directory = os.path.join(
+      os.path.dirname(runfiles.find("docs/ARCHITECTURE.md")), "images"
+  )
+  if not os.path.isdir(directory):
+    return frozenset()
+  return frozenset(f"docs/images/{f}" for f in os.listdir(directory))
 
 
 def _present(paths) -> dict[str, str]:
@@ -229,12 +254,18 @@ class CheckersTest(absltest.TestCase):
 
   def test_links(self):
     docs = {"README.md": "", "docs/a.md": "# A title\n## Sub part\n"}
-    text = "[a](a.md#sub-part) [b](b.md) [c](a.md#nope) [w](https://x.org)"
+    text = (
+        "[a](a.md#sub-part) [b](b.md) [c](a.md#nope) [w](https://x.org) "
+        "![p](images/p.png) ![q](images/q.png)"
+    )
     self.assertEqual(
-        link_problems("docs/x.md", text, docs),
+        link_problems(
+            "docs/x.md", text, docs, frozenset({"docs/images/p.png"})
+        ),
         [
             "docs/x.md: link to b.md: no such document",
             "docs/x.md: link to a.md#nope: no such heading",
+            "docs/x.md: link to images/q.png: no such document",
         ],
     )
 
@@ -303,11 +334,12 @@ class DocsTest(absltest.TestCase):
     )
 
   def test_links_resolve(self):
+    images = _images()
     self._check(
         [
             p
             for name, text in self.docs.items()
-            for p in link_problems(name, text, self.docs)
+            for p in link_problems(name, text, self.docs, images)
         ]
     )
 

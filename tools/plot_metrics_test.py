@@ -39,8 +39,8 @@ SAMPLE = [
 ]
 
 
-def _lines_by_label(fig):
-  return {line.get_label(): line for line in fig.axes[0].get_lines()}
+def _lines_by_label(fig, axes: int = 0):
+  return {line.get_label(): line for line in fig.get_axes()[axes].get_lines()}
 
 
 class RealRunPlotTest(absltest.TestCase):
@@ -216,6 +216,107 @@ class PlotMetricsTest(parameterized.TestCase):
   def test_binary_main_requires_metrics_flag(self):
     with self.assertRaisesRegex(app.UsageError, "--metrics is required"):
       plot_metrics.main(["plot_metrics"])
+
+
+def _write_run(root: str, name: str, reward_0: float) -> str:
+  """A GRPO-like run directory: train rewards/mean, eval pass@1."""
+  run_dir = os.path.join(root, name)
+  os.makedirs(run_dir)
+  write_metrics(
+      os.path.join(run_dir, jsonl.METRICS_FILENAME),
+      [
+          (0, "train", {"rewards/mean": reward_0, "loss": 0.0}),
+          (1, "train", {"rewards/mean": reward_0 + 0.25}),
+          (1, "eval", {"eval_pass@1": reward_0 / 2, "eval_pass@8": 0.9}),
+      ],
+  )
+  return run_dir
+
+
+class PlotRunsTest(parameterized.TestCase):
+  """Several runs overlaid, several metrics one panel each."""
+
+  def setUp(self):
+    super().setUp()
+    self.root = self.create_tempdir().full_path
+    self.runs = [
+        _write_run(self.root, "seed_a", 0.5),
+        _write_run(self.root, "seed_b", 0.25),
+    ]
+
+  def test_figure_has_one_axes_per_metric_and_a_line_per_run(self):
+    runs = [
+        (
+            plot_metrics_lib.run_label(run),
+            {
+                m: plot_metrics_lib.load_loss_curves(
+                    os.path.join(run, jsonl.METRICS_FILENAME), m
+                )
+                for m in ("rewards/mean", "pass@1")
+            },
+        )
+        for run in self.runs
+    ]
+    fig = plot_metrics_lib.make_runs_figure(runs, ["rewards/mean", "pass@1"])
+    self.assertLen(fig.get_axes(), 2)
+    top, bottom = _lines_by_label(fig, 0), _lines_by_label(fig, 1)
+    self.assertCountEqual(
+        top, ["seed_a: train rewards/mean", "seed_b: train rewards/mean"]
+    )
+    self.assertCountEqual(
+        bottom, ["seed_a: eval pass@1", "seed_b: eval pass@1"]
+    )
+    self.assertEqual(
+        list(top["seed_b: train rewards/mean"].get_ydata()), [0.25, 0.5]
+    )
+    self.assertEqual(list(bottom["seed_a: eval pass@1"].get_xdata()), [1])
+    self.assertEqual(list(bottom["seed_a: eval pass@1"].get_ydata()), [0.25])
+
+  def test_plot_runs_writes_png_beside_first_run(self):
+    written = plot_metrics_lib.plot_runs(
+        self.runs, metrics=["rewards/mean", "pass@1"], height_px=500
+    )
+    self.assertEqual(written, os.path.join(self.runs[0], "metrics.png"))
+    pixels = mpl_image.imread(written)
+    self.assertEqual(pixels.shape[:2], (500, 1000))
+    self.assertGreater(float(np.std(pixels[..., :3])), 0.0)
+
+  def test_a_run_without_the_metric_names_its_path(self):
+    other = os.path.join(self.root, "pretrain")
+    os.makedirs(other)
+    write_metrics(
+        os.path.join(other, jsonl.METRICS_FILENAME),
+        [(0, "train", {"loss": 1.0})],
+    )
+    with self.assertRaisesRegex(ValueError, "pretrain.*pass@1"):
+      plot_metrics_lib.plot_runs(self.runs + [other], metrics=["pass@1"])
+
+  @parameterized.named_parameters(
+      ("no_runs", dict(metrics_paths=[]), "metrics_paths"),
+      ("no_metrics", dict(metrics=[]), "metrics"),
+  )
+  def test_nothing_to_plot_is_refused(self, kwargs, regex):
+    kwargs.setdefault("metrics_paths", self.runs)
+    with self.assertRaisesRegex(ValueError, regex):
+      plot_metrics_lib.plot_runs(**kwargs)
+
+  def test_binary_main_takes_comma_separated_runs_and_metrics(self):
+    output = os.path.join(self.root, "runs.png")
+    with flagsaver.flagsaver(
+        metrics=",".join(self.runs),
+        metric="rewards/mean,pass@1",
+        output=output,
+    ):
+      plot_metrics.main(["plot_metrics"])
+    self.assertEqual(mpl_image.imread(output).shape[:2], (600, 1000))
+
+  def test_binary_main_user_error_is_one_line(self):
+    with flagsaver.flagsaver(
+        metrics=",".join(self.runs), metric="no_such_metric"
+    ):
+      with self.assertRaises(SystemExit) as ctx:
+        plot_metrics.main(["plot_metrics"])
+    self.assertEqual(ctx.exception.code, 2)
 
 
 if __name__ == "__main__":
