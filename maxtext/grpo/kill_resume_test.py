@@ -7,9 +7,9 @@ import subprocess
 
 from absl.testing import absltest
 
-from maxtext import trainer as pretrainer
 from maxtext.metrics import jsonl
 from testing import child
+from testing import grpo_start
 from testing import runfiles
 from testing import tiny_configs
 
@@ -51,11 +51,9 @@ class KillResumeTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = absltest.get_default_test_tmpdir()
-    pretrainer.run(
-        tiny_configs.tiny_config(cls.root, run_name="pretrain", steps=20)
+    cls.checkpoints = grpo_start.pretrained_checkpoints(
+        absltest.get_default_test_tmpdir()
     )
-    cls.checkpoints = os.path.join(cls.root, "pretrain", "checkpoints")
 
   def _flags(self, out, run_name, steps):
     # Every GRPO field the run depends on is given, whatever grpo_tiny.py
@@ -65,15 +63,8 @@ class KillResumeTest(absltest.TestCase):
         run_name=run_name,
         steps=steps,
         extra=dict(
-            tiny_configs.TINY_GRPO,
+            grpo_start.RUN_FIELDS,
             load_parameters_path=self.checkpoints,
-            enable_mllog=False,
-            lr_schedule="constant",
-            learning_rate=1e-3,
-            warmup_steps=0,
-            lr_schedule_steps=10,
-            global_batch_size=8,
-            gradient_accumulation_steps=2,
             grpo_temperature=1.0,
             eval_interval=2,
             checkpoint_period=2,

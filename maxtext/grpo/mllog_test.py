@@ -9,17 +9,16 @@ completion is 7 tokens), `eval_samples` (251 held-out prompts; the run has
 8) and `eval_accuracy` (no held-out pass@1 above 0.69). Nothing else fails.
 """
 
-import json
 import math
 import os
 
 from absl.testing import absltest
 
-from maxtext import trainer as pretrainer
 from maxtext.grpo import trainer
 from maxtext.metrics import jsonl
 from maxtext.mllog import logger as mllog_logger
 from testing import compliance_checker
+from testing import grpo_start
 from testing import tiny_configs
 
 # The checks a tiny run's log fails, by key: the rule's failed test.
@@ -30,34 +29,17 @@ _EXPECTED_FAILURES = {
 }
 
 
-def _events(path):
-  """The log's events, each a dict (key, value, metadata)."""
-  with open(path, encoding="utf-8") as f:
-    return [
-        json.loads(line[len(mllog_logger.LINE_PREFIX) :])
-        for line in f
-        if line.startswith(mllog_logger.LINE_PREFIX)
-    ]
-
-
 class GrpoMllogTest(absltest.TestCase):
 
   def test_tiny_run_log_fails_exactly_the_fixed_values(self):
     root = self.create_tempdir().full_path
-    pretrainer.run(
-        tiny_configs.tiny_config(root, run_name="pretrain", steps=20)
-    )
     config = tiny_configs.tiny_config(root, run_name="grpo", steps=4)
     values = dict(
-        load_parameters_path=os.path.join(root, "pretrain", "checkpoints"),
+        grpo_start.RUN_FIELDS,
+        load_parameters_path=grpo_start.pretrained_checkpoints(root),
         enable_mllog=True,
         submission_benchmark="qwen35_397b_grpo",
-        lr_schedule="constant",
-        learning_rate=1e-3,
-        warmup_steps=0,
-        global_batch_size=8,
-        gradient_accumulation_steps=2,
-        **tiny_configs.TINY_GRPO,
+        lr_schedule_steps=0,
         grpo_temperature=0.9,
         grpo_top_p=0.95,
         grpo_eval_temperature=0.5,
@@ -73,7 +55,7 @@ class GrpoMllogTest(absltest.TestCase):
     result = trainer.run(config, config_filename="grpo_mllog_test.py")
     self.assertEqual(result.final_step, 4)
     path = os.path.join(result.run_dir, "mllog.log")
-    events = _events(path)
+    events = mllog_logger.read_events(path)
     header = {e["key"]: e["value"] for e in events}
 
     # Every value is the run's, from the fields that drive it.

@@ -6,11 +6,11 @@ import time
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from maxtext import trainer as pretrainer
 from maxtext.grpo import rewards
 from maxtext.grpo import trainer
 from maxtext.metrics import jsonl
 from testing import compile_counter
+from testing import grpo_start
 from testing import tiny_configs
 
 
@@ -37,16 +37,8 @@ def _grpo_config(output_dir, load_from, **overrides):
   """The tiny test model as a GRPO run starting from `load_from`."""
   config = tiny_configs.tiny_config(output_dir, run_name="grpo", steps=3)
   values = dict(
+      grpo_start.RUN_FIELDS,
       load_parameters_path=load_from,
-      enable_mllog=False,
-      lr_schedule="constant",
-      learning_rate=1e-3,
-      warmup_steps=0,
-      # A schedule length of its own, so a resume may add steps.
-      lr_schedule_steps=10,
-      global_batch_size=8,
-      gradient_accumulation_steps=2,
-      **tiny_configs.TINY_GRPO,
       eval_interval=2,
       checkpoint_period=2,
   )
@@ -61,11 +53,9 @@ class GrpoRunTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = absltest.get_default_test_tmpdir()
-    pretrainer.run(
-        tiny_configs.tiny_config(cls.root, run_name="pretrain", steps=20)
+    cls.checkpoints = grpo_start.pretrained_checkpoints(
+        absltest.get_default_test_tmpdir()
     )
-    cls.checkpoints = os.path.join(cls.root, "pretrain", "checkpoints")
 
   def test_runs_records_and_resumes(self):
     out = self.create_tempdir().full_path

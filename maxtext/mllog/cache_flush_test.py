@@ -14,18 +14,10 @@ from maxtext import eval_metrics
 from maxtext.listeners import interface
 from maxtext.mllog import cache_flush
 from maxtext.mllog import listener as mllog_listener
+from maxtext.mllog import logger as mllog_logger
 from testing import compliance_checker
 from testing import multiprocess
 from testing import tiny_configs
-
-
-def _events(path):
-  with open(path, encoding="utf-8") as f:
-    return [
-        json.loads(line[len(":::MLLOG ") :])
-        for line in f
-        if line.startswith(":::MLLOG ")
-    ]
 
 
 def _start(config, out):
@@ -245,7 +237,7 @@ class ListenerStartTest(parameterized.TestCase):
 
   def test_successful_command_logs_true(self):
     path = self._log("true")
-    events = _events(path)
+    events = mllog_logger.read_events(path)
     self.assertEqual(
         (events[0]["key"], events[0]["value"]), ("cache_clear", True)
     )
@@ -260,7 +252,7 @@ class ListenerStartTest(parameterized.TestCase):
   ):
     with self.assertLogs(level="WARNING") as logs:
       path = self._log(command)
-    events = _events(path)
+    events = mllog_logger.read_events(path)
     self.assertEqual(
         (events[0]["key"], events[0]["value"]), ("cache_clear", False)
     )

@@ -5,8 +5,6 @@ them) into a real log file, which the official compliance checker then
 judges.
 """
 
-import json
-
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -21,15 +19,6 @@ from testing import tiny_configs
 _STEPS = 10
 _LOWER = eval_metrics.Direction.LOWER_IS_BETTER
 _HIGHER = eval_metrics.Direction.HIGHER_IS_BETTER
-
-
-def _events(path):
-  with open(path, encoding="utf-8") as f:
-    return [
-        json.loads(line[len(mllog_logger.LINE_PREFIX) :])
-        for line in f
-        if line.startswith(mllog_logger.LINE_PREFIX)
-    ]
 
 
 class MLLogListenerThroughputTest(parameterized.TestCase):
@@ -121,7 +110,7 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
     path = self.write_run(run)
     stats = [
         e["value"]
-        for e in _events(path)
+        for e in mllog_logger.read_events(path)
         if e["key"] == "tracked_stats" and "train_loss" in e["value"]
     ]
     self.assertLen(stats, _STEPS)
@@ -148,7 +137,7 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
     path = self.write_run(None)
     stats = [
         e["value"]
-        for e in _events(path)
+        for e in mllog_logger.read_events(path)
         if e["key"] == "tracked_stats" and "train_loss" in e["value"]
     ]
     self.assertEqual(set(stats[0]), {"train_loss", "step_time"})
@@ -159,7 +148,11 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
   def test_eval_accuracy_is_the_target_metric(self, target_metric, values):
     path = self.write_run(None, target_metric=target_metric)
     self.assertEqual(
-        [e["value"] for e in _events(path) if e["key"] == "eval_accuracy"],
+        [
+            e["value"]
+            for e in mllog_logger.read_events(path)
+            if e["key"] == "eval_accuracy"
+        ],
         values,
     )
 

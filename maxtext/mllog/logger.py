@@ -53,6 +53,18 @@ POINT_IN_TIME = "POINT_IN_TIME"
 
 LINE_PREFIX = ":::MLLOG "
 
+
+def read_events(path: str) -> list[dict[str, Any]]:
+  """The `:::MLLOG` events of the log at `path`, each a dict (key, value,
+  metadata, ...), in order; other lines are skipped."""
+  with open(path, encoding="utf-8") as f:
+    return [
+        json.loads(line[len(LINE_PREFIX) :])
+        for line in f
+        if line.startswith(LINE_PREFIX)
+    ]
+
+
 # The event whose metadata names the source the run was built from
 # (`git_revision`, `git_revision_source`, see maxtext.storage.build_info). The
 # checker allows unknown keys today, but a submission key every ruleset
