@@ -339,6 +339,46 @@ class ImportCheckpointTest(absltest.TestCase):
           np.asarray(_get(loaded.params, path)), np.asarray(leaf)
       )
 
+    # train_main starts from the import (the config it wrote, the run's
+    # own fields given) with DeepSeek-V3's router bias updates at its
+    # pre-training rate: every bias entry moves by -rate, 0 or +rate a step.
+    rate = 1e-3
+    runs = os.path.join(root, "runs")
+    proc = runfiles.run_binary(
+        "maxtext/train_main",
+        [
+            f"--config={imported}/config.py",
+            f"--config.load_parameters_path={imported}",
+            f"--config.base_output_directory={runs}",
+            "--config.run_name=ds_from_import",
+            "--config.steps=2",
+            "--config.global_batch_size=4",
+            "--config.gradient_accumulation_steps=2",
+            "--config.eval_batch_size=4",
+            "--config.eval_interval=2",
+            "--config.eval_steps=1",
+            "--config.target_eval_loss=0.0",
+            "--config.learning_rate=1e-4",
+            "--config.warmup_steps=1",
+            "--config.enable_mllog=False",
+            f"--config.router_bias_update_rate={rate}",
+            f"--config.jax_compilation_cache_dir="
+            f"{tiny_configs.compilation_cache_dir()}",
+        ],
+        timeout_s=600,
+        cache_compilations=True,
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn("train_main: completed after step 2", proc.stdout)
+    trained = generate.load_run(os.path.join(runs, "ds_from_import"))
+    moves = (
+        np.asarray(trained.params["moe_layers"]["router_bias"])
+        - np.asarray(params["moe_layers"]["router_bias"])
+    ) / rate
+    np.testing.assert_allclose(moves, np.round(moves), atol=1e-2)
+    self.assertLessEqual(float(np.max(np.abs(moves))), 2 + 1e-2)
+    self.assertGreater(np.count_nonzero(np.round(moves)), 0)
+
     # Exported again in shards of at most 20 kB (several tensors each).
     exported = os.path.join(root, "exported")
     done = _run(
