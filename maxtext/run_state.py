@@ -402,6 +402,7 @@ def build(
     config_filename: str = "unknown",
     extra_listeners: Sequence[interface.RunListener] = (),
     engine_factory=model_setup.build_engine,
+    row_length: Optional[int] = None,
 ) -> RunState:
   """Builds the run's state from its (validated) config.
 
@@ -413,6 +414,8 @@ def build(
     engine_factory: `(config, mesh) -> (engine, ModelSetup)`: the engine of
       the run's kind of step (the pretraining loss by default; a GRPO run
       passes one with its own loss).
+    row_length: tokens per trained row, for the throughput figures; None =
+      `max_sequence_length` (a GRPO run's rows are its rollout's).
 
   Returns:
     The RunState, with every listener added; the caller calls
@@ -429,7 +432,7 @@ def build(
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
   step_throughput = throughput.StepThroughput.for_run(
-      config, [d.device_kind for d in mesh.devices.flat]
+      config, [d.device_kind for d in mesh.devices.flat], row_length=row_length
   )
   paths = run_dir_lib.make_run_paths(config, _run_name(config))
   # What is opened is closed again, in reverse order, if building fails.

@@ -237,6 +237,8 @@ def run(
       config_filename=config_filename,
       extra_listeners=extra_listeners,
       engine_factory=engine_factory,
+      # Throughput counts the trained rows: prompt plus completion.
+      row_length=config.grpo_prompt_length + config.grpo_max_completion_length,
   )
   frozen = ml_collections.FrozenConfigDict(config)
   prompts_per_step = config.global_batch_size // config.grpo_num_generations

@@ -80,6 +80,15 @@ class GrpoRunTest(parameterized.TestCase):
     ):
       self.assertIn(name, train[0])
     self.assertAlmostEqual(train[0]["is_ratio/mean"], 1.0, places=3)
+    # Throughput counts the trained rows (prompt plus completion tokens),
+    # not max_sequence_length.
+    width = (
+        tiny_configs.TINY_GRPO["grpo_prompt_length"]
+        + tiny_configs.TINY_GRPO["grpo_max_completion_length"]
+    )
+    self.assertAlmostEqual(
+        train[0]["tokens_per_s"] * train[0]["step_time_s"], 8 * width, places=2
+    )
     self.assertEqual([r["step"] for r in evals], [1, 2])
     self.assertTrue(any("pass@1" in key for key in evals[0]))
 

@@ -315,7 +315,11 @@ class StepThroughput:
 
   @classmethod
   def for_run(
-      cls, config: Any, device_kinds: Sequence[str], dtype: Optional[str] = None
+      cls,
+      config: Any,
+      device_kinds: Sequence[str],
+      dtype: Optional[str] = None,
+      row_length: Optional[int] = None,
   ) -> "StepThroughput":
     """The constants of a run of `config` on devices of `device_kinds`.
 
@@ -326,12 +330,19 @@ class StepThroughput:
         (e.g. `[d.device_kind for d in jax.devices()]`).
       dtype: the compute dtype for the peak; None means
         `config.compute_dtype`.
+      row_length: tokens of each of a step's `global_batch_size` trained
+        rows; None means `max_sequence_length` (pretraining). A GRPO step
+        trains on its rollout's rows, prompt plus completion.
 
     Raises:
       ValueError, TypeError: no devices, or a field out of range.
     """
     samples = checks.check_int("global_batch_size", config.global_batch_size, 1)
-    seq = checks.check_int("max_sequence_length", config.max_sequence_length, 1)
+    seq = (
+        checks.check_int("max_sequence_length", config.max_sequence_length, 1)
+        if row_length is None
+        else checks.check_int("row_length", row_length, 1)
+    )
     tokens = samples * seq
     return cls(
         samples_per_step=samples,
