@@ -1,4 +1,5 @@
-"""Launches real train_main processes that form one jax.distributed job.
+"""Launches real train_main (or grpo_main) processes that form one
+jax.distributed job.
 
 Each process gets `--config.num_processes=N --config.process_id=i
 --config.coordinator_address=127.0.0.1:PORT` plus the caller's flags, its own
@@ -79,6 +80,7 @@ def launch(
     *,
     process_ids: Optional[Sequence[int]] = None,
     port: Optional[int] = None,
+    command: Optional[Sequence[str]] = None,
 ) -> list[Process]:
   """Starts train_main processes of one job (all unless process_ids says).
 
@@ -89,6 +91,8 @@ def launch(
     process_ids: which processes to start (default: all), e.g. [0] to start one
       whose peer never arrives.
     port: the coordinator's port (default: a free one).
+    command: the binary's command (default: train_main's; e.g.
+      `runfiles.binary_command("maxtext/grpo_main")`).
 
   Returns:
     The started processes, in process_ids order.
@@ -97,8 +101,8 @@ def launch(
   os.makedirs(log_dir, exist_ok=True)
   processes = []
   for i in (range(num_processes) if process_ids is None else process_ids):
-    command = (
-        runfiles.train_main_command()
+    argv = (
+        list(command or runfiles.train_main_command())
         + list(flags)
         + [
             f"--config.num_processes={num_processes}",
@@ -111,7 +115,7 @@ def launch(
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
       # The process outlives this call: the returned Process waits for it.
       popen = subprocess.Popen(  # pylint: disable=consider-using-with
-          command,
+          argv,
           stdout=stdout,
           stderr=stderr,
           stdin=subprocess.DEVNULL,

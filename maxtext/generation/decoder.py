@@ -203,6 +203,15 @@ def _generate(
       jnp.zeros((rows, length), jnp.float32),
   )
   _, _, _, _, ids, log_probs = jax.lax.while_loop(cond, body, carry)
+  if mesh is not None:
+    # Every device ends with every row (a few ids a row): the host reads
+    # them whole, in each process of a multi-process job.
+    ids, log_probs = (
+        jax.lax.with_sharding_constraint(
+            x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        )
+        for x in (ids, log_probs)
+    )
   return ids, log_probs
 
 
@@ -299,10 +308,12 @@ def generate(
   slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
   stop_ids = np.full((slots,), -1, np.int32)
   stop_ids[: len(options.stop_ids)] = options.stop_ids
-  tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
   if mesh is not None:
+    # From the host's copy, which every process holds whole.
     tokens = jax.device_put(tokens, batch_sharding(mesh, 2))
     lengths = jax.device_put(lengths, batch_sharding(mesh, 1))
+  else:
+    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
   ids, log_probs = _generate(
       params,
       tokens,

@@ -50,6 +50,7 @@ import jax
 import numpy as np
 
 from maxtext import engine as engine_lib
+from maxtext.generation import decoder
 from maxtext.generation import scoring
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
@@ -192,7 +193,25 @@ class GrpoStep:
         "timing/old_logprobs": 0.0,
     }
     self._rollout_start = start
-    return result, rollout_lib.micro_batches(result, self._k, ref, extra)
+    batches = rollout_lib.micro_batches(result, self._k, ref, extra)
+    return result, [self._placed(batch) for batch in batches]
+
+  def _placed(self, batch: dict) -> dict:
+    """`batch` (host arrays, the same in every process) as arrays split by
+    rows over the mesh: what the engine's programs take in a job of one
+    process or many. Without a mesh, as it is."""
+    if self._mesh is None:
+      return batch
+
+    def place(x):
+      x = np.asarray(x)
+      return jax.make_array_from_callback(
+          x.shape,
+          decoder.batch_sharding(self._mesh, x.ndim),
+          lambda index: x[index],
+      )
+
+    return jax.tree_util.tree_map(place, batch)
 
   def train(self, batches: list[dict]) -> buffer.MetricsBuffer:
     """One pass over a rollout's micro-batches: K fwd_bwd, one update.

@@ -27,7 +27,13 @@ n), so checkpoints and evals fall between rollouts; a rollout's P x G
 samples count once. Evals follow `eval_schedule` (the first after
 `first_eval_samples` when set, where MLPerf's qwen35_397b_grpo rules put
 it). An eval whose held-out pass@1 reaches `grpo_target_pass_rate` ends the
-run with success. Limits of this loop (docs/grpo.md): one process.
+run with success.
+
+Several processes form one job as for pretraining (`distributed`): every
+process draws the same prompts, holds the whole rollout on its host
+(the decoder hands every row to every process) and scores it with the
+reward functions, and the micro-batches are split by rows over the mesh;
+process 0 alone writes the records.
 """
 
 import dataclasses
@@ -40,6 +46,7 @@ import jax
 import ml_collections
 
 from maxtext import config_lib
+from maxtext import distributed
 from maxtext import engine as engine_lib
 from maxtext import eval_metrics
 from maxtext import eval_schedule
@@ -227,6 +234,7 @@ def run(
   """
   functions = check(config)
   config = run_dir_lib.with_input_paths_resolved(config)
+  distributed.initialize(config)
   if config.jax_compilation_cache_dir:
     jax.config.update(
         "jax_compilation_cache_dir", config.jax_compilation_cache_dir
