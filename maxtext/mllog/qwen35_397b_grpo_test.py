@@ -152,7 +152,9 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
       trainer.check(config)
     message = str(caught.exception)
     self.assertNotIn("\n", message)
-    self.assertIn("config.global_batch_size=64", message)
+    self.assertIn(
+        f"config.global_batch_size={config.global_batch_size}", message
+    )
     # At a reference batch size the header proof names the keys off the
     # rules, with the field that sets each.
     config.global_batch_size = 256
@@ -167,7 +169,10 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
         "grpo_max_completion_length) fails",
         message,
     )
-    self.assertIn("num_generations_per_prompt=8", message)
+    self.assertIn(
+        f"eval_samples={config.grpo_eval_prompts} (config.grpo_eval_prompts)",
+        message,
+    )
 
   def test_grpo_run_logs_only_a_grpo_benchmark(self):
     config = grpo_tiny.get_config()
