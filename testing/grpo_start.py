@@ -12,6 +12,18 @@ from testing import tiny_configs
 
 PRETRAIN_STEPS = 20
 
+# A train record's metrics on which two runs of the same GRPO steps (resumed
+# or not, one process or several) must agree.
+COMPARED_METRICS = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "rewards/mean",
+    "completions/mean_length",
+    "advantage/abs_mean",
+    "grad_norm",
+)
+
 # A GRPO run's fields on top of `tiny_configs.tiny_config`: 2 prompts x 4
 # completions per step in 2 micro-batches, a constant rate, no MLPerf log.
 RUN_FIELDS = dict(

@@ -16,15 +16,6 @@ from testing import tiny_configs
 _TIMEOUT_S = 300
 # A step budget the killed run never reaches.
 _FOREVER = 100000
-_COMPARED = (
-    "loss",
-    "pg_loss",
-    "kl",
-    "rewards/mean",
-    "completions/mean_length",
-    "advantage/abs_mean",
-    "grad_norm",
-)
 
 
 def _command() -> list[str]:
@@ -115,7 +106,7 @@ class KillResumeTest(absltest.TestCase):
     self.assertEqual([r["step"] for r in resumed], list(range(steps)))
     self.assertEqual([r["step"] for r in uninterrupted], list(range(steps)))
     for got, want in zip(resumed, uninterrupted):
-      for name in _COMPARED:
+      for name in grpo_start.COMPARED_METRICS:
         self.assertAlmostEqual(
             got[name], want[name], places=5, msg=f"{name} at {got['step']}"
         )

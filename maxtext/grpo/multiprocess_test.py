@@ -12,15 +12,6 @@ from testing import runfiles
 from testing import tiny_configs
 
 _TIMEOUT_S = 600
-_COMPARED = (
-    "loss",
-    "pg_loss",
-    "kl",
-    "rewards/mean",
-    "completions/mean_length",
-    "advantage/abs_mean",
-    "grad_norm",
-)
 
 
 class GrpoMultiProcessTest(absltest.TestCase):
@@ -75,7 +66,11 @@ class GrpoMultiProcessTest(absltest.TestCase):
     )
     self.assertLen([r for r in job if r["kind"] == "train"], 4)
     for got, want in zip(job, alone):
-      names = _COMPARED if got["kind"] == "train" else ("eval_pass@1",)
+      names = (
+          grpo_start.COMPARED_METRICS
+          if got["kind"] == "train"
+          else ("eval_pass@1",)
+      )
       for name in names:
         self.assertAlmostEqual(
             got[name], want[name], places=5, msg=f"{name} at {got['step']}"
