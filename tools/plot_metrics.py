@@ -57,7 +57,10 @@ def main(argv: list[str]) -> None:
   output = (
       caller_paths.resolve_local_path(_OUTPUT.value) if _OUTPUT.value else None
   )
-  with command_line.user_errors("plot_metrics"):
+  # A missing metrics file is the user's mistake too: one line naming it.
+  with command_line.user_errors(
+      "plot_metrics", (ValueError, FileNotFoundError)
+  ):
     written = plot_metrics_lib.plot_runs(
         paths, output, metrics=_split(_METRIC.value), target=_TARGET.value
     )

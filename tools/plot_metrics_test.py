@@ -318,6 +318,13 @@ class PlotRunsTest(parameterized.TestCase):
         plot_metrics.main(["plot_metrics"])
     self.assertEqual(ctx.exception.code, 2)
 
+  def test_binary_main_missing_run_is_one_line(self):
+    missing = os.path.join(self.create_tempdir().full_path, "no_run")
+    with flagsaver.flagsaver(metrics=f"{self.runs[0]},{missing}"):
+      with self.assertRaises(SystemExit) as ctx:
+        plot_metrics.main(["plot_metrics"])
+    self.assertEqual(ctx.exception.code, 2)
+
 
 if __name__ == "__main__":
   absltest.main()
