@@ -241,14 +241,18 @@ class GrpoStep:
           self._placed(batch)
           for batch in rollout_lib.micro_batches(result, self._k)
       ]
+      reference_s = 0.0
     else:
       (whole,) = rollout_lib.micro_batches(result, 1)
-      batches = self._with_reference(self._reference, self._placed(whole))
+      whole = self._placed(whole)
+      dispatched = time.perf_counter()
+      batches = self._with_reference(self._reference, whole)
+      reference_s = time.perf_counter() - dispatched
     self._rollout_values = dict(
         result.stats,
         **{
             "timing/rollout": rolled - start,
-            "timing/reference": time.perf_counter() - rolled,
+            "timing/reference": reference_s,
             # Generation computed them (module docstring).
             "timing/old_logprobs": 0.0,
         },

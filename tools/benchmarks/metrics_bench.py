@@ -18,8 +18,9 @@ extends with the MoE statistics), and M is the number of metrics it reports:
       --model_config=maxtext/configs/moe_tiny.py
 
 With `--grpo` the micro-step is that config's GRPO loss on a synthetic
-rollout micro-batch, and M is a GRPO step's metric set (the loss's metrics
-and the rollout statistics it carries):
+rollout micro-batch, and M is a GRPO step's device metric set (the loss's
+metrics; the rollout's statistics are host values, added to the record on
+the host):
 
   bazel run //tools/benchmarks:metrics_bench -- --grpo \
       --model_config=maxtext/configs/grpo_tiny.py
@@ -66,8 +67,8 @@ _GRPO = flags.DEFINE_bool(
     False,
     "With --model_config: the micro-step is the GRPO loss "
     "(maxtext/grpo/train_loss.py) of that model on a synthetic rollout "
-    "micro-batch of the config's grpo_* shape, its rollout statistics "
-    "among the inputs; M = a GRPO step's metric set.",
+    "micro-batch of the config's grpo_* shape; M = a GRPO step's device "
+    "metric set.",
 )
 
 
