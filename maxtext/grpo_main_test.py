@@ -152,8 +152,9 @@ class GrpoMainTest(absltest.TestCase):
     last = done.stderr.strip().splitlines()[-1]
     self.assertTrue(
         last.startswith(
-            "grpo_main: error: closed-division pre-flight against the reference "
-            "convergence points: config.global_batch_size=8 is outside the "
+            "grpo_main: error: closed-division pre-flight against the "
+            "reference convergence points: config.global_batch_size=8 is "
+            "outside the "
             "qwen35_397b_grpo reference convergence points' batch sizes "
             "[256, 1024]"
         ),

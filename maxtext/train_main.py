@@ -58,7 +58,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 
 # The binary's name in its messages ("train_main: error: ..."); `run_binary`
 # sets it for the binaries built on this one.
-_program = "train_main"
+_BINARY = {"name": "train_main"}
 
 
 def _parse_flags(argv, default_config: str = DEFAULT_CONFIG):
@@ -167,7 +167,7 @@ def _error(error, status: int) -> int:
   """Prints a failure the user can act on, without a traceback; returns
   `status`. The message is one line, except where it lists several causes
   (e.g. every checkpoint that failed to restore)."""
-  print(f"{_program}: error: {str(error).strip()}", file=sys.stderr)
+  print(f"{_BINARY['name']}: error: {str(error).strip()}", file=sys.stderr)
   return status
 
 
@@ -199,11 +199,11 @@ def main(argv):
   ) as e:
     # The run could not go on; its last checkpoint holds what it trained.
     return _error(e, status=1)
-  print(f"{_program}: {_summary(result)}")
+  print(f"{_BINARY['name']}: {_summary(result)}")
   if result.status == trainer.RunOutcome.INTERRUPTED:
     print(
-        f"{_program}: stopped by {result.stop_reason}; resume with the same "
-        "run_name.",
+        f"{_BINARY['name']}: stopped by {result.stop_reason}; resume with "
+        "the same run_name.",
         file=sys.stderr,
     )
     return 1
@@ -226,8 +226,7 @@ def _summary(result: trainer.RunResult) -> str:
 def run_binary(program: str, default_config: str) -> None:
   """Runs this binary as `program`, with `default_config` when no --config
   is given (how grpo_main is built on it)."""
-  global _program
-  _program = program
+  _BINARY["name"] = program
   app.run(
       main,
       flags_parser=functools.partial(

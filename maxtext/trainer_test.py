@@ -31,6 +31,7 @@ from maxtext import optimizer as optimizer_lib
 from maxtext import preemption
 from maxtext import trainer
 from maxtext.listeners import interface as listener_interface
+from testing import nan_params
 from testing import run_layout
 from testing import tiny_configs
 
@@ -570,13 +571,8 @@ class TrainerTest(parameterized.TestCase):
     config = _config(
         self.root, "nan", steps=_STEPS, max_consecutive_skipped_steps=4
     )
-    params = transformer.init_params(config, jax.random.PRNGKey(7))
-    params["unembedding"] = params["unembedding"].at[0, 0].set(jnp.nan)
     nan_dir = os.path.join(self.root, "nan_params")
-    with checkpointing.Checkpointer(
-        nan_dir, save_period=1, max_to_keep=0
-    ) as ckpt:
-      ckpt.save(0, {"params": params, "step": np.asarray(0, np.int64)}, {})
+    params = nan_params.write(config, nan_dir, seed=7)
     config.load_parameters_path = nan_dir
 
     with self.assertRaisesRegex(

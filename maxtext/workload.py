@@ -84,8 +84,7 @@ class Workload:
 
   def row_length(self, config) -> Optional[int]:
     """Tokens per trained row; None = `max_sequence_length`."""
-    del config
-    return None
+    del config  # Pretraining's rows are max_sequence_length long.
 
   def updates_per_batch(self, config) -> int:
     """Optimizer updates each batch feeds (1: one batch, one update)."""
@@ -99,8 +98,7 @@ class Workload:
       The starting parameters' eval metrics (name -> value) when the
       workload evaluates them, else None.
     """
-    del state
-    return None
+    del state  # Pretraining evaluates on the eval schedule only.
 
   def warm_up(self, state) -> float:
     """Compiles a step's programs before `run_start`; returns seconds.

@@ -21,9 +21,7 @@ class WorkloadsTest(absltest.TestCase):
 
   def test_each_run_gets_its_own_workload(self):
     config = ml_collections.ConfigDict({"workload": "grpo"})
-    self.assertIsNot(
-        workloads.for_config(config), workloads.for_config(config)
-    )
+    self.assertIsNot(workloads.for_config(config), workloads.for_config(config))
 
   def test_base_config_pretrains(self):
     config = base.get_config()

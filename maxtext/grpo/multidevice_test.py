@@ -51,7 +51,9 @@ def _steps(config, mesh, setup, steps):
     reference = model_setup.init_params(config, setup)
     shardings = dict(
         param_shardings=setup.param_shardings,
-        batch_sharding=grpo_workload.batch_shardings(config, setup.batch_sharding),
+        batch_sharding=grpo_workload.batch_shardings(
+            config, setup.batch_sharding
+        ),
     )
   engine = engine_lib.Engine(
       functools.partial(

@@ -67,7 +67,6 @@ from maxtext.grpo import rollout as rollout_lib
 from maxtext.metrics import buffer
 from maxtext.text import sampling
 
-
 # The micro-batch's arrays and their ranks (`rollout.micro_batches`, and
 # the reference's log-probabilities).
 _MICRO_BATCH_NDIMS = {

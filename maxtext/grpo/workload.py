@@ -160,7 +160,6 @@ def eval_options(config) -> sampling.SamplingOptions:
   )
 
 
-
 class GrpoWorkload(workload.Workload):
   """GRPO post-training (module docstring)."""
 

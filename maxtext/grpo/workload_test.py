@@ -6,8 +6,6 @@ import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from maxtext import preemption
@@ -15,10 +13,10 @@ from maxtext import trainer
 from maxtext.grpo import rewards
 from maxtext.listeners import interface as listener_interface
 from maxtext.metrics import jsonl
-from maxtext.model import transformer
 from maxtext.storage import checkpointing
 from testing import compile_counter
 from testing import grpo_start
+from testing import nan_params
 from testing import tiny_configs
 
 
@@ -219,13 +217,8 @@ class GrpoRunTest(parameterized.TestCase):
         steps=8,
         max_consecutive_skipped_steps=2,
     )
-    params = transformer.init_params(config, jax.random.PRNGKey(0))
-    params["unembedding"] = params["unembedding"].at[0, 0].set(jnp.nan)
     nan_dir = self.create_tempdir().full_path
-    with checkpointing.Checkpointer(
-        nan_dir, save_period=1, max_to_keep=0
-    ) as ckpt:
-      ckpt.save(0, {"params": params, "step": np.asarray(0, np.int64)}, {})
+    nan_params.write(config, nan_dir)
     config.load_parameters_path = nan_dir
     with self.assertRaisesRegex(
         trainer.TrainingError,
