@@ -247,7 +247,8 @@ def _check_expert_groups(v) -> None:
 
 
 def _check_run(v) -> None:
-  """The run's name, output directory, checkpoints and seeds."""
+  """The run's kind, name, output directory, checkpoints and seeds."""
+  _one_of(v, "workload", choices.WORKLOADS)
   if v["run_name"]:
     _check_relative_name("run_name", v["run_name"])
   if not v["base_output_directory"]:

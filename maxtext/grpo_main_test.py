@@ -69,7 +69,7 @@ class GrpoMainTest(absltest.TestCase):
     self.assertEqual(done.returncode, 2, done.stderr[-3000:])
     self.assertEqual(
         done.stderr.strip().splitlines()[-1],
-        "grpo_main: config.grpo_num_generations=1: must be >= 2",
+        "grpo_main: error: config.grpo_num_generations=1: must be >= 2",
     )
     self.assertEqual(os.listdir(out), [])
 
@@ -90,7 +90,7 @@ class GrpoMainTest(absltest.TestCase):
     last = done.stderr.strip().splitlines()[-1]
     self.assertTrue(
         last.startswith(
-            "grpo_main: closed-division pre-flight against the reference "
+            "grpo_main: error: closed-division pre-flight against the reference "
             "convergence points: config.global_batch_size=8 is outside the "
             "qwen35_397b_grpo reference convergence points' batch sizes "
             "[256, 1024]"

@@ -30,11 +30,11 @@ import numpy as np
 
 from maxtext import data
 from maxtext import dataset as dataset_lib
-from maxtext import dataset_kinds
 from maxtext import engine as engine_lib
 from maxtext import eval_metrics
 from maxtext import mesh as mesh_lib
 from maxtext import model_setup
+from maxtext import workload as workload_lib
 from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
 from maxtext.listeners import profiler
@@ -401,8 +401,7 @@ def build(
     *,
     config_filename: str = "unknown",
     extra_listeners: Sequence[interface.RunListener] = (),
-    engine_factory=model_setup.build_engine,
-    row_length: Optional[int] = None,
+    workload: Optional[workload_lib.Workload] = None,
 ) -> RunState:
   """Builds the run's state from its (validated) config.
 
@@ -411,11 +410,9 @@ def build(
     config_filename: the config file's name, for the MLPerf log.
     extra_listeners: more outputs, called after the built-in ones (and
       before the GCS mirror), under the same failure policy.
-    engine_factory: `(config, mesh) -> (engine, ModelSetup)`: the engine of
-      the run's kind of step (the pretraining loss by default; a GRPO run
-      passes one with its own loss).
-    row_length: tokens per trained row, for the throughput figures; None =
-      `max_sequence_length` (a GRPO run's rows are its rollout's).
+    workload: the run's kind of training (`maxtext/workload.py`): its
+      engine, its data set and its rows' length for the throughput
+      figures; None = pretraining.
 
   Returns:
     The RunState, with every listener added; the caller calls
@@ -428,11 +425,14 @@ def build(
     RunLockError: another run holds the run directory.
     AlreadyFinished: the run's newest checkpoint is at or past `steps`.
   """
+  workload = workload or workload_lib.Workload()
   is_primary = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
   step_throughput = throughput.StepThroughput.for_run(
-      config, [d.device_kind for d in mesh.devices.flat], row_length=row_length
+      config,
+      [d.device_kind for d in mesh.devices.flat],
+      row_length=workload.row_length(config),
   )
   paths = run_dir_lib.make_run_paths(config, _run_name(config))
   # What is opened is closed again, in reverse order, if building fails.
@@ -445,7 +445,7 @@ def build(
     # The data and the checkpoint directory are opened (and checked) before
     # the MLPerf log exists: a mistake there leaves no log behind.
     config, checkpointer, dataset = _open_inputs(
-        config, paths, is_primary, locks, outputs, opened
+        config, paths, is_primary, locks, outputs, opened, workload
     )
     outputs.listeners.add(
         mllog_listener.start(
@@ -457,7 +457,7 @@ def build(
             throughput=step_throughput,
         )
     )
-    engine, setup = engine_factory(config, mesh)
+    engine, setup = workload.engine_factory(config, mesh)
     opened.callback(engine.close)
     _resume(config, engine, dataset, checkpointer, paths, mesh, outputs)
     if is_primary:
@@ -542,6 +542,7 @@ def _open_inputs(
     locks: Optional[run_lock.RunLocks],
     outputs: _Outputs,
     opened: contextlib.ExitStack,
+    workload: workload_lib.Workload,
 ) -> tuple[
     ml_collections.ConfigDict, checkpointing.Checkpointer, dataset_lib.Dataset
 ]:
@@ -571,7 +572,7 @@ def _open_inputs(
   config = _check_resume(config, paths, checkpointer.latest_step())
   if paths.remote_url and is_primary:
     outputs.mirror = _mirror(config, paths, locks)
-  dataset = dataset_kinds.make_dataset(
+  dataset = workload.make_dataset(
       config, jax.process_index(), jax.process_count()
   )
   opened.callback(dataset.close)

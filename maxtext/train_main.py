@@ -1,4 +1,4 @@
-"""Trains a decoder-only transformer. The runbook:
+"""Trains a decoder-only transformer, any workload. The runbook:
 
   # The embedded default: tiny model, synthetic data, CPU, about a minute.
   tools/bazel run //maxtext:train_main
@@ -14,8 +14,13 @@
 Relative paths (--config, output directories) resolve against the directory the
 command was run from. SIGTERM or SIGINT stops after the current step with a
 checkpoint; the exit status is then 1.
+
+The config's `workload` field picks the kind of training (pretraining, GRPO;
+maxtext/workloads.py); every workload runs in the one training loop.
+`grpo_main` is this binary with grpo_tiny.py as its default config.
 """
 
+import functools
 import logging as std_logging
 import os
 import sys
@@ -31,6 +36,7 @@ from ml_collections import config_flags
 from maxtext import caller_paths
 from maxtext import config_lib
 from maxtext import trainer
+from maxtext.grpo import rewards
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 
@@ -50,18 +56,24 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 
 
-def _parse_flags(argv):
+# The binary's name in its messages ("train_main: error: ..."); `run_binary`
+# sets it for the binaries built on this one.
+_program = "train_main"
+
+
+def _parse_flags(argv, default_config: str = DEFAULT_CONFIG):
   """absl's flag parsing after `caller_paths.resolve_config_args`.
 
   An override of a field the config lacks is a flag error.
 
   Args:
     argv: the command line, program name first.
+    default_config: the config file when the command line names none.
 
   Returns:
     The program name and the positional arguments.
   """
-  argv = caller_paths.resolve_config_args(argv, os.environ, DEFAULT_CONFIG)
+  argv = caller_paths.resolve_config_args(argv, os.environ, default_config)
   # ml_collections reads the --config.x overrides from sys.argv itself; they
   # are the same there as in `argv`, which only differs in the --config file.
   try:
@@ -155,7 +167,7 @@ def _error(error, status: int) -> int:
   """Prints a failure the user can act on, without a traceback; returns
   `status`. The message is one line, except where it lists several causes
   (e.g. every checkpoint that failed to restore)."""
-  print(f"train_main: error: {str(error).strip()}", file=sys.stderr)
+  print(f"{_program}: error: {str(error).strip()}", file=sys.stderr)
   return status
 
 
@@ -182,17 +194,15 @@ def main(argv):
       trainer.ListenerError,
       checkpointing.CheckpointError,
       run_lock.RunLockLost,
+      rewards.RewardError,
       OSError,
   ) as e:
     # The run could not go on; its last checkpoint holds what it trained.
     return _error(e, status=1)
-  print(
-      f"train_main: {result.status.value} after step {result.final_step} "
-      f"(eval loss {result.last_eval_loss}); run directory {result.run_dir}"
-  )
+  print(f"{_program}: {_summary(result)}")
   if result.status == trainer.RunOutcome.INTERRUPTED:
     print(
-        f"train_main: stopped by {result.stop_reason}; resume with the same "
+        f"{_program}: stopped by {result.stop_reason}; resume with the same "
         "run_name.",
         file=sys.stderr,
     )
@@ -200,5 +210,31 @@ def main(argv):
   return 0
 
 
+def _summary(result: trainer.RunResult) -> str:
+  """The run's end in one line: how, after which step, its evals, where."""
+  if result.start_eval is not None:
+    evals = f"eval at the start {result.start_eval}, at the end "
+    evals += f"{result.last_eval}"
+  else:
+    evals = f"eval loss {result.last_eval_loss}"
+  return (
+      f"{result.status.value} after step {result.final_step} ({evals}); "
+      f"run directory {result.run_dir}"
+  )
+
+
+def run_binary(program: str, default_config: str) -> None:
+  """Runs this binary as `program`, with `default_config` when no --config
+  is given (how grpo_main is built on it)."""
+  global _program
+  _program = program
+  app.run(
+      main,
+      flags_parser=functools.partial(
+          _parse_flags, default_config=default_config
+      ),
+  )
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  run_binary("train_main", DEFAULT_CONFIG)

@@ -1,19 +1,22 @@
 """The training loop: `run(config)` trains, evaluates, checkpoints one run.
 
-`train_main` parses flags and calls `run`; tests and benchmarks call it
+The one loop of every workload (pretraining, SFT, GRPO; see
+`maxtext/workload.py` for what a workload supplies). `train_main` and
+`grpo_main` parse flags and call `run`; tests and benchmarks call it
 in-process. One run:
 
-  validate config -> jax.distributed -> run_state.build (mesh, run
-  directory, outputs, model, data, checkpoint restore) -> warm-up steps on
-  placeholder batches (compilation before the timed region) -> on_run_start ->
-  steps (K micro-batches, update, records, evals as `eval_schedule` says,
-  checkpoint between steps) -> on_run_end -> close.
+  validate config (and the workload's own checks) -> jax.distributed ->
+  run_state.build (mesh, run directory, outputs, the workload's engine and
+  data, checkpoint restore) -> the workload's start (e.g. GRPO's eval of the
+  starting parameters) -> warm-up (compilation before the timed region) ->
+  on_run_start -> steps (K micro-batches, update, records, evals as
+  `eval_schedule` says, checkpoint between steps) -> on_run_end -> close.
 
 The loop knows no output: it reports to the run's listeners (console, JSONL,
 TensorBoard, MLPerf log, GCS mirror, profiler; see `maxtext/listeners/`),
 which write from host values the step already fetched. A critical listener
-that fails stops the run after a checkpoint of the last completed step
-(`multi_listener.ListenerError`).
+that fails, or a workload's user code that fails (a GRPO reward function),
+stops the run after a checkpoint of the last completed step.
 """
 
 import dataclasses
@@ -22,6 +25,8 @@ from typing import Optional, Sequence
 
 from absl import logging
 import jax
+import ml_collections
+import numpy as np
 
 from maxtext import caller_paths
 from maxtext import config_lib
@@ -31,7 +36,8 @@ from maxtext import eval_schedule
 from maxtext import preemption
 from maxtext import preflight
 from maxtext import run_state as run_state_lib
-from maxtext import warmup
+from maxtext import workload as workload_lib
+from maxtext import workloads
 from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
 from maxtext.metrics import recorder as metrics_recorder
@@ -69,6 +75,9 @@ class RunResult:
     last_eval_loss: the newest eval loss, or None if no eval ran.
     last_train_loss: the newest train loss, or None if no step ran.
     stop_reason: for INTERRUPTED, the signal that stopped the run.
+    last_eval: the newest eval's metrics (name -> value), or None.
+    start_eval: the starting parameters' eval metrics, for a workload that
+      evaluates them before its first step (GRPO), else None.
   """
 
   status: RunOutcome
@@ -78,6 +87,8 @@ class RunResult:
   last_eval_loss: Optional[float]
   last_train_loss: Optional[float]
   stop_reason: Optional[str] = None
+  last_eval: Optional[dict[str, float]] = None
+  start_eval: Optional[dict[str, float]] = None
 
 
 def _check_hardware(config) -> None:
@@ -112,9 +123,42 @@ def _check_hardware(config) -> None:
       )
 
 
+def check(
+    config, workload: Optional[workload_lib.Workload] = None
+) -> tuple[ml_collections.ConfigDict, workload_lib.Workload]:
+  """Every check a run makes before any device work.
+
+  Args:
+    config: the run's config.
+    workload: as for `run`.
+
+  Returns:
+    (the config with its input paths resolved, the run's workload).
+
+  Raises:
+    ConfigError: one line naming the field and the value.
+  """
+  try:
+    config_lib.validate(config)
+    if workload is None:
+      workload = workloads.for_config(config)
+    elif workload.name != config.workload:
+      raise ValueError(
+          f"config.workload={config.workload!r}: the run was given the "
+          f"{workload.name!r} workload"
+      )
+    workload.check(config)
+    config = run_dir_lib.with_input_paths_resolved(config)
+    preflight.check(config, grpo=workloads.is_grpo(config))
+  except (ValueError, TypeError) as e:
+    raise ConfigError(str(e)) from e
+  return config, workload
+
+
 def run(
     config,
     *,
+    workload: Optional[workload_lib.Workload] = None,
     config_filename: str = "unknown",
     stop_request: Optional[preemption.StopRequest] = None,
     extra_listeners: Sequence[interface.RunListener] = (),
@@ -124,6 +168,8 @@ def run(
   Args:
     config: the run's ml_collections config (base.py's fields). It is
       validated here, before any device work.
+    workload: the kind of training; None = the one `config.workload` names
+      (`maxtext/workloads.py`). One given here must be of that name.
     config_filename: the config file's name, for the MLPerf log's disclosure.
     stop_request: where stop requests come from; by default SIGTERM/SIGINT
       handlers are installed for the duration of the run.
@@ -140,13 +186,10 @@ def run(
     TrainingError: the run could not go on (e.g. non-finite gradients).
     ListenerError: an output failed; a checkpoint of the last completed step
       was written first.
+    Any of `workload.keeps_state_on` (e.g. a GRPO reward function's
+    RewardError), after a checkpoint of the last completed step.
   """
-  try:
-    config_lib.validate(config)
-    config = run_dir_lib.with_input_paths_resolved(config)
-    preflight.check(config)
-  except (ValueError, TypeError) as e:
-    raise ConfigError(str(e)) from e
+  config, workload = check(config, workload)
   distributed.initialize(config)
   if config.jax_compilation_cache_dir:
     jax.config.update(
@@ -162,6 +205,7 @@ def run(
           config,
           config_filename=config_filename,
           extra_listeners=extra_listeners,
+          workload=workload,
       )
     except ValueError as e:
       # Building checks what needs the devices, the run directory or the
@@ -179,16 +223,19 @@ def run(
           last_train_loss=None,
       )
     outcome = RunOutcome.FAILED
+    start_eval = None
     try:
-      warmup_time = warmup.warm_up(state, _warmup_steps(state))
+      start_eval = workload.start(state)
+      warmup_time = workload.warm_up(state)
       state.listeners.on_run_start(
           interface.RunStart(state.start_step, state.samples, warmup_time)
       )
-      outcome, last_eval, last_train = _train_loop(state, stop)
-    except ListenerError:
-      # An output failed: keep what was trained. The engine holds the last
-      # completed step's state even mid-step (update() not yet called).
-      state.save(force=True)
+      outcome, last_eval, last_train = _train_loop(state, workload, stop)
+    except (ListenerError, *workload.keeps_state_on):
+      # An output or the workload's user code failed: keep what was
+      # trained. The engine holds the last completed step's state even
+      # mid-step (update() not yet called).
+      _checkpoint_quietly(state)
       raise
     finally:
       _end(state, outcome)
@@ -197,23 +244,28 @@ def run(
         run_dir=state.paths.run_dir,
         start_step=state.start_step,
         final_step=state.engine.step,
-        last_eval_loss=last_eval,
+        last_eval_loss=_eval_loss(last_eval),
         last_train_loss=last_train,
         stop_reason=stop.reason,
+        last_eval=_values(last_eval),
+        start_eval=start_eval,
     )
   finally:
     if stop_request is None:
       stop.close()
 
 
-def _warmup_steps(state: run_state_lib.RunState) -> int:
-  """Warm-up steps before the run starts (see `maxtext/warmup.py`)."""
-  config = state.config
-  if state.start_step >= config.steps:
-    return 0  # Nothing left to train.
-  if config.warmup_steps_before_run_start >= 0:
-    return config.warmup_steps_before_run_start
-  return 1 if config.enable_mllog else 0
+def _checkpoint_quietly(state: run_state_lib.RunState) -> None:
+  """Checkpoints the completed steps on the way out of a failure.
+
+  A second failure while saving is logged: the first one is what the user
+  must see.
+  """
+  try:
+    state.save(force=True)
+  # The error already on its way out is the one to report.
+  except Exception:  # pylint: disable=broad-except
+    logging.exception("Could not checkpoint step %d.", state.engine.step)
 
 
 def _end(state: run_state_lib.RunState, outcome: RunOutcome) -> None:
@@ -310,49 +362,68 @@ class _SkipGuard:
     )
 
 
-def _train_loop(state: run_state_lib.RunState, stop):
+def _train_loop(state: run_state_lib.RunState, workload, stop):
   """Runs steps until the target, the budget or a stop request.
 
   The host keeps ahead of the device: once a step's micro-batches are
-  dispatched, it puts the next step's micro-batches on the devices and
-  writes the previous step's records while the device computes, and only
-  then waits in `update()` for the step's metrics. A step followed by more
-  than the next step (an eval, a checkpoint, a stop, the end) writes its
-  records first, so every output keeps step order.
+  dispatched, it reads the next step's (when the workload `reads_ahead`)
+  and writes the previous step's records while the device computes, and
+  only then waits in `update()` for the step's metrics. A step followed by
+  more than the next step (an eval, a checkpoint, a stop, the end) writes
+  its records first, so every output keeps step order.
+
+  With `updates_per_batch` = n > 1 (GRPO's passes over one rollout), a
+  batch feeds steps b * n .. b * n + n - 1, its samples count once, and
+  evals, checkpoints and stops fall only after a batch's last update.
 
   Returns:
-    (outcome, last eval loss, last train loss).
+    (outcome, last eval record or None, last train loss).
   """
   config, engine, listeners = state.config, state.engine, state.listeners
-  target = eval_metrics.target(config)
+  target = workload.target(config)
+  passes = workload.updates_per_batch(config)
   skips = _SkipGuard(config.max_consecutive_skipped_steps, state.checkpointer)
   last_eval = last_train = None
   unwritten = None  # A _Finished step, written after the next dispatch.
   step_start = time.monotonic()
   # The first step's time holds the read of its own batch; every later
-  # step's holds the read of the next one, which overlaps it.
-  batches, data_wait = state.device_batches(state.start_step)
+  # step's holds the read of the next one, which overlaps it (when the
+  # workload reads ahead; otherwise each step reads its own).
+  ahead = workload.reads_ahead
+  batches, data_wait = (
+      workload.batches(state, state.start_step) if ahead else ([], 0.0)
+  )
   try:
     for step in range(state.start_step, config.steps):
       listeners.on_step_start(step)
+      if not ahead:
+        batches, data_wait = workload.batches(state, step)
       for micro in batches:
         engine.fwd_bwd(micro)
-      batches, next_wait = state.device_batches(step + 1)
-      data_wait += next_wait
+      if ahead:
+        batches, next_wait = workload.batches(state, step + 1)
+        data_wait += next_wait
       if unwritten is not None:
         finished, unwritten = unwritten, None
         last_train = _write(listeners, finished)
       # The step's buffer leaves the recorder: it lives on in its record.
       buffer = engine.update(release=True)
-      state.samples += config.global_batch_size
+      for name, value in workload.host_metrics(step).items():
+        buffer.scalar_metrics[name] = np.array([value])
+      if step % passes == 0:
+        state.samples += config.global_batch_size
       completed, now = step + 1, time.monotonic()
       unwritten = _Finished(
           step, buffer, now - step_start, state.samples, data_wait
       )
       step_start, data_wait = now, 0.0
       skips.check(step, buffer)
+      if completed % passes:
+        continue  # The batch feeds more updates: nothing falls between.
 
-      eval_due = eval_schedule.eval_due(config, completed)
+      eval_due = eval_schedule.eval_due(
+          config, completed, updates_per_batch=passes
+      )
       stopping = stop.should_stop(completed)
       save_due = state.checkpointer.due(completed) or completed == config.steps
       if not (eval_due or stopping or save_due):
@@ -360,10 +431,9 @@ def _train_loop(state: run_state_lib.RunState, stop):
       finished, unwritten = unwritten, None
       last_train = _write(listeners, finished)
       if eval_due:
-        record = _evaluate(state, step, target)
-        last_eval = _eval_loss(record)
-        if record.target_reached:
-          metric = record.metrics[target.metric]
+        last_eval = _evaluate(state, workload, step, target)
+        if last_eval.target_reached:
+          metric = last_eval.metrics[target.metric]
           logging.info(
               "Eval %s %.4f %s target %.4f at step %d: success.",
               target.metric,
@@ -408,12 +478,15 @@ def _write(listeners, finished: _Finished) -> Optional[float]:
 
 
 def _evaluate(
-    state: run_state_lib.RunState, step: int, target: eval_metrics.Target
+    state: run_state_lib.RunState,
+    workload: workload_lib.Workload,
+    step: int,
+    target: eval_metrics.Target,
 ) -> interface.EvalRecord:
   """Runs the eval after step `step` and reports it; returns its record."""
   state.listeners.on_eval_start(step, state.samples)
   start = time.monotonic()
-  metrics = state.evaluate()
+  metrics = workload.evaluate(state)
   reached = target.reached(metrics)
   record = interface.EvalRecord(
       step=step,
@@ -428,10 +501,19 @@ def _evaluate(
   return record
 
 
-def _eval_loss(record: interface.EvalRecord) -> Optional[float]:
-  """The record's eval loss, None for an evaluation without one."""
-  loss = record.metrics.get(eval_metrics.LOSS)
+def _eval_loss(record: Optional[interface.EvalRecord]) -> Optional[float]:
+  """The record's eval loss, None without a record or a loss in it."""
+  loss = None if record is None else record.metrics.get(eval_metrics.LOSS)
   return None if loss is None else loss.value
+
+
+def _values(
+    record: Optional[interface.EvalRecord],
+) -> Optional[dict[str, float]]:
+  """The record's metrics as name -> value, None without a record."""
+  if record is None:
+    return None
+  return {name: metric.value for name, metric in record.metrics.items()}
 
 
 def _checkpoint(state: run_state_lib.RunState, force: bool) -> None:

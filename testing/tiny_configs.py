@@ -167,6 +167,7 @@ TINY_MOE = dict(
 # GRPO on the tiny model: 4 completions of each prompt of 3 progression terms,
 # 4 terms asked for, 8 held-out prompts, a KL term, both built-in rewards.
 TINY_GRPO = dict(
+    workload="grpo",
     grpo_num_generations=4,
     grpo_prompt_length=3,
     grpo_max_completion_length=4,

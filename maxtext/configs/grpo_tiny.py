@@ -24,6 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   """default.py's model, GRPO's step and options."""
   config = default.get_config()
   config.run_name = "grpo_tiny"
+  config.workload = "grpo"
   # The pretraining run to start from ("" = random parameters, which the
   # task's rewards never reach).
   config.load_parameters_path = ""

@@ -90,9 +90,10 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
         f"qwen35_397b_grpo: global batch size {global_batch_size} is not a "
         f"positive multiple of {GENERATIONS} (prompts x completions)"
     )
-  # The model (see the docstring); its data set fields are not read: the
-  # prompts come from the built-in task.
+  # The model (see the docstring); its data set fields are not read: a GRPO
+  # run's prompts come from the built-in task.
   config = llama31_8b.get_config()
+  config.workload = "grpo"
   config.dataset_type = "synthetic"
   config.train_data_path = ""
   config.eval_data_path = ""

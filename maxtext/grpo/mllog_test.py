@@ -14,7 +14,7 @@ import os
 
 from absl.testing import absltest
 
-from maxtext.grpo import trainer
+from maxtext import trainer
 from maxtext.metrics import jsonl
 from maxtext.mllog import logger as mllog_logger
 from testing import compliance_checker

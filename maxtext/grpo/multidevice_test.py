@@ -26,10 +26,11 @@ import optax
 from maxtext import engine as engine_lib
 from maxtext import mesh as mesh_lib
 from maxtext import model_setup
+from maxtext.grpo import prompts
 from maxtext.grpo import rewards
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
-from maxtext.grpo import trainer
+from maxtext.grpo import workload as grpo_workload
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
 from testing import tiny_configs
@@ -40,7 +41,7 @@ _ATOL = 1e-4
 def _steps(config, mesh, setup, steps):
   """Runs `steps` GRPO steps; returns (completions, metrics) per step."""
   frozen = ml_collections.FrozenConfigDict(config)
-  options = trainer.loss_options(config)
+  options = grpo_workload.loss_options(config)
   if setup is None:
     params = transformer.init_params(config, jax.random.PRNGKey(config.seed))
     reference = transformer.init_params(config, jax.random.PRNGKey(config.seed))
@@ -50,7 +51,7 @@ def _steps(config, mesh, setup, steps):
     reference = model_setup.init_params(config, setup)
     shardings = dict(
         param_shardings=setup.param_shardings,
-        batch_sharding=trainer.batch_shardings(config, setup.batch_sharding),
+        batch_sharding=grpo_workload.batch_shardings(config, setup.batch_sharding),
     )
   engine = engine_lib.Engine(
       functools.partial(
@@ -63,12 +64,12 @@ def _steps(config, mesh, setup, steps):
       2,
       **shardings,
   )
-  task = trainer.make_task(config)
+  task = prompts.make_task(config)
   grpo = step_lib.GrpoStep(
       engine,
       frozen,
       lambda s: task.train_prompts(s, 4),
-      functools.partial(trainer.rollout_options, config),
+      functools.partial(grpo_workload.rollout_options, config),
       rewards.load(config.grpo_reward_functions),
       num_micro_batches=2,
       width=config.grpo_prompt_length + config.grpo_max_completion_length,

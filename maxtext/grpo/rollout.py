@@ -197,23 +197,19 @@ def rollout(
   )
 
 
-def micro_batches(
-    result: Rollout,
-    num_micro_batches: int,
-    ref_log_probs: Optional[np.ndarray] = None,
-    extra_stats: Optional[dict] = None,
-) -> list[dict]:
+def micro_batches(result: Rollout, num_micro_batches: int) -> list[dict]:
   """The rollout as the engine's K micro-batches (consecutive rows).
+
+  The rollout's statistics are host values and stay out of them (the step
+  puts them straight into its record).
 
   Args:
     result: the step's rollout (N rows).
     num_micro_batches: K, dividing N.
-    ref_log_probs: float32 [N, L] of the reference policy, or None (beta 0).
-    extra_stats: more name -> float statistics to carry (e.g. timings
-      measured after the rollout).
 
   Returns:
-    K dicts, the `train_loss.loss_fn` micro-batch layout.
+    K dicts, the `train_loss.loss_fn` micro-batch layout (without the
+    reference's log-probabilities, which the step adds on the devices).
 
   Raises:
     ValueError: K does not divide N.
@@ -224,22 +220,15 @@ def micro_batches(
         f"gradient_accumulation_steps={num_micro_batches} must divide the "
         f"rollout's {n} completions"
     )
-  stats = dict(result.stats, **(extra_stats or {}))
   whole = {
       "tokens": result.tokens,
       "prompt_lengths": result.prompt_lengths,
       "mask": result.mask,
       "old_log_probs": result.old_log_probs,
       "advantages": result.advantages.astype(np.float32),
-      "stats": {
-          name: np.full((n,), value, np.float32)
-          for name, value in sorted(stats.items())
-      },
   }
-  if ref_log_probs is not None:
-    whole["ref_log_probs"] = np.asarray(ref_log_probs, np.float32) * result.mask
   rows = n // num_micro_batches
   return [
-      jax.tree_util.tree_map(lambda x, k=k: x[k * rows : (k + 1) * rows], whole)
+      {name: x[k * rows : (k + 1) * rows] for name, x in whole.items()}
       for k in range(num_micro_batches)
   ]

@@ -4,11 +4,23 @@ A step draws its prompts, generates with the engine's current parameters
 (`rollout`), computes the frozen reference's log-probabilities when the KL
 term is on, and runs `num_iterations` passes over the rollout's K
 micro-batches: each pass is K `engine.fwd_bwd` calls and one
-`engine.update()`, so the engine's one packed flush carries every metric
-(the loss's, and the rollout's statistics fed in as inputs). The behaviour
-log-probabilities stay those of the parameters that generated, so later
-passes are off-policy by exactly the updates in between, which the clipped
-ratio bounds. A step consumes P x G samples whatever `num_iterations` is.
+`engine.update()`, so the engine's one packed flush carries every metric of
+the loss. The behaviour log-probabilities stay those of the parameters that
+generated, so later passes are off-policy by exactly the updates in between,
+which the clipped ratio bounds. A step consumes P x G samples whatever
+`num_iterations` is.
+
+The training loop (`maxtext/trainer.py`, through the GRPO workload) calls
+`rollout` for a step's micro-batches, dispatches them itself and takes
+`host_metrics` into the step's record; `train` and `run` do the same for
+callers without the loop (the benchmark, tests).
+
+Each value stays where it is made. The rollout's statistics (rewards,
+lengths, advantages: `rollout.rollout_stats`) are host values and go
+straight into the record (`host_metrics`), never through the devices. The
+reference's log-probabilities stay on the devices: one program computes
+them over the placed rollout and cuts it into the K micro-batches the loss
+reads.
 
 Phase timings (seconds on the host clock, each read once the device work it
 times has come back to the host, so no synchronisation is added for them):
@@ -16,14 +28,16 @@ times has come back to the host, so no synchronisation is added for them):
   timing/rollout        generation, rewards and advantages (`rollout`; its
                         parts `timing/generate` and `timing/reward`): the
                         decoder fetches its ids, so generation is complete.
-  timing/reference      the frozen reference's log-probabilities (0 when
-                        grpo_beta = 0), fetched to the host.
+  timing/reference      dispatching the one program that computes the
+                        frozen reference's log-probabilities and cuts the
+                        micro-batches (0 when grpo_beta = 0); its device
+                        time falls into timing/update, which waits for it.
   timing/old_logprobs   0: the behaviour log-probabilities come out of
                         generation (the decoder's log-softmax of each drawn
                         id), so no separate pass computes them; their cost is
                         inside timing/generate, whatever num_iterations is.
-  timing/update         the K forward-backward passes and the update, up to
-                        the engine's one metrics flush, which waits for every
+  timing/update         from the rollout's micro-batches being ready to the
+                        engine's one metrics flush, which waits for every
                         micro-batch and the gradient measure. The optimizer
                         apply may still be running then (the engine does not
                         wait for it); the next phase that reads the
@@ -32,11 +46,7 @@ times has come back to the host, so no synchronisation is added for them):
                         the update's flush for the first pass over a rollout,
                         the update alone for the later passes
                         (num_iterations > 1), whose records repeat the
-                        rollout's timings.
-
-The first five ride the micro-batches as inputs, like the rollout's other
-statistics; the last two are known only after the flush and are added to
-the flushed record on the host.
+                        rollout's statistics and timings.
 
 `warm_up` compiles every program of a step before a run's timed region.
 """
@@ -58,22 +68,49 @@ from maxtext.metrics import buffer
 from maxtext.text import sampling
 
 
-@functools.partial(jax.jit, static_argnames=("width", "config", "mesh"))
-def _reference_log_probs(params, tokens, prompt_lengths, width, config, mesh):
-  return scoring.completion_log_probs_and_entropy(
-      params, tokens, prompt_lengths, width, config, mesh
+# The micro-batch's arrays and their ranks (`rollout.micro_batches`, and
+# the reference's log-probabilities).
+_MICRO_BATCH_NDIMS = {
+    "tokens": 2,
+    "prompt_lengths": 1,
+    "mask": 2,
+    "old_log_probs": 2,
+    "advantages": 1,
+    "ref_log_probs": 2,
+}
+
+
+def _micro_batches_with_reference(
+    reference, whole, num_micro_batches, config, mesh
+):
+  """The rollout's K micro-batches, each with the reference's masked
+  completion log-probabilities (a program of its own, one launch)."""
+  mask = whole["mask"]
+  log_probs = scoring.completion_log_probs_and_entropy(
+      reference,
+      whole["tokens"],
+      whole["prompt_lengths"],
+      mask.shape[1],
+      config,
+      mesh,
   )[0]
+  whole = dict(whole, ref_log_probs=log_probs * mask)
+  rows = mask.shape[0] // num_micro_batches
+  return [
+      {name: x[k * rows : (k + 1) * rows] for name, x in whole.items()}
+      for k in range(num_micro_batches)
+  ]
 
 
-# The timings the micro-batches carry (measured before the update).
-CARRIED_TIMINGS = (
+# The timings measured up to the micro-batches being ready.
+ROLLOUT_TIMINGS = (
     "timing/rollout",
     "timing/generate",
     "timing/reward",
     "timing/reference",
     "timing/old_logprobs",
 )
-# The timings measured around the update, added to its flushed record.
+# The timings measured around the update.
 UPDATE_TIMINGS = ("timing/update", "timing/step")
 
 
@@ -144,8 +181,32 @@ class GrpoStep:
     self._width = width
     self._reference = reference_params
     self._mesh = mesh
-    # perf_counter() at the start of the newest rollout, until the first
-    # update after it has taken it into its timing/step.
+    if reference_params is not None:
+      # One program: the reference's log-probabilities of the placed
+      # rollout, and the K micro-batches cut from it, left on the devices.
+      self._with_reference = jax.jit(
+          functools.partial(
+              _micro_batches_with_reference,
+              num_micro_batches=num_micro_batches,
+              config=model_config,
+              mesh=mesh,
+          ),
+          out_shardings=(
+              None
+              if mesh is None
+              else [
+                  {
+                      name: decoder.batch_sharding(mesh, ndim)
+                      for name, ndim in _MICRO_BATCH_NDIMS.items()
+                  }
+              ]
+              * num_micro_batches
+          ),
+      )
+    # The newest rollout's host statistics and timings, and the
+    # perf_counter() of its start until the first update after it has taken
+    # it into its timing/step.
+    self._rollout_values: dict[str, float] = {}
     self._rollout_start = None
 
   def rollout(
@@ -153,7 +214,9 @@ class GrpoStep:
       step: int,
       reward_functions: Optional[Sequence[rewards_lib.RewardFunction]] = None,
   ) -> tuple[rollout_lib.Rollout, list[dict]]:
-    """Step `step`'s rollout and its K micro-batches (reference included).
+    """Step `step`'s rollout and its K micro-batches on the devices.
+
+    The rollout's statistics and timings wait for `host_metrics`.
 
     Args:
       step: the step (its prompts and its draws).
@@ -172,29 +235,26 @@ class GrpoStep:
         width=self._width,
         mesh=self._mesh,
     )
-    rolled = referenced = time.perf_counter()
-    ref = None
-    if self._reference is not None:
-      ref = np.asarray(
-          _reference_log_probs(
-              self._reference,
-              result.tokens,
-              result.prompt_lengths,
-              width=options.max_new_tokens,
-              config=self._config,
-              mesh=self._mesh,
-          )
-      )
-      referenced = time.perf_counter()
-    extra = {
-        "timing/rollout": rolled - start,
-        "timing/reference": referenced - rolled,
-        # Generation computed them (module docstring).
-        "timing/old_logprobs": 0.0,
-    }
+    rolled = time.perf_counter()
+    if self._reference is None:
+      batches = [
+          self._placed(batch)
+          for batch in rollout_lib.micro_batches(result, self._k)
+      ]
+    else:
+      (whole,) = rollout_lib.micro_batches(result, 1)
+      batches = self._with_reference(self._reference, self._placed(whole))
+    self._rollout_values = dict(
+        result.stats,
+        **{
+            "timing/rollout": rolled - start,
+            "timing/reference": time.perf_counter() - rolled,
+            # Generation computed them (module docstring).
+            "timing/old_logprobs": 0.0,
+        },
+    )
     self._rollout_start = start
-    batches = rollout_lib.micro_batches(result, self._k, ref, extra)
-    return result, [self._placed(batch) for batch in batches]
+    return result, batches
 
   def _placed(self, batch: dict) -> dict:
     """`batch` (host arrays, the same in every process) as arrays split by
@@ -213,11 +273,28 @@ class GrpoStep:
 
     return jax.tree_util.tree_map(place, batch)
 
+  def host_metrics(self, update_start: float) -> dict[str, float]:
+    """The newest rollout's statistics and timings, and the update's.
+
+    Called once an update's flush has returned (its metrics fetched).
+
+    Args:
+      update_start: perf_counter() when the update's micro-batches were
+        ready to dispatch.
+    """
+    end = time.perf_counter()
+    began = update_start if self._rollout_start is None else self._rollout_start
+    self._rollout_start = None
+    return dict(
+        self._rollout_values,
+        **{"timing/update": end - update_start, "timing/step": end - began},
+    )
+
   def train(self, batches: list[dict]) -> buffer.MetricsBuffer:
     """One pass over a rollout's micro-batches: K fwd_bwd, one update.
 
     Returns:
-      The flushed record, with `UPDATE_TIMINGS` added.
+      The flushed record, with `host_metrics` added.
     """
     start = time.perf_counter()
     for micro_batch in batches:
@@ -225,11 +302,8 @@ class GrpoStep:
     record = self._engine.update(release=True)
     # update() returned after its flush fetched the metrics: the K
     # micro-batches' work is done (module docstring: the apply may not be).
-    end = time.perf_counter()
-    began = start if self._rollout_start is None else self._rollout_start
-    self._rollout_start = None
-    record.scalar_metrics["timing/update"] = np.array([end - start])
-    record.scalar_metrics["timing/step"] = np.array([end - began])
+    for name, value in self.host_metrics(start).items():
+      record.scalar_metrics[name] = np.array([value])
     return record
 
   def run(self, step: int) -> StepResult:
@@ -265,6 +339,7 @@ class GrpoStep:
       engine.fwd_bwd(micro_batch)
     engine.update(discard=True, release=True)
     self._rollout_start = None
+    self._rollout_values = {}
     jax.block_until_ready((engine.params, engine.opt_state))
     engine.set_state(
         {

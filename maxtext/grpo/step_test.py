@@ -95,9 +95,9 @@ class StepTest(absltest.TestCase):
     self.assertLess(abs(record["kl"]), 1e-5)
     self.assertEqual(record["step_skipped"], 0.0)
     self.assertGreater(record["entropy"], 0.0)
-    # The rollout's statistics come back through the packed metrics.
-    self.assertAlmostEqual(
-        record["rewards/mean"], result.rollout.stats["rewards/mean"], places=5
+    # The rollout's statistics go from the host straight into the record.
+    self.assertEqual(
+        record["rewards/mean"], result.rollout.stats["rewards/mean"]
     )
     self.assertEqual(record["completion_tokens"], result.rollout.mask.sum())
     self.assertEqual(engine.step, 1)
@@ -105,7 +105,7 @@ class StepTest(absltest.TestCase):
   def test_timings_split_the_step(self):
     _, step, _ = self._step(num_iterations=2)
     first, second = (recorder_lib.reduce_buffer(r) for r in step.run(0).records)
-    for name in step_lib.CARRIED_TIMINGS + step_lib.UPDATE_TIMINGS:
+    for name in step_lib.ROLLOUT_TIMINGS + step_lib.UPDATE_TIMINGS:
       self.assertGreaterEqual(first[name], 0.0, name)
     # Generation computes the behaviour log-probabilities: no phase of
     # their own.
@@ -179,6 +179,36 @@ class StepTest(absltest.TestCase):
     change = sequence_log_probs(engine.params) - sequence_log_probs(before)
     # The policy gradient's direction: likelihood moves with the advantage.
     self.assertGreater(float(np.dot(r.advantages, change)), 0.0)
+
+  def test_reference_log_probs_stay_on_the_devices_in_one_program(self):
+    engine, step, frozen = self._step()
+    step.rollout(0)  # Compiles.
+    with dispatch_counter.record_launches() as launches:
+      result, batches = step.rollout(0)
+    # The reference's program is the rollout's one launch besides the
+    # decoder's; its output never went through the host.
+    self.assertEqual(
+        [name for name in launches if "reference" in name],
+        ["jit(_micro_batches_with_reference)"],
+    )
+    self.assertLen(batches, 2)
+    for batch in batches:
+      self.assertIsInstance(batch["ref_log_probs"], jax.Array)
+      self.assertNotIn("stats", batch)
+    # The values: the reference (the starting parameters) scored on the
+    # host path, completion tokens only.
+    expected, _ = scoring.completion_log_probs_and_entropy(
+        engine.params,
+        result.tokens,
+        result.prompt_lengths,
+        4,
+        frozen,
+    )
+    np.testing.assert_allclose(
+        np.concatenate([np.asarray(b["ref_log_probs"]) for b in batches]),
+        np.asarray(expected) * result.mask,
+        atol=1e-5,
+    )
 
   def test_a_step_is_k_plus_3_device_programs_whatever_its_metrics(self):
     # The ~36 metrics of a GRPO step ride the packed array: K micro-steps,

@@ -37,14 +37,14 @@ def loss_fn(
     micro_batch: "tokens" int32 [B, W], "prompt_lengths" int32 [B],
       "mask" float32 [B, L] (1 on completion tokens), "old_log_probs"
       float32 [B, L], "advantages" float32 [B], "ref_log_probs" float32
-      [B, L] (only when options.beta > 0), "stats" {name: float32 [B]}.
+      [B, L] (only when options.beta > 0).
     config: the model's config.
     options: the loss's hyperparameters.
     mesh: as `transformer.apply`.
 
   Returns:
-    (loss, metrics): `policy_loss`'s, plus each of "stats" (its mean over
-    the rows) and "completion_tokens" (a sum over the micro-batches).
+    (loss, metrics): `policy_loss`'s, plus "completion_tokens" (a sum over
+    the micro-batches).
   """
   mask = micro_batch["mask"]
   log_probs, entropy = scoring.completion_log_probs_and_entropy(
@@ -64,7 +64,5 @@ def loss_fn(
       ref_logp=micro_batch.get("ref_log_probs"),
       entropy=entropy,
   )
-  for name, values in micro_batch.get("stats", {}).items():
-    metrics[name] = jnp.mean(values)
   metrics["completion_tokens"] = buffer.SummedMetric(jnp.sum(mask))
   return loss, metrics

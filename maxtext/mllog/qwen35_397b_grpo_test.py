@@ -18,7 +18,7 @@ import ml_collections
 from maxtext import config_lib
 from maxtext.configs import grpo_tiny
 from maxtext.configs import qwen35_397b_grpo
-from maxtext.grpo import trainer
+from maxtext import trainer
 from maxtext.mllog import header_proof
 from maxtext.mllog import hyperparameters
 from maxtext.mllog import preflight

@@ -52,7 +52,8 @@ from maxtext import model_setup
 from maxtext.configs import grpo_tiny
 from maxtext.grpo import rewards
 from maxtext.grpo import step as step_lib
-from maxtext.grpo import trainer as grpo_trainer
+from maxtext.grpo import prompts as prompts_lib
+from maxtext.grpo import workload as grpo_workload
 from maxtext.metrics import recorder as metrics_recorder
 from tools import command_line
 from tools.benchmarks import metric_ways
@@ -94,20 +95,20 @@ def _check(config) -> list:
 
 
 def _grpo_step(config, functions) -> step_lib.GrpoStep:
-  """The GRPO run's engine and step (as `maxtext.grpo.trainer` builds
+  """The GRPO run's engine and step (as `maxtext.grpo.workload` builds
   them), without its run directory and outputs."""
-  engine, setup = grpo_trainer.engine_factory(
+  engine, setup = grpo_workload.engine_factory(
       config, mesh_lib.make_mesh(config)
   )
   mesh = setup.mesh
   frozen = ml_collections.FrozenConfigDict(config)
-  task = grpo_trainer.make_task(config)
+  task = prompts_lib.make_task(config)
   prompts = config.global_batch_size // config.grpo_num_generations
   return step_lib.GrpoStep(
       engine,
       frozen,
       lambda s: task.train_prompts(s, prompts),
-      functools.partial(grpo_trainer.rollout_options, config),
+      functools.partial(grpo_workload.rollout_options, config),
       functions,
       num_micro_batches=config.gradient_accumulation_steps,
       width=config.grpo_prompt_length + config.grpo_max_completion_length,

@@ -35,11 +35,8 @@ import optax
 
 from maxtext import config_lib
 from maxtext import engine as engine_lib
-from maxtext.grpo import rewards
-from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import step as grpo_step
 from maxtext.grpo import train_loss
-from maxtext.grpo import trainer as grpo_trainer
+from maxtext.grpo import workload as grpo_workload
 from maxtext.model import transformer
 from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter
@@ -138,13 +135,14 @@ def model_problem(path: str) -> Problem:
 
 def grpo_problem(config) -> Problem:
   """The GRPO loss of the config's model on one synthetic rollout
-  micro-batch: every metric a GRPO step records from its micro-batches.
+  micro-batch: every metric a GRPO step's device programs record (the
+  rollout's statistics are host values, added to the record on the host).
 
   Args:
     config: a GRPO config, validated (`config_lib.validate_grpo`).
   """
   frozen = ml_collections.FrozenConfigDict(config)
-  options = grpo_trainer.loss_options(config)
+  options = grpo_workload.loss_options(config)
 
   def loss_fn(params, batch):
     loss, aux = train_loss.loss_fn(params, batch, frozen, options)
@@ -157,19 +155,6 @@ def grpo_problem(config) -> Problem:
   length = config.grpo_max_completion_length
   width = config.grpo_prompt_length + length
   rng = np.random.default_rng(1)
-  names = [
-      n.rsplit(":", 1)[-1]
-      for n, _ in rewards.parse(config.grpo_reward_functions)
-  ]
-  total = rng.random(config.global_batch_size)
-  stats = rollout_lib.rollout_stats(
-      rewards.Rewards(total, {n: total for n in names}),
-      np.full(config.global_batch_size, length),
-      np.ones(config.global_batch_size, bool),
-      config.grpo_num_generations,
-  )
-  for name in grpo_step.CARRIED_TIMINGS:
-    stats[name] = 0.0
   batch = {
       "tokens": jnp.asarray(
           rng.integers(0, config.vocab_size, (rows, width), dtype=np.int32)
@@ -178,9 +163,6 @@ def grpo_problem(config) -> Problem:
       "mask": jnp.ones((rows, length), jnp.float32),
       "old_log_probs": jnp.full((rows, length), -1.0, jnp.float32),
       "advantages": jnp.asarray(rng.normal(size=rows), jnp.float32),
-      "stats": {
-          n: jnp.full((rows,), v, jnp.float32) for n, v in sorted(stats.items())
-      },
   }
   if options.beta > 0:
     batch["ref_log_probs"] = jnp.full((rows, length), -1.0, jnp.float32)

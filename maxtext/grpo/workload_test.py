@@ -1,14 +1,22 @@
-"""The GRPO run end to end: pretrain briefly, post-train, resume, refuse."""
+"""The GRPO workload end to end through the one loop: pretrain briefly,
+post-train, resume, refuse, stop, skip, finish."""
 
 import os
 import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
 
+from maxtext import preemption
+from maxtext import trainer
 from maxtext.grpo import rewards
-from maxtext.grpo import trainer
+from maxtext.listeners import interface as listener_interface
 from maxtext.metrics import jsonl
+from maxtext.model import transformer
+from maxtext.storage import checkpointing
 from testing import compile_counter
 from testing import grpo_start
 from testing import tiny_configs
@@ -31,6 +39,50 @@ def fails_in_step_1(prompt, completion):
   if _CALLS[0] > 8:
     raise ValueError("step 1 is out of scope")
   return 1.0
+
+
+def _train_records(run_dir):
+  """A run's train records by step."""
+  return {
+      r["step"]: r
+      for r in jsonl.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+      if r["kind"] == "train"
+  }
+
+
+def _checkpoint_steps(run_dir):
+  """The steps of a run's checkpoints, oldest first."""
+  with checkpointing.Checkpointer(
+      os.path.join(run_dir, "checkpoints"), save_period=1, max_to_keep=0
+  ) as ckpt:
+    return ckpt.all_steps()
+
+
+class _StopAt(listener_interface.RunListener):
+  """Asks the run to stop (as SIGTERM does) when step `step` starts."""
+
+  name = "stop_at"
+
+  def __init__(self, stop: preemption.StopRequest, step: int):
+    self._stop = stop
+    self._step = step
+
+  def on_step_start(self, step):
+    if step == self._step:
+      self._stop.request("SIGTERM")
+
+
+class _FailsAt(listener_interface.RunListener):
+  """An output whose disk fills up when step `step`'s record comes."""
+
+  name = "full_disk"
+
+  def __init__(self, step: int):
+    self._step = step
+
+  def on_step(self, record):
+    if record.step == self._step:
+      raise OSError(28, "No space left on device", "/full/metrics")
 
 
 def _grpo_config(output_dir, load_from, **overrides):
@@ -102,22 +154,120 @@ class GrpoRunTest(parameterized.TestCase):
         _grpo_config(straight_dir, self.checkpoints, steps=5)
     )
 
-    def train_records(run_dir):
-      return {
-          r["step"]: r
-          for r in jsonl.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-          if r["kind"] == "train"
-      }
-
     resumed, uninterrupted = (
-        train_records(again.run_dir),
-        train_records(straight.run_dir),
+        _train_records(again.run_dir),
+        _train_records(straight.run_dir),
     )
     for step in (3, 4):
       for name in ("rewards/mean", "completions/mean_length", "loss", "kl"):
         self.assertAlmostEqual(
             resumed[step][name], uninterrupted[step][name], places=5
         )
+
+  def test_stop_request_checkpoints_after_the_rollouts_last_update(self):
+    # The request comes while update 2 (rollout 1's first) runs; the run
+    # stops after update 3, rollout 1's last, with a checkpoint there, and
+    # its resume gives the records of a run never stopped.
+    out = self.create_tempdir().full_path
+    stop = preemption.StopRequest(signals=())
+    config = _grpo_config(
+        out,
+        self.checkpoints,
+        grpo_num_iterations=2,
+        steps=6,
+        eval_interval=6,
+        checkpoint_period=6,
+    )
+    result = trainer.run(
+        config, stop_request=stop, extra_listeners=[_StopAt(stop, 2)]
+    )
+    self.assertEqual(result.status, trainer.RunOutcome.INTERRUPTED)
+    self.assertEqual(result.stop_reason, "SIGTERM")
+    self.assertEqual(result.final_step, 4)
+    self.assertEqual(_checkpoint_steps(result.run_dir), [4])
+    resumed = trainer.run(config)
+    self.assertEqual((resumed.start_step, resumed.final_step), (4, 6))
+    straight_dir = self.create_tempdir().full_path
+    straight = trainer.run(
+        _grpo_config(
+            straight_dir,
+            self.checkpoints,
+            grpo_num_iterations=2,
+            steps=6,
+            eval_interval=6,
+            checkpoint_period=6,
+        )
+    )
+    stopped, uninterrupted = (
+        _train_records(resumed.run_dir),
+        _train_records(straight.run_dir),
+    )
+    self.assertEqual(sorted(stopped), list(range(6)))
+    for step in range(6):
+      for name in grpo_start.COMPARED_METRICS:
+        self.assertAlmostEqual(
+            stopped[step][name], uninterrupted[step][name], places=5
+        )
+
+  def test_non_finite_steps_stop_the_run(self):
+    # Parameters with a NaN: every step's gradients are non-finite, so
+    # every step is skipped until max_consecutive_skipped_steps stops the
+    # run, as pretraining's loop does.
+    config = _grpo_config(
+        self.create_tempdir().full_path,
+        self.checkpoints,
+        steps=8,
+        max_consecutive_skipped_steps=2,
+    )
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    params["unembedding"] = params["unembedding"].at[0, 0].set(jnp.nan)
+    nan_dir = self.create_tempdir().full_path
+    with checkpointing.Checkpointer(
+        nan_dir, save_period=1, max_to_keep=0
+    ) as ckpt:
+      ckpt.save(0, {"params": params, "step": np.asarray(0, np.int64)}, {})
+    config.load_parameters_path = nan_dir
+    with self.assertRaisesRegex(
+        trainer.TrainingError,
+        r"^2 consecutive steps had non-finite gradients "
+        r"\(max_consecutive_skipped_steps=2\); stopping at step 1\. No "
+        r"checkpoint was written yet",
+    ):
+      trainer.run(config)
+    records = _train_records(os.path.join(config.base_output_directory, "grpo"))
+    self.assertEqual(sorted(records), [0, 1])
+    for record in records.values():
+      self.assertEqual(record["step_skipped"], 1)
+      self.assertTrue(np.isnan(record["loss"]))
+
+  def test_rerun_of_a_finished_run_says_so(self):
+    out = self.create_tempdir().full_path
+    config = _grpo_config(out, self.checkpoints, steps=2)
+    first = trainer.run(config)
+    self.assertEqual(first.final_step, 2)
+    with self.assertLogs(level="WARNING") as logs:
+      again = trainer.run(config)
+    self.assertEqual(again.status, trainer.RunOutcome.COMPLETED)
+    self.assertEqual((again.start_step, again.final_step), (2, 2))
+    self.assertTrue(
+        any("already completed step 2" in line for line in logs.output),
+        logs.output,
+    )
+    self.assertEqual(sorted(_train_records(first.run_dir)), [0, 1])
+
+  def test_failing_output_checkpoints_the_last_step(self):
+    out = self.create_tempdir().full_path
+    with self.assertRaisesRegex(
+        trainer.ListenerError,
+        r"^output 'full_disk' failed \(on_step\): OSError: \[Errno 28\]",
+    ):
+      trainer.run(
+          _grpo_config(out, self.checkpoints, steps=3, checkpoint_period=0),
+          extra_listeners=[_FailsAt(1)],
+      )
+    # Step 1's record is written once step 2 has been dispatched, before
+    # its update: the checkpoint holds the 2 completed steps.
+    self.assertEqual(_checkpoint_steps(os.path.join(out, "grpo")), [2])
 
   def test_target_pass_rate_ends_the_run(self):
     out = self.create_tempdir().full_path
