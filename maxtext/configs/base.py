@@ -19,8 +19,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---------------------------------------------------------- run & output
   # The kind of training (maxtext/workloads.py, docs/ARCHITECTURE.md):
-  # "pretraining" (next-token loss on a data set) or "grpo" (post-training by
-  # group-relative policy optimisation, docs/grpo.md). Every workload runs in
+  # "pretraining" (next-token loss on a data set), "sft" (supervised
+  # fine-tuning on chat examples, the loss on the assistant's tokens,
+  # docs/sft.md) or "grpo" (post-training by group-relative policy
+  # optimisation, docs/grpo.md). Every workload runs in
   # the one training loop, through train_main or grpo_main alike.
   config.workload = "pretraining"
   # Name of the run directory under `base_output_directory`. "" = a timestamp

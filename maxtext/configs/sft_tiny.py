@@ -32,6 +32,7 @@ DATA_DIR = os.path.join(
 def get_config() -> ml_collections.ConfigDict:
   """Returns the tiny SFT configuration: base.py with the overrides below."""
   config = base.get_config()
+  config.workload = "sft"
   config.base_output_directory = os.path.join(
       tempfile.gettempdir(), "maxtext_runs"
   )

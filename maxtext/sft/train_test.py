@@ -1,5 +1,8 @@
 """SFT end to end: a Hugging Face checkpoint in, fine-tuned on chat examples.
 
+The SFT workload (`workload="sft"`, `maxtext/configs/sft_tiny.py`) through
+the one training loop, in-process and through `//maxtext:train_main`.
+
 A tiny random `LlamaForCausalLM` of `maxtext/configs/sft_tiny.py`'s shape is
 built with transformers beside the shipped tokenizer and chat template,
 imported with `//tools:import_checkpoint` (which copies the tokenizer files),
@@ -113,7 +116,9 @@ class SftTrainTest(absltest.TestCase):
         <= set(os.listdir(reference.run_dir))
     )
     with open(os.path.join(reference.run_dir, "config.json")) as f:
-      provenance = json.load(f)["provenance"]["data"]
+      document = json.load(f)
+    self.assertEqual(document["config"]["workload"], "sft")
+    provenance = document["provenance"]["data"]
     self.assertEqual(
         provenance["chat_files"]["tokenizer_path"]["path"], self.imported
     )
