@@ -90,10 +90,11 @@ class ChatDatasetTest(parameterized.TestCase):
         np.testing.assert_array_equal(
             self.dataset.get_batch(step)[key], again.get_batch(step)[key]
         )
-    # An epoch (60 examples, 8 a step) visits every example once.
-    seen = [i for step in range(8) for i in self.dataset.train_indices(step)]
-    self.assertCountEqual(seen[:60], range(60))
-    self.assertNotEqual(seen[:60], list(range(60)))  # Shuffled.
+    # An epoch (480 examples, 8 a step) visits every example once.
+    seen = [i for step in range(61) for i in self.dataset.train_indices(step)]
+    self.assertCountEqual(seen[:480], range(480))
+    self.assertNotEqual(seen[:480], list(range(480)))  # Shuffled.
+    self.assertNotEqual(seen[480:], seen[:8])  # Each epoch its own order.
 
   def test_processes_share_the_global_batch(self):
     whole = self.dataset.get_batch(5)
@@ -108,11 +109,11 @@ class ChatDatasetTest(parameterized.TestCase):
 
   def test_eval_reads_the_held_out_examples_in_order(self):
     held_out = self._lines("eval_data_path")
-    self.assertLen(held_out, 12)
-    for index in range(4):  # Batch 3 wraps around to the first examples.
+    self.assertLen(held_out, 48)
+    for index in (0, 5, 6):  # Batch 6 wraps around to the first examples.
       batch = self.dataset.get_eval_batch(index)
-      for row in range(4):
-        encoded = self.tokenizer.encode(held_out[(index * 4 + row) % 12])
+      for row in range(8):
+        encoded = self.tokenizer.encode(held_out[(index * 8 + row) % 48])
         n = len(encoded.ids) - 1
         np.testing.assert_array_equal(
             batch["targets"][row, :n], encoded.ids[1:]
@@ -126,7 +127,8 @@ class ChatDatasetTest(parameterized.TestCase):
       self.assertEqual(train[key].dtype, real[key].dtype)
     self.assertIn("weights", evaluation)
     self.assertNotIn(
-        "weights", data.placeholder_batches(_config(dataset_type="synthetic"))[0]
+        "weights",
+        data.placeholder_batches(_config(dataset_type="synthetic"))[0],
     )
 
   def test_provenance_names_files_and_tokenizer(self):
@@ -138,16 +140,20 @@ class ChatDatasetTest(parameterized.TestCase):
     self.assertEqual(
         files["tokenizer_path"]["sampled_sha256"], self.tokenizer.fingerprint
     )
-    self.assertEqual(provenance["chat_examples"]["train"], 60)
-    self.assertEqual(provenance["chat_examples"]["eval"], 12)
+    self.assertEqual(provenance["chat_examples"]["train"], 480)
+    self.assertEqual(provenance["chat_examples"]["eval"], 48)
     self.assertEqual(data.changed_files(provenance, provenance), [])
     # A resume on other examples (or another template) is named.
     directory = self.create_tempdir().full_path
     for name in os.listdir(sft_tiny.DATA_DIR):
       shutil.copy(os.path.join(sft_tiny.DATA_DIR, name), directory)
-    with open(os.path.join(directory, "train.jsonl"), "a") as f:
+    with open(
+        os.path.join(directory, "train.jsonl"), "a", encoding="utf-8"
+    ) as f:
       f.write(json.dumps(_GOOD) + "\n")
-    with open(os.path.join(directory, "chat_template.jinja"), "a") as f:
+    with open(
+        os.path.join(directory, "chat_template.jinja"), "a", encoding="utf-8"
+    ) as f:
       f.write("{# another template #}")
     other = dataset_kinds.make_dataset(
         _config(
@@ -160,16 +166,23 @@ class ChatDatasetTest(parameterized.TestCase):
     self.assertRegex(changes[0], "^config.train_data_path=.*bytes recorded")
     self.assertRegex(changes[1], "^config.tokenizer_path=.*other content")
 
-  def _write(self, lines, name="bad.jsonl", mode="w"):
+  def _write(self, content, name="bad.jsonl"):
+    """A file of `content` (str: UTF-8 text; bytes: as they are)."""
     path = os.path.join(self.create_tempdir().full_path, name)
-    with open(path, mode) as f:
-      f.write(lines)
+    if isinstance(content, str):
+      content = content.encode("utf-8")
+    with open(path, "wb") as f:
+      f.write(content)
     return path
 
   @parameterized.named_parameters(
       ("not_json", "{oops\n", "line 2: not JSON"),
       ("not_an_object", "[1, 2]\n", 'line 2: not an object with "messages"'),
-      ("no_messages", '{"text": "hi"}\n', 'line 2: not an object with "messages"'),
+      (
+          "no_messages",
+          '{"text": "hi"}\n',
+          'line 2: not an object with "messages"',
+      ),
       (
           "unknown_role",
           '{"messages": [{"role": "bot", "content": "x"}]}\n',
@@ -210,7 +223,7 @@ class ChatDatasetTest(parameterized.TestCase):
     cases = (
         ("/nonexistent/x.jsonl", "does not exist"),
         (self._write(""), "holds no example"),
-        (self._write(b"\xff\xfe\n", mode="wb"), "not UTF-8 text"),
+        (self._write(b"\xff\xfe\n"), "not UTF-8 text"),
     )
     for path, problem in cases:
       with self.assertRaisesRegex(
@@ -224,8 +237,9 @@ class ChatDatasetTest(parameterized.TestCase):
     ):
       config_lib.validate(_config(tokenizer_path=""))
     with self.assertRaisesRegex(
-        ValueError, "config.vocab_size=256: smaller than the vocabulary of "
-        "tokenizer_path=.* \\(384 ids\\)"
+        ValueError,
+        "config.vocab_size=256: smaller than the vocabulary of "
+        "tokenizer_path=.* \\(384 ids\\)",
     ):
       chat_dataset.check_config(_config(vocab_size=256))
     empty = self.create_tempdir().full_path
@@ -240,7 +254,9 @@ class ChatDatasetTest(parameterized.TestCase):
     os.makedirs(os.path.join(imported, "0"))
     for name in ("tokenizer.json", "tokenizer_config.json"):
       shutil.copy(os.path.join(sft_tiny.DATA_DIR, name), imported)
-    with open(os.path.join(imported, "chat_template.jinja"), "w") as f:
+    with open(
+        os.path.join(imported, "chat_template.jinja"), "w", encoding="utf-8"
+    ) as f:
       f.write(
           "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
           "{% endfor %}"
@@ -297,7 +313,9 @@ class PromptGradientTest(absltest.TestCase):
 
     same = changed(prompt)
     jax.tree_util.tree_map(
-        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        lambda a, b: np.testing.assert_array_equal(
+            np.asarray(a), np.asarray(b)
+        ),
         base,
         same,
     )
