@@ -391,7 +391,7 @@ def file_fingerprint(path: str) -> dict[str, object]:
 
 
 # The provenance maps whose entries are `file_fingerprint`s, by config field:
-# the tokens_file data set's and the chat data set's (maxtext/text/chat_dataset).
+# the tokens_file data set's and the chat data set's (text/chat_dataset.py).
 _FINGERPRINT_GROUPS = ("tokens_files", "chat_files")
 
 

@@ -18,7 +18,11 @@ import shutil
 
 from absl.testing import absltest
 import numpy as np
+
+# pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import torch
+
+# pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import transformers
 
 from maxtext import dataset_kinds
@@ -31,7 +35,11 @@ from testing import tiny_configs
 
 _STEPS = 8
 _HALF = 4
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
 # The fields every run here sets (both halves of the resumed run too).
 _FIELDS = {
     "lr_schedule_steps": _STEPS,  # Fixed, so a resume may raise steps.
@@ -84,6 +92,7 @@ class SftTrainTest(absltest.TestCase):
     cls.import_stdout = done.stdout
 
   def _config(self, run_name, steps):
+    """sft_tiny.py from the import, writing under this test's directory."""
     config = sft_tiny.get_config()
     config.update(
         dict(
@@ -115,7 +124,9 @@ class SftTrainTest(absltest.TestCase):
         {"config.json", "metrics.jsonl", "tensorboard", "checkpoints"}
         <= set(os.listdir(reference.run_dir))
     )
-    with open(os.path.join(reference.run_dir, "config.json")) as f:
+    with open(
+        os.path.join(reference.run_dir, "config.json"), encoding="utf-8"
+    ) as f:
       document = json.load(f)
     self.assertEqual(document["config"]["workload"], "sft")
     provenance = document["provenance"]["data"]
@@ -125,7 +136,9 @@ class SftTrainTest(absltest.TestCase):
 
     # Step 0 trains the imported parameters on the assistant's tokens only:
     # its loss is transformers' mean cross entropy over those tokens.
-    batch = dataset_kinds.make_dataset(self._config("reference", 1)).get_batch(0)
+    batch = dataset_kinds.make_dataset(self._config("reference", 1)).get_batch(
+        0
+    )
     with torch.no_grad():
       logits = self.model(torch.tensor(batch["inputs"])).logits.double()
     nll = torch.nn.functional.cross_entropy(
@@ -141,8 +154,15 @@ class SftTrainTest(absltest.TestCase):
     flags = [f"--config={sft_tiny.__file__}"] + [
         f"--config.{key}={value}"
         for key, value in self._config("resumed", _HALF).items()
-        if key in (*_FIELDS, "base_output_directory", "run_name", "steps",
-                   "load_parameters_path", "jax_compilation_cache_dir")
+        if key
+        in (
+            *_FIELDS,
+            "base_output_directory",
+            "run_name",
+            "steps",
+            "load_parameters_path",
+            "jax_compilation_cache_dir",
+        )
     ]
     proc = runfiles.run_binary(
         "maxtext/train_main", flags, timeout_s=600, cache_compilations=True

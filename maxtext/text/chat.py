@@ -1,4 +1,4 @@
-"""Chat rendering: messages -> a checkpoint's chat template -> ids + assistant mask.
+"""Chat templates: messages -> ids and the assistant's tokens, as transformers.
 
 A Hugging Face checkpoint carries its chat format as a Jinja template
 (`chat_template.jinja`, or `chat_template` in `tokenizer_config.json`) beside
@@ -111,7 +111,9 @@ def _raise_exception(message):
   raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def _tojson(
+    value, ensure_ascii=False, indent=None, separators=None, sort_keys=False
+):
   # Jinja's own tojson escapes <, >, & and ' for HTML; a chat template wants
   # the JSON as it is.
   return json.dumps(
@@ -142,12 +144,13 @@ class _Namespace(jinja2.utils.Namespace):
   """Jinja's `namespace` that refuses underscore-prefixed names, so a
   template cannot store or reach private attributes through it."""
 
-  def __init__(*args, **kwargs):  # pylint: disable=no-method-argument
-    self, args = args[0], args[1:]
-    values = dict(*args, **kwargs)
+  # Jinja's own signature, so that namespace(self=...) is a value too.
+  # pylint: disable-next=no-self-argument
+  def __init__(*args, **kwargs):
+    values = dict(*args[1:], **kwargs)
     for name in values:
       _Namespace._check(name)
-    jinja2.utils.Namespace.__init__(self, values)
+    jinja2.utils.Namespace.__init__(args[0], values)
 
   def __setitem__(self, name, value):
     _Namespace._check(name)
@@ -181,9 +184,7 @@ def compile_template(source: str) -> jinja2.Template:
   try:
     return environment.from_string(source)
   except jinja2.exceptions.TemplateSyntaxError as e:
-    raise ValueError(
-        f"chat template: line {e.lineno}: {e.message}"
-    ) from None
+    raise ValueError(f"chat template: line {e.lineno}: {e.message}") from None
 
 
 def check_messages(messages: Any) -> list[dict[str, Any]]:
@@ -199,7 +200,7 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
   """
   if not isinstance(messages, list) or not messages:
     raise ValueError(
-        "\"messages\" must be a non-empty list of messages, got "
+        '"messages" must be a non-empty list of messages, got '
         f"{_short(messages)}"
     )
   checked = []
@@ -218,7 +219,7 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
         content is None and role == ASSISTANT and message.get("tool_calls")
     ):
       raise ValueError(
-          f"message {i} ({role}): \"content\" must be a string, got "
+          f'message {i} ({role}): "content" must be a string, got '
           f"{_short(content)}"
       )
     checked.append(message)
@@ -429,6 +430,7 @@ class ChatTokenizer:
       raise ValueError(f"the chat template refused it: {e}") from None
 
   def _render_tracked(self, messages) -> tuple[str, list[tuple[int, int]]]:
+    """The text and the character spans of its {% generation %} blocks."""
     chunks: list[str] = []
     spans: list[tuple[int, int]] = []
     token = _TRACKING.set((chunks, spans))
@@ -495,4 +497,6 @@ class ChatTokenizer:
 
   def decode(self, ids: Sequence[int]) -> str:
     """Text of ids, special tokens left out."""
-    return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+    return self.tokenizer.decode(
+        [int(i) for i in ids], skip_special_tokens=True
+    )

@@ -34,7 +34,7 @@ import collections
 import dataclasses
 import json
 import os
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -174,9 +174,7 @@ def _read_examples(
               field, path, f"{where}: not JSON ({e.msg} at column {e.colno})"
           ) from None
         if not isinstance(record, dict) or "messages" not in record:
-          raise _fail(
-              field, path, f'{where}: not an object with "messages"'
-          )
+          raise _fail(field, path, f'{where}: not an object with "messages"')
         try:
           encoded = tokenizer.encode(record["messages"])
         except ValueError as e:
@@ -194,7 +192,9 @@ def _read_examples(
         ids.append(encoded.ids)
         masks.append(encoded.assistant_mask)
   except UnicodeDecodeError as e:
-    raise _fail(field, path, f"not UTF-8 text ({e.reason} at byte {e.start})")
+    raise _fail(
+        field, path, f"not UTF-8 text ({e.reason} at byte {e.start})"
+    ) from None
   except OSError as e:
     raise _fail(field, path, f"cannot be read: {e.strerror or e}") from None
   if not ids:

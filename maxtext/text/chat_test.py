@@ -14,6 +14,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 import tokenizers
+
+# pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import transformers
 
 from maxtext.text import chat
@@ -104,6 +106,7 @@ _CONVERSATIONS = {
 
 
 def _train_tokenizer() -> tokenizers.Tokenizer:
+  """A byte-level BPE whose merges cross the template's words and lines."""
   tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
   tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
       add_prefix_space=False
@@ -124,7 +127,9 @@ def _train_tokenizer() -> tokenizers.Tokenizer:
   return tokenizer
 
 
-def _save(tokenizer, template, directory, **extra) -> transformers.PreTrainedTokenizerFast:
+def _save(
+    tokenizer, template, directory, **extra
+) -> transformers.PreTrainedTokenizerFast:
   """Saves the tokenizer with `template` as transformers does; returns the
   transformers tokenizer read back from that directory."""
   path = os.path.join(directory, "source_tokenizer.json")
@@ -201,11 +206,15 @@ class ChatTest(parameterized.TestCase):
     # Marked: the template's own blocks, as transformers reads them.
     got = marked.encode(messages)
     np.testing.assert_array_equal(got.ids, expected["input_ids"])
-    np.testing.assert_array_equal(got.assistant_mask, expected["assistant_masks"])
+    np.testing.assert_array_equal(
+        got.assistant_mask, expected["assistant_masks"]
+    )
     # Unmarked: prefix rendering finds the same tokens.
     got = plain.encode(messages)
     np.testing.assert_array_equal(got.ids, expected["input_ids"])
-    np.testing.assert_array_equal(got.assistant_mask, expected["assistant_masks"])
+    np.testing.assert_array_equal(
+        got.assistant_mask, expected["assistant_masks"]
+    )
 
   def test_mask_covers_exactly_the_replies(self):
     ours, _ = self._pair(_TEMPLATE)
@@ -225,19 +234,26 @@ class ChatTest(parameterized.TestCase):
     ours, _ = self._pair(_TEMPLATE)
     directory = self.create_tempdir().full_path
     self.tokenizer.save(os.path.join(directory, "tokenizer.json"))
-    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    with open(
+        os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8"
+    ) as f:
       json.dump(
           {
               "bos_token": {"content": _BOS, "special": True},
               "eos_token": _END,
               "chat_template": [
-                  {"name": "tool_use", "template": "{{ raise_exception('no') }}"},
+                  {
+                      "name": "tool_use",
+                      "template": "{{ raise_exception('no') }}",
+                  },
                   {"name": "default", "template": _TEMPLATE},
               ],
           },
           f,
       )
-    with open(os.path.join(directory, "generation_config.json"), "w") as f:
+    with open(
+        os.path.join(directory, "generation_config.json"), "w", encoding="utf-8"
+    ) as f:
       json.dump({"eos_token_id": [self.tokenizer.token_to_id(_EOS)]}, f)
     loaded = chat.ChatTokenizer.load(directory)
     messages = _CONVERSATIONS["one_turn"]
@@ -252,7 +268,9 @@ class ChatTest(parameterized.TestCase):
     self.assertEqual(
         chat.ChatTokenizer.load(directory).fingerprint, loaded.fingerprint
     )
-    with open(os.path.join(directory, "chat_template.jinja"), "w") as f:
+    with open(
+        os.path.join(directory, "chat_template.jinja"), "w", encoding="utf-8"
+    ) as f:
       f.write(_TEMPLATE + " ")
     self.assertNotEqual(
         chat.ChatTokenizer.load(directory).fingerprint, loaded.fingerprint
@@ -308,10 +326,15 @@ class ChatTest(parameterized.TestCase):
       ours.encode(_CONVERSATIONS["system_and_two_turns"])
 
   def test_empty_reply_is_refused(self):
-    ours, _ = self._pair("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    ours, _ = self._pair(
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
     with self.assertRaisesRegex(ValueError, "no assistant token"):
       ours.encode(
-          [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]
+          [
+              {"role": "user", "content": "x"},
+              {"role": "assistant", "content": ""},
+          ]
       )
 
   def test_missing_files(self):
