@@ -1,10 +1,15 @@
-"""The `grpo_main` binary as a subprocess: a short real run, a bad field."""
+"""The `grpo_main` binary as a subprocess: a short real run, a bad field,
+SIGTERM."""
 
 import os
+import signal
+import subprocess
+import time
 
 from absl.testing import absltest
 
 from maxtext.metrics import jsonl
+from maxtext.storage import checkpointing
 from testing import runfiles
 
 # The tiny test model (testing/tiny_configs.py's shape) as flags.
@@ -54,6 +59,63 @@ class GrpoMainTest(absltest.TestCase):
         os.path.join(out, "grpo_tiny", "mllog.log"), encoding="utf-8"
     ) as f:
       self.assertIn('"value": "qwen35_397b_grpo"', f.read())
+
+  def test_sigterm_stops_after_the_rollouts_last_update(self):
+    # Two updates per rollout: the stop falls after a rollout's second
+    # update, with a checkpoint there, exit status 1 and the resume line.
+    out = self.create_tempdir().full_path
+    metrics = os.path.join(out, "grpo_tiny", jsonl.METRICS_FILENAME)
+    command = runfiles.binary_command("maxtext/grpo_main") + [
+        f"--config.base_output_directory={out}",
+        *_TINY,
+        "--config.steps=100000",
+        "--config.grpo_num_iterations=2",
+        "--config.eval_interval=100000",
+        "--config.checkpoint_period=100000",
+        "--config.enable_mllog=False",
+    ]
+    with subprocess.Popen(
+        command,
+        env=runfiles.binary_environ(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+      try:
+        deadline = time.monotonic() + 300
+        # Wait until the loop is running: three train records written, so
+        # the signal comes during a rollout's update or between them.
+        while time.monotonic() < deadline and proc.poll() is None:
+          if os.path.exists(metrics):
+            with open(metrics, encoding="utf-8") as f:
+              if f.read().count('"kind": "train"') >= 3:
+                break
+          time.sleep(0.05)
+        self.assertIsNone(proc.poll(), "grpo_main exited before the signal")
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=300)
+      finally:
+        if proc.poll() is None:
+          proc.kill()
+          proc.communicate()
+    self.assertEqual(proc.returncode, 1, stderr[-3000:])
+    self.assertIn(
+        "grpo_main: stopped by SIGTERM; resume with the same run_name.",
+        stderr,
+    )
+    train = [
+        r["step"] for r in jsonl.read_jsonl(metrics) if r["kind"] == "train"
+    ]
+    stop_step = len(train)
+    self.assertEqual(train, list(range(stop_step)))
+    self.assertEqual(stop_step % 2, 0, "stopped inside a rollout")
+    self.assertIn(f"grpo_main: interrupted after step {stop_step} ", stdout)
+    with checkpointing.Checkpointer(
+        os.path.join(out, "grpo_tiny", "checkpoints"),
+        save_period=1,
+        max_to_keep=0,
+    ) as ckpt:
+      self.assertEqual(ckpt.all_steps(), [stop_step])
 
   def test_bad_field_is_one_line_and_exit_2(self):
     out = self.create_tempdir().full_path

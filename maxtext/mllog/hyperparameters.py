@@ -382,7 +382,7 @@ def header_sources(config: Any) -> dict[str, str]:
 def grpo_values(config: Any) -> dict[str, Any]:
   """What a GRPO run's header says differently, then the GRPO keys.
 
-  The values the GRPO run (`maxtext.grpo.trainer`) uses: its sequences are
+  The values the GRPO run (`maxtext.grpo.workload`) uses: its sequences are
   a prompt and a completion (`grpo_prompt_length` +
   `grpo_max_completion_length` tokens), an evaluation continues
   `grpo_eval_prompts` held-out prompts, a step's batch is

@@ -69,7 +69,7 @@ def check(config: Any, *, grpo: bool = False) -> None:
 
   Args:
     config: the run's validated config.
-    grpo: the run is a GRPO run (`maxtext.grpo.trainer`), not pretraining.
+    grpo: the run is a GRPO run (`maxtext.grpo.workload`), not pretraining.
 
   Raises:
     ValueError: a submission field the checker would refuse, a closed

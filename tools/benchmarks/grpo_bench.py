@@ -31,9 +31,9 @@ and micro-batch. The last line is:
 
 (one line, without the backslash). R is mean timing/rollout / mean
 timing/step; M the metrics of a real step's record (the micro-batches' m,
-the engine's 3, the 2 timings added after the update); D the recorder's
-dispatches per step (the same for any M); A the appends' dispatches per
-step (m x K).
+the engine's 3, and the host values: the rollout's statistics, one per
+reward function among them, and the 7 timings); D the recorder's dispatches
+per step (the same for any M); A the appends' dispatches per step (m x K).
 """
 
 import functools
