@@ -173,6 +173,31 @@ class SftTrainTest(absltest.TestCase):
     self.assertEqual(resumed.start_step, _HALF)
     self.assertEqual(run_layout.untimed_records(resumed.run_dir), records)
 
+  def test_bad_example_is_one_line_before_any_device_work(self):
+    bad = os.path.join(self.create_tempdir().full_path, "bad.jsonl")
+    with open(sft_tiny.DATA_DIR + "/train.jsonl", encoding="utf-8") as f:
+      lines = f.readlines()[:3]
+    lines.append('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    with open(bad, "w", encoding="utf-8") as f:
+      f.writelines(lines)
+    runs = os.path.join(self.root, "bad_runs")
+    proc = runfiles.run_binary(
+        "maxtext/train_main",
+        [
+            f"--config={sft_tiny.__file__}",
+            f"--config.train_data_path={bad}",
+            f"--config.base_output_directory={runs}",
+        ],
+        timeout_s=300,
+    )
+    self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+    self.assertEqual(
+        proc.stderr.strip().splitlines()[-1],
+        f"train_main: error: config.train_data_path='{bad}': line 4: no "
+        "assistant message: nothing to train on",
+    )
+    self.assertFalse(os.path.exists(os.path.join(runs, "sft_tiny")))
+
 
 if __name__ == "__main__":
   absltest.main()
