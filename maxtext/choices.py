@@ -27,9 +27,12 @@ LOAD_BALANCE_LOSSES = ("switch", "sequence")
 # config.weight_dtype and config.compute_dtype.
 DTYPES = ("float32", "bfloat16", "float16")
 # config.workload: the kind of training (maxtext.workloads.WORKLOADS).
-WORKLOADS = ("pretraining", "grpo")
+WORKLOADS = ("pretraining", "sft", "grpo")
 # config.dataset_type (maxtext.dataset_kinds.KINDS).
-DATASET_TYPES = ("synthetic", "tokens_file", "grain")
+DATASET_TYPES = ("synthetic", "tokens_file", "grain", "chat")
+# The kinds whose batches carry float32 "weights" [B, S] beside inputs and
+# targets (the loss counts only weighted tokens): chat's assistant mask.
+WEIGHTED_DATASET_TYPES = ("chat",)
 # config.hardware: a JAX platform, or "auto" for whatever JAX finds.
 HARDWARE = ("auto", "cpu", "tpu", "gpu")
 # config.lr_schedule: the learning rate after the linear warm-up

@@ -332,10 +332,22 @@ def _check_model(v) -> None:
 def _check_data(v) -> None:
   """The data set's kind and the fields it needs (its files: preflight)."""
   _one_of(v, "dataset_type", choices.DATASET_TYPES)
-  if v["dataset_type"] == "tokens_file":
+  if v["dataset_type"] in ("tokens_file", "chat"):
     for key in ("train_data_path", "eval_data_path"):
       if not v[key]:
-        raise _fail(key, v[key], "is required when dataset_type='tokens_file'")
+        raise _fail(
+            key, v[key], f"is required when dataset_type={v['dataset_type']!r}"
+        )
+  if v["dataset_type"] == "chat" and not (
+      v["tokenizer_path"] or v["load_parameters_path"]
+  ):
+    raise _fail(
+        "tokenizer_path",
+        v["tokenizer_path"],
+        "dataset_type='chat' needs a chat template: set tokenizer_path, or "
+        "load_parameters_path to an imported checkpoint with its tokenizer "
+        "files",
+    )
   _at_least(v, "grain_worker_count", 0)
 
 

@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from maxtext import checks
+from maxtext import choices
 from maxtext import dataset
 
 Batch = dataset.Batch
@@ -53,7 +54,6 @@ RAW_TOKEN_DTYPE = np.dtype("<u2")
 # that keeps the length and misses every block is not seen.
 _FINGERPRINT_BLOCKS = 16
 _FINGERPRINT_BLOCK_BYTES = 64 * 1024
-_FINGERPRINTED_FIELDS = ("train_data_path", "eval_data_path")
 
 
 def _local_rows(
@@ -80,7 +80,7 @@ def _local_rows(
   return slice(process_index * local, (process_index + 1) * local)
 
 
-def _process_shares(config, process_index: int, process_count: int):
+def process_shares(config, process_index: int, process_count: int):
   """(train batch, eval batch, train rows, eval rows) of one process."""
   return (
       config.global_batch_size,
@@ -100,7 +100,7 @@ def _process_shares(config, process_index: int, process_count: int):
   )
 
 
-def _check_index(value: int, name: str) -> int:
+def check_index(value: int, name: str) -> int:
   if not checks.is_int(value) or value < 0:
     raise ValueError(f"{name} must be a non-negative int, got {value!r}")
   return int(value)
@@ -180,7 +180,7 @@ class SyntheticDataset(dataset.Dataset):
     self._seq = config.max_sequence_length
     self._seed = config.seed
     self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
-        _process_shares(config, process_index, process_count)
+        process_shares(config, process_index, process_count)
     )
 
   def _windows(self, stream: int, index: int, batch: int) -> np.ndarray:
@@ -192,13 +192,13 @@ class SyntheticDataset(dataset.Dataset):
 
   def get_batch(self, step: int) -> Batch:
     """This process's rows of the training batch of global step `step`."""
-    step = _check_index(step, "step")
+    step = check_index(step, "step")
     windows = self._windows(_TRAIN_STREAM, step, self._train_batch)
     return _to_batch(windows[self._train_rows])
 
   def get_eval_batch(self, index: int) -> Batch:
     """This process's rows of eval batch `index` (eval_batch_size rows)."""
-    index = _check_index(index, "index")
+    index = check_index(index, "index")
     windows = self._windows(_EVAL_STREAM, index, self._eval_batch)
     return _to_batch(windows[self._eval_rows])
 
@@ -390,38 +390,46 @@ def file_fingerprint(path: str) -> dict[str, object]:
   }
 
 
+# The provenance maps whose entries are `file_fingerprint`s, by config field:
+# the tokens_file data set's and the chat data set's (text/chat_dataset.py).
+_FINGERPRINT_GROUPS = ("tokens_files", "chat_files")
+
+
 def changed_files(recorded, current) -> list[str]:
-  """What differs between two `TokensFileDataset.provenance()`s.
+  """What differs between two data sets' `provenance()`s.
 
   Args:
     recorded: the data provenance an earlier attempt recorded (anything
-      without "tokens_files", e.g. None, compares as unchanged).
+      without a fingerprint group, e.g. None, compares as unchanged).
     current: this attempt's.
 
   Returns:
     One text per changed file: "config.<field>='<path>': <what changed>".
   """
-  if not isinstance(recorded, dict) or "tokens_files" not in recorded:
-    return []
-  if not isinstance(current, dict) or "tokens_files" not in current:
+  if not isinstance(recorded, dict) or not isinstance(current, dict):
     return []
   changes = []
-  for field in _FINGERPRINTED_FIELDS:
-    old = recorded["tokens_files"].get(field)
-    new = current["tokens_files"].get(field)
-    if old is None or new is None or old == new:
+  for group in _FINGERPRINT_GROUPS:
+    old_files, new_files = recorded.get(group), current.get(group)
+    if not isinstance(old_files, dict) or not isinstance(new_files, dict):
       continue
-    if old["size"] != new["size"]:
-      what = f"{old['size']} bytes recorded, {new['size']} now"
-    elif old["sampled_sha256"] != new["sampled_sha256"]:
-      what = (
-          f"same size, other content (sampled sha256 "
-          f"{old['sampled_sha256'][:12]}... recorded, "
-          f"{new['sampled_sha256'][:12]}... now)"
-      )
-    else:
-      what = f"recorded as {old['path']!r}"
-    changes.append(f"config.{field}={new['path']!r}: {what}")
+    for field, new in new_files.items():
+      old = old_files.get(field)
+      if old is None or new is None or old == new:
+        continue
+      if old["size"] != new["size"]:
+        what = f"{old['size']} bytes recorded, {new['size']} now"
+        if group == "chat_files" and field == "tokenizer_path":
+          what = f"{old['size']} ids recorded, {new['size']} now"
+      elif old["sampled_sha256"] != new["sampled_sha256"]:
+        what = (
+            f"same size, other content (sampled sha256 "
+            f"{old['sampled_sha256'][:12]}... recorded, "
+            f"{new['sampled_sha256'][:12]}... now)"
+        )
+      else:
+        what = f"recorded as {old['path']!r}"
+      changes.append(f"config.{field}={new['path']!r}: {what}")
   return changes
 
 
@@ -459,7 +467,7 @@ class TokensFileDataset(dataset.Dataset):
     self._seq = config.max_sequence_length
     self._shuffle_seed = config.data_shuffle_seed
     self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
-        _process_shares(config, process_index, process_count)
+        process_shares(config, process_index, process_count)
     )
     self._train_path = config.train_data_path
     self._eval_path = config.eval_data_path
@@ -518,7 +526,7 @@ class TokensFileDataset(dataset.Dataset):
 
   def get_batch(self, step: int) -> Batch:
     """This process's rows of the training batch of global step `step`."""
-    step = _check_index(step, "step")
+    step = check_index(step, "step")
     rows = range(self._train_batch)[self._train_rows]
     window_ids = []
     for row in rows:
@@ -529,7 +537,7 @@ class TokensFileDataset(dataset.Dataset):
 
   def get_eval_batch(self, index: int) -> Batch:
     """This process's rows of eval batch `index` (eval_batch_size rows)."""
-    index = _check_index(index, "index")
+    index = check_index(index, "index")
     rows = range(self._eval_batch)[self._eval_rows]
     window_ids = [
         (index * self._eval_batch + row) % self._eval_windows for row in rows
@@ -543,18 +551,23 @@ def placeholder_batches(
   """(train batch, eval batch) of zeros with this process's real shapes.
 
   For compiling and warming up the step before a run starts: they have the
-  shapes and dtypes of `get_batch` and `get_eval_batch` without reading the
-  data set (MLPerf forbids touching it before `run_start`).
+  shapes, dtypes and keys of `get_batch` and `get_eval_batch` (float32
+  "weights" too, for the kinds of `choices.WEIGHTED_DATASET_TYPES`) without
+  reading the data set (MLPerf forbids touching it before `run_start`).
   """
-  train_rows, eval_rows = _process_shares(config, process_index, process_count)[
+  train_rows, eval_rows = process_shares(config, process_index, process_count)[
       2:
   ]
+  weighted = config.dataset_type in choices.WEIGHTED_DATASET_TYPES
 
   def zeros(rows: slice) -> Batch:
-    return _to_batch(
+    batch = _to_batch(
         np.zeros(
             (rows.stop - rows.start, config.max_sequence_length + 1), np.int32
         )
     )
+    if weighted:
+      batch["weights"] = np.zeros(batch["targets"].shape, np.float32)
+    return batch
 
   return zeros(train_rows), zeros(eval_rows)

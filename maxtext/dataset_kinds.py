@@ -7,6 +7,9 @@ never reaches up into the text package: this module sits above both.
   "tokens_file"  `data.TokensFileDataset`: memory-mapped token files.
   "grain"        `text.grain_dataset.GrainDataset`: prepared text shards
                  through Grain, read in step order with iterator state.
+  "chat"         `text.chat_dataset.ChatDataset`: chat examples (JSONL of
+                 messages) rendered with a chat template, one padded row
+                 each, weighted on the assistant's tokens (fine-tuning).
 """
 
 from typing import Any, Callable
@@ -26,10 +29,19 @@ def _grain(config: Any, process_index: int, process_count: int):
   return grain_dataset.GrainDataset(config, process_index, process_count)
 
 
+def _chat(config: Any, process_index: int, process_count: int):
+  # Imported here: Jinja and the tokenizer are needed only by chat runs.
+  # pylint: disable-next=import-outside-toplevel
+  from maxtext.text import chat_dataset
+
+  return chat_dataset.ChatDataset(config, process_index, process_count)
+
+
 KINDS: dict[str, Factory] = {
     "synthetic": data.SyntheticDataset,
     "tokens_file": data.TokensFileDataset,
     "grain": _grain,
+    "chat": _chat,
 }
 
 

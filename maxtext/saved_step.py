@@ -65,6 +65,7 @@ NOT_SHAPING = frozenset(
         "dataset_type",
         "train_data_path",
         "eval_data_path",
+        "tokenizer_path",
         "grain_worker_count",
         "steps",  # In `fields` as the schedule's length where it is that.
         "eval_interval",

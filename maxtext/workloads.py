@@ -9,9 +9,11 @@ per run.
 from maxtext import choices
 from maxtext import workload
 from maxtext.grpo import workload as grpo_workload
+from maxtext.sft import workload as sft_workload
 
 WORKLOADS = {
     "pretraining": workload.Workload,
+    "sft": sft_workload.SftWorkload,
     "grpo": grpo_workload.GrpoWorkload,
 }
 

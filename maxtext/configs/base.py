@@ -19,8 +19,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---------------------------------------------------------- run & output
   # The kind of training (maxtext/workloads.py, docs/ARCHITECTURE.md):
-  # "pretraining" (next-token loss on a data set) or "grpo" (post-training by
-  # group-relative policy optimisation, docs/grpo.md). Every workload runs in
+  # "pretraining" (next-token loss on a data set), "sft" (supervised
+  # fine-tuning on chat examples, the loss on the assistant's tokens,
+  # docs/sft.md) or "grpo" (post-training by group-relative policy
+  # optimisation, docs/grpo.md). Every workload runs in
   # the one training loop, through train_main or grpo_main alike.
   config.workload = "pretraining"
   # Name of the run directory under `base_output_directory`. "" = a timestamp
@@ -226,12 +228,22 @@ def get_config() -> ml_collections.ConfigDict:
   # raw .bin file of little-endian uint16 token ids, memory-mapped.
   # "grain": a directory written by tools/prepare_data (ArrayRecord shards of
   # tokenized text plus metadata.json), read with Grain, resumable.
+  # "chat": JSONL files of {"messages": [{"role", "content"}, ...]} rendered
+  # with the chat template of tokenizer_path, one padded row per example, the
+  # loss on the assistant's tokens only (fine-tuning, docs/sft.md).
   config.dataset_type = "synthetic"
   # tokens_file: the training tokens file. grain: the prepared directory.
+  # chat: the training examples (JSONL).
   config.train_data_path = ""
   # tokens_file: the eval tokens file. grain: a prepared directory whose eval
-  # split is read; "" = train_data_path's eval split.
+  # split is read; "" = train_data_path's eval split. chat: the held-out
+  # examples (JSONL).
   config.eval_data_path = ""
+  # chat: a directory of Hugging Face tokenizer files (tokenizer.json and a
+  # chat template: chat_template.jinja or tokenizer_config.json's
+  # chat_template). "" = the files tools/import_checkpoint copied beside
+  # load_parameters_path's checkpoint.
+  config.tokenizer_path = ""
   # grain: Grain worker processes reading batches ahead (0 = reader threads
   # in the training process only).
   config.grain_worker_count = 0

@@ -46,6 +46,7 @@ _LOCK_FILES = (
 INPUT_PATH_FIELDS = (
     "train_data_path",
     "eval_data_path",
+    "tokenizer_path",
     "load_parameters_path",
     "compiled_step_file",
 )

@@ -130,6 +130,7 @@ class InputPathsTest(absltest.TestCase):
         {
             "train_data_path": "data/train.npy",
             "eval_data_path": "",
+            "tokenizer_path": "tok",
             "load_parameters_path": "gs://bucket/ckpt",
             "compiled_step_file": "step.pickle",
         }
@@ -140,6 +141,7 @@ class InputPathsTest(absltest.TestCase):
     )
     self.assertEqual(resolved.train_data_path, "/caller/data/train.npy")
     self.assertEqual(resolved.eval_data_path, "")
+    self.assertEqual(resolved.tokenizer_path, "/caller/tok")
     self.assertEqual(resolved.load_parameters_path, "gs://bucket/ckpt")
     self.assertEqual(resolved.compiled_step_file, "/caller/step.pickle")
     self.assertTrue(resolved.is_locked)
@@ -150,6 +152,7 @@ class InputPathsTest(absltest.TestCase):
         {
             "train_data_path": "/d/t.npy",
             "eval_data_path": "",
+            "tokenizer_path": "",
             "load_parameters_path": "",
             "compiled_step_file": "/s.pickle",
         }
