@@ -8,9 +8,16 @@ The rollout's statistics (rewards, lengths, timings) come in as micro-batch
 inputs, one float32 value per row, and go out as the mean over the rows, so
 every metric of a GRPO step rides the engine's packed array.
 
-Log-probabilities are of the model's own logits (temperature 1), as the
-decoder's behaviour log-probabilities are: the sampling temperature and
-filters choose which tokens are drawn, not the probabilities trained on.
+Log-probabilities and entropy are of the temperature-scaled distribution
+softmax(logits / `options.temperature`), the rollout's, as the decoder's
+behaviour log-probabilities are: the policy trained is the one the samples
+came from (top-k / top-p filtering is not applied to either).
+
+The micro-batch carries the step's normalisers, one float32 value per row
+(the same in every row): the step's counted completion tokens / K and
+counted sequences / K (`rollout.micro_batches`), so that "token_mean" is a
+mean over the whole step's tokens whatever K is; and `sequence_mask`, 0 for
+a sequence that trains nothing (overlong filtering).
 """
 
 from typing import Any, Optional
@@ -37,7 +44,10 @@ def loss_fn(
     micro_batch: "tokens" int32 [B, W], "prompt_lengths" int32 [B],
       "mask" float32 [B, L] (1 on completion tokens), "old_log_probs"
       float32 [B, L], "advantages" float32 [B], "ref_log_probs" float32
-      [B, L] (only when options.beta > 0), "stats" {name: float32 [B]}.
+      [B, L] (only when options.beta > 0), "stats" {name: float32 [B]};
+      optional "sequence_mask", "token_normaliser" and
+      "sequence_normaliser", float32 [B] each (module docstring; left out,
+      every sequence counts and the normalisers are the micro-batch's own).
     config: the model's config.
     options: the loss's hyperparameters.
     mesh: as `transformer.apply`.
@@ -54,7 +64,14 @@ def loss_fn(
       mask.shape[1],
       config,
       mesh,
+      options.temperature,
   )
+
+  def per_step(name):
+    # One value repeated in every row (rows may be split over devices).
+    values = micro_batch.get(name)
+    return None if values is None else jnp.mean(values)
+
   loss, metrics = policy_loss.policy_loss(
       log_probs,
       micro_batch["old_log_probs"],
@@ -63,8 +80,17 @@ def loss_fn(
       options,
       ref_logp=micro_batch.get("ref_log_probs"),
       entropy=entropy,
+      sequence_mask=micro_batch.get("sequence_mask"),
+      token_normaliser=per_step("token_normaliser"),
+      sequence_normaliser=per_step("sequence_normaliser"),
   )
   for name, values in micro_batch.get("stats", {}).items():
     metrics[name] = jnp.mean(values)
   metrics["completion_tokens"] = buffer.SummedMetric(jnp.sum(mask))
   return loss, metrics
+
+
+# The step's reduction of the extremes among loss_fn's metrics: the caller
+# sets them as the flushed record's aggregation_fns (every other metric is
+# the mean over the micro-batches, which the normalisers make the step's).
+STEP_AGGREGATIONS = policy_loss.STEP_AGGREGATIONS
