@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from maxtext.generation import scoring
+from maxtext.grpo import frozen_router
 from maxtext.grpo import policy_loss
 from maxtext.metrics import buffer
 
@@ -36,6 +37,7 @@ def loss_fn(
     config,
     options: policy_loss.LossOptions,
     mesh: Optional[jax.sharding.Mesh] = None,
+    freeze_router: bool = False,
 ) -> tuple[jax.Array, dict]:
   """The engine's loss for one micro-batch of a rollout.
 
@@ -51,12 +53,16 @@ def loss_fn(
     config: the model's config.
     options: the loss's hyperparameters.
     mesh: as `transformer.apply`.
+    freeze_router: the MoE router's parameters get no gradient
+      (`frozen_router`; the optimizer's decay mask must leave them too).
 
   Returns:
     (loss, metrics): `policy_loss`'s, plus each of "stats" (its mean over
     the rows) and "completion_tokens" (a sum over the micro-batches).
   """
   mask = micro_batch["mask"]
+  if freeze_router:
+    params = frozen_router.stop_gradients(params)
   log_probs, entropy = scoring.completion_log_probs_and_entropy(
       params,
       micro_batch["tokens"],
