@@ -54,14 +54,18 @@ from maxtext.generation import decoder
 from maxtext.generation import scoring
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import train_loss
 from maxtext.metrics import buffer
 from maxtext.text import sampling
 
 
 @functools.partial(jax.jit, static_argnames=("width", "config", "mesh"))
-def _reference_log_probs(params, tokens, prompt_lengths, width, config, mesh):
+def _reference_log_probs(
+    params, tokens, prompt_lengths, temperature, width, config, mesh
+):
+  # At the rollout's temperature, as the policy's (train_loss).
   return scoring.completion_log_probs_and_entropy(
-      params, tokens, prompt_lengths, width, config, mesh
+      params, tokens, prompt_lengths, width, config, mesh, temperature
   )[0]
 
 
@@ -112,6 +116,8 @@ class GrpoStep:
     width: the rollout's token columns (fixed, so programs compile once).
     reference_params: the frozen reference policy, or None (beta = 0).
     mesh: the engine's mesh, or None for one device.
+    overlong_filtering: completions cut by the length limit train nothing
+      (`rollout.rollout`).
   """
 
   def __init__(
@@ -129,6 +135,7 @@ class GrpoStep:
       width: int,
       reference_params: Optional[Any] = None,
       mesh: Optional[jax.sharding.Mesh] = None,
+      overlong_filtering: bool = False,
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -144,6 +151,7 @@ class GrpoStep:
     self._width = width
     self._reference = reference_params
     self._mesh = mesh
+    self._overlong_filtering = overlong_filtering
     # perf_counter() at the start of the newest rollout, until the first
     # update after it has taken it into its timing/step.
     self._rollout_start = None
@@ -171,6 +179,7 @@ class GrpoStep:
         advantage_eps=self._eps,
         width=self._width,
         mesh=self._mesh,
+        overlong_filtering=self._overlong_filtering,
     )
     rolled = referenced = time.perf_counter()
     ref = None
@@ -180,6 +189,7 @@ class GrpoStep:
               self._reference,
               result.tokens,
               result.prompt_lengths,
+              np.float32(options.temperature),
               width=options.max_new_tokens,
               config=self._config,
               mesh=self._mesh,
@@ -228,6 +238,14 @@ class GrpoStep:
     end = time.perf_counter()
     began = start if self._rollout_start is None else self._rollout_start
     self._rollout_start = None
+    # The loss's extremes are per micro-batch: the step's are their max/min.
+    record.aggregation_fns.update(
+        {
+            name: fn
+            for name, fn in train_loss.STEP_AGGREGATIONS.items()
+            if name in record.scalar_metrics
+        }
+    )
     record.scalar_metrics["timing/update"] = np.array([end - start])
     record.scalar_metrics["timing/step"] = np.array([end - began])
     return record
