@@ -26,8 +26,9 @@ With grpo_num_iterations = n, each rollout feeds n optimizer updates, and
 n), so checkpoints and evals fall between rollouts; a rollout's P x G
 samples count once. Evals follow `eval_schedule` (the first after
 `first_eval_samples` when set, where MLPerf's qwen35_397b_grpo rules put
-it). An eval whose held-out pass@1 reaches `grpo_target_pass_rate` ends the
-run with success.
+it). An eval whose `grpo_eval_target_metric` (pass@1, or grouped pass@k of
+`grpo_eval_samples_per_prompt` samples) reaches `grpo_target_pass_rate`
+ends the run with success; that metric is MLPerf's `eval_accuracy`.
 
 Several processes form one job as for pretraining (`distributed`): every
 process draws the same prompts, holds the whole rollout on its host
@@ -55,6 +56,7 @@ from maxtext import optimizer as optimizer_lib
 from maxtext import preflight
 from maxtext import run_state as run_state_lib
 from maxtext.grpo import evaluation
+from maxtext.grpo import frozen_router
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
 from maxtext.grpo import rewards as rewards_lib
@@ -63,6 +65,7 @@ from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
 from maxtext.listeners import interface
 from maxtext.metrics import recorder as metrics_recorder
+from maxtext.model import transformer
 from maxtext.storage import run_dir as run_dir_lib
 from maxtext.text import sampling
 
@@ -106,6 +109,11 @@ def loss_options(config) -> policy_loss.LossOptions:
       kl_estimator=config.grpo_kl_estimator,
       aggregation=config.grpo_loss_aggregation,
       max_completion_length=config.grpo_max_completion_length,
+      temperature=config.grpo_temperature,
+      force_on_policy_ratio=config.grpo_force_on_policy_ratio,
+      tis_ratio_min=config.grpo_tis_ratio_min or None,
+      tis_ratio_max=config.grpo_tis_ratio_max or None,
+      logprob_error_threshold=config.grpo_logprob_error_threshold or None,
   )
 
 
@@ -157,6 +165,9 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
       "mask": rows_2d,
       "old_log_probs": rows_2d,
       "advantages": rows_1d,
+      "sequence_mask": rows_1d,
+      "token_normaliser": rows_1d,
+      "sequence_normaliser": rows_1d,
       "stats": rows_1d,
   }
   if config.grpo_beta > 0:
@@ -173,15 +184,31 @@ def engine_factory(config, mesh):
   setup = model_setup.setup_model(config, mesh)
   frozen = ml_collections.FrozenConfigDict(config)
   schedule = optimizer_lib.make_schedule(config)
+  freeze = config.grpo_freeze_router
+  params = model_setup.init_params(config, setup)
+  if freeze:
+    logging.info(
+        "GRPO: the MoE router is frozen (%d parameter arrays).",
+        frozen_router.count(params),
+    )
   engine = engine_lib.Engine(
       functools.partial(
           train_loss.loss_fn,
           config=frozen,
           options=loss_options(config),
           mesh=setup.mesh,
+          freeze_router=freeze,
       ),
-      model_setup.init_params(config, setup),
-      model_setup.make_optimizer(config, schedule),
+      params,
+      model_setup.make_optimizer(
+          config,
+          schedule,
+          decay_mask=(
+              frozen_router.decay_mask(transformer.weight_decay_mask)
+              if freeze
+              else None
+          ),
+      ),
       schedule,
       metrics_recorder.MetricsRecorder(mode="train"),
       config.gradient_accumulation_steps,
@@ -207,14 +234,14 @@ def rollout_options(config, step: int) -> sampling.SamplingOptions:
 
 
 def eval_options(config) -> sampling.SamplingOptions:
-  """The held-out eval's sampling: greedy (one sample) at temperature 0."""
-  greedy = config.grpo_eval_temperature == 0
+  """The held-out eval's sampling: greedy (one sample) at temperature 0,
+  else `config_lib.eval_samples_per_prompt` samples of each prompt."""
   return sampling.SamplingOptions(
       max_new_tokens=config.grpo_max_completion_length,
       temperature=config.grpo_eval_temperature,
       top_p=config.grpo_eval_top_p,
       seed=config.seed,
-      num_samples=1 if greedy else config.grpo_num_generations,
+      num_samples=config_lib.eval_samples_per_prompt(config),
       stop_ids=config_lib.stop_ids(config),
   )
 
@@ -267,6 +294,7 @@ def run(
       advantage_eps=config.grpo_advantage_eps,
       reference_params=reference,
       mesh=state.setup.mesh,
+      overlong_filtering=config.grpo_overlong_filtering,
   )
   outcome = RunOutcome.FAILED
   last_eval = None
@@ -317,8 +345,9 @@ def run(
         last_eval, reached = _evaluate(state, frozen, task, config, step)
         if reached:
           logging.info(
-              "Held-out pass@1 %.4f >= target %.4f at step %d: success.",
-              last_eval[PASS_AT_1],
+              "Held-out %s %.4f >= target %.4f at step %d: success.",
+              config.grpo_eval_target_metric,
+              last_eval[config.grpo_eval_target_metric],
               config.grpo_target_pass_rate,
               step,
           )
@@ -362,14 +391,16 @@ def _evaluate(state, frozen, task, config, step) -> tuple[dict, bool]:
   """Held-out pass rates after step `step`, reported to the listeners.
 
   Returns:
-    (name -> pass rate, whether pass@1 reached grpo_target_pass_rate).
+    (name -> pass rate, whether grpo_eval_target_metric reached
+    grpo_target_pass_rate).
   """
   state.listeners.on_eval_start(step, state.samples)
   start = time.monotonic()
   values = _pass_rates(state, frozen, task, config)
   logging.info("GRPO eval after step %d: %s", step, values)
   target = config.grpo_target_pass_rate
-  reached = 0 < target <= values[PASS_AT_1]
+  metric = config.grpo_eval_target_metric
+  reached = 0 < target <= values[metric]
   state.listeners.on_eval(
       interface.EvalRecord(
           step=step,
@@ -379,7 +410,7 @@ def _evaluate(state, frozen, task, config, step) -> tuple[dict, bool]:
               )
               for name, value in values.items()
           },
-          target_metric=PASS_AT_1,
+          target_metric=metric,
           eval_time=time.monotonic() - start,
           samples=state.samples,
           target_reached=reached,
