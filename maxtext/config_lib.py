@@ -645,6 +645,13 @@ def validate_grpo(config) -> None:
         "needs grpo_force_on_policy_ratio=True (the importance weights it "
         "truncates)",
     )
+  if v["grpo_overlong_filtering"] and not stop_ids(v):
+    raise _fail(
+        "grpo_overlong_filtering",
+        True,
+        "needs grpo_stop_ids: without a stop id every completion reaches "
+        "grpo_max_completion_length and would train nothing",
+    )
   samples = eval_samples_per_prompt(v)
   metric = v["grpo_eval_target_metric"]
   if int(metric[5:]) not in (1, samples):

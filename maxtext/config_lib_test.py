@@ -522,6 +522,13 @@ class HelpersTest(absltest.TestCase):
         ValueError, r"grpo_eval_target_metric='pass@4': the eval draws 1 "
     ):
       config_lib.validate_grpo(_with(config, grpo_eval_target_metric="pass@4"))
+    with self.assertRaisesRegex(
+        ValueError, r"grpo_overlong_filtering=True: needs grpo_stop_ids"
+    ):
+      config_lib.validate_grpo(_with(config, grpo_overlong_filtering=True))
+    config_lib.validate_grpo(
+        _with(config, grpo_overlong_filtering=True, grpo_stop_ids="3")
+    )
     sampled = _with(
         config,
         grpo_eval_temperature=0.1,
