@@ -16,7 +16,9 @@ skeleton with a rollout where the data set's batch was:
 
 The starting parameters come from `load_parameters_path` (a pretraining
 run's checkpoint) or the seed; the frozen reference (grpo_beta > 0) is those
-same starting parameters, loaded again, never saved. The prompts come from
+same starting parameters, loaded again, never saved, and pinned by the
+first attempt (`reference_pin`): a resume whose reference changed is
+refused unless `grpo_allow_reference_change`. The prompts come from
 the built-in progression task (`progression_task`), a function of (seed,
 step), so a resumed run continues with the prompts and draws an
 uninterrupted run would have used.
@@ -59,6 +61,7 @@ from maxtext.grpo import evaluation
 from maxtext.grpo import frozen_router
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
+from maxtext.grpo import reference_pin
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import step as step_lib
@@ -300,6 +303,8 @@ def run(
   last_eval = None
   listeners = state.listeners
   try:
+    if reference is not None:
+      _check_reference(config, state, reference)
     start_eval = _pass_rates(state, frozen, task, config)
     logging.info(
         "GRPO eval of the starting parameters (step %d): %s",
@@ -373,6 +378,25 @@ def run(
       last_eval,
       start_eval,
   )
+
+
+def _check_reference(config, state, reference) -> None:
+  """Pins the KL reference on a first attempt, refuses a changed one later.
+
+  Raises:
+    ConfigError: the reference is not the one the run pinned (one line).
+  """
+  try:
+    allowed = reference_pin.check_and_record(
+        state.paths.run_dir,
+        reference_pin.pin_of(config.load_parameters_path, reference),
+        allow_change=config.grpo_allow_reference_change,
+        write=jax.process_index() == 0,
+    )
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  if allowed:
+    logging.warning("%s", allowed)
 
 
 def _pass_rates(state, frozen, task, config) -> dict:
