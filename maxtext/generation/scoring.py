@@ -12,6 +12,7 @@ log-probability 0.
 """
 
 import functools
+import math
 from typing import Any, Optional, Sequence
 
 import jax
@@ -103,9 +104,15 @@ def completion_log_probs(
 
 @functools.partial(jax.jit, static_argnames=("config", "mesh"))
 def _score(
-    params, tokens, prompt_lengths, completion_lengths, temperature, config,
+    params,
+    tokens,
+    prompt_lengths,
+    completion_lengths,
+    temperature,
+    config,
     mesh,
 ):
+  """`completion_log_probs`, compiled (`temperature` traced, not static)."""
   return completion_log_probs(
       params,
       tokens,
@@ -182,7 +189,7 @@ def score(
     arrays = [
         jax.device_put(x, decoder.batch_sharding(mesh, x.ndim)) for x in arrays
     ]
-  if not temperature > 0:
+  if math.isnan(temperature) or temperature <= 0:
     raise ValueError(f"temperature={temperature!r}: must be > 0")
   out = _score(
       params, *arrays, jnp.float32(temperature), config=config, mesh=mesh

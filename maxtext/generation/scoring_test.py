@@ -80,10 +80,13 @@ class ScoringTest(parameterized.TestCase):
         [ids[2:]],
         temperature=temperature,
     )
-    logits = np.asarray(
-        transformer.apply(self.params, jnp.asarray([ids]), self.config),
-        np.float64,
-    )[0] / temperature
+    logits = (
+        np.asarray(
+            transformer.apply(self.params, jnp.asarray([ids]), self.config),
+            np.float64,
+        )[0]
+        / temperature
+    )
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     expected = [log_probs[t - 1, ids[t]] for t in range(2, 5)]
     np.testing.assert_allclose(scores[0], expected, atol=1e-5)

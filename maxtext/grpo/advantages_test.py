@@ -68,15 +68,15 @@ class AdvantagesTest(parameterized.TestCase):
     self.assertTrue(np.all(np.isfinite(got)))
     self.assertGreater(np.abs(got[1]).max(), 0.1)
 
-  @parameterized.named_parameters(
-      ("g3", 3), ("g4", 4), ("g16", 16)
-  )
+  @parameterized.named_parameters(("g3", 3), ("g4", 4), ("g16", 16))
   def test_rloo_normalized_uses_the_leave_one_out_std(self, g):
     rng = np.random.default_rng(g)
     rewards = rng.integers(0, 3, size=(6, g)).astype(np.float64) * 0.5
     got = advantages.group_advantages(rewards, "rloo_normalized", eps=1e-6)
     np.testing.assert_allclose(
-        got, _reference(rewards, "rloo_normalized", 1e-6), rtol=1e-5,
+        got,
+        _reference(rewards, "rloo_normalized", 1e-6),
+        rtol=1e-5,
         atol=1e-6,
     )
     # Not the whole group's std: one right of four, leave-one-out.
@@ -86,8 +86,9 @@ class AdvantagesTest(parameterized.TestCase):
     # The right one: its others (0, 0, 0) have std 0, so r - b = 1.
     self.assertEqual(one[0, 0], 1.0)
     # A wrong one: others (1, 0, 0), b = 1/3, s = sqrt(1/3) (ddof 1).
-    np.testing.assert_allclose(one[0, 1], (0 - 1 / 3) / np.sqrt(1 / 3),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        one[0, 1], (0 - 1 / 3) / np.sqrt(1 / 3), rtol=1e-6
+    )
 
   def test_grpo_normalises_each_group(self):
     rewards = np.array([[0.0, 1.0, 0.0, 1.0], [0.0, 10.0, 0.0, 10.0]])

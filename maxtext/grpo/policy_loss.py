@@ -81,7 +81,7 @@ AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")
 # What an extreme reports when its micro-batch has no token (or sequence) to
 # take it over: -EMPTY for a max, +EMPTY for a min (finite, so no step is
 # flagged for it); STEP_AGGREGATIONS skips these.
-EMPTY = float(np.finfo(np.float32).max)
+EMPTY = 3.4028234663852886e38  # float32's largest finite value.
 
 
 def _step_max(values) -> float:
@@ -113,7 +113,12 @@ STEP_AGGREGATIONS = {
     },
     **{
         f"{name}/min": _step_min
-        for name in ("is_ratio", "sampling_is_ratio", "advantage", "tis_geo_mean")
+        for name in (
+            "is_ratio",
+            "sampling_is_ratio",
+            "advantage",
+            "tis_geo_mean",
+        )
     },
 }
 
@@ -413,14 +418,10 @@ def policy_loss(
     )
     tis_masked = 1.0 - inside.astype(jnp.float32)
     keep = keep * (1.0 - tis_masked)
-  error = sequence_mean(
-      jnp.exp(jnp.abs(old_logp - prev)), token_mask
-  )
+  error = sequence_mean(jnp.exp(jnp.abs(old_logp - prev)), token_mask)
   error_masked = jnp.zeros((b,), jnp.float32)
   if options.logprob_error_threshold is not None:
-    error_masked = (error > options.logprob_error_threshold).astype(
-        jnp.float32
-    )
+    error_masked = (error > options.logprob_error_threshold).astype(jnp.float32)
     keep = keep * (1.0 - error_masked)
   weights = weights * keep[:, None]
 

@@ -359,8 +359,7 @@ class PolicyLossTest(parameterized.TestCase):
         / sequence_normaliser,
         "masked/logprob_error_frac": (err_out * sequence_mask).sum()
         / sequence_normaliser,
-        "logprob_error/mean": (err * sequence_mask).sum()
-        / sequence_normaliser,
+        "logprob_error/mean": (err * sequence_mask).sum() / sequence_normaliser,
         "logprob_error/max": err[kept_rows].max(),
         "tis_geo_mean/max": geo[kept_rows].max(),
         "tis_geo_mean/min": geo[kept_rows].min(),
@@ -385,9 +384,7 @@ class PolicyLossTest(parameterized.TestCase):
         trained, [True, False, False, False, True, False]
     )
     np.testing.assert_allclose(metrics["masked"]["tis_frac"], 2 / 5.5)
-    np.testing.assert_allclose(
-        metrics["masked"]["logprob_error_frac"], 1 / 5.5
-    )
+    np.testing.assert_allclose(metrics["masked"]["logprob_error_frac"], 1 / 5.5)
     # Off, every counted sequence trains.
     _, grad, _, _ = self._reference_case("token_mean", False, None)
     trained = np.abs(grad).sum(axis=1) > 0
@@ -406,9 +403,7 @@ class PolicyLossTest(parameterized.TestCase):
             lp, gen, adv, jnp.ones((1, 2)), options
         )[0]
     )(logp)
-    np.testing.assert_allclose(
-        grad, -2.0 * np.exp(logp - gen) / 2.0, rtol=1e-6
-    )
+    np.testing.assert_allclose(grad, -2.0 * np.exp(logp - gen) / 2.0, rtol=1e-6)
 
   def test_beta_without_reference_is_refused(self):
     z = jnp.zeros((1, 2))

@@ -106,7 +106,10 @@ def check_and_record(
       _write(path, {"pinned": pin, "changes": []})
     return None
   pinned = record["pinned"]
-  if (pinned["step"], pinned["fingerprint"]) == (pin["step"], pin["fingerprint"]):
+  if (pinned["step"], pinned["fingerprint"]) == (
+      pin["step"],
+      pin["fingerprint"],
+  ):
     return None
   change = (
       f"the KL reference changed: load_parameters_path="
@@ -122,7 +125,9 @@ def check_and_record(
   if write:
     record["changes"].append(
         {
-            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "time_utc": datetime.datetime.now(
+                datetime.timezone.utc
+            ).isoformat(),
             "from": pinned,
             "to": pin,
         }

@@ -59,14 +59,12 @@ class TrainLossTest(parameterized.TestCase):
     )
 
   def _loss(self, batch, options):
-    return jax.jit(
-        lambda p, b: train_loss.loss_fn(p, b, self.config, options)
-    )(self.params, batch)
+    return jax.jit(lambda p, b: train_loss.loss_fn(p, b, self.config, options))(
+        self.params, batch
+    )
 
   @parameterized.named_parameters(("t05", 0.5), ("t1", 1.0))
-  def test_on_policy_ratio_is_one_and_entropy_is_the_sampled(
-      self, temperature
-  ):
+  def test_on_policy_ratio_is_one_and_entropy_is_the_sampled(self, temperature):
     result = self._rollout(temperature)
     (batch,) = rollout_lib.micro_batches(result, 1)
     options = policy_loss.LossOptions(temperature=temperature)
@@ -78,10 +76,15 @@ class TrainLossTest(parameterized.TestCase):
       np.testing.assert_allclose(m[name], 1.0, atol=1e-3, err_msg=name)
     # The entropy is softmax(logits / T)'s at each completion position, in
     # NumPy from one forward pass.
-    logits = np.asarray(
-        transformer.apply(self.params, jnp.asarray(result.tokens), self.config),
-        np.float64,
-    ) / temperature
+    logits = (
+        np.asarray(
+            transformer.apply(
+                self.params, jnp.asarray(result.tokens), self.config
+            ),
+            np.float64,
+        )
+        / temperature
+    )
     log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     entropy = -(np.exp(log_p) * log_p).sum(-1)
     want = []

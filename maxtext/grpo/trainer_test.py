@@ -177,9 +177,7 @@ class GrpoRunTest(parameterized.TestCase):
     with open(pin_path, encoding="utf-8") as f:
       record = json.load(f)
     self.assertEqual(record["pinned"]["step"], last + 1)
-    self.assertEqual(
-        [c["from"]["step"] for c in record["changes"]], [last]
-    )
+    self.assertEqual([c["from"]["step"] for c in record["changes"]], [last])
 
   def test_two_passes_per_rollout(self):
     out = self.create_tempdir().full_path

@@ -89,8 +89,9 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     # The loss those fields build (the run's, through trainer.loss_options).
     options = trainer.loss_options(config)
     self.assertTrue(options.force_on_policy_ratio)
-    self.assertEqual((options.tis_ratio_min, options.tis_ratio_max),
-                     (0.999, 1.002))
+    self.assertEqual(
+        (options.tis_ratio_min, options.tis_ratio_max), (0.999, 1.002)
+    )
     self.assertEqual(options.logprob_error_threshold, 2.0)
     self.assertEqual(options.temperature, 1.0)
     self.assertEqual(trainer.eval_options(config).num_samples, 4)
