@@ -75,6 +75,7 @@ def rollout_stats(
     completion_lengths: np.ndarray,
     clipped: np.ndarray,
     num_generations: int,
+    overlong_filtering: bool = False,
 ) -> dict[str, float]:
   """The rollout's metrics.
 
@@ -84,11 +85,13 @@ def rollout_stats(
     clipped: bool [N]: the completion reached the length limit without a
       stop id.
     num_generations: G.
+    overlong_filtering: the clipped completions train nothing.
 
   Returns:
     rewards/{sum,mean,min,max,std}, rewards/<function> (its mean),
     frac_reward_zero_std, completions/{mean,min,max}_length,
-    completions/clipped_ratio.
+    completions/clipped_ratio, masked/overlong_frac (the share that trains
+    nothing for it: clipped_ratio with overlong filtering, else 0).
   """
   total = rewards.total
   stats = {
@@ -107,6 +110,9 @@ def rollout_stats(
   stats["completions/min_length"] = float(np.min(completion_lengths))
   stats["completions/max_length"] = float(np.max(completion_lengths))
   stats["completions/clipped_ratio"] = float(np.mean(clipped))
+  stats["masked/overlong_frac"] = (
+      float(np.mean(clipped)) if overlong_filtering else 0.0
+  )
   return stats
 
 
@@ -191,11 +197,10 @@ def rollout(
       [bool(c) and c[-1] in stop_ids for c in completions]
   )
   clipped = (lengths >= length) & ~ends_with_stop
-  stats = rollout_stats(rewards, lengths, clipped, g)
+  stats = rollout_stats(rewards, lengths, clipped, g, overlong_filtering)
   sequence_mask = np.ones((n,), np.float32)
   if overlong_filtering:
     sequence_mask[clipped] = 0.0
-  stats["masked/overlong_frac"] = float(1.0 - sequence_mask.mean())
   # `generate` returns host arrays: the device work is done at `generated`.
   stats["timing/generate"] = generated - start
   stats["timing/reward"] = scored - generated

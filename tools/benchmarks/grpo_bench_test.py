@@ -44,7 +44,11 @@ _TASK = "maxtext.grpo.progression_task"
 # lengths), the 5 timings the micro-batches carry; the engine's 3
 # (grad_norm, learning_rate, step_skipped) and the 2 timings added after
 # the update.
-_MICRO_BATCH_METRICS = 1 + 16 + 1 + 10 + 5
+# The loss; the policy loss's 26 (16 + the reference loss's 10:
+# sampling_is_ratio x 3, tis_geo_mean x 2, logprob_error x 2, masked x 2,
+# trained_token_frac); completion_tokens; the rollout's 11 statistics
+# (masked/overlong_frac among them); the 5 carried timings.
+_MICRO_BATCH_METRICS = 1 + 26 + 1 + 11 + 5
 _STEP_METRICS = 3 + 2
 
 
