@@ -563,12 +563,18 @@ def _check_grpo(v) -> None:
         "grpo_eval_target_metric", metric, 'must be "pass@1" or "pass@<k>"'
     )
   low, high = v["grpo_tis_ratio_min"], v["grpo_tis_ratio_max"]
-  if (low, high) != (0.0, 0.0) and not 0.0 <= low <= 1.0 <= high:
+  if high == 0.0 and low != 0.0:
+    raise _fail(
+        "grpo_tis_ratio_min",
+        low,
+        "needs grpo_tis_ratio_max (0 = truncated importance sampling off)",
+    )
+  if high != 0.0 and not 0.0 <= low <= 1.0 <= high:
     raise _fail(
         "grpo_tis_ratio_min",
         low,
         f"with grpo_tis_ratio_max={high}: need 0 <= min <= 1 <= max "
-        "(both 0 = off)",
+        "(max 0 = off)",
     )
   threshold = v["grpo_logprob_error_threshold"]
   if threshold != 0.0 and not threshold > 1.0:

@@ -319,6 +319,11 @@ class ValidateTest(parameterized.TestCase):
           "grpo_tis_ratio_min=1.001: with grpo_tis_ratio_max=1.002",
       ),
       (
+          "grpo_tis_min_alone",
+          {"grpo_tis_ratio_min": 0.999},
+          "grpo_tis_ratio_min=0.999: needs grpo_tis_ratio_max",
+      ),
+      (
           "grpo_logprob_error",
           {"grpo_logprob_error_threshold": 0.5},
           "grpo_logprob_error_threshold=0.5",

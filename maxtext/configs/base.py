@@ -357,7 +357,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_force_on_policy_ratio = False
   # Sequence-mask truncated importance sampling: a sequence whose
   # geometric-mean pi_train / pi_generator leaves [min, max] trains nothing
-  # (0, 0 = off; needs grpo_force_on_policy_ratio).
+  # (max 0 = off; needs grpo_force_on_policy_ratio).
   config.grpo_tis_ratio_min = 0.0  # The lower bound (reference: 0.999).
   config.grpo_tis_ratio_max = 0.0  # The upper bound (reference: 1.002).
   # A sequence whose mean exp(|logp_generator - logp_train|) exceeds this

@@ -114,7 +114,11 @@ def loss_options(config) -> policy_loss.LossOptions:
       max_completion_length=config.grpo_max_completion_length,
       temperature=config.grpo_temperature,
       force_on_policy_ratio=config.grpo_force_on_policy_ratio,
-      tis_ratio_min=config.grpo_tis_ratio_min or None,
+      # Truncated importance sampling is on when its upper bound is set
+      # (its lower bound may be 0).
+      tis_ratio_min=(
+          config.grpo_tis_ratio_min if config.grpo_tis_ratio_max else None
+      ),
       tis_ratio_max=config.grpo_tis_ratio_max or None,
       logprob_error_threshold=config.grpo_logprob_error_threshold or None,
   )

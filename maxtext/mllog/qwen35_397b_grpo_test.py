@@ -95,6 +95,9 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     self.assertEqual(options.logprob_error_threshold, 2.0)
     self.assertEqual(options.temperature, 1.0)
     self.assertEqual(trainer.eval_options(config).num_samples, 4)
+    # A lower bound of 0 is a bound (the upper one turns TIS on).
+    low = trainer.loss_options(_config(grpo_tis_ratio_min=0.0))
+    self.assertEqual((low.tis_ratio_min, low.tis_ratio_max), (0.0, 1.002))
 
   @parameterized.parameters("256", "384", "512", "1024")
   def test_header_satisfies_the_closed_rules(self, batch):
