@@ -40,7 +40,7 @@ HARDWARE = ("auto", "cpu", "tpu", "gpu")
 LR_SCHEDULES = ("cosine", "constant")
 # config.grpo_advantage_estimator: how a group's rewards become advantages
 # (maxtext.grpo.advantages.ESTIMATORS).
-GRPO_ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+GRPO_ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "rloo_normalized")
 # config.grpo_kl_estimator: the per-token estimate of KL(policy || reference)
 # (maxtext.grpo.policy_loss.KL_ESTIMATORS).
 GRPO_KL_ESTIMATORS = ("k1", "k3")

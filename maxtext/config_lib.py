@@ -565,6 +565,37 @@ def _check_grpo(v) -> None:
         f"must be <= vocab_size={v['vocab_size']}",
     )
   _at_least(v, "grpo_eval_prompts", 1)
+  _at_least(v, "grpo_eval_samples_per_prompt", 0)
+  metric = v["grpo_eval_target_metric"]
+  if not (
+      metric.startswith("pass@")
+      and metric[5:].isdigit()
+      and int(metric[5:]) >= 1
+  ):
+    raise _fail(
+        "grpo_eval_target_metric", metric, 'must be "pass@1" or "pass@<k>"'
+    )
+  low, high = v["grpo_tis_ratio_min"], v["grpo_tis_ratio_max"]
+  if high == 0.0 and low != 0.0:
+    raise _fail(
+        "grpo_tis_ratio_min",
+        low,
+        "needs grpo_tis_ratio_max (0 = truncated importance sampling off)",
+    )
+  if high != 0.0 and not 0.0 <= low <= 1.0 <= high:
+    raise _fail(
+        "grpo_tis_ratio_min",
+        low,
+        f"with grpo_tis_ratio_max={high}: need 0 <= min <= 1 <= max "
+        "(max 0 = off)",
+    )
+  threshold = v["grpo_logprob_error_threshold"]
+  if threshold != 0.0 and not threshold > 1.0:
+    raise _fail(
+        "grpo_logprob_error_threshold",
+        threshold,
+        "must be 0 (off) or > 1 (the error exp(|difference|) is >= 1)",
+    )
   if not 0.0 <= v["grpo_target_pass_rate"] <= 1.0:
     raise _fail(
         "grpo_target_pass_rate",
@@ -613,6 +644,49 @@ def validate_grpo(config) -> None:
         f"plus grpo_prompt_length={v['grpo_prompt_length']} must be <= "
         f"max_sequence_length={v['max_sequence_length']}",
     )
+  one_update = (
+      "grpo_force_on_policy_ratio",
+      "grpo_logprob_error_threshold",
+      "grpo_tis_ratio_max",
+  )
+  for key in one_update:
+    if v[key] and passes != 1:
+      raise _fail(
+          key,
+          v[key],
+          f"needs grpo_num_iterations=1, got {passes} (the trained "
+          "policy's log-probabilities must be those at the rollout)",
+      )
+  if v["grpo_tis_ratio_max"] and not v["grpo_force_on_policy_ratio"]:
+    raise _fail(
+        "grpo_tis_ratio_max",
+        v["grpo_tis_ratio_max"],
+        "needs grpo_force_on_policy_ratio=True (the importance weights it "
+        "truncates)",
+    )
+  if v["grpo_overlong_filtering"] and not stop_ids(v):
+    raise _fail(
+        "grpo_overlong_filtering",
+        True,
+        "needs grpo_stop_ids: without a stop id every completion reaches "
+        "grpo_max_completion_length and would train nothing",
+    )
+  samples = eval_samples_per_prompt(v)
+  metric = v["grpo_eval_target_metric"]
+  if int(metric[5:]) not in (1, samples):
+    raise _fail(
+        "grpo_eval_target_metric",
+        metric,
+        f"the eval draws {samples} sample(s) per prompt "
+        "(grpo_eval_samples_per_prompt): name pass@1"
+        + (f" or pass@{samples}" if samples > 1 else ""),
+    )
+  if samples > 1 and v["grpo_eval_temperature"] == 0:
+    raise _fail(
+        "grpo_eval_samples_per_prompt",
+        samples,
+        "a greedy eval (grpo_eval_temperature=0) draws one sample per prompt",
+    )
   if v["router_bias_update_rate"] > 0:
     raise _fail(
         "router_bias_update_rate",
@@ -620,6 +694,18 @@ def validate_grpo(config) -> None:
         "must be 0 in a GRPO run (its loss reports no expert loads; the "
         "bias is held as loaded)",
     )
+
+
+def eval_samples_per_prompt(v) -> int:
+  """The held-out eval's samples per prompt, k (grpo_eval_samples_per_prompt;
+  0 = 1 when greedy, else grpo_num_generations).
+
+  Args:
+    v: the config (a ConfigDict or its items as a dict).
+  """
+  if v["grpo_eval_samples_per_prompt"]:
+    return v["grpo_eval_samples_per_prompt"]
+  return 1 if v["grpo_eval_temperature"] == 0 else v["grpo_num_generations"]
 
 
 def stop_ids(v) -> tuple[int, ...]:

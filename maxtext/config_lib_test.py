@@ -303,6 +303,31 @@ class ValidateTest(parameterized.TestCase):
       ("grpo_prompts", {"grpo_eval_prompts": 0}, "grpo_eval_prompts=0"),
       ("grpo_target", {"grpo_target_pass_rate": 1.5}, "grpo_target_pass_"),
       ("grpo_stop_ids", {"grpo_stop_ids": "1,x"}, r"grpo_stop_ids='1,x': 'x'"),
+      (
+          "grpo_eval_samples",
+          {"grpo_eval_samples_per_prompt": -1},
+          "grpo_eval_samples_per_prompt=-1",
+      ),
+      (
+          "grpo_eval_metric",
+          {"grpo_eval_target_metric": "accuracy"},
+          "grpo_eval_target_metric='accuracy'",
+      ),
+      (
+          "grpo_tis_bounds",
+          {"grpo_tis_ratio_min": 1.001, "grpo_tis_ratio_max": 1.002},
+          "grpo_tis_ratio_min=1.001: with grpo_tis_ratio_max=1.002",
+      ),
+      (
+          "grpo_tis_min_alone",
+          {"grpo_tis_ratio_min": 0.999},
+          "grpo_tis_ratio_min=0.999: needs grpo_tis_ratio_max",
+      ),
+      (
+          "grpo_logprob_error",
+          {"grpo_logprob_error_threshold": 0.5},
+          "grpo_logprob_error_threshold=0.5",
+      ),
       ("grpo_stop_big", {"grpo_stop_ids": "99999"}, "grpo_stop_ids='99999'"),
       (
           "bias_rate_negative",
@@ -479,6 +504,48 @@ class HelpersTest(absltest.TestCase):
         ValueError, r"router_bias_update_rate=0.01: must be 0 in a GRPO run"
     ):
       config_lib.validate_grpo(_with(config, router_bias_update_rate=0.01))
+    with self.assertRaisesRegex(
+        ValueError, r"grpo_force_on_policy_ratio=True: needs grpo_num_iter"
+    ):
+      config_lib.validate_grpo(
+          _with(
+              config,
+              grpo_force_on_policy_ratio=True,
+              grpo_num_iterations=2,
+              steps=200,
+              eval_interval=20,
+              checkpoint_period=100,
+          )
+      )
+    with self.assertRaisesRegex(
+        ValueError, r"grpo_tis_ratio_max=1.002: needs grpo_force_on_policy"
+    ):
+      config_lib.validate_grpo(
+          _with(config, grpo_tis_ratio_min=0.999, grpo_tis_ratio_max=1.002)
+      )
+    with self.assertRaisesRegex(
+        ValueError, r"grpo_eval_target_metric='pass@4': the eval draws 1 "
+    ):
+      config_lib.validate_grpo(_with(config, grpo_eval_target_metric="pass@4"))
+    with self.assertRaisesRegex(
+        ValueError, r"grpo_overlong_filtering=True: needs grpo_stop_ids"
+    ):
+      config_lib.validate_grpo(_with(config, grpo_overlong_filtering=True))
+    config_lib.validate_grpo(
+        _with(config, grpo_overlong_filtering=True, grpo_stop_ids="3")
+    )
+    sampled = _with(
+        config,
+        grpo_eval_temperature=0.1,
+        grpo_eval_samples_per_prompt=4,
+        grpo_eval_target_metric="pass@4",
+    )
+    config_lib.validate_grpo(sampled)
+    self.assertEqual(config_lib.eval_samples_per_prompt(sampled), 4)
+    with self.assertRaisesRegex(
+        ValueError, r"grpo_eval_samples_per_prompt=4: a greedy eval"
+    ):
+      config_lib.validate_grpo(_with(sampled, grpo_eval_temperature=0.0))
 
   def test_stop_ids(self):
     config = _load("default")

@@ -8,7 +8,7 @@ from `config.seed` directly into their shardings (or loaded from
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from absl import logging
 import jax
@@ -114,16 +114,21 @@ def make_engine(
   )
 
 
-def make_optimizer(config: Any, schedule) -> Any:
+def make_optimizer(
+    config: Any,
+    schedule,
+    decay_mask: Optional[Callable[[Any], Any]] = None,
+) -> Any:
   """The optimizer every engine of the model trains with: the config's
   AdamW without its clipping stage (the engine clips with the gradient norm
   it measures for the metrics), weight decay on the model's matrices only
-  (`transformer.weight_decay_mask`)."""
+  (`transformer.weight_decay_mask`), or on those `decay_mask` names (a
+  frozen router's leaves left out: `maxtext.grpo.frozen_router`)."""
   return optimizer_lib.make_optimizer(
       config,
       schedule,
       include_clipping=False,
-      decay_mask=transformer.weight_decay_mask,
+      decay_mask=decay_mask or transformer.weight_decay_mask,
   )
 
 

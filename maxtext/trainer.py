@@ -26,7 +26,6 @@ from typing import Optional, Sequence
 from absl import logging
 import jax
 import ml_collections
-import numpy as np
 
 from maxtext import caller_paths
 from maxtext import config_lib
@@ -225,7 +224,10 @@ def run(
     outcome = RunOutcome.FAILED
     start_eval = None
     try:
-      start_eval = workload.start(state)
+      try:
+        start_eval = workload.start(state)
+      except workload_lib.RefusedStart as e:
+        raise ConfigError(str(e)) from e
       warmup_time = workload.warm_up(state)
       state.listeners.on_run_start(
           interface.RunStart(state.start_step, state.samples, warmup_time)
@@ -408,8 +410,7 @@ def _train_loop(state: run_state_lib.RunState, workload, stop):
         last_train = _write(listeners, finished)
       # The step's buffer leaves the recorder: it lives on in its record.
       buffer = engine.update(release=True)
-      for name, value in workload.host_metrics(step).items():
-        buffer.scalar_metrics[name] = np.array([value])
+      workload.finish_record(step, buffer)
       if step % passes == 0:
         state.samples += config.global_batch_size
       completed, now = step + 1, time.monotonic()

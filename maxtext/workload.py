@@ -27,7 +27,8 @@ A workload supplies only what differs between kinds of training:
                    optimizer updates fed by one batch (GRPO's
                    `grpo_num_iterations`); evals, checkpoints and stops
                    fall only between batches
-  host_metrics     values measured on the host, added to a step's record
+  finish_record    completes a step's flushed record on the host: values
+                   measured there, how its metrics reduce over micro-batches
   evaluate/target  its eval metrics and the one that ends a run
   keeps_state_on   errors of user code (a reward function) after which the
                    loop checkpoints the last completed step before raising
@@ -47,6 +48,12 @@ from maxtext import dataset_kinds
 from maxtext import eval_metrics
 from maxtext import model_setup
 from maxtext import warmup
+
+
+class RefusedStart(ValueError):
+  """The workload refuses to start this run (`Workload.start`), for a reason
+  found only once the run state exists (e.g. a GRPO run's KL reference is
+  not the one its first attempt pinned); one line, like a config error."""
 
 
 class Workload:
@@ -97,6 +104,10 @@ class Workload:
     Returns:
       The starting parameters' eval metrics (name -> value) when the
       workload evaluates them, else None.
+
+    Raises:
+      RefusedStart: the run may not start (one line; the trainer's
+        ConfigError).
     """
     del state  # Pretraining evaluates on the eval schedule only.
 
@@ -119,10 +130,11 @@ class Workload:
     waiting for their inputs; ([], 0.0) past the last step."""
     return state.device_batches(step)
 
-  def host_metrics(self, step: int) -> dict[str, float]:
-    """Values measured on the host for step `step`'s record (none here)."""
-    del step
-    return {}
+  def finish_record(self, step: int, record) -> None:
+    """Completes step `step`'s flushed record (a `MetricsBuffer`) on the
+    host: values measured there, and `aggregation_fns` for metrics that are
+    not means over the micro-batches. Pretraining's record is complete."""
+    del step, record  # Every pretraining metric comes from the engine.
 
   def evaluate(self, state) -> dict[str, eval_metrics.EvalMetric]:
     """The eval's metrics: the mean eval loss over `eval_steps` batches."""

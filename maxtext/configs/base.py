@@ -352,9 +352,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_num_generations = 4  # G, completions per prompt (>= 2).
   # Passes of the policy loss over each rollout batch (>= 1).
   config.grpo_num_iterations = 1
-  # "grpo" | "dr_grpo" | "rloo" (maxtext/grpo/advantages.py).
+  # "grpo" | "dr_grpo" | "rloo" | "rloo_normalized" (the MLPerf reference's
+  # leave-one-out baseline over the others' std, ddof 1;
+  # maxtext/grpo/advantages.py). A group of equal rewards is 0 under each.
   config.grpo_advantage_estimator = "grpo"
-  # Added to a group's reward std by the "grpo" estimator (>= 0).
+  # Added to the std by "grpo" and "rloo_normalized" (>= 0; 0 is safe).
   config.grpo_advantage_eps = 1e-4
   # Clip range of the probability ratio: [1 - epsilon, 1 + epsilon_high];
   # grpo_epsilon_high 0 = grpo_epsilon.
@@ -366,6 +368,28 @@ def get_config() -> ml_collections.ConfigDict:
   # "token_mean" | "sequence_mean_token_mean" | "dr_grpo" (a constant
   # normaliser: sequences x grpo_max_completion_length).
   config.grpo_loss_aggregation = "token_mean"
+  # The MLPerf qwen35_397b_grpo reference's loss (maxtext/grpo/policy_loss.py;
+  # docs/grpo.md): the PPO ratio forced to 1 with each token weighted by
+  # pi_train / pi_generator (needs grpo_num_iterations 1).
+  config.grpo_force_on_policy_ratio = False
+  # Sequence-mask truncated importance sampling: a sequence whose
+  # geometric-mean pi_train / pi_generator leaves [min, max] trains nothing
+  # (max 0 = off; needs grpo_force_on_policy_ratio).
+  config.grpo_tis_ratio_min = 0.0  # The lower bound (reference: 0.999).
+  config.grpo_tis_ratio_max = 0.0  # The upper bound (reference: 1.002).
+  # A sequence whose mean exp(|logp_generator - logp_train|) exceeds this
+  # trains nothing (0 = off, else > 1; needs grpo_num_iterations 1).
+  config.grpo_logprob_error_threshold = 0.0
+  # A completion cut by grpo_max_completion_length (no stop id) trains
+  # nothing; it still counts in its group's advantages.
+  config.grpo_overlong_filtering = False
+  # The MoE router gets no gradient and no optimizer update
+  # (maxtext/grpo/frozen_router.py); a dense model has none to freeze.
+  config.grpo_freeze_router = False
+  # A resume whose KL reference (grpo_beta > 0) is not the one the run
+  # pinned at its start (checkpoint step and fingerprint) is refused unless
+  # this is True (the change is then recorded in the run's log).
+  config.grpo_allow_reference_change = False
   # Reward functions, comma-separated "module:function=weight" (weight 1
   # when "=weight" is left out), each called on every completion
   # (maxtext/grpo/rewards.py).
@@ -382,8 +406,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_eval_temperature = 0.0
   config.grpo_eval_top_p = 1.0  # In (0, 1].
   config.grpo_eval_prompts = 64  # Held-out prompts per evaluation (>= 1).
-  # The run ends with success once an eval's held-out pass@1 reaches this
-  # (higher is better); 0 = no target.
+  # Completions drawn per held-out prompt, k (separate from
+  # grpo_num_generations); 0 = 1 when greedy, else grpo_num_generations. The
+  # eval reports pass@1 and, for k > 1, pass@k (grouped: a prompt passes if
+  # any of its k samples does).
+  config.grpo_eval_samples_per_prompt = 0
+  # The eval metric the target (and MLPerf's eval_accuracy) is on: "pass@1"
+  # or "pass@<k>" for the eval's k.
+  config.grpo_eval_target_metric = "pass@1"
+  # The run ends with success once an eval's grpo_eval_target_metric reaches
+  # this (higher is better); 0 = no target.
   config.grpo_target_pass_rate = 0.0
   # The built-in task (maxtext/grpo/progression_task.py): prompt tokens
   # given of each progression.

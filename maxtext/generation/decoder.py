@@ -65,9 +65,10 @@ class Generation:
     ids: int32 [rows, max_new_tokens] new ids; `sampling.PAD_ID` after a
       row stopped. Row r continues prompt r // num_samples.
     lengths: int32 [rows], the real ids of each row (a stop id included).
-    log_probs: float32 [rows, max_new_tokens], the model's log-probability
-      of each id (log-softmax of its logits, before temperature and
-      filtering); 0 at padding.
+    log_probs: float32 [rows, max_new_tokens], the log-probability of each
+      id under the temperature-scaled distribution it was drawn from
+      (log-softmax of logits / temperature; temperature 1 when greedy),
+      before top-k / top-p filtering; 0 at padding.
     cache_length: the cache's positions per row (the length bucket).
     cache_bytes: bytes of the whole cache (all rows and layers).
   """
@@ -181,8 +182,12 @@ def _generate(
         greedy=greedy,
         filtered=filtered,
     )
+    # The temperature-scaled distribution's: what a policy-gradient loss
+    # trains (GRPO's behaviour log-probabilities).
     log_prob = jnp.take_along_axis(
-        jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1
+        jax.nn.log_softmax(logits / temperature, axis=-1),
+        token[:, None],
+        axis=-1,
     )[:, 0]
     token = jnp.where(done, sampling.PAD_ID, token)
     ids = ids.at[:, step].set(token)

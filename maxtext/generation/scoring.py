@@ -3,14 +3,16 @@
 `completion_log_probs_and_entropy` is the traceable piece a policy-gradient
 loss builds on (the GRPO loss does): prompts and completions packed into one
 right-padded [B, S] batch, one `transformer.apply` over it, and per
-completion id the log-softmax of the logits at the position before it (and
-the entropy there). `completion_log_probs` masks it to each completion's
+completion id the log-softmax of the logits at the position before it,
+divided by a sampling temperature (and the entropy of that distribution).
+`completion_log_probs` masks it to each completion's
 length; `score` is its host-side form: id lists in, a float32 array out.
 Padding (after a completion's end, and every position of a row's prompt) has
 log-probability 0.
 """
 
 import functools
+import math
 from typing import Any, Optional, Sequence
 
 import jax
@@ -30,6 +32,7 @@ def completion_log_probs_and_entropy(
     completion_width: int,
     config,
     mesh: Optional[jax.sharding.Mesh] = None,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
   """Per completion position: the log-probability of its id and the entropy.
 
@@ -40,6 +43,9 @@ def completion_log_probs_and_entropy(
     completion_width: L, the completion columns returned.
     config: the model's config.
     mesh: as `transformer.apply`.
+    temperature: of the distribution scored, softmax(logits / temperature)
+      (> 0): the one a sampler at that temperature draws from, before top-k
+      and top-p filtering (the decoder's `log_probs`).
 
   Returns:
     (log_probs, entropy), float32 [B, L] each: column j belongs to the id at
@@ -55,7 +61,8 @@ def completion_log_probs_and_entropy(
       width - 2,
   )
   picked = jax.nn.log_softmax(
-      jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1
+      jnp.take_along_axis(logits, at[:, :, None], axis=1) / temperature,
+      axis=-1,
   )
   targets = jnp.take_along_axis(tokens, at + 1, axis=1)
   log_probs = jnp.take_along_axis(picked, targets[:, :, None], axis=2)[..., 0]
@@ -70,6 +77,7 @@ def completion_log_probs(
     completion_lengths: jax.Array,
     config,
     mesh: Optional[jax.sharding.Mesh] = None,
+    temperature: float = 1.0,
 ) -> jax.Array:
   """Per-id log-probabilities of each row's completion.
 
@@ -80,6 +88,7 @@ def completion_log_probs(
     completion_lengths: int32 [B], prompt + completion <= S.
     config: the model's config.
     mesh: as `transformer.apply`.
+    temperature: as `completion_log_probs_and_entropy`.
 
   Returns:
     float32 [B, S]: column j is the log-probability of completion id j
@@ -87,16 +96,31 @@ def completion_log_probs(
   """
   length = tokens.shape[1]
   picked, _ = completion_log_probs_and_entropy(
-      params, tokens, prompt_lengths, length, config, mesh
+      params, tokens, prompt_lengths, length, config, mesh, temperature
   )
   column = jnp.arange(length)[None, :]
   return jnp.where(column < completion_lengths[:, None], picked, 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "mesh"))
-def _score(params, tokens, prompt_lengths, completion_lengths, config, mesh):
+def _score(
+    params,
+    tokens,
+    prompt_lengths,
+    completion_lengths,
+    temperature,
+    config,
+    mesh,
+):
+  """`completion_log_probs`, compiled (`temperature` traced, not static)."""
   return completion_log_probs(
-      params, tokens, prompt_lengths, completion_lengths, config, mesh
+      params,
+      tokens,
+      prompt_lengths,
+      completion_lengths,
+      config,
+      mesh,
+      temperature,
   )
 
 
@@ -107,6 +131,7 @@ def score(
     completions: Sequence[Sequence[int]],
     *,
     mesh: Optional[jax.sharding.Mesh] = None,
+    temperature: float = 1.0,
 ) -> np.ndarray:
   """The model's log-probability of each completion id given its prompt.
 
@@ -117,6 +142,7 @@ def score(
     completions: B id lists (may be empty); prompt + completion <=
       config.max_sequence_length.
     mesh: split the rows over this mesh's batch axes; None = one device.
+    temperature: score softmax(logits / temperature) (> 0).
 
   Returns:
     float32 [B, longest completion]; 0 past a completion's end.
@@ -163,6 +189,10 @@ def score(
     arrays = [
         jax.device_put(x, decoder.batch_sharding(mesh, x.ndim)) for x in arrays
     ]
-  out = _score(params, *arrays, config=config, mesh=mesh)
+  if math.isnan(temperature) or temperature <= 0:
+    raise ValueError(f"temperature={temperature!r}: must be > 0")
+  out = _score(
+      params, *arrays, jnp.float32(temperature), config=config, mesh=mesh
+  )
   width = max(len(c) for _, c in rows)
   return np.asarray(jax.device_get(out))[:, :width]

@@ -1,6 +1,7 @@
 """Teacher-forced scoring against the decoder's own log-probabilities."""
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -17,7 +18,7 @@ from testing import tiny_configs
 _ATOL = 1e-4
 
 
-class ScoringTest(absltest.TestCase):
+class ScoringTest(parameterized.TestCase):
 
   @classmethod
   def setUpClass(cls):
@@ -50,7 +51,9 @@ class ScoringTest(absltest.TestCase):
     self.assertLessEqual(got.lengths[0], 3)
     rows = [p for p in prompts for _ in range(2)]  # num_samples
     completions = [list(ids[:n]) for ids, n in zip(got.ids, got.lengths)]
-    scores = scoring.score(self.params, self.config, rows, completions)
+    scores = scoring.score(
+        self.params, self.config, rows, completions, temperature=1.3
+    )
     self.assertEqual(scores.shape, (6, int(got.lengths.max())))
     np.testing.assert_allclose(
         scores, got.log_probs[:, : scores.shape[1]], atol=_ATOL
@@ -66,6 +69,40 @@ class ScoringTest(absltest.TestCase):
     log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))[0]
     expected = [log_probs[t - 1, ids[t]] for t in range(2, 5)]
     np.testing.assert_allclose(scores[0], expected, atol=1e-6)
+
+  @parameterized.named_parameters(("t05", 0.5), ("t1", 1.0), ("t2", 2.0))
+  def test_temperature_scales_the_logits(self, temperature):
+    ids = [7, 1, 30, 2, 9]
+    scores = scoring.score(
+        self.params,
+        self.config,
+        [ids[:2]],
+        [ids[2:]],
+        temperature=temperature,
+    )
+    logits = (
+        np.asarray(
+            transformer.apply(self.params, jnp.asarray([ids]), self.config),
+            np.float64,
+        )[0]
+        / temperature
+    )
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = [log_probs[t - 1, ids[t]] for t in range(2, 5)]
+    np.testing.assert_allclose(scores[0], expected, atol=1e-5)
+    # The entropy is the scaled distribution's, the one a sampler at this
+    # temperature draws from.
+    _, entropy = scoring.completion_log_probs_and_entropy(
+        self.params,
+        jnp.asarray([ids]),
+        jnp.asarray([2]),
+        3,
+        self.config,
+        temperature=temperature,
+    )
+    probs = np.exp(log_probs)
+    want = -(probs * log_probs).sum(-1)[1:4]
+    np.testing.assert_allclose(np.asarray(entropy)[0], want, atol=1e-4)
 
   def test_mismatched_rows_are_refused(self):
     with self.assertRaisesRegex(ValueError, "2 prompts but 1 completions"):

@@ -9,17 +9,29 @@ with the other rewards of its group, so no value network is needed:
 * "dr_grpo": r - group mean (Dr.GRPO drops the std, which weights groups of
   nearly equal rewards up);
 * "rloo": r minus the mean of the *other* G - 1 rewards of the group (the
-  leave-one-out baseline), which is G / (G - 1) x (r - group mean).
+  leave-one-out baseline), which is G / (G - 1) x (r - group mean);
+* "rloo_normalized": the leave-one-out baseline with reward normalisation,
+  as NeMo-RL's GRPO advantage with `use_leave_one_out_baseline` and
+  `normalize_rewards` (the MLPerf qwen35_397b_grpo reference):
+  (r - b) / (s + eps), where b is the mean of the other G - 1 rewards and s
+  their standard deviation with ddof = 1 (the leave-one-out std, not the
+  whole group's); where s is 0 (the others all equal, or G = 2) the
+  advantage is r - b, unnormalised ("don't sharpen the ones with no
+  variation").
 
-A group whose rewards are all equal has advantage 0 everywhere under every
-estimator: it teaches nothing (`frac_reward_zero_std` counts such groups).
-Rewards live on the host (reward functions are Python), so this is NumPy.
+A group whose rewards are all equal has advantage exactly 0 everywhere under
+every estimator and every eps, 0 included: it teaches nothing
+(`frac_reward_zero_std` counts such groups). Rounding would otherwise leave
+each member about 1e-17 to one side of the group mean, which a small eps
+turns into advantages of one sign. Likewise "rloo_normalized" takes the std
+of equal others as exactly 0. Rewards live on the host (reward functions
+are Python), so this is NumPy.
 """
 
 import numpy as np
 
 # The estimators by name (maxtext.choices.GRPO_ADVANTAGE_ESTIMATORS).
-ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "rloo_normalized")
 
 
 def _check_rewards(rewards) -> np.ndarray:
@@ -48,8 +60,8 @@ def group_advantages(
   Args:
     rewards: float [P, G]: the reward of completion g of prompt p.
     estimator: one of ESTIMATORS.
-    eps: added to the group std ("grpo" only), so a group of equal rewards
-      divides 0 by eps, not by 0.
+    eps: added to the std ("grpo", "rloo_normalized"); >= 0 (0 is safe: a
+      group of equal rewards is 0 without a division).
 
   Returns:
     float32 [P, G] advantages.
@@ -64,18 +76,50 @@ def group_advantages(
   mean = rewards.mean(axis=1, keepdims=True)
   centred = rewards - mean
   if estimator == "grpo":
-    std = rewards.std(axis=1, ddof=1, keepdims=True)
-    out = centred / (std + eps)
+    denominator = rewards.std(axis=1, ddof=1, keepdims=True) + eps
+    out = np.divide(
+        centred,
+        denominator,
+        out=np.zeros_like(centred),
+        where=denominator > 0,
+    )
   elif estimator == "dr_grpo":
     out = centred
   elif estimator == "rloo":
     g = rewards.shape[1]
     out = centred * (g / (g - 1))
+  elif estimator == "rloo_normalized":
+    out = _leave_one_out_normalized(rewards, eps)
   else:
     raise ValueError(
         f"estimator={estimator!r}: must be one of {list(ESTIMATORS)}"
     )
+  # Equal rewards: exactly 0, whatever rounding and eps made of them.
+  out = np.where(_all_equal(rewards)[:, None], 0.0, out)
   return out.astype(np.float32)
+
+
+def _all_equal(values: np.ndarray) -> np.ndarray:
+  """Whether each row (the last axis) holds one value only."""
+  return np.all(values == values[..., :1], axis=-1)
+
+
+def _leave_one_out_normalized(rewards: np.ndarray, eps: float) -> np.ndarray:
+  """(r - b) / (s + eps) with the others' mean b and std s (ddof 1)."""
+  g = rewards.shape[1]
+  others_index = np.array(
+      [[j for j in range(g) if j != i] for i in range(g)], np.int64
+  )
+  others = rewards[:, others_index]  # [P, G, G - 1]
+  baseline = others.mean(axis=2)
+  if g > 2:
+    std = others.std(axis=2, ddof=1)
+    std = np.where(_all_equal(others), 0.0, std)
+  else:
+    std = np.zeros_like(baseline)  # One other reward: no spread.
+  centred = rewards - baseline
+  safe = np.where(std > 0, std, 1.0)
+  return np.where(std > 0, centred / (safe + eps), centred)
 
 
 def zero_std_fraction(rewards) -> float:

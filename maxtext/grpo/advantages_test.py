@@ -20,9 +20,17 @@ def _reference(rewards, estimator, eps):
         out[p, i] = (r - mean) / (var**0.5 + eps)
       elif estimator == "dr_grpo":
         out[p, i] = r - mean
-      else:
+      elif estimator == "rloo":
         others = [x for j, x in enumerate(group) if j != i]
         out[p, i] = r - sum(others) / len(others)
+      else:  # rloo_normalized
+        others = [x for j, x in enumerate(group) if j != i]
+        b = sum(others) / len(others)
+        if len(others) > 1 and len(set(others)) > 1:
+          s = (sum((x - b) ** 2 for x in others) / (len(others) - 1)) ** 0.5
+        else:
+          s = 0.0
+        out[p, i] = (r - b) / (s + eps) if s > 0 else r - b
   return out
 
 
@@ -43,6 +51,44 @@ class AdvantagesTest(parameterized.TestCase):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     self.assertEqual(got.dtype, np.float32)
     np.testing.assert_array_equal(got[2], 0.0)
+
+  @parameterized.product(
+      estimator=advantages.ESTIMATORS,
+      reward=[0.1, 0.7, 1.0 / 3.0],
+      g=[2, 3, 6, 7, 16],
+      eps=[0.0, 1e-6, 1e-4],
+  )
+  def test_equal_rewards_are_exactly_zero(self, estimator, reward, g, eps):
+    # Rounding puts each member ~1e-17 off the group mean; a tiny eps (or
+    # none) would make that an advantage of one sign for the whole group.
+    rewards = np.full((2, g), reward)
+    rewards[1, 0] = reward + 1.0  # A group that does teach.
+    got = advantages.group_advantages(rewards, estimator, eps=eps)
+    np.testing.assert_array_equal(got[0], np.zeros(g, np.float32))
+    self.assertTrue(np.all(np.isfinite(got)))
+    self.assertGreater(np.abs(got[1]).max(), 0.1)
+
+  @parameterized.named_parameters(("g3", 3), ("g4", 4), ("g16", 16))
+  def test_rloo_normalized_uses_the_leave_one_out_std(self, g):
+    rng = np.random.default_rng(g)
+    rewards = rng.integers(0, 3, size=(6, g)).astype(np.float64) * 0.5
+    got = advantages.group_advantages(rewards, "rloo_normalized", eps=1e-6)
+    np.testing.assert_allclose(
+        got,
+        _reference(rewards, "rloo_normalized", 1e-6),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    # Not the whole group's std: one right of four, leave-one-out.
+    one = advantages.group_advantages(
+        np.array([[1.0, 0.0, 0.0, 0.0]]), "rloo_normalized", eps=0.0
+    )
+    # The right one: its others (0, 0, 0) have std 0, so r - b = 1.
+    self.assertEqual(one[0, 0], 1.0)
+    # A wrong one: others (1, 0, 0), b = 1/3, s = sqrt(1/3) (ddof 1).
+    np.testing.assert_allclose(
+        one[0, 1], (0 - 1 / 3) / np.sqrt(1 / 3), rtol=1e-6
+    )
 
   def test_grpo_normalises_each_group(self):
     rewards = np.array([[0.0, 1.0, 0.0, 1.0], [0.0, 10.0, 0.0, 10.0]])

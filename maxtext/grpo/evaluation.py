@@ -3,8 +3,10 @@
 Each held-out prompt is continued k times with the eval's sampling options;
 a completion passes when `is_correct(prompt, completion)` says so. pass@1
 is the mean over prompts of the share of passing samples, pass@k the
-unbiased estimate of at least one of k passing (`pass_rate`). Both are
-higher-is-better metrics (`eval_metrics.Direction.HIGHER_IS_BETTER`).
+unbiased estimate of at least one of k passing (`pass_rate`), which with k
+samples drawn is exactly the grouped pass@k: the share of prompts of which
+any sample passes (MLPerf qwen35_397b_grpo's eval_accuracy, k = 4). Both
+are higher-is-better metrics (`eval_metrics.Direction.HIGHER_IS_BETTER`).
 """
 
 from typing import Any, Callable, Optional, Sequence

@@ -6,7 +6,15 @@ a subprocess, as the other log tests do). The log holds the run's own
 values, so it fails exactly the checks the rules fix to other values than a
 tiny run uses: `max_sequence_length` (65536; the run's prompt plus
 completion is 7 tokens), `eval_samples` (251 held-out prompts; the run has
-8) and `eval_accuracy` (no held-out pass@1 above 0.69). Nothing else fails.
+8) and `eval_accuracy` (no grouped pass@4 above 0.69). Nothing else fails.
+
+The run makes the reference's choices (qwen35_397b_grpo.py's): the
+leave-one-out normalised advantage, the forced on-policy ratio with
+sequence-mask truncated importance sampling and log-prob-error masking,
+and an eval of 4 samples per held-out prompt whose grouped pass@4 is
+`eval_accuracy` (not overlong filtering: the progression task has no stop
+id, so every completion reaches the length limit; rollout_test and
+train_loss_test cover it).
 """
 
 import math
@@ -44,6 +52,14 @@ class GrpoMllogTest(absltest.TestCase):
         grpo_top_p=0.95,
         grpo_eval_temperature=0.5,
         grpo_eval_top_p=0.9,
+        grpo_eval_samples_per_prompt=4,
+        grpo_eval_target_metric="pass@4",
+        grpo_advantage_estimator="rloo_normalized",
+        grpo_force_on_policy_ratio=True,
+        grpo_tis_ratio_min=0.999,
+        grpo_tis_ratio_max=1.002,
+        grpo_logprob_error_threshold=2.0,
+        grpo_beta=0.0,
         # The rules' schedule scaled down: the first eval after 2 rollouts,
         # then one after every rollout.
         first_eval_samples=16,
@@ -79,8 +95,9 @@ class GrpoMllogTest(absltest.TestCase):
     self.assertEqual(header["opt_base_learning_rate"], 1e-3)
     self.assertEqual(header["init_checkpoint_step"], 0)
 
-    # eval_accuracy is held-out pass@1 at the samples the schedule puts it:
-    # after rollouts 2, 3 and 4 (P x G samples each), as metrics.jsonl has.
+    # eval_accuracy is held-out grouped pass@4 (a prompt passes if any of
+    # its 4 samples does) at the samples the schedule puts it: after
+    # rollouts 2, 3 and 4 (P x G samples each), as metrics.jsonl has.
     accuracy = [e for e in events if e["key"] == "eval_accuracy"]
     self.assertEqual(
         [e["metadata"]["samples_count"] for e in accuracy], [16, 24, 32]
@@ -89,7 +106,21 @@ class GrpoMllogTest(absltest.TestCase):
     evals = [r for r in records if r["kind"] == "eval"]
     self.assertEqual([r["step"] for r in evals], [1, 2, 3])
     for event, record in zip(accuracy, evals):
-      self.assertTrue(math.isclose(event["value"], record["eval_pass@1"]))
+      self.assertTrue(math.isclose(event["value"], record["eval_pass@4"]))
+      self.assertGreaterEqual(record["eval_pass@4"], record["eval_pass@1"])
+    # The reference loss's metrics are in every train record.
+    train = [r for r in records if r["kind"] == "train"]
+    for record in train:
+      for name in (
+          "masked/tis_frac",
+          "masked/logprob_error_frac",
+          "masked/overlong_frac",
+          "sampling_is_ratio/max",
+          "logprob_error/max",
+      ):
+        self.assertIn(name, record)
+      # Forced on-policy: the PPO ratio is 1 whatever the weights are.
+      self.assertEqual(record["is_ratio/max"], 1.0)
     # Each step's tracked_stats: the loss and the step time; no token or
     # FLOP rates (the pretraining step's counts are not a GRPO step's).
     stats = [

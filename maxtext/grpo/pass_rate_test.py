@@ -4,6 +4,7 @@ import itertools
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
 from maxtext.grpo import pass_rate
 
@@ -33,6 +34,16 @@ class PassRateTest(parameterized.TestCase):
     ]
     self.assertAlmostEqual(pass_rate.mean_pass_at_k(correct, 1), 1.25 / 3)
     self.assertAlmostEqual(pass_rate.mean_pass_at_k(correct, 4), 2 / 3)
+
+  def test_k_of_k_is_grouped_pass_at_k(self):
+    # MLPerf qwen35_397b_grpo's eval_accuracy: k samples per task, a task
+    # passes if any does; the estimator with n = k is exactly that.
+    rng = np.random.default_rng(0)
+    correct = rng.random((251, 4)) < 0.2
+    self.assertAlmostEqual(
+        pass_rate.mean_pass_at_k(correct.tolist(), 4),
+        float(np.mean(np.any(correct, axis=1))),
+    )
 
   def test_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, "k=5"):

@@ -1,23 +1,49 @@
 """The GRPO policy loss over completion tokens, and the metrics it reports.
 
 Per completion token t of sequence b, with the policy's log-probability
-`logp`, the behaviour policy's `old_logp` (the parameters that sampled the
-rollout) and the sequence's advantage A_b:
+`logp`, the generator's `old_logp` (the parameters that sampled the rollout,
+at the sampling temperature) and the sequence's advantage A_b:
 
     ratio  = exp(logp - old_logp)
     pg     = max(-A ratio, -A clip(ratio, 1 - epsilon, 1 + epsilon_high))
-    loss   = aggregate(pg) + beta x aggregate(kl(logp, ref_logp))
+    loss   = aggregate(w x pg) + beta x aggregate(kl(logp, ref_logp))
 
-The clip stops the gradient of a token once the ratio has moved past the
-trust region in the direction its advantage pushes: with A > 0 above
-1 + epsilon_high, with A < 0 below 1 - epsilon (`pg_clipfrac_upper`,
-`pg_clipfrac_lower`). The KL term pulls towards a frozen reference policy
-with the per-token estimators of KL(policy || reference), d = ref - logp:
+with w = 1 unless the reference's options below are on. The clip stops the
+gradient of a token once the ratio has moved past the trust region in the
+direction its advantage pushes: with A > 0 above 1 + epsilon_high, with
+A < 0 below 1 - epsilon (`pg_clipfrac_upper`, `pg_clipfrac_lower`). The KL
+term pulls towards a frozen reference policy with the per-token estimators
+of KL(policy || reference), d = ref - logp:
 
 * "k1": -d (unbiased, can be negative per token);
 * "k3": exp(d) - d - 1 (unbiased under the policy's samples, >= 0).
 
 With beta = 0 no reference is needed and `kl` is reported as 0.
+
+MLPerf qwen35_397b_grpo's reference loss (NeMo-RL's ClippedPGLossFn as the
+benchmark configures it; docs/grpo.md names the version followed). With
+`prev` = stop_gradient(logp), the trained policy's log-probabilities of the
+step (one update per rollout, so they are those at the step's start):
+
+* `force_on_policy_ratio`: ratio = exp(logp - prev), 1 in value, so the clip
+  never acts, and each token is weighted by the importance ratio
+  w = exp(prev - old_logp) = pi_train / pi_generator (no gradient through w).
+* Sequence-mask truncated importance sampling (`tis_ratio_min`,
+  `tis_ratio_max`, needs the forced ratio): a sequence whose geometric-mean
+  ratio exp(mean over its tokens of (prev - old_logp)) lies outside
+  [min, max] gets w = 0 on every token (`masked/tis_frac`); kept sequences
+  keep their untruncated token weights.
+* Log-probability-error masking (`logprob_error_threshold`): a sequence
+  whose error, the mean over its tokens of exp(|old_logp - prev|), exceeds
+  the threshold gets w = 0 (`masked/logprob_error_frac`,
+  `logprob_error/{mean,max}`).
+
+Both sequence gates keep the masked sequences' tokens in the normaliser,
+as the reference's in-loss mask does (the reference removes log-prob-error
+sequences from it, having computed `prev` in a pass before the loss; here
+`prev` comes from the loss's own forward pass). Overlong filtering and any
+other mask known before the loss come in as `sequence_mask` and do leave
+the normaliser.
 
 Aggregations (masked tokens count for nothing):
 
@@ -28,12 +54,17 @@ Aggregations (masked tokens count for nothing):
   constant normaliser, so a sequence's length does not scale its tokens'
   weight (Dr.GRPO).
 
-Each is computed within one micro-batch; the engine averages the
-micro-batches' losses and gradients, so "token_mean" is the mean of the
-micro-batches' token means. Every reported metric is a scalar of the
-micro-batch and the recorder's step value is their mean over the
-micro-batches (for `is_ratio/max` and `/min`: the mean of the micro-batches'
-extremes).
+With gradient accumulation the engine averages its K micro-batches' losses.
+So that "token_mean" is the mean over the whole step's tokens (a token's
+weight not depending on its micro-batch), the caller passes the step's
+normalisers divided by K (`token_normaliser`, `sequence_normaliser`): each
+micro-batch's sum over them, averaged over K, is the step's mean. Every
+token-level metric (`pg_loss`, `kl`, `pg_clipfrac*`, `ppo_kl`, `entropy`,
+`is_ratio/mean`, `sampling_is_ratio/mean`) is normalised the same way, so
+the mean over the micro-batches is the step's value. The extremes
+(`*/max`, `*/min`) are each micro-batch's; `STEP_AGGREGATIONS` reduces them
+to the step's true extremes (a micro-batch without tokens reports
+-/+ EMPTY, which the reduction ignores).
 """
 
 import dataclasses
@@ -41,10 +72,55 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # maxtext.choices.GRPO_KL_ESTIMATORS and GRPO_LOSS_AGGREGATIONS.
 KL_ESTIMATORS = ("k1", "k3")
 AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")
+
+# What an extreme reports when its micro-batch has no token (or sequence) to
+# take it over: -EMPTY for a max, +EMPTY for a min (finite, so no step is
+# flagged for it); STEP_AGGREGATIONS skips these.
+EMPTY = 3.4028234663852886e38  # float32's largest finite value.
+
+
+def _step_max(values) -> float:
+  """The step's max of per-micro-batch maxima; 0 when none had a value."""
+  values = np.asarray(values, np.float64)
+  values = values[values > -EMPTY]
+  return float(values.max()) if values.size else 0.0
+
+
+def _step_min(values) -> float:
+  """The step's min of per-micro-batch minima; 0 when none had a value."""
+  values = np.asarray(values, np.float64)
+  values = values[values < EMPTY]
+  return float(values.min()) if values.size else 0.0
+
+
+# The step's reduction of the extremes `policy_loss` reports per micro-batch
+# (the recorder's aggregation_fns; every other metric is the mean).
+STEP_AGGREGATIONS = {
+    **{
+        f"{name}/max": _step_max
+        for name in (
+            "is_ratio",
+            "sampling_is_ratio",
+            "advantage",
+            "logprob_error",
+            "tis_geo_mean",
+        )
+    },
+    **{
+        f"{name}/min": _step_min
+        for name in (
+            "is_ratio",
+            "sampling_is_ratio",
+            "advantage",
+            "tis_geo_mean",
+        )
+    },
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +134,16 @@ class LossOptions:
     kl_estimator: one of KL_ESTIMATORS.
     aggregation: one of AGGREGATIONS.
     max_completion_length: the "dr_grpo" aggregation's constant (tokens).
+    temperature: the rollout's sampling temperature: the trained policy is
+      softmax(logits / temperature), the distribution the samples came
+      from (> 0).
+    force_on_policy_ratio: the ratio is exp(logp - stop_gradient(logp)) and
+      each token is weighted by pi_train / pi_generator (module docstring).
+    tis_ratio_min, tis_ratio_max: sequence-mask truncated importance
+      sampling's bounds on a sequence's geometric-mean ratio; None = off
+      (both or neither; needs force_on_policy_ratio).
+    logprob_error_threshold: mask a sequence whose mean exp(|old_logp -
+      logp|) exceeds it (> 1); None = off.
   """
 
   epsilon: float = 0.2
@@ -66,6 +152,11 @@ class LossOptions:
   kl_estimator: str = "k3"
   aggregation: str = "token_mean"
   max_completion_length: int = 0
+  temperature: float = 1.0
+  force_on_policy_ratio: bool = False
+  tis_ratio_min: Optional[float] = None
+  tis_ratio_max: Optional[float] = None
+  logprob_error_threshold: Optional[float] = None
 
   def __post_init__(self):
     if not self.epsilon > 0:
@@ -89,11 +180,43 @@ class LossOptions:
           f"max_completion_length={self.max_completion_length!r}: the "
           "'dr_grpo' aggregation needs it >= 1"
       )
+    if not self.temperature > 0:
+      raise ValueError(f"temperature={self.temperature!r}: must be > 0")
+    if (self.tis_ratio_min is None) != (self.tis_ratio_max is None):
+      raise ValueError(
+          f"tis_ratio_min={self.tis_ratio_min!r}, tis_ratio_max="
+          f"{self.tis_ratio_max!r}: set both or neither"
+      )
+    if self.tis_ratio_min is not None:
+      if not 0 <= self.tis_ratio_min <= 1 <= self.tis_ratio_max:
+        raise ValueError(
+            f"tis_ratio_min={self.tis_ratio_min!r}, tis_ratio_max="
+            f"{self.tis_ratio_max!r}: need 0 <= min <= 1 <= max"
+        )
+      if not self.force_on_policy_ratio:
+        raise ValueError(
+            f"tis_ratio_min={self.tis_ratio_min!r}: truncated importance "
+            "sampling needs force_on_policy_ratio (the importance weights "
+            "it truncates)"
+        )
+    if (
+        self.logprob_error_threshold is not None
+        and not self.logprob_error_threshold > 1
+    ):
+      raise ValueError(
+          f"logprob_error_threshold={self.logprob_error_threshold!r}: must "
+          "be > 1 (the error exp(|difference|) is >= 1)"
+      )
 
   @property
   def upper(self) -> float:
     """The upper clip's epsilon."""
     return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+  @property
+  def tis(self) -> bool:
+    """Whether sequence-mask truncated importance sampling is on."""
+    return self.tis_ratio_min is not None
 
 
 def kl_per_token(logp: jax.Array, ref_logp: jax.Array, estimator: str):
@@ -119,14 +242,21 @@ def aggregate(
     mask: jax.Array,
     mode: str,
     max_completion_length: int = 0,
+    *,
+    token_normaliser: Optional[jax.Array] = None,
+    sequence_normaliser: Optional[jax.Array] = None,
 ) -> jax.Array:
   """One number from per-token values, masked tokens left out.
 
   Args:
     values: float [B, T].
-    mask: [B, T], 1 on completion tokens, 0 elsewhere.
+    mask: [B, T], 1 on the completion tokens that count, 0 elsewhere.
     mode: one of AGGREGATIONS.
     max_completion_length: the "dr_grpo" constant.
+    token_normaliser: "token_mean"'s denominator (a scalar); None = the
+      mask's tokens (at least 1).
+    sequence_normaliser: "sequence_mean_token_mean"'s denominator (a
+      scalar); None = B.
 
   Returns:
     A float32 scalar (0 when the mask is all 0).
@@ -134,12 +264,16 @@ def aggregate(
   mask = mask.astype(jnp.float32)
   masked = values.astype(jnp.float32) * mask
   if mode == "token_mean":
-    return jnp.sum(masked) / jnp.maximum(jnp.sum(mask), 1.0)
+    if token_normaliser is None:
+      token_normaliser = jnp.maximum(jnp.sum(mask), 1.0)
+    return jnp.sum(masked) / token_normaliser
   if mode == "sequence_mean_token_mean":
     per_sequence = jnp.sum(masked, axis=1) / jnp.maximum(
         jnp.sum(mask, axis=1), 1.0
     )
-    return jnp.mean(per_sequence)
+    if sequence_normaliser is None:
+      sequence_normaliser = float(values.shape[0])
+    return jnp.sum(per_sequence) / sequence_normaliser
   if mode == "dr_grpo":
     if max_completion_length < 1:
       raise ValueError(
@@ -150,16 +284,17 @@ def aggregate(
   raise ValueError(f"aggregation={mode!r}: must be one of {list(AGGREGATIONS)}")
 
 
-def _masked_mean(values, mask):
-  mask = mask.astype(jnp.float32)
-  return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 def _masked_extreme(values, mask, fn, fill):
-  """max or min over the masked-in entries; 0 when none is."""
+  """max or min over the masked-in entries; `fill` when none is."""
   mask = mask.astype(bool)
-  out = fn(jnp.where(mask, values, fill))
-  return jnp.where(jnp.any(mask), out, 0.0)
+  return fn(jnp.where(mask, values, fill))
+
+
+def _extremes(values, mask) -> dict:
+  return {
+      "max": _masked_extreme(values, mask, jnp.max, -EMPTY),
+      "min": _masked_extreme(values, mask, jnp.min, EMPTY),
+  }
 
 
 def advantage_metrics(advantages: jax.Array) -> dict[str, jax.Array]:
@@ -178,6 +313,19 @@ def advantage_metrics(advantages: jax.Array) -> dict[str, jax.Array]:
   }
 
 
+def sequence_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+  """Each row's mean over its masked-in tokens (0 for a row without any).
+
+  Args:
+    values: float [B, T].
+    mask: [B, T].
+  """
+  mask = mask.astype(jnp.float32)
+  return jnp.sum(values * mask, axis=1) / jnp.maximum(
+      jnp.sum(mask, axis=1), 1.0
+  )
+
+
 def policy_loss(
     logp: jax.Array,
     old_logp: jax.Array,
@@ -186,13 +334,17 @@ def policy_loss(
     options: LossOptions,
     ref_logp: Optional[jax.Array] = None,
     entropy: Optional[jax.Array] = None,
+    *,
+    sequence_mask: Optional[jax.Array] = None,
+    token_normaliser: Optional[jax.Array] = None,
+    sequence_normaliser: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, dict]:
-  """The clipped policy-gradient loss plus beta x KL, with its metrics.
+  """The policy-gradient loss plus beta x KL, with its metrics.
 
   Args:
     logp: float [B, T]: the policy's log-probabilities of the completion
       tokens (differentiated).
-    old_logp: float [B, T]: the behaviour policy's (no gradient flows).
+    old_logp: float [B, T]: the generator's (no gradient flows).
     advantages: float [B]: one advantage per sequence.
     mask: [B, T]: 1 on completion tokens, 0 on the prompt and padding.
     options: the loss's hyperparameters.
@@ -200,33 +352,96 @@ def policy_loss(
       options.beta > 0, ignored otherwise.
     entropy: float [B, T]: the policy's per-token entropy, reported (not
       differentiated); None = reported as 0.
+    sequence_mask: float [B]: 0 for a sequence that trains nothing and
+      leaves the normalisers (overlong filtering); None = all 1.
+    token_normaliser: "token_mean"'s denominator and every token-level
+      metric's (a scalar: the step's counted tokens / K); None = this
+      call's counted tokens.
+    sequence_normaliser: "sequence_mean_token_mean"'s denominator (the
+      step's counted sequences / K); None = this call's counted sequences.
 
   Returns:
     (loss, metrics): loss a float32 scalar; metrics a nested dict of float32
     scalars: pg_loss, kl, kl_loss, pg_clipfrac, pg_clipfrac_lower,
     pg_clipfrac_upper, ppo_kl, entropy, is_ratio/{mean,max,min},
+    sampling_is_ratio/{mean,max,min} (pi_train / pi_generator per token),
+    logprob_error/{mean,max} (per sequence), tis_geo_mean/{max,min},
+    masked/{sequence_frac,tis_frac,logprob_error_frac}, trained_token_frac,
     advantage/{mean,abs_mean,max,min,nonzero_frac}.
 
   Raises:
     ValueError: beta > 0 and no ref_logp.
   """
-  mask = mask.astype(jnp.float32)
+  b = logp.shape[0]
+  token_mask = mask.astype(jnp.float32)
+  if sequence_mask is None:
+    sequence_mask = jnp.ones((b,), jnp.float32)
+  sequence_mask = jax.lax.stop_gradient(sequence_mask.astype(jnp.float32))
+  mask = token_mask * sequence_mask[:, None]
+  if token_normaliser is None:
+    token_normaliser = jnp.maximum(jnp.sum(mask), 1.0)
+  if sequence_normaliser is None:
+    sequence_normaliser = jnp.maximum(jnp.sum(sequence_mask), 1.0)
+  token_normaliser = jax.lax.stop_gradient(
+      jnp.asarray(token_normaliser, jnp.float32)
+  )
+  sequence_normaliser = jax.lax.stop_gradient(
+      jnp.asarray(sequence_normaliser, jnp.float32)
+  )
+
   logp = logp.astype(jnp.float32)
   old_logp = jax.lax.stop_gradient(old_logp.astype(jnp.float32))
   adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))[:, None]
-  log_ratio = logp - old_logp
+  prev = jax.lax.stop_gradient(logp)
+  # pi_train / pi_generator per token (the sampling mismatch).
+  sampling_log_ratio = prev - old_logp
+  sampling_ratio = jnp.exp(sampling_log_ratio)
+  if options.force_on_policy_ratio:
+    log_ratio = logp - prev
+    weights = sampling_ratio
+  else:
+    log_ratio = logp - old_logp
+    weights = jnp.ones_like(logp)
   ratio = jnp.exp(log_ratio)
   clipped_ratio = jnp.clip(ratio, 1.0 - options.epsilon, 1.0 + options.upper)
   unclipped = -adv * ratio
   clipped = -adv * clipped_ratio
   per_token = jnp.maximum(unclipped, clipped)
 
+  # The sequence gates, over each sequence's completion tokens.
+  keep = jnp.ones((b,), jnp.float32)
+  geo_mean = jnp.exp(sequence_mean(sampling_log_ratio, token_mask))
+  tis_masked = jnp.zeros((b,), jnp.float32)
+  if options.tis:
+    inside = (geo_mean >= options.tis_ratio_min) & (
+        geo_mean <= options.tis_ratio_max
+    )
+    tis_masked = 1.0 - inside.astype(jnp.float32)
+    keep = keep * (1.0 - tis_masked)
+  error = sequence_mean(jnp.exp(jnp.abs(old_logp - prev)), token_mask)
+  error_masked = jnp.zeros((b,), jnp.float32)
+  if options.logprob_error_threshold is not None:
+    error_masked = (error > options.logprob_error_threshold).astype(jnp.float32)
+    keep = keep * (1.0 - error_masked)
+  weights = weights * keep[:, None]
+
   def agg(values):
     return aggregate(
-        values, mask, options.aggregation, options.max_completion_length
+        values,
+        mask,
+        options.aggregation,
+        options.max_completion_length,
+        token_normaliser=token_normaliser,
+        sequence_normaliser=sequence_normaliser,
     )
 
-  pg_loss = agg(per_token)
+  def token_mean(values):
+    return jnp.sum(values * mask) / token_normaliser
+
+  def sequence_share(values):
+    return jnp.sum(values * sequence_mask) / sequence_normaliser
+
+  pg_loss = agg(weights * per_token)
   if options.beta > 0:
     if ref_logp is None:
       raise ValueError("beta > 0 needs the reference log-probabilities")
@@ -246,24 +461,39 @@ def policy_loss(
   lower = active * (adv < 0)
   upper = active * (adv > 0)
   ratio_sg = jax.lax.stop_gradient(ratio)
+  counted = sequence_mask > 0
   metrics = {
       "pg_loss": pg_loss,
       "kl": kl,
       "kl_loss": kl_loss,
-      "pg_clipfrac": _masked_mean(active, mask),
-      "pg_clipfrac_lower": _masked_mean(lower, mask),
-      "pg_clipfrac_upper": _masked_mean(upper, mask),
-      "ppo_kl": _masked_mean(jax.lax.stop_gradient(-log_ratio), mask),
+      "pg_clipfrac": token_mean(active),
+      "pg_clipfrac_lower": token_mean(lower),
+      "pg_clipfrac_upper": token_mean(upper),
+      "ppo_kl": token_mean(jax.lax.stop_gradient(-log_ratio)),
       "entropy": (
           jnp.zeros((), jnp.float32)
           if entropy is None
-          else _masked_mean(jax.lax.stop_gradient(entropy), mask)
+          else token_mean(jax.lax.stop_gradient(entropy))
       ),
       "is_ratio": {
-          "mean": _masked_mean(ratio_sg, mask),
-          "max": _masked_extreme(ratio_sg, mask, jnp.max, -jnp.inf),
-          "min": _masked_extreme(ratio_sg, mask, jnp.min, jnp.inf),
+          "mean": token_mean(ratio_sg),
+          **_extremes(ratio_sg, mask),
       },
+      "sampling_is_ratio": {
+          "mean": token_mean(sampling_ratio),
+          **_extremes(sampling_ratio, mask),
+      },
+      "tis_geo_mean": _extremes(geo_mean, counted),
+      "logprob_error": {
+          "mean": sequence_share(error),
+          "max": _masked_extreme(error, counted, jnp.max, -EMPTY),
+      },
+      "masked": {
+          "tis_frac": sequence_share(tis_masked),
+          "logprob_error_frac": sequence_share(error_masked),
+      },
+      # The share of the counted tokens whose weight is not 0.
+      "trained_token_frac": token_mean((weights > 0).astype(jnp.float32)),
       "advantage": advantage_metrics(advantages),
   }
   return loss, metrics

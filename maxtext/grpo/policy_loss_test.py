@@ -222,7 +222,188 @@ class PolicyLossTest(parameterized.TestCase):
         z, z, jnp.ones(2), z, policy_loss.LossOptions()
     )
     self.assertEqual(float(loss), 0.0)
-    self.assertEqual(float(m["is_ratio"]["max"]), 0.0)
+    # No token: the extremes say so, and the step's reduction skips them.
+    self.assertEqual(float(m["is_ratio"]["max"]), -policy_loss.EMPTY)
+    self.assertEqual(float(m["is_ratio"]["min"]), policy_loss.EMPTY)
+    aggregations = policy_loss.STEP_AGGREGATIONS
+    self.assertEqual(aggregations["is_ratio/max"]([-policy_loss.EMPTY]), 0.0)
+    self.assertEqual(
+        aggregations["is_ratio/min"]([policy_loss.EMPTY, 0.7, 1.3]), 0.7
+    )
+    self.assertEqual(
+        aggregations["is_ratio/max"]([-policy_loss.EMPTY, 0.7, 1.3]), 1.3
+    )
+
+  @parameterized.product(
+      agg=("token_mean", "sequence_mean_token_mean"),
+      tis=(False, True),
+      threshold=(None, 2.0),
+  )
+  def test_reference_loss_matches_numpy(self, agg, tis, threshold):
+    loss, grad, metrics, want = self._reference_case(agg, tis, threshold)
+    np.testing.assert_allclose(loss, want["loss"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad, want["grad"], rtol=1e-5, atol=1e-7)
+    for name in (
+        "pg_loss",
+        "masked/tis_frac",
+        "masked/logprob_error_frac",
+        "logprob_error/mean",
+        "logprob_error/max",
+        "tis_geo_mean/max",
+        "tis_geo_mean/min",
+        "sampling_is_ratio/mean",
+        "sampling_is_ratio/max",
+        "sampling_is_ratio/min",
+        "is_ratio/mean",
+        "is_ratio/max",
+        "is_ratio/min",
+        "pg_clipfrac",
+        "trained_token_frac",
+    ):
+      group, _, leaf = name.partition("/")
+      got = metrics[group][leaf] if leaf else metrics[group]
+      np.testing.assert_allclose(
+          got, want[name], rtol=1e-5, atol=1e-7, err_msg=name
+      )
+
+  def _reference_case(self, agg, tis, threshold):
+    """Sequences built to fall on each side of each gate, and the oracle."""
+    rng = np.random.default_rng(7)
+    b, t = 6, 5
+    logp = -rng.uniform(0.2, 2.0, size=(b, t))
+    lengths = np.array([5, 3, 4, 5, 2, 4])
+    mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float64)
+    # generator - trainer per token, chosen per sequence:
+    diff = np.zeros((b, t))
+    diff[0] = 1e-4  # geometric mean exp(-1e-4): inside [0.999, 1.002].
+    diff[1] = -0.01  # pi_train / pi_gen = e^0.01 > 1.002: TIS masks it.
+    diff[2] = 0.01  # e^-0.01 < 0.999: TIS masks it.
+    diff[3] = [1.5, -1.5, 1.5, -1.5, 0.0]  # geo mean ~1.0; error > 2.
+    diff[4] = [0.3, -0.3, 0, 0, 0]  # geo mean 1, error 1.35 < 2.
+    diff[5] = 5e-4  # inside the bounds; cut by the length limit (below).
+    gen = logp + diff
+    adv = rng.normal(size=b)
+    sequence_mask = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    # The step's normalisers over K = 2 (this call is one of 2 halves).
+    token_normaliser = 31.0 / 2
+    sequence_normaliser = 11.0 / 2
+    options = policy_loss.LossOptions(
+        epsilon=0.2,
+        epsilon_high=0.28,
+        aggregation=agg,
+        force_on_policy_ratio=True,
+        tis_ratio_min=0.999 if tis else None,
+        tis_ratio_max=1.002 if tis else None,
+        logprob_error_threshold=threshold,
+    )
+
+    def loss_fn(lp):
+      return policy_loss.policy_loss(
+          lp,
+          jnp.asarray(gen, jnp.float32),
+          jnp.asarray(adv, jnp.float32),
+          jnp.asarray(mask, jnp.float32),
+          options,
+          sequence_mask=jnp.asarray(sequence_mask, jnp.float32),
+          token_normaliser=token_normaliser,
+          sequence_normaliser=sequence_normaliser,
+      )
+
+    (loss, metrics), grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
+        jnp.asarray(logp, jnp.float32)
+    )
+
+    # The oracle, from the formulas (float64, loops over sequences).
+    counted = mask * sequence_mask[:, None]
+    weights = np.zeros((b, t))
+    tis_out = np.zeros(b)
+    err_out = np.zeros(b)
+    geo = np.zeros(b)
+    err = np.zeros(b)
+    for i in range(b):
+      n = mask[i].sum()
+      log_is = -diff[i]  # log(pi_train / pi_gen)
+      geo[i] = np.exp((log_is * mask[i]).sum() / n)
+      err[i] = (np.exp(np.abs(diff[i])) * mask[i]).sum() / n
+      if tis and not 0.999 <= geo[i] <= 1.002:
+        tis_out[i] = 1.0
+      if threshold is not None and err[i] > threshold:
+        err_out[i] = 1.0
+      keep = (1 - tis_out[i]) * (1 - err_out[i])
+      weights[i] = np.exp(log_is) * keep
+    # Forced ratio: 1 in value, so the clip never acts; d(ratio)/d(logp) = 1.
+    per_token = -adv[:, None] * np.ones((b, t))
+    if agg == "token_mean":
+      want_loss = (weights * per_token * counted).sum() / token_normaliser
+      want_grad = -adv[:, None] * weights * counted / token_normaliser
+    else:
+      per_seq = (weights * per_token * counted).sum(1) / np.maximum(
+          counted.sum(1), 1
+      )
+      want_loss = per_seq.sum() / sequence_normaliser
+      want_grad = (
+          -adv[:, None]
+          * weights
+          * counted
+          / np.maximum(counted.sum(1), 1)[:, None]
+          / sequence_normaliser
+      )
+    inside = counted > 0
+    kept_rows = sequence_mask > 0
+    ratio = np.exp(-diff)
+    want = {
+        "loss": want_loss,
+        "grad": want_grad,
+        "pg_loss": want_loss,
+        "masked/tis_frac": (tis_out * sequence_mask).sum()
+        / sequence_normaliser,
+        "masked/logprob_error_frac": (err_out * sequence_mask).sum()
+        / sequence_normaliser,
+        "logprob_error/mean": (err * sequence_mask).sum() / sequence_normaliser,
+        "logprob_error/max": err[kept_rows].max(),
+        "tis_geo_mean/max": geo[kept_rows].max(),
+        "tis_geo_mean/min": geo[kept_rows].min(),
+        "sampling_is_ratio/mean": (ratio * counted).sum() / token_normaliser,
+        "sampling_is_ratio/max": ratio[inside].max(),
+        "sampling_is_ratio/min": ratio[inside].min(),
+        "is_ratio/mean": counted.sum() / token_normaliser,
+        "is_ratio/max": 1.0,
+        "is_ratio/min": 1.0,
+        "pg_clipfrac": 0.0,
+        "trained_token_frac": ((weights > 0) * counted).sum()
+        / token_normaliser,
+    }
+    return loss, np.asarray(grad), metrics, want
+
+  def test_reference_gates_mask_the_sequences_built_for_them(self):
+    # The case above, gates on: sequences 1 and 2 by TIS, 3 by the error;
+    # 5 by overlong filtering (its sequence mask).
+    _, grad, metrics, _ = self._reference_case("token_mean", True, 2.0)
+    trained = np.abs(grad).sum(axis=1) > 0
+    np.testing.assert_array_equal(
+        trained, [True, False, False, False, True, False]
+    )
+    np.testing.assert_allclose(metrics["masked"]["tis_frac"], 2 / 5.5)
+    np.testing.assert_allclose(metrics["masked"]["logprob_error_frac"], 1 / 5.5)
+    # Off, every counted sequence trains.
+    _, grad, _, _ = self._reference_case("token_mean", False, None)
+    trained = np.abs(grad).sum(axis=1) > 0
+    np.testing.assert_array_equal(trained, [True] * 5 + [False])
+
+  def test_forced_ratio_weights_by_the_sampling_ratio(self):
+    # Without the forced ratio the same tokens are clipped PPO tokens; with
+    # it the ratio is 1 and the weight pi_train / pi_gen is no gradient
+    # path: the gradient is -A w / n.
+    logp = jnp.asarray([[-1.0, -2.0]])
+    gen = jnp.asarray([[-1.5, -1.0]])
+    adv = jnp.asarray([2.0])
+    options = policy_loss.LossOptions(force_on_policy_ratio=True)
+    grad = jax.grad(
+        lambda lp: policy_loss.policy_loss(
+            lp, gen, adv, jnp.ones((1, 2)), options
+        )[0]
+    )(logp)
+    np.testing.assert_allclose(grad, -2.0 * np.exp(logp - gen) / 2.0, rtol=1e-6)
 
   def test_beta_without_reference_is_refused(self):
     z = jnp.zeros((1, 2))
@@ -238,6 +419,29 @@ class PolicyLossTest(parameterized.TestCase):
       ("kl", dict(kl_estimator="k2"), "kl_estimator='k2'"),
       ("aggregation", dict(aggregation="sum"), "aggregation='sum'"),
       ("dr_grpo_length", dict(aggregation="dr_grpo"), "max_completion_length"),
+      ("temperature", dict(temperature=0.0), "temperature=0.0"),
+      (
+          "tis_one_bound",
+          dict(force_on_policy_ratio=True, tis_ratio_min=0.999),
+          "set both or neither",
+      ),
+      (
+          "tis_bounds",
+          dict(
+              force_on_policy_ratio=True, tis_ratio_min=1.1, tis_ratio_max=2.0
+          ),
+          "min <= 1 <= max",
+      ),
+      (
+          "tis_unforced",
+          dict(tis_ratio_min=0.999, tis_ratio_max=1.002),
+          "needs force_on_policy_ratio",
+      ),
+      (
+          "error_threshold",
+          dict(logprob_error_threshold=0.5),
+          "logprob_error_threshold=0.5",
+      ),
   )
   def test_bad_options(self, kwargs, message):
     with self.assertRaisesRegex(ValueError, message):

@@ -7,9 +7,11 @@ generated id, calls the reward functions on the host, and computes the
 group-relative advantages. `micro_batches` cuts the result into the engine's
 K micro-batches of fixed shapes: tokens [B, W] (prompt, completion, padding),
 prompt lengths, the completion mask [B, L], the behaviour log-probabilities,
-the advantages, the reference log-probabilities when a reference is used,
-and the rollout's statistics as one float32 value per row, which the loss
-reports back through its aux (`train_loss`).
+the advantages, the sequence mask (0 for a completion that trains nothing:
+overlong filtering) and the step's loss normalisers (its counted completion
+tokens and sequences over K, so the loss's "token_mean" is the whole
+step's, not each micro-batch's). The rollout's statistics stay on the host
+(`Rollout.stats`).
 
 The draws of step s come from a seed that is a function of (config seed, s),
 so a resumed run generates what an uninterrupted one would.
@@ -45,10 +47,13 @@ class Rollout:
     prompt_lengths: int32 [N].
     completion_lengths: int32 [N].
     mask: float32 [N, L]: 1 on completion ids.
-    old_log_probs: float32 [N, L]: the behaviour policy's (0 off the mask).
+    old_log_probs: float32 [N, L]: the behaviour policy's (0 off the mask),
+      at the sampling temperature.
     rewards: the reward functions' values.
     advantages: float32 [N].
     stats: name -> float, the step's rollout statistics.
+    sequence_mask: float32 [N]: 0 for a completion that trains nothing
+      (cut by the length limit, with overlong filtering on), else 1.
   """
 
   prompts: list
@@ -61,6 +66,7 @@ class Rollout:
   rewards: rewards_lib.Rewards
   advantages: np.ndarray
   stats: dict
+  sequence_mask: Optional[np.ndarray] = None
 
 
 def rollout_stats(
@@ -68,6 +74,7 @@ def rollout_stats(
     completion_lengths: np.ndarray,
     clipped: np.ndarray,
     num_generations: int,
+    overlong_filtering: bool = False,
 ) -> dict[str, float]:
   """The rollout's metrics.
 
@@ -77,11 +84,13 @@ def rollout_stats(
     clipped: bool [N]: the completion reached the length limit without a
       stop id.
     num_generations: G.
+    overlong_filtering: the clipped completions train nothing.
 
   Returns:
     rewards/{sum,mean,min,max,std}, rewards/<function> (its mean),
     frac_reward_zero_std, completions/{mean,min,max}_length,
-    completions/clipped_ratio.
+    completions/clipped_ratio, masked/overlong_frac (the share that trains
+    nothing for it: clipped_ratio with overlong filtering, else 0).
   """
   total = rewards.total
   stats = {
@@ -100,6 +109,9 @@ def rollout_stats(
   stats["completions/min_length"] = float(np.min(completion_lengths))
   stats["completions/max_length"] = float(np.max(completion_lengths))
   stats["completions/clipped_ratio"] = float(np.mean(clipped))
+  stats["masked/overlong_frac"] = (
+      float(np.mean(clipped)) if overlong_filtering else 0.0
+  )
   return stats
 
 
@@ -114,6 +126,7 @@ def rollout(
     advantage_eps: float = 1e-4,
     width: int = 0,
     mesh: Optional[jax.sharding.Mesh] = None,
+    overlong_filtering: bool = False,
 ) -> Rollout:
   """Generates, scores and computes advantages for one step.
 
@@ -129,6 +142,10 @@ def rollout(
     width: W, the token columns of every row (a fixed shape compiles the
       loss once); 0 = the longest prompt + options.max_new_tokens.
     mesh: generate with the rows split over this mesh; None = one device.
+    overlong_filtering: a completion cut by the length limit (no stop id)
+      trains nothing: its sequence mask is 0 (it still counts in its
+      group's advantages, as the reference's). `masked/overlong_frac` is
+      their share.
 
   Returns:
     The Rollout, its stats holding `timing/generate` and `timing/reward`
@@ -179,7 +196,10 @@ def rollout(
       [bool(c) and c[-1] in stop_ids for c in completions]
   )
   clipped = (lengths >= length) & ~ends_with_stop
-  stats = rollout_stats(rewards, lengths, clipped, g)
+  stats = rollout_stats(rewards, lengths, clipped, g, overlong_filtering)
+  sequence_mask = np.ones((n,), np.float32)
+  if overlong_filtering:
+    sequence_mask[clipped] = 0.0
   # `generate` returns host arrays: the device work is done at `generated`.
   stats["timing/generate"] = generated - start
   stats["timing/reward"] = scored - generated
@@ -194,6 +214,7 @@ def rollout(
       rewards=rewards,
       advantages=adv,
       stats=stats,
+      sequence_mask=sequence_mask,
   )
 
 
@@ -208,8 +229,9 @@ def micro_batches(result: Rollout, num_micro_batches: int) -> list[dict]:
     num_micro_batches: K, dividing N.
 
   Returns:
-    K dicts, the `train_loss.loss_fn` micro-batch layout (without the
-    reference's log-probabilities, which the step adds on the devices).
+    K dicts, the `train_loss.loss_fn` micro-batch layout (with
+    "sequence_mask", "token_normaliser" and "sequence_normaliser"; without
+    the reference's log-probabilities, which the step adds on the devices).
 
   Raises:
     ValueError: K does not divide N.
@@ -220,12 +242,29 @@ def micro_batches(result: Rollout, num_micro_batches: int) -> list[dict]:
         f"gradient_accumulation_steps={num_micro_batches} must divide the "
         f"rollout's {n} completions"
     )
+  sequence_mask = (
+      np.ones((n,), np.float32)
+      if result.sequence_mask is None
+      else np.asarray(result.sequence_mask, np.float32)
+  )
+  counted_tokens = float(np.sum(result.mask * sequence_mask[:, None]))
+  counted_sequences = float(np.sum(sequence_mask))
+  per_micro_batch = 1.0 / num_micro_batches
   whole = {
       "tokens": result.tokens,
       "prompt_lengths": result.prompt_lengths,
       "mask": result.mask,
       "old_log_probs": result.old_log_probs,
       "advantages": result.advantages.astype(np.float32),
+      "sequence_mask": sequence_mask,
+      # The step's denominators over K: each micro-batch's sum over them,
+      # averaged by the engine over the K, is the step's mean.
+      "token_normaliser": np.full(
+          (n,), max(counted_tokens, 1.0) * per_micro_batch, np.float32
+      ),
+      "sequence_normaliser": np.full(
+          (n,), max(counted_sequences, 1.0) * per_micro_batch, np.float32
+      ),
   }
   rows = n // num_micro_batches
   return [

@@ -96,6 +96,46 @@ class RolloutTest(absltest.TestCase):
     self.assertEqual(s["completions/clipped_ratio"], 1.0)
     self.assertEqual(s["completions/mean_length"], 4.0)
 
+  def test_overlong_filtering_masks_the_cut_completions(self):
+    # A stop id that some completions draw: those end early and train; the
+    # ones cut by the length limit do not.
+    counts = np.bincount(self.result.tokens[:, 3:].ravel(), minlength=32)
+    stop = int(np.argmax(counts[1:]) + 1)
+    options = sampling.SamplingOptions(
+        max_new_tokens=4,
+        temperature=1.0,
+        seed=5,
+        num_samples=4,
+        stop_ids=(stop,),
+    )
+    filtered = rollout_lib.rollout(
+        self.params,
+        self.config,
+        self.prompts,
+        options,
+        self.functions,
+        width=8,
+        overlong_filtering=True,
+    )
+    cut = np.array(
+        [len(c) == 4 and c[-1] != stop for c in filtered.completions]
+    )
+    self.assertTrue(0 < cut.sum() < len(cut))
+    np.testing.assert_array_equal(filtered.sequence_mask, (~cut) * 1.0)
+    self.assertAlmostEqual(filtered.stats["masked/overlong_frac"], cut.mean())
+    self.assertAlmostEqual(
+        filtered.stats["completions/clipped_ratio"], cut.mean()
+    )
+    # The normalisers: the step's counted tokens and sequences over K.
+    batches = rollout_lib.micro_batches(filtered, 2)
+    tokens = float((filtered.mask * (~cut)[:, None]).sum())
+    for batch in batches:
+      np.testing.assert_allclose(batch["token_normaliser"], tokens / 2)
+      np.testing.assert_allclose(batch["sequence_normaliser"], (~cut).sum() / 2)
+    # Off, every completion trains.
+    self.assertEqual(self.result.stats["masked/overlong_frac"], 0.0)
+    np.testing.assert_array_equal(self.result.sequence_mask, 1.0)
+
   def test_same_seed_same_rollout(self):
     again = rollout_lib.rollout(
         self.params,

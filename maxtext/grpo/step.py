@@ -11,13 +11,13 @@ which the clipped ratio bounds. A step consumes P x G samples whatever
 `num_iterations` is.
 
 The training loop (`maxtext/trainer.py`, through the GRPO workload) calls
-`rollout` for a step's micro-batches, dispatches them itself and takes
-`host_metrics` into the step's record; `train` and `run` do the same for
+`rollout` for a step's micro-batches, dispatches them itself and lets
+`finish` complete the step's record; `train` and `run` do the same for
 callers without the loop (the benchmark, tests).
 
 Each value stays where it is made. The rollout's statistics (rewards,
 lengths, advantages: `rollout.rollout_stats`) are host values and go
-straight into the record (`host_metrics`), never through the devices. The
+straight into the record (`finish`), never through the devices. The
 reference's log-probabilities stay on the devices: one program computes
 them over the placed rollout and cuts it into the K micro-batches the loss
 reads.
@@ -64,6 +64,7 @@ from maxtext.generation import decoder
 from maxtext.generation import scoring
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import train_loss
 from maxtext.metrics import buffer
 from maxtext.text import sampling
 
@@ -75,15 +76,19 @@ _MICRO_BATCH_NDIMS = {
     "mask": 2,
     "old_log_probs": 2,
     "advantages": 1,
+    "sequence_mask": 1,
+    "token_normaliser": 1,
+    "sequence_normaliser": 1,
     "ref_log_probs": 2,
 }
 
 
 def _micro_batches_with_reference(
-    reference, whole, num_micro_batches, config, mesh
+    reference, whole, temperature, num_micro_batches, config, mesh
 ):
   """The rollout's K micro-batches, each with the reference's masked
-  completion log-probabilities (a program of its own, one launch)."""
+  completion log-probabilities at the rollout's temperature, as the
+  policy's (`train_loss`); a program of its own, one launch."""
   mask = whole["mask"]
   log_probs = scoring.completion_log_probs_and_entropy(
       reference,
@@ -92,6 +97,7 @@ def _micro_batches_with_reference(
       mask.shape[1],
       config,
       mesh,
+      temperature,
   )[0]
   whole = dict(whole, ref_log_probs=log_probs * mask)
   rows = mask.shape[0] // num_micro_batches
@@ -148,6 +154,8 @@ class GrpoStep:
     width: the rollout's token columns (fixed, so programs compile once).
     reference_params: the frozen reference policy, or None (beta = 0).
     mesh: the engine's mesh, or None for one device.
+    overlong_filtering: completions cut by the length limit train nothing
+      (`rollout.rollout`).
   """
 
   def __init__(
@@ -165,6 +173,7 @@ class GrpoStep:
       width: int,
       reference_params: Optional[Any] = None,
       mesh: Optional[jax.sharding.Mesh] = None,
+      overlong_filtering: bool = False,
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -206,6 +215,7 @@ class GrpoStep:
     # perf_counter() of its start until the first update after it has taken
     # it into its timing/step.
     self._rollout_values: dict[str, float] = {}
+    self._overlong_filtering = overlong_filtering
     self._rollout_start = None
 
   def rollout(
@@ -215,7 +225,7 @@ class GrpoStep:
   ) -> tuple[rollout_lib.Rollout, list[dict]]:
     """Step `step`'s rollout and its K micro-batches on the devices.
 
-    The rollout's statistics and timings wait for `host_metrics`.
+    The rollout's statistics and timings wait for `finish`.
 
     Args:
       step: the step (its prompts and its draws).
@@ -233,6 +243,7 @@ class GrpoStep:
         advantage_eps=self._eps,
         width=self._width,
         mesh=self._mesh,
+        overlong_filtering=self._overlong_filtering,
     )
     rolled = time.perf_counter()
     if self._reference is None:
@@ -245,7 +256,9 @@ class GrpoStep:
       (whole,) = rollout_lib.micro_batches(result, 1)
       whole = self._placed(whole)
       dispatched = time.perf_counter()
-      batches = self._with_reference(self._reference, whole)
+      batches = self._with_reference(
+          self._reference, whole, np.float32(options.temperature)
+      )
       reference_s = time.perf_counter() - dispatched
     self._rollout_values = dict(
         result.stats,
@@ -276,28 +289,38 @@ class GrpoStep:
 
     return jax.tree_util.tree_map(place, batch)
 
-  def host_metrics(self, update_start: float) -> dict[str, float]:
-    """The newest rollout's statistics and timings, and the update's.
-
-    Called once an update's flush has returned (its metrics fetched).
+  def finish(self, record: buffer.MetricsBuffer, update_start: float) -> None:
+    """Completes an update's flushed record on the host: the newest
+    rollout's statistics and timings, the update's timings, and the step's
+    reduction of the loss's extremes (true max/min over the micro-batches).
 
     Args:
+      record: the update's flushed record (`Engine.update`'s).
       update_start: perf_counter() when the update's micro-batches were
         ready to dispatch.
     """
     end = time.perf_counter()
     began = update_start if self._rollout_start is None else self._rollout_start
     self._rollout_start = None
-    return dict(
+    values = dict(
         self._rollout_values,
         **{"timing/update": end - update_start, "timing/step": end - began},
+    )
+    for name, value in values.items():
+      record.scalar_metrics[name] = np.array([value])
+    record.aggregation_fns.update(
+        {
+            name: fn
+            for name, fn in train_loss.STEP_AGGREGATIONS.items()
+            if name in record.scalar_metrics
+        }
     )
 
   def train(self, batches: list[dict]) -> buffer.MetricsBuffer:
     """One pass over a rollout's micro-batches: K fwd_bwd, one update.
 
     Returns:
-      The flushed record, with `host_metrics` added.
+      The flushed record, completed by `finish`.
     """
     start = time.perf_counter()
     for micro_batch in batches:
@@ -305,8 +328,7 @@ class GrpoStep:
     record = self._engine.update(release=True)
     # update() returned after its flush fetched the metrics: the K
     # micro-batches' work is done (module docstring: the apply may not be).
-    for name, value in self.host_metrics(start).items():
-      record.scalar_metrics[name] = np.array([value])
+    self.finish(record, start)
     return record
 
   def run(self, step: int) -> StepResult:

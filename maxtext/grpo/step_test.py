@@ -39,6 +39,10 @@ EXPECTED = {
     "timing/generate", "timing/reward", "timing/reference",
     "timing/old_logprobs", "timing/update", "timing/step",
     "grad_norm", "learning_rate", "step_skipped",
+    "sampling_is_ratio/mean", "sampling_is_ratio/max",
+    "sampling_is_ratio/min", "tis_geo_mean/max", "tis_geo_mean/min",
+    "logprob_error/mean", "logprob_error/max", "masked/tis_frac",
+    "masked/logprob_error_frac", "masked/overlong_frac", "trained_token_frac",
 }  # fmt: skip
 
 
@@ -101,6 +105,13 @@ class StepTest(absltest.TestCase):
     )
     self.assertEqual(record["completion_tokens"], result.rollout.mask.sum())
     self.assertEqual(engine.step, 1)
+    # The extremes are the step's, not the mean of the micro-batches'.
+    values = result.records[0].scalar_metrics
+    self.assertLen(values["is_ratio/max"], 2)
+    for name in ("is_ratio/max", "advantage/max", "sampling_is_ratio/max"):
+      self.assertEqual(record[name], np.max(values[name]))
+    for name in ("is_ratio/min", "advantage/min", "sampling_is_ratio/min"):
+      self.assertEqual(record[name], np.min(values[name]))
 
   def test_timings_split_the_step(self):
     _, step, _ = self._step(num_iterations=2)

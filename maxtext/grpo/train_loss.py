@@ -4,13 +4,20 @@ One teacher-forced pass of the model over each row (prompt, then completion,
 right-padded) gives the policy's log-probability and entropy at every
 completion token; `policy_loss.policy_loss` turns them, with the rollout's
 behaviour log-probabilities and advantages, into the loss and its metrics.
-The rollout's statistics (rewards, lengths, timings) come in as micro-batch
-inputs, one float32 value per row, and go out as the mean over the rows, so
-every metric of a GRPO step rides the engine's packed array.
+Its metrics ride the engine's packed array; the rollout's statistics
+(rewards, lengths, timings) are host values that the step puts straight
+into its record (`step.GrpoStep`), never through the devices.
 
-Log-probabilities are of the model's own logits (temperature 1), as the
-decoder's behaviour log-probabilities are: the sampling temperature and
-filters choose which tokens are drawn, not the probabilities trained on.
+Log-probabilities and entropy are of the temperature-scaled distribution
+softmax(logits / `options.temperature`), the rollout's, as the decoder's
+behaviour log-probabilities are: the policy trained is the one the samples
+came from (top-k / top-p filtering is not applied to either).
+
+The micro-batch carries the step's normalisers, one float32 value per row
+(the same in every row): the step's counted completion tokens / K and
+counted sequences / K (`rollout.micro_batches`), so that "token_mean" is a
+mean over the whole step's tokens whatever K is; and `sequence_mask`, 0 for
+a sequence that trains nothing (overlong filtering).
 """
 
 from typing import Any, Optional
@@ -19,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from maxtext.generation import scoring
+from maxtext.grpo import frozen_router
 from maxtext.grpo import policy_loss
 from maxtext.metrics import buffer
 
@@ -29,6 +37,7 @@ def loss_fn(
     config,
     options: policy_loss.LossOptions,
     mesh: Optional[jax.sharding.Mesh] = None,
+    freeze_router: bool = False,
 ) -> tuple[jax.Array, dict]:
   """The engine's loss for one micro-batch of a rollout.
 
@@ -37,16 +46,23 @@ def loss_fn(
     micro_batch: "tokens" int32 [B, W], "prompt_lengths" int32 [B],
       "mask" float32 [B, L] (1 on completion tokens), "old_log_probs"
       float32 [B, L], "advantages" float32 [B], "ref_log_probs" float32
-      [B, L] (only when options.beta > 0).
+      [B, L] (only when options.beta > 0); optional "sequence_mask",
+      "token_normaliser" and "sequence_normaliser", float32 [B] each (module
+      docstring; left out, every sequence counts and the normalisers are the
+      micro-batch's own).
     config: the model's config.
     options: the loss's hyperparameters.
     mesh: as `transformer.apply`.
+    freeze_router: the MoE router's parameters get no gradient
+      (`frozen_router`; the optimizer's decay mask must leave them too).
 
   Returns:
     (loss, metrics): `policy_loss`'s, plus "completion_tokens" (a sum over
     the micro-batches).
   """
   mask = micro_batch["mask"]
+  if freeze_router:
+    params = frozen_router.stop_gradients(params)
   log_probs, entropy = scoring.completion_log_probs_and_entropy(
       params,
       micro_batch["tokens"],
@@ -54,7 +70,14 @@ def loss_fn(
       mask.shape[1],
       config,
       mesh,
+      options.temperature,
   )
+
+  def per_step(name):
+    # One value repeated in every row (rows may be split over devices).
+    values = micro_batch.get(name)
+    return None if values is None else jnp.mean(values)
+
   loss, metrics = policy_loss.policy_loss(
       log_probs,
       micro_batch["old_log_probs"],
@@ -63,6 +86,15 @@ def loss_fn(
       options,
       ref_logp=micro_batch.get("ref_log_probs"),
       entropy=entropy,
+      sequence_mask=micro_batch.get("sequence_mask"),
+      token_normaliser=per_step("token_normaliser"),
+      sequence_normaliser=per_step("sequence_normaliser"),
   )
   metrics["completion_tokens"] = buffer.SummedMetric(jnp.sum(mask))
   return loss, metrics
+
+
+# The step's reduction of the extremes among loss_fn's metrics: the caller
+# sets them as the flushed record's aggregation_fns (every other metric is
+# the mean over the micro-batches, which the normalisers make the step's).
+STEP_AGGREGATIONS = policy_loss.STEP_AGGREGATIONS

@@ -24,14 +24,19 @@ What GRPO supplies (see `maxtext/workload.py`):
                    grpo_num_iterations: `steps`, `eval_interval` and
                    `checkpoint_period` count updates, and evals,
                    checkpoints and stops fall between rollouts
-  host_metrics     the rollout's statistics (rewards, lengths, advantages)
-                   and the phase timings, straight into the step's record
-  evaluate/target  held-out pass@1 / pass@k; pass@1 reaching
-                   grpo_target_pass_rate ends the run
+  finish_record    the rollout's statistics (rewards, lengths, advantages)
+                   and the phase timings, straight into the step's record,
+                   and the loss's extremes reduced to the step's
+  evaluate/target  held-out pass@1 / grouped pass@k; the one that
+                   grpo_eval_target_metric names (MLPerf's eval_accuracy)
+                   reaching grpo_target_pass_rate ends the run
   keeps_state_on   a reward function's RewardError
 
 The starting parameters come from `load_parameters_path` (a pretraining
-run's checkpoint) or the seed. The prompts and the rollout's draws are
+run's checkpoint) or the seed. The frozen KL reference (grpo_beta > 0) is
+those starting parameters, loaded again, never saved, and pinned by the
+first attempt (`reference_pin`): a resume whose reference changed is
+refused in one line unless `grpo_allow_reference_change`. The prompts and the rollout's draws are
 functions of (seed, rollout), so a resumed run continues with the prompts
 and draws an uninterrupted run would have used.
 
@@ -57,18 +62,18 @@ from maxtext import model_setup
 from maxtext import optimizer as optimizer_lib
 from maxtext import workload
 from maxtext.grpo import evaluation
+from maxtext.grpo import frozen_router
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
 from maxtext.grpo import prompts as prompts_lib
+from maxtext.grpo import reference_pin
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
 from maxtext.metrics import recorder as metrics_recorder
+from maxtext.model import transformer
 from maxtext.text import sampling
-
-# The eval's target metric: held-out pass@1, higher is better.
-PASS_AT_1 = "pass@1"
 
 
 def loss_options(config) -> policy_loss.LossOptions:
@@ -80,6 +85,15 @@ def loss_options(config) -> policy_loss.LossOptions:
       kl_estimator=config.grpo_kl_estimator,
       aggregation=config.grpo_loss_aggregation,
       max_completion_length=config.grpo_max_completion_length,
+      temperature=config.grpo_temperature,
+      force_on_policy_ratio=config.grpo_force_on_policy_ratio,
+      # Truncated importance sampling is on when its upper bound is set
+      # (its lower bound may be 0).
+      tis_ratio_min=(
+          config.grpo_tis_ratio_min if config.grpo_tis_ratio_max else None
+      ),
+      tis_ratio_max=config.grpo_tis_ratio_max or None,
+      logprob_error_threshold=config.grpo_logprob_error_threshold or None,
   )
 
 
@@ -99,6 +113,9 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
       "mask": rows_2d,
       "old_log_probs": rows_2d,
       "advantages": rows_1d,
+      "sequence_mask": rows_1d,
+      "token_normaliser": rows_1d,
+      "sequence_normaliser": rows_1d,
   }
   if config.grpo_beta > 0:
     out["ref_log_probs"] = rows_2d
@@ -114,15 +131,31 @@ def engine_factory(config, mesh):
   setup = model_setup.setup_model(config, mesh)
   frozen = ml_collections.FrozenConfigDict(config)
   schedule = optimizer_lib.make_schedule(config)
+  freeze = config.grpo_freeze_router
+  params = model_setup.init_params(config, setup)
+  if freeze:
+    logging.info(
+        "GRPO: the MoE router is frozen (%d parameter arrays).",
+        frozen_router.count(params),
+    )
   engine = engine_lib.Engine(
       functools.partial(
           train_loss.loss_fn,
           config=frozen,
           options=loss_options(config),
           mesh=setup.mesh,
+          freeze_router=freeze,
       ),
-      model_setup.init_params(config, setup),
-      model_setup.make_optimizer(config, schedule),
+      params,
+      model_setup.make_optimizer(
+          config,
+          schedule,
+          decay_mask=(
+              frozen_router.decay_mask(transformer.weight_decay_mask)
+              if freeze
+              else None
+          ),
+      ),
       schedule,
       metrics_recorder.MetricsRecorder(mode="train"),
       config.gradient_accumulation_steps,
@@ -148,14 +181,14 @@ def rollout_options(config, step: int) -> sampling.SamplingOptions:
 
 
 def eval_options(config) -> sampling.SamplingOptions:
-  """The held-out eval's sampling: greedy (one sample) at temperature 0."""
-  greedy = config.grpo_eval_temperature == 0
+  """The held-out eval's sampling: greedy (one sample) at temperature 0,
+  else `config_lib.eval_samples_per_prompt` samples of each prompt."""
   return sampling.SamplingOptions(
       max_new_tokens=config.grpo_max_completion_length,
       temperature=config.grpo_eval_temperature,
       top_p=config.grpo_eval_top_p,
       seed=config.seed,
-      num_samples=1 if greedy else config.grpo_num_generations,
+      num_samples=config_lib.eval_samples_per_prompt(config),
       stop_ids=config_lib.stop_ids(config),
   )
 
@@ -216,7 +249,10 @@ class GrpoWorkload(workload.Workload):
         advantage_eps=config.grpo_advantage_eps,
         reference_params=reference,
         mesh=state.setup.mesh,
+        overlong_filtering=config.grpo_overlong_filtering,
     )
+    if reference is not None:
+      _check_reference(config, state, reference)
     # The eval's programs compile here, before the timed region.
     values = self._pass_rates(state)
     logging.info(
@@ -239,9 +275,9 @@ class GrpoWorkload(workload.Workload):
     self._ready = time.perf_counter()
     return self._batches, 0.0
 
-  def host_metrics(self, step: int) -> dict[str, float]:
-    del step
-    return self._step.host_metrics(self._ready)
+  def finish_record(self, step: int, record) -> None:
+    del step  # The newest rollout's, whichever update of it this is.
+    self._step.finish(record, self._ready)
 
   def evaluate(self, state) -> dict[str, eval_metrics.EvalMetric]:
     values = self._pass_rates(state)
@@ -253,7 +289,11 @@ class GrpoWorkload(workload.Workload):
     }
 
   def target(self, config) -> eval_metrics.Target:
-    return eval_metrics.Target(PASS_AT_1, config.grpo_target_pass_rate or None)
+    # pass@1, or grouped pass@k of grpo_eval_samples_per_prompt samples:
+    # MLPerf's eval_accuracy.
+    return eval_metrics.Target(
+        config.grpo_eval_target_metric, config.grpo_target_pass_rate or None
+    )
 
   @staticmethod
   def _rollout_of(config, step: int) -> int:
@@ -270,3 +310,23 @@ class GrpoWorkload(workload.Workload):
         progression_task.exact_match,
         mesh=state.setup.mesh,
     )
+
+
+def _check_reference(config, state, reference) -> None:
+  """Pins the KL reference on a first attempt, refuses a changed one later.
+
+  Raises:
+    workload.RefusedStart: the reference is not the one the run pinned (one
+      line).
+  """
+  try:
+    allowed = reference_pin.check_and_record(
+        state.paths.run_dir,
+        reference_pin.pin_of(config.load_parameters_path, reference),
+        allow_change=config.grpo_allow_reference_change,
+        write=jax.process_index() == 0,
+    )
+  except ValueError as e:
+    raise workload.RefusedStart(str(e)) from e
+  if allowed:
+    logging.warning("%s", allowed)

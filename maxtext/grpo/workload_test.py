@@ -1,7 +1,9 @@
 """The GRPO workload end to end through the one loop: pretrain briefly,
 post-train, resume, refuse, stop, skip, finish."""
 
+import json
 import os
+import shutil
 import time
 
 from absl.testing import absltest
@@ -10,6 +12,7 @@ import numpy as np
 
 from maxtext import preemption
 from maxtext import trainer
+from maxtext.grpo import reference_pin
 from maxtext.grpo import rewards
 from maxtext.listeners import interface as listener_interface
 from maxtext.metrics import jsonl
@@ -282,6 +285,42 @@ class GrpoRunTest(parameterized.TestCase):
     evals = [r for r in records if r["kind"] == "eval"]
     self.assertLen(evals, 1)
     self.assertGreaterEqual(evals[0]["eval_pass@1"], 0.05)
+
+  def test_a_resume_whose_reference_changed_is_refused(self):
+    # The reference's checkpoint directory gains a newer step (its
+    # pretraining went on): load_parameters_path now resolves to it.
+    source = self.create_tempdir().full_path
+    checkpoints = os.path.join(source, "checkpoints")
+    shutil.copytree(self.checkpoints, checkpoints)
+    last = max(int(name) for name in os.listdir(checkpoints) if name.isdigit())
+    out = self.create_tempdir().full_path
+    first = trainer.run(_grpo_config(out, checkpoints, steps=2))
+    self.assertEqual(first.final_step, 2)
+    pin_path = os.path.join(first.run_dir, reference_pin.PIN_FILE)
+    with open(pin_path, encoding="utf-8") as f:
+      pinned = json.load(f)["pinned"]
+    self.assertEqual(pinned["step"], last)
+    shutil.copytree(
+        os.path.join(checkpoints, str(last)),
+        os.path.join(checkpoints, str(last + 1)),
+    )
+    with self.assertRaisesRegex(
+        trainer.ConfigError,
+        rf"^the KL reference changed: .* now reads step {last + 1} .*the run "
+        rf"pinned step {last} .*grpo_allow_reference_change=True",
+    ):
+      trainer.run(_grpo_config(out, checkpoints, steps=3))
+    # Allowed: the run goes on and the change is on record.
+    again = trainer.run(
+        _grpo_config(
+            out, checkpoints, steps=3, grpo_allow_reference_change=True
+        )
+    )
+    self.assertEqual((again.start_step, again.final_step), (2, 3))
+    with open(pin_path, encoding="utf-8") as f:
+      record = json.load(f)
+    self.assertEqual(record["pinned"]["step"], last + 1)
+    self.assertEqual([c["from"]["step"] for c in record["changes"]], [last])
 
   def test_two_passes_per_rollout(self):
     out = self.create_tempdir().full_path

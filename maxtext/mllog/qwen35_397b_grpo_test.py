@@ -59,6 +59,46 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     ):
       preflight.check(config)
 
+  def test_config_makes_the_reference_choices(self):
+    # docs/grpo.md's table: each reference setting, the field, its value.
+    config = qwen35_397b_grpo.get_config()
+    want = {
+        "grpo_advantage_estimator": "rloo_normalized",
+        "grpo_advantage_eps": 1e-6,
+        "grpo_loss_aggregation": "token_mean",
+        "grpo_epsilon": 0.2,
+        "grpo_epsilon_high": 0.28,
+        "grpo_force_on_policy_ratio": True,
+        "grpo_tis_ratio_min": 0.999,
+        "grpo_tis_ratio_max": 1.002,
+        "grpo_logprob_error_threshold": 2.0,
+        "grpo_overlong_filtering": True,
+        "grpo_freeze_router": True,
+        "grpo_beta": 0.0,
+        "grpo_num_iterations": 1,
+        "grpo_eval_samples_per_prompt": 4,
+        "grpo_eval_target_metric": "pass@4",
+        "grpo_eval_prompts": 251,
+        "grpo_eval_temperature": 0.1,
+        "grpo_eval_top_p": 0.95,
+        "grpo_temperature": 1.0,
+        "grpo_top_p": 1.0,
+        "weight_decay": 0.0,
+    }
+    self.assertEqual({key: config[key] for key in want}, want)
+    # The loss those fields build (the run's, through trainer.loss_options).
+    options = trainer.loss_options(config)
+    self.assertTrue(options.force_on_policy_ratio)
+    self.assertEqual(
+        (options.tis_ratio_min, options.tis_ratio_max), (0.999, 1.002)
+    )
+    self.assertEqual(options.logprob_error_threshold, 2.0)
+    self.assertEqual(options.temperature, 1.0)
+    self.assertEqual(trainer.eval_options(config).num_samples, 4)
+    # A lower bound of 0 is a bound (the upper one turns TIS on).
+    low = trainer.loss_options(_config(grpo_tis_ratio_min=0.0))
+    self.assertEqual((low.tis_ratio_min, low.tis_ratio_max), (0.0, 1.002))
+
   @parameterized.parameters("256", "384", "512", "1024")
   def test_header_satisfies_the_closed_rules(self, batch):
     config = _config(batch)

@@ -905,6 +905,18 @@ def _find_params_checkpoint(path: str) -> tuple[ocp.CheckpointManager, int]:
   )
 
 
+def params_checkpoint_step(path: str | os.PathLike[str]) -> int:
+  """The step `restore_params_only(path)` reads: the newest step of a
+  checkpoint directory, or the step directory `path` names.
+
+  Raises:
+    FileNotFoundError: as `restore_params_only`.
+  """
+  manager, step = _find_params_checkpoint(_normalize_directory(path))
+  manager.close()
+  return step
+
+
 def _stored_params(manager: ocp.CheckpointManager, step: int) -> Any:
   """The params subtree of `step`'s tree metadata, or None if unreadable."""
   try:

@@ -39,14 +39,16 @@ _SMALL = (
 )
 _TASK = "maxtext.grpo.progression_task"
 # Metrics of a step's record besides one per reward function: on the
-# devices, the loss, 16 of the policy loss (pg_loss, kl, kl_loss, 3 clip
-# fractions, ppo_kl, entropy, 3 ratio and 5 advantage statistics) and
-# completion_tokens, and the engine's 3 (grad_norm, learning_rate,
-# step_skipped); on the host, 10 of the rollout (5 reward statistics,
-# frac_reward_zero_std, 4 completion lengths) and the 7 timings.
-_MICRO_BATCH_METRICS = 1 + 16 + 1
+# devices, the loss, the policy loss's 26 (pg_loss, kl, kl_loss, 3 clip
+# fractions, ppo_kl, entropy, 3 ratio and 5 advantage statistics, and the
+# reference loss's 10: sampling_is_ratio x 3, tis_geo_mean x 2,
+# logprob_error x 2, masked x 2, trained_token_frac) and completion_tokens,
+# and the engine's 3 (grad_norm, learning_rate, step_skipped); on the host,
+# the rollout's 11 statistics (5 reward statistics, frac_reward_zero_std, 4
+# completion lengths, masked/overlong_frac) and the 7 timings.
+_MICRO_BATCH_METRICS = 1 + 26 + 1
 _STEP_METRICS = 3
-_HOST_METRICS = 10 + 7
+_HOST_METRICS = 11 + 7
 
 
 def _run(*args):
