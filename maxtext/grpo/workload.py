@@ -36,9 +36,9 @@ The starting parameters come from `load_parameters_path` (a pretraining
 run's checkpoint) or the seed. The frozen KL reference (grpo_beta > 0) is
 those starting parameters, loaded again, never saved, and pinned by the
 first attempt (`reference_pin`): a resume whose reference changed is
-refused in one line unless `grpo_allow_reference_change`. The prompts and the rollout's draws are
-functions of (seed, rollout), so a resumed run continues with the prompts
-and draws an uninterrupted run would have used.
+refused in one line unless `grpo_allow_reference_change`. The prompts and
+the rollout's draws are functions of (seed, rollout), so a resumed run
+continues with the prompts and draws an uninterrupted run would have used.
 
 Several processes form one job as for pretraining (`distributed`): every
 process draws the same prompts, holds the whole rollout on its host (the
