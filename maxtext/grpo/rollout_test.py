@@ -185,7 +185,16 @@ class RolloutTest(absltest.TestCase):
     # The statistics are host values: they stay out of the micro-batches.
     self.assertEqual(
         set(batches[0]),
-        {"tokens", "prompt_lengths", "mask", "old_log_probs", "advantages"},
+        {
+            "tokens",
+            "prompt_lengths",
+            "mask",
+            "old_log_probs",
+            "advantages",
+            "sequence_mask",
+            "token_normaliser",
+            "sequence_normaliser",
+        },
     )
     with self.assertRaisesRegex(ValueError, "gradient_accumulation_steps=3"):
       rollout_lib.micro_batches(r, 3)

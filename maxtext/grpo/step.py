@@ -246,15 +246,19 @@ class GrpoStep:
         overlong_filtering=self._overlong_filtering,
     )
     rolled = time.perf_counter()
+    batches = rollout_lib.micro_batches(result, self._k)
     if self._reference is None:
-      batches = [
-          self._placed(batch)
-          for batch in rollout_lib.micro_batches(result, self._k)
-      ]
+      batches = [self._placed(batch) for batch in batches]
       reference_s = 0.0
     else:
-      (whole,) = rollout_lib.micro_batches(result, 1)
-      whole = self._placed(whole)
+      # The K micro-batches (each with the step's normalisers over K) as
+      # one placed batch, which the reference's program cuts again.
+      whole = self._placed(
+          {
+              name: np.concatenate([batch[name] for batch in batches])
+              for name in batches[0]
+          }
+      )
       dispatched = time.perf_counter()
       batches = self._with_reference(
           self._reference, whole, np.float32(options.temperature)

@@ -19,6 +19,7 @@ from maxtext import config_lib
 from maxtext.configs import grpo_tiny
 from maxtext.configs import qwen35_397b_grpo
 from maxtext import trainer
+from maxtext.grpo import workload as grpo_workload
 from maxtext.mllog import header_proof
 from maxtext.mllog import hyperparameters
 from maxtext.mllog import preflight
@@ -86,17 +87,17 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
         "weight_decay": 0.0,
     }
     self.assertEqual({key: config[key] for key in want}, want)
-    # The loss those fields build (the run's, through trainer.loss_options).
-    options = trainer.loss_options(config)
+    # The loss those fields build (the run's, through loss_options).
+    options = grpo_workload.loss_options(config)
     self.assertTrue(options.force_on_policy_ratio)
     self.assertEqual(
         (options.tis_ratio_min, options.tis_ratio_max), (0.999, 1.002)
     )
     self.assertEqual(options.logprob_error_threshold, 2.0)
     self.assertEqual(options.temperature, 1.0)
-    self.assertEqual(trainer.eval_options(config).num_samples, 4)
+    self.assertEqual(grpo_workload.eval_options(config).num_samples, 4)
     # A lower bound of 0 is a bound (the upper one turns TIS on).
-    low = trainer.loss_options(_config(grpo_tis_ratio_min=0.0))
+    low = grpo_workload.loss_options(_config(grpo_tis_ratio_min=0.0))
     self.assertEqual((low.tis_ratio_min, low.tis_ratio_max), (0.0, 1.002))
 
   @parameterized.parameters("256", "384", "512", "1024")

@@ -133,11 +133,12 @@ class MetricsBenchTest(absltest.TestCase):
         "--grpo", f"--model_config={path}", ks=_KS[:1], rounds=1
     )
     # A GRPO step's device metrics come home in one engine dispatch per
-    # step too: loss and 17 of the policy loss (pg_loss, kl, kl_loss, 3 clip
-    # fractions, ppo_kl, entropy, 3 ratio and 5 advantage statistics,
-    # completion tokens). The rollout's statistics are host values that
-    # never reach the devices (maxtext/grpo/step.py).
-    self.assertEqual(m, 1 + 17)
+    # step too: loss, 26 of the policy loss (pg_loss, kl, kl_loss, 3 clip
+    # fractions, ppo_kl, entropy, 3 ratio and 5 advantage statistics, and
+    # the reference loss's 10) and completion tokens. The rollout's
+    # statistics are host values that never reach the devices
+    # (maxtext/grpo/step.py).
+    self.assertEqual(m, 1 + 26 + 1)
     self.assert_dispatches(dispatches, m, ks=_KS[:1])
 
 
