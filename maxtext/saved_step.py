@@ -94,6 +94,7 @@ NOT_SHAPING = frozenset(
         "submission_benchmark",
         "mllog_train_samples",
         "compiled_step_file",
+        "grpo_reward_timeout_seconds",
     }
 )
 

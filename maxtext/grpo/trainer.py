@@ -133,7 +133,9 @@ def check(config) -> list[rewards_lib.RewardFunction]:
     config_lib.validate(config)
     config_lib.validate_grpo(config)
     preflight.check(config, grpo=True)
-    functions = rewards_lib.load(config.grpo_reward_functions)
+    functions = rewards_lib.load(
+        config.grpo_reward_functions, config.grpo_reward_timeout_seconds
+    )
     make_task(config)
     loss_options(config)
   except (ValueError, TypeError) as e:
