@@ -225,7 +225,7 @@ def load(
       )
     # A damaged payload fails inside XLA with any error type; the user's
     # answer is the same line.
-    except Exception as e:  # pylint: disable=broad-exception-caught
+    except Exception as e:
       raise ValueError(
           f"{where}: program {name} does not load ({_first_line(e)}); "
           "write the file again with train_compile --compiled_step_file"
@@ -235,7 +235,9 @@ def load(
 
 def _first_line(error: BaseException) -> str:
   lines = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+  return (
+      f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+  )
 
 
 def _unpickle(where: str, f, section: str) -> Any:
@@ -244,7 +246,7 @@ def _unpickle(where: str, f, section: str) -> Any:
     return pickle.load(f)
   # A truncated or overwritten pickle fails with many error types
   # (EOFError, UnpicklingError, an unknown opcode's KeyError, ...).
-  except Exception as e:  # pylint: disable=broad-exception-caught
+  except Exception as e:
     raise ValueError(
         f"{where}: its {section} section is damaged or truncated "
         f"({_first_line(e)}); write the file again with train_compile "

@@ -72,7 +72,11 @@ class GenerateMainTest(absltest.TestCase):
             "generate: error: stop='a': expected comma-separated integers",
         ),
         (
-            [f"--run_dir={self.run_dir}", "--prompt=x", "--num_samples=100000000"],
+            [
+                f"--run_dir={self.run_dir}",
+                "--prompt=x",
+                "--num_samples=100000000",
+            ],
             "generate: error: num_samples must be at most 4096 (the samples "
             "are the rows of one batch on the devices; draw more with other "
             "seeds), got 100000000",

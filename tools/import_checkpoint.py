@@ -21,8 +21,8 @@ weight_dtype. Bad input (no config.json, another architecture, a field of
 the wrong JSON type, a tensor missing or of another shape, a truncated
 shard or a header whose offsets overlap, a shard named outside --input,
 NaN or Inf weights unless --allow_non_finite) is one line naming the file
-and tensor, exit status 2, and nothing is written to --output_dir. Relative paths resolve against the
-directory `bazel run` was started from.
+and tensor, exit status 2, and nothing is written to --output_dir.
+Relative paths resolve against the directory `bazel run` was started from.
 """
 
 from absl import app

@@ -74,6 +74,7 @@ class ImportCheckpointErrorsTest(absltest.TestCase):
     return os.path.join(hf, "model.safetensors")
 
   def assert_refused(self, hf, message, *extra):
+    """Imports `hf`; checks the one-line refusal holding `message`."""
     out = os.path.join(self.create_tempdir().full_path, "out")
     done = _run(
         "import_checkpoint", f"--input={hf}", f"--output_dir={out}", *extra
@@ -121,7 +122,9 @@ class ImportCheckpointErrorsTest(absltest.TestCase):
         "metadata": {},
         "weight_map": {n: shard_name for n in header if n != "__metadata__"},
     }
-    with open(os.path.join(hf, "model.safetensors.index.json"), "w") as f:
+    with open(
+        os.path.join(hf, "model.safetensors.index.json"), "w", encoding="utf-8"
+    ) as f:
       json.dump(index, f)
 
   def test_an_index_naming_a_file_outside_is_refused(self):
@@ -137,7 +140,7 @@ class ImportCheckpointErrorsTest(absltest.TestCase):
   def test_an_absolute_path_is_refused_without_printing_the_file(self):
     hf = self.copy()
     secret = os.path.join(self.create_tempdir().full_path, "passwd")
-    with open(secret, "w") as f:
+    with open(secret, "w", encoding="utf-8") as f:
       f.write("root:x:0:0:root:/root:/bin/bash\n")
     self.write_index(hf, secret)
     line = self.assert_refused(
@@ -160,7 +163,9 @@ class ImportCheckpointErrorsTest(absltest.TestCase):
           os.path.join(snapshot, name),
       )
     out = os.path.join(self.create_tempdir().full_path, "out")
-    done = _run("import_checkpoint", f"--input={snapshot}", f"--output_dir={out}")
+    done = _run(
+        "import_checkpoint", f"--input={snapshot}", f"--output_dir={out}"
+    )
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertTrue(os.path.isdir(os.path.join(out, "0")))
 
@@ -178,30 +183,35 @@ class ImportCheckpointErrorsTest(absltest.TestCase):
     def config_edit(edit):
       return lambda hf: _edit_json(os.path.join(hf, "config.json"), edit)
 
-    cases = {
-        "config.json a list": (
+    cases = [
+        (
+            "config.json a list",
             config_edit(lambda d: [d]),
             "config.json: a JSON list, not an object",
         ),
-        "a list where an object belongs": (
+        (
+            "a list where an object belongs",
             config_edit(lambda d: d.update(rope_scaling=[8.0])),
             "config.json: rope_scaling is a list ([8.0]), not an object",
         ),
-        "a string where an integer belongs": (
+        (
+            "a string where an integer belongs",
             config_edit(lambda d: d.update(hidden_size="32")),
             "config.json: hidden_size is a string ('32'), not an integer",
         ),
-        "an int dtype": (
+        (
+            "an int dtype",
             header_edit(lambda e: e.update(dtype=5)),
             "tensor model.norm.weight: unsupported dtype 5",
         ),
-        "a missing shape": (
+        (
+            "a missing shape",
             header_edit(lambda e: e.pop("shape")),
             "model.safetensors: tensor model.norm.weight: header entry has no "
             "'shape'",
         ),
-    }
-    for name, (damage, message) in cases.items():
+    ]
+    for name, damage, message in cases:
       with self.subTest(name):
         hf = self.copy()
         damage(hf)
@@ -257,7 +267,9 @@ class ImportCheckpointErrorsTest(absltest.TestCase):
     os.symlink(target, link)
     leftover = os.path.join(parent, "real.importing-killed")
     os.makedirs(os.path.join(leftover, "scratch"))
-    done = _run("import_checkpoint", f"--input={self.hf_dir}", f"--output_dir={link}")
+    done = _run(
+        "import_checkpoint", f"--input={self.hf_dir}", f"--output_dir={link}"
+    )
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertIn(
         f"removed {leftover}, left by an interrupted run of this tool",

@@ -39,7 +39,9 @@ def import_function(name: str) -> Callable[..., float]:
   return fn
 
 
-def check_call(fn: Callable[..., Any], prompt: tuple, completion: tuple) -> dict:
+def check_call(
+    fn: Callable[..., Any], prompt: tuple, completion: tuple
+) -> dict:
   """Calls `fn(prompt, completion)`; {"value": float} or {"error": line}.
 
   Any exception (SystemExit and KeyboardInterrupt included: a reward does
@@ -48,8 +50,9 @@ def check_call(fn: Callable[..., Any], prompt: tuple, completion: tuple) -> dict
   """
   try:
     value = fn(prompt, completion)
+  # User code: anything it raises (SystemExit too) stops the run with this
+  # one line.
   except BaseException as exc:  # pylint: disable=broad-exception-caught
-    # User code: anything it raises stops the run with this one line.
     lines = str(exc).strip().splitlines()
     text = f": {lines[0]}" if lines else ""
     return {"error": f"raised {type(exc).__name__}{text}"}

@@ -27,7 +27,6 @@ from typing import Iterator, Sequence
 
 from maxtext.grpo import reward_call
 
-
 # How long the worker may take to start and import the functions.
 _START_TIMEOUT_S = 120.0
 
@@ -52,12 +51,15 @@ class Worker:
 
   @property
   def timeout_s(self) -> float:
+    """The most seconds one call may take."""
     return self._timeout_s
 
   def _start(self) -> None:
+    """Starts the child and waits for it to have imported the functions."""
     child_reads, parent_writes = os.pipe()
     parent_reads, child_writes = os.pipe()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    # The child outlives this call: `close` ends it.
     self._process = subprocess.Popen(  # pylint: disable=consider-using-with
         [
             sys.executable,
@@ -85,9 +87,7 @@ class Worker:
           f"it did not start within {_START_TIMEOUT_S + self._timeout_s:g} s"
       ) from None
 
-  def calls(
-      self, function: int, pairs: Sequence[tuple]
-  ) -> Iterator[dict]:
+  def calls(self, function: int, pairs: Sequence[tuple]) -> Iterator[dict]:
     """Calls function `function` on each (prompt, completion) of `pairs`.
 
     Yields:
@@ -100,7 +100,10 @@ class Worker:
     if self._process is None or self._process.poll() is not None:
       self.close()
       self._start()
-    request = {"function": function, "pairs": [list(map(list, p)) for p in pairs]}
+    request = {
+        "function": function,
+        "pairs": [list(map(list, p)) for p in pairs],
+    }
     self._to_child.write(json.dumps(request).encode() + b"\n")
     for _ in pairs:
       answer = json.loads(self._line(self._timeout_s))
@@ -109,6 +112,7 @@ class Worker:
         return  # The child stops a request at its first error.
 
   def _line(self, timeout_s: float) -> bytes:
+    """The child's next line; Timeout after `timeout_s`, Died at its end."""
     deadline = time.monotonic() + timeout_s
     while b"\n" not in self._buffer:
       remaining = deadline - time.monotonic()
@@ -143,15 +147,17 @@ class Worker:
       self._from_child = None
 
   def __del__(self):
+    """Ends the child with its worker."""
     self.close()
 
 
 def _serve(read_fd: int, write_fd: int, names: Sequence[str]) -> None:
   """The child: answers requests until the parent closes its pipe."""
   functions = [reward_call.import_function(name) for name in names]
-  with os.fdopen(read_fd, "rb") as requests, os.fdopen(
-      write_fd, "wb", buffering=0
-  ) as answers:
+  with (
+      os.fdopen(read_fd, "rb") as requests,
+      os.fdopen(write_fd, "wb", buffering=0) as answers,
+  ):
     answers.write(b'{"ready": true}\n')
     for line in requests:
       request = json.loads(line)

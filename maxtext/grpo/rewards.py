@@ -187,7 +187,9 @@ def score(
     )
   error = None
   try:
-    per_function, total = _score(functions, prompts, completions, num_generations)
+    per_function, total = _score(
+        functions, prompts, completions, num_generations
+    )
   except RewardError as e:
     error = e
   _agree(error)
@@ -196,9 +198,7 @@ def score(
 
 def _where(function: RewardFunction, row: int, num_generations: int) -> str:
   index, sample = divmod(row, num_generations)
-  return (
-      f"reward function {function.name} on prompt {index} (sample {sample})"
-  )
+  return f"reward function {function.name} on prompt {index} (sample {sample})"
 
 
 def _values(function, prompts, completions, num_generations) -> np.ndarray:
@@ -223,8 +223,8 @@ def _values(function, prompts, completions, num_generations) -> np.ndarray:
   except reward_worker.Timeout:
     raise RewardError(
         f"{_where(function, row, num_generations)} did not return within "
-        f"{function.worker.timeout_s:g} s (config.grpo_reward_timeout_seconds); "
-        "it was stopped"
+        f"{function.worker.timeout_s:g} s "
+        "(config.grpo_reward_timeout_seconds); it was stopped"
     ) from None
   except reward_worker.Died as e:
     raise RewardError(
@@ -235,6 +235,8 @@ def _values(function, prompts, completions, num_generations) -> np.ndarray:
 
 
 def _score(functions, prompts, completions, num_generations):
+  """(per function values, weighted totals); RewardError on a failure or a
+  non-finite total."""
   per_function = {}
   total = np.zeros(len(completions))
   for function in functions:

@@ -144,7 +144,8 @@ class ScoreTest(absltest.TestCase):
 
   def test_weights_that_make_the_total_infinite_are_an_error(self):
     functions = rewards.load(
-        "testing.hostile_rewards:near_max,testing.hostile_rewards:constant=1e308"
+        "testing.hostile_rewards:near_max,"
+        "testing.hostile_rewards:constant=1e308"
     )
     with self.assertRaises(rewards.RewardError) as caught:
       rewards.score(functions, [[1]], [[2], [3]], 2)
@@ -155,7 +156,10 @@ class ScoreTest(absltest.TestCase):
     )
 
   def test_worker_gives_the_same_values(self):
-    spec = "maxtext.grpo.rewards_test:length_reward=2,testing.hostile_rewards:constant"
+    spec = (
+        "maxtext.grpo.rewards_test:length_reward=2,"
+        "testing.hostile_rewards:constant"
+    )
     prompts = [[1, 2], [3, 4, 5, 6]]
     completions = [[9], [4, 4], [], [8, 1]]
     here = rewards.score(rewards.load(spec), prompts, completions, 2)

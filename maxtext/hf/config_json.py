@@ -45,6 +45,7 @@ _STRING = ("hidden_act", "model_type", "scoring_func", "topk_method")
 
 
 def _kind_of(value: Any) -> str:
+  """The JSON type of a parsed value, as the messages name it."""
   if isinstance(value, bool):
     return "boolean"
   if isinstance(value, int):
@@ -79,9 +80,11 @@ def check(config: Mapping[str, Any], source: str) -> None:
       continue
     kind = _kind_of(value)
     if kind not in kinds:
+      wanted = " or ".join(
+          f"{'an' if k[0] in 'aeiou' else 'a'} {k}" for k in kinds
+      )
       raise ValueError(
-          f"{source}: {key} is a {kind} ({value!r:.40}), not "
-          f"{' or '.join('an ' + k if k[0] in 'aeiou' else 'a ' + k for k in kinds)}"
+          f"{source}: {key} is a {kind} ({value!r:.40}), not {wanted}"
       )
     if kind == "integer" and value < 0:
       raise ValueError(f"{source}: {key}={value} is negative")
@@ -91,5 +94,6 @@ def check(config: Mapping[str, Any], source: str) -> None:
       and all(isinstance(a, str) for a in architectures)
   ):
     raise ValueError(
-        f"{source}: architectures is not a list of names ({architectures!r:.40})"
+        f"{source}: architectures is not a list of names "
+        f"({architectures!r:.40})"
     )

@@ -80,7 +80,11 @@ class SafetensorsTest(absltest.TestCase):
   def test_header_problems_are_one_line_naming_the_file_and_tensor(self):
 
     def f32(begin, end, shape=(4,)):
-      return {"dtype": "F32", "shape": list(shape), "data_offsets": [begin, end]}
+      return {
+          "dtype": "F32",
+          "shape": list(shape),
+          "data_offsets": [begin, end],
+      }
 
     data = bytes(range(32))
     cases = {
@@ -140,7 +144,7 @@ class SafetensorsTest(absltest.TestCase):
 
   def test_a_file_that_is_not_safetensors_does_not_print_its_bytes(self):
     path = os.path.join(self.create_tempdir().full_path, "passwd")
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
       f.write("root:x:0:0:root:/root:/bin/bash\n")
     with self.assertRaises(safetensors_io.FormatError) as caught:
       safetensors_io.SafetensorsFile(path)

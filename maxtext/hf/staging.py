@@ -31,7 +31,9 @@ def make(output_dir: str, kind: str, log: Callable[[str], None]) -> str:
   parent = os.path.dirname(output_dir)
   os.makedirs(parent, exist_ok=True)
   prefix = f"{os.path.basename(output_dir)}.{kind}-"
-  for leftover in sorted(glob.glob(os.path.join(glob.escape(parent), prefix + "*"))):
+  for leftover in sorted(
+      glob.glob(os.path.join(glob.escape(parent), prefix + "*"))
+  ):
     if os.path.isdir(leftover) and not os.path.islink(leftover):
       shutil.rmtree(leftover, ignore_errors=True)
       log(f"removed {leftover}, left by an interrupted run of this tool")

@@ -428,7 +428,9 @@ class RestoreNewestTest(parameterized.TestCase):
   def test_every_step_carries_checksums_of_its_items(self):
     self.write_steps(4)
     step_dir = os.path.join(self.directory, "4")
-    with open(os.path.join(step_dir, checksums.MANIFEST)) as f:
+    with open(
+        os.path.join(step_dir, checksums.MANIFEST), encoding="utf-8"
+    ) as f:
       files = json.load(f)["files"]
     on_disk = sorted(
         os.path.relpath(os.path.join(root, name), step_dir)
@@ -465,10 +467,10 @@ class RestoreNewestTest(parameterized.TestCase):
     # without the checksums.
     self.write_steps(4, 8)
     path = os.path.join(self.directory, "8", "metadata", "metadata")
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       text = f.read()
     self.assertIn("64", text)
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
       f.write(text.replace("64", "65"))
     with self.assertLogs(level="WARNING"):
       restored = self.make_checkpointer().restore_newest(self.abstract)

@@ -90,6 +90,7 @@ def write(step_dir: str, items: Iterable[str]) -> int:
 
 
 def _read_manifest(step_dir: str, where: str) -> dict | None:
+  """The manifest's files entry, checked; None when there is no manifest."""
   path = os.path.join(step_dir, MANIFEST)
   try:
     with open(path, encoding="utf-8") as f:

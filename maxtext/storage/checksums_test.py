@@ -43,7 +43,9 @@ class ChecksumsTest(absltest.TestCase):
   def test_written_manifest_verifies_and_covers_the_items_only(self):
     size = checksums.write(self.step, ("state", "metadata"))
     self.assertEqual(size, 100_000 + 11 + 9)
-    with open(os.path.join(self.step, checksums.MANIFEST)) as f:
+    with open(
+        os.path.join(self.step, checksums.MANIFEST), encoding="utf-8"
+    ) as f:
       manifest = json.load(f)
     self.assertEqual(
         sorted(manifest["files"]),
@@ -58,31 +60,36 @@ class ChecksumsTest(absltest.TestCase):
     self.assertEqual(self.verify(), checksums.UNVERIFIED)
 
   def test_each_damage_is_one_line_naming_the_file(self):
-    cases = {
-        "flipped bytes": (
+    cases = [
+        (
+            "flipped bytes",
             lambda data: self._flip(data, 4096),
             "{data} is damaged (crc32c ",
         ),
-        "truncated": (
+        (
+            "truncated",
             lambda data: os.truncate(data, 50_000),
             "{data} has 50000 bytes, 100000 recorded at save",
         ),
-        "missing": (
+        (
+            "missing",
             os.remove,
             "{data} is missing (listed in checksums.json)",
         ),
-        "added": (
+        (
+            "added",
             lambda data: _write(data + "2", b"x"),
             "{data}2 is not in its checksums.json",
         ),
-        "manifest not JSON": (
+        (
+            "manifest not JSON",
             lambda data: _write(
                 os.path.join(self.step, checksums.MANIFEST), b"{not json"
             ),
             "checksums.json is unreadable",
         ),
-    }
-    for name, (damage, expected) in cases.items():
+    ]
+    for name, damage, expected in cases:
       with self.subTest(name):
         self.step = self.create_tempdir().full_path
         data = os.path.join(self.step, "state", "d", "a")
