@@ -10,10 +10,12 @@ symbolically linked output directory. Refusals are one line, exit status
 2, nothing written.
 """
 
+import glob
 import json
 import os
 import shutil
 import struct
+import subprocess
 import time
 
 from absl.testing import absltest
@@ -258,6 +260,34 @@ class ImportCheckpointErrorsTest(absltest.TestCase):
     self.assertEqual(done.returncode, 0, done.stderr)
 
   # --- 10 and 11: a killed run's staging, a symlinked output -----------------
+
+  def test_an_import_killed_with_sigkill_is_cleaned_up_by_the_next(self):
+    parent = self.create_tempdir().full_path
+    out = os.path.join(parent, "out")
+    command = runfiles.binary_command("tools/import_checkpoint")
+    # Killed below; a with-statement would wait for it instead.
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        command + [f"--input={self.hf_dir}", f"--output_dir={out}"],
+        env=runfiles.binary_environ(command),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    staging = []
+    while not staging and time.monotonic() < deadline:
+      staging = glob.glob(os.path.join(parent, "out.importing-*"))
+      time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    self.assertLen(staging, 1, "the import never made its staging directory")
+    self.assertTrue(os.path.isdir(staging[0]))
+    self.assertFalse(os.path.exists(out))
+    done = _run(
+        "import_checkpoint", f"--input={self.hf_dir}", f"--output_dir={out}"
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn(f"removed {staging[0]}", done.stdout)
+    self.assertEqual(os.listdir(parent), ["out"])
 
   def test_staging_left_by_a_killed_run_is_removed_and_links_resolved(self):
     parent = self.create_tempdir().full_path
