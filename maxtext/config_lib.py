@@ -544,6 +544,12 @@ def _check_grpo(v) -> None:
         v["grpo_reward_functions"],
         "name at least one reward function as module:function",
     )
+  if not v["grpo_reward_timeout_seconds"] > 0:
+    raise _fail(
+        "grpo_reward_timeout_seconds",
+        v["grpo_reward_timeout_seconds"],
+        "must be > 0",
+    )
   _at_least(v, "grpo_max_completion_length", 1)
   _at_least(v, "grpo_prompt_length", 1)
   if v["grpo_temperature"] <= 0:

@@ -117,6 +117,57 @@ class GrpoMainTest(absltest.TestCase):
     ) as ckpt:
       self.assertEqual(ckpt.all_steps(), [stop_step])
 
+  def test_a_hostile_reward_stops_with_one_line_and_a_checkpoint(self):
+    cases = {
+        # Scores the first rollout, then never returns.
+        "hangs_after_8_calls": (
+            "on prompt 0 (sample 0) did not return within 3 s "
+            "(config.grpo_reward_timeout_seconds); it was stopped"
+        ),
+        "huge": (
+            "on prompt 0 (sample 0) returned an integer of 401 digits, too "
+            "large for a float: a reward is a finite number"
+        ),
+        "exits": "on prompt 0 (sample 0) raised SystemExit: 0",
+    }
+    for name, message in cases.items():
+      with self.subTest(name):
+        out = self.create_tempdir().full_path
+        done = runfiles.run_binary(
+            "maxtext/grpo_main",
+            [
+                f"--config.base_output_directory={out}",
+                *_TINY,
+                "--config.steps=4",
+                "--config.eval_interval=4",
+                "--config.enable_mllog=False",
+                "--config.grpo_reward_functions="
+                f"testing.hostile_rewards:{name}",
+                "--config.grpo_reward_timeout_seconds=3",
+            ],
+            timeout_s=300,
+        )
+        self.assertEqual(done.returncode, 1, done.stderr[-3000:])
+        self.assertNotIn("Traceback", done.stderr)
+        lines = [
+            line
+            for line in done.stderr.splitlines()
+            if line.startswith("grpo_main: ")
+        ]
+        self.assertEqual(
+            lines,
+            [
+                "grpo_main: error: reward function "
+                f"testing.hostile_rewards:{name} {message}"
+            ],
+        )
+        # The last completed step is kept: step 1 after the hang in the
+        # second rollout, the start (0) otherwise.
+        self.assertEqual(
+            os.listdir(os.path.join(out, "grpo_tiny", "checkpoints")),
+            ["1" if name.startswith("hangs") else "0"],
+        )
+
   def test_bad_field_is_one_line_and_exit_2(self):
     out = self.create_tempdir().full_path
     done = runfiles.run_binary(

@@ -95,6 +95,7 @@ NOT_SHAPING = frozenset(
         "submission_benchmark",
         "mllog_train_samples",
         "compiled_step_file",
+        "grpo_reward_timeout_seconds",
     }
 )
 
@@ -199,15 +200,7 @@ def load(
   except OSError as e:
     raise ValueError(f"{where}: cannot open: {e.strerror}") from e
   with f:
-    try:
-      description = pickle.load(f)
-    except (pickle.UnpicklingError, EOFError, ValueError) as e:
-      raise ValueError(f"{where}: not a saved step ({e})") from e
-    if not isinstance(description, dict) or description.get("format") != FORMAT:
-      raise ValueError(
-          f"{where}: not a saved step of format {FORMAT} (write it again "
-          "with train_compile --compiled_step_file)"
-      )
+    description = _check_description(where, _unpickle(where, f, "description"))
     # Versions first: the programs' pickle holds JAX objects.
     differences = _differences("version", description["versions"], versions())
     differences += _differences(
@@ -221,11 +214,94 @@ def load(
           f"{where} was compiled for {description['topology']} with "
           f"another setup: " + "; ".join(differences)
       )
-    programs = pickle.load(f)
+    programs = _check_programs(
+        where, _unpickle(where, f, "programs"), description["programs"]
+    )
   backend = mesh.devices.flat[0].client
-  return {
-      name: serialize_executable.deserialize_and_load(
+  loaded = {}
+  for name, (payload, in_tree, out_tree) in programs.items():
+    try:
+      loaded[name] = serialize_executable.deserialize_and_load(
           payload, in_tree, out_tree, backend=backend
       )
-      for name, (payload, in_tree, out_tree) in programs.items()
-  }
+    # A damaged payload fails inside XLA with any error type; the user's
+    # answer is the same line.
+    except Exception as e:
+      raise ValueError(
+          f"{where}: program {name} does not load ({_first_line(e)}); "
+          "write the file again with train_compile --compiled_step_file"
+      ) from e
+  return loaded
+
+
+def _first_line(error: BaseException) -> str:
+  lines = str(error).strip().splitlines()
+  return (
+      f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+  )
+
+
+def _unpickle(where: str, f, section: str) -> Any:
+  """The next pickle of `f`; a damaged or truncated one is one ValueError."""
+  try:
+    return pickle.load(f)
+  # A truncated or overwritten pickle fails with many error types
+  # (EOFError, UnpicklingError, an unknown opcode's KeyError, ...).
+  except Exception as e:
+    raise ValueError(
+        f"{where}: its {section} section is damaged or truncated "
+        f"({_first_line(e)}); write the file again with train_compile "
+        "--compiled_step_file"
+    ) from e
+
+
+# The description's entries and the types they hold.
+_DESCRIPTION = {
+    "topology": str,
+    "fields": Mapping,
+    "devices": Mapping,
+    "versions": Mapping,
+    "programs": tuple,
+}
+
+
+def _check_description(where: str, description: Any) -> Mapping[str, Any]:
+  """`description`, checked to be a description of this format."""
+  if not isinstance(description, dict) or description.get("format") != FORMAT:
+    raise ValueError(
+        f"{where}: not a saved step of format {FORMAT} (write it again "
+        "with train_compile --compiled_step_file)"
+    )
+  for key, kind in _DESCRIPTION.items():
+    if key not in description:
+      problem = f"has no {key!r}"
+    elif not isinstance(description[key], kind):
+      problem = (
+          f"holds a {type(description[key]).__name__} as {key!r}, not a "
+          f"{kind.__name__}"
+      )
+    else:
+      continue
+    raise ValueError(
+        f"{where}: its description {problem}; write the file again with "
+        "train_compile --compiled_step_file"
+    )
+  return description
+
+
+def _check_programs(where: str, programs: Any, names: tuple) -> Mapping:
+  """`programs`, checked to hold the described programs as triples."""
+  if not isinstance(programs, dict) or set(programs) != set(names):
+    got = sorted(programs) if isinstance(programs, dict) else type(programs)
+    raise ValueError(
+        f"{where}: its programs section holds {got}, the description names "
+        f"{sorted(names)}; write the file again with train_compile "
+        "--compiled_step_file"
+    )
+  for name, entry in programs.items():
+    if not isinstance(entry, tuple) or len(entry) != 3:
+      raise ValueError(
+          f"{where}: program {name} is not a serialized executable; write "
+          "the file again with train_compile --compiled_step_file"
+      )
+  return programs

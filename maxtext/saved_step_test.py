@@ -15,6 +15,7 @@ cpu_devices.request(4)
 # JAX reads the device count when it starts, so the imports follow.
 # pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
 import os
+import pickle
 import subprocess
 import time
 
@@ -163,6 +164,37 @@ class SavedStepTest(absltest.TestCase):
     with self.assertRaises(trainer.ConfigError) as caught:
       trainer.run(config)
     self.assertIn("devices mesh=", str(caught.exception))
+
+  def test_a_damaged_file_is_one_line_naming_it(self):
+    base = self.create_tempdir().full_path
+    path = os.path.join(base, "step.pickle")
+    _save(_config(base, "compiler"), path)
+    with open(path, "rb") as f:
+      description = pickle.load(f)
+      programs_at = f.tell()
+      whole = f.seek(0, os.SEEK_END)
+      f.seek(0)
+      data = f.read()
+    # The programs section cut in half, as a copy that stopped early.
+    truncated = os.path.join(base, "truncated.pickle")
+    with open(truncated, "wb") as f:
+      f.write(data[: programs_at + (whole - programs_at) // 2])
+    # A description without its versions, then the real programs.
+    unversioned = os.path.join(base, "unversioned.pickle")
+    del description["versions"]
+    with open(unversioned, "wb") as f:
+      pickle.dump(description, f)
+      f.write(data[programs_at:])
+    for damaged, expected in (
+        (truncated, "its programs section is damaged or truncated"),
+        (unversioned, "its description has no 'versions'"),
+    ):
+      with self.subTest(damaged):
+        with self.assertRaises(trainer.ConfigError) as caught:
+          trainer.run(_config(base, "other", compiled_step_file=damaged))
+        message = str(caught.exception)
+        self.assertNotIn("\n", message)
+        self.assertIn(f"compiled_step_file={damaged}: {expected}", message)
 
   def test_a_missing_file_is_one_line(self):
     base = self.create_tempdir().full_path

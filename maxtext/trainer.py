@@ -253,6 +253,7 @@ def run(
         start_eval=start_eval,
     )
   finally:
+    workload.close()
     if stop_request is None:
       stop.close()
 

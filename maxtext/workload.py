@@ -32,6 +32,7 @@ A workload supplies only what differs between kinds of training:
   evaluate/target  its eval metrics and the one that ends a run
   keeps_state_on   errors of user code (a reward function) after which the
                    loop checkpoints the last completed step before raising
+  close            releases what it holds (a reward worker process)
 
 `Pretraining` is the language-model workload; `maxtext/workloads.py` maps a
 config's `workload` field to each workload. A new kind of training (DPO,
@@ -143,3 +144,7 @@ class Workload:
   def target(self, config) -> eval_metrics.Target:
     """The eval metric that ends the run once it reaches its threshold."""
     return eval_metrics.target(config)
+
+  def close(self) -> None:
+    """Releases what the workload holds (processes, files) once the run
+    ended or failed; pretraining's data set closes with the run state."""

@@ -72,6 +72,21 @@ class GenerateMainTest(absltest.TestCase):
             "generate: error: stop='a': expected comma-separated integers",
         ),
         (
+            [
+                f"--run_dir={self.run_dir}",
+                "--prompt=x",
+                "--num_samples=100000000",
+            ],
+            "generate: error: num_samples must be at most 4096 (the samples "
+            "are the rows of one batch on the devices; draw more with other "
+            "seeds), got 100000000",
+        ),
+        (
+            [f"--run_dir={self.run_dir}", "--prompt=x", f"--seed={10**23}"],
+            "generate: error: seed must be at most 9223372036854775807 (JAX's "
+            f"seeds are 64-bit signed integers), got {10**23}",
+        ),
+        (
             [f"--run_dir={self.root}", "--prompt_ids=1,2"],
             f"generate: error: run_dir={self.root!r}: holds no config.json; "
             "is it a run directory written by train_main?",

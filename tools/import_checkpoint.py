@@ -15,12 +15,14 @@ multi-token-prediction layers skipped with a warning): docs/checkpoints.md.
       --output_dir=/ckpt/llama31_8b --config=maxtext/configs/llama31_8b.py
 
 --input holds config.json and one or many *.safetensors (with
-model.safetensors.index.json); --output_dir must be absent or empty. The
-parameters are stored in the config's weight_dtype. Bad input (no
-config.json, another architecture, a tensor missing or of another shape, a
-truncated shard) is one line naming the file and tensor, exit status 2,
-and nothing is written to --output_dir. Relative paths resolve against the
-directory `bazel run` was started from.
+model.safetensors.index.json); --output_dir must be absent or empty (a
+symbolic link is followed). The parameters are stored in the config's
+weight_dtype. Bad input (no config.json, another architecture, a field of
+the wrong JSON type, a tensor missing or of another shape, a truncated
+shard or a header whose offsets overlap, a shard named outside --input,
+NaN or Inf weights unless --allow_non_finite) is one line naming the file
+and tensor, exit status 2, and nothing is written to --output_dir.
+Relative paths resolve against the directory `bazel run` was started from.
 """
 
 from absl import app
@@ -36,6 +38,11 @@ _INPUT = flags.DEFINE_string(
 )
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "Checkpoint directory to write (absent or empty)."
+)
+_ALLOW_NON_FINITE = flags.DEFINE_bool(
+    "allow_non_finite",
+    False,
+    "Import tensors holding NaN or Inf; by default the first is refused.",
 )
 _CONFIG = flags.DEFINE_string(
     "config",
@@ -57,7 +64,10 @@ def _import() -> None:
     config_lib.validate(config)
   output_dir = caller_paths.resolve_local_path(_OUTPUT_DIR.value)
   importer.import_checkpoint(
-      caller_paths.resolve_local_path(_INPUT.value), output_dir, config
+      caller_paths.resolve_local_path(_INPUT.value),
+      output_dir,
+      config,
+      allow_non_finite=_ALLOW_NON_FINITE.value,
   )
   print(f"import_checkpoint: wrote {output_dir}")
 

@@ -394,6 +394,10 @@ def get_config() -> ml_collections.ConfigDict:
   # when "=weight" is left out), each called on every completion
   # (maxtext/grpo/rewards.py).
   config.grpo_reward_functions = "maxtext.grpo.progression_task:exact_match"
+  # The most seconds one reward call may take; the functions run in a worker
+  # process, and a call past this is stopped and stops the run (with a
+  # checkpoint), naming the function and the prompt. > 0.
+  config.grpo_reward_timeout_seconds = 60.0
   # Rollout: tokens generated per completion at most, and how each is drawn.
   config.grpo_max_completion_length = 8
   config.grpo_temperature = 1.0  # > 0.

@@ -12,20 +12,35 @@ called once per completion with the prompt's and the completion's token ids
 reward of a completion is the weighted sum of the functions' values; each
 function's own mean is reported as `rewards/<function>`.
 
-A reward that raises, or returns anything but a finite number, is an error
-of the run, never a silent zero: `RewardError` carries one line naming the
-function, the prompt index (within the step's prompts), the sample and the
-problem.
+A reward that raises (any exception, `SystemExit` and overflow included),
+returns anything but a finite real number (`10**400` is too large for a
+float), or makes the weighted total non-finite, is an error of the run,
+never a silent zero: `RewardError` carries one line naming the function,
+the prompt index (within the step's prompts), the sample and the problem.
+
+Timeouts: `load(spec, timeout_seconds)` (the run passes
+`config.grpo_reward_timeout_seconds`) calls the functions in a worker
+process (`reward_worker`), so a call that does not return within the
+timeout is stopped and is a `RewardError` naming the function and the
+prompt. Functions of `__main__` (which a worker cannot import), and
+functions given without a timeout, are called in this process. In a run of
+several processes every process scores the same completions, and the
+processes agree on the outcome before any goes on: if one fails (or times
+out), all raise its error.
 """
 
 import dataclasses
-import importlib
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
-_FIELD = "config.grpo_reward_functions"
+from maxtext.grpo import reward_call
+from maxtext.grpo import reward_worker
+
+_FIELD = reward_call.FIELD
 
 
 class RewardError(RuntimeError):
@@ -45,6 +60,10 @@ class RewardFunction:
   name: str
   fn: Callable[..., float]
   weight: float
+  # Calls through this worker (`reward_worker.Worker`) as function
+  # `index` of its names, under its timeout; None: calls in this process.
+  worker: Any = dataclasses.field(default=None, compare=False)
+  index: int = 0
 
   @property
   def short_name(self) -> str:
@@ -88,31 +107,45 @@ def parse(spec: str) -> list[tuple[str, float]]:
   return out
 
 
-def load(spec: str) -> list[RewardFunction]:
+def load(
+    spec: str, timeout_seconds: Optional[float] = None
+) -> list[RewardFunction]:
   """Imports every function `spec` names; call before any device work.
+
+  Args:
+    spec: the `grpo_reward_functions` value.
+    timeout_seconds: the most a call may take (> 0); the functions then
+      run in a worker process (but those of `__main__`). None: in this
+      process, without a timeout.
 
   Raises:
     ValueError: one line naming the field and the entry that does not
       parse, import or name a callable.
   """
-  functions = []
-  for name, weight in parse(spec):
-    module_name, function_name = name.split(":")
-    try:
-      module = importlib.import_module(module_name)
-    except Exception as exc:
-      # Whatever the import raises, the user's answer is the same line.
-      raise ValueError(
-          f"{_FIELD}: {name!r} does not import: {type(exc).__name__}: {exc}"
-      ) from None
-    fn = getattr(module, function_name, None)
-    if not callable(fn):
-      raise ValueError(
-          f"{_FIELD}: {name!r}: module {module_name!r} has no function "
-          f"{function_name!r}"
+  if timeout_seconds is not None and not timeout_seconds > 0:
+    raise ValueError(
+        f"config.grpo_reward_timeout_seconds={timeout_seconds}: must be > 0"
+    )
+  entries = parse(spec)
+  functions = [
+      (name, reward_call.import_function(name), w) for name, w in entries
+  ]
+  in_worker = [
+      name for name, _, _ in functions if not name.startswith("__main__:")
+  ]
+  worker = None
+  if timeout_seconds is not None and in_worker:
+    worker = reward_worker.Worker(in_worker, timeout_seconds)
+  return [
+      RewardFunction(
+          name,
+          fn,
+          weight,
+          worker if name in in_worker else None,
+          in_worker.index(name) if name in in_worker else 0,
       )
-    functions.append(RewardFunction(name, fn, weight))
-  return functions
+      for name, fn, weight in functions
+  ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,34 +185,104 @@ def score(
         f"{len(completions)} completions for {len(prompts)} prompts x "
         f"{num_generations} generations"
     )
+  error = None
+  try:
+    per_function, total = _score(
+        functions, prompts, completions, num_generations
+    )
+  except RewardError as e:
+    error = e
+  _agree(error)
+  return Rewards(total, per_function)
+
+
+def _where(function: RewardFunction, row: int, num_generations: int) -> str:
+  index, sample = divmod(row, num_generations)
+  return f"reward function {function.name} on prompt {index} (sample {sample})"
+
+
+def _values(function, prompts, completions, num_generations) -> np.ndarray:
+  """One function's values of every completion; RewardError on a failure."""
+  pairs = [
+      (tuple(prompts[row // num_generations]), tuple(completion))
+      for row, completion in enumerate(completions)
+  ]
+  if function.worker is None:
+    answers = (reward_call.check_call(function.fn, *p) for p in pairs)
+  else:
+    answers = function.worker.calls(function.index, pairs)
+  values = np.zeros(len(completions))
+  row = 0
+  try:
+    for row, answer in enumerate(answers):
+      if "error" in answer:
+        raise RewardError(
+            f"{_where(function, row, num_generations)} {answer['error']}"
+        )
+      values[row] = answer["value"]
+  except reward_worker.Timeout:
+    raise RewardError(
+        f"{_where(function, row, num_generations)} did not return within "
+        f"{function.worker.timeout_s:g} s "
+        "(config.grpo_reward_timeout_seconds); it was stopped"
+    ) from None
+  except reward_worker.Died as e:
+    raise RewardError(
+        f"{_where(function, row, num_generations)} ended the reward worker "
+        f"process ({e})"
+    ) from None
+  return values
+
+
+def _score(functions, prompts, completions, num_generations):
+  """(per function values, weighted totals); RewardError on a failure or a
+  non-finite total."""
   per_function = {}
   total = np.zeros(len(completions))
   for function in functions:
-    values = np.zeros(len(completions))
-    for row, completion in enumerate(completions):
-      index, sample = divmod(row, num_generations)
-      where = (
-          f"reward function {function.name} on prompt {index} "
-          f"(sample {sample})"
-      )
-      try:
-        value = function.fn(tuple(prompts[index]), tuple(completion))
-      except Exception as exc:
-        # User code: any exception stops the run with this one line.
-        raise RewardError(
-            f"{where} raised {type(exc).__name__}: {exc}"
-        ) from exc
-      if isinstance(value, bool) or not isinstance(
-          value, (int, float, np.integer, np.floating)
-      ):
-        raise RewardError(
-            f"{where} returned {value!r}: a reward is a finite number"
-        )
-      if not math.isfinite(float(value)):
-        raise RewardError(
-            f"{where} returned {float(value)!r}: a reward must be finite"
-        )
-      values[row] = float(value)
+    values = _values(function, prompts, completions, num_generations)
     per_function[function.short_name] = values
-    total += function.weight * values
-  return Rewards(total, per_function)
+    with np.errstate(over="ignore", invalid="ignore"):
+      total += function.weight * values
+  bad = np.flatnonzero(~np.isfinite(total))
+  if bad.size:
+    index, sample = divmod(int(bad[0]), num_generations)
+    raise RewardError(
+        f"the weighted reward of prompt {index} (sample {sample}) is "
+        f"{float(total[bad[0]])!r}: weights x values "
+        + " + ".join(
+            f"{f.weight:g} x {per_function[f.short_name][bad[0]]:g}"
+            for f in functions
+        )
+        + f" overflow ({_FIELD})"
+    )
+  return per_function, total
+
+
+# The most bytes of an error line shared between processes.
+_SHARED_ERROR_BYTES = 1024
+
+
+def _agree(error: Optional[RewardError]) -> None:
+  """Raises the first process's RewardError on every process, if any failed.
+
+  Every process scores the same completions; a timeout or a failure on one
+  must stop all of them at the same step, not leave the others waiting in
+  the next collective.
+  """
+  if jax.process_count() == 1:
+    if error is not None:
+      raise error
+    return
+  text = str(error).encode()[:_SHARED_ERROR_BYTES] if error else b""
+  mine = np.zeros(_SHARED_ERROR_BYTES + 1, np.uint8)
+  mine[0] = 1 if error else 0
+  mine[1 : 1 + len(text)] = np.frombuffer(text, np.uint8)
+  every = np.asarray(multihost_utils.process_allgather(mine))
+  failed = np.flatnonzero(every[:, 0])
+  if error is not None:
+    raise error
+  if failed.size:
+    first = int(failed[0])
+    line = bytes(every[first, 1:]).rstrip(b"\0").decode(errors="replace")
+    raise RewardError(f"on process {first}: {line}")

@@ -1,6 +1,7 @@
 """rewards: parsing, importing and calling the functions a config names."""
 
 import math
+import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -120,6 +121,87 @@ class ScoreTest(absltest.TestCase):
           rf"returned {shown}",
       ):
         rewards.score(rewards.load(f"__main__:{name}"), [[1]], [[2], [3]], 2)
+
+  def test_values_no_float_holds_and_exits_are_errors(self):
+    for name, shown in (
+        ("huge", "returned an integer of 401 digits, too large for a float"),
+        ("exits", "raised SystemExit: 0"),
+    ):
+      with self.subTest(name):
+        in_process = rewards.load(f"testing.hostile_rewards:{name}")
+        in_worker = rewards.load(f"testing.hostile_rewards:{name}", 30.0)
+        self.assertIsNone(in_process[0].worker)
+        self.assertIsNotNone(in_worker[0].worker)
+        for functions in (in_process, in_worker):
+          with self.assertRaises(rewards.RewardError) as caught:
+            rewards.score(functions, [[1]], [[2], [3]], 2)
+          self.assertEqual(
+              str(caught.exception),
+              f"reward function testing.hostile_rewards:{name} on prompt 0 "
+              f"(sample 0) {shown}"
+              + (": a reward is a finite number" if name == "huge" else ""),
+          )
+
+  def test_weights_that_make_the_total_infinite_are_an_error(self):
+    functions = rewards.load(
+        "testing.hostile_rewards:near_max,"
+        "testing.hostile_rewards:constant=1e308"
+    )
+    with self.assertRaises(rewards.RewardError) as caught:
+      rewards.score(functions, [[1]], [[2], [3]], 2)
+    self.assertEqual(
+        str(caught.exception),
+        "the weighted reward of prompt 0 (sample 0) is inf: weights x values "
+        "1 x 1.7e+308 + 1e+308 x 0.5 overflow (config.grpo_reward_functions)",
+    )
+
+  def test_worker_gives_the_same_values(self):
+    spec = (
+        "maxtext.grpo.rewards_test:length_reward=2,"
+        "testing.hostile_rewards:constant"
+    )
+    prompts = [[1, 2], [3, 4, 5, 6]]
+    completions = [[9], [4, 4], [], [8, 1]]
+    here = rewards.score(rewards.load(spec), prompts, completions, 2)
+    there = rewards.score(rewards.load(spec, 30.0), prompts, completions, 2)
+    np.testing.assert_array_equal(here.total, there.total)
+    np.testing.assert_array_equal(here.total, [1.5, 2.5, 0.5, 1.5])
+
+  def test_a_hung_reward_is_stopped_at_the_timeout(self):
+    functions = rewards.load(
+        "testing.hostile_rewards:constant,testing.hostile_rewards:hangs", 1.0
+    )
+    worker = functions[0].worker
+    began = time.monotonic()
+    with self.assertRaises(rewards.RewardError) as caught:
+      rewards.score(functions, [[1], [2]], [[2], [3], [4], [5]], 2)
+    self.assertLess(time.monotonic() - began, 20)
+    self.assertEqual(
+        str(caught.exception),
+        "reward function testing.hostile_rewards:hangs on prompt 0 (sample 0) "
+        "did not return within 1 s (config.grpo_reward_timeout_seconds); it "
+        "was stopped",
+    )
+    # Stopped: the process is gone; the next call starts a new one.
+    self.assertIsNone(worker._process)  # pylint: disable=protected-access
+    with self.assertRaisesRegex(rewards.RewardError, "did not return"):
+      rewards.score(functions, [[1]], [[2], [3]], 2)
+
+  def test_a_reward_that_ends_its_process_is_an_error(self):
+    functions = rewards.load("testing.hostile_rewards:dies", 30.0)
+    with self.assertRaises(rewards.RewardError) as caught:
+      rewards.score(functions, [[1]], [[2], [3]], 2)
+    self.assertEqual(
+        str(caught.exception),
+        "reward function testing.hostile_rewards:dies on prompt 0 (sample 0) "
+        "ended the reward worker process (exit status 3)",
+    )
+
+  def test_timeout_must_be_positive(self):
+    with self.assertRaisesRegex(
+        ValueError, r"grpo_reward_timeout_seconds=0: must be > 0"
+    ):
+      rewards.load("testing.hostile_rewards:constant", 0)
 
   def test_counts_must_match(self):
     with self.assertRaisesRegex(ValueError, "3 completions for 1 prompts"):

@@ -209,7 +209,9 @@ class GrpoWorkload(workload.Workload):
 
   def check(self, config) -> None:
     config_lib.validate_grpo(config)
-    self._rewards = rewards_lib.load(config.grpo_reward_functions)
+    self._rewards = rewards_lib.load(
+        config.grpo_reward_functions, config.grpo_reward_timeout_seconds
+    )
     prompts_lib.make_task(config)
     loss_options(config)
 
@@ -294,6 +296,11 @@ class GrpoWorkload(workload.Workload):
     return eval_metrics.Target(
         config.grpo_eval_target_metric, config.grpo_target_pass_rate or None
     )
+
+  def close(self) -> None:
+    """Stops the reward functions' worker process."""
+    for worker in {f.worker for f in self._rewards if f.worker is not None}:
+      worker.close()
 
   @staticmethod
   def _rollout_of(config, step: int) -> int:

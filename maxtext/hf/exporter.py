@@ -26,8 +26,7 @@ are copied beside them.
 import json
 import os
 import shutil
-import tempfile
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import numpy as np
@@ -36,6 +35,7 @@ from maxtext.hf import deepseek
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
 from maxtext.hf import safetensors_io
+from maxtext.hf import staging as staging_lib
 from maxtext.hf import tokenizer_files as tokenizer_files_lib
 
 DTYPES = ("bfloat16", "float32")
@@ -110,6 +110,7 @@ def export_checkpoint(
     dtype: str,
     tokenizer_files: Optional[Mapping[str, str]] = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    log: Callable[[str], None] = print,
 ) -> None:
   """Writes `params` of the model `config` as a Hugging Face model.
 
@@ -120,6 +121,7 @@ def export_checkpoint(
     dtype: "bfloat16" or "float32".
     tokenizer_files: files to copy into `output_dir` (name -> path).
     max_shard_bytes: the most tensor bytes in one shard (>= 1).
+    log: where the removal of an interrupted export's staging is told.
 
   Raises:
     ValueError: a bad dtype or shard size, a model neither family can
@@ -130,7 +132,7 @@ def export_checkpoint(
   if max_shard_bytes < 1:
     raise ValueError(f"--max_shard_bytes={max_shard_bytes}: must be >= 1")
   document, hf_tensors = hf_config_and_tensors(config, params, dtype)
-  output_dir = os.path.abspath(output_dir)
+  output_dir = staging_lib.resolve(output_dir)
   if os.path.exists(output_dir) and (
       not os.path.isdir(output_dir) or os.listdir(output_dir)
   ):
@@ -143,11 +145,7 @@ def export_checkpoint(
       leaf = leaf[key]
     wanted = np.dtype(np.float32) if t.path[-1] in _FLOAT32 else np_dtype
     tensors[t.hf_name] = _Converted(leaf, t, wanted)
-  parent = os.path.dirname(output_dir)
-  os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(
-      prefix=os.path.basename(output_dir) + ".exporting-", dir=parent
-  )
+  staging = staging_lib.make(output_dir, "exporting", log)
   try:
     _write_shards(staging, tensors, max_shard_bytes)
     with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:

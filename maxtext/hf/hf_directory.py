@@ -19,6 +19,36 @@ FormatError = safetensors_io.FormatError
 INDEX_FILE = "model.safetensors.index.json"
 
 
+def _read_index(index_path: str) -> dict[str, str]:
+  """The index's weight_map (tensor -> shard file), checked.
+
+  A shard's name is a relative path that stays inside the model directory
+  (it may be a symbolic link, as in the Hugging Face cache, whose shards
+  link to its blobs): an absolute path or one through `..` is refused, so
+  an index never makes the import read a file outside the directory.
+  """
+  try:
+    with open(index_path, encoding="utf-8") as f:
+      index = json.load(f)
+  except ValueError as e:
+    raise FormatError(f"{index_path}: not JSON: {e}") from None
+  weight_map = index.get("weight_map") if isinstance(index, dict) else None
+  if not isinstance(weight_map, dict):
+    raise FormatError(f"{index_path}: no weight_map object")
+  for tensor, name in weight_map.items():
+    if not isinstance(name, str) or not name:
+      raise FormatError(
+          f"{index_path}: tensor {tensor}: shard {name!r} is not a file name"
+      )
+    parts = name.replace("\\", "/").split("/")
+    if os.path.isabs(name) or ".." in parts:
+      raise FormatError(
+          f"{index_path}: tensor {tensor}: shard {name!r} is outside the "
+          "model directory (only names inside it are read)"
+      )
+  return weight_map
+
+
 class HfDirectory:
   """config.json and the tensors of a Hugging Face model directory."""
 
@@ -34,13 +64,13 @@ class HfDirectory:
         self.config = json.load(f)
     except ValueError as e:
       raise FormatError(f"{config_path}: not JSON: {e}") from None
+    if not isinstance(self.config, dict):
+      raise FormatError(
+          f"{config_path}: a JSON {type(self.config).__name__}, not an object"
+      )
     index_path = os.path.join(path, INDEX_FILE)
     if os.path.isfile(index_path):
-      try:
-        with open(index_path, encoding="utf-8") as f:
-          weight_map = json.load(f)["weight_map"]
-      except (ValueError, KeyError) as e:
-        raise FormatError(f"{index_path}: no weight_map: {e}") from None
+      weight_map = _read_index(index_path)
       files = sorted(set(weight_map.values()))
     else:
       weight_map = None
@@ -68,6 +98,10 @@ class HfDirectory:
               "places it in this file)"
           )
         self._where[tensor] = shards[name]
+
+  def names(self) -> list[str]:
+    """Every tensor's name, sorted."""
+    return sorted(self._where)
 
   def has(self, name: str) -> bool:
     return name in self._where

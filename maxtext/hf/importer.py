@@ -36,8 +36,8 @@ import contextlib
 import json
 import mmap
 import os
+import re
 import shutil
-import tempfile
 from typing import Any, Callable, Optional
 
 import jax
@@ -47,10 +47,12 @@ import orbax.checkpoint as ocp
 
 from maxtext import config_lib
 from maxtext.configs import base
+from maxtext.hf import config_json
 from maxtext.hf import deepseek
 from maxtext.hf import fp8
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
+from maxtext.hf import staging as staging_lib
 from maxtext.hf import tokenizer_files
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
@@ -141,38 +143,64 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
         f"attention_type={config.attention_type!r}, "
         f"num_experts={config.num_experts}"
     )
+  _check_layer_count(hf, config)
   abstract = transformer.abstract_params(config)
+  if module is llama:
+    planned = llama.tensors(abstract)
+  else:
+    planned = deepseek.tensors(abstract, config, hf.config)
+  tensors = []
   try:
-    if module is llama:
-      tensors = list(llama.tensors(abstract))
-    else:
-      tensors = list(deepseek.tensors(abstract, config, hf.config))
+    # Each tensor is checked as the plan names it: the first problem is
+    # found before the rest of the plan is built.
+    for t in planned:
+      _check_tensor(hf, abstract, t)
+      tensors.append(t)
   except llama.UnsupportedError as e:
     raise ConversionError(f"config: {e}") from None
-  for t in tensors:
-    leaf = abstract
-    for key in t.path:
-      leaf = leaf[key]
-    shape = leaf.shape
-    if t.layer is not None:
-      shape = shape[1:]
-    if t.expert is not None:
-      shape = shape[1:]
-    wanted = tuple(t.layout.hf_shape(tuple(shape)))
-    if not hf.has(t.hf_name):
-      raise ConversionError(
-          f"{hf.path}: tensor {t.hf_name} missing (expected shape {wanted})"
-      )
-    if tuple(hf.shape(t.hf_name)) != wanted:
-      raise ConversionError(
-          f"{hf.file_of(t.hf_name)}: tensor {t.hf_name} has shape "
-          f"{tuple(hf.shape(t.hf_name))}, the config expects {wanted}"
-      )
-    try:
-      fp8.check(hf, t.hf_name)
-    except fp8.Fp8Error as e:
-      raise ConversionError(str(e)) from None
   return abstract, tensors
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _check_layer_count(hf: hf_directory.HfDirectory, config) -> None:
+  """Refuses a config with more layers than the tensors hold, before the
+  plan (one entry per layer and tensor) is built."""
+  held = {
+      int(m.group(1)) for m in map(_LAYER.match, hf.names()) if m is not None
+  }
+  if config.num_layers > len(held):
+    raise ConversionError(
+        f"{hf.path}: the config has {config.num_layers} layers "
+        f"(num_hidden_layers / num_layers) but the tensors hold {len(held)}"
+    )
+
+
+def _check_tensor(hf: hf_directory.HfDirectory, abstract, t) -> None:
+  """Raises ConversionError if tensor `t` is missing or of another shape."""
+  leaf = abstract
+  for key in t.path:
+    leaf = leaf[key]
+  shape = leaf.shape
+  if t.layer is not None:
+    shape = shape[1:]
+  if t.expert is not None:
+    shape = shape[1:]
+  wanted = tuple(t.layout.hf_shape(tuple(shape)))
+  if not hf.has(t.hf_name):
+    raise ConversionError(
+        f"{hf.path}: tensor {t.hf_name} missing (expected shape {wanted})"
+    )
+  if tuple(hf.shape(t.hf_name)) != wanted:
+    raise ConversionError(
+        f"{hf.file_of(t.hf_name)}: tensor {t.hf_name} has shape "
+        f"{tuple(hf.shape(t.hf_name))}, the config expects {wanted}"
+    )
+  try:
+    fp8.check(hf, t.hf_name)
+  except fp8.Fp8Error as e:
+    raise ConversionError(str(e)) from None
 
 
 class _OneAtATimeNumpyHandler(ocp.type_handlers.NumpyHandler):
@@ -222,19 +250,33 @@ def _fill(path: str, shape, dtype, blocks: Callable[[], Any]) -> np.ndarray:
   return np.memmap(path, dtype=dtype, mode="r", shape=tuple(shape))
 
 
-def _leaf_blocks(hf, tensors, leaf, dtype):
+def _finite(hf, name: str, block: np.ndarray, allow: bool) -> np.ndarray:
+  """`block` of tensor `name`, refused if it holds NaN or Inf (unless
+  `allow`): an imported model of non-finite weights generates nothing."""
+  if not allow and not np.isfinite(block).all():
+    raise ConversionError(
+        f"{hf.file_of(name)}: tensor {name} holds non-finite values (NaN "
+        "or Inf, after conversion to the config's dtype); pass "
+        "--allow_non_finite to import it anyway"
+    )
+  return block
+
+
+def _leaf_blocks(hf, tensors, leaf, dtype, allow_non_finite=False):
   """The blocks of one parameter, in order: one per layer of a stack, or
-  row blocks of an unstacked matrix."""
+  row blocks of an unstacked matrix; each checked to be finite."""
   if tensors[0].layer is not None:
     experts = tensors[0].expert is not None
     shape = tuple(leaf.shape[2:] if experts else leaf.shape[1:])
     for t in sorted(tensors, key=lambda t: (t.layer, t.expert or 0)):
-      yield t.layout.to_project(fp8.read(hf, t.hf_name), shape).astype(dtype)
+      block = t.layout.to_project(fp8.read(hf, t.hf_name), shape).astype(dtype)
+      yield _finite(hf, t.hf_name, block, allow_non_finite)
     return
   (t,) = tensors
   array = t.layout.to_project(fp8.read(hf, t.hf_name), tuple(leaf.shape))
   for start in range(0, max(array.shape[0], 1), _ROW_BLOCK):
-    yield np.asarray(array[start : start + _ROW_BLOCK]).astype(dtype)
+    block = np.asarray(array[start : start + _ROW_BLOCK]).astype(dtype)
+    yield _finite(hf, t.hf_name, block, allow_non_finite)
 
 
 def import_checkpoint(
@@ -242,6 +284,7 @@ def import_checkpoint(
     output_dir: str,
     config: Optional[ml_collections.ConfigDict] = None,
     log: Callable[[str], None] = print,
+    allow_non_finite: bool = False,
 ) -> ml_collections.ConfigDict:
   """Converts the Hugging Face model at `input_dir` into `output_dir`.
 
@@ -252,6 +295,10 @@ def import_checkpoint(
     config: the run config to check every shape against; None = derive the
       model fields from config.json (and write them as config.py).
     log: where the derived fields are printed.
+    allow_non_finite: import tensors holding NaN or Inf; by default the
+      first such tensor is refused (after the checks above: the weights
+      are read only while they are converted, into a staging directory
+      that is removed).
 
   Returns:
     The config the parameters were written for.
@@ -259,24 +306,35 @@ def import_checkpoint(
   Raises:
     ConversionError: bad input, before anything is written.
   """
-  output_dir = os.path.abspath(output_dir)
+  # Resolved up front: a symbolic link to an empty directory is replaced
+  # by the finished checkpoint where it points.
+  output_dir = staging_lib.resolve(output_dir)
   if os.path.exists(output_dir) and (
       not os.path.isdir(output_dir) or os.listdir(output_dir)
   ):
     raise ConversionError(f"--output_dir {output_dir}: exists and is not empty")
   try:
     hf = hf_directory.HfDirectory(input_dir)
-    source = os.path.join(input_dir, "config.json")
+  except hf_directory.FormatError as e:
+    raise ConversionError(str(e)) from None
+  source = os.path.join(input_dir, "config.json")
+  try:
+    config_json.check(hf.config, source)
     module = family(hf.config, source)
     fields = module.config_fields(hf.config, source)
-  except (hf_directory.FormatError, llama.UnsupportedError) as e:
-    raise ConversionError(str(e)) from None
   except KeyError as e:
+    raise ConversionError(f"{source}: field {e.args[0]} missing") from None
+  except (TypeError, ValueError) as e:
+    # UnsupportedError and config_json's errors name the file already.
+    text = str(e)
     raise ConversionError(
-        f"{os.path.join(input_dir, 'config.json')}: field {e.args[0]} missing"
+        text if text.startswith(source) else f"{source}: {text}"
     ) from None
   if config is None:
-    config = derived_config(fields)
+    try:
+      config = derived_config(fields)
+    except (TypeError, ValueError) as e:
+      raise ConversionError(f"{source}: {e}") from None
     for key, value in fields.items():
       log(f"config.{key} = {value!r}")
   else:
@@ -293,11 +351,7 @@ def import_checkpoint(
     for line in deepseek.notes(hf.config):
       log(line)
 
-  parent = os.path.dirname(output_dir)
-  os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(
-      prefix=os.path.basename(output_dir) + ".importing-", dir=parent
-  )
+  staging = staging_lib.make(output_dir, "importing", log)
   try:
     scratch = os.path.join(staging, "scratch")
     os.mkdir(scratch)
@@ -317,7 +371,9 @@ def import_checkpoint(
           os.path.join(scratch, "_".join(path)),
           leaf.shape,
           dtype,
-          lambda g=group, l=leaf, d=dtype: _leaf_blocks(hf, g, l, d),
+          lambda g=group, l=leaf, d=dtype: _leaf_blocks(
+              hf, g, l, d, allow_non_finite
+          ),
       )
     checkpoint_dir = os.path.join(staging, "checkpoint")
     with (

@@ -46,8 +46,57 @@ class FormatError(ValueError):
   """A file that is not a complete safetensors file; one line naming it."""
 
 
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_entry(path: str, name: str, entry: Any) -> tuple:
+  """(dtype, shape, begin, end) of header entry `name`, its types checked."""
+  where = f"{path}: tensor {name}"
+  if not isinstance(entry, dict):
+    raise FormatError(f"{where}: header entry is a {type(entry).__name__}")
+  for key in ("dtype", "shape", "data_offsets"):
+    if key not in entry:
+      raise FormatError(f"{where}: header entry has no {key!r}")
+  dtype_name = entry["dtype"]
+  dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+  if dtype is None:
+    raise FormatError(f"{where}: unsupported dtype {dtype_name!r}")
+  shape = entry["shape"]
+  if not isinstance(shape, list) or not all(
+      _is_int(d) and d >= 0 for d in shape
+  ):
+    raise FormatError(
+        f"{where}: shape {shape!r} is not a list of non-negative integers"
+    )
+  offsets = entry["data_offsets"]
+  if (
+      not isinstance(offsets, list)
+      or len(offsets) != 2
+      or not all(_is_int(o) for o in offsets)
+      or not 0 <= offsets[0] <= offsets[1]
+  ):
+    raise FormatError(
+        f"{where}: data_offsets {offsets!r} are not [begin, end] with "
+        "0 <= begin <= end"
+    )
+  begin, end = offsets
+  if end - begin != math.prod(shape) * dtype.itemsize:
+    raise FormatError(
+        f"{where}: {end - begin} bytes for shape {tuple(shape)} of {dtype_name}"
+    )
+  return dtype, tuple(shape), begin, end
+
+
 class SafetensorsFile:
-  """The header of one safetensors file, and memory-mapped tensor views."""
+  """The header of one safetensors file, and memory-mapped tensor views.
+
+  The header is checked as the format states it before any tensor is read:
+  a JSON object of entries with a known dtype, a shape of non-negative
+  integers and data offsets that match it; the entries' bytes tile the data
+  after the header exactly (from 0, no gap, no overlap, to the end of the
+  file), so no tensor reads the header or another tensor's bytes.
+  """
 
   def __init__(self, path: str):
     self.path = path
@@ -58,36 +107,41 @@ class SafetensorsFile:
         raise FormatError(f"{path}: truncated: no header length")
       (length,) = struct.unpack("<Q", head)
       if length > min(size - 8, _MAX_HEADER_BYTES):
+        # The length is not printed: in a file that is not safetensors
+        # they are its first 8 bytes.
         raise FormatError(
-            f"{path}: truncated or not safetensors: header of {length} "
-            f"bytes in a file of {size}"
+            f"{path}: truncated or not safetensors: its header length runs "
+            f"past the end of the {size}-byte file"
         )
       try:
         header = json.loads(f.read(length))
-      except ValueError as e:
-        raise FormatError(f"{path}: unreadable header: {e}") from None
+      except ValueError:
+        raise FormatError(
+            f"{path}: truncated or not safetensors: the header is not JSON"
+        ) from None
+    if not isinstance(header, dict):
+      raise FormatError(
+          f"{path}: the header is a JSON {type(header).__name__}, not an object"
+      )
     self._start = 8 + length
-    self.metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(v, str) for v in metadata.values()
+    ):
+      raise FormatError(f"{path}: __metadata__ is not an object of strings")
+    self.metadata = metadata
     self._entries = {}
+    spans = []
     for name, entry in header.items():
-      dtype = DTYPES.get(entry.get("dtype"))
-      if dtype is None:
-        raise FormatError(
-            f"{path}: tensor {name}: unsupported dtype {entry.get('dtype')!r}"
-        )
-      shape = tuple(int(d) for d in entry["shape"])
-      begin, end = (int(o) for o in entry["data_offsets"])
-      if end - begin != math.prod(shape) * dtype.itemsize:
-        raise FormatError(
-            f"{path}: tensor {name}: {end - begin} bytes for shape {shape} "
-            f"of {entry['dtype']}"
-        )
+      dtype, shape, begin, end = _check_entry(path, name, entry)
       if self._start + end > size:
         raise FormatError(
             f"{path}: truncated: tensor {name} ends at byte "
             f"{self._start + end} of a {size}-byte file"
         )
       self._entries[name] = (dtype, shape, begin)
+      spans.append((begin, end, name))
+    _check_tiling(path, sorted(spans), size - self._start)
 
   def names(self) -> list[str]:
     return sorted(self._entries)
@@ -109,6 +163,29 @@ class SafetensorsFile:
         mode="r",
         offset=self._start + begin,
         shape=shape,
+    )
+
+
+def _check_tiling(path: str, spans: list, data_bytes: int) -> None:
+  """Requires sorted (begin, end, name) spans to cover [0, data_bytes)
+  exactly once."""
+  position, previous = 0, None
+  for begin, end, name in spans:
+    if begin < position:
+      raise FormatError(
+          f"{path}: tensor {name} (bytes {begin}-{end}) overlaps tensor "
+          f"{previous}"
+      )
+    if begin > position:
+      raise FormatError(
+          f"{path}: tensor {name} starts at byte {begin}, leaving bytes "
+          f"{position}-{begin} of the data unused (the format has no gaps)"
+      )
+    position, previous = end, name
+  if position != data_bytes:
+    raise FormatError(
+        f"{path}: the tensors end at byte {position} of {data_bytes} bytes of "
+        "data (trailing bytes)"
     )
 
 

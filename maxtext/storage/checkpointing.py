@@ -60,6 +60,7 @@ import logging as std_logging
 import os
 import re
 import shutil
+import time
 from typing import Any, Callable, Optional
 
 from absl import logging
@@ -67,6 +68,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from maxtext import checks
+from maxtext.storage import checksums
 from maxtext.storage import late_io_reports
 
 STATE_ITEM = "state"
@@ -318,6 +320,9 @@ def _reason(error: BaseException) -> str:
   # TensorStore error it wraps names the file and the problem.
   if _is_bare_exception(error) and error.__cause__ is not None:
     error = error.__cause__
+  if isinstance(error, checksums.ChecksumError):
+    # Names the file, whatever the length of its path.
+    return _first_line(error)
   line = _first_line(error).split(" [tensorstore_spec=")[0]
   return line if len(line) <= 400 else line[:397] + "..."
 
@@ -443,6 +448,9 @@ class Checkpointer:
     # The step of the save orbax may still be writing in the background:
     # its errors surface later, in wait(), the next save() or close().
     self._pending_step = None
+    # The step orbax is writing: its temporary directory gets checksums.json
+    # before orbax commits it (`_write_checksums`).
+    self._saving_step: Optional[int] = None
     self._partial: tuple[SetAside, ...] = ()
     if not _is_url(self._directory):
       self._remove_tmp_directories(None)
@@ -473,6 +481,12 @@ class Checkpointer:
             # under it); for a remote one by orbax.
             cleanup_tmp_directories=_is_url(self._directory),
             enable_async_checkpointing=True,
+            # Runs in orbax's background thread on process 0 once every
+            # process has written its files, before the step directory is
+            # renamed into place and marked committed.
+            async_options=ocp.AsyncOptions(
+                post_finalization_callback=self._write_checksums
+            ),
         ),
     )
 
@@ -568,6 +582,7 @@ class Checkpointer:
     # attributes its failure to its own step.
     self.wait()
     self._check_room(step, state)
+    self._saving_step = step
     try:
       saved = self._manager.save(
           step,
@@ -614,6 +629,42 @@ class Checkpointer:
           f"need {_size_text(needed)} before compression, "
           f"{_size_text(free)} free)"
       )
+
+  def _write_checksums(self) -> None:
+    """Writes checksums.json into the temporary directory of the save
+    being committed (orbax's post-finalization callback, process 0).
+
+    A failure here fails the save (orbax does not commit it), so every
+    committed local checkpoint of this project carries its checksums.
+    """
+    if _is_url(self._directory) or jax.process_index() != 0:
+      return
+    step = self._saving_step
+    pattern = f"{step}{_TMP_SUFFIX}*"
+    found = glob.glob(os.path.join(glob.escape(self._directory), pattern))
+    if len(found) != 1:
+      raise OSError(
+          errno.ENOENT,
+          f"expected one temporary directory {pattern} of step {step}, "
+          f"found {len(found)}",
+          self._directory,
+      )
+    began = time.perf_counter()
+    size = checksums.write(found[0], (STATE_ITEM, METADATA_ITEM))
+    logging.info(
+        "Checksummed checkpoint step %s: %s in %.3f s",
+        step,
+        _size_text(size),
+        time.perf_counter() - began,
+    )
+
+  def _verify(self, step: int, items: tuple[str, ...]) -> None:
+    """Checks `step`'s files under `items` against its checksums.json.
+
+    Raises:
+      checksums.ChecksumError: a file differs (a ValueError: damage).
+    """
+    verify_step(self._directory, step, items)
 
   def due(self, step: int) -> bool:
     """Whether `save(step, ...)` without `force` writes a checkpoint."""
@@ -714,6 +765,7 @@ class Checkpointer:
           f"no checkpoint of step {step} in {self._directory}; available "
           f"steps: {self.all_steps()}"
       )
+    self._verify(step, (STATE_ITEM, METADATA_ITEM))
     try:
       stored = self._tree_metadata(step)
     # Unreadable tree metadata, whatever the error: orbax's restore reports
@@ -795,6 +847,9 @@ class Checkpointer:
     set_aside = []
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
+        # Before anything of the step is read: a damaged _METADATA must
+        # not pass for a config change.
+        self._verify(step, (STATE_ITEM, METADATA_ITEM))
         stored = self._tree_metadata(step)
       # Damage shows as many error types; all others are re-raised.
       except Exception as e:  # pylint: disable=broad-exception-caught
@@ -960,6 +1015,7 @@ def restore_params_only(
   _check_abstract_tree("abstract_params", abstract_params)
   manager, step = _find_params_checkpoint(path)
   try:
+    verify_step(str(manager.directory), step, (STATE_ITEM,))
     item = {PARAMS_KEY: abstract_params}
     stored = _stored_params(manager, step)
     if stored is not None:
@@ -982,3 +1038,39 @@ def restore_params_only(
     manager.close()
   logging.info("Loaded parameters from step %d of %s", step, path)
   return restored[STATE_ITEM][PARAMS_KEY]
+
+
+def verify_step(directory: str, step: int, items: tuple[str, ...]) -> None:
+  """Checks checkpoint `step` of `directory` against its checksums.json.
+
+  Logs one line when the step has no checksums (written before checkpoints
+  carried them, or straight to a bucket by orbax) and is read unverified.
+
+  Raises:
+    checksums.ChecksumError: one line naming the step and the file that
+      is missing or differs.
+  """
+  where = f"checkpoint step {step}"
+  if _is_url(directory):
+    logging.warning(
+        "%s in %s is read unverified (a remote directory)", where, directory
+    )
+    return
+  began = time.perf_counter()
+  result = checksums.verify(os.path.join(directory, str(step)), items, where)
+  if result == checksums.UNVERIFIED:
+    logging.warning(
+        "%s in %s has no %s (written before checkpoints carried checksums): "
+        "read unverified",
+        where,
+        directory,
+        checksums.MANIFEST,
+    )
+  else:
+    logging.info(
+        "Verified %s in %s (%s) in %.3f s",
+        where,
+        directory,
+        "+".join(items),
+        time.perf_counter() - began,
+    )

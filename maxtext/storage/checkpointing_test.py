@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.storage import checkpointing
+from maxtext.storage import checksums
 from testing import process_output
 from testing import tmpfs
 
@@ -77,6 +78,20 @@ def _overwrite_data_file(step_dir):
     f.write(b"\x5a" * os.path.getsize(path))
 
 
+def flip_bytes(path, every=4096):
+  """Inverts one byte in every `every` of the file at `path` (same size)."""
+  with open(path, "r+b") as f:
+    data = bytearray(f.read())
+    for i in range(0, len(data), every):
+      data[i] ^= 0xFF
+    f.seek(0)
+    f.write(data)
+
+
+def _flip_data_file(step_dir):
+  flip_bytes(_largest_data_file(step_dir))
+
+
 def _remover(*parts):
   return lambda step_dir: os.remove(os.path.join(step_dir, *parts))
 
@@ -88,6 +103,8 @@ DAMAGES = (
     ("no_tree_metadata", _remover("state", "_METADATA")),
     ("no_metadata_item", _remover("metadata", "metadata")),
     ("no_manifest", _remover("state", "manifest.ocdbt")),
+    # Same size, other bytes: only the checksums see it.
+    ("flipped_data_file", _flip_data_file),
 )
 
 
@@ -407,6 +424,91 @@ class RestoreNewestTest(parameterized.TestCase):
     self.assertTrue(reopened.save(8, make_big_state(8.0, self.sharding), {}))
     reopened.wait()
     self.assertEqual(reopened.all_steps(), [4, 8])
+
+  def test_every_step_carries_checksums_of_its_items(self):
+    self.write_steps(4)
+    step_dir = os.path.join(self.directory, "4")
+    with open(
+        os.path.join(step_dir, checksums.MANIFEST), encoding="utf-8"
+    ) as f:
+      files = json.load(f)["files"]
+    on_disk = sorted(
+        os.path.relpath(os.path.join(root, name), step_dir)
+        for item in ("state", "metadata")
+        for root, _, names in os.walk(os.path.join(step_dir, item))
+        for name in names
+    )
+    self.assertEqual(sorted(files), on_disk)
+    self.assertIn("metadata/metadata", files)
+
+  def test_flipped_bytes_are_set_aside_naming_the_file(self):
+    self.write_steps(4, 8)
+    data_file = _largest_data_file(os.path.join(self.directory, "8"))
+    flip_bytes(data_file)
+    ckpt = self.make_checkpointer()
+    with self.assertLogs(level="WARNING"):
+      restored = ckpt.restore_newest(self.abstract)
+    self.assertEqual(restored.step, 4)
+    chex.assert_trees_all_equal(
+        restored.state, make_big_state(4.0, self.sharding)
+    )
+    (entry,) = restored.set_aside
+    self.assertEqual(
+        entry.reason,
+        f"ChecksumError: checkpoint step 8: {data_file} is damaged "
+        + re.search(r"\(crc32c .*", entry.reason).group(0),
+    )
+    self.assertRegex(
+        entry.reason, r"\(crc32c [0-9a-f]{8}, [0-9a-f]{8} recorded at save\)$"
+    )
+
+  def test_an_edited_metadata_value_is_damage(self):
+    # JSON that still parses, holding another number: read silently
+    # without the checksums.
+    self.write_steps(4, 8)
+    path = os.path.join(self.directory, "8", "metadata", "metadata")
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    self.assertIn("64", text)
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text.replace("64", "65"))
+    with self.assertLogs(level="WARNING"):
+      restored = self.make_checkpointer().restore_newest(self.abstract)
+    self.assertEqual(restored.step, 4)
+    self.assertIn(f"{path} is damaged", restored.set_aside[0].reason)
+
+  def test_a_checkpoint_without_checksums_restores_unverified(self):
+    self.write_steps(4, 8)
+    os.remove(os.path.join(self.directory, "8", checksums.MANIFEST))
+    with self.assertLogs(level="WARNING") as logs:
+      restored = self.make_checkpointer().restore_newest(self.abstract)
+    self.assertEqual(restored.step, 8)
+    self.assertEqual(restored.set_aside, ())
+    self.assertIn(
+        f"checkpoint step 8 in {self.directory} has no checksums.json "
+        "(written before checkpoints carried checksums): read unverified",
+        [r.getMessage() for r in logs.records],
+    )
+
+  def test_params_only_restore_refuses_flipped_bytes_in_one_line(self):
+    self.write_steps(4, 8)
+    data_file = _largest_data_file(os.path.join(self.directory, "8"))
+    flip_bytes(data_file)
+    abstract_params = self.abstract["params"]
+    with self.assertRaises(checksums.ChecksumError) as caught:
+      checkpointing.restore_params_only(self.directory, abstract_params)
+    message = str(caught.exception)
+    self.assertNotIn("\n", message)
+    self.assertStartsWith(
+        message, f"checkpoint step 8: {data_file} is damaged (crc32c "
+    )
+    # The intact older step still loads, named as a step directory.
+    params = checkpointing.restore_params_only(
+        os.path.join(self.directory, "4"), abstract_params
+    )
+    chex.assert_trees_all_equal(
+        params, make_big_state(4.0, self.sharding)["params"]
+    )
 
   def test_every_checkpoint_damaged_lists_each(self):
     self.write_steps(4, 8)

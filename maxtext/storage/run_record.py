@@ -134,6 +134,9 @@ RESUMABLE_FIELDS = frozenset(
         "warmup_steps_before_run_start",
         # One copy of the state or two: the same update either way.
         "donate_state",
+        # How long a reward call may take before it stops the run: an
+        # operator's guard, not part of training.
+        "grpo_reward_timeout_seconds",
     }
 )
 # Not resumable, on purpose: `enable_mllog` and the submission fields (a

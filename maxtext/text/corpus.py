@@ -10,7 +10,7 @@ import codecs
 import dataclasses
 import json
 import os
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 JSONL_SUFFIXES = (".jsonl",)
 
@@ -27,8 +27,19 @@ class CorpusStats:
   files_with_invalid_utf8: int = 0
 
 
-def list_files(inputs: Sequence[str]) -> list[str]:
+def _readable_file(path: str) -> bool:
+  """A regular file (or a link to one) this process may read."""
+  return os.path.isfile(path) and os.access(path, os.R_OK)
+
+
+def list_files(
+    inputs: Sequence[str], skipped: Optional[list[str]] = None
+) -> list[str]:
   """Every input file, in the order given (directories expanded, sorted).
+
+  Under a directory, only regular files this process can read are taken
+  (a FIFO would block the read, a broken link cannot be read); the others
+  are appended to `skipped` when given.
 
   Raises:
     ValueError: no input, a path that does not exist, or one that is neither
@@ -47,7 +58,11 @@ def list_files(inputs: Sequence[str]) -> list[str]:
         found.extend(
             os.path.join(root, n) for n in names if not n.startswith(".")
         )
-      files.extend(sorted(found))
+      for name in sorted(found):
+        if _readable_file(name):
+          files.append(name)
+        elif skipped is not None:
+          skipped.append(name)
     elif os.path.isfile(path):
       files.append(path)
     elif os.path.exists(path):

@@ -215,7 +215,18 @@ def prepare(
         f"output_dir={output_dir!r}: already holds a prepared "
         "data set; choose a new directory"
     )
-  files = corpus.list_files(inputs)
+  skipped = []
+  files = corpus.list_files(inputs, skipped)
+  if skipped:
+    report(
+        f"skipped {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} "
+        f"that are not readable regular files: {', '.join(skipped)}"
+    )
+  if not files:
+    raise ValueError(
+        f"input={list(inputs)!r}: holds no readable regular file"
+        + (f" (skipped: {', '.join(skipped)})" if skipped else "")
+    )
   os.makedirs(output_dir, exist_ok=True)
   if train_vocab_size:
     checks.check_int("train_tokenizer_vocab_size", train_vocab_size, 1)

@@ -40,6 +40,11 @@ from maxtext.model import transformer
 # where the real ids end.
 PAD_ID = 0
 
+# The largest seed `jax.random.PRNGKey` takes.
+MAX_SEED = 2**63 - 1
+# The most samples one call draws: they are the rows of one batch.
+MAX_NUM_SAMPLES = 4096
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingOptions:
@@ -94,6 +99,17 @@ class SamplingOptions:
             checks.check_int("stop id", i, 0) for i in self.stop_ids
         ),
     )
+    if checked["seed"] > MAX_SEED:
+      raise ValueError(
+          f"seed must be at most {MAX_SEED} (JAX's seeds are 64-bit signed "
+          f"integers), got {checked['seed']}"
+      )
+    if checked["num_samples"] > MAX_NUM_SAMPLES:
+      raise ValueError(
+          f"num_samples must be at most {MAX_NUM_SAMPLES} (the samples are "
+          "the rows of one batch on the devices; draw more with other "
+          f"seeds), got {checked['num_samples']}"
+      )
     if checked["temperature"] < 0:
       raise ValueError(
           "temperature must be >= 0 (0 = greedy), got "

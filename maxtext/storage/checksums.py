@@ -1,0 +1,163 @@
+"""Checksums of a checkpoint's files: written at save, verified at read.
+
+A checkpoint step directory holds orbax items (`state/`, `metadata/`), each
+a tree of files. `write(step_dir)` records every file under the items in
+`checksums.json` beside them: its path relative to the step directory, its
+size and its CRC32C (Castagnoli, through `google-crc32c`, the package the
+GCS client checks its transfers with; hardware-accelerated on x86 and ARM).
+The granularity is the file: orbax's OCDBT data files (`d/<hash>`, each
+holding the chunks of many arrays), its manifests, `_METADATA`, the
+metadata item's JSON. Every file a reader of an item opens is covered,
+whatever the number of processes that wrote it or the shardings it is read
+onto: the files do not depend on the reader.
+
+`verify(step_dir, items)` recomputes the checksums of the files under
+`items` before orbax reads any of them, and raises `ChecksumError` naming
+the checkpoint and the first file that is missing, of another size or of
+other content. A step directory without `checksums.json` (written before
+checksums existed, or by orbax straight to a bucket) is `UNVERIFIED`:
+readers load it and say so in one line.
+
+Orbax's step-level `_CHECKPOINT_METADATA` (timestamps, item names, rewritten
+when orbax commits the step) and its commit marker are not covered.
+"""
+
+import json
+import os
+from typing import Iterable
+
+import google_crc32c
+
+MANIFEST = "checksums.json"
+FORMAT = 1
+ALGORITHM = "crc32c"
+_BLOCK = 8 * 1024 * 1024
+VERIFIED = "verified"
+UNVERIFIED = "unverified"
+
+
+class ChecksumError(ValueError):
+  """A checkpoint file differs from its recorded checksum (one line)."""
+
+
+def file_crc32c(path: str) -> str:
+  """The CRC32C of the file at `path`, as 8 hex digits."""
+  crc = 0
+  with open(path, "rb") as f:
+    while chunk := f.read(_BLOCK):
+      crc = google_crc32c.extend(crc, chunk)
+  return f"{crc:08x}"
+
+
+def _item_files(step_dir: str, items: Iterable[str]) -> list[str]:
+  """The files under `items` of `step_dir`, relative to it, sorted."""
+  out = []
+  for item in items:
+    root = os.path.join(step_dir, item)
+    for parent, dirs, files in os.walk(root):
+      dirs.sort()
+      for name in files:
+        path = os.path.join(parent, name)
+        out.append(os.path.relpath(path, step_dir))
+  return sorted(out)
+
+
+def write(step_dir: str, items: Iterable[str]) -> int:
+  """Records the checksums of the files under `items` in `step_dir`.
+
+  Args:
+    step_dir: a checkpoint step directory (or orbax's temporary one).
+    items: the item subdirectories to cover, e.g. ("state", "metadata").
+
+  Returns:
+    The bytes checksummed.
+  """
+  files = {}
+  total = 0
+  for relative in _item_files(step_dir, items):
+    path = os.path.join(step_dir, relative)
+    size = os.path.getsize(path)
+    files[relative] = {"size": size, ALGORITHM: file_crc32c(path)}
+    total += size
+  manifest = {"format": FORMAT, "algorithm": ALGORITHM, "files": files}
+  partial = os.path.join(step_dir, MANIFEST + ".partial")
+  with open(partial, "w", encoding="utf-8") as f:
+    json.dump(manifest, f, indent=1, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(partial, os.path.join(step_dir, MANIFEST))
+  return total
+
+
+def _read_manifest(step_dir: str, where: str) -> dict | None:
+  """The manifest's files entry, checked; None when there is no manifest."""
+  path = os.path.join(step_dir, MANIFEST)
+  try:
+    with open(path, encoding="utf-8") as f:
+      manifest = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    raise ChecksumError(f"{where}: {path} is unreadable: {e}") from None
+  files = manifest.get("files") if isinstance(manifest, dict) else None
+  if (
+      not isinstance(files, dict)
+      or manifest.get("algorithm") != ALGORITHM
+      or not all(
+          isinstance(entry, dict)
+          and isinstance(entry.get("size"), int)
+          and isinstance(entry.get(ALGORITHM), str)
+          for entry in files.values()
+      )
+  ):
+    raise ChecksumError(
+        f"{where}: {path} is not a {ALGORITHM} manifest of format {FORMAT}"
+    )
+  return files
+
+
+def verify(step_dir: str, items: Iterable[str], where: str) -> str:
+  """Checks the files under `items` of `step_dir` against its manifest.
+
+  Args:
+    step_dir: a checkpoint step directory.
+    items: the item subdirectories the reader reads.
+    where: names the checkpoint in messages, e.g. "checkpoint step 8".
+
+  Returns:
+    VERIFIED, or UNVERIFIED when the directory holds no manifest.
+
+  Raises:
+    ChecksumError: one line naming `where` and the first file (its path)
+      that is missing, unrecorded, of another size or of another CRC32C.
+  """
+  files = _read_manifest(step_dir, where)
+  if files is None:
+    return UNVERIFIED
+  items = tuple(items)
+  recorded = {
+      name: entry
+      for name, entry in files.items()
+      if name.split(os.sep, 1)[0] in items
+  }
+  present = set(_item_files(step_dir, items))
+  for name in sorted(present - set(recorded)):
+    raise ChecksumError(
+        f"{where}: {os.path.join(step_dir, name)} is not in its {MANIFEST}"
+    )
+  for name, entry in sorted(recorded.items()):
+    path = os.path.join(step_dir, name)
+    if name not in present:
+      raise ChecksumError(f"{where}: {path} is missing (listed in {MANIFEST})")
+    size = os.path.getsize(path)
+    if size != entry["size"]:
+      raise ChecksumError(
+          f"{where}: {path} has {size} bytes, {entry['size']} recorded at save"
+      )
+    crc = file_crc32c(path)
+    if crc != entry[ALGORITHM]:
+      raise ChecksumError(
+          f"{where}: {path} is damaged ({ALGORITHM} {crc}, "
+          f"{entry[ALGORITHM]} recorded at save)"
+      )
+  return VERIFIED

@@ -1,0 +1,62 @@
+"""Reward functions that misbehave as user code does, for GRPO tests.
+
+Named in `grpo_reward_functions` as `testing.hostile_rewards:<name>`; a
+reward worker process imports this module like any user's.
+"""
+
+import os
+import sys
+import time
+
+# Calls this process has seen, per function.
+_CALLS = {}
+
+
+def _count(name: str) -> int:
+  _CALLS[name] = _CALLS.get(name, 0) + 1
+  return _CALLS[name]
+
+
+def constant(prompt, completion):
+  """A well-behaved reward: 0.5 everywhere."""
+  del prompt, completion
+  return 0.5
+
+
+def huge(prompt, completion):
+  """An exact integer no float holds."""
+  del prompt, completion
+  return 10**400
+
+
+def near_max(prompt, completion):
+  """Finite alone; two of them weighted 1 sum to infinity."""
+  del prompt, completion
+  return 1.7e308
+
+
+def exits(prompt, completion):
+  """A reward that ends its process the polite way."""
+  del prompt, completion
+  sys.exit(0)
+
+
+def dies(prompt, completion):
+  """A reward that ends its process at once."""
+  del prompt, completion
+  # The abrupt exit is the point: no cleanup, no exception.
+  os._exit(3)  # pylint: disable=protected-access
+
+
+def hangs(prompt, completion):
+  """A reward that never returns."""
+  del prompt, completion
+  while True:
+    time.sleep(3600)
+
+
+def hangs_after_8_calls(prompt, completion):
+  """Scores 8 completions (the tiny run's first rollout), then hangs."""
+  if _count("hangs_after_8_calls") > 8:
+    hangs(prompt, completion)
+  return float(len(completion))
