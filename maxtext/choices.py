@@ -29,7 +29,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # config.workload: the kind of training (maxtext.workloads.WORKLOADS).
 WORKLOADS = ("pretraining", "grpo")
 # config.dataset_type (maxtext.dataset_kinds.KINDS).
-DATASET_TYPES = ("synthetic", "tokens_file", "grain")
+DATASET_TYPES = ("synthetic", "tokens_file", "grain", "megatron")
 # config.hardware: a JAX platform, or "auto" for whatever JAX finds.
 HARDWARE = ("auto", "cpu", "tpu", "gpu")
 # config.lr_schedule: the learning rate after the linear warm-up

@@ -332,11 +332,22 @@ def _check_model(v) -> None:
 def _check_data(v) -> None:
   """The data set's kind and the fields it needs (its files: preflight)."""
   _one_of(v, "dataset_type", choices.DATASET_TYPES)
-  if v["dataset_type"] == "tokens_file":
+  if v["dataset_type"] in ("tokens_file", "megatron"):
     for key in ("train_data_path", "eval_data_path"):
       if not v[key]:
-        raise _fail(key, v[key], "is required when dataset_type='tokens_file'")
+        raise _fail(
+            key, v[key], f"is required when dataset_type={v['dataset_type']!r}"
+        )
   _at_least(v, "grain_worker_count", 0)
+  _at_least(v, "megatron_eval_samples", 0)
+  batches = v["eval_steps"] * v["eval_batch_size"]
+  if v["megatron_eval_samples"] and v["megatron_eval_samples"] != batches:
+    raise _fail(
+        "megatron_eval_samples",
+        v["megatron_eval_samples"],
+        f"every evaluation reads the whole eval set: eval_steps * "
+        f"eval_batch_size is {batches}",
+    )
 
 
 def _check_batch(v) -> None:

@@ -7,6 +7,8 @@ never reaches up into the text package: this module sits above both.
   "tokens_file"  `data.TokensFileDataset`: memory-mapped token files.
   "grain"        `text.grain_dataset.GrainDataset`: prepared text shards
                  through Grain, read in step order with iterator state.
+  "megatron"     `text.megatron_dataset.MegatronDataset`: Megatron indexed
+                 datasets (.idx/.bin), blended by weight.
 """
 
 from typing import Any, Callable
@@ -26,10 +28,18 @@ def _grain(config: Any, process_index: int, process_count: int):
   return grain_dataset.GrainDataset(config, process_index, process_count)
 
 
+def _megatron(config: Any, process_index: int, process_count: int):
+  # pylint: disable-next=import-outside-toplevel
+  from maxtext.text import megatron_dataset
+
+  return megatron_dataset.MegatronDataset(config, process_index, process_count)
+
+
 KINDS: dict[str, Factory] = {
     "synthetic": data.SyntheticDataset,
     "tokens_file": data.TokensFileDataset,
     "grain": _grain,
+    "megatron": _megatron,
 }
 
 

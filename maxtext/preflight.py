@@ -24,6 +24,7 @@ from maxtext import checks
 from maxtext import data
 from maxtext.mllog import preflight as mllog_preflight
 from maxtext.storage import gcs_mirror
+from maxtext.text import megatron_dataset
 from maxtext.text import metadata as text_metadata
 from maxtext.storage import run_dir as run_dir_lib
 
@@ -329,7 +330,9 @@ def check(config, *, grpo: bool = False) -> None:
   names and the whole path fit the file system's limits, and a file can be
   created where the run writes first (not a read-only file system). Input
   files: the tokens_file dataset's files exist, are regular, readable and
-  well-formed (through `maxtext.data`, the reader the run uses); a grain
+  well-formed (through `maxtext.data`, the reader the run uses), and a
+  megatron run's prefixes (index, .bin size, the eval set's rows) through
+  `maxtext.text.megatron_dataset`; a grain
   run's prepared data fits the model (its metadata.json);
   load_parameters_path is a local checkpoint directory. gs:// locations are
   left to the run (their trouble is retried, never a stop). Before the
@@ -353,3 +356,4 @@ def check(config, *, grpo: bool = False) -> None:
   _check_compilation_cache(config)
   _check_load_parameters(config)
   data.check_token_files(config)
+  megatron_dataset.check_config(config)

@@ -226,12 +226,22 @@ def get_config() -> ml_collections.ConfigDict:
   # raw .bin file of little-endian uint16 token ids, memory-mapped.
   # "grain": a directory written by tools/prepare_data (ArrayRecord shards of
   # tokenized text plus metadata.json), read with Grain, resumable.
+  # "megatron": Megatron indexed datasets (PREFIX.idx + PREFIX.bin), as the
+  # MLPerf LLM references ship their tokenized C4 (docs/data.md).
   config.dataset_type = "synthetic"
   # tokens_file: the training tokens file. grain: the prepared directory.
   config.train_data_path = ""
+  # megatron: Megatron's data-path list, one prefix or weights and prefixes
+  # alternating ("0.3 /data/a 0.7 /data/b").
   # tokens_file: the eval tokens file. grain: a prepared directory whose eval
-  # split is read; "" = train_data_path's eval split.
+  # split is read; "" = train_data_path's eval split. megatron: the
+  # validation prefix.
   config.eval_data_path = ""
+  # megatron: the eval set is the validation prefix's first this many
+  # sequences of max_sequence_length, in file order, all read at every
+  # evaluation (eval_steps * eval_batch_size must equal it); 0 = eval_steps *
+  # eval_batch_size.
+  config.megatron_eval_samples = 0
   # grain: Grain worker processes reading batches ahead (0 = reader threads
   # in the training process only).
   config.grain_worker_count = 0
