@@ -153,19 +153,14 @@ def eval_samples(config) -> int:
   )
 
 
-def check_config(config) -> None:
-  """The pre-flight of a megatron run: every prefix's files, read as the
-  data set reads them (index, sizes; no token), and enough validation rows
-  for the eval set.
-
-  Raises:
-    ValueError: one line naming the field and the file.
-  """
-  if config.dataset_type != KIND:
-    return
+def _open_all(config):
+  """([(weight, opened training prefix)], opened validation prefix), checked
+  as `check_config` says."""
   seq = config.max_sequence_length
-  for _, prefix in parse_data_path(config.train_data_path):
-    _open(prefix, "train_data_path", seq)
+  blend = [
+      (weight, _open(prefix, "train_data_path", seq))
+      for weight, prefix in parse_data_path(config.train_data_path)
+  ]
   if len(str(config.eval_data_path).split()) != 1:
     raise ValueError(
         f"config.eval_data_path={config.eval_data_path!r}: one validation "
@@ -179,6 +174,19 @@ def check_config(config) -> None:
         f"{_rows(validation, seq)} sequences of {seq} tokens; the eval set "
         f"is its first {wanted}"
     )
+  return blend, validation
+
+
+def check_config(config) -> None:
+  """The pre-flight of a megatron run: every prefix's files, read as the
+  data set reads them (index, sizes; no token), and enough validation rows
+  for the eval set.
+
+  Raises:
+    ValueError: one line naming the field and the file.
+  """
+  if config.dataset_type == KIND:
+    _open_all(config)
 
 
 def _fingerprint(field: str, text: str, prefixes: Sequence[str]):
@@ -217,16 +225,12 @@ class MegatronDataset(dataset.Dataset):
             config, process_index, process_count
         )
     )
-    check_config(config)
     self._train_text = config.train_data_path
     self._eval_text = config.eval_data_path
-    blend = parse_data_path(config.train_data_path)
+    blend, self._eval = _open_all(config)
     self._weights = [w for w, _ in blend]
-    self._train = [
-        _open(p, "train_data_path", self._seq) for _, p in blend
-    ]
+    self._train = [t for _, t in blend]
     self._train_counts = [_rows(t, self._seq) for t in self._train]
-    self._eval = _open(config.eval_data_path, "eval_data_path", self._seq)
     self._eval_samples = eval_samples(config)
     self._blend_ids, self._blend_within, self._per_period = blend_schedule(
         self._weights

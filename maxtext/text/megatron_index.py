@@ -124,7 +124,9 @@ class IndexedTokens:
           f"{self.num_tokens} tokens"
       )
     if self.contiguous:
-      base = int(self.pointers[0]) // self.dtype.itemsize if len(self.sizes) else 0
+      base = 0
+      if self.num_sequences:
+        base = int(self.pointers[0]) // self.dtype.itemsize
       return np.asarray(self.tokens[base + start : base + stop])
     pieces = []
     seq = int(np.searchsorted(self.starts, start, side="right")) - 1
@@ -133,7 +135,8 @@ class IndexedTokens:
       seq_start = int(self.starts[seq])
       end = min(stop, int(self.starts[seq + 1]))
       if end > pos:
-        first = int(self.pointers[seq]) // self.dtype.itemsize + (pos - seq_start)
+        first = int(self.pointers[seq]) // self.dtype.itemsize
+        first += pos - seq_start
         pieces.append(np.asarray(self.tokens[first : first + end - pos]))
       pos = end
       seq += 1

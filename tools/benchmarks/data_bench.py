@@ -340,11 +340,12 @@ def shape_config(
       raise ValueError(f"--set: {name} has no field {field!r}")
     config[field] = value
   if dataset_type == "megatron":
-    # The eval set (untimed) is one micro-batch of the prefix's first rows:
-    # a shape's own eval batches may want more rows than the corpus has.
+    # The eval set (untimed) is the prefix's first few rows (a divisor of
+    # the micro-batch, so the mesh takes it): a shape's own eval set may
+    # want more rows than the small corpus has.
     config.eval_steps = 1
-    config.eval_batch_size = (
-        config.global_batch_size // config.gradient_accumulation_steps
+    config.eval_batch_size = math.gcd(
+        config.global_batch_size // config.gradient_accumulation_steps, 8
     )
   # The model, batch and step fields; GrainDataset checks the data's own
   # (the data may not be prepared yet).
