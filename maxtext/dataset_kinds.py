@@ -29,6 +29,7 @@ def _grain(config: Any, process_index: int, process_count: int):
 
 
 def _megatron(config: Any, process_index: int, process_count: int):
+  # Imported here, as Grain is: only runs that read Megatron files need it.
   # pylint: disable-next=import-outside-toplevel
   from maxtext.text import megatron_dataset
 

@@ -51,6 +51,15 @@ from maxtext import data
 from maxtext import dataset
 from maxtext.text import megatron_index
 
+# The generic data module's process row split, index check and batch layout,
+# shared with the tokens_file kind so that every kind splits and shapes its
+# batches alike.
+# pylint: disable=protected-access
+_process_shares = data._process_shares
+_check_index = data._check_index
+_to_batch = data._to_batch
+# pylint: enable=protected-access
+
 KIND = "megatron"
 # Samples of one period of the blend (see the module docstring). The shares
 # within a period are the weights' to within one sample per prefix.
@@ -147,7 +156,7 @@ def _open(prefix: str, field: str, seq: int) -> megatron_index.IndexedTokens:
 
 
 def eval_samples(config) -> int:
-  """N, the sequences of the eval set (megatron_eval_samples or the batches')."""
+  """N: megatron_eval_samples, or eval_steps * eval_batch_size for 0."""
   return config.megatron_eval_samples or (
       config.eval_steps * config.eval_batch_size
   )
@@ -189,7 +198,7 @@ def check_config(config) -> None:
     _open_all(config)
 
 
-def _fingerprint(field: str, text: str, prefixes: Sequence[str]):
+def _fingerprint(text: str, prefixes: Sequence[str]):
   """One field's files as `data.changed_files` compares them, and per file."""
   files = []
   for prefix in prefixes:
@@ -221,9 +230,7 @@ class MegatronDataset(dataset.Dataset):
     self._seq = config.max_sequence_length
     self._seed = config.data_shuffle_seed
     self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
-        data._process_shares(  # pylint: disable=protected-access
-            config, process_index, process_count
-        )
+        _process_shares(config, process_index, process_count)
     )
     self._train_text = config.train_data_path
     self._eval_text = config.eval_data_path
@@ -256,16 +263,15 @@ class MegatronDataset(dataset.Dataset):
 
   @property
   def num_eval_samples(self) -> int:
+    """Sequences of the eval set (N)."""
     return self._eval_samples
 
   def provenance(self) -> dict[str, Any]:
     """Fingerprints of every file (the resume check's `tokens_files`)."""
     train, train_files = _fingerprint(
-        "train_data_path", self._train_text, [t.prefix for t in self._train]
+        self._train_text, [t.prefix for t in self._train]
     )
-    evals, eval_files = _fingerprint(
-        "eval_data_path", self._eval_text, [self._eval.prefix]
-    )
+    evals, eval_files = _fingerprint(self._eval_text, [self._eval.prefix])
     return {
         "tokens_files": {"train_data_path": train, "eval_data_path": evals},
         KIND: {
@@ -294,21 +300,25 @@ class MegatronDataset(dataset.Dataset):
 
   # ------------------------------------------------------------ rows
   def _permutation(self, prefix: int, epoch: int) -> np.ndarray:
+    """The row order of one epoch of one prefix."""
     key = (prefix, epoch)
     perm = self._perm_cache.get(key)
     if perm is None:
       rng = np.random.default_rng([self._seed, prefix, epoch])
       perm = rng.permutation(self._train_counts[prefix])
-      # A step touches at most two epochs of each prefix.
+      # Rows are read in sample order, so a batch moves through a prefix's
+      # epochs in turn: two per prefix are enough.
       if len(self._perm_cache) >= 2 * len(self._train):
         self._perm_cache.pop(next(iter(self._perm_cache)))
       self._perm_cache[key] = perm
     return perm
 
   def _window(self, tokens: megatron_index.IndexedTokens, row: int):
+    """Row `row` of a prefix: its S + 1 tokens."""
     return tokens.stream(row * self._seq, row * self._seq + self._seq + 1)
 
   def _batch(self, windows: list[np.ndarray], sources) -> dataset.Batch:
+    """Rows read from `sources` (one prefix per row) as a checked batch."""
     stacked = np.stack(windows)
     if stacked.dtype.kind == "f":
       bad = ~np.isfinite(stacked) | (stacked != np.floor(stacked))
@@ -327,7 +337,7 @@ class MegatronDataset(dataset.Dataset):
           f"{self._vocab}) (found {low[row]:g}..{high[row]:g}); check "
           "vocab_size"
       )
-    return data._to_batch(stacked)  # pylint: disable=protected-access
+    return _to_batch(stacked)
 
   def sample_source(self, sample: int) -> tuple[int, int]:
     """(prefix index, row of that prefix) of training sample `sample`."""
@@ -347,7 +357,7 @@ class MegatronDataset(dataset.Dataset):
         checkpoint state says comes next, or token ids outside the
         vocabulary (naming the .bin).
     """
-    step = data._check_index(step, "step")  # pylint: disable=protected-access
+    step = _check_index(step, "step")
     first = step * self._train_batch
     if self._expected_sample is not None:
       if first != self._expected_sample:
@@ -370,14 +380,16 @@ class MegatronDataset(dataset.Dataset):
     Raises:
       ValueError: a batch past the eval set's N sequences.
     """
-    index = data._check_index(index, "index")  # pylint: disable=protected-access
+    index = _check_index(index, "index")
     if (index + 1) * self._eval_batch > self._eval_samples:
       raise ValueError(
           f"eval batch {index} of {self._eval_batch} rows is past the eval "
           f"set's {self._eval_samples} sequences"
       )
     rows = range(self._eval_batch)[self._eval_rows]
-    windows = [self._window(self._eval, index * self._eval_batch + r) for r in rows]
+    windows = [
+        self._window(self._eval, index * self._eval_batch + r) for r in rows
+    ]
     return self._batch(windows, [self._eval] * len(windows))
 
   # ------------------------------------------------------------ position

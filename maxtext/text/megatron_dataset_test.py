@@ -54,6 +54,7 @@ class MegatronDatasetTest(absltest.TestCase):
     megatron_index.write(cls.val, cls.val_docs, np.int64)
 
   def _config(self, run_name="m", steps=6, **overrides):
+    """The tiny config on the blend of a and b, validating on val."""
     fields = dict(
         dataset_type="megatron",
         train_data_path=f"0.25 {self.a} 0.75 {self.b}",
@@ -101,9 +102,7 @@ class MegatronDatasetTest(absltest.TestCase):
     ids, within, per = megatron_dataset.blend_schedule([0.3, 0.7], 1000)
     self.assertEqual(per.tolist(), [300, 700])
     for d in (0, 1):
-      np.testing.assert_array_equal(
-          within[ids == d], np.arange(per[d])
-      )
+      np.testing.assert_array_equal(within[ids == d], np.arange(per[d]))
 
   def test_order_is_seeded(self):
     first = megatron_dataset.MegatronDataset(self._config())
@@ -144,7 +143,8 @@ class MegatronDatasetTest(absltest.TestCase):
 
   def test_eval_samples_must_be_read_whole(self):
     with self.assertRaisesRegex(
-        ValueError, "megatron_eval_samples=16.*eval_steps \\* eval_batch_size is 8"
+        ValueError,
+        "megatron_eval_samples=16.*eval_steps \\* eval_batch_size is 8",
     ):
       config_lib.validate(self._config(megatron_eval_samples=16))
     config_lib.validate(self._config(megatron_eval_samples=8))
@@ -182,9 +182,7 @@ class MegatronDatasetTest(absltest.TestCase):
     resolved = run_dir.with_input_paths_resolved(
         config, {caller_paths.CALLER_DIR_ENV: "/home/me"}
     )
-    self.assertEqual(
-        resolved.train_data_path, "0.3 /home/me/data/a 0.7 /abs/b"
-    )
+    self.assertEqual(resolved.train_data_path, "0.3 /home/me/data/a 0.7 /abs/b")
 
   def test_bad_data_path_lists(self):
     for text, pattern in (
@@ -205,9 +203,7 @@ class MegatronDatasetTest(absltest.TestCase):
   def test_float_tokens_must_be_whole(self):
     path = os.path.join(self.create_tempdir().full_path, "f")
     megatron_index.write(path, [[[0.5] * 40]], np.float32)
-    ds = megatron_dataset.MegatronDataset(
-        self._config(train_data_path=path)
-    )
+    ds = megatron_dataset.MegatronDataset(self._config(train_data_path=path))
     with self.assertRaisesRegex(ValueError, f"{path}.bin: .*not whole"):
       ds.get_batch(0)
 
@@ -223,7 +219,9 @@ class MegatronDatasetTest(absltest.TestCase):
     np.testing.assert_array_equal(
         fresh.get_batch(3)["inputs"], ds.get_batch(3)["inputs"]
     )
-    with self.assertRaisesRegex(ValueError, "global_batch_size=8; this run has 16"):
+    with self.assertRaisesRegex(
+        ValueError, "global_batch_size=8; this run has 16"
+    ):
       megatron_dataset.MegatronDataset(
           self._config(global_batch_size=16)
       ).restore_checkpoint_state(state)

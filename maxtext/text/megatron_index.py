@@ -189,7 +189,8 @@ def read_index(idx_path: str):
     )
   if version != VERSION:
     raise _fail(
-        idx_path, f"Megatron index version {version}; this reader knows {VERSION}"
+        idx_path,
+        f"Megatron index version {version}; this reader knows {VERSION}",
     )
   if code not in DTYPES:
     known = ", ".join(f"{c} {d.name}" for c, d in DTYPES.items())
@@ -212,13 +213,15 @@ def read_index(idx_path: str):
     pointers = np.memmap(
         idx_path, "<i8", "r", offset + 4 * sequences, (sequences,)
     )
-  doc = np.memmap(
-      idx_path, "<i8", "r", offset + 12 * sequences, (documents,)
-  )
+  doc = np.memmap(idx_path, "<i8", "r", offset + 12 * sequences, (documents,))
   if sequences and int(sizes.min()) < 0:
-    raise _fail(idx_path, "malformed Megatron index: a negative sequence length")
-  if int(doc[0]) != 0 or int(doc[-1]) != sequences or (
-      documents > 1 and bool(np.any(np.diff(doc) < 0))
+    raise _fail(
+        idx_path, "malformed Megatron index: a negative sequence length"
+    )
+  if (
+      int(doc[0]) != 0
+      or int(doc[-1]) != sequences
+      or (documents > 1 and bool(np.any(np.diff(doc) < 0)))
   ):
     raise _fail(
         idx_path,

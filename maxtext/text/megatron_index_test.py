@@ -13,7 +13,9 @@ _DOCS = [[[5, 6, 7]], [[8, 9], [10]], [[11, 12, 13, 14]]]
 _STREAM = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
 
 
-def _header(code=4, sequences=0, documents=1, magic=megatron_index.MAGIC, version=1):
+def _header(
+    code=4, sequences=0, documents=1, magic=megatron_index.MAGIC, version=1
+):
   return struct.pack("<9sQBQQ", magic, version, code, sequences, documents)
 
 
@@ -25,8 +27,7 @@ class MegatronIndexTest(parameterized.TestCase):
     self.prefix = os.path.join(self.dir, "c4")
 
   @parameterized.named_parameters(
-      (dtype.name, code, dtype)
-      for code, dtype in megatron_index.DTYPES.items()
+      (dtype.name, code, dtype) for code, dtype in megatron_index.DTYPES.items()
   )
   def test_every_dtype_code_reads_back(self, code, dtype):
     megatron_index.write(self.prefix, _DOCS, dtype)
@@ -43,9 +44,7 @@ class MegatronIndexTest(parameterized.TestCase):
     self.assertTrue(tokens.contiguous)
     self.assertEqual(tokens.stream(0, 10).tolist(), _STREAM)
     self.assertEqual(tokens.stream(2, 7).tolist(), _STREAM[2:7])
-    self.assertEqual(
-        os.path.getsize(self.prefix + ".bin"), 10 * dtype.itemsize
-    )
+    self.assertEqual(os.path.getsize(self.prefix + ".bin"), 10 * dtype.itemsize)
 
   def test_sequences_out_of_order_in_the_bin_read_in_index_order(self):
     # The .bin holds sequence 1 first; the index points at each.
@@ -63,7 +62,9 @@ class MegatronIndexTest(parameterized.TestCase):
     self.assertEqual(tokens.stream(1, 4).tolist(), [2, 20, 21])
 
   def test_writer_refuses_a_dtype_without_a_code(self):
-    with self.assertRaisesRegex(ValueError, "dtype uint32: the Megatron format"):
+    with self.assertRaisesRegex(
+        ValueError, "dtype uint32: the Megatron format"
+    ):
       megatron_index.write(self.prefix, _DOCS, np.uint32)
 
   def _broken(self, data: bytes, bin_bytes: bytes = b"\0" * 64):

@@ -560,9 +560,7 @@ def measure_shape(
   device = device_kind.replace(" ", "_") + f"@{mfu:.0%}MFU"
   rows = []
   for count in shape_workers(workers, overrides):
-    config = shape_config(
-        name, data_dir, vocab, count, overrides, dataset_type
-    )
+    config = shape_config(name, data_dir, vocab, count, overrides, dataset_type)
     rate = pipeline_rate(config, batches, warmup_batches)
     if train:
       config = train_config(

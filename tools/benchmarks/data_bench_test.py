@@ -190,7 +190,8 @@ class DataBenchTest(absltest.TestCase):
     self.assertEqual(rows[0][9:], ("metrics.jsonl", "trainer"))
     # The trained run read the Megatron files.
     with open(
-        os.path.join(output_dir, "runs", "default_workers0", "config.json")
+        os.path.join(output_dir, "runs", "default_workers0", "config.json"),
+        encoding="utf-8",
     ) as f:
       recorded = json.load(f)
     self.assertIn('"dataset_type": "megatron"', json.dumps(recorded))
