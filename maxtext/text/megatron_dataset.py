@@ -339,13 +339,19 @@ class MegatronDataset(dataset.Dataset):
       )
     return _to_batch(stacked)
 
-  def sample_source(self, sample: int) -> tuple[int, int]:
-    """(prefix index, row of that prefix) of training sample `sample`."""
+  def blend_position(self, sample: int) -> tuple[int, int]:
+    """(prefix index, m) of training sample `sample`: it is the prefix's
+    m-th sample (counted over epochs)."""
     block, offset = divmod(sample, BLEND_PERIOD)
     prefix = int(self._blend_ids[offset])
     index = block * int(self._per_period[prefix]) + int(
         self._blend_within[offset]
     )
+    return prefix, index
+
+  def sample_source(self, sample: int) -> tuple[int, int]:
+    """(prefix index, row of that prefix) of training sample `sample`."""
+    prefix, index = self.blend_position(sample)
     epoch, position = divmod(index, self._train_counts[prefix])
     return prefix, int(self._permutation(prefix, epoch)[position])
 

@@ -98,6 +98,20 @@ class MegatronDatasetTest(absltest.TestCase):
     runs = "".join(map(str, prefixes)).split("0")
     self.assertLessEqual(max(len(r) for r in runs), 4)
 
+  def test_each_prefix_counts_its_samples_across_blend_periods(self):
+    ds = megatron_dataset.MegatronDataset(self._config())
+    period = megatron_dataset.BLEND_PERIOD
+    seen = {0: [], 1: []}
+    for n in range(2 * period + 10):
+      prefix, m = ds.blend_position(n)
+      seen[prefix].append(m)
+    # Each prefix's samples are its 0th, 1st, 2nd, ... in order, with no
+    # gap or repeat where one period ends and the next begins.
+    for prefix, ms in seen.items():
+      self.assertEqual(ms, list(range(len(ms))), prefix)
+    self.assertEqual(len(seen[0]) + len(seen[1]), 2 * period + 10)
+    self.assertAlmostEqual(len(seen[0]) / (2 * period), 0.25, delta=1e-4)
+
   def test_blend_schedule_is_periodic_and_exact_per_period(self):
     ids, within, per = megatron_dataset.blend_schedule([0.3, 0.7], 1000)
     self.assertEqual(per.tolist(), [300, 700])
