@@ -30,7 +30,7 @@ import errno
 import os
 import stat
 import struct
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -55,6 +55,8 @@ DTYPES: dict[int, np.dtype] = {
     8: np.dtype("<u2"),
 }
 CODES: dict[np.dtype, int] = {dtype: code for code, dtype in DTYPES.items()}
+# Index entries checked per pass when a prefix is opened.
+CHECK_CHUNK = 1 << 22
 
 
 class FormatError(ValueError):
@@ -78,8 +80,10 @@ class IndexedTokens:
     tokens: the .bin mapped read-only as `dtype`, 1-D.
     contiguous: the sequences lie back to back from pointers[0] in index
       order, so the stream of all sequences is one slice of `tokens`.
-    starts: int64 [S + 1] each sequence's first token in the stream of all
-      sequences, in index order, and the stream's length last.
+    total_tokens: tokens of all sequences together.
+    starts: None when contiguous, else int64 [S + 1] each sequence's first
+      token in the stream of all sequences, in index order, and the
+      stream's length last.
   """
 
   prefix: str
@@ -89,7 +93,8 @@ class IndexedTokens:
   document_index: np.ndarray
   tokens: np.ndarray
   contiguous: bool
-  starts: np.ndarray
+  total_tokens: int
+  starts: Optional[np.ndarray]
 
   @property
   def idx_path(self) -> str:
@@ -102,7 +107,7 @@ class IndexedTokens:
   @property
   def num_tokens(self) -> int:
     """Tokens of all sequences together."""
-    return int(self.starts[-1])
+    return self.total_tokens
 
   @property
   def num_sequences(self) -> int:
@@ -231,8 +236,12 @@ def read_index(idx_path: str):
   return DTYPES[code], sizes, pointers, doc
 
 
-def open_prefix(prefix: str) -> IndexedTokens:
+def open_prefix(prefix: str, chunk: int = CHECK_CHUNK) -> IndexedTokens:
   """Opens `prefix`.idx and memory-maps `prefix`.bin, both checked.
+
+  Args:
+    prefix: the path prefix.
+    chunk: index entries checked per pass (bounds the temporaries).
 
   Raises:
     FormatError: one line naming the file: as `read_index`, a missing or
@@ -243,30 +252,40 @@ def open_prefix(prefix: str) -> IndexedTokens:
   dtype, sizes, pointers, doc = read_index(idx_path)
   bin_size = _stat_file(bin_path, "Megatron token file (.bin)")
   itemsize = dtype.itemsize
-  lengths = np.asarray(sizes, np.int64)
-  starts = np.zeros((lengths.shape[0] + 1,), np.int64)
-  np.cumsum(lengths, out=starts[1:])
-  if lengths.shape[0]:
-    ends = np.asarray(pointers) + lengths * itemsize
-    if int(pointers.min()) < 0 or int(ends.max()) > bin_size:
-      raise _fail(
-          bin_path,
-          f"shorter than its index says: {prefix}.idx places tokens up to "
-          f"byte {int(ends.max())}, the file has {bin_size} bytes",
-      )
-    if bool(np.any(np.asarray(pointers) % itemsize)):
-      raise _fail(
-          idx_path,
-          f"malformed Megatron index: a sequence offset is not a multiple "
-          f"of the {dtype.name} token size {itemsize}",
-      )
-    contiguous = bool(
-        np.array_equal(
-            np.asarray(pointers), pointers[0] + starts[:-1] * itemsize
-        )
+  count = sizes.shape[0]
+  first = int(pointers[0]) if count else 0
+  total, lowest, highest = 0, 0, 0
+  contiguous, misaligned = True, False
+  # In chunks: an index of tens of millions of sequences is checked with
+  # temporaries of a few tens of MB.
+  for lo in range(0, count, chunk):
+    lengths = np.asarray(sizes[lo : lo + chunk], np.int64)
+    offsets = np.asarray(pointers[lo : lo + chunk], np.int64)
+    ends = offsets + lengths * itemsize
+    lowest = min(lowest, int(offsets.min()))
+    highest = max(highest, int(ends.max()))
+    misaligned = misaligned or bool(np.any(offsets % itemsize))
+    if contiguous:
+      starts = total + np.cumsum(lengths) - lengths
+      contiguous = bool(np.array_equal(offsets, first + starts * itemsize))
+    total += int(lengths.sum())
+  if lowest < 0 or highest > bin_size:
+    raise _fail(
+        bin_path,
+        f"shorter than its index says: {prefix}.idx places tokens up to "
+        f"byte {highest}, the file has {bin_size} bytes",
     )
-  else:
-    contiguous = True
+  if misaligned:
+    raise _fail(
+        idx_path,
+        f"malformed Megatron index: a sequence offset is not a multiple "
+        f"of the {dtype.name} token size {itemsize}",
+    )
+  starts = None
+  if not contiguous:
+    # Where each sequence begins in the stream, to find a span's pieces.
+    starts = np.zeros((count + 1,), np.int64)
+    np.cumsum(sizes, dtype=np.int64, out=starts[1:])
   usable = bin_size - bin_size % itemsize
   if usable:
     tokens = np.memmap(bin_path, dtype, "r", 0, (usable // itemsize,))
@@ -280,6 +299,7 @@ def open_prefix(prefix: str) -> IndexedTokens:
       document_index=doc,
       tokens=tokens,
       contiguous=contiguous,
+      total_tokens=total,
       starts=starts,
   )
 

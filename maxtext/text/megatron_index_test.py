@@ -61,6 +61,29 @@ class MegatronIndexTest(parameterized.TestCase):
     self.assertEqual(tokens.stream(0, 5).tolist(), [1, 2, 20, 21, 22])
     self.assertEqual(tokens.stream(1, 4).tolist(), [2, 20, 21])
 
+  def test_checked_in_chunks_as_at_once(self):
+    megatron_index.write(self.prefix, _DOCS * 3, np.uint16)
+    whole = megatron_index.open_prefix(self.prefix)
+    for chunk in (1, 2, 5):
+      part = megatron_index.open_prefix(self.prefix, chunk=chunk)
+      self.assertTrue(part.contiguous)
+      self.assertEqual(part.num_tokens, whole.num_tokens)
+      self.assertEqual(part.stream(0, 30).tolist(), _STREAM * 3)
+    # A sequence out of place in the third chunk of two entries.
+    with open(self.prefix + ".idx", "r+b") as f:
+      f.seek(megatron_index.HEADER_BYTES + 4 * 12 + 8 * 5)
+      f.write(np.asarray([0], "<i8").tobytes())
+    moved = megatron_index.open_prefix(self.prefix, chunk=2)
+    self.assertFalse(moved.contiguous)
+    # Sequence 5 (stream tokens 13, 14) now reads bytes 0..3: ids 5, 6.
+    self.assertEqual(moved.stream(10, 16).tolist(), [5, 6, 7, 5, 6, 10])
+    with open(self.prefix + ".bin", "r+b") as f:
+      f.truncate(58)
+    with self.assertRaisesRegex(
+        megatron_index.FormatError, "byte 60, the file has 58"
+    ):
+      megatron_index.open_prefix(self.prefix, chunk=2)
+
   def test_writer_refuses_a_dtype_without_a_code(self):
     with self.assertRaisesRegex(
         ValueError, "dtype uint32: the Megatron format"
