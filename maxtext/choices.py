@@ -29,7 +29,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # config.workload: the kind of training (maxtext.workloads.WORKLOADS).
 WORKLOADS = ("pretraining", "sft", "grpo")
 # config.dataset_type (maxtext.dataset_kinds.KINDS).
-DATASET_TYPES = ("synthetic", "tokens_file", "grain", "chat")
+DATASET_TYPES = ("synthetic", "tokens_file", "grain", "chat", "megatron")
 # The kinds whose batches carry float32 "weights" [B, S] beside inputs and
 # targets (the loss counts only weighted tokens): chat's assistant mask.
 WEIGHTED_DATASET_TYPES = ("chat",)

@@ -332,7 +332,7 @@ def _check_model(v) -> None:
 def _check_data(v) -> None:
   """The data set's kind and the fields it needs (its files: preflight)."""
   _one_of(v, "dataset_type", choices.DATASET_TYPES)
-  if v["dataset_type"] in ("tokens_file", "chat"):
+  if v["dataset_type"] in ("tokens_file", "chat", "megatron"):
     for key in ("train_data_path", "eval_data_path"):
       if not v[key]:
         raise _fail(
@@ -349,6 +349,15 @@ def _check_data(v) -> None:
         "files",
     )
   _at_least(v, "grain_worker_count", 0)
+  _at_least(v, "megatron_eval_samples", 0)
+  batches = v["eval_steps"] * v["eval_batch_size"]
+  if v["megatron_eval_samples"] and v["megatron_eval_samples"] != batches:
+    raise _fail(
+        "megatron_eval_samples",
+        v["megatron_eval_samples"],
+        f"every evaluation reads the whole eval set: eval_steps * "
+        f"eval_batch_size is {batches}",
+    )
 
 
 def _check_batch(v) -> None:

@@ -10,6 +10,8 @@ never reaches up into the text package: this module sits above both.
   "chat"         `text.chat_dataset.ChatDataset`: chat examples (JSONL of
                  messages) rendered with a chat template, one padded row
                  each, weighted on the assistant's tokens (fine-tuning).
+  "megatron"     `text.megatron_dataset.MegatronDataset`: Megatron indexed
+                 datasets (.idx/.bin), blended by weight.
 """
 
 from typing import Any, Callable
@@ -37,11 +39,20 @@ def _chat(config: Any, process_index: int, process_count: int):
   return chat_dataset.ChatDataset(config, process_index, process_count)
 
 
+def _megatron(config: Any, process_index: int, process_count: int):
+  # Imported here, as Grain is: only runs that read Megatron files need it.
+  # pylint: disable-next=import-outside-toplevel
+  from maxtext.text import megatron_dataset
+
+  return megatron_dataset.MegatronDataset(config, process_index, process_count)
+
+
 KINDS: dict[str, Factory] = {
     "synthetic": data.SyntheticDataset,
     "tokens_file": data.TokensFileDataset,
     "grain": _grain,
     "chat": _chat,
+    "megatron": _megatron,
 }
 
 

@@ -64,8 +64,8 @@ class DatasetKindsTest(absltest.TestCase):
   def test_unknown_kind_and_constructor_errors(self):
     with self.assertRaisesRegex(
         ValueError,
-        r"^dataset_type='csv': must be 'synthetic', 'tokens_file', 'grain' "
-        r"or 'chat'$",
+        r"^dataset_type='csv': must be 'synthetic', 'tokens_file', "
+        r"'grain', 'chat' or 'megatron'$",
     ):
       dataset_kinds.make_dataset(_config(dataset_type="csv"))
     with self.assertRaisesRegex(ValueError, "train_data_path"):

@@ -25,6 +25,7 @@ from maxtext import data
 from maxtext.mllog import preflight as mllog_preflight
 from maxtext.storage import gcs_mirror
 from maxtext.text import chat_dataset
+from maxtext.text import megatron_dataset
 from maxtext.text import metadata as text_metadata
 from maxtext.storage import run_dir as run_dir_lib
 
@@ -330,9 +331,11 @@ def check(config, *, grpo: bool = False) -> None:
   names and the whole path fit the file system's limits, and a file can be
   created where the run writes first (not a read-only file system). Input
   files: the tokens_file dataset's files exist, are regular, readable and
-  well-formed (through `maxtext.data`, the reader the run uses); a grain
-  run's prepared data fits the model (its metadata.json); a chat run's
-  tokenizer and every line of its files (`text.chat_dataset.check_config`);
+  well-formed (through `maxtext.data`, the reader the run uses); a
+  megatron run's prefixes (index, .bin size, the eval set's rows) through
+  `maxtext.text.megatron_dataset`; a grain run's prepared data fits the
+  model (its metadata.json); a chat run's tokenizer and every line of its
+  files (`text.chat_dataset.check_config`);
   load_parameters_path is a local checkpoint directory. gs:// locations are
   left to the run (their trouble is retried, never a stop). Before the
   paths: the prepared data, then the MLPerf rules
@@ -356,3 +359,4 @@ def check(config, *, grpo: bool = False) -> None:
   _check_load_parameters(config)
   data.check_token_files(config)
   chat_dataset.check_config(config)
+  megatron_dataset.check_config(config)

@@ -231,19 +231,28 @@ def get_config() -> ml_collections.ConfigDict:
   # "chat": JSONL files of {"messages": [{"role", "content"}, ...]} rendered
   # with the chat template of tokenizer_path, one padded row per example, the
   # loss on the assistant's tokens only (fine-tuning, docs/sft.md).
+  # "megatron": Megatron indexed datasets (PREFIX.idx + PREFIX.bin), as the
+  # MLPerf LLM references ship their tokenized C4 (docs/data.md).
   config.dataset_type = "synthetic"
   # tokens_file: the training tokens file. grain: the prepared directory.
   # chat: the training examples (JSONL).
   config.train_data_path = ""
+  # megatron: Megatron's data-path list, one prefix or weights and prefixes
+  # alternating ("0.3 /data/a 0.7 /data/b").
   # tokens_file: the eval tokens file. grain: a prepared directory whose eval
   # split is read; "" = train_data_path's eval split. chat: the held-out
-  # examples (JSONL).
+  # examples (JSONL). megatron: the validation prefix.
   config.eval_data_path = ""
   # chat: a directory of Hugging Face tokenizer files (tokenizer.json and a
   # chat template: chat_template.jinja or tokenizer_config.json's
   # chat_template). "" = the files tools/import_checkpoint copied beside
   # load_parameters_path's checkpoint.
   config.tokenizer_path = ""
+  # megatron: the eval set is the validation prefix's first this many
+  # sequences of max_sequence_length, in file order, all read at every
+  # evaluation (eval_steps * eval_batch_size must equal it); 0 = eval_steps *
+  # eval_batch_size.
+  config.megatron_eval_samples = 0
   # grain: Grain worker processes reading batches ahead (0 = reader threads
   # in the training process only).
   config.grain_worker_count = 0

@@ -24,8 +24,8 @@ the reference does, and the first evaluation's sample count follow from it:
 
   tools/bazel run //maxtext:train_main -- \
     --config=maxtext/configs/deepseekv3_671b.py:16384 \
-    --config.train_data_path=/data/c4_train.npy \
-    --config.eval_data_path=/data/c4_validation.npy \
+    --config.train_data_path=/data/c4-train.en_6_text_document \
+    --config.eval_data_path=/data/c4-validation-91205-samples.en_text_document \
     --config.load_parameters_path=/ckpt/deepseekv3_warm_start
 
 Set the batch through the argument, not --config.global_batch_size: the
@@ -146,11 +146,17 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
   config.load_balance_loss_weight = 0.01
   config.capacity_factor = 0.0
 
-  # The benchmark's tokenized C4 (see the docstring); paths on the command
-  # line. Llama 3.1 token ids exceed uint16: use .npy files of int32.
-  config.dataset_type = "tokens_file"
-  config.train_data_path = "/path/to/c4_train.npy"
-  config.eval_data_path = "/path/to/c4_validation.npy"
+  # The benchmark's tokenized C4 as the reference ships it: Megatron indexed
+  # datasets (docs/data.md), the reference's names under its data directory;
+  # the directory on the command line. The eval set is the validation
+  # prefix's first 1024 sequences, read whole at every evaluation (the MLPerf
+  # pre-flight holds a closed run to it: maxtext/mllog/eval_set.py).
+  config.dataset_type = "megatron"
+  config.train_data_path = "/preproc_data/c4-train.en_6_text_document"
+  config.eval_data_path = (
+      "/preproc_data/c4-validation-91205-samples.en_text_document"
+  )
+  config.megatron_eval_samples = 1024
 
   # 64 micro-batches: one sequence per device per micro-batch on 256
   # devices at the reference batch.

@@ -29,8 +29,8 @@ It needs the slice, the benchmark's data and its warm-start checkpoint:
 
   tools/bazel run --config=tpu //maxtext:train_main -- \
     --config=maxtext/configs/deepseekv3_671b_tpu.py:16384 \
-    --config.train_data_path=/data/c4_train.npy \
-    --config.eval_data_path=/data/c4_validation.npy \
+    --config.train_data_path=/data/c4-train.en_6_text_document \
+    --config.eval_data_path=/data/c4-validation-91205-samples.en_text_document \
     --config.load_parameters_path=/ckpt/deepseekv3_warm_start
 
 Set the batch through the argument, as for the GPU file; it must be a

@@ -15,6 +15,7 @@ the other (`grpo=` says which kind of run is starting).
 
 from typing import Any
 
+from maxtext.mllog import eval_set
 from maxtext.mllog import header_proof
 from maxtext.mllog import hyperparameters
 from maxtext.mllog import rules
@@ -84,5 +85,6 @@ def check(config: Any, *, grpo: bool = False) -> None:
   if not config.enable_mllog:
     return  # A run without a log submits nothing.
   _check_run_kind(config, grpo)
+  eval_set.check(config)
   rules.check_reference_hyperparameters(config)
   header_proof.check_config(config)

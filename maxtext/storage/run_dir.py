@@ -63,7 +63,19 @@ def with_input_paths_resolved(config, environ: Mapping[str, str] = os.environ):
   updates = {}
   for field in INPUT_PATH_FIELDS:
     value = config[field]
-    if value and not gcs_mirror.is_gs_url(value):
+    if (
+        field == "train_data_path"
+        and config.get("dataset_type") == "megatron"
+        and len(value.split()) > 1
+    ):
+      # Megatron's data-path list, "W1 PREFIX1 W2 PREFIX2 ...": the
+      # prefixes are resolved, the weights kept.
+      words = value.split()
+      words[1::2] = [
+          caller_paths.resolve_local_path(w, environ) for w in words[1::2]
+      ]
+      updates[field] = " ".join(words)
+    elif value and not gcs_mirror.is_gs_url(value):
       resolved = caller_paths.resolve_local_path(value, environ)
       if resolved != value:
         updates[field] = resolved

@@ -1,11 +1,11 @@
-r"""Benchmark: the Grain input pipeline against the training step's demand.
+r"""Benchmark: the input pipeline against the training step's demand.
 
 Runbook:
 
   tools/bazel run //tools/benchmarks:data_bench -- [--shapes=default,gpu_1b]
       [--workers=0,2] [--batches=40] [--steps=30] [--warmup_steps=3]
       [--device_kind="NVIDIA H200"] [--mfu=0.4] [--num_devices=1]
-      [--output_dir=DIR]
+      [--output_dir=DIR] [--dataset_type=grain|megatron]
   # A shape changed: --set=<shape>.<field>=<JSON value>, e.g.
   #   --set=gpu_1b.global_batch_size=8
   # --set=<shape>.grain_worker_count=N measures that shape at N workers only.
@@ -24,6 +24,15 @@ smaller (default.py's 256 ids are fewer than any trained tokenizer's), with
 `--set` overrides. Each shape is measured with each `--workers` count
 (`grain_worker_count`: 0 reads in the trainer's process with Grain's
 threads, n > 0 in n worker processes).
+
+`--dataset_type=megatron` reads Megatron indexed datasets instead
+(`maxtext.text.megatron_dataset`, the MLPerf references' data): the same
+corpus's train split (each document ending in the tokenizer's
+end-of-document id, one sequence per document) written as
+`train_text_document.{idx,bin}` (int32, `megatron_index.write`), read in the
+trainer's thread (the workers column is 0). It is the eval prefix too: the
+corpus's eval split is too short for long sequences, and evaluation is
+untimed.
 
 Per row:
 
@@ -80,15 +89,19 @@ from typing import Callable, Optional, Sequence
 
 from absl import app
 from absl import flags
+import grain
 import jax
+import numpy as np
 
 from maxtext import checks
 from maxtext import config_lib
+from maxtext import dataset_kinds
 from maxtext import optimizer
 from maxtext import trainer
 from maxtext.metrics import jsonl
 from maxtext.metrics import throughput
-from maxtext.text import grain_dataset
+from maxtext.text import megatron_index
+from maxtext.text import metadata as text_metadata
 from maxtext.text import prepare
 from testing import stdlib_corpus
 
@@ -148,6 +161,13 @@ _CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir",
     "",
     "JAX's persistent compilation cache; empty = a dir under the output.",
+)
+_DATASET_TYPE = flags.DEFINE_enum(
+    "dataset_type",
+    "grain",
+    ["grain", "megatron"],
+    "The data set kind read: prepared text through Grain, or the same "
+    "tokens as Megatron indexed datasets.",
 )
 _GOAL_SHARE = flags.DEFINE_float(
     "goal_share", 0.02, "Largest data wait share of the step time."
@@ -219,6 +239,39 @@ def prepare_corpus(output_dir: str, files: int, vocab: int) -> dict:
   )
 
 
+MEGATRON_PREFIX = "train_text_document"
+
+
+def write_megatron(data_dir: str) -> str:
+  """The prepared corpus's train split as a Megatron indexed dataset (int32).
+
+  Its documents, in order, each ending in its end-of-document id, as the
+  prepared records hold them; one sequence per document.
+
+  Returns:
+    The prefix written.
+  """
+  meta = text_metadata.load(data_dir)
+  eod = int(meta["eod_id"])
+  prefixes = {}
+  for split, name in (("train", MEGATRON_PREFIX),):
+    source = grain.sources.ArrayRecordDataSource(
+        [os.path.join(data_dir, n) for n in meta["splits"][split]["shards"]]
+    )
+    stream = np.concatenate(
+        [
+            np.frombuffer(source[i], np.dtype(meta["token_dtype"]))
+            for i in range(len(source))
+        ]
+    )
+    ends = np.flatnonzero(stream == eod) + 1
+    documents = [[piece] for piece in np.split(stream, ends) if piece.size]
+    prefix = os.path.join(data_dir, name)
+    megatron_index.write(prefix, documents, np.int32)
+    prefixes[split] = prefix
+  return prefixes["train"]
+
+
 def _parse_overrides(items: Sequence[str]) -> dict[str, dict]:
   """`<shape>.<field>=<JSON>` items -> {shape: {field: value}}."""
   out = {}
@@ -244,15 +297,18 @@ def shape_config(
     vocab: int,
     workers: int,
     overrides: Optional[dict] = None,
+    dataset_type: str = "grain",
 ):
   """`maxtext/configs/<name>.py` reading `data_dir` through Grain.
 
   Args:
     name: the config file's module name ("default", "gpu_1b", ...).
-    data_dir: a prepared data directory.
+    data_dir: a prepared data directory (with `write_megatron`'s files for
+      dataset_type "megatron").
     vocab: the prepared data's vocabulary; the config's is raised to it.
     workers: grain_worker_count.
     overrides: further fields to set, applied last.
+    dataset_type: "grain" or "megatron".
 
   Raises:
     ValueError, TypeError: `name` is no config file, an override names no
@@ -265,9 +321,14 @@ def shape_config(
         f"--shapes: {name!r} is no maxtext/configs/ file"
     ) from None
   config = module.get_config()
-  config.dataset_type = "grain"
-  config.train_data_path = data_dir
-  config.eval_data_path = ""
+  config.dataset_type = dataset_type
+  if dataset_type == "megatron":
+    config.train_data_path = os.path.join(data_dir, MEGATRON_PREFIX)
+    config.eval_data_path = config.train_data_path
+    config.megatron_eval_samples = 0
+  else:
+    config.train_data_path = data_dir
+    config.eval_data_path = ""
   config.vocab_size = max(config.vocab_size, vocab)
   config.grain_worker_count = workers
   # A training step of this benchmark runs on this host's devices.
@@ -278,6 +339,14 @@ def shape_config(
     if field not in config:
       raise ValueError(f"--set: {name} has no field {field!r}")
     config[field] = value
+  if dataset_type == "megatron":
+    # The eval set (untimed) is the prefix's first few rows (a divisor of
+    # the micro-batch, so the mesh takes it): a shape's own eval set may
+    # want more rows than the small corpus has.
+    config.eval_steps = 1
+    config.eval_batch_size = math.gcd(
+        config.global_batch_size // config.gradient_accumulation_steps, 8
+    )
   # The model, batch and step fields; GrainDataset checks the data's own
   # (the data may not be prepared yet).
   check = config.copy_and_resolve_references()
@@ -328,7 +397,7 @@ def pipeline_rate(config, batches: int, warmup: int) -> float:
 
   Reads steps 0 .. warmup + batches - 1 and times the last `batches`.
   """
-  dataset = grain_dataset.GrainDataset(config)
+  dataset = dataset_kinds.make_dataset(config)
   try:
     for step in range(warmup):
       dataset.get_batch(step)
@@ -435,7 +504,7 @@ def paced_loop(
 
 def paced_times(config, step_s: float, steps: int, warmup: int) -> LoopTimes:
   """`paced_loop` over a fresh pipeline of `config`, read from step 0."""
-  dataset = grain_dataset.GrainDataset(config)
+  dataset = dataset_kinds.make_dataset(config)
   try:
     return paced_loop(dataset.get_batch, step_s, steps, warmup)
   finally:
@@ -459,13 +528,14 @@ def measure_shape(
     device_kind: str,
     mfu: float,
     num_devices: int,
+    dataset_type: str = "grain",
 ) -> tuple[list[Row], str]:
   """Rows of one shape, one per worker count, and its description line.
 
   A `train` shape's loop is the trainer's (`trainer.run`, its records); the
   others' is `paced_loop` at the FLOP-based step time.
   """
-  base = shape_config(name, data_dir, vocab, 0, overrides)
+  base = shape_config(name, data_dir, vocab, 0, overrides, dataset_type)
   flop_step = flops_step_time(base, device_kind, mfu, num_devices)
   flops = throughput.StepThroughput.for_run(base, ["cpu"]).flops_per_step
   tokens = base.global_batch_size * base.max_sequence_length
@@ -490,7 +560,7 @@ def measure_shape(
   device = device_kind.replace(" ", "_") + f"@{mfu:.0%}MFU"
   rows = []
   for count in shape_workers(workers, overrides):
-    config = shape_config(name, data_dir, vocab, count, overrides)
+    config = shape_config(name, data_dir, vocab, count, overrides, dataset_type)
     rate = pipeline_rate(config, batches, warmup_batches)
     if train:
       config = train_config(
@@ -586,6 +656,8 @@ def main(argv):
     raise app.UsageError(f"--workers={_WORKERS.value}: want ints") from None
   if not workers or min(workers) < 0:
     raise app.UsageError(f"--workers={_WORKERS.value}: want ints >= 0")
+  if _DATASET_TYPE.value == "megatron":
+    workers = [0]  # Read in the trainer's thread: no worker processes.
   try:
     overrides = _parse_overrides(_SET.value)
   except ValueError as e:
@@ -612,12 +684,18 @@ def main(argv):
   try:
     data_dir = os.path.join(output_dir, "data")
     meta = prepare_corpus(data_dir, _CORPUS_FILES.value, _VOCAB.value)
+    if _DATASET_TYPE.value == "megatron":
+      write_megatron(data_dir)
+      layout = "int32 Megatron indexed datasets, one sequence per document"
+    else:
+      layout = (
+          f"{meta['token_dtype']}, {meta['record_tokens']} tokens per record"
+      )
     devices = jax.devices()
     print(
-        f"data_bench: grain over {meta['input']['files']} stdlib files "
-        f"({meta['splits']['train']['tokens']:,} train tokens, vocab "
-        f"{meta['vocab_size']}, {meta['token_dtype']}, "
-        f"{meta['record_tokens']} tokens per record); host {os.cpu_count()} "
+        f"data_bench: {_DATASET_TYPE.value} over {meta['input']['files']} "
+        f"stdlib files ({meta['splits']['train']['tokens']:,} train tokens, "
+        f"vocab {meta['vocab_size']}, {layout}); host {os.cpu_count()} "
         f"CPUs, training on {len(devices)} x {devices[0].device_kind} "
         f"({jax.default_backend()}); goal wait_share <= "
         f"{_GOAL_SHARE.value:.2%}",
@@ -641,6 +719,7 @@ def main(argv):
           device_kind=_DEVICE_KIND.value,
           mfu=_MFU.value,
           num_devices=_NUM_DEVICES.value,
+          dataset_type=_DATASET_TYPE.value,
       )
       print(line, flush=True)
       rows.extend(got)

@@ -11,6 +11,7 @@ other: the ratio is pipeline over demand, the FLOP-based demand is the one
 and the verdict those rows imply.
 """
 
+import json
 import math
 import os
 import re
@@ -158,6 +159,47 @@ class DataBenchTest(absltest.TestCase):
     self.assertAlmostEqual(float(match.group(2)), worst, delta=0.006)
     met = worst <= 2.0 and min_ratio >= 1
     self.assertEqual(match.group(3), "met" if met else "missed")
+
+  def test_megatron_kind(self):
+    output_dir = self.create_tempdir().full_path
+    proc = _run(
+        "--dataset_type=megatron",
+        "--shapes=default",
+        "--workers=0,2",
+        "--batches=4",
+        "--warmup_batches=1",
+        f"--steps={_STEPS}",
+        f"--warmup_steps={_WARMUP_STEPS}",
+        "--corpus_files=5",
+        f"--output_dir={output_dir}",
+        *[f"--set=default.{k}={v}" for k, v in _TINY_DEFAULT.items()],
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    lines = proc.stdout.strip().splitlines()
+    self.assertRegex(
+        lines[0],
+        r"^data_bench: megatron over 5 stdlib files .*int32 Megatron "
+        r"indexed datasets",
+    )
+    prefix = os.path.join(output_dir, "data", "train_text_document")
+    self.assertTrue(os.path.isfile(prefix + ".idx"))
+    self.assertTrue(os.path.isfile(prefix + ".bin"))
+    # Read in the trainer's thread: one row, at 0 workers, whatever --workers.
+    rows = [m.groups() for m in map(_ROW.match, lines) if m]
+    self.assertEqual([(r[0], r[1]) for r in rows], [("default", "0")])
+    self.assertEqual(rows[0][9:], ("metrics.jsonl", "trainer"))
+    # The trained run read the Megatron files.
+    with open(
+        os.path.join(output_dir, "runs", "default_workers0", "config.json"),
+        encoding="utf-8",
+    ) as f:
+      recorded = json.load(f)
+    self.assertIn('"dataset_type": "megatron"', json.dumps(recorded))
+    train = _train_records(output_dir, 0)
+    self.assertEqual(
+        [r["step"] for r in train], list(range(_STEPS + _WARMUP_STEPS))
+    )
+    self.assertRegex(lines[-1], _LAST_LINE)
 
   def test_bad_override_is_a_usage_error(self):
     proc = _run("--shapes=gpu_1b", "--set=gpu_1b.no_such_field=1")
