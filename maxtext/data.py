@@ -106,7 +106,7 @@ def check_index(value: int, name: str) -> int:
   return int(value)
 
 
-def _to_batch(windows: np.ndarray) -> Batch:
+def to_batch(windows: np.ndarray) -> Batch:
   """[B, S + 1] token windows -> inputs/targets int32 [B, S]."""
   windows = windows.astype(np.int32)
   return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
@@ -194,13 +194,13 @@ class SyntheticDataset(dataset.Dataset):
     """This process's rows of the training batch of global step `step`."""
     step = check_index(step, "step")
     windows = self._windows(_TRAIN_STREAM, step, self._train_batch)
-    return _to_batch(windows[self._train_rows])
+    return to_batch(windows[self._train_rows])
 
   def get_eval_batch(self, index: int) -> Batch:
     """This process's rows of eval batch `index` (eval_batch_size rows)."""
     index = check_index(index, "index")
     windows = self._windows(_EVAL_STREAM, index, self._eval_batch)
-    return _to_batch(windows[self._eval_rows])
+    return to_batch(windows[self._eval_rows])
 
 
 def _fail(name: str, path: str, problem: str) -> ValueError:
@@ -522,7 +522,7 @@ class TokensFileDataset(dataset.Dataset):
           f"token file {path!r} holds token ids outside [0, {self._vocab}) "
           f"(found {windows.min()}..{windows.max()}); check vocab_size"
       )
-    return _to_batch(windows)
+    return to_batch(windows)
 
   def get_batch(self, step: int) -> Batch:
     """This process's rows of the training batch of global step `step`."""
@@ -561,7 +561,7 @@ def placeholder_batches(
   weighted = config.dataset_type in choices.WEIGHTED_DATASET_TYPES
 
   def zeros(rows: slice) -> Batch:
-    batch = _to_batch(
+    batch = to_batch(
         np.zeros(
             (rows.stop - rows.start, config.max_sequence_length + 1), np.int32
         )

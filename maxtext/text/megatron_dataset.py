@@ -51,15 +51,6 @@ from maxtext import data
 from maxtext import dataset
 from maxtext.text import megatron_index
 
-# The generic data module's process row split, index check and batch layout,
-# shared with the tokens_file kind so that every kind splits and shapes its
-# batches alike.
-# pylint: disable=protected-access
-_process_shares = data._process_shares
-_check_index = data._check_index
-_to_batch = data._to_batch
-# pylint: enable=protected-access
-
 KIND = "megatron"
 # Samples of one period of the blend (see the module docstring). The shares
 # within a period are the weights' to within one sample per prefix.
@@ -230,7 +221,7 @@ class MegatronDataset(dataset.Dataset):
     self._seq = config.max_sequence_length
     self._seed = config.data_shuffle_seed
     self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
-        _process_shares(config, process_index, process_count)
+        data.process_shares(config, process_index, process_count)
     )
     self._train_text = config.train_data_path
     self._eval_text = config.eval_data_path
@@ -337,7 +328,7 @@ class MegatronDataset(dataset.Dataset):
           f"{self._vocab}) (found {low[row]:g}..{high[row]:g}); check "
           "vocab_size"
       )
-    return _to_batch(stacked)
+    return data.to_batch(stacked)
 
   def blend_position(self, sample: int) -> tuple[int, int]:
     """(prefix index, m) of training sample `sample`: it is the prefix's
@@ -363,7 +354,7 @@ class MegatronDataset(dataset.Dataset):
         checkpoint state says comes next, or token ids outside the
         vocabulary (naming the .bin).
     """
-    step = _check_index(step, "step")
+    step = data.check_index(step, "step")
     first = step * self._train_batch
     if self._expected_sample is not None:
       if first != self._expected_sample:
@@ -386,7 +377,7 @@ class MegatronDataset(dataset.Dataset):
     Raises:
       ValueError: a batch past the eval set's N sequences.
     """
-    index = _check_index(index, "index")
+    index = data.check_index(index, "index")
     if (index + 1) * self._eval_batch > self._eval_samples:
       raise ValueError(
           f"eval batch {index} of {self._eval_batch} rows is past the eval "
