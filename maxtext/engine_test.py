@@ -261,8 +261,9 @@ class EngineTest(parameterized.TestCase):
     eng.record_metrics("user", {"doomed": doomed})
     doomed.delete()
     params, opt_state = eng.params, eng.opt_state
-    # The engine has no public view of its gradient accumulator.
-    acc = eng._grad_acc  # pylint: disable=protected-access
+    # The engine has no public view of its gradient accumulator; its
+    # programs (maxtext/step_programs.py) hold it.
+    acc = eng._programs.grad_acc  # pylint: disable=protected-access
     acc_values = jax.tree.map(np.asarray, acc)
     # With the step's measure: learning_rate, grad_norm, step_skipped.
     pending = eng.recorder.pending_count() + 3
@@ -274,7 +275,9 @@ class EngineTest(parameterized.TestCase):
     self.assertIs(eng.params, params)
     self.assertIs(eng.opt_state, opt_state)
     # The engine has no public view of its gradient accumulator.
-    self.assertIs(eng._grad_acc, acc)  # pylint: disable=protected-access
+    self.assertIs(
+        eng._programs.grad_acc, acc  # pylint: disable=protected-access
+    )
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, acc), acc_values)
     self.assertEqual(eng.step, 0)
     self.assertEqual(eng.micro_batches_done, K)
