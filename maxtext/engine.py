@@ -75,7 +75,6 @@ import jax
 import numpy as np
 import optax
 
-from maxtext import checks
 from maxtext import eval_metrics
 from maxtext import metric_packing
 from maxtext import param_statistics
@@ -197,14 +196,10 @@ class Engine:
     self._micro = 0
     # The step's `measure` result, once update() has dispatched it.
     self._update_packed = None
-    # Abstract parameters (ShapeDtypeStructs): the engine only lowers its
-    # programs (`lower`); nothing is allocated.
-    self._abstract = all(
-        isinstance(x, jax.ShapeDtypeStruct)
-        for x in jax.tree_util.tree_leaves(params)
-    )
+    # On abstract parameters (ShapeDtypeStructs) nothing is allocated, and
+    # the engine can only lower its programs.
     self._params, self._opt_state = step_programs.place_state(
-        params, optimizer, param_shardings, self._abstract
+        params, optimizer, param_shardings
     )
     self._programs = step_programs.StepPrograms(
         self._spec,
@@ -223,7 +218,7 @@ class Engine:
     Raises:
       ValueError: if K micro-batches already ran since the last update().
     """
-    self._check_concrete("fwd_bwd")
+    self._programs.check_concrete("fwd_bwd")
     if self._micro >= self._k:
       raise ValueError(
           f"fwd_bwd called {self._micro + 1} times in step {self._step}, but "
@@ -330,20 +325,13 @@ class Engine:
       ValueError/TypeError: (when first traced) the eval function returns
         other names than it declared, or a value that is not a scalar.
     """
-    self._check_concrete("eval_step")
+    self._programs.check_concrete("eval_step")
     return self._programs.eval(self._params, batch)
 
   @property
   def eval_directions(self) -> Mapping[str, eval_metrics.Direction]:
     """Each eval metric's name and the direction it improves in."""
     return self._spec.eval_directions
-
-  def _check_concrete(self, what: str) -> None:
-    if self._abstract:
-      raise RuntimeError(
-          f"{what}() on an engine built on abstract parameters "
-          "(ShapeDtypeStructs); such an engine can only lower its programs"
-      )
 
   # -- ahead-of-time compilation (maxtext/step_lowering.py) -----------------
 
@@ -358,7 +346,7 @@ class Engine:
     `jax.ShapeDtypeStruct`s: only its shapes are read.
     """
     return step_lowering.lower_step(
-        self._programs, self._k, self._params, self._opt_state, micro_batch
+        self._programs, self._params, self._opt_state, micro_batch
     )
 
   def lower_programs(
@@ -371,12 +359,7 @@ class Engine:
     what the `executables` argument takes.
     """
     return step_lowering.lower_programs(
-        self._programs,
-        self._k,
-        self._params,
-        self._opt_state,
-        micro_batch,
-        eval_batch,
+        self._programs, self._params, self._opt_state, micro_batch, eval_batch
     )
 
   def close(self) -> None:
@@ -433,11 +416,9 @@ class Engine:
           f"({self._micro} micro-batches done)"
       )
     step = _checked_state(state, self._params, self._opt_state)
-    params, opt_state = state["params"], state["opt_state"]
-    if self._param_shardings is not None:
-      params = jax.device_put(params, self._param_shardings)
-      opt_state = jax.device_put(opt_state, self._programs.opt_shardings)
-    else:
-      params = jax.device_put(params)
-      opt_state = jax.device_put(opt_state)
-    self._params, self._opt_state, self._step = params, opt_state, step
+    # Without shardings (None) each goes to the default device.
+    self._params = jax.device_put(state["params"], self._param_shardings)
+    self._opt_state = jax.device_put(
+        state["opt_state"], self._programs.opt_shardings
+    )
+    self._step = step

@@ -275,9 +275,8 @@ class EngineTest(parameterized.TestCase):
     self.assertIs(eng.params, params)
     self.assertIs(eng.opt_state, opt_state)
     # The engine has no public view of its gradient accumulator.
-    self.assertIs(
-        eng._programs.grad_acc, acc  # pylint: disable=protected-access
-    )
+    acc_now = eng._programs.grad_acc  # pylint: disable=protected-access
+    self.assertIs(acc_now, acc)
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, acc), acc_values)
     self.assertEqual(eng.step, 0)
     self.assertEqual(eng.micro_batches_done, K)
@@ -564,6 +563,31 @@ class EngineTest(parameterized.TestCase):
     eng = make_engine(loss_fn)
     with self.assertRaisesRegex(ValueError, "metric 'vec'.*shape"):
       eng.fwd_bwd(make_batches(1)[0])
+
+  @parameterized.named_parameters(
+      ("boolean", lambda x: x > 0, TypeError, "boolean dtype"),
+      ("complex", lambda x: x + 1j, TypeError, "complex dtype"),
+      ("vector", lambda x: jnp.stack([x, x]), ValueError, r"must have shape"),
+  )
+  def test_packed_and_per_name_paths_refuse_a_value_alike(
+      self, make_value, error, words
+  ):
+    # One check (maxtext.metrics.values) for both ways into the recorder:
+    # the packing inside the traced micro-step and record_metrics.
+    def loss_fn(params, batch):
+      loss = jnp.mean(batch["x"] @ params["w"])
+      return loss, {"bad": make_value(loss)}
+
+    eng = make_engine(loss_fn)
+    with self.assertRaisesRegex(error, "metric 'bad': value " + words) as e:
+      eng.fwd_bwd(make_batches(1)[0])
+    packed = str(e.exception)
+    with self.assertRaises(error) as e:
+      eng.record_metrics("bad", make_value(jnp.float32(1.0)))
+    per_name = str(e.exception)
+    # The same words up to the value's description (a tracer in the step).
+    self.assertEqual(packed.split("; got")[0], per_name.split("; got")[0])
+    self.assertEqual(eng.recorder.pending_count(), 0)
 
   @parameterized.named_parameters(("clipped", 0.5), ("not_reached", 1e6))
   def test_grad_clip_norm_matches_optax_clipping(self, clip):

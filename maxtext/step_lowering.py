@@ -32,13 +32,12 @@ def abstract(tree, sharded: bool = True):
 
 
 def lower_step(
-    programs: step_programs.StepPrograms, k: int, params, opt_state, micro_batch
+    programs: step_programs.StepPrograms, params, opt_state, micro_batch
 ) -> dict[str, jax.stages.Lowered]:
   """Lowers the programs one training step runs (see `Engine.lower`).
 
   Args:
     programs: the engine's programs.
-    k: the micro-batches per step.
     params: the parameters (arrays or `ShapeDtypeStruct`s).
     opt_state: the optimizer state, likewise.
     micro_batch: a micro-batch pytree of arrays or `ShapeDtypeStruct`s.
@@ -61,7 +60,9 @@ def lower_step(
       (len(metric_packing.UPDATE_NAMES),), jnp.float32
   )
   batch = abstract(micro_batch, sharded=False)
-  micro_args = (params, batch) if k == 1 else (params, grad_acc, first, batch)
+  micro_args = (
+      (params, batch) if programs.k == 1 else (params, grad_acc, first, batch)
+  )
   jitted = programs.jitted
   return {
       "micro_step": jitted["micro_step"].lower(*micro_args),
@@ -72,21 +73,21 @@ def lower_step(
 
 def lower_programs(
     programs: step_programs.StepPrograms,
-    k: int,
     params,
     opt_state,
     micro_batch,
     eval_batch,
 ) -> dict[str, jax.stages.Lowered]:
-  """Lowers every program of `step_programs.program_names(k)`.
+  """Lowers every program of `step_programs.program_names(programs.k)`.
 
   `lower_step`'s three, the accumulator's allocation (with K > 1) and the
   eval of `eval_batch` (shapes as for `micro_batch`), in that order.
   """
-  lowered = lower_step(programs, k, params, opt_state, micro_batch)
-  if k > 1:
+  lowered = lower_step(programs, params, opt_state, micro_batch)
+  if programs.k > 1:
     lowered["allocate"] = programs.jitted["allocate"].lower()
   lowered["eval"] = programs.jitted["eval"].lower(
       abstract(params), abstract(eval_batch, sharded=False)
   )
-  return {name: lowered[name] for name in step_programs.program_names(k)}
+  names = step_programs.program_names(programs.k)
+  return {name: lowered[name] for name in names}

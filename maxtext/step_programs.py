@@ -108,24 +108,30 @@ def _checked_eval_metrics(
   return {name: values[name] for name in directions}
 
 
+def is_abstract(params) -> bool:
+  """Whether `params` are `ShapeDtypeStruct`s (shapes only, no values)."""
+  return all(
+      isinstance(x, jax.ShapeDtypeStruct)
+      for x in jax.tree_util.tree_leaves(params)
+  )
+
+
 def place_state(
-    params,
-    optimizer: optax.GradientTransformation,
-    param_shardings,
-    abstract: bool,
+    params, optimizer: optax.GradientTransformation, param_shardings
 ):
   """The parameters on their devices and the optimizer state made for them.
 
   Args:
-    params: the parameter pytree (arrays, or `ShapeDtypeStruct`s).
+    params: the parameter pytree: arrays, or `ShapeDtypeStruct`s (then
+      nothing is allocated, and the results are `ShapeDtypeStruct`s with the
+      shardings they would have).
     optimizer: the optax transformation.
     param_shardings: None, or a pytree of `NamedSharding` like `params`.
-    abstract: `params` are `ShapeDtypeStruct`s: nothing is allocated, the
-      results are `ShapeDtypeStruct`s with the shardings they would have.
 
   Returns:
     (params, opt_state).
   """
+  abstract = is_abstract(params)
 
   def init(fn, *args):
     return jax.eval_shape(fn, *args) if abstract else fn(*args)
@@ -263,7 +269,7 @@ def _check_arguments(loss_fn, optimizer, learning_rate_fn, k, clip, donate):
   if (
       not checks.is_number(clip)
       # `not >= 0` also refuses NaN, which `< 0` would let through.
-      or not clip >= 0  # pylint: disable=unnecessary-negation
+      or not clip >= 0
       or clip == float("inf")
   ):
     raise ValueError(
@@ -472,6 +478,7 @@ class StepPrograms:
   cost a device op per step); with K = 1 `end_step` frees it.
 
   Attributes:
+    k: the micro-batches per step.
     jitted: name -> the jitted function (what `maxtext/step_lowering.py`
       lowers), for every name of `program_names(k)` and "allocate".
     compiled: every program was given compiled (`executables`) and runs in
@@ -508,7 +515,8 @@ class StepPrograms:
       TypeError/ValueError: `executables` names other programs, or one that
         is not callable.
     """
-    self._k = spec.k
+    self.k = spec.k
+    self._abstract = is_abstract(params)
     self.jitted, self.acc_shapes, self.opt_shardings = _jit(
         spec, params, opt_state, param_shardings, batch_sharding
     )
@@ -521,6 +529,15 @@ class StepPrograms:
     self.eval = run["eval"]
     self.grad_acc = None
     self._first_flags = None  # micro_step's `first` values, on the devices.
+
+  def check_concrete(self, what: str) -> None:
+    """Raises RuntimeError naming `what` if the programs were made for
+    abstract parameters: they can then only be lowered."""
+    if self._abstract:
+      raise RuntimeError(
+          f"{what}() on an engine built on abstract parameters "
+          "(ShapeDtypeStructs); such an engine can only lower its programs"
+      )
 
   def micro_step(self, params, micro_batch, first: bool):
     """Runs one micro-batch into the accumulator (one dispatch; with K > 1
@@ -535,7 +552,7 @@ class StepPrograms:
     Returns:
       (packed, weighted): the micro-batch's metrics, on the devices.
     """
-    if self._k == 1:
+    if self.k == 1:
       # end_step() freed the last step's sum.
       self.grad_acc, packed, weighted = self._micro_step(params, micro_batch)
       return packed, weighted
@@ -567,7 +584,7 @@ class StepPrograms:
 
   def end_step(self) -> None:
     """Called once a step's apply is dispatched (or skipped)."""
-    if self._k == 1:
+    if self.k == 1:
       # Nothing reads it again: between steps (eval, checkpoints) the
       # device holds the state alone.
       self.grad_acc = None
@@ -577,9 +594,7 @@ class StepPrograms:
     self.grad_acc = None
 
 
-def check_executables(
-    executables: Mapping[str, Any], k: int
-) -> dict[str, Any]:
+def check_executables(executables: Mapping[str, Any], k: int) -> dict[str, Any]:
   """`executables` checked to be every program of `program_names(k)`.
 
   Raises:

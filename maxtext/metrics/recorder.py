@@ -103,18 +103,12 @@ _MAX_VALID_NAMES = 1024
 # --------------------------------------------------------------------------
 # Validation (host only).
 
-# The one check of a metric's dtype and shape (`maxtext.metrics.values`),
-# shared with the engine's packing.
-_dtype_verdicts = metric_values.dtype_verdicts
-_dtype_problem = metric_values.dtype_problem
-_bad = metric_values.error
-
 
 def _host_or_device_scalar(name: str, value, what: str = "value"):
   """Validates one scalar; returns a JAX array or a NumPy (1,) array copy."""
   cls = type(value)
   if cls in _concrete_array_types:  # The common case: a concrete JAX array.
-    verdict = _dtype_verdicts.get(value.dtype, "")
+    verdict = metric_values.dtype_verdicts.get(value.dtype, "")
     if (
         verdict is None
         and value.shape in metric_values.SCALAR_SHAPES
@@ -127,16 +121,16 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
     try:
       return np.array([value], np.int64)
     except OverflowError:
-      raise _bad(
+      raise metric_values.error(
           ValueError, name, f"{what} does not fit in int64", value
       ) from None
   if isinstance(value, (bool, np.bool_)):
-    raise _bad(
+    raise metric_values.error(
         TypeError, name, f"{what} is a boolean (cast to int or float)", value
     )
   if isinstance(value, jax.Array):
     if isinstance(value, jax.core.Tracer):
-      raise _bad(
+      raise metric_values.error(
           TypeError,
           name,
           f"{what} is a traced value; buffer metrics outside jit",
@@ -144,7 +138,9 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
       )
     metric_values.check_scalar(name, value.dtype, value.shape, value, what)
     if value.is_deleted():
-      raise _bad(ValueError, name, f"{what} has a deleted device buffer", value)
+      raise metric_values.error(
+          ValueError, name, f"{what} has a deleted device buffer", value
+      )
     _concrete_array_types.add(cls)
     return value
   if isinstance(value, (np.ndarray, np.generic)):
@@ -155,8 +151,10 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
         name, (float if isinstance(value, float) else int)(value), what
     )
   if isinstance(value, complex):
-    raise _bad(TypeError, name, f"{what} is a complex number", value)
-  raise _bad(
+    raise metric_values.error(
+        TypeError, name, f"{what} is a complex number", value
+    )
+  raise metric_values.error(
       TypeError,
       name,
       f"{what} must be a Python int/float, a NumPy or JAX numeric "
@@ -315,7 +313,7 @@ class MetricsRecorder:
             f"aggregation_fn must be None, got {aggregation_fn!r}"
         )
       if isinstance(metric.value, (WeightedMetric, SummedMetric)):
-        raise _bad(
+        raise metric_values.error(
             TypeError,
             name,
             "a SummedMetric holds one scalar",
@@ -399,7 +397,7 @@ class MetricsRecorder:
     label = f"{names[0]}... (packed)"
     if isinstance(packed, jax.Array):
       if isinstance(packed, jax.core.Tracer):
-        raise _bad(
+        raise metric_values.error(
             TypeError,
             label,
             "packed is a traced value; buffer metrics outside jit",
@@ -409,18 +407,18 @@ class MetricsRecorder:
     elif isinstance(packed, np.ndarray):
       value = np.array(packed, copy=True)
     else:
-      raise _bad(
+      raise metric_values.error(
           TypeError, label, "packed must be a JAX or NumPy array", packed
       )
-    problem = _dtype_problem(value.dtype)
+    problem = metric_values.dtype_problem(value.dtype)
     if problem:
-      raise _bad(TypeError, label, f"packed {problem}", packed)
+      raise metric_values.error(TypeError, label, f"packed {problem}", packed)
     if value.shape != (len(names),):
-      raise _bad(
+      raise metric_values.error(
           ValueError, label, f"packed must have shape ({len(names)},)", packed
       )
     if isinstance(value, jax.Array) and value.is_deleted():
-      raise _bad(
+      raise metric_values.error(
           ValueError, label, "packed has a deleted device buffer", packed
       )
     if aggregation_fns is not None:
