@@ -586,7 +586,10 @@ class EngineTest(parameterized.TestCase):
       eng.record_metrics("bad", make_value(jnp.float32(1.0)))
     per_name = str(e.exception)
     # The same words up to the value's description (a tracer in the step).
-    self.assertEqual(packed.split("; got")[0], per_name.split("; got")[0])
+    self.assertEqual(
+        packed.split("; got", maxsplit=1)[0],
+        per_name.split("; got", maxsplit=1)[0],
+    )
     self.assertEqual(eng.recorder.pending_count(), 0)
 
   @parameterized.named_parameters(("clipped", 0.5), ("not_reached", 1e6))
