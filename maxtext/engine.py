@@ -48,6 +48,8 @@ the end of `update()`.
 The engine is this loop over programs made elsewhere, one module per
 concern:
 
+* `maxtext/step_spec.py`: the constructor's arguments that shape the step,
+  checked, as a `StepSpec`;
 * `maxtext/step_programs.py`: the compiled programs ("allocate",
   "micro_step", "measure", "apply", "eval"), their shardings and donation,
   and the parameters that statistics of the forward pass move instead of
@@ -80,10 +82,11 @@ from maxtext import metric_packing
 from maxtext import param_statistics
 from maxtext import step_lowering
 from maxtext import step_programs
+from maxtext import step_spec
 from maxtext.metrics import recorder as metrics_recorder
 
-LossFn = step_programs.LossFn
-EvalFn = step_programs.EvalFn
+LossFn = step_spec.LossFn
+EvalFn = step_spec.EvalFn
 flatten_metrics = metric_packing.flatten_metrics
 
 
@@ -168,7 +171,7 @@ class Engine:
     Raises:
       TypeError/ValueError: on bad arguments.
     """
-    self._spec = step_programs.make_spec(
+    self._spec = step_spec.make_spec(
         loss_fn,
         params,
         optimizer,
