@@ -261,8 +261,9 @@ class EngineTest(parameterized.TestCase):
     eng.record_metrics("user", {"doomed": doomed})
     doomed.delete()
     params, opt_state = eng.params, eng.opt_state
-    # The engine has no public view of its gradient accumulator.
-    acc = eng._grad_acc  # pylint: disable=protected-access
+    # The engine has no public view of its gradient accumulator; its
+    # programs (maxtext/step_programs.py) hold it.
+    acc = eng._programs.grad_acc  # pylint: disable=protected-access
     acc_values = jax.tree.map(np.asarray, acc)
     # With the step's measure: learning_rate, grad_norm, step_skipped.
     pending = eng.recorder.pending_count() + 3
@@ -274,7 +275,8 @@ class EngineTest(parameterized.TestCase):
     self.assertIs(eng.params, params)
     self.assertIs(eng.opt_state, opt_state)
     # The engine has no public view of its gradient accumulator.
-    self.assertIs(eng._grad_acc, acc)  # pylint: disable=protected-access
+    acc_now = eng._programs.grad_acc  # pylint: disable=protected-access
+    self.assertIs(acc_now, acc)
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, acc), acc_values)
     self.assertEqual(eng.step, 0)
     self.assertEqual(eng.micro_batches_done, K)
@@ -561,6 +563,34 @@ class EngineTest(parameterized.TestCase):
     eng = make_engine(loss_fn)
     with self.assertRaisesRegex(ValueError, "metric 'vec'.*shape"):
       eng.fwd_bwd(make_batches(1)[0])
+
+  @parameterized.named_parameters(
+      ("boolean", lambda x: x > 0, TypeError, "boolean dtype"),
+      ("complex", lambda x: x + 1j, TypeError, "complex dtype"),
+      ("vector", lambda x: jnp.stack([x, x]), ValueError, r"must have shape"),
+  )
+  def test_packed_and_per_name_paths_refuse_a_value_alike(
+      self, make_value, error, words
+  ):
+    # One check (maxtext.metrics.values) for both ways into the recorder:
+    # the packing inside the traced micro-step and record_metrics.
+    def loss_fn(params, batch):
+      loss = jnp.mean(batch["x"] @ params["w"])
+      return loss, {"bad": make_value(loss)}
+
+    eng = make_engine(loss_fn)
+    with self.assertRaisesRegex(error, "metric 'bad': value " + words) as e:
+      eng.fwd_bwd(make_batches(1)[0])
+    packed = str(e.exception)
+    with self.assertRaises(error) as e:
+      eng.record_metrics("bad", make_value(jnp.float32(1.0)))
+    per_name = str(e.exception)
+    # The same words up to the value's description (a tracer in the step).
+    self.assertEqual(
+        packed.split("; got", maxsplit=1)[0],
+        per_name.split("; got", maxsplit=1)[0],
+    )
+    self.assertEqual(eng.recorder.pending_count(), 0)
 
   @parameterized.named_parameters(("clipped", 0.5), ("not_reached", 1e6))
   def test_grad_clip_norm_matches_optax_clipping(self, clip):

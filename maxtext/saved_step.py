@@ -1,9 +1,9 @@
 """A training step compiled ahead of time, saved to a file, loaded by a run.
 
 `train_compile --compiled_step_file=PATH` compiles every program the engine
-runs (`Engine.lower_programs`) and `save` writes them, serialized by JAX
-(`jax.experimental.serialize_executable`), with what they were compiled
-for:
+runs (`Engine.lower_programs`, in `maxtext/step_lowering.py`) and `save` writes
+them, serialized by JAX (`jax.experimental.serialize_executable`), with what
+they were compiled for:
 
   fields    every config field that shapes the programs: all of them but
             `NOT_SHAPING` (names, paths, step counts, logging, ...), with

@@ -6,9 +6,14 @@ masked CRC-32C of those 8 bytes, the data, and the masked CRC-32C of the
 data. The first event names the file version. TensorBoard reads every file
 named `events.out.tfevents.*` in a directory.
 
-Writing in the caller's thread (tensorboardX's `FileWriter` uses a background
-thread) means a write error, such as a full disk, is raised to the caller
-with the file's name, and nothing is left that would try again at exit.
+Writing in the caller's thread means a write error, such as a full disk, is
+raised to the caller with the file's name, and nothing is left that would try
+again at exit. tensorboardX's `FileWriter` (already a dependency, for its
+`Event` protocol buffers) writes on a background thread and does not keep that
+guarantee: on a full disk (tried with tensorboardX 2.6.5 on a full tmpfs and on
+`/dev/full`) the thread dies of the `OSError`, which only
+`threading.excepthook` sees, and once its queue of 10 events is full the
+caller's `add_event` blocks forever. Hence this file instead of that writer.
 Writes are buffered; `flush` syncs them to the disk.
 """
 

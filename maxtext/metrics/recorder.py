@@ -33,7 +33,9 @@ Two ways in, one place out:
   all-or-nothing flush.
 
 Decisions on values (validated on the host, with no device op and no transfer:
-only Python types, NumPy values and the metadata of JAX arrays are inspected):
+only Python types, NumPy values and the metadata of JAX arrays are inspected;
+dtypes and shapes by `maxtext.metrics.values`, the one check the engine's
+packing applies too):
 
 * Accepted: Python `int` (stored as int64; out of range is a ValueError) and
   `float` (float64); NumPy and JAX values of shape `()` or `(1,)` with an
@@ -69,17 +71,17 @@ this module re-exports `WeightedMetric`, `SummedMetric`, `sum_values`,
 from __future__ import annotations
 
 import collections
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from maxtext import checks
 from maxtext.metrics import buffer as metrics_buffer
 from maxtext.metrics import flush as metrics_flush
 from maxtext.metrics import pending as metrics_pending
+from maxtext.metrics import values as metric_values
 
 AggregationFn = metrics_buffer.AggregationFn
 MetricsBuffer = metrics_buffer.MetricsBuffer
@@ -101,44 +103,17 @@ _MAX_VALID_NAMES = 1024
 # --------------------------------------------------------------------------
 # Validation (host only).
 
-_dtype_verdicts: dict[Any, Optional[str]] = {}
-
-
-def _dtype_problem(dtype) -> Optional[str]:
-  """None if `dtype` is an accepted metric dtype, else why not."""
-  try:
-    return _dtype_verdicts[dtype]
-  except (KeyError, TypeError):
-    pass
-  if jnp.issubdtype(dtype, jnp.bool_):
-    verdict = "boolean dtype is not accepted (cast to int or float)"
-  elif jnp.issubdtype(dtype, jnp.complexfloating):
-    verdict = "complex dtype is not accepted"
-  elif jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(
-      dtype, jnp.floating
-  ):
-    verdict = None
-  else:
-    verdict = f"dtype {dtype} is not numeric"
-  try:
-    _dtype_verdicts[dtype] = verdict
-  except TypeError:
-    pass
-  return verdict
-
-
-def _bad(exc_type, name, problem, value):
-  return exc_type(
-      f"metric {name!r}: {problem}; got {metrics_buffer.describe(value)}"
-  )
-
 
 def _host_or_device_scalar(name: str, value, what: str = "value"):
   """Validates one scalar; returns a JAX array or a NumPy (1,) array copy."""
   cls = type(value)
   if cls in _concrete_array_types:  # The common case: a concrete JAX array.
-    verdict = _dtype_verdicts.get(value.dtype, "")
-    if verdict is None and value.shape in ((), (1,)) and not value.is_deleted():
+    verdict = metric_values.dtype_verdicts.get(value.dtype, "")
+    if (
+        verdict is None
+        and value.shape in metric_values.SCALAR_SHAPES
+        and not value.is_deleted()
+    ):
       return value
   if cls is float:
     return np.array([value], np.float64)
@@ -146,44 +121,40 @@ def _host_or_device_scalar(name: str, value, what: str = "value"):
     try:
       return np.array([value], np.int64)
     except OverflowError:
-      raise _bad(
+      raise metric_values.error(
           ValueError, name, f"{what} does not fit in int64", value
       ) from None
   if isinstance(value, (bool, np.bool_)):
-    raise _bad(
+    raise metric_values.error(
         TypeError, name, f"{what} is a boolean (cast to int or float)", value
     )
   if isinstance(value, jax.Array):
     if isinstance(value, jax.core.Tracer):
-      raise _bad(
+      raise metric_values.error(
           TypeError,
           name,
           f"{what} is a traced value; buffer metrics outside jit",
           value,
       )
-    problem = _dtype_problem(value.dtype)
-    if problem:
-      raise _bad(TypeError, name, f"{what} {problem}", value)
-    if value.shape not in ((), (1,)):
-      raise _bad(ValueError, name, f"{what} must have shape () or (1,)", value)
+    metric_values.check_scalar(name, value.dtype, value.shape, value, what)
     if value.is_deleted():
-      raise _bad(ValueError, name, f"{what} has a deleted device buffer", value)
+      raise metric_values.error(
+          ValueError, name, f"{what} has a deleted device buffer", value
+      )
     _concrete_array_types.add(cls)
     return value
   if isinstance(value, (np.ndarray, np.generic)):
-    problem = _dtype_problem(value.dtype)
-    if problem:
-      raise _bad(TypeError, name, f"{what} {problem}", value)
-    if np.shape(value) not in ((), (1,)):
-      raise _bad(ValueError, name, f"{what} must have shape () or (1,)", value)
+    metric_values.check_scalar(name, value.dtype, np.shape(value), value, what)
     return np.array(value, copy=True).reshape(1)
   if isinstance(value, (int, float)):  # Subclasses of int/float.
     return _host_or_device_scalar(
         name, (float if isinstance(value, float) else int)(value), what
     )
   if isinstance(value, complex):
-    raise _bad(TypeError, name, f"{what} is a complex number", value)
-  raise _bad(
+    raise metric_values.error(
+        TypeError, name, f"{what} is a complex number", value
+    )
+  raise metric_values.error(
       TypeError,
       name,
       f"{what} must be a Python int/float, a NumPy or JAX numeric "
@@ -342,7 +313,7 @@ class MetricsRecorder:
             f"aggregation_fn must be None, got {aggregation_fn!r}"
         )
       if isinstance(metric.value, (WeightedMetric, SummedMetric)):
-        raise _bad(
+        raise metric_values.error(
             TypeError,
             name,
             "a SummedMetric holds one scalar",
@@ -426,7 +397,7 @@ class MetricsRecorder:
     label = f"{names[0]}... (packed)"
     if isinstance(packed, jax.Array):
       if isinstance(packed, jax.core.Tracer):
-        raise _bad(
+        raise metric_values.error(
             TypeError,
             label,
             "packed is a traced value; buffer metrics outside jit",
@@ -436,18 +407,18 @@ class MetricsRecorder:
     elif isinstance(packed, np.ndarray):
       value = np.array(packed, copy=True)
     else:
-      raise _bad(
+      raise metric_values.error(
           TypeError, label, "packed must be a JAX or NumPy array", packed
       )
-    problem = _dtype_problem(value.dtype)
+    problem = metric_values.dtype_problem(value.dtype)
     if problem:
-      raise _bad(TypeError, label, f"packed {problem}", packed)
+      raise metric_values.error(TypeError, label, f"packed {problem}", packed)
     if value.shape != (len(names),):
-      raise _bad(
+      raise metric_values.error(
           ValueError, label, f"packed must have shape ({len(names)},)", packed
       )
     if isinstance(value, jax.Array) and value.is_deleted():
-      raise _bad(
+      raise metric_values.error(
           ValueError, label, "packed has a deleted device buffer", packed
       )
     if aggregation_fns is not None:
