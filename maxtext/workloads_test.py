@@ -3,8 +3,8 @@
 from absl.testing import absltest
 import ml_collections
 
-from maxtext import choices
-from maxtext import workload
+from maxtext.core import choices
+from maxtext.run import workload
 from maxtext import workloads
 from maxtext.configs import base
 
@@ -21,9 +21,7 @@ class WorkloadsTest(absltest.TestCase):
 
   def test_each_run_gets_its_own_workload(self):
     config = ml_collections.ConfigDict({"workload": "grpo"})
-    self.assertIsNot(
-        workloads.for_config(config), workloads.for_config(config)
-    )
+    self.assertIsNot(workloads.for_config(config), workloads.for_config(config))
 
   def test_base_config_pretrains(self):
     config = base.get_config()

@@ -17,10 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.generation import decoder
+from maxtext.model import model_config
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 
 
 def completion_log_probs_and_entropy(
@@ -112,7 +113,8 @@ def score(
 
   Args:
     params: the model's parameters (one device, or sharded over `mesh`).
-    config: the model's config, frozen.
+    config: the model's config or the run's (its model fields,
+      `model_config.of`, are the compiled program's static argument).
     prompts: B id lists, each non-empty.
     completions: B id lists (may be empty); prompt + completion <=
       config.max_sequence_length.
@@ -163,6 +165,6 @@ def score(
     arrays = [
         jax.device_put(x, decoder.batch_sharding(mesh, x.ndim)) for x in arrays
     ]
-  out = _score(params, *arrays, config=config, mesh=mesh)
+  out = _score(params, *arrays, config=model_config.of(config), mesh=mesh)
   width = max(len(c) for _, c in rows)
   return np.asarray(jax.device_get(out))[:, :width]

@@ -18,7 +18,7 @@ Rewards live on the host (reward functions are Python), so this is NumPy.
 
 import numpy as np
 
-# The estimators by name (maxtext.choices.GRPO_ADVANTAGE_ESTIMATORS).
+# The estimators by name (maxtext.core.choices.GRPO_ADVANTAGE_ESTIMATORS).
 ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 

@@ -42,7 +42,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-# maxtext.choices.GRPO_KL_ESTIMATORS and GRPO_LOSS_AGGREGATIONS.
+# maxtext.core.choices.GRPO_KL_ESTIMATORS and GRPO_LOSS_AGGREGATIONS.
 KL_ESTIMATORS = ("k1", "k3")
 AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")
 

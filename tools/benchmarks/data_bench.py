@@ -17,7 +17,7 @@ trainer's own step timing reports it.
 Data: the Python standard library's sources (`testing/stdlib_corpus`),
 prepared by `maxtext.text.prepare` (a `--vocab`-piece sentencepiece
 tokenizer trained on them, the library's default records and shards), read
-through dataset_type="grain" (`maxtext.text.grain_dataset.GrainDataset`) at
+through dataset_type="grain" (`maxtext.data.grain_dataset.GrainDataset`) at
 each shape's real batch x sequence. A shape is a config file of
 `maxtext/configs/` whose vocabulary is raised to the tokenizer's where
 smaller (default.py's 256 ids are fewer than any trained tokenizer's), with
@@ -39,7 +39,7 @@ Per row:
         `trainer.run(config)` trains the shape on the prepared data, and
         the figures are its train records' `step_time_s` and `data_wait_s`
         (the step's seconds in the data set's `get_batch`; see
-        `maxtext/trainer.py`). The config's model, batch, K and learning
+        `maxtext/run/trainer.py`). The config's model, batch, K and learning
         rate schedule; one evaluation and one checkpoint, after the last
         step (outside the step times); no MLPerf log.
     paced_stand-in  (the others: too big to train on this host) NOT the
@@ -82,13 +82,13 @@ from absl import app
 from absl import flags
 import jax
 
-from maxtext import checks
-from maxtext import config_lib
-from maxtext import optimizer
-from maxtext import trainer
+from maxtext.core import checks
+from maxtext.config import config_lib
+from maxtext.config import optimizer
+from maxtext.run import trainer
 from maxtext.metrics import jsonl
 from maxtext.metrics import throughput
-from maxtext.text import grain_dataset
+from maxtext.data import grain_dataset
 from maxtext.text import prepare
 from testing import stdlib_corpus
 

@@ -84,9 +84,7 @@ class GrpoBenchTest(absltest.TestCase):
     self.assertLessEqual(share, 1.0)
     metrics, recorder, appends = map(int, match.group(2, 3, 4))
     m = _MICRO_BATCH_METRICS
-    self.assertEqual(
-        metrics, m + _STEP_METRICS + _HOST_METRICS + functions
-    )
+    self.assertEqual(metrics, m + _STEP_METRICS + _HOST_METRICS + functions)
     # One append per micro-batch metric and micro-batch.
     self.assertEqual(appends, m * _K)
     self.assertIn(f"m={m} micro-batch metrics", proc.stdout)
