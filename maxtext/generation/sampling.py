@@ -361,7 +361,6 @@ def sample_many(
     int32 [len(prompts) * num_samples, max_new_tokens]; row r continues
     prompt r // num_samples.
   """
-  config = model_config.of(config)
   allowed_vocab = check_for_model(options, config, allowed_vocab)
   vocab = config.vocab_size
   length = config.max_sequence_length
@@ -400,7 +399,7 @@ def sample_many(
       jnp.int32(options.top_k),
       jnp.float32(options.top_p),
       jnp.int32(allowed_vocab),
-      config=config,
+      config=model_config.of(config),
       max_new_tokens=options.max_new_tokens,
       greedy=greedy,
       filtered=options.filtered,
