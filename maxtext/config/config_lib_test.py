@@ -16,7 +16,7 @@ from maxtext.config import config_lib
 from maxtext.configs import base
 
 _CONFIG_DIR = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "configs"
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"
 )
 
 
