@@ -7,7 +7,7 @@ subprocess.
 
 import os
 
-from maxtext import cpu_devices
+from maxtext.runtime import cpu_devices
 
 cpu_devices.request(8)
 
@@ -21,10 +21,10 @@ import chex
 import jax
 import numpy as np
 
-from maxtext import mesh as mesh_lib
+from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import transformer
-from maxtext import model_setup
-from maxtext import trainer
+from maxtext.engine import model_setup
+from maxtext.run import trainer
 from maxtext.storage import checkpointing
 from maxtext.configs import default
 from testing import runfiles
@@ -112,7 +112,7 @@ class MultiDeviceTest(absltest.TestCase):
     self.assertEqual(multi.final_step, _STEPS)
     # The reference: the same config in a fresh process that sees one device.
     script = (
-        "import json, sys, jax; from maxtext import trainer; "
+        "import json, sys, jax; from maxtext.run import trainer; "
         "from maxtext.configs import default; "
         "assert jax.device_count() == 1, jax.devices(); "
         "config = default.get_config(); "

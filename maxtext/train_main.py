@@ -33,9 +33,10 @@ from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
-from maxtext import caller_paths
-from maxtext import config_lib
-from maxtext import trainer
+from maxtext.core import caller_paths
+from maxtext.config import config_lib
+from maxtext import workloads
+from maxtext.run import trainer
 from maxtext.grpo import rewards
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
@@ -183,7 +184,9 @@ def main(argv):
     )
     return _error(problem, status=2)
   try:
-    result = trainer.run(config, config_filename=os.path.basename(config_path))
+    result = workloads.run(
+        config, config_filename=os.path.basename(config_path)
+    )
   except (trainer.ConfigError, run_lock.RunLockError) as e:
     # The config, a path or the run directory: fixable before a new start.
     # Any other ValueError is a bug and keeps its traceback.

@@ -3,8 +3,8 @@
 from absl.testing import absltest
 import ml_collections
 
-from maxtext import choices
-from maxtext import workload
+from maxtext.core import choices
+from maxtext.run import workload
 from maxtext import workloads
 from maxtext.configs import base
 

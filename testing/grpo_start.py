@@ -7,7 +7,7 @@ task's rewards are never reached, so the tests start from 20 steps of
 
 import os
 
-from maxtext import trainer
+from maxtext.run import trainer
 from testing import tiny_configs
 
 PRETRAIN_STEPS = 20

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import jax
 
-from maxtext import trainer
+from maxtext.run import trainer
 from testing import tiny_configs
 
 # Overrides of `tiny_configs.tiny_config` for a run that reaches its target

@@ -3,7 +3,7 @@ grain), for tests that need a real run on real text."""
 
 import os
 
-from maxtext import trainer
+from maxtext.run import trainer
 from maxtext.text import prepare
 from testing import stdlib_corpus
 from testing import tiny_configs

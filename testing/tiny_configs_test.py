@@ -2,7 +2,7 @@
 
 from absl.testing import absltest
 
-from maxtext import config_lib
+from maxtext.config import config_lib
 from maxtext.configs import base
 from testing import tiny_configs
 

@@ -20,10 +20,10 @@ family can hold names the field) is one line, exit status 2, and
 from absl import app
 from absl import flags
 
-from maxtext import caller_paths
+from maxtext.core import caller_paths
 from maxtext.hf import exporter
 from maxtext.hf import tokenizer_files
-from maxtext.text import generate
+from maxtext.generation import generate
 from tools import command_line
 
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "The run directory.")

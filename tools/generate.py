@@ -32,9 +32,9 @@ one-line error (exit status 2).
 from absl import app
 from absl import flags
 
-from maxtext import caller_paths
-from maxtext.text import generate
-from maxtext.text import sampling
+from maxtext.core import caller_paths
+from maxtext.generation import generate
+from maxtext.generation import sampling
 from tools import command_line
 
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "The run directory.")

@@ -4,8 +4,8 @@ import dataclasses
 
 from absl.testing import absltest
 
-from maxtext.text import generate
-from maxtext.text import sampling
+from maxtext.generation import generate
+from maxtext.generation import sampling
 from testing import stdlib_run
 from testing import tiny_configs
 from testing import runfiles

@@ -28,8 +28,8 @@ Relative paths resolve against the directory `bazel run` was started from.
 from absl import app
 from absl import flags
 
-from maxtext import caller_paths
-from maxtext import config_lib
+from maxtext.core import caller_paths
+from maxtext.config import config_lib
 from maxtext.hf import importer
 from tools import command_line
 

@@ -18,8 +18,8 @@ from maxtext.hf import exporter
 from maxtext.hf import hf_directory
 from maxtext.hf import safetensors_io
 from maxtext.model import transformer
-from maxtext.text import generate
-from maxtext.text import sampling
+from maxtext.generation import generate
+from maxtext.generation import sampling
 from testing import runfiles
 from testing import tiny_configs
 

@@ -29,9 +29,9 @@ import torch
 # pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import transformers
 
-from maxtext.text import generate
+from maxtext.generation import generate
 from maxtext.text import metadata
-from maxtext.text import sampling
+from maxtext.generation import sampling
 from maxtext.text import tokenizer as tokenizer_lib
 from testing import runfiles
 from testing import tiny_configs

@@ -13,7 +13,7 @@ and without the input embedding table (see `param_count_lib`).
 from absl import app
 from ml_collections import config_flags
 
-from maxtext import config_lib
+from maxtext.config import config_lib
 from tools import command_line
 from tools import param_count_lib
 

@@ -20,7 +20,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from maxtext import caller_paths
+from maxtext.core import caller_paths
 from maxtext.metrics import jsonl
 from tools import command_line
 from tools import plot_metrics_lib

@@ -15,7 +15,7 @@ import os
 
 from matplotlib import figure as mpl_figure
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.metrics import jsonl
 
 DEFAULT_OUTPUT_NAME = "metrics.png"

@@ -16,7 +16,7 @@ from absl.testing import parameterized
 from matplotlib import image as mpl_image
 import numpy as np
 
-from maxtext import trainer
+from maxtext.run import trainer
 from maxtext.metrics import jsonl
 from testing import tiny_configs
 from tools import plot_metrics

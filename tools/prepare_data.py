@@ -23,7 +23,7 @@ against the directory `bazel run` was started from.
 from absl import app
 from absl import flags
 
-from maxtext import caller_paths
+from maxtext.core import caller_paths
 from maxtext.text import prepare
 from tools import command_line
 

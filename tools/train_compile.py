@@ -35,7 +35,7 @@ chip), v5e and v6e types count chips. cpu:N compiles for N fake CPU devices
 --compiled_step_file=PATH saves every program a run's engine runs, with the
 config fields, devices and versions they were compiled for, once the step
 fits; `train_main --config.compiled_step_file=PATH` then compiles none of
-them (`maxtext/saved_step.py`). It cannot be combined with --search.
+them (`maxtext/engine/saved_step.py`). It cannot be combined with --search.
 """
 
 import os
@@ -46,9 +46,9 @@ from absl import flags
 from ml_collections import config_flags
 
 # Imports no JAX, which must start only once main() has set its platform.
-from maxtext import caller_paths
-from maxtext import cpu_devices
-from maxtext import topology
+from maxtext.core import caller_paths
+from maxtext.runtime import cpu_devices
+from maxtext.runtime import topology
 from tools import command_line
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -148,10 +148,10 @@ def main(argv):
     # serializes into a file whose programs fail to run (missing functions,
     # collectives that never meet), so each program is compiled anew.
     jax.config.update("jax_enable_compilation_cache", False)
-  from maxtext import config_lib
-  from maxtext import mesh as mesh_lib
-  from maxtext import saved_step
-  from maxtext import train_compile_lib
+  from maxtext.config import config_lib
+  from maxtext.runtime import mesh as mesh_lib
+  from maxtext.engine import saved_step
+  from maxtext.engine import train_compile_lib
 
   # pylint: enable=import-outside-toplevel
   with command_line.user_errors(_PROGRAM, (TypeError, ValueError)):

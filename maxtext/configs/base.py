@@ -1,9 +1,9 @@
 """Base configuration: every field the engine reads, with neutral defaults.
 
 Other config files import this module and override a few fields (see
-`default.py` and `llama31_8b.py`). `maxtext.config_lib.validate` checks every
-field listed here; a field missing from this file is an error there, so a new
-field is added here first, with a comment.
+`default.py` and `llama31_8b.py`). `maxtext.config.config_lib.validate`
+checks every field listed here; a field missing from this file is an error
+there, so a new field is added here first, with a comment.
 
 The defaults describe a small decoder-only model on the CPU, synthetic data,
 MLPerf logging off. They validate but are not tuned to reach any target; use
@@ -67,7 +67,8 @@ def get_config() -> ml_collections.ConfigDict:
   # run's config history like every field.
   config.start_over = False
   # Resume although a data file differs from the one the run recorded (its
-  # size or content fingerprint, see maxtext/data.py's file_fingerprint):
+  # size or content fingerprint, see file_fingerprint in
+  # maxtext/data/builtin_datasets.py):
   # without it such a resume is refused, naming the file. The new files'
   # fingerprints and this value are in the attempt's line of the run's config
   # history.
@@ -267,8 +268,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ------------------------------------------------------------- optimizer
   # AdamW with linear warmup from 0 to `learning_rate` over `warmup_steps`, then
-  # the decay `lr_schedule` names (maxtext/optimizer.py): "cosine" decays to
-  # learning_rate * lr_end_fraction at `lr_schedule_steps` and stays there;
+  # the decay `lr_schedule` names (maxtext/config/optimizer.py): "cosine"
+  # decays to learning_rate * lr_end_fraction at `lr_schedule_steps` and
+  # stays there;
   # "constant" keeps `learning_rate` (lr_end_fraction plays no part).
   config.lr_schedule = "cosine"
   config.learning_rate = 1e-3  # Peak learning rate.

@@ -6,9 +6,9 @@ import os
 from absl.testing import absltest
 import jax
 
-from maxtext import config_lib
+from maxtext.config import config_lib
 from maxtext.model import transformer
-from maxtext import trainer
+from maxtext.run import trainer
 from maxtext.configs import default
 from maxtext.configs import moe_tiny
 from maxtext.mllog import hyperparameters

@@ -21,7 +21,7 @@ see it, since a query at position p sees slots 0..p only.
 
 Generation stops at the model's `max_sequence_length`: a prompt plus
 `max_new_tokens` longer than that is refused with one line (the windowed
-sampler of `maxtext.text.sampling` slides past it; this decoder does not).
+sampler of `maxtext.generation.sampling` slides past it; this decoder does not).
 
 Compilation: one program per (rows, cache length, greedy or not, filtered
 or not, stop-id slots, mesh). The cache length is a bucket, the smallest
@@ -31,8 +31,8 @@ and `max_new_tokens`, capped at `max_sequence_length`; the prompt lengths,
 the program, so changing them compiles nothing new.
 
 Sharding: with a `mesh`, the rows are split over its batch axes
-(`maxtext.mesh.batch_axes`) and so is the cache; the parameters stay where
-the caller put them (as the trainer shards them: `model_setup`).
+(`maxtext.runtime.mesh.batch_axes`) and so is the cache; the parameters stay
+where the caller put them (as the trainer shards them: `model_setup`).
 """
 
 import dataclasses
@@ -44,11 +44,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import checks
-from maxtext import mesh as mesh_lib
+from maxtext.core import checks
+from maxtext.runtime import mesh as mesh_lib
 from maxtext.generation import cached_model
 from maxtext.generation import kv_cache
-from maxtext.text import sampling
+from maxtext.model import model_config
+from maxtext.generation import sampling
 
 # The smallest cache length: short generations share one program.
 _MIN_CACHE_LENGTH = 16
@@ -273,8 +274,8 @@ def generate(
   Args:
     params: the model's parameters (`transformer.init_params`' tree), on one
       device or sharded over `mesh` as the trainer shards them.
-    config: the model's config, frozen (an ml_collections
-      FrozenConfigDict: a static argument of the compiled program).
+    config: the model's config or the run's (its model fields,
+      `model_config.of`, are the compiled program's static argument).
     prompts: id lists of 1 or more ids each; len(prompt) + max_new_tokens
       <= config.max_sequence_length.
     options: how many ids and how to choose them.
@@ -291,6 +292,7 @@ def generate(
       it, a bad or too long prompt, rows not divisible by the mesh's
       batch shards.
   """
+  config = model_config.of(config)
   allowed_vocab = sampling.check_for_model(options, config, allowed_vocab)
   new = options.max_new_tokens
   prompts = check_prompts(prompts, config, new)

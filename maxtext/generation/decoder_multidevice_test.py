@@ -7,7 +7,7 @@ axis), the rows over the batch axes; the reference is the same call with
 the parameters on one device, in the same process.
 """
 
-from maxtext import cpu_devices
+from maxtext.runtime import cpu_devices
 
 cpu_devices.request(8)
 
@@ -19,12 +19,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from maxtext import mesh as mesh_lib
-from maxtext import model_setup
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import model_setup
 from maxtext.generation import decoder
 from maxtext.generation import scoring
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 from testing import tiny_configs
 
 # float32 results of the sharded and the one-device programs agree to this

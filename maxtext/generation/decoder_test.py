@@ -23,7 +23,7 @@ from maxtext.generation import cached_model
 from maxtext.generation import decoder
 from maxtext.generation import kv_cache
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 from testing import compile_counter
 from testing import tiny_configs
 

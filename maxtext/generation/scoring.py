@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.generation import decoder
+from maxtext.model import model_config
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 
 
 def completion_log_probs_and_entropy(
@@ -137,7 +138,8 @@ def score(
 
   Args:
     params: the model's parameters (one device, or sharded over `mesh`).
-    config: the model's config, frozen.
+    config: the model's config or the run's (its model fields,
+      `model_config.of`, are the compiled program's static argument).
     prompts: B id lists, each non-empty.
     completions: B id lists (may be empty); prompt + completion <=
       config.max_sequence_length.
@@ -192,7 +194,11 @@ def score(
   if math.isnan(temperature) or temperature <= 0:
     raise ValueError(f"temperature={temperature!r}: must be > 0")
   out = _score(
-      params, *arrays, jnp.float32(temperature), config=config, mesh=mesh
+      params,
+      *arrays,
+      jnp.float32(temperature),
+      config=model_config.of(config),
+      mesh=mesh,
   )
   width = max(len(c) for _, c in rows)
   return np.asarray(jax.device_get(out))[:, :width]

@@ -10,7 +10,7 @@ import numpy as np
 from maxtext.generation import decoder
 from maxtext.generation import scoring
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 from testing import tiny_configs
 
 # float32 log-probabilities of one pass and of the cached steps agree to

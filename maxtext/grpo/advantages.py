@@ -30,7 +30,7 @@ are Python), so this is NumPy.
 
 import numpy as np
 
-# The estimators by name (maxtext.choices.GRPO_ADVANTAGE_ESTIMATORS).
+# The estimators by name (maxtext.core.choices.GRPO_ADVANTAGE_ESTIMATORS).
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "rloo_normalized")
 
 

@@ -4,7 +4,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from maxtext import choices
+from maxtext.core import choices
 from maxtext.grpo import advantages
 
 

@@ -15,7 +15,7 @@ import jax
 
 from maxtext.generation import decoder
 from maxtext.grpo import pass_rate
-from maxtext.text import sampling
+from maxtext.generation import sampling
 
 
 def evaluate(

@@ -10,8 +10,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from maxtext import engine as engine_lib
-from maxtext import model_setup
+from maxtext.engine import engine as engine_lib
+from maxtext.engine import model_setup
 from maxtext.grpo import frozen_router
 from maxtext.grpo import policy_loss
 from maxtext.grpo import train_loss

@@ -22,7 +22,7 @@ import os
 
 from absl.testing import absltest
 
-from maxtext import trainer
+from maxtext import workloads
 from maxtext.metrics import jsonl
 from maxtext.mllog import logger as mllog_logger
 from testing import compliance_checker
@@ -68,7 +68,7 @@ class GrpoMllogTest(absltest.TestCase):
     )
     for key, value in values.items():
       config[key] = value
-    result = trainer.run(config, config_filename="grpo_mllog_test.py")
+    result = workloads.run(config, config_filename="grpo_mllog_test.py")
     self.assertEqual(result.final_step, 4)
     path = os.path.join(result.run_dir, "mllog.log")
     events = mllog_logger.read_events(path)

@@ -9,7 +9,7 @@ completions, rewards and advantages, and the same losses and gradient norms
 up to the order of float32 sums.
 """
 
-from maxtext import cpu_devices
+from maxtext.runtime import cpu_devices
 
 cpu_devices.request(8)
 
@@ -23,14 +23,14 @@ import ml_collections
 import numpy as np
 import optax
 
-from maxtext import engine as engine_lib
-from maxtext import mesh as mesh_lib
-from maxtext import model_setup
+from maxtext.engine import engine as engine_lib
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import model_setup
 from maxtext.grpo import prompts
 from maxtext.grpo import rewards
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
-from maxtext.grpo import workload as grpo_workload
+from maxtext.grpo import grpo_workload
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
 from testing import tiny_configs

@@ -74,7 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# maxtext.choices.GRPO_KL_ESTIMATORS and GRPO_LOSS_AGGREGATIONS.
+# maxtext.core.choices.GRPO_KL_ESTIMATORS and GRPO_LOSS_AGGREGATIONS.
 KL_ESTIMATORS = ("k1", "k3")
 AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")
 

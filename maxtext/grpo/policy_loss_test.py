@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import choices
+from maxtext.core import choices
 from maxtext.grpo import policy_loss
 
 

@@ -1,7 +1,7 @@
 """The built-in verifiable task: continue an arithmetic progression exactly.
 
 The default config pretrains on progressions (a + d t) mod vocab_size with
-d in `maxtext.data.SYNTHETIC_STEPS`. Here a prompt is the first
+d in `maxtext.data.builtin_datasets.SYNTHETIC_STEPS`. Here a prompt is the first
 `prompt_length` (>= 2) terms of such a progression and a completion is
 right when it continues it with the next `completion_length` terms. The
 prompts are drawn so that no term wraps past the vocabulary, so the answer
@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from maxtext import data
+from maxtext.data import builtin_datasets
 
 
 def expected_continuation(prompt: Sequence[int], length: int) -> list[int]:
@@ -88,7 +88,7 @@ class ProgressionTask:
     span = prompt_length + completion_length - 1
     pairs = [
         (start, step)
-        for step in data.SYNTHETIC_STEPS
+        for step in builtin_datasets.SYNTHETIC_STEPS
         for start in range(vocab_size)
         if start + step * span < vocab_size
     ]

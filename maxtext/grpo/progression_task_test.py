@@ -3,7 +3,7 @@
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from maxtext import data
+from maxtext.data import builtin_datasets
 from maxtext.grpo import progression_task as task_lib
 
 
@@ -35,7 +35,7 @@ class TaskTest(absltest.TestCase):
     for prompt in self.task.train_prompts(0, 32) + self.task.eval_prompts():
       self.assertLen(prompt, 4)
       step = prompt[1] - prompt[0]
-      self.assertIn(step, data.SYNTHETIC_STEPS)
+      self.assertIn(step, builtin_datasets.SYNTHETIC_STEPS)
       self.assertEqual(prompt, [prompt[0] + step * t for t in range(4)])
       answer = task_lib.expected_continuation(prompt, 6)
       self.assertLess(max(answer), 256)

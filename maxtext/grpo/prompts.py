@@ -1,7 +1,7 @@
 """The GRPO run's prompts as a data set: the built-in progression task.
 
 A GRPO run reads its prompts where a pretraining run reads its batches:
-through the run state's `Dataset` (`maxtext/dataset.py`). Batch `b` is the
+through the run state's `Dataset` (`maxtext/data/dataset.py`). Batch `b` is the
 prompts of rollout `b`, {"prompts": int32 [P, grpo_prompt_length]} with P =
 global_batch_size / grpo_num_generations; eval batch 0 is every held-out
 prompt. Every process holds the same prompts (each process scores the whole
@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from maxtext import dataset
+from maxtext.data import dataset
 from maxtext.grpo import progression_task
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from maxtext.generation import decoder
 from maxtext.grpo import advantages as advantages_lib
 from maxtext.grpo import rewards as rewards_lib
-from maxtext.text import sampling
+from maxtext.generation import sampling
 
 
 def step_seed(seed: int, step: int) -> int:

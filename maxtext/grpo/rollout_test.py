@@ -11,7 +11,7 @@ from maxtext.grpo import progression_task
 from maxtext.grpo import rewards
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 from testing import tiny_configs
 
 _REWARDS = (

@@ -10,7 +10,7 @@ generated, so later passes are off-policy by exactly the updates in between,
 which the clipped ratio bounds. A step consumes P x G samples whatever
 `num_iterations` is.
 
-The training loop (`maxtext/trainer.py`, through the GRPO workload) calls
+The training loop (`maxtext/run/trainer.py`, through the GRPO workload) calls
 `rollout` for a step's micro-batches, dispatches them itself and lets
 `finish` complete the step's record; `train` and `run` do the same for
 callers without the loop (the benchmark, tests).
@@ -59,14 +59,15 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from maxtext import engine as engine_lib
+from maxtext.engine import engine as engine_lib
 from maxtext.generation import decoder
 from maxtext.generation import scoring
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import train_loss
 from maxtext.metrics import buffer
-from maxtext.text import sampling
+from maxtext.generation import sampling
+from maxtext.model import model_config as model_config_lib
 
 # The micro-batch's arrays and their ranks (`rollout.micro_batches`, and
 # the reference's log-probabilities).
@@ -178,6 +179,9 @@ class GrpoStep:
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
     self._engine = engine
+    # Only the model's fields: the reference's program and the decoder's
+    # compile once per model, whatever the run's other fields.
+    model_config = model_config_lib.of(model_config)
     self._config = model_config
     self._prompts_of_step = prompts_of_step
     self._options_of_step = options_of_step
@@ -348,7 +352,7 @@ class GrpoStep:
     programs of the rollout's shapes), the reference's scoring when there
     is a reference, and one pass of K fwd_bwd calls with a discarded update
     (`Engine.update(discard=True)`, as the pretraining warm-up,
-    `maxtext/warmup.py`), so that the first real step compiles nothing. The
+    `maxtext/run/warmup.py`), so that the first real step compiles nothing. The
     reward functions are not called (a placeholder of the same names
     scores 0, so the metric set is the real one); parameters, optimizer
     state, step counter and recorder end as they were.

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from maxtext import engine as engine_lib
+from maxtext.engine import engine as engine_lib
 from maxtext.generation import scoring
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
@@ -20,7 +20,7 @@ from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 from testing import compile_counter
 from testing import dispatch_counter
 from testing import tiny_configs

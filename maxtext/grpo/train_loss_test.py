@@ -15,7 +15,7 @@ from maxtext.grpo import rewards
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import train_loss
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 from testing import tiny_configs
 
 

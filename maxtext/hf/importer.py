@@ -45,7 +45,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from maxtext import config_lib
+from maxtext.config import config_lib
 from maxtext.configs import base
 from maxtext.hf import config_json
 from maxtext.hf import deepseek

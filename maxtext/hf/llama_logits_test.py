@@ -23,7 +23,7 @@ import torch
 # pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import transformers
 
-from maxtext import config_lib
+from maxtext.config import config_lib
 from maxtext.hf import exporter
 from maxtext.hf import hf_directory
 from maxtext.hf import importer

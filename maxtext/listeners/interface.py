@@ -13,7 +13,7 @@ which outputs exist. Calls come in this order:
 
 `on_step` for a step may come after `on_step_start` of the next step: the
 loop writes a step's records while the device runs the next step (see
-`maxtext/trainer.py`); `on_eval` and `on_checkpoint` always follow the
+`maxtext/run/trainer.py`); `on_eval` and `on_checkpoint` always follow the
 `on_step` of the step they belong to. All values are host values (Python
 numbers), never device arrays, so a listener cannot stall the device.
 
@@ -25,7 +25,7 @@ import dataclasses
 import enum
 from typing import Mapping
 
-from maxtext import eval_metrics
+from maxtext.core import eval_metrics
 
 
 class RunOutcome(enum.Enum):

@@ -28,7 +28,7 @@ from typing import Any
 
 from absl import logging
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.metrics import throughput
 
 METRICS_FILENAME = "metrics.jsonl"

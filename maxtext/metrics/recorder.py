@@ -77,7 +77,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.metrics import buffer as metrics_buffer
 from maxtext.metrics import flush as metrics_flush
 from maxtext.metrics import pending as metrics_pending

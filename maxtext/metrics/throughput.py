@@ -34,7 +34,7 @@ import dataclasses
 import math
 from typing import Any, Optional
 
-from maxtext import checks
+from maxtext.core import checks
 
 # Keys of the figures, in `metrics.jsonl` train records, TensorBoard
 # (`train/<key>`) and the MLPerf log's `tracked_stats`.

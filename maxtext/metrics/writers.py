@@ -48,7 +48,7 @@ from typing import Any, TextIO
 from absl import logging
 import numpy as np
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.metrics import event_file
 from maxtext.metrics import jsonl
 from maxtext.metrics import throughput as throughput_lib

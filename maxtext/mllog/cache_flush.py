@@ -23,7 +23,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from maxtext import checks
+from maxtext.core import checks
 
 # The default flush: write back dirty pages, then drop the page cache, dentries
 # and inodes (3). Only root may write drop_caches.

@@ -10,10 +10,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from maxtext import eval_metrics
+from maxtext.core import eval_metrics
 from maxtext.listeners import interface
 from maxtext.mllog import cache_flush
-from maxtext.mllog import listener as mllog_listener
+from maxtext.mllog import mllog_listener
 from maxtext.mllog import logger as mllog_logger
 from testing import compliance_checker
 from testing import multiprocess

@@ -10,13 +10,13 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 
-from maxtext import config_lib
-from maxtext import mesh as mesh_lib
-from maxtext import topology
+from maxtext.config import config_lib
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.runtime import topology
 from maxtext.configs import deepseekv3_671b
 from maxtext.configs import deepseekv3_671b_tpu
 from maxtext.mllog import header_proof
-from maxtext.mllog import preflight
+from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
 
 _RULESETS = ("6.1.0", "6.0.0")
@@ -56,7 +56,7 @@ class DeepseekV3TpuTest(parameterized.TestCase):
     self.assertEqual(config.submission_division, "closed")
     self.assertEqual(config.submission_benchmark, "deepseekv3_671b")
     config_lib.validate(config)
-    preflight.check(config)
+    mlperf_preflight.check(config)
     verdict = header_proof.prove(config, _header(config))
     self.assertTrue(verdict.passed, verdict)
 

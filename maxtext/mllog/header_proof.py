@@ -13,8 +13,8 @@ before the run, so that no rule is ever repeated here:
   `init_start`, the `submission_*` keys, the hyperparameters, `init_stop`),
   then run events marked `"synthetic": true` in their metadata: blocks and
   evaluations at the completed steps where the run's eval schedule
-  (`maxtext.eval_schedule`) puts its first two evaluations, the last at the
-  config's target (`target_eval_loss`; for a GRPO benchmark
+  (`maxtext.config.eval_schedule`) puts its first two evaluations, the last at
+  the config's target (`target_eval_loss`; for a GRPO benchmark
   `grpo_target_pass_rate`, a pass rate: `target`), then `run_stop`.
 
   `check_log(path, ruleset)` runs the installed checker on a log in this
@@ -53,8 +53,8 @@ from mlperf_logging.compliance_checker import mlp_compliance
 from mlperf_logging.compliance_checker import mlp_parser
 import yaml
 
-from maxtext import config_lib
-from maxtext import eval_schedule
+from maxtext.config import config_lib
+from maxtext.config import eval_schedule
 from maxtext.mllog import hyperparameters as hyperparameters_lib
 from maxtext.mllog import logger as mllog_logger
 from maxtext.mllog import rules

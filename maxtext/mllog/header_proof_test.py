@@ -13,8 +13,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 
-from maxtext import config_lib
-from maxtext import optimizer
+from maxtext.config import config_lib
+from maxtext.config import optimizer
 from maxtext.configs import deepseekv3_671b
 from maxtext.configs import default
 from maxtext.configs import llama31_8b

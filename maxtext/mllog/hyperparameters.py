@@ -6,7 +6,7 @@ real values, naming precisions as MLPerf spells them (`precision_name`);
 `check_values` checks that each value is of the kind its key takes (a count,
 a precision name, a non-empty name).
 `run_hyperparameters` gives a run's header from its config: the schedule as
-`maxtext.optimizer.schedule_facts` states it (the schedule the run trains
+`maxtext.config.optimizer.schedule_facts` states it (the schedule the run trains
 with), the samples from the config and its prepared data (`train_samples_of`,
 `eval_samples_of`); `HEADER_SOURCES` says which config fields set a key.
 A GRPO benchmark (`is_grpo_benchmark`: its rules require
@@ -17,7 +17,7 @@ The submission fields are checked by `maxtext.mllog.rules`.
 
 A model with experts (`num_experts` > 0) also logs `moe_aux_loss_coeff`, its
 `load_balance_loss_weight`; `rules_require_key` tells whether a benchmark's
-rules demand a key (`maxtext.mllog.preflight` refuses a closed
+rules demand a key (`maxtext.mllog.mlperf_preflight` refuses a closed
 deepseekv3_671b run of a dense model, whose log could not carry it honestly).
 """
 
@@ -30,9 +30,9 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import yaml
 
-from maxtext import checks
-from maxtext import config_lib
-from maxtext import optimizer
+from maxtext.core import checks
+from maxtext.config import config_lib
+from maxtext.config import optimizer
 from maxtext.mllog import rules
 from maxtext.text import metadata as text_metadata
 
@@ -362,7 +362,7 @@ def is_grpo_benchmark(config: Any) -> bool:
   True when the installed checker's rules for the config's ruleset,
   division and benchmark require `GRPO_RULE_KEY` (6.1.0:
   qwen35_397b_grpo). Its log holds the GRPO header (`grpo_values`), and
-  only a GRPO run may write it (`maxtext.mllog.preflight`).
+  only a GRPO run may write it (`maxtext.mllog.mlperf_preflight`).
   """
   return rules_require_key(
       rules.ruleset_dir(config.mllog_ruleset),
@@ -382,7 +382,7 @@ def header_sources(config: Any) -> dict[str, str]:
 def grpo_values(config: Any) -> dict[str, Any]:
   """What a GRPO run's header says differently, then the GRPO keys.
 
-  The values the GRPO run (`maxtext.grpo.workload`) uses: its sequences are
+  The values the GRPO run (`maxtext.grpo.grpo_workload`) uses: its sequences are
   a prompt and a completion (`grpo_prompt_length` +
   `grpo_max_completion_length` tokens), an evaluation continues
   `grpo_eval_prompts` held-out prompts, a step's batch is

@@ -4,7 +4,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 
-from maxtext import optimizer
+from maxtext.config import optimizer
 from maxtext.configs import base
 from maxtext.mllog import hyperparameters
 

@@ -14,10 +14,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 
-from maxtext import config_lib
+from maxtext.config import config_lib
 from maxtext.configs import llama31_8b
 from maxtext.mllog import header_proof
-from maxtext.mllog import preflight
+from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
 
 _BENCHMARK = "llama31_8b"
@@ -48,7 +48,7 @@ class Llama318bMllogTest(parameterized.TestCase):
   def test_config_is_a_closed_llama31_8b_submission(self):
     config = llama31_8b.get_config()
     config_lib.validate(config)
-    preflight.check(config)
+    mlperf_preflight.check(config)
     self.assertEqual(config.submission_division, "closed")
     self.assertEqual(config.submission_benchmark, _BENCHMARK)
     self.assertTrue(config.enable_mllog)
@@ -59,7 +59,7 @@ class Llama318bMllogTest(parameterized.TestCase):
   def test_header_satisfies_the_closed_rules(self, ruleset):
     config = _config(ruleset)
     config_lib.validate(config)
-    preflight.check(config)
+    mlperf_preflight.check(config)
     verdict = header_proof.prove(config, _header(config))
     self.assertEqual(verdict.config_failures(), ())
     self.assertTrue(verdict.passed, verdict)

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Optional, TextIO
 from absl import logging
 import numpy as np
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.mllog import hyperparameters as mllog_config
 from maxtext.mllog import rules
 from maxtext.storage import build_info as build_info_lib

@@ -15,14 +15,15 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 
-from maxtext import config_lib
+from maxtext.config import config_lib
 from maxtext.configs import grpo_tiny
 from maxtext.configs import qwen35_397b_grpo
-from maxtext import trainer
-from maxtext.grpo import workload as grpo_workload
+from maxtext.run import trainer
+from maxtext.grpo import grpo_workload
+from maxtext import workloads
 from maxtext.mllog import header_proof
 from maxtext.mllog import hyperparameters
-from maxtext.mllog import preflight
+from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
 
 _RULESET = "6.1.0"
@@ -53,12 +54,12 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     self.assertTrue(hyperparameters.is_grpo_benchmark(config))
     self.assertEqual(rules.reference_mismatches(config), [])
     # Every check a GRPO run makes before device work (grpo_main's).
-    trainer.check(config)
+    workloads.check(config)
     # A pretraining run cannot log a GRPO benchmark.
     with self.assertRaisesRegex(
         ValueError, "submission_benchmark='qwen35_397b_grpo': a GRPO benchmark"
     ):
-      preflight.check(config)
+      mlperf_preflight.check(config)
 
   def test_config_makes_the_reference_choices(self):
     # docs/grpo.md's table: each reference setting, the field, its value.
@@ -105,7 +106,7 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     config = _config(batch)
     config_lib.validate(config)
     config_lib.validate_grpo(config)
-    preflight.check(config, grpo=True)
+    mlperf_preflight.check(config, grpo=True)
     hparams = _header(config)
     gbs = int(batch)
     # The values the run uses, from the fields that drive it.
@@ -190,7 +191,7 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     config = grpo_tiny.get_config()
     config.submission_division = "closed"
     with self.assertRaises(trainer.ConfigError) as caught:
-      trainer.check(config)
+      workloads.check(config)
     message = str(caught.exception)
     self.assertNotIn("\n", message)
     self.assertIn(
@@ -202,7 +203,7 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     config.gradient_accumulation_steps = 8
     config.learning_rate = 1e-6
     with self.assertRaises(trainer.ConfigError) as caught:
-      trainer.check(config)
+      workloads.check(config)
     message = str(caught.exception)
     self.assertNotIn("\n", message)
     self.assertIn(
@@ -223,10 +224,10 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
         r"^config.submission_benchmark='llama31_8b': a GRPO run's MLPerf log "
         r"is for a GRPO benchmark of ruleset 6.1.0 \(\['qwen35_397b_grpo'\]\)$",
     ):
-      trainer.check(config)
+      workloads.check(config)
     # Without a log there is nothing to refuse.
     config.enable_mllog = False
-    trainer.check(config)
+    workloads.check(config)
 
   def test_batch_argument_is_checked(self):
     with self.assertRaisesRegex(ValueError, "260 is not a positive multiple"):

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import mesh as mesh_lib
-from maxtext import model_setup
-from maxtext import topology
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import model_setup
+from maxtext.runtime import topology
 from maxtext.model import transformer
 from testing import tiny_configs
 

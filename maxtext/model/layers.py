@@ -19,7 +19,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 )
 import jax.numpy as jnp
 
-from maxtext import choices
+from maxtext.core import choices
 
 # Implementations `attend` runs ("auto" is resolved before, by
 # `maxtext.model.attention_implementation`).
@@ -423,7 +423,8 @@ def _attend_splash(
 
   if mesh is None:
     return local(q, k, v)
-  # The batch is split over every mesh axis (maxtext.mesh.batch_sharding).
+  # The batch is split over every mesh axis
+  # (maxtext.runtime.mesh.batch_sharding).
   spec = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
   return jax.shard_map(
       local,

@@ -8,7 +8,7 @@ computes the one-device gradients. The layer itself is tested in
 mla_test.py.
 """
 
-from maxtext import cpu_devices
+from maxtext.runtime import cpu_devices
 
 cpu_devices.request(4)
 
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maxtext import mesh as mesh_lib
+from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import transformer
 from testing import tiny_configs
 

@@ -54,8 +54,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from maxtext import choices
-from maxtext import mesh as mesh_lib
+from maxtext.core import choices
+from maxtext.runtime import mesh as mesh_lib
 
 # Logical axis names of the MoE parameters (one per dimension).
 LOGICAL_AXES = {

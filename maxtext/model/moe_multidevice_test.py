@@ -5,7 +5,7 @@ sets XLA_FLAGS before importing JAX. The references are the same layer, and
 the same training, on one device, in the same process.
 """
 
-from maxtext import cpu_devices
+from maxtext.runtime import cpu_devices
 
 cpu_devices.request(8)
 
@@ -23,8 +23,8 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
-from maxtext import engine as engine_lib
-from maxtext import mesh as mesh_lib
+from maxtext.engine import engine as engine_lib
+from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import moe
 from maxtext.model import transformer
 from maxtext.configs import moe_tiny

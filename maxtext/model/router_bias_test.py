@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import mesh as mesh_lib
-from maxtext import model_setup
-from maxtext import param_statistics
-from maxtext import trainer
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import model_setup
+from maxtext.model import param_statistics
+from maxtext.run import trainer
 from maxtext.model import moe
 from maxtext.model import transformer
-from maxtext.text import generate
+from maxtext.generation import generate
 from testing import tiny_configs
 
 RATE = 0.01

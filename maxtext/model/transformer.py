@@ -61,9 +61,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import choices
-from maxtext import eval_metrics
-from maxtext import param_statistics
+from maxtext.core import choices
+from maxtext.core import eval_metrics
+from maxtext.model import param_statistics
 from maxtext.metrics import buffer as metrics_buffer
 from maxtext.model import layers
 from maxtext.model import mla

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maxtext import choices
-from maxtext import data
-from maxtext import engine as engine_lib
-from maxtext import optimizer
+from maxtext.core import choices
+from maxtext.data import builtin_datasets
+from maxtext.engine import engine as engine_lib
+from maxtext.config import optimizer
 from maxtext.model import layers
 from maxtext.model import transformer
 from maxtext.configs import default
@@ -565,7 +565,7 @@ class ModelTest(parameterized.TestCase):
 
   def test_jitted_step_lowers_loss_on_synthetic_data(self):
     config = tiny_configs.model_config(num_layers=1)
-    dataset = data.SyntheticDataset(config)
+    dataset = builtin_datasets.SyntheticDataset(config)
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     tx = optax.adam(1e-2)
     opt_state = tx.init(params)

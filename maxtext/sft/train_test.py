@@ -25,8 +25,8 @@ import torch
 # pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import transformers
 
-from maxtext import dataset_kinds
-from maxtext import trainer
+from maxtext.data import dataset_kinds
+from maxtext import workloads
 from maxtext.configs import sft_tiny
 from maxtext.metrics import jsonl
 from testing import run_layout
@@ -112,7 +112,7 @@ class SftTrainTest(absltest.TestCase):
       self.assertTrue(os.path.isfile(os.path.join(self.imported, name)), name)
 
   def test_fine_tunes_evaluates_and_resumes(self):
-    reference = trainer.run(self._config("reference", _STEPS))
+    reference = workloads.run(self._config("reference", _STEPS))
     self.assertEqual(reference.final_step, _STEPS)
     records = run_layout.untimed_records(reference.run_dir)
     train = [r for r in records if r["kind"] == jsonl.TRAIN]
@@ -169,7 +169,7 @@ class SftTrainTest(absltest.TestCase):
     )
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn(f"train_main: completed after step {_HALF}", proc.stdout)
-    resumed = trainer.run(self._config("resumed", _STEPS))
+    resumed = workloads.run(self._config("resumed", _STEPS))
     self.assertEqual(resumed.start_step, _HALF)
     self.assertEqual(run_layout.untimed_records(resumed.run_dir), records)
 

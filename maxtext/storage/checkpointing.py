@@ -67,7 +67,7 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.storage import checksums
 from maxtext.storage import late_io_reports
 

@@ -5,7 +5,7 @@ Its own target: the device count is fixed before JAX starts.
 
 import os
 
-from maxtext import cpu_devices
+from maxtext.runtime import cpu_devices
 
 cpu_devices.request(4)
 

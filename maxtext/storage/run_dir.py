@@ -23,8 +23,8 @@ from typing import Any, Mapping, Optional
 
 import jax
 
-from maxtext import caller_paths
-from maxtext import config_lib
+from maxtext.core import caller_paths
+from maxtext.config import config_lib
 from maxtext.storage import build_info
 from maxtext.storage import gcs_mirror
 

@@ -56,7 +56,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.storage import gcs_mirror
 
 LOCK_FILE_NAME = ".run.lock"

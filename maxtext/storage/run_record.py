@@ -35,9 +35,9 @@ from typing import Any, Callable, Mapping, Optional
 from absl import logging
 import ml_collections
 
-from maxtext import checks
-from maxtext import config_lib
-from maxtext import optimizer
+from maxtext.core import checks
+from maxtext.config import config_lib
+from maxtext.config import optimizer
 from maxtext.configs import base
 from maxtext.storage import run_dir as run_dir_lib
 
@@ -105,9 +105,9 @@ RESUMABLE_FIELDS = frozenset(
         # The machines. The state is restored into the new mesh's shardings,
         # and the data does not depend on the process count: each step's
         # global batch is drawn whole and every process keeps its rows
-        # (maxtext/data.py), so a resume on another slice or process count
-        # trains on the same data. Each attempt's devices are in its
-        # provenance.
+        # (maxtext/data/builtin_datasets.py), so a resume on another slice or
+        # process count trains on the same data. Each attempt's devices are in
+        # its provenance.
         "num_processes",
         "process_id",
         "coordinator_address",

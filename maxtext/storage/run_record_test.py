@@ -9,8 +9,8 @@ from absl.testing import parameterized
 import ml_collections
 import numpy as np
 
-from maxtext import config_lib
-from maxtext import data
+from maxtext.config import config_lib
+from maxtext.data import builtin_datasets
 from maxtext.configs import base
 from maxtext.storage import run_record
 
@@ -371,9 +371,14 @@ class SeedTest(absltest.TestCase):
         again, run_record.resolve_seed(again, recorded)
     )
     self.assertEqual(again.seed, first.seed)
-    batches = [data.SyntheticDataset(c).get_batch(3) for c in (first, again)]
+    batches = [
+        builtin_datasets.SyntheticDataset(c).get_batch(3)
+        for c in (first, again)
+    ]
     np.testing.assert_array_equal(batches[0]["inputs"], batches[1]["inputs"])
-    other = data.SyntheticDataset(run_record.with_seed(first, first.seed + 1))
+    other = builtin_datasets.SyntheticDataset(
+        run_record.with_seed(first, first.seed + 1)
+    )
     self.assertFalse(
         np.array_equal(other.get_batch(3)["inputs"], batches[0]["inputs"])
     )

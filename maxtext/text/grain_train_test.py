@@ -4,7 +4,7 @@ import os
 
 from absl.testing import absltest
 
-from maxtext import trainer
+from maxtext.run import trainer
 from maxtext.storage import data_state
 from maxtext.text import prepare
 from testing import stdlib_corpus

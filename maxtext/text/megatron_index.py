@@ -34,7 +34,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from maxtext import checks
+from maxtext.core import checks
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

@@ -15,12 +15,12 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
-from maxtext import trainer
+from maxtext.run import trainer
 from maxtext.hf import exporter
 from maxtext.hf import importer
 from maxtext.model import transformer
 from maxtext.storage import run_record
-from maxtext.text import generate
+from maxtext.generation import generate
 from maxtext.text import megatron_index
 from testing import run_layout
 from testing import tiny_configs

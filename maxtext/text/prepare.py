@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 from array_record.python import array_record_module
 import numpy as np
 
-from maxtext import checks
+from maxtext.core import checks
 from maxtext.text import corpus
 from maxtext.text import metadata as metadata_lib
 from maxtext.text import tokenizer as tokenizer_lib

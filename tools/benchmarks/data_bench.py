@@ -17,7 +17,7 @@ trainer's own step timing reports it.
 Data: the Python standard library's sources (`testing/stdlib_corpus`),
 prepared by `maxtext.text.prepare` (a `--vocab`-piece sentencepiece
 tokenizer trained on them, the library's default records and shards), read
-through dataset_type="grain" (`maxtext.text.grain_dataset.GrainDataset`) at
+through dataset_type="grain" (`maxtext.data.grain_dataset.GrainDataset`) at
 each shape's real batch x sequence. A shape is a config file of
 `maxtext/configs/` whose vocabulary is raised to the tokenizer's where
 smaller (default.py's 256 ids are fewer than any trained tokenizer's), with
@@ -26,7 +26,7 @@ smaller (default.py's 256 ids are fewer than any trained tokenizer's), with
 threads, n > 0 in n worker processes).
 
 `--dataset_type=megatron` reads Megatron indexed datasets instead
-(`maxtext.text.megatron_dataset`, the MLPerf references' data): the same
+(`maxtext.data.megatron_dataset`, the MLPerf references' data): the same
 corpus's train split (each document ending in the tokenizer's
 end-of-document id, one sequence per document) written as
 `train_text_document.{idx,bin}` (int32, `megatron_index.write`), read in the
@@ -48,7 +48,7 @@ Per row:
         `trainer.run(config)` trains the shape on the prepared data, and
         the figures are its train records' `step_time_s` and `data_wait_s`
         (the step's seconds in the data set's `get_batch`; see
-        `maxtext/trainer.py`). The config's model, batch, K and learning
+        `maxtext/run/trainer.py`). The config's model, batch, K and learning
         rate schedule; one evaluation and one checkpoint, after the last
         step (outside the step times); no MLPerf log.
     paced_stand-in  (the others: too big to train on this host) NOT the
@@ -93,11 +93,11 @@ import grain
 import jax
 import numpy as np
 
-from maxtext import checks
-from maxtext import config_lib
-from maxtext import dataset_kinds
-from maxtext import optimizer
-from maxtext import trainer
+from maxtext.core import checks
+from maxtext.config import config_lib
+from maxtext.data import dataset_kinds
+from maxtext.config import optimizer
+from maxtext.run import trainer
 from maxtext.metrics import jsonl
 from maxtext.metrics import throughput
 from maxtext.text import megatron_index

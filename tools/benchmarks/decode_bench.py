@@ -12,9 +12,9 @@ prompts of `--prompt_len` random ids, continued greedily two ways:
 
   cached    `maxtext.generation.decoder.generate`: one prefill, then one
             cached step per token, `--new_tokens` tokens per row.
-  windowed  `maxtext.text.sampling.sample_many`: every token runs the model
-            over the whole [batch, max_sequence_length] window. Its cost per
-            token does not depend on how many tokens it makes, so it makes
+  windowed  `maxtext.generation.sampling.sample_many`: every token runs the
+            model over the whole [batch, max_sequence_length] window. Its cost
+            per token does not depend on how many tokens it makes, so it makes
             `--windowed_tokens` (fewer: it is slow) and its ids are checked
             against the cached decoder's first ones. The window is never
             exceeded (prompt + new tokens <= max_sequence_length).
@@ -48,7 +48,7 @@ from maxtext.configs import decode_bench
 from maxtext.generation import decoder
 from maxtext.generation import kv_cache
 from maxtext.model import transformer
-from maxtext.text import sampling
+from maxtext.generation import sampling
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",

@@ -9,7 +9,7 @@ Runbook:
 Two ways train the same model (the `--config`, by default configs/default.py)
 on the same data in one process:
 
-  trainer  `maxtext.trainer.run`, everything on: engine, metrics recorder,
+  trainer  `maxtext.run.trainer.run`, everything on: engine, metrics recorder,
            console/JSONL/TensorBoard writers, MLPerf log, eval every
            `eval_interval` steps, checkpoints every `checkpoint_period`
            steps. Step times come from the step records a run listener
@@ -69,13 +69,13 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import optax
 
-from maxtext import data
-from maxtext import dataset_kinds
-from maxtext import mesh as mesh_lib
+from maxtext.data import builtin_datasets
+from maxtext.data import dataset_kinds
+from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import transformer
-from maxtext import model_setup
-from maxtext import optimizer as optimizer_lib
-from maxtext import trainer
+from maxtext.engine import model_setup
+from maxtext.config import optimizer as optimizer_lib
+from maxtext.run import trainer
 from maxtext.configs import default
 from maxtext.listeners import interface
 from maxtext.metrics import throughput
@@ -142,7 +142,9 @@ class BareLoop:
   def step(self, step: int) -> float:
     """Runs training step `step`; returns its mean micro-batch loss, fetched."""
     loss_acc = jnp.zeros((), jnp.float32)
-    for micro in data.split_micro_batches(self.dataset.get_batch(step), self.k):
+    for micro in builtin_datasets.split_micro_batches(
+        self.dataset.get_batch(step), self.k
+    ):
       self.grad_acc, loss_acc = self._micro_step(
           self.params,
           self.grad_acc,

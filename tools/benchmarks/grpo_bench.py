@@ -46,14 +46,14 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
-from maxtext import config_lib
-from maxtext import mesh as mesh_lib
-from maxtext import model_setup
+from maxtext.config import config_lib
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import model_setup
 from maxtext.configs import grpo_tiny
 from maxtext.grpo import rewards
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import prompts as prompts_lib
-from maxtext.grpo import workload as grpo_workload
+from maxtext.grpo import grpo_workload
 from maxtext.metrics import recorder as metrics_recorder
 from tools import command_line
 from tools.benchmarks import metric_ways
@@ -95,7 +95,7 @@ def _check(config) -> list:
 
 
 def _grpo_step(config, functions) -> step_lib.GrpoStep:
-  """The GRPO run's engine and step (as `maxtext.grpo.workload` builds
+  """The GRPO run's engine and step (as `maxtext.grpo.grpo_workload` builds
   them), without its run directory and outputs."""
   engine, setup = grpo_workload.engine_factory(
       config, mesh_lib.make_mesh(config)

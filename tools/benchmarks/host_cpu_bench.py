@@ -76,7 +76,7 @@ def measure(overrides: dict, skip: int) -> dict:
   """Trains one run in this process; returns its CPU times per step (ms)."""
   # Imported here: the tree on sys.path decides which maxtext this is.
   # pylint: disable=import-outside-toplevel
-  from maxtext import trainer
+  from maxtext.run import trainer
   from maxtext.configs import default
   from maxtext.listeners import interface
   # pylint: enable=import-outside-toplevel

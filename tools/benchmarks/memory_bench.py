@@ -59,7 +59,7 @@ from ml_collections import config_flags
 
 # A config file and cpu_devices import no jax, which must load only once main()
 # has set the CPU device count (see below).
-from maxtext import cpu_devices
+from maxtext.runtime import cpu_devices
 from maxtext.configs import gpu_1b
 from tools import command_line
 
@@ -144,8 +144,8 @@ def analyse(config, donate: bool = True, programs=None) -> list[dict]:
   # jax, and maxtext that imports it, load only after main() has set
   # XLA_FLAGS (--host_devices), which the CPU backend reads once.
   # pylint: disable=import-outside-toplevel
-  from maxtext import mesh as mesh_lib
-  from maxtext import train_compile_lib
+  from maxtext.runtime import mesh as mesh_lib
+  from maxtext.engine import train_compile_lib
   # pylint: enable=import-outside-toplevel
   config = config.copy_and_resolve_references()
   with config.unlocked():
@@ -235,7 +235,7 @@ def main(argv):
   if _MESH.value:
     # Imported here, like below: jax loads only after XLA_FLAGS is final.
     # pylint: disable=import-outside-toplevel
-    from maxtext import config_lib
+    from maxtext.config import config_lib
 
     # pylint: enable=import-outside-toplevel
     with command_line.user_errors("memory_bench", (TypeError, ValueError)):
@@ -249,7 +249,7 @@ def main(argv):
   # Only now, with XLA_FLAGS set: the CPU backend reads it once.
   # pylint: disable=import-outside-toplevel
   import jax
-  from maxtext import config_lib
+  from maxtext.config import config_lib
   from maxtext.model import transformer
   # pylint: enable=import-outside-toplevel
   base = _CONFIG.value

@@ -12,7 +12,7 @@ and ends the step with all metric values on the host:
                so their overheads include its cost.
   a/append     one device array per metric, `jnp.append` per micro-batch.
   b/stack      host lists of device scalars, one `jnp.stack` per metric.
-  c/engine     `maxtext.engine.Engine`: packed metrics, `buffer_packed`,
+  c/engine     `maxtext.engine.engine.Engine`: packed metrics, `buffer_packed`,
                one flush (plus learning_rate, grad_norm, step_skipped from
                its gradient measure, one more program per step).
   d/per_name   `MetricsRecorder.buffer_metrics` per metric, one flush.
@@ -33,10 +33,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from maxtext import config_lib
-from maxtext import engine as engine_lib
+from maxtext.config import config_lib
+from maxtext.engine import engine as engine_lib
 from maxtext.grpo import train_loss
-from maxtext.grpo import workload as grpo_workload
+from maxtext.grpo import grpo_workload
 from maxtext.model import transformer
 from maxtext.metrics import recorder as metrics_recorder
 from testing import dispatch_counter

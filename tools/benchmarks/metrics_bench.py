@@ -43,7 +43,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from maxtext import config_lib
+from maxtext.config import config_lib
 from tools import command_line
 from tools.benchmarks import metric_ways
 

@@ -5,7 +5,7 @@ Runbook:
   bazel run //tools/benchmarks:mllog_bench -- [--blocks=5] [--steps=200]
 
 Each way trains the same tiny model (the default config, shrunk) through the
-real `maxtext.trainer.run`, in this process, and records the step times the
+real `maxtext.run.trainer.run`, in this process, and records the step times the
 loop itself measures (each step record's `step_time`, seen by a run listener:
 the same number the MLPerf log's `tracked_stats` reports; eval time
 excluded):
@@ -52,7 +52,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from maxtext import trainer
+from maxtext.run import trainer
 from maxtext.configs import default
 from maxtext.listeners import interface
 from testing import compile_counter

@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext import mesh as mesh_lib
+from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import transformer
-from maxtext import optimizer as optimizer_lib
+from maxtext.config import optimizer as optimizer_lib
 
-# The mesh axes a stated mesh may name (maxtext.mesh's).
+# The mesh axes a stated mesh may name (maxtext.runtime.mesh's).
 AXES = (mesh_lib.DATA_AXIS, mesh_lib.FSDP_AXIS, mesh_lib.EXPERT_AXIS)
 
 

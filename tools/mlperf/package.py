@@ -34,7 +34,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from maxtext import caller_paths
+from maxtext.core import caller_paths
 from tools.mlperf import layout
 from tools.mlperf import run_logs
 from tools.mlperf import submission

@@ -126,7 +126,7 @@ class PackageTest(parameterized.TestCase):
         self.out, _ORG, "llama31_8b", layout.DEFAULT_IMPLEMENTATION
     )
     for source in (
-        "maxtext/trainer.py",
+        "maxtext/run/trainer.py",
         "maxtext/configs/default.py",
         "tools/mlperf/package.py",
         "third_party/py/requirements_lock.txt",

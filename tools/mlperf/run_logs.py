@@ -1,12 +1,12 @@
 """What a packager needs from one run directory: its MLPerf log and config.
 
-A run directory written by `maxtext.trainer` holds `config.json` (the resolved
-config and its provenance: JAX version, devices, git revision) and the MLPerf
-log, `mllog.log` unless the config's `mllog_file` names another path. A
-resumed run writes one log per attempt (`mllog.2.log`, ...); a submission's
-time to train must come from one uninterrupted attempt, so such a run is
-refused here, as is a log that disagrees with the run's `metrics.jsonl`
-(see `cross_check`).
+A run directory written by `maxtext.run.trainer` holds `config.json` (the
+resolved config and its provenance: JAX version, devices, git revision) and
+the MLPerf log, `mllog.log` unless the config's `mllog_file` names another
+path. A resumed run writes one log per attempt (`mllog.2.log`, ...); a
+submission's time to train must come from one uninterrupted attempt, so such a
+run is refused here, as is a log that disagrees with the run's
+`metrics.jsonl` (see `cross_check`).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def read_run(run_dir: str) -> RunLog:
   """Reads a run directory's config.json and the submission facts of its log.
 
   Args:
-    run_dir: a run directory written by `maxtext.trainer.run` with
+    run_dir: a run directory written by `maxtext.run.trainer.run` with
       `enable_mllog` on.
 
   Returns:

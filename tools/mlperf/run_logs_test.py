@@ -44,7 +44,7 @@ def write_run_dir(
     config_json=True,
     revision=None,
 ):
-  """A run directory as maxtext.trainer writes one (config.json, log and
+  """A run directory as maxtext.run.trainer writes one (config.json, log and
   metrics.jsonl, empty: the log records no step)."""
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "metrics.jsonl"), "w", encoding="utf-8"):

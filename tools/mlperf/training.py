@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional, Sequence
 
-from maxtext import checks
-from maxtext import trainer
+from maxtext.core import checks
+from maxtext import workloads
 from tools.mlperf import run_logs
 from tools.mlperf import submission
 
@@ -98,7 +98,7 @@ def train_runs(
       run_config.mllog_file = ""
       run_config.resume = False
     emit(f"mlperf_package: run {i + 1}/{count} (seed {seed})")
-    result = trainer.run(run_config, config_filename=config_filename)
+    result = workloads.run(run_config, config_filename=config_filename)
     run = run_logs.read_run(result.run_dir)
     emit(
         f"mlperf_package: run {i + 1}/{count} {result.status.value} after "

@@ -1,0 +1,49 @@
+"""The names a config field chooses between, in one place and without JAX.
+
+Each tuple is the set of values one field of `maxtext/configs/base.py` takes.
+`maxtext.config.config_lib` refuses any other value before device work
+starts; the module that implements the choice dispatches on the same tuple
+(`choices_test` checks that every name has an implementation).
+"""
+
+# config.attention: "einsum" is the reference; "auto" resolves per backend
+# (maxtext.model.transformer.attention_implementation).
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "dot_product", "cudnn", "splash")
+# config.attention_type: grouped key/value heads, or multi-head latent
+# attention (maxtext.model.mla).
+ATTENTION_TYPES = ("gqa", "mla")
+# config.remat_policy: what the scanned block keeps for the backward pass
+# (maxtext.model.transformer).
+REMAT_POLICIES = ("none", "full", "save_dots", "save_named")
+# config.rope_scaling: the rotary frequencies as they are, or rescaled as
+# Llama 3.1's or by YaRN (maxtext.model.layers.rope_scaling).
+ROPE_SCALINGS = ("none", "llama3", "yarn")
+# config.router_score: how the router turns logits into expert scores
+# (maxtext.model.moe).
+ROUTER_SCORES = ("softmax", "sigmoid")
+# config.load_balance_loss: per batch ("switch") or per sequence
+# (maxtext.model.moe).
+LOAD_BALANCE_LOSSES = ("switch", "sequence")
+# config.weight_dtype and config.compute_dtype.
+DTYPES = ("float32", "bfloat16", "float16")
+# config.workload: the kind of training (maxtext.workloads.WORKLOADS).
+WORKLOADS = ("pretraining", "sft", "grpo")
+# config.dataset_type (maxtext.data.dataset_kinds.KINDS).
+DATASET_TYPES = ("synthetic", "tokens_file", "grain", "chat", "megatron")
+# The kinds whose batches carry float32 "weights" [B, S] beside inputs and
+# targets (the loss counts only weighted tokens): chat's assistant mask.
+WEIGHTED_DATASET_TYPES = ("chat",)
+# config.hardware: a JAX platform, or "auto" for whatever JAX finds.
+HARDWARE = ("auto", "cpu", "tpu", "gpu")
+# config.lr_schedule: the learning rate after the linear warm-up
+# (maxtext.config.optimizer.make_schedule).
+LR_SCHEDULES = ("cosine", "constant")
+# config.grpo_advantage_estimator: how a group's rewards become advantages
+# (maxtext.grpo.advantages.ESTIMATORS).
+GRPO_ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "rloo_normalized")
+# config.grpo_kl_estimator: the per-token estimate of KL(policy || reference)
+# (maxtext.grpo.policy_loss.KL_ESTIMATORS).
+GRPO_KL_ESTIMATORS = ("k1", "k3")
+# config.grpo_loss_aggregation: how per-token losses become one number
+# (maxtext.grpo.policy_loss.AGGREGATIONS).
+GRPO_LOSS_AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")

@@ -1,0 +1,82 @@
+"""The data set kinds a config can name: `config.dataset_type` -> data set.
+
+One table for every kind, so the built-in data sets
+(`maxtext/data/builtin_datasets.py`) and the Grain one never know each other:
+this module sits above both.
+
+  "synthetic"    `builtin_datasets.SyntheticDataset`: arithmetic progressions.
+  "tokens_file"  `builtin_datasets.TokensFileDataset`: memory-mapped token
+                 files.
+  "grain"        `grain_dataset.GrainDataset`: prepared text shards
+                 through Grain, read in step order with iterator state.
+  "chat"         `text.chat_dataset.ChatDataset`: chat examples (JSONL of
+                 messages) rendered with a chat template, one padded row
+                 each, weighted on the assistant's tokens (fine-tuning).
+  "megatron"     `text.megatron_dataset.MegatronDataset`: Megatron indexed
+                 datasets (.idx/.bin), blended by weight.
+"""
+
+from typing import Any, Callable
+
+from maxtext.data import builtin_datasets
+from maxtext.data import dataset
+
+# (config, process_index, process_count) -> this process's data set.
+Factory = Callable[[Any, int, int], dataset.Dataset]
+
+
+def _grain(config: Any, process_index: int, process_count: int):
+  # Imported here: Grain is needed only by runs that read prepared text.
+  # pylint: disable-next=import-outside-toplevel
+  from maxtext.data import grain_dataset
+
+  return grain_dataset.GrainDataset(config, process_index, process_count)
+
+
+def _chat(config: Any, process_index: int, process_count: int):
+  # Imported here: Jinja and the tokenizer are needed only by chat runs.
+  # pylint: disable-next=import-outside-toplevel
+  from maxtext.data import chat_dataset
+
+  return chat_dataset.ChatDataset(config, process_index, process_count)
+
+
+def _megatron(config: Any, process_index: int, process_count: int):
+  # Imported here, as Grain is: only runs that read Megatron files need it.
+  # pylint: disable-next=import-outside-toplevel
+  from maxtext.data import megatron_dataset
+
+  return megatron_dataset.MegatronDataset(config, process_index, process_count)
+
+
+KINDS: dict[str, Factory] = {
+    "synthetic": builtin_datasets.SyntheticDataset,
+    "tokens_file": builtin_datasets.TokensFileDataset,
+    "grain": _grain,
+    "chat": _chat,
+    "megatron": _megatron,
+}
+
+
+def make_dataset(
+    config: Any, process_index: int = 0, process_count: int = 1
+) -> dataset.Dataset:
+  """The data set that `config.dataset_type` names, for one process.
+
+  Args:
+    config: the run configuration (`dataset_type` and the fields its data
+      set reads).
+    process_index: this process's index.
+    process_count: processes sharing each global batch.
+
+  Raises:
+    ValueError: an unknown dataset_type, and as the data set constructors.
+  """
+  factory = KINDS.get(config.dataset_type)
+  if factory is None:
+    *others, last = [repr(k) for k in KINDS]
+    raise ValueError(
+        f"dataset_type={config.dataset_type!r}: must be "
+        f"{', '.join(others)} or {last}"
+    )
+  return factory(config, process_index, process_count)

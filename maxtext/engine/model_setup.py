@@ -1,0 +1,154 @@
+"""Builds a model's training state from a config: one place for every caller.
+
+The trainer, the benchmarks and the multi-device tests all set a model up the
+same way: the mesh's parameter and batch shardings, parameters initialised
+from `config.seed` directly into their shardings (or loaded from
+`load_parameters_path`), and an `Engine` with the configured optimizer.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Optional
+
+from absl import logging
+import jax
+
+from maxtext.engine import engine as engine_lib
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.model import transformer
+from maxtext.config import optimizer as optimizer_lib
+from maxtext.engine import saved_step
+from maxtext.metrics import recorder as metrics_recorder
+from maxtext.storage import checkpointing
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSetup:
+  """Where a model's arrays live.
+
+  Attributes:
+    mesh: the device mesh.
+    abstract_params: the parameters' shapes and dtypes (ShapeDtypeStructs).
+    param_shardings: the parameters' shardings (FSDP over the mesh).
+    batch_sharding: the sharding of a global batch's arrays.
+  """
+
+  mesh: jax.sharding.Mesh
+  abstract_params: Any
+  param_shardings: Any
+  batch_sharding: jax.sharding.NamedSharding
+
+
+def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
+  """Shapes and shardings of the config's model on `mesh`; allocates nothing."""
+  abstract = jax.eval_shape(
+      functools.partial(transformer.init_params, config),
+      jax.random.PRNGKey(config.seed),
+  )
+  fsdp = mesh.shape[mesh_lib.FSDP_AXIS]
+  return ModelSetup(
+      mesh=mesh,
+      abstract_params=abstract,
+      param_shardings=mesh_lib.param_shardings(
+          transformer.param_partition_specs(
+              abstract, fsdp, expert_size=mesh_lib.expert_size(mesh)
+          ),
+          mesh,
+      ),
+      batch_sharding=mesh_lib.batch_sharding(mesh),
+  )
+
+
+def init_params(config: Any, setup: ModelSetup) -> Any:
+  """The initial parameters, placed on their shardings.
+
+  From `load_parameters_path` (another run's newest checkpoint, or one step
+  directory) when set, else initialised from `config.seed`.
+  """
+  if config.load_parameters_path:
+    return checkpointing.restore_params_only(
+        config.load_parameters_path,
+        jax.tree_util.tree_map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            setup.abstract_params,
+            setup.param_shardings,
+        ),
+    )
+  init = functools.partial(transformer.init_params, config)
+  return jax.jit(init, out_shardings=setup.param_shardings)(
+      jax.random.PRNGKey(config.seed)
+  )
+
+
+def make_engine(
+    config: Any,
+    setup: ModelSetup,
+    params: Any,
+    recorder: Optional[metrics_recorder.MetricsRecorder] = None,
+    executables: Optional[Mapping[str, Any]] = None,
+) -> engine_lib.Engine:
+  """An engine training `params` with the config's optimizer and schedule.
+
+  The model is compiled for `setup.mesh`: its "auto" choices resolve for
+  the mesh's devices, and per-device kernels run over it.
+  The engine clips with the gradient norm it measures for the metrics, so
+  the optimizer itself has no clipping stage. `executables`: the engine's
+  programs compiled already (`Engine`'s argument), or None.
+  """
+  schedule = optimizer_lib.make_schedule(config)
+  return engine_lib.Engine(
+      functools.partial(transformer.loss_fn, config=config, mesh=setup.mesh),
+      params,
+      make_optimizer(config, schedule),
+      schedule,
+      recorder or metrics_recorder.MetricsRecorder(mode="train"),
+      config.gradient_accumulation_steps,
+      param_shardings=setup.param_shardings,
+      batch_sharding=setup.batch_sharding,
+      grad_clip_norm=config.grad_clip_norm,
+      donate_state=config.donate_state,
+      eval_fn=functools.partial(transformer.eval_fn, config=config),
+      eval_directions=transformer.EVAL_DIRECTIONS,
+      executables=executables,
+      statistic_rules=transformer.statistic_rules(config),
+  )
+
+
+def make_optimizer(
+    config: Any,
+    schedule,
+    decay_mask: Optional[Callable[[Any], Any]] = None,
+) -> Any:
+  """The optimizer every engine of the model trains with: the config's
+  AdamW without its clipping stage (the engine clips with the gradient norm
+  it measures for the metrics), weight decay on the model's matrices only
+  (`transformer.weight_decay_mask`), or on those `decay_mask` names (a
+  frozen router's leaves left out: `maxtext.grpo.frozen_router`)."""
+  return optimizer_lib.make_optimizer(
+      config,
+      schedule,
+      include_clipping=False,
+      decay_mask=decay_mask or transformer.weight_decay_mask,
+  )
+
+
+def build_engine(
+    config: Any, mesh: Optional[jax.sharding.Mesh] = None
+) -> tuple[engine_lib.Engine, ModelSetup]:
+  """The config's model on `mesh` (default: the config's mesh), as an engine.
+
+  With `compiled_step_file` set, the engine runs the programs saved there
+  (`saved_step.load`, which raises ValueError naming what differs before
+  anything is allocated) and compiles none.
+  """
+  if mesh is None:
+    mesh = mesh_lib.make_mesh(config)
+  executables = (
+      saved_step.load(config.compiled_step_file, config, mesh)
+      if config.compiled_step_file
+      else None
+  )
+  setup = setup_model(config, mesh)
+  params = init_params(config, setup)
+  logging.info("Model: %s parameters.", f"{transformer.num_params(params):,}")
+  return make_engine(config, setup, params, executables=executables), setup

@@ -1,0 +1,93 @@
+"""The engine's programs lowered ahead of time, run nowhere.
+
+`Engine.lower` and `Engine.lower_programs` come here: they lower the step's
+jitted programs (`maxtext/engine/step_programs.py`) on the shapes, dtypes and
+shardings of the engine's state and of a given micro-batch, reading no
+value. `tools/benchmarks/memory_bench` and `train_compile` compile what they
+return for their memory and cost figures (an engine built on abstract
+parameters allocates nothing); compiled, `lower_programs`' result is what
+`maxtext/engine/saved_step.py` saves and what the engine's `executables`
+argument takes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from maxtext.engine import metric_packing
+from maxtext.engine import step_programs
+
+
+def abstract(tree, sharded: bool = True):
+  """`tree`'s shapes and dtypes (and shardings, if `sharded`)."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(
+          x.shape,
+          x.dtype,
+          sharding=getattr(x, "sharding", None) if sharded else None,
+      ),
+      tree,
+  )
+
+
+def lower_step(
+    programs: step_programs.StepPrograms, params, opt_state, micro_batch
+) -> dict[str, jax.stages.Lowered]:
+  """Lowers the programs one training step runs (see `Engine.lower`).
+
+  Args:
+    programs: the engine's programs.
+    params: the parameters (arrays or `ShapeDtypeStruct`s).
+    opt_state: the optimizer state, likewise.
+    micro_batch: a micro-batch pytree of arrays or `ShapeDtypeStruct`s.
+
+  Returns:
+    name -> `jax.stages.Lowered`, in the order a step runs them:
+    "micro_step" (forward and backward of one micro-batch, adding into the
+    donated accumulator; run K times), "measure" (the mean gradient's
+    norm, finiteness and the learning rate) and "apply" (the optimizer
+    update, donating parameters and optimizer state when `donate_state`).
+    `.compile()` on each gives its `memory_analysis()` and
+    `cost_analysis()`. The step's one other program is the recorder's
+    concatenation of the packed metrics.
+  """
+  params, opt_state = abstract(params), abstract(opt_state)
+  grad_acc = programs.acc_shapes
+  first = jax.ShapeDtypeStruct((), jnp.bool_)
+  step = jax.ShapeDtypeStruct((), jnp.int32)
+  packed = jax.ShapeDtypeStruct(
+      (len(metric_packing.UPDATE_NAMES),), jnp.float32
+  )
+  batch = abstract(micro_batch, sharded=False)
+  micro_args = (
+      (params, batch) if programs.k == 1 else (params, grad_acc, first, batch)
+  )
+  jitted = programs.jitted
+  return {
+      "micro_step": jitted["micro_step"].lower(*micro_args),
+      "measure": jitted["measure"].lower(grad_acc, step),
+      "apply": jitted["apply"].lower(params, opt_state, grad_acc, packed),
+  }
+
+
+def lower_programs(
+    programs: step_programs.StepPrograms,
+    params,
+    opt_state,
+    micro_batch,
+    eval_batch,
+) -> dict[str, jax.stages.Lowered]:
+  """Lowers every program of `step_programs.program_names(programs.k)`.
+
+  `lower_step`'s three, the accumulator's allocation (with K > 1) and the
+  eval of `eval_batch` (shapes as for `micro_batch`), in that order.
+  """
+  lowered = lower_step(programs, params, opt_state, micro_batch)
+  if programs.k > 1:
+    lowered["allocate"] = programs.jitted["allocate"].lower()
+  lowered["eval"] = programs.jitted["eval"].lower(
+      abstract(params), abstract(eval_batch, sharded=False)
+  )
+  names = step_programs.program_names(programs.k)
+  return {name: lowered[name] for name in names}

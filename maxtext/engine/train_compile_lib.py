@@ -1,0 +1,347 @@
+"""Compiles a run's training step for given devices, ahead of time.
+
+The programs are the trainer's own: the mesh of `mesh.make_mesh` on the
+given devices, the model of `model_setup.setup_model` and the engine of
+`model_setup.make_engine`, built on abstract parameters (nothing is
+allocated), lowered by `Engine.lower` and compiled by the devices' compiler.
+The devices may be libtpu's description of a TPU slice
+(`topology.abstract_devices`): then the real TPU compiler runs on this host
+and its memory analysis says whether the step fits the slice's HBM.
+
+Per program, per device:
+
+  args      bytes of its arguments (parameters, accumulator, batch)
+  out       bytes of its outputs
+  alias     output bytes that reuse donated argument buffers
+  temp      the compiler's temporaries (activations kept for the backward
+            pass, ...)
+  resident  training state on the device that is not an argument (the
+            optimizer state, during the micro-steps)
+  peak      args + out - alias + temp + resident
+"""
+
+import dataclasses
+import re
+import time
+from typing import Any, Callable, Mapping, Optional
+
+import jax
+
+from maxtext.data import builtin_datasets
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import model_setup
+
+_GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+  """One compiled program's per-device memory (bytes) and compile time."""
+
+  program: str
+  args: int
+  out: int
+  alias: int
+  temp: int
+  resident: int
+  compile_s: float
+
+  @property
+  def peak(self) -> int:
+    return self.args + self.out - self.alias + self.temp + self.resident
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfMemory:
+  """A program the compiler refused for memory.
+
+  Attributes:
+    program: its name (`Engine.lower`'s key).
+    required: bytes the compiler said it needs, or None if it said none.
+    available: bytes it said one device has, or None.
+    message: the compiler's message, first line.
+    compile_s: seconds until the compiler refused it.
+  """
+
+  program: str
+  required: Optional[int]
+  available: Optional[int]
+  message: str
+  compile_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCompile:
+  """A step's compile: the programs that compiled, in the order a step runs
+  them, and the one refused for memory (compiling stops there), if any."""
+
+  programs: tuple[ProgramMemory, ...]
+  out_of_memory: Optional[OutOfMemory]
+  # Name -> compiled program, when `compile_step` was asked to keep them.
+  executables: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def peak(self) -> int:
+    """The largest program peak (the refused program's need, if larger)."""
+    peaks = [p.peak for p in self.programs]
+    if self.out_of_memory and self.out_of_memory.required:
+      peaks.append(self.out_of_memory.required)
+    return max(peaks, default=0)
+
+  @property
+  def compile_s(self) -> float:
+    refused = self.out_of_memory.compile_s if self.out_of_memory else 0.0
+    return sum(p.compile_s for p in self.programs) + refused
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+# "... the total memory required for HLO temporaries (98.33G) exceeds
+# available HBM (95.74G)"; "Used 120.50G of 95.74G hbm".
+_REQUIRED = re.compile(
+    r"required for [^(]*\((\d+(?:\.\d+)?)([KMGTP]?)\) exceeds available "
+    r"HBM \((\d+(?:\.\d+)?)([KMGTP]?)\)"
+)
+_USED = re.compile(
+    r"Used (\d+(?:\.\d+)?)([KMGTP]?) of (\d+(?:\.\d+)?)([KMGTP]?) hbm"
+)
+
+
+def parse_out_of_memory(message: str) -> tuple[Optional[int], Optional[int]]:
+  """(required, available) bytes from a TPU compiler's RESOURCE_EXHAUSTED
+  message (binary units, as it prints them), or None for what it lacks."""
+  for pattern in (_REQUIRED, _USED):
+    match = pattern.search(message)
+    if match:
+      need, need_unit, have, have_unit = match.groups()
+      return (
+          int(float(need) * _UNITS[need_unit]),
+          int(float(have) * _UNITS[have_unit]),
+      )
+  return None, None
+
+
+def device_bytes(tree: Any) -> int:
+  """Bytes one device holds of a pytree of (sharded) ShapeDtypeStructs."""
+  total = 0
+  for x in jax.tree_util.tree_leaves(tree):
+    shape = x.shape
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None:
+      shape = sharding.shard_shape(shape)
+    size = 1
+    for n in shape:
+      size *= n
+    total += size * x.dtype.itemsize
+  return total
+
+
+def _shapes(tree: Any) -> Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def abstract_micro_batch(config) -> Any:
+  """One micro-batch's shapes (the whole mesh's, as one process feeds it)."""
+  train, _ = builtin_datasets.placeholder_batches(config)
+  return _shapes(
+      builtin_datasets.split_micro_batches(
+          train, config.gradient_accumulation_steps
+      )[0]
+  )
+
+
+def abstract_eval_batch(config) -> Any:
+  """One eval batch's shapes (the whole mesh's, as one process feeds it)."""
+  return _shapes(builtin_datasets.placeholder_batches(config)[1])
+
+
+def compile_step(
+    config,
+    mesh: jax.sharding.Mesh,
+    programs: Optional[Callable[[str], bool]] = None,
+    log: Callable[[str], None] = lambda _: None,
+    every_program: bool = False,
+) -> StepCompile:
+  """Compiles the programs one training step of `config` runs on `mesh`.
+
+  Args:
+    config: a validated run config.
+    mesh: the run's mesh (`mesh.make_mesh`) on the devices to compile for
+      (abstract TPU devices, or this host's), its batch layout checked
+      (`mesh.check_batch_layout`).
+    programs: None for all, or a predicate on the programs' names
+      (`Engine.lower`'s keys) to compile.
+    log: called with a line as each compile starts and ends.
+    every_program: also compile the programs a run needs besides the step's
+      (`Engine.lower_programs`: the accumulator's allocation, the eval) and
+      keep every compiled program in the result's `executables`, for
+      `saved_step.save`.
+
+  Returns:
+    The compiled programs' memory; a program the compiler refuses for memory
+    (RESOURCE_EXHAUSTED) ends the compile and is reported, not raised.
+  """
+  setup = model_setup.setup_model(config, mesh)
+  engine = model_setup.make_engine(config, setup, setup.abstract_params)
+  # The training state that stays on the device while a program runs
+  # without being one of its arguments: the optimizer state beside the
+  # micro-step (its arguments are the parameters and the accumulator), all of
+  # it beside the measure (its argument is the accumulator); the apply takes
+  # both.
+  opt_bytes = device_bytes(engine.opt_state)
+  resident_bytes = {
+      "measure": device_bytes(engine.params) + opt_bytes,
+      "apply": 0,
+  }
+  done = []
+  kept = {}
+  micro_batch = abstract_micro_batch(config)
+  if every_program:
+    lowered_programs = engine.lower_programs(
+        micro_batch, abstract_eval_batch(config)
+    )
+  else:
+    lowered_programs = engine.lower(micro_batch)
+  for name, lowered in lowered_programs.items():
+    if programs is not None and not programs(name):
+      continue
+    log(f"compiling {name}")
+    start = time.perf_counter()
+    try:
+      compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      seconds = time.perf_counter() - start
+      required, available = parse_out_of_memory(str(e))
+      return StepCompile(
+          tuple(done),
+          OutOfMemory(
+              name, required, available, str(e).splitlines()[0], seconds
+          ),
+      )
+    seconds = time.perf_counter() - start
+    if every_program:
+      kept[name] = compiled
+    memory = compiled.memory_analysis()
+    done.append(
+        ProgramMemory(
+            program=name,
+            args=memory.argument_size_in_bytes,
+            out=memory.output_size_in_bytes,
+            alias=memory.alias_size_in_bytes,
+            temp=memory.temp_size_in_bytes,
+            resident=resident_bytes.get(name, opt_bytes),
+            compile_s=seconds,
+        )
+    )
+    log(f"compiled {name} in {seconds:.1f} s")
+  return StepCompile(tuple(done), None, kept)
+
+
+def gib(n: Optional[int]) -> str:
+  """Bytes as GiB with two decimals (the TPU compiler's "G")."""
+  return "?" if n is None else f"{n / _GIB:.2f}"
+
+
+def table(step: StepCompile) -> list[str]:
+  """The per-program lines: GiB per device and compile seconds."""
+  lines = [
+      f"{'program':<22} {'args':>8} {'out':>8} {'alias':>8} {'temp':>8} "
+      f"{'resident':>8} {'peak':>8} {'compile_s':>9}   (GiB per device)"
+  ]
+  for p in step.programs:
+    lines.append(
+        f"{p.program:<22} {gib(p.args):>8} {gib(p.out):>8} "
+        f"{gib(p.alias):>8} {gib(p.temp):>8} {gib(p.resident):>8} "
+        f"{gib(p.peak):>8} {p.compile_s:>9.1f}"
+    )
+  oom = step.out_of_memory
+  if oom:
+    lines.append(
+        f"{oom.program:<22} RESOURCE_EXHAUSTED: needs {gib(oom.required)} "
+        f"GiB of {gib(oom.available)} GiB ({oom.compile_s:.1f} s): "
+        f"{oom.message}"
+    )
+  return lines
+
+
+# Remat policies from the least recomputation to the most: "none" recomputes
+# nothing; "save_dots" keeps every projection's output and recomputes the
+# element-wise work; "save_named" also recomputes the MLP's hidden layer and
+# the attention scores; "full" recomputes the whole block.
+REMAT_BY_RECOMPUTATION = ("none", "save_dots", "save_named", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One (remat policy, micro-steps) setting a search compiled."""
+
+  remat_policy: str
+  gradient_accumulation_steps: int
+  step: StepCompile
+
+  def fits(self, hbm: int) -> bool:
+    return self.step.out_of_memory is None and self.step.peak <= hbm
+
+
+def accumulation_choices(config, mesh: jax.sharding.Mesh) -> list[int]:
+  """The micro-steps K (ascending) whose micro-batch splits over `mesh`."""
+  shards = 1
+  for name in mesh_lib.batch_axes(mesh):
+    shards *= mesh.shape[name]
+  batch = config.global_batch_size
+  return [
+      k
+      for k in range(1, batch + 1)
+      if batch % k == 0 and (batch // k) % shards == 0
+  ]
+
+
+def search(
+    config,
+    mesh: jax.sharding.Mesh,
+    hbm: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[list[Candidate], Optional[Candidate]]:
+  """The least-recomputing, then fewest-micro-step, setting that fits.
+
+  Tries the remat policies in `REMAT_BY_RECOMPUTATION` order and, for each,
+  the micro-step counts of `accumulation_choices` from the fewest, and
+  stops at the first that fits `hbm` bytes per device: every setting
+  before it recomputes more or runs more micro-steps. The optimizer apply
+  does not depend on either and is compiled once, with the first setting.
+
+  Args:
+    config: a validated run config (its remat policy and K are replaced).
+    mesh: as `compile_step`'s.
+    hbm: bytes one device may use.
+    log: as `compile_step`'s.
+
+  Returns:
+    (the settings tried, in order; the one that fits, or None).
+  """
+  tried = []
+  apply = None
+  for remat in REMAT_BY_RECOMPUTATION:
+    for k in accumulation_choices(config, mesh):
+      candidate_config = config.copy_and_resolve_references()
+      with candidate_config.unlocked():
+        candidate_config.remat_policy = remat
+        candidate_config.gradient_accumulation_steps = k
+      log(f"trying remat_policy={remat} gradient_accumulation_steps={k}")
+      step = compile_step(
+          candidate_config,
+          mesh,
+          programs=None if apply is None else (lambda n: n != "apply"),
+          log=log,
+      )
+      if apply is None:
+        # Compiled once the micro-steps of a setting fit the compiler.
+        apply = tuple(p for p in step.programs if p.program == "apply") or None
+      elif step.out_of_memory is None:
+        step = StepCompile(step.programs + apply, None)
+      candidate = Candidate(remat, k, step)
+      tried.append(candidate)
+      if candidate.fits(hbm):
+        return tried, candidate
+  return tried, None

@@ -1,0 +1,155 @@
+"""Tests for maxtext.engine.train_compile_lib on 4 fake CPU devices."""
+
+from maxtext.runtime import cpu_devices
+
+cpu_devices.request(4)
+
+# JAX reads the device count when it starts, so the imports follow.
+# pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+
+from maxtext.config import config_lib
+from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import train_compile_lib
+from testing import tiny_configs
+
+
+class ParseOutOfMemoryTest(absltest.TestCase):
+
+  def test_temporaries_message(self):
+    self.assertEqual(
+        train_compile_lib.parse_out_of_memory(
+            "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+            "required for HLO temporaries (98.33G) exceeds available HBM "
+            "(95.74G)."
+        ),
+        (int(98.33 * 2**30), int(95.74 * 2**30)),
+    )
+
+  def test_used_of_message(self):
+    self.assertEqual(
+        train_compile_lib.parse_out_of_memory(
+            "RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. "
+            "Used 1.50T of 95.74G hbm. Exceeded hbm capacity by 1.4T."
+        ),
+        (int(1.5 * 2**40), int(95.74 * 2**30)),
+    )
+
+  def test_message_without_figures(self):
+    self.assertEqual(
+        train_compile_lib.parse_out_of_memory("RESOURCE_EXHAUSTED: no"),
+        (None, None),
+    )
+
+
+class CompileStepTest(absltest.TestCase):
+
+  def test_compiles_the_engines_programs_with_their_memory(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        gradient_accumulation_steps=2,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+    )
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    lines = []
+    step = train_compile_lib.compile_step(config, mesh, log=lines.append)
+    self.assertIsNone(step.out_of_memory)
+    self.assertEqual(
+        [p.program for p in step.programs],
+        ["micro_step", "measure", "apply"],
+    )
+    self.assertEqual(
+        lines[0::2],
+        ["compiling micro_step", "compiling measure", "compiling apply"],
+    )
+    self.assertEqual(step.executables, {})
+    micro, measure, apply = step.programs
+    # The optimizer state is resident during the micro-step, the parameters
+    # too during the measure, and both are arguments of the apply; AdamW's
+    # two moments are twice the parameters.
+    self.assertGreater(micro.resident, 0)
+    self.assertAlmostEqual(measure.resident / micro.resident, 1.5, delta=0.01)
+    self.assertEqual(apply.resident, 0)
+    self.assertGreaterEqual(apply.args, micro.resident * 3 // 2)
+    for p in step.programs:
+      self.assertEqual(p.peak, p.args + p.out - p.alias + p.temp + p.resident)
+    self.assertEqual(step.peak, max(p.peak for p in step.programs))
+    self.assertLen(train_compile_lib.table(step), 1 + len(step.programs))
+
+  def test_every_program_keeps_the_runs_executables(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        gradient_accumulation_steps=2,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+    )
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    step = train_compile_lib.compile_step(config, mesh, every_program=True)
+    names = ["allocate", "micro_step", "measure", "apply", "eval"]
+    self.assertEqual([p.program for p in step.programs], names)
+    self.assertEqual(list(step.executables), names)
+    for compiled in step.executables.values():
+      self.assertIsInstance(compiled, jax.stages.Compiled)
+
+  def test_search_stops_at_the_least_recomputing_fewest_steps_fit(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        global_batch_size=8,
+        eval_batch_size=8,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+    )
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    # 8 sequences over 4 devices: 1 or 2 micro-steps.
+    self.assertEqual(
+        train_compile_lib.accumulation_choices(config, mesh), [1, 2]
+    )
+    tried, choice = train_compile_lib.search(config, mesh, 2**40)
+    self.assertLen(tried, 1)
+    self.assertEqual(
+        (choice.remat_policy, choice.gradient_accumulation_steps), ("none", 1)
+    )
+    # Just below that setting's peak it no longer fits: the search goes on
+    # to settings that recompute more or accumulate, and stops at the first
+    # that fits (or tries them all).
+    hbm = choice.step.peak - 1
+    tried, choice = train_compile_lib.search(config, mesh, hbm)
+    order = [
+        (r, k) for r in train_compile_lib.REMAT_BY_RECOMPUTATION for k in (1, 2)
+    ]
+    self.assertEqual(
+        [(c.remat_policy, c.gradient_accumulation_steps) for c in tried],
+        order[: len(tried)],
+    )
+    self.assertFalse(any(c.fits(hbm) for c in tried[:-1]))
+    if choice is not None:
+      self.assertIs(choice, tried[-1])
+      self.assertLessEqual(choice.step.peak, hbm)
+      self.assertIn("apply", [p.program for p in choice.step.programs])
+    else:
+      self.assertLen(tried, len(order))
+
+  def test_device_bytes_counts_one_shard(self):
+    mesh = jax.sharding.Mesh(jax.devices(), ("x",))
+    sharded = jax.ShapeDtypeStruct(
+        (8, 6),
+        jnp.float32,
+        sharding=jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec("x")
+        ),
+    )
+    whole = jax.ShapeDtypeStruct((3,), jnp.bfloat16)
+    self.assertEqual(
+        train_compile_lib.device_bytes({"a": sharded, "b": whole}),
+        2 * 6 * 4 + 3 * 2,
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()

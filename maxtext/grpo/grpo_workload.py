@@ -1,0 +1,339 @@
+"""GRPO as a workload of the one training loop (`maxtext/run/trainer.py`).
+
+`workloads.run(config)` with `config.workload = "grpo"` (grpo_main's configs
+set it) post-trains a model with GRPO under every guarantee of the loop
+(SIGTERM checkpoint, skip guard, finished-run message, checkpoint on an
+output's failure, resume checks, MLPerf log, one metrics flush per step).
+What GRPO supplies (see `maxtext/run/workload.py`):
+
+  check            config_lib.validate_grpo, the reward functions' imports,
+                   the task, the loss options
+  engine_factory   the model with `train_loss.loss_fn`
+  make_dataset     the prompts (`prompts.PromptDataset`), by rollout
+  start            the frozen reference (grpo_beta > 0: the starting
+                   parameters, loaded again, never saved), the step
+                   (`step.GrpoStep`), and an eval of the starting parameters
+  warm_up          `GrpoStep.warm_up`: every program of a step compiled,
+                   nothing trained
+  batches          step s's micro-batches: at the first update of a rollout
+                   (s a multiple of grpo_num_iterations), the rollout of
+                   the current parameters, with the reference's
+                   log-probabilities; later updates reuse it. A rollout
+                   needs the newest parameters, so nothing is read ahead.
+  updates_per_batch
+                   grpo_num_iterations: `steps`, `eval_interval` and
+                   `checkpoint_period` count updates, and evals,
+                   checkpoints and stops fall between rollouts
+  finish_record    the rollout's statistics (rewards, lengths, advantages)
+                   and the phase timings, straight into the step's record,
+                   and the loss's extremes reduced to the step's
+  evaluate/target  held-out pass@1 / grouped pass@k; the one that
+                   grpo_eval_target_metric names (MLPerf's eval_accuracy)
+                   reaching grpo_target_pass_rate ends the run
+  keeps_state_on   a reward function's RewardError
+
+The starting parameters come from `load_parameters_path` (a pretraining
+run's checkpoint) or the seed. The frozen KL reference (grpo_beta > 0) is
+those starting parameters, loaded again, never saved, and pinned by the
+first attempt (`reference_pin`): a resume whose reference changed is
+refused in one line unless `grpo_allow_reference_change`. The prompts and
+the rollout's draws are functions of (seed, rollout), so a resumed run
+continues with the prompts and draws an uninterrupted run would have used.
+
+Several processes form one job as for pretraining (`distributed`): every
+process draws the same prompts, holds the whole rollout on its host (the
+decoder hands every row to every process) and scores it with the reward
+functions, and the micro-batches are split by rows over the mesh; process 0
+alone writes the records.
+"""
+
+import functools
+import time
+from typing import Optional
+
+from absl import logging
+import jax
+import ml_collections
+
+from maxtext.config import config_lib
+from maxtext.engine import engine as engine_lib
+from maxtext.core import eval_metrics
+from maxtext.engine import model_setup
+from maxtext.config import optimizer as optimizer_lib
+from maxtext.run import workload
+from maxtext.grpo import evaluation
+from maxtext.grpo import frozen_router
+from maxtext.grpo import policy_loss
+from maxtext.grpo import progression_task
+from maxtext.grpo import prompts as prompts_lib
+from maxtext.grpo import reference_pin
+from maxtext.grpo import rewards as rewards_lib
+from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import step as step_lib
+from maxtext.grpo import train_loss
+from maxtext.metrics import recorder as metrics_recorder
+from maxtext.model import transformer
+from maxtext.generation import sampling
+
+
+def loss_options(config) -> policy_loss.LossOptions:
+  """The policy loss's options from the config's grpo_* fields."""
+  return policy_loss.LossOptions(
+      epsilon=config.grpo_epsilon,
+      epsilon_high=config.grpo_epsilon_high or None,
+      beta=config.grpo_beta,
+      kl_estimator=config.grpo_kl_estimator,
+      aggregation=config.grpo_loss_aggregation,
+      max_completion_length=config.grpo_max_completion_length,
+      temperature=config.grpo_temperature,
+      force_on_policy_ratio=config.grpo_force_on_policy_ratio,
+      # Truncated importance sampling is on when its upper bound is set
+      # (its lower bound may be 0).
+      tis_ratio_min=(
+          config.grpo_tis_ratio_min if config.grpo_tis_ratio_max else None
+      ),
+      tis_ratio_max=config.grpo_tis_ratio_max or None,
+      logprob_error_threshold=config.grpo_logprob_error_threshold or None,
+  )
+
+
+def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
+  """The GRPO micro-batch's shardings: every leaf split by rows.
+
+  Args:
+    config: the run's config (whether reference log-probs are carried).
+    rows_2d: the pretraining batch's sharding (rows split, columns whole).
+  """
+  rows_1d = jax.sharding.NamedSharding(
+      rows_2d.mesh, jax.sharding.PartitionSpec(rows_2d.spec[0])
+  )
+  out = {
+      "tokens": rows_2d,
+      "prompt_lengths": rows_1d,
+      "mask": rows_2d,
+      "old_log_probs": rows_2d,
+      "advantages": rows_1d,
+      "sequence_mask": rows_1d,
+      "token_normaliser": rows_1d,
+      "sequence_normaliser": rows_1d,
+  }
+  if config.grpo_beta > 0:
+    out["ref_log_probs"] = rows_2d
+  return out
+
+
+def engine_factory(config, mesh):
+  """run_state's engine factory: the model with the GRPO loss.
+
+  Returns:
+    (engine, its model setup).
+  """
+  setup = model_setup.setup_model(config, mesh)
+  frozen = ml_collections.FrozenConfigDict(config)
+  schedule = optimizer_lib.make_schedule(config)
+  freeze = config.grpo_freeze_router
+  params = model_setup.init_params(config, setup)
+  if freeze:
+    logging.info(
+        "GRPO: the MoE router is frozen (%d parameter arrays).",
+        frozen_router.count(params),
+    )
+  engine = engine_lib.Engine(
+      functools.partial(
+          train_loss.loss_fn,
+          config=frozen,
+          options=loss_options(config),
+          mesh=setup.mesh,
+          freeze_router=freeze,
+      ),
+      params,
+      model_setup.make_optimizer(
+          config,
+          schedule,
+          decay_mask=(
+              frozen_router.decay_mask(transformer.weight_decay_mask)
+              if freeze
+              else None
+          ),
+      ),
+      schedule,
+      metrics_recorder.MetricsRecorder(mode="train"),
+      config.gradient_accumulation_steps,
+      param_shardings=setup.param_shardings,
+      batch_sharding=batch_shardings(config, setup.batch_sharding),
+      grad_clip_norm=config.grad_clip_norm,
+      donate_state=config.donate_state,
+  )
+  return engine, setup
+
+
+def rollout_options(config, step: int) -> sampling.SamplingOptions:
+  """The rollout's sampling at step `step` (seeded by (seed, step))."""
+  return sampling.SamplingOptions(
+      max_new_tokens=config.grpo_max_completion_length,
+      temperature=config.grpo_temperature,
+      top_k=config.grpo_top_k,
+      top_p=config.grpo_top_p,
+      seed=rollout_lib.step_seed(config.seed, step),
+      num_samples=config.grpo_num_generations,
+      stop_ids=config_lib.stop_ids(config),
+  )
+
+
+def eval_options(config) -> sampling.SamplingOptions:
+  """The held-out eval's sampling: greedy (one sample) at temperature 0,
+  else `config_lib.eval_samples_per_prompt` samples of each prompt."""
+  return sampling.SamplingOptions(
+      max_new_tokens=config.grpo_max_completion_length,
+      temperature=config.grpo_eval_temperature,
+      top_p=config.grpo_eval_top_p,
+      seed=config.seed,
+      num_samples=config_lib.eval_samples_per_prompt(config),
+      stop_ids=config_lib.stop_ids(config),
+  )
+
+
+class GrpoWorkload(workload.Workload):
+  """GRPO post-training (module docstring)."""
+
+  name = "grpo"
+  reads_ahead = False  # A rollout generates with the newest parameters.
+  keeps_state_on = (rewards_lib.RewardError,)
+
+  def __init__(self):
+    self._rewards: list[rewards_lib.RewardFunction] = []
+    self._step: Optional[step_lib.GrpoStep] = None
+    self._frozen = None
+    self._batches: list = []  # The newest rollout's micro-batches.
+    self._ready = 0.0  # perf_counter() when a step's batches were ready.
+
+  def check(self, config) -> None:
+    config_lib.validate_grpo(config)
+    self._rewards = rewards_lib.load(
+        config.grpo_reward_functions, config.grpo_reward_timeout_seconds
+    )
+    prompts_lib.make_task(config)
+    loss_options(config)
+
+  def engine_factory(self, config, mesh):
+    return engine_factory(config, mesh)
+
+  def make_dataset(self, config, process_index, process_count):
+    # Every process holds the same prompts: each scores the whole rollout.
+    del process_index, process_count
+    return prompts_lib.PromptDataset(config)
+
+  def row_length(self, config) -> int:
+    # Throughput counts the trained rows: prompt plus completion.
+    return config.grpo_prompt_length + config.grpo_max_completion_length
+
+  def updates_per_batch(self, config) -> int:
+    return config.grpo_num_iterations
+
+  def start(self, state) -> dict[str, float]:
+    """Builds the step and evaluates the starting parameters."""
+    config = state.config
+    self._frozen = ml_collections.FrozenConfigDict(config)
+    reference = (
+        model_setup.init_params(config, state.setup)
+        if config.grpo_beta > 0
+        else None
+    )
+    self._step = step_lib.GrpoStep(
+        state.engine,
+        self._frozen,
+        lambda rollout: state.dataset.get_batch(rollout)["prompts"].tolist(),
+        functools.partial(rollout_options, config),
+        self._rewards,
+        num_micro_batches=config.gradient_accumulation_steps,
+        width=config.grpo_prompt_length + config.grpo_max_completion_length,
+        estimator=config.grpo_advantage_estimator,
+        advantage_eps=config.grpo_advantage_eps,
+        reference_params=reference,
+        mesh=state.setup.mesh,
+        overlong_filtering=config.grpo_overlong_filtering,
+    )
+    if reference is not None:
+      _check_reference(config, state, reference)
+    # The eval's programs compile here, before the timed region.
+    values = self._pass_rates(state)
+    logging.info(
+        "GRPO eval of the starting parameters (step %d): %s",
+        state.start_step,
+        values,
+    )
+    return values
+
+  def warm_up(self, state) -> float:
+    if state.start_step >= state.config.steps:
+      return 0.0
+    return self._step.warm_up(self._rollout_of(state.config, state.start_step))
+
+  def batches(self, state, step: int) -> tuple[list, float]:
+    if step % state.config.grpo_num_iterations == 0:
+      _, self._batches = self._step.rollout(
+          self._rollout_of(state.config, step)
+      )
+    self._ready = time.perf_counter()
+    return self._batches, 0.0
+
+  def finish_record(self, step: int, record) -> None:
+    del step  # The newest rollout's, whichever update of it this is.
+    self._step.finish(record, self._ready)
+
+  def evaluate(self, state) -> dict[str, eval_metrics.EvalMetric]:
+    values = self._pass_rates(state)
+    return {
+        name: eval_metrics.EvalMetric(
+            value, eval_metrics.Direction.HIGHER_IS_BETTER
+        )
+        for name, value in values.items()
+    }
+
+  def target(self, config) -> eval_metrics.Target:
+    # pass@1, or grouped pass@k of grpo_eval_samples_per_prompt samples:
+    # MLPerf's eval_accuracy.
+    return eval_metrics.Target(
+        config.grpo_eval_target_metric, config.grpo_target_pass_rate or None
+    )
+
+  def close(self) -> None:
+    """Stops the reward functions' worker process."""
+    for worker in {f.worker for f in self._rewards if f.worker is not None}:
+      worker.close()
+
+  @staticmethod
+  def _rollout_of(config, step: int) -> int:
+    """The rollout that feeds update `step`."""
+    return step // config.grpo_num_iterations
+
+  def _pass_rates(self, state) -> dict[str, float]:
+    """The held-out prompts' pass rates under the current parameters."""
+    return evaluation.evaluate(
+        state.engine.params,
+        self._frozen,
+        state.dataset.get_eval_batch(0)["prompts"].tolist(),
+        eval_options(state.config),
+        progression_task.exact_match,
+        mesh=state.setup.mesh,
+    )
+
+
+def _check_reference(config, state, reference) -> None:
+  """Pins the KL reference on a first attempt, refuses a changed one later.
+
+  Raises:
+    workload.RefusedStart: the reference is not the one the run pinned (one
+      line).
+  """
+  try:
+    allowed = reference_pin.check_and_record(
+        state.paths.run_dir,
+        reference_pin.pin_of(config.load_parameters_path, reference),
+        allow_change=config.grpo_allow_reference_change,
+        write=jax.process_index() == 0,
+    )
+  except ValueError as e:
+    raise workload.RefusedStart(str(e)) from e
+  if allowed:
+    logging.warning("%s", allowed)

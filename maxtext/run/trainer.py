@@ -1,0 +1,538 @@
+"""The training loop: `run(config)` trains, evaluates, checkpoints one run.
+
+The one loop of every workload (pretraining, SFT, GRPO; see
+`maxtext/run/workload.py` for what a workload supplies). `train_main` and
+`grpo_main` parse flags and call `run`; tests and benchmarks call it
+in-process. One run:
+
+  validate config (and the workload's own checks) -> jax.distributed ->
+  run_state.build (mesh, run directory, outputs, the workload's engine and
+  data, checkpoint restore) -> the workload's start (e.g. GRPO's eval of the
+  starting parameters) -> warm-up (compilation before the timed region) ->
+  on_run_start -> steps (K micro-batches, update, records, evals as
+  `eval_schedule` says, checkpoint between steps) -> on_run_end -> close.
+
+The loop knows no output: it reports to the run's listeners (console, JSONL,
+TensorBoard, MLPerf log, GCS mirror, profiler; see `maxtext/listeners/`),
+which write from host values the step already fetched. A critical listener
+that fails, or a workload's user code that fails (a GRPO reward function),
+stops the run after a checkpoint of the last completed step.
+"""
+
+import dataclasses
+import time
+from typing import Optional, Sequence
+
+from absl import logging
+import jax
+import ml_collections
+
+from maxtext.core import caller_paths
+from maxtext.config import config_lib
+from maxtext.runtime import distributed
+from maxtext.core import eval_metrics
+from maxtext.config import eval_schedule
+from maxtext.runtime import preemption
+from maxtext.run import preflight
+from maxtext.run import run_state as run_state_lib
+from maxtext.run import workload as workload_lib
+from maxtext.listeners import interface
+from maxtext.listeners import multi_listener
+from maxtext.metrics import recorder as metrics_recorder
+from maxtext.storage import run_dir as run_dir_lib
+
+RunOutcome = interface.RunOutcome
+ListenerError = multi_listener.ListenerError
+
+
+class ConfigError(ValueError):
+  """The config, a path it names or the run's directory cannot be used.
+
+  Raised before any training step (before any device work for the config's
+  own fields and paths); the message names the field and the value.
+  """
+
+
+class TrainingError(RuntimeError):
+  """The run cannot go on (e.g. too many consecutive non-finite steps)."""
+
+
+class HardwareError(RuntimeError):
+  """The accelerator the config asks for is not there (and no CPU fallback)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """What a run did.
+
+  Attributes:
+    status: how it ended (SUCCESS, COMPLETED or INTERRUPTED).
+    run_dir: the local run directory.
+    start_step: the step the run started from (0, or the restored one).
+    final_step: completed optimizer steps at the end.
+    last_eval_loss: the newest eval loss, or None if no eval ran.
+    last_train_loss: the newest train loss, or None if no step ran.
+    stop_reason: for INTERRUPTED, the signal that stopped the run.
+    last_eval: the newest eval's metrics (name -> value), or None.
+    start_eval: the starting parameters' eval metrics, for a workload that
+      evaluates them before its first step (GRPO), else None.
+  """
+
+  status: RunOutcome
+  run_dir: str
+  start_step: int
+  final_step: int
+  last_eval_loss: Optional[float]
+  last_train_loss: Optional[float]
+  stop_reason: Optional[str] = None
+  last_eval: Optional[dict[str, float]] = None
+  start_eval: Optional[dict[str, float]] = None
+
+
+def _check_hardware(config) -> None:
+  """Logs the backend and devices; a missing accelerator is an error unless
+  allowed. hardware="auto" runs on whatever JAX found."""
+  backend = jax.default_backend()
+  devices = jax.devices()
+  logging.info(
+      "JAX backend %s: %d device(s) (%s), %d process(es)%s.",
+      backend,
+      len(devices),
+      ", ".join(sorted({d.device_kind for d in devices})),
+      jax.process_count(),
+      " (hardware='auto')" if config.hardware == "auto" else "",
+  )
+  if config.hardware not in ("auto", backend):
+    if (
+        config.hardware != "cpu"
+        and backend == "cpu"
+        and config.allow_cpu_fallback
+    ):
+      logging.warning(
+          "hardware=%r requested but JAX found only the CPU; "
+          "running on the CPU because allow_cpu_fallback=True.",
+          config.hardware,
+      )
+    else:
+      raise HardwareError(
+          f"hardware={config.hardware!r} requested but JAX's backend is "
+          f"{backend!r} (devices: {devices}). Install the {config.hardware} "
+          "packages or set --config.allow_cpu_fallback=True to run on the CPU."
+      )
+
+
+def _pretraining(config) -> workload_lib.Workload:
+  """Pretraining's workload, the one a caller that names none gets.
+
+  Raises:
+    ValueError: the config names another workload, which lives above the
+      loop (`maxtext/workloads.py` resolves every name).
+  """
+  if config.workload != workload_lib.Workload.name:
+    raise ValueError(
+        f"config.workload={config.workload!r}: trainer.run was given no "
+        "workload; maxtext.workloads.run(config) runs the one a config names"
+    )
+  return workload_lib.Workload()
+
+
+def check(
+    config, workload: Optional[workload_lib.Workload] = None
+) -> tuple[ml_collections.ConfigDict, workload_lib.Workload]:
+  """Every check a run makes before any device work.
+
+  Args:
+    config: the run's config.
+    workload: as for `run`.
+
+  Returns:
+    (the config with its input paths resolved, the run's workload).
+
+  Raises:
+    ConfigError: one line naming the field and the value.
+  """
+  try:
+    config_lib.validate(config)
+    if workload is None:
+      workload = _pretraining(config)
+    elif workload.name != config.workload:
+      raise ValueError(
+          f"config.workload={config.workload!r}: the run was given the "
+          f"{workload.name!r} workload"
+      )
+    workload.check(config)
+    config = run_dir_lib.with_input_paths_resolved(config)
+    preflight.check(config, grpo=workload.name == "grpo")
+  except (ValueError, TypeError) as e:
+    raise ConfigError(str(e)) from e
+  return config, workload
+
+
+def run(
+    config,
+    *,
+    workload: Optional[workload_lib.Workload] = None,
+    config_filename: str = "unknown",
+    stop_request: Optional[preemption.StopRequest] = None,
+    extra_listeners: Sequence[interface.RunListener] = (),
+) -> RunResult:
+  """Trains one run as the config says.
+
+  Args:
+    config: the run's ml_collections config (base.py's fields). It is
+      validated here, before any device work.
+    workload: the kind of training, of the name `config.workload` gives;
+      None = pretraining (`workload.Workload`). The loop sits below every
+      workload: `maxtext.workloads.run(config)` resolves the name.
+    config_filename: the config file's name, for the MLPerf log's disclosure.
+    stop_request: where stop requests come from; by default SIGTERM/SIGINT
+      handlers are installed for the duration of the run.
+    extra_listeners: more outputs of the run (see `maxtext/listeners/`),
+      called after the built-in ones under the same failure policy; also
+      how benchmarks and tests watch a run. They run inside the loop, so
+      their time counts toward the steps' times.
+
+  Returns:
+    The RunResult.
+
+  Raises:
+    ConfigError: a bad config field, path or run directory, named.
+    TrainingError: the run could not go on (e.g. non-finite gradients).
+    ListenerError: an output failed; a checkpoint of the last completed step
+      was written first.
+    Any of `workload.keeps_state_on` (e.g. a GRPO reward function's
+    RewardError), after a checkpoint of the last completed step.
+  """
+  config, workload = check(config, workload)
+  distributed.initialize(config)
+  if config.jax_compilation_cache_dir:
+    jax.config.update(
+        "jax_compilation_cache_dir",
+        caller_paths.resolve_local_path(config.jax_compilation_cache_dir),
+    )
+  _check_hardware(config)
+
+  stop = stop_request or preemption.StopRequest()
+  try:
+    try:
+      state = run_state_lib.build(
+          config,
+          config_filename=config_filename,
+          extra_listeners=extra_listeners,
+          workload=workload,
+      )
+    except ValueError as e:
+      # Building checks what needs the devices, the run directory or the
+      # checkpoints: the batch against the mesh, the run's record, a
+      # resume without a checkpoint, parameters of another shape.
+      raise ConfigError(str(e)) from e
+    except run_state_lib.AlreadyFinished as done:
+      logging.warning("%s", done)
+      return RunResult(
+          status=RunOutcome.COMPLETED,
+          run_dir=done.run_dir,
+          start_step=done.step,
+          final_step=done.step,
+          last_eval_loss=None,
+          last_train_loss=None,
+      )
+    outcome = RunOutcome.FAILED
+    start_eval = None
+    try:
+      try:
+        start_eval = workload.start(state)
+      except workload_lib.RefusedStart as e:
+        raise ConfigError(str(e)) from e
+      warmup_time = workload.warm_up(state)
+      state.listeners.on_run_start(
+          interface.RunStart(state.start_step, state.samples, warmup_time)
+      )
+      outcome, last_eval, last_train = _train_loop(state, workload, stop)
+    except (ListenerError, *workload.keeps_state_on):
+      # An output or the workload's user code failed: keep what was
+      # trained. The engine holds the last completed step's state even
+      # mid-step (update() not yet called).
+      _checkpoint_quietly(state)
+      raise
+    finally:
+      _end(state, outcome)
+    return RunResult(
+        status=outcome,
+        run_dir=state.paths.run_dir,
+        start_step=state.start_step,
+        final_step=state.engine.step,
+        last_eval_loss=_eval_loss(last_eval),
+        last_train_loss=last_train,
+        stop_reason=stop.reason,
+        last_eval=_values(last_eval),
+        start_eval=start_eval,
+    )
+  finally:
+    workload.close()
+    if stop_request is None:
+      stop.close()
+
+
+def _checkpoint_quietly(state: run_state_lib.RunState) -> None:
+  """Checkpoints the completed steps on the way out of a failure.
+
+  A second failure while saving is logged: the first one is what the user
+  must see.
+  """
+  try:
+    state.save(force=True)
+  # The error already on its way out is the one to report.
+  except Exception:  # pylint: disable=broad-except
+    logging.exception("Could not checkpoint step %d.", state.engine.step)
+
+
+def _end(state: run_state_lib.RunState, outcome: RunOutcome) -> None:
+  """Ends the run for every output, then closes everything.
+
+  The checkpointer closes (waiting for its saves) before the listeners, so
+  the GCS mirror's final pass uploads the last checkpoint.
+
+  Raises:
+    ListenerError: an output failed while ending, unless another exception
+      is already on its way out (that one wins; this one was logged).
+  """
+  failure = None
+  try:
+    state.listeners.on_run_end(
+        interface.RunEnd(outcome, state.engine.step, state.samples)
+    )
+  except ListenerError as e:
+    failure = e
+  state.close()
+  try:
+    state.listeners.close()
+  except ListenerError as e:
+    failure = failure or e
+  if failure is not None and outcome != RunOutcome.FAILED:
+    raise failure
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finished:
+  """A finished step whose records wait to be written."""
+
+  step: int  # 0-based index of the step.
+  buffer: metrics_recorder.MetricsBuffer  # Its flushed metrics (host arrays).
+  step_time: float  # Seconds, eval time left out.
+  samples: int  # Samples trained once it finished.
+  data_wait: float  # Seconds of step_time spent waiting for the data set.
+
+  def record(self) -> interface.StepRecord:
+    return interface.StepRecord(
+        self.step,
+        metrics_recorder.reduce_buffer(self.buffer),
+        self.step_time,
+        self.samples,
+        self.data_wait,
+    )
+
+
+class _SkipGuard:
+  """Counts consecutive steps with non-finite gradients; too many stop.
+
+  A skipped step leaves the train state as it was, so every checkpoint,
+  also one written between skipped steps, holds a good state.
+  """
+
+  def __init__(self, limit: int, checkpointer):
+    self._limit = limit
+    self._count = 0
+    self._checkpointer = checkpointer
+
+  def check(self, step: int, buffer: metrics_recorder.MetricsBuffer) -> None:
+    """Counts a skipped step or resets; raises TrainingError at the limit."""
+    if not buffer.scalar_metrics["step_skipped"][-1] > 0:
+      self._count = 0
+      return
+    self._count += 1
+    logging.warning(
+        "Step %d skipped: gradients not finite (%d in a row).",
+        step,
+        self._count,
+    )
+    if self._count >= self._limit:
+      raise TrainingError(
+          f"{self._count} consecutive steps had non-finite gradients "
+          f"(max_consecutive_skipped_steps={self._limit}); stopping at step "
+          f"{step}. {self._where_good_state_is()}"
+      )
+
+  def _where_good_state_is(self) -> str:
+    """Names the checkpoint a resume starts from, or says there is none."""
+    directory = self._checkpointer.directory
+    latest = self._checkpointer.latest_step()
+    if latest is None:
+      # The run's record fixes the config that diverged: a corrected one
+      # starts under another run_name.
+      return (
+          f"No checkpoint was written yet ({directory} holds none): nothing "
+          "trained is kept; a new start begins from step 0 under a new "
+          "run_name."
+      )
+    return (
+        f"Checkpoint step {latest} in {directory} holds the last good "
+        "state; a resume starts from it."
+    )
+
+
+def _train_loop(state: run_state_lib.RunState, workload, stop):
+  """Runs steps until the target, the budget or a stop request.
+
+  The host keeps ahead of the device: once a step's micro-batches are
+  dispatched, it reads the next step's (when the workload `reads_ahead`)
+  and writes the previous step's records while the device computes, and
+  only then waits in `update()` for the step's metrics. A step followed by
+  more than the next step (an eval, a checkpoint, a stop, the end) writes
+  its records first, so every output keeps step order.
+
+  With `updates_per_batch` = n > 1 (GRPO's passes over one rollout), a
+  batch feeds steps b * n .. b * n + n - 1, its samples count once, and
+  evals, checkpoints and stops fall only after a batch's last update.
+
+  Returns:
+    (outcome, last eval record or None, last train loss).
+  """
+  config, engine, listeners = state.config, state.engine, state.listeners
+  target = workload.target(config)
+  passes = workload.updates_per_batch(config)
+  skips = _SkipGuard(config.max_consecutive_skipped_steps, state.checkpointer)
+  last_eval = last_train = None
+  unwritten = None  # A _Finished step, written after the next dispatch.
+  step_start = time.monotonic()
+  # The first step's time holds the read of its own batch; every later
+  # step's holds the read of the next one, which overlaps it (when the
+  # workload reads ahead; otherwise each step reads its own).
+  ahead = workload.reads_ahead
+  batches, data_wait = (
+      workload.batches(state, state.start_step) if ahead else ([], 0.0)
+  )
+  try:
+    for step in range(state.start_step, config.steps):
+      listeners.on_step_start(step)
+      if not ahead:
+        batches, data_wait = workload.batches(state, step)
+      for micro in batches:
+        engine.fwd_bwd(micro)
+      if ahead:
+        batches, next_wait = workload.batches(state, step + 1)
+        data_wait += next_wait
+      if unwritten is not None:
+        finished, unwritten = unwritten, None
+        last_train = _write(listeners, finished)
+      # The step's buffer leaves the recorder: it lives on in its record.
+      buffer = engine.update(release=True)
+      workload.finish_record(step, buffer)
+      if step % passes == 0:
+        state.samples += config.global_batch_size
+      completed, now = step + 1, time.monotonic()
+      unwritten = _Finished(
+          step, buffer, now - step_start, state.samples, data_wait
+      )
+      step_start, data_wait = now, 0.0
+      skips.check(step, buffer)
+      if completed % passes:
+        continue  # The batch feeds more updates: nothing falls between.
+
+      eval_due = eval_schedule.eval_due(
+          config, completed, updates_per_batch=passes
+      )
+      stopping = stop.should_stop(completed)
+      save_due = state.checkpointer.due(completed) or completed == config.steps
+      if not (eval_due or stopping or save_due):
+        continue  # Its records are written once the next step is dispatched.
+      finished, unwritten = unwritten, None
+      last_train = _write(listeners, finished)
+      if eval_due:
+        last_eval = _evaluate(state, workload, step, target)
+        if last_eval.target_reached:
+          metric = last_eval.metrics[target.metric]
+          logging.info(
+              "Eval %s %.4f %s target %.4f at step %d: success.",
+              target.metric,
+              metric.value,
+              metric.direction.symbol,
+              target.threshold,
+              step,
+          )
+          _checkpoint(state, force=True)
+          return RunOutcome.SUCCESS, last_eval, last_train
+        step_start = time.monotonic()  # Eval time is not step time.
+      _checkpoint(state, force=stopping or completed == config.steps)
+      if stopping:
+        # "After step N" counts completed steps, as the checkpoint's step,
+        # the stop request's log line and RunResult.final_step do.
+        logging.warning(
+            "Stopped by %s after step %d; checkpoint step %d saved in %s.",
+            stop.reason,
+            completed,
+            completed,
+            state.paths.checkpoint_dir,
+        )
+        return RunOutcome.INTERRUPTED, last_eval, last_train
+  finally:
+    # A step that finished before an error still gets its records.
+    if unwritten is not None:
+      try:
+        listeners.on_step(unwritten.record())
+      # The error already on its way out is the one to report.
+      except Exception:  # pylint: disable=broad-except
+        logging.exception(
+            "Could not write the records of step %d.", unwritten.step
+        )
+  return RunOutcome.COMPLETED, last_eval, last_train
+
+
+def _write(listeners, finished: _Finished) -> Optional[float]:
+  """Hands a finished step's record to the listeners; returns its loss."""
+  record = finished.record()
+  listeners.on_step(record)
+  return record.metrics.get("loss")
+
+
+def _evaluate(
+    state: run_state_lib.RunState,
+    workload: workload_lib.Workload,
+    step: int,
+    target: eval_metrics.Target,
+) -> interface.EvalRecord:
+  """Runs the eval after step `step` and reports it; returns its record."""
+  state.listeners.on_eval_start(step, state.samples)
+  start = time.monotonic()
+  metrics = workload.evaluate(state)
+  reached = target.reached(metrics)
+  record = interface.EvalRecord(
+      step=step,
+      metrics=metrics,
+      target_metric=target.metric,
+      eval_time=time.monotonic() - start,
+      samples=state.samples,
+      target_reached=reached,
+      continues=not reached and step + 1 < state.config.steps,
+  )
+  state.listeners.on_eval(record)
+  return record
+
+
+def _eval_loss(record: Optional[interface.EvalRecord]) -> Optional[float]:
+  """The record's eval loss, None without a record or a loss in it."""
+  loss = None if record is None else record.metrics.get(eval_metrics.LOSS)
+  return None if loss is None else loss.value
+
+
+def _values(
+    record: Optional[interface.EvalRecord],
+) -> Optional[dict[str, float]]:
+  """The record's metrics as name -> value, None without a record."""
+  if record is None:
+    return None
+  return {name: metric.value for name, metric in record.metrics.items()}
+
+
+def _checkpoint(state: run_state_lib.RunState, force: bool) -> None:
+  if state.save(force=force):
+    state.listeners.on_checkpoint(state.engine.step, state.paths.checkpoint_dir)
