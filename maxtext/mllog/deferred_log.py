@@ -71,7 +71,9 @@ def log_pending(
 ) -> None:
   """Ends a completed deferred_eval run's log without run_stop."""
   logger.block_stop(samples)
-  logger.event(PENDING_KEY, None, {"samples_count": samples, "step": final_step})
+  logger.event(
+      PENDING_KEY, None, {"samples_count": samples, "step": final_step}
+  )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,10 @@ _START = 1.7e9  # The fake clock's first reading, seconds since the epoch.
 
 class DeferredLogTest(absltest.TestCase):
 
+  def setUp(self):
+    super().setUp()
+    self.batch = 0  # The run's global batch, once written.
+
   def write_training(self, outcome=interface.RunOutcome.COMPLETED):
     """Logs a deferred_eval run of 10 steps: points after steps 5 and 10.
 
@@ -53,9 +57,7 @@ class DeferredLogTest(absltest.TestCase):
     update_times = []
     for step in range(_STEPS):
       samples = (step + 1) * self.batch
-      listener.on_step(
-          interface.StepRecord(step, {"loss": 1.0}, 0.5, samples)
-      )
+      listener.on_step(interface.StepRecord(step, {"loss": 1.0}, 0.5, samples))
       if (step + 1) % config.eval_interval == 0:
         # Between two clock readings, not on a whole millisecond.
         update_times.append(_START + 100 * step + 0.0004)
@@ -129,7 +131,9 @@ class DeferredLogTest(absltest.TestCase):
     )
     self.assertEqual(status, "success")
     events = mllog_logger.read_events(path)
-    appended = events[[e["key"] for e in events].index(deferred_log.PENDING_KEY) + 1 :]
+    appended = events[
+        [e["key"] for e in events].index(deferred_log.PENDING_KEY) + 1 :
+    ]
     self.assertEqual(
         [e["key"] for e in appended],
         ["eval_start", "eval_accuracy", "eval_stop", "tracked_stats"] * 2
@@ -145,7 +149,11 @@ class DeferredLogTest(absltest.TestCase):
     self.assertEqual(appended[0]["time_ms"], int((_START + 5000) * 1e3))
     self.assertEqual(accuracy[1]["time_ms"], int((_START + 6002.5) * 1e3))
     self.assertEqual(
-        [e["metadata"]["step"] for e in appended if e["key"] == "tracked_stats"],
+        [
+            e["metadata"]["step"]
+            for e in appended
+            if e["key"] == "tracked_stats"
+        ],
         [5, 10],
     )
     stop = appended[-1]

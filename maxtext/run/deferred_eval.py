@@ -294,7 +294,7 @@ def _restore(weights, point: deferred_log.Point, abstract):
     )
   # A damaged checkpoint shows as many error types (checksums, orbax,
   # TensorStore); each is a refusal naming the step.
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     first = (str(e).strip().splitlines() or [""])[0]
     raise Refused(
         f"{where} in {weights.directory} cannot be read:"

@@ -28,7 +28,7 @@ DIRNAME = "eval_checkpoints"
 
 
 def directory(run_dir: str) -> str:
-  """Where a run's weights-only checkpoints are: `<run_dir>/eval_checkpoints`."""
+  """Where a run's weights-only checkpoints are: <run_dir>/eval_checkpoints."""
   return os.path.join(run_dir, DIRNAME)
 
 

@@ -1,9 +1,10 @@
-"""Evaluates a finished deferred_eval run and closes its MLPerf log. The runbook:
+"""Evaluates a finished deferred_eval run, closes its MLPerf log. Runbook:
 
   # 1. Train with deferred evaluation: weights-only checkpoints at every
   #    eval point instead of evaluations; the log is left open.
-  tools/bazel run //maxtext:grpo_main -- --config=maxtext/configs/grpo_tiny.py \\
-      --config.deferred_eval=True --config.run_name=deferred \\
+  tools/bazel run //maxtext:grpo_main -- \\
+      --config=maxtext/configs/grpo_tiny.py --config.deferred_eval=True \\
+      --config.run_name=deferred \\
       --config.load_parameters_path=/tmp/maxtext_runs/pretrain/checkpoints
   # 2. The same command line with this binary: evaluates the checkpoints in
   #    step order, stops at the first that reaches the target, appends the
