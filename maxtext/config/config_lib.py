@@ -422,6 +422,13 @@ def _check_monitoring(v) -> None:
         v["target_eval_loss"],
         "must be >= 0 (0 = no target)",
     )
+  if v["deferred_eval"] and not v["enable_mllog"]:
+    raise _fail(
+        "deferred_eval",
+        v["deferred_eval"],
+        "needs enable_mllog=True: the deferred evaluation dates its result"
+        " from the points the MLPerf log records",
+    )
   _at_least(v, "log_period", 1)
   _at_least(v, "profiler_steps", 0)
   _at_least(v, "profiler_start_step", 0)

@@ -287,6 +287,11 @@ class ValidateTest(parameterized.TestCase):
           "grpo_num_generations=1",
       ),
       ("grpo_iterations", {"grpo_num_iterations": 0}, "grpo_num_iterations=0"),
+      (
+          "deferred_eval_without_log",
+          {"deferred_eval": True, "enable_mllog": False},
+          "deferred_eval=True: needs enable_mllog=True",
+      ),
       ("grpo_epsilon", {"grpo_epsilon": 0.0}, "grpo_epsilon=0.0"),
       ("grpo_epsilon_high", {"grpo_epsilon_high": -0.1}, "grpo_epsilon_high"),
       ("grpo_beta", {"grpo_beta": -1.0}, "grpo_beta=-1.0"),
