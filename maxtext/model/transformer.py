@@ -68,6 +68,8 @@ from maxtext.metrics import buffer as metrics_buffer
 from maxtext.model import layers
 from maxtext.model import mla
 from maxtext.model import moe
+from maxtext.runtime import axis_rules
+from maxtext.runtime import mesh as mesh_lib
 
 Params = dict[str, Any]
 
@@ -76,7 +78,7 @@ Params = dict[str, Any]
 SAVED_NAMES = ("query", "key", "value", "context", "attn_out", "mlp_out")
 
 # Logical axis names of every parameter, one name per dimension. The mesh code
-# maps them to mesh axes; `param_fsdp_axis` derives the FSDP shard dimension.
+# maps them to mesh axes (`maxtext.runtime.axis_rules`).
 # A stack's attention axes are `_GQA_AXES` or `mla.LOGICAL_AXES`.
 _NORM_AXES = {
     "attn_norm": ("layers", "norm"),
@@ -98,7 +100,8 @@ _OUTER_AXES = {
     "final_norm": ("norm",),
     "unembedding": ("embed", "vocab"),
 }
-# The experts' dimension: sharded over the mesh's expert axis, never FSDP's.
+# The experts' dimension: sharded over the mesh's expert axis, never by FSDP
+# (`axis_rules.PARAMETERS`).
 EXPERT_LOGICAL_AXIS = "experts"
 
 
@@ -744,12 +747,14 @@ def weight_decay_mask(params: Params) -> Params:
 
 
 def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
-  """Which dimension of each parameter to shard over an FSDP mesh axis.
+  """Which dimension of each parameter to shard over an FSDP mesh axis
+  alone (a mesh of "data" and "fsdp").
 
   The largest dimension divisible by `fsdp_size` is chosen (the first of
   equals), never the stacked "layers" dimension, which `lax.scan` slices,
-  nor the "experts" dimension, which the expert mesh axis shards.
-  A parameter with no such dimension, or `fsdp_size` 1, is replicated.
+  nor the "experts" dimension, which the expert mesh axis shards
+  (`axis_rules.PARAMETERS`). A parameter with no such dimension, or
+  `fsdp_size` 1, is replicated.
 
   Args:
     params: the parameter pytree (arrays or anything with `.shape`).
@@ -763,75 +768,55 @@ def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
   """
   if not isinstance(fsdp_size, int) or fsdp_size < 1:
     raise ValueError(f"fsdp_size must be a positive int, got {fsdp_size!r}")
-  axes = param_logical_axes(params)
-
-  def choose(x, names):
-    if fsdp_size == 1:
-      return None
-    best = None
-    for dim, (size, name) in enumerate(zip(x.shape, names)):
-      if name in ("layers", EXPERT_LOGICAL_AXIS) or size % fsdp_size:
-        continue
-      if best is None or size > x.shape[best]:
-        best = dim
-    return best
-
+  never = axis_rules.PARAMETERS.never
   return jax.tree_util.tree_map(
-      choose, params, axes, is_leaf=lambda x: isinstance(x, tuple)
+      lambda x, names: axis_rules.largest_dividing(
+          x.shape, names, fsdp_size, never
+      ),
+      params,
+      param_logical_axes(params),
+      is_leaf=lambda x: isinstance(x, tuple),
   )
 
 
 def param_partition_specs(
     params: Params,
     fsdp_size: int,
-    fsdp_axis_name: str = "fsdp",
     *,
     expert_size: int = 1,
-    expert_axis_name: str = "expert",
+    rules: axis_rules.Rules = axis_rules.PARAMETERS,
 ) -> Params:
-  """`jax.sharding.PartitionSpec` per parameter for FSDP and expert sharding.
+  """`jax.sharding.PartitionSpec` per parameter: the logical-axis `rules`
+  (`maxtext.runtime.axis_rules`) on a mesh of `fsdp_size` x `expert_size`.
+
+  With the default rules, on a mesh with an expert axis, the "experts"
+  dimension of the routed experts and the router is split over "expert"
+  and their largest other dimension over "fsdp"; every other parameter's
+  largest dimension is split over fsdp x expert (("fsdp", "expert")), so no
+  expert group holds a copy of another's. Without an expert axis every
+  parameter is split over "fsdp" alone (`param_fsdp_axis`).
 
   Args:
     params: the parameter pytree (arrays or anything with `.shape`).
-    fsdp_size: number of devices on the FSDP mesh axis.
-    fsdp_axis_name: the mesh axis name to shard over.
-    expert_size: number of devices on the expert mesh axis; > 1 shards
-      every "experts" dimension over `expert_axis_name`.
-    expert_axis_name: the expert mesh axis name.
+    fsdp_size: number of devices on the "fsdp" mesh axis.
+    expert_size: number of devices on the "expert" mesh axis.
+    rules: the layout (`axis_rules.FSDP_ONLY` is the one before non-expert
+      weights were split over the expert axis).
 
   Returns:
-    A pytree like `params` of PartitionSpecs (replicated where
-    `param_fsdp_axis` gives None and there is no sharded experts dimension).
+    A pytree like `params` of PartitionSpecs.
 
   Raises:
-    ValueError: expert_size < 1, or it does not divide the number of
-      experts.
+    ValueError: fsdp_size or expert_size < 1, or expert_size does not
+      divide the number of experts.
   """
-  if not isinstance(expert_size, int) or expert_size < 1:
-    raise ValueError(
-        f"expert_size must be a positive int, got " f"{expert_size!r}"
-    )
-  dims = param_fsdp_axis(params, fsdp_size)
-  axes = param_logical_axes(params)
-
-  def spec(x, dim, names):
-    out = [None] * len(x.shape)
-    if dim is not None:
-      out[dim] = fsdp_axis_name
-    if expert_size > 1 and EXPERT_LOGICAL_AXIS in names:
-      experts = names.index(EXPERT_LOGICAL_AXIS)
-      if x.shape[experts] % expert_size:
-        raise ValueError(
-            f"expert_parallelism={expert_size} does not divide "
-            f"the {x.shape[experts]} experts"
-        )
-      out[experts] = expert_axis_name
-    return jax.sharding.PartitionSpec(*out)
-
+  sizes = {mesh_lib.FSDP_AXIS: fsdp_size, mesh_lib.EXPERT_AXIS: expert_size}
+  for axis, size in sizes.items():
+    if not isinstance(size, int) or size < 1:
+      raise ValueError(f"{axis}_size must be a positive int, got {size!r}")
   return jax.tree_util.tree_map(
-      spec,
+      lambda x, names: axis_rules.partition_spec(x.shape, names, sizes, rules),
       params,
-      dims,
-      axes,
-      is_leaf=lambda x: x is None or isinstance(x, tuple),
+      param_logical_axes(params),
+      is_leaf=lambda x: isinstance(x, tuple),
   )
