@@ -26,7 +26,8 @@ Two forms of the same function:
 * `apply` runs a sequence chunk by chunk (`chunked_delta_rule`), for
   training and prefill. Within a chunk of C tokens the recurrence is a
   unit lower-triangular system (the WY / UT form of the delta rule), solved
-  for all chunks at once; the chunks are joined by a `lax.scan` over the
+  for all chunks at once by its inverse, a product of log2(C) matrix
+  polynomials; the chunks are joined by a `lax.scan` over the
   chunk-start states, whose body is three matmuls. Everything outside the
   scan is batched einsums over [chunks, C, C] blocks, so XLA keeps the layer
   in matmuls. `recurrent_delta_rule` is the same recurrence token by token
@@ -256,6 +257,25 @@ def _grouped_state(state: Optional[jax.Array], shape) -> jax.Array:
   return state.astype(jnp.float32).reshape(shape)
 
 
+def _unit_lower_inverse(a: jax.Array) -> jax.Array:
+  """(I + a)^-1 of strictly lower triangular [..., C, C] matrices, by matmuls.
+
+  a is nilpotent (a^C = 0), so (I + a)^-1 = sum_{m < C} (-a)^m
+  = (I - a)(I + a^2)(I + a^4)...(I + a^(2^(n-1))) with 2^n >= C: 2(n - 1)
+  batched matmuls, which XLA keeps on the matrix units. A batched
+  triangular solve is a LAPACK call per block on the CPU: with it the
+  chunked rule took 1,080 ms instead of 19 ms at 1,024 tokens (64-token
+  chunks, 4 value heads of 128) on a loaded 2-core host.
+  """
+  c = a.shape[-1]
+  inverse = jnp.eye(c, dtype=a.dtype) - a
+  power = a
+  for _ in range(max(c - 1, 1).bit_length() - 1):
+    power = power @ power
+    inverse = inverse + inverse @ power
+  return inverse
+
+
 def chunked_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -274,7 +294,8 @@ def chunked_delta_rule(
     u_i + sum_{j < i} beta_i exp(Gc_i - Gc_j) (k_i . k_j) u_j
         = beta_i v_i - beta_i exp(Gc_i) S0^T k_i,
   so u = U - W S0 with U, W the solutions for the right-hand sides
-  beta v and beta exp(Gc) k, computed for every chunk at once. The chunks
+  beta v and beta exp(Gc) k, computed for every chunk at once with the
+  system's inverse (`_unit_lower_inverse`, matmuls only). The chunks
   are then joined by a scan over S0:
     o_i  = exp(Gc_i) S0^T q_i + sum_{j <= i} exp(Gc_i - Gc_j) (q_i . k_j) u_j
     S0'  = exp(Gc_C) S0 + sum_j exp(Gc_C - Gc_j) k_j u_j^T.
@@ -334,12 +355,10 @@ def chunked_delta_rule(
   v_beta = jnp.moveaxis(v, 2, -2) * beta_c[..., None]  # [B,N,Hk,G,C,Dv]
   k_t = jnp.moveaxis(k, 2, -2)[:, :, :, None]  # [B, N, Hk, 1, C, Dk]
   k_beta = k_t * (beta_c * jnp.exp(cum))[..., None]  # [B,N,Hk,G,C,Dk]
-  solved = jax.lax.linalg.triangular_solve(
-      system,
+  solved = jnp.einsum(
+      "bnhgij,bnhgjd->bnhgid",
+      _unit_lower_inverse(system),
       jnp.concatenate([v_beta, k_beta], axis=-1),
-      left_side=True,
-      lower=True,
-      unit_diagonal=True,
   )
   u_part, w_part = solved[..., :dv], solved[..., dv:]
   q_read = jnp.moveaxis(q, 2, -2)[:, :, :, None] * jnp.exp(cum)[..., None]

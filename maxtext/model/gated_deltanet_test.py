@@ -128,6 +128,8 @@ class GatedDeltaNetTest(parameterized.TestCase):
       ("many_chunks", 40, 8),
       ("chunk_of_one", 7, 1),
       ("chunk_longer_than_sequence", 13, 64),
+      ("chunks_of_64", 150, 64),
+      ("chunks_of_48", 100, 48),
   )
   def test_chunked_equals_numpy_recurrence(self, seq, chunk):
     config = _layer_config(linear_chunk_size=chunk)
