@@ -65,6 +65,7 @@ def _our_config(chunk_size):
 
 
 def _hf_layer(seed):
+  """A tiny Qwen3_5MoeGatedDeltaNet with every parameter random."""
   torch.manual_seed(seed)
   config = _hf_config()
   assert config.layer_types[0] == "linear_attention", config.layer_types
@@ -101,15 +102,15 @@ def _converted(layer):
       "conv_q": jnp.asarray(conv[:, :kd].reshape(_KERNEL, _HK, _DK)),
       "conv_k": jnp.asarray(conv[:, kd : 2 * kd].reshape(_KERNEL, _HK, _DK)),
       "conv_v": jnp.asarray(conv[:, 2 * kd :].reshape(_KERNEL, _HV, _DV)),
-      "wz": jnp.asarray(array(layer.in_proj_z.weight).T.reshape(_EMB, _HV, _DV)),
+      "wz": jnp.asarray(
+          array(layer.in_proj_z.weight).T.reshape(_EMB, _HV, _DV)
+      ),
       "wa": jnp.asarray(array(layer.in_proj_a.weight).T),
       "wb": jnp.asarray(array(layer.in_proj_b.weight).T),
       "a_log": jnp.asarray(array(layer.A_log)),
       "dt_bias": jnp.asarray(array(layer.dt_bias)),
       "out_norm": jnp.asarray(array(layer.norm.weight)),
-      "wo": jnp.asarray(
-          array(layer.out_proj.weight).T.reshape(_HV, _DV, _EMB)
-      ),
+      "wo": jnp.asarray(array(layer.out_proj.weight).T.reshape(_HV, _DV, _EMB)),
   }
 
 

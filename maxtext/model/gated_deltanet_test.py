@@ -98,7 +98,11 @@ def _reference(x, p, config):
             total = total + weight[i] * seq_in[source]
         return _silu(total)
 
-      q, k, v = conv(xq, p["conv_q"]), conv(xk, p["conv_k"]), conv(xv, p["conv_v"])
+      q, k, v = (
+          conv(xq, p["conv_q"]),
+          conv(xk, p["conv_k"]),
+          conv(xv, p["conv_v"]),
+      )
       q = q / np.sqrt(np.sum(q * q, -1, keepdims=True) + 1e-6) / np.sqrt(dk)
       k = k / np.sqrt(np.sum(k * k, -1, keepdims=True) + 1e-6)
       a = x[b, t] @ p["wa"]
@@ -212,9 +216,7 @@ class GatedDeltaNetTest(parameterized.TestCase):
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
     chunked, recurrent = grad(p, x, False), grad(p, x, True)
-    for got, want in zip(
-        jax.tree.leaves(chunked), jax.tree.leaves(recurrent)
-    ):
+    for got, want in zip(jax.tree.leaves(chunked), jax.tree.leaves(recurrent)):
       np.testing.assert_allclose(
           np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-4
       )
