@@ -4,8 +4,10 @@ Followed: Hugging Face transformers 5.24.0,
 `models/qwen3_5_moe/modeling_qwen3_5_moe.py` (`Qwen3_5MoeGatedDeltaNet`, its
 torch fallbacks `torch_chunk_gated_delta_rule`,
 `torch_recurrent_gated_delta_rule`, `causal_conv1d_fn`, `l2norm` and
-`Qwen3_5MoeRMSNormGated`); Qwen3-Next's layer computes the same function
-from one fused q/k/v/z projection.
+`Qwen3_5MoeRMSNormGated`); Qwen3-Next's layer (`qwen3_next`) has the same
+parts but packs q, k, v, z and b, a into two projections grouped per key
+head (`in_proj_qkvz`, `in_proj_ba`): only its import would differ (not
+tested here).
 
 One layer, for a token x_t (Hk key heads of width Dk, Hv value heads of
 width Dv, Hv a multiple of Hk; value head h reads key head h // (Hv / Hk)):
