@@ -8,8 +8,8 @@ norms (`qk_norm`) as Qwen3ForCausalLM and a grouped-query
 mixture-of-experts model as Qwen3MoeForCausalLM (`maxtext.hf.qwen3`), a
 multi-head latent attention mixture-of-experts model as
 DeepseekV3ForCausalLM (`maxtext.hf.deepseek`), each through the same
-tensor table its import reads. A config the family cannot hold is refused with one line naming the
-field, before anything is written.
+tensor table its import reads. A config the family cannot hold is refused
+with one line naming the field, before anything is written.
 
 Each tensor is cut from its stacked `[layers, (experts,) ...]` parameter
 and converted to Hugging Face's layout when the file is written, one at a

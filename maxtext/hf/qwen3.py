@@ -40,7 +40,7 @@ ARCHITECTURES = (ARCHITECTURE, MOE_ARCHITECTURE)
 UnsupportedError = llama.UnsupportedError
 Tensor = llama.Tensor
 
-_NEEDED = object()  # A key without a default: import needs it.
+_NEEDED = llama.NEEDED  # A key without a default: import needs it.
 # config.json keys that must hold one value (the model implements only it):
 # (key, the value, its default when absent). Export writes these values.
 _REQUIRED = (
@@ -100,34 +100,6 @@ def _architecture(hf: Mapping[str, Any], source: str) -> str:
   )
 
 
-def _require(hf: Mapping[str, Any], source: str, key: str, wanted, default):
-  value = hf.get(key, default)
-  if value is None:
-    value = default
-  if value != wanted:
-    raise UnsupportedError(
-        f"{source}: {key}={value!r} is not supported (only {wanted!r})"
-    )
-
-
-def _read(hf: Mapping[str, Any], table) -> dict[str, Any]:
-  """The project fields of `table` from `hf`."""
-  fields = {}
-  for key, field, kind, default in table:
-    value = hf.get(key)
-    if value is None:
-      if default is _NEEDED:
-        raise KeyError(key)
-      value = default
-    fields[field] = kind(value)
-  return fields
-
-
-def _written(config, table) -> dict[str, Any]:
-  """The config.json keys of `table` from the project's `config`."""
-  return {key: kind(config[field]) for key, field, kind, _ in table}
-
-
 def _dense_layers(hf: Mapping[str, Any], source: str) -> int:
   """`num_dense_layers` of Qwen3-MoE's `mlp_only_layers`: it must list the
   first n layers (the model keeps its dense layers in front)."""
@@ -153,7 +125,7 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
   """
   moe = _architecture(hf, source) == MOE_ARCHITECTURE
   for key, wanted, default in _REQUIRED + (_MOE_REQUIRED if moe else ()):
-    _require(hf, source, key, wanted, default)
+    llama.require(hf, source, key, wanted, default)
   kinds = sorted(set(hf.get("layer_types") or ["full_attention"]))
   if kinds != ["full_attention"]:
     raise UnsupportedError(
@@ -166,7 +138,7 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     raise UnsupportedError(
         f"{source}: rope_type {kind!r} is not supported (only 'default')"
     )
-  fields = _read(hf, _FIELDS)
+  fields = llama.read_fields(hf, _FIELDS)
   fields.update(_FIXED)
   fields.update(
       rope_theta=theta,
@@ -179,7 +151,7 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
       # transformers 5 writes the expert count under this name; the
       # published config.json files say num_experts.
       hf = {**hf, "num_experts": hf["num_local_experts"]}
-    fields.update(_read(hf, _MOE_FIELDS))
+    fields.update(llama.read_fields(hf, _MOE_FIELDS))
     if not fields["num_experts"]:
       raise UnsupportedError(
           f"{source}: num_experts=0 is not supported in a "
@@ -218,7 +190,7 @@ def hf_config(config, dtype: str) -> dict[str, Any]:
   document = {
       "architectures": [MOE_ARCHITECTURE if moe else ARCHITECTURE],
       "model_type": "qwen3_moe" if moe else "qwen3",
-      **_written(config, _FIELDS),
+      **llama.written_fields(config, _FIELDS),
       **{key: wanted for key, wanted, _ in _REQUIRED},
       "max_position_embeddings": config.max_sequence_length,
       # Both layouts: older transformers read rope_theta and rope_scaling.
@@ -229,7 +201,7 @@ def hf_config(config, dtype: str) -> dict[str, Any]:
       "dtype": dtype,
   }
   if moe:
-    document.update(_written(config, _MOE_FIELDS))
+    document.update(llama.written_fields(config, _MOE_FIELDS))
     document.update({key: wanted for key, wanted, _ in _MOE_REQUIRED})
     document["mlp_only_layers"] = list(range(config.num_dense_layers))
   return document
@@ -265,30 +237,15 @@ def tensors(params: Mapping[str, Any], config) -> Iterator[Tensor]:
   dense = config.num_dense_layers if config.num_experts else config.num_layers
   stacks = (
       ("layers", range(dense), {**_ATTENTION, **_DENSE_MLP}),
-      ("moe_layers", range(dense, config.num_layers), {**_ATTENTION, **_ROUTER}),
+      (
+          "moe_layers",
+          range(dense, config.num_layers),
+          {**_ATTENTION, **_ROUTER},
+      ),
   )
-  for stack, numbers, names in stacks:
-    if stack not in params:
-      continue
-    experts = stack == "moe_layers"
-    for name in params[stack]:
-      if name not in names and not (experts and name in _EXPERTS):
-        raise UnsupportedError(f"parameter {stack}/{name} has no Qwen3 tensor")
-    for index, n in enumerate(numbers):
-      prefix = f"model.layers.{n}."
-      for name in params[stack]:
-        if experts and name in _EXPERTS:
-          for j in range(config.num_experts):
-            yield Tensor(
-                f"{prefix}mlp.experts.{j}.{_EXPERTS[name]}",
-                (stack, name),
-                index,
-                _LINEAR,
-                expert=j,
-            )
-        else:
-          suffix, layout = names[name]
-          yield Tensor(prefix + suffix, (stack, name), index, layout)
+  yield from llama.stacked_tensors(
+      params, stacks, _EXPERTS, config.num_experts, "Qwen3"
+  )
   for name in ("final_norm", "unembedding"):
     if name in params:
       yield Tensor(outer[name][0], (name,), None, outer[name][1])

@@ -31,20 +31,19 @@ from maxtext.hf import exporter
 from maxtext.hf import importer
 from maxtext.hf import logits_check
 from maxtext.hf import qwen3
-from maxtext.hf import safetensors_io
 from maxtext.model import transformer
 
 _VOCAB = 96
 
 
 def _randomise(model):
-  """Weights large enough for peaked logits; norm scales away from 1."""
+  """Weights large enough for peaked logits; every norm scale (the q/k
+  norms' too) away from 1, so a norm left out changes the logits."""
   with torch.no_grad():
     for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.2 * torch.randn_like(p))
-      else:
-        p.normal_(0.0, 0.25)
+      noise = torch.randn_like(p)
+      is_norm = name.endswith("norm.weight")
+      p.copy_(1.0 + 0.2 * noise if is_norm else 0.25 * noise)
   return model
 
 
@@ -65,12 +64,14 @@ _COMMON = dict(
 
 
 def _dense(tie: bool, seed: int):
+  """A tiny random Qwen3, its embeddings tied or not."""
   torch.manual_seed(seed)
   config = transformers.Qwen3Config(tie_word_embeddings=tie, **_COMMON)
   return _randomise(transformers.Qwen3ForCausalLM(config).float().eval())
 
 
 def _moe(norm_topk: bool, seed: int):
+  """A tiny random Qwen3-MoE: a dense first layer, then top-2 of 8."""
   torch.manual_seed(seed)
   config = transformers.Qwen3MoeConfig(
       num_experts=8,
@@ -86,7 +87,13 @@ def _moe(norm_topk: bool, seed: int):
 
 
 def _ids(seed: int) -> np.ndarray:
-  return np.random.default_rng(seed).integers(0, _VOCAB, (3, 40))
+  """[2, 48] token ids."""
+  return np.random.default_rng(seed).integers(0, _VOCAB, (2, 48))
+
+
+def _config_json(directory: str) -> dict:
+  with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+    return json.load(f)
 
 
 def _hf_logits(model, ids: np.ndarray) -> np.ndarray:
@@ -111,8 +118,7 @@ class Qwen3LogitsTest(parameterized.TestCase):
     model = build()
     hf_dir = os.path.join(tmp, "hf")
     model.save_pretrained(hf_dir)
-    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
-      written = json.load(f)
+    written = _config_json(hf_dir)
     ids = _ids(0)
     expected = _hf_logits(model, ids)
 
@@ -149,12 +155,12 @@ class Qwen3LogitsTest(parameterized.TestCase):
         diff, 100 * logits_check.RELATIVE * np.abs(expected).max()
     )
 
+    # Export: the same fields back, transformers loads the model and its
+    # logits match, and every tensor is the original's bit for bit.
     exported = os.path.join(tmp, "exported")
     exporter.export_checkpoint(config, params, exported, "float32")
-    with open(os.path.join(exported, "config.json"), encoding="utf-8") as f:
-      document = json.load(f)
     self.assertEqual(
-        qwen3.config_fields(document, "exported"),
+        qwen3.config_fields(_config_json(exported), "exported"),
         qwen3.config_fields(written, "original"),
     )
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(
@@ -164,19 +170,7 @@ class Qwen3LogitsTest(parameterized.TestCase):
     logits_check.assert_close_to_scale(
         self, _hf_logits(reloaded, ids), expected
     )
-    original = safetensors_io.SafetensorsFile(
-        os.path.join(hf_dir, "model.safetensors")
-    )
-    back = safetensors_io.SafetensorsFile(
-        os.path.join(exported, "model.safetensors")
-    )
-    self.assertEqual(sorted(back.names()), sorted(original.names()))
-    for name in original.names():
-      ours = np.asarray(back.array(name))
-      self.assertEqual(ours.dtype, np.float32, name)
-      np.testing.assert_array_equal(
-          ours, np.asarray(original.array(name)), err_msg=name
-      )
+    logits_check.assert_same_tensors(self, hf_dir, exported)
 
   @parameterized.named_parameters(
       ("sliding", {"use_sliding_window": True}, "use_sliding_window=True"),
@@ -198,11 +192,8 @@ class Qwen3LogitsTest(parameterized.TestCase):
     tmp = self.create_tempdir().full_path
     hf_dir = os.path.join(tmp, "hf")
     _moe(True, 7).save_pretrained(hf_dir)
-    path = os.path.join(hf_dir, "config.json")
-    with open(path, encoding="utf-8") as f:
-      document = json.load(f)
-    document.update(change)
-    with open(path, "w", encoding="utf-8") as f:
+    document = {**_config_json(hf_dir), **change}
+    with open(os.path.join(hf_dir, "config.json"), "w", encoding="utf-8") as f:
       json.dump(document, f)
     out = os.path.join(tmp, "out")
     with self.assertRaisesRegex(importer.ConversionError, message) as raised:
