@@ -345,6 +345,23 @@ class ValidateTest(parameterized.TestCase):
           "router_bias_update_rate=0.01: needs num_experts > 0 and router_bias",
       ),
       (
+          "qk_norm_with_mla",
+          {
+              "attention_type": "mla",
+              "kv_lora_rank": 8,
+              "qk_nope_head_dim": 8,
+              "qk_rope_head_dim": 4,
+              "v_head_dim": 8,
+              "qk_norm": True,
+          },
+          "qk_norm=True: needs attention_type='gqa'",
+      ),
+      (
+          "norm_topk_with_sigmoid",
+          {"router_score": "sigmoid", "router_norm_topk": True},
+          "router_norm_topk=True: needs router_score='softmax'",
+      ),
+      (
           "multi_process_gcs_without_shared_checkpoints",
           {
               "num_processes": 2,

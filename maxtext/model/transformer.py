@@ -26,6 +26,7 @@ M mlp_dim, V vocab_size):
   layers/wq          [L, E, H, D]     (gqa)
   layers/wk, wv      [L, E, K, D]     (gqa)
   layers/wo          [L, H, D, E]     (gqa)
+  layers/q_norm, k_norm [L, D]        (gqa with qk_norm)
   layers/mlp_norm    [L, E]
   layers/w_gate, w_up [L, E, M]
   layers/w_down      [L, M, E]
@@ -89,6 +90,11 @@ _GQA_AXES = {
     "wk": ("layers", "embed", "kv_heads", "head_dim"),
     "wv": ("layers", "embed", "kv_heads", "head_dim"),
     "wo": ("layers", "heads", "head_dim", "embed"),
+}
+# gqa with `qk_norm`: a scale per head dimension, shared by the heads.
+_QK_NORM_AXES = {
+    "q_norm": ("layers", "head_dim"),
+    "k_norm": ("layers", "head_dim"),
 }
 _MLP_AXES = {
     "w_gate": ("layers", "embed", "mlp"),
@@ -225,6 +231,9 @@ def _attention_params(config, l: int, normal, dtype) -> Params:
   params["wk"] = normal((l, e, k, d), e)
   params["wv"] = normal((l, e, k, d), e)
   params["wo"] = normal((l, h, d, e), h * d)
+  if config.qk_norm:
+    params["q_norm"] = jnp.ones((l, d), dtype)
+    params["k_norm"] = jnp.ones((l, d), dtype)
   return params
 
 
@@ -333,12 +342,16 @@ def gqa_projections(
     positions: jax.Array,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Grouped-query attention's q [B, S, H, D], k and v [B, S, K, D] of the
-  normalised input x [B, S, E]; rotary embeddings at int `positions`
-  ([B, S] or [1, S]) applied to q and k."""
+  normalised input x [B, S, E]; with `config.qk_norm` each query and key
+  head RMS-normalised (scales q_norm, k_norm [D]); then rotary embeddings
+  at int `positions` ([B, S] or [1, S]) applied to q and k."""
   cdt = x.dtype
   q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
   k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
   v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
+  if config.qk_norm:
+    q = layers.rms_norm(q, layer["q_norm"], config.norm_epsilon)
+    k = layers.rms_norm(k, layer["k_norm"], config.norm_epsilon)
   scaling = layers.rope_scaling(config)
   q = layers.rope(q, positions, config.rope_theta, scaling)
   k = layers.rope(k, positions, config.rope_theta, scaling)
@@ -727,6 +740,8 @@ def _stack_axes(stack, ffn_axes: Params) -> Params:
     return {}  # Cannot match: param_logical_axes reports the structure.
   if "wkv_a" in stack:
     attention = mla.logical_axes(low_rank_query="wq_a" in stack)
+  elif "q_norm" in stack:
+    attention = {**_GQA_AXES, **_QK_NORM_AXES}
   else:
     attention = _GQA_AXES
   return {**_NORM_AXES, **attention, **ffn_axes}
