@@ -1,7 +1,8 @@
-"""`param_count` totals against transformers' for the Qwen3 config files.
+"""`param_count` totals against transformers' for the Qwen config files.
 
 Each config file's model is written as the Hugging Face config.json its
-export would write (`maxtext.hf.qwen3.hf_config`), built by transformers
+export would write (`maxtext.hf.qwen3.hf_config`, `maxtext.hf.qwen35`'s
+for Qwen3.5-397B-A17B), built by transformers
 on the meta device (shapes only, nothing allocated) and its parameters
 counted, tied embeddings once: the total must equal
 `param_count_lib.count`'s. The totals and the active counts are logged.
@@ -17,18 +18,21 @@ import torch
 # pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import transformers
 
+from maxtext.configs import qwen35_397b_a17b
 from maxtext.configs import qwen3_0_6b
 from maxtext.configs import qwen3_30b_a3b
 from maxtext.configs import qwen3_8b
 from maxtext.hf import qwen3
+from maxtext.hf import qwen35
 from tools import param_count_lib
 
 _META_KEYS = ("architectures", "model_type", "torch_dtype", "dtype")
 
 
-def _transformers_count(config) -> tuple[str, int]:
-  """(architecture, parameters) of transformers' model of `config`."""
-  document = qwen3.hf_config(config, "float32")
+def _transformers_count(config, family) -> tuple[str, int]:
+  """(architecture, parameters) of transformers' model of `config`, written
+  by the conversion module `family`."""
+  document = family.hf_config(config, "float32")
   kwargs = {k: v for k, v in document.items() if k not in _META_KEYS}
   hf_config = transformers.AutoConfig.for_model(
       document["model_type"], **kwargs
@@ -42,14 +46,23 @@ def _transformers_count(config) -> tuple[str, int]:
 class ParamCountHfTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ("qwen3_0_6b", qwen3_0_6b, "Qwen3ForCausalLM", 0.60),
-      ("qwen3_8b", qwen3_8b, "Qwen3ForCausalLM", 8.19),
-      ("qwen3_30b_a3b", qwen3_30b_a3b, "Qwen3MoeForCausalLM", 30.53),
+      ("qwen3_0_6b", qwen3_0_6b, qwen3, "Qwen3ForCausalLM", 0.60),
+      ("qwen3_8b", qwen3_8b, qwen3, "Qwen3ForCausalLM", 8.19),
+      ("qwen3_30b_a3b", qwen3_30b_a3b, qwen3, "Qwen3MoeForCausalLM", 30.53),
+      (
+          "qwen35_397b_a17b",
+          qwen35_397b_a17b,
+          qwen35,
+          "Qwen3_5MoeForCausalLM",
+          396.35,
+      ),
   )
-  def test_total_equals_transformers(self, module, architecture, billions):
+  def test_total_equals_transformers(
+      self, module, family, architecture, billions
+  ):
     config = module.get_config()
     counts = param_count_lib.count(config)
-    name, theirs = _transformers_count(config)
+    name, theirs = _transformers_count(config, family)
     logging.info(
         "%s: total %d, transformers %d, active %d",
         module.__name__,

@@ -157,6 +157,34 @@ def get_config() -> ml_collections.ConfigDict:
   # gqa: RMSNorm over each query and key head (a learnt scale of head_dim
   # per layer, q_norm and k_norm) before the rotary embedding (Qwen3).
   config.qk_norm = False
+  # Norm scales stored zero-centred: the layer norms, the final norm and the
+  # q/k norms scale by (1 + w), w initialised to 0 (Qwen3.5's
+  # Qwen3_5MoeRMSNorm); the Gated DeltaNet output norm keeps its plain w.
+  config.norm_zero_centered = False
+  # gqa: a sigmoid gate per head and channel on the attention output before
+  # the output projection, sigmoid(x wq_gate), x the normalised layer input
+  # (Qwen3.5's gated attention; the gate half of its q_proj).
+  config.attention_output_gate = False
+  # gqa: the fraction of each head's dimensions the rotary embedding turns
+  # (the first head_dim * factor, an even count, with their own frequencies
+  # theta^(-2i/rotary_dim)); the rest pass unrotated (Qwen3.5: 0.25).
+  config.partial_rotary_factor = 1.0
+  # Layer pattern: 0 = every layer full attention; n > 0 = layers n-1,
+  # 2n-1, ... full attention and the others Gated DeltaNet linear attention
+  # (maxtext/model/gated_deltanet.py; transformers' full_attention_interval,
+  # Qwen3.5: 4). Needs experts in every layer (num_experts > 0,
+  # num_dense_layers 0) and num_layers a multiple of n.
+  config.full_attention_interval = 0
+  # Gated DeltaNet (full_attention_interval > 0), as transformers names them:
+  # key heads, value heads (a multiple of the key heads), their widths, the
+  # causal convolution's kernel, and the chunk length of the chunked delta
+  # rule (a speed choice: any value gives the same result).
+  config.linear_num_key_heads = 16
+  config.linear_num_value_heads = 32
+  config.linear_key_head_dim = 128
+  config.linear_value_head_dim = 128
+  config.linear_conv_kernel_dim = 4
+  config.linear_chunk_size = 64
   # Tied embeddings (Hugging Face's tie_word_embeddings, e.g. Llama 3.2 1B/3B):
   # no separate unembedding parameter; the logits use the embedding transposed.
   config.tie_word_embeddings = False
@@ -192,6 +220,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_dense_layers = 0
   # Hidden width of one expert (and of each shared expert). 0 = mlp_dim.
   config.moe_mlp_dim = 0
+  # Hidden width of the shared experts together; 0 = num_shared_experts x
+  # the expert width (Qwen3.5's shared_expert_intermediate_size).
+  config.shared_expert_mlp_dim = 0
+  # The shared experts' output scaled per token by sigmoid(x shared_gate),
+  # a learnt [emb_dim] vector (Qwen3.5's shared_expert_gate).
+  config.shared_expert_gate = False
   # Router scores: "softmax" (top-k probabilities are the weights) or
   # "sigmoid" (DeepSeek-V3: top-k sigmoid affinities normalised to sum 1).
   config.router_score = "softmax"

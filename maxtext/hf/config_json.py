@@ -31,6 +31,14 @@ _INTEGER = (
     "topk_group",
     "num_nextn_predict_layers",
     "moe_layer_freq",
+    "num_experts",
+    "shared_expert_intermediate_size",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "full_attention_interval",
 )
 _NUMBER = ("rope_theta", "rms_norm_eps", "routed_scaling_factor")
 _BOOLEAN = (
@@ -40,7 +48,12 @@ _BOOLEAN = (
     "norm_topk_prob",
     "rope_interleave",
 )
-_OBJECT = ("rope_scaling", "rope_parameters", "quantization_config")
+_OBJECT = (
+    "rope_scaling",
+    "rope_parameters",
+    "quantization_config",
+    "text_config",
+)
 _STRING = ("hidden_act", "model_type", "scoring_func", "topk_method")
 
 

@@ -7,7 +7,9 @@ model as LlamaForCausalLM (`maxtext.hf.llama`), one with per-head q/k
 norms (`qk_norm`) as Qwen3ForCausalLM and a grouped-query
 mixture-of-experts model as Qwen3MoeForCausalLM (`maxtext.hf.qwen3`), a
 multi-head latent attention mixture-of-experts model as
-DeepseekV3ForCausalLM (`maxtext.hf.deepseek`), each through the same
+DeepseekV3ForCausalLM (`maxtext.hf.deepseek`), the hybrid Gated DeltaNet
+model (`full_attention_interval`) as Qwen3_5MoeForCausalLM
+(`maxtext.hf.qwen35`), each through the same
 tensor table its import reads. A config the family cannot hold is refused
 with one line naming the field, before anything is written.
 
@@ -37,6 +39,7 @@ from maxtext.hf import deepseek
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
 from maxtext.hf import qwen3
+from maxtext.hf import qwen35
 from maxtext.hf import safetensors_io
 from maxtext.hf import staging as staging_lib
 from maxtext.hf import tokenizer_files as tokenizer_files_lib
@@ -49,11 +52,13 @@ _FLOAT32 = ("router_bias",)
 
 
 class _Converted:
-  """One Hugging Face tensor, converted when the writer asks for it."""
+  """One Hugging Face tensor, converted when the writer asks for it: one
+  parameter's slice, or the join of several (`llama.Tensor.join_axis`)."""
 
-  def __init__(self, leaf: Any, tensor: llama.Tensor, dtype: np.dtype):
-    self._leaf, self._tensor = leaf, tensor
+  def __init__(self, parts: list[tuple[Any, llama.Tensor]], dtype: np.dtype):
+    self._parts = parts
     self.dtype = dtype
+    leaf, tensor = parts[0]
     shape = leaf.shape
     if tensor.layer is not None:
       shape = shape[1:]
@@ -64,23 +69,28 @@ class _Converted:
 
   def __array__(self, dtype=None, copy=None):
     del dtype, copy
-    leaf = self._leaf
-    if self._tensor.layer is not None:
-      leaf = leaf[self._tensor.layer]
-    if self._tensor.expert is not None:
-      leaf = leaf[self._tensor.expert]
-    return np.ascontiguousarray(
-        self._tensor.layout.to_hf(np.asarray(jax.device_get(leaf))),
-        dtype=self.dtype,
-    )
+    arrays = []
+    for leaf, tensor in self._parts:
+      if tensor.layer is not None:
+        leaf = leaf[tensor.layer]
+      if tensor.expert is not None:
+        leaf = leaf[tensor.expert]
+      arrays.append(tensor.layout.to_hf(np.asarray(jax.device_get(leaf))))
+    if len(arrays) > 1:
+      joined = np.concatenate(arrays, axis=self._parts[0][1].join_axis)
+      arrays = [joined.reshape(self.shape)]
+    return np.ascontiguousarray(arrays[0], dtype=self.dtype)
 
 
 def family(config):
   """The conversion module that holds the model `config`: DeepSeek-V3 for
-  latent attention, Qwen3 for grouped-query attention with per-head q/k
-  norms or experts, Llama otherwise."""
+  latent attention, Qwen3.5-MoE for the Gated DeltaNet layer pattern,
+  Qwen3 for grouped-query attention with per-head q/k norms or experts,
+  Llama otherwise."""
   if config.attention_type == "mla":
     return deepseek
+  if config.full_attention_interval:
+    return qwen35
   if config.qk_norm or config.num_experts:
     return qwen3
   return llama
@@ -99,6 +109,8 @@ def hf_config_and_tensors(config, params, dtype: str):
       tensors = list(deepseek.tensors(params, config, document))
     elif module is qwen3:
       tensors = list(qwen3.tensors(params, config))
+    elif module is qwen35:
+      tensors = list(qwen35.tensors(params, config))
     else:
       if config.attention_type != "gqa":
         raise llama.UnsupportedError(
@@ -146,13 +158,23 @@ def export_checkpoint(
   ):
     raise ValueError(f"--output_dir {output_dir}: exists and is not empty")
   np_dtype = safetensors_io.DTYPES["BF16" if dtype == "bfloat16" else "F32"]
-  tensors = {}
+  parts = {}
   for t in hf_tensors:
     leaf = params
     for key in t.path:
       leaf = leaf[key]
-    wanted = np.dtype(np.float32) if t.path[-1] in _FLOAT32 else np_dtype
-    tensors[t.hf_name] = _Converted(leaf, t, wanted)
+    parts.setdefault(t.hf_name, []).append((leaf, t))
+  tensors = {
+      name: _Converted(
+          group,
+          (
+              np.dtype(np.float32)
+              if group[0][1].path[-1] in _FLOAT32
+              else np_dtype
+          ),
+      )
+      for name, group in parts.items()
+  }
   staging = staging_lib.make(output_dir, "exporting", log)
   try:
     _write_shards(staging, tensors, max_shard_bytes)

@@ -3,7 +3,10 @@
 The families (config.json's `architectures`): LlamaForCausalLM
 (`maxtext.hf.llama`), DeepseekV3ForCausalLM (`maxtext.hf.deepseek`, FP8
 weights dequantised by `maxtext.hf.fp8`), Qwen3ForCausalLM and
-Qwen3MoeForCausalLM (`maxtext.hf.qwen3`).
+Qwen3MoeForCausalLM (`maxtext.hf.qwen3`), Qwen3_5MoeForCausalLM and
+Qwen3_5MoeForConditionalGeneration (`maxtext.hf.qwen35`: the text model;
+the vision tower and multi-token-prediction layers are left out, one log
+line each).
 
 `import_checkpoint(input_dir, output_dir, config)` writes `output_dir` as a
 checkpoint directory of this project (`maxtext.storage.checkpointing`):
@@ -54,6 +57,7 @@ from maxtext.hf import fp8
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
 from maxtext.hf import qwen3
+from maxtext.hf import qwen35
 from maxtext.hf import staging as staging_lib
 from maxtext.hf import tokenizer_files
 from maxtext.model import transformer
@@ -108,6 +112,7 @@ FAMILIES = {
     llama.ARCHITECTURE: llama,
     deepseek.ARCHITECTURE: deepseek,
     **{name: qwen3 for name in qwen3.ARCHITECTURES},
+    **{name: qwen35 for name in qwen35.ARCHITECTURES},
 }
 
 
@@ -152,12 +157,24 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
         f"qk_norm=True; got attention_type={config.attention_type!r}, "
         f"qk_norm={config.qk_norm}"
     )
+  if module is qwen35 and not config.full_attention_interval:
+    raise ConversionError(
+        "config: a Qwen3.5-MoE checkpoint needs the Gated DeltaNet layer "
+        "pattern; got full_attention_interval=0"
+    )
   _check_layer_count(hf, config)
-  abstract = transformer.abstract_params(config)
+  try:
+    abstract = transformer.abstract_params(config)
+  except ValueError as e:
+    raise ConversionError(f"config: {e}") from None
   if module is llama:
     planned = llama.tensors(abstract)
   elif module is qwen3:
     planned = qwen3.tensors(abstract, config)
+  elif module is qwen35:
+    planned = qwen35.tensors(
+        abstract, config, qwen35.prefix(hf.config, source)
+    )
   else:
     planned = deepseek.tensors(abstract, config, hf.config)
   tensors = []
@@ -172,7 +189,7 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
   return abstract, tensors
 
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
 
 
 def _check_layer_count(hf: hf_directory.HfDirectory, config) -> None:
@@ -360,6 +377,9 @@ def import_checkpoint(
   abstract, tensors = plan(hf, config)
   if module is deepseek:
     for line in deepseek.notes(hf.config):
+      log(line)
+  if module is qwen35:
+    for line in qwen35.notes(hf.config, hf.names()):
       log(line)
 
   staging = staging_lib.make(output_dir, "importing", log)

@@ -253,13 +253,18 @@ class Tensor:
   parameter's key path, `layer` its index in the stack (None: unstacked),
   `expert` its index in the experts axis after the layer axis (None: the
   parameter has none; a mixture-of-experts model stores each expert's
-  matrix as its own tensor)."""
+  matrix as its own tensor). A tensor that holds several parameters is
+  one Tensor per parameter, all of that `hf_name`, each with `join_axis`:
+  its layout's `hf_shape` is the whole tensor's, `to_project` takes its
+  part of the whole, and the parts' `to_hf` outputs, in plan order,
+  concatenated on `join_axis` and reshaped to `hf_shape`, are the whole."""
 
   hf_name: str
   path: tuple[str, ...]
   layer: int | None
   layout: Layout
   expert: int | None = None
+  join_axis: int | None = None
 
 
 def tensors(params: Mapping[str, Any]) -> Iterator[Tensor]:

@@ -28,15 +28,18 @@ def restore_on_one_device(path: str, config):
   )
 
 
-def assert_close_to_scale(test, actual, expected) -> None:
-  """Fails `test` unless max |actual - expected| <= RELATIVE x the expected
-  logits' largest magnitude, which must exceed 1 (peaked logits)."""
+def assert_close_to_scale(
+    test, actual, expected, relative: float = RELATIVE
+) -> None:
+  """Fails `test` unless max |actual - expected| <= `relative` x the
+  expected logits' largest magnitude, which must exceed 1 (peaked
+  logits)."""
   scale = float(np.abs(expected).max())
   test.assertGreater(scale, 1.0)  # Peaked logits, not a flat near-zero.
   diff = float(np.abs(actual - expected).max())
   logging.info("logits: max |diff| %.3g, scale %.3g", diff, scale)
   test.assertLessEqual(
-      diff, RELATIVE * scale, f"max |diff| {diff}, scale {scale}"
+      diff, relative * scale, f"max |diff| {diff}, scale {scale}"
   )
 
 

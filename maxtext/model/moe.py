@@ -7,7 +7,10 @@ top `num_experts_per_token`; each expert is a SwiGLU MLP of width
 expert and each expert's contiguous rows are multiplied by its own weights
 with `jax.lax.ragged_dot`. Optional shared experts (`num_shared_experts`) see
 every token; they are one SwiGLU MLP of width num_shared * moe_mlp_dim, which
-is the sum of that many experts of width moe_mlp_dim.
+is the sum of that many experts of width moe_mlp_dim (or of width
+`shared_expert_mlp_dim` when that is set). With `shared_expert_gate` their
+output is scaled per token by sigmoid(x . shared_gate) (Qwen3.5's
+shared_expert_gate, a [E] vector per layer).
 
 Router scores (`router_score`):
   "softmax": probabilities over experts; a token's top-k probabilities are its
@@ -45,6 +48,8 @@ X num_experts, F moe_mlp_dim, S num_shared_experts):
   w_down                      [L, X, F, E]
   shared_w_gate, shared_w_up  [L, E, S * F]   (only when S > 0)
   shared_w_down               [L, S * F, E]   (only when S > 0)
+  shared_gate                 [L, E]          (with `shared_expert_gate`)
+(S * F is `shared_expert_mlp_dim` when that is > 0.)
 """
 
 import functools
@@ -68,6 +73,7 @@ LOGICAL_AXES = {
     "shared_w_gate": ("layers", "embed", "mlp"),
     "shared_w_up": ("layers", "embed", "mlp"),
     "shared_w_down": ("layers", "mlp", "embed"),
+    "shared_gate": ("layers", "embed"),
 }
 
 # Per-layer statistics `moe_mlp` returns, reduced over layers by `summarize`.
@@ -84,6 +90,14 @@ STAT_NAMES = (
 def expert_width(config) -> int:
   """Hidden width of one expert: `moe_mlp_dim`, or `mlp_dim` when 0."""
   return config.moe_mlp_dim or config.mlp_dim
+
+
+def shared_width(config) -> int:
+  """Hidden width of the shared experts together: `shared_expert_mlp_dim`,
+  or num_shared_experts x `expert_width` when that is 0."""
+  return config.shared_expert_mlp_dim or (
+      config.num_shared_experts * expert_width(config)
+  )
 
 
 def init_params(
@@ -110,10 +124,12 @@ def init_params(
   if config.router_bias:
     params["router_bias"] = jnp.zeros((l, x), jnp.float32)
   if config.num_shared_experts:
-    s = config.num_shared_experts * f
+    s = shared_width(config)
     params["shared_w_gate"] = normal((l, e, s), e)
     params["shared_w_up"] = normal((l, e, s), e)
     params["shared_w_down"] = normal((l, s, e), s)
+    if config.shared_expert_gate:
+      params["shared_gate"] = normal((l, e), e)
   return params
 
 
@@ -243,6 +259,16 @@ def _swiglu(
   gate = x @ layer[prefix + "w_gate"].astype(cdt)
   up = x @ layer[prefix + "w_up"].astype(cdt)
   return (jax.nn.silu(gate) * up) @ layer[prefix + "w_down"].astype(cdt)
+
+
+def _shared(tokens: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
+  """The shared experts' output of [T, E] tokens, gated per token by
+  sigmoid(tokens . shared_gate) when the layer has that gate."""
+  out = _swiglu(tokens, layer, "shared_")
+  if "shared_gate" in layer:
+    gate = tokens @ layer["shared_gate"].astype(tokens.dtype)
+    out = out * jax.nn.sigmoid(gate)[:, None]
+  return out
 
 
 def dispatch(
@@ -430,7 +456,7 @@ def moe_mlp(
     out, stats = _sharded(x, router, compute, config, mesh)
     out = out.reshape(b * s, e)
   if config.num_shared_experts:
-    out = out + _swiglu(tokens, layer, "shared_")
+    out = out + _shared(tokens, layer)
   return out.reshape(b, s, e), stats
 
 
@@ -599,5 +625,5 @@ def dense_reference(
   every = jnp.einsum("txf,xfe->txe", jax.nn.silu(gate) * up, layer["w_down"])
   out = jnp.einsum("txe,tx->te", every, combine.astype(x.dtype))
   if config.num_shared_experts:
-    out = out + _swiglu(tokens, layer, "shared_")
+    out = out + _shared(tokens, layer)
   return out.reshape(b, s, e)

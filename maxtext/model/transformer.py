@@ -52,6 +52,27 @@ after the other: `layers` (the num_dense_layers dense blocks; absent when
 that is 0) and `moe_layers` (the rest: the attention parameters above plus
 the MoE layer's, with a leading axis of num_layers - num_dense_layers). A
 dense model (num_experts 0) has exactly the tree above.
+
+Qwen3.5's hybrid layer pattern (`full_attention_interval` n > 0): of every
+n consecutive layers the first n - 1 are Gated DeltaNet linear-attention
+layers (`maxtext.model.gated_deltanet`) and the last one is full
+attention; every layer has the MoE feed-forward layer. The two kinds are
+two stacks: `moe_layers` (the num_layers / n attention layers: the
+attention parameters above plus the MoE layer's) and `linear_layers` (the
+num_layers (n - 1) / n DeltaNet layers: attn_norm, mlp_norm, the DeltaNet
+parameters and the MoE layer's), in layer order within each. The forward
+pass scans over the num_layers / n groups; a group scans its n - 1
+DeltaNet layers (the stack viewed as [num_layers / n, n - 1, ...]) and
+then runs its attention layer, so the layers run in their order and the
+compile time does not grow with the depth.
+
+Further Qwen3.5 choices, each a config field: `norm_zero_centered` (norm
+scales w stored zero-centred, applied as 1 + w: layer, final and q/k norms,
+never the DeltaNet output norm), `attention_output_gate` (a sigmoid gate
+per head and channel on the attention output, parameter
+wq_gate [L, E, H, D]), `partial_rotary_factor` (the rotary embedding on
+the first fraction of each head's dimensions) and the MoE layer's gated
+shared expert (`maxtext.moe`).
 """
 
 import functools
@@ -66,6 +87,7 @@ from maxtext.core import choices
 from maxtext.core import eval_metrics
 from maxtext.model import param_statistics
 from maxtext.metrics import buffer as metrics_buffer
+from maxtext.model import gated_deltanet
 from maxtext.model import layers
 from maxtext.model import mla
 from maxtext.model import moe
@@ -96,6 +118,8 @@ _QK_NORM_AXES = {
     "q_norm": ("layers", "head_dim"),
     "k_norm": ("layers", "head_dim"),
 }
+# gqa with `attention_output_gate`.
+_GATE_AXES = {"wq_gate": ("layers", "embed", "heads", "head_dim")}
 _MLP_AXES = {
     "w_gate": ("layers", "embed", "mlp"),
     "w_up": ("layers", "embed", "mlp"),
@@ -148,6 +172,7 @@ def init_params(config, rng: jax.Array) -> Params:
     ValueError: unknown `config.attention_type`.
   """
   _check_attention_type(config)
+  check_layer_pattern(config)
   if config.num_experts:
     return _init_moe_params(config, rng)
   v, e, l, m = (
@@ -216,12 +241,91 @@ def _check_attention_type(config) -> None:
     )
 
 
+def check_layer_pattern(config) -> None:
+  """Refuses, in one line naming the field, a combination of the Qwen3.5
+  fields (module docstring) the model does not implement.
+
+  Raises:
+    ValueError: the first unsupported combination.
+  """
+  n = config.full_attention_interval
+  if not isinstance(n, int) or n < 0:
+    raise ValueError(
+        f"config.full_attention_interval={n!r}: must be an int >= 0"
+    )
+  factor = config.partial_rotary_factor
+  if config.attention_type != "gqa":
+    for field in ("attention_output_gate", "full_attention_interval"):
+      if config[field]:
+        raise ValueError(
+            f"config.{field}={config[field]!r}: needs attention_type 'gqa', "
+            f"got {config.attention_type!r}"
+        )
+    if factor != 1.0:
+      raise ValueError(
+          f"config.partial_rotary_factor={factor!r}: needs attention_type "
+          f"'gqa', got {config.attention_type!r}"
+      )
+  elif not 0.0 < factor <= 1.0 or int(config.head_dim * factor) % 2:
+    raise ValueError(
+        f"config.partial_rotary_factor={factor!r}: must be in (0, 1] and "
+        f"turn an even number of head_dim={config.head_dim} dimensions"
+    )
+  if config.shared_expert_gate and not config.num_shared_experts:
+    raise ValueError(
+        "config.shared_expert_gate=True: needs num_shared_experts > 0"
+    )
+  if not n:
+    return
+  if not config.num_experts:
+    raise ValueError(
+        f"config.full_attention_interval={n}: needs experts in every layer "
+        "(num_experts > 0)"
+    )
+  if config.num_dense_layers:
+    raise ValueError(
+        f"config.num_dense_layers={config.num_dense_layers}: must be 0 with "
+        f"full_attention_interval={n} (every layer has experts)"
+    )
+  if config.num_layers % n:
+    raise ValueError(
+        f"config.num_layers={config.num_layers}: must be a multiple of "
+        f"full_attention_interval={n}"
+    )
+  if config.router_bias:
+    raise ValueError(
+        "config.router_bias=True: not supported with full_attention_interval"
+        f"={n} (its statistics are kept for moe_layers alone)"
+    )
+
+
+def num_linear_layers(config) -> int:
+  """Gated DeltaNet layers of the model (0 without a layer pattern)."""
+  n = config.full_attention_interval
+  return config.num_layers - config.num_layers // n if n else 0
+
+
+def norm(x: jax.Array, scale: jax.Array, config) -> jax.Array:
+  """RMSNorm of x with a layer, final or q/k norm's `scale`: applied as
+  1 + scale (in float32) with `norm_zero_centered`, else as it is."""
+  if config.norm_zero_centered:
+    scale = 1.0 + scale.astype(jnp.float32)
+  return layers.rms_norm(x, scale, config.norm_epsilon)
+
+
+def _norm_init(shape, config, dtype) -> jax.Array:
+  """Norm scales that start as the identity: zeros when zero-centred."""
+  if config.norm_zero_centered:
+    return jnp.zeros(shape, dtype)
+  return jnp.ones(shape, dtype)
+
+
 def _attention_params(config, l: int, normal, dtype) -> Params:
   """A stack's norm scales and attention parameters (of `attention_type`)."""
   e, h = config.emb_dim, config.num_heads
   params = {
-      "attn_norm": jnp.ones((l, e), dtype),
-      "mlp_norm": jnp.ones((l, e), dtype),
+      "attn_norm": _norm_init((l, e), config, dtype),
+      "mlp_norm": _norm_init((l, e), config, dtype),
   }
   if config.attention_type == "mla":
     params.update(mla.init_params(config, l, normal, dtype))
@@ -232,8 +336,10 @@ def _attention_params(config, l: int, normal, dtype) -> Params:
   params["wv"] = normal((l, e, k, d), e)
   params["wo"] = normal((l, h, d, e), h * d)
   if config.qk_norm:
-    params["q_norm"] = jnp.ones((l, d), dtype)
-    params["k_norm"] = jnp.ones((l, d), dtype)
+    params["q_norm"] = _norm_init((l, d), config, dtype)
+    params["k_norm"] = _norm_init((l, d), config, dtype)
+  if config.attention_output_gate:
+    params["wq_gate"] = normal((l, e, h, d), e)
   return params
 
 
@@ -241,7 +347,11 @@ def _init_moe_params(config, rng: jax.Array) -> Params:
   """`init_params` of a model with experts: a dense and an MoE stack."""
   v, e, m = config.vocab_size, config.emb_dim, config.mlp_dim
   dtype = _dtype(config.weight_dtype)
-  normal = _truncated_normal_init(rng, 32, dtype)
+  # 32 keys, so the models before the layer pattern keep their draws; a
+  # hybrid model draws more arrays (two stacks, DeltaNet's ten).
+  normal = _truncated_normal_init(
+      rng, 48 if config.full_attention_interval else 32, dtype
+  )
   params = {"embedding": normal((v, e), 1)}
   dense = config.num_dense_layers
   if dense:
@@ -251,12 +361,20 @@ def _init_moe_params(config, rng: jax.Array) -> Params:
         "w_up": normal((dense, e, m), e),
         "w_down": normal((dense, m, e), m),
     }
-  sparse = config.num_layers - dense
+  linear = num_linear_layers(config)
+  if linear:
+    params["linear_layers"] = {
+        "attn_norm": _norm_init((linear, e), config, dtype),
+        "mlp_norm": _norm_init((linear, e), config, dtype),
+        **gated_deltanet.init_params(config, linear, normal, dtype),
+        **moe.init_params(config, linear, normal),
+    }
+  sparse = config.num_layers - dense - linear
   params["moe_layers"] = {
       **_attention_params(config, sparse, normal, dtype),
       **moe.init_params(config, sparse, normal),
   }
-  params["final_norm"] = jnp.ones((e,), dtype)
+  params["final_norm"] = _norm_init((e,), config, dtype)
   params["unembedding"] = normal((e, v), e)
   return _untie(params, config)
 
@@ -350,12 +468,33 @@ def gqa_projections(
   k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
   v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
   if config.qk_norm:
-    q = layers.rms_norm(q, layer["q_norm"], config.norm_epsilon)
-    k = layers.rms_norm(k, layer["k_norm"], config.norm_epsilon)
+    q = norm(q, layer["q_norm"], config)
+    k = norm(k, layer["k_norm"], config)
+  return _rotary(q, positions, config), _rotary(k, positions, config), v
+
+
+def _rotary(x: jax.Array, positions: jax.Array, config) -> jax.Array:
+  """`layers.rope` on the first head_dim x partial_rotary_factor dimensions
+  of each head of x [B, S, N, D] (with that part's own frequencies, its
+  halves rotated together, as transformers' partial rotary does); the rest
+  unchanged."""
   scaling = layers.rope_scaling(config)
-  q = layers.rope(q, positions, config.rope_theta, scaling)
-  k = layers.rope(k, positions, config.rope_theta, scaling)
-  return q, k, v
+  rotary = int(x.shape[-1] * config.partial_rotary_factor)
+  if rotary == x.shape[-1]:
+    return layers.rope(x, positions, config.rope_theta, scaling)
+  turned = layers.rope(x[..., :rotary], positions, config.rope_theta, scaling)
+  return jnp.concatenate([turned, x[..., rotary:]], axis=-1)
+
+
+def output_gate(
+    out: jax.Array, x: jax.Array, layer: Mapping[str, jax.Array]
+) -> jax.Array:
+  """The attention context out [B, S, H, D] times sigmoid(x wq_gate), x
+  [B, S, E] the normalised layer input, when the layer has that gate."""
+  if "wq_gate" not in layer:
+    return out
+  gate = jnp.einsum("bse,ehd->bshd", x, layer["wq_gate"].astype(x.dtype))
+  return out * jax.nn.sigmoid(gate)
 
 
 def _attention(
@@ -378,6 +517,7 @@ def _attention(
       layers.attend(q, k, v, implementation, mesh, layers.rope_scaling(config)),
       "context",
   )
+  out = output_gate(out, x, layer)
   return tag(
       jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
   )
@@ -442,35 +582,70 @@ def _final_hidden(
     model.
   """
   cdt = _dtype(config.compute_dtype)
-  eps = config.norm_epsilon
   x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
 
   def block(x, layer):
-    x = x + _attention(
-        layers.rms_norm(x, layer["attn_norm"], eps), layer, config, mesh
-    )
-    x = x + mlp(layers.rms_norm(x, layer["mlp_norm"], eps), layer)
+    x = x + _attention(norm(x, layer["attn_norm"], config), layer, config, mesh)
+    x = x + mlp(norm(x, layer["mlp_norm"], config), layer)
     return x, None
 
-  def moe_block(x, layer):
-    x = x + _attention(
-        layers.rms_norm(x, layer["attn_norm"], eps), layer, config, mesh
-    )
+  def moe_ffn(x, layer):
     out, stats = moe.moe_mlp(
-        layers.rms_norm(x, layer["mlp_norm"], eps), layer, config, mesh
+        norm(x, layer["mlp_norm"], config), layer, config, mesh
     )
-    x = x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
-    return x, stats
+    return x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out"), stats
+
+  def moe_block(x, layer):
+    x = x + _attention(norm(x, layer["attn_norm"], config), layer, config, mesh)
+    return moe_ffn(x, layer)
+
+  def linear_block(x, layer):
+    out, _ = gated_deltanet.apply(
+        norm(x, layer["attn_norm"], config), layer, config
+    )
+    return moe_ffn(x + out, layer)
 
   if "layers" in params:
     x, _ = jax.lax.scan(_remat(block, config.remat_policy), x, params["layers"])
   stats = {}
-  if "moe_layers" in params:
+  if "linear_layers" in params:
+    linear_block = _remat(linear_block, config.remat_policy)
+    attention_block = _remat(moe_block, config.remat_policy)
+
+    def group(x, inputs):
+      linear, attention = inputs
+      x, linear_stats = jax.lax.scan(linear_block, x, linear)
+      x, attention_stats = attention_block(x, attention)
+      return x, (linear_stats, attention_stats)
+
+    x, (linear_stats, attention_stats) = jax.lax.scan(
+        group,
+        x,
+        (grouped_linear_layers(params, config), params["moe_layers"]),
+    )
+    stats = moe.summarize(
+        jax.tree_util.tree_map(
+            lambda a, b: jnp.concatenate([a.reshape((-1,) + a.shape[2:]), b]),
+            linear_stats,
+            attention_stats,
+        )
+    )
+  elif "moe_layers" in params:
     x, per_layer = jax.lax.scan(
         _remat(moe_block, config.remat_policy), x, params["moe_layers"]
     )
     stats = moe.summarize(per_layer)
-  return layers.rms_norm(x, params["final_norm"], eps), stats
+  return norm(x, params["final_norm"], config), stats
+
+
+def grouped_linear_layers(params: Params, config) -> Params:
+  """The `linear_layers` stack viewed as [groups, n - 1, ...] (n the
+  full_attention_interval): the DeltaNet layers before each attention
+  layer, group g's attention layer being moe_layers[g]."""
+  n = config.full_attention_interval
+  return jax.tree_util.tree_map(
+      lambda a: a.reshape((-1, n - 1) + a.shape[1:]), params["linear_layers"]
+  )
 
 
 def unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
@@ -714,23 +889,32 @@ def param_logical_axes(params: Params) -> Params:
   if "layers" in params or "moe_layers" not in params:
     axes["layers"] = _stack_axes(params.get("layers"), _MLP_AXES)
   if "moe_layers" in params:
-    moe_layers = params["moe_layers"]
-    present = moe_layers if isinstance(moe_layers, Mapping) else {}
-    # The shared experts and the router's bias are optional.
     axes["moe_layers"] = _stack_axes(
-        moe_layers,
-        {
-            name: names
-            for name, names in moe.LOGICAL_AXES.items()
-            if name in present
-            or not (name.startswith("shared_") or name == "router_bias")
-        },
+        params["moe_layers"], _moe_axes(params["moe_layers"])
     )
+  if "linear_layers" in params:
+    axes["linear_layers"] = {
+        **_NORM_AXES,
+        **gated_deltanet.LOGICAL_AXES,
+        **_moe_axes(params["linear_layers"]),
+    }
   expected = jax.tree_util.tree_structure(axes, is_leaf=is_axes)
   actual = jax.tree_util.tree_structure(params)
   if expected != actual:
     raise ValueError(f"params structure {actual} is not the model's {expected}")
   return jax.tree_util.tree_map(lambda a: a, axes, is_leaf=is_axes)
+
+
+def _moe_axes(stack) -> Params:
+  """The MoE layer's axes of a stack; the shared experts, their gate and
+  the router's bias are optional: named only where the stack has them."""
+  present = stack if isinstance(stack, Mapping) else {}
+  return {
+      name: names
+      for name, names in moe.LOGICAL_AXES.items()
+      if name in present
+      or not (name.startswith("shared_") or name == "router_bias")
+  }
 
 
 def _stack_axes(stack, ffn_axes: Params) -> Params:
@@ -744,6 +928,8 @@ def _stack_axes(stack, ffn_axes: Params) -> Params:
     attention = {**_GQA_AXES, **_QK_NORM_AXES}
   else:
     attention = _GQA_AXES
+  if "wq_gate" in stack:
+    attention = {**attention, **_GATE_AXES}
   return {**_NORM_AXES, **attention, **ffn_axes}
 
 
