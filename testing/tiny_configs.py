@@ -177,6 +177,27 @@ TINY_QWEN3_MOE = dict(
     moe_mlp_dim=16,
 )
 
+# Qwen3.5-MoE at TINY_MODEL's scale: 4 layers, full attention every 2nd
+# (two groups of one Gated DeltaNet and one attention layer), every layer
+# top-2 of 4 experts with a gated shared expert, zero-centred norms, gated
+# attention, rotary on half of each head.
+TINY_QWEN35 = dict(
+    **TINY_QWEN3_MOE,
+    num_layers=4,
+    full_attention_interval=2,
+    norm_zero_centered=True,
+    attention_output_gate=True,
+    partial_rotary_factor=0.5,
+    num_shared_experts=1,
+    shared_expert_mlp_dim=24,
+    shared_expert_gate=True,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=6,
+    linear_conv_kernel_dim=4,
+    linear_chunk_size=4,
+)
 
 # GRPO on the tiny model: 4 completions of each prompt of 3 progression terms,
 # 4 terms asked for, 8 held-out prompts, a KL term, both built-in rewards.

@@ -48,7 +48,17 @@ def entry_shapes(config) -> dict[str, tuple[int, ...]]:
 
 
 def init(config, batch: int, length: int) -> Cache:
-  """A zero cache of `batch` rows and `length` positions."""
+  """A zero cache of `batch` rows and `length` positions.
+
+  Raises:
+    ValueError: a model with Gated DeltaNet layers, whose recurrent state
+      the cache does not hold.
+  """
+  if config.full_attention_interval:
+    raise ValueError(
+        f"config.full_attention_interval={config.full_attention_interval}: "
+        "the cached decoder does not carry the Gated DeltaNet state yet"
+    )
   dtype = jnp.dtype(config.compute_dtype)
   return {
       stack: {

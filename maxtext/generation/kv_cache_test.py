@@ -34,6 +34,13 @@ class KvCacheTest(absltest.TestCase):
     # Expanded keys (8 + 4) and values (6) of 4 heads: 72 numbers a layer.
     self.assertEqual(kv_cache.expanded_bytes_per_token(config), 2 * 72 * 4)
 
+  def test_hybrid_model_is_refused_in_one_line(self):
+    config = tiny_configs.model_config(tiny_configs.TINY_QWEN35)
+    with self.assertRaisesRegex(
+        ValueError, "config.full_attention_interval=2: the cached decoder"
+    ):
+      kv_cache.init(config, 1, 8)
+
   def test_moe_stacks_follow_the_parameters(self):
     config = tiny_configs.model_config(tiny_configs.TINY_MOE)
     cache = kv_cache.init(config, 2, 4)

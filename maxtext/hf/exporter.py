@@ -47,6 +47,14 @@ from maxtext.hf import tokenizer_files as tokenizer_files_lib
 DTYPES = ("bfloat16", "float32")
 # Hugging Face's default shard size (`save_pretrained(max_shard_size="5GB")`).
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+# Model fields only Qwen3.5-MoE's layout holds, with their plain values.
+_QWEN35_ONLY = {
+    "norm_zero_centered": False,
+    "attention_output_gate": False,
+    "partial_rotary_factor": 1.0,
+    "shared_expert_gate": False,
+    "shared_expert_mlp_dim": 0,
+}
 # Parameters written in float32 whatever the dtype asked for.
 _FLOAT32 = ("router_bias",)
 
@@ -104,6 +112,13 @@ def hf_config_and_tensors(config, params, dtype: str):
   """
   module = family(config)
   try:
+    if module is not qwen35:
+      for field, plain in _QWEN35_ONLY.items():
+        if config[field] != plain:
+          raise llama.UnsupportedError(
+              f"config.{field}={config[field]!r}: only a "
+              f"{qwen35.ARCHITECTURE} (full_attention_interval > 0) holds it"
+          )
     document = module.hf_config(config, dtype)
     if module is deepseek:
       tensors = list(deepseek.tensors(params, config, document))

@@ -24,6 +24,8 @@ def _config(**overrides):
           num_experts=4,
           num_experts_per_token=2,
           num_shared_experts=0,
+          shared_expert_mlp_dim=0,
+          shared_expert_gate=False,
           router_score="softmax",
           router_norm_topk=False,
           load_balance_loss="switch",
@@ -90,6 +92,11 @@ _CHOICES = (
         dict(router_score="sigmoid", load_balance_loss="sequence"),
     ),
     ("top1_shared", dict(num_experts_per_token=1, num_shared_experts=2)),
+    (
+        "gated_shared_of_its_width",
+        dict(num_shared_experts=1, shared_expert_mlp_dim=10,
+             shared_expert_gate=True),
+    ),
     ("capacity_drops", dict(capacity_factor=0.5)),
     (
         "deepseek_bias_groups_scale",
