@@ -172,9 +172,7 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
   elif module is qwen3:
     planned = qwen3.tensors(abstract, config)
   elif module is qwen35:
-    planned = qwen35.tensors(
-        abstract, config, qwen35.prefix(hf.config, source)
-    )
+    planned = qwen35.tensors(abstract, config, qwen35.prefix(hf.config, source))
   else:
     planned = deepseek.tensors(abstract, config, hf.config)
   tensors = []

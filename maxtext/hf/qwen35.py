@@ -326,8 +326,7 @@ _EXPERTS = {
 def _attention_table() -> dict[str, tuple[str, llama.Layout, Any]]:
   """name -> (suffix, layout, join axis) of a full-attention layer."""
   table = {
-      name: llama.LAYER_TENSORS[name] + (None,)
-      for name in ("wk", "wv", "wo")
+      name: llama.LAYER_TENSORS[name] + (None,) for name in ("wk", "wv", "wo")
   }
   table["wq"] = ("self_attn.q_proj.weight", _gated_query(0), 1)
   table["wq_gate"] = ("self_attn.q_proj.weight", _gated_query(1), 1)
@@ -354,15 +353,17 @@ def _linear_table(config) -> dict[str, tuple[str, llama.Layout, Any]]:
         _conv(start, stop, total),
         0,
     )
-  table.update({
-      "wz": ("linear_attn.in_proj_z.weight", llama.HEADS_OUT, None),
-      "wa": ("linear_attn.in_proj_a.weight", llama.LINEAR, None),
-      "wb": ("linear_attn.in_proj_b.weight", llama.LINEAR, None),
-      "a_log": ("linear_attn.A_log", llama.SAME, None),
-      "dt_bias": ("linear_attn.dt_bias", llama.SAME, None),
-      "out_norm": ("linear_attn.norm.weight", llama.SAME, None),
-      "wo": ("linear_attn.out_proj.weight", llama.HEADS_IN, None),
-  })
+  table.update(
+      {
+          "wz": ("linear_attn.in_proj_z.weight", llama.HEADS_OUT, None),
+          "wa": ("linear_attn.in_proj_a.weight", llama.LINEAR, None),
+          "wb": ("linear_attn.in_proj_b.weight", llama.LINEAR, None),
+          "a_log": ("linear_attn.A_log", llama.SAME, None),
+          "dt_bias": ("linear_attn.dt_bias", llama.SAME, None),
+          "out_norm": ("linear_attn.norm.weight", llama.SAME, None),
+          "wo": ("linear_attn.out_proj.weight", llama.HEADS_IN, None),
+      }
+  )
   return table
 
 
@@ -424,4 +425,3 @@ def tensors(
     yield Tensor(
         "lm_head.weight", ("unembedding",), None, outer["unembedding"][1]
     )
-

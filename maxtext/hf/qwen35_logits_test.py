@@ -117,6 +117,8 @@ def _causal_lm(seed: int):
 
 
 def _conditional_generation(seed: int):
+  """A tiny random Qwen3_5MoeForConditionalGeneration (a one-block vision
+  tower beside the text model of _TEXT)."""
   torch.manual_seed(seed)
   config = transformers.Qwen3_5MoeConfig(
       text_config=_TEXT,
@@ -232,7 +234,7 @@ class Qwen35LogitsTest(parameterized.TestCase):
       if kind == "linear_attention":
         mixed, _ = gated_deltanet.apply(normed, layer, config)
       else:
-        # pylint: disable-next=protected-access
+        # pylint: disable-next=protected-access  # One layer alone.
         mixed = transformer._attention(normed, layer, config, None)
       x = x + mixed
       out, _ = moe.moe_mlp(
@@ -311,9 +313,10 @@ class Qwen35LogitsTest(parameterized.TestCase):
     attention = dict(params["moe_layers"])
     both = jnp.concatenate([attention["wq"], attention["wq_gate"]], axis=-1)
     flat = both.reshape(both.shape[:2] + (2 * _HEADS, d))
-    attention["wq"], attention["wq_gate"] = flat[:, :, :_HEADS], flat[
-        :, :, _HEADS:
-    ]
+    attention["wq"], attention["wq_gate"] = (
+        flat[:, :, :_HEADS],
+        flat[:, :, _HEADS:],
+    )
     _assert_differs(
         self,
         _logits({**params, "moe_layers": attention}, config, ids),
@@ -337,7 +340,7 @@ class Qwen35LogitsTest(parameterized.TestCase):
     q = rng.normal(size=(2, 40, _HEADS, _HEAD_DIM)).astype(np.float32)
     positions = np.stack([np.arange(40), np.arange(7, 47)])
     ours = np.asarray(
-        transformer._rotary(  # pylint: disable=protected-access
+        transformer._rotary(  # pylint: disable=protected-access  # The rotary alone.
             jnp.asarray(q),
             jnp.asarray(positions),
             _RotaryConfig(),

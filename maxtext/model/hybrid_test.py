@@ -32,7 +32,16 @@ class HybridTest(parameterized.TestCase):
   def test_tree_axes_and_decay(self):
     config = _config()
     params = transformer.init_params(config, jax.random.PRNGKey(0))
-    self.assertEqual(sorted(params), ["embedding", "final_norm", "linear_layers", "moe_layers", "unembedding"])
+    self.assertEqual(
+        sorted(params),
+        [
+            "embedding",
+            "final_norm",
+            "linear_layers",
+            "moe_layers",
+            "unembedding",
+        ],
+    )
     self.assertEqual(params["linear_layers"]["wq"].shape, (2, 32, 2, 8))
     self.assertEqual(params["moe_layers"]["wq_gate"].shape, (2, 32, 4, 12))
     self.assertEqual(params["moe_layers"]["shared_gate"].shape, (2, 32))
@@ -60,13 +69,16 @@ class HybridTest(parameterized.TestCase):
     )
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 32)
     x = jnp.take(params["embedding"], tokens, axis=0)
-    norm = lambda x, w: transformer.norm(x, w, config)
+
+    def norm(x, w):
+      return transformer.norm(x, w, config)
+
     for g in range(2):  # Layer 2g: DeltaNet; layer 2g + 1: attention.
       for stack, mix in (
           ("linear_layers", lambda h, l: gated_deltanet.apply(h, l, config)[0]),
           (
               "moe_layers",
-              # pylint: disable-next=protected-access
+              # pylint: disable-next=protected-access  # One layer alone.
               lambda h, l: transformer._attention(h, l, config, None),
           ),
       ):
@@ -89,14 +101,24 @@ class HybridTest(parameterized.TestCase):
         jax.grad(lambda p: transformer.loss_fn(p, batch, config)[0])
     )(params)
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
-      self.assertGreater(float(jnp.abs(g).max()), 0.0, jax.tree_util.keystr(path))
+      self.assertGreater(
+          float(jnp.abs(g).max()), 0.0, jax.tree_util.keystr(path)
+      )
 
   @parameterized.named_parameters(
-      ("dense", dict(num_experts=0), "config.full_attention_interval=2: needs experts"),
+      (
+          "dense",
+          dict(num_experts=0),
+          "config.full_attention_interval=2: needs experts",
+      ),
       ("dense_layers", dict(num_dense_layers=1), "config.num_dense_layers=1"),
       ("layers", dict(num_layers=3), "config.num_layers=3: must be a multiple"),
       ("bias", dict(router_bias=True), "config.router_bias=True"),
-      ("rotary", dict(partial_rotary_factor=0.3), "config.partial_rotary_factor=0.3"),
+      (
+          "rotary",
+          dict(partial_rotary_factor=0.3),
+          "config.partial_rotary_factor=0.3",
+      ),
       ("gate", dict(num_shared_experts=0), "config.shared_expert_gate=True"),
       (
           "mla",

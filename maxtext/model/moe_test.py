@@ -94,8 +94,11 @@ _CHOICES = (
     ("top1_shared", dict(num_experts_per_token=1, num_shared_experts=2)),
     (
         "gated_shared_of_its_width",
-        dict(num_shared_experts=1, shared_expert_mlp_dim=10,
-             shared_expert_gate=True),
+        dict(
+            num_shared_experts=1,
+            shared_expert_mlp_dim=10,
+            shared_expert_gate=True,
+        ),
     ),
     ("capacity_drops", dict(capacity_factor=0.5)),
     (
