@@ -83,7 +83,8 @@ class ImportCheckpointTest(absltest.TestCase):
         [f"--input={hf}"],
         f"{path}: architecture 'MixtralForCausalLM' is not supported "
         "(supported: LlamaForCausalLM, DeepseekV3ForCausalLM, "
-        "Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
+        "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM, "
+        "Qwen3_5MoeForConditionalGeneration)",
         out,
     )
 
