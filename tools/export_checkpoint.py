@@ -10,7 +10,8 @@ writes config.json and model.safetensors, which
 loads: dense grouped-query models as LlamaForCausalLM, those with per-head
 q/k norms (qk_norm) as Qwen3ForCausalLM, grouped-query mixture-of-experts
 models as Qwen3MoeForCausalLM, multi-head latent attention
-mixture-of-experts models as DeepseekV3ForCausalLM. --step picks
+mixture-of-experts models as DeepseekV3ForCausalLM, the Gated DeltaNet
+hybrid (full_attention_interval > 0) as Qwen3_5MoeForCausalLM. --step picks
 a checkpoint (default: the newest); --dtype is the tensors' dtype (bfloat16
 or float32, default float32). The run's tokenizer files (those of the
 imported checkpoint it started from, or of its prepared data) are copied

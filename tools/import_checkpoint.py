@@ -1,8 +1,16 @@
 """Imports a Hugging Face checkpoint as parameters a run starts from.
 
 LlamaForCausalLM, DeepseekV3ForCausalLM (FP8 weights dequantised; the
-multi-token-prediction layers skipped with a warning), Qwen3ForCausalLM and
-Qwen3MoeForCausalLM: docs/checkpoints.md.
+multi-token-prediction layers skipped with a warning), Qwen3ForCausalLM,
+Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM and
+Qwen3_5MoeForConditionalGeneration (its vision tower and
+multi-token-prediction layers skipped with a warning each):
+docs/checkpoints.md.
+
+  # Qwen3.5-397B-A17B (the published ForConditionalGeneration layout):
+  tools/bazel run //tools:import_checkpoint -- \\
+      --input=/models/Qwen3.5-397B-A17B --output_dir=/ckpt/qwen35_397b \\
+      --config=maxtext/configs/qwen35_397b_a17b.py
 
   # Qwen3-8B, its shapes checked against the project's config file:
   tools/bazel run //tools:import_checkpoint -- --input=/models/Qwen3-8B \\
