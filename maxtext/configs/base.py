@@ -175,15 +175,19 @@ def get_config() -> ml_collections.ConfigDict:
   # Qwen3.5: 4). Needs experts in every layer (num_experts > 0,
   # num_dense_layers 0) and num_layers a multiple of n.
   config.full_attention_interval = 0
-  # Gated DeltaNet (full_attention_interval > 0), as transformers names them:
-  # key heads, value heads (a multiple of the key heads), their widths, the
-  # causal convolution's kernel, and the chunk length of the chunked delta
-  # rule (a speed choice: any value gives the same result).
+  # Gated DeltaNet (full_attention_interval > 0), as transformers names the
+  # fields: key heads (queries and keys).
   config.linear_num_key_heads = 16
+  # Gated DeltaNet: value heads, a multiple of the key heads.
   config.linear_num_value_heads = 32
+  # Gated DeltaNet: width of a query/key head.
   config.linear_key_head_dim = 128
+  # Gated DeltaNet: width of a value head.
   config.linear_value_head_dim = 128
+  # Gated DeltaNet: kernel of the causal depthwise convolution over q, k, v.
   config.linear_conv_kernel_dim = 4
+  # Gated DeltaNet: tokens per chunk of the chunked delta rule (a speed
+  # choice: any value gives the same result).
   config.linear_chunk_size = 64
   # Tied embeddings (Hugging Face's tie_word_embeddings, e.g. Llama 3.2 1B/3B):
   # no separate unembedding parameter; the logits use the embedding transposed.
