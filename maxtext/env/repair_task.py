@@ -62,7 +62,9 @@ _FUNCTIONS = (
       ("/ len(items)", "/ max(items)")]),
 )  # fmt: skip
 _PACKAGES = ("calc", "numkit", "tally", "mathlib", "basics")
-TEST_COMMAND = ["python3", "-m", "unittest", "-q"]
+# -B: no bytecode files. An edit within the same second that keeps a file's
+# size would otherwise leave a cached .pyc that Python takes as current.
+TEST_COMMAND = ["python3", "-B", "-m", "unittest", "-q"]
 
 SYSTEM = (
     "Fix the bug in the repository so that its tests pass. Use the tools; "
@@ -131,8 +133,10 @@ def problem(index: int) -> dict[str, Any]:
       "test_command": list(TEST_COMMAND),
       "fix": {
           "path": path,
-          "old": f"  {target[2].replace(old, new, 1)}",
-          "new": f"  {target[2]}",
+          # With the def line: another function may have the same body.
+          "old": f"def {target[0]}({target[1]}):\n"
+          f"  {target[2].replace(old, new, 1)}",
+          "new": f"def {target[0]}({target[1]}):\n  {target[2]}",
       },
   }
 

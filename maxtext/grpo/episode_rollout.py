@@ -30,7 +30,7 @@ rewards/kind/<task kind> (mean total reward per kind).
 
 import dataclasses
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -109,12 +109,14 @@ class EpisodeSetup:
     chat: the policy's `chat.ChatTokenizer`.
     limits: the episodes' limits.
     tools: how tools and verifiers run.
+    clock: seconds, for the episodes' wall-time limit.
   """
 
   task: tasks_lib.Task
   chat: Any
   limits: episodes_lib.Limits
   tools: tasks_lib.ToolSettings
+  clock: Callable[[], float] = time.monotonic
 
 
 def play(
@@ -132,6 +134,7 @@ def play(
       generate,
       options,
       setup.limits,
+      clock=setup.clock,
   )
 
 
