@@ -58,7 +58,7 @@ class TextTasksTest(absltest.TestCase):
     self.assertEqual(train[0]["episode/turns"], 1.0)
     self.assertEqual(train[0]["episode/env_tokens"], 0.0)
     (evaluation,) = _records(result.run_dir, "eval")
-    self.assertIn("pass@2", evaluation)
+    self.assertIn("eval_pass@2", evaluation)
     with open(os.path.join(result.run_dir, "config.json")) as f:
       recorded = json.load(f)
     self.assertIn("maxtext.env.math_task:make_task", json.dumps(recorded))
