@@ -5,7 +5,7 @@ the built-in byte-level ChatML tokenizer (259 ids, maxtext/text/byte_chat.py),
 answers checked by `math-verify`. Start from an SFT run on the task's
 demonstrations (`load_parameters_path`; docs/grpo.md has the pipeline):
 
-  tools/bazel run //maxtext:grpo_main -- \\
+  tools/bazel run //maxtext:train_main -- \\
       --config=maxtext/configs/grpo_math_tiny.py \\
       --config.load_parameters_path=/tmp/maxtext_runs/sft_math/checkpoints
 """

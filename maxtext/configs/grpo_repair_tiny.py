@@ -8,7 +8,7 @@ tests pass. Episodes of up to 8 turns, tool calls in the `qwen3_xml` form,
 the byte-level ChatML tokenizer. Start from an SFT run on the task's
 demonstrations (docs/grpo.md):
 
-  tools/bazel run //maxtext:grpo_main -- \\
+  tools/bazel run //maxtext:train_main -- \\
       --config=maxtext/configs/grpo_repair_tiny.py \\
       --config.load_parameters_path=/tmp/maxtext_runs/sft_repair/checkpoints
 """
