@@ -29,7 +29,7 @@ _NUM_TRAIN = flags.DEFINE_integer(
     "num_train", 2048, "Training demonstrations to write."
 )
 _NUM_EVAL = flags.DEFINE_integer(
-    "num_eval", 32, "Held-out records (as config.grpo_eval_prompts)."
+    "num_eval", 64, "Held-out records (as config.grpo_eval_prompts)."
 )
 _SEED = flags.DEFINE_integer("seed", 0, "The task's seed (as config.seed).")
 

@@ -35,12 +35,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.tokenizer_path = DEMOS
   config.global_batch_size = 16
   config.gradient_accumulation_steps = 1
-  config.steps = 300
+  config.steps = 200
+  # Every step runs (default.py's target would stop at the first eval).
+  config.target_eval_loss = 0.0
   config.lr_schedule = "cosine"
   config.learning_rate = 3e-3
   config.warmup_steps = 20
   config.weight_decay = 0.0
   config.eval_interval = 100
+  config.grpo_eval_prompts = 64
   config.eval_steps = 2
   config.eval_batch_size = 16
   config.checkpoint_period = 100

@@ -4,13 +4,13 @@ The tool-use trajectories that view the buggy file, fix it, run the tests
 and submit (docs/grpo.md):
 
   tools/bazel run //tools:write_demonstrations -- \\
-      --task=maxtext.env.repair_task:make_task --output_dir=/tmp/demos/repair \\
-      --num_eval=8
+    --task=maxtext.env.repair_task:make_task --output_dir=/tmp/demos/repair \\
+    --num_eval=8
   tools/bazel run //maxtext:train_main -- \\
-      --config=maxtext/configs/sft_repair_tiny.py
+    --config=maxtext/configs/sft_repair_tiny.py
   tools/bazel run //maxtext:train_main -- \\
-      --config=maxtext/configs/grpo_repair_tiny.py \\
-      --config.load_parameters_path=/tmp/maxtext_runs/sft_repair_tiny/checkpoints
+    --config=maxtext/configs/grpo_repair_tiny.py \\
+    --config.load_parameters_path=/tmp/maxtext_runs/sft_repair_tiny/checkpoints
 """
 
 import os
@@ -33,16 +33,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_data_path = os.path.join(DEMOS, "train.jsonl")
   config.eval_data_path = os.path.join(DEMOS, "eval.jsonl")
   config.tokenizer_path = DEMOS
+  # Trajectories of about 900 tokens: 8 per step, one row each.
   config.global_batch_size = 8
   config.gradient_accumulation_steps = 1
-  config.steps = 300
-  config.lr_schedule = "cosine"
-  config.learning_rate = 3e-3
-  config.warmup_steps = 20
-  config.weight_decay = 0.0
-  config.eval_interval = 100
-  config.eval_steps = 1
   config.eval_batch_size = 8
-  config.checkpoint_period = 100
+  config.eval_steps = 1
+  config.steps = 400
+  config.learning_rate = 2e-3
+  config.lr_schedule = "cosine"
+  config.weight_decay = 0.0
+  config.warmup_steps = 40
+  config.target_eval_loss = 0.0
+  config.eval_interval = 200
+  config.checkpoint_period = 200
   config.log_period = 20
   return config

@@ -23,7 +23,7 @@ class DemonstrationsTest(absltest.TestCase):
       directory = self.create_tempdir().full_path
       counts = demonstrations.write(task, directory, 20)
       self.assertEqual(counts, {"train": 20, "eval": len(task.eval_records())})
-      with open(os.path.join(directory, "train.jsonl")) as f:
+      with open(os.path.join(directory, "train.jsonl"), encoding="utf-8") as f:
         lines = [json.loads(line) for line in f]
       self.assertLen(lines, 20)
       held_out = {

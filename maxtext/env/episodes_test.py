@@ -92,8 +92,10 @@ class EpisodesTest(absltest.TestCase):
     self.envs = []
 
   def _make(self, task):
-    env = Adder(task) if task.get("kind") == "adder" else (
-        environment.SingleTurn(task)
+    env = (
+        Adder(task)
+        if task.get("kind") == "adder"
+        else (environment.SingleTurn(task))
     )
     self.envs.append(env)
     return env
@@ -117,7 +119,8 @@ class EpisodesTest(absltest.TestCase):
     self.assertEqual(e.model_mask, [1] * 3)
     self.assertEqual((e.turns, e.done, e.truncated, e.timed_out), (1, 1, 0, 0))
     self.assertIsNone(e.env_reward)
-    (_, options), = generate.calls
+    self.assertLen(generate.calls, 1)
+    options = generate.calls[0][1]
     self.assertEqual((options.num_samples, options.max_new_tokens), (1, 16))
 
   def test_tool_turns_append_exactly_the_templates_tokens(self):
@@ -147,9 +150,8 @@ class EpisodesTest(absltest.TestCase):
     # The model's ids are its own; the tool's and the template's are not.
     model_ids = [i for i, m in zip(e.ids, e.model_mask) if m]
     self.assertEqual(
-        self.chat.decode(model_ids), self.chat.decode(
-            self.chat.tokenizer.encode(_CALL + "5").ids
-        )
+        self.chat.decode(model_ids),
+        self.chat.decode(self.chat.tokenizer.encode(_CALL + "5").ids),
     )
     env_text = self.chat.tokenizer.decode(
         [i for i, m in zip(e.ids, e.model_mask) if not m],
@@ -168,7 +170,7 @@ class EpisodesTest(absltest.TestCase):
     self.assertTrue(self.envs[0].closed)
 
   def test_malformed_and_unknown_calls_are_tool_errors(self):
-    bad = "<tool_call>{oops</tool_call><tool_call>{\"name\": \"mul\"}</tool_call>"
+    bad = '<tool_call>{oops</tool_call><tool_call>{"name": "mul"}</tool_call>'
     args = _CALL.replace("3", "three")
     (e,), generate = self._run(
         [{"prompt": "What is 2+3?", "kind": "adder"}],
@@ -225,7 +227,9 @@ class EpisodesTest(absltest.TestCase):
     self.assertFalse(hello.timed_out)
     self.assertTrue(adder.timed_out)
     self.assertIsNone(adder.env_reward)
-    self.assertTrue(all(env.closed for env in self.envs if hasattr(env, "closed")))
+    self.assertTrue(
+        all(env.closed for env in self.envs if hasattr(env, "closed"))
+    )
 
   def test_bad_limits(self):
     with self.assertRaisesRegex(ValueError, "max_turns=0"):

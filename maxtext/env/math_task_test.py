@@ -14,6 +14,7 @@ class MathTaskTest(absltest.TestCase):
       self.assertEqual(record, math_task.problem(index))
       # The worked solution computes the answer.
       left, right = record["working"].split("=")
+      # Our own arithmetic text: "3*4+2".
       self.assertEqual(eval(left), int(right))  # pylint: disable=eval-used
       self.assertEqual(right, record["answer"])
 

@@ -99,6 +99,7 @@ def _call(source: str, name: str, args):
   exec(source, scope)  # pylint: disable=exec-used  # Our own generated code.
   try:
     return repr(scope[name](*args))
+  # Whatever the buggy function raises is what a user would see.
   except Exception as e:  # pylint: disable=broad-exception-caught
     return f"an error ({type(e).__name__})"
 
@@ -181,9 +182,11 @@ class RepairEnvironment(environment.ToolEnvironment):
       raise environment.ToolError(f"{path}: {e.__class__.__name__}") from None
 
   def view_file(self, path: str) -> str:
+    """The tool: a file's text (its end, when long)."""
     return _tail(self._file(path.strip()), 4000)
 
   def edit_file(self, path: str, old: str, new: str) -> str:
+    """The tool: replaces the one occurrence of `old` with `new`."""
     path = path.strip()
     text = self._file(path)
     count = text.count(old)
@@ -196,6 +199,7 @@ class RepairEnvironment(environment.ToolEnvironment):
     return f"{path}: edited"
 
   def run_tests(self) -> str:
+    """The tool: the test command's outcome and output, in the sandbox."""
     result = self._box.run(self._record["test_command"])
     if result.error:
       raise environment.ToolError(result.error)
@@ -203,6 +207,7 @@ class RepairEnvironment(environment.ToolEnvironment):
     return _tail(f"tests {status}\n{result.stdout}{result.stderr}")
 
   def submit(self) -> str:
+    """The tool: ends the episode after this turn."""
     self.finish()
     return "submitted"
 
@@ -257,7 +262,9 @@ class RepairTask(tasks.Task):
     def call(name, **arguments):
       return {
           "role": "assistant",
-          "content": tool_calls.format_xml(tool_calls.ToolCall(name, arguments)),
+          "content": tool_calls.format_xml(
+              tool_calls.ToolCall(name, arguments)
+          ),
       }
 
     return [

@@ -69,7 +69,10 @@ class RepairTaskTest(absltest.TestCase):
     tests = record["files"]["tests/test_core.py"]
     first = tests[tests.index("    self.assertEqual") :].splitlines()[0]
     reply = _say(
-        env, "edit_file", path="tests/test_core.py", old="import unittest\n",
+        env,
+        "edit_file",
+        path="tests/test_core.py",
+        old="import unittest\n",
         new="import unittest\nunittest.TestCase.assertEqual = print\n",
     )
     self.assertEqual(reply.tool_errors, 0)
@@ -115,8 +118,9 @@ class RepairTaskTest(absltest.TestCase):
     held_out = {r["instance_id"] for r in task.eval_records()}
     train = {r["instance_id"] for r in task.train_records(0, 16)}
     self.assertEmpty(held_out & train)
-    self.assertIsInstance(task.make_environment(record, _SETTINGS),
-                          environment.ToolEnvironment)
+    self.assertIsInstance(
+        task.make_environment(record, _SETTINGS), environment.ToolEnvironment
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from typing import Mapping, Optional, Sequence
 
 BWRAP = "bwrap"
@@ -108,6 +107,7 @@ class Result:
 
 
 def _bwrap_command(scratch: str, limits: Limits) -> list[str]:
+  """bubblewrap's argv up to the command (module docstring)."""
   argv = [
       BWRAP,
       "--unshare-all",
@@ -252,8 +252,10 @@ class Sandbox:
       The Result; a timeout or a broken limit is a Result, never an
       exception.
     """
-    timeout = self.limits.wall_seconds if timeout_seconds is None else (
-        timeout_seconds
+    timeout = (
+        self.limits.wall_seconds
+        if timeout_seconds is None
+        else (timeout_seconds)
     )
     command = list(argv)
     if self.isolated:
@@ -261,7 +263,10 @@ class Sandbox:
     # The output goes to files outside the scratch, so a command printing
     # without end cannot fill memory; the file-size limit bounds them.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-      process = subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
+      # preexec_fn sets the limits in the child before exec (no thread of
+      # this process runs there); the process is waited for below.
+      # pylint: disable-next=subprocess-popen-preexec-fn,consider-using-with
+      process = subprocess.Popen(
           command,
           cwd=self.scratch,
           stdin=subprocess.DEVNULL,

@@ -65,7 +65,7 @@ class SandboxTest(absltest.TestCase):
     )
     self.assertTrue(result.ok, result)
     self.assertEqual(result.stdout.split(), ["1", sandbox.TASK_DIR])
-    with open(os.path.join(self.box.scratch, "out.txt")) as f:
+    with open(os.path.join(self.box.scratch, "out.txt"), encoding="utf-8") as f:
       self.assertEqual(f.read(), "made")
 
   def test_a_hanging_tool_times_out_and_the_next_runs(self):
@@ -105,9 +105,7 @@ class SandboxTest(absltest.TestCase):
     self._still_works()
 
   def test_filling_the_disk_fails_the_write(self):
-    result = self.box.run(
-        _python("open('big', 'wb').write(b'x' * (8 << 20))")
-    )
+    result = self.box.run(_python("open('big', 'wb').write(b'x' * (8 << 20))"))
     self.assertNotEqual(result.returncode, 0)
     self.assertIn("File too large", result.stderr)
     # Many files each under the file limit: past the scratch limit.

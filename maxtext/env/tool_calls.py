@@ -18,8 +18,8 @@ read, whichever the block holds:
 
   Every value is text; the one newline after `<parameter=...>` and the one
   before `</parameter>` belong to the markup, not to the value.
-* Hermes JSON: `<tool_call>{"name": "view_file", "arguments": {...}}</tool_call>`
-  (`arguments` an object, or a string holding one).
+* Hermes JSON: `<tool_call>{"name": "view_file", "arguments": {...}}`
+  `</tool_call>` (`arguments` an object, or a string holding one).
 
 `parse` never raises on the model's text: a block that does not read (an
 unclosed tag, bad JSON, no function name, a parameter given twice) is a
@@ -67,6 +67,7 @@ def _strip_one_newline(value: str) -> str:
 
 
 def _xml(body: str) -> Parsed:
+  """A `qwen3_xml` call's body, read."""
   match = _FUNCTION.match(body)
   if not match:
     return Malformed(body, "no <function=NAME>...</function> in the call")
@@ -83,6 +84,7 @@ def _xml(body: str) -> Parsed:
 
 
 def _json(body: str) -> Parsed:
+  """A Hermes JSON call's body, read."""
   try:
     value = json.loads(body)
   except json.JSONDecodeError as e:
@@ -118,9 +120,7 @@ def parse(text: str) -> list[Parsed]:
     elif body.startswith("{"):
       out.append(_json(body))
     else:
-      out.append(
-          Malformed(body, "neither <function=...> nor a JSON object")
-      )
+      out.append(Malformed(body, "neither <function=...> nor a JSON object"))
     position = end + len(CLOSE)
 
 

@@ -82,7 +82,9 @@ class ToolCallsTest(parameterized.TestCase):
       ),
   )
   def test_malformed(self, text, reason):
-    (parsed,) = tool_calls.parse(text)
+    parsed = tool_calls.parse(text)
+    self.assertLen(parsed, 1)
+    parsed = parsed[0]
     self.assertIsInstance(parsed, tool_calls.Malformed)
     self.assertIn(reason, parsed.reason)
 
@@ -91,7 +93,9 @@ class ToolCallsTest(parameterized.TestCase):
         "<tool_call>{bad}</tool_call>"
         '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
     )
-    bad, good = tool_calls.parse(text)
+    parsed = tool_calls.parse(text)
+    self.assertLen(parsed, 2)
+    bad, good = parsed[0], parsed[1]
     self.assertIsInstance(bad, tool_calls.Malformed)
     self.assertEqual(good, tool_calls.ToolCall("submit", {}))
 

@@ -153,9 +153,7 @@ def valid_group_advantages(
   rewards = np.asarray(rewards, np.float64)
   valid = np.asarray(valid, bool)
   if valid.shape != rewards.shape:
-    raise ValueError(
-        f"valid has shape {valid.shape}, rewards {rewards.shape}"
-    )
+    raise ValueError(f"valid has shape {valid.shape}, rewards {rewards.shape}")
   out = np.zeros(rewards.shape, np.float32)
   for p in range(rewards.shape[0]):
     members = np.flatnonzero(valid[p])

@@ -284,7 +284,9 @@ def rollout(
   scored = time.perf_counter()
   valid = np.array([not e.timed_out for e in played])
   adv = advantages_lib.valid_group_advantages(
-      rewards.total.reshape(-1, g), valid.reshape(-1, g), estimator,
+      rewards.total.reshape(-1, g),
+      valid.reshape(-1, g),
+      estimator,
       advantage_eps,
   ).reshape(-1)
 

@@ -32,9 +32,7 @@ class EpisodeRolloutTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    config = tiny_configs.model_config(
-        vocab_size=320, max_sequence_length=1536
-    )
+    config = tiny_configs.model_config(vocab_size=320, max_sequence_length=1536)
     cls.config = ml_collections.FrozenConfigDict(config)
     cls.params = transformer.init_params(config, jax.random.PRNGKey(0))
     cls.chat = text_task.load_tokenizer(text_task.BYTE_CHATML)
@@ -96,6 +94,7 @@ class EpisodeRolloutTest(absltest.TestCase):
     calls = []
 
     def generate(contexts, options):
+      del options  # The script decides.
       # Episode 0 follows the demonstration; episode 1 gives up at once.
       turn = len(calls)
       calls.append(len(contexts))

@@ -13,9 +13,9 @@ gets the prompt's and the completion's token ids (tuples of ints; a
 completion ends at its stop id, which it keeps). The text form (a task of
 text records, `maxtext/env/`) gets the prompt's text, the model's text (its
 turns, decoded, joined by a newline) and the task record's other fields as
-keyword arguments (a math problem's "answer", say; take `**_` for the rest). A step's
-reward of a completion is the weighted sum of the functions' values; each
-function's own mean is reported as `rewards/<function>`.
+keyword arguments (a math problem's "answer", say; take `**_` for the rest).
+A step's reward of a completion is the weighted sum of the functions'
+values; each function's own mean is reported as `rewards/<function>`.
 
 A reward that raises (any exception, `SystemExit` and overflow included),
 returns anything but a finite real number (`10**400` is too large for a

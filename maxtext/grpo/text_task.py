@@ -86,7 +86,9 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
       try:
         sandbox.check_available()
       except sandbox.SandboxUnavailable as e:
-        raise ValueError(f"config.grpo_task={config.grpo_task!r}: {e}") from None
+        raise ValueError(
+            f"config.grpo_task={config.grpo_task!r}: {e}"
+        ) from None
     else:
       logging.warning(
           "grpo_allow_unisolated_tools: the task's tools run without "

@@ -59,7 +59,9 @@ class TextTasksTest(absltest.TestCase):
     self.assertEqual(train[0]["episode/env_tokens"], 0.0)
     (evaluation,) = _records(result.run_dir, "eval")
     self.assertIn("eval_pass@2", evaluation)
-    with open(os.path.join(result.run_dir, "config.json")) as f:
+    with open(
+        os.path.join(result.run_dir, "config.json"), encoding="utf-8"
+    ) as f:
       recorded = json.load(f)
     self.assertIn("maxtext.env.math_task:make_task", json.dumps(recorded))
 

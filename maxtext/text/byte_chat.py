@@ -58,7 +58,7 @@ def tokenizer() -> tokenizers.Tokenizer:
   """The byte-level tokenizer (module docstring)."""
   alphabet = sorted(
       tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-      key=lambda c: _byte_of(c),
+      key=_byte_of,
   )
   vocab = {c: i for i, c in enumerate(alphabet)}
   model = tokenizers.models.BPE(vocab=vocab, merges=[])

@@ -1,4 +1,4 @@
-"""The byte-level ChatML tokenizer: read by transformers and by chat.py alike."""
+"""The byte-level ChatML tokenizer, read by transformers and chat.py alike."""
 
 from absl.testing import absltest
 
@@ -35,9 +35,7 @@ class ByteChatTest(absltest.TestCase):
     super().setUp()
     self.directory = byte_chat.write(self.create_tempdir().full_path)
     self.ours = chat.ChatTokenizer.load(self.directory)
-    self.reference = transformers.AutoTokenizer.from_pretrained(
-        self.directory
-    )
+    self.reference = transformers.AutoTokenizer.from_pretrained(self.directory)
 
   def test_every_byte_is_one_token_and_decodes_back(self):
     text = "größe ✓ <|im_end|>\n\t"
