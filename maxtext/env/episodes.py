@@ -185,6 +185,7 @@ def run(
     limits: Limits,
     *,
     clock: Callable[[], float] = time.monotonic,
+    timings: Optional[dict[str, float]] = None,
 ) -> list[Episode]:
   """Plays one episode per task (module docstring).
 
@@ -197,6 +198,9 @@ def run(
       num_samples and max_new_tokens are set per turn.
     limits: the episodes' limits.
     clock: seconds (the wall-time limit reads it).
+    timings: if given, gets "generate" (seconds in `generate`) and
+      "environment" (seconds process 0 spent in the environments: starting
+      them, their answers and tools, their rewards), on the host clock.
 
   Returns:
     The episodes, in the order of `tasks`, equal on every process.
@@ -204,11 +208,14 @@ def run(
   lead = share.is_lead()
   conversations: list[_Conversation] = []
   start = clock()
+  spent = {"generate": 0.0, "environment": 0.0}
   try:
     if lead:
+      began = time.perf_counter()
       for task in tasks:
         conversations.append(_Conversation(make_environment(task), chat))
       first = [(c.env.kind, c.prompt_ids()) for c in conversations]
+      spent["environment"] += time.perf_counter() - began
     else:
       first = None
     first = share.from_lead(first)
@@ -223,15 +230,19 @@ def run(
           max_new_tokens=limits.max_turn_tokens,
           seed=_turn_seed(options.seed, turn),
       )
+      began = time.perf_counter()
       completions = generate(
           [episodes[i].prompt_ids + episodes[i].ids for i in active],
           turn_options,
       )
+      spent["generate"] += time.perf_counter() - began
       answers = None
       if lead:
+        began = time.perf_counter()
         answers = _answers(
             episodes, conversations, active, completions, options, limits
         )
+        spent["environment"] += time.perf_counter() - began
         if clock() - start > limits.wall_seconds:
           answers = {"timed_out": True, "turns": answers["turns"]}
       answers = share.from_lead(answers)
@@ -243,12 +254,16 @@ def run(
         e.truncated = True
     rewards = None
     if lead:
+      began = time.perf_counter()
       rewards = [
           None if e.timed_out else conversations[i].env.reward()
           for i, e in enumerate(episodes)
       ]
+      spent["environment"] += time.perf_counter() - began
     for e, reward in zip(episodes, share.from_lead(rewards)):
       e.env_reward = reward
+    if timings is not None:
+      timings.update(spent)
     return episodes
   finally:
     for c in conversations:

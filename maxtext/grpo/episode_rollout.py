@@ -21,6 +21,10 @@ the loss reads:
   (`advantages.valid_group_advantages`) or in the reward statistics, and
   `episode/timeouts` counts it.
 
+Timings: timing/generate (the generation function's seconds), timing/tools
+(the environments': tools, verifiers, rendering), timing/episodes (both and
+the runner's bookkeeping), timing/reward (the reward functions).
+
 Statistics beside `rollout.rollout_stats`' (over the valid episodes):
 episode/turns, episode/tool_calls, episode/tool_errors (means per
 episode), episode/timeouts (a count), episode/truncated (the share cut by
@@ -124,8 +128,10 @@ def play(
     records: Sequence[dict[str, Any]],
     options: sampling.SamplingOptions,
     generate: episodes_lib.GenerateFn,
+    timings: Optional[dict[str, float]] = None,
 ) -> list[episodes_lib.Episode]:
-  """options.num_samples episodes of each record, record-major."""
+  """options.num_samples episodes of each record, record-major (timings:
+  as `episodes.run`'s)."""
   g = options.num_samples
   return episodes_lib.run(
       [dict(r) for r in records for _ in range(g)],
@@ -135,6 +141,7 @@ def play(
       options,
       setup.limits,
       clock=setup.clock,
+      timings=timings,
   )
 
 
@@ -271,7 +278,8 @@ def rollout(
         params, model_config, n, setup.chat.vocab_size, mesh
     )
   start = time.perf_counter()
-  played = play(setup, records, options, generate)
+  timings = {}
+  played = play(setup, records, options, generate, timings)
   generated = time.perf_counter()
   for e in played:
     if len(e.prompt_ids) + length > width:
@@ -311,7 +319,10 @@ def rollout(
   )
   stats.update(_valid_reward_stats(rewards, valid, g))
   stats.update(episode_stats(played, rewards, valid))
-  stats["timing/generate"] = generated - start
+  # Generation alone; the environments' time (tools, verifiers) apart.
+  stats["timing/generate"] = timings["generate"]
+  stats["timing/tools"] = timings["environment"]
+  stats["timing/episodes"] = generated - start
   stats["timing/reward"] = scored - generated
   return rollout_lib.Rollout(
       prompts=[e.prompt_ids for e in played[::g]],

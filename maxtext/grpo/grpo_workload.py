@@ -183,6 +183,18 @@ def rollout_options(config, step: int) -> sampling.SamplingOptions:
   )
 
 
+def _episode_options(config, stop_ids, step: int) -> sampling.SamplingOptions:
+  return dataclasses.replace(rollout_options(config, step), stop_ids=stop_ids)
+
+
+def options_of_step(config, episodes=None):
+  """step -> the rollout's sampling; a text task's turns (`episodes`, its
+  `episode_rollout.EpisodeSetup`) stop on its template's end of turn."""
+  if episodes is None:
+    return functools.partial(rollout_options, config)
+  return functools.partial(_episode_options, config, episodes.chat.stop_ids)
+
+
 def eval_options(config) -> sampling.SamplingOptions:
   """The held-out eval's sampling: greedy (one sample) at temperature 0,
   else `config_lib.eval_samples_per_prompt` samples of each prompt."""
@@ -259,7 +271,7 @@ class GrpoWorkload(workload.Workload):
         state.engine,
         frozen,
         lambda rollout: state.dataset.get_batch(rollout)["prompts"].tolist(),
-        self._options_of_step(config),
+        options_of_step(config, self._episodes),
         self._rewards,
         num_micro_batches=config.gradient_accumulation_steps,
         width=config.grpo_prompt_length + config.grpo_max_completion_length,
@@ -339,16 +351,6 @@ class GrpoWorkload(workload.Workload):
     if self._frozen is None:
       self._frozen = ml_collections.FrozenConfigDict(state.config)
     return self._frozen
-
-  def _options_of_step(self, config):
-    """step -> the rollout's sampling; a text task's turns stop on the
-    template's end of turn."""
-    if self._episodes is None:
-      return functools.partial(rollout_options, config)
-    stop_ids = self._episodes.chat.stop_ids
-    return lambda step: dataclasses.replace(
-        rollout_options(config, step), stop_ids=stop_ids
-    )
 
   def _pass_rates(self, state) -> dict[str, float]:
     """The held-out prompts' pass rates under the current parameters."""
