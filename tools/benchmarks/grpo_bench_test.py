@@ -122,7 +122,9 @@ class GrpoBenchTest(absltest.TestCase):
     # Tools ran in the sandbox (the verifier at least) and generation ran.
     self.assertGreater(phases["tools"], 0.0)
     self.assertGreater(phases["generate"], 0.0)
-    self.assertLessEqual(phases["generate"] + phases["tools"], phases["rollout"])
+    self.assertLessEqual(
+        phases["generate"] + phases["tools"], phases["rollout"]
+    )
 
   def test_one_reward_function_more_adds_a_host_value_not_dispatches(self):
     two = self.check_run(2)
