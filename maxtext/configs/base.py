@@ -463,12 +463,12 @@ def get_config() -> ml_collections.ConfigDict:
   # built-in byte-level ChatML tokenizer (maxtext/text/byte_chat.py, 259 ids)
   # for models trained here. Used with grpo_task.
   config.grpo_tokenizer_path = "byte_chatml"
-  # Episode limits: model turns, tokens per model turn (0 = the whole
-  # grpo_max_completion_length), and wall-clock seconds for a step's
-  # episodes (past it, running episodes are invalid: no loss, no baseline,
-  # counted in episode/timeouts).
+  # Episode limits (maxtext/env/episodes.py): model turns per episode.
   config.grpo_max_turns = 1
+  # Tokens per model turn (0 = the whole grpo_max_completion_length).
   config.grpo_max_turn_tokens = 0
+  # Wall-clock seconds for a step's episodes; past it, running episodes are
+  # invalid (no loss, no baseline, counted in episode/timeouts).
   config.grpo_episode_timeout_seconds = 600.0
   # Each tool call's wall-clock seconds in the sandbox (the verifier's is
   # grpo_reward_timeout_seconds).
