@@ -44,6 +44,7 @@ LAYERS = {
     "maxtext.generation": 4,
     "maxtext.hf": 4,
     "maxtext.mllog": 5,
+    "maxtext.env": 5,
     "maxtext.run": 6,
     "maxtext.grpo": 7,
     "maxtext.sft": 7,

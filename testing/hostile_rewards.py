@@ -60,3 +60,11 @@ def hangs_after_8_calls(prompt, completion):
   if _count("hangs_after_8_calls") > 8:
     hangs(prompt, completion)
   return float(len(completion))
+
+
+def contains_answer(prompt, completion, answer, **fields):
+  """A text reward: 1 when the completion holds the record's answer."""
+  del fields
+  if not isinstance(prompt, str) or not isinstance(completion, str):
+    raise TypeError("text rewards get texts")
+  return float(str(answer) in completion)

@@ -564,12 +564,18 @@ def _check_grpo(v) -> None:
     )
   if v["grpo_beta"] < 0:
     raise _fail("grpo_beta", v["grpo_beta"], "must be >= 0")
-  if not v["grpo_reward_functions"].strip():
+  # A text task's verifier may be the whole reward (maxtext/env/).
+  if not v["grpo_reward_functions"].strip() and not v["grpo_task"]:
     raise _fail(
         "grpo_reward_functions",
         v["grpo_reward_functions"],
         "name at least one reward function as module:function",
     )
+  _at_least(v, "grpo_max_turns", 1)
+  _at_least(v, "grpo_max_turn_tokens", 0)
+  for key in ("grpo_episode_timeout_seconds", "grpo_tool_timeout_seconds"):
+    if not v[key] > 0:
+      raise _fail(key, v[key], "must be > 0")
   if not v["grpo_reward_timeout_seconds"] > 0:
     raise _fail(
         "grpo_reward_timeout_seconds",

@@ -487,8 +487,34 @@ def get_config() -> ml_collections.ConfigDict:
   # this (higher is better); 0 = no target.
   config.grpo_target_pass_rate = 0.0
   # The built-in task (maxtext/grpo/progression_task.py): prompt tokens
-  # given of each progression.
+  # given of each progression. With grpo_task: the longest first prompt
+  # (rendered, in tokens).
   config.grpo_prompt_length = 4
+  # A task of text records played as episodes (maxtext/env/, docs/grpo.md),
+  # "module:factory", e.g. "maxtext.env.math_task:make_task" or
+  # "maxtext.env.repair_task:make_task"; "" = the progression task of ids.
+  # grpo_max_completion_length then bounds an episode's tokens after its
+  # first prompt (the model's and the environment's).
+  config.grpo_task = ""
+  # The policy's tokenizer and chat template: a Hugging Face tokenizer
+  # directory (what tools/import_checkpoint copies), or "byte_chatml", the
+  # built-in byte-level ChatML tokenizer (maxtext/text/byte_chat.py, 259 ids)
+  # for models trained here. Used with grpo_task.
+  config.grpo_tokenizer_path = "byte_chatml"
+  # Episode limits (maxtext/env/episodes.py): model turns per episode.
+  config.grpo_max_turns = 1
+  # Tokens per model turn (0 = the whole grpo_max_completion_length).
+  config.grpo_max_turn_tokens = 0
+  # Wall-clock seconds for a step's episodes; past it, running episodes are
+  # invalid (no loss, no baseline, counted in episode/timeouts).
+  config.grpo_episode_timeout_seconds = 600.0
+  # Each tool call's wall-clock seconds in the sandbox (the verifier's is
+  # grpo_reward_timeout_seconds).
+  config.grpo_tool_timeout_seconds = 30.0
+  # Tools run under bubblewrap; where it cannot run, the run refuses to
+  # start. True runs them unisolated (trusted tools only; recorded in the
+  # run's config.json).
+  config.grpo_allow_unisolated_tools = False
 
   # ------------------------------------------------------------ MLPerf log
   # Write an MLPerf Training :::MLLOG log (process 0 only). Off = no work.

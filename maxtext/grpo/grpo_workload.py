@@ -47,6 +47,7 @@ functions, and the micro-batches are split by rows over the mesh; process 0
 alone writes the records.
 """
 
+import dataclasses
 import functools
 import time
 from typing import Optional
@@ -71,6 +72,8 @@ from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
+from maxtext.grpo import episode_rollout
+from maxtext.grpo import text_task
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.model import transformer
 from maxtext.generation import sampling
@@ -180,6 +183,18 @@ def rollout_options(config, step: int) -> sampling.SamplingOptions:
   )
 
 
+def _episode_options(config, stop_ids, step: int) -> sampling.SamplingOptions:
+  return dataclasses.replace(rollout_options(config, step), stop_ids=stop_ids)
+
+
+def options_of_step(config, episodes=None):
+  """step -> the rollout's sampling; a text task's turns (`episodes`, its
+  `episode_rollout.EpisodeSetup`) stop on its template's end of turn."""
+  if episodes is None:
+    return functools.partial(rollout_options, config)
+  return functools.partial(_episode_options, config, episodes.chat.stop_ids)
+
+
 def eval_options(config) -> sampling.SamplingOptions:
   """The held-out eval's sampling: greedy (one sample) at temperature 0,
   else `config_lib.eval_samples_per_prompt` samples of each prompt."""
@@ -202,6 +217,8 @@ class GrpoWorkload(workload.Workload):
 
   def __init__(self):
     self._rewards: list[rewards_lib.RewardFunction] = []
+    # A text task's episodes (config.grpo_task), else None.
+    self._episodes: Optional[episode_rollout.EpisodeSetup] = None
     self._step: Optional[step_lib.GrpoStep] = None
     self._frozen = None
     self._batches: list = []  # The newest rollout's micro-batches.
@@ -209,10 +226,17 @@ class GrpoWorkload(workload.Workload):
 
   def check(self, config) -> None:
     config_lib.validate_grpo(config)
-    self._rewards = rewards_lib.load(
-        config.grpo_reward_functions, config.grpo_reward_timeout_seconds
-    )
-    prompts_lib.make_task(config)
+    if config.grpo_task:
+      self._episodes = text_task.episode_setup(config)
+    # A text task's verifier may be its whole reward: no function needed.
+    if config.grpo_task and not config.grpo_reward_functions.strip():
+      self._rewards = []
+    else:
+      self._rewards = rewards_lib.load(
+          config.grpo_reward_functions, config.grpo_reward_timeout_seconds
+      )
+    if not config.grpo_task:
+      prompts_lib.make_task(config)
     loss_options(config)
 
   def engine_factory(self, config, mesh):
@@ -221,6 +245,10 @@ class GrpoWorkload(workload.Workload):
   def make_dataset(self, config, process_index, process_count):
     # Every process holds the same prompts: each scores the whole rollout.
     del process_index, process_count
+    if self._episodes is not None:
+      return text_task.TaskDataset(
+          config, self._episodes.task, self._episodes.chat
+      )
     return prompts_lib.PromptDataset(config)
 
   def row_length(self, config) -> int:
@@ -243,7 +271,7 @@ class GrpoWorkload(workload.Workload):
         state.engine,
         frozen,
         lambda rollout: state.dataset.get_batch(rollout)["prompts"].tolist(),
-        functools.partial(rollout_options, config),
+        options_of_step(config, self._episodes),
         self._rewards,
         num_micro_batches=config.gradient_accumulation_steps,
         width=config.grpo_prompt_length + config.grpo_max_completion_length,
@@ -252,6 +280,13 @@ class GrpoWorkload(workload.Workload):
         reference_params=reference,
         mesh=state.setup.mesh,
         overlong_filtering=config.grpo_overlong_filtering,
+        rollout_fn=(
+            rollout_lib.rollout
+            if self._episodes is None
+            else functools.partial(
+                episode_rollout.rollout, setup=self._episodes
+            )
+        ),
     )
     if reference is not None:
       _check_reference(config, state, reference)
@@ -319,6 +354,18 @@ class GrpoWorkload(workload.Workload):
 
   def _pass_rates(self, state) -> dict[str, float]:
     """The held-out prompts' pass rates under the current parameters."""
+    if self._episodes is not None:
+      return episode_rollout.evaluate(
+          state.engine.params,
+          self._model_config(state),
+          self._episodes,
+          dataclasses.replace(
+              eval_options(state.config),
+              stop_ids=self._episodes.chat.stop_ids,
+          ),
+          self._rewards,
+          mesh=state.setup.mesh,
+      )
     return evaluation.evaluate(
         state.engine.params,
         self._model_config(state),

@@ -7,7 +7,7 @@ the worker starts in a fraction of a second.
 
 import importlib
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -40,16 +40,23 @@ def import_function(name: str) -> Callable[..., float]:
 
 
 def check_call(
-    fn: Callable[..., Any], prompt: tuple, completion: tuple
+    fn: Callable[..., Any],
+    prompt: Any,
+    completion: Any,
+    fields: Optional[dict[str, Any]] = None,
 ) -> dict:
-  """Calls `fn(prompt, completion)`; {"value": float} or {"error": line}.
+  """Calls `fn(prompt, completion, **fields)`; {"value": float} or
+  {"error": line}.
+
+  `prompt` and `completion` are id tuples (the ids form) or texts (a text
+  task's, with its record's fields as keyword arguments).
 
   Any exception (SystemExit and KeyboardInterrupt included: a reward does
   not end the run by itself) and any value that is not a finite real
   number is an error, said in one line.
   """
   try:
-    value = fn(prompt, completion)
+    value = fn(prompt, completion, **(fields or {}))
   # User code: anything it raises (SystemExit too) stops the run with this
   # one line.
   except BaseException as exc:  # pylint: disable=broad-exception-caught
@@ -70,3 +77,9 @@ def check_call(
   if not math.isfinite(number):
     return {"error": f"returned {number!r}: a reward must be finite"}
   return {"value": number}
+
+
+def as_argument(value: Any) -> Any:
+  """A prompt or completion as a reward function receives it: ids as a
+  tuple of ints (JSON gives lists), text as it is."""
+  return tuple(value) if isinstance(value, (list, tuple)) else value

@@ -11,7 +11,8 @@ Protocol, over two pipes of their own (the functions' prints go to the
 inherited stdout and stderr): the child writes `{"ready": true}` once it
 has imported the functions (start-up has a bound of its own, not counted
 against any call); the parent writes one JSON line per batch,
-`{"function": i, "pairs": [[prompt ids, completion ids], ...]}`; the child
+`{"function": i, "pairs": [[prompt, completion], ...]}` (ids lists or
+texts, with a third item, the task record's fields, for text tasks); the child
 answers one JSON line per call, in order: `{"value": float}` or
 `{"error": "one line"}` (see `reward_call.check_call`, shared by both
 sides), and stops the batch at its first error.
@@ -88,7 +89,8 @@ class Worker:
       ) from None
 
   def calls(self, function: int, pairs: Sequence[tuple]) -> Iterator[dict]:
-    """Calls function `function` on each (prompt, completion) of `pairs`.
+    """Calls function `function` on each (prompt, completion[, fields]) of
+    `pairs`.
 
     Yields:
       Each call's answer, in order: {"value": float} or {"error": str}.
@@ -102,7 +104,9 @@ class Worker:
       self._start()
     request = {
         "function": function,
-        "pairs": [list(map(list, p)) for p in pairs],
+        "pairs": [
+            [list(x) if isinstance(x, tuple) else x for x in p] for p in pairs
+        ],
     }
     self._to_child.write(json.dumps(request).encode() + b"\n")
     for _ in pairs:
@@ -162,8 +166,13 @@ def _serve(read_fd: int, write_fd: int, names: Sequence[str]) -> None:
     for line in requests:
       request = json.loads(line)
       fn = functions[request["function"]]
-      for prompt, completion in request["pairs"]:
-        answer = reward_call.check_call(fn, tuple(prompt), tuple(completion))
+      for prompt, completion, *fields in request["pairs"]:
+        answer = reward_call.check_call(
+            fn,
+            reward_call.as_argument(prompt),
+            reward_call.as_argument(completion),
+            fields[0] if fields else None,
+        )
         answers.write(json.dumps(answer).encode() + b"\n")
         if "error" in answer:
           break  # The run stops at the first error; no more calls.

@@ -3,14 +3,19 @@
 `config.grpo_reward_functions` names them, comma-separated, as
 `module:function` with an optional `=weight` (1 when left out), e.g.
 `maxtext.grpo.progression_task:exact_match=1.0,my_rewards:brevity=0.1`.
-Each is a plain Python function
+Each is a plain Python function, in one of two forms:
 
-    reward(prompt, completion) -> float
+    reward(prompt, completion) -> float                   # ids
+    reward(prompt, completion, **task_fields) -> float    # text
 
-called once per completion with the prompt's and the completion's token ids
-(tuples of ints; a completion ends at its stop id, which it keeps). A step's
-reward of a completion is the weighted sum of the functions' values; each
-function's own mean is reported as `rewards/<function>`.
+called once per completion. The ids form (the built-in progression task)
+gets the prompt's and the completion's token ids (tuples of ints; a
+completion ends at its stop id, which it keeps). The text form (a task of
+text records, `maxtext/env/`) gets the prompt's text, the model's text (its
+turns, decoded, joined by a newline) and the task record's other fields as
+keyword arguments (a math problem's "answer", say; take `**_` for the rest).
+A step's reward of a completion is the weighted sum of the functions'
+values; each function's own mean is reported as `rewards/<function>`.
 
 A reward that raises (any exception, `SystemExit` and overflow included),
 returns anything but a finite real number (`10**400` is too large for a
@@ -163,18 +168,21 @@ class Rewards:
 
 def score(
     functions: Sequence[RewardFunction],
-    prompts: Sequence[Sequence[int]],
-    completions: Sequence[Sequence[int]],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
     num_generations: int,
+    fields: Optional[Sequence[dict[str, Any]]] = None,
 ) -> Rewards:
   """Calls every function on every (prompt, completion).
 
   Args:
     functions: from `load`.
-    prompts: P id sequences.
-    completions: P x G id sequences, prompt-major (completion r continues
-      prompt r // num_generations).
+    prompts: P id sequences, or P texts.
+    completions: P x G id sequences (or texts), prompt-major (completion r
+      continues prompt r // num_generations).
     num_generations: G.
+    fields: per prompt, the keyword arguments of the text form (None: the
+      ids form).
 
   Raises:
     RewardError: one line naming the function, the prompt index, the sample
@@ -187,8 +195,8 @@ def score(
     )
   error = None
   try:
-    per_function, total = _score(
-        functions, prompts, completions, num_generations
+    per_function, total = score_here(
+        functions, prompts, completions, num_generations, fields
     )
   except RewardError as e:
     error = e
@@ -201,10 +209,16 @@ def _where(function: RewardFunction, row: int, num_generations: int) -> str:
   return f"reward function {function.name} on prompt {index} (sample {sample})"
 
 
-def _values(function, prompts, completions, num_generations) -> np.ndarray:
+def _values(
+    function, prompts, completions, num_generations, fields
+) -> np.ndarray:
   """One function's values of every completion; RewardError on a failure."""
   pairs = [
-      (tuple(prompts[row // num_generations]), tuple(completion))
+      (
+          reward_call.as_argument(prompts[row // num_generations]),
+          reward_call.as_argument(completion),
+      )
+      + (() if fields is None else (fields[row // num_generations],))
       for row, completion in enumerate(completions)
   ]
   if function.worker is None:
@@ -234,13 +248,14 @@ def _values(function, prompts, completions, num_generations) -> np.ndarray:
   return values
 
 
-def _score(functions, prompts, completions, num_generations):
-  """(per function values, weighted totals); RewardError on a failure or a
-  non-finite total."""
+def score_here(functions, prompts, completions, num_generations, fields=None):
+  """(per function values, weighted totals), in this process alone (no
+  agreement between processes: `score` adds it); RewardError on a failure
+  or a non-finite total."""
   per_function = {}
   total = np.zeros(len(completions))
   for function in functions:
-    values = _values(function, prompts, completions, num_generations)
+    values = _values(function, prompts, completions, num_generations, fields)
     per_function[function.short_name] = values
     with np.errstate(over="ignore", invalid="ignore"):
       total += function.weight * values

@@ -197,6 +197,21 @@ class ScoreTest(absltest.TestCase):
         "ended the reward worker process (exit status 3)",
     )
 
+  def test_text_form_gets_texts_and_the_records_fields(self):
+    spec = "testing.hostile_rewards:contains_answer"
+    prompts = ["What is 2+2?", "What is 3+3?"]
+    completions = ["It is 4.", "5", "6!", "six"]
+    fields = [{"answer": 4, "id": "a"}, {"answer": 6, "id": "b"}]
+    for timeout in (None, 30.0):
+      functions = rewards.load(spec, timeout)
+      got = rewards.score(functions, prompts, completions, 2, fields)
+      np.testing.assert_array_equal(got.total, [1, 0, 1, 0])
+      for f in functions:
+        if f.worker is not None:
+          f.worker.close()
+    with self.assertRaisesRegex(rewards.RewardError, "missing 1 required"):
+      rewards.score(rewards.load(spec), prompts, completions, 2)
+
   def test_timeout_must_be_positive(self):
     with self.assertRaisesRegex(
         ValueError, r"grpo_reward_timeout_seconds=0: must be > 0"

@@ -120,9 +120,9 @@ ROLLOUT_TIMINGS = (
 UPDATE_TIMINGS = ("timing/update", "timing/step")
 
 
-def _placeholder_reward(prompt, completion) -> float:
+def _placeholder_reward(prompt, completion, **fields) -> float:
   """The warm-up's reward: no user code runs before the run starts."""
-  del prompt, completion
+  del prompt, completion, fields
   return 0.0
 
 
@@ -157,6 +157,9 @@ class GrpoStep:
     mesh: the engine's mesh, or None for one device.
     overlong_filtering: completions cut by the length limit train nothing
       (`rollout.rollout`).
+    rollout_fn: makes a step's Rollout; `rollout.rollout` (one turn of ids)
+      or a text task's (`episode_rollout.rollout` with its setup bound),
+      called with the same arguments.
   """
 
   def __init__(
@@ -175,6 +178,7 @@ class GrpoStep:
       reference_params: Optional[Any] = None,
       mesh: Optional[jax.sharding.Mesh] = None,
       overlong_filtering: bool = False,
+      rollout_fn: Callable[..., rollout_lib.Rollout] = rollout_lib.rollout,
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -220,6 +224,7 @@ class GrpoStep:
     # it into its timing/step.
     self._rollout_values: dict[str, float] = {}
     self._overlong_filtering = overlong_filtering
+    self._rollout_fn = rollout_fn
     self._rollout_start = None
 
   def rollout(
@@ -237,7 +242,7 @@ class GrpoStep:
     """
     start = time.perf_counter()
     options = self._options_of_step(step)
-    result = rollout_lib.rollout(
+    result = self._rollout_fn(
         self._engine.params,
         self._config,
         self._prompts_of_step(step),

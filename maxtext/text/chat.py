@@ -404,27 +404,33 @@ class ChatTokenizer:
     """The id that ends an assistant turn (generation stops on it)."""
     return self.stop_ids[0] if self.stop_ids else None
 
-  def _context(self, messages, add_generation_prompt: bool) -> dict[str, Any]:
+  def _context(
+      self, messages, add_generation_prompt: bool, tools=None
+  ) -> dict[str, Any]:
     return dict(
         self.special_tokens,
         messages=messages,
-        tools=None,
+        tools=tools,
         documents=None,
         add_generation_prompt=add_generation_prompt,
     )
 
   def render(
-      self, messages: Sequence[dict[str, Any]], add_generation_prompt=False
+      self,
+      messages: Sequence[dict[str, Any]],
+      add_generation_prompt=False,
+      tools: Optional[Sequence[dict[str, Any]]] = None,
   ) -> str:
     """The template's text of `messages` (checked by `check_messages` first
-    when they come from users).
+    when they come from users), with the tools' JSON schemas (`tools`, as
+    transformers passes them) where the template writes them.
 
     Raises:
       ValueError: the template raised (its message, one line).
     """
     try:
       return self.template.render(
-          **self._context(list(messages), add_generation_prompt)
+          **self._context(list(messages), add_generation_prompt, tools)
       )
     except jinja2.exceptions.TemplateError as e:
       raise ValueError(f"the chat template refused it: {e}") from None
@@ -489,10 +495,14 @@ class ChatTokenizer:
       )
     return Encoded(text, np.asarray(encoding.ids, np.int32), mask)
 
-  def encode_prompt(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+  def encode_prompt(
+      self,
+      messages: Sequence[dict[str, Any]],
+      tools: Optional[Sequence[dict[str, Any]]] = None,
+  ) -> list[int]:
     """Ids of `messages` followed by the generation prompt: what a model
     continues with the assistant's next turn."""
-    text = self.render(list(messages), add_generation_prompt=True)
+    text = self.render(list(messages), add_generation_prompt=True, tools=tools)
     return self.tokenizer.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids: Sequence[int]) -> str:

@@ -6,6 +6,9 @@ Runbook:
   # Fewer or more timed steps: --steps; any --config.x override of
   # maxtext/configs/grpo_tiny.py (or another --config file), e.g.
   # --config.load_parameters_path=<a pretraining run's checkpoints>.
+  # Multi-turn episodes with tools in the sandbox (a text task's config):
+  tools/bazel run //tools/benchmarks:grpo_bench -- \
+      --config=maxtext/configs/grpo_repair_tiny.py --steps=3
 
 One process on the default devices (the CPU here), the config's model with
 random parameters (or `load_parameters_path`'s: a benchmark of speed, not of
@@ -19,6 +22,13 @@ log-probs, which generation computes, so 0; update), generated tokens/s
 (the completions' tokens over `timing/generate`) and trained tokens/s (the
 rows' tokens the forward-backward passes run, N x (prompt + completion
 columns), over `timing/update`).
+
+With a config whose `grpo_task` is set (multi-turn mode), the steps play the
+task's episodes (`maxtext/grpo/episode_rollout.py`) and the rollout splits
+into generation (`timing/generate`: the generation function alone), tool
+execution (`timing/tools`: the environments' tools, verifiers and
+rendering) and the reward functions; generated tokens/s then counts every
+id after the prompts (the environment's too) over generation's seconds.
 
 Then the device dispatches of one step's metrics, counted with
 `tools.benchmarks.metric_ways` (as `metrics_bench` counts them) on the GRPO
@@ -54,6 +64,9 @@ from maxtext.grpo import rewards
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import prompts as prompts_lib
 from maxtext.grpo import grpo_workload
+from maxtext.grpo import episode_rollout
+from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import text_task
 from maxtext.metrics import recorder as metrics_recorder
 from tools import command_line
 from tools.benchmarks import metric_ways
@@ -70,6 +83,7 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps after the warm-up.")
 _PHASES = (
     ("rollout", "timing/rollout"),
     ("  generate", "timing/generate"),
+    ("  tools", "timing/tools"),
     ("  reward", "timing/reward"),
     ("reference", "timing/reference"),
     ("old_logprobs", "timing/old_logprobs"),
@@ -91,7 +105,19 @@ def _check(config) -> list:
         f"grpo_num_iterations={config.grpo_num_iterations}: the bench times "
         "one update per rollout; give 1"
     )
+  if config.grpo_task and not config.grpo_reward_functions.strip():
+    return []
   return rewards.load(config.grpo_reward_functions)
+
+
+def _records(task, count: int, step: int) -> list[dict]:
+  """A text task's `count` records of step `step`."""
+  return task.train_records(step, count)
+
+
+def _prompts(task, count: int, step: int) -> list[list[int]]:
+  """The progression task's `count` prompts of step `step`."""
+  return task.train_prompts(step, count)
 
 
 def _grpo_step(config, functions) -> step_lib.GrpoStep:
@@ -102,13 +128,23 @@ def _grpo_step(config, functions) -> step_lib.GrpoStep:
   )
   mesh = setup.mesh
   frozen = ml_collections.FrozenConfigDict(config)
-  task = prompts_lib.make_task(config)
   prompts = config.global_batch_size // config.grpo_num_generations
+  if config.grpo_task:
+    # Multi-turn (or text) episodes: the task's records, its environments.
+    episodes = text_task.episode_setup(config)
+    prompts_of = functools.partial(_records, episodes.task, prompts)
+    rollout_fn = functools.partial(episode_rollout.rollout, setup=episodes)
+  else:
+    episodes = None
+    prompts_of = functools.partial(
+        _prompts, prompts_lib.make_task(config), prompts
+    )
+    rollout_fn = rollout_lib.rollout
   return step_lib.GrpoStep(
       engine,
       frozen,
-      lambda s: task.train_prompts(s, prompts),
-      functools.partial(grpo_workload.rollout_options, config),
+      prompts_of,
+      grpo_workload.options_of_step(config, episodes),
       functions,
       num_micro_batches=config.gradient_accumulation_steps,
       width=config.grpo_prompt_length + config.grpo_max_completion_length,
@@ -120,6 +156,7 @@ def _grpo_step(config, functions) -> step_lib.GrpoStep:
           else None
       ),
       mesh=mesh,
+      rollout_fn=rollout_fn,
   )
 
 
@@ -147,8 +184,10 @@ def main(argv):
   k = config.gradient_accumulation_steps
   warmup_s = grpo.warm_up(0)
   records, generated, trained = _timed_steps(grpo, _STEPS.value)
+  # timing/tools is 0 without a task's environments.
   mean = {
-      name: float(np.mean([r[name] for r in records])) for _, name in _PHASES
+      name: float(np.mean([r.get(name, 0.0) for r in records]))
+      for _, name in _PHASES
   }
   print(
       f"grpo_bench: {config.global_batch_size // config.grpo_num_generations}"

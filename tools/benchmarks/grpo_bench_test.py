@@ -71,9 +71,11 @@ class GrpoBenchTest(absltest.TestCase):
         phases[fields[0]] = float(fields[1])
     self.assertEqual(
         set(phases),
-        {"rollout", "generate", "reward", "reference", "old_logprobs",
-         "update", "step"},
+        {"rollout", "generate", "tools", "reward", "reference",
+         "old_logprobs", "update", "step"},
     )  # fmt: skip
+    # The progression task has no environment: no tool time.
+    self.assertEqual(phases["tools"], 0.0)
     self.assertEqual(phases["old_logprobs"], 0.0)
     self.assertEqual(phases["reference"], 0.0)  # grpo_tiny: beta = 0.
     self.assertGreater(phases["update"], 0.0)
@@ -91,6 +93,38 @@ class GrpoBenchTest(absltest.TestCase):
     self.assertEqual(appends, m * _K)
     self.assertIn(f"m={m} micro-batch metrics", proc.stdout)
     return metrics, recorder, appends
+
+  def test_multi_turn_mode_times_tools_apart(self):
+    config = runfiles.find("maxtext/configs/grpo_repair_tiny.py")
+    self.assertIsNotNone(config)
+    proc = runfiles.run_binary(
+        "tools/benchmarks/grpo_bench",
+        [
+            f"--config={config}",
+            "--config.emb_dim=16",
+            "--config.num_layers=1",
+            "--config.global_batch_size=4",
+            "--config.grpo_num_generations=2",
+            "--config.grpo_max_turns=2",
+            "--config.grpo_max_turn_tokens=16",
+            "--config.grpo_max_completion_length=64",
+            "--config.max_sequence_length=600",
+            "--steps=1",
+        ],
+        timeout_s=900,
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    phases = {}
+    for line in proc.stdout.splitlines():
+      fields = line.split()
+      if len(fields) == 3 and fields[2].endswith("%"):
+        phases[fields[0]] = float(fields[1])
+    # Tools ran in the sandbox (the verifier at least) and generation ran.
+    self.assertGreater(phases["tools"], 0.0)
+    self.assertGreater(phases["generate"], 0.0)
+    self.assertLessEqual(
+        phases["generate"] + phases["tools"], phases["rollout"]
+    )
 
   def test_one_reward_function_more_adds_a_host_value_not_dispatches(self):
     two = self.check_run(2)

@@ -1,0 +1,56 @@
+"""Demonstrations as an SFT data directory, read by the chat data set."""
+
+import json
+import os
+
+from absl.testing import absltest
+
+from maxtext.data import chat_dataset
+from maxtext.env import demonstrations
+from maxtext.env import math_task
+from maxtext.env import repair_task
+from maxtext.text import chat
+from testing import tiny_configs
+
+
+class DemonstrationsTest(absltest.TestCase):
+
+  def test_math_and_repair_directories_read_as_chat_data(self):
+    for task, seq in (
+        (math_task.make_task(num_eval=4), 160),
+        (repair_task.make_task(num_eval=2), 2048),
+    ):
+      directory = self.create_tempdir().full_path
+      counts = demonstrations.write(task, directory, 20)
+      self.assertEqual(counts, {"train": 20, "eval": len(task.eval_records())})
+      with open(os.path.join(directory, "train.jsonl"), encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f]
+      self.assertLen(lines, 20)
+      held_out = {
+          json.dumps(task.demonstration(r)) for r in task.eval_records()
+      }
+      self.assertEmpty(held_out & {json.dumps(l["messages"]) for l in lines})
+      config = tiny_configs.model_config(
+          vocab_size=320,
+          max_sequence_length=seq,
+          dataset_type="chat",
+          tokenizer_path=directory,
+          train_data_path=os.path.join(directory, "train.jsonl"),
+          eval_data_path=os.path.join(directory, "eval.jsonl"),
+      )
+      tokenizer = chat.ChatTokenizer.load(directory)
+      examples = chat_dataset.load_examples(
+          config, "train_data_path", tokenizer
+      )
+      self.assertGreater(examples.assistant_tokens, 0)
+      self.assertLess(examples.assistant_tokens, examples.tokens)
+
+  def test_bad_count(self):
+    with self.assertRaisesRegex(ValueError, "num_train=0"):
+      demonstrations.write(
+          math_task.make_task(num_eval=1), self.create_tempdir().full_path, 0
+      )
+
+
+if __name__ == "__main__":
+  absltest.main()

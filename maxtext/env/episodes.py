@@ -1,0 +1,322 @@
+"""The episode runner: environments and the policy, turn by turn, in tokens.
+
+`run(tasks, make_environment, chat, generate, options, limits)` plays one
+episode per task record (a GRPO group is G copies of a record, in order):
+
+1. process 0 makes each episode's environment and renders its first
+   messages with the policy's chat template (and the environment's tools)
+   followed by the generation prompt: the episode's prompt ids;
+2. every turn, the active episodes' contexts (their prompt, then every
+   token so far) go to `generate` in one call, which continues each once
+   and stops on the template's end-of-turn id;
+3. process 0 decodes each model turn, lets its environment answer it, and
+   renders the answer: the tokens the template writes after the model's
+   stop id and for the new messages, up to the next generation prompt;
+4. every result of process 0 (prompt ids, environment tokens, ends, counts,
+   rewards) is shared with every process (`share.from_lead`), so all
+   processes hold the same episodes and call `generate` alike.
+
+The tokens are built by appending, never by rendering the conversation
+again, so the ids a turn trained on are exactly the ids the model saw and
+wrote. `model_mask` is 1 on the model's own ids only: the environment's and
+the template's tokens carry no loss.
+
+Limits (`Limits`): `max_turns` model turns, `max_tokens` ids after the
+prompt (model and environment), `max_turn_tokens` per model turn, and
+`wall_seconds` for the whole batch of episodes. An episode that reaches a
+turn or token limit ends `truncated` (a turn cut without its stop id, the
+tokens of an answer that do not fit, or the last turn used); its
+environment still gives its reward. An episode still running at the wall
+time ends `timed_out`: it is not a valid sample (the caller excludes it from
+the loss and from its group's baseline and counts it) and has no reward.
+
+`generate(contexts, options) -> [Completion]` is the one generation
+function: `contexts` are id lists, `options` the step's sampling options
+with `num_samples` 1 and the turn's seed; it returns one completion per
+context. Any engine that continues id lists plugs in there.
+"""
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from maxtext.env import environment as environment_lib
+from maxtext.env import share
+from maxtext.generation import sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+  """One continuation: its ids (a stop id kept) and their log-probs."""
+
+  ids: list[int]
+  log_probs: list[float]
+
+
+GenerateFn = Callable[
+    [Sequence[Sequence[int]], sampling.SamplingOptions], list[Completion]
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """How far an episode may go (module docstring)."""
+
+  max_turns: int = 1
+  max_tokens: int = 256
+  max_turn_tokens: int = 256
+  wall_seconds: float = 600.0
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if not value > 0:
+        raise ValueError(f"episode limit {field.name}={value!r}: must be > 0")
+
+
+@dataclasses.dataclass
+class Episode:
+  """One played episode.
+
+  Attributes:
+    kind: the task's kind.
+    prompt_ids: the rendered first messages and generation prompt.
+    ids: every id after the prompt, the model's and the environment's.
+    model_mask: int8 per id of `ids`: 1 where the model wrote it.
+    log_probs: per id of `ids`: the behaviour policy's (0 off the model's).
+    model_text: each model turn, decoded.
+    turns, tool_calls, tool_errors: counts.
+    truncated: a turn or token limit ended it.
+    timed_out: the wall time ended it (not a valid sample).
+    env_reward: the environment's verifier reward (None: none).
+  """
+
+  kind: str
+  prompt_ids: list[int]
+  ids: list[int] = dataclasses.field(default_factory=list)
+  model_mask: list[int] = dataclasses.field(default_factory=list)
+  log_probs: list[float] = dataclasses.field(default_factory=list)
+  model_text: list[str] = dataclasses.field(default_factory=list)
+  turns: int = 0
+  tool_calls: int = 0
+  tool_errors: int = 0
+  truncated: bool = False
+  timed_out: bool = False
+  env_reward: Optional[float] = None
+  done: bool = False
+
+  @property
+  def model_tokens(self) -> int:
+    return int(sum(self.model_mask))
+
+  @property
+  def env_tokens(self) -> int:
+    return len(self.ids) - self.model_tokens
+
+  @property
+  def active(self) -> bool:
+    return not (self.done or self.truncated or self.timed_out)
+
+
+class _Conversation:
+  """Process 0's side of one episode: its environment and messages."""
+
+  def __init__(self, env: environment_lib.Environment, chat):
+    self.env = env
+    self.chat = chat
+    self.messages = env.start()
+
+  def prompt_ids(self) -> list[int]:
+    return self.chat.encode_prompt(self.messages, tools=self.env.tools)
+
+  def answer(self, model_ids: Sequence[int]) -> dict[str, Any]:
+    """The environment's answer to a model turn, in tokens."""
+    text = self.chat.decode(model_ids)
+    reply = self.env.step(text)
+    assistant = {"role": "assistant", "content": text}
+    out = {
+        "text": text,
+        "done": reply.done,
+        "tool_calls": reply.tool_calls,
+        "tool_errors": reply.tool_errors,
+        "env_ids": [],
+    }
+    history = self.messages
+    self.messages = history + [assistant] + reply.messages
+    if reply.done:
+      return out
+    tools = self.env.tools
+    head = self.chat.render(history, add_generation_prompt=True, tools=tools)
+    base = self.chat.render(history + [assistant], tools=tools)
+    full = self.chat.render(
+        self.messages, add_generation_prompt=True, tools=tools
+    )
+    if not full.startswith(base) or not base.startswith(head):
+      raise ValueError(
+          "the chat template does not render an episode's conversation as "
+          "a prefix of its continuation, so the environment's tokens "
+          "cannot be appended"
+      )
+    # What the template writes after the model's stop id (a newline) goes
+    # with the environment's tokens.
+    said = self.chat.tokenizer.decode(
+        [int(i) for i in model_ids], skip_special_tokens=False
+    )
+    turn = base[len(head) :]
+    tail = turn[len(said) :] if turn.startswith(said) else ""
+    out["env_ids"] = self.chat.tokenizer.encode(
+        tail + full[len(base) :], add_special_tokens=False
+    ).ids
+    return out
+
+
+def _turn_seed(seed: int, turn: int) -> int:
+  return int(np.random.SeedSequence([seed, turn]).generate_state(1)[0] >> 1)
+
+
+def run(
+    tasks: Sequence[dict[str, Any]],
+    make_environment: Callable[[dict], environment_lib.Environment],
+    chat,
+    generate: GenerateFn,
+    options: sampling.SamplingOptions,
+    limits: Limits,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    timings: Optional[dict[str, float]] = None,
+) -> list[Episode]:
+  """Plays one episode per task (module docstring).
+
+  Args:
+    tasks: task records, one per episode (process 0's are used).
+    make_environment: task record -> its Environment (called on process 0).
+    chat: the policy's `chat.ChatTokenizer`.
+    generate: the generation function (module docstring).
+    options: the sampling options; its seed and stop ids are used,
+      num_samples and max_new_tokens are set per turn.
+    limits: the episodes' limits.
+    clock: seconds (the wall-time limit reads it).
+    timings: if given, gets "generate" (seconds in `generate`) and
+      "environment" (seconds process 0 spent in the environments: starting
+      them, their answers and tools, their rewards), on the host clock.
+
+  Returns:
+    The episodes, in the order of `tasks`, equal on every process.
+  """
+  lead = share.is_lead()
+  conversations: list[_Conversation] = []
+  start = clock()
+  spent = {"generate": 0.0, "environment": 0.0}
+  try:
+    if lead:
+      began = time.perf_counter()
+      for task in tasks:
+        conversations.append(_Conversation(make_environment(task), chat))
+      first = [(c.env.kind, c.prompt_ids()) for c in conversations]
+      spent["environment"] += time.perf_counter() - began
+    else:
+      first = None
+    first = share.from_lead(first)
+    episodes = [Episode(kind, list(ids)) for kind, ids in first]
+    for turn in range(limits.max_turns):
+      active = [i for i, e in enumerate(episodes) if e.active]
+      if not active:
+        break
+      turn_options = dataclasses.replace(
+          options,
+          num_samples=1,
+          max_new_tokens=limits.max_turn_tokens,
+          seed=_turn_seed(options.seed, turn),
+      )
+      began = time.perf_counter()
+      completions = generate(
+          [episodes[i].prompt_ids + episodes[i].ids for i in active],
+          turn_options,
+      )
+      spent["generate"] += time.perf_counter() - began
+      answers = None
+      if lead:
+        began = time.perf_counter()
+        answers = _answers(
+            episodes, conversations, active, completions, options, limits
+        )
+        spent["environment"] += time.perf_counter() - began
+        if clock() - start > limits.wall_seconds:
+          answers = {"timed_out": True, "turns": answers["turns"]}
+      answers = share.from_lead(answers)
+      _apply(episodes, active, completions, answers, limits, turn)
+      if answers.get("timed_out"):
+        break
+    for e in episodes:
+      if e.active:  # The last turn was used.
+        e.truncated = True
+    rewards = None
+    if lead:
+      began = time.perf_counter()
+      rewards = [
+          None if e.timed_out else conversations[i].env.reward()
+          for i, e in enumerate(episodes)
+      ]
+      spent["environment"] += time.perf_counter() - began
+    for e, reward in zip(episodes, share.from_lead(rewards)):
+      e.env_reward = reward
+    if timings is not None:
+      timings.update(spent)
+    return episodes
+  finally:
+    for c in conversations:
+      c.env.close()
+
+
+def _answers(episodes, conversations, active, completions, options, limits):
+  """Process 0: every active episode's answer to its model turn."""
+  stop_ids = set(options.stop_ids)
+  turns = []
+  for i, completion in zip(active, completions):
+    e = episodes[i]
+    ids = list(completion.ids)
+    room = limits.max_tokens - len(e.ids)
+    cut = len(ids) > room or not (ids and ids[-1] in stop_ids)
+    ids = ids[:room]
+    if cut:
+      # The turn did not end (no stop id, or no room): the episode ends
+      # here; the environment does not see a half turn.
+      turns.append({"cut": True, "keep": len(ids), "text": ""})
+      continue
+    answer = conversations[i].answer(ids)
+    answer["keep"] = len(ids)
+    if len(e.ids) + len(ids) + len(answer["env_ids"]) > limits.max_tokens:
+      answer["env_ids"], answer["cut"] = [], True
+    turns.append(answer)
+  return {"turns": turns}
+
+
+def _apply(episodes, active, completions, answers, limits, turn):
+  """Every process: the turn's ids and process 0's answers, appended."""
+  del limits
+  for i, completion, answer in zip(active, completions, answers["turns"]):
+    e = episodes[i]
+    keep = answer["keep"]
+    e.ids += list(completion.ids[:keep])
+    e.model_mask += [1] * keep
+    e.log_probs += [float(x) for x in completion.log_probs[:keep]]
+    e.turns = turn + 1
+    e.model_text.append(answer.get("text", ""))
+    e.tool_calls += answer.get("tool_calls", 0)
+    e.tool_errors += answer.get("tool_errors", 0)
+    if answer.get("cut"):
+      e.truncated = True
+      continue
+    if answer.get("done"):
+      e.done = True
+      continue
+    env_ids = answer["env_ids"]
+    e.ids += env_ids
+    e.model_mask += [0] * len(env_ids)
+    e.log_probs += [0.0] * len(env_ids)
+  if answers.get("timed_out"):
+    for e in episodes:
+      if e.active:
+        e.timed_out = True

@@ -1,0 +1,240 @@
+"""The episode runner with the real chat template and a scripted policy.
+
+The policy is a generation function that writes given texts (so the tests
+know every turn); the template, the tokenizer, the tool-call parsing and
+the environments are the real ones.
+"""
+
+import itertools
+
+from absl.testing import absltest
+
+from maxtext.env import environment
+from maxtext.env import episodes
+from maxtext.generation import sampling
+from maxtext.text import byte_chat
+from maxtext.text import chat
+
+_CALL = (
+    "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n"
+    "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>"
+)
+
+
+class Adder(environment.ToolEnvironment):
+  """A tool environment: `add` answers the sum; reward 1 if told 5."""
+
+  def __init__(self, task):
+    super().__init__("adder")
+    self.task = task
+    self.add_tool("add", self._add, "Adds two integers.")
+    self.answer = None
+    self.closed = False
+
+  def _add(self, a, b):
+    try:
+      return str(int(a) + int(b))
+    except ValueError:
+      raise environment.ToolError(f"not integers: {a!r}, {b!r}") from None
+
+  def start(self):
+    return [{"role": "user", "content": self.task["prompt"]}]
+
+  def step(self, text):
+    reply = super().step(text)
+    if reply.done:
+      self.answer = text
+    return reply
+
+  def reward(self):
+    return float(self.answer == "5")
+
+  def close(self):
+    self.closed = True
+
+
+class Scripted:
+  """A generation function writing `turns[episode][turn]` for each context."""
+
+  def __init__(self, chat_tokenizer, scripts, stop=True):
+    self.chat = chat_tokenizer
+    self.scripts = scripts
+    self.calls = []
+    self.stop = stop
+
+  def __call__(self, contexts, options):
+    self.calls.append((list(map(list, contexts)), options))
+    out = []
+    for context in contexts:
+      # The episode is known by its prompt (the scripts' keys).
+      text = self.chat.tokenizer.decode(context, skip_special_tokens=False)
+      key = next(k for k in self.scripts if k in text)
+      turn = text.count("<|im_start|>assistant") - 1
+      text = self.scripts[key][turn]
+      ids = self.chat.tokenizer.encode(text, add_special_tokens=False).ids
+      if self.stop:
+        ids.append(self.chat.end_of_turn_id)
+      ids = ids[: options.max_new_tokens]
+      out.append(episodes.Completion(ids, [-0.5] * len(ids)))
+    return out
+
+
+class EpisodesTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.chat = chat.ChatTokenizer.load(
+        byte_chat.write(self.create_tempdir().full_path)
+    )
+    self.options = sampling.SamplingOptions(
+        max_new_tokens=8, temperature=1.0, seed=3, stop_ids=self.chat.stop_ids
+    )
+    self.envs = []
+
+  def _make(self, task):
+    env = (
+        Adder(task)
+        if task.get("kind") == "adder"
+        else (environment.SingleTurn(task))
+    )
+    self.envs.append(env)
+    return env
+
+  def _run(self, tasks, scripts, limits, **kwargs):
+    generate = Scripted(self.chat, scripts, **kwargs.pop("script", {}))
+    result = episodes.run(
+        tasks, self._make, self.chat, generate, self.options, limits, **kwargs
+    )
+    return result, generate
+
+  def test_single_turn(self):
+    (e,), generate = self._run(
+        [{"prompt": "Say hi", "kind": "hello"}],
+        {"Say hi": ["hi"]},
+        episodes.Limits(max_turns=1, max_turn_tokens=16),
+    )
+    messages = [{"role": "user", "content": "Say hi"}]
+    self.assertEqual(e.prompt_ids, self.chat.encode_prompt(messages))
+    self.assertEqual(self.chat.decode(e.ids), "hi")
+    self.assertEqual(e.model_mask, [1] * 3)
+    self.assertEqual((e.turns, e.done, e.truncated, e.timed_out), (1, 1, 0, 0))
+    self.assertIsNone(e.env_reward)
+    self.assertLen(generate.calls, 1)
+    options = generate.calls[0][1]
+    self.assertEqual((options.num_samples, options.max_new_tokens), (1, 16))
+
+  def test_tool_turns_append_exactly_the_templates_tokens(self):
+    tasks = [{"prompt": "What is 2+3?", "kind": "adder"}]
+    (e,), generate = self._run(
+        tasks,
+        {"2+3": [_CALL, "5"]},
+        episodes.Limits(max_turns=4, max_tokens=2000, max_turn_tokens=200),
+    )
+    self.assertEqual((e.turns, e.tool_calls, e.tool_errors), (2, 1, 0))
+    self.assertTrue(e.done)
+    self.assertEqual(e.env_reward, 1.0)
+    self.assertEqual(e.model_text, [_CALL, "5"])
+    # The second turn's context is the whole conversation as the template
+    # renders it, with the tool's answer, up to the generation prompt.
+    conversation = [
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": _CALL},
+        {"role": "tool", "content": "5"},
+    ]
+    tools = self.envs[0].tools
+    second_context = generate.calls[1][0][0]
+    self.assertEqual(
+        second_context,
+        self.chat.encode_prompt(conversation, tools=tools),
+    )
+    # The model's ids are its own; the tool's and the template's are not.
+    model_ids = [i for i, m in zip(e.ids, e.model_mask) if m]
+    self.assertEqual(
+        self.chat.decode(model_ids),
+        self.chat.decode(self.chat.tokenizer.encode(_CALL + "5").ids),
+    )
+    env_text = self.chat.tokenizer.decode(
+        [i for i, m in zip(e.ids, e.model_mask) if not m],
+        skip_special_tokens=False,
+    )
+    self.assertEqual(
+        env_text,
+        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n",
+    )
+    self.assertEqual(e.model_tokens + e.env_tokens, len(e.ids))
+    self.assertEqual(
+        [p for p, m in zip(e.log_probs, e.model_mask) if not m],
+        [0.0] * e.env_tokens,
+    )
+    self.assertTrue(self.envs[0].closed)
+
+  def test_malformed_and_unknown_calls_are_tool_errors(self):
+    bad = '<tool_call>{oops</tool_call><tool_call>{"name": "mul"}</tool_call>'
+    args = _CALL.replace("3", "three")
+    (e,), generate = self._run(
+        [{"prompt": "What is 2+3?", "kind": "adder"}],
+        {"2+3": [bad, args, "5"]},
+        episodes.Limits(max_turns=4, max_tokens=4000, max_turn_tokens=200),
+    )
+    self.assertEqual((e.turns, e.tool_calls, e.tool_errors), (3, 3, 3))
+    third = self.chat.decode(generate.calls[2][0][0])
+    self.assertIn("Error: malformed tool call: not JSON", third)
+    self.assertIn("Error: no tool 'mul'", third)
+    self.assertIn("Error: not integers", third)
+    self.assertEqual(e.env_reward, 1.0)
+
+  def test_limits_truncate(self):
+    scripts = {"2+3": [_CALL] * 10}
+    (e,), _ = self._run(
+        [{"prompt": "What is 2+3?", "kind": "adder"}],
+        scripts,
+        episodes.Limits(max_turns=2, max_tokens=4000, max_turn_tokens=200),
+    )
+    self.assertEqual((e.turns, e.truncated, e.done), (2, True, False))
+    self.assertEqual(e.env_reward, 0.0)  # Scored as it stands.
+    # The token budget: the first turn fits, its tool answer does not.
+    (e,), _ = self._run(
+        [{"prompt": "What is 2+3?", "kind": "adder"}],
+        scripts,
+        episodes.Limits(max_turns=5, max_tokens=110, max_turn_tokens=200),
+    )
+    self.assertEqual((e.turns, e.truncated), (1, True))
+    self.assertLessEqual(len(e.ids), 110)
+    self.assertEqual(e.env_tokens, 0)
+    # A turn that does not end with the stop id.
+    (e,), _ = self._run(
+        [{"prompt": "Say hi", "kind": "hello"}],
+        {"Say hi": ["hello there"]},
+        episodes.Limits(max_turns=1, max_turn_tokens=4),
+    )
+    self.assertEqual((len(e.ids), e.truncated, e.done), (4, True, False))
+
+  def test_wall_time_makes_episodes_invalid(self):
+    ticks = itertools.count()
+    tasks = [{"prompt": "What is 2+3?", "kind": "adder"}, {"prompt": "Say hi"}]
+    result, _ = self._run(
+        tasks,
+        {"2+3": [_CALL, _CALL, "5"], "Say hi": ["hi"]},
+        episodes.Limits(
+            max_turns=5, max_tokens=4000, max_turn_tokens=200, wall_seconds=1.5
+        ),
+        clock=lambda: float(next(ticks)),
+    )
+    adder, hello = result
+    # The single turn ended before the time ran out; the tool episode did not.
+    self.assertTrue(hello.done)
+    self.assertFalse(hello.timed_out)
+    self.assertTrue(adder.timed_out)
+    self.assertIsNone(adder.env_reward)
+    self.assertTrue(
+        all(env.closed for env in self.envs if hasattr(env, "closed"))
+    )
+
+  def test_bad_limits(self):
+    with self.assertRaisesRegex(ValueError, "max_turns=0"):
+      episodes.Limits(max_turns=0)
+
+
+if __name__ == "__main__":
+  absltest.main()

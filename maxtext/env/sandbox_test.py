@@ -1,0 +1,205 @@
+"""The sandbox against hostile tools: each ends with an error or a timeout,
+the host is untouched and the next command runs."""
+
+import os
+import socket
+import tempfile
+import threading
+import time
+import uuid
+
+from absl.testing import absltest
+
+from maxtext.env import sandbox
+
+PYTHON = "/usr/bin/python3"
+
+
+def _python(code: str) -> list[str]:
+  return [PYTHON, "-c", code]
+
+
+def _processes_with(marker: str) -> list[int]:
+  """Host pids whose command line holds `marker` (zombies have none)."""
+  found = []
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/cmdline", "rb") as f:
+        if marker.encode() in f.read():
+          found.append(int(name))
+    except OSError:
+      pass  # Ended while we looked.
+  return found
+
+
+class SandboxTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    sandbox.check_available()
+    self.box = sandbox.Sandbox(
+        {"pkg/code.py": "X = 1\n", "data.txt": "hello"},
+        sandbox.Limits(
+            wall_seconds=20,
+            cpu_seconds=20,
+            memory_bytes=1 << 30,
+            file_bytes=1 << 20,
+            scratch_bytes=4 << 20,
+        ),
+    )
+    self.addCleanup(self.box.close)
+
+  def _still_works(self):
+    result = self.box.run(_python("print(open('data.txt').read())"))
+    self.assertTrue(result.ok, result)
+    self.assertEqual(result.stdout.strip(), "hello")
+
+  def test_runs_on_the_task_files_and_writes_the_scratch(self):
+    result = self.box.run(
+        _python(
+            "import os; from pkg import code; print(code.X, os.getcwd());"
+            "open('out.txt', 'w').write('made')"
+        )
+    )
+    self.assertTrue(result.ok, result)
+    self.assertEqual(result.stdout.split(), ["1", sandbox.TASK_DIR])
+    with open(os.path.join(self.box.scratch, "out.txt"), encoding="utf-8") as f:
+      self.assertEqual(f.read(), "made")
+
+  def test_a_hanging_tool_times_out_and_the_next_runs(self):
+    result = self.box.run(_python("while True: pass"), timeout_seconds=1)
+    self.assertTrue(result.timed_out)
+    self.assertIsNone(result.returncode)
+    self.assertIn("limit", result.error)
+    self.assertFalse(result.ok)
+    self._still_works()
+
+  def test_forked_and_daemonized_children_die_with_the_call(self):
+    marker = f"sandbox-fork-{uuid.uuid4().hex}"
+    code = (
+        "import os, sys, time\n"
+        "for _ in range(5):\n"
+        "  if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    os.execv('/bin/sleep', ['sleep', '1000', '{marker}'])\n"
+        "time.sleep(0.5)\n"
+        "print('parent done')\n"
+    )
+    result = self.box.run(_python(code))
+    self.assertEqual(result.stdout.strip(), "parent done")
+    # The namespace's init ended with the command: the kernel kills the
+    # rest; give it a moment to reap them.
+    deadline = time.monotonic() + 10
+    while _processes_with(marker) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    self.assertEqual(_processes_with(marker), [])
+    # And when the parent hangs instead, the timeout takes them all.
+    result = self.box.run(_python(code + "time.sleep(1000)\n"), 2)
+    self.assertTrue(result.timed_out)
+    deadline = time.monotonic() + 10
+    while _processes_with(marker) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    self.assertEqual(_processes_with(marker), [])
+    self._still_works()
+
+  def test_filling_the_disk_fails_the_write(self):
+    result = self.box.run(_python("open('big', 'wb').write(b'x' * (8 << 20))"))
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("File too large", result.stderr)
+    # Many files each under the file limit: past the scratch limit.
+    result = self.box.run(
+        _python(
+            "for i in range(8): open(f'f{i}', 'wb').write(b'x' * (900 << 10))"
+        )
+    )
+    self.assertIn("scratch limit", result.error)
+    self.assertFalse(result.ok)
+
+  def test_host_files_outside_the_scratch_are_not_there(self):
+    with tempfile.NamedTemporaryFile("w", suffix=".secret") as secret:
+      secret.write("host secret")
+      secret.flush()
+      result = self.box.run(_python(f"print(open({secret.name!r}).read())"))
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("FileNotFoundError", result.stderr)
+    self.assertNotIn("host secret", result.stdout)
+    # The system is read-only.
+    result = self.box.run(_python("open('/usr/evil', 'w')"))
+    self.assertIn("Read-only file system", result.stderr)
+
+  def test_no_network(self):
+    accepted = []
+    with socket.socket() as server:
+      server.bind(("127.0.0.1", 0))
+      server.listen()
+      server.settimeout(5)
+      port = server.getsockname()[1]
+
+      def accept():
+        try:
+          accepted.append(server.accept())
+        except OSError:
+          pass
+
+      thread = threading.Thread(target=accept)
+      thread.start()
+      result = self.box.run(
+          _python(
+              "import socket; socket.create_connection("
+              f"('127.0.0.1', {port}), timeout=3)"
+          )
+      )
+      thread.join()
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("ConnectionRefusedError", result.stderr)
+    self.assertEqual(accepted, [])
+
+  def test_memory_limit(self):
+    result = self.box.run(_python("x = bytearray(3 << 30)"))
+    self.assertIn("MemoryError", result.stderr)
+    self._still_works()
+
+  def test_output_is_cut(self):
+    result = self.box.run(_python("print('y' * 100000)"))
+    self.assertTrue(result.stdout.endswith("[output cut]"))
+    self.assertLess(len(result.stdout), 20000)
+
+  def test_paths_outside_the_scratch_are_refused(self):
+    self.assertIsNone(self.box.path("../etc/passwd"))
+    self.assertIsNone(self.box.path("/etc/passwd"))
+    os.symlink("/etc", os.path.join(self.box.scratch, "link"))
+    self.assertIsNone(self.box.path("link/passwd"))
+    self.assertEqual(
+        self.box.path("/task/pkg/code.py"),
+        os.path.join(os.path.realpath(self.box.scratch), "pkg", "code.py"),
+    )
+    with self.assertRaisesRegex(ValueError, "'../x'"):
+      sandbox.Sandbox({"../x": ""})
+
+  def test_unavailable_bubblewrap_is_one_line(self):
+    path = os.environ["PATH"]
+    os.environ["PATH"] = tempfile.mkdtemp()
+    try:
+      with self.assertRaisesRegex(
+          sandbox.SandboxUnavailable, "grpo_allow_unisolated_tools"
+      ):
+        sandbox.check_available()
+    finally:
+      os.environ["PATH"] = path
+
+  def test_unisolated_mode_keeps_limits_and_timeout(self):
+    with sandbox.Sandbox({"a": "1"}, isolated=False) as box:
+      result = box.run(_python("print(open('a').read())"))
+      self.assertEqual(result.stdout.strip(), "1")
+      result = box.run(_python("import time; time.sleep(100)"), 1)
+      self.assertTrue(result.timed_out)
+
+  def test_bad_limits(self):
+    with self.assertRaisesRegex(ValueError, "wall_seconds=0"):
+      sandbox.Limits(wall_seconds=0)
+
+
+if __name__ == "__main__":
+  absltest.main()

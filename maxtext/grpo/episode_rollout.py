@@ -1,0 +1,368 @@
+"""A GRPO rollout of episodes: P task records x G episodes, as a `Rollout`.
+
+The text counterpart of `rollout.rollout`: each of the step's task records
+is played G times against its task's environment (`maxtext.env.episodes`),
+generation going through one function, `decoder_generate` (the key/value
+cache decoder on the engine's parameters; another engine plugs in by
+giving `rollout` its own). The episodes become the same `rollout.Rollout`
+the loss reads:
+
+* tokens: the first prompt, then every id of the episode (the model's and
+  the environment's), then padding; the loss's columns are the ids after
+  the prompt (`grpo_max_completion_length` of them);
+* mask: 1 on the model's own ids only, so tool results and template tokens
+  carry no loss and no gradient;
+* rewards: the task's verifier (the environment's reward, if any, reported
+  as rewards/verifier) plus the run's reward functions of the text form on
+  (prompt text, the model's turns joined by newlines, the record's other
+  fields), computed on process 0 and shared;
+* an episode that timed out is not a sample: no reward function sees it,
+  its sequence mask is 0, it takes no part in its group's baseline
+  (`advantages.valid_group_advantages`) or in the reward statistics, and
+  `episode/timeouts` counts it.
+
+Timings: timing/generate (the generation function's seconds), timing/tools
+(the environments': tools, verifiers, rendering), timing/episodes (both and
+the runner's bookkeeping), timing/reward (the reward functions).
+
+Statistics beside `rollout.rollout_stats`' (over the valid episodes):
+episode/turns, episode/tool_calls, episode/tool_errors (means per
+episode), episode/timeouts (a count), episode/truncated (the share cut by
+a limit), episode/model_tokens and episode/env_tokens (means per episode),
+rewards/kind/<task kind> (mean total reward per kind).
+"""
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import numpy as np
+
+from maxtext.env import episodes as episodes_lib
+from maxtext.env import share
+from maxtext.env import tasks as tasks_lib
+from maxtext.generation import decoder
+from maxtext.generation import sampling
+from maxtext.grpo import advantages as advantages_lib
+from maxtext.grpo import pass_rate
+from maxtext.grpo import rewards as rewards_lib
+from maxtext.grpo import rollout as rollout_lib
+
+# The record's fields that are not keyword arguments of a text reward.
+_NOT_FIELDS = ("prompt", "messages")
+
+
+def decoder_generate(
+    params: Any,
+    model_config: Any,
+    rows: int,
+    allowed_vocab: int,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> episodes_lib.GenerateFn:
+  """The generation function over the key/value-cache decoder.
+
+  Every call generates `rows` rows (the contexts, then copies of the first
+  to fill), so the decoder's programs keep one batch shape whatever number
+  of episodes is still going.
+
+  Args:
+    params: the policy's parameters (read in place).
+    model_config: the model's config.
+    rows: the batch rows of every call (>= the episodes).
+    allowed_vocab: the tokenizer's vocabulary (ids above are never drawn).
+    mesh: the engine's mesh, or None.
+  """
+
+  def generate(contexts, options):
+    filled = list(contexts) + [contexts[0]] * (rows - len(contexts))
+    out = decoder.generate(
+        params,
+        model_config,
+        filled,
+        options,
+        allowed_vocab=allowed_vocab,
+        mesh=mesh,
+    )
+    return [
+        episodes_lib.Completion(
+            [int(i) for i in out.ids[r, : out.lengths[r]]],
+            [float(x) for x in out.log_probs[r, : out.lengths[r]]],
+        )
+        for r in range(len(contexts))
+    ]
+
+  return generate
+
+
+def prompt_text(record: dict[str, Any]) -> str:
+  """The prompt a text reward gets: the record's text, or its last user
+  message."""
+  if isinstance(record.get("prompt"), str):
+    return record["prompt"]
+  users = [m for m in record.get("messages", []) if m.get("role") == "user"]
+  return str(users[-1]["content"]) if users else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeSetup:
+  """What a step's episodes need besides the parameters.
+
+  Attributes:
+    task: the run's task.
+    chat: the policy's `chat.ChatTokenizer`.
+    limits: the episodes' limits.
+    tools: how tools and verifiers run.
+    clock: seconds, for the episodes' wall-time limit.
+  """
+
+  task: tasks_lib.Task
+  chat: Any
+  limits: episodes_lib.Limits
+  tools: tasks_lib.ToolSettings
+  clock: Callable[[], float] = time.monotonic
+
+
+def play(
+    setup: EpisodeSetup,
+    records: Sequence[dict[str, Any]],
+    options: sampling.SamplingOptions,
+    generate: episodes_lib.GenerateFn,
+    timings: Optional[dict[str, float]] = None,
+) -> list[episodes_lib.Episode]:
+  """options.num_samples episodes of each record, record-major (timings:
+  as `episodes.run`'s)."""
+  g = options.num_samples
+  return episodes_lib.run(
+      [dict(r) for r in records for _ in range(g)],
+      lambda record: setup.task.make_environment(record, setup.tools),
+      setup.chat,
+      generate,
+      options,
+      setup.limits,
+      clock=setup.clock,
+      timings=timings,
+  )
+
+
+def _score(functions, records, played, g):
+  """(per function [N], totals [N]) of the valid episodes, on process 0,
+  shared; every process raises process 0's RewardError."""
+  n = len(played)
+  valid = [r for r, e in enumerate(played) if not e.timed_out]
+  answer = None
+  if share.is_lead():
+    try:
+      per_function, total = {}, np.zeros(n)
+      if functions and valid:
+        rows = [records[r // g] for r in valid]
+        values, totals = rewards_lib.score_here(
+            functions,
+            [prompt_text(rec) for rec in rows],
+            ["\n".join(played[r].model_text) for r in valid],
+            1,
+            [
+                {k: v for k, v in rec.items() if k not in _NOT_FIELDS}
+                for rec in rows
+            ],
+        )
+        for name, v in values.items():
+          per_function[name] = np.zeros(n)
+          per_function[name][valid] = v
+        total[valid] = totals
+      verifier = [e.env_reward for e in played]
+      if any(v is not None for v in verifier):
+        per_function["verifier"] = np.array(
+            [0.0 if v is None else float(v) for v in verifier]
+        )
+        total = total + per_function["verifier"]
+      answer = {
+          "per_function": {k: v.tolist() for k, v in per_function.items()},
+          "total": total.tolist(),
+      }
+    except rewards_lib.RewardError as e:
+      answer = {"error": str(e)}
+  answer = share.from_lead(answer)
+  if "error" in answer:
+    raise rewards_lib.RewardError(answer["error"])
+  return rewards_lib.Rewards(
+      np.asarray(answer["total"], np.float64),
+      {k: np.asarray(v, np.float64) for k, v in answer["per_function"].items()},
+  )
+
+
+def _valid_reward_stats(rewards, valid, g) -> dict[str, float]:
+  """The reward statistics of `rollout_stats` over the valid episodes."""
+  if not valid.any():
+    return {}
+  total = rewards.total[valid]
+  stats = {
+      "rewards/sum": float(np.sum(total)),
+      "rewards/mean": float(np.mean(total)),
+      "rewards/min": float(np.min(total)),
+      "rewards/max": float(np.max(total)),
+      "rewards/std": float(np.std(total)),
+  }
+  for name, values in rewards.per_function.items():
+    stats[f"rewards/{name}"] = float(np.mean(values[valid]))
+  groups = [
+      t[ok] for t, ok in zip(rewards.total.reshape(-1, g), valid.reshape(-1, g))
+  ]
+  stats["frac_reward_zero_std"] = float(
+      np.mean([np.all(t == t[0]) for t in groups if t.size])
+  )
+  return stats
+
+
+def episode_stats(played, rewards, valid) -> dict[str, float]:
+  """The episode/* and rewards/kind/* statistics (module docstring)."""
+  chosen = [e for e, ok in zip(played, valid) if ok] or list(played)
+
+  def mean(values):
+    return float(np.mean(values)) if len(values) else 0.0
+
+  stats = {
+      "episode/turns": mean([e.turns for e in chosen]),
+      "episode/tool_calls": mean([e.tool_calls for e in chosen]),
+      "episode/tool_errors": mean([e.tool_errors for e in chosen]),
+      "episode/timeouts": float(sum(e.timed_out for e in played)),
+      "episode/truncated": mean([e.truncated for e in chosen]),
+      "episode/model_tokens": mean([e.model_tokens for e in chosen]),
+      "episode/env_tokens": mean([e.env_tokens for e in chosen]),
+  }
+  for kind in sorted({e.kind for e in played}):
+    rows = [r for r, e in enumerate(played) if e.kind == kind and valid[r]]
+    stats[f"rewards/kind/{kind}"] = mean(rewards.total[rows])
+  return stats
+
+
+def rollout(
+    params: Any,
+    model_config: Any,
+    records: Sequence[dict[str, Any]],
+    options: sampling.SamplingOptions,
+    reward_functions: Sequence[rewards_lib.RewardFunction],
+    *,
+    setup: EpisodeSetup,
+    estimator: str = "grpo",
+    advantage_eps: float = 1e-4,
+    width: int,
+    mesh: Optional[jax.sharding.Mesh] = None,
+    overlong_filtering: bool = False,
+    generate: Optional[episodes_lib.GenerateFn] = None,
+) -> rollout_lib.Rollout:
+  """Plays, scores and computes advantages for one step (module docstring).
+
+  Args:
+    params, model_config, options, reward_functions, estimator,
+      advantage_eps, mesh, overlong_filtering: as `rollout.rollout`
+      (`options.num_samples` is G; its max_new_tokens is unused: the
+      limits bound each turn).
+    records: the step's P task records.
+    setup: the task, tokenizer, limits and tool settings.
+    width: W, the token columns of every row: the longest first prompt
+      plus `setup.limits.max_tokens` must fit.
+    generate: the generation function; None = `decoder_generate`.
+
+  Raises:
+    ValueError: a first prompt longer than the width allows (one line).
+    rewards.RewardError: a reward function failed (one line).
+  """
+  g = options.num_samples
+  if g < 2:
+    raise ValueError(f"num_generations={g}: a group needs at least 2")
+  n = len(records) * g
+  length = setup.limits.max_tokens
+  if generate is None:
+    generate = decoder_generate(
+        params, model_config, n, setup.chat.vocab_size, mesh
+    )
+  start = time.perf_counter()
+  timings = {}
+  played = play(setup, records, options, generate, timings)
+  generated = time.perf_counter()
+  for e in played:
+    if len(e.prompt_ids) + length > width:
+      raise ValueError(
+          f"a first prompt of {len(e.prompt_ids)} tokens + "
+          f"{length} episode tokens (grpo_max_completion_length) does not "
+          f"fit the rollout width {width}; raise grpo_prompt_length"
+      )
+  rewards = _score(reward_functions, records, played, g)
+  scored = time.perf_counter()
+  valid = np.array([not e.timed_out for e in played])
+  adv = advantages_lib.valid_group_advantages(
+      rewards.total.reshape(-1, g),
+      valid.reshape(-1, g),
+      estimator,
+      advantage_eps,
+  ).reshape(-1)
+
+  tokens = np.full((n, width), sampling.PAD_ID, np.int32)
+  prompt_lengths = np.zeros((n,), np.int32)
+  lengths = np.zeros((n,), np.int32)
+  mask = np.zeros((n, length), np.float32)
+  old = np.zeros((n, length), np.float32)
+  for r, e in enumerate(played):
+    row = e.prompt_ids + e.ids
+    tokens[r, : len(row)] = row
+    prompt_lengths[r] = len(e.prompt_ids)
+    lengths[r] = len(e.ids)
+    mask[r, : len(e.ids)] = e.model_mask
+    old[r, : len(e.ids)] = e.log_probs
+  truncated = np.array([e.truncated for e in played])
+  sequence_mask = valid.astype(np.float32)
+  if overlong_filtering:
+    sequence_mask[truncated] = 0.0
+  stats = rollout_lib.rollout_stats(
+      rewards, lengths, truncated, g, overlong_filtering
+  )
+  stats.update(_valid_reward_stats(rewards, valid, g))
+  stats.update(episode_stats(played, rewards, valid))
+  # Generation alone; the environments' time (tools, verifiers) apart.
+  stats["timing/generate"] = timings["generate"]
+  stats["timing/tools"] = timings["environment"]
+  stats["timing/episodes"] = generated - start
+  stats["timing/reward"] = scored - generated
+  return rollout_lib.Rollout(
+      prompts=[e.prompt_ids for e in played[::g]],
+      completions=[tuple(e.ids) for e in played],
+      tokens=tokens,
+      prompt_lengths=prompt_lengths,
+      completion_lengths=lengths,
+      mask=mask,
+      old_log_probs=old,
+      rewards=rewards,
+      advantages=adv,
+      stats=stats,
+      sequence_mask=sequence_mask,
+  )
+
+
+def evaluate(
+    params: Any,
+    model_config: Any,
+    setup: EpisodeSetup,
+    options: sampling.SamplingOptions,
+    reward_functions: Sequence[rewards_lib.RewardFunction],
+    *,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> dict[str, float]:
+  """pass@1 and pass@k of the held-out records (k = options.num_samples).
+
+  An episode passes when its total reward reaches 1 (the verifier's full
+  mark); one that timed out fails.
+  """
+  records = setup.task.eval_records()
+  k = options.num_samples
+  generate = decoder_generate(
+      params, model_config, len(records) * k, setup.chat.vocab_size, mesh
+  )
+  played = play(setup, records, options, generate)
+  rewards = _score(reward_functions, records, played, k)
+  passed = (rewards.total >= 1.0) & np.array([not e.timed_out for e in played])
+  correct = passed.reshape(len(records), k).tolist()
+  out = {"pass@1": pass_rate.mean_pass_at_k(correct, 1)}
+  if k > 1:
+    out[f"pass@{k}"] = pass_rate.mean_pass_at_k(correct, k)
+  return out

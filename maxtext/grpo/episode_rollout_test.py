@@ -1,0 +1,206 @@
+"""Episode rollouts on a tiny model: the real decoder on the math task, and a
+repair episode in the sandbox whose tool and template tokens carry no loss."""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from maxtext.env import episodes
+from maxtext.env import math_task
+from maxtext.env import repair_task
+from maxtext.env import sandbox
+from maxtext.env import tasks
+from maxtext.env import tool_calls
+from maxtext.generation import sampling
+from maxtext.generation import scoring
+from maxtext.grpo import episode_rollout
+from maxtext.grpo import policy_loss
+from maxtext.grpo import rewards
+from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import text_task
+from maxtext.grpo import train_loss
+from maxtext.model import transformer
+from testing import tiny_configs
+
+_SETTINGS = tasks.ToolSettings(sandbox.Limits(wall_seconds=30), True, 30.0)
+
+
+class EpisodeRolloutTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    config = tiny_configs.model_config(vocab_size=320, max_sequence_length=1536)
+    cls.config = ml_collections.FrozenConfigDict(config)
+    cls.params = transformer.init_params(config, jax.random.PRNGKey(0))
+    cls.chat = text_task.load_tokenizer(text_task.BYTE_CHATML)
+
+  def test_math_with_the_decoder(self):
+    setup = episode_rollout.EpisodeSetup(
+        math_task.make_task(num_eval=2),
+        self.chat,
+        episodes.Limits(max_turns=1, max_tokens=12, max_turn_tokens=12),
+        _SETTINGS,
+    )
+    records = setup.task.train_records(0, 2)
+    options = sampling.SamplingOptions(
+        max_new_tokens=12,
+        temperature=1.0,
+        seed=4,
+        num_samples=2,
+        stop_ids=self.chat.stop_ids,
+    )
+    result = episode_rollout.rollout(
+        self.params,
+        self.config,
+        records,
+        options,
+        rewards.load("maxtext.env.math_task:correct"),
+        setup=setup,
+        width=128,
+    )
+    for row in range(4):
+      record = records[row // 2]
+      prompt = self.chat.encode_prompt(
+          [{"role": "user", "content": record["prompt"]}]
+      )
+      self.assertEqual(result.prompt_lengths[row], len(prompt))
+      self.assertEqual(list(result.tokens[row, : len(prompt)]), prompt)
+      n = result.completion_lengths[row]
+      self.assertEqual(result.mask[row].sum(), n)  # One turn: all the model's.
+      self.assertTrue(np.all(result.tokens[row, len(prompt) :][n:] == 0))
+      # Only the tokenizer's ids are drawn.
+      self.assertTrue(np.all(result.tokens[row] < self.chat.vocab_size))
+    forced, _ = scoring.completion_log_probs_and_entropy(
+        self.params, result.tokens, result.prompt_lengths, 12, self.config
+    )
+    np.testing.assert_allclose(
+        result.old_log_probs, np.asarray(forced) * result.mask, atol=2e-4
+    )
+    self.assertEqual(result.stats["episode/turns"], 1.0)
+    self.assertEqual(result.stats["episode/timeouts"], 0.0)
+    self.assertIn("rewards/kind/math", result.stats)
+    self.assertIn("rewards/correct", result.stats)
+
+  def test_repair_episode_trains_only_the_models_tokens(self):
+    task = repair_task.make_task(num_eval=1)
+    record = task.train_records(0, 1)[0]
+    demo = [
+        m["content"] for m in task.demonstration(record)
+        if m["role"] == "assistant"
+    ]  # fmt: skip
+    calls = []
+
+    def generate(contexts, options):
+      del options  # The script decides.
+      # Episode 0 follows the demonstration; episode 1 gives up at once.
+      turn = len(calls)
+      calls.append(len(contexts))
+      out = []
+      for i, _ in enumerate(contexts):
+        text = "I give up." if turn == 0 and i == 1 else demo[turn]
+        ids = self.chat.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = ids + [self.chat.end_of_turn_id]
+        out.append(episodes.Completion(ids, [-1.0] * len(ids)))
+      return out
+
+    setup = episode_rollout.EpisodeSetup(
+        task,
+        self.chat,
+        episodes.Limits(max_turns=8, max_tokens=1024, max_turn_tokens=256),
+        _SETTINGS,
+    )
+    options = sampling.SamplingOptions(
+        max_new_tokens=256, temperature=1.0, num_samples=2,
+        stop_ids=self.chat.stop_ids,
+    )  # fmt: skip
+    result = episode_rollout.rollout(
+        self.params, self.config, [record], options, [], setup=setup,
+        width=1536, generate=generate,
+    )  # fmt: skip
+    np.testing.assert_array_equal(result.rewards.total, [1.0, 0.0])
+    self.assertEqual(calls, [2, 1, 1, 1])
+    self.assertEqual(result.stats["episode/tool_calls"], 2.0)  # (4 + 0) / 2
+    self.assertGreater(result.stats["episode/env_tokens"], 0)
+    # The solved episode holds tool results, which are not the model's.
+    mask = result.mask[0]
+    n = result.completion_lengths[0]
+    self.assertLess(mask[:n].sum(), n)
+    self.assertGreater(mask[:n].sum(), 0)
+    env_positions = np.flatnonzero((np.arange(len(mask)) < n) & (mask == 0))
+    model_positions = np.flatnonzero(mask > 0)
+    text = self.chat.tokenizer.decode(
+        result.tokens[0, result.prompt_lengths[0] + env_positions].tolist(),
+        skip_special_tokens=False,
+    )
+    self.assertIn("<tool_response>", text)
+    self.assertIn("def ", text)  # The viewed file.
+
+    # The gradient of the loss with respect to each position's
+    # log-probability: none at the environment's and template's tokens.
+    batch = rollout_lib.micro_batches(result, 1)[0]
+    options_loss = policy_loss.LossOptions()
+
+    def loss_of(log_probs):
+      return policy_loss.policy_loss(
+          log_probs,
+          jnp.asarray(batch["old_log_probs"]),
+          jnp.asarray(batch["advantages"]),
+          jnp.asarray(batch["mask"]),
+          options_loss,
+          sequence_mask=jnp.asarray(batch["sequence_mask"]),
+      )[0]
+
+    grad = np.asarray(jax.grad(loss_of)(jnp.asarray(batch["old_log_probs"])))
+    self.assertTrue(np.all(grad[0, env_positions] == 0.0))
+    self.assertTrue(np.all(grad[0, model_positions] != 0.0))
+    # And through the model: changing what the environment's positions
+    # hold in the loss's inputs changes nothing.
+    loss = train_loss.loss_fn(self.params, batch, self.config, options_loss)[0]
+    changed = dict(batch)
+    changed["old_log_probs"] = batch["old_log_probs"].copy()
+    changed["old_log_probs"][0, env_positions] = -7.0
+    np.testing.assert_allclose(
+        train_loss.loss_fn(self.params, changed, self.config, options_loss)[0],
+        loss,
+        rtol=1e-6,
+    )
+
+  def test_timed_out_episodes_are_not_samples(self):
+    ticks = iter(range(1000))
+    task = repair_task.make_task(num_eval=1)
+    call = tool_calls.format_xml(tool_calls.ToolCall("run_tests", {}))
+    ids = self.chat.tokenizer.encode(call, add_special_tokens=False).ids
+    ids.append(self.chat.end_of_turn_id)
+
+    def generate(contexts, options):
+      del options
+      return [episodes.Completion(ids, [-1.0] * len(ids)) for _ in contexts]
+
+    setup = episode_rollout.EpisodeSetup(
+        task,
+        self.chat,
+        episodes.Limits(
+            max_turns=4, max_tokens=1024, max_turn_tokens=128,
+            wall_seconds=0.5,
+        ),
+        _SETTINGS,
+        clock=lambda: float(next(ticks)),
+    )  # fmt: skip
+    result = episode_rollout.rollout(
+        self.params, self.config, task.train_records(0, 2),
+        sampling.SamplingOptions(max_new_tokens=128, num_samples=2,
+                                 stop_ids=self.chat.stop_ids),
+        [], setup=setup, width=1536, generate=generate,
+    )  # fmt: skip
+    # The first turn's time ran out: no episode is a sample, none scored.
+    np.testing.assert_array_equal(result.sequence_mask, [0, 0, 0, 0])
+    np.testing.assert_array_equal(result.advantages, [0, 0, 0, 0])
+    self.assertEqual(result.stats["episode/timeouts"], 4.0)
+    self.assertNotIn("rewards/verifier", result.stats)
+
+
+if __name__ == "__main__":
+  absltest.main()
