@@ -181,6 +181,15 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute the loss this many sequence positions at a time, so the float32
   # [batch, seq, vocab] logits never exist at once. 0 = all at once.
   config.loss_chunk_size = 0
+  # Packed rows: several sequences share a row, attention and the recurrent
+  # layers restart at each sequence's start and rotary positions restart at
+  # 0 (segment ids and positions ride the batch; docs/training.md,
+  # "Packing"). Pretraining rows are split at document boundaries, SFT
+  # examples and GRPO completions are packed first-fit into rows of the
+  # micro-batch's length. False: pretraining windows attend across
+  # documents (DeepSeek-V3's and Megatron's reset_attention_mask=False),
+  # SFT and GRPO rows hold one sequence each, padded.
+  config.packing = False
   # Mixture of experts (maxtext/model/moe.py). Number of routed experts per MoE
   # layer; 0 = a dense model (every layer a SwiGLU MLP).
   config.num_experts = 0

@@ -39,6 +39,7 @@ FIELDS = (
     "num_kv_heads",
     "num_layers",
     "num_shared_experts",
+    "packing",
     "q_lora_rank",
     "qk_norm",
     "qk_nope_head_dim",
