@@ -190,6 +190,10 @@ def get_config() -> ml_collections.ConfigDict:
   # documents (DeepSeek-V3's and Megatron's reset_attention_mask=False),
   # SFT and GRPO rows hold one sequence each, padded.
   config.packing = False
+  # The end-of-document id that ends each document of a token stream
+  # (dataset_type tokens_file, grain, megatron) when packing; -1 = grain's
+  # metadata.json eod_id (the other two need it set).
+  config.eod_id = -1
   # Mixture of experts (maxtext/model/moe.py). Number of routed experts per MoE
   # layer; 0 = a dense model (every layer a SwiGLU MLP).
   config.num_experts = 0

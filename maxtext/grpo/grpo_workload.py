@@ -252,6 +252,7 @@ class GrpoWorkload(workload.Workload):
         reference_params=reference,
         mesh=state.setup.mesh,
         overlong_filtering=config.grpo_overlong_filtering,
+        packing=config.packing,
     )
     if reference is not None:
       _check_reference(config, state, reference)
