@@ -88,7 +88,7 @@ def make_dataset(
         f"{', '.join(others)} or {last}"
     )
   eod_id = getattr(config, "eod_id", -1)
-  streamed = config.dataset_type in STREAMED_KINDS
+  streamed = config.dataset_type in packing.STREAM_KINDS
   if streamed and config.packing and eod_id < 0:
     if config.dataset_type != "grain":
       raise ValueError(
@@ -102,6 +102,3 @@ def make_dataset(
     eod_id = int(data.metadata["eod_id"])
   return packing.PackedDocuments(data, eod_id)
 
-
-# The kinds whose rows are windows of one concatenated token stream.
-STREAMED_KINDS = ("tokens_file", "grain", "megatron")

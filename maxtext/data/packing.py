@@ -25,6 +25,13 @@ import numpy as np
 
 from maxtext.data import dataset
 
+# With config.packing: the dataset_types whose rows are windows of one
+# concatenated token stream, packed by document (`PackedDocuments`), train
+# and eval batches; and every dataset_type whose training batches are
+# packed ("chat" packs its examples; its eval rows stay one example each).
+STREAM_KINDS = ("tokens_file", "grain", "megatron")
+PACKED_TRAIN_KINDS = STREAM_KINDS + ("chat",)
+
 
 def first_fit(lengths: Sequence[int], width: int) -> list[list[int]]:
   """Greedy first-fit decreasing: the sequences of each row, by index.
