@@ -119,6 +119,8 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
   }
   if config.grpo_beta > 0:
     out["ref_log_probs"] = rows_2d
+  if config.packing:  # `packed_batches`: the packed rows' layout.
+    out.update(segment_ids=rows_2d, positions=rows_2d, completion_at=rows_2d)
   return out
 
 

@@ -49,6 +49,15 @@ def rows_needed(micro_batch: dict) -> int:
   return len(packing.first_fit(sequence_lengths(micro_batch), width))
 
 
+def row_multiple(sequences: int, shards: int) -> int:
+  """What a step's packed row count is a multiple of: the `shards` the
+  rows are split over, and a quarter of the micro-batch's `sequences`
+  rounded up to them (so a run compiles at most about four shapes of its
+  step)."""
+  quarter = max(1, sequences // 4)
+  return -(-quarter // shards) * shards
+
+
 def num_rows(micro_batches: Sequence[dict], row_multiple: int) -> int:
   """R for a step: its fullest micro-batch's rows rounded up to a multiple
   of `row_multiple`, at most the padded rows rounded alike."""

@@ -53,7 +53,6 @@ times has come back to the host, so no synchronisation is added for them):
 
 import dataclasses
 import functools
-import math
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -325,14 +324,9 @@ class GrpoStep:
     return result, batches
 
   def _row_multiple(self, batches: list[dict]) -> int:
-    """What a packed micro-batch's row count is a multiple of: the mesh's
-    batch shards, and a quarter of the padded rows (so a run compiles at
-    most four shapes of its step)."""
-    shards = 1
-    if self._mesh is not None:
-      shards = math.prod(self._mesh.devices.shape)
-    quarter = max(1, len(batches[0]["prompt_lengths"]) // 4)
-    return -(-quarter // shards) * shards
+    """`packed_batches.row_multiple` on this step's mesh."""
+    shards = 1 if self._mesh is None else self._mesh.devices.size
+    return packed_batches.row_multiple(len(batches[0]["prompt_lengths"]), shards)
 
   def _placed(self, batch: dict) -> dict:
     """`batch` (host arrays, the same in every process) as arrays split by
