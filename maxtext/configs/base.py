@@ -352,6 +352,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Devices that shard the experts (the "expert" mesh axis; batches are split
   # over it too). 1 = no expert axis. Must divide num_experts.
   config.expert_parallelism = 1
+  # Devices that split each layer's attention heads and MLP / expert hidden
+  # widths (the "tensor" mesh axis, Megatron's tensor parallelism; batches
+  # are not split over it). 1 = no tensor axis. Must divide the heads, key/
+  # value heads and hidden widths (docs/scaling.md).
+  config.tensor_parallelism = 1
   # Across TPU slices (a multi-slice job, or `train_compile --num_slices`):
   # the mesh axes over the data-center network, each a number of slices;
   # the axes above then count devices within one slice. -1 = all slices the

@@ -20,6 +20,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 import jax.numpy as jnp
 
 from maxtext.core import choices
+from maxtext.runtime import mesh as mesh_lib
 
 # Implementations `attend` runs ("auto" is resolved before, by
 # `maxtext.model.attention_implementation`).
@@ -421,8 +422,9 @@ def _attend_splash(
   empty. For a TPU target the kernel is the compiled Mosaic
   kernel; for another platform it runs in Pallas interpret mode (slow; for
   checking numerics on the CPU). On a mesh it runs in `shard_map`: each
-  device attends over its own sequences with all heads (the mesh has no
-  head axis), so the custom call is never asked to partition.
+  device attends over its own sequences with its heads (all of them, or
+  its share on a "tensor" axis), so the custom call is never asked to
+  partition.
   """
   _, s, h, _ = q.shape
   padded = -(-s // _SPLASH_BLOCK) * _SPLASH_BLOCK
@@ -470,13 +472,16 @@ def _attend_splash(
   args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
   if mesh is None:
     return local(*args)
-  # The batch is split over every mesh axis
-  # (maxtext.runtime.mesh.batch_sharding).
-  spec = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
+  # The batch is split over every mesh axis but "tensor"
+  # (maxtext.runtime.mesh.batch_sharding), the heads over "tensor".
+  batch = tuple(a for a in mesh.axis_names if a != mesh_lib.TENSOR_AXIS)
+  heads = mesh_lib.TENSOR_AXIS if mesh_lib.TENSOR_AXIS in mesh.axis_names else None
+  spec = jax.sharding.PartitionSpec(batch, None, heads)
+  specs = (spec,) * 3 + (jax.sharding.PartitionSpec(batch),) * (len(args) - 3)
   return jax.shard_map(
       local,
       mesh=mesh,
-      in_specs=(spec,) * len(args),
+      in_specs=specs,
       out_specs=spec,
       check_vma=False,
   )(*args)

@@ -851,6 +851,7 @@ def param_partition_specs(
     fsdp_size: int,
     *,
     expert_size: int = 1,
+    tensor_size: int = 1,
     rules: axis_rules.Rules = axis_rules.PARAMETERS,
 ) -> Params:
   """`jax.sharding.PartitionSpec` per parameter: the logical-axis `rules`
@@ -867,6 +868,8 @@ def param_partition_specs(
     params: the parameter pytree (arrays or anything with `.shape`).
     fsdp_size: number of devices on the "fsdp" mesh axis.
     expert_size: number of devices on the "expert" mesh axis.
+    tensor_size: number of devices on the "tensor" mesh axis: the heads
+      and hidden widths are split over it (`axis_rules.PARAMETERS`).
     rules: the layout (`axis_rules.FSDP_ONLY` is the one before non-expert
       weights were split over the expert axis).
 
@@ -877,7 +880,11 @@ def param_partition_specs(
     ValueError: fsdp_size or expert_size < 1, or expert_size does not
       divide the number of experts.
   """
-  sizes = {mesh_lib.FSDP_AXIS: fsdp_size, mesh_lib.EXPERT_AXIS: expert_size}
+  sizes = {
+      mesh_lib.FSDP_AXIS: fsdp_size,
+      mesh_lib.EXPERT_AXIS: expert_size,
+      mesh_lib.TENSOR_AXIS: tensor_size,
+  }
   for axis, size in sizes.items():
     if not isinstance(size, int) or size < 1:
       raise ValueError(f"{axis}_size must be a positive int, got {size!r}")
