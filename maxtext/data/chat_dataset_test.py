@@ -300,9 +300,9 @@ class PackedChatTest(absltest.TestCase):
     self.assertCountEqual(epoch, range(480))
     # The packed batch's loss is that of its examples, one padded row each.
     examples = [i for row in rows for i in row]
-    unpacked = chat_dataset._rows(  # pylint: disable=protected-access
-        plain.train, examples, seq
-    )
+    # The unpacked rows of those examples: the module's own row builder.
+    # pylint: disable-next=protected-access
+    unpacked = chat_dataset._rows(plain.train, examples, seq)
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     loss = jax.jit(lambda p, b: transformer.loss_fn(p, b, config))
     packed_loss, packed_aux = loss(params, batch)

@@ -101,4 +101,3 @@ def make_dataset(
   if eod_id < 0:
     eod_id = int(data.metadata["eod_id"])
   return packing.PackedDocuments(data, eod_id)
-

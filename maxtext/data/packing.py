@@ -146,7 +146,9 @@ def document_rows(
   return segment_ids, (column - latest).astype(np.int32)
 
 
-def padding_fraction(lengths: Sequence[int], num_rows: int, width: int) -> float:
+def padding_fraction(
+    lengths: Sequence[int], num_rows: int, width: int
+) -> float:
   """The share of num_rows x width tokens that hold no sequence."""
   total = num_rows * width
   return 1.0 - float(np.sum(lengths)) / total if total else 0.0

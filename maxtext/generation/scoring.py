@@ -113,9 +113,7 @@ def packed_completion_log_probs_and_entropy(
   ).astype(jnp.float32)
   scaled = jax.nn.log_softmax(logits / temperature, axis=-1)
   following = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
-  log_probs = jnp.take_along_axis(scaled, following[..., None], axis=-1)[
-      ..., 0
-  ]
+  log_probs = jnp.take_along_axis(scaled, following[..., None], axis=-1)[..., 0]
   entropy = -jnp.sum(jnp.exp(scaled) * scaled, axis=-1)
   return (
       log_probs.reshape(-1)[completion_at],

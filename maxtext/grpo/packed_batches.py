@@ -58,11 +58,11 @@ def row_multiple(sequences: int, shards: int) -> int:
   return -(-quarter // shards) * shards
 
 
-def num_rows(micro_batches: Sequence[dict], row_multiple: int) -> int:
+def num_rows(micro_batches: Sequence[dict], multiple: int) -> int:
   """R for a step: its fullest micro-batch's rows rounded up to a multiple
-  of `row_multiple`, at most the padded rows rounded alike."""
+  of `multiple` (`row_multiple`)."""
   needed = max(rows_needed(batch) for batch in micro_batches)
-  return -(-needed // row_multiple) * row_multiple
+  return -(-needed // multiple) * multiple
 
 
 def pack(micro_batch: dict, rows: int) -> dict:

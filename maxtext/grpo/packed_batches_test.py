@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 
 from maxtext.generation import sampling
+from maxtext.generation import scoring
 from maxtext.grpo import packed_batches
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
@@ -43,7 +44,10 @@ class PackedBatchesTest(absltest.TestCase):
     cls.params = transformer.init_params(config, jax.random.PRNGKey(0))
     task = progression_task.ProgressionTask(32, 3, 6, num_eval=8, seed=0)
     options = sampling.SamplingOptions(
-        max_new_tokens=6, temperature=1.0, seed=3, num_samples=4,
+        max_new_tokens=6,
+        temperature=1.0,
+        seed=3,
+        num_samples=4,
         stop_ids=(5, 7, 11, 13),
     )
     # Rows of 20 tokens; sequences of 4..9: several share a packed row.
@@ -77,9 +81,7 @@ class PackedBatchesTest(absltest.TestCase):
 
   def test_loss_and_every_metric_unchanged(self):
     options = policy_loss.LossOptions(temperature=1.0, beta=0.0)
-    loss = jax.jit(
-        lambda p, b: train_loss.loss_fn(p, b, self.config, options)
-    )
+    loss = jax.jit(lambda p, b: train_loss.loss_fn(p, b, self.config, options))
     for padded, packed in zip(self.padded, self.packed):
       padded_loss, padded_metrics = loss(self.params, padded)
       packed_loss, packed_metrics = loss(self.params, packed)
@@ -94,17 +96,22 @@ class PackedBatchesTest(absltest.TestCase):
         )
 
   def test_per_sequence_log_probs_entropy_and_token_counts(self):
-    from maxtext.generation import scoring  # pylint: disable=g-import-not-at-top
-
     padded, packed = self.padded[0], self.packed[0]
     mask = padded["mask"]
     want = scoring.completion_log_probs_and_entropy(
-        self.params, padded["tokens"], padded["prompt_lengths"],
-        mask.shape[1], self.config,
+        self.params,
+        padded["tokens"],
+        padded["prompt_lengths"],
+        mask.shape[1],
+        self.config,
     )
     got = scoring.packed_completion_log_probs_and_entropy(
-        self.params, packed["tokens"], packed["segment_ids"],
-        packed["positions"], packed["completion_at"], self.config,
+        self.params,
+        packed["tokens"],
+        packed["segment_ids"],
+        packed["positions"],
+        packed["completion_at"],
+        self.config,
     )
     for w, g in zip(want, got):
       np.testing.assert_allclose(g * mask, w * mask, rtol=1e-5, atol=1e-5)
@@ -127,7 +134,10 @@ class PackedBatchesTest(absltest.TestCase):
       }
 
     reference = functools.partial(
-        step_lib._micro_batches_with_reference,  # pylint: disable=protected-access
+        # The step's reference pass is step.py's own; its cut of the
+        # stacked rows is what this checks.
+        # pylint: disable-next=protected-access
+        step_lib._micro_batches_with_reference,
         num_micro_batches=_K,
         config=self.config,
         mesh=None,

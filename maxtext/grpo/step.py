@@ -326,7 +326,9 @@ class GrpoStep:
   def _row_multiple(self, batches: list[dict]) -> int:
     """`packed_batches.row_multiple` on this step's mesh."""
     shards = 1 if self._mesh is None else self._mesh.devices.size
-    return packed_batches.row_multiple(len(batches[0]["prompt_lengths"]), shards)
+    return packed_batches.row_multiple(
+        len(batches[0]["prompt_lengths"]), shards
+    )
 
   def _placed(self, batch: dict) -> dict:
     """`batch` (host arrays, the same in every process) as arrays split by

@@ -420,9 +420,9 @@ def chunked_delta_rule(
   )
   u_part, w_part = solved[..., :dv], solved[..., dv:]
   q_read = jnp.moveaxis(q, 2, -2)[:, :, :, None] * from_start[..., None]
-  k_write = k_t * jnp.where(to_end, jnp.exp(cum[..., -1:] - cum), 0.0)[
-      ..., None
-  ]
+  k_write = (
+      k_t * jnp.where(to_end, jnp.exp(cum[..., -1:] - cum), 0.0)[..., None]
+  )
   chunk_decay = from_start[..., -1:, None]  # [B, N, Hk, G, 1, 1]
 
   def chunk(state, xs):

@@ -273,7 +273,11 @@ class GatedDeltaNetTest(parameterized.TestCase):
     # Without the ids the sequences see each other: the test can fail.
     unpacked, _ = _apply(config, recurrent)(x, p)
     self.assertGreater(
-        float(jnp.max(jnp.abs(unpacked[:, lengths[0] :] - packed[:, lengths[0] :]))),
+        float(
+            jnp.max(
+                jnp.abs(unpacked[:, lengths[0] :] - packed[:, lengths[0] :])
+            )
+        ),
         1e-3,
     )
 

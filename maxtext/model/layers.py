@@ -474,8 +474,10 @@ def _attend_splash(
     return local(*args)
   # The batch is split over every mesh axis but "tensor"
   # (maxtext.runtime.mesh.batch_sharding), the heads over "tensor".
-  batch = tuple(a for a in mesh.axis_names if a != mesh_lib.TENSOR_AXIS)
-  heads = mesh_lib.TENSOR_AXIS if mesh_lib.TENSOR_AXIS in mesh.axis_names else None
+  batch = mesh_lib.batch_axes(mesh)
+  heads = (
+      mesh_lib.TENSOR_AXIS if mesh_lib.TENSOR_AXIS in mesh.axis_names else None
+  )
   spec = jax.sharding.PartitionSpec(batch, None, heads)
   specs = (spec,) * 3 + (jax.sharding.PartitionSpec(batch),) * (len(args) - 3)
   return jax.shard_map(

@@ -92,7 +92,11 @@ class PackedRowsTest(parameterized.TestCase):
     # Without the rows the later sequences see the earlier ones.
     unpacked = apply(params, tokens)
     self.assertGreater(
-        float(jnp.max(jnp.abs(unpacked[:, _LENGTHS[0] :] - packed[:, _LENGTHS[0] :]))),
+        float(
+            jnp.max(
+                jnp.abs(unpacked[:, _LENGTHS[0] :] - packed[:, _LENGTHS[0] :])
+            )
+        ),
         1e-3,
     )
 

@@ -45,6 +45,7 @@ _MESHES = {
 
 
 def _config(preset, mesh):
+  """The tiny model with `preset`, tensor 2 on the mesh `_MESHES[mesh]`."""
   config = tiny_configs.model_config(
       *preset,
       max_sequence_length=16,
@@ -57,6 +58,7 @@ def _config(preset, mesh):
 
 
 def _batch(config, packed):
+  """8 random rows; with `packed` two sequences a row."""
   rng = np.random.default_rng(0)
   shape = (8, config.max_sequence_length)
   batch = {

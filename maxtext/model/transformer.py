@@ -281,9 +281,9 @@ def attention_implementation(
   newer "cudnn" (fused flash attention) when the compute dtype is
   bfloat16/float16, the kernel's head width (`_kernel_head_width`) is a
   multiple of 8 up to 128 and rows are not packed (`config.packing`: the
-  fused kernel takes no segment mask), otherwise "dot_product" (XLA); "einsum" on the
-  CPU, where it is as fast and is the reference. Every implementation
-  serves both attention types.
+  fused kernel takes no segment mask), otherwise "dot_product" (XLA);
+  "einsum" on the CPU, where it is as fast and is the reference. Every
+  implementation serves both attention types.
 
   Args:
     config: the run configuration (`attention`, `compute_dtype`, `head_dim`
@@ -385,16 +385,11 @@ def _attention(
   cdt = x.dtype
   tag = jax.ad_checkpoint.checkpoint_name
   q, k, v = gqa_projections(x, layer, config, positions)
+  scaling = layers.rope_scaling(config)
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
   out = tag(
       layers.attend(
-          q,
-          k,
-          v,
-          implementation,
-          mesh,
-          layers.rope_scaling(config),
-          rows.segment_ids,
+          q, k, v, implementation, mesh, scaling, segment_ids=rows.segment_ids
       ),
       "context",
   )
