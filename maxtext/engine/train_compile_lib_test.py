@@ -151,9 +151,12 @@ class CompileStepTest(absltest.TestCase):
     self.assertEqual(train_compile_lib.tensor_choices(config, mesh), [1, 2])
     tried, choice = train_compile_lib.search(config, mesh, 1, tensor=True)
     self.assertIsNone(choice)
-    per_size = len(train_compile_lib.REMAT_BY_RECOMPUTATION) * 2
+    # Every remat policy with K in 1, 2 (8 rows over 4 batch shards), then
+    # with tensor 2 K in 1, 2, 4 (the rows split over 2 shards only).
+    remats = len(train_compile_lib.REMAT_BY_RECOMPUTATION)
     self.assertEqual(
-        [c.tensor_parallelism for c in tried], [1] * per_size + [2] * per_size
+        [c.tensor_parallelism for c in tried],
+        [1] * 2 * remats + [2] * 3 * remats,
     )
     # Each was compiled (on its own mesh) and measured, none refused.
     for candidate in tried:
