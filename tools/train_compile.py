@@ -21,7 +21,8 @@ training state, peak and compile seconds, then one line:
 (one line in the output). HBM is per device, in GiB (the TPU compiler's "G").
 With --search it tries remat policies and gradient accumulation and prints
 the least-recomputing, fewest-micro-step setting that fits (the last line
-then describes that setting).
+then describes that setting); when none fits, the same again with twice the
+tensor parallelism, while it divides the devices and the heads.
 A step the compiler refuses for memory (RESOURCE_EXHAUSTED) is fits=no with
 what it needed and had, exit status 1; a bad topology, or a mesh or batch
 that does not divide the slice, is one line and exit status 2.
@@ -77,8 +78,9 @@ _SEARCH = flags.DEFINE_bool(
     False,
     "Search what fits: the remat policies from the least recomputation "
     "(none, save_dots, save_named, full) and, for each, the micro-steps "
-    "(gradient_accumulation_steps) that divide the batch from the fewest; "
-    "stops at the first setting that fits and prints it.",
+    "(gradient_accumulation_steps) that divide the batch from the fewest, "
+    "then the same at doubled tensor_parallelism; stops at the first "
+    "setting that fits and prints it.",
 )
 _HBM_GIB = flags.DEFINE_float(
     "hbm_gib",
@@ -173,10 +175,13 @@ def main(argv):
     print(f"{_PROGRAM}: {line}", flush=True)
 
   if _SEARCH.value:
-    tried, choice = train_compile_lib.search(config, mesh, hbm, log=log)
+    tried, choice = train_compile_lib.search(
+        config, mesh, hbm, log=log, tensor=True
+    )
     for candidate in tried:
       print(
-          f"{_PROGRAM}: remat_policy={candidate.remat_policy} "
+          f"{_PROGRAM}: tensor_parallelism={candidate.tensor_parallelism} "
+          f"remat_policy={candidate.remat_policy} "
           f"gradient_accumulation_steps="
           f"{candidate.gradient_accumulation_steps} peak="
           f"{train_compile_lib.gib(candidate.step.peak)} GiB "
@@ -184,7 +189,9 @@ def main(argv):
       )
     if choice:
       print(
-          f"{_PROGRAM}: choice: --config.remat_policy={choice.remat_policy} "
+          f"{_PROGRAM}: choice: "
+          f"--config.tensor_parallelism={choice.tensor_parallelism} "
+          f"--config.remat_policy={choice.remat_policy} "
           f"--config.gradient_accumulation_steps="
           f"{choice.gradient_accumulation_steps}"
       )

@@ -68,12 +68,13 @@ class TrainCompileTest(absltest.TestCase):
     done = _run(*_SMALL, *_slice("--search"))
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertIn(
-        "train_compile: remat_policy=none gradient_accumulation_steps=1 ",
+        "train_compile: tensor_parallelism=1 remat_policy=none "
+        "gradient_accumulation_steps=1 ",
         done.stdout,
     )
     self.assertIn(
-        "train_compile: choice: --config.remat_policy=none "
-        "--config.gradient_accumulation_steps=1",
+        "train_compile: choice: --config.tensor_parallelism=1 "
+        "--config.remat_policy=none --config.gradient_accumulation_steps=1",
         done.stdout,
     )
     topology, devices, chips, peak, hbm, fits, _ = self._last_line(done)

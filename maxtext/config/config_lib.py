@@ -174,6 +174,7 @@ def _check_moe(v) -> None:
   ):
     _at_least(v, key, 0)
   _at_least(v, "expert_parallelism", 1)
+  _at_least(v, "tensor_parallelism", 1)
   _one_of(v, "router_score", choices.ROUTER_SCORES)
   if v["router_norm_topk"] and v["router_score"] != "softmax":
     raise _fail(

@@ -213,6 +213,19 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute the loss this many sequence positions at a time, so the float32
   # [batch, seq, vocab] logits never exist at once. 0 = all at once.
   config.loss_chunk_size = 0
+  # Packed rows: several sequences share a row, attention and the recurrent
+  # layers restart at each sequence's start and rotary positions restart at
+  # 0 (segment ids and positions ride the batch; docs/training.md,
+  # "Packing"). Pretraining rows are split at document boundaries, SFT
+  # examples and GRPO completions are packed first-fit into rows of the
+  # micro-batch's length. False: pretraining windows attend across
+  # documents (DeepSeek-V3's and Megatron's reset_attention_mask=False),
+  # SFT and GRPO rows hold one sequence each, padded.
+  config.packing = False
+  # The end-of-document id that ends each document of a token stream
+  # (dataset_type tokens_file, grain, megatron) when packing; -1 = grain's
+  # metadata.json eod_id (the other two need it set).
+  config.eod_id = -1
   # Mixture of experts (maxtext/model/moe.py). Number of routed experts per MoE
   # layer; 0 = a dense model (every layer a SwiGLU MLP).
   config.num_experts = 0
@@ -377,6 +390,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Devices that shard the experts (the "expert" mesh axis; batches are split
   # over it too). 1 = no expert axis. Must divide num_experts.
   config.expert_parallelism = 1
+  # Devices that split each layer's attention heads and MLP / expert hidden
+  # widths (the "tensor" mesh axis, Megatron's tensor parallelism; batches
+  # are not split over it). 1 = no tensor axis. Must divide the heads, key/
+  # value heads and hidden widths (docs/scaling.md).
+  config.tensor_parallelism = 1
   # Across TPU slices (a multi-slice job, or `train_compile --num_slices`):
   # the mesh axes over the data-center network, each a number of slices;
   # the axes above then count devices within one slice. -1 = all slices the

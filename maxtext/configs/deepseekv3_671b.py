@@ -109,6 +109,9 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
   config.num_kv_heads = 128
   config.head_dim = 192
   config.max_sequence_length = 4096
+  # Rows are windows of the C4 stream whose attention crosses documents:
+  # the reference's reset_attention_mask=False, so no packing.
+  config.packing = False
   config.rope_theta = 10000.0
   # The published rotary scaling of the MLA rotary part: YaRN with factor
   # 40 over an original context of 4096, beta 32 / 1, mscale and

@@ -29,6 +29,7 @@ import numpy as np
 from maxtext.core import checks
 from maxtext.core import choices
 from maxtext.data import dataset
+from maxtext.data import packing
 
 Batch = dataset.Batch
 
@@ -552,15 +553,17 @@ def placeholder_batches(
 
   For compiling and warming up the step before a run starts: they have the
   shapes, dtypes and keys of `get_batch` and `get_eval_batch` (float32
-  "weights" too, for the kinds of `choices.WEIGHTED_DATASET_TYPES`) without
+  "weights" too, for the kinds of `choices.WEIGHTED_DATASET_TYPES`, and
+  "segment_ids" and "positions" for the kinds `packing` packs) without
   reading the data set (MLPerf forbids touching it before `run_start`).
   """
   train_rows, eval_rows = process_shares(config, process_index, process_count)[
       2:
   ]
   weighted = config.dataset_type in choices.WEIGHTED_DATASET_TYPES
+  packed = getattr(config, "packing", False)
 
-  def zeros(rows: slice) -> Batch:
+  def zeros(rows: slice, kinds: tuple[str, ...]) -> Batch:
     batch = to_batch(
         np.zeros(
             (rows.stop - rows.start, config.max_sequence_length + 1), np.int32
@@ -568,6 +571,12 @@ def placeholder_batches(
     )
     if weighted:
       batch["weights"] = np.zeros(batch["targets"].shape, np.float32)
+    if packed and config.dataset_type in kinds:
+      batch["segment_ids"] = np.zeros(batch["targets"].shape, np.int32)
+      batch["positions"] = np.zeros(batch["targets"].shape, np.int32)
     return batch
 
-  return zeros(train_rows), zeros(eval_rows)
+  return (
+      zeros(train_rows, packing.PACKED_TRAIN_KINDS),
+      zeros(eval_rows, packing.STREAM_KINDS),
+  )

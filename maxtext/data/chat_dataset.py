@@ -17,6 +17,14 @@ max_sequence_length + 1 tokens is refused, not truncated: a cut example
 loses the end of a reply and its end-of-turn token, the one the model learns
 to stop with.
 
+With `packing`, a training row holds several examples one after another
+(`maxtext.data.packing`: segment ids and positions, so each example's loss
+is its own alone): an epoch's permuted examples are taken in blocks of
+`PACK_BLOCK` and each block is packed first-fit into rows; training row n
+is the n-th row of that sequence of rows over the epochs, so a step holds
+as many examples as its rows fit and the batches are still a function of
+the step. Eval batches stay one example per row.
+
 Every line is read, checked, rendered and tokenized when the data set is
 built (and by `check_config` in the pre-flight, before any device work): a
 bad line is one error naming the file and the line. The encoded examples of
@@ -41,6 +49,7 @@ import numpy as np
 from maxtext.core import caller_paths
 from maxtext.data import builtin_datasets
 from maxtext.data import dataset
+from maxtext.data import packing
 from maxtext.text import chat
 
 Batch = dataset.Batch
@@ -49,6 +58,8 @@ _FIELDS = ("train_data_path", "eval_data_path")
 # Encoded files kept (train and eval of a run, and one more).
 _CACHE_SIZE = 3
 _cache: collections.OrderedDict[tuple, "Examples"] = collections.OrderedDict()
+# Examples packed together, first-fit, with packing on.
+PACK_BLOCK = 256
 
 
 def _fail(field: str, value: str, problem: str) -> ValueError:
@@ -263,6 +274,36 @@ def _rows(examples: Examples, indices, seq: int) -> Batch:
   return {"inputs": inputs, "targets": targets, "weights": weights}
 
 
+def _packed_rows(examples: Examples, rows, seq: int) -> Batch:
+  """Rows of several examples each (`rows`: the example indices of each),
+  with "segment_ids" and "positions" beside inputs, targets, weights."""
+  lengths = {i: len(examples.ids[i]) - 1 for row in rows for i in row}
+  inputs = np.zeros((len(rows), seq), np.int32)
+  targets = np.zeros((len(rows), seq), np.int32)
+  weights = np.zeros((len(rows), seq), np.float32)
+  segment_ids = np.zeros((len(rows), seq), np.int32)
+  positions = np.zeros((len(rows), seq), np.int32)
+  for r, members in enumerate(rows):
+    column = 0
+    for segment, i in enumerate(members, start=1):
+      ids, mask, n = examples.ids[i], examples.masks[i], lengths[i]
+      span = slice(column, column + n)
+      inputs[r, span] = ids[:-1]
+      targets[r, span] = ids[1:]
+      weights[r, span] = mask[1:]
+      segment_ids[r, span] = segment
+      positions[r, span] = np.arange(n)
+      column += n
+    positions[r, column:] = np.arange(seq - column)
+  return {
+      "inputs": inputs,
+      "targets": targets,
+      "weights": weights,
+      "segment_ids": segment_ids,
+      "positions": positions,
+  }
+
+
 class ChatDataset(dataset.Dataset):
   """Chat examples, one padded row each, loss on the assistant's tokens."""
 
@@ -297,6 +338,8 @@ class ChatDataset(dataset.Dataset):
     self.train = load_examples(config, "train_data_path", self.tokenizer)
     self.eval = load_examples(config, "eval_data_path", self.tokenizer)
     self._perm_cache: dict[int, np.ndarray] = {}
+    self._packing = bool(config.packing)
+    self._epoch_rows: dict[int, list[list[int]]] = {}
 
   def provenance(self) -> dict[str, Any]:
     """The files' fingerprints (`builtin_datasets.file_fingerprint`), the
@@ -341,8 +384,42 @@ class ChatDataset(dataset.Dataset):
       indices.append(int(self._permutation(epoch)[offset]))
     return indices
 
+  def epoch_rows(self, epoch: int) -> list[list[int]]:
+    """With packing: epoch `epoch`'s packed rows, each its example
+    indices (the module docstring)."""
+    rows = self._epoch_rows.get(epoch)
+    if rows is None:
+      perm = self._permutation(epoch)
+      rows = []
+      for begin in range(0, len(perm), PACK_BLOCK):
+        block = perm[begin : begin + PACK_BLOCK]
+        lengths = [len(self.train.ids[i]) - 1 for i in block]
+        rows += [
+            [int(block[j]) for j in row]
+            for row in packing.first_fit(lengths, self._seq)
+        ]
+      if len(self._epoch_rows) >= 2:
+        self._epoch_rows.pop(min(self._epoch_rows))
+      self._epoch_rows[epoch] = rows
+    return rows
+
+  def packed_rows(self, step: int) -> list[list[int]]:
+    """With packing: the example indices of each of this process's rows of
+    step `step`'s batch."""
+    step = builtin_datasets.check_index(step, "step")
+    out = []
+    for row in range(self._train_batch)[self._train_rows]:
+      n, epoch = step * self._train_batch + row, 0
+      while n >= len(self.epoch_rows(epoch)):
+        n -= len(self.epoch_rows(epoch))
+        epoch += 1
+      out.append(self.epoch_rows(epoch)[n])
+    return out
+
   def get_batch(self, step: int) -> Batch:
     """This process's rows of the training batch of global step `step`."""
+    if self._packing:
+      return _packed_rows(self.train, self.packed_rows(step), self._seq)
     return _rows(self.train, self.train_indices(step), self._seq)
 
   def get_eval_batch(self, index: int) -> Batch:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from maxtext.data import builtin_datasets
 from maxtext.data import dataset
+from maxtext.data import packing
 
 # (config, process_index, process_count) -> this process's data set.
 Factory = Callable[[Any, int, int], dataset.Dataset]
@@ -69,8 +70,15 @@ def make_dataset(
     process_index: this process's index.
     process_count: processes sharing each global batch.
 
+  With `config.packing` a pretraining data set read from a token stream
+  ("tokens_file", "grain", "megatron") restarts its rows at each document
+  (`packing.PackedDocuments`): after each `config.eod_id`, or for "grain"
+  its metadata's eod_id when eod_id is -1. ("chat" packs its examples
+  itself; "synthetic" rows are one sequence each.)
+
   Raises:
-    ValueError: an unknown dataset_type, and as the data set constructors.
+    ValueError: an unknown dataset_type, packing a token stream with no
+      end-of-document id, and as the data set constructors.
   """
   factory = KINDS.get(config.dataset_type)
   if factory is None:
@@ -79,4 +87,17 @@ def make_dataset(
         f"dataset_type={config.dataset_type!r}: must be "
         f"{', '.join(others)} or {last}"
     )
-  return factory(config, process_index, process_count)
+  eod_id = getattr(config, "eod_id", -1)
+  streamed = config.dataset_type in packing.STREAM_KINDS
+  if streamed and config.packing and eod_id < 0:
+    if config.dataset_type != "grain":
+      raise ValueError(
+          f"packing=True with dataset_type={config.dataset_type!r} needs "
+          "config.eod_id, the end-of-document id that ends each document"
+      )
+  data = factory(config, process_index, process_count)
+  if not (streamed and config.packing):
+    return data
+  if eod_id < 0:
+    eod_id = int(data.metadata["eod_id"])
+  return packing.PackedDocuments(data, eod_id)

@@ -50,6 +50,34 @@ class DatasetKindsTest(absltest.TestCase):
         builtin_datasets.TokensFileDataset(config).get_batch(0)["inputs"][2:],
     )
 
+  def test_packing_restarts_token_file_rows_at_each_document(self):
+    # Documents of the stream end with id 0: rows get segment ids and
+    # positions that restart after each 0; tokens are the unpacked rows'.
+    path = os.path.join(self.create_tempdir().full_path, "train.npy")
+    np.save(path, np.arange(100, dtype=np.int32) % 5)
+    config = _config(
+        dataset_type="tokens_file", train_data_path=path, eval_data_path=path
+    )
+    plain = dataset_kinds.make_dataset(config)
+    config.packing = True
+    with self.assertRaisesRegex(ValueError, "needs config.eod_id"):
+      dataset_kinds.make_dataset(config)
+    config.eod_id = 0
+    packed = dataset_kinds.make_dataset(config)
+    for batch, want in (
+        (packed.get_batch(3), plain.get_batch(3)),
+        (packed.get_eval_batch(0), plain.get_eval_batch(0)),
+    ):
+      np.testing.assert_array_equal(batch["inputs"], want["inputs"])
+      inputs = batch["inputs"]
+      for row, ids, positions in zip(
+          inputs, batch["segment_ids"], batch["positions"]
+      ):
+        for t in range(1, len(row)):
+          new = row[t - 1] == 0
+          self.assertEqual(ids[t], ids[t - 1] + new)
+          self.assertEqual(positions[t], 0 if new else positions[t - 1] + 1)
+
   def test_grain_reads_the_prepared_data_it_names(self):
     missing = os.path.join(self.create_tempdir().full_path, "absent")
     with self.assertRaisesRegex(ValueError, "train_data_path"):

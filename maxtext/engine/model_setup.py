@@ -51,7 +51,10 @@ def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
       abstract_params=abstract,
       param_shardings=mesh_lib.param_shardings(
           transformer.param_partition_specs(
-              abstract, fsdp, expert_size=mesh_lib.expert_size(mesh)
+              abstract,
+              fsdp,
+              expert_size=mesh_lib.expert_size(mesh),
+              tensor_size=mesh_lib.tensor_size(mesh),
           ),
           mesh,
       ),

@@ -274,11 +274,13 @@ REMAT_BY_RECOMPUTATION = ("none", "save_dots", "save_named", "full")
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """One (remat policy, micro-steps) setting a search compiled."""
+  """One (tensor parallelism, remat policy, micro-steps) setting a
+  search compiled."""
 
   remat_policy: str
   gradient_accumulation_steps: int
   step: StepCompile
+  tensor_parallelism: int = 1
 
   def fits(self, hbm: int) -> bool:
     return self.step.out_of_memory is None and self.step.peak <= hbm
@@ -297,11 +299,29 @@ def accumulation_choices(config, mesh: jax.sharding.Mesh) -> list[int]:
   ]
 
 
+def tensor_choices(config, mesh: jax.sharding.Mesh) -> list[int]:
+  """The tensor parallelism sizes a search tries, ascending: the config's,
+  then each doubling that divides the devices the expert axis leaves on a
+  slice and the model's query and key/value heads (the MLP widths are
+  checked when the mesh is built)."""
+  slices = mesh_lib.num_slices(list(mesh.devices.flat))
+  room = mesh.devices.size // slices // mesh_lib.expert_size(mesh)
+  room *= mesh_lib.tensor_size(mesh)
+  sizes, t = [], config.tensor_parallelism
+  while t <= room and room % t == 0:
+    if config.attention_type == "mla" or config.num_kv_heads % t == 0:
+      if config.num_heads % t == 0:
+        sizes.append(t)
+    t *= 2
+  return sizes or [config.tensor_parallelism]
+
+
 def search(
     config,
     mesh: jax.sharding.Mesh,
     hbm: int,
     log: Callable[[str], None] = lambda _: None,
+    tensor: bool = False,
 ) -> tuple[list[Candidate], Optional[Candidate]]:
   """The least-recomputing, then fewest-micro-step, setting that fits.
 
@@ -309,18 +329,40 @@ def search(
   the micro-step counts of `accumulation_choices` from the fewest, and
   stops at the first that fits `hbm` bytes per device: every setting
   before it recomputes more or runs more micro-steps. The optimizer apply
-  does not depend on either and is compiled once, with the first setting.
+  does not depend on either and is compiled once per mesh, with the first
+  setting. With `tensor`, all of that for each size of `tensor_choices`
+  in turn, the smallest first (tensor parallelism moves activations over
+  the links in every layer; it is chosen only when no setting fits
+  without it), on a mesh rebuilt from the same devices.
 
   Args:
-    config: a validated run config (its remat policy and K are replaced).
+    config: a validated run config (its remat policy and K, and with
+      `tensor` its tensor_parallelism, are replaced).
     mesh: as `compile_step`'s.
     hbm: bytes one device may use.
     log: as `compile_step`'s.
+    tensor: also try larger tensor parallelism.
 
   Returns:
     (the settings tried, in order; the one that fits, or None).
   """
   tried = []
+  sizes = tensor_choices(config, mesh) if tensor else [None]
+  devices = list(mesh.devices.flat)
+  for size in sizes:
+    if size is not None and size != mesh_lib.tensor_size(mesh):
+      config = config.copy_and_resolve_references()
+      with config.unlocked():
+        config.tensor_parallelism = size
+      mesh = mesh_lib.make_mesh(config, devices)
+    found = _search_mesh(config, mesh, hbm, log, tried)
+    if found is not None:
+      return tried, found
+  return tried, None
+
+
+def _search_mesh(config, mesh, hbm, log, tried) -> Optional[Candidate]:
+  """`search` on one mesh: appends to `tried`; the first that fits."""
   apply = None
   for remat in REMAT_BY_RECOMPUTATION:
     for k in accumulation_choices(config, mesh):
@@ -328,7 +370,10 @@ def search(
       with candidate_config.unlocked():
         candidate_config.remat_policy = remat
         candidate_config.gradient_accumulation_steps = k
-      log(f"trying remat_policy={remat} gradient_accumulation_steps={k}")
+      log(
+          f"trying tensor_parallelism={mesh_lib.tensor_size(mesh)} "
+          f"remat_policy={remat} gradient_accumulation_steps={k}"
+      )
       step = compile_step(
           candidate_config,
           mesh,
@@ -340,8 +385,8 @@ def search(
         apply = tuple(p for p in step.programs if p.program == "apply") or None
       elif step.out_of_memory is None:
         step = StepCompile(step.programs + apply, None)
-      candidate = Candidate(remat, k, step)
+      candidate = Candidate(remat, k, step, mesh_lib.tensor_size(mesh))
       tried.append(candidate)
       if candidate.fits(hbm):
-        return tried, candidate
-  return tried, None
+        return candidate
+  return None

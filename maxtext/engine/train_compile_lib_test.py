@@ -135,6 +135,34 @@ class CompileStepTest(absltest.TestCase):
     else:
       self.assertLen(tried, len(order))
 
+  def test_search_tries_doubled_tensor_parallelism_when_nothing_fits(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        global_batch_size=8,
+        eval_batch_size=8,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+        num_heads=4,
+        num_kv_heads=2,
+    )
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    # 4 devices, 4 query and 2 key/value heads: tensor 1 or 2.
+    self.assertEqual(train_compile_lib.tensor_choices(config, mesh), [1, 2])
+    tried, choice = train_compile_lib.search(config, mesh, 1, tensor=True)
+    self.assertIsNone(choice)
+    # Every remat policy with K in 1, 2 (8 rows over 4 batch shards), then
+    # with tensor 2 K in 1, 2, 4 (the rows split over 2 shards only).
+    remats = len(train_compile_lib.REMAT_BY_RECOMPUTATION)
+    self.assertEqual(
+        [c.tensor_parallelism for c in tried],
+        [1] * 2 * remats + [2] * 3 * remats,
+    )
+    # Each was compiled (on its own mesh) and measured, none refused.
+    for candidate in tried:
+      self.assertIsNone(candidate.step.out_of_memory)
+      self.assertGreater(candidate.step.peak, 1)
+
   def test_device_bytes_counts_one_shard(self):
     mesh = jax.sharding.Mesh(jax.devices(), ("x",))
     sharded = jax.ShapeDtypeStruct(

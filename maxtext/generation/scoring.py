@@ -71,6 +71,56 @@ def completion_log_probs_and_entropy(
   return log_probs, entropy
 
 
+def packed_completion_log_probs_and_entropy(
+    params: Any,
+    tokens: jax.Array,
+    segment_ids: jax.Array,
+    positions: jax.Array,
+    completion_at: jax.Array,
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+  """`completion_log_probs_and_entropy` of sequences packed into rows.
+
+  One pass of the model over the packed rows (`transformer.Rows`: each
+  sequence sees only itself) scores every position's next id; each
+  completion id's value is then picked from the position before it. The
+  pick is a gather of two float32 [R, W] arrays, not of the logits, so rows
+  and sequences may sit on different devices cheaply.
+
+  Args:
+    params: the model's parameters.
+    tokens: int32 [R, W] packed rows (`maxtext.data.packing.layout`).
+    segment_ids, positions: int32 [R, W] of those rows.
+    completion_at: int32 [B, L]: for completion id j of sequence b, the
+      flat index r * W + c of the row position before it (whose logits
+      predict it); any index in [0, R * W) past a completion's end.
+    config: the model's config.
+    mesh: as `transformer.apply`.
+    temperature: as `completion_log_probs_and_entropy`.
+
+  Returns:
+    (log_probs, entropy), float32 [B, L] each, as
+    `completion_log_probs_and_entropy` returns them.
+  """
+  logits = transformer.apply(
+      params,
+      tokens,
+      config,
+      mesh,
+      transformer.Rows(segment_ids, positions),
+  ).astype(jnp.float32)
+  scaled = jax.nn.log_softmax(logits / temperature, axis=-1)
+  following = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
+  log_probs = jnp.take_along_axis(scaled, following[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(scaled) * scaled, axis=-1)
+  return (
+      log_probs.reshape(-1)[completion_at],
+      entropy.reshape(-1)[completion_at],
+  )
+
+
 def completion_log_probs(
     params: Any,
     tokens: jax.Array,

@@ -122,6 +122,8 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
   }
   if config.grpo_beta > 0:
     out["ref_log_probs"] = rows_2d
+  if config.packing:  # `packed_batches`: the packed rows' layout.
+    out.update(segment_ids=rows_2d, positions=rows_2d, completion_at=rows_2d)
   return out
 
 
@@ -287,6 +289,7 @@ class GrpoWorkload(workload.Workload):
                 episode_rollout.rollout, setup=self._episodes
             )
         ),
+        packing=config.packing,
     )
     if reference is not None:
       _check_reference(config, state, reference)

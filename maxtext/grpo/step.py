@@ -57,11 +57,13 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from maxtext.engine import engine as engine_lib
 from maxtext.generation import decoder
 from maxtext.generation import scoring
+from maxtext.grpo import packed_batches
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import train_loss
@@ -82,6 +84,8 @@ _MICRO_BATCH_NDIMS = {
     "sequence_normaliser": 1,
     "ref_log_probs": 2,
 }
+# A packed micro-batch's model input besides "tokens" (`packed_batches`).
+_PACKED_NDIMS = {"segment_ids": 2, "positions": 2, "completion_at": 2}
 
 
 def _micro_batches_with_reference(
@@ -91,19 +95,42 @@ def _micro_batches_with_reference(
   completion log-probabilities at the rollout's temperature, as the
   policy's (`train_loss`); a program of its own, one launch."""
   mask = whole["mask"]
-  log_probs = scoring.completion_log_probs_and_entropy(
-      reference,
-      whole["tokens"],
-      whole["prompt_lengths"],
-      mask.shape[1],
-      config,
-      mesh,
-      temperature,
-  )[0]
+  sequences = mask.shape[0] // num_micro_batches
+  if "completion_at" in whole:
+    # Packed: each micro-batch's positions index its own R rows; in the
+    # stacked rows micro-batch k's start k * R * W further on.
+    rows, width = whole["tokens"].shape
+    rows //= num_micro_batches
+    offset = (jnp.arange(mask.shape[0]) // sequences) * (rows * width)
+    log_probs = scoring.packed_completion_log_probs_and_entropy(
+        reference,
+        whole["tokens"],
+        whole["segment_ids"],
+        whole["positions"],
+        whole["completion_at"] + offset[:, None],
+        config,
+        mesh,
+        temperature,
+    )[0]
+  else:
+    rows = sequences
+    log_probs = scoring.completion_log_probs_and_entropy(
+        reference,
+        whole["tokens"],
+        whole["prompt_lengths"],
+        mask.shape[1],
+        config,
+        mesh,
+        temperature,
+    )[0]
   whole = dict(whole, ref_log_probs=log_probs * mask)
-  rows = mask.shape[0] // num_micro_batches
+
+  def cut(name, x, k):
+    size = rows if name in packed_batches.ROW_KEYS else sequences
+    return x[k * size : (k + 1) * size]
+
   return [
-      {name: x[k * rows : (k + 1) * rows] for name, x in whole.items()}
+      {name: cut(name, x, k) for name, x in whole.items()}
       for k in range(num_micro_batches)
   ]
 
@@ -179,6 +206,7 @@ class GrpoStep:
       mesh: Optional[jax.sharding.Mesh] = None,
       overlong_filtering: bool = False,
       rollout_fn: Callable[..., rollout_lib.Rollout] = rollout_lib.rollout,
+      packing: bool = False,
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -197,6 +225,8 @@ class GrpoStep:
     self._width = width
     self._reference = reference_params
     self._mesh = mesh
+    self._packing = packing
+    ndims = dict(_MICRO_BATCH_NDIMS, **(_PACKED_NDIMS if packing else {}))
     if reference_params is not None:
       # One program: the reference's log-probabilities of the placed
       # rollout, and the K micro-batches cut from it, left on the devices.
@@ -213,7 +243,7 @@ class GrpoStep:
               else [
                   {
                       name: decoder.batch_sharding(mesh, ndim)
-                      for name, ndim in _MICRO_BATCH_NDIMS.items()
+                      for name, ndim in ndims.items()
                   }
               ]
               * num_micro_batches
@@ -256,6 +286,18 @@ class GrpoStep:
     )
     rolled = time.perf_counter()
     batches = rollout_lib.micro_batches(result, self._k)
+    packed_values = {}
+    if self._packing:
+      rows = packed_batches.num_rows(batches, self._row_multiple(batches))
+      packed_values = {
+          "packing/padding_fraction": packed_batches.padding_fraction(
+              batches, rows
+          ),
+          "packing/padded_padding_fraction": packed_batches.padding_fraction(
+              batches
+          ),
+      }
+      batches = [packed_batches.pack(batch, rows) for batch in batches]
     if self._reference is None:
       batches = [self._placed(batch) for batch in batches]
       reference_s = 0.0
@@ -275,6 +317,7 @@ class GrpoStep:
       reference_s = time.perf_counter() - dispatched
     self._rollout_values = dict(
         result.stats,
+        **packed_values,
         **{
             "timing/rollout": rolled - start,
             "timing/reference": reference_s,
@@ -284,6 +327,13 @@ class GrpoStep:
     )
     self._rollout_start = start
     return result, batches
+
+  def _row_multiple(self, batches: list[dict]) -> int:
+    """`packed_batches.row_multiple` on this step's mesh."""
+    shards = 1 if self._mesh is None else self._mesh.devices.size
+    return packed_batches.row_multiple(
+        len(batches[0]["prompt_lengths"]), shards
+    )
 
   def _placed(self, batch: dict) -> dict:
     """`batch` (host arrays, the same in every process) as arrays split by

@@ -49,7 +49,9 @@ def loss_fn(
       [B, L] (only when options.beta > 0); optional "sequence_mask",
       "token_normaliser" and "sequence_normaliser", float32 [B] each (module
       docstring; left out, every sequence counts and the normalisers are the
-      micro-batch's own).
+      micro-batch's own). A packed micro-batch (`packed_batches`) has
+      "tokens" of its packed rows and "segment_ids", "positions" and
+      "completion_at" beside them.
     config: the model's config.
     options: the loss's hyperparameters.
     mesh: as `transformer.apply`.
@@ -63,15 +65,27 @@ def loss_fn(
   mask = micro_batch["mask"]
   if freeze_router:
     params = frozen_router.stop_gradients(params)
-  log_probs, entropy = scoring.completion_log_probs_and_entropy(
-      params,
-      micro_batch["tokens"],
-      micro_batch["prompt_lengths"],
-      mask.shape[1],
-      config,
-      mesh,
-      options.temperature,
-  )
+  if "completion_at" in micro_batch:  # Packed rows (`packed_batches`).
+    log_probs, entropy = scoring.packed_completion_log_probs_and_entropy(
+        params,
+        micro_batch["tokens"],
+        micro_batch["segment_ids"],
+        micro_batch["positions"],
+        micro_batch["completion_at"],
+        config,
+        mesh,
+        options.temperature,
+    )
+  else:
+    log_probs, entropy = scoring.completion_log_probs_and_entropy(
+        params,
+        micro_batch["tokens"],
+        micro_batch["prompt_lengths"],
+        mask.shape[1],
+        config,
+        mesh,
+        options.temperature,
+    )
 
   def per_step(name):
     # One value repeated in every row (rows may be split over devices).

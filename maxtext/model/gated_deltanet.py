@@ -198,17 +198,23 @@ def init_state(config, batch: int, dtype) -> State:
 
 
 def _causal_conv(
-    x: jax.Array, weight: jax.Array, window: jax.Array
+    x: jax.Array,
+    weight: jax.Array,
+    window: jax.Array,
+    segment_ids: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, jax.Array]:
   """SiLU of the depthwise causal convolution, and the next window.
 
   out_t = SiLU(sum_i weight[i] x_{t - (K - 1) + i}), with the K - 1 inputs
-  before x taken from `window`: K shifted multiply-adds, in float32.
+  before x taken from `window`: K shifted multiply-adds, in float32. With
+  segment ids an input of another sequence than token t's counts as 0
+  (the window continues x's first sequence).
 
   Args:
     x: [B, S, H, D] inputs.
     weight: [K, H, D] per-channel kernels.
     window: [B, K - 1, H, D] the inputs before x.
+    segment_ids: int [B, S] packed-sequence ids (`reset_points`), or None.
 
   Returns:
     (out [B, S, H, D] in x's dtype, the last K - 1 inputs [B, K - 1, H, D]).
@@ -216,7 +222,21 @@ def _causal_conv(
   kernel, seq = weight.shape[0], x.shape[1]
   full = jnp.concatenate([window.astype(x.dtype), x], axis=1)
   full32, w32 = full.astype(jnp.float32), weight.astype(jnp.float32)
-  out = sum(full32[:, i : i + seq] * w32[i] for i in range(kernel))
+  if segment_ids is None:
+    out = sum(full32[:, i : i + seq] * w32[i] for i in range(kernel))
+  else:
+    ids = jnp.concatenate(
+        [jnp.repeat(segment_ids[:, :1], kernel - 1, axis=1), segment_ids], 1
+    )
+    out = sum(
+        jnp.where(
+            (ids[:, i : i + seq] == segment_ids)[..., None, None],
+            full32[:, i : i + seq],
+            0.0,
+        )
+        * w32[i]
+        for i in range(kernel)
+    )
   new_window = full[:, full.shape[1] - (kernel - 1) :]
   return jax.nn.silu(out).astype(x.dtype), new_window
 
@@ -259,6 +279,20 @@ def _grouped_state(state: Optional[jax.Array], shape) -> jax.Array:
   return state.astype(jnp.float32).reshape(shape)
 
 
+def reset_points(segment_ids: jax.Array) -> jax.Array:
+  """bool [B, T]: where a packed sequence starts (its id differs from the
+  token before's); never at the first token, which continues the state
+  passed in. A sequence is a run of equal ids, as `layers.same_segment`
+  reads them."""
+  return jnp.concatenate(
+      [
+          jnp.zeros_like(segment_ids[:, :1], jnp.bool_),
+          segment_ids[:, 1:] != segment_ids[:, :-1],
+      ],
+      axis=1,
+  )
+
+
 def _unit_lower_inverse(a: jax.Array) -> jax.Array:
   """(I + a)^-1 of strictly lower triangular [..., C, C] matrices, by matmuls.
 
@@ -286,6 +320,7 @@ def chunked_delta_rule(
     beta: jax.Array,
     chunk_size: int,
     initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, jax.Array]:
   """The gated delta rule over a sequence, `chunk_size` tokens at a time.
 
@@ -304,6 +339,14 @@ def chunked_delta_rule(
   A sequence that is not a multiple of `chunk_size` is zero-padded at the
   end: a padded token has beta 0 and g 0, so it changes no state.
 
+  Packed rows (`segment_ids`) restart the state at zero where a sequence
+  starts (`reset_points`). Within a chunk that is exact masking, not a
+  large negative decay (which would cost float32 precision in the
+  cumulative sums): exp(Gc_i - Gc_j) is 0 for j of another sequence than i;
+  the chunk-start state reaches only the tokens of the sequence it belongs
+  to (exp(Gc_i) is 0 after a start in the chunk); a token writes into the
+  chunk-end state only when it belongs to the chunk's last sequence.
+
   Args:
     q: [B, T, Hk, Dk] queries, normalised and scaled.
     k: [B, T, Hk, Dk] keys, normalised.
@@ -313,6 +356,7 @@ def chunked_delta_rule(
     chunk_size: C >= 1.
     initial_state: float32 [B, Hv, Dk, Dv] S before the first token; None =
       zeros.
+    segment_ids: int [B, T] packed-sequence ids, or None (one sequence).
 
   Returns:
     (o float32 [B, T, Hv, Dv], the state after the last token float32
@@ -345,6 +389,17 @@ def chunked_delta_rule(
   # exp(Gc_i - Gc_j) for j <= i, 0 above the diagonal: [B,N,Hk,G,C,C].
   # The mask goes before the exp, where Gc_i - Gc_j > 0 could overflow.
   causal = np.tril(np.ones((c, c), bool))
+  # Which tokens see the state before their chunk (`carry`), and which
+  # write into the state after it (`to_end`): all, unless rows are packed.
+  carry = to_end = np.ones((c,), bool)
+  if segment_ids is not None:
+    ids = jnp.pad(segment_ids, [(0, 0), (0, pad)], mode="edge")
+    before = jnp.concatenate([ids[:, :1], ids[:, :-1]], axis=1)
+    ids = ids.reshape(b, n, c)
+    before = before.reshape(b, n, c)[:, :, :1]
+    causal = causal & (ids[..., :, None] == ids[..., None, :])[:, :, None, None]
+    carry = (ids == before)[:, :, None, None]  # [B, N, 1, 1, C]
+    to_end = (ids == ids[..., -1:])[:, :, None, None]
   decay = jnp.exp(
       jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf)
   )
@@ -356,16 +411,19 @@ def chunked_delta_rule(
   # Right-hand sides beta v and beta exp(Gc) k, solved together.
   v_beta = jnp.moveaxis(v, 2, -2) * beta_c[..., None]  # [B,N,Hk,G,C,Dv]
   k_t = jnp.moveaxis(k, 2, -2)[:, :, :, None]  # [B, N, Hk, 1, C, Dk]
-  k_beta = k_t * (beta_c * jnp.exp(cum))[..., None]  # [B,N,Hk,G,C,Dk]
+  from_start = jnp.where(carry, jnp.exp(cum), 0.0)  # exp(Gc_i), masked
+  k_beta = k_t * (beta_c * from_start)[..., None]  # [B,N,Hk,G,C,Dk]
   solved = jnp.einsum(
       "bnhgij,bnhgjd->bnhgid",
       _unit_lower_inverse(system),
       jnp.concatenate([v_beta, k_beta], axis=-1),
   )
   u_part, w_part = solved[..., :dv], solved[..., dv:]
-  q_read = jnp.moveaxis(q, 2, -2)[:, :, :, None] * jnp.exp(cum)[..., None]
-  k_write = k_t * jnp.exp(cum[..., -1:] - cum)[..., None]
-  chunk_decay = jnp.exp(cum[..., -1])[..., None, None]  # [B,N,Hk,G,1,1]
+  q_read = jnp.moveaxis(q, 2, -2)[:, :, :, None] * from_start[..., None]
+  k_write = (
+      k_t * jnp.where(to_end, jnp.exp(cum[..., -1:] - cum), 0.0)[..., None]
+  )
+  chunk_decay = from_start[..., -1:, None]  # [B, N, Hk, G, 1, 1]
 
   def chunk(state, xs):
     u_c, w_c, q_c, k_c, scores_c, decay_c = xs
@@ -395,10 +453,13 @@ def recurrent_delta_rule(
     g: jax.Array,
     beta: jax.Array,
     initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, jax.Array]:
   """The gated delta rule token by token (a `lax.scan` over T).
 
-  S = exp(g_t) S; S = S + k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t.
+  S = exp(g_t) S; S = S + k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t;
+  with segment ids S is first set to 0 where a sequence starts
+  (`reset_points`).
 
   Args and returns: as `chunked_delta_rule`, without chunk_size.
   """
@@ -407,16 +468,22 @@ def recurrent_delta_rule(
   f32 = jnp.float32
   v, g, beta = _split_groups(v, g, beta, hk)
 
+  keep = jnp.ones((b, t), f32)
+  if segment_ids is not None:
+    keep = jnp.where(reset_points(segment_ids), 0.0, 1.0)
+
   def token(state, xs):
-    q_t, k_t, v_t, g_t, beta_t = xs
-    state = state * jnp.exp(g_t)[..., None, None]
+    q_t, k_t, v_t, g_t, beta_t, keep_t = xs
+    decay = jnp.exp(g_t) * keep_t[:, None, None]
+    state = state * decay[..., None, None]
     predicted = jnp.einsum("bhgde,bhd->bhge", state, k_t)
     delta = (v_t - predicted) * beta_t[..., None]
     state = state + jnp.einsum("bhd,bhge->bhgde", k_t, delta)
     return state, jnp.einsum("bhgde,bhd->bhge", state, q_t)
 
   xs = tuple(
-      jnp.moveaxis(x, 1, 0) for x in (q.astype(f32), k.astype(f32), v, g, beta)
+      jnp.moveaxis(x, 1, 0)
+      for x in (q.astype(f32), k.astype(f32), v, g, beta, keep)
   )
   state0 = _grouped_state(initial_state, (b, hk, hv // hk, dk, dv))
   state, out = jax.lax.scan(token, state0, xs)
@@ -431,6 +498,7 @@ def apply(
     state: Optional[State] = None,
     *,
     recurrent: bool = False,
+    segment_ids: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, State]:
   """One Gated DeltaNet layer over a sequence.
 
@@ -447,6 +515,10 @@ def apply(
     recurrent: run the delta rule token by token (`recurrent_delta_rule`)
       instead of in chunks of `config.linear_chunk_size`: the same result,
       slower; for comparisons.
+    segment_ids: int [B, S] ids of the sequences packed in each row
+      (`reset_points`): the convolutions and the recurrent state restart at
+      each sequence's start, so each sequence's output is its output alone.
+      None: each row is one sequence.
 
   Returns:
     (out [B, S, E] in x's dtype, the `State` after x).
@@ -461,13 +533,22 @@ def apply(
     return jnp.einsum(spec, x, layer[name].astype(cdt))
 
   q, conv_q = _causal_conv(
-      project("wq", "bse,ehd->bshd"), layer["conv_q"], state.conv_q
+      project("wq", "bse,ehd->bshd"),
+      layer["conv_q"],
+      state.conv_q,
+      segment_ids,
   )
   k, conv_k = _causal_conv(
-      project("wk", "bse,ehd->bshd"), layer["conv_k"], state.conv_k
+      project("wk", "bse,ehd->bshd"),
+      layer["conv_k"],
+      state.conv_k,
+      segment_ids,
   )
   v, conv_v = _causal_conv(
-      project("wv", "bse,ehd->bshd"), layer["conv_v"], state.conv_v
+      project("wv", "bse,ehd->bshd"),
+      layer["conv_v"],
+      state.conv_v,
+      segment_ids,
   )
   q = tag(_l2_normalize(q) * dk**-0.5, "query")
   k = tag(_l2_normalize(k), "key")
@@ -481,11 +562,18 @@ def apply(
   beta = jax.nn.sigmoid(b)
   if recurrent:
     out, recurrent_state = recurrent_delta_rule(
-        q, k, v, g, beta, state.recurrent
+        q, k, v, g, beta, state.recurrent, segment_ids
     )
   else:
     out, recurrent_state = chunked_delta_rule(
-        q, k, v, g, beta, int(config.linear_chunk_size), state.recurrent
+        q,
+        k,
+        v,
+        g,
+        beta,
+        int(config.linear_chunk_size),
+        state.recurrent,
+        segment_ids,
     )
   out = tag(out, "context")
   z = project("wz", "bse,ehd->bshd").astype(f32)

@@ -236,6 +236,51 @@ class GatedDeltaNetTest(parameterized.TestCase):
         np.asarray(out, np.float32), want, atol=0.05 * np.abs(want).max()
     )
 
+  @parameterized.named_parameters(
+      # Lengths 5, 11, 3, 7 (26 tokens): starts inside chunks, one on a
+      # chunk boundary (16), a chunk with three starts, a padded end.
+      dict(testcase_name="chunked", recurrent=False, lengths=(5, 11, 3, 7)),
+      dict(testcase_name="recurrent", recurrent=True, lengths=(5, 11, 3, 7)),
+      dict(testcase_name="starts_on_chunks", recurrent=False, lengths=(8, 8)),
+  )
+  def test_packed_row_restarts_at_each_sequence(self, recurrent, lengths):
+    # A row of several sequences with segment ids gives each sequence what
+    # the layer gives it alone: convolution and state restart at its start.
+    config = _layer_config()
+    p = _layer(config)
+    x = _inputs(config, 1, sum(lengths))
+    segment_ids = jnp.asarray(
+        np.repeat(np.arange(1, len(lengths) + 1), lengths)[None], jnp.int32
+    )
+    packed, state = jax.jit(
+        lambda x, p, ids: gated_deltanet.apply(
+            x, p, config, recurrent=recurrent, segment_ids=ids
+        )
+    )(x, p, segment_ids)
+    start = 0
+    for length in lengths:
+      alone, alone_state = _apply(config, recurrent)(
+          x[:, start : start + length], p
+      )
+      np.testing.assert_allclose(
+          packed[:, start : start + length], alone, rtol=2e-5, atol=2e-5
+      )
+      start += length
+    # The state after the row is the last sequence's own.
+    np.testing.assert_allclose(
+        state.recurrent, alone_state.recurrent, rtol=2e-5, atol=2e-5
+    )
+    # Without the ids the sequences see each other: the test can fail.
+    unpacked, _ = _apply(config, recurrent)(x, p)
+    self.assertGreater(
+        float(
+            jnp.max(
+                jnp.abs(unpacked[:, lengths[0] :] - packed[:, lengths[0] :])
+            )
+        ),
+        1e-3,
+    )
+
   def test_parameter_shapes_and_axes(self):
     config = _layer_config()
     params = gated_deltanet.init_params(

@@ -20,6 +20,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 import jax.numpy as jnp
 
 from maxtext.core import choices
+from maxtext.runtime import mesh as mesh_lib
 
 # Implementations `attend` runs ("auto" is resolved before, by
 # `maxtext.model.attention_implementation`).
@@ -249,6 +250,20 @@ def target_platform(mesh: Optional[jax.sharding.Mesh]) -> str:
   return mesh.devices.flat[0].platform
 
 
+def same_segment(segment_ids: jax.Array) -> jax.Array:
+  """bool [B, 1, S, S]: query t may see key u (u <= t) of its own sequence.
+
+  A packed row holds several sequences one after another; `segment_ids`
+  [B, S] numbers them (any ids, equal within a sequence, different between
+  neighbours). Causal and same-segment together are exactly "u is an
+  earlier token of t's own sequence".
+  """
+  s = segment_ids.shape[1]
+  causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
+  same = segment_ids[:, :, None] == segment_ids[:, None, :]
+  return (same & causal)[:, None]
+
+
 def attend(
     q: jax.Array,
     k: jax.Array,
@@ -256,9 +271,10 @@ def attend(
     implementation: str,
     mesh: Optional[jax.sharding.Mesh] = None,
     scaling: Optional[RopeScaling] = None,
+    segment_ids: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Causal attention with softmax scale `softmax_scale(query width,
-  scaling)`.
+  scaling)`, within each packed sequence when `segment_ids` are given.
 
   The value width may differ from the query/key width (multi-head latent
   attention). "einsum" takes that as it is; the fused kernels want one head
@@ -275,22 +291,33 @@ def attend(
       mesh axis), or None for one device of the default backend. The splash
       kernel runs per device in `shard_map` over it.
     scaling: the model's rotary scaling (`rope_scaling`), or None.
+    segment_ids: int [B, S] packed-sequence ids (`same_segment`), or None
+      (each row is one sequence). "einsum" and "dot_product" apply the
+      mask; "splash" passes them to the kernel (its `SegmentIds`); "cudnn"
+      is refused (the fused kernel of `jax.nn.dot_product_attention` takes
+      no mask; `maxtext.model.attention_implementation` resolves "auto" to
+      "dot_product" for a packed run on a GPU).
 
   Returns:
     [B, S, H, Dv] in q's dtype.
 
   Raises:
-    ValueError: unknown implementation.
+    ValueError: unknown implementation, or "cudnn" with segment ids.
   """
   if implementation not in KERNELS:
     raise ValueError(
         f"attention implementation {implementation!r}: must be one of "
         f"{list(KERNELS)}"
     )
+  if implementation == "cudnn" and segment_ids is not None:
+    raise ValueError(
+        "attention 'cudnn' takes no segment ids (packed rows): use "
+        "config.attention='dot_product' or 'auto' with packing"
+    )
   qk_width, v_width = q.shape[-1], v.shape[-1]
   scale = softmax_scale(qk_width, scaling)
   if implementation == "einsum":
-    return _attend_einsum(q, k, v, scale)
+    return _attend_einsum(q, k, v, scale, segment_ids)
   width = max(qk_width, v_width)
 
   def pad(x):
@@ -299,12 +326,13 @@ def attend(
 
   q, k, v = pad(q), pad(k), pad(v)
   if implementation == "splash":
-    out = _attend_splash(q, k, v, scale, mesh)
+    out = _attend_splash(q, k, v, scale, mesh, segment_ids)
   else:
     out = jax.nn.dot_product_attention(
         q,
         k,
         v,
+        mask=None if segment_ids is None else same_segment(segment_ids),
         scale=scale,
         is_causal=True,
         implementation="xla" if implementation == "dot_product" else "cudnn",
@@ -313,7 +341,11 @@ def attend(
 
 
 def _attend_einsum(
-    q: jax.Array, k: jax.Array, v: jax.Array, scale: float
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    scale: float,
+    segment_ids: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Reference causal attention; scores and softmax in float32.
 
@@ -328,8 +360,11 @@ def _attend_einsum(
   q = q.reshape(b, s, kv, h // kv, d)
   scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
   scores = scores * scale
-  causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
-  scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+  if segment_ids is None:
+    visible = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
+  else:
+    visible = same_segment(segment_ids)[:, :, None]  # [B, 1, 1, S, S]
+  scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
   return out.reshape(b, s, h, v.shape[-1])
@@ -376,16 +411,20 @@ def _attend_splash(
     v: jax.Array,
     scale: float,
     mesh: Optional[jax.sharding.Mesh],
+    segment_ids: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Causal attention with the Pallas splash kernel; q, k, v of one width.
 
   The sequence is zero-padded to a multiple of the kernel's block: padded
   keys lie after every real query, so the causal mask hides them, and padded
-  queries are dropped. For a TPU target the kernel is the compiled Mosaic
+  queries are dropped. Segment ids (packed rows) go to the kernel as its
+  `SegmentIds`, padded with the last token's id so no padded query row is
+  empty. For a TPU target the kernel is the compiled Mosaic
   kernel; for another platform it runs in Pallas interpret mode (slow; for
   checking numerics on the CPU). On a mesh it runs in `shard_map`: each
-  device attends over its own sequences with all heads (the mesh has no
-  head axis), so the custom call is never asked to partition.
+  device attends over its own sequences with its heads (all of them, or
+  its share on a "tensor" axis), so the custom call is never asked to
+  partition.
   """
   _, s, h, _ = q.shape
   padded = -(-s // _SPLASH_BLOCK) * _SPLASH_BLOCK
@@ -416,20 +455,35 @@ def _attend_splash(
       interpret=target_platform(mesh) != "tpu",
   )
 
-  def local(q, k, v):  # [b, S, N, D] per device
+  def local(q, k, v, *segments):  # [b, S, N, D] per device
     q = q * jnp.asarray(scale, q.dtype)
-    out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
+    q, k, v = heads_first(q), heads_first(k), heads_first(v)
+    if segments:
+      ids = jnp.pad(segments[0], ((0, 0), (0, padded - s)), mode="edge")
+      out = jax.vmap(
+          lambda q, k, v, ids: kernel(
+              q, k, v, segment_ids=splash_kernel.SegmentIds(ids, ids)
+          )
+      )(q, k, v, ids)
+    else:
+      out = jax.vmap(kernel)(q, k, v)
     return jnp.swapaxes(out, 1, 2)[:, :s]
 
+  args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
   if mesh is None:
-    return local(q, k, v)
-  # The batch is split over every mesh axis
-  # (maxtext.runtime.mesh.batch_sharding).
-  spec = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
+    return local(*args)
+  # The batch is split over every mesh axis but "tensor"
+  # (maxtext.runtime.mesh.batch_sharding), the heads over "tensor".
+  batch = mesh_lib.batch_axes(mesh)
+  heads = (
+      mesh_lib.TENSOR_AXIS if mesh_lib.TENSOR_AXIS in mesh.axis_names else None
+  )
+  spec = jax.sharding.PartitionSpec(batch, None, heads)
+  specs = (spec,) * 3 + (jax.sharding.PartitionSpec(batch),) * (len(args) - 3)
   return jax.shard_map(
       local,
       mesh=mesh,
-      in_specs=(spec, spec, spec),
+      in_specs=specs,
       out_specs=spec,
       check_vma=False,
-  )(q, k, v)
+  )(*args)

@@ -217,6 +217,7 @@ def attention(
     implementation: str,
     mesh: Optional[jax.sharding.Mesh] = None,
     positions: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Causal multi-head latent attention of one layer.
 
@@ -233,6 +234,8 @@ def attention(
       (`maxtext.layers.KERNELS`).
     mesh: the mesh the program is compiled for, or None (`layers.attend`).
     positions: int [B, S] (or [1, S]) positions; None = 0..S-1.
+    segment_ids: int [B, S] ids of packed sequences, or None
+      (`layers.attend`).
 
   Returns:
     [B, S, E] in x's dtype.
@@ -247,7 +250,15 @@ def attention(
   )
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
   out = tag(
-      layers.attend(q, k, v, implementation, mesh, layers.rope_scaling(config)),
+      layers.attend(
+          q,
+          k,
+          v,
+          implementation,
+          mesh,
+          layers.rope_scaling(config),
+          segment_ids,
+      ),
       "context",
   )
   return tag(

@@ -48,6 +48,7 @@ FIELDS = (
     "num_kv_heads",
     "num_layers",
     "num_shared_experts",
+    "packing",
     "partial_rotary_factor",
     "q_lora_rank",
     "qk_nope_head_dim",

@@ -519,6 +519,10 @@ def _sharded(
   axes = mesh_lib.batch_axes(mesh)
   expert_axis = mesh_lib.EXPERT_AXIS if mesh_lib.expert_size(mesh) > 1 else None
   group = mesh.shape[expert_axis] if expert_axis else 1
+  # With a tensor axis each device holds a slice of every held expert's
+  # hidden units (w_gate, w_up by columns, w_down by rows): its output is a
+  # partial sum over them, summed over the axis.
+  tensor_axis = mesh_lib.TENSOR_AXIS if mesh_lib.tensor_size(mesh) > 1 else None
 
   def local(x, router, routed):
     b, s, e = x.shape
@@ -531,6 +535,8 @@ def _sharded(
       )
     else:
       out, dropped, _ = dispatch(tokens, weights, experts, routed, 0, cap)
+    if tensor_axis:
+      out = jax.lax.psum(out, tensor_axis)
     stats = _statistics(
         probs.reshape(b, s, -1),
         experts.reshape(b, s, -1),
@@ -542,14 +548,18 @@ def _sharded(
     return out.reshape(b, s, e), stats
 
   batch = P(axes)
-  held = P(expert_axis) if expert_axis else P()
+  held = {
+      "w_gate": P(expert_axis, None, tensor_axis),
+      "w_up": P(expert_axis, None, tensor_axis),
+      "w_down": P(expert_axis, tensor_axis, None),
+  }
   return jax.shard_map(
       local,
       mesh=mesh,
       in_specs=(
           batch,
           {name: P() for name in router},
-          {name: held for name in routed},
+          {name: held[name] for name in routed},
       ),
       out_specs=(batch, P()),
   )(x, dict(router), dict(routed))

@@ -77,7 +77,7 @@ shared expert (`maxtext.moe`).
 
 import functools
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -397,10 +397,11 @@ def attention_implementation(
   "splash" (the Pallas splash kernel: flash attention, no [S, S] scores in
   memory, per device in `shard_map`); on a GPU of compute capability 8.0 or
   newer "cudnn" (fused flash attention) when the compute dtype is
-  bfloat16/float16 and the kernel's head width (`_kernel_head_width`) is a
-  multiple of 8 up to 128, otherwise "dot_product" (XLA); "einsum" on the
-  CPU, where it is as fast and is the reference. Every implementation
-  serves both attention types.
+  bfloat16/float16, the kernel's head width (`_kernel_head_width`) is a
+  multiple of 8 up to 128 and rows are not packed (`config.packing`: the
+  fused kernel takes no segment mask), otherwise "dot_product" (XLA);
+  "einsum" on the CPU, where it is as fast and is the reference. Every
+  implementation serves both attention types.
 
   Args:
     config: the run configuration (`attention`, `compute_dtype`, `head_dim`
@@ -413,7 +414,7 @@ def attention_implementation(
   Raises:
     ValueError: unknown `config.attention`, or "cudnn" with float32 compute
       (cuDNN's fused kernel takes bfloat16/float16 only; casting silently
-      would change the run's numerics) or off a GPU.
+      would change the run's numerics), off a GPU, or with `packing`.
   """
   name = config.attention
   if name not in choices.ATTENTION_IMPLEMENTATIONS:
@@ -433,11 +434,18 @@ def attention_implementation(
       raise ValueError(
           f"config.attention='cudnn' needs a GPU backend, " f"got {backend!r}"
       )
+    if getattr(config, "packing", False):
+      raise ValueError(
+          "config.attention='cudnn' takes no segment mask: with "
+          "config.packing=True use 'dot_product' or 'auto'"
+      )
   if name != "auto":
     return name
   if backend == "gpu":
     width = _kernel_head_width(config)
-    if half and _cuda_capability() >= 8.0 and width % 8 == 0 and width <= 128:
+    fused = half and _cuda_capability() >= 8.0 and width % 8 == 0
+    # cuDNN's kernel takes no segment mask (`layers.attend`).
+    if fused and width <= 128 and not getattr(config, "packing", False):
       return "cudnn"
     return "dot_product"
   if backend == "tpu":
@@ -502,25 +510,54 @@ def _attention(
     layer: Mapping[str, jax.Array],
     config,
     mesh: Optional[jax.sharding.Mesh],
+    rows: "Rows",
 ) -> jax.Array:
   """Causal self-attention of `config.attention_type`. [B, S, E] -> same."""
   implementation = attention_implementation(config, mesh)
+  positions = rows.positions
+  if positions is None:
+    positions = layers.positions_from_zero(x.shape[1])
   if config.attention_type == "mla":
-    return mla.attention(x, layer, config, implementation, mesh)
+    return mla.attention(
+        x, layer, config, implementation, mesh, positions, rows.segment_ids
+    )
   cdt = x.dtype
   tag = jax.ad_checkpoint.checkpoint_name
-  q, k, v = gqa_projections(
-      x, layer, config, layers.positions_from_zero(x.shape[1])
-  )
+  q, k, v = gqa_projections(x, layer, config, positions)
+  scaling = layers.rope_scaling(config)
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
   out = tag(
-      layers.attend(q, k, v, implementation, mesh, layers.rope_scaling(config)),
+      layers.attend(
+          q, k, v, implementation, mesh, scaling, segment_ids=rows.segment_ids
+      ),
       "context",
   )
   out = output_gate(out, x, layer)
   return tag(
       jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"
   )
+
+
+class Rows(NamedTuple):
+  """How the tokens of a [B, S] batch form sequences.
+
+  Attributes:
+    segment_ids: int32 [B, S] or None. A packed row holds several sequences
+      one after another, each a run of equal ids (padding is a run of its
+      own); attention sees only the token's own sequence. None: each row
+      is one sequence.
+    positions: int32 [B, S] or None: each token's position in its sequence
+      (restarting at 0 where a sequence starts), for the rotary
+      embeddings. None: 0..S-1.
+  """
+
+  segment_ids: Optional[jax.Array] = None
+  positions: Optional[jax.Array] = None
+
+  @classmethod
+  def of(cls, batch: Mapping[str, jax.Array]) -> "Rows":
+    """The batch's "segment_ids" and "positions", when it has them."""
+    return cls(batch.get("segment_ids"), batch.get("positions"))
 
 
 def mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
@@ -567,6 +604,7 @@ def _final_hidden(
     tokens: jax.Array,
     config,
     mesh: Optional[jax.sharding.Mesh] = None,
+    rows: Rows = Rows(),
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Embedding, blocks and final norm.
 
@@ -575,6 +613,7 @@ def _final_hidden(
     tokens: int32 [B, S].
     config: the run configuration.
     mesh: the mesh the program is compiled for, or None (see `loss_fn`).
+    rows: the rows' sequences (`Rows`).
 
   Returns:
     (x, moe_stats): x [B, S, E] in the compute dtype; moe_stats the MoE
@@ -585,7 +624,9 @@ def _final_hidden(
   x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
 
   def block(x, layer):
-    x = x + _attention(norm(x, layer["attn_norm"], config), layer, config, mesh)
+    x = x + _attention(
+        norm(x, layer["attn_norm"], config), layer, config, mesh, rows
+    )
     x = x + mlp(norm(x, layer["mlp_norm"], config), layer)
     return x, None
 
@@ -596,12 +637,17 @@ def _final_hidden(
     return x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out"), stats
 
   def moe_block(x, layer):
-    x = x + _attention(norm(x, layer["attn_norm"], config), layer, config, mesh)
+    x = x + _attention(
+        norm(x, layer["attn_norm"], config), layer, config, mesh, rows
+    )
     return moe_ffn(x, layer)
 
   def linear_block(x, layer):
     out, _ = gated_deltanet.apply(
-        norm(x, layer["attn_norm"], config), layer, config
+        norm(x, layer["attn_norm"], config),
+        layer,
+        config,
+        segment_ids=rows.segment_ids,
     )
     return moe_ffn(x + out, layer)
 
@@ -663,6 +709,7 @@ def apply(
     tokens: jax.Array,
     config,
     mesh: Optional[jax.sharding.Mesh] = None,
+    rows: Rows = Rows(),
 ) -> jax.Array:
   """Runs the model.
 
@@ -671,12 +718,15 @@ def apply(
     tokens: int32 [B, S] token ids, S <= config.max_sequence_length.
     config: the run configuration.
     mesh: as in `loss_fn`.
+    rows: packed sequences' segment ids and positions (`Rows`); the
+      default is one sequence per row.
 
   Returns:
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
   return unembed(
-      _final_hidden(params, tokens, config, mesh)[0], output_projection(params)
+      _final_hidden(params, tokens, config, mesh, rows)[0],
+      output_projection(params),
   )
 
 
@@ -777,7 +827,9 @@ def loss_fn(
   Args:
     params: the parameter pytree.
     batch: "inputs" int32 [B, S], "targets" int32 [B, S] (targets[:, t] is the
-      token after inputs[:, t]), optional "weights" [B, S] (0 masks a position).
+      token after inputs[:, t]), optional "weights" [B, S] (0 masks a
+      position), optional "segment_ids" and "positions" int32 [B, S] of
+      packed rows (`Rows`; the last token of a sequence has weight 0).
     config: the run configuration.
     mesh: the mesh the program is compiled for (its batch split over every
       axis), or None for one device of the default backend: what "auto"
@@ -799,7 +851,9 @@ def loss_fn(
     raise ValueError(
         f"config.loss_chunk_size={chunk!r}: must be >= 0 " f"(0 = unchunked)"
     )
-  x, moe_stats = _final_hidden(params, batch["inputs"], config, mesh)
+  x, moe_stats = _final_hidden(
+      params, batch["inputs"], config, mesh, Rows.of(batch)
+  )
   targets = batch["targets"]
   weights = batch.get("weights")
   if weights is None:
@@ -985,6 +1039,7 @@ def param_partition_specs(
     fsdp_size: int,
     *,
     expert_size: int = 1,
+    tensor_size: int = 1,
     rules: axis_rules.Rules = axis_rules.PARAMETERS,
 ) -> Params:
   """`jax.sharding.PartitionSpec` per parameter: the logical-axis `rules`
@@ -1001,6 +1056,8 @@ def param_partition_specs(
     params: the parameter pytree (arrays or anything with `.shape`).
     fsdp_size: number of devices on the "fsdp" mesh axis.
     expert_size: number of devices on the "expert" mesh axis.
+    tensor_size: number of devices on the "tensor" mesh axis: the heads
+      and hidden widths are split over it (`axis_rules.PARAMETERS`).
     rules: the layout (`axis_rules.FSDP_ONLY` is the one before non-expert
       weights were split over the expert axis).
 
@@ -1011,7 +1068,11 @@ def param_partition_specs(
     ValueError: fsdp_size or expert_size < 1, or expert_size does not
       divide the number of experts.
   """
-  sizes = {mesh_lib.FSDP_AXIS: fsdp_size, mesh_lib.EXPERT_AXIS: expert_size}
+  sizes = {
+      mesh_lib.FSDP_AXIS: fsdp_size,
+      mesh_lib.EXPERT_AXIS: expert_size,
+      mesh_lib.TENSOR_AXIS: tensor_size,
+  }
   for axis, size in sizes.items():
     if not isinstance(size, int) or size < 1:
       raise ValueError(f"{axis}_size must be a positive int, got {size!r}")

@@ -7,7 +7,14 @@ mesh's axes (`maxtext.runtime.mesh`), in the spirit of MaxText's
 A parameter's `PartitionSpec` comes from two kinds of rule, applied in order:
 
   by name   a dimension with a listed name is split over the listed mesh
-            axes: "experts" over "expert".
+            axes: "experts" over "expert"; the attention heads ("heads",
+            "kv_heads", the Gated DeltaNet's "linear_k_heads" and
+            "linear_v_heads") and the hidden widths of the MLP and the
+            experts ("mlp", "moe_mlp") over "tensor" (Megatron's
+            column-then-row split: the projections into a head or a hidden
+            unit and the one out of it are split along it, so each device
+            computes its heads and units whole and one all-reduce sums the
+            output).
   FSDP      then the parameter's largest other dimension that divides evenly
             is split over the FSDP axes that are left: "fsdp" and "expert",
             every axis that holds a share of the batch but "data" (which
@@ -55,7 +62,15 @@ class Rules:
 # The layout every run uses: experts over "expert", everything else over
 # every batch axis but "data".
 PARAMETERS = Rules(
-    by_name=(("experts", (mesh_lib.EXPERT_AXIS,)),),
+    by_name=(
+        ("experts", (mesh_lib.EXPERT_AXIS,)),
+        ("heads", (mesh_lib.TENSOR_AXIS,)),
+        ("kv_heads", (mesh_lib.TENSOR_AXIS,)),
+        ("linear_k_heads", (mesh_lib.TENSOR_AXIS,)),
+        ("linear_v_heads", (mesh_lib.TENSOR_AXIS,)),
+        ("mlp", (mesh_lib.TENSOR_AXIS,)),
+        ("moe_mlp", (mesh_lib.TENSOR_AXIS,)),
+    ),
     fsdp=(mesh_lib.FSDP_AXIS, mesh_lib.EXPERT_AXIS),
 )
 

@@ -14,6 +14,13 @@ no expert group holds a copy of another's share. Which mesh axes split which
 parameter dimension is the table of `maxtext.runtime.axis_rules`
 (`transformer.param_partition_specs` applies it).
 
+With `tensor_parallelism` > 1 the mesh has a last axis, "tensor" (the
+innermost, so its devices are nearest neighbours on the chips' links): the
+attention heads and the MLP and expert hidden widths are split over it, the
+Megatron way (the projections into them by columns, the projections out by
+rows, one all-reduce of the output), and batches are not: every device of a
+tensor group holds the same rows.
+
 On TPUs the mesh follows the slice's physical torus
 (`jax.experimental.mesh_utils`), so neighbours on a mesh axis are neighbours
 on the chips' links. Devices of several slices (`slice_index`) make a hybrid
@@ -34,6 +41,7 @@ import numpy as np
 DATA_AXIS = "data"
 FSDP_AXIS = "fsdp"
 EXPERT_AXIS = "expert"
+TENSOR_AXIS = "tensor"
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
 
 
@@ -111,20 +119,33 @@ def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   """
   devices = list(jax.devices() if devices is None else devices)
   experts = getattr(config, "expert_parallelism", 1)
+  tensor = getattr(config, "tensor_parallelism", 1)
   slices = num_slices(devices)
   per_slice = len(devices) // slices
+  where = " of a slice" if slices > 1 else ""
   if experts < 1 or per_slice % experts:
     raise ValueError(
         f"expert_parallelism={experts} must be >= 1 and divide "
-        f"the {per_slice} devices" + (" of a slice" if slices > 1 else "")
+        f"the {per_slice} devices" + where
+    )
+  if tensor < 1 or per_slice % (experts * tensor):
+    raise ValueError(
+        f"tensor_parallelism={tensor} must be >= 1 and divide the "
+        f"{per_slice // experts} devices{where} left by "
+        f"expert_parallelism={experts}"
     )
   within = mesh_shape(
-      config.data_parallelism, config.fsdp_parallelism, per_slice // experts
+      config.data_parallelism,
+      config.fsdp_parallelism,
+      per_slice // (experts * tensor),
   )
   names = BATCH_AXES
   if experts > 1:
     within += (experts,)
     names += (EXPERT_AXIS,)
+  if tensor > 1:
+    within += (tensor,)
+    names += (TENSOR_AXIS,)
   if devices[0].platform != "tpu":
     # Processes own contiguous blocks of the device list, so data-parallel
     # groups line up with hosts and FSDP collectives stay within a host
@@ -160,7 +181,7 @@ def _torus_mesh(shape: tuple[int, ...], devices: list) -> np.ndarray:
 
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
-  """The mesh axes a batch is split over: all of them."""
+  """The mesh axes a batch is split over: all of them but "tensor"."""
   return tuple(
       name for name in BATCH_AXES + (EXPERT_AXIS,) if name in mesh.axis_names
   )
@@ -169,6 +190,11 @@ def batch_axes(mesh: Mesh) -> tuple[str, ...]:
 def expert_size(mesh: Mesh) -> int:
   """Devices on the mesh's expert axis (1 when it has none)."""
   return mesh.shape.get(EXPERT_AXIS, 1)
+
+
+def tensor_size(mesh: Mesh) -> int:
+  """Devices on the mesh's tensor axis (1 when it has none)."""
+  return mesh.shape.get(TENSOR_AXIS, 1)
 
 
 def check_batch_layout(config, mesh: Mesh) -> None:
@@ -201,7 +227,7 @@ def check_batch_layout(config, mesh: Mesh) -> None:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Sharding of a [batch, sequence] array: batch over every mesh axis."""
+  """Sharding of a [batch, sequence] array: batch over the batch axes."""
   return NamedSharding(mesh, PartitionSpec(batch_axes(mesh), None))
 
 

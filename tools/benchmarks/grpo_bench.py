@@ -19,9 +19,12 @@ timings (the `timing/*` metrics of its record, `maxtext/grpo/step.py`) are
 averaged: the table gives each phase's mean seconds and share of
 `timing/step` (rollout = generation + rewards + advantages; reference; old
 log-probs, which generation computes, so 0; update), generated tokens/s
-(the completions' tokens over `timing/generate`) and trained tokens/s (the
-rows' tokens the forward-backward passes run, N x (prompt + completion
-columns), over `timing/update`).
+(the completions' tokens over `timing/generate`), trained tokens/s (the
+padded rows' tokens, N x (prompt + completion columns), over
+`timing/update`) and the padding fraction of the model's input: the share
+of the micro-batches' tokens that hold no sequence, one padded row per
+sequence and packed first-fit (`maxtext.grpo.packed_batches`, the rows
+`--config.packing=true` trains).
 
 With a config whose `grpo_task` is set (multi-turn mode), the steps play the
 task's episodes (`maxtext/grpo/episode_rollout.py`) and the rollout splits
@@ -60,7 +63,9 @@ from maxtext.config import config_lib
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
 from maxtext.configs import grpo_tiny
+from maxtext.grpo import packed_batches
 from maxtext.grpo import rewards
+from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import prompts as prompts_lib
 from maxtext.grpo import grpo_workload
@@ -157,22 +162,42 @@ def _grpo_step(config, functions) -> step_lib.GrpoStep:
       ),
       mesh=mesh,
       rollout_fn=rollout_fn,
+      packing=config.packing,
   )
 
 
-def _timed_steps(grpo, steps: int) -> tuple[list[dict], int, int]:
+def _padding(rollout, k: int, shards: int) -> tuple[float, float]:
+  """(padded, packed) padding fractions of a rollout's K micro-batches:
+  one row per sequence, and first-fit packed rows (`packed_batches`, the
+  row count `GrpoStep` would use)."""
+  batches = rollout_lib.micro_batches(rollout, k)
+  multiple = packed_batches.row_multiple(
+      len(batches[0]["prompt_lengths"]), shards
+  )
+  rows = packed_batches.num_rows(batches, multiple)
+  return (
+      packed_batches.padding_fraction(batches),
+      packed_batches.padding_fraction(batches, rows),
+  )
+
+
+def _timed_steps(
+    grpo, steps: int, k: int, shards: int
+) -> tuple[list[dict], int, int, list]:
   """Runs `steps` steps after the warm-up.
 
   Returns:
-    (each step's record reduced, generated tokens, trained tokens).
+    (each step's record reduced, generated tokens, trained tokens, each
+    step's (padded, packed) padding fractions).
   """
-  records, generated, trained = [], 0, 0
+  records, generated, trained, padding = [], 0, 0, []
   for step in range(steps):
     result = grpo.run(step)
     records.append(metrics_recorder.reduce_buffer(result.records[0]))
     generated += int(result.rollout.completion_lengths.sum())
     trained += result.rollout.tokens.size
-  return records, generated, trained
+    padding.append(_padding(result.rollout, k, shards))
+  return records, generated, trained, padding
 
 
 def main(argv):
@@ -183,7 +208,10 @@ def main(argv):
   grpo = _grpo_step(config, functions)
   k = config.gradient_accumulation_steps
   warmup_s = grpo.warm_up(0)
-  records, generated, trained = _timed_steps(grpo, _STEPS.value)
+  shards = mesh_lib.make_mesh(config).devices.size
+  records, generated, trained, padding = _timed_steps(
+      grpo, _STEPS.value, k, shards
+  )
   # timing/tools is 0 without a task's environments.
   mean = {
       name: float(np.mean([r.get(name, 0.0) for r in records]))
@@ -207,6 +235,11 @@ def main(argv):
   update_s = sum(r["timing/update"] for r in records)
   print(f"generated tokens/s {generated / generate_s:.1f}")
   print(f"trained tokens/s {trained / update_s:.1f}")
+  padded, packed = np.mean(padding, axis=0)
+  print(
+      f"padding fraction: padded {padded:.4f} packed {packed:.4f} "
+      f"(packing={config.packing})"
+  )
 
   problem = metric_ways.grpo_problem(config)
   dispatches = metric_ways.dispatches_per_step(

@@ -49,6 +49,13 @@ _TASK = "maxtext.grpo.progression_task"
 _MICRO_BATCH_METRICS = 1 + 26 + 1
 _STEP_METRICS = 3
 _HOST_METRICS = 11 + 7
+# With packing, the step's two padding fractions (packed and padded).
+_PACKING_METRICS = 2
+_PADDING = re.compile(
+    r"^padding fraction: padded (\d\.\d{4}) packed (\d\.\d{4}) "
+    r"\(packing=(True|False)\)$",
+    re.MULTILINE,
+)
 
 
 def _run(*args):
@@ -59,7 +66,7 @@ def _run(*args):
 
 class GrpoBenchTest(absltest.TestCase):
 
-  def check_run(self, functions: int, *args):
+  def check_run(self, functions: int, *args, packing: bool = False):
     """Runs the bench; returns (metrics, recorder and append dispatches)."""
     proc = _run(*args)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
@@ -81,6 +88,12 @@ class GrpoBenchTest(absltest.TestCase):
     self.assertGreater(phases["update"], 0.0)
     self.assertRegex(proc.stdout, r"generated tokens/s \d+\.\d")
     self.assertRegex(proc.stdout, r"trained tokens/s \d+\.\d")
+    padding = _PADDING.search(proc.stdout)
+    self.assertIsNotNone(padding, proc.stdout)
+    padded, packed = float(padding.group(1)), float(padding.group(2))
+    self.assertGreaterEqual(padded, 0.0)
+    self.assertLessEqual(packed, padded)
+    self.assertEqual(padding.group(3), str(packing))
     match = _LAST_LINE.match(lines[-1])
     self.assertIsNotNone(match, lines[-1])
     share = float(match.group(1))
@@ -88,7 +101,8 @@ class GrpoBenchTest(absltest.TestCase):
     self.assertLessEqual(share, 1.0)
     metrics, recorder, appends = map(int, match.group(2, 3, 4))
     m = _MICRO_BATCH_METRICS
-    self.assertEqual(metrics, m + _STEP_METRICS + _HOST_METRICS + functions)
+    host = _HOST_METRICS + (_PACKING_METRICS if packing else 0)
+    self.assertEqual(metrics, m + _STEP_METRICS + host + functions)
     # One append per micro-batch metric and micro-batch.
     self.assertEqual(appends, m * _K)
     self.assertIn(f"m={m} micro-batch metrics", proc.stdout)
@@ -128,10 +142,14 @@ class GrpoBenchTest(absltest.TestCase):
 
   def test_one_reward_function_more_adds_a_host_value_not_dispatches(self):
     two = self.check_run(2)
+    # The second run trains packed rows too: two host values more.
     one = self.check_run(
-        1, f"--config.grpo_reward_functions={_TASK}:exact_match"
+        1,
+        f"--config.grpo_reward_functions={_TASK}:exact_match",
+        "--config.packing=true",
+        packing=True,
     )
-    self.assertEqual(two[0], one[0] + 1)
+    self.assertEqual(two[0], one[0] + 1 - _PACKING_METRICS)
     # The gradient measure and the flush's concatenation, whatever M is.
     self.assertEqual(two[1], 2)
     self.assertEqual(one[1], two[1])
