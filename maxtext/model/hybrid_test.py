@@ -79,7 +79,9 @@ class HybridTest(parameterized.TestCase):
           (
               "moe_layers",
               # pylint: disable-next=protected-access  # One layer alone.
-              lambda h, l: transformer._attention(h, l, config, None),
+              lambda h, l: transformer._attention(
+                  h, l, config, None, transformer.Rows()
+              ),
           ),
       ):
         layer = _layer(params[stack], g)
