@@ -74,9 +74,10 @@ class EngineOptions:
   Attributes:
     num_slots: sequences decoded together (the decode program's rows).
     page_size: positions a page holds (a power of two).
-    num_pages: the pool's pages; 0 = enough for every slot to hold a
-      sequence of the longest context plus max_new_tokens, plus one
-      context's pages (the most admission can ever ask for).
+    num_pages: the pool's pages; 0 = (num_slots + 1) x the pages of the
+      length bucket (`decoder.cache_length`) of the longest context plus
+      max_new_tokens: every slot's longest sequence plus one waiting
+      context, the static decoder's cache for num_slots + 1 rows.
     chunk: most decode steps one program call runs before the host
       refills slots (it returns early when a slot frees while sequences
       wait).
@@ -343,11 +344,13 @@ def generate(
   g = options.num_samples
   size, slots = engine.page_size, engine.num_slots
   longest = max(len(c) for c in contexts)
-  # The widest table: the longest sequence's pages, a power of two.
-  width = 1 << (_pages(longest + new, size) - 1).bit_length()
-  num_pages = engine.num_pages or (
-      slots * _pages(longest + new, size) + _pages(longest, size)
+  # The widest table: the pages of the longest sequence's length bucket
+  # (the static decoder's), so the pool's and tables' shapes, and the
+  # programs, depend on the bucket only.
+  width = _pages(
+      decoder.cache_length(longest + new, config.max_sequence_length), size
   )
+  num_pages = engine.num_pages or (slots + 1) * width
   pool_book = page_pool.PagePool(num_pages)
   if mesh is None:
     put = jnp.asarray
