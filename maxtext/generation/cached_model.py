@@ -29,7 +29,6 @@ from maxtext.model import mla
 from maxtext.model import moe
 from maxtext.model import transformer
 
-
 # (entries, new entries [B, S, ...] by name, positions [B, S]) ->
 # (entries, the [B, T, ...] keys/values by name that attention reads).
 Store = Callable[[Any, dict, jax.Array], tuple[Any, dict]]

@@ -19,7 +19,7 @@ import numpy as np
 
 from maxtext.generation import cached_model
 from maxtext.generation import decoder
-from maxtext.generation import engine
+from maxtext.generation import paged_decoder
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_model
 from maxtext.generation import sampling
@@ -36,7 +36,7 @@ _KINDS = (
     ("moe", (tiny_configs.TINY_MOE,), {}),
 )
 
-_SMALL = engine.EngineOptions(num_slots=3, page_size=4, chunk=5)
+_SMALL = paged_decoder.EngineOptions(num_slots=3, page_size=4, chunk=5)
 
 
 def _model(presets=(), seed=0, **overrides):
@@ -125,7 +125,9 @@ class EngineTest(parameterized.TestCase):
     config, params = _model(presets, **overrides)
     prompts = _prompts(np.random.default_rng(0), (5, 16, 9, 2))
     options = sampling.SamplingOptions(max_new_tokens=12, num_samples=2)
-    got = engine.generate(params, config, prompts, options, engine=_SMALL)
+    got = paged_decoder.generate(
+        params, config, prompts, options, engine=_SMALL
+    )
     self._assert_same(got, decoder.generate(params, config, prompts, options))
 
   @parameterized.named_parameters(
@@ -139,7 +141,9 @@ class EngineTest(parameterized.TestCase):
     options = sampling.SamplingOptions(
         max_new_tokens=10, num_samples=4, seed=5, **kwargs
     )
-    got = engine.generate(params, config, prompts, options, engine=_SMALL)
+    got = paged_decoder.generate(
+        params, config, prompts, options, engine=_SMALL
+    )
     self._assert_same(got, decoder.generate(params, config, prompts, options))
     if options.stop_ids:
       # The options stop some rows early: the engine refilled their slots.
@@ -149,16 +153,19 @@ class EngineTest(parameterized.TestCase):
     config, params = _model((tiny_configs.TINY_MOE,))
     prompts = _prompts(np.random.default_rng(3), (7, 2, 12))
     options = sampling.SamplingOptions(
-        max_new_tokens=9, num_samples=3, temperature=1.0, seed=11,
+        max_new_tokens=9,
+        num_samples=3,
+        temperature=1.0,
+        seed=11,
         stop_ids=(4,),
     )
     runs = [
-        engine.generate(
+        paged_decoder.generate(
             params,
             config,
             prompts,
             options,
-            engine=engine.EngineOptions(
+            engine=paged_decoder.EngineOptions(
                 num_slots=slots, page_size=size, chunk=chunk
             ),
         )
@@ -174,12 +181,14 @@ class EngineTest(parameterized.TestCase):
     g = 4
     options = sampling.SamplingOptions(max_new_tokens=6, num_samples=g)
     slots = 2 * g
-    got = engine.generate(
+    got = paged_decoder.generate(
         params,
         config,
         prompts,
         options,
-        engine=engine.EngineOptions(num_slots=slots, page_size=4, chunk=8),
+        engine=paged_decoder.EngineOptions(
+            num_slots=slots, page_size=4, chunk=8
+        ),
     )
     self.assertEqual(got.prefill_passes, 3)
     # Each of G continuations but the last copies a partial last page.
@@ -196,8 +205,12 @@ class EngineTest(parameterized.TestCase):
     prompts = _prompts(np.random.default_rng(5), (4, 6, 3))
     options = sampling.SamplingOptions(max_new_tokens=10, num_samples=2)
     want = decoder.generate(params, config, prompts, options)
-    got = engine.generate(
-        params, config, prompts, options, max_new_tokens=(10, 3, 1),
+    got = paged_decoder.generate(
+        params,
+        config,
+        prompts,
+        options,
+        max_new_tokens=(10, 3, 1),
         engine=_SMALL,
     )
     np.testing.assert_array_equal(got.lengths, [10, 10, 3, 3, 1, 1])
@@ -213,12 +226,12 @@ class EngineTest(parameterized.TestCase):
     names = ("jit(_decode)", "jit(_prefill)", "jit(_copy_page)")
 
     def run(lengths, seed, **kw):
-      engine.generate(
+      paged_decoder.generate(
           params,
           config,
           _prompts(np.random.default_rng(seed), lengths),
           sampling.SamplingOptions(num_samples=3, seed=seed, **kw),
-          engine=engine.EngineOptions(num_slots=5, page_size=4, chunk=4),
+          engine=paged_decoder.EngineOptions(num_slots=5, page_size=4, chunk=4),
       )
 
     start = time.monotonic()
@@ -231,8 +244,11 @@ class EngineTest(parameterized.TestCase):
     run((1, 14, 2), 2, max_new_tokens=15, temperature=0.5, stop_ids=(2,))
     run((6,), 3, max_new_tokens=18, temperature=2.0)
     self.assertEqual(
-        [n for n in compile_counter.backend_compiles_after(middle)
-         if n in names],
+        [
+            n
+            for n in compile_counter.backend_compiles_after(middle)
+            if n in names
+        ],
         [],
     )
     self.assertEqual(first.count("jit(_prefill)"), 1)
@@ -243,23 +259,27 @@ class EngineTest(parameterized.TestCase):
   def test_a_pool_too_small_for_one_sequence_is_refused(self):
     config, params = _model()
     with self.assertRaisesRegex(ValueError, "num_pages=2 pages of 4 cannot"):
-      engine.generate(
+      paged_decoder.generate(
           params,
           config,
           [[1] * 9],
           sampling.SamplingOptions(max_new_tokens=4),
-          engine=engine.EngineOptions(num_slots=2, page_size=4, num_pages=2),
+          engine=paged_decoder.EngineOptions(
+              num_slots=2, page_size=4, num_pages=2
+          ),
       )
 
   def test_bad_options_are_refused_in_one_line(self):
     config, params = _model()
     options = sampling.SamplingOptions(max_new_tokens=4)
     with self.assertRaisesRegex(ValueError, "max_new_tokens 5 exceeds"):
-      engine.generate(params, config, [[1]], options, max_new_tokens=[5])
+      paged_decoder.generate(params, config, [[1]], options, max_new_tokens=[5])
     with self.assertRaisesRegex(ValueError, "has 2 entries for 1 contexts"):
-      engine.generate(params, config, [[1]], options, max_new_tokens=[1, 2])
+      paged_decoder.generate(
+          params, config, [[1]], options, max_new_tokens=[1, 2]
+      )
     with self.assertRaisesRegex(ValueError, "page_size=3"):
-      engine.EngineOptions(page_size=3)
+      paged_decoder.EngineOptions(page_size=3)
 
 
 if __name__ == "__main__":

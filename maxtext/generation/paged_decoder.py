@@ -212,9 +212,7 @@ def _decode(
     return (k < chunk) & jnp.any(active) & (finished < stop_after)
 
   def body(carry):
-    k, pool, logits, steps, positions, active, finished, ids, log_probs = (
-        carry
-    )
+    k, pool, logits, steps, positions, active, finished, ids, log_probs = carry
     keys = jax.vmap(
         lambda r, s: jax.random.fold_in(jax.random.fold_in(seed_key, r), s)
     )(rows, steps)
@@ -240,17 +238,35 @@ def _decode(
     live = active & ~done
     # A finished sequence's last id needs no entry: nothing reads it.
     hidden, pool = paged_model.forward(
-        params, token[:, None], positions[:, None], live[:, None], pool,
-        tables, config,
+        params,
+        token[:, None],
+        positions[:, None],
+        live[:, None],
+        pool,
+        tables,
+        config,
     )
     logits = cached_model.logits(params, hidden)[:, 0]
     return (
-        k + 1, pool, logits, steps, positions + live, live,
-        finished + jnp.sum(done), ids, log_probs,
+        k + 1,
+        pool,
+        logits,
+        steps,
+        positions + live,
+        live,
+        finished + jnp.sum(done),
+        ids,
+        log_probs,
     )
 
   carry = (
-      jnp.int32(0), pool, logits, steps, positions, active, jnp.int32(0),
+      jnp.int32(0),
+      pool,
+      logits,
+      steps,
+      positions,
+      active,
+      jnp.int32(0),
       jnp.full((slots, chunk), sampling.PAD_ID, jnp.int32),
       jnp.zeros((slots, chunk), jnp.float32),
   )
@@ -352,19 +368,25 @@ def generate(
   )
   num_pages = engine.num_pages or (slots + 1) * width
   pool_book = page_pool.PagePool(num_pages)
+  replicated = (
+      None
+      if mesh is None
+      else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  )
+
+  def put(x):
+    """A host value on the engine's devices (each process passes the
+    same value; replicated over `mesh`)."""
+    if replicated is None:
+      return jnp.asarray(x)
+    return jax.device_put(np.asarray(x), replicated)
+
   if mesh is None:
-    put = jnp.asarray
     pool = paged_model.init_pool(config, num_pages, size)
   else:
-    replicated = jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec()
-    )
-    put = lambda x: jax.device_put(np.asarray(x), replicated)
     pool = jax.tree_util.tree_map(
         lambda x: put(np.zeros(x.shape, x.dtype)),
-        jax.eval_shape(
-            lambda: paged_model.init_pool(config, num_pages, size)
-        ),
+        jax.eval_shape(lambda: paged_model.init_pool(config, num_pages, size)),
     )
   stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
   stop_ids = np.full((stop_slots,), -1, np.int32)
@@ -409,7 +431,11 @@ def generate(
     table = np.zeros((1, bucket // size), np.int32)
     table[0, : len(pages)] = pages
     pool, last = _prefill(
-        params, pool, put(tokens), put(np.int32(len(context))), put(table),
+        params,
+        pool,
+        put(tokens),
+        put(np.int32(len(context))),
+        put(table),
         config=config,
     )
     figures["prefill_passes"] += 1
@@ -483,9 +509,7 @@ def generate(
     # Pages for the positions the next chunk may write.
     for slot in running:
       seq = in_slot[slot]
-      last = min(
-          positions[slot] + engine.chunk, seq.length + seq.budget - 1
-      )
+      last = min(positions[slot] + engine.chunk, seq.length + seq.budget - 1)
       more = _pages(last, size) - len(seq.pages)
       if more > 0:
         pages = pool_book.allocate(more)
