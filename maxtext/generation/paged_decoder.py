@@ -321,8 +321,8 @@ def generate(
     contexts: id lists (a prompt, or an episode's turns so far); each
       len + max_new_tokens <= config.max_sequence_length.
     options: how many ids and how to choose them (as `decoder.generate`).
-    max_new_tokens: each context's own limit (<= options.max_new_tokens);
-      None = options.max_new_tokens for all.
+    max_new_tokens: each row's own limit (<= options.max_new_tokens), in
+      row order (context-major); None = options.max_new_tokens for all.
     engine: slots, pages and chunk.
     allowed_vocab: ids at or above this are never chosen; 0 = the vocab.
     mesh: run on this mesh (the engine's arrays replicated, the
@@ -333,20 +333,22 @@ def generate(
 
   Raises:
     TypeError/ValueError: one line naming the option or context (as
-      `decoder.generate`; a per-context limit out of range; a model with
+      `decoder.generate`; a per-row limit out of range; a model with
       pool too small for one sequence).
   """
   config = model_config.of(config)
   allowed_vocab = sampling.check_for_model(options, config, allowed_vocab)
   new = options.max_new_tokens
   contexts = decoder.check_prompts(contexts, config, new)
+  g = options.num_samples
+  rows = len(contexts) * g
   if max_new_tokens is None:
-    budgets = [new] * len(contexts)
+    budgets = [new] * rows
   else:
-    if len(max_new_tokens) != len(contexts):
+    if len(max_new_tokens) != rows:
       raise ValueError(
-          f"max_new_tokens has {len(max_new_tokens)} entries for "
-          f"{len(contexts)} contexts"
+          f"max_new_tokens has {len(max_new_tokens)} entries for {rows} "
+          f"rows ({len(contexts)} contexts x num_samples={g})"
       )
     budgets = [
         checks.check_int(f"max_new_tokens[{i}]", b, 1)
@@ -357,7 +359,6 @@ def generate(
       raise ValueError(
           f"max_new_tokens {over[0]} exceeds options.max_new_tokens={new}"
       )
-  g = options.num_samples
   size, slots = engine.page_size, engine.num_slots
   longest = max(len(c) for c in contexts)
   # The widest table: the pages of the longest sequence's length bucket
@@ -400,7 +401,6 @@ def generate(
       put(np.int32(allowed_vocab)),
   )
 
-  rows = len(contexts) * g
   out_ids = np.full((rows, new), sampling.PAD_ID, np.int32)
   out_log_probs = np.zeros((rows, new), np.float32)
   lengths = np.zeros((rows,), np.int32)
@@ -450,7 +450,8 @@ def generate(
 
   def admit(slot, index, sample, context):
     nonlocal pool, logits, reserved
-    budget = budgets[index]
+    row = index * g + sample
+    budget = budgets[row]
     full = context.length // size
     pages = context.pages[:full]
     pool_book.share(pages)
@@ -469,7 +470,6 @@ def generate(
     context.waiting -= 1
     if not context.waiting:
       pool_book.release(context.pages[:full])
-    row = index * g + sample
     in_slot[slot] = _Sequence(row, context.length, budget, pages, fresh)
     reserved += fresh
     tables[slot] = 0
@@ -491,8 +491,10 @@ def generate(
         prefill(to_prefill.popleft())
       if not ready:
         return
-      index, _, context = ready[0]
-      if pool_book.free - reserved < new_pages(context, budgets[index]):
+      index, sample, context = ready[0]
+      if pool_book.free - reserved < new_pages(
+          context, budgets[index * g + sample]
+      ):
         return
       admit(slot, *ready.popleft())
 

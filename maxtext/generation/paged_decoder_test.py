@@ -200,7 +200,7 @@ class EngineTest(parameterized.TestCase):
         got.peak_bytes, got.pages_used * 4 * kv_cache.bytes_per_token(config)
     )
 
-  def test_each_context_has_its_own_max_new_tokens(self):
+  def test_each_row_has_its_own_max_new_tokens(self):
     config, params = _model()
     prompts = _prompts(np.random.default_rng(5), (4, 6, 3))
     options = sampling.SamplingOptions(max_new_tokens=10, num_samples=2)
@@ -210,10 +210,10 @@ class EngineTest(parameterized.TestCase):
         config,
         prompts,
         options,
-        max_new_tokens=(10, 3, 1),
+        max_new_tokens=(10, 4, 3, 3, 1, 7),
         engine=_SMALL,
     )
-    np.testing.assert_array_equal(got.lengths, [10, 10, 3, 3, 1, 1])
+    np.testing.assert_array_equal(got.lengths, [10, 4, 3, 3, 1, 7])
     for row, length in enumerate(got.lengths):
       np.testing.assert_array_equal(
           got.ids[row, :length], want.ids[row, :length]
@@ -274,7 +274,7 @@ class EngineTest(parameterized.TestCase):
     options = sampling.SamplingOptions(max_new_tokens=4)
     with self.assertRaisesRegex(ValueError, "max_new_tokens 5 exceeds"):
       paged_decoder.generate(params, config, [[1]], options, max_new_tokens=[5])
-    with self.assertRaisesRegex(ValueError, "has 2 entries for 1 contexts"):
+    with self.assertRaisesRegex(ValueError, "has 2 entries for 1 rows"):
       paged_decoder.generate(
           params, config, [[1]], options, max_new_tokens=[1, 2]
       )
