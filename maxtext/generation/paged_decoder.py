@@ -72,7 +72,8 @@ class EngineOptions:
   """The engine's shape; checked when built.
 
   Attributes:
-    num_slots: sequences decoded together (the decode program's rows).
+    num_slots: sequences decoded together (the decode program's rows); 0
+      = one per row of the call (the static decoder's batch).
     page_size: positions a page holds (a power of two).
     num_pages: the pool's pages; 0 = (num_slots + 1) x the pages of the
       length bucket (`decoder.cache_length`) of the longest context plus
@@ -83,13 +84,13 @@ class EngineOptions:
       wait).
   """
 
-  num_slots: int = 16
+  num_slots: int = 0
   page_size: int = 16
   num_pages: int = 0
   chunk: int = 32
 
   def __post_init__(self):
-    checks.check_int("num_slots", self.num_slots, 1)
+    checks.check_int("num_slots", self.num_slots, 0)
     size = checks.check_int("page_size", self.page_size, 1)
     if size & (size - 1):
       raise ValueError(f"page_size={size}: must be a power of two")
@@ -359,7 +360,7 @@ def generate(
       raise ValueError(
           f"max_new_tokens {over[0]} exceeds options.max_new_tokens={new}"
       )
-  size, slots = engine.page_size, engine.num_slots
+  size, slots = engine.page_size, engine.num_slots or rows
   longest = max(len(c) for c in contexts)
   # The widest table: the pages of the longest sequence's length bucket
   # (the static decoder's), so the pool's and tables' shapes, and the

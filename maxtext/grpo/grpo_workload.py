@@ -68,6 +68,7 @@ from maxtext.grpo import progression_task
 from maxtext.grpo import prompts as prompts_lib
 from maxtext.grpo import reference_pin
 from maxtext.grpo import rewards as rewards_lib
+from maxtext.generation import paged_decoder
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
@@ -180,6 +181,16 @@ def rollout_options(config, step: int) -> sampling.SamplingOptions:
   )
 
 
+def paged_options(config) -> Optional[paged_decoder.EngineOptions]:
+  """The rollout's paged decoder, or None for the static decoder."""
+  if config.grpo_decoder == "static":
+    return None
+  return paged_decoder.EngineOptions(
+      num_slots=config.grpo_decode_slots,
+      page_size=config.grpo_decode_page_size,
+  )
+
+
 def eval_options(config) -> sampling.SamplingOptions:
   """The held-out eval's sampling: greedy (one sample) at temperature 0,
   else `config_lib.eval_samples_per_prompt` samples of each prompt."""
@@ -252,6 +263,7 @@ class GrpoWorkload(workload.Workload):
         reference_params=reference,
         mesh=state.setup.mesh,
         overlong_filtering=config.grpo_overlong_filtering,
+        paged=paged_options(config),
     )
     if reference is not None:
       _check_reference(config, state, reference)

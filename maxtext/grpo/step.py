@@ -61,6 +61,7 @@ import numpy as np
 
 from maxtext.engine import engine as engine_lib
 from maxtext.generation import decoder
+from maxtext.generation import paged_decoder
 from maxtext.generation import scoring
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
@@ -157,6 +158,8 @@ class GrpoStep:
     mesh: the engine's mesh, or None for one device.
     overlong_filtering: completions cut by the length limit train nothing
       (`rollout.rollout`).
+    paged: the paged decoder's slots and pages, or None for the static
+      decoder (`rollout.rollout`).
   """
 
   def __init__(
@@ -175,6 +178,9 @@ class GrpoStep:
       reference_params: Optional[Any] = None,
       mesh: Optional[jax.sharding.Mesh] = None,
       overlong_filtering: bool = False,
+    paged: Optional[paged_decoder.EngineOptions] = (
+        paged_decoder.EngineOptions()
+    ),
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -220,6 +226,7 @@ class GrpoStep:
     # it into its timing/step.
     self._rollout_values: dict[str, float] = {}
     self._overlong_filtering = overlong_filtering
+    self._paged = paged
     self._rollout_start = None
 
   def rollout(
@@ -248,6 +255,7 @@ class GrpoStep:
         width=self._width,
         mesh=self._mesh,
         overlong_filtering=self._overlong_filtering,
+        paged=self._paged,
     )
     rolled = time.perf_counter()
     batches = rollout_lib.micro_batches(result, self._k)
