@@ -439,9 +439,9 @@ def get_config() -> ml_collections.ConfigDict:
   # same ids.
   config.grpo_decoder = "paged"
   # Paged decoder: sequences decoded together (0 = one per completion of
-  # the rollout) and positions per page (a power of two).
+  # the rollout).
   config.grpo_decode_slots = 0
-  config.grpo_decode_page_size = 16
+  config.grpo_decode_page_size = 16  # Positions per page (a power of two).
   # Held-out evaluation: completions drawn with these options (temperature 0
   # = greedy) on grpo_eval_prompts prompts.
   config.grpo_eval_temperature = 0.0

@@ -27,10 +27,12 @@ summation order), computed differently:
   depend on the request and the step, not on the slot, on which requests
   share a step, or on the number of slots.
 
-Programs: prefill is compiled once per prompt-length bucket (the decoder's
-`cache_length` buckets); the decode program once per power-of-two number of
-pages a slot may see (`view` buckets up to the longest sequence's pages);
-adding a page-row to the logits and copying a page once each. None depends
+Programs: prefill is compiled once per length bucket of a call's longest
+context (the decoder's `cache_length` buckets; every context of a call is
+prefilled in that shape); the decode program once per power-of-two number
+of pages a slot may see (`view` buckets up to the pages of the longest
+sequence's bucket), all of them on a call's first use of its shapes;
+setting a slot's logits and copying a page once each. None depends
 on a request. A decode call runs up to `EngineOptions.chunk` steps on the
 device and returns early once a slot has finished while sequences wait, so
 a slot is refilled within a step of freeing.
@@ -421,11 +423,13 @@ def generate(
     # The last id is never written: positions 0..length + budget - 2.
     return _pages(length + budget - 1, size)
 
+  # One prefill shape per call: the longest context's length bucket.
+  bucket = decoder.cache_length(longest, config.max_sequence_length)
+  bucket = _pages(bucket, size) * size
+
   def prefill(index):
     nonlocal pool
     context = contexts[index]
-    bucket = decoder.cache_length(len(context), config.max_sequence_length)
-    bucket = _pages(bucket, size) * size
     pages = pool_book.allocate(_pages(len(context), size))
     tokens = np.full((1, bucket), sampling.PAD_ID, np.int32)
     tokens[0, : len(context)] = context
@@ -499,6 +503,39 @@ def generate(
         return
       admit(slot, *ready.popleft())
 
+  def decode(view, active, stop_after):
+    nonlocal pool, logits
+    pool, logits, *out = _decode(
+        params,
+        pool,
+        logits,
+        put(tables[:, :view]),
+        put(steps),
+        put(positions),
+        put(slot_budgets),
+        put(slot_rows),
+        put(active),
+        put(np.int32(stop_after)),
+        *sampling_args,
+        config=config,
+        chunk=engine.chunk,
+        greedy=options.greedy,
+        filtered=options.filtered,
+    )
+    return out
+
+  # Every view bucket's program, run with no slot active (it stops before
+  # its first step): a call compiles all the decode programs its shapes
+  # can need, so a warm-up call leaves nothing to compile for later calls
+  # of the same buckets, however long their sequences grow.
+  view = 1
+  while True:
+    view = min(view, width)
+    decode(view, np.zeros((slots,), bool), 1)
+    if view == width:
+      break
+    view *= 2
+
   while True:
     fill_slots()
     running = [s for s in range(slots) if in_slot[s] is not None]
@@ -523,22 +560,8 @@ def generate(
     view = _bucket(max(len(in_slot[s].pages) for s in running), width)
     active = np.array([seq is not None for seq in in_slot])
     waiting = bool(ready or to_prefill)
-    pool, logits, ids, log_probs, new_steps, still = _decode(
-        params,
-        pool,
-        logits,
-        put(tables[:, :view]),
-        put(steps),
-        put(positions),
-        put(slot_budgets),
-        put(slot_rows),
-        put(active),
-        put(np.int32(1 if waiting else slots + 1)),
-        *sampling_args,
-        config=config,
-        chunk=engine.chunk,
-        greedy=options.greedy,
-        filtered=options.filtered,
+    ids, log_probs, new_steps, still = decode(
+        view, active, 1 if waiting else slots + 1
     )
     ids, log_probs, new_steps, still = jax.device_get(
         (ids, log_probs, new_steps, still)

@@ -178,9 +178,9 @@ class GrpoStep:
       reference_params: Optional[Any] = None,
       mesh: Optional[jax.sharding.Mesh] = None,
       overlong_filtering: bool = False,
-    paged: Optional[paged_decoder.EngineOptions] = (
-        paged_decoder.EngineOptions()
-    ),
+      paged: Optional[paged_decoder.EngineOptions] = (
+          paged_decoder.EngineOptions()
+      ),
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")

@@ -186,9 +186,7 @@ def _longtail(config) -> None:
       num_slots=_SLOTS.value, page_size=_PAGE_SIZE.value
   )
   config = ml_collections.ConfigDict(config.to_dict())
-  config.max_sequence_length = max(
-      config.max_sequence_length, prompt_len + cap
-  )
+  config.max_sequence_length = max(config.max_sequence_length, prompt_len + cap)
   config = ml_collections.FrozenConfigDict(config)
   params = jax.jit(lambda k: transformer.init_params(config, k))(
       jax.random.PRNGKey(_SEED.value)
