@@ -145,6 +145,19 @@ def _prefill(params, pool, tokens, length, table, *, config):
   return pool, cached_model.logits(params, last)[0, 0]
 
 
+@functools.partial(
+    jax.jit, static_argnames=("config", "num_pages", "page_size", "sharding")
+)
+def _empty_pool(*, config, num_pages, page_size, sharding):
+  """A zero pool, replicated over `sharding`'s mesh (None: one device)."""
+  pool = paged_model.init_pool(config, num_pages, page_size)
+  if sharding is None:
+    return pool
+  return jax.tree_util.tree_map(
+      lambda x: jax.lax.with_sharding_constraint(x, sharding), pool
+  )
+
+
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _set_row(logits, slot, row):
   return logits.at[slot].set(row)
@@ -207,8 +220,9 @@ def _decode(
     steps, active): a slot's new ids are the first (new steps - old steps)
     of its row.
   """
-  vocab = jnp.arange(logits.shape[-1])
   slots = logits.shape[0]
+
+  draw = (temperature, top_k, top_p, allowed_vocab)
 
   def cond(carry):
     k, _, _, _, _, active, finished, _, _ = carry
@@ -219,20 +233,9 @@ def _decode(
     keys = jax.vmap(
         lambda r, s: jax.random.fold_in(jax.random.fold_in(seed_key, r), s)
     )(rows, steps)
-    token = sampling.choose(
-        jnp.where(vocab < allowed_vocab, logits, -jnp.inf),
-        keys,
-        temperature,
-        top_k,
-        top_p,
-        greedy=greedy,
-        filtered=filtered,
+    token, log_prob = sampling.choose_with_log_prob(
+        logits, keys, *draw, greedy=greedy, filtered=filtered
     )
-    log_prob = jnp.take_along_axis(
-        jax.nn.log_softmax(logits / temperature, axis=-1),
-        token[:, None],
-        axis=-1,
-    )[:, 0]
     token = jnp.where(active, token, sampling.PAD_ID)
     ids = ids.at[:, k].set(token)
     log_probs = log_probs.at[:, k].set(jnp.where(active, log_prob, 0.0))
@@ -385,13 +388,9 @@ def generate(
       return jnp.asarray(x)
     return jax.device_put(np.asarray(x), replicated)
 
-  if mesh is None:
-    pool = paged_model.init_pool(config, num_pages, size)
-  else:
-    pool = jax.tree_util.tree_map(
-        lambda x: put(np.zeros(x.shape, x.dtype)),
-        jax.eval_shape(lambda: paged_model.init_pool(config, num_pages, size)),
-    )
+  pool = _empty_pool(
+      config=config, num_pages=num_pages, page_size=size, sharding=replicated
+  )
   stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
   stop_ids = np.full((stop_slots,), -1, np.int32)
   stop_ids[: len(options.stop_ids)] = options.stop_ids

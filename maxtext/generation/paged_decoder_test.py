@@ -223,7 +223,13 @@ class EngineTest(parameterized.TestCase):
   def test_programs_compile_once_per_bucket(self):
     config, params = _model(num_layers=1)
     compile_counter.install()
-    names = ("jit(_decode)", "jit(_prefill)", "jit(_copy_page)")
+    names = (
+        "jit(_decode)",
+        "jit(_prefill)",
+        "jit(_copy_page)",
+        "jit(_empty_pool)",
+        "jit(_set_row)",
+    )
 
     def run(lengths, seed, **kw):
       paged_decoder.generate(

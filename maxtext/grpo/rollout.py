@@ -2,16 +2,16 @@
 
 `rollout(...)` generates G completions of each prompt with the paged,
 continuous-batching decoder (`maxtext.generation.paged_decoder`: each prompt
-prefilled once, its G completions sharing its pages; or, asked for, the
-static decoder `maxtext.generation.decoder`, which draws the same ids) on the
-parameters it is given (the engine's own: no copy), with the behaviour
-policy's log-probability of every generated id, calls the reward functions on
-the host, and computes the group-relative advantages. `micro_batches` cuts the
-result into the engine's K micro-batches of fixed shapes: tokens [B, W] (prompt, completion, padding),
-prompt lengths, the completion mask [B, L], the behaviour log-probabilities,
-the advantages, the sequence mask (0 for a completion that trains nothing:
-overlong filtering) and the step's loss normalisers (its counted completion
-tokens and sequences over K, so the loss's "token_mean" is the whole
+prefilled once, its G completions sharing its pages; or, asked for, the static
+decoder `maxtext.generation.decoder`, which draws the same ids) on the
+parameters it is given (the engine's own: no copy), with the behaviour policy's
+log-probability of every generated id, calls the reward functions on the host,
+and computes the group-relative advantages. `micro_batches` cuts the result into
+the engine's K micro-batches of fixed shapes: tokens [B, W] (prompt, completion,
+padding), prompt lengths, the completion mask [B, L], the behaviour
+log-probabilities, the advantages, the sequence mask (0 for a completion that
+trains nothing: overlong filtering) and the step's loss normalisers (its counted
+completion tokens and sequences over K, so the loss's "token_mean" is the whole
 step's, not each micro-batch's). The rollout's statistics stay on the host
 (`Rollout.stats`).
 
