@@ -603,6 +603,11 @@ def _check_grpo(v) -> None:
         v["grpo_top_k"],
         f"must be <= vocab_size={v['vocab_size']}",
     )
+  _one_of(v, "grpo_decoder", ("paged", "static"))
+  _at_least(v, "grpo_decode_slots", 0)
+  size = v["grpo_decode_page_size"]
+  if not isinstance(size, int) or size < 1 or size & (size - 1):
+    raise _fail("grpo_decode_page_size", size, "must be a power of two")
   _at_least(v, "grpo_eval_prompts", 1)
   _at_least(v, "grpo_eval_samples_per_prompt", 0)
   metric = v["grpo_eval_target_metric"]

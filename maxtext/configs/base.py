@@ -488,6 +488,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_top_k = 0  # 0 = the whole vocabulary.
   # Ids that end a completion, comma-separated ("" = none).
   config.grpo_stop_ids = ""
+  # The rollout's decoder: "paged" (continuous batching over a paged
+  # key/value cache, each prompt prefilled once and its pages shared by its
+  # completions: maxtext/generation/paged_decoder.py) or "static" (one
+  # batch over a dense cache: maxtext/generation/decoder.py). Both draw the
+  # same ids.
+  config.grpo_decoder = "paged"
+  # Paged decoder: sequences decoded together (0 = one per completion of
+  # the rollout).
+  config.grpo_decode_slots = 0
+  config.grpo_decode_page_size = 16  # Positions per page (a power of two).
   # Held-out evaluation: completions drawn with these options (temperature 0
   # = greedy) on grpo_eval_prompts prompts.
   config.grpo_eval_temperature = 0.0

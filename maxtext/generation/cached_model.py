@@ -18,7 +18,7 @@ drops (and logits) can differ from a whole-sequence pass. Use
 capacity_factor 0 (no drops, the default) to decode.
 """
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,10 @@ from maxtext.model import mla
 from maxtext.model import moe
 from maxtext.model import transformer
 
+# (entries, new entries [B, S, ...] by name, positions [B, S]) ->
+# (entries, the [B, T, ...] keys/values by name that attention reads).
+Store = Callable[[Any, dict, jax.Array], tuple[Any, dict]]
+
 
 def _write(entry: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
   """entry [B, T, ...] with new [B, S, ...] written at int [B, S] positions
@@ -38,26 +42,33 @@ def _write(entry: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
   )
 
 
-def _attention(x, layer, entries, positions, config):
+def dense_store(entries, new, positions):
+  """The dense cache's store: writes `new` [B, S, ...] entries at their
+  positions into each row's own slots; the cache itself is what attention
+  reads. Returns (entries, the [B, T, ...] view attention reads)."""
+  entries = {
+      name: _write(entries[name], value, positions)
+      for name, value in new.items()
+  }
+  return entries, entries
+
+
+def _attention(x, layer, entries, positions, config, store):
   """One layer's attention over the cache; returns (out, entries)."""
   cdt = x.dtype
   if config.attention_type == "mla":
     q = mla.queries(x, layer, config, positions)
     latent, k_rope = mla.latent_keys(x, layer, config, positions)
-    entries = {
-        "kv_latent": _write(entries["kv_latent"], latent, positions),
-        "k_rope": _write(entries["k_rope"], k_rope, positions),
-    }
+    entries, view = store(
+        entries, {"kv_latent": latent, "k_rope": k_rope}, positions
+    )
     k, v = mla.expand_keys_values(
-        entries["kv_latent"], entries["k_rope"], layer, config
+        view["kv_latent"], view["k_rope"], layer, config
     )
   else:
     q, k, v = transformer.gqa_projections(x, layer, config, positions)
-    entries = {
-        "k": _write(entries["k"], k, positions),
-        "v": _write(entries["v"], v, positions),
-    }
-    k, v = entries["k"], entries["v"]
+    entries, view = store(entries, {"k": k, "v": v}, positions)
+    k, v = view["k"], view["v"]
   out = layers.attend_cached(q, k, v, positions, layers.rope_scaling(config))
   return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), entries
 
@@ -68,6 +79,7 @@ def forward(
     positions: jax.Array,
     cache: kv_cache.Cache,
     config,
+    store: Optional[Store] = None,
 ) -> tuple[jax.Array, kv_cache.Cache]:
   """Runs the blocks over `tokens`, reading and extending `cache`.
 
@@ -78,6 +90,9 @@ def forward(
       row's earlier positions must already be in the cache (or in `tokens`).
     cache: `kv_cache.init(config, B, T)` or a cache a call returned.
     config: the run configuration.
+    store: how a layer writes its new entries and what it attends to
+      (`dense_store`, the default: slot j of row b is position j of row b;
+      `maxtext.generation.paged_model` passes a page table's).
 
   Returns:
     (hidden, cache): hidden [B, S, E] final-normed hidden states in the
@@ -87,6 +102,7 @@ def forward(
   cdt = jnp.dtype(config.compute_dtype)
   eps = config.norm_epsilon
   x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
+  store = store or dense_store
 
   def block(x, inputs):
     layer, entries = inputs
@@ -96,6 +112,7 @@ def forward(
         entries,
         positions,
         config,
+        store,
     )
     x = x + out
     normed = layers.rms_norm(x, layer["mlp_norm"], eps)

@@ -165,7 +165,6 @@ def _generate(
   row_keys = jax.vmap(lambda r: jax.random.fold_in(seed_key, r))(
       jnp.arange(rows)
   )
-  vocab = jnp.arange(logits.shape[-1])
 
   def cond(carry):
     step, _, _, done, _, _ = carry
@@ -174,22 +173,16 @@ def _generate(
   def body(carry):
     step, cache, logits, done, ids, log_probs = carry
     keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
-    token = sampling.choose(
-        jnp.where(vocab < allowed_vocab, logits, -jnp.inf),
+    token, log_prob = sampling.choose_with_log_prob(
+        logits,
         keys,
         temperature,
         top_k,
         top_p,
+        allowed_vocab,
         greedy=greedy,
         filtered=filtered,
     )
-    # The temperature-scaled distribution's: what a policy-gradient loss
-    # trains (GRPO's behaviour log-probabilities).
-    log_prob = jnp.take_along_axis(
-        jax.nn.log_softmax(logits / temperature, axis=-1),
-        token[:, None],
-        axis=-1,
-    )[:, 0]
     token = jnp.where(done, sampling.PAD_ID, token)
     ids = ids.at[:, step].set(token)
     log_probs = log_probs.at[:, step].set(jnp.where(done, 0.0, log_prob))

@@ -209,6 +209,51 @@ def choose(
   return jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
 
 
+def choose_with_log_prob(
+    logits: jax.Array,
+    keys: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    allowed_vocab: jax.Array,
+    *,
+    greedy: bool,
+    filtered: bool,
+) -> tuple[jax.Array, jax.Array]:
+  """`choose` among ids below `allowed_vocab`, with each chosen id's
+  log-probability under the temperature-scaled distribution (log-softmax
+  of logits / temperature, before top-k / top-p filtering): what a
+  policy-gradient loss trains (GRPO's behaviour log-probabilities).
+
+  Args:
+    logits: float32 [N, V].
+    keys: [N, 2] raw PRNG keys, one per row.
+    temperature, top_k, top_p: as `filter_logits` (temperature 1 when
+      greedy).
+    allowed_vocab: int32 scalar; ids at or above it are never chosen.
+    greedy, filtered: as `choose`.
+
+  Returns:
+    (ids int32 [N], log_probs float32 [N]).
+  """
+  vocab = jnp.arange(logits.shape[-1])
+  token = choose(
+      jnp.where(vocab < allowed_vocab, logits, -jnp.inf),
+      keys,
+      temperature,
+      top_k,
+      top_p,
+      greedy=greedy,
+      filtered=filtered,
+  )
+  log_prob = jnp.take_along_axis(
+      jax.nn.log_softmax(logits / temperature, axis=-1),
+      token[:, None],
+      axis=-1,
+  )[:, 0]
+  return token, log_prob
+
+
 def check_for_model(
     options: "SamplingOptions", config: Any, allowed_vocab: int
 ) -> int:

@@ -2,9 +2,10 @@
 
 The text counterpart of `rollout.rollout`: each of the step's task records
 is played G times against its task's environment (`maxtext.env.episodes`),
-generation going through one function, `decoder_generate` (the key/value
-cache decoder on the engine's parameters; another engine plugs in by
-giving `rollout` its own). The episodes become the same `rollout.Rollout`
+generation going through one function: `paged_generate` (the paged,
+continuous-batching decoder on the engine's parameters, GRPO's default) or
+`decoder_generate` (the static key/value-cache decoder); another engine
+plugs in by giving `rollout` its own. The episodes become the same `rollout.Rollout`
 the loss reads:
 
 * tokens: the first prompt, then every id of the episode (the model's and
@@ -43,6 +44,7 @@ from maxtext.env import episodes as episodes_lib
 from maxtext.env import share
 from maxtext.env import tasks as tasks_lib
 from maxtext.generation import decoder
+from maxtext.generation import paged_decoder
 from maxtext.generation import sampling
 from maxtext.grpo import advantages as advantages_lib
 from maxtext.grpo import pass_rate
@@ -81,6 +83,52 @@ def decoder_generate(
         model_config,
         filled,
         options,
+        allowed_vocab=allowed_vocab,
+        mesh=mesh,
+    )
+    return [
+        episodes_lib.Completion(
+            [int(i) for i in out.ids[r, : out.lengths[r]]],
+            [float(x) for x in out.log_probs[r, : out.lengths[r]]],
+        )
+        for r in range(len(contexts))
+    ]
+
+  return generate
+
+
+def paged_generate(
+    params: Any,
+    model_config: Any,
+    rows: int,
+    allowed_vocab: int,
+    engine: paged_decoder.EngineOptions,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> episodes_lib.GenerateFn:
+  """The generation function over the paged, continuous-batching decoder.
+
+  The decoder runs `engine.num_slots` slots, or `rows` (the step's
+  episodes) when that is 0, so its programs keep one shape whatever number
+  of episodes is still going. Each call prefills its contexts anew (an
+  episode's earlier turns are not kept in the pool between calls).
+
+  Args:
+    params: the policy's parameters (read in place).
+    model_config: the model's config.
+    rows: the slots when `engine.num_slots` is 0.
+    allowed_vocab: the tokenizer's vocabulary (ids above are never drawn).
+    engine: the paged decoder's slots and pages.
+    mesh: the engine's mesh, or None.
+  """
+  engine = dataclasses.replace(engine, num_slots=engine.num_slots or rows)
+
+  def generate(contexts, options):
+    out = paged_decoder.generate(
+        params,
+        model_config,
+        contexts,
+        options,
+        engine=engine,
         allowed_vocab=allowed_vocab,
         mesh=mesh,
     )
@@ -249,6 +297,7 @@ def rollout(
     width: int,
     mesh: Optional[jax.sharding.Mesh] = None,
     overlong_filtering: bool = False,
+    paged: Optional[paged_decoder.EngineOptions] = None,
     generate: Optional[episodes_lib.GenerateFn] = None,
 ) -> rollout_lib.Rollout:
   """Plays, scores and computes advantages for one step (module docstring).
@@ -262,7 +311,9 @@ def rollout(
     setup: the task, tokenizer, limits and tool settings.
     width: W, the token columns of every row: the longest first prompt
       plus `setup.limits.max_tokens` must fit.
-    generate: the generation function; None = `decoder_generate`.
+    paged: when `generate` is None, generate with the paged decoder of
+      these slots and pages (`paged_generate`); None = `decoder_generate`.
+    generate: the generation function; None = as `paged` says.
 
   Raises:
     ValueError: a first prompt longer than the width allows (one line).
@@ -273,7 +324,11 @@ def rollout(
     raise ValueError(f"num_generations={g}: a group needs at least 2")
   n = len(records) * g
   length = setup.limits.max_tokens
-  if generate is None:
+  if generate is None and paged is not None:
+    generate = paged_generate(
+        params, model_config, n, setup.chat.vocab_size, paged, mesh
+    )
+  elif generate is None:
     generate = decoder_generate(
         params, model_config, n, setup.chat.vocab_size, mesh
     )

@@ -1,5 +1,5 @@
-"""Episode rollouts on a tiny model: the real decoder on the math task, and a
-repair episode in the sandbox whose tool and template tokens carry no loss."""
+"""Episode rollouts on a tiny model: the real decoders (static and paged) on
+the math task, and a repair episode in the sandbox whose tool and template tokens carry no loss."""
 
 from absl.testing import absltest
 import jax
@@ -13,6 +13,7 @@ from maxtext.env import repair_task
 from maxtext.env import sandbox
 from maxtext.env import tasks
 from maxtext.env import tool_calls
+from maxtext.generation import paged_decoder
 from maxtext.generation import sampling
 from maxtext.generation import scoring
 from maxtext.grpo import episode_rollout
@@ -83,6 +84,42 @@ class EpisodeRolloutTest(absltest.TestCase):
     self.assertEqual(result.stats["episode/timeouts"], 0.0)
     self.assertIn("rewards/kind/math", result.stats)
     self.assertIn("rewards/correct", result.stats)
+
+  def test_paged_decoder_plays_the_decoders_episodes(self):
+    # The paged, continuous-batching decoder draws each row with the static
+    # decoder's key, so the same step's episodes are the same tokens.
+    setup = episode_rollout.EpisodeSetup(
+        math_task.make_task(num_eval=2),
+        self.chat,
+        episodes.Limits(max_turns=1, max_tokens=10, max_turn_tokens=10),
+        _SETTINGS,
+    )
+    records = setup.task.train_records(0, 2)
+    options = sampling.SamplingOptions(
+        max_new_tokens=10,
+        temperature=1.0,
+        seed=7,
+        num_samples=2,
+        stop_ids=self.chat.stop_ids,
+    )
+    results = [
+        episode_rollout.rollout(
+            self.params,
+            self.config,
+            records,
+            options,
+            rewards.load("maxtext.env.math_task:correct"),
+            setup=setup,
+            width=128,
+            paged=paged,
+        )
+        for paged in (None, paged_decoder.EngineOptions(page_size=8))
+    ]
+    np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
+    np.testing.assert_array_equal(results[0].mask, results[1].mask)
+    np.testing.assert_allclose(
+        results[0].old_log_probs, results[1].old_log_probs, atol=1e-4
+    )
 
   def test_repair_episode_trains_only_the_models_tokens(self):
     task = repair_task.make_task(num_eval=1)

@@ -69,6 +69,7 @@ from maxtext.grpo import progression_task
 from maxtext.grpo import prompts as prompts_lib
 from maxtext.grpo import reference_pin
 from maxtext.grpo import rewards as rewards_lib
+from maxtext.generation import paged_decoder
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
@@ -197,6 +198,16 @@ def options_of_step(config, episodes=None):
   return functools.partial(_episode_options, config, episodes.chat.stop_ids)
 
 
+def paged_options(config) -> Optional[paged_decoder.EngineOptions]:
+  """The rollout's paged decoder, or None for the static decoder."""
+  if config.grpo_decoder == "static":
+    return None
+  return paged_decoder.EngineOptions(
+      num_slots=config.grpo_decode_slots,
+      page_size=config.grpo_decode_page_size,
+  )
+
+
 def eval_options(config) -> sampling.SamplingOptions:
   """The held-out eval's sampling: greedy (one sample) at temperature 0,
   else `config_lib.eval_samples_per_prompt` samples of each prompt."""
@@ -290,6 +301,7 @@ class GrpoWorkload(workload.Workload):
             )
         ),
         packing=config.packing,
+        paged=paged_options(config),
     )
     if reference is not None:
       _check_reference(config, state, reference)

@@ -1,15 +1,17 @@
 """A GRPO rollout: P prompts x G completions, scored, as micro-batches.
 
-`rollout(...)` generates G completions of each prompt with the key/value-cache
-decoder (`maxtext.generation.decoder`) on the parameters it is given (the
-engine's own: no copy), with the behaviour policy's log-probability of every
-generated id, calls the reward functions on the host, and computes the
-group-relative advantages. `micro_batches` cuts the result into the engine's
-K micro-batches of fixed shapes: tokens [B, W] (prompt, completion, padding),
-prompt lengths, the completion mask [B, L], the behaviour log-probabilities,
-the advantages, the sequence mask (0 for a completion that trains nothing:
-overlong filtering) and the step's loss normalisers (its counted completion
-tokens and sequences over K, so the loss's "token_mean" is the whole
+`rollout(...)` generates G completions of each prompt with the paged,
+continuous-batching decoder (`maxtext.generation.paged_decoder`: each prompt
+prefilled once, its G completions sharing its pages; or, asked for, the static
+decoder `maxtext.generation.decoder`, which draws the same ids) on the
+parameters it is given (the engine's own: no copy), with the behaviour policy's
+log-probability of every generated id, calls the reward functions on the host,
+and computes the group-relative advantages. `micro_batches` cuts the result into
+the engine's K micro-batches of fixed shapes: tokens [B, W] (prompt, completion,
+padding), prompt lengths, the completion mask [B, L], the behaviour
+log-probabilities, the advantages, the sequence mask (0 for a completion that
+trains nothing: overlong filtering) and the step's loss normalisers (its counted
+completion tokens and sequences over K, so the loss's "token_mean" is the whole
 step's, not each micro-batch's). The rollout's statistics stay on the host
 (`Rollout.stats`).
 
@@ -25,6 +27,7 @@ import jax
 import numpy as np
 
 from maxtext.generation import decoder
+from maxtext.generation import paged_decoder
 from maxtext.grpo import advantages as advantages_lib
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.generation import sampling
@@ -127,6 +130,9 @@ def rollout(
     width: int = 0,
     mesh: Optional[jax.sharding.Mesh] = None,
     overlong_filtering: bool = False,
+    paged: Optional[paged_decoder.EngineOptions] = (
+        paged_decoder.EngineOptions()
+    ),
 ) -> Rollout:
   """Generates, scores and computes advantages for one step.
 
@@ -146,6 +152,9 @@ def rollout(
       trains nothing: its sequence mask is 0 (it still counts in its
       group's advantages, as the reference's). `masked/overlong_frac` is
       their share.
+    paged: generate with the paged decoder of these slots and pages (the
+      default: a slot per completion); None = the static decoder. Both
+      draw row r's step-s id with the key of (seed, r, s): the same ids.
 
   Returns:
     The Rollout, its stats holding `timing/generate` and `timing/reward`
@@ -167,9 +176,14 @@ def rollout(
         f"fit the rollout width {width}"
     )
   start = time.perf_counter()
-  generation = decoder.generate(
-      params, model_config, prompts, options, mesh=mesh
-  )
+  if paged is None:
+    generation = decoder.generate(
+        params, model_config, prompts, options, mesh=mesh
+    )
+  else:
+    generation = paged_decoder.generate(
+        params, model_config, prompts, options, engine=paged, mesh=mesh
+    )
   generated = time.perf_counter()
   n = len(prompts) * g
   lengths = np.asarray(generation.lengths, np.int32)

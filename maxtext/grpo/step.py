@@ -62,6 +62,7 @@ import numpy as np
 
 from maxtext.engine import engine as engine_lib
 from maxtext.generation import decoder
+from maxtext.generation import paged_decoder
 from maxtext.generation import scoring
 from maxtext.grpo import packed_batches
 from maxtext.grpo import rewards as rewards_lib
@@ -187,6 +188,8 @@ class GrpoStep:
     rollout_fn: makes a step's Rollout; `rollout.rollout` (one turn of ids)
       or a text task's (`episode_rollout.rollout` with its setup bound),
       called with the same arguments.
+    paged: the paged decoder's slots and pages, or None for the static
+      decoder (`rollout.rollout`).
   """
 
   def __init__(
@@ -207,6 +210,9 @@ class GrpoStep:
       overlong_filtering: bool = False,
       rollout_fn: Callable[..., rollout_lib.Rollout] = rollout_lib.rollout,
       packing: bool = False,
+      paged: Optional[paged_decoder.EngineOptions] = (
+          paged_decoder.EngineOptions()
+      ),
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -255,6 +261,7 @@ class GrpoStep:
     self._rollout_values: dict[str, float] = {}
     self._overlong_filtering = overlong_filtering
     self._rollout_fn = rollout_fn
+    self._paged = paged
     self._rollout_start = None
 
   def rollout(
@@ -283,6 +290,7 @@ class GrpoStep:
         width=self._width,
         mesh=self._mesh,
         overlong_filtering=self._overlong_filtering,
+        paged=self._paged,
     )
     rolled = time.perf_counter()
     batches = rollout_lib.micro_batches(result, self._k)

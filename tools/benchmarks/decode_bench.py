@@ -30,6 +30,30 @@ grouped-query cache of the same width would take. The last line is:
   decode_bench: speedup=S
 
 with S = cached tokens/s / windowed tokens/s.
+
+With `--lengths=longtail` it compares instead the static decoder with the
+paged, continuous-batching decoder (`maxtext.generation.paged_decoder`) on
+the requests of a GRPO rollout: `--prompts` prompts of `--prompt_len` ids,
+`--num_generations` (G) completions each, whose lengths are drawn from a
+geometric distribution of mean `--mean_length`, capped at `--max_length`
+(seeded by `--seed`). Each request stops at its own length (as a stop id
+would end it; the model is random, so lengths are imposed). The static
+decoder runs all P x G rows in one batch with max_new_tokens = the longest
+length (rows step on, emitting padding, until the longest ends) and
+prefills each row's prompt; the paged decoder runs `--slots` slots of
+pages of `--page_size`, refilling a slot when its request ends, and
+prefills each prompt once. Both are greedy and must agree on every
+request's ids. The model's max_sequence_length is raised, if needed, to
+hold a prompt plus `--max_length` (the parameters do not depend on it).
+The table gives useful tokens (the requests' lengths summed), seconds,
+useful tokens/s, compile seconds, cache bytes allocated and used at most,
+and prefill passes; the last line is:
+
+  decode_bench: continuous_speedup=S pages_used=U prefill_passes=P/Q
+
+with S = paged useful tokens/s / static useful tokens/s, U the most pages
+in use at once, P the paged decoder's prefill passes and Q the static
+decoder's prefilled rows.
 """
 
 import os
@@ -47,6 +71,7 @@ import numpy as np
 from maxtext.configs import decode_bench
 from maxtext.generation import decoder
 from maxtext.generation import kv_cache
+from maxtext.generation import paged_decoder
 from maxtext.model import transformer
 from maxtext.generation import sampling
 
@@ -65,6 +90,27 @@ _WINDOWED_TOKENS = flags.DEFINE_integer(
     "windowed_tokens", 8, "Tokens the windowed sampler generates per row."
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the parameters and prompts.")
+_LENGTHS = flags.DEFINE_enum(
+    "lengths",
+    "fixed",
+    ["fixed", "longtail"],
+    "fixed: cached decoder against windowed sampler at --new_tokens; "
+    "longtail: static against paged decoder on long-tailed lengths.",
+)
+_PROMPTS = flags.DEFINE_integer("prompts", 4, "longtail: prompts.")
+_NUM_GENERATIONS = flags.DEFINE_integer(
+    "num_generations", 16, "longtail: completions per prompt (G)."
+)
+_MEAN_LENGTH = flags.DEFINE_integer(
+    "mean_length", 64, "longtail: mean of the geometric completion lengths."
+)
+_MAX_LENGTH = flags.DEFINE_integer(
+    "max_length", 1024, "longtail: cap on a completion's length."
+)
+_SLOTS = flags.DEFINE_integer("slots", 16, "longtail: paged decoder slots.")
+_PAGE_SIZE = flags.DEFINE_integer(
+    "page_size", 16, "longtail: positions per page."
+)
 
 _COMPILE_EVENTS = "/jax/core/compile/"
 
@@ -119,11 +165,113 @@ def _check(config, batch: int, prompt_len: int, new: int, windowed: int):
     )
 
 
+def longtail_lengths(
+    rng: np.random.Generator, count: int, mean: int, cap: int
+) -> np.ndarray:
+  """`count` completion lengths, geometric (support 1, 2, ...) with mean
+  `mean`, capped at `cap`."""
+  return np.minimum(rng.geometric(1.0 / mean, size=count), cap).astype(int)
+
+
+def _longtail(config) -> None:
+  """The static decoder against the paged one on long-tailed lengths."""
+  prompts_n, g = _PROMPTS.value, _NUM_GENERATIONS.value
+  prompt_len, cap = _PROMPT_LEN.value, _MAX_LENGTH.value
+  if min(prompts_n, g, prompt_len, cap, _MEAN_LENGTH.value) < 1:
+    raise app.UsageError(
+        "--prompts, --num_generations, --prompt_len, --mean_length and "
+        "--max_length must be >= 1"
+    )
+  engine = paged_decoder.EngineOptions(
+      num_slots=_SLOTS.value, page_size=_PAGE_SIZE.value
+  )
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.max_sequence_length = max(config.max_sequence_length, prompt_len + cap)
+  config = ml_collections.FrozenConfigDict(config)
+  params = jax.jit(lambda k: transformer.init_params(config, k))(
+      jax.random.PRNGKey(_SEED.value)
+  )
+  rng = np.random.default_rng(_SEED.value)
+  prompts = [
+      [int(i) for i in rng.integers(0, config.vocab_size, prompt_len)]
+      for _ in range(prompts_n)
+  ]
+  lengths = longtail_lengths(rng, prompts_n * g, _MEAN_LENGTH.value, cap)
+  longest = int(lengths.max())
+  options = sampling.SamplingOptions(max_new_tokens=longest, num_samples=g)
+  compiles = _CompileSeconds()
+
+  def static():
+    return decoder.generate(params, config, prompts, options)
+
+  def paged():
+    return paged_decoder.generate(
+        params,
+        config,
+        prompts,
+        options,
+        max_new_tokens=[int(n) for n in lengths],
+        engine=engine,
+    )
+
+  _, static_compile = compiles.measure(static)
+  static_run, static_s = _timed(static)
+  _, paged_compile = compiles.measure(paged)
+  paged_run, paged_s = _timed(paged)
+  agree = sum(
+      int(np.array_equal(static_run.ids[r, :n], paged_run.ids[r, :n]))
+      for r, n in enumerate(lengths)
+  )
+  useful = int(lengths.sum())
+  per_token = kv_cache.bytes_per_token(config)
+  needed = per_token * int(np.sum(prompt_len + lengths))
+  rows = prompts_n * g
+  print(
+      f"decode_bench: longtail, {transformer.num_params(params) / 1e6:.1f}M "
+      f"parameters (emb {config.emb_dim}, {config.num_layers} layers, "
+      f"{config.attention_type}), {prompts_n} prompts of {prompt_len} x G={g}, "
+      f"completion lengths geometric mean {_MEAN_LENGTH.value} capped at "
+      f"{cap} (drawn: mean {lengths.mean():.1f}, max {longest}), greedy, "
+      f"{engine.num_slots} slots, pages of {engine.page_size}, "
+      f"{jax.devices()[0].platform} x{jax.device_count()}"
+  )
+  print(
+      f"{'decoder':<8} {'useful':>7} {'seconds':>9} {'tokens/s':>10} "
+      f"{'compile_s':>10} {'cache_alloc':>12} {'cache_used':>12} "
+      f"{'prefills':>9}"
+  )
+  print(
+      f"{'static':<8} {useful:>7} {static_s:>9.3f} "
+      f"{useful / static_s:>10.1f} {static_compile:>10.2f} "
+      f"{static_run.cache_bytes:>12} {needed:>12} {rows:>9}"
+  )
+  print(
+      f"{'paged':<8} {useful:>7} {paged_s:>9.3f} "
+      f"{useful / paged_s:>10.1f} {paged_compile:>10.2f} "
+      f"{paged_run.cache_bytes:>12} {paged_run.peak_bytes:>12} "
+      f"{paged_run.prefill_passes:>9}"
+  )
+  print(
+      f"paged: {paged_run.decode_steps} decode steps in "
+      f"{paged_run.decode_calls} calls, {paged_run.page_copies} partial "
+      f"pages copied; static: {longest} steps of {rows} rows; same ids: "
+      f"{agree}/{rows} requests"
+  )
+  print(
+      f"decode_bench: continuous_speedup={static_s / paged_s:.1f} "
+      f"pages_used={paged_run.pages_used} "
+      f"prefill_passes={paged_run.prefill_passes}/{rows}"
+  )
+
+
 def main(argv: list[str]) -> None:
   """Runs both samplers and prints the table and the closing line."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   config = ml_collections.FrozenConfigDict(_CONFIG.value)
+  if _LENGTHS.value == "longtail":
+    _longtail(config)
+    return
   batch, prompt_len = _BATCH.value, _PROMPT_LEN.value
   new, windowed = _NEW_TOKENS.value, _WINDOWED_TOKENS.value
   _check(config, batch, prompt_len, new, windowed)

@@ -12,6 +12,10 @@ from absl.testing import absltest
 from testing import runfiles
 
 _LAST_LINE = re.compile(r"^decode_bench: speedup=(\d+\.\d)$")
+_LONGTAIL_LINE = re.compile(
+    r"^decode_bench: continuous_speedup=(\d+\.\d) pages_used=(\d+) "
+    r"prefill_passes=(\d+)/(\d+)$"
+)
 # A tiny model under configs/decode_bench.py's field names.
 _TINY = (
     "--config.vocab_size=64",
@@ -32,6 +36,40 @@ def _run(*args):
 
 
 class DecodeBenchTest(absltest.TestCase):
+
+  def test_longtail_compares_the_static_and_paged_decoders(self):
+    proc = _run(
+        "--lengths=longtail",
+        "--prompts=2",
+        "--num_generations=4",
+        "--prompt_len=5",
+        "--mean_length=4",
+        "--max_length=12",
+        "--slots=3",
+        "--page_size=4",
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    lines = proc.stdout.strip().splitlines()
+    self.assertIn("2 prompts of 5 x G=4", lines[0])
+    self.assertIn("geometric mean 4 capped at 12", lines[0])
+    rows = {l.split()[0]: l.split()[1:] for l in lines[2:4]}
+    self.assertEqual(sorted(rows), ["paged", "static"])
+    # The same requests: the same useful tokens; every request's ids agree.
+    self.assertEqual(rows["static"][0], rows["paged"][0])
+    self.assertIn("same ids: 8/8 requests", lines[4])
+    self.assertEqual(rows["static"][6], "8")  # prefilled rows: P x G
+    self.assertEqual(rows["paged"][6], "2")  # one prefill per prompt
+    match = _LONGTAIL_LINE.match(lines[-1])
+    self.assertIsNotNone(match, lines[-1])
+    static_s, paged_s = float(rows["static"][1]), float(rows["paged"][1])
+    self.assertAlmostEqual(
+        float(match.group(1)), static_s / paged_s, delta=0.051
+    )
+    self.assertEqual(match.group(3, 4), ("2", "8"))
+    # 2 layers x (k, v) of 2 heads of 8 float32 = 256 bytes per token; a
+    # page holds 4.
+    self.assertEqual(int(rows["paged"][5]), int(match.group(2)) * 4 * 256)
+    self.assertLessEqual(int(rows["paged"][5]), int(rows["paged"][4]))
 
   def test_runs_and_reports(self):
     proc = _run(

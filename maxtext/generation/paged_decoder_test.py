@@ -1,0 +1,293 @@
+"""The paged, continuous-batching engine against the static decoder.
+
+The static decoder (`decoder.generate`) is the reference: on the same
+contexts and `SamplingOptions` the engine must return the same ids, lengths
+and (within float32 summation order, `_ATOL`) log-probabilities, for dense,
+grouped-query, multi-head latent and mixture-of-experts models, greedy and
+sampled (temperature, top-k, top-p, stop ids). Each row's draws are keyed by
+(seed, row, step), so the ids also do not depend on the number of slots.
+"""
+
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from maxtext.generation import cached_model
+from maxtext.generation import decoder
+from maxtext.generation import paged_decoder
+from maxtext.generation import kv_cache
+from maxtext.generation import paged_model
+from maxtext.generation import sampling
+from maxtext.model import transformer
+from testing import compile_counter
+from testing import tiny_configs
+
+_ATOL = 1e-4
+
+_KINDS = (
+    ("dense", (), dict(num_kv_heads=4)),
+    ("gqa", (), {}),
+    ("mla", (tiny_configs.TINY_MLA,), {}),
+    ("moe", (tiny_configs.TINY_MOE,), {}),
+)
+
+_SMALL = paged_decoder.EngineOptions(num_slots=3, page_size=4, chunk=5)
+
+
+def _model(presets=(), seed=0, **overrides):
+  overrides.setdefault("max_sequence_length", 64)
+  config = ml_collections.FrozenConfigDict(
+      tiny_configs.model_config(*presets, **overrides)
+  )
+  return config, transformer.init_params(config, jax.random.PRNGKey(seed))
+
+
+def _prompts(rng, lengths, vocab=32):
+  return [[int(i) for i in rng.integers(0, vocab, size=n)] for n in lengths]
+
+
+class PagedModelTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*_KINDS)
+  def test_paged_logits_equal_the_dense_cache(self, presets, overrides):
+    config, params = _model(presets, **overrides)
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, config.vocab_size, size=(2, 12)).astype(np.int32)
+    prompt = np.array([5, 8])
+    # Pages of 4 positions, each row's scattered over the pool.
+    tables = jnp.asarray([[6, 1, 3, 0], [2, 7, 4, 5]], jnp.int32)
+    pool = paged_model.init_pool(config, 8, 4)
+    dense = kv_cache.init(config, 2, 16)
+    positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
+    tokens = jnp.asarray(np.where(positions < prompt[:, None], ids[:, :8], 0))
+    want, dense = cached_model.forward(params, tokens, positions, dense, config)
+    got, pool = paged_model.forward(
+        params,
+        tokens,
+        positions,
+        positions < prompt[:, None],
+        pool,
+        tables,
+        config,
+    )
+    for row, length in enumerate(prompt):
+      np.testing.assert_allclose(
+          got[row, :length], want[row, :length], atol=_ATOL
+      )
+    for step in range(4):
+      at = jnp.asarray(prompt + step, jnp.int32)[:, None]
+      token = jnp.asarray(ids[np.arange(2), prompt + step])[:, None]
+      want, dense = cached_model.forward(params, token, at, dense, config)
+      got, pool = paged_model.forward(
+          params, token, at, jnp.ones_like(at, bool), pool, tables, config
+      )
+      np.testing.assert_allclose(
+          cached_model.logits(params, got),
+          cached_model.logits(params, want),
+          atol=_ATOL,
+      )
+
+  def test_invalid_tokens_write_nothing(self):
+    config, params = _model()
+    pool = paged_model.init_pool(config, 3, 4)
+    tables = jnp.asarray([[1, 2]], jnp.int32)
+    positions = jnp.arange(8, dtype=jnp.int32)[None]
+    _, pool = paged_model.forward(
+        params,
+        jnp.ones((1, 8), jnp.int32),
+        positions,
+        positions < 3,
+        pool,
+        tables,
+        config,
+    )
+    k = np.asarray(pool["layers"]["k"])
+    self.assertTrue(np.all(k[:, 0] == 0))  # not in the table
+    self.assertTrue(np.all(k[:, 2] == 0))  # positions 4..7: padding
+    self.assertTrue(np.all(np.any(k[:, 1, :3] != 0, axis=(-1, -2))))
+    self.assertTrue(np.all(k[:, 1, 3] == 0))  # position 3: padding
+
+
+class EngineTest(parameterized.TestCase):
+
+  def _assert_same(self, got, want):
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_allclose(got.log_probs, want.log_probs, atol=_ATOL)
+
+  @parameterized.named_parameters(*_KINDS)
+  def test_greedy_equals_the_static_decoder(self, presets, overrides):
+    config, params = _model(presets, **overrides)
+    prompts = _prompts(np.random.default_rng(0), (5, 16, 9, 2))
+    options = sampling.SamplingOptions(max_new_tokens=12, num_samples=2)
+    got = paged_decoder.generate(
+        params, config, prompts, options, engine=_SMALL
+    )
+    self._assert_same(got, decoder.generate(params, config, prompts, options))
+
+  @parameterized.named_parameters(
+      ("temperature", dict(temperature=1.0)),
+      ("top_k_stop", dict(temperature=0.7, top_k=5, stop_ids=(3, 7))),
+      ("top_p", dict(temperature=1.3, top_p=0.8, stop_ids=(1,))),
+  )
+  def test_sampling_equals_the_static_decoder(self, kwargs):
+    config, params = _model((tiny_configs.TINY_MLA,))
+    prompts = _prompts(np.random.default_rng(1), (3, 11, 4))
+    options = sampling.SamplingOptions(
+        max_new_tokens=10, num_samples=4, seed=5, **kwargs
+    )
+    got = paged_decoder.generate(
+        params, config, prompts, options, engine=_SMALL
+    )
+    self._assert_same(got, decoder.generate(params, config, prompts, options))
+    if options.stop_ids:
+      # The options stop some rows early: the engine refilled their slots.
+      self.assertLess(int(np.min(got.lengths)), 10)
+
+  def test_ids_do_not_depend_on_the_slots(self):
+    config, params = _model((tiny_configs.TINY_MOE,))
+    prompts = _prompts(np.random.default_rng(3), (7, 2, 12))
+    options = sampling.SamplingOptions(
+        max_new_tokens=9,
+        num_samples=3,
+        temperature=1.0,
+        seed=11,
+        stop_ids=(4,),
+    )
+    runs = [
+        paged_decoder.generate(
+            params,
+            config,
+            prompts,
+            options,
+            engine=paged_decoder.EngineOptions(
+                num_slots=slots, page_size=size, chunk=chunk
+            ),
+        )
+        for slots, size, chunk in ((1, 4, 3), (4, 8, 32), (9, 2, 1))
+    ]
+    for run in runs[1:]:
+      self._assert_same(run, runs[0])
+
+  def test_each_context_is_prefilled_once_and_shares_its_pages(self):
+    config, params = _model()
+    # Lengths 5 and 9 end in a partial page of 4, 8 fills two pages.
+    prompts = _prompts(np.random.default_rng(4), (5, 8, 9))
+    g = 4
+    options = sampling.SamplingOptions(max_new_tokens=6, num_samples=g)
+    slots = 2 * g
+    got = paged_decoder.generate(
+        params,
+        config,
+        prompts,
+        options,
+        engine=paged_decoder.EngineOptions(
+            num_slots=slots, page_size=4, chunk=8
+        ),
+    )
+    self.assertEqual(got.prefill_passes, 3)
+    # Each of G continuations but the last copies a partial last page.
+    self.assertEqual(got.page_copies, 2 * (g - 1))
+    # At most 2 contexts' rows run at once (8 slots, G = 4). Without
+    # sharing a row needs ceil((9 + 6 - 1) / 4) = 4 pages, 32 for 8 rows.
+    self.assertLess(got.pages_used, 32)
+    self.assertEqual(
+        got.peak_bytes, got.pages_used * 4 * kv_cache.bytes_per_token(config)
+    )
+
+  def test_each_row_has_its_own_max_new_tokens(self):
+    config, params = _model()
+    prompts = _prompts(np.random.default_rng(5), (4, 6, 3))
+    options = sampling.SamplingOptions(max_new_tokens=10, num_samples=2)
+    want = decoder.generate(params, config, prompts, options)
+    got = paged_decoder.generate(
+        params,
+        config,
+        prompts,
+        options,
+        max_new_tokens=(10, 4, 3, 3, 1, 7),
+        engine=_SMALL,
+    )
+    np.testing.assert_array_equal(got.lengths, [10, 4, 3, 3, 1, 7])
+    for row, length in enumerate(got.lengths):
+      np.testing.assert_array_equal(
+          got.ids[row, :length], want.ids[row, :length]
+      )
+      self.assertTrue(np.all(got.ids[row, length:] == sampling.PAD_ID))
+
+  def test_programs_compile_once_per_bucket(self):
+    config, params = _model(num_layers=1)
+    compile_counter.install()
+    names = (
+        "jit(_decode)",
+        "jit(_prefill)",
+        "jit(_copy_page)",
+        "jit(_empty_pool)",
+        "jit(_set_row)",
+    )
+
+    def run(lengths, seed, **kw):
+      paged_decoder.generate(
+          params,
+          config,
+          _prompts(np.random.default_rng(seed), lengths),
+          sampling.SamplingOptions(num_samples=3, seed=seed, **kw),
+          engine=paged_decoder.EngineOptions(num_slots=5, page_size=4, chunk=4),
+      )
+
+    start = time.monotonic()
+    run((9, 3, 12, 5), 1, max_new_tokens=20, temperature=1.0)
+    first = compile_counter.backend_compiles_after(start)
+    # Other contexts, lengths, limits, seeds, temperatures and stop ids in
+    # the same buckets (contexts up to 16 tokens, sequences up to 32):
+    # nothing new.
+    middle = time.monotonic()
+    run((1, 14, 2), 2, max_new_tokens=15, temperature=0.5, stop_ids=(2,))
+    run((6,), 3, max_new_tokens=18, temperature=2.0)
+    self.assertEqual(
+        [
+            n
+            for n in compile_counter.backend_compiles_after(middle)
+            if n in names
+        ],
+        [],
+    )
+    self.assertEqual(first.count("jit(_prefill)"), 1)
+    self.assertEqual(first.count("jit(_copy_page)"), 1)
+    # One decode program per page-view bucket: 1, 2, 4, 8 pages (sequences
+    # up to 32 positions), all compiled by the first call.
+    self.assertEqual(first.count("jit(_decode)"), 4)
+
+  def test_a_pool_too_small_for_one_sequence_is_refused(self):
+    config, params = _model()
+    with self.assertRaisesRegex(ValueError, "num_pages=2 pages of 4 cannot"):
+      paged_decoder.generate(
+          params,
+          config,
+          [[1] * 9],
+          sampling.SamplingOptions(max_new_tokens=4),
+          engine=paged_decoder.EngineOptions(
+              num_slots=2, page_size=4, num_pages=2
+          ),
+      )
+
+  def test_bad_options_are_refused_in_one_line(self):
+    config, params = _model()
+    options = sampling.SamplingOptions(max_new_tokens=4)
+    with self.assertRaisesRegex(ValueError, "max_new_tokens 5 exceeds"):
+      paged_decoder.generate(params, config, [[1]], options, max_new_tokens=[5])
+    with self.assertRaisesRegex(ValueError, "has 2 entries for 1 rows"):
+      paged_decoder.generate(
+          params, config, [[1]], options, max_new_tokens=[1, 2]
+      )
+    with self.assertRaisesRegex(ValueError, "page_size=3"):
+      paged_decoder.EngineOptions(page_size=3)
+
+
+if __name__ == "__main__":
+  absltest.main()
