@@ -235,7 +235,9 @@ class Qwen35LogitsTest(parameterized.TestCase):
         mixed, _ = gated_deltanet.apply(normed, layer, config)
       else:
         # pylint: disable-next=protected-access  # One layer alone.
-        mixed = transformer._attention(normed, layer, config, None)
+        mixed = transformer._attention(
+            normed, layer, config, None, transformer.Rows()
+        )
       x = x + mixed
       out, _ = moe.moe_mlp(
           transformer.norm(x, layer["mlp_norm"], config), layer, config

@@ -42,8 +42,10 @@ Two forms of the same function:
 The delta rule runs in float32 whatever the compute dtype (its state sums
 thousands of rank-one updates); projections run in x's dtype.
 
-Not here yet: the layer's place in the transformer stack (the layer
-pattern), its checkpoint import, and the decoder's cache of `State`s.
+The transformer places it by `full_attention_interval` (the `linear_layers`
+stack, `maxtext.model.transformer`); `maxtext.hf.qwen35` imports and
+exports its weights. Not here yet: the decoders' cache of `State`s (the
+key/value-cache decoders refuse the hybrid model).
 
 Config fields read (as transformers names them, `linear_*`):
   emb_dim, norm_epsilon, linear_num_key_heads (Hk), linear_num_value_heads
