@@ -31,13 +31,14 @@ vector are not (per-channel constants, as biases and norms are).
 
 import ml_collections
 
-from maxtext.configs import qwen3_8b
+from maxtext.configs import qwen3_30b_a3b
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """Returns the Qwen3.5-397B-A17B configuration: qwen3_8b.py with its
-  shape and the Qwen3.5 choices."""
-  config = qwen3_8b.get_config()
+  """Returns the Qwen3.5-397B-A17B configuration: qwen3_30b_a3b.py (the
+  Qwen3-MoE router: softmax, top-k renormalised, switch load-balancing
+  loss, no capacity limit) with its shape and the Qwen3.5 choices."""
+  config = qwen3_30b_a3b.get_config()
   config.vocab_size = 248320
   config.emb_dim = 4096
   config.num_layers = 60
@@ -68,12 +69,4 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_shared_experts = 1
   config.shared_expert_mlp_dim = 1024
   config.shared_expert_gate = True
-  config.num_dense_layers = 0
-  config.router_score = "softmax"
-  config.router_norm_topk = True
-  config.router_bias = False
-  # Its router_aux_loss_coef.
-  config.load_balance_loss = "switch"
-  config.load_balance_loss_weight = 0.001
-  config.capacity_factor = 0.0
   return config

@@ -3,10 +3,10 @@
 The text counterpart of `rollout.rollout`: each of the step's task records
 is played G times against its task's environment (`maxtext.env.episodes`),
 generation going through one function: `paged_generate` (the paged,
-continuous-batching decoder on the engine's parameters, GRPO's default) or
-`decoder_generate` (the static key/value-cache decoder); another engine
-plugs in by giving `rollout` its own. The episodes become the same `rollout.Rollout`
-the loss reads:
+continuous-batching decoder on the engine's parameters, GRPO's default)
+or `decoder_generate` (the static key/value-cache decoder); another engine
+plugs in by giving `rollout` its own. The episodes become the same
+`rollout.Rollout` the loss reads:
 
 * tokens: the first prompt, then every id of the episode (the model's and
   the environment's), then padding; the loss's columns are the ids after
@@ -243,16 +243,10 @@ def _valid_reward_stats(rewards, valid, g) -> dict[str, float]:
   """The reward statistics of `rollout_stats` over the valid episodes."""
   if not valid.any():
     return {}
-  total = rewards.total[valid]
-  stats = {
-      "rewards/sum": float(np.sum(total)),
-      "rewards/mean": float(np.mean(total)),
-      "rewards/min": float(np.min(total)),
-      "rewards/max": float(np.max(total)),
-      "rewards/std": float(np.std(total)),
-  }
-  for name, values in rewards.per_function.items():
-    stats[f"rewards/{name}"] = float(np.mean(values[valid]))
+  stats = rollout_lib.reward_stats(
+      rewards.total[valid],
+      {name: v[valid] for name, v in rewards.per_function.items()},
+  )
   groups = [
       t[ok] for t, ok in zip(rewards.total.reshape(-1, g), valid.reshape(-1, g))
   ]
@@ -382,14 +376,14 @@ def rollout(
   return rollout_lib.Rollout(
       prompts=[e.prompt_ids for e in played[::g]],
       completions=[tuple(e.ids) for e in played],
+      rewards=rewards,
+      advantages=adv,
+      stats=stats,
       tokens=tokens,
       prompt_lengths=prompt_lengths,
       completion_lengths=lengths,
       mask=mask,
       old_log_probs=old,
-      rewards=rewards,
-      advantages=adv,
-      stats=stats,
       sequence_mask=sequence_mask,
   )
 

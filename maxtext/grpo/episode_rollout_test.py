@@ -1,5 +1,6 @@
 """Episode rollouts on a tiny model: the real decoders (static and paged) on
-the math task, and a repair episode in the sandbox whose tool and template tokens carry no loss."""
+the math task, and a repair episode in the sandbox whose tool and template
+tokens carry no loss."""
 
 from absl.testing import absltest
 import jax

@@ -23,16 +23,6 @@ from testing import tiny_configs
 _K = 2
 
 
-def _flat(metrics, prefix=""):
-  out = {}
-  for name, value in metrics.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f"{prefix}{name}/"))
-    else:
-      out[f"{prefix}{name}"] = getattr(value, "value", value)
-  return out
-
-
 class PackedBatchesTest(absltest.TestCase):
 
   @classmethod
@@ -86,14 +76,19 @@ class PackedBatchesTest(absltest.TestCase):
       padded_loss, padded_metrics = loss(self.params, padded)
       packed_loss, packed_metrics = loss(self.params, packed)
       np.testing.assert_allclose(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)
-      padded_metrics, packed_metrics = _flat(padded_metrics), _flat(
-          packed_metrics
+      # The same metrics (names and kinds: the trees' structures) with the
+      # same values.
+      self.assertEqual(
+          jax.tree_util.tree_structure(padded_metrics),
+          jax.tree_util.tree_structure(packed_metrics),
       )
-      self.assertEqual(set(padded_metrics), set(packed_metrics))
-      for name, value in padded_metrics.items():
-        np.testing.assert_allclose(
-            packed_metrics[name], value, rtol=1e-5, atol=1e-5, err_msg=name
-        )
+      jax.tree_util.tree_map_with_path(
+          lambda path, a, b: np.testing.assert_allclose(
+              b, a, rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path)
+          ),
+          padded_metrics,
+          packed_metrics,
+      )
 
   def test_per_sequence_log_probs_entropy_and_token_counts(self):
     padded, packed = self.padded[0], self.packed[0]

@@ -72,6 +72,23 @@ class Rollout:
   sequence_mask: Optional[np.ndarray] = None
 
 
+def reward_stats(
+    total: np.ndarray, per_function: dict[str, np.ndarray]
+) -> dict[str, float]:
+  """rewards/{sum,mean,min,max,std} of the total rewards and
+  rewards/<function> (each function's mean) of the rewards given."""
+  stats = {
+      "rewards/sum": float(np.sum(total)),
+      "rewards/mean": float(np.mean(total)),
+      "rewards/min": float(np.min(total)),
+      "rewards/max": float(np.max(total)),
+      "rewards/std": float(np.std(total)),
+  }
+  for name, values in per_function.items():
+    stats[f"rewards/{name}"] = float(np.mean(values))
+  return stats
+
+
 def rollout_stats(
     rewards: rewards_lib.Rewards,
     completion_lengths: np.ndarray,
@@ -96,15 +113,7 @@ def rollout_stats(
     nothing for it: clipped_ratio with overlong filtering, else 0).
   """
   total = rewards.total
-  stats = {
-      "rewards/sum": float(np.sum(total)),
-      "rewards/mean": float(np.mean(total)),
-      "rewards/min": float(np.min(total)),
-      "rewards/max": float(np.max(total)),
-      "rewards/std": float(np.std(total)),
-  }
-  for name, values in rewards.per_function.items():
-    stats[f"rewards/{name}"] = float(np.mean(values))
+  stats = reward_stats(total, rewards.per_function)
   stats["frac_reward_zero_std"] = advantages_lib.zero_std_fraction(
       total.reshape(-1, num_generations)
   )

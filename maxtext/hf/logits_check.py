@@ -2,16 +2,19 @@
 
 An imported checkpoint restored onto one device (what `load_parameters_path`
 reads), the comparison of two sets of logits relative to the expected
-ones' scale, so near-zero logits cannot pass by being near zero, and the
-bit-for-bit comparison of an export's tensors with the original's.
+ones' scale, so near-zero logits cannot pass by being near zero, the
+bit-for-bit comparison of an export's tensors with the original's, and the
+check that an import refuses a config.json it does not implement.
 """
 
+import json
 import os
 
 from absl import logging
 import jax
 import numpy as np
 
+from maxtext.hf import importer
 from maxtext.hf import safetensors_io
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
@@ -60,3 +63,19 @@ def assert_same_tensors(test, original_dir: str, exported_dir: str) -> None:
     np.testing.assert_array_equal(
         ours, np.asarray(original.array(name)), err_msg=name
     )
+
+
+def assert_import_refuses(test, hf_dir: str, change: dict, message: str):
+  """Rewrites hf_dir's config.json with the keys of `change` and checks
+  that the import refuses it in one line matching `message`, writing
+  nothing."""
+  path = os.path.join(hf_dir, "config.json")
+  with open(path, encoding="utf-8") as f:
+    document = {**json.load(f), **change}
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(document, f)
+  out = os.path.join(os.path.dirname(hf_dir), "refused")
+  with test.assertRaisesRegex(importer.ConversionError, message) as raised:
+    importer.import_checkpoint(hf_dir, out, log=lambda s: None)
+  test.assertNotIn("\n", str(raised.exception))
+  test.assertFalse(os.path.exists(out))

@@ -52,13 +52,16 @@ _REQUIRED = (
 _MOE_REQUIRED = (("decoder_sparse_step", 1, 1),)
 # config.json key <-> project field: (key, field, type, default when the
 # key is absent or null). Import reads them, export writes them.
-_FIELDS = (
+# The shape's keys, shared with the Qwen3.5 layout (`maxtext.hf.qwen35`).
+SHAPE_FIELDS = (
     ("vocab_size", "vocab_size", int, _NEEDED),
     ("hidden_size", "emb_dim", int, _NEEDED),
     ("num_hidden_layers", "num_layers", int, _NEEDED),
     ("num_attention_heads", "num_heads", int, _NEEDED),
     ("num_key_value_heads", "num_kv_heads", int, _NEEDED),
     ("head_dim", "head_dim", int, _NEEDED),
+)
+_FIELDS = SHAPE_FIELDS + (
     ("intermediate_size", "mlp_dim", int, _NEEDED),
     ("rms_norm_eps", "norm_epsilon", float, 1e-6),
     ("tie_word_embeddings", "tie_word_embeddings", bool, False),

@@ -60,6 +60,7 @@ from typing import Any
 
 from maxtext.hf import config_json
 from maxtext.hf import llama
+from maxtext.hf import qwen3
 
 ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 VLM_ARCHITECTURE = "Qwen3_5MoeForConditionalGeneration"
@@ -73,13 +74,7 @@ _REQUIRED = (
     ("attention_bias", False, False),
     ("hidden_act", "silu", "silu"),
 )
-_FIELDS = (
-    ("vocab_size", "vocab_size", int, _NEEDED),
-    ("hidden_size", "emb_dim", int, _NEEDED),
-    ("num_hidden_layers", "num_layers", int, _NEEDED),
-    ("num_attention_heads", "num_heads", int, _NEEDED),
-    ("num_key_value_heads", "num_kv_heads", int, _NEEDED),
-    ("head_dim", "head_dim", int, _NEEDED),
+_FIELDS = qwen3.SHAPE_FIELDS + (
     ("rms_norm_eps", "norm_epsilon", float, 1e-6),
     ("tie_word_embeddings", "tie_word_embeddings", bool, False),
     ("num_experts", "num_experts", int, _NEEDED),

@@ -189,17 +189,9 @@ class Qwen3LogitsTest(parameterized.TestCase):
       ("mlp_only", {"mlp_only_layers": [1]}, r"mlp_only_layers=\[1\]"),
   )
   def test_unsupported_fields_are_refused_in_one_line(self, change, message):
-    tmp = self.create_tempdir().full_path
-    hf_dir = os.path.join(tmp, "hf")
+    hf_dir = os.path.join(self.create_tempdir().full_path, "hf")
     _moe(True, 7).save_pretrained(hf_dir)
-    document = {**_config_json(hf_dir), **change}
-    with open(os.path.join(hf_dir, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(document, f)
-    out = os.path.join(tmp, "out")
-    with self.assertRaisesRegex(importer.ConversionError, message) as raised:
-      importer.import_checkpoint(hf_dir, out, log=lambda s: None)
-    self.assertNotIn("\n", str(raised.exception))
-    self.assertFalse(os.path.exists(out))
+    logits_check.assert_import_refuses(self, hf_dir, change, message)
 
 
 if __name__ == "__main__":

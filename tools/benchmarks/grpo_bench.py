@@ -70,7 +70,6 @@ from maxtext.grpo import step as step_lib
 from maxtext.grpo import prompts as prompts_lib
 from maxtext.grpo import grpo_workload
 from maxtext.grpo import episode_rollout
-from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import text_task
 from maxtext.metrics import recorder as metrics_recorder
 from tools import command_line
