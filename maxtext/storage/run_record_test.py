@@ -34,7 +34,8 @@ def _changed(value):
   if isinstance(value, bool):
     return not value
   if isinstance(value, (int, float)):
-    return value * 2 + 1
+    # x * 2 + 1 is x itself at -1 (eod_id's "none").
+    return value * 2 + 1 if value != -1 else 0
   return value + "_x"
 
 
