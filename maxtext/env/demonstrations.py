@@ -35,10 +35,12 @@ def write(task: tasks.Task, directory: str, num_train: int) -> dict[str, int]:
     {"train": examples, "eval": examples}.
 
   Raises:
-    ValueError: num_train < 1.
+    ValueError: num_train < 1, or a task that writes no demonstrations.
   """
   if num_train < 1:
     raise ValueError(f"num_train={num_train}: must be >= 1")
+  if task.demonstration(task.train_records(0, 1)[0]) is None:
+    raise ValueError(f"task {task.kind!r} writes no demonstrations")
   os.makedirs(directory, exist_ok=True)
   byte_chat.write(directory)
   train = []

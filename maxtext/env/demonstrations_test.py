@@ -9,6 +9,7 @@ from maxtext.data import chat_dataset
 from maxtext.env import demonstrations
 from maxtext.env import math_task
 from maxtext.env import repair_task
+from maxtext.env import tasks
 from maxtext.text import chat
 from testing import tiny_configs
 
@@ -50,6 +51,23 @@ class DemonstrationsTest(absltest.TestCase):
       demonstrations.write(
           math_task.make_task(num_eval=1), self.create_tempdir().full_path, 0
       )
+
+  def test_a_task_without_demonstrations_is_refused_before_writing(self):
+    class Plain(tasks.Task):
+      kind = "plain"
+
+      def train_records(self, step, count):
+        return [{"prompt": "1 + 1?"}] * count
+
+      def eval_records(self):
+        return [{"prompt": "2 + 2?"}]
+
+    directory = os.path.join(self.create_tempdir().full_path, "demos")
+    with self.assertRaisesRegex(
+        ValueError, "^task 'plain' writes no demonstrations$"
+    ):
+      demonstrations.write(Plain(), directory, 4)
+    self.assertFalse(os.path.exists(directory))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ would.
 import abc
 import dataclasses
 import importlib
-from typing import Any
+from typing import Any, Optional
 
 from maxtext.env import environment
 from maxtext.env import sandbox
@@ -63,9 +63,12 @@ class Task(abc.ABC):
     del tools
     return environment.SingleTurn(dict(record, kind=self.kind))
 
-  def demonstration(self, record: dict[str, Any]) -> list[dict[str, Any]]:
-    """A worked solution of `record` as chat messages (for SFT)."""
-    raise NotImplementedError(f"task {self.kind} writes no demonstrations")
+  def demonstration(
+      self, record: dict[str, Any]
+  ) -> Optional[list[dict[str, Any]]]:
+    """A worked solution of `record` as chat messages (for SFT), or None:
+    a task writes none unless it says how."""
+    del record
 
 
 def load(spec: str, num_eval: int, seed: int) -> Task:

@@ -55,6 +55,18 @@ from maxtext.grpo import rollout as rollout_lib
 _NOT_FIELDS = ("prompt", "messages")
 
 
+def _completions(out, rows: int) -> list[episodes_lib.Completion]:
+  """The first `rows` rows of a decoder's output (ids, lengths, log_probs)
+  as the runner's completions."""
+  return [
+      episodes_lib.Completion(
+          [int(i) for i in out.ids[r, : out.lengths[r]]],
+          [float(x) for x in out.log_probs[r, : out.lengths[r]]],
+      )
+      for r in range(rows)
+  ]
+
+
 def decoder_generate(
     params: Any,
     model_config: Any,
@@ -86,13 +98,7 @@ def decoder_generate(
         allowed_vocab=allowed_vocab,
         mesh=mesh,
     )
-    return [
-        episodes_lib.Completion(
-            [int(i) for i in out.ids[r, : out.lengths[r]]],
-            [float(x) for x in out.log_probs[r, : out.lengths[r]]],
-        )
-        for r in range(len(contexts))
-    ]
+    return _completions(out, len(contexts))
 
   return generate
 
@@ -132,13 +138,7 @@ def paged_generate(
         allowed_vocab=allowed_vocab,
         mesh=mesh,
     )
-    return [
-        episodes_lib.Completion(
-            [int(i) for i in out.ids[r, : out.lengths[r]]],
-            [float(x) for x in out.log_probs[r, : out.lengths[r]]],
-        )
-        for r in range(len(contexts))
-    ]
+    return _completions(out, len(contexts))
 
   return generate
 
