@@ -543,6 +543,19 @@ def get_config() -> ml_collections.ConfigDict:
   # start. True runs them unisolated (trusted tools only; recorded in the
   # run's config.json).
   config.grpo_allow_unisolated_tools = False
+  # Input files of a task that reads them (maxtext/env/benchmark_task.py,
+  # the MLPerf benchmark's inputs; docs/grpo.md): the training curriculum
+  # (JSONL, read in order) and the validation set, each refused unless its
+  # SHA-256 (hex) is the one given; the directory of the tasks' root
+  # filesystems; a prompt template ("" = the task's own) and its SHA-256.
+  # All "" for the built-in tasks.
+  config.grpo_task_curriculum_path = ""
+  config.grpo_task_curriculum_sha256 = ""
+  config.grpo_task_validation_path = ""
+  config.grpo_task_validation_sha256 = ""
+  config.grpo_task_rootfs_dir = ""
+  config.grpo_task_prompt_path = ""
+  config.grpo_task_prompt_sha256 = ""
 
   # ------------------------------------------------------------ MLPerf log
   # Write an MLPerf Training :::MLLOG log (process 0 only). Off = no work.

@@ -7,8 +7,11 @@ directory; `run(argv)` runs one command on them in a separate process:
   unshared (no network: only a loopback that nothing listens on; its own PID
   namespace, IPC and hostname), all capabilities dropped, the system
   directories (`/usr`, `/etc` and the `/bin`, `/lib` links) bound read-only,
-  the scratch bound writable at `/task` (the working directory), a small
-  private `/tmp`, and nothing else of the host's files;
+  or, given `root`, a task's own root filesystem (a directory, e.g. an
+  exported container image) bound read-only as `/` instead of the host's
+  system; the scratch bound writable at `workdir` (`/task` unless given; the
+  working directory), a small private `/tmp`, and nothing else of the host's
+  files;
 * under resource limits set before the command starts (`setrlimit`, kept
   across exec and fork): CPU seconds, address space, the largest file it may
   write (a larger write fails with EFBIG; SIGXFSZ is ignored so the write
@@ -18,9 +21,11 @@ directory; `run(argv)` runs one command on them in a separate process:
   when a namespace's init ends, the kernel kills every process in it, so a
   tool that forks or daemonizes leaves nothing behind).
 
-Output beyond `output_bytes` is cut. After each command the scratch's size is
-checked against `scratch_bytes`; a tool that went past it gets an error
-result. A process-count limit does not bind root (and these machines run as
+The scratch starts as a copy of `source` (a host directory, e.g. the
+repository inside a task's root filesystem), if given, with `files` written
+over it. Output beyond `output_bytes` is cut. After each command the
+scratch's growth past its first size is checked against `scratch_bytes`; a
+tool that went past it gets an error result. A process-count limit does not bind root (and these machines run as
 root), so forks are bounded by the CPU limit and the wall-clock timeout, not
 by a count.
 
@@ -61,7 +66,8 @@ class Limits:
     cpu_seconds: CPU time per process (RLIMIT_CPU).
     memory_bytes: address space per process (RLIMIT_AS).
     file_bytes: the largest file a process may write (RLIMIT_FSIZE).
-    scratch_bytes: the scratch directory's total size after a command.
+    scratch_bytes: how much the scratch directory may grow past its first
+      size (checked after each command).
     tmp_bytes: the size of the sandbox's private /tmp.
     output_bytes: stdout and stderr kept, each.
   """
@@ -106,7 +112,35 @@ class Result:
     return self.returncode == 0 and not self.error
 
 
-def _bwrap_command(scratch: str, limits: Limits) -> list[str]:
+def _root_entries(root: str) -> list[str]:
+  """bubblewrap's arguments that show the directory `root` as `/`, read-only.
+
+  Each top-level entry is bound (or, for a symbolic link, made) on
+  bubblewrap's own root, which is then made read-only: binding `root`
+  itself at `/` would need `/proc`, `/dev`, `/tmp` and the working
+  directory to exist in it already, as mount points bubblewrap cannot
+  create on a read-only tree.
+  """
+  argv = []
+  for name in sorted(os.listdir(root)):
+    path, target = os.path.join(root, name), "/" + name
+    if name in ("proc", "dev", "tmp"):
+      continue  # The sandbox's own, below.
+    if os.path.islink(path):
+      argv += ["--symlink", os.readlink(path), target]
+    elif os.path.isdir(path):
+      argv += ["--ro-bind", path, target]
+    elif os.path.isfile(path):
+      argv += ["--ro-bind", path, target]
+  return argv
+
+
+def _bwrap_command(
+    scratch: str,
+    limits: Limits,
+    root: Optional[str] = None,
+    workdir: str = TASK_DIR,
+) -> list[str]:
   """bubblewrap's argv up to the command (module docstring)."""
   argv = [
       BWRAP,
@@ -116,23 +150,32 @@ def _bwrap_command(scratch: str, limits: Limits) -> list[str]:
       "--cap-drop",
       "ALL",
   ]
-  for path in SYSTEM_DIRS:
-    if os.path.isdir(path):
-      argv += ["--ro-bind", path, path]
-  for path in SYSTEM_LINKS:
-    if os.path.islink(path):
-      argv += ["--symlink", os.readlink(path), path]
-    elif os.path.isdir(path):
-      argv += ["--ro-bind", path, path]
+  if root is not None:
+    argv += _root_entries(root)
+  else:
+    for path in SYSTEM_DIRS:
+      if os.path.isdir(path):
+        argv += ["--ro-bind", path, path]
+    for path in SYSTEM_LINKS:
+      if os.path.islink(path):
+        argv += ["--symlink", os.readlink(path), path]
+      elif os.path.isdir(path):
+        argv += ["--ro-bind", path, path]
   argv += [
       "--proc", "/proc",
       "--dev", "/dev",
       "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-      "--bind", scratch, TASK_DIR,
-      "--chdir", TASK_DIR,
-      "--setenv", "HOME", TASK_DIR,
+      "--bind", scratch, workdir,
+  ]  # fmt: skip
+  if root is not None:
+    # bubblewrap's own root (a tmpfs holding the mount points) read-only.
+    argv += ["--remount-ro", "/"]
+  argv += [
+      "--chdir", workdir,
+      "--setenv", "HOME", workdir,
       "--setenv", "TMPDIR", "/tmp",
-      "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+      "--setenv", "PATH",
+      "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
       "--",
   ]  # fmt: skip
   return argv
@@ -176,11 +219,14 @@ def _tree_bytes(root: str) -> int:
   return total
 
 
-def inside(root: str, relative: str) -> Optional[str]:
+def inside(
+    root: str, relative: str, workdir: str = TASK_DIR
+) -> Optional[str]:
   """The host path of `relative` under `root`, or None when it resolves
-  (through `..` or a symbolic link) outside `root`."""
+  (through `..` or a symbolic link) outside `root`. An absolute path is
+  read as seen inside the sandbox, where `root` is `workdir`."""
   if os.path.isabs(relative):
-    relative = os.path.relpath(relative, TASK_DIR)
+    relative = os.path.relpath(relative, workdir)
   real_root = os.path.realpath(root)
   path = os.path.realpath(os.path.join(real_root, relative))
   if path != real_root and not path.startswith(real_root + os.sep):
@@ -192,10 +238,21 @@ class Sandbox:
   """One episode's scratch directory and the commands run on it.
 
   Args:
-    files: relative path -> text: the task's files, copied into the scratch.
+    files: relative path -> text: the task's files, written into the
+      scratch (over `source`'s).
     limits: what each command may use.
     isolated: run commands under bubblewrap; False runs them as plain
       subprocesses (trusted tools only).
+    root: a directory shown as `/` inside the sandbox, read-only (a task's
+      own root filesystem); None: the host's system directories.
+    workdir: where the scratch appears inside the sandbox (absolute).
+    source: a host directory copied into the scratch first (symbolic links
+      kept as links).
+
+  Raises:
+    ValueError: one line: a file outside the scratch, a root or source
+      that is not a directory, a root without isolation, a workdir that is
+      not absolute.
   """
 
   def __init__(
@@ -203,25 +260,46 @@ class Sandbox:
       files: Mapping[str, str],
       limits: Limits = Limits(),
       isolated: bool = True,
+      root: Optional[str] = None,
+      workdir: str = TASK_DIR,
+      source: Optional[str] = None,
   ):
+    if not os.path.isabs(workdir) or os.path.normpath(workdir) == "/":
+      raise ValueError(f"sandbox workdir {workdir!r}: must be an absolute "
+                       "path below /")
+    if root is not None and not isolated:
+      raise ValueError(
+          f"sandbox root {root!r}: a root filesystem needs bubblewrap "
+          "(unisolated tools run on the host's own)"
+      )
+    for name, directory in (("root", root), ("source", source)):
+      if directory is not None and not os.path.isdir(directory):
+        raise ValueError(f"sandbox {name} {directory!r}: not a directory")
     self.limits = limits
     self.isolated = isolated
+    self.root = root
+    self.workdir = os.path.normpath(workdir)
     self.scratch = tempfile.mkdtemp(prefix="maxtext_sandbox_")
     try:
+      if source is not None:
+        shutil.copytree(source, self.scratch, symlinks=True,
+                        dirs_exist_ok=True)
       for relative, text in files.items():
-        path = inside(self.scratch, relative)
+        path = self.path(relative)
         if path is None or path == os.path.realpath(self.scratch):
           raise ValueError(f"task file {relative!r}: not a path in the task")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
           f.write(text)
+      self._first_bytes = _tree_bytes(self.scratch)
     except BaseException:
       self.close()
       raise
 
   def path(self, relative: str) -> Optional[str]:
-    """The host path of a task file, None outside the scratch."""
-    return inside(self.scratch, relative)
+    """The host path of a task file (relative, or absolute as seen inside
+    the sandbox), None outside the scratch."""
+    return inside(self.scratch, relative, self.workdir)
 
   def _limit(self) -> None:
     """Runs in the child before exec: its limits, kept across fork/exec."""
@@ -241,7 +319,7 @@ class Sandbox:
   def run(
       self, argv: Sequence[str], timeout_seconds: Optional[float] = None
   ) -> Result:
-    """Runs `argv` in the scratch (`/task` inside the sandbox).
+    """Runs `argv` in the scratch (the workdir inside the sandbox).
 
     Args:
       argv: the command (a program the sandbox's /usr has, e.g.
@@ -259,7 +337,10 @@ class Sandbox:
     )
     command = list(argv)
     if self.isolated:
-      command = _bwrap_command(self.scratch, self.limits) + command
+      command = (
+          _bwrap_command(self.scratch, self.limits, self.root, self.workdir)
+          + command
+      )
     # The output goes to files outside the scratch, so a command printing
     # without end cannot fill memory; the file-size limit bounds them.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -291,10 +372,13 @@ class Sandbox:
     error = ""
     if timed_out:
       error = f"the command ran past its {timeout:g} s limit and was killed"
-    elif _tree_bytes(self.scratch) > self.limits.scratch_bytes:
+    elif (
+        _tree_bytes(self.scratch) - self._first_bytes
+        > self.limits.scratch_bytes
+    ):
       error = (
-          f"the task's files grew past {self.limits.scratch_bytes} bytes "
-          "(the scratch limit)"
+          f"the task's files grew by more than {self.limits.scratch_bytes} "
+          "bytes (the scratch limit)"
       )
     return Result(
         None if timed_out else process.returncode,

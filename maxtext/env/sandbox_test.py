@@ -11,6 +11,7 @@ import uuid
 from absl.testing import absltest
 
 from maxtext.env import sandbox
+from maxtext.env import tiny_rootfs
 
 PYTHON = "/usr/bin/python3"
 
@@ -195,6 +196,55 @@ class SandboxTest(absltest.TestCase):
       self.assertEqual(result.stdout.strip(), "1")
       result = box.run(_python("import time; time.sleep(100)"), 1)
       self.assertTrue(result.timed_out)
+
+  def test_a_root_filesystem_bound_as_root(self):
+    root = tiny_rootfs.make(self.create_tempdir().full_path)
+    repository = os.path.join(root, "srv", "repo")
+    os.makedirs(os.path.join(repository, "src"))
+    with open(os.path.join(repository, "src", "a.txt"), "w") as f:
+      f.write("from the image\n")
+    with sandbox.Sandbox(
+        {"added.txt": "from the task\n"},
+        root=root,
+        workdir="/srv/repo",
+        source=repository,
+    ) as box:
+      result = box.run([
+          "/bin/bash", "-c",
+          "cat /etc/os-release src/a.txt added.txt; pwd; echo new > b.txt; "
+          "ls /usr/bin; test -e /usr/bin/python3 || echo no-python",
+      ])  # fmt: skip
+      self.assertTrue(result.ok, result)
+      self.assertEqual(
+          result.stdout.split("\n")[:4],
+          [tiny_rootfs.OS_RELEASE.strip(), "from the image", "from the task",
+           "/srv/repo"],
+      )  # fmt: skip
+      self.assertEqual(
+          result.stdout.split("\n")[4:-2], sorted(tiny_rootfs.PROGRAMS)
+      )
+      self.assertIn("no-python", result.stdout)
+      # Writes land in the scratch, never in the image; the image's other
+      # directories and bubblewrap's own root are read-only.
+      self.assertTrue(os.path.exists(os.path.join(box.scratch, "b.txt")))
+      self.assertFalse(os.path.exists(os.path.join(repository, "b.txt")))
+      for path in ("/etc/x", "/srv/x", "/x"):
+        result = box.run(["/bin/bash", "-c", f"echo x > {path}"])
+        self.assertIn("Read-only file system", result.stderr, path)
+      self.assertEqual(
+          box.path("/srv/repo/src/a.txt"),
+          os.path.join(os.path.realpath(box.scratch), "src", "a.txt"),
+      )
+      self.assertIsNone(box.path("/etc/os-release"))
+      # The timeout as without a root.
+      result = box.run(["/bin/bash", "-c", "while :; do :; done"], 1)
+      self.assertTrue(result.timed_out)
+    with self.assertRaisesRegex(ValueError, "needs bubblewrap"):
+      sandbox.Sandbox({}, isolated=False, root=root)
+    with self.assertRaisesRegex(ValueError, "sandbox root '/nowhere'"):
+      sandbox.Sandbox({}, root="/nowhere")
+    with self.assertRaisesRegex(ValueError, "workdir 'task'"):
+      sandbox.Sandbox({}, workdir="task")
 
   def test_bad_limits(self):
     with self.assertRaisesRegex(ValueError, "wall_seconds=0"):

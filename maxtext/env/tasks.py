@@ -2,7 +2,9 @@
 
 A GRPO run on text names its task in `config.grpo_task` as
 `module:factory` (e.g. `maxtext.env.math_task:make_task`); the factory is
-called as `factory(num_eval=..., seed=...)` and returns a `Task`:
+called as `factory(num_eval=..., seed=...)`, and with `inputs=TaskInputs(...)`
+too when the config names input files (a task that reads a user's files,
+e.g. `benchmark_task`), and returns a `Task`:
 
     task.kind                      # reported in rewards/<kind>
     task.train_records(step, n)    # the step's n task records (dicts)
@@ -19,6 +21,7 @@ would.
 import abc
 import dataclasses
 import importlib
+import inspect
 from typing import Any, Optional
 
 from maxtext.env import environment
@@ -41,6 +44,40 @@ class ToolSettings:
   limits: sandbox.Limits = sandbox.Limits()
   isolated: bool = True
   verifier_seconds: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInputs:
+  """The files a task reads, from the config's `grpo_task_*` fields.
+
+  Attributes:
+    curriculum_path: the training records, in order (JSONL).
+    curriculum_sha256: its published SHA-256 (hex).
+    validation_path: the held-out records (JSONL).
+    validation_sha256: its SHA-256.
+    rootfs_dir: the directory of the tasks' root filesystems.
+    prompt_path: the prompt template ("" = the task's own).
+    prompt_sha256: its SHA-256 ("" with no prompt_path).
+  """
+
+  curriculum_path: str = ""
+  curriculum_sha256: str = ""
+  validation_path: str = ""
+  validation_sha256: str = ""
+  rootfs_dir: str = ""
+  prompt_path: str = ""
+  prompt_sha256: str = ""
+
+  @classmethod
+  def from_config(cls, config) -> "TaskInputs":
+    return cls(**{
+        field.name: getattr(config, f"grpo_task_{field.name}")
+        for field in dataclasses.fields(cls)
+    })
+
+  def given(self) -> bool:
+    """Whether any field is set."""
+    return any(dataclasses.astuple(self))
 
 
 class Task(abc.ABC):
@@ -71,12 +108,24 @@ class Task(abc.ABC):
     del record
 
 
-def load(spec: str, num_eval: int, seed: int) -> Task:
+def load(
+    spec: str,
+    num_eval: int,
+    seed: int,
+    inputs: Optional[TaskInputs] = None,
+) -> Task:
   """The task `spec` ("module:factory") names, made.
+
+  Args:
+    spec: "module:factory".
+    num_eval, seed: the factory's arguments.
+    inputs: the files the task reads; given (any field set), the factory
+      is called with `inputs=` too, and must take it.
 
   Raises:
     ValueError: one line naming the field: not module:factory, an import
-      that fails, no such factory, or not a Task.
+      that fails, no such factory, inputs the factory does not take, or
+      not a Task; the factory's own refusals of its inputs.
   """
   module_name, _, name = spec.partition(":")
   if not module_name or not name:
@@ -90,8 +139,16 @@ def load(spec: str, num_eval: int, seed: int) -> Task:
   factory = getattr(module, name, None)
   if not callable(factory):
     raise ValueError(f"{_FIELD}={spec!r}: {module_name} has no {name}")
+  arguments = {"num_eval": num_eval, "seed": seed}
+  if inputs is not None and inputs.given():
+    if "inputs" not in inspect.signature(factory).parameters:
+      raise ValueError(
+          f"{_FIELD}={spec!r} reads no input files, but config.grpo_task_* "
+          f"names some: {inputs}"
+      )
+    arguments["inputs"] = inputs
   try:
-    task = factory(num_eval=num_eval, seed=seed)
+    task = factory(**arguments)
   except TypeError as e:
     raise ValueError(
         f"{_FIELD}={spec!r}: the factory must take num_eval and seed: {e}"
