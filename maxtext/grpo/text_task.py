@@ -6,7 +6,8 @@ task) and each step plays them as episodes (`episode_rollout`).
 `episode_setup(config)` loads what the episodes need, before any device
 work, each error one line naming the field:
 
-* the task (`tasks.load(config.grpo_task)`);
+* the task (`tasks.load(config.grpo_task)`, with the input files the
+  `grpo_task_*` fields name, checked against their digests);
 * the policy's tokenizer and chat template (`grpo_tokenizer_path`: a
   Hugging Face tokenizer directory, or "byte_chatml", the built-in
   byte-level one, written to a temporary directory and read back like any
@@ -52,7 +53,12 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
   Raises:
     ValueError: one line naming the field.
   """
-  task = tasks.load(config.grpo_task, config.grpo_eval_prompts, config.seed)
+  task = tasks.load(
+      config.grpo_task,
+      config.grpo_eval_prompts,
+      config.seed,
+      tasks.TaskInputs.from_config(config),
+  )
   tokenizer = load_tokenizer(config.grpo_tokenizer_path)
   if tokenizer.vocab_size > config.vocab_size:
     raise ValueError(
@@ -119,6 +125,14 @@ class TaskDataset(dataset.Dataset):
         "eval_prompts": config.grpo_eval_prompts,
         "seed": config.seed,
     }
+    inputs = tasks.TaskInputs.from_config(config)
+    if inputs.given():
+      # The files are pinned by their digests (checked when the task loaded).
+      self._provenance["inputs"] = {
+          name: getattr(inputs, name)
+          for name in ("curriculum_sha256", "validation_sha256",
+                       "prompt_sha256")
+      }  # fmt: skip
 
   @staticmethod
   def _batch(records) -> dataset.Batch:
