@@ -93,9 +93,7 @@ class GrpoBenchmarkTasksTinyTest(absltest.TestCase):
         rf"expected {self.inputs['curriculum_sha256']} ",
     ):
       workloads.run(config)
-    self.assertFalse(
-        os.path.exists(os.path.join(self.out, config.run_name))
-    )
+    self.assertFalse(os.path.exists(os.path.join(self.out, config.run_name)))
 
 
 if __name__ == "__main__":

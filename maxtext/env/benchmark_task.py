@@ -198,8 +198,9 @@ def _string(record, field, where, required=True) -> Optional[str]:
     return None
   if not isinstance(value, str) or not value.strip():
     state = "missing" if field not in record else f"{value!r}"
-    raise ValueError(f"{where}: field {field!r}: {state}: must be a "
-                     "non-empty string")
+    raise ValueError(
+        f"{where}: field {field!r}: {state}: must be a non-empty string"
+    )
   return value
 
 
@@ -221,25 +222,34 @@ def _record(line: str, where: str, rootfs_dir: str) -> dict[str, Any]:
     raise ValueError(f"{where}: not JSON: {e.msg}") from None
   if not isinstance(record, dict):
     raise ValueError(f"{where}: not a JSON object")
-  for field in ("instance_id", "docker_image", "problem_statement",
-                "test_command"):
+  for field in (
+      "instance_id",
+      "docker_image",
+      "problem_statement",
+      "test_command",
+  ):
     _string(record, field, where)
   workdir = _string(record, "workdir", where, required=False)
   workdir = DEFAULT_WORKDIR if workdir is None else workdir
   if not workdir.startswith("/") or os.path.normpath(workdir) == "/":
-    raise ValueError(f"{where}: field 'workdir': {workdir!r}: must be an "
-                     "absolute path below /")
+    raise ValueError(
+        f"{where}: field 'workdir': {workdir!r}: must be an "
+        "absolute path below /"
+    )
   _string(record, "repo_name", where, required=False)
   test_files = record.get("test_files", {})
   if not isinstance(test_files, dict) or not all(
       isinstance(k, str) and isinstance(v, str) for k, v in test_files.items()
   ):
-    raise ValueError(f"{where}: field 'test_files': must be an object of "
-                     "path -> text")
+    raise ValueError(
+        f"{where}: field 'test_files': must be an object of path -> text"
+    )
   for path in test_files:
     if sandbox.inside("/scratch", path, workdir) in (None, "/scratch"):
-      raise ValueError(f"{where}: field 'test_files': {path!r} is outside "
-                       f"the workdir {workdir}")
+      raise ValueError(
+          f"{where}: field 'test_files': {path!r} is outside "
+          f"the workdir {workdir}"
+      )
   root = os.path.join(rootfs_dir, rootfs_name(record["docker_image"]))
   if not os.path.isdir(root):
     raise ValueError(
@@ -248,10 +258,16 @@ def _record(line: str, where: str, rootfs_dir: str) -> dict[str, Any]:
     )
   source = _inside(root, workdir)
   if source is None or not os.path.isdir(source):
-    raise ValueError(f"{where}: field 'workdir': {workdir} is not a "
-                     f"directory in {root}")
-  return dict(record, workdir=os.path.normpath(workdir), test_files=test_files,
-              rootfs=root, source=source)
+    raise ValueError(
+        f"{where}: field 'workdir': {workdir} is not a directory in {root}"
+    )
+  return dict(
+      record,
+      workdir=os.path.normpath(workdir),
+      test_files=test_files,
+      rootfs=root,
+      source=source,
+  )
 
 
 def read_records(
@@ -380,6 +396,7 @@ class SoftwareEnvironment(environment.ToolEnvironment):
       raise environment.ToolError(f"{path}: {type(e).__name__}") from None
 
   def _view(self, path: str, host: str, view_range: str) -> str:
+    """A directory's entries two levels deep, or a file's numbered lines."""
     if os.path.isdir(host):
       lines = [path.rstrip("/") + "/"]
       for directory, names, files in os.walk(host):
@@ -409,9 +426,7 @@ class SoftwareEnvironment(environment.ToolEnvironment):
       raise environment.ToolError(
           f"view_range {view_range!r}: lines are 1 to {len(lines)}"
       )
-    return _cut(
-        _numbered("\n".join(lines[start - 1 : end]), start), VIEW_CHARS
-    )
+    return _cut(_numbered("\n".join(lines[start - 1 : end]), start), VIEW_CHARS)
 
   def str_replace_editor(
       self,

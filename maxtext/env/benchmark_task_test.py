@@ -23,6 +23,14 @@ def _call(name, **arguments) -> str:
   return tool_calls.format_xml(tool_calls.ToolCall(name, arguments))
 
 
+def _edit(**arguments) -> str:
+  return _call("str_replace_editor", **arguments)
+
+
+def ids(records) -> list[str]:
+  return [r["instance_id"] for r in records]
+
+
 class BenchmarkTaskTest(parameterized.TestCase):
 
   @classmethod
@@ -52,7 +60,6 @@ class BenchmarkTaskTest(parameterized.TestCase):
   def test_the_curriculum_in_order_and_the_validation_set(self):
     task = self._task()
     self.assertEqual(task.kind, "swe")
-    ids = lambda records: [r["instance_id"] for r in records]
     self.assertEqual(
         ids(task.train_records(0, 2)), ["tiny-funcs-0", "tiny-funcs-1"]
     )
@@ -159,13 +166,13 @@ class BenchmarkTaskTest(parameterized.TestCase):
     path, old, new = tiny_benchmark_inputs.fix(record)
     absolute = f"/testbed/{path}"
     reply = env.step(
-        _call("str_replace_editor", command="view", path=absolute,
+        _edit(command="view", path=absolute,
               view_range="[1, 2]")
-        + _call("str_replace_editor", command="str_replace", path=absolute,
+        + _edit(command="str_replace", path=absolute,
                 old_str=old, new_str=new)
-        + _call("str_replace_editor", command="create",
+        + _edit(command="create",
                 path="/testbed/notes/fix.txt", file_text="fixed\n")
-        + _call("str_replace_editor", command="view", path="/testbed")
+        + _edit(command="view", path="/testbed")
     )  # fmt: skip
     self.assertEqual(reply.tool_errors, 0, reply)
     view, edit, create, listing = [m["content"] for m in reply.messages]
@@ -187,19 +194,18 @@ class BenchmarkTaskTest(parameterized.TestCase):
     task = self._task()
     env = task.make_environment(task.eval_records()[0], tasks.ToolSettings())
     self.addCleanup(env.close)
-    editor = lambda **a: _call("str_replace_editor", **a)
     reply = env.step(
-        editor(command="view", path="lib/funcs.sh")
-        + editor(command="view", path="/etc/os-release")
-        + editor(command="view", path="/testbed/missing.sh")
-        + editor(command="str_replace", path="/testbed/lib/funcs.sh",
+        _edit(command="view", path="lib/funcs.sh")
+        + _edit(command="view", path="/etc/os-release")
+        + _edit(command="view", path="/testbed/missing.sh")
+        + _edit(command="str_replace", path="/testbed/lib/funcs.sh",
                  old_str="echo", new_str="printf")
-        + editor(command="str_replace", path="/testbed/lib/funcs.sh",
+        + _edit(command="str_replace", path="/testbed/lib/funcs.sh",
                  old_str="no such text", new_str="x")
-        + editor(command="create", path="/testbed/lib/funcs.sh",
+        + _edit(command="create", path="/testbed/lib/funcs.sh",
                  file_text="x")
-        + editor(command="delete", path="/testbed/lib/funcs.sh")
-        + editor(command="view", path="/testbed/lib/funcs.sh",
+        + _edit(command="delete", path="/testbed/lib/funcs.sh")
+        + _edit(command="view", path="/testbed/lib/funcs.sh",
                  view_range="[3, 99]")
         + _call("execute_bash", command=" ")
         + _call("execute_bash", command="echo x > /usr/evil; exit 3")
@@ -224,8 +230,13 @@ class BenchmarkTaskTest(parameterized.TestCase):
     # The hidden test written as a passing one, then the tests directory
     # made a link out of the repository: the reward writes the real test
     # and refuses the link.
-    env.step(_call("execute_bash", command="printf 'exit 0' > "
-                   "tests/test_bug.sh; echo 'exit 0' > tests/test_funcs.sh"))
+    env.step(
+        _call(
+            "execute_bash",
+            command="printf 'exit 0' > "
+            "tests/test_bug.sh; echo 'exit 0' > tests/test_funcs.sh",
+        )
+    )
     self.assertEqual(env.reward(), 0.0)
     env.step(_call("execute_bash", command="rm -r tests; ln -s /tmp tests"))
     self.assertEqual(env.reward(), 0.0)

@@ -25,9 +25,9 @@ The scratch starts as a copy of `source` (a host directory, e.g. the
 repository inside a task's root filesystem), if given, with `files` written
 over it. Output beyond `output_bytes` is cut. After each command the
 scratch's growth past its first size is checked against `scratch_bytes`; a
-tool that went past it gets an error result. A process-count limit does not bind root (and these machines run as
-root), so forks are bounded by the CPU limit and the wall-clock timeout, not
-by a count.
+tool that went past it gets an error result. A process-count limit does
+not bind root (and these machines run as root), so forks are bounded by the
+CPU limit and the wall-clock timeout, not by a count.
 
 Where bubblewrap cannot run, `check_available` says so in one line; the run
 refuses to start unless its config allows unisolated tools (trusted code
@@ -219,9 +219,7 @@ def _tree_bytes(root: str) -> int:
   return total
 
 
-def inside(
-    root: str, relative: str, workdir: str = TASK_DIR
-) -> Optional[str]:
+def inside(root: str, relative: str, workdir: str = TASK_DIR) -> Optional[str]:
   """The host path of `relative` under `root`, or None when it resolves
   (through `..` or a symbolic link) outside `root`. An absolute path is
   read as seen inside the sandbox, where `root` is `workdir`."""
@@ -265,8 +263,9 @@ class Sandbox:
       source: Optional[str] = None,
   ):
     if not os.path.isabs(workdir) or os.path.normpath(workdir) == "/":
-      raise ValueError(f"sandbox workdir {workdir!r}: must be an absolute "
-                       "path below /")
+      raise ValueError(
+          f"sandbox workdir {workdir!r}: must be an absolute path below /"
+      )
     if root is not None and not isolated:
       raise ValueError(
           f"sandbox root {root!r}: a root filesystem needs bubblewrap "
@@ -282,8 +281,7 @@ class Sandbox:
     self.scratch = tempfile.mkdtemp(prefix="maxtext_sandbox_")
     try:
       if source is not None:
-        shutil.copytree(source, self.scratch, symlinks=True,
-                        dirs_exist_ok=True)
+        shutil.copytree(source, self.scratch, symlinks=True, dirs_exist_ok=True)
       for relative, text in files.items():
         path = self.path(relative)
         if path is None or path == os.path.realpath(self.scratch):

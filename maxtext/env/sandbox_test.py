@@ -201,7 +201,9 @@ class SandboxTest(absltest.TestCase):
     root = tiny_rootfs.make(self.create_tempdir().full_path)
     repository = os.path.join(root, "srv", "repo")
     os.makedirs(os.path.join(repository, "src"))
-    with open(os.path.join(repository, "src", "a.txt"), "w") as f:
+    with open(
+        os.path.join(repository, "src", "a.txt"), "w", encoding="utf-8"
+    ) as f:
       f.write("from the image\n")
     with sandbox.Sandbox(
         {"added.txt": "from the task\n"},

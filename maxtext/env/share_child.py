@@ -88,15 +88,20 @@ def main(argv: list[str]) -> None:
       tokenizer,
       generate,
       sampling.SamplingOptions(
-          max_new_tokens=64, temperature=1.0, seed=0,
+          max_new_tokens=64,
+          temperature=1.0,
+          seed=0,
           stop_ids=tokenizer.stop_ids,
-      ),  # fmt: skip
+      ),
       episodes.Limits(max_turns=3, max_tokens=400, max_turn_tokens=64),
   )
   # A value of this process's own, large and not ASCII; the others pass
   # None, as the episode runner does.
-  own = {"process": jax.process_index(), "pid": os.getpid(),
-         "text": "é" * 70000}  # fmt: skip
+  own = {
+      "process": jax.process_index(),
+      "pid": os.getpid(),
+      "text": "é" * 70000,
+  }
   shared = share.from_lead(own if share.is_lead() else None)
   result = {
       "process": jax.process_index(),

@@ -35,7 +35,7 @@ class ShareTest(absltest.TestCase):
           os.path.join(root, f"process_{index}.json"), encoding="utf-8"
       ) as f:
         held.append(json.load(f))
-    lead, other = held
+    lead, other = held[0], held[1]
     self.assertEqual((lead["process"], other["process"]), (0, 1))
     self.assertNotEqual(lead["pid"], other["pid"])
     # Environments ran on process 0 only.

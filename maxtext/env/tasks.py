@@ -70,10 +70,12 @@ class TaskInputs:
 
   @classmethod
   def from_config(cls, config) -> "TaskInputs":
-    return cls(**{
-        field.name: getattr(config, f"grpo_task_{field.name}")
-        for field in dataclasses.fields(cls)
-    })
+    return cls(
+        **{
+            field.name: getattr(config, f"grpo_task_{field.name}")
+            for field in dataclasses.fields(cls)
+        }
+    )
 
   def given(self) -> bool:
     """Whether any field is set."""

@@ -20,8 +20,8 @@ from maxtext.env import tiny_rootfs
 
 # name, body, a call and its right output, the injected bug (old, new).
 _FUNCTIONS = (
-    ("add", 'echo $(( $1 + $2 ))', "add 2 3", "5", ("+", "-")),
-    ("double", 'echo $(( $1 * 2 ))', "double 4", "8", ("* 2", "* 3")),
+    ("add", "echo $(( $1 + $2 ))", "add 2 3", "5", ("+", "-")),
+    ("double", "echo $(( $1 * 2 ))", "double 4", "8", ("* 2", "* 3")),
     ("greet", 'echo "Hello, $1"', "greet Ada", "Hello, Ada",
      ("Hello, ", "Hello ")),
     ("larger", 'if [ "$1" -gt "$2" ]; then echo "$1"; else echo "$2"; fi',

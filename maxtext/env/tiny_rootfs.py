@@ -23,9 +23,7 @@ def _libraries(program: str) -> list[str]:
   out = subprocess.run(
       ["ldd", program], capture_output=True, text=True, check=True
   ).stdout
-  return sorted(
-      {word for word in out.split() if word.startswith("/")}
-  )
+  return sorted({word for word in out.split() if word.startswith("/")})
 
 
 def _copy(host_path: str, root: str) -> None:
@@ -50,7 +48,9 @@ def make(directory: str, programs: Sequence[str] = PROGRAMS) -> str:
     os.symlink(f"usr/{name}", os.path.join(directory, name))
   for name in ("etc", "proc", "dev", "tmp"):
     os.makedirs(os.path.join(directory, name), exist_ok=True)
-  with open(os.path.join(directory, "etc", "os-release"), "w") as f:
+  with open(
+      os.path.join(directory, "etc", "os-release"), "w", encoding="utf-8"
+  ) as f:
     f.write(OS_RELEASE)
   for name in programs:
     found = shutil.which(name)
