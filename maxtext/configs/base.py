@@ -544,18 +544,19 @@ def get_config() -> ml_collections.ConfigDict:
   # run's config.json).
   config.grpo_allow_unisolated_tools = False
   # Input files of a task that reads them (maxtext/env/benchmark_task.py,
-  # the MLPerf benchmark's inputs; docs/grpo.md): the training curriculum
-  # (JSONL, read in order) and the validation set, each refused unless its
-  # SHA-256 (hex) is the one given; the directory of the tasks' root
-  # filesystems; a prompt template ("" = the task's own) and its SHA-256.
-  # All "" for the built-in tasks.
+  # the MLPerf benchmark's inputs; docs/grpo.md); all "" for the built-in
+  # tasks. Each file is refused unless its SHA-256 (hex) is the one given.
+  # The training curriculum (JSONL, read in order) and its SHA-256.
   config.grpo_task_curriculum_path = ""
-  config.grpo_task_curriculum_sha256 = ""
+  config.grpo_task_curriculum_sha256 = ""  # The curriculum's SHA-256.
+  # The validation set (JSONL) and its SHA-256.
   config.grpo_task_validation_path = ""
-  config.grpo_task_validation_sha256 = ""
+  config.grpo_task_validation_sha256 = ""  # The validation set's SHA-256.
+  # The directory of the tasks' root filesystems, one per task image.
   config.grpo_task_rootfs_dir = ""
+  # The prompt template ("" = the task's own) and its SHA-256.
   config.grpo_task_prompt_path = ""
-  config.grpo_task_prompt_sha256 = ""
+  config.grpo_task_prompt_sha256 = ""  # The template's SHA-256.
 
   # ------------------------------------------------------------ MLPerf log
   # Write an MLPerf Training :::MLLOG log (process 0 only). Off = no work.
