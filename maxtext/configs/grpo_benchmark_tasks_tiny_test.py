@@ -10,6 +10,7 @@ from absl.testing import absltest
 
 from maxtext import workloads
 from maxtext.configs import grpo_benchmark_tasks_tiny
+from maxtext.env import benchmark_task
 from maxtext.env import tiny_benchmark_inputs
 from maxtext.metrics import jsonl
 from maxtext.run import trainer
@@ -56,13 +57,14 @@ class GrpoBenchmarkTasksTinyTest(absltest.TestCase):
       )  # fmt: skip
 
   def test_episodes_in_the_task_images_through_the_loop(self):
-    config = self._config(
-        steps=1, eval_interval=1, checkpoint_period=1, global_batch_size=4,
+    shrunk = dict(
+        eval_interval=1, checkpoint_period=1, global_batch_size=4,
         grpo_num_generations=2, grpo_eval_prompts=1,
         grpo_eval_samples_per_prompt=2, grpo_eval_target_metric="pass@2",
         grpo_max_turns=2, grpo_max_turn_tokens=24,
-        grpo_max_completion_length=96,
+        grpo_max_completion_length=96, lr_schedule_steps=1,
     )  # fmt: skip
+    config = self._config(steps=1, **shrunk)
     result = workloads.run(config)
     self.assertEqual(result.final_step, 1)
     records = jsonl.read_jsonl(
@@ -82,6 +84,24 @@ class GrpoBenchmarkTasksTinyTest(absltest.TestCase):
     ) as f:
       recorded = json.dumps(json.load(f))
     self.assertIn(self.inputs["curriculum_sha256"], recorded)
+    # A resume on another curriculum (the same tasks in another order, with
+    # its own digest, so the loader takes it) is refused: the run trained
+    # on the recorded one.
+    path = self.inputs["curriculum_path"]
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n".join(reversed(lines)) + "\n")
+    config = self._config(steps=2, **shrunk)
+    digest = benchmark_task.sha256_of(path)
+    config.grpo_task_curriculum_sha256 = digest
+    with self.assertRaisesRegex(
+        trainer.ConfigError,
+        r"Refusing to resume run 'grpo_benchmark_tasks_tiny': 1 field\(s\) "
+        rf"(.|\n)*grpo_task_curriculum_sha256: "
+        rf"'{self.inputs['curriculum_sha256']}' -> '{digest}'",
+    ):
+      workloads.run(config)
 
   def test_another_curriculum_is_refused_before_the_run(self):
     with open(self.inputs["curriculum_path"], "a", encoding="utf-8") as f:

@@ -230,6 +230,8 @@ class SandboxTest(absltest.TestCase):
       # directories and bubblewrap's own root are read-only.
       self.assertTrue(os.path.exists(os.path.join(box.scratch, "b.txt")))
       self.assertFalse(os.path.exists(os.path.join(repository, "b.txt")))
+      result = box.run(["/bin/bash", "-c", "echo t > /tmp/t && cat /tmp/t"])
+      self.assertEqual(result.stdout, "t\n")
       for path in ("/etc/x", "/srv/x", "/x"):
         result = box.run(["/bin/bash", "-c", f"echo x > {path}"])
         self.assertIn("Read-only file system", result.stderr, path)

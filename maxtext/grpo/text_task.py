@@ -125,14 +125,6 @@ class TaskDataset(dataset.Dataset):
         "eval_prompts": config.grpo_eval_prompts,
         "seed": config.seed,
     }
-    inputs = tasks.TaskInputs.from_config(config)
-    if inputs.given():
-      # The files are pinned by their digests (checked when the task loaded).
-      self._provenance["inputs"] = {
-          name: getattr(inputs, name)
-          for name in ("curriculum_sha256", "validation_sha256",
-                       "prompt_sha256")
-      }  # fmt: skip
 
   @staticmethod
   def _batch(records) -> dataset.Batch:
