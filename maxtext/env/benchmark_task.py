@@ -204,14 +204,15 @@ def _string(record, field, where, required=True) -> Optional[str]:
   return value
 
 
-def _inside(root: str, path: str) -> Optional[str]:
-  """`path` (absolute, as seen in the image) under the host's `root`, or
-  None when it resolves outside it (an absolute link in the image)."""
-  real_root = os.path.realpath(root)
-  host = os.path.realpath(os.path.join(real_root, path.lstrip("/")))
-  if host != real_root and not host.startswith(real_root + os.sep):
-    return None
-  return host
+def _outside(path: str, workdir: str) -> bool:
+  """Whether `path` (relative to `workdir`, or absolute) is not a file in
+  it, read lexically (a record is checked before any file exists)."""
+  relative = (
+      os.path.relpath(path, workdir)
+      if os.path.isabs(path)
+      else os.path.normpath(path)
+  )
+  return relative == "." or relative.split(os.sep)[0] == ".."
 
 
 def _record(line: str, where: str, rootfs_dir: str) -> dict[str, Any]:
@@ -245,7 +246,7 @@ def _record(line: str, where: str, rootfs_dir: str) -> dict[str, Any]:
         f"{where}: field 'test_files': must be an object of path -> text"
     )
   for path in test_files:
-    if sandbox.inside("/scratch", path, workdir) in (None, "/scratch"):
+    if _outside(path, workdir):
       raise ValueError(
           f"{where}: field 'test_files': {path!r} is outside "
           f"the workdir {workdir}"
@@ -256,7 +257,9 @@ def _record(line: str, where: str, rootfs_dir: str) -> dict[str, Any]:
         f"{where}: field 'docker_image': {record['docker_image']!r} has no "
         f"root filesystem at {root} (config.grpo_task_rootfs_dir)"
     )
-  source = _inside(root, workdir)
+  # The workdir as the image sees it: an absolute link in the image would
+  # resolve on the host, so it must stay under the root.
+  source = sandbox.inside(root, workdir.lstrip("/"))
   if source is None or not os.path.isdir(source):
     raise ValueError(
         f"{where}: field 'workdir': {workdir} is not a directory in {root}"

@@ -42,6 +42,11 @@ class BenchmarkTaskTest(parameterized.TestCase):
     cls.inputs = tasks.TaskInputs(**cls.files)
     with open(cls.files["curriculum_path"], encoding="utf-8") as f:
       cls.lines = f.read().splitlines()
+    # An absolute link in an image resolves on the host, out of the image.
+    image = json.loads(cls.lines[1])["docker_image"]
+    os.symlink("/etc", os.path.join(
+        cls.files["rootfs_dir"], benchmark_task.rootfs_name(image), "escape"
+    ))  # fmt: skip
 
   @classmethod
   def tearDownClass(cls):
@@ -100,6 +105,10 @@ class BenchmarkTaskTest(parameterized.TestCase):
        "field 'workdir'"),
       ("workdir_not_in_image", lambda r: r.update(workdir="/nowhere"),
        "field 'workdir': /nowhere is not a directory"),
+      ("workdir_links_out", lambda r: r.update(workdir="/escape"),
+       "field 'workdir': /escape is not a directory"),
+      ("test_file_is_the_workdir", lambda r: r.update(test_files={".": ""}),
+       "field 'test_files': '.' is outside"),
       ("no_rootfs", lambda r: r.update(docker_image="other/image:1"),
        "field 'docker_image': 'other/image:1' has no root filesystem"),
       ("test_file_outside", lambda r: r.update(test_files={"../x": "y"}),
