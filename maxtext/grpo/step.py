@@ -396,14 +396,17 @@ class GrpoStep:
         result.stats,
         **packed_values,
         **{
+            # A restored rollout's is the drawing's, saved with it.
+            "timing/rollout": (
+                rolled - start
+                if restored is None
+                else result.stats.get("timing/rollout", 0.0)
+            ),
             "timing/reference": reference_s,
             # Generation computed them (module docstring).
             "timing/old_logprobs": 0.0,
         },
     )
-    if restored is None:
-      values["timing/rollout"] = rolled - start
-    values.setdefault("timing/rollout", 0.0)
     return Prepared(
         rollout=result,
         batches=batches,
