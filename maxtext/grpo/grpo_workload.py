@@ -232,7 +232,6 @@ class GrpoWorkload(workload.Workload):
   """GRPO post-training (module docstring)."""
 
   name = "grpo"
-  reads_ahead = False  # A rollout generates with the newest parameters.
   keeps_state_on = (rewards_lib.RewardError,)
 
   def __init__(self):

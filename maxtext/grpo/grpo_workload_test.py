@@ -217,9 +217,8 @@ class GrpoRunTest(parameterized.TestCase):
     # synchronous run's; every later sample trains one update old, and the
     # records say so. Nothing compiles after run_start on this path either.
     fields = dict(steps=4, eval_interval=4, checkpoint_period=4)
-    sync = workloads.run(
-        _grpo_config(self.create_tempdir().full_path, self.checkpoints, **fields)
-    )
+    out = self.create_tempdir().full_path
+    sync = workloads.run(_grpo_config(out, self.checkpoints, **fields))
     counter = compile_counter.RunStartCounter()
     ahead = workloads.run(
         _grpo_config(
@@ -237,9 +236,7 @@ class GrpoRunTest(parameterized.TestCase):
     # The synchronous records are today's: no ages.
     ages = {"rollout/age_max", "rollout/age_mean"}
     for step in range(4):
-      self.assertEqual(
-          set(ahead_records[step]) - set(sync_records[step]), ages
-      )
+      self.assertEqual(set(ahead_records[step]) - set(sync_records[step]), ages)
       self.assertEqual(set(sync_records[step]) & ages, set())
     self.assertEqual(ahead_records[0]["rollout/age_max"], 0)
     self.assertEqual(ahead_records[0]["rollout/age_mean"], 0)

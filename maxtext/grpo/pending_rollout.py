@@ -31,7 +31,8 @@ from maxtext.grpo import rollout as rollout_lib
 # The state's key for the rollout, beside the wrapped data set's own.
 KEY = "pending_rollout"
 _INNER = "inner"
-_ARRAYS = (
+# The Rollout's arrays, saved by their bytes.
+ARRAYS = (
     "tokens",
     "prompt_lengths",
     "completion_lengths",
@@ -57,14 +58,16 @@ def _decode_array(value: dict[str, Any], name: str) -> np.ndarray:
     x = np.frombuffer(data, np.dtype(value["dtype"]))
     return x.reshape(value["shape"]).copy()
   except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"pending rollout: array {name!r} is malformed: {e}") from e
+    raise ValueError(
+        f"pending rollout: array {name!r} is malformed: {e}"
+    ) from e
 
 
 def encode(
     index: int, rollout: rollout_lib.Rollout, versions: np.ndarray
 ) -> dict[str, Any]:
   """Rollout `index` and its samples' versions as a JSON-serialisable dict."""
-  arrays = {name: getattr(rollout, name) for name in _ARRAYS}
+  arrays = {name: getattr(rollout, name) for name in ARRAYS}
   if arrays["sequence_mask"] is None:
     del arrays["sequence_mask"]
   return {
@@ -114,7 +117,7 @@ def decode(
   except (KeyError, TypeError) as e:
     raise ValueError(f"pending rollout: missing or malformed {e}") from e
   rows = len(rollout.completions)
-  for name in (*_ARRAYS, "versions"):
+  for name in (*ARRAYS, "versions"):
     x = versions if name == "versions" else getattr(rollout, name)
     if x is not None and len(x) != rows:
       raise ValueError(

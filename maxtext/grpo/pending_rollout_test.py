@@ -1,4 +1,4 @@
-"""pending_rollout: a rollout through JSON and back, and the data set's state."""
+"""pending_rollout: a rollout through JSON and back; the data set's state."""
 
 import json
 
@@ -62,15 +62,7 @@ class PendingRolloutTest(absltest.TestCase):
     np.testing.assert_array_equal(back_versions, versions)
     self.assertEqual(back.prompts, rollout.prompts)
     self.assertEqual(back.completions, rollout.completions)
-    for name in (
-        "tokens",
-        "prompt_lengths",
-        "completion_lengths",
-        "mask",
-        "old_log_probs",
-        "advantages",
-        "sequence_mask",
-    ):
+    for name in pending_rollout.ARRAYS:
       ours, theirs = getattr(rollout, name), getattr(back, name)
       self.assertEqual(ours.dtype, theirs.dtype, name)
       self.assertEqual(ours.tobytes(), theirs.tobytes(), name)
@@ -126,7 +118,10 @@ class PendingRolloutTest(absltest.TestCase):
     self.assertLen(restored, 1)
     self.assertEqual(pending_rollout.decode(restored[0])[0], 3)
     # No rollout drawn ahead: only the data set's own position.
-    self.assertEqual(data.checkpoint_state(4), {"inner": {"next": 4}, "pending_rollout": None})
+    self.assertEqual(
+        data.checkpoint_state(4),
+        {"inner": {"next": 4}, "pending_rollout": None},
+    )
 
 
 if __name__ == "__main__":
