@@ -35,6 +35,56 @@ _TINY = [
 ]
 
 
+# The train records' metrics on which two runs of the same steps agree
+# (testing/grpo_start.py's COMPARED_METRICS) and the samples' age.
+_COMPARED = (
+    "loss",
+    "pg_loss",
+    "rewards/mean",
+    "completions/mean_length",
+    "advantage/abs_mean",
+    "grad_norm",
+    "rollout/age_max",
+)
+
+
+def _run_until_sigterm(test, command, metrics, records):
+  """Runs `command` until `records` train records are in `metrics`, sends
+  SIGTERM, and returns (exit status, stdout, stderr)."""
+  with subprocess.Popen(
+      command,
+      env=runfiles.binary_environ(command),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  ) as proc:
+    try:
+      deadline = time.monotonic() + 300
+      # Wait until the loop is running: the records written, so the signal
+      # comes during an update or between updates.
+      while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.exists(metrics):
+          with open(metrics, encoding="utf-8") as f:
+            if f.read().count('"kind": "train"') >= records:
+              break
+        time.sleep(0.05)
+      test.assertIsNone(proc.poll(), "grpo_main exited before the signal")
+      proc.send_signal(signal.SIGTERM)
+      stdout, stderr = proc.communicate(timeout=300)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+  return proc.returncode, stdout, stderr
+
+
+def _train_records(metrics):
+  """A run's train records by step."""
+  return {
+      r["step"]: r for r in jsonl.read_jsonl(metrics) if r["kind"] == "train"
+  }
+
+
 class GrpoMainTest(absltest.TestCase):
 
   def test_short_run(self):
@@ -74,31 +124,8 @@ class GrpoMainTest(absltest.TestCase):
         "--config.checkpoint_period=100000",
         "--config.enable_mllog=False",
     ]
-    with subprocess.Popen(
-        command,
-        env=runfiles.binary_environ(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
-      try:
-        deadline = time.monotonic() + 300
-        # Wait until the loop is running: three train records written, so
-        # the signal comes during a rollout's update or between them.
-        while time.monotonic() < deadline and proc.poll() is None:
-          if os.path.exists(metrics):
-            with open(metrics, encoding="utf-8") as f:
-              if f.read().count('"kind": "train"') >= 3:
-                break
-          time.sleep(0.05)
-        self.assertIsNone(proc.poll(), "grpo_main exited before the signal")
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=300)
-      finally:
-        if proc.poll() is None:
-          proc.kill()
-          proc.communicate()
-    self.assertEqual(proc.returncode, 1, stderr[-3000:])
+    returncode, stdout, stderr = _run_until_sigterm(self, command, metrics, 3)
+    self.assertEqual(returncode, 1, stderr[-3000:])
     self.assertIn(
         "grpo_main: stopped by SIGTERM; resume with the same run_name.",
         stderr,
@@ -116,6 +143,48 @@ class GrpoMainTest(absltest.TestCase):
         max_to_keep=0,
     ) as ckpt:
       self.assertEqual(ckpt.all_steps(), [stop_step])
+
+  def test_sigterm_with_a_rollout_ahead_resumes_as_if_never_stopped(self):
+    # grpo_max_age=1: the checkpoint after the stop holds the rollout drawn
+    # ahead (with the parameters before the last update); the resumed run's
+    # records are those of a run never stopped, ages included.
+    out, straight = (self.create_tempdir().full_path for _ in range(2))
+    metrics = os.path.join(out, "grpo_tiny", jsonl.METRICS_FILENAME)
+    flags = [
+        *_TINY,
+        "--config.grpo_max_age=1",
+        "--config.lr_schedule_steps=100000",
+        "--config.eval_interval=100000",
+        "--config.checkpoint_period=100000",
+        "--config.enable_mllog=False",
+    ]
+    command = runfiles.binary_command("maxtext/grpo_main") + [
+        f"--config.base_output_directory={out}",
+        *flags,
+        "--config.steps=100000",
+    ]
+    returncode, _, stderr = _run_until_sigterm(self, command, metrics, 2)
+    self.assertEqual(returncode, 1, stderr[-3000:])
+    stop_step = len(_train_records(metrics))
+    steps = f"--config.steps={stop_step + 2}"
+    for directory in (out, straight):
+      done = runfiles.run_binary(
+          "maxtext/grpo_main",
+          [f"--config.base_output_directory={directory}", *flags, steps],
+          timeout_s=300,
+      )
+      self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    resumed = _train_records(metrics)
+    uninterrupted = _train_records(
+        os.path.join(straight, "grpo_tiny", jsonl.METRICS_FILENAME)
+    )
+    self.assertEqual(sorted(resumed), list(range(stop_step + 2)))
+    self.assertEqual(resumed[stop_step]["rollout/age_max"], 1)
+    for step in range(stop_step + 2):
+      for name in _COMPARED:
+        self.assertAlmostEqual(
+            resumed[step][name], uninterrupted[step][name], places=5
+        )
 
   def test_a_hostile_reward_stops_with_one_line_and_a_checkpoint(self):
     cases = {

@@ -304,6 +304,7 @@ class ValidateTest(parameterized.TestCase):
       ("grpo_top_k_vocab", {"grpo_top_k": 100000}, "grpo_top_k=100000"),
       ("grpo_decoder", {"grpo_decoder": "vllm"}, "grpo_decoder='vllm'"),
       ("grpo_slots", {"grpo_decode_slots": -1}, "grpo_decode_slots=-1"),
+      ("grpo_max_age", {"grpo_max_age": 2}, r"grpo_max_age=2: must be one"),
       ("grpo_page", {"grpo_decode_page_size": 12}, "grpo_decode_page_size=12"),
       ("grpo_temperature", {"grpo_temperature": 0.0}, "grpo_temperature=0.0"),
       ("grpo_eval_temp", {"grpo_eval_temperature": -1.0}, "grpo_eval_temp"),

@@ -498,6 +498,13 @@ def get_config() -> ml_collections.ConfigDict:
   # the rollout).
   config.grpo_decode_slots = 0
   config.grpo_decode_page_size = 16  # Positions per page (a power of two).
+  # Rollouts drawn ahead: 0 = each rollout is drawn with the newest
+  # parameters before its updates (synchronous); 1 = rollout s + 1 is drawn
+  # while update s runs, with the parameters before it, so every sample is
+  # at most 1 update old when it trains (its age is recorded as
+  # rollout/age_max and rollout/age_mean; the importance ratio uses the
+  # log-probabilities recorded at generation). docs/grpo.md.
+  config.grpo_max_age = 0
   # Held-out evaluation: completions drawn with these options (temperature 0
   # = greedy) on grpo_eval_prompts prompts.
   config.grpo_eval_temperature = 0.0

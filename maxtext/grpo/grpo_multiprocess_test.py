@@ -1,9 +1,12 @@
 """GRPO as one job of two real `grpo_main` processes (jax.distributed on the
-CPU, one device each): the records of a one-process run, written once."""
+CPU, one device each): the records of a one-process run, written once, with
+rollouts drawn synchronously and one update ahead (grpo_max_age 1: every
+process dispatches the rollout's programs in the loop's one order)."""
 
 import os
 
 from absl.testing import absltest
+from absl.testing import parameterized
 
 from maxtext.metrics import jsonl
 from testing import grpo_start
@@ -14,9 +17,10 @@ from testing import tiny_configs
 _TIMEOUT_S = 600
 
 
-class GrpoMultiProcessTest(absltest.TestCase):
+class GrpoMultiProcessTest(parameterized.TestCase):
 
-  def test_two_processes_give_the_one_process_records(self):
+  @parameterized.named_parameters(("synchronous", 0), ("one_rollout_ahead", 1))
+  def test_two_processes_give_the_one_process_records(self, max_age):
     root = self.create_tempdir().full_path
     start = grpo_start.pretrained_checkpoints(root)
 
@@ -30,6 +34,7 @@ class GrpoMultiProcessTest(absltest.TestCase):
               load_parameters_path=start,
               eval_interval=2,
               checkpoint_period=2,
+              grpo_max_age=max_age,
           ),
       )
 
@@ -68,6 +73,7 @@ class GrpoMultiProcessTest(absltest.TestCase):
     for got, want in zip(job, alone):
       names = (
           grpo_start.COMPARED_METRICS
+          + (("rollout/age_max",) if max_age else ())
           if got["kind"] == "train"
           else ("eval_pass@1",)
       )

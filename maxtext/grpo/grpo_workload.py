@@ -18,8 +18,14 @@ What GRPO supplies (see `maxtext/run/workload.py`):
   batches          step s's micro-batches: at the first update of a rollout
                    (s a multiple of grpo_num_iterations), the rollout of
                    the current parameters, with the reference's
-                   log-probabilities; later updates reuse it. A rollout
-                   needs the newest parameters, so nothing is read ahead.
+                   log-probabilities; later updates reuse it. With
+                   grpo_max_age 0 a rollout needs the newest parameters,
+                   so nothing is read ahead; with grpo_max_age 1 the loop
+                   reads step s + 1's batches once step s's micro-batches
+                   are dispatched and before its update, so rollout s + 1
+                   is drawn with the parameters before update s (its
+                   samples one update old when they train) and kept beside
+                   each checkpoint (`pending_rollout`).
   updates_per_batch
                    grpo_num_iterations: `steps`, `eval_interval` and
                    `checkpoint_period` count updates, and evals,
@@ -64,6 +70,7 @@ from maxtext.config import optimizer as optimizer_lib
 from maxtext.run import workload
 from maxtext.grpo import evaluation
 from maxtext.grpo import frozen_router
+from maxtext.grpo import pending_rollout
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
 from maxtext.grpo import prompts as prompts_lib
@@ -225,7 +232,6 @@ class GrpoWorkload(workload.Workload):
   """GRPO post-training (module docstring)."""
 
   name = "grpo"
-  reads_ahead = False  # A rollout generates with the newest parameters.
   keeps_state_on = (rewards_lib.RewardError,)
 
   def __init__(self):
@@ -236,9 +242,26 @@ class GrpoWorkload(workload.Workload):
     self._frozen = None
     self._batches: list = []  # The newest rollout's micro-batches.
     self._ready = 0.0  # perf_counter() when a step's batches were ready.
+    # grpo_max_age (`check`), and with 1: the rollouts made (rollout
+    # index -> step.Prepared: the one training and the one drawn ahead),
+    # the encoded rollouts a restored checkpoint holds (`pending_rollout`),
+    # and perf_counter() when each update's micro-batches were dispatched.
+    self._max_age = 0
+    self._passes = 1
+    self._prepared: dict[int, step_lib.Prepared] = {}
+    self._restored: dict[int, tuple] = {}
+    self._dispatched: dict[int, float] = {}
+
+  @property
+  def reads_ahead(self) -> bool:
+    """Whether the loop reads step s + 1's batches before update s: with
+    grpo_max_age 1, the rollout drawn ahead."""
+    return self._max_age >= 1
 
   def check(self, config) -> None:
     config_lib.validate_grpo(config)
+    self._max_age = config.grpo_max_age
+    self._passes = config.grpo_num_iterations
     if config.grpo_task:
       self._episodes = text_task.episode_setup(config)
     # A text task's verifier may be its whole reward: no function needed.
@@ -259,10 +282,18 @@ class GrpoWorkload(workload.Workload):
     # Every process holds the same prompts: each scores the whole rollout.
     del process_index, process_count
     if self._episodes is not None:
-      return text_task.TaskDataset(
+      prompts = text_task.TaskDataset(
           config, self._episodes.task, self._episodes.chat
       )
-    return prompts_lib.PromptDataset(config)
+    else:
+      prompts = prompts_lib.PromptDataset(config)
+    if not self.reads_ahead:
+      return prompts
+    return pending_rollout.WithPendingRollout(
+        prompts,
+        functools.partial(self._pending_state, config.grpo_num_iterations),
+        self._restore_pending,
+    )
 
   def row_length(self, config) -> int:
     # Throughput counts the trained rows: prompt plus completion.
@@ -302,6 +333,7 @@ class GrpoWorkload(workload.Workload):
         ),
         packing=config.packing,
         paged=paged_options(config),
+        record_age=self.reads_ahead,
     )
     if reference is not None:
       _check_reference(config, state, reference)
@@ -320,6 +352,8 @@ class GrpoWorkload(workload.Workload):
     return self._step.warm_up(self._rollout_of(state.config, state.start_step))
 
   def batches(self, state, step: int) -> tuple[list, float]:
+    if self.reads_ahead:
+      return self._batches_ahead(state, step), 0.0
     if step % state.config.grpo_num_iterations == 0:
       _, self._batches = self._step.rollout(
           self._rollout_of(state.config, step)
@@ -327,9 +361,79 @@ class GrpoWorkload(workload.Workload):
     self._ready = time.perf_counter()
     return self._batches, 0.0
 
+  def _batches_ahead(self, state, step: int) -> list:
+    """Step `step`'s micro-batches when rollouts are drawn ahead.
+
+    Called by the loop for the first step of the attempt, then for step
+    s + 1 once step s's micro-batches are dispatched and before update s:
+    a rollout it draws then has the parameters before update s. A resumed
+    attempt's first rollout is the checkpoint's (drawn as the uninterrupted
+    run drew it), else, with a warning, one drawn now.
+    """
+    config = state.config
+    if step > state.start_step:
+      # Update step - 1's micro-batches were dispatched just before.
+      self._dispatched[step - 1] = time.perf_counter()
+    if step >= config.steps:
+      return []  # Nothing is left to draw for.
+    index = self._rollout_of(config, step)
+    if index not in self._prepared:
+      restored = self._restored.pop(index, None)
+      if restored is not None:
+        prepared = self._step.prepare(index, restored=restored)
+      else:
+        if step == state.start_step and step > 0:
+          logging.warning(
+              "GRPO: the checkpoint of step %d holds no rollout drawn ahead "
+              "(grpo_max_age=1); rollout %d is drawn now, with the "
+              "parameters of step %d, not of the step before as an "
+              "uninterrupted run draws it.",
+              step,
+              index,
+              step,
+          )
+        prepared = self._step.prepare(index, ahead=step > state.start_step)
+      self._prepared[index] = prepared
+      # Keep the rollout training and the one drawn ahead.
+      for old in [i for i in self._prepared if i < index - 1]:
+        del self._prepared[old]
+    return self._prepared[index].batches
+
   def finish_record(self, step: int, record) -> None:
-    del step  # The newest rollout's, whichever update of it this is.
-    self._step.finish(record, self._ready)
+    if not self.reads_ahead:
+      # The newest rollout's, whichever update of it this is.
+      self._step.finish(record, self._ready)
+      return
+    self._step.finish(
+        record,
+        self._dispatched.pop(step),
+        self._prepared[step // self._passes],
+        step,
+    )
+
+  def _pending_state(self, n: int, step: int) -> Optional[dict]:
+    """The encoded rollout that feeds update `step` (checkpoint of `step`
+    updates done), or None when none was drawn."""
+    prepared = self._prepared.get(step // n)
+    if prepared is None:
+      return None
+    rollout = prepared.rollout
+    # The saved statistics carry the drawing's time too.
+    stats = dict(
+        rollout.stats, **{"timing/rollout": prepared.values["timing/rollout"]}
+    )
+    return pending_rollout.encode(
+        step // n, dataclasses.replace(rollout, stats=stats), prepared.versions
+    )
+
+  def _restore_pending(self, value: dict) -> None:
+    """Keeps a restored checkpoint's rollout for `_batches_ahead`.
+
+    Raises:
+      ValueError: the saved rollout is malformed (one line).
+    """
+    index, rollout, versions = pending_rollout.decode(value)
+    self._restored[index] = (rollout, versions)
 
   def evaluate(self, state) -> dict[str, eval_metrics.EvalMetric]:
     values = self._pass_rates(state)

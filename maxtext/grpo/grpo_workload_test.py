@@ -211,6 +211,99 @@ class GrpoRunTest(parameterized.TestCase):
             stopped[step][name], uninterrupted[step][name], places=5
         )
 
+  def test_rollouts_drawn_one_update_ahead(self):
+    # grpo_max_age=1: rollout s + 1 is drawn with the parameters before
+    # update s. Rollout 0 has nothing to overlap, so step 0 is the
+    # synchronous run's; every later sample trains one update old, and the
+    # records say so. Nothing compiles after run_start on this path either.
+    fields = dict(steps=4, eval_interval=4, checkpoint_period=4)
+    out = self.create_tempdir().full_path
+    sync = workloads.run(_grpo_config(out, self.checkpoints, **fields))
+    counter = compile_counter.RunStartCounter()
+    ahead = workloads.run(
+        _grpo_config(
+            self.create_tempdir().full_path,
+            self.checkpoints,
+            grpo_max_age=1,
+            **fields,
+        ),
+        extra_listeners=[counter],
+    )
+    self.assertEqual(counter.count(), 0)
+    sync_records = _train_records(sync.run_dir)
+    ahead_records = _train_records(ahead.run_dir)
+    self.assertEqual(sorted(ahead_records), [0, 1, 2, 3])
+    # The synchronous records are today's: no ages.
+    ages = {"rollout/age_max", "rollout/age_mean"}
+    for step in range(4):
+      self.assertEqual(set(ahead_records[step]) - set(sync_records[step]), ages)
+      self.assertEqual(set(sync_records[step]) & ages, set())
+    self.assertEqual(ahead_records[0]["rollout/age_max"], 0)
+    self.assertEqual(ahead_records[0]["rollout/age_mean"], 0)
+    for step in (1, 2, 3):
+      self.assertEqual(ahead_records[step]["rollout/age_max"], 1)
+      self.assertEqual(ahead_records[step]["rollout/age_mean"], 1)
+    for name in (*grpo_start.COMPARED_METRICS, "is_ratio/mean"):
+      self.assertAlmostEqual(
+          ahead_records[0][name], sync_records[0][name], places=6
+      )
+    # Update 1 trains on samples of the starting parameters: its ratio to
+    # the behaviour log-probabilities recorded at generation moves off 1,
+    # where the synchronous update's (same parameters) stays at 1.
+    self.assertAlmostEqual(sync_records[1]["is_ratio/mean"], 1.0, places=4)
+    self.assertGreater(abs(ahead_records[1]["is_ratio/mean"] - 1.0), 1e-4)
+
+  def test_resume_with_a_rollout_ahead_continues_the_run(self):
+    # A stop after update 1 checkpoints step 2 with rollout 2, drawn with
+    # the parameters of step 1; the resume trains on it, so its records are
+    # those of a run never stopped. Without the saved rollout a resume
+    # draws rollout 2 again with the parameters of step 2 (age 0).
+    def config(out, steps):
+      return _grpo_config(
+          out,
+          self.checkpoints,
+          grpo_max_age=1,
+          steps=steps,
+          eval_interval=4,
+          checkpoint_period=4,
+      )
+
+    out = self.create_tempdir().full_path
+    stop = preemption.StopRequest(signals=())
+    stopped = workloads.run(
+        config(out, 4), stop_request=stop, extra_listeners=[_StopAt(stop, 1)]
+    )
+    self.assertEqual(stopped.status, trainer.RunOutcome.INTERRUPTED)
+    self.assertEqual(stopped.final_step, 2)
+    state_file = os.path.join(
+        stopped.run_dir, "checkpoints", "data_iterator", "2", "process_0.json"
+    )
+    with open(state_file, encoding="utf-8") as f:
+      self.assertEqual(json.load(f)["pending_rollout"]["index"], 2)
+    bare = self.create_tempdir().full_path
+    shutil.copytree(out, bare, dirs_exist_ok=True)
+    os.remove(state_file.replace(out, bare, 1))
+
+    resumed = workloads.run(config(out, 4))
+    self.assertEqual((resumed.start_step, resumed.final_step), (2, 4))
+    straight = workloads.run(config(self.create_tempdir().full_path, 4))
+    got, want = (
+        _train_records(resumed.run_dir),
+        _train_records(straight.run_dir),
+    )
+    self.assertEqual(sorted(got), [0, 1, 2, 3])
+    for step in range(4):
+      for name in (*grpo_start.COMPARED_METRICS, "rollout/age_max"):
+        self.assertAlmostEqual(got[step][name], want[step][name], places=5)
+
+    with self.assertLogs(level="WARNING") as logs:
+      redrawn = workloads.run(config(bare, 4))
+    self.assertTrue(
+        any("holds no rollout drawn ahead" in line for line in logs.output),
+        logs.output,
+    )
+    self.assertEqual(_train_records(redrawn.run_dir)[2]["rollout/age_max"], 0)
+
   def test_non_finite_steps_stop_the_run(self):
     # Parameters with a NaN: every step's gradients are non-finite, so
     # every step is skipped until max_consecutive_skipped_steps stops the

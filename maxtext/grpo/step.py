@@ -11,9 +11,19 @@ which the clipped ratio bounds. A step consumes P x G samples whatever
 `num_iterations` is.
 
 The training loop (`maxtext/run/trainer.py`, through the GRPO workload) calls
-`rollout` for a step's micro-batches, dispatches them itself and lets
-`finish` complete the step's record; `train` and `run` do the same for
-callers without the loop (the benchmark, tests).
+`prepare` for a step's micro-batches, dispatches them itself and lets
+`finish` complete the step's record; `rollout`, `train` and `run` do the
+same for callers without the loop (the benchmark, tests).
+
+Rollouts drawn ahead (grpo_max_age = 1; docs/grpo.md): the loop dispatches
+update t's micro-batches, then draws rollout t + 1 with the parameters they
+read, before update t's apply (`train_ahead` is the same order without the
+loop). Every sample keeps the version of the parameters that drew it
+(`Prepared.versions`: the engine's step counter then), and the records give
+the trained samples' ages in updates (`rollout/age_max`,
+`rollout/age_mean`). The behaviour log-probabilities are the decoder's at
+generation, so the importance ratio of an update compares the trained
+parameters with the older ones that drew its samples.
 
 Each value stays where it is made. The rollout's statistics (rewards,
 lengths, advantages: `rollout.rollout_stats`) are host values and go
@@ -38,7 +48,9 @@ times has come back to the host, so no synchronisation is added for them):
                         inside timing/generate, whatever num_iterations is.
   timing/update         from the rollout's micro-batches being ready to the
                         engine's one metrics flush, which waits for every
-                        micro-batch and the gradient measure. The optimizer
+                        micro-batch and the gradient measure (with a
+                        rollout drawn ahead, the next rollout's drawing
+                        falls inside it). The optimizer
                         apply may still be running then (the engine does not
                         wait for it); the next phase that reads the
                         parameters (the next rollout) waits for it instead.
@@ -46,7 +58,9 @@ times has come back to the host, so no synchronisation is added for them):
                         the update's flush for the first pass over a rollout,
                         the update alone for the later passes
                         (num_iterations > 1), whose records repeat the
-                        rollout's statistics and timings.
+                        rollout's statistics and timings, and for a rollout
+                        drawn ahead, whose time overlapped the update
+                        before.
 
 `warm_up` compiles every program of a step before a run's timed region.
 """
@@ -167,6 +181,31 @@ class StepResult:
   records: list[buffer.MetricsBuffer]
 
 
+@dataclasses.dataclass
+class Prepared:
+  """A rollout ready to train: what `GrpoStep.prepare` makes.
+
+  Attributes:
+    rollout: the rollout (host arrays).
+    batches: its K micro-batches on the devices.
+    values: its host statistics and phase timings, for each record of the
+      updates it feeds.
+    versions: int64 [N]: per sample, the updates the parameters that drew
+      it had taken (the engine's step counter at generation); a sample's
+      age in an update is that update's index minus its version.
+    start: perf_counter() at the rollout's start while its first update's
+      timing/step is still to count it; None once counted, and for a
+      rollout drawn while the previous update ran (`prepare(ahead=True)`),
+      whose time overlapped that update.
+  """
+
+  rollout: rollout_lib.Rollout
+  batches: list[dict]
+  values: dict[str, float]
+  versions: np.ndarray
+  start: Optional[float]
+
+
 class GrpoStep:
   """Runs GRPO steps on an engine whose loss is `train_loss.loss_fn`.
 
@@ -190,6 +229,9 @@ class GrpoStep:
       called with the same arguments.
     paged: the paged decoder's slots and pages, or None for the static
       decoder (`rollout.rollout`).
+    record_age: records put `rollout/age_max` and `rollout/age_mean`, the
+      trained samples' ages in updates (`Prepared.versions`); on for runs
+      that draw rollouts ahead (grpo_max_age >= 1).
   """
 
   def __init__(
@@ -213,6 +255,7 @@ class GrpoStep:
       paged: Optional[paged_decoder.EngineOptions] = (
           paged_decoder.EngineOptions()
       ),
+      record_age: bool = False,
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -255,43 +298,69 @@ class GrpoStep:
               * num_micro_batches
           ),
       )
-    # The newest rollout's host statistics and timings, and the
-    # perf_counter() of its start until the first update after it has taken
-    # it into its timing/step.
-    self._rollout_values: dict[str, float] = {}
+    # The rollout the updates of `train` and `finish` take by default: the
+    # newest of `rollout`.
+    self._current: Optional[Prepared] = None
     self._overlong_filtering = overlong_filtering
     self._rollout_fn = rollout_fn
     self._paged = paged
-    self._rollout_start = None
+    self._record_age = record_age
 
   def rollout(
       self,
       step: int,
       reward_functions: Optional[Sequence[rewards_lib.RewardFunction]] = None,
   ) -> tuple[rollout_lib.Rollout, list[dict]]:
-    """Step `step`'s rollout and its K micro-batches on the devices.
-
-    The rollout's statistics and timings wait for `finish`.
+    """Step `step`'s rollout and its K micro-batches on the devices, drawn
+    with the engine's current parameters; the rollout the next updates
+    (`train`, `finish`) take. Its statistics and timings wait for `finish`.
 
     Args:
       step: the step (its prompts and its draws).
       reward_functions: instead of the step's own (the warm-up's).
     """
+    self._current = self.prepare(step, reward_functions)
+    return self._current.rollout, self._current.batches
+
+  def prepare(
+      self,
+      step: int,
+      reward_functions: Optional[Sequence[rewards_lib.RewardFunction]] = None,
+      *,
+      restored: Optional[tuple[rollout_lib.Rollout, np.ndarray]] = None,
+      ahead: bool = False,
+  ) -> Prepared:
+    """Rollout `step` drawn with the engine's current parameters, as
+    micro-batches on the devices; the step's state is left as it was.
+
+    Args:
+      step: the rollout (its prompts and its draws).
+      reward_functions: instead of the step's own (the warm-up's).
+      restored: (rollout, versions) drawn earlier (a checkpoint's pending
+        rollout): only its micro-batches are made again.
+      ahead: it is drawn while the previous update runs (grpo_max_age 1):
+        its time is not the next update's step time (`Prepared.start`).
+    """
     start = time.perf_counter()
     options = self._options_of_step(step)
-    result = self._rollout_fn(
-        self._engine.params,
-        self._config,
-        self._prompts_of_step(step),
-        options,
-        self._rewards if reward_functions is None else reward_functions,
-        estimator=self._estimator,
-        advantage_eps=self._eps,
-        width=self._width,
-        mesh=self._mesh,
-        overlong_filtering=self._overlong_filtering,
-        paged=self._paged,
-    )
+    if restored is None:
+      version = self._engine.step
+      result = self._rollout_fn(
+          self._engine.params,
+          self._config,
+          self._prompts_of_step(step),
+          options,
+          self._rewards if reward_functions is None else reward_functions,
+          estimator=self._estimator,
+          advantage_eps=self._eps,
+          width=self._width,
+          mesh=self._mesh,
+          overlong_filtering=self._overlong_filtering,
+          paged=self._paged,
+      )
+      versions = np.full((len(result.completions),), version, np.int64)
+    else:
+      result, versions = restored
     rolled = time.perf_counter()
     batches = rollout_lib.micro_batches(result, self._k)
     packed_values = {}
@@ -323,18 +392,28 @@ class GrpoStep:
           self._reference, whole, np.float32(options.temperature)
       )
       reference_s = time.perf_counter() - dispatched
-    self._rollout_values = dict(
+    values = dict(
         result.stats,
         **packed_values,
         **{
-            "timing/rollout": rolled - start,
+            # A restored rollout's is the drawing's, saved with it.
+            "timing/rollout": (
+                rolled - start
+                if restored is None
+                else result.stats.get("timing/rollout", 0.0)
+            ),
             "timing/reference": reference_s,
             # Generation computed them (module docstring).
             "timing/old_logprobs": 0.0,
         },
     )
-    self._rollout_start = start
-    return result, batches
+    return Prepared(
+        rollout=result,
+        batches=batches,
+        values=values,
+        versions=versions,
+        start=None if ahead else start,
+    )
 
   def _row_multiple(self, batches: list[dict]) -> int:
     """`packed_batches.row_multiple` on this step's mesh."""
@@ -360,23 +439,38 @@ class GrpoStep:
 
     return jax.tree_util.tree_map(place, batch)
 
-  def finish(self, record: buffer.MetricsBuffer, update_start: float) -> None:
-    """Completes an update's flushed record on the host: the newest
-    rollout's statistics and timings, the update's timings, and the step's
-    reduction of the loss's extremes (true max/min over the micro-batches).
+  def finish(
+      self,
+      record: buffer.MetricsBuffer,
+      update_start: float,
+      prepared: Optional[Prepared] = None,
+      step: Optional[int] = None,
+  ) -> None:
+    """Completes an update's flushed record on the host: its rollout's
+    statistics and timings, the update's timings, the samples' ages (with
+    `record_age`), and the step's reduction of the loss's extremes (true
+    max/min over the micro-batches).
 
     Args:
       record: the update's flushed record (`Engine.update`'s).
       update_start: perf_counter() when the update's micro-batches were
         ready to dispatch.
+      prepared: the rollout the update trained on; None = the newest of
+        `rollout`.
+      step: the update's index (for the ages); None = the record's step.
     """
     end = time.perf_counter()
-    began = update_start if self._rollout_start is None else self._rollout_start
-    self._rollout_start = None
+    prepared = self._current if prepared is None else prepared
+    began = update_start if prepared.start is None else prepared.start
+    prepared.start = None  # Later updates of the rollout time themselves.
     values = dict(
-        self._rollout_values,
+        prepared.values,
         **{"timing/update": end - update_start, "timing/step": end - began},
     )
+    if self._record_age:
+      ages = (record.step if step is None else step) - prepared.versions
+      values["rollout/age_max"] = float(np.max(ages))
+      values["rollout/age_mean"] = float(np.mean(ages))
     for name, value in values.items():
       record.scalar_metrics[name] = np.array([value])
     record.aggregation_fns.update(
@@ -401,6 +495,33 @@ class GrpoStep:
     # micro-batches' work is done (module docstring: the apply may not be).
     self.finish(record, start)
     return record
+
+  def train_ahead(
+      self, prepared: Prepared, next_step: Optional[int]
+  ) -> tuple[buffer.MetricsBuffer, Optional[Prepared]]:
+    """One update on `prepared` with rollout `next_step` drawn meanwhile.
+
+    The training loop's order for grpo_max_age = 1 (the GRPO workload's
+    read-ahead): the K micro-batches are dispatched, rollout `next_step` is
+    drawn with the parameters they read (the update's apply is not yet
+    dispatched, so those parameters are neither changed nor donated, and no
+    copy of them is made), then the update flushes and applies.
+
+    Args:
+      prepared: the rollout this update trains on.
+      next_step: the rollout to draw ahead, or None (none is left).
+
+    Returns:
+      (the update's flushed record, completed by `finish`; rollout
+      `next_step`, or None).
+    """
+    start = time.perf_counter()
+    for micro_batch in prepared.batches:
+      self._engine.fwd_bwd(micro_batch)
+    ahead = None if next_step is None else self.prepare(next_step, ahead=True)
+    record = self._engine.update(release=True)
+    self.finish(record, start, prepared)
+    return record, ahead
 
   def run(self, step: int) -> StepResult:
     """Runs GRPO step `step` (a rollout and num_iterations updates)."""
@@ -430,12 +551,10 @@ class GrpoStep:
         rewards_lib.RewardFunction(f.name, _placeholder_reward, f.weight)
         for f in self._rewards
     ]
-    _, batches = self.rollout(step, placeholders)
+    batches = self.prepare(step, placeholders).batches
     for micro_batch in batches:
       engine.fwd_bwd(micro_batch)
     engine.update(discard=True, release=True)
-    self._rollout_start = None
-    self._rollout_values = {}
     jax.block_until_ready((engine.params, engine.opt_state))
     engine.set_state(
         {

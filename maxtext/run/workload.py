@@ -22,7 +22,8 @@ A workload supplies only what differs between kinds of training:
   batches          a step's micro-batches on the devices; `reads_ahead`
                    says whether step s + 1's may be read before step s's
                    update (a data set: yes; a rollout of the current
-                   policy: no)
+                   policy: no; GRPO's rollout drawn one update ahead,
+                   grpo_max_age 1: yes, with the parameters before it)
   updates_per_batch
                    optimizer updates fed by one batch (GRPO's
                    `grpo_num_iterations`); evals, checkpoints and stops

@@ -33,6 +33,16 @@ execution (`timing/tools`: the environments' tools, verifiers and
 rendering) and the reward functions; generated tokens/s then counts every
 id after the prompts (the environment's too) over generation's seconds.
 
+Then the step with rollouts drawn ahead: `--steps` more steps with each
+rollout drawn while the update before runs (grpo_max_age = 1, the training
+loop's order: `GrpoStep.train_ahead`), on the same engine, and the line
+
+  step by grpo_max_age: 0 A s, 1 B s, speedup S (age_max 1)
+
+gives each mode's wall seconds per step (its steps' own time, until the
+last update's parameters are ready; the table's steps for 0), S = A / B,
+and the oldest trained sample's age in updates.
+
 Then the device dispatches of one step's metrics, counted with
 `tools.benchmarks.metric_ways` (as `metrics_bench` counts them) on the GRPO
 loss of the same config: what the engine's recorder adds to a step beyond
@@ -51,6 +61,7 @@ per step (the same for any M); A the appends' dispatches per step (m x K).
 
 import functools
 import os
+import time
 
 from absl import app
 from absl import flags
@@ -124,9 +135,13 @@ def _prompts(task, count: int, step: int) -> list[list[int]]:
   return task.train_prompts(step, count)
 
 
-def _grpo_step(config, functions) -> step_lib.GrpoStep:
-  """The GRPO run's engine and step (as `maxtext.grpo.grpo_workload` builds
-  them), without its run directory and outputs."""
+def _grpo_step(config, functions):
+  """The GRPO run's step and engine (as `maxtext.grpo.grpo_workload` builds
+  them), without its run directory and outputs.
+
+  Returns:
+    (the `step.GrpoStep`, its engine).
+  """
   engine, setup = grpo_workload.engine_factory(
       config, mesh_lib.make_mesh(config)
   )
@@ -144,7 +159,7 @@ def _grpo_step(config, functions) -> step_lib.GrpoStep:
         _prompts, prompts_lib.make_task(config), prompts
     )
     rollout_fn = rollout_lib.rollout
-  return step_lib.GrpoStep(
+  grpo = step_lib.GrpoStep(
       engine,
       frozen,
       prompts_of,
@@ -163,6 +178,7 @@ def _grpo_step(config, functions) -> step_lib.GrpoStep:
       rollout_fn=rollout_fn,
       packing=config.packing,
   )
+  return grpo, engine
 
 
 def _padding(rollout, k: int, shards: int) -> tuple[float, float]:
@@ -181,22 +197,50 @@ def _padding(rollout, k: int, shards: int) -> tuple[float, float]:
 
 
 def _timed_steps(
-    grpo, steps: int, k: int, shards: int
-) -> tuple[list[dict], int, int, list]:
-  """Runs `steps` steps after the warm-up.
+    grpo, engine, steps: int, k: int, shards: int
+) -> tuple[list[dict], int, int, list, float]:
+  """Runs `steps` synchronous steps (grpo_max_age 0) after the warm-up.
 
   Returns:
     (each step's record reduced, generated tokens, trained tokens, each
-    step's (padded, packed) padding fractions).
+    step's (padded, packed) padding fractions, wall seconds per step: the
+    steps' own time, until the last update's parameters are ready).
   """
-  records, generated, trained, padding = [], 0, 0, []
+  records, generated, trained, padding, wall = [], 0, 0, [], 0.0
   for step in range(steps):
+    start = time.perf_counter()
     result = grpo.run(step)
+    wall += time.perf_counter() - start
     records.append(metrics_recorder.reduce_buffer(result.records[0]))
     generated += int(result.rollout.completion_lengths.sum())
     trained += result.rollout.tokens.size
     padding.append(_padding(result.rollout, k, shards))
-  return records, generated, trained, padding
+  start = time.perf_counter()
+  jax.block_until_ready(engine.params)
+  wall += time.perf_counter() - start
+  return records, generated, trained, padding, wall / steps
+
+
+def _timed_steps_ahead(grpo, engine, first: int, steps: int):
+  """Runs steps first .. first + steps - 1 with each rollout drawn while
+  the update before runs (grpo_max_age 1: `GrpoStep.train_ahead`, the
+  training loop's order): the same rollouts and updates as `steps`
+  synchronous steps.
+
+  Returns:
+    (wall seconds per step, until the last update's parameters are ready;
+    the oldest trained sample's age in updates).
+  """
+  start = time.perf_counter()
+  prepared = grpo.prepare(first)
+  age = 0
+  for i in range(steps):
+    # The update about to run is the engine's step `engine.step`.
+    age = max(age, int(np.max(engine.step - prepared.versions)))
+    last = i + 1 == steps
+    _, prepared = grpo.train_ahead(prepared, None if last else first + i + 1)
+  jax.block_until_ready(engine.params)
+  return (time.perf_counter() - start) / steps, age
 
 
 def main(argv):
@@ -204,13 +248,14 @@ def main(argv):
   config = _CONFIG.value
   with command_line.user_errors("grpo_bench"):
     functions = _check(config)
-  grpo = _grpo_step(config, functions)
+  grpo, engine = _grpo_step(config, functions)
   k = config.gradient_accumulation_steps
   warmup_s = grpo.warm_up(0)
   shards = mesh_lib.make_mesh(config).devices.size
-  records, generated, trained, padding = _timed_steps(
-      grpo, _STEPS.value, k, shards
+  records, generated, trained, padding, sync_s = _timed_steps(
+      grpo, engine, _STEPS.value, k, shards
   )
+  ahead_s, age = _timed_steps_ahead(grpo, engine, _STEPS.value, _STEPS.value)
   # timing/tools is 0 without a task's environments.
   mean = {
       name: float(np.mean([r.get(name, 0.0) for r in records]))
@@ -238,6 +283,11 @@ def main(argv):
   print(
       f"padding fraction: padded {padded:.4f} packed {packed:.4f} "
       f"(packing={config.packing})"
+  )
+
+  print(
+      f"step by grpo_max_age: 0 {sync_s:.4f} s, 1 {ahead_s:.4f} s, "
+      f"speedup {sync_s / ahead_s:.3f} (age_max {age})"
   )
 
   problem = metric_ways.grpo_problem(config)

@@ -58,6 +58,13 @@ _PADDING = re.compile(
 )
 
 
+_AHEAD = re.compile(
+    r"^step by grpo_max_age: 0 (\d+\.\d{4}) s, 1 (\d+\.\d{4}) s, "
+    r"speedup (\d+\.\d{3}) \(age_max (\d+)\)$",
+    re.MULTILINE,
+)
+
+
 def _run(*args):
   return runfiles.run_binary(
       "tools/benchmarks/grpo_bench", list(_SMALL + args), timeout_s=900
@@ -94,6 +101,15 @@ class GrpoBenchTest(absltest.TestCase):
     self.assertGreaterEqual(padded, 0.0)
     self.assertLessEqual(packed, padded)
     self.assertEqual(padding.group(3), str(packing))
+    # The same steps with each rollout drawn during the update before: its
+    # samples one update old.
+    ahead = _AHEAD.search(proc.stdout)
+    self.assertIsNotNone(ahead, proc.stdout)
+    sync_s, ahead_s, speedup = map(float, ahead.group(1, 2, 3))
+    self.assertGreater(sync_s, 0.0)
+    self.assertGreater(ahead_s, 0.0)
+    self.assertAlmostEqual(speedup, sync_s / ahead_s, delta=0.02 * speedup)
+    self.assertEqual(ahead.group(4), "1")
     match = _LAST_LINE.match(lines[-1])
     self.assertIsNotNone(match, lines[-1])
     share = float(match.group(1))
