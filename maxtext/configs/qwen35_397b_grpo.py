@@ -1,4 +1,4 @@
-"""MLPerf Training qwen35_397b_grpo: closed hyperparameters, a stand-in model.
+"""MLPerf Training qwen35_397b_grpo: closed hyperparameters, the benchmark's model.
 
 The hyperparameters are the closed rules of MLPerf Training 6.1.0 for
 qwen35_397b_grpo (closed_qwen35_397b_grpo.yaml and rcps_qwen35_397b_grpo.json
@@ -17,15 +17,17 @@ reference points are 256, 512 and 1024):
     --config=maxtext/configs/qwen35_397b_grpo.py:256 \
     --config.load_parameters_path=/ckpt/warm_start
 
-The model is NOT Qwen3.5-397B-A17B: that model (a mixture of experts with
-linear-attention layers beside full attention) is not one this engine can
-build. The config uses the Llama-3.1-8B-shaped model of `llama31_8b.py`
-(its 128256-entry vocabulary holds the built-in progression task's 65536-term
-sequences), and the task is the built-in progression task
-(`maxtext/grpo/progression_task.py`), not the benchmark's. So this config
-proves the log's header against the closed rules (`header_proof`, the
-pre-flight of every run with a log); it is not a closed submission, which
-needs the reference model, data set and checkpoint (docs/mlperf.md).
+The model is the benchmark's, Qwen3.5-397B-A17B (`qwen35_397b_a17b.py`:
+Gated DeltaNet layers beside gated attention, 512-expert MoE); import the
+published checkpoint with `//tools:import_checkpoint` and pass it as
+`load_parameters_path`. Rollouts run on the paged decoder, which carries
+each Gated DeltaNet layer's state per sequence. The task is still the
+built-in progression task (`maxtext/grpo/progression_task.py`; its 65536-term
+sequences fit the 248320-entry vocabulary), not the benchmark's software
+tasks, so this config proves the log's header against the closed rules
+(`header_proof`, the pre-flight of every run with a log); it is not a closed
+submission, which needs the reference's data set and tasks as well
+(docs/mlperf.md).
 
 The loss is the reference's (NeMo-RL's GRPO as mlcommons/training
 llm_post_training configures it; docs/grpo.md has the table of settings,
@@ -33,16 +35,16 @@ fields and tests): the leave-one-out baseline over the other completions'
 std (ddof 1), the PPO ratio forced to 1 with each token weighted by
 pi_train / pi_generator, sequence-mask truncated importance sampling in
 [0.999, 1.002], sequences with a log-probability error above 2.0 masked,
-overlong completions filtered, no KL term, the MoE router frozen (the
-stand-in model is dense: nothing to freeze). The reference's rollouts may
-be one step stale (asynchronous); these are synchronous.
+overlong completions filtered, no KL term, the MoE router frozen. The
+reference's rollouts may be one step stale (asynchronous); these are
+synchronous.
 """
 
 import math
 
 import ml_collections
 
-from maxtext.configs import llama31_8b
+from maxtext.configs import qwen35_397b_a17b
 
 # The reference batch size: the rules' learning rate and clip are quoted at it.
 REFERENCE_BATCH_SIZE = 256
@@ -62,10 +64,9 @@ EVAL_SAMPLES_PER_TASK = 4
 # Held-out tasks: what the pinned 6.1.0 checker requires of eval_samples
 # (the reference README's validation file has 256; docs/mlperf.md).
 EVAL_TASKS = 251
-# The end-of-text id of the stand-in model's vocabulary (Llama 3.1's
-# <|end_of_text|>): overlong filtering needs a stop id; the reference's
-# Qwen3.5 one is 248046, outside this vocabulary.
-STOP_ID = 128001
+# The reference's stop id in Qwen3.5's vocabulary: overlong filtering needs
+# one.
+STOP_ID = 248046
 
 
 def learning_rate(global_batch_size: int) -> float:
@@ -112,7 +113,7 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
     )
   # The model (see the docstring); its data set fields are not read: a GRPO
   # run's prompts come from the built-in task.
-  config = llama31_8b.get_config()
+  config = qwen35_397b_a17b.get_config()
   config.workload = "grpo"
   config.dataset_type = "synthetic"
   config.train_data_path = ""

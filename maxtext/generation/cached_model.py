@@ -12,6 +12,14 @@ at that row's own position. The layers are the training model's own
 cache, so the logits equal `transformer.apply` over the same ids up to
 float32 summation order.
 
+A hybrid model (`full_attention_interval`) runs as training runs it, a scan
+over groups of Gated DeltaNet layers and one attention layer; each DeltaNet
+layer continues its per-row `gated_deltanet.State` from the cache (the
+chunked delta rule for a call of several tokens, the token-by-token one for
+a decode step) and returns the state after the call's real tokens
+(`lengths`), so a right-padded prefill leaves each row's state after its own
+prompt.
+
 Mixture-of-experts layers route each call's tokens as training does; with
 `capacity_factor` > 0 an expert's capacity counts the call's tokens, so
 drops (and logits) can differ from a whole-sequence pass. Use
@@ -24,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from maxtext.generation import kv_cache
+from maxtext.model import gated_deltanet
 from maxtext.model import layers
 from maxtext.model import mla
 from maxtext.model import moe
@@ -70,7 +79,22 @@ def _attention(x, layer, entries, positions, config, store):
     entries, view = store(entries, {"k": k, "v": v}, positions)
     k, v = view["k"], view["v"]
   out = layers.attend_cached(q, k, v, positions, layers.rope_scaling(config))
+  out = transformer.output_gate(out, x, layer)
   return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), entries
+
+
+def _stacked(tree: Any, groups: int) -> Any:
+  """Leaves [groups * n, ...] viewed as [groups, n, ...]."""
+  return jax.tree_util.tree_map(
+      lambda a: a.reshape((groups, -1) + a.shape[1:]), tree
+  )
+
+
+def _unstacked(tree: Any) -> Any:
+  """Leaves [groups, n, ...] viewed as [groups * n, ...]."""
+  return jax.tree_util.tree_map(
+      lambda a: a.reshape((-1,) + a.shape[2:]), tree
+  )
 
 
 def forward(
@@ -80,6 +104,7 @@ def forward(
     cache: kv_cache.Cache,
     config,
     store: Optional[Store] = None,
+    lengths: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, kv_cache.Cache]:
   """Runs the blocks over `tokens`, reading and extending `cache`.
 
@@ -93,6 +118,9 @@ def forward(
     store: how a layer writes its new entries and what it attends to
       (`dense_store`, the default: slot j of row b is position j of row b;
       `maxtext.generation.paged_model` passes a page table's).
+    lengths: int32 [B]: row b's first lengths[b] tokens are real, the rest
+      padding, for the Gated DeltaNet states (`gated_deltanet.apply`); the
+      attention entries follow `store`. None: every token is real.
 
   Returns:
     (hidden, cache): hidden [B, S, E] final-normed hidden states in the
@@ -100,35 +128,69 @@ def forward(
     tokens' entries written.
   """
   cdt = jnp.dtype(config.compute_dtype)
-  eps = config.norm_epsilon
   x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
   store = store or dense_store
+
+  def ffn(x, layer):
+    normed = transformer.norm(x, layer["mlp_norm"], config)
+    if "router" in layer:
+      return x + moe.moe_mlp(normed, layer, config)[0]
+    return x + transformer.mlp(normed, layer)
 
   def block(x, inputs):
     layer, entries = inputs
     out, entries = _attention(
-        layers.rms_norm(x, layer["attn_norm"], eps),
+        transformer.norm(x, layer["attn_norm"], config),
         layer,
         entries,
         positions,
         config,
         store,
     )
-    x = x + out
-    normed = layers.rms_norm(x, layer["mlp_norm"], eps)
-    if "router" in layer:
-      x = x + moe.moe_mlp(normed, layer, config)[0]
-    else:
-      x = x + transformer.mlp(normed, layer)
-    return x, entries
+    return ffn(x + out, layer), entries
+
+  def linear_block(x, inputs):
+    layer, state = inputs
+    out, state = gated_deltanet.apply(
+        transformer.norm(x, layer["attn_norm"], config),
+        layer,
+        config,
+        state,
+        recurrent=tokens.shape[1] == 1,
+        lengths=lengths,
+    )
+    return ffn(x + out, layer), state
 
   new_cache = {}
-  for stack in ("layers", "moe_layers"):
-    if stack in params:
-      x, new_cache[stack] = jax.lax.scan(
-          block, x, (params[stack], cache[stack])
-      )
-  return layers.rms_norm(x, params["final_norm"], eps), new_cache
+  if "layers" in params:
+    x, new_cache["layers"] = jax.lax.scan(
+        block, x, (params["layers"], cache["layers"])
+    )
+  if "linear_layers" in params:
+    groups = config.num_layers // config.full_attention_interval
+
+    def group(x, inputs):
+      linear, states, attention, entries = inputs
+      x, states = jax.lax.scan(linear_block, x, (linear, states))
+      x, entries = block(x, (attention, entries))
+      return x, (states, entries)
+
+    x, (states, new_cache["moe_layers"]) = jax.lax.scan(
+        group,
+        x,
+        (
+            transformer.grouped_linear_layers(params, config),
+            _stacked(cache["linear_layers"], groups),
+            params["moe_layers"],
+            cache["moe_layers"],
+        ),
+    )
+    new_cache["linear_layers"] = _unstacked(states)
+  elif "moe_layers" in params:
+    x, new_cache["moe_layers"] = jax.lax.scan(
+        block, x, (params["moe_layers"], cache["moe_layers"])
+    )
+  return transformer.norm(x, params["final_norm"], config), new_cache
 
 
 def logits(params: Any, hidden: jax.Array) -> jax.Array:

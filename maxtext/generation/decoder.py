@@ -17,7 +17,9 @@ temperature, top_k, top_p, seed, stop ids; each prompt `num_samples` times):
 
 The slots a prefill fills past a row's prompt hold the padding's entries;
 each is overwritten by the row's own token before any query of the row can
-see it, since a query at position p sees slots 0..p only.
+see it, since a query at position p sees slots 0..p only. A hybrid model's
+Gated DeltaNet states are left after each row's own prompt (the prefill
+passes the prompt lengths: padding changes no state).
 
 Generation stops at the model's `max_sequence_length`: a prompt plus
 `max_new_tokens` longer than that is refused with one line (the windowed
@@ -71,7 +73,8 @@ class Generation:
       (log-softmax of logits / temperature; temperature 1 when greedy),
       before top-k / top-p filtering; 0 at padding.
     cache_length: the cache's positions per row (the length bucket).
-    cache_bytes: bytes of the whole cache (all rows and layers).
+    cache_bytes: bytes of the whole cache (all rows and layers, with a
+      hybrid model's recurrent states).
   """
 
   ids: np.ndarray
@@ -159,7 +162,9 @@ def _generate(
   positions = jnp.broadcast_to(
       jnp.arange(length, dtype=jnp.int32), tokens.shape
   )
-  hidden, cache = cached_model.forward(params, tokens, positions, cache, config)
+  hidden, cache = cached_model.forward(
+      params, tokens, positions, cache, config, lengths=lengths
+  )
   last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
   logits = cached_model.logits(params, last)[:, 0]
   row_keys = jax.vmap(lambda r: jax.random.fold_in(seed_key, r))(
@@ -339,5 +344,9 @@ def generate(
       lengths=lengths,
       log_probs=np.asarray(log_probs)[:, :new],
       cache_length=length,
-      cache_bytes=kv_cache.bytes_per_token(config) * rows * length,
+      cache_bytes=(
+          kv_cache.bytes_per_token(config) * length
+          + kv_cache.state_bytes_per_row(config)
+      )
+      * rows,
   )

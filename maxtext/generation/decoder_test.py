@@ -40,6 +40,8 @@ _KINDS = (
     # Qwen3: per-head q/k norms; Qwen3-MoE's renormalised softmax router.
     ("qwen3", (tiny_configs.TINY_QWEN3,), {}),
     ("qwen3_moe", (tiny_configs.TINY_QWEN3_MOE,), {}),
+    # Qwen3.5's hybrid: Gated DeltaNet states carried beside the cache.
+    ("hybrid", (tiny_configs.TINY_QWEN35,), {}),
     # DeepSeek-V3's rotary scaling: frequencies and the softmax scale.
     (
         "mla_yarn",
@@ -89,6 +91,7 @@ class ExactnessTest(parameterized.TestCase):
         jnp.asarray(positions),
         kv_cache.init(config, 3, 16),
         config=config,
+        lengths=jnp.asarray(prompt, jnp.int32),
     )
     got = np.asarray(cached_model.logits(params, hidden))
     for row, n in enumerate(prompt):

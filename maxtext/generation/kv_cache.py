@@ -5,6 +5,12 @@ The cache is a pytree shaped like the parameters: one entry per block stack
 along a leading layers axis, so the decoder scans the cache with the
 parameters. Slot j of a row holds position j of that row's sequence.
 
+A hybrid model's Gated DeltaNet layers (`full_attention_interval`, the
+`linear_layers` stack) keep no entry per token: each keeps one
+`gated_deltanet.State` per row (its convolution windows and its recurrent
+state), stacked as "linear_layers" [L, B, ...] beside the attention
+layers' entries (`init_states`). Their bytes do not grow with the length.
+
 What a layer keeps depends on `config.attention_type`:
   gqa: "k" [L, B, T, K, D] and "v" [L, B, T, K, D], keys already rotated.
   mla: "kv_latent" [L, B, T, C] (the normalised latent) and "k_rope"
@@ -23,17 +29,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext.model import gated_deltanet
+from maxtext.model import transformer
+
 Cache = dict[str, dict[str, jax.Array]]
 
 
 def _stack_sizes(config) -> dict[str, int]:
-  """Layers of each block stack, named as the parameter tree names them."""
+  """Attention layers of each block stack, named as the parameter tree
+  names them (a hybrid model's Gated DeltaNet layers are not among them)."""
   if not config.num_experts:
     return {"layers": config.num_layers}
-  sizes = {"moe_layers": config.num_layers - config.num_dense_layers}
+  sizes = {
+      "moe_layers": config.num_layers
+      - config.num_dense_layers
+      - transformer.num_linear_layers(config)
+  }
   if config.num_dense_layers:
     sizes["layers"] = config.num_dense_layers
   return sizes
+
+
+def attention_layers(config) -> int:
+  """Layers that keep keys and values (all but Gated DeltaNet ones)."""
+  return sum(_stack_sizes(config).values())
 
 
 def entry_shapes(config) -> dict[str, tuple[int, ...]]:
@@ -47,18 +66,9 @@ def entry_shapes(config) -> dict[str, tuple[int, ...]]:
   return {"k": kv, "v": kv}
 
 
-def init(config, batch: int, length: int) -> Cache:
-  """A zero cache of `batch` rows and `length` positions.
-
-  Raises:
-    ValueError: a model with Gated DeltaNet layers, whose recurrent state
-      the cache does not hold.
-  """
-  if config.full_attention_interval:
-    raise ValueError(
-        f"config.full_attention_interval={config.full_attention_interval}: "
-        "the cached decoder does not carry the Gated DeltaNet state yet"
-    )
+def init_entries(config, batch: int, length: int) -> Cache:
+  """The attention layers' zero entries: `batch` rows (or pages) of
+  `length` positions."""
   dtype = jnp.dtype(config.compute_dtype)
   return {
       stack: {
@@ -69,12 +79,43 @@ def init(config, batch: int, length: int) -> Cache:
   }
 
 
+def init_states(config, batch: int) -> Cache:
+  """The Gated DeltaNet layers' states before any token, `batch` rows:
+  {"linear_layers": State of [L, B, ...] leaves}, or {} without them."""
+  count = transformer.num_linear_layers(config)
+  if not count:
+    return {}
+  state = gated_deltanet.init_state(
+      config, batch, jnp.dtype(config.compute_dtype)
+  )
+  return {
+      "linear_layers": jax.tree_util.tree_map(
+          lambda x: jnp.broadcast_to(x, (count,) + x.shape), state
+      )
+  }
+
+
+def init(config, batch: int, length: int) -> Cache:
+  """A zero cache of `batch` rows and `length` positions (with a hybrid
+  model's zero recurrent states)."""
+  return {**init_entries(config, batch, length), **init_states(config, batch)}
+
+
 def bytes_per_token(config) -> int:
-  """Cache bytes one token of one row takes, over all layers."""
+  """Key/value bytes one token of one row takes, over all layers."""
   per_layer = sum(int(np.prod(s)) for s in entry_shapes(config).values())
   return (
-      per_layer * config.num_layers * jnp.dtype(config.compute_dtype).itemsize
+      per_layer
+      * attention_layers(config)
+      * jnp.dtype(config.compute_dtype).itemsize
   )
+
+
+def state_bytes_per_row(config) -> int:
+  """Bytes of one row's Gated DeltaNet states over all layers (0 for a
+  model without them): fixed, whatever the sequence's length."""
+  states = jax.eval_shape(lambda: init_states(config, 1))
+  return total_bytes(states)
 
 
 def expanded_bytes_per_token(config) -> int:
@@ -87,7 +128,9 @@ def expanded_bytes_per_token(config) -> int:
       config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
   )
   return (
-      per_layer * config.num_layers * jnp.dtype(config.compute_dtype).itemsize
+      per_layer
+      * attention_layers(config)
+      * jnp.dtype(config.compute_dtype).itemsize
   )
 
 

@@ -2,8 +2,10 @@
 
 from absl.testing import absltest
 import jax
+import jax.numpy as jnp
 
 from maxtext.generation import kv_cache
+from maxtext.model import gated_deltanet
 from testing import tiny_configs
 
 
@@ -34,12 +36,39 @@ class KvCacheTest(absltest.TestCase):
     # Expanded keys (8 + 4) and values (6) of 4 heads: 72 numbers a layer.
     self.assertEqual(kv_cache.expanded_bytes_per_token(config), 2 * 72 * 4)
 
-  def test_hybrid_model_is_refused_in_one_line(self):
+  def test_hybrid_keeps_entries_for_attention_and_states_for_deltanet(self):
+    # 4 layers, attention every 2nd: 2 attention layers with keys and
+    # values, 2 Gated DeltaNet layers with a state per row (kernel 4: 3
+    # inputs of each convolution; 2 key heads of 8, 4 value heads of 6).
     config = tiny_configs.model_config(tiny_configs.TINY_QWEN35)
-    with self.assertRaisesRegex(
-        ValueError, "config.full_attention_interval=2: the cached decoder"
-    ):
-      kv_cache.init(config, 1, 8)
+    self.assertEqual(config.compute_dtype, "float32")
+    k, d = config.num_kv_heads, config.head_dim
+    cache = kv_cache.init(config, 3, 8)
+    shapes = jax.tree_util.tree_map(lambda x: x.shape, cache)
+    self.assertEqual(
+        shapes["moe_layers"], {"k": (2, 3, 8, k, d), "v": (2, 3, 8, k, d)}
+    )
+    self.assertEqual(
+        shapes["linear_layers"],
+        gated_deltanet.State(
+            conv_q=(2, 3, 3, 2, 8),
+            conv_k=(2, 3, 3, 2, 8),
+            conv_v=(2, 3, 3, 4, 6),
+            recurrent=(2, 3, 4, 8, 6),
+        ),
+    )
+    self.assertEqual(cache["linear_layers"].recurrent.dtype, jnp.float32)
+    self.assertEqual(kv_cache.bytes_per_token(config), 2 * 2 * k * d * 4)
+    per_layer = (3 * 2 * 8 * 2 + 3 * 4 * 6 + 4 * 8 * 6) * 4
+    self.assertEqual(kv_cache.state_bytes_per_row(config), 2 * per_layer)
+    self.assertEqual(
+        kv_cache.total_bytes(cache),
+        3 * 8 * kv_cache.bytes_per_token(config)
+        + 3 * kv_cache.state_bytes_per_row(config),
+    )
+    # The paged pool holds the attention entries only.
+    self.assertEqual(sorted(kv_cache.init_entries(config, 5, 4)), ["moe_layers"])
+    self.assertEqual(kv_cache.state_bytes_per_row(tiny_configs.model_config()), 0)
 
   def test_moe_stacks_follow_the_parameters(self):
     config = tiny_configs.model_config(tiny_configs.TINY_MOE)

@@ -43,10 +43,10 @@ waits for a page; a sequence waits for a slot and for its pages. A context
 whose pages cannot fit even into the empty pool is refused in one line.
 
 Recurrent layers (a hybrid model's Gated DeltaNet) carry a state per
-sequence rather than pages: it would sit in a per-slot pytree beside the
-page tables (copied from the context's state into each continuation's
-slot, as the partial page is). The engine's programs run the attention
-layers of `cached_model`; the recurrent states are not in it yet.
+sequence rather than pages: one per slot (`kv_cache.init_states`), beside
+the page tables. A context's prefill leaves its state after the context;
+each continuation's slot starts from a copy of it (as the partial page is
+copied), and a slot's state advances only on its live tokens.
 """
 
 import collections
@@ -61,6 +61,7 @@ import numpy as np
 from maxtext.core import checks
 from maxtext.generation import cached_model
 from maxtext.generation import decoder
+from maxtext.generation import kv_cache
 from maxtext.generation import page_pool
 from maxtext.generation import paged_model
 from maxtext.generation import sampling
@@ -108,8 +109,10 @@ class EngineGeneration:
     ids, lengths, log_probs: as `decoder.Generation` (row r continues
       context r // num_samples); ids past a row's own max_new_tokens are
       `sampling.PAD_ID`.
-    cache_bytes: bytes of the page pool (allocated).
-    peak_bytes: bytes of the most pages in use at once.
+    cache_bytes: bytes of the page pool (allocated) and of the slots'
+      recurrent states (a hybrid model's).
+    peak_bytes: bytes of the most pages in use at once, and of the slots'
+      recurrent states.
     pages_used: the most pages in use at once.
     prefill_passes: prefill calls (one per context).
     decode_calls: decode program calls.
@@ -135,14 +138,22 @@ def _pages(positions: int, page_size: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
 def _prefill(params, pool, tokens, length, table, *, config):
-  """Writes a context's entries into its pages; returns (pool, logits [V])
-  of its last position. tokens int32 [1, T] right-padded, table [1, T/P]."""
+  """Writes a context's entries into its pages; returns (pool, logits [V]
+  of its last position, its recurrent states (one row; {} without
+  recurrent layers)). tokens int32 [1, T] right-padded, table [1, T/P]."""
   positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
-  hidden, pool = paged_model.forward(
-      params, tokens, positions, positions < length, pool, table, config
+  hidden, pool, states = paged_model.forward(
+      params,
+      tokens,
+      positions,
+      positions < length,
+      pool,
+      table,
+      config,
+      kv_cache.init_states(config, 1),
   )
   last = jax.lax.dynamic_index_in_dim(hidden, length - 1, 1)
-  return pool, cached_model.logits(params, last)[0, 0]
+  return pool, cached_model.logits(params, last)[0, 0], states
 
 
 @functools.partial(
@@ -155,6 +166,27 @@ def _empty_pool(*, config, num_pages, page_size, sharding):
     return pool
   return jax.tree_util.tree_map(
       lambda x: jax.lax.with_sharding_constraint(x, sharding), pool
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("config", "slots", "sharding"))
+def _empty_states(*, config, slots, sharding):
+  """Every slot's zero recurrent states, replicated over `sharding`'s mesh
+  (None: one device); {} for a model without recurrent layers."""
+  states = kv_cache.init_states(config, slots)
+  if sharding is None:
+    return states
+  return jax.tree_util.tree_map(
+      lambda x: jax.lax.with_sharding_constraint(x, sharding), states
+  )
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _set_states(states, slot, context_states):
+  """Slot `slot` of every [L, S, ...] state set to the context's [L, 1,
+  ...] states."""
+  return jax.tree_util.tree_map(
+      lambda x, c: x.at[:, slot].set(c[:, 0]), states, context_states
   )
 
 
@@ -173,11 +205,12 @@ def _copy_page(pool, source, target):
 @functools.partial(
     jax.jit,
     static_argnames=("config", "chunk", "greedy", "filtered"),
-    donate_argnums=(1, 2),
+    donate_argnums=(1, 2, 3),
 )
 def _decode(
     params,
     pool,
+    states,
     logits,
     tables,
     steps,
@@ -203,6 +236,7 @@ def _decode(
   Args:
     params: the model's parameters.
     pool: the page pool.
+    states: the slots' recurrent states ({} without recurrent layers).
     logits: float32 [S, V]: each slot's next-token logits.
     tables: int32 [S, W] page tables.
     steps: int32 [S] ids each slot's sequence has so far.
@@ -216,20 +250,21 @@ def _decode(
     config, chunk, greedy, filtered: static.
 
   Returns:
-    (pool, logits, ids int32 [S, chunk], log_probs float32 [S, chunk],
-    steps, active): a slot's new ids are the first (new steps - old steps)
-    of its row.
+    (pool, states, logits, ids int32 [S, chunk], log_probs float32
+    [S, chunk], steps, active): a slot's new ids are the first (new steps -
+    old steps) of its row.
   """
   slots = logits.shape[0]
 
   draw = (temperature, top_k, top_p, allowed_vocab)
 
   def cond(carry):
-    k, _, _, _, _, active, finished, _, _ = carry
+    k, _, _, _, _, _, active, finished, _, _ = carry
     return (k < chunk) & jnp.any(active) & (finished < stop_after)
 
   def body(carry):
-    k, pool, logits, steps, positions, active, finished, ids, log_probs = carry
+    (k, pool, states, logits, steps, positions, active, finished, ids,
+     log_probs) = carry
     keys = jax.vmap(
         lambda r, s: jax.random.fold_in(jax.random.fold_in(seed_key, r), s)
     )(rows, steps)
@@ -243,7 +278,7 @@ def _decode(
     done = active & (jnp.isin(token, stop_ids) | (steps >= budgets))
     live = active & ~done
     # A finished sequence's last id needs no entry: nothing reads it.
-    hidden, pool = paged_model.forward(
+    hidden, pool, states = paged_model.forward(
         params,
         token[:, None],
         positions[:, None],
@@ -251,11 +286,13 @@ def _decode(
         pool,
         tables,
         config,
+        states,
     )
     logits = cached_model.logits(params, hidden)[:, 0]
     return (
         k + 1,
         pool,
+        states,
         logits,
         steps,
         positions + live,
@@ -268,6 +305,7 @@ def _decode(
   carry = (
       jnp.int32(0),
       pool,
+      states,
       logits,
       steps,
       positions,
@@ -276,10 +314,10 @@ def _decode(
       jnp.full((slots, chunk), sampling.PAD_ID, jnp.int32),
       jnp.zeros((slots, chunk), jnp.float32),
   )
-  _, pool, logits, steps, _, active, _, ids, log_probs = jax.lax.while_loop(
-      cond, body, carry
+  _, pool, states, logits, steps, _, active, _, ids, log_probs = (
+      jax.lax.while_loop(cond, body, carry)
   )
-  return pool, logits, ids, log_probs, steps, active
+  return pool, states, logits, ids, log_probs, steps, active
 
 
 @dataclasses.dataclass
@@ -289,6 +327,7 @@ class _Context:
   length: int
   pages: list
   logits: Any  # float32 [V] on the device.
+  states: Any  # Its recurrent states ([L, 1, ...]; {} without them).
   waiting: int
 
 
@@ -391,6 +430,7 @@ def generate(
   pool = _empty_pool(
       config=config, num_pages=num_pages, page_size=size, sharding=replicated
   )
+  states = _empty_states(config=config, slots=slots, sharding=replicated)
   stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
   stop_ids = np.full((stop_slots,), -1, np.int32)
   stop_ids[: len(options.stop_ids)] = options.stop_ids
@@ -434,7 +474,7 @@ def generate(
     tokens[0, : len(context)] = context
     table = np.zeros((1, bucket // size), np.int32)
     table[0, : len(pages)] = pages
-    pool, last = _prefill(
+    pool, last, context_states = _prefill(
         params,
         pool,
         put(tokens),
@@ -443,7 +483,7 @@ def generate(
         config=config,
     )
     figures["prefill_passes"] += 1
-    state = _Context(len(context), pages, last, g)
+    state = _Context(len(context), pages, last, context_states, g)
     ready.extend((index, sample, state) for sample in range(g))
 
   def new_pages(context, budget):
@@ -453,7 +493,7 @@ def generate(
     return lifetime_pages(context.length, budget) - full - int(takes_over)
 
   def admit(slot, index, sample, context):
-    nonlocal pool, logits, reserved
+    nonlocal pool, states, logits, reserved
     row = index * g + sample
     budget = budgets[row]
     full = context.length // size
@@ -483,6 +523,8 @@ def generate(
     slot_budgets[slot] = budget
     slot_rows[slot] = row
     logits = _set_row(logits, put(np.int32(slot)), context.logits)
+    if states:
+      states = _set_states(states, put(np.int32(slot)), context.states)
 
   def fill_slots():
     for slot in range(slots):
@@ -503,10 +545,11 @@ def generate(
       admit(slot, *ready.popleft())
 
   def decode(view, active, stop_after):
-    nonlocal pool, logits
-    pool, logits, *out = _decode(
+    nonlocal pool, states, logits
+    pool, states, logits, *out = _decode(
         params,
         pool,
+        states,
         logits,
         put(tables[:, :view]),
         put(steps),
@@ -581,12 +624,13 @@ def generate(
         reserved -= seq.unallocated
         in_slot[slot] = None
   page_bytes = paged_model.pool_bytes(config, 1, size)
+  state_bytes = kv_cache.state_bytes_per_row(config) * slots
   return EngineGeneration(
       ids=out_ids,
       lengths=lengths,
       log_probs=out_log_probs,
-      cache_bytes=page_bytes * num_pages,
-      peak_bytes=page_bytes * pool_book.peak_in_use,
+      cache_bytes=page_bytes * num_pages + state_bytes,
+      peak_bytes=page_bytes * pool_book.peak_in_use + state_bytes,
       pages_used=pool_book.peak_in_use,
       prefill_passes=figures["prefill_passes"],
       decode_calls=figures["decode_calls"],

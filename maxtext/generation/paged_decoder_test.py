@@ -3,7 +3,8 @@
 The static decoder (`decoder.generate`) is the reference: on the same
 contexts and `SamplingOptions` the engine must return the same ids, lengths
 and (within float32 summation order, `_ATOL`) log-probabilities, for dense,
-grouped-query, multi-head latent and mixture-of-experts models, greedy and
+grouped-query, multi-head latent, mixture-of-experts and Qwen3.5 hybrid
+models, greedy and
 sampled (temperature, top-k, top-p, stop ids). Each row's draws are keyed by
 (seed, row, step), so the ids also do not depend on the number of slots.
 """
@@ -34,6 +35,8 @@ _KINDS = (
     ("gqa", (), {}),
     ("mla", (tiny_configs.TINY_MLA,), {}),
     ("moe", (tiny_configs.TINY_MOE,), {}),
+    # Qwen3.5's hybrid: per-slot Gated DeltaNet states beside the pages.
+    ("hybrid", (tiny_configs.TINY_QWEN35,), {}),
 )
 
 _SMALL = paged_decoder.EngineOptions(num_slots=3, page_size=4, chunk=5)
@@ -65,8 +68,11 @@ class PagedModelTest(parameterized.TestCase):
     dense = kv_cache.init(config, 2, 16)
     positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
     tokens = jnp.asarray(np.where(positions < prompt[:, None], ids[:, :8], 0))
-    want, dense = cached_model.forward(params, tokens, positions, dense, config)
-    got, pool = paged_model.forward(
+    states = kv_cache.init_states(config, 2)
+    want, dense = cached_model.forward(
+        params, tokens, positions, dense, config, lengths=jnp.asarray(prompt)
+    )
+    got, pool, states = paged_model.forward(
         params,
         tokens,
         positions,
@@ -74,6 +80,7 @@ class PagedModelTest(parameterized.TestCase):
         pool,
         tables,
         config,
+        states,
     )
     for row, length in enumerate(prompt):
       np.testing.assert_allclose(
@@ -83,8 +90,15 @@ class PagedModelTest(parameterized.TestCase):
       at = jnp.asarray(prompt + step, jnp.int32)[:, None]
       token = jnp.asarray(ids[np.arange(2), prompt + step])[:, None]
       want, dense = cached_model.forward(params, token, at, dense, config)
-      got, pool = paged_model.forward(
-          params, token, at, jnp.ones_like(at, bool), pool, tables, config
+      got, pool, states = paged_model.forward(
+          params,
+          token,
+          at,
+          jnp.ones_like(at, bool),
+          pool,
+          tables,
+          config,
+          states,
       )
       np.testing.assert_allclose(
           cached_model.logits(params, got),
@@ -97,7 +111,7 @@ class PagedModelTest(parameterized.TestCase):
     pool = paged_model.init_pool(config, 3, 4)
     tables = jnp.asarray([[1, 2]], jnp.int32)
     positions = jnp.arange(8, dtype=jnp.int32)[None]
-    _, pool = paged_model.forward(
+    _, pool, _ = paged_model.forward(
         params,
         jnp.ones((1, 8), jnp.int32),
         positions,
@@ -105,6 +119,7 @@ class PagedModelTest(parameterized.TestCase):
         pool,
         tables,
         config,
+        {},
     )
     k = np.asarray(pool["layers"]["k"])
     self.assertTrue(np.all(k[:, 0] == 0))  # not in the table

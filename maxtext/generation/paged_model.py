@@ -16,6 +16,10 @@ invalid (prefill padding, empty decode slots, a row's last token) write
 nothing. The gather costs one copy of the visible pages per layer and call;
 a TPU kernel that reads the pages in place (ragged paged attention) is the
 faster way and computes the same thing.
+
+A hybrid model's Gated DeltaNet layers keep no pages: their states are one
+per row of the call (`kv_cache.init_states`), passed and returned beside
+the pool; a row's state advances over its valid tokens only.
 """
 
 from typing import Any
@@ -29,7 +33,7 @@ from maxtext.generation import kv_cache
 
 def init_pool(config, num_pages: int, page_size: int) -> kv_cache.Cache:
   """A zero pool of `num_pages` pages of `page_size` positions."""
-  return kv_cache.init(config, num_pages, page_size)
+  return kv_cache.init_entries(config, num_pages, page_size)
 
 
 def page_size_of(pool: kv_cache.Cache) -> int:
@@ -89,7 +93,8 @@ def forward(
     pool: kv_cache.Cache,
     tables: jax.Array,
     config,
-) -> tuple[jax.Array, kv_cache.Cache]:
+    states: kv_cache.Cache,
+) -> tuple[jax.Array, kv_cache.Cache, kv_cache.Cache]:
   """Runs the blocks over `tokens`, reading and extending the paged `pool`.
 
   Args:
@@ -97,14 +102,31 @@ def forward(
     tokens: int32 [B, S] ids.
     positions: int32 [B, S] their positions (< T' * page_size); a row's
       earlier positions must already be in its pages (or in `tokens`).
-    valid: bool [B, S]: tokens whose entries are written.
+    valid: bool [B, S]: tokens whose entries are written; each row's valid
+      tokens come first (a right-padded prompt, or a decode slot's one).
     pool: `init_pool`'s pool or one a call returned.
     tables: int32 [B, T'] the rows' page tables.
     config: the model's config.
+    states: the rows' Gated DeltaNet states (`kv_cache.init_states(config,
+      B)` or ones a call returned; {} for a model without them).
 
   Returns:
-    (hidden, pool): as `cached_model.forward`, the pool with the valid
-    tokens' entries written.
+    (hidden, pool, states): as `cached_model.forward`; the pool with the
+    valid tokens' entries written, each row's states after its valid
+    tokens.
   """
   store = paged_store(tables, valid, page_size_of(pool))
-  return cached_model.forward(params, tokens, positions, pool, config, store)
+  hidden, cache = cached_model.forward(
+      params,
+      tokens,
+      positions,
+      {**pool, **states},
+      config,
+      store,
+      lengths=jnp.sum(valid, axis=1, dtype=jnp.int32),
+  )
+  return (
+      hidden,
+      {name: cache[name] for name in pool},
+      {name: cache[name] for name in states},
+  )

@@ -44,8 +44,8 @@ thousands of rank-one updates); projections run in x's dtype.
 
 The transformer places it by `full_attention_interval` (the `linear_layers`
 stack, `maxtext.model.transformer`); `maxtext.hf.qwen35` imports and
-exports its weights. Not here yet: the decoders' cache of `State`s (the
-key/value-cache decoders refuse the hybrid model).
+exports its weights; `maxtext.generation.cached_model` carries one `State`
+per layer and sequence beside the attention layers' key/value cache.
 
 Config fields read (as transformers names them, `linear_*`):
   emb_dim, norm_epsilon, linear_num_key_heads (Hk), linear_num_value_heads
@@ -204,6 +204,7 @@ def _causal_conv(
     weight: jax.Array,
     window: jax.Array,
     segment_ids: Optional[jax.Array] = None,
+    lengths: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, jax.Array]:
   """SiLU of the depthwise causal convolution, and the next window.
 
@@ -217,6 +218,9 @@ def _causal_conv(
     weight: [K, H, D] per-channel kernels.
     window: [B, K - 1, H, D] the inputs before x.
     segment_ids: int [B, S] packed-sequence ids (`reset_points`), or None.
+    lengths: int [B], how many of each row's inputs are real (the rest is
+      padding after them); the next window ends at the last real one.
+      None: all S.
 
   Returns:
     (out [B, S, H, D] in x's dtype, the last K - 1 inputs [B, K - 1, H, D]).
@@ -239,7 +243,14 @@ def _causal_conv(
         * w32[i]
         for i in range(kernel)
     )
-  new_window = full[:, full.shape[1] - (kernel - 1) :]
+  if lengths is None:
+    new_window = full[:, full.shape[1] - (kernel - 1) :]
+  else:
+    # Row b's last K - 1 real inputs are full[b, n_b : n_b + K - 1].
+    index = lengths[:, None] + jnp.arange(kernel - 1)
+    new_window = jnp.take_along_axis(
+        full, index.reshape(index.shape + (1,) * (full.ndim - 2)), axis=1
+    )
   return jax.nn.silu(out).astype(x.dtype), new_window
 
 
@@ -501,6 +512,7 @@ def apply(
     *,
     recurrent: bool = False,
     segment_ids: Optional[jax.Array] = None,
+    lengths: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, State]:
   """One Gated DeltaNet layer over a sequence.
 
@@ -521,6 +533,12 @@ def apply(
       (`reset_points`): the convolutions and the recurrent state restart at
       each sequence's start, so each sequence's output is its output alone.
       None: each row is one sequence.
+    lengths: int [B]: row b's first lengths[b] tokens are real and the rest
+      padding (a decoder's right-padded prompts, its idle slots with 0):
+      the returned state is the state after the real tokens (padding has
+      decay 0 and strength 0, so it changes no recurrent state, and the
+      convolution windows end at the last real token). The outputs at
+      padding are not meaningful. None: every token is real.
 
   Returns:
     (out [B, S, E] in x's dtype, the `State` after x).
@@ -539,18 +557,21 @@ def apply(
       layer["conv_q"],
       state.conv_q,
       segment_ids,
+      lengths,
   )
   k, conv_k = _causal_conv(
       project("wk", "bse,ehd->bshd"),
       layer["conv_k"],
       state.conv_k,
       segment_ids,
+      lengths,
   )
   v, conv_v = _causal_conv(
       project("wv", "bse,ehd->bshd"),
       layer["conv_v"],
       state.conv_v,
       segment_ids,
+      lengths,
   )
   q = tag(_l2_normalize(q) * dk**-0.5, "query")
   k = tag(_l2_normalize(k), "key")
@@ -562,6 +583,9 @@ def apply(
       a + layer["dt_bias"].astype(f32)
   )
   beta = jax.nn.sigmoid(b)
+  if lengths is not None:
+    real = (jnp.arange(x.shape[1]) < lengths[:, None])[..., None]
+    g, beta = jnp.where(real, g, 0.0), jnp.where(real, beta, 0.0)
   if recurrent:
     out, recurrent_state = recurrent_delta_rule(
         q, k, v, g, beta, state.recurrent, segment_ids

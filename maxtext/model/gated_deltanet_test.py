@@ -3,7 +3,7 @@
 The chunked layer is checked against the layer written here in NumPy
 (float64) straight from the formulas, one token at a time; the token-by-token
 decoding `step` against the chunked forward at every position, also after a
-chunked prefill; the gradients of the two forms against each other. The
+chunked prefill; a right-padded batch's states after each row's real tokens; the gradients of the two forms against each other. The
 layer against transformers' own is //maxtext/hf:gated_deltanet_hf_test.
 """
 
@@ -204,6 +204,34 @@ class GatedDeltaNetTest(parameterized.TestCase):
           rtol=1e-5,
           err_msg=f"position {t}",
       )
+
+  @parameterized.named_parameters(("chunked", False), ("recurrent", True))
+  def test_padding_after_lengths_changes_no_state(self, recurrent):
+    # Rows of 9, 1, 0 and 12 real tokens right-padded with other inputs
+    # to 12: each row's state is the state after its real tokens alone,
+    # continued from a state that is not zero.
+    config = _layer_config(linear_chunk_size=4)
+    p = _layer(config, seed=8)
+    x = _inputs(config, 4, 12, seed=9)
+    _, start = _apply(config)(_inputs(config, 4, 5, seed=10), p)
+    lengths = np.array([9, 1, 0, 12], np.int32)
+    _, padded = jax.jit(
+        lambda x, s, n: gated_deltanet.apply(
+            x, p, config, s, recurrent=recurrent, lengths=n
+        )
+    )(x, start, jnp.asarray(lengths))
+    for row, n in enumerate(lengths):
+      alone = jax.tree.map(lambda a, row=row: a[row : row + 1], start)
+      if n:
+        _, alone = _apply(config, recurrent)(x[row : row + 1, :n], p, alone)
+      for name, want, got in zip(gated_deltanet.State._fields, alone, padded):
+        np.testing.assert_allclose(
+            np.asarray(got[row]),
+            np.asarray(want[0]),
+            atol=1e-5,
+            rtol=1e-5,
+            err_msg=f"row {row} ({n} real tokens): {name}",
+        )
 
   def test_gradients_of_both_forms_agree(self):
     config = _layer_config(linear_chunk_size=4)
