@@ -224,8 +224,10 @@ def _longtail(config) -> None:
   )
   useful = int(lengths.sum())
   per_token = kv_cache.bytes_per_token(config)
-  needed = per_token * int(np.sum(prompt_len + lengths))
   rows = prompts_n * g
+  # Each row's keys and values, and its recurrent states (a hybrid's).
+  needed = per_token * int(np.sum(prompt_len + lengths))
+  needed += kv_cache.state_bytes_per_row(config) * rows
   print(
       f"decode_bench: longtail, {transformer.num_params(params) / 1e6:.1f}M "
       f"parameters (emb {config.emb_dim}, {config.num_layers} layers, "
