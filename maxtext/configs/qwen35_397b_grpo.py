@@ -1,4 +1,4 @@
-"""MLPerf Training qwen35_397b_grpo: closed hyperparameters, the benchmark's model.
+"""MLPerf Training qwen35_397b_grpo: closed hyperparameters, Qwen3.5-397B.
 
 The hyperparameters are the closed rules of MLPerf Training 6.1.0 for
 qwen35_397b_grpo (closed_qwen35_397b_grpo.yaml and rcps_qwen35_397b_grpo.json

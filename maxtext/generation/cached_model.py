@@ -92,9 +92,7 @@ def _stacked(tree: Any, groups: int) -> Any:
 
 def _unstacked(tree: Any) -> Any:
   """Leaves [groups, n, ...] viewed as [groups * n, ...]."""
-  return jax.tree_util.tree_map(
-      lambda a: a.reshape((-1,) + a.shape[2:]), tree
-  )
+  return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), tree)
 
 
 def forward(

@@ -67,8 +67,12 @@ class KvCacheTest(absltest.TestCase):
         + 3 * kv_cache.state_bytes_per_row(config),
     )
     # The paged pool holds the attention entries only.
-    self.assertEqual(sorted(kv_cache.init_entries(config, 5, 4)), ["moe_layers"])
-    self.assertEqual(kv_cache.state_bytes_per_row(tiny_configs.model_config()), 0)
+    self.assertEqual(
+        sorted(kv_cache.init_entries(config, 5, 4)), ["moe_layers"]
+    )
+    self.assertEqual(
+        kv_cache.state_bytes_per_row(tiny_configs.model_config()), 0
+    )
 
   def test_moe_stacks_follow_the_parameters(self):
     config = tiny_configs.model_config(tiny_configs.TINY_MOE)

@@ -263,8 +263,18 @@ def _decode(
     return (k < chunk) & jnp.any(active) & (finished < stop_after)
 
   def body(carry):
-    (k, pool, states, logits, steps, positions, active, finished, ids,
-     log_probs) = carry
+    (
+        k,
+        pool,
+        states,
+        logits,
+        steps,
+        positions,
+        active,
+        finished,
+        ids,
+        log_probs,
+    ) = carry
     keys = jax.vmap(
         lambda r, s: jax.random.fold_in(jax.random.fold_in(seed_key, r), s)
     )(rows, steps)

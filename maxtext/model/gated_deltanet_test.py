@@ -3,8 +3,9 @@
 The chunked layer is checked against the layer written here in NumPy
 (float64) straight from the formulas, one token at a time; the token-by-token
 decoding `step` against the chunked forward at every position, also after a
-chunked prefill; a right-padded batch's states after each row's real tokens; the gradients of the two forms against each other. The
-layer against transformers' own is //maxtext/hf:gated_deltanet_hf_test.
+chunked prefill; a right-padded batch's states after each row's real tokens;
+the gradients of the two forms against each other. The layer against
+transformers' own is //maxtext/hf:gated_deltanet_hf_test.
 """
 
 from absl.testing import absltest
