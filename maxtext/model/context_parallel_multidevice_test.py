@@ -2,12 +2,12 @@
 each row's tokens split over it in the zig-zag layout) with tensor, fsdp,
 data and expert parallelism gives one device's logits, loss and gradients.
 
-Meshes of three axes of size 2 (context with tensor and fsdp, with fsdp and
-expert, with data and expert, with data and tensor) for a dense model, multi-head latent
-attention and mixture-of-experts models, packed and unpacked rows; the
-splash kernel's context path (Pallas interpret mode on the CPU) against the
-reference attention; and the refusals. The device count is fixed when JAX
-starts, so this test has its own target.
+Meshes of three axes of size 2 (context with tensor and fsdp, with fsdp
+and expert, with data and expert, with data and tensor) for a dense model,
+multi-head latent attention and mixture-of-experts models, packed and
+unpacked rows; the splash kernel's context path (Pallas interpret mode on
+the CPU) against the reference attention; and the refusals. The device
+count is fixed when JAX starts, so this test has its own target.
 """
 
 from maxtext.runtime import cpu_devices
@@ -96,7 +96,9 @@ class ContextParallelTest(parameterized.TestCase):
           mesh="fsdp_context_tensor",
           packed=True,
       ),
-      dict(testcase_name="moe_fsdp", preset=(_MOE,), mesh="fsdp_expert_context"),
+      dict(
+          testcase_name="moe_fsdp", preset=(_MOE,), mesh="fsdp_expert_context"
+      ),
       dict(
           testcase_name="moe_data_packed",
           preset=(_MOE,),

@@ -394,9 +394,7 @@ def _attend_visible(
   q = q.reshape(b, t, kv, h // kv, d)
   scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
   scores = scores * scale
-  scores = jnp.where(
-      visible[:, None, None], scores, jnp.finfo(jnp.float32).min
-  )
+  scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
   return out.reshape(b, t, h, v.shape[-1])
@@ -511,6 +509,7 @@ def _attend_splash(
   )(*args)
 
 
+# pylint: disable-next=abstract-method  # As splash's CausalMask: no __bool__.
 class _ZigzagCausalMask(splash_mask.CausalMask):
   """Splash's causal mask for queries in the zig-zag layout (`zigzag`)
   against keys in the original order: the kernel reads each query row's

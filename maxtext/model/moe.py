@@ -519,8 +519,12 @@ def _sharded(
   # The tokens are split over the batch axes (rows) and, with context
   # parallelism, the context axis (each row's tokens): every device routes
   # its own, and the statistics are reduced over all of them.
-  context_axis = mesh_lib.CONTEXT_AXIS if mesh_lib.context_size(mesh) > 1 else None
-  token_axes = mesh_lib.batch_axes(mesh) + ((context_axis,) if context_axis else ())
+  context_axis = (
+      mesh_lib.CONTEXT_AXIS if mesh_lib.context_size(mesh) > 1 else None
+  )
+  token_axes = mesh_lib.batch_axes(mesh) + (
+      (context_axis,) if context_axis else ()
+  )
   expert_axis = mesh_lib.EXPERT_AXIS if mesh_lib.expert_size(mesh) > 1 else None
   group = mesh.shape[expert_axis] if expert_axis else 1
   # With a tensor axis each device holds a slice of every held expert's

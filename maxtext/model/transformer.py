@@ -716,9 +716,7 @@ def context_layout(
 _HIDDEN_AXES = ("activation_batch", "activation_length", None)
 
 
-def _split_tokens(
-    x: jax.Array, mesh: Optional[jax.sharding.Mesh]
-) -> jax.Array:
+def _split_tokens(x: jax.Array, mesh: Optional[jax.sharding.Mesh]) -> jax.Array:
   """x [B, S, E] constrained to its rows over the batch axes and its tokens
   over the context axis, on a mesh with one (else unchanged)."""
   if mesh_lib.context_size(mesh) == 1:

@@ -42,8 +42,10 @@ def order(seq_len: int, context: int) -> np.ndarray:
     )
   chunk = seq_len // (2 * context)
   return (
-      chunk_order(context)[:, None] * chunk + np.arange(chunk)[None, :]
-  ).reshape(-1).astype(np.int32)
+      (chunk_order(context)[:, None] * chunk + np.arange(chunk)[None, :])
+      .reshape(-1)
+      .astype(np.int32)
+  )
 
 
 def _chunks(x: jax.Array, context: int, slots: np.ndarray) -> jax.Array:

@@ -185,9 +185,7 @@ def activation_spec(
   out, used = [], set()
   for name in names:
     axes = tuple(
-        a
-        for a in named.get(name, ())
-        if sizes.get(a, 1) > 1 and a not in used
+        a for a in named.get(name, ()) if sizes.get(a, 1) > 1 and a not in used
     )
     used.update(axes)
     out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
