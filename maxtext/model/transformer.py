@@ -399,8 +399,9 @@ def attention_implementation(
   memory, per device in `shard_map`); on a GPU of compute capability 8.0 or
   newer "cudnn" (fused flash attention) when the compute dtype is
   bfloat16/float16, the kernel's head width (`_kernel_head_width`) is a
-  multiple of 8 up to 128 and rows are not packed (`config.packing`: the
-  fused kernel takes no segment mask), otherwise "dot_product" (XLA);
+  multiple of 8 up to 128, rows are not packed (`config.packing`: the
+  fused kernel takes no segment mask) and the mesh has no context axis,
+  otherwise "dot_product" (XLA);
   "einsum" on the CPU, where it is as fast and is the reference. Every
   implementation serves both attention types.
 
@@ -445,8 +446,10 @@ def attention_implementation(
   if backend == "gpu":
     width = _kernel_head_width(config)
     fused = half and _cuda_capability() >= 8.0 and width % 8 == 0
-    # cuDNN's kernel takes no segment mask (`layers.attend`).
-    if fused and width <= 128 and not getattr(config, "packing", False):
+    # cuDNN's kernel takes no segment mask, nor the context axis's
+    # zig-zag mask (`layers.attend`).
+    plain = not getattr(config, "packing", False)
+    if fused and width <= 128 and plain and mesh_lib.context_size(mesh) == 1:
       return "cudnn"
     return "dot_product"
   if backend == "tpu":

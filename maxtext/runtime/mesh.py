@@ -243,7 +243,7 @@ def check_batch_layout(config, mesh: Mesh) -> None:
         f"the {shards} batch shards (data x fsdp x expert devices)"
     )
   context = context_size(mesh)
-  if config.max_sequence_length % (2 * context):
+  if context > 1 and config.max_sequence_length % (2 * context):
     raise ValueError(
         f"max_sequence_length={config.max_sequence_length} is not divisible "
         f"by 2 x context_parallelism={context} (the zig-zag layout gives "
