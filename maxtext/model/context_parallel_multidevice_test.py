@@ -6,7 +6,8 @@ Meshes of three axes of size 2 (context with tensor and fsdp, with fsdp
 and expert, with data and expert, with data and tensor) for a dense model,
 multi-head latent attention and mixture-of-experts models, packed and
 unpacked rows; the splash kernel's context path (Pallas interpret mode on
-the CPU) against the reference attention; and the refusals. The device
+the CPU) against the reference attention; a training run through the trainer against one
+without a context axis; and the refusals. The device
 count is fixed when JAX starts, so this test has its own target.
 """
 
@@ -16,6 +17,9 @@ cpu_devices.request(8)
 
 # JAX reads the device count when it starts, so the imports follow.
 # pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
+import json
+import os
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -25,6 +29,7 @@ import numpy as np
 from maxtext.config import config_lib
 from maxtext.model import layers
 from maxtext.model import zigzag
+from maxtext.run import trainer
 from maxtext.runtime import mesh as mesh_lib
 from testing import mesh_equality
 from testing import tiny_configs
@@ -203,6 +208,38 @@ class ContextParallelTest(parameterized.TestCase):
         ValueError, "context_parallelism=3 must be >= 1 and divide"
     ):
       mesh_lib.make_mesh(config)
+
+
+class TrainingTest(absltest.TestCase):
+
+  def test_training_with_a_context_axis_matches_one_without(self):
+    root = self.create_tempdir().full_path
+
+    def losses(name, **mesh):
+      config = tiny_configs.tiny_config(
+          os.path.join(root, name),
+          steps=3,
+          gradient_accumulation_steps=1,
+          dcn_data_parallelism=1,
+          enable_mllog=False,
+          **mesh,
+      )
+      run = trainer.run(config)
+      self.assertEqual(run.final_step, 3)
+      path = os.path.join(run.run_dir, "metrics.jsonl")
+      with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+      return [r["loss"] for r in rows if r["kind"] == "train"]
+
+    plain = losses("plain", data_parallelism=2, fsdp_parallelism=4)
+    context = losses(
+        "context",
+        data_parallelism=2,
+        fsdp_parallelism=2,
+        context_parallelism=2,
+    )
+    self.assertLen(plain, 3)
+    np.testing.assert_allclose(context, plain, rtol=2e-5)
 
 
 if __name__ == "__main__":
