@@ -6,8 +6,8 @@ Meshes of three axes of size 2 (context with tensor and fsdp, with fsdp
 and expert, with data and expert, with data and tensor) for a dense model,
 multi-head latent attention and mixture-of-experts models, packed and
 unpacked rows; the splash kernel's context path (Pallas interpret mode on
-the CPU) against the reference attention; a training run through the trainer against one
-without a context axis; and the refusals. The device
+the CPU) against the reference attention; a training run through the
+trainer against one without a context axis; and the refusals. The device
 count is fixed when JAX starts, so this test has its own target.
 """
 
