@@ -79,7 +79,8 @@ _SEARCH = flags.DEFINE_bool(
     "Search what fits: the remat policies from the least recomputation "
     "(none, save_dots, save_named, full) and, for each, the micro-steps "
     "(gradient_accumulation_steps) that divide the batch from the fewest, "
-    "then the same at doubled tensor_parallelism; stops at the first "
+    "then the same at doubled context and tensor parallelism (fewest "
+    "devices a row first, context before tensor); stops at the first "
     "setting that fits and prints it.",
 )
 _HBM_GIB = flags.DEFINE_float(
@@ -180,7 +181,9 @@ def main(argv):
     )
     for candidate in tried:
       print(
-          f"{_PROGRAM}: tensor_parallelism={candidate.tensor_parallelism} "
+          f"{_PROGRAM}: "
+          f"context_parallelism={candidate.context_parallelism} "
+          f"tensor_parallelism={candidate.tensor_parallelism} "
           f"remat_policy={candidate.remat_policy} "
           f"gradient_accumulation_steps="
           f"{candidate.gradient_accumulation_steps} peak="
@@ -190,6 +193,7 @@ def main(argv):
     if choice:
       print(
           f"{_PROGRAM}: choice: "
+          f"--config.context_parallelism={choice.context_parallelism} "
           f"--config.tensor_parallelism={choice.tensor_parallelism} "
           f"--config.remat_policy={choice.remat_policy} "
           f"--config.gradient_accumulation_steps="

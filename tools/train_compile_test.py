@@ -68,12 +68,14 @@ class TrainCompileTest(absltest.TestCase):
     done = _run(*_SMALL, *_slice("--search"))
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertIn(
-        "train_compile: tensor_parallelism=1 remat_policy=none "
+        "train_compile: context_parallelism=1 tensor_parallelism=1 "
+        "remat_policy=none "
         "gradient_accumulation_steps=1 ",
         done.stdout,
     )
     self.assertIn(
-        "train_compile: choice: --config.tensor_parallelism=1 "
+        "train_compile: choice: --config.context_parallelism=1 "
+        "--config.tensor_parallelism=1 "
         "--config.remat_policy=none --config.gradient_accumulation_steps=1",
         done.stdout,
     )
@@ -95,6 +97,28 @@ class TrainCompileTest(absltest.TestCase):
     self.assertEqual(
         [name for name, _ in rows], ["micro_step", "measure", "apply"]
     )
+
+  def test_long_rows_fit_with_context_parallelism(self):
+    # One row per micro-batch split over the 4 devices' context axis (two
+    # zig-zag chunks each); on the TPU 32,768-token rows with the splash
+    # kernel per device on its 8,192 queries against the gathered keys.
+    length = 32768 if _TPU else 1024
+    done = _run(
+        *_SMALL,
+        *_slice(),
+        "--config.context_parallelism=4",
+        f"--config.max_sequence_length={length}",
+        "--config.global_batch_size=2",
+        "--config.eval_batch_size=2",
+        "--config.loss_chunk_size=1024",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn("mesh data=1 fsdp=1 context=4;", done.stdout)
+    if _TPU:
+      self.assertIn("attention auto", done.stdout)
+    *_, peak, hbm, fits, _ = self._last_line(done)
+    self.assertEqual(fits, "yes")
+    self.assertLess(float(peak), float(hbm))
 
   def test_saving_a_search_is_one_line(self):
     done = _run(

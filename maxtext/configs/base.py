@@ -395,6 +395,11 @@ def get_config() -> ml_collections.ConfigDict:
   # are not split over it). 1 = no tensor axis. Must divide the heads, key/
   # value heads and hidden widths (docs/scaling.md).
   config.tensor_parallelism = 1
+  # Devices that split each row's tokens (the "context" mesh axis, context
+  # parallelism, in the zig-zag layout; batches' rows are not split over it,
+  # parameters are, as over fsdp). 1 = no context axis. 2 x it must divide
+  # max_sequence_length; not with full_attention_interval (docs/scaling.md).
+  config.context_parallelism = 1
   # Across TPU slices (a multi-slice job, or `train_compile --num_slices`):
   # the mesh axes over the data-center network, each a number of slices;
   # the axes above then count devices within one slice. -1 = all slices the

@@ -55,6 +55,7 @@ def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
               fsdp,
               expert_size=mesh_lib.expert_size(mesh),
               tensor_size=mesh_lib.tensor_size(mesh),
+              context_size=mesh_lib.context_size(mesh),
           ),
           mesh,
       ),

@@ -274,13 +274,14 @@ REMAT_BY_RECOMPUTATION = ("none", "save_dots", "save_named", "full")
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """One (tensor parallelism, remat policy, micro-steps) setting a
-  search compiled."""
+  """One (context and tensor parallelism, remat policy, micro-steps)
+  setting a search compiled."""
 
   remat_policy: str
   gradient_accumulation_steps: int
   step: StepCompile
   tensor_parallelism: int = 1
+  context_parallelism: int = 1
 
   def fits(self, hbm: int) -> bool:
     return self.step.out_of_memory is None and self.step.peak <= hbm
@@ -316,6 +317,28 @@ def tensor_choices(config, mesh: jax.sharding.Mesh) -> list[int]:
   return sizes or [config.tensor_parallelism]
 
 
+def layout_choices(config, mesh: jax.sharding.Mesh) -> list[tuple[int, int]]:
+  """The (context, tensor) parallelism pairs a search tries: the config's
+  and their doublings whose product with the expert axis divides a slice's
+  devices, tensor one of `tensor_choices` and 2 x context dividing the
+  rows; by the devices a row is split over (context x tensor), then the
+  least tensor parallelism first. Context parallelism all-gathers each
+  layer's keys and values; tensor parallelism all-reduces each layer's
+  attention and MLP outputs, activation-sized, forward and backward: more
+  bytes than the keys and values of grouped-query attention."""
+  slices = mesh_lib.num_slices(list(mesh.devices.flat))
+  room = mesh.devices.size // slices // mesh_lib.expert_size(mesh)
+  pairs, c = [], config.context_parallelism
+  while c <= room and room % c == 0:
+    if config.max_sequence_length % (2 * c) == 0:
+      for t in tensor_choices(config, mesh):
+        if room % (c * t) == 0:
+          pairs.append((c, t))
+    c *= 2
+  pairs.sort(key=lambda pair: (pair[0] * pair[1], pair[1]))
+  return pairs or [(config.context_parallelism, config.tensor_parallelism)]
+
+
 def search(
     config,
     mesh: jax.sharding.Mesh,
@@ -330,30 +353,31 @@ def search(
   stops at the first that fits `hbm` bytes per device: every setting
   before it recomputes more or runs more micro-steps. The optimizer apply
   does not depend on either and is compiled once per mesh, with the first
-  setting. With `tensor`, all of that for each size of `tensor_choices`
-  in turn, the smallest first (tensor parallelism moves activations over
-  the links in every layer; it is chosen only when no setting fits
-  without it), on a mesh rebuilt from the same devices.
+  setting. With `tensor`, all of that for each (context, tensor) pair of
+  `layout_choices` in turn (both move activations over the links in every
+  layer; they are chosen only when no setting fits with fewer devices a
+  row), on a mesh rebuilt from the same devices.
 
   Args:
     config: a validated run config (its remat policy and K, and with
-      `tensor` its tensor_parallelism, are replaced).
+      `tensor` its context and tensor parallelism, are replaced).
     mesh: as `compile_step`'s.
     hbm: bytes one device may use.
     log: as `compile_step`'s.
-    tensor: also try larger tensor parallelism.
+    tensor: also try larger context and tensor parallelism.
 
   Returns:
     (the settings tried, in order; the one that fits, or None).
   """
   tried = []
-  sizes = tensor_choices(config, mesh) if tensor else [None]
+  pairs = layout_choices(config, mesh) if tensor else [None]
   devices = list(mesh.devices.flat)
-  for size in sizes:
-    if size is not None and size != mesh_lib.tensor_size(mesh):
+  for pair in pairs:
+    here = (mesh_lib.context_size(mesh), mesh_lib.tensor_size(mesh))
+    if pair is not None and pair != here:
       config = config.copy_and_resolve_references()
       with config.unlocked():
-        config.tensor_parallelism = size
+        config.context_parallelism, config.tensor_parallelism = pair
       mesh = mesh_lib.make_mesh(config, devices)
     found = _search_mesh(config, mesh, hbm, log, tried)
     if found is not None:
@@ -371,7 +395,8 @@ def _search_mesh(config, mesh, hbm, log, tried) -> Optional[Candidate]:
         candidate_config.remat_policy = remat
         candidate_config.gradient_accumulation_steps = k
       log(
-          f"trying tensor_parallelism={mesh_lib.tensor_size(mesh)} "
+          f"trying context_parallelism={mesh_lib.context_size(mesh)} "
+          f"tensor_parallelism={mesh_lib.tensor_size(mesh)} "
           f"remat_policy={remat} gradient_accumulation_steps={k}"
       )
       step = compile_step(
@@ -385,7 +410,13 @@ def _search_mesh(config, mesh, hbm, log, tried) -> Optional[Candidate]:
         apply = tuple(p for p in step.programs if p.program == "apply") or None
       elif step.out_of_memory is None:
         step = StepCompile(step.programs + apply, None)
-      candidate = Candidate(remat, k, step, mesh_lib.tensor_size(mesh))
+      candidate = Candidate(
+          remat,
+          k,
+          step,
+          mesh_lib.tensor_size(mesh),
+          mesh_lib.context_size(mesh),
+      )
       tried.append(candidate)
       if candidate.fits(hbm):
         return candidate

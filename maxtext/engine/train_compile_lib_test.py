@@ -144,11 +144,16 @@ class CompileStepTest(absltest.TestCase):
         fsdp_parallelism=-1,
         num_heads=4,
         num_kv_heads=2,
+        # 2 x 2 does not divide 18 tokens: no context parallelism.
+        max_sequence_length=18,
     )
     config_lib.validate(config)
     mesh = mesh_lib.make_mesh(config, jax.devices())
     # 4 devices, 4 query and 2 key/value heads: tensor 1 or 2.
     self.assertEqual(train_compile_lib.tensor_choices(config, mesh), [1, 2])
+    self.assertEqual(
+        train_compile_lib.layout_choices(config, mesh), [(1, 1), (1, 2)]
+    )
     tried, choice = train_compile_lib.search(config, mesh, 1, tensor=True)
     self.assertIsNone(choice)
     # Every remat policy with K in 1, 2 (8 rows over 4 batch shards), then
@@ -159,6 +164,52 @@ class CompileStepTest(absltest.TestCase):
         [1] * 2 * remats + [2] * 3 * remats,
     )
     # Each was compiled (on its own mesh) and measured, none refused.
+    for candidate in tried:
+      self.assertIsNone(candidate.step.out_of_memory)
+      self.assertGreater(candidate.step.peak, 1)
+
+  def test_layouts_split_rows_over_the_fewest_devices_context_first(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+        num_heads=4,
+        num_kv_heads=2,
+    )
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    # 16 tokens over 4 devices: context 1, 2, 4 (2C chunks divide 16),
+    # tensor 1, 2 (the heads).
+    self.assertEqual(
+        train_compile_lib.layout_choices(config, mesh),
+        [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2)],
+    )
+
+  def test_search_tries_doubled_context_parallelism_when_nothing_fits(self):
+    config = tiny_configs.tiny_config(
+        self.create_tempdir().full_path,
+        global_batch_size=4,
+        eval_batch_size=4,
+        data_parallelism=1,
+        fsdp_parallelism=-1,
+        # One key/value head: no tensor parallelism; 20 tokens: context 1
+        # or 2 (8 chunks do not divide 20).
+        num_heads=2,
+        num_kv_heads=1,
+        max_sequence_length=20,
+    )
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, jax.devices())
+    self.assertEqual(
+        train_compile_lib.layout_choices(config, mesh), [(1, 1), (2, 1)]
+    )
+    tried, choice = train_compile_lib.search(config, mesh, 1, tensor=True)
+    self.assertIsNone(choice)
+    # Every remat policy with K = 1 (4 rows over 4 batch shards), then with
+    # context 2 K in 1, 2 (the rows split over 2 shards only).
+    remats = len(train_compile_lib.REMAT_BY_RECOMPUTATION)
+    self.assertEqual(
+        [c.context_parallelism for c in tried], [1] * remats + [2] * 2 * remats
+    )
     for candidate in tried:
       self.assertIsNone(candidate.step.out_of_memory)
       self.assertGreater(candidate.step.peak, 1)

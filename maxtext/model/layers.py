@@ -20,6 +20,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 import jax.numpy as jnp
 
 from maxtext.core import choices
+from maxtext.model import zigzag
 from maxtext.runtime import mesh as mesh_lib
 
 # Implementations `attend` runs ("auto" is resolved before, by
@@ -298,11 +299,16 @@ def attend(
       no mask; `maxtext.model.attention_implementation` resolves "auto" to
       "dot_product" for a packed run on a GPU).
 
+  On a mesh with a "context" axis (context parallelism) the sequence axis
+  of q, k, v and `segment_ids` is in the zig-zag layout (`zigzag`) and
+  split over it: `_attend_context`.
+
   Returns:
     [B, S, H, Dv] in q's dtype.
 
   Raises:
-    ValueError: unknown implementation, or "cudnn" with segment ids.
+    ValueError: unknown implementation, or "cudnn" with segment ids or
+      context parallelism.
   """
   if implementation not in KERNELS:
     raise ValueError(
@@ -314,8 +320,16 @@ def attend(
         "attention 'cudnn' takes no segment ids (packed rows): use "
         "config.attention='dot_product' or 'auto' with packing"
     )
+  context = mesh_lib.context_size(mesh)
+  if implementation == "cudnn" and context > 1:
+    raise ValueError(
+        "attention 'cudnn' does not run with context_parallelism > 1: use "
+        "config.attention='dot_product' or 'auto'"
+    )
   qk_width, v_width = q.shape[-1], v.shape[-1]
   scale = softmax_scale(qk_width, scaling)
+  if context > 1 and implementation != "splash":
+    return _attend_context(q, k, v, implementation, scale, mesh, segment_ids)
   if implementation == "einsum":
     return _attend_einsum(q, k, v, scale, segment_ids)
   width = max(qk_width, v_width)
@@ -325,7 +339,9 @@ def attend(
     return jnp.pad(x, [(0, 0)] * 3 + [(0, extra)]) if extra else x
 
   q, k, v = pad(q), pad(k), pad(v)
-  if implementation == "splash":
+  if implementation == "splash" and context > 1:
+    out = _attend_context(q, k, v, implementation, scale, mesh, segment_ids)
+  elif implementation == "splash":
     out = _attend_splash(q, k, v, scale, mesh, segment_ids)
   else:
     out = jax.nn.dot_product_attention(
@@ -354,20 +370,34 @@ def _attend_einsum(
   Returns:
     [B, S, H, Dv] in q's dtype.
   """
-  b, s, h, d = q.shape
+  s = q.shape[1]
+  if segment_ids is None:
+    visible = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))[None]
+  else:
+    visible = same_segment(segment_ids)[:, 0]
+  return _attend_visible(q, k, v, scale, visible)
+
+
+def _attend_visible(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    scale: float,
+    visible: jax.Array,
+) -> jax.Array:
+  """Attention of q [B, T, H, D] to k [B, S, K, D], v [B, S, K, Dv] where
+  bool `visible` ([B or 1, T, S]) lets a query see a key; scores and
+  softmax in float32. Returns [B, T, H, Dv] in q's dtype."""
+  b, t, h, d = q.shape
   kv = k.shape[2]
   # Query heads h = kv_head * group + g share key/value head kv_head.
-  q = q.reshape(b, s, kv, h // kv, d)
+  q = q.reshape(b, t, kv, h // kv, d)
   scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
   scores = scores * scale
-  if segment_ids is None:
-    visible = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
-  else:
-    visible = same_segment(segment_ids)[:, :, None]  # [B, 1, 1, S, S]
-  scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
+  scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
-  return out.reshape(b, s, h, v.shape[-1])
+  return out.reshape(b, t, h, v.shape[-1])
 
 
 def attend_cached(
@@ -437,19 +467,9 @@ def _attend_splash(
   mask = splash_mask.MultiHeadMask(
       [splash_mask.CausalMask((padded, padded))] * h
   )
-  sizes = splash_kernel.BlockSizes(
-      block_q=block,
-      block_kv=block,
-      block_kv_compute=block,
-      block_q_dkv=block,
-      block_kv_dkv=block,
-      block_kv_dkv_compute=block,
-      block_q_dq=block,
-      block_kv_dq=block,
-  )
   kernel = splash_kernel.make_splash_mha(
       mask,
-      block_sizes=sizes,
+      block_sizes=_splash_blocks(block),
       head_shards=1,
       q_seq_shards=1,
       interpret=target_platform(mesh) != "tpu",
@@ -486,4 +506,129 @@ def _attend_splash(
       in_specs=specs,
       out_specs=spec,
       check_vma=False,
+  )(*args)
+
+
+# pylint: disable-next=abstract-method  # As splash's CausalMask: no __bool__.
+class _ZigzagCausalMask(splash_mask.CausalMask):
+  """Splash's causal mask for queries in the zig-zag layout (`zigzag`)
+  against keys in the original order: the kernel reads each query row's
+  original position from `q_sequence` (split over the context axis with
+  the queries), so "key position <= query position" is the causal mask."""
+
+  def __init__(self, seq_len: int, context: int):
+    super().__init__((seq_len, seq_len))
+    self.q_sequence = zigzag.order(seq_len, context)
+
+
+def _splash_blocks(block: int) -> "splash_kernel.BlockSizes":
+  """The splash kernel's block sizes, all `block` long."""
+  return splash_kernel.BlockSizes(
+      block_q=block,
+      block_kv=block,
+      block_kv_compute=block,
+      block_q_dkv=block,
+      block_kv_dkv=block,
+      block_kv_dkv_compute=block,
+      block_q_dq=block,
+      block_kv_dq=block,
+  )
+
+
+def _attend_context(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    implementation: str,
+    scale: float,
+    mesh: jax.sharding.Mesh,
+    segment_ids: Optional[jax.Array] = None,
+) -> jax.Array:
+  """Causal attention with the sequence split over the "context" axis.
+
+  q, k, v [B, S, ...] and `segment_ids` are in the zig-zag layout
+  (`zigzag`), each device holding its two chunks of every row. In
+  `shard_map`, each device all-gathers the keys, values (and segment ids)
+  of its rows over the context axis (their gradients come back as one
+  reduce-scatter), puts them back in the original order (a static
+  permutation of 2C chunks) and attends its local queries to them with the
+  mask "key position <= the query's original position" (and the same
+  sequence). Every device's queries see the same number of keys in total,
+  so the work is balanced. "einsum" and "dot_product" build that mask;
+  "splash" runs the kernel with `q_seq_shards` = C on the zig-zag causal
+  mask (`_ZigzagCausalMask`), the kernel's mask data split over the axis
+  with the queries. The batch is split over the batch axes, the heads over
+  "tensor" as in `_attend_splash`.
+
+  Raises:
+    ValueError: 2C does not divide S, or (splash) S / C is not a multiple
+      of the kernel's 128-long blocks.
+  """
+  context = mesh_lib.context_size(mesh)
+  _, s, h, _ = q.shape
+  slots = zigzag.order(s, context)
+  axis = mesh_lib.CONTEXT_AXIS
+  batch = mesh_lib.batch_axes(mesh)
+  heads = (
+      mesh_lib.TENSOR_AXIS if mesh_lib.TENSOR_AXIS in mesh.axis_names else None
+  )
+  P = jax.sharding.PartitionSpec
+  spec, ids_spec = P(batch, axis, heads), P(batch, axis)
+  local_len = s // context
+  if implementation == "splash":
+    if local_len % _SPLASH_BLOCK:
+      raise ValueError(
+          f"attention 'splash' with context_parallelism={context}: each "
+          f"device's {local_len} tokens of a {s}-token row must be a "
+          f"multiple of {_SPLASH_BLOCK}"
+      )
+    block = 512 if local_len % 512 == 0 else _SPLASH_BLOCK
+    kernel = splash_kernel.make_splash_mha(
+        splash_mask.MultiHeadMask([_ZigzagCausalMask(s, context)] * h),
+        block_sizes=_splash_blocks(block),
+        head_shards=1,
+        q_seq_shards=context,
+        interpret=target_platform(mesh) != "tpu",
+    )
+    extra = kernel
+    extra_spec = kernel.manual_sharding_spec(
+        jax.sharding.NamedSharding(mesh, P(None, axis))
+    )
+  else:
+    extra = jnp.asarray(slots)
+    extra_spec = P(axis)
+
+  def gather(x):  # This device's rows, whole, in the original order.
+    whole = jax.lax.all_gather(x, axis, axis=1, tiled=True)
+    return zigzag.from_zigzag(whole, context)
+
+  def local(q, k, v, extra, *segments):
+    k, v = gather(k), gather(v)
+    if implementation == "splash":
+      q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)
+      k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+      if segments:
+        ids = (segments[0], gather(segments[0]))
+        out = jax.vmap(
+            lambda q, k, v, q_ids, kv_ids: extra(
+                q, k, v, segment_ids=splash_kernel.SegmentIds(q_ids, kv_ids)
+            )
+        )(q, k, v, *ids)
+      else:
+        out = jax.vmap(extra)(q, k, v)
+      return jnp.swapaxes(out, 1, 2)
+    visible = extra[None, :, None] >= jnp.arange(s)[None, None, :]
+    if segments:
+      ids = segments[0]
+      visible = visible & (ids[:, :, None] == gather(ids)[:, None, :])
+    if implementation == "einsum":
+      return _attend_visible(q, k, v, scale, visible)
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=visible[:, None], scale=scale, implementation="xla"
+    )
+
+  args = (q, k, v, extra) + (() if segment_ids is None else (segment_ids,))
+  specs = (spec,) * 3 + (extra_spec,) + (ids_spec,) * (len(args) - 4)
+  return jax.shard_map(
+      local, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False
   )(*args)

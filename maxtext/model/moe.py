@@ -516,7 +516,15 @@ def _sharded(
     mesh: jax.sharding.Mesh,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The routed experts on a mesh (`moe_mlp`'s docstring): [B, S, E] out."""
-  axes = mesh_lib.batch_axes(mesh)
+  # The tokens are split over the batch axes (rows) and, with context
+  # parallelism, the context axis (each row's tokens): every device routes
+  # its own, and the statistics are reduced over all of them.
+  context_axis = (
+      mesh_lib.CONTEXT_AXIS if mesh_lib.context_size(mesh) > 1 else None
+  )
+  token_axes = mesh_lib.batch_axes(mesh) + (
+      (context_axis,) if context_axis else ()
+  )
   expert_axis = mesh_lib.EXPERT_AXIS if mesh_lib.expert_size(mesh) > 1 else None
   group = mesh.shape[expert_axis] if expert_axis else 1
   # With a tensor axis each device holds a slice of every held expert's
@@ -531,7 +539,7 @@ def _sharded(
     cap = capacity(group * b * s, config)
     if expert_axis:
       out, dropped = _dispatch_group(
-          tokens, weights, experts, routed, cap, expert_axis, axes
+          tokens, weights, experts, routed, cap, expert_axis, token_axes
       )
     else:
       out, dropped, _ = dispatch(tokens, weights, experts, routed, 0, cap)
@@ -542,12 +550,12 @@ def _sharded(
         experts.reshape(b, s, -1),
         dropped,
         config,
-        mean=lambda v: jax.lax.pmean(v, axes),
-        total=lambda v: jax.lax.psum(v, axes),
+        mean=lambda v: jax.lax.pmean(v, token_axes),
+        total=lambda v: jax.lax.psum(v, token_axes),
     )
     return out.reshape(b, s, e), stats
 
-  batch = P(axes)
+  batch = P(mesh_lib.batch_axes(mesh), context_axis)
   held = {
       "w_gate": P(expert_axis, None, tensor_axis),
       "w_up": P(expert_axis, None, tensor_axis),

@@ -17,16 +17,11 @@ cpu_devices.request(8)
 
 # JAX reads the device count when it starts, so the imports follow.
 # pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
-import functools
-
 from absl.testing import absltest
 from absl.testing import parameterized
-import jax
-import numpy as np
-
 from maxtext.engine import model_setup
-from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
+from testing import mesh_equality
 from testing import tiny_configs
 
 _DENSE = dict(num_heads=4, num_kv_heads=2, mlp_dim=64)
@@ -55,31 +50,6 @@ def _config(preset, mesh):
       **_MESHES[mesh],
   )
   return config
-
-
-def _batch(config, packed):
-  """8 random rows; with `packed` two sequences a row."""
-  rng = np.random.default_rng(0)
-  shape = (8, config.max_sequence_length)
-  batch = {
-      "inputs": rng.integers(0, config.vocab_size, shape).astype(np.int32),
-      "targets": rng.integers(0, config.vocab_size, shape).astype(np.int32),
-  }
-  if packed:  # Two sequences a row: 6 and 10 tokens.
-    ids = np.repeat([1, 2], [6, 10])
-    positions = np.concatenate([np.arange(6), np.arange(10)])
-    batch["segment_ids"] = np.tile(ids, (8, 1)).astype(np.int32)
-    batch["positions"] = np.tile(positions, (8, 1)).astype(np.int32)
-  return batch
-
-
-def _loss_and_grads(config, mesh):
-  return jax.jit(
-      jax.value_and_grad(
-          functools.partial(transformer.loss_fn, config=config, mesh=mesh),
-          has_aux=True,
-      )
-  )
 
 
 class TensorParallelTest(parameterized.TestCase):
@@ -120,48 +90,9 @@ class TensorParallelTest(parameterized.TestCase):
         sorted(n for n, size in device_mesh.shape.items() if size == 2),
         sorted(mesh.split("_")),
     )
-    setup = model_setup.setup_model(config, device_mesh)
     # The heads and hidden widths are split over "tensor" by the rules.
-    specs = jax.tree_util.tree_leaves(
-        jax.tree_util.tree_map(lambda s: s.spec, setup.param_shardings),
-        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
-    )
-    self.assertGreaterEqual(
-        sum(mesh_lib.TENSOR_AXIS in tuple(spec) for spec in specs), 3
-    )
-    params = model_setup.init_params(config, setup)
-    single = jax.device_get(params)
-    batch = _batch(config, packed)
-    placed = mesh_lib.global_batch(batch, setup.batch_sharding)
-
-    rows = transformer.Rows.of(batch)
-    want_logits = jax.jit(
-        functools.partial(transformer.apply, config=config, rows=rows)
-    )(single, batch["inputs"])
-    got_logits = jax.jit(
-        functools.partial(
-            transformer.apply,
-            config=config,
-            mesh=device_mesh,
-            rows=transformer.Rows.of(placed),
-        )
-    )(params, placed["inputs"])
-    np.testing.assert_allclose(got_logits, want_logits, rtol=2e-5, atol=2e-5)
-
-    (want_loss, want_aux), want_grads = _loss_and_grads(config, None)(
-        single, batch
-    )
-    (got_loss, got_aux), got_grads = _loss_and_grads(config, device_mesh)(
-        params, placed
-    )
-    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
-    np.testing.assert_allclose(
-        got_aux["loss_sum"], want_aux["loss_sum"], rtol=1e-5
-    )
-    jax.tree_util.tree_map(
-        lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6),
-        jax.device_get(got_grads),
-        want_grads,
+    mesh_equality.assert_matches_one_device(
+        self, config, device_mesh, packed, mesh_lib.TENSOR_AXIS
     )
 
   def test_tensor_must_divide_the_heads(self):

@@ -91,6 +91,7 @@ from maxtext.model import gated_deltanet
 from maxtext.model import layers
 from maxtext.model import mla
 from maxtext.model import moe
+from maxtext.model import zigzag
 from maxtext.runtime import axis_rules
 from maxtext.runtime import mesh as mesh_lib
 
@@ -398,8 +399,9 @@ def attention_implementation(
   memory, per device in `shard_map`); on a GPU of compute capability 8.0 or
   newer "cudnn" (fused flash attention) when the compute dtype is
   bfloat16/float16, the kernel's head width (`_kernel_head_width`) is a
-  multiple of 8 up to 128 and rows are not packed (`config.packing`: the
-  fused kernel takes no segment mask), otherwise "dot_product" (XLA);
+  multiple of 8 up to 128, rows are not packed (`config.packing`: the
+  fused kernel takes no segment mask) and the mesh has no context axis,
+  otherwise "dot_product" (XLA);
   "einsum" on the CPU, where it is as fast and is the reference. Every
   implementation serves both attention types.
 
@@ -444,8 +446,10 @@ def attention_implementation(
   if backend == "gpu":
     width = _kernel_head_width(config)
     fused = half and _cuda_capability() >= 8.0 and width % 8 == 0
-    # cuDNN's kernel takes no segment mask (`layers.attend`).
-    if fused and width <= 128 and not getattr(config, "packing", False):
+    # cuDNN's kernel takes no segment mask, nor the context axis's
+    # zig-zag mask (`layers.attend`).
+    plain = not getattr(config, "packing", False)
+    if fused and width <= 128 and plain and mesh_lib.context_size(mesh) == 1:
       return "cudnn"
     return "dot_product"
   if backend == "tpu":
@@ -616,25 +620,30 @@ def _final_hidden(
     rows: the rows' sequences (`Rows`).
 
   Returns:
-    (x, moe_stats): x [B, S, E] in the compute dtype; moe_stats the MoE
-    layers' statistics reduced over layers (`moe.summarize`), {} for a dense
-    model.
+    (x, moe_stats): x [B, S, E] in the compute dtype, in the zig-zag
+    layout (`zigzag`) on a mesh with a context axis (`context_layout`);
+    moe_stats the MoE layers' statistics reduced over layers
+    (`moe.summarize`), {} for a dense model.
   """
   cdt = _dtype(config.compute_dtype)
-  x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
+  tokens, rows = context_layout(tokens, rows, mesh)
+  x = _split_tokens(
+      jnp.take(params["embedding"], tokens, axis=0).astype(cdt), mesh
+  )
 
   def block(x, layer):
     x = x + _attention(
         norm(x, layer["attn_norm"], config), layer, config, mesh, rows
     )
     x = x + mlp(norm(x, layer["mlp_norm"], config), layer)
-    return x, None
+    return _split_tokens(x, mesh), None
 
   def moe_ffn(x, layer):
     out, stats = moe.moe_mlp(
         norm(x, layer["mlp_norm"], config), layer, config, mesh
     )
-    return x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out"), stats
+    x = x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
+    return _split_tokens(x, mesh), stats
 
   def moe_block(x, layer):
     x = x + _attention(
@@ -684,6 +693,43 @@ def _final_hidden(
   return norm(x, params["final_norm"], config), stats
 
 
+def context_layout(
+    tokens: jax.Array, rows: "Rows", mesh: Optional[jax.sharding.Mesh]
+) -> tuple[jax.Array, "Rows"]:
+  """`tokens` [B, S] and `rows` in the zig-zag layout of the mesh's context
+  axis (`zigzag`; unchanged without one), positions made explicit: each
+  token keeps its position (the rotary embeddings), its sequence (the
+  packing masks) and, through the same layout of the targets and weights
+  (`loss_fn`), its loss."""
+  context = mesh_lib.context_size(mesh)
+  if context == 1:
+    return tokens, rows
+  positions = rows.positions
+  if positions is None:
+    positions = layers.positions_from_zero(tokens.shape[1])
+  segment_ids = rows.segment_ids
+  if segment_ids is not None:
+    segment_ids = zigzag.to_zigzag(segment_ids, context)
+  return zigzag.to_zigzag(tokens, context), Rows(
+      segment_ids, zigzag.to_zigzag(positions, context)
+  )
+
+
+# Logical axes of the [B, S, E] hidden states (`axis_rules.activation_spec`).
+_HIDDEN_AXES = ("activation_batch", "activation_length", None)
+
+
+def _split_tokens(x: jax.Array, mesh: Optional[jax.sharding.Mesh]) -> jax.Array:
+  """x [B, S, E] constrained to its rows over the batch axes and its tokens
+  over the context axis, on a mesh with one (else unchanged)."""
+  if mesh_lib.context_size(mesh) == 1:
+    return x
+  spec = axis_rules.activation_spec(_HIDDEN_AXES, dict(mesh.shape))
+  return jax.lax.with_sharding_constraint(
+      x, jax.sharding.NamedSharding(mesh, spec)
+  )
+
+
 def grouped_linear_layers(params: Params, config) -> Params:
   """The `linear_layers` stack viewed as [groups, n - 1, ...] (n the
   full_attention_interval): the DeltaNet layers before each attention
@@ -724,8 +770,9 @@ def apply(
   Returns:
     float32 [B, S, vocab_size] logits; position t predicts token t + 1.
   """
+  x, _ = _final_hidden(params, tokens, config, mesh, rows)
   return unembed(
-      _final_hidden(params, tokens, config, mesh, rows)[0],
+      zigzag.from_zigzag(x, mesh_lib.context_size(mesh)),
       output_projection(params),
   )
 
@@ -860,6 +907,11 @@ def loss_fn(
     weights = jnp.ones(targets.shape, jnp.float32)
   else:
     weights = weights.astype(jnp.float32)
+  # x is in the context axis's layout (`context_layout`); the sums are over
+  # every position, so the targets and weights follow it.
+  context = mesh_lib.context_size(mesh)
+  targets = zigzag.to_zigzag(targets, context)
+  weights = zigzag.to_zigzag(weights, context)
   if 0 < chunk < targets.shape[1]:
     loss_sum, num_correct = _chunked_token_sums(
         x, output_projection(params), targets, weights, chunk
@@ -1040,6 +1092,7 @@ def param_partition_specs(
     *,
     expert_size: int = 1,
     tensor_size: int = 1,
+    context_size: int = 1,
     rules: axis_rules.Rules = axis_rules.PARAMETERS,
 ) -> Params:
   """`jax.sharding.PartitionSpec` per parameter: the logical-axis `rules`
@@ -1058,6 +1111,8 @@ def param_partition_specs(
     expert_size: number of devices on the "expert" mesh axis.
     tensor_size: number of devices on the "tensor" mesh axis: the heads
       and hidden widths are split over it (`axis_rules.PARAMETERS`).
+    context_size: number of devices on the "context" mesh axis: an FSDP
+      axis for parameters (`axis_rules.PARAMETERS`).
     rules: the layout (`axis_rules.FSDP_ONLY` is the one before non-expert
       weights were split over the expert axis).
 
@@ -1072,6 +1127,7 @@ def param_partition_specs(
       mesh_lib.FSDP_AXIS: fsdp_size,
       mesh_lib.EXPERT_AXIS: expert_size,
       mesh_lib.TENSOR_AXIS: tensor_size,
+      mesh_lib.CONTEXT_AXIS: context_size,
   }
   for axis, size in sizes.items():
     if not isinstance(size, int) or size < 1:

@@ -22,6 +22,12 @@ A parameter's `PartitionSpec` comes from two kinds of rule, applied in order:
             "layers", which `lax.scan` slices, and "experts", which only
             the expert axis splits (on a mesh without one, too).
 
+Activations are laid out by the same table, by name alone
+(`activation_spec`): "activation_batch" (a batch's rows) over every batch
+axis, "activation_length" (a row's tokens) over "context". Context
+parallelism's devices compute different tokens with the same weights, so
+"context" is also one of the FSDP axes.
+
 A mesh axis splits at most one dimension of a parameter, so a routed expert's
 weights ([layers, experts, embed, moe_mlp]) go over "expert" by name and over
 "fsdp" by FSDP, while every other weight of an MoE model (attention, dense
@@ -60,7 +66,8 @@ class Rules:
 
 
 # The layout every run uses: experts over "expert", everything else over
-# every batch axis but "data".
+# every axis that holds a share of the tokens but "data"; activations' rows
+# over the batch axes and their tokens over "context".
 PARAMETERS = Rules(
     by_name=(
         ("experts", (mesh_lib.EXPERT_AXIS,)),
@@ -70,8 +77,10 @@ PARAMETERS = Rules(
         ("linear_v_heads", (mesh_lib.TENSOR_AXIS,)),
         ("mlp", (mesh_lib.TENSOR_AXIS,)),
         ("moe_mlp", (mesh_lib.TENSOR_AXIS,)),
+        ("activation_batch", mesh_lib.BATCH_AXES + (mesh_lib.EXPERT_AXIS,)),
+        ("activation_length", (mesh_lib.CONTEXT_AXIS,)),
     ),
-    fsdp=(mesh_lib.FSDP_AXIS, mesh_lib.EXPERT_AXIS),
+    fsdp=(mesh_lib.FSDP_AXIS, mesh_lib.EXPERT_AXIS, mesh_lib.CONTEXT_AXIS),
 )
 
 # The layout before: the non-expert weights of an MoE model split over
@@ -155,4 +164,29 @@ def partition_spec(
       place(dim, axes)
       break
     axes = axes[:-1]
+  return PartitionSpec(*out)
+
+
+def activation_spec(
+    names: Sequence[Optional[str]],
+    sizes: Mapping[str, int],
+    rules: Rules = PARAMETERS,
+) -> PartitionSpec:
+  """The `PartitionSpec` of an activation whose dimensions have the logical
+  `names` (None: not split), by the rules' names alone: no FSDP.
+
+  Args:
+    names: one logical name (or None) per dimension, e.g.
+      ("activation_batch", "activation_length", None) for [B, S, E].
+    sizes: mesh axis name -> devices on it (missing axes count as 1).
+    rules: the layout.
+  """
+  named = dict(rules.by_name)
+  out, used = [], set()
+  for name in names:
+    axes = tuple(
+        a for a in named.get(name, ()) if sizes.get(a, 1) > 1 and a not in used
+    )
+    used.update(axes)
+    out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
   return PartitionSpec(*out)

@@ -21,6 +21,14 @@ Megatron way (the projections into them by columns, the projections out by
 rows, one all-reduce of the output), and batches are not: every device of a
 tensor group holds the same rows.
 
+With `context_parallelism` > 1 the mesh has an axis "context" (between
+"expert" and "tensor"): each row's tokens are split over it, in the
+zig-zag order of `maxtext.model.zigzag` (device i holds the row's chunks i
+and 2C - 1 - i of 2C, so every device has the same causal attention work),
+and the devices of a context group hold the same rows. Parameters are
+split over it as over "fsdp" (its devices compute different tokens with
+the same weights); attention all-gathers the keys and values over it.
+
 On TPUs the mesh follows the slice's physical torus
 (`jax.experimental.mesh_utils`), so neighbours on a mesh axis are neighbours
 on the chips' links. Devices of several slices (`slice_index`) make a hybrid
@@ -42,6 +50,7 @@ DATA_AXIS = "data"
 FSDP_AXIS = "fsdp"
 EXPERT_AXIS = "expert"
 TENSOR_AXIS = "tensor"
+CONTEXT_AXIS = "context"
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
 
 
@@ -120,6 +129,7 @@ def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   experts = getattr(config, "expert_parallelism", 1)
   tensor = getattr(config, "tensor_parallelism", 1)
+  context = getattr(config, "context_parallelism", 1)
   slices = num_slices(devices)
   per_slice = len(devices) // slices
   where = " of a slice" if slices > 1 else ""
@@ -134,15 +144,24 @@ def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
         f"{per_slice // experts} devices{where} left by "
         f"expert_parallelism={experts}"
     )
+  if context < 1 or per_slice % (experts * tensor * context):
+    raise ValueError(
+        f"context_parallelism={context} must be >= 1 and divide the "
+        f"{per_slice // (experts * tensor)} devices{where} left by "
+        f"expert_parallelism={experts} and tensor_parallelism={tensor}"
+    )
   within = mesh_shape(
       config.data_parallelism,
       config.fsdp_parallelism,
-      per_slice // (experts * tensor),
+      per_slice // (experts * tensor * context),
   )
   names = BATCH_AXES
   if experts > 1:
     within += (experts,)
     names += (EXPERT_AXIS,)
+  if context > 1:
+    within += (context,)
+    names += (CONTEXT_AXIS,)
   if tensor > 1:
     within += (tensor,)
     names += (TENSOR_AXIS,)
@@ -181,7 +200,8 @@ def _torus_mesh(shape: tuple[int, ...], devices: list) -> np.ndarray:
 
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
-  """The mesh axes a batch is split over: all of them but "tensor"."""
+  """The mesh axes a batch's rows are split over: all of them but
+  "context" (which splits each row's tokens) and "tensor"."""
   return tuple(
       name for name in BATCH_AXES + (EXPERT_AXIS,) if name in mesh.axis_names
   )
@@ -195,6 +215,11 @@ def expert_size(mesh: Mesh) -> int:
 def tensor_size(mesh: Mesh) -> int:
   """Devices on the mesh's tensor axis (1 when it has none)."""
   return mesh.shape.get(TENSOR_AXIS, 1)
+
+
+def context_size(mesh: Optional[Mesh]) -> int:
+  """Devices on the mesh's context axis (1 when it has none, or no mesh)."""
+  return 1 if mesh is None else mesh.shape.get(CONTEXT_AXIS, 1)
 
 
 def check_batch_layout(config, mesh: Mesh) -> None:
@@ -216,6 +241,13 @@ def check_batch_layout(config, mesh: Mesh) -> None:
     raise ValueError(
         f"eval_batch_size={config.eval_batch_size} is not divisible by "
         f"the {shards} batch shards (data x fsdp x expert devices)"
+    )
+  context = context_size(mesh)
+  if context > 1 and config.max_sequence_length % (2 * context):
+    raise ValueError(
+        f"max_sequence_length={config.max_sequence_length} is not divisible "
+        f"by 2 x context_parallelism={context} (the zig-zag layout gives "
+        f"each device two equal chunks of every row)"
     )
   processes = jax.process_count()
   if micro % processes or config.eval_batch_size % processes:
