@@ -7,20 +7,19 @@ file changes only what a TPU needs.
 Its target is one TPU v5p-512 slice: 256 chips (v5p:4x8x8), 95.74 GiB of
 HBM each, as many devices as the GPU layout counts. The layout is the GPU
 file's: experts over 8 chips, every parameter's other dimensions over the
-other 32 (expert 8 x fsdp 32). Its training state is 49.38 GB (45.99 GiB)
-per chip (`tools/benchmarks/memory_bench --mesh=expert=8,fsdp=32`), under
-half of the chip; expert 32 x fsdp 8 would hold 74.90 GB (69.75 GiB) of
-state and leave 26 GiB for the activations and the MoE layers' gathered
-experts, and plain FSDP over 256 saves only 7.4 GB per chip while every MoE
-layer would gather all 256 experts' weights onto every chip. The TPU
+other 32 (expert 8 x fsdp 32); the non-expert weights are split over
+both axes (`axis_rules.PARAMETERS`), so every parameter is split 256 ways
+and the training state is 41.94 GB (39.07 GiB) per chip, as fsdp=256's
+would be, where plain FSDP over 256 would have every MoE layer gather all
+256 experts' weights onto every chip. The TPU
 compiler's figures for it (docs/PERFORMANCE.md) come from any host,
 without a TPU:
 
   tools/bazel run --config=tpu //tools:train_compile -- \
     --config=maxtext/configs/deepseekv3_671b_tpu.py --topology=v5p-512
 
-It fits: the micro-step peaks at 92.33 GiB per chip (45.99 of state,
-46.33 of temporaries). The MoE layer runs per chip on the mesh: each chip
+It fits: the micro-step peaks at 84.60 GiB per chip (39.07 of state,
+45.52 of temporaries; docs/models.md, "On a TPU slice"). The MoE layer runs per chip on the mesh: each chip
 routes its own sequence and runs, for its 32 experts, the assignments of
 its expert group's 8 sequences, with those experts' weights gathered in
 bfloat16 (docs/models.md, "On a TPU slice").

@@ -4,7 +4,8 @@ gradients.
 
 Meshes of three axes of size 2 (tensor with fsdp and data, tensor with
 fsdp and expert, tensor with data and expert) for a dense model, multi-head
-latent attention, mixture-of-experts models, and packed rows. The
+latent attention, mixture-of-experts models, the Qwen3.5 hybrid (Gated
+DeltaNet heads over "tensor" too), and packed rows. The
 parameters are placed by the logical-axis rules (`axis_rules.PARAMETERS`:
 heads and hidden widths over "tensor"), the batch over the other axes; the
 reference is the same model on one device, in the same process. The device
@@ -27,6 +28,11 @@ from testing import tiny_configs
 _DENSE = dict(num_heads=4, num_kv_heads=2, mlp_dim=64)
 _MOE = dict(
     tiny_configs.TINY_MOE, num_heads=4, num_kv_heads=2, capacity_factor=0.0
+)
+# Qwen3.5's hybrid: the Gated DeltaNet's key and value heads split over
+# "tensor" beside the attention heads.
+_HYBRID = dict(
+    tiny_configs.TINY_QWEN35, num_heads=4, num_kv_heads=2, capacity_factor=0.0
 )
 _MESHES = {
     "data_fsdp_tensor": dict(data_parallelism=2, fsdp_parallelism=2),
@@ -78,6 +84,17 @@ class TensorParallelTest(parameterized.TestCase):
           testcase_name="mla_moe",
           preset=(_MOE, tiny_configs.TINY_MLA),
           mesh="fsdp_expert_tensor",
+      ),
+      dict(
+          testcase_name="hybrid_fsdp",
+          preset=(_HYBRID,),
+          mesh="fsdp_expert_tensor",
+      ),
+      dict(
+          testcase_name="hybrid_data_packed",
+          preset=(_HYBRID,),
+          mesh="data_expert_tensor",
+          packed=True,
       ),
   )
   def test_logits_loss_and_grads_equal_one_devices(
