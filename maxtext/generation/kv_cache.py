@@ -113,9 +113,14 @@ def bytes_per_token(config) -> int:
 
 def state_bytes_per_row(config) -> int:
   """Bytes of one row's Gated DeltaNet states over all layers (0 for a
-  model without them): fixed, whatever the sequence's length."""
-  states = jax.eval_shape(lambda: init_states(config, 1))
-  return total_bytes(states)
+  model without them): fixed, whatever the sequence's length. Arithmetic
+  only (no tracing), so a decoder may ask it on every call."""
+  count = transformer.num_linear_layers(config)
+  if not count:
+    return 0
+  return count * gated_deltanet.state_bytes(
+      config, jnp.dtype(config.compute_dtype)
+  )
 
 
 def expanded_bytes_per_token(config) -> int:

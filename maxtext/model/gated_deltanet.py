@@ -199,6 +199,14 @@ def init_state(config, batch: int, dtype) -> State:
   )
 
 
+def state_bytes(config, dtype) -> int:
+  """Bytes of one sequence's `State` (`init_state`'s arrays for one row):
+  the convolution windows in `dtype`, the recurrent state in float32."""
+  hk, hv, dk, dv, kernel = _dims(config)
+  windows = (kernel - 1) * (2 * hk * dk + hv * dv) * jnp.dtype(dtype).itemsize
+  return windows + hv * dk * dv * jnp.dtype(jnp.float32).itemsize
+
+
 def _causal_conv(
     x: jax.Array,
     weight: jax.Array,
