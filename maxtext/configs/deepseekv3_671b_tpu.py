@@ -19,7 +19,7 @@ without a TPU:
     --config=maxtext/configs/deepseekv3_671b_tpu.py --topology=v5p-512
 
 It fits: the micro-step peaks at 84.60 GiB per chip (39.07 of state,
-45.52 of temporaries; docs/models.md, "On a TPU slice"). The MoE layer runs per chip on the mesh: each chip
+45.52 of temporaries). The MoE layer runs per chip on the mesh: each chip
 routes its own sequence and runs, for its 32 experts, the assignments of
 its expert group's 8 sequences, with those experts' weights gathered in
 bfloat16 (docs/models.md, "On a TPU slice").
