@@ -83,13 +83,6 @@ def _attention(x, layer, entries, positions, config, store):
   return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), entries
 
 
-def _stacked(tree: Any, groups: int) -> Any:
-  """Leaves [groups * n, ...] viewed as [groups, n, ...]."""
-  return jax.tree_util.tree_map(
-      lambda a: a.reshape((groups, -1) + a.shape[1:]), tree
-  )
-
-
 def _unstacked(tree: Any) -> Any:
   """Leaves [groups, n, ...] viewed as [groups * n, ...]."""
   return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), tree)
@@ -165,7 +158,6 @@ def forward(
         block, x, (params["layers"], cache["layers"])
     )
   if "linear_layers" in params:
-    groups = config.num_layers // config.full_attention_interval
 
     def group(x, inputs):
       linear, states, attention, entries = inputs
@@ -178,7 +170,8 @@ def forward(
         x,
         (
             transformer.grouped_linear_layers(params, config),
-            _stacked(cache["linear_layers"], groups),
+            # The states grouped as the parameters are.
+            transformer.grouped_linear_layers(cache, config),
             params["moe_layers"],
             cache["moe_layers"],
         ),
