@@ -32,6 +32,12 @@ def main(argv: list[str]) -> None:
     directory = caller_paths.resolve_local_path(_OUTPUT_DIR.value)
     if os.path.exists(directory):
       raise ValueError(f"--output_dir={directory}: already exists")
+    try:
+      os.makedirs(directory)
+    except OSError as e:
+      raise ValueError(
+          f"--output_dir={directory}: cannot be created: {e.strerror}"
+      ) from None
     written = tiny_benchmark_inputs.write(directory)
     for key, value in written.items():
       print(f"--config.grpo_task_{key}={value}", flush=True)
