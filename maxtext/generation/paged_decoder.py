@@ -352,6 +352,29 @@ class _Sequence:
   unallocated: int  # Pages reserved for it, not yet taken from the pool.
 
 
+def table_width(config, length: int, page_size: int) -> int:
+  """The pages of a slot's table for sequences of up to `length` positions
+  (context plus max_new_tokens): the pages of the length bucket
+  (`decoder.cache_length`), so the pool's and tables' shapes, and the
+  programs, depend on the bucket only."""
+  return _pages(
+      decoder.cache_length(length, config.max_sequence_length), page_size
+  )
+
+
+def pool_pages(engine: EngineOptions, slots: int, width: int) -> int:
+  """The pool's pages: `engine.num_pages`, or by default (slots + 1) x the
+  widest table (`EngineOptions.num_pages`)."""
+  return engine.num_pages or (slots + 1) * width
+
+
+def prefill_length(config, longest: int, page_size: int) -> int:
+  """The prefill program's tokens for contexts of up to `longest` ids: their
+  length bucket, in whole pages."""
+  bucket = decoder.cache_length(longest, config.max_sequence_length)
+  return _pages(bucket, page_size) * page_size
+
+
 def _bucket(count: int, limit: int) -> int:
   """The smallest power of two >= count, at most `limit`."""
   return min(1 << max(count - 1, 0).bit_length(), limit)
@@ -417,12 +440,9 @@ def generate(
   size, slots = engine.page_size, engine.num_slots or rows
   longest = max(len(c) for c in contexts)
   # The widest table: the pages of the longest sequence's length bucket
-  # (the static decoder's), so the pool's and tables' shapes, and the
-  # programs, depend on the bucket only.
-  width = _pages(
-      decoder.cache_length(longest + new, config.max_sequence_length), size
-  )
-  num_pages = engine.num_pages or (slots + 1) * width
+  # (the static decoder's).
+  width = table_width(config, longest + new, size)
+  num_pages = pool_pages(engine, slots, width)
   pool_book = page_pool.PagePool(num_pages)
   replicated = (
       None
@@ -473,8 +493,7 @@ def generate(
     return _pages(length + budget - 1, size)
 
   # One prefill shape per call: the longest context's length bucket.
-  bucket = decoder.cache_length(longest, config.max_sequence_length)
-  bucket = _pages(bucket, size) * size
+  bucket = prefill_length(config, longest, size)
 
   def prefill(index):
     nonlocal pool
@@ -646,4 +665,160 @@ def generate(
       decode_calls=figures["decode_calls"],
       decode_steps=figures["decode_steps"],
       page_copies=figures["page_copies"],
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredEngine:
+  """The engine's programs lowered for abstract arguments (`lower`).
+
+  Attributes:
+    programs: "prefill" (one context of `prefill_length` tokens) and
+      "decode" (`chunk` steps of every slot over the widest table), as
+      `jax.stages.Lowered`.
+    pool: the page pool's shapes and shardings.
+    states: the slots' recurrent states' ({} without recurrent layers).
+    logits: the slots' next-token logits'.
+    num_pages: the pool's pages.
+    width: pages of a slot's table.
+    prefill_length: tokens of the prefill program.
+  """
+
+  programs: dict
+  pool: Any
+  states: Any
+  logits: Any
+  num_pages: int
+  width: int
+  prefill_length: int
+
+
+def check_lowering(
+    config, num_slots: int, length: int, prompt_length: int
+) -> None:
+  """`lower`'s shape arguments, checked.
+
+  Raises:
+    TypeError/ValueError: one line naming the argument.
+  """
+  checks.check_int("num_slots", num_slots, 1)
+  checks.check_int("length", length, 2)
+  if length > config.max_sequence_length:
+    raise ValueError(
+        f"length={length} exceeds max_sequence_length="
+        f"{config.max_sequence_length}"
+    )
+  checks.check_int("prompt_length", prompt_length, 1)
+  if prompt_length >= length:
+    raise ValueError(
+        f"prompt_length={prompt_length} leaves no new token of length="
+        f"{length}"
+    )
+
+
+def lower(
+    params: Any,
+    config: Any,
+    *,
+    num_slots: int,
+    length: int,
+    prompt_length: int,
+    engine: EngineOptions = EngineOptions(),
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> LoweredEngine:
+  """Lowers the prefill and decode programs `generate` runs, unrun.
+
+  The arguments are the ones `generate` passes for `num_slots` slots of
+  sequences of up to `length` positions (context plus max_new_tokens) and
+  contexts of up to `prompt_length` ids: the pool, states, logits and
+  per-slot arrays replicated over `mesh`, the parameters as `params`' shapes
+  and shardings say. Decode is the widest view's (every page of a table:
+  the most memory of the view buckets), drawing by temperature without
+  top-k or top-p (as a rollout at temperature 1 and top-p 1 does).
+
+  Args:
+    params: the parameters' `jax.ShapeDtypeStruct`s (with shardings on
+      `mesh`).
+    config: the model's config or the run's.
+    num_slots: sequences decoded together (>= 1).
+    length: positions of the longest sequence (<= max_sequence_length).
+    prompt_length: ids of the longest context (< length).
+    engine: page size, pages (0 = `pool_pages`' default) and chunk; its
+      num_slots is not read.
+    mesh: the devices' mesh; None = one device.
+
+  Returns:
+    The programs and the engine's arrays' shapes.
+
+  Raises:
+    ValueError: a length or slot count out of range (one line).
+  """
+  config = model_config.of(config)
+  check_lowering(config, num_slots, length, prompt_length)
+  size = engine.page_size
+  width = table_width(config, length, size)
+  num_pages = pool_pages(engine, num_slots, width)
+  bucket = prefill_length(config, prompt_length, size)
+  replicated = (
+      None
+      if mesh is None
+      else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  )
+
+  def placed(tree):
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+        tree,
+    )
+
+  def shape(dtype, *dims):
+    return jax.ShapeDtypeStruct(dims, dtype, sharding=replicated)
+
+  pool = placed(
+      jax.eval_shape(
+          functools.partial(paged_model.init_pool, config, num_pages, size)
+      )
+  )
+  states = placed(
+      jax.eval_shape(functools.partial(kv_cache.init_states, config, num_slots))
+  )
+  logits = shape(jnp.float32, num_slots, config.vocab_size)
+  i32 = jnp.int32
+  prefill = _prefill.lower(
+      params,
+      pool,
+      shape(i32, 1, bucket),
+      shape(i32),
+      shape(i32, 1, bucket // size),
+      config=config,
+  )
+  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  decode = _decode.lower(
+      params,
+      pool,
+      states,
+      logits,
+      shape(i32, num_slots, width),
+      *(shape(i32, num_slots) for _ in range(4)),  # steps .. rows
+      shape(jnp.bool_, num_slots),
+      shape(i32),  # stop_after
+      shape(key.dtype, *key.shape),
+      shape(jnp.float32),  # temperature
+      shape(i32),  # top_k
+      shape(jnp.float32),  # top_p
+      shape(i32, _STOP_SLOTS),
+      shape(i32),  # allowed_vocab
+      config=config,
+      chunk=engine.chunk,
+      greedy=False,
+      filtered=False,
+  )
+  return LoweredEngine(
+      programs={"prefill": prefill, "decode": decode},
+      pool=pool,
+      states=states,
+      logits=logits,
+      num_pages=num_pages,
+      width=width,
+      prefill_length=bucket,
   )
