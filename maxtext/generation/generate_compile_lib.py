@@ -12,9 +12,11 @@ figures these are).
 The parameters are the generation mesh's copy: in the compute dtype (the
 dtype the model computes in; training keeps them in `weight_dtype`), split
 as the trainer splits them on that mesh (`model_setup`: FSDP, the expert
-and tensor axes). The engine's own arrays (the page pool, the slots'
-recurrent states and logits, the page tables) are replicated on every
-device, as `paged_decoder.generate` places them.
+and tensor axes). The engine's own arrays are placed as
+`paged_decoder.generate` places them: the page pool split by key/value
+heads over the tensor axis where it divides them
+(`paged_decoder.pool_sharding`), the slots' recurrent states and logits
+and the page tables replicated on every device.
 
 Per program, per device (as `train_compile_lib`):
 

@@ -66,6 +66,7 @@ from maxtext.generation import page_pool
 from maxtext.generation import paged_model
 from maxtext.generation import sampling
 from maxtext.model import model_config
+from maxtext.runtime import mesh as mesh_lib
 
 _STOP_SLOTS = 8
 
@@ -136,11 +137,56 @@ def _pages(positions: int, page_size: int) -> int:
   return -(-positions // page_size)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
-def _prefill(params, pool, tokens, length, table, *, config):
+def pool_sharding(
+    config, mesh: Optional[jax.sharding.Mesh]
+) -> Optional[jax.sharding.NamedSharding]:
+  """Where the page pool's leaves live on `mesh` (None: one device).
+
+  A grouped-query pool's [L, N, P, K, D] leaves are split by key/value
+  heads (K) over the mesh's tensor axis when it divides them: each device
+  keeps the heads its attention computes (the projections are split so,
+  `transformer.param_partition_specs`), and the pool takes 1 / tensor of
+  the bytes on each. Otherwise (no tensor axis, heads it does not divide,
+  MLA's latent entries, which have no heads) the pool is replicated.
+  """
+  if mesh is None:
+    return None
+  tensor = mesh_lib.tensor_size(mesh)
+  if (
+      tensor > 1
+      and config.attention_type != "mla"
+      and config.num_kv_heads % tensor == 0
+  ):
+    spec = jax.sharding.PartitionSpec(
+        None, None, None, mesh_lib.TENSOR_AXIS, None
+    )
+  else:
+    spec = jax.sharding.PartitionSpec()
+  return jax.sharding.NamedSharding(mesh, spec)
+
+
+def _constrain(tree, sharding):
+  """Every leaf of `tree` placed by `sharding` (None: left as it is)."""
+  if sharding is None:
+    return tree
+  return jax.tree_util.tree_map(
+      lambda x: jax.lax.with_sharding_constraint(x, sharding), tree
+  )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("config", "pool_layout", "replicated"),
+    donate_argnums=(1,),
+)
+def _prefill(
+    params, pool, tokens, length, table, *, config, pool_layout, replicated
+):
   """Writes a context's entries into its pages; returns (pool, logits [V]
   of its last position, its recurrent states (one row; {} without
-  recurrent layers)). tokens int32 [1, T] right-padded, table [1, T/P]."""
+  recurrent layers)). tokens int32 [1, T] right-padded, table [1, T/P].
+  The pool keeps `pool_layout`, the rest is `replicated` (None: one
+  device), so every call takes and returns the same layouts."""
   positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
   hidden, pool, states = paged_model.forward(
       params,
@@ -153,19 +199,21 @@ def _prefill(params, pool, tokens, length, table, *, config):
       kv_cache.init_states(config, 1),
   )
   last = jax.lax.dynamic_index_in_dim(hidden, length - 1, 1)
-  return pool, cached_model.logits(params, last)[0, 0], states
+  return (
+      _constrain(pool, pool_layout),
+      _constrain(cached_model.logits(params, last)[0, 0], replicated),
+      _constrain(states, replicated),
+  )
 
 
 @functools.partial(
     jax.jit, static_argnames=("config", "num_pages", "page_size", "sharding")
 )
 def _empty_pool(*, config, num_pages, page_size, sharding):
-  """A zero pool, replicated over `sharding`'s mesh (None: one device)."""
-  pool = paged_model.init_pool(config, num_pages, page_size)
-  if sharding is None:
-    return pool
-  return jax.tree_util.tree_map(
-      lambda x: jax.lax.with_sharding_constraint(x, sharding), pool
+  """A zero pool placed by `sharding` (`pool_sharding`; None: one
+  device)."""
+  return _constrain(
+      paged_model.init_pool(config, num_pages, page_size), sharding
   )
 
 
@@ -204,7 +252,14 @@ def _copy_page(pool, source, target):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "chunk", "greedy", "filtered"),
+    static_argnames=(
+        "config",
+        "chunk",
+        "greedy",
+        "filtered",
+        "pool_layout",
+        "replicated",
+    ),
     donate_argnums=(1, 2, 3),
 )
 def _decode(
@@ -230,6 +285,8 @@ def _decode(
     chunk: int,
     greedy: bool,
     filtered: bool,
+    pool_layout=None,
+    replicated=None,
 ):
   """Up to `chunk` decode steps of every slot.
 
@@ -248,6 +305,8 @@ def _decode(
     seed_key, temperature, top_k, top_p, stop_ids, allowed_vocab: as
       `decoder._generate`.
     config, chunk, greedy, filtered: static.
+    pool_layout, replicated: static; as `_prefill`'s (the states and
+      logits are replicated).
 
   Returns:
     (pool, states, logits, ids int32 [S, chunk], log_probs float32
@@ -327,7 +386,15 @@ def _decode(
   _, pool, states, logits, steps, _, active, _, ids, log_probs = (
       jax.lax.while_loop(cond, body, carry)
   )
-  return pool, states, logits, ids, log_probs, steps, active
+  return (
+      _constrain(pool, pool_layout),
+      _constrain(states, replicated),
+      _constrain(logits, replicated),
+      ids,
+      log_probs,
+      steps,
+      active,
+  )
 
 
 @dataclasses.dataclass
@@ -403,8 +470,9 @@ def generate(
       row order (context-major); None = options.max_new_tokens for all.
     engine: slots, pages and chunk.
     allowed_vocab: ids at or above this are never chosen; 0 = the vocab.
-    mesh: run on this mesh (the engine's arrays replicated, the
-      parameters where the caller put them); None = one device.
+    mesh: run on this mesh (the pool split as `pool_sharding` says, the
+      engine's other arrays replicated, the parameters where the caller
+      put them); None = one device.
 
   Returns:
     An `EngineGeneration` of len(contexts) * num_samples rows.
@@ -457,8 +525,9 @@ def generate(
       return jnp.asarray(x)
     return jax.device_put(np.asarray(x), replicated)
 
+  layout = pool_sharding(config, mesh)
   pool = _empty_pool(
-      config=config, num_pages=num_pages, page_size=size, sharding=replicated
+      config=config, num_pages=num_pages, page_size=size, sharding=layout
   )
   states = _empty_states(config=config, slots=slots, sharding=replicated)
   stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
@@ -510,6 +579,8 @@ def generate(
         put(np.int32(len(context))),
         put(table),
         config=config,
+        pool_layout=layout,
+        replicated=replicated,
     )
     figures["prefill_passes"] += 1
     state = _Context(len(context), pages, last, context_states, g)
@@ -592,6 +663,8 @@ def generate(
         chunk=engine.chunk,
         greedy=options.greedy,
         filtered=options.filtered,
+        pool_layout=layout,
+        replicated=replicated,
     )
     return out
 
@@ -730,9 +803,9 @@ def lower(
 
   The arguments are the ones `generate` passes for `num_slots` slots of
   sequences of up to `length` positions (context plus max_new_tokens) and
-  contexts of up to `prompt_length` ids: the pool, states, logits and
-  per-slot arrays replicated over `mesh`, the parameters as `params`' shapes
-  and shardings say. Decode is the widest view's (every page of a table:
+  contexts of up to `prompt_length` ids: the pool placed as
+  `pool_sharding` says, the states, logits and per-slot arrays replicated
+  over `mesh`, the parameters as `params`' shapes and shardings say. Decode is the widest view's (every page of a table:
   the most memory of the view buckets), drawing by temperature without
   top-k or top-p (as a rollout at temperature 1 and top-p 1 does).
 
@@ -774,10 +847,12 @@ def lower(
   def shape(dtype, *dims):
     return jax.ShapeDtypeStruct(dims, dtype, sharding=replicated)
 
-  pool = placed(
+  layout = pool_sharding(config, mesh)
+  pool = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=layout),
       jax.eval_shape(
           functools.partial(paged_model.init_pool, config, num_pages, size)
-      )
+      ),
   )
   states = placed(
       jax.eval_shape(functools.partial(kv_cache.init_states, config, num_slots))
@@ -791,6 +866,8 @@ def lower(
       shape(i32),
       shape(i32, 1, bucket // size),
       config=config,
+      pool_layout=layout,
+      replicated=replicated,
   )
   key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
   decode = _decode.lower(
@@ -812,6 +889,8 @@ def lower(
       chunk=engine.chunk,
       greedy=False,
       filtered=False,
+      pool_layout=layout,
+      replicated=replicated,
   )
   return LoweredEngine(
       programs={"prefill": prefill, "decode": decode},
