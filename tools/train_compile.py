@@ -335,6 +335,7 @@ def _generate(
     config, mesh, tpu_slice, devices, hbm, slots, length, prompt_length, engine
 ) -> None:
   """--program=generate: compiles and reports a rollout's programs."""
+  # Imported once JAX has its platform (see _devices).
   # pylint: disable=import-outside-toplevel
   from maxtext.engine import train_compile_lib
   from maxtext.generation import generate_compile_lib

@@ -805,9 +805,10 @@ def lower(
   sequences of up to `length` positions (context plus max_new_tokens) and
   contexts of up to `prompt_length` ids: the pool placed as
   `pool_sharding` says, the states, logits and per-slot arrays replicated
-  over `mesh`, the parameters as `params`' shapes and shardings say. Decode is the widest view's (every page of a table:
-  the most memory of the view buckets), drawing by temperature without
-  top-k or top-p (as a rollout at temperature 1 and top-p 1 does).
+  over `mesh`, the parameters as `params`' shapes and shardings say.
+  Decode is the widest view's (every page of a table: the most memory of
+  the view buckets), drawing by temperature without top-k or top-p (as a
+  rollout at temperature 1 and top-p 1 does).
 
   Args:
     params: the parameters' `jax.ShapeDtypeStruct`s (with shardings on
