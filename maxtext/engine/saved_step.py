@@ -36,7 +36,9 @@ import jax
 from jax.experimental import serialize_executable
 import jaxlib
 
-FORMAT = 1
+# 2: the step's update rides its last micro-step (programs "allocate",
+# "micro_step", "eval"); format 1 also held "measure" and "apply".
+FORMAT = 2
 
 # Config fields that do not change the compiled programs: where outputs go,
 # how long the run is, how often it evaluates, logs and checkpoints, which
