@@ -67,8 +67,9 @@ concern:
   programs with no dispatch added;
 * `maxtext/engine/metric_packing.py`: the packing of a micro-step's metrics
   and the names they get (`flatten_metrics`: nested dicts become
-  `name/sub`; None values, the keys `intermediate_outputs` and `param_statistics` and
-  tuple/list values are skipped; the loss is `loss`), each checked by
+  `name/sub`; None values, the keys `intermediate_outputs` and
+  `param_statistics` and tuple/list values are skipped; the loss is
+  `loss`), each checked by
   `maxtext.metrics.values`, the check the recorder applies too;
 * `maxtext/engine/step_lowering.py`: `lower` and `lower_programs`, the programs
   lowered for ahead-of-time compilation. An engine built on abstract

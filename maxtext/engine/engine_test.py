@@ -149,9 +149,7 @@ def three_program_steps(k, clip, steps):
 class FusedStepTest(parameterized.TestCase):
   """The fused step trains as the three-program step did."""
 
-  @parameterized.product(
-      k=(1, 2, 4), clip=(0.0, 0.5), donate=(True, False)
-  )
+  @parameterized.product(k=(1, 2, 4), clip=(0.0, 0.5), donate=(True, False))
   def test_losses_and_parameters_equal_the_three_program_step(
       self, k, clip, donate
   ):
@@ -176,9 +174,7 @@ class FusedStepTest(parameterized.TestCase):
     np.testing.assert_allclose(got["loss"], losses, rtol=1e-5)
     np.testing.assert_allclose(got["grad_norm"], norms, rtol=1e-5)
     chex.assert_trees_all_close(eng.params, params, rtol=1e-5, atol=1e-6)
-    chex.assert_trees_all_close(
-        eng.opt_state, opt_state, rtol=1e-5, atol=1e-6
-    )
+    chex.assert_trees_all_close(eng.opt_state, opt_state, rtol=1e-5, atol=1e-6)
 
 
 class EngineTest(parameterized.TestCase):
@@ -610,7 +606,9 @@ class EngineTest(parameterized.TestCase):
         for b in batches:
           eng.fwd_bwd(b)
         eng.update()
-    self.assertEqual(launches, ["jit(micro_step)"] * K + ["jit(_concat_groups)"])
+    self.assertEqual(
+        launches, ["jit(micro_step)"] * K + ["jit(_concat_groups)"]
+    )
 
   def test_eval_step_defaults_to_the_loss(self):
     eng = make_engine()

@@ -208,9 +208,7 @@ def _jit(
     # select: a skipped step runs no optimizer and, with the state donated,
     # leaves it in place.
     mean = jax.tree.map(lambda a: a / k, grad_sum)
-    grad_norm = optax.tree.norm(slots.gradients_only(mean)).astype(
-        jnp.float32
-    )
+    grad_norm = optax.tree.norm(slots.gradients_only(mean)).astype(jnp.float32)
     grads = jax.tree.map(lambda m, p: m.astype(p.dtype), mean, params)
     finite = jnp.isfinite(grad_norm)
     params, opt_state = jax.lax.cond(
@@ -258,9 +256,7 @@ def _jit(
     # computes them: no accumulator, and no gradient-sized buffer outlives
     # the program.
     grads, packed, weighted = gradients(params, micro_batch)
-    grads = jax.tree.map(
-        lambda g, s: g.astype(s.dtype), grads, acc_shapes
-    )
+    grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, acc_shapes)
     params, opt_state, update_packed = finish(
         params, opt_state, grads, step, commit
     )

@@ -124,7 +124,9 @@ class CompileStepTest(absltest.TestCase):
     if choice is not None:
       self.assertIs(choice, tried[-1])
       self.assertLessEqual(choice.step.peak, hbm)
-      self.assertEqual([p.program for p in choice.step.programs], ["micro_step"])
+      self.assertEqual(
+          [p.program for p in choice.step.programs], ["micro_step"]
+      )
     else:
       self.assertLen(tried, len(order))
 

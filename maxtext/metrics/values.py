@@ -5,8 +5,8 @@ Every way a value enters the recorder goes through it:
 (reading a JAX array's dtype and shape, never its data), and the engine's
 packing (`maxtext/engine/metric_packing.py`) applies it to each metric of
 the traced micro-step before packing them into one array. So the packed
-path takes exactly the metrics the per-name path takes, and refuses the others in the
-same words.
+path takes exactly the metrics the per-name path takes, and refuses the
+others in the same words.
 
 * Integer and floating dtypes are accepted (bfloat16 and the other ml_dtypes
   floats included).
