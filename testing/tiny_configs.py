@@ -163,6 +163,20 @@ TINY_MOE = dict(
     moe_mlp_dim=16,
 )
 
+# Qwen3 at TINY_MODEL's scale: an RMSNorm over each query and key head, a
+# head width (12) apart from emb_dim / num_heads (8).
+TINY_QWEN3 = dict(qk_norm=True, head_dim=12)
+
+# Qwen3-MoE at TINY_MODEL's scale: TINY_QWEN3 with every block a
+# mixture-of-experts block, softmax top-2 of 4, renormalised, no shared expert.
+TINY_QWEN3_MOE = dict(
+    **TINY_QWEN3,
+    num_experts=4,
+    num_experts_per_token=2,
+    router_norm_topk=True,
+    moe_mlp_dim=16,
+)
+
 
 # GRPO on the tiny model: 4 completions of each prompt of 3 progression terms,
 # 4 terms asked for, 8 held-out prompts, a KL term, both built-in rewards.

@@ -24,7 +24,12 @@ class ModelConfigTest(absltest.TestCase):
     self.assertEqual(config.steps, base.get_config().steps)
 
   def test_presets_are_valid_configs(self):
-    for presets in ((), (tiny_configs.TINY_MLA, tiny_configs.TINY_MOE)):
+    for presets in (
+        (),
+        (tiny_configs.TINY_MLA, tiny_configs.TINY_MOE),
+        (tiny_configs.TINY_QWEN3,),
+        (tiny_configs.TINY_QWEN3_MOE,),
+    ):
       config_lib.validate(tiny_configs.model_config(*presets))
 
   def test_unknown_field_is_refused(self):

@@ -7,8 +7,10 @@
 
 writes config.json and model.safetensors, which
 `transformers.AutoModelForCausalLM.from_pretrained("/models/llama32_ft")`
-loads: dense grouped-query models as LlamaForCausalLM, multi-head latent
-attention mixture-of-experts models as DeepseekV3ForCausalLM. --step picks
+loads: dense grouped-query models as LlamaForCausalLM, those with per-head
+q/k norms (qk_norm) as Qwen3ForCausalLM, grouped-query mixture-of-experts
+models as Qwen3MoeForCausalLM, multi-head latent attention
+mixture-of-experts models as DeepseekV3ForCausalLM. --step picks
 a checkpoint (default: the newest); --dtype is the tensors' dtype (bfloat16
 or float32, default float32). The run's tokenizer files (those of the
 imported checkpoint it started from, or of its prepared data) are copied

@@ -1,7 +1,12 @@
 """Imports a Hugging Face checkpoint as parameters a run starts from.
 
-LlamaForCausalLM and DeepseekV3ForCausalLM (FP8 weights dequantised; the
-multi-token-prediction layers skipped with a warning): docs/checkpoints.md.
+LlamaForCausalLM, DeepseekV3ForCausalLM (FP8 weights dequantised; the
+multi-token-prediction layers skipped with a warning), Qwen3ForCausalLM and
+Qwen3MoeForCausalLM: docs/checkpoints.md.
+
+  # Qwen3-8B, its shapes checked against the project's config file:
+  tools/bazel run //tools:import_checkpoint -- --input=/models/Qwen3-8B \\
+      --output_dir=/ckpt/qwen3_8b --config=maxtext/configs/qwen3_8b.py
 
   # Derive the model fields from config.json (printed, and written as
   # DIR/config.py), then train from the imported parameters:

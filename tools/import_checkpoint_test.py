@@ -82,7 +82,8 @@ class ImportCheckpointTest(absltest.TestCase):
     self.assert_refused(
         [f"--input={hf}"],
         f"{path}: architecture 'MixtralForCausalLM' is not supported "
-        "(supported: LlamaForCausalLM, DeepseekV3ForCausalLM)",
+        "(supported: LlamaForCausalLM, DeepseekV3ForCausalLM, "
+        "Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
         out,
     )
 

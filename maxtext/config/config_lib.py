@@ -117,6 +117,9 @@ def _check_mla(v) -> None:
     _at_least(v, key, 0)
   if v["attention_type"] != "mla":
     return
+  if v["qk_norm"]:
+    # MLA normalises its low-rank latents (q_norm, kv_norm), not its heads.
+    raise _fail("qk_norm", True, "needs attention_type='gqa', got 'mla'")
   for key in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
     _at_least(v, key, 1)
   _at_least(v, "qk_rope_head_dim", 2)
@@ -172,6 +175,13 @@ def _check_moe(v) -> None:
     _at_least(v, key, 0)
   _at_least(v, "expert_parallelism", 1)
   _one_of(v, "router_score", choices.ROUTER_SCORES)
+  if v["router_norm_topk"] and v["router_score"] != "softmax":
+    raise _fail(
+        "router_norm_topk",
+        True,
+        f"needs router_score='softmax' (router_score="
+        f"{v['router_score']!r} normalises its top-k weights always)",
+    )
   _one_of(v, "load_balance_loss", choices.LOAD_BALANCE_LOSSES)
   rate = v["router_bias_update_rate"]
   # `not >= 0` also refuses NaN, which `< 0` would let through.
@@ -421,6 +431,13 @@ def _check_monitoring(v) -> None:
         "target_eval_loss",
         v["target_eval_loss"],
         "must be >= 0 (0 = no target)",
+    )
+  if v["deferred_eval"] and not v["enable_mllog"]:
+    raise _fail(
+        "deferred_eval",
+        v["deferred_eval"],
+        "needs enable_mllog=True: the deferred evaluation dates its result"
+        " from the points the MLPerf log records",
     )
   _at_least(v, "log_period", 1)
   _at_least(v, "profiler_steps", 0)

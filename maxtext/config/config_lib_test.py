@@ -287,6 +287,11 @@ class ValidateTest(parameterized.TestCase):
           "grpo_num_generations=1",
       ),
       ("grpo_iterations", {"grpo_num_iterations": 0}, "grpo_num_iterations=0"),
+      (
+          "deferred_eval_without_log",
+          {"deferred_eval": True, "enable_mllog": False},
+          "deferred_eval=True: needs enable_mllog=True",
+      ),
       ("grpo_epsilon", {"grpo_epsilon": 0.0}, "grpo_epsilon=0.0"),
       ("grpo_epsilon_high", {"grpo_epsilon_high": -0.1}, "grpo_epsilon_high"),
       ("grpo_beta", {"grpo_beta": -1.0}, "grpo_beta=-1.0"),
@@ -338,6 +343,23 @@ class ValidateTest(parameterized.TestCase):
           "bias_rate_without_bias",
           {"num_experts": 4, "router_bias_update_rate": 0.01},
           "router_bias_update_rate=0.01: needs num_experts > 0 and router_bias",
+      ),
+      (
+          "qk_norm_with_mla",
+          {
+              "attention_type": "mla",
+              "kv_lora_rank": 8,
+              "qk_nope_head_dim": 8,
+              "qk_rope_head_dim": 4,
+              "v_head_dim": 8,
+              "qk_norm": True,
+          },
+          "qk_norm=True: needs attention_type='gqa'",
+      ),
+      (
+          "norm_topk_with_sigmoid",
+          {"router_score": "sigmoid", "router_norm_topk": True},
+          "router_norm_topk=True: needs router_score='softmax'",
       ),
       (
           "multi_process_gcs_without_shared_checkpoints",

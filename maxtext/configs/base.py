@@ -154,6 +154,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.rope_yarn_mscale_all_dim = 0.0
   # Epsilon inside the RMSNorm square root.
   config.norm_epsilon = 1e-5
+  # gqa: RMSNorm over each query and key head (a learnt scale of head_dim
+  # per layer, q_norm and k_norm) before the rotary embedding (Qwen3).
+  config.qk_norm = False
   # Tied embeddings (Hugging Face's tie_word_embeddings, e.g. Llama 3.2 1B/3B):
   # no separate unembedding parameter; the logits use the embedding transposed.
   config.tie_word_embeddings = False
@@ -192,6 +195,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Router scores: "softmax" (top-k probabilities are the weights) or
   # "sigmoid" (DeepSeek-V3: top-k sigmoid affinities normalised to sum 1).
   config.router_score = "softmax"
+  # softmax: the top-k probabilities renormalised to sum to 1 before they
+  # weight the experts (Qwen3-MoE's norm_topk_prob). "sigmoid" always
+  # normalises its top-k weights.
+  config.router_norm_topk = False
   # A per-expert bias added to the scores for the choice only, never to the
   # combine weights (DeepSeek-V3's e_score_correction_bias, a parameter
   # named moe_layers/router_bias that no gradient moves).
@@ -304,6 +311,15 @@ def get_config() -> ml_collections.ConfigDict:
   # Stop with success when the mean eval loss (nats per token) is <= this.
   # 0 = no target: run for `steps`.
   config.target_eval_loss = 0.0
+  # MLPerf deferred evaluation (the training rules' "timestamped
+  # checkpoints evaluated after the clock has stopped"): where the eval
+  # schedule would evaluate, the run saves a weights-only checkpoint in
+  # <run dir>/eval_checkpoints instead (the step, samples trained and the
+  # time the step's update had finished), logs that point in the MLPerf log,
+  # and ends after `steps` with the log left open: no eval_accuracy and no
+  # run_stop. //tools/mlperf:deferred_eval then evaluates the checkpoints in
+  # order and closes the log (docs/mlperf.md). Needs enable_mllog.
+  config.deferred_eval = False
 
   # ------------------------------------------------------------ monitoring
   config.log_period = 10  # Console line every this many steps.

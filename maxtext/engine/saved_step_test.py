@@ -21,6 +21,7 @@ import time
 
 from absl.testing import absltest
 from maxtext.config import config_lib
+from maxtext.engine import saved_step
 from maxtext.run import trainer
 from maxtext.configs import default
 from maxtext.listeners import interface
@@ -177,6 +178,12 @@ class SavedStepTest(absltest.TestCase):
     truncated = os.path.join(base, "truncated.pickle")
     with open(truncated, "wb") as f:
       f.write(data[: programs_at + (whole - programs_at) // 2])
+    # A file of the format before the parameters' layout became
+    # axis_rules' (format 1): its programs expect other input shardings.
+    old_format = os.path.join(base, "old_format.pickle")
+    with open(old_format, "wb") as f:
+      pickle.dump(dict(description, format=1), f)
+      f.write(data[programs_at:])
     # A description without its versions, then the real programs.
     unversioned = os.path.join(base, "unversioned.pickle")
     del description["versions"]
@@ -186,6 +193,7 @@ class SavedStepTest(absltest.TestCase):
     for damaged, expected in (
         (truncated, "its programs section is damaged or truncated"),
         (unversioned, "its description has no 'versions'"),
+        (old_format, f"not a saved step of format {saved_step.FORMAT}"),
     ):
       with self.subTest(damaged):
         with self.assertRaises(trainer.ConfigError) as caught:

@@ -29,14 +29,17 @@ from testing import tiny_configs
 
 _ATOL = 1e-4
 
-# The four attention/feed-forward kinds: multi-head (as many kv heads as
-# heads), grouped-query (fewer), multi-head latent, mixture of experts; and
-# multi-head latent attention with YaRN.
+# The attention/feed-forward kinds: multi-head (as many kv heads as heads),
+# grouped-query (fewer), multi-head latent, mixture of experts, Qwen3 dense
+# and MoE; and multi-head latent attention with YaRN.
 _KINDS = (
     ("dense", (), dict(num_kv_heads=4)),
     ("gqa", (), {}),
     ("mla", (tiny_configs.TINY_MLA,), {}),
     ("moe", (tiny_configs.TINY_MOE,), {}),
+    # Qwen3: per-head q/k norms; Qwen3-MoE's renormalised softmax router.
+    ("qwen3", (tiny_configs.TINY_QWEN3,), {}),
+    ("qwen3_moe", (tiny_configs.TINY_QWEN3_MOE,), {}),
     # DeepSeek-V3's rotary scaling: frequencies and the softmax scale.
     (
         "mla_yarn",

@@ -233,7 +233,7 @@ class GrpoWorkload(workload.Workload):
   def start(self, state) -> dict[str, float]:
     """Builds the step and evaluates the starting parameters."""
     config = state.config
-    self._frozen = ml_collections.FrozenConfigDict(config)
+    frozen = self._model_config(state)
     reference = (
         model_setup.init_params(config, state.setup)
         if config.grpo_beta > 0
@@ -241,7 +241,7 @@ class GrpoWorkload(workload.Workload):
     )
     self._step = step_lib.GrpoStep(
         state.engine,
-        self._frozen,
+        frozen,
         lambda rollout: state.dataset.get_batch(rollout)["prompts"].tolist(),
         functools.partial(rollout_options, config),
         self._rewards,
@@ -307,11 +307,21 @@ class GrpoWorkload(workload.Workload):
     """The rollout that feeds update `step`."""
     return step // config.grpo_num_iterations
 
+  def _model_config(self, state) -> ml_collections.FrozenConfigDict:
+    """The run's config, frozen: the decoder's static model argument.
+
+    Made once per workload, by `start` or by the first `evaluate` (the
+    deferred evaluation evaluates without starting the run).
+    """
+    if self._frozen is None:
+      self._frozen = ml_collections.FrozenConfigDict(state.config)
+    return self._frozen
+
   def _pass_rates(self, state) -> dict[str, float]:
     """The held-out prompts' pass rates under the current parameters."""
     return evaluation.evaluate(
         state.engine.params,
-        self._frozen,
+        self._model_config(state),
         state.dataset.get_eval_batch(0)["prompts"].tolist(),
         eval_options(state.config),
         progression_task.exact_match,

@@ -84,7 +84,7 @@ _FIXED = {
     "router_bias": True,
     "capacity_factor": 0.0,
 }
-_NEEDED = object()  # A key without a default: import needs it.
+_NEEDED = llama.NEEDED  # A key without a default: import needs it.
 # config.json key <-> project field, one for one: (key, field, type, the
 # default when the key is absent or null). Import reads them, export writes
 # them.
@@ -131,35 +131,12 @@ _NULL_WHEN_ZERO = ("q_lora_rank",)
 _MAX_SEQUENCE = 8192
 
 
-def _require(hf: Mapping[str, Any], source: str, key: str, wanted, default):
-  value = hf.get(key, default)
-  if value is None:
-    value = default
-  if value != wanted:
-    raise UnsupportedError(
-        f"{source}: {key}={value!r} is not supported (only {wanted!r})"
-    )
-
-
-def _read(hf: Mapping[str, Any], table) -> dict[str, Any]:
-  """The project fields of `table` (_FIELDS, _YARN) from `hf`."""
-  fields = {}
-  for key, field, kind, default in table:
-    value = hf.get(key)
-    if value is None:
-      if default is _NEEDED:
-        raise KeyError(key)
-      value = default
-    fields[field] = kind(value)
-  return fields
-
-
 def _written(config, table) -> dict[str, Any]:
   """The config.json keys of `table` from the project's `config`."""
-  document = {}
-  for key, field, kind, _ in table:
-    value = kind(config[field])
-    document[key] = None if key in _NULL_WHEN_ZERO and not value else value
+  document = llama.written_fields(config, table)
+  for key in _NULL_WHEN_ZERO:
+    if key in document and not document[key]:
+      document[key] = None
   return document
 
 
@@ -175,7 +152,7 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     KeyError: a field the conversion needs is missing.
   """
   for key, wanted, default in _REQUIRED:
-    _require(hf, source, key, wanted, default)
+    llama.require(hf, source, key, wanted, default)
   if not hf.get("n_routed_experts"):
     raise UnsupportedError(
         f"{source}: n_routed_experts={hf.get('n_routed_experts')!r}: only "
@@ -183,18 +160,18 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     )
   quantization = hf.get("quantization_config") or {}
   if quantization:
-    _require(
+    llama.require(
         quantization,
         source + " quantization_config",
         "quant_method",
         "fp8",
         "fp8",
     )
-    _require(
+    llama.require(
         quantization, source + " quantization_config", "fmt", "e4m3", "e4m3"
     )
   theta, scaling = llama.rope_config(hf)
-  fields = _read(hf, _FIELDS)
+  fields = llama.read_fields(hf, _FIELDS)
   fields.update(_FIXED)
   fields.update(
       # Unused by MLA; set so the grouped-query fields stay consistent.
@@ -217,7 +194,7 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
       raise UnsupportedError(
           f"{source}: rope truncate={scaling['truncate']!r} is not supported"
       )
-    fields.update(rope_scaling="yarn", **_read(scaling, _YARN))
+    fields.update(rope_scaling="yarn", **llama.read_fields(scaling, _YARN))
   elif kind != "default":
     raise UnsupportedError(
         f"{source}: rope_type {kind!r} is not supported (default or yarn)"
@@ -395,29 +372,9 @@ def tensors(
       ("layers", range(dense), {**attention, **_DENSE_MLP}),
       ("moe_layers", range(dense, config.num_layers), {**attention, **_MOE}),
   )
-  for stack, numbers, names in stacks:
-    if stack not in params:
-      continue
-    for name in params[stack]:
-      if name not in names and not (stack == "moe_layers" and name in _EXPERTS):
-        raise UnsupportedError(
-            f"parameter {stack}/{name} has no DeepSeek-V3 tensor"
-        )
-    for index, n in enumerate(numbers):
-      prefix = f"model.layers.{n}."
-      for name in params[stack]:
-        if stack == "moe_layers" and name in _EXPERTS:
-          for j in range(config.num_experts):
-            yield Tensor(
-                f"{prefix}mlp.experts.{j}.{_EXPERTS[name]}",
-                (stack, name),
-                index,
-                _LINEAR,
-                expert=j,
-            )
-        else:
-          suffix, layout = names[name]
-          yield Tensor(prefix + suffix, (stack, name), index, layout)
+  yield from llama.stacked_tensors(
+      params, stacks, _EXPERTS, config.num_experts, "DeepSeek-V3"
+  )
   for name in ("final_norm", "unembedding"):
     if name in params:
       yield Tensor(outer[name][0], (name,), None, outer[name][1])

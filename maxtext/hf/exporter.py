@@ -3,11 +3,13 @@
 `export_checkpoint(config, params, output_dir, dtype)` writes `config.json`
 and the tensors (with this package's writer, no torch), loadable by
 `transformers.AutoModelForCausalLM.from_pretrained`: a dense grouped-query
-model as LlamaForCausalLM (`maxtext.hf.llama`), a multi-head latent
-attention mixture-of-experts model as DeepseekV3ForCausalLM
-(`maxtext.hf.deepseek`), each through the same tensor table its import
-reads. A config the family cannot hold is refused with one line naming the
-field, before anything is written.
+model as LlamaForCausalLM (`maxtext.hf.llama`), one with per-head q/k
+norms (`qk_norm`) as Qwen3ForCausalLM and a grouped-query
+mixture-of-experts model as Qwen3MoeForCausalLM (`maxtext.hf.qwen3`), a
+multi-head latent attention mixture-of-experts model as
+DeepseekV3ForCausalLM (`maxtext.hf.deepseek`), each through the same
+tensor table its import reads. A config the family cannot hold is refused
+with one line naming the field, before anything is written.
 
 Each tensor is cut from its stacked `[layers, (experts,) ...]` parameter
 and converted to Hugging Face's layout when the file is written, one at a
@@ -34,6 +36,7 @@ import numpy as np
 from maxtext.hf import deepseek
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
+from maxtext.hf import qwen3
 from maxtext.hf import safetensors_io
 from maxtext.hf import staging as staging_lib
 from maxtext.hf import tokenizer_files as tokenizer_files_lib
@@ -74,9 +77,12 @@ class _Converted:
 
 def family(config):
   """The conversion module that holds the model `config`: DeepSeek-V3 for
-  latent attention or experts, Llama otherwise."""
-  if config.attention_type == "mla" or config.num_experts:
+  latent attention, Qwen3 for grouped-query attention with per-head q/k
+  norms or experts, Llama otherwise."""
+  if config.attention_type == "mla":
     return deepseek
+  if config.qk_norm or config.num_experts:
+    return qwen3
   return llama
 
 
@@ -91,6 +97,8 @@ def hf_config_and_tensors(config, params, dtype: str):
     document = module.hf_config(config, dtype)
     if module is deepseek:
       tensors = list(deepseek.tensors(params, config, document))
+    elif module is qwen3:
+      tensors = list(qwen3.tensors(params, config))
     else:
       if config.attention_type != "gqa":
         raise llama.UnsupportedError(

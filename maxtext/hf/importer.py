@@ -1,8 +1,9 @@
 """Imports a Hugging Face checkpoint as a `load_parameters_path`.
 
 The families (config.json's `architectures`): LlamaForCausalLM
-(`maxtext.hf.llama`) and DeepseekV3ForCausalLM (`maxtext.hf.deepseek`, FP8
-weights dequantised by `maxtext.hf.fp8`).
+(`maxtext.hf.llama`), DeepseekV3ForCausalLM (`maxtext.hf.deepseek`, FP8
+weights dequantised by `maxtext.hf.fp8`), Qwen3ForCausalLM and
+Qwen3MoeForCausalLM (`maxtext.hf.qwen3`).
 
 `import_checkpoint(input_dir, output_dir, config)` writes `output_dir` as a
 checkpoint directory of this project (`maxtext.storage.checkpointing`):
@@ -52,6 +53,7 @@ from maxtext.hf import deepseek
 from maxtext.hf import fp8
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
+from maxtext.hf import qwen3
 from maxtext.hf import staging as staging_lib
 from maxtext.hf import tokenizer_files
 from maxtext.model import transformer
@@ -105,6 +107,7 @@ def config_file_text(fields: dict[str, Any], source: str) -> str:
 FAMILIES = {
     llama.ARCHITECTURE: llama,
     deepseek.ARCHITECTURE: deepseek,
+    **{name: qwen3 for name in qwen3.ARCHITECTURES},
 }
 
 
@@ -143,10 +146,18 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
         f"attention_type={config.attention_type!r}, "
         f"num_experts={config.num_experts}"
     )
+  if module is qwen3 and (not config.qk_norm or config.attention_type != "gqa"):
+    raise ConversionError(
+        f"config: a Qwen3 checkpoint needs a grouped-query model with "
+        f"qk_norm=True; got attention_type={config.attention_type!r}, "
+        f"qk_norm={config.qk_norm}"
+    )
   _check_layer_count(hf, config)
   abstract = transformer.abstract_params(config)
   if module is llama:
     planned = llama.tensors(abstract)
+  elif module is qwen3:
+    planned = qwen3.tensors(abstract, config)
   else:
     planned = deepseek.tensors(abstract, config, hf.config)
   tensors = []

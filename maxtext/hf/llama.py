@@ -157,6 +157,46 @@ def hf_config(config, dtype: str) -> dict[str, Any]:
   }
 
 
+# The families' config tables (deepseek.py, qwen3.py) are rows of
+# (config.json key, project field, type, default when the key is absent or
+# null); NEEDED as the default: import needs the key.
+NEEDED = object()
+
+
+def require(hf: Mapping[str, Any], source: str, key: str, wanted, default):
+  """Raises UnsupportedError unless config.json `hf` (at `source`) holds
+  `wanted` at `key` (`default` when absent or null)."""
+  value = hf.get(key, default)
+  if value is None:
+    value = default
+  if value != wanted:
+    raise UnsupportedError(
+        f"{source}: {key}={value!r} is not supported (only {wanted!r})"
+    )
+
+
+def read_fields(hf: Mapping[str, Any], table) -> dict[str, Any]:
+  """The project fields of a config `table` from config.json `hf`.
+
+  Raises:
+    KeyError: a NEEDED key is absent or null.
+  """
+  fields = {}
+  for key, field, kind, default in table:
+    value = hf.get(key)
+    if value is None:
+      if default is NEEDED:
+        raise KeyError(key)
+      value = default
+    fields[field] = kind(value)
+  return fields
+
+
+def written_fields(config, table) -> dict[str, Any]:
+  """The config.json keys of a config `table` from the project's `config`."""
+  return {key: kind(config[field]) for key, field, kind, _ in table}
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """How one project matrix is stored in Hugging Face's layout.
@@ -239,3 +279,51 @@ def tensors(params: Mapping[str, Any]) -> Iterator[Tensor]:
       yield Tensor(
           OUTER_TENSORS[name][0], (name,), None, OUTER_TENSORS[name][1]
       )
+
+
+def stacked_tensors(
+    params: Mapping[str, Any],
+    stacks,
+    experts: Mapping[str, str],
+    num_experts: int,
+    family: str,
+) -> Iterator[Tensor]:
+  """The per-layer tensors of a model with dense and MoE stacks, in file
+  order.
+
+  Args:
+    params: the parameter pytree (arrays or shapes).
+    stacks: (stack name, the Hugging Face layer numbers it holds, name ->
+      (tensor name suffix, layout)) for each stack.
+    experts: in "moe_layers", project name -> the suffix of each expert's
+      tensor `mlp.experts.J.<suffix>` ([out, in], one per expert).
+    num_experts: experts per MoE layer.
+    family: the architecture named in errors.
+
+  Raises:
+    UnsupportedError: a parameter with no tensor in the tables.
+  """
+  for stack, numbers, names in stacks:
+    if stack not in params:
+      continue
+    moe = stack == "moe_layers"
+    for name in params[stack]:
+      if name not in names and not (moe and name in experts):
+        raise UnsupportedError(
+            f"parameter {stack}/{name} has no {family} tensor"
+        )
+    for index, n in enumerate(numbers):
+      prefix = f"model.layers.{n}."
+      for name in params[stack]:
+        if moe and name in experts:
+          for j in range(num_experts):
+            yield Tensor(
+                f"{prefix}mlp.experts.{j}.{experts[name]}",
+                (stack, name),
+                index,
+                LINEAR,
+                expert=j,
+            )
+        else:
+          suffix, layout = names[name]
+          yield Tensor(prefix + suffix, (stack, name), index, layout)

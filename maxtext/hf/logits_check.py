@@ -1,14 +1,18 @@
 """What the checkpoint conversions' logit tests share (test-only).
 
 An imported checkpoint restored onto one device (what `load_parameters_path`
-reads), and the comparison of two sets of logits relative to the expected
-ones' scale, so near-zero logits cannot pass by being near zero.
+reads), the comparison of two sets of logits relative to the expected
+ones' scale, so near-zero logits cannot pass by being near zero, and the
+bit-for-bit comparison of an export's tensors with the original's.
 """
+
+import os
 
 from absl import logging
 import jax
 import numpy as np
 
+from maxtext.hf import safetensors_io
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
 
@@ -34,3 +38,22 @@ def assert_close_to_scale(test, actual, expected) -> None:
   test.assertLessEqual(
       diff, RELATIVE * scale, f"max |diff| {diff}, scale {scale}"
   )
+
+
+def assert_same_tensors(test, original_dir: str, exported_dir: str) -> None:
+  """Fails `test` unless `exported_dir`'s model.safetensors holds the
+  tensors of `original_dir`'s, same names, float32, equal bit for bit."""
+
+  def open_file(directory):
+    return safetensors_io.SafetensorsFile(
+        os.path.join(directory, "model.safetensors")
+    )
+
+  original, exported = open_file(original_dir), open_file(exported_dir)
+  test.assertEqual(sorted(exported.names()), sorted(original.names()))
+  for name in original.names():
+    ours = np.asarray(exported.array(name))
+    test.assertEqual(ours.dtype, np.float32, name)
+    np.testing.assert_array_equal(
+        ours, np.asarray(original.array(name)), err_msg=name
+    )

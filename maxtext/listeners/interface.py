@@ -7,9 +7,12 @@ which outputs exist. Calls come in this order:
 
   on_run_start
   (on_step_start(s) ... on_step(record of s)
-   [on_eval_start, on_eval] [on_checkpoint])*
+   [on_eval_start, on_eval | on_eval_deferred] [on_checkpoint])*
   on_run_end
   close
+
+With `deferred_eval`, `on_eval_deferred` takes the place of each eval: the
+weights were saved to be evaluated after the run.
 
 `on_step` for a step may come after `on_step_start` of the next step: the
 loop writes a step's records while the device runs the next step (see
@@ -116,6 +119,25 @@ class EvalRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class DeferredEval:
+  """An evaluation point whose eval is deferred: the weights were saved.
+
+  Attributes:
+    step: 0-based index of the last training step before the point.
+    samples: samples trained before the point.
+    directory: where the weights-only checkpoint of `step + 1` completed
+      steps is (`maxtext/storage/weights_checkpoints.py`).
+    update_time: seconds since the epoch at which step `step`'s parameter
+      update had finished (the time a deferred result's clock may stop at).
+  """
+
+  step: int
+  samples: int
+  directory: str
+  update_time: float
+
+
+@dataclasses.dataclass(frozen=True)
 class RunEnd:
   """The run has ended (it will not train further in this process).
 
@@ -165,6 +187,9 @@ class RunListener:
 
   def on_eval(self, record: EvalRecord) -> None:
     """An evaluation finished."""
+
+  def on_eval_deferred(self, point: DeferredEval) -> None:
+    """An evaluation point passed with its weights saved, not evaluated."""
 
   def on_checkpoint(self, step: int, directory: str) -> None:
     """A checkpoint of `step` completed steps was written to `directory`."""

@@ -38,6 +38,7 @@ _EVENTS = (
     "on_step",
     "on_eval_start",
     "on_eval",
+    "on_eval_deferred",
     "on_checkpoint",
     "on_run_end",
 )
@@ -171,6 +172,9 @@ class MultiListener(interface.RunListener):
 
   def on_eval(self, record: interface.EvalRecord) -> None:
     self._dispatch("on_eval", record)
+
+  def on_eval_deferred(self, point: interface.DeferredEval) -> None:
+    self._dispatch("on_eval_deferred", point)
 
   def on_checkpoint(self, step: int, directory: str) -> None:
     self._dispatch("on_checkpoint", step, directory)

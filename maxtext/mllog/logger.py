@@ -442,7 +442,12 @@ class MLLogger:
         POINT_IN_TIME,
     )
 
-  def run_stop(self, status: str, samples_count: Optional[int] = None) -> bool:
+  def run_stop(
+      self,
+      status: str,
+      samples_count: Optional[int] = None,
+      metadata: Optional[Mapping[str, Any]] = None,
+  ) -> bool:
     """Logs `run_stop` once per logger; later calls do nothing.
 
     An open training block is closed first, so block events stay paired.
@@ -451,6 +456,8 @@ class MLLogger:
       status: `SUCCESS` ("success") or `ABORTED` ("aborted").
       samples_count: samples trained in total; defaults to the newest
         samples_count an earlier event reported.
+      metadata: more metadata, after `status` and `samples_count` (e.g. a
+        deferred evaluation's checkpoint).
 
     Returns:
       True if this call wrote `run_stop`.
@@ -477,6 +484,7 @@ class MLLogger:
           {
               "status": status,
               "samples_count": self._note_samples(samples_count),
+              **(metadata or {}),
           },
           INTERVAL_END,
       )

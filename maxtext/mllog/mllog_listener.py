@@ -15,9 +15,15 @@ writes the rest as the run reports it:
                  eval_stop, tracked_stats (validation time),
                  then run_stop(success) at the target or block_start if the
                  run goes on
+  on_eval_deferred
+                 deferred_eval_checkpoint (`deferred_log`): a deferred_eval
+                 run saved the point's weights in place of its eval
   on_run_end     run_stop(aborted) unless the run succeeded; if the
                  initialisation failed before on_run_start, the events of
-                 on_run_start first, so the file is a complete sequence
+                 on_run_start first, so the file is a complete sequence.
+                 A deferred_eval run that trained its `steps` ends with
+                 block_stop and deferred_eval_pending instead: its
+                 run_stop comes with its deferred evaluation
 
 Every value comes from the run: samples counts from the samples trained,
 warmup and decay steps from the real schedule.
@@ -31,6 +37,7 @@ from maxtext.core import caller_paths
 from maxtext.listeners import interface
 from maxtext.metrics import throughput as throughput_lib
 from maxtext.mllog import cache_flush
+from maxtext.mllog import deferred_log
 from maxtext.mllog import hyperparameters
 from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import build_info
@@ -133,6 +140,9 @@ class MLLogListener(interface.RunListener):
     elif record.continues:
       log.block_start(record.samples)
 
+  def on_eval_deferred(self, point: interface.DeferredEval) -> None:
+    deferred_log.log_point(self._logger, point)
+
   def on_run_end(self, end: interface.RunEnd) -> None:
     if end.outcome == interface.RunOutcome.SUCCESS:
       return  # on_eval logged run_stop(success).
@@ -142,11 +152,26 @@ class MLLogListener(interface.RunListener):
       # nothing (the compliance checker then reports only the missing
       # eval_accuracy: there is no result).
       self.on_run_start(interface.RunStart(end.final_step, end.samples))
+    elif (
+        end.outcome == interface.RunOutcome.COMPLETED
+        and self._config.deferred_eval
+    ):
+      # The result is decided by the deferred evaluation, which closes it.
+      deferred_log.log_pending(self._logger, end.samples, end.final_step)
+      return
     # The samples really trained, also when no eval reported them yet.
     self._logger.run_stop(mllog_logger.ABORTED, end.samples)
 
   def close(self) -> None:
     self._logger.close()
+
+
+def first_log_path(config: Any, run_dir: str) -> str:
+  """The path of a run's first attempt's log (`mllog_file`, a local path,
+  or `<run_dir>/mllog.log`); later attempts' are `next_attempt_path`'s."""
+  if config.mllog_file:  # A local path (config_lib refuses gs:// here).
+    return caller_paths.resolve_local_path(config.mllog_file)
+  return mllog_logger.default_log_path(config, run_dir)
 
 
 def start(
@@ -183,10 +208,7 @@ def start(
     The listener; its logger writes nothing when `enable_mllog` is off or
     this is not process 0.
   """
-  if config.mllog_file:  # A local path (config_lib refuses gs:// here).
-    path = caller_paths.resolve_local_path(config.mllog_file)
-  else:
-    path = mllog_logger.default_log_path(config, run_dir)
+  path = first_log_path(config, run_dir)
   flushed = False
   if config.enable_mllog:
     # Every host flushes (a collective), before the log exists, so that the

@@ -144,11 +144,12 @@ class MlaShardingTest(parameterized.TestCase):
         axes,
         is_leaf=lambda x: isinstance(x, tuple),
     )
-    # The big attention matrices are really split over FSDP.
+    # The big attention matrices are really split, over fsdp x expert
+    # (every axis that holds a share of the batch but "data").
     stack = params["moe_layers" if experts > 1 else "layers"]
     stack_specs = specs["moe_layers" if experts > 1 else "layers"]
     for name in ("wkv_a", "wkv_b", "wo"):
-      self.assertIn("fsdp", tuple(stack_specs[name]), name)
+      self.assertIn(("fsdp", "expert"), tuple(stack_specs[name]), name)
     mesh = jax.sharding.Mesh(
         devices=np.array(jax.devices()[:4]).reshape((1, fsdp, experts)),
         axis_names=("data", "fsdp", "expert"),
@@ -157,7 +158,7 @@ class MlaShardingTest(parameterized.TestCase):
     sharded_stack = sharded["moe_layers" if experts > 1 else "layers"]
     for name in ("wkv_a", "wkv_b", "wo"):
       shard = sharded_stack[name].addressable_shards[0].data
-      self.assertEqual(shard.size * fsdp, stack[name].size, name)
+      self.assertEqual(shard.size * fsdp * experts, stack[name].size, name)
     batch = _batch(config)
     (loss, _), grads = _loss_and_grads(config, sharded, batch)
     (ref_loss, _), ref_grads = _loss_and_grads(config, params, batch)

@@ -11,7 +11,8 @@ is the sum of that many experts of width moe_mlp_dim.
 
 Router scores (`router_score`):
   "softmax": probabilities over experts; a token's top-k probabilities are its
-    combine weights as they are (Switch Transformer, GShard).
+    combine weights as they are (Switch Transformer, GShard), or renormalised
+    to sum to 1 with `router_norm_topk` (Qwen3-MoE's norm_topk_prob).
   "sigmoid": independent sigmoid affinities (DeepSeek-V3); the top-k
     affinities, normalised to sum to 1, are the combine weights.
 
@@ -126,12 +127,14 @@ def route(
   `num_expert_groups` > 1 only the best `expert_groups_per_token` groups
   of consecutive experts are eligible, a group ranked by the sum of its two
   best biased scores. The combine weights are the chosen experts' scores
-  (normalised to sum to 1 for "sigmoid") times `routed_scaling_factor`.
+  (normalised to sum to 1 for "sigmoid", and for "softmax" with
+  `router_norm_topk`) times `routed_scaling_factor`.
 
   Args:
     logits: float32 [T, X] router logits.
-    config: `router_score`, `num_experts_per_token`, `num_expert_groups`,
-      `expert_groups_per_token`, `routed_scaling_factor`.
+    config: `router_score`, `router_norm_topk`, `num_experts_per_token`,
+      `num_expert_groups`, `expert_groups_per_token`,
+      `routed_scaling_factor`.
     bias: float32 [X] added to the scores for the choice, or None.
 
   Returns:
@@ -156,7 +159,7 @@ def route(
   choice = scores if bias is None else scores + bias.astype(scores.dtype)
   _, experts = jax.lax.top_k(_eligible(choice, config), k)
   weights = jnp.take_along_axis(scores, experts, axis=-1)
-  if config.router_score == "sigmoid":
+  if config.router_score == "sigmoid" or config.router_norm_topk:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   return probs, weights * config.routed_scaling_factor, experts
 

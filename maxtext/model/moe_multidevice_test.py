@@ -1,4 +1,5 @@
-"""Eight fake CPU devices: experts sharded over the "expert" mesh axis.
+"""Eight fake CPU devices: experts sharded over the "expert" mesh axis, the
+other weights over fsdp x expert.
 
 The device count is fixed when JAX starts, so this test has its own target and
 sets XLA_FLAGS before importing JAX. The references are the same layer, and
@@ -29,13 +30,15 @@ from maxtext.model import moe
 from maxtext.model import transformer
 from maxtext.configs import moe_tiny
 from maxtext.metrics import recorder as metrics_recorder
+from maxtext.runtime import axis_rules
+from maxtext.storage import checkpointing
 from testing import random_init
 from testing import tiny_configs
 
 _STEPS = 2
 
 
-def _config():
+def _config(**overrides):
   """moe_tiny shrunk, on a 2 x 2 x 2 (data, fsdp, expert) mesh."""
   config = moe_tiny.get_config()
   config.update(
@@ -55,6 +58,7 @@ def _config():
       fsdp_parallelism=2,
       expert_parallelism=2,
   )
+  config.update(overrides)
   return config
 
 
@@ -104,8 +108,8 @@ def _on_mesh(x, layer, mesh):
   )
 
 
-def _batches(config):
-  rng = np.random.default_rng(0)
+def _batches(config, seed=0):
+  rng = np.random.default_rng(seed)
   micro = config.global_batch_size // config.gradient_accumulation_steps
   shape = (micro, config.max_sequence_length)
   return [
@@ -117,9 +121,8 @@ def _batches(config):
   ]
 
 
-def _train(config, params, shardings=None, batch_sharding=None, mesh=None):
-  """Runs _STEPS engine steps; returns the engine and each step's metrics."""
-  engine = engine_lib.Engine(
+def _engine(config, params, shardings=None, batch_sharding=None, mesh=None):
+  return engine_lib.Engine(
       functools.partial(transformer.loss_fn, config=config, mesh=mesh),
       params,
       optax.adamw(1e-2),
@@ -129,8 +132,12 @@ def _train(config, params, shardings=None, batch_sharding=None, mesh=None):
       param_shardings=shardings,
       batch_sharding=batch_sharding,
   )
+
+
+def _steps(engine, config, batch_sharding=None, seed=0):
+  """Runs _STEPS engine steps; returns each step's metrics."""
   records = []
-  batches = iter(_batches(config))
+  batches = iter(_batches(config, seed))
   for _ in range(_STEPS):
     for _ in range(config.gradient_accumulation_steps):
       batch = next(batches)
@@ -138,7 +145,73 @@ def _train(config, params, shardings=None, batch_sharding=None, mesh=None):
         batch = jax.device_put(batch, batch_sharding)
       engine.fwd_bwd(batch)
     records.append(metrics_recorder.reduce_buffer(engine.update()))
-  return engine, records
+  return records
+
+
+def _train(config, params, shardings=None, batch_sharding=None, mesh=None):
+  """Runs _STEPS engine steps; returns the engine and each step's metrics."""
+  engine = _engine(config, params, shardings, batch_sharding, mesh)
+  return engine, _steps(engine, config, batch_sharding)
+
+
+def _shardings(params, mesh, rules=axis_rules.PARAMETERS):
+  """The parameters' shardings on `mesh` under the logical-axis `rules`."""
+  return mesh_lib.param_shardings(
+      transformer.param_partition_specs(
+          params,
+          mesh.shape[mesh_lib.FSDP_AXIS],
+          expert_size=mesh_lib.expert_size(mesh),
+          rules=rules,
+      ),
+      mesh,
+  )
+
+
+def _abstract(state, mesh):
+  """What a checkpoint restores onto: `state`'s shapes and shardings (the
+  step counter, a host value, replicated), as the trainer's resume asks."""
+  replicated = NamedSharding(mesh, P())
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(
+          np.shape(x),
+          x.dtype,
+          sharding=getattr(x, "sharding", None) or replicated,
+      ),
+      state,
+  )
+
+
+_METRICS = (
+    "loss",
+    "moe/aux_loss",
+    "moe/dropped_tokens",
+    "moe/load_max",
+    "moe/router_entropy",
+    "grad_norm",
+)
+
+
+def _assert_same_training(got_records, want_records, got, want):
+  """Equal step metrics and final parameters (float tolerance: the
+  reductions run in another order)."""
+  for got_step, want_step in zip(got_records, want_records, strict=True):
+    for name in _METRICS:
+      np.testing.assert_allclose(
+          got_step[name], want_step[name], rtol=2e-5, atol=1e-6, err_msg=name
+      )
+  chex.assert_trees_all_close(
+      jax.device_get(got.params),
+      jax.device_get(want.params),
+      atol=2e-5,
+      rtol=2e-5,
+  )
+
+
+def _shard_elements(tree) -> int:
+  """Elements one device holds of a pytree of arrays."""
+  return sum(
+      x.addressable_shards[0].data.size for x in jax.tree_util.tree_leaves(tree)
+  )
 
 
 class MoeMultiDeviceTest(parameterized.TestCase):
@@ -238,52 +311,117 @@ class MoeMultiDeviceTest(parameterized.TestCase):
     _, whole = moe.moe_mlp(x, layer, config)
     self.assertNotEqual(float(whole["dropped"]), dropped)
 
-  def test_expert_sharded_run_matches_one_device(self):
+  @parameterized.named_parameters(("k1", 1), ("k2", 2))
+  def test_expert_sharded_run_matches_one_device(self, accumulation):
     self.assertEqual(jax.device_count(), 8)
-    config = _config()
+    # One sequence per device per micro-batch.
+    config = _config(
+        global_batch_size=8 * accumulation,
+        gradient_accumulation_steps=accumulation,
+    )
     mesh = mesh_lib.make_mesh(config)
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 2, "expert": 2})
     self.assertEqual(mesh_lib.expert_size(mesh), 2)
-    params = transformer.init_params(config, jax.random.PRNGKey(0))
-    specs = transformer.param_partition_specs(
-        params, 2, expert_size=mesh_lib.expert_size(mesh)
+    # On the host: each engine places (and may donate) its own copy.
+    params = jax.device_get(
+        transformer.init_params(config, jax.random.PRNGKey(0))
     )
-    shardings = mesh_lib.param_shardings(specs, mesh)
     batch_sharding = mesh_lib.batch_sharding(mesh)
     sharded, sharded_records = _train(
-        config, params, shardings, batch_sharding, mesh
+        config, params, _shardings(params, mesh), batch_sharding, mesh
     )
     # Experts are split over the expert axis (and their embed dim over fsdp).
     w_up = sharded.params["moe_layers"]["w_up"]
     self.assertEqual(w_up.shape, (1, 4, 16, 8))
     self.assertEqual(w_up.addressable_shards[0].data.shape, (1, 2, 8, 8))
+    self.assertEqual(w_up.sharding.spec, P(None, "expert", "fsdp", None))
+    # Every other weight over fsdp x expert: the dense layer's MLP, the
+    # MoE layer's attention, the embedding; and AdamW's moments with them.
+    fsdp_expert = ("fsdp", "expert")
+    dense_up = sharded.params["layers"]["w_up"]
+    self.assertEqual(dense_up.sharding.spec, P(None, None, fsdp_expert))
+    self.assertEqual(dense_up.addressable_shards[0].data.shape, (1, 16, 8))
     self.assertEqual(
-        w_up.sharding.spec,
-        jax.sharding.PartitionSpec(None, "expert", "fsdp", None),
+        sharded.params["moe_layers"]["wq"].sharding.spec,
+        P(None, fsdp_expert, None, None),
     )
+    self.assertEqual(
+        sharded.params["embedding"].sharding.spec, P(fsdp_expert, None)
+    )
+    moments = sharded.opt_state[0]
+    for tree in (moments.mu, moments.nu):
+      self.assertEqual(tree["layers"]["w_up"].sharding, dense_up.sharding)
+      self.assertEqual(tree["moe_layers"]["w_up"].sharding, w_up.sharding)
     # Batches over all three axes: 8 rows, one per device.
     batch = jax.device_put(_batches(config)[0], batch_sharding)
     self.assertEqual(batch["inputs"].addressable_shards[0].data.shape, (1, 8))
 
-    one = jax.devices()[0]
-    single, single_records = _train(config, jax.device_put(params, one))
-    for got, want in zip(sharded_records, single_records):
-      for name in (
-          "loss",
-          "moe/aux_loss",
-          "moe/dropped_tokens",
-          "moe/load_max",
-          "moe/router_entropy",
-          "grad_norm",
-      ):
-        np.testing.assert_allclose(
-            got[name], want[name], rtol=2e-5, atol=1e-6, err_msg=name
-        )
-    chex.assert_trees_all_close(
-        jax.device_get(sharded.params),
-        jax.device_get(single.params),
-        atol=2e-5,
-        rtol=2e-5,
+    single, single_records = _train(
+        config, jax.device_put(params, jax.devices()[0])
+    )
+    _assert_same_training(sharded_records, single_records, sharded, single)
+
+    # The layout before (non-expert weights over fsdp only, repeated in
+    # each expert group) trains the same, holding more per device.
+    old, old_records = _train(
+        config,
+        params,
+        _shardings(params, mesh, axis_rules.FSDP_ONLY),
+        batch_sharding,
+        mesh,
+    )
+    self.assertEqual(
+        old.params["layers"]["w_up"].sharding.spec, P(None, None, "fsdp")
+    )
+    _assert_same_training(sharded_records, old_records, sharded, old)
+    self.assertLess(
+        _shard_elements(sharded.params), _shard_elements(old.params)
+    )
+    self.assertLess(
+        _shard_elements(sharded.opt_state), _shard_elements(old.opt_state)
+    )
+
+  @parameterized.named_parameters(
+      ("old_to_new", axis_rules.FSDP_ONLY, axis_rules.PARAMETERS),
+      ("new_to_old", axis_rules.PARAMETERS, axis_rules.FSDP_ONLY),
+  )
+  def test_a_checkpoint_restores_in_the_other_layout(self, saved, restored):
+    config = _config()
+    mesh = mesh_lib.make_mesh(config)
+    params = jax.device_get(
+        transformer.init_params(config, jax.random.PRNGKey(0))
+    )
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+    writer, _ = _train(
+        config, params, _shardings(params, mesh, saved), batch_sharding, mesh
+    )
+    directory = self.create_tempdir().full_path
+    with checkpointing.Checkpointer(
+        directory, save_period=1, max_to_keep=1
+    ) as ckpt:
+      self.assertTrue(ckpt.save(writer.step, writer.state, {}))
+    # A fresh engine in the other layout resumes from it, as a run does.
+    shardings = _shardings(params, mesh, restored)
+    reader = _engine(config, params, shardings, batch_sharding, mesh)
+    with checkpointing.Checkpointer(
+        directory, save_period=1, max_to_keep=1
+    ) as ckpt:
+      got = ckpt.restore_newest(_abstract(reader.state, mesh))
+    self.assertEqual(got.step, _STEPS)
+    reader.set_state(got.state)
+    self.assertEqual(reader.step, writer.step)
+    jax.tree.map(
+        lambda x, s: self.assertEqual(x.sharding, s), reader.params, shardings
+    )
+    chex.assert_trees_all_equal(
+        jax.device_get(reader.state), jax.device_get(writer.state)
+    )
+    # And both train on alike.
+    _assert_same_training(
+        _steps(reader, config, batch_sharding, seed=1),
+        _steps(writer, config, batch_sharding, seed=1),
+        reader,
+        writer,
     )
 
 

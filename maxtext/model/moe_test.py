@@ -25,6 +25,7 @@ def _config(**overrides):
           num_experts_per_token=2,
           num_shared_experts=0,
           router_score="softmax",
+          router_norm_topk=False,
           load_balance_loss="switch",
           capacity_factor=0.0,
           router_bias=False,
@@ -185,6 +186,22 @@ class MoeTest(parameterized.TestCase):
     probs, weights, _ = moe.route(logits, config)
     np.testing.assert_allclose(jnp.sum(weights, -1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(jnp.sum(probs, -1), 1.0, rtol=1e-6)
+
+  def test_softmax_top_k_renormalised_with_router_norm_topk(self):
+    # Qwen3-MoE: softmax over all experts, top-k, then the k probabilities
+    # divided by their sum; without router_norm_topk they stay as they are.
+    logits = jax.random.normal(jax.random.PRNGKey(5), (6, 4))
+    probs, plain, experts = moe.route(logits, _config(num_experts_per_token=3))
+    _, normed, same = moe.route(
+        logits, _config(num_experts_per_token=3, router_norm_topk=True)
+    )
+    np.testing.assert_array_equal(experts, same)
+    chosen = np.take_along_axis(np.asarray(probs), np.asarray(experts), -1)
+    np.testing.assert_allclose(plain, chosen, rtol=1e-6)
+    np.testing.assert_allclose(
+        normed, chosen / chosen.sum(-1, keepdims=True), rtol=1e-6
+    )
+    self.assertTrue(np.all(np.sum(np.asarray(plain), -1) < 1.0 - 1e-3))
 
   def test_deepseek_routing_matches_its_definition(self):
     config = _config(

@@ -26,6 +26,7 @@ M mlp_dim, V vocab_size):
   layers/wq          [L, E, H, D]     (gqa)
   layers/wk, wv      [L, E, K, D]     (gqa)
   layers/wo          [L, H, D, E]     (gqa)
+  layers/q_norm, k_norm [L, D]        (gqa with qk_norm)
   layers/mlp_norm    [L, E]
   layers/w_gate, w_up [L, E, M]
   layers/w_down      [L, M, E]
@@ -68,6 +69,8 @@ from maxtext.metrics import buffer as metrics_buffer
 from maxtext.model import layers
 from maxtext.model import mla
 from maxtext.model import moe
+from maxtext.runtime import axis_rules
+from maxtext.runtime import mesh as mesh_lib
 
 Params = dict[str, Any]
 
@@ -76,7 +79,7 @@ Params = dict[str, Any]
 SAVED_NAMES = ("query", "key", "value", "context", "attn_out", "mlp_out")
 
 # Logical axis names of every parameter, one name per dimension. The mesh code
-# maps them to mesh axes; `param_fsdp_axis` derives the FSDP shard dimension.
+# maps them to mesh axes (`maxtext.runtime.axis_rules`).
 # A stack's attention axes are `_GQA_AXES` or `mla.LOGICAL_AXES`.
 _NORM_AXES = {
     "attn_norm": ("layers", "norm"),
@@ -88,6 +91,11 @@ _GQA_AXES = {
     "wv": ("layers", "embed", "kv_heads", "head_dim"),
     "wo": ("layers", "heads", "head_dim", "embed"),
 }
+# gqa with `qk_norm`: a scale per head dimension, shared by the heads.
+_QK_NORM_AXES = {
+    "q_norm": ("layers", "head_dim"),
+    "k_norm": ("layers", "head_dim"),
+}
 _MLP_AXES = {
     "w_gate": ("layers", "embed", "mlp"),
     "w_up": ("layers", "embed", "mlp"),
@@ -98,7 +106,8 @@ _OUTER_AXES = {
     "final_norm": ("norm",),
     "unembedding": ("embed", "vocab"),
 }
-# The experts' dimension: sharded over the mesh's expert axis, never FSDP's.
+# The experts' dimension: sharded over the mesh's expert axis, never by FSDP
+# (`axis_rules.PARAMETERS`).
 EXPERT_LOGICAL_AXIS = "experts"
 
 
@@ -222,6 +231,9 @@ def _attention_params(config, l: int, normal, dtype) -> Params:
   params["wk"] = normal((l, e, k, d), e)
   params["wv"] = normal((l, e, k, d), e)
   params["wo"] = normal((l, h, d, e), h * d)
+  if config.qk_norm:
+    params["q_norm"] = jnp.ones((l, d), dtype)
+    params["k_norm"] = jnp.ones((l, d), dtype)
   return params
 
 
@@ -330,12 +342,16 @@ def gqa_projections(
     positions: jax.Array,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Grouped-query attention's q [B, S, H, D], k and v [B, S, K, D] of the
-  normalised input x [B, S, E]; rotary embeddings at int `positions`
-  ([B, S] or [1, S]) applied to q and k."""
+  normalised input x [B, S, E]; with `config.qk_norm` each query and key
+  head RMS-normalised (scales q_norm, k_norm [D]); then rotary embeddings
+  at int `positions` ([B, S] or [1, S]) applied to q and k."""
   cdt = x.dtype
   q = jnp.einsum("bse,ehd->bshd", x, layer["wq"].astype(cdt))
   k = jnp.einsum("bse,ekd->bskd", x, layer["wk"].astype(cdt))
   v = jnp.einsum("bse,ekd->bskd", x, layer["wv"].astype(cdt))
+  if config.qk_norm:
+    q = layers.rms_norm(q, layer["q_norm"], config.norm_epsilon)
+    k = layers.rms_norm(k, layer["k_norm"], config.norm_epsilon)
   scaling = layers.rope_scaling(config)
   q = layers.rope(q, positions, config.rope_theta, scaling)
   k = layers.rope(k, positions, config.rope_theta, scaling)
@@ -724,6 +740,8 @@ def _stack_axes(stack, ffn_axes: Params) -> Params:
     return {}  # Cannot match: param_logical_axes reports the structure.
   if "wkv_a" in stack:
     attention = mla.logical_axes(low_rank_query="wq_a" in stack)
+  elif "q_norm" in stack:
+    attention = {**_GQA_AXES, **_QK_NORM_AXES}
   else:
     attention = _GQA_AXES
   return {**_NORM_AXES, **attention, **ffn_axes}
@@ -744,12 +762,14 @@ def weight_decay_mask(params: Params) -> Params:
 
 
 def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
-  """Which dimension of each parameter to shard over an FSDP mesh axis.
+  """Which dimension of each parameter to shard over an FSDP mesh axis
+  alone (a mesh of "data" and "fsdp").
 
   The largest dimension divisible by `fsdp_size` is chosen (the first of
   equals), never the stacked "layers" dimension, which `lax.scan` slices,
-  nor the "experts" dimension, which the expert mesh axis shards.
-  A parameter with no such dimension, or `fsdp_size` 1, is replicated.
+  nor the "experts" dimension, which the expert mesh axis shards
+  (`axis_rules.PARAMETERS`). A parameter with no such dimension, or
+  `fsdp_size` 1, is replicated.
 
   Args:
     params: the parameter pytree (arrays or anything with `.shape`).
@@ -763,75 +783,55 @@ def param_fsdp_axis(params: Params, fsdp_size: int) -> Params:
   """
   if not isinstance(fsdp_size, int) or fsdp_size < 1:
     raise ValueError(f"fsdp_size must be a positive int, got {fsdp_size!r}")
-  axes = param_logical_axes(params)
-
-  def choose(x, names):
-    if fsdp_size == 1:
-      return None
-    best = None
-    for dim, (size, name) in enumerate(zip(x.shape, names)):
-      if name in ("layers", EXPERT_LOGICAL_AXIS) or size % fsdp_size:
-        continue
-      if best is None or size > x.shape[best]:
-        best = dim
-    return best
-
+  never = axis_rules.PARAMETERS.never
   return jax.tree_util.tree_map(
-      choose, params, axes, is_leaf=lambda x: isinstance(x, tuple)
+      lambda x, names: axis_rules.largest_dividing(
+          x.shape, names, fsdp_size, never
+      ),
+      params,
+      param_logical_axes(params),
+      is_leaf=lambda x: isinstance(x, tuple),
   )
 
 
 def param_partition_specs(
     params: Params,
     fsdp_size: int,
-    fsdp_axis_name: str = "fsdp",
     *,
     expert_size: int = 1,
-    expert_axis_name: str = "expert",
+    rules: axis_rules.Rules = axis_rules.PARAMETERS,
 ) -> Params:
-  """`jax.sharding.PartitionSpec` per parameter for FSDP and expert sharding.
+  """`jax.sharding.PartitionSpec` per parameter: the logical-axis `rules`
+  (`maxtext.runtime.axis_rules`) on a mesh of `fsdp_size` x `expert_size`.
+
+  With the default rules, on a mesh with an expert axis, the "experts"
+  dimension of the routed experts and the router is split over "expert"
+  and their largest other dimension over "fsdp"; every other parameter's
+  largest dimension is split over fsdp x expert (("fsdp", "expert")), so no
+  expert group holds a copy of another's. Without an expert axis every
+  parameter is split over "fsdp" alone (`param_fsdp_axis`).
 
   Args:
     params: the parameter pytree (arrays or anything with `.shape`).
-    fsdp_size: number of devices on the FSDP mesh axis.
-    fsdp_axis_name: the mesh axis name to shard over.
-    expert_size: number of devices on the expert mesh axis; > 1 shards
-      every "experts" dimension over `expert_axis_name`.
-    expert_axis_name: the expert mesh axis name.
+    fsdp_size: number of devices on the "fsdp" mesh axis.
+    expert_size: number of devices on the "expert" mesh axis.
+    rules: the layout (`axis_rules.FSDP_ONLY` is the one before non-expert
+      weights were split over the expert axis).
 
   Returns:
-    A pytree like `params` of PartitionSpecs (replicated where
-    `param_fsdp_axis` gives None and there is no sharded experts dimension).
+    A pytree like `params` of PartitionSpecs.
 
   Raises:
-    ValueError: expert_size < 1, or it does not divide the number of
-      experts.
+    ValueError: fsdp_size or expert_size < 1, or expert_size does not
+      divide the number of experts.
   """
-  if not isinstance(expert_size, int) or expert_size < 1:
-    raise ValueError(
-        f"expert_size must be a positive int, got " f"{expert_size!r}"
-    )
-  dims = param_fsdp_axis(params, fsdp_size)
-  axes = param_logical_axes(params)
-
-  def spec(x, dim, names):
-    out = [None] * len(x.shape)
-    if dim is not None:
-      out[dim] = fsdp_axis_name
-    if expert_size > 1 and EXPERT_LOGICAL_AXIS in names:
-      experts = names.index(EXPERT_LOGICAL_AXIS)
-      if x.shape[experts] % expert_size:
-        raise ValueError(
-            f"expert_parallelism={expert_size} does not divide "
-            f"the {x.shape[experts]} experts"
-        )
-      out[experts] = expert_axis_name
-    return jax.sharding.PartitionSpec(*out)
-
+  sizes = {mesh_lib.FSDP_AXIS: fsdp_size, mesh_lib.EXPERT_AXIS: expert_size}
+  for axis, size in sizes.items():
+    if not isinstance(size, int) or size < 1:
+      raise ValueError(f"{axis}_size must be a positive int, got {size!r}")
   return jax.tree_util.tree_map(
-      spec,
+      lambda x, names: axis_rules.partition_spec(x.shape, names, sizes, rules),
       params,
-      dims,
-      axes,
-      is_leaf=lambda x: x is None or isinstance(x, tuple),
+      param_logical_axes(params),
+      is_leaf=lambda x: isinstance(x, tuple),
   )

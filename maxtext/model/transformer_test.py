@@ -19,6 +19,7 @@ from maxtext.model import layers
 from maxtext.model import transformer
 from maxtext.configs import default
 from maxtext.metrics import recorder as metrics_recorder
+from maxtext.runtime import axis_rules
 from maxtext.storage import checkpointing
 from testing import tiny_configs
 
@@ -844,7 +845,17 @@ class MoeModelTest(parameterized.TestCase):
         specs["moe_layers"]["w_up"], p(None, "expert", "fsdp", None)
     )
     self.assertEqual(specs["moe_layers"]["router"], p(None, "fsdp", "expert"))
-    self.assertEqual(specs["layers"]["w_up"], p(None, None, "fsdp"))
+    # Weights without an experts dimension: over every batch axis but data.
+    self.assertEqual(specs["layers"]["w_up"], p(None, None, ("fsdp", "expert")))
+    self.assertEqual(
+        specs["moe_layers"]["wq"], p(None, ("fsdp", "expert"), None, None)
+    )
+    # The layout before: those over fsdp only, the experts as now.
+    old = transformer.param_partition_specs(
+        shapes, 2, expert_size=2, rules=axis_rules.FSDP_ONLY
+    )
+    self.assertEqual(old["layers"]["w_up"], p(None, None, "fsdp"))
+    self.assertEqual(old["moe_layers"]["w_up"], specs["moe_layers"]["w_up"])
     with self.assertRaisesRegex(ValueError, "expert_parallelism=3"):
       transformer.param_partition_specs(shapes, 1, expert_size=3)
 

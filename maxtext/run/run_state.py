@@ -51,6 +51,7 @@ from maxtext.storage import mirror_listener
 from maxtext.storage import run_dir as run_dir_lib
 from maxtext.storage import run_lock
 from maxtext.storage import run_record
+from maxtext.storage import weights_checkpoints
 
 # Not mirrored: orbax's unfinished checkpoints, checkpoints set aside as
 # damaged or partial, and the local lock file (the bucket holds the run's own
@@ -77,6 +78,8 @@ class RunState:
     listeners: every output of the run.
     start_step: completed steps at the start of this attempt.
     samples: samples trained so far, resumed ones included.
+    weights: the weights-only checkpoints of a `deferred_eval` run
+      (`storage/weights_checkpoints.py`), else None.
   """
 
   config: ml_collections.ConfigDict  # The attempt's, its seed resolved.
@@ -89,6 +92,7 @@ class RunState:
   listeners: multi_listener.MultiListener
   start_step: int
   samples: int
+  weights: Optional[checkpointing.Checkpointer] = None
 
   def device_batches(self, step: int) -> tuple[list, float]:
     """Step `step`'s micro-batches as global arrays on the devices.
@@ -163,10 +167,40 @@ class RunState:
         )
     return saved
 
+  def save_weights(self, update_time: float) -> bool:
+    """Saves the parameters as the weights-only checkpoint of the completed
+    steps, for deferred evaluation (`deferred_eval` runs only).
+
+    Args:
+      update_time: seconds since the epoch at which the step's update had
+        finished.
+
+    Returns:
+      True if a save was started (False: that step exists already).
+    """
+    step = self.engine.step
+    saved = weights_checkpoints.save(
+        self.weights,
+        step,
+        self.engine.params,
+        samples=self.samples,
+        update_time=update_time,
+    )
+    if saved:
+      logging.info(
+          "Weights of step %d saved for deferred evaluation: %s",
+          step,
+          self.weights.directory,
+      )
+    return saved
+
   def close(self) -> None:
-    """Releases checkpointer, engine and data (listeners close separately)."""
+    """Releases checkpointers, engine and data (listeners close separately)."""
+    closers = [self.checkpointer.close]
+    if self.weights is not None:
+      closers.append(self.weights.close)
     for closer in (
-        self.checkpointer.close,
+        *closers,
         self.engine.close,
         self.dataset.close,
     ):
@@ -447,6 +481,12 @@ def build(
     config, checkpointer, dataset = _open_inputs(
         config, paths, is_primary, locks, outputs, opened, workload
     )
+    weights = None
+    if config.deferred_eval:
+      weights = weights_checkpoints.open_checkpointer(
+          paths.run_dir, fence=locks.check if locks is not None else None
+      )
+      opened.callback(weights.close)
     outputs.listeners.add(
         mllog_listener.start(
             config,
@@ -483,6 +523,7 @@ def build(
       listeners=listeners,
       start_step=outputs.start_step,
       samples=outputs.samples,
+      weights=weights,
   )
 
 

@@ -12,6 +12,11 @@ in-process. One run:
   on_run_start -> steps (K micro-batches, update, records, evals as
   `eval_schedule` says, checkpoint between steps) -> on_run_end -> close.
 
+With `deferred_eval` the evals are not run: at each point the schedule
+names, the loop saves the weights (`RunState.save_weights`) and reports the
+point (`on_eval_deferred`); `maxtext/run/deferred_eval.py` evaluates them
+after the run with this module's `evaluate`.
+
 The loop knows no output: it reports to the run's listeners (console, JSONL,
 TensorBoard, MLPerf log, GCS mirror, profiler; see `maxtext/listeners/`),
 which write from host values the step already fetched. A critical listener
@@ -204,13 +209,7 @@ def run(
     RewardError), after a checkpoint of the last completed step.
   """
   config, workload = check(config, workload)
-  distributed.initialize(config)
-  if config.jax_compilation_cache_dir:
-    jax.config.update(
-        "jax_compilation_cache_dir",
-        caller_paths.resolve_local_path(config.jax_compilation_cache_dir),
-    )
-  _check_hardware(config)
+  start_jax(config)
 
   stop = stop_request or preemption.StopRequest()
   try:
@@ -271,6 +270,22 @@ def run(
     workload.close()
     if stop_request is None:
       stop.close()
+
+
+def start_jax(config) -> None:
+  """Starts JAX as the config says: `jax.distributed`, the persistent
+  compilation cache, and the hardware check.
+
+  Raises:
+    HardwareError: the accelerator the config asks for is not there.
+  """
+  distributed.initialize(config)
+  if config.jax_compilation_cache_dir:
+    jax.config.update(
+        "jax_compilation_cache_dir",
+        caller_paths.resolve_local_path(config.jax_compilation_cache_dir),
+    )
+  _check_hardware(config)
 
 
 def _checkpoint_quietly(state: run_state_lib.RunState) -> None:
@@ -454,7 +469,10 @@ def _train_loop(state: run_state_lib.RunState, workload, stop):
         continue  # Its records are written once the next step is dispatched.
       finished, unwritten = unwritten, None
       last_train = _write(listeners, finished)
-      if eval_due:
+      if eval_due and config.deferred_eval:
+        _defer_eval(state, step)
+        step_start = time.monotonic()  # Saving is not step time.
+      elif eval_due:
         last_eval = _evaluate(state, workload, step, target)
         if last_eval.target_reached:
           metric = last_eval.metrics[target.metric]
@@ -501,18 +519,31 @@ def _write(listeners, finished: _Finished) -> Optional[float]:
   return record.metrics.get("loss")
 
 
-def _evaluate(
+def evaluate(
     state: run_state_lib.RunState,
     workload: workload_lib.Workload,
     step: int,
     target: eval_metrics.Target,
 ) -> interface.EvalRecord:
-  """Runs the eval after step `step` and reports it; returns its record."""
-  state.listeners.on_eval_start(step, state.samples)
+  """Evaluates the engine's parameters after step `step`: the run's eval.
+
+  The one evaluation of every run: the loop's (`_evaluate`) and the
+  deferred evaluation's of saved weights (`maxtext/run/deferred_eval.py`).
+
+  Args:
+    state: the run state; its engine holds the parameters evaluated and
+      `samples` the samples trained before them.
+    workload: the run's workload (its `evaluate`).
+    step: 0-based index of the last training step before the eval.
+    target: the run's quality target.
+
+  Returns:
+    The eval's record; nothing is reported.
+  """
   start = time.monotonic()
   metrics = workload.evaluate(state)
   reached = target.reached(metrics)
-  record = interface.EvalRecord(
+  return interface.EvalRecord(
       step=step,
       metrics=metrics,
       target_metric=target.metric,
@@ -521,8 +552,40 @@ def _evaluate(
       target_reached=reached,
       continues=not reached and step + 1 < state.config.steps,
   )
+
+
+def _evaluate(
+    state: run_state_lib.RunState,
+    workload: workload_lib.Workload,
+    step: int,
+    target: eval_metrics.Target,
+) -> interface.EvalRecord:
+  """Runs the eval after step `step` and reports it; returns its record."""
+  state.listeners.on_eval_start(step, state.samples)
+  record = evaluate(state, workload, step, target)
   state.listeners.on_eval(record)
   return record
+
+
+def _defer_eval(state: run_state_lib.RunState, step: int) -> None:
+  """Saves the weights after step `step` for deferred evaluation and
+  reports the point.
+
+  The update time is taken once the parameters are ready, so it is never
+  before the step's update finished (MLPerf's rule for the time a deferred
+  result's clock stops at); the save copies the same parameters.
+  """
+  jax.block_until_ready(state.engine.params)
+  update_time = time.time()
+  state.save_weights(update_time)
+  state.listeners.on_eval_deferred(
+      interface.DeferredEval(
+          step=step,
+          samples=state.samples,
+          directory=state.weights.directory,
+          update_time=update_time,
+      )
+  )
 
 
 def _eval_loss(record: Optional[interface.EvalRecord]) -> Optional[float]:

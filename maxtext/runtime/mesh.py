@@ -7,10 +7,12 @@ parameters, and the optimizer state that mirrors them, are split over "fsdp"
 and replicated over "data".
 
 With `expert_parallelism` > 1 the mesh has a third axis, "expert": the experts
-of the mixture-of-experts layers are split over it
-(`transformer.param_partition_specs` with `expert_size`), and batches are
-split over it as well, so its devices do not repeat each other's work outside
-the experts.
+of the mixture-of-experts layers are split over it, and batches are split over
+it as well, so its devices do not repeat each other's work outside the
+experts; every other parameter is split over "fsdp" and "expert" together, so
+no expert group holds a copy of another's share. Which mesh axes split which
+parameter dimension is the table of `maxtext.runtime.axis_rules`
+(`transformer.param_partition_specs` applies it).
 
 On TPUs the mesh follows the slice's physical torus
 (`jax.experimental.mesh_utils`), so neighbours on a mesh axis are neighbours

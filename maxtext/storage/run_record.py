@@ -139,12 +139,13 @@ RESUMABLE_FIELDS = frozenset(
         "grpo_reward_timeout_seconds",
     }
 )
-# Not resumable, on purpose: `enable_mllog` and the submission fields (a
-# submission's log must describe the run it was taken from, so turning the
-# log on or off mid-run is refused), `target_eval_loss` (the quality target
-# decides when the run succeeds), `load_parameters_path` (the run's starting
-# point), `gradient_accumulation_steps` (a logged hyperparameter that changes
-# the step's arithmetic), data paths and seeds.
+# Not resumable, on purpose: `enable_mllog`, `deferred_eval` and the
+# submission fields (a submission's log must describe the run it was taken
+# from, so turning the log or its deferred evaluation on or off mid-run is
+# refused), `target_eval_loss` (the quality target decides when the run
+# succeeds), `load_parameters_path` (the run's starting point),
+# `gradient_accumulation_steps` (a logged hyperparameter that changes the
+# step's arithmetic), data paths and seeds.
 
 # Shown for a field one of the two configs lacks.
 _ABSENT = "<absent>"

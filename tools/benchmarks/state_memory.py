@@ -109,9 +109,7 @@ def state_bytes(config: Any, sizes: Mapping[str, int]) -> StateBytes:
   specs = transformer.param_partition_specs(
       params,
       sizes[mesh_lib.FSDP_AXIS],
-      mesh_lib.FSDP_AXIS,
       expert_size=sizes[mesh_lib.EXPERT_AXIS],
-      expert_axis_name=mesh_lib.EXPERT_AXIS,
   )
   shards = jax.tree_util.tree_map(
       lambda x, spec: jax.ShapeDtypeStruct(

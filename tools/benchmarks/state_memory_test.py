@@ -26,18 +26,26 @@ class StateMemoryTest(parameterized.TestCase):
       ("fsdp", default.get_config, "fsdp=2", _DEFAULT // 2),
       # Data parallelism replicates.
       ("data", default.get_config, "data=4", _DEFAULT),
-      # The expert axis halves what has an experts dimension only.
+      # The expert axis holds a share of the batch: it halves everything,
+      # the experts by their experts dimension, the rest like FSDP.
       (
           "expert",
           moe_tiny.get_config,
           "expert=2",
-          _MOE_REST + _MOE_EXPERTS // 2,
+          _MOE_REST // 2 + _MOE_EXPERTS // 2,
       ),
       (
           "expert_and_fsdp",
           moe_tiny.get_config,
           "expert=2,fsdp=2",
-          _MOE_REST // 2 + _MOE_EXPERTS // 4,
+          _MOE_REST // 4 + _MOE_EXPERTS // 4,
+      ),
+      # Data parallelism still replicates, expert groups or not.
+      (
+          "expert_fsdp_data",
+          moe_tiny.get_config,
+          "expert=2,fsdp=2,data=2",
+          _MOE_REST // 4 + _MOE_EXPERTS // 4,
       ),
   )
   def test_bytes_by_hand(self, get_config, mesh, params_per_device):
