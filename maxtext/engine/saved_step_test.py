@@ -36,8 +36,6 @@ _ENGINE_PROGRAMS = frozenset(
         "allocate",
         "micro_step",
         "single_micro_step",
-        "measure",
-        "apply",
         "eval_metrics_of",
     )
 )

@@ -15,8 +15,9 @@ Per program, per device:
   alias     output bytes that reuse donated argument buffers
   temp      the compiler's temporaries (activations kept for the backward
             pass, ...)
-  resident  training state on the device that is not an argument (the
-            optimizer state, during the micro-steps)
+  resident  training state on the device that is not an argument (none:
+            the micro-step takes parameters, optimizer state and the
+            accumulator; kept for other programs, such as the eval)
   peak      args + out - alias + temp + resident
 """
 
@@ -183,15 +184,10 @@ def compile_step(
   setup = model_setup.setup_model(config, mesh)
   engine = model_setup.make_engine(config, setup, setup.abstract_params)
   # The training state that stays on the device while a program runs
-  # without being one of its arguments: the optimizer state beside the
-  # micro-step (its arguments are the parameters and the accumulator), all of
-  # it beside the measure (its argument is the accumulator); the apply takes
-  # both.
-  opt_bytes = device_bytes(engine.opt_state)
-  resident_bytes = {
-      "measure": device_bytes(engine.params) + opt_bytes,
-      "apply": 0,
-  }
+  # without being one of its arguments: the micro-step takes all of it
+  # (parameters, optimizer state, accumulator); the eval takes only the
+  # parameters, the optimizer state stays beside it.
+  resident_bytes = {"eval": device_bytes(engine.opt_state)}
   done = []
   kept = {}
   micro_batch = abstract_micro_batch(config)
@@ -230,7 +226,7 @@ def compile_step(
             out=memory.output_size_in_bytes,
             alias=memory.alias_size_in_bytes,
             temp=memory.temp_size_in_bytes,
-            resident=resident_bytes.get(name, opt_bytes),
+            resident=resident_bytes.get(name, 0),
             compile_s=seconds,
         )
     )
@@ -351,12 +347,11 @@ def search(
   Tries the remat policies in `REMAT_BY_RECOMPUTATION` order and, for each,
   the micro-step counts of `accumulation_choices` from the fewest, and
   stops at the first that fits `hbm` bytes per device: every setting
-  before it recomputes more or runs more micro-steps. The optimizer apply
-  does not depend on either and is compiled once per mesh, with the first
-  setting. With `tensor`, all of that for each (context, tensor) pair of
-  `layout_choices` in turn (both move activations over the links in every
-  layer; they are chosen only when no setting fits with fewer devices a
-  row), on a mesh rebuilt from the same devices.
+  before it recomputes more or runs more micro-steps. With `tensor`, all
+  of that for each (context, tensor) pair of `layout_choices` in turn (both
+  move activations over the links in every layer; they are chosen only
+  when no setting fits with fewer devices a row), on a mesh rebuilt from
+  the same devices.
 
   Args:
     config: a validated run config (its remat policy and K, and with
@@ -387,7 +382,6 @@ def search(
 
 def _search_mesh(config, mesh, hbm, log, tried) -> Optional[Candidate]:
   """`search` on one mesh: appends to `tried`; the first that fits."""
-  apply = None
   for remat in REMAT_BY_RECOMPUTATION:
     for k in accumulation_choices(config, mesh):
       candidate_config = config.copy_and_resolve_references()
@@ -399,17 +393,7 @@ def _search_mesh(config, mesh, hbm, log, tried) -> Optional[Candidate]:
           f"tensor_parallelism={mesh_lib.tensor_size(mesh)} "
           f"remat_policy={remat} gradient_accumulation_steps={k}"
       )
-      step = compile_step(
-          candidate_config,
-          mesh,
-          programs=None if apply is None else (lambda n: n != "apply"),
-          log=log,
-      )
-      if apply is None:
-        # Compiled once the micro-steps of a setting fit the compiler.
-        apply = tuple(p for p in step.programs if p.program == "apply") or None
-      elif step.out_of_memory is None:
-        step = StepCompile(step.programs + apply, None)
+      step = compile_step(candidate_config, mesh, log=log)
       candidate = Candidate(
           remat,
           k,

@@ -48,12 +48,11 @@ times has come back to the host, so no synchronisation is added for them):
                         inside timing/generate, whatever num_iterations is.
   timing/update         from the rollout's micro-batches being ready to the
                         engine's one metrics flush, which waits for every
-                        micro-batch and the gradient measure (with a
-                        rollout drawn ahead, the next rollout's drawing
-                        falls inside it). The optimizer
-                        apply may still be running then (the engine does not
-                        wait for it); the next phase that reads the
-                        parameters (the next rollout) waits for it instead.
+                        micro-batch, the last of which also takes the
+                        optimizer step (the update's metrics come out of
+                        the same program), so the update is complete (with
+                        a rollout drawn ahead, the next rollout's drawing
+                        falls inside it).
   timing/step           the record's whole step: from the rollout's start to
                         the update's flush for the first pass over a rollout,
                         the update alone for the later passes
@@ -492,7 +491,7 @@ class GrpoStep:
       self._engine.fwd_bwd(micro_batch)
     record = self._engine.update(release=True)
     # update() returned after its flush fetched the metrics: the K
-    # micro-batches' work is done (module docstring: the apply may not be).
+    # micro-batches' work, the optimizer step included, is done.
     self.finish(record, start)
     return record
 
@@ -535,7 +534,7 @@ class GrpoStep:
     Runs the step's rollout (its prompts and sampling: the decoder's
     programs of the rollout's shapes), the reference's scoring when there
     is a reference, and one pass of K fwd_bwd calls with a discarded update
-    (`Engine.update(discard=True)`, as the pretraining warm-up,
+    (`Engine.fwd_bwd(..., discard=True)`, as the pretraining warm-up,
     `maxtext/run/warmup.py`), so that the first real step compiles nothing. The
     reward functions are not called (a placeholder of the same names
     scores 0, so the metric set is the real one); parameters, optimizer
@@ -553,8 +552,8 @@ class GrpoStep:
     ]
     batches = self.prepare(step, placeholders).batches
     for micro_batch in batches:
-      engine.fwd_bwd(micro_batch)
-    engine.update(discard=True, release=True)
+      engine.fwd_bwd(micro_batch, discard=True)
+    engine.update(release=True)
     jax.block_until_ready((engine.params, engine.opt_state))
     engine.set_state(
         {

@@ -9,28 +9,26 @@ Runbook:
       --config=maxtext/configs/llama31_8b.py --host_devices=8
 
 It builds the config's engine on abstract parameters (`jax.ShapeDtypeStruct`s
-with their real shardings: nothing is allocated), lowers the programs one
-training step runs with `Engine.lower` (the trainer's own micro-step, gradient
-measure and optimizer apply, not copies) and compiles them for the default
-backend: the micro-step once per attention implementation the backend has
-and per remat policy, the measure and the apply once. For each program it
-prints XLA's memory analysis per device:
+with their real shardings: nothing is allocated), lowers the program one
+training step runs with `Engine.lower` (the trainer's own micro-step, whose
+last call in a step also takes the update, not a copy) and compiles it for
+the default backend, once per attention implementation the backend has and
+per remat policy. For each it prints XLA's memory analysis per device:
 
   args      bytes of the program's arguments (parameters, accumulator, batch)
   out       bytes of its outputs
   alias     output bytes that reuse donated argument buffers
   temp      XLA's temporaries (activations kept for the backward pass, ...)
   peak      args + out - alias + temp, plus the training state that stays on
-            the device without being an argument (the optimizer state during
-            the micro-step, parameters and optimizer state during the
-            measure): what the device holds while the program runs.
+            the device without being an argument (none: the micro-step
+            takes it all): what the device holds while the program runs.
 
 A step fits a device if its largest program peak is at most the device
 memory (`--device_memory_gb`, decimal GB) times `--usable_fraction` (what the
 runtime leaves to programs; on GPUs set XLA_PYTHON_CLIENT_MEM_FRACTION to
-match). The optimizer apply is shown twice: donating parameters and optimizer
-state (the engine's default, one copy of the state) and not donating (two
-copies while the flush decides).
+match). The config's own micro-step is shown twice more: donating parameters
+and optimizer state (the engine's default, one copy of the state) and not
+donating (two copies from the step's update until its flush decides).
 
 The closing line compares the temporaries of full rematerialisation with none
 for the config's own attention implementation (its largest micro-step):
@@ -289,23 +287,15 @@ def main(argv):
       sys.stdout.flush()
       micro_temp[(attention, remat)] = max(r["temp"] for r in rows)
       peaks[(attention, remat)] = max(r["peak"] for r in rows)
-  # The measure and the apply do not depend on the attention or remat policy.
-  rows = analyse(base, programs=lambda name: name == "measure")
-  _print_rows("measure", rows, memories)
-  measure_peak = rows[0]["peak"]
+  # The config's own step, donating its state or not.
   for donate in (True, False):
-    rows = analyse(base, donate=donate, programs=lambda name: name == "apply")
-    _print_rows(
-        "apply/donated" if donate else "apply/not_donated", rows, memories
+    rows = analyse(
+        base, donate=donate, programs=lambda name: name == "micro_step"
     )
-    if donate:
-      apply_peak = rows[0]["peak"]
+    _print_rows("donated" if donate else "not_donated", rows, memories)
   print(
-      "step peak (largest program) with the donating apply: "
-      + ", ".join(
-          f"{a}/{r} {_gb(max(p, measure_peak, apply_peak))}"
-          for (a, r), p in peaks.items()
-      )
+      "step peak (its one program, donating): "
+      + ", ".join(f"{a}/{r} {_gb(p)}" for (a, r), p in peaks.items())
   )
   if (own, "full") in micro_temp and (own, "none") in micro_temp:
     ratio = micro_temp[(own, "full")] / max(micro_temp[(own, "none")], 1)

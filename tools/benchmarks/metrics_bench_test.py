@@ -60,10 +60,9 @@ def _expected_dispatches(k: int, m: int) -> dict[str, int]:
       "dict_step": plain,
       "a/append": plain + m * k,  # One append per metric and micro-batch.
       "b/stack": plain + m,  # One stack per metric.
-      # The gradient measure (norm, finiteness, learning rate: the program
-      # that lets one forward-backward program serve every micro-batch) and
-      # one concatenation of the packed arrays.
-      "c/engine": plain + 2,
+      # K micro-steps, the last of which also takes the update (the
+      # baseline's apply), and one concatenation of the packed arrays.
+      "c/engine": plain,
       "d/per_name": plain + 1,  # M*K <= 256 values: one launch.
   }
 
