@@ -1,26 +1,30 @@
 """The training engine: gradient accumulation, optimizer step, step metrics.
 
 One training step is K = `gradient_accumulation_steps` calls of `fwd_bwd`
-(one dispatch each, of one compiled program) followed by one `update()`
-(one dispatch: the flush's concatenation): K + 1 device operations,
-whatever K and the number of metrics.
+(one dispatch each, of one compiled program; with K = 1 two: the
+micro-step, then the update) followed by one `update()` (one dispatch: the
+flush's concatenation): K + 1 device operations with K > 1, 3 with K = 1,
+whatever the number of metrics.
 
 * `fwd_bwd(micro_batch)` runs the micro-step: `jax.value_and_grad(loss_fn)`
   and, with K > 1, the gradients added into the engine's accumulator (a
   device buffer that lives from the first micro-batch on and is donated to
-  every micro-step, so XLA adds in place). The step's last micro-batch (its
-  only one with K = 1) also takes the step's update in the same program:
-  the mean gradient's global norm, whether it is finite, the clipping and
-  the optimizer step, which runs only when the norm is finite (a `cond`
-  inside the program: a skipped step keeps parameters and optimizer state).
-  No gradient-sized buffer leaves that program, and parameters and
+  every micro-step, so XLA adds in place). The step's last micro-batch
+  also takes the step's update in the same program: the mean gradient's
+  global norm, whether it is finite, the clipping and the optimizer step,
+  which runs only when the norm is finite (a `cond` inside the program: a
+  skipped step keeps parameters and optimizer state). Parameters and
   optimizer state are donated to it (`donate_state`), so XLA updates them
-  in place. The micro-step returns the loss and the scalar aux metrics
-  packed in one array, which the engine buffers with
-  `MetricsRecorder.buffer_packed` (host lists, no device op); the last one
-  also returns `learning_rate`, `grad_norm` and `step_skipped`, packed the
-  same way. Weighted aux metrics go through the per-name path, and a
-  `SummedMetric` is declared to the recorder as a sum.
+  in place. With K = 1 the same update is a program of its own,
+  dispatched right after the micro-step, which returns the gradients: on
+  the TPU compiler of the lock one program for both needs more memory
+  than the two (`maxtext/engine/step_programs.py`). The micro-step returns
+  the loss and the scalar aux metrics packed in one array, which the
+  engine buffers with `MetricsRecorder.buffer_packed` (host lists, no
+  device op); the program that takes the update also returns
+  `learning_rate`, `grad_norm` and `step_skipped`, packed the same way.
+  Weighted aux metrics go through the per-name path, and a `SummedMetric`
+  is declared to the recorder as a sum.
 * `update()` flushes the recorder (one concatenation and one transfer for
   the whole step), advances `step` and returns the step's flushed
   `MetricsBuffer`.
@@ -31,10 +35,10 @@ cannot be flushed) is kept by where the decision is taken, with
 
 * True (the default): one copy of the training state. The update takes
   effect with the last micro-batch, so the step's metrics are settled
-  before it: the last `fwd_bwd` first asks the recorder whether any value
-  of the step is already lost (`check_flushable`: a device value deleted
-  after it was buffered, the failure the recorder's all-or-nothing flush
-  reports), and raises, naming the metric, with nothing dispatched and
+  before it is dispatched: the last `fwd_bwd` first asks the recorder
+  whether any value of the step is already lost (`check_flushable`: a
+  device value deleted after it was buffered, the failure the recorder's
+  all-or-nothing flush reports), and raises, naming the metric, with nothing dispatched and
   parameters, optimizer state, step counter and accumulator untouched. From
   the last micro-batch to `update()` the step takes no more values
   (`record_metrics` raises), so what the flush then meets are values
@@ -44,27 +48,27 @@ cannot be flushed) is kept by where the decision is taken, with
   undone once the state is donated: `update()` raises, and `state` refuses
   to give out the state until a retried `update()` succeeds, so no
   checkpoint holds an update whose metrics were not flushed.
-* False: parameters and optimizer state are not donated; the last
-  micro-step's new state is kept aside and becomes the engine's only once
-  `update()`'s flush has succeeded (a flush that raises, for any reason,
-  leaves the old state in place). Both versions exist from the last
-  micro-batch to the flush, and the micro-steps before it copy the state
-  they pass through.
+* False: parameters and optimizer state are not donated; the update's new
+  state is kept aside and becomes the engine's only once `update()`'s
+  flush has succeeded (a flush that raises, for any reason, leaves the old
+  state in place). Both versions exist from the last micro-batch to the
+  flush, and the micro-steps before it copy the state they pass through.
 
 With K > 1 the accumulator stays allocated between steps: every
 micro-step has it as an argument and output, so no program's peak grows,
-but work between steps (eval, checkpoints) runs beside it.
+but work between steps (eval, checkpoints) runs beside it. With K = 1 the
+gradients are dropped once the update is dispatched.
 
 The engine is this sequence over programs made elsewhere, one module per
 concern:
 
 * `maxtext/engine/step_spec.py`: the constructor's arguments that shape the
   step, checked, as a `StepSpec`;
-* `maxtext/engine/step_programs.py`: the compiled programs ("allocate",
-  "micro_step", "eval"), their shardings and donation, and the parameters
-  that statistics of the forward pass move instead of gradients
-  (`statistic_rules`; DeepSeek-V3's router bias), which ride the same
-  programs with no dispatch added;
+* `maxtext/engine/step_programs.py`: the compiled programs ("allocate" and
+  "micro_step", or with K = 1 "micro_step" and "update"; "eval"), their
+  shardings and donation, and the parameters that statistics of the
+  forward pass move instead of gradients (`statistic_rules`; DeepSeek-V3's
+  router bias), which ride the same programs with no dispatch added;
 * `maxtext/engine/metric_packing.py`: the packing of a micro-step's metrics
   and the names they get (`flatten_metrics`: nested dicts become
   `name/sub`; None values, the keys `intermediate_outputs` and
@@ -164,8 +168,8 @@ class Engine:
         report (one pass over the gradients for both the metric and the
         clipping); `optimizer` should then not clip again. 0 = no clipping.
       donate_state: True = one copy of parameters and optimizer state
-        (donated to the micro-steps; the update takes effect with the last
-        micro-batch, once the step's values are checked); False = the new
+        (donated to the program that updates them, which takes effect
+        with the last micro-batch, once the step's values are checked); False = the new
         state is kept aside until the flush has succeeded, both versions
         existing until then (see the module docstring).
       eval_fn: `eval_fn(params, batch) -> {name: scalar}`, the eval metrics
@@ -230,7 +234,7 @@ class Engine:
 
   def fwd_bwd(self, micro_batch, *, discard: bool = False) -> None:
     """Runs one micro-batch: gradients into the accumulator, metrics
-    buffered; the step's last micro-batch also takes the step's update.
+    buffered; after the step's last micro-batch, the step's update.
 
     Args:
       micro_batch: the loss_fn's batch pytree.
@@ -253,8 +257,9 @@ class Engine:
       )
     last = self._micro == self._k - 1
     if last:
-      # The update takes effect in this program: a value the flush could
-      # not bring home stops the step here, before anything is donated.
+      # The update takes effect with this micro-batch: a value the flush
+      # could not bring home stops the step here, before anything is
+      # dispatched or donated.
       self._recorder.check_flushable()
     result = self._programs.micro_step(
         self._params,
@@ -401,7 +406,8 @@ class Engine:
 
   @property
   def donates_state(self) -> bool:
-    """Whether the micro-steps donate parameters and optimizer state."""
+    """Whether the step donates parameters and optimizer state to the
+    program that updates them."""
     return self._spec.donate
 
   @property

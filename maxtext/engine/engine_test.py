@@ -487,7 +487,9 @@ class EngineTest(parameterized.TestCase):
       self.assertLess(memory.alias_size_in_bytes, 2 * param_bytes)
     with self.assertRaisesRegex(RuntimeError, "abstract parameters"):
       eng.fwd_bwd(make_batches(1)[0])
-    self.assertEqual(list(make_engine(k=1).lower(batch)), ["micro_step"])
+    self.assertEqual(
+        list(make_engine(k=1).lower(batch)), ["micro_step", "update"]
+    )
 
   def test_micro_batch_count_must_match(self):
     eng = make_engine(k=2)
@@ -516,9 +518,10 @@ class EngineTest(parameterized.TestCase):
         before = count[0]
         buf = eng.update()
         per_update = count[0] - before
-    # K + 1: the micro-steps (the last one takes the update) and one
-    # concatenation at the flush (micro-batch and update metrics).
-    self.assertEqual(per_micro, [1] * k)
+    # K + 1 with K > 1: the micro-steps (the last one takes the update)
+    # and one concatenation at the flush (micro-batch and update metrics).
+    # K + 2 with K = 1: the micro-step and the update are two programs.
+    self.assertEqual(per_micro, [1] * k if k > 1 else [2])
     self.assertEqual(per_update, 1)
     self.assertLen(buf.scalar_metrics, 6 + extra)
 
@@ -535,10 +538,11 @@ class EngineTest(parameterized.TestCase):
     # The recorder's concatenation is shared by every engine of the
     # process, so whether it compiles here depends on the tests before.
     own = sorted(name for name in compiled if "_concat_groups" not in name)
-    # K = 1 accumulates nothing: no accumulator to allocate, no flag.
+    # K = 1 accumulates nothing: no accumulator to allocate, no flag; its
+    # update is a program of its own.
     self.assertEqual(
         own,
-        ["jit(single_micro_step)"]
+        ["jit(single_micro_step)", "jit(update)"]
         if k == 1
         else ["jit(allocate)", "jit(micro_step)"],
     )
@@ -596,18 +600,26 @@ class EngineTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, "metric 'bad'.*one scalar"):
       eng.fwd_bwd(make_batches(1)[0])
 
-  def test_the_last_micro_step_takes_the_update(self):
+  @parameterized.named_parameters(("k1", 1), ("k3", K))
+  def test_the_last_micro_step_takes_the_update(self, k):
     # The step's programs: K micro-steps, the last of which updates, then
     # the flush's concatenation; no program between them reads a gradient.
-    eng = make_engine(make_loss_fn(num_extra=0))
-    batches = make_batches(K)
+    # With K = 1 the update follows the micro-step as a program of its own.
+    eng = make_engine(make_loss_fn(num_extra=0), k=k)
+    batches = make_batches(k)
     for _ in range(2):  # The first round compiles.
       with dispatch_counter.record_launches() as launches:
         for b in batches:
           eng.fwd_bwd(b)
         eng.update()
     self.assertEqual(
-        launches, ["jit(micro_step)"] * K + ["jit(_concat_groups)"]
+        launches,
+        (
+            ["jit(micro_step)"] * k
+            if k > 1
+            else ["jit(single_micro_step)", "jit(update)"]
+        )
+        + ["jit(_concat_groups)"],
     )
 
   def test_eval_step_defaults_to_the_loss(self):
@@ -928,7 +940,10 @@ class ExecutablesTest(parameterized.TestCase):
         .items()
     }
     self.assertEqual(
-        list(compiled), (["allocate"] if k > 1 else []) + ["micro_step", "eval"]
+        list(compiled),
+        ["allocate", "micro_step", "eval"]
+        if k > 1
+        else ["micro_step", "update", "eval"],
     )
     own = make_engine(k=k, donate_state=donate)
     given = make_engine(k=k, donate_state=donate, executables=compiled)

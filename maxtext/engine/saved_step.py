@@ -37,8 +37,9 @@ from jax.experimental import serialize_executable
 import jaxlib
 
 # The file's format. 3: the step's update rides its last micro-step
-# (programs "allocate", "micro_step", "eval"; formats 1 and 2 also held
-# "measure" and "apply"). 2: the parameters' layout follows
+# (programs "allocate", "micro_step", "eval"; with K = 1 "micro_step",
+# "update", "eval"; formats 1 and 2 held "measure" and "apply" instead).
+# 2: the parameters' layout follows
 # `maxtext/runtime/axis_rules.py` (an MoE model's non-expert weights over
 # fsdp x expert), so programs compiled for the layout before it, whose
 # inputs are sharded otherwise, are refused as another format.

@@ -36,6 +36,7 @@ _ENGINE_PROGRAMS = frozenset(
         "allocate",
         "micro_step",
         "single_micro_step",
+        "update",
         "eval_metrics_of",
     )
 )

@@ -33,7 +33,7 @@ def abstract(tree, sharded: bool = True):
 def lower_step(
     programs: step_programs.StepPrograms, params, opt_state, micro_batch
 ) -> dict[str, jax.stages.Lowered]:
-  """Lowers the program one training step runs (see `Engine.lower`).
+  """Lowers the programs one training step runs (see `Engine.lower`).
 
   Args:
     programs: the engine's programs.
@@ -42,25 +42,28 @@ def lower_step(
     micro_batch: a micro-batch pytree of arrays or `ShapeDtypeStruct`s.
 
   Returns:
-    {"micro_step": `jax.stages.Lowered`}: forward and backward of one
-    micro-batch, adding into the donated accumulator (K > 1), and the
-    step's update on its last micro-batch (the gradient norm, the skip
+    {"micro_step": `jax.stages.Lowered`}, and with K = 1 "update" too
+    (`step_programs.program_names`): forward and backward of one
+    micro-batch, run K times, adding into the donated accumulator (K > 1)
+    and taking the step's update on the last (the gradient norm, the skip
     decision, the clipping and the optimizer step), parameters and
-    optimizer state donated when `donate_state`; run K times.
-    `.compile()` gives its `memory_analysis()` and `cost_analysis()`. The
-    step's one other program is the recorder's concatenation of the packed
-    metrics.
+    optimizer state donated when `donate_state`; with K = 1 the update is
+    the second program. `.compile()` gives their `memory_analysis()` and
+    `cost_analysis()`. The step's one other program is the recorder's
+    concatenation of the packed metrics.
   """
   params, opt_state = abstract(params), abstract(opt_state)
   flag = jax.ShapeDtypeStruct((), jnp.bool_)
   step = jax.ShapeDtypeStruct((), jnp.int32)
   batch = abstract(micro_batch, sharded=False)
-  if programs.k == 1:
-    args = (params, opt_state, step, flag, batch)
-  else:
-    args = (params, opt_state, programs.acc_shapes, step, flag, flag, flag)
-    args += (batch,)
-  return {"micro_step": programs.jitted["micro_step"].lower(*args)}
+  jitted, acc = programs.jitted, programs.acc_shapes
+  if programs.k > 1:
+    args = (params, opt_state, acc, step, flag, flag, flag, batch)
+    return {"micro_step": jitted["micro_step"].lower(*args)}
+  return {
+      "micro_step": jitted["micro_step"].lower(params, batch),
+      "update": jitted["update"].lower(params, opt_state, acc, step, flag),
+  }
 
 
 def lower_programs(
@@ -72,7 +75,7 @@ def lower_programs(
 ) -> dict[str, jax.stages.Lowered]:
   """Lowers every program of `step_programs.program_names(programs.k)`.
 
-  `lower_step`'s micro-step, the accumulator's allocation (with K > 1) and the
+  `lower_step`'s programs, the accumulator's allocation (with K > 1) and the
   eval of `eval_batch` (shapes as for `micro_batch`), in that order.
   """
   lowered = lower_step(programs, params, opt_state, micro_batch)

@@ -10,18 +10,27 @@ programs the engine (`maxtext/engine/engine.py`) runs, and runs them for it:
   into the accumulator, which is donated so XLA adds in place (`first`, a
   traced flag, makes a step's first gradients replace its contents: a
   select, so a skipped step's NaN does not survive). On the step's last
-  micro-batch (`last`, traced) a `cond` takes the step's update: the mean
-  gradient's global norm, whether it is finite, the learning rate, and,
-  only when the norm is finite (and `commit`: a warm-up computes the update
-  and keeps the state), the optimizer step of the mean gradient clipped to
-  `grad_clip_norm` with that norm; on the others it passes parameters and
-  optimizer state through. Parameters and optimizer state are donated when
-  `donate_state`, so the update is in place and a passed-through state is
-  not copied. With K = 1 the program ("single_micro_step") takes no
-  accumulator and no flags: the gradients feed the update where XLA
-  computes them, and no gradient-sized buffer outlives it. Both return the
-  micro-batch's metrics packed (`maxtext/engine/metric_packing.py`) and the
-  update's, `metric_packing.UPDATE_NAMES` (zeros before the last).
+  micro-batch (`last`, traced) a `cond` takes the step's update (`finish`
+  below); on the others it passes parameters and optimizer state through.
+  Parameters and optimizer state are donated when `donate_state`, so the
+  update is in place and a passed-through state is not copied. It returns
+  the micro-batch's metrics packed (`maxtext/engine/metric_packing.py`)
+  and the update's, `metric_packing.UPDATE_NAMES` (zeros before the last).
+* With K = 1 the micro-step ("single_micro_step") takes no accumulator,
+  no flags and no optimizer state: its gradients are its output, as XLA
+  computes them, and "update" (its own program, dispatched with the
+  micro-step) takes the step's update from them, parameters and optimizer
+  state donated when `donate_state`. One program for both would hold, on
+  the TPU compiler of the lock (libtpu 0.0.42.1), about two gradients'
+  size more temporaries than the two programs' larger one, while with K >
+  1 the fused last micro-step costs nothing over a plain one
+  (docs/PERFORMANCE.md, "The update in the step's last micro-step").
+* The step's update (`finish`, in either program): the mean gradient's
+  global norm, whether it is finite, the learning rate, and, only when the
+  norm is finite (and `commit`: a warm-up computes the update and keeps
+  the state), the optimizer step of the mean gradient clipped to
+  `grad_clip_norm` with that norm (a `cond`: a skipped step runs no
+  optimizer and leaves a donated state in place).
 * "eval": the eval function's metrics of one batch, checked against their
   declared names.
 
@@ -55,8 +64,9 @@ from maxtext.engine import step_spec
 
 def program_names(k: int) -> tuple[str, ...]:
   """The programs an engine with K = `k` runs, in the order a run needs them."""
-  first = () if k == 1 else ("allocate",)
-  return first + ("micro_step", "eval")
+  if k == 1:
+    return ("micro_step", "update", "eval")
+  return ("allocate", "micro_step", "eval")
 
 
 def _checked_eval_metrics(
@@ -251,31 +261,38 @@ def _jit(
     step = step + last.astype(step.dtype)
     return params, opt_state, grad_acc, step, packed, weighted, update_packed
 
-  def single_micro_step(params, opt_state, step, commit, micro_batch):
-    # K = 1: the micro-batch's gradients are the step's, used where XLA
-    # computes them: no accumulator, and no gradient-sized buffer outlives
-    # the program.
+  def single_micro_step(params, micro_batch):
+    # K = 1: the micro-batch's gradients are the step's sum. Taking no
+    # accumulator lets them be the output as XLA computes them; adding
+    # into a donated one would cost a gradient-sized temporary.
     grads, packed, weighted = gradients(params, micro_batch)
     grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, acc_shapes)
+    return grads, packed, weighted
+
+  def update(params, opt_state, grad_sum, step, commit):
     params, opt_state, update_packed = finish(
-        params, opt_state, grads, step, commit
+        params, opt_state, grad_sum, step, commit
     )
-    return params, opt_state, step + 1, packed, weighted, update_packed
+    return params, opt_state, step + 1, update_packed
 
   def eval_metrics_of(params, batch):
     return _checked_eval_metrics(
         spec.eval_fn(params, batch), spec.eval_directions
     )
 
-  # Parameters and optimizer state are donated to every micro-step when
-  # `donate_state`; the accumulator and the step counter always are.
+  # Parameters and optimizer state are donated to the program that updates
+  # them when `donate_state` (with K > 1 every micro-step, which passes
+  # them through in place before the last); the accumulator and the step
+  # counter always are.
   state = (0, 1) if spec.donate else ()
+  update_program = None
   if k == 1:
-    micro = (
-        single_micro_step,
-        {"donate_argnums": state + (2,)},
-        (ps, opt_shardings, rep, rep, bs),
-        (ps, opt_shardings, rep, rep, rep, rep),
+    micro = (single_micro_step, {}, (ps, bs), (ps, rep, rep))
+    update_program = (
+        update,
+        {"donate_argnums": state + (3,)},
+        (ps, opt_shardings, ps, rep, rep),
+        (ps, opt_shardings, rep, rep),
     )
   else:
     micro = (
@@ -290,6 +307,8 @@ def _jit(
       "micro_step": micro,
       "eval": (eval_metrics_of, {}, (ps, bs), rep),
   }
+  if update_program is not None:
+    jits["update"] = update_program
   jitted = {}
   for name, (fn, kwargs, in_shardings, out_shardings) in jits.items():
     if explicit:
@@ -302,7 +321,7 @@ def _jit(
 
 @dataclasses.dataclass(frozen=True)
 class MicroStepResult:
-  """What one micro-step returns (on the devices, not fetched).
+  """What one micro-batch's programs return (on the devices, not fetched).
 
   Attributes:
     params: the parameters after the micro-step: the step's new ones after
@@ -328,7 +347,10 @@ class StepPrograms:
   The accumulator is the gradient sum of the running step (K > 1 only):
   allocated once, then donated to every micro-step; it stays allocated
   between steps, as the next step's first micro-batch replaces its contents
-  (allocating it anew would cost a device op per step). The step counter
+  (allocating it anew would cost a device op per step). With K = 1 the
+  micro-step's gradients go straight to the update and are dropped, so
+  between steps (eval, checkpoints) the devices hold the training state
+  alone. The step counter
   (the learning rate's argument) and the micro-step's flags live on the
   devices too, so that no call transfers them.
 
@@ -382,6 +404,7 @@ class StepPrograms:
     if self.compiled:
       run.update(check_executables(executables, spec.k))
     self._allocate, self._micro_step = run["allocate"], run["micro_step"]
+    self._update = run.get("update")
     self.eval = run["eval"]
     self._scalar_sharding = (
         None if param_shardings is None else _replicated(param_shardings)
@@ -415,8 +438,9 @@ class StepPrograms:
       last: bool,
       commit: bool,
   ) -> MicroStepResult:
-    """Runs one micro-batch (one dispatch; with K > 1 the first call also
-    allocates the accumulator, once per engine).
+    """Runs one micro-batch: one dispatch with K > 1 (the first call also
+    allocates the accumulator, once per engine; the last one takes the
+    update), two with K = 1 (the micro-step, then the update).
 
     Args:
       params: the parameters (donated when the spec says so).
@@ -426,13 +450,13 @@ class StepPrograms:
         rate's argument).
       first: the step's first micro-batch: its gradients replace the
         accumulator's contents.
-      last: the step's last micro-batch: the program also takes the step's
-        update (always true with K = 1).
+      last: the step's last micro-batch: the step's update is taken
+        (always true with K = 1).
       commit: with `last`, keep the update (False: compute it, keep the
         state, as a warm-up does).
 
     Returns:
-      The micro-step's results.
+      The micro-batch's results (with `last`, the update's).
     """
     if self._flags is None:
       self._flags = (self._place(np.bool_(False)), self._place(np.bool_(True)))
@@ -440,10 +464,9 @@ class StepPrograms:
       self._counter = (step, self._place(np.int32(step)))
     counter = self._counter[1]
     if self.k == 1:
-      params, opt_state, counter, packed, weighted, update_packed = (
-          self._micro_step(
-              params, opt_state, counter, self._flags[commit], micro_batch
-          )
+      grads, packed, weighted = self._micro_step(params, micro_batch)
+      params, opt_state, counter, update_packed = self._update(
+          params, opt_state, grads, counter, self._flags[commit]
       )
     else:
       if self.grad_acc is None:

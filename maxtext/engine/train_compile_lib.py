@@ -15,9 +15,9 @@ Per program, per device:
   alias     output bytes that reuse donated argument buffers
   temp      the compiler's temporaries (activations kept for the backward
             pass, ...)
-  resident  training state on the device that is not an argument (none:
-            the micro-step takes parameters, optimizer state and the
-            accumulator; kept for other programs, such as the eval)
+  resident  training state on the device that is not an argument (the
+            optimizer state beside the eval, and beside the micro-step
+            with K = 1, whose update is a program of its own)
   peak      args + out - alias + temp + resident
 """
 
@@ -184,10 +184,16 @@ def compile_step(
   setup = model_setup.setup_model(config, mesh)
   engine = model_setup.make_engine(config, setup, setup.abstract_params)
   # The training state that stays on the device while a program runs
-  # without being one of its arguments: the micro-step takes all of it
-  # (parameters, optimizer state, accumulator); the eval takes only the
-  # parameters, the optimizer state stays beside it.
-  resident_bytes = {"eval": device_bytes(engine.opt_state)}
+  # without being one of its arguments: with K > 1 the micro-step takes
+  # all of it; with K = 1 the optimizer state stays beside the micro-step
+  # (its argument is the parameters) and the update takes all of it; the
+  # optimizer state stays beside the eval.
+  opt_bytes = device_bytes(engine.opt_state)
+  separate_update = "update" in engine.program_names()
+  resident_bytes = {
+      "micro_step": opt_bytes if separate_update else 0,
+      "update": 0,
+  }
   done = []
   kept = {}
   micro_batch = abstract_micro_batch(config)
@@ -226,7 +232,7 @@ def compile_step(
             out=memory.output_size_in_bytes,
             alias=memory.alias_size_in_bytes,
             temp=memory.temp_size_in_bytes,
-            resident=resident_bytes.get(name, 0),
+            resident=resident_bytes.get(name, opt_bytes),
             compile_s=seconds,
         )
     )

@@ -252,6 +252,9 @@ class GrpoWorkload(workload.Workload):
     self._restored: dict[int, tuple] = {}
     self._dispatched: dict[int, float] = {}
 
+  # A rollout is drawn with the engine's parameters.
+  reads_parameters = True
+
   @property
   def reads_ahead(self) -> bool:
     """Whether the loop reads step s + 1's batches before update s: with
@@ -365,14 +368,16 @@ class GrpoWorkload(workload.Workload):
     """Step `step`'s micro-batches when rollouts are drawn ahead.
 
     Called by the loop for the first step of the attempt, then for step
-    s + 1 once step s's micro-batches are dispatched and before update s:
-    a rollout it draws then has the parameters before update s. A resumed
+    s + 1 once step s's micro-batches but its last are dispatched, before
+    the last one, which takes update s (`reads_parameters`): a rollout it
+    draws then has the parameters before update s. A resumed
     attempt's first rollout is the checkpoint's (drawn as the uninterrupted
     run drew it), else, with a warning, one drawn now.
     """
     config = state.config
     if step > state.start_step:
-      # Update step - 1's micro-batches were dispatched just before.
+      # Update step - 1's micro-batches but its last were dispatched just
+      # before.
       self._dispatched[step - 1] = time.perf_counter()
     if step >= config.steps:
       return []  # Nothing is left to draw for.

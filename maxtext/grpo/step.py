@@ -16,9 +16,9 @@ The training loop (`maxtext/run/trainer.py`, through the GRPO workload) calls
 same for callers without the loop (the benchmark, tests).
 
 Rollouts drawn ahead (grpo_max_age = 1; docs/grpo.md): the loop dispatches
-update t's micro-batches, then draws rollout t + 1 with the parameters they
-read, before update t's apply (`train_ahead` is the same order without the
-loop). Every sample keeps the version of the parameters that drew it
+update t's micro-batches but its last, then draws rollout t + 1 with the
+parameters they read, then dispatches the last micro-batch, which takes
+update t (`train_ahead` is the same order without the loop). Every sample keeps the version of the parameters that drew it
 (`Prepared.versions`: the engine's step counter then), and the records give
 the trained samples' ages in updates (`rollout/age_max`,
 `rollout/age_mean`). The behaviour log-probabilities are the decoder's at
@@ -501,10 +501,11 @@ class GrpoStep:
     """One update on `prepared` with rollout `next_step` drawn meanwhile.
 
     The training loop's order for grpo_max_age = 1 (the GRPO workload's
-    read-ahead): the K micro-batches are dispatched, rollout `next_step` is
-    drawn with the parameters they read (the update's apply is not yet
-    dispatched, so those parameters are neither changed nor donated, and no
-    copy of them is made), then the update flushes and applies.
+    read-ahead): the first K - 1 micro-batches are dispatched, rollout
+    `next_step` is drawn with the parameters they read (the last
+    micro-batch, which takes the update, is not yet dispatched, so those
+    parameters are neither changed nor donated, and no copy of them is
+    made), then the last micro-batch is dispatched and the update flushes.
 
     Args:
       prepared: the rollout this update trains on.
@@ -515,9 +516,11 @@ class GrpoStep:
       `next_step`, or None).
     """
     start = time.perf_counter()
-    for micro_batch in prepared.batches:
+    *head, last = prepared.batches
+    for micro_batch in head:
       self._engine.fwd_bwd(micro_batch)
     ahead = None if next_step is None else self.prepare(next_step, ahead=True)
+    self._engine.fwd_bwd(last)
     record = self._engine.update(release=True)
     self.finish(record, start, prepared)
     return record, ahead

@@ -166,9 +166,9 @@ class GrpoBenchTest(absltest.TestCase):
         packing=True,
     )
     self.assertEqual(two[0], one[0] + 1 - _PACKING_METRICS)
-    # None over the bare loop, whatever M is: the update rides the last
-    # micro-step, and the flush's one concatenation takes the place of the
-    # bare loop's optimizer apply.
+    # None over the bare loop, whatever M is: with K = 2 the update rides
+    # the last micro-step, and the flush's one concatenation takes the
+    # place of the bare loop's optimizer apply.
     self.assertEqual(two[1], 0)
     self.assertEqual(one[1], two[1])
     # A reward function's mean is a host value: it never reaches the

@@ -14,7 +14,7 @@ and ends the step with all metric values on the host:
   b/stack      host lists of device scalars, one `jnp.stack` per metric.
   c/engine     `maxtext.engine.engine.Engine`: packed metrics, `buffer_packed`,
                one flush (plus learning_rate, grad_norm, step_skipped, which
-               the last micro-step returns with the update it takes).
+               the program that takes the update returns).
   d/per_name   `MetricsRecorder.buffer_metrics` per metric, one flush.
 
 The loss is a `Problem`: a small MLP with any number of metrics
