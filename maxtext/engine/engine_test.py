@@ -409,7 +409,7 @@ class EngineTest(parameterized.TestCase):
       eng.fwd_bwd(b)
     eng.update()
     jax.block_until_ready(eng.params)
-    # One copy: the apply took the old buffers over.
+    # One copy: the update took the old buffers over.
     self.assertTrue(params["w"].is_deleted())
     self.assertTrue(
         all(
@@ -716,7 +716,7 @@ class EngineTest(parameterized.TestCase):
 
   @parameterized.named_parameters(("clipped", 0.5), ("not_reached", 1e6))
   def test_grad_clip_norm_matches_optax_clipping(self, clip):
-    # The engine's clipping (with the norm its measure took)
+    # The engine's clipping (with the norm its update took)
     # and optax's clip_by_global_norm give the same step. Scaled targets make
     # the gradient norm far above 0.5.
     def run(optimizer, **kwargs):
