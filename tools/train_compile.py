@@ -11,7 +11,9 @@ Runbook (the TPU package set holds the TPU compiler, libtpu; no TPU needed):
 
 It builds the run's mesh on the named slice's devices as libtpu describes
 them, compiles the programs one training step runs (the trainer's own:
-`model_setup` and `Engine.lower`) with the TPU compiler, and prints per
+`model_setup` and `Engine.lower`; for a GRPO config, `grpo_workload`'s engine
+with the GRPO loss on rollout rows of grpo_prompt_length +
+grpo_max_completion_length tokens) with the TPU compiler, and prints per
 program the per-device arguments, outputs, aliases, temporaries, resident
 training state, peak and compile seconds, then one line:
 
@@ -120,6 +122,43 @@ def _devices(tpu_slice: topology.Slice) -> list:
   return topology.abstract_devices(tpu_slice, _NUM_SLICES.value)
 
 
+def _row_length(config) -> int:
+  """Tokens a trained row holds: GRPO's prompt and completion together,
+  else max_sequence_length."""
+  if config.workload == "grpo":
+    return config.grpo_prompt_length + config.grpo_max_completion_length
+  return config.max_sequence_length
+
+
+def _step_inputs(config):
+  """The config's workload's step (`train_compile_lib.StepInputs`): GRPO's
+  loss on its rollout rows, or the cross-entropy of pretraining and SFT.
+
+  Raises:
+    ValueError: a GRPO config that cannot be compiled ahead of time, or
+      --compiled_step_file with one.
+  """
+  # pylint: disable=import-outside-toplevel  # After JAX has its platform.
+  from maxtext.engine import train_compile_lib
+
+  if config.workload != "grpo":
+    return train_compile_lib.PRETRAINING
+  from maxtext.grpo import grpo_workload
+
+  # pylint: enable=import-outside-toplevel
+  if _COMPILED_STEP_FILE.value is not None:
+    raise ValueError(
+        "--compiled_step_file: not for config.workload='grpo' (its eval "
+        "generates, it is not the engine's eval program)"
+    )
+  grpo_workload.abstract_micro_batch(config)  # Checks packing.
+  return train_compile_lib.StepInputs(
+      make_engine=grpo_workload.make_engine,
+      micro_batch=grpo_workload.abstract_micro_batch,
+      eval_batch=None,
+  )
+
+
 def main(argv):
   command_line.check(argv, _CONFIG, _TOPOLOGY)
   config = _CONFIG.value
@@ -161,13 +200,14 @@ def main(argv):
     config_lib.validate(config)
     mesh = mesh_lib.make_mesh(config, devices)
     mesh_lib.check_batch_layout(config, mesh)
+    inputs = _step_inputs(config)
   print(
       f"{_PROGRAM}: {tpu_slice.name} x {_NUM_SLICES.value}: {len(devices)} "
       f"x {devices[0].device_kind}, mesh "
       + " ".join(f"{a}={n}" for a, n in mesh.shape.items())
-      + f"; global batch {config.global_batch_size} in "
-      f"K={config.gradient_accumulation_steps}, seq "
-      f"{config.max_sequence_length}, attention {config.attention}, remat "
+      + f"; {config.workload}, global batch {config.global_batch_size} in "
+      f"K={config.gradient_accumulation_steps}, seq {_row_length(config)}, "
+      f"attention {config.attention}, remat "
       f"{config.remat_policy}, loss_chunk_size {config.loss_chunk_size}",
       flush=True,
   )
@@ -177,7 +217,7 @@ def main(argv):
 
   if _SEARCH.value:
     tried, choice = train_compile_lib.search(
-        config, mesh, hbm, log=log, tensor=True
+        config, mesh, hbm, log=log, tensor=True, inputs=inputs
     )
     for candidate in tried:
       print(
@@ -209,6 +249,7 @@ def main(argv):
         mesh,
         log=log,
         every_program=_COMPILED_STEP_FILE.value is not None,
+        inputs=inputs,
     )
     compile_s = step.compile_s
   for line in train_compile_lib.table(step):

@@ -118,6 +118,45 @@ class TrainCompileTest(absltest.TestCase):
     self.assertEqual(fits, "yes")
     self.assertLess(float(peak), float(hbm))
 
+  def test_grpo_step_with_context_parallelism(self):
+    # GRPO's own step (its loss on rollout rows of prompt + completion
+    # tokens), each row split over the 4 devices' context axis; on the TPU
+    # 32,768-token rows.
+    length = 32768 if _TPU else 1024
+    done = _run(
+        "--config=maxtext/configs/grpo_tiny.py",
+        *_slice(),
+        "--config.gradient_accumulation_steps=1",
+        "--config.data_parallelism=1",
+        "--config.fsdp_parallelism=-1",
+        "--config.enable_mllog=False",
+        "--config.context_parallelism=4",
+        "--config.global_batch_size=4",
+        "--config.grpo_prompt_length=256",
+        f"--config.grpo_max_completion_length={length - 256}",
+        f"--config.max_sequence_length={length}",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn(
+        f"mesh data=1 fsdp=1 context=4; grpo, global batch 4 in K=1, seq "
+        f"{length},",
+        done.stdout,
+    )
+    *_, peak, hbm, fits, _ = self._last_line(done)
+    self.assertEqual(fits, "yes")
+    self.assertLess(float(peak), float(hbm))
+    refused = _run(
+        "--config=maxtext/configs/grpo_tiny.py",
+        *_slice(f"--compiled_step_file={self.create_tempdir().full_path}/s"),
+    )
+    self.assertEqual(refused.returncode, 2)
+    self.assertEqual(
+        refused.stderr.strip().splitlines()[-1],
+        "train_compile: error: --compiled_step_file: not for "
+        "config.workload='grpo' "
+        "(its eval generates, it is not the engine's eval program)",
+    )
+
   def test_saving_a_search_is_one_line(self):
     done = _run(
         *_SMALL,

@@ -176,13 +176,6 @@ def _check_moe(v) -> None:
   _at_least(v, "expert_parallelism", 1)
   _at_least(v, "tensor_parallelism", 1)
   _at_least(v, "context_parallelism", 1)
-  if v["context_parallelism"] > 1 and v["full_attention_interval"]:
-    raise _fail(
-        "context_parallelism",
-        v["context_parallelism"],
-        "not supported with full_attention_interval > 0 (the Gated "
-        "DeltaNet layers' state is not passed across the context axis)",
-    )
   _one_of(v, "router_score", choices.ROUTER_SCORES)
   if v["router_norm_topk"] and v["router_score"] != "softmax":
     raise _fail(

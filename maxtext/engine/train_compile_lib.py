@@ -155,12 +155,35 @@ def abstract_eval_batch(config) -> Any:
   return _shapes(builtin_datasets.placeholder_batches(config)[1])
 
 
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+  """What a workload's training step is built from, for `compile_step`.
+
+  Attributes:
+    make_engine: (config, setup, params) -> the workload's `Engine` on
+      `model_setup.ModelSetup` `setup`; params may be shapes.
+    micro_batch: config -> one micro-batch's shapes (the whole mesh's).
+    eval_batch: config -> an eval batch's shapes for the engine's eval
+      program, or None when the workload evaluates otherwise (GRPO
+      generates).
+  """
+
+  make_engine: Callable[..., Any] = model_setup.make_engine
+  micro_batch: Callable[[Any], Any] = abstract_micro_batch
+  eval_batch: Optional[Callable[[Any], Any]] = abstract_eval_batch
+
+
+# Pretraining's (and SFT's) step: the model's cross-entropy on token rows.
+PRETRAINING = StepInputs()
+
+
 def compile_step(
     config,
     mesh: jax.sharding.Mesh,
     programs: Optional[Callable[[str], bool]] = None,
     log: Callable[[str], None] = lambda _: None,
     every_program: bool = False,
+    inputs: StepInputs = PRETRAINING,
 ) -> StepCompile:
   """Compiles the programs one training step of `config` runs on `mesh`.
 
@@ -176,13 +199,14 @@ def compile_step(
       (`Engine.lower_programs`: the accumulator's allocation, the eval) and
       keep every compiled program in the result's `executables`, for
       `saved_step.save`.
+    inputs: the workload's engine and batch shapes (`StepInputs`).
 
   Returns:
     The compiled programs' memory; a program the compiler refuses for memory
     (RESOURCE_EXHAUSTED) ends the compile and is reported, not raised.
   """
   setup = model_setup.setup_model(config, mesh)
-  engine = model_setup.make_engine(config, setup, setup.abstract_params)
+  engine = inputs.make_engine(config, setup, setup.abstract_params)
   # The training state that stays on the device while a program runs
   # without being one of its arguments: with K > 1 the micro-step takes
   # all of it; with K = 1 the optimizer state stays beside the micro-step
@@ -196,10 +220,15 @@ def compile_step(
   }
   done = []
   kept = {}
-  micro_batch = abstract_micro_batch(config)
+  micro_batch = inputs.micro_batch(config)
   if every_program:
+    if inputs.eval_batch is None:
+      raise ValueError(
+          f"config.workload={config.workload!r}: its step's programs are "
+          "not saved ahead of time (its eval is not the engine's)"
+      )
     lowered_programs = engine.lower_programs(
-        micro_batch, abstract_eval_batch(config)
+        micro_batch, inputs.eval_batch(config)
     )
   else:
     lowered_programs = engine.lower(micro_batch)
@@ -347,6 +376,7 @@ def search(
     hbm: int,
     log: Callable[[str], None] = lambda _: None,
     tensor: bool = False,
+    inputs: StepInputs = PRETRAINING,
 ) -> tuple[list[Candidate], Optional[Candidate]]:
   """The least-recomputing, then fewest-micro-step, setting that fits.
 
@@ -366,6 +396,7 @@ def search(
     hbm: bytes one device may use.
     log: as `compile_step`'s.
     tensor: also try larger context and tensor parallelism.
+    inputs: as `compile_step`'s.
 
   Returns:
     (the settings tried, in order; the one that fits, or None).
@@ -380,13 +411,15 @@ def search(
       with config.unlocked():
         config.context_parallelism, config.tensor_parallelism = pair
       mesh = mesh_lib.make_mesh(config, devices)
-    found = _search_mesh(config, mesh, hbm, log, tried)
+    found = _search_mesh(config, mesh, hbm, log, tried, inputs)
     if found is not None:
       return tried, found
   return tried, None
 
 
-def _search_mesh(config, mesh, hbm, log, tried) -> Optional[Candidate]:
+def _search_mesh(
+    config, mesh, hbm, log, tried, inputs
+) -> Optional[Candidate]:
   """`search` on one mesh: appends to `tried`; the first that fits."""
   for remat in REMAT_BY_RECOMPUTATION:
     for k in accumulation_choices(config, mesh):
@@ -399,7 +432,7 @@ def _search_mesh(config, mesh, hbm, log, tried) -> Optional[Candidate]:
           f"tensor_parallelism={mesh_lib.tensor_size(mesh)} "
           f"remat_policy={remat} gradient_accumulation_steps={k}"
       )
-      step = compile_step(candidate_config, mesh, log=log)
+      step = compile_step(candidate_config, mesh, log=log, inputs=inputs)
       candidate = Candidate(
           remat,
           k,

@@ -142,16 +142,22 @@ def engine_factory(config, mesh):
     (engine, its model setup).
   """
   setup = model_setup.setup_model(config, mesh)
-  frozen = ml_collections.FrozenConfigDict(config)
-  schedule = optimizer_lib.make_schedule(config)
-  freeze = config.grpo_freeze_router
   params = model_setup.init_params(config, setup)
-  if freeze:
+  if config.grpo_freeze_router:
     logging.info(
         "GRPO: the MoE router is frozen (%d parameter arrays).",
         frozen_router.count(params),
     )
-  engine = engine_lib.Engine(
+  return make_engine(config, setup, params), setup
+
+
+def make_engine(config, setup, params) -> engine_lib.Engine:
+  """The engine training `params` (arrays, or their shapes for an ahead-of-
+  time compile: `train_compile`) with the GRPO loss on `setup`'s mesh."""
+  frozen = ml_collections.FrozenConfigDict(config)
+  schedule = optimizer_lib.make_schedule(config)
+  freeze = config.grpo_freeze_router
+  return engine_lib.Engine(
       functools.partial(
           train_loss.loss_fn,
           config=frozen,
@@ -177,7 +183,40 @@ def engine_factory(config, mesh):
       grad_clip_norm=config.grad_clip_norm,
       donate_state=config.donate_state,
   )
-  return engine, setup
+
+
+def abstract_micro_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
+  """One unpacked GRPO micro-batch's shapes, the whole mesh's (the
+  `rollout.micro_batches` layout): R = global_batch_size / K rows of
+  W = grpo_prompt_length + grpo_max_completion_length tokens, L =
+  grpo_max_completion_length completion columns.
+
+  Raises:
+    ValueError: config.packing (a packed micro-batch's shapes depend on the
+      rollout's lengths).
+  """
+  if config.packing:
+    raise ValueError(
+        "config.packing=True: a packed GRPO micro-batch has no fixed shape "
+        "to compile ahead of time; compile with packing=False"
+    )
+  rows = config.global_batch_size // config.gradient_accumulation_steps
+  completion = config.grpo_max_completion_length
+  width = config.grpo_prompt_length + completion
+  i32, f32 = jax.numpy.int32, jax.numpy.float32
+  out = {
+      "tokens": jax.ShapeDtypeStruct((rows, width), i32),
+      "prompt_lengths": jax.ShapeDtypeStruct((rows,), i32),
+      "mask": jax.ShapeDtypeStruct((rows, completion), f32),
+      "old_log_probs": jax.ShapeDtypeStruct((rows, completion), f32),
+      "advantages": jax.ShapeDtypeStruct((rows,), f32),
+      "sequence_mask": jax.ShapeDtypeStruct((rows,), f32),
+      "token_normaliser": jax.ShapeDtypeStruct((rows,), f32),
+      "sequence_normaliser": jax.ShapeDtypeStruct((rows,), f32),
+  }
+  if config.grpo_beta > 0:
+    out["ref_log_probs"] = jax.ShapeDtypeStruct((rows, completion), f32)
+  return out
 
 
 def rollout_options(config, step: int) -> sampling.SamplingOptions:

@@ -7,6 +7,7 @@ import numpy as np
 
 from maxtext.generation import scoring
 from maxtext.grpo import advantages
+from maxtext.grpo import grpo_workload
 from maxtext.grpo import progression_task
 from maxtext.grpo import rewards
 from maxtext.grpo import rollout as rollout_lib
@@ -42,6 +43,31 @@ class RolloutTest(absltest.TestCase):
         cls.functions,
         width=8,
     )
+
+  def test_ahead_of_time_shapes_are_the_micro_batches(self):
+    # train_compile compiles GRPO's step for these shapes: a rollout's
+    # micro-batches must be exactly them (16 rows of 8 in K = 2).
+    config = ml_collections.ConfigDict(
+        dict(
+            global_batch_size=16,
+            gradient_accumulation_steps=2,
+            grpo_prompt_length=4,
+            grpo_max_completion_length=4,
+            grpo_beta=0.0,
+            packing=False,
+        )
+    )
+    want = jax.tree.map(
+        lambda a: (a.shape, a.dtype),
+        grpo_workload.abstract_micro_batch(config),
+    )
+    for batch in rollout_lib.micro_batches(self.result, 2):
+      self.assertEqual(
+          jax.tree.map(lambda a: (a.shape, np.asarray(a).dtype), batch), want
+      )
+    config.packing = True
+    with self.assertRaisesRegex(ValueError, "config.packing=True: a packed"):
+      grpo_workload.abstract_micro_batch(config)
 
   def test_rows_hold_prompt_then_completion(self):
     r = self.result

@@ -476,6 +476,8 @@ def run_hyperparameters(
       init_checkpoint_step=start_step,
       micro_batch_size=config_lib.micro_batch_size(config) // data_parallelism,
       config_filename=config_filename,
+      tensor_parallelism=config.tensor_parallelism,
+      context_parallelism=config.context_parallelism,
   )
   if grpo:
     values.update(grpo_values(config))

@@ -53,6 +53,22 @@ class RunHyperparametersTest(parameterized.TestCase):
     self.assertEqual(header["eval_samples"], 35)
     self.assertEqual(header["config_filename"], "x.py")
 
+  def test_header_states_the_meshs_parallelism(self):
+    header = _header(_config())
+    self.assertEqual(
+        (header["tensor_parallelism"], header["context_parallelism"]), (1, 1)
+    )
+    header = _header(_config(tensor_parallelism=2, context_parallelism=4))
+    hyperparameters.check_values(header)
+    self.assertEqual(
+        (
+            header["tensor_parallelism"],
+            header["context_parallelism"],
+            header["pipeline_parallelism"],
+        ),
+        (2, 4, 1),
+    )
+
   @parameterized.named_parameters(
       ("cosine", "cosine", "cosine with linear warmup"),
       ("constant", "constant", "constant"),

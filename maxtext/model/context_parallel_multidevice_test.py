@@ -4,10 +4,12 @@ data and expert parallelism gives one device's logits, loss and gradients.
 
 Meshes of three axes of size 2 (context with tensor and fsdp, with fsdp
 and expert, with data and expert, with data and tensor) for a dense model,
-multi-head latent attention and mixture-of-experts models, packed and
-unpacked rows; the splash kernel's context path (Pallas interpret mode on
-the CPU) against the reference attention; a training run through the
-trainer against one without a context axis; and the refusals. The device
+multi-head latent attention, mixture-of-experts models and the Qwen3.5
+hybrid, packed and unpacked rows; the Gated DeltaNet layer alone on
+context 2 and 4 (its chunk states composed across the axis); the splash
+kernel's context path (Pallas interpret mode on the CPU) against the
+reference attention; a training run through the trainer against one
+without a context axis; and the refusals. The device
 count is fixed when JAX starts, so this test has its own target.
 """
 
@@ -24,19 +26,26 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from maxtext.config import config_lib
+from maxtext.model import gated_deltanet
 from maxtext.model import layers
 from maxtext.model import zigzag
 from maxtext.run import trainer
 from maxtext.runtime import mesh as mesh_lib
 from testing import mesh_equality
+from testing import random_init
 from testing import tiny_configs
 
 _DENSE = dict(num_heads=4, num_kv_heads=2, mlp_dim=64)
 _MOE = dict(
     tiny_configs.TINY_MOE, num_heads=4, num_kv_heads=2, capacity_factor=0.0
+)
+# Qwen3.5's hybrid: Gated DeltaNet layers beside attention layers.
+_HYBRID = dict(
+    tiny_configs.TINY_QWEN35, num_heads=4, num_kv_heads=2, capacity_factor=0.0
 )
 _MESHES = {
     "fsdp_context_tensor": dict(
@@ -116,6 +125,17 @@ class ContextParallelTest(parameterized.TestCase):
           mesh="fsdp_expert_context",
       ),
       dict(
+          testcase_name="hybrid_tensor",
+          preset=(_HYBRID,),
+          mesh="fsdp_context_tensor",
+      ),
+      dict(
+          testcase_name="hybrid_expert_packed",
+          preset=(_HYBRID,),
+          mesh="data_expert_context",
+          packed=True,
+      ),
+      dict(
           testcase_name="dense_dot_product",
           preset=(dict(_DENSE, attention="dot_product"),),
           mesh="data_context_tensor",
@@ -133,9 +153,17 @@ class ContextParallelTest(parameterized.TestCase):
         sorted(n for n, size in device_mesh.shape.items() if size == 2),
         sorted(mesh.split("_")),
     )
-    # Parameters are split over "context" as over an FSDP axis.
+    # Parameters are split over "context" as over an FSDP axis. The Gated
+    # DeltaNet's chunk states are composed as T S + B across the axis, a
+    # float32 summation order of its own: gradients of about 1e-3 differ
+    # from one device's in the sixth decimal.
     mesh_equality.assert_matches_one_device(
-        self, config, device_mesh, packed, mesh_lib.CONTEXT_AXIS
+        self,
+        config,
+        device_mesh,
+        packed,
+        mesh_lib.CONTEXT_AXIS,
+        grad_atol=4e-6 if config.full_attention_interval else 1e-6,
     )
 
   @parameterized.named_parameters(("unpacked", False), ("packed", True))
@@ -176,20 +204,92 @@ class ContextParallelTest(parameterized.TestCase):
           zigzag.from_zigzag(g, 2), w, rtol=1e-4, atol=1e-5
       )
 
-  def test_refuses_a_hybrid_model(self):
-    config = _config((_DENSE,), "fsdp_context_tensor")
-    config.update(
-        num_experts=4,
-        num_experts_per_token=2,
-        moe_mlp_dim=16,
-        full_attention_interval=2,
+  @parameterized.named_parameters(
+      dict(testcase_name="c2", context=2, ids=None),
+      dict(testcase_name="c4_tensor", context=4, ids=None, tensor=2),
+      # Sequences starting at a chunk's first token (8 and 24 of 32-token
+      # rows in 8 chunks of 4), inside chunks, and a row of one sequence.
+      dict(
+          testcase_name="c4_packed",
+          context=4,
+          ids=[[1] * 8 + [2] * 16 + [3] * 8, [4] * 5 + [5] * 22 + [6] * 5] * 2,
+      ),
+  )
+  def test_deltanet_layer_equals_one_devices(self, context, ids, tensor=1):
+    # The Gated DeltaNet alone: chunk states composed across the context
+    # axis, each chunk's convolution reading the chunk before's last inputs.
+    config = ml_collections.ConfigDict(
+        dict(
+            emb_dim=12,
+            norm_epsilon=1e-6,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=6,
+            linear_conv_kernel_dim=4,
+            linear_chunk_size=3,
+        )
     )
+    normal = random_init.scaled_normal(3, count=16)
+    layer = jax.tree.map(
+        lambda a: a[0],
+        gated_deltanet.init_params(config, 1, normal, jnp.float32),
+    )
+    layer["a_log"] = layer["a_log"] - 1.5 + normal((4,), 1)
+    x = jax.random.normal(jax.random.PRNGKey(4), (4, 32, 12), jnp.float32)
+    segment_ids = None if ids is None else jnp.asarray(ids, jnp.int32)
+    mesh = jax.sharding.Mesh(
+        np.asarray(jax.devices()).reshape(
+            8 // context // tensor, context, tensor
+        ),
+        ("fsdp", "context", "tensor"),
+    )
+
+    def loss(layer, x, ids, mesh):
+      out, _ = gated_deltanet.apply(
+          x, layer, config, segment_ids=ids, mesh=mesh
+      )
+      return jnp.sum(jnp.sin(out)), out
+
+    grad = jax.value_and_grad(loss, (0, 1), has_aux=True)
+    (want, want_out), want_grads = grad(layer, x, segment_ids, None)
+
+    def laid(a):
+      return None if a is None else zigzag.to_zigzag(a, context)
+
+    (got, got_out), got_grads = jax.jit(grad, static_argnums=3)(
+        layer, laid(x), laid(segment_ids), mesh
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(
+        zigzag.from_zigzag(got_out, context), want_out, rtol=1e-4, atol=1e-5
+    )
+    for name, g in got_grads[0].items():
+      np.testing.assert_allclose(
+          g, want_grads[0][name], rtol=1e-4, atol=1e-5, err_msg=name
+      )
+    np.testing.assert_allclose(
+        zigzag.from_zigzag(got_grads[1], context),
+        want_grads[1],
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+  def test_refuses_deltanet_chunks_shorter_than_its_kernel(self):
+    config = _config((_HYBRID,), "fsdp_context_tensor")
+    config.max_sequence_length = 8
     with self.assertRaisesRegex(
         ValueError,
-        "config.context_parallelism=2: not supported with "
-        "full_attention_interval",
+        "gated_deltanet with context_parallelism=2: a 8-token row must "
+        "split into 4 equal chunks of at least linear_conv_kernel_dim - 1 = 3",
     ):
-      config_lib.validate(config)
+      mesh_equality.assert_matches_one_device(
+          self,
+          config,
+          mesh_lib.make_mesh(config),
+          False,
+          mesh_lib.CONTEXT_AXIS,
+      )
 
   def test_refuses_rows_not_split_in_two_chunks_a_device(self):
     config = _config((_DENSE,), "fsdp_context_tensor")

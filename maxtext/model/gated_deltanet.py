@@ -72,7 +72,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext.model import context_recurrence
 from maxtext.model import layers
+from maxtext.runtime import mesh as mesh_lib
 
 # Logical axis names of the parameters (one per dimension).
 LOGICAL_AXES = {
@@ -521,7 +523,8 @@ def apply(
     recurrent: bool = False,
     segment_ids: Optional[jax.Array] = None,
     lengths: Optional[jax.Array] = None,
-) -> tuple[jax.Array, State]:
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> tuple[jax.Array, Optional[State]]:
   """One Gated DeltaNet layer over a sequence.
 
   The intermediates carry the grouped-query attention's `checkpoint_name`
@@ -547,18 +550,49 @@ def apply(
       decay 0 and strength 0, so it changes no recurrent state, and the
       convolution windows end at the last real token). The outputs at
       padding are not meaningful. None: every token is real.
+    mesh: the mesh the program is compiled for, or None. With a "context"
+      axis x and `segment_ids` are in its zig-zag layout (`zigzag`) and the
+      rule runs across it (`_context_delta_rule`); then `state`, `lengths`
+      and `recurrent` must be left out (training starts every row at zero).
 
   Returns:
-    (out [B, S, E] in x's dtype, the `State` after x).
+    (out [B, S, E] in x's dtype, the `State` after x; None on a mesh with a
+    context axis, where no state is carried on).
+
+  Raises:
+    ValueError: a context axis with a state, lengths or `recurrent`.
   """
   dk = _dims(config)[2]
   cdt = x.dtype
   tag = jax.ad_checkpoint.checkpoint_name
-  if state is None:
-    state = init_state(config, x.shape[0], cdt)
 
   def project(name, spec):
     return jnp.einsum(spec, x, layer[name].astype(cdt))
+
+  if mesh_lib.context_size(mesh) > 1:
+    if state is not None or lengths is not None or recurrent:
+      raise ValueError(
+          "gated_deltanet.apply: a state, lengths or recurrent=True with "
+          "context parallelism (training only)"
+      )
+    out = _context_delta_rule(
+        *(
+            tag(project(name, "bse,ehd->bshd"), tag_name)
+            for name, tag_name in (
+                ("wq", "query"),
+                ("wk", "key"),
+                ("wv", "value"),
+            )
+        ),
+        *_decays(project, layer, None, x.shape[1]),
+        layer,
+        config,
+        mesh,
+        segment_ids,
+    )
+    return _output(out, project, layer, config, cdt), None
+  if state is None:
+    state = init_state(config, x.shape[0], cdt)
 
   q, conv_q = _causal_conv(
       project("wq", "bse,ehd->bshd"),
@@ -584,16 +618,7 @@ def apply(
   q = tag(_l2_normalize(q) * dk**-0.5, "query")
   k = tag(_l2_normalize(k), "key")
   v = tag(v, "value")
-  a = project("wa", "bse,eh->bsh").astype(jnp.float32)
-  b = project("wb", "bse,eh->bsh").astype(jnp.float32)
-  f32 = jnp.float32
-  g = -jnp.exp(layer["a_log"].astype(f32)) * jax.nn.softplus(
-      a + layer["dt_bias"].astype(f32)
-  )
-  beta = jax.nn.sigmoid(b)
-  if lengths is not None:
-    real = (jnp.arange(x.shape[1]) < lengths[:, None])[..., None]
-    g, beta = jnp.where(real, g, 0.0), jnp.where(real, beta, 0.0)
+  g, beta = _decays(project, layer, lengths, x.shape[1])
   if recurrent:
     out, recurrent_state = recurrent_delta_rule(
         q, k, v, g, beta, state.recurrent, segment_ids
@@ -609,14 +634,172 @@ def apply(
         state.recurrent,
         segment_ids,
     )
+  out = _output(out, project, layer, config, cdt)
+  return out, State(conv_q, conv_k, conv_v, recurrent_state)
+
+
+def _decays(project, layer, lengths, seq_len) -> tuple[jax.Array, jax.Array]:
+  """float32 (g, beta) [B, S, Hv] from the input's projections `project`;
+  zero at padding (`apply`'s lengths)."""
+  f32 = jnp.float32
+  a = project("wa", "bse,eh->bsh").astype(f32)
+  b = project("wb", "bse,eh->bsh").astype(f32)
+  g = -jnp.exp(layer["a_log"].astype(f32)) * jax.nn.softplus(
+      a + layer["dt_bias"].astype(f32)
+  )
+  beta = jax.nn.sigmoid(b)
+  if lengths is not None:
+    real = (jnp.arange(seq_len) < lengths[:, None])[..., None]
+    g, beta = jnp.where(real, g, 0.0), jnp.where(real, beta, 0.0)
+  return g, beta
+
+
+def _output(out, project, layer, config, cdt) -> jax.Array:
+  """The layer's output [B, S, E] from the rule's o [B, S, Hv, Dv]: the
+  gated RMSNorm and the output projection."""
+  tag = jax.ad_checkpoint.checkpoint_name
   out = tag(out, "context")
-  z = project("wz", "bse,ehd->bshd").astype(f32)
+  z = project("wz", "bse,ehd->bshd").astype(jnp.float32)
   normed = layers.rms_norm(out, layer["out_norm"], config.norm_epsilon)
   gated = (normed * jax.nn.silu(z)).astype(cdt)
-  out = tag(
+  return tag(
       jnp.einsum("bshd,hde->bse", gated, layer["wo"].astype(cdt)), "attn_out"
   )
-  return out, State(conv_q, conv_k, conv_v, recurrent_state)
+
+
+def _context_delta_rule(
+    q, k, v, g, beta, layer, config, mesh, segment_ids
+) -> jax.Array:
+  """The convolutions and the delta rule with each row's tokens split
+  over the mesh's context axis (C devices, the zig-zag layout).
+
+  In `shard_map`, each device holds two chunks of L = S / 2C tokens of its
+  rows (`context_recurrence`). Each chunk's convolution reads the last
+  K - 1 inputs of the chunk before it (`context_recurrence.halo`), so the
+  convolved q, k, v equal the whole row's. The delta rule then runs twice
+  per chunk: first from a zero state, with K identity columns appended to
+  the values' state (their values 0), which gives the chunk's end state B
+  and, in the appended columns, its transition T (the columns of a linear
+  map's image of the identity); the states at the chunks' starts follow
+  from every device's (T, B) (`context_recurrence.start_states`), and the
+  second run from them gives the outputs. Against one device the rule's
+  work is about 2 + Dk / Dv times, spread over C devices; the bytes moved
+  per layer are each chunk's (T, B), 2C x Hv x Dk x (Dk + Dv) float32 per
+  row, and 2C x (K - 1) tokens of halo, independent of the row's length.
+
+  Args:
+    q, k: [B, S, Hk, Dk] the projections before the convolutions.
+    v: [B, S, Hv, Dv] the same.
+    g, beta: float32 [B, S, Hv] log decays and strengths.
+    layer: the layer's parameters (the convolution kernels).
+    config: the fields the module docstring lists.
+    mesh: the mesh, with a context axis of C > 1 devices.
+    segment_ids: int [B, S] packed-sequence ids, or None.
+
+  Returns:
+    float32 o [B, S, Hv, Dv], in the zig-zag layout.
+
+  Raises:
+    ValueError: a chunk of a row (S / 2C tokens) shorter than K - 1.
+  """
+  hk, hv, dk, dv, kernel = _dims(config)
+  context = mesh_lib.context_size(mesh)
+  seq = q.shape[1]
+  if seq % (2 * context) or seq // (2 * context) < kernel - 1:
+    raise ValueError(
+        f"gated_deltanet with context_parallelism={context}: a {seq}-token "
+        f"row must split into {2 * context} equal chunks of at least "
+        f"linear_conv_kernel_dim - 1 = {kernel - 1} tokens"
+    )
+  tensor = mesh_lib.TENSOR_AXIS
+  heads = (
+      tensor
+      if tensor in mesh.axis_names
+      and hk % mesh.shape[tensor] == 0
+      and hv % mesh.shape[tensor] == 0
+      else None
+  )
+  P = jax.sharding.PartitionSpec
+  batch, axis = mesh_lib.batch_axes(mesh), mesh_lib.CONTEXT_AXIS
+  spec, row_spec = P(batch, axis, heads), P(batch, axis)
+  conv_spec = P(None, heads)
+  chunk_size = int(config.linear_chunk_size)
+  packed = segment_ids is not None
+
+  def local(q, k, v, g, beta, conv_q, conv_k, conv_v, *ids):
+    b, two_l = q.shape[:2]
+    ids = context_recurrence.pieces(ids[0]) if packed else None
+
+    def convolve(x, weight):
+      # Each chunk after its halo, the pieces folded into the batch.
+      x = context_recurrence.pieces(x)
+      full = jnp.concatenate(
+          [context_recurrence.halo(x, kernel - 1, context), x], axis=2
+      )
+      full = full.reshape((-1,) + full.shape[2:])
+      full_ids = None
+      if packed:
+        full_ids = jnp.concatenate(
+            [context_recurrence.halo(ids, kernel - 1, context), ids], axis=2
+        ).reshape(full.shape[:2])
+      window = jnp.zeros((full.shape[0], kernel - 1) + x.shape[3:], x.dtype)
+      out, _ = _causal_conv(full, weight, window, full_ids)
+      return out[:, kernel - 1 :]
+
+    q = _l2_normalize(convolve(q, conv_q)) * dk**-0.5
+    k = _l2_normalize(convolve(k, conv_k))
+    v = convolve(v, conv_v)
+    g, beta = (
+        context_recurrence.pieces(a).reshape((2 * b, -1) + a.shape[2:])
+        for a in (g, beta)
+    )
+    flat_ids = None if ids is None else ids.reshape(2 * b, -1)
+    local_hv = v.shape[2]
+    # Zero values and identity start columns: the transition T.
+    eye = jnp.broadcast_to(
+        jnp.eye(dk, dtype=jnp.float32), (2 * b, local_hv, dk, dk)
+    )
+    augmented = jnp.concatenate(
+        [v, jnp.zeros(v.shape[:3] + (dk,), v.dtype)], -1
+    )
+    start = jnp.concatenate(
+        [jnp.zeros((2 * b, local_hv, dk, dv), jnp.float32), eye], -1
+    )
+    _, end = chunked_delta_rule(
+        q, k, augmented, g, beta, chunk_size, start, flat_ids
+    )
+    end = end.reshape((b, 2) + end.shape[1:])
+    keep = jnp.ones((b, 2), jnp.float32)
+    if packed:
+      before = context_recurrence.halo(ids, 1, context)[:, :, 0]
+      keep = (ids[:, :, 0] == before).astype(jnp.float32)
+    starts = context_recurrence.start_states(
+        end[..., dv:], end[..., :dv], keep, context
+    )
+    out, _ = chunked_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        chunk_size,
+        starts.reshape((2 * b,) + starts.shape[2:]),
+        flat_ids,
+    )
+    return out.reshape((b, two_l) + out.shape[2:])
+
+  args = [q, k, v, g, beta, layer["conv_q"], layer["conv_k"], layer["conv_v"]]
+  specs = [spec] * 3 + [spec] * 2 + [conv_spec] * 3
+  if packed:
+    args.append(segment_ids)
+    specs.append(row_spec)
+  return jax.shard_map(
+      local,
+      mesh=mesh,
+      in_specs=tuple(specs),
+      out_specs=spec,
+      check_vma=False,
+  )(*args)
 
 
 def step(

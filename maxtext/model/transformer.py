@@ -657,6 +657,7 @@ def _final_hidden(
         layer,
         config,
         segment_ids=rows.segment_ids,
+        mesh=mesh,
     )
     return moe_ffn(x + out, layer)
 
