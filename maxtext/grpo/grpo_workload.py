@@ -22,7 +22,8 @@ What GRPO supplies (see `maxtext/run/workload.py`):
                    grpo_max_age 0 a rollout needs the newest parameters,
                    so nothing is read ahead; with grpo_max_age 1 the loop
                    reads step s + 1's batches once step s's micro-batches
-                   are dispatched and before its update, so rollout s + 1
+                   but the last are dispatched, before the last, which
+                   takes update s (`reads_parameters`), so rollout s + 1
                    is drawn with the parameters before update s (its
                    samples one update old when they train) and kept beside
                    each checkpoint (`pending_rollout`).
