@@ -38,8 +38,9 @@ cannot be flushed) is kept by where the decision is taken, with
   before it is dispatched: the last `fwd_bwd` first asks the recorder
   whether any value of the step is already lost (`check_flushable`: a
   device value deleted after it was buffered, the failure the recorder's
-  all-or-nothing flush reports), and raises, naming the metric, with nothing dispatched and
-  parameters, optimizer state, step counter and accumulator untouched. From
+  all-or-nothing flush reports), and raises, naming the metric, with
+  nothing dispatched and parameters, optimizer state, step counter and
+  accumulator untouched. From
   the last micro-batch to `update()` the step takes no more values
   (`record_metrics` raises), so what the flush then meets are values
   checked at that point and the outputs of the step's own programs. What
@@ -169,9 +170,10 @@ class Engine:
         clipping); `optimizer` should then not clip again. 0 = no clipping.
       donate_state: True = one copy of parameters and optimizer state
         (donated to the program that updates them, which takes effect
-        with the last micro-batch, once the step's values are checked); False = the new
-        state is kept aside until the flush has succeeded, both versions
-        existing until then (see the module docstring).
+        with the last micro-batch, once the step's values are checked);
+        False = the new state is kept aside until the flush has
+        succeeded, both versions existing until then (see the module
+        docstring).
       eval_fn: `eval_fn(params, batch) -> {name: scalar}`, the eval metrics
         of one batch, given with `eval_directions` (name -> the direction
         each improves in; the names `eval_fn` returns). Neither: the eval

@@ -417,9 +417,7 @@ def search(
   return tried, None
 
 
-def _search_mesh(
-    config, mesh, hbm, log, tried, inputs
-) -> Optional[Candidate]:
+def _search_mesh(config, mesh, hbm, log, tried, inputs) -> Optional[Candidate]:
   """`search` on one mesh: appends to `tried`; the first that fits."""
   for remat in REMAT_BY_RECOMPUTATION:
     for k in accumulation_choices(config, mesh):

@@ -99,9 +99,7 @@ class CompileStepTest(absltest.TestCase):
     ):
       with self.subTest(k=k):
         config, mesh = self._config(k)
-        step = train_compile_lib.compile_step(
-            config, mesh, every_program=True
-        )
+        step = train_compile_lib.compile_step(config, mesh, every_program=True)
         self.assertEqual([p.program for p in step.programs], names)
         self.assertEqual(list(step.executables), names)
         for compiled in step.executables.values():

@@ -18,8 +18,9 @@ same for callers without the loop (the benchmark, tests).
 Rollouts drawn ahead (grpo_max_age = 1; docs/grpo.md): the loop dispatches
 update t's micro-batches but its last, then draws rollout t + 1 with the
 parameters they read, then dispatches the last micro-batch, which takes
-update t (`train_ahead` is the same order without the loop). Every sample keeps the version of the parameters that drew it
-(`Prepared.versions`: the engine's step counter then), and the records give
+update t (`train_ahead` is the same order without the loop). Every sample
+keeps the version of the parameters that drew it (`Prepared.versions`: the
+engine's step counter then), and the records give
 the trained samples' ages in updates (`rollout/age_max`,
 `rollout/age_mean`). The behaviour log-probabilities are the decoder's at
 generation, so the importance ratio of an update compares the trained

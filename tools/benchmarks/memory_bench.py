@@ -305,8 +305,7 @@ def main(argv):
   print(
       "step peak (largest program) with the donating update: "
       + ", ".join(
-          f"{a}/{r} {_gb(max(p, update_peak))}"
-          for (a, r), p in peaks.items()
+          f"{a}/{r} {_gb(max(p, update_peak))}" for (a, r), p in peaks.items()
       )
   )
   if (own, "full") in micro_temp and (own, "none") in micro_temp:
