@@ -51,24 +51,25 @@ def completion_log_probs_and_entropy(
   Returns:
     (log_probs, entropy), float32 [B, L] each: column j belongs to the id at
     tokens[b, prompt_lengths[b] + j] (meaningless past the completion's end:
-    the caller masks). The softmax is taken only at those positions.
+    the caller masks). Every position is scored, `config.loss_chunk_size`
+    positions at a time (`transformer.next_token_log_probs`), and the
+    completion's columns picked from the [B, W] results.
   """
   width = tokens.shape[1]
-  logits = transformer.apply(params, tokens, config, mesh).astype(jnp.float32)
-  # Completion id j sits at prompt_length + j; the logits before it predict it.
+  log_probs, entropy = transformer.next_token_log_probs(
+      params, tokens, config, mesh, temperature=temperature
+  )
+  # Completion id j sits at prompt_length + j; the position before it
+  # predicts it.
   at = jnp.clip(
       prompt_lengths[:, None] - 1 + jnp.arange(completion_width)[None, :],
       0,
       width - 2,
   )
-  picked = jax.nn.log_softmax(
-      jnp.take_along_axis(logits, at[:, :, None], axis=1) / temperature,
-      axis=-1,
+  return (
+      jnp.take_along_axis(log_probs, at, axis=1),
+      jnp.take_along_axis(entropy, at, axis=1),
   )
-  targets = jnp.take_along_axis(tokens, at + 1, axis=1)
-  log_probs = jnp.take_along_axis(picked, targets[:, :, None], axis=2)[..., 0]
-  entropy = -jnp.sum(jnp.exp(picked) * picked, axis=-1)
-  return log_probs, entropy
 
 
 def packed_completion_log_probs_and_entropy(
@@ -104,17 +105,14 @@ def packed_completion_log_probs_and_entropy(
     (log_probs, entropy), float32 [B, L] each, as
     `completion_log_probs_and_entropy` returns them.
   """
-  logits = transformer.apply(
+  log_probs, entropy = transformer.next_token_log_probs(
       params,
       tokens,
       config,
       mesh,
       transformer.Rows(segment_ids, positions),
-  ).astype(jnp.float32)
-  scaled = jax.nn.log_softmax(logits / temperature, axis=-1)
-  following = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
-  log_probs = jnp.take_along_axis(scaled, following[..., None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(scaled) * scaled, axis=-1)
+      temperature,
+  )
   return (
       log_probs.reshape(-1)[completion_at],
       entropy.reshape(-1)[completion_at],

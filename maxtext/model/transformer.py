@@ -808,13 +808,6 @@ def _chunked_token_sums(
     weights: float32 [B, S].
     chunk: positions per chunk, >= 1.
   """
-  b, s = x.shape[:2]
-  n = -(-s // chunk)
-  pad = n * chunk - s
-
-  def chunks(a):  # [B, S, ...] -> [n, B, chunk, ...]
-    a = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
-    return jnp.swapaxes(a.reshape(b, n, chunk, *a.shape[2:]), 0, 1)
 
   @functools.partial(jax.checkpoint, prevent_cse=False)
   def sums(x_c, targets_c, weights_c):
@@ -826,9 +819,82 @@ def _chunked_token_sums(
 
   zero = jnp.zeros((), jnp.float32)
   totals, _ = jax.lax.scan(
-      body, (zero, zero), (chunks(x), chunks(targets), chunks(weights))
+      body,
+      (zero, zero),
+      tuple(_position_chunks(a, chunk) for a in (x, targets, weights)),
   )
   return totals
+
+
+def _position_chunks(a: jax.Array, chunk: int) -> jax.Array:
+  """[B, S, ...] -> [n, B, chunk, ...], S zero-padded to n x chunk."""
+  b, s = a.shape[:2]
+  n = -(-s // chunk)
+  a = jnp.pad(a, [(0, 0), (0, n * chunk - s)] + [(0, 0)] * (a.ndim - 2))
+  return jnp.swapaxes(a.reshape(b, n, chunk, *a.shape[2:]), 0, 1)
+
+
+def next_token_log_probs(
+    params: Params,
+    tokens: jax.Array,
+    config,
+    mesh: Optional[jax.sharding.Mesh] = None,
+    rows: "Rows" = Rows(),
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+  """Per position t, the log-probability of tokens[:, t + 1] and the
+  entropy, under softmax(logits_t / temperature).
+
+  With `config.loss_chunk_size` > 0 (and below S) the logits exist
+  `loss_chunk_size` positions at a time, forward and backward (each chunk
+  rematerialised), as in `loss_fn`: a 65,536-token row of a 248,320-entry
+  vocabulary would otherwise hold 60 GiB of float32 logits. On a mesh with
+  a context axis the positions are scored in its layout and put back in
+  order.
+
+  Args:
+    params: the parameter pytree.
+    tokens: int32 [B, S].
+    config: the model's config.
+    mesh: as in `loss_fn`.
+    rows: as in `apply`.
+    temperature: > 0.
+
+  Returns:
+    (log_probs, entropy), float32 [B, S] each; position S - 1, which has
+    no next token, scores id 0 (the caller masks it).
+  """
+  x, _ = _final_hidden(params, tokens, config, mesh, rows)
+  context = mesh_lib.context_size(mesh)
+  following = jnp.concatenate(
+      [tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1
+  )
+  following = zigzag.to_zigzag(following, context)
+  unembedding = output_projection(params)
+
+  def score(x_c, following_c):
+    scaled = jax.nn.log_softmax(
+        unembed(x_c, unembedding).astype(jnp.float32) / temperature, axis=-1
+    )
+    picked = jnp.take_along_axis(scaled, following_c[..., None], axis=-1)
+    return picked[..., 0], -jnp.sum(jnp.exp(scaled) * scaled, axis=-1)
+
+  chunk = config.loss_chunk_size
+  if 0 < chunk < tokens.shape[1]:
+    b, s = tokens.shape
+    scored = jax.lax.map(
+        lambda inputs: jax.checkpoint(score, prevent_cse=False)(*inputs),
+        (_position_chunks(x, chunk), _position_chunks(following, chunk)),
+    )
+    log_probs, entropy = (
+        jnp.swapaxes(a, 0, 1).reshape(b, -1)[:, :s] for a in scored
+    )
+  else:
+    log_probs, entropy = score(x, following)
+  return (
+      zigzag.from_zigzag(log_probs, context),
+      zigzag.from_zigzag(entropy, context),
+  )
 
 
 # What `eval_fn` returns: each eval metric's name and the way it improves.
