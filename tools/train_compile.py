@@ -35,6 +35,27 @@ v6e-8, v4-8, tpu7x-8): v4, v5p and tpu7x types count TensorCores (two per
 chip), v5e and v6e types count chips. cpu:N compiles for N fake CPU devices
 (with --hbm_gib), to try the tool without libtpu.
 
+--program=generate compiles a rollout's generation programs instead: the
+paged decoder's prefill and decode programs (`maxtext.generation.
+paged_decoder`, the programs GRPO's rollouts run) for --slots sequences of
+up to --length positions, contexts of up to --prompt_length ids, pages of
+--page_size positions (--num_pages of them; by default the engine's), with
+the parameters in the compute dtype split over the config's mesh as the
+trainer splits them. It prints the same table, the bytes of one weight copy
+onto that mesh, and one line:
+
+  train_compile: program=generate topology=v5p:2x2x1 devices=4 chips=4
+      slots=S pages=N page_size=P length=T params=X.XX GiB pool=X.XX GiB
+      states=X.XX GiB state_bytes_per_slot=B peak=X.XX GiB hbm=95.74 GiB
+      fits=yes compile_s=T
+
+(one line; params, pool and states per device).
+
+  tools/bazel run --config=tpu //tools:train_compile -- \
+      --config=maxtext/configs/llama31_8b.py --topology=v5p-8 \
+      --program=generate --slots=64 --length=8192 --prompt_length=1024 \
+      --config.fsdp_parallelism=1 --config.tensor_parallelism=4
+
 --compiled_step_file=PATH saves every program a run's engine runs, with the
 config fields, devices and versions they were compiled for, once the step
 fits; `train_main --config.compiled_step_file=PATH` then compiles none of
@@ -100,6 +121,44 @@ _COMPILED_STEP_FILE = flags.DEFINE_string(
     "config fields, devices and versions they were compiled for; "
     "train_main --config.compiled_step_file=PATH then runs them and "
     "compiles none. A pickle: load only files you made.",
+)
+
+_COMPILE = flags.DEFINE_enum(
+    "program",
+    "train",
+    ["train", "generate"],
+    "What to compile: the training step, or a rollout's generation "
+    "programs (the paged decoder's prefill and decode).",
+)
+_SLOTS = flags.DEFINE_integer(
+    "slots",
+    0,
+    "--program=generate: sequences decoded together; 0 = the config's "
+    "grpo_decode_slots.",
+)
+_LENGTH = flags.DEFINE_integer(
+    "length",
+    0,
+    "--program=generate: positions of the longest sequence (context plus "
+    "completion); 0 = the config's max_sequence_length.",
+)
+_PROMPT_LENGTH = flags.DEFINE_integer(
+    "prompt_length",
+    0,
+    "--program=generate: ids of the longest context prefilled; 0 = the "
+    "config's grpo_prompt_length.",
+)
+_PAGE_SIZE = flags.DEFINE_integer(
+    "page_size",
+    0,
+    "--program=generate: positions per page; 0 = the config's "
+    "grpo_decode_page_size.",
+)
+_NUM_PAGES = flags.DEFINE_integer(
+    "num_pages",
+    0,
+    "--program=generate: the page pool's pages; 0 = the engine's default, "
+    "(slots + 1) x the pages of the longest sequence.",
 )
 
 _PROGRAM = "train_compile"
@@ -168,6 +227,18 @@ def main(argv):
           "--compiled_step_file: give it without --search, with the "
           "setting the search chose"
       )
+    if _COMPILE.value == "generate":
+      if _SEARCH.value or _COMPILED_STEP_FILE.value is not None:
+        raise ValueError(
+            "--program=generate: --search and --compiled_step_file are for "
+            "the training step"
+        )
+      slots = _SLOTS.value or config.grpo_decode_slots
+      if slots < 1:
+        raise ValueError(
+            f"--slots={_SLOTS.value}: give the slots (>= 1); the config's "
+            f"grpo_decode_slots is {config.grpo_decode_slots}"
+        )
     tpu_slice = topology.parse(_TOPOLOGY.value)
     hbm = tpu_slice.generation.hbm_bytes
     if _HBM_GIB.value is not None:
@@ -192,15 +263,32 @@ def main(argv):
     jax.config.update("jax_enable_compilation_cache", False)
   from maxtext.config import config_lib
   from maxtext.runtime import mesh as mesh_lib
+
+  # pylint: enable=import-outside-toplevel
+  rollout = inputs = None
+  with command_line.user_errors(_PROGRAM, (TypeError, ValueError)):
+    config_lib.validate(config)
+    mesh = mesh_lib.make_mesh(config, devices)
+    if _COMPILE.value == "generate":
+      rollout = _rollout_shape(config)
+    else:
+      mesh_lib.check_batch_layout(config, mesh)
+      inputs = _step_inputs(config)
+  if _COMPILE.value == "generate":
+    _generate(config, mesh, tpu_slice, devices, hbm, *rollout)
+    return
+  _train(config, mesh, tpu_slice, devices, hbm, inputs)
+
+
+def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
+  """Compiles the training step (`train_compile_lib.compile_step`, or the
+  search), prints the table and the last line, saves --compiled_step_file;
+  exits 1 when it does not fit."""
+  # pylint: disable=import-outside-toplevel  # After JAX has its platform.
   from maxtext.engine import saved_step
   from maxtext.engine import train_compile_lib
 
   # pylint: enable=import-outside-toplevel
-  with command_line.user_errors(_PROGRAM, (TypeError, ValueError)):
-    config_lib.validate(config)
-    mesh = mesh_lib.make_mesh(config, devices)
-    mesh_lib.check_batch_layout(config, mesh)
-    inputs = _step_inputs(config)
   print(
       f"{_PROGRAM}: {tpu_slice.name} x {_NUM_SLICES.value}: {len(devices)} "
       f"x {devices[0].device_kind}, mesh "
@@ -275,6 +363,81 @@ def main(argv):
         f"{tpu_slice.name} x {_NUM_SLICES.value}",
     )
     print(f"{_PROGRAM}: saved the compiled step to {path}")
+
+
+def _rollout_shape(config):
+  """--program=generate's (slots, length, prompt length, engine options),
+  checked (ValueError: one line naming the flag's value)."""
+  # Imported once JAX has its platform (see _devices).
+  # pylint: disable-next=import-outside-toplevel
+  from maxtext.generation import paged_decoder
+
+  slots = _SLOTS.value or config.grpo_decode_slots
+  length = _LENGTH.value or config.max_sequence_length
+  prompt_length = _PROMPT_LENGTH.value or config.grpo_prompt_length
+  engine = paged_decoder.EngineOptions(
+      page_size=_PAGE_SIZE.value or config.grpo_decode_page_size,
+      num_pages=_NUM_PAGES.value,
+  )
+  paged_decoder.check_lowering(config, slots, length, prompt_length)
+  return slots, length, prompt_length, engine
+
+
+def _generate(
+    config, mesh, tpu_slice, devices, hbm, slots, length, prompt_length, engine
+) -> None:
+  """--program=generate: compiles and reports a rollout's programs."""
+  # Imported once JAX has its platform (see _devices).
+  # pylint: disable=import-outside-toplevel
+  from maxtext.engine import train_compile_lib
+  from maxtext.generation import generate_compile_lib
+
+  # pylint: enable=import-outside-toplevel
+  print(
+      f"{_PROGRAM}: {tpu_slice.name} x {_NUM_SLICES.value}: {len(devices)} "
+      f"x {devices[0].device_kind}, mesh "
+      + " ".join(f"{a}={n}" for a, n in mesh.shape.items())
+      + f"; generate: {slots} slots of up to {length} positions, contexts "
+      f"of up to {prompt_length} ids, pages of {engine.page_size}, "
+      f"{config.compute_dtype} parameters",
+      flush=True,
+  )
+  result = generate_compile_lib.compile_generation(
+      config,
+      mesh,
+      num_slots=slots,
+      length=length,
+      prompt_length=prompt_length,
+      engine=engine,
+      log=lambda line: print(f"{_PROGRAM}: {line}", flush=True),
+  )
+  gib = train_compile_lib.gib
+  step = result.step
+  for line in train_compile_lib.table(step):
+    print(line)
+  copy = result.copy
+  print(
+      f"{_PROGRAM}: weight copy: {copy.dtype} parameters "
+      f"total_bytes={copy.total_bytes} ({gib(copy.total_bytes)} GiB), "
+      f"per device {copy.device_bytes} ({gib(copy.device_bytes)} GiB), "
+      f"{copy.devices} devices receive {copy.received_bytes} "
+      f"({gib(copy.received_bytes)} GiB)"
+  )
+  fits = step.out_of_memory is None and step.peak <= hbm
+  chips = tpu_slice.chips * _NUM_SLICES.value
+  print(
+      f"{_PROGRAM}: program=generate topology={tpu_slice.name} "
+      f"devices={len(devices)} chips={chips} slots={result.num_slots} "
+      f"pages={result.num_pages} page_size={result.page_size} "
+      f"length={result.length} params={gib(result.param_bytes)} GiB "
+      f"pool={gib(result.pool_bytes)} GiB "
+      f"states={gib(result.state_bytes)} GiB "
+      f"state_bytes_per_slot={result.state_bytes_per_slot} "
+      f"peak={gib(step.peak)} GiB hbm={gib(hbm)} GiB "
+      f"fits={'yes' if fits else 'no'} compile_s={step.compile_s:.1f}"
+  )
+  if not fits:
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,16 @@ _LAST = re.compile(
 )
 
 
+_GENERATE_LAST = re.compile(
+    r"^train_compile: program=generate topology=(\S+) devices=(\d+) "
+    r"chips=(\d+) slots=(\d+) pages=(\d+) page_size=(\d+) length=(\d+) "
+    r"params=(\d+\.\d\d) GiB pool=(\d+\.\d\d) GiB "
+    r"states=(\d+\.\d\d) GiB state_bytes_per_slot=(\d+) "
+    r"peak=(\d+\.\d\d) GiB hbm=(\d+\.\d\d) GiB fits=(yes|no) "
+    r"compile_s=(\d+\.\d)$"
+)
+
+
 def _run(*args):
   """Runs the binary with `args`; its CompletedProcess."""
   command = runfiles.binary_command("tools/train_compile")
@@ -199,6 +209,90 @@ class TrainCompileTest(absltest.TestCase):
       # Data parallelism across the slices, FSDP within each.
       self.assertEqual(topology, "v5p:2x2x1")
       self.assertIn("mesh data=2 fsdp=4;", done.stdout)
+
+  def test_generation_programs_fit(self):
+    # The hybrid of decode_bench.py (two groups of two Gated DeltaNet layers
+    # and one attention layer with 2 key/value heads of 64; 8 experts), in
+    # bfloat16: 8 slots of 512 positions, the pool split over tensor = 2.
+    done = _run(
+        "--config=maxtext/configs/decode_bench.py:hybrid",
+        *_slice(),
+        "--program=generate",
+        "--slots=8",
+        "--length=512",
+        "--prompt_length=64",
+        "--config.data_parallelism=1",
+        "--config.fsdp_parallelism=-1",
+        "--config.tensor_parallelism=2",
+        "--config.compute_dtype=bfloat16",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertNotIn("Traceback", done.stderr)
+    self.assertIn("mesh data=1 fsdp=2 tensor=2;", done.stdout)
+    rows = re.findall(
+        r"^(prefill|decode) +((?:\d+\.\d\d +){6})\d+\.\d$",
+        done.stdout,
+        re.MULTILINE,
+    )
+    self.assertEqual([name for name, _ in rows], ["prefill", "decode"])
+    copy = re.search(
+        r"^train_compile: weight copy: bfloat16 parameters "
+        r"total_bytes=(\d+) .* per device (\d+) .* 4 devices receive (\d+) ",
+        done.stdout,
+        re.MULTILINE,
+    )
+    self.assertIsNotNone(copy, done.stdout)
+    total, per_device, received = map(int, copy.groups())
+    self.assertEqual(received, 4 * per_device)
+    self.assertLess(per_device, total)
+    match = _GENERATE_LAST.match(done.stdout.strip().splitlines()[-1])
+    self.assertIsNotNone(match, done.stdout)
+    (
+        topology,
+        devices,
+        chips,
+        slots,
+        pages,
+        page_size,
+        length,
+        _,
+        _,
+        _,
+        state_bytes,
+        peak,
+        hbm,
+        fits,
+        _,
+    ) = match.groups()
+    self.assertEqual(
+        (topology, devices, chips),
+        ("v5p:2x2x1", "4", "4") if _TPU else ("cpu:4", "4", "4"),
+    )
+    # The engine's default pool: (8 + 1) slots x 512 / 16 pages.
+    self.assertEqual(
+        (slots, pages, page_size, length), ("8", "288", "16", "512")
+    )
+    self.assertGreater(int(state_bytes), 0)
+    self.assertEqual(fits, "yes")
+    self.assertLess(float(peak), float(hbm))
+
+  def test_generation_flags_are_one_line(self):
+    done = _run(*_SMALL, *_slice("--program=generate", "--slots=0"))
+    self.assertEqual(done.returncode, 2)
+    self.assertEqual(
+        done.stderr.strip().splitlines()[-1],
+        "train_compile: error: --slots=0: give the slots (>= 1); the "
+        "config's grpo_decode_slots is 0",
+    )
+    done = _run(
+        *_SMALL,
+        *_slice("--program=generate", "--slots=2", "--length=128"),
+    )
+    self.assertEqual(done.returncode, 2)
+    self.assertEqual(
+        done.stderr.strip().splitlines()[-1],
+        "train_compile: error: length=128 exceeds max_sequence_length=64",
+    )
 
   def test_bad_topology_is_one_line(self):
     done = _run(*_SMALL, "--topology=v9-8")

@@ -24,7 +24,7 @@ Per program, per device:
 import dataclasses
 import re
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 import jax
 
@@ -177,6 +177,52 @@ class StepInputs:
 PRETRAINING = StepInputs()
 
 
+def compile_program(
+    name: str,
+    lowered: Any,
+    resident: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[Any, Union[ProgramMemory, OutOfMemory]]:
+  """Compiles one lowered program and reads its memory.
+
+  Args:
+    name: the program's name in the figures.
+    lowered: a `jax.stages.Lowered`.
+    resident: bytes on the device beside the program's arguments while it
+      runs (`ProgramMemory.resident`).
+    log: called with a line as the compile starts and ends.
+
+  Returns:
+    (the compiled program, its `ProgramMemory`), or (None, `OutOfMemory`)
+    when the compiler refuses it for memory (RESOURCE_EXHAUSTED); other
+    compiler errors are raised.
+  """
+  log(f"compiling {name}")
+  start = time.perf_counter()
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    seconds = time.perf_counter() - start
+    required, available = parse_out_of_memory(str(e))
+    return None, OutOfMemory(
+        name, required, available, str(e).splitlines()[0], seconds
+    )
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  log(f"compiled {name} in {seconds:.1f} s")
+  return compiled, ProgramMemory(
+      program=name,
+      args=memory.argument_size_in_bytes,
+      out=memory.output_size_in_bytes,
+      alias=memory.alias_size_in_bytes,
+      temp=memory.temp_size_in_bytes,
+      resident=resident,
+      compile_s=seconds,
+  )
+
+
 def compile_step(
     config,
     mesh: jax.sharding.Mesh,
@@ -235,37 +281,14 @@ def compile_step(
   for name, lowered in lowered_programs.items():
     if programs is not None and not programs(name):
       continue
-    log(f"compiling {name}")
-    start = time.perf_counter()
-    try:
-      compiled = lowered.compile()
-    except jax.errors.JaxRuntimeError as e:
-      if "RESOURCE_EXHAUSTED" not in str(e):
-        raise
-      seconds = time.perf_counter() - start
-      required, available = parse_out_of_memory(str(e))
-      return StepCompile(
-          tuple(done),
-          OutOfMemory(
-              name, required, available, str(e).splitlines()[0], seconds
-          ),
-      )
-    seconds = time.perf_counter() - start
+    compiled, memory = compile_program(
+        name, lowered, resident_bytes.get(name, opt_bytes), log
+    )
+    if isinstance(memory, OutOfMemory):
+      return StepCompile(tuple(done), memory)
     if every_program:
       kept[name] = compiled
-    memory = compiled.memory_analysis()
-    done.append(
-        ProgramMemory(
-            program=name,
-            args=memory.argument_size_in_bytes,
-            out=memory.output_size_in_bytes,
-            alias=memory.alias_size_in_bytes,
-            temp=memory.temp_size_in_bytes,
-            resident=resident_bytes.get(name, opt_bytes),
-            compile_s=seconds,
-        )
-    )
-    log(f"compiled {name} in {seconds:.1f} s")
+    done.append(memory)
   return StepCompile(tuple(done), None, kept)
 
 

@@ -83,6 +83,25 @@ def _attention(x, layer, entries, positions, config, store):
   return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), entries
 
 
+def _at(tree: Any, index: jax.Array) -> Any:
+  """Layer `index` of every [L, ...] leaf."""
+  return jax.tree_util.tree_map(
+      lambda a: jax.lax.dynamic_index_in_dim(a, index, 0, keepdims=False),
+      tree,
+  )
+
+
+def _set_at(tree: Any, index: jax.Array, layer: Any) -> Any:
+  """Every [L, ...] leaf with layer `index` replaced by `layer`'s."""
+  return jax.tree_util.tree_map(
+      lambda a, b: jax.lax.dynamic_update_index_in_dim(
+          a, b.astype(a.dtype), index, 0
+      ),
+      tree,
+      layer,
+  )
+
+
 def _unstacked(tree: Any) -> Any:
   """Leaves [groups, n, ...] viewed as [groups * n, ...]."""
   return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), tree)
@@ -152,34 +171,47 @@ def forward(
     )
     return ffn(x + out, layer), state
 
+  def attention_stack(x, stack, entries, before=None, states=None):
+    """`block` over a stack's layers (after `before`, a group's DeltaNet
+    layers, with `states`, if given). The stack's entries are the scan's
+    carry, each layer's read and written back at its index: one buffer
+    updated in place, where entries as the scan's input and output would
+    be a second buffer of the whole cache."""
+
+    def step(carry, inputs):
+      x, entries = carry
+      layer, index, linear, state = inputs
+      if before is not None:
+        x, state = jax.lax.scan(linear_block, x, (linear, state))
+      x, written = block(x, (layer, _at(entries, index)))
+      return (x, _set_at(entries, index, written)), state
+
+    count = jax.tree_util.tree_leaves(entries)[0].shape[0]
+    (x, entries), states = jax.lax.scan(
+        step,
+        (x, entries),
+        (stack, jnp.arange(count, dtype=jnp.int32), before, states),
+    )
+    return x, entries, states
+
   new_cache = {}
   if "layers" in params:
-    x, new_cache["layers"] = jax.lax.scan(
-        block, x, (params["layers"], cache["layers"])
+    x, new_cache["layers"], _ = attention_stack(
+        x, params["layers"], cache["layers"]
     )
   if "linear_layers" in params:
-
-    def group(x, inputs):
-      linear, states, attention, entries = inputs
-      x, states = jax.lax.scan(linear_block, x, (linear, states))
-      x, entries = block(x, (attention, entries))
-      return x, (states, entries)
-
-    x, (states, new_cache["moe_layers"]) = jax.lax.scan(
-        group,
+    x, new_cache["moe_layers"], states = attention_stack(
         x,
-        (
-            transformer.grouped_linear_layers(params, config),
-            # The states grouped as the parameters are.
-            transformer.grouped_linear_layers(cache, config),
-            params["moe_layers"],
-            cache["moe_layers"],
-        ),
+        params["moe_layers"],
+        cache["moe_layers"],
+        before=transformer.grouped_linear_layers(params, config),
+        # The states grouped as the parameters are.
+        states=transformer.grouped_linear_layers(cache, config),
     )
     new_cache["linear_layers"] = _unstacked(states)
   elif "moe_layers" in params:
-    x, new_cache["moe_layers"] = jax.lax.scan(
-        block, x, (params["moe_layers"], cache["moe_layers"])
+    x, new_cache["moe_layers"], _ = attention_stack(
+        x, params["moe_layers"], cache["moe_layers"]
     )
   return transformer.norm(x, params["final_norm"], config), new_cache
 

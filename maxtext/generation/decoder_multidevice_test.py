@@ -1,4 +1,4 @@
-"""Eight fake CPU devices: the cached decoder and the scorer on a mesh.
+"""Eight fake CPU devices: the cached decoders and the scorer on a mesh.
 
 The device count is fixed when JAX starts, so this test has its own target
 and sets XLA_FLAGS before importing JAX. Parameters are sharded as the
@@ -22,6 +22,7 @@ import numpy as np
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
 from maxtext.generation import decoder
+from maxtext.generation import paged_decoder
 from maxtext.generation import scoring
 from maxtext.model import transformer
 from maxtext.generation import sampling
@@ -86,6 +87,41 @@ class DecoderMultiDeviceTest(parameterized.TestCase):
         scoring.score(single, config, rows, completions),
         atol=_ATOL,
     )
+
+  def test_paged_decoder_splits_the_pool_over_tensor(self):
+    # The hybrid: a pool of the attention layers' pages split by its 2
+    # key/value heads over the tensor axis, the DeltaNet states replicated.
+    config = ml_collections.FrozenConfigDict(
+        tiny_configs.model_config(
+            tiny_configs.TINY_QWEN35,
+            data_parallelism=1,
+            fsdp_parallelism=4,
+            tensor_parallelism=2,
+        )
+    )
+    mesh = mesh_lib.make_mesh(config)
+    self.assertEqual(
+        paged_decoder.pool_sharding(config, mesh).spec,
+        jax.sharding.PartitionSpec(None, None, None, "tensor", None),
+    )
+    setup = model_setup.setup_model(config, mesh)
+    sharded = model_setup.init_params(config, setup)
+    single = jax.device_put(
+        transformer.init_params(config, jax.random.PRNGKey(config.seed)),
+        jax.devices()[0],
+    )
+    rng = np.random.default_rng(7)
+    prompts = [list(rng.integers(0, 32, size=n)) for n in (2, 5, 3)]
+    options = sampling.SamplingOptions(
+        max_new_tokens=6, temperature=1.0, seed=3, num_samples=2
+    )
+    engine = paged_decoder.EngineOptions(num_slots=4, page_size=4)
+    got = paged_decoder.generate(
+        sharded, config, prompts, options, engine=engine, mesh=mesh
+    )
+    want = decoder.generate(single, config, prompts, options)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_allclose(got.log_probs, want.log_probs, atol=_ATOL)
 
   def test_rows_must_split_over_the_batch_shards(self):
     config = ml_collections.FrozenConfigDict(

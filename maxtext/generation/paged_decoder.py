@@ -66,6 +66,7 @@ from maxtext.generation import page_pool
 from maxtext.generation import paged_model
 from maxtext.generation import sampling
 from maxtext.model import model_config
+from maxtext.runtime import mesh as mesh_lib
 
 _STOP_SLOTS = 8
 
@@ -136,11 +137,56 @@ def _pages(positions: int, page_size: int) -> int:
   return -(-positions // page_size)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
-def _prefill(params, pool, tokens, length, table, *, config):
+def pool_sharding(
+    config, mesh: Optional[jax.sharding.Mesh]
+) -> Optional[jax.sharding.NamedSharding]:
+  """Where the page pool's leaves live on `mesh` (None: one device).
+
+  A grouped-query pool's [L, N, P, K, D] leaves are split by key/value
+  heads (K) over the mesh's tensor axis when it divides them: each device
+  keeps the heads its attention computes (the projections are split so,
+  `transformer.param_partition_specs`), and the pool takes 1 / tensor of
+  the bytes on each. Otherwise (no tensor axis, heads it does not divide,
+  MLA's latent entries, which have no heads) the pool is replicated.
+  """
+  if mesh is None:
+    return None
+  tensor = mesh_lib.tensor_size(mesh)
+  if (
+      tensor > 1
+      and config.attention_type != "mla"
+      and config.num_kv_heads % tensor == 0
+  ):
+    spec = jax.sharding.PartitionSpec(
+        None, None, None, mesh_lib.TENSOR_AXIS, None
+    )
+  else:
+    spec = jax.sharding.PartitionSpec()
+  return jax.sharding.NamedSharding(mesh, spec)
+
+
+def _constrain(tree, sharding):
+  """Every leaf of `tree` placed by `sharding` (None: left as it is)."""
+  if sharding is None:
+    return tree
+  return jax.tree_util.tree_map(
+      lambda x: jax.lax.with_sharding_constraint(x, sharding), tree
+  )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("config", "pool_layout", "replicated"),
+    donate_argnums=(1,),
+)
+def _prefill(
+    params, pool, tokens, length, table, *, config, pool_layout, replicated
+):
   """Writes a context's entries into its pages; returns (pool, logits [V]
   of its last position, its recurrent states (one row; {} without
-  recurrent layers)). tokens int32 [1, T] right-padded, table [1, T/P]."""
+  recurrent layers)). tokens int32 [1, T] right-padded, table [1, T/P].
+  The pool keeps `pool_layout`, the rest is `replicated` (None: one
+  device), so every call takes and returns the same layouts."""
   positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
   hidden, pool, states = paged_model.forward(
       params,
@@ -153,19 +199,21 @@ def _prefill(params, pool, tokens, length, table, *, config):
       kv_cache.init_states(config, 1),
   )
   last = jax.lax.dynamic_index_in_dim(hidden, length - 1, 1)
-  return pool, cached_model.logits(params, last)[0, 0], states
+  return (
+      _constrain(pool, pool_layout),
+      _constrain(cached_model.logits(params, last)[0, 0], replicated),
+      _constrain(states, replicated),
+  )
 
 
 @functools.partial(
     jax.jit, static_argnames=("config", "num_pages", "page_size", "sharding")
 )
 def _empty_pool(*, config, num_pages, page_size, sharding):
-  """A zero pool, replicated over `sharding`'s mesh (None: one device)."""
-  pool = paged_model.init_pool(config, num_pages, page_size)
-  if sharding is None:
-    return pool
-  return jax.tree_util.tree_map(
-      lambda x: jax.lax.with_sharding_constraint(x, sharding), pool
+  """A zero pool placed by `sharding` (`pool_sharding`; None: one
+  device)."""
+  return _constrain(
+      paged_model.init_pool(config, num_pages, page_size), sharding
   )
 
 
@@ -204,7 +252,14 @@ def _copy_page(pool, source, target):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "chunk", "greedy", "filtered"),
+    static_argnames=(
+        "config",
+        "chunk",
+        "greedy",
+        "filtered",
+        "pool_layout",
+        "replicated",
+    ),
     donate_argnums=(1, 2, 3),
 )
 def _decode(
@@ -230,6 +285,8 @@ def _decode(
     chunk: int,
     greedy: bool,
     filtered: bool,
+    pool_layout=None,
+    replicated=None,
 ):
   """Up to `chunk` decode steps of every slot.
 
@@ -248,6 +305,8 @@ def _decode(
     seed_key, temperature, top_k, top_p, stop_ids, allowed_vocab: as
       `decoder._generate`.
     config, chunk, greedy, filtered: static.
+    pool_layout, replicated: static; as `_prefill`'s (the states and
+      logits are replicated).
 
   Returns:
     (pool, states, logits, ids int32 [S, chunk], log_probs float32
@@ -327,7 +386,15 @@ def _decode(
   _, pool, states, logits, steps, _, active, _, ids, log_probs = (
       jax.lax.while_loop(cond, body, carry)
   )
-  return pool, states, logits, ids, log_probs, steps, active
+  return (
+      _constrain(pool, pool_layout),
+      _constrain(states, replicated),
+      _constrain(logits, replicated),
+      ids,
+      log_probs,
+      steps,
+      active,
+  )
 
 
 @dataclasses.dataclass
@@ -350,6 +417,29 @@ class _Sequence:
   budget: int
   pages: list
   unallocated: int  # Pages reserved for it, not yet taken from the pool.
+
+
+def table_width(config, length: int, page_size: int) -> int:
+  """The pages of a slot's table for sequences of up to `length` positions
+  (context plus max_new_tokens): the pages of the length bucket
+  (`decoder.cache_length`), so the pool's and tables' shapes, and the
+  programs, depend on the bucket only."""
+  return _pages(
+      decoder.cache_length(length, config.max_sequence_length), page_size
+  )
+
+
+def pool_pages(engine: EngineOptions, slots: int, width: int) -> int:
+  """The pool's pages: `engine.num_pages`, or by default (slots + 1) x the
+  widest table (`EngineOptions.num_pages`)."""
+  return engine.num_pages or (slots + 1) * width
+
+
+def prefill_length(config, longest: int, page_size: int) -> int:
+  """The prefill program's tokens for contexts of up to `longest` ids: their
+  length bucket, in whole pages."""
+  bucket = decoder.cache_length(longest, config.max_sequence_length)
+  return _pages(bucket, page_size) * page_size
 
 
 def _bucket(count: int, limit: int) -> int:
@@ -380,8 +470,9 @@ def generate(
       row order (context-major); None = options.max_new_tokens for all.
     engine: slots, pages and chunk.
     allowed_vocab: ids at or above this are never chosen; 0 = the vocab.
-    mesh: run on this mesh (the engine's arrays replicated, the
-      parameters where the caller put them); None = one device.
+    mesh: run on this mesh (the pool split as `pool_sharding` says, the
+      engine's other arrays replicated, the parameters where the caller
+      put them); None = one device.
 
   Returns:
     An `EngineGeneration` of len(contexts) * num_samples rows.
@@ -417,12 +508,9 @@ def generate(
   size, slots = engine.page_size, engine.num_slots or rows
   longest = max(len(c) for c in contexts)
   # The widest table: the pages of the longest sequence's length bucket
-  # (the static decoder's), so the pool's and tables' shapes, and the
-  # programs, depend on the bucket only.
-  width = _pages(
-      decoder.cache_length(longest + new, config.max_sequence_length), size
-  )
-  num_pages = engine.num_pages or (slots + 1) * width
+  # (the static decoder's).
+  width = table_width(config, longest + new, size)
+  num_pages = pool_pages(engine, slots, width)
   pool_book = page_pool.PagePool(num_pages)
   replicated = (
       None
@@ -437,8 +525,9 @@ def generate(
       return jnp.asarray(x)
     return jax.device_put(np.asarray(x), replicated)
 
+  layout = pool_sharding(config, mesh)
   pool = _empty_pool(
-      config=config, num_pages=num_pages, page_size=size, sharding=replicated
+      config=config, num_pages=num_pages, page_size=size, sharding=layout
   )
   states = _empty_states(config=config, slots=slots, sharding=replicated)
   stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
@@ -473,8 +562,7 @@ def generate(
     return _pages(length + budget - 1, size)
 
   # One prefill shape per call: the longest context's length bucket.
-  bucket = decoder.cache_length(longest, config.max_sequence_length)
-  bucket = _pages(bucket, size) * size
+  bucket = prefill_length(config, longest, size)
 
   def prefill(index):
     nonlocal pool
@@ -491,6 +579,8 @@ def generate(
         put(np.int32(len(context))),
         put(table),
         config=config,
+        pool_layout=layout,
+        replicated=replicated,
     )
     figures["prefill_passes"] += 1
     state = _Context(len(context), pages, last, context_states, g)
@@ -573,6 +663,8 @@ def generate(
         chunk=engine.chunk,
         greedy=options.greedy,
         filtered=options.filtered,
+        pool_layout=layout,
+        replicated=replicated,
     )
     return out
 
@@ -646,4 +738,167 @@ def generate(
       decode_calls=figures["decode_calls"],
       decode_steps=figures["decode_steps"],
       page_copies=figures["page_copies"],
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredEngine:
+  """The engine's programs lowered for abstract arguments (`lower`).
+
+  Attributes:
+    programs: "prefill" (one context of `prefill_length` tokens) and
+      "decode" (`chunk` steps of every slot over the widest table), as
+      `jax.stages.Lowered`.
+    pool: the page pool's shapes and shardings.
+    states: the slots' recurrent states' ({} without recurrent layers).
+    logits: the slots' next-token logits'.
+    num_pages: the pool's pages.
+    width: pages of a slot's table.
+    prefill_length: tokens of the prefill program.
+  """
+
+  programs: dict
+  pool: Any
+  states: Any
+  logits: Any
+  num_pages: int
+  width: int
+  prefill_length: int
+
+
+def check_lowering(
+    config, num_slots: int, length: int, prompt_length: int
+) -> None:
+  """`lower`'s shape arguments, checked.
+
+  Raises:
+    TypeError/ValueError: one line naming the argument.
+  """
+  checks.check_int("num_slots", num_slots, 1)
+  checks.check_int("length", length, 2)
+  if length > config.max_sequence_length:
+    raise ValueError(
+        f"length={length} exceeds max_sequence_length="
+        f"{config.max_sequence_length}"
+    )
+  checks.check_int("prompt_length", prompt_length, 1)
+  if prompt_length >= length:
+    raise ValueError(
+        f"prompt_length={prompt_length} leaves no new token of length="
+        f"{length}"
+    )
+
+
+def lower(
+    params: Any,
+    config: Any,
+    *,
+    num_slots: int,
+    length: int,
+    prompt_length: int,
+    engine: EngineOptions = EngineOptions(),
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> LoweredEngine:
+  """Lowers the prefill and decode programs `generate` runs, unrun.
+
+  The arguments are the ones `generate` passes for `num_slots` slots of
+  sequences of up to `length` positions (context plus max_new_tokens) and
+  contexts of up to `prompt_length` ids: the pool placed as
+  `pool_sharding` says, the states, logits and per-slot arrays replicated
+  over `mesh`, the parameters as `params`' shapes and shardings say.
+  Decode is the widest view's (every page of a table: the most memory of
+  the view buckets), drawing by temperature without top-k or top-p (as a
+  rollout at temperature 1 and top-p 1 does).
+
+  Args:
+    params: the parameters' `jax.ShapeDtypeStruct`s (with shardings on
+      `mesh`).
+    config: the model's config or the run's.
+    num_slots: sequences decoded together (>= 1).
+    length: positions of the longest sequence (<= max_sequence_length).
+    prompt_length: ids of the longest context (< length).
+    engine: page size, pages (0 = `pool_pages`' default) and chunk; its
+      num_slots is not read.
+    mesh: the devices' mesh; None = one device.
+
+  Returns:
+    The programs and the engine's arrays' shapes.
+
+  Raises:
+    ValueError: a length or slot count out of range (one line).
+  """
+  config = model_config.of(config)
+  check_lowering(config, num_slots, length, prompt_length)
+  size = engine.page_size
+  width = table_width(config, length, size)
+  num_pages = pool_pages(engine, num_slots, width)
+  bucket = prefill_length(config, prompt_length, size)
+  replicated = (
+      None
+      if mesh is None
+      else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  )
+
+  def placed(tree):
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+        tree,
+    )
+
+  def shape(dtype, *dims):
+    return jax.ShapeDtypeStruct(dims, dtype, sharding=replicated)
+
+  layout = pool_sharding(config, mesh)
+  pool = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=layout),
+      jax.eval_shape(
+          functools.partial(paged_model.init_pool, config, num_pages, size)
+      ),
+  )
+  states = placed(
+      jax.eval_shape(functools.partial(kv_cache.init_states, config, num_slots))
+  )
+  logits = shape(jnp.float32, num_slots, config.vocab_size)
+  i32 = jnp.int32
+  prefill = _prefill.lower(
+      params,
+      pool,
+      shape(i32, 1, bucket),
+      shape(i32),
+      shape(i32, 1, bucket // size),
+      config=config,
+      pool_layout=layout,
+      replicated=replicated,
+  )
+  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  decode = _decode.lower(
+      params,
+      pool,
+      states,
+      logits,
+      shape(i32, num_slots, width),
+      *(shape(i32, num_slots) for _ in range(4)),  # steps .. rows
+      shape(jnp.bool_, num_slots),
+      shape(i32),  # stop_after
+      shape(key.dtype, *key.shape),
+      shape(jnp.float32),  # temperature
+      shape(i32),  # top_k
+      shape(jnp.float32),  # top_p
+      shape(i32, _STOP_SLOTS),
+      shape(i32),  # allowed_vocab
+      config=config,
+      chunk=engine.chunk,
+      greedy=False,
+      filtered=False,
+      pool_layout=layout,
+      replicated=replicated,
+  )
+  return LoweredEngine(
+      programs={"prefill": prefill, "decode": decode},
+      pool=pool,
+      states=states,
+      logits=logits,
+      num_pages=num_pages,
+      width=width,
+      prefill_length=bucket,
   )
