@@ -342,11 +342,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 0.1
   # Clip gradients to this global L2 norm. 0 = no clipping.
   config.grad_clip_norm = 1.0
-  # The optimizer apply reuses the parameters' and optimizer state's memory
-  # (one copy on the device; the step's metrics are flushed first, so the
-  # device waits for that fetch). False keeps both copies until the flush
-  # has decided, letting the device run the apply during the fetch: faster
-  # where memory allows (see docs/training.md, "One copy of the training
+  # The program that takes the optimizer update (the step's last
+  # micro-step; with K = 1 the update program) reuses the parameters' and
+  # optimizer state's memory: one copy on the device, and a step whose
+  # values are already lost is refused before it. False keeps both copies
+  # until the step's metrics are flushed, so that any failed flush leaves
+  # the old state (see docs/training.md, "One copy of the training
   # state").
   config.donate_state = True
 

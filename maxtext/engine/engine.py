@@ -1,60 +1,75 @@
 """The training engine: gradient accumulation, optimizer step, step metrics.
 
-One training step is K = `gradient_accumulation_steps` calls of `fwd_bwd` (one
-jitted dispatch each) followed by one `update()` (three dispatches: the
-gradient measure, the flush's concatenation, the optimizer apply), whatever K
-and the number of metrics:
+One training step is K = `gradient_accumulation_steps` calls of `fwd_bwd`
+(one dispatch each, of one compiled program; with K = 1 two: the
+micro-step, then the update) followed by one `update()` (one dispatch: the
+flush's concatenation): K + 1 device operations with K > 1, 3 with K = 1,
+whatever the number of metrics.
 
-* `fwd_bwd(micro_batch)` runs the micro-step: `jax.value_and_grad(loss_fn)`,
-  the gradients added into the engine's accumulator, a device buffer
-  allocated by the first micro-batch that lives from then on and is donated
-  to every micro-step, so XLA adds in place (with K = 1 the gradients become
-  the accumulator). It returns the loss and the scalar aux metrics packed in
-  one array, which the engine buffers with `MetricsRecorder.buffer_packed`
-  (host lists, no device op); weighted aux metrics go through the per-name
-  path, and a `SummedMetric` is declared to the recorder as a sum.
-* `update()` dispatches `measure`, a small program reading the accumulator:
-  the mean gradient's global norm, whether it is finite, and the learning
-  rate (`grad_norm`, `step_skipped`, `learning_rate`, buffered packed like
-  the micro-batch metrics). It then flushes the recorder (one concatenation
-  and one transfer for the whole step) and dispatches the optimizer apply
-  (which clips the mean gradient to `grad_clip_norm` with the norm already
-  measured). A value that cannot be fetched raises with parameters,
-  optimizer state, step counter and accumulator unchanged, and a non-finite
-  step keeps the old state. `update()` advances `step` and returns the
-  step's flushed `MetricsBuffer` without waiting for the apply, so the host
-  prepares the next step while the device runs it.
+* `fwd_bwd(micro_batch)` runs the micro-step: `jax.value_and_grad(loss_fn)`
+  and, with K > 1, the gradients added into the engine's accumulator (a
+  device buffer that lives from the first micro-batch on and is donated to
+  every micro-step, so XLA adds in place). The step's last micro-batch
+  also takes the step's update in the same program: the mean gradient's
+  global norm, whether it is finite, the clipping and the optimizer step,
+  which runs only when the norm is finite (a `cond` inside the program: a
+  skipped step keeps parameters and optimizer state). Parameters and
+  optimizer state are donated to it (`donate_state`), so XLA updates them
+  in place. With K = 1 the same update is a program of its own,
+  dispatched right after the micro-step, which returns the gradients: on
+  the TPU compiler of the lock one program for both needs more memory
+  than the two (`maxtext/engine/step_programs.py`). The micro-step returns
+  the loss and the scalar aux metrics packed in one array, which the
+  engine buffers with `MetricsRecorder.buffer_packed` (host lists, no
+  device op); the program that takes the update also returns
+  `learning_rate`, `grad_norm` and `step_skipped`, packed the same way.
+  Weighted aux metrics go through the per-name path, and a `SummedMetric`
+  is declared to the recorder as a sum.
+* `update()` flushes the recorder (one concatenation and one transfer for
+  the whole step), advances `step` and returns the step's flushed
+  `MetricsBuffer`.
 
-Two ways to keep that contract (`donate_state`):
+The recorder's guarantee (nothing is applied when the step's metrics
+cannot be flushed) is kept by where the decision is taken, with
+`donate_state` choosing how:
 
-* True (the default): one copy of the training state. The flush runs first
-  and decides: only once it has succeeded, and says the gradients were
-  finite, is the apply dispatched, with parameters and optimizer state
-  donated, so XLA updates them in place (a skipped step runs no apply). The
-  device waits for the host's flush between the measure and the apply.
-  (Selecting the old values inside a donating apply instead would cost XLA
-  temporaries of the size of the optimizer's moments.)
-* False: the apply is dispatched before the flush, without donation, and its
-  result is kept only once the flush has succeeded and says the gradients
-  were finite. The device runs the apply while the host sorts the metrics,
-  but both versions of the state exist until the flush has decided: one
-  more copy of parameters and optimizer state at every update.
+* True (the default): one copy of the training state. The update takes
+  effect with the last micro-batch, so the step's metrics are settled
+  before it is dispatched: the last `fwd_bwd` first asks the recorder
+  whether any value of the step is already lost (`check_flushable`: a
+  device value deleted after it was buffered, the failure the recorder's
+  all-or-nothing flush reports), and raises, naming the metric, with
+  nothing dispatched and parameters, optimizer state, step counter and
+  accumulator untouched. From
+  the last micro-batch to `update()` the step takes no more values
+  (`record_metrics` raises), so what the flush then meets are values
+  checked at that point and the outputs of the step's own programs. What
+  is left (a value the caller deletes after handing it over and after the
+  last micro-batch, a device failure of the step's own programs) cannot be
+  undone once the state is donated: `update()` raises, and `state` refuses
+  to give out the state until a retried `update()` succeeds, so no
+  checkpoint holds an update whose metrics were not flushed.
+* False: parameters and optimizer state are not donated; the update's new
+  state is kept aside and becomes the engine's only once `update()`'s
+  flush has succeeded (a flush that raises, for any reason, leaves the old
+  state in place). Both versions exist from the last micro-batch to the
+  flush, and the micro-steps before it copy the state they pass through.
 
-With K > 1 the accumulator stays allocated between steps: every program of a
-step has it as an argument or output, so no program's peak grows, but work
-between steps (eval, checkpoints) runs beside it. With K = 1 it is freed at
-the end of `update()`.
+With K > 1 the accumulator stays allocated between steps: every
+micro-step has it as an argument and output, so no program's peak grows,
+but work between steps (eval, checkpoints) runs beside it. With K = 1 the
+gradients are dropped once the update is dispatched.
 
-The engine is this loop over programs made elsewhere, one module per
+The engine is this sequence over programs made elsewhere, one module per
 concern:
 
 * `maxtext/engine/step_spec.py`: the constructor's arguments that shape the
   step, checked, as a `StepSpec`;
-* `maxtext/engine/step_programs.py`: the compiled programs ("allocate",
-  "micro_step", "measure", "apply", "eval"), their shardings and donation,
-  and the parameters that statistics of the forward pass move instead of
-  gradients (`statistic_rules`; DeepSeek-V3's router bias), which ride the
-  same programs with no dispatch added;
+* `maxtext/engine/step_programs.py`: the compiled programs ("allocate" and
+  "micro_step", or with K = 1 "micro_step" and "update"; "eval"), their
+  shardings and donation, and the parameters that statistics of the
+  forward pass move instead of gradients (`statistic_rules`; DeepSeek-V3's
+  router bias), which ride the same programs with no dispatch added;
 * `maxtext/engine/metric_packing.py`: the packing of a micro-step's metrics
   and the names they get (`flatten_metrics`: nested dicts become
   `name/sub`; None values, the keys `intermediate_outputs` and
@@ -67,7 +82,7 @@ concern:
   (`tools/benchmarks/memory_bench`); an engine given every program compiled
   (`executables`, e.g. from `saved_step.load`) runs them in place of its
   jitted functions and compiles none, with the same dispatches and the same
-  flush-before-apply contract.
+  guarantee.
 """
 
 from __future__ import annotations
@@ -150,13 +165,15 @@ class Engine:
       batch_sharding: None, or the micro-batch's sharding (a sharding or a
         pytree prefix of the micro-batch).
       grad_clip_norm: if > 0, the mean gradient is scaled down to this global
-        norm before the optimizer sees it, using the norm `measure` took
-        (one pass over the gradients for both the metric and the
+        norm before the optimizer sees it, using the norm the step's metrics
+        report (one pass over the gradients for both the metric and the
         clipping); `optimizer` should then not clip again. 0 = no clipping.
-      donate_state: True = one copy of parameters and optimizer state (the
-        apply donates them, dispatched after the flush); False = the apply
-        runs during the flush and both versions exist until it has decided
-        (see the module docstring).
+      donate_state: True = one copy of parameters and optimizer state
+        (donated to the program that updates them, which takes effect
+        with the last micro-batch, once the step's values are checked);
+        False = the new state is kept aside until the flush has
+        succeeded, both versions existing until then (see the module
+        docstring).
       eval_fn: `eval_fn(params, batch) -> {name: scalar}`, the eval metrics
         of one batch, given with `eval_directions` (name -> the direction
         each improves in; the names `eval_fn` returns). Neither: the eval
@@ -198,8 +215,9 @@ class Engine:
     self._param_shardings = param_shardings
     self._step = 0
     self._micro = 0
-    # The step's `measure` result, once update() has dispatched it.
-    self._update_packed = None
+    # Without donation: the step's new (params, opt_state), from its last
+    # micro-batch until update()'s flush has succeeded.
+    self._new_state = None
     # On abstract parameters (ShapeDtypeStructs) nothing is allocated, and
     # the engine can only lower its programs.
     self._params, self._opt_state = step_programs.place_state(
@@ -216,11 +234,22 @@ class Engine:
 
   # -- training ------------------------------------------------------------
 
-  def fwd_bwd(self, micro_batch) -> None:
-    """Runs one micro-batch: gradients into the accumulator, metrics buffered.
+  def fwd_bwd(self, micro_batch, *, discard: bool = False) -> None:
+    """Runs one micro-batch: gradients into the accumulator, metrics
+    buffered; after the step's last micro-batch, the step's update.
+
+    Args:
+      micro_batch: the loss_fn's batch pytree.
+      discard: on the step's last micro-batch, compute the update (every
+        program of a real step runs) but keep parameters and optimizer
+        state as they were, as for a skipped step (the warm-up before a
+        run's timed region); the step counter still advances at update().
 
     Raises:
-      ValueError: if K micro-batches already ran since the last update().
+      ValueError: if K micro-batches already ran since the last update(),
+        or (the last micro-batch) a value buffered for the step was lost
+        (`MetricsRecorder.check_flushable`); then nothing is dispatched and
+        nothing changes.
     """
     self._programs.check_concrete("fwd_bwd")
     if self._micro >= self._k:
@@ -228,11 +257,33 @@ class Engine:
           f"fwd_bwd called {self._micro + 1} times in step {self._step}, but "
           f"gradient_accumulation_steps is {self._k}; call update() first"
       )
-    packed, weighted = self._programs.micro_step(
-        self._params, micro_batch, first=self._micro == 0
+    last = self._micro == self._k - 1
+    if last:
+      # The update takes effect with this micro-batch: a value the flush
+      # could not bring home stops the step here, before anything is
+      # dispatched or donated.
+      self._recorder.check_flushable()
+    result = self._programs.micro_step(
+        self._params,
+        self._opt_state,
+        micro_batch,
+        step=self._step,
+        first=self._micro == 0,
+        last=last,
+        commit=not discard,
     )
+    if self._spec.donate:
+      self._params, self._opt_state = result.params, result.opt_state
+    elif last:
+      self._new_state = (result.params, result.opt_state)
     self._micro += 1
-    metric_packing.buffer(self._recorder, self._step, packed, weighted)
+    metric_packing.buffer(
+        self._recorder, self._step, result.packed, result.weighted
+    )
+    if last:
+      self._recorder.buffer_packed(
+          self._step, metric_packing.UPDATE_NAMES, result.update_packed
+      )
 
   def record_metrics(self, name: str, value) -> None:
     """Buffers `value` for the current step under `name` (per-name API).
@@ -240,24 +291,27 @@ class Engine:
     Nested dicts are walked as `name/sub`; None values, the key
     `intermediate_outputs` and tuple/list values are skipped. Every leaf goes
     through `MetricsRecorder.buffer_metrics` (validated on the host).
+
+    Raises:
+      ValueError: with `donate_state`, between the step's last micro-batch
+        and update(): its update has taken effect, so its metrics are
+        settled (record them before the last micro-batch).
     """
     if not isinstance(name, str):
       raise TypeError(f"metric name must be a str; got {name!r}")
+    if self._spec.donate and self._micro == self._k:
+      raise ValueError(
+          f"metric {name!r}: step {self._step}'s update took effect with its "
+          "last micro-batch, which settled its metrics; record them before "
+          "the last fwd_bwd (or after update(), for the next step)"
+      )
     for full_name, leaf in flatten_metrics(name, value):
       self._recorder.buffer_metrics(self._step, full_name, leaf)
 
-  def update(
-      self, *, discard: bool = False, release: bool = False
-  ) -> metrics_recorder.MetricsBuffer:
-    """Measures the mean gradient, flushes the step's metrics and runs the
-    optimizer; keeps its result only if the flush succeeded and the
-    gradients were finite.
+  def update(self, *, release: bool = False) -> metrics_recorder.MetricsBuffer:
+    """Flushes the step's metrics and completes the step.
 
     Args:
-      discard: keep parameters and optimizer state as they were, as for a
-        step with non-finite gradients, but have every program of a real
-        update compiled (the warm-up before a run's timed region): the
-        donating apply is compiled, not run; the step counter advances.
       release: the returned buffer leaves the recorder (the caller keeps
         it), so a training loop's recorder history never grows.
 
@@ -267,52 +321,22 @@ class Engine:
 
     Raises:
       ValueError: if fewer than K micro-batches ran this step.
-      Whatever `MetricsRecorder.flush` raises; then parameters, optimizer
-        state, step counter and accumulator are untouched, and the step's
-        measure stays buffered for a retried update().
+      Whatever `MetricsRecorder.flush` raises; then the step counter and
+        the recorder are untouched and update() may be retried. Without
+        donation parameters and optimizer state are the step's old ones;
+        with it the update has taken effect and `state` refuses to give it
+        out until a retried update() succeeds (module docstring).
     """
     if self._micro != self._k:
       raise ValueError(
           f"update() after {self._micro} micro-batches in step {self._step}; "
           f"gradient_accumulation_steps is {self._k}"
       )
-    if self._update_packed is None:
-      # Once per step: an update() retried after a failed flush finds the
-      # step's measure buffered already.
-      self._update_packed = self._programs.measure(self._step)
-      self._recorder.buffer_packed(
-          self._step, metric_packing.UPDATE_NAMES, self._update_packed
-      )
-    args = (self._params, self._opt_state, self._update_packed)
-    # The flush's own launches are dispatched first (prefetch), so on a
-    # device that runs programs in order the fetch does not wait for the
-    # optimizer.
-    self._recorder.prefetch()
-    if self._spec.donate:
-      # The flush decides before anything is donated: a value that cannot be
-      # fetched raises here with nothing changed. The apply then updates the
-      # state in place, unless the step's gradients were not finite. The
-      # flag comes from the global gradient norm, the same on every process,
-      # so all processes run the apply or not alike.
-      self._recorder.flush()
-      buffer = self._recorder.get_step_metrics(self._step)
-      if discard:
-        self._programs.compile_apply(*args)
-      elif not buffer.scalar_metrics["step_skipped"][-1] > 0:
-        self._params, self._opt_state = self._programs.apply(*args)
-    else:
-      # The apply runs on the device while the host fetches and sorts the
-      # step's metrics; nothing is donated, so until the flush has succeeded
-      # and says the gradients were finite (the same flag on every process)
-      # parameters, optimizer state, accumulator and step are untouched, and
-      # a flush that raises drops the apply's result.
-      new_params, new_opt_state = self._programs.apply(*args)
-      self._recorder.flush()
-      buffer = self._recorder.get_step_metrics(self._step)
-      if not discard and not buffer.scalar_metrics["step_skipped"][-1] > 0:
-        self._params, self._opt_state = new_params, new_opt_state
-    self._programs.end_step()
-    self._update_packed = None
+    self._recorder.flush()
+    buffer = self._recorder.get_step_metrics(self._step)
+    if self._new_state is not None:
+      self._params, self._opt_state = self._new_state
+      self._new_state = None
     self._step += 1
     self._micro = 0
     if release:
@@ -344,8 +368,8 @@ class Engine:
     return step_programs.program_names(self._k)
 
   def lower(self, micro_batch) -> dict[str, jax.stages.Lowered]:
-    """Lowers the programs one training step runs, without running them:
-    "micro_step", "measure" and "apply" -> `jax.stages.Lowered`
+    """Lowers the program one training step runs, without running it:
+    {"micro_step": `jax.stages.Lowered`}
     (`step_lowering.lower_step`). `micro_batch` may hold arrays or
     `jax.ShapeDtypeStruct`s: only its shapes are read.
     """
@@ -358,7 +382,7 @@ class Engine:
   ) -> dict[str, jax.stages.Lowered]:
     """Lowers every program the engine runs (`program_names()`).
 
-    `lower`'s three, the accumulator's allocation (with K > 1) and the
+    `lower`'s micro-step, the accumulator's allocation (with K > 1) and the
     eval of `eval_batch` (shapes as for `micro_batch`): compiled, they are
     what the `executables` argument takes.
     """
@@ -370,6 +394,7 @@ class Engine:
     """Drops the recorder's buffers and the gradient accumulator."""
     self._recorder.cleanup()
     self._programs.release()
+    self._new_state = None
 
   # -- state ---------------------------------------------------------------
 
@@ -383,7 +408,8 @@ class Engine:
 
   @property
   def donates_state(self) -> bool:
-    """Whether the apply donates parameters and optimizer state."""
+    """Whether the step donates parameters and optimizer state to the
+    program that updates them."""
     return self._spec.donate
 
   @property
@@ -401,7 +427,18 @@ class Engine:
 
   @property
   def state(self) -> dict:
-    """The checkpointable state: {"params", "opt_state", "step"}."""
+    """The checkpointable state: {"params", "opt_state", "step"}.
+
+    Raises:
+      RuntimeError: with `donate_state`, between the step's last
+        micro-batch and update(): the update has taken effect but its
+        metrics are not flushed yet.
+    """
+    if self._spec.donate and self._micro == self._k:
+      raise RuntimeError(
+          f"step {self._step}'s update took effect with its last micro-batch "
+          "and its metrics are not flushed yet; call update() first"
+      )
     return {
         "params": self._params,
         "opt_state": self._opt_state,

@@ -109,6 +109,74 @@ class FlattenTest(parameterized.TestCase):
     self.assertEqual(set(buf.weighted_metrics), {"user/w"})
 
 
+def three_program_steps(k, clip, steps):
+  """What the step computed as three programs (micro-steps, then the
+  gradient measure, then the optimizer apply after the flush), in plain
+  JAX: the reference for the fused step.
+
+  Args:
+    k: micro-batches per step.
+    clip: the global norm the mean gradient is clipped to (0 = none).
+    steps: per step, its k micro-batches.
+
+  Returns:
+    (params, opt_state, losses per micro-batch, grad_norm per step,
+    step_skipped per step).
+  """
+  loss_fn = make_loss_fn()
+  params, opt = make_params(), optax.adam(0.05)
+  opt_state = opt.init(params)
+  losses, norms, skipped = [], [], []
+  for batches in steps:
+    grad_sum = None
+    for b in batches:
+      (loss, _), g = jax.value_and_grad(loss_fn, has_aux=True)(params, b)
+      losses.append(float(loss))
+      grad_sum = g if grad_sum is None else jax.tree.map(jnp.add, grad_sum, g)
+    mean = jax.tree.map(lambda a: a / k, grad_sum)
+    norm = float(optax.tree.norm(mean))
+    norms.append(norm)
+    skipped.append(0.0 if np.isfinite(norm) else 1.0)
+    if skipped[-1]:
+      continue
+    if clip:
+      mean, _ = optax.clip_by_global_norm(clip).update(mean, None)
+    updates, opt_state = opt.update(mean, opt_state, params)
+    params = optax.apply_updates(params, updates)
+  return params, opt_state, losses, norms, skipped
+
+
+class FusedStepTest(parameterized.TestCase):
+  """The fused step trains as the three-program step did."""
+
+  @parameterized.product(k=(1, 2, 4), clip=(0.0, 0.5), donate=(True, False))
+  def test_losses_and_parameters_equal_the_three_program_step(
+      self, k, clip, donate
+  ):
+    # Four steps; the second one's gradients are not finite (skipped).
+    # Scaled targets put the gradient norm far above the clip.
+    steps = [make_batches(k, seed=s, scale=20.0) for s in range(4)]
+    steps[1][k - 1]["x"][0, 0] = np.inf
+    params, opt_state, losses, norms, skipped = three_program_steps(
+        k, clip, steps
+    )
+    eng = make_engine(k=k, donate_state=donate, grad_clip_norm=clip)
+    got = {"loss": [], "grad_norm": [], "step_skipped": []}
+    for batches in steps:
+      for b in batches:
+        eng.fwd_bwd(b)
+      buf = eng.update()
+      for name, values in got.items():
+        values.extend(buf.scalar_metrics[name])
+    self.assertEqual(got["step_skipped"], skipped)
+    self.assertEqual(skipped, [0.0, 1.0, 0.0, 0.0])
+    self.assertTrue(clip == 0 or min(np.array(norms)[[0, 2, 3]]) > clip)
+    np.testing.assert_allclose(got["loss"], losses, rtol=1e-5)
+    np.testing.assert_allclose(got["grad_norm"], norms, rtol=1e-5)
+    chex.assert_trees_all_close(eng.params, params, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(eng.opt_state, opt_state, rtol=1e-5, atol=1e-6)
+
+
 class EngineTest(parameterized.TestCase):
 
   def test_released_buffer_leaves_the_recorder(self):
@@ -252,35 +320,83 @@ class EngineTest(parameterized.TestCase):
     np.testing.assert_array_equal(buf.scalar_metrics["step_skipped"], [0.0])
     self.assertTrue(np.isfinite(buf.scalar_metrics["grad_norm"][0]))
 
-  @parameterized.named_parameters(("donating", True), ("overlapping", False))
-  def test_update_with_unconvertible_value_leaves_state_untouched(self, donate):
-    eng = make_engine(donate_state=donate)
-    for b in make_batches(K):
+  @parameterized.named_parameters(
+      ("k1_donating", 1, True),
+      ("k3_donating", K, True),
+      ("k1_overlapping", 1, False),
+      ("k3_overlapping", K, False),
+  )
+  def test_lost_value_stops_the_step_before_its_update(self, k, donate):
+    # The recorder's failure: a value whose device buffer was deleted
+    # before the flush. The step's last micro-batch, which would take its
+    # update, finds it first: nothing is dispatched, nothing changes.
+    eng = make_engine(k=k, donate_state=donate)
+    batches = make_batches(k)
+    for b in batches[:-1]:
       eng.fwd_bwd(b)
     doomed = jnp.float32(1.0)
     eng.record_metrics("user", {"doomed": doomed})
     doomed.delete()
-    params, opt_state = eng.params, eng.opt_state
-    # The engine has no public view of its gradient accumulator; its
-    # programs (maxtext/engine/step_programs.py) hold it.
-    acc = eng._programs.grad_acc  # pylint: disable=protected-access
-    acc_values = jax.tree.map(np.asarray, acc)
-    # With the step's measure: learning_rate, grad_norm, step_skipped.
-    pending = eng.recorder.pending_count() + 3
-    with self.assertRaisesRegex(ValueError, "metric 'user/doomed'"):
-      eng.update()
-    # A retry measures nothing twice.
-    with self.assertRaisesRegex(ValueError, "metric 'user/doomed'"):
-      eng.update()
-    self.assertIs(eng.params, params)
-    self.assertIs(eng.opt_state, opt_state)
-    # The engine has no public view of its gradient accumulator.
-    acc_now = eng._programs.grad_acc  # pylint: disable=protected-access
-    self.assertIs(acc_now, acc)
-    chex.assert_trees_all_equal(jax.tree.map(np.asarray, acc), acc_values)
+    params = jax.tree.map(np.asarray, eng.params)
+    opt_state = jax.tree.map(np.asarray, eng.opt_state)
+    pending = eng.recorder.pending_count()
+    with dispatch_counter.count_dispatches() as count:
+      with self.assertRaisesRegex(ValueError, "metric 'user/doomed'"):
+        eng.fwd_bwd(batches[-1])
+      # A retry finds it again.
+      with self.assertRaisesRegex(ValueError, "metric 'user/doomed'"):
+        eng.fwd_bwd(batches[-1])
+    self.assertEqual(count[0], 0)
+    self.assertFalse(jax.tree.leaves(eng.params)[0].is_deleted())
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, eng.params), params)
+    chex.assert_trees_all_equal(
+        jax.tree.map(np.asarray, eng.opt_state), opt_state
+    )
     self.assertEqual(eng.step, 0)
-    self.assertEqual(eng.micro_batches_done, K)
+    self.assertEqual(eng.micro_batches_done, k - 1)
     self.assertEqual(eng.recorder.pending_count(), pending)
+    with self.assertRaisesRegex(ValueError, "after 0 micro-batches|after 2"):
+      eng.update()
+
+  def test_donating_step_takes_no_value_after_its_update(self):
+    eng = make_engine()
+    for b in make_batches(K):
+      eng.fwd_bwd(b)
+    # The update has taken effect: the step's metrics are settled, and its
+    # state is not given out before they are flushed.
+    with self.assertRaisesRegex(ValueError, "before the last fwd_bwd"):
+      eng.record_metrics("late", 1.0)
+    with self.assertRaisesRegex(RuntimeError, "call update\\(\\) first"):
+      _ = eng.state
+    buf = eng.update()
+    self.assertNotIn("late", buf.scalar_metrics)
+    self.assertEqual(int(eng.state["step"]), 1)
+    eng.record_metrics("next", 1.0)  # The next step's.
+    np.testing.assert_array_equal(
+        eng.recorder.get_step_metrics(1).scalar_metrics["next"], [1.0]
+    )
+
+  @parameterized.named_parameters(("k1", 1), ("k3", K))
+  def test_overlapping_update_rolls_back_when_the_flush_fails(self, k):
+    # Without donation the old state lives until the flush has decided:
+    # any flush failure, even of a value lost after the last micro-batch,
+    # leaves it in place.
+    eng = make_engine(k=k, donate_state=False)
+    params = eng.params
+    opt_state = eng.opt_state
+    for b in make_batches(k):
+      eng.fwd_bwd(b)
+    doomed = jnp.float32(1.0)
+    eng.record_metrics("user", {"doomed": doomed})
+    doomed.delete()
+    for _ in range(2):  # A retry fails alike.
+      with self.assertRaisesRegex(ValueError, "metric 'user/doomed'"):
+        eng.update()
+      self.assertIs(eng.params, params)
+      self.assertIs(eng.opt_state, opt_state)
+      self.assertEqual(eng.step, 0)
+      self.assertEqual(eng.micro_batches_done, k)
+    self.assertEqual(int(eng.state["step"]), 0)
     # The public readers flush the pending (deleted) value; read it unflushed.
     history = eng.recorder._history  # pylint: disable=protected-access
     self.assertEqual(history[0].scalar_metrics, {})
@@ -293,7 +409,7 @@ class EngineTest(parameterized.TestCase):
       eng.fwd_bwd(b)
     eng.update()
     jax.block_until_ready(eng.params)
-    # One copy: the apply took the old buffers over.
+    # One copy: the update took the old buffers over.
     self.assertTrue(params["w"].is_deleted())
     self.assertTrue(
         all(
@@ -322,20 +438,20 @@ class EngineTest(parameterized.TestCase):
       results.append(jax.tree.map(np.asarray, eng.state))
     chex.assert_trees_all_close(results[0], results[1], rtol=1e-6)
 
-  @parameterized.named_parameters(("donating", True), ("overlapping", False))
-  def test_discarded_update_keeps_the_state(self, donate):
-    eng = make_engine(donate_state=donate)
+  @parameterized.product(k=(1, K), donate=(True, False))
+  def test_discarded_update_keeps_the_state(self, k, donate):
+    eng = make_engine(k=k, donate_state=donate)
     params0 = jax.tree.map(np.asarray, eng.params)
     opt0 = jax.tree.map(np.asarray, eng.opt_state)
-    for b in make_batches(K):
-      eng.fwd_bwd(b)
-    buf = eng.update(discard=True)
+    for b in make_batches(k):
+      eng.fwd_bwd(b, discard=True)
+    buf = eng.update()
     np.testing.assert_array_equal(buf.scalar_metrics["step_skipped"], [0.0])
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, eng.params), params0)
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, eng.opt_state), opt0)
     self.assertEqual(eng.step, 1)
     # The next, real, update trains.
-    for b in make_batches(K):
+    for b in make_batches(k):
       eng.fwd_bwd(b)
     eng.update()
     self.assertFalse(np.array_equal(np.asarray(eng.params["w"]), params0["w"]))
@@ -358,23 +474,21 @@ class EngineTest(parameterized.TestCase):
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), make_batches(1)[0]
     )
     lowered = eng.lower(batch)
-    self.assertEqual(list(lowered), ["micro_step", "measure", "apply"])
-    micro = lowered["micro_step"].compile().memory_analysis()
+    self.assertEqual(list(lowered), ["micro_step"])
+    memory = lowered["micro_step"].compile().memory_analysis()
     # The accumulator (float32 like the parameters) is donated and updated
-    # in place.
+    # in place; so are the parameters and Adam's two moments when donated
+    # (the count may stay apart).
     param_bytes = sum(x.size * 4 for x in jax.tree.leaves(abstract))
-    self.assertGreaterEqual(micro.alias_size_in_bytes, param_bytes)
-    memory = lowered["apply"].compile().memory_analysis()
-    # The parameters and Adam's two moments (the count may stay apart).
-    state_bytes = 3 * sum(x.size * 4 for x in jax.tree.leaves(abstract))
     if donate:
-      self.assertGreaterEqual(memory.alias_size_in_bytes, state_bytes)
+      self.assertGreaterEqual(memory.alias_size_in_bytes, 4 * param_bytes)
     else:
-      self.assertEqual(memory.alias_size_in_bytes, 0)
+      self.assertGreaterEqual(memory.alias_size_in_bytes, param_bytes)
+      self.assertLess(memory.alias_size_in_bytes, 2 * param_bytes)
     with self.assertRaisesRegex(RuntimeError, "abstract parameters"):
       eng.fwd_bwd(make_batches(1)[0])
     self.assertEqual(
-        list(make_engine(k=1).lower(batch)), ["micro_step", "measure", "apply"]
+        list(make_engine(k=1).lower(batch)), ["micro_step", "update"]
     )
 
   def test_micro_batch_count_must_match(self):
@@ -388,10 +502,12 @@ class EngineTest(parameterized.TestCase):
       eng.fwd_bwd(b[2])
     eng.update()
 
-  @parameterized.named_parameters(("m5", 3), ("m40", 38))
-  def test_device_ops_per_micro_batch_and_update_independent_of_m(self, extra):
-    eng = make_engine(make_loss_fn(num_extra=extra))
-    batches = make_batches(K)
+  @parameterized.product(extra=(3, 38), k=(1, 2, 4))
+  def test_device_ops_per_micro_batch_and_update_independent_of_m(
+      self, extra, k
+  ):
+    eng = make_engine(make_loss_fn(num_extra=extra), k=k)
+    batches = make_batches(k)
     with dispatch_counter.count_dispatches() as count:
       for _ in range(2):  # The first round compiles.
         per_micro = []
@@ -402,10 +518,11 @@ class EngineTest(parameterized.TestCase):
         before = count[0]
         buf = eng.update()
         per_update = count[0] - before
-    self.assertEqual(per_micro, [1] * K)
-    # The gradient measure, one concatenation at the flush (micro-batch and
-    # update metrics), one optimizer apply.
-    self.assertEqual(per_update, 3)
+    # K + 1 with K > 1: the micro-steps (the last one takes the update)
+    # and one concatenation at the flush (micro-batch and update metrics).
+    # K + 2 with K = 1: the micro-step and the update are two programs.
+    self.assertEqual(per_micro, [1] * k if k > 1 else [2])
+    self.assertEqual(per_update, 1)
     self.assertLen(buf.scalar_metrics, 6 + extra)
 
   @parameterized.named_parameters(("k1", 1), ("k2", 2), ("k3", 3), ("k5", 5))
@@ -421,17 +538,13 @@ class EngineTest(parameterized.TestCase):
     # The recorder's concatenation is shared by every engine of the
     # process, so whether it compiles here depends on the tests before.
     own = sorted(name for name in compiled if "_concat_groups" not in name)
-    # K = 1 accumulates nothing: no accumulator to allocate, no flag.
+    # K = 1 accumulates nothing: no accumulator to allocate, no flag; its
+    # update is a program of its own.
     self.assertEqual(
         own,
-        ["jit(apply)", "jit(measure)", "jit(single_micro_step)"]
+        ["jit(single_micro_step)", "jit(update)"]
         if k == 1
-        else [
-            "jit(allocate)",
-            "jit(apply)",
-            "jit(measure)",
-            "jit(micro_step)",
-        ],
+        else ["jit(allocate)", "jit(micro_step)"],
     )
 
   def test_metric_names_follow_the_program_that_ran(self):
@@ -464,10 +577,11 @@ class EngineTest(parameterized.TestCase):
     eng = make_engine(loss_fn)
     batches = make_batches(K)
     counts = [float(np.sum(b["x"] > 0)) for b in batches]
+    eng.record_metrics("user", {"n": mr.SummedMetric(2.0)})
     for b in batches:
       eng.fwd_bwd(b)
-    eng.record_metrics("user", {"n": mr.SummedMetric(2.0)})
-    eng.record_metrics("user", {"n": mr.SummedMetric(3.0)})
+      if b is batches[0]:
+        eng.record_metrics("user", {"n": mr.SummedMetric(3.0)})
     buf = eng.update()
     # Each micro-batch's own value is buffered; the step's value is their
     # sum, with no knowledge of K on either side.
@@ -486,18 +600,26 @@ class EngineTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, "metric 'bad'.*one scalar"):
       eng.fwd_bwd(make_batches(1)[0])
 
-  def test_update_launches_the_flush_before_the_optimizer(self):
-    # The flush's concatenation goes first, so on a device that runs programs
-    # in order the host's fetch never waits for the optimizer.
-    eng = make_engine(make_loss_fn(num_extra=0))
-    batches = make_batches(K)
+  @parameterized.named_parameters(("k1", 1), ("k3", K))
+  def test_the_last_micro_step_takes_the_update(self, k):
+    # The step's programs: K micro-steps, the last of which updates, then
+    # the flush's concatenation; no program between them reads a gradient.
+    # With K = 1 the update follows the micro-step as a program of its own.
+    eng = make_engine(make_loss_fn(num_extra=0), k=k)
+    batches = make_batches(k)
     for _ in range(2):  # The first round compiles.
-      for b in batches:
-        eng.fwd_bwd(b)
       with dispatch_counter.record_launches() as launches:
+        for b in batches:
+          eng.fwd_bwd(b)
         eng.update()
     self.assertEqual(
-        launches, ["jit(measure)", "jit(_concat_groups)", "jit(apply)"]
+        launches,
+        (
+            ["jit(micro_step)"] * k
+            if k > 1
+            else ["jit(single_micro_step)", "jit(update)"]
+        )
+        + ["jit(_concat_groups)"],
     )
 
   def test_eval_step_defaults_to_the_loss(self):
@@ -594,7 +716,7 @@ class EngineTest(parameterized.TestCase):
 
   @parameterized.named_parameters(("clipped", 0.5), ("not_reached", 1e6))
   def test_grad_clip_norm_matches_optax_clipping(self, clip):
-    # The engine's clipping (with the norm its measure took)
+    # The engine's clipping (with the norm its update took)
     # and optax's clip_by_global_norm give the same step. Scaled targets make
     # the gradient norm far above 0.5.
     def run(optimizer, **kwargs):
@@ -819,8 +941,9 @@ class ExecutablesTest(parameterized.TestCase):
     }
     self.assertEqual(
         list(compiled),
-        (["allocate"] if k > 1 else [])
-        + ["micro_step", "measure", "apply", "eval"],
+        ["allocate", "micro_step", "eval"]
+        if k > 1
+        else ["micro_step", "update", "eval"],
     )
     own = make_engine(k=k, donate_state=donate)
     given = make_engine(k=k, donate_state=donate, executables=compiled)

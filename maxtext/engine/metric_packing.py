@@ -32,7 +32,8 @@ from maxtext.metrics import recorder as metrics_recorder
 from maxtext.metrics import values as metric_values
 
 _SKIPPED_KEYS = ("intermediate_outputs", param_statistics.KEY)
-# The metrics of the engine's `measure` program, in its output's order.
+# The metrics of the step's update, which its last micro-step returns packed
+# in this order.
 UPDATE_NAMES = ("learning_rate", "grad_norm", "step_skipped")
 
 

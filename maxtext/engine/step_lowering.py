@@ -15,7 +15,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from maxtext.engine import metric_packing
 from maxtext.engine import step_programs
 
 
@@ -43,31 +42,27 @@ def lower_step(
     micro_batch: a micro-batch pytree of arrays or `ShapeDtypeStruct`s.
 
   Returns:
-    name -> `jax.stages.Lowered`, in the order a step runs them:
-    "micro_step" (forward and backward of one micro-batch, adding into the
-    donated accumulator; run K times), "measure" (the mean gradient's
-    norm, finiteness and the learning rate) and "apply" (the optimizer
-    update, donating parameters and optimizer state when `donate_state`).
-    `.compile()` on each gives its `memory_analysis()` and
+    {"micro_step": `jax.stages.Lowered`}, and with K = 1 "update" too
+    (`step_programs.program_names`): forward and backward of one
+    micro-batch, run K times, adding into the donated accumulator (K > 1)
+    and taking the step's update on the last (the gradient norm, the skip
+    decision, the clipping and the optimizer step), parameters and
+    optimizer state donated when `donate_state`; with K = 1 the update is
+    the second program. `.compile()` gives their `memory_analysis()` and
     `cost_analysis()`. The step's one other program is the recorder's
     concatenation of the packed metrics.
   """
   params, opt_state = abstract(params), abstract(opt_state)
-  grad_acc = programs.acc_shapes
-  first = jax.ShapeDtypeStruct((), jnp.bool_)
+  flag = jax.ShapeDtypeStruct((), jnp.bool_)
   step = jax.ShapeDtypeStruct((), jnp.int32)
-  packed = jax.ShapeDtypeStruct(
-      (len(metric_packing.UPDATE_NAMES),), jnp.float32
-  )
   batch = abstract(micro_batch, sharded=False)
-  micro_args = (
-      (params, batch) if programs.k == 1 else (params, grad_acc, first, batch)
-  )
-  jitted = programs.jitted
+  jitted, acc = programs.jitted, programs.acc_shapes
+  if programs.k > 1:
+    args = (params, opt_state, acc, step, flag, flag, flag, batch)
+    return {"micro_step": jitted["micro_step"].lower(*args)}
   return {
-      "micro_step": jitted["micro_step"].lower(*micro_args),
-      "measure": jitted["measure"].lower(grad_acc, step),
-      "apply": jitted["apply"].lower(params, opt_state, grad_acc, packed),
+      "micro_step": jitted["micro_step"].lower(params, batch),
+      "update": jitted["update"].lower(params, opt_state, acc, step, flag),
   }
 
 
@@ -80,7 +75,7 @@ def lower_programs(
 ) -> dict[str, jax.stages.Lowered]:
   """Lowers every program of `step_programs.program_names(programs.k)`.
 
-  `lower_step`'s three, the accumulator's allocation (with K > 1) and the
+  `lower_step`'s programs, the accumulator's allocation (with K > 1) and the
   eval of `eval_batch` (shapes as for `micro_batch`), in that order.
   """
   lowered = lower_step(programs, params, opt_state, micro_batch)

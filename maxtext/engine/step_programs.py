@@ -4,22 +4,33 @@
 programs the engine (`maxtext/engine/engine.py`) runs, and runs them for it:
 
 * "allocate" (K > 1 only): the gradient accumulator (float32 or wider copies
-  of the parameters' shapes, sharded like them) and the two values of the
-  micro-step's `first` flag, made once on the devices.
-* "micro_step": `jax.value_and_grad(loss_fn)` of one micro-batch, the
-  gradients added into the accumulator, which is donated so XLA adds in
-  place; `first`, a traced flag, makes a step's first gradients replace the
-  accumulator's contents (a select, so a skipped step's NaN does not
-  survive). With K = 1 the micro-step takes no accumulator: its gradients
-  become it, as XLA computes them (adding into a donated buffer costs a
-  gradient-sized temporary). Both return the step's metrics packed
-  (`maxtext/engine/metric_packing.py`).
-* "measure": reads the accumulator: the mean gradient's global norm, whether
-  it is finite, and the learning rate, packed as `metric_packing.UPDATE_NAMES`.
-* "apply": the optimizer update of the mean gradient, clipped to
-  `grad_clip_norm` with the norm `measure` took; it donates parameters and
-  optimizer state when `donate_state` (see the engine's docstring for when
-  it runs).
+  of the parameters' shapes, sharded like them), made once on the devices.
+* "micro_step": one program for every micro-batch of a step.
+  `jax.value_and_grad(loss_fn)` of the micro-batch, the gradients added
+  into the accumulator, which is donated so XLA adds in place (`first`, a
+  traced flag, makes a step's first gradients replace its contents: a
+  select, so a skipped step's NaN does not survive). On the step's last
+  micro-batch (`last`, traced) a `cond` takes the step's update (`finish`
+  below); on the others it passes parameters and optimizer state through.
+  Parameters and optimizer state are donated when `donate_state`, so the
+  update is in place and a passed-through state is not copied. It returns
+  the micro-batch's metrics packed (`maxtext/engine/metric_packing.py`)
+  and the update's, `metric_packing.UPDATE_NAMES` (zeros before the last).
+* With K = 1 the micro-step ("single_micro_step") takes no accumulator,
+  no flags and no optimizer state: its gradients are its output, as XLA
+  computes them, and "update" (its own program, dispatched with the
+  micro-step) takes the step's update from them, parameters and optimizer
+  state donated when `donate_state`. One program for both would hold, on
+  the TPU compiler of the lock (libtpu 0.0.42.1), about two gradients'
+  size more temporaries than the two programs' larger one, while with K >
+  1 the fused last micro-step costs nothing over a plain one
+  (docs/PERFORMANCE.md, "The update in the step's last micro-step").
+* The step's update (`finish`, in either program): the mean gradient's
+  global norm, whether it is finite, the learning rate, and, only when the
+  norm is finite (and `commit`: a warm-up computes the update and keeps
+  the state), the optimizer step of the mean gradient clipped to
+  `grad_clip_norm` with that norm (a `cond`: a skipped step runs no
+  optimizer and leaves a donated state in place).
 * "eval": the eval function's metrics of one batch, checked against their
   declared names.
 
@@ -32,12 +43,13 @@ replicated over the parameters' mesh.
 What the programs compute comes from a `step_spec.StepSpec`. Parameters that
 statistics of the forward pass move (`step_spec.StatisticSlots`,
 `maxtext/model/param_statistics.py`) ride these programs: their accumulator
-slots sum the loss's statistics, `measure` leaves them out of the norm and
-`apply` replaces them by their rules.
+slots sum the loss's statistics, the update leaves them out of the norm and
+the optimizer and replaces them by their rules.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Optional
 
 import jax
@@ -52,8 +64,9 @@ from maxtext.engine import step_spec
 
 def program_names(k: int) -> tuple[str, ...]:
   """The programs an engine with K = `k` runs, in the order a run needs them."""
-  first = () if k == 1 else ("allocate",)
-  return first + ("micro_step", "measure", "apply", "eval")
+  if k == 1:
+    return ("micro_step", "update", "eval")
+  return ("allocate", "micro_step", "eval")
 
 
 def _checked_eval_metrics(
@@ -161,75 +174,30 @@ def _jit(
   )
 
   def allocate():
-    # The accumulator (its zeros are never read: a step's first
-    # micro-batch replaces them) and the two values of micro_step's
-    # `first` flag, made once on the devices so that no call transfers
-    # them.
-    grad_acc = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shapes)
-    return grad_acc, jnp.asarray(True), jnp.asarray(False)
+    # The accumulator; its zeros are never read: a step's first
+    # micro-batch replaces them.
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shapes)
 
-  def micro_step(params, grad_acc, first, micro_batch):
+  def gradients(params, micro_batch):
     (loss, aux), grads = jax.value_and_grad(spec.loss_fn, has_aux=True)(
         params, micro_batch
     )
-    grads = slots.with_statistics(grads, aux)
-    # A select, not a product with 0: a step's first sum is exactly its
-    # first gradients, whatever the accumulator held (a skipped step's
-    # NaN included).
-    grad_acc = jax.tree.map(
-        lambda a, g: jnp.where(first, g.astype(a.dtype), a + g.astype(a.dtype)),
-        grad_acc,
-        grads,
-    )
     packed, weighted = metric_packing.pack(loss, aux)
-    return grad_acc, packed, weighted
+    return slots.with_statistics(grads, aux), packed, weighted
 
-  def single_micro_step(params, micro_batch):
-    # K = 1: the micro-batch's gradients are the step's sum. Taking no
-    # accumulator lets them be the output as XLA computes them; adding
-    # into a donated one would cost a gradient-sized temporary.
-    (loss, aux), grads = jax.value_and_grad(spec.loss_fn, has_aux=True)(
-        params, micro_batch
-    )
-    grad_acc = jax.tree.map(
-        lambda g, s: g.astype(s.dtype),
-        slots.with_statistics(grads, aux),
-        acc_shapes,
-    )
-    packed, weighted = metric_packing.pack(loss, aux)
-    return grad_acc, packed, weighted
-
-  def measure(grad_acc, step):
-    # The update's metrics, known (and flushed) before the optimizer's
-    # result is kept or its state donated: the mean gradient's global norm
-    # (which the apply's clipping uses too), whether it is finite, and the
-    # learning rate. The statistics' slots are not gradients.
-    grad_norm = optax.tree.norm(
-        slots.gradients_only(jax.tree.map(lambda a: a / k, grad_acc))
-    )
-    finite = jnp.isfinite(grad_norm)
-    lr = jnp.asarray(spec.lr_fn(step), jnp.float32)
-    return jnp.stack(
-        [
-            lr,
-            grad_norm.astype(jnp.float32),
-            jnp.where(finite, 0.0, 1.0).astype(jnp.float32),
-        ]
-    )
-
-  def apply(params, opt_state, grad_acc, update_packed):
-    grads = jax.tree.map(lambda a, p: (a / k).astype(p.dtype), grad_acc, params)
+  def optimizer_step(params, opt_state, grads, grad_norm):
+    # `grads`: the step's mean gradient in the parameters' dtypes.
     # The step's mean statistics; the optimizer sees zeros in their slots.
     statistics = slots.only(grads)
     grads = slots.map(grads, lambda _, g: jnp.zeros_like(g))
     if spec.clip > 0:
       # Global-norm clipping as optax.clip_by_global_norm does it, with the
-      # norm of the mean gradient that `measure` took
-      # (update_packed[1]) instead of a second pass over the gradients.
-      norm = update_packed[1]
-      keep = norm < spec.clip
+      # norm the step's metrics report instead of a second pass.
+      keep = grad_norm < spec.clip
       grads = jax.tree.map(
-          lambda g: jnp.where(keep, g, (g / norm.astype(g.dtype)) * spec.clip),
+          lambda g: jnp.where(
+              keep, g, (g / grad_norm.astype(g.dtype)) * spec.clip
+          ),
           grads,
       )
     updates, new_opt = spec.optimizer.update(grads, opt_state, params)
@@ -242,33 +210,105 @@ def _jit(
     )
     return new_params, new_opt
 
+  def finish(params, opt_state, grad_sum, step, commit):
+    # The step's update, decided inside the program: the mean gradient's
+    # global norm (the statistics' slots are not gradients), whether it is
+    # finite, and the optimizer step only when it is (and `commit`: a
+    # warm-up step computes everything and keeps the state). A cond, not a
+    # select: a skipped step runs no optimizer and, with the state donated,
+    # leaves it in place.
+    mean = jax.tree.map(lambda a: a / k, grad_sum)
+    grad_norm = optax.tree.norm(slots.gradients_only(mean)).astype(jnp.float32)
+    grads = jax.tree.map(lambda m, p: m.astype(p.dtype), mean, params)
+    finite = jnp.isfinite(grad_norm)
+    params, opt_state = jax.lax.cond(
+        jnp.logical_and(finite, commit),
+        lambda: optimizer_step(params, opt_state, grads, grad_norm),
+        lambda: (params, opt_state),
+    )
+    update_packed = jnp.stack(
+        [
+            jnp.asarray(spec.lr_fn(step), jnp.float32),
+            grad_norm,
+            jnp.where(finite, 0.0, 1.0).astype(jnp.float32),
+        ]
+    )
+    return params, opt_state, update_packed
+
+  def micro_step(
+      params, opt_state, grad_acc, step, first, last, commit, micro_batch
+  ):
+    grads, packed, weighted = gradients(params, micro_batch)
+    # A select, not a product with 0: a step's first sum is exactly its
+    # first gradients, whatever the accumulator held (a skipped step's
+    # NaN included).
+    grad_acc = jax.tree.map(
+        lambda a, g: jnp.where(first, g.astype(a.dtype), a + g.astype(a.dtype)),
+        grad_acc,
+        grads,
+    )
+    # Only the step's last micro-batch updates; the others pass the state
+    # through (in place when it is donated).
+    params, opt_state, update_packed = jax.lax.cond(
+        last,
+        lambda: finish(params, opt_state, grad_acc, step, commit),
+        lambda: (
+            params,
+            opt_state,
+            jnp.zeros((len(metric_packing.UPDATE_NAMES),), jnp.float32),
+        ),
+    )
+    step = step + last.astype(step.dtype)
+    return params, opt_state, grad_acc, step, packed, weighted, update_packed
+
+  def single_micro_step(params, micro_batch):
+    # K = 1: the micro-batch's gradients are the step's sum. Taking no
+    # accumulator lets them be the output as XLA computes them; adding
+    # into a donated one would cost a gradient-sized temporary.
+    grads, packed, weighted = gradients(params, micro_batch)
+    grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, acc_shapes)
+    return grads, packed, weighted
+
+  def update(params, opt_state, grad_sum, step, commit):
+    params, opt_state, update_packed = finish(
+        params, opt_state, grad_sum, step, commit
+    )
+    return params, opt_state, step + 1, update_packed
+
   def eval_metrics_of(params, batch):
     return _checked_eval_metrics(
         spec.eval_fn(params, batch), spec.eval_directions
     )
 
-  # Without donation, parameters and optimizer state stay valid until the
-  # flush that follows the apply's dispatch has succeeded.
-  donate = (0, 1) if spec.donate else ()
-  # The accumulator is donated to each micro-step, which adds into it in
-  # place; the measure and the apply only read it.
+  # Parameters and optimizer state are donated to the program that updates
+  # them when `donate_state` (with K > 1 every micro-step, which passes
+  # them through in place before the last); the accumulator and the step
+  # counter always are.
+  state = (0, 1) if spec.donate else ()
+  update_program = None
   if k == 1:
-    micro = (single_micro_step, {}, (ps, bs))
+    micro = (single_micro_step, {}, (ps, bs), (ps, rep, rep))
+    update_program = (
+        update,
+        {"donate_argnums": state + (3,)},
+        (ps, opt_shardings, ps, rep, rep),
+        (ps, opt_shardings, rep, rep),
+    )
   else:
-    micro = (micro_step, {"donate_argnums": (1,)}, (ps, ps, rep, bs))
+    micro = (
+        micro_step,
+        {"donate_argnums": state + (2, 3)},
+        (ps, opt_shardings, ps, rep, rep, rep, rep, bs),
+        (ps, opt_shardings, ps, rep, rep, rep, rep),
+    )
   jits = {
       # name: (function, jit's keyword arguments, in_shardings, out_shardings)
-      "allocate": (allocate, {}, None, (ps, rep, rep)),
-      "micro_step": micro + ((ps, rep, rep),),
-      "measure": (measure, {}, (ps, rep), rep),
-      "apply": (
-          apply,
-          {"donate_argnums": donate},
-          (ps, opt_shardings, ps, rep),
-          (ps, opt_shardings),
-      ),
+      "allocate": (allocate, {}, None, ps),
+      "micro_step": micro,
       "eval": (eval_metrics_of, {}, (ps, bs), rep),
   }
+  if update_program is not None:
+    jits["update"] = update_program
   jitted = {}
   for name, (fn, kwargs, in_shardings, out_shardings) in jits.items():
     if explicit:
@@ -279,25 +319,53 @@ def _jit(
   return jitted, acc_shapes, opt_shardings
 
 
-class StepPrograms:
-  """A step's programs and the gradient accumulator they share.
+@dataclasses.dataclass(frozen=True)
+class MicroStepResult:
+  """What one micro-batch's programs return (on the devices, not fetched).
 
-  The accumulator is the gradient sum of the running step (between steps,
-  the last step's): allocated by the first micro-step, then donated to every
-  micro-step. With K > 1 it stays allocated between steps, as the next
-  step's first micro-batch replaces its contents (allocating it anew would
-  cost a device op per step); with K = 1 `end_step` frees it.
+  Attributes:
+    params: the parameters after the micro-step: the step's new ones after
+      its last micro-batch (the old ones when the step was skipped or
+      discarded), the same values before.
+    opt_state: the optimizer state, likewise.
+    packed: the micro-batch's metrics, packed (`metric_packing`).
+    weighted: name -> WeightedMetric of the micro-batch.
+    update_packed: after the step's last micro-batch, the step's
+      `metric_packing.UPDATE_NAMES` packed; None before.
+  """
+
+  params: Any
+  opt_state: Any
+  packed: metric_packing.PackedMetrics
+  weighted: Mapping[str, Any]
+  update_packed: Optional[jax.Array]
+
+
+class StepPrograms:
+  """A step's programs and the device values they carry between calls.
+
+  The accumulator is the gradient sum of the running step (K > 1 only):
+  allocated once, then donated to every micro-step; it stays allocated
+  between steps, as the next step's first micro-batch replaces its contents
+  (allocating it anew would cost a device op per step). With K = 1 the
+  micro-step's gradients go straight to the update and are dropped, so
+  between steps (eval, checkpoints) the devices hold the training state
+  alone. The step counter
+  (the learning rate's argument) and the micro-step's flags live on the
+  devices too, so that no call transfers them.
 
   Attributes:
     k: the micro-batches per step.
-    jitted: name -> the jitted function (what `maxtext/engine/step_lowering.py`
-      lowers), for every name of `program_names(k)` and "allocate".
+    jitted: name -> the jitted function (what
+      `maxtext/engine/step_lowering.py` lowers), for every name of
+      `program_names(k)` and "allocate".
     compiled: every program was given compiled (`executables`) and runs in
       place of its jitted function.
     acc_shapes: the accumulator's `ShapeDtypeStruct`s (with shardings).
     opt_shardings: the optimizer state's shardings (None without
       `param_shardings`).
-    grad_acc: the accumulator (None until the first micro-step).
+    grad_acc: the accumulator (None until the first micro-step; always
+      None with K = 1).
   """
 
   def __init__(
@@ -336,10 +404,15 @@ class StepPrograms:
     if self.compiled:
       run.update(check_executables(executables, spec.k))
     self._allocate, self._micro_step = run["allocate"], run["micro_step"]
-    self._measure, self._apply = run["measure"], run["apply"]
+    self._update = run.get("update")
     self.eval = run["eval"]
+    self._scalar_sharding = (
+        None if param_shardings is None else _replicated(param_shardings)
+    )
     self.grad_acc = None
-    self._first_flags = None  # micro_step's `first` values, on the devices.
+    self._flags = None  # True and False, on the devices.
+    # (the step it holds, the device counter) or None.
+    self._counter: Optional[tuple[int, jax.Array]] = None
 
   def check_concrete(self, what: str) -> None:
     """Raises RuntimeError naming `what` if the programs were made for
@@ -350,59 +423,83 @@ class StepPrograms:
           "(ShapeDtypeStructs); such an engine can only lower its programs"
       )
 
-  def micro_step(self, params, micro_batch, first: bool):
-    """Runs one micro-batch into the accumulator (one dispatch; with K > 1
-    the step's first also allocates the accumulator, once per engine).
+  def _place(self, value) -> jax.Array:
+    """A scalar on the devices, placed as the programs' scalars are."""
+    return jax.device_put(value, self._scalar_sharding)
+
+  def micro_step(
+      self,
+      params,
+      opt_state,
+      micro_batch,
+      *,
+      step: int,
+      first: bool,
+      last: bool,
+      commit: bool,
+  ) -> MicroStepResult:
+    """Runs one micro-batch: one dispatch with K > 1 (the first call also
+    allocates the accumulator, once per engine; the last one takes the
+    update), two with K = 1 (the micro-step, then the update).
 
     Args:
-      params: the parameters.
+      params: the parameters (donated when the spec says so).
+      opt_state: the optimizer state, likewise.
       micro_batch: the loss_fn's batch pytree.
+      step: the optimizer step this micro-batch belongs to (the learning
+        rate's argument).
       first: the step's first micro-batch: its gradients replace the
         accumulator's contents.
+      last: the step's last micro-batch: the step's update is taken
+        (always true with K = 1).
+      commit: with `last`, keep the update (False: compute it, keep the
+        state, as a warm-up does).
 
     Returns:
-      (packed, weighted): the micro-batch's metrics, on the devices.
+      The micro-batch's results (with `last`, the update's).
     """
+    if self._flags is None:
+      self._flags = (self._place(np.bool_(False)), self._place(np.bool_(True)))
+    if self._counter is None or self._counter[0] != step:
+      self._counter = (step, self._place(np.int32(step)))
+    counter = self._counter[1]
     if self.k == 1:
-      # end_step() freed the last step's sum.
-      self.grad_acc, packed, weighted = self._micro_step(params, micro_batch)
-      return packed, weighted
-    if self.grad_acc is None:
-      self.grad_acc, *flags = self._allocate()
-      self._first_flags = tuple(flags)  # (True, False)
-    flag = self._first_flags[0 if first else 1]
-    self.grad_acc, packed, weighted = self._micro_step(
-        params, self.grad_acc, flag, micro_batch
+      grads, packed, weighted = self._micro_step(params, micro_batch)
+      params, opt_state, counter, update_packed = self._update(
+          params, opt_state, grads, counter, self._flags[commit]
+      )
+    else:
+      if self.grad_acc is None:
+        self.grad_acc = self._allocate()
+      flags = self._flags
+      (
+          params,
+          opt_state,
+          self.grad_acc,
+          counter,
+          packed,
+          weighted,
+          update_packed,
+      ) = self._micro_step(
+          params,
+          opt_state,
+          self.grad_acc,
+          counter,
+          flags[first],
+          flags[last],
+          flags[commit],
+          micro_batch,
+      )
+    self._counter = (step + 1 if last else step, counter)
+    return MicroStepResult(
+        params, opt_state, packed, weighted, update_packed if last else None
     )
-    return packed, weighted
-
-  def measure(self, step: int) -> jax.Array:
-    """The step's `metric_packing.UPDATE_NAMES`, packed (one dispatch)."""
-    return self._measure(self.grad_acc, np.int32(step))
-
-  def apply(self, params, opt_state, update_packed):
-    """The optimizer's new (params, opt_state), donating the old ones when
-    the spec says so (one dispatch)."""
-    return self._apply(params, opt_state, self.grad_acc, update_packed)
-
-  def compile_apply(self, params, opt_state, update_packed) -> None:
-    """Compiles the apply for these arguments without running it, into the
-    cache its next call hits (a given executable is compiled already)."""
-    if not self.compiled:
-      self._apply.lower(
-          params, opt_state, self.grad_acc, update_packed
-      ).compile()
-
-  def end_step(self) -> None:
-    """Called once a step's apply is dispatched (or skipped)."""
-    if self.k == 1:
-      # Nothing reads it again: between steps (eval, checkpoints) the
-      # device holds the state alone.
-      self.grad_acc = None
 
   def release(self) -> None:
-    """Drops the accumulator."""
+    """Drops the accumulator and the values kept on the devices."""
     self.grad_acc = None
+    self._flags = None
+    self._counter = None
 
 
 def check_executables(executables: Mapping[str, Any], k: int) -> dict[str, Any]:

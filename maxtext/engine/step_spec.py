@@ -116,7 +116,8 @@ class StepSpec:
     lr_fn: step -> learning rate (only measured, the optimizer has its own).
     k: the micro-batches per step.
     clip: the global norm the mean gradient is clipped to (0 = none).
-    donate: the apply donates parameters and optimizer state.
+    donate: the step donates parameters and optimizer state to the
+      program that updates them.
     statistics: the statistic-moved parameters.
   """
 

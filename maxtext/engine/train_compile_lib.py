@@ -16,7 +16,8 @@ Per program, per device:
   temp      the compiler's temporaries (activations kept for the backward
             pass, ...)
   resident  training state on the device that is not an argument (the
-            optimizer state, during the micro-steps)
+            optimizer state beside the eval, and beside the micro-step
+            with K = 1, whose update is a program of its own)
   peak      args + out - alias + temp + resident
 """
 
@@ -253,14 +254,15 @@ def compile_step(
   setup = model_setup.setup_model(config, mesh)
   engine = inputs.make_engine(config, setup, setup.abstract_params)
   # The training state that stays on the device while a program runs
-  # without being one of its arguments: the optimizer state beside the
-  # micro-step (its arguments are the parameters and the accumulator), all of
-  # it beside the measure (its argument is the accumulator); the apply takes
-  # both.
+  # without being one of its arguments: with K > 1 the micro-step takes
+  # all of it; with K = 1 the optimizer state stays beside the micro-step
+  # (its argument is the parameters) and the update takes all of it; the
+  # optimizer state stays beside the eval.
   opt_bytes = device_bytes(engine.opt_state)
+  separate_update = "update" in engine.program_names()
   resident_bytes = {
-      "measure": device_bytes(engine.params) + opt_bytes,
-      "apply": 0,
+      "micro_step": opt_bytes if separate_update else 0,
+      "update": 0,
   }
   done = []
   kept = {}
@@ -404,12 +406,11 @@ def search(
   Tries the remat policies in `REMAT_BY_RECOMPUTATION` order and, for each,
   the micro-step counts of `accumulation_choices` from the fewest, and
   stops at the first that fits `hbm` bytes per device: every setting
-  before it recomputes more or runs more micro-steps. The optimizer apply
-  does not depend on either and is compiled once per mesh, with the first
-  setting. With `tensor`, all of that for each (context, tensor) pair of
-  `layout_choices` in turn (both move activations over the links in every
-  layer; they are chosen only when no setting fits with fewer devices a
-  row), on a mesh rebuilt from the same devices.
+  before it recomputes more or runs more micro-steps. With `tensor`, all
+  of that for each (context, tensor) pair of `layout_choices` in turn (both
+  move activations over the links in every layer; they are chosen only
+  when no setting fits with fewer devices a row), on a mesh rebuilt from
+  the same devices.
 
   Args:
     config: a validated run config (its remat policy and K, and with
@@ -439,11 +440,8 @@ def search(
   return tried, None
 
 
-def _search_mesh(
-    config, mesh, hbm, log, tried, inputs
-) -> Optional[Candidate]:
+def _search_mesh(config, mesh, hbm, log, tried, inputs) -> Optional[Candidate]:
   """`search` on one mesh: appends to `tried`; the first that fits."""
-  apply = None
   for remat in REMAT_BY_RECOMPUTATION:
     for k in accumulation_choices(config, mesh):
       candidate_config = config.copy_and_resolve_references()
@@ -455,18 +453,7 @@ def _search_mesh(
           f"tensor_parallelism={mesh_lib.tensor_size(mesh)} "
           f"remat_policy={remat} gradient_accumulation_steps={k}"
       )
-      step = compile_step(
-          candidate_config,
-          mesh,
-          programs=None if apply is None else (lambda n: n != "apply"),
-          log=log,
-          inputs=inputs,
-      )
-      if apply is None:
-        # Compiled once the micro-steps of a setting fit the compiler.
-        apply = tuple(p for p in step.programs if p.program == "apply") or None
-      elif step.out_of_memory is None:
-        step = StepCompile(step.programs + apply, None)
+      step = compile_step(candidate_config, mesh, log=log, inputs=inputs)
       candidate = Candidate(
           remat,
           k,

@@ -46,55 +46,64 @@ class ParseOutOfMemoryTest(absltest.TestCase):
 
 class CompileStepTest(absltest.TestCase):
 
-  def test_compiles_the_engines_programs_with_their_memory(self):
+  def _config(self, k):
     config = tiny_configs.tiny_config(
         self.create_tempdir().full_path,
-        gradient_accumulation_steps=2,
+        gradient_accumulation_steps=k,
         data_parallelism=1,
         fsdp_parallelism=-1,
     )
     config_lib.validate(config)
-    mesh = mesh_lib.make_mesh(config, jax.devices())
-    lines = []
-    step = train_compile_lib.compile_step(config, mesh, log=lines.append)
-    self.assertIsNone(step.out_of_memory)
-    self.assertEqual(
-        [p.program for p in step.programs],
-        ["micro_step", "measure", "apply"],
-    )
-    self.assertEqual(
-        lines[0::2],
-        ["compiling micro_step", "compiling measure", "compiling apply"],
-    )
-    self.assertEqual(step.executables, {})
-    micro, measure, apply = step.programs
-    # The optimizer state is resident during the micro-step, the parameters
-    # too during the measure, and both are arguments of the apply; AdamW's
-    # two moments are twice the parameters.
-    self.assertGreater(micro.resident, 0)
-    self.assertAlmostEqual(measure.resident / micro.resident, 1.5, delta=0.01)
-    self.assertEqual(apply.resident, 0)
-    self.assertGreaterEqual(apply.args, micro.resident * 3 // 2)
-    for p in step.programs:
-      self.assertEqual(p.peak, p.args + p.out - p.alias + p.temp + p.resident)
-    self.assertEqual(step.peak, max(p.peak for p in step.programs))
-    self.assertLen(train_compile_lib.table(step), 1 + len(step.programs))
+    return config, mesh_lib.make_mesh(config, jax.devices())
+
+  def test_compiles_the_engines_programs_with_their_memory(self):
+    for k, names in ((2, ["micro_step"]), (1, ["micro_step", "update"])):
+      with self.subTest(k=k):
+        config, mesh = self._config(k)
+        lines = []
+        step = train_compile_lib.compile_step(config, mesh, log=lines.append)
+        self.assertIsNone(step.out_of_memory)
+        self.assertEqual([p.program for p in step.programs], names)
+        self.assertEqual(lines[0::2], [f"compiling {n}" for n in names])
+        self.assertEqual(step.executables, {})
+        micro = step.programs[0]
+        if k > 1:
+          # The micro-step takes the whole training state (parameters,
+          # AdamW's two moments, the accumulator), donated: none of it is
+          # resident beside it, and its outputs reuse the arguments'
+          # buffers.
+          self.assertEqual(micro.resident, 0)
+          self.assertGreater(micro.alias, 0)
+          self.assertGreaterEqual(micro.args, micro.alias)
+        else:
+          # The optimizer state is resident beside the micro-step; the
+          # update takes the whole training state (parameters, AdamW's two
+          # moments, twice the parameters, the gradients) and updates
+          # parameters and moments in the donated buffers.
+          update = step.programs[1]
+          self.assertGreater(micro.resident, 0)
+          self.assertEqual(update.resident, 0)
+          self.assertGreaterEqual(update.args, micro.resident * 3 // 2)
+          self.assertGreaterEqual(update.alias, micro.resident * 3 // 2)
+        for p in step.programs:
+          self.assertEqual(
+              p.peak, p.args + p.out - p.alias + p.temp + p.resident
+          )
+        self.assertEqual(step.peak, max(p.peak for p in step.programs))
+        self.assertLen(train_compile_lib.table(step), 1 + len(step.programs))
 
   def test_every_program_keeps_the_runs_executables(self):
-    config = tiny_configs.tiny_config(
-        self.create_tempdir().full_path,
-        gradient_accumulation_steps=2,
-        data_parallelism=1,
-        fsdp_parallelism=-1,
-    )
-    config_lib.validate(config)
-    mesh = mesh_lib.make_mesh(config, jax.devices())
-    step = train_compile_lib.compile_step(config, mesh, every_program=True)
-    names = ["allocate", "micro_step", "measure", "apply", "eval"]
-    self.assertEqual([p.program for p in step.programs], names)
-    self.assertEqual(list(step.executables), names)
-    for compiled in step.executables.values():
-      self.assertIsInstance(compiled, jax.stages.Compiled)
+    for k, names in (
+        (2, ["allocate", "micro_step", "eval"]),
+        (1, ["micro_step", "update", "eval"]),
+    ):
+      with self.subTest(k=k):
+        config, mesh = self._config(k)
+        step = train_compile_lib.compile_step(config, mesh, every_program=True)
+        self.assertEqual([p.program for p in step.programs], names)
+        self.assertEqual(list(step.executables), names)
+        for compiled in step.executables.values():
+          self.assertIsInstance(compiled, jax.stages.Compiled)
 
   def test_search_stops_at_the_least_recomputing_fewest_steps_fit(self):
     config = tiny_configs.tiny_config(
@@ -131,7 +140,12 @@ class CompileStepTest(absltest.TestCase):
     if choice is not None:
       self.assertIs(choice, tried[-1])
       self.assertLessEqual(choice.step.peak, hbm)
-      self.assertIn("apply", [p.program for p in choice.step.programs])
+      self.assertEqual(
+          [p.program for p in choice.step.programs],
+          ["micro_step", "update"]
+          if choice.gradient_accumulation_steps == 1
+          else ["micro_step"],
+      )
     else:
       self.assertLen(tried, len(order))
 

@@ -22,7 +22,8 @@ What GRPO supplies (see `maxtext/run/workload.py`):
                    grpo_max_age 0 a rollout needs the newest parameters,
                    so nothing is read ahead; with grpo_max_age 1 the loop
                    reads step s + 1's batches once step s's micro-batches
-                   are dispatched and before its update, so rollout s + 1
+                   but the last are dispatched, before the last, which
+                   takes update s (`reads_parameters`), so rollout s + 1
                    is drawn with the parameters before update s (its
                    samples one update old when they train) and kept beside
                    each checkpoint (`pending_rollout`).
@@ -291,6 +292,9 @@ class GrpoWorkload(workload.Workload):
     self._restored: dict[int, tuple] = {}
     self._dispatched: dict[int, float] = {}
 
+  # A rollout is drawn with the engine's parameters.
+  reads_parameters = True
+
   @property
   def reads_ahead(self) -> bool:
     """Whether the loop reads step s + 1's batches before update s: with
@@ -404,14 +408,16 @@ class GrpoWorkload(workload.Workload):
     """Step `step`'s micro-batches when rollouts are drawn ahead.
 
     Called by the loop for the first step of the attempt, then for step
-    s + 1 once step s's micro-batches are dispatched and before update s:
-    a rollout it draws then has the parameters before update s. A resumed
+    s + 1 once step s's micro-batches but its last are dispatched, before
+    the last one, which takes update s (`reads_parameters`): a rollout it
+    draws then has the parameters before update s. A resumed
     attempt's first rollout is the checkpoint's (drawn as the uninterrupted
     run drew it), else, with a warning, one drawn now.
     """
     config = state.config
     if step > state.start_step:
-      # Update step - 1's micro-batches were dispatched just before.
+      # Update step - 1's micro-batches but its last were dispatched just
+      # before.
       self._dispatched[step - 1] = time.perf_counter()
     if step >= config.steps:
       return []  # Nothing is left to draw for.

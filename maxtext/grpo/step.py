@@ -16,10 +16,11 @@ The training loop (`maxtext/run/trainer.py`, through the GRPO workload) calls
 same for callers without the loop (the benchmark, tests).
 
 Rollouts drawn ahead (grpo_max_age = 1; docs/grpo.md): the loop dispatches
-update t's micro-batches, then draws rollout t + 1 with the parameters they
-read, before update t's apply (`train_ahead` is the same order without the
-loop). Every sample keeps the version of the parameters that drew it
-(`Prepared.versions`: the engine's step counter then), and the records give
+update t's micro-batches but its last, then draws rollout t + 1 with the
+parameters they read, then dispatches the last micro-batch, which takes
+update t (`train_ahead` is the same order without the loop). Every sample
+keeps the version of the parameters that drew it (`Prepared.versions`: the
+engine's step counter then), and the records give
 the trained samples' ages in updates (`rollout/age_max`,
 `rollout/age_mean`). The behaviour log-probabilities are the decoder's at
 generation, so the importance ratio of an update compares the trained
@@ -48,12 +49,11 @@ times has come back to the host, so no synchronisation is added for them):
                         inside timing/generate, whatever num_iterations is.
   timing/update         from the rollout's micro-batches being ready to the
                         engine's one metrics flush, which waits for every
-                        micro-batch and the gradient measure (with a
-                        rollout drawn ahead, the next rollout's drawing
-                        falls inside it). The optimizer
-                        apply may still be running then (the engine does not
-                        wait for it); the next phase that reads the
-                        parameters (the next rollout) waits for it instead.
+                        micro-batch, the last of which also takes the
+                        optimizer step (the update's metrics come out of
+                        the same program), so the update is complete (with
+                        a rollout drawn ahead, the next rollout's drawing
+                        falls inside it).
   timing/step           the record's whole step: from the rollout's start to
                         the update's flush for the first pass over a rollout,
                         the update alone for the later passes
@@ -492,7 +492,7 @@ class GrpoStep:
       self._engine.fwd_bwd(micro_batch)
     record = self._engine.update(release=True)
     # update() returned after its flush fetched the metrics: the K
-    # micro-batches' work is done (module docstring: the apply may not be).
+    # micro-batches' work, the optimizer step included, is done.
     self.finish(record, start)
     return record
 
@@ -502,10 +502,11 @@ class GrpoStep:
     """One update on `prepared` with rollout `next_step` drawn meanwhile.
 
     The training loop's order for grpo_max_age = 1 (the GRPO workload's
-    read-ahead): the K micro-batches are dispatched, rollout `next_step` is
-    drawn with the parameters they read (the update's apply is not yet
-    dispatched, so those parameters are neither changed nor donated, and no
-    copy of them is made), then the update flushes and applies.
+    read-ahead): the first K - 1 micro-batches are dispatched, rollout
+    `next_step` is drawn with the parameters they read (the last
+    micro-batch, which takes the update, is not yet dispatched, so those
+    parameters are neither changed nor donated, and no copy of them is
+    made), then the last micro-batch is dispatched and the update flushes.
 
     Args:
       prepared: the rollout this update trains on.
@@ -516,9 +517,11 @@ class GrpoStep:
       `next_step`, or None).
     """
     start = time.perf_counter()
-    for micro_batch in prepared.batches:
+    *head, last = prepared.batches
+    for micro_batch in head:
       self._engine.fwd_bwd(micro_batch)
     ahead = None if next_step is None else self.prepare(next_step, ahead=True)
+    self._engine.fwd_bwd(last)
     record = self._engine.update(release=True)
     self.finish(record, start, prepared)
     return record, ahead
@@ -535,7 +538,7 @@ class GrpoStep:
     Runs the step's rollout (its prompts and sampling: the decoder's
     programs of the rollout's shapes), the reference's scoring when there
     is a reference, and one pass of K fwd_bwd calls with a discarded update
-    (`Engine.update(discard=True)`, as the pretraining warm-up,
+    (`Engine.fwd_bwd(..., discard=True)`, as the pretraining warm-up,
     `maxtext/run/warmup.py`), so that the first real step compiles nothing. The
     reward functions are not called (a placeholder of the same names
     scores 0, so the metric set is the real one); parameters, optimizer
@@ -553,8 +556,8 @@ class GrpoStep:
     ]
     batches = self.prepare(step, placeholders).batches
     for micro_batch in batches:
-      engine.fwd_bwd(micro_batch)
-    engine.update(discard=True, release=True)
+      engine.fwd_bwd(micro_batch, discard=True)
+    engine.update(release=True)
     jax.block_until_ready((engine.params, engine.opt_state))
     engine.set_state(
         {

@@ -293,6 +293,20 @@ def _pending_counts(work) -> list[int]:
   return [len(p.records) for p in work]
 
 
+def check(pending_buffers: Sequence[metrics_pending.PendingBuffer]) -> None:
+  """Raises what `build` would raise for a value already lost on the host.
+
+  No device op, no transfer, nothing changes: the gathering of `build`'s
+  first phase, which finds a device value deleted before the flush.
+
+  Raises:
+    ValueError: a device value was deleted (naming its metric).
+  """
+  work = [p for p in pending_buffers if p.records]
+  if work:
+    _gather(work)
+
+
 class Prefetch:
   """The device side of a flush, dispatched ahead: see `prefetch`."""
 

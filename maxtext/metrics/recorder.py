@@ -455,6 +455,17 @@ class MetricsRecorder:
     """
     self._prefetch = metrics_flush.prefetch(list(self._pending.values()))
 
+  def check_flushable(self) -> None:
+    """Raises now what `flush()` would raise for a value the host can see
+    is lost (a device value deleted after it was buffered), naming the
+    metric. No device op, no transfer, nothing changes; a value whose
+    device computation fails is only found by `flush()`.
+
+    Raises:
+      ValueError: naming the metric whose device buffer was deleted.
+    """
+    metrics_flush.check(list(self._pending.values()))
+
   def flush(self) -> None:
     """Turns every pending value into its buffer's arrays; all or nothing.
 

@@ -83,7 +83,7 @@ class EngineStepTest(absltest.TestCase):
     batches = _batches(config)
     setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
     params = model_setup.init_params(config, setup)
-    # Each engine its own copy: the apply donates the parameters.
+    # Each engine its own copy: the step donates the parameters.
     moved = model_setup.make_engine(
         config, setup, jax.tree.map(jnp.copy, params)
     )

@@ -398,10 +398,13 @@ class _SkipGuard:
 def _train_loop(state: run_state_lib.RunState, workload, stop):
   """Runs steps until the target, the budget or a stop request.
 
-  The host keeps ahead of the device: once a step's micro-batches are
-  dispatched, it reads the next step's (when the workload `reads_ahead`)
-  and writes the previous step's records while the device computes, and
-  only then waits in `update()` for the step's metrics. A step followed by
+  The host keeps ahead of the device: it writes the previous step's
+  records once all but the step's last micro-batch are dispatched (the last
+  one takes the step's update), and reads the next step's batch (when the
+  workload `reads_ahead`) once the last is dispatched (before it, when the
+  workload `reads_parameters`: a rollout drawn ahead must see the
+  parameters before the update), both while the device computes, and only
+  then waits in `update()` for the step's metrics. A step followed by
   more than the next step (an eval, a checkpoint, a stop, the end) writes
   its records first, so every output keeps step order.
 
@@ -431,14 +434,25 @@ def _train_loop(state: run_state_lib.RunState, workload, stop):
       listeners.on_step_start(step)
       if not ahead:
         batches, data_wait = workload.batches(state, step)
-      for micro in batches:
+      *head, last = batches
+      for micro in head:
         engine.fwd_bwd(micro)
-      if ahead:
-        batches, next_wait = workload.batches(state, step + 1)
-        data_wait += next_wait
+      # The previous step's records are written before the step's last
+      # micro-batch, which takes its update: a failing output then finds
+      # the engine between updates, holding the completed steps' state.
       if unwritten is not None:
         finished, unwritten = unwritten, None
         last_train = _write(listeners, finished)
+      # A read drawn with the parameters (a rollout drawn ahead) comes
+      # before the last micro-batch, which updates them; any other read
+      # overlaps it.
+      if ahead and workload.reads_parameters:
+        batches, next_wait = workload.batches(state, step + 1)
+        data_wait += next_wait
+      engine.fwd_bwd(last)
+      if ahead and not workload.reads_parameters:
+        batches, next_wait = workload.batches(state, step + 1)
+        data_wait += next_wait
       # The step's buffer leaves the recorder: it lives on in its record.
       buffer = engine.update(release=True)
       workload.finish_record(step, buffer)

@@ -5,10 +5,10 @@ initialisation before it. `warm_up` runs whole training steps (K micro-
 batches, the update with its metrics flush) and one eval batch on
 placeholder batches of the real shapes, through the engine's own calls, so
 every program the timed steps run is compiled and its dispatch path warm (an
-ahead-of-time `.lower().compile()` alone leaves the dispatch caches cold);
-only an engine that donates its state compiles the optimizer apply without
-running it, since running it would consume the state. Its results are
-thrown away: afterwards parameters, optimizer state, step
+ahead-of-time `.lower().compile()` alone leaves the dispatch caches cold).
+Each step's last micro-batch runs with `discard=True`: the program computes
+the update and keeps the state, so a donating engine needs no second copy.
+Its results are thrown away: afterwards parameters, optimizer state, step
 counter and recorder are exactly those of a run without warm-up, and the
 data set was never read (batches are a function of the step, so the data
 position is untouched too).
@@ -36,11 +36,10 @@ def warm_up(state, steps: int) -> float:
     return 0.0
   start = time.monotonic()
   engine, config = state.engine, state.config
-  # The warm-up's updates are discarded: every program of a real step is
-  # compiled, but parameters and optimizer state keep their values (an
-  # engine that donates them compiles its apply without running it, so the
-  # warm-up needs no second copy of the state). Only the step counter
-  # advances; it is set back at the end.
+  # The warm-up's updates are discarded: every program of a real step
+  # runs, but parameters and optimizer state keep their values (the last
+  # micro-step computes the update and keeps the state, in place when it is
+  # donated). Only the step counter advances; it is set back at the end.
   step = engine.step
   train, evaluation = builtin_datasets.placeholder_batches(
       config, jax.process_index(), jax.process_count()
@@ -53,8 +52,8 @@ def warm_up(state, steps: int) -> float:
   ]
   for _ in range(steps):
     for micro in micro_batches:
-      engine.fwd_bwd(micro)
-    engine.update(discard=True, release=True)
+      engine.fwd_bwd(micro, discard=True)
+    engine.update(release=True)
   metrics = engine.eval_step(
       mesh_lib.global_batch(evaluation, state.setup.batch_sharding)
   )

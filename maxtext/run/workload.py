@@ -65,12 +65,17 @@ class Workload:
     name: the workload's name (the config's `workload` field).
     reads_ahead: whether the loop may read step s + 1's batches while step
       s runs on the devices.
+    reads_parameters: whether reading batches reads the engine's
+      parameters (a rollout drawn with them): the loop then reads ahead
+      before step s's last micro-batch, which takes its update, so the
+      batches see the parameters before update s.
     keeps_state_on: exception types after which the loop checkpoints the
       last completed step, then lets the error go on.
   """
 
   name = "pretraining"
   reads_ahead = True
+  reads_parameters = False
   keeps_state_on: tuple[type[BaseException], ...] = ()
 
   def check(self, config: ml_collections.ConfigDict) -> None:

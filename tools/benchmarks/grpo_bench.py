@@ -34,8 +34,9 @@ rendering) and the reward functions; generated tokens/s then counts every
 id after the prompts (the environment's too) over generation's seconds.
 
 Then the step with rollouts drawn ahead: `--steps` more steps with each
-rollout drawn while the update before runs (grpo_max_age = 1, the training
-loop's order: `GrpoStep.train_ahead`), on the same engine, and the line
+rollout drawn while the update before runs its micro-batches but the last,
+which takes the update (grpo_max_age = 1, the training loop's order:
+`GrpoStep.train_ahead`), on the same engine, and the line
 
   step by grpo_max_age: 0 A s, 1 B s, speedup S (age_max 1)
 

@@ -10,27 +10,28 @@ Runbook:
 
 It builds the config's engine on abstract parameters (`jax.ShapeDtypeStruct`s
 with their real shardings: nothing is allocated), lowers the programs one
-training step runs with `Engine.lower` (the trainer's own micro-step, gradient
-measure and optimizer apply, not copies) and compiles them for the default
+training step runs with `Engine.lower` (the trainer's own micro-step, whose
+last call in a step takes the update with K > 1, and with K = 1 the update,
+a program of its own; not copies) and compiles them for the default
 backend: the micro-step once per attention implementation the backend has
-and per remat policy, the measure and the apply once. For each program it
-prints XLA's memory analysis per device:
+and per remat policy, and the program that takes the update twice. For each
+program it prints XLA's memory analysis per device:
 
   args      bytes of the program's arguments (parameters, accumulator, batch)
   out       bytes of its outputs
   alias     output bytes that reuse donated argument buffers
   temp      XLA's temporaries (activations kept for the backward pass, ...)
   peak      args + out - alias + temp, plus the training state that stays on
-            the device without being an argument (the optimizer state during
-            the micro-step, parameters and optimizer state during the
-            measure): what the device holds while the program runs.
+            the device without being an argument (the optimizer state beside
+            a K = 1 micro-step; the update, and a K > 1 micro-step, take all
+            of it): what the device holds while the program runs.
 
 A step fits a device if its largest program peak is at most the device
 memory (`--device_memory_gb`, decimal GB) times `--usable_fraction` (what the
 runtime leaves to programs; on GPUs set XLA_PYTHON_CLIENT_MEM_FRACTION to
-match). The optimizer apply is shown twice: donating parameters and optimizer
-state (the engine's default, one copy of the state) and not donating (two
-copies while the flush decides).
+match). The program that takes the update is shown twice: donating
+parameters and optimizer state (the engine's default, one copy of the
+state) and not donating (two copies while the flush decides).
 
 The closing line compares the temporaries of full rematerialisation with none
 for the config's own attention implementation (its largest micro-step):
@@ -289,22 +290,22 @@ def main(argv):
       sys.stdout.flush()
       micro_temp[(attention, remat)] = max(r["temp"] for r in rows)
       peaks[(attention, remat)] = max(r["peak"] for r in rows)
-  # The measure and the apply do not depend on the attention or remat policy.
-  rows = analyse(base, programs=lambda name: name == "measure")
-  _print_rows("measure", rows, memories)
-  measure_peak = rows[0]["peak"]
+  # The program that takes the update, donating the state or not: with
+  # K = 1 the update, a program of its own (the attention and remat policy
+  # do not change it); with K > 1 the config's micro-step, whose last call
+  # in a step takes it.
+  takes = "update" if base.gradient_accumulation_steps == 1 else "micro_step"
   for donate in (True, False):
-    rows = analyse(base, donate=donate, programs=lambda name: name == "apply")
+    rows = analyse(base, donate=donate, programs=lambda name: name == takes)
     _print_rows(
-        "apply/donated" if donate else "apply/not_donated", rows, memories
+        f"{takes}/{'donated' if donate else 'not_donated'}", rows, memories
     )
     if donate:
-      apply_peak = rows[0]["peak"]
+      update_peak = rows[0]["peak"]
   print(
-      "step peak (largest program) with the donating apply: "
+      "step peak (largest program) with the donating update: "
       + ", ".join(
-          f"{a}/{r} {_gb(max(p, measure_peak, apply_peak))}"
-          for (a, r), p in peaks.items()
+          f"{a}/{r} {_gb(max(p, update_peak))}" for (a, r), p in peaks.items()
       )
   )
   if (own, "full") in micro_temp and (own, "none") in micro_temp:

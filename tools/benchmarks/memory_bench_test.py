@@ -3,8 +3,8 @@
 Memory figures are XLA's compiled analysis, deterministic for a given XLA,
 so the test checks relations that must hold whatever the version: every
 program and policy has a row, full rematerialisation needs fewer
-temporaries than none, the gradient measure's peak is below every
-micro-step's, the donating apply's peak is below the non-donating one's by
+temporaries than none, the update's peak is below every micro-step's, the
+donating update's peak is below the non-donating one's by
 at least the donated outputs, and the closing line parses.
 """
 
@@ -66,13 +66,13 @@ class MemoryBenchTest(absltest.TestCase):
     rows = {}
     for line in lines:
       fields = line.split()
-      if len(fields) == 10 and fields[1] in ("micro_step", "measure", "apply"):
+      if len(fields) == 10 and fields[1] in ("micro_step", "update"):
         rows[fields[0]] = [float(x) for x in fields[2:8]] + [fields[8:]]
     expected = {
         f"{a}/{r}" for a in ("einsum", "dot_product") for r in ("none", "full")
     }
     self.assertEqual(
-        set(rows), expected | {"measure", "apply/donated", "apply/not_donated"}
+        set(rows), expected | {"update/donated", "update/not_donated"}
     )
     for row in rows.values():
       args, out, alias, temp, resident, peak, fits = row
@@ -86,10 +86,10 @@ class MemoryBenchTest(absltest.TestCase):
           rows[f"{attention}/full"][3], rows[f"{attention}/none"][3]
       )
     for label in expected:
-      # The measure holds less than any micro-step: the state and the
+      # The update holds less than any micro-step: the state and the
       # accumulator, no batch, no activations.
-      self.assertLess(rows["measure"][5], rows[label][5])
-    donated, kept = rows["apply/donated"], rows["apply/not_donated"]
+      self.assertLess(rows["update/donated"][5], rows[label][5])
+    donated, kept = rows["update/donated"], rows["update/not_donated"]
     self.assertGreater(donated[2], 0)  # Parameters and moments aliased.
     self.assertEqual(kept[2], 0)
     self.assertLess(donated[5], kept[5])

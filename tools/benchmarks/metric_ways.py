@@ -13,8 +13,8 @@ and ends the step with all metric values on the host:
   a/append     one device array per metric, `jnp.append` per micro-batch.
   b/stack      host lists of device scalars, one `jnp.stack` per metric.
   c/engine     `maxtext.engine.engine.Engine`: packed metrics, `buffer_packed`,
-               one flush (plus learning_rate, grad_norm, step_skipped from
-               its gradient measure, one more program per step).
+               one flush (plus learning_rate, grad_norm, step_skipped, which
+               the program that takes the update returns).
   d/per_name   `MetricsRecorder.buffer_metrics` per metric, one flush.
 
 The loss is a `Problem`: a small MLP with any number of metrics
