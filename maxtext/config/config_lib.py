@@ -608,6 +608,7 @@ def _check_grpo(v) -> None:
   # One rollout ahead at most: 0 synchronous, 1 drawn while the update
   # before runs (maxtext/grpo/grpo_workload.py).
   _one_of(v, "grpo_max_age", (0, 1))
+  _at_least(v, "grpo_generation_devices", 0)
   _at_least(v, "grpo_decode_slots", 0)
   size = v["grpo_decode_page_size"]
   if not isinstance(size, int) or size < 1 or size & (size - 1):

@@ -511,6 +511,13 @@ def get_config() -> ml_collections.ConfigDict:
   # rollout/age_max and rollout/age_mean; the importance ratio uses the
   # log-probabilities recorded at generation). docs/grpo.md.
   config.grpo_max_age = 0
+  # Devices given to generation alone (0 = generation runs on the training
+  # devices): the last N devices of a single-process job hold a copy of the
+  # parameters in the compute dtype, FSDP over them (tensor_parallelism
+  # where it divides N), copied from the training mesh before each rollout;
+  # training runs on the rest. With grpo_max_age 1 the rollout of step s + 1
+  # runs on them while update s runs on the others. docs/grpo.md.
+  config.grpo_generation_devices = 0
   # Held-out evaluation: completions drawn with these options (temperature 0
   # = greedy) on grpo_eval_prompts prompts.
   config.grpo_eval_temperature = 0.0

@@ -26,6 +26,7 @@ import optax
 from maxtext.engine import engine as engine_lib
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
+from maxtext.grpo import generation_mesh
 from maxtext.grpo import prompts
 from maxtext.grpo import rewards
 from maxtext.grpo import step as step_lib
@@ -38,8 +39,9 @@ from testing import tiny_configs
 _ATOL = 1e-4
 
 
-def _steps(config, mesh, setup, steps):
-  """Runs `steps` GRPO steps; returns (completions, metrics) per step."""
+def _steps(config, mesh, setup, steps, generation=None):
+  """Runs `steps` GRPO steps (generating on `generation`'s devices when
+  given); returns (completions, metrics) per step."""
   frozen = ml_collections.FrozenConfigDict(config)
   options = grpo_workload.loss_options(config)
   if setup is None:
@@ -77,6 +79,7 @@ def _steps(config, mesh, setup, steps):
       width=config.grpo_prompt_length + config.grpo_max_completion_length,
       reference_params=reference,
       mesh=mesh,
+      generation=generation,
   )
   out = []
   for step in range(steps):
@@ -117,6 +120,57 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         self.assertEqual(m8[name], m1[name], name)
     # The steps trained: the policy moved away from the reference.
     self.assertGreater(abs(single[-1][1]["kl"]), 0.0)
+
+  def test_generation_on_devices_of_its_own(self):
+    # Training on the first 4 devices (FSDP), generation on the last 4 with
+    # the parameters copied there before each rollout: the same steps as
+    # one device's.
+    jax.config.update(
+        "jax_compilation_cache_dir", tiny_configs.compilation_cache_dir()
+    )
+    config = tiny_configs.model_config(
+        data_parallelism=1,
+        fsdp_parallelism=4,
+        global_batch_size=16,
+        gradient_accumulation_steps=2,
+        grpo_generation_devices=4,
+        **tiny_configs.TINY_GRPO,
+    )
+    mesh = mesh_lib.make_mesh(config)
+    generation = generation_mesh.make(config)
+    train_devices = set(mesh.devices.flat)
+    generation_devices = set(generation.mesh.devices.flat)
+    self.assertEqual(train_devices, set(jax.devices()[:4]))
+    self.assertEqual(generation_devices, set(jax.devices()[4:]))
+    separate = _steps(
+        config, mesh, model_setup.setup_model(config, mesh), 3, generation
+    )
+    single = _steps(config, None, None, 3)
+    for step, ((ids8, m8), (ids1, m1)) in enumerate(zip(separate, single)):
+      self.assertEqual(ids8, ids1, f"step {step}")
+      for name in ("loss", "pg_loss", "kl", "grad_norm"):
+        np.testing.assert_allclose(
+            m8[name], m1[name], atol=_ATOL, rtol=1e-4, err_msg=name
+        )
+      self.assertEqual(m8["rewards/mean"], m1["rewards/mean"])
+      # One model's floating parameters in float32 (the compute dtype).
+      self.assertEqual(
+          m8["rollout/weight_copy_bytes"],
+          4
+          * transformer.num_params(
+              transformer.init_params(config, jax.random.PRNGKey(0))
+          ),
+      )
+      self.assertGreater(m8["timing/weight_copy"], 0.0)
+
+  def test_generation_devices_must_leave_training_some(self):
+    config = tiny_configs.model_config(grpo_generation_devices=8)
+    with self.assertRaisesRegex(
+        ValueError,
+        "^grpo_generation_devices=8 must leave training at least one of the "
+        "8 devices$",
+    ):
+      mesh_lib.make_mesh(config)
 
 
 if __name__ == "__main__":

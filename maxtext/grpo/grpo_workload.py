@@ -71,6 +71,7 @@ from maxtext.config import optimizer as optimizer_lib
 from maxtext.run import workload
 from maxtext.grpo import evaluation
 from maxtext.grpo import frozen_router
+from maxtext.grpo import generation_mesh
 from maxtext.grpo import pending_rollout
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
@@ -268,6 +269,10 @@ def eval_options(config) -> sampling.SamplingOptions:
   )
 
 
+# `GrpoWorkload._generation` before `_generation_mesh` makes it.
+_UNSET = object()
+
+
 class GrpoWorkload(workload.Workload):
   """GRPO post-training (module docstring)."""
 
@@ -280,6 +285,9 @@ class GrpoWorkload(workload.Workload):
     self._episodes: Optional[episode_rollout.EpisodeSetup] = None
     self._step: Optional[step_lib.GrpoStep] = None
     self._frozen = None
+    # `_generation_mesh`'s, once made (None: generation shares the
+    # training devices).
+    self._generation = _UNSET
     self._batches: list = []  # The newest rollout's micro-batches.
     self._ready = 0.0  # perf_counter() when a step's batches were ready.
     # grpo_max_age (`check`), and with 1: the rollouts made (rollout
@@ -377,6 +385,7 @@ class GrpoWorkload(workload.Workload):
         packing=config.packing,
         paged=paged_options(config),
         record_age=self.reads_ahead,
+        generation=self._generation_mesh(state),
     )
     if reference is not None:
       _check_reference(config, state, reference)
@@ -516,11 +525,24 @@ class GrpoWorkload(workload.Workload):
       self._frozen = ml_collections.FrozenConfigDict(state.config)
     return self._frozen
 
+  def _generation_mesh(self, state) -> Optional[generation_mesh.GenerationMesh]:
+    """The devices generation has to itself (`generation_mesh.make`), made
+    once per workload; None when it shares the training devices."""
+    if self._generation is _UNSET:
+      self._generation = generation_mesh.make(state.config)
+    return self._generation
+
   def _pass_rates(self, state) -> dict[str, float]:
-    """The held-out prompts' pass rates under the current parameters."""
+    """The held-out prompts' pass rates under the current parameters
+    (generated on the generation mesh where the run has one)."""
+    params, mesh = state.engine.params, state.setup.mesh
+    generation = self._generation_mesh(state)
+    if generation is not None:
+      params, _ = generation.copy(params)
+      mesh = generation.mesh
     if self._episodes is not None:
       return episode_rollout.evaluate(
-          state.engine.params,
+          params,
           self._model_config(state),
           self._episodes,
           dataclasses.replace(
@@ -528,15 +550,15 @@ class GrpoWorkload(workload.Workload):
               stop_ids=self._episodes.chat.stop_ids,
           ),
           self._rewards,
-          mesh=state.setup.mesh,
+          mesh=mesh,
       )
     return evaluation.evaluate(
-        state.engine.params,
+        params,
         self._model_config(state),
         state.dataset.get_eval_batch(0)["prompts"].tolist(),
         eval_options(state.config),
         progression_task.exact_match,
-        mesh=state.setup.mesh,
+        mesh=mesh,
     )
 
 

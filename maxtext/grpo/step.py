@@ -78,6 +78,7 @@ from maxtext.engine import engine as engine_lib
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import scoring
+from maxtext.grpo import generation_mesh
 from maxtext.grpo import packed_batches
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
@@ -232,6 +233,10 @@ class GrpoStep:
     record_age: records put `rollout/age_max` and `rollout/age_mean`, the
       trained samples' ages in updates (`Prepared.versions`); on for runs
       that draw rollouts ahead (grpo_max_age >= 1).
+    generation: generate on devices of their own
+      (`generation_mesh.GenerationMesh`: the parameters copied there before
+      each rollout; records put `rollout/weight_copy_bytes` and
+      `timing/weight_copy`), or None to generate on `mesh`.
   """
 
   def __init__(
@@ -256,6 +261,7 @@ class GrpoStep:
           paged_decoder.EngineOptions()
       ),
       record_age: bool = False,
+      generation: Optional[generation_mesh.GenerationMesh] = None,
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -305,6 +311,7 @@ class GrpoStep:
     self._rollout_fn = rollout_fn
     self._paged = paged
     self._record_age = record_age
+    self._generation = generation
 
   def rollout(
       self,
@@ -343,10 +350,19 @@ class GrpoStep:
     """
     start = time.perf_counter()
     options = self._options_of_step(step)
+    copy_values = {}
     if restored is None:
       version = self._engine.step
+      params, mesh = self._engine.params, self._mesh
+      if self._generation is not None:
+        params, seconds = self._generation.copy(params)
+        mesh = self._generation.mesh
+        copy_values = {
+            "timing/weight_copy": seconds,
+            "rollout/weight_copy_bytes": float(self._generation.copy_bytes),
+        }
       result = self._rollout_fn(
-          self._engine.params,
+          params,
           self._config,
           self._prompts_of_step(step),
           options,
@@ -354,7 +370,7 @@ class GrpoStep:
           estimator=self._estimator,
           advantage_eps=self._eps,
           width=self._width,
-          mesh=self._mesh,
+          mesh=mesh,
           overlong_filtering=self._overlong_filtering,
           paged=self._paged,
       )
@@ -395,6 +411,7 @@ class GrpoStep:
     values = dict(
         result.stats,
         **packed_values,
+        **copy_values,
         **{
             # A restored rollout's is the drawing's, saved with it.
             "timing/rollout": (

@@ -115,8 +115,35 @@ def num_slices(devices: Sequence[jax.Device]) -> int:
   return len({getattr(d, "slice_index", 0) for d in devices})
 
 
+def generation_split(config) -> tuple[list, list]:
+  """(training devices, generation devices): the last
+  `config.grpo_generation_devices` of `jax.devices()` generate, the rest
+  train; all train when it is 0 (or the config has no such field).
+
+  Raises:
+    ValueError: more generation devices than leave one to train, or a job
+      of several processes (each would hold a part of either mesh).
+  """
+  devices = list(jax.devices())
+  n = getattr(config, "grpo_generation_devices", 0)
+  if not n:
+    return devices, []
+  if n >= len(devices):
+    raise ValueError(
+        f"grpo_generation_devices={n} must leave training at least one of "
+        f"the {len(devices)} devices"
+    )
+  if jax.process_count() > 1:
+    raise ValueError(
+        f"grpo_generation_devices={n}: a generation mesh of its own needs a "
+        f"job of one process (this one has {jax.process_count()})"
+    )
+  return devices[: len(devices) - n], devices[len(devices) - n :]
+
+
 def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-  """The run's mesh over all (or the given) devices.
+  """The run's mesh over the training devices (`generation_split`: all of
+  them unless GRPO generates on devices of its own), or the given ones.
 
   ("data", "fsdp"), plus "expert" (last, so expert groups are neighbouring
   devices) when `config.expert_parallelism` > 1. On TPUs the devices are
@@ -126,7 +153,7 @@ def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
     ValueError: bad sizes (see `mesh_shape`), or expert_parallelism does not
       divide the number of devices (of one slice).
   """
-  devices = list(jax.devices() if devices is None else devices)
+  devices = list(generation_split(config)[0] if devices is None else devices)
   experts = getattr(config, "expert_parallelism", 1)
   tensor = getattr(config, "tensor_parallelism", 1)
   context = getattr(config, "context_parallelism", 1)
