@@ -14,6 +14,19 @@ import numpy as np
 from maxtext.engine import model_setup
 from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
+from testing import tiny_configs
+
+# The models the multi-device tests compare, each with 4 query and 2
+# key/value heads so that tensor parallelism of 2 splits them: dense,
+# mixture-of-experts (no capacity limit: nothing dropped on any layout), and
+# Qwen3.5's hybrid (Gated DeltaNet layers beside attention layers).
+DENSE = dict(num_heads=4, num_kv_heads=2, mlp_dim=64)
+MOE = dict(
+    tiny_configs.TINY_MOE, num_heads=4, num_kv_heads=2, capacity_factor=0.0
+)
+HYBRID = dict(
+    tiny_configs.TINY_QWEN35, num_heads=4, num_kv_heads=2, capacity_factor=0.0
+)
 
 
 def batch(config, packed: bool, rows: int = 8) -> dict[str, np.ndarray]:

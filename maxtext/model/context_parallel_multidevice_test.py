@@ -39,14 +39,9 @@ from testing import mesh_equality
 from testing import random_init
 from testing import tiny_configs
 
-_DENSE = dict(num_heads=4, num_kv_heads=2, mlp_dim=64)
-_MOE = dict(
-    tiny_configs.TINY_MOE, num_heads=4, num_kv_heads=2, capacity_factor=0.0
-)
-# Qwen3.5's hybrid: Gated DeltaNet layers beside attention layers.
-_HYBRID = dict(
-    tiny_configs.TINY_QWEN35, num_heads=4, num_kv_heads=2, capacity_factor=0.0
-)
+_DENSE = mesh_equality.DENSE
+_MOE = mesh_equality.MOE
+_HYBRID = mesh_equality.HYBRID
 _MESHES = {
     "fsdp_context_tensor": dict(
         data_parallelism=1, fsdp_parallelism=2, tensor_parallelism=2

@@ -25,15 +25,9 @@ from maxtext.runtime import mesh as mesh_lib
 from testing import mesh_equality
 from testing import tiny_configs
 
-_DENSE = dict(num_heads=4, num_kv_heads=2, mlp_dim=64)
-_MOE = dict(
-    tiny_configs.TINY_MOE, num_heads=4, num_kv_heads=2, capacity_factor=0.0
-)
-# Qwen3.5's hybrid: the Gated DeltaNet's key and value heads split over
-# "tensor" beside the attention heads.
-_HYBRID = dict(
-    tiny_configs.TINY_QWEN35, num_heads=4, num_kv_heads=2, capacity_factor=0.0
-)
+_DENSE = mesh_equality.DENSE
+_MOE = mesh_equality.MOE
+_HYBRID = mesh_equality.HYBRID
 _MESHES = {
     "data_fsdp_tensor": dict(data_parallelism=2, fsdp_parallelism=2),
     "fsdp_expert_tensor": dict(
