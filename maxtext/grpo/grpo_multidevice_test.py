@@ -164,13 +164,18 @@ class GrpoMultiDeviceTest(absltest.TestCase):
       self.assertGreater(m8["timing/weight_copy"], 0.0)
 
   def test_generation_devices_must_leave_training_some(self):
-    config = tiny_configs.model_config(grpo_generation_devices=8)
+    config = tiny_configs.model_config(
+        grpo_generation_devices=8, **tiny_configs.TINY_GRPO
+    )
     with self.assertRaisesRegex(
         ValueError,
         "^grpo_generation_devices=8 must leave training at least one of the "
         "8 devices$",
     ):
       mesh_lib.make_mesh(config)
+    # Only GRPO generates: pretraining trains on every device.
+    config.workload = "pretraining"
+    self.assertEqual(mesh_lib.make_mesh(config).devices.size, 8)
 
 
 if __name__ == "__main__":

@@ -116,9 +116,10 @@ def num_slices(devices: Sequence[jax.Device]) -> int:
 
 
 def generation_split(config) -> tuple[list, list]:
-  """(training devices, generation devices): the last
-  `config.grpo_generation_devices` of `jax.devices()` generate, the rest
-  train; all train when it is 0 (or the config has no such field).
+  """(training devices, generation devices): for a GRPO run, the last
+  `config.grpo_generation_devices` of `jax.devices()` generate and the rest
+  train; all train when it is 0, for other workloads, or for a config
+  without the field.
 
   Raises:
     ValueError: more generation devices than leave one to train, or a job
@@ -126,7 +127,7 @@ def generation_split(config) -> tuple[list, list]:
   """
   devices = list(jax.devices())
   n = getattr(config, "grpo_generation_devices", 0)
-  if not n:
+  if not n or getattr(config, "workload", "grpo") != "grpo":
     return devices, []
   if n >= len(devices):
     raise ValueError(
