@@ -176,6 +176,23 @@ def _check_moe(v) -> None:
   _at_least(v, "expert_parallelism", 1)
   _at_least(v, "tensor_parallelism", 1)
   _at_least(v, "context_parallelism", 1)
+  context = v["context_parallelism"]
+  chunk = v["max_sequence_length"] // (2 * context)
+  if (
+      context > 1
+      and v["full_attention_interval"]
+      and chunk < v["linear_conv_kernel_dim"] - 1
+  ):
+    # Each device's chunk convolves with the chunk before's last K - 1
+    # inputs (gated_deltanet._context_delta_rule).
+    raise _fail(
+        "context_parallelism",
+        context,
+        f"splits max_sequence_length={v['max_sequence_length']} into "
+        f"{2 * context} chunks of {chunk} tokens, fewer than the Gated "
+        f"DeltaNet's linear_conv_kernel_dim - 1 = "
+        f"{v['linear_conv_kernel_dim'] - 1}",
+    )
   _one_of(v, "router_score", choices.ROUTER_SCORES)
   if v["router_norm_topk"] and v["router_score"] != "softmax":
     raise _fail(

@@ -273,6 +273,15 @@ class ContextParallelTest(parameterized.TestCase):
   def test_refuses_deltanet_chunks_shorter_than_its_kernel(self):
     config = _config((_HYBRID,), "fsdp_context_tensor")
     config.max_sequence_length = 8
+    # Before anything is built, from the config...
+    with self.assertRaisesRegex(
+        ValueError,
+        "config.context_parallelism=2: splits max_sequence_length=8 into 4 "
+        "chunks of 2 tokens, fewer than the Gated DeltaNet's "
+        "linear_conv_kernel_dim - 1 = 3",
+    ):
+      config_lib.validate(config)
+    # ...and while the step is traced, for rows of any length.
     with self.assertRaisesRegex(
         ValueError,
         "gated_deltanet with context_parallelism=2: a 8-token row must "
