@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from maxtext.engine import model_setup
+from maxtext.generation import generate_compile_lib
 from maxtext.runtime import mesh as mesh_lib
 
 
@@ -70,17 +71,9 @@ class GenerationMesh:
       )
 
     self._cast = jax.jit(cast)
-    self.copy_bytes = int(
-        sum(
-            x.size
-            * (
-                dtype.itemsize
-                if jnp.issubdtype(x.dtype, jnp.floating)
-                else x.dtype.itemsize
-            )
-            for x in jax.tree_util.tree_leaves(setup.abstract_params)
-        )
-    )
+    self.copy_bytes = generate_compile_lib.weight_copy(
+        gen_config, self.mesh
+    ).total_bytes
 
   def copy(self, params: Any) -> tuple[Any, float]:
     """(`params` cast to the compute dtype on the generation mesh, the
