@@ -81,6 +81,7 @@ def launch(
     process_ids: Optional[Sequence[int]] = None,
     port: Optional[int] = None,
     command: Optional[Sequence[str]] = None,
+    env: Optional[dict] = None,
 ) -> list[Process]:
   """Starts train_main processes of one job (all unless process_ids says).
 
@@ -93,6 +94,8 @@ def launch(
     port: the coordinator's port (default: a free one).
     command: the binary's command (default: train_main's; e.g.
       `runfiles.binary_command("maxtext/grpo_main")`).
+    env: variables each process gets on top of `child_env`'s (e.g.
+      XLA_FLAGS giving each several CPU devices).
 
   Returns:
     The started processes, in process_ids order.
@@ -119,7 +122,7 @@ def launch(
           stdout=stdout,
           stderr=stderr,
           stdin=subprocess.DEVNULL,
-          env=child_env(),
+          env=child_env(env),
       )
     processes.append(Process(popen, out, err))
   return processes

@@ -512,7 +512,7 @@ def get_config() -> ml_collections.ConfigDict:
   # log-probabilities recorded at generation). docs/grpo.md.
   config.grpo_max_age = 0
   # Devices given to generation alone (0 = generation runs on the training
-  # devices): the last N devices of a single-process job hold a copy of the
+  # devices): each process's last N / processes devices hold a copy of the
   # parameters in the compute dtype, FSDP over them (tensor_parallelism
   # where it divides N), copied from the training mesh before each rollout;
   # training runs on the rest. With grpo_max_age 1 the rollout of step s + 1

@@ -93,6 +93,15 @@ def _steps(config, mesh, setup, steps, generation=None):
   return out
 
 
+def _held_bytes(params) -> int:
+  """The bytes every device's shards of `params` take, summed."""
+  return sum(
+      shard.data.nbytes
+      for leaf in jax.tree.leaves(params)
+      for shard in leaf.addressable_shards
+  )
+
+
 class GrpoMultiDeviceTest(absltest.TestCase):
 
   def test_sharded_steps_match_one_device(self):
@@ -137,14 +146,13 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         **tiny_configs.TINY_GRPO,
     )
     mesh = mesh_lib.make_mesh(config)
+    setup = model_setup.setup_model(config, mesh)
     generation = generation_mesh.make(config)
     train_devices = set(mesh.devices.flat)
     generation_devices = set(generation.mesh.devices.flat)
     self.assertEqual(train_devices, set(jax.devices()[:4]))
     self.assertEqual(generation_devices, set(jax.devices()[4:]))
-    separate = _steps(
-        config, mesh, model_setup.setup_model(config, mesh), 3, generation
-    )
+    separate = _steps(config, mesh, setup, 3, generation)
     single = _steps(config, None, None, 3)
     for step, ((ids8, m8), (ids1, m1)) in enumerate(zip(separate, single)):
       self.assertEqual(ids8, ids1, f"step {step}")
@@ -153,15 +161,50 @@ class GrpoMultiDeviceTest(absltest.TestCase):
             m8[name], m1[name], atol=_ATOL, rtol=1e-4, err_msg=name
         )
       self.assertEqual(m8["rewards/mean"], m1["rewards/mean"])
-      # One model's floating parameters in float32 (the compute dtype).
+      # 4 training and 4 generation devices: each training device's shards
+      # (float32, the compute dtype) go to one generation device.
       self.assertEqual(
           m8["rollout/weight_copy_bytes"],
-          4
-          * transformer.num_params(
-              transformer.init_params(config, jax.random.PRNGKey(0))
-          ),
+          _held_bytes(model_setup.init_params(config, setup)),
       )
       self.assertGreater(m8["timing/weight_copy"], 0.0)
+
+  def test_copy_puts_the_cast_parameters_on_the_generation_mesh(self):
+    # Training + generation devices 6 + 2 (laid out over 2 of the 6
+    # first), 4 + 4 (each training device's shards to one generation
+    # device) and 2 + 6 (to three): the generation mesh holds the
+    # parameters in the compute dtype, exactly.
+    for n, copies in ((2, None), (4, 1), (6, 3)):
+      config = tiny_configs.model_config(
+          data_parallelism=1,
+          fsdp_parallelism=-1,
+          compute_dtype="bfloat16",
+          grpo_generation_devices=n,
+          **tiny_configs.TINY_GRPO,
+      )
+      mesh = mesh_lib.make_mesh(config)
+      params = model_setup.init_params(
+          config, model_setup.setup_model(config, mesh)
+      )
+      generation = generation_mesh.make(config)
+      copied, _ = generation.copy(params)
+      self.assertEqual(
+          set(generation.mesh.devices.flat), set(jax.devices()[8 - n :])
+      )
+      for path, got in jax.tree_util.tree_leaves_with_path(copied):
+        want = functools.reduce(lambda t, k: t[k.key], path, params)
+        self.assertEqual(got.dtype, np.dtype("bfloat16"), path)
+        self.assertEqual(
+            set(got.sharding.device_set), set(jax.devices()[8 - n :])
+        )
+        np.testing.assert_array_equal(
+            np.asarray(got), np.asarray(want.astype("bfloat16")), str(path)
+        )
+      if copies is not None:
+        # Each training device's shards, in bfloat16, to `copies` devices.
+        self.assertEqual(
+            generation.copy_bytes, copies * _held_bytes(params) // 2
+        )
 
   def test_generation_devices_must_leave_training_some(self):
     config = tiny_configs.model_config(

@@ -1,7 +1,10 @@
 """GRPO as one job of two real `grpo_main` processes (jax.distributed on the
 CPU, one device each): the records of a one-process run, written once, with
 rollouts drawn synchronously and one update ahead (grpo_max_age 1: every
-process dispatches the rollout's programs in the loop's one order)."""
+process dispatches the rollout's programs in the loop's one order); and with
+four devices each, two of which generate (grpo_generation_devices 4: each
+process copies its training devices' parameters to its generation
+devices)."""
 
 import os
 
@@ -19,8 +22,14 @@ _TIMEOUT_S = 600
 
 class GrpoMultiProcessTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(("synchronous", 0), ("one_rollout_ahead", 1))
-  def test_two_processes_give_the_one_process_records(self, max_age):
+  @parameterized.named_parameters(
+      ("synchronous", 0, 0),
+      ("one_rollout_ahead", 1, 0),
+      ("generation_devices_of_their_own", 1, 4),
+  )
+  def test_two_processes_give_the_one_process_records(
+      self, max_age, generation_devices
+  ):
     root = self.create_tempdir().full_path
     start = grpo_start.pretrained_checkpoints(root)
 
@@ -39,8 +48,12 @@ class GrpoMultiProcessTest(parameterized.TestCase):
       )
 
     command = runfiles.binary_command("maxtext/grpo_main")
+    job_flags, env = flags("job"), None
+    if generation_devices:
+      job_flags.append(f"--config.grpo_generation_devices={generation_devices}")
+      env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     processes = multiprocess.launch(
-        2, flags("job"), os.path.join(root, "logs"), command=command
+        2, job_flags, os.path.join(root, "logs"), command=command, env=env
     )
     codes = multiprocess.wait_all(processes, _TIMEOUT_S)
     self.assertEqual(
@@ -77,11 +90,39 @@ class GrpoMultiProcessTest(parameterized.TestCase):
           if got["kind"] == "train"
           else ("eval_pass@1",)
       )
+      if generation_devices and got["kind"] == "train":
+        # The copy is in the job's records (the one-process run has none).
+        self.assertGreater(got["rollout/weight_copy_bytes"], 0)
+        self.assertNotIn("rollout/weight_copy_bytes", want)
       for name in names:
         self.assertAlmostEqual(
             got[name], want[name], places=5, msg=f"{name} at {got['step']}"
         )
     self.assertGreater(max(r.get("kl", 0.0) for r in job), 0.0)
+
+  def test_generation_devices_the_processes_cannot_share_are_refused(self):
+    root = self.create_tempdir().full_path
+    flags = tiny_configs.tiny_flags(
+        root,
+        run_name="job",
+        steps=1,
+        extra=dict(grpo_start.RUN_FIELDS, grpo_generation_devices=3),
+    )
+    processes = multiprocess.launch(
+        2,
+        flags,
+        os.path.join(root, "logs"),
+        command=runfiles.binary_command("maxtext/grpo_main"),
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )
+    self.assertEqual(multiprocess.wait_all(processes, _TIMEOUT_S), [2, 2])
+    for process in processes:
+      self.assertIn(
+          "grpo_main: error: grpo_generation_devices=3: each of the 2 "
+          "processes gives generation the same number of its devices, so it "
+          "must be a multiple of 2\n",
+          process.output(),
+      )
 
 
 if __name__ == "__main__":

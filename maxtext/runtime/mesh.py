@@ -116,14 +116,17 @@ def num_slices(devices: Sequence[jax.Device]) -> int:
 
 
 def generation_split(config) -> tuple[list, list]:
-  """(training devices, generation devices): for a GRPO run, the last
-  `config.grpo_generation_devices` of `jax.devices()` generate and the rest
-  train; all train when it is 0, for other workloads, or for a config
-  without the field.
+  """(training devices, generation devices): for a GRPO run, each process's
+  last `config.grpo_generation_devices` / `jax.process_count()` devices
+  generate and the rest train (a job of one process: the last N devices);
+  all train when it is 0, for other workloads, or for a config without the
+  field. Both lists are in `jax.devices()` order (process by process), so
+  every process holds a part of both meshes and takes part in both meshes'
+  programs, as a multi-controller job needs.
 
   Raises:
-    ValueError: more generation devices than leave one to train, or a job
-      of several processes (each would hold a part of either mesh).
+    ValueError: more generation devices than leave one to train, or a
+      number that the processes cannot share evenly.
   """
   devices = list(jax.devices())
   n = getattr(config, "grpo_generation_devices", 0)
@@ -134,12 +137,27 @@ def generation_split(config) -> tuple[list, list]:
         f"grpo_generation_devices={n} must leave training at least one of "
         f"the {len(devices)} devices"
     )
-  if jax.process_count() > 1:
+  processes = jax.process_count()
+  if n % processes:
     raise ValueError(
-        f"grpo_generation_devices={n}: a generation mesh of its own needs a "
-        f"job of one process (this one has {jax.process_count()})"
+        f"grpo_generation_devices={n}: each of the {processes} processes "
+        f"gives generation the same number of its devices, so it must be a "
+        f"multiple of {processes}"
     )
-  return devices[: len(devices) - n], devices[len(devices) - n :]
+  by_process: dict[int, list] = {}
+  for device in devices:
+    by_process.setdefault(device.process_index, []).append(device)
+  train, generate = [], []
+  for own in by_process.values():
+    keep = len(own) - n // processes
+    if keep < 1:
+      raise ValueError(
+          f"grpo_generation_devices={n} must leave each process at least "
+          f"one of its {len(own)} devices to train"
+      )
+    train += own[:keep]
+    generate += own[keep:]
+  return train, generate
 
 
 def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
