@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+import jax
+
 # Calls this process has seen, per function.
 _CALLS = {}
 
@@ -68,3 +70,24 @@ def contains_answer(prompt, completion, answer, **fields):
   if not isinstance(prompt, str) or not isinstance(completion, str):
     raise TypeError("text rewards get texts")
   return float(str(answer) in completion)
+
+
+def where_called(prompt, completion):
+  """The index of the process that called it, plus the completion's length
+  (the ids form): a value that depends on where it runs."""
+  del prompt
+  _count("where_called")
+  return float(jax.process_index()) + len(completion)
+
+
+def fails_on_process_0(prompt, completion):
+  """Raises on process 0 only; 1.0 elsewhere."""
+  del prompt, completion
+  if jax.process_index() == 0:
+    raise RuntimeError(f"judge unreachable from pid {os.getpid()}")
+  return 1.0
+
+
+def calls(name: str) -> int:
+  """How many times this process called `name`."""
+  return _CALLS.get(name, 0)

@@ -28,10 +28,13 @@ Timeouts: `load(spec, timeout_seconds)` (the run passes
 process (`reward_worker`), so a call that does not return within the
 timeout is stopped and is a `RewardError` naming the function and the
 prompt. Functions of `__main__` (which a worker cannot import), and
-functions given without a timeout, are called in this process. In a run of
-several processes every process scores the same completions, and the
-processes agree on the outcome before any goes on: if one fails (or times
-out), all raise its error.
+functions given without a timeout, are called in this process.
+
+In a run of several processes the functions run once per job: process 0
+scores the completions and every process takes its values, or its error
+line, from it (`share.from_lead`), so a function whose value or failure
+depends on where it runs (a clock, a remote judge, a file) cannot make the
+processes diverge, and all stop at the same step when it fails.
 """
 
 import dataclasses
@@ -39,9 +42,9 @@ import math
 from typing import Any, Callable, Optional, Sequence
 
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 
+from maxtext.env import share
 from maxtext.grpo import reward_call
 from maxtext.grpo import reward_worker
 
@@ -173,7 +176,8 @@ def score(
     num_generations: int,
     fields: Optional[Sequence[dict[str, Any]]] = None,
 ) -> Rewards:
-  """Calls every function on every (prompt, completion).
+  """Calls every function on every (prompt, completion), once per job (on
+  process 0; every process gets its values).
 
   Args:
     functions: from `load`.
@@ -186,22 +190,42 @@ def score(
 
   Raises:
     RewardError: one line naming the function, the prompt index, the sample
-      and the exception or the value returned.
+      and the exception or the value returned (process 0's, on every
+      process).
   """
   if len(completions) != len(prompts) * num_generations:
     raise ValueError(
         f"{len(completions)} completions for {len(prompts)} prompts x "
         f"{num_generations} generations"
     )
-  error = None
-  try:
+  if jax.process_count() == 1:
     per_function, total = score_here(
         functions, prompts, completions, num_generations, fields
     )
-  except RewardError as e:
-    error = e
-  _agree(error)
-  return Rewards(total, per_function)
+    return Rewards(total, per_function)
+  outcome = None
+  if share.is_lead():
+    try:
+      per_function, total = score_here(
+          functions, prompts, completions, num_generations, fields
+      )
+      outcome = {
+          "total": total.tolist(),
+          "per_function": {k: v.tolist() for k, v in per_function.items()},
+      }
+    except RewardError as e:
+      outcome = {"error": str(e)}
+  # JSON carries a finite float64 exactly (its shortest repr).
+  outcome = share.from_lead(outcome)
+  if "error" in outcome:
+    raise RewardError(outcome["error"])
+  return Rewards(
+      np.asarray(outcome["total"], np.float64),
+      {
+          k: np.asarray(v, np.float64)
+          for k, v in outcome["per_function"].items()
+      },
+  )
 
 
 def _where(function: RewardFunction, row: int, num_generations: int) -> str:
@@ -249,9 +273,9 @@ def _values(
 
 
 def score_here(functions, prompts, completions, num_generations, fields=None):
-  """(per function values, weighted totals), in this process alone (no
-  agreement between processes: `score` adds it); RewardError on a failure
-  or a non-finite total."""
+  """(per function values, weighted totals), computed in this process
+  (`score` computes them on process 0 alone and shares them); RewardError
+  on a failure or a non-finite total."""
   per_function = {}
   total = np.zeros(len(completions))
   for function in functions:
@@ -272,32 +296,3 @@ def score_here(functions, prompts, completions, num_generations, fields=None):
         + f" overflow ({_FIELD})"
     )
   return per_function, total
-
-
-# The most bytes of an error line shared between processes.
-_SHARED_ERROR_BYTES = 1024
-
-
-def _agree(error: Optional[RewardError]) -> None:
-  """Raises the first process's RewardError on every process, if any failed.
-
-  Every process scores the same completions; a timeout or a failure on one
-  must stop all of them at the same step, not leave the others waiting in
-  the next collective.
-  """
-  if jax.process_count() == 1:
-    if error is not None:
-      raise error
-    return
-  text = str(error).encode()[:_SHARED_ERROR_BYTES] if error else b""
-  mine = np.zeros(_SHARED_ERROR_BYTES + 1, np.uint8)
-  mine[0] = 1 if error else 0
-  mine[1 : 1 + len(text)] = np.frombuffer(text, np.uint8)
-  every = np.asarray(multihost_utils.process_allgather(mine))
-  failed = np.flatnonzero(every[:, 0])
-  if error is not None:
-    raise error
-  if failed.size:
-    first = int(failed[0])
-    line = bytes(every[first, 1:]).rstrip(b"\0").decode(errors="replace")
-    raise RewardError(f"on process {first}: {line}")
