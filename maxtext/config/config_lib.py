@@ -626,6 +626,14 @@ def _check_grpo(v) -> None:
   # before runs (maxtext/grpo/grpo_workload.py).
   _one_of(v, "grpo_max_age", (0, 1))
   _at_least(v, "grpo_generation_devices", 0)
+  _at_least(v, "grpo_generation_replicas", 1)
+  generating = v["grpo_generation_devices"]
+  if generating and generating % v["grpo_generation_replicas"]:
+    raise _fail(
+        "grpo_generation_replicas",
+        v["grpo_generation_replicas"],
+        f"must divide grpo_generation_devices={generating}",
+    )
   _at_least(v, "grpo_decode_slots", 0)
   size = v["grpo_decode_page_size"]
   if not isinstance(size, int) or size < 1 or size & (size - 1):

@@ -304,6 +304,13 @@ class ValidateTest(parameterized.TestCase):
       ("grpo_top_k_vocab", {"grpo_top_k": 100000}, "grpo_top_k=100000"),
       ("grpo_decoder", {"grpo_decoder": "vllm"}, "grpo_decoder='vllm'"),
       ("grpo_slots", {"grpo_decode_slots": -1}, "grpo_decode_slots=-1"),
+      ("grpo_replicas", {"grpo_generation_replicas": 0}, "grpo_generation_r"),
+      (
+          "grpo_replicas_divide",
+          {"grpo_generation_devices": 4, "grpo_generation_replicas": 3},
+          r"^config.grpo_generation_replicas=3: must divide "
+          r"grpo_generation_devices=4$",
+      ),
       ("grpo_max_age", {"grpo_max_age": 2}, r"grpo_max_age=2: must be one"),
       ("grpo_page", {"grpo_decode_page_size": 12}, "grpo_decode_page_size=12"),
       ("grpo_temperature", {"grpo_temperature": 0.0}, "grpo_temperature=0.0"),

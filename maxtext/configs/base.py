@@ -518,6 +518,12 @@ def get_config() -> ml_collections.ConfigDict:
   # training runs on the rest. With grpo_max_age 1 the rollout of step s + 1
   # runs on them while update s runs on the others. docs/grpo.md.
   config.grpo_generation_devices = 0
+  # The generation mesh's data axis: replicas that each hold the whole
+  # model (FSDP over grpo_generation_devices / replicas devices,
+  # tensor_parallelism where it divides them), so a decode step gathers
+  # weights over fewer devices. 1 = one copy split over all of them. Must
+  # divide grpo_generation_devices. docs/grpo.md.
+  config.grpo_generation_replicas = 1
   # Held-out evaluation: completions drawn with these options (temperature 0
   # = greedy) on grpo_eval_prompts prompts.
   config.grpo_eval_temperature = 0.0

@@ -4,10 +4,13 @@ With `grpo_generation_devices` = N > 0, each of the job's P processes gives
 its last N / P devices to generation and trains on the rest
 (`mesh.generation_split`; a job of one process: the last N devices). The
 generation mesh splits the parameters FSDP over its devices, with the
-config's tensor parallelism where it divides N (and no expert or context
-axis: a decode step holds one token a sequence). Every process holds a
+config's tensor parallelism where it divides them (and no expert or
+context axis: a decode step holds one token a sequence). Every process holds a
 part of both meshes, so every process dispatches both meshes' programs, in
-the loop's one order, as a multi-controller job needs.
+the loop's one order, as a multi-controller job needs. With
+`grpo_generation_replicas` R > 1 the generation mesh's data axis holds R
+replicas of the parameters, each split FSDP (and tensor) over N / R
+devices.
 
 Before each rollout the engine's parameters are copied onto the generation
 mesh in the compute dtype (`GenerationMesh.copy`). A multi-controller job
@@ -65,18 +68,22 @@ _REPLICA, _FLAT, _REPEAT = "replica", "flat", "repeat"
 
 
 def _generation_config(config, num_devices: int):
-  """`config` with the generation mesh's fields: data 1, FSDP over the
-  rest, the config's tensor parallelism where it divides the devices."""
+  """`config` with the generation mesh's fields: `grpo_generation_replicas`
+  on the data axis, FSDP over each replica's devices, the config's tensor
+  parallelism where it divides them."""
   tensor = getattr(config, "tensor_parallelism", 1)
+  replicas = getattr(config, "grpo_generation_replicas", 1)
   out = config.copy_and_resolve_references()
   with out.unlocked():
-    out.data_parallelism = 1
+    out.data_parallelism = replicas
     out.fsdp_parallelism = -1
     out.dcn_data_parallelism = 1
     out.dcn_fsdp_parallelism = 1
     out.expert_parallelism = 1
     out.context_parallelism = 1
-    out.tensor_parallelism = tensor if num_devices % tensor == 0 else 1
+    out.tensor_parallelism = (
+        tensor if (num_devices // replicas) % tensor == 0 else 1
+    )
     out.grpo_generation_devices = 0
   return out
 

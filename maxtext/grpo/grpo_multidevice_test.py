@@ -174,12 +174,14 @@ class GrpoMultiDeviceTest(absltest.TestCase):
     # first), 4 + 4 (each training device's shards to one generation
     # device) and 2 + 6 (to three): the generation mesh holds the
     # parameters in the compute dtype, exactly.
-    for n, copies in ((2, None), (4, 1), (6, 3)):
+    # The last two with 2 replicas on the generation mesh's data axis.
+    for n, copies, replicas in ((2, None, 1), (4, 1, 2), (6, 3, 2)):
       config = tiny_configs.model_config(
           data_parallelism=1,
           fsdp_parallelism=-1,
           compute_dtype="bfloat16",
           grpo_generation_devices=n,
+          grpo_generation_replicas=replicas,
           **tiny_configs.TINY_GRPO,
       )
       mesh = mesh_lib.make_mesh(config)
@@ -191,6 +193,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
       self.assertEqual(
           set(generation.mesh.devices.flat), set(jax.devices()[8 - n :])
       )
+      self.assertEqual(generation.mesh.shape["data"], replicas)
       for path, got in jax.tree_util.tree_leaves_with_path(copied):
         want = functools.reduce(lambda t, k: t[k.key], path, params)
         self.assertEqual(got.dtype, np.dtype("bfloat16"), path)
