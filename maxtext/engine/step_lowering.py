@@ -60,8 +60,6 @@ def lower_step(
   if programs.k > 1:
     args = (params, opt_state, acc, step, flag, flag, flag, batch)
     return {"micro_step": jitted["micro_step"].lower(*args)}
-  if step_programs._EXP:
-    return {"micro_step": jitted["micro_step"].lower(params, opt_state, step, flag, batch)}
   return {
       "micro_step": jitted["micro_step"].lower(params, batch),
       "update": jitted["update"].lower(params, opt_state, acc, step, flag),

@@ -62,14 +62,8 @@ from maxtext.engine import metric_packing
 from maxtext.engine import step_spec
 
 
-import os
-_EXP = os.environ.get("HBM_EXP", "")
-
-
 def program_names(k: int) -> tuple[str, ...]:
   """The programs an engine with K = `k` runs, in the order a run needs them."""
-  if k == 1 and _EXP:
-    return ("micro_step", "eval")
   if k == 1:
     return ("micro_step", "update", "eval")
   return ("allocate", "micro_step", "eval")
@@ -227,18 +221,11 @@ def _jit(
     grad_norm = optax.tree.norm(slots.gradients_only(mean)).astype(jnp.float32)
     grads = jax.tree.map(lambda m, p: m.astype(p.dtype), mean, params)
     finite = jnp.isfinite(grad_norm)
-    if "where" in _EXP:
-      ok = jnp.logical_and(finite, commit)
-      new_p, new_o = optimizer_step(params, opt_state, grads, grad_norm)
-      params, opt_state = jax.tree.map(
-          lambda n, o: jnp.where(ok, n, o), (new_p, new_o), (params, opt_state)
-      )
-    else:
-      params, opt_state = jax.lax.cond(
-          jnp.logical_and(finite, commit),
-          lambda: optimizer_step(params, opt_state, grads, grad_norm),
-          lambda: (params, opt_state),
-      )
+    params, opt_state = jax.lax.cond(
+        jnp.logical_and(finite, commit),
+        lambda: optimizer_step(params, opt_state, grads, grad_norm),
+        lambda: (params, opt_state),
+    )
     update_packed = jnp.stack(
         [
             jnp.asarray(spec.lr_fn(step), jnp.float32),
@@ -282,22 +269,6 @@ def _jit(
     grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, acc_shapes)
     return grads, packed, weighted
 
-  def fused_single(params, opt_state, step, commit, micro_batch):
-    grads, packed, weighted = gradients(params, micro_batch)
-    grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, acc_shapes)
-    if "layout" in _EXP:
-      from jax.experimental import layout as jl
-      grads = jax.tree.map(
-          lambda g: jl.with_layout_constraint(
-              g, jl.Layout(major_to_minor=tuple(range(g.ndim)))
-          ),
-          grads,
-      )
-    params, opt_state, update_packed = finish(
-        params, opt_state, grads, step, commit
-    )
-    return params, opt_state, step + 1, packed, weighted, update_packed
-
   def update(params, opt_state, grad_sum, step, commit):
     params, opt_state, update_packed = finish(
         params, opt_state, grad_sum, step, commit
@@ -315,14 +286,7 @@ def _jit(
   # counter always are.
   state = (0, 1) if spec.donate else ()
   update_program = None
-  if k == 1 and _EXP:
-    micro = (
-        fused_single,
-        {"donate_argnums": state + (2,)},
-        (ps, opt_shardings, rep, rep, bs),
-        (ps, opt_shardings, rep, rep, rep, rep),
-    )
-  elif k == 1:
+  if k == 1:
     micro = (single_micro_step, {}, (ps, bs), (ps, rep, rep))
     update_program = (
         update,
