@@ -570,11 +570,11 @@ def mlp(
 ) -> jax.Array:
   """SwiGLU MLP. x: [B, S, E] -> [B, S, E].
 
-  With `chunks` > 1 the [B, S, M] hidden activations exist one chunk of
-  positions at a time, forward and backward: the positions are split into
-  `chunks` strided groups (position t in group t mod `chunks`; S is padded
-  with zero rows to a multiple of `chunks`), mapped over one after another,
-  each rematerialised in the backward pass. The MLP acts on each position
+  With `chunks` > 1 (and S > 1) the [B, S, M] hidden activations exist one
+  group of positions at a time, forward and backward: the positions are
+  split into `chunks` strided groups (position t in group t mod `chunks`; S
+  is padded with zero rows to a multiple of `chunks`), mapped over one after
+  another, each rematerialised in the backward pass. The MLP acts on each position
   alone, so the outputs are the same; the weights' gradients are summed
   over the groups. Strided groups keep a sequence split over devices
   (context parallelism) split the same way in every group.
@@ -593,8 +593,10 @@ def mlp(
     b, s, e = x.shape
     padded = -(-s // chunks) * chunks
     grouped = jnp.pad(x, ((0, 0), (0, padded - s), (0, 0)))
-    # [B, S', E] -> [chunks, B, S' / chunks, E], group j = positions j mod n.
-    grouped = jnp.moveaxis(grouped.reshape(b, padded // chunks, chunks, e), 2, 0)
+    # [B, S', E] -> [chunks, B, S' / chunks, E]: group j holds the positions
+    # j, j + chunks, j + 2 chunks, ...
+    grouped = grouped.reshape(b, padded // chunks, chunks, e)
+    grouped = jnp.moveaxis(grouped, 2, 0)
     out = jax.lax.map(jax.checkpoint(swiglu, prevent_cse=False), grouped)
     out = jnp.moveaxis(out, 0, 2).reshape(b, padded, e)[:, :s]
   else:
