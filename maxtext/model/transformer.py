@@ -574,9 +574,9 @@ def mlp(
   group of positions at a time, forward and backward: the positions are
   split into `chunks` strided groups (position t in group t mod `chunks`; S
   is padded with zero rows to a multiple of `chunks`), mapped over one after
-  another, each rematerialised in the backward pass. The MLP acts on each position
-  alone, so the outputs are the same; the weights' gradients are summed
-  over the groups. Strided groups keep a sequence split over devices
+  another, each rematerialised in the backward pass. The MLP acts on each
+  position alone, so the outputs are the same; the weights' gradients are
+  summed over the groups. Strided groups keep a sequence split over devices
   (context parallelism) split the same way in every group.
   """
   cdt = x.dtype
@@ -664,9 +664,7 @@ def _final_hidden(
     x = x + _attention(
         norm(x, layer["attn_norm"], config), layer, config, mesh, rows
     )
-    x = x + mlp(
-        norm(x, layer["mlp_norm"], config), layer, config.mlp_chunks
-    )
+    x = x + mlp(norm(x, layer["mlp_norm"], config), layer, config.mlp_chunks)
     return _split_tokens(x, mesh), None
 
   def moe_ffn(x, layer):
