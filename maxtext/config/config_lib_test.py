@@ -262,6 +262,11 @@ class ValidateTest(parameterized.TestCase):
           "rope_yarn_beta_fast=1.0: must be > rope_yarn_beta_slow=32.0 > 0",
       ),
       (
+          "no_mlp_chunk",
+          {"mlp_chunks": 0},
+          "mlp_chunks=0: must be >= 1",
+      ),
+      (
           "yarn_negative_mscale",
           {"rope_scaling": "yarn", "rope_yarn_mscale_all_dim": -1.0},
           "rope_yarn_mscale_all_dim=-1.0: must be >= 0",

@@ -213,6 +213,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute the loss this many sequence positions at a time, so the float32
   # [batch, seq, vocab] logits never exist at once. 0 = all at once.
   config.loss_chunk_size = 0
+  # Compute the dense MLP's [batch, seq, mlp_dim] hidden activations for
+  # this many groups of sequence positions one after another, forward and
+  # backward (each group rematerialised), so they never exist whole.
+  # 1 = all at once.
+  config.mlp_chunks = 1
   # Packed rows: several sequences share a row, attention and the recurrent
   # layers restart at each sequence's start and rotary positions restart at
   # 0 (segment ids and positions ride the batch; docs/training.md,

@@ -36,6 +36,7 @@ FIELDS = (
     "load_balance_loss_weight",
     "loss_chunk_size",
     "max_sequence_length",
+    "mlp_chunks",
     "mlp_dim",
     "moe_mlp_dim",
     "norm_epsilon",

@@ -12,12 +12,13 @@ Parameters are stored in `config.weight_dtype` and cast to
 `config.compute_dtype` where they are used; normalisation statistics, softmax,
 logits and the loss are computed in float32.
 
-Three config fields trade speed and memory without changing the parameters
+Four config fields trade speed and memory without changing the parameters
 or (beyond float32 rounding) the results: `attention` (einsum reference,
 XLA or cuDNN `dot_product_attention`, Pallas splash; `maxtext.layers`),
-`remat_policy` (what the scanned block keeps for the backward pass) and
-`loss_chunk_size` (the cross entropy a sequence chunk at a time, so the
-float32 logits never exist whole).
+`remat_policy` (what the scanned block keeps for the backward pass),
+`mlp_chunks` (the dense MLP's hidden activations a group of positions at a
+time) and `loss_chunk_size` (the cross entropy a sequence chunk at a time,
+so the float32 logits never exist whole).
 
 Parameter shapes (L layers, E emb_dim, H heads, K kv heads, D head_dim,
 M mlp_dim, V vocab_size):
@@ -564,14 +565,42 @@ class Rows(NamedTuple):
     return cls(batch.get("segment_ids"), batch.get("positions"))
 
 
-def mlp(x: jax.Array, layer: Mapping[str, jax.Array]) -> jax.Array:
-  """SwiGLU MLP. x: [B, S, E] -> [B, S, E]."""
+def mlp(
+    x: jax.Array, layer: Mapping[str, jax.Array], chunks: int = 1
+) -> jax.Array:
+  """SwiGLU MLP. x: [B, S, E] -> [B, S, E].
+
+  With `chunks` > 1 (and S > 1) the [B, S, M] hidden activations exist one
+  group of positions at a time, forward and backward: the positions are
+  split into `chunks` strided groups (position t in group t mod `chunks`; S
+  is padded with zero rows to a multiple of `chunks`), mapped over one after
+  another, each rematerialised in the backward pass. The MLP acts on each
+  position alone, so the outputs are the same; the weights' gradients are
+  summed over the groups. Strided groups keep a sequence split over devices
+  (context parallelism) split the same way in every group.
+  """
   cdt = x.dtype
-  gate = jnp.einsum("bse,em->bsm", x, layer["w_gate"].astype(cdt))
-  up = jnp.einsum("bse,em->bsm", x, layer["w_up"].astype(cdt))
-  out = jnp.einsum(
-      "bsm,me->bse", jax.nn.silu(gate) * up, layer["w_down"].astype(cdt)
+  w_gate, w_up, w_down = (
+      layer[name].astype(cdt) for name in ("w_gate", "w_up", "w_down")
   )
+
+  def swiglu(x):
+    gate = jnp.einsum("bse,em->bsm", x, w_gate)
+    up = jnp.einsum("bse,em->bsm", x, w_up)
+    return jnp.einsum("bsm,me->bse", jax.nn.silu(gate) * up, w_down)
+
+  if chunks > 1 and x.shape[1] > 1:
+    b, s, e = x.shape
+    padded = -(-s // chunks) * chunks
+    grouped = jnp.pad(x, ((0, 0), (0, padded - s), (0, 0)))
+    # [B, S', E] -> [chunks, B, S' / chunks, E]: group j holds the positions
+    # j, j + chunks, j + 2 chunks, ...
+    grouped = grouped.reshape(b, padded // chunks, chunks, e)
+    grouped = jnp.moveaxis(grouped, 2, 0)
+    out = jax.lax.map(jax.checkpoint(swiglu, prevent_cse=False), grouped)
+    out = jnp.moveaxis(out, 0, 2).reshape(b, padded, e)[:, :s]
+  else:
+    out = swiglu(x)
   return jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
 
 
@@ -635,7 +664,7 @@ def _final_hidden(
     x = x + _attention(
         norm(x, layer["attn_norm"], config), layer, config, mesh, rows
     )
-    x = x + mlp(norm(x, layer["mlp_norm"], config), layer)
+    x = x + mlp(norm(x, layer["mlp_norm"], config), layer, config.mlp_chunks)
     return _split_tokens(x, mesh), None
 
   def moe_ffn(x, layer):

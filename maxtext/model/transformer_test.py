@@ -240,6 +240,61 @@ class ChunkedLossTest(parameterized.TestCase):
     self.assertLess(chunked, 4 * 64 * 4096 * 4)
 
 
+class MlpChunksTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("divides", 4, "none"),
+      ("does_not_divide", 5, "none"),
+      ("divides_full_remat", 2, "full"),
+      ("does_not_divide_full_remat", 3, "full"),
+      ("one_position_a_group", 16, "save_dots"),
+      ("more_groups_than_positions", 40, "none"),
+  )
+  def test_same_loss_and_grads(self, chunks, policy):
+    reference = tiny_configs.model_config(remat_policy=policy)
+    config = tiny_configs.model_config(remat_policy=policy, mlp_chunks=chunks)
+    params = transformer.init_params(reference, jax.random.PRNGKey(7))
+    batch = _batch(reference, batch=3, weights=True)
+    (loss, aux), grads = _loss_and_grads(config, params, batch)
+    (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    np.testing.assert_allclose(aux["loss_sum"], ref_aux["loss_sum"], rtol=1e-6)
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
+
+  def test_groups_are_strided_positions(self):
+    # Each output position is the MLP of that position's input alone, so a
+    # position's output does not depend on which group it fell in; a wrong
+    # regrouping (a transposed reshape) would move rows between positions.
+    config = tiny_configs.model_config()
+    layer = jax.tree.map(
+        lambda a: a[0],
+        transformer.init_params(config, jax.random.PRNGKey(1))["layers"],
+    )
+    x = jax.random.normal(
+        jax.random.PRNGKey(2), (2, 11, config.emb_dim), jnp.float32
+    )
+    whole = transformer.mlp(x, layer)
+    for chunks in (2, 3, 4):
+      np.testing.assert_allclose(
+          transformer.mlp(x, layer, chunks), whole, rtol=1e-6, atol=1e-6
+      )
+      # Changing one position changes that position's output alone.
+      moved = transformer.mlp(x.at[1, 5].add(1.0), layer, chunks)
+      changed = np.any(np.abs(np.asarray(moved - whole)) > 0, axis=-1)
+      self.assertEqual(np.argwhere(changed).tolist(), [[1, 5]], chunks)
+
+  def test_chunked_mlp_compiles_to_less_temp_memory(self):
+    # The hidden activations dominate: [4, 64, 2048] float32 is 2 MiB each.
+    kwargs = dict(
+        mlp_dim=2048, num_layers=1, max_sequence_length=64, remat_policy="full"
+    )
+    whole = _grad_temp_bytes(tiny_configs.model_config(**kwargs), batch=4)
+    chunked = _grad_temp_bytes(
+        tiny_configs.model_config(mlp_chunks=4, **kwargs), batch=4
+    )
+    self.assertLess(chunked, whole)
+
+
 class ModelTest(parameterized.TestCase):
 
   def test_param_shapes_and_dtype(self):

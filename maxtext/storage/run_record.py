@@ -131,6 +131,7 @@ RESUMABLE_FIELDS = frozenset(
         "attention",
         "remat_policy",
         "loss_chunk_size",
+        "mlp_chunks",
         "warmup_steps_before_run_start",
         # One copy of the state or two: the same update either way.
         "donate_state",
