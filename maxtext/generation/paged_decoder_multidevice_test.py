@@ -174,6 +174,25 @@ class PagedReplicasTest(parameterized.TestCase):
     )
     self.assertEqual(got.prefill_passes, 1)
 
+  def test_a_replica_too_small_for_one_sequence_is_refused(self):
+    # 6 pages would hold the sequence's 4, but each replica has 3.
+    config, mesh, sharded, _ = _setup(
+        (), dict(data_parallelism=2, fsdp_parallelism=4)
+    )
+    with self.assertRaisesRegex(
+        ValueError,
+        r"^num_pages=6 pages of 4 \(3 for each of 2 data replicas\) cannot "
+        r"hold one sequence",
+    ):
+      paged_decoder.generate(
+          sharded,
+          config,
+          [[1] * 9],
+          sampling.SamplingOptions(max_new_tokens=6),
+          engine=paged_decoder.EngineOptions(page_size=4, num_pages=5),
+          mesh=mesh,
+      )
+
   @parameterized.named_parameters(
       ("gqa_data2_fsdp2_tensor2", (), _DATA2_FSDP2_TENSOR2, 2, 2),
       (
