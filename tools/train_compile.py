@@ -41,8 +41,10 @@ paged_decoder`, the programs GRPO's rollouts run) for --slots sequences of
 up to --length positions, contexts of up to --prompt_length ids, pages of
 --page_size positions (--num_pages of them; by default the engine's), with
 the parameters in the compute dtype split over the config's mesh as the
-trainer splits them. It prints the same table, the bytes of one weight copy
-onto that mesh, and one line:
+trainer splits them; on a mesh with a data axis of R devices, R replicas
+each hold 1 / R of the slots (rounded up to a multiple of R) and of the
+pages, as the engine runs them. It prints the same table, the bytes of one
+weight copy onto that mesh, and one line:
 
   train_compile: program=generate topology=v5p:2x2x1 devices=4 chips=4
       slots=S pages=N page_size=P length=T params=X.XX GiB pool=X.XX GiB
@@ -158,7 +160,7 @@ _NUM_PAGES = flags.DEFINE_integer(
     "num_pages",
     0,
     "--program=generate: the page pool's pages; 0 = the engine's default, "
-    "(slots + 1) x the pages of the longest sequence.",
+    "(slots + R) x the pages of the longest sequence for R data replicas.",
 )
 
 _PROGRAM = "train_compile"

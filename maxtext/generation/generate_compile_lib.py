@@ -1,22 +1,24 @@
 """Compiles a rollout's generation programs for given devices, ahead of time.
 
 The programs are the paged decoder's own (`paged_decoder.lower`): the
-prefill of one context and the decode program of every slot over the
-widest page table, lowered on abstract arguments (nothing is allocated) and
-compiled by the devices' compiler. On libtpu's description of a TPU slice
-(`topology.abstract_devices`) the real TPU compiler runs on this host and
-its memory analysis says whether the rollout fits the slice's HBM, as
-`train_compile_lib` does for the training step (whose `ProgramMemory`
-figures these are).
+prefill of one context per data-parallel replica and the decode program of
+every slot over the widest page table, lowered on abstract arguments
+(nothing is allocated) and compiled by the devices' compiler. On libtpu's
+description of a TPU slice (`topology.abstract_devices`) the real TPU
+compiler runs on this host and its memory analysis says whether the
+rollout fits the slice's HBM, as `train_compile_lib` does for the training
+step (whose `ProgramMemory` figures these are).
 
 The parameters are the generation mesh's copy: in the compute dtype (the
 dtype the model computes in; training keeps them in `weight_dtype`), split
 as the trainer splits them on that mesh (`model_setup`: FSDP, the expert
 and tensor axes). The engine's own arrays are placed as
-`paged_decoder.generate` places them: the page pool split by key/value
-heads over the tensor axis where it divides them
-(`paged_decoder.pool_sharding`), the slots' recurrent states and logits
-and the page tables replicated on every device.
+`paged_decoder.generate` places them (`replica_layout`): on a mesh with a
+"data" axis of R devices, R replicas of the engine each hold 1 / R of the
+slots (their page tables, recurrent states and logits) and 1 / R of the
+pool's pages; the pool is split by key/value heads over the tensor axis
+where it divides them (`paged_decoder.pool_sharding`); within a replica
+the slots' arrays are on every device.
 
 Per program, per device (as `train_compile_lib`):
 
@@ -75,7 +77,8 @@ class GenerationCompile:
   Attributes:
     step: the programs' memory ("prefill", then "decode"); compiling stops
       at one refused for memory.
-    num_slots: sequences decoded together.
+    num_slots: sequences decoded together (the slots asked for, rounded
+      up to a multiple of the mesh's data replicas).
     num_pages: the pool's pages.
     page_size: positions a page holds.
     length: positions of the longest sequence (a slot's table covers its
@@ -197,7 +200,7 @@ def compile_generation(
     done.append(memory)
   return GenerationCompile(
       step=train_compile_lib.StepCompile(tuple(done), out_of_memory),
-      num_slots=num_slots,
+      num_slots=lowered.num_slots,
       num_pages=lowered.num_pages,
       page_size=engine.page_size,
       length=length,

@@ -134,6 +134,49 @@ class CompileGenerationTest(absltest.TestCase):
     self.assertEqual(prefill.resident, result.state_bytes + 3 * 32 * 4)
     self.assertEqual(decode.resident, 0)
 
+  def test_programs_compile_split_over_data_replicas(self):
+    config = ml_collections.FrozenConfigDict(
+        tiny_configs.model_config(
+            tiny_configs.TINY_QWEN35,
+            compute_dtype="bfloat16",
+            data_parallelism=2,
+            fsdp_parallelism=1,
+            tensor_parallelism=2,
+        )
+    )
+    mesh = mesh_lib.make_mesh(config)
+    self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 1, "tensor": 2})
+
+    result = generate_compile_lib.compile_generation(
+        config,
+        mesh,
+        num_slots=3,
+        length=16,
+        prompt_length=5,
+        engine=paged_decoder.EngineOptions(page_size=4),
+    )
+
+    self.assertIsNone(result.step.out_of_memory)
+    # 3 slots rounded up to 2 per replica; the default pool: (slots +
+    # replicas) x the pages of 16 positions.
+    self.assertEqual(result.num_slots, 4)
+    self.assertEqual(result.num_pages, (4 + 2) * 4)
+    # Each device holds its replica's half of the pages, by its half of the
+    # key/value heads, and its replica's 2 slots' DeltaNet states.
+    self.assertEqual(
+        result.pool_bytes,
+        paged_model.pool_bytes(config, result.num_pages, 4) // 4,
+    )
+    self.assertEqual(result.state_bytes, 2 * result.state_bytes_per_slot)
+    prefill, decode = result.step.programs
+    # Beside the prefill: the states and the [2, V] logits of its slots.
+    self.assertEqual(prefill.resident, result.state_bytes + 2 * 32 * 4)
+    self.assertEqual(decode.resident, 0)
+    for program in result.step.programs:
+      self.assertGreaterEqual(
+          program.args, result.param_bytes + result.pool_bytes
+      )
+
   def test_bad_shape_is_one_line(self):
     config = _config()
     mesh = mesh_lib.make_mesh(config)

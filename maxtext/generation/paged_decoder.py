@@ -47,6 +47,32 @@ sequence rather than pages: one per slot (`kv_cache.init_states`), beside
 the page tables. A context's prefill leaves its state after the context;
 each continuation's slot starts from a copy of it (as the partial page is
 copied), and a slot's state advances only on its live tokens.
+
+Data-parallel replicas. On a mesh whose "data" axis has R > 1 devices
+(the training mesh's, where the parameters are split over "fsdp" and
+replicated over "data") the engine runs R replicas that decode without
+exchanging weights, pages or activations (`replica_layout`): each holds
+the whole model (split over its own fsdp, expert and tensor devices as
+the caller placed it), S / R of the slots and N / R of the pool's pages,
+which its page tables name by local ids, and the programs run their body
+per replica (`shard_map` manual over "data" only). The slot count is
+rounded up to a multiple of R (`replica_slots`), and so is the page count
+(the default pool is (S + R) x the widest table: each replica's slots'
+longest sequences plus one waiting context). The host keeps one
+`page_pool.PagePool` and reservation count per replica. A waiting context
+is prefilled into the replica, among those with a free slot and no
+continuation ready, that has the most free (unreserved) pages; one prefill
+call takes a context for each such replica (the others' rows are empty
+and write nothing). Its continuations run in that replica's slots only,
+sharing its pages, and each replica fills its own free slots from its own
+ready continuations. The decode program's replicas step together: the
+call stops once any replica with work waiting has finished a sequence
+(the one value they exchange, an integer pair a step), or when no replica
+has a running one. Draws are keyed by (row, step), so the ids do not
+depend on the replica either. `EngineGeneration`'s pages and bytes are
+summed over the replicas (`pages_used`: the sum of each replica's most
+pages in use, the pages the replicas' blocks must hold). With R = 1 (no
+"data" axis, or one device) the programs run without `shard_map`.
 """
 
 import collections
@@ -64,11 +90,14 @@ from maxtext.generation import decoder
 from maxtext.generation import kv_cache
 from maxtext.generation import page_pool
 from maxtext.generation import paged_model
+from maxtext.generation import replica_layout
 from maxtext.generation import sampling
 from maxtext.model import model_config
 from maxtext.runtime import mesh as mesh_lib
 
 _STOP_SLOTS = 8
+
+P = jax.sharding.PartitionSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +106,15 @@ class EngineOptions:
 
   Attributes:
     num_slots: sequences decoded together (the decode program's rows); 0
-      = one per row of the call (the static decoder's batch).
+      = one per row of the call (the static decoder's batch). On a mesh of
+      R data replicas, rounded up to a multiple of R.
     page_size: positions a page holds (a power of two).
-    num_pages: the pool's pages; 0 = (num_slots + 1) x the pages of the
-      length bucket (`decoder.cache_length`) of the longest context plus
+    num_pages: the pool's pages (all replicas'; rounded up to a multiple
+      of R); 0 = (num_slots + R) x the pages of the length bucket
+      (`decoder.cache_length`) of the longest context plus
       max_new_tokens: every slot's longest sequence plus one waiting
-      context, the static decoder's cache for num_slots + 1 rows.
+      context per replica, for R = 1 the static decoder's cache for
+      num_slots + 1 rows.
     chunk: most decode steps one program call runs before the host
       refills slots (it returns early when a slot frees while sequences
       wait).
@@ -111,11 +143,13 @@ class EngineGeneration:
       context r // num_samples); ids past a row's own max_new_tokens are
       `sampling.PAD_ID`.
     cache_bytes: bytes of the page pool (allocated) and of the slots'
-      recurrent states (a hybrid model's).
-    peak_bytes: bytes of the most pages in use at once, and of the slots'
-      recurrent states.
-    pages_used: the most pages in use at once.
-    prefill_passes: prefill calls (one per context).
+      recurrent states (a hybrid model's), over all replicas.
+    peak_bytes: bytes of `pages_used` pages and of the slots' recurrent
+      states.
+    pages_used: the most pages in use at once; on several data replicas
+      the sum of each replica's most (what their blocks must hold).
+    prefill_passes: contexts prefilled (each once; one call prefills a
+      context for each of several replicas).
     decode_calls: decode program calls.
     decode_steps: decode steps run (each steps every slot).
     page_copies: partial pages copied for a continuation (copy on write).
@@ -140,129 +174,141 @@ def _pages(positions: int, page_size: int) -> int:
 def pool_sharding(
     config, mesh: Optional[jax.sharding.Mesh]
 ) -> Optional[jax.sharding.NamedSharding]:
-  """Where the page pool's leaves live on `mesh` (None: one device).
-
-  A grouped-query pool's [L, N, P, K, D] leaves are split by key/value
-  heads (K) over the mesh's tensor axis when it divides them: each device
-  keeps the heads its attention computes (the projections are split so,
-  `transformer.param_partition_specs`), and the pool takes 1 / tensor of
-  the bytes on each. Otherwise (no tensor axis, heads it does not divide,
-  MLA's latent entries, which have no heads) the pool is replicated.
-  """
-  if mesh is None:
-    return None
-  tensor = mesh_lib.tensor_size(mesh)
-  if (
-      tensor > 1
-      and config.attention_type != "mla"
-      and config.num_kv_heads % tensor == 0
-  ):
-    spec = jax.sharding.PartitionSpec(
-        None, None, None, mesh_lib.TENSOR_AXIS, None
-    )
-  else:
-    spec = jax.sharding.PartitionSpec()
-  return jax.sharding.NamedSharding(mesh, spec)
+  """Where the page pool's [L, N, P, K, D] leaves live on `mesh` (None:
+  one device): the pages split over the data-parallel replicas (the mesh's
+  "data" axis), the key/value heads over its tensor axis where that
+  divides them (`replica_layout`)."""
+  layout = replica_layout.for_model(config, mesh)
+  return layout.sharding(layout.pool_spec())
 
 
-def _constrain(tree, sharding):
-  """Every leaf of `tree` placed by `sharding` (None: left as it is)."""
-  if sharding is None:
-    return tree
-  return jax.tree_util.tree_map(
-      lambda x: jax.lax.with_sharding_constraint(x, sharding), tree
-  )
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("config", "pool_layout", "replicated"),
-    donate_argnums=(1,),
-)
-def _prefill(
-    params, pool, tokens, length, table, *, config, pool_layout, replicated
-):
-  """Writes a context's entries into its pages; returns (pool, logits [V]
-  of its last position, its recurrent states (one row; {} without
-  recurrent layers)). tokens int32 [1, T] right-padded, table [1, T/P].
-  The pool keeps `pool_layout`, the rest is `replicated` (None: one
-  device), so every call takes and returns the same layouts."""
+def _prefill_body(params, pool, tokens, length, table, *, config):
+  """One replica's prefill of one context (tokens [1, T], length [1],
+  table [1, T / P]): (pool, logits [1, V] of its last position, its
+  recurrent states [L, 1, ...]). A length of 0 writes nothing (its logits
+  and states are not read)."""
   positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
   hidden, pool, states = paged_model.forward(
       params,
       tokens,
       positions,
-      positions < length,
+      positions < length[:, None],
       pool,
       table,
       config,
       kv_cache.init_states(config, 1),
   )
-  last = jax.lax.dynamic_index_in_dim(hidden, length - 1, 1)
+  last = jax.lax.dynamic_index_in_dim(hidden, length[0] - 1, 1)
+  return pool, cached_model.logits(params, last)[:, 0], states
+
+
+@functools.partial(
+    jax.jit, static_argnames=("config", "layout"), donate_argnums=(1,)
+)
+def _prefill(params, pool, tokens, lengths, tables, *, config, layout):
+  """Writes up to one context per replica into its pages.
+
+  Args:
+    params: the model's parameters.
+    pool: the page pool.
+    tokens: int32 [R, T]: replica r's context, right-padded.
+    lengths: int32 [R]: the contexts' ids; 0 for a replica with none
+      (it writes nothing).
+    tables: int32 [R, T / P]: each context's pages (the replica's local
+      ids).
+    config, layout: static (`replica_layout.Layout`).
+
+  Returns:
+    (pool, logits float32 [R, V] of each context's last position, their
+    recurrent states [L, R, ...] ({} without recurrent layers)), split
+    over the replicas as the engine's other arrays are, so every call
+    takes and returns the same layouts.
+  """
+  split = layout.split
+  pool, logits, states = layout.per_replica(
+      functools.partial(_prefill_body, config=config),
+      in_specs=(P(), split(1), split(0), split(0), split(0)),
+      out_specs=(split(1), split(0), split(1)),
+  )(params, pool, tokens, lengths, tables)
   return (
-      _constrain(pool, pool_layout),
-      _constrain(cached_model.logits(params, last)[0, 0], replicated),
-      _constrain(states, replicated),
+      layout.constrain(pool, layout.pool_spec()),
+      layout.constrain(logits, split(0)),
+      layout.constrain(states, split(1)),
   )
 
 
 @functools.partial(
-    jax.jit, static_argnames=("config", "num_pages", "page_size", "sharding")
+    jax.jit, static_argnames=("config", "num_pages", "page_size", "layout")
 )
-def _empty_pool(*, config, num_pages, page_size, sharding):
-  """A zero pool placed by `sharding` (`pool_sharding`; None: one
-  device)."""
-  return _constrain(
-      paged_model.init_pool(config, num_pages, page_size), sharding
+def _empty_pool(*, config, num_pages, page_size, layout):
+  """A zero pool placed by `layout`."""
+  return layout.constrain(
+      paged_model.init_pool(config, num_pages, page_size), layout.pool_spec()
   )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "slots", "sharding"))
-def _empty_states(*, config, slots, sharding):
-  """Every slot's zero recurrent states, replicated over `sharding`'s mesh
-  (None: one device); {} for a model without recurrent layers."""
-  states = kv_cache.init_states(config, slots)
-  if sharding is None:
-    return states
-  return jax.tree_util.tree_map(
-      lambda x: jax.lax.with_sharding_constraint(x, sharding), states
+@functools.partial(jax.jit, static_argnames=("config", "slots", "layout"))
+def _empty_states(*, config, slots, layout):
+  """Every slot's zero recurrent states, split over the replicas; {} for a
+  model without recurrent layers."""
+  return layout.constrain(kv_cache.init_states(config, slots), layout.split(1))
+
+
+# The per-replica setters below take an [R] slot or page per replica; an
+# entry past the replica's slots or pages sets nothing (the scatter drops
+# it), so one call serves the replicas that have something to set.
+
+
+@functools.partial(jax.jit, static_argnames=("layout",), donate_argnums=(0,))
+def _set_states(states, slots, context_states, *, layout):
+  """Slot slots[r] of replica r's [L, S / R, ...] states set to its
+  context's (context_states [L, R, ...], a prefill's)."""
+
+  def body(states, slot, context_states):
+    return jax.tree_util.tree_map(
+        lambda x, c: x.at[:, slot[0]].set(c[:, 0], mode="drop"),
+        states,
+        context_states,
+    )
+
+  split = layout.split
+  return layout.per_replica(
+      body, in_specs=(split(1), split(0), split(1)), out_specs=split(1)
+  )(states, slots, context_states)
+
+
+@functools.partial(jax.jit, static_argnames=("layout",), donate_argnums=(0,))
+def _set_row(logits, slots, rows, *, layout):
+  """Row slots[r] of replica r's [S / R, V] logits set to rows[r]."""
+
+  def body(logits, slot, row):
+    return logits.at[slot[0]].set(row[0], mode="drop")
+
+  split = layout.split
+  return layout.per_replica(
+      body, in_specs=(split(0), split(0), split(0)), out_specs=split(0)
+  )(logits, slots, rows)
+
+
+@functools.partial(jax.jit, static_argnames=("layout",), donate_argnums=(0,))
+def _copy_page(pool, sources, targets, *, layout):
+  """Replica r's page targets[r] set to its page sources[r] (local ids)."""
+
+  def body(pool, source, target):
+    return jax.tree_util.tree_map(
+        lambda x: x.at[:, target[0]].set(x[:, source[0]], mode="drop"), pool
+    )
+
+  split = layout.split
+  return layout.constrain(
+      layout.per_replica(
+          body, in_specs=(split(1), split(0), split(0)), out_specs=split(1)
+      )(pool, sources, targets),
+      layout.pool_spec(),
   )
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _set_states(states, slot, context_states):
-  """Slot `slot` of every [L, S, ...] state set to the context's [L, 1,
-  ...] states."""
-  return jax.tree_util.tree_map(
-      lambda x, c: x.at[:, slot].set(c[:, 0]), states, context_states
-  )
-
-
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _set_row(logits, slot, row):
-  return logits.at[slot].set(row)
-
-
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _copy_page(pool, source, target):
-  return jax.tree_util.tree_map(
-      lambda x: x.at[:, target].set(x[:, source]), pool
-  )
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "config",
-        "chunk",
-        "greedy",
-        "filtered",
-        "pool_layout",
-        "replicated",
-    ),
-    donate_argnums=(1, 2, 3),
-)
-def _decode(
+def _decode_body(
     params,
     pool,
     states,
@@ -285,41 +331,22 @@ def _decode(
     chunk: int,
     greedy: bool,
     filtered: bool,
-    pool_layout=None,
-    replicated=None,
+    replicas: int,
 ):
-  """Up to `chunk` decode steps of every slot.
-
-  Args:
-    params: the model's parameters.
-    pool: the page pool.
-    states: the slots' recurrent states ({} without recurrent layers).
-    logits: float32 [S, V]: each slot's next-token logits.
-    tables: int32 [S, W] page tables.
-    steps: int32 [S] ids each slot's sequence has so far.
-    positions: int32 [S] where each slot's next id goes.
-    budgets: int32 [S] each sequence's max_new_tokens.
-    rows: int32 [S] each sequence's row (its draws' key).
-    active: bool [S] slots holding a running sequence.
-    stop_after: int32: return once this many sequences finished.
-    seed_key, temperature, top_k, top_p, stop_ids, allowed_vocab: as
-      `decoder._generate`.
-    config, chunk, greedy, filtered: static.
-    pool_layout, replicated: static; as `_prefill`'s (the states and
-      logits are replicated).
-
-  Returns:
-    (pool, states, logits, ids int32 [S, chunk], log_probs float32
-    [S, chunk], steps, active): a slot's new ids are the first (new steps -
-    old steps) of its row.
-  """
+  """One replica's `_decode` on its blocks (stop_after [1])."""
   slots = logits.shape[0]
 
   draw = (temperature, top_k, top_p, allowed_vocab)
 
   def cond(carry):
     k, _, _, _, _, _, active, finished, _, _ = carry
-    return (k < chunk) & jnp.any(active) & (finished < stop_after)
+    going = jnp.stack([jnp.any(active), finished >= stop_after[0]])
+    if replicas > 1:
+      # Every replica steps while any has a running slot and none has
+      # finished the sequences its host waits for: the one integer pair
+      # the replicas exchange a step.
+      going = jax.lax.psum(going.astype(jnp.int32), mesh_lib.DATA_AXIS)
+    return (k < chunk) & (going[0] > 0) & (going[1] == 0)
 
   def body(carry):
     (
@@ -386,25 +413,127 @@ def _decode(
   _, pool, states, logits, steps, _, active, _, ids, log_probs = (
       jax.lax.while_loop(cond, body, carry)
   )
-  return (
-      _constrain(pool, pool_layout),
-      _constrain(states, replicated),
-      _constrain(logits, replicated),
-      ids,
-      log_probs,
+  return pool, states, logits, ids, log_probs, steps, active
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("config", "chunk", "greedy", "filtered", "layout"),
+    donate_argnums=(1, 2, 3),
+)
+def _decode(
+    params,
+    pool,
+    states,
+    logits,
+    tables,
+    steps,
+    positions,
+    budgets,
+    rows,
+    active,
+    stop_after,
+    seed_key,
+    temperature,
+    top_k,
+    top_p,
+    stop_ids,
+    allowed_vocab,
+    *,
+    config,
+    chunk: int,
+    greedy: bool,
+    filtered: bool,
+    layout,
+):
+  """Up to `chunk` decode steps of every slot.
+
+  Args:
+    params: the model's parameters.
+    pool: the page pool.
+    states: the slots' recurrent states ({} without recurrent layers).
+    logits: float32 [S, V]: each slot's next-token logits.
+    tables: int32 [S, W] page tables (local page ids of the slot's
+      replica).
+    steps: int32 [S] ids each slot's sequence has so far.
+    positions: int32 [S] where each slot's next id goes.
+    budgets: int32 [S] each sequence's max_new_tokens.
+    rows: int32 [S] each sequence's row (its draws' key).
+    active: bool [S] slots holding a running sequence.
+    stop_after: int32 [R]: return once replica r has finished this many
+      sequences (any replica).
+    seed_key, temperature, top_k, top_p, stop_ids, allowed_vocab: as
+      `decoder._generate`.
+    config, chunk, greedy, filtered: static.
+    layout: static (`replica_layout.Layout`): every [S, ...] array split
+      over the replicas on its slot dimension, the pool on its pages.
+
+  Returns:
+    (pool, states, logits, ids int32 [S, chunk], log_probs float32
+    [S, chunk], steps, active): a slot's new ids are the first (new steps -
+    old steps) of its row; ids, log_probs, steps and active whole on every
+    device.
+  """
+  split = layout.split
+  slot_specs = (split(0),) * 7  # tables .. active, stop_after
+  pool, states, logits, ids, log_probs, steps, active = layout.per_replica(
+      functools.partial(
+          _decode_body,
+          config=config,
+          chunk=chunk,
+          greedy=greedy,
+          filtered=filtered,
+          replicas=layout.replicas,
+      ),
+      in_specs=(P(), split(1), split(1), split(0)) + slot_specs + (P(),) * 6,
+      out_specs=(split(1), split(1)) + (split(0),) * 5,
+  )(
+      params,
+      pool,
+      states,
+      logits,
+      tables,
       steps,
+      positions,
+      budgets,
+      rows,
       active,
+      stop_after,
+      seed_key,
+      temperature,
+      top_k,
+      top_p,
+      stop_ids,
+      allowed_vocab,
+  )
+  # What the host reads comes back whole to every device (once a call, not
+  # a step): a process reads only the arrays it holds every part of.
+  return (
+      layout.constrain(pool, layout.pool_spec()),
+      layout.constrain(states, split(1)),
+      layout.constrain(logits, split(0)),
+      *layout.constrain((ids, log_probs, steps, active), P()),
   )
 
 
 @dataclasses.dataclass
-class _Context:
-  """A prefilled context: its pages and the continuations yet to start."""
+class _Prefilled:
+  """One prefill call's outputs, on the device: each replica's context's
+  logits [R, V] and recurrent states [L, R, ...] ({} without them)."""
 
+  logits: Any
+  states: Any
+
+
+@dataclasses.dataclass
+class _Context:
+  """A prefilled context: its replica, pages and the continuations yet to
+  start."""
+
+  replica: int
   length: int
-  pages: list
-  logits: Any  # float32 [V] on the device.
-  states: Any  # Its recurrent states ([L, 1, ...]; {} without them).
+  pages: list  # Local ids in its replica's block.
+  prefilled: _Prefilled  # Row `replica` of it is this context's.
   waiting: int
 
 
@@ -419,6 +548,17 @@ class _Sequence:
   unallocated: int  # Pages reserved for it, not yet taken from the pool.
 
 
+@dataclasses.dataclass
+class _Admission:
+  """A continuation given a slot, whose logits (and states, and partial
+  page's copy) the device has yet to set."""
+
+  replica: int
+  slot: int  # Local to the replica.
+  context: _Context
+  copy: Optional[tuple[int, int]]  # (source, target) local page ids.
+
+
 def table_width(config, length: int, page_size: int) -> int:
   """The pages of a slot's table for sequences of up to `length` positions
   (context plus max_new_tokens): the pages of the length bucket
@@ -429,10 +569,27 @@ def table_width(config, length: int, page_size: int) -> int:
   )
 
 
-def pool_pages(engine: EngineOptions, slots: int, width: int) -> int:
-  """The pool's pages: `engine.num_pages`, or by default (slots + 1) x the
-  widest table (`EngineOptions.num_pages`)."""
-  return engine.num_pages or (slots + 1) * width
+def _round_up(count: int, multiple: int) -> int:
+  return -(-count // multiple) * multiple
+
+
+def replica_slots(slots: int, replicas: int) -> int:
+  """The engine's slots for `slots` asked of `replicas` data-parallel
+  replicas: rounded up to a multiple of them, so each replica has the
+  same number (S / R)."""
+  return _round_up(slots, replicas)
+
+
+def pool_pages(
+    engine: EngineOptions, slots: int, width: int, replicas: int = 1
+) -> int:
+  """The pool's pages over all replicas: `engine.num_pages` rounded up to
+  a multiple of `replicas`, or by default (slots + replicas) x the widest
+  table: each replica's slots' longest sequences plus one waiting context
+  (`EngineOptions.num_pages`)."""
+  if engine.num_pages:
+    return _round_up(engine.num_pages, replicas)
+  return (slots + replicas) * width
 
 
 def prefill_length(config, longest: int, page_size: int) -> int:
@@ -461,7 +618,8 @@ def generate(
   """Continues each context `options.num_samples` times.
 
   Args:
-    params: the model's parameters, on one device or sharded over `mesh`.
+    params: the model's parameters, on one device or sharded over `mesh`
+      (replicated over its "data" axis, as the trainer places them).
     config: the model's config or the run's.
     contexts: id lists (a prompt, or an episode's turns so far); each
       len + max_new_tokens <= config.max_sequence_length.
@@ -470,9 +628,9 @@ def generate(
       row order (context-major); None = options.max_new_tokens for all.
     engine: slots, pages and chunk.
     allowed_vocab: ids at or above this are never chosen; 0 = the vocab.
-    mesh: run on this mesh (the pool split as `pool_sharding` says, the
-      engine's other arrays replicated, the parameters where the caller
-      put them); None = one device.
+    mesh: run on this mesh: one replica of the engine per device of its
+      "data" axis, the pool and slots split as `replica_layout` says, the
+      parameters where the caller put them; None = one device.
 
   Returns:
     An `EngineGeneration` of len(contexts) * num_samples rows.
@@ -505,31 +663,27 @@ def generate(
       raise ValueError(
           f"max_new_tokens {over[0]} exceeds options.max_new_tokens={new}"
       )
-  size, slots = engine.page_size, engine.num_slots or rows
+  layout = replica_layout.for_model(config, mesh)
+  replicas = layout.replicas
+  size = engine.page_size
+  slots = replica_slots(engine.num_slots or rows, replicas)
+  local_slots = slots // replicas
   longest = max(len(c) for c in contexts)
   # The widest table: the pages of the longest sequence's length bucket
   # (the static decoder's).
   width = table_width(config, longest + new, size)
-  num_pages = pool_pages(engine, slots, width)
-  pool_book = page_pool.PagePool(num_pages)
-  replicated = (
-      None
-      if mesh is None
-      else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  )
+  num_pages = pool_pages(engine, slots, width, replicas)
+  local_pages = num_pages // replicas
+  books = [page_pool.PagePool(local_pages) for _ in range(replicas)]
+  # Pages promised to each replica's admitted sequences, not yet allocated.
+  reserved = [0] * replicas
+  split = layout.split
+  put = layout.put
 
-  def put(x):
-    """A host value on the engine's devices (each process passes the
-    same value; replicated over `mesh`)."""
-    if replicated is None:
-      return jnp.asarray(x)
-    return jax.device_put(np.asarray(x), replicated)
-
-  layout = pool_sharding(config, mesh)
   pool = _empty_pool(
-      config=config, num_pages=num_pages, page_size=size, sharding=layout
+      config=config, num_pages=num_pages, page_size=size, layout=layout
   )
-  states = _empty_states(config=config, slots=slots, sharding=replicated)
+  states = _empty_states(config=config, slots=slots, layout=layout)
   stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
   stop_ids = np.full((stop_slots,), -1, np.int32)
   stop_ids[: len(options.stop_ids)] = options.stop_ids
@@ -545,17 +699,23 @@ def generate(
   out_ids = np.full((rows, new), sampling.PAD_ID, np.int32)
   out_log_probs = np.zeros((rows, new), np.float32)
   lengths = np.zeros((rows,), np.int32)
+  # Slot s belongs to replica s // local_slots; its table holds local ids.
   tables = np.zeros((slots, width), np.int32)
   steps = np.zeros((slots,), np.int32)
   positions = np.zeros((slots,), np.int32)
   slot_budgets = np.ones((slots,), np.int32)
   slot_rows = np.zeros((slots,), np.int32)
   in_slot: list[Optional[_Sequence]] = [None] * slots
-  logits = put(np.zeros((slots, config.vocab_size), np.float32))
+  logits = put(np.zeros((slots, config.vocab_size), np.float32), split(0))
   to_prefill = collections.deque(range(len(contexts)))
-  ready = collections.deque()  # (context index, sample, _Context)
-  reserved = 0  # Pages promised to admitted sequences, not yet allocated.
+  # Each replica's continuations of its prefilled contexts, waiting for a
+  # slot: (context index, sample, _Context).
+  ready = [collections.deque() for _ in range(replicas)]
   figures = collections.Counter()
+
+  def free(replica):
+    """A replica's pages neither held nor promised."""
+    return books[replica].free - reserved[replica]
 
   def lifetime_pages(length, budget):
     # The last id is never written: positions 0..length + budget - 2.
@@ -564,27 +724,36 @@ def generate(
   # One prefill shape per call: the longest context's length bucket.
   bucket = prefill_length(config, longest, size)
 
-  def prefill(index):
+  def prefill(assigned):
+    """Prefills context assigned[r] into replica r, for each r given, in
+    one call."""
     nonlocal pool
-    context = contexts[index]
-    pages = pool_book.allocate(_pages(len(context), size))
-    tokens = np.full((1, bucket), sampling.PAD_ID, np.int32)
-    tokens[0, : len(context)] = context
-    table = np.zeros((1, bucket // size), np.int32)
-    table[0, : len(pages)] = pages
+    tokens = np.full((replicas, bucket), sampling.PAD_ID, np.int32)
+    context_lengths = np.zeros((replicas,), np.int32)
+    table = np.zeros((replicas, bucket // size), np.int32)
+    pages = {}
+    for replica, index in assigned.items():
+      context = contexts[index]
+      pages[replica] = books[replica].allocate(_pages(len(context), size))
+      tokens[replica, : len(context)] = context
+      context_lengths[replica] = len(context)
+      table[replica, : len(pages[replica])] = pages[replica]
     pool, last, context_states = _prefill(
         params,
         pool,
-        put(tokens),
-        put(np.int32(len(context))),
-        put(table),
+        put(tokens, split(0)),
+        put(context_lengths, split(0)),
+        put(table, split(0)),
         config=config,
-        pool_layout=layout,
-        replicated=replicated,
+        layout=layout,
     )
-    figures["prefill_passes"] += 1
-    state = _Context(len(context), pages, last, context_states, g)
-    ready.extend((index, sample, state) for sample in range(g))
+    prefilled = _Prefilled(last, context_states)
+    for replica, index in assigned.items():
+      figures["prefill_passes"] += 1
+      state = _Context(
+          replica, len(contexts[index]), pages[replica], prefilled, g
+      )
+      ready[replica].extend((index, sample, state) for sample in range(g))
 
   def new_pages(context, budget):
     """Pages a continuation takes from the pool over its life."""
@@ -593,56 +762,105 @@ def generate(
     return lifetime_pages(context.length, budget) - full - int(takes_over)
 
   def admit(slot, index, sample, context):
-    nonlocal pool, states, logits, reserved
+    """Gives continuation `sample` of context `index` the slot, on the
+    host; returns the `_Admission` the device has yet to carry out."""
+    replica = context.replica
+    book = books[replica]
     row = index * g + sample
     budget = budgets[row]
     full = context.length // size
     pages = context.pages[:full]
-    pool_book.share(pages)
+    book.share(pages)
     fresh = new_pages(context, budget)
+    copy = None
     if context.length % size:
       if context.waiting > 1:
-        (copy,) = pool_book.allocate(1)
+        (target,) = book.allocate(1)
         fresh -= 1
-        pool = _copy_page(
-            pool, put(np.int32(context.pages[full])), put(np.int32(copy))
-        )
-        figures["page_copies"] += 1
-        pages = pages + [copy]
+        copy = (context.pages[full], target)
+        pages = pages + [target]
       else:
         pages = pages + [context.pages[full]]
     context.waiting -= 1
     if not context.waiting:
-      pool_book.release(context.pages[:full])
+      book.release(context.pages[:full])
     in_slot[slot] = _Sequence(row, context.length, budget, pages, fresh)
-    reserved += fresh
+    reserved[replica] += fresh
     tables[slot] = 0
     tables[slot, : len(pages)] = pages
     steps[slot] = 0
     positions[slot] = context.length
     slot_budgets[slot] = budget
     slot_rows[slot] = row
-    logits = _set_row(logits, put(np.int32(slot)), context.logits)
-    if states:
-      states = _set_states(states, put(np.int32(slot)), context.states)
+    return _Admission(replica, slot % local_slots, context, copy)
+
+  def set_slots(admissions):
+    """Sets the admitted slots' logits and states, and copies their
+    partial pages, on the device: per call at most one admission per
+    replica, all of one prefill call's contexts."""
+    nonlocal pool, states, logits
+    while admissions:
+      prefilled = admissions[0].context.prefilled
+      now, later, taken = [], [], set()
+      for admission in admissions:
+        if (
+            admission.context.prefilled is prefilled
+            and admission.replica not in taken
+        ):
+          now.append(admission)
+          taken.add(admission.replica)
+        else:
+          later.append(admission)
+      admissions = later
+      # Entries past a replica's slots or pages set nothing.
+      targets = np.full((replicas,), local_slots, np.int32)
+      sources = np.zeros((replicas,), np.int32)
+      copies = np.full((replicas,), local_pages, np.int32)
+      for admission in now:
+        targets[admission.replica] = admission.slot
+        if admission.copy is not None:
+          sources[admission.replica], copies[admission.replica] = admission.copy
+          figures["page_copies"] += 1
+      if any(a.copy is not None for a in now):
+        pool = _copy_page(
+            pool, put(sources, split(0)), put(copies, split(0)), layout=layout
+        )
+      targets = put(targets, split(0))
+      logits = _set_row(logits, targets, prefilled.logits, layout=layout)
+      if states:
+        states = _set_states(states, targets, prefilled.states, layout=layout)
 
   def fill_slots():
-    for slot in range(slots):
-      if in_slot[slot] is not None:
-        continue
-      if not ready and to_prefill:
-        need = _pages(len(contexts[to_prefill[0]]), size)
-        if pool_book.free - reserved < need:
-          return
-        prefill(to_prefill.popleft())
-      if not ready:
+    """Fills free slots from each replica's ready continuations, and
+    prefills waiting contexts for replicas with a free slot and none
+    ready, until neither makes progress."""
+    while True:
+      admissions = []
+      wanting = []
+      for replica in range(replicas):
+        for slot in range(replica * local_slots, (replica + 1) * local_slots):
+          if in_slot[slot] is not None:
+            continue
+          if not ready[replica]:
+            wanting.append(replica)
+            break
+          index, sample, context = ready[replica][0]
+          if free(replica) < new_pages(context, budgets[index * g + sample]):
+            break
+          admissions.append(admit(slot, *ready[replica].popleft()))
+      set_slots(admissions)
+      # Each waiting context goes to the wanting replica with the most
+      # free pages, one per replica a call.
+      assigned = {}
+      while to_prefill and wanting:
+        replica = max(wanting, key=free)
+        if free(replica) < _pages(len(contexts[to_prefill[0]]), size):
+          break
+        assigned[replica] = to_prefill.popleft()
+        wanting.remove(replica)
+      if not assigned:
         return
-      index, sample, context = ready[0]
-      if pool_book.free - reserved < new_pages(
-          context, budgets[index * g + sample]
-      ):
-        return
-      admit(slot, *ready.popleft())
+      prefill(assigned)
 
   def decode(view, active, stop_after):
     nonlocal pool, states, logits
@@ -651,20 +869,19 @@ def generate(
         pool,
         states,
         logits,
-        put(tables[:, :view]),
-        put(steps),
-        put(positions),
-        put(slot_budgets),
-        put(slot_rows),
-        put(active),
-        put(np.int32(stop_after)),
+        put(tables[:, :view], split(0)),
+        put(steps, split(0)),
+        put(positions, split(0)),
+        put(slot_budgets, split(0)),
+        put(slot_rows, split(0)),
+        put(active, split(0)),
+        put(stop_after, split(0)),
         *sampling_args,
         config=config,
         chunk=engine.chunk,
         greedy=options.greedy,
         filtered=options.filtered,
-        pool_layout=layout,
-        replicated=replicated,
+        layout=layout,
     )
     return out
 
@@ -675,7 +892,7 @@ def generate(
   view = 1
   while True:
     view = min(view, width)
-    decode(view, np.zeros((slots,), bool), 1)
+    decode(view, np.zeros((slots,), bool), np.ones((replicas,), np.int32))
     if view == width:
       break
     view *= 2
@@ -684,29 +901,41 @@ def generate(
     fill_slots()
     running = [s for s in range(slots) if in_slot[s] is not None]
     if not running:
-      if ready or to_prefill:
+      if any(ready) or to_prefill:
+        each = (
+            f" ({local_pages} for each of {replicas} data replicas)"
+            if replicas > 1
+            else ""
+        )
         raise ValueError(
-            f"num_pages={num_pages} pages of {size} cannot hold one "
+            f"num_pages={num_pages} pages of {size}{each} cannot hold one "
             "sequence (its context plus max_new_tokens): give more pages"
         )
       break
     # Pages for the positions the next chunk may write.
     for slot in running:
       seq = in_slot[slot]
+      replica = slot // local_slots
       last = min(positions[slot] + engine.chunk, seq.length + seq.budget - 1)
       more = _pages(last, size) - len(seq.pages)
       if more > 0:
-        pages = pool_book.allocate(more)
+        pages = books[replica].allocate(more)
         tables[slot, len(seq.pages) : len(seq.pages) + more] = pages
         seq.pages.extend(pages)
         seq.unallocated -= more
-        reserved -= more
+        reserved[replica] -= more
     view = _bucket(max(len(in_slot[s].pages) for s in running), width)
     active = np.array([seq is not None for seq in in_slot])
-    waiting = bool(ready or to_prefill)
-    ids, log_probs, new_steps, still = decode(
-        view, active, 1 if waiting else slots + 1
+    # A replica with work waiting stops the call at its first finished
+    # sequence, so its slot is refilled within a step.
+    stop_after = np.array(
+        [
+            1 if ready[replica] or to_prefill else local_slots + 1
+            for replica in range(replicas)
+        ],
+        np.int32,
     )
+    ids, log_probs, new_steps, still = decode(view, active, stop_after)
     ids, log_probs, new_steps, still = jax.device_get(
         (ids, log_probs, new_steps, still)
     )
@@ -721,19 +950,21 @@ def generate(
       steps[slot] = new_steps[slot]
       positions[slot] = seq.length + new_steps[slot]
       if not still[slot]:
+        replica = slot // local_slots
         lengths[seq.row] = new_steps[slot]
-        pool_book.release(seq.pages)
-        reserved -= seq.unallocated
+        books[replica].release(seq.pages)
+        reserved[replica] -= seq.unallocated
         in_slot[slot] = None
   page_bytes = paged_model.pool_bytes(config, 1, size)
   state_bytes = kv_cache.state_bytes_per_row(config) * slots
+  pages_used = sum(book.peak_in_use for book in books)
   return EngineGeneration(
       ids=out_ids,
       lengths=lengths,
       log_probs=out_log_probs,
       cache_bytes=page_bytes * num_pages + state_bytes,
-      peak_bytes=page_bytes * pool_book.peak_in_use + state_bytes,
-      pages_used=pool_book.peak_in_use,
+      peak_bytes=page_bytes * pages_used + state_bytes,
+      pages_used=pages_used,
       prefill_passes=figures["prefill_passes"],
       decode_calls=figures["decode_calls"],
       decode_steps=figures["decode_steps"],
@@ -746,13 +977,15 @@ class LoweredEngine:
   """The engine's programs lowered for abstract arguments (`lower`).
 
   Attributes:
-    programs: "prefill" (one context of `prefill_length` tokens) and
+    programs: "prefill" (one context of `prefill_length` tokens per data
+      replica) and
       "decode" (`chunk` steps of every slot over the widest table), as
       `jax.stages.Lowered`.
     pool: the page pool's shapes and shardings.
     states: the slots' recurrent states' ({} without recurrent layers).
     logits: the slots' next-token logits'.
-    num_pages: the pool's pages.
+    num_slots: the slots (`replica_slots`: a multiple of the replicas).
+    num_pages: the pool's pages (all replicas').
     width: pages of a slot's table.
     prefill_length: tokens of the prefill program.
   """
@@ -761,6 +994,7 @@ class LoweredEngine:
   pool: Any
   states: Any
   logits: Any
+  num_slots: int
   num_pages: int
   width: int
   prefill_length: int
@@ -801,14 +1035,16 @@ def lower(
 ) -> LoweredEngine:
   """Lowers the prefill and decode programs `generate` runs, unrun.
 
-  The arguments are the ones `generate` passes for `num_slots` slots of
-  sequences of up to `length` positions (context plus max_new_tokens) and
-  contexts of up to `prompt_length` ids: the pool placed as
-  `pool_sharding` says, the states, logits and per-slot arrays replicated
-  over `mesh`, the parameters as `params`' shapes and shardings say.
-  Decode is the widest view's (every page of a table: the most memory of
-  the view buckets), drawing by temperature without top-k or top-p (as a
-  rollout at temperature 1 and top-p 1 does).
+  The arguments are the ones `generate` passes for `num_slots` slots
+  (rounded up to a multiple of the mesh's data replicas,
+  `replica_slots`) of sequences of up to `length` positions (context plus
+  max_new_tokens) and contexts of up to `prompt_length` ids: the pool and
+  the per-slot arrays split over the replicas as `replica_layout` says,
+  the parameters as `params`' shapes and shardings say. Prefill takes one
+  context per replica. Decode is the widest view's (every page of a
+  table: the most memory of the view buckets), drawing by temperature
+  without top-k or top-p (as a rollout at temperature 1 and top-p 1
+  does).
 
   Args:
     params: the parameters' `jax.ShapeDtypeStruct`s (with shardings on
@@ -829,46 +1065,48 @@ def lower(
   """
   config = model_config.of(config)
   check_lowering(config, num_slots, length, prompt_length)
+  layout = replica_layout.for_model(config, mesh)
+  replicas = layout.replicas
+  num_slots = replica_slots(num_slots, replicas)
   size = engine.page_size
   width = table_width(config, length, size)
-  num_pages = pool_pages(engine, num_slots, width)
+  num_pages = pool_pages(engine, num_slots, width, replicas)
   bucket = prefill_length(config, prompt_length, size)
-  replicated = (
-      None
-      if mesh is None
-      else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  )
+  split = layout.split
 
-  def placed(tree):
+  def placed(tree, spec):
     return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=layout.sharding(spec)
+        ),
         tree,
     )
 
-  def shape(dtype, *dims):
-    return jax.ShapeDtypeStruct(dims, dtype, sharding=replicated)
+  def shape(dtype, *dims, spec=P()):
+    return jax.ShapeDtypeStruct(dims, dtype, sharding=layout.sharding(spec))
 
-  layout = pool_sharding(config, mesh)
-  pool = jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=layout),
+  pool = placed(
       jax.eval_shape(
           functools.partial(paged_model.init_pool, config, num_pages, size)
       ),
+      layout.pool_spec(),
   )
   states = placed(
-      jax.eval_shape(functools.partial(kv_cache.init_states, config, num_slots))
+      jax.eval_shape(
+          functools.partial(kv_cache.init_states, config, num_slots)
+      ),
+      split(1),
   )
-  logits = shape(jnp.float32, num_slots, config.vocab_size)
+  logits = shape(jnp.float32, num_slots, config.vocab_size, spec=split(0))
   i32 = jnp.int32
   prefill = _prefill.lower(
       params,
       pool,
-      shape(i32, 1, bucket),
-      shape(i32),
-      shape(i32, 1, bucket // size),
+      shape(i32, replicas, bucket, spec=split(0)),
+      shape(i32, replicas, spec=split(0)),
+      shape(i32, replicas, bucket // size, spec=split(0)),
       config=config,
-      pool_layout=layout,
-      replicated=replicated,
+      layout=layout,
   )
   key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
   decode = _decode.lower(
@@ -876,10 +1114,11 @@ def lower(
       pool,
       states,
       logits,
-      shape(i32, num_slots, width),
-      *(shape(i32, num_slots) for _ in range(4)),  # steps .. rows
-      shape(jnp.bool_, num_slots),
-      shape(i32),  # stop_after
+      shape(i32, num_slots, width, spec=split(0)),
+      # steps .. rows
+      *(shape(i32, num_slots, spec=split(0)) for _ in range(4)),
+      shape(jnp.bool_, num_slots, spec=split(0)),
+      shape(i32, replicas, spec=split(0)),  # stop_after
       shape(key.dtype, *key.shape),
       shape(jnp.float32),  # temperature
       shape(i32),  # top_k
@@ -890,14 +1129,14 @@ def lower(
       chunk=engine.chunk,
       greedy=False,
       filtered=False,
-      pool_layout=layout,
-      replicated=replicated,
+      layout=layout,
   )
   return LoweredEngine(
       programs={"prefill": prefill, "decode": decode},
       pool=pool,
       states=states,
       logits=logits,
+      num_slots=num_slots,
       num_pages=num_pages,
       width=width,
       prefill_length=bucket,
