@@ -525,8 +525,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_generation_devices = 0
   # The generation mesh's data axis: replicas that each hold the whole
   # model (FSDP over grpo_generation_devices / replicas devices,
-  # tensor_parallelism where it divides them), so a decode step gathers
-  # weights over fewer devices. 1 = one copy split over all of them. Must
+  # tensor_parallelism where it divides them) and decode their own share of
+  # the slots and pages (the paged decoder's replicas), so they exchange no
+  # weights while they decode. 1 = one copy split over all of them. Must
   # divide grpo_generation_devices. docs/grpo.md.
   config.grpo_generation_replicas = 1
   # Held-out evaluation: completions drawn with these options (temperature 0

@@ -10,7 +10,8 @@ part of both meshes, so every process dispatches both meshes' programs, in
 the loop's one order, as a multi-controller job needs. With
 `grpo_generation_replicas` R > 1 the generation mesh's data axis holds R
 replicas of the parameters, each split FSDP (and tensor) over N / R
-devices.
+devices, and the paged decoder runs a replica of itself on each, with its
+own slots and pages (`replica_layout`).
 
 Before each rollout the engine's parameters are copied onto the generation
 mesh in the compute dtype (`GenerationMesh.copy`). A multi-controller job

@@ -131,9 +131,9 @@ class GrpoMultiDeviceTest(absltest.TestCase):
     self.assertGreater(abs(single[-1][1]["kl"]), 0.0)
 
   def test_generation_on_devices_of_its_own(self):
-    # Training on the first 4 devices (FSDP), generation on the last 4 with
-    # the parameters copied there before each rollout: the same steps as
-    # one device's.
+    # Training on the first 4 devices (FSDP), generation on the last 4 (2
+    # replicas of the paged decoder, FSDP over 2 each) with the parameters
+    # copied there before each rollout: the same steps as one device's.
     jax.config.update(
         "jax_compilation_cache_dir", tiny_configs.compilation_cache_dir()
     )
@@ -143,6 +143,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         global_batch_size=16,
         gradient_accumulation_steps=2,
         grpo_generation_devices=4,
+        grpo_generation_replicas=2,
         **tiny_configs.TINY_GRPO,
     )
     mesh = mesh_lib.make_mesh(config)
@@ -152,6 +153,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
     generation_devices = set(generation.mesh.devices.flat)
     self.assertEqual(train_devices, set(jax.devices()[:4]))
     self.assertEqual(generation_devices, set(jax.devices()[4:]))
+    self.assertEqual(dict(generation.mesh.shape), {"data": 2, "fsdp": 2})
     separate = _steps(config, mesh, setup, 3, generation)
     single = _steps(config, None, None, 3)
     for step, ((ids8, m8), (ids1, m1)) in enumerate(zip(separate, single)):
