@@ -2,9 +2,10 @@
 
 One training step is K = `gradient_accumulation_steps` calls of `fwd_bwd`
 (one dispatch each, of one compiled program; with K = 1 two: the
-micro-step, then the update) followed by one `update()` (one dispatch: the
-flush's concatenation): K + 1 device operations with K > 1, 3 with K = 1,
-whatever the number of metrics.
+micro-step, then the update) followed by one `update()` (with K > 1 one
+dispatch, the flush's concatenation; with K = 1 none, the step's metrics
+being one array already): K + 1 device operations, whatever the number of
+metrics.
 
 * `fwd_bwd(micro_batch)` runs the micro-step: `jax.value_and_grad(loss_fn)`
   and, with K > 1, the gradients added into the engine's accumulator (a
@@ -22,12 +23,14 @@ whatever the number of metrics.
   the loss and the scalar aux metrics packed in one array, which the
   engine buffers with `MetricsRecorder.buffer_packed` (host lists, no
   device op); the program that takes the update also returns
-  `learning_rate`, `grad_norm` and `step_skipped`, packed the same way.
+  `learning_rate`, `grad_norm` and `step_skipped`, packed the same way
+  (with K = 1 appended to the micro-step's array, which the update program
+  takes and returns, so the step has one packed array).
   Weighted aux metrics go through the per-name path, and a `SummedMetric`
   is declared to the recorder as a sum.
-* `update()` flushes the recorder (one concatenation and one transfer for
-  the whole step), advances `step` and returns the step's flushed
-  `MetricsBuffer`.
+* `update()` flushes the recorder (one concatenation, none for one
+  array, and one transfer for the whole step), advances `step` and
+  returns the step's flushed `MetricsBuffer`.
 
 The recorder's guarantee (nothing is applied when the step's metrics
 cannot be flushed) is kept by where the decision is taken, with
@@ -280,7 +283,7 @@ class Engine:
     metric_packing.buffer(
         self._recorder, self._step, result.packed, result.weighted
     )
-    if last:
+    if result.update_packed is not None:
       self._recorder.buffer_packed(
           self._step, metric_packing.UPDATE_NAMES, result.update_packed
       )

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from maxtext.engine import engine as engine_lib
+from maxtext.engine import metric_packing
 from maxtext.core import eval_metrics
 from maxtext.model import param_statistics
 from maxtext.metrics import recorder as mr
@@ -520,7 +521,10 @@ class EngineTest(parameterized.TestCase):
         per_update = count[0] - before
     # K + 1 with K > 1: the micro-steps (the last one takes the update)
     # and one concatenation at the flush (micro-batch and update metrics).
-    # K + 2 with K = 1: the micro-step and the update are two programs.
+    # With K = 1 the micro-step and the update are two programs, and the
+    # flush concatenates the packed array with this loss's weighted
+    # metric's values (without one it takes none:
+    # test_a_k1_step_is_two_programs).
     self.assertEqual(per_micro, [1] * k if k > 1 else [2])
     self.assertEqual(per_update, 1)
     self.assertLen(buf.scalar_metrics, 6 + extra)
@@ -621,6 +625,31 @@ class EngineTest(parameterized.TestCase):
         )
         + ["jit(_concat_groups)"],
     )
+
+  def test_a_k1_step_is_two_programs(self):
+    # With K = 1 and no weighted metrics (the built-in losses have none)
+    # the update returns the micro-batch's metrics and its own as one
+    # array, which the flush fetches with no device op: K + 1 = 2.
+    def loss_fn(params, batch):
+      err = batch["x"] @ params["w"] + params["b"] - batch["y"]
+      loss = jnp.mean(err**2)
+      return loss, {"mae": jnp.mean(jnp.abs(err))}
+
+    eng = make_engine(loss_fn, k=1)
+    batch = make_batches(1)[0]
+    for _ in range(2):  # The first round compiles.
+      with dispatch_counter.record_launches() as launches:
+        eng.fwd_bwd(batch)
+        buf = eng.update()
+    self.assertEqual(launches, ["jit(single_micro_step)", "jit(update)"])
+    self.assertEqual(
+        sorted(buf.scalar_metrics),
+        sorted(("loss", "mae") + metric_packing.UPDATE_NAMES),
+    )
+    # The update's values under its names.
+    reduced = mr.reduce_buffer(buf)
+    self.assertGreater(reduced["grad_norm"], 0.0)
+    self.assertEqual(reduced["step_skipped"], 0.0)
 
   def test_eval_step_defaults_to_the_loss(self):
     eng = make_engine()

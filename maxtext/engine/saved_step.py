@@ -36,14 +36,16 @@ import jax
 from jax.experimental import serialize_executable
 import jaxlib
 
-# The file's format. 3: the step's update rides its last micro-step
-# (programs "allocate", "micro_step", "eval"; with K = 1 "micro_step",
-# "update", "eval"; formats 1 and 2 held "measure" and "apply" instead).
+# The file's format. 4: with K = 1 "update" also takes the micro-step's
+# packed metrics and returns them with its own. 3: the step's update rides
+# its last micro-step (programs "allocate", "micro_step", "eval"; with K =
+# 1 "micro_step", "update", "eval"; formats 1 and 2 held "measure" and
+# "apply" instead).
 # 2: the parameters' layout follows
 # `maxtext/runtime/axis_rules.py` (an MoE model's non-expert weights over
 # fsdp x expert), so programs compiled for the layout before it, whose
 # inputs are sharded otherwise, are refused as another format.
-FORMAT = 3
+FORMAT = 4
 
 # Config fields that do not change the compiled programs: where outputs go,
 # how long the run is, how often it evaluates, logs and checkpoints, which

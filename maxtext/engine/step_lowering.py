@@ -60,9 +60,15 @@ def lower_step(
   if programs.k > 1:
     args = (params, opt_state, acc, step, flag, flag, flag, batch)
     return {"micro_step": jitted["micro_step"].lower(*args)}
+  micro_step = jitted["micro_step"].lower(params, batch)
+  # The update takes the micro-step's packed metrics (K = 1).
+  packed = micro_step.out_info[1].values
+  packed = jax.ShapeDtypeStruct(packed.shape, packed.dtype)
   return {
-      "micro_step": jitted["micro_step"].lower(params, batch),
-      "update": jitted["update"].lower(params, opt_state, acc, step, flag),
+      "micro_step": micro_step,
+      "update": jitted["update"].lower(
+          params, opt_state, acc, step, flag, packed
+      ),
   }
 
 

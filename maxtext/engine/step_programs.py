@@ -20,11 +20,14 @@ programs the engine (`maxtext/engine/engine.py`) runs, and runs them for it:
   no flags and no optimizer state: its gradients are its output, as XLA
   computes them, and "update" (its own program, dispatched with the
   micro-step) takes the step's update from them, parameters and optimizer
-  state donated when `donate_state`. One program for both would hold, on
-  the TPU compiler of the lock (libtpu 0.0.42.1), about two gradients'
-  size more temporaries than the two programs' larger one, while with K >
-  1 the fused last micro-step costs nothing over a plain one
-  (docs/PERFORMANCE.md, "The update in the step's last micro-step").
+  state donated when `donate_state`. It also takes the micro-step's packed
+  metrics and returns them with the update's appended: the step's one
+  packed array, which the recorder flushes with no device op (so a K = 1
+  step is 2 device operations, as K > 1 is K + 1). One program for both
+  would hold, on the TPU compiler of the lock (libtpu 0.0.42.1), about
+  two gradients' size more temporaries than the two programs' larger one,
+  while with K > 1 the fused last micro-step costs nothing over a plain
+  one (docs/PERFORMANCE.md, "The update in the step's last micro-step").
 * The step's update (`finish`, in either program): the mean gradient's
   global norm, whether it is finite, the learning rate, and, only when the
   norm is finite (and `commit`: a warm-up computes the update and keeps
@@ -269,11 +272,17 @@ def _jit(
     grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, acc_shapes)
     return grads, packed, weighted
 
-  def update(params, opt_state, grad_sum, step, commit):
+  def update(params, opt_state, grad_sum, step, commit, packed_values):
+    # K = 1: the micro-step's packed metrics come back with the update's
+    # appended, one array for the step, which the recorder's flush takes
+    # without a concatenation of its own.
     params, opt_state, update_packed = finish(
         params, opt_state, grad_sum, step, commit
     )
-    return params, opt_state, step + 1, update_packed
+    values = jnp.concatenate(
+        [packed_values, update_packed.astype(packed_values.dtype)]
+    )
+    return params, opt_state, step + 1, values
 
   def eval_metrics_of(params, batch):
     return _checked_eval_metrics(
@@ -291,7 +300,7 @@ def _jit(
     update_program = (
         update,
         {"donate_argnums": state + (3,)},
-        (ps, opt_shardings, ps, rep, rep),
+        (ps, opt_shardings, ps, rep, rep, rep),
         (ps, opt_shardings, rep, rep),
     )
   else:
@@ -330,8 +339,9 @@ class MicroStepResult:
     opt_state: the optimizer state, likewise.
     packed: the micro-batch's metrics, packed (`metric_packing`).
     weighted: name -> WeightedMetric of the micro-batch.
-    update_packed: after the step's last micro-batch, the step's
-      `metric_packing.UPDATE_NAMES` packed; None before.
+    update_packed: with K > 1, after the step's last micro-batch, the
+      step's `metric_packing.UPDATE_NAMES` packed; None before, and with K
+      = 1, whose `packed` holds them after the micro-batch's.
   """
 
   params: Any
@@ -465,9 +475,14 @@ class StepPrograms:
     counter = self._counter[1]
     if self.k == 1:
       grads, packed, weighted = self._micro_step(params, micro_batch)
-      params, opt_state, counter, update_packed = self._update(
-          params, opt_state, grads, counter, self._flags[commit]
+      params, opt_state, counter, values = self._update(
+          params, opt_state, grads, counter, self._flags[commit], packed.values
       )
+      # The micro-batch's metrics and the update's, in one array.
+      packed = metric_packing.PackedMetrics(
+          values, packed.names + metric_packing.UPDATE_NAMES, packed.sums
+      )
+      update_packed = None
     else:
       if self.grad_acc is None:
         self.grad_acc = self._allocate()
