@@ -9,6 +9,7 @@ directly, it is `python -m maxtext.train_main` with the caller's sys.path (see
 `testing.runfiles.train_main_command`).
 """
 
+import json
 import os
 import signal
 import socket
@@ -140,3 +141,33 @@ def wait_all(processes: Sequence[Process], timeout: float) -> list[int]:
       p.kill()
     raise
   return codes
+
+
+def run_children(
+    module: str, output_dir: str, timeout: float, num_processes: int = 2
+) -> list:
+  """Runs `python -m module --output=output_dir` as every process of one job
+  (a `job_child`) and returns what each wrote, in process order.
+
+  Raises:
+    AssertionError: a process exited with a non-zero code (with the ends of
+      every process's output).
+  """
+  processes = launch(
+      num_processes,
+      [f"--output={output_dir}"],
+      os.path.join(output_dir, "logs"),
+      command=[sys.executable, "-m", module],
+  )
+  codes = wait_all(processes, timeout)
+  if any(codes):
+    raise AssertionError(
+        f"{module} exited with {codes}:\n"
+        + "\n".join(p.output()[-3000:] for p in processes)
+    )
+  held = []
+  for index in range(num_processes):
+    path = os.path.join(output_dir, f"process_{index}.json")
+    with open(path, encoding="utf-8") as f:
+      held.append(json.load(f))
+  return held

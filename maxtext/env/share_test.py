@@ -2,10 +2,6 @@
 (one CPU device each): both hold process 0's episodes, tool answers and
 rewards, and process 0's own value; only process 0 ran environments."""
 
-import json
-import os
-import sys
-
 from absl.testing import absltest
 
 from testing import multiprocess
@@ -16,25 +12,9 @@ _TIMEOUT_S = 300
 class ShareTest(absltest.TestCase):
 
   def test_every_process_gets_process_0s_episodes(self):
-    root = self.create_tempdir().full_path
-    processes = multiprocess.launch(
-        2,
-        [f"--output={root}"],
-        os.path.join(root, "logs"),
-        command=[sys.executable, "-m", "maxtext.env.share_child"],
+    held = multiprocess.run_children(
+        "testing.share_child", self.create_tempdir().full_path, _TIMEOUT_S
     )
-    codes = multiprocess.wait_all(processes, _TIMEOUT_S)
-    self.assertEqual(
-        codes,
-        [0, 0],
-        processes[0].output()[-3000:] + processes[1].output()[-3000:],
-    )
-    held = []
-    for index in (0, 1):
-      with open(
-          os.path.join(root, f"process_{index}.json"), encoding="utf-8"
-      ) as f:
-        held.append(json.load(f))
     lead, other = held[0], held[1]
     self.assertEqual((lead["process"], other["process"]), (0, 1))
     self.assertNotEqual(lead["pid"], other["pid"])

@@ -2,10 +2,6 @@
 (one CPU device each): the functions run on process 0 alone, and every
 process gets its values, or its error line."""
 
-import json
-import os
-import sys
-
 from absl.testing import absltest
 
 from testing import multiprocess
@@ -16,25 +12,9 @@ _TIMEOUT_S = 300
 class RewardsMultiProcessTest(absltest.TestCase):
 
   def test_rewards_run_once_per_job(self):
-    root = self.create_tempdir().full_path
-    processes = multiprocess.launch(
-        2,
-        [f"--output={root}"],
-        os.path.join(root, "logs"),
-        command=[sys.executable, "-m", "testing.rewards_child"],
+    held = multiprocess.run_children(
+        "testing.rewards_child", self.create_tempdir().full_path, _TIMEOUT_S
     )
-    codes = multiprocess.wait_all(processes, _TIMEOUT_S)
-    self.assertEqual(
-        codes,
-        [0, 0],
-        processes[0].output()[-3000:] + processes[1].output()[-3000:],
-    )
-    held = []
-    for index in (0, 1):
-      with open(
-          os.path.join(root, f"process_{index}.json"), encoding="utf-8"
-      ) as f:
-        held.append(json.load(f))
     lead, other = held[0], held[1]
     # Process 0 called the function on the 4 completions; process 1 never.
     self.assertEqual((lead["calls"], other["calls"]), (4, 0))

@@ -1,17 +1,14 @@
 """One process of a two-process job that plays episodes (share_test).
 
-Run by `share_test` as `python -m maxtext.env.share_child --output=DIR` with
-`--config.num_processes`, `--config.process_id` and
-`--config.coordinator_address` (as `testing.multiprocess.launch` gives
-them): it joins the jax.distributed job, plays two episodes whose
+Run by `//maxtext/env:share_test` as every process of a job
+(`multiprocess.run_children`, `job_child`): it plays two episodes whose
 environment answers and scores with this process's own index and pid, and
-shares a value of its own through `share.from_lead`; it writes what it
-holds afterwards to DIR/process_<index>.json. Process 0's results on every
-process is what the test checks.
+shares a value of its own through `share.from_lead`, and hands what it
+holds afterwards to the test. Process 0's results on every process is what
+the test checks.
 """
 
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -24,6 +21,7 @@ from maxtext.env import share
 from maxtext.generation import sampling
 from maxtext.text import byte_chat
 from maxtext.text import chat
+from testing import job_child
 
 _CALL = "<tool_call>\n<function=where>\n</function>\n</tool_call>"
 
@@ -46,22 +44,8 @@ class Local(environment.ToolEnvironment):
     return 0.25 + jax.process_index()
 
 
-def _flags(argv: list[str]) -> dict[str, str]:
-  out = {}
-  for arg in argv[1:]:
-    name, _, value = arg.lstrip("-").partition("=")
-    out[name] = value
-  return out
-
-
 def main(argv: list[str]) -> None:
-  flags = _flags(argv)
-  jax.distributed.initialize(
-      coordinator_address=flags["config.coordinator_address"],
-      num_processes=int(flags["config.num_processes"]),
-      process_id=int(flags["config.process_id"]),
-      initialization_timeout=120,
-  )
+  flags = job_child.join(argv)
   with tempfile.TemporaryDirectory() as directory:
     tokenizer = chat.ChatTokenizer.load(byte_chat.write(directory))
   made = []
@@ -111,10 +95,7 @@ def main(argv: list[str]) -> None:
       "texts": [tokenizer.decode(e.ids) for e in played],
       "shared": shared,
   }
-  path = os.path.join(flags["output"], f"process_{jax.process_index()}.json")
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(result, f)
-  jax.distributed.shutdown()
+  job_child.finish(flags, result)
 
 
 if __name__ == "__main__":
