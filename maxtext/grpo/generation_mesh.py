@@ -115,26 +115,26 @@ class _Route:
   devices receive each one's shards (steps 1-3 of the module docstring)."""
 
   def __init__(self, train_devices: list, generation_devices: list):
+    # `mesh.generation_split` gives every process as many of each.
     train = _by_process(train_devices)
     generate = _by_process(generation_devices)
     a, b = len(train[0]), len(generate[0])
-    if {len(g) for g in train} != {a} or {len(g) for g in generate} != {b}:
-      raise ValueError(
-          "every process must hold as many training and generation devices "
-          "as the others"
-      )
     s = math.gcd(a, b)
     # Laid out (step 1 with s < a): replica r of the source layout is each
     # process's training devices r * s .. r * s + s - 1.
     self.staged = s < a
-    self.replicas = Mesh(
-        np.array(
-            [
-                [own[r * s + i] for own in train for i in range(s)]
-                for r in range(a // s)
-            ]
-        ),
-        (_REPLICA, _FLAT),
+    self.replicas = (
+        Mesh(
+            np.array(
+                [
+                    [own[r * s + i] for own in train for i in range(s)]
+                    for r in range(a // s)
+                ]
+            ),
+            (_REPLICA, _FLAT),
+        )
+        if self.staged
+        else None
     )
     self.ways = len(train) * s
     # Source device -> its generation devices, by process and place.
@@ -208,6 +208,8 @@ class GenerationMesh:
     self._route = _Route(train_devices, devices)
     self._dtype = jnp.dtype(config.compute_dtype)
     self._cast = None
+    # Each leaf's source and transit layouts, made by the first copy.
+    self._layouts = None
     self.copy_bytes: Optional[int] = None
 
   def _cast_of(self, params: Any):
@@ -236,18 +238,16 @@ class GenerationMesh:
     start = time.perf_counter()
     route = self._route
     cast = self._cast_of(params)(params)
-    sources = jax.tree.map(route.source_sharding, cast)
-    if route.staged:
-      cast = jax.device_put(cast, sources)
-    if self.copy_bytes is None:
+    if self._layouts is None:
+      sources = jax.tree.map(route.source_sharding, cast)
+      self._layouts = (sources, jax.tree.map(route.transit_sharding, sources))
       self.copy_bytes = sum(
           jax.tree.leaves(jax.tree.map(route.bytes_moved, cast, sources))
       )
-    transit = jax.tree.map(
-        lambda leaf, source: route.send(leaf, route.transit_sharding(source)),
-        cast,
-        sources,
-    )
+    sources, transits = self._layouts
+    if route.staged:
+      cast = jax.device_put(cast, sources)
+    transit = jax.tree.map(route.send, cast, transits)
     del cast
     copied = jax.device_put(transit, self._shardings)
     jax.block_until_ready(copied)

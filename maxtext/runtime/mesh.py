@@ -126,7 +126,7 @@ def generation_split(config) -> tuple[list, list]:
 
   Raises:
     ValueError: more generation devices than leave one to train, or a
-      number that the processes cannot share evenly.
+      number (or processes of devices) that cannot be shared evenly.
   """
   devices = list(jax.devices())
   n = getattr(config, "grpo_generation_devices", 0)
@@ -147,14 +147,17 @@ def generation_split(config) -> tuple[list, list]:
   by_process: dict[int, list] = {}
   for device in devices:
     by_process.setdefault(device.process_index, []).append(device)
+  counts = sorted({len(own) for own in by_process.values()})
+  if len(counts) > 1:
+    raise ValueError(
+        f"grpo_generation_devices={n}: the processes hold different numbers "
+        f"of devices ({', '.join(map(str, counts))}), so they cannot give "
+        "generation the same share"
+    )
+  # Equal counts and n < len(devices) leave each process one to train.
+  keep = counts[0] - n // processes
   train, generate = [], []
   for own in by_process.values():
-    keep = len(own) - n // processes
-    if keep < 1:
-      raise ValueError(
-          f"grpo_generation_devices={n} must leave each process at least "
-          f"one of its {len(own)} devices to train"
-      )
     train += own[:keep]
     generate += own[keep:]
   return train, generate
