@@ -143,6 +143,21 @@ def paged_generate(
   return generate
 
 
+def generation_fn(
+    params: Any,
+    model_config: Any,
+    rows: int,
+    allowed_vocab: int,
+    paged: Optional[paged_decoder.EngineOptions],
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> episodes_lib.GenerateFn:
+  """`paged_generate` with `paged`'s slots and pages, or `decoder_generate`
+  of `rows` rows when `paged` is None (the config's `grpo_decoder`)."""
+  if paged is None:
+    return decoder_generate(params, model_config, rows, allowed_vocab, mesh)
+  return paged_generate(params, model_config, rows, allowed_vocab, paged, mesh)
+
+
 def prompt_text(record: dict[str, Any]) -> str:
   """The prompt a text reward gets: the record's text, or its last user
   message."""
@@ -318,13 +333,9 @@ def rollout(
     raise ValueError(f"num_generations={g}: a group needs at least 2")
   n = len(records) * g
   length = setup.limits.max_tokens
-  if generate is None and paged is not None:
-    generate = paged_generate(
+  if generate is None:
+    generate = generation_fn(
         params, model_config, n, setup.chat.vocab_size, paged, mesh
-    )
-  elif generate is None:
-    generate = decoder_generate(
-        params, model_config, n, setup.chat.vocab_size, mesh
     )
   start = time.perf_counter()
   timings = {}
@@ -395,17 +406,24 @@ def evaluate(
     options: sampling.SamplingOptions,
     reward_functions: Sequence[rewards_lib.RewardFunction],
     *,
+    paged: Optional[paged_decoder.EngineOptions] = None,
     mesh: Optional[jax.sharding.Mesh] = None,
 ) -> dict[str, float]:
   """pass@1 and pass@k of the held-out records (k = options.num_samples).
 
-  An episode passes when its total reward reaches 1 (the verifier's full
-  mark); one that timed out fails.
+  The episodes are generated as the rollouts' are (`paged`:
+  `generation_fn`). An episode passes when its total reward reaches 1 (the
+  verifier's full mark); one that timed out fails.
   """
   records = setup.task.eval_records()
   k = options.num_samples
-  generate = decoder_generate(
-      params, model_config, len(records) * k, setup.chat.vocab_size, mesh
+  generate = generation_fn(
+      params,
+      model_config,
+      len(records) * k,
+      setup.chat.vocab_size,
+      paged,
+      mesh,
   )
   played = play(setup, records, options, generate)
   rewards = _score(reward_functions, records, played, k)

@@ -2,6 +2,8 @@
 the math task, and a repair episode in the sandbox whose tool and template
 tokens carry no loss."""
 
+from unittest import mock
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from maxtext.env import repair_task
 from maxtext.env import sandbox
 from maxtext.env import tasks
 from maxtext.env import tool_calls
+from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import sampling
 from maxtext.generation import scoring
@@ -121,6 +124,45 @@ class EpisodeRolloutTest(absltest.TestCase):
     np.testing.assert_allclose(
         results[0].old_log_probs, results[1].old_log_probs, atol=1e-4
     )
+
+  def test_eval_plays_on_the_runs_decoder(self):
+    # The held-out evaluation generates as the rollouts do: with the paged
+    # engine the static decoder (a dense batch of every episode) is never
+    # called, and both give the same pass rates. A third of the ids end a
+    # turn, so this random model's turns end with text, and the reward
+    # passes about half of them by their bytes.
+    setup = episode_rollout.EpisodeSetup(
+        math_task.make_task(num_eval=6),
+        self.chat,
+        episodes.Limits(max_turns=1, max_tokens=8, max_turn_tokens=8),
+        _SETTINGS,
+    )
+    options = sampling.SamplingOptions(
+        max_new_tokens=8,
+        temperature=1.0,
+        seed=3,
+        num_samples=4,
+        stop_ids=tuple(range(0, self.chat.vocab_size, 3)),
+    )
+    by_bytes = [
+        rewards.RewardFunction(
+            "test:by_bytes", lambda p, c, **f: float(sum(c.encode()) % 2), 1.0
+        )
+    ]
+
+    def evaluate(paged):
+      return episode_rollout.evaluate(
+          self.params, self.config, setup, options, by_bytes, paged=paged
+      )
+
+    static = evaluate(None)
+    with mock.patch.object(
+        decoder, "generate", side_effect=AssertionError("static decoder")
+    ):
+      paged = evaluate(paged_decoder.EngineOptions(num_slots=5, page_size=8))
+    self.assertEqual(static, paged)
+    self.assertGreater(static["pass@1"], 0.0)
+    self.assertLess(static["pass@1"], 1.0)
 
   def test_repair_episode_trains_only_the_models_tokens(self):
     task = repair_task.make_task(num_eval=1)

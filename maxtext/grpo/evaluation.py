@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 
-from maxtext.generation import decoder
+from maxtext.generation import paged_decoder
+from maxtext.generation import rollout_decoder
 from maxtext.grpo import pass_rate
 from maxtext.generation import sampling
 
@@ -25,16 +26,18 @@ def evaluate(
     options: sampling.SamplingOptions,
     is_correct: Callable[[Sequence[int], Sequence[int]], float],
     *,
+    engine: Optional[paged_decoder.EngineOptions] = None,
     mesh: Optional[jax.sharding.Mesh] = None,
 ) -> dict[str, float]:
-  """pass@1 and pass@k (k = options.num_samples) over `prompts`.
+  """pass@1 and pass@k (k = options.num_samples) over `prompts`, generated
+  by the run's decoder (`engine`: `rollout_decoder.generate`).
 
   Returns:
     {"pass@1": ..., "pass@k": ...} (one key when k = 1), each in [0, 1].
   """
   k = options.num_samples
-  generation = decoder.generate(
-      params, model_config, prompts, options, mesh=mesh
+  generation = rollout_decoder.generate(
+      params, model_config, prompts, options, engine=engine, mesh=mesh
   )
   correct = []
   for index, prompt in enumerate(prompts):

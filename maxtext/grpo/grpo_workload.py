@@ -550,6 +550,7 @@ class GrpoWorkload(workload.Workload):
               stop_ids=self._episodes.chat.stop_ids,
           ),
           self._rewards,
+          paged=paged_options(state.config),
           mesh=mesh,
       )
     return evaluation.evaluate(
@@ -558,6 +559,7 @@ class GrpoWorkload(workload.Workload):
         state.dataset.get_eval_batch(0)["prompts"].tolist(),
         eval_options(state.config),
         progression_task.exact_match,
+        engine=paged_options(state.config),
         mesh=mesh,
     )
 

@@ -26,8 +26,8 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
+from maxtext.generation import rollout_decoder
 from maxtext.grpo import advantages as advantages_lib
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.generation import sampling
@@ -185,14 +185,9 @@ def rollout(
         f"fit the rollout width {width}"
     )
   start = time.perf_counter()
-  if paged is None:
-    generation = decoder.generate(
-        params, model_config, prompts, options, mesh=mesh
-    )
-  else:
-    generation = paged_decoder.generate(
-        params, model_config, prompts, options, engine=paged, mesh=mesh
-    )
+  generation = rollout_decoder.generate(
+      params, model_config, prompts, options, engine=paged, mesh=mesh
+  )
   generated = time.perf_counter()
   n = len(prompts) * g
   lengths = np.asarray(generation.lengths, np.int32)
