@@ -2,7 +2,9 @@
 
 `train_data_path` and `eval_data_path` are JSONL files, one example per
 line: {"messages": [{"role": "system"|"user"|"assistant"|"tool",
-"content": "..."}, ...]} (other keys of a line are ignored). Each example is
+"content": "..."}, ...]}, with an optional "tools": [tool JSON schemas]
+that the template renders as an episode's prompt renders its
+environment's tools (other keys of a line are ignored). Each example is
 rendered with the chat template of the tokenizer directory `tokenizer_path`
 ("" = the tokenizer files `tools/import_checkpoint` copied beside
 `load_parameters_path`'s checkpoint) by `maxtext/text/chat.py` into ids and
@@ -187,7 +189,9 @@ def _read_examples(
         if not isinstance(record, dict) or "messages" not in record:
           raise _fail(field, path, f'{where}: not an object with "messages"')
         try:
-          encoded = tokenizer.encode(record["messages"])
+          encoded = tokenizer.encode(
+              record["messages"], tools=record.get("tools")
+          )
         except ValueError as e:
           raise _fail(field, path, f"{where}: {e}") from None
         if len(encoded.ids) > row_tokens:

@@ -196,6 +196,16 @@ class ChatDatasetTest(parameterized.TestCase):
           "line 2: no assistant message",
       ),
       (
+          "tools_not_a_list",
+          json.dumps(dict(_GOOD, tools={"name": "f"})) + "\n",
+          r'line 2: "tools" must be a list of tool schemas',
+      ),
+      (
+          "tool_not_an_object",
+          json.dumps(dict(_GOOD, tools=["f"])) + "\n",
+          "line 2: tool 0 is not an object: 'f'",
+      ),
+      (
           "too_long",
           json.dumps(
               {

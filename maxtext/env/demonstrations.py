@@ -6,7 +6,11 @@ solutions before GRPO:
 
   train.jsonl   `num_train` demonstrations of training records (steps 0, 1,
                 ... of `task.train_records`, 16 per step), one
-                {"messages": [...]} per line
+                {"messages": [...]} per line: the demonstration played in
+                the record's environment (its first messages, the
+                assistant's turns, the tools' real answers), with "tools":
+                the environment's tools (their JSON schemas) when it has
+                any, so a fine-tuned model sees what an episode shows it
   eval.jsonl    the demonstrations of the held-out records
   tokenizer.json, tokenizer_config.json
                 the byte-level ChatML tokenizer (`maxtext/text/byte_chat.py`)
@@ -15,17 +19,60 @@ solutions before GRPO:
 
 import json
 import os
+from typing import Any
 
+from maxtext.env import sandbox
 from maxtext.env import tasks
 from maxtext.text import byte_chat
 
 _PER_STEP = 16
+# The tools run as in a run's episodes: in the sandbox, under its limits.
+_SETTINGS = tasks.ToolSettings(sandbox.Limits(wall_seconds=60), True, 60.0)
 
 
 def _write_jsonl(path: str, examples) -> None:
   with open(path, "w", encoding="utf-8") as f:
-    for messages in examples:
-      f.write(json.dumps({"messages": messages}) + "\n")
+    for example in examples:
+      f.write(json.dumps(example) + "\n")
+
+
+def _example(task: tasks.Task, record: dict[str, Any]) -> dict[str, Any]:
+  """The record's demonstration played in its environment.
+
+  The demonstration's assistant turns go to the environment one by one and
+  the environment's answers (the tools' real output) take the place of the
+  demonstration's own, so a fine-tuned model sees what an episode shows it;
+  the environment's tools go with the messages.
+
+  Raises:
+    ValueError: the played demonstration does not earn the verifier's full
+      mark (one line naming the record).
+  """
+  env = task.make_environment(record, _SETTINGS)
+  try:
+    messages = env.start()
+    for message in task.demonstration(record):
+      if message["role"] != "assistant":
+        continue
+      messages.append(message)
+      reply = env.step(message["content"])
+      if reply.done:
+        break
+      messages += reply.messages
+    reward = env.reward()
+    tools = list(env.tools or [])
+  finally:
+    env.close()
+  if reward is not None and reward < 1.0:
+    name = record.get("instance_id", record.get("id", "?"))
+    raise ValueError(
+        f"task {task.kind!r}: the demonstration of record {name} earns "
+        f"{reward:g}, not 1, when played"
+    )
+  example = {"messages": messages}
+  if tools:
+    example["tools"] = tools
+  return example
 
 
 def write(task: tasks.Task, directory: str, num_train: int) -> dict[str, int]:
@@ -47,10 +94,10 @@ def write(task: tasks.Task, directory: str, num_train: int) -> dict[str, int]:
   step = 0
   while len(train) < num_train:
     for record in task.train_records(step, _PER_STEP):
-      train.append(task.demonstration(record))
+      train.append(_example(task, record))
     step += 1
   train = train[:num_train]
-  held_out = [task.demonstration(r) for r in task.eval_records()]
+  held_out = [_example(task, r) for r in task.eval_records()]
   _write_jsonl(os.path.join(directory, "train.jsonl"), train)
   _write_jsonl(os.path.join(directory, "eval.jsonl"), held_out)
   return {"train": len(train), "eval": len(held_out)}

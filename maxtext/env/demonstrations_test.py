@@ -27,9 +27,9 @@ class DemonstrationsTest(absltest.TestCase):
       with open(os.path.join(directory, "train.jsonl"), encoding="utf-8") as f:
         lines = [json.loads(line) for line in f]
       self.assertLen(lines, 20)
-      held_out = {
-          json.dumps(task.demonstration(r)) for r in task.eval_records()
-      }
+      with open(os.path.join(directory, "eval.jsonl"), encoding="utf-8") as f:
+        held_out = {json.dumps(json.loads(line)["messages"]) for line in f}
+      self.assertLen(held_out, len(task.eval_records()))
       self.assertEmpty(held_out & {json.dumps(l["messages"]) for l in lines})
       config = tiny_configs.model_config(
           vocab_size=320,
@@ -45,6 +45,58 @@ class DemonstrationsTest(absltest.TestCase):
       )
       self.assertGreater(examples.assistant_tokens, 0)
       self.assertLess(examples.assistant_tokens, examples.tokens)
+
+  def test_repair_demonstrations_show_what_an_episode_shows(self):
+    # The tools' real answers (the test run's own output), the environment's
+    # tools beside the messages, and a fine-tuning row that begins with the
+    # very ids an episode's first prompt has.
+    task = repair_task.make_task(num_eval=1)
+    directory = self.create_tempdir().full_path
+    demonstrations.write(task, directory, 2)
+    with open(os.path.join(directory, "train.jsonl"), encoding="utf-8") as f:
+      line = json.loads(f.readline())
+    record = task.train_records(0, 1)[0]
+    env = task.make_environment(record, tasks.ToolSettings())
+    try:
+      first, tools = env.start(), env.tools
+    finally:
+      env.close()
+    self.assertEqual(line["tools"], tools)
+    self.assertEqual(line["messages"][: len(first)], first)
+    answers = [m["content"] for m in line["messages"] if m["role"] == "tool"]
+    self.assertEqual(answers[0], record["files"][record["fix"]["path"]])
+    self.assertRegex(answers[-1], r"^tests passed\n(.|\n)*Ran 3 tests(.|\n)*OK")
+    tokenizer = chat.ChatTokenizer.load(directory)
+    prompt = tokenizer.encode_prompt(first, tools=tools)
+    row = tokenizer.encode(line["messages"], tools=line["tools"])
+    self.assertEqual(list(row.ids[: len(prompt)]), prompt)
+    self.assertFalse(row.assistant_mask[: len(prompt)].any())
+    with open(os.path.join(directory, "eval.jsonl"), encoding="utf-8") as f:
+      self.assertIn("tools", json.loads(f.readline()))
+
+  def test_math_demonstrations_have_no_tools(self):
+    directory = self.create_tempdir().full_path
+    demonstrations.write(math_task.make_task(num_eval=1), directory, 2)
+    with open(os.path.join(directory, "train.jsonl"), encoding="utf-8") as f:
+      line = json.loads(f.readline())
+    self.assertEqual(set(line), {"messages"})
+    roles = [m["role"] for m in line["messages"]]
+    self.assertEqual(roles, ["user", "assistant"])
+
+  def test_a_demonstration_that_does_not_solve_its_record_is_refused(self):
+    class Wrong(repair_task.RepairTask):
+
+      def demonstration(self, record):
+        messages = super().demonstration(record)
+        # Views, runs the tests and submits, but never fixes the bug.
+        return [m for m in messages if "edit_file" not in m["content"]]
+
+    with self.assertRaisesRegex(
+        ValueError,
+        r"^task 'repair': the demonstration of record repair-\d+ earns 0, "
+        "not 1, when played$",
+    ):
+      demonstrations.write(Wrong(1), self.create_tempdir().full_path, 1)
 
   def test_bad_count(self):
     with self.assertRaisesRegex(ValueError, "num_train=0"):

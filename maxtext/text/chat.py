@@ -228,6 +228,25 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
   return checked
 
 
+def check_tools(tools: Any) -> Optional[list[dict[str, Any]]]:
+  """Checks a conversation's tools: None, or a list of objects (each tool's
+  JSON schema, as transformers' `apply_chat_template(tools=...)` takes).
+
+  Raises:
+    ValueError: one line naming the entry that is not an object.
+  """
+  if tools is None:
+    return None
+  if not isinstance(tools, list):
+    raise ValueError(
+        f'"tools" must be a list of tool schemas, got {_short(tools)}'
+    )
+  for i, tool in enumerate(tools):
+    if not isinstance(tool, dict):
+      raise ValueError(f"tool {i} is not an object: {_short(tool)}")
+  return tools
+
+
 def _short(value: Any, limit: int = 60) -> str:
   text = repr(value)
   return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -435,13 +454,17 @@ class ChatTokenizer:
     except jinja2.exceptions.TemplateError as e:
       raise ValueError(f"the chat template refused it: {e}") from None
 
-  def _render_tracked(self, messages) -> tuple[str, list[tuple[int, int]]]:
+  def _render_tracked(
+      self, messages, tools=None
+  ) -> tuple[str, list[tuple[int, int]]]:
     """The text and the character spans of its {% generation %} blocks."""
     chunks: list[str] = []
     spans: list[tuple[int, int]] = []
     token = _TRACKING.set((chunks, spans))
     try:
-      for chunk in self.template.generate(**self._context(messages, False)):
+      for chunk in self.template.generate(
+          **self._context(messages, False, tools)
+      ):
         chunks.append(chunk)
     except jinja2.exceptions.TemplateError as e:
       raise ValueError(f"the chat template refused it: {e}") from None
@@ -450,9 +473,12 @@ class ChatTokenizer:
     return "".join(chunks), spans
 
   def assistant_spans(
-      self, messages: Sequence[dict[str, Any]]
+      self,
+      messages: Sequence[dict[str, Any]],
+      tools: Optional[Sequence[dict[str, Any]]] = None,
   ) -> tuple[str, list[tuple[int, int]]]:
-    """(rendered text, character spans of the assistant's output).
+    """(rendered text, character spans of the assistant's output), the
+    conversation rendered with `tools` as `render` does.
 
     Raises:
       ValueError: the template raised, or renders a prefix of the
@@ -460,14 +486,16 @@ class ChatTokenizer:
     """
     messages = list(messages)
     if self.has_generation_blocks:
-      return self._render_tracked(messages)
-    text = self.render(messages)
+      return self._render_tracked(messages, tools)
+    text = self.render(messages, tools=tools)
     spans = []
     for i, message in enumerate(messages):
       if message["role"] != ASSISTANT:
         continue
-      before = self.render(messages[:i], add_generation_prompt=True)
-      through = self.render(messages[: i + 1])
+      before = self.render(
+          messages[:i], add_generation_prompt=True, tools=tools
+      )
+      through = self.render(messages[: i + 1], tools=tools)
       if not through.startswith(before) or not text.startswith(through):
         raise ValueError(
             f"message {i} (assistant): the chat template does not render "
@@ -478,15 +506,21 @@ class ChatTokenizer:
       spans.append((len(before), len(through)))
     return text, spans
 
-  def encode(self, messages: Sequence[dict[str, Any]]) -> Encoded:
-    """Token ids of the conversation and the assistant's tokens.
+  def encode(
+      self,
+      messages: Sequence[dict[str, Any]],
+      tools: Optional[Sequence[dict[str, Any]]] = None,
+  ) -> Encoded:
+    """Token ids of the conversation and the assistant's tokens, rendered
+    with `tools` (the tools' JSON schemas) as an episode's prompt is
+    (`encode_prompt`).
 
     Raises:
       ValueError: as `check_messages` and `assistant_spans`, or no token is
         the assistant's.
     """
     messages = check_messages(messages)
-    text, spans = self.assistant_spans(messages)
+    text, spans = self.assistant_spans(messages, check_tools(tools))
     encoding = self.tokenizer.encode(text, add_special_tokens=False)
     mask = _token_mask(encoding.offsets, spans)
     if not mask.any():
