@@ -36,7 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_prompt_length = 512
   config.grpo_max_completion_length = 1280
   config.grpo_max_turns = 8
-  config.grpo_max_turn_tokens = 160
+  # The longest model turn of the demonstrations (an edit_file call with
+  # the old and new function) is 296 bytes; a turn cut short ends the
+  # episode.
+  config.grpo_max_turn_tokens = 320
   config.grpo_episode_timeout_seconds = 600.0
   config.grpo_tool_timeout_seconds = 20.0
   config.grpo_reward_timeout_seconds = 60.0

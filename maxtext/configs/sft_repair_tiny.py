@@ -33,7 +33,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_data_path = os.path.join(DEMOS, "train.jsonl")
   config.eval_data_path = os.path.join(DEMOS, "eval.jsonl")
   config.tokenizer_path = DEMOS
-  # Trajectories of about 900 tokens: 8 per step, one row each.
+  # Trajectories of 1,100 to 1,342 tokens (the tools' schemas in the system
+  # turn, the tools' real output): 8 per step, one row each. Rows of 1,408
+  # tokens hold the longest (a longer one would be refused, not cut) and
+  # cost half of GRPO's 2,048 in attention, which dominates here.
+  config.max_sequence_length = 1408
   config.global_batch_size = 8
   config.gradient_accumulation_steps = 1
   config.eval_batch_size = 8
