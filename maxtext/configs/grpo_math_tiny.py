@@ -7,7 +7,7 @@ demonstrations (`load_parameters_path`; docs/grpo.md has the pipeline):
 
   tools/bazel run //maxtext:train_main -- \\
       --config=maxtext/configs/grpo_math_tiny.py \\
-      --config.load_parameters_path=/tmp/maxtext_runs/sft_math/checkpoints
+      --config.load_parameters_path=/tmp/maxtext_runs/sft_math_tiny/checkpoints
 """
 
 import ml_collections
