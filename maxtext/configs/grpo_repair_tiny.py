@@ -10,7 +10,7 @@ demonstrations (docs/grpo.md):
 
   tools/bazel run //maxtext:train_main -- \\
       --config=maxtext/configs/grpo_repair_tiny.py \\
-      --config.load_parameters_path=/tmp/maxtext_runs/sft_repair_tiny/checkpoints
+    --config.load_parameters_path=/tmp/maxtext_runs/sft_repair_tiny/checkpoints
 """
 
 import ml_collections
