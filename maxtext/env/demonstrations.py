@@ -82,12 +82,19 @@ def write(task: tasks.Task, directory: str, num_train: int) -> dict[str, int]:
     {"train": examples, "eval": examples}.
 
   Raises:
-    ValueError: num_train < 1, or a task that writes no demonstrations.
+    ValueError: num_train < 1, a task that writes no demonstrations, or a
+      task whose tools need the sandbox where bubblewrap cannot run (before
+      any demonstration is played).
   """
   if num_train < 1:
     raise ValueError(f"num_train={num_train}: must be >= 1")
   if task.demonstration(task.train_records(0, 1)[0]) is None:
     raise ValueError(f"task {task.kind!r} writes no demonstrations")
+  if getattr(task, "uses_sandbox", False):
+    try:
+      sandbox.check_available()
+    except sandbox.SandboxUnavailable as e:
+      raise ValueError(f"task {task.kind!r}: {e}") from None
   os.makedirs(directory, exist_ok=True)
   byte_chat.write(directory)
   train = []

@@ -2,6 +2,7 @@
 
 import json
 import os
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -119,6 +120,16 @@ class DemonstrationsTest(absltest.TestCase):
         ValueError, "^task 'plain' writes no demonstrations$"
     ):
       demonstrations.write(Plain(), directory, 4)
+    self.assertFalse(os.path.exists(directory))
+
+  def test_a_sandboxed_task_without_bubblewrap_is_refused_before_writing(self):
+    directory = os.path.join(self.create_tempdir().full_path, "demos")
+    # A machine without bubblewrap: its program is not on the PATH.
+    with mock.patch.dict(os.environ, {"PATH": self.create_tempdir().full_path}):
+      with self.assertRaisesRegex(
+          ValueError, "^task 'repair': bwrap .* is not installed"
+      ):
+        demonstrations.write(repair_task.make_task(num_eval=1), directory, 4)
     self.assertFalse(os.path.exists(directory))
 
 
