@@ -127,7 +127,9 @@ class DemonstrationsTest(absltest.TestCase):
     # A machine without bubblewrap: its program is not on the PATH.
     with mock.patch.dict(os.environ, {"PATH": self.create_tempdir().full_path}):
       with self.assertRaisesRegex(
-          ValueError, "^task 'repair': bwrap .* is not installed"
+          ValueError,
+          r"^task 'repair': bwrap .* is not installed: tools cannot run "
+          r"isolated \(apt-get install bubblewrap\)$",
       ):
         demonstrations.write(repair_task.make_task(num_eval=1), directory, 4)
     self.assertFalse(os.path.exists(directory))

@@ -186,8 +186,7 @@ def check_available() -> None:
   if shutil.which(BWRAP) is None:
     raise SandboxUnavailable(
         f"{BWRAP} (Debian's bubblewrap) is not installed: tools cannot run "
-        "isolated (apt-get install bubblewrap, or set "
-        "config.grpo_allow_unisolated_tools for trusted tools)"
+        "isolated (apt-get install bubblewrap)"
     )
   with tempfile.TemporaryDirectory() as scratch:
     try:
@@ -203,8 +202,7 @@ def check_available() -> None:
     reason = probe.stderr.decode(errors="replace").strip().splitlines()
     raise SandboxUnavailable(
         f"{BWRAP} cannot make a sandbox here: "
-        f"{reason[0] if reason else f'exit status {probe.returncode}'} "
-        "(set config.grpo_allow_unisolated_tools for trusted tools)"
+        f"{reason[0] if reason else f'exit status {probe.returncode}'}"
     )
 
 

@@ -93,7 +93,8 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
         sandbox.check_available()
       except sandbox.SandboxUnavailable as e:
         raise ValueError(
-            f"config.grpo_task={config.grpo_task!r}: {e}"
+            f"config.grpo_task={config.grpo_task!r}: {e} (trusted tools may "
+            "run unisolated: config.grpo_allow_unisolated_tools=True)"
         ) from None
     else:
       logging.warning(

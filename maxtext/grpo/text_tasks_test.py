@@ -95,7 +95,8 @@ class TextTasksTest(absltest.TestCase):
       with self.assertRaisesRegex(
           trainer.ConfigError,
           r"^config.grpo_task='maxtext.env.repair_task:make_task': bwrap "
-          r"\(Debian's bubblewrap\) is not installed",
+          r"\(Debian's bubblewrap\) is not installed: .* \(trusted tools "
+          r"may run unisolated: config.grpo_allow_unisolated_tools=True\)$",
       ):
         workloads.run(config)
     finally:
