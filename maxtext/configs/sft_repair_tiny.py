@@ -42,7 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.gradient_accumulation_steps = 1
   config.eval_batch_size = 8
   config.eval_steps = 1
-  config.steps = 400
+  # 700 steps, 2.7 passes over the 2,048 demonstrations: after 400 the
+  # model solved none of 16 held-out tasks, after 700 about a third of its
+  # episodes do (docs/grpo.md).
+  config.steps = 700
   config.learning_rate = 2e-3
   config.lr_schedule = "cosine"
   config.weight_decay = 0.0
