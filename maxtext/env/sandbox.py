@@ -12,8 +12,9 @@ directory; `run(argv)` runs one command on them in a separate process:
   system; the scratch bound writable at `workdir` (`/task` unless given; the
   working directory), a small private `/tmp`, and nothing else of the host's
   files;
-* under resource limits set before the command starts (`setrlimit`, kept
-  across exec and fork): CPU seconds, address space, the largest file it may
+* under resource limits set before the command starts (the host's /bin/sh
+  sets them with `ulimit`, then execs bubblewrap; kept across exec and
+  fork): CPU seconds, address space, the largest file it may
   write (a larger write fails with EFBIG; SIGXFSZ is ignored so the write
   returns an error instead of killing the process);
 * under a wall-clock timeout: at the timeout bubblewrap is killed, which
@@ -38,7 +39,6 @@ which is killed on a timeout; they see the network and the host's files.
 
 import dataclasses
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -297,20 +297,25 @@ class Sandbox:
     the sandbox), None outside the scratch."""
     return inside(self.scratch, relative, self.workdir)
 
-  def _limit(self) -> None:
-    """Runs in the child before exec: its limits, kept across fork/exec."""
+  def _limited(self, command: list[str]) -> list[str]:
+    """`command` run by a shell that first sets its limits, then execs it.
+
+    The limits (and SIGXFSZ ignored) are kept across exec and fork, so they
+    bind the command and everything it starts. They are set by /bin/sh in
+    the child rather than by Python code between fork and exec: the
+    calling process runs threads (JAX's, the episodes'), and Python run in
+    a forked copy of a threaded process can deadlock (JAX warns at each
+    such fork); with nothing to run there, the child is spawned directly.
+    `ulimit -f` counts 512-byte blocks, `-v` KiB (POSIX sh).
+    """
     limits = self.limits
-    resource.setrlimit(
-        resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds)
+    script = (
+        f"ulimit -t {limits.cpu_seconds} && "
+        f"ulimit -v {max(1, limits.memory_bytes // 1024)} && "
+        f"ulimit -f {max(1, limits.file_bytes // 512)} && "
+        "ulimit -c 0 && trap '' XFSZ && exec \"$@\""
     )
-    resource.setrlimit(
-        resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes)
-    )
-    resource.setrlimit(
-        resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes)
-    )
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    return ["/bin/sh", "-c", script, "sh"] + command
 
   def run(
       self, argv: Sequence[str], timeout_seconds: Optional[float] = None
@@ -340,16 +345,14 @@ class Sandbox:
     # The output goes to files outside the scratch, so a command printing
     # without end cannot fill memory; the file-size limit bounds them.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-      # preexec_fn sets the limits in the child before exec (no thread of
-      # this process runs there); the process is waited for below.
-      # pylint: disable-next=subprocess-popen-preexec-fn,consider-using-with
+      # The process is waited for below.
+      # pylint: disable-next=consider-using-with
       process = subprocess.Popen(
-          command,
+          self._limited(command),
           cwd=self.scratch,
           stdin=subprocess.DEVNULL,
           stdout=out,
           stderr=err,
-          preexec_fn=self._limit,
           start_new_session=True,
       )
       timed_out = False

@@ -109,6 +109,17 @@ class SandboxTest(absltest.TestCase):
     result = self.box.run(_python("open('big', 'wb').write(b'x' * (8 << 20))"))
     self.assertNotEqual(result.returncode, 0)
     self.assertIn("File too large", result.stderr)
+    # The limit is the file size exactly (1 MiB here), not a multiple.
+    result = self.box.run(_python("open('edge', 'wb').write(b'x' * (1 << 20))"))
+    self.assertTrue(result.ok, result)
+    result = self.box.run(
+        _python(
+            "import os; f = os.open('over', os.O_WRONLY | os.O_CREAT); "
+            "print(os.write(f, b'x' * (1 << 20))); os.write(f, b'x')"
+        )
+    )
+    self.assertEqual(result.stdout.strip(), str(1 << 20))
+    self.assertIn("File too large", result.stderr)
     # Many files each under the file limit: past the scratch limit.
     result = self.box.run(
         _python(
@@ -157,6 +168,26 @@ class SandboxTest(absltest.TestCase):
     self.assertIn("ConnectionRefusedError", result.stderr)
     self.assertEqual(accepted, [])
 
+  def test_cpu_limit(self):
+    for isolated in (True, False):
+      with sandbox.Sandbox(
+          {}, sandbox.Limits(wall_seconds=60, cpu_seconds=1), isolated=isolated
+      ) as box:
+        result = box.run(_python("while True: pass"))
+        # Killed at the limit (SIGXCPU, or SIGKILL when the soft limit is
+        # the hard one; bubblewrap reports its child's signal as 128 + its
+        # number) long before the wall-clock limit.
+        self.assertFalse(result.timed_out, isolated)
+        self.assertIn(result.returncode, (-24, -9, 128 + 24, 128 + 9), isolated)
+
+  def test_spawned_without_python_in_the_forked_child(self):
+    # Python code between fork and exec in a threaded process can deadlock;
+    # the at-fork hooks run only when the child runs Python (preexec_fn).
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(1))
+    self._still_works()
+    self.assertEqual(forks, [])
+
   def test_memory_limit(self):
     result = self.box.run(_python("x = bytearray(3 << 30)"))
     self.assertIn("MemoryError", result.stderr)
@@ -184,7 +215,9 @@ class SandboxTest(absltest.TestCase):
     os.environ["PATH"] = tempfile.mkdtemp()
     try:
       with self.assertRaisesRegex(
-          sandbox.SandboxUnavailable, "grpo_allow_unisolated_tools"
+          sandbox.SandboxUnavailable,
+          r"^bwrap \(Debian's bubblewrap\) is not installed: tools cannot run "
+          r"isolated \(apt-get install bubblewrap\)$",
       ):
         sandbox.check_available()
     finally:
