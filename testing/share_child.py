@@ -54,15 +54,15 @@ def main(argv: list[str]) -> None:
     made.append(Local(task))
     return made[-1]
 
-  def generate(contexts, options):
+  def generate(contexts, options, budgets):
     # The same turns on every process: a call, then an answer.
     out = []
-    for context in contexts:
+    for context, budget in zip(contexts, budgets):
       text = tokenizer.tokenizer.decode(context, skip_special_tokens=False)
       turn = text.count("<|im_start|>assistant") - 1
       text = _CALL if turn == 0 else "done"
       ids = tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
-      ids = (ids + [tokenizer.end_of_turn_id])[: options.max_new_tokens]
+      ids = (ids + [tokenizer.end_of_turn_id])[:budget]
       out.append(episodes.Completion(ids, [-0.5] * len(ids)))
     return out
 

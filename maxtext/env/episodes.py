@@ -30,10 +30,14 @@ environment still gives its reward. An episode still running at the wall
 time ends `timed_out`: it is not a valid sample (the caller excludes it from
 the loss and from its group's baseline and counts it) and has no reward.
 
-`generate(contexts, options) -> [Completion]` is the one generation
-function: `contexts` are id lists, `options` the step's sampling options
-with `num_samples` 1 and the turn's seed; it returns one completion per
-context. Any engine that continues id lists plugs in there.
+`generate(contexts, options, budgets) -> [Completion]` is the one
+generation function: `contexts` are id lists, `options` the step's sampling
+options with `num_samples` 1, the turn's seed and `max_new_tokens` the
+largest of `budgets`, and `budgets[i]` the most ids context i may get: the
+turn's limit or, when less, what is left of its episode's `max_tokens`, so
+a context plus its budget never passes the prompt's length plus
+`max_tokens`; it returns one completion per context. Any engine that
+continues id lists plugs in there.
 """
 
 import dataclasses
@@ -56,7 +60,8 @@ class Completion:
 
 
 GenerateFn = Callable[
-    [Sequence[Sequence[int]], sampling.SamplingOptions], list[Completion]
+    [Sequence[Sequence[int]], sampling.SamplingOptions, Sequence[int]],
+    list[Completion],
 ]
 
 
@@ -224,16 +229,23 @@ def run(
       active = [i for i, e in enumerate(episodes) if e.active]
       if not active:
         break
+      # Ids past an episode's max_tokens would be cut, and asking for them
+      # could pass the model's length: each asks for what it has left.
+      budgets = [
+          max(1, min(limits.max_turn_tokens, limits.max_tokens - len(e.ids)))
+          for e in (episodes[i] for i in active)
+      ]
       turn_options = dataclasses.replace(
           options,
           num_samples=1,
-          max_new_tokens=limits.max_turn_tokens,
+          max_new_tokens=max(budgets),
           seed=_turn_seed(options.seed, turn),
       )
       began = time.perf_counter()
       completions = generate(
           [episodes[i].prompt_ids + episodes[i].ids for i in active],
           turn_options,
+          budgets,
       )
       spent["generate"] += time.perf_counter() - began
       answers = None

@@ -62,10 +62,10 @@ class Scripted:
     self.calls = []
     self.stop = stop
 
-  def __call__(self, contexts, options):
-    self.calls.append((list(map(list, contexts)), options))
+  def __call__(self, contexts, options, budgets):
+    self.calls.append((list(map(list, contexts)), options, list(budgets)))
     out = []
-    for context in contexts:
+    for context, budget in zip(contexts, budgets):
       # The episode is known by its prompt (the scripts' keys).
       text = self.chat.tokenizer.decode(context, skip_special_tokens=False)
       key = next(k for k in self.scripts if k in text)
@@ -74,7 +74,7 @@ class Scripted:
       ids = self.chat.tokenizer.encode(text, add_special_tokens=False).ids
       if self.stop:
         ids.append(self.chat.end_of_turn_id)
-      ids = ids[: options.max_new_tokens]
+      ids = ids[:budget]
       out.append(episodes.Completion(ids, [-0.5] * len(ids)))
     return out
 
@@ -122,6 +122,30 @@ class EpisodesTest(absltest.TestCase):
     self.assertLen(generate.calls, 1)
     options = generate.calls[0][1]
     self.assertEqual((options.num_samples, options.max_new_tokens), (1, 16))
+
+  def test_a_turn_asks_for_what_is_left_of_the_episode(self):
+    tasks = [{"prompt": "What is 2+3?", "kind": "adder"}]
+    scripts = {"2+3": [_CALL, "5"]}
+    (e,), generate = self._run(
+        tasks,
+        scripts,
+        episodes.Limits(max_turns=4, max_tokens=2000, max_turn_tokens=200),
+    )
+    self.assertEqual([call[2] for call in generate.calls], [[200], [200]])
+    # The ids before the second turn: the call and the tool's answer.
+    before = len(generate.calls[1][0][0]) - len(e.prompt_ids)
+    (e,), generate = self._run(
+        tasks,
+        scripts,
+        episodes.Limits(
+            max_turns=4, max_tokens=before + 3, max_turn_tokens=200
+        ),
+    )
+    self.assertEqual(generate.calls[1][2], [3])
+    self.assertEqual(generate.calls[1][1].max_new_tokens, 3)
+    self.assertEqual(self.chat.decode(e.ids[before:]), "5")
+    self.assertTrue(e.done)
+    self.assertFalse(e.truncated)
 
   def test_tool_turns_append_exactly_the_templates_tokens(self):
     tasks = [{"prompt": "What is 2+3?", "kind": "adder"}]

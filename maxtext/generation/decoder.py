@@ -40,7 +40,7 @@ where the caller put them (as the trainer shards them: `model_setup`).
 import dataclasses
 import functools
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -220,14 +220,17 @@ def _generate(
 
 
 def check_prompts(
-    prompts: Sequence[Sequence[int]], config, reserved: int
+    prompts: Sequence[Sequence[int]],
+    config,
+    reserved: Union[int, Sequence[int]],
 ) -> list[list[int]]:
   """The prompts as lists of ints, checked against the model.
 
   Args:
     prompts: one or more non-empty id sequences.
     config: the model's config.
-    reserved: positions each prompt must leave free (max_new_tokens).
+    reserved: positions each prompt must leave free (max_new_tokens): one
+      number for all, or one per prompt.
 
   Raises:
     TypeError/ValueError: one line naming the prompt and the problem (no
@@ -247,10 +250,11 @@ def check_prompts(
           f"prompt {index} id {bad[0]} is outside the model's vocabulary "
           f"[0, {vocab})"
       )
-    if len(ids) + reserved > limit:
+    free = reserved if isinstance(reserved, int) else reserved[index]
+    if len(ids) + free > limit:
       raise ValueError(
-          f"prompt {index} of {len(ids)} tokens + max_new_tokens={reserved} "
-          f"= {len(ids) + reserved} exceeds the model's max_sequence_length "
+          f"prompt {index} of {len(ids)} tokens + max_new_tokens={free} "
+          f"= {len(ids) + free} exceeds the model's max_sequence_length "
           f"{limit}; the cached decoder does not slide: shorten the prompt "
           "or ask for fewer tokens"
       )

@@ -622,7 +622,7 @@ def generate(
       (replicated over its "data" axis, as the trainer places them).
     config: the model's config or the run's.
     contexts: id lists (a prompt, or an episode's turns so far); each
-      len + max_new_tokens <= config.max_sequence_length.
+      len + its rows' max_new_tokens <= config.max_sequence_length.
     options: how many ids and how to choose them (as `decoder.generate`).
     max_new_tokens: each row's own limit (<= options.max_new_tokens), in
       row order (context-major); None = options.max_new_tokens for all.
@@ -643,7 +643,6 @@ def generate(
   config = model_config.of(config)
   allowed_vocab = sampling.check_for_model(options, config, allowed_vocab)
   new = options.max_new_tokens
-  contexts = decoder.check_prompts(contexts, config, new)
   g = options.num_samples
   rows = len(contexts) * g
   if max_new_tokens is None:
@@ -663,6 +662,12 @@ def generate(
       raise ValueError(
           f"max_new_tokens {over[0]} exceeds options.max_new_tokens={new}"
       )
+  # Each context leaves room for its own rows' budgets.
+  contexts = decoder.check_prompts(
+      contexts,
+      config,
+      [max(budgets[i * g : (i + 1) * g]) for i in range(len(contexts))],
+  )
   layout = replica_layout.for_model(config, mesh)
   replicas = layout.replicas
   size = engine.page_size

@@ -235,6 +235,26 @@ class EngineTest(parameterized.TestCase):
       )
       self.assertTrue(np.all(got.ids[row, length:] == sampling.PAD_ID))
 
+  def test_a_context_leaves_room_for_its_own_rows_budgets(self):
+    # A long context with a small budget beside a short one with a large
+    # budget (an episode near its end beside one starting): only each
+    # context's own rows must fit the model's length.
+    config, params = _model(max_sequence_length=32)
+    prompts = _prompts(np.random.default_rng(6), (28, 4))
+    options = sampling.SamplingOptions(max_new_tokens=10)
+    got = paged_decoder.generate(
+        params, config, prompts, options, max_new_tokens=(4, 10), engine=_SMALL
+    )
+    np.testing.assert_array_equal(got.lengths, [4, 10])
+    with self.assertRaisesRegex(
+        ValueError,
+        "^prompt 0 of 28 tokens [+] max_new_tokens=5 = 33 exceeds the "
+        "model's max_sequence_length 32",
+    ):
+      paged_decoder.generate(
+          params, config, prompts, options, max_new_tokens=(5, 10)
+      )
+
   def test_programs_compile_once_per_bucket(self):
     config, params = _model(num_layers=1)
     compile_counter.install()

@@ -88,7 +88,14 @@ def decoder_generate(
     mesh: the engine's mesh, or None.
   """
 
-  def generate(contexts, options):
+  def generate(contexts, options, budgets):
+    # The rows share one length: a turn gets at most what the longest
+    # context leaves of the model's length (the paged decoder gives each
+    # row its own).
+    del budgets
+    room = model_config.max_sequence_length - max(len(c) for c in contexts)
+    if options.max_new_tokens > room:
+      options = dataclasses.replace(options, max_new_tokens=room)
     filled = list(contexts) + [contexts[0]] * (rows - len(contexts))
     out = decoder.generate(
         params,
@@ -128,12 +135,13 @@ def paged_generate(
   """
   engine = dataclasses.replace(engine, num_slots=engine.num_slots or rows)
 
-  def generate(contexts, options):
+  def generate(contexts, options, budgets):
     out = paged_decoder.generate(
         params,
         model_config,
         contexts,
         options,
+        max_new_tokens=budgets,
         engine=engine,
         allowed_vocab=allowed_vocab,
         mesh=mesh,

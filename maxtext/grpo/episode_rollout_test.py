@@ -173,8 +173,8 @@ class EpisodeRolloutTest(absltest.TestCase):
     ]  # fmt: skip
     calls = []
 
-    def generate(contexts, options):
-      del options  # The script decides.
+    def generate(contexts, options, budgets):
+      del options, budgets  # The script decides.
       # Episode 0 follows the demonstration; episode 1 gives up at once.
       turn = len(calls)
       calls.append(len(contexts))
@@ -255,8 +255,8 @@ class EpisodeRolloutTest(absltest.TestCase):
     ids = self.chat.tokenizer.encode(call, add_special_tokens=False).ids
     ids.append(self.chat.end_of_turn_id)
 
-    def generate(contexts, options):
-      del options
+    def generate(contexts, options, budgets):
+      del options, budgets
       return [episodes.Completion(ids, [-1.0] * len(ids)) for _ in contexts]
 
     setup = episode_rollout.EpisodeSetup(
