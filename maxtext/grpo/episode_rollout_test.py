@@ -42,6 +42,20 @@ class EpisodeRolloutTest(absltest.TestCase):
     cls.params = transformer.init_params(config, jax.random.PRNGKey(0))
     cls.chat = text_task.load_tokenizer(text_task.BYTE_CHATML)
 
+  def test_both_decoders_stop_at_the_models_length(self):
+    # A context 4 ids short of the model's length beside a short one, each
+    # with its episode's budget.
+    contexts = [[65] * (self.config.max_sequence_length - 4), [65] * 10]
+    options = sampling.SamplingOptions(max_new_tokens=16, temperature=1.0)
+    for paged in (None, paged_decoder.EngineOptions()):
+      generate = episode_rollout.generation_fn(
+          self.params, self.config, 2, 320, paged
+      )
+      long, short = generate(contexts, options, [4, 16])
+      self.assertLen(long.ids, 4)
+      # The static decoder's rows share one length: the longest context's.
+      self.assertLen(short.ids, 4 if paged is None else 16)
+
   def test_math_with_the_decoder(self):
     setup = episode_rollout.EpisodeSetup(
         math_task.make_task(num_eval=2),
