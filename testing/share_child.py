@@ -55,6 +55,7 @@ def main(argv: list[str]) -> None:
     return made[-1]
 
   def generate(contexts, options, budgets):
+    del options  # The turns are fixed; each is cut at its budget.
     # The same turns on every process: a call, then an answer.
     out = []
     for context, budget in zip(contexts, budgets):
