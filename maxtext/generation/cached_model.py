@@ -38,68 +38,52 @@ from maxtext.model import mla
 from maxtext.model import moe
 from maxtext.model import transformer
 
-# (entries, new entries [B, S, ...] by name, positions [B, S]) ->
-# (entries, the [B, T, ...] keys/values by name that attention reads).
-Store = Callable[[Any, dict, jax.Array], tuple[Any, dict]]
+# (the stack's entries, a layer index, new entries [B, S, ...] by name,
+# positions [B, S]) -> (the stack's entries with the layer's new entries
+# written, the layer's [B, T, ...] keys/values by name that attention reads).
+# The store writes into the stack's [L, ...] leaves at (layer, ...) itself:
+# slicing a layer out of the stack and writing it back would copy the whole
+# layer's cache twice a call, which is most of a decode step's time on a TPU.
+Store = Callable[[Any, jax.Array, dict, jax.Array], tuple[Any, dict]]
 
 
-def _write(entry: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
-  """entry [B, T, ...] with new [B, S, ...] written at int [B, S] positions
-  (positions at or past T are dropped)."""
-  return jax.vmap(lambda e, n, p: e.at[p].set(n, mode="drop"))(
-      entry, new.astype(entry.dtype), positions
-  )
-
-
-def dense_store(entries, new, positions):
+def dense_store(entries, index, new, positions):
   """The dense cache's store: writes `new` [B, S, ...] entries at their
-  positions into each row's own slots; the cache itself is what attention
-  reads. Returns (entries, the [B, T, ...] view attention reads)."""
-  entries = {
-      name: _write(entries[name], value, positions)
-      for name, value in new.items()
-  }
-  return entries, entries
+  positions into row b's slots of layer `index` of the [L, B, T, ...]
+  stack (positions at or past T are dropped); what attention reads is the
+  layer's [B, T, ...] cache."""
+  rows = jnp.arange(positions.shape[0], dtype=positions.dtype)[:, None]
+  written, view = {}, {}
+  for name, value in new.items():
+    leaf = entries[name]
+    leaf = leaf.at[index, rows, positions].set(
+        value.astype(leaf.dtype), mode="drop"
+    )
+    written[name] = leaf
+    view[name] = leaf[index]
+  return written, view
 
 
-def _attention(x, layer, entries, positions, config, store):
-  """One layer's attention over the cache; returns (out, entries)."""
+def _attention(x, layer, entries, index, positions, config, store):
+  """Layer `index`'s attention over the stack's cache; returns (out,
+  entries)."""
   cdt = x.dtype
   if config.attention_type == "mla":
     q = mla.queries(x, layer, config, positions)
     latent, k_rope = mla.latent_keys(x, layer, config, positions)
     entries, view = store(
-        entries, {"kv_latent": latent, "k_rope": k_rope}, positions
+        entries, index, {"kv_latent": latent, "k_rope": k_rope}, positions
     )
     k, v = mla.expand_keys_values(
         view["kv_latent"], view["k_rope"], layer, config
     )
   else:
     q, k, v = transformer.gqa_projections(x, layer, config, positions)
-    entries, view = store(entries, {"k": k, "v": v}, positions)
+    entries, view = store(entries, index, {"k": k, "v": v}, positions)
     k, v = view["k"], view["v"]
   out = layers.attend_cached(q, k, v, positions, layers.rope_scaling(config))
   out = transformer.output_gate(out, x, layer)
   return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), entries
-
-
-def _at(tree: Any, index: jax.Array) -> Any:
-  """Layer `index` of every [L, ...] leaf."""
-  return jax.tree_util.tree_map(
-      lambda a: jax.lax.dynamic_index_in_dim(a, index, 0, keepdims=False),
-      tree,
-  )
-
-
-def _set_at(tree: Any, index: jax.Array, layer: Any) -> Any:
-  """Every [L, ...] leaf with layer `index` replaced by `layer`'s."""
-  return jax.tree_util.tree_map(
-      lambda a, b: jax.lax.dynamic_update_index_in_dim(
-          a, b.astype(a.dtype), index, 0
-      ),
-      tree,
-      layer,
-  )
 
 
 def _unstacked(tree: Any) -> Any:
@@ -147,12 +131,12 @@ def forward(
       return x + moe.moe_mlp(normed, layer, config)[0]
     return x + transformer.mlp(normed, layer)
 
-  def block(x, inputs):
-    layer, entries = inputs
+  def block(x, layer, entries, index):
     out, entries = _attention(
         transformer.norm(x, layer["attn_norm"], config),
         layer,
         entries,
+        index,
         positions,
         config,
         store,
@@ -174,17 +158,17 @@ def forward(
   def attention_stack(x, stack, entries, before=None, states=None):
     """`block` over a stack's layers (after `before`, a group's DeltaNet
     layers, with `states`, if given). The stack's entries are the scan's
-    carry, each layer's read and written back at its index: one buffer
-    updated in place, where entries as the scan's input and output would
-    be a second buffer of the whole cache."""
+    carry, which the store updates in place at each layer's index: entries
+    as the scan's input and output would be a second buffer of the whole
+    cache."""
 
     def step(carry, inputs):
       x, entries = carry
       layer, index, linear, state = inputs
       if before is not None:
         x, state = jax.lax.scan(linear_block, x, (linear, state))
-      x, written = block(x, (layer, _at(entries, index)))
-      return (x, _set_at(entries, index, written)), state
+      x, entries = block(x, layer, entries, index)
+      return (x, entries), state
 
     count = jax.tree_util.tree_leaves(entries)[0].shape[0]
     (x, entries), states = jax.lax.scan(

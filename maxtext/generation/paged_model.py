@@ -9,7 +9,8 @@ positions, so the prompt's keys and values are stored once.
 
 `forward` is `cached_model.forward` (the same layers, the same arithmetic)
 with `paged_store`: each layer scatters the new tokens' entries into their
-pages, then gathers each row's pages into a [B, T' * P, ...] view that
+pages of its layer of the pool (in place: the pool is never copied), then
+gathers each row's pages of that layer into a [B, T' * P, ...] view that
 attention reads exactly as it reads the dense cache (a query at position p
 sees view slots 0..p, which are the row's positions 0..p). Tokens marked
 invalid (prefill padding, empty decode slots, a row's last token) write
@@ -59,26 +60,28 @@ def paged_store(
     page_size: positions per page.
 
   Returns:
-    The store: writes each valid token's entries at (its page, its offset)
-    of a layer's [N, P, ...] pool leaves, and returns the [B, T' * P, ...]
-    view of each row's pages.
+    The store: writes each valid token's entries at (the layer, its page,
+    its offset) of the [L, N, P, ...] pool leaves, and returns the layer's
+    [B, T' * P, ...] view of each row's pages.
   """
   rows, width = tables.shape
 
-  def store(entries, new, positions):
-    num_pages = jax.tree_util.tree_leaves(entries)[0].shape[0]
-    index = jnp.clip(positions // page_size, 0, width - 1)
-    page = jnp.take_along_axis(tables, index, axis=1)
+  def store(entries, index, new, positions):
+    num_pages = jax.tree_util.tree_leaves(entries)[0].shape[1]
+    column = jnp.clip(positions // page_size, 0, width - 1)
+    page = jnp.take_along_axis(tables, column, axis=1)
     # An out-of-range page id: the scatter drops these tokens' entries.
     page = jnp.where(valid, page, num_pages)
     offset = positions % page_size
     written, view = {}, {}
     for name, value in new.items():
       leaf = entries[name]
-      leaf = leaf.at[page, offset].set(value.astype(leaf.dtype), mode="drop")
+      leaf = leaf.at[index, page, offset].set(
+          value.astype(leaf.dtype), mode="drop"
+      )
       written[name] = leaf
-      view[name] = leaf[tables].reshape(
-          (rows, width * page_size) + leaf.shape[2:]
+      view[name] = leaf[index, tables].reshape(
+          (rows, width * page_size) + leaf.shape[3:]
       )
     return written, view
 
