@@ -112,6 +112,13 @@ _PAGE_SIZE = flags.DEFINE_integer(
     "page_size", 16, "longtail: positions per page."
 )
 
+_PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir",
+    None,
+    "longtail: after the timed runs, trace one more paged run into this "
+    "directory with the JAX profiler (summarise it with trace_summary).",
+)
+
 _COMPILE_EVENTS = "/jax/core/compile/"
 
 
@@ -218,6 +225,10 @@ def _longtail(config) -> None:
   static_run, static_s = _timed(static)
   _, paged_compile = compiles.measure(paged)
   paged_run, paged_s = _timed(paged)
+  if _PROFILE_DIR.value:
+    # Traced apart from the timed runs: the profiler slows what it traces.
+    with jax.profiler.trace(_PROFILE_DIR.value):
+      paged()
   agree = sum(
       int(np.array_equal(static_run.ids[r, :n], paged_run.ids[r, :n]))
       for r, n in enumerate(lengths)
