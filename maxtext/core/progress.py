@@ -2,7 +2,8 @@
 
 A `Reporter` says where the lines go (an `Output`) and how often; its
 `start(label, total, unit)` begins one job's `Progress`, which the job moves
-on as it goes (`update`, `advance`) and ends with `finish`. A line reads
+on as it goes (`update`, `advance`) and ends with `finish` (or by leaving
+its `with` block). A line reads
 
   import_checkpoint: 12.3 GB of 750.0 GB (2%), 0.52 GB/s, 24 s elapsed,
       ETA 23m 50s; tensors 120/1540, shard model-00003-of-00094.safetensors
@@ -22,7 +23,8 @@ On a terminal (`Terminal`) the line is redrawn in place, at most every
 logger) a plain line every `interval_s` at most, never more often, and the
 last line. A job that ends before its first line says nothing with
 `quiet_if_short` (the background work of a run: a checkpoint's checksums, a
-mirror pass); otherwise it always prints its last line. Progress never goes
+mirror pass), nor when it fails (its error is then the one line); otherwise
+it always prints its last line. Progress never goes
 to stdout, where the tools print what scripts read: `stderr()` or `log()`.
 """
 
@@ -237,10 +239,19 @@ class Progress:
       self._finished = True
       if detail is not None:
         self._detail = detail
-      if self._quiet_if_short and not self.lines_shown:
+      # A failed job that showed nothing leaves the error its one line.
+      if (self._quiet_if_short or failed) and not self.lines_shown:
         return
       elapsed = self._reporter.clock() - self._start
       self._show(self._last_line(elapsed, failed), last=True)
+
+  def __enter__(self) -> "Progress":
+    return self
+
+  def __exit__(self, exc_type, exc, traceback) -> None:
+    """Finishes the job: failed when the block raised (so that a terminal's
+    line is ended before the error is printed)."""
+    self.finish(failed=exc_type is not None)
 
   @contextlib.contextmanager
   def ticking(self) -> Iterator[None]:

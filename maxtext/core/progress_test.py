@@ -97,13 +97,25 @@ class ProgressTest(parameterized.TestCase):
         ],
     )
 
-  def test_a_failed_job_says_where_it_stopped(self):
-    job = self.reporter.start("restore", total=8, unit="files")
-    self.clock.now += 3
-    job.update(2)
-    job.finish(failed=True)
+  def test_a_failed_job_says_where_it_stopped_once_it_showed_a_line(self):
+    with self.assertRaises(OSError):
+      with self.reporter.start("restore", total=8, unit="files") as job:
+        self.clock.now += 3
+        job.update(2)
+        raise OSError("disk")
+    self.assertEqual(self.lines, [])  # The error is the one line.
+    with self.assertRaises(OSError):
+      with self.reporter.start("restore", total=8, unit="files") as job:
+        self.clock.now += 12
+        job.update(2)
+        raise OSError("disk")
     self.assertEqual(
-        self.lines, ["restore: stopped after 3 s at 2 of 8 files (25%)"]
+        self.lines,
+        [
+            "restore: 2 of 8 files (25%), 0.167 files/s, 12 s elapsed, ETA"
+            " 36 s",
+            "restore: stopped after 12 s at 2 of 8 files (25%)",
+        ],
     )
 
   def test_a_terminal_redraws_one_line(self):
@@ -153,10 +165,17 @@ class ProgressTest(parameterized.TestCase):
 
   def test_waiting_says_stopped_when_the_block_raises(self):
     with self.assertRaisesRegex(RuntimeError, "out of memory"):
-      with self.reporter.waiting("restoring step 8"):
+      with self.reporter.waiting("restoring step 8") as job:
         self.clock.now += 75
+        job.update()  # As the thread would.
         raise RuntimeError("out of memory")
-    self.assertEqual(self.lines, ["restoring step 8: stopped after 1m 15s"])
+    self.assertEqual(
+        self.lines,
+        [
+            "restoring step 8: 1m 15s elapsed",
+            "restoring step 8: stopped after 1m 15s",
+        ],
+    )
 
   @parameterized.named_parameters(
       ("bytes", progress.format_bytes, 999, "999 B"),
