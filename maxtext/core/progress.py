@@ -170,6 +170,14 @@ class Reporter:
 
 
 SILENT = Reporter(Silent())
+# Seconds between the progress lines of a run's own long work in its log
+# (a checkpoint's save, restore and checksums; the GCS mirror's transfers).
+LOG_INTERVAL_S = 30.0
+
+
+def logged(interval_s: float = LOG_INTERVAL_S) -> Reporter:
+  """A reporter to the absl logger, a line every `interval_s` at most."""
+  return Reporter(log(), interval_s)
 
 
 class Progress:
