@@ -62,6 +62,11 @@ weight copy onto that mesh, and one line:
 config fields, devices and versions they were compiled for, once the step
 fits; `train_main --config.compiled_step_file=PATH` then compiles none of
 them (`maxtext/engine/saved_step.py`). It cannot be combined with --search.
+
+A compile that takes long says so on stderr while it runs
+(`train_compile: compiling micro_step: 1m 40s elapsed`, a line every
+--progress_interval_s seconds, or one line redrawn on a terminal), then
+`train_compile: compiling micro_step: done in 2m 31s`; stdout is as above.
 """
 
 import os
@@ -73,6 +78,7 @@ from ml_collections import config_flags
 
 # Imports no JAX, which must start only once main() has set its platform.
 from maxtext.core import caller_paths
+from maxtext.core import progress
 from maxtext.runtime import cpu_devices
 from maxtext.runtime import topology
 from tools import command_line
@@ -125,6 +131,12 @@ _COMPILED_STEP_FILE = flags.DEFINE_string(
     "compiles none. A pickle: load only files you made.",
 )
 
+_PROGRESS_S = flags.DEFINE_float(
+    "progress_interval_s",
+    10.0,
+    "Seconds between the lines of a long compile's elapsed time on stderr "
+    "when it is not a terminal.",
+)
 _COMPILE = flags.DEFINE_enum(
     "program",
     "train",
@@ -305,9 +317,19 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
   def log(line):
     print(f"{_PROGRAM}: {line}", flush=True)
 
+  # A long compile's elapsed time, on stderr (stdout's last line is read).
+  with command_line.user_errors(_PROGRAM, (ValueError,)):
+    reporter = progress.Reporter(progress.stderr(), _PROGRESS_S.value)
+
   if _SEARCH.value:
     tried, choice = train_compile_lib.search(
-        config, mesh, hbm, log=log, tensor=True, inputs=inputs
+        config,
+        mesh,
+        hbm,
+        log=log,
+        tensor=True,
+        inputs=inputs,
+        progress=reporter,
     )
     for candidate in tried:
       print(
@@ -340,6 +362,7 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
         log=log,
         every_program=_COMPILED_STEP_FILE.value is not None,
         inputs=inputs,
+        progress=reporter,
     )
     compile_s = step.compile_s
   for line in train_compile_lib.table(step):
