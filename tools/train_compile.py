@@ -294,6 +294,13 @@ def main(argv):
   _train(config, mesh, tpu_slice, devices, hbm, inputs)
 
 
+def _progress() -> progress.Reporter:
+  """Where a long compile's elapsed time goes: stderr (stdout's last line
+  is read by scripts)."""
+  with command_line.user_errors(_PROGRAM, (ValueError,)):
+    return progress.Reporter(progress.stderr(), _PROGRESS_S.value)
+
+
 def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
   """Compiles the training step (`train_compile_lib.compile_step`, or the
   search), prints the table and the last line, saves --compiled_step_file;
@@ -317,10 +324,6 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
   def log(line):
     print(f"{_PROGRAM}: {line}", flush=True)
 
-  # A long compile's elapsed time, on stderr (stdout's last line is read).
-  with command_line.user_errors(_PROGRAM, (ValueError,)):
-    reporter = progress.Reporter(progress.stderr(), _PROGRESS_S.value)
-
   if _SEARCH.value:
     tried, choice = train_compile_lib.search(
         config,
@@ -329,7 +332,7 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
         log=log,
         tensor=True,
         inputs=inputs,
-        progress=reporter,
+        progress=_progress(),
     )
     for candidate in tried:
       print(
@@ -362,7 +365,7 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
         log=log,
         every_program=_COMPILED_STEP_FILE.value is not None,
         inputs=inputs,
-        progress=reporter,
+        progress=_progress(),
     )
     compile_s = step.compile_s
   for line in train_compile_lib.table(step):
@@ -435,6 +438,7 @@ def _generate(
       prompt_length=prompt_length,
       engine=engine,
       log=lambda line: print(f"{_PROGRAM}: {line}", flush=True),
+      progress=_progress(),
   )
   gib = train_compile_lib.gib
   step = result.step
