@@ -5,12 +5,15 @@ A `Reporter` says where the lines go (an `Output`) and how often; its
 on as it goes (`update`, `advance`) and ends with `finish` (or by leaving
 its `with` block). A line reads
 
-  import_checkpoint: 12.3 GB of 750.0 GB (2%), 0.52 GB/s, 24 s elapsed,
-      ETA 23m 50s; tensors 120/1540, shard model-00003-of-00094.safetensors
+  import_checkpoint: converting: 312.4 GB of 750.0 GB (42%), 1.1 GB/s,
+      4m 44s elapsed, ETA 6m 38s; tensors 25112/60042, shard
+      model-00040-of-00094.safetensors
 
-(one line), and the last one
+(one line; `label` is "import_checkpoint: converting", what follows the
+";" the job's `detail`), and the last one
 
-  import_checkpoint: done, 750.0 GB in 24m 10s (0.52 GB/s); tensors ...
+  import_checkpoint: converting: done, 750.0 GB in 11m 20s (1.1 GB/s);
+      tensors 60042/60042, shard model-00094-of-00094.safetensors
 
 `unit` BYTES counts bytes (printed in decimal units, kB to TB); any other
 unit names what is counted ("records", "checkpoints"); a job without a
@@ -24,8 +27,8 @@ logger) a plain line every `interval_s` at most, never more often, and the
 last line. A job that ends before its first line says nothing with
 `quiet_if_short` (the background work of a run: a checkpoint's checksums, a
 mirror pass), nor when it fails (its error is then the one line); otherwise
-it always prints its last line. Progress never goes
-to stdout, where the tools print what scripts read: `stderr()` or `log()`.
+it always prints its last line. Progress never goes to stdout, where the
+tools print what scripts read: `stderr()` or `log()`.
 """
 
 import contextlib
@@ -170,8 +173,10 @@ class Reporter:
 
 
 SILENT = Reporter(Silent())
-# Seconds between the progress lines of a run's own long work in its log
-# (a checkpoint's save, restore and checksums; the GCS mirror's transfers).
+# Seconds between the progress lines of long work in the log (a
+# checkpoint's save, restore and checksums; the GCS mirror's transfers) when
+# no interval is given; a run gives its config's `progress_interval_s`,
+# whose default in maxtext/configs/base.py is the same.
 LOG_INTERVAL_S = 30.0
 
 
