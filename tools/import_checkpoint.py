@@ -35,6 +35,21 @@ the wrong JSON type, a tensor missing or of another shape, a truncated
 shard or a header whose offsets overlap, a shard named outside --input,
 NaN or Inf weights unless --allow_non_finite) is one line naming the file
 and tensor, exit status 2, and nothing is written to --output_dir.
+
+While it works, stderr says how far it is: the tensors converted (bytes of
+the shards, GB/s, ETA, the shard being read), then the parameters written;
+on a terminal one line redrawn, otherwise a line every
+--progress_interval_s seconds, and each step's last line:
+
+  import_checkpoint: converting: 312.4 GB of 750.0 GB (42%), 1.1 GB/s,
+      4m 44s elapsed, ETA 6m 38s; tensors 25112/60042, shard
+      model-00040-of-00094.safetensors
+  import_checkpoint: converting: done, 750.0 GB in 11m 20s (1.1 GB/s);
+      tensors 60042/60042, shard model-00094-of-00094.safetensors
+  import_checkpoint: writing: done, 794.1 GB in 9m 02s (1.5 GB/s);
+      parameters 1214/1214
+
+(each one line; the figures here are illustrative).
 Relative paths resolve against the directory `bazel run` was started from.
 """
 
@@ -42,6 +57,7 @@ from absl import app
 from absl import flags
 
 from maxtext.core import caller_paths
+from maxtext.core import progress
 from maxtext.config import config_lib
 from maxtext.hf import importer
 from tools import command_line
@@ -57,6 +73,11 @@ _ALLOW_NON_FINITE = flags.DEFINE_bool(
     False,
     "Import tensors holding NaN or Inf; by default the first is refused.",
 )
+_PROGRESS_S = flags.DEFINE_float(
+    "progress_interval_s",
+    10.0,
+    "Seconds between progress lines on stderr when it is not a terminal.",
+)
 _CONFIG = flags.DEFINE_string(
     "config",
     None,
@@ -67,6 +88,7 @@ _CONFIG = flags.DEFINE_string(
 
 def _import() -> None:
   """Checks the flags, imports, prints the output; ValueError for bad input."""
+  reporter = progress.Reporter(progress.stderr(), _PROGRESS_S.value)
   config = None
   if _CONFIG.value:
     path = caller_paths.resolve_local_path(_CONFIG.value)
@@ -81,6 +103,7 @@ def _import() -> None:
       output_dir,
       config,
       allow_non_finite=_ALLOW_NON_FINITE.value,
+      progress=reporter,
   )
   print(f"import_checkpoint: wrote {output_dir}")
 

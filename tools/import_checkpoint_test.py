@@ -6,6 +6,7 @@ from a random tiny model (no torch here; llama_logits_test checks the
 layout against transformers).
 """
 
+import itertools
 import json
 import os
 import shutil
@@ -14,8 +15,10 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
+from maxtext.core import progress
 from maxtext.hf import exporter
 from maxtext.hf import hf_directory
+from maxtext.hf import importer
 from maxtext.hf import safetensors_io
 from maxtext.model import transformer
 from maxtext.generation import generate
@@ -165,6 +168,48 @@ class ImportCheckpointTest(absltest.TestCase):
         out,
     )
 
+  def test_progress_counts_tensors_then_parameters_and_ends_each(self):
+    ticks = itertools.count(0.0)  # Each reading of the clock 1 s later.
+    lines = []
+    reporter = progress.Reporter(
+        progress.Lines(lines.append), interval_s=1.0, clock=lambda: next(ticks)
+    )
+    out = os.path.join(self.create_tempdir().full_path, "imported")
+    importer.import_checkpoint(
+        self.hf_dir, out, log=lambda _: None, progress=reporter
+    )
+    hf = hf_directory.HfDirectory(self.hf_dir)
+    _, tensors = importer.plan(hf, self.config)
+    tensor_bytes = sum(
+        int(np.prod(hf.shape(t.hf_name))) * hf.dtype(t.hf_name).itemsize
+        for t in tensors
+    )
+    leaves = jax.tree_util.tree_leaves(self.params)
+    converting = [l for l in lines if l.startswith("import_checkpoint: conv")]
+    writing = [l for l in lines if l.startswith("import_checkpoint: writ")]
+    self.assertLen(lines, len(converting) + len(writing))
+    # One line per tensor read (a second passes between two), then the end.
+    self.assertLen(converting, len(tensors) + 1)
+    for i, line in enumerate(converting[:-1], 1):
+      self.assertRegex(
+          line,
+          rf"ETA [\dms ]+; tensors {i}/{len(tensors)}, shard "
+          r"model.safetensors$",
+      )
+    self.assertRegex(
+        converting[-1],
+        r"^import_checkpoint: converting: done, "
+        rf"{progress.format_bytes(tensor_bytes)} in \d+ s \(.*/s\); tensors "
+        rf"{len(tensors)}/{len(tensors)}, shard model.safetensors$",
+    )
+    self.assertLen(writing, len(leaves) + 1)
+    self.assertRegex(
+        writing[-1],
+        r"^import_checkpoint: writing: done, "
+        rf"{progress.format_bytes(sum(x.nbytes for x in leaves))} in \d+ s "
+        rf"\(.*/s\); parameters {len(leaves)}/{len(leaves)}$",
+    )
+
   def test_train_main_starts_from_the_import_and_export_round_trips(self):
     out = os.path.join(self.root, "imported")
     done = _run(
@@ -173,6 +218,14 @@ class ImportCheckpointTest(absltest.TestCase):
     self.assertEqual(done.returncode, 0, done.stderr)
     self.assertIn("config.num_layers = 2\n", done.stdout)
     self.assertIn(f"import_checkpoint: wrote {out}\n", done.stdout)
+    # Progress on stderr (not a terminal: its last lines), never on stdout.
+    self.assertRegex(
+        done.stderr, r"(?m)^import_checkpoint: converting: done, .*; tensors "
+    )
+    self.assertRegex(
+        done.stderr, r"(?m)^import_checkpoint: writing: done, .*; parameters "
+    )
+    self.assertNotIn("converting", done.stdout)
 
     # tools/generate reads the import as a run directory.
     imported = generate.load_run(out)
@@ -411,6 +464,16 @@ class ImportCheckpointTest(absltest.TestCase):
       index = json.load(f)
     shards = sorted(set(index["weight_map"].values()))
     self.assertGreater(len(shards), 2)
+    # The export's progress, on stderr: its last line counts every tensor
+    # and names the last shard.
+    count = len(index["weight_map"])
+    self.assertRegex(
+        done.stderr,
+        r"(?m)^export_checkpoint: writing: done, "
+        rf"{progress.format_bytes(index['metadata']['total_size'])} in \d+ s "
+        rf"\(.*/s\); tensors {count}/{count}, shard {shards[-1]}$",
+    )
+    self.assertNotIn("writing", done.stdout)
     self.assertFalse(
         os.path.exists(os.path.join(exported, "model.safetensors"))
     )

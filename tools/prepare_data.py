@@ -24,6 +24,7 @@ from absl import app
 from absl import flags
 
 from maxtext.core import caller_paths
+from maxtext.core import progress
 from maxtext.text import prepare
 from tools import command_line
 
@@ -56,7 +57,9 @@ _EOD_TOKEN = flags.DEFINE_string(
     "eod_token", None, "End-of-document token; default: the tokenizer's."
 )
 _PROGRESS_S = flags.DEFINE_float(
-    "progress_interval_s", 10.0, "Seconds between progress lines."
+    "progress_interval_s",
+    10.0,
+    "Seconds between progress lines on stderr when it is not a terminal.",
 )
 
 
@@ -77,7 +80,7 @@ def main(argv: list[str]) -> None:
         token_dtype=_TOKEN_DTYPE.value,
         eod_token=_EOD_TOKEN.value,
         report=lambda line: print(line, flush=True),
-        progress_interval_s=_PROGRESS_S.value,
+        progress=progress.Reporter(progress.stderr(), _PROGRESS_S.value),
     )
 
 

@@ -37,7 +37,14 @@ class PrepareDataTest(absltest.TestCase):
         "--eval_every=2",
     )
     self.assertEqual(done.returncode, 0, done.stderr)
-    self.assertRegex(done.stdout, r"files 4/4  documents 4  tokens \d+ ")
+    # Progress goes to stderr (not a terminal here: plain lines), its last
+    # line always; stdout holds only the tool's own lines.
+    self.assertRegex(
+        done.stderr,
+        r"(?m)^prepare_data: done, [\d.]+ kB in \d+ s \([\d.]+ [kM]?B/s\); "
+        r"files 4/4, documents 4, tokens [\d,]+ \([\d,]+ tokens/s\)$",
+    )
+    self.assertNotIn("prepare_data:", done.stdout)
     meta = metadata.load(out)
     self.assertEqual(meta["input"]["files"], 4)
     self.assertEqual(meta["splits"]["eval"]["documents"], 2)

@@ -62,6 +62,11 @@ weight copy onto that mesh, and one line:
 config fields, devices and versions they were compiled for, once the step
 fits; `train_main --config.compiled_step_file=PATH` then compiles none of
 them (`maxtext/engine/saved_step.py`). It cannot be combined with --search.
+
+A compile that takes long says so on stderr while it runs
+(`train_compile: compiling micro_step: 1m 40s elapsed`, a line every
+--progress_interval_s seconds, or one line redrawn on a terminal), then
+`train_compile: compiling micro_step: done in 2m 31s`; stdout is as above.
 """
 
 import os
@@ -73,6 +78,7 @@ from ml_collections import config_flags
 
 # Imports no JAX, which must start only once main() has set its platform.
 from maxtext.core import caller_paths
+from maxtext.core import progress
 from maxtext.runtime import cpu_devices
 from maxtext.runtime import topology
 from tools import command_line
@@ -125,6 +131,12 @@ _COMPILED_STEP_FILE = flags.DEFINE_string(
     "compiles none. A pickle: load only files you made.",
 )
 
+_PROGRESS_S = flags.DEFINE_float(
+    "progress_interval_s",
+    10.0,
+    "Seconds between the lines of a long compile's elapsed time on stderr "
+    "when it is not a terminal.",
+)
 _COMPILE = flags.DEFINE_enum(
     "program",
     "train",
@@ -282,6 +294,13 @@ def main(argv):
   _train(config, mesh, tpu_slice, devices, hbm, inputs)
 
 
+def _progress() -> progress.Reporter:
+  """Where a long compile's elapsed time goes: stderr (stdout's last line
+  is read by scripts)."""
+  with command_line.user_errors(_PROGRAM, (ValueError,)):
+    return progress.Reporter(progress.stderr(), _PROGRESS_S.value)
+
+
 def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
   """Compiles the training step (`train_compile_lib.compile_step`, or the
   search), prints the table and the last line, saves --compiled_step_file;
@@ -307,7 +326,13 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
 
   if _SEARCH.value:
     tried, choice = train_compile_lib.search(
-        config, mesh, hbm, log=log, tensor=True, inputs=inputs
+        config,
+        mesh,
+        hbm,
+        log=log,
+        tensor=True,
+        inputs=inputs,
+        progress=_progress(),
     )
     for candidate in tried:
       print(
@@ -340,6 +365,7 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
         log=log,
         every_program=_COMPILED_STEP_FILE.value is not None,
         inputs=inputs,
+        progress=_progress(),
     )
     compile_s = step.compile_s
   for line in train_compile_lib.table(step):
@@ -412,6 +438,7 @@ def _generate(
       prompt_length=prompt_length,
       engine=engine,
       log=lambda line: print(f"{_PROGRAM}: {line}", flush=True),
+      progress=_progress(),
   )
   gib = train_compile_lib.gib
   step = result.step

@@ -460,6 +460,8 @@ def _check_monitoring(v) -> None:
         " from the points the MLPerf log records",
     )
   _at_least(v, "log_period", 1)
+  if not v["progress_interval_s"] > 0:
+    raise _fail("progress_interval_s", v["progress_interval_s"], "must be > 0")
   _at_least(v, "profiler_steps", 0)
   _at_least(v, "profiler_start_step", 0)
   _at_least(v, "max_consecutive_skipped_steps", 1)

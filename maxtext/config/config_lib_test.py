@@ -207,6 +207,11 @@ class ValidateTest(parameterized.TestCase):
           "gcs_sync_interval_seconds=-1.0",
       ),
       (
+          "progress_interval_zero",
+          {"progress_interval_s": 0.0},
+          "progress_interval_s=0.0",
+      ),
+      (
           "gcs_timeout_zero",
           {"gcs_request_timeout_seconds": 0.0},
           "gcs_request_timeout_seconds=0.0",

@@ -380,6 +380,11 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ------------------------------------------------------------ monitoring
   config.log_period = 10  # Console line every this many steps.
+  # Least seconds between two log lines of the progress of a run's long work
+  # (a checkpoint's save, restore and checksums, the GCS mirror's uploads
+  # and downloads, a deferred evaluation); work shorter than this logs
+  # none.
+  config.progress_interval_s = 30.0
   # Steps traced by the JAX profiler (trace next to the TensorBoard logs).
   # 0 = no trace.
   config.profiler_steps = 0

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 import jax
 
+from maxtext.core import progress as progress_lib
 from maxtext.data import builtin_datasets
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
@@ -182,6 +183,7 @@ def compile_program(
     lowered: Any,
     resident: int,
     log: Callable[[str], None] = lambda _: None,
+    progress: progress_lib.Reporter = progress_lib.SILENT,
 ) -> tuple[Any, Union[ProgramMemory, OutOfMemory]]:
   """Compiles one lowered program and reads its memory.
 
@@ -191,6 +193,8 @@ def compile_program(
     resident: bytes on the device beside the program's arguments while it
       runs (`ProgramMemory.resident`).
     log: called with a line as the compile starts and ends.
+    progress: hears the compile's elapsed time while it runs (quiet when
+      it is short).
 
   Returns:
     (the compiled program, its `ProgramMemory`), or (None, `OutOfMemory`)
@@ -200,7 +204,10 @@ def compile_program(
   log(f"compiling {name}")
   start = time.perf_counter()
   try:
-    compiled = lowered.compile()
+    with progress.waiting(
+        f"train_compile: compiling {name}", quiet_if_short=True
+    ):
+      compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
@@ -230,6 +237,7 @@ def compile_step(
     log: Callable[[str], None] = lambda _: None,
     every_program: bool = False,
     inputs: StepInputs = PRETRAINING,
+    progress: progress_lib.Reporter = progress_lib.SILENT,
 ) -> StepCompile:
   """Compiles the programs one training step of `config` runs on `mesh`.
 
@@ -246,6 +254,7 @@ def compile_step(
       keep every compiled program in the result's `executables`, for
       `saved_step.save`.
     inputs: the workload's engine and batch shapes (`StepInputs`).
+    progress: as `compile_program`'s, for each program.
 
   Returns:
     The compiled programs' memory; a program the compiler refuses for memory
@@ -282,7 +291,7 @@ def compile_step(
     if programs is not None and not programs(name):
       continue
     compiled, memory = compile_program(
-        name, lowered, resident_bytes.get(name, opt_bytes), log
+        name, lowered, resident_bytes.get(name, opt_bytes), log, progress
     )
     if isinstance(memory, OutOfMemory):
       return StepCompile(tuple(done), memory)
@@ -400,6 +409,7 @@ def search(
     log: Callable[[str], None] = lambda _: None,
     tensor: bool = False,
     inputs: StepInputs = PRETRAINING,
+    progress: progress_lib.Reporter = progress_lib.SILENT,
 ) -> tuple[list[Candidate], Optional[Candidate]]:
   """The least-recomputing, then fewest-micro-step, setting that fits.
 
@@ -420,6 +430,7 @@ def search(
     log: as `compile_step`'s.
     tensor: also try larger context and tensor parallelism.
     inputs: as `compile_step`'s.
+    progress: as `compile_step`'s.
 
   Returns:
     (the settings tried, in order; the one that fits, or None).
@@ -434,13 +445,15 @@ def search(
       with config.unlocked():
         config.context_parallelism, config.tensor_parallelism = pair
       mesh = mesh_lib.make_mesh(config, devices)
-    found = _search_mesh(config, mesh, hbm, log, tried, inputs)
+    found = _search_mesh(config, mesh, hbm, log, tried, inputs, progress)
     if found is not None:
       return tried, found
   return tried, None
 
 
-def _search_mesh(config, mesh, hbm, log, tried, inputs) -> Optional[Candidate]:
+def _search_mesh(
+    config, mesh, hbm, log, tried, inputs, progress
+) -> Optional[Candidate]:
   """`search` on one mesh: appends to `tried`; the first that fits."""
   for remat in REMAT_BY_RECOMPUTATION:
     for k in accumulation_choices(config, mesh):
@@ -453,7 +466,9 @@ def _search_mesh(config, mesh, hbm, log, tried, inputs) -> Optional[Candidate]:
           f"tensor_parallelism={mesh_lib.tensor_size(mesh)} "
           f"remat_policy={remat} gradient_accumulation_steps={k}"
       )
-      step = compile_step(candidate_config, mesh, log=log, inputs=inputs)
+      step = compile_step(
+          candidate_config, mesh, log=log, inputs=inputs, progress=progress
+      )
       candidate = Candidate(
           remat,
           k,

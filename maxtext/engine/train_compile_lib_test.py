@@ -6,11 +6,14 @@ cpu_devices.request(4)
 
 # JAX reads the device count when it starts, so the imports follow.
 # pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
+import threading
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
 from maxtext.config import config_lib
+from maxtext.core import progress
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import train_compile_lib
 from testing import tiny_configs
@@ -42,6 +45,66 @@ class ParseOutOfMemoryTest(absltest.TestCase):
         train_compile_lib.parse_out_of_memory("RESOURCE_EXHAUSTED: no"),
         (None, None),
     )
+
+
+class _SlowToCompile:
+  """A lowered program whose compile waits until `ready` is set (the test's
+  stand-in for a compile of minutes)."""
+
+  def __init__(self, lowered, ready: threading.Event):
+    self._lowered = lowered
+    self._ready = ready
+
+  def compile(self):
+    if not self._ready.wait(timeout=120):
+      raise TimeoutError("no progress line in 120 s")
+    return self._lowered.compile()
+
+
+class CompileProgramProgressTest(absltest.TestCase):
+
+  def test_a_long_compile_says_its_elapsed_time_then_done(self):
+    lines = []
+    two_lines = threading.Event()
+
+    def show(line):
+      lines.append(line)
+      if len(lines) == 2:
+        two_lines.set()
+
+    seconds = iter(range(0, 100_000, 40))  # Each reading 40 s on.
+    reporter = progress.Reporter(
+        progress.Lines(show), interval_s=30.0, clock=lambda: next(seconds)
+    )
+    lowered = jax.jit(lambda x: x * 2).lower(jnp.ones(4))
+    compiled, memory = train_compile_lib.compile_program(
+        "double", _SlowToCompile(lowered, two_lines), 0, progress=reporter
+    )
+    self.assertIsNotNone(compiled)
+    self.assertEqual(memory.program, "double")
+    # The thread's first two readings of the clock (40 s apart), then
+    # maybe more until the compile returns, then the last line.
+    self.assertEqual(
+        lines[:2],
+        [
+            "train_compile: compiling double: 40 s elapsed",
+            "train_compile: compiling double: 1m 20s elapsed",
+        ],
+    )
+    for line in lines[2:-1]:
+      self.assertRegex(
+          line, r"^train_compile: compiling double: \d+m \d+s elapsed$"
+      )
+    self.assertRegex(
+        lines[-1], r"^train_compile: compiling double: done in \d+m \d+s$"
+    )
+
+  def test_a_short_compile_says_nothing(self):
+    lines = []
+    reporter = progress.Reporter(progress.Lines(lines.append), clock=lambda: 0)
+    lowered = jax.jit(lambda x: x + 1).lower(jnp.ones(4))
+    train_compile_lib.compile_program("plus", lowered, 0, progress=reporter)
+    self.assertEqual(lines, [])
 
 
 class CompileStepTest(absltest.TestCase):

@@ -6,6 +6,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
+from maxtext.core import progress
 from maxtext.data import chat_dataset
 from maxtext.env import demonstrations
 from maxtext.env import math_task
@@ -74,6 +75,52 @@ class DemonstrationsTest(absltest.TestCase):
     self.assertFalse(row.assistant_mask[: len(prompt)].any())
     with open(os.path.join(directory, "eval.jsonl"), encoding="utf-8") as f:
       self.assertIn("tools", json.loads(f.readline()))
+
+  def test_progress_counts_records_and_tool_runs(self):
+    lines = []
+    ticks = iter(range(0, 1000, 10))  # Each reading of the clock 10 s on.
+    reporter = progress.Reporter(
+        progress.Lines(lines.append),
+        interval_s=10.0,
+        clock=lambda: float(next(ticks)),
+    )
+    task = repair_task.make_task(num_eval=1)
+    demonstrations.write(task, self.create_tempdir().full_path, 2, reporter)
+    # Each record's tool runs, counted from its environment's own answers
+    # (the last one ends the episode and is not kept in the messages).
+    runs = []
+    for record in task.train_records(0, 2) + task.eval_records():
+      env = task.make_environment(record, tasks.ToolSettings())
+      try:
+        env.start()
+        count = 0
+        for message in task.demonstration(record):
+          if message["role"] == "assistant":
+            reply = env.step(message["content"])
+            count += sum(m["role"] == "tool" for m in reply.messages)
+            if reply.done:
+              break
+      finally:
+        env.close()
+      runs.append(count)
+    self.assertGreater(min(runs), 0)
+    totals = [sum(runs[:i]) for i in (1, 2, 3)]
+    # A line after each record (10 s apart), then the last line.
+    self.assertEqual(
+        [line.split(", ", 1)[0] for line in lines[:3]],
+        [
+            f"write_demonstrations: {i} of 3 records ({p}%)"
+            for i, p in ((1, 33), (2, 67), (3, 100))
+        ],
+    )
+    self.assertEqual(
+        [line.rpartition("; ")[2] for line in lines],
+        [f"tool runs {n}" for n in totals + totals[-1:]],
+    )
+    self.assertRegex(
+        lines[-1],
+        r"^write_demonstrations: done, 3 records in 40 s \(0.075 records/s\);",
+    )
 
   def test_math_demonstrations_have_no_tools(self):
     directory = self.create_tempdir().full_path

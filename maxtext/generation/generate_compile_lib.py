@@ -41,6 +41,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from maxtext.core import progress as progress_lib
 from maxtext.engine import model_setup
 from maxtext.engine import train_compile_lib
 from maxtext.generation import kv_cache
@@ -147,6 +148,7 @@ def compile_generation(
     prompt_length: int,
     engine: paged_decoder.EngineOptions = paged_decoder.EngineOptions(),
     log: Callable[[str], None] = lambda _: None,
+    progress: progress_lib.Reporter = progress_lib.SILENT,
 ) -> GenerationCompile:
   """Compiles a rollout's prefill and decode programs on `mesh`.
 
@@ -160,6 +162,8 @@ def compile_generation(
     prompt_length: ids of the longest context prefilled (< length).
     engine: page size, pages (0 = the engine's default) and chunk.
     log: called with a line as each compile starts and ends.
+    progress: hears a long compile's elapsed time (as
+      `train_compile_lib.compile_program`'s).
 
   Returns:
     The programs' memory and the engine's figures; a program the compiler
@@ -192,7 +196,7 @@ def compile_generation(
   out_of_memory = None
   for name, program in lowered.programs.items():
     _, memory = train_compile_lib.compile_program(
-        name, program, resident[name], log
+        name, program, resident[name], log, progress
     )
     if isinstance(memory, train_compile_lib.OutOfMemory):
       out_of_memory = memory

@@ -27,6 +27,7 @@ which stays float32 (as the model and the published checkpoint keep it).
 are copied beside them.
 """
 
+import itertools
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ from typing import Any, Callable, Mapping, Optional
 import jax
 import numpy as np
 
+from maxtext.core import progress as progress_lib
 from maxtext.hf import deepseek
 from maxtext.hf import hf_directory
 from maxtext.hf import llama
@@ -146,6 +148,7 @@ def export_checkpoint(
     tokenizer_files: Optional[Mapping[str, str]] = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     log: Callable[[str], None] = print,
+    progress: progress_lib.Reporter = progress_lib.SILENT,
 ) -> None:
   """Writes `params` of the model `config` as a Hugging Face model.
 
@@ -157,6 +160,8 @@ def export_checkpoint(
     tokenizer_files: files to copy into `output_dir` (name -> path).
     max_shard_bytes: the most tensor bytes in one shard (>= 1).
     log: where the removal of an interrupted export's staging is told.
+    progress: where the write's progress goes (tensors and bytes written,
+      GB/s, ETA, the shard being written).
 
   Raises:
     ValueError: a bad dtype or shard size, a model neither family can
@@ -192,7 +197,7 @@ def export_checkpoint(
   }
   staging = staging_lib.make(output_dir, "exporting", log)
   try:
-    _write_shards(staging, tensors, max_shard_bytes)
+    _write_shards(staging, tensors, max_shard_bytes, progress)
     with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
       json.dump(document, f, indent=2)
     tokenizer_files_lib.copy(tokenizer_files or {}, staging)
@@ -204,13 +209,17 @@ def export_checkpoint(
     raise
 
 
+def _nbytes(tensor) -> int:
+  """Bytes of a tensor (an object with `shape` and `dtype`)."""
+  return int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
+
+
 def shard_names(tensors: Mapping[str, Any], max_shard_bytes: int) -> list:
   """The tensors' names grouped into shards: in name order, a shard closed
   when the next tensor would take it past `max_shard_bytes`."""
   shards, size = [[]], 0
   for name in sorted(tensors):
-    t = tensors[name]
-    nbytes = int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+    nbytes = _nbytes(tensors[name])
     if shards[-1] and size + nbytes > max_shard_bytes:
       shards.append([])
       size = 0
@@ -220,7 +229,10 @@ def shard_names(tensors: Mapping[str, Any], max_shard_bytes: int) -> list:
 
 
 def _write_shards(
-    directory: str, tensors: Mapping[str, Any], max_shard_bytes: int
+    directory: str,
+    tensors: Mapping[str, Any],
+    max_shard_bytes: int,
+    progress: progress_lib.Reporter,
 ) -> None:
   """The safetensors files (and the index, for several) into `directory`."""
   groups = shard_names(tensors, max_shard_bytes)
@@ -229,17 +241,27 @@ def _write_shards(
   else:
     n = len(groups)
     files = [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
-  weight_map, total = {}, 0
-  for file, names in zip(files, groups):
-    safetensors_io.write(
-        os.path.join(directory, file),
-        {name: tensors[name] for name in names},
-        metadata={"format": "pt"},
-    )
-    for name in names:
-      weight_map[name] = file
-      t = tensors[name]
-      total += int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+  weight_map = {}
+  total = sum(_nbytes(t) for t in tensors.values())
+  count = itertools.count(1)
+  with progress.start(
+      "export_checkpoint: writing", total, progress_lib.BYTES
+  ) as job:
+    for file, names in zip(files, groups):
+
+      def written(_, nbytes, file=file):
+        job.advance(
+            nbytes, f"tensors {next(count)}/{len(tensors)}, shard {file}"
+        )
+
+      for name in names:
+        weight_map[name] = file
+      safetensors_io.write(
+          os.path.join(directory, file),
+          {name: tensors[name] for name in names},
+          metadata={"format": "pt"},
+          written=written,
+      )
   if len(files) > 1:
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     path = os.path.join(directory, hf_directory.INDEX_FILE)

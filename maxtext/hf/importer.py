@@ -49,6 +49,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from maxtext.core import progress as progress_lib
 from maxtext.config import config_lib
 from maxtext.configs import base
 from maxtext.hf import config_json
@@ -239,9 +240,12 @@ class _OneAtATimeNumpyHandler(ocp.type_handlers.NumpyHandler):
   this process once written.
   """
 
-  def __init__(self):
+  def __init__(self, job: progress_lib.Progress, arrays: int):
     super().__init__(deepcopy_host_arrays=False)
     self._lock = None
+    self._job = job
+    self._arrays = arrays
+    self._written = 0
 
   async def _open_and_write(self, value, tspec, ts_context):
     if self._lock is None:
@@ -251,15 +255,22 @@ class _OneAtATimeNumpyHandler(ocp.type_handlers.NumpyHandler):
       mapping = getattr(value, "_mmap", None)
       if mapping is not None:
         mapping.madvise(mmap.MADV_DONTNEED)
+      self._written += 1
+      self._job.advance(
+          value.nbytes, f"parameters {self._written}/{self._arrays}"
+      )
 
 
 @contextlib.contextmanager
-def _numpy_arrays_saved_one_at_a_time() -> Iterator[None]:
-  """Registers `_OneAtATimeNumpyHandler` for the block, then puts orbax's
-  default NumPy handler back."""
+def _numpy_arrays_saved_one_at_a_time(
+    job: progress_lib.Progress, arrays: int
+) -> Iterator[None]:
+  """Registers `_OneAtATimeNumpyHandler` for the block (each array written
+  moves `job` on, of `arrays`), then puts orbax's default NumPy handler
+  back."""
   previous = ocp.type_handlers.get_type_handler(np.ndarray)
   ocp.type_handlers.register_type_handler(
-      np.ndarray, _OneAtATimeNumpyHandler(), override=True
+      np.ndarray, _OneAtATimeNumpyHandler(job, arrays), override=True
   )
   try:
     yield
@@ -288,21 +299,113 @@ def _finite(hf, name: str, block: np.ndarray, allow: bool) -> np.ndarray:
   return block
 
 
-def _leaf_blocks(hf, tensors, leaf, dtype, allow_non_finite=False):
+def _tensor_bytes(hf: hf_directory.HfDirectory, name: str) -> int:
+  """Bytes of tensor `name` in its shard."""
+  return int(np.prod(hf.shape(name))) * hf.dtype(name).itemsize
+
+
+class _Converting:
+  """The conversion's progress: the Hugging Face tensors read, of all."""
+
+  def __init__(self, reporter: progress_lib.Reporter, hf, tensors):
+    self._hf = hf
+    self._count = len(tensors)
+    self._read = 0
+    self.job = reporter.start(
+        "import_checkpoint: converting",
+        sum(_tensor_bytes(hf, t.hf_name) for t in tensors),
+        progress_lib.BYTES,
+    )
+
+  def read(self, name: str) -> None:
+    """Tensor `name` is converted."""
+    self._read += 1
+    self.job.advance(
+        _tensor_bytes(self._hf, name),
+        f"tensors {self._read}/{self._count}, shard "
+        f"{os.path.basename(self._hf.file_of(name))}",
+    )
+
+
+def _leaf_blocks(hf, tensors, leaf, dtype, converting, allow_non_finite=False):
   """The blocks of one parameter, in order: one per layer of a stack, or
-  row blocks of an unstacked matrix; each checked to be finite."""
+  row blocks of an unstacked matrix; each checked to be finite. Each
+  tensor read is told to `converting`."""
   if tensors[0].layer is not None:
     experts = tensors[0].expert is not None
     shape = tuple(leaf.shape[2:] if experts else leaf.shape[1:])
     for t in sorted(tensors, key=lambda t: (t.layer, t.expert or 0)):
       block = t.layout.to_project(fp8.read(hf, t.hf_name), shape).astype(dtype)
       yield _finite(hf, t.hf_name, block, allow_non_finite)
+      converting.read(t.hf_name)
     return
   (t,) = tensors
   array = t.layout.to_project(fp8.read(hf, t.hf_name), tuple(leaf.shape))
   for start in range(0, max(array.shape[0], 1), _ROW_BLOCK):
     block = np.asarray(array[start : start + _ROW_BLOCK]).astype(dtype)
     yield _finite(hf, t.hf_name, block, allow_non_finite)
+  converting.read(t.hf_name)
+
+
+def _write_parameters(
+    hf: hf_directory.HfDirectory,
+    abstract,
+    tensors,
+    staging: str,
+    input_dir: str,
+    allow_non_finite: bool,
+    progress: progress_lib.Reporter,
+) -> str:
+  """Converts the tensors into parameters (scratch files) and saves them as
+  step 0 of a checkpoint directory in `staging`; returns that directory.
+
+  Both steps report their progress: the tensors read (bytes of their
+  shards, the current shard), then the parameters written.
+  """
+  scratch = os.path.join(staging, "scratch")
+  os.mkdir(scratch)
+  by_leaf = {}
+  for t in tensors:
+    by_leaf.setdefault(t.path, []).append(t)
+  params = jax.tree_util.tree_map(lambda x: x, abstract)  # A copy to fill.
+  converting = _Converting(progress, hf, tensors)
+  with converting.job:
+    for path, group in by_leaf.items():
+      node = params
+      for key in path[:-1]:
+        node = node[key]
+      leaf = node[path[-1]]
+      # Each parameter in its own dtype (weight_dtype; float32 for the
+      # router bias).
+      dtype = np.dtype(leaf.dtype)
+      node[path[-1]] = _fill(
+          os.path.join(scratch, "_".join(path)),
+          leaf.shape,
+          dtype,
+          lambda g=group, l=leaf, d=dtype: _leaf_blocks(
+              hf, g, l, d, converting, allow_non_finite
+          ),
+      )
+  leaves = jax.tree_util.tree_leaves(params)
+  checkpoint_dir = os.path.join(staging, "checkpoint")
+  with (
+      progress.start(
+          "import_checkpoint: writing",
+          sum(leaf.nbytes for leaf in leaves),
+          progress_lib.BYTES,
+      ) as writing,
+      _numpy_arrays_saved_one_at_a_time(writing, len(leaves)),
+      checkpointing.Checkpointer(
+          checkpoint_dir, save_period=1, max_to_keep=0
+      ) as checkpointer,
+  ):
+    checkpointer.save(
+        0,
+        {"params": params},
+        {"source": os.path.abspath(input_dir)},
+        force=True,
+    )
+  return checkpoint_dir
 
 
 def import_checkpoint(
@@ -311,6 +414,7 @@ def import_checkpoint(
     config: Optional[ml_collections.ConfigDict] = None,
     log: Callable[[str], None] = print,
     allow_non_finite: bool = False,
+    progress: progress_lib.Reporter = progress_lib.SILENT,
 ) -> ml_collections.ConfigDict:
   """Converts the Hugging Face model at `input_dir` into `output_dir`.
 
@@ -325,6 +429,7 @@ def import_checkpoint(
       first such tensor is refused (after the checks above: the weights
       are read only while they are converted, into a staging directory
       that is removed).
+    progress: where the conversion's and the write's progress goes.
 
   Returns:
     The config the parameters were written for.
@@ -382,42 +487,15 @@ def import_checkpoint(
 
   staging = staging_lib.make(output_dir, "importing", log)
   try:
-    scratch = os.path.join(staging, "scratch")
-    os.mkdir(scratch)
-    by_leaf = {}
-    for t in tensors:
-      by_leaf.setdefault(t.path, []).append(t)
-    params = jax.tree_util.tree_map(lambda x: x, abstract)  # A copy to fill.
-    for path, group in by_leaf.items():
-      node = params
-      for key in path[:-1]:
-        node = node[key]
-      leaf = node[path[-1]]
-      # Each parameter in its own dtype (weight_dtype; float32 for the
-      # router bias).
-      dtype = np.dtype(leaf.dtype)
-      node[path[-1]] = _fill(
-          os.path.join(scratch, "_".join(path)),
-          leaf.shape,
-          dtype,
-          lambda g=group, l=leaf, d=dtype: _leaf_blocks(
-              hf, g, l, d, allow_non_finite
-          ),
-      )
-    checkpoint_dir = os.path.join(staging, "checkpoint")
-    with (
-        _numpy_arrays_saved_one_at_a_time(),
-        checkpointing.Checkpointer(
-            checkpoint_dir, save_period=1, max_to_keep=0
-        ) as checkpointer,
-    ):
-      checkpointer.save(
-          0,
-          {"params": params},
-          {"source": os.path.abspath(input_dir)},
-          force=True,
-      )
-    del params
+    checkpoint_dir = _write_parameters(
+        hf,
+        abstract,
+        tensors,
+        staging,
+        input_dir,
+        allow_non_finite,
+        progress,
+    )
     with open(
         os.path.join(checkpoint_dir, CONFIG_FILE), "w", encoding="utf-8"
     ) as f:

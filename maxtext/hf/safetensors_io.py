@@ -17,7 +17,7 @@ import math
 import os
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
@@ -193,13 +193,15 @@ def write(
     path: str,
     tensors: Mapping[str, Any],
     metadata: Mapping[str, str] | None = None,
+    written: Callable[[str, int], None] = lambda name, nbytes: None,
 ) -> None:
   """Writes `tensors` (name -> array) as one safetensors file at `path`.
 
   A tensor may be any object with `shape`, `dtype` and `__array__`: it is
   turned into an array only when its bytes are written, one at a time, in
-  name order. The header is padded with spaces to a multiple of 8 bytes,
-  so every tensor starts 8-byte aligned.
+  name order, each then told to `written` (its name and bytes). The header
+  is padded with spaces to a multiple of 8 bytes, so every tensor starts
+  8-byte aligned.
   """
   header = {}
   if metadata:
@@ -228,3 +230,4 @@ def write(
       if array.shape != tuple(header[name]["shape"]):
         raise ValueError(f"tensor {name}: shape {array.shape} changed")
       array.tofile(f)
+      written(name, array.nbytes)

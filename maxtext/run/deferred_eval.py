@@ -24,13 +24,14 @@ and the next attempt starts over.
 import dataclasses
 import os
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from absl import logging
 import jax
 import numpy as np
 
 from maxtext.core import eval_metrics
+from maxtext.core import progress as progress_lib
 from maxtext.listeners import multi_listener
 from maxtext.mllog import deferred_log
 from maxtext.mllog import logger as mllog_logger
@@ -75,6 +76,7 @@ def evaluate_run(
     workload: workload_lib.Workload,
     *,
     time_fn: Callable[[], float] = time.time,
+    progress: Optional[progress_lib.Reporter] = None,
 ) -> Result:
   """Evaluates a finished deferred_eval run's weights and closes its log.
 
@@ -82,6 +84,9 @@ def evaluate_run(
     config: the run's training config (its run_name names the run).
     workload: the workload `config.workload` names.
     time_fn: seconds since the epoch, for the eval lines' times.
+    progress: where the checkpoints evaluated (of the log's points) and
+      each checkpoint's verification and restore report their progress;
+      default: the log, every `config.progress_interval_s`.
 
   Returns:
     The Result.
@@ -100,9 +105,12 @@ def evaluate_run(
     weights_dir = weights_checkpoints.directory(paths.run_dir)
     _check_weights_present(weights_dir, pending.points)
     trainer.start_jax(config)
-    state = _eval_state(config, paths, workload)
+    progress = progress or progress_lib.logged(config.progress_interval_s)
+    state = _eval_state(config, paths, workload, progress)
     try:
-      evaluations = _evaluate_points(state, workload, pending, time_fn)
+      evaluations = _evaluate_points(
+          state, workload, pending, time_fn, progress
+      )
     finally:
       state.close()
   finally:
@@ -208,12 +216,16 @@ def _check_weights_present(
     )
 
 
-def _eval_state(config, paths, workload) -> run_state_lib.RunState:
+def _eval_state(
+    config, paths, workload, progress: progress_lib.Reporter
+) -> run_state_lib.RunState:
   """A run state to evaluate in: the run's model, engine and data, no
   outputs; its checkpointer is the run's weights-only one."""
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
-  weights = weights_checkpoints.open_checkpointer(paths.run_dir)
+  weights = weights_checkpoints.open_checkpointer(
+      paths.run_dir, progress=progress
+  )
   try:
     engine, setup = workload.engine_factory(config, mesh)
     dataset = workload.make_dataset(
@@ -242,47 +254,69 @@ def _evaluate_points(
     workload: workload_lib.Workload,
     pending: deferred_log.Pending,
     time_fn: Callable[[], float],
+    progress: progress_lib.Reporter,
 ) -> list[deferred_log.Evaluation]:
-  """Evaluates the points in order up to the first that reaches the target."""
+  """Evaluates the points in order up to the first that reaches the target,
+  reporting the checkpoints evaluated of the log's points."""
   target = workload.target(state.config)
   abstract = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
       state.engine.params,
   )
   evaluations = []
-  for point in pending.points:
-    params = _restore(state.weights, point, abstract)
-    state.engine.set_state(
-        dict(
-            state.engine.state,
-            params=params,
-            step=np.asarray(point.checkpoint_step, np.int64),
-        )
-    )
-    state.samples = point.samples
-    start = time_fn()
-    record = trainer.evaluate(
-        state, workload, point.checkpoint_step - 1, target
-    )
-    evaluation = deferred_log.Evaluation(
-        point=point,
-        value=record.target_value,
-        reached=record.target_reached,
-        start_time=start,
-        stop_time=time_fn(),
-    )
-    evaluations.append(evaluation)
-    logging.info(
-        "Deferred eval of step %d (samples %d): %s %.6g%s",
-        point.checkpoint_step,
-        point.samples,
-        target.metric,
-        evaluation.value,
-        " reaches the target" if evaluation.reached else "",
-    )
-    if evaluation.reached:
-      break
+  with progress.start(
+      "deferred_eval", len(pending.points), "checkpoints"
+  ) as job:
+    for point in pending.points:
+      evaluation = _evaluate_point(state, workload, point, abstract, time_fn)
+      evaluations.append(evaluation)
+      job.advance(
+          1,
+          f"step {point.checkpoint_step}: {target.metric}"
+          f" {evaluation.value:.6g}"
+          + (" reaches the target" if evaluation.reached else ""),
+      )
+      if evaluation.reached:
+        break
   return evaluations
+
+
+def _evaluate_point(
+    state: run_state_lib.RunState,
+    workload: workload_lib.Workload,
+    point: deferred_log.Point,
+    abstract,
+    time_fn: Callable[[], float],
+) -> deferred_log.Evaluation:
+  """Restores one point's weights and evaluates them."""
+  target = workload.target(state.config)
+  params = _restore(state.weights, point, abstract)
+  state.engine.set_state(
+      dict(
+          state.engine.state,
+          params=params,
+          step=np.asarray(point.checkpoint_step, np.int64),
+      )
+  )
+  state.samples = point.samples
+  start = time_fn()
+  record = trainer.evaluate(state, workload, point.checkpoint_step - 1, target)
+  evaluation = deferred_log.Evaluation(
+      point=point,
+      value=record.target_value,
+      reached=record.target_reached,
+      start_time=start,
+      stop_time=time_fn(),
+  )
+  logging.info(
+      "Deferred eval of step %d (samples %d): %s %.6g%s",
+      point.checkpoint_step,
+      point.samples,
+      target.metric,
+      evaluation.value,
+      " reaches the target" if evaluation.reached else "",
+  )
+  return evaluation
 
 
 def _restore(weights, point: deferred_log.Point, abstract):

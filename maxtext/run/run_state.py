@@ -32,6 +32,7 @@ from maxtext.data import builtin_datasets
 from maxtext.data import dataset as dataset_lib
 from maxtext.engine import engine as engine_lib
 from maxtext.core import eval_metrics
+from maxtext.core import progress
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
 from maxtext.run import workload as workload_lib
@@ -299,6 +300,7 @@ def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
         request_timeout_s=config.gcs_request_timeout_seconds,
         list_timeout_s=config.gcs_startup_timeout_seconds,
         exclude=_MIRROR_EXCLUDE,
+        progress=progress.logged(config.progress_interval_s),
     )
   except gcs_mirror.GcsError as e:
     # GCS trouble never stops a run: it starts from what is local (nothing),
@@ -484,7 +486,9 @@ def build(
     weights = None
     if config.deferred_eval:
       weights = weights_checkpoints.open_checkpointer(
-          paths.run_dir, fence=locks.check if locks is not None else None
+          paths.run_dir,
+          fence=locks.check if locks is not None else None,
+          progress=progress.logged(config.progress_interval_s),
       )
       opened.callback(weights.close)
     outputs.listeners.add(
@@ -608,6 +612,7 @@ def _open_inputs(
       max_to_keep=config.max_checkpoints_to_keep,
       # No checkpoint once another run took the run's lock over.
       fence=locks.check if locks is not None else None,
+      progress=progress.logged(config.progress_interval_s),
   )
   opened.callback(checkpointer.close)
   config = _check_resume(config, paths, checkpointer.latest_step())
@@ -694,6 +699,7 @@ def _mirror(
           final_timeout_s=config.gcs_final_timeout_seconds,
           exclude=_MIRROR_EXCLUDE,
           fence=locks.fence if locks is not None else None,
+          progress=progress.logged(config.progress_interval_s),
       )
   )
 

@@ -20,6 +20,11 @@ until the last save is committed, and `close()` waits too. A step directory
 appears only once complete, so an interrupted save never looks like a
 checkpoint.
 
+Long work logs its progress (`maxtext.core.progress`, a line every
+interval, nothing when it is short): a save's copy off the devices, the
+wait for its files, the checksums written at save and verified at read
+(files and bytes), a restore (its elapsed time).
+
 Directories may be local paths or any URL orbax handles (`gs://...`); only
 local directories are tested here. In a multi-process run every process
 calls the same methods in the same order: orbax coordinates which process
@@ -51,12 +56,14 @@ Failures:
 """
 
 from collections.abc import Mapping
+import contextlib
 import dataclasses
 import datetime
 import errno
 import glob
 import json
 import logging as std_logging
+import math
 import os
 import re
 import shutil
@@ -65,9 +72,11 @@ from typing import Any, Callable, Optional
 
 from absl import logging
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from maxtext.core import checks
+from maxtext.core import progress as progress_lib
 from maxtext.storage import checksums
 from maxtext.storage import late_io_reports
 
@@ -263,10 +272,12 @@ _ONE_LINE_STORAGE_ERRORS = _OneLineStorageErrors()
 
 
 def _array_bytes(state: Any) -> int:
-  """The bytes of the state's arrays (global sizes), uncompressed."""
+  """The bytes of the state's arrays (global sizes), uncompressed; of an
+  abstract state's `jax.ShapeDtypeStruct`s too."""
   return sum(
-      int(getattr(leaf, "nbytes", 0))
+      math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
       for leaf in jax.tree_util.tree_leaves(state)
+      if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
   )
 
 
@@ -422,6 +433,7 @@ class Checkpointer:
       save_period: int,
       max_to_keep: int,
       fence: Optional[Callable[[], None]] = None,
+      progress: Optional[progress_lib.Reporter] = None,
   ):
     """Opens (and, for a local path, creates) the checkpoint directory.
 
@@ -433,6 +445,8 @@ class Checkpointer:
         to keep all.
       fence: called just before each save; it raises when the run may write
         nothing more (its lock was taken over), and then nothing is saved.
+      progress: where long saves, restores and checksums report their
+        progress; default: the log, every `progress.LOG_INTERVAL_S`.
 
     Raises:
       TypeError, ValueError: an argument has the wrong type or range.
@@ -444,6 +458,7 @@ class Checkpointer:
     self._save_period = checks.check_int("save_period", save_period, 1)
     self._max_to_keep = checks.check_int("max_to_keep", max_to_keep, 0)
     self._fence = fence
+    self._progress = progress or progress_lib.logged()
     self._closed = False
     # The step of the save orbax may still be writing in the background:
     # its errors surface later, in wait(), the next save() or close().
@@ -584,16 +599,20 @@ class Checkpointer:
     self._check_room(step, state)
     self._saving_step = step
     try:
-      saved = self._manager.save(
-          step,
-          args=ocp.args.Composite(
-              **{
-                  STATE_ITEM: ocp.args.StandardSave(state),
-                  METADATA_ITEM: ocp.args.JsonSave(metadata),
-              }
-          ),
-          force=force,
-      )
+      with self._progress.waiting(
+          f"checkpoint step {step}: saving ({_size_text(_array_bytes(state))})",
+          quiet_if_short=True,
+      ):
+        saved = self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE_ITEM: ocp.args.StandardSave(state),
+                    METADATA_ITEM: ocp.args.JsonSave(metadata),
+                }
+            ),
+            force=force,
+        )
     # Orbax raises many types; any failure becomes a CheckpointError that
     # names the step.
     except Exception as e:  # pylint: disable=broad-exception-caught
@@ -650,7 +669,12 @@ class Checkpointer:
           self._directory,
       )
     began = time.perf_counter()
-    size = checksums.write(found[0], (STATE_ITEM, METADATA_ITEM))
+    size = checksums.write(
+        found[0],
+        (STATE_ITEM, METADATA_ITEM),
+        self._progress,
+        f"checkpoint step {step}: checksums",
+    )
     logging.info(
         "Checksummed checkpoint step %s: %s in %.3f s",
         step,
@@ -664,7 +688,7 @@ class Checkpointer:
     Raises:
       checksums.ChecksumError: a file differs (a ValueError: damage).
     """
-    verify_step(self._directory, step, items)
+    verify_step(self._directory, step, items, self._progress)
 
   def due(self, step: int) -> bool:
     """Whether `save(step, ...)` without `force` writes a checkpoint."""
@@ -678,8 +702,16 @@ class Checkpointer:
         step and the OS error. Its temporary directory is removed.
     """
     step, self._pending_step = self._pending_step, None
+    waiting = (
+        self._progress.waiting(
+            f"checkpoint step {step}: writing", quiet_if_short=True
+        )
+        if step is not None
+        else contextlib.nullcontext()
+    )
     try:
-      self._manager.wait_until_finished()
+      with waiting:
+        self._manager.wait_until_finished()
     # Orbax raises many types; any failure becomes a CheckpointError that
     # names the step.
     except Exception as e:  # pylint: disable=broad-exception-caught
@@ -798,15 +830,20 @@ class Checkpointer:
       self, step: int, abstract_state: Any
   ) -> tuple[Any, dict[str, Any]]:
     """Restores `step` into `abstract_state` without checking it first."""
-    restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-            **{
-                STATE_ITEM: ocp.args.StandardRestore(abstract_state),
-                METADATA_ITEM: ocp.args.JsonRestore(),
-            }
-        ),
-    )
+    with self._progress.waiting(
+        f"checkpoint step {step}: restoring "
+        f"({_size_text(_array_bytes(abstract_state))})",
+        quiet_if_short=True,
+    ):
+      restored = self._manager.restore(
+          step,
+          args=ocp.args.Composite(
+              **{
+                  STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+                  METADATA_ITEM: ocp.args.JsonRestore(),
+              }
+          ),
+      )
     return restored[STATE_ITEM], dict(restored[METADATA_ITEM] or {})
 
   def restore_newest(self, abstract_state: Any) -> Optional[Restored]:
@@ -988,7 +1025,9 @@ def _stored_params(manager: ocp.CheckpointManager, step: int) -> Any:
 
 
 def restore_params_only(
-    path: str | os.PathLike[str], abstract_params: Any
+    path: str | os.PathLike[str],
+    abstract_params: Any,
+    progress: Optional[progress_lib.Reporter] = None,
 ) -> Any:
   """Restores only the "params" subtree of a previous run's checkpoint.
 
@@ -1001,6 +1040,8 @@ def restore_params_only(
       directory inside it (e.g. `.../checkpoints/500`).
     abstract_params: pytree with the saved params' structure whose leaves
       are `jax.ShapeDtypeStruct`s with shape, dtype and sharding.
+    progress: where the verification and the restore report their progress;
+      default: the log, every `progress.LOG_INTERVAL_S`.
 
   Returns:
     The params pytree of jax.Arrays on the requested shardings.
@@ -1013,38 +1054,51 @@ def restore_params_only(
   """
   path = _normalize_directory(path)
   _check_abstract_tree("abstract_params", abstract_params)
+  progress = progress or progress_lib.logged()
   manager, step = _find_params_checkpoint(path)
   try:
-    verify_step(str(manager.directory), step, (STATE_ITEM,))
+    verify_step(str(manager.directory), step, (STATE_ITEM,), progress)
     item = {PARAMS_KEY: abstract_params}
     stored = _stored_params(manager, step)
     if stored is not None:
       _check_matches(item, {PARAMS_KEY: stored}, step)
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            **{
-                STATE_ITEM: ocp.args.PyTreeRestore(
-                    item=item,
-                    restore_args=ocp.checkpoint_utils.construct_restore_args(
-                        item
-                    ),
-                    partial_restore=True,
-                ),
-            }
-        ),
-    )
+    with progress.waiting(
+        f"checkpoint step {step}: restoring the parameters "
+        f"({_size_text(_array_bytes(abstract_params))})",
+        quiet_if_short=True,
+    ):
+      restored = manager.restore(
+          step,
+          args=ocp.args.Composite(
+              **{
+                  STATE_ITEM: ocp.args.PyTreeRestore(
+                      item=item,
+                      restore_args=ocp.checkpoint_utils.construct_restore_args(
+                          item
+                      ),
+                      partial_restore=True,
+                  ),
+              }
+          ),
+      )
   finally:
     manager.close()
   logging.info("Loaded parameters from step %d of %s", step, path)
   return restored[STATE_ITEM][PARAMS_KEY]
 
 
-def verify_step(directory: str, step: int, items: tuple[str, ...]) -> None:
+def verify_step(
+    directory: str,
+    step: int,
+    items: tuple[str, ...],
+    progress: Optional[progress_lib.Reporter] = None,
+) -> None:
   """Checks checkpoint `step` of `directory` against its checksums.json.
 
   Logs one line when the step has no checksums (written before checkpoints
   carried them, or straight to a bucket by orbax) and is read unverified.
+  A long verification reports its progress to `progress` (default: the
+  log, every `progress.LOG_INTERVAL_S`).
 
   Raises:
     checksums.ChecksumError: one line naming the step and the file that
@@ -1057,7 +1111,12 @@ def verify_step(directory: str, step: int, items: tuple[str, ...]) -> None:
     )
     return
   began = time.perf_counter()
-  result = checksums.verify(os.path.join(directory, str(step)), items, where)
+  result = checksums.verify(
+      os.path.join(directory, str(step)),
+      items,
+      where,
+      progress or progress_lib.logged(),
+  )
   if result == checksums.UNVERIFIED:
     logging.warning(
         "%s in %s has no %s (written before checkpoints carried checksums): "

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import gc
 import glob
+import itertools
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext.core import progress
 from maxtext.storage import checkpointing
 from maxtext.storage import checksums
 from testing import process_output
@@ -170,6 +172,51 @@ class CheckpointingTest(parameterized.TestCase):
     for leaf in jax.tree.leaves(restored):
       self.assertIsInstance(leaf, jax.Array)
       self.assertEqual(leaf.sharding, target)
+
+  def test_progress_of_checksums_verification_and_restore(self):
+    lines = []
+    ticks = itertools.count(0.0, 5.0)  # Each reading of the clock 5 s on.
+    reporter = progress.Reporter(
+        progress.Lines(lines.append), interval_s=5.0, clock=lambda: next(ticks)
+    )
+    ckpt = self.make_checkpointer(progress=reporter)
+    state = make_big_state(3.0, self.sharding)
+    ckpt.save(3, state, {})
+    ckpt.wait()
+    with open(
+        os.path.join(self.directory, "3", checksums.MANIFEST), encoding="utf-8"
+    ) as f:
+      files = json.load(f)["files"]
+    size = progress.format_bytes(sum(f["size"] for f in files.values()))
+    n = len(files)
+
+    def job(prefix):
+      return [line for line in lines if line.startswith(prefix)]
+
+    # Written at save: a line after each file (5 s apart), then the last.
+    written = job("checkpoint step 3: checksums: ")
+    self.assertLen(written, n + 1)
+    for i, line in enumerate(written[:-1], 1):
+      self.assertTrue(line.endswith(f"; files {i}/{n}"), line)
+    self.assertRegex(
+        written[-1],
+        rf"^checkpoint step 3: checksums: done, {size} in .*; files {n}/{n}$",
+    )
+    ckpt.restore(3, abstract_like(state, self.sharding))
+    checked = job("checkpoint step 3: verifying: ")
+    self.assertLen(checked, n + 1)
+    self.assertRegex(
+        checked[-1],
+        rf"^checkpoint step 3: verifying: done, {size} in .*; files {n}/{n}$",
+    )
+    # Orbax's own work says its elapsed time, from a thread, as it is due.
+    others = [line for line in lines if line not in written + checked]
+    for line in others:
+      self.assertRegex(
+          line,
+          r"^checkpoint step 3: (saving|writing|restoring)( \([\d.]+ KiB\))?: "
+          r"(\d+ s elapsed|\d+m \d+s elapsed|done in .*)$",
+      )
 
   def test_restore_casts_to_requested_dtype(self):
     ckpt = self.make_checkpointer()

@@ -11,6 +11,10 @@ metadata item's JSON. Every file a reader of an item opens is covered,
 whatever the number of processes that wrote it or the shardings it is read
 onto: the files do not depend on the reader.
 
+Both read every byte of a checkpoint, which takes minutes for a large state:
+each reports its progress (files and bytes, GB/s, ETA) to a
+`progress.Reporter`, saying nothing when it is short.
+
 `verify(step_dir, items)` recomputes the checksums of the files under
 `items` before orbax reads any of them, and raises `ChecksumError` naming
 the checkpoint and the first file that is missing, of another size or of
@@ -27,6 +31,8 @@ import os
 from typing import Iterable
 
 import google_crc32c
+
+from maxtext.core import progress as progress_lib
 
 MANIFEST = "checksums.json"
 FORMAT = 1
@@ -62,23 +68,41 @@ def _item_files(step_dir: str, items: Iterable[str]) -> list[str]:
   return sorted(out)
 
 
-def write(step_dir: str, items: Iterable[str]) -> int:
+def _checking(
+    progress: progress_lib.Reporter, label: str, sizes: list[int]
+) -> progress_lib.Progress:
+  """The progress of checksumming files of `sizes` (quiet when short)."""
+  return progress.start(
+      label, sum(sizes), progress_lib.BYTES, quiet_if_short=True
+  )
+
+
+def write(
+    step_dir: str,
+    items: Iterable[str],
+    progress: progress_lib.Reporter = progress_lib.SILENT,
+    label: str = "checksums",
+) -> int:
   """Records the checksums of the files under `items` in `step_dir`.
 
   Args:
     step_dir: a checkpoint step directory (or orbax's temporary one).
     items: the item subdirectories to cover, e.g. ("state", "metadata").
+    progress: where the progress goes (files and bytes checksummed).
+    label: names the job in the progress lines.
 
   Returns:
     The bytes checksummed.
   """
   files = {}
-  total = 0
-  for relative in _item_files(step_dir, items):
-    path = os.path.join(step_dir, relative)
-    size = os.path.getsize(path)
-    files[relative] = {"size": size, ALGORITHM: file_crc32c(path)}
-    total += size
+  names = _item_files(step_dir, items)
+  sizes = [os.path.getsize(os.path.join(step_dir, n)) for n in names]
+  with _checking(progress, label, sizes) as job:
+    for i, (relative, size) in enumerate(zip(names, sizes), 1):
+      path = os.path.join(step_dir, relative)
+      files[relative] = {"size": size, ALGORITHM: file_crc32c(path)}
+      job.advance(size, f"files {i}/{len(names)}")
+  total = sum(sizes)
   manifest = {"format": FORMAT, "algorithm": ALGORITHM, "files": files}
   partial = os.path.join(step_dir, MANIFEST + ".partial")
   with open(partial, "w", encoding="utf-8") as f:
@@ -116,13 +140,19 @@ def _read_manifest(step_dir: str, where: str) -> dict | None:
   return files
 
 
-def verify(step_dir: str, items: Iterable[str], where: str) -> str:
+def verify(
+    step_dir: str,
+    items: Iterable[str],
+    where: str,
+    progress: progress_lib.Reporter = progress_lib.SILENT,
+) -> str:
   """Checks the files under `items` of `step_dir` against its manifest.
 
   Args:
     step_dir: a checkpoint step directory.
     items: the item subdirectories the reader reads.
     where: names the checkpoint in messages, e.g. "checkpoint step 8".
+    progress: where the progress goes (files and bytes verified).
 
   Returns:
     VERIFIED, or UNVERIFIED when the directory holds no manifest.
@@ -145,19 +175,29 @@ def verify(step_dir: str, items: Iterable[str], where: str) -> str:
     raise ChecksumError(
         f"{where}: {os.path.join(step_dir, name)} is not in its {MANIFEST}"
     )
-  for name, entry in sorted(recorded.items()):
-    path = os.path.join(step_dir, name)
-    if name not in present:
-      raise ChecksumError(f"{where}: {path} is missing (listed in {MANIFEST})")
-    size = os.path.getsize(path)
-    if size != entry["size"]:
-      raise ChecksumError(
-          f"{where}: {path} has {size} bytes, {entry['size']} recorded at save"
-      )
-    crc = file_crc32c(path)
-    if crc != entry[ALGORITHM]:
-      raise ChecksumError(
-          f"{where}: {path} is damaged ({ALGORITHM} {crc}, "
-          f"{entry[ALGORITHM]} recorded at save)"
-      )
+  sizes = [entry["size"] for entry in recorded.values()]
+  with _checking(progress, f"{where}: verifying", sizes) as job:
+    for i, (name, entry) in enumerate(sorted(recorded.items()), 1):
+      _verify_file(step_dir, name, entry, present, where)
+      job.advance(entry["size"], f"files {i}/{len(recorded)}")
   return VERIFIED
+
+
+def _verify_file(
+    step_dir: str, name: str, entry: dict, present: set[str], where: str
+) -> None:
+  """Checks one recorded file; raises ChecksumError as `verify` says."""
+  path = os.path.join(step_dir, name)
+  if name not in present:
+    raise ChecksumError(f"{where}: {path} is missing (listed in {MANIFEST})")
+  size = os.path.getsize(path)
+  if size != entry["size"]:
+    raise ChecksumError(
+        f"{where}: {path} has {size} bytes, {entry['size']} recorded at save"
+    )
+  crc = file_crc32c(path)
+  if crc != entry[ALGORITHM]:
+    raise ChecksumError(
+        f"{where}: {path} is damaged ({ALGORITHM} {crc}, "
+        f"{entry[ALGORITHM]} recorded at save)"
+    )

@@ -6,6 +6,7 @@ import os
 from absl.testing import absltest
 import google_crc32c
 
+from maxtext.core import progress
 from maxtext.storage import checksums
 
 
@@ -55,6 +56,47 @@ class ChecksumsTest(absltest.TestCase):
     # Files outside the items may change (orbax rewrites its own).
     _write(os.path.join(self.step, "_CHECKPOINT_METADATA"), b'{"t": 2}')
     self.assertEqual(self.verify(), checksums.VERIFIED)
+
+  def test_progress_counts_files_and_bytes_and_is_quiet_when_short(self):
+    lines = []
+    ticks = iter(range(0, 1000, 20))  # Each reading of the clock 20 s on.
+    reporter = progress.Reporter(
+        progress.Lines(lines.append),
+        interval_s=30.0,
+        clock=lambda: float(next(ticks)),
+    )
+    checksums.write(self.step, ("state", "metadata"), reporter, "step 8")
+    # Files in sorted order: metadata/metadata (9 bytes) at 20 s, then
+    # state/_METADATA (11) at 40 s: a line; state/d/a at 60 s: none (20 s
+    # after the line); the last line at 80 s.
+    self.assertEqual(
+        lines,
+        [
+            "step 8: 20 B of 100.0 kB (0%), 0 B/s, 40 s elapsed, ETA 55h"
+            " 33m; files 2/3",
+            "step 8: done, 100.0 kB in 1m 20s (1.3 kB/s); files 3/3",
+        ],
+    )
+    del lines[:]
+    self.assertEqual(
+        checksums.verify(self.step, ("state",), "step 8", reporter),
+        checksums.VERIFIED,
+    )
+    self.assertEqual(
+        lines,
+        [
+            "step 8: verifying: 100.0 kB of 100.0 kB (100%), 2.5 kB/s, 40 s"
+            " elapsed, ETA 0 s; files 2/2",
+            "step 8: verifying: done, 100.0 kB in 1m 00s (1.7 kB/s); files"
+            " 2/2",
+        ],
+    )
+    # Short (a clock that does not move): nothing at all.
+    del lines[:]
+    still = progress.Reporter(progress.Lines(lines.append), clock=lambda: 0.0)
+    checksums.write(self.step, ("state", "metadata"), still, "step 8")
+    self.assertEqual(self.verify(), checksums.VERIFIED)
+    self.assertEqual(lines, [])
 
   def test_no_manifest_is_unverified(self):
     self.assertEqual(self.verify(), checksums.UNVERIFIED)

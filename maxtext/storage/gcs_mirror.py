@@ -55,6 +55,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from absl import logging
 
+from maxtext.core import progress as progress_lib
+
 GS_SCHEME = "gs://"
 
 # Orbax writes a checkpoint into a temporary directory and renames it when the
@@ -342,6 +344,7 @@ class GcsMirror:
       final_timeout_s: float = 300.0,
       exclude: Iterable[str] = DEFAULT_EXCLUDE,
       fence: Optional[Callable[[], None]] = None,
+      progress: Optional[progress_lib.Reporter] = None,
   ):
     """Starts the background thread; uploads begin on the first request.
 
@@ -362,6 +365,8 @@ class GcsMirror:
         raises `WritesFenced` when this process may no longer write to the
         bucket (the mirror stops for good), or any other exception when it
         may not write now (the pass fails and is retried).
+      progress: where a long pass reports its progress (objects and bytes
+        uploaded); default: the log, every `progress.LOG_INTERVAL_S`.
 
     Raises:
       ValueError: a bad URL or a negative or zero bound.
@@ -391,6 +396,7 @@ class GcsMirror:
     self._final_timeout_s = float(final_timeout_s)
     self._exclude = tuple(exclude)
     self._fence = fence
+    self._progress = progress or progress_lib.logged()
 
     self._client = None
     self._seeded = False
@@ -699,35 +705,8 @@ class GcsMirror:
       self._seed(bucket, local, final)
       self._seeded = True
     object_errors = []
-    failed: list[str] = []  # Relative paths whose upload failed.
-    for rel, (signature, path) in sorted(
-        local.items(), key=lambda item: upload_order(item[0])
-    ):
-      if self._synced.get(rel) == signature:
-        continue
-      if not final and self._closing.is_set():
-        return False
-      directory = rel.rpartition("/")[0]
-      if directory and any(f.startswith(directory + "/") for f in failed):
-        # A file beside or above one that failed (a commit marker above its
-        # data) waits until that one is in the bucket.
-        continue
-      self._check_fence()
-      try:
-        self._upload(bucket, rel, path, final)
-      except FileNotFoundError:
-        continue  # Deleted since the scan; the next pass sees it gone.
-      # The client raises many types; all but a permanent per-object error
-      # are re-raised to fail the pass.
-      except Exception as e:  # pylint: disable=broad-exception-caught
-        if not _is_permanent_object_error(e):
-          raise
-        object_errors.append(f"{rel}: {e}")
-        failed.append(rel)
-        continue
-      self._synced[rel] = signature
-      with self._stats_lock:
-        self._stats["files_uploaded"] += 1
+    if not self._upload_changed(bucket, local, final, object_errors):
+      return False
     for rel in sorted(set(self._synced) - set(local)):
       self._check_fence()
       timeout = self._request_timeout(final)
@@ -753,6 +732,57 @@ class GcsMirror:
         self._stats["files_deleted"] += 1
     if object_errors:
       raise GcsError("; ".join(object_errors[:5]))
+    return True
+
+  def _upload_changed(
+      self, bucket, local, final: bool, object_errors: list[str]
+  ) -> bool:
+    """Uploads the files changed since their last upload, data first and
+    commit markers last (`upload_order`), reporting the pass's progress
+    (objects and bytes; quiet when short); False if close() interrupted it.
+
+    Per-object permanent errors are appended to `object_errors`; any other
+    error is raised (see `_sync_once`).
+    """
+    changed = [
+        (rel, signature, path)
+        for rel, (signature, path) in sorted(
+            local.items(), key=lambda item: upload_order(item[0])
+        )
+        if self._synced.get(rel) != signature
+    ]
+    failed: list[str] = []  # Relative paths whose upload failed.
+    with self._progress.start(
+        f"mirror to {self.gs_url}: uploading",
+        sum(signature[0] for _, signature, _ in changed),
+        progress_lib.BYTES,
+        quiet_if_short=True,
+    ) as job:
+      for i, (rel, signature, path) in enumerate(changed, 1):
+        if not final and self._closing.is_set():
+          return False
+        directory = rel.rpartition("/")[0]
+        if directory and any(f.startswith(directory + "/") for f in failed):
+          # A file beside or above one that failed (a commit marker above
+          # its data) waits until that one is in the bucket.
+          continue
+        self._check_fence()
+        try:
+          self._upload(bucket, rel, path, final)
+        except FileNotFoundError:
+          continue  # Deleted since the scan; the next pass sees it gone.
+        # The client raises many types; all but a permanent per-object error
+        # are re-raised to fail the pass.
+        except Exception as e:  # pylint: disable=broad-exception-caught
+          if not _is_permanent_object_error(e):
+            raise
+          object_errors.append(f"{rel}: {e}")
+          failed.append(rel)
+          continue
+        self._synced[rel] = signature
+        with self._stats_lock:
+          self._stats["files_uploaded"] += 1
+        job.advance(signature[0], f"objects {i}/{len(changed)}")
     return True
 
   def _upload(self, bucket, rel: str, path: str, final: bool) -> None:
@@ -815,6 +845,7 @@ def download_prefix(
     list_timeout_s: Optional[float] = None,
     overwrite: bool = False,
     exclude: Iterable[str] = DEFAULT_EXCLUDE,
+    progress: Optional[progress_lib.Reporter] = None,
 ) -> list[str]:
   """Downloads every object under `gs_url` into `local_dir`.
 
@@ -840,6 +871,8 @@ def download_prefix(
       local staging is newer than the mirror).
     exclude: `fnmatch` patterns of relative paths (with "/") not to
       download, as for `GcsMirror`.
+    progress: where a long download reports its progress (objects and
+      bytes); default: the log, every `progress.LOG_INTERVAL_S`.
 
   Returns:
     The relative paths written, sorted; empty when nothing is under the
@@ -869,38 +902,22 @@ def download_prefix(
     blobs = _list_blobs(
         client, bucket_name, list_prefix, request_timeout_s, list_deadline
     )
-    for blob in blobs:
-      rel = blob.name[len(list_prefix) :]
-      parts = rel.split("/")
-      if (
-          not rel
-          or rel.endswith("/")
-          or any(p in ("", ".", "..") for p in parts)
-      ):
-        if rel and not rel.endswith("/"):
-          logging.warning(
-              "download_prefix: skipping object %r (not a "
-              "plain relative path)",
-              blob.name,
-          )
-        continue
-      if any(fnmatch.fnmatch(rel, p) for p in exclude):
-        continue
-      path = os.path.join(local_dir, *parts)
-      if os.path.exists(path) and not overwrite:
-        continue
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      fd, tmp = tempfile.mkstemp(
-          dir=os.path.dirname(path), prefix=f".{parts[-1]}.", suffix=".part"
-      )
-      os.close(fd)
-      try:
-        blob.download_to_filename(tmp, timeout=request_timeout_s, retry=retry)
-        os.replace(tmp, path)
-      finally:
-        if os.path.exists(tmp):
-          os.remove(tmp)
-      written.append(rel)
+    wanted = _to_download(blobs, list_prefix, local_dir, overwrite, exclude)
+    with (progress or progress_lib.logged()).start(
+        f"download of {gs_url}",
+        sum(blob.size or 0 for blob, _ in wanted),
+        progress_lib.BYTES,
+        quiet_if_short=True,
+    ) as job:
+      for i, (blob, rel) in enumerate(wanted, 1):
+        _download(
+            blob,
+            os.path.join(local_dir, *rel.split("/")),
+            request_timeout_s,
+            retry,
+        )
+        written.append(rel)
+        job.advance(blob.size or 0, f"objects {i}/{len(wanted)}")
   except Exception as e:
     cause = _unreachable_cause(e)
     what = (
@@ -912,3 +929,44 @@ def download_prefix(
         f"download of {gs_url} into {local_dir} failed: {what}"
     ) from e
   return sorted(written)
+
+
+def _to_download(
+    blobs, list_prefix: str, local_dir: str, overwrite: bool, exclude
+) -> list[tuple[Any, str]]:
+  """(blob, relative path) of the listed objects to download: plain
+  relative paths, not excluded, not present locally unless `overwrite`."""
+  wanted = []
+  for blob in blobs:
+    rel = blob.name[len(list_prefix) :]
+    parts = rel.split("/")
+    if not rel or rel.endswith("/") or any(p in ("", ".", "..") for p in parts):
+      if rel and not rel.endswith("/"):
+        logging.warning(
+            "download_prefix: skipping object %r (not a plain relative path)",
+            blob.name,
+        )
+      continue
+    if any(fnmatch.fnmatch(rel, p) for p in exclude):
+      continue
+    if os.path.exists(os.path.join(local_dir, *parts)) and not overwrite:
+      continue
+    wanted.append((blob, rel))
+  return wanted
+
+
+def _download(blob, path: str, request_timeout_s: float, retry) -> None:
+  """Downloads `blob` to `path` through a temporary name beside it."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(
+      dir=os.path.dirname(path),
+      prefix=f".{os.path.basename(path)}.",
+      suffix=".part",
+  )
+  os.close(fd)
+  try:
+    blob.download_to_filename(tmp, timeout=request_timeout_s, retry=retry)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)

@@ -9,6 +9,7 @@ from unittest import mock
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from maxtext.core import progress
 from maxtext.storage import gcs_mirror
 from testing import gcs_emulator
 from testing import polling
@@ -230,6 +231,47 @@ class GcsMirrorTest(gcs_emulator.EmulatorTestCase):
     self.assertEqual(
         gcs_emulator.remote_files(self.client, _BUCKET, self.prefix),
         gcs_emulator.local_files(self.local),
+    )
+
+  def test_uploads_and_downloads_report_objects_and_bytes(self):
+    files = _files("progress")
+    _write(self.local, files)
+    lines = []
+    ticks = iter(range(0, 10_000, 10))  # Each reading of the clock 10 s on.
+    reporter = progress.Reporter(
+        progress.Lines(lines.append),
+        interval_s=10.0,
+        clock=lambda: float(next(ticks)),
+    )
+    mirror = self._mirror(progress=reporter)
+    mirror.request_sync()
+    self.assertTrue(mirror.close())
+    size = progress.format_bytes(sum(len(d) for d in files.values()))
+    label = f"mirror to {self.url}: uploading"
+    # One pass uploads the four files, a line after each, then its last
+    # line; a pass with nothing to upload says nothing.
+    self.assertEqual(
+        [line.rpartition("; ")[2] for line in lines],
+        ["objects 1/4", "objects 2/4", "objects 3/4", "objects 4/4"]
+        + ["objects 4/4"],
+        lines,
+    )
+    self.assertRegex(
+        lines[-1], rf"^{label}: done, {size} in 50 s \(.*/s\); objects 4/4$"
+    )
+    shutil.rmtree(self.local)
+    del lines[:]
+    gcs_mirror.download_prefix(
+        self.url,
+        self.local,
+        client_factory=self.emulator.client,
+        progress=reporter,
+    )
+    self.assertLen(lines, 5)
+    self.assertRegex(
+        lines[-1],
+        rf"^download of {self.url}: done, {size} in 50 s \(.*/s\); objects"
+        r" 4/4$",
     )
 
   def test_download_prefix_keeps_local_files_and_reports_empty_prefix(self):

@@ -69,6 +69,7 @@ RESUMABLE_FIELDS = frozenset(
         "eval_steps",
         # When to log, profile and checkpoint; how many checkpoints to keep.
         "log_period",
+        "progress_interval_s",
         "profiler_steps",
         "profiler_start_step",
         "checkpoint_period",

@@ -22,6 +22,7 @@ import math
 import os
 from typing import Any, Callable, Optional
 
+from maxtext.core import progress as progress_lib
 from maxtext.storage import checkpointing
 
 DIRNAME = "eval_checkpoints"
@@ -33,16 +34,23 @@ def directory(run_dir: str) -> str:
 
 
 def open_checkpointer(
-    run_dir: str, fence: Optional[Callable[[], None]] = None
+    run_dir: str,
+    fence: Optional[Callable[[], None]] = None,
+    progress: Optional[progress_lib.Reporter] = None,
 ) -> checkpointing.Checkpointer:
   """The run's weights-only checkpoint directory (created if missing).
 
   Args:
     run_dir: the local run directory.
     fence: as `Checkpointer`'s: raises once the run may write nothing more.
+    progress: as `Checkpointer`'s: where long work reports its progress.
   """
   return checkpointing.Checkpointer(
-      directory(run_dir), save_period=1, max_to_keep=0, fence=fence
+      directory(run_dir),
+      save_period=1,
+      max_to_keep=0,
+      fence=fence,
+      progress=progress,
   )
 
 

@@ -11,13 +11,13 @@ split is one token stream cut into records of `record_tokens` ids (see
 import json
 import os
 import shutil
-import time
 from typing import Any, Callable, Optional, Sequence
 
 from array_record.python import array_record_module
 import numpy as np
 
 from maxtext.core import checks
+from maxtext.core import progress as progress_lib
 from maxtext.text import corpus
 from maxtext.text import metadata as metadata_lib
 from maxtext.text import tokenizer as tokenizer_lib
@@ -93,52 +93,6 @@ class _SplitWriter:
     }
 
 
-class Progress:
-  """Console progress for long inputs: files, documents, tokens/s, ETA.
-
-  Args:
-    total_bytes: bytes of input, for the ETA.
-    report: called with one line.
-    interval_s: seconds between lines.
-    clock: time source (tests pass their own).
-  """
-
-  def __init__(
-      self,
-      total_bytes: int,
-      report: Callable[[str], None],
-      interval_s: float = 10.0,
-      clock: Callable[[], float] = time.monotonic,
-  ):
-    self._total = max(1, total_bytes)
-    self._report = report
-    self._interval = interval_s
-    self._clock = clock
-    self._start = clock()
-    self._last = self._start
-
-  def update(
-      self,
-      stats: corpus.CorpusStats,
-      total_files: int,
-      tokens: int,
-      force: bool = False,
-  ) -> None:
-    """Reports a progress line if `interval_s` has passed (or `force`)."""
-    now = self._clock()
-    if not force and now - self._last < self._interval:
-      return
-    self._last = now
-    elapsed = max(now - self._start, 1e-9)
-    done = min(stats.bytes / self._total, 1.0)
-    eta = elapsed * (1 - done) / done if done > 0 else float("inf")
-    self._report(
-        f"files {stats.files}/{total_files}  documents {stats.documents}  "
-        f"tokens {tokens}  {tokens / elapsed:,.0f} tokens/s  "
-        f"{100 * done:.0f}%  ETA {eta:,.0f} s"
-    )
-
-
 def _token_dtype(name: str, vocab_size: int) -> np.dtype:
   """The id dtype `name` names; refuses one the vocabulary overflows."""
   if name == "auto":
@@ -172,7 +126,7 @@ def prepare(
     shard_tokens: int = 64 * 2**20,
     eod_token: Optional[str] = None,
     report: Callable[[str], None] = print,
-    progress_interval_s: float = 10.0,
+    progress: progress_lib.Reporter = progress_lib.SILENT,
 ) -> dict[str, Any]:
   """Prepares a text data directory; returns its metadata.
 
@@ -190,8 +144,9 @@ def prepare(
     record_tokens: ids per ArrayRecord record.
     shard_tokens: ids per shard (rounded to whole records).
     eod_token: the end-of-document token (see `tokenizer.load`).
-    report: called with each progress and warning line.
-    progress_interval_s: seconds between progress lines.
+    report: called with each warning line and the closing line.
+    progress: where the tokenization's progress goes (input bytes read of
+      the total, files, documents, tokens, tokens/s, ETA).
 
   Returns:
     The metadata written to `<output_dir>/metadata.json`.
@@ -267,8 +222,10 @@ def prepare(
       split: _SplitWriter(output_dir, split, dtype, record_tokens, shard_tokens)
       for split in metadata_lib.SPLITS
   }
-  progress = Progress(
-      sum(os.path.getsize(f) for f in files), report, progress_interval_s
+  job = progress.start(
+      "prepare_data",
+      sum(os.path.getsize(f) for f in files),
+      progress_lib.BYTES,
   )
   eod = np.asarray([tok.eod_id], np.int64)
   tokens = 0
@@ -289,8 +246,8 @@ def prepare(
       writers[split].add(ids)
       tokens += ids.size
       index += 1
-    progress.update(stats, len(files), tokens)
-  progress.update(stats, len(files), tokens, force=True)
+    job.update(stats.bytes, _counts(job, stats, len(files), tokens))
+  job.finish(_counts(job, stats, len(files), tokens))
   _check_documents(inputs, stats)
   if stats.invalid_utf8_bytes:
     report(
@@ -332,6 +289,20 @@ def prepare(
       f"documents) to {output_dir}"
   )
   return meta
+
+
+def _counts(
+    job: progress_lib.Progress,
+    stats: corpus.CorpusStats,
+    total_files: int,
+    tokens: int,
+) -> str:
+  """The progress line's detail: files, documents, tokens and tokens/s."""
+  rate = tokens / max(job.elapsed_s(), 1e-9)
+  return (
+      f"files {stats.files}/{total_files}, documents {stats.documents:,}, "
+      f"tokens {tokens:,} ({rate:,.0f} tokens/s)"
+  )
 
 
 def _check_documents(inputs: Sequence[str], stats: corpus.CorpusStats) -> None:

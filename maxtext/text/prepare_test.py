@@ -8,6 +8,7 @@ from array_record.python import array_record_data_source
 import numpy as np
 import tokenizers
 
+from maxtext.core import progress as progress_lib
 from maxtext.text import metadata as metadata_lib
 from maxtext.text import prepare
 from maxtext.text import tokenizer as tokenizer_lib
@@ -131,17 +132,33 @@ class PrepareTest(absltest.TestCase):
         self.lines,
     )
 
-  def test_progress_reports_files_documents_rate_and_eta(self):
-    ticks = iter(range(100))
-    progress = prepare.Progress(
-        200, self.lines.append, interval_s=1.0, clock=lambda: float(next(ticks))
+  def test_progress_reports_bytes_files_documents_tokens_and_the_end(self):
+    files = stdlib_corpus.files(3)
+    ticks = iter(range(0, 1000, 5))  # Each reading of the clock 5 s later.
+    shown = []
+    reporter = progress_lib.Reporter(
+        progress_lib.Lines(shown.append),
+        interval_s=10.0,
+        clock=lambda: float(next(ticks)),
     )
-    stats = prepare.corpus.CorpusStats(files=1, documents=3, bytes=100)
-    progress.update(stats, 2, 500)
-    self.assertEqual(
-        self.lines,
-        ["files 1/2  documents 3  tokens 500  500 tokens/s  50%  ETA 1 s"],
+    _, meta = self._prepare(files, progress=reporter)
+    size = progress_lib.format_bytes(sum(os.path.getsize(f) for f in files))
+    tokens = sum(meta["splits"][s]["tokens"] for s in ("train", "eval"))
+    # The three documents are encoded in one batch: one line when it is
+    # done (10 s after the start), then the last line.
+    self.assertLen(shown, 2)
+    self.assertRegex(
+        shown[0],
+        rf"^prepare_data: {size} of {size} \(100%\), [\d.]+ [kM]?B/s, 10 s "
+        rf"elapsed, ETA 0 s; files 3/3, documents 3, tokens {tokens:,} "
+        r"\([\d,]+ tokens/s\)$",
     )
+    self.assertRegex(
+        shown[1],
+        rf"^prepare_data: done, {size} in 20 s \([\d.]+ [kM]?B/s\); files "
+        rf"3/3, documents 3, tokens {tokens:,} \([\d,]+ tokens/s\)$",
+    )
+    self.assertFalse([line for line in self.lines if "prepare_data" in line])
 
   def test_bad_inputs(self):
     missing = os.path.join(self.root, "missing.txt")

@@ -174,6 +174,11 @@ class DeferredEvalTest(absltest.TestCase):
     self.assertIn(
         "deferred_eval: aborted: none of 5 checkpoint(s)", done.stdout
     )
+    # The progress in the log (stderr): its last line counts all five.
+    self.assertRegex(
+        done.stderr,
+        rf"deferred_eval: done, 5 checkpoints in [^;]+; step {_POINTS[-1]}: ",
+    )
     closed = _events(log)
     accuracy = [e for e in closed if e["key"] == "eval_accuracy"]
     self.assertEqual([e["value"] for e in accuracy], values)
