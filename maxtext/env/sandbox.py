@@ -281,19 +281,29 @@ def _tree_usage(root: str) -> tuple[int, int]:
   return total, entries
 
 
+def unreachable(path: str) -> str:
+  """Why the sandbox's user cannot reach the directory `path` (a
+  directory on the way that others may not search), or "": always "" when
+  commands run as the caller."""
+  if not _drops_privileges(True):
+    return ""
+  path = os.path.realpath(path)
+  while True:
+    if not os.stat(path).st_mode & stat.S_IXOTH:
+      return (
+          f"{path} is not searchable by others, so the sandbox's user "
+          f"(uid {SANDBOX_UID}) cannot reach it"
+      )
+    if path == "/":
+      return ""
+    path = os.path.dirname(path)
+
+
 def _scratch_parent() -> Optional[str]:
   """Where scratch copies are made: the caller's temporary directory, or
   SHARED_TMP when the sandbox's user could not reach it (root's own
   temporary directories are often under /root)."""
-  if not _drops_privileges(True):
-    return None
-  path = os.path.realpath(tempfile.gettempdir())
-  while True:
-    if not os.stat(path).st_mode & stat.S_IXOTH:
-      return SHARED_TMP
-    if path == "/":
-      return None
-    path = os.path.dirname(path)
+  return SHARED_TMP if unreachable(tempfile.gettempdir()) else None
 
 
 def _hand_over(path: str) -> None:
@@ -333,8 +343,8 @@ class Sandbox:
 
   Raises:
     ValueError: one line: a file outside the scratch, a root or source
-      that is not a directory, a root without isolation, a workdir that is
-      not absolute.
+      that is not a directory, a root without isolation or that the
+      sandbox's user cannot reach, a workdir that is not absolute.
   """
 
   def __init__(
@@ -358,6 +368,8 @@ class Sandbox:
     for name, directory in (("root", root), ("source", source)):
       if directory is not None and not os.path.isdir(directory):
         raise ValueError(f"sandbox {name} {directory!r}: not a directory")
+    if root is not None and unreachable(root):
+      raise ValueError(f"sandbox root {root!r}: {unreachable(root)}")
     self.limits = limits
     self.isolated = isolated
     self.root = root

@@ -226,3 +226,9 @@ def format_xml(call: ToolCall) -> str:
     parts += [f"<parameter={key}>", str(value), "</parameter>"]
   parts += ["</function>", CLOSE]
   return "\n".join(parts)
+
+
+def format_json(call: ToolCall) -> str:
+  """The call in the Hermes JSON form."""
+  body = json.dumps({"name": call.name, "arguments": call.arguments})
+  return f"{OPEN}{body}{CLOSE}"
