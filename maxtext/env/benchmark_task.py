@@ -415,9 +415,7 @@ class SoftwareEnvironment(environment.ToolEnvironment):
     except UnicodeEncodeError:
       raise environment.ToolError(f"{path}: the text is not UTF-8") from None
 
-  def _view(
-      self, path: str, host: str, view_range: Optional[list[int]]
-  ) -> str:
+  def _view(self, path: str, host: str, view_range: Optional[list[int]]) -> str:
     """A directory's entries two levels deep, or a file's numbered lines."""
     if os.path.isdir(host) and not os.path.islink(host):
       lines = [path.rstrip("/") + "/"]

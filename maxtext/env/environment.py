@@ -44,6 +44,7 @@ import json
 import logging
 import math
 import re
+import types
 import typing
 from typing import Any, Callable, Mapping, Optional
 
@@ -149,7 +150,9 @@ def _declared(annotation) -> tuple[type, Optional[type], bool]:
   """(the base type, a list's item type, whether None is allowed)."""
   optional = False
   if typing.get_origin(annotation) is typing.Union:
-    members = [a for a in typing.get_args(annotation) if a is not type(None)]
+    members = [
+        a for a in typing.get_args(annotation) if a is not types.NoneType
+    ]
     optional = len(members) < len(typing.get_args(annotation))
     annotation = members[0] if len(members) == 1 else annotation
   item = None

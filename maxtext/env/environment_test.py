@@ -31,6 +31,7 @@ class _Tools(environment.ToolEnvironment):
       items: Optional[list[int]] = None,
       d: Optional[dict] = None,
   ) -> str:
+    """Records what it was given."""
     self.seen.append((s, n, x, b, items, d))
     return "ok"
 
@@ -49,7 +50,7 @@ def _json(name, arguments) -> str:
 class EnvironmentTest(parameterized.TestCase):
 
   def test_the_schema_declares_types_and_sizes(self):
-    (typed, _) = _Tools().tools
+    typed = _Tools().tools[0]
     properties = typed["function"]["parameters"]["properties"]
     self.assertEqual(
         {k: v["type"] for k, v in properties.items()},

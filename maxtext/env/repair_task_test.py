@@ -131,6 +131,7 @@ class RepairTaskTest(absltest.TestCase):
     env = repair_task.RepairEnvironment(record, _SETTINGS)
     self.addCleanup(env.close)
     _say(env, "edit_file", path=fix["path"], old=fix["old"], new=fix["new"])
+    # The episode's scratch, changed as a tool would change it.
     scratch = env._box.scratch  # pylint: disable=protected-access
     tests_dir = os.path.join(scratch, "tests")
     os.unlink(os.path.join(tests_dir, "test_core.py"))

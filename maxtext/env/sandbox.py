@@ -473,7 +473,11 @@ class Sandbox:
     timeout, bound = self._timeout(timeout_seconds, deadline)
     if bound and timeout <= 0:
       return Result(
-          None, "", "", True, "the episode's time is up: the command did not run"
+          None,
+          "",
+          "",
+          True,
+          "the episode's time is up: the command did not run",
       )
     command = list(argv)
     if self.isolated:

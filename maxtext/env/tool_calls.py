@@ -92,10 +92,9 @@ class _Finder:
     self._last: dict[str, tuple[int, int]] = {}  # needle -> (from, found)
 
   def find(self, needle: str, start: int) -> int:
+    """`self.text.find(needle, start)`; `start` never below an earlier one."""
     searched_from, found = self._last.get(needle, (-1, -2))
-    if searched_from >= 0 and searched_from <= start and (
-        found < 0 or found >= start
-    ):
+    if 0 <= searched_from <= start and (found < 0 or found >= start):
       return found
     found = self.text.find(needle, start)
     self.scanned += (len(self.text) if found < 0 else found) - start
@@ -157,7 +156,9 @@ def _json(body: str) -> Parsed:
   except (ValueError, RecursionError) as e:
     return Malformed(body[:200], f"not JSON: {str(e)[:200]}")
   if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-    return Malformed(body[:200], 'a JSON call is {"name": str, "arguments": {...}}')
+    return Malformed(
+        body[:200], 'a JSON call is {"name": str, "arguments": {...}}'
+    )
   if not isinstance(arguments, dict):
     return Malformed(body[:200], "arguments must be a JSON object")
   return ToolCall(value["name"], arguments)
@@ -211,7 +212,9 @@ def scan(text: str) -> tuple[list[Parsed], int]:
     elif function >= 0:
       out.append(_xml(body[function:], counter))
     else:
-      out.append(Malformed(body[:200], "neither <function=...> nor a JSON object"))
+      out.append(
+          Malformed(body[:200], "neither <function=...> nor a JSON object")
+      )
 
 
 def parse(text: str) -> list[Parsed]:

@@ -57,7 +57,7 @@ class ToolCallsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("bad_json", "<tool_call>{name: 1}</tool_call>", "not JSON"),
-      ("deep_json", "<tool_call>{\"a\": " + "[" * 100000, "not JSON"),
+      ("deep_json", '<tool_call>{"a": ' + "[" * 100000, "not JSON"),
       (
           "huge_integer",
           '<tool_call>{"name": "a", "arguments": {"n": ' + "9" * 5000 + "}}",
@@ -91,11 +91,14 @@ class ToolCallsTest(parameterized.TestCase):
     self.assertIn(reason, parsed.reason)
 
   @parameterized.named_parameters(
-      ("no_wrapper", "Now: <function=a>\n<parameter=p>\n1\n</parameter>\n</function>"),
-      ("unclosed_call", "<tool_call>\n<function=a>\n<parameter=p>\n1\n</parameter>"),
+      ("no_wrapper",
+       "Now: <function=a>\n<parameter=p>\n1\n</parameter>\n</function>"),
+      ("unclosed_call",
+       "<tool_call>\n<function=a>\n<parameter=p>\n1\n</parameter>"),
       ("no_function_close",
        "<tool_call><function=a><parameter=p>1</parameter></tool_call>"),
-      ("no_parameter_close", "<tool_call><function=a><parameter=p>\n1\n</function>"),
+      ("no_parameter_close",
+       "<tool_call><function=a><parameter=p>\n1\n</function>"),
       ("stray_text",
        "<tool_call><function=a>junk<parameter=p>1</parameter>more</function>"
        "</tool_call>"),
@@ -104,7 +107,9 @@ class ToolCallsTest(parameterized.TestCase):
        "<function=a><parameter=p>1</parameter></function>"),
   )  # fmt: skip
   def test_lenient_like_the_reference(self, text):
-    self.assertEqual(tool_calls.parse(text), [tool_calls.ToolCall("a", {"p": "1"})])
+    self.assertEqual(
+        tool_calls.parse(text), [tool_calls.ToolCall("a", {"p": "1"})]
+    )
 
   def test_unclosed_blocks_end_where_the_next_begins(self):
     text = (
@@ -157,7 +162,9 @@ class ToolCallsTest(parameterized.TestCase):
             "utf-8", "surrogateescape"
         )
       for parsed in tool_calls.parse(text):
-        self.assertIsInstance(parsed, (tool_calls.ToolCall, tool_calls.Malformed))
+        self.assertIsInstance(
+            parsed, (tool_calls.ToolCall, tool_calls.Malformed)
+        )
 
   def test_malformed_beside_good_calls(self):
     text = (

@@ -27,6 +27,7 @@ _STRINGS = (
 
 
 def _value(rng: random.Random, depth: int = 0):
+  """A random JSON-able value of any type, the model's strings among them."""
   kind = rng.randrange(9 if depth < 2 else 6)
   if kind < 3:
     return rng.choice(_STRINGS)
@@ -82,8 +83,11 @@ class ToolFuzzTest(absltest.TestCase):
     super().tearDownClass()
 
   def _fuzz(self, env, seed: int, turns: int):
+    """`turns` junk turns through `env`; then its reward."""
     names = [tool["function"]["name"] for tool in env.tools]
-    os.mkfifo(os.path.join(env._box.scratch, "pipe"))  # pylint: disable=protected-access
+    # A FIFO in the episode's scratch, as a tool would make it.
+    scratch = env._box.scratch  # pylint: disable=protected-access
+    os.mkfifo(os.path.join(scratch, "pipe"))
     rng = random.Random(seed)
     for _ in range(turns):
       text = _text(rng, names)
