@@ -79,6 +79,7 @@ def write(directory: str) -> dict[str, str]:
   """
   # Where the trainer runs as root, tools run as nobody, who must reach
   # the root filesystems (a temporary directory is made private).
+  os.makedirs(directory, exist_ok=True)
   os.chmod(directory, 0o755)
   rootfs_dir = os.path.join(directory, ROOTFS)
   lines = {CURRICULUM: [], VALIDATION: []}
