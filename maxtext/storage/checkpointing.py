@@ -41,6 +41,13 @@ Failures:
   in one line.
   A checkpoint whose tree or shapes differ from the abstract state is not
   damaged: the config changed, and `ValueError` names the leaf.
+* A checkpoint that is not this run's own is set aside as damage too, in
+  one line naming it: given the run's id (`run_id`), every save records it
+  and the step in the step's checksums.json, and a step whose manifest
+  names another run (or none: copied in from elsewhere), records another
+  step (a step directory copied over another), or is missing while the
+  run's checkpoints carry one (any other step has one, or the run has an
+  id) is refused before anything of it is read.
 * A step directory without orbax's commit marker (`commit_success.txt`,
   written before the step directory is renamed into place) is partial: a
   checkpoint whose upload to a bucket did not finish, downloaded on resume
@@ -422,6 +429,7 @@ class Checkpointer:
       save_period: int,
       max_to_keep: int,
       fence: Optional[Callable[[], None]] = None,
+      run_id: Optional[str] = None,
   ):
     """Opens (and, for a local path, creates) the checkpoint directory.
 
@@ -433,6 +441,9 @@ class Checkpointer:
         to keep all.
       fence: called just before each save; it raises when the run may write
         nothing more (its lock was taken over), and then nothing is saved.
+      run_id: the run's id: recorded in every save's checksums.json, and a
+        checkpoint that does not name it is not restored (module
+        docstring); None for checkpoints of no run's own (imports).
 
     Raises:
       TypeError, ValueError: an argument has the wrong type or range.
@@ -444,6 +455,7 @@ class Checkpointer:
     self._save_period = checks.check_int("save_period", save_period, 1)
     self._max_to_keep = checks.check_int("max_to_keep", max_to_keep, 0)
     self._fence = fence
+    self._run_id = run_id
     self._closed = False
     # The step of the save orbax may still be writing in the background:
     # its errors surface later, in wait(), the next save() or close().
@@ -493,6 +505,11 @@ class Checkpointer:
   @property
   def directory(self) -> str:
     return self._directory
+
+  @property
+  def run_id(self) -> Optional[str]:
+    """The id of the run whose checkpoints these are (None: unnamed)."""
+    return self._run_id
 
   @property
   def partial(self) -> tuple[SetAside, ...]:
@@ -650,7 +667,9 @@ class Checkpointer:
           self._directory,
       )
     began = time.perf_counter()
-    size = checksums.write(found[0], (STATE_ITEM, METADATA_ITEM))
+    size = checksums.write(
+        found[0], (STATE_ITEM, METADATA_ITEM), step=step, run_id=self._run_id
+    )
     logging.info(
         "Checksummed checkpoint step %s: %s in %.3f s",
         step,
@@ -662,9 +681,29 @@ class Checkpointer:
     """Checks `step`'s files under `items` against its checksums.json.
 
     Raises:
-      checksums.ChecksumError: a file differs (a ValueError: damage).
+      checksums.ChecksumError: a file differs, or the step is not this
+        run's own (module docstring) (a ValueError: damage).
     """
-    verify_step(self._directory, step, items)
+    verify_step(
+        self._directory,
+        step,
+        items,
+        run_id=self._run_id,
+        required=self._manifest_required(step),
+    )
+
+  def _manifest_required(self, step: int) -> bool:
+    """Whether `step` must carry a checksums.json: the run has an id, or
+    another of its steps carries one (a local directory)."""
+    if _is_url(self._directory):
+      return False
+    if self._run_id is not None:
+      return True
+    return any(
+        checksums.has_manifest(os.path.join(self._directory, str(other)))
+        for other in self._manager.all_steps()
+        if other != step
+    )
 
   def due(self, step: int) -> bool:
     """Whether `save(step, ...)` without `force` writes a checkpoint."""
@@ -1040,15 +1079,25 @@ def restore_params_only(
   return restored[STATE_ITEM][PARAMS_KEY]
 
 
-def verify_step(directory: str, step: int, items: tuple[str, ...]) -> None:
+def verify_step(
+    directory: str,
+    step: int,
+    items: tuple[str, ...],
+    *,
+    run_id: Optional[str] = None,
+    required: bool = False,
+) -> None:
   """Checks checkpoint `step` of `directory` against its checksums.json.
 
   Logs one line when the step has no checksums (written before checkpoints
-  carried them, or straight to a bucket by orbax) and is read unverified.
+  carried them, or straight to a bucket by orbax) and is read unverified,
+  unless `required`. The manifest's recorded step must be `step`, and,
+  given `run_id`, it must name that run.
 
   Raises:
     checksums.ChecksumError: one line naming the step and the file that
-      is missing or differs.
+      is missing or differs, or the manifest that is missing (required),
+      of another step or of another run.
   """
   where = f"checkpoint step {step}"
   if _is_url(directory):
@@ -1057,7 +1106,14 @@ def verify_step(directory: str, step: int, items: tuple[str, ...]) -> None:
     )
     return
   began = time.perf_counter()
-  result = checksums.verify(os.path.join(directory, str(step)), items, where)
+  result = checksums.verify(
+      os.path.join(directory, str(step)),
+      items,
+      where,
+      step=step,
+      run_id=run_id,
+      required=required,
+  )
   if result == checksums.UNVERIFIED:
     logging.warning(
         "%s in %s has no %s (written before checkpoints carried checksums): "
