@@ -248,9 +248,11 @@ def _run_id(paths: run_dir_lib.RunPaths) -> Optional[str]:
   run_id = run_record.new_run_id()
   if jax.process_count() > 1:
     digits = np.frombuffer(bytes.fromhex(run_id), np.uint32)
-    run_id = np.asarray(
-        multihost_utils.broadcast_one_to_all(digits), np.uint32
-    ).tobytes().hex()
+    run_id = (
+        np.asarray(multihost_utils.broadcast_one_to_all(digits), np.uint32)
+        .tobytes()
+        .hex()
+    )
   return run_id
 
 
