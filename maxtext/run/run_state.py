@@ -630,7 +630,7 @@ def _open_inputs(
       run_id=_run_id(paths),
   )
   opened.callback(checkpointer.close)
-  config = _check_resume(config, paths, checkpointer.latest_step())
+  config = _check_resume(config, paths, checkpointer.latest_own_step())
   if paths.remote_url and is_primary:
     outputs.mirror = _mirror(config, paths, locks)
   dataset = workload.make_dataset(

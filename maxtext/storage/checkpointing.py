@@ -773,6 +773,27 @@ class Checkpointer:
     """Returns the newest checkpoint step, or None if there is none."""
     return self._manager.latest_step()
 
+  def latest_own_step(self) -> int | None:
+    """The newest step whose checksums.json says it is this run's own
+    (its step and run; only that file is read), or None: what a finished
+    run's check reads, so that a step copied in from another run does not
+    pass for the run's end. A remote directory's newest step."""
+    if _is_url(self._directory):
+      return self.latest_step()
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        checksums.check_identity(
+            os.path.join(self._directory, str(step)),
+            f"checkpoint step {step}",
+            step=step,
+            run_id=self._run_id,
+            required=self._manifest_required(step),
+        )
+      except checksums.ChecksumError:
+        continue  # restore_newest sets it aside, saying why.
+      return step
+    return None
+
   def restore(
       self, step: int, abstract_state: Any
   ) -> tuple[Any, dict[str, Any]]:

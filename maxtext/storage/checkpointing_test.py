@@ -542,6 +542,18 @@ class RestoreNewestTest(parameterized.TestCase):
         self._restored_past(8, "run-a"),
     )
 
+  def test_the_latest_own_step_passes_over_another_runs(self):
+    self.write_steps(4, run_id="run-a")
+    elsewhere = os.path.join(self.create_tempdir().full_path, "other")
+    self.write_steps(8, directory=elsewhere, run_id="run-b")
+    shutil.copytree(
+        os.path.join(elsewhere, "8"), os.path.join(self.directory, "8")
+    )
+    ckpt = self.make_checkpointer("run-a")
+    self.assertEqual(ckpt.latest_step(), 8)
+    self.assertEqual(ckpt.latest_own_step(), 4)
+    self.assertEqual(self.make_checkpointer("run-b").latest_own_step(), 8)
+
   def test_a_step_without_a_run_in_a_run_with_one_is_set_aside(self):
     self.write_steps(4, run_id="run-a")
     self.write_steps(8)

@@ -160,6 +160,33 @@ def _check_identity(
     )
 
 
+def check_identity(
+    step_dir: str,
+    where: str,
+    *,
+    step: Optional[int] = None,
+    run_id: Optional[str] = None,
+    required: bool = False,
+) -> Optional[dict]:
+  """`verify`'s checks of the manifest alone (no file is read): its
+  manifest, or None when there is none and none is `required`.
+
+  Raises:
+    ChecksumError: as `verify`, for the manifest.
+  """
+  manifest = _read_manifest(step_dir, where)
+  path = os.path.join(step_dir, MANIFEST)
+  if manifest is None:
+    if required:
+      raise ChecksumError(
+          f"{where}: {path} is missing, and every checkpoint of this run "
+          "carries one"
+      )
+    return None
+  _check_identity(manifest, path, where, step, run_id)
+  return manifest
+
+
 def verify(
     step_dir: str,
     items: Iterable[str],
@@ -189,16 +216,11 @@ def verify(
       that is missing, unrecorded, of another size or of another CRC32C,
       or the manifest that is missing, of another step or another run.
   """
-  manifest = _read_manifest(step_dir, where)
-  path = os.path.join(step_dir, MANIFEST)
+  manifest = check_identity(
+      step_dir, where, step=step, run_id=run_id, required=required
+  )
   if manifest is None:
-    if required:
-      raise ChecksumError(
-          f"{where}: {path} is missing, and every checkpoint of this run "
-          "carries one"
-      )
     return UNVERIFIED
-  _check_identity(manifest, path, where, step, run_id)
   files = manifest["files"]
   items = tuple(items)
   recorded = {
