@@ -6,8 +6,8 @@ directory; `run(argv)` runs one command on them in a separate process:
 * isolated with bubblewrap (`bwrap`, Debian's `bubblewrap`): every namespace
   unshared (no network: only a loopback that nothing listens on; its own PID
   namespace, IPC and hostname), all capabilities dropped, run as a user
-  that owns nothing on the host (below), the system
-  directories (`/usr`, `/etc` and the `/bin`, `/lib` links) bound read-only,
+  that owns nothing on the host (below), the system directories (`/usr`,
+  `/etc` and the `/bin`, `/lib` links) bound read-only,
   or, given `root`, a task's own root filesystem (a directory, e.g. an
   exported container image) bound read-only as `/` instead of the host's
   system; the scratch bound writable at `workdir` (`/task` unless given; the
@@ -18,11 +18,14 @@ directory; `run(argv)` runs one command on them in a separate process:
   user), so even the host's root-only files under `/etc` (`/etc/shadow`)
   cannot be read, and bubblewrap's user namespace maps that user alone;
   a process that is not root runs it as itself (it owns nothing it may
-  not read). Where unprivileged user namespaces are not allowed,
-  `check_available` refuses in one line;
-* with a clean environment: the command sees `PATH`, `HOME` (the
-  workdir), `TMPDIR` (`/tmp`) and `LANG` (`C.UTF-8`), nothing of the
-  training process's (`ENVIRONMENT`);
+  not read). Where unprivileged user namespaces are not allowed, or the
+  caller is root in a user namespace without that uid (Bazel's
+  linux-sandbox), `check_available` refuses in one line. A root filesystem
+  the sandbox's user cannot reach (a directory above it not searchable by
+  others) is refused in one line (`unreachable`);
+* with a clean environment (`environment`): the command sees `PATH`,
+  `HOME` (the workdir), `TMPDIR` (`/tmp`) and `LANG` (`C.UTF-8`), nothing
+  of the training process's;
 * under resource limits set before the command starts (the host's /bin/sh
   sets them with `ulimit`, then execs bubblewrap; kept across exec and
   fork): CPU seconds, address space, the largest file it may
