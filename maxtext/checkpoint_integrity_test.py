@@ -9,12 +9,16 @@ Then each reader, as a user starts it:
   naming the damaged file, and the export writes nothing;
 * `train_main` with `load_parameters_path` on it (how fine-tunes and GRPO's
   reference start) refuses the same way;
-* a resume of the run moves step 8 aside and trains on from step 4.
+* a resume of the run moves step 8 aside and trains on from step 4;
+* a step directory copied in from another run is moved aside the same way
+  (its checksums.json names the other run).
 """
 
 import glob
+import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 
@@ -151,6 +155,37 @@ class CheckpointIntegrityTest(absltest.TestCase):
     steps = sorted(int(n) for n in os.listdir(checkpoints) if n.isdigit())
     self.assertEqual(steps[0], 4)
     self.assertEqual(steps[-1], 10)
+
+  def test_another_runs_step_is_set_aside_on_resume(self):
+    for name, steps in (("mine", 4), ("theirs", 8)):
+      done = self.train(name, steps=steps)
+      self.assertEqual(done.returncode, 0, done.stderr[-5000:])
+    mine = os.path.join(self.out, "mine", "checkpoints")
+    shutil.copytree(
+        os.path.join(self.out, "theirs", "checkpoints", "8"),
+        os.path.join(mine, "8"),
+    )
+    with open(
+        os.path.join(self.out, "theirs", "config.json"), encoding="utf-8"
+    ) as f:
+      theirs = json.load(f)["provenance"]["run_id"]
+    # Step 8 would pass for the run's end: the run trains to it instead.
+    done = self.train("mine", steps=8)
+    self.assertEqual(done.returncode, 0, done.stderr[-5000:])
+    self.assertRegex(
+        done.stderr,
+        r"Checkpoint of step 8 could not be restored \(ChecksumError: "
+        rf"checkpoint step 8: \S+ names run '{theirs}', not this run "
+        r"\([0-9a-f]{32}\): a checkpoint of another run\); moved to "
+        rf"{re.escape(mine)}/8\.corrupt-\S+\. Resuming from the older step 4 "
+        r"instead\.",
+    )
+    self.assertEqual(
+        sorted(int(n) for n in os.listdir(mine) if n.isdigit()), [4, 8]
+    )
+    # Step 8 is this run's own now.
+    with open(os.path.join(mine, "8", "checksums.json"), encoding="utf-8") as f:
+      self.assertNotEqual(json.load(f)["run_id"], theirs)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ symbolic link is followed). The parameters are stored in the config's
 weight_dtype. Bad input (no config.json, another architecture, a field of
 the wrong JSON type, a tensor missing or of another shape, a truncated
 shard or a header whose offsets overlap, a shard named outside --input,
-NaN or Inf weights unless --allow_non_finite) is one line naming the file
+NaN or Inf weights unless --allow_non_finite, tensors the model has no place
+for, such as a bias or layers past the config's count, unless
+--allow_unused_tensors) is one line naming the file
 and tensor, exit status 2, and nothing is written to --output_dir.
 
 While it works, stderr says how far it is: the tensors converted (bytes of
@@ -78,6 +80,12 @@ _PROGRESS_S = flags.DEFINE_float(
     10.0,
     "Seconds between progress lines on stderr when it is not a terminal.",
 )
+_ALLOW_UNUSED_TENSORS = flags.DEFINE_bool(
+    "allow_unused_tensors",
+    False,
+    "Import a directory holding tensors the model has no place for (each "
+    "named in a warning); by default refused.",
+)
 _CONFIG = flags.DEFINE_string(
     "config",
     None,
@@ -104,6 +112,7 @@ def _import() -> None:
       config,
       allow_non_finite=_ALLOW_NON_FINITE.value,
       progress=reporter,
+      allow_unused_tensors=_ALLOW_UNUSED_TENSORS.value,
   )
   print(f"import_checkpoint: wrote {output_dir}")
 

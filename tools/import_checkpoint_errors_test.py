@@ -259,6 +259,63 @@ class ImportCheckpointErrorsTest(absltest.TestCase):
     )
     self.assertEqual(done.returncode, 0, done.stderr)
 
+  def test_an_output_under_a_regular_file_is_refused(self):
+    parent = os.path.join(self.create_tempdir().full_path, "a_file")
+    with open(parent, "w", encoding="utf-8") as f:
+      f.write("not a directory")
+    out = os.path.join(parent, "out")
+    # An import is a run directory the export reads.
+    imported = os.path.join(self.create_tempdir().full_path, "imported")
+    done = _run(
+        "import_checkpoint",
+        f"--input={self.hf_dir}",
+        f"--output_dir={imported}",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    for binary, args in (
+        ("import_checkpoint", [f"--input={self.hf_dir}"]),
+        ("export_checkpoint", [f"--run_dir={imported}"]),
+    ):
+      done = _run(binary, *args, f"--output_dir={out}")
+      self.assertEqual(done.returncode, 2, done.stdout + done.stderr)
+      self.assertNotIn("Traceback", done.stderr)
+      self.assertIn(
+          f"{binary}: error: --output_dir {out}: {parent} above it is not a "
+          "directory",
+          done.stderr,
+      )
+
+  def test_tensors_the_model_has_no_place_for_are_refused_unless_allowed(self):
+    hf = self.copy()
+    header, data = _read(self.shard(hf))
+    # A bias beside a projection, and a third layer of a two-layer model.
+    size = len(data)
+    extra = np.arange(4, dtype=np.float32).tobytes()
+    header["model.layers.0.mlp.down_proj.bias"] = {
+        "dtype": "F32", "shape": [4], "data_offsets": [size, size + 16],
+    }  # fmt: skip
+    header["model.layers.2.input_layernorm.weight"] = {
+        "dtype": "F32", "shape": [4], "data_offsets": [size + 16, size + 32],
+    }  # fmt: skip
+    _write(self.shard(hf), header, data + extra + extra)
+    self.assert_refused(
+        hf,
+        f"{hf}: 2 tensor(s) the model has no place for "
+        "(model.layers.0.mlp.down_proj.bias, "
+        "model.layers.2.input_layernorm.weight): another architecture or more "
+        "layers than the config's? (--allow_unused_tensors imports without "
+        "them)",
+    )
+    out = os.path.join(self.create_tempdir().full_path, "out")
+    done = _run(
+        "import_checkpoint",
+        f"--input={hf}",
+        f"--output_dir={out}",
+        "--allow_unused_tensors",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn("are not imported (allow_unused_tensors)", done.stdout)
+
   # --- 10 and 11: a killed run's staging, a symlinked output -----------------
 
   def test_an_import_killed_with_sigkill_is_cleaned_up_by_the_next(self):

@@ -682,6 +682,30 @@ def _check_grpo(v) -> None:
   stop_ids(v)
 
 
+def _check_decode_sizes(v, samples: int) -> None:
+  """The paged decoder's page size and slots, bounded by what a rollout
+  can use: a page at most the model's length (rounded up to a power of
+  two), slots at most the sequences a rollout or the eval decodes."""
+  length = v["max_sequence_length"]
+  largest_page = 1 << max(0, (length - 1).bit_length())
+  if v["grpo_decode_page_size"] > largest_page:
+    raise _fail(
+        "grpo_decode_page_size",
+        v["grpo_decode_page_size"],
+        f"must be <= {largest_page} (max_sequence_length={length}, rounded "
+        "up to a power of two: a larger page is never filled)",
+    )
+  rows = max(v["global_batch_size"], v["grpo_eval_prompts"] * samples)
+  if v["grpo_decode_slots"] > rows:
+    raise _fail(
+        "grpo_decode_slots",
+        v["grpo_decode_slots"],
+        f"must be <= {rows}, the most sequences a rollout (global_batch_size) "
+        "or the eval (grpo_eval_prompts x samples) decodes: more slots are "
+        "never used, and each holds its pages",
+    )
+
+
 def validate_grpo(config) -> None:
   """Checks what a GRPO run needs beyond `validate` (which it follows).
 
@@ -692,7 +716,9 @@ def validate_grpo(config) -> None:
     ValueError: one line naming the field: a batch that is not whole groups,
       a prompt and completion longer than the model's sequence, or a step
       count, eval interval or checkpoint period that is not a multiple of
-      grpo_num_iterations, or a router bias update (not done by GRPO).
+      grpo_num_iterations, or a router bias update (not done by GRPO), or
+      a decode page larger than the model's length or more decode slots
+      than sequences.
   """
   v = dict(config.items())
   passes = v["grpo_num_iterations"]
@@ -764,6 +790,7 @@ def validate_grpo(config) -> None:
         samples,
         "a greedy eval (grpo_eval_temperature=0) draws one sample per prompt",
     )
+  _check_decode_sizes(v, samples)
   if v["router_bias_update_rate"] > 0:
     raise _fail(
         "router_bias_update_rate",

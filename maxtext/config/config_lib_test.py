@@ -548,6 +548,19 @@ class HelpersTest(absltest.TestCase):
         ValueError, r"router_bias_update_rate=0.01: must be 0 in a GRPO run"
     ):
       config_lib.validate_grpo(_with(config, router_bias_update_rate=0.01))
+    length = config.max_sequence_length
+    largest = 1 << (length - 1).bit_length()
+    config_lib.validate_grpo(_with(config, grpo_decode_page_size=largest))
+    with self.assertRaisesRegex(
+        ValueError,
+        rf"^config.grpo_decode_page_size={2 * largest}: must be <= {largest} "
+        rf"\(max_sequence_length={length},",
+    ):
+      config_lib.validate_grpo(_with(config, grpo_decode_page_size=2 * largest))
+    with self.assertRaisesRegex(
+        ValueError, r"^config.grpo_decode_slots=1000000000: must be <= \d+, "
+    ):
+      config_lib.validate_grpo(_with(config, grpo_decode_slots=10**9))
     with self.assertRaisesRegex(
         ValueError, r"grpo_force_on_policy_ratio=True: needs grpo_num_iter"
     ):

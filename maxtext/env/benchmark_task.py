@@ -63,6 +63,7 @@ the verifier's timeout; 1.0 when it exits 0, else 0.0.
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import string
@@ -77,6 +78,9 @@ DEFAULT_WORKDIR = "/testbed"
 # Shown to the model: the editor's view and a command's output, at most.
 VIEW_CHARS = 16000
 OUTPUT_CHARS = 8000
+# The longest command: one argument of `bash -c`, which Linux caps at 128
+# KiB (MAX_ARG_STRLEN), in characters of up to 4 UTF-8 bytes.
+COMMAND_CHARS = 32768
 
 # The prompt when the config names no template: the placeholders are
 # ${instance_id}, ${repo_name}, ${workdir}, ${problem_statement}.
@@ -257,6 +261,11 @@ def _record(line: str, where: str, rootfs_dir: str) -> dict[str, Any]:
         f"{where}: field 'docker_image': {record['docker_image']!r} has no "
         f"root filesystem at {root} (config.grpo_task_rootfs_dir)"
     )
+  if sandbox.unreachable(root):
+    raise ValueError(
+        f"{where}: field 'docker_image': its root filesystem: "
+        f"{sandbox.unreachable(root)} (config.grpo_task_rootfs_dir)"
+    )
   # The workdir as the image sees it: an absolute link in the image would
   # resolve on the host, so it must stay under the root.
   source = sandbox.inside(root, workdir.lstrip("/"))
@@ -349,12 +358,13 @@ class SoftwareEnvironment(environment.ToolEnvironment):
         "without network, and returns its output and exit code. Each call "
         "is a new process: files persist between calls, the shell's state "
         "(directory, variables) does not.",
+        max_chars={"command": COMMAND_CHARS},
     )
     self.add_tool(
         "str_replace_editor",
         self.str_replace_editor,
         "Views, creates and edits files. command: 'view' (a file with line "
-        "numbers, view_range '[start, end]' optional with end -1 for the "
+        "numbers, view_range [start, end] optional with end -1 for the "
         "end; or a directory, two levels deep), 'create' (a new file with "
         "file_text), 'str_replace' (replaces old_str, which must occur "
         f"exactly once, with new_str). path: absolute, in {record['workdir']}.",
@@ -372,7 +382,7 @@ class SoftwareEnvironment(environment.ToolEnvironment):
     """The tool: `bash -c command` in the sandbox."""
     if not command.strip():
       raise environment.ToolError("execute_bash: the command is empty")
-    result = self._box.run(["/bin/bash", "-c", command])
+    result = self._box.run(["/bin/bash", "-c", command], deadline=self.deadline)
     if result.error:
       raise environment.ToolError(result.error)
     output = _cut(result.stdout + result.stderr, OUTPUT_CHARS)
@@ -389,18 +399,25 @@ class SoftwareEnvironment(environment.ToolEnvironment):
       raise environment.ToolError(f"{path}: outside {workdir}")
     return host
 
-  def _read(self, path: str, host: str) -> str:
+  def _read(self, path: str) -> str:
     try:
-      with open(host, encoding="utf-8") as f:
-        return f.read()
-    except FileNotFoundError:
-      raise environment.ToolError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-      raise environment.ToolError(f"{path}: {type(e).__name__}") from None
+      return self._box.read_file(path).decode("utf-8")
+    except sandbox.FileRefused as e:
+      raise environment.ToolError(str(e)) from None
+    except UnicodeDecodeError:
+      raise environment.ToolError(f"{path}: not UTF-8 text") from None
 
-  def _view(self, path: str, host: str, view_range: str) -> str:
+  def _write(self, path: str, text: str, create: bool = False) -> None:
+    try:
+      self._box.write_file(path, text.encode("utf-8"), create)
+    except sandbox.FileRefused as e:
+      raise environment.ToolError(str(e)) from None
+    except UnicodeEncodeError:
+      raise environment.ToolError(f"{path}: the text is not UTF-8") from None
+
+  def _view(self, path: str, host: str, view_range: Optional[list[int]]) -> str:
     """A directory's entries two levels deep, or a file's numbered lines."""
-    if os.path.isdir(host):
+    if os.path.isdir(host) and not os.path.islink(host):
       lines = [path.rstrip("/") + "/"]
       for directory, names, files in os.walk(host):
         relative = os.path.relpath(directory, host)
@@ -413,16 +430,14 @@ class SoftwareEnvironment(environment.ToolEnvironment):
         if relative != ".":
           names[:] = []  # Two levels: the directory's and its children's.
       return _cut("\n".join(lines), VIEW_CHARS)
-    text = self._read(path, host)
-    if not view_range.strip():
+    text = self._read(path)
+    if view_range is None:
       return _cut(_numbered(text), VIEW_CHARS)
-    try:
-      start, end = json.loads(view_range)
-      start, end = int(start), int(end)
-    except (ValueError, TypeError):
+    if len(view_range) != 2:
       raise environment.ToolError(
           f"view_range {view_range!r}: give [start, end]"
-      ) from None
+      )
+    start, end = view_range
     lines = text.split("\n")
     end = len(lines) if end == -1 else end
     if not 1 <= start <= end <= len(lines):
@@ -438,7 +453,7 @@ class SoftwareEnvironment(environment.ToolEnvironment):
       file_text: str = "",
       old_str: str = "",
       new_str: str = "",
-      view_range: str = "",
+      view_range: Optional[list[int]] = None,
   ) -> str:
     """The tool: view, create, str_replace (module docstring)."""
     path = path.strip()
@@ -451,14 +466,12 @@ class SoftwareEnvironment(environment.ToolEnvironment):
             f"{path}: already exists (create makes new files; edit with "
             "str_replace)"
         )
-      os.makedirs(os.path.dirname(host), exist_ok=True)
-      with open(host, "w", encoding="utf-8") as f:
-        f.write(file_text)
+      self._write(path, file_text, create=True)
       return f"File created: {path}"
     if command == "str_replace":
       if not old_str:
         raise environment.ToolError("str_replace: old_str is empty")
-      text = self._read(path, host)
+      text = self._read(path)
       count = text.count(old_str)
       if count != 1:
         raise environment.ToolError(
@@ -467,8 +480,7 @@ class SoftwareEnvironment(environment.ToolEnvironment):
         )
       at = text[: text.index(old_str)].count("\n")
       text = text.replace(old_str, new_str, 1)
-      with open(host, "w", encoding="utf-8") as f:
-        f.write(text)
+      self._write(path, text)
       lines = text.split("\n")
       first = max(0, at - 4)
       last = at + new_str.count("\n") + 5
@@ -484,27 +496,14 @@ class SoftwareEnvironment(environment.ToolEnvironment):
     self.finish()
     return "finished"
 
-  def _write_test_file(self, path: str, text: str) -> bool:
-    """Writes a test file over the model's edits; False when the model
-    turned a directory on its path into a link out of the repository."""
-    parent = self._box.path(os.path.dirname(path) or ".")
-    if parent is None:
-      return False
-    # The path itself, not where a link the model left there points.
-    target = os.path.join(parent, os.path.basename(path))
-    os.makedirs(parent, exist_ok=True)
-    if os.path.islink(target):
-      os.unlink(target)
-    elif os.path.isdir(target):
-      return False
-    with open(target, "w", encoding="utf-8") as f:
-      f.write(text)
-    return True
-
   def reward(self) -> float:
-    """1.0 when the test command exits 0 with the test files written."""
+    """1.0 when the test command exits 0 with the test files written; 0.0
+    (the reason logged) when one cannot be written (a directory there, or
+    a directory on its path turned into a link out of the repository)."""
     for path, text in self._record["test_files"].items():
-      if not self._write_test_file(path, text):
+      why = self._box.restore_file(path, text.encode("utf-8"))
+      if why:
+        logging.warning("%s scored 0: %s", self._record["instance_id"], why)
         return 0.0
     result = self._box.run(
         ["/bin/bash", "-c", self._record["test_command"]],

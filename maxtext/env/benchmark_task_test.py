@@ -250,6 +250,39 @@ class BenchmarkTaskTest(parameterized.TestCase):
     env.step(_call("execute_bash", command="rm -r tests; ln -s /tmp tests"))
     self.assertEqual(env.reward(), 0.0)
 
+  def test_what_the_model_writes_never_hangs_or_crashes_the_host(self):
+    task = self._task()
+    record = task.train_records(0, 1)[0]
+    env = task.make_environment(record, tasks.ToolSettings())
+    self.addCleanup(env.close)
+    path, old, new = tiny_benchmark_inputs.fix(record)
+    # FIFOs as a tool would make them (the tiny image has no mkfifo).
+    scratch = env._box.scratch  # pylint: disable=protected-access
+    os.mkfifo(os.path.join(scratch, "pipe"))
+    os.mkfifo(os.path.join(scratch, "tests", "test_bug.sh"))
+    reply = env.step(
+        _edit(command="str_replace", path=f"/testbed/{path}", old_str=old,
+              new_str=new)
+        + _call("execute_bash", command="ls -l pipe")
+        + _edit(command="view", path="/testbed/pipe")
+        + _edit(command="str_replace", path="/testbed/pipe", old_str="a")
+        + _call("execute_bash", command="echo " + "x" * 40000)
+        + _call("execute_bash", command="echo a\0b")
+        + _edit(command="view", path="/testbed", view_range="[1")
+        + '<tool_call>{"name": "execute_bash", "arguments": {"command": 7}}'
+        + "</tool_call>"
+    )  # fmt: skip
+    texts = [m["content"] for m in reply.messages]
+    self.assertEqual(reply.tool_errors, 6, texts)
+    for text, expected in zip(texts[2:], [
+        "not a regular file", "not a regular file",
+        "longer than 32768 characters", "cannot start: embedded null byte",
+        "'view_range': must be array", "'command': must be string",
+    ]):  # fmt: skip
+      self.assertIn(expected, text)
+    # The hidden test, a FIFO now, is written again: the fix scores.
+    self.assertEqual(env.reward(), 1.0)
+
   def test_a_pinned_prompt_template(self):
     template = {"system": "Work in ${workdir}.",
                 "user": "[${instance_id}] ${problem_statement}"}  # fmt: skip

@@ -17,14 +17,36 @@ tokens, wall time); an environment only answers turns. `SingleTurn` is a
 task of one turn (the run's reward functions score its text);
 `ToolEnvironment` answers the tool calls in a model turn (read by
 `tool_calls.parse`), one tool message each, and a turn without a call ends
-the episode. A malformed call, an unknown tool, bad arguments or a tool that
-raises `ToolError` is answered as a tool error message; the episode goes on.
+the episode.
+
+A tool declares its parameters by its Python signature: each annotated
+`str`, `int`, `float`, `bool`, `list` (or `list[int]`...), `dict`, or
+`Optional` of one, and each string at most `max_chars` characters (its
+schema's `maxLength`). An argument is converted to its parameter's type
+when it converts exactly (the `qwen3_xml` form gives text: "3" for an
+integer, "true" for a boolean, JSON text for a list or an object, "null"
+for an optional one), as the reference's parser does by the tool's
+schema; anything else is an error. Every tool call ends as a tool message:
+a malformed call, an unknown tool, a missing, unknown or ill-typed
+argument, a tool that raises `ToolError`, and any other exception a tool
+raises (logged with its traceback) are answered as `Error: ...`; the
+episode goes on. Tool messages are valid UTF-8 text (what cannot be
+encoded is replaced).
+
+`deadline` is the `time.monotonic()` by which the episode must end (the
+episode runner sets it); tools bound their commands by it.
 """
 
 import abc
 import dataclasses
 import inspect
-from typing import Any, Callable, Optional
+import json
+import logging
+import math
+import re
+import types
+import typing
+from typing import Any, Callable, Mapping, Optional
 
 from maxtext.env import tool_calls
 
@@ -61,6 +83,7 @@ class Environment(abc.ABC):
 
   kind: str = "task"
   tools: Optional[list[dict[str, Any]]] = None
+  deadline: Optional[float] = None
 
   @abc.abstractmethod
   def start(self) -> list[dict[str, Any]]:
@@ -110,9 +133,110 @@ class SingleTurn(Environment):
     return Reply([], done=True)
 
 
-def _schema(name: str, fn: Callable[..., str], description: str) -> dict:
-  """A tool's JSON schema from its signature: every parameter a string."""
+# The most characters a string argument may have unless its tool says.
+MAX_CHARS = 1 << 20
+_JSON_TYPES = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
+_INTEGER = re.compile(r"^\s*[+-]?\d{1,30}\s*$")
+
+
+def _declared(annotation) -> tuple[type, Optional[type], bool]:
+  """(the base type, a list's item type, whether None is allowed)."""
+  optional = False
+  if typing.get_origin(annotation) is typing.Union:
+    members = [
+        a for a in typing.get_args(annotation) if a is not types.NoneType
+    ]
+    optional = len(members) < len(typing.get_args(annotation))
+    annotation = members[0] if len(members) == 1 else annotation
+  item = None
+  if typing.get_origin(annotation) is list:
+    (item,) = typing.get_args(annotation)
+    annotation = list
+  if annotation not in _JSON_TYPES or item not in (None, *_JSON_TYPES):
+    raise TypeError(f"tool parameter type {annotation!r}: not declarable")
+  return annotation, item, optional
+
+
+def _scalar(value: Any, kind: type) -> Any:
+  """`value` as `kind` when it converts exactly; ValueError otherwise."""
+  if kind is str:
+    if isinstance(value, str):
+      return value
+  elif kind is bool:
+    if isinstance(value, bool):
+      return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+      return value.strip().lower() == "true"
+  elif kind is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+    if isinstance(value, str) and _INTEGER.match(value):
+      return int(value)
+  elif kind is float:
+    if isinstance(value, str):
+      try:
+        value = float(value)
+      except ValueError:
+        pass
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      if math.isfinite(value):
+        return float(value)
+  else:  # list, dict: the value, or JSON text of one.
+    if isinstance(value, str):
+      try:
+        value = json.loads(value)
+      except (ValueError, RecursionError):
+        pass
+    if isinstance(value, kind):
+      return value
+  raise ValueError(f"must be {_JSON_TYPES[kind]}")
+
+
+def convert(value: Any, annotation, max_chars: int = MAX_CHARS) -> Any:
+  """An argument as its parameter's declared type (module docstring).
+
+  Raises:
+    ValueError: one line: it does not convert exactly, or it is too long.
+  """
+  kind, item, optional = _declared(annotation)
+  if optional and (
+      value is None or isinstance(value, str) and value.strip() == "null"
+  ):
+    return None
+  value = _scalar(value, kind)
+  if item is not None:
+    value = [_scalar(v, item) for v in value]
+  if isinstance(value, str) and len(value) > max_chars:
+    raise ValueError(f"longer than {max_chars} characters")
+  return value
+
+
+def _schema(
+    name: str,
+    fn: Callable[..., str],
+    description: str,
+    max_chars: Mapping[str, int],
+) -> dict:
+  """A tool's JSON schema from its signature's declared types."""
   parameters = inspect.signature(fn).parameters
+  hints = typing.get_type_hints(fn)
+  properties = {}
+  for p in parameters:
+    kind, item, _ = _declared(hints.get(p, str))
+    properties[p] = {"type": _JSON_TYPES[kind]}
+    if item is not None:
+      properties[p]["items"] = {"type": _JSON_TYPES[item]}
+    if kind is str:
+      properties[p]["maxLength"] = max_chars.get(p, MAX_CHARS)
   return {
       "type": "function",
       "function": {
@@ -120,7 +244,7 @@ def _schema(name: str, fn: Callable[..., str], description: str) -> dict:
           "description": description,
           "parameters": {
               "type": "object",
-              "properties": {p: {"type": "string"} for p in parameters},
+              "properties": properties,
               "required": [
                   p
                   for p, v in parameters.items()
@@ -131,24 +255,59 @@ def _schema(name: str, fn: Callable[..., str], description: str) -> dict:
   }
 
 
+def _text(content: str) -> str:
+  """`content` as valid UTF-8 text (lone surrogates replaced)."""
+  return content.encode("utf-8", "replace").decode("utf-8")
+
+
 # `start` stays abstract: each tool environment says its first messages.
 class ToolEnvironment(Environment):  # pylint: disable=abstract-method
   """An environment whose model turns call tools.
 
   A subclass registers its tools with `add_tool(name, fn, description)`
-  (`fn(**arguments) -> str`, its parameters strings) and may call
-  `finish()` from a tool (a "submit") to end the episode after the turn.
+  (`fn(**arguments) -> str`, its parameters declared by their annotations:
+  module docstring) and may call `finish()` from a tool (a "submit") to
+  end the episode after the turn.
   """
 
   def __init__(self, kind: str):
     self.kind = kind
     self._tools: dict[str, Callable[..., str]] = {}
+    self._max_chars: dict[str, Mapping[str, int]] = {}
     self.tools = []
     self._finished = False
 
-  def add_tool(self, name: str, fn: Callable[..., str], description: str):
+  def add_tool(
+      self,
+      name: str,
+      fn: Callable[..., str],
+      description: str,
+      max_chars: Optional[Mapping[str, int]] = None,
+  ):
+    """Registers a tool; `max_chars`: parameter -> its longest string
+    (MAX_CHARS unless given)."""
+    self._max_chars[name] = dict(max_chars or {})
     self._tools[name] = fn
-    self.tools.append(_schema(name, fn, description))
+    self.tools.append(_schema(name, fn, description, self._max_chars[name]))
+
+  def _arguments(self, name: str, fn, arguments: dict) -> dict[str, Any]:
+    """The call's arguments bound and converted (ToolError: why not)."""
+    try:
+      inspect.signature(fn).bind(**arguments)
+    except TypeError as e:
+      raise ToolError(f"{name}: {e}") from None
+    hints = typing.get_type_hints(fn)
+    out = {}
+    for key, value in arguments.items():
+      try:
+        out[key] = convert(
+            value,
+            hints.get(key, str),
+            self._max_chars[name].get(key, MAX_CHARS),
+        )
+      except ValueError as e:
+        raise ToolError(f"{name}: argument {key!r}: {e}") from None
+    return out
 
   def finish(self) -> None:
     """Ends the episode after the current turn."""
@@ -165,13 +324,15 @@ class ToolEnvironment(Environment):  # pylint: disable=abstract-method
           True,
       )
     try:
-      inspect.signature(fn).bind(**call.arguments)
-    except TypeError as e:
-      return f"Error: {call.name}: {e}", True
-    try:
-      return str(fn(**call.arguments)), False
+      return str(fn(**self._arguments(call.name, fn, call.arguments))), False
     except ToolError as e:
       return f"Error: {e}", True
+    # Whatever a tool raises is the model's call failing, not the run's.
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      logging.warning(
+          "%s episode: tool %s raised", self.kind, call.name, exc_info=True
+      )
+      return f"Error: {call.name} failed: {type(e).__name__}: {e}"[:2000], True
 
   def step(self, text: str) -> Reply:
     calls = tool_calls.parse(text)
@@ -181,5 +342,5 @@ class ToolEnvironment(Environment):  # pylint: disable=abstract-method
     for call in calls:
       content, error = self._call(call)
       errors += error
-      messages.append({"role": "tool", "content": content})
+      messages.append({"role": "tool", "content": _text(content)})
     return Reply(messages, self._finished, len(calls), errors)

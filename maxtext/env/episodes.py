@@ -23,9 +23,11 @@ the template's tokens carry no loss.
 
 Limits (`Limits`): `max_turns` model turns, `max_tokens` ids after the
 prompt (model and environment), `max_turn_tokens` per model turn, and
-`wall_seconds` for the whole batch of episodes. An episode that reaches a
-turn or token limit ends `truncated` (a turn cut without its stop id, the
-tokens of an answer that do not fit, or the last turn used); its
+`wall_seconds` for the whole batch of episodes (each environment's
+`deadline`: a tool's command gets at most what is left of it). An episode
+that reaches a turn or token limit ends `truncated` (a turn cut without
+its stop id, the tokens of an answer that do not fit, or the last turn
+used); its
 environment still gives its reward. An episode still running at the wall
 time ends `timed_out`: it is not a valid sample (the caller excludes it from
 the loss and from its group's baseline and counts it) and has no reward.
@@ -213,12 +215,16 @@ def run(
   lead = share.is_lead()
   conversations: list[_Conversation] = []
   start = clock()
+  # Tools bound each command by what is left of the wall time.
+  deadline = time.monotonic() + limits.wall_seconds
   spent = {"generate": 0.0, "environment": 0.0}
   try:
     if lead:
       began = time.perf_counter()
       for task in tasks:
-        conversations.append(_Conversation(make_environment(task), chat))
+        env = make_environment(task)
+        env.deadline = deadline
+        conversations.append(_Conversation(env, chat))
       first = [(c.env.kind, c.prompt_ids()) for c in conversations]
       spent["environment"] += time.perf_counter() - began
     else:

@@ -25,6 +25,7 @@ model cannot pass by editing the tests), under the verifier's timeout; else
 0. Held-out tasks are those whose index is 0 mod 8.
 """
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -172,14 +173,12 @@ class RepairEnvironment(environment.ToolEnvironment):
     ]
 
   def _file(self, path: str) -> str:
-    host = self._box.path(path)
-    if host is None:
-      raise environment.ToolError(f"{path}: outside the repository")
     try:
-      with open(host, encoding="utf-8") as f:
-        return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-      raise environment.ToolError(f"{path}: {e.__class__.__name__}") from None
+      return self._box.read_file(path).decode("utf-8")
+    except sandbox.FileRefused as e:
+      raise environment.ToolError(str(e)) from None
+    except UnicodeDecodeError:
+      raise environment.ToolError(f"{path}: not UTF-8 text") from None
 
   def view_file(self, path: str) -> str:
     """The tool: a file's text (its end, when long)."""
@@ -194,13 +193,15 @@ class RepairEnvironment(environment.ToolEnvironment):
       raise environment.ToolError(
           f"{path}: old text found {count} times (must be exactly once)"
       )
-    with open(self._box.path(path), "w", encoding="utf-8") as f:
-      f.write(text.replace(old, new, 1))
+    try:
+      self._box.write_file(path, text.replace(old, new, 1).encode())
+    except sandbox.FileRefused as e:
+      raise environment.ToolError(str(e)) from None
     return f"{path}: edited"
 
   def run_tests(self) -> str:
     """The tool: the test command's outcome and output, in the sandbox."""
-    result = self._box.run(self._record["test_command"])
+    result = self._box.run(self._record["test_command"], deadline=self.deadline)
     if result.error:
       raise environment.ToolError(result.error)
     status = "passed" if result.ok else f"failed (status {result.returncode})"
@@ -212,11 +213,13 @@ class RepairEnvironment(environment.ToolEnvironment):
     return "submitted"
 
   def reward(self) -> float:
-    """1.0 when the original tests pass on the episode's files."""
+    """1.0 when the original tests pass on the episode's files; 0.0 (the
+    reason logged) when a test file cannot be put back."""
     for path in self._record["test_files"]:
-      host = self._box.path(path)
-      with open(host, "w", encoding="utf-8") as f:
-        f.write(self._record["files"][path])
+      why = self._box.restore_file(path, self._record["files"][path].encode())
+      if why:
+        logging.warning("%s scored 0: %s", self._record["instance_id"], why)
+        return 0.0
     result = self._box.run(
         self._record["test_command"], self._settings.verifier_seconds
     )

@@ -1,6 +1,9 @@
 """The repair task in the real sandbox: bugs caught, fixes rewarded,
 demonstrations that solve their task, and tools that refuse escapes."""
 
+import os
+import time
+
 from absl.testing import absltest
 
 from maxtext.env import environment
@@ -84,8 +87,8 @@ class RepairTaskTest(absltest.TestCase):
     env = repair_task.RepairEnvironment(repair_task.problem(1), _SETTINGS)
     self.addCleanup(env.close)
     for name, arguments, message in (
-        ("view_file", {"path": "../../etc/passwd"}, "outside the repository"),
-        ("view_file", {"path": "nope.py"}, "FileNotFoundError"),
+        ("view_file", {"path": "../../etc/passwd"}, "outside the task's files"),
+        ("view_file", {"path": "nope.py"}, "no such file"),
         ("edit_file", {"path": "tests/test_core.py", "old": "zzz", "new": ""},
          "found 0 times"),
         ("view_file", {}, "missing a required argument"),
@@ -106,6 +109,54 @@ class RepairTaskTest(absltest.TestCase):
     self.assertEqual(reply.tool_errors, 1)
     self.assertIn("limit", reply.messages[0]["content"])
     self.assertEqual(hanging.reward(), 0.0)
+
+  def test_each_call_gets_what_is_left_of_the_episode(self):
+    record = dict(repair_task.problem(1))
+    record["test_command"] = ["python3", "-c", "while True: pass"]
+    env = repair_task.RepairEnvironment(record, _SETTINGS)
+    self.addCleanup(env.close)
+    # Each call may take 30 s; the episode has 1 s left.
+    env.deadline = time.monotonic() + 1
+    call = tool_calls.format_xml(tool_calls.ToolCall("run_tests", {}))
+    reply = env.step(call * 3)
+    texts = [m["content"] for m in reply.messages]
+    self.assertEqual(reply.tool_errors, 3, texts)
+    self.assertIn("episode's time ran out", texts[0])
+    self.assertIn("did not run", texts[1])
+    self.assertIn("did not run", texts[2])
+
+  def test_files_the_model_made_never_hang_or_crash_the_host(self):
+    record = repair_task.problem(3)
+    fix = record["fix"]
+    env = repair_task.RepairEnvironment(record, _SETTINGS)
+    self.addCleanup(env.close)
+    _say(env, "edit_file", path=fix["path"], old=fix["old"], new=fix["new"])
+    # The episode's scratch, changed as a tool would change it.
+    scratch = env._box.scratch  # pylint: disable=protected-access
+    tests_dir = os.path.join(scratch, "tests")
+    os.unlink(os.path.join(tests_dir, "test_core.py"))
+    os.mkfifo(os.path.join(tests_dir, "test_core.py"))
+    os.mkfifo(os.path.join(scratch, "pipe"))
+    reply = _say(env, "view_file", path="pipe")
+    self.assertIn("not a regular file", reply.messages[0]["content"])
+    reply = _say(env, "edit_file", path="pipe", old="a", new="b")
+    self.assertIn("not a regular file", reply.messages[0]["content"])
+    # The verifier puts its test files back over a FIFO or a deleted
+    # directory and scores the fix.
+    self.assertEqual(env.reward(), 1.0)
+    _say(env, "view_file", path="tests/test_core.py")
+    for name in os.listdir(tests_dir):
+      os.unlink(os.path.join(tests_dir, name))
+    os.rmdir(tests_dir)
+    self.assertEqual(env.reward(), 1.0)
+    # A tests directory turned into a link out of the task: 0, said why.
+    for name in os.listdir(tests_dir):
+      os.unlink(os.path.join(tests_dir, name))
+    os.rmdir(tests_dir)
+    os.symlink(self.create_tempdir().full_path, tests_dir)
+    with self.assertLogs(level="WARNING") as logs:
+      self.assertEqual(env.reward(), 0.0)
+    self.assertIn("leads out of the task", "\n".join(logs.output))
 
   def test_records_have_r2e_gym_fields(self):
     record = repair_task.problem(2)

@@ -5,13 +5,27 @@ directory; `run(argv)` runs one command on them in a separate process:
 
 * isolated with bubblewrap (`bwrap`, Debian's `bubblewrap`): every namespace
   unshared (no network: only a loopback that nothing listens on; its own PID
-  namespace, IPC and hostname), all capabilities dropped, the system
-  directories (`/usr`, `/etc` and the `/bin`, `/lib` links) bound read-only,
+  namespace, IPC and hostname), all capabilities dropped, run as a user
+  that owns nothing on the host (below), the system directories (`/usr`,
+  `/etc` and the `/bin`, `/lib` links) bound read-only,
   or, given `root`, a task's own root filesystem (a directory, e.g. an
   exported container image) bound read-only as `/` instead of the host's
   system; the scratch bound writable at `workdir` (`/task` unless given; the
   working directory), a small private `/tmp`, and nothing else of the host's
   files;
+* as an unprivileged user: a process that runs as root starts bubblewrap
+  as `SANDBOX_UID`:`SANDBOX_GID` (nobody; the scratch is handed to that
+  user), so even the host's root-only files under `/etc` (`/etc/shadow`)
+  cannot be read, and bubblewrap's user namespace maps that user alone;
+  a process that is not root runs it as itself (it owns nothing it may
+  not read). Where unprivileged user namespaces are not allowed, or the
+  caller is root in a user namespace without that uid (Bazel's
+  linux-sandbox), `check_available` refuses in one line. A root filesystem
+  the sandbox's user cannot reach (a directory above it not searchable by
+  others) is refused in one line (`unreachable`);
+* with a clean environment (`environment`): the command sees `PATH`,
+  `HOME` (the workdir), `TMPDIR` (`/tmp`) and `LANG` (`C.UTF-8`), nothing
+  of the training process's;
 * under resource limits set before the command starts (the host's /bin/sh
   sets them with `ulimit`, then execs bubblewrap; kept across exec and
   fork): CPU seconds, address space, the largest file it may
@@ -25,10 +39,22 @@ directory; `run(argv)` runs one command on them in a separate process:
 The scratch starts as a copy of `source` (a host directory, e.g. the
 repository inside a task's root filesystem), if given, with `files` written
 over it. Output beyond `output_bytes` is cut. After each command the
-scratch's growth past its first size is checked against `scratch_bytes`; a
-tool that went past it gets an error result. A process-count limit does
-not bind root (and these machines run as root), so forks are bounded by the
-CPU limit and the wall-clock timeout, not by a count.
+scratch's growth past its first size is checked against `scratch_bytes`
+(every entry's size on disk, directories included) and `scratch_entries`
+(files, directories and links); a tool that went past either gets an error
+result. Run as the sandbox's user, a command is also bounded to
+`processes` processes (RLIMIT_NPROC; it counts every process of that user
+on the host, so it is not applied to a non-root caller's own uid, whose
+training process holds many threads).
+
+A call is bounded by its episode's time too: `run(argv, deadline=t)` gets
+at most what is left until `t` (time.monotonic()), and nothing runs when
+none is left.
+
+The host reads and writes the scratch's files only through `read_file`,
+`write_file` and `restore_file`: regular files only (a FIFO, a device or
+a socket the tool made is refused, never opened blocking), never through a
+symbolic link out of the scratch, reads capped at a size.
 
 Where bubblewrap cannot run, `check_available` says so in one line; the run
 refuses to start unless its config allows unisolated tools (trusted code
@@ -41,8 +67,10 @@ import dataclasses
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
+import time
 from typing import Mapping, Optional, Sequence
 
 BWRAP = "bwrap"
@@ -51,10 +79,32 @@ TASK_DIR = "/task"
 # The host's system directories the sandbox sees, read-only (those present).
 SYSTEM_DIRS = ("/usr", "/etc")
 SYSTEM_LINKS = ("/bin", "/lib", "/lib64", "/sbin")
+# Who commands run as when the caller is root: nobody, who owns nothing.
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+# The directory scratch copies are made in when the caller is root and its
+# own temporary directory is not reachable by the sandbox's user.
+SHARED_TMP = "/tmp"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def environment(home: str) -> dict[str, str]:
+  """The whole environment a command sees (nothing of the caller's)."""
+  return {"PATH": PATH, "HOME": home, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+
+
+def _drops_privileges(isolated: bool) -> bool:
+  """Whether commands run as SANDBOX_UID rather than the caller's uid."""
+  return isolated and os.geteuid() == 0
 
 
 class SandboxUnavailable(RuntimeError):
   """Bubblewrap cannot run here (one line saying why)."""
+
+
+class FileRefused(Exception):
+  """A scratch file the host will not read or write (one line: the path
+  as the tool named it, and why)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +117,14 @@ class Limits:
     memory_bytes: address space per process (RLIMIT_AS).
     file_bytes: the largest file a process may write (RLIMIT_FSIZE).
     scratch_bytes: how much the scratch directory may grow past its first
-      size (checked after each command).
+      size on disk (checked after each command).
+    scratch_entries: how many files, directories and links may be added
+      to the scratch (checked after each command).
     tmp_bytes: the size of the sandbox's private /tmp.
     output_bytes: stdout and stderr kept, each.
+    processes: processes of the sandbox's user (RLIMIT_NPROC), when
+      commands run as SANDBOX_UID.
+    read_bytes: the largest scratch file the host reads for a tool.
   """
 
   wall_seconds: float = 30.0
@@ -77,8 +132,11 @@ class Limits:
   memory_bytes: int = 2 << 30
   file_bytes: int = 16 << 20
   scratch_bytes: int = 64 << 20
+  scratch_entries: int = 20000
   tmp_bytes: int = 16 << 20
   output_bytes: int = 16 << 10
+  processes: int = 512
+  read_bytes: int = 4 << 20
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -170,57 +228,98 @@ def _bwrap_command(
   if root is not None:
     # bubblewrap's own root (a tmpfs holding the mount points) read-only.
     argv += ["--remount-ro", "/"]
-  argv += [
-      "--chdir", workdir,
-      "--setenv", "HOME", workdir,
-      "--setenv", "TMPDIR", "/tmp",
-      "--setenv", "PATH",
-      "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-      "--",
-  ]  # fmt: skip
+  argv += ["--chdir", workdir, "--"]
   return argv
 
 
 def check_available() -> None:
-  """Raises SandboxUnavailable (one line) unless bubblewrap runs here."""
+  """Raises SandboxUnavailable (one line) unless bubblewrap runs here, as
+  the user and with the namespaces commands get."""
   if shutil.which(BWRAP) is None:
     raise SandboxUnavailable(
         f"{BWRAP} (Debian's bubblewrap) is not installed: tools cannot run "
         "isolated (apt-get install bubblewrap)"
     )
-  with tempfile.TemporaryDirectory() as scratch:
-    try:
-      probe = subprocess.run(
-          _bwrap_command(scratch, Limits()) + ["/bin/true"],
-          capture_output=True,
-          timeout=30,
-          check=False,
-      )
-    except (OSError, subprocess.TimeoutExpired) as e:
-      raise SandboxUnavailable(f"{BWRAP} does not start: {e}") from None
-  if probe.returncode != 0:
-    reason = probe.stderr.decode(errors="replace").strip().splitlines()
+  if _drops_privileges(True) and not _uid_mapped(SANDBOX_UID):
     raise SandboxUnavailable(
-        f"{BWRAP} cannot make a sandbox here: "
+        f"running as root in a user namespace without uid {SANDBOX_UID} "
+        "(/proc/self/uid_map): tools cannot run as a user that owns "
+        "nothing on the host"
+    )
+  with Sandbox({}, Limits(wall_seconds=30)) as box:
+    probe = box.run(["/bin/true"])
+  if not probe.ok:
+    reason = (probe.error or probe.stderr).strip().splitlines()
+    raise SandboxUnavailable(
+        f"{BWRAP} cannot make a sandbox here (as uid "
+        f"{SANDBOX_UID if _drops_privileges(True) else os.geteuid()}, in a "
+        "user namespace): "
         f"{reason[0] if reason else f'exit status {probe.returncode}'}"
     )
 
 
-def _tree_bytes(root: str) -> int:
-  total = 0
-  for directory, _, names in os.walk(root):
-    for name in names:
+def _uid_mapped(uid: int) -> bool:
+  """Whether this process's user namespace has `uid`."""
+  try:
+    with open("/proc/self/uid_map", encoding="ascii") as f:
+      ranges = [tuple(map(int, line.split())) for line in f if line.strip()]
+  except OSError:
+    return True  # No user namespaces here: every uid exists.
+  return any(inner <= uid < inner + count for inner, _, count in ranges)
+
+
+def _tree_usage(root: str) -> tuple[int, int]:
+  """(bytes on disk, entries) of everything below `root`: files,
+  directories and links, each counted at the larger of its size and its
+  allocated blocks, so empty directories and sparse files count too."""
+  total, entries = 0, 0
+  for directory, dirs, names in os.walk(root):
+    for name in dirs + names:
       try:
-        total += os.lstat(os.path.join(directory, name)).st_size
+        info = os.lstat(os.path.join(directory, name))
       except OSError:
-        pass  # Gone between the listing and the stat.
-  return total
+        continue  # Gone between the listing and the stat.
+      entries += 1
+      total += max(info.st_size, info.st_blocks * 512)
+  return total, entries
+
+
+def unreachable(path: str) -> str:
+  """Why the sandbox's user cannot reach the directory `path` (a
+  directory on the way that others may not search), or "": always "" when
+  commands run as the caller."""
+  if not _drops_privileges(True):
+    return ""
+  path = os.path.realpath(path)
+  while True:
+    if not os.stat(path).st_mode & stat.S_IXOTH:
+      return (
+          f"{path} is not searchable by others, so the sandbox's user "
+          f"(uid {SANDBOX_UID}) cannot reach it"
+      )
+    if path == "/":
+      return ""
+    path = os.path.dirname(path)
+
+
+def _scratch_parent() -> Optional[str]:
+  """Where scratch copies are made: the caller's temporary directory, or
+  SHARED_TMP when the sandbox's user could not reach it (root's own
+  temporary directories are often under /root)."""
+  return SHARED_TMP if unreachable(tempfile.gettempdir()) else None
+
+
+def _hand_over(path: str) -> None:
+  """Gives `path` (not following a link) to the sandbox's user."""
+  os.chown(path, SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
 
 
 def inside(root: str, relative: str, workdir: str = TASK_DIR) -> Optional[str]:
   """The host path of `relative` under `root`, or None when it resolves
   (through `..` or a symbolic link) outside `root`. An absolute path is
   read as seen inside the sandbox, where `root` is `workdir`."""
+  if "\0" in relative:
+    return None  # No file's name holds a NUL byte.
   if os.path.isabs(relative):
     relative = os.path.relpath(relative, workdir)
   real_root = os.path.realpath(root)
@@ -247,8 +346,8 @@ class Sandbox:
 
   Raises:
     ValueError: one line: a file outside the scratch, a root or source
-      that is not a directory, a root without isolation, a workdir that is
-      not absolute.
+      that is not a directory, a root without isolation or that the
+      sandbox's user cannot reach, a workdir that is not absolute.
   """
 
   def __init__(
@@ -272,11 +371,16 @@ class Sandbox:
     for name, directory in (("root", root), ("source", source)):
       if directory is not None and not os.path.isdir(directory):
         raise ValueError(f"sandbox {name} {directory!r}: not a directory")
+    if root is not None and unreachable(root):
+      raise ValueError(f"sandbox root {root!r}: {unreachable(root)}")
     self.limits = limits
     self.isolated = isolated
     self.root = root
     self.workdir = os.path.normpath(workdir)
-    self.scratch = tempfile.mkdtemp(prefix="maxtext_sandbox_")
+    self._privileged = _drops_privileges(isolated)
+    self.scratch = tempfile.mkdtemp(
+        prefix="maxtext_sandbox_", dir=_scratch_parent()
+    )
     try:
       if source is not None:
         shutil.copytree(source, self.scratch, symlinks=True, dirs_exist_ok=True)
@@ -284,10 +388,15 @@ class Sandbox:
         path = self.path(relative)
         if path is None or path == os.path.realpath(self.scratch):
           raise ValueError(f"task file {relative!r}: not a path in the task")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._make_parents(path)
         with open(path, "w", encoding="utf-8") as f:
           f.write(text)
-      self._first_bytes = _tree_bytes(self.scratch)
+      if self._privileged:
+        _hand_over(self.scratch)
+        for directory, dirs, names in os.walk(self.scratch):
+          for name in dirs + names:
+            _hand_over(os.path.join(directory, name))
+      self._first_usage = _tree_usage(self.scratch)
     except BaseException:
       self.close()
       raise
@@ -297,6 +406,19 @@ class Sandbox:
     the sandbox), None outside the scratch."""
     return inside(self.scratch, relative, self.workdir)
 
+  def _make_parents(self, path: str) -> None:
+    """Makes the missing directories above `path` (inside the scratch),
+    owned by the sandbox's user when commands run as it."""
+    missing = []
+    parent = os.path.dirname(path)
+    while not os.path.lexists(parent):
+      missing.append(parent)
+      parent = os.path.dirname(parent)
+    for directory in reversed(missing):
+      os.mkdir(directory)
+      if self._privileged:
+        _hand_over(directory)
+
   def _limited(self, command: list[str]) -> list[str]:
     """`command` run by a shell that first sets its limits, then execs it.
 
@@ -305,20 +427,37 @@ class Sandbox:
     the child rather than by Python code between fork and exec: the
     calling process runs threads (JAX's, the episodes'), and Python run in
     a forked copy of a threaded process can deadlock (JAX warns at each
-    such fork); with nothing to run there, the child is spawned directly.
-    `ulimit -f` counts 512-byte blocks, `-v` KiB (POSIX sh).
+    such fork); with nothing to run there, the child is spawned directly
+    (the user change, too, is made by the spawning C code).
+    `ulimit -f` counts 512-byte blocks, `-v` KiB, `-p` processes (dash).
     """
     limits = self.limits
     script = (
         f"ulimit -t {limits.cpu_seconds} && "
         f"ulimit -v {max(1, limits.memory_bytes // 1024)} && "
         f"ulimit -f {max(1, limits.file_bytes // 512)} && "
-        "ulimit -c 0 && trap '' XFSZ && exec \"$@\""
+        + (f"ulimit -p {limits.processes} && " if self._privileged else "")
+        + "ulimit -c 0 && trap '' XFSZ && exec \"$@\""
     )
     return ["/bin/sh", "-c", script, "sh"] + command
 
+  def _timeout(
+      self, timeout_seconds: Optional[float], deadline: Optional[float]
+  ) -> tuple[float, str]:
+    """(the call's wall-clock limit, what sets it: "" its own or the
+    episode's)."""
+    timeout = (
+        self.limits.wall_seconds if timeout_seconds is None else timeout_seconds
+    )
+    if deadline is not None and deadline - time.monotonic() < timeout:
+      return max(0.0, deadline - time.monotonic()), "episode"
+    return timeout, ""
+
   def run(
-      self, argv: Sequence[str], timeout_seconds: Optional[float] = None
+      self,
+      argv: Sequence[str],
+      timeout_seconds: Optional[float] = None,
+      deadline: Optional[float] = None,
   ) -> Result:
     """Runs `argv` in the scratch (the workdir inside the sandbox).
 
@@ -326,16 +465,23 @@ class Sandbox:
       argv: the command (a program the sandbox's /usr has, e.g.
         /usr/bin/python3).
       timeout_seconds: the wall-clock limit; None = limits.wall_seconds.
+      deadline: the time.monotonic() by which its episode ends: the call
+        gets no more than what is left (nothing runs when none is).
 
     Returns:
-      The Result; a timeout or a broken limit is a Result, never an
-      exception.
+      The Result; a timeout, a broken limit or a command that cannot start
+      (a NUL byte, text the OS cannot encode, past the OS's argument
+      limit) is a Result, never an exception.
     """
-    timeout = (
-        self.limits.wall_seconds
-        if timeout_seconds is None
-        else (timeout_seconds)
-    )
+    timeout, bound = self._timeout(timeout_seconds, deadline)
+    if bound and timeout <= 0:
+      return Result(
+          None,
+          "",
+          "",
+          True,
+          "the episode's time is up: the command did not run",
+      )
     command = list(argv)
     if self.isolated:
       command = (
@@ -345,47 +491,78 @@ class Sandbox:
     # The output goes to files outside the scratch, so a command printing
     # without end cannot fill memory; the file-size limit bounds them.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-      # The process is waited for below.
-      # pylint: disable-next=consider-using-with
-      process = subprocess.Popen(
-          self._limited(command),
-          cwd=self.scratch,
-          stdin=subprocess.DEVNULL,
-          stdout=out,
-          stderr=err,
-          start_new_session=True,
-      )
-      timed_out = False
       try:
-        process.wait(timeout=timeout)
-      except subprocess.TimeoutExpired:
-        timed_out = True
-        # The whole process group: bwrap (whose death kills the PID
-        # namespace), or the unisolated command and its children.
-        try:
-          os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass  # It ended on its own meanwhile.
-        process.wait()
+        returncode, timed_out = self._spawn(command, timeout, out, err)
+      except (OSError, ValueError) as e:
+        # ValueError: a NUL byte or text the file system encoding rejects;
+        # OSError: E2BIG past the argument limit, among others.
+        return Result(None, "", "", False, f"the command cannot start: {e}")
       stdout, stderr = (self._read(f) for f in (out, err))
-    error = ""
-    if timed_out:
-      error = f"the command ran past its {timeout:g} s limit and was killed"
-    elif (
-        _tree_bytes(self.scratch) - self._first_bytes
-        > self.limits.scratch_bytes
-    ):
-      error = (
-          f"the task's files grew by more than {self.limits.scratch_bytes} "
-          "bytes (the scratch limit)"
-      )
     return Result(
-        None if timed_out else process.returncode,
+        None if timed_out else returncode,
         stdout,
         stderr,
         timed_out,
-        error,
+        self._broken_limit(timeout, bound) if timed_out else self._grown(),
     )
+
+  def _spawn(self, command, timeout, out, err) -> tuple[int, bool]:
+    """Runs `command` to its end or its timeout: (status, timed out)."""
+    drop = (
+        {"user": SANDBOX_UID, "group": SANDBOX_GID, "extra_groups": []}
+        if self._privileged
+        else {}
+    )
+    home = self.workdir if self.isolated else self.scratch
+    # The process is waited for below.
+    # pylint: disable-next=consider-using-with
+    process = subprocess.Popen(
+        self._limited(command),
+        cwd=self.scratch,
+        env=environment(home),
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=err,
+        start_new_session=True,
+        **drop,
+    )
+    try:
+      process.wait(timeout=timeout)
+      return process.returncode, False
+    except subprocess.TimeoutExpired:
+      # The whole process group: bwrap (whose death kills the PID
+      # namespace), or the unisolated command and its children.
+      try:
+        os.killpg(process.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass  # It ended on its own meanwhile.
+      process.wait()
+      return process.returncode, True
+
+  @staticmethod
+  def _broken_limit(timeout: float, bound: str) -> str:
+    if bound:
+      return (
+          f"the episode's time ran out ({timeout:.3g} s were left): the "
+          "command was killed"
+      )
+    return f"the command ran past its {timeout:g} s limit and was killed"
+
+  def _grown(self) -> str:
+    """The scratch limit the command broke, or ""."""
+    size, entries = _tree_usage(self.scratch)
+    first_size, first_entries = self._first_usage
+    if size - first_size > self.limits.scratch_bytes:
+      return (
+          f"the task's files grew by more than {self.limits.scratch_bytes} "
+          "bytes (the scratch limit)"
+      )
+    if entries - first_entries > self.limits.scratch_entries:
+      return (
+          f"the task's files grew by more than {self.limits.scratch_entries} "
+          "entries (the scratch limit)"
+      )
+    return ""
 
   def _read(self, f) -> str:
     f.seek(0)
@@ -394,6 +571,96 @@ class Sandbox:
     if len(data) > self.limits.output_bytes:
       text += "\n[output cut]"
     return text
+
+  def _open(self, path: Optional[str], flags: int, shown: str) -> int:
+    """A descriptor of the scratch's regular file at host `path`
+    (`shown`: the path as the tool named it).
+
+    Raises:
+      FileRefused: outside the scratch (None), not there, not a regular
+        file (never opened blocking: O_NONBLOCK), or a link at the last
+        step.
+    """
+    if path is None:
+      raise FileRefused(f"{shown}: outside the task's files")
+    try:
+      fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+      raise FileRefused(f"{shown}: no such file") from None
+    except (OSError, ValueError) as e:
+      raise FileRefused(f"{shown}: cannot be opened: {e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      os.close(fd)
+      raise FileRefused(f"{shown}: not a regular file")
+    return fd
+
+  def read_file(self, relative: str) -> bytes:
+    """A scratch file's bytes for a tool or the verifier.
+
+    Raises:
+      FileRefused: as `_open`, or larger than limits.read_bytes.
+    """
+    fd = self._open(self.path(relative), os.O_RDONLY, relative)
+    with os.fdopen(fd, "rb") as f:
+      data = f.read(self.limits.read_bytes + 1)
+    if len(data) > self.limits.read_bytes:
+      raise FileRefused(
+          f"{relative}: larger than {self.limits.read_bytes} bytes"
+      )
+    return data
+
+  def write_file(self, relative: str, data: bytes, create: bool = False):
+    """Writes a scratch file (made, with its directories, when missing;
+    given to the sandbox's user).
+
+    Args:
+      relative: the path (relative, or absolute as seen inside).
+      data: its new bytes.
+      create: the file must not exist yet.
+
+    Raises:
+      FileRefused: as `_open`; an existing file when `create`.
+    """
+    self._write(self.path(relative), data, create, relative)
+
+  def _write(self, path: Optional[str], data: bytes, create: bool, shown):
+    """`write_file` at host `path` (None: outside the scratch)."""
+    if path is None:
+      raise FileRefused(f"{shown}: outside the task's files")
+    if create and os.path.lexists(path):
+      raise FileRefused(f"{shown}: already exists")
+    try:
+      self._make_parents(path)
+    except (OSError, ValueError) as e:
+      raise FileRefused(f"{shown}: its directory cannot be made: {e}") from None
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if create else 0)
+    fd = self._open(path, flags, shown)
+    with os.fdopen(fd, "wb") as f:
+      if self._privileged:
+        os.fchown(f.fileno(), SANDBOX_UID, SANDBOX_GID)
+      f.truncate(0)
+      f.write(data)
+
+  def restore_file(self, relative: str, data: bytes) -> str:
+    """Writes a file the verifier needs over whatever the tools left at
+    its path (a file, a link, a FIFO): "" when written, else why not (a
+    directory there, or a directory on its path that leads out of the
+    scratch)."""
+    parent = self.path(os.path.dirname(relative) or ".")
+    if parent is None:
+      return f"{relative}: a directory on its path leads out of the task"
+    target = os.path.join(parent, os.path.basename(relative))
+    if os.path.isdir(target) and not os.path.islink(target):
+      return f"{relative}: a directory is there"
+    try:
+      if os.path.lexists(target):
+        os.unlink(target)
+      self._write(target, data, False, relative)
+    except OSError as e:
+      return f"{relative}: cannot be replaced: {e.strerror}"
+    except FileRefused as e:
+      return str(e)
+    return ""
 
   def close(self) -> None:
     """Deletes the scratch directory."""

@@ -141,6 +141,127 @@ class SandboxTest(absltest.TestCase):
     result = self.box.run(_python("open('/usr/evil', 'w')"))
     self.assertIn("Read-only file system", result.stderr)
 
+  def test_commands_see_none_of_the_callers_environment(self):
+    os.environ["MAXTEXT_SANDBOX_TEST_SECRET"] = "hunter2"
+    self.addCleanup(os.environ.pop, "MAXTEXT_SANDBOX_TEST_SECRET")
+    for isolated in (True, False):
+      with sandbox.Sandbox({}, isolated=isolated) as box:
+        result = box.run(_python("import os; print(dict(os.environ))"))
+      self.assertTrue(result.ok, result)
+      self.assertNotIn("hunter2", result.stdout)
+      seen = eval(result.stdout)  # pylint: disable=eval-used  # Our repr.
+      self.assertLessEqual(
+          set(seen), {"PATH", "HOME", "TMPDIR", "LANG", "PWD"}, isolated
+      )
+
+  def test_commands_run_as_a_user_that_owns_nothing_on_the_host(self):
+    # As root, the host's root-only files would be readable by their owner.
+    result = self.box.run(_python("open('/etc/shadow').read()"))
+    self.assertIn("PermissionError", result.stderr)
+    # It still edits the task's files, and the host reads what it made.
+    result = self.box.run(
+        _python(
+            "open('data.txt', 'a').write(' world'); "
+            "import os; os.makedirs('new/dir'); open('new/dir/f', 'w')"
+        )
+    )
+    self.assertTrue(result.ok, result)
+    # On the host, what it made is not owned by the owner of the host's
+    # files (root), whoever runs the test.
+    made = os.stat(os.path.join(self.box.scratch, "new/dir/f")).st_uid
+    self.assertNotEqual(made, os.stat("/etc/shadow").st_uid)
+    self.assertNotEqual(made, 0)
+    self.assertEqual(self.box.read_file("data.txt"), b"hello world")
+    # Files the host writes for a tool stay the tool's to change.
+    self.box.write_file("made/by/host.txt", b"1")
+    result = self.box.run(_python("open('made/by/host.txt', 'a').write('2')"))
+    self.assertTrue(result.ok, result)
+    self.assertEqual(self.box.read_file("made/by/host.txt"), b"12")
+
+  def test_empty_entries_count_against_the_scratch(self):
+    limits = sandbox.Limits(scratch_bytes=1 << 30, scratch_entries=500)
+    make = _python("import os\nfor i in range(600): os.mkdir(f'd{i}')")
+    with sandbox.Sandbox({"a": "1"}, limits) as box:
+      result = box.run(make)
+      self.assertIn("entries (the scratch limit)", result.error)
+      self.assertFalse(result.ok)
+    # Empty directories take room on disk: counted as bytes too.
+    limits = sandbox.Limits(scratch_bytes=1 << 20, scratch_entries=10**6)
+    with sandbox.Sandbox({"a": "1"}, limits) as box:
+      result = box.run(make)
+      self.assertIn("bytes (the scratch limit)", result.error)
+
+  def test_a_call_gets_what_is_left_of_its_episode(self):
+    # Its own limit is 20 s; the episode ends in 1 s: the episode's end
+    # kills it.
+    result = self.box.run(
+        _python("import time; time.sleep(100)"),
+        deadline=time.monotonic() + 1,
+    )
+    self.assertTrue(result.timed_out)
+    self.assertIn("episode's time ran out", result.error)
+    # With no time left nothing runs.
+    result = self.box.run(
+        _python("open('ran', 'w')"), deadline=time.monotonic() - 1
+    )
+    self.assertTrue(result.timed_out)
+    self.assertIn("did not run", result.error)
+    self.assertFalse(os.path.exists(os.path.join(self.box.scratch, "ran")))
+    self._still_works()
+
+  def test_arguments_the_os_rejects_are_an_error_result(self):
+    for argv in (
+        ["/bin/echo", "a\0b"],
+        ["/bin/echo", "\ud800"],
+        ["/bin/echo", "x" * (1 << 20)],
+    ):
+      result = self.box.run(argv)
+      self.assertIn("cannot start", result.error, argv[1][:10])
+      self.assertFalse(result.ok)
+    self._still_works()
+
+  def test_host_reads_regular_files_only(self):
+    scratch = self.box.scratch
+    os.mkfifo(os.path.join(scratch, "fifo"))
+    os.symlink("/etc/passwd", os.path.join(scratch, "out"))
+    with open(os.path.join(scratch, "big"), "wb") as f:
+      f.write(b"x" * (self.box.limits.read_bytes + 1))
+    for name, reason in (
+        ("fifo", "not a regular file"),
+        ("out", "outside the task's files"),
+        ("pkg", "not a regular file"),
+        ("big", "larger than"),
+        ("missing", "no such file"),
+        ("a\0b", "outside"),
+    ):
+      with self.assertRaisesRegex(sandbox.FileRefused, reason):
+        self.box.read_file(name)
+    for name in ("fifo", "out", "pkg", "a\0b"):
+      with self.assertRaisesRegex(sandbox.FileRefused, name[:1]):
+        self.box.write_file(name, b"y")
+    self.box.write_file("new", b"y", create=True)
+    with self.assertRaisesRegex(sandbox.FileRefused, "new: already exists"):
+      self.box.write_file("new", b"y", create=True)
+    with open("/etc/passwd", "rb") as f:
+      self.assertNotEqual(f.read(1), b"y")
+
+  def test_restoring_a_file_replaces_what_the_tool_left(self):
+    scratch = self.box.scratch
+    os.mkfifo(os.path.join(scratch, "fifo"))
+    os.symlink("data.txt", os.path.join(scratch, "link"))
+    os.symlink("/etc", os.path.join(scratch, "etc"))
+    os.mkdir(os.path.join(scratch, "adir"))
+    self.assertEqual(self.box.restore_file("fifo", b"1"), "")
+    self.assertEqual(self.box.restore_file("link", b"2"), "")
+    self.assertEqual(self.box.restore_file("gone/again/x", b"3"), "")
+    self.assertEqual(
+        [self.box.read_file(n) for n in ("fifo", "link", "gone/again/x")],
+        [b"1", b"2", b"3"],
+    )
+    self.assertEqual(self.box.read_file("data.txt"), b"hello")
+    self.assertIn("leads out", self.box.restore_file("etc/passwd", b"4"))
+    self.assertIn("a directory", self.box.restore_file("adir", b"5"))
+
   def test_no_network(self):
     accepted = []
     with socket.socket() as server:

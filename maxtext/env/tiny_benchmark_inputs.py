@@ -77,6 +77,10 @@ def write(directory: str) -> dict[str, str]:
     {"curriculum_path", "curriculum_sha256", "validation_path",
      "validation_sha256", "rootfs_dir"}.
   """
+  # Where the trainer runs as root, tools run as nobody, who must reach
+  # the root filesystems (a temporary directory is made private).
+  os.makedirs(directory, exist_ok=True)
+  os.chmod(directory, 0o755)
   rootfs_dir = os.path.join(directory, ROOTFS)
   lines = {CURRICULUM: [], VALIDATION: []}
   for index in range(len(_FUNCTIONS)):

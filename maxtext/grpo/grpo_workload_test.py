@@ -18,6 +18,7 @@ from maxtext.grpo import rewards
 from maxtext.listeners import interface as listener_interface
 from maxtext.metrics import jsonl
 from maxtext.storage import checkpointing
+from maxtext.storage import checksums
 from testing import compile_counter
 from testing import grpo_start
 from testing import nan_params
@@ -394,10 +395,15 @@ class GrpoRunTest(parameterized.TestCase):
     with open(pin_path, encoding="utf-8") as f:
       pinned = json.load(f)["pinned"]
     self.assertEqual(pinned["step"], last)
-    shutil.copytree(
-        os.path.join(checkpoints, str(last)),
-        os.path.join(checkpoints, str(last + 1)),
-    )
+    newer = os.path.join(checkpoints, str(last + 1))
+    shutil.copytree(os.path.join(checkpoints, str(last)), newer)
+    # A newer save of the same weights: its manifest records its own step.
+    manifest = os.path.join(newer, checksums.MANIFEST)
+    with open(manifest, encoding="utf-8") as f:
+      document = json.load(f)
+    document["step"] = last + 1
+    with open(manifest, "w", encoding="utf-8") as f:
+      json.dump(document, f)
     with self.assertRaisesRegex(
         trainer.ConfigError,
         rf"^the KL reference changed: .* now reads step {last + 1} .*the run "

@@ -173,10 +173,7 @@ def export_checkpoint(
     raise ValueError(f"--max_shard_bytes={max_shard_bytes}: must be >= 1")
   document, hf_tensors = hf_config_and_tensors(config, params, dtype)
   output_dir = staging_lib.resolve(output_dir)
-  if os.path.exists(output_dir) and (
-      not os.path.isdir(output_dir) or os.listdir(output_dir)
-  ):
-    raise ValueError(f"--output_dir {output_dir}: exists and is not empty")
+  staging_lib.check_output(output_dir)
   np_dtype = safetensors_io.DTYPES["BF16" if dtype == "bfloat16" else "F32"]
   parts = {}
   for t in hf_tensors:

@@ -204,6 +204,54 @@ def _check_layer_count(hf: hf_directory.HfDirectory, config) -> None:
     )
 
 
+def _left_out(hf: hf_directory.HfDirectory, module, name: str) -> bool:
+  """Whether the import leaves tensor `name` out knowingly (its family's
+  notes say so): a Qwen3.5 vision tower or multi-token-prediction layers,
+  DeepSeek's multi-token-prediction layers, an output projection tied to
+  the embedding."""
+  if module is qwen35 and name.startswith(("model.visual.", "mtp.")):
+    return True
+  if module is deepseek:
+    first = int(hf.config.get("num_hidden_layers") or 0)
+    extra = int(hf.config.get("num_nextn_predict_layers") or 0)
+    match = _LAYER.match(name)
+    if match is not None and first <= int(match.group(1)) < first + extra:
+      return True
+  return name == "lm_head.weight" and bool(hf.config.get("tie_word_embeddings"))
+
+
+def check_unused(
+    hf: hf_directory.HfDirectory, module, tensors, allow: bool, log
+) -> None:
+  """Refuses (or, when `allow`, warns about) tensors the import would not
+  read and does not leave out knowingly: a bias the model has no place
+  for, layers past the config's count, another model's tensors.
+
+  Raises:
+    ConversionError: one line naming how many, the first few and the flag.
+  """
+  used = {t.hf_name for t in tensors}
+  used |= {name + fp8.SCALE_SUFFIX for name in used}
+  unused = sorted(
+      name
+      for name in hf.names()
+      if name not in used and not _left_out(hf, module, name)
+  )
+  if not unused:
+    return
+  shown = ", ".join(unused[:3]) + (", ..." if len(unused) > 3 else "")
+  text = (
+      f"{hf.path}: {len(unused)} tensor(s) the model has no place for "
+      f"({shown})"
+  )
+  if not allow:
+    raise ConversionError(
+        f"{text}: another architecture or more layers than the config's? "
+        "(--allow_unused_tensors imports without them)"
+    )
+  log(f"warning: {text} are not imported (allow_unused_tensors)")
+
+
 def _check_tensor(hf: hf_directory.HfDirectory, abstract, t) -> None:
   """Raises ConversionError if tensor `t` is missing or of another shape."""
   leaf = abstract
@@ -415,6 +463,7 @@ def import_checkpoint(
     log: Callable[[str], None] = print,
     allow_non_finite: bool = False,
     progress: progress_lib.Reporter = progress_lib.SILENT,
+    allow_unused_tensors: bool = False,
 ) -> ml_collections.ConfigDict:
   """Converts the Hugging Face model at `input_dir` into `output_dir`.
 
@@ -430,6 +479,8 @@ def import_checkpoint(
       are read only while they are converted, into a staging directory
       that is removed).
     progress: where the conversion's and the write's progress goes.
+    allow_unused_tensors: import a directory holding tensors the model
+      has no place for (warned about); by default refused.
 
   Returns:
     The config the parameters were written for.
@@ -440,10 +491,10 @@ def import_checkpoint(
   # Resolved up front: a symbolic link to an empty directory is replaced
   # by the finished checkpoint where it points.
   output_dir = staging_lib.resolve(output_dir)
-  if os.path.exists(output_dir) and (
-      not os.path.isdir(output_dir) or os.listdir(output_dir)
-  ):
-    raise ConversionError(f"--output_dir {output_dir}: exists and is not empty")
+  try:
+    staging_lib.check_output(output_dir)
+  except ValueError as e:
+    raise ConversionError(str(e)) from None
   try:
     hf = hf_directory.HfDirectory(input_dir)
   except hf_directory.FormatError as e:
@@ -478,6 +529,7 @@ def import_checkpoint(
             f"{value!r}"
         )
   abstract, tensors = plan(hf, config)
+  check_unused(hf, module, tensors, allow_unused_tensors, log)
   if module is deepseek:
     for line in deepseek.notes(hf.config):
       log(line)

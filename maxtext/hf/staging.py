@@ -20,6 +20,23 @@ def resolve(output_dir: str) -> str:
   return os.path.realpath(output_dir)
 
 
+def check_output(output_dir: str) -> None:
+  """Refuses (ValueError, one line) an output directory (resolved) that
+  exists and is not an empty directory, or that cannot be made because a
+  path above it is not a directory (a regular file)."""
+  if os.path.exists(output_dir) and (
+      not os.path.isdir(output_dir) or os.listdir(output_dir)
+  ):
+    raise ValueError(f"--output_dir {output_dir}: exists and is not empty")
+  above = os.path.dirname(output_dir)
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    raise ValueError(
+        f"--output_dir {output_dir}: {above} above it is not a directory"
+    )
+
+
 def make(output_dir: str, kind: str, log: Callable[[str], None]) -> str:
   """A new staging directory for `output_dir` (resolved); see the module.
 

@@ -134,11 +134,20 @@ def read(path: str) -> Pending:
   Raises:
     LogError: the log does not exist, is already closed (it has a
       run_stop), was written by a run without deferred_eval, or by a
-      training that did not finish (no deferred_eval_pending); one line.
+      training that did not finish (no deferred_eval_pending), or its
+      events are out of order (one run_start, before every point, the
+      points before the pending event) or malformed (a point without its
+      metadata); one line.
   """
   if not os.path.isfile(path):
     raise LogError(f"no MLPerf log {path}: the run wrote none")
-  events = mllog_logger.read_events(path)
+  try:
+    events = mllog_logger.read_events(path)
+  except (UnicodeDecodeError, ValueError) as e:
+    raise LogError(f"{path}: a :::MLLOG line is not JSON: {e}") from None
+  for number, event in enumerate(events, 1):
+    if not isinstance(event, dict):
+      raise LogError(f"{path}: MLLOG event {number} is not a JSON object")
   for event in events:
     if event.get("key") == "run_stop":
       metadata = event.get("metadata") or {}
@@ -148,12 +157,8 @@ def read(path: str) -> Pending:
           " appended to it"
       )
   points = tuple(
-      Point(
-          checkpoint_step=int(event["value"]),
-          samples=int(event["metadata"]["samples_count"]),
-          update_time_ms=int(event["metadata"]["update_time_ms"]),
-      )
-      for event in events
+      _point(path, number, event)
+      for number, event in enumerate(events, 1)
       if event.get("key") == POINT_KEY
   )
   pending = [e for e in events if e.get("key") == PENDING_KEY]
@@ -170,12 +175,59 @@ def read(path: str) -> Pending:
   steps = [p.checkpoint_step for p in points]
   if steps != sorted(set(steps)):
     raise LogError(f"{path}: its {POINT_KEY} steps {steps} are not ascending")
+  _check_order(path, [e.get("key") for e in events])
+  end = pending[-1]
   return Pending(
       path=path,
       points=points,
-      end_samples=int(pending[-1]["metadata"]["samples_count"]),
-      end_time_ms=int(pending[-1]["time_ms"]),
+      end_samples=_integer(
+          path, PENDING_KEY, end.get("metadata"), "samples_count"
+      ),
+      end_time_ms=_integer(path, PENDING_KEY, end, "time_ms"),
   )
+
+
+def _integer(path: str, key: str, fields, name: str) -> int:
+  """`fields[name]`, an integer, or LogError naming the event and field."""
+  value = fields.get(name) if isinstance(fields, dict) else None
+  if not isinstance(value, int) or isinstance(value, bool):
+    raise LogError(
+        f"{path}: a {key} event's {name} is {value!r}, not an integer"
+    )
+  return value
+
+
+def _point(path: str, number: int, event: dict) -> Point:
+  """A point event, its fields checked (LogError: one line)."""
+  del number  # The field names the event well enough.
+  return Point(
+      checkpoint_step=_integer(path, POINT_KEY, event, "value"),
+      samples=_integer(path, POINT_KEY, event.get("metadata"), "samples_count"),
+      update_time_ms=_integer(
+          path, POINT_KEY, event.get("metadata"), "update_time_ms"
+      ),
+  )
+
+
+def _check_order(path: str, keys: list) -> None:
+  """One run_start, before every point; every point before the pending
+  event (the training's end), which is the last of them."""
+  starts = [i for i, key in enumerate(keys) if key == "run_start"]
+  if len(starts) != 1:
+    raise LogError(
+        f"{path} has {len(starts)} run_start events: one attempt's log has one"
+    )
+  marks = [i for i, key in enumerate(keys) if key in (POINT_KEY, PENDING_KEY)]
+  if marks[0] < starts[0]:
+    raise LogError(
+        f"{path}: a {keys[marks[0]]} event comes before run_start: the log's "
+        "events are out of order"
+    )
+  if keys[marks[-1]] != PENDING_KEY:
+    raise LogError(
+        f"{path}: a {POINT_KEY} event comes after {PENDING_KEY}: the log's "
+        "events are out of order"
+    )
 
 
 class _Clock:

@@ -225,6 +225,50 @@ class DeferredLogTest(absltest.TestCase):
     with self.assertRaisesRegex(deferred_log.LogError, "no MLPerf log"):
       deferred_log.read(path + ".missing")
 
+  def _edited(self, edit) -> str:
+    """A finished training's log with its :::MLLOG lines edited."""
+    path, _ = self.write_training()
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n".join(edit(lines)) + "\n")
+    return path
+
+  def test_events_out_of_order_are_refused(self):
+    def run_start_last(lines):
+      (start,) = [l for l in lines if '"run_start"' in l]
+      return [l for l in lines if l != start] + [start]
+
+    def point_after_the_end(lines):
+      point = [l for l in lines if deferred_log.POINT_KEY in l][-1]
+      return [l for l in lines if l != point] + [point]
+
+    for edit, expected in (
+        (run_start_last, "comes before run_start"),
+        (point_after_the_end, "comes after deferred_eval_pending"),
+        (lambda lines: lines + [l for l in lines if '"run_start"' in l],
+         "has 2 run_start events"),
+    ):  # fmt: skip
+      with self.assertRaisesRegex(deferred_log.LogError, expected):
+        deferred_log.read(self._edited(edit))
+
+  def test_malformed_events_are_refused_in_one_line(self):
+    def without_metadata(lines):
+      return [
+          l.replace('"metadata"', '"elsewhere"')
+          if deferred_log.POINT_KEY in l
+          else l
+          for l in lines
+      ]
+
+    for edit, expected in (
+        (without_metadata, "samples_count is None, not an integer"),
+        (lambda lines: lines + [":::MLLOG {cut"], "is not JSON"),
+        (lambda lines: lines + [":::MLLOG [1]"], "not a JSON object"),
+    ):
+      with self.assertRaisesRegex(deferred_log.LogError, expected):
+        deferred_log.read(self._edited(edit))
+
 
 if __name__ == "__main__":
   absltest.main()

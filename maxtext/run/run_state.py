@@ -241,6 +241,22 @@ class AlreadyFinished(Exception):
     self.run_dir = run_dir
 
 
+def _run_id(paths: run_dir_lib.RunPaths) -> Optional[str]:
+  """The run's id: recorded, or, for a new run, drawn (process 0's,
+  broadcast); None for a run recorded before runs had ids."""
+  if run_record.load_recorded_config(paths.run_dir) is not None:
+    return run_record.recorded_run_id(paths.run_dir)
+  run_id = run_record.new_run_id()
+  if jax.process_count() > 1:
+    digits = np.frombuffer(bytes.fromhex(run_id), np.uint32)
+    run_id = (
+        np.asarray(multihost_utils.broadcast_one_to_all(digits), np.uint32)
+        .tobytes()
+        .hex()
+    )
+  return run_id
+
+
 def _draw_seed() -> int:
   """A fresh seed; with several processes, process 0's, broadcast."""
   seed = run_record.new_seed()
@@ -505,7 +521,9 @@ def build(
     opened.callback(engine.close)
     _resume(config, engine, dataset, checkpointer, paths, mesh, outputs)
     if is_primary:
-      _record_attempt(config, paths, dataset, outputs.start_step)
+      _record_attempt(
+          config, paths, dataset, outputs.start_step, checkpointer.run_id
+      )
     listeners = outputs.complete(
         [
             *_output_listeners(
@@ -613,9 +631,11 @@ def _open_inputs(
       # No checkpoint once another run took the run's lock over.
       fence=locks.check if locks is not None else None,
       progress=progress.logged(config.progress_interval_s),
+      # Only this run's own checkpoints are restored.
+      run_id=_run_id(paths),
   )
   opened.callback(checkpointer.close)
-  config = _check_resume(config, paths, checkpointer.latest_step())
+  config = _check_resume(config, paths, checkpointer.latest_own_step())
   if paths.remote_url and is_primary:
     outputs.mirror = _mirror(config, paths, locks)
   dataset = workload.make_dataset(
@@ -738,6 +758,7 @@ def _record_attempt(
     paths: run_dir_lib.RunPaths,
     dataset: dataset_lib.Dataset,
     start_step: int,
+    run_id: Optional[str],
 ) -> None:
   """Process 0 adds this attempt to the run's record (config.json)."""
   provenance = dict(
@@ -745,6 +766,8 @@ def _record_attempt(
       run_name=paths.run_name,
       remote_url=paths.remote_url,
   )
+  if run_id is not None:
+    provenance["run_id"] = run_id
   data_provenance = dataset.provenance()
   if data_provenance is not None:
     provenance["data"] = data_provenance

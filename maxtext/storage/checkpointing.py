@@ -46,6 +46,13 @@ Failures:
   in one line.
   A checkpoint whose tree or shapes differ from the abstract state is not
   damaged: the config changed, and `ValueError` names the leaf.
+* A checkpoint that is not this run's own is set aside as damage too, in
+  one line naming it: given the run's id (`run_id`), every save records it
+  and the step in the step's checksums.json, and a step whose manifest
+  names another run (or none: copied in from elsewhere), records another
+  step (a step directory copied over another), or is missing while the
+  run's checkpoints carry one (any other step has one, or the run has an
+  id) is refused before anything of it is read.
 * A step directory without orbax's commit marker (`commit_success.txt`,
   written before the step directory is renamed into place) is partial: a
   checkpoint whose upload to a bucket did not finish, downloaded on resume
@@ -434,6 +441,7 @@ class Checkpointer:
       max_to_keep: int,
       fence: Optional[Callable[[], None]] = None,
       progress: Optional[progress_lib.Reporter] = None,
+      run_id: Optional[str] = None,
   ):
     """Opens (and, for a local path, creates) the checkpoint directory.
 
@@ -447,6 +455,9 @@ class Checkpointer:
         nothing more (its lock was taken over), and then nothing is saved.
       progress: where long saves, restores and checksums report their
         progress; default: the log, every `progress.LOG_INTERVAL_S`.
+      run_id: the run's id: recorded in every save's checksums.json, and a
+        checkpoint that does not name it is not restored (module
+        docstring); None for checkpoints of no run's own (imports).
 
     Raises:
       TypeError, ValueError: an argument has the wrong type or range.
@@ -459,6 +470,7 @@ class Checkpointer:
     self._max_to_keep = checks.check_int("max_to_keep", max_to_keep, 0)
     self._fence = fence
     self._progress = progress or progress_lib.logged()
+    self._run_id = run_id
     self._closed = False
     # The step of the save orbax may still be writing in the background:
     # its errors surface later, in wait(), the next save() or close().
@@ -508,6 +520,11 @@ class Checkpointer:
   @property
   def directory(self) -> str:
     return self._directory
+
+  @property
+  def run_id(self) -> Optional[str]:
+    """The id of the run whose checkpoints these are (None: unnamed)."""
+    return self._run_id
 
   @property
   def partial(self) -> tuple[SetAside, ...]:
@@ -674,6 +691,8 @@ class Checkpointer:
         (STATE_ITEM, METADATA_ITEM),
         self._progress,
         f"checkpoint step {step}: checksums",
+        step=step,
+        run_id=self._run_id,
     )
     logging.info(
         "Checksummed checkpoint step %s: %s in %.3f s",
@@ -686,9 +705,30 @@ class Checkpointer:
     """Checks `step`'s files under `items` against its checksums.json.
 
     Raises:
-      checksums.ChecksumError: a file differs (a ValueError: damage).
+      checksums.ChecksumError: a file differs, or the step is not this
+        run's own (module docstring) (a ValueError: damage).
     """
-    verify_step(self._directory, step, items, self._progress)
+    verify_step(
+        self._directory,
+        step,
+        items,
+        self._progress,
+        run_id=self._run_id,
+        required=self._manifest_required(step),
+    )
+
+  def _manifest_required(self, step: int) -> bool:
+    """Whether `step` must carry a checksums.json: the run has an id, or
+    another of its steps carries one (a local directory)."""
+    if _is_url(self._directory):
+      return False
+    if self._run_id is not None:
+      return True
+    return any(
+        checksums.has_manifest(os.path.join(self._directory, str(other)))
+        for other in self._manager.all_steps()
+        if other != step
+    )
 
   def due(self, step: int) -> bool:
     """Whether `save(step, ...)` without `force` writes a checkpoint."""
@@ -765,6 +805,27 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     """Returns the newest checkpoint step, or None if there is none."""
     return self._manager.latest_step()
+
+  def latest_own_step(self) -> int | None:
+    """The newest step whose checksums.json says it is this run's own
+    (its step and run; only that file is read), or None: what a finished
+    run's check reads, so that a step copied in from another run does not
+    pass for the run's end. A remote directory's newest step."""
+    if _is_url(self._directory):
+      return self.latest_step()
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        checksums.check_identity(
+            os.path.join(self._directory, str(step)),
+            f"checkpoint step {step}",
+            step=step,
+            run_id=self._run_id,
+            required=self._manifest_required(step),
+        )
+      except checksums.ChecksumError:
+        continue  # restore_newest sets it aside, saying why.
+      return step
+    return None
 
   def restore(
       self, step: int, abstract_state: Any
@@ -1092,17 +1153,23 @@ def verify_step(
     step: int,
     items: tuple[str, ...],
     progress: Optional[progress_lib.Reporter] = None,
+    *,
+    run_id: Optional[str] = None,
+    required: bool = False,
 ) -> None:
   """Checks checkpoint `step` of `directory` against its checksums.json.
 
   Logs one line when the step has no checksums (written before checkpoints
-  carried them, or straight to a bucket by orbax) and is read unverified.
+  carried them, or straight to a bucket by orbax) and is read unverified,
+  unless `required`. The manifest's recorded step must be `step`, and,
+  given `run_id`, it must name that run.
   A long verification reports its progress to `progress` (default: the
   log, every `progress.LOG_INTERVAL_S`).
 
   Raises:
     checksums.ChecksumError: one line naming the step and the file that
-      is missing or differs.
+      is missing or differs, or the manifest that is missing (required),
+      of another step or of another run.
   """
   where = f"checkpoint step {step}"
   if _is_url(directory):
@@ -1116,6 +1183,9 @@ def verify_step(
       items,
       where,
       progress or progress_lib.logged(),
+      step=step,
+      run_id=run_id,
+      required=required,
   )
   if result == checksums.UNVERIFIED:
     logging.warning(

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -396,9 +397,12 @@ class RestoreNewestTest(parameterized.TestCase):
         make_big_state(0.0, self.sharding), self.sharding
     )
 
-  def write_steps(self, *steps):
+  def write_steps(self, *steps, directory=None, run_id=None):
     with checkpointing.Checkpointer(
-        self.directory, save_period=1, max_to_keep=0
+        directory or self.directory,
+        save_period=1,
+        max_to_keep=0,
+        run_id=run_id,
     ) as ckpt:
       for step in steps:
         ckpt.save(
@@ -407,9 +411,9 @@ class RestoreNewestTest(parameterized.TestCase):
             {"samples_count": step * 8},
         )
 
-  def make_checkpointer(self):
+  def make_checkpointer(self, run_id=None):
     ckpt = checkpointing.Checkpointer(
-        self.directory, save_period=1, max_to_keep=0
+        self.directory, save_period=1, max_to_keep=0, run_id=run_id
     )
     self.addCleanup(ckpt.close)
     return ckpt
@@ -525,8 +529,10 @@ class RestoreNewestTest(parameterized.TestCase):
     self.assertIn(f"{path} is damaged", restored.set_aside[0].reason)
 
   def test_a_checkpoint_without_checksums_restores_unverified(self):
+    # A run of before checksums: none of its steps has them.
     self.write_steps(4, 8)
-    os.remove(os.path.join(self.directory, "8", checksums.MANIFEST))
+    for step in (4, 8):
+      os.remove(os.path.join(self.directory, str(step), checksums.MANIFEST))
     with self.assertLogs(level="WARNING") as logs:
       restored = self.make_checkpointer().restore_newest(self.abstract)
     self.assertEqual(restored.step, 8)
@@ -536,6 +542,81 @@ class RestoreNewestTest(parameterized.TestCase):
         "(written before checkpoints carried checksums): read unverified",
         [r.getMessage() for r in logs.records],
     )
+
+  def _restored_past(self, step: int, run_id=None) -> str:
+    """Restores, checks that `step` was set aside for step 4; its reason."""
+    with self.assertLogs(level="WARNING"):
+      restored = self.make_checkpointer(run_id).restore_newest(self.abstract)
+    self.assertEqual(restored.step, 4)
+    chex.assert_trees_all_equal(
+        restored.state, make_big_state(4.0, self.sharding)
+    )
+    (entry,) = restored.set_aside
+    self.assertEqual(entry.step, step)
+    self.assertNotIn("\n", entry.reason)
+    return entry.reason
+
+  def test_a_missing_manifest_beside_others_is_damage(self):
+    self.write_steps(4, 8)
+    manifest = os.path.join(self.directory, "8", checksums.MANIFEST)
+    os.remove(manifest)
+    self.assertEqual(
+        self._restored_past(8),
+        f"ChecksumError: checkpoint step 8: {manifest} is missing, and "
+        "every checkpoint of this run carries one",
+    )
+
+  def test_every_save_names_its_run_and_step(self):
+    self.write_steps(4, run_id="run-a")
+    with open(
+        os.path.join(self.directory, "4", checksums.MANIFEST), encoding="utf-8"
+    ) as f:
+      manifest = json.load(f)
+    self.assertEqual((manifest["run_id"], manifest["step"]), ("run-a", 4))
+    restored = self.make_checkpointer("run-a").restore_newest(self.abstract)
+    self.assertEqual((restored.step, restored.set_aside), (4, ()))
+
+  def test_another_runs_step_is_set_aside(self):
+    self.write_steps(4, run_id="run-a")
+    elsewhere = os.path.join(self.create_tempdir().full_path, "other")
+    self.write_steps(8, directory=elsewhere, run_id="run-b")
+    shutil.copytree(
+        os.path.join(elsewhere, "8"), os.path.join(self.directory, "8")
+    )
+    self.assertIn(
+        "names run 'run-b', not this run (run-a): a checkpoint of another "
+        "run",
+        self._restored_past(8, "run-a"),
+    )
+
+  def test_the_latest_own_step_passes_over_another_runs(self):
+    self.write_steps(4, run_id="run-a")
+    elsewhere = os.path.join(self.create_tempdir().full_path, "other")
+    self.write_steps(8, directory=elsewhere, run_id="run-b")
+    shutil.copytree(
+        os.path.join(elsewhere, "8"), os.path.join(self.directory, "8")
+    )
+    ckpt = self.make_checkpointer("run-a")
+    self.assertEqual(ckpt.latest_step(), 8)
+    self.assertEqual(ckpt.latest_own_step(), 4)
+    self.assertEqual(self.make_checkpointer("run-b").latest_own_step(), 8)
+
+  def test_a_step_without_a_run_in_a_run_with_one_is_set_aside(self):
+    self.write_steps(4, run_id="run-a")
+    self.write_steps(8)
+    self.assertIn("names no run", self._restored_past(8, "run-a"))
+    # Nor does a run with an id read a step without checksums.
+    self.write_steps(12, run_id="run-a")
+    os.remove(os.path.join(self.directory, "12", checksums.MANIFEST))
+    self.assertIn("is missing", self._restored_past(12, "run-a"))
+
+  def test_a_step_directory_copied_over_a_newer_one_is_set_aside(self):
+    self.write_steps(4, 8, run_id="run-a")
+    newer = os.path.join(self.directory, "8")
+    shutil.rmtree(newer)
+    shutil.copytree(os.path.join(self.directory, "4"), newer)
+    self.assertIn("records step 4: a step directory copied over another",
+                  self._restored_past(8, "run-a"))  # fmt: skip
 
   def test_params_only_restore_refuses_flipped_bytes_in_one_line(self):
     self.write_steps(4, 8)

@@ -15,12 +15,20 @@ Both read every byte of a checkpoint, which takes minutes for a large state:
 each reports its progress (files and bytes, GB/s, ETA) to a
 `progress.Reporter`, saying nothing when it is short.
 
+The manifest also names the checkpoint: its `step` and the `run_id` of
+the run that wrote it (the run record's id), when the writer gives them.
+
 `verify(step_dir, items)` recomputes the checksums of the files under
 `items` before orbax reads any of them, and raises `ChecksumError` naming
 the checkpoint and the first file that is missing, of another size or of
-other content. A step directory without `checksums.json` (written before
-checksums existed, or by orbax straight to a bucket) is `UNVERIFIED`:
-readers load it and say so in one line.
+other content; given the step and the run's id, a manifest that records
+another step (a step directory copied over another) or another run (a
+checkpoint copied in from elsewhere, or one written before runs had ids)
+is refused the same way. A step directory without `checksums.json`
+(written before checksums existed, or by orbax straight to a bucket) is
+`UNVERIFIED`: readers load it and say so in one line, unless the caller
+requires a manifest (a run whose checkpoints carry them), where it is
+refused.
 
 Orbax's step-level `_CHECKPOINT_METADATA` (timestamps, item names, rewritten
 when orbax commits the step) and its commit marker are not covered.
@@ -28,7 +36,7 @@ when orbax commits the step) and its commit marker are not covered.
 
 import json
 import os
-from typing import Iterable
+from typing import Iterable, Optional
 
 import google_crc32c
 
@@ -82,6 +90,9 @@ def write(
     items: Iterable[str],
     progress: progress_lib.Reporter = progress_lib.SILENT,
     label: str = "checksums",
+    *,
+    step: Optional[int] = None,
+    run_id: Optional[str] = None,
 ) -> int:
   """Records the checksums of the files under `items` in `step_dir`.
 
@@ -90,6 +101,8 @@ def write(
     items: the item subdirectories to cover, e.g. ("state", "metadata").
     progress: where the progress goes (files and bytes checksummed).
     label: names the job in the progress lines.
+    step: the checkpoint's step, recorded when given.
+    run_id: the id of the run writing it, recorded when given.
 
   Returns:
     The bytes checksummed.
@@ -104,6 +117,10 @@ def write(
       job.advance(size, f"files {i}/{len(names)}")
   total = sum(sizes)
   manifest = {"format": FORMAT, "algorithm": ALGORITHM, "files": files}
+  if step is not None:
+    manifest["step"] = step
+  if run_id is not None:
+    manifest["run_id"] = run_id
   partial = os.path.join(step_dir, MANIFEST + ".partial")
   with open(partial, "w", encoding="utf-8") as f:
     json.dump(manifest, f, indent=1, sort_keys=True)
@@ -114,7 +131,7 @@ def write(
 
 
 def _read_manifest(step_dir: str, where: str) -> dict | None:
-  """The manifest's files entry, checked; None when there is no manifest."""
+  """The manifest, its files entry checked; None when there is none."""
   path = os.path.join(step_dir, MANIFEST)
   try:
     with open(path, encoding="utf-8") as f:
@@ -137,7 +154,58 @@ def _read_manifest(step_dir: str, where: str) -> dict | None:
     raise ChecksumError(
         f"{where}: {path} is not a {ALGORITHM} manifest of format {FORMAT}"
     )
-  return files
+  return manifest
+
+
+def has_manifest(step_dir: str) -> bool:
+  """Whether `step_dir` holds a manifest (of any content)."""
+  return os.path.lexists(os.path.join(step_dir, MANIFEST))
+
+
+def _check_identity(
+    manifest: dict, path: str, where: str, step, run_id
+) -> None:
+  """Refuses a manifest of another step or another run (one line)."""
+  recorded = manifest.get("step")
+  if step is not None and recorded is not None and recorded != step:
+    raise ChecksumError(
+        f"{where}: {path} records step {recorded!r}: a step directory "
+        "copied over another"
+    )
+  if run_id is not None and manifest.get("run_id") != run_id:
+    theirs = manifest.get("run_id")
+    raise ChecksumError(
+        f"{where}: {path} names "
+        + (f"run {theirs!r}" if theirs is not None else "no run")
+        + f", not this run ({run_id}): a checkpoint of another run"
+    )
+
+
+def check_identity(
+    step_dir: str,
+    where: str,
+    *,
+    step: Optional[int] = None,
+    run_id: Optional[str] = None,
+    required: bool = False,
+) -> Optional[dict]:
+  """`verify`'s checks of the manifest alone (no file is read): its
+  manifest, or None when there is none and none is `required`.
+
+  Raises:
+    ChecksumError: as `verify`, for the manifest.
+  """
+  manifest = _read_manifest(step_dir, where)
+  path = os.path.join(step_dir, MANIFEST)
+  if manifest is None:
+    if required:
+      raise ChecksumError(
+          f"{where}: {path} is missing, and every checkpoint of this run "
+          "carries one"
+      )
+    return None
+  _check_identity(manifest, path, where, step, run_id)
+  return manifest
 
 
 def verify(
@@ -145,6 +213,10 @@ def verify(
     items: Iterable[str],
     where: str,
     progress: progress_lib.Reporter = progress_lib.SILENT,
+    *,
+    step: Optional[int] = None,
+    run_id: Optional[str] = None,
+    required: bool = False,
 ) -> str:
   """Checks the files under `items` of `step_dir` against its manifest.
 
@@ -153,17 +225,26 @@ def verify(
     items: the item subdirectories the reader reads.
     where: names the checkpoint in messages, e.g. "checkpoint step 8".
     progress: where the progress goes (files and bytes verified).
+    step: the step the directory stands for: a manifest recording another
+      is refused.
+    run_id: the reading run's id: a manifest naming another run, or none,
+      is refused.
+    required: a directory without a manifest is refused.
 
   Returns:
     VERIFIED, or UNVERIFIED when the directory holds no manifest.
 
   Raises:
     ChecksumError: one line naming `where` and the first file (its path)
-      that is missing, unrecorded, of another size or of another CRC32C.
+      that is missing, unrecorded, of another size or of another CRC32C,
+      or the manifest that is missing, of another step or another run.
   """
-  files = _read_manifest(step_dir, where)
-  if files is None:
+  manifest = check_identity(
+      step_dir, where, step=step, run_id=run_id, required=required
+  )
+  if manifest is None:
     return UNVERIFIED
+  files = manifest["files"]
   items = tuple(items)
   recorded = {
       name: entry

@@ -385,6 +385,24 @@ def load_recorded_config(run_dir: str) -> Optional[dict[str, Any]]:
   return None if document is None else document["config"]
 
 
+def new_run_id() -> str:
+  """A fresh run id: 32 hex digits from os.urandom."""
+  return os.urandom(16).hex()
+
+
+def recorded_run_id(run_dir: str) -> Optional[str]:
+  """The id the run recorded at its first attempt (its provenance's
+  `run_id`); None for a run recorded before runs had ids, or none yet."""
+  attempts = _read_history(os.path.join(run_dir, CONFIG_HISTORY))
+  if attempts:
+    provenance = attempts[0].get("provenance") or {}
+  else:
+    document = read_config_json(run_dir)
+    provenance = {} if document is None else document.get("provenance") or {}
+  run_id = provenance.get("run_id")
+  return run_id if isinstance(run_id, str) and run_id else None
+
+
 def record_attempt(
     run_dir: str,
     config: Any,
