@@ -46,6 +46,12 @@ from maxtext.model import transformer
 # layer's cache twice a call, which is most of a decode step's time on a TPU.
 Store = Callable[[Any, jax.Array, dict, jax.Array], tuple[Any, dict]]
 
+# (the stack's entries after the store wrote, the layer index, queries [B,
+# S, H, D]) -> [B, S, H, D]: grouped-query attention that reads the stack's
+# entries itself (a paged pool read in place by a kernel) instead of the
+# store's view.
+Attend = Callable[[Any, jax.Array, jax.Array], jax.Array]
+
 
 def dense_store(entries, index, new, positions):
   """The dense cache's store: writes `new` [B, S, ...] entries at their
@@ -64,10 +70,9 @@ def dense_store(entries, index, new, positions):
   return written, view
 
 
-def _attention(x, layer, entries, index, positions, config, store):
+def _attention(x, layer, entries, index, positions, config, store, attend):
   """Layer `index`'s attention over the stack's cache; returns (out,
   entries)."""
-  cdt = x.dtype
   if config.attention_type == "mla":
     q = mla.queries(x, layer, config, positions)
     latent, k_rope = mla.latent_keys(x, layer, config, positions)
@@ -80,10 +85,18 @@ def _attention(x, layer, entries, index, positions, config, store):
   else:
     q, k, v = transformer.gqa_projections(x, layer, config, positions)
     entries, view = store(entries, index, {"k": k, "v": v}, positions)
+    if attend is not None:
+      out = attend(entries, index, q)
+      return _project(out, x, layer), entries
     k, v = view["k"], view["v"]
   out = layers.attend_cached(q, k, v, positions, layers.rope_scaling(config))
+  return _project(out, x, layer), entries
+
+
+def _project(out, x, layer):
+  """The attention output [B, S, H, D] gated and projected to [B, S, E]."""
   out = transformer.output_gate(out, x, layer)
-  return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), entries
+  return jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(x.dtype))
 
 
 def _unstacked(tree: Any) -> Any:
@@ -99,6 +112,7 @@ def forward(
     config,
     store: Optional[Store] = None,
     lengths: Optional[jax.Array] = None,
+    attend: Optional[Attend] = None,
 ) -> tuple[jax.Array, kv_cache.Cache]:
   """Runs the blocks over `tokens`, reading and extending `cache`.
 
@@ -115,6 +129,9 @@ def forward(
     lengths: int32 [B]: row b's first lengths[b] tokens are real, the rest
       padding, for the Gated DeltaNet states (`gated_deltanet.apply`); the
       attention entries follow `store`. None: every token is real.
+    attend: grouped-query attention that reads the entries itself
+      (`paged_model.ragged_attend`); None: `layers.attend_cached` over the
+      store's view.
 
   Returns:
     (hidden, cache): hidden [B, S, E] final-normed hidden states in the
@@ -140,6 +157,7 @@ def forward(
         positions,
         config,
         store,
+        attend,
     )
     return ffn(x + out, layer), entries
 

@@ -92,12 +92,16 @@ from maxtext.generation import page_pool
 from maxtext.generation import paged_model
 from maxtext.generation import replica_layout
 from maxtext.generation import sampling
+from maxtext.model import layers
 from maxtext.model import model_config
 from maxtext.runtime import mesh as mesh_lib
 
 _STOP_SLOTS = 8
 
 P = jax.sharding.PartitionSpec
+
+
+_ATTENTION = ("auto", "kernel", "gather")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,14 +122,24 @@ class EngineOptions:
     chunk: most decode steps one program call runs before the host
       refills slots (it returns early when a slot frees while sequences
       wait).
+    attention: how grouped-query layers read the pool: "kernel" (the
+      Pallas ragged paged attention kernel reads each row's pages in
+      place; TPU), "gather" (each layer gathers the rows' pages into a
+      view, `paged_model.paged_store`) or "auto" (the kernel where it
+      runs: `kernel_fits`).
   """
 
   num_slots: int = 0
   page_size: int = 16
   num_pages: int = 0
   chunk: int = 32
+  attention: str = "auto"
 
   def __post_init__(self):
+    if self.attention not in _ATTENTION:
+      raise ValueError(
+          f"attention={self.attention!r}: must be one of {_ATTENTION}"
+      )
     checks.check_int("num_slots", self.num_slots, 0)
     size = checks.check_int("page_size", self.page_size, 1)
     if size & (size - 1):
@@ -182,7 +196,44 @@ def pool_sharding(
   return layout.sharding(layout.pool_spec())
 
 
-def _prefill_body(params, pool, tokens, length, table, *, config):
+def kernel_fits(config, layout) -> Optional[str]:
+  """Why the ragged paged attention kernel cannot serve this model and
+  layout, or None when it can: grouped-query attention (MLA's latents are
+  not keys and values), heads of a multiple of 128 (the TPU's lanes), a
+  pool whose heads are not split over a tensor axis (the kernel sees one
+  device's pool), compiled for a TPU."""
+  if config.attention_type == "mla":
+    return "multi-head latent attention keeps latents, not keys and values"
+  if config.head_dim % 128:
+    return f"head_dim={config.head_dim} is not a multiple of 128"
+  if layout.heads_axis is not None:
+    return "the pool's heads are split over the tensor axis"
+  platform = layers.target_platform(layout.mesh)
+  if platform != "tpu":
+    return f"the kernel runs on a TPU, not on {platform}"
+  return None
+
+
+def attention_of(engine: EngineOptions, config, layout):
+  """`engine.attention` resolved: "gather" or the kernel
+  (`paged_model.Attention`).
+
+  Raises:
+    ValueError: "kernel" where `kernel_fits` says it cannot run (one line).
+  """
+  if engine.attention == "gather":
+    return "gather"
+  why_not = kernel_fits(config, layout)
+  if why_not is None:
+    return paged_model.ragged_kernel
+  if engine.attention == "kernel":
+    raise ValueError(f"attention='kernel': {why_not}")
+  return "gather"
+
+
+def _prefill_body(
+    params, pool, tokens, length, table, *, config, attention
+):
   """One replica's prefill of one context (tokens [1, T], length [1],
   table [1, T / P]): (pool, logits [1, V] of its last position, its
   recurrent states [L, 1, ...]). A length of 0 writes nothing (its logits
@@ -197,15 +248,20 @@ def _prefill_body(params, pool, tokens, length, table, *, config):
       table,
       config,
       kv_cache.init_states(config, 1),
+      attention,
   )
   last = jax.lax.dynamic_index_in_dim(hidden, length[0] - 1, 1)
   return pool, cached_model.logits(params, last)[:, 0], states
 
 
 @functools.partial(
-    jax.jit, static_argnames=("config", "layout"), donate_argnums=(1,)
+    jax.jit,
+    static_argnames=("config", "layout", "attention"),
+    donate_argnums=(1,),
 )
-def _prefill(params, pool, tokens, lengths, tables, *, config, layout):
+def _prefill(
+    params, pool, tokens, lengths, tables, *, config, layout, attention
+):
   """Writes up to one context per replica into its pages.
 
   Args:
@@ -217,6 +273,7 @@ def _prefill(params, pool, tokens, lengths, tables, *, config, layout):
     tables: int32 [R, T / P]: each context's pages (the replica's local
       ids).
     config, layout: static (`replica_layout.Layout`).
+    attention: static: `attention_of`'s.
 
   Returns:
     (pool, logits float32 [R, V] of each context's last position, their
@@ -226,7 +283,7 @@ def _prefill(params, pool, tokens, lengths, tables, *, config, layout):
   """
   split = layout.split
   pool, logits, states = layout.per_replica(
-      functools.partial(_prefill_body, config=config),
+      functools.partial(_prefill_body, config=config, attention=attention),
       in_specs=(P(), split(1), split(0), split(0), split(0)),
       out_specs=(split(1), split(0), split(1)),
   )(params, pool, tokens, lengths, tables)
@@ -238,12 +295,14 @@ def _prefill(params, pool, tokens, lengths, tables, *, config, layout):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("config", "num_pages", "page_size", "layout")
+    jax.jit,
+    static_argnames=("config", "num_pages", "page_size", "layout", "attention"),
 )
-def _empty_pool(*, config, num_pages, page_size, layout):
-  """A zero pool placed by `layout`."""
+def _empty_pool(*, config, num_pages, page_size, layout, attention):
+  """A zero pool for `attention`, placed by `layout`."""
   return layout.constrain(
-      paged_model.init_pool(config, num_pages, page_size), layout.pool_spec()
+      paged_model.init_pool(config, num_pages, page_size, attention),
+      layout.pool_spec(),
   )
 
 
@@ -332,6 +391,7 @@ def _decode_body(
     greedy: bool,
     filtered: bool,
     replicas: int,
+    attention,
 ):
   """One replica's `_decode` on its blocks (stop_after [1])."""
   slots = logits.shape[0]
@@ -383,6 +443,7 @@ def _decode_body(
         tables,
         config,
         states,
+        attention,
     )
     logits = cached_model.logits(params, hidden)[:, 0]
     return (
@@ -418,7 +479,14 @@ def _decode_body(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "chunk", "greedy", "filtered", "layout"),
+    static_argnames=(
+        "config",
+        "chunk",
+        "greedy",
+        "filtered",
+        "layout",
+        "attention",
+    ),
     donate_argnums=(1, 2, 3),
 )
 def _decode(
@@ -445,6 +513,7 @@ def _decode(
     greedy: bool,
     filtered: bool,
     layout,
+    attention,
 ):
   """Up to `chunk` decode steps of every slot.
 
@@ -467,6 +536,7 @@ def _decode(
     config, chunk, greedy, filtered: static.
     layout: static (`replica_layout.Layout`): every [S, ...] array split
       over the replicas on its slot dimension, the pool on its pages.
+    attention: static: `attention_of`'s.
 
   Returns:
     (pool, states, logits, ids int32 [S, chunk], log_probs float32
@@ -484,6 +554,7 @@ def _decode(
           greedy=greedy,
           filtered=filtered,
           replicas=layout.replicas,
+          attention=attention,
       ),
       in_specs=(P(), split(1), split(1), split(0)) + slot_specs + (P(),) * 6,
       out_specs=(split(1), split(1)) + (split(0),) * 5,
@@ -669,6 +740,7 @@ def generate(
       [max(budgets[i * g : (i + 1) * g]) for i in range(len(contexts))],
   )
   layout = replica_layout.for_model(config, mesh)
+  attention = attention_of(engine, config, layout)
   replicas = layout.replicas
   size = engine.page_size
   slots = replica_slots(engine.num_slots or rows, replicas)
@@ -686,7 +758,11 @@ def generate(
   put = layout.put
 
   pool = _empty_pool(
-      config=config, num_pages=num_pages, page_size=size, layout=layout
+      config=config,
+      num_pages=num_pages,
+      page_size=size,
+      layout=layout,
+      attention=attention,
   )
   states = _empty_states(config=config, slots=slots, layout=layout)
   stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
@@ -751,6 +827,7 @@ def generate(
         put(table, split(0)),
         config=config,
         layout=layout,
+        attention=attention,
     )
     prefilled = _Prefilled(last, context_states)
     for replica, index in assigned.items():
@@ -887,6 +964,7 @@ def generate(
         greedy=options.greedy,
         filtered=options.filtered,
         layout=layout,
+        attention=attention,
     )
     return out
 
@@ -1071,6 +1149,7 @@ def lower(
   config = model_config.of(config)
   check_lowering(config, num_slots, length, prompt_length)
   layout = replica_layout.for_model(config, mesh)
+  attention = attention_of(engine, config, layout)
   replicas = layout.replicas
   num_slots = replica_slots(num_slots, replicas)
   size = engine.page_size
@@ -1092,7 +1171,9 @@ def lower(
 
   pool = placed(
       jax.eval_shape(
-          functools.partial(paged_model.init_pool, config, num_pages, size)
+          functools.partial(
+              paged_model.init_pool, config, num_pages, size, attention
+          )
       ),
       layout.pool_spec(),
   )
@@ -1112,6 +1193,7 @@ def lower(
       shape(i32, replicas, bucket // size, spec=split(0)),
       config=config,
       layout=layout,
+      attention=attention,
   )
   key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
   decode = _decode.lower(
@@ -1135,6 +1217,7 @@ def lower(
       greedy=False,
       filtered=False,
       layout=layout,
+      attention=attention,
   )
   return LoweredEngine(
       programs={"prefill": prefill, "decode": decode},

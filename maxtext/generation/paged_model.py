@@ -2,7 +2,9 @@
 
 The pool has the dense cache's pytree (`kv_cache`) with pages in place of
 rows: each leaf is [L, N, P, ...] (L layers of the stack, N pages, P
-positions a page). Row b's page table `tables[b]` lists its pages in
+positions a page). A grouped-query pool read by the ragged paged attention
+kernel keeps keys and values in one leaf "kv" [L, N, P, 2K, D], key head h
+at 2h and its value at 2h + 1: the layout that kernel reads. Row b's page table `tables[b]` lists its pages in
 position order, so its position p lies in page tables[b, p // P] at offset
 p % P. Rows that continue one prompt list the same pages for the prompt's
 positions, so the prompt's keys and values are stored once.
@@ -16,25 +18,94 @@ sees view slots 0..p, which are the row's positions 0..p). Tokens marked
 invalid (prefill padding, empty decode slots, a row's last token) write
 nothing. The gather costs one copy of the visible pages per layer and call;
 a TPU kernel that reads the pages in place (ragged paged attention) is the
-faster way and computes the same thing.
+faster way and computes the same thing: with `attention` set to it (a
+function of `ragged_paged_attention`'s signature), grouped-query layers
+write their pages as above and the kernel reads each row's own pages of
+the pool in place (`ragged_attend`), without a view.
 
 A hybrid model's Gated DeltaNet layers keep no pages: their states are one
 per row of the call (`kv_cache.init_states`), passed and returned beside
 the pool; a row's state advances over its valid tokens only.
 """
 
-from typing import Any
+from typing import Any, Callable, Optional, Union
 
 import jax
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel
 import jax.numpy as jnp
 
 from maxtext.generation import cached_model
 from maxtext.generation import kv_cache
+from maxtext.model import layers
 
 
-def init_pool(config, num_pages: int, page_size: int) -> kv_cache.Cache:
-  """A zero pool of `num_pages` pages of `page_size` positions."""
-  return kv_cache.init_entries(config, num_pages, page_size)
+# A ragged paged attention function: (queries [T, H, D], pages [N, P, 2K,
+# D], kv_lens [B], page_indices [B, W], cu_q_lens [B + 1], num_seqs [1],
+# *, sm_scale) -> [T, H, D]; the Pallas TPU kernel
+# `jax.experimental.pallas.ops.tpu.ragged_paged_attention` or its
+# reference. "gather": the gathered view and `layers.attend_cached`.
+Attention = Union[str, Callable[..., jax.Array]]
+
+
+# Bytes of pages one block of the kernel copies into VMEM (it holds two,
+# double-buffered, within its 16 MiB of scoped VMEM beside the queries and
+# accumulators).
+_KERNEL_BLOCK_BYTES = 4 * 2**20
+
+
+def ragged_kernel(
+    q, pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale
+):
+  """The Pallas TPU ragged paged attention kernel, with block sizes chosen
+  here: as many pages a block as fit `_KERNEL_BLOCK_BYTES` (a power of
+  two, at most the table's width) and up to 32 queries. The kernel's own
+  tuned table keys on the host's device and lists no entry for the
+  engine's 16-position pages, where its default (128 pages a block) does
+  not fit the 16 MiB of scoped VMEM; choosing here also lets a program for
+  a TPU be compiled on a CPU host."""
+  page_bytes = pages[0].size * pages.dtype.itemsize
+  fit = max(_KERNEL_BLOCK_BYTES // page_bytes, 1)
+  blocks = 1 << (min(fit, page_indices.shape[1]).bit_length() - 1)
+  return kernel.ragged_paged_attention(
+      q,
+      pages,
+      kv_lens,
+      page_indices,
+      cu_q_lens,
+      num_seqs,
+      sm_scale=sm_scale,
+      num_kv_pages_per_block=blocks,
+      num_queries_per_block=min(q.shape[0], 32),
+  )
+
+
+def _combined(entries: dict) -> dict:
+  """A stack's entries with grouped-query "k" and "v" [..., K, D] as one
+  "kv" [..., 2K, D] leaf (MLA's entries unchanged)."""
+  if "k" not in entries:
+    return entries
+  k = entries["k"]
+  return {"kv": jnp.zeros(k.shape[:-2] + (2 * k.shape[-2], k.shape[-1]), k.dtype)}
+
+
+def _interleaved(k: jax.Array, v: jax.Array) -> jax.Array:
+  """[..., K, D] keys and values as [..., 2K, D]: key h at 2h, value at
+  2h + 1."""
+  both = jnp.stack([k, v], axis=-2)
+  return both.reshape(k.shape[:-2] + (2 * k.shape[-2], k.shape[-1]))
+
+
+def init_pool(
+    config, num_pages: int, page_size: int, attention: Attention = "gather"
+) -> kv_cache.Cache:
+  """A zero pool of `num_pages` pages of `page_size` positions, laid out
+  for `attention` (`forward`'s): a kernel's keeps grouped-query keys and
+  values in one "kv" leaf; the gather's keeps "k" and "v" apart, each
+  gathered by one gather."""
+  entries = kv_cache.init_entries(config, num_pages, page_size)
+  if attention == "gather":
+    return entries
+  return {stack: _combined(leaves) for stack, leaves in entries.items()}
 
 
 def page_size_of(pool: kv_cache.Cache) -> int:
@@ -73,6 +144,8 @@ def paged_store(
     # An out-of-range page id: the scatter drops these tokens' entries.
     page = jnp.where(valid, page, num_pages)
     offset = positions % page_size
+    if "kv" in entries:
+      new = {"kv": _interleaved(new["k"], new["v"])}
     written, view = {}, {}
     for name, value in new.items():
       leaf = entries[name]
@@ -83,9 +156,66 @@ def paged_store(
       view[name] = leaf[index, tables].reshape(
           (rows, width * page_size) + leaf.shape[3:]
       )
+    if "kv" in view:  # Read only by a test's gather over a kernel's pool.
+      kv = view.pop("kv")
+      view["k"], view["v"] = kv[..., 0::2, :], kv[..., 1::2, :]
     return written, view
 
   return store
+
+
+def ragged_attend(
+    tables: jax.Array,
+    positions: jax.Array,
+    scale: float,
+    attention: Callable[..., jax.Array],
+) -> cached_model.Attend:
+  """Grouped-query attention over the pool read in place by `attention`
+  (the ragged paged attention kernel, or its reference).
+
+  The stack's pool [L, N, P, 2K, D] is the kernel's [L * N, P, 2K, D]
+  pages (a reshape, no copy), layer l's page p being page l * N + p. Row
+  b's S queries are the last S of its kv_lens[b] = positions[b, 0] + S
+  positions (its call's positions run on from positions[b, 0], as every
+  prefill and decode call's do), so the kernel's causal mask is the
+  view's: a query at position p sees positions 0..p. A padded query (a
+  prefill past its context, an empty slot) attends to what its row's
+  pages hold and its output is never read.
+
+  Args:
+    tables: int32 [B, W] the rows' page tables (ids past a row's last
+      page may be any id; they are clipped into the pool).
+    positions: int32 [B, S] the call's positions.
+    scale: the scores' scale (`layers.softmax_scale`).
+    attention: the ragged paged attention function.
+
+  Returns:
+    `cached_model.Attend`: (the stack's entries, the layer index, q [B,
+    S, H, D]) -> [B, S, H, D].
+  """
+  rows, width = tables.shape
+  steps = positions.shape[1]
+
+  def attend(entries, index, q):
+    kv = entries["kv"]
+    layers, num_pages = kv.shape[:2]
+    pages = kv.reshape((layers * num_pages,) + kv.shape[2:])
+    page_size = kv.shape[2]
+    kv_lens = jnp.clip(positions[:, 0] + steps, steps, width * page_size)
+    out = attention(
+        q.reshape((rows * steps,) + q.shape[2:]),
+        pages,
+        kv_lens.astype(jnp.int32),
+        (jnp.clip(tables, 0, num_pages - 1) + index * num_pages).astype(
+            jnp.int32
+        ),
+        jnp.arange(rows + 1, dtype=jnp.int32) * steps,
+        jnp.array([rows], jnp.int32),
+        sm_scale=scale,
+    )
+    return out.reshape(q.shape)
+
+  return attend
 
 
 def forward(
@@ -97,6 +227,7 @@ def forward(
     tables: jax.Array,
     config,
     states: kv_cache.Cache,
+    attention: Attention = "gather",
 ) -> tuple[jax.Array, kv_cache.Cache, kv_cache.Cache]:
   """Runs the blocks over `tokens`, reading and extending the paged `pool`.
 
@@ -112,6 +243,10 @@ def forward(
     config: the model's config.
     states: the rows' Gated DeltaNet states (`kv_cache.init_states(config,
       B)` or ones a call returned; {} for a model without them).
+    attention: "gather" (each layer reads a gathered view of the rows'
+      pages) or a ragged paged attention function (`ragged_attend`; for
+      grouped-query layers, whose call positions run on from each row's
+      first); the pool's layout must be `init_pool`'s for it.
 
   Returns:
     (hidden, pool, states): as `cached_model.forward`; the pool with the
@@ -119,6 +254,10 @@ def forward(
     tokens.
   """
   store = paged_store(tables, valid, page_size_of(pool))
+  attend = None
+  if attention != "gather" and config.attention_type != "mla":
+    scale = layers.softmax_scale(config.head_dim, layers.rope_scaling(config))
+    attend = ragged_attend(tables, positions, scale, attention)
   hidden, cache = cached_model.forward(
       params,
       tokens,
@@ -127,6 +266,7 @@ def forward(
       config,
       store,
       lengths=jnp.sum(valid, axis=1, dtype=jnp.int32),
+      attend=attend,
   )
   return (
       hidden,

@@ -111,6 +111,13 @@ _SLOTS = flags.DEFINE_integer("slots", 16, "longtail: paged decoder slots.")
 _PAGE_SIZE = flags.DEFINE_integer(
     "page_size", 16, "longtail: positions per page."
 )
+_ATTENTION = flags.DEFINE_enum(
+    "attention",
+    "auto",
+    ["auto", "kernel", "gather"],
+    "longtail: how the paged decoder's grouped-query layers read the pool "
+    "(paged_decoder.EngineOptions.attention).",
+)
 
 _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir",
@@ -190,7 +197,9 @@ def _longtail(config) -> None:
         "--max_length must be >= 1"
     )
   engine = paged_decoder.EngineOptions(
-      num_slots=_SLOTS.value, page_size=_PAGE_SIZE.value
+      num_slots=_SLOTS.value,
+      page_size=_PAGE_SIZE.value,
+      attention=_ATTENTION.value,
   )
   config = ml_collections.ConfigDict(config.to_dict())
   config.max_sequence_length = max(config.max_sequence_length, prompt_len + cap)
@@ -246,6 +255,7 @@ def _longtail(config) -> None:
       f"completion lengths geometric mean {_MEAN_LENGTH.value} capped at "
       f"{cap} (drawn: mean {lengths.mean():.1f}, max {longest}), greedy, "
       f"{engine.num_slots} slots, pages of {engine.page_size}, "
+      f"attention {engine.attention}, "
       f"{jax.devices()[0].platform} x{jax.device_count()}"
   )
   print(
