@@ -112,8 +112,47 @@ def check_rows(mesh: Optional[jax.sharding.Mesh], rows: int, what: str):
     )
 
 
+def _device_bytes(mesh: Optional[jax.sharding.Mesh]) -> Optional[int]:
+  """The memory one device of `mesh` (or the default device) holds, where
+  its backend says (TPUs and GPUs); None elsewhere."""
+  device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+  if device.platform == "cpu":
+    return None
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # pylint: disable=broad-except  # Backend-specific.
+    return None
+  limit = stats.get("bytes_limit")
+  return int(limit) if limit else None
+
+
+def check_cache_fits(
+    config, rows: int, shards: int, length: int, limit: Optional[int]
+) -> None:
+  """Refuses, in one line before anything is allocated, a cache whose
+  share on one device (rows / shards rows of `length` positions, with a
+  hybrid's recurrent states) alone exceeds `limit` bytes (None: unknown,
+  nothing checked), naming the rows that would fit."""
+  if limit is None:
+    return
+  per_row = (
+      kv_cache.bytes_per_token(config) * length
+      + kv_cache.state_bytes_per_row(config)
+  )
+  need = per_row * (rows // shards)
+  if need > limit:
+    fits = (limit // per_row) * shards
+    raise ValueError(
+        f"the static decoder's cache of {rows} rows x {length} positions "
+        f"takes {need / 2**30:.2f} GiB a device, more than its "
+        f"{limit / 2**30:.2f} GiB: at most {fits} rows fit beside nothing "
+        "else (use the paged decoder, or fewer rows or new tokens)"
+    )
+
+
 @functools.partial(
-    jax.jit, static_argnames=("config", "greedy", "filtered", "mesh")
+    jax.jit,
+    static_argnames=("config", "length", "greedy", "filtered", "mesh"),
 )
 def _generate(
     params,
@@ -128,6 +167,7 @@ def _generate(
     allowed_vocab,
     *,
     config,
+    length: int,
     greedy: bool,
     filtered: bool,
     mesh: Optional[jax.sharding.Mesh],
@@ -136,7 +176,8 @@ def _generate(
 
   Args:
     params: the model's parameters.
-    tokens: int32 [B, T] prompts, right-padded.
+    tokens: int32 [B, T'] prompts, right-padded to their own length bucket
+      (the prefill runs over these T' positions, not over the cache).
     lengths: int32 [B] prompt lengths (>= 1).
     seed_key: the PRNG key of the seed.
     temperature, top_k, top_p: as `sampling.filter_logits`.
@@ -144,13 +185,14 @@ def _generate(
     stop_ids: int32 [S] (-1 = no stop id).
     allowed_vocab: int32 scalar; ids at or above it are never chosen.
     config, greedy, filtered: static; as `sampling.choose`.
+    length: static; T, the cache's positions (>= T').
     mesh: static; the mesh whose batch axes split the rows, or None.
 
   Returns:
     (ids, log_probs): int32 and float32 [B, T]; the first max_new_tokens
     columns are the generation.
   """
-  rows, length = tokens.shape
+  rows = tokens.shape[0]
   cache = kv_cache.init(config, rows, length)
   if mesh is not None:
     cache = jax.tree_util.tree_map(
@@ -160,7 +202,7 @@ def _generate(
         cache,
     )
   positions = jnp.broadcast_to(
-      jnp.arange(length, dtype=jnp.int32), tokens.shape
+      jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
   )
   hidden, cache = cached_model.forward(
       params, tokens, positions, cache, config, lengths=lengths
@@ -292,7 +334,8 @@ def generate(
     TypeError/ValueError: one line naming the option or prompt: options
       not SamplingOptions, top_k above the vocabulary, a stop id outside
       it, a bad or too long prompt, rows not divisible by the mesh's
-      batch shards.
+      batch shards, a cache whose share alone exceeds a device's memory
+      (`check_cache_fits`).
   """
   config = model_config.of(config)
   allowed_vocab = sampling.check_for_model(options, config, allowed_vocab)
@@ -304,10 +347,18 @@ def generate(
       rows,
       f"{len(prompts)} prompts x num_samples={options.num_samples} = {rows}",
   )
-  length = cache_length(
-      max(len(p) for p in prompts) + new, config.max_sequence_length
+  longest = max(len(p) for p in prompts)
+  length = cache_length(longest + new, config.max_sequence_length)
+  shards = 1
+  if mesh is not None:
+    shards = math.prod(mesh.shape[a] for a in mesh_lib.batch_axes(mesh))
+  check_cache_fits(config, rows, shards, length, _device_bytes(mesh))
+  # The prefill runs over the prompts' own bucket: over the whole cache it
+  # computed (and held) activations and scores for positions that are
+  # padding.
+  tokens = np.full(
+      (rows, cache_length(longest, length)), sampling.PAD_ID, np.int32
   )
-  tokens = np.full((rows, length), sampling.PAD_ID, np.int32)
   lengths = np.zeros((rows,), np.int32)
   for index, prompt in enumerate(prompts):
     for sample in range(options.num_samples):
@@ -335,6 +386,7 @@ def generate(
       jnp.asarray(stop_ids),
       jnp.int32(allowed_vocab),
       config=config,
+      length=length,
       greedy=options.greedy,
       filtered=options.filtered,
       mesh=mesh,

@@ -250,6 +250,16 @@ class StopAndOptionsTest(parameterized.TestCase):
           sampling.SamplingOptions(max_new_tokens=2, stop_ids=(99,)),
       )
 
+  def test_a_cache_past_a_devices_memory_is_refused_naming_what_fits(self):
+    per_row = kv_cache.bytes_per_token(self.config) * 64
+    # 10 rows over 2 shards: 5 a device, room for 4.
+    with self.assertRaisesRegex(
+        ValueError, r"cache of 10 rows x 64 positions .* at most 8 rows fit"
+    ):
+      decoder.check_cache_fits(self.config, 10, 2, 64, 4 * per_row + 1)
+    decoder.check_cache_fits(self.config, 8, 2, 64, 4 * per_row)
+    decoder.check_cache_fits(self.config, 10**6, 1, 64, None)  # unknown
+
   def test_compiles_once_per_rows_length_bucket_and_options_shape(self):
     compile_counter.install()
 
