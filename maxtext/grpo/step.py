@@ -53,7 +53,9 @@ times has come back to the host, so no synchronisation is added for them):
                         optimizer step (the update's metrics come out of
                         the same program), so the update is complete (with
                         a rollout drawn ahead, the next rollout's drawing
-                        falls inside it).
+                        falls inside it; with a log-prob-error threshold,
+                        the gate's forward pass over the micro-batches,
+                        `logprob_gate`, too).
   timing/step           the record's whole step: from the rollout's start to
                         the update's flush for the first pass over a rollout,
                         the update alone for the later passes
