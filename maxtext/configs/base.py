@@ -570,8 +570,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_max_turns = 1
   # Tokens per model turn (0 = the whole grpo_max_completion_length).
   config.grpo_max_turn_tokens = 0
-  # Wall-clock seconds for a step's episodes; past it, running episodes are
-  # invalid (no loss, no baseline, counted in episode/timeouts).
+  # Each episode's wall-clock seconds; one past it after a turn ends with
+  # the reward its environment gives a timed-out episode (0 by default),
+  # stays in its group and trains (counted in episode/timeouts).
   config.grpo_episode_timeout_seconds = 600.0
   # Each tool call's wall-clock seconds in the sandbox (the verifier's is
   # grpo_reward_timeout_seconds).

@@ -35,9 +35,10 @@ fields and tests): the leave-one-out baseline over the other completions'
 std (ddof 1), the PPO ratio forced to 1 with each token weighted by
 pi_train / pi_generator, sequence-mask truncated importance sampling in
 [0.999, 1.002], sequences with a log-probability error above 2.0 masked,
-overlong completions filtered, no KL term, the MoE router frozen. The
-reference's rollouts may be one step stale (asynchronous); these are
-synchronous.
+overlong completions filtered, no KL term, the MoE router frozen. As the
+reference's (`max_trajectory_age_steps` 1), rollouts are drawn one step
+ahead (`grpo_max_age` 1): rollout s + 1 is drawn with the parameters
+before update s while update s runs.
 """
 
 import math
@@ -164,6 +165,8 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
   config.grpo_overlong_filtering = True
   config.grpo_freeze_router = True
   config.grpo_beta = 0.0  # No KL term, no reference policy.
+  # The reference's asynchronous GRPO, max_trajectory_age_steps 1.
+  config.grpo_max_age = 1
 
   # The first evaluation where the rule puts it, then one after every step.
   config.first_eval_samples = first_eval_samples(global_batch_size)

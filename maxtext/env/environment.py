@@ -99,6 +99,12 @@ class Environment(abc.ABC):
     have been cut by a limit)."""
     return None
 
+  def timed_out_reward(self) -> Optional[float]:
+    """The reward of an episode its time limit ended (called instead of
+    `reward`): 0, as MLPerf qwen35_397b_grpo's reference scores an agent
+    that ran out of time. The episode stays a sample of its group."""
+    return 0.0
+
   def close(self) -> None:
     """Frees what the episode holds (a sandbox)."""
 

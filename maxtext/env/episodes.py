@@ -21,16 +21,27 @@ again, so the ids a turn trained on are exactly the ids the model saw and
 wrote. `model_mask` is 1 on the model's own ids only: the environment's and
 the template's tokens carry no loss.
 
-Limits (`Limits`): `max_turns` model turns, `max_tokens` ids after the
-prompt (model and environment), `max_turn_tokens` per model turn, and
-`wall_seconds` for the whole batch of episodes (each environment's
-`deadline`: a tool's command gets at most what is left of it). An episode
-that reaches a turn or token limit ends `truncated` (a turn cut without
-its stop id, the tokens of an answer that do not fit, or the last turn
-used); its
-environment still gives its reward. An episode still running at the wall
-time ends `timed_out`: it is not a valid sample (the caller excludes it from
-the loss and from its group's baseline and counts it) and has no reward.
+Limits (`Limits`), as MLPerf qwen35_397b_grpo's reference (NeMo-RL's
+multi-turn rollout) sets them:
+
+* `max_tokens`: the ids after the prompt (model and environment), the
+  episode's length. An episode whose conversation reaches it ends
+  `truncated`: a model turn that fills what is left without its stop id,
+  or an environment answer that does not fit (the part that fits is not
+  kept: the model never saw it). Only these are truncated, which overlong
+  filtering drops.
+* `max_turns` model turns: an episode that uses its last turn ends there
+  and is scored and trained like one the model ended (`turn_limit`).
+* `max_turn_tokens` per model turn: a turn cut there (below the length
+  limit) goes to the environment like any other turn (the template closes
+  it with the end-of-turn id, an environment token), and the episode goes
+  on.
+* `episode_seconds`: each episode's own wall time, from the making of its
+  environment (its `deadline`: a tool's command gets at most what is left
+  of it). An episode past it after a turn ends `timed_out`, keeps its
+  tokens and takes the reward its environment gives a timed-out episode
+  (`Environment.timed_out_reward`, 0 unless the environment says
+  otherwise): it stays a sample of its group.
 
 `generate(contexts, options, budgets) -> [Completion]` is the one
 generation function: `contexts` are id lists, `options` the step's sampling
@@ -74,7 +85,7 @@ class Limits:
   max_turns: int = 1
   max_tokens: int = 256
   max_turn_tokens: int = 256
-  wall_seconds: float = 600.0
+  episode_seconds: float = 600.0
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -95,8 +106,10 @@ class Episode:
     log_probs: per id of `ids`: the behaviour policy's (0 off the model's).
     model_text: each model turn, decoded.
     turns, tool_calls, tool_errors: counts.
-    truncated: a turn or token limit ended it.
-    timed_out: the wall time ended it (not a valid sample).
+    truncated: its conversation reached the length limit (`max_tokens`).
+    turn_limit: it used its last turn (scored and trained).
+    timed_out: its wall time ended it (scored with the environment's
+      `timed_out_reward`, trained).
     env_reward: the environment's verifier reward (None: none).
   """
 
@@ -110,6 +123,7 @@ class Episode:
   tool_calls: int = 0
   tool_errors: int = 0
   truncated: bool = False
+  turn_limit: bool = False
   timed_out: bool = False
   env_reward: Optional[float] = None
   done: bool = False
@@ -124,7 +138,9 @@ class Episode:
 
   @property
   def active(self) -> bool:
-    return not (self.done or self.truncated or self.timed_out)
+    return not (
+        self.done or self.truncated or self.turn_limit or self.timed_out
+    )
 
 
 class _Conversation:
@@ -214,16 +230,16 @@ def run(
   """
   lead = share.is_lead()
   conversations: list[_Conversation] = []
-  start = clock()
-  # Tools bound each command by what is left of the wall time.
-  deadline = time.monotonic() + limits.wall_seconds
+  # Process 0's clock reading at each episode's start (its own time limit).
+  started: list[float] = []
   spent = {"generate": 0.0, "environment": 0.0}
   try:
     if lead:
       began = time.perf_counter()
       for task in tasks:
+        started.append(clock())
         env = make_environment(task)
-        env.deadline = deadline
+        env.deadline = time.monotonic() + limits.episode_seconds
         conversations.append(_Conversation(env, chat))
       first = [(c.env.kind, c.prompt_ids()) for c in conversations]
       spent["environment"] += time.perf_counter() - began
@@ -238,7 +254,7 @@ def run(
       # Ids past an episode's max_tokens would be cut, and asking for them
       # could pass the model's length: each asks for what it has left.
       budgets = [
-          max(1, min(limits.max_turn_tokens, limits.max_tokens - len(e.ids)))
+          min(limits.max_turn_tokens, limits.max_tokens - len(e.ids))
           for e in (episodes[i] for i in active)
       ]
       turn_options = dataclasses.replace(
@@ -261,20 +277,24 @@ def run(
             episodes, conversations, active, completions, options, limits
         )
         spent["environment"] += time.perf_counter() - began
-        if clock() - start > limits.wall_seconds:
-          answers = {"timed_out": True, "turns": answers["turns"]}
+        now = clock()
+        answers["timed_out"] = [
+            i for i in active if now - started[i] > limits.episode_seconds
+        ]
       answers = share.from_lead(answers)
       _apply(episodes, active, completions, answers, limits, turn)
-      if answers.get("timed_out"):
-        break
     for e in episodes:
       if e.active:  # The last turn was used.
-        e.truncated = True
+        e.turn_limit = True
     rewards = None
     if lead:
       began = time.perf_counter()
       rewards = [
-          None if e.timed_out else conversations[i].env.reward()
+          (
+              conversations[i].env.timed_out_reward()
+              if e.timed_out
+              else conversations[i].env.reward()
+          )
           for i, e in enumerate(episodes)
       ]
       spent["environment"] += time.perf_counter() - began
@@ -296,17 +316,23 @@ def _answers(episodes, conversations, active, completions, options, limits):
     e = episodes[i]
     ids = list(completion.ids)
     room = limits.max_tokens - len(e.ids)
-    cut = len(ids) > room or not (ids and ids[-1] in stop_ids)
     ids = ids[:room]
-    if cut:
-      # The turn did not end (no stop id, or no room): the episode ends
-      # here; the environment does not see a half turn.
+    if len(ids) == room and not (ids and ids[-1] in stop_ids):
+      # The turn filled the episode's length without ending: the
+      # conversation reached the limit; the environment does not see a
+      # half turn.
       turns.append({"cut": True, "keep": len(ids), "text": ""})
       continue
     answer = conversations[i].answer(ids)
     answer["keep"] = len(ids)
-    if len(e.ids) + len(ids) + len(answer["env_ids"]) > limits.max_tokens:
-      answer["env_ids"], answer["cut"] = [], True
+    left = room - len(ids) - len(answer["env_ids"])
+    if not answer["done"] and left <= 0:
+      # The answer does not fit, or fills the length with no room for
+      # another turn.
+      answer["cut"] = left < 0
+      answer["full"] = left == 0
+      if left < 0:
+        answer["env_ids"] = []
     turns.append(answer)
   return {"turns": turns}
 
@@ -334,7 +360,8 @@ def _apply(episodes, active, completions, answers, limits, turn):
     e.ids += env_ids
     e.model_mask += [0] * len(env_ids)
     e.log_probs += [0.0] * len(env_ids)
-  if answers.get("timed_out"):
-    for e in episodes:
-      if e.active:
-        e.timed_out = True
+    if answer.get("full"):
+      e.truncated = True
+  for i in answers["timed_out"]:
+    if episodes[i].active:
+      episodes[i].timed_out = True

@@ -49,6 +49,9 @@ class Adder(environment.ToolEnvironment):
   def reward(self):
     return float(self.answer == "5")
 
+  def timed_out_reward(self):
+    return self.task.get("timeout_reward", 0.0)
+
   def close(self):
     self.closed = True
 
@@ -208,52 +211,83 @@ class EpisodesTest(absltest.TestCase):
     self.assertIn("Error: not integers", third)
     self.assertEqual(e.env_reward, 1.0)
 
-  def test_limits_truncate(self):
+  def test_truncated_only_at_the_length_limit(self):
+    # MLPerf qwen35_397b_grpo's reference marks an episode truncated when its
+    # conversation reaches the model's length, and only then.
+    def reference_truncated(e, limits, overflowed):
+      return len(e.ids) == limits.max_tokens or overflowed
+
     scripts = {"2+3": [_CALL] * 10}
-    (e,), _ = self._run(
-        [{"prompt": "What is 2+3?", "kind": "adder"}],
-        scripts,
-        episodes.Limits(max_turns=2, max_tokens=4000, max_turn_tokens=200),
-    )
-    self.assertEqual((e.turns, e.truncated, e.done), (2, True, False))
+    adder = [{"prompt": "What is 2+3?", "kind": "adder"}]
+    # The turn limit: scored and trained, not truncated.
+    limits = episodes.Limits(max_turns=2, max_tokens=4000, max_turn_tokens=200)
+    (e,), _ = self._run(adder, scripts, limits)
+    self.assertEqual((e.turns, e.turn_limit, e.done), (2, True, False))
+    self.assertEqual(e.truncated, reference_truncated(e, limits, False))
+    self.assertFalse(e.truncated)
     self.assertEqual(e.env_reward, 0.0)  # Scored as it stands.
-    # The token budget: the first turn fits, its tool answer does not.
-    (e,), _ = self._run(
-        [{"prompt": "What is 2+3?", "kind": "adder"}],
-        scripts,
-        episodes.Limits(max_turns=5, max_tokens=110, max_turn_tokens=200),
-    )
+    self.assertGreater(e.env_tokens, 0)  # Both tool answers kept.
+    # The length: the first turn fits, its tool answer does not.
+    limits = episodes.Limits(max_turns=5, max_tokens=110, max_turn_tokens=200)
+    (e,), _ = self._run(adder, scripts, limits)
     self.assertEqual((e.turns, e.truncated), (1, True))
+    self.assertEqual(e.truncated, reference_truncated(e, limits, True))
     self.assertLessEqual(len(e.ids), 110)
     self.assertEqual(e.env_tokens, 0)
-    # A turn that does not end with the stop id.
-    (e,), _ = self._run(
-        [{"prompt": "Say hi", "kind": "hello"}],
-        {"Say hi": ["hello there"]},
-        episodes.Limits(max_turns=1, max_turn_tokens=4),
-    )
+    # A turn that fills the length without its stop id.
+    limits = episodes.Limits(max_turns=3, max_tokens=4, max_turn_tokens=4)
+    (e,), _ = self._run([{"prompt": "Say hi"}], {"Say hi": ["hello"]}, limits)
     self.assertEqual((len(e.ids), e.truncated, e.done), (4, True, False))
+    self.assertEqual(e.truncated, reference_truncated(e, limits, False))
 
-  def test_wall_time_makes_episodes_invalid(self):
+  def test_a_turn_cut_below_the_length_goes_to_the_environment(self):
+    # 4 ids of "hello there" (no stop id), well below the 4,000 of the
+    # length: the environment answers the turn and the episode goes on.
+    limits = episodes.Limits(max_turns=3, max_tokens=4000, max_turn_tokens=4)
+    (e,), generate = self._run(
+        [{"prompt": "What is 2+3?", "kind": "adder"}],
+        {"2+3": ["hello there", "5", "5"]},
+        limits,
+        script={"stop": False},
+    )
+    self.assertFalse(e.truncated)
+    self.assertEqual(e.model_tokens, 4 * e.turns)
+    self.assertEqual(e.turns, 1)  # No call in the turn: the episode ended.
+    self.assertTrue(e.done)
+    self.assertEqual(self.envs[0].answer, "hell")
+    self.assertLen(generate.calls, 1)
+
+  def test_each_episode_has_its_own_time_limit(self):
+    # The clock reads 0 and 1 as the two episodes start, then 2, 3, ...
+    # after each turn; the limit is 1.5 s from each episode's start.
     ticks = itertools.count()
-    tasks = [{"prompt": "What is 2+3?", "kind": "adder"}, {"prompt": "Say hi"}]
+    tasks = [
+        {"prompt": "What is 2+3?", "kind": "adder"},
+        {"prompt": "Now 2+3?", "kind": "adder", "timeout_reward": 0.25},
+    ]
     result, _ = self._run(
         tasks,
-        {"2+3": [_CALL, _CALL, "5"], "Say hi": ["hi"]},
+        {"What is 2+3": [_CALL, "5"], "Now 2+3": [_CALL, _CALL, "5"]},
         episodes.Limits(
-            max_turns=5, max_tokens=4000, max_turn_tokens=200, wall_seconds=1.5
+            max_turns=5, max_tokens=4000, max_turn_tokens=200,
+            episode_seconds=1.5,
         ),
         clock=lambda: float(next(ticks)),
+    )  # fmt: skip
+    first, second = result
+    # After turn 1 (clock 2): the first episode is 2 s old and ends; the
+    # second, 1 s old, goes on and is past its time after turn 2 (clock 3).
+    self.assertEqual(
+        (first.turns, first.timed_out, first.done), (1, True, False)
     )
-    adder, hello = result
-    # The single turn ended before the time ran out; the tool episode did not.
-    self.assertTrue(hello.done)
-    self.assertFalse(hello.timed_out)
-    self.assertTrue(adder.timed_out)
-    self.assertIsNone(adder.env_reward)
-    self.assertTrue(
-        all(env.closed for env in self.envs if hasattr(env, "closed"))
-    )
+    self.assertEqual((second.turns, second.timed_out), (2, True))
+    # Each keeps its tokens (the tool answers included) and takes its
+    # environment's timed-out reward: 0, unless the environment says
+    # otherwise.
+    self.assertGreater(first.env_tokens, 0)
+    self.assertEqual((first.env_reward, second.env_reward), (0.0, 0.25))
+    self.assertFalse(first.truncated or second.truncated)
+    self.assertTrue(all(env.closed for env in self.envs))
 
   def test_bad_limits(self):
     with self.assertRaisesRegex(ValueError, "max_turns=0"):

@@ -130,35 +130,3 @@ def zero_std_fraction(rewards) -> float:
   """
   rewards = _check_rewards(rewards)
   return float(np.mean(np.all(rewards == rewards[:, :1], axis=1)))
-
-
-def valid_group_advantages(
-    rewards, valid, estimator: str = "grpo", eps: float = 1e-6
-) -> np.ndarray:
-  """`group_advantages` over each group's valid members only.
-
-  An invalid sample (an episode that timed out) is no evidence about its
-  prompt: it takes no part in its group's baseline and gets advantage 0
-  (its loss is masked too). A group with fewer than 2 valid members
-  teaches nothing: all 0.
-
-  Args:
-    rewards: float [P, G] (invalid entries are ignored, whatever they hold).
-    valid: bool [P, G].
-    estimator, eps: as `group_advantages`.
-
-  Returns:
-    float32 [P, G].
-  """
-  rewards = np.asarray(rewards, np.float64)
-  valid = np.asarray(valid, bool)
-  if valid.shape != rewards.shape:
-    raise ValueError(f"valid has shape {valid.shape}, rewards {rewards.shape}")
-  out = np.zeros(rewards.shape, np.float32)
-  for p in range(rewards.shape[0]):
-    members = np.flatnonzero(valid[p])
-    if members.size >= 2:
-      out[p, members] = group_advantages(
-          rewards[p, members][None, :], estimator, eps
-      )[0]
-  return out

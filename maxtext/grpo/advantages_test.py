@@ -120,38 +120,5 @@ class AdvantagesTest(parameterized.TestCase):
       advantages.group_advantages(rewards, estimator)
 
 
-class ValidGroupAdvantagesTest(parameterized.TestCase):
-
-  @parameterized.named_parameters(
-      (name, name) for name in advantages.ESTIMATORS
-  )
-  def test_invalid_members_leave_the_baseline(self, estimator):
-    rewards = np.array([[1.0, 0.0, 0.0, 123.0], [0.0, 5.0, 1.0, 1.0]])
-    valid = np.array([[True, True, True, False], [False, True, False, True]])
-    got = advantages.valid_group_advantages(rewards, valid, estimator, 1e-4)
-    # The valid members' advantages are those of their group alone.
-    np.testing.assert_allclose(
-        got[0, :3],
-        advantages.group_advantages(rewards[:1, :3], estimator, 1e-4)[0],
-    )
-    np.testing.assert_allclose(
-        got[1, [1, 3]],
-        advantages.group_advantages([[5.0, 1.0]], estimator, 1e-4)[0],
-    )
-    self.assertEqual(got[0, 3], 0.0)
-    self.assertEqual(got[1, 0], 0.0)
-    self.assertEqual(got[1, 2], 0.0)
-
-  def test_a_group_of_one_valid_member_teaches_nothing(self):
-    got = advantages.valid_group_advantages(
-        [[1.0, 0.0, 3.0]], [[False, True, False]]
-    )
-    np.testing.assert_array_equal(got, [[0.0, 0.0, 0.0]])
-
-  def test_shapes_must_match(self):
-    with self.assertRaisesRegex(ValueError, "valid has shape"):
-      advantages.valid_group_advantages([[1.0, 0.0]], [[True]])
-
-
 if __name__ == "__main__":
   absltest.main()

@@ -17,19 +17,23 @@ plugs in by giving `rollout` its own. The episodes become the same
   as rewards/verifier) plus the run's reward functions of the text form on
   (prompt text, the model's turns joined by newlines, the record's other
   fields), computed on process 0 and shared;
-* an episode that timed out is not a sample: no reward function sees it,
-  its sequence mask is 0, it takes no part in its group's baseline
-  (`advantages.valid_group_advantages`) or in the reward statistics, and
-  `episode/timeouts` counts it.
+* every episode is a sample of its group, as in MLPerf qwen35_397b_grpo's
+  reference: one its time limit ended has the reward its environment gives
+  a timed-out episode (`Environment.timed_out_reward`, 0 by default; no
+  reward function sees it), takes its place in its group's baseline and
+  trains, and `episode/timeouts` counts it. Only an episode whose
+  conversation reached the length limit is truncated (overlong filtering
+  then masks it; it stays in its group's baseline).
 
 Timings: timing/generate (the generation function's seconds), timing/tools
 (the environments': tools, verifiers, rendering), timing/episodes (both and
 the runner's bookkeeping), timing/reward (the reward functions).
 
-Statistics beside `rollout.rollout_stats`' (over the valid episodes):
-episode/turns, episode/tool_calls, episode/tool_errors (means per
-episode), episode/timeouts (a count), episode/truncated (the share cut by
-a limit), episode/model_tokens and episode/env_tokens (means per episode),
+Statistics beside `rollout.rollout_stats`': episode/turns,
+episode/tool_calls, episode/tool_errors (means per episode),
+episode/timeouts (a count), episode/truncated (the share that reached the
+length limit), episode/turn_limit (the share that used the last turn),
+episode/model_tokens and episode/env_tokens (means per episode),
 rewards/kind/<task kind> (mean total reward per kind).
 """
 
@@ -217,20 +221,22 @@ def play(
 
 
 def _score(functions, records, played, g):
-  """(per function [N], totals [N]) of the valid episodes, on process 0,
-  shared; every process raises process 0's RewardError."""
+  """(per function [N], totals [N]) of the episodes, on process 0, shared;
+  every process raises process 0's RewardError. A timed-out episode's total
+  is its environment's timed-out reward alone (no reward function sees
+  it)."""
   n = len(played)
-  valid = [r for r, e in enumerate(played) if not e.timed_out]
+  scored = [r for r, e in enumerate(played) if not e.timed_out]
   answer = None
   if share.is_lead():
     try:
       per_function, total = {}, np.zeros(n)
-      if functions and valid:
-        rows = [records[r // g] for r in valid]
+      if functions and scored:
+        rows = [records[r // g] for r in scored]
         values, totals = rewards_lib.score_here(
             functions,
             [prompt_text(rec) for rec in rows],
-            ["\n".join(played[r].model_text) for r in valid],
+            ["\n".join(played[r].model_text) for r in scored],
             1,
             [
                 {k: v for k, v in rec.items() if k not in _NOT_FIELDS}
@@ -239,14 +245,16 @@ def _score(functions, records, played, g):
         )
         for name, v in values.items():
           per_function[name] = np.zeros(n)
-          per_function[name][valid] = v
-        total[valid] = totals
-      verifier = [e.env_reward for e in played]
-      if any(v is not None for v in verifier):
-        per_function["verifier"] = np.array(
-            [0.0 if v is None else float(v) for v in verifier]
-        )
-        total = total + per_function["verifier"]
+          per_function[name][scored] = v
+        total[scored] = totals
+      verifier = np.array(
+          [0.0 if e.env_reward is None else float(e.env_reward) for e in played]
+      )
+      if any(played[r].env_reward is not None for r in scored):
+        per_function["verifier"] = verifier
+        total = total + verifier
+      else:
+        total = total + np.where([e.timed_out for e in played], verifier, 0.0)
       answer = {
           "per_function": {k: v.tolist() for k, v in per_function.items()},
           "total": total.tolist(),
@@ -262,41 +270,24 @@ def _score(functions, records, played, g):
   )
 
 
-def _valid_reward_stats(rewards, valid, g) -> dict[str, float]:
-  """The reward statistics of `rollout_stats` over the valid episodes."""
-  if not valid.any():
-    return {}
-  stats = rollout_lib.reward_stats(
-      rewards.total[valid],
-      {name: v[valid] for name, v in rewards.per_function.items()},
-  )
-  groups = [
-      t[ok] for t, ok in zip(rewards.total.reshape(-1, g), valid.reshape(-1, g))
-  ]
-  stats["frac_reward_zero_std"] = float(
-      np.mean([np.all(t == t[0]) for t in groups if t.size])
-  )
-  return stats
-
-
-def episode_stats(played, rewards, valid) -> dict[str, float]:
+def episode_stats(played, rewards) -> dict[str, float]:
   """The episode/* and rewards/kind/* statistics (module docstring)."""
-  chosen = [e for e, ok in zip(played, valid) if ok] or list(played)
 
   def mean(values):
     return float(np.mean(values)) if len(values) else 0.0
 
   stats = {
-      "episode/turns": mean([e.turns for e in chosen]),
-      "episode/tool_calls": mean([e.tool_calls for e in chosen]),
-      "episode/tool_errors": mean([e.tool_errors for e in chosen]),
+      "episode/turns": mean([e.turns for e in played]),
+      "episode/tool_calls": mean([e.tool_calls for e in played]),
+      "episode/tool_errors": mean([e.tool_errors for e in played]),
       "episode/timeouts": float(sum(e.timed_out for e in played)),
-      "episode/truncated": mean([e.truncated for e in chosen]),
-      "episode/model_tokens": mean([e.model_tokens for e in chosen]),
-      "episode/env_tokens": mean([e.env_tokens for e in chosen]),
+      "episode/truncated": mean([e.truncated for e in played]),
+      "episode/turn_limit": mean([e.turn_limit for e in played]),
+      "episode/model_tokens": mean([e.model_tokens for e in played]),
+      "episode/env_tokens": mean([e.env_tokens for e in played]),
   }
   for kind in sorted({e.kind for e in played}):
-    rows = [r for r, e in enumerate(played) if e.kind == kind and valid[r]]
+    rows = [r for r, e in enumerate(played) if e.kind == kind]
     stats[f"rewards/kind/{kind}"] = mean(rewards.total[rows])
   return stats
 
@@ -358,12 +349,8 @@ def rollout(
       )
   rewards = _score(reward_functions, records, played, g)
   scored = time.perf_counter()
-  valid = np.array([not e.timed_out for e in played])
-  adv = advantages_lib.valid_group_advantages(
-      rewards.total.reshape(-1, g),
-      valid.reshape(-1, g),
-      estimator,
-      advantage_eps,
+  adv = advantages_lib.group_advantages(
+      rewards.total.reshape(-1, g), estimator, advantage_eps
   ).reshape(-1)
 
   tokens = np.full((n, width), sampling.PAD_ID, np.int32)
@@ -379,14 +366,13 @@ def rollout(
     mask[r, : len(e.ids)] = e.model_mask
     old[r, : len(e.ids)] = e.log_probs
   truncated = np.array([e.truncated for e in played])
-  sequence_mask = valid.astype(np.float32)
+  sequence_mask = np.ones((n,), np.float32)
   if overlong_filtering:
     sequence_mask[truncated] = 0.0
   stats = rollout_lib.rollout_stats(
       rewards, lengths, truncated, g, overlong_filtering
   )
-  stats.update(_valid_reward_stats(rewards, valid, g))
-  stats.update(episode_stats(played, rewards, valid))
+  stats.update(episode_stats(played, rewards))
   # Generation alone; the environments' time (tools, verifiers) apart.
   stats["timing/generate"] = timings["generate"]
   stats["timing/tools"] = timings["environment"]
@@ -421,7 +407,8 @@ def evaluate(
 
   The episodes are generated as the rollouts' are (`paged`:
   `generation_fn`). An episode passes when its total reward reaches 1 (the
-  verifier's full mark); one that timed out fails.
+  verifier's full mark; a timed-out one has its environment's timed-out
+  reward).
   """
   records = setup.task.eval_records()
   k = options.num_samples
@@ -435,7 +422,7 @@ def evaluate(
   )
   played = play(setup, records, options, generate)
   rewards = _score(reward_functions, records, played, k)
-  passed = (rewards.total >= 1.0) & np.array([not e.timed_out for e in played])
+  passed = rewards.total >= 1.0
   correct = passed.reshape(len(records), k).tolist()
   out = {"pass@1": pass_rate.mean_pass_at_k(correct, 1)}
   if k > 1:

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from maxtext.env import environment
 from maxtext.env import episodes
 from maxtext.env import math_task
 from maxtext.env import repair_task
 from maxtext.env import sandbox
 from maxtext.env import tasks
-from maxtext.env import tool_calls
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import sampling
@@ -262,11 +262,13 @@ class EpisodeRolloutTest(absltest.TestCase):
         rtol=1e-6,
     )
 
-  def test_timed_out_episodes_are_not_samples(self):
+  def test_timed_out_episodes_keep_their_place_in_the_group(self):
+    # Four episodes of one record start at clock 0, 1, 2 and 3, each with
+    # 2.5 s of its own; the clock reads 4, then 5 after the two turns: the
+    # first two end after turn 1, the third after turn 2, and the fourth
+    # uses its two turns and is scored by its verifier.
     ticks = iter(range(1000))
-    task = repair_task.make_task(num_eval=1)
-    call = tool_calls.format_xml(tool_calls.ToolCall("run_tests", {}))
-    ids = self.chat.tokenizer.encode(call, add_special_tokens=False).ids
+    ids = self.chat.tokenizer.encode("ok", add_special_tokens=False).ids
     ids.append(self.chat.end_of_turn_id)
 
     def generate(contexts, options, budgets):
@@ -274,26 +276,83 @@ class EpisodeRolloutTest(absltest.TestCase):
       return [episodes.Completion(ids, [-1.0] * len(ids)) for _ in contexts]
 
     setup = episode_rollout.EpisodeSetup(
-        task,
+        _Endless(),
         self.chat,
         episodes.Limits(
-            max_turns=4, max_tokens=1024, max_turn_tokens=128,
-            wall_seconds=0.5,
+            max_turns=2, max_tokens=256, max_turn_tokens=64,
+            episode_seconds=2.5,
         ),
         _SETTINGS,
         clock=lambda: float(next(ticks)),
     )  # fmt: skip
     result = episode_rollout.rollout(
-        self.params, self.config, task.train_records(0, 2),
-        sampling.SamplingOptions(max_new_tokens=128, num_samples=2,
+        self.params, self.config, [{"prompt": "Go on."}],
+        sampling.SamplingOptions(max_new_tokens=64, num_samples=4,
                                  stop_ids=self.chat.stop_ids),
-        [], setup=setup, width=1536, generate=generate,
+        [], setup=setup, width=512, generate=generate,
+        estimator="rloo_normalized", advantage_eps=1e-6,
+        overlong_filtering=True,
     )  # fmt: skip
-    # The first turn's time ran out: no episode is a sample, none scored.
-    np.testing.assert_array_equal(result.sequence_mask, [0, 0, 0, 0])
-    np.testing.assert_array_equal(result.advantages, [0, 0, 0, 0])
-    self.assertEqual(result.stats["episode/timeouts"], 4.0)
-    self.assertNotIn("rewards/verifier", result.stats)
+    np.testing.assert_array_equal(result.rewards.total, [0, 0, 0, 1])
+    # Every episode is a sample (none reached the length limit) and takes
+    # its place in the group's leave-one-out baseline.
+    np.testing.assert_array_equal(result.sequence_mask, [1, 1, 1, 1])
+    np.testing.assert_allclose(
+        result.advantages,
+        _reference_rloo_normalized([0.0, 0.0, 0.0, 1.0], 1e-6),
+        rtol=1e-6,
+    )
+    self.assertEqual(result.stats["episode/timeouts"], 3.0)
+    self.assertEqual(result.stats["episode/turn_limit"], 0.25)
+    self.assertEqual(result.stats["rewards/verifier"], 0.25)
+    # Their tokens train: the model's turns are in the loss's mask.
+    self.assertTrue(np.all(result.mask.sum(axis=1) > 0))
+
+
+def _reference_rloo_normalized(group, eps):
+  """NeMo-RL's GRPO advantage with the leave-one-out baseline and
+  normalised rewards, over one group, as the reference computes it."""
+  out = []
+  for i, r in enumerate(group):
+    others = np.array(group[:i] + group[i + 1 :])
+    baseline, std = others.mean(), others.std(ddof=1)
+    out.append((r - baseline) / (std + eps) if std > 0 else r - baseline)
+  return out
+
+
+class _EndlessEnvironment(environment.Environment):
+  """Asks for another turn after every turn; reward 1 once played."""
+
+  kind = "endless"
+
+  def __init__(self, record):
+    self.record = record
+
+  def start(self):
+    return [{"role": "user", "content": self.record["prompt"]}]
+
+  def step(self, text):
+    del text
+    return environment.Reply([{"role": "user", "content": "Again."}], False)
+
+  def reward(self):
+    return 1.0
+
+
+class _Endless(tasks.Task):
+  """A task of one record whose episodes never end by themselves."""
+
+  kind = "endless"
+
+  def train_records(self, step, count):
+    return [{"prompt": "Go on."}] * count
+
+  def eval_records(self):
+    return []
+
+  def make_environment(self, record, tools):
+    del tools
+    return _EndlessEnvironment(record)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ def _steps(config, mesh, setup, steps, generation=None):
       reference_params=reference,
       mesh=mesh,
       generation=generation,
+      logprob_error_threshold=options.logprob_error_threshold,
   )
   out = []
   for step in range(steps):
@@ -114,6 +115,8 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         fsdp_parallelism=4,
         global_batch_size=16,
         gradient_accumulation_steps=2,
+        # The log-prob-error gate's programs on the mesh too.
+        grpo_logprob_error_threshold=2.0,
         **tiny_configs.TINY_GRPO,
     )
     mesh = mesh_lib.make_mesh(config)

@@ -71,6 +71,7 @@ from maxtext.config import optimizer as optimizer_lib
 from maxtext.run import workload
 from maxtext.grpo import evaluation
 from maxtext.grpo import frozen_router
+from maxtext.grpo import logprob_gate
 from maxtext.grpo import generation_mesh
 from maxtext.grpo import pending_rollout
 from maxtext.grpo import policy_loss
@@ -132,6 +133,8 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
   }
   if config.grpo_beta > 0:
     out["ref_log_probs"] = rows_2d
+  if config.grpo_logprob_error_threshold:  # `logprob_gate`'s fields.
+    out.update({name: rows_1d for name in logprob_gate.ADDED})
   if config.packing:  # `packed_batches`: the packed rows' layout.
     out.update(segment_ids=rows_2d, positions=rows_2d, completion_at=rows_2d)
   return out
@@ -218,6 +221,13 @@ def abstract_micro_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
   }
   if config.grpo_beta > 0:
     out["ref_log_probs"] = jax.ShapeDtypeStruct((rows, completion), f32)
+  if config.grpo_logprob_error_threshold:
+    out.update(
+        {
+            name: jax.ShapeDtypeStruct((rows,), f32)
+            for name in logprob_gate.ADDED
+        }
+    )
   return out
 
 
@@ -386,6 +396,7 @@ class GrpoWorkload(workload.Workload):
         paged=paged_options(config),
         record_age=self.reads_ahead,
         generation=self._generation_mesh(state),
+        logprob_error_threshold=loss_options(config).logprob_error_threshold,
     )
     if reference is not None:
       _check_reference(config, state, reference)

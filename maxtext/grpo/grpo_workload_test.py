@@ -216,8 +216,15 @@ class GrpoRunTest(parameterized.TestCase):
     # grpo_max_age=1: rollout s + 1 is drawn with the parameters before
     # update s. Rollout 0 has nothing to overlap, so step 0 is the
     # synchronous run's; every later sample trains one update old, and the
-    # records say so. Nothing compiles after run_start on this path either.
-    fields = dict(steps=4, eval_interval=4, checkpoint_period=4)
+    # records say so. Nothing compiles after run_start on this path either,
+    # the log-prob-error gate included (it gates each rollout when its
+    # update reads it).
+    fields = dict(
+        steps=4,
+        eval_interval=4,
+        checkpoint_period=4,
+        grpo_logprob_error_threshold=2.0,
+    )
     out = self.create_tempdir().full_path
     sync = workloads.run(_grpo_config(out, self.checkpoints, **fields))
     counter = compile_counter.RunStartCounter()

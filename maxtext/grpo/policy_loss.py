@@ -34,16 +34,24 @@ step (one update per rollout, so they are those at the step's start):
   [min, max] gets w = 0 on every token (`masked/tis_frac`); kept sequences
   keep their untruncated token weights.
 * Log-probability-error masking (`logprob_error_threshold`): a sequence
-  whose error, the mean over its tokens of exp(|old_logp - prev|), exceeds
-  the threshold gets w = 0 (`masked/logprob_error_frac`,
-  `logprob_error/{mean,max}`).
+  whose error, the mean over its tokens of exp(|old_logp - prev|)
+  (`sequence_logprob_error`), exceeds the threshold trains nothing and
+  leaves the normalisers, as the reference removes it from its sample mask
+  before the loss (`masked/logprob_error_frac`, `logprob_error/{mean,max}`,
+  over the sequences counted before this gate).
+* The importance weights and the log-ratios of the geometric mean pass
+  through nan_to_num (NaN and +-inf become 0), as the reference's do: a
+  non-finite generator log-probability masks its token, not the step.
 
-Both sequence gates keep the masked sequences' tokens in the normaliser,
-as the reference's in-loss mask does (the reference removes log-prob-error
-sequences from it, having computed `prev` in a pass before the loss; here
-`prev` comes from the loss's own forward pass). Overlong filtering and any
-other mask known before the loss come in as `sequence_mask` and do leave
-the normaliser.
+The TIS gate acts inside the loss: its sequences keep their tokens in the
+normaliser (the reference's in-loss mask). The log-prob-error gate needs
+the step's normalisers without its sequences, so with gradient
+accumulation it is decided before the loss, over the whole step
+(`logprob_gate`), and comes in as `logprob_error_mask` with `sequence_mask`
+and the normalisers already without those sequences; a call given neither
+normaliser is the whole step and gates itself. Overlong filtering and any
+other mask known before the loss come in as `sequence_mask` and leave the
+normalisers too.
 
 Aggregations (masked tokens count for nothing):
 
@@ -313,6 +321,19 @@ def advantage_metrics(advantages: jax.Array) -> dict[str, jax.Array]:
   }
 
 
+def sequence_logprob_error(
+    old_logp: jax.Array, logp: jax.Array, mask: jax.Array
+) -> jax.Array:
+  """Each row's log-probability error: the mean over its masked-in tokens of
+  exp(|old_logp - logp|) (>= 1; 0 for a row without tokens).
+
+  Args:
+    old_logp, logp: float [B, T]: the generator's and the trained policy's.
+    mask: [B, T].
+  """
+  return sequence_mean(jnp.exp(jnp.abs(old_logp - logp)), mask)
+
+
 def sequence_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
   """Each row's mean over its masked-in tokens (0 for a row without any).
 
@@ -338,6 +359,8 @@ def policy_loss(
     sequence_mask: Optional[jax.Array] = None,
     token_normaliser: Optional[jax.Array] = None,
     sequence_normaliser: Optional[jax.Array] = None,
+    logprob_error_mask: Optional[jax.Array] = None,
+    counted_sequence_normaliser: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, dict]:
   """The policy-gradient loss plus beta x KL, with its metrics.
 
@@ -353,12 +376,21 @@ def policy_loss(
     entropy: float [B, T]: the policy's per-token entropy, reported (not
       differentiated); None = reported as 0.
     sequence_mask: float [B]: 0 for a sequence that trains nothing and
-      leaves the normalisers (overlong filtering); None = all 1.
+      leaves the normalisers (overlong filtering, the log-prob-error gate
+      decided before the loss); None = all 1.
     token_normaliser: "token_mean"'s denominator and every token-level
-      metric's (a scalar: the step's counted tokens / K); None = this
-      call's counted tokens.
-    sequence_normaliser: "sequence_mean_token_mean"'s denominator (the
-      step's counted sequences / K); None = this call's counted sequences.
+      metric's (a scalar: the step's trained tokens / K); None = this
+      call's trained tokens.
+    sequence_normaliser: "sequence_mean_token_mean"'s denominator and the
+      TIS share's (the step's trained sequences / K); None = this call's.
+    logprob_error_mask: float [B]: 1 for a sequence the log-prob-error gate
+      masked before the loss (`logprob_gate`; its sequence_mask is 0).
+      Needed when options.logprob_error_threshold is set and the
+      normalisers are given; None with neither normaliser: this call is the
+      whole step and gates itself.
+    counted_sequence_normaliser: the log-prob-error metrics' denominator
+      (the step's sequences counted before that gate / K); None = this
+      call's.
 
   Returns:
     (loss, metrics): loss a float32 scalar; metrics a nested dict of float32
@@ -370,13 +402,32 @@ def policy_loss(
     advantage/{mean,abs_mean,max,min,nonzero_frac}.
 
   Raises:
-    ValueError: beta > 0 and no ref_logp.
+    ValueError: beta > 0 and no ref_logp; a log-prob-error threshold with
+      the step's normalisers but not the gate's mask.
   """
   b = logp.shape[0]
   token_mask = mask.astype(jnp.float32)
   if sequence_mask is None:
     sequence_mask = jnp.ones((b,), jnp.float32)
   sequence_mask = jax.lax.stop_gradient(sequence_mask.astype(jnp.float32))
+  logp = logp.astype(jnp.float32)
+  old_logp = jax.lax.stop_gradient(old_logp.astype(jnp.float32))
+  prev = jax.lax.stop_gradient(logp)
+  error = sequence_logprob_error(old_logp, prev, token_mask)
+  sequence_mask, error_masked, counted_rows = _logprob_error_gate(
+      options,
+      error,
+      sequence_mask,
+      logprob_error_mask,
+      given_normalisers=(
+          token_normaliser is not None or sequence_normaliser is not None
+      ),
+  )
+  if counted_sequence_normaliser is None:
+    counted_sequence_normaliser = jnp.maximum(jnp.sum(counted_rows), 1.0)
+  counted_sequence_normaliser = jax.lax.stop_gradient(
+      jnp.asarray(counted_sequence_normaliser, jnp.float32)
+  )
   mask = token_mask * sequence_mask[:, None]
   if token_normaliser is None:
     token_normaliser = jnp.maximum(jnp.sum(mask), 1.0)
@@ -389,13 +440,11 @@ def policy_loss(
       jnp.asarray(sequence_normaliser, jnp.float32)
   )
 
-  logp = logp.astype(jnp.float32)
-  old_logp = jax.lax.stop_gradient(old_logp.astype(jnp.float32))
   adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))[:, None]
-  prev = jax.lax.stop_gradient(logp)
-  # pi_train / pi_generator per token (the sampling mismatch).
-  sampling_log_ratio = prev - old_logp
-  sampling_ratio = jnp.exp(sampling_log_ratio)
+  # pi_train / pi_generator per token (the sampling mismatch); a non-finite
+  # one is 0, as the reference's nan_to_num makes it.
+  sampling_log_ratio = _finite_or_zero(prev - old_logp)
+  sampling_ratio = _finite_or_zero(jnp.exp(prev - old_logp))
   if options.force_on_policy_ratio:
     log_ratio = logp - prev
     weights = sampling_ratio
@@ -408,8 +457,7 @@ def policy_loss(
   clipped = -adv * clipped_ratio
   per_token = jnp.maximum(unclipped, clipped)
 
-  # The sequence gates, over each sequence's completion tokens.
-  keep = jnp.ones((b,), jnp.float32)
+  # The TIS gate, over each sequence's completion tokens.
   geo_mean = jnp.exp(sequence_mean(sampling_log_ratio, token_mask))
   tis_masked = jnp.zeros((b,), jnp.float32)
   if options.tis:
@@ -417,13 +465,7 @@ def policy_loss(
         geo_mean <= options.tis_ratio_max
     )
     tis_masked = 1.0 - inside.astype(jnp.float32)
-    keep = keep * (1.0 - tis_masked)
-  error = sequence_mean(jnp.exp(jnp.abs(old_logp - prev)), token_mask)
-  error_masked = jnp.zeros((b,), jnp.float32)
-  if options.logprob_error_threshold is not None:
-    error_masked = (error > options.logprob_error_threshold).astype(jnp.float32)
-    keep = keep * (1.0 - error_masked)
-  weights = weights * keep[:, None]
+  weights = weights * (1.0 - tis_masked)[:, None]
 
   def agg(values):
     return aggregate(
@@ -440,6 +482,9 @@ def policy_loss(
 
   def sequence_share(values):
     return jnp.sum(values * sequence_mask) / sequence_normaliser
+
+  def counted_share(values):
+    return jnp.sum(values * counted_rows) / counted_sequence_normaliser
 
   pg_loss = agg(weights * per_token)
   if options.beta > 0:
@@ -485,15 +530,47 @@ def policy_loss(
       },
       "tis_geo_mean": _extremes(geo_mean, counted),
       "logprob_error": {
-          "mean": sequence_share(error),
-          "max": _masked_extreme(error, counted, jnp.max, -EMPTY),
+          "mean": counted_share(error),
+          "max": _masked_extreme(error, counted_rows > 0, jnp.max, -EMPTY),
       },
       "masked": {
           "tis_frac": sequence_share(tis_masked),
-          "logprob_error_frac": sequence_share(error_masked),
+          "logprob_error_frac": counted_share(error_masked),
       },
       # The share of the counted tokens whose weight is not 0.
       "trained_token_frac": token_mean((weights > 0).astype(jnp.float32)),
       "advantage": advantage_metrics(advantages),
   }
   return loss, metrics
+
+
+def _finite_or_zero(values: jax.Array) -> jax.Array:
+  """NaN and +-inf as 0 (the reference's nan_to_num(nan=0, posinf=0,
+  neginf=0))."""
+  return jnp.where(jnp.isfinite(values), values, 0.0)
+
+
+def _logprob_error_gate(
+    options, error, sequence_mask, logprob_error_mask, given_normalisers
+):
+  """(the trained sequence mask, the gated sequences, the sequences counted
+  before the gate), each float [B] (module docstring).
+
+  Raises:
+    ValueError: a threshold, the step's normalisers and no gate mask.
+  """
+  if options.logprob_error_threshold is None:
+    return sequence_mask, jnp.zeros_like(sequence_mask), sequence_mask
+  if logprob_error_mask is not None:
+    gated = jax.lax.stop_gradient(logprob_error_mask.astype(jnp.float32))
+    return sequence_mask, gated, sequence_mask + gated
+  if given_normalisers:
+    raise ValueError(
+        "logprob_error_threshold with the step's normalisers needs the "
+        "log-prob-error gate decided before the loss (logprob_error_mask: "
+        "logprob_gate), so that its sequences leave the normalisers"
+    )
+  gated = (error > options.logprob_error_threshold).astype(
+      jnp.float32
+  ) * sequence_mask
+  return sequence_mask * (1.0 - gated), gated, sequence_mask

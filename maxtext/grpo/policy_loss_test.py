@@ -284,9 +284,15 @@ class PolicyLossTest(parameterized.TestCase):
     gen = logp + diff
     adv = rng.normal(size=b)
     sequence_mask = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
-    # The step's normalisers over K = 2 (this call is one of 2 halves).
-    token_normaliser = 31.0 / 2
-    sequence_normaliser = 11.0 / 2
+    # The step's counts over K = 2 (this call is one of 2 halves): 31
+    # tokens of 11 sequences, 5 tokens of one gated for its error here.
+    err_gated = np.zeros(b)
+    if threshold is not None:
+      err_gated[3] = 1.0  # What the gate decided before the loss.
+    trained_sequences = sequence_mask * (1 - err_gated)
+    token_normaliser = (31.0 - 5.0 * err_gated.sum()) / 2
+    sequence_normaliser = (11.0 - err_gated.sum()) / 2
+    counted_sequence_normaliser = 11.0 / 2
     options = policy_loss.LossOptions(
         epsilon=0.2,
         epsilon_high=0.28,
@@ -304,17 +310,22 @@ class PolicyLossTest(parameterized.TestCase):
           jnp.asarray(adv, jnp.float32),
           jnp.asarray(mask, jnp.float32),
           options,
-          sequence_mask=jnp.asarray(sequence_mask, jnp.float32),
+          sequence_mask=jnp.asarray(trained_sequences, jnp.float32),
           token_normaliser=token_normaliser,
           sequence_normaliser=sequence_normaliser,
+          logprob_error_mask=jnp.asarray(err_gated, jnp.float32),
+          counted_sequence_normaliser=counted_sequence_normaliser,
       )
 
     (loss, metrics), grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
         jnp.asarray(logp, jnp.float32)
     )
 
-    # The oracle, from the formulas (float64, loops over sequences).
-    counted = mask * sequence_mask[:, None]
+    # The oracle: the reference's computation written out (float64, loops
+    # over sequences). Its error gate removes a sequence from the sample
+    # mask, so from the counted tokens and sequences; its TIS gate zeroes
+    # the weights inside the loss.
+    sample_mask = sequence_mask.copy()
     weights = np.zeros((b, t))
     tis_out = np.zeros(b)
     err_out = np.zeros(b)
@@ -329,8 +340,10 @@ class PolicyLossTest(parameterized.TestCase):
         tis_out[i] = 1.0
       if threshold is not None and err[i] > threshold:
         err_out[i] = 1.0
-      keep = (1 - tis_out[i]) * (1 - err_out[i])
-      weights[i] = np.exp(log_is) * keep
+        sample_mask[i] = 0.0
+      weights[i] = np.exp(log_is) * (1 - tis_out[i])
+    np.testing.assert_array_equal(err_out * sequence_mask, err_gated)
+    counted = mask * sample_mask[:, None]
     # Forced ratio: 1 in value, so the clip never acts; d(ratio)/d(logp) = 1.
     per_token = -adv[:, None] * np.ones((b, t))
     if agg == "token_mean":
@@ -349,18 +362,19 @@ class PolicyLossTest(parameterized.TestCase):
           / sequence_normaliser
       )
     inside = counted > 0
-    kept_rows = sequence_mask > 0
+    counted_rows = sequence_mask > 0
+    kept_rows = sample_mask > 0
     ratio = np.exp(-diff)
     want = {
         "loss": want_loss,
         "grad": want_grad,
         "pg_loss": want_loss,
-        "masked/tis_frac": (tis_out * sequence_mask).sum()
-        / sequence_normaliser,
+        "masked/tis_frac": (tis_out * sample_mask).sum() / sequence_normaliser,
         "masked/logprob_error_frac": (err_out * sequence_mask).sum()
-        / sequence_normaliser,
-        "logprob_error/mean": (err * sequence_mask).sum() / sequence_normaliser,
-        "logprob_error/max": err[kept_rows].max(),
+        / counted_sequence_normaliser,
+        "logprob_error/mean": (err * sequence_mask).sum()
+        / counted_sequence_normaliser,
+        "logprob_error/max": err[counted_rows].max(),
         "tis_geo_mean/max": geo[kept_rows].max(),
         "tis_geo_mean/min": geo[kept_rows].min(),
         "sampling_is_ratio/mean": (ratio * counted).sum() / token_normaliser,
@@ -383,7 +397,9 @@ class PolicyLossTest(parameterized.TestCase):
     np.testing.assert_array_equal(
         trained, [True, False, False, False, True, False]
     )
-    np.testing.assert_allclose(metrics["masked"]["tis_frac"], 2 / 5.5)
+    # TIS's share is of the sequences left after the error gate (5 of the
+    # step's 10 / 2), the error gate's of those before it (11 / 2).
+    np.testing.assert_allclose(metrics["masked"]["tis_frac"], 2 / 5)
     np.testing.assert_allclose(metrics["masked"]["logprob_error_frac"], 1 / 5.5)
     # Off, every counted sequence trains.
     _, grad, _, _ = self._reference_case("token_mean", False, None)
@@ -404,6 +420,48 @@ class PolicyLossTest(parameterized.TestCase):
         )[0]
     )(logp)
     np.testing.assert_allclose(grad, -2.0 * np.exp(logp - gen) / 2.0, rtol=1e-6)
+
+  def test_a_whole_step_in_one_call_gates_its_own_errors(self):
+    # Without the step's normalisers the call is the whole step: a sequence
+    # over the threshold leaves the token count, as the reference's sample
+    # mask does. Sequence 1's error is e^1.5 > 2.
+    logp = jnp.asarray([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+    gen = logp + jnp.asarray([[0.0, 0.0, 0.0], [1.5, -1.5, 1.5]])
+    adv = jnp.asarray([1.0, -3.0])
+    mask = jnp.asarray([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    options = policy_loss.LossOptions(
+        force_on_policy_ratio=True, logprob_error_threshold=2.0
+    )
+    loss, metrics = policy_loss.policy_loss(logp, gen, adv, mask, options)
+    # Sequence 0 alone: 2 tokens of weight 1 and advantage 1, over its 2.
+    np.testing.assert_allclose(loss, -1.0, rtol=1e-6)
+    np.testing.assert_allclose(metrics["masked"]["logprob_error_frac"], 0.5)
+    # The step's normalisers without the gate's mask cannot be right.
+    with self.assertRaisesRegex(ValueError, "logprob_error_mask"):
+      policy_loss.policy_loss(
+          logp, gen, adv, mask, options, token_normaliser=5.0
+      )
+
+  def test_non_finite_weights_are_zero(self):
+    # A generator log-probability of -inf (or NaN) makes pi_train / pi_gen
+    # infinite (or NaN): the reference's nan_to_num makes its weight 0, so
+    # the token trains nothing and the step stays finite.
+    logp = jnp.asarray([[-1.0, -2.0, -1.0]])
+    options = policy_loss.LossOptions(
+        force_on_policy_ratio=True, tis_ratio_min=0.0, tis_ratio_max=1e9
+    )
+    for bad in (-jnp.inf, jnp.nan):
+      gen = jnp.asarray([[-1.0, bad, -1.0]])
+      (loss, metrics), grad = jax.value_and_grad(
+          lambda lp, gen=gen: policy_loss.policy_loss(
+              lp, gen, jnp.asarray([1.0]), jnp.ones((1, 3)), options
+          ),
+          has_aux=True,
+      )(logp)
+      np.testing.assert_allclose(loss, -2.0 / 3.0, rtol=1e-6)
+      np.testing.assert_allclose(grad, [[-1 / 3, 0.0, -1 / 3]], rtol=1e-6)
+      # The geometric mean's log-ratio of that token is 0 too.
+      np.testing.assert_allclose(metrics["tis_geo_mean"]["max"], 1.0)
 
   def test_beta_without_reference_is_refused(self):
     z = jnp.zeros((1, 2))

@@ -8,6 +8,7 @@ import numpy as np
 from maxtext.generation import scoring
 from maxtext.grpo import advantages
 from maxtext.grpo import grpo_workload
+from maxtext.grpo import logprob_gate
 from maxtext.grpo import progression_task
 from maxtext.grpo import rewards
 from maxtext.grpo import rollout as rollout_lib
@@ -54,6 +55,7 @@ class RolloutTest(absltest.TestCase):
             grpo_prompt_length=4,
             grpo_max_completion_length=4,
             grpo_beta=0.0,
+            grpo_logprob_error_threshold=0.0,
             packing=False,
         )
     )
@@ -62,6 +64,19 @@ class RolloutTest(absltest.TestCase):
         grpo_workload.abstract_micro_batch(config),
     )
     for batch in rollout_lib.micro_batches(self.result, 2):
+      self.assertEqual(
+          jax.tree.map(lambda a: (a.shape, np.asarray(a).dtype), batch), want
+      )
+    # With the log-prob-error gate, the gated micro-batches' shapes.
+    config.grpo_logprob_error_threshold = 2.0
+    want = jax.tree.map(
+        lambda a: (a.shape, a.dtype),
+        grpo_workload.abstract_micro_batch(config),
+    )
+    gate = logprob_gate.Gate(2.0, self.config)
+    for batch in gate(
+        self.params, rollout_lib.micro_batches(self.result, 2), 1.0
+    ):
       self.assertEqual(
           jax.tree.map(lambda a: (a.shape, np.asarray(a).dtype), batch), want
       )

@@ -53,7 +53,9 @@ times has come back to the host, so no synchronisation is added for them):
                         optimizer step (the update's metrics come out of
                         the same program), so the update is complete (with
                         a rollout drawn ahead, the next rollout's drawing
-                        falls inside it).
+                        falls inside it; with a log-prob-error threshold,
+                        the gate's forward pass over the micro-batches,
+                        `logprob_gate`, too).
   timing/step           the record's whole step: from the rollout's start to
                         the update's flush for the first pass over a rollout,
                         the update alone for the later passes
@@ -79,6 +81,7 @@ from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import scoring
 from maxtext.grpo import generation_mesh
+from maxtext.grpo import logprob_gate
 from maxtext.grpo import packed_batches
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
@@ -188,7 +191,8 @@ class Prepared:
 
   Attributes:
     rollout: the rollout (host arrays).
-    batches: its K micro-batches on the devices.
+    batches: its K micro-batches on the devices (with a log-prob-error
+      threshold, `logprob_gate.LazilyGated`: gated on first use).
     values: its host statistics and phase timings, for each record of the
       updates it feeds.
     versions: int64 [N]: per sample, the updates the parameters that drew
@@ -201,7 +205,7 @@ class Prepared:
   """
 
   rollout: rollout_lib.Rollout
-  batches: list[dict]
+  batches: Sequence[dict]
   values: dict[str, float]
   versions: np.ndarray
   start: Optional[float]
@@ -237,6 +241,10 @@ class GrpoStep:
       (`generation_mesh.GenerationMesh`: the parameters copied there before
       each rollout; records put `rollout/weight_copy_bytes` and
       `timing/weight_copy`), or None to generate on `mesh`.
+    logprob_error_threshold: the loss's log-prob-error threshold, or None:
+      with one, each rollout's micro-batches are gated with the parameters
+      its first update starts from, when that update reads them
+      (`logprob_gate`).
   """
 
   def __init__(
@@ -262,6 +270,7 @@ class GrpoStep:
       ),
       record_age: bool = False,
       generation: Optional[generation_mesh.GenerationMesh] = None,
+      logprob_error_threshold: Optional[float] = None,
   ):
     if num_iterations < 1:
       raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
@@ -312,6 +321,11 @@ class GrpoStep:
     self._paged = paged
     self._record_age = record_age
     self._generation = generation
+    self._gate = (
+        None
+        if logprob_error_threshold is None
+        else logprob_gate.Gate(logprob_error_threshold, model_config, mesh)
+    )
 
   def rollout(
       self,
@@ -408,6 +422,11 @@ class GrpoStep:
           self._reference, whole, np.float32(options.temperature)
       )
       reference_s = time.perf_counter() - dispatched
+    if self._gate is not None:
+      batches = logprob_gate.LazilyGated(
+          batches,
+          functools.partial(self._gated, temperature=options.temperature),
+      )
     values = dict(
         result.stats,
         **packed_values,
@@ -431,6 +450,11 @@ class GrpoStep:
         versions=versions,
         start=None if ahead else start,
     )
+
+  def _gated(self, batches: Sequence[dict], temperature: float) -> list:
+    """`batches` gated with the engine's parameters now: the ones the
+    update that first reads them starts from."""
+    return self._gate(self._engine.params, batches, temperature)
 
   def _row_multiple(self, batches: list[dict]) -> int:
     """`packed_batches.row_multiple` on this step's mesh."""

@@ -81,7 +81,7 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
         max_turns=config.grpo_max_turns,
         max_tokens=config.grpo_max_completion_length,
         max_turn_tokens=turn,
-        wall_seconds=config.grpo_episode_timeout_seconds,
+        episode_seconds=config.grpo_episode_timeout_seconds,
     )
     tool_limits = sandbox.Limits(wall_seconds=config.grpo_tool_timeout_seconds)
   except ValueError as e:

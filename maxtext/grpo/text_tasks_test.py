@@ -80,8 +80,8 @@ class TextTasksTest(absltest.TestCase):
     (train,) = _records(result.run_dir, "train")
     for name in (
         "episode/turns", "episode/tool_calls", "episode/tool_errors",
-        "episode/truncated", "episode/timeouts", "rewards/kind/repair",
-        "rewards/verifier",
+        "episode/truncated", "episode/turn_limit", "episode/timeouts",
+        "rewards/kind/repair", "rewards/verifier",
     ):  # fmt: skip
       self.assertIn(name, train)
     self.assertGreaterEqual(train["episode/turns"], 1.0)

@@ -31,6 +31,37 @@ from maxtext.grpo import policy_loss
 from maxtext.metrics import buffer
 
 
+def completion_log_probs_and_entropy(
+    params: Any,
+    micro_batch: dict,
+    config,
+    temperature: float,
+    mesh: Optional[jax.sharding.Mesh] = None,
+) -> tuple[jax.Array, jax.Array]:
+  """The policy's log-probability and entropy at each completion column of
+  a micro-batch (`loss_fn`'s layout, packed or not), float32 [B, L] each."""
+  if "completion_at" in micro_batch:  # Packed rows (`packed_batches`).
+    return scoring.packed_completion_log_probs_and_entropy(
+        params,
+        micro_batch["tokens"],
+        micro_batch["segment_ids"],
+        micro_batch["positions"],
+        micro_batch["completion_at"],
+        config,
+        mesh,
+        temperature,
+    )
+  return scoring.completion_log_probs_and_entropy(
+      params,
+      micro_batch["tokens"],
+      micro_batch["prompt_lengths"],
+      micro_batch["mask"].shape[1],
+      config,
+      mesh,
+      temperature,
+  )
+
+
 def loss_fn(
     params: Any,
     micro_batch: dict,
@@ -49,7 +80,9 @@ def loss_fn(
       [B, L] (only when options.beta > 0); optional "sequence_mask",
       "token_normaliser" and "sequence_normaliser", float32 [B] each (module
       docstring; left out, every sequence counts and the normalisers are the
-      micro-batch's own). A packed micro-batch (`packed_batches`) has
+      micro-batch's own), and, with a log-prob-error threshold, the gate's
+      "logprob_error_mask" and "counted_sequence_normaliser"
+      (`logprob_gate`). A packed micro-batch (`packed_batches`) has
       "tokens" of its packed rows and "segment_ids", "positions" and
       "completion_at" beside them.
     config: the model's config.
@@ -65,27 +98,9 @@ def loss_fn(
   mask = micro_batch["mask"]
   if freeze_router:
     params = frozen_router.stop_gradients(params)
-  if "completion_at" in micro_batch:  # Packed rows (`packed_batches`).
-    log_probs, entropy = scoring.packed_completion_log_probs_and_entropy(
-        params,
-        micro_batch["tokens"],
-        micro_batch["segment_ids"],
-        micro_batch["positions"],
-        micro_batch["completion_at"],
-        config,
-        mesh,
-        options.temperature,
-    )
-  else:
-    log_probs, entropy = scoring.completion_log_probs_and_entropy(
-        params,
-        micro_batch["tokens"],
-        micro_batch["prompt_lengths"],
-        mask.shape[1],
-        config,
-        mesh,
-        options.temperature,
-    )
+  log_probs, entropy = completion_log_probs_and_entropy(
+      params, micro_batch, config, options.temperature, mesh
+  )
 
   def per_step(name):
     # One value repeated in every row (rows may be split over devices).
@@ -103,6 +118,8 @@ def loss_fn(
       sequence_mask=micro_batch.get("sequence_mask"),
       token_normaliser=per_step("token_normaliser"),
       sequence_normaliser=per_step("sequence_normaliser"),
+      logprob_error_mask=micro_batch.get("logprob_error_mask"),
+      counted_sequence_normaliser=per_step("counted_sequence_normaliser"),
   )
   metrics["completion_tokens"] = buffer.SummedMetric(jnp.sum(mask))
   return loss, metrics

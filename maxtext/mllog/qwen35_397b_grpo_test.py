@@ -78,6 +78,7 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
         "grpo_freeze_router": True,
         "grpo_beta": 0.0,
         "grpo_num_iterations": 1,
+        "grpo_max_age": 1,
         "grpo_eval_samples_per_prompt": 4,
         "grpo_eval_target_metric": "pass@4",
         "grpo_eval_prompts": 251,
@@ -97,6 +98,10 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     self.assertEqual(options.logprob_error_threshold, 2.0)
     self.assertEqual(options.temperature, 1.0)
     self.assertEqual(grpo_workload.eval_options(config).num_samples, 4)
+    # The run is accepted with rollouts drawn one step ahead.
+    workload = grpo_workload.GrpoWorkload()
+    workload.check(config)
+    self.assertTrue(workload.reads_ahead)
     # A lower bound of 0 is a bound (the upper one turns TIS on).
     low = grpo_workload.loss_options(_config(grpo_tis_ratio_min=0.0))
     self.assertEqual((low.tis_ratio_min, low.tis_ratio_max), (0.0, 1.002))

@@ -178,6 +178,9 @@ def _grpo_step(config, functions):
       mesh=mesh,
       rollout_fn=rollout_fn,
       packing=config.packing,
+      logprob_error_threshold=(
+          grpo_workload.loss_options(config).logprob_error_threshold
+      ),
   )
   return grpo, engine
 

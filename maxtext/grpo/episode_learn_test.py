@@ -1,0 +1,285 @@
+"""GRPO learns through the episode path: a text task on the tiny model.
+
+The policy is the tiny model with the byte-level ChatML tokenizer, at its
+random start. Each episode is a chat: the task's prompt, rendered by the
+template, then the model's turn, decoded and answered by the environment
+(`maxtext.env.episodes`), rolled out by `episode_rollout.rollout` and
+trained by the GRPO step (`step.GrpoStep`) with the loss of the benchmark's
+config (the leave-one-out normalised advantage, token_mean). The reward is
+a harmless marker, the byte "!", in the model's text: the random policy
+writes it in about a third of its turns (uniform over 259 ids, 96 of them).
+
+* Trained, the mean training reward reaches 0.9 within 60 steps.
+* With the advantages negated (the same run otherwise), it falls below its
+  start: the tokens, masks, behaviour log-probabilities and advantages of
+  an episode line up, or the sign would not matter.
+* A multi-turn variant: the environment answers the model's first turn with
+  a message, and only the second turn is rewarded, so the first turn's
+  tokens, the environment's tokens between the turns (no loss) and the
+  second turn's tokens must all sit where the loss reads them.
+* A tool call: the reward needs a `mark()` call, answered by the tool
+  environment (`ToolEnvironment`, the qwen3_xml form); the random model
+  never writes the syntax, so it is first fine-tuned to call the tool in a
+  quarter of its turns, and GRPO raises that share by 0.3 or more.
+"""
+
+import dataclasses
+import functools
+
+from absl import logging
+from absl.testing import absltest
+import jax
+import ml_collections
+import numpy as np
+import optax
+
+from maxtext.engine import engine as engine_lib
+from maxtext.env import environment
+from maxtext.env import episodes
+from maxtext.env import sandbox
+from maxtext.env import tasks
+from maxtext.env import tool_calls
+from maxtext.generation import paged_decoder
+from maxtext.generation import sampling
+from maxtext.grpo import episode_rollout
+from maxtext.grpo import policy_loss
+from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo import step as step_lib
+from maxtext.grpo import text_task
+from maxtext.grpo import train_loss
+from maxtext.metrics import recorder as recorder_lib
+from maxtext.model import transformer
+from testing import tiny_configs
+
+_MARKER = "!"
+_TURN = 96  # Ids per model turn.
+_PROMPTS, _GENERATIONS = 4, 8
+
+
+class _MarkerEnvironment(environment.Environment):
+  """Reward 1 when the rewarded turn holds the marker.
+
+  With `turns` = 2 the first turn is answered with a message and the
+  second is the rewarded one.
+  """
+
+  kind = "marker"
+
+  def __init__(self, record, turns):
+    self.record = record
+    self.turns = turns
+    self.seen = []
+
+  def start(self):
+    return [{"role": "user", "content": self.record["prompt"]}]
+
+  def step(self, text):
+    self.seen.append(text)
+    if len(self.seen) < self.turns:
+      return environment.Reply([{"role": "user", "content": "Again."}], False)
+    return environment.Reply([], True)
+
+  def reward(self):
+    return float(len(self.seen) == self.turns and _MARKER in self.seen[-1])
+
+
+class _MarkerTask(tasks.Task):
+  """Prompts of a few words; each episode a `_MarkerEnvironment`."""
+
+  kind = "marker"
+
+  def __init__(self, turns):
+    self.turns = turns
+
+  def train_records(self, step, count):
+    return [{"prompt": f"Say something ({step}.{i})."} for i in range(count)]
+
+  def eval_records(self):
+    return []
+
+  def make_environment(self, record, tools):
+    del tools
+    return _MarkerEnvironment(record, self.turns)
+
+
+class _MarkEnvironment(environment.ToolEnvironment):
+  """One tool, `mark()`; reward 1 when the episode called it."""
+
+  def __init__(self, record):
+    super().__init__("mark")
+    self.record = record
+    self.marked = False
+    self.add_tool("mark", self._mark, "Marks the task.")
+
+  def _mark(self):
+    self.marked = True
+    return "marked"
+
+  def start(self):
+    return [{"role": "user", "content": self.record["prompt"]}]
+
+  def reward(self):
+    return float(self.marked)
+
+
+class _MarkTask(tasks.Task):
+  """One prompt, "Task."; each episode a `_MarkEnvironment`."""
+
+  kind = "mark"
+
+  def train_records(self, step, count):
+    del step
+    return [{"prompt": "Task."}] * count
+
+  def eval_records(self):
+    return []
+
+  def make_environment(self, record, tools):
+    del tools
+    return _MarkEnvironment(record)
+
+
+def _fine_tuned(params, config, chat, steps, call_share):
+  """`params` fine-tuned on `_MarkTask`'s prompt: a `mark` call in a
+  `call_share` of the turns, "ok" in the rest (the assistant's ids alone
+  carry the loss), so the policy calls the tool in about that share of its
+  turns and writes the call's syntax."""
+  call = tool_calls.format_xml(tool_calls.ToolCall("mark", {}))
+  rows, weights = [], []
+  for i in range(64):
+    env = _MarkEnvironment({"prompt": "Task."})
+    reply = call if i % round(1 / call_share) == 0 else "ok"
+    encoded = chat.encode(
+        env.start() + [{"role": "assistant", "content": reply}],
+        tools=env.tools,
+    )
+    rows.append(encoded.ids)
+    weights.append(encoded.assistant_mask)
+  width = max(len(r) for r in rows) + 1
+  tokens = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros((len(rows), width), np.float32)
+  for r, (ids, w) in enumerate(zip(rows, weights)):
+    tokens[r, : len(ids)] = ids
+    mask[r, : len(ids)] = w
+  batch = {
+      "inputs": tokens[:, :-1],
+      "targets": tokens[:, 1:],
+      "weights": mask[:, 1:],
+  }
+  optimizer = optax.adam(1e-2)
+  state = optimizer.init(params)
+
+  @jax.jit
+  def update(params, state):
+    grads = jax.grad(lambda p: transformer.loss_fn(p, batch, config)[0])(params)
+    updates, state = optimizer.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  for _ in range(steps):
+    params, state = update(params, state)
+  return params
+
+
+def _negated(rollout_fn):
+  """`rollout_fn` whose advantages are negated."""
+
+  def negated(*args, **kwargs):
+    result = rollout_fn(*args, **kwargs)
+    return dataclasses.replace(result, advantages=-result.advantages)
+
+  return negated
+
+
+class EpisodeLearnTest(absltest.TestCase):
+
+  def _rewards(
+      self, steps, turns=1, negate=False, stop_at=None, tool_call=False
+  ):
+    """The mean training reward of each of `steps` GRPO steps (fewer when
+    one reaches `stop_at`): the marker task of `turns` turns, or with
+    `tool_call` the `mark` task from a fine-tuned start."""
+    learning_rate = 3e-3
+    room = 512 if tool_call else 96  # For the first prompt.
+    config = tiny_configs.model_config(
+        vocab_size=320, max_sequence_length=512 + (room if tool_call else 0)
+    )
+    frozen = ml_collections.FrozenConfigDict(config)
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    chat = text_task.load_tokenizer(text_task.BYTE_CHATML)
+    if tool_call:
+      params = _fine_tuned(params, frozen, chat, 200, 1 / 4)
+    setup = episode_rollout.EpisodeSetup(
+        _MarkTask() if tool_call else _MarkerTask(turns),
+        chat,
+        episodes.Limits(
+            max_turns=turns, max_tokens=turns * (_TURN + 64),
+            max_turn_tokens=_TURN,
+        ),
+        tasks.ToolSettings(sandbox.Limits(), False, 30.0),
+    )  # fmt: skip
+    options = policy_loss.LossOptions(force_on_policy_ratio=True)
+    engine = engine_lib.Engine(
+        functools.partial(train_loss.loss_fn, config=frozen, options=options),
+        params,
+        optax.adam(learning_rate),
+        learning_rate,
+        recorder_lib.MetricsRecorder(),
+        1,
+    )
+    rollout_fn = functools.partial(episode_rollout.rollout, setup=setup)
+    step = step_lib.GrpoStep(
+        engine,
+        frozen,
+        lambda s: setup.task.train_records(s, _PROMPTS),
+        lambda s: sampling.SamplingOptions(
+            max_new_tokens=_TURN,
+            temperature=1.0,
+            seed=rollout_lib.step_seed(0, s),
+            num_samples=_GENERATIONS,
+            stop_ids=chat.stop_ids,
+        ),
+        [],
+        num_micro_batches=1,
+        estimator="rloo_normalized",
+        advantage_eps=1e-6,
+        width=room + turns * (_TURN + 64),
+        rollout_fn=_negated(rollout_fn) if negate else rollout_fn,
+        paged=paged_decoder.EngineOptions(),
+    )
+    means = []
+    for s in range(steps):
+      result = step.run(s)
+      means.append(float(np.mean(result.rollout.rewards.total)))
+      logging.info("step %d: mean training reward %.3f", s, means[-1])
+      if stop_at is not None and means[-1] >= stop_at:
+        break
+    return np.array(means)
+
+  def test_learns_the_marker(self):
+    rewards = self._rewards(60, stop_at=0.9)
+    # The random policy writes the marker in 20-50% of its turns.
+    self.assertTrue(0.2 <= rewards[:3].mean() <= 0.5, rewards)
+    self.assertGreaterEqual(rewards[-1], 0.9, rewards)
+
+  def test_negated_advantages_unlearn_the_marker(self):
+    rewards = self._rewards(20, negate=True)
+    self.assertTrue(0.2 <= rewards[:3].mean() <= 0.5, rewards)
+    self.assertLess(rewards[-5:].mean(), rewards[:3].mean() - 0.1, rewards)
+
+  def test_learns_to_call_the_tool(self):
+    # Fine-tuned to call `mark` in a quarter of its turns; the reward needs
+    # the call (the tool's answer, then a second turn).
+    rewards = self._rewards(20, turns=2, tool_call=True)
+    # Step 0's episodes are the fine-tuned policy's, before any update.
+    self.assertTrue(0.15 <= rewards[0] <= 0.5, rewards)
+    self.assertGreaterEqual(rewards[-5:].mean() - rewards[0], 0.3, rewards)
+
+  def test_learns_the_marker_in_the_second_turn(self):
+    rewards = self._rewards(30, turns=2)
+    self.assertGreaterEqual(
+        rewards[-5:].mean() - rewards[:3].mean(), 0.3, rewards
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()
