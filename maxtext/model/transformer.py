@@ -163,7 +163,7 @@ def init_params(config, rng: jax.Array) -> Params:
   norm's output has norm sqrt(emb_dim)), so the first loss on random
   tokens is about ln(vocab_size). An untied embedding is only looked up
   and is drawn with standard deviation 1; a tied one is also the output
-  projection and is drawn as that (`embedding_fan_in`). Every array is
+  projection and is drawn as that (`_embedding_fan_in`). Every array is
   drawn whole (no Python loop over layers or experts), so
   `jax.eval_shape` of this is cheap at any size.
 
@@ -193,7 +193,7 @@ def init_params(config, rng: jax.Array) -> Params:
   # seeds keep their meaning.
   count = 9 if config.attention_type == "gqa" else 16
   normal = _truncated_normal_init(rng, count, dtype)
-  embedding = normal((v, e), embedding_fan_in(config))
+  embedding = normal((v, e), _embedding_fan_in(config))
   stack = _attention_params(config, l, normal, dtype)
   stack["w_gate"] = normal((l, e, m), e)
   stack["w_up"] = normal((l, e, m), e)
@@ -207,7 +207,7 @@ def init_params(config, rng: jax.Array) -> Params:
   return _untie(params, config)
 
 
-def embedding_fan_in(config) -> int:
+def _embedding_fan_in(config) -> int:
   """The fan-in the embedding's initial standard deviation is 1/sqrt of.
 
   Tied, the embedding is also the [E, V] output projection: emb_dim, so
@@ -369,7 +369,7 @@ def _init_moe_params(config, rng: jax.Array) -> Params:
   normal = _truncated_normal_init(
       rng, 48 if config.full_attention_interval else 32, dtype
   )
-  params = {"embedding": normal((v, e), embedding_fan_in(config))}
+  params = {"embedding": normal((v, e), _embedding_fan_in(config))}
   dense = config.num_dense_layers
   if dense:
     params["layers"] = {
