@@ -32,8 +32,9 @@ that does not divide the slice, is one line and exit status 2.
 --topology takes JAX's names (v5p:2x2x1, v5e:4x4, v6e:2x4, v4:2x2x2,
 tpu7x:2x2x1) or Cloud TPU's accelerator types (v5p-8, v5e-16, v5litepod-16,
 v6e-8, v4-8, tpu7x-8): v4, v5p and tpu7x types count TensorCores (two per
-chip), v5e and v6e types count chips. cpu:N compiles for N fake CPU devices
-(with --hbm_gib), to try the tool without libtpu.
+chip), v5e and v6e types count chips, and one chip of those two is a slice
+of its own (v5litepod-1, v5e:1x1, v6e-1). cpu:N compiles for N fake CPU
+devices (with --hbm_gib), to try the tool without libtpu.
 
 --program=generate compiles a rollout's generation programs instead: the
 paged decoder's prefill and decode programs (`maxtext.generation.
@@ -95,7 +96,8 @@ _TOPOLOGY = flags.DEFINE_string(
     "The slice to compile for: v5p:2x2x1, v5e:4x4, ... or a Cloud TPU "
     "accelerator type: v5p-8, v5e-16, v5litepod-16, v6e-8, v4-8, tpu7x-8 "
     "(v4, v5p and tpu7x types count TensorCores, two per chip; v5e and v6e "
-    "types count chips); cpu:N for N fake CPU devices.",
+    "types count chips; v5litepod-1 and v6e-1 are one chip); cpu:N for N "
+    "fake CPU devices.",
 )
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices",

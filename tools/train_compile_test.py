@@ -210,6 +210,21 @@ class TrainCompileTest(absltest.TestCase):
       self.assertEqual(topology, "v5p:2x2x1")
       self.assertIn("mesh data=2 fsdp=4;", done.stdout)
 
+  def test_one_chip(self):
+    # Cloud TPU's one-chip v5e slice (a fake CPU device without libtpu):
+    # the whole step on one device, judged against one chip's HBM.
+    topology = ["--topology=v5litepod-1"] if _TPU else ["--topology=cpu:1"]
+    done = _run(*_SMALL, *topology, *([] if _TPU else ["--hbm_gib=1"]))
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn("mesh data=1 fsdp=1;", done.stdout)
+    last = self._last_line(done)
+    self.assertEqual(
+        (last[0], last[1], last[2], last[4], last[5]),
+        ("v5e:1x1", "1", "1", "15.75", "yes")
+        if _TPU
+        else ("cpu:1", "1", "1", "1.00", "yes"),
+    )
+
   def test_generation_programs_fit(self):
     # The hybrid of decode_bench.py (two groups of two Gated DeltaNet layers
     # and one attention layer with 2 key/value heads of 64; 8 experts), in

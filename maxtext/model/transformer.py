@@ -158,10 +158,14 @@ def init_params(config, rng: jax.Array) -> Params:
   """Initialises the parameters.
 
   Matrices are drawn from a truncated normal with standard deviation
-  1/sqrt(fan_in) (the embedding with 1.0, since it is looked up, not
-  multiplied); norm scales start at 1. Every array is drawn whole (no
-  Python loop over layers or experts), so `jax.eval_shape` of this is
-  cheap at any size.
+  1/sqrt(fan_in); norm scales start at 1. The output projection's
+  1/sqrt(emb_dim) gives logits of standard deviation about 1 (the final
+  norm's output has norm sqrt(emb_dim)), so the first loss on random
+  tokens is about ln(vocab_size). An untied embedding is only looked up
+  and is drawn with standard deviation 1; a tied one is also the output
+  projection and is drawn as that (`_embedding_fan_in`). Every array is
+  drawn whole (no Python loop over layers or experts), so
+  `jax.eval_shape` of this is cheap at any size.
 
   Args:
     config: the run configuration (model fields and `weight_dtype`).
@@ -189,7 +193,7 @@ def init_params(config, rng: jax.Array) -> Params:
   # seeds keep their meaning.
   count = 9 if config.attention_type == "gqa" else 16
   normal = _truncated_normal_init(rng, count, dtype)
-  embedding = normal((v, e), 1)
+  embedding = normal((v, e), _embedding_fan_in(config))
   stack = _attention_params(config, l, normal, dtype)
   stack["w_gate"] = normal((l, e, m), e)
   stack["w_up"] = normal((l, e, m), e)
@@ -201,6 +205,17 @@ def init_params(config, rng: jax.Array) -> Params:
       "unembedding": normal((e, v), e),
   }
   return _untie(params, config)
+
+
+def _embedding_fan_in(config) -> int:
+  """The fan-in the embedding's initial standard deviation is 1/sqrt of.
+
+  Tied, the embedding is also the [E, V] output projection: emb_dim, so
+  that, as an untied unembedding, it gives logits of standard deviation
+  about 1 (the transposed embedding of standard deviation 1 would give
+  sqrt(emb_dim), a first loss many times ln(vocab_size)). Untied: 1.
+  """
+  return config.emb_dim if config.tie_word_embeddings else 1
 
 
 def abstract_params(
@@ -354,7 +369,7 @@ def _init_moe_params(config, rng: jax.Array) -> Params:
   normal = _truncated_normal_init(
       rng, 48 if config.full_attention_interval else 32, dtype
   )
-  params = {"embedding": normal((v, e), 1)}
+  params = {"embedding": normal((v, e), _embedding_fan_in(config))}
   dense = config.num_dense_layers
   if dense:
     params["layers"] = {

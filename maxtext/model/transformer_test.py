@@ -351,6 +351,29 @@ class ModelTest(parameterized.TestCase):
     self.assertAlmostEqual(float(loss), float(reference_loss), places=5)
     self.assertNotIn("unembedding", grads)
 
+  @parameterized.named_parameters(
+      (f"{kind}_{'tied' if tied else 'untied'}", preset, tied)
+      for kind, preset in (
+          ("dense", {}),
+          ("moe", tiny_configs.TINY_MOE),
+          ("mla", tiny_configs.TINY_MLA),
+          ("hybrid", tiny_configs.TINY_QWEN35),
+      )
+      for tied in (False, True)
+  )
+  def test_first_loss_on_random_tokens_is_about_ln_vocab(self, preset, tied):
+    # The output projection's init gives logits of standard deviation about
+    # 0.9, which puts the expected first loss between ln(V) and ln(V) + 0.4
+    # (a tied embedding drawn with standard deviation 1 gave about 3 ln(V)).
+    config = tiny_configs.model_config(
+        preset, vocab_size=1024, tie_word_embeddings=tied
+    )
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    _, aux = _jit_loss(config)(params, _batch(config, batch=8))
+    cross_entropy = float(aux["loss_sum"] / aux["num_tokens"])
+    ln_vocab = math.log(config.vocab_size)
+    self.assertBetween(cross_entropy, 0.9 * ln_vocab, 1.1 * ln_vocab)
+
   def test_init_is_deterministic_by_key(self):
     config = tiny_configs.model_config()
     a = transformer.init_params(config, jax.random.PRNGKey(1))

@@ -11,6 +11,10 @@ A slice is named two ways, and both are accepted:
   (powers of two: "v5p-128" is 4x4x4); other shapes are named in the
   first form.
 
+A slice is whole hosts of 2x2 chips (2x2x1 on 3-D tori), except the
+one-chip slices Cloud TPU offers of v5e and v6e ("v5litepod-1", "v5e-1",
+"v6e-1", "v5e:1x1"): a single chip on a host of its own.
+
 A JAX device is one chip on v4 and v5p (their two TensorCores run as one
 "megacore" device), v5e and v6e (one TensorCore per chip); on TPU7x each of
 a chip's two TensorCores is a device.
@@ -43,6 +47,7 @@ class Generation:
       "available HBM").
     chip_config: libtpu's chip configuration ("megacore": one device per
       chip), or None for the generation's default.
+    one_chip: whether Cloud TPU offers a slice of one chip (1x1).
   """
 
   name: str
@@ -53,6 +58,7 @@ class Generation:
   devices_per_chip: int
   hbm_bytes: int
   chip_config: Optional[str] = None
+  one_chip: bool = False
 
 
 _GIB = 2**30
@@ -61,10 +67,19 @@ _GIB = 2**30
 GENERATIONS = (
     Generation("v4", (), "TPU v4", 3, True, 1, int(30.75 * _GIB), "megacore"),
     Generation(
-        "v5e", ("v5litepod",), "TPU v5 lite", 2, False, 1, int(15.75 * _GIB)
+        "v5e",
+        ("v5litepod",),
+        "TPU v5 lite",
+        2,
+        False,
+        1,
+        int(15.75 * _GIB),
+        one_chip=True,
     ),
     Generation("v5p", (), "TPU v5", 3, True, 1, int(95.74 * _GIB)),
-    Generation("v6e", (), "TPU v6 lite", 2, False, 1, int(31.25 * _GIB)),
+    Generation(
+        "v6e", (), "TPU v6 lite", 2, False, 1, int(31.25 * _GIB), one_chip=True
+    ),
     Generation("tpu7x", ("v7x",), "TPU7x", 3, True, 2, int(94.75 * _GIB)),
 )
 
@@ -102,6 +117,14 @@ class Slice:
     """JAX devices in the slice."""
     return self.chips * self.generation.devices_per_chip
 
+  @property
+  def chips_per_host(self) -> tuple[int, int, int]:
+    """Chips on each host along each axis (three axes, as libtpu takes
+    them): 1x1x1 for a one-chip slice, else 2x2x1."""
+    if self.chips == 1:
+      return (1, 1, 1)
+    return _HOST_CHIPS
+
 
 def _generation(name: str, text: str) -> Generation:
   for generation in GENERATIONS + (CPU,):
@@ -130,16 +153,17 @@ def parse(text: str) -> Slice:
   """The slice a topology name names.
 
   Args:
-    text: "v5p:2x2x1", "v5e:4x4", "v5p-8", "v5e-16", "v5litepod-16" ...,
-      or "cpu:N" (N fake CPU devices).
+    text: "v5p:2x2x1", "v5e:4x4", "v5p-8", "v5e-16", "v5litepod-16",
+      "v5litepod-1", "v5e:1x1" ..., or "cpu:N" (N fake CPU devices).
 
   Returns:
     The slice.
 
   Raises:
     ValueError: one line naming the value: an unknown generation, a
-      malformed name, a count that is not a power of two of whole hosts, or
-      a shape that is not whole hosts (2x2 chips).
+      malformed name, a count that is not one chip (where Cloud TPU offers
+      one) or a power of two of whole hosts, or a shape that is not whole
+      hosts (2x2 chips) or such a chip.
   """
   if not isinstance(text, str):
     raise TypeError(f"topology must be a str, got {text!r}")
@@ -158,37 +182,57 @@ def parse(text: str) -> Slice:
       )
   elif count and count.group(1) != CPU.name:
     generation = _generation(count.group(1), text)
-    number = int(count.group(2))
-    chips = number // 2 if generation.counts_cores else number
-    unit = "TensorCores" if generation.counts_cores else "chips"
-    if (
-        chips < 4
-        or chips & (chips - 1)
-        or (generation.counts_cores and number % 2)
-    ):
-      chips_text = f" ({number / 2:g} chips)" if generation.counts_cores else ""
-      raise ValueError(
-          f"--topology={text!r}: {generation.name} names count {unit}; "
-          f"{number} {unit}{chips_text} is not a power of two of at least 4 "
-          f"chips: name the shape instead, e.g. {generation.name}:"
-          + "x".join(["4"] * generation.dims)
-      )
-    shape = _shape_of_chips(chips, generation.dims)
+    shape = _shape_of_count(generation, int(count.group(2)), text)
   else:
     raise ValueError(
         f"--topology={text!r}: expected GENERATION:SHAPE (v5p:2x2x1, "
         f"v5e:4x4) or a Cloud TPU accelerator type (v5p-8, v5e-16)"
     )
-  if generation is CPU:
-    return Slice(generation, shape)
+  if generation is not CPU:
+    _check_whole_hosts(generation, shape, text)
+  return Slice(generation, shape)
+
+
+def _shape_of_count(generation: Generation, number: int, text: str):
+  """The shape of Cloud TPU's accelerator type `generation`-`number`."""
+  chips = number // 2 if generation.counts_cores else number
+  unit = "TensorCores" if generation.counts_cores else "chips"
+  one_chip = generation.one_chip and chips == 1
+  if (
+      (chips < 4 and not one_chip)
+      or chips & (chips - 1)
+      or (generation.counts_cores and number % 2)
+  ):
+    chips_text = f" ({number / 2:g} chips)" if generation.counts_cores else ""
+    smallest = "1 or " if generation.one_chip else ""
+    raise ValueError(
+        f"--topology={text!r}: {generation.name} names count {unit}; "
+        f"{number} {unit}{chips_text} is not {smallest}a power of two of at "
+        f"least 4 chips: name the shape instead, e.g. {generation.name}:"
+        + "x".join(["4"] * generation.dims)
+    )
+  return _shape_of_chips(chips, generation.dims)
+
+
+def _check_whole_hosts(generation: Generation, shape, text: str) -> None:
+  """Refuses a shape that is neither whole hosts nor an offered one-chip
+  slice."""
+  if generation.one_chip and all(n == 1 for n in shape):
+    return
   host = _HOST_CHIPS[: generation.dims]
   if any(n < 1 for n in shape) or any(n % h for n, h in zip(shape, host)):
+    one_chip = (
+        f" (or one chip, {generation.name}:"
+        + "x".join(["1"] * generation.dims)
+        + ")"
+        if generation.one_chip
+        else ""
+    )
     raise ValueError(
-        f"--topology={text!r}: a slice is whole hosts of "
-        f"{'x'.join(map(str, host))} chips; "
+        f"--topology={text!r}: a {generation.name} slice is whole hosts of "
+        f"{'x'.join(map(str, host))} chips{one_chip}; "
         f"{'x'.join(map(str, shape))} is not"
     )
-  return Slice(generation, shape)
 
 
 def by_device_kind(device_kind: str) -> Optional[Generation]:
@@ -217,7 +261,7 @@ def abstract_devices(tpu_slice: Slice, num_slices: int = 1) -> list[Any]:
   # pylint: disable-next=import-outside-toplevel
   from jax.experimental import topologies
 
-  kwargs = {}
+  kwargs = {"chips_per_host_bounds": tpu_slice.chips_per_host}
   if tpu_slice.generation.chip_config:
     kwargs["chip_config_name"] = tpu_slice.generation.chip_config
   return list(

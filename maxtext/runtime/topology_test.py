@@ -35,6 +35,11 @@ class ParseTest(parameterized.TestCase):
       ("upper_case", "V5E:2X2", "v5e:2x2", 4, 4),
       ("two_d_with_trailing_one", "v6e:2x2x1", "v6e:2x2", 4, 4),
       ("fake_cpu", "cpu:8", "cpu:8", 8, 8),
+      ("cloud_v5litepod_one_chip", "v5litepod-1", "v5e:1x1", 1, 1),
+      ("cloud_v5e_one_chip", "v5e-1", "v5e:1x1", 1, 1),
+      ("jax_v5e_one_chip", "v5e:1x1", "v5e:1x1", 1, 1),
+      ("jax_v5e_one_chip_three_axes", "v5e:1x1x1", "v5e:1x1", 1, 1),
+      ("cloud_v6e_one_chip", "v6e-1", "v6e:1x1", 1, 1),
   )
   def test_names(self, text, name, chips, devices):
     tpu_slice = topology.parse(text)
@@ -47,13 +52,24 @@ class ParseTest(parameterized.TestCase):
       ("malformed", "v5p", "expected GENERATION:SHAPE"),
       ("count_not_power_of_two", "v5p-24", "12 chips"),
       ("odd_core_count", "v5p-9", "count TensorCores"),
-      ("too_few_chips", "v5e-2", "at least 4 chips"),
+      ("too_few_chips", "v5e-2", "not 1 or a power of two of at least 4"),
+      ("no_one_chip_v5p_slice", "v5p-2", r"2 TensorCores \(1 chips\) is not a"),
       ("wrong_axes", "v5p:2x2", "has 3 axes"),
-      ("not_whole_hosts", "v5p:3x2x1", "whole hosts of 2x2x1 chips"),
+      ("not_whole_hosts", "v5p:3x2x1", "whole hosts of 2x2x1 chips;"),
+      ("no_one_chip_v5p_shape", "v5p:1x1x1", "whole hosts of 2x2x1 chips;"),
+      ("half_a_host", "v5e:2x1", r"2x2 chips \(or one chip, v5e:1x1\)"),
   )
   def test_bad_names_name_the_value(self, text, message):
     with self.assertRaisesRegex(ValueError, f"--topology='{text}'.*{message}"):
       topology.parse(text)
+
+  @parameterized.named_parameters(
+      ("one_chip", "v5litepod-1", (1, 1, 1)),
+      ("one_host", "v5e-4", (2, 2, 1)),
+      ("many_hosts", "v5p-128", (2, 2, 1)),
+  )
+  def test_chips_per_host(self, text, chips_per_host):
+    self.assertEqual(topology.parse(text).chips_per_host, chips_per_host)
 
   def test_every_generation_has_a_peak_for_mfu(self):
     for generation in topology.GENERATIONS:
@@ -111,6 +127,14 @@ class LibtpuTest(parameterized.TestCase):
     margin = 64 * 2**20
     self.assertTrue(compiles(hbm - margin))
     self.assertFalse(compiles(hbm + margin))
+
+  @parameterized.named_parameters(("v5e", "v5litepod-1"), ("v6e", "v6e-1"))
+  def test_one_chip(self, text):
+    tpu_slice = topology.parse(text)
+    devices = topology.abstract_devices(tpu_slice)
+    self.assertLen(devices, 1)
+    self.assertEqual(devices[0].device_kind, tpu_slice.generation.device_kind)
+    self.assertEqual(list(devices[0].coords), [0, 0, 0])
 
   def test_two_slices(self):
     devices = topology.abstract_devices(topology.parse("v5e:2x2"), 2)
