@@ -135,10 +135,9 @@ def check_cache_fits(
   nothing checked), naming the rows that would fit."""
   if limit is None:
     return
-  per_row = (
-      kv_cache.bytes_per_token(config) * length
-      + kv_cache.state_bytes_per_row(config)
-  )
+  per_row = kv_cache.bytes_per_token(
+      config
+  ) * length + kv_cache.state_bytes_per_row(config)
   need = per_row * (rows // shards)
   if need > limit:
     fits = (limit // per_row) * shards
