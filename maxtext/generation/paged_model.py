@@ -4,10 +4,11 @@ The pool has the dense cache's pytree (`kv_cache`) with pages in place of
 rows: each leaf is [L, N, P, ...] (L layers of the stack, N pages, P
 positions a page). A grouped-query pool read by the ragged paged attention
 kernel keeps keys and values in one leaf "kv" [L, N, P, 2K, D], key head h
-at 2h and its value at 2h + 1: the layout that kernel reads. Row b's page table `tables[b]` lists its pages in
-position order, so its position p lies in page tables[b, p // P] at offset
-p % P. Rows that continue one prompt list the same pages for the prompt's
-positions, so the prompt's keys and values are stored once.
+at 2h and its value at 2h + 1: the layout that kernel reads. Row b's page
+table `tables[b]` lists its pages in position order, so its position p lies
+in page tables[b, p // P] at offset p % P. Rows that continue one prompt
+list the same pages for the prompt's positions, so the prompt's keys and
+values are stored once.
 
 `forward` is `cached_model.forward` (the same layers, the same arithmetic)
 with `paged_store`: each layer scatters the new tokens' entries into their
@@ -28,7 +29,7 @@ per row of the call (`kv_cache.init_states`), passed and returned beside
 the pool; a row's state advances over its valid tokens only.
 """
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Union
 
 import jax
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel
@@ -85,7 +86,8 @@ def _combined(entries: dict) -> dict:
   if "k" not in entries:
     return entries
   k = entries["k"]
-  return {"kv": jnp.zeros(k.shape[:-2] + (2 * k.shape[-2], k.shape[-1]), k.dtype)}
+  shape = k.shape[:-2] + (2 * k.shape[-2], k.shape[-1])
+  return {"kv": jnp.zeros(shape, k.dtype)}
 
 
 def _interleaved(k: jax.Array, v: jax.Array) -> jax.Array:

@@ -1,4 +1,4 @@
-r"""Where a profiled run's device time went: a JAX profiler trace summed by name.
+r"""Where a profiled run's device time went: a profiler trace summed by name.
 
 Runbook:
 
@@ -34,7 +34,8 @@ _TRACE_DIR = flags.DEFINE_string(
 _PLANE = flags.DEFINE_string(
     "plane",
     "/device:",
-    "Planes whose name starts with this are summarised (the host's: /host:CPU).",
+    "Planes whose name starts with this are summarised (the host's: "
+    "/host:CPU).",
 )
 _TOP = flags.DEFINE_integer("top", 25, "Rows per table.")
 _DEPTH = flags.DEFINE_integer(
@@ -200,7 +201,9 @@ def main(argv: list[str]) -> None:
   print(f"trace_summary: {path}")
   if not lines:
     names = [p.name for p in _profile_data.ProfileData.from_file(path).planes]
-    print(f"no events on planes starting with {_PLANE.value!r}; planes: {names}")
+    print(
+        f"no events on planes starting with {_PLANE.value!r}; planes: {names}"
+    )
     return
   print(render(lines, _TOP.value))
 
