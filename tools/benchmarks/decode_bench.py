@@ -69,7 +69,9 @@ from ml_collections import config_flags
 import numpy as np
 
 from maxtext.configs import decode_bench
+from maxtext.generation import decode_roofline
 from maxtext.generation import decoder
+from maxtext.generation import greedy_agreement
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
 from maxtext.model import transformer
@@ -179,6 +181,15 @@ def _check(config, batch: int, prompt_len: int, new: int, windowed: int):
     )
 
 
+def _agreement_line(agree, config, of: str) -> str:
+  """The two decoders' greedy agreement (`greedy_agreement`): exactly and
+  within the compute dtype's rounding."""
+  return (
+      f"same ids: {agree.same}/{agree.total} {of}; agree within "
+      f"{config.compute_dtype} rounding: {agree.within_rounding}/{agree.total}"
+  )
+
+
 def longtail_lengths(
     rng: np.random.Generator, count: int, mean: int, cap: int
 ) -> np.ndarray:
@@ -238,13 +249,16 @@ def _longtail(config) -> None:
     # Traced apart from the timed runs: the profiler slows what it traces.
     with jax.profiler.trace(_PROFILE_DIR.value):
       paged()
-  agree = sum(
-      int(np.array_equal(static_run.ids[r, :n], paged_run.ids[r, :n]))
-      for r, n in enumerate(lengths)
+  rows = prompts_n * g
+  agree = greedy_agreement.agreement(
+      params,
+      config,
+      [prompts[r // g] for r in range(rows)],
+      [static_run.ids[r, :n] for r, n in enumerate(lengths)],
+      [paged_run.ids[r, :n] for r, n in enumerate(lengths)],
   )
   useful = int(lengths.sum())
   per_token = kv_cache.bytes_per_token(config)
-  rows = prompts_n * g
   # Each row's keys and values, and its recurrent states (a hybrid's).
   needed = per_token * int(np.sum(prompt_len + lengths))
   needed += kv_cache.state_bytes_per_row(config) * rows
@@ -277,9 +291,16 @@ def _longtail(config) -> None:
   print(
       f"paged: {paged_run.decode_steps} decode steps in "
       f"{paged_run.decode_calls} calls, {paged_run.page_copies} partial "
-      f"pages copied; static: {longest} steps of {rows} rows; same ids: "
-      f"{agree}/{rows} requests"
+      f"pages copied; static: {longest} steps of {rows} rows"
   )
+  print(_agreement_line(agree, config, "requests"))
+  step = decode_roofline.step_bytes(
+      config, params, [prompt_len] * rows, lengths, paged_run.decode_steps
+  )
+  for line in decode_roofline.report(
+      step, jax.devices()[0].device_kind, paged_s
+  ):
+    print(f"paged {line}")
   print(
       f"decode_bench: continuous_speedup={static_s / paged_s:.1f} "
       f"pages_used={paged_run.pages_used} "
@@ -326,7 +347,9 @@ def main(argv: list[str]) -> None:
   _, window_compile = compiles.measure(window)
   window_ids, window_s = _timed(window)
 
-  same = int(np.sum(np.all(generation.ids[:, :windowed] == window_ids, axis=1)))
+  agree = greedy_agreement.agreement(
+      params, config, prompts, generation.ids[:, :windowed], window_ids
+  )
   cached_rate = batch * new / cached_s
   window_rate = batch * windowed / window_s
   print(
@@ -360,7 +383,16 @@ def main(argv: list[str]) -> None:
           else ""
       )
   )
-  print(f"same ids: {same}/{batch} rows agree on the first {windowed} tokens")
+  print(
+      _agreement_line(agree, config, f"rows, the first {windowed} tokens")
+  )
+  step = decode_roofline.step_bytes(
+      config, params, [prompt_len] * batch, [new] * batch, new
+  )
+  for line in decode_roofline.report(
+      step, jax.devices()[0].device_kind, cached_s
+  ):
+    print(f"cached {line}")
   print(f"decode_bench: speedup={cached_rate / window_rate:.1f}")
 
 
