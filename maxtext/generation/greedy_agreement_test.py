@@ -135,5 +135,21 @@ class AgreementTest(absltest.TestCase):
       self.assertEqual(result.within_rounding, within, dtype)
 
 
+class RoundingErrorsTest(absltest.TestCase):
+
+  def test_the_bound_holds_the_measured_bfloat16_error(self):
+    config = _config()
+    params = transformer.init_params(config, jax.random.PRNGKey(2))
+    tokens = np.random.default_rng(0).integers(
+        0, config.vocab_size, (4, config.max_sequence_length)
+    )
+    errors = greedy_agreement.rounding_errors(params, config, tokens)
+    self.assertEqual(errors.shape, (4 * config.max_sequence_length,))
+    # bfloat16 moves the difference (it is no float32 pass), within the
+    # bound at every position.
+    self.assertGreater(np.max(errors), 0.01)
+    self.assertLess(np.max(errors), greedy_agreement.ROUNDING_ULPS)
+
+
 if __name__ == "__main__":
   absltest.main()

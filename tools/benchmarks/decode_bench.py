@@ -25,7 +25,9 @@ second call is timed (wall clock to the ids on the host; it compiles
 nothing). The table gives generated tokens (rows x new tokens), seconds,
 tokens/s, compile seconds and the cache's bytes (the windowed sampler has
 none); for multi-head latent attention, also the bytes per token that a
-grouped-query cache of the same width would take. The last line is:
+grouped-query cache of the same width would take. Then the two samplers'
+greedy agreement on the first `--windowed_tokens` ids (below), the cached
+decoder's step against the bandwidth limit (below), and the last line:
 
   decode_bench: speedup=S
 
@@ -54,6 +56,21 @@ and prefill passes; the last line is:
 with S = paged useful tokens/s / static useful tokens/s, U the most pages
 in use at once, P the paged decoder's prefill passes and Q the static
 decoder's prefilled rows.
+
+Greedy agreement (`maxtext.generation.greedy_agreement`): "same ids: N/M"
+counts the requests (rows) whose two id sequences are equal; "agree within
+<compute dtype> rounding: K/M" adds those whose first difference is a
+near-tie of the float32 model's logits over the common context, which the
+compute dtype's rounding may order either way.
+
+The step against the limit (`maxtext.generation.decode_roofline`): the
+bytes a decode step reads (the weights in the compute dtype, the mean
+visible key/value cache and recurrent states of a step's rows), and, where
+the device's HBM bandwidth is known (`maxtext.metrics.hbm_bandwidth`), the
+step time that bandwidth allows against the measured step (the timed
+seconds over the decode steps: the paged decoder's count in longtail mode,
+`--new_tokens` for the cached decoder) and the fraction of the limit
+reached; on other devices (the CPU) the limit is unknown.
 """
 
 import os

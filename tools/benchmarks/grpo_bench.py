@@ -24,7 +24,13 @@ padded rows' tokens, N x (prompt + completion columns), over
 `timing/update`) and the padding fraction of the model's input: the share
 of the micro-batches' tokens that hold no sequence, one padded row per
 sequence and packed first-fit (`maxtext.grpo.packed_batches`, the rows
-`--config.packing=true` trains).
+`--config.packing=true` trains). Then the rollouts' decode step against
+the bandwidth limit (`maxtext.generation.decode_roofline`): the bytes a
+step reads (the weights in the compute dtype, the mean visible key/value
+cache and recurrent states of a step's rows, over every timed rollout's
+decode steps) and, where the device's HBM bandwidth is known, the step time
+it allows against the measured one (`timing/generate` summed over the
+decode steps summed); multi-turn episodes count no decode steps.
 
 With a config whose `grpo_task` is set (multi-turn mode), the steps play the
 task's episodes (`maxtext/grpo/episode_rollout.py`) and the rollout splits
