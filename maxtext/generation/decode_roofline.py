@@ -61,9 +61,7 @@ class StepBytes:
 def weight_bytes(config, params: Any) -> int:
   """The bytes a step reads of `params` (arrays or shapes), each element in
   `config.compute_dtype`: all but an untied input embedding table."""
-  count = sum(
-      int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params)
-  )
+  count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
   if "unembedding" in params:
     count -= int(np.prod(params["embedding"].shape))
   return count * jnp.dtype(config.compute_dtype).itemsize

@@ -22,9 +22,7 @@ _PER_TOKEN = 2 * 2 * 2 * 8 * 2
 
 def _config(*presets, **overrides):
   return ml_collections.FrozenConfigDict(
-      tiny_configs.model_config(
-          *presets, compute_dtype="bfloat16", **overrides
-      )
+      tiny_configs.model_config(*presets, compute_dtype="bfloat16", **overrides)
   )
 
 
@@ -53,7 +51,9 @@ class StepBytesTest(absltest.TestCase):
     config = _config()
     # Row 0: 3-id context, 2 ids: steps see 4 and 5 positions. Row 1:
     # 5-id context, 4 ids: 6 + 7 + 8 + 9. Over 4 decode steps.
-    step = decode_roofline.step_bytes(config, _shapes(config), [3, 5], [2, 4], 4)
+    step = decode_roofline.step_bytes(
+        config, _shapes(config), [3, 5], [2, 4], 4
+    )
     self.assertEqual(step.weights, 2 * _READ)
     self.assertEqual(step.cache, _PER_TOKEN * (4 + 5 + 6 + 7 + 8 + 9) / 4)
     self.assertEqual(step.states, 0)
@@ -65,7 +65,9 @@ class StepBytesTest(absltest.TestCase):
     # kernel 4: 3 past inputs of q, k (2 x 8 each) and v (4 x 6) in
     # bfloat16, and the 4 x 8 x 6 recurrent state, kept in float32.
     per_row = 2 * (3 * (2 * 8 + 2 * 8 + 4 * 6) * 2 + 4 * 8 * 6 * 4)
-    step = decode_roofline.step_bytes(config, _shapes(config), [3, 5], [2, 4], 5)
+    step = decode_roofline.step_bytes(
+        config, _shapes(config), [3, 5], [2, 4], 5
+    )
     self.assertEqual(step.states, per_row * (2 + 4) / 5)
     # 2 attention layers keep keys and values of 2 heads of 12.
     self.assertEqual(step.cache, 2 * 2 * 2 * 12 * 2 * 39 / 5)

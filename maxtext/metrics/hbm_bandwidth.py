@@ -13,6 +13,7 @@ The module needs neither JAX nor a device.
 """
 
 from typing import Optional
+
 _GB = 1e9  # Vendors quote decimal gigabytes per second.
 
 # Peak HBM bandwidth per chip, bytes/s. One JAX device is one chip on every

@@ -400,9 +400,7 @@ def main(argv: list[str]) -> None:
           else ""
       )
   )
-  print(
-      _agreement_line(agree, config, f"rows, the first {windowed} tokens")
-  )
+  print(_agreement_line(agree, config, f"rows, the first {windowed} tokens"))
   step = decode_roofline.step_bytes(
       config, params, [prompt_len] * batch, [new] * batch, new
   )

@@ -64,9 +64,7 @@ class DecodeBenchTest(absltest.TestCase):
     self.assertEqual(int(weights), _WEIGHT_BYTES)
     self.assertEqual(states, "0")
     # The total is summed unrounded: each part rounds by up to half a byte.
-    self.assertAlmostEqual(
-        int(total), int(weights) + int(cache), delta=1
-    )
+    self.assertAlmostEqual(int(total), int(weights) + int(cache), delta=1)
     self.assertEqual(int(count), steps)
     limit = [m for m in map(_NO_LIMIT.match, lines) if m]
     self.assertLen(limit, 1, lines)

@@ -242,9 +242,7 @@ def _decode_lines(config, params, rollouts, generate_s: float) -> list[str]:
       np.concatenate([r.completion_lengths for r in rollouts]),
       steps,
   )
-  return decode_roofline.report(
-      step, jax.devices()[0].device_kind, generate_s
-  )
+  return decode_roofline.report(step, jax.devices()[0].device_kind, generate_s)
 
 
 def _timed_steps_ahead(grpo, engine, first: int, steps: int):

@@ -71,9 +71,7 @@ def main(argv: list[str]) -> None:
   )
   print(
       "top-2 difference error, units of eps * max(|l_a|, |l_b|): "
-      + ", ".join(
-          f"p{q} {np.percentile(errors, q):.3f}" for q in (50, 90, 99)
-      )
+      + ", ".join(f"p{q} {np.percentile(errors, q):.3f}" for q in (50, 90, 99))
   )
   print(
       f"logit_rounding_bench: max={np.max(errors):.3f} "

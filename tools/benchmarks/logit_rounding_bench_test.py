@@ -6,19 +6,16 @@ from absl.testing import absltest
 
 from testing import runfiles
 
-_LAST_LINE = re.compile(
-    r"^logit_rounding_bench: max=(\d+\.\d{3}) bound=(\d+)$"
-)
-_TINY = (
-    "--config.vocab_size=64",
-    "--config.emb_dim=32",
-    "--config.num_layers=2",
-    "--config.num_heads=4",
-    "--config.num_kv_heads=2",
-    "--config.head_dim=8",
-    "--config.mlp_dim=64",
-    "--config.max_sequence_length=32",
-)
+_LAST_LINE = re.compile(r"^logit_rounding_bench: max=(\d+\.\d{3}) bound=(\d+)$")
+# A tiny model: 2 layers of width 32, 4 query heads sharing 2 key/value
+# heads of 8, vocabulary 64, 32 positions.
+_TINY = tuple(
+    f"--config.{name}={value}"
+    for name, value in dict(
+        vocab_size=64, emb_dim=32, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=8, mlp_dim=64, max_sequence_length=32,
+    ).items()
+)  # fmt: skip
 
 
 def _run(*args):
@@ -42,9 +39,7 @@ class LogitRoundingBenchTest(absltest.TestCase):
   def test_a_length_past_the_context_is_a_usage_error(self):
     proc = _run("--length=33")
     self.assertNotEqual(proc.returncode, 0)
-    self.assertIn(
-        "--length=33 in 1..32 (max_sequence_length)", proc.stderr
-    )
+    self.assertIn("--length=33 in 1..32 (max_sequence_length)", proc.stderr)
 
 
 if __name__ == "__main__":
