@@ -32,10 +32,10 @@ outputs are rounded on the way, so the error reaching them is more.
 `rounding_errors` measures it: at each position of a batch of sequences, how
 far the compute dtype's forward pass moves the float32 pass's top-2 logit
 difference, in units of eps * max(|l_a|, |l_b|). On the benchmark models
-(docs/PERFORMANCE.md, "Greedy agreement") the largest is under 1.5 units;
-4 leaves more than twice that for deeper models and other chips' orders of
-summation, and stays a small fraction of the spread between a model's
-candidates (a difference of 4 ulps of a logit of 10 is 0.3 in bfloat16).
+the largest measured is under 1.5 units (docs/PERFORMANCE.md, "Greedy
+agreement, and a decode step against the bandwidth limit"); the bound, 4,
+leaves more than twice that for deeper models and other chips' orders of
+summation. (Between bfloat16 logits near 10 it is a difference of 0.3.)
 
 The float32 reference runs at the highest matmul precision: on a TPU a
 float32 matmul otherwise runs in bfloat16 passes.
