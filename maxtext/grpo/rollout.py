@@ -57,6 +57,10 @@ class Rollout:
     stats: name -> float, the step's rollout statistics.
     sequence_mask: float32 [N]: 0 for a completion that trains nothing
       (cut by the length limit, with overlong filtering on), else 1.
+    decode_steps: the decode steps generation ran: the paged decoder's
+      count, or the static decoder's (its longest completion: every row
+      steps until the last stops); 0 where none were counted (multi-turn
+      episodes, a pending rollout restored from a checkpoint).
   """
 
   prompts: list
@@ -70,6 +74,7 @@ class Rollout:
   advantages: np.ndarray
   stats: dict
   sequence_mask: Optional[np.ndarray] = None
+  decode_steps: int = 0
 
 
 def reward_stats(
@@ -233,6 +238,11 @@ def rollout(
       advantages=adv,
       stats=stats,
       sequence_mask=sequence_mask,
+      decode_steps=(
+          generation.decode_steps
+          if isinstance(generation, paged_decoder.EngineGeneration)
+          else int(np.max(lengths))
+      ),
   )
 
 

@@ -5,6 +5,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from maxtext.generation import paged_decoder
 from maxtext.generation import scoring
 from maxtext.grpo import advantages
 from maxtext.grpo import grpo_workload
@@ -211,6 +212,33 @@ class RolloutTest(absltest.TestCase):
     np.testing.assert_array_equal(r.completion_lengths, 1)
     self.assertEqual(r.stats["completions/clipped_ratio"], 0.0)
     self.assertEqual(r.stats["completions/max_length"], 1.0)
+    # A slot per completion: every row's one id in one decode step.
+    self.assertEqual(r.decode_steps, 1)
+
+  def test_decode_steps_are_the_decoders(self):
+    # A slot per completion, all 16 admitted at once: 4 steps for 4 ids.
+    self.assertEqual(self.result.decode_steps, 4)
+    # Two slots for 16 completions of 4 ids: 8 rounds of 4 steps.
+    two = rollout_lib.rollout(
+        self.params,
+        self.config,
+        self.prompts,
+        self.options,
+        self.functions,
+        width=8,
+        paged=paged_decoder.EngineOptions(num_slots=2),
+    )
+    self.assertEqual(two.decode_steps, 8 * 4)
+    static = rollout_lib.rollout(
+        self.params,
+        self.config,
+        self.prompts,
+        self.options,
+        self.functions,
+        width=8,
+        paged=None,
+    )
+    self.assertEqual(static.decode_steps, 4)
 
   def test_micro_batches(self):
     r = self.result

@@ -25,7 +25,9 @@ second call is timed (wall clock to the ids on the host; it compiles
 nothing). The table gives generated tokens (rows x new tokens), seconds,
 tokens/s, compile seconds and the cache's bytes (the windowed sampler has
 none); for multi-head latent attention, also the bytes per token that a
-grouped-query cache of the same width would take. The last line is:
+grouped-query cache of the same width would take. Then the two samplers'
+greedy agreement on the first `--windowed_tokens` ids (below), the cached
+decoder's step against the bandwidth limit (below), and the last line:
 
   decode_bench: speedup=S
 
@@ -54,6 +56,21 @@ and prefill passes; the last line is:
 with S = paged useful tokens/s / static useful tokens/s, U the most pages
 in use at once, P the paged decoder's prefill passes and Q the static
 decoder's prefilled rows.
+
+Greedy agreement (`maxtext.generation.greedy_agreement`): "same ids: N/M"
+counts the requests (rows) whose two id sequences are equal; "agree within
+<compute dtype> rounding: K/M" adds those whose first difference is a
+near-tie of the float32 model's logits over the common context, which the
+compute dtype's rounding may order either way.
+
+The step against the limit (`maxtext.generation.decode_roofline`): the
+bytes a decode step reads (the weights in the compute dtype, the mean
+visible key/value cache and recurrent states of a step's rows), and, where
+the device's HBM bandwidth is known (`maxtext.metrics.hbm_bandwidth`), the
+step time that bandwidth allows against the measured step (the timed
+seconds over the decode steps: the paged decoder's count in longtail mode,
+`--new_tokens` for the cached decoder) and the fraction of the limit
+reached; on other devices (the CPU) the limit is unknown.
 """
 
 import os
@@ -69,7 +86,9 @@ from ml_collections import config_flags
 import numpy as np
 
 from maxtext.configs import decode_bench
+from maxtext.generation import decode_roofline
 from maxtext.generation import decoder
+from maxtext.generation import greedy_agreement
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
 from maxtext.model import transformer
@@ -179,6 +198,15 @@ def _check(config, batch: int, prompt_len: int, new: int, windowed: int):
     )
 
 
+def _agreement_line(agree, config, of: str) -> str:
+  """The two decoders' greedy agreement (`greedy_agreement`): exactly and
+  within the compute dtype's rounding."""
+  return (
+      f"same ids: {agree.same}/{agree.total} {of}; agree within "
+      f"{config.compute_dtype} rounding: {agree.within_rounding}/{agree.total}"
+  )
+
+
 def longtail_lengths(
     rng: np.random.Generator, count: int, mean: int, cap: int
 ) -> np.ndarray:
@@ -238,13 +266,16 @@ def _longtail(config) -> None:
     # Traced apart from the timed runs: the profiler slows what it traces.
     with jax.profiler.trace(_PROFILE_DIR.value):
       paged()
-  agree = sum(
-      int(np.array_equal(static_run.ids[r, :n], paged_run.ids[r, :n]))
-      for r, n in enumerate(lengths)
+  rows = prompts_n * g
+  agree = greedy_agreement.agreement(
+      params,
+      config,
+      [prompts[r // g] for r in range(rows)],
+      [static_run.ids[r, :n] for r, n in enumerate(lengths)],
+      [paged_run.ids[r, :n] for r, n in enumerate(lengths)],
   )
   useful = int(lengths.sum())
   per_token = kv_cache.bytes_per_token(config)
-  rows = prompts_n * g
   # Each row's keys and values, and its recurrent states (a hybrid's).
   needed = per_token * int(np.sum(prompt_len + lengths))
   needed += kv_cache.state_bytes_per_row(config) * rows
@@ -277,9 +308,16 @@ def _longtail(config) -> None:
   print(
       f"paged: {paged_run.decode_steps} decode steps in "
       f"{paged_run.decode_calls} calls, {paged_run.page_copies} partial "
-      f"pages copied; static: {longest} steps of {rows} rows; same ids: "
-      f"{agree}/{rows} requests"
+      f"pages copied; static: {longest} steps of {rows} rows"
   )
+  print(_agreement_line(agree, config, "requests"))
+  step = decode_roofline.step_bytes(
+      config, params, [prompt_len] * rows, lengths, paged_run.decode_steps
+  )
+  for line in decode_roofline.report(
+      step, jax.devices()[0].device_kind, paged_s
+  ):
+    print(f"paged {line}")
   print(
       f"decode_bench: continuous_speedup={static_s / paged_s:.1f} "
       f"pages_used={paged_run.pages_used} "
@@ -326,7 +364,9 @@ def main(argv: list[str]) -> None:
   _, window_compile = compiles.measure(window)
   window_ids, window_s = _timed(window)
 
-  same = int(np.sum(np.all(generation.ids[:, :windowed] == window_ids, axis=1)))
+  agree = greedy_agreement.agreement(
+      params, config, prompts, generation.ids[:, :windowed], window_ids
+  )
   cached_rate = batch * new / cached_s
   window_rate = batch * windowed / window_s
   print(
@@ -360,7 +400,14 @@ def main(argv: list[str]) -> None:
           else ""
       )
   )
-  print(f"same ids: {same}/{batch} rows agree on the first {windowed} tokens")
+  print(_agreement_line(agree, config, f"rows, the first {windowed} tokens"))
+  step = decode_roofline.step_bytes(
+      config, params, [prompt_len] * batch, [new] * batch, new
+  )
+  for line in decode_roofline.report(
+      step, jax.devices()[0].device_kind, cached_s
+  ):
+    print(f"cached {line}")
   print(f"decode_bench: speedup={cached_rate / window_rate:.1f}")
 
 

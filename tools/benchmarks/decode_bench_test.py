@@ -27,6 +27,23 @@ _TINY = (
     "--config.mlp_dim=64",
     "--config.max_sequence_length=32",
 )
+# _TINY's parameters a decode step reads: per layer two norm scales (32
+# each), wq and wo 32 x 32, wk and wv 32 x 16, the MLP's three 32 x 64; the
+# final norm and the 32 x 64 output projection (the input embedding is read
+# one row per row). float32, the config's compute dtype.
+_WEIGHT_BYTES = (
+    2 * (2 * 32 + 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64) + 32 + 32 * 64
+) * 4
+# 2 layers x (k, v) of 2 heads of 8 float32.
+_BYTES_PER_TOKEN = 2 * 2 * 2 * 8 * 4
+_STEP_BYTES = re.compile(
+    r"^(paged|cached) decode step reads: (\d+) weight bytes \+ (\d+) cache "
+    r"bytes \+ (\d+) state bytes = (\d+) bytes \(mean of (\d+) steps\)$"
+)
+_NO_LIMIT = re.compile(
+    r"^(paged|cached) bandwidth limit: unknown for 'cpu'; measured "
+    r"(\d+\.\d{3}) ms a step$"
+)
 
 
 def _run(*args):
@@ -36,6 +53,28 @@ def _run(*args):
 
 
 class DecodeBenchTest(absltest.TestCase):
+
+  def check_step(self, lines, decoder: str, steps: int, seconds: float):
+    """The decoder's step lines: its weights, its steps, no known limit on
+    the CPU and the measured step = the timed seconds over the steps."""
+    step = [m for m in map(_STEP_BYTES.match, lines) if m]
+    self.assertLen(step, 1, lines)
+    name, weights, cache, states, total, count = step[0].groups()
+    self.assertEqual(name, decoder)
+    self.assertEqual(int(weights), _WEIGHT_BYTES)
+    self.assertEqual(states, "0")
+    # The total is summed unrounded: each part rounds by up to half a byte.
+    self.assertAlmostEqual(int(total), int(weights) + int(cache), delta=1)
+    self.assertEqual(int(count), steps)
+    limit = [m for m in map(_NO_LIMIT.match, lines) if m]
+    self.assertLen(limit, 1, lines)
+    self.assertEqual(limit[0].group(1), decoder)
+    # The seconds are printed to 1 ms, the step to 1 microsecond.
+    self.assertAlmostEqual(
+        float(limit[0].group(2)),
+        1e3 * seconds / steps,
+        delta=0.5 / steps + 0.0006,
+    )
 
   def test_longtail_compares_the_static_and_paged_decoders(self):
     proc = _run(
@@ -56,7 +95,20 @@ class DecodeBenchTest(absltest.TestCase):
     self.assertEqual(sorted(rows), ["paged", "static"])
     # The same requests: the same useful tokens; every request's ids agree.
     self.assertEqual(rows["static"][0], rows["paged"][0])
-    self.assertIn("same ids: 8/8 requests", lines[4])
+    self.assertIn(
+        "same ids: 8/8 requests; agree within float32 rounding: 8/8", lines
+    )
+    steps = int(re.match(r"^paged: (\d+) decode steps", lines[4]).group(1))
+    self.check_step(lines, "paged", steps, float(rows["paged"][1]))
+    # The mean cache of a step: every row-step (a useful token) attends
+    # over 6 (prompt 5, first id) to 17 (prompt 5 + 12 ids) positions.
+    cache = int(_STEP_BYTES.match(lines[6]).group(3))
+    useful = int(rows["paged"][0])
+    self.assertBetween(
+        cache,
+        _BYTES_PER_TOKEN * 6 * useful / steps - 1,
+        _BYTES_PER_TOKEN * 17 * useful / steps + 1,
+    )
     self.assertEqual(rows["static"][6], "8")  # prefilled rows: P x G
     self.assertEqual(rows["paged"][6], "2")  # one prefill per prompt
     match = _LONGTAIL_LINE.match(lines[-1])
@@ -98,7 +150,21 @@ class DecodeBenchTest(absltest.TestCase):
     # 16 positions (the smallest bucket) x 2 rows x 2 layers x (k, v) of
     # 2 heads of 8 float32.
     self.assertEqual(rows["cached"][4], str(16 * 2 * 2 * 2 * 2 * 8 * 4))
-    self.assertIn("same ids: 2/2 rows agree on the first 3 tokens", lines)
+    self.assertIn(
+        "same ids: 2/2 rows, the first 3 tokens; agree within float32 "
+        "rounding: 2/2",
+        lines,
+    )
+    # 9 steps of 2 rows after 5-id prompts: step j attends over 5 + j
+    # positions.
+    cache = _BYTES_PER_TOKEN * 2 * sum(5 + j for j in range(1, 10)) // 9
+    self.assertIn(
+        f"cached decode step reads: {_WEIGHT_BYTES} weight bytes + {cache} "
+        f"cache bytes + 0 state bytes = {_WEIGHT_BYTES + cache} bytes (mean "
+        "of 9 steps)",
+        lines,
+    )
+    self.check_step(lines, "cached", 9, float(rows["cached"][1]))
     self.assertIn("cache: 16 positions x 2 rows, 256 bytes per token", lines)
     match = _LAST_LINE.match(lines[-1])
     self.assertIsNotNone(match, lines[-1])

@@ -24,7 +24,13 @@ padded rows' tokens, N x (prompt + completion columns), over
 `timing/update`) and the padding fraction of the model's input: the share
 of the micro-batches' tokens that hold no sequence, one padded row per
 sequence and packed first-fit (`maxtext.grpo.packed_batches`, the rows
-`--config.packing=true` trains).
+`--config.packing=true` trains). Then the rollouts' decode step against
+the bandwidth limit (`maxtext.generation.decode_roofline`): the bytes a
+step reads (the weights in the compute dtype, the mean visible key/value
+cache and recurrent states of a step's rows, over every timed rollout's
+decode steps) and, where the device's HBM bandwidth is known, the step time
+it allows against the measured one (`timing/generate` summed over the
+decode steps summed); multi-turn episodes count no decode steps.
 
 With a config whose `grpo_task` is set (multi-turn mode), the steps play the
 task's episodes (`maxtext/grpo/episode_rollout.py`) and the rollout splits
@@ -72,6 +78,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from maxtext.config import config_lib
+from maxtext.generation import decode_roofline
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
 from maxtext.configs import grpo_tiny
@@ -202,27 +209,43 @@ def _padding(rollout, k: int, shards: int) -> tuple[float, float]:
 
 def _timed_steps(
     grpo, engine, steps: int, k: int, shards: int
-) -> tuple[list[dict], int, int, list, float]:
+) -> tuple[list[dict], list, list, float]:
   """Runs `steps` synchronous steps (grpo_max_age 0) after the warm-up.
 
   Returns:
-    (each step's record reduced, generated tokens, trained tokens, each
-    step's (padded, packed) padding fractions, wall seconds per step: the
-    steps' own time, until the last update's parameters are ready).
+    (each step's record reduced, each step's rollout, each step's (padded,
+    packed) padding fractions, wall seconds per step: the steps' own time,
+    until the last update's parameters are ready).
   """
-  records, generated, trained, padding, wall = [], 0, 0, [], 0.0
+  records, rollouts, padding, wall = [], [], [], 0.0
   for step in range(steps):
     start = time.perf_counter()
     result = grpo.run(step)
     wall += time.perf_counter() - start
     records.append(metrics_recorder.reduce_buffer(result.records[0]))
-    generated += int(result.rollout.completion_lengths.sum())
-    trained += result.rollout.tokens.size
+    rollouts.append(result.rollout)
     padding.append(_padding(result.rollout, k, shards))
   start = time.perf_counter()
   jax.block_until_ready(engine.params)
   wall += time.perf_counter() - start
-  return records, generated, trained, padding, wall / steps
+  return records, rollouts, padding, wall / steps
+
+
+def _decode_lines(config, params, rollouts, generate_s: float) -> list[str]:
+  """The rollouts' decode step against the bandwidth limit
+  (`decode_roofline`): bytes a step reads, the limit, the measured step
+  (generation's seconds over its decode steps)."""
+  steps = sum(r.decode_steps for r in rollouts)
+  if not all(r.decode_steps for r in rollouts):
+    return ["decode step reads: not counted (episodes count no decode steps)"]
+  step = decode_roofline.step_bytes(
+      config,
+      params,
+      np.concatenate([r.prompt_lengths for r in rollouts]),
+      np.concatenate([r.completion_lengths for r in rollouts]),
+      steps,
+  )
+  return decode_roofline.report(step, jax.devices()[0].device_kind, generate_s)
 
 
 def _timed_steps_ahead(grpo, engine, first: int, steps: int):
@@ -256,9 +279,11 @@ def main(argv):
   k = config.gradient_accumulation_steps
   warmup_s = grpo.warm_up(0)
   shards = mesh_lib.make_mesh(config).devices.size
-  records, generated, trained, padding, sync_s = _timed_steps(
+  records, rollouts, padding, sync_s = _timed_steps(
       grpo, engine, _STEPS.value, k, shards
   )
+  generated = sum(int(r.completion_lengths.sum()) for r in rollouts)
+  trained = sum(r.tokens.size for r in rollouts)
   ahead_s, age = _timed_steps_ahead(grpo, engine, _STEPS.value, _STEPS.value)
   # timing/tools is 0 without a task's environments.
   mean = {
@@ -283,6 +308,8 @@ def main(argv):
   update_s = sum(r["timing/update"] for r in records)
   print(f"generated tokens/s {generated / generate_s:.1f}")
   print(f"trained tokens/s {trained / update_s:.1f}")
+  for line in _decode_lines(config, engine.params, rollouts, generate_s):
+    print(line)
   padded, packed = np.mean(padding, axis=0)
   print(
       f"padding fraction: padded {padded:.4f} packed {packed:.4f} "

@@ -65,6 +65,24 @@ _AHEAD = re.compile(
 )
 
 
+# _SMALL's parameters a decode step reads, float32 (its compute dtype): one
+# layer of two norm scales (16 each), wq, wk, wv and wo 16 x 16, the MLP's
+# three 16 x 32; the final norm and the 16 x 32 output projection (the
+# input embedding is read one row per row).
+_WEIGHT_BYTES = (2 * 16 + 4 * 16 * 16 + 3 * 16 * 32 + 16 + 16 * 32) * 4
+# One layer's keys and values of 2 heads of 8, float32.
+_BYTES_PER_TOKEN = 2 * 2 * 8 * 4
+_STEP_BYTES = re.compile(
+    r"^decode step reads: (\d+) weight bytes \+ (\d+) cache bytes \+ "
+    r"(\d+) state bytes = (\d+) bytes \(mean of (\d+) steps\)$",
+    re.MULTILINE,
+)
+_NO_LIMIT = re.compile(
+    r"^bandwidth limit: unknown for 'cpu'; measured (\d+\.\d{3}) ms a step$",
+    re.MULTILINE,
+)
+
+
 def _run(*args):
   return runfiles.run_binary(
       "tools/benchmarks/grpo_bench", list(_SMALL + args), timeout_s=900
@@ -72,6 +90,29 @@ def _run(*args):
 
 
 class GrpoBenchTest(absltest.TestCase):
+
+  def check_decode_step(self, stdout: str, generate_s: float):
+    """The rollouts' decode step: its weights, a cache of 3-id prompts and
+    1 to 4 ids, no known limit on the CPU, the measured step."""
+    step = _STEP_BYTES.search(stdout)
+    self.assertIsNotNone(step, stdout)
+    weights, cache, states, total, steps = map(int, step.groups())
+    self.assertEqual(weights, _WEIGHT_BYTES)
+    self.assertEqual(states, 0)
+    self.assertAlmostEqual(total, weights + cache, delta=1)
+    # A slot per completion: 1 to 4 steps a rollout, 2 rollouts.
+    self.assertBetween(steps, 2, 8)
+    # A step runs 1 to 8 rows, each attending over 4 to 7 positions.
+    self.assertBetween(cache, _BYTES_PER_TOKEN * 4, _BYTES_PER_TOKEN * 7 * 8)
+    limit = _NO_LIMIT.search(stdout)
+    self.assertIsNotNone(limit, stdout)
+    # The measured step: the steps' generation seconds (the table's mean,
+    # to 0.1 ms, times 2 steps) over the decode steps.
+    self.assertAlmostEqual(
+        float(limit.group(1)),
+        1e3 * 2 * generate_s / steps,
+        delta=1e3 * 2 * 0.00005 / steps + 0.0006,
+    )
 
   def check_run(self, functions: int, *args, packing: bool = False):
     """Runs the bench; returns (metrics, recorder and append dispatches)."""
@@ -95,6 +136,7 @@ class GrpoBenchTest(absltest.TestCase):
     self.assertGreater(phases["update"], 0.0)
     self.assertRegex(proc.stdout, r"generated tokens/s \d+\.\d")
     self.assertRegex(proc.stdout, r"trained tokens/s \d+\.\d")
+    self.check_decode_step(proc.stdout, phases["generate"])
     padding = _PADDING.search(proc.stdout)
     self.assertIsNotNone(padding, proc.stdout)
     padded, packed = float(padding.group(1)), float(padding.group(2))
@@ -154,6 +196,10 @@ class GrpoBenchTest(absltest.TestCase):
     self.assertGreater(phases["generate"], 0.0)
     self.assertLessEqual(
         phases["generate"] + phases["tools"], phases["rollout"]
+    )
+    self.assertIn(
+        "decode step reads: not counted (episodes count no decode steps)",
+        proc.stdout,
     )
 
   def test_one_reward_function_more_adds_a_host_value_not_dispatches(self):
