@@ -76,6 +76,7 @@ pages in use, the pages the replicas' blocks must hold). With R = 1 (no
 """
 
 import collections
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Optional, Sequence
@@ -1185,40 +1186,49 @@ def lower(
   )
   logits = shape(jnp.float32, num_slots, config.vocab_size, spec=split(0))
   i32 = jnp.int32
-  prefill = _prefill.lower(
-      params,
-      pool,
-      shape(i32, replicas, bucket, spec=split(0)),
-      shape(i32, replicas, spec=split(0)),
-      shape(i32, replicas, bucket // size, spec=split(0)),
-      config=config,
-      layout=layout,
-      attention=attention,
-  )
   key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-  decode = _decode.lower(
-      params,
-      pool,
-      states,
-      logits,
-      shape(i32, num_slots, width, spec=split(0)),
-      # steps .. rows
-      *(shape(i32, num_slots, spec=split(0)) for _ in range(4)),
-      shape(jnp.bool_, num_slots, spec=split(0)),
-      shape(i32, replicas, spec=split(0)),  # stop_after
-      shape(key.dtype, *key.shape),
-      shape(jnp.float32),  # temperature
-      shape(i32),  # top_k
-      shape(jnp.float32),  # top_p
-      shape(i32, _STOP_SLOTS),
-      shape(i32),  # allowed_vocab
-      config=config,
-      chunk=engine.chunk,
-      greedy=False,
-      filtered=False,
-      layout=layout,
-      attention=attention,
+  # The target's device is the default while lowering: a Pallas TPU
+  # kernel's lowering reads the chip's kind from it (a TPU slice described
+  # on a CPU host is not the default backend).
+  target = (
+      jax.default_device(mesh.devices.flat[0])
+      if mesh is not None
+      else contextlib.nullcontext()
   )
+  with target:
+    prefill = _prefill.lower(
+        params,
+        pool,
+        shape(i32, replicas, bucket, spec=split(0)),
+        shape(i32, replicas, spec=split(0)),
+        shape(i32, replicas, bucket // size, spec=split(0)),
+        config=config,
+        layout=layout,
+        attention=attention,
+    )
+    decode = _decode.lower(
+        params,
+        pool,
+        states,
+        logits,
+        shape(i32, num_slots, width, spec=split(0)),
+        # steps .. rows
+        *(shape(i32, num_slots, spec=split(0)) for _ in range(4)),
+        shape(jnp.bool_, num_slots, spec=split(0)),
+        shape(i32, replicas, spec=split(0)),  # stop_after
+        shape(key.dtype, *key.shape),
+        shape(jnp.float32),  # temperature
+        shape(i32),  # top_k
+        shape(jnp.float32),  # top_p
+        shape(i32, _STOP_SLOTS),
+        shape(i32),  # allowed_vocab
+        config=config,
+        chunk=engine.chunk,
+        greedy=False,
+        filtered=False,
+        layout=layout,
+        attention=attention,
+    )
   return LoweredEngine(
       programs={"prefill": prefill, "decode": decode},
       pool=pool,

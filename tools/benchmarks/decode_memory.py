@@ -113,20 +113,16 @@ def _figures(compiled) -> dict:
 def paged(config, device, slots, length, prompt, attention) -> dict:
   """The paged decode program's `_figures`."""
   mesh = mesh_lib.make_mesh(config, [device])
-  params = _abstract_params(config, mesh)
-  # The target's device is the default while lowering: the Pallas TPU
-  # kernel reads the chip's kind from it.
-  with jax.default_device(device):
-    lowered = paged_decoder.lower(
-        params,
-        config,
-        num_slots=slots,
-        length=length,
-        prompt_length=prompt,
-        engine=paged_decoder.EngineOptions(attention=attention),
-        mesh=mesh,
-    )
-    return _figures(lowered.programs["decode"].compile())
+  lowered = paged_decoder.lower(
+      _abstract_params(config, mesh),
+      config,
+      num_slots=slots,
+      length=length,
+      prompt_length=prompt,
+      engine=paged_decoder.EngineOptions(attention=attention),
+      mesh=mesh,
+  )
+  return _figures(lowered.programs["decode"].compile())
 
 
 def static(config, device, rows, length, prompt) -> dict:
@@ -143,25 +139,24 @@ def static(config, device, rows, length, prompt) -> dict:
   params = _abstract_params(config, mesh)
   # The program `decoder.generate` runs, lowered unrun.
   program = decoder._generate  # pylint: disable=protected-access
-  with jax.default_device(device):
-    lowered = program.lower(
-        params,
-        shape((rows, bucket), jnp.int32, decoder.batch_sharding(mesh, 2)),
-        shape((rows,), jnp.int32, decoder.batch_sharding(mesh, 1)),
-        shape(key.shape, key.dtype),
-        shape((), jnp.float32),
-        shape((), jnp.int32),
-        shape((), jnp.float32),
-        shape((), jnp.int32),
-        shape((8,), jnp.int32),
-        shape((), jnp.int32),
-        config=config,
-        length=length,
-        greedy=True,
-        filtered=False,
-        mesh=mesh,
-    )
-    return _figures(lowered.compile())
+  lowered = program.lower(
+      params,
+      shape((rows, bucket), jnp.int32, decoder.batch_sharding(mesh, 2)),
+      shape((rows,), jnp.int32, decoder.batch_sharding(mesh, 1)),
+      shape(key.shape, key.dtype),
+      shape((), jnp.float32),
+      shape((), jnp.int32),
+      shape((), jnp.float32),
+      shape((), jnp.int32),
+      shape((8,), jnp.int32),
+      shape((), jnp.int32),
+      config=config,
+      length=length,
+      greedy=True,
+      filtered=False,
+      mesh=mesh,
+  )
+  return _figures(lowered.compile())
 
 
 def _line(kind: str, settings: dict, figures: dict) -> str:
