@@ -59,12 +59,16 @@ def _loss_and_grads(config, mesh):
 
 
 def assert_matches_one_device(
-    test, config, device_mesh, packed: bool, axis: str, grad_atol=1e-6
+    test, config, device_mesh, packed: bool, axis: str
 ) -> None:
   """Asserts that `config`'s model on `device_mesh` gives one device's
   logits, loss and gradients for `batch(config, packed)` (the gradients
-  within rtol 1e-4 and `grad_atol`), and that the rules split at least
-  three parameters over the mesh axis `axis`."""
+  within rtol 1e-4 and an absolute 1e-6, 4e-6 for a hybrid: its Gated
+  DeltaNet's split heads and its chunk states composed across the context
+  axis sum in orders of their own, and on some CPUs a gradient of about
+  1.7e-3 differs from one device's by 2e-6), and that the rules split at
+  least three parameters over the mesh axis `axis`."""
+  grad_atol = 4e-6 if config.full_attention_interval else 1e-6
   setup = model_setup.setup_model(config, device_mesh)
   specs = jax.tree_util.tree_leaves(
       jax.tree_util.tree_map(lambda s: s.spec, setup.param_shardings),

@@ -148,17 +148,10 @@ class ContextParallelTest(parameterized.TestCase):
         sorted(n for n, size in device_mesh.shape.items() if size == 2),
         sorted(mesh.split("_")),
     )
-    # Parameters are split over "context" as over an FSDP axis. The Gated
-    # DeltaNet's chunk states are composed as T S + B across the axis, a
-    # float32 summation order of its own: gradients of about 1e-3 differ
-    # from one device's in the sixth decimal.
+    # Parameters are split over "context" as over an FSDP axis; the Gated
+    # DeltaNet's chunk states are composed as T S + B across it.
     mesh_equality.assert_matches_one_device(
-        self,
-        config,
-        device_mesh,
-        packed,
-        mesh_lib.CONTEXT_AXIS,
-        grad_atol=4e-6 if config.full_attention_interval else 1e-6,
+        self, config, device_mesh, packed, mesh_lib.CONTEXT_AXIS
     )
 
   @parameterized.named_parameters(("unpacked", False), ("packed", True))
@@ -259,9 +252,12 @@ class ContextParallelTest(parameterized.TestCase):
     np.testing.assert_allclose(
         zigzag.from_zigzag(got_out, context), want_out, rtol=1e-4, atol=1e-5
     )
+    # The chunk states' T S + B composition sums in its own order: on some
+    # CPUs a weight gradient of about 5e-2 differs from one device's by
+    # 1.7e-5.
     for name, g in got_grads[0].items():
       np.testing.assert_allclose(
-          g, want_grads[0][name], rtol=1e-4, atol=1e-5, err_msg=name
+          g, want_grads[0][name], rtol=1e-4, atol=4e-5, err_msg=name
       )
     np.testing.assert_allclose(
         zigzag.from_zigzag(got_grads[1], context),
