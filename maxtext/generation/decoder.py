@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.core import checks
+from maxtext.runtime import device_memory
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.generation import cached_model
 from maxtext.generation import kv_cache
@@ -110,20 +111,6 @@ def check_rows(mesh: Optional[jax.sharding.Mesh], rows: int, what: str):
     raise ValueError(
         f"{what} rows is not divisible by the mesh's {shards} batch shards"
     )
-
-
-def _device_bytes(mesh: Optional[jax.sharding.Mesh]) -> Optional[int]:
-  """The memory one device of `mesh` (or the default device) holds, where
-  its backend says (TPUs and GPUs); None elsewhere."""
-  device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
-  if device.platform == "cpu":
-    return None
-  try:
-    stats = device.memory_stats() or {}
-  except Exception:  # pylint: disable=broad-except  # Backend-specific.
-    return None
-  limit = stats.get("bytes_limit")
-  return int(limit) if limit else None
 
 
 def check_cache_fits(
@@ -351,7 +338,10 @@ def generate(
   shards = 1
   if mesh is not None:
     shards = math.prod(mesh.shape[a] for a in mesh_lib.batch_axes(mesh))
-  check_cache_fits(config, rows, shards, length, _device_bytes(mesh))
+  device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+  check_cache_fits(
+      config, rows, shards, length, device_memory.bytes_limit(device)
+  )
   # The prefill runs over the prompts' own bucket: over the whole cache it
   # computed (and held) activations and scores for positions that are
   # padding.

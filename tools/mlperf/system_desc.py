@@ -21,6 +21,8 @@ import os
 import platform
 from typing import Any, Mapping, Optional
 
+from maxtext.runtime import device_memory
+
 # Log status (mlperf_logging.mllog.constants) -> the system description's
 # availability string that the system description checker accepts.
 STATUS_NAMES = {
@@ -294,9 +296,4 @@ def live_accelerator_memory(device_kinds) -> Optional[int]:
   device = jax.local_devices()[0]
   if device.device_kind not in set(device_kinds or ()):
     return None
-  try:
-    stats = device.memory_stats() or {}
-  except Exception:  # pylint: disable=broad-except  # Backend-specific.
-    return None
-  limit = stats.get("bytes_limit")
-  return int(limit) if limit else None
+  return device_memory.bytes_limit(device)
