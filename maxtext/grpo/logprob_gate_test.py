@@ -5,17 +5,13 @@ import dataclasses
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from maxtext.grpo import logprob_gate
 from maxtext.grpo import policy_loss
-from maxtext.grpo import progression_task
-from maxtext.grpo import rewards
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import train_loss
-from maxtext.generation import sampling
-from maxtext.model import transformer
+from testing import progression_rollouts
 from testing import tiny_configs
 
 _THRESHOLD = 2.0
@@ -26,24 +22,8 @@ class LogprobGateTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    config = tiny_configs.model_config()
-    cls.config = ml_collections.FrozenConfigDict(config)
-    cls.params = transformer.init_params(config, jax.random.PRNGKey(0))
-    task = progression_task.ProgressionTask(32, 3, 6, num_eval=8, seed=0)
-    options = sampling.SamplingOptions(
-        max_new_tokens=6,
-        temperature=1.0,
-        seed=3,
-        num_samples=4,
-        stop_ids=(5, 9, 13, 17),
-    )
-    result = rollout_lib.rollout(
-        cls.params,
-        cls.config,
-        task.train_prompts(0, 4),
-        options,
-        rewards.load("maxtext.grpo.progression_task:prefix_match"),
-        width=9,
+    cls.config, cls.params, result = progression_rollouts.rollout(
+        tiny_configs.model_config(), (5, 9, 13, 17), width=9
     )
     # Rows 2 and 9: the generator's log-probabilities 1.5 off the trained
     # policy's on every token (error e^1.5 > 2); row 13 is overlong.

@@ -5,19 +5,15 @@ import functools
 
 from absl.testing import absltest
 import jax
-import ml_collections
 import numpy as np
 
-from maxtext.generation import sampling
 from maxtext.generation import scoring
 from maxtext.grpo import packed_batches
 from maxtext.grpo import policy_loss
-from maxtext.grpo import progression_task
-from maxtext.grpo import rewards
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import step as step_lib
 from maxtext.grpo import train_loss
-from maxtext.model import transformer
+from testing import progression_rollouts
 from testing import tiny_configs
 
 _K = 2
@@ -30,24 +26,9 @@ class PackedBatchesTest(absltest.TestCase):
     super().setUpClass()
     config = tiny_configs.model_config()
     config.packing = True
-    cls.config = ml_collections.FrozenConfigDict(config)
-    cls.params = transformer.init_params(config, jax.random.PRNGKey(0))
-    task = progression_task.ProgressionTask(32, 3, 6, num_eval=8, seed=0)
-    options = sampling.SamplingOptions(
-        max_new_tokens=6,
-        temperature=1.0,
-        seed=3,
-        num_samples=4,
-        stop_ids=(5, 7, 11, 13),
-    )
     # Rows of 20 tokens; sequences of 4..9: several share a packed row.
-    cls.result = rollout_lib.rollout(
-        cls.params,
-        cls.config,
-        task.train_prompts(0, 4),
-        options,
-        rewards.load("maxtext.grpo.progression_task:prefix_match"),
-        width=20,
+    cls.config, cls.params, cls.result = progression_rollouts.rollout(
+        config, (5, 7, 11, 13), width=20
     )
     cls.padded = rollout_lib.micro_batches(cls.result, _K)
     cls.rows = packed_batches.num_rows(cls.padded, 1)
