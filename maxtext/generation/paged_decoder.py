@@ -232,9 +232,7 @@ def attention_of(engine: EngineOptions, config, layout):
   return "gather"
 
 
-def _prefill_body(
-    params, pool, tokens, length, table, *, config, attention
-):
+def _prefill_body(params, pool, tokens, length, table, *, config, attention):
   """One replica's prefill of one context (tokens [1, T], length [1],
   table [1, T / P]): (pool, logits [1, V] of its last position, its
   recurrent states [L, 1, ...]). A length of 0 writes nothing (its logits

@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from maxtext.generation import cached_model
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import kv_cache
@@ -55,56 +54,6 @@ def _prompts(rng, lengths, vocab=32):
 
 
 class PagedModelTest(parameterized.TestCase):
-
-  @parameterized.named_parameters(*_KINDS)
-  def test_paged_logits_equal_the_dense_cache(self, presets, overrides):
-    config, params = _model(presets, **overrides)
-    rng = np.random.default_rng(2)
-    ids = rng.integers(0, config.vocab_size, size=(2, 12)).astype(np.int32)
-    prompt = np.array([5, 8])
-    # Pages of 4 positions, each row's scattered over the pool.
-    tables = jnp.asarray([[6, 1, 3, 0], [2, 7, 4, 5]], jnp.int32)
-    pool = paged_model.init_pool(config, 8, 4)
-    dense = kv_cache.init(config, 2, 16)
-    positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
-    tokens = jnp.asarray(np.where(positions < prompt[:, None], ids[:, :8], 0))
-    states = kv_cache.init_states(config, 2)
-    want, dense = cached_model.forward(
-        params, tokens, positions, dense, config, lengths=jnp.asarray(prompt)
-    )
-    got, pool, states = paged_model.forward(
-        params,
-        tokens,
-        positions,
-        positions < prompt[:, None],
-        pool,
-        tables,
-        config,
-        states,
-    )
-    for row, length in enumerate(prompt):
-      np.testing.assert_allclose(
-          got[row, :length], want[row, :length], atol=_ATOL
-      )
-    for step in range(4):
-      at = jnp.asarray(prompt + step, jnp.int32)[:, None]
-      token = jnp.asarray(ids[np.arange(2), prompt + step])[:, None]
-      want, dense = cached_model.forward(params, token, at, dense, config)
-      got, pool, states = paged_model.forward(
-          params,
-          token,
-          at,
-          jnp.ones_like(at, bool),
-          pool,
-          tables,
-          config,
-          states,
-      )
-      np.testing.assert_allclose(
-          cached_model.logits(params, got),
-          cached_model.logits(params, want),
-          atol=_ATOL,
-      )
 
   def test_invalid_tokens_write_nothing(self):
     config, params = _model()

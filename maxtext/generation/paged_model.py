@@ -39,7 +39,6 @@ from maxtext.generation import cached_model
 from maxtext.generation import kv_cache
 from maxtext.model import layers
 
-
 # A ragged paged attention function: (queries [T, H, D], pages [N, P, 2K,
 # D], kv_lens [B], page_indices [B, W], cu_q_lens [B + 1], num_seqs [1],
 # *, sm_scale) -> [T, H, D]; the Pallas TPU kernel
@@ -200,8 +199,8 @@ def ragged_attend(
 
   def attend(entries, index, q):
     kv = entries["kv"]
-    layers, num_pages = kv.shape[:2]
-    pages = kv.reshape((layers * num_pages,) + kv.shape[2:])
+    depth, num_pages = kv.shape[:2]
+    pages = kv.reshape((depth * num_pages,) + kv.shape[2:])
     page_size = kv.shape[2]
     kv_lens = jnp.clip(positions[:, 0] + steps, steps, width * page_size)
     out = attention(

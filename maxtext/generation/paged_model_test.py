@@ -1,4 +1,4 @@
-"""Tests for paged_model's ragged attention: the pool read in place."""
+"""Tests for paged_model: the pool read through a view and in place."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -67,23 +67,33 @@ class RaggedReferenceTest(parameterized.TestCase):
 
 
 _KINDS = (
+    ("dense", (), dict(num_kv_heads=4)),
     ("gqa", (), {}),
     ("shared_kv_heads", (), dict(num_kv_heads=1)),
-    # Qwen3.5's hybrid: its attention layers are a second stack.
+    ("mla", (tiny_configs.TINY_MLA,), {}),
+    ("moe", (tiny_configs.TINY_MOE,), {}),
+    # Qwen3.5's hybrid: per-slot Gated DeltaNet states beside the pages,
+    # its attention layers a second stack.
     ("hybrid", (tiny_configs.TINY_QWEN35,), {}),
+)
+# Each kind read through the gathered view and in place (MLA's latents are
+# always gathered).
+_CASES = tuple(
+    (f"{name}_{how}", presets, overrides, attention)
+    for name, presets, overrides in _KINDS
+    for how, attention in (("gather", "gather"), ("in_place", None))
 )
 
 
 class RaggedAttendTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(*_KINDS)
-  def test_the_pool_read_in_place_equals_the_dense_cache(
-      self, presets, overrides
+  @parameterized.named_parameters(*_CASES)
+  def test_paged_logits_equal_the_dense_cache(
+      self, presets, overrides, attention
   ):
+    attention = attention or ragged_reference
     config = ml_collections.FrozenConfigDict(
-        tiny_configs.model_config(
-            *presets, max_sequence_length=64, **overrides
-        )
+        tiny_configs.model_config(*presets, max_sequence_length=64, **overrides)
     )
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     rng = np.random.default_rng(2)
@@ -92,7 +102,7 @@ class RaggedAttendTest(parameterized.TestCase):
     # Pages of 4 positions, each row's scattered over the pool; the unused
     # table entry 99 lies outside it.
     tables = jnp.asarray([[6, 1, 3, 99], [2, 7, 4, 5]], jnp.int32)
-    pool = paged_model.init_pool(config, 8, 4, ragged_reference)
+    pool = paged_model.init_pool(config, 8, 4, attention)
     dense = kv_cache.init(config, 2, 16)
     states = kv_cache.init_states(config, 2)
     positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
@@ -109,7 +119,7 @@ class RaggedAttendTest(parameterized.TestCase):
         tables,
         config,
         states,
-        attention=ragged_reference,
+        attention=attention,
     )
     for row, length in enumerate(prompt):
       np.testing.assert_allclose(
@@ -128,7 +138,7 @@ class RaggedAttendTest(parameterized.TestCase):
           tables,
           config,
           states,
-          attention=ragged_reference,
+          attention=attention,
       )
       np.testing.assert_allclose(
           cached_model.logits(params, got),

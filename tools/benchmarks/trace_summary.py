@@ -106,7 +106,7 @@ def short_name(name: str) -> str:
   return f"{base} {shape}"
 
 
-def _self_times(events: list) -> list[float]:
+def self_times(events: list) -> list[float]:
   """Each event's duration less the durations of the events nested
   directly inside it (same line, within its interval)."""
   order = sorted(
@@ -138,7 +138,7 @@ def summarise(path: str, plane_prefix: str, depth: int) -> list[LineSummary]:
     for line in plane.lines:
       summary = LineSummary(plane=plane.name, line=line.name)
       events = list(line.events)
-      for event, own in zip(events, _self_times(events)):
+      for event, own in zip(events, self_times(events)):
         stats = dict(event.stats)
         name = short_name(event.name)
         summary.events += 1

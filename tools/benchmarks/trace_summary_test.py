@@ -17,9 +17,7 @@ class TraceSummaryTest(absltest.TestCase):
   def test_self_time_subtracts_the_events_nested_inside(self):
     # A loop of 100 ns holding two operations of 30 and 20; one after it.
     events = [_Event(0, 100), _Event(10, 30), _Event(50, 20), _Event(100, 5)]
-    self.assertEqual(
-        trace_summary._self_times(events), [50.0, 30.0, 20.0, 5.0]
-    )
+    self.assertEqual(trace_summary.self_times(events), [50.0, 30.0, 20.0, 5.0])
 
   def test_hlo_text_becomes_its_name_and_shape(self):
     self.assertEqual(
