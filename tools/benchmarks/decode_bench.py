@@ -91,6 +91,7 @@ from maxtext.generation import decoder
 from maxtext.generation import greedy_agreement
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
+from maxtext.generation import replica_layout
 from maxtext.model import transformer
 from maxtext.generation import sampling
 
@@ -229,6 +230,11 @@ def _longtail(config) -> None:
       page_size=_PAGE_SIZE.value,
       attention=_ATTENTION.value,
   )
+  why_not = paged_decoder.kernel_fits(
+      config, replica_layout.for_model(config, None)
+  )
+  if _ATTENTION.value == "kernel" and why_not:
+    raise app.UsageError(f"--attention=kernel: {why_not}")
   config = ml_collections.ConfigDict(config.to_dict())
   config.max_sequence_length = max(config.max_sequence_length, prompt_len + cap)
   config = ml_collections.FrozenConfigDict(config)

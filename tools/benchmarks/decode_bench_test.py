@@ -200,6 +200,12 @@ class DecodeBenchTest(absltest.TestCase):
         proc.stderr,
     )
 
+  def test_the_kernel_where_it_cannot_run_is_a_usage_error(self):
+    proc = _run("--lengths=longtail", "--attention=kernel")
+    self.assertNotEqual(proc.returncode, 0)
+    self.assertIn("--attention=kernel: ", proc.stderr)
+    self.assertNotIn("Traceback", proc.stderr)
+
 
 if __name__ == "__main__":
   absltest.main()
