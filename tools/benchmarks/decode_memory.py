@@ -173,9 +173,13 @@ def main(argv: list[str]) -> None:
   length, prompt = _LENGTH.value, _PROMPT.value
   try:
     paged_decoder.check_lowering(config, _SLOTS.value, length, prompt)
-    device = target_device(_TOPOLOGY.value)
   except (TypeError, ValueError) as e:
     raise app.UsageError(str(e)) from None
+  try:
+    device = target_device(_TOPOLOGY.value)
+  except Exception as e:  # libtpu's own: a name it lacks, no TPU package set.
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise app.UsageError(f"--topology={_TOPOLOGY.value!r}: {first}") from None
   count = transformer.num_params(
       _abstract_params(config, mesh_lib.make_mesh(config, [device]))
   )
