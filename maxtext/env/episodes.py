@@ -236,11 +236,9 @@ def run(
   try:
     if lead:
       began = time.perf_counter()
-      for task in tasks:
-        started.append(clock())
-        env = make_environment(task)
-        env.deadline = time.monotonic() + limits.episode_seconds
-        conversations.append(_Conversation(env, chat))
+      _open(
+          tasks, make_environment, chat, limits, clock, conversations, started
+      )
       first = [(c.env.kind, c.prompt_ids()) for c in conversations]
       spent["environment"] += time.perf_counter() - began
     else:
@@ -251,17 +249,8 @@ def run(
       active = [i for i, e in enumerate(episodes) if e.active]
       if not active:
         break
-      # Ids past an episode's max_tokens would be cut, and asking for them
-      # could pass the model's length: each asks for what it has left.
-      budgets = [
-          min(limits.max_turn_tokens, limits.max_tokens - len(e.ids))
-          for e in (episodes[i] for i in active)
-      ]
-      turn_options = dataclasses.replace(
-          options,
-          num_samples=1,
-          max_new_tokens=max(budgets),
-          seed=_turn_seed(options.seed, turn),
+      budgets, turn_options = _turn_request(
+          [episodes[i] for i in active], options, limits, turn
       )
       began = time.perf_counter()
       completions = generate(
@@ -290,12 +279,8 @@ def run(
     if lead:
       began = time.perf_counter()
       rewards = [
-          (
-              conversations[i].env.timed_out_reward()
-              if e.timed_out
-              else conversations[i].env.reward()
-          )
-          for i, e in enumerate(episodes)
+          c.env.timed_out_reward() if e.timed_out else c.env.reward()
+          for e, c in zip(episodes, conversations)
       ]
       spent["environment"] += time.perf_counter() - began
     for e, reward in zip(episodes, share.from_lead(rewards)):
@@ -306,6 +291,34 @@ def run(
   finally:
     for c in conversations:
       c.env.close()
+
+
+def _open(tasks, make_environment, chat, limits, clock, conversations, started):
+  """Makes each task's environment (its tools' deadline its episode's own
+  time limit) and conversation, appended to `conversations`, and each
+  episode's start time by `clock`, appended to `started`."""
+  for task in tasks:
+    started.append(clock())
+    env = make_environment(task)
+    env.deadline = time.monotonic() + limits.episode_seconds
+    conversations.append(_Conversation(env, chat))
+
+
+def _turn_request(active, options, limits, turn):
+  """(budgets, sampling options) of a turn of the `active` episodes. Ids
+  past an episode's max_tokens would be cut, and asking for them could
+  pass the model's length: each asks for what it has left."""
+  budgets = [
+      min(limits.max_turn_tokens, limits.max_tokens - len(e.ids))
+      for e in active
+  ]
+  turn_options = dataclasses.replace(
+      options,
+      num_samples=1,
+      max_new_tokens=max(budgets),
+      seed=_turn_seed(options.seed, turn),
+  )
+  return budgets, turn_options
 
 
 def _answers(episodes, conversations, active, completions, options, limits):
