@@ -27,15 +27,21 @@ summation order), computed differently:
   depend on the request and the step, not on the slot, on which requests
   share a step, or on the number of slots.
 
-Programs: prefill is compiled once per length bucket of a call's longest
-context (the decoder's `cache_length` buckets; every context of a call is
-prefilled in that shape); the decode program once per power-of-two number
-of pages a slot may see (`view` buckets up to the pages of the longest
-sequence's bucket), all of them on a call's first use of its shapes;
-setting a slot's logits and copying a page once each. None depends
-on a request. A decode call runs up to `EngineOptions.chunk` steps on the
-device and returns early once a slot has finished while sequences wait, so
-a slot is refilled within a step of freeing.
+Programs and calls: a prefill call writes as many waiting contexts as a
+replica's free slots take (up to `EngineOptions.prefill_tokens` tokens);
+one admit call starts every continuation given a slot from one prefill
+call's contexts (their logits, recurrent states and partial pages' copies);
+a decode call runs up to `EngineOptions.chunk` steps on the device and
+returns early once a slot has finished while sequences wait, so a slot is
+refilled within a step of freeing. A rollout whose rows all have slots is
+thus one prefill, one admit and one decode call, however many contexts and
+samples it has. Each call takes its host values as one array or a few (a
+transfer each, not a program). Prefill is compiled once per length bucket
+of a call's longest context (the decoder's `cache_length` buckets) and
+power-of-two number of contexts; the decode program once per power-of-two
+number of pages a slot may see (`view` buckets up to the pages of the
+longest sequence's bucket): all of them on a process's first call of its
+shapes (`_Run.warm_up`). None depends on a request.
 
 Admission reserves, for every admitted sequence, the pages it may still
 need (its context plus its `max_new_tokens`), so a running sequence never
@@ -60,19 +66,20 @@ rounded up to a multiple of R (`replica_slots`), and so is the page count
 (the default pool is (S + R) x the widest table: each replica's slots'
 longest sequences plus one waiting context). The host keeps one
 `page_pool.PagePool` and reservation count per replica. A waiting context
-is prefilled into the replica, among those with a free slot and no
-continuation ready, that has the most free (unreserved) pages; one prefill
-call takes a context for each such replica (the others' rows are empty
-and write nothing). Its continuations run in that replica's slots only,
-sharing its pages, and each replica fills its own free slots from its own
-ready continuations. The decode program's replicas step together: the
-call stops once any replica with work waiting has finished a sequence
-(the one value they exchange, an integer pair a step), or when no replica
-has a running one. Draws are keyed by (row, step), so the ids do not
-depend on the replica either. `EngineGeneration`'s pages and bytes are
-summed over the replicas (`pages_used`: the sum of each replica's most
-pages in use, the pages the replicas' blocks must hold). With R = 1 (no
-"data" axis, or one device) the programs run without `shard_map`.
+is prefilled into the replica, among those with free slots and no
+continuation ready, that has the most free (unreserved) pages, until each
+has contexts for its free slots; one prefill call takes them all (the
+rows of a replica with fewer are empty and write nothing). Its
+continuations run in that replica's slots only, sharing its pages, and
+each replica fills its own free slots from its own ready continuations.
+The decode program's replicas step together: the call stops once any
+replica with work waiting has finished a sequence (the one value they
+exchange, an integer pair a step), or when no replica has a running one.
+Draws are keyed by (row, step), so the ids do not depend on the replica
+either. `EngineGeneration`'s pages and bytes are summed over the replicas
+(`pages_used`: the sum of each replica's most pages in use, the pages the
+replicas' blocks must hold). With R = 1 (no "data" axis, or one device)
+the programs run without `shard_map`.
 """
 
 import collections
@@ -123,6 +130,10 @@ class EngineOptions:
     chunk: most decode steps one program call runs before the host
       refills slots (it returns early when a slot frees while sequences
       wait).
+    prefill_tokens: most context tokens one prefill call writes per
+      replica (its contexts x their length bucket): a call prefills as
+      many waiting contexts as the replica's free slots take, up to this,
+      and always at least one.
     attention: how grouped-query layers read the pool: "kernel" (the
       Pallas ragged paged attention kernel reads each row's pages in
       place; TPU), "gather" (each layer gathers the rows' pages into a
@@ -134,6 +145,7 @@ class EngineOptions:
   page_size: int = 16
   num_pages: int = 0
   chunk: int = 32
+  prefill_tokens: int = 2048
   attention: str = "auto"
 
   def __post_init__(self):
@@ -147,6 +159,7 @@ class EngineOptions:
       raise ValueError(f"page_size={size}: must be a power of two")
     checks.check_int("num_pages", self.num_pages, 0)
     checks.check_int("chunk", self.chunk, 1)
+    checks.check_int("prefill_tokens", self.prefill_tokens, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +176,9 @@ class EngineGeneration:
       states.
     pages_used: the most pages in use at once; on several data replicas
       the sum of each replica's most (what their blocks must hold).
-    prefill_passes: contexts prefilled (each once; one call prefills a
-      context for each of several replicas).
+    prefill_passes: contexts prefilled (each once).
+    prefill_calls: prefill program calls (one prefills several contexts,
+      of one replica or several).
     decode_calls: decode program calls.
     decode_steps: decode steps run (each steps every slot).
     page_copies: partial pages copied for a continuation (copy on write).
@@ -177,6 +191,7 @@ class EngineGeneration:
   peak_bytes: int
   pages_used: int
   prefill_passes: int
+  prefill_calls: int
   decode_calls: int
   decode_steps: int
   page_copies: int
@@ -232,25 +247,28 @@ def attention_of(engine: EngineOptions, config, layout):
   return "gather"
 
 
-def _prefill_body(params, pool, tokens, length, table, *, config, attention):
-  """One replica's prefill of one context (tokens [1, T], length [1],
-  table [1, T / P]): (pool, logits [1, V] of its last position, its
-  recurrent states [L, 1, ...]). A length of 0 writes nothing (its logits
-  and states are not read)."""
-  positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+def _prefill_body(params, pool, tokens, lengths, tables, *, config, attention):
+  """One replica's prefill of its C contexts (tokens [C, T], lengths [C],
+  tables [C, T / P]): (pool, logits [C, V] of each context's last
+  position, their recurrent states [L, C, ...]). A row of length 0 writes
+  nothing (its logits and states are not read)."""
+  rows, width = tokens.shape
+  positions = jnp.broadcast_to(
+      jnp.arange(width, dtype=jnp.int32), (rows, width)
+  )
   hidden, pool, states = paged_model.forward(
       params,
       tokens,
       positions,
-      positions < length[:, None],
+      positions < lengths[:, None],
       pool,
-      table,
+      tables,
       config,
-      kv_cache.init_states(config, 1),
+      kv_cache.init_states(config, rows),
       attention,
   )
-  last = jax.lax.dynamic_index_in_dim(hidden, length[0] - 1, 1)
-  return pool, cached_model.logits(params, last)[:, 0], states
+  last = hidden[jnp.arange(rows), jnp.maximum(lengths - 1, 0)]
+  return pool, cached_model.logits(params, last[:, None])[:, 0], states
 
 
 @functools.partial(
@@ -261,24 +279,25 @@ def _prefill_body(params, pool, tokens, length, table, *, config, attention):
 def _prefill(
     params, pool, tokens, lengths, tables, *, config, layout, attention
 ):
-  """Writes up to one context per replica into its pages.
+  """Writes up to C contexts per replica into its pages.
 
   Args:
     params: the model's parameters.
     pool: the page pool.
-    tokens: int32 [R, T]: replica r's context, right-padded.
-    lengths: int32 [R]: the contexts' ids; 0 for a replica with none
-      (it writes nothing).
-    tables: int32 [R, T / P]: each context's pages (the replica's local
-      ids).
+    tokens: int32 [R * C, T]: replica r's contexts in rows r * C ..
+      (r + 1) * C - 1, right-padded.
+    lengths: int32 [R * C]: the contexts' ids; 0 for a row with none (it
+      writes nothing).
+    tables: int32 [R * C, T / P]: each context's pages (its replica's
+      local ids).
     config, layout: static (`replica_layout.Layout`).
     attention: static: `attention_of`'s.
 
   Returns:
-    (pool, logits float32 [R, V] of each context's last position, their
-    recurrent states [L, R, ...] ({} without recurrent layers)), split
-    over the replicas as the engine's other arrays are, so every call
-    takes and returns the same layouts.
+    (pool, logits float32 [R * C, V] of each context's last position,
+    their recurrent states [L, R * C, ...] ({} without recurrent layers)),
+    split over the replicas as the engine's other arrays are, so every
+    call takes and returns the same layouts.
   """
   split = layout.split
   pool, logits, states = layout.per_replica(
@@ -306,64 +325,83 @@ def _empty_pool(*, config, num_pages, page_size, layout, attention):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "slots", "layout"))
-def _empty_states(*, config, slots, layout):
-  """Every slot's zero recurrent states, split over the replicas; {} for a
-  model without recurrent layers."""
-  return layout.constrain(kv_cache.init_states(config, slots), layout.split(1))
+def _empty_slots(*, config, slots, layout):
+  """Every slot's zero recurrent states ({} for a model without recurrent
+  layers) and next-token logits, split over the replicas."""
+  return (
+      layout.constrain(kv_cache.init_states(config, slots), layout.split(1)),
+      layout.constrain(
+          jnp.zeros((slots, config.vocab_size), jnp.float32), layout.split(0)
+      ),
+  )
 
 
-# The per-replica setters below take an [R] slot or page per replica; an
-# entry past the replica's slots or pages sets nothing (the scatter drops
-# it), so one call serves the replicas that have something to set.
+@functools.partial(
+    jax.jit, static_argnames=("layout", "copies"), donate_argnums=(0, 1, 2)
+)
+def _admit(
+    pool,
+    states,
+    logits,
+    context_logits,
+    context_states,
+    entries,
+    *,
+    layout,
+    copies,
+):
+  """Starts admitted continuations in their slots: every replica's, from
+  one prefill call's contexts, in one call.
 
+  Args:
+    pool, states, logits: the engine's.
+    context_logits, context_states: a `_prefill` call's logits [R * C, V]
+      and recurrent states [L, R * C, ...].
+    entries: int32 [R * A, 4]: replica r's A entries in rows r * A ..
+      (r + 1) * A - 1, each (slot, source, copy_from, copy_to): a local
+      slot (S / R for none: the scatters drop it), its context's local row
+      of the prefill call (C rows a replica), and its partial page's copy
+      (local page ids; copy_to N / R for none).
+    layout: static (`replica_layout.Layout`).
+    copies: static: whether any entry copies a page (else the pool is
+      returned untouched).
 
-@functools.partial(jax.jit, static_argnames=("layout",), donate_argnums=(0,))
-def _set_states(states, slots, context_states, *, layout):
-  """Slot slots[r] of replica r's [L, S / R, ...] states set to its
-  context's (context_states [L, R, ...], a prefill's)."""
+  Returns:
+    (pool, states, logits): each entry's slot holds its context's logits
+    and states, its copied page its context's partial page.
+  """
 
-  def body(states, slot, context_states):
-    return jax.tree_util.tree_map(
-        lambda x, c: x.at[:, slot[0]].set(c[:, 0], mode="drop"),
+  def body(pool, states, logits, context_logits, context_states, entries):
+    slots, sources, copy_from, copy_to = (entries[:, i] for i in range(4))
+    logits = logits.at[slots].set(context_logits[sources], mode="drop")
+    states = jax.tree_util.tree_map(
+        lambda x, c: x.at[:, slots].set(c[:, sources], mode="drop"),
         states,
         context_states,
     )
+    if copies:
+      pool = jax.tree_util.tree_map(
+          lambda x: x.at[:, copy_to].set(x[:, copy_from], mode="drop"), pool
+      )
+    return pool, states, logits
 
   split = layout.split
-  return layout.per_replica(
-      body, in_specs=(split(1), split(0), split(1)), out_specs=split(1)
-  )(states, slots, context_states)
-
-
-@functools.partial(jax.jit, static_argnames=("layout",), donate_argnums=(0,))
-def _set_row(logits, slots, rows, *, layout):
-  """Row slots[r] of replica r's [S / R, V] logits set to rows[r]."""
-
-  def body(logits, slot, row):
-    return logits.at[slot[0]].set(row[0], mode="drop")
-
-  split = layout.split
-  return layout.per_replica(
-      body, in_specs=(split(0), split(0), split(0)), out_specs=split(0)
-  )(logits, slots, rows)
-
-
-@functools.partial(jax.jit, static_argnames=("layout",), donate_argnums=(0,))
-def _copy_page(pool, sources, targets, *, layout):
-  """Replica r's page targets[r] set to its page sources[r] (local ids)."""
-
-  def body(pool, source, target):
-    return jax.tree_util.tree_map(
-        lambda x: x.at[:, target[0]].set(x[:, source[0]], mode="drop"), pool
-    )
-
-  split = layout.split
-  return layout.constrain(
-      layout.per_replica(
-          body, in_specs=(split(1), split(0), split(0)), out_specs=split(1)
-      )(pool, sources, targets),
-      layout.pool_spec(),
+  pool, states, logits = layout.per_replica(
+      body,
+      in_specs=(split(1), split(1), split(0), split(0), split(1), split(0)),
+      out_specs=(split(1), split(1), split(0)),
+  )(pool, states, logits, context_logits, context_states, entries)
+  return (
+      layout.constrain(pool, layout.pool_spec()),
+      layout.constrain(states, split(1)),
+      layout.constrain(logits, split(0)),
   )
+
+
+# The columns of the decode program's per-slot values ([S, 5] int32, one
+# array so a call moves them to the device at once).
+_STEPS, _POSITIONS, _BUDGETS, _ROWS, _ACTIVE = range(5)
+_SLOT_COLUMNS = 5
 
 
 def _decode_body(
@@ -372,11 +410,7 @@ def _decode_body(
     states,
     logits,
     tables,
-    steps,
-    positions,
-    budgets,
-    rows,
-    active,
+    slot_values,
     stop_after,
     seed_key,
     temperature,
@@ -394,6 +428,10 @@ def _decode_body(
 ):
   """One replica's `_decode` on its blocks (stop_after [1])."""
   slots = logits.shape[0]
+  steps, positions, budgets, rows = (
+      slot_values[:, column] for column in (_STEPS, _POSITIONS, _BUDGETS, _ROWS)
+  )
+  active = slot_values[:, _ACTIVE] > 0
 
   draw = (temperature, top_k, top_p, allowed_vocab)
 
@@ -494,11 +532,7 @@ def _decode(
     states,
     logits,
     tables,
-    steps,
-    positions,
-    budgets,
-    rows,
-    active,
+    slot_values,
     stop_after,
     seed_key,
     temperature,
@@ -523,11 +557,10 @@ def _decode(
     logits: float32 [S, V]: each slot's next-token logits.
     tables: int32 [S, W] page tables (local page ids of the slot's
       replica).
-    steps: int32 [S] ids each slot's sequence has so far.
-    positions: int32 [S] where each slot's next id goes.
-    budgets: int32 [S] each sequence's max_new_tokens.
-    rows: int32 [S] each sequence's row (its draws' key).
-    active: bool [S] slots holding a running sequence.
+    slot_values: int32 [S, 5]: each slot's steps (the ids its sequence
+      has so far), position (where its next id goes), budget (its
+      max_new_tokens), row (its draws' key) and active (1: it holds a
+      running sequence), in the columns `_STEPS` .. `_ACTIVE`.
     stop_after: int32 [R]: return once replica r has finished this many
       sequences (any replica).
     seed_key, temperature, top_k, top_p, stop_ids, allowed_vocab: as
@@ -544,7 +577,7 @@ def _decode(
     device.
   """
   split = layout.split
-  slot_specs = (split(0),) * 7  # tables .. active, stop_after
+  slot_specs = (split(0),) * 3  # tables, slot_values, stop_after
   pool, states, logits, ids, log_probs, steps, active = layout.per_replica(
       functools.partial(
           _decode_body,
@@ -563,11 +596,7 @@ def _decode(
       states,
       logits,
       tables,
-      steps,
-      positions,
-      budgets,
-      rows,
-      active,
+      slot_values,
       stop_after,
       seed_key,
       temperature,
@@ -588,8 +617,8 @@ def _decode(
 
 @dataclasses.dataclass
 class _Prefilled:
-  """One prefill call's outputs, on the device: each replica's context's
-  logits [R, V] and recurrent states [L, R, ...] ({} without them)."""
+  """One prefill call's outputs, on the device: its contexts' logits
+  [R * C, V] and recurrent states [L, R * C, ...] ({} without them)."""
 
   logits: Any
   states: Any
@@ -603,7 +632,8 @@ class _Context:
   replica: int
   length: int
   pages: list  # Local ids in its replica's block.
-  prefilled: _Prefilled  # Row `replica` of it is this context's.
+  prefilled: _Prefilled
+  row: int  # Its row among its replica's C rows of the prefill call.
   waiting: int
 
 
@@ -669,9 +699,460 @@ def prefill_length(config, longest: int, page_size: int) -> int:
   return _pages(bucket, page_size) * page_size
 
 
+def prefill_contexts(
+    engine: EngineOptions, length: int, local_slots: int, num_samples: int
+) -> int:
+  """The most contexts one prefill call writes per replica: enough to fill
+  a replica's slots with their `num_samples` continuations each, within
+  `engine.prefill_tokens` tokens of `length` (the prefill length); at
+  least one."""
+  return _bucket(
+      -(-local_slots // num_samples), max(engine.prefill_tokens // length, 1)
+  )
+
+
 def _bucket(count: int, limit: int) -> int:
   """The smallest power of two >= count, at most `limit`."""
   return min(1 << max(count - 1, 0).bit_length(), limit)
+
+
+def _buckets(limit: int) -> list[int]:
+  """Every value `_bucket(count, limit)` takes: 1, 2, 4, .. up to limit."""
+  sizes = [1]
+  while sizes[-1] < limit:
+    sizes.append(min(2 * sizes[-1], limit))
+  return sizes
+
+
+def _signature(tree: Any) -> tuple:
+  """What a program compiled for `tree`'s arrays depends on: its
+  structure, shapes, dtypes and placements."""
+  leaves, structure = jax.tree_util.tree_flatten(tree)
+  return structure, tuple(
+      (x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves
+  )
+
+
+# The engine shapes whose programs a call in this process has run once
+# (`_Run.warm_up`): a later call of the same shapes finds them compiled.
+_WARM: set = set()
+
+
+def _sampling_args(options, allowed_vocab: int, layout) -> tuple:
+  """The decode program's sampling values on the engine's devices: the
+  seed's key, temperature, top_k, top_p, stop ids (padded with -1 to a
+  multiple of `_STOP_SLOTS`) and allowed_vocab."""
+  stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
+  stop_ids = np.full((stop_slots,), -1, np.int32)
+  stop_ids[: len(options.stop_ids)] = options.stop_ids
+  put = layout.put
+  return (
+      put(jax.random.PRNGKey(options.seed)),
+      put(np.float32(1.0 if options.greedy else options.temperature)),
+      put(np.int32(options.top_k)),
+      put(np.float32(options.top_p)),
+      put(stop_ids),
+      put(np.int32(allowed_vocab)),
+  )
+
+
+class _Run:
+  """One `generate` call: the host's books (slots, pages, waiting
+  sequences, the rows' ids) and the device's pool, states and logits.
+
+  Device calls: a prefill writes up to `most_contexts` contexts per
+  replica; one admit call starts every continuation admitted from one
+  prefill call's contexts (their logits, states and partial pages); a
+  decode call runs up to `engine.chunk` steps. Each takes its host values
+  as one array or a few.
+  """
+
+  def __init__(
+      self, params, config, contexts, budgets, options, shape, allowed_vocab
+  ):
+    self.params, self.config, self.contexts = params, config, contexts
+    self.budgets, self.options = budgets, options
+    self.engine, self.layout, self.attention = shape
+    self.g = options.num_samples
+    rows = len(contexts) * self.g
+    size = self.engine.page_size
+    replicas = self.layout.replicas
+    self.slots = replica_slots(self.engine.num_slots or rows, replicas)
+    self.local_slots = self.slots // replicas
+    longest = max(len(c) for c in contexts)
+    # The widest table: the pages of the longest sequence's length bucket
+    # (the static decoder's).
+    self.width = table_width(config, longest + options.max_new_tokens, size)
+    self.num_pages = pool_pages(self.engine, self.slots, self.width, replicas)
+    self.local_pages = self.num_pages // replicas
+    # One prefill length per call: the longest context's length bucket.
+    self.bucket = prefill_length(config, longest, size)
+    self.most_contexts = prefill_contexts(
+        self.engine, self.bucket, self.local_slots, self.g
+    )
+    self.books = [page_pool.PagePool(self.local_pages) for _ in range(replicas)]
+    # Pages promised to each replica's admitted sequences, not yet taken.
+    self.reserved = [0] * replicas
+    # Slot s belongs to replica s // local_slots; its table holds local
+    # ids.
+    self.tables = np.zeros((self.slots, self.width), np.int32)
+    self.slot_values = np.zeros((self.slots, _SLOT_COLUMNS), np.int32)
+    self.slot_values[:, _BUDGETS] = 1
+    self.in_slot: list[Optional[_Sequence]] = [None] * self.slots
+    self.to_prefill = collections.deque(range(len(contexts)))
+    # Each replica's continuations of its prefilled contexts, waiting for
+    # a slot: (context index, sample, _Context).
+    self.ready = [collections.deque() for _ in range(replicas)]
+    self.figures = collections.Counter()
+    new = options.max_new_tokens
+    self.ids = np.full((rows, new), sampling.PAD_ID, np.int32)
+    self.log_probs = np.zeros((rows, new), np.float32)
+    self.lengths = np.zeros((rows,), np.int32)
+    self.pool = _empty_pool(
+        config=config,
+        num_pages=self.num_pages,
+        page_size=size,
+        layout=self.layout,
+        attention=self.attention,
+    )
+    self.states, self.logits = _empty_slots(
+        config=config, slots=self.slots, layout=self.layout
+    )
+    self.sampling_args = _sampling_args(options, allowed_vocab, self.layout)
+
+  def free(self, replica: int) -> int:
+    """A replica's pages neither held nor promised."""
+    return self.books[replica].free - self.reserved[replica]
+
+  def new_pages(self, context: _Context, budget: int) -> int:
+    """Pages a continuation takes from the pool over its life."""
+    size = self.engine.page_size
+    # The last id is never written: positions 0..length + budget - 2.
+    lifetime = _pages(context.length + budget - 1, size)
+    full = context.length // size
+    takes_over = context.length % size and context.waiting == 1
+    return lifetime - full - int(takes_over)
+
+  def prefill(self, assigned: dict, count: int) -> _Prefilled:
+    """Prefills the contexts assigned[r] (a list of (context index,
+    pages)) into each replica r given, in one call of `count` contexts a
+    replica; returns its outputs."""
+    rows = self.layout.replicas * count
+    tokens = np.full((rows, self.bucket), sampling.PAD_ID, np.int32)
+    lengths = np.zeros((rows,), np.int32)
+    table = np.zeros((rows, self.bucket // self.engine.page_size), np.int32)
+    for replica, taken in assigned.items():
+      for c, (index, pages) in enumerate(taken):
+        row = replica * count + c
+        tokens[row, : len(self.contexts[index])] = self.contexts[index]
+        lengths[row] = len(self.contexts[index])
+        table[row, : len(pages)] = pages
+    put, split = self.layout.put, self.layout.split
+    self.pool, logits, states = _prefill(
+        self.params,
+        self.pool,
+        put(tokens, split(0)),
+        put(lengths, split(0)),
+        put(table, split(0)),
+        config=self.config,
+        layout=self.layout,
+        attention=self.attention,
+    )
+    prefilled = _Prefilled(logits, states)
+    for replica, taken in assigned.items():
+      for c, (index, pages) in enumerate(taken):
+        self.figures["prefill_passes"] += 1
+        context = _Context(
+            replica, len(self.contexts[index]), pages, prefilled, c, self.g
+        )
+        self.ready[replica].extend(
+            (index, sample, context) for sample in range(self.g)
+        )
+    if assigned:
+      self.figures["prefill_calls"] += 1
+    return prefilled
+
+  def admit(self, slot, index, sample, context) -> _Admission:
+    """Gives continuation `sample` of context `index` the slot, on the
+    host; returns the `_Admission` the device has yet to carry out."""
+    size = self.engine.page_size
+    replica = context.replica
+    book = self.books[replica]
+    row = index * self.g + sample
+    budget = self.budgets[row]
+    full = context.length // size
+    pages = context.pages[:full]
+    book.share(pages)
+    fresh = self.new_pages(context, budget)
+    copy = None
+    if context.length % size:
+      if context.waiting > 1:
+        (target,) = book.allocate(1)
+        fresh -= 1
+        copy = (context.pages[full], target)
+        pages = pages + [target]
+      else:
+        pages = pages + [context.pages[full]]
+    context.waiting -= 1
+    if not context.waiting:
+      book.release(context.pages[:full])
+    self.in_slot[slot] = _Sequence(row, context.length, budget, pages, fresh)
+    self.reserved[replica] += fresh
+    self.tables[slot] = 0
+    self.tables[slot, : len(pages)] = pages
+    self.slot_values[slot, _STEPS] = 0
+    self.slot_values[slot, _POSITIONS] = context.length
+    self.slot_values[slot, _BUDGETS] = budget
+    self.slot_values[slot, _ROWS] = row
+    return _Admission(replica, slot % self.local_slots, context, copy)
+
+  def set_slots(self, admissions: list) -> None:
+    """Sets the admitted slots' logits and states, and copies their
+    partial pages, on the device: one call per prefill call the
+    admissions' contexts came from."""
+    groups = collections.defaultdict(list)
+    for admission in admissions:
+      groups[id(admission.context.prefilled)].append(admission)
+    width = self.local_slots
+    for group in groups.values():
+      # Columns: slot, source row, copy_from, copy_to; entries past a
+      # replica's slots or pages set nothing.
+      entries = np.zeros((self.layout.replicas * width, 4), np.int32)
+      entries[:, 0] = self.local_slots
+      entries[:, 3] = self.local_pages
+      used = collections.Counter()
+      for admission in group:
+        at = admission.replica * width + used[admission.replica]
+        used[admission.replica] += 1
+        entries[at, :2] = admission.slot, admission.context.row
+        if admission.copy is not None:
+          entries[at, 2:] = admission.copy
+          self.figures["page_copies"] += 1
+      prefilled = group[0].context.prefilled
+      self.call_admit(
+          prefilled, entries, any(a.copy is not None for a in group)
+      )
+
+  def call_admit(self, prefilled: _Prefilled, entries, copies: bool) -> None:
+    """One `_admit` call: entries int32 [R * S / R, 4] (slot, source row,
+    copy_from, copy_to)."""
+    self.pool, self.states, self.logits = _admit(
+        self.pool,
+        self.states,
+        self.logits,
+        prefilled.logits,
+        prefilled.states,
+        self.layout.put(entries, self.layout.split(0)),
+        layout=self.layout,
+        copies=copies,
+    )
+
+  def fill_slots(self) -> None:
+    """Fills free slots from each replica's ready continuations, and
+    prefills waiting contexts for replicas with free slots and none
+    ready, until neither makes progress."""
+    while True:
+      admissions = []
+      # Each replica's free slots with no continuation ready for them.
+      wanting = {}
+      for replica in range(self.layout.replicas):
+        first = replica * self.local_slots
+        free_slots = [
+            s
+            for s in range(first, first + self.local_slots)
+            if self.in_slot[s] is None
+        ]
+        for n, slot in enumerate(free_slots):
+          if not self.ready[replica]:
+            wanting[replica] = len(free_slots) - n
+            break
+          index, sample, context = self.ready[replica][0]
+          budget = self.budgets[index * self.g + sample]
+          if self.free(replica) < self.new_pages(context, budget):
+            break
+          admissions.append(self.admit(slot, *self.ready[replica].popleft()))
+      self.set_slots(admissions)
+      assigned = self.assign(wanting)
+      if not assigned:
+        return
+      most = max(len(taken) for taken in assigned.values())
+      self.prefill(assigned, _bucket(most, self.most_contexts))
+
+  def assign(self, wanting: dict) -> dict:
+    """Waiting contexts for the replicas with free slots and nothing ready,
+    their pages taken: each context goes to the wanting replica with the
+    most free pages, until each has contexts for its free slots (or
+    `most_contexts`) or the next does not fit. Returns {replica: [(context
+    index, pages)]}."""
+    size = self.engine.page_size
+    assigned = {}
+    while self.to_prefill and wanting:
+      replica = max(wanting, key=self.free)
+      need = _pages(len(self.contexts[self.to_prefill[0]]), size)
+      if self.free(replica) < need:
+        break
+      taken = assigned.setdefault(replica, [])
+      taken.append(
+          (self.to_prefill.popleft(), self.books[replica].allocate(need))
+      )
+      wanting[replica] -= self.g
+      if wanting[replica] <= 0 or len(taken) == self.most_contexts:
+        del wanting[replica]
+    return assigned
+
+  def decode(self, view: int, stop_after) -> tuple:
+    """One `_decode` call over the tables' first `view` pages."""
+    put, split = self.layout.put, self.layout.split
+    self.pool, self.states, self.logits, *out = _decode(
+        self.params,
+        self.pool,
+        self.states,
+        self.logits,
+        put(self.tables[:, :view], split(0)),
+        put(self.slot_values, split(0)),
+        put(stop_after, split(0)),
+        *self.sampling_args,
+        config=self.config,
+        chunk=self.engine.chunk,
+        greedy=self.options.greedy,
+        filtered=self.options.filtered,
+        layout=self.layout,
+        attention=self.attention,
+    )
+    return out
+
+  def warm_up(self) -> None:
+    """Runs every program this call's shapes can need, once per process
+    and shapes: each view bucket's decode program with no slot active (it
+    stops before its first step), each prefill size's with no context (it
+    writes nothing) and its admit programs with no entry. A call then
+    compiles all its programs up front, and a warm-up call leaves nothing
+    to compile for later calls of the same buckets, however long their
+    sequences grow."""
+    key = (
+        self.config,
+        self.engine,
+        self.options.greedy,
+        self.options.filtered,
+        self.layout,
+        self.attention,
+        self.slots,
+        self.width,
+        self.num_pages,
+        self.bucket,
+        self.most_contexts,
+        _signature(self.params),
+    )
+    if key in _WARM:
+      return
+    idle = np.ones((self.layout.replicas,), np.int32)
+    for view in _buckets(self.width):
+      self.decode(view, idle)
+    empty = np.zeros((self.layout.replicas * self.local_slots, 4), np.int32)
+    empty[:, 0] = self.local_slots
+    empty[:, 3] = self.local_pages
+    for count in _buckets(self.most_contexts):
+      prefilled = self.prefill({}, count)
+      for copies in (False, True):
+        self.call_admit(prefilled, empty, copies)
+    _WARM.add(key)
+
+  def reserve_chunk(self, running: list) -> None:
+    """Takes from the pool the pages the running slots' next chunk may
+    write (reserved for them at admission)."""
+    size = self.engine.page_size
+    for slot in running:
+      seq = self.in_slot[slot]
+      replica = slot // self.local_slots
+      last = min(
+          self.slot_values[slot, _POSITIONS] + self.engine.chunk,
+          seq.length + seq.budget - 1,
+      )
+      more = _pages(last, size) - len(seq.pages)
+      if more > 0:
+        pages = self.books[replica].allocate(more)
+        self.tables[slot, len(seq.pages) : len(seq.pages) + more] = pages
+        seq.pages.extend(pages)
+        seq.unallocated -= more
+        self.reserved[replica] -= more
+
+  def collect(self, running: list, out) -> None:
+    """A decode call's new ids into their rows; finished sequences leave
+    their slots and pages."""
+    ids, log_probs, new_steps, still = jax.device_get(out)
+    steps = self.slot_values[:, _STEPS]
+    self.figures["decode_calls"] += 1
+    self.figures["decode_steps"] += int(np.max(new_steps - steps))
+    for slot in running:
+      seq = self.in_slot[slot]
+      start = int(steps[slot])
+      made = int(new_steps[slot]) - start
+      self.ids[seq.row, start : start + made] = ids[slot, :made]
+      self.log_probs[seq.row, start : start + made] = log_probs[slot, :made]
+      self.slot_values[slot, _STEPS] = new_steps[slot]
+      self.slot_values[slot, _POSITIONS] = seq.length + new_steps[slot]
+      if not still[slot]:
+        replica = slot // self.local_slots
+        self.lengths[seq.row] = new_steps[slot]
+        self.books[replica].release(seq.pages)
+        self.reserved[replica] -= seq.unallocated
+        self.in_slot[slot] = None
+
+  def run(self) -> None:
+    """Decodes until every row has finished."""
+    replicas, size = self.layout.replicas, self.engine.page_size
+    while True:
+      self.fill_slots()
+      running = [s for s in range(self.slots) if self.in_slot[s] is not None]
+      if not running:
+        if any(self.ready) or self.to_prefill:
+          each = (
+              f" ({self.local_pages} for each of {replicas} data replicas)"
+              if replicas > 1
+              else ""
+          )
+          raise ValueError(
+              f"num_pages={self.num_pages} pages of {size}{each} cannot "
+              "hold one sequence (its context plus max_new_tokens): give "
+              "more pages"
+          )
+        return
+      self.reserve_chunk(running)
+      view = _bucket(
+          max(len(self.in_slot[s].pages) for s in running), self.width
+      )
+      self.slot_values[:, _ACTIVE] = [seq is not None for seq in self.in_slot]
+      # A replica with work waiting stops the call at its first finished
+      # sequence, so its slot is refilled within a step.
+      stop_after = np.array(
+          [
+              1
+              if self.ready[replica] or self.to_prefill
+              else self.local_slots + 1
+              for replica in range(replicas)
+          ],
+          np.int32,
+      )
+      self.collect(running, self.decode(view, stop_after))
+
+  def result(self) -> "EngineGeneration":
+    """The rows and the run's figures."""
+    page_bytes = paged_model.pool_bytes(self.config, 1, self.engine.page_size)
+    state_bytes = kv_cache.state_bytes_per_row(self.config) * self.slots
+    pages_used = sum(book.peak_in_use for book in self.books)
+    return EngineGeneration(
+        ids=self.ids,
+        lengths=self.lengths,
+        log_probs=self.log_probs,
+        cache_bytes=page_bytes * self.num_pages + state_bytes,
+        peak_bytes=page_bytes * pages_used + state_bytes,
+        pages_used=pages_used,
+        prefill_passes=self.figures["prefill_passes"],
+        prefill_calls=self.figures["prefill_calls"],
+        decode_calls=self.figures["decode_calls"],
+        decode_steps=self.figures["decode_steps"],
+        page_copies=self.figures["page_copies"],
+    )
 
 
 def generate(
@@ -739,319 +1220,18 @@ def generate(
       [max(budgets[i * g : (i + 1) * g]) for i in range(len(contexts))],
   )
   layout = replica_layout.for_model(config, mesh)
-  attention = attention_of(engine, config, layout)
-  replicas = layout.replicas
-  size = engine.page_size
-  slots = replica_slots(engine.num_slots or rows, replicas)
-  local_slots = slots // replicas
-  longest = max(len(c) for c in contexts)
-  # The widest table: the pages of the longest sequence's length bucket
-  # (the static decoder's).
-  width = table_width(config, longest + new, size)
-  num_pages = pool_pages(engine, slots, width, replicas)
-  local_pages = num_pages // replicas
-  books = [page_pool.PagePool(local_pages) for _ in range(replicas)]
-  # Pages promised to each replica's admitted sequences, not yet allocated.
-  reserved = [0] * replicas
-  split = layout.split
-  put = layout.put
-
-  pool = _empty_pool(
-      config=config,
-      num_pages=num_pages,
-      page_size=size,
-      layout=layout,
-      attention=attention,
+  run = _Run(
+      params,
+      config,
+      contexts,
+      budgets,
+      options,
+      (engine, layout, attention_of(engine, config, layout)),
+      allowed_vocab,
   )
-  states = _empty_states(config=config, slots=slots, layout=layout)
-  stop_slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
-  stop_ids = np.full((stop_slots,), -1, np.int32)
-  stop_ids[: len(options.stop_ids)] = options.stop_ids
-  sampling_args = (
-      put(jax.random.PRNGKey(options.seed)),
-      put(np.float32(1.0 if options.greedy else options.temperature)),
-      put(np.int32(options.top_k)),
-      put(np.float32(options.top_p)),
-      put(stop_ids),
-      put(np.int32(allowed_vocab)),
-  )
-
-  out_ids = np.full((rows, new), sampling.PAD_ID, np.int32)
-  out_log_probs = np.zeros((rows, new), np.float32)
-  lengths = np.zeros((rows,), np.int32)
-  # Slot s belongs to replica s // local_slots; its table holds local ids.
-  tables = np.zeros((slots, width), np.int32)
-  steps = np.zeros((slots,), np.int32)
-  positions = np.zeros((slots,), np.int32)
-  slot_budgets = np.ones((slots,), np.int32)
-  slot_rows = np.zeros((slots,), np.int32)
-  in_slot: list[Optional[_Sequence]] = [None] * slots
-  logits = put(np.zeros((slots, config.vocab_size), np.float32), split(0))
-  to_prefill = collections.deque(range(len(contexts)))
-  # Each replica's continuations of its prefilled contexts, waiting for a
-  # slot: (context index, sample, _Context).
-  ready = [collections.deque() for _ in range(replicas)]
-  figures = collections.Counter()
-
-  def free(replica):
-    """A replica's pages neither held nor promised."""
-    return books[replica].free - reserved[replica]
-
-  def lifetime_pages(length, budget):
-    # The last id is never written: positions 0..length + budget - 2.
-    return _pages(length + budget - 1, size)
-
-  # One prefill shape per call: the longest context's length bucket.
-  bucket = prefill_length(config, longest, size)
-
-  def prefill(assigned):
-    """Prefills context assigned[r] into replica r, for each r given, in
-    one call."""
-    nonlocal pool
-    tokens = np.full((replicas, bucket), sampling.PAD_ID, np.int32)
-    context_lengths = np.zeros((replicas,), np.int32)
-    table = np.zeros((replicas, bucket // size), np.int32)
-    pages = {}
-    for replica, index in assigned.items():
-      context = contexts[index]
-      pages[replica] = books[replica].allocate(_pages(len(context), size))
-      tokens[replica, : len(context)] = context
-      context_lengths[replica] = len(context)
-      table[replica, : len(pages[replica])] = pages[replica]
-    pool, last, context_states = _prefill(
-        params,
-        pool,
-        put(tokens, split(0)),
-        put(context_lengths, split(0)),
-        put(table, split(0)),
-        config=config,
-        layout=layout,
-        attention=attention,
-    )
-    prefilled = _Prefilled(last, context_states)
-    for replica, index in assigned.items():
-      figures["prefill_passes"] += 1
-      state = _Context(
-          replica, len(contexts[index]), pages[replica], prefilled, g
-      )
-      ready[replica].extend((index, sample, state) for sample in range(g))
-
-  def new_pages(context, budget):
-    """Pages a continuation takes from the pool over its life."""
-    full = context.length // size
-    takes_over = context.length % size and context.waiting == 1
-    return lifetime_pages(context.length, budget) - full - int(takes_over)
-
-  def admit(slot, index, sample, context):
-    """Gives continuation `sample` of context `index` the slot, on the
-    host; returns the `_Admission` the device has yet to carry out."""
-    replica = context.replica
-    book = books[replica]
-    row = index * g + sample
-    budget = budgets[row]
-    full = context.length // size
-    pages = context.pages[:full]
-    book.share(pages)
-    fresh = new_pages(context, budget)
-    copy = None
-    if context.length % size:
-      if context.waiting > 1:
-        (target,) = book.allocate(1)
-        fresh -= 1
-        copy = (context.pages[full], target)
-        pages = pages + [target]
-      else:
-        pages = pages + [context.pages[full]]
-    context.waiting -= 1
-    if not context.waiting:
-      book.release(context.pages[:full])
-    in_slot[slot] = _Sequence(row, context.length, budget, pages, fresh)
-    reserved[replica] += fresh
-    tables[slot] = 0
-    tables[slot, : len(pages)] = pages
-    steps[slot] = 0
-    positions[slot] = context.length
-    slot_budgets[slot] = budget
-    slot_rows[slot] = row
-    return _Admission(replica, slot % local_slots, context, copy)
-
-  def set_slots(admissions):
-    """Sets the admitted slots' logits and states, and copies their
-    partial pages, on the device: per call at most one admission per
-    replica, all of one prefill call's contexts."""
-    nonlocal pool, states, logits
-    while admissions:
-      prefilled = admissions[0].context.prefilled
-      now, later, taken = [], [], set()
-      for admission in admissions:
-        if (
-            admission.context.prefilled is prefilled
-            and admission.replica not in taken
-        ):
-          now.append(admission)
-          taken.add(admission.replica)
-        else:
-          later.append(admission)
-      admissions = later
-      # Entries past a replica's slots or pages set nothing.
-      targets = np.full((replicas,), local_slots, np.int32)
-      sources = np.zeros((replicas,), np.int32)
-      copies = np.full((replicas,), local_pages, np.int32)
-      for admission in now:
-        targets[admission.replica] = admission.slot
-        if admission.copy is not None:
-          sources[admission.replica], copies[admission.replica] = admission.copy
-          figures["page_copies"] += 1
-      if any(a.copy is not None for a in now):
-        pool = _copy_page(
-            pool, put(sources, split(0)), put(copies, split(0)), layout=layout
-        )
-      targets = put(targets, split(0))
-      logits = _set_row(logits, targets, prefilled.logits, layout=layout)
-      if states:
-        states = _set_states(states, targets, prefilled.states, layout=layout)
-
-  def fill_slots():
-    """Fills free slots from each replica's ready continuations, and
-    prefills waiting contexts for replicas with a free slot and none
-    ready, until neither makes progress."""
-    while True:
-      admissions = []
-      wanting = []
-      for replica in range(replicas):
-        for slot in range(replica * local_slots, (replica + 1) * local_slots):
-          if in_slot[slot] is not None:
-            continue
-          if not ready[replica]:
-            wanting.append(replica)
-            break
-          index, sample, context = ready[replica][0]
-          if free(replica) < new_pages(context, budgets[index * g + sample]):
-            break
-          admissions.append(admit(slot, *ready[replica].popleft()))
-      set_slots(admissions)
-      # Each waiting context goes to the wanting replica with the most
-      # free pages, one per replica a call.
-      assigned = {}
-      while to_prefill and wanting:
-        replica = max(wanting, key=free)
-        if free(replica) < _pages(len(contexts[to_prefill[0]]), size):
-          break
-        assigned[replica] = to_prefill.popleft()
-        wanting.remove(replica)
-      if not assigned:
-        return
-      prefill(assigned)
-
-  def decode(view, active, stop_after):
-    nonlocal pool, states, logits
-    pool, states, logits, *out = _decode(
-        params,
-        pool,
-        states,
-        logits,
-        put(tables[:, :view], split(0)),
-        put(steps, split(0)),
-        put(positions, split(0)),
-        put(slot_budgets, split(0)),
-        put(slot_rows, split(0)),
-        put(active, split(0)),
-        put(stop_after, split(0)),
-        *sampling_args,
-        config=config,
-        chunk=engine.chunk,
-        greedy=options.greedy,
-        filtered=options.filtered,
-        layout=layout,
-        attention=attention,
-    )
-    return out
-
-  # Every view bucket's program, run with no slot active (it stops before
-  # its first step): a call compiles all the decode programs its shapes
-  # can need, so a warm-up call leaves nothing to compile for later calls
-  # of the same buckets, however long their sequences grow.
-  view = 1
-  while True:
-    view = min(view, width)
-    decode(view, np.zeros((slots,), bool), np.ones((replicas,), np.int32))
-    if view == width:
-      break
-    view *= 2
-
-  while True:
-    fill_slots()
-    running = [s for s in range(slots) if in_slot[s] is not None]
-    if not running:
-      if any(ready) or to_prefill:
-        each = (
-            f" ({local_pages} for each of {replicas} data replicas)"
-            if replicas > 1
-            else ""
-        )
-        raise ValueError(
-            f"num_pages={num_pages} pages of {size}{each} cannot hold one "
-            "sequence (its context plus max_new_tokens): give more pages"
-        )
-      break
-    # Pages for the positions the next chunk may write.
-    for slot in running:
-      seq = in_slot[slot]
-      replica = slot // local_slots
-      last = min(positions[slot] + engine.chunk, seq.length + seq.budget - 1)
-      more = _pages(last, size) - len(seq.pages)
-      if more > 0:
-        pages = books[replica].allocate(more)
-        tables[slot, len(seq.pages) : len(seq.pages) + more] = pages
-        seq.pages.extend(pages)
-        seq.unallocated -= more
-        reserved[replica] -= more
-    view = _bucket(max(len(in_slot[s].pages) for s in running), width)
-    active = np.array([seq is not None for seq in in_slot])
-    # A replica with work waiting stops the call at its first finished
-    # sequence, so its slot is refilled within a step.
-    stop_after = np.array(
-        [
-            1 if ready[replica] or to_prefill else local_slots + 1
-            for replica in range(replicas)
-        ],
-        np.int32,
-    )
-    ids, log_probs, new_steps, still = decode(view, active, stop_after)
-    ids, log_probs, new_steps, still = jax.device_get(
-        (ids, log_probs, new_steps, still)
-    )
-    figures["decode_calls"] += 1
-    figures["decode_steps"] += int(np.max(new_steps - steps))
-    for slot in running:
-      seq = in_slot[slot]
-      made = int(new_steps[slot] - steps[slot])
-      start = int(steps[slot])
-      out_ids[seq.row, start : start + made] = ids[slot, :made]
-      out_log_probs[seq.row, start : start + made] = log_probs[slot, :made]
-      steps[slot] = new_steps[slot]
-      positions[slot] = seq.length + new_steps[slot]
-      if not still[slot]:
-        replica = slot // local_slots
-        lengths[seq.row] = new_steps[slot]
-        books[replica].release(seq.pages)
-        reserved[replica] -= seq.unallocated
-        in_slot[slot] = None
-  page_bytes = paged_model.pool_bytes(config, 1, size)
-  state_bytes = kv_cache.state_bytes_per_row(config) * slots
-  pages_used = sum(book.peak_in_use for book in books)
-  return EngineGeneration(
-      ids=out_ids,
-      lengths=lengths,
-      log_probs=out_log_probs,
-      cache_bytes=page_bytes * num_pages + state_bytes,
-      peak_bytes=page_bytes * pages_used + state_bytes,
-      pages_used=pages_used,
-      prefill_passes=figures["prefill_passes"],
-      decode_calls=figures["decode_calls"],
-      decode_steps=figures["decode_steps"],
-      page_copies=figures["page_copies"],
-  )
+  run.warm_up()
+  run.run()
+  return run.result()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1059,10 +1239,10 @@ class LoweredEngine:
   """The engine's programs lowered for abstract arguments (`lower`).
 
   Attributes:
-    programs: "prefill" (one context of `prefill_length` tokens per data
-      replica) and
-      "decode" (`chunk` steps of every slot over the widest table), as
-      `jax.stages.Lowered`.
+    programs: "prefill" (its most contexts per data replica,
+      `prefill_contexts` for one sample a context, of `prefill_length`
+      tokens each) and "decode" (`chunk` steps of every slot over the
+      widest table), as `jax.stages.Lowered`.
     pool: the page pool's shapes and shardings.
     states: the slots' recurrent states' ({} without recurrent layers).
     logits: the slots' next-token logits'.
@@ -1122,8 +1302,9 @@ def lower(
   `replica_slots`) of sequences of up to `length` positions (context plus
   max_new_tokens) and contexts of up to `prompt_length` ids: the pool and
   the per-slot arrays split over the replicas as `replica_layout` says,
-  the parameters as `params`' shapes and shardings say. Prefill takes one
-  context per replica. Decode is the widest view's (every page of a
+  the parameters as `params`' shapes and shardings say. Prefill takes
+  its most contexts per replica (`prefill_contexts`, one sample each: the
+  most memory of its sizes). Decode is the widest view's (every page of a
   table: the most memory of the view buckets), drawing by temperature
   without top-k or top-p (as a rollout at temperature 1 and top-p 1
   does).
@@ -1155,6 +1336,8 @@ def lower(
   width = table_width(config, length, size)
   num_pages = pool_pages(engine, num_slots, width, replicas)
   bucket = prefill_length(config, prompt_length, size)
+  # The largest prefill program: a context per sample (num_samples 1).
+  contexts = prefill_contexts(engine, bucket, num_slots // replicas, 1)
   split = layout.split
 
   def placed(tree, spec):
@@ -1197,9 +1380,9 @@ def lower(
     prefill = _prefill.lower(
         params,
         pool,
-        shape(i32, replicas, bucket, spec=split(0)),
-        shape(i32, replicas, spec=split(0)),
-        shape(i32, replicas, bucket // size, spec=split(0)),
+        shape(i32, replicas * contexts, bucket, spec=split(0)),
+        shape(i32, replicas * contexts, spec=split(0)),
+        shape(i32, replicas * contexts, bucket // size, spec=split(0)),
         config=config,
         layout=layout,
         attention=attention,
@@ -1210,9 +1393,7 @@ def lower(
         states,
         logits,
         shape(i32, num_slots, width, spec=split(0)),
-        # steps .. rows
-        *(shape(i32, num_slots, spec=split(0)) for _ in range(4)),
-        shape(jnp.bool_, num_slots, spec=split(0)),
+        shape(i32, num_slots, _SLOT_COLUMNS, spec=split(0)),
         shape(i32, replicas, spec=split(0)),  # stop_after
         shape(key.dtype, *key.shape),
         shape(jnp.float32),  # temperature

@@ -25,6 +25,7 @@ from maxtext.generation import paged_model
 from maxtext.generation import sampling
 from maxtext.model import transformer
 from testing import compile_counter
+from testing import dispatch_counter
 from testing import tiny_configs
 
 _ATOL = 1e-4
@@ -155,6 +156,9 @@ class EngineTest(parameterized.TestCase):
         ),
     )
     self.assertEqual(got.prefill_passes, 3)
+    # The first call prefills the two contexts the 8 free slots take; the
+    # third waits for slots.
+    self.assertEqual(got.prefill_calls, 2)
     # Each of G continuations but the last copies a partial last page.
     self.assertEqual(got.page_copies, 2 * (g - 1))
     # At most 2 contexts' rows run at once (8 slots, G = 4). Without
@@ -163,6 +167,41 @@ class EngineTest(parameterized.TestCase):
     self.assertEqual(
         got.peak_bytes, got.pages_used * 4 * kv_cache.bytes_per_token(config)
     )
+
+  def test_a_rollout_that_fits_its_slots_is_a_few_launches(self):
+    # A GRPO step's rollout: every completion has a slot. Warm, the call
+    # launches a zero pool, zero slots, the draws' key (its seed staged and
+    # hashed), one prefill of
+    # every context, one admit of every continuation and one decode call:
+    # the same count for
+    # any number of contexts and samples that fit (no launch per context,
+    # per continuation or per page copy).
+    config, params = _model(num_layers=1)
+    prompts = _prompts(np.random.default_rng(7), (3, 5, 2, 6, 4, 3, 5, 1))
+    options = sampling.SamplingOptions(max_new_tokens=4, num_samples=4)
+    engine = paged_decoder.EngineOptions(page_size=4)
+    paged_decoder.generate(params, config, prompts, options, engine=engine)
+    with dispatch_counter.record_launches() as names:
+      got = paged_decoder.generate(
+          params, config, prompts, options, engine=engine
+      )
+    programs = sorted(names)
+    self.assertEqual(
+        programs,
+        [
+            "jit(_admit)",
+            "jit(_decode)",
+            "jit(_empty_pool)",
+            "jit(_empty_slots)",
+            "jit(_prefill)",
+            "jit(_threefry_seed)",
+            "jit(stage)",
+        ],
+    )
+    self.assertEqual((got.prefill_calls, got.decode_calls), (1, 1))
+    self.assertEqual(got.prefill_passes, len(prompts))
+    # Every context's length but 4 leaves a partial page: G - 1 copies.
+    self.assertEqual(got.page_copies, 7 * 3)
 
   def test_each_row_has_its_own_max_new_tokens(self):
     config, params = _model()
@@ -210,9 +249,9 @@ class EngineTest(parameterized.TestCase):
     names = (
         "jit(_decode)",
         "jit(_prefill)",
-        "jit(_copy_page)",
+        "jit(_admit)",
         "jit(_empty_pool)",
-        "jit(_set_row)",
+        "jit(_empty_slots)",
     )
 
     def run(lengths, seed, **kw):
@@ -241,8 +280,11 @@ class EngineTest(parameterized.TestCase):
         ],
         [],
     )
-    self.assertEqual(first.count("jit(_prefill)"), 1)
-    self.assertEqual(first.count("jit(_copy_page)"), 1)
+    # One prefill program per number of contexts a call may take (1 or 2:
+    # 5 slots take 2 contexts of 3 samples), and its admit programs, with
+    # and without page copies.
+    self.assertEqual(first.count("jit(_prefill)"), 2)
+    self.assertEqual(first.count("jit(_admit)"), 4)
     # One decode program per page-view bucket: 1, 2, 4, 8 pages (sequences
     # up to 32 positions), all compiled by the first call.
     self.assertEqual(first.count("jit(_decode)"), 4)

@@ -92,10 +92,8 @@ class Layout:
   def put(self, value: Any, spec: P = P()) -> jax.Array:
     """A host value on the engine's devices, placed by `spec` (each
     process passes the same whole value)."""
-    sharding = self.sharding(spec)
-    if sharding is None:
-      return jax.numpy.asarray(value)
-    return jax.device_put(np.asarray(value), sharding)
+    # A transfer, not a program: `jnp.asarray` would launch one.
+    return jax.device_put(np.asarray(value), self.sharding(spec))
 
   def per_replica(
       self, body: Callable[..., Any], in_specs: tuple, out_specs: Any
