@@ -19,10 +19,12 @@ import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
 from maxtext.metrics import jsonl
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
+from maxtext.text import megatron_index
 from testing import child
 from testing import compliance_checker
 from testing import gcs_emulator
@@ -516,6 +518,12 @@ class FailureModesTest(parameterized.TestCase):
           ),
           r"config\.load_parameters_path='.*/gone': does not exist$",
       ),
+      (
+          "token_outside_the_vocabulary",
+          lambda t: (None, t.megatron_fields(bad_id=40)),
+          r"config\.train_data_path: .*/oov\.bin: token 50 of its stream is "
+          r"40, at or above vocab_size=32; check vocab_size and the data$",
+      ),
   )
   def test_user_mistake_is_one_line(self, make, pattern):
     _, extra = make(self)
@@ -523,6 +531,19 @@ class FailureModesTest(parameterized.TestCase):
     proc = self.run_main(self.flags("run", **extra))
     self.assert_one_error(proc.returncode, proc.stderr, 2, pattern)
     self.assertEqual(_tree(self.tmp), before)
+
+  def megatron_fields(self, bad_id):
+    """A megatron run's fields: training on a prefix whose token 50 is
+    `bad_id`, validating on one of good ids."""
+    good, bad = os.path.join(self.tmp, "good"), os.path.join(self.tmp, "oov")
+    megatron_index.write(good, [[list(range(30)) * 5]], np.int32)
+    megatron_index.write(bad, [[[1] * 50 + [bad_id] + [2] * 20]], np.int32)
+    return {
+        "dataset_type": "megatron",
+        "train_data_path": bad,
+        "eval_data_path": good,
+        "enable_mllog": False,
+    }
 
   def make_file(self, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)

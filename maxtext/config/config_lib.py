@@ -682,12 +682,27 @@ def _check_grpo(v) -> None:
   stop_ids(v)
 
 
-def _check_decode_sizes(v, samples: int) -> None:
+def largest_decode_page(v) -> int:
+  """The largest page the paged decoder may have: the model's length
+  rounded up to a power of two (a larger page is never filled)."""
+  return 1 << max(0, (v["max_sequence_length"] - 1).bit_length())
+
+
+def decoded_rows(v) -> int:
+  """The most sequences one decode of a GRPO run holds: a rollout's
+  (global_batch_size) or the eval's (grpo_eval_prompts x samples)."""
+  return max(
+      v["global_batch_size"],
+      v["grpo_eval_prompts"] * eval_samples_per_prompt(v),
+  )
+
+
+def _check_decode_sizes(v) -> None:
   """The paged decoder's page size and slots, bounded by what a rollout
   can use: a page at most the model's length (rounded up to a power of
   two), slots at most the sequences a rollout or the eval decodes."""
   length = v["max_sequence_length"]
-  largest_page = 1 << max(0, (length - 1).bit_length())
+  largest_page = largest_decode_page(v)
   if v["grpo_decode_page_size"] > largest_page:
     raise _fail(
         "grpo_decode_page_size",
@@ -695,7 +710,7 @@ def _check_decode_sizes(v, samples: int) -> None:
         f"must be <= {largest_page} (max_sequence_length={length}, rounded "
         "up to a power of two: a larger page is never filled)",
     )
-  rows = max(v["global_batch_size"], v["grpo_eval_prompts"] * samples)
+  rows = decoded_rows(v)
   if v["grpo_decode_slots"] > rows:
     raise _fail(
         "grpo_decode_slots",
@@ -790,7 +805,7 @@ def validate_grpo(config) -> None:
         samples,
         "a greedy eval (grpo_eval_temperature=0) draws one sample per prompt",
     )
-  _check_decode_sizes(v, samples)
+  _check_decode_sizes(v)
   if v["router_bias_update_rate"] > 0:
     raise _fail(
         "router_bias_update_rate",

@@ -132,8 +132,44 @@ def _rows(tokens: megatron_index.IndexedTokens, seq: int) -> int:
   return max(0, (tokens.num_tokens - 1) // seq)
 
 
-def _open(prefix: str, field: str, seq: int) -> megatron_index.IndexedTokens:
-  """A prefix opened and checked, one row at least; errors name the field."""
+# The .bin files whose every token was found to be an id of the vocabulary,
+# by (device, inode, size, modification time, vocab_size): a run's
+# pre-flight and its data set open the same files, and each is read once.
+_IDS_CHECKED: set[tuple[int, int, int, int, int]] = set()
+
+
+def _check_ids(
+    tokens: megatron_index.IndexedTokens, field: str, vocab_size: int
+) -> None:
+  """Refuses a prefix holding a token that is no id below `vocab_size`,
+  reading its tokens once per file and process (`_IDS_CHECKED`)."""
+  info = os.stat(tokens.bin_path)
+  key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, vocab_size)
+  if key in _IDS_CHECKED:
+    return
+  found = megatron_index.first_outside_vocab(tokens, vocab_size)
+  if found is not None:
+    position, value = found
+    if isinstance(value, float) and value.is_integer():
+      value = int(value)
+    if isinstance(value, int) and value >= vocab_size:
+      problem = f"at or above vocab_size={vocab_size}"
+    elif isinstance(value, int) and value < 0:
+      problem = f"negative (vocab_size={vocab_size})"
+    else:
+      problem = f"not a whole number (vocab_size={vocab_size})"
+    raise ValueError(
+        f"config.{field}: {tokens.bin_path}: token {position} of its "
+        f"stream is {value}, {problem}; check vocab_size and the data"
+    )
+  _IDS_CHECKED.add(key)
+
+
+def _open(
+    prefix: str, field: str, seq: int, vocab_size: int
+) -> megatron_index.IndexedTokens:
+  """A prefix opened and checked, one row at least, every token an id
+  below `vocab_size`; errors name the field."""
   try:
     tokens = megatron_index.open_prefix(caller_paths.resolve_local_path(prefix))
   except megatron_index.FormatError as e:
@@ -143,6 +179,7 @@ def _open(prefix: str, field: str, seq: int) -> megatron_index.IndexedTokens:
         f"config.{field}: {tokens.bin_path}: holds {tokens.num_tokens} "
         f"tokens; one sequence needs max_sequence_length + 1 = {seq + 1}"
     )
+  _check_ids(tokens, field, vocab_size)
   return tokens
 
 
@@ -156,9 +193,9 @@ def eval_samples(config) -> int:
 def _open_all(config):
   """([(weight, opened training prefix)], opened validation prefix), checked
   as `check_config` says."""
-  seq = config.max_sequence_length
+  seq, vocab = config.max_sequence_length, config.vocab_size
   blend = [
-      (weight, _open(prefix, "train_data_path", seq))
+      (weight, _open(prefix, "train_data_path", seq, vocab))
       for weight, prefix in parse_data_path(config.train_data_path)
   ]
   if len(str(config.eval_data_path).split()) != 1:
@@ -166,7 +203,7 @@ def _open_all(config):
         f"config.eval_data_path={config.eval_data_path!r}: one validation "
         "prefix (no blend) when dataset_type='megatron'"
     )
-  validation = _open(config.eval_data_path, "eval_data_path", seq)
+  validation = _open(config.eval_data_path, "eval_data_path", seq, vocab)
   wanted = eval_samples(config)
   if _rows(validation, seq) < wanted:
     raise ValueError(
@@ -179,8 +216,9 @@ def _open_all(config):
 
 def check_config(config) -> None:
   """The pre-flight of a megatron run: every prefix's files, read as the
-  data set reads them (index, sizes; no token), and enough validation rows
-  for the eval set.
+  data set reads them (index, sizes), every token an id of the model's
+  vocabulary (each .bin read once), and enough validation rows for the
+  eval set.
 
   Raises:
     ValueError: one line naming the field and the file.
@@ -214,9 +252,10 @@ class MegatronDataset(dataset.Dataset):
     """Opens and checks every prefix.
 
     Raises:
-      ValueError: a bad data-path list, a bad prefix (one line naming the
-        field and the file), too few validation rows for the eval set, or
-        batch sizes not divisible by process_count.
+      ValueError: a bad data-path list, a bad prefix or a token that is no
+        id of the vocabulary (one line naming the field and the file), too
+        few validation rows for the eval set, or batch sizes not divisible
+        by process_count.
     """
     self._vocab = config.vocab_size
     self._seq = config.max_sequence_length
@@ -312,22 +351,15 @@ class MegatronDataset(dataset.Dataset):
   def _batch(self, windows: list[np.ndarray], sources) -> dataset.Batch:
     """Rows read from `sources` (one prefix per row) as a checked batch."""
     stacked = np.stack(windows)
-    if stacked.dtype.kind == "f":
-      bad = ~np.isfinite(stacked) | (stacked != np.floor(stacked))
-      if bad.any():
-        raise ValueError(
-            f"{sources[int(np.argmax(bad.any(axis=1)))].bin_path}: holds "
-            "token values that are not whole numbers"
-        )
-    low = stacked.min(axis=1)
-    high = stacked.max(axis=1)
-    outside = (low < 0) | (high >= self._vocab)
+    # Each file was checked when opened; a file changed since is caught
+    # here, in the rows read.
+    outside = megatron_index.ids_outside(stacked, self._vocab).any(axis=1)
     if outside.any():
       row = int(np.argmax(outside))
       raise ValueError(
-          f"{sources[row].bin_path}: holds token ids outside [0, "
-          f"{self._vocab}) (found {low[row]:g}..{high[row]:g}); check "
-          "vocab_size"
+          f"{sources[row].bin_path}: holds tokens that are no id of a "
+          f"vocabulary of vocab_size={self._vocab} (it changed after it "
+          "was opened)"
       )
     return builtin_datasets.to_batch(stacked)
 

@@ -1,6 +1,7 @@
 """dataset_type="megatron": rows, blend, order, eval set, checks, resume."""
 
 import os
+import re
 
 from absl.testing import absltest
 import numpy as np
@@ -207,19 +208,61 @@ class MegatronDatasetTest(absltest.TestCase):
       with self.assertRaisesRegex(ValueError, pattern):
         megatron_dataset.parse_data_path(text)
 
-  def test_ids_outside_the_vocabulary_name_the_bin(self):
-    ds = megatron_dataset.MegatronDataset(self._config(vocab_size=20))
-    with self.assertRaisesRegex(
-        ValueError, "_text_document.bin: holds token ids outside \\[0, 20\\)"
-    ):
-      ds.get_batch(0)
+  def test_an_id_at_or_above_the_vocabulary_is_refused_before_training(self):
+    path = os.path.join(self.create_tempdir().full_path, "oov")
+    docs = [[[1, 2, 3] * 10]] * 3 + [[[4, _VOCAB + 7, _VOCAB]]]
+    megatron_index.write(path, docs, np.int32)
+    config = self._config("oov", train_data_path=f"0.5 {self.a} 0.5 {path}")
+    with self.assertRaises(trainer.ConfigError) as caught:
+      trainer.run(config)
+    message = str(caught.exception)
+    self.assertNotIn("\n", message)
+    self.assertEqual(
+        message,
+        f"config.train_data_path: {path}.bin: token 91 of its stream is "
+        f"{_VOCAB + 7}, at or above vocab_size={_VOCAB}; check vocab_size "
+        "and the data",
+    )
+    # Refused before the run made anything.
+    self.assertFalse(os.path.exists(os.path.join(self.root, "oov")))
 
-  def test_float_tokens_must_be_whole(self):
-    path = os.path.join(self.create_tempdir().full_path, "f")
-    megatron_index.write(path, [[[0.5] * 40]], np.float32)
+  def test_every_kind_of_bad_token_names_the_field_and_the_file(self):
+    directory = self.create_tempdir().full_path
+    for name, docs, dtype, field, problem in (
+        ("negative", [[[-3] * 40]], np.int16, "eval_data_path",
+         "token 0 of its stream is -3, negative (vocab_size=32)"),
+        ("fraction", [[[1.0] * 20 + [0.5] * 20]], np.float32,
+         "train_data_path",
+         "token 20 of its stream is 0.5, not a whole number (vocab_size=32)"),
+    ):  # fmt: skip
+      path = os.path.join(directory, name)
+      megatron_index.write(path, docs, dtype)
+      config = self._config(**{field: path})
+      config_lib.validate(config)
+      with self.assertRaisesRegex(
+          ValueError, re.escape(f"config.{field}: {path}.bin: {problem}; ")
+      ):
+        preflight.check(config)
+      with self.assertRaisesRegex(ValueError, f"^config.{field}: {path}.bin"):
+        megatron_dataset.MegatronDataset(config)
+
+  def test_a_file_changed_after_it_was_checked_is_caught_in_its_rows(self):
+    path = os.path.join(self.create_tempdir().full_path, "changed")
+    megatron_index.write(path, [[list(range(30)) * 2]], np.int32)
     ds = megatron_dataset.MegatronDataset(self._config(train_data_path=path))
-    with self.assertRaisesRegex(ValueError, f"{path}.bin: .*not whole"):
-      ds.get_batch(0)
+    ds.get_batch(0)
+    with open(path + ".bin", "r+b") as f:
+      f.write(np.full((60,), 99, np.int32).tobytes())
+    with self.assertRaisesRegex(
+        ValueError, f"^{path}.bin: holds tokens that are no id of a "
+    ):
+      ds.get_batch(1)
+    # Opened again, the changed file is read again and refused.
+    os.utime(path + ".bin", ns=(1, 1))
+    with self.assertRaisesRegex(
+        ValueError, f"^config.train_data_path: {path}.bin: token 0 of its "
+    ):
+      megatron_dataset.MegatronDataset(self._config(train_data_path=path))
 
   def test_restored_state_is_where_the_next_batch_starts(self):
     ds = megatron_dataset.MegatronDataset(self._config())

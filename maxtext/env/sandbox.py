@@ -38,12 +38,21 @@ directory; `run(argv)` runs one command on them in a separate process:
 
 The scratch starts as a copy of `source` (a host directory, e.g. the
 repository inside a task's root filesystem), if given, with `files` written
-over it. Output beyond `output_bytes` is cut. After each command the
-scratch's growth past its first size is checked against `scratch_bytes`
-(every entry's size on disk, directories included) and `scratch_entries`
-(files, directories and links); a tool that went past either gets an error
-result. Run as the sandbox's user, a command is also bounded to
-`processes` processes (RLIMIT_NPROC; it counts every process of that user
+over it. Output beyond `output_bytes` is cut. The scratch's growth past its
+first size is bounded by `scratch_bytes` (every entry's size on disk,
+directories included) and `scratch_entries` (files, directories and
+links): measured every `watch_seconds` while a command runs (less often
+when measuring a large scratch takes long: at most a tenth of the time) and
+once more after it ends; a command that goes past either is killed as at a
+timeout and its call gets an error result. (The scratch is a host
+directory that outlives each command, for the episode's next command and
+for the host's reads, so a size-limited file system of bubblewrap's, gone
+when the command ends, cannot hold it.) What a command writes between two
+measurements stays until the episode's sandbox is closed: at most one
+interval of writing, each file at most `file_bytes`.
+
+Run as the sandbox's user, a command is also bounded to `processes`
+processes (RLIMIT_NPROC; it counts every process of that user
 on the host, so it is not applied to a non-root caller's own uid, whose
 training process holds many threads).
 
@@ -86,6 +95,8 @@ SANDBOX_GID = 65534
 # own temporary directory is not reachable by the sandbox's user.
 SHARED_TMP = "/tmp"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Why `Sandbox._watch` stops a command at its time limit.
+_TIMED_OUT = "timed out"
 
 
 def environment(home: str) -> dict[str, str]:
@@ -117,14 +128,15 @@ class Limits:
     memory_bytes: address space per process (RLIMIT_AS).
     file_bytes: the largest file a process may write (RLIMIT_FSIZE).
     scratch_bytes: how much the scratch directory may grow past its first
-      size on disk (checked after each command).
+      size on disk (measured while a command runs and after it).
     scratch_entries: how many files, directories and links may be added
-      to the scratch (checked after each command).
+      to the scratch (measured as scratch_bytes).
     tmp_bytes: the size of the sandbox's private /tmp.
     output_bytes: stdout and stderr kept, each.
     processes: processes of the sandbox's user (RLIMIT_NPROC), when
       commands run as SANDBOX_UID.
     read_bytes: the largest scratch file the host reads for a tool.
+    watch_seconds: how often the scratch is measured while a command runs.
   """
 
   wall_seconds: float = 30.0
@@ -137,6 +149,7 @@ class Limits:
   output_bytes: int = 16 << 10
   processes: int = 512
   read_bytes: int = 4 << 20
+  watch_seconds: float = 0.25
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -469,8 +482,9 @@ class Sandbox:
         gets no more than what is left (nothing runs when none is).
 
     Returns:
-      The Result; a timeout, a broken limit or a command that cannot start
-      (a NUL byte, text the OS cannot encode, past the OS's argument
+      The Result; a timeout, a broken limit (a scratch grown past its
+      limit stops the command while it runs) or a command that cannot
+      start (a NUL byte, text the OS cannot encode, past the OS's argument
       limit) is a Result, never an exception.
     """
     timeout, bound = self._timeout(timeout_seconds, deadline)
@@ -492,22 +506,26 @@ class Sandbox:
     # without end cannot fill memory; the file-size limit bounds them.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
       try:
-        returncode, timed_out = self._spawn(command, timeout, out, err)
+        returncode, stopped = self._spawn(command, timeout, out, err)
       except (OSError, ValueError) as e:
         # ValueError: a NUL byte or text the file system encoding rejects;
         # OSError: E2BIG past the argument limit, among others.
         return Result(None, "", "", False, f"the command cannot start: {e}")
       stdout, stderr = (self._read(f) for f in (out, err))
+    timed_out = stopped == _TIMED_OUT
+    if timed_out:
+      error = self._broken_limit(timeout, bound)
+    elif stopped:
+      error = f"{stopped}: the command was killed while it ran"
+    else:
+      error = self._grown()
     return Result(
-        None if timed_out else returncode,
-        stdout,
-        stderr,
-        timed_out,
-        self._broken_limit(timeout, bound) if timed_out else self._grown(),
+        None if timed_out else returncode, stdout, stderr, timed_out, error
     )
 
-  def _spawn(self, command, timeout, out, err) -> tuple[int, bool]:
-    """Runs `command` to its end or its timeout: (status, timed out)."""
+  def _spawn(self, command, timeout, out, err) -> tuple[int, str]:
+    """Runs `command` to its end, its timeout or a scratch grown past its
+    limit: (status, why it was killed: "", _TIMED_OUT or the limit)."""
     drop = (
         {"user": SANDBOX_UID, "group": SANDBOX_GID, "extra_groups": []}
         if self._privileged
@@ -526,18 +544,39 @@ class Sandbox:
         start_new_session=True,
         **drop,
     )
-    try:
-      process.wait(timeout=timeout)
-      return process.returncode, False
-    except subprocess.TimeoutExpired:
+    stopped = self._watch(process, time.monotonic() + timeout)
+    if stopped:
       # The whole process group: bwrap (whose death kills the PID
       # namespace), or the unisolated command and its children.
       try:
         os.killpg(process.pid, signal.SIGKILL)
       except ProcessLookupError:
         pass  # It ended on its own meanwhile.
-      process.wait()
-      return process.returncode, True
+    process.wait()
+    return process.returncode, stopped
+
+  def _watch(self, process: subprocess.Popen, deadline: float) -> str:
+    """Waits for `process` until `deadline` (time.monotonic()), measuring
+    the scratch meanwhile: "" when it ended, else why it must be killed
+    (_TIMED_OUT, or the scratch limit it broke)."""
+    interval = self.limits.watch_seconds
+    while True:
+      left = deadline - time.monotonic()
+      if left <= 0:
+        return _TIMED_OUT
+      try:
+        process.wait(timeout=min(interval, left))
+        return ""
+      except subprocess.TimeoutExpired:
+        pass
+      started = time.monotonic()
+      grown = self._grown()
+      if grown:
+        return grown
+      # Measuring takes at most a tenth of the command's time.
+      interval = max(
+          self.limits.watch_seconds, 10 * (time.monotonic() - started)
+      )
 
   @staticmethod
   def _broken_limit(timeout: float, bound: str) -> str:

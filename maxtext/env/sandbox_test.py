@@ -191,6 +191,34 @@ class SandboxTest(absltest.TestCase):
       result = box.run(make)
       self.assertIn("bytes (the scratch limit)", result.error)
 
+  def test_a_command_writing_without_end_is_stopped_while_it_runs(self):
+    # Files each under the file limit, written until something stops the
+    # command: its 20 s limit, or the scratch limit (4 MiB) on the way.
+    fill = _python(
+        "i = 0\nwhile True:\n"
+        "  open(f'f{i}', 'wb').write(b'x' * (512 << 10)); i += 1"
+    )
+    result = self.box.run(fill)
+    self.assertFalse(result.timed_out, result)
+    self.assertEqual(result.returncode, -9)  # Killed, not ended.
+    self.assertEqual(
+        result.error,
+        "the task's files grew by more than 4194304 bytes (the scratch "
+        "limit): the command was killed while it ran",
+    )
+    # Entries too: empty directories made without end.
+    limits = sandbox.Limits(
+        wall_seconds=20, scratch_bytes=1 << 30, scratch_entries=300
+    )
+    mkdirs = _python("import os\ni = 0\nwhile True: os.mkdir(f'd{i}'); i += 1")
+    for isolated in (True, False):
+      with sandbox.Sandbox({"a": "1"}, limits, isolated=isolated) as box:
+        result = box.run(mkdirs)
+      self.assertFalse(result.timed_out, result)
+      self.assertIn(
+          "entries (the scratch limit): the command was killed", result.error
+      )
+
   def test_a_call_gets_what_is_left_of_its_episode(self):
     # Its own limit is 20 s; the episode ends in 1 s: the episode's end
     # kills it.

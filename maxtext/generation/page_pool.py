@@ -14,6 +14,11 @@ Only ids live here; the pages' contents are device arrays the engine owns.
 
 from typing import Sequence
 
+# Host bytes a `PagePool` holds per page: a free list entry (8 bytes) and
+# the int object it names (28 bytes, 32 as allocated), and a holder count
+# entry (8; counts share the small ints' objects).
+BOOK_BYTES_PER_PAGE = 48
+
 
 class PoolExhaustedError(RuntimeError):
   """More pages were asked for than the pool has free."""

@@ -1,5 +1,7 @@
 """The page pool's book: allocation, shared holders, release, exhaustion."""
 
+import tracemalloc
+
 from absl.testing import absltest
 
 from maxtext.generation import page_pool
@@ -19,6 +21,23 @@ class PagePoolTest(absltest.TestCase):
     pool.release(pages[:1])
     self.assertEqual((pool.in_use, pool.free), (0, 4))
     self.assertEqual((pool.peak_in_use, pool.allocations), (2, 2))
+
+  def test_a_book_takes_its_stated_bytes_per_page(self):
+    pages = 200_000
+    tracemalloc.start()
+    try:
+      before = tracemalloc.get_traced_memory()[0]
+      pool = page_pool.PagePool(pages)
+      taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+      tracemalloc.stop()
+    self.assertEqual(pool.free, pages)
+    # The figure the decoder's memory bound uses, to within a page in ten.
+    self.assertBetween(
+        taken / pages,
+        0.9 * page_pool.BOOK_BYTES_PER_PAGE,
+        page_pool.BOOK_BYTES_PER_PAGE,
+    )
 
   def test_freed_pages_are_handed_out_again(self):
     pool = page_pool.PagePool(2)

@@ -69,6 +69,7 @@ from maxtext.core import eval_metrics
 from maxtext.engine import model_setup
 from maxtext.config import optimizer as optimizer_lib
 from maxtext.run import workload
+from maxtext.grpo import decode_footprint
 from maxtext.grpo import evaluation
 from maxtext.grpo import frozen_router
 from maxtext.grpo import logprob_gate
@@ -88,6 +89,7 @@ from maxtext.grpo import text_task
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.model import transformer
 from maxtext.generation import sampling
+from maxtext.runtime import device_memory
 
 
 def loss_options(config) -> policy_loss.LossOptions:
@@ -335,6 +337,19 @@ class GrpoWorkload(workload.Workload):
     if not config.grpo_task:
       prompts_lib.make_task(config)
     loss_options(config)
+
+  def check_devices(self, config, mesh) -> None:
+    """Refuses paged decoder settings whose pool or page book cannot fit
+    the generation devices or the host (`decode_footprint.check`)."""
+    device = jax.local_devices()[0]
+    decode_footprint.check(
+        config,
+        devices=config.grpo_generation_devices or mesh.devices.size,
+        device_bytes=device_memory.bytes_limit(device),
+        host_bytes=device_memory.host_bytes(),
+        pool_on_host=device.platform == "cpu",
+        processes=jax.process_count(),
+    )
 
   def engine_factory(self, config, mesh):
     return engine_factory(config, mesh)

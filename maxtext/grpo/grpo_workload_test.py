@@ -490,6 +490,19 @@ class GrpoRunTest(parameterized.TestCase):
           {"global_batch_size": 6, "gradient_accumulation_steps": 1},
           "global_batch_size=6: must be divisible by grpo_num_generations",
       ),
+      (
+          # 2^20 rows of 16 positions of 16 layers' 2^16-wide heads: the
+          # pages alone are 128 TiB, more than any host holds.
+          "decode_pool",
+          {
+              "head_dim": 1 << 16,
+              "num_layers": 16,
+              "global_batch_size": 1 << 20,
+          },
+          r"^config.grpo_decode_slots=0: the paged decoder's page pool for "
+          r"1048576 slots \(0: one per row\) of 1 pages of 16 positions "
+          r"takes at least 131072.12 GiB",
+      ),
   )
   def test_bad_options_are_one_line(self, overrides, message):
     out = self.create_tempdir().full_path

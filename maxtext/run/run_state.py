@@ -481,6 +481,7 @@ def build(
   is_primary = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config)
   mesh_lib.check_batch_layout(config, mesh)
+  workload.check_devices(config, mesh)
   step_throughput = throughput.StepThroughput.for_run(
       config,
       [d.device_kind for d in mesh.devices.flat],

@@ -86,6 +86,15 @@ class Workload:
     """
     del config
 
+  def check_devices(self, config, mesh) -> None:
+    """The workload's checks that need the devices (the training `mesh`;
+    nothing allocated), before the run's directory is opened.
+
+    Raises:
+      ValueError/TypeError: one line naming the field and the value.
+    """
+    del config, mesh
+
   def engine_factory(self, config, mesh):
     """`(config, mesh) -> (engine, ModelSetup)`: the model with its loss."""
     return model_setup.build_engine(config, mesh)

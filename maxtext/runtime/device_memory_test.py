@@ -34,6 +34,11 @@ class DeviceMemoryTest(absltest.TestCase):
         device_memory.bytes_limit(_Device("gpu", RuntimeError("no stats")))
     )
 
+  def test_the_host_memory_is_what_proc_meminfo_says(self):
+    with open("/proc/meminfo", encoding="ascii") as f:
+      total = next(int(line.split()[1]) for line in f if "MemTotal" in line)
+    self.assertEqual(device_memory.host_bytes(), total << 10)
+
 
 if __name__ == "__main__":
   absltest.main()

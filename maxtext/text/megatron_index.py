@@ -20,7 +20,9 @@ is a path prefix P naming two files:
   P.bin  the tokens of every sequence, in the dtype the index names.
 
 `open_prefix` reads an index and memory-maps its `.bin`, checking every fact
-the reader relies on; any problem is one line naming the file. `write` is
+the reader relies on; any problem is one line naming the file.
+`first_outside_vocab` reads every token once to find the first that is no
+id of a vocabulary (`ids_outside` is that test, for any array). `write` is
 the small writer of the same format that the tests and
 `//tools/benchmarks:data_bench` build their files with.
 """
@@ -30,7 +32,7 @@ import errno
 import os
 import stat
 import struct
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -57,6 +59,9 @@ DTYPES: dict[int, np.dtype] = {
 CODES: dict[np.dtype, int] = {dtype: code for code, dtype in DTYPES.items()}
 # Index entries checked per pass when a prefix is opened.
 CHECK_CHUNK = 1 << 22
+# Tokens read per pass when a prefix's ids are checked against a
+# vocabulary (64 MiB of int32 tokens).
+SCAN_CHUNK = 1 << 24
 
 
 class FormatError(ValueError):
@@ -302,6 +307,41 @@ def open_prefix(prefix: str, chunk: int = CHECK_CHUNK) -> IndexedTokens:
       total_tokens=total,
       starts=starts,
   )
+
+
+def ids_outside(values: np.ndarray, vocab_size: int) -> np.ndarray:
+  """Where `values` (tokens of any of DTYPES) are no id of a vocabulary of
+  `vocab_size`: negative, at or above it, or (float tokens) not a whole
+  number. bool, the shape of `values`."""
+  bad = (values < 0) | (values >= vocab_size)
+  if values.dtype.kind == "f":
+    bad |= ~np.isfinite(values) | (values != np.floor(values))
+  return bad
+
+
+def first_outside_vocab(
+    tokens: IndexedTokens, vocab_size: int, chunk: int = SCAN_CHUNK
+) -> Optional[tuple[int, Union[int, float]]]:
+  """The first token of the stream that is no id below `vocab_size`
+  (`ids_outside`): (its position in the stream, its value), or None.
+
+  Reads every token of the stream once, `chunk` tokens at a time (an
+  integer chunk's minimum and maximum first: the mask is made only for a
+  chunk that holds such a token). Nothing is read when the dtype cannot
+  hold one (uint16 tokens and a vocabulary of 65,536 or more).
+  """
+  dtype = tokens.dtype
+  if dtype.kind == "u" and np.iinfo(dtype).max < vocab_size:
+    return None
+  for start in range(0, tokens.num_tokens, chunk):
+    values = tokens.stream(start, min(start + chunk, tokens.num_tokens))
+    if dtype.kind != "f" and 0 <= values.min() and values.max() < vocab_size:
+      continue
+    bad = ids_outside(values, vocab_size)
+    if bad.any():
+      at = int(np.argmax(bad))
+      return start + at, values[at].item()
+  return None
 
 
 def write(

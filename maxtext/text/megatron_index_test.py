@@ -84,6 +84,55 @@ class MegatronIndexTest(parameterized.TestCase):
     ):
       megatron_index.open_prefix(self.prefix, chunk=2)
 
+  def test_first_token_outside_the_vocabulary_in_any_chunk(self):
+    megatron_index.write(self.prefix, _DOCS, np.int32)
+    tokens = megatron_index.open_prefix(self.prefix)
+    for chunk in (1, 3, 100):
+      self.assertIsNone(megatron_index.first_outside_vocab(tokens, 15, chunk))
+      # Ids 12, 13 and 14 are at stream positions 7, 8 and 9.
+      self.assertEqual(
+          megatron_index.first_outside_vocab(tokens, 12, chunk), (7, 12)
+      )
+    megatron_index.write(self.prefix, [[[3, -2, 99]]], np.int8)
+    tokens = megatron_index.open_prefix(self.prefix)
+    self.assertEqual(megatron_index.first_outside_vocab(tokens, 50), (1, -2))
+
+  def test_a_stream_out_of_order_is_checked_in_index_order(self):
+    # The .bin holds sequence 1 (ids 20..22) first; the stream reads
+    # sequence 0 (ids 1, 2) first.
+    second, first = np.asarray([20, 21, 22], "<i4"), np.asarray([1, 2], "<i4")
+    with open(self.prefix + ".bin", "wb") as f:
+      f.write(second.tobytes() + np.asarray([77], "<i4").tobytes())
+      f.write(first.tobytes())
+    with open(self.prefix + ".idx", "wb") as f:
+      f.write(_header(4, 2, 3))
+      f.write(np.asarray([2, 3], "<i4").tobytes())
+      f.write(np.asarray([16, 0], "<i8").tobytes())
+      f.write(np.asarray([0, 1, 2], "<i8").tobytes())
+    tokens = megatron_index.open_prefix(self.prefix)
+    self.assertFalse(tokens.contiguous)
+    # 77 lies between the sequences, in no sequence: never read.
+    for chunk in (1, 2, 10):
+      self.assertIsNone(megatron_index.first_outside_vocab(tokens, 23, chunk))
+      self.assertEqual(
+          megatron_index.first_outside_vocab(tokens, 21, chunk), (3, 21)
+      )
+
+  def test_float_tokens_must_be_whole_ids(self):
+    megatron_index.write(self.prefix, [[[1.0, 2.0, 2.5, np.nan]]], np.float32)
+    tokens = megatron_index.open_prefix(self.prefix)
+    self.assertEqual(megatron_index.first_outside_vocab(tokens, 9), (2, 2.5))
+    bad = megatron_index.ids_outside(np.asarray([1.0, np.nan, np.inf]), 9)
+    self.assertEqual(bad.tolist(), [False, True, True])
+
+  def test_uint16_ids_against_vocabularies_either_side_of_their_range(self):
+    megatron_index.write(self.prefix, [[[65535, 0]]], np.uint16)
+    tokens = megatron_index.open_prefix(self.prefix)
+    self.assertIsNone(megatron_index.first_outside_vocab(tokens, 65536))
+    self.assertEqual(
+        megatron_index.first_outside_vocab(tokens, 65535), (0, 65535)
+    )
+
   def test_writer_refuses_a_dtype_without_a_code(self):
     with self.assertRaisesRegex(
         ValueError, "dtype uint32: the Megatron format"
