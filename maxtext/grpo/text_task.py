@@ -12,8 +12,10 @@ work, each error one line naming the field:
   Hugging Face tokenizer directory, or "byte_chatml", the built-in
   byte-level one, written to a temporary directory and read back like any
   other), whose vocabulary must fit the model's;
-* the limits (grpo_max_turns, grpo_max_completion_length tokens per
-  episode, grpo_max_turn_tokens per turn, grpo_episode_timeout_seconds);
+* the limits (grpo_max_turns; grpo_prompt_length +
+  grpo_max_completion_length tokens per episode in all, the first prompt
+  counted, of which at most grpo_max_completion_length after it;
+  grpo_max_turn_tokens per turn; grpo_episode_timeout_seconds);
 * the tool settings: a task whose tools run in the sandbox
   (`task.uses_sandbox`) needs bubblewrap, or the run refuses to start,
   unless `grpo_allow_unisolated_tools` says the tools are trusted.
@@ -80,6 +82,8 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
     limits = episodes.Limits(
         max_turns=config.grpo_max_turns,
         max_tokens=config.grpo_max_completion_length,
+        max_length=config.grpo_prompt_length
+        + config.grpo_max_completion_length,
         max_turn_tokens=turn,
         episode_seconds=config.grpo_episode_timeout_seconds,
     )
