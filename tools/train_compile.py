@@ -41,8 +41,9 @@ paged decoder's prefill and decode programs (`maxtext.generation.
 paged_decoder`, the programs GRPO's rollouts run) for --slots sequences of
 up to --length positions, contexts of up to --prompt_length ids (by
 default the config's rollout's: its prompts, or for a text task's episodes
-the whole conversation a turn continues), pages of --page_size positions (--num_pages of them; by default the engine's), with
-the parameters in the compute dtype split over the config's mesh as the
+the whole conversation a turn continues), pages of --page_size positions
+(--num_pages of them; by default the engine's), with the parameters in
+the compute dtype split over the config's mesh as the
 trainer splits them; on a mesh with a data axis of R devices, R replicas
 each hold 1 / R of the slots (rounded up to a multiple of R) and of the
 pages, as the engine runs them. It prints the same table, the bytes of one
@@ -408,9 +409,7 @@ def _rollout_shape(config):
   # pylint: enable=import-outside-toplevel
   slots = _SLOTS.value or config.grpo_decode_slots
   length = _LENGTH.value or config.max_sequence_length
-  prompt_length = _PROMPT_LENGTH.value or grpo_workload.longest_context(
-      config
-  )
+  prompt_length = _PROMPT_LENGTH.value or grpo_workload.longest_context(config)
   engine = paged_decoder.EngineOptions(
       page_size=_PAGE_SIZE.value or config.grpo_decode_page_size,
       num_pages=_NUM_PAGES.value,

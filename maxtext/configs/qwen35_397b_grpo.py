@@ -176,18 +176,11 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
   config.grpo_eval_target_metric = f"pass@{EVAL_SAMPLES_PER_TASK}"
   config.grpo_stop_ids = str(STOP_ID)
 
-  # The benchmark's episodes (see the docstring). Its files: every path and
-  # digest must be given (benchmark_task refuses a run without them).
+  # The benchmark's episodes (see the docstring). Its files are the user's:
+  # the grpo_task_* paths and digests stay base.py's "" here, and
+  # benchmark_task refuses a run that leaves any of them so (a prompt
+  # template is optional: "" is the task's built-in one).
   config.grpo_task = "maxtext.env.benchmark_task:make_task"
-  config.grpo_task_curriculum_path = ""
-  config.grpo_task_curriculum_sha256 = ""
-  config.grpo_task_validation_path = ""
-  config.grpo_task_validation_sha256 = ""
-  config.grpo_task_rootfs_dir = ""
-  # "": the task's built-in prompt template (benchmark_task); a pinned
-  # template goes here with its digest.
-  config.grpo_task_prompt_path = ""
-  config.grpo_task_prompt_sha256 = ""
   # "": the tokenizer and chat template imported beside the checkpoint.
   config.grpo_tokenizer_path = ""
   config.grpo_max_turns = MAX_TURNS

@@ -537,7 +537,7 @@ class BenchmarkTask(tasks.Task):
       raise ValueError(
           f"config.{', '.join(missing)}: empty; the benchmark task reads "
           "its curriculum, validation set and root filesystems from these "
-          "fields (docs/grpo.md, \"The benchmark's inputs\")"
+          'fields (docs/grpo.md, "The benchmark\'s inputs")'
       )
     if not os.path.isdir(inputs.rootfs_dir):
       raise ValueError(

@@ -166,6 +166,7 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     workload = grpo_workload.GrpoWorkload()
     workload.check(_config(**inputs))
     self.assertTrue(workload.reads_ahead)
+    # The workload's episode setup, as its rollouts receive it.
     setup = workload._episodes  # pylint: disable=protected-access
     self.assertEqual(setup.task.kind, "swe")
     self.assertEqual(setup.task.eval_records()[-1]["instance_id"],
