@@ -566,9 +566,10 @@ def get_config() -> ml_collections.ConfigDict:
   # grpo_prompt_length + grpo_max_completion_length its whole conversation.
   config.grpo_task = ""
   # The policy's tokenizer and chat template: a Hugging Face tokenizer
-  # directory (what tools/import_checkpoint copies), or "byte_chatml", the
-  # built-in byte-level ChatML tokenizer (maxtext/text/byte_chat.py, 259 ids)
-  # for models trained here. Used with grpo_task.
+  # directory (what tools/import_checkpoint copies), "" for the one imported
+  # beside load_parameters_path's checkpoint, or "byte_chatml", the built-in
+  # byte-level ChatML tokenizer (maxtext/text/byte_chat.py, 259 ids) for
+  # models trained here. Used with grpo_task.
   config.grpo_tokenizer_path = "byte_chatml"
   # Episode limits (maxtext/env/episodes.py): model turns per episode.
   config.grpo_max_turns = 1
