@@ -39,9 +39,11 @@ devices (with --hbm_gib), to try the tool without libtpu.
 --program=generate compiles a rollout's generation programs instead: the
 paged decoder's prefill and decode programs (`maxtext.generation.
 paged_decoder`, the programs GRPO's rollouts run) for --slots sequences of
-up to --length positions, contexts of up to --prompt_length ids, pages of
---page_size positions (--num_pages of them; by default the engine's), with
-the parameters in the compute dtype split over the config's mesh as the
+up to --length positions, contexts of up to --prompt_length ids (by
+default the config's rollout's: its prompts, or for a text task's episodes
+the whole conversation a turn continues), pages of --page_size positions
+(--num_pages of them; by default the engine's), with the parameters in
+the compute dtype split over the config's mesh as the
 trainer splits them; on a mesh with a data axis of R devices, R replicas
 each hold 1 / R of the slots (rounded up to a multiple of R) and of the
 pages, as the engine runs them. It prints the same table, the bytes of one
@@ -162,7 +164,8 @@ _PROMPT_LENGTH = flags.DEFINE_integer(
     "prompt_length",
     0,
     "--program=generate: ids of the longest context prefilled; 0 = the "
-    "config's grpo_prompt_length.",
+    "config's rollout's (grpo_prompt_length; with grpo_task, a turn's whole "
+    "conversation: grpo_prompt_length + grpo_max_completion_length - 1).",
 )
 _PAGE_SIZE = flags.DEFINE_integer(
     "page_size",
@@ -399,12 +402,14 @@ def _rollout_shape(config):
   """--program=generate's (slots, length, prompt length, engine options),
   checked (ValueError: one line naming the flag's value)."""
   # Imported once JAX has its platform (see _devices).
-  # pylint: disable-next=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
   from maxtext.generation import paged_decoder
+  from maxtext.grpo import grpo_workload
 
+  # pylint: enable=import-outside-toplevel
   slots = _SLOTS.value or config.grpo_decode_slots
   length = _LENGTH.value or config.max_sequence_length
-  prompt_length = _PROMPT_LENGTH.value or config.grpo_prompt_length
+  prompt_length = _PROMPT_LENGTH.value or grpo_workload.longest_context(config)
   engine = paged_decoder.EngineOptions(
       page_size=_PAGE_SIZE.value or config.grpo_decode_page_size,
       num_pages=_NUM_PAGES.value,

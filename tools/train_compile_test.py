@@ -12,6 +12,7 @@ import sys
 from absl.testing import absltest
 
 from testing import runfiles
+from testing import tiny_configs
 
 # `args` of the Bazel target: present when the build has the TPU packages.
 _TPU_ARG = "--tpu"
@@ -41,6 +42,29 @@ _GENERATE_LAST = re.compile(
     r"peak=(\d+\.\d\d) GiB hbm=(\d+\.\d\d) GiB fits=(yes|no) "
     r"compile_s=(\d+\.\d)$"
 )
+
+# MLPerf's qwen35_397b_grpo.py (its 16-row batch in K = 2 micro-batches) on
+# the tiny Qwen3.5 hybrid, with episodes of 128 tokens in all.
+_BENCHMARK_GRPO = [
+    "--config=maxtext/configs/qwen35_397b_grpo.py:16",
+    *(
+        f"--config.{key}={value}"
+        for key, value in {
+            **tiny_configs.TINY_MODEL,
+            **tiny_configs.TINY_QWEN35,
+        }.items()
+        if key not in ("max_sequence_length", "global_batch_size",
+                       "eval_batch_size")
+    ),  # fmt: skip
+    "--config.grpo_stop_ids=31",
+    "--config.loss_chunk_size=32",
+    "--config.max_sequence_length=128",
+    "--config.grpo_prompt_length=16",
+    "--config.grpo_max_completion_length=112",
+    "--config.data_parallelism=1",
+    "--config.fsdp_parallelism=-1",
+    f"--config.hardware={'tpu' if _TPU else 'cpu'}",
+]
 
 
 def _run(*args):
@@ -166,6 +190,31 @@ class TrainCompileTest(absltest.TestCase):
         "config.workload='grpo' "
         "(its eval generates, it is not the engine's eval program)",
     )
+
+  def test_the_benchmark_grpo_config_compiles_shrunk(self):
+    # The benchmark's GRPO step on rows of an episode's whole length, and
+    # its rollout's programs, whose prefill takes a turn's whole
+    # conversation: all of the episode's 128 tokens but the one the turn
+    # writes.
+    done = _run(*_BENCHMARK_GRPO, *_slice())
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn("; grpo, global batch 16 in K=2, seq 128,", done.stdout)
+    *_, peak, hbm, fits, _ = self._last_line(done)
+    self.assertEqual(fits, "yes")
+    self.assertLess(float(peak), float(hbm))
+    done = _run(
+        *_BENCHMARK_GRPO,
+        *_slice("--program=generate", "--slots=4"),
+        "--config.tensor_parallelism=2",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn(
+        "generate: 4 slots of up to 128 positions, contexts of up to 127 ids",
+        done.stdout,
+    )
+    match = _GENERATE_LAST.match(done.stdout.strip().splitlines()[-1])
+    self.assertIsNotNone(match, done.stdout)
+    self.assertEqual(match.groups()[-2], "yes")
 
   def test_saving_a_search_is_one_line(self):
     done = _run(

@@ -552,19 +552,24 @@ def get_config() -> ml_collections.ConfigDict:
   # this (higher is better); 0 = no target.
   config.grpo_target_pass_rate = 0.0
   # The built-in task (maxtext/grpo/progression_task.py): prompt tokens
-  # given of each progression. With grpo_task: the longest first prompt
-  # (rendered, in tokens).
+  # given of each progression. With grpo_task: grpo_prompt_length +
+  # grpo_max_completion_length is an episode's whole length, its first
+  # prompt counted, and a first prompt of at least grpo_prompt_length tokens
+  # can use all of it (the ids after a first prompt fill at most
+  # grpo_max_completion_length columns).
   config.grpo_prompt_length = 4
   # A task of text records played as episodes (maxtext/env/, docs/grpo.md),
   # "module:factory", e.g. "maxtext.env.math_task:make_task" or
   # "maxtext.env.repair_task:make_task"; "" = the progression task of ids.
   # grpo_max_completion_length then bounds an episode's tokens after its
-  # first prompt (the model's and the environment's).
+  # first prompt (the model's and the environment's), and
+  # grpo_prompt_length + grpo_max_completion_length its whole conversation.
   config.grpo_task = ""
   # The policy's tokenizer and chat template: a Hugging Face tokenizer
-  # directory (what tools/import_checkpoint copies), or "byte_chatml", the
-  # built-in byte-level ChatML tokenizer (maxtext/text/byte_chat.py, 259 ids)
-  # for models trained here. Used with grpo_task.
+  # directory (what tools/import_checkpoint copies), "" for the one imported
+  # beside load_parameters_path's checkpoint, or "byte_chatml", the built-in
+  # byte-level ChatML tokenizer (maxtext/text/byte_chat.py, 259 ids) for
+  # models trained here. Used with grpo_task.
   config.grpo_tokenizer_path = "byte_chatml"
   # Episode limits (maxtext/env/episodes.py): model turns per episode.
   config.grpo_max_turns = 1

@@ -3,7 +3,7 @@
 The hyperparameters are the closed rules of MLPerf Training 6.1.0 for
 qwen35_397b_grpo (closed_qwen35_397b_grpo.yaml and rcps_qwen35_397b_grpo.json
 of the installed mlperf_logging): 16 completions per prompt, sequences of
-65536 tokens (prompt and completion), AdamW 0.9 / 0.999 / 1e-8 without
+65536 tokens (an episode's whole conversation), AdamW 0.9 / 0.999 / 1e-8 without
 weight decay at a constant learning rate 1e-6 * sqrt(batch / 256) with no
 warm-up, clipping at 0.125 * sqrt(256 / batch), rollouts at temperature 1.0
 and top-p 1.0, evaluations of 251 held-out prompts at temperature 0.1 and
@@ -11,23 +11,39 @@ top-p 0.95, the first after batch * ceil(2.5 + 3840 / batch) samples and
 then after every step, until held-out grouped pass@4 (4 samples per task, a
 task passing if any does) exceeds 0.69. The global batch (prompts x 16) is
 the config file's argument (default 256, a reference batch size; the
-reference points are 256, 512 and 1024):
-
-  tools/bazel run //maxtext:grpo_main -- \
-    --config=maxtext/configs/qwen35_397b_grpo.py:256 \
-    --config.load_parameters_path=/ckpt/warm_start
+reference points are 256, 512 and 1024), as in the command below.
 
 The model is the benchmark's, Qwen3.5-397B-A17B (`qwen35_397b_a17b.py`:
 Gated DeltaNet layers beside gated attention, 512-expert MoE); import the
 published checkpoint with `//tools:import_checkpoint` and pass it as
-`load_parameters_path`. Rollouts run on the paged decoder, which carries
-each Gated DeltaNet layer's state per sequence. The task is still the
-built-in progression task (`maxtext/grpo/progression_task.py`; its 65536-term
-sequences fit the 248320-entry vocabulary), not the benchmark's software
-tasks, so this config proves the log's header against the closed rules
-(`header_proof`, the pre-flight of every run with a log); it is not a closed
-submission, which needs the reference's data set and tasks as well
-(docs/mlperf.md).
+`load_parameters_path`: its tokenizer files, copied beside it, are the
+policy's tokenizer and Qwen3.5's own chat template (`grpo_tokenizer_path`
+""). Rollouts run on the paged decoder, which carries each Gated DeltaNet
+layer's state per sequence.
+
+The episodes are the benchmark's (`maxtext/env/benchmark_task.py`):
+R2E-Gym-shaped software tasks, each played in its image's root filesystem
+under bubblewrap with the OpenHands-style tools (execute_bash,
+str_replace_editor, finish), tool calls read in the qwen3_xml form, the
+reward 1 when the task's tests pass. As the reference's recipe
+(grpo_qwen35_397b_swe_openhands_async.yaml): at most 30 model turns, each
+episode 1800 s of its own, and 65536 tokens per episode in all, its first
+prompt counted (a turn may take all that is left). The benchmark's files
+are fields: a run without them is refused in one line before any device
+work (docs/grpo.md, "The benchmark's inputs"):
+
+  tools/bazel run //maxtext:grpo_main -- \
+    --config=maxtext/configs/qwen35_397b_grpo.py:256 \
+    --config.load_parameters_path=/ckpt/warm_start \
+    --config.grpo_task_curriculum_path=/data/curriculum.jsonl \
+    --config.grpo_task_curriculum_sha256=<published digest> \
+    --config.grpo_task_validation_path=/data/validation.jsonl \
+    --config.grpo_task_validation_sha256=<published digest> \
+    --config.grpo_task_rootfs_dir=/data/rootfs
+
+This config proves the log's header against the closed rules
+(`header_proof`, the pre-flight of every run with a log); a closed
+submission needs the reference's files as well (docs/mlperf.md).
 
 The loss is the reference's (NeMo-RL's GRPO as mlcommons/training
 llm_post_training configures it; docs/grpo.md has the table of settings,
@@ -55,9 +71,18 @@ REFERENCE_CLIP_NORM = 0.125
 GENERATIONS = 16
 # Sequences per micro-batch (the reference points' batch / accumulation).
 MICRO_BATCH = 8
-# Prompt and completion together (the closed rules' max_sequence_length).
+# An episode's tokens in all, its first prompt counted (the closed rules'
+# max_sequence_length, the reference's max_total_sequence_length).
 SEQUENCE = 65536
-PROMPT_LENGTH = 2048
+# A first prompt of at least this many tokens can use the whole SEQUENCE:
+# the loss reads SEQUENCE - PROMPT_LENGTH columns after a first prompt
+# (`episode_rollout`). The benchmark's first prompts (system prompt, the
+# three tools' schemas in the template, the issue) are longer; a shorter
+# one ends its episode below SEQUENCE by the difference.
+PROMPT_LENGTH = 256
+# The reference recipe's agent_max_turns and swebench_agent_timeout.
+MAX_TURNS = 30
+EPISODE_SECONDS = 1800.0
 # Held-out grouped pass@4 must exceed this (the rules' target accuracy).
 RULES_TARGET = 0.69
 # Samples per held-out task of the reference's validation (pass@4).
@@ -113,7 +138,7 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
         f"positive multiple of {GENERATIONS} (prompts x completions)"
     )
   # The model (see the docstring); its data set fields are not read: a GRPO
-  # run's prompts come from the built-in task.
+  # run's prompts come from its task.
   config = qwen35_397b_a17b.get_config()
   config.workload = "grpo"
   config.dataset_type = "synthetic"
@@ -150,7 +175,22 @@ def get_config(batch: str = "") -> ml_collections.ConfigDict:
   config.grpo_eval_samples_per_prompt = EVAL_SAMPLES_PER_TASK
   config.grpo_eval_target_metric = f"pass@{EVAL_SAMPLES_PER_TASK}"
   config.grpo_stop_ids = str(STOP_ID)
-  config.grpo_reward_functions = "maxtext.grpo.progression_task:exact_match"
+
+  # The benchmark's episodes (see the docstring). Its files are the user's:
+  # the grpo_task_* paths and digests stay base.py's "" here, and
+  # benchmark_task refuses a run that leaves any of them so (a prompt
+  # template is optional: "" is the task's built-in one).
+  config.grpo_task = "maxtext.env.benchmark_task:make_task"
+  # "": the tokenizer and chat template imported beside the checkpoint.
+  config.grpo_tokenizer_path = ""
+  config.grpo_max_turns = MAX_TURNS
+  # 0: a turn may take all that is left of the episode.
+  config.grpo_max_turn_tokens = 0
+  config.grpo_episode_timeout_seconds = EPISODE_SECONDS
+  # Task images run under bubblewrap, never unisolated.
+  config.grpo_allow_unisolated_tools = False
+  # The task's tests are the whole reward (the verifier).
+  config.grpo_reward_functions = ""
 
   # The reference's loss (docs/grpo.md, "The MLPerf reference's loss").
   config.grpo_advantage_estimator = "rloo_normalized"

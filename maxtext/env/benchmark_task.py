@@ -522,11 +522,23 @@ class BenchmarkTask(tasks.Task):
   uses_sandbox = True
 
   def __init__(self, num_eval: int, inputs: tasks.TaskInputs):
-    for field in ("curriculum_path", "validation_path", "rootfs_dir"):
-      if not getattr(inputs, field):
-        raise ValueError(
-            f"config.grpo_task_{field} is empty: the benchmark task reads it"
+    missing = [
+        f"grpo_task_{field}"
+        for field in (
+            "curriculum_path",
+            "curriculum_sha256",
+            "validation_path",
+            "validation_sha256",
+            "rootfs_dir",
         )
+        if not getattr(inputs, field)
+    ]
+    if missing:
+      raise ValueError(
+          f"config.{', '.join(missing)}: empty; the benchmark task reads "
+          "its curriculum, validation set and root filesystems from these "
+          'fields (docs/grpo.md, "The benchmark\'s inputs")'
+      )
     if not os.path.isdir(inputs.rootfs_dir):
       raise ValueError(
           f"config.grpo_task_rootfs_dir={inputs.rootfs_dir!r}: not a "

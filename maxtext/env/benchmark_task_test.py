@@ -92,7 +92,7 @@ class BenchmarkTaskTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "grpo_task_validation_sha256"):
       self._task(validation_sha256="f" * 64)
     with self.assertRaisesRegex(ValueError, "64 lowercase hex digits"):
-      self._task(curriculum_sha256="")
+      self._task(curriculum_sha256="F" * 64)
 
   @parameterized.named_parameters(
       ("not_json", lambda r: "{oops", "not JSON"),
@@ -139,8 +139,18 @@ class BenchmarkTaskTest(parameterized.TestCase):
       self._task(validation_path=path, validation_sha256=digest)
 
   def test_inputs_are_required_and_other_tasks_take_none(self):
-    with self.assertRaisesRegex(ValueError, "grpo_task_curriculum_path is emp"):
+    # Every input the task reads, named in one line before any is read.
+    with self.assertRaisesRegex(
+        ValueError,
+        r"^config.grpo_task_curriculum_path, grpo_task_curriculum_sha256, "
+        r"grpo_task_validation_path, grpo_task_validation_sha256, "
+        r"grpo_task_rootfs_dir: empty; [^\n]*$",
+    ):
       tasks.load(SPEC, 2, 0)
+    with self.assertRaisesRegex(
+        ValueError, r"^config.grpo_task_validation_sha256: empty; "
+    ):
+      self._task(validation_sha256="")
     with self.assertRaisesRegex(ValueError, "reads no input files"):
       tasks.load("maxtext.env.math_task:make_task", 2, 0, self.inputs)
     with self.assertRaisesRegex(ValueError, "grpo_task_rootfs_dir='/nowhere'"):

@@ -24,12 +24,16 @@ the template's tokens carry no loss.
 Limits (`Limits`), as MLPerf qwen35_397b_grpo's reference (NeMo-RL's
 multi-turn rollout) sets them:
 
-* `max_tokens`: the ids after the prompt (model and environment), the
-  episode's length. An episode whose conversation reaches it ends
-  `truncated`: a model turn that fills what is left without its stop id,
-  or an environment answer that does not fit (the part that fits is not
-  kept: the model never saw it). Only these are truncated, which overlong
-  filtering drops.
+* the length: `max_length` tokens in all, the first prompt counted (the
+  reference's `max_total_sequence_length`, the model's length), and
+  `max_tokens` ids after the first prompt (model and environment: the
+  columns a rollout keeps for them); what is left of an episode is the
+  less of the two (`Limits.room`). An episode whose conversation reaches
+  it ends `truncated`: a model turn that fills what is left without its
+  stop id, or an environment answer that does not fit (the part that fits
+  is not kept: the model never saw it). Only these are truncated, which
+  overlong filtering drops. A first prompt that leaves no room for a turn
+  is refused (ValueError) before anything is generated.
 * `max_turns` model turns: an episode that uses its last turn ends there
   and is scored and trained like one the model ended (`turn_limit`).
 * `max_turn_tokens` per model turn: a turn cut there (below the length
@@ -47,10 +51,10 @@ multi-turn rollout) sets them:
 generation function: `contexts` are id lists, `options` the step's sampling
 options with `num_samples` 1, the turn's seed and `max_new_tokens` the
 largest of `budgets`, and `budgets[i]` the most ids context i may get: the
-turn's limit or, when less, what is left of its episode's `max_tokens`, so
-a context plus its budget never passes the prompt's length plus
-`max_tokens`; it returns one completion per context. Any engine that
-continues id lists plugs in there.
+turn's limit or, when less, what is left of its episode's length, so a
+context plus its budget never passes `max_length` (nor the first prompt
+plus `max_tokens`); it returns one completion per context. Any engine
+that continues id lists plugs in there.
 """
 
 import dataclasses
@@ -86,12 +90,25 @@ class Limits:
   max_tokens: int = 256
   max_turn_tokens: int = 256
   episode_seconds: float = 600.0
+  # The whole conversation's tokens, the first prompt included; None: only
+  # max_tokens bounds an episode.
+  max_length: Optional[int] = None
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
+      if value is None and field.name == "max_length":
+        continue
       if not value > 0:
         raise ValueError(f"episode limit {field.name}={value!r}: must be > 0")
+
+  def room(self, episode: "Episode") -> int:
+    """The ids `episode` may still add: what is left of `max_tokens` after
+    its first prompt and of `max_length` in all, whichever is less."""
+    left = self.max_tokens - len(episode.ids)
+    if self.max_length is not None:
+      left = min(left, self.max_length - episode.length)
+    return left
 
 
 @dataclasses.dataclass
@@ -106,7 +123,7 @@ class Episode:
     log_probs: per id of `ids`: the behaviour policy's (0 off the model's).
     model_text: each model turn, decoded.
     turns, tool_calls, tool_errors: counts.
-    truncated: its conversation reached the length limit (`max_tokens`).
+    truncated: its conversation reached the length limit (`Limits.room`).
     turn_limit: it used its last turn (scored and trained).
     timed_out: its wall time ended it (scored with the environment's
       `timed_out_reward`, trained).
@@ -127,6 +144,11 @@ class Episode:
   timed_out: bool = False
   env_reward: Optional[float] = None
   done: bool = False
+
+  @property
+  def length(self) -> int:
+    """The conversation's tokens: the first prompt and every id after it."""
+    return len(self.prompt_ids) + len(self.ids)
 
   @property
   def model_tokens(self) -> int:
@@ -245,6 +267,7 @@ def run(
       first = None
     first = share.from_lead(first)
     episodes = [Episode(kind, list(ids)) for kind, ids in first]
+    _check_prompts(episodes, limits)
     for turn in range(limits.max_turns):
       active = [i for i, e in enumerate(episodes) if e.active]
       if not active:
@@ -304,14 +327,23 @@ def _open(tasks, make_environment, chat, limits, clock, conversations, started):
     conversations.append(_Conversation(env, chat))
 
 
+def _check_prompts(episodes, limits):
+  """Refuses (one line) a first prompt that leaves an episode no room for
+  a turn."""
+  for e in episodes:
+    if limits.room(e) < 1:
+      raise ValueError(
+          f"a first prompt of {len(e.prompt_ids)} tokens leaves no room for "
+          f"a turn in an episode's length ({limits.max_length} tokens in "
+          "all, the first prompt counted)"
+      )
+
+
 def _turn_request(active, options, limits, turn):
   """(budgets, sampling options) of a turn of the `active` episodes. Ids
-  past an episode's max_tokens would be cut, and asking for them could
-  pass the model's length: each asks for what it has left."""
-  budgets = [
-      min(limits.max_turn_tokens, limits.max_tokens - len(e.ids))
-      for e in active
-  ]
+  past an episode's length would be cut, and asking for them could pass
+  the model's length: each asks for what it has left."""
+  budgets = [min(limits.max_turn_tokens, limits.room(e)) for e in active]
   turn_options = dataclasses.replace(
       options,
       num_samples=1,
@@ -328,7 +360,7 @@ def _answers(episodes, conversations, active, completions, options, limits):
   for i, completion in zip(active, completions):
     e = episodes[i]
     ids = list(completion.ids)
-    room = limits.max_tokens - len(e.ids)
+    room = limits.room(e)
     ids = ids[:room]
     if len(ids) == room and not (ids and ids[-1] in stop_ids):
       # The turn filled the episode's length without ending: the

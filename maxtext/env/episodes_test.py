@@ -5,6 +5,7 @@ know every turn); the template, the tokenizer, the tool-call parsing and
 the environments are the real ones.
 """
 
+import dataclasses
 import itertools
 
 from absl.testing import absltest
@@ -240,6 +241,57 @@ class EpisodesTest(absltest.TestCase):
     self.assertEqual((len(e.ids), e.truncated, e.done), (4, True, False))
     self.assertEqual(e.truncated, reference_truncated(e, limits, False))
 
+  def test_the_length_counts_the_first_prompt(self):
+    # MLPerf qwen35_397b_grpo's reference bounds the whole conversation,
+    # the first prompt counted: a shorter first prompt leaves its episode
+    # more of the length, and every episode that reaches it ends at exactly
+    # max_length tokens in all.
+    tasks = [{"prompt": "Say hi"}, {"prompt": "Say hi, at length, " * 4}]
+    scripts = {"Say hi": ["hello " * 40]}
+    prompts = [
+        len(self.chat.encode_prompt([{"role": "user", "content": t["prompt"]}]))
+        for t in tasks
+    ]
+    self.assertGreater(prompts[1] - prompts[0], 60)
+    limits = episodes.Limits(
+        max_turns=3, max_tokens=4000, max_turn_tokens=4000,
+        max_length=prompts[1] + 20,
+    )  # fmt: skip
+    (short, long), generate = self._run(
+        tasks, scripts, limits, script={"stop": False}
+    )
+    self.assertEqual(generate.calls[0][2], [prompts[1] + 20 - prompts[0], 20])
+    for e in (short, long):
+      self.assertEqual(e.length, limits.max_length)
+      self.assertEqual((e.turns, e.truncated), (1, True))
+    self.assertEqual(len(short.ids), prompts[1] + 20 - prompts[0])
+    # max_tokens still bounds the ids after the prompt.
+    (short, long), _ = self._run(
+        tasks,
+        scripts,
+        dataclasses.replace(limits, max_tokens=30),
+        script={"stop": False},
+    )
+    self.assertEqual((len(short.ids), len(long.ids)), (30, 20))
+    self.assertTrue(short.truncated and long.truncated)
+    # A first prompt that leaves no room for a turn: refused before any
+    # generation.
+    generate = Scripted(self.chat, scripts)
+    with self.assertRaisesRegex(
+        ValueError,
+        rf"^a first prompt of {prompts[1]} tokens leaves no room for a turn "
+        rf"in an episode's length \({prompts[1]} tokens in all",
+    ):
+      episodes.run(
+          tasks,
+          self._make,
+          self.chat,
+          generate,
+          self.options,
+          dataclasses.replace(limits, max_length=prompts[1]),
+      )
+    self.assertEqual(generate.calls, [])
+
   def test_a_turn_cut_below_the_length_goes_to_the_environment(self):
     # 4 ids of "hello there" (no stop id), well below the 4,000 of the
     # length: the environment answers the turn and the episode goes on.
@@ -292,6 +344,8 @@ class EpisodesTest(absltest.TestCase):
   def test_bad_limits(self):
     with self.assertRaisesRegex(ValueError, "max_turns=0"):
       episodes.Limits(max_turns=0)
+    with self.assertRaisesRegex(ValueError, "max_length=0: must be > 0"):
+      episodes.Limits(max_length=0)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@ plugs in by giving `rollout` its own. The episodes become the same
 `rollout.Rollout` the loss reads:
 
 * tokens: the first prompt, then every id of the episode (the model's and
-  the environment's), then padding; the loss's columns are the ids after
-  the prompt (`grpo_max_completion_length` of them);
+  the environment's), then padding: W = grpo_prompt_length +
+  grpo_max_completion_length columns, the episode's whole length; the
+  loss's columns are the ids after the prompt
+  (`grpo_max_completion_length` of them, so a first prompt of at least
+  grpo_prompt_length tokens can use the whole W);
 * mask: 1 on the model's own ids only, so tool results and template tokens
   carry no loss and no gradient;
 * rewards: the task's verifier (the environment's reward, if any, reported
@@ -317,14 +320,15 @@ def rollout(
       limits bound each turn).
     records: the step's P task records.
     setup: the task, tokenizer, limits and tool settings.
-    width: W, the token columns of every row: the longest first prompt
-      plus `setup.limits.max_tokens` must fit.
+    width: W, the token columns of every row: every episode's whole
+      conversation must fit (`setup.limits.max_length` <= W does it).
     paged: when `generate` is None, generate with the paged decoder of
       these slots and pages (`paged_generate`); None = `decoder_generate`.
     generate: the generation function; None = as `paged` says.
 
   Raises:
-    ValueError: a first prompt longer than the width allows (one line).
+    ValueError: a first prompt that leaves no room for a turn, or an
+      episode longer than the width (one line).
     rewards.RewardError: a reward function failed (one line).
   """
   g = options.num_samples
@@ -341,11 +345,11 @@ def rollout(
   played = play(setup, records, options, generate, timings)
   generated = time.perf_counter()
   for e in played:
-    if len(e.prompt_ids) + length > width:
+    if e.length > width:
       raise ValueError(
-          f"a first prompt of {len(e.prompt_ids)} tokens + "
-          f"{length} episode tokens (grpo_max_completion_length) does not "
-          f"fit the rollout width {width}; raise grpo_prompt_length"
+          f"an episode of {e.length} tokens (a first prompt of "
+          f"{len(e.prompt_ids)}) does not fit the rollout width {width}: "
+          "its limits' max_length must be at most the width"
       )
   rewards = _score(reward_functions, records, played, g)
   scored = time.perf_counter()

@@ -103,6 +103,53 @@ class EpisodeRolloutTest(absltest.TestCase):
     self.assertIn("rewards/kind/math", result.stats)
     self.assertIn("rewards/correct", result.stats)
 
+  def test_the_row_is_the_whole_conversation(self):
+    # Rows of W = the longest first prompt + 6 tokens, 12 loss columns: an
+    # episode's whole conversation, its first prompt counted, fills at most
+    # W (the longest prompt leaves 6 ids, a shorter one more, up to the 12
+    # columns), and each loss column holds its own id's log-probability.
+    task = math_task.make_task(num_eval=2)
+    records = task.train_records(0, 2)
+    prompts = [
+        len(self.chat.encode_prompt([{"role": "user", "content": r["prompt"]}]))
+        for r in records
+    ]
+    self.assertNotEqual(prompts[0], prompts[1])
+    width = max(prompts) + 6
+    setup = episode_rollout.EpisodeSetup(
+        task,
+        self.chat,
+        episodes.Limits(
+            max_turns=1, max_tokens=12, max_turn_tokens=12, max_length=width
+        ),
+        _SETTINGS,
+    )
+    options = sampling.SamplingOptions(
+        max_new_tokens=12, temperature=1.0, seed=5, num_samples=2
+    )
+    result = episode_rollout.rollout(
+        self.params,
+        self.config,
+        records,
+        options,
+        rewards.load("maxtext.env.math_task:correct"),
+        setup=setup,
+        width=width,
+    )
+    for row in range(4):
+      prompt = prompts[row // 2]
+      self.assertEqual(result.prompt_lengths[row], prompt)
+      # No stop id: every turn fills what is left of its episode.
+      self.assertEqual(result.completion_lengths[row], min(12, width - prompt))
+      self.assertEqual(result.mask[row].sum(), result.completion_lengths[row])
+    self.assertEqual(result.stats["episode/truncated"], 1.0)
+    forced, _ = scoring.completion_log_probs_and_entropy(
+        self.params, result.tokens, result.prompt_lengths, 12, self.config
+    )
+    np.testing.assert_allclose(
+        result.old_log_probs, np.asarray(forced) * result.mask, atol=2e-4
+    )
+
   def test_paged_decoder_plays_the_decoders_episodes(self):
     # The paged, continuous-batching decoder draws each row with the static
     # decoder's key, so the same step's episodes are the same tokens.

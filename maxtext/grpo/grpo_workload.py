@@ -233,6 +233,17 @@ def abstract_micro_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
   return out
 
 
+def longest_context(config) -> int:
+  """Ids of the longest context a rollout's generation prefills: the
+  built-in task's prompt (grpo_prompt_length); with grpo_task, a turn
+  continues the whole conversation so far (the paged decoder prefills it
+  anew each turn), which may hold all of an episode's grpo_prompt_length +
+  grpo_max_completion_length tokens but the one the turn writes."""
+  if not config.grpo_task:
+    return config.grpo_prompt_length
+  return config.grpo_prompt_length + config.grpo_max_completion_length - 1
+
+
 def rollout_options(config, step: int) -> sampling.SamplingOptions:
   """The rollout's sampling at step `step` (seeded by (seed, step))."""
   return sampling.SamplingOptions(

@@ -9,11 +9,14 @@ work, each error one line naming the field:
 * the task (`tasks.load(config.grpo_task)`, with the input files the
   `grpo_task_*` fields name, checked against their digests);
 * the policy's tokenizer and chat template (`grpo_tokenizer_path`: a
-  Hugging Face tokenizer directory, or "byte_chatml", the built-in
+  Hugging Face tokenizer directory; "" for the one imported beside
+  `load_parameters_path`'s checkpoint; or "byte_chatml", the built-in
   byte-level one, written to a temporary directory and read back like any
   other), whose vocabulary must fit the model's;
-* the limits (grpo_max_turns, grpo_max_completion_length tokens per
-  episode, grpo_max_turn_tokens per turn, grpo_episode_timeout_seconds);
+* the limits (grpo_max_turns; grpo_prompt_length +
+  grpo_max_completion_length tokens per episode in all, the first prompt
+  counted, of which at most grpo_max_completion_length after it;
+  grpo_max_turn_tokens per turn; grpo_episode_timeout_seconds);
 * the tool settings: a task whose tools run in the sandbox
   (`task.uses_sandbox`) needs bubblewrap, or the run refuses to start,
   unless `grpo_allow_unisolated_tools` says the tools are trusted.
@@ -25,6 +28,7 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
+from maxtext.data import chat_dataset
 from maxtext.data import dataset
 from maxtext.env import episodes
 from maxtext.env import sandbox
@@ -36,15 +40,54 @@ from maxtext.text import chat
 BYTE_CHATML = "byte_chatml"
 
 
-def load_tokenizer(path: str) -> chat.ChatTokenizer:
-  """The tokenizer `grpo_tokenizer_path` names (ValueError naming it)."""
+def load_tokenizer(
+    path: str, field: str = "grpo_tokenizer_path"
+) -> chat.ChatTokenizer:
+  """The tokenizer `path` names ("byte_chatml" or a directory; ValueError
+  naming `field`)."""
   if path == BYTE_CHATML:
     with tempfile.TemporaryDirectory() as directory:
       return chat.ChatTokenizer.load(byte_chat.write(directory))
   try:
     return chat.ChatTokenizer.load(path)
   except ValueError as e:
-    raise ValueError(f"config.grpo_tokenizer_path={path!r}: {e}") from None
+    raise ValueError(f"config.{field}={path!r}: {e}") from None
+
+
+def policy_tokenizer(config) -> chat.ChatTokenizer:
+  """The policy's tokenizer and chat template: `grpo_tokenizer_path`, or
+  ("") the tokenizer files `tools/import_checkpoint` copied beside
+  `load_parameters_path`'s checkpoint (a published model's own template),
+  checked against the model's vocabulary and for an end of turn.
+
+  Raises:
+    ValueError: one line naming the field.
+  """
+  path, field = config.grpo_tokenizer_path, "grpo_tokenizer_path"
+  if not path:
+    if not config.load_parameters_path:
+      raise ValueError(
+          "config.grpo_tokenizer_path='': a text task needs the policy's "
+          "tokenizer and chat template: set grpo_tokenizer_path, or "
+          "load_parameters_path to an imported checkpoint with its "
+          "tokenizer files beside it"
+      )
+    path = chat_dataset.tokenizer_directory("", config.load_parameters_path)
+    field = "load_parameters_path"
+  elif path != BYTE_CHATML:
+    path = chat_dataset.tokenizer_directory(path, "")
+  tokenizer = load_tokenizer(path, field)
+  if tokenizer.vocab_size > config.vocab_size:
+    raise ValueError(
+        f"config.vocab_size={config.vocab_size}: the tokenizer "
+        f"({path}) has {tokenizer.vocab_size} ids"
+    )
+  if tokenizer.end_of_turn_id is None:
+    raise ValueError(
+        f"config.{field}={path!r}: the tokenizer has no eos_token, so a "
+        "model turn cannot end"
+    )
+  return tokenizer
 
 
 def episode_setup(config) -> episode_rollout.EpisodeSetup:
@@ -53,23 +96,15 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
   Raises:
     ValueError: one line naming the field.
   """
+  # The tokenizer first: it reads a few small files, the task may hash and
+  # check large ones.
+  tokenizer = policy_tokenizer(config)
   task = tasks.load(
       config.grpo_task,
       config.grpo_eval_prompts,
       config.seed,
       tasks.TaskInputs.from_config(config),
   )
-  tokenizer = load_tokenizer(config.grpo_tokenizer_path)
-  if tokenizer.vocab_size > config.vocab_size:
-    raise ValueError(
-        f"config.vocab_size={config.vocab_size}: the tokenizer "
-        f"({config.grpo_tokenizer_path}) has {tokenizer.vocab_size} ids"
-    )
-  if tokenizer.end_of_turn_id is None:
-    raise ValueError(
-        f"config.grpo_tokenizer_path={config.grpo_tokenizer_path!r}: no "
-        "eos_token, so a model turn cannot end"
-    )
   turn = config.grpo_max_turn_tokens or config.grpo_max_completion_length
   if turn > config.grpo_max_completion_length:
     raise ValueError(
@@ -80,6 +115,8 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
     limits = episodes.Limits(
         max_turns=config.grpo_max_turns,
         max_tokens=config.grpo_max_completion_length,
+        max_length=config.grpo_prompt_length
+        + config.grpo_max_completion_length,
         max_turn_tokens=turn,
         episode_seconds=config.grpo_episode_timeout_seconds,
     )

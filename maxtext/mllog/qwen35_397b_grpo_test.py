@@ -9,7 +9,9 @@ The tiny GRPO config is refused in the closed division before any device
 work, naming a key.
 """
 
+import json
 import math
+import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -21,10 +23,15 @@ from maxtext.configs import qwen35_397b_grpo
 from maxtext.run import trainer
 from maxtext.grpo import grpo_workload
 from maxtext import workloads
+from maxtext.env import benchmark_task
+from maxtext.env import episodes
+from maxtext.env import tiny_benchmark_inputs
 from maxtext.mllog import header_proof
 from maxtext.mllog import hyperparameters
 from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
+from maxtext.text import byte_chat
+from maxtext.text import chat
 
 _RULESET = "6.1.0"
 _BENCHMARK = "qwen35_397b_grpo"
@@ -34,6 +41,29 @@ def _config(batch="", **overrides):
   values = qwen35_397b_grpo.get_config(batch).to_dict()
   values.update(overrides)
   return ml_collections.ConfigDict(values)
+
+
+def _benchmark_inputs(directory):
+  """The config's input fields on tiny files in the benchmark's formats,
+  with a validation set of the rules' size (the tiny tasks' held-out
+  records repeated under new ids), and `load_parameters_path` a
+  checkpoint directory with a tokenizer imported beside it."""
+  files = tiny_benchmark_inputs.write(os.path.join(directory, "inputs"))
+  with open(files["validation_path"], encoding="utf-8") as f:
+    held_out = [json.loads(line) for line in f if line.strip()]
+  with open(files["validation_path"], "w", encoding="utf-8") as f:
+    for i in range(qwen35_397b_grpo.EVAL_TASKS):
+      record = dict(held_out[i % len(held_out)], instance_id=f"held-out-{i}")
+      f.write(json.dumps(record) + "\n")
+  files["validation_sha256"] = benchmark_task.sha256_of(
+      files["validation_path"]
+  )
+  checkpoint = os.path.join(directory, "warm_start")
+  os.makedirs(os.path.join(checkpoint, "0"))
+  byte_chat.write(checkpoint)
+  fields = {f"grpo_task_{key}": value for key, value in files.items()}
+  fields["load_parameters_path"] = checkpoint
+  return fields
 
 
 def _header(config):
@@ -53,13 +83,35 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     self.assertIn(_BENCHMARK, rules.benchmarks(_RULESET))
     self.assertTrue(hyperparameters.is_grpo_benchmark(config))
     self.assertEqual(rules.reference_mismatches(config), [])
-    # Every check a GRPO run makes before device work (grpo_main's).
-    workloads.check(config)
+    # Every check a GRPO run makes before device work (grpo_main's), on
+    # the benchmark's inputs.
+    inputs = _benchmark_inputs(self.create_tempdir().full_path)
+    workloads.check(_config(**inputs))
     # A pretraining run cannot log a GRPO benchmark.
     with self.assertRaisesRegex(
         ValueError, "submission_benchmark='qwen35_397b_grpo': a GRPO benchmark"
     ):
       mlperf_preflight.check(config)
+
+  def test_a_run_without_its_inputs_is_refused_in_one_line(self):
+    inputs = _benchmark_inputs(self.create_tempdir().full_path)
+    # Without the checkpoint (and so its tokenizer and chat template).
+    with self.assertRaisesRegex(
+        trainer.ConfigError,
+        r"^config.grpo_tokenizer_path='': a text task needs the policy's "
+        r"tokenizer and chat template: [^\n]*$",
+    ):
+      workloads.check(qwen35_397b_grpo.get_config())
+    # With it, every task input is named at once.
+    with self.assertRaisesRegex(
+        trainer.ConfigError,
+        r"^config.grpo_task_curriculum_path, grpo_task_curriculum_sha256, "
+        r"grpo_task_validation_path, grpo_task_validation_sha256, "
+        r"grpo_task_rootfs_dir: empty; [^\n]*$",
+    ):
+      workloads.check(
+          _config(load_parameters_path=inputs["load_parameters_path"])
+      )
 
   def test_config_makes_the_reference_choices(self):
     # docs/grpo.md's table: each reference setting, the field, its value.
@@ -87,6 +139,15 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
         "grpo_temperature": 1.0,
         "grpo_top_p": 1.0,
         "weight_decay": 0.0,
+        # The benchmark's episodes (the recipe's agent_max_turns,
+        # swebench_agent_timeout and max_total_sequence_length).
+        "grpo_task": "maxtext.env.benchmark_task:make_task",
+        "grpo_max_turns": 30,
+        "grpo_max_turn_tokens": 0,
+        "grpo_episode_timeout_seconds": 1800.0,
+        "grpo_allow_unisolated_tools": False,
+        "grpo_tokenizer_path": "",
+        "grpo_reward_functions": "",
     }
     self.assertEqual({key: config[key] for key in want}, want)
     # The loss those fields build (the run's, through loss_options).
@@ -98,10 +159,34 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     self.assertEqual(options.logprob_error_threshold, 2.0)
     self.assertEqual(options.temperature, 1.0)
     self.assertEqual(grpo_workload.eval_options(config).num_samples, 4)
-    # The run is accepted with rollouts drawn one step ahead.
+    # The run is accepted with rollouts drawn one step ahead, and plays the
+    # benchmark's episodes: 65,536 tokens in all, the first prompt counted,
+    # a turn taking what is left, with the checkpoint's chat template.
+    inputs = _benchmark_inputs(self.create_tempdir().full_path)
     workload = grpo_workload.GrpoWorkload()
-    workload.check(config)
+    workload.check(_config(**inputs))
     self.assertTrue(workload.reads_ahead)
+    # The workload's episode setup, as its rollouts receive it.
+    setup = workload._episodes  # pylint: disable=protected-access
+    self.assertEqual(setup.task.kind, "swe")
+    self.assertEqual(setup.task.eval_records()[-1]["instance_id"],
+                     f"held-out-{qwen35_397b_grpo.EVAL_TASKS - 1}")  # fmt: skip
+    columns = qwen35_397b_grpo.SEQUENCE - qwen35_397b_grpo.PROMPT_LENGTH
+    self.assertEqual(
+        setup.limits,
+        episodes.Limits(
+            max_turns=30,
+            max_tokens=columns,
+            max_turn_tokens=columns,
+            episode_seconds=1800.0,
+            max_length=65536,
+        ),
+    )
+    self.assertEqual(
+        setup.chat.fingerprint,
+        chat.ChatTokenizer.load(inputs["load_parameters_path"]).fingerprint,
+    )
+    self.assertTrue(setup.tools.isolated)
     # A lower bound of 0 is a bound (the upper one turns TIS on).
     low = grpo_workload.loss_options(_config(grpo_tis_ratio_min=0.0))
     self.assertEqual((low.tis_ratio_min, low.tis_ratio_max), (0.0, 1.002))
