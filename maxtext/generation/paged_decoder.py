@@ -215,13 +215,12 @@ def pool_sharding(
 def kernel_fits(config, layout) -> Optional[str]:
   """Why the ragged paged attention kernel cannot serve this model and
   layout, or None when it can: grouped-query attention (MLA's latents are
-  not keys and values), heads of a multiple of 128 (the TPU's lanes), a
-  pool whose heads are not split over a tensor axis (the kernel sees one
-  device's pool), compiled for a TPU."""
+  not keys and values), a pool whose heads are not split over a tensor
+  axis (the kernel sees one device's pool), compiled for a TPU. Heads
+  narrower than a multiple of the TPU's 128 lanes are zero-padded in the
+  kernel's pool (`paged_model.kernel_head_dim`)."""
   if config.attention_type == "mla":
     return "multi-head latent attention keeps latents, not keys and values"
-  if config.head_dim % 128:
-    return f"head_dim={config.head_dim} is not a multiple of 128"
   if layout.heads_axis is not None:
     return "the pool's heads are split over the tensor axis"
   platform = layers.target_platform(layout.mesh)
@@ -1137,7 +1136,9 @@ class _Run:
 
   def result(self) -> "EngineGeneration":
     """The rows and the run's figures."""
-    page_bytes = paged_model.pool_bytes(self.config, 1, self.engine.page_size)
+    page_bytes = paged_model.pool_bytes(
+        self.config, 1, self.engine.page_size, self.attention
+    )
     state_bytes = kv_cache.state_bytes_per_row(self.config) * self.slots
     pages_used = sum(book.peak_in_use for book in self.books)
     return EngineGeneration(

@@ -3,8 +3,9 @@
 The pool has the dense cache's pytree (`kv_cache`) with pages in place of
 rows: each leaf is [L, N, P, ...] (L layers of the stack, N pages, P
 positions a page). A grouped-query pool read by the ragged paged attention
-kernel keeps keys and values in one leaf "kv" [L, N, P, 2K, D], key head h
-at 2h and its value at 2h + 1: the layout that kernel reads. Row b's page
+kernel keeps keys and values in one leaf "kv" [L, N, P, 2K, D'], key head h
+at 2h and its value at 2h + 1, D' the head dimension rounded up to the
+TPU's 128 lanes (zero columns): the layout that kernel reads. Row b's page
 table `tables[b]` lists its pages in position order, so its position p lies
 in page tables[b, p // P] at offset p % P. Rows that continue one prompt
 list the same pages for the prompt's positions, so the prompt's keys and
@@ -79,21 +80,44 @@ def ragged_kernel(
   )
 
 
+# The TPU's lanes: the kernel's head dimension is a multiple of them.
+_LANES = 128
+
+
+def kernel_head_dim(head_dim: int) -> int:
+  """The head dimension of a kernel's pool: `head_dim` rounded up to a
+  multiple of the TPU's 128 lanes (the kernel's layout); the padding
+  holds zeros, which add nothing to a query's dot product with a key and
+  give output columns that are dropped."""
+  return -(-head_dim // _LANES) * _LANES
+
+
 def _combined(entries: dict) -> dict:
   """A stack's entries with grouped-query "k" and "v" [..., K, D] as one
-  "kv" [..., 2K, D] leaf (MLA's entries unchanged)."""
+  "kv" [..., 2K, D'] leaf, D' = `kernel_head_dim(D)` (MLA's entries
+  unchanged)."""
   if "k" not in entries:
     return entries
   k = entries["k"]
-  shape = k.shape[:-2] + (2 * k.shape[-2], k.shape[-1])
+  shape = k.shape[:-2] + (2 * k.shape[-2], kernel_head_dim(k.shape[-1]))
   return {"kv": jnp.zeros(shape, k.dtype)}
 
 
-def _interleaved(k: jax.Array, v: jax.Array) -> jax.Array:
-  """[..., K, D] keys and values as [..., 2K, D]: key h at 2h, value at
-  2h + 1."""
+def _lanes(x: jax.Array, width: int) -> jax.Array:
+  """`x` with its last dimension zero-padded to `width`."""
+  pad = width - x.shape[-1]
+  if not pad:
+    return x
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+
+
+def _interleaved(k: jax.Array, v: jax.Array, width: int) -> jax.Array:
+  """[..., K, D] keys and values as [..., 2K, width]: key h at 2h, value
+  at 2h + 1, zero-padded to `width` columns."""
   both = jnp.stack([k, v], axis=-2)
-  return both.reshape(k.shape[:-2] + (2 * k.shape[-2], k.shape[-1]))
+  return _lanes(
+      both.reshape(k.shape[:-2] + (2 * k.shape[-2], k.shape[-1])), width
+  )
 
 
 def init_pool(
@@ -114,9 +138,19 @@ def page_size_of(pool: kv_cache.Cache) -> int:
   return jax.tree_util.tree_leaves(pool)[0].shape[2]
 
 
-def pool_bytes(config, num_pages: int, page_size: int) -> int:
-  """Bytes of a pool of `num_pages` pages of `page_size` positions."""
-  return kv_cache.bytes_per_token(config) * num_pages * page_size
+def pool_bytes(
+    config, num_pages: int, page_size: int, attention: Attention = "gather"
+) -> int:
+  """Bytes of a pool of `num_pages` pages of `page_size` positions, laid
+  out for `attention` (`init_pool`)."""
+  return sum(
+      x.size * x.dtype.itemsize
+      for x in jax.tree_util.tree_leaves(
+          jax.eval_shape(
+              lambda: init_pool(config, num_pages, page_size, attention)
+          )
+      )
+  )
 
 
 def paged_store(
@@ -145,8 +179,11 @@ def paged_store(
     # An out-of-range page id: the scatter drops these tokens' entries.
     page = jnp.where(valid, page, num_pages)
     offset = positions % page_size
+    head_dim = new["k"].shape[-1] if "k" in new else 0
     if "kv" in entries:
-      new = {"kv": _interleaved(new["k"], new["v"])}
+      new = {
+          "kv": _interleaved(new["k"], new["v"], entries["kv"].shape[-1])
+      }
     written, view = {}, {}
     for name, value in new.items():
       leaf = entries[name]
@@ -158,7 +195,7 @@ def paged_store(
           (rows, width * page_size) + leaf.shape[3:]
       )
     if "kv" in view:  # Read only by a test's gather over a kernel's pool.
-      kv = view.pop("kv")
+      kv = view.pop("kv")[..., :head_dim]
       view["k"], view["v"] = kv[..., 0::2, :], kv[..., 1::2, :]
     return written, view
 
@@ -203,8 +240,9 @@ def ragged_attend(
     pages = kv.reshape((depth * num_pages,) + kv.shape[2:])
     page_size = kv.shape[2]
     kv_lens = jnp.clip(positions[:, 0] + steps, steps, width * page_size)
+    queries = _lanes(q, kv.shape[-1])
     out = attention(
-        q.reshape((rows * steps,) + q.shape[2:]),
+        queries.reshape((rows * steps,) + queries.shape[2:]),
         pages,
         kv_lens.astype(jnp.int32),
         (jnp.clip(tables, 0, num_pages - 1) + index * num_pages).astype(
@@ -214,7 +252,7 @@ def ragged_attend(
         jnp.array([rows], jnp.int32),
         sm_scale=scale,
     )
-    return out.reshape(q.shape)
+    return out[..., : q.shape[-1]].reshape(q.shape)
 
   return attend
 

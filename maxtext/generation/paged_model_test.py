@@ -155,12 +155,22 @@ class RaggedAttendTest(parameterized.TestCase):
     )
     pool = paged_model.init_pool(config, 3, 4, ragged_reference)
     self.assertEqual(set(pool["layers"]), {"kv"})
+    # Heads padded to the TPU's 128 lanes (the tiny heads are narrower).
+    self.assertLess(config.head_dim, 128)
+    self.assertEqual(paged_model.kernel_head_dim(config.head_dim), 128)
+    self.assertEqual(paged_model.kernel_head_dim(128), 128)
+    self.assertEqual(paged_model.kernel_head_dim(192), 256)
     self.assertEqual(
         pool["layers"]["kv"].shape,
-        (config.num_layers, 3, 4, 2 * config.num_kv_heads, config.head_dim),
+        (config.num_layers, 3, 4, 2 * config.num_kv_heads, 128),
     )
     self.assertEqual(
-        kv_cache.total_bytes(pool), paged_model.pool_bytes(config, 3, 4)
+        kv_cache.total_bytes(pool),
+        paged_model.pool_bytes(config, 3, 4, ragged_reference),
+    )
+    self.assertEqual(
+        paged_model.pool_bytes(config, 3, 4),
+        kv_cache.bytes_per_token(config) * 3 * 4,
     )
 
 
