@@ -1,8 +1,10 @@
 """Compiles a rollout's generation programs for given devices, ahead of time.
 
-The programs are the paged decoder's own (`paged_decoder.lower`): the
-prefill of one context per data-parallel replica and the decode program of
-every slot over the widest page table, lowered on abstract arguments
+The programs are the paged decoder's own (`paged_decoder.lower`): a
+prefill call (a chunk of `EngineOptions.prefill_tokens` positions at most of
+its most contexts per data-parallel replica, running on from the chunk
+before where a context takes more than one) and the decode program of every
+slot over the widest page table, lowered on abstract arguments
 (nothing is allocated) and compiled by the devices' compiler. On libtpu's
 description of a TPU slice (`topology.abstract_devices`) the real TPU
 compiler runs on this host and its memory analysis says whether the

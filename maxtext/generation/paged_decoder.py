@@ -246,15 +246,34 @@ def attention_of(engine: EngineOptions, config, layout):
   return "gather"
 
 
-def _prefill_body(params, pool, tokens, lengths, tables, *, config, attention):
-  """One replica's prefill of its C contexts (tokens [C, T], lengths [C],
-  tables [C, T / P]): (pool, logits [C, V] of each context's last
-  position, their recurrent states [L, C, ...]). A row of length 0 writes
-  nothing (its logits and states are not read)."""
+def _prefill_body(
+    params, pool, states, logits, tokens, bounds, tables, *, config, attention
+):
+  """One replica's prefill of a chunk of its C contexts.
+
+  Args:
+    params, pool: the model's parameters and the page pool.
+    states, logits: the contexts' recurrent states [L, C, ...] and
+      last-position logits [C, V] after the chunks before; None for a
+      first chunk.
+    tokens: int32 [C, T]: each context's ids at positions start ..
+      start + T - 1, right-padded.
+    bounds: int32 [C, 2]: each row's (start, length): the chunk's first
+      position and the context's length; a row's positions at or past its
+      length write nothing (a row of length 0 is empty).
+    tables: int32 [C, W]: each context's pages.
+    config, attention: static.
+
+  Returns:
+    (pool, logits [C, V]: each context's last position's logits where this
+    chunk holds it, else as given, states [L, C, ...] after its valid
+    tokens).
+  """
   rows, width = tokens.shape
-  positions = jnp.broadcast_to(
-      jnp.arange(width, dtype=jnp.int32), (rows, width)
-  )
+  starts, lengths = bounds[:, 0], bounds[:, 1]
+  positions = starts[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+  if states is None:
+    states = kv_cache.init_states(config, rows)
   hidden, pool, states = paged_model.forward(
       params,
       tokens,
@@ -263,47 +282,76 @@ def _prefill_body(params, pool, tokens, lengths, tables, *, config, attention):
       pool,
       tables,
       config,
-      kv_cache.init_states(config, rows),
+      states,
       attention,
   )
-  last = hidden[jnp.arange(rows), jnp.maximum(lengths - 1, 0)]
-  return pool, cached_model.logits(params, last[:, None])[:, 0], states
+  last = jnp.clip(lengths - 1 - starts, 0, width - 1)
+  new = cached_model.logits(params, hidden[jnp.arange(rows), last][:, None])
+  if logits is None:
+    return pool, new[:, 0], states
+  here = (lengths > starts) & (lengths <= starts + width)
+  return pool, jnp.where(here[:, None], new[:, 0], logits), states
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("config", "layout", "attention"),
-    donate_argnums=(1,),
+    donate_argnums=(1, 2, 3),
 )
 def _prefill(
-    params, pool, tokens, lengths, tables, *, config, layout, attention
+    params,
+    pool,
+    states,
+    logits,
+    tokens,
+    bounds,
+    tables,
+    *,
+    config,
+    layout,
+    attention,
 ):
-  """Writes up to C contexts per replica into its pages.
+  """Writes a chunk of up to C contexts per replica into its pages.
+
+  A context longer than a chunk (`prefill_chunk`) is prefilled by calls
+  that run on from each other (positions start.., the states and logits
+  the call before returned), so a call's activations stay those of T
+  tokens a context however long the context.
 
   Args:
     params: the model's parameters.
     pool: the page pool.
-    tokens: int32 [R * C, T]: replica r's contexts in rows r * C ..
-      (r + 1) * C - 1, right-padded.
-    lengths: int32 [R * C]: the contexts' ids; 0 for a row with none (it
-      writes nothing).
-    tables: int32 [R * C, T / P]: each context's pages (its replica's
-      local ids).
+    states, logits: the call before's ({} / None and None for a first
+      chunk).
+    tokens: int32 [R * C, T]: replica r's contexts' ids in rows r * C ..
+      (r + 1) * C - 1 (positions start .. start + T - 1), right-padded.
+    bounds: int32 [R * C, 2]: each row's chunk start and context length
+      (0 for a row with no context: it writes nothing).
+    tables: int32 [R * C, W]: each context's pages (its replica's local
+      ids).
     config, layout: static (`replica_layout.Layout`).
     attention: static: `attention_of`'s.
 
   Returns:
-    (pool, logits float32 [R * C, V] of each context's last position,
-    their recurrent states [L, R * C, ...] ({} without recurrent layers)),
-    split over the replicas as the engine's other arrays are, so every
-    call takes and returns the same layouts.
+    (pool, logits float32 [R * C, V] of each context's last position (once
+    a chunk has held it), their recurrent states [L, R * C, ...] ({}
+    without recurrent layers)), split over the replicas as the engine's
+    other arrays are, so every call takes and returns the same layouts.
   """
   split = layout.split
   pool, logits, states = layout.per_replica(
       functools.partial(_prefill_body, config=config, attention=attention),
-      in_specs=(P(), split(1), split(0), split(0), split(0)),
+      in_specs=(
+          P(),
+          split(1),
+          split(1),
+          split(0),
+          split(0),
+          split(0),
+          split(0),
+      ),
       out_specs=(split(1), split(0), split(1)),
-  )(params, pool, tokens, lengths, tables)
+  )(params, pool, states, logits, tokens, bounds, tables)
   return (
       layout.constrain(pool, layout.pool_spec()),
       layout.constrain(logits, split(0)),
@@ -698,12 +746,19 @@ def prefill_length(config, longest: int, page_size: int) -> int:
   return _pages(bucket, page_size) * page_size
 
 
+def prefill_chunk(engine: EngineOptions, length: int) -> int:
+  """The positions of a context one prefill call writes, for contexts of
+  the length bucket `length`: all of them, or `engine.prefill_tokens` (a
+  longer context is prefilled by several calls)."""
+  return min(length, engine.prefill_tokens)
+
+
 def prefill_contexts(
     engine: EngineOptions, length: int, local_slots: int, num_samples: int
 ) -> int:
   """The most contexts one prefill call writes per replica: enough to fill
   a replica's slots with their `num_samples` continuations each, within
-  `engine.prefill_tokens` tokens of `length` (the prefill length); at
+  `engine.prefill_tokens` tokens of `length` (the prefill chunk); at
   least one."""
   return _bucket(
       -(-local_slots // num_samples), max(engine.prefill_tokens // length, 1)
@@ -784,10 +839,12 @@ class _Run:
     self.width = table_width(config, longest + options.max_new_tokens, size)
     self.num_pages = pool_pages(self.engine, self.slots, self.width, replicas)
     self.local_pages = self.num_pages // replicas
-    # One prefill length per call: the longest context's length bucket.
+    # One prefill length per call: the longest context's length bucket,
+    # prefilled in chunks of `self.chunk` positions.
     self.bucket = prefill_length(config, longest, size)
+    self.chunk = prefill_chunk(self.engine, self.bucket)
     self.most_contexts = prefill_contexts(
-        self.engine, self.bucket, self.local_slots, self.g
+        self.engine, self.chunk, self.local_slots, self.g
     )
     self.books = [page_pool.PagePool(self.local_pages) for _ in range(replicas)]
     # Pages promised to each replica's admitted sequences, not yet taken.
@@ -832,31 +889,42 @@ class _Run:
     takes_over = context.length % size and context.waiting == 1
     return lifetime - full - int(takes_over)
 
-  def prefill(self, assigned: dict, count: int) -> _Prefilled:
+  def prefill(self, assigned: dict, count: int, calls: int = 0) -> _Prefilled:
     """Prefills the contexts assigned[r] (a list of (context index,
-    pages)) into each replica r given, in one call of `count` contexts a
-    replica; returns its outputs."""
+    pages)) into each replica r given, in calls of `count` contexts a
+    replica and `self.chunk` positions, one per chunk of the longest (or
+    `calls`); returns their outputs."""
     rows = self.layout.replicas * count
-    tokens = np.full((rows, self.bucket), sampling.PAD_ID, np.int32)
-    lengths = np.zeros((rows,), np.int32)
-    table = np.zeros((rows, self.bucket // self.engine.page_size), np.int32)
+    size = self.engine.page_size
+    ids = np.full((rows, self.bucket), sampling.PAD_ID, np.int32)
+    bounds = np.zeros((rows, 2), np.int32)
+    table = np.zeros((rows, self.bucket // size), np.int32)
     for replica, taken in assigned.items():
       for c, (index, pages) in enumerate(taken):
         row = replica * count + c
-        tokens[row, : len(self.contexts[index])] = self.contexts[index]
-        lengths[row] = len(self.contexts[index])
+        ids[row, : len(self.contexts[index])] = self.contexts[index]
+        bounds[row, 1] = len(self.contexts[index])
         table[row, : len(pages)] = pages
     put, split = self.layout.put, self.layout.split
-    self.pool, logits, states = _prefill(
-        self.params,
-        self.pool,
-        put(tokens, split(0)),
-        put(lengths, split(0)),
-        put(table, split(0)),
-        config=self.config,
-        layout=self.layout,
-        attention=self.attention,
-    )
+    table = put(table, split(0))
+    states, logits = None, None
+    calls = calls or -(-int(bounds[:, 1].max()) // self.chunk)
+    for start in range(0, calls * self.chunk, self.chunk):
+      bounds[:, 0] = start
+      self.pool, logits, states = _prefill(
+          self.params,
+          self.pool,
+          states,
+          logits,
+          put(ids[:, start : start + self.chunk], split(0)),
+          put(bounds, split(0)),
+          table,
+          config=self.config,
+          layout=self.layout,
+          attention=self.attention,
+      )
+      if assigned:
+        self.figures["prefill_calls"] += 1
     prefilled = _Prefilled(logits, states)
     for replica, taken in assigned.items():
       for c, (index, pages) in enumerate(taken):
@@ -867,8 +935,6 @@ class _Run:
         self.ready[replica].extend(
             (index, sample, context) for sample in range(self.g)
         )
-    if assigned:
-      self.figures["prefill_calls"] += 1
     return prefilled
 
   def admit(self, slot, index, sample, context) -> _Admission:
@@ -1050,8 +1116,10 @@ class _Run:
     empty = np.zeros((self.layout.replicas * self.local_slots, 4), np.int32)
     empty[:, 0] = self.local_slots
     empty[:, 3] = self.local_pages
+    # A first chunk's program, and one running on from a chunk before.
+    calls = 1 if self.bucket <= self.chunk else 2
     for count in _buckets(self.most_contexts):
-      prefilled = self.prefill({}, count)
+      prefilled = self.prefill({}, count, calls)
       for copies in (False, True):
         self.call_admit(prefilled, empty, copies)
     _WARM.add(key)
@@ -1240,9 +1308,10 @@ class LoweredEngine:
   """The engine's programs lowered for abstract arguments (`lower`).
 
   Attributes:
-    programs: "prefill" (its most contexts per data replica,
-      `prefill_contexts` for one sample a context, of `prefill_length`
-      tokens each) and "decode" (`chunk` steps of every slot over the
+    programs: "prefill" (a chunk of `prefill_chunk` positions of its most
+      contexts per data replica, `prefill_contexts` for one sample a
+      context, running on from a chunk before where `prefill_length` takes
+      more than one) and "decode" (`chunk` steps of every slot over the
       widest table), as `jax.stages.Lowered`.
     pool: the page pool's shapes and shardings.
     states: the slots' recurrent states' ({} without recurrent layers).
@@ -1337,8 +1406,9 @@ def lower(
   width = table_width(config, length, size)
   num_pages = pool_pages(engine, num_slots, width, replicas)
   bucket = prefill_length(config, prompt_length, size)
+  chunk = prefill_chunk(engine, bucket)
   # The largest prefill program: a context per sample (num_samples 1).
-  contexts = prefill_contexts(engine, bucket, num_slots // replicas, 1)
+  rows = replicas * prefill_contexts(engine, chunk, num_slots // replicas, 1)
   split = layout.split
 
   def placed(tree, spec):
@@ -1378,12 +1448,26 @@ def lower(
       else contextlib.nullcontext()
   )
   with target:
+    # A chunk running on from chunks before where the contexts take more
+    # than one (it holds their states and logits too), else a first one.
+    first = chunk == bucket
     prefill = _prefill.lower(
         params,
         pool,
-        shape(i32, replicas * contexts, bucket, spec=split(0)),
-        shape(i32, replicas * contexts, spec=split(0)),
-        shape(i32, replicas * contexts, bucket // size, spec=split(0)),
+        None
+        if first
+        else placed(
+            jax.eval_shape(
+                functools.partial(kv_cache.init_states, config, rows)
+            ),
+            split(1),
+        ),
+        None
+        if first
+        else shape(jnp.float32, rows, config.vocab_size, spec=split(0)),
+        shape(i32, rows, chunk, spec=split(0)),
+        shape(i32, rows, 2, spec=split(0)),
+        shape(i32, rows, bucket // size, spec=split(0)),
         config=config,
         layout=layout,
         attention=attention,

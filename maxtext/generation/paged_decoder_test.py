@@ -39,7 +39,12 @@ _KINDS = (
     ("hybrid", (tiny_configs.TINY_QWEN35,), {}),
 )
 
-_SMALL = paged_decoder.EngineOptions(num_slots=3, page_size=4, chunk=5)
+# Contexts longer than 6 ids are prefilled in chunks of 6 positions, which
+# end inside pages of 4: each call runs on from the one before (its pages,
+# its recurrent states).
+_SMALL = paged_decoder.EngineOptions(
+    num_slots=3, page_size=4, chunk=5, prefill_tokens=6
+)
 
 
 def _model(presets=(), seed=0, **overrides):
@@ -94,6 +99,8 @@ class EngineTest(parameterized.TestCase):
         params, config, prompts, options, engine=_SMALL
     )
     self._assert_same(got, decoder.generate(params, config, prompts, options))
+    # One context a call (6 positions), 5, 16, 9 and 2 ids in chunks of 6.
+    self.assertEqual(got.prefill_calls, 1 + 3 + 2 + 1)
 
   @parameterized.named_parameters(
       ("temperature", dict(temperature=1.0)),
