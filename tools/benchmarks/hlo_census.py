@@ -45,6 +45,7 @@ from absl import app
 from absl import flags
 
 from maxtext.core import caller_paths
+from tools import command_line
 
 _HLO = flags.DEFINE_string(
     "hlo", None, "A compiled program's HLO text (train_compile --hlo_dir)."
@@ -465,22 +466,27 @@ def report(found: Census, top: int) -> list[str]:
   return lines
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _HLO.value:
-    raise app.UsageError("--hlo: give the HLO text file to read")
+def _read(path: str) -> str:
+  """The text of --hlo (relative to where the user ran the tool).
+
+  Raises:
+    ValueError: naming the path, when it cannot be read.
+  """
   try:
-    with open(
-        caller_paths.resolve_local_path(_HLO.value), encoding="utf-8"
-    ) as f:
-      text = f.read()
+    with open(caller_paths.resolve_local_path(path), encoding="utf-8") as f:
+      return f.read()
   except OSError as e:
-    raise app.UsageError(f"--hlo={_HLO.value}: {e.strerror}") from None
-  try:
-    found = census(text)
-  except ValueError as e:
-    raise app.UsageError(f"--hlo={_HLO.value}: {e}") from None
+    raise ValueError(f"--hlo={path}: {e.strerror}") from None
+
+
+def main(argv: list[str]) -> None:
+  command_line.check(argv, _HLO)
+  with command_line.user_errors("hlo_census"):
+    text = _read(_HLO.value)
+    try:
+      found = census(text)
+    except ValueError as e:
+      raise ValueError(f"--hlo={_HLO.value}: {e}") from None
   for line in report(found, _TOP.value):
     print(line)
 

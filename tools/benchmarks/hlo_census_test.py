@@ -1,9 +1,10 @@
 """Tests for hlo_census on programs this process compiles (the CPU's HLO)."""
 
+import contextlib
+import io
 import os
 import tempfile
 
-from absl import app
 from absl.testing import absltest
 from absl.testing import flagsaver
 import jax
@@ -98,9 +99,29 @@ class CensusTest(absltest.TestCase):
 
   def test_unreadable_file_is_one_line_naming_it(self):
     path = os.path.join(tempfile.mkdtemp(), "missing.hlo.txt")
-    with flagsaver.flagsaver(hlo=path):
-      with self.assertRaisesRegex(app.UsageError, f"--hlo={path}: "):
+    stderr = io.StringIO()
+    with flagsaver.flagsaver(hlo=path), contextlib.redirect_stderr(stderr):
+      with self.assertRaises(SystemExit) as exited:
         hlo_census.main(["hlo_census"])
+    self.assertEqual(exited.exception.code, 2)
+    self.assertEqual(
+        stderr.getvalue(),
+        f"hlo_census: error: --hlo={path}: No such file or directory\n",
+    )
+
+  def test_text_that_is_not_hlo_is_one_line_naming_the_file(self):
+    path = os.path.join(tempfile.mkdtemp(), "notes.txt")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("not a program\n")
+    stderr = io.StringIO()
+    with flagsaver.flagsaver(hlo=path), contextlib.redirect_stderr(stderr):
+      with self.assertRaises(SystemExit):
+        hlo_census.main(["hlo_census"])
+    self.assertEqual(
+        stderr.getvalue(),
+        f"hlo_census: error: --hlo={path}: the HLO text has no ENTRY "
+        "computation\n",
+    )
 
 
 if __name__ == "__main__":
