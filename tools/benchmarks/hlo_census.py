@@ -18,7 +18,7 @@ optimizations) and says, for each fusion the program launches, what is
 inside it: its root, the matrix products it holds and their floating-point
 operations, the bytes a root dynamic-update-slice writes, and how many times
 it runs per call of the program (the trip counts of the while loops around
-it).
+it); and how many times each custom call (a kernel) runs.
 
 Counting rules:
   * A `dot` does 2 x (output elements) x (the product of its left operand's
@@ -68,6 +68,7 @@ _DIM_LABELS = re.compile(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)")
 _WINDOW = re.compile(r"window=\{([^}]*)\}")
 _WINDOW_FIELD = re.compile(r"(size|stride|pad)=([0-9_x]+)")
 _CONSTANT = re.compile(r"constant\((-?[0-9]+)\)")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
 
 _BYTES = {
     "pred": 1,
@@ -332,6 +333,19 @@ class Census:
   # (while instruction, trip count) for each loop reached.
   loops: tuple[tuple[str, int], ...]
   unknown_loops: tuple[str, ...]
+  # (custom call, runs per call of the program): the kernels (a Pallas
+  # kernel on the TPU is a custom call named after it), or the target of a
+  # custom call the compiler named "custom-call.N".
+  custom_calls: tuple[tuple[str, int], ...] = ()
+
+  def custom_call_runs(self) -> dict[str, int]:
+    """Runs per call of the program by custom call, its name without the
+    numeric suffix ("splash_mha_fwd_residuals")."""
+    runs: dict[str, int] = {}
+    for name, n in self.custom_calls:
+      kernel = re.sub(r"\.\d+$", "", name)
+      runs[kernel] = runs.get(kernel, 0) + n
+    return runs
 
   def total_flops(self) -> int:
     """The products' floating-point operations per call of the program."""
@@ -372,7 +386,7 @@ def _inside(
 def census(text: str) -> Census:
   """The census of a compiled program's HLO text (`Compiled.as_text()`)."""
   computations, entry = parse(text)
-  fusions, loops, unknown = [], [], []
+  fusions, loops, unknown, custom_calls = [], [], [], []
 
   def walk(name: str, runs: int) -> None:
     instructions = computations.get(name, [])
@@ -410,12 +424,25 @@ def census(text: str) -> Census:
           unknown.append(instruction.name)
         loops.append((instruction.name, trips or 1))
         walk(body, runs * (trips or 1))
+      elif instruction.opcode == "custom-call":
+        custom_calls.append((_custom_call_name(instruction), runs))
       elif instruction.opcode in ("call", "conditional"):
         for called in instruction.calls:
           walk(called, runs)
 
   walk(entry, 1)
-  return Census(tuple(fusions), tuple(loops), tuple(unknown))
+  return Census(
+      tuple(fusions), tuple(loops), tuple(unknown), tuple(custom_calls)
+  )
+
+
+def _custom_call_name(instruction: Instruction) -> str:
+  """A custom call's instruction name (a kernel's, on the TPU), or its
+  target when the name is only "custom-call.N" (the compiler's own)."""
+  target = _TARGET.search(instruction.line)
+  if instruction.name.startswith("custom-call") and target:
+    return target.group(1)
+  return instruction.name
 
 
 def _loop_parts(instruction: Instruction) -> tuple[str, str]:
@@ -425,9 +452,9 @@ def _loop_parts(instruction: Instruction) -> tuple[str, str]:
 
 
 def report(found: Census, top: int) -> list[str]:
-  """The census as lines: the loops, the `top` fusions by operations per
-  call of the program, every fusion whose root is a dynamic-update-slice,
-  and a last line of counts."""
+  """The census as lines: the loops, the custom calls (kernels) by runs,
+  the `top` fusions by operations per call of the program, every fusion
+  whose root is a dynamic-update-slice, and a last line of counts."""
   lines = [
       "loops: "
       + (", ".join(f"{name} x{trips}" for name, trips in found.loops) or "-")
@@ -450,6 +477,11 @@ def report(found: Census, top: int) -> list[str]:
     )
 
   ranked = sorted(found.fusions, key=lambda f: -f.flops * f.runs)
+  kernels = found.custom_call_runs()
+  lines.append(
+      "custom calls: "
+      + (", ".join(f"{name} x{n}" for name, n in kernels.items()) or "-")
+  )
   lines += [f"the {top} fusions with the most operations per call:", header]
   lines += [row(f) for f in ranked[:top]]
   updating = found.rooted("dynamic-update-slice")
@@ -461,7 +493,8 @@ def report(found: Census, top: int) -> list[str]:
       f"hlo_census: fusions={len(found.fusions)} "
       f"product_tflop={found.total_flops() / 1e12:.3f} "
       f"dus_fusions={len(updating)} dus_with_product={len(with_product)} "
-      f"dus_update_mib={updated / 2**20:.1f}"
+      f"dus_update_mib={updated / 2**20:.1f} "
+      f"custom_call_runs={sum(kernels.values())}"
   )
   return lines
 

@@ -79,6 +79,20 @@ class CensusTest(absltest.TestCase):
         2 * batch * features * channels * 2 * kernel,
     )
 
+  def test_custom_calls_count_once_per_trip(self):
+    trips = 3
+
+    def repeated(a):
+      def step(c, _):
+        # A LAPACK custom call on the CPU, as a kernel is one on a TPU.
+        return jnp.linalg.cholesky(c @ c.T + jnp.eye(4)), None
+
+      return lax.scan(step, a, None, length=trips)[0]
+
+    found = hlo_census.census(_compiled_text(repeated, jnp.eye(4)))
+    self.assertEqual(sum(found.custom_call_runs().values()), trips)
+    self.assertLen(found.custom_call_runs(), 1)
+
   def test_report_ends_with_the_counts(self):
     stack = jnp.zeros((2, 8, 8))
     x = jnp.zeros((4, 8), jnp.bfloat16)
@@ -90,7 +104,8 @@ class CensusTest(absltest.TestCase):
     self.assertRegex(
         lines[-1],
         r"^hlo_census: fusions=\d+ product_tflop=0\.000 dus_fusions=[1-9]\d* "
-        r"dus_with_product=\d+ dus_update_mib=\d+\.\d$",
+        r"dus_with_product=\d+ dus_update_mib=\d+\.\d "
+        r"custom_call_runs=\d+$",
     )
 
   def test_text_without_entry_is_refused(self):
