@@ -61,6 +61,11 @@ weight copy onto that mesh, and one line:
       --program=generate --slots=64 --length=8192 --prompt_length=1024 \
       --config.fsdp_parallelism=1 --config.tensor_parallelism=4
 
+--hlo_dir=DIR writes each compiled program's optimized HLO text to
+DIR/<program>.hlo.txt (`tools/benchmarks/hlo_census.py` says what its
+fusions compute and how often they run); not with --search or
+--program=generate.
+
 --compiled_step_file=PATH saves every program a run's engine runs, with the
 config fields, devices and versions they were compiled for, once the step
 fits; `train_main --config.compiled_step_file=PATH` then compiles none of
@@ -133,6 +138,13 @@ _COMPILED_STEP_FILE = flags.DEFINE_string(
     "config fields, devices and versions they were compiled for; "
     "train_main --config.compiled_step_file=PATH then runs them and "
     "compiles none. A pickle: load only files you made.",
+)
+
+_HLO_DIR = flags.DEFINE_string(
+    "hlo_dir",
+    None,
+    "Write each compiled program's optimized HLO text into this directory "
+    "as <program>.hlo.txt (tools/benchmarks/hlo_census.py summarises it).",
 )
 
 _PROGRESS_S = flags.DEFINE_float(
@@ -246,6 +258,13 @@ def main(argv):
           "--compiled_step_file: give it without --search, with the "
           "setting the search chose"
       )
+    if _HLO_DIR.value is not None and (
+        _SEARCH.value or _COMPILE.value == "generate"
+    ):
+      raise ValueError(
+          f"--hlo_dir={_HLO_DIR.value}: for the training step of one "
+          "setting (not with --search or --program=generate)"
+      )
     if _COMPILE.value == "generate":
       if _SEARCH.value or _COMPILED_STEP_FILE.value is not None:
         raise ValueError(
@@ -297,6 +316,14 @@ def main(argv):
     _generate(config, mesh, tpu_slice, devices, hbm, *rollout)
     return
   _train(config, mesh, tpu_slice, devices, hbm, inputs)
+
+
+def _hlo_dir():
+  """--hlo_dir as an absolute path (relative to where the user ran it), or
+  None."""
+  if _HLO_DIR.value is None:
+    return None
+  return caller_paths.resolve_local_path(_HLO_DIR.value)
 
 
 def _progress() -> progress.Reporter:
@@ -371,6 +398,7 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
         every_program=_COMPILED_STEP_FILE.value is not None,
         inputs=inputs,
         progress=_progress(),
+        hlo_dir=_hlo_dir(),
     )
     compile_s = step.compile_s
   for line in train_compile_lib.table(step):

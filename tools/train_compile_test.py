@@ -5,14 +5,17 @@ the binary compiles for a 4-chip v5p slice with the real TPU compiler;
 without it, for 4 fake CPU devices judged against --hbm_gib.
 """
 
+import os
 import re
 import subprocess
 import sys
+import tempfile
 
 from absl.testing import absltest
 
 from testing import runfiles
 from testing import tiny_configs
+from tools.benchmarks import hlo_census
 
 # `args` of the Bazel target: present when the build has the TPU packages.
 _TPU_ARG = "--tpu"
@@ -273,6 +276,48 @@ class TrainCompileTest(absltest.TestCase):
         if _TPU
         else ("cpu:1", "1", "1", "1.00", "yes"),
     )
+
+  def test_hlo_dir_holds_each_program(self):
+    hlo_dir = tempfile.mkdtemp()
+    topology = ["--topology=v5litepod-1"] if _TPU else ["--topology=cpu:1"]
+    done = _run(
+        *_SMALL,
+        *topology,
+        *([] if _TPU else ["--hbm_gib=1"]),
+        f"--hlo_dir={hlo_dir}",
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertEqual(
+        sorted(os.listdir(hlo_dir)), ["micro_step.hlo.txt", "update.hlo.txt"]
+    )
+    with open(
+        os.path.join(hlo_dir, "micro_step.hlo.txt"), encoding="utf-8"
+    ) as f:
+      found = hlo_census.census(f.read())
+    # The 2 layers' scan, forward and backward.
+    self.assertEqual([trips for _, trips in found.loops], [2, 2])
+    self.assertGreater(found.total_flops(), 0)
+    if _TPU:
+      # The TPU compiler fuses each MLP weight's gradient product into the
+      # write of its layer into the stacked float32 gradient [2, 128, 512]
+      # (w_gate, w_up) and [2, 512, 128] (w_down): one layer a trip.
+      writes = sorted(
+          f.shape
+          for f in found.rooted("dynamic-update-slice")
+          if f.flops
+          and f.updated_bytes == 128 * 512 * 4
+          and f.runs == 2
+          and f.shape in ("f32[2,128,512]", "f32[2,512,128]")
+      )
+      self.assertEqual(
+          writes, ["f32[2,128,512]", "f32[2,128,512]", "f32[2,512,128]"]
+      )
+
+  def test_hlo_dir_with_search_is_one_line(self):
+    done = _run(*_SMALL, *_slice("--search", "--hlo_dir=/tmp/unused"))
+    self.assertEqual(done.returncode, 2, done.stderr)
+    self.assertIn("--hlo_dir=/tmp/unused: for the training step", done.stderr)
+    self.assertNotIn("Traceback", done.stderr)
 
   def test_generation_programs_fit(self):
     # The hybrid of decode_bench.py (two groups of two Gated DeltaNet layers

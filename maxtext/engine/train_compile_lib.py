@@ -22,6 +22,7 @@ Per program, per device:
 """
 
 import dataclasses
+import os
 import re
 import time
 from typing import Any, Callable, Mapping, Optional, Union
@@ -238,6 +239,7 @@ def compile_step(
     every_program: bool = False,
     inputs: StepInputs = PRETRAINING,
     progress: progress_lib.Reporter = progress_lib.SILENT,
+    hlo_dir: Optional[str] = None,
 ) -> StepCompile:
   """Compiles the programs one training step of `config` runs on `mesh`.
 
@@ -255,6 +257,9 @@ def compile_step(
       `saved_step.save`.
     inputs: the workload's engine and batch shapes (`StepInputs`).
     progress: as `compile_program`'s, for each program.
+    hlo_dir: a directory (made if missing) to write each compiled
+      program's optimized HLO text into, as `<program>.hlo.txt`
+      (`tools/benchmarks/hlo_census.py` reads it).
 
   Returns:
     The compiled programs' memory; a program the compiler refuses for memory
@@ -295,10 +300,22 @@ def compile_step(
     )
     if isinstance(memory, OutOfMemory):
       return StepCompile(tuple(done), memory)
+    if hlo_dir is not None:
+      write_hlo(compiled, name, hlo_dir)
     if every_program:
       kept[name] = compiled
     done.append(memory)
   return StepCompile(tuple(done), None, kept)
+
+
+def write_hlo(compiled: Any, name: str, directory: str) -> str:
+  """Writes a compiled program's optimized HLO text to
+  `directory/<name>.hlo.txt` (the directory made if missing); its path."""
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, f"{name}.hlo.txt")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(compiled.as_text())
+  return path
 
 
 def gib(n: Optional[int]) -> str:

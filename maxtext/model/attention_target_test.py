@@ -9,6 +9,7 @@ though the host is a CPU.
 """
 
 import os
+import re
 import sys
 
 from absl.testing import absltest
@@ -69,6 +70,51 @@ class CpuMeshTest(absltest.TestCase):
     np.testing.assert_allclose(loss, ref, rtol=1e-5)
 
 
+def _grad_program(config, mesh):
+  """The jitted gradient of the tiny model's loss on `mesh`, and its
+  arguments."""
+  params = transformer.init_params(config, jax.random.PRNGKey(0))
+  grad = jax.jit(
+      jax.grad(lambda p, b: transformer.loss_fn(p, b, config, mesh=mesh)[0])
+  )
+  return grad, (params, _batch(config))
+
+
+class SplashRematTest(parameterized.TestCase):
+  """The splash kernel's residuals (its output and log-sum-exp) carry the
+  context's name, so "save_named" keeps them: the backward pass runs the
+  kernel's two backward kernels and not its forward kernel again."""
+
+  @parameterized.named_parameters(("gqa", "gqa"), ("mla", "mla"))
+  def test_save_named_runs_the_forward_kernel_once(self, kind):
+    """`kind` is the attention type."""
+    presets = [tiny_configs.TINY_MLA] if kind == "mla" else []
+    loops = {}
+    for policy in ("none", "save_named", "full"):
+      config = _config(*presets, attention="splash", remat_policy=policy)
+      mesh = mesh_lib.make_mesh(config, jax.devices())
+      grad, args = _grad_program(config, mesh)
+      # In interpret mode each kernel call is a loop over its grid.
+      loops[policy] = grad.lower(*args).compile().as_text().count(" while(")
+    # Full remat reruns the forward kernel to recompute the block; with the
+    # residuals kept the backward pass runs as many kernels as without remat.
+    self.assertEqual(loops["save_named"], loops["none"])
+    self.assertEqual(loops["full"], loops["none"] + 1)
+
+  def test_save_named_gradients_match_no_remat(self):
+    grads = {}
+    for policy in ("none", "save_named"):
+      config = _config(attention="splash", remat_policy=policy)
+      mesh = mesh_lib.make_mesh(config, jax.devices())
+      grad, args = _grad_program(config, mesh)
+      grads[policy] = grad(*args)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+        grads["save_named"],
+        grads["none"],
+    )
+
+
 class TpuSliceTest(parameterized.TestCase):
   """Compiles for a v5p-8 described by libtpu (TPU package set only)."""
 
@@ -113,6 +159,51 @@ class TpuSliceTest(parameterized.TestCase):
     )
     # The Mosaic kernel (forward and backward), not the interpreter.
     self.assertIn("tpu_custom_call", compiled.as_text())
+
+  @parameterized.named_parameters(("gqa", "gqa"), ("mla", "mla"))
+  def test_save_named_compiles_the_forward_kernel_once(self, kind):
+    """`kind` is the attention type."""
+    config = _config(
+        *([tiny_configs.TINY_MLA] if kind == "mla" else []),
+        compute_dtype="bfloat16",
+        max_sequence_length=256,
+        remat_policy="save_named",
+    )
+    mesh = mesh_lib.make_mesh(config, self.devices)
+    setup = model_setup.setup_model(config, mesh)
+    params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        setup.abstract_params,
+        setup.param_shardings,
+    )
+    batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=setup.batch_sharding
+        ),
+        _batch(config),
+    )
+    text = (
+        jax.jit(
+            jax.grad(
+                lambda p, b: transformer.loss_fn(p, b, config, mesh=mesh)[0]
+            )
+        )
+        .lower(params, batch)
+        .compile()
+        .as_text()
+    )
+    # The kernels are custom calls named after them: the forward kernel in
+    # the layers' forward scan only, the two backward kernels in the
+    # backward scan.
+    kernels = re.findall(r"%(splash_mha_\w+?)\.\d+ = ", text)
+    self.assertEqual(
+        sorted(kernels),
+        [
+            "splash_mha_dkv_no_residuals",
+            "splash_mha_dq_no_residuals",
+            "splash_mha_fwd_residuals",
+        ],
+    )
 
 
 if __name__ == "__main__":

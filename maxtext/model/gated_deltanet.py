@@ -658,7 +658,7 @@ def _output(out, project, layer, config, cdt) -> jax.Array:
   """The layer's output [B, S, E] from the rule's o [B, S, Hv, Dv]: the
   gated RMSNorm and the output projection."""
   tag = jax.ad_checkpoint.checkpoint_name
-  out = tag(out, "context")
+  out = tag(out, layers.CONTEXT_NAME)
   z = project("wz", "bse,ehd->bshd").astype(jnp.float32)
   normed = layers.rms_norm(out, layer["out_norm"], config.norm_epsilon)
   gated = (normed * jax.nn.silu(z)).astype(cdt)

@@ -26,6 +26,14 @@ from maxtext.runtime import mesh as mesh_lib
 # Implementations `attend` runs ("auto" is resolved before, by
 # `maxtext.model.attention_implementation`).
 KERNELS = ("einsum", "dot_product", "cudnn", "splash")
+
+# The `checkpoint_name` of attention's output, the context vectors: a remat
+# policy that keeps this name keeps them for the backward pass. The splash
+# kernel gives the name to its own output and log-sum-exp, the residuals its
+# backward kernels read, so keeping it also spares the backward pass a rerun
+# of the kernel's forward pass.
+CONTEXT_NAME = "context"
+
 # Splash kernel block length: its blocks must be multiples of 128 lanes.
 _SPLASH_BLOCK = 128
 
@@ -304,12 +312,30 @@ def attend(
   split over it: `_attend_context`.
 
   Returns:
-    [B, S, H, Dv] in q's dtype.
+    [B, S, H, Dv] in q's dtype, named `CONTEXT_NAME` for the remat
+    policies (with "splash", the kernel's output and log-sum-exp carry the
+    name, and the result is computed from them).
 
   Raises:
     ValueError: unknown implementation, or "cudnn" with segment ids or
       context parallelism.
   """
+  out = _attend(q, k, v, implementation, mesh, scaling, segment_ids)
+  if implementation == "splash":
+    return out
+  return jax.ad_checkpoint.checkpoint_name(out, CONTEXT_NAME)
+
+
+def _attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    implementation: str,
+    mesh: Optional[jax.sharding.Mesh],
+    scaling: Optional[RopeScaling],
+    segment_ids: Optional[jax.Array],
+) -> jax.Array:
+  """`attend` without the name: checks, then the implementation's call."""
   if implementation not in KERNELS:
     raise ValueError(
         f"attention implementation {implementation!r}: must be one of "
@@ -473,6 +499,7 @@ def _attend_splash(
       head_shards=1,
       q_seq_shards=1,
       interpret=target_platform(mesh) != "tpu",
+      residual_checkpoint_name=CONTEXT_NAME,
   )
 
   def local(q, k, v, *segments):  # [b, S, N, D] per device
@@ -589,6 +616,7 @@ def _attend_context(
         head_shards=1,
         q_seq_shards=context,
         interpret=target_platform(mesh) != "tpu",
+        residual_checkpoint_name=CONTEXT_NAME,
     )
     extra = kernel
     extra_spec = kernel.manual_sharding_spec(

@@ -249,17 +249,14 @@ def attention(
       *latent_keys(x, layer, config, positions), layer, config
   )
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
-  out = tag(
-      layers.attend(
-          q,
-          k,
-          v,
-          implementation,
-          mesh,
-          layers.rope_scaling(config),
-          segment_ids,
-      ),
-      "context",
+  out = layers.attend(
+      q,
+      k,
+      v,
+      implementation,
+      mesh,
+      layers.rope_scaling(config),
+      segment_ids,
   )
   return tag(
       jnp.einsum("bshd,hde->bse", out, layer["wo"].astype(cdt)), "attn_out"

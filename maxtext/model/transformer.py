@@ -98,9 +98,18 @@ from maxtext.runtime import mesh as mesh_lib
 
 Params = dict[str, Any]
 
-# Intermediates the block tags with `checkpoint_name`; "save_named" keeps
-# exactly these and recomputes the rest (norms, scores, the MLP hidden layer).
-SAVED_NAMES = ("query", "key", "value", "context", "attn_out", "mlp_out")
+# Intermediates the block tags with `checkpoint_name` (the context by
+# `layers.attend`: with the splash kernel, the kernel's output and
+# log-sum-exp); "save_named" keeps exactly these and recomputes the rest
+# (norms, scores, the MLP hidden layer).
+SAVED_NAMES = (
+    "query",
+    "key",
+    "value",
+    layers.CONTEXT_NAME,
+    "attn_out",
+    "mlp_out",
+)
 
 # Logical axis names of every parameter, one name per dimension. The mesh code
 # maps them to mesh axes (`maxtext.runtime.axis_rules`).
@@ -546,11 +555,8 @@ def _attention(
   q, k, v = gqa_projections(x, layer, config, positions)
   scaling = layers.rope_scaling(config)
   q, k, v = tag(q, "query"), tag(k, "key"), tag(v, "value")
-  out = tag(
-      layers.attend(
-          q, k, v, implementation, mesh, scaling, segment_ids=rows.segment_ids
-      ),
-      "context",
+  out = layers.attend(
+      q, k, v, implementation, mesh, scaling, segment_ids=rows.segment_ids
   )
   out = output_gate(out, x, layer)
   return tag(
