@@ -142,15 +142,12 @@ def pool_bytes(
     config, num_pages: int, page_size: int, attention: Attention = "gather"
 ) -> int:
   """Bytes of a pool of `num_pages` pages of `page_size` positions, laid
-  out for `attention` (`init_pool`)."""
-  return sum(
-      x.size * x.dtype.itemsize
-      for x in jax.tree_util.tree_leaves(
-          jax.eval_shape(
-              lambda: init_pool(config, num_pages, page_size, attention)
-          )
-      )
-  )
+  out for `attention` (`init_pool`: a kernel's grouped-query heads padded
+  to whole lanes). From the config alone: nothing is traced."""
+  per_token = kv_cache.bytes_per_token(config)
+  if attention != "gather" and config.attention_type != "mla":
+    per_token = per_token * kernel_head_dim(config.head_dim) // config.head_dim
+  return per_token * num_pages * page_size
 
 
 def paged_store(
