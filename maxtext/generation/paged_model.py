@@ -178,9 +178,7 @@ def paged_store(
     offset = positions % page_size
     head_dim = new["k"].shape[-1] if "k" in new else 0
     if "kv" in entries:
-      new = {
-          "kv": _interleaved(new["k"], new["v"], entries["kv"].shape[-1])
-      }
+      new = {"kv": _interleaved(new["k"], new["v"], entries["kv"].shape[-1])}
     written, view = {}, {}
     for name, value in new.items():
       leaf = entries[name]
