@@ -92,8 +92,10 @@ class Layout:
   def put(self, value: Any, spec: P = P()) -> jax.Array:
     """A host value on the engine's devices, placed by `spec` (each
     process passes the same whole value)."""
-    # A transfer, not a program: `jnp.asarray` would launch one.
-    return jax.device_put(np.asarray(value), self.sharding(spec))
+    # A transfer, not a program (`jnp.asarray` would launch one), of a
+    # private copy: on a CPU the device array may share the host buffer,
+    # and the engine reuses its host arrays while calls are in flight.
+    return jax.device_put(np.array(value), self.sharding(spec))
 
   def per_replica(
       self, body: Callable[..., Any], in_specs: tuple, out_specs: Any
