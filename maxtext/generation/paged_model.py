@@ -52,21 +52,30 @@ Attention = Union[str, Callable[..., jax.Array]]
 # double-buffered, within its 16 MiB of scoped VMEM beside the queries and
 # accumulators).
 _KERNEL_BLOCK_BYTES = 4 * 2**20
+# Positions of a block at most: the kernel copies a whole block's pages
+# for every sequence, needed or not (a sequence shorter than a block has
+# its missing pages fetched as page 0), so a block much longer than the
+# rows' sequences reads mostly pages it throws away.
+_KERNEL_BLOCK_POSITIONS = 256
 
 
 def ragged_kernel(
     q, pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale
 ):
   """The Pallas TPU ragged paged attention kernel, with block sizes chosen
-  here: as many pages a block as fit `_KERNEL_BLOCK_BYTES` (a power of
-  two, at most the table's width) and up to 32 queries. The kernel's own
-  tuned table keys on the host's device and lists no entry for the
-  engine's 16-position pages, where its default (128 pages a block) does
-  not fit the 16 MiB of scoped VMEM; choosing here also lets a program for
-  a TPU be compiled on a CPU host."""
+  here: as many pages a block as fit `_KERNEL_BLOCK_BYTES` and
+  `_KERNEL_BLOCK_POSITIONS` (a power of two, at most the table's width)
+  and up to 32 queries. The kernel's own tuned table keys on the host's
+  device and lists no entry for the engine's 16-position pages, where its
+  default (128 pages a block) does not fit the 16 MiB of scoped VMEM;
+  choosing here also lets a program for a TPU be compiled on a CPU host."""
   page_bytes = pages[0].size * pages.dtype.itemsize
-  fit = max(_KERNEL_BLOCK_BYTES // page_bytes, 1)
-  blocks = 1 << (min(fit, page_indices.shape[1]).bit_length() - 1)
+  fit = min(
+      max(_KERNEL_BLOCK_BYTES // page_bytes, 1),
+      max(_KERNEL_BLOCK_POSITIONS // pages.shape[1], 1),
+      page_indices.shape[1],
+  )
+  blocks = 1 << (fit.bit_length() - 1)
   return kernel.ragged_paged_attention(
       q,
       pages,
