@@ -2,10 +2,10 @@
 
 One training step is K = `gradient_accumulation_steps` calls of `fwd_bwd`
 (one dispatch each, of one compiled program; with K = 1 two: the
-micro-step, then the update) followed by one `update()` (with K > 1 one
-dispatch, the flush's concatenation; with K = 1 none, the step's metrics
-being one array already): K + 1 device operations, whatever the number of
-metrics.
+micro-step, then the update) and the flush's concatenation (with K > 1;
+with K = 1 none, the step's metrics being one array already), dispatched
+with the last micro-batch, followed by one `update()`, which dispatches
+nothing: K + 1 device operations, whatever the number of metrics.
 
 * `fwd_bwd(micro_batch)` runs the micro-step: `jax.value_and_grad(loss_fn)`
   and, with K > 1, the gradients added into the engine's accumulator (a
@@ -28,9 +28,16 @@ metrics.
   takes and returns, so the step has one packed array).
   Weighted aux metrics go through the per-name path, and a `SummedMetric`
   is declared to the recorder as a sum.
-* `update()` flushes the recorder (one concatenation, none for one
-  array, and one transfer for the whole step), advances `step` and
-  returns the step's flushed `MetricsBuffer`.
+  Once the last micro-batch's values are buffered, the engine starts the
+  flush's device side (`MetricsRecorder.prefetch`: the concatenation,
+  none for one array, and the copy of the result to the host), so it
+  queues right behind the step and the copy starts as the step ends, not
+  when the host gets to `update()`.
+* `update()` flushes the recorder (one transfer for the whole step, begun
+  at the last micro-batch; no device op), advances `step` and returns the
+  step's flushed `MetricsBuffer`. A value buffered after the last
+  micro-batch (`record_metrics` without `donate_state`) makes the flush
+  do its own concatenation instead.
 
 The recorder's guarantee (nothing is applied when the step's metrics
 cannot be flushed) is kept by where the decision is taken, with
@@ -287,6 +294,12 @@ class Engine:
       self._recorder.buffer_packed(
           self._step, metric_packing.UPDATE_NAMES, result.update_packed
       )
+    if last:
+      # The step's values are all buffered: the flush's concatenation
+      # queues behind the step and its copy to the host starts as soon as
+      # the step ends, so update() launches nothing and waits only for the
+      # copy.
+      self._recorder.prefetch()
 
   def record_metrics(self, name: str, value) -> None:
     """Buffers `value` for the current step under `name` (per-name API).

@@ -520,13 +520,14 @@ class EngineTest(parameterized.TestCase):
         buf = eng.update()
         per_update = count[0] - before
     # K + 1 with K > 1: the micro-steps (the last one takes the update)
-    # and one concatenation at the flush (micro-batch and update metrics).
-    # With K = 1 the micro-step and the update are two programs, and the
-    # flush concatenates the packed array with this loss's weighted
-    # metric's values (without one it takes none:
+    # and one concatenation for the flush (micro-batch and update
+    # metrics), dispatched with the last micro-batch, so that update()
+    # launches nothing. With K = 1 the micro-step and the update are two
+    # programs, and the flush concatenates the packed array with this
+    # loss's weighted metric's values (without one it takes none:
     # test_a_k1_step_is_two_programs).
-    self.assertEqual(per_micro, [1] * k if k > 1 else [2])
-    self.assertEqual(per_update, 1)
+    self.assertEqual(per_micro, [1] * (k - 1) + [2] if k > 1 else [3])
+    self.assertEqual(per_update, 0)
     self.assertLen(buf.scalar_metrics, 6 + extra)
 
   @parameterized.named_parameters(("k1", 1), ("k2", 2), ("k3", 3), ("k5", 5))

@@ -542,7 +542,7 @@ def reduce_buffer(buffer: MetricsBuffer) -> dict[str, float]:
   out = {}
   for name, values in buffer.scalar_metrics.items():
     fn = buffer.aggregation_fns.get(name)
-    out[name] = _to_float(name, fn(values) if fn else np.mean(values))
+    out[name] = _to_float(name, fn(values) if fn else mean(values))
   for name, wm in buffer.weighted_metrics.items():
     fn = buffer.aggregation_fns.get(name)
     if fn:
@@ -553,6 +553,30 @@ def reduce_buffer(buffer: MetricsBuffer) -> dict[str, float]:
       ).compute()
     out[name] = _to_float(name, reduced)
   return dict(sorted(out.items()))
+
+
+def mean(values: np.ndarray):
+  """`np.mean(values)`, the same value bit for bit, at a fraction of its
+  per-call cost for the short float arrays a step's record holds.
+
+  For a 1D float32 or float64 array, `np.mean` is the array's sum (the same
+  `np.add.reduce`) divided by the element count as a NumPy integer, cast
+  back to the array's dtype; this does just that. Other arrays (integers,
+  float16, bfloat16, empty ones) go to `np.mean` itself.
+  """
+  if (
+      isinstance(values, np.ndarray)
+      and values.ndim == 1
+      and values.size
+      and values.dtype in _SUMMED_IN_OWN_DTYPE
+  ):
+    total = np.add.reduce(values)
+    return total.dtype.type(total / np.intp(values.size))
+  return np.mean(values)
+
+
+# The dtypes whose np.mean accumulates and divides in the dtype itself.
+_SUMMED_IN_OWN_DTYPE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _to_float(name: str, value) -> float:

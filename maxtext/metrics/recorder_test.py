@@ -574,6 +574,29 @@ class ReduceTest(parameterized.TestCase):
     for v in out.values():
       self.assertIsInstance(v, float)
 
+  @parameterized.named_parameters(
+      ("float32", np.float32),
+      ("float64", np.float64),
+      ("float16", np.float16),
+      ("int32", np.int32),
+      ("bool", np.bool_),
+  )
+  def test_mean_is_np_mean_bit_for_bit(self, dtype):
+    # The reduction's mean stands in for np.mean: same dtype, same bits,
+    # over lengths around NumPy's pairwise-summation blocks and values
+    # across many magnitudes, NaN and inf included.
+    rng = np.random.default_rng(0)
+    cases = [np.array([np.nan, 1.0]), np.array([np.inf, -np.inf, 2.0])]
+    for n in (1, 2, 3, 7, 8, 9, 16, 17, 129, 1000):
+      for _ in range(20):
+        cases.append(rng.standard_normal(n) * 10 ** rng.uniform(-6, 6))
+    for case in cases:
+      with np.errstate(all="ignore"):
+        values = case.astype(dtype)
+        want, got = np.mean(values), mr.mean(values)
+      self.assertEqual(got.dtype, want.dtype)
+      self.assertEqual(got.tobytes(), want.tobytes(), values)
+
   def test_summed_metric_reduces_to_the_sum(self):
     rec = mr.MetricsRecorder()
     for i in range(4):
