@@ -1050,11 +1050,31 @@ class _Run:
     `most_contexts`) or the next does not fit. Returns {replica: [(context
     index, pages)]}."""
     size = self.engine.page_size
+
+    def first_run(length):
+      # The fresh pages a context's first continuation takes at most.
+      return (
+          _pages(length + self.options.max_new_tokens - 1, size)
+          - length // size
+      )
+
     assigned = {}
     while self.to_prefill and wanting:
       replica = max(wanting, key=self.free)
-      need = _pages(len(self.contexts[self.to_prefill[0]]), size)
-      if self.free(replica) < need:
+      length = len(self.contexts[self.to_prefill[0]])
+      need = _pages(length, size)
+      taken = assigned.get(replica, [])
+      if taken:
+        # A replica's further contexts leave room for the first
+        # continuation of each context it takes, so its prompts' pages
+        # never keep every continuation waiting.
+        need_more = first_run(length) + sum(
+            first_run(len(self.contexts[index])) for index, _ in taken
+        )
+        if self.free(replica) < need + need_more:
+          del wanting[replica]
+          continue
+      elif self.free(replica) < need:
         break
       taken = assigned.setdefault(replica, [])
       taken.append(
