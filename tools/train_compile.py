@@ -265,6 +265,13 @@ def main(argv):
           f"--hlo_dir={_HLO_DIR.value}: for the training step of one "
           "setting (not with --search or --program=generate)"
       )
+    if _HLO_DIR.value is not None:
+      # Made before any compile: a path under a file is one line, not a
+      # traceback after minutes of compiling.
+      try:
+        os.makedirs(_hlo_dir(), exist_ok=True)
+      except OSError as e:
+        raise ValueError(f"--hlo_dir={_HLO_DIR.value}: {e.strerror}") from None
     if _COMPILE.value == "generate":
       if _SEARCH.value or _COMPILED_STEP_FILE.value is not None:
         raise ValueError(
