@@ -57,6 +57,22 @@ _KERNEL_BLOCK_BYTES = 4 * 2**20
 # its missing pages fetched as page 0), so a block much longer than the
 # rows' sequences reads mostly pages it throws away.
 _KERNEL_BLOCK_POSITIONS = 256
+# Queries of a block at most. The kernel computes every sequence of a
+# block against all of the block's query rows (masked), so a block of 32
+# queries over 32 decode sequences (one query each) does 32 times the
+# work of its one real row per sequence.
+_KERNEL_QUERIES = 32
+
+
+def kernel_queries_per_block(tokens: int, sequences: int) -> int:
+  """Query rows of a kernel block for a call of `tokens` query rows over
+  `sequences` table rows: the power of two that holds one sequence's mean
+  share of the queries (1 for a decode step, one query a sequence), at
+  most `_KERNEL_QUERIES` and the call's own rows."""
+  per_sequence = -(-tokens // max(sequences, 1))
+  return max(
+      1, min(tokens, _KERNEL_QUERIES, 1 << (per_sequence - 1).bit_length())
+  )
 
 
 def ragged_kernel(
@@ -65,7 +81,7 @@ def ragged_kernel(
   """The Pallas TPU ragged paged attention kernel, with block sizes chosen
   here: as many pages a block as fit `_KERNEL_BLOCK_BYTES` and
   `_KERNEL_BLOCK_POSITIONS` (a power of two, at most the table's width)
-  and up to 32 queries. The kernel's own tuned table keys on the host's
+  and `kernel_queries_per_block` queries. The kernel's own tuned table keys on the host's
   device and lists no entry for the engine's 16-position pages, where its
   default (128 pages a block) does not fit the 16 MiB of scoped VMEM;
   choosing here also lets a program for a TPU be compiled on a CPU host."""
@@ -85,7 +101,9 @@ def ragged_kernel(
       num_seqs,
       sm_scale=sm_scale,
       num_kv_pages_per_block=blocks,
-      num_queries_per_block=min(q.shape[0], 32),
+      num_queries_per_block=kernel_queries_per_block(
+          q.shape[0], page_indices.shape[0]
+      ),
   )
 
 

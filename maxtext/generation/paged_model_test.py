@@ -146,6 +146,26 @@ class RaggedAttendTest(parameterized.TestCase):
           atol=1e-4,
       )
 
+  def test_kernel_query_blocks_hold_a_sequences_share_of_the_queries(self):
+    # A decode step (one query a sequence) gets blocks of one query: the
+    # kernel computes each sequence against every row of its block.
+    self.assertEqual(paged_model.kernel_queries_per_block(64, 64), 1)
+    self.assertEqual(paged_model.kernel_queries_per_block(16, 64), 1)
+    # Prefill: a power of two holding one sequence's mean share, at most
+    # `_KERNEL_QUERIES` and the call's rows.
+    self.assertEqual(paged_model.kernel_queries_per_block(12, 2), 8)
+    self.assertEqual(paged_model.kernel_queries_per_block(2048, 1), 32)
+    self.assertEqual(paged_model.kernel_queries_per_block(6, 1), 6)
+    for tokens in range(1, 70):
+      for sequences in range(1, 9):
+        q = paged_model.kernel_queries_per_block(tokens, sequences)
+        # A power of two, or all of the call's rows.
+        self.assertTrue(q == tokens or q & (q - 1) == 0, (tokens, q))
+        self.assertLessEqual(q, min(tokens, paged_model._KERNEL_QUERIES))
+        self.assertGreaterEqual(
+            q, min(tokens, 32, -(-tokens // sequences))
+        )
+
   def test_a_kernels_pool_keeps_keys_and_values_in_one_leaf(self):
     config = ml_collections.FrozenConfigDict(
         tiny_configs.model_config(max_sequence_length=64)
