@@ -81,10 +81,11 @@ def ragged_kernel(
   """The Pallas TPU ragged paged attention kernel, with block sizes chosen
   here: as many pages a block as fit `_KERNEL_BLOCK_BYTES` and
   `_KERNEL_BLOCK_POSITIONS` (a power of two, at most the table's width)
-  and `kernel_queries_per_block` queries. The kernel's own tuned table keys on the host's
-  device and lists no entry for the engine's 16-position pages, where its
-  default (128 pages a block) does not fit the 16 MiB of scoped VMEM;
-  choosing here also lets a program for a TPU be compiled on a CPU host."""
+  and `kernel_queries_per_block` queries. The kernel's own tuned table
+  keys on the host's device and lists no entry for the engine's
+  16-position pages, where its default (128 pages a block) does not fit
+  the 16 MiB of scoped VMEM; choosing here also lets a program for a TPU
+  be compiled on a CPU host."""
   page_bytes = pages[0].size * pages.dtype.itemsize
   fit = min(
       max(_KERNEL_BLOCK_BYTES // page_bytes, 1),
