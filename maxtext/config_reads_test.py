@@ -75,6 +75,7 @@ NOT_CONVERTED = frozenset(
         "maxtext.generation.paged_decoder",
         "maxtext.generation.paged_model",
         "maxtext.generation.replica_layout",
+        "maxtext.generation.rollout_decoder",
         "maxtext.generation.sampling",
         "maxtext.generation.scoring",
         "maxtext.grpo.decode_footprint",
@@ -180,9 +181,7 @@ def _settings_params(function, classes: set[str]) -> tuple[set, list[str]]:
           f"{function.name}({arg.arg}) takes the run's config "
           f"(annotated {ast.unparse(arg.annotation)})"
       )
-    elif mentioned & classes or (
-        arg.annotation is not None and arg.arg in _SETTINGS_NAMES
-    ):
+    elif mentioned & classes:
       held.add(arg.arg)
     elif arg.arg in _CONFIG_NAMES:
       problems.append(
@@ -364,6 +363,8 @@ class CheckSeesOffendersTest(absltest.TestCase):
         "  return getattr(settings, key), settings['workload']\n"
         "def f(settings):\n"
         "  return getattr(settings, 'workload', 'grpo')\n"
+        "def g(config: Any):\n"
+        "  return config\n"
     )
     self.assertEqual(
         self._problems(source),
@@ -378,6 +379,8 @@ class CheckSeesOffendersTest(absltest.TestCase):
             "pkg.mod: e reads settings by a computed name or as a dict",
             "pkg.mod: f reads settings.workload, a field its package's"
             " settings (MeshConfig) do not hold",
+            "pkg.mod: g(config) takes the run's config (a parameter 'config'"
+            " not annotated with a settings class of its package)",
         ],
     )
 

@@ -159,8 +159,8 @@ def check(
   """
   try:
     config_lib.validate(config)
-    # The settings of components above maxtext/config/, which cannot import
-    # them, checked here with the rest.
+    # Checkpointing's settings: maxtext/config/ sits below maxtext/storage/
+    # and cannot check them, so they are checked here, before device work.
     checkpoint_config.CheckpointConfig.from_config(config)
     if workload is None:
       workload = _pretraining(config)
