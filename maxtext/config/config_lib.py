@@ -36,6 +36,10 @@ FIELD_TYPES: dict[str, type] = {
 }
 
 
+def _fail(key: str, value: Any, why: str) -> ValueError:
+  return component_config.fail(key, value, why)
+
+
 def _check_types(values: dict[str, Any]) -> None:
   """Checks that `values` has exactly base.py's fields, each of its type."""
   missing = sorted(set(FIELD_TYPES) - set(values))
@@ -65,19 +69,17 @@ def _check_types(values: dict[str, Any]) -> None:
           f"{expected.__name__}, got {type(value).__name__}"
       )
     if expected is float and not math.isfinite(value):
-      raise component_config.fail(key, value, "must be finite")
+      raise _fail(key, value, "must be finite")
 
 
 def _at_least(values, key: str, minimum: int) -> None:
   if values[key] < minimum:
-    raise component_config.fail(key, values[key], f"must be >= {minimum}")
+    raise _fail(key, values[key], f"must be >= {minimum}")
 
 
 def _one_of(values, key: str, allowed) -> None:
   if values[key] not in allowed:
-    raise component_config.fail(
-        key, values[key], f"must be one of {list(allowed)}"
-    )
+    raise _fail(key, values[key], f"must be one of {list(allowed)}")
 
 
 def _check_relative_name(key: str, value: str) -> None:
@@ -90,7 +92,7 @@ def _check_relative_name(key: str, value: str) -> None:
       or value in (".", "..")
       or value.startswith("~")
   ):
-    raise component_config.fail(
+    raise _fail(
         key,
         value,
         "must be a plain directory name inside "
@@ -100,9 +102,7 @@ def _check_relative_name(key: str, value: str) -> None:
   if control:
     # A newline or escape in a directory name splits log lines and
     # confuses every listing of the run.
-    raise component_config.fail(
-        key, value, f"holds a control character ({control[0]!r})"
-    )
+    raise _fail(key, value, f"holds a control character ({control[0]!r})")
 
 
 def _check_mla(v) -> None:
@@ -120,14 +120,12 @@ def _check_mla(v) -> None:
     return
   if v["qk_norm"]:
     # MLA normalises its low-rank latents (q_norm, kv_norm), not its heads.
-    raise component_config.fail(
-        "qk_norm", True, "needs attention_type='gqa', got 'mla'"
-    )
+    raise _fail("qk_norm", True, "needs attention_type='gqa', got 'mla'")
   for key in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
     _at_least(v, key, 1)
   _at_least(v, "qk_rope_head_dim", 2)
   if v["qk_rope_head_dim"] % 2:
-    raise component_config.fail(
+    raise _fail(
         "qk_rope_head_dim",
         v["qk_rope_head_dim"],
         "must be even (rotary embeddings)",
@@ -137,33 +135,29 @@ def _check_mla(v) -> None:
 def _check_yarn_scaling(v) -> None:
   """YaRN's rotary scaling fields (maxtext/model/layers.py)."""
   if v["rope_scaling_factor"] < 1:
-    raise component_config.fail(
-        "rope_scaling_factor", v["rope_scaling_factor"], "must be >= 1"
-    )
+    raise _fail("rope_scaling_factor", v["rope_scaling_factor"], "must be >= 1")
   _at_least(v, "rope_original_max_position", 1)
   if not v["rope_yarn_beta_fast"] > v["rope_yarn_beta_slow"] > 0:
-    raise component_config.fail(
+    raise _fail(
         "rope_yarn_beta_fast",
         v["rope_yarn_beta_fast"],
         f"must be > rope_yarn_beta_slow={v['rope_yarn_beta_slow']} > 0",
     )
   for key in ("rope_yarn_mscale", "rope_yarn_mscale_all_dim"):
     if v[key] < 0:
-      raise component_config.fail(key, v[key], "must be >= 0")
+      raise _fail(key, v[key], "must be >= 0")
 
 
 def _check_llama3_scaling(v) -> None:
   """Llama 3.1's rotary scaling fields (maxtext/model/layers.py)."""
   if v["rope_scaling_factor"] < 1:
-    raise component_config.fail(
-        "rope_scaling_factor", v["rope_scaling_factor"], "must be >= 1"
-    )
+    raise _fail("rope_scaling_factor", v["rope_scaling_factor"], "must be >= 1")
   if v["rope_low_freq_factor"] <= 0:
-    raise component_config.fail(
+    raise _fail(
         "rope_low_freq_factor", v["rope_low_freq_factor"], "must be > 0"
     )
   if v["rope_high_freq_factor"] <= v["rope_low_freq_factor"]:
-    raise component_config.fail(
+    raise _fail(
         "rope_high_freq_factor",
         v["rope_high_freq_factor"],
         f"must be > rope_low_freq_factor={v['rope_low_freq_factor']}",
@@ -192,7 +186,7 @@ def _check_moe(v) -> None:
   ):
     # Each device's chunk convolves with the chunk before's last K - 1
     # inputs (gated_deltanet._context_delta_rule).
-    raise component_config.fail(
+    raise _fail(
         "context_parallelism",
         context,
         f"splits max_sequence_length={v['max_sequence_length']} into "
@@ -202,7 +196,7 @@ def _check_moe(v) -> None:
     )
   _one_of(v, "router_score", choices.ROUTER_SCORES)
   if v["router_norm_topk"] and v["router_score"] != "softmax":
-    raise component_config.fail(
+    raise _fail(
         "router_norm_topk",
         True,
         f"needs router_score='softmax' (router_score="
@@ -212,9 +206,9 @@ def _check_moe(v) -> None:
   rate = v["router_bias_update_rate"]
   # `not >= 0` also refuses NaN, which `< 0` would let through.
   if not rate >= 0:
-    raise component_config.fail("router_bias_update_rate", rate, "must be >= 0")
+    raise _fail("router_bias_update_rate", rate, "must be >= 0")
   if rate > 0 and not (v["router_bias"] and v["num_experts"]):
-    raise component_config.fail(
+    raise _fail(
         "router_bias_update_rate",
         rate,
         "needs num_experts > 0 and router_bias=True (there is no bias to "
@@ -222,31 +216,31 @@ def _check_moe(v) -> None:
     )
   for key in ("load_balance_loss_weight", "capacity_factor"):
     if v[key] < 0:
-      raise component_config.fail(key, v[key], "must be >= 0")
+      raise _fail(key, v[key], "must be >= 0")
   experts = v["num_experts"]
   if not experts:
     if v["expert_parallelism"] != 1:
-      raise component_config.fail(
+      raise _fail(
           "expert_parallelism",
           v["expert_parallelism"],
           "must be 1 when num_experts=0 (a dense model)",
       )
     return
   if not 1 <= v["num_experts_per_token"] <= experts:
-    raise component_config.fail(
+    raise _fail(
         "num_experts_per_token",
         v["num_experts_per_token"],
         f"must be in [1, num_experts={experts}]",
     )
   if v["num_dense_layers"] >= v["num_layers"]:
-    raise component_config.fail(
+    raise _fail(
         "num_dense_layers",
         v["num_dense_layers"],
         f"must be < num_layers={v['num_layers']} (at least one MoE "
         f"layer when num_experts > 0)",
     )
   if experts % v["expert_parallelism"]:
-    raise component_config.fail(
+    raise _fail(
         "expert_parallelism",
         v["expert_parallelism"],
         f"must divide num_experts={experts}",
@@ -257,7 +251,7 @@ def _check_moe(v) -> None:
 def _check_expert_groups(v) -> None:
   """Group-limited routing and the routed weights' scale."""
   if not v["routed_scaling_factor"] > 0:
-    raise component_config.fail(
+    raise _fail(
         "routed_scaling_factor", v["routed_scaling_factor"], "must be > 0"
     )
   _at_least(v, "num_expert_groups", 1)
@@ -265,7 +259,7 @@ def _check_expert_groups(v) -> None:
   if groups == 1:
     return
   if experts % groups or experts // groups < 2:
-    raise component_config.fail(
+    raise _fail(
         "num_expert_groups",
         groups,
         f"must divide num_experts={experts} into groups of at least 2 "
@@ -274,7 +268,7 @@ def _check_expert_groups(v) -> None:
   per_token = v["expert_groups_per_token"]
   least = -(-v["num_experts_per_token"] // (experts // groups))
   if not least <= per_token <= groups:
-    raise component_config.fail(
+    raise _fail(
         "expert_groups_per_token",
         per_token,
         f"must be in [{least}, num_expert_groups={groups}] (its groups must "
@@ -288,19 +282,17 @@ def _check_run(v) -> None:
   if v["run_name"]:
     _check_relative_name("run_name", v["run_name"])
   if not v["base_output_directory"]:
-    raise component_config.fail(
-        "base_output_directory", "", "must not be empty"
-    )
+    raise _fail("base_output_directory", "", "must not be empty")
   if v["base_output_directory"].startswith("gs://") and len(
       v["base_output_directory"].rstrip("/")
   ) <= len("gs://"):
-    raise component_config.fail(
+    raise _fail(
         "base_output_directory",
         v["base_output_directory"],
         "needs a bucket: gs://bucket[/prefix]",
     )
   if v["start_over"] and v["resume"]:
-    raise component_config.fail("start_over", True, "contradicts resume=True")
+    raise _fail("start_over", True, "contradicts resume=True")
   # -1 = a seed drawn at the start of the run (maxtext.storage.run_record).
   _at_least(v, "seed", -1)
   _at_least(v, "data_shuffle_seed", 0)
@@ -312,14 +304,14 @@ def _check_attention(v) -> None:
   if v["attention"] == "cudnn" and v["compute_dtype"] == "float32":
     # cuDNN's fused kernel takes half precision only; casting would silently
     # change the numerics of a float32 run.
-    raise component_config.fail(
+    raise _fail(
         "attention",
         "cudnn",
         "needs compute_dtype bfloat16 or float16, got 'float32'",
     )
   if v["attention"] == "cudnn" and v["hardware"] not in ("gpu", "auto"):
     # With "auto", model.attention_implementation refuses a non-GPU backend.
-    raise component_config.fail(
+    raise _fail(
         "attention",
         "cudnn",
         f"needs hardware='gpu' or 'auto', got {v['hardware']!r}",
@@ -340,26 +332,22 @@ def _check_model(v) -> None:
   ):
     _at_least(v, key, 1)
   if v["num_heads"] % v["num_kv_heads"]:
-    raise component_config.fail(
+    raise _fail(
         "num_kv_heads",
         v["num_kv_heads"],
         f"must divide num_heads={v['num_heads']}",
     )
   if v["head_dim"] % 2:
-    raise component_config.fail(
-        "head_dim", v["head_dim"], "must be even (rotary embeddings)"
-    )
+    raise _fail("head_dim", v["head_dim"], "must be even (rotary embeddings)")
   if v["rope_theta"] <= 0:
-    raise component_config.fail("rope_theta", v["rope_theta"], "must be > 0")
+    raise _fail("rope_theta", v["rope_theta"], "must be > 0")
   _one_of(v, "rope_scaling", choices.ROPE_SCALINGS)
   if v["rope_scaling"] == "llama3":
     _check_llama3_scaling(v)
   if v["rope_scaling"] == "yarn":
     _check_yarn_scaling(v)
   if v["norm_epsilon"] <= 0:
-    raise component_config.fail(
-        "norm_epsilon", v["norm_epsilon"], "must be > 0"
-    )
+    raise _fail("norm_epsilon", v["norm_epsilon"], "must be > 0")
   _one_of(v, "weight_dtype", choices.DTYPES)
   _one_of(v, "compute_dtype", choices.DTYPES)
   _check_attention(v)
@@ -376,13 +364,13 @@ def _check_data(v) -> None:
   if v["dataset_type"] in ("tokens_file", "chat", "megatron"):
     for key in ("train_data_path", "eval_data_path"):
       if not v[key]:
-        raise component_config.fail(
+        raise _fail(
             key, v[key], f"is required when dataset_type={v['dataset_type']!r}"
         )
   if v["dataset_type"] == "chat" and not (
       v["tokenizer_path"] or v["load_parameters_path"]
   ):
-    raise component_config.fail(
+    raise _fail(
         "tokenizer_path",
         v["tokenizer_path"],
         "dataset_type='chat' needs a chat template: set tokenizer_path, or "
@@ -393,7 +381,7 @@ def _check_data(v) -> None:
   _at_least(v, "megatron_eval_samples", 0)
   batches = v["eval_steps"] * v["eval_batch_size"]
   if v["megatron_eval_samples"] and v["megatron_eval_samples"] != batches:
-    raise component_config.fail(
+    raise _fail(
         "megatron_eval_samples",
         v["megatron_eval_samples"],
         f"every evaluation reads the whole eval set: eval_steps * "
@@ -407,7 +395,7 @@ def _check_batch(v) -> None:
   _at_least(v, "gradient_accumulation_steps", 1)
   _at_least(v, "steps", 1)
   if v["global_batch_size"] % v["gradient_accumulation_steps"]:
-    raise component_config.fail(
+    raise _fail(
         "global_batch_size",
         v["global_batch_size"],
         f"must be divisible by gradient_accumulation_steps="
@@ -425,7 +413,7 @@ def _check_monitoring(v) -> None:
   _at_least(v, "eval_interval", 1)
   _at_least(v, "first_eval_samples", 0)
   if v["first_eval_samples"] % v["global_batch_size"]:
-    raise component_config.fail(
+    raise _fail(
         "first_eval_samples",
         v["first_eval_samples"],
         f"must be a multiple of global_batch_size={v['global_batch_size']}",
@@ -433,13 +421,13 @@ def _check_monitoring(v) -> None:
   _at_least(v, "eval_steps", 1)
   _at_least(v, "eval_batch_size", 1)
   if v["target_eval_loss"] < 0:
-    raise component_config.fail(
+    raise _fail(
         "target_eval_loss",
         v["target_eval_loss"],
         "must be >= 0 (0 = no target)",
     )
   if v["deferred_eval"] and not v["enable_mllog"]:
-    raise component_config.fail(
+    raise _fail(
         "deferred_eval",
         v["deferred_eval"],
         "needs enable_mllog=True: the deferred evaluation dates its result"
@@ -447,9 +435,7 @@ def _check_monitoring(v) -> None:
     )
   _at_least(v, "log_period", 1)
   if not v["progress_interval_s"] > 0:
-    raise component_config.fail(
-        "progress_interval_s", v["progress_interval_s"], "must be > 0"
-    )
+    raise _fail("progress_interval_s", v["progress_interval_s"], "must be > 0")
   _at_least(v, "profiler_steps", 0)
   _at_least(v, "profiler_start_step", 0)
   _at_least(v, "max_consecutive_skipped_steps", 1)
@@ -467,19 +453,19 @@ def _check_distribution(v) -> None:
     address = v["coordinator_address"]
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-      raise component_config.fail(
+      raise _fail(
           "coordinator_address",
           address,
           "must be 'host:port' when num_processes > 1",
       )
     if not 0 <= v["process_id"] < v["num_processes"]:
-      raise component_config.fail(
+      raise _fail(
           "process_id",
           v["process_id"],
           f"must be in [0, num_processes={v['num_processes']})",
       )
   elif v["process_id"] < -1:
-    raise component_config.fail("process_id", v["process_id"], "must be >= -1")
+    raise _fail("process_id", v["process_id"], "must be >= -1")
   _at_least(v, "distributed_init_timeout_seconds", 1)
   if (
       v["num_processes"] != 1
@@ -488,7 +474,7 @@ def _check_distribution(v) -> None:
   ):
     # Each host stages its own copy of a gs:// run directory, so the default
     # checkpoint directory inside it would not be shared between the processes.
-    raise component_config.fail(
+    raise _fail(
         "checkpoint_directory",
         "",
         f"must name storage every process shares (e.g. gs://bucket/ckpt) "
@@ -504,13 +490,13 @@ def _check_runtime(v) -> None:
   _at_least(v, "mllog_train_samples", 0)
   command = v["cache_clear_command"]
   if "\0" in command or (command and not command.strip()):
-    raise component_config.fail(
+    raise _fail(
         "cache_clear_command",
         command,
         "must be '' (the default flush) or a shell command",
     )
   if v["mllog_file"].startswith("gs://"):
-    raise component_config.fail(
+    raise _fail(
         "mllog_file",
         v["mllog_file"],
         "must be a local path: the log is staged locally and mirrored to "
@@ -529,7 +515,7 @@ def _check_gcs(v) -> None:
       "run_lock_refresh_interval_seconds",
   ):
     if v[key] <= 0:
-      raise component_config.fail(key, v[key], "must be > 0")
+      raise _fail(key, v[key], "must be > 0")
 
 
 def _check_grpo(v) -> None:
@@ -545,24 +531,20 @@ def _check_grpo(v) -> None:
   _one_of(v, "grpo_kl_estimator", choices.GRPO_KL_ESTIMATORS)
   _one_of(v, "grpo_loss_aggregation", choices.GRPO_LOSS_AGGREGATIONS)
   if v["grpo_advantage_eps"] < 0:
-    raise component_config.fail(
-        "grpo_advantage_eps", v["grpo_advantage_eps"], "must be >= 0"
-    )
+    raise _fail("grpo_advantage_eps", v["grpo_advantage_eps"], "must be >= 0")
   if v["grpo_epsilon"] <= 0:
-    raise component_config.fail(
-        "grpo_epsilon", v["grpo_epsilon"], "must be > 0"
-    )
+    raise _fail("grpo_epsilon", v["grpo_epsilon"], "must be > 0")
   if v["grpo_epsilon_high"] < 0:
-    raise component_config.fail(
+    raise _fail(
         "grpo_epsilon_high",
         v["grpo_epsilon_high"],
         "must be >= 0 (0 = grpo_epsilon)",
     )
   if v["grpo_beta"] < 0:
-    raise component_config.fail("grpo_beta", v["grpo_beta"], "must be >= 0")
+    raise _fail("grpo_beta", v["grpo_beta"], "must be >= 0")
   # A text task's verifier may be the whole reward (maxtext/env/).
   if not v["grpo_reward_functions"].strip() and not v["grpo_task"]:
-    raise component_config.fail(
+    raise _fail(
         "grpo_reward_functions",
         v["grpo_reward_functions"],
         "name at least one reward function as module:function",
@@ -571,9 +553,9 @@ def _check_grpo(v) -> None:
   _at_least(v, "grpo_max_turn_tokens", 0)
   for key in ("grpo_episode_timeout_seconds", "grpo_tool_timeout_seconds"):
     if not v[key] > 0:
-      raise component_config.fail(key, v[key], "must be > 0")
+      raise _fail(key, v[key], "must be > 0")
   if not v["grpo_reward_timeout_seconds"] > 0:
-    raise component_config.fail(
+    raise _fail(
         "grpo_reward_timeout_seconds",
         v["grpo_reward_timeout_seconds"],
         "must be > 0",
@@ -581,21 +563,19 @@ def _check_grpo(v) -> None:
   _at_least(v, "grpo_max_completion_length", 1)
   _at_least(v, "grpo_prompt_length", 1)
   if v["grpo_temperature"] <= 0:
-    raise component_config.fail(
-        "grpo_temperature", v["grpo_temperature"], "must be > 0"
-    )
+    raise _fail("grpo_temperature", v["grpo_temperature"], "must be > 0")
   if v["grpo_eval_temperature"] < 0:
-    raise component_config.fail(
+    raise _fail(
         "grpo_eval_temperature",
         v["grpo_eval_temperature"],
         "must be >= 0 (0 = greedy)",
     )
   for key in ("grpo_top_p", "grpo_eval_top_p"):
     if not 0.0 < v[key] <= 1.0:
-      raise component_config.fail(key, v[key], "must be in (0, 1]")
+      raise _fail(key, v[key], "must be in (0, 1]")
   _at_least(v, "grpo_top_k", 0)
   if v["grpo_top_k"] > v["vocab_size"]:
-    raise component_config.fail(
+    raise _fail(
         "grpo_top_k",
         v["grpo_top_k"],
         f"must be <= vocab_size={v['vocab_size']}",
@@ -608,7 +588,7 @@ def _check_grpo(v) -> None:
   _at_least(v, "grpo_generation_replicas", 1)
   generating = v["grpo_generation_devices"]
   if generating and generating % v["grpo_generation_replicas"]:
-    raise component_config.fail(
+    raise _fail(
         "grpo_generation_replicas",
         v["grpo_generation_replicas"],
         f"must divide grpo_generation_devices={generating}",
@@ -616,9 +596,7 @@ def _check_grpo(v) -> None:
   _at_least(v, "grpo_decode_slots", 0)
   size = v["grpo_decode_page_size"]
   if not isinstance(size, int) or size < 1 or size & (size - 1):
-    raise component_config.fail(
-        "grpo_decode_page_size", size, "must be a power of two"
-    )
+    raise _fail("grpo_decode_page_size", size, "must be a power of two")
   _at_least(v, "grpo_eval_prompts", 1)
   _at_least(v, "grpo_eval_samples_per_prompt", 0)
   metric = v["grpo_eval_target_metric"]
@@ -627,18 +605,18 @@ def _check_grpo(v) -> None:
       and metric[5:].isdigit()
       and int(metric[5:]) >= 1
   ):
-    raise component_config.fail(
+    raise _fail(
         "grpo_eval_target_metric", metric, 'must be "pass@1" or "pass@<k>"'
     )
   low, high = v["grpo_tis_ratio_min"], v["grpo_tis_ratio_max"]
   if high == 0.0 and low != 0.0:
-    raise component_config.fail(
+    raise _fail(
         "grpo_tis_ratio_min",
         low,
         "needs grpo_tis_ratio_max (0 = truncated importance sampling off)",
     )
   if high != 0.0 and not 0.0 <= low <= 1.0 <= high:
-    raise component_config.fail(
+    raise _fail(
         "grpo_tis_ratio_min",
         low,
         f"with grpo_tis_ratio_max={high}: need 0 <= min <= 1 <= max "
@@ -646,13 +624,13 @@ def _check_grpo(v) -> None:
     )
   threshold = v["grpo_logprob_error_threshold"]
   if threshold != 0.0 and not threshold > 1.0:
-    raise component_config.fail(
+    raise _fail(
         "grpo_logprob_error_threshold",
         threshold,
         "must be 0 (off) or > 1 (the error exp(|difference|) is >= 1)",
     )
   if not 0.0 <= v["grpo_target_pass_rate"] <= 1.0:
-    raise component_config.fail(
+    raise _fail(
         "grpo_target_pass_rate",
         v["grpo_target_pass_rate"],
         "must be in [0, 1] (0 = no target)",
@@ -682,7 +660,7 @@ def _check_decode_sizes(v) -> None:
   length = v["max_sequence_length"]
   largest_page = largest_decode_page(v)
   if v["grpo_decode_page_size"] > largest_page:
-    raise component_config.fail(
+    raise _fail(
         "grpo_decode_page_size",
         v["grpo_decode_page_size"],
         f"must be <= {largest_page} (max_sequence_length={length}, rounded "
@@ -690,7 +668,7 @@ def _check_decode_sizes(v) -> None:
     )
   rows = decoded_rows(v)
   if v["grpo_decode_slots"] > rows:
-    raise component_config.fail(
+    raise _fail(
         "grpo_decode_slots",
         v["grpo_decode_slots"],
         f"must be <= {rows}, the most sequences a rollout (global_batch_size) "
@@ -717,7 +695,7 @@ def validate_grpo(config) -> None:
   passes = v["grpo_num_iterations"]
   for key in ("steps", "eval_interval", "checkpoint_period"):
     if v[key] % passes:
-      raise component_config.fail(
+      raise _fail(
           key,
           v[key],
           f"must be a multiple of grpo_num_iterations={passes} (it counts "
@@ -725,7 +703,7 @@ def validate_grpo(config) -> None:
       )
   g = v["grpo_num_generations"]
   if v["global_batch_size"] % g:
-    raise component_config.fail(
+    raise _fail(
         "global_batch_size",
         v["global_batch_size"],
         f"must be divisible by grpo_num_generations={g} "
@@ -734,7 +712,7 @@ def validate_grpo(config) -> None:
   if v["grpo_prompt_length"] + v["grpo_max_completion_length"] > (
       v["max_sequence_length"]
   ):
-    raise component_config.fail(
+    raise _fail(
         "grpo_max_completion_length",
         v["grpo_max_completion_length"],
         f"plus grpo_prompt_length={v['grpo_prompt_length']} must be <= "
@@ -747,21 +725,21 @@ def validate_grpo(config) -> None:
   )
   for key in one_update:
     if v[key] and passes != 1:
-      raise component_config.fail(
+      raise _fail(
           key,
           v[key],
           f"needs grpo_num_iterations=1, got {passes} (the trained "
           "policy's log-probabilities must be those at the rollout)",
       )
   if v["grpo_tis_ratio_max"] and not v["grpo_force_on_policy_ratio"]:
-    raise component_config.fail(
+    raise _fail(
         "grpo_tis_ratio_max",
         v["grpo_tis_ratio_max"],
         "needs grpo_force_on_policy_ratio=True (the importance weights it "
         "truncates)",
     )
   if v["grpo_overlong_filtering"] and not stop_ids(v):
-    raise component_config.fail(
+    raise _fail(
         "grpo_overlong_filtering",
         True,
         "needs grpo_stop_ids: without a stop id every completion reaches "
@@ -770,7 +748,7 @@ def validate_grpo(config) -> None:
   samples = eval_samples_per_prompt(v)
   metric = v["grpo_eval_target_metric"]
   if int(metric[5:]) not in (1, samples):
-    raise component_config.fail(
+    raise _fail(
         "grpo_eval_target_metric",
         metric,
         f"the eval draws {samples} sample(s) per prompt "
@@ -778,14 +756,14 @@ def validate_grpo(config) -> None:
         + (f" or pass@{samples}" if samples > 1 else ""),
     )
   if samples > 1 and v["grpo_eval_temperature"] == 0:
-    raise component_config.fail(
+    raise _fail(
         "grpo_eval_samples_per_prompt",
         samples,
         "a greedy eval (grpo_eval_temperature=0) draws one sample per prompt",
     )
   _check_decode_sizes(v)
   if v["router_bias_update_rate"] > 0:
-    raise component_config.fail(
+    raise _fail(
         "router_bias_update_rate",
         v["router_bias_update_rate"],
         "must be 0 in a GRPO run (its loss reports no expert loads; the "
@@ -816,7 +794,7 @@ def stop_ids(v) -> tuple[int, ...]:
   for part in text.split(",") if text else ():
     part = part.strip()
     if not part.isdigit() or int(part) >= v["vocab_size"]:
-      raise component_config.fail(
+      raise _fail(
           "grpo_stop_ids",
           v["grpo_stop_ids"],
           f"{part!r} is not an id in [0, vocab_size={v['vocab_size']})",
