@@ -78,7 +78,7 @@ class MultiDeviceTest(absltest.TestCase):
     config = _tiny_config(
         self.create_tempdir().full_path, data_parallelism=2, fsdp_parallelism=4
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 4})
     engine, setup = model_setup.build_engine(config, mesh)
     abstract = setup.abstract_params

@@ -28,6 +28,21 @@ class WorkloadsTest(absltest.TestCase):
     self.assertEqual(config.workload, "pretraining")
     self.assertFalse(workloads.is_grpo(config))
 
+  def test_only_grpo_keeps_devices_for_generation(self):
+    # The mesh reads no workload name: each workload sets how many devices
+    # generate instead of training (GRPO's own field, 0 for the others).
+    for name in choices.WORKLOADS:
+      config = base.get_config()
+      config.workload = name
+      config.grpo_generation_devices = 2
+      config.fsdp_parallelism = 4
+      settings = workloads.for_config(config).mesh_config(config)
+      with self.subTest(name):
+        self.assertEqual(settings.fsdp_parallelism, 4)
+        self.assertEqual(
+            settings.grpo_generation_devices, 2 if name == "grpo" else 0
+        )
+
   def test_unknown_name_is_one_line(self):
     config = ml_collections.ConfigDict({"workload": "dpo"})
     with self.assertRaisesRegex(

@@ -313,11 +313,13 @@ def main(argv):
   rollout = inputs = None
   with command_line.user_errors(_PROGRAM, (TypeError, ValueError)):
     config_lib.validate(config)
-    mesh = mesh_lib.make_mesh(config, devices)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config), devices)
     if _COMPILE.value == "generate":
       rollout = _rollout_shape(config)
     else:
-      mesh_lib.check_batch_layout(config, mesh)
+      mesh_lib.check_batch_layout(
+          mesh_lib.BatchLayout.from_config(config), mesh
+      )
       inputs = _step_inputs(config)
   if _COMPILE.value == "generate":
     _generate(config, mesh, tpu_slice, devices, hbm, *rollout)

@@ -18,15 +18,16 @@ import importlib.util
 import json
 import math
 import os
-import types
 from typing import Any
 
 import ml_collections
 
 from maxtext.core import checks
 from maxtext.core import choices
+from maxtext.core import component_config
 from maxtext.config import optimizer
 from maxtext.configs import base
+from maxtext.runtime import mesh
 
 # Expected Python type of every field: the type of its default in base.py, so
 # a field is declared once, there. `float` fields also take ints.
@@ -36,7 +37,7 @@ FIELD_TYPES: dict[str, type] = {
 
 
 def _fail(key: str, value: Any, why: str) -> ValueError:
-  return ValueError(f"config.{key}={value!r}: {why}")
+  return component_config.fail(key, value, why)
 
 
 def _check_types(values: dict[str, Any]) -> None:
@@ -292,8 +293,6 @@ def _check_run(v) -> None:
     )
   if v["start_over"] and v["resume"]:
     raise _fail("start_over", True, "contradicts resume=True")
-  _at_least(v, "checkpoint_period", 0)
-  _at_least(v, "max_checkpoints_to_keep", 0)
   # -1 = a seed drawn at the start of the run (maxtext.storage.run_record).
   _at_least(v, "seed", -1)
   _at_least(v, "data_shuffle_seed", 0)
@@ -406,32 +405,7 @@ def _check_batch(v) -> None:
 
 def _check_optimizer(v) -> None:
   """The learning-rate schedule and AdamW (maxtext/config/optimizer.py)."""
-  _one_of(v, "lr_schedule", choices.LR_SCHEDULES)
-  if v["learning_rate"] <= 0:
-    raise _fail("learning_rate", v["learning_rate"], "must be > 0")
-  _at_least(v, "warmup_steps", 0)
-  _at_least(v, "lr_schedule_steps", 0)
-  length = optimizer.lr_schedule_steps(types.SimpleNamespace(**v))
-  if v["warmup_steps"] > length:
-    raise _fail(
-        "warmup_steps",
-        v["warmup_steps"],
-        f"must be <= the schedule length {length} "
-        f"(lr_schedule_steps, 0 = steps)",
-    )
-  if not 0.0 <= v["lr_end_fraction"] <= 1.0:
-    raise _fail("lr_end_fraction", v["lr_end_fraction"], "must be in [0, 1]")
-  for key in ("adam_b1", "adam_b2"):
-    if not 0.0 <= v[key] < 1.0:
-      raise _fail(key, v[key], "must be in [0, 1)")
-  if v["adam_eps"] <= 0:
-    raise _fail("adam_eps", v["adam_eps"], "must be > 0")
-  if v["weight_decay"] < 0:
-    raise _fail("weight_decay", v["weight_decay"], "must be >= 0")
-  if v["grad_clip_norm"] < 0:
-    raise _fail(
-        "grad_clip_norm", v["grad_clip_norm"], "must be >= 0 (0 = no clipping)"
-    )
+  optimizer.OptimizerConfig.from_config(v)
 
 
 def _check_monitoring(v) -> None:
@@ -469,25 +443,7 @@ def _check_monitoring(v) -> None:
 
 def _check_mesh(v) -> None:
   """The mesh axes (their product against the devices: maxtext.runtime.mesh)."""
-  for key in ("data_parallelism", "fsdp_parallelism"):
-    if v[key] != -1 and v[key] < 1:
-      raise _fail(key, v[key], "must be -1 (all remaining devices) or >= 1")
-  if v["data_parallelism"] == -1 and v["fsdp_parallelism"] == -1:
-    raise _fail(
-        "fsdp_parallelism",
-        -1,
-        "only one of data_parallelism and fsdp_parallelism may be -1",
-    )
-  # Across TPU slices: the same rule for the data-center network's axes.
-  for key in ("dcn_data_parallelism", "dcn_fsdp_parallelism"):
-    if v[key] != -1 and v[key] < 1:
-      raise _fail(key, v[key], "must be -1 (all remaining slices) or >= 1")
-  if v["dcn_data_parallelism"] == -1 and v["dcn_fsdp_parallelism"] == -1:
-    raise _fail(
-        "dcn_fsdp_parallelism",
-        -1,
-        "only one of dcn_data_parallelism and dcn_fsdp_parallelism may be -1",
-    )
+  mesh.MeshConfig.from_config(v)
 
 
 def _check_distribution(v) -> None:

@@ -1,5 +1,6 @@
 """Tests for maxtext/config/optimizer.py: schedule, facts, the AdamW chain."""
 
+import dataclasses
 import math
 
 from absl.testing import absltest
@@ -11,11 +12,12 @@ import numpy as np
 import optax
 
 from maxtext.core import choices
+from maxtext.core import component_config
 from maxtext.config import optimizer
 from maxtext.configs import base
 
 
-def _config(**overrides):
+def _run_config(**overrides):
   config = base.get_config()
   config.learning_rate = 0.02
   config.warmup_steps = 10
@@ -25,6 +27,11 @@ def _config(**overrides):
   for key, value in overrides.items():
     config[key] = value
   return config
+
+
+def _config(**overrides):
+  """The optimizer's settings of a run config with `overrides`."""
+  return optimizer.OptimizerConfig.from_config(_run_config(**overrides))
 
 
 class ScheduleTest(parameterized.TestCase):
@@ -94,15 +101,26 @@ class ScheduleTest(parameterized.TestCase):
       ("warmup_past_steps", dict(warmup_steps=200), "warmup_steps=200"),
       ("warmup_past_schedule", dict(lr_schedule_steps=5), "warmup_steps=10"),
       ("end_fraction", dict(lr_end_fraction=2.0), "lr_end_fraction"),
-      ("negative_warmup", dict(warmup_steps=-1), "warmup_steps must be >= 0"),
+      ("negative_warmup", dict(warmup_steps=-1), "warmup_steps=-1: must be >="),
       ("unknown_kind", dict(lr_schedule="linear"), "lr_schedule='linear'"),
+      ("adam_b2", dict(adam_b2=1.0), r"^config\.adam_b2=1\.0: must be in"),
+      ("adam_eps", dict(adam_eps=0.0), "adam_eps=0.0: must be > 0"),
+      ("clip", dict(grad_clip_norm=-1.0), "grad_clip_norm=-1.0: must be >= 0"),
   )
   def test_bad_schedule(self, overrides, pattern):
-    config = _config(**overrides)
     with self.assertRaisesRegex(ValueError, pattern):
-      optimizer.make_schedule(config)
+      _config(**overrides)
+    # Settings made without `from_config` are checked before use.
+    unchecked = dataclasses.replace(_config(), **overrides)
     with self.assertRaisesRegex(ValueError, pattern):
-      optimizer.schedule_facts(config)
+      optimizer.make_schedule(unchecked)
+    with self.assertRaisesRegex(ValueError, pattern):
+      optimizer.schedule_facts(unchecked)
+
+  def test_defaults_are_base_configs(self):
+    defaults = component_config.defaults(optimizer.OptimizerConfig)
+    base_values = base.get_config()
+    self.assertEqual(defaults, {name: base_values[name] for name in defaults})
 
 
 def _hand_written_cosine(config):
@@ -147,7 +165,7 @@ class CosineMatchesFormulaTest(parameterized.TestCase):
   )
   def test_every_step(self, overrides):
     config = _config(**overrides)
-    steps = jnp.arange(optimizer.lr_schedule_steps(config) + 10)
+    steps = jnp.arange(config.schedule_steps + 10)
     ours = jax.jit(jax.vmap(optimizer.make_schedule(config)))(steps)
     reference = jax.jit(jax.vmap(_hand_written_cosine(config)))(steps)
     # Both are float32: where the rate nears 0 (the first warm-up steps,
@@ -209,14 +227,14 @@ class ScheduleFactsTest(parameterized.TestCase):
   def test_end_learning_rate_is_free_of_float_noise(self):
     config = _config(learning_rate=1e-3, lr_end_fraction=0.1)
     self.assertEqual(optimizer.end_learning_rate(config), 1e-4)
-    config.lr_schedule = "constant"
+    config = dataclasses.replace(config, lr_schedule="constant")
     self.assertEqual(optimizer.end_learning_rate(config), 1e-3)
 
   def test_schedule_length_defaults_to_steps(self):
-    self.assertEqual(optimizer.lr_schedule_steps(_config()), 110)
-    self.assertEqual(
-        optimizer.lr_schedule_steps(_config(lr_schedule_steps=80)), 80
-    )
+    self.assertEqual(_config().schedule_steps, 110)
+    self.assertEqual(_config(lr_schedule_steps=80).schedule_steps, 80)
+    self.assertEqual(optimizer.schedule_length(0, 110), 110)
+    self.assertEqual(optimizer.schedule_length(80, 110), 80)
 
   def test_every_schedule_has_a_builder_and_a_name(self):
     self.assertEqual(set(optimizer.DECAYS), set(choices.LR_SCHEDULES))

@@ -99,11 +99,12 @@ def make_engine(
   the optimizer itself has no clipping stage. `executables`: the engine's
   programs compiled already (`Engine`'s argument), or None.
   """
-  schedule = optimizer_lib.make_schedule(config)
+  settings = optimizer_lib.OptimizerConfig.from_config(config)
+  schedule = optimizer_lib.make_schedule(settings)
   return engine_lib.Engine(
       functools.partial(transformer.loss_fn, config=config, mesh=setup.mesh),
       params,
-      make_optimizer(config, schedule),
+      make_optimizer(settings, schedule),
       schedule,
       recorder or metrics_recorder.MetricsRecorder(mode="train"),
       config.gradient_accumulation_steps,
@@ -119,17 +120,17 @@ def make_engine(
 
 
 def make_optimizer(
-    config: Any,
+    settings: optimizer_lib.OptimizerConfig,
     schedule,
     decay_mask: Optional[Callable[[Any], Any]] = None,
 ) -> Any:
-  """The optimizer every engine of the model trains with: the config's
+  """The optimizer every engine of the model trains with: the settings'
   AdamW without its clipping stage (the engine clips with the gradient norm
   it measures for the metrics), weight decay on the model's matrices only
   (`transformer.weight_decay_mask`), or on those `decay_mask` names (a
   frozen router's leaves left out: `maxtext.grpo.frozen_router`)."""
   return optimizer_lib.make_optimizer(
-      config,
+      settings,
       schedule,
       include_clipping=False,
       decay_mask=decay_mask or transformer.weight_decay_mask,
@@ -146,7 +147,7 @@ def build_engine(
   anything is allocated) and compiles none.
   """
   if mesh is None:
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
   executables = (
       saved_step.load(config.compiled_step_file, config, mesh)
       if config.compiled_step_file

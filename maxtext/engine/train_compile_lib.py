@@ -461,7 +461,9 @@ def search(
       config = config.copy_and_resolve_references()
       with config.unlocked():
         config.context_parallelism, config.tensor_parallelism = pair
-      mesh = mesh_lib.make_mesh(config, devices)
+      mesh = mesh_lib.make_mesh(
+          mesh_lib.MeshConfig.from_config(config), devices
+      )
     found = _search_mesh(config, mesh, hbm, log, tried, inputs, progress)
     if found is not None:
       return tried, found

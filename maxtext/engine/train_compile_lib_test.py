@@ -117,7 +117,9 @@ class CompileStepTest(absltest.TestCase):
         fsdp_parallelism=-1,
     )
     config_lib.validate(config)
-    return config, mesh_lib.make_mesh(config, jax.devices())
+    return config, mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(config), jax.devices()
+    )
 
   def test_compiles_the_engines_programs_with_their_memory(self):
     for k, names in ((2, ["micro_step"]), (1, ["micro_step", "update"])):
@@ -177,7 +179,9 @@ class CompileStepTest(absltest.TestCase):
         fsdp_parallelism=-1,
     )
     config_lib.validate(config)
-    mesh = mesh_lib.make_mesh(config, jax.devices())
+    mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(config), jax.devices()
+    )
     # 8 sequences over 4 devices: 1 or 2 micro-steps.
     self.assertEqual(
         train_compile_lib.accumulation_choices(config, mesh), [1, 2]
@@ -225,7 +229,9 @@ class CompileStepTest(absltest.TestCase):
         max_sequence_length=18,
     )
     config_lib.validate(config)
-    mesh = mesh_lib.make_mesh(config, jax.devices())
+    mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(config), jax.devices()
+    )
     # 4 devices, 4 query and 2 key/value heads: tensor 1 or 2.
     self.assertEqual(train_compile_lib.tensor_choices(config, mesh), [1, 2])
     self.assertEqual(
@@ -253,7 +259,9 @@ class CompileStepTest(absltest.TestCase):
         num_heads=4,
         num_kv_heads=2,
     )
-    mesh = mesh_lib.make_mesh(config, jax.devices())
+    mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(config), jax.devices()
+    )
     # 16 tokens over 4 devices: context 1, 2, 4 (2C chunks divide 16),
     # tensor 1, 2 (the heads).
     self.assertEqual(
@@ -275,7 +283,9 @@ class CompileStepTest(absltest.TestCase):
         max_sequence_length=20,
     )
     config_lib.validate(config)
-    mesh = mesh_lib.make_mesh(config, jax.devices())
+    mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(config), jax.devices()
+    )
     self.assertEqual(
         train_compile_lib.layout_choices(config, mesh), [(1, 1), (2, 1)]
     )

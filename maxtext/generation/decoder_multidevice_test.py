@@ -54,7 +54,7 @@ class DecoderMultiDeviceTest(parameterized.TestCase):
     config = ml_collections.FrozenConfigDict(
         tiny_configs.model_config(*presets, **layout)
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     setup = model_setup.setup_model(config, mesh)
     sharded = model_setup.init_params(config, setup)
     # The parameters are split over the devices as in training.
@@ -99,7 +99,7 @@ class DecoderMultiDeviceTest(parameterized.TestCase):
             tensor_parallelism=2,
         )
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(
         paged_decoder.pool_sharding(config, mesh).spec,
         jax.sharding.PartitionSpec(None, None, None, "tensor", None),
@@ -127,7 +127,7 @@ class DecoderMultiDeviceTest(parameterized.TestCase):
     config = ml_collections.FrozenConfigDict(
         tiny_configs.model_config(data_parallelism=2, fsdp_parallelism=4)
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     with self.assertRaisesRegex(
         ValueError,

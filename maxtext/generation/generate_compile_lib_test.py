@@ -42,7 +42,7 @@ class WeightCopyTest(absltest.TestCase):
   def _check_against_arrays(self, config):
     """The copy's bytes equal those of the parameters themselves, made on
     the mesh and cast to the compute dtype there."""
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     setup = model_setup.setup_model(config, mesh)
     params = model_setup.init_params(config, setup)
     copy_dtype = jnp.dtype(config.compute_dtype)
@@ -89,7 +89,7 @@ class CompileGenerationTest(absltest.TestCase):
 
   def test_programs_compile_with_the_pool_split_over_tensor(self):
     config = _config(tiny_configs.TINY_QWEN35, tensor_parallelism=2)
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(dict(mesh.shape), {"data": 1, "fsdp": 2, "tensor": 2})
     engine = paged_decoder.EngineOptions(page_size=4)
 
@@ -144,7 +144,7 @@ class CompileGenerationTest(absltest.TestCase):
             tensor_parallelism=2,
         )
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 1, "tensor": 2})
 
     result = generate_compile_lib.compile_generation(
@@ -179,7 +179,7 @@ class CompileGenerationTest(absltest.TestCase):
 
   def test_bad_shape_is_one_line(self):
     config = _config()
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     with self.assertRaisesRegex(
         ValueError, r"^prompt_length=16 leaves no new token of length=16$"
     ):

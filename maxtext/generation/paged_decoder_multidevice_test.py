@@ -45,7 +45,7 @@ def _setup(presets, layout):
   config = ml_collections.FrozenConfigDict(
       tiny_configs.model_config(*presets, max_sequence_length=32, **layout)
   )
-  mesh = mesh_lib.make_mesh(config)
+  mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
   sharded = model_setup.init_params(
       config, model_setup.setup_model(config, mesh)
   )
@@ -209,7 +209,7 @@ class PagedReplicasTest(parameterized.TestCase):
     config = ml_collections.FrozenConfigDict(
         tiny_configs.model_config(*presets, **layout)
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     sharding = paged_decoder.pool_sharding(config, mesh)
     pages = 8
     pool = jax.jit(

@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from maxtext.config import optimizer
 from maxtext.engine import engine as engine_lib
 from maxtext.engine import model_setup
 from maxtext.grpo import frozen_router
@@ -107,7 +108,9 @@ class FrozenRouterTest(parameterized.TestCase):
         ),
         jax.tree_util.tree_map(jnp.copy, self.params),
         model_setup.make_optimizer(
-            self.config, optax.constant_schedule(1e-2), decay_mask=decay
+            optimizer.OptimizerConfig.from_config(self.config),
+            optax.constant_schedule(1e-2),
+            decay_mask=decay,
         ),
         optax.constant_schedule(1e-2),
         recorder_lib.MetricsRecorder(),

@@ -202,7 +202,9 @@ class GenerationMesh:
 
   def __init__(self, config, train_devices: list, devices: list):
     gen_config = _generation_config(config, len(devices))
-    self.mesh = mesh_lib.make_mesh(gen_config, devices)
+    self.mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(gen_config), devices
+    )
     setup = model_setup.setup_model(gen_config, self.mesh)
     self._shardings = setup.param_shardings
     self._route = _Route(train_devices, devices)
@@ -254,12 +256,12 @@ class GenerationMesh:
     return copied, time.perf_counter() - start
 
 
-def make(config) -> Optional[GenerationMesh]:
+def make(config, mesh_config: mesh_lib.MeshConfig) -> Optional[GenerationMesh]:
   """The run's `GenerationMesh`, or None when generation shares the
-  training devices (`grpo_generation_devices` 0).
+  training devices (`mesh_config.grpo_generation_devices` 0).
 
   Raises:
     ValueError: as `mesh.generation_split`.
   """
-  train, devices = mesh_lib.generation_split(config)
+  train, devices = mesh_lib.generation_split(mesh_config)
   return GenerationMesh(config, train, devices) if devices else None

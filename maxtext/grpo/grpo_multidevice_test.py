@@ -34,6 +34,7 @@ from maxtext.grpo import train_loss
 from maxtext.grpo import grpo_workload
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
+from maxtext.run import workload
 from testing import tiny_configs
 
 _ATOL = 1e-4
@@ -119,7 +120,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         grpo_logprob_error_threshold=2.0,
         **tiny_configs.TINY_GRPO,
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     sharded = _steps(config, mesh, model_setup.setup_model(config, mesh), 3)
     single = _steps(config, None, None, 3)
     for step, ((ids8, m8), (ids1, m1)) in enumerate(zip(sharded, single)):
@@ -149,9 +150,10 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         grpo_generation_replicas=2,
         **tiny_configs.TINY_GRPO,
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh_config = mesh_lib.MeshConfig.from_config(config)
+    mesh = mesh_lib.make_mesh(mesh_config)
     setup = model_setup.setup_model(config, mesh)
-    generation = generation_mesh.make(config)
+    generation = generation_mesh.make(config, mesh_config)
     train_devices = set(mesh.devices.flat)
     generation_devices = set(generation.mesh.devices.flat)
     self.assertEqual(train_devices, set(jax.devices()[:4]))
@@ -189,11 +191,12 @@ class GrpoMultiDeviceTest(absltest.TestCase):
           grpo_generation_replicas=replicas,
           **tiny_configs.TINY_GRPO,
       )
-      mesh = mesh_lib.make_mesh(config)
+      mesh_config = mesh_lib.MeshConfig.from_config(config)
+      mesh = mesh_lib.make_mesh(mesh_config)
       params = model_setup.init_params(
           config, model_setup.setup_model(config, mesh)
       )
-      generation = generation_mesh.make(config)
+      generation = generation_mesh.make(config, mesh_config)
       copied, _ = generation.copy(params)
       self.assertEqual(
           set(generation.mesh.devices.flat), set(jax.devices()[8 - n :])
@@ -223,10 +226,15 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         "^grpo_generation_devices=8 must leave training at least one of the "
         "8 devices$",
     ):
-      mesh_lib.make_mesh(config)
+      mesh_lib.make_mesh(grpo_workload.GrpoWorkload().mesh_config(config))
     # Only GRPO generates: pretraining trains on every device.
     config.workload = "pretraining"
-    self.assertEqual(mesh_lib.make_mesh(config).devices.size, 8)
+    self.assertEqual(
+        mesh_lib.make_mesh(
+            workload.Workload().mesh_config(config)
+        ).devices.size,
+        8,
+    )
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ from maxtext.metrics import recorder as metrics_recorder
 from maxtext.model import transformer
 from maxtext.generation import sampling
 from maxtext.runtime import device_memory
+from maxtext.runtime import mesh as mesh_lib
 
 
 def loss_options(config) -> policy_loss.LossOptions:
@@ -162,7 +163,8 @@ def make_engine(config, setup, params) -> engine_lib.Engine:
   """The engine training `params` (arrays, or their shapes for an ahead-of-
   time compile: `train_compile`) with the GRPO loss on `setup`'s mesh."""
   frozen = ml_collections.FrozenConfigDict(config)
-  schedule = optimizer_lib.make_schedule(config)
+  settings = optimizer_lib.OptimizerConfig.from_config(config)
+  schedule = optimizer_lib.make_schedule(settings)
   freeze = config.grpo_freeze_router
   return engine_lib.Engine(
       functools.partial(
@@ -174,7 +176,7 @@ def make_engine(config, setup, params) -> engine_lib.Engine:
       ),
       params,
       model_setup.make_optimizer(
-          config,
+          settings,
           schedule,
           decay_mask=(
               frozen_router.decay_mask(transformer.weight_decay_mask)
@@ -325,6 +327,11 @@ class GrpoWorkload(workload.Workload):
 
   # A rollout is drawn with the engine's parameters.
   reads_parameters = True
+
+  def mesh_config(self, config) -> mesh_lib.MeshConfig:
+    """The training mesh's settings: `grpo_generation_devices` generate
+    (`generation_mesh`), the rest train."""
+    return mesh_lib.MeshConfig.from_config(config)
 
   @property
   def reads_ahead(self) -> bool:
@@ -566,7 +573,9 @@ class GrpoWorkload(workload.Workload):
     """The devices generation has to itself (`generation_mesh.make`), made
     once per workload; None when it shares the training devices."""
     if self._generation is _UNSET:
-      self._generation = generation_mesh.make(state.config)
+      self._generation = generation_mesh.make(
+          state.config, self.mesh_config(state.config)
+      )
     return self._generation
 
   def _pass_rates(self, state) -> dict[str, float]:

@@ -77,12 +77,13 @@ class HeaderTest(parameterized.TestCase):
     # states: the peak after the warm-up, the end rate at the schedule's end.
     config = make_config()
     header = _header(config)
-    facts = optimizer.schedule_facts(config)
-    schedule = optimizer.make_schedule(config)
+    settings = optimizer.OptimizerConfig.from_config(config)
+    facts = optimizer.schedule_facts(settings)
+    schedule = optimizer.make_schedule(settings)
     warmup = header["opt_learning_rate_warmup_steps"]
     end = warmup + header["opt_learning_rate_decay_steps"]
     self.assertEqual(warmup, config.warmup_steps)
-    self.assertEqual(end, optimizer.lr_schedule_steps(config))
+    self.assertEqual(end, settings.schedule_steps)
     for step, key in (
         (warmup, "opt_base_learning_rate"),
         (end, "opt_end_learning_rate"),

@@ -462,7 +462,9 @@ def run_hyperparameters(
     start_step: the step the attempt starts from (init_checkpoint_step).
     config_filename: the config file's name, for the 6.1 disclosure.
   """
-  schedule = optimizer.schedule_facts(config)
+  schedule = optimizer.schedule_facts(
+      optimizer.OptimizerConfig.from_config(config)
+  )
   grpo = is_grpo_benchmark(config)
   values = hyperparameters_from_config(
       config,

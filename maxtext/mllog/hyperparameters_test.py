@@ -76,7 +76,9 @@ class RunHyperparametersTest(parameterized.TestCase):
   def test_schedule_keys_are_the_optimizers_facts(self, kind, name):
     config = _config(lr_schedule=kind, warmup_steps=5, lr_schedule_steps=40)
     header = _header(config)
-    facts = optimizer.schedule_facts(config)
+    facts = optimizer.schedule_facts(
+        optimizer.OptimizerConfig.from_config(config)
+    )
     self.assertEqual(header["opt_learning_rate_decay_schedule"], name)
     self.assertEqual(header["opt_learning_rate_warmup_steps"], 5)
     self.assertEqual(header["opt_learning_rate_decay_steps"], 35)

@@ -52,7 +52,9 @@ def _batch(config, rows=4):
 class CpuMeshTest(absltest.TestCase):
 
   def test_auto_is_einsum_for_a_cpu_mesh(self):
-    mesh = mesh_lib.make_mesh(_config(), jax.devices())
+    mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(_config()), jax.devices()
+    )
     self.assertEqual(
         transformer.attention_implementation(_config(), mesh), "einsum"
     )
@@ -60,7 +62,9 @@ class CpuMeshTest(absltest.TestCase):
   def test_splash_on_a_mesh_matches_einsum(self):
     config = _config(attention="splash")
     reference = _config(attention="einsum")
-    mesh = mesh_lib.make_mesh(config, jax.devices())
+    mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(config), jax.devices()
+    )
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     batch = _batch(config)
     loss, _ = jax.jit(
@@ -92,7 +96,9 @@ class SplashRematTest(parameterized.TestCase):
     loops = {}
     for policy in ("none", "save_named", "full"):
       config = _config(*presets, attention="splash", remat_policy=policy)
-      mesh = mesh_lib.make_mesh(config, jax.devices())
+      mesh = mesh_lib.make_mesh(
+          mesh_lib.MeshConfig.from_config(config), jax.devices()
+      )
       grad, args = _grad_program(config, mesh)
       # In interpret mode each kernel call is a loop over its grid.
       loops[policy] = grad.lower(*args).compile().as_text().count(" while(")
@@ -105,7 +111,9 @@ class SplashRematTest(parameterized.TestCase):
     grads = {}
     for policy in ("none", "save_named"):
       config = _config(attention="splash", remat_policy=policy)
-      mesh = mesh_lib.make_mesh(config, jax.devices())
+      mesh = mesh_lib.make_mesh(
+          mesh_lib.MeshConfig.from_config(config), jax.devices()
+      )
       grad, args = _grad_program(config, mesh)
       grads[policy] = grad(*args)
     jax.tree.map(
@@ -132,7 +140,9 @@ class TpuSliceTest(parameterized.TestCase):
         compute_dtype="bfloat16",
         max_sequence_length=256,
     )
-    mesh = mesh_lib.make_mesh(config, self.devices)
+    mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(config), self.devices
+    )
     self.assertEqual(
         transformer.attention_implementation(config, mesh), "splash"
     )
@@ -169,7 +179,9 @@ class TpuSliceTest(parameterized.TestCase):
         max_sequence_length=256,
         remat_policy="save_named",
     )
-    mesh = mesh_lib.make_mesh(config, self.devices)
+    mesh = mesh_lib.make_mesh(
+        mesh_lib.MeshConfig.from_config(config), self.devices
+    )
     setup = model_setup.setup_model(config, mesh)
     params = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

@@ -142,7 +142,7 @@ class ContextParallelTest(parameterized.TestCase):
   ):
     config = _config(preset, mesh)
     config_lib.validate(config)
-    device_mesh = mesh_lib.make_mesh(config)
+    device_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(device_mesh.shape[mesh_lib.CONTEXT_AXIS], 2)
     self.assertEqual(
         sorted(n for n, size in device_mesh.shape.items() if size == 2),
@@ -286,7 +286,7 @@ class ContextParallelTest(parameterized.TestCase):
       mesh_equality.assert_matches_one_device(
           self,
           config,
-          mesh_lib.make_mesh(config),
+          mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config)),
           False,
           mesh_lib.CONTEXT_AXIS,
       )
@@ -299,7 +299,10 @@ class ContextParallelTest(parameterized.TestCase):
         "max_sequence_length=18 is not divisible by 2 x "
         "context_parallelism=2",
     ):
-      mesh_lib.check_batch_layout(config, mesh_lib.make_mesh(config))
+      mesh_lib.check_batch_layout(
+          mesh_lib.BatchLayout.from_config(config),
+          mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config)),
+      )
 
   def test_context_must_divide_the_devices(self):
     config = _config((_DENSE,), "fsdp_context_tensor")
@@ -307,7 +310,7 @@ class ContextParallelTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, "context_parallelism=3 must be >= 1 and divide"
     ):
-      mesh_lib.make_mesh(config)
+      mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
 
 
 class TrainingTest(absltest.TestCase):

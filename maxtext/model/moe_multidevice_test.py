@@ -261,7 +261,7 @@ class MoeMultiDeviceTest(parameterized.TestCase):
   )
   def test_per_device_dispatch_matches_one_device(self, shape, overrides):
     config = _layer_config(*shape, **overrides)
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(mesh_lib.expert_size(mesh), shape[2])
     x, layer = self._layer(config)
     (want_value, (want_out, want_stats)), want_grads = _objective(config, None)(
@@ -288,7 +288,7 @@ class MoeMultiDeviceTest(parameterized.TestCase):
 
   def test_capacity_counts_the_expert_groups_tokens(self):
     config = _layer_config(1, 4, 2, capacity_factor=0.5)
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     x, layer = self._layer(config)
     (_, (got_out, got_stats)), _ = _objective(config, mesh)(
         *_on_mesh(x, layer, mesh)
@@ -319,7 +319,7 @@ class MoeMultiDeviceTest(parameterized.TestCase):
         global_batch_size=8 * accumulation,
         gradient_accumulation_steps=accumulation,
     )
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 2, "expert": 2})
     self.assertEqual(mesh_lib.expert_size(mesh), 2)
     # On the host: each engine places (and may donate) its own copy.
@@ -387,7 +387,7 @@ class MoeMultiDeviceTest(parameterized.TestCase):
   )
   def test_a_checkpoint_restores_in_the_other_layout(self, saved, restored):
     config = _config()
-    mesh = mesh_lib.make_mesh(config)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     params = jax.device_get(
         transformer.init_params(config, jax.random.PRNGKey(0))
     )

@@ -81,7 +81,9 @@ class EngineStepTest(absltest.TestCase):
   def test_a_step_moves_the_bias_by_the_steps_loads_and_nothing_else(self):
     config = _config()
     batches = _batches(config)
-    setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
+    setup = model_setup.setup_model(
+        config, mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+    )
     params = model_setup.init_params(config, setup)
     # Each engine its own copy: the step donates the parameters.
     moved = model_setup.make_engine(

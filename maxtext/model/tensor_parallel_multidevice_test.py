@@ -95,7 +95,7 @@ class TensorParallelTest(parameterized.TestCase):
       self, preset, mesh, packed=False
   ):
     config = _config(preset, mesh)
-    device_mesh = mesh_lib.make_mesh(config)
+    device_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(device_mesh.shape[mesh_lib.TENSOR_AXIS], 2)
     self.assertEqual(
         sorted(n for n, size in device_mesh.shape.items() if size == 2),
@@ -113,13 +113,15 @@ class TensorParallelTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, "tensor_parallelism=2 does not divide the 1 kv_heads"
     ):
-      model_setup.setup_model(config, mesh_lib.make_mesh(config))
+      model_setup.setup_model(
+          config, mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+      )
 
   def test_tensor_must_divide_the_devices(self):
     config = _config((_DENSE,), "data_fsdp_tensor")
     config.tensor_parallelism = 3
     with self.assertRaisesRegex(ValueError, "tensor_parallelism=3 must be"):
-      mesh_lib.make_mesh(config)
+      mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
 
 
 if __name__ == "__main__":

@@ -700,9 +700,12 @@ class ShardingTest(parameterized.TestCase):
     self.assertTrue(mask["embedding"])
     # The mask the engine's optimizer gets: a zero gradient moves the
     # decayed matrices and leaves the norm scales where they are.
-    optimizer_config = default.get_config()
-    optimizer_config.update(
-        learning_rate=0.1, warmup_steps=0, weight_decay=0.5, grad_clip_norm=0.0
+    optimizer_config = optimizer.OptimizerConfig.from_config(
+        default.get_config(),
+        learning_rate=0.1,
+        warmup_steps=0,
+        weight_decay=0.5,
+        grad_clip_norm=0.0,
     )
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     tx = optimizer.make_optimizer(

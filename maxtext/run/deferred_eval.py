@@ -221,8 +221,8 @@ def _eval_state(
 ) -> run_state_lib.RunState:
   """A run state to evaluate in: the run's model, engine and data, no
   outputs; its checkpointer is the run's weights-only one."""
-  mesh = mesh_lib.make_mesh(config)
-  mesh_lib.check_batch_layout(config, mesh)
+  mesh = mesh_lib.make_mesh(workload.mesh_config(config))
+  mesh_lib.check_batch_layout(mesh_lib.BatchLayout.from_config(config), mesh)
   weights = weights_checkpoints.open_checkpointer(
       paths.run_dir, progress=progress
   )

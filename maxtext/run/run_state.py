@@ -44,6 +44,7 @@ from maxtext.metrics import metrics_listener
 from maxtext.metrics import throughput
 from maxtext.metrics import writers
 from maxtext.mllog import mllog_listener
+from maxtext.storage import checkpoint_config
 from maxtext.storage import checkpointing
 from maxtext.storage import data_state
 from maxtext.storage import gcs_mirror
@@ -479,8 +480,8 @@ def build(
   """
   workload = workload or workload_lib.Workload()
   is_primary = jax.process_index() == 0
-  mesh = mesh_lib.make_mesh(config)
-  mesh_lib.check_batch_layout(config, mesh)
+  mesh = mesh_lib.make_mesh(workload.mesh_config(config))
+  mesh_lib.check_batch_layout(mesh_lib.BatchLayout.from_config(config), mesh)
   workload.check_devices(config, mesh)
   step_throughput = throughput.StepThroughput.for_run(
       config,
@@ -625,10 +626,11 @@ def _open_inputs(
   """
   _fetch_remote_run(config, paths)
   os.makedirs(paths.run_dir, exist_ok=True)
+  settings = checkpoint_config.CheckpointConfig.from_config(config)
   checkpointer = checkpointing.Checkpointer(
       paths.checkpoint_dir,
-      save_period=config.checkpoint_period or config.steps,
-      max_to_keep=config.max_checkpoints_to_keep,
+      save_period=settings.save_period,
+      max_to_keep=settings.max_checkpoints_to_keep,
       # No checkpoint once another run took the run's lock over.
       fence=locks.check if locks is not None else None,
       progress=progress.logged(config.progress_interval_s),

@@ -44,6 +44,7 @@ from maxtext.run import workload as workload_lib
 from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
 from maxtext.metrics import recorder as metrics_recorder
+from maxtext.storage import checkpoint_config
 from maxtext.storage import run_dir as run_dir_lib
 
 RunOutcome = interface.RunOutcome
@@ -158,6 +159,9 @@ def check(
   """
   try:
     config_lib.validate(config)
+    # Checkpointing's settings: maxtext/config/ sits below maxtext/storage/
+    # and cannot check them, so they are checked here, before device work.
+    checkpoint_config.CheckpointConfig.from_config(config)
     if workload is None:
       workload = _pretraining(config)
     elif workload.name != config.workload:

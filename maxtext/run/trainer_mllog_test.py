@@ -86,7 +86,9 @@ class TrainerMllogTest(parameterized.TestCase):
 
   def assert_values_match_run(self, config, result, events):
     """Schedule keys, sample counts and eval values match the run's."""
-    facts = optimizer.schedule_facts(config)
+    facts = optimizer.schedule_facts(
+        optimizer.OptimizerConfig.from_config(config)
+    )
     gbs = config.global_batch_size
     self.assertEqual(
         single(events, "opt_learning_rate_warmup_steps"), facts.warmup_steps

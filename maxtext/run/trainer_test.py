@@ -94,8 +94,9 @@ def _abstract_params(config):
 def _restore_state(config, run_dir, step):
   """The train state of checkpoint `step` of a run, read from its files."""
   params = _abstract_params(config)
+  settings = optimizer_lib.OptimizerConfig.from_config(config)
   opt = optimizer_lib.make_optimizer(
-      config, optimizer_lib.make_schedule(config)
+      settings, optimizer_lib.make_schedule(settings)
   )
   abstract = {
       "params": params,

@@ -11,6 +11,9 @@ non-finite skip guard, a checkpoint when an output fails, and the run's end.
 A workload supplies only what differs between kinds of training:
 
   check            its own config checks, before any device work
+  mesh_config      the training mesh's settings (`mesh.MeshConfig`): the
+                   config's parallelism, and the devices a GRPO run keeps
+                   for generation
   engine_factory   its engine: the model with its loss
   make_dataset     where a step's inputs come from (a data set, or prompts
                    a rollout turns into micro-batches)
@@ -50,6 +53,7 @@ from maxtext.data import dataset_kinds
 from maxtext.core import eval_metrics
 from maxtext.engine import model_setup
 from maxtext.run import warmup
+from maxtext.runtime import mesh as mesh_lib
 
 
 class RefusedStart(ValueError):
@@ -85,6 +89,15 @@ class Workload:
       ValueError/TypeError: one line naming the field and the value.
     """
     del config
+
+  def mesh_config(self, config) -> mesh_lib.MeshConfig:
+    """The training mesh's settings: the config's, every device trains
+    (GRPO's `grpo_generation_devices` are GRPO's alone).
+
+    Raises:
+      ValueError: as `mesh.MeshConfig.validate`.
+    """
+    return mesh_lib.MeshConfig.from_config(config, grpo_generation_devices=0)
 
   def check_devices(self, config, mesh) -> None:
     """The workload's checks that need the devices (the training `mesh`;

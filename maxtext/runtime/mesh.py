@@ -36,8 +36,14 @@ mesh: `dcn_data_parallelism` x `dcn_fsdp_parallelism` slices joined by the
 data-center network, each axis within a slice as `data_parallelism` and
 `fsdp_parallelism` say; by default data parallelism spans the slices, so
 only its gradient reduction crosses the slower network.
+
+The mesh's settings are `MeshConfig`: the config's parallelism fields and
+`grpo_generation_devices`, which the run's workload sets (GRPO's own, 0 for
+every other workload: `Workload.mesh_config`), so the mesh reads no
+workload's name.
 """
 
+import dataclasses
 import math
 from typing import Any, Mapping, Optional, Sequence
 
@@ -46,12 +52,64 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
+from maxtext.core import component_config
+
 DATA_AXIS = "data"
 FSDP_AXIS = "fsdp"
 EXPERT_AXIS = "expert"
 TENSOR_AXIS = "tensor"
 CONTEXT_AXIS = "context"
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(component_config.ComponentConfig):
+  """The mesh's settings (`maxtext/configs/base.py` documents each field).
+
+  Attributes:
+    data_parallelism: data-parallel replicas within a slice; -1 = all
+      devices the other axes leave.
+    fsdp_parallelism: devices that shard parameters within a slice; -1 as
+      above (at most one of the two is -1).
+    expert_parallelism: the "expert" axis.
+    tensor_parallelism: the "tensor" axis.
+    context_parallelism: the "context" axis.
+    dcn_data_parallelism: slices holding data-parallel replicas; -1 = all
+      slices the other leaves.
+    dcn_fsdp_parallelism: slices FSDP shards over; -1 as above.
+    grpo_generation_devices: devices that generate instead of training
+      (`generation_split`); 0 = all train. The workload decides
+      (`Workload.mesh_config`): the config's for a GRPO run, else 0.
+  """
+
+  data_parallelism: int = -1
+  fsdp_parallelism: int = 1
+  expert_parallelism: int = 1
+  tensor_parallelism: int = 1
+  context_parallelism: int = 1
+  dcn_data_parallelism: int = -1
+  dcn_fsdp_parallelism: int = 1
+  grpo_generation_devices: int = 0
+
+  def validate(self) -> None:
+    """The axes' sizes on their own (against the devices: `make_mesh`).
+
+    Raises:
+      ValueError: a size neither -1 nor >= 1, or both of a pair -1.
+    """
+    for prefix, unit in (("", "devices"), ("dcn_", "slices")):
+      data = f"{prefix}data_parallelism"
+      fsdp = f"{prefix}fsdp_parallelism"
+      for key in (data, fsdp):
+        value = getattr(self, key)
+        if value != -1 and value < 1:
+          raise component_config.fail(
+              key, value, f"must be -1 (all remaining {unit}) or >= 1"
+          )
+      if getattr(self, data) == -1 and getattr(self, fsdp) == -1:
+        raise component_config.fail(
+            fsdp, -1, f"only one of {data} and {fsdp} may be -1"
+        )
 
 
 def mesh_shape(
@@ -115,22 +173,21 @@ def num_slices(devices: Sequence[jax.Device]) -> int:
   return len({getattr(d, "slice_index", 0) for d in devices})
 
 
-def generation_split(config) -> tuple[list, list]:
-  """(training devices, generation devices): for a GRPO run, each process's
-  last `config.grpo_generation_devices` / `jax.process_count()` devices
+def generation_split(settings: MeshConfig) -> tuple[list, list]:
+  """(training devices, generation devices): each process's last
+  `settings.grpo_generation_devices` / `jax.process_count()` devices
   generate and the rest train (a job of one process: the last N devices);
-  all train when it is 0, for other workloads, or for a config without the
-  field. Both lists are in `jax.devices()` order (process by process), so
-  every process holds a part of both meshes and takes part in both meshes'
-  programs, as a multi-controller job needs.
+  all train when it is 0. Both lists are in `jax.devices()` order (process
+  by process), so every process holds a part of both meshes and takes part
+  in both meshes' programs, as a multi-controller job needs.
 
   Raises:
     ValueError: more generation devices than leave one to train, or a
       number (or processes of devices) that cannot be shared evenly.
   """
   devices = list(jax.devices())
-  n = getattr(config, "grpo_generation_devices", 0)
-  if not n or getattr(config, "workload", "grpo") != "grpo":
+  n = settings.grpo_generation_devices
+  if not n:
     return devices, []
   if n >= len(devices):
     raise ValueError(
@@ -163,22 +220,25 @@ def generation_split(config) -> tuple[list, list]:
   return train, generate
 
 
-def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+def make_mesh(
+    settings: MeshConfig, devices: Optional[Sequence[jax.Device]] = None
+) -> Mesh:
   """The run's mesh over the training devices (`generation_split`: all of
-  them unless GRPO generates on devices of its own), or the given ones.
+  them unless `settings.grpo_generation_devices` generate), or the given
+  ones.
 
   ("data", "fsdp"), plus "expert" (last, so expert groups are neighbouring
-  devices) when `config.expert_parallelism` > 1. On TPUs the devices are
+  devices) when `settings.expert_parallelism` > 1. On TPUs the devices are
   laid out on the torus and across slices as the module docstring says.
 
   Raises:
     ValueError: bad sizes (see `mesh_shape`), or expert_parallelism does not
       divide the number of devices (of one slice).
   """
-  devices = list(generation_split(config)[0] if devices is None else devices)
-  experts = getattr(config, "expert_parallelism", 1)
-  tensor = getattr(config, "tensor_parallelism", 1)
-  context = getattr(config, "context_parallelism", 1)
+  devices = list(generation_split(settings)[0] if devices is None else devices)
+  experts = settings.expert_parallelism
+  tensor = settings.tensor_parallelism
+  context = settings.context_parallelism
   slices = num_slices(devices)
   per_slice = len(devices) // slices
   where = " of a slice" if slices > 1 else ""
@@ -200,8 +260,8 @@ def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
         f"expert_parallelism={experts} and tensor_parallelism={tensor}"
     )
   within = mesh_shape(
-      config.data_parallelism,
-      config.fsdp_parallelism,
+      settings.data_parallelism,
+      settings.fsdp_parallelism,
       per_slice // (experts * tensor * context),
   )
   names = BATCH_AXES
@@ -222,8 +282,8 @@ def make_mesh(config, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   if slices == 1:
     return Mesh(_torus_mesh(within, devices), names)
   across = mesh_shape(
-      getattr(config, "dcn_data_parallelism", -1),
-      getattr(config, "dcn_fsdp_parallelism", 1),
+      settings.dcn_data_parallelism,
+      settings.dcn_fsdp_parallelism,
       slices,
       prefix="dcn_",
       unit="slices",
@@ -271,38 +331,56 @@ def context_size(mesh: Optional[Mesh]) -> int:
   return 1 if mesh is None else mesh.shape.get(CONTEXT_AXIS, 1)
 
 
-def check_batch_layout(config, mesh: Mesh) -> None:
+@dataclasses.dataclass(frozen=True)
+class BatchLayout(component_config.ComponentConfig):
+  """The batch's sizes that must split evenly over the mesh
+  (`check_batch_layout`); the config's fields of these names.
+
+  Attributes:
+    global_batch_size: sequences per step, over all processes.
+    gradient_accumulation_steps: micro-batches per step.
+    eval_batch_size: sequences per eval batch, over all processes.
+    max_sequence_length: tokens per sequence.
+  """
+
+  global_batch_size: int = 16
+  gradient_accumulation_steps: int = 1
+  eval_batch_size: int = 16
+  max_sequence_length: int = 64
+
+
+def check_batch_layout(batch: BatchLayout, mesh: Mesh) -> None:
   """Checks that the global and micro batches split evenly over the mesh.
 
   Raises:
     ValueError: naming the batch size and the number of batch shards.
   """
   shards = math.prod(mesh.shape[name] for name in batch_axes(mesh))
-  micro = config.global_batch_size // config.gradient_accumulation_steps
+  micro = batch.global_batch_size // batch.gradient_accumulation_steps
   if micro % shards:
     raise ValueError(
-        f"global_batch_size={config.global_batch_size} / "
-        f"gradient_accumulation_steps={config.gradient_accumulation_steps} = "
+        f"global_batch_size={batch.global_batch_size} / "
+        f"gradient_accumulation_steps={batch.gradient_accumulation_steps} = "
         f"{micro} sequences per micro-batch is not divisible by the {shards} "
         f"batch shards (data x fsdp x expert devices)"
     )
-  if config.eval_batch_size % shards:
+  if batch.eval_batch_size % shards:
     raise ValueError(
-        f"eval_batch_size={config.eval_batch_size} is not divisible by "
+        f"eval_batch_size={batch.eval_batch_size} is not divisible by "
         f"the {shards} batch shards (data x fsdp x expert devices)"
     )
   context = context_size(mesh)
-  if context > 1 and config.max_sequence_length % (2 * context):
+  if context > 1 and batch.max_sequence_length % (2 * context):
     raise ValueError(
-        f"max_sequence_length={config.max_sequence_length} is not divisible "
+        f"max_sequence_length={batch.max_sequence_length} is not divisible "
         f"by 2 x context_parallelism={context} (the zig-zag layout gives "
         f"each device two equal chunks of every row)"
     )
   processes = jax.process_count()
-  if micro % processes or config.eval_batch_size % processes:
+  if micro % processes or batch.eval_batch_size % processes:
     raise ValueError(
         f"micro-batch size {micro} and "
-        f"eval_batch_size={config.eval_batch_size} must be divisible by the "
+        f"eval_batch_size={batch.eval_batch_size} must be divisible by the "
         f"{processes} processes"
     )
 

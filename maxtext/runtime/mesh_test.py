@@ -11,9 +11,10 @@ import sys
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
-import ml_collections
 import numpy as np
 
+from maxtext.configs import base
+from maxtext.core import component_config
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.runtime import topology
 
@@ -22,18 +23,63 @@ _TPU_ARG = "--tpu"
 
 
 def _config(**overrides):
-  """A ConfigDict with the mesh and batch fields, updated by `overrides`."""
-  config = ml_collections.ConfigDict(
-      dict(
-          data_parallelism=-1,
-          fsdp_parallelism=1,
-          global_batch_size=16,
-          gradient_accumulation_steps=2,
-          eval_batch_size=8,
-      )
+  """The mesh's settings: base.py's, updated by `overrides`."""
+  return mesh_lib.MeshConfig(**overrides)
+
+
+_BATCH = mesh_lib.BatchLayout(
+    global_batch_size=16, gradient_accumulation_steps=2, eval_batch_size=8
+)
+
+
+class MeshConfigTest(parameterized.TestCase):
+
+  def test_defaults_are_base_configs(self):
+    for settings in (mesh_lib.MeshConfig, mesh_lib.BatchLayout):
+      defaults = component_config.defaults(settings)
+      config = base.get_config()
+      with self.subTest(settings.__name__):
+        self.assertEqual(defaults, {name: config[name] for name in defaults})
+
+  def test_made_from_the_run_config_by_name(self):
+    config = base.get_config()
+    config.fsdp_parallelism = -1
+    config.data_parallelism = 2
+    config.grpo_generation_devices = 4
+    self.assertEqual(
+        mesh_lib.MeshConfig.from_config(config),
+        mesh_lib.MeshConfig(
+            data_parallelism=2, fsdp_parallelism=-1, grpo_generation_devices=4
+        ),
+    )
+
+  @parameterized.named_parameters(
+      (
+          "zero",
+          dict(data_parallelism=0),
+          r"^config\.data_parallelism=0: must be -1 \(all remaining devices\)",
+      ),
+      (
+          "two_rests",
+          dict(data_parallelism=-1, fsdp_parallelism=-1),
+          r"^config\.fsdp_parallelism=-1: only one of data_parallelism and",
+      ),
+      (
+          "dcn_zero",
+          dict(dcn_fsdp_parallelism=0),
+          r"^config\.dcn_fsdp_parallelism=0: must be -1 \(all remaining slices",
+      ),
+      (
+          "dcn_two_rests",
+          dict(dcn_fsdp_parallelism=-1),
+          r"^config\.dcn_fsdp_parallelism=-1: only one of dcn_data_parallelism",
+      ),
   )
-  config.update(overrides)
-  return config
+  def test_bad_sizes_are_one_line_naming_the_field(self, overrides, message):
+    config = base.get_config()
+    config.update(overrides)
+    with self.assertRaisesRegex(ValueError, message):
+      mesh_lib.MeshConfig.from_config(config)
 
 
 class MeshShapeTest(parameterized.TestCase):
@@ -89,17 +135,15 @@ class BatchLayoutTest(absltest.TestCase):
   def test_one_device_mesh(self):
     mesh = mesh_lib.make_mesh(_config())
     self.assertEqual(dict(mesh.shape), {"data": 1, "fsdp": 1})
-    mesh_lib.check_batch_layout(_config(), mesh)
+    mesh_lib.check_batch_layout(_BATCH, mesh)
 
   def test_expert_axis_only_when_asked_and_must_divide_devices(self):
     mesh = mesh_lib.make_mesh(_config())
     self.assertNotIn(mesh_lib.EXPERT_AXIS, mesh.axis_names)
     self.assertEqual(mesh_lib.expert_size(mesh), 1)
     self.assertEqual(mesh_lib.batch_axes(mesh), ("data", "fsdp"))
-    config = _config()
-    config.expert_parallelism = 2
     with self.assertRaisesRegex(ValueError, "expert_parallelism=2"):
-      mesh_lib.make_mesh(config)
+      mesh_lib.make_mesh(_config(expert_parallelism=2))
 
   def test_global_batch_is_sharded_over_batch_axes(self):
     mesh = mesh_lib.make_mesh(_config())

@@ -29,7 +29,6 @@ explicit config value (default 0) and, like every field outside
 import datetime
 import json
 import os
-import types
 from typing import Any, Callable, Mapping, Optional
 
 from absl import logging
@@ -183,11 +182,7 @@ def _same(old: Any, new: Any) -> bool:
 def _schedule_length(values: Mapping[str, Any]) -> Optional[int]:
   if "lr_schedule_steps" not in values or "steps" not in values:
     return None
-  return optimizer.lr_schedule_steps(
-      types.SimpleNamespace(
-          lr_schedule_steps=values["lr_schedule_steps"], steps=values["steps"]
-      )
-  )
+  return optimizer.schedule_length(values["lr_schedule_steps"], values["steps"])
 
 
 def check_resume(

@@ -420,7 +420,9 @@ def train_config(
   early.
   """
   config = config.copy_and_resolve_references()
-  config.lr_schedule_steps = optimizer.lr_schedule_steps(config)
+  config.lr_schedule_steps = optimizer.schedule_length(
+      config.lr_schedule_steps, config.steps
+  )
   config.steps = steps
   config.base_output_directory = runs_dir
   config.run_name = run_name

@@ -112,7 +112,7 @@ def _figures(compiled) -> dict:
 
 def paged(config, device, slots, length, prompt, attention) -> dict:
   """The paged decode program's `_figures`."""
-  mesh = mesh_lib.make_mesh(config, [device])
+  mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config), [device])
   lowered = paged_decoder.lower(
       _abstract_params(config, mesh),
       config,
@@ -128,7 +128,7 @@ def paged(config, device, slots, length, prompt, attention) -> dict:
 def static(config, device, rows, length, prompt) -> dict:
   """The static decoder's program's `_figures`, its prompts padded to
   their length bucket as `decoder.generate` pads them."""
-  mesh = mesh_lib.make_mesh(config, [device])
+  mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config), [device])
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
   def shape(dims, dtype, sharding=replicated):
@@ -181,7 +181,10 @@ def main(argv: list[str]) -> None:
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise app.UsageError(f"--topology={_TOPOLOGY.value!r}: {first}") from None
   count = transformer.num_params(
-      _abstract_params(config, mesh_lib.make_mesh(config, [device]))
+      _abstract_params(
+          config,
+          mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config), [device]),
+      )
   )
   print(f"decode_memory: {count / 1e6:.1f}M parameters, {device.device_kind}")
   figures = paged(

@@ -107,11 +107,14 @@ class BareLoop:
   def __init__(self, config):
     self.config = config
     self.k = config.gradient_accumulation_steps
-    setup = model_setup.setup_model(config, mesh_lib.make_mesh(config))
+    setup = model_setup.setup_model(
+        config, mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+    )
     self.batch_sharding = setup.batch_sharding
     self.params = model_setup.init_params(config, setup)
+    settings = optimizer_lib.OptimizerConfig.from_config(config)
     optimizer = optimizer_lib.make_optimizer(
-        config, optimizer_lib.make_schedule(config)
+        settings, optimizer_lib.make_schedule(settings)
     )
     self.opt_state = jax.jit(optimizer.init)(self.params)
     self.dataset = dataset_kinds.make_dataset(config)

@@ -152,7 +152,9 @@ def analyse(config, donate: bool = True, programs=None) -> list[dict]:
   with config.unlocked():
     config.donate_state = donate
   step = train_compile_lib.compile_step(
-      config, mesh_lib.make_mesh(config), programs
+      config,
+      mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config)),
+      programs,
   )
   if step.out_of_memory is not None:
     raise RuntimeError(step.out_of_memory.message)

@@ -127,8 +127,9 @@ def state_bytes(config: Any, sizes: Mapping[str, int]) -> StateBytes:
   )
   # The optimizer's state of a model whose parameters are the shards: its
   # moments mirror the shards, its counters are per device anyway.
+  settings = optimizer_lib.OptimizerConfig.from_config(config)
   optimizer = optimizer_lib.make_optimizer(
-      config, optimizer_lib.make_schedule(config), include_clipping=False
+      settings, optimizer_lib.make_schedule(settings), include_clipping=False
   )
   opt_state = jax.eval_shape(optimizer.init, shards)
   return StateBytes(_bytes(shards), _bytes(grads), _bytes(opt_state))
