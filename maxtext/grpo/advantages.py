@@ -87,6 +87,16 @@ def group_advantages(
   return out.astype(np.float32)
 
 
+def per_completion(
+    total: np.ndarray, num_generations: int, estimator: str, eps: float
+) -> np.ndarray:
+  """`group_advantages` of prompt-major rewards float [N] (N = P x G), as
+  float32 [N]."""
+  return group_advantages(
+      np.reshape(total, (-1, num_generations)), estimator, eps
+  ).reshape(-1)
+
+
 def _centred(rewards: np.ndarray) -> np.ndarray:
   """Each reward minus its group's mean."""
   return rewards - rewards.mean(axis=1, keepdims=True)
