@@ -580,7 +580,7 @@ def _check_grpo(v) -> None:
         v["grpo_top_k"],
         f"must be <= vocab_size={v['vocab_size']}",
     )
-  _one_of(v, "grpo_decoder", ("paged", "static"))
+  _one_of(v, "grpo_decoder", choices.GRPO_DECODERS)
   # One rollout ahead at most: 0 synchronous, 1 drawn while the update
   # before runs (maxtext/grpo/grpo_workload.py).
   _one_of(v, "grpo_max_age", (0, 1))

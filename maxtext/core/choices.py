@@ -38,12 +38,18 @@ HARDWARE = ("auto", "cpu", "tpu", "gpu")
 # config.lr_schedule: the learning rate after the linear warm-up
 # (maxtext.config.optimizer.make_schedule).
 LR_SCHEDULES = ("cosine", "constant")
+# config.grpo_decoder: the rollout's decoder, the paged one or the static
+# one (maxtext.generation.rollout_decoder).
+GRPO_DECODERS = ("paged", "static")
+# The GRPO choices below are implemented by registries of maxtext/grpo/
+# (maxtext.grpo.registry): a new one is its name here and its function
+# registered there under that name.
 # config.grpo_advantage_estimator: how a group's rewards become advantages
-# (maxtext.grpo.advantages.ESTIMATORS).
+# (maxtext.grpo.advantages).
 GRPO_ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "rloo_normalized")
 # config.grpo_kl_estimator: the per-token estimate of KL(policy || reference)
-# (maxtext.grpo.policy_loss.KL_ESTIMATORS).
+# (maxtext.grpo.policy_loss).
 GRPO_KL_ESTIMATORS = ("k1", "k3")
 # config.grpo_loss_aggregation: how per-token losses become one number
-# (maxtext.grpo.policy_loss.AGGREGATIONS).
+# (maxtext.grpo.policy_loss).
 GRPO_LOSS_AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")

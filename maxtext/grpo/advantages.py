@@ -30,8 +30,16 @@ are Python), so this is NumPy.
 
 import numpy as np
 
-# The estimators by name (maxtext.core.choices.GRPO_ADVANTAGE_ESTIMATORS).
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "rloo_normalized")
+from maxtext.core import choices
+from maxtext.grpo import registry
+
+# The estimators by name: each takes the checked rewards, float64 [P, G],
+# and eps (>= 0), and returns the [P, G] advantages before the equal-rewards
+# rule of `group_advantages`. A new estimator is one function registered
+# here under a name of maxtext.core.choices.GRPO_ADVANTAGE_ESTIMATORS.
+_ESTIMATORS = registry.Registry(
+    "grpo_advantage_estimator", choices.GRPO_ADVANTAGE_ESTIMATORS
+)
 
 
 def _check_rewards(rewards) -> np.ndarray:
@@ -73,30 +81,53 @@ def group_advantages(
   rewards = _check_rewards(rewards)
   if eps < 0:
     raise ValueError(f"eps={eps!r}: must be >= 0")
-  mean = rewards.mean(axis=1, keepdims=True)
-  centred = rewards - mean
-  if estimator == "grpo":
-    denominator = rewards.std(axis=1, ddof=1, keepdims=True) + eps
-    out = np.divide(
-        centred,
-        denominator,
-        out=np.zeros_like(centred),
-        where=denominator > 0,
-    )
-  elif estimator == "dr_grpo":
-    out = centred
-  elif estimator == "rloo":
-    g = rewards.shape[1]
-    out = centred * (g / (g - 1))
-  elif estimator == "rloo_normalized":
-    out = _leave_one_out_normalized(rewards, eps)
-  else:
-    raise ValueError(
-        f"estimator={estimator!r}: must be one of {list(ESTIMATORS)}"
-    )
+  out = _ESTIMATORS[estimator](rewards, eps)
   # Equal rewards: exactly 0, whatever rounding and eps made of them.
   out = np.where(_all_equal(rewards)[:, None], 0.0, out)
   return out.astype(np.float32)
+
+
+def per_completion(
+    total: np.ndarray, num_generations: int, estimator: str, eps: float
+) -> np.ndarray:
+  """`group_advantages` of prompt-major rewards float [N] (N = P x G), as
+  float32 [N]."""
+  return group_advantages(
+      np.reshape(total, (-1, num_generations)), estimator, eps
+  ).reshape(-1)
+
+
+def _centred(rewards: np.ndarray) -> np.ndarray:
+  """Each reward minus its group's mean."""
+  return rewards - rewards.mean(axis=1, keepdims=True)
+
+
+@_ESTIMATORS.register("grpo")
+def _grpo(rewards: np.ndarray, eps: float) -> np.ndarray:
+  """(r - group mean) / (group std (ddof 1) + eps)."""
+  centred = _centred(rewards)
+  denominator = rewards.std(axis=1, ddof=1, keepdims=True) + eps
+  return np.divide(
+      centred,
+      denominator,
+      out=np.zeros_like(centred),
+      where=denominator > 0,
+  )
+
+
+@_ESTIMATORS.register("dr_grpo")
+def _dr_grpo(rewards: np.ndarray, eps: float) -> np.ndarray:
+  """r - group mean (eps unused)."""
+  del eps
+  return _centred(rewards)
+
+
+@_ESTIMATORS.register("rloo")
+def _rloo(rewards: np.ndarray, eps: float) -> np.ndarray:
+  """r - the mean of the other G - 1 rewards = G / (G - 1) (r - mean)."""
+  del eps
+  g = rewards.shape[1]
+  return _centred(rewards) * (g / (g - 1))
 
 
 def _all_equal(values: np.ndarray) -> np.ndarray:
@@ -104,6 +135,7 @@ def _all_equal(values: np.ndarray) -> np.ndarray:
   return np.all(values == values[..., :1], axis=-1)
 
 
+@_ESTIMATORS.register("rloo_normalized")
 def _leave_one_out_normalized(rewards: np.ndarray, eps: float) -> np.ndarray:
   """(r - b) / (s + eps) with the others' mean b and std s (ddof 1)."""
   g = rewards.shape[1]
@@ -120,6 +152,11 @@ def _leave_one_out_normalized(rewards: np.ndarray, eps: float) -> np.ndarray:
   centred = rewards - baseline
   safe = np.where(std > 0, std, 1.0)
   return np.where(std > 0, centred / (safe + eps), centred)
+
+
+_ESTIMATORS.complete()
+# The estimators' names (maxtext.core.choices.GRPO_ADVANTAGE_ESTIMATORS).
+ESTIMATORS = _ESTIMATORS.names
 
 
 def zero_std_fraction(rewards) -> float:

@@ -334,12 +334,37 @@ def rollout(
   g = options.num_samples
   if g < 2:
     raise ValueError(f"num_generations={g}: a group needs at least 2")
-  n = len(records) * g
-  length = setup.limits.max_tokens
   if generate is None:
+    n = len(records) * g
     generate = generation_fn(
         params, model_config, n, setup.chat.vocab_size, paged, mesh
     )
+  played, rewards, timing = _play_and_score(
+      setup, records, options, generate, reward_functions, width
+  )
+  adv = advantages_lib.per_completion(
+      rewards.total, g, estimator, advantage_eps
+  )
+  result = _assemble(
+      played,
+      rewards,
+      adv,
+      g,
+      (width, setup.limits.max_tokens),
+      overlong_filtering,
+  )
+  result.stats.update(timing)
+  return result
+
+
+def _play_and_score(setup, records, options, generate, reward_functions, width):
+  """(the episodes, their rewards, the timing stats): `rollout`'s playing
+  and scoring, timed.
+
+  Raises:
+    ValueError: an episode longer than the width (one line).
+    rewards.RewardError: a reward function failed (one line).
+  """
   start = time.perf_counter()
   timings = {}
   played = play(setup, records, options, generate, timings)
@@ -351,12 +376,31 @@ def rollout(
           f"{len(e.prompt_ids)}) does not fit the rollout width {width}: "
           "its limits' max_length must be at most the width"
       )
-  rewards = _score(reward_functions, records, played, g)
+  rewards = _score(reward_functions, records, played, options.num_samples)
   scored = time.perf_counter()
-  adv = advantages_lib.group_advantages(
-      rewards.total.reshape(-1, g), estimator, advantage_eps
-  ).reshape(-1)
+  # Generation alone; the environments' time (tools, verifiers) apart.
+  timing = {
+      "timing/generate": timings["generate"],
+      "timing/tools": timings["environment"],
+      "timing/episodes": generated - start,
+      "timing/reward": scored - generated,
+  }
+  return played, rewards, timing
 
+
+def _assemble(played, rewards, adv, g, shape, overlong_filtering):
+  """The Rollout of scored episodes: their rows, masks and statistics.
+
+  Args:
+    played: the N episodes, record-major.
+    rewards: theirs.
+    adv: float32 [N]: their advantages.
+    g: G, the episodes of each record.
+    shape: (W, L): the token columns of the rows and of the completions.
+    overlong_filtering: a truncated episode trains nothing.
+  """
+  width, length = shape
+  n = len(played)
   tokens = np.full((n, width), sampling.PAD_ID, np.int32)
   prompt_lengths = np.zeros((n,), np.int32)
   lengths = np.zeros((n,), np.int32)
@@ -377,11 +421,6 @@ def rollout(
       rewards, lengths, truncated, g, overlong_filtering
   )
   stats.update(episode_stats(played, rewards))
-  # Generation alone; the environments' time (tools, verifiers) apart.
-  stats["timing/generate"] = timings["generate"]
-  stats["timing/tools"] = timings["environment"]
-  stats["timing/episodes"] = generated - start
-  stats["timing/reward"] = scored - generated
   return rollout_lib.Rollout(
       prompts=[e.prompt_ids for e in played[::g]],
       completions=[tuple(e.ids) for e in played],

@@ -82,9 +82,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# maxtext.core.choices.GRPO_KL_ESTIMATORS and GRPO_LOSS_AGGREGATIONS.
-KL_ESTIMATORS = ("k1", "k3")
-AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")
+from maxtext.core import choices
+from maxtext.grpo import registry
+
+# The KL estimators by name: each maps (logp, ref_logp), float [B, T], to the
+# per-token estimate of KL(policy || reference). A new one is one function
+# registered under a name of maxtext.core.choices.GRPO_KL_ESTIMATORS.
+_KL_ESTIMATORS = registry.Registry(
+    "grpo_kl_estimator", choices.GRPO_KL_ESTIMATORS
+)
+# The aggregations by name: each maps the masked per-token values and the
+# mask, float32 [B, T], with the keyword arguments max_completion_length,
+# token_normaliser and sequence_normaliser (as `aggregate` takes them), to a
+# float32 scalar. A new one is one function registered under a name of
+# maxtext.core.choices.GRPO_LOSS_AGGREGATIONS.
+_AGGREGATIONS = registry.Registry(
+    "grpo_loss_aggregation", choices.GRPO_LOSS_AGGREGATIONS
+)
 
 # What an extreme reports when its micro-batch has no token (or sequence) to
 # take it over: -EMPTY for a max, +EMPTY for a min (finite, so no step is
@@ -173,16 +187,8 @@ class LossOptions:
       raise ValueError(f"epsilon_high={self.epsilon_high!r}: must be > 0")
     if not self.beta >= 0:
       raise ValueError(f"beta={self.beta!r}: must be >= 0")
-    if self.kl_estimator not in KL_ESTIMATORS:
-      raise ValueError(
-          f"kl_estimator={self.kl_estimator!r}: must be one of "
-          f"{list(KL_ESTIMATORS)}"
-      )
-    if self.aggregation not in AGGREGATIONS:
-      raise ValueError(
-          f"aggregation={self.aggregation!r}: must be one of "
-          f"{list(AGGREGATIONS)}"
-      )
+    _KL_ESTIMATORS.check(self.kl_estimator)
+    _AGGREGATIONS.check(self.aggregation)
     if self.aggregation == "dr_grpo" and self.max_completion_length < 1:
       raise ValueError(
           f"max_completion_length={self.max_completion_length!r}: the "
@@ -235,14 +241,20 @@ def kl_per_token(logp: jax.Array, ref_logp: jax.Array, estimator: str):
     ref_logp: float [B, T]: the reference policy's, of the same tokens.
     estimator: one of KL_ESTIMATORS.
   """
+  return _KL_ESTIMATORS[estimator](logp, ref_logp)
+
+
+@_KL_ESTIMATORS.register("k1")
+def _k1(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+  """-d, d = ref_logp - logp."""
+  return -(ref_logp - logp)
+
+
+@_KL_ESTIMATORS.register("k3")
+def _k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+  """exp(d) - d - 1, d = ref_logp - logp."""
   d = ref_logp - logp
-  if estimator == "k1":
-    return -d
-  if estimator == "k3":
-    return jnp.exp(d) - d - 1.0
-  raise ValueError(
-      f"kl_estimator={estimator!r}: must be one of {list(KL_ESTIMATORS)}"
-  )
+  return jnp.exp(d) - d - 1.0
 
 
 def aggregate(
@@ -269,27 +281,54 @@ def aggregate(
   Returns:
     A float32 scalar (0 when the mask is all 0).
   """
+  function = _AGGREGATIONS[mode]
   mask = mask.astype(jnp.float32)
-  masked = values.astype(jnp.float32) * mask
-  if mode == "token_mean":
-    if token_normaliser is None:
-      token_normaliser = jnp.maximum(jnp.sum(mask), 1.0)
-    return jnp.sum(masked) / token_normaliser
-  if mode == "sequence_mean_token_mean":
-    per_sequence = jnp.sum(masked, axis=1) / jnp.maximum(
-        jnp.sum(mask, axis=1), 1.0
+  return function(
+      values.astype(jnp.float32) * mask,
+      mask,
+      max_completion_length=max_completion_length,
+      token_normaliser=token_normaliser,
+      sequence_normaliser=sequence_normaliser,
+  )
+
+
+@_AGGREGATIONS.register("token_mean")
+def _token_mean(masked, mask, *, token_normaliser, **_):
+  """The sum over tokens / the tokens (or token_normaliser)."""
+  if token_normaliser is None:
+    token_normaliser = jnp.maximum(jnp.sum(mask), 1.0)
+  return jnp.sum(masked) / token_normaliser
+
+
+@_AGGREGATIONS.register("sequence_mean_token_mean")
+def _sequence_mean_token_mean(masked, mask, *, sequence_normaliser, **_):
+  """Each sequence's token mean, summed / B (or sequence_normaliser)."""
+  per_sequence = jnp.sum(masked, axis=1) / jnp.maximum(
+      jnp.sum(mask, axis=1), 1.0
+  )
+  if sequence_normaliser is None:
+    sequence_normaliser = float(masked.shape[0])
+  return jnp.sum(per_sequence) / sequence_normaliser
+
+
+@_AGGREGATIONS.register("dr_grpo")
+def _dr_grpo(masked, mask, *, max_completion_length, **_):
+  """The sum over tokens / (B x max_completion_length)."""
+  del mask
+  if max_completion_length < 1:
+    raise ValueError(
+        f"max_completion_length={max_completion_length!r}: the 'dr_grpo' "
+        "aggregation needs it >= 1"
     )
-    if sequence_normaliser is None:
-      sequence_normaliser = float(values.shape[0])
-    return jnp.sum(per_sequence) / sequence_normaliser
-  if mode == "dr_grpo":
-    if max_completion_length < 1:
-      raise ValueError(
-          f"max_completion_length={max_completion_length!r}: the 'dr_grpo' "
-          "aggregation needs it >= 1"
-      )
-    return jnp.sum(masked) / (values.shape[0] * max_completion_length)
-  raise ValueError(f"aggregation={mode!r}: must be one of {list(AGGREGATIONS)}")
+  return jnp.sum(masked) / (masked.shape[0] * max_completion_length)
+
+
+_KL_ESTIMATORS.complete()
+_AGGREGATIONS.complete()
+# The names (maxtext.core.choices.GRPO_KL_ESTIMATORS and
+# GRPO_LOSS_AGGREGATIONS).
+KL_ESTIMATORS = _KL_ESTIMATORS.names
+AGGREGATIONS = _AGGREGATIONS.names
 
 
 def _masked_extreme(values, mask, fn, fill):
@@ -375,44 +414,129 @@ def policy_loss(
       options.beta > 0, ignored otherwise.
     entropy: float [B, T]: the policy's per-token entropy, reported (not
       differentiated); None = reported as 0.
-    sequence_mask: float [B]: 0 for a sequence that trains nothing and
-      leaves the normalisers (overlong filtering, the log-prob-error gate
-      decided before the loss); None = all 1.
-    token_normaliser: "token_mean"'s denominator and every token-level
-      metric's (a scalar: the step's trained tokens / K); None = this
-      call's trained tokens.
-    sequence_normaliser: "sequence_mean_token_mean"'s denominator and the
-      TIS share's (the step's trained sequences / K); None = this call's.
-    logprob_error_mask: float [B]: 1 for a sequence the log-prob-error gate
-      masked before the loss (`logprob_gate`; its sequence_mask is 0).
-      Needed when options.logprob_error_threshold is set and the
-      normalisers are given; None with neither normaliser: this call is the
-      whole step and gates itself.
-    counted_sequence_normaliser: the log-prob-error metrics' denominator
-      (the step's sequences counted before that gate / K); None = this
-      call's.
+    sequence_mask, token_normaliser, sequence_normaliser, logprob_error_mask,
+      counted_sequence_normaliser: what the step decided before the loss
+      (`_Masks`; module docstring); each None = this call's own.
 
   Returns:
     (loss, metrics): loss a float32 scalar; metrics a nested dict of float32
-    scalars: pg_loss, kl, kl_loss, pg_clipfrac, pg_clipfrac_lower,
-    pg_clipfrac_upper, ppo_kl, entropy, is_ratio/{mean,max,min},
-    sampling_is_ratio/{mean,max,min} (pi_train / pi_generator per token),
-    logprob_error/{mean,max} (per sequence), tis_geo_mean/{max,min},
-    masked/{sequence_frac,tis_frac,logprob_error_frac}, trained_token_frac,
-    advantage/{mean,abs_mean,max,min,nonzero_frac}.
+    scalars (`_metrics`).
 
   Raises:
     ValueError: beta > 0 and no ref_logp; a log-prob-error threshold with
       the step's normalisers but not the gate's mask.
   """
-  b = logp.shape[0]
-  token_mask = mask.astype(jnp.float32)
-  if sequence_mask is None:
-    sequence_mask = jnp.ones((b,), jnp.float32)
-  sequence_mask = jax.lax.stop_gradient(sequence_mask.astype(jnp.float32))
   logp = logp.astype(jnp.float32)
   old_logp = jax.lax.stop_gradient(old_logp.astype(jnp.float32))
-  prev = jax.lax.stop_gradient(logp)
+  masks = _masks(
+      jax.lax.stop_gradient(logp),
+      old_logp,
+      mask,
+      options,
+      sequence_mask=sequence_mask,
+      token_normaliser=token_normaliser,
+      sequence_normaliser=sequence_normaliser,
+      logprob_error_mask=logprob_error_mask,
+      counted_sequence_normaliser=counted_sequence_normaliser,
+  )
+  terms = _surrogate(logp, old_logp, advantages, masks, options)
+  pg_loss = masks.aggregate(terms.weights * terms.per_token, options)
+  kl = _kl(logp, ref_logp, masks, options)
+  kl_loss = options.beta * kl
+  loss = pg_loss + kl_loss
+  losses = {"pg_loss": pg_loss, "kl": kl, "kl_loss": kl_loss}
+  return loss, _metrics(losses, terms, masks, advantages, entropy)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Masks:
+  """Which tokens and sequences count, and the denominators (no gradient).
+
+  Attributes:
+    token_mask: float [B, T]: the completion tokens (`mask`).
+    sequence_mask: float [B]: the trained sequences: the given
+      `sequence_mask` (None = all 1) without those the log-prob-error gate
+      took when this call gates itself.
+    mask: float [B, T]: token_mask x sequence_mask, the tokens that train.
+    counted_rows: float [B]: the sequences counted before the
+      log-prob-error gate.
+    error: float [B]: each sequence's `sequence_logprob_error`.
+    error_masked: float [B]: 1 where the log-prob-error gate took it.
+    token_normaliser: "token_mean"'s and every token metric's denominator
+      (given: the step's trained tokens / K; else this call's).
+    sequence_normaliser: "sequence_mean_token_mean"'s and the TIS share's
+      (given: the step's trained sequences / K; else this call's).
+    counted_sequence_normaliser: the log-prob-error metrics' (given: the
+      step's sequences counted before that gate / K; else this call's).
+  """
+
+  token_mask: jax.Array
+  sequence_mask: jax.Array
+  mask: jax.Array
+  counted_rows: jax.Array
+  error: jax.Array
+  error_masked: jax.Array
+  token_normaliser: jax.Array
+  sequence_normaliser: jax.Array
+  counted_sequence_normaliser: jax.Array
+
+  def aggregate(self, values: jax.Array, options: LossOptions) -> jax.Array:
+    """`aggregate` of per-token values over the trained tokens."""
+    return aggregate(
+        values,
+        self.mask,
+        options.aggregation,
+        options.max_completion_length,
+        token_normaliser=self.token_normaliser,
+        sequence_normaliser=self.sequence_normaliser,
+    )
+
+  def token_mean(self, values: jax.Array) -> jax.Array:
+    """A token metric: the sum over the trained tokens / token_normaliser."""
+    return jnp.sum(values * self.mask) / self.token_normaliser
+
+  def sequence_share(self, values: jax.Array) -> jax.Array:
+    """A sequence metric over the trained sequences."""
+    return jnp.sum(values * self.sequence_mask) / self.sequence_normaliser
+
+  def counted_share(self, values: jax.Array) -> jax.Array:
+    """A sequence metric over the sequences counted before the gate."""
+    return (
+        jnp.sum(values * self.counted_rows) / self.counted_sequence_normaliser
+    )
+
+
+def _constant(value) -> jax.Array:
+  """A float32 array without gradient."""
+  return jax.lax.stop_gradient(jnp.asarray(value, jnp.float32))
+
+
+def _masks(
+    prev,
+    old_logp,
+    mask,
+    options,
+    *,
+    sequence_mask,
+    token_normaliser,
+    sequence_normaliser,
+    logprob_error_mask,
+    counted_sequence_normaliser,
+) -> _Masks:
+  """The masks and denominators of `policy_loss`'s call.
+
+  `prev` is stop_gradient(logp); the rest are `policy_loss`'s arguments:
+  `sequence_mask` [B] is 0 for a sequence that trains nothing and leaves the
+  normalisers (overlong filtering, the log-prob-error gate decided before
+  the loss); `logprob_error_mask` [B] is 1 for a sequence that gate
+  (`logprob_gate`) took, needed with a threshold and the step's
+  normalisers; with neither normaliser given, the call is the whole step
+  and gates itself.
+  """
+  token_mask = mask.astype(jnp.float32)
+  if sequence_mask is None:
+    sequence_mask = jnp.ones((prev.shape[0],), jnp.float32)
+  sequence_mask = jax.lax.stop_gradient(sequence_mask.astype(jnp.float32))
   error = sequence_logprob_error(old_logp, prev, token_mask)
   sequence_mask, error_masked, counted_rows = _logprob_error_gate(
       options,
@@ -425,21 +549,64 @@ def policy_loss(
   )
   if counted_sequence_normaliser is None:
     counted_sequence_normaliser = jnp.maximum(jnp.sum(counted_rows), 1.0)
-  counted_sequence_normaliser = jax.lax.stop_gradient(
-      jnp.asarray(counted_sequence_normaliser, jnp.float32)
-  )
-  mask = token_mask * sequence_mask[:, None]
+  trained = token_mask * sequence_mask[:, None]
   if token_normaliser is None:
-    token_normaliser = jnp.maximum(jnp.sum(mask), 1.0)
+    token_normaliser = jnp.maximum(jnp.sum(trained), 1.0)
   if sequence_normaliser is None:
     sequence_normaliser = jnp.maximum(jnp.sum(sequence_mask), 1.0)
-  token_normaliser = jax.lax.stop_gradient(
-      jnp.asarray(token_normaliser, jnp.float32)
-  )
-  sequence_normaliser = jax.lax.stop_gradient(
-      jnp.asarray(sequence_normaliser, jnp.float32)
+  return _Masks(
+      token_mask=token_mask,
+      sequence_mask=sequence_mask,
+      mask=trained,
+      counted_rows=counted_rows,
+      error=error,
+      error_masked=error_masked,
+      token_normaliser=_constant(token_normaliser),
+      sequence_normaliser=_constant(sequence_normaliser),
+      counted_sequence_normaliser=_constant(counted_sequence_normaliser),
   )
 
+
+@dataclasses.dataclass(frozen=True)
+class _Surrogate:
+  """The clipped surrogate's per-token terms.
+
+  Attributes:
+    advantages: float [B, 1], no gradient.
+    log_ratio, ratio: float [B, T]: the ratio the clip acts on.
+    weights: float [B, T]: each token's weight (1, or pi_train /
+      pi_generator with the forced ratio), 0 on TIS-masked sequences.
+    unclipped, clipped: float [B, T]: -A ratio and -A clip(ratio).
+    sampling_ratio: float [B, T]: pi_train / pi_generator (finite).
+    geo_mean: float [B]: each sequence's geometric-mean sampling ratio.
+    tis_masked: float [B]: 1 where the TIS gate masked the sequence.
+  """
+
+  advantages: jax.Array
+  log_ratio: jax.Array
+  ratio: jax.Array
+  weights: jax.Array
+  unclipped: jax.Array
+  clipped: jax.Array
+  sampling_ratio: jax.Array
+  geo_mean: jax.Array
+  tis_masked: jax.Array
+
+  @property
+  def per_token(self) -> jax.Array:
+    """max(-A ratio, -A clip(ratio)), before the weights."""
+    return jnp.maximum(self.unclipped, self.clipped)
+
+  @property
+  def clip_active(self) -> jax.Array:
+    """1 where the clipped term is the larger (its gradient, zero, is then
+    the one taken)."""
+    return (self.clipped > self.unclipped).astype(jnp.float32)
+
+
+def _surrogate(logp, old_logp, advantages, masks, options) -> _Surrogate:
+  """The ratios, their clip and the token weights (module docstring)."""
+  prev = jax.lax.stop_gradient(logp)
   adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))[:, None]
   # pi_train / pi_generator per token (the sampling mismatch); a non-finite
   # one is 0, as the reference's nan_to_num makes it.
@@ -453,95 +620,86 @@ def policy_loss(
     weights = jnp.ones_like(logp)
   ratio = jnp.exp(log_ratio)
   clipped_ratio = jnp.clip(ratio, 1.0 - options.epsilon, 1.0 + options.upper)
-  unclipped = -adv * ratio
-  clipped = -adv * clipped_ratio
-  per_token = jnp.maximum(unclipped, clipped)
-
   # The TIS gate, over each sequence's completion tokens.
-  geo_mean = jnp.exp(sequence_mean(sampling_log_ratio, token_mask))
-  tis_masked = jnp.zeros((b,), jnp.float32)
+  geo_mean = jnp.exp(sequence_mean(sampling_log_ratio, masks.token_mask))
+  tis_masked = jnp.zeros((logp.shape[0],), jnp.float32)
   if options.tis:
     inside = (geo_mean >= options.tis_ratio_min) & (
         geo_mean <= options.tis_ratio_max
     )
     tis_masked = 1.0 - inside.astype(jnp.float32)
-  weights = weights * (1.0 - tis_masked)[:, None]
+  return _Surrogate(
+      advantages=adv,
+      log_ratio=log_ratio,
+      ratio=ratio,
+      weights=weights * (1.0 - tis_masked)[:, None],
+      unclipped=-adv * ratio,
+      clipped=-adv * clipped_ratio,
+      sampling_ratio=sampling_ratio,
+      geo_mean=geo_mean,
+      tis_masked=tis_masked,
+  )
 
-  def agg(values):
-    return aggregate(
-        values,
-        mask,
-        options.aggregation,
-        options.max_completion_length,
-        token_normaliser=token_normaliser,
-        sequence_normaliser=sequence_normaliser,
-    )
 
-  def token_mean(values):
-    return jnp.sum(values * mask) / token_normaliser
+def _kl(logp, ref_logp, masks: _Masks, options: LossOptions) -> jax.Array:
+  """The aggregated KL to the reference; 0 with beta = 0.
 
-  def sequence_share(values):
-    return jnp.sum(values * sequence_mask) / sequence_normaliser
+  Raises:
+    ValueError: beta > 0 and no ref_logp.
+  """
+  if not options.beta > 0:
+    return jnp.zeros((), jnp.float32)
+  if ref_logp is None:
+    raise ValueError("beta > 0 needs the reference log-probabilities")
+  per_token = kl_per_token(
+      logp, jax.lax.stop_gradient(ref_logp), options.kl_estimator
+  )
+  return masks.aggregate(per_token, options)
 
-  def counted_share(values):
-    return jnp.sum(values * counted_rows) / counted_sequence_normaliser
 
-  pg_loss = agg(weights * per_token)
-  if options.beta > 0:
-    if ref_logp is None:
-      raise ValueError("beta > 0 needs the reference log-probabilities")
-    kl = agg(
-        kl_per_token(
-            logp, jax.lax.stop_gradient(ref_logp), options.kl_estimator
-        )
-    )
-  else:
-    kl = jnp.zeros((), jnp.float32)
-  kl_loss = options.beta * kl
-  loss = pg_loss + kl_loss
-
-  # The clip is active where the clipped term is the larger (its gradient,
-  # zero, is then the one taken).
-  active = (clipped > unclipped).astype(jnp.float32)
-  lower = active * (adv < 0)
-  upper = active * (adv > 0)
-  ratio_sg = jax.lax.stop_gradient(ratio)
-  counted = sequence_mask > 0
-  metrics = {
-      "pg_loss": pg_loss,
-      "kl": kl,
-      "kl_loss": kl_loss,
-      "pg_clipfrac": token_mean(active),
-      "pg_clipfrac_lower": token_mean(lower),
-      "pg_clipfrac_upper": token_mean(upper),
-      "ppo_kl": token_mean(jax.lax.stop_gradient(-log_ratio)),
+def _metrics(losses, terms: _Surrogate, masks: _Masks, advantages, entropy):
+  """`policy_loss`'s metrics: `losses` (pg_loss, kl, kl_loss), pg_clipfrac
+  and its _lower and _upper, ppo_kl, entropy, is_ratio/{mean,max,min},
+  sampling_is_ratio/{mean,max,min} (pi_train / pi_generator per token),
+  tis_geo_mean/{max,min}, logprob_error/{mean,max} (per sequence),
+  masked/{tis_frac,logprob_error_frac}, trained_token_frac,
+  advantage/{mean,abs_mean,max,min,nonzero_frac}."""
+  active = terms.clip_active
+  ratio = jax.lax.stop_gradient(terms.ratio)
+  mask = masks.mask
+  return {
+      **losses,
+      "pg_clipfrac": masks.token_mean(active),
+      "pg_clipfrac_lower": masks.token_mean(active * (terms.advantages < 0)),
+      "pg_clipfrac_upper": masks.token_mean(active * (terms.advantages > 0)),
+      "ppo_kl": masks.token_mean(jax.lax.stop_gradient(-terms.log_ratio)),
       "entropy": (
           jnp.zeros((), jnp.float32)
           if entropy is None
-          else token_mean(jax.lax.stop_gradient(entropy))
+          else masks.token_mean(jax.lax.stop_gradient(entropy))
       ),
-      "is_ratio": {
-          "mean": token_mean(ratio_sg),
-          **_extremes(ratio_sg, mask),
-      },
+      "is_ratio": {"mean": masks.token_mean(ratio), **_extremes(ratio, mask)},
       "sampling_is_ratio": {
-          "mean": token_mean(sampling_ratio),
-          **_extremes(sampling_ratio, mask),
+          "mean": masks.token_mean(terms.sampling_ratio),
+          **_extremes(terms.sampling_ratio, mask),
       },
-      "tis_geo_mean": _extremes(geo_mean, counted),
+      "tis_geo_mean": _extremes(terms.geo_mean, masks.sequence_mask > 0),
       "logprob_error": {
-          "mean": counted_share(error),
-          "max": _masked_extreme(error, counted_rows > 0, jnp.max, -EMPTY),
+          "mean": masks.counted_share(masks.error),
+          "max": _masked_extreme(
+              masks.error, masks.counted_rows > 0, jnp.max, -EMPTY
+          ),
       },
       "masked": {
-          "tis_frac": sequence_share(tis_masked),
-          "logprob_error_frac": counted_share(error_masked),
+          "tis_frac": masks.sequence_share(terms.tis_masked),
+          "logprob_error_frac": masks.counted_share(masks.error_masked),
       },
       # The share of the counted tokens whose weight is not 0.
-      "trained_token_frac": token_mean((weights > 0).astype(jnp.float32)),
+      "trained_token_frac": masks.token_mean(
+          (terms.weights > 0).astype(jnp.float32)
+      ),
       "advantage": advantage_metrics(advantages),
   }
-  return loss, metrics
 
 
 def _finite_or_zero(values: jax.Array) -> jax.Array:

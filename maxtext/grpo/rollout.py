@@ -56,7 +56,8 @@ class Rollout:
     advantages: float32 [N].
     stats: name -> float, the step's rollout statistics.
     sequence_mask: float32 [N]: 0 for a completion that trains nothing
-      (cut by the length limit, with overlong filtering on), else 1.
+      (cut by the length limit, with overlong filtering on; it still counts
+      in its group's advantages, as the reference's), else 1.
     decode_steps: the decode steps generation ran: the paged decoder's
       count, or the static decoder's (its longest completion: every row
       steps until the last stops); 0 where none were counted (multi-turn
@@ -152,8 +153,7 @@ def rollout(
 
   Args:
     params: the policy's parameters (the engine's, read in place).
-    model_config: the model's config, frozen (a static argument of the
-      decoder's program).
+    model_config: the model's config, frozen (the decoder's static argument).
     prompts: P id lists.
     options: the rollout's sampling; `num_samples` is G (>= 2).
     reward_functions: from `rewards.load`.
@@ -163,20 +163,65 @@ def rollout(
       loss once); 0 = the longest prompt + options.max_new_tokens.
     mesh: generate with the rows split over this mesh; None = one device.
     overlong_filtering: a completion cut by the length limit (no stop id)
-      trains nothing: its sequence mask is 0 (it still counts in its
-      group's advantages, as the reference's). `masked/overlong_frac` is
-      their share.
-    paged: generate with the paged decoder of these slots and pages (the
-      default: a slot per completion); None = the static decoder. Both
-      draw row r's step-s id with the key of (seed, r, s): the same ids.
+      trains nothing (`Rollout.sequence_mask`).
+    paged: the paged decoder's slots and pages (default: a slot per
+      completion); None = the static decoder (the same ids).
 
   Returns:
-    The Rollout, its stats holding `timing/generate` and `timing/reward`
-    (seconds) besides `rollout_stats`'.
+    The Rollout; its stats add `timing/generate` and `timing/reward` (s).
 
   Raises:
     ValueError: G < 2, or a prompt longer than `width` allows.
     rewards.RewardError: a reward function failed (one line).
+  """
+  width = _row_width(prompts, options, width)
+  generation, completions, rewards, timing = _generate_and_score(
+      params, model_config, prompts, options, reward_functions, paged, mesh
+  )
+  adv = advantages_lib.per_completion(
+      rewards.total, options.num_samples, estimator, advantage_eps
+  )
+  result = _assemble(
+      prompts,
+      completions,
+      generation,
+      rewards,
+      adv,
+      options,
+      width,
+      overlong_filtering,
+  )
+  result.stats.update(timing)
+  return result
+
+
+def _generate_and_score(
+    params, model_config, prompts, options, reward_functions, paged, mesh
+):
+  """(the generation, its N completions, their rewards, the timing stats):
+  `rollout`'s generation and scoring, timed."""
+  g = options.num_samples
+  start = time.perf_counter()
+  generation = rollout_decoder.generate(
+      params, model_config, prompts, options, engine=paged, mesh=mesh
+  )
+  generated = time.perf_counter()
+  completions = _completions(generation, len(prompts) * g)
+  rewards = rewards_lib.score(reward_functions, prompts, completions, g)
+  scored = time.perf_counter()
+  # `generate` returns host arrays: the device work is done at `generated`.
+  timing = {
+      "timing/generate": generated - start,
+      "timing/reward": scored - generated,
+  }
+  return generation, completions, rewards, timing
+
+
+def _row_width(prompts, options: sampling.SamplingOptions, width: int) -> int:
+  """W, the rollout's token columns (`rollout`'s `width`), checked.
+
+  Raises:
+    ValueError: G < 2, or a prompt longer than `width` allows.
   """
   g = options.num_samples
   if g < 2:
@@ -189,22 +234,31 @@ def rollout(
         f"a prompt of {longest} tokens + {length} completion tokens does not "
         f"fit the rollout width {width}"
     )
-  start = time.perf_counter()
-  generation = rollout_decoder.generate(
-      params, model_config, prompts, options, engine=paged, mesh=mesh
-  )
-  generated = time.perf_counter()
-  n = len(prompts) * g
-  lengths = np.asarray(generation.lengths, np.int32)
-  completions = [
-      tuple(map(int, generation.ids[r, : lengths[r]])) for r in range(n)
-  ]
-  rewards = rewards_lib.score(reward_functions, prompts, completions, g)
-  scored = time.perf_counter()
-  adv = advantages_lib.group_advantages(
-      rewards.total.reshape(-1, g), estimator, advantage_eps
-  ).reshape(-1)
+  return width
 
+
+def _completions(generation, n: int) -> list[tuple[int, ...]]:
+  """The N generated id tuples, each cut at its length."""
+  lengths = np.asarray(generation.lengths, np.int32)
+  return [tuple(map(int, generation.ids[r, : lengths[r]])) for r in range(n)]
+
+
+def _assemble(
+    prompts,
+    completions,
+    generation,
+    rewards: rewards_lib.Rewards,
+    adv: np.ndarray,
+    options: sampling.SamplingOptions,
+    width: int,
+    overlong_filtering: bool,
+) -> Rollout:
+  """The Rollout of scored completions: their rows, masks and statistics
+  (`masked/overlong_frac` the share overlong filtering took)."""
+  g = options.num_samples
+  length = options.max_new_tokens
+  n = len(completions)
+  lengths = np.asarray(generation.lengths, np.int32)
   tokens = np.full((n, width), sampling.PAD_ID, np.int32)
   prompt_lengths = np.zeros((n,), np.int32)
   for r, completion in enumerate(completions):
@@ -213,19 +267,14 @@ def rollout(
     tokens[r, : len(row)] = row
     prompt_lengths[r] = len(prompt)
   mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)
-  old = np.asarray(generation.log_probs, np.float32) * mask
   stop_ids = set(options.stop_ids)
   ends_with_stop = np.array(
       [bool(c) and c[-1] in stop_ids for c in completions]
   )
   clipped = (lengths >= length) & ~ends_with_stop
-  stats = rollout_stats(rewards, lengths, clipped, g, overlong_filtering)
   sequence_mask = np.ones((n,), np.float32)
   if overlong_filtering:
     sequence_mask[clipped] = 0.0
-  # `generate` returns host arrays: the device work is done at `generated`.
-  stats["timing/generate"] = generated - start
-  stats["timing/reward"] = scored - generated
   return Rollout(
       prompts=[list(p) for p in prompts],
       completions=completions,
@@ -233,10 +282,10 @@ def rollout(
       prompt_lengths=prompt_lengths,
       completion_lengths=lengths,
       mask=mask,
-      old_log_probs=old,
+      old_log_probs=np.asarray(generation.log_probs, np.float32) * mask,
       rewards=rewards,
       advantages=adv,
-      stats=stats,
+      stats=rollout_stats(rewards, lengths, clipped, g, overlong_filtering),
       sequence_mask=sequence_mask,
       decode_steps=(
           generation.decode_steps

@@ -154,6 +154,33 @@ def _micro_batches_with_reference(
   ]
 
 
+def _reference_program(num_micro_batches, model_config, mesh, packing):
+  """One program: the reference's log-probabilities of the placed rollout,
+  and the K micro-batches cut from it, left on the devices
+  (`_micro_batches_with_reference`, called with the reference's
+  parameters, the placed rollout and the temperature)."""
+  ndims = dict(_MICRO_BATCH_NDIMS, **(_PACKED_NDIMS if packing else {}))
+  return jax.jit(
+      functools.partial(
+          _micro_batches_with_reference,
+          num_micro_batches=num_micro_batches,
+          config=model_config,
+          mesh=mesh,
+      ),
+      out_shardings=(
+          None
+          if mesh is None
+          else [
+              {
+                  name: decoder.batch_sharding(mesh, ndim)
+                  for name, ndim in ndims.items()
+              }
+          ]
+          * num_micro_batches
+      ),
+  )
+
+
 # The timings measured up to the micro-batches being ready.
 ROLLOUT_TIMINGS = (
     "timing/rollout",
@@ -290,28 +317,9 @@ class GrpoStep:
     self._reference = reference_params
     self._mesh = mesh
     self._packing = packing
-    ndims = dict(_MICRO_BATCH_NDIMS, **(_PACKED_NDIMS if packing else {}))
     if reference_params is not None:
-      # One program: the reference's log-probabilities of the placed
-      # rollout, and the K micro-batches cut from it, left on the devices.
-      self._with_reference = jax.jit(
-          functools.partial(
-              _micro_batches_with_reference,
-              num_micro_batches=num_micro_batches,
-              config=model_config,
-              mesh=mesh,
-          ),
-          out_shardings=(
-              None
-              if mesh is None
-              else [
-                  {
-                      name: decoder.batch_sharding(mesh, ndim)
-                      for name, ndim in ndims.items()
-                  }
-              ]
-              * num_micro_batches
-          ),
+      self._with_reference = _reference_program(
+          num_micro_batches, model_config, mesh, packing
       )
     # The rollout the updates of `train` and `finish` take by default: the
     # newest of `rollout`.
@@ -364,69 +372,17 @@ class GrpoStep:
     """
     start = time.perf_counter()
     options = self._options_of_step(step)
-    copy_values = {}
     if restored is None:
-      version = self._engine.step
-      params, mesh = self._engine.params, self._mesh
-      if self._generation is not None:
-        params, seconds = self._generation.copy(params)
-        mesh = self._generation.mesh
-        copy_values = {
-            "timing/weight_copy": seconds,
-            "rollout/weight_copy_bytes": float(self._generation.copy_bytes),
-        }
-      result = self._rollout_fn(
-          params,
-          self._config,
-          self._prompts_of_step(step),
-          options,
-          self._rewards if reward_functions is None else reward_functions,
-          estimator=self._estimator,
-          advantage_eps=self._eps,
-          width=self._width,
-          mesh=mesh,
-          overlong_filtering=self._overlong_filtering,
-          paged=self._paged,
+      result, versions, copy_values = self._draw(
+          step, options, reward_functions
       )
-      versions = np.full((len(result.completions),), version, np.int64)
     else:
-      result, versions = restored
+      (result, versions), copy_values = restored, {}
     rolled = time.perf_counter()
-    batches = rollout_lib.micro_batches(result, self._k)
-    packed_values = {}
-    if self._packing:
-      rows = packed_batches.num_rows(batches, self._row_multiple(batches))
-      packed_values = {
-          "packing/padding_fraction": packed_batches.padding_fraction(
-              batches, rows
-          ),
-          "packing/padded_padding_fraction": packed_batches.padding_fraction(
-              batches
-          ),
-      }
-      batches = [packed_batches.pack(batch, rows) for batch in batches]
-    if self._reference is None:
-      batches = [self._placed(batch) for batch in batches]
-      reference_s = 0.0
-    else:
-      # The K micro-batches (each with the step's normalisers over K) as
-      # one placed batch, which the reference's program cuts again.
-      whole = self._placed(
-          {
-              name: np.concatenate([batch[name] for batch in batches])
-              for name in batches[0]
-          }
-      )
-      dispatched = time.perf_counter()
-      batches = self._with_reference(
-          self._reference, whole, np.float32(options.temperature)
-      )
-      reference_s = time.perf_counter() - dispatched
-    if self._gate is not None:
-      batches = logprob_gate.LazilyGated(
-          batches,
-          functools.partial(self._gated, temperature=options.temperature),
-      )
+    batches, packed_values = self._packed(
+        rollout_lib.micro_batches(result, self._k)
+    )
+    batches, reference_s = self._on_devices(batches, options.temperature)
     values = dict(
         result.stats,
         **packed_values,
@@ -450,6 +406,79 @@ class GrpoStep:
         versions=versions,
         start=None if ahead else start,
     )
+
+  def _draw(self, step, options, reward_functions):
+    """(the rollout, its versions, the weight copy's values) of `step`,
+    drawn with the engine's current parameters (on the generation devices'
+    copy of them when they are separate)."""
+    version = self._engine.step
+    params, mesh = self._engine.params, self._mesh
+    copy_values = {}
+    if self._generation is not None:
+      params, seconds = self._generation.copy(params)
+      mesh = self._generation.mesh
+      copy_values = {
+          "timing/weight_copy": seconds,
+          "rollout/weight_copy_bytes": float(self._generation.copy_bytes),
+      }
+    result = self._rollout_fn(
+        params,
+        self._config,
+        self._prompts_of_step(step),
+        options,
+        self._rewards if reward_functions is None else reward_functions,
+        estimator=self._estimator,
+        advantage_eps=self._eps,
+        width=self._width,
+        mesh=mesh,
+        overlong_filtering=self._overlong_filtering,
+        paged=self._paged,
+    )
+    versions = np.full((len(result.completions),), version, np.int64)
+    return result, versions, copy_values
+
+  def _packed(self, batches: list[dict]) -> tuple[list[dict], dict]:
+    """(the micro-batches packed when packing is on, the packing values)."""
+    if not self._packing:
+      return batches, {}
+    rows = packed_batches.num_rows(batches, self._row_multiple(batches))
+    values = {
+        "packing/padding_fraction": packed_batches.padding_fraction(
+            batches, rows
+        ),
+        "packing/padded_padding_fraction": packed_batches.padding_fraction(
+            batches
+        ),
+    }
+    return [packed_batches.pack(batch, rows) for batch in batches], values
+
+  def _on_devices(self, batches: list[dict], temperature: float):
+    """(the micro-batches placed on the devices, with the reference's
+    log-probabilities when the KL term is on and lazily gated with a
+    log-prob-error threshold; the seconds dispatching the reference's
+    program took)."""
+    if self._reference is None:
+      batches = [self._placed(batch) for batch in batches]
+      reference_s = 0.0
+    else:
+      # The K micro-batches (each with the step's normalisers over K) as
+      # one placed batch, which the reference's program cuts again.
+      whole = self._placed(
+          {
+              name: np.concatenate([batch[name] for batch in batches])
+              for name in batches[0]
+          }
+      )
+      dispatched = time.perf_counter()
+      batches = self._with_reference(
+          self._reference, whole, np.float32(temperature)
+      )
+      reference_s = time.perf_counter() - dispatched
+    if self._gate is not None:
+      batches = logprob_gate.LazilyGated(
+          batches, functools.partial(self._gated, temperature=temperature)
+      )
+    return batches, reference_s
 
   def _gated(self, batches: Sequence[dict], temperature: float) -> list:
     """`batches` gated with the engine's parameters now: the ones the

@@ -20,6 +20,7 @@ mean over the whole step's tokens whatever K is; and `sequence_mask`, 0 for
 a sequence that trains nothing (overlong filtering).
 """
 
+import functools
 from typing import Any, Optional
 
 import jax
@@ -102,11 +103,7 @@ def loss_fn(
       params, micro_batch, config, options.temperature, mesh
   )
 
-  def per_step(name):
-    # One value repeated in every row (rows may be split over devices).
-    values = micro_batch.get(name)
-    return None if values is None else jnp.mean(values)
-
+  per_step = functools.partial(_per_step, micro_batch)
   loss, metrics = policy_loss.policy_loss(
       log_probs,
       micro_batch["old_log_probs"],
@@ -123,6 +120,13 @@ def loss_fn(
   )
   metrics["completion_tokens"] = buffer.SummedMetric(jnp.sum(mask))
   return loss, metrics
+
+
+def _per_step(micro_batch: dict, name: str) -> Optional[jax.Array]:
+  """The micro-batch's step-wide value `name` (one value repeated in every
+  row, as rows may be split over devices), or None without it."""
+  values = micro_batch.get(name)
+  return None if values is None else jnp.mean(values)
 
 
 # The step's reduction of the extremes among loss_fn's metrics: the caller
