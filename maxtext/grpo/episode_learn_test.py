@@ -20,7 +20,8 @@ writes it in about a third of its turns (uniform over 259 ids, 96 of them).
 * A tool call: the reward needs a `mark()` call, answered by the tool
   environment (`ToolEnvironment`, the qwen3_xml form); the random model
   never writes the syntax, so it is first fine-tuned to call the tool in a
-  quarter of its turns, and GRPO raises that share by 0.3 or more.
+  quarter of its turns, and GRPO raises that share by 0.3 or more within
+  10 steps.
 """
 
 import dataclasses
@@ -146,9 +147,11 @@ def _fine_tuned(params, config, chat, steps, call_share):
   turns and writes the call's syntax."""
   call = tool_calls.format_xml(tool_calls.ToolCall("mark", {}))
   rows, weights = [], []
-  for i in range(64):
+  # One row of each reply in that share: the loss is the weighted mean over
+  # the rows' tokens, so copies of these rows would not change it.
+  for i in range(round(1 / call_share)):
     env = _MarkEnvironment({"prompt": "Task."})
-    reply = call if i % round(1 / call_share) == 0 else "ok"
+    reply = call if i == 0 else "ok"
     encoded = chat.encode(
         env.start() + [{"role": "assistant", "content": reply}],
         tools=env.tools,
@@ -269,7 +272,7 @@ class EpisodeLearnTest(absltest.TestCase):
   def test_learns_to_call_the_tool(self):
     # Fine-tuned to call `mark` in a quarter of its turns; the reward needs
     # the call (the tool's answer, then a second turn).
-    rewards = self._rewards(20, turns=2, tool_call=True)
+    rewards = self._rewards(10, turns=2, tool_call=True)
     # Step 0's episodes are the fine-tuned policy's, before any update.
     self.assertTrue(0.15 <= rewards[0] <= 0.5, rewards)
     self.assertGreaterEqual(rewards[-5:].mean() - rewards[0], 0.3, rewards)
