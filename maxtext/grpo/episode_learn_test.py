@@ -146,9 +146,11 @@ def _fine_tuned(params, config, chat, steps, call_share):
   turns and writes the call's syntax."""
   call = tool_calls.format_xml(tool_calls.ToolCall("mark", {}))
   rows, weights = [], []
-  for i in range(64):
+  # One row of each reply in that share: the loss is the weighted mean over
+  # the rows' tokens, so copies of these rows would not change it.
+  for i in range(round(1 / call_share)):
     env = _MarkEnvironment({"prompt": "Task."})
-    reply = call if i % round(1 / call_share) == 0 else "ok"
+    reply = call if i == 0 else "ok"
     encoded = chat.encode(
         env.start() + [{"role": "assistant", "content": reply}],
         tools=env.tools,
@@ -190,14 +192,29 @@ def _negated(rollout_fn):
   return negated
 
 
+def _tool_calls_risen(rewards):
+  """Whether the mean reward of the last 5 steps is 0.3 or more above step
+  0's (the fine-tuned policy's, before any update)."""
+  return len(rewards) >= 5 and rewards[-5:].mean() - rewards[0] >= 0.3
+
+
+def _second_turn_risen(rewards):
+  """Whether the mean reward of the last 5 steps is 0.3 or more above that
+  of the first 3."""
+  return len(rewards) >= 8 and rewards[-5:].mean() - rewards[:3].mean() >= 0.3
+
+
+# A run that must learn stops at the first step where it has: every check
+# holds on the rewards up to there, and fails where the step budget ends
+# before.
 class EpisodeLearnTest(absltest.TestCase):
 
   def _rewards(
-      self, steps, turns=1, negate=False, stop_at=None, tool_call=False
+      self, steps, turns=1, negate=False, stop_when=None, tool_call=False
   ):
     """The mean training reward of each of `steps` GRPO steps (fewer when
-    one reaches `stop_at`): the marker task of `turns` turns, or with
-    `tool_call` the `mark` task from a fine-tuned start."""
+    `stop_when` holds for the rewards so far): the marker task of `turns`
+    turns, or with `tool_call` the `mark` task from a fine-tuned start."""
     learning_rate = 3e-3
     room = 512 if tool_call else 96  # For the first prompt.
     config = tiny_configs.model_config(
@@ -251,12 +268,12 @@ class EpisodeLearnTest(absltest.TestCase):
       result = step.run(s)
       means.append(float(np.mean(result.rollout.rewards.total)))
       logging.info("step %d: mean training reward %.3f", s, means[-1])
-      if stop_at is not None and means[-1] >= stop_at:
+      if stop_when is not None and stop_when(np.array(means)):
         break
     return np.array(means)
 
   def test_learns_the_marker(self):
-    rewards = self._rewards(60, stop_at=0.9)
+    rewards = self._rewards(60, stop_when=lambda r: r[-1] >= 0.9)
     # The random policy writes the marker in 20-50% of its turns.
     self.assertTrue(0.2 <= rewards[:3].mean() <= 0.5, rewards)
     self.assertGreaterEqual(rewards[-1], 0.9, rewards)
@@ -269,16 +286,16 @@ class EpisodeLearnTest(absltest.TestCase):
   def test_learns_to_call_the_tool(self):
     # Fine-tuned to call `mark` in a quarter of its turns; the reward needs
     # the call (the tool's answer, then a second turn).
-    rewards = self._rewards(20, turns=2, tool_call=True)
+    rewards = self._rewards(
+        20, turns=2, tool_call=True, stop_when=_tool_calls_risen
+    )
     # Step 0's episodes are the fine-tuned policy's, before any update.
     self.assertTrue(0.15 <= rewards[0] <= 0.5, rewards)
-    self.assertGreaterEqual(rewards[-5:].mean() - rewards[0], 0.3, rewards)
+    self.assertTrue(_tool_calls_risen(rewards), rewards)
 
   def test_learns_the_marker_in_the_second_turn(self):
-    rewards = self._rewards(30, turns=2)
-    self.assertGreaterEqual(
-        rewards[-5:].mean() - rewards[:3].mean(), 0.3, rewards
-    )
+    rewards = self._rewards(30, turns=2, stop_when=_second_turn_risen)
+    self.assertTrue(_second_turn_risen(rewards), rewards)
 
 
 if __name__ == "__main__":

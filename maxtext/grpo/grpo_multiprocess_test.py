@@ -20,7 +20,51 @@ from testing import tiny_configs
 _TIMEOUT_S = 600
 
 
+def _flags(root, start, run_name, max_age):
+  """A 4-step GRPO run's flags from the pretrained `start`."""
+  return tiny_configs.tiny_flags(
+      root,
+      run_name=run_name,
+      steps=4,
+      extra=dict(
+          grpo_start.RUN_FIELDS,
+          load_parameters_path=start,
+          eval_interval=2,
+          checkpoint_period=2,
+          grpo_max_age=max_age,
+      ),
+  )
+
+
+def _records(root, run_name):
+  return jsonl.read_jsonl(os.path.join(root, run_name, jsonl.METRICS_FILENAME))
+
+
 class GrpoMultiProcessTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # One pretrained start and one one-process run per `grpo_max_age`, shared
+    # by the cases: a job's records depend on max_age alone, not on how many
+    # devices generate.
+    cls.root = absltest.get_default_test_tmpdir()
+    cls.start = grpo_start.pretrained_checkpoints(cls.root)
+    cls.alone = {}
+
+  def _alone(self, max_age):
+    """The records of the one-process run with `max_age`."""
+    if max_age not in self.alone:
+      run_name = f"single_{max_age}"
+      single = runfiles.run_binary(
+          "maxtext/grpo_main",
+          _flags(self.root, self.start, run_name, max_age),
+          timeout_s=_TIMEOUT_S,
+          cache_compilations=True,
+      )
+      self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+      self.alone[max_age] = _records(self.root, run_name)
+    return self.alone[max_age]
 
   @parameterized.named_parameters(
       ("synchronous", 0, 0),
@@ -31,24 +75,8 @@ class GrpoMultiProcessTest(parameterized.TestCase):
       self, max_age, generation_devices
   ):
     root = self.create_tempdir().full_path
-    start = grpo_start.pretrained_checkpoints(root)
-
-    def flags(run_name):
-      return tiny_configs.tiny_flags(
-          root,
-          run_name=run_name,
-          steps=4,
-          extra=dict(
-              grpo_start.RUN_FIELDS,
-              load_parameters_path=start,
-              eval_interval=2,
-              checkpoint_period=2,
-              grpo_max_age=max_age,
-          ),
-      )
-
     command = runfiles.binary_command("maxtext/grpo_main")
-    job_flags, env = flags("job"), None
+    job_flags, env = _flags(root, self.start, "job", max_age), None
     if generation_devices:
       job_flags.append(f"--config.grpo_generation_devices={generation_devices}")
       env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
@@ -63,20 +91,7 @@ class GrpoMultiProcessTest(parameterized.TestCase):
     )
     for process in processes:
       self.assertIn("grpo_main: completed after step 4", process.output())
-    single = runfiles.run_binary(
-        "maxtext/grpo_main",
-        flags("single"),
-        timeout_s=_TIMEOUT_S,
-        cache_compilations=True,
-    )
-    self.assertEqual(single.returncode, 0, single.stderr[-3000:])
-
-    def records(run_name):
-      return jsonl.read_jsonl(
-          os.path.join(root, run_name, jsonl.METRICS_FILENAME)
-      )
-
-    job, alone = records("job"), records("single")
+    job, alone = _records(root, "job"), self._alone(max_age)
     # One record per step and eval: process 0 alone wrote them.
     self.assertEqual(
         [(r["step"], r["kind"]) for r in job],
