@@ -351,54 +351,13 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
   from maxtext.engine import train_compile_lib
 
   # pylint: enable=import-outside-toplevel
-  print(
-      f"{_PROGRAM}: {tpu_slice.name} x {_NUM_SLICES.value}: {len(devices)} "
-      f"x {devices[0].device_kind}, mesh "
-      + " ".join(f"{a}={n}" for a, n in mesh.shape.items())
-      + f"; {config.workload}, global batch {config.global_batch_size} in "
-      f"K={config.gradient_accumulation_steps}, seq {_row_length(config)}, "
-      f"attention {config.attention}, remat "
-      f"{config.remat_policy}, loss_chunk_size {config.loss_chunk_size}",
-      flush=True,
-  )
+  _print_setup(config, mesh, tpu_slice, devices)
 
   def log(line):
     print(f"{_PROGRAM}: {line}", flush=True)
 
   if _SEARCH.value:
-    tried, choice = train_compile_lib.search(
-        config,
-        mesh,
-        hbm,
-        log=log,
-        tensor=True,
-        inputs=inputs,
-        progress=_progress(),
-    )
-    for candidate in tried:
-      print(
-          f"{_PROGRAM}: "
-          f"context_parallelism={candidate.context_parallelism} "
-          f"tensor_parallelism={candidate.tensor_parallelism} "
-          f"remat_policy={candidate.remat_policy} "
-          f"gradient_accumulation_steps="
-          f"{candidate.gradient_accumulation_steps} peak="
-          f"{train_compile_lib.gib(candidate.step.peak)} GiB "
-          f"fits={'yes' if candidate.fits(hbm) else 'no'}"
-      )
-    if choice:
-      print(
-          f"{_PROGRAM}: choice: "
-          f"--config.context_parallelism={choice.context_parallelism} "
-          f"--config.tensor_parallelism={choice.tensor_parallelism} "
-          f"--config.remat_policy={choice.remat_policy} "
-          f"--config.gradient_accumulation_steps="
-          f"{choice.gradient_accumulation_steps}"
-      )
-    else:
-      print(f"{_PROGRAM}: no remat policy and accumulation fits")
-    step = (choice or tried[-1]).step
-    compile_s = sum(c.step.compile_s for c in tried)
+    step, compile_s = _search(config, mesh, hbm, inputs, log)
   else:
     step = train_compile_lib.compile_step(
         config,
@@ -433,6 +392,66 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
         f"{tpu_slice.name} x {_NUM_SLICES.value}",
     )
     print(f"{_PROGRAM}: saved the compiled step to {path}")
+
+
+def _print_setup(config, mesh, tpu_slice, devices) -> None:
+  """The first line: the slice, the mesh and the run's shape."""
+  print(
+      f"{_PROGRAM}: {tpu_slice.name} x {_NUM_SLICES.value}: {len(devices)} "
+      f"x {devices[0].device_kind}, mesh "
+      + " ".join(f"{a}={n}" for a, n in mesh.shape.items())
+      + f"; {config.workload}, global batch {config.global_batch_size} in "
+      f"K={config.gradient_accumulation_steps}, seq {_row_length(config)}, "
+      f"attention {config.attention}, remat "
+      f"{config.remat_policy}, loss_chunk_size {config.loss_chunk_size}",
+      flush=True,
+  )
+
+
+def _search(config, mesh, hbm, inputs, log):
+  """--search: compiles the candidates, prints each and the choice.
+
+  Returns:
+    (the chosen candidate's compiled step, or the last one tried when none
+    fits; the seconds all the compiles took).
+  """
+  # pylint: disable=import-outside-toplevel  # After JAX has its platform.
+  from maxtext.engine import train_compile_lib
+
+  # pylint: enable=import-outside-toplevel
+  tried, choice = train_compile_lib.search(
+      config,
+      mesh,
+      hbm,
+      log=log,
+      tensor=True,
+      inputs=inputs,
+      progress=_progress(),
+  )
+  for candidate in tried:
+    print(
+        f"{_PROGRAM}: "
+        f"context_parallelism={candidate.context_parallelism} "
+        f"tensor_parallelism={candidate.tensor_parallelism} "
+        f"remat_policy={candidate.remat_policy} "
+        f"gradient_accumulation_steps="
+        f"{candidate.gradient_accumulation_steps} peak="
+        f"{train_compile_lib.gib(candidate.step.peak)} GiB "
+        f"fits={'yes' if candidate.fits(hbm) else 'no'}"
+    )
+  if choice:
+    print(
+        f"{_PROGRAM}: choice: "
+        f"--config.context_parallelism={choice.context_parallelism} "
+        f"--config.tensor_parallelism={choice.tensor_parallelism} "
+        f"--config.remat_policy={choice.remat_policy} "
+        f"--config.gradient_accumulation_steps="
+        f"{choice.gradient_accumulation_steps}"
+    )
+  else:
+    print(f"{_PROGRAM}: no remat policy and accumulation fits")
+  step = (choice or tried[-1]).step
+  return step, sum(c.step.compile_s for c in tried)
 
 
 def _rollout_shape(config):

@@ -137,8 +137,63 @@ def _checked_state(state: Mapping[str, Any], params, opt_state) -> int:
   return step
 
 
+def _check_wiring(recorder, param_shardings, batch_sharding) -> None:
+  """Checks the engine's recorder and that its shardings come as a pair.
+
+  Raises:
+    TypeError: `recorder` is not a MetricsRecorder.
+    ValueError: only one of the shardings is given.
+  """
+  if not isinstance(recorder, metrics_recorder.MetricsRecorder):
+    raise TypeError(
+        f"recorder must be a MetricsRecorder; got {type(recorder).__name__}"
+    )
+  if (param_shardings is None) != (batch_sharding is None):
+    raise ValueError(
+        "param_shardings and batch_sharding must be given together (or "
+        "neither)"
+    )
+
+
 class Engine:
-  """Runs micro-batches and optimizer steps; records the step's metrics."""
+  """Runs micro-batches and optimizer steps; records the step's metrics.
+
+  Args:
+    loss_fn: `loss_fn(params, micro_batch) -> (loss, aux)`: `loss` the mean
+      loss (a scalar), `aux` None or a (nested) dict of scalar metrics; it may
+      hold None, `intermediate_outputs` and tuples, which are not recorded.
+    params: the parameter pytree.
+    optimizer: the optax transformation.
+    learning_rate_fn: the schedule (step -> learning rate), or a constant;
+      only recorded, the optimizer applies its own.
+    recorder: where metrics go.
+    gradient_accumulation_steps: K, the micro-batches per `update()`.
+    param_shardings: None, or a pytree of `jax.sharding.NamedSharding` like
+      `params`; then every jitted function has explicit shardings.
+    batch_sharding: None, or the micro-batch's sharding (a sharding or a
+      pytree prefix of the micro-batch).
+    grad_clip_norm: if > 0, the mean gradient is scaled down to this global
+      norm before the optimizer sees it, using the norm the step's metrics
+      report (one pass over the gradients for both the metric and the
+      clipping); `optimizer` should then not clip again. 0 = no clipping.
+    donate_state: True = one copy of parameters and optimizer state
+      (donated to the program that updates them, which takes effect
+      with the last micro-batch, once the step's values are checked);
+      False = the new state is kept aside until the flush has
+      succeeded, both versions existing until then (see the module
+      docstring).
+    eval_fn: `eval_fn(params, batch) -> {name: scalar}`, the eval metrics
+      of one batch, given with `eval_directions` (name -> the direction
+      each improves in; the names `eval_fn` returns). Neither: the eval
+      metric is loss_fn's loss, "loss", lower is better.
+    executables: None, or every program of `program_names()` already
+      compiled for these shapes and shardings (name -> a
+      `jax.stages.Compiled`, e.g. loaded by `saved_step.load`): the
+      engine runs them and compiles none of its own.
+    statistic_rules: parameter path -> rule, for the parameters that the
+      loss's statistics move instead of gradients
+      (`maxtext/model/param_statistics.py`); None or {} for none.
+  """
 
   def __init__(
       self,
@@ -158,43 +213,8 @@ class Engine:
       executables: Optional[Mapping[str, Any]] = None,
       statistic_rules: Optional[Mapping[str, param_statistics.Rule]] = None,
   ):
-    """Creates the engine and the optimizer state.
-
-    Args:
-      loss_fn: `loss_fn(params, micro_batch) -> (loss, aux)`: `loss` the mean
-        loss (a scalar), `aux` None or a (nested) dict of scalar metrics; it may
-        hold None, `intermediate_outputs` and tuples, which are not recorded.
-      params: the parameter pytree.
-      optimizer: the optax transformation.
-      learning_rate_fn: the schedule (step -> learning rate), or a constant;
-        only recorded, the optimizer applies its own.
-      recorder: where metrics go.
-      gradient_accumulation_steps: K, the micro-batches per `update()`.
-      param_shardings: None, or a pytree of `jax.sharding.NamedSharding` like
-        `params`; then every jitted function has explicit shardings.
-      batch_sharding: None, or the micro-batch's sharding (a sharding or a
-        pytree prefix of the micro-batch).
-      grad_clip_norm: if > 0, the mean gradient is scaled down to this global
-        norm before the optimizer sees it, using the norm the step's metrics
-        report (one pass over the gradients for both the metric and the
-        clipping); `optimizer` should then not clip again. 0 = no clipping.
-      donate_state: True = one copy of parameters and optimizer state
-        (donated to the program that updates them, which takes effect
-        with the last micro-batch, once the step's values are checked);
-        False = the new state is kept aside until the flush has
-        succeeded, both versions existing until then (see the module
-        docstring).
-      eval_fn: `eval_fn(params, batch) -> {name: scalar}`, the eval metrics
-        of one batch, given with `eval_directions` (name -> the direction
-        each improves in; the names `eval_fn` returns). Neither: the eval
-        metric is loss_fn's loss, "loss", lower is better.
-      executables: None, or every program of `program_names()` already
-        compiled for these shapes and shardings (name -> a
-        `jax.stages.Compiled`, e.g. loaded by `saved_step.load`): the
-        engine runs them and compiles none of its own.
-      statistic_rules: parameter path -> rule, for the parameters that the
-        loss's statistics move instead of gradients
-        (`maxtext/model/param_statistics.py`); None or {} for none.
+    """Creates the engine and the optimizer state; the class docstring
+    says what each argument is.
 
     Raises:
       TypeError/ValueError: on bad arguments.
@@ -211,15 +231,7 @@ class Engine:
         eval_directions,
         statistic_rules,
     )
-    if not isinstance(recorder, metrics_recorder.MetricsRecorder):
-      raise TypeError(
-          f"recorder must be a MetricsRecorder; got {type(recorder).__name__}"
-      )
-    if (param_shardings is None) != (batch_sharding is None):
-      raise ValueError(
-          "param_shardings and batch_sharding must be given together (or "
-          "neither)"
-      )
+    _check_wiring(recorder, param_shardings, batch_sharding)
     self._recorder = recorder
     self._k = self._spec.k
     self._param_shardings = param_shardings

@@ -149,46 +149,36 @@ def _replicated(param_shardings) -> jax.sharding.NamedSharding:
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
-def _jit(
-    spec: step_spec.StepSpec, params, opt_state, param_shardings, batch_sharding
-) -> tuple[dict[str, Any], Any, Any]:
-  """Jits the step's programs for `params`' and `opt_state`'s shapes.
+class _StepFunctions:
+  """The step's functions before jit, over one `StepSpec`.
 
-  Returns:
-    (name -> jitted function, the accumulator's `ShapeDtypeStruct`s, the
-    optimizer state's shardings or None).
+  Each method is one program's body (the module docstring says what each
+  computes); `_jit` jits them with their shardings and donation.
   """
-  ps, bs = param_shardings, batch_sharding
-  explicit = ps is not None
-  k, slots = spec.k, spec.statistics
-  opt_shardings = rep = None
-  if explicit:
-    # Scalars and packed metrics are replicated over the params' mesh.
-    rep = _replicated(ps)
-    opt_shardings = jax.tree.map(lambda x: x.sharding, opt_state)
-  # The accumulator: float32 (or wider) copies of the parameters' shapes,
-  # sharded like them.
-  acc_shapes = jax.tree.map(
-      lambda p, s: jax.ShapeDtypeStruct(
-          p.shape, jnp.promote_types(p.dtype, jnp.float32), sharding=s
-      ),
-      params,
-      ps if explicit else jax.tree.map(lambda _: None, params),
-  )
 
-  def allocate():
-    # The accumulator; its zeros are never read: a step's first
-    # micro-batch replaces them.
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shapes)
+  def __init__(self, spec: step_spec.StepSpec, acc_shapes):
+    """Args: the step's spec; the accumulator's `ShapeDtypeStruct`s."""
+    self._spec = spec
+    self._k = spec.k
+    self._slots = spec.statistics
+    self._acc_shapes = acc_shapes
 
-  def gradients(params, micro_batch):
-    (loss, aux), grads = jax.value_and_grad(spec.loss_fn, has_aux=True)(
+  def allocate(self):
+    """The accumulator, zeros never read: a step's first micro-batch
+    replaces them."""
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._acc_shapes)
+
+  def gradients(self, params, micro_batch):
+    """The micro-batch's gradients (statistics in their slots) and metrics."""
+    (loss, aux), grads = jax.value_and_grad(self._spec.loss_fn, has_aux=True)(
         params, micro_batch
     )
     packed, weighted = metric_packing.pack(loss, aux)
-    return slots.with_statistics(grads, aux), packed, weighted
+    return self._slots.with_statistics(grads, aux), packed, weighted
 
-  def optimizer_step(params, opt_state, grads, grad_norm):
+  def optimizer_step(self, params, opt_state, grads, grad_norm):
+    """The optimizer's step of the mean gradient, clipped with `grad_norm`."""
+    spec, slots = self._spec, self._slots
     # `grads`: the step's mean gradient in the parameters' dtypes.
     # The step's mean statistics; the optimizer sees zeros in their slots.
     statistics = slots.only(grads)
@@ -213,25 +203,29 @@ def _jit(
     )
     return new_params, new_opt
 
-  def finish(params, opt_state, grad_sum, step, commit):
-    # The step's update, decided inside the program: the mean gradient's
-    # global norm (the statistics' slots are not gradients), whether it is
-    # finite, and the optimizer step only when it is (and `commit`: a
-    # warm-up step computes everything and keeps the state). A cond, not a
-    # select: a skipped step runs no optimizer and, with the state donated,
-    # leaves it in place.
-    mean = jax.tree.map(lambda a: a / k, grad_sum)
-    grad_norm = optax.tree.norm(slots.gradients_only(mean)).astype(jnp.float32)
+  def finish(self, params, opt_state, grad_sum, step, commit):
+    """The step's update from the sum of its K micro-batches' gradients.
+
+    The mean gradient's global norm (the statistics' slots are not
+    gradients), whether it is finite, and the optimizer step only when it
+    is (and `commit`: a warm-up step computes everything and keeps the
+    state). A cond, not a select: a skipped step runs no optimizer and,
+    with the state donated, leaves it in place.
+    """
+    mean = jax.tree.map(lambda a: a / self._k, grad_sum)
+    grad_norm = optax.tree.norm(self._slots.gradients_only(mean)).astype(
+        jnp.float32
+    )
     grads = jax.tree.map(lambda m, p: m.astype(p.dtype), mean, params)
     finite = jnp.isfinite(grad_norm)
     params, opt_state = jax.lax.cond(
         jnp.logical_and(finite, commit),
-        lambda: optimizer_step(params, opt_state, grads, grad_norm),
+        lambda: self.optimizer_step(params, opt_state, grads, grad_norm),
         lambda: (params, opt_state),
     )
     update_packed = jnp.stack(
         [
-            jnp.asarray(spec.lr_fn(step), jnp.float32),
+            jnp.asarray(self._spec.lr_fn(step), jnp.float32),
             grad_norm,
             jnp.where(finite, 0.0, 1.0).astype(jnp.float32),
         ]
@@ -239,9 +233,10 @@ def _jit(
     return params, opt_state, update_packed
 
   def micro_step(
-      params, opt_state, grad_acc, step, first, last, commit, micro_batch
+      self, params, opt_state, grad_acc, step, first, last, commit, micro_batch
   ):
-    grads, packed, weighted = gradients(params, micro_batch)
+    """K > 1: one micro-batch into the accumulator; the update on the last."""
+    grads, packed, weighted = self.gradients(params, micro_batch)
     # A select, not a product with 0: a step's first sum is exactly its
     # first gradients, whatever the accumulator held (a skipped step's
     # NaN included).
@@ -254,7 +249,7 @@ def _jit(
     # through (in place when it is donated).
     params, opt_state, update_packed = jax.lax.cond(
         last,
-        lambda: finish(params, opt_state, grad_acc, step, commit),
+        lambda: self.finish(params, opt_state, grad_acc, step, commit),
         lambda: (
             params,
             opt_state,
@@ -264,19 +259,26 @@ def _jit(
     step = step + last.astype(step.dtype)
     return params, opt_state, grad_acc, step, packed, weighted, update_packed
 
-  def single_micro_step(params, micro_batch):
-    # K = 1: the micro-batch's gradients are the step's sum. Taking no
-    # accumulator lets them be the output as XLA computes them; adding
-    # into a donated one would cost a gradient-sized temporary.
-    grads, packed, weighted = gradients(params, micro_batch)
-    grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, acc_shapes)
+  def single_micro_step(self, params, micro_batch):
+    """K = 1: the micro-batch's gradients are the step's sum.
+
+    Taking no accumulator lets them be the output as XLA computes them;
+    adding into a donated one would cost a gradient-sized temporary.
+    """
+    grads, packed, weighted = self.gradients(params, micro_batch)
+    grads = jax.tree.map(
+        lambda g, s: g.astype(s.dtype), grads, self._acc_shapes
+    )
     return grads, packed, weighted
 
-  def update(params, opt_state, grad_sum, step, commit, packed_values):
-    # K = 1: the micro-step's packed metrics come back with the update's
-    # appended, one array for the step, which the recorder's flush takes
-    # without a concatenation of its own.
-    params, opt_state, update_packed = finish(
+  def update(self, params, opt_state, grad_sum, step, commit, packed_values):
+    """K = 1: the step's update after its one micro-step.
+
+    The micro-step's packed metrics come back with the update's appended,
+    one array for the step, which the recorder's flush takes without a
+    concatenation of its own.
+    """
+    params, opt_state, update_packed = self.finish(
         params, opt_state, grad_sum, step, commit
     )
     values = jnp.concatenate(
@@ -284,40 +286,90 @@ def _jit(
     )
     return params, opt_state, step + 1, values
 
-  def eval_metrics_of(params, batch):
+  def eval_metrics_of(self, params, batch):
+    """The eval function's metrics of `batch`, checked against their names."""
     return _checked_eval_metrics(
-        spec.eval_fn(params, batch), spec.eval_directions
+        self._spec.eval_fn(params, batch), self._spec.eval_directions
     )
 
-  # Parameters and optimizer state are donated to the program that updates
-  # them when `donate_state` (with K > 1 every micro-step, which passes
-  # them through in place before the last); the accumulator and the step
-  # counter always are.
-  state = (0, 1) if spec.donate else ()
+
+def _accumulator_shapes(params, param_shardings):
+  """The accumulator's `ShapeDtypeStruct`s.
+
+  Float32 (or wider) copies of the parameters' shapes, sharded like them
+  (unsharded without `param_shardings`).
+  """
+  return jax.tree.map(
+      lambda p, s: jax.ShapeDtypeStruct(
+          p.shape, jnp.promote_types(p.dtype, jnp.float32), sharding=s
+      ),
+      params,
+      (
+          param_shardings
+          if param_shardings is not None
+          else jax.tree.map(lambda _: None, params)
+      ),
+  )
+
+
+def _program_table(
+    fns: _StepFunctions, k: int, donate: bool, ps, bs, rep, opt_shardings
+) -> dict[str, tuple]:
+  """name -> (function, jit's keyword arguments, in_shardings, out_shardings).
+
+  The programs of a step of `k` micro-batches. Parameters and optimizer
+  state are donated to the program that updates them when `donate` (with
+  K > 1 every micro-step, which passes them through in place before the
+  last); the accumulator and the step counter always are. `ps`, `bs`,
+  `rep`, `opt_shardings`: the shardings of the parameters, the batch,
+  scalars and the optimizer state (all None without explicit shardings).
+  """
+  state = (0, 1) if donate else ()
   update_program = None
   if k == 1:
-    micro = (single_micro_step, {}, (ps, bs), (ps, rep, rep))
+    micro = (fns.single_micro_step, {}, (ps, bs), (ps, rep, rep))
     update_program = (
-        update,
+        fns.update,
         {"donate_argnums": state + (3,)},
         (ps, opt_shardings, ps, rep, rep, rep),
         (ps, opt_shardings, rep, rep),
     )
   else:
     micro = (
-        micro_step,
+        fns.micro_step,
         {"donate_argnums": state + (2, 3)},
         (ps, opt_shardings, ps, rep, rep, rep, rep, bs),
         (ps, opt_shardings, ps, rep, rep, rep, rep),
     )
   jits = {
-      # name: (function, jit's keyword arguments, in_shardings, out_shardings)
-      "allocate": (allocate, {}, None, ps),
+      "allocate": (fns.allocate, {}, None, ps),
       "micro_step": micro,
-      "eval": (eval_metrics_of, {}, (ps, bs), rep),
+      "eval": (fns.eval_metrics_of, {}, (ps, bs), rep),
   }
   if update_program is not None:
     jits["update"] = update_program
+  return jits
+
+
+def _jit(
+    spec: step_spec.StepSpec, params, opt_state, param_shardings, batch_sharding
+) -> tuple[dict[str, Any], Any, Any]:
+  """Jits the step's programs for `params`' and `opt_state`'s shapes.
+
+  Returns:
+    (name -> jitted function, the accumulator's `ShapeDtypeStruct`s, the
+    optimizer state's shardings or None).
+  """
+  ps, bs = param_shardings, batch_sharding
+  explicit = ps is not None
+  opt_shardings = rep = None
+  if explicit:
+    # Scalars and packed metrics are replicated over the params' mesh.
+    rep = _replicated(ps)
+    opt_shardings = jax.tree.map(lambda x: x.sharding, opt_state)
+  acc_shapes = _accumulator_shapes(params, ps)
+  fns = _StepFunctions(spec, acc_shapes)
+  jits = _program_table(fns, spec.k, spec.donate, ps, bs, rep, opt_shardings)
   jitted = {}
   for name, (fn, kwargs, in_shardings, out_shardings) in jits.items():
     if explicit:

@@ -256,6 +256,7 @@ def run(
   started: list[float] = []
   spent = {"generate": 0.0, "environment": 0.0}
   try:
+    first = None
     if lead:
       began = time.perf_counter()
       _open(
@@ -263,57 +264,103 @@ def run(
       )
       first = [(c.env.kind, c.prompt_ids()) for c in conversations]
       spent["environment"] += time.perf_counter() - began
-    else:
-      first = None
     first = share.from_lead(first)
     episodes = [Episode(kind, list(ids)) for kind, ids in first]
     _check_prompts(episodes, limits)
-    for turn in range(limits.max_turns):
-      active = [i for i, e in enumerate(episodes) if e.active]
-      if not active:
+    turn = _Turns(episodes, conversations, started, generate, options, limits)
+    for number in range(limits.max_turns):
+      if not turn.play(number, clock, spent):
         break
-      budgets, turn_options = _turn_request(
-          [episodes[i] for i in active], options, limits, turn
-      )
-      began = time.perf_counter()
-      completions = generate(
-          [episodes[i].prompt_ids + episodes[i].ids for i in active],
-          turn_options,
-          budgets,
-      )
-      spent["generate"] += time.perf_counter() - began
-      answers = None
-      if lead:
-        began = time.perf_counter()
-        answers = _answers(
-            episodes, conversations, active, completions, options, limits
-        )
-        spent["environment"] += time.perf_counter() - began
-        now = clock()
-        answers["timed_out"] = [
-            i for i in active if now - started[i] > limits.episode_seconds
-        ]
-      answers = share.from_lead(answers)
-      _apply(episodes, active, completions, answers, limits, turn)
     for e in episodes:
       if e.active:  # The last turn was used.
         e.turn_limit = True
-    rewards = None
-    if lead:
-      began = time.perf_counter()
-      rewards = [
-          c.env.timed_out_reward() if e.timed_out else c.env.reward()
-          for e, c in zip(episodes, conversations)
-      ]
-      spent["environment"] += time.perf_counter() - began
-    for e, reward in zip(episodes, share.from_lead(rewards)):
-      e.env_reward = reward
+    _set_rewards(episodes, conversations, spent)
     if timings is not None:
       timings.update(spent)
     return episodes
   finally:
     for c in conversations:
       c.env.close()
+
+
+def _set_rewards(episodes, conversations, spent: dict[str, float]) -> None:
+  """Each episode's environment reward, asked on process 0 (the timed-out
+  reward for an episode past its wall time) and shared."""
+  rewards = None
+  if share.is_lead():
+    began = time.perf_counter()
+    rewards = [
+        c.env.timed_out_reward() if e.timed_out else c.env.reward()
+        for e, c in zip(episodes, conversations)
+    ]
+    spent["environment"] += time.perf_counter() - began
+  for e, reward in zip(episodes, share.from_lead(rewards)):
+    e.env_reward = reward
+
+
+class _Turns:
+  """The turns of `run`'s episodes (on process 0, with their conversations).
+
+  Attributes are `run`'s: the episodes, process 0's conversations and
+  their start times (empty elsewhere), the generation function, the
+  sampling options and the limits.
+  """
+
+  def __init__(
+      self, episodes, conversations, started, generate, options, limits
+  ):
+    self._episodes = episodes
+    self._conversations = conversations
+    self._started = started
+    self._generate = generate
+    self._options = options
+    self._limits = limits
+
+  def play(self, turn: int, clock, spent: dict[str, float]) -> bool:
+    """Plays turn `turn` of every active episode; False when none is.
+
+    The active episodes' continuations are generated together; process 0
+    has their environments answer (and marks the episodes past their wall
+    time), and every process applies the answers it shares.
+
+    Args:
+      turn: the turn's number, from 0.
+      clock: `run`'s clock.
+      spent: "generate" and "environment" seconds, added to.
+    """
+    episodes, limits = self._episodes, self._limits
+    active = [i for i, e in enumerate(episodes) if e.active]
+    if not active:
+      return False
+    budgets, turn_options = _turn_request(
+        [episodes[i] for i in active], self._options, limits, turn
+    )
+    began = time.perf_counter()
+    completions = self._generate(
+        [episodes[i].prompt_ids + episodes[i].ids for i in active],
+        turn_options,
+        budgets,
+    )
+    spent["generate"] += time.perf_counter() - began
+    answers = None
+    if share.is_lead():
+      began = time.perf_counter()
+      answers = _answers(
+          episodes,
+          self._conversations,
+          active,
+          completions,
+          self._options,
+          limits,
+      )
+      spent["environment"] += time.perf_counter() - began
+      now = clock()
+      answers["timed_out"] = [
+          i for i in active if now - self._started[i] > limits.episode_seconds
+      ]
+    answers = share.from_lead(answers)
+    _apply(episodes, active, completions, answers, limits, turn)
+    return True
 
 
 def _open(tasks, make_environment, chat, limits, clock, conversations, started):

@@ -140,40 +140,88 @@ def forward(
   """
   cdt = jnp.dtype(config.compute_dtype)
   x = jnp.take(params["embedding"], tokens, axis=0).astype(cdt)
-  store = store or dense_store
+  blocks = _Blocks(
+      config, tokens, positions, store or dense_store, attend, lengths
+  )
+  new_cache = {}
+  if "layers" in params:
+    x, new_cache["layers"], _ = blocks.attention_stack(
+        x, params["layers"], cache["layers"]
+    )
+  if "linear_layers" in params:
+    x, new_cache["moe_layers"], states = blocks.attention_stack(
+        x,
+        params["moe_layers"],
+        cache["moe_layers"],
+        before=transformer.grouped_linear_layers(params, config),
+        # The states grouped as the parameters are.
+        states=transformer.grouped_linear_layers(cache, config),
+    )
+    new_cache["linear_layers"] = _unstacked(states)
+  elif "moe_layers" in params:
+    x, new_cache["moe_layers"], _ = blocks.attention_stack(
+        x, params["moe_layers"], cache["moe_layers"]
+    )
+  return transformer.norm(x, params["final_norm"], config), new_cache
 
-  def ffn(x, layer):
-    normed = transformer.norm(x, layer["mlp_norm"], config)
+
+class _Blocks:
+  """The layers of one `forward` call, over its positions and store."""
+
+  def __init__(
+      self,
+      config,
+      tokens: jax.Array,
+      positions: jax.Array,
+      store: Store,
+      attend: Optional[Attend],
+      lengths: Optional[jax.Array],
+  ):
+    """Args: as `forward`'s (`store` not None)."""
+    self._config = config
+    # One token a row: a decode step, which the DeltaNet layers take
+    # recurrently.
+    self._recurrent = tokens.shape[1] == 1
+    self._positions = positions
+    self._store = store
+    self._attend = attend
+    self._lengths = lengths
+
+  def ffn(self, x, layer):
+    """The residual feed-forward half of a layer (a MoE one with a router)."""
+    normed = transformer.norm(x, layer["mlp_norm"], self._config)
     if "router" in layer:
-      return x + moe.moe_mlp(normed, layer, config)[0]
+      return x + moe.moe_mlp(normed, layer, self._config)[0]
     return x + transformer.mlp(normed, layer)
 
-  def block(x, layer, entries, index):
+  def block(self, x, layer, entries, index):
+    """An attention layer: attention over its cache entries, then `ffn`."""
     out, entries = _attention(
-        transformer.norm(x, layer["attn_norm"], config),
+        transformer.norm(x, layer["attn_norm"], self._config),
         layer,
         entries,
         index,
-        positions,
-        config,
-        store,
-        attend,
+        self._positions,
+        self._config,
+        self._store,
+        self._attend,
     )
-    return ffn(x + out, layer), entries
+    return self.ffn(x + out, layer), entries
 
-  def linear_block(x, inputs):
+  def linear_block(self, x, inputs):
+    """A Gated DeltaNet layer with its recurrent state, then `ffn`."""
     layer, state = inputs
     out, state = gated_deltanet.apply(
-        transformer.norm(x, layer["attn_norm"], config),
+        transformer.norm(x, layer["attn_norm"], self._config),
         layer,
-        config,
+        self._config,
         state,
-        recurrent=tokens.shape[1] == 1,
-        lengths=lengths,
+        recurrent=self._recurrent,
+        lengths=self._lengths,
     )
-    return ffn(x + out, layer), state
+    return self.ffn(x + out, layer), state
 
-  def attention_stack(x, stack, entries, before=None, states=None):
+  def attention_stack(self, x, stack, entries, before=None, states=None):
     """`block` over a stack's layers (after `before`, a group's DeltaNet
     layers, with `states`, if given). The stack's entries are the scan's
     carry, which the store updates in place at each layer's index: entries
@@ -184,8 +232,8 @@ def forward(
       x, entries = carry
       layer, index, linear, state = inputs
       if before is not None:
-        x, state = jax.lax.scan(linear_block, x, (linear, state))
-      x, entries = block(x, layer, entries, index)
+        x, state = jax.lax.scan(self.linear_block, x, (linear, state))
+      x, entries = self.block(x, layer, entries, index)
       return (x, entries), state
 
     count = jax.tree_util.tree_leaves(entries)[0].shape[0]
@@ -195,27 +243,6 @@ def forward(
         (stack, jnp.arange(count, dtype=jnp.int32), before, states),
     )
     return x, entries, states
-
-  new_cache = {}
-  if "layers" in params:
-    x, new_cache["layers"], _ = attention_stack(
-        x, params["layers"], cache["layers"]
-    )
-  if "linear_layers" in params:
-    x, new_cache["moe_layers"], states = attention_stack(
-        x,
-        params["moe_layers"],
-        cache["moe_layers"],
-        before=transformer.grouped_linear_layers(params, config),
-        # The states grouped as the parameters are.
-        states=transformer.grouped_linear_layers(cache, config),
-    )
-    new_cache["linear_layers"] = _unstacked(states)
-  elif "moe_layers" in params:
-    x, new_cache["moe_layers"], _ = attention_stack(
-        x, params["moe_layers"], cache["moe_layers"]
-    )
-  return transformer.norm(x, params["final_norm"], config), new_cache
 
 
 def logits(params: Any, hidden: jax.Array) -> jax.Array:

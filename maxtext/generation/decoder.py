@@ -179,22 +179,7 @@ def _generate(
     columns are the generation.
   """
   rows = tokens.shape[0]
-  cache = kv_cache.init(config, rows, length)
-  if mesh is not None:
-    cache = jax.tree_util.tree_map(
-        lambda x: jax.lax.with_sharding_constraint(
-            x, batch_sharding(mesh, x.ndim, 1)
-        ),
-        cache,
-    )
-  positions = jnp.broadcast_to(
-      jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
-  )
-  hidden, cache = cached_model.forward(
-      params, tokens, positions, cache, config, lengths=lengths
-  )
-  last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
-  logits = cached_model.logits(params, last)[:, 0]
+  cache, logits = _prefill(params, tokens, lengths, config, length, mesh)
   row_keys = jax.vmap(lambda r: jax.random.fold_in(seed_key, r))(
       jnp.arange(rows)
   )
@@ -203,29 +188,17 @@ def _generate(
     step, _, _, done, _, _ = carry
     return (step < max_new_tokens) & ~jnp.all(done)
 
-  def body(carry):
-    step, cache, logits, done, ids, log_probs = carry
-    keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
-    token, log_prob = sampling.choose_with_log_prob(
-        logits,
-        keys,
-        temperature,
-        top_k,
-        top_p,
-        allowed_vocab,
-        greedy=greedy,
-        filtered=filtered,
-    )
-    token = jnp.where(done, sampling.PAD_ID, token)
-    ids = ids.at[:, step].set(token)
-    log_probs = log_probs.at[:, step].set(jnp.where(done, 0.0, log_prob))
-    done = done | jnp.isin(token, stop_ids)
-    hidden, cache = cached_model.forward(
-        params, token[:, None], (lengths + step)[:, None], cache, config
-    )
-    logits = cached_model.logits(params, hidden)[:, 0]
-    return step + 1, cache, logits, done, ids, log_probs
-
+  body = functools.partial(
+      _decode_step,
+      params=params,
+      lengths=lengths,
+      row_keys=row_keys,
+      draw=(temperature, top_k, top_p, allowed_vocab),
+      stop_ids=stop_ids,
+      config=config,
+      greedy=greedy,
+      filtered=filtered,
+  )
   carry = (
       jnp.int32(0),
       cache,
@@ -245,6 +218,70 @@ def _generate(
         for x in (ids, log_probs)
     )
   return ids, log_probs
+
+
+def _prefill(params, tokens, lengths, config, length: int, mesh):
+  """`_generate`'s prefill: the prompts into a fresh cache of `length`
+  positions (its rows split over `mesh`'s batch axes).
+
+  Returns:
+    (the cache, float32 [B, V] each row's logits after its last prompt id).
+  """
+  rows = tokens.shape[0]
+  cache = kv_cache.init(config, rows, length)
+  if mesh is not None:
+    cache = jax.tree_util.tree_map(
+        lambda x: jax.lax.with_sharding_constraint(
+            x, batch_sharding(mesh, x.ndim, 1)
+        ),
+        cache,
+    )
+  positions = jnp.broadcast_to(
+      jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
+  )
+  hidden, cache = cached_model.forward(
+      params, tokens, positions, cache, config, lengths=lengths
+  )
+  last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
+  return cache, cached_model.logits(params, last)[:, 0]
+
+
+def _decode_step(
+    carry,
+    *,
+    params,
+    lengths,
+    row_keys,
+    draw,
+    stop_ids,
+    config,
+    greedy: bool,
+    filtered: bool,
+):
+  """One step of `_generate`'s loop: each row draws an id (PAD once it is
+  done), records it and its log-probability, and runs the model on it.
+
+  `carry`: (step, cache, logits, done, ids, log_probs); `draw`:
+  (temperature, top_k, top_p, allowed_vocab).
+  """
+  step, cache, logits, done, ids, log_probs = carry
+  keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
+  token, log_prob = sampling.choose_with_log_prob(
+      logits,
+      keys,
+      *draw,
+      greedy=greedy,
+      filtered=filtered,
+  )
+  token = jnp.where(done, sampling.PAD_ID, token)
+  ids = ids.at[:, step].set(token)
+  log_probs = log_probs.at[:, step].set(jnp.where(done, 0.0, log_prob))
+  done = done | jnp.isin(token, stop_ids)
+  hidden, cache = cached_model.forward(
+      params, token[:, None], (lengths + step)[:, None], cache, config
+  )
+  logits = cached_model.logits(params, hidden)[:, 0]
+  return step + 1, cache, logits, done, ids, log_probs
 
 
 def check_prompts(
@@ -335,34 +372,13 @@ def generate(
   )
   longest = max(len(p) for p in prompts)
   length = cache_length(longest + new, config.max_sequence_length)
-  shards = 1
-  if mesh is not None:
-    shards = math.prod(mesh.shape[a] for a in mesh_lib.batch_axes(mesh))
-  device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
-  check_cache_fits(
-      config, rows, shards, length, device_memory.bytes_limit(device)
-  )
+  _check_cache(config, rows, length, mesh)
   # The prefill runs over the prompts' own bucket: over the whole cache it
   # computed (and held) activations and scores for positions that are
   # padding.
-  tokens = np.full(
-      (rows, cache_length(longest, length)), sampling.PAD_ID, np.int32
+  tokens, lengths = _prompt_rows(
+      prompts, options.num_samples, cache_length(longest, length), mesh
   )
-  lengths = np.zeros((rows,), np.int32)
-  for index, prompt in enumerate(prompts):
-    for sample in range(options.num_samples):
-      row = index * options.num_samples + sample
-      tokens[row, : len(prompt)] = prompt
-      lengths[row] = len(prompt)
-  slots = -(-max(len(options.stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
-  stop_ids = np.full((slots,), -1, np.int32)
-  stop_ids[: len(options.stop_ids)] = options.stop_ids
-  if mesh is not None:
-    # From the host's copy, which every process holds whole.
-    tokens = jax.device_put(tokens, batch_sharding(mesh, 2))
-    lengths = jax.device_put(lengths, batch_sharding(mesh, 1))
-  else:
-    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
   ids, log_probs = _generate(
       params,
       tokens,
@@ -372,7 +388,7 @@ def generate(
       jnp.int32(options.top_k),
       jnp.float32(options.top_p),
       jnp.int32(new),
-      jnp.asarray(stop_ids),
+      jnp.asarray(_stop_slots(options.stop_ids)),
       jnp.int32(allowed_vocab),
       config=config,
       length=length,
@@ -389,9 +405,57 @@ def generate(
       lengths=lengths,
       log_probs=np.asarray(log_probs)[:, :new],
       cache_length=length,
-      cache_bytes=(
-          kv_cache.bytes_per_token(config) * length
-          + kv_cache.state_bytes_per_row(config)
-      )
-      * rows,
+      cache_bytes=_cache_bytes(config, length) * rows,
+  )
+
+
+def _check_cache(config, rows: int, length: int, mesh) -> None:
+  """`check_cache_fits` for `rows` rows of `length` positions, split over
+  `mesh`'s batch axes, on its first device (or JAX's first)."""
+  shards = 1
+  if mesh is not None:
+    shards = math.prod(mesh.shape[a] for a in mesh_lib.batch_axes(mesh))
+  device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+  check_cache_fits(
+      config, rows, shards, length, device_memory.bytes_limit(device)
+  )
+
+
+def _prompt_rows(prompts, num_samples: int, width: int, mesh):
+  """The rows `_generate` takes: each prompt `num_samples` times.
+
+  Returns:
+    (int32 [rows, width] ids, right-padded; int32 [rows] their lengths),
+    on the devices (split over `mesh`'s batch axes).
+  """
+  rows = len(prompts) * num_samples
+  tokens = np.full((rows, width), sampling.PAD_ID, np.int32)
+  lengths = np.zeros((rows,), np.int32)
+  for index, prompt in enumerate(prompts):
+    for sample in range(num_samples):
+      row = index * num_samples + sample
+      tokens[row, : len(prompt)] = prompt
+      lengths[row] = len(prompt)
+  if mesh is not None:
+    # From the host's copy, which every process holds whole.
+    return (
+        jax.device_put(tokens, batch_sharding(mesh, 2)),
+        jax.device_put(lengths, batch_sharding(mesh, 1)),
+    )
+  return jnp.asarray(tokens), jnp.asarray(lengths)
+
+
+def _stop_slots(stop_ids: Sequence[int]) -> np.ndarray:
+  """int32 stop ids padded with -1 to a multiple of `_STOP_SLOTS` (so the
+  compiled program depends on their count only in steps of it)."""
+  slots = -(-max(len(stop_ids), 1) // _STOP_SLOTS) * _STOP_SLOTS
+  padded = np.full((slots,), -1, np.int32)
+  padded[: len(stop_ids)] = stop_ids
+  return padded
+
+
+def _cache_bytes(config, length: int) -> int:
+  """A row's cache bytes at `length` positions, recurrent state included."""
+  return kv_cache.bytes_per_token(config) * length + (
+      kv_cache.state_bytes_per_row(config)
   )

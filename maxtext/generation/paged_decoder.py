@@ -86,7 +86,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -473,92 +473,161 @@ def _decode_body(
     replicas: int,
     attention,
 ):
-  """One replica's `_decode` on its blocks (stop_after [1])."""
+  """One replica's `_decode` on its blocks (stop_after [1]).
+
+  A while loop of `_decode_step`s, as long as `_keep_decoding` says.
+  """
   slots = logits.shape[0]
   steps, positions, budgets, rows = (
       slot_values[:, column] for column in (_STEPS, _POSITIONS, _BUDGETS, _ROWS)
   )
   active = slot_values[:, _ACTIVE] > 0
-
-  draw = (temperature, top_k, top_p, allowed_vocab)
-
-  def cond(carry):
-    k, _, _, _, _, _, active, finished, _, _ = carry
-    going = jnp.stack([jnp.any(active), finished >= stop_after[0]])
-    if replicas > 1:
-      # Every replica steps while any has a running slot and none has
-      # finished the sequences its host waits for: the one integer pair
-      # the replicas exchange a step.
-      going = jax.lax.psum(going.astype(jnp.int32), mesh_lib.DATA_AXIS)
-    return (k < chunk) & (going[0] > 0) & (going[1] == 0)
-
-  def body(carry):
-    (
-        k,
-        pool,
-        states,
-        logits,
-        steps,
-        positions,
-        active,
-        finished,
-        ids,
-        log_probs,
-    ) = carry
-    keys = jax.vmap(
-        lambda r, s: jax.random.fold_in(jax.random.fold_in(seed_key, r), s)
-    )(rows, steps)
-    token, log_prob = sampling.choose_with_log_prob(
-        logits, keys, *draw, greedy=greedy, filtered=filtered
-    )
-    token = jnp.where(active, token, sampling.PAD_ID)
-    ids = ids.at[:, k].set(token)
-    log_probs = log_probs.at[:, k].set(jnp.where(active, log_prob, 0.0))
-    steps = steps + active
-    done = active & (jnp.isin(token, stop_ids) | (steps >= budgets))
-    live = active & ~done
-    # A finished sequence's last id needs no entry: nothing reads it.
-    hidden, pool, states = paged_model.forward(
-        params,
-        token[:, None],
-        positions[:, None],
-        live[:, None],
-        pool,
-        tables,
-        config,
-        states,
-        attention,
-    )
-    logits = cached_model.logits(params, hidden)[:, 0]
-    return (
-        k + 1,
-        pool,
-        states,
-        logits,
-        steps,
-        positions + live,
-        live,
-        finished + jnp.sum(done),
-        ids,
-        log_probs,
-    )
-
-  carry = (
-      jnp.int32(0),
-      pool,
-      states,
-      logits,
-      steps,
-      positions,
-      active,
-      jnp.int32(0),
-      jnp.full((slots, chunk), sampling.PAD_ID, jnp.int32),
-      jnp.zeros((slots, chunk), jnp.float32),
+  step = functools.partial(
+      _decode_step,
+      params=params,
+      tables=tables,
+      rows=rows,
+      budgets=budgets,
+      seed_key=seed_key,
+      draw=(temperature, top_k, top_p, allowed_vocab),
+      stop_ids=stop_ids,
+      config=config,
+      greedy=greedy,
+      filtered=filtered,
+      attention=attention,
   )
-  _, pool, states, logits, steps, _, active, _, ids, log_probs = (
-      jax.lax.while_loop(cond, body, carry)
+  keep_decoding = functools.partial(
+      _keep_decoding, stop_after=stop_after, chunk=chunk, replicas=replicas
   )
-  return pool, states, logits, ids, log_probs, steps, active
+  carry = _DecodeCarry(
+      k=jnp.int32(0),
+      pool=pool,
+      states=states,
+      logits=logits,
+      steps=steps,
+      positions=positions,
+      active=active,
+      finished=jnp.int32(0),
+      ids=jnp.full((slots, chunk), sampling.PAD_ID, jnp.int32),
+      log_probs=jnp.zeros((slots, chunk), jnp.float32),
+  )
+  out = jax.lax.while_loop(keep_decoding, step, carry)
+  return (
+      out.pool,
+      out.states,
+      out.logits,
+      out.ids,
+      out.log_probs,
+      out.steps,
+      out.active,
+  )
+
+
+class _DecodeCarry(NamedTuple):
+  """The decode loop's state from one step to the next (S slots).
+
+  Attributes:
+    k: int32: steps taken in this call.
+    pool: the page pool.
+    states: the slots' recurrent states.
+    logits: float32 [S, V]: each slot's next-token logits.
+    steps: int32 [S]: the ids each slot's sequence has so far.
+    positions: int32 [S]: where each slot's next id goes.
+    active: bool [S]: the slots whose sequence is still running.
+    finished: int32: sequences finished in this call.
+    ids: int32 [S, chunk]: the ids drawn, step k in column k.
+    log_probs: float32 [S, chunk]: their log-probabilities.
+  """
+
+  k: Any
+  pool: Any
+  states: Any
+  logits: Any
+  steps: Any
+  positions: Any
+  active: Any
+  finished: Any
+  ids: Any
+  log_probs: Any
+
+
+def _keep_decoding(
+    carry: _DecodeCarry, *, stop_after, chunk: int, replicas: int
+):
+  """Whether the decode loop takes another step.
+
+  While fewer than `chunk` steps are taken, some slot runs, and fewer than
+  `stop_after[0]` sequences have finished.
+  """
+  going = jnp.stack([jnp.any(carry.active), carry.finished >= stop_after[0]])
+  if replicas > 1:
+    # Every replica steps while any has a running slot and none has
+    # finished the sequences its host waits for: the one integer pair
+    # the replicas exchange a step.
+    going = jax.lax.psum(going.astype(jnp.int32), mesh_lib.DATA_AXIS)
+  return (carry.k < chunk) & (going[0] > 0) & (going[1] == 0)
+
+
+def _decode_step(
+    carry: _DecodeCarry,
+    *,
+    params,
+    tables,
+    rows,
+    budgets,
+    seed_key,
+    draw,
+    stop_ids,
+    config,
+    greedy: bool,
+    filtered: bool,
+    attention,
+) -> _DecodeCarry:
+  """One decode step of every slot: draw an id, then run the model on it.
+
+  Each active slot draws its next id (the key folded from its row and
+  step), records it and its log-probability in column k, and finishes on
+  a stop id or its budget; the others run the model on their id.
+  """
+  keys = jax.vmap(
+      lambda r, s: jax.random.fold_in(jax.random.fold_in(seed_key, r), s)
+  )(rows, carry.steps)
+  token, log_prob = sampling.choose_with_log_prob(
+      carry.logits, keys, *draw, greedy=greedy, filtered=filtered
+  )
+  active = carry.active
+  token = jnp.where(active, token, sampling.PAD_ID)
+  ids = carry.ids.at[:, carry.k].set(token)
+  log_probs = carry.log_probs.at[:, carry.k].set(
+      jnp.where(active, log_prob, 0.0)
+  )
+  steps = carry.steps + active
+  done = active & (jnp.isin(token, stop_ids) | (steps >= budgets))
+  live = active & ~done
+  # A finished sequence's last id needs no entry: nothing reads it.
+  hidden, pool, states = paged_model.forward(
+      params,
+      token[:, None],
+      carry.positions[:, None],
+      live[:, None],
+      carry.pool,
+      tables,
+      config,
+      carry.states,
+      attention,
+  )
+  return _DecodeCarry(
+      k=carry.k + 1,
+      pool=pool,
+      states=states,
+      logits=cached_model.logits(params, hidden)[:, 0],
+      steps=steps,
+      positions=carry.positions + live,
+      active=live,
+      finished=carry.finished + jnp.sum(done),
+      ids=ids,
+      log_probs=log_probs,
+  )
 
 
 @functools.partial(
@@ -624,20 +693,10 @@ def _decode(
     device.
   """
   split = layout.split
-  slot_specs = (split(0),) * 3  # tables, slot_values, stop_after
-  pool, states, logits, ids, log_probs, steps, active = layout.per_replica(
-      functools.partial(
-          _decode_body,
-          config=config,
-          chunk=chunk,
-          greedy=greedy,
-          filtered=filtered,
-          replicas=layout.replicas,
-          attention=attention,
-      ),
-      in_specs=(P(), split(1), split(1), split(0)) + slot_specs + (P(),) * 6,
-      out_specs=(split(1), split(1)) + (split(0),) * 5,
-  )(
+  per_replica = _decode_per_replica(
+      layout, config, chunk, greedy, filtered, attention
+  )
+  pool, states, logits, ids, log_probs, steps, active = per_replica(
       params,
       pool,
       states,
@@ -659,6 +718,30 @@ def _decode(
       layout.constrain(states, split(1)),
       layout.constrain(logits, split(0)),
       *layout.constrain((ids, log_probs, steps, active), P()),
+  )
+
+
+def _decode_per_replica(layout, config, chunk, greedy, filtered, attention):
+  """`_decode_body` run on each replica's blocks of `_decode`'s arguments.
+
+  The per-slot arrays and the recurrent states are split on their slot
+  dimension, the pool on its pages; parameters and the draw's settings
+  are whole on every replica.
+  """
+  split = layout.split
+  slot_specs = (split(0),) * 3  # tables, slot_values, stop_after
+  return layout.per_replica(
+      functools.partial(
+          _decode_body,
+          config=config,
+          chunk=chunk,
+          greedy=greedy,
+          filtered=filtered,
+          replicas=layout.replicas,
+          attention=attention,
+      ),
+      in_specs=(P(), split(1), split(1), split(0)) + slot_specs + (P(),) * 6,
+      out_specs=(split(1), split(1)) + (split(0),) * 5,
   )
 
 
@@ -1420,98 +1503,22 @@ def lower(
   check_lowering(config, num_slots, length, prompt_length)
   layout = replica_layout.for_model(config, mesh)
   attention = attention_of(engine, config, layout)
-  replicas = layout.replicas
-  num_slots = replica_slots(num_slots, replicas)
-  size = engine.page_size
-  width = table_width(config, length, size)
-  num_pages = pool_pages(engine, num_slots, width, replicas)
-  bucket = prefill_length(config, prompt_length, size)
-  chunk = prefill_chunk(engine, bucket)
-  # The largest prefill program: a context per sample (num_samples 1).
-  rows = replicas * prefill_contexts(engine, chunk, num_slots // replicas, 1)
-  split = layout.split
-
-  def placed(tree, spec):
-    return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=layout.sharding(spec)
-        ),
-        tree,
+  num_slots = replica_slots(num_slots, layout.replicas)
+  width = table_width(config, length, engine.page_size)
+  num_pages = pool_pages(engine, num_slots, width, layout.replicas)
+  bucket = prefill_length(config, prompt_length, engine.page_size)
+  abstract = _Abstract(layout)
+  pool = abstract.pool(config, num_pages, engine.page_size, attention)
+  states = abstract.states(config, num_slots)
+  logits = abstract.array(
+      jnp.float32, num_slots, config.vocab_size, spec=layout.split(0)
+  )
+  with _lowering_device(mesh):
+    prefill = _lower_prefill(
+        params, pool, config, layout, attention, engine, num_slots, bucket
     )
-
-  def shape(dtype, *dims, spec=P()):
-    return jax.ShapeDtypeStruct(dims, dtype, sharding=layout.sharding(spec))
-
-  pool = placed(
-      jax.eval_shape(
-          functools.partial(
-              paged_model.init_pool, config, num_pages, size, attention
-          )
-      ),
-      layout.pool_spec(),
-  )
-  states = placed(
-      jax.eval_shape(
-          functools.partial(kv_cache.init_states, config, num_slots)
-      ),
-      split(1),
-  )
-  logits = shape(jnp.float32, num_slots, config.vocab_size, spec=split(0))
-  i32 = jnp.int32
-  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-  # The target's device is the default while lowering: a Pallas TPU
-  # kernel's lowering reads the chip's kind from it (a TPU slice described
-  # on a CPU host is not the default backend).
-  target = (
-      jax.default_device(mesh.devices.flat[0])
-      if mesh is not None
-      else contextlib.nullcontext()
-  )
-  with target:
-    # A chunk running on from chunks before where the contexts take more
-    # than one (it holds their states and logits too), else a first one.
-    first = chunk == bucket
-    prefill = _prefill.lower(
-        params,
-        pool,
-        None
-        if first
-        else placed(
-            jax.eval_shape(
-                functools.partial(kv_cache.init_states, config, rows)
-            ),
-            split(1),
-        ),
-        None
-        if first
-        else shape(jnp.float32, rows, config.vocab_size, spec=split(0)),
-        shape(i32, rows, chunk, spec=split(0)),
-        shape(i32, rows, 2, spec=split(0)),
-        shape(i32, rows, bucket // size, spec=split(0)),
-        config=config,
-        layout=layout,
-        attention=attention,
-    )
-    decode = _decode.lower(
-        params,
-        pool,
-        states,
-        logits,
-        shape(i32, num_slots, width, spec=split(0)),
-        shape(i32, num_slots, _SLOT_COLUMNS, spec=split(0)),
-        shape(i32, replicas, spec=split(0)),  # stop_after
-        shape(key.dtype, *key.shape),
-        shape(jnp.float32),  # temperature
-        shape(i32),  # top_k
-        shape(jnp.float32),  # top_p
-        shape(i32, _STOP_SLOTS),
-        shape(i32),  # allowed_vocab
-        config=config,
-        chunk=engine.chunk,
-        greedy=False,
-        filtered=False,
-        layout=layout,
-        attention=attention,
+    decode = _lower_decode(
+        params, pool, states, logits, config, layout, attention, engine, width
     )
   return LoweredEngine(
       programs={"prefill": prefill, "decode": decode},
@@ -1522,4 +1529,125 @@ def lower(
       num_pages=num_pages,
       width=width,
       prefill_length=bucket,
+  )
+
+
+class _Abstract:
+  """Abstract arrays (`jax.ShapeDtypeStruct`s) sharded by a replica layout."""
+
+  def __init__(self, layout: replica_layout.Layout):
+    self._layout = layout
+
+  def tree(self, tree, spec):
+    """`tree`'s abstract arrays, each with `spec`'s sharding."""
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=self._layout.sharding(spec)
+        ),
+        tree,
+    )
+
+  def array(self, dtype, *dims, spec=P()):
+    """One abstract array of shape `dims`, with `spec`'s sharding."""
+    return jax.ShapeDtypeStruct(
+        dims, dtype, sharding=self._layout.sharding(spec)
+    )
+
+  def pool(self, config, num_pages: int, page_size: int, attention):
+    """The page pool of `num_pages` pages, sharded as the layout's pool."""
+    return self.tree(
+        jax.eval_shape(
+            functools.partial(
+                paged_model.init_pool, config, num_pages, page_size, attention
+            )
+        ),
+        self._layout.pool_spec(),
+    )
+
+  def states(self, config, rows: int):
+    """The recurrent states of `rows` sequences, split over the replicas."""
+    return self.tree(
+        jax.eval_shape(functools.partial(kv_cache.init_states, config, rows)),
+        self._layout.split(1),
+    )
+
+
+def _lowering_device(mesh: Optional[jax.sharding.Mesh]):
+  """The target's device as the default while lowering.
+
+  A Pallas TPU kernel's lowering reads the chip's kind from it (a TPU slice
+  described on a CPU host is not the default backend).
+  """
+  if mesh is None:
+    return contextlib.nullcontext()
+  return jax.default_device(mesh.devices.flat[0])
+
+
+def _lower_prefill(
+    params, pool, config, layout, attention, engine, num_slots, bucket
+):
+  """The largest prefill program `lower` describes, lowered.
+
+  A context per sample (num_samples 1), the most contexts a replica takes
+  into one call; a chunk running on from chunks before where the contexts
+  take more than one (it holds their states and logits too), else a first
+  one.
+  """
+  size = engine.page_size
+  chunk = prefill_chunk(engine, bucket)
+  replicas = layout.replicas
+  rows = replicas * prefill_contexts(engine, chunk, num_slots // replicas, 1)
+  abstract, split, i32 = _Abstract(layout), layout.split, jnp.int32
+  first = chunk == bucket
+  return _prefill.lower(
+      params,
+      pool,
+      None if first else abstract.states(config, rows),
+      (
+          None
+          if first
+          else abstract.array(
+              jnp.float32, rows, config.vocab_size, spec=split(0)
+          )
+      ),
+      abstract.array(i32, rows, chunk, spec=split(0)),
+      abstract.array(i32, rows, 2, spec=split(0)),
+      abstract.array(i32, rows, bucket // size, spec=split(0)),
+      config=config,
+      layout=layout,
+      attention=attention,
+  )
+
+
+def _lower_decode(
+    params, pool, states, logits, config, layout, attention, engine, width
+):
+  """The decode program `lower` describes, lowered.
+
+  Every slot over the widest table (`width` pages), drawing by temperature
+  without top-k or top-p.
+  """
+  abstract, split, i32 = _Abstract(layout), layout.split, jnp.int32
+  num_slots = logits.shape[0]
+  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  return _decode.lower(
+      params,
+      pool,
+      states,
+      logits,
+      abstract.array(i32, num_slots, width, spec=split(0)),
+      abstract.array(i32, num_slots, _SLOT_COLUMNS, spec=split(0)),
+      abstract.array(i32, layout.replicas, spec=split(0)),  # stop_after
+      abstract.array(key.dtype, *key.shape),
+      abstract.array(jnp.float32),  # temperature
+      abstract.array(i32),  # top_k
+      abstract.array(jnp.float32),  # top_p
+      abstract.array(i32, _STOP_SLOTS),
+      abstract.array(i32),  # allowed_vocab
+      config=config,
+      chunk=engine.chunk,
+      greedy=False,
+      filtered=False,
+      layout=layout,
+      attention=attention,
   )

@@ -495,39 +495,8 @@ def import_checkpoint(
     staging_lib.check_output(output_dir)
   except ValueError as e:
     raise ConversionError(str(e)) from None
-  try:
-    hf = hf_directory.HfDirectory(input_dir)
-  except hf_directory.FormatError as e:
-    raise ConversionError(str(e)) from None
-  source = os.path.join(input_dir, "config.json")
-  try:
-    config_json.check(hf.config, source)
-    module = family(hf.config, source)
-    fields = module.config_fields(hf.config, source)
-  except KeyError as e:
-    raise ConversionError(f"{source}: field {e.args[0]} missing") from None
-  except (TypeError, ValueError) as e:
-    # UnsupportedError and config_json's errors name the file already.
-    text = str(e)
-    raise ConversionError(
-        text if text.startswith(source) else f"{source}: {text}"
-    ) from None
-  if config is None:
-    try:
-      config = derived_config(fields)
-    except (TypeError, ValueError) as e:
-      raise ConversionError(f"{source}: {e}") from None
-    for key, value in fields.items():
-      log(f"config.{key} = {value!r}")
-  else:
-    # Shapes are checked below; these fields change the model's function
-    # without changing a shape.
-    for key, value in fields.items():
-      if key != "max_sequence_length" and config[key] != value:
-        log(
-            f"warning: config.{key} = {config[key]!r} but config.json gives "
-            f"{value!r}"
-        )
+  hf, module, fields = _read_source(input_dir)
+  config = _checked_config(config, fields, input_dir, log)
   abstract, tensors = plan(hf, config)
   check_unused(hf, module, tensors, allow_unused_tensors, log)
   if module is deepseek:
@@ -548,37 +517,127 @@ def import_checkpoint(
         allow_non_finite,
         progress,
     )
-    with open(
-        os.path.join(checkpoint_dir, CONFIG_FILE), "w", encoding="utf-8"
-    ) as f:
-      f.write(config_file_text(fields, os.path.abspath(input_dir)))
-    with open(
-        os.path.join(checkpoint_dir, "hf_config.json"), "w", encoding="utf-8"
-    ) as f:
-      json.dump(hf.config, f, indent=2)
-    copied = tokenizer_files.copy(
-        {
-            n: os.path.join(input_dir, n)
-            for n in tokenizer_files.present(input_dir)
-        },
-        checkpoint_dir,
-    )
-    log(
-        f"tokenizer files copied: {', '.join(copied)}"
-        if copied
-        else f"no tokenizer files in {input_dir} (looked for "
-        f"{', '.join(tokenizer_files.FILES)})"
-    )
-    record = config.copy_and_resolve_references()
-    record.checkpoint_directory = output_dir
-    run_dir.write_config_json(
-        os.path.join(checkpoint_dir, run_record.CONFIG_JSON),
-        record,
-        {"imported_from": os.path.abspath(input_dir)},
-    )
+    _write_sources(checkpoint_dir, hf, fields, input_dir)
+    _copy_tokenizer(input_dir, checkpoint_dir, log)
+    _write_run_record(checkpoint_dir, config, input_dir, output_dir)
     if os.path.isdir(output_dir):
       os.rmdir(output_dir)
     os.rename(checkpoint_dir, output_dir)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return config
+
+
+def _read_source(input_dir: str):
+  """The Hugging Face directory, its family's module and the model fields
+  its config.json gives.
+
+  Raises:
+    ConversionError: naming the file and the field or format problem.
+  """
+  try:
+    hf = hf_directory.HfDirectory(input_dir)
+  except hf_directory.FormatError as e:
+    raise ConversionError(str(e)) from None
+  source = os.path.join(input_dir, "config.json")
+  try:
+    config_json.check(hf.config, source)
+    module = family(hf.config, source)
+    fields = module.config_fields(hf.config, source)
+  except KeyError as e:
+    raise ConversionError(f"{source}: field {e.args[0]} missing") from None
+  except (TypeError, ValueError) as e:
+    # UnsupportedError and config_json's errors name the file already.
+    text = str(e)
+    raise ConversionError(
+        text if text.startswith(source) else f"{source}: {text}"
+    ) from None
+  return hf, module, fields
+
+
+def _checked_config(
+    config: Optional[ml_collections.ConfigDict],
+    fields: dict,
+    input_dir: str,
+    log: Callable[[str], None],
+) -> ml_collections.ConfigDict:
+  """The run config the import writes for.
+
+  Without `config`, the one derived from config.json's `fields` (each
+  field logged); with it, `config` itself, with a warning for each field
+  that differs from config.json's without changing a shape (shapes are
+  checked by the plan).
+
+  Raises:
+    ConversionError: fields no config can be derived from.
+  """
+  source = os.path.join(input_dir, "config.json")
+  if config is None:
+    try:
+      config = derived_config(fields)
+    except (TypeError, ValueError) as e:
+      raise ConversionError(f"{source}: {e}") from None
+    for key, value in fields.items():
+      log(f"config.{key} = {value!r}")
+    return config
+  for key, value in fields.items():
+    if key != "max_sequence_length" and config[key] != value:
+      log(
+          f"warning: config.{key} = {config[key]!r} but config.json gives "
+          f"{value!r}"
+      )
+  return config
+
+
+def _write_sources(
+    checkpoint_dir: str,
+    hf: hf_directory.HfDirectory,
+    fields: dict,
+    input_dir: str,
+) -> None:
+  """Writes beside the parameters the config file of the derived fields and
+  the source's config.json."""
+  with open(
+      os.path.join(checkpoint_dir, CONFIG_FILE), "w", encoding="utf-8"
+  ) as f:
+    f.write(config_file_text(fields, os.path.abspath(input_dir)))
+  with open(
+      os.path.join(checkpoint_dir, "hf_config.json"), "w", encoding="utf-8"
+  ) as f:
+    json.dump(hf.config, f, indent=2)
+
+
+def _write_run_record(
+    checkpoint_dir: str,
+    config: ml_collections.ConfigDict,
+    input_dir: str,
+    output_dir: str,
+) -> None:
+  """Writes the run's config record beside the parameters, its checkpoint
+  directory `output_dir`, naming the source it was imported from."""
+  record = config.copy_and_resolve_references()
+  record.checkpoint_directory = output_dir
+  run_dir.write_config_json(
+      os.path.join(checkpoint_dir, run_record.CONFIG_JSON),
+      record,
+      {"imported_from": os.path.abspath(input_dir)},
+  )
+
+
+def _copy_tokenizer(
+    input_dir: str, checkpoint_dir: str, log: Callable[[str], None]
+) -> None:
+  """Copies the tokenizer files `input_dir` holds; logs which, or none."""
+  copied = tokenizer_files.copy(
+      {
+          n: os.path.join(input_dir, n)
+          for n in tokenizer_files.present(input_dir)
+      },
+      checkpoint_dir,
+  )
+  log(
+      f"tokenizer files copied: {', '.join(copied)}"
+      if copied
+      else f"no tokenizer files in {input_dir} (looked for "
+      f"{', '.join(tokenizer_files.FILES)})"
+  )

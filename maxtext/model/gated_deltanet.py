@@ -66,6 +66,7 @@ Parameter shapes of a stack of L layers (E emb_dim):
   wo         [L, Hv, Dv, E]
 """
 
+import functools
 from typing import Callable, Mapping, NamedTuple, Optional
 
 import jax
@@ -406,11 +407,23 @@ def chunked_delta_rule(
   q, k = chunks(q.astype(f32)), chunks(k.astype(f32))  # [B,N,C,Hk,Dk]
   v = chunks(v)  # [B, N, C, Hk, G, Dv]
   g, beta = chunks(g), chunks(beta)  # [B, N, C, Hk, G]
-  # Per chunk and head, positions last: [B, N, Hk, G, C].
-  cum = jnp.cumsum(jnp.moveaxis(g, 2, -1), axis=-1)
-  beta_c = jnp.moveaxis(beta, 2, -1)
-  # exp(Gc_i - Gc_j) for j <= i, 0 above the diagonal: [B,N,Hk,G,C,C].
-  # The mask goes before the exp, where Gc_i - Gc_j > 0 could overflow.
+  xs = _chunk_terms(q, k, v, g, beta, segment_ids, pad)
+  state0 = _grouped_state(initial_state, (b, hk, hv // hk, dk, dv))
+  state, out = jax.lax.scan(_join_chunk, state0, xs)
+  # [N, B, Hk, G, C, Dv] -> [B, N * C, Hv, Dv], the padding dropped.
+  out = jnp.transpose(out, (1, 0, 4, 2, 3, 5)).reshape(b, n * c, hv, dv)
+  return out[:, :t], state.reshape(b, hv, dk, dv)
+
+
+def _chunk_masks(segment_ids, b: int, n: int, c: int, pad: int):
+  """Which token pairs and states of `chunked_delta_rule`'s chunks connect.
+
+  Returns:
+    (causal: bool, j <= i within a chunk and, with `segment_ids`, of one
+    sequence, [C, C] or [B, N, 1, 1, C, C]; carry: the tokens that see the
+    state before their chunk; to_end: the tokens that write into the state
+    after it). Without `segment_ids`, every token does both.
+  """
   causal = np.tril(np.ones((c, c), bool))
   # Which tokens see the state before their chunk (`carry`), and which
   # write into the state after it (`to_end`): all, unless rows are packed.
@@ -423,6 +436,32 @@ def chunked_delta_rule(
     causal = causal & (ids[..., :, None] == ids[..., None, :])[:, :, None, None]
     carry = (ids == before)[:, :, None, None]  # [B, N, 1, 1, C]
     to_end = (ids == ids[..., -1:])[:, :, None, None]
+  return causal, carry, to_end
+
+
+def _chunk_terms(q, k, v, g, beta, segment_ids, pad: int):
+  """Every chunk's terms of `chunked_delta_rule`, solved within the chunk.
+
+  Args:
+    q, k: float32 [B, N, C, Hk, Dk].
+    v: [B, N, C, Hk, G, Dv].
+    g, beta: [B, N, C, Hk, G].
+    segment_ids: int [B, T] packed-sequence ids, or None.
+    pad: the zero tokens after the last (T + pad = N * C).
+
+  Returns:
+    The scan's inputs over N (chunks first): U and W (the updates' parts
+    without and with the chunk-start state), the queries and keys that
+    read and write that state, the chunk's scores, and its whole decay.
+  """
+  dv = v.shape[-1]
+  # Per chunk and head, positions last: [B, N, Hk, G, C].
+  cum = jnp.cumsum(jnp.moveaxis(g, 2, -1), axis=-1)
+  beta_c = jnp.moveaxis(beta, 2, -1)
+  b, n, c = q.shape[:3]
+  causal, carry, to_end = _chunk_masks(segment_ids, b, n, c, pad)
+  # exp(Gc_i - Gc_j) for j <= i, 0 above the diagonal: [B,N,Hk,G,C,C].
+  # The mask goes before the exp, where Gc_i - Gc_j > 0 could overflow.
   decay = jnp.exp(
       jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf)
   )
@@ -447,26 +486,23 @@ def chunked_delta_rule(
       k_t * jnp.where(to_end, jnp.exp(cum[..., -1:] - cum), 0.0)[..., None]
   )
   chunk_decay = from_start[..., -1:, None]  # [B, N, Hk, G, 1, 1]
-
-  def chunk(state, xs):
-    u_c, w_c, q_c, k_c, scores_c, decay_c = xs
-    u = u_c - jnp.einsum("bhgcd,bhgde->bhgce", w_c, state)
-    out = jnp.einsum("bhgcd,bhgde->bhgce", q_c, state) + jnp.einsum(
-        "bhgij,bhgje->bhgie", scores_c, u
-    )
-    state = state * decay_c + jnp.einsum("bhgcd,bhgce->bhgde", k_c, u)
-    return state, out
-
   k_write = jnp.broadcast_to(k_write, w_part.shape)
-  xs = tuple(
+  return tuple(
       jnp.moveaxis(x, 1, 0)
       for x in (u_part, w_part, q_read, k_write, scores, chunk_decay)
   )
-  state0 = _grouped_state(initial_state, (b, hk, hv // hk, dk, dv))
-  state, out = jax.lax.scan(chunk, state0, xs)
-  # [N, B, Hk, G, C, Dv] -> [B, N * C, Hv, Dv], the padding dropped.
-  out = jnp.transpose(out, (1, 0, 4, 2, 3, 5)).reshape(b, n * c, hv, dv)
-  return out[:, :t], state.reshape(b, hv, dk, dv)
+
+
+def _join_chunk(state, xs):
+  """One chunk of `chunked_delta_rule`'s scan: its outputs and end state
+  from the state S0 before it."""
+  u_c, w_c, q_c, k_c, scores_c, decay_c = xs
+  u = u_c - jnp.einsum("bhgcd,bhgde->bhgce", w_c, state)
+  out = jnp.einsum("bhgcd,bhgde->bhgce", q_c, state) + jnp.einsum(
+      "bhgij,bhgje->bhgie", scores_c, u
+  )
+  state = state * decay_c + jnp.einsum("bhgcd,bhgce->bhgde", k_c, u)
+  return state, out
 
 
 def recurrent_delta_rule(
@@ -575,67 +611,83 @@ def apply(
           "gated_deltanet.apply: a state, lengths or recurrent=True with "
           "context parallelism (training only)"
       )
-    out = _context_delta_rule(
-        *(
-            tag(project(name, "bse,ehd->bshd"), tag_name)
-            for name, tag_name in (
-                ("wq", "query"),
-                ("wk", "key"),
-                ("wv", "value"),
-            )
-        ),
-        *_decays(project, layer, None, x.shape[1]),
-        layer,
-        config,
-        mesh,
-        segment_ids,
-    )
-    return _output(out, project, layer, config, cdt), None
+    out = _apply_across_context(project, x, layer, config, mesh, segment_ids)
+    return out, None
   if state is None:
     state = init_state(config, x.shape[0], cdt)
-
-  q, conv_q = _causal_conv(
-      project("wq", "bse,ehd->bshd"),
-      layer["conv_q"],
-      state.conv_q,
-      segment_ids,
-      lengths,
-  )
-  k, conv_k = _causal_conv(
-      project("wk", "bse,ehd->bshd"),
-      layer["conv_k"],
-      state.conv_k,
-      segment_ids,
-      lengths,
-  )
-  v, conv_v = _causal_conv(
-      project("wv", "bse,ehd->bshd"),
-      layer["conv_v"],
-      state.conv_v,
-      segment_ids,
-      lengths,
+  (q, conv_q), (k, conv_k), (v, conv_v) = _convolved(
+      project, layer, state, segment_ids, lengths
   )
   q = tag(_l2_normalize(q) * dk**-0.5, "query")
   k = tag(_l2_normalize(k), "key")
   v = tag(v, "value")
   g, beta = _decays(project, layer, lengths, x.shape[1])
-  if recurrent:
-    out, recurrent_state = recurrent_delta_rule(
-        q, k, v, g, beta, state.recurrent, segment_ids
-    )
-  else:
-    out, recurrent_state = chunked_delta_rule(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        int(config.linear_chunk_size),
-        state.recurrent,
-        segment_ids,
-    )
+  out, recurrent_state = _delta_rule(
+      q, k, v, g, beta, state.recurrent, segment_ids, recurrent, config
+  )
   out = _output(out, project, layer, config, cdt)
   return out, State(conv_q, conv_k, conv_v, recurrent_state)
+
+
+def _delta_rule(
+    q, k, v, g, beta, initial_state, segment_ids, recurrent, config
+):
+  """`recurrent_delta_rule` when `recurrent`, else `chunked_delta_rule` in
+  chunks of `config.linear_chunk_size`."""
+  if recurrent:
+    return recurrent_delta_rule(q, k, v, g, beta, initial_state, segment_ids)
+  return chunked_delta_rule(
+      q,
+      k,
+      v,
+      g,
+      beta,
+      int(config.linear_chunk_size),
+      initial_state,
+      segment_ids,
+  )
+
+
+def _apply_across_context(project, x, layer, config, mesh, segment_ids):
+  """`apply` with the rows split over the mesh's context axis (no state)."""
+  out = _context_delta_rule(
+      *_tagged_projections(project),
+      *_decays(project, layer, None, x.shape[1]),
+      layer,
+      config,
+      mesh,
+      segment_ids,
+  )
+  return _output(out, project, layer, config, x.dtype)
+
+
+def _convolved(project, layer, state: State, segment_ids, lengths):
+  """((q, its window), (k, ...), (v, ...)): the projections after their
+  causal convolutions, each with its convolution window after x."""
+  return tuple(
+      _causal_conv(
+          project(name, "bse,ehd->bshd"),
+          layer[conv],
+          window,
+          segment_ids,
+          lengths,
+      )
+      for name, conv, window in (
+          ("wq", "conv_q", state.conv_q),
+          ("wk", "conv_k", state.conv_k),
+          ("wv", "conv_v", state.conv_v),
+      )
+  )
+
+
+def _tagged_projections(project) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """q, k, v [B, S, H, D] projected from the input (`project`), before the
+  convolutions, with the attention's checkpoint names."""
+  tag = jax.ad_checkpoint.checkpoint_name
+  return tuple(
+      tag(project(name, "bse,ehd->bshd"), tag_name)
+      for name, tag_name in (("wq", "query"), ("wk", "key"), ("wv", "value"))
+  )
 
 
 def _decays(project, layer, lengths, seq_len) -> tuple[jax.Array, jax.Array]:
@@ -711,86 +763,22 @@ def _context_delta_rule(
         f"row must split into {2 * context} equal chunks of at least "
         f"linear_conv_kernel_dim - 1 = {kernel - 1} tokens"
     )
-  tensor = mesh_lib.TENSOR_AXIS
-  heads = (
-      tensor
-      if tensor in mesh.axis_names
-      and hk % mesh.shape[tensor] == 0
-      and hv % mesh.shape[tensor] == 0
-      else None
-  )
+  heads = _context_heads(mesh, hk, hv)
   P = jax.sharding.PartitionSpec
   batch, axis = mesh_lib.batch_axes(mesh), mesh_lib.CONTEXT_AXIS
   spec, row_spec = P(batch, axis, heads), P(batch, axis)
   conv_spec = P(None, heads)
-  chunk_size = int(config.linear_chunk_size)
-  packed = segment_ids is not None
-
-  def local(q, k, v, g, beta, conv_q, conv_k, conv_v, *ids):
-    b, two_l = q.shape[:2]
-    ids = context_recurrence.pieces(ids[0]) if packed else None
-
-    def convolve(x, weight):
-      # Each chunk after its halo, the pieces folded into the batch.
-      x = context_recurrence.pieces(x)
-      full = jnp.concatenate(
-          [context_recurrence.halo(x, kernel - 1, context), x], axis=2
-      )
-      full = full.reshape((-1,) + full.shape[2:])
-      full_ids = None
-      if packed:
-        full_ids = jnp.concatenate(
-            [context_recurrence.halo(ids, kernel - 1, context), ids], axis=2
-        ).reshape(full.shape[:2])
-      window = jnp.zeros((full.shape[0], kernel - 1) + x.shape[3:], x.dtype)
-      out, _ = _causal_conv(full, weight, window, full_ids)
-      return out[:, kernel - 1 :]
-
-    q = _l2_normalize(convolve(q, conv_q)) * dk**-0.5
-    k = _l2_normalize(convolve(k, conv_k))
-    v = convolve(v, conv_v)
-    g, beta = (
-        context_recurrence.pieces(a).reshape((2 * b, -1) + a.shape[2:])
-        for a in (g, beta)
-    )
-    flat_ids = None if ids is None else ids.reshape(2 * b, -1)
-    local_hv = v.shape[2]
-    # Zero values and identity start columns: the transition T.
-    eye = jnp.broadcast_to(
-        jnp.eye(dk, dtype=jnp.float32), (2 * b, local_hv, dk, dk)
-    )
-    augmented = jnp.concatenate(
-        [v, jnp.zeros(v.shape[:3] + (dk,), v.dtype)], -1
-    )
-    start = jnp.concatenate(
-        [jnp.zeros((2 * b, local_hv, dk, dv), jnp.float32), eye], -1
-    )
-    _, end = chunked_delta_rule(
-        q, k, augmented, g, beta, chunk_size, start, flat_ids
-    )
-    end = end.reshape((b, 2) + end.shape[1:])
-    keep = jnp.ones((b, 2), jnp.float32)
-    if packed:
-      before = context_recurrence.halo(ids, 1, context)[:, :, 0]
-      keep = (ids[:, :, 0] == before).astype(jnp.float32)
-    starts = context_recurrence.start_states(
-        end[..., dv:], end[..., :dv], keep, context
-    )
-    out, _ = chunked_delta_rule(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        chunk_size,
-        starts.reshape((2 * b,) + starts.shape[2:]),
-        flat_ids,
-    )
-    return out.reshape((b, two_l) + out.shape[2:])
-
+  local = functools.partial(
+      _context_local,
+      kernel=kernel,
+      context=context,
+      dk=dk,
+      dv=dv,
+      chunk_size=int(config.linear_chunk_size),
+  )
   args = [q, k, v, g, beta, layer["conv_q"], layer["conv_k"], layer["conv_v"]]
   specs = [spec] * 3 + [spec] * 2 + [conv_spec] * 3
-  if packed:
+  if segment_ids is not None:
     args.append(segment_ids)
     specs.append(row_spec)
   return jax.shard_map(
@@ -800,6 +788,117 @@ def _context_delta_rule(
       out_specs=spec,
       check_vma=False,
   )(*args)
+
+
+def _context_heads(mesh, hk: int, hv: int) -> Optional[str]:
+  """The mesh axis the heads split over: the tensor axis where it divides
+  both head counts, else none."""
+  tensor = mesh_lib.TENSOR_AXIS
+  return (
+      tensor
+      if tensor in mesh.axis_names
+      and hk % mesh.shape[tensor] == 0
+      and hv % mesh.shape[tensor] == 0
+      else None
+  )
+
+
+def _context_local(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    conv_q,
+    conv_k,
+    conv_v,
+    *ids,
+    kernel,
+    context,
+    dk,
+    dv,
+    chunk_size,
+):
+  """`_context_delta_rule` on one device's blocks (`ids`: the segment ids'
+  block when rows are packed, else nothing)."""
+  b, two_l = q.shape[:2]
+  packed = bool(ids)
+  ids = context_recurrence.pieces(ids[0]) if packed else None
+  convolve = functools.partial(
+      _context_convolve, ids=ids, kernel=kernel, context=context
+  )
+  q = _l2_normalize(convolve(q, conv_q)) * dk**-0.5
+  k = _l2_normalize(convolve(k, conv_k))
+  v = convolve(v, conv_v)
+  g, beta = (
+      context_recurrence.pieces(a).reshape((2 * b, -1) + a.shape[2:])
+      for a in (g, beta)
+  )
+  flat_ids = None if ids is None else ids.reshape(2 * b, -1)
+  starts = _context_start_states(
+      q, k, v, g, beta, ids, flat_ids, context, dk, dv, chunk_size
+  )
+  out, _ = chunked_delta_rule(
+      q,
+      k,
+      v,
+      g,
+      beta,
+      chunk_size,
+      starts.reshape((2 * b,) + starts.shape[2:]),
+      flat_ids,
+  )
+  return out.reshape((b, two_l) + out.shape[2:])
+
+
+def _context_convolve(x, weight, *, ids, kernel: int, context: int):
+  """A device's chunks' causal convolution, each chunk after its halo (the
+  pieces folded into the batch; `ids`: their segment ids, or None)."""
+  x = context_recurrence.pieces(x)
+  full = jnp.concatenate(
+      [context_recurrence.halo(x, kernel - 1, context), x], axis=2
+  )
+  full = full.reshape((-1,) + full.shape[2:])
+  full_ids = None
+  if ids is not None:
+    full_ids = jnp.concatenate(
+        [context_recurrence.halo(ids, kernel - 1, context), ids], axis=2
+    ).reshape(full.shape[:2])
+  window = jnp.zeros((full.shape[0], kernel - 1) + x.shape[3:], x.dtype)
+  out, _ = _causal_conv(full, weight, window, full_ids)
+  return out[:, kernel - 1 :]
+
+
+def _context_start_states(
+    q, k, v, g, beta, ids, flat_ids, context, dk, dv, chunk_size
+):
+  """The states at a device's two chunks' starts (`_context_delta_rule`).
+
+  A first run of the rule from a zero state with Dk identity columns
+  appended gives each chunk's (transition T, end state B); the starts
+  follow from every device's (`context_recurrence.start_states`).
+  """
+  two_b, _, local_hv = v.shape[:3]
+  b = two_b // 2
+  # Zero values and identity start columns: the transition T.
+  eye = jnp.broadcast_to(
+      jnp.eye(dk, dtype=jnp.float32), (2 * b, local_hv, dk, dk)
+  )
+  augmented = jnp.concatenate([v, jnp.zeros(v.shape[:3] + (dk,), v.dtype)], -1)
+  start = jnp.concatenate(
+      [jnp.zeros((2 * b, local_hv, dk, dv), jnp.float32), eye], -1
+  )
+  _, end = chunked_delta_rule(
+      q, k, augmented, g, beta, chunk_size, start, flat_ids
+  )
+  end = end.reshape((b, 2) + end.shape[1:])
+  keep = jnp.ones((b, 2), jnp.float32)
+  if ids is not None:
+    before = context_recurrence.halo(ids, 1, context)[:, :, 0]
+    keep = (ids[:, :, 0] == before).astype(jnp.float32)
+  return context_recurrence.start_states(
+      end[..., dv:], end[..., :dv], keep, context
+  )
 
 
 def step(

@@ -7,6 +7,7 @@ module imports neither of them, so neither import is a cycle.
 """
 
 import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -601,62 +602,94 @@ def _attend_context(
   )
   P = jax.sharding.PartitionSpec
   spec, ids_spec = P(batch, axis, heads), P(batch, axis)
-  local_len = s // context
   if implementation == "splash":
-    if local_len % _SPLASH_BLOCK:
-      raise ValueError(
-          f"attention 'splash' with context_parallelism={context}: each "
-          f"device's {local_len} tokens of a {s}-token row must be a "
-          f"multiple of {_SPLASH_BLOCK}"
-      )
-    block = 512 if local_len % 512 == 0 else _SPLASH_BLOCK
-    kernel = splash_kernel.make_splash_mha(
-        splash_mask.MultiHeadMask([_ZigzagCausalMask(s, context)] * h),
-        block_sizes=_splash_blocks(block),
-        head_shards=1,
-        q_seq_shards=context,
-        interpret=target_platform(mesh) != "tpu",
-        residual_checkpoint_name=CONTEXT_NAME,
-    )
-    extra = kernel
-    extra_spec = kernel.manual_sharding_spec(
-        jax.sharding.NamedSharding(mesh, P(None, axis))
-    )
+    extra, extra_spec = _zigzag_splash_kernel(s, h, mesh)
   else:
     extra = jnp.asarray(slots)
     extra_spec = P(axis)
-
-  def gather(x):  # This device's rows, whole, in the original order.
-    whole = jax.lax.all_gather(x, axis, axis=1, tiled=True)
-    return zigzag.from_zigzag(whole, context)
-
-  def local(q, k, v, extra, *segments):
-    k, v = gather(k), gather(v)
-    if implementation == "splash":
-      q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)
-      k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-      if segments:
-        ids = (segments[0], gather(segments[0]))
-        out = jax.vmap(
-            lambda q, k, v, q_ids, kv_ids: extra(
-                q, k, v, segment_ids=splash_kernel.SegmentIds(q_ids, kv_ids)
-            )
-        )(q, k, v, *ids)
-      else:
-        out = jax.vmap(extra)(q, k, v)
-      return jnp.swapaxes(out, 1, 2)
-    visible = extra[None, :, None] >= jnp.arange(s)[None, None, :]
-    if segments:
-      ids = segments[0]
-      visible = visible & (ids[:, :, None] == gather(ids)[:, None, :])
-    if implementation == "einsum":
-      return _attend_visible(q, k, v, scale, visible)
-    return jax.nn.dot_product_attention(
-        q, k, v, mask=visible[:, None], scale=scale, implementation="xla"
-    )
-
+  local = functools.partial(
+      _attend_context_local,
+      implementation=implementation,
+      scale=scale,
+      seq_len=s,
+      context=context,
+  )
   args = (q, k, v, extra) + (() if segment_ids is None else (segment_ids,))
   specs = (spec,) * 3 + (extra_spec,) + (ids_spec,) * (len(args) - 4)
   return jax.shard_map(
       local, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False
   )(*args)
+
+
+def _zigzag_splash_kernel(s: int, h: int, mesh: jax.sharding.Mesh):
+  """The splash kernel of `_attend_context` and its sharding spec.
+
+  The zig-zag causal mask of `h` heads of `s`-token rows, its query
+  sequence split over the context axis (`q_seq_shards` = C).
+
+  Raises:
+    ValueError: S / C is not a multiple of the kernel's 128-long blocks.
+  """
+  context = mesh_lib.context_size(mesh)
+  local_len = s // context
+  if local_len % _SPLASH_BLOCK:
+    raise ValueError(
+        f"attention 'splash' with context_parallelism={context}: each "
+        f"device's {local_len} tokens of a {s}-token row must be a "
+        f"multiple of {_SPLASH_BLOCK}"
+    )
+  block = 512 if local_len % 512 == 0 else _SPLASH_BLOCK
+  kernel = splash_kernel.make_splash_mha(
+      splash_mask.MultiHeadMask([_ZigzagCausalMask(s, context)] * h),
+      block_sizes=_splash_blocks(block),
+      head_shards=1,
+      q_seq_shards=context,
+      interpret=target_platform(mesh) != "tpu",
+      residual_checkpoint_name=CONTEXT_NAME,
+  )
+  kernel_spec = kernel.manual_sharding_spec(
+      jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec(None, mesh_lib.CONTEXT_AXIS)
+      )
+  )
+  return kernel, kernel_spec
+
+
+def _context_gather(x, context: int):
+  """This device's rows, whole, in the original order (`_attend_context`)."""
+  whole = jax.lax.all_gather(x, mesh_lib.CONTEXT_AXIS, axis=1, tiled=True)
+  return zigzag.from_zigzag(whole, context)
+
+
+def _attend_context_local(
+    q, k, v, extra, *segments, implementation, scale, seq_len, context
+):
+  """`_attend_context` on one device's blocks: its queries against its
+  rows' gathered keys and values. `extra`: the splash kernel, or each
+  local position's original one; `segments`: the segment ids' block, if
+  rows are packed."""
+  k, v = _context_gather(k, context), _context_gather(v, context)
+  if implementation == "splash":
+    q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+    if segments:
+      ids = (segments[0], _context_gather(segments[0], context))
+      out = jax.vmap(
+          lambda q, k, v, q_ids, kv_ids: extra(
+              q, k, v, segment_ids=splash_kernel.SegmentIds(q_ids, kv_ids)
+          )
+      )(q, k, v, *ids)
+    else:
+      out = jax.vmap(extra)(q, k, v)
+    return jnp.swapaxes(out, 1, 2)
+  visible = extra[None, :, None] >= jnp.arange(seq_len)[None, None, :]
+  if segments:
+    ids = segments[0]
+    visible = visible & (
+        ids[:, :, None] == _context_gather(ids, context)[:, None, :]
+    )
+  if implementation == "einsum":
+    return _attend_visible(q, k, v, scale, visible)
+  return jax.nn.dot_product_attention(
+      q, k, v, mask=visible[:, None], scale=scale, implementation="xla"
+  )

@@ -681,67 +681,101 @@ def _final_hidden(
       jnp.take(params["embedding"], tokens, axis=0).astype(cdt), mesh
   )
 
-  def block(x, layer):
+  blocks = _Blocks(config, mesh, rows)
+  if "layers" in params:
+    x, _ = jax.lax.scan(
+        _remat(blocks.block, config.remat_policy), x, params["layers"]
+    )
+  stats = {}
+  if "linear_layers" in params:
+    x, stats = _hybrid_stack(blocks, x, params, config)
+  elif "moe_layers" in params:
+    x, per_layer = jax.lax.scan(
+        _remat(blocks.moe_block, config.remat_policy), x, params["moe_layers"]
+    )
+    stats = moe.summarize(per_layer)
+  return norm(x, params["final_norm"], config), stats
+
+
+class _Blocks:
+  """The layer kinds of `_final_hidden`, over one call's mesh and rows."""
+
+  def __init__(self, config, mesh: Optional[jax.sharding.Mesh], rows: "Rows"):
+    self._config = config
+    self._mesh = mesh
+    self._rows = rows
+
+  def block(self, x, layer):
+    """A dense layer: attention, then the MLP, both residual."""
+    config, mesh = self._config, self._mesh
     x = x + _attention(
-        norm(x, layer["attn_norm"], config), layer, config, mesh, rows
+        norm(x, layer["attn_norm"], config), layer, config, mesh, self._rows
     )
     x = x + mlp(norm(x, layer["mlp_norm"], config), layer, config.mlp_chunks)
     return _split_tokens(x, mesh), None
 
-  def moe_ffn(x, layer):
+  def moe_ffn(self, x, layer):
+    """A MoE layer's residual expert MLP; returns its statistics too."""
+    config, mesh = self._config, self._mesh
     out, stats = moe.moe_mlp(
         norm(x, layer["mlp_norm"], config), layer, config, mesh
     )
     x = x + jax.ad_checkpoint.checkpoint_name(out, "mlp_out")
     return _split_tokens(x, mesh), stats
 
-  def moe_block(x, layer):
+  def moe_block(self, x, layer):
+    """A MoE layer: attention, then `moe_ffn`."""
+    config = self._config
     x = x + _attention(
-        norm(x, layer["attn_norm"], config), layer, config, mesh, rows
-    )
-    return moe_ffn(x, layer)
-
-  def linear_block(x, layer):
-    out, _ = gated_deltanet.apply(
         norm(x, layer["attn_norm"], config),
         layer,
         config,
-        segment_ids=rows.segment_ids,
-        mesh=mesh,
+        self._mesh,
+        self._rows,
     )
-    return moe_ffn(x + out, layer)
+    return self.moe_ffn(x, layer)
 
-  if "layers" in params:
-    x, _ = jax.lax.scan(_remat(block, config.remat_policy), x, params["layers"])
-  stats = {}
-  if "linear_layers" in params:
-    linear_block = _remat(linear_block, config.remat_policy)
-    attention_block = _remat(moe_block, config.remat_policy)
+  def linear_block(self, x, layer):
+    """A Gated DeltaNet layer, then `moe_ffn`."""
+    out, _ = gated_deltanet.apply(
+        norm(x, layer["attn_norm"], self._config),
+        layer,
+        self._config,
+        segment_ids=self._rows.segment_ids,
+        mesh=self._mesh,
+    )
+    return self.moe_ffn(x + out, layer)
 
-    def group(x, inputs):
-      linear, attention = inputs
-      x, linear_stats = jax.lax.scan(linear_block, x, linear)
-      x, attention_stats = attention_block(x, attention)
-      return x, (linear_stats, attention_stats)
 
-    x, (linear_stats, attention_stats) = jax.lax.scan(
-        group,
-        x,
-        (grouped_linear_layers(params, config), params["moe_layers"]),
-    )
-    stats = moe.summarize(
-        jax.tree_util.tree_map(
-            lambda a, b: jnp.concatenate([a.reshape((-1,) + a.shape[2:]), b]),
-            linear_stats,
-            attention_stats,
-        )
-    )
-  elif "moe_layers" in params:
-    x, per_layer = jax.lax.scan(
-        _remat(moe_block, config.remat_policy), x, params["moe_layers"]
-    )
-    stats = moe.summarize(per_layer)
-  return norm(x, params["final_norm"], config), stats
+def _hybrid_stack(blocks: _Blocks, x, params: Params, config):
+  """The hybrid model's layers: each group's DeltaNet layers, then its
+  attention layer, scanned over the groups.
+
+  Returns:
+    (x, the MoE statistics of every layer, summarized).
+  """
+  linear_block = _remat(blocks.linear_block, config.remat_policy)
+  attention_block = _remat(blocks.moe_block, config.remat_policy)
+
+  def group(x, inputs):
+    linear, attention = inputs
+    x, linear_stats = jax.lax.scan(linear_block, x, linear)
+    x, attention_stats = attention_block(x, attention)
+    return x, (linear_stats, attention_stats)
+
+  x, (linear_stats, attention_stats) = jax.lax.scan(
+      group,
+      x,
+      (grouped_linear_layers(params, config), params["moe_layers"]),
+  )
+  stats = moe.summarize(
+      jax.tree_util.tree_map(
+          lambda a, b: jnp.concatenate([a.reshape((-1,) + a.shape[2:]), b]),
+          linear_stats,
+          attention_stats,
+      )
+  )
+  return x, stats
 
 
 def context_layout(

@@ -8,6 +8,7 @@ split is one token stream cut into records of `record_tokens` ids (see
 `metadata` for the layout), written to shards of about `shard_tokens` ids.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -156,20 +157,117 @@ def prepare(
       corpus, JSONL line without the field, vocabulary too large for the
       dtype, output directory already prepared, bad arguments).
   """
-  if bool(tokenizer_path) == bool(train_vocab_size):
+  opts = _checked(
+      _Options(
+          output_dir=output_dir,
+          tokenizer_path=tokenizer_path,
+          train_vocab_size=train_vocab_size,
+          text_field=text_field,
+          eval_every=eval_every,
+          token_dtype=token_dtype,
+          record_tokens=record_tokens,
+          shard_tokens=shard_tokens,
+          eod_token=eod_token,
+      )
+  )
+  files = _input_files(inputs, report)
+  os.makedirs(output_dir, exist_ok=True)
+  tok, dtype, source, tokenizer_file = _tokenizer(opts, inputs, files, report)
+  splits, stats = _tokenize_splits(
+      opts, inputs, files, tok, source, dtype, report, progress
+  )
+  meta = _metadata(opts, tok, source, tokenizer_file, dtype, splits)
+  meta["input"] = _input_metadata(inputs, stats, text_field)
+  metadata_lib.check(meta, metadata_lib.metadata_path(output_dir))
+  _write_json(metadata_lib.metadata_path(output_dir), meta)
+  report(
+      f"Wrote {splits['train']['tokens']} train and "
+      f"{splits['eval']['tokens']} eval tokens ({stats.documents} "
+      f"documents) to {output_dir}"
+  )
+  return meta
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+  """`prepare`'s settings (its docstring says what each is)."""
+
+  output_dir: str
+  tokenizer_path: str
+  train_vocab_size: int
+  text_field: str
+  eval_every: int
+  token_dtype: str
+  record_tokens: int
+  shard_tokens: int
+  eod_token: Optional[str]
+
+
+def _checked(opts: _Options) -> _Options:
+  """`opts`, checked before any work.
+
+  Raises:
+    ValueError: naming the bad argument, or an output directory that
+      already holds a prepared data set.
+  """
+  if bool(opts.tokenizer_path) == bool(opts.train_vocab_size):
     raise ValueError(
         "give exactly one of --tokenizer and --train_tokenizer_vocab_size"
     )
-  eval_every = checks.check_int("eval_every", eval_every, 2)
-  record_tokens = checks.check_int("record_tokens", record_tokens, 1)
-  shard_tokens = checks.check_int("shard_tokens", shard_tokens, 1)
-  if not output_dir:
+  eval_every = checks.check_int("eval_every", opts.eval_every, 2)
+  record_tokens = checks.check_int("record_tokens", opts.record_tokens, 1)
+  shard_tokens = checks.check_int("shard_tokens", opts.shard_tokens, 1)
+  if not opts.output_dir:
     raise ValueError("output_dir: required")
-  if os.path.exists(metadata_lib.metadata_path(output_dir)):
+  if os.path.exists(metadata_lib.metadata_path(opts.output_dir)):
     raise ValueError(
-        f"output_dir={output_dir!r}: already holds a prepared "
+        f"output_dir={opts.output_dir!r}: already holds a prepared "
         "data set; choose a new directory"
     )
+  return dataclasses.replace(
+      opts,
+      eval_every=eval_every,
+      record_tokens=record_tokens,
+      shard_tokens=shard_tokens,
+  )
+
+
+def _metadata(
+    opts: _Options,
+    tok: tokenizer_lib.Tokenizer,
+    source: str,
+    tokenizer_file: str,
+    dtype: np.dtype,
+    splits: dict[str, Any],
+) -> dict[str, Any]:
+  """The data directory's metadata.json contents but for "input"."""
+  return {
+      "format": metadata_lib.FORMAT,
+      "tokenizer": {
+          "file": os.path.basename(tokenizer_file),
+          "kind": tok.kind,
+          "sha256": tokenizer_lib.file_sha256(tokenizer_file),
+          "source": os.path.abspath(source),
+          "trained": bool(opts.train_vocab_size),
+      },
+      "vocab_size": tok.vocab_size,
+      "eod_id": tok.eod_id,
+      "token_dtype": dtype.name,
+      "record_tokens": opts.record_tokens,
+      "eval_rule": f"document i (non-empty documents counted from 0 in input "
+      f"order) is in eval when i % {opts.eval_every} == 0",
+      "splits": splits,
+  }
+
+
+def _input_files(
+    inputs: Sequence[str], report: Callable[[str], None]
+) -> list[str]:
+  """The readable regular files of `inputs`; reports the entries skipped.
+
+  Raises:
+    ValueError: when no readable regular file is left.
+  """
   skipped = []
   files = corpus.list_files(inputs, skipped)
   if skipped:
@@ -182,46 +280,144 @@ def prepare(
         f"input={list(inputs)!r}: holds no readable regular file"
         + (f" (skipped: {', '.join(skipped)})" if skipped else "")
     )
-  os.makedirs(output_dir, exist_ok=True)
-  if train_vocab_size:
-    checks.check_int("train_tokenizer_vocab_size", train_vocab_size, 1)
-    source = os.path.join(output_dir, "tokenizer.model")
-    stats = corpus.CorpusStats()
-    report(
-        f"Training a {train_vocab_size}-piece sentencepiece BPE tokenizer "
-        f"on {len(files)} file(s)"
-    )
-    try:
-      tokenizer_lib.train_sentencepiece(
-          corpus.read_documents(files, stats, text_field),
-          train_vocab_size,
-          source,
-      )
-    except ValueError:
-      _check_documents(inputs, stats)  # The real reason, if it is this.
-      raise
-    tokenizer_file = source
-  else:
-    source = tokenizer_path
-    tokenizer_file = os.path.join(
-        output_dir,
-        "tokenizer."
-        + (
-            "model"
-            if tokenizer_lib.kind_of(source) == "sentencepiece"
-            else "json"
-        ),
-    )
-  tok = tokenizer_lib.load(source, eod_token)
-  dtype = _token_dtype(token_dtype, tok.vocab_size)
+  return files
+
+
+def _tokenizer(
+    opts: _Options,
+    inputs: Sequence[str],
+    files: Sequence[str],
+    report: Callable[[str], None],
+) -> tuple[tokenizer_lib.Tokenizer, np.dtype, str, str]:
+  """The tokenizer, loaded, its ids' dtype, and its copy in the output.
+
+  Returns:
+    (tokenizer, token dtype, the path it was loaded from, its path inside
+    the output directory, where it is copied when it is not there yet).
+  """
+  source, tokenizer_file = _tokenizer_source(
+      inputs,
+      files,
+      opts.output_dir,
+      opts.tokenizer_path,
+      opts.train_vocab_size,
+      opts.text_field,
+      report,
+  )
+  tok = tokenizer_lib.load(source, opts.eod_token)
+  dtype = _token_dtype(opts.token_dtype, tok.vocab_size)
   if os.path.abspath(source) != os.path.abspath(tokenizer_file):
     shutil.copyfile(source, tokenizer_file)
+  return tok, dtype, source, tokenizer_file
 
+
+def _tokenize_splits(
+    opts: _Options,
+    inputs: Sequence[str],
+    files: Sequence[str],
+    tok: tokenizer_lib.Tokenizer,
+    source: str,
+    dtype: np.dtype,
+    report: Callable[[str], None],
+    progress: progress_lib.Reporter,
+) -> tuple[dict[str, Any], corpus.CorpusStats]:
+  """Writes the train and eval splits of the input's documents.
+
+  Returns:
+    ({split: its metadata}, what was read).
+
+  Raises:
+    ValueError: for a corpus without documents (`_check_documents`) or a
+      tokenizer that produces an id outside its vocabulary.
+  """
   stats = corpus.CorpusStats()
   writers = {
-      split: _SplitWriter(output_dir, split, dtype, record_tokens, shard_tokens)
+      split: _SplitWriter(
+          opts.output_dir, split, dtype, opts.record_tokens, opts.shard_tokens
+      )
       for split in metadata_lib.SPLITS
   }
+  _write_documents(
+      files,
+      tok,
+      source,
+      writers,
+      opts.eval_every,
+      opts.text_field,
+      stats,
+      progress,
+  )
+  _check_documents(inputs, stats)
+  if stats.invalid_utf8_bytes:
+    report(
+        f"WARNING: {stats.invalid_utf8_bytes} byte(s) of invalid UTF-8 in "
+        f"{stats.files_with_invalid_utf8} file(s) were replaced by U+FFFD"
+    )
+  splits = {split: w.close() for split, w in writers.items()}
+  return splits, stats
+
+
+def _tokenizer_source(
+    inputs: Sequence[str],
+    files: Sequence[str],
+    output_dir: str,
+    tokenizer_path: str,
+    train_vocab_size: int,
+    text_field: str,
+    report: Callable[[str], None],
+) -> tuple[str, str]:
+  """The tokenizer to load and the file the data directory keeps it in.
+
+  With `train_vocab_size`, trains a sentencepiece BPE tokenizer on the
+  input's documents straight into `output_dir`; otherwise the given
+  tokenizer, kept as tokenizer.model or tokenizer.json by its kind.
+
+  Returns:
+    (the path to load it from, its path inside `output_dir`).
+  """
+  if not train_vocab_size:
+    kind = tokenizer_lib.kind_of(tokenizer_path)
+    suffix = "model" if kind == "sentencepiece" else "json"
+    return tokenizer_path, os.path.join(output_dir, "tokenizer." + suffix)
+  checks.check_int("train_tokenizer_vocab_size", train_vocab_size, 1)
+  source = os.path.join(output_dir, "tokenizer.model")
+  stats = corpus.CorpusStats()
+  report(
+      f"Training a {train_vocab_size}-piece sentencepiece BPE tokenizer "
+      f"on {len(files)} file(s)"
+  )
+  try:
+    tokenizer_lib.train_sentencepiece(
+        corpus.read_documents(files, stats, text_field),
+        train_vocab_size,
+        source,
+    )
+  except ValueError:
+    _check_documents(inputs, stats)  # The real reason, if it is this.
+    raise
+  return source, source
+
+
+def _write_documents(
+    files: Sequence[str],
+    tok: tokenizer_lib.Tokenizer,
+    source: str,
+    writers: dict[str, _SplitWriter],
+    eval_every: int,
+    text_field: str,
+    stats: corpus.CorpusStats,
+    progress: progress_lib.Reporter,
+) -> None:
+  """Tokenizes every document of `files` into its split's writer.
+
+  Each document's ids end with the end-of-document id; document i goes to
+  eval when i % eval_every == 0. Documents are encoded `_ENCODE_BATCH` at a
+  time, the progress updated after each batch.
+
+  Raises:
+    ValueError: when the tokenizer (loaded from `source`) produces an id
+      outside its vocabulary.
+  """
   job = progress.start(
       "prepare_data",
       sum(os.path.getsize(f) for f in files),
@@ -248,47 +444,21 @@ def prepare(
       index += 1
     job.update(stats.bytes, _counts(job, stats, len(files), tokens))
   job.finish(_counts(job, stats, len(files), tokens))
-  _check_documents(inputs, stats)
-  if stats.invalid_utf8_bytes:
-    report(
-        f"WARNING: {stats.invalid_utf8_bytes} byte(s) of invalid UTF-8 in "
-        f"{stats.files_with_invalid_utf8} file(s) were replaced by U+FFFD"
-    )
-  splits = {split: w.close() for split, w in writers.items()}
-  meta = {
-      "format": metadata_lib.FORMAT,
-      "tokenizer": {
-          "file": os.path.basename(tokenizer_file),
-          "kind": tok.kind,
-          "sha256": tokenizer_lib.file_sha256(tokenizer_file),
-          "source": os.path.abspath(source),
-          "trained": bool(train_vocab_size),
-      },
-      "vocab_size": tok.vocab_size,
-      "eod_id": tok.eod_id,
-      "token_dtype": dtype.name,
-      "record_tokens": record_tokens,
-      "eval_rule": f"document i (non-empty documents counted from 0 in input "
-      f"order) is in eval when i % {eval_every} == 0",
-      "splits": splits,
-      "input": {
-          "paths": [os.path.abspath(p) for p in inputs],
-          "files": stats.files,
-          "documents": stats.documents,
-          "empty_documents": stats.empty_documents,
-          "bytes": stats.bytes,
-          "invalid_utf8_bytes": stats.invalid_utf8_bytes,
-          "text_field": text_field,
-      },
+
+
+def _input_metadata(
+    inputs: Sequence[str], stats: corpus.CorpusStats, text_field: str
+) -> dict[str, Any]:
+  """The metadata's "input" section: what was read and how much of it."""
+  return {
+      "paths": [os.path.abspath(p) for p in inputs],
+      "files": stats.files,
+      "documents": stats.documents,
+      "empty_documents": stats.empty_documents,
+      "bytes": stats.bytes,
+      "invalid_utf8_bytes": stats.invalid_utf8_bytes,
+      "text_field": text_field,
   }
-  metadata_lib.check(meta, metadata_lib.metadata_path(output_dir))
-  _write_json(metadata_lib.metadata_path(output_dir), meta)
-  report(
-      f"Wrote {splits['train']['tokens']} train and "
-      f"{splits['eval']['tokens']} eval tokens ({stats.documents} "
-      f"documents) to {output_dir}"
-  )
-  return meta
 
 
 def _counts(

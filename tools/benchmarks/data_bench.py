@@ -648,6 +648,56 @@ def _output_dir(path: str) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+  workers, overrides = _checked_flags()
+  shapes = _SHAPES.value
+  output_dir = _output_dir(_OUTPUT_DIR.value)
+  cache_dir = os.path.abspath(
+      _CACHE_DIR.value or os.path.join(output_dir, "jax_cache")
+  )
+  jax.config.update("jax_compilation_cache_dir", cache_dir)
+  try:
+    data_dir = os.path.join(output_dir, "data")
+    meta = _prepare(data_dir)
+    rows = []
+    for name in shapes:
+      got, line = measure_shape(
+          name,
+          data_dir,
+          meta["vocab_size"],
+          workers,
+          overrides.get(name),
+          train=name in _TRAIN_SHAPES.value,
+          runs_dir=os.path.join(output_dir, "runs"),
+          cache_dir=cache_dir,
+          batches=_BATCHES.value,
+          warmup_batches=_WARMUP_BATCHES.value,
+          steps=_STEPS.value,
+          warmup_steps=_WARMUP_STEPS.value,
+          device_kind=_DEVICE_KIND.value,
+          mfu=_MFU.value,
+          num_devices=_NUM_DEVICES.value,
+          dataset_type=_DATASET_TYPE.value,
+      )
+      print(line, flush=True)
+      rows.extend(got)
+  finally:
+    if not _OUTPUT_DIR.value:
+      shutil.rmtree(output_dir, ignore_errors=True)
+  for line in format_table(rows):
+    print(line)
+  print(verdict(rows, _GOAL_SHARE.value))
+
+
+def _checked_flags():
+  """The flags checked, every shape's config and demand included, before
+  any data is prepared.
+
+  Returns:
+    (the worker counts to measure, --set's overrides by shape).
+
+  Raises:
+    app.UsageError: naming the bad flag or shape.
+  """
   if _BATCHES.value < 1 or _STEPS.value < 1:
     raise app.UsageError("need --batches >= 1 and --steps >= 1")
   if _WARMUP_BATCHES.value < 0 or _WARMUP_STEPS.value < 0:
@@ -678,59 +728,33 @@ def main(argv):
       )
   except (ValueError, TypeError) as e:
     raise app.UsageError(str(e)) from None
-  output_dir = _output_dir(_OUTPUT_DIR.value)
-  cache_dir = os.path.abspath(
-      _CACHE_DIR.value or os.path.join(output_dir, "jax_cache")
+  return workers, overrides
+
+
+def _prepare(data_dir: str) -> dict:
+  """Prepares the corpus in `data_dir` (and its Megatron copy for
+  --dataset_type=megatron); prints the header line.
+
+  Returns:
+    The prepared data's metadata.
+  """
+  meta = prepare_corpus(data_dir, _CORPUS_FILES.value, _VOCAB.value)
+  if _DATASET_TYPE.value == "megatron":
+    write_megatron(data_dir)
+    layout = "int32 Megatron indexed datasets, one sequence per document"
+  else:
+    layout = f"{meta['token_dtype']}, {meta['record_tokens']} tokens per record"
+  devices = jax.devices()
+  print(
+      f"data_bench: {_DATASET_TYPE.value} over {meta['input']['files']} "
+      f"stdlib files ({meta['splits']['train']['tokens']:,} train tokens, "
+      f"vocab {meta['vocab_size']}, {layout}); host {os.cpu_count()} "
+      f"CPUs, training on {len(devices)} x {devices[0].device_kind} "
+      f"({jax.default_backend()}); goal wait_share <= "
+      f"{_GOAL_SHARE.value:.2%}",
+      flush=True,
   )
-  jax.config.update("jax_compilation_cache_dir", cache_dir)
-  try:
-    data_dir = os.path.join(output_dir, "data")
-    meta = prepare_corpus(data_dir, _CORPUS_FILES.value, _VOCAB.value)
-    if _DATASET_TYPE.value == "megatron":
-      write_megatron(data_dir)
-      layout = "int32 Megatron indexed datasets, one sequence per document"
-    else:
-      layout = (
-          f"{meta['token_dtype']}, {meta['record_tokens']} tokens per record"
-      )
-    devices = jax.devices()
-    print(
-        f"data_bench: {_DATASET_TYPE.value} over {meta['input']['files']} "
-        f"stdlib files ({meta['splits']['train']['tokens']:,} train tokens, "
-        f"vocab {meta['vocab_size']}, {layout}); host {os.cpu_count()} "
-        f"CPUs, training on {len(devices)} x {devices[0].device_kind} "
-        f"({jax.default_backend()}); goal wait_share <= "
-        f"{_GOAL_SHARE.value:.2%}",
-        flush=True,
-    )
-    rows = []
-    for name in shapes:
-      got, line = measure_shape(
-          name,
-          data_dir,
-          meta["vocab_size"],
-          workers,
-          overrides.get(name),
-          train=name in _TRAIN_SHAPES.value,
-          runs_dir=os.path.join(output_dir, "runs"),
-          cache_dir=cache_dir,
-          batches=_BATCHES.value,
-          warmup_batches=_WARMUP_BATCHES.value,
-          steps=_STEPS.value,
-          warmup_steps=_WARMUP_STEPS.value,
-          device_kind=_DEVICE_KIND.value,
-          mfu=_MFU.value,
-          num_devices=_NUM_DEVICES.value,
-          dataset_type=_DATASET_TYPE.value,
-      )
-      print(line, flush=True)
-      rows.extend(got)
-  finally:
-    if not _OUTPUT_DIR.value:
-      shutil.rmtree(output_dir, ignore_errors=True)
-  for line in format_table(rows):
-    print(line)
-  print(verdict(rows, _GOAL_SHARE.value))
+  return meta
 
 
 if __name__ == "__main__":

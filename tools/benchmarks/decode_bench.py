@@ -73,9 +73,11 @@ seconds over the decode steps: the paged decoder's count in longtail mode,
 reached; on other devices (the CPU) the limit is unknown.
 """
 
+import dataclasses
 import os
 import threading
 import time
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -247,8 +249,54 @@ def _longtail(config) -> None:
       for _ in range(prompts_n)
   ]
   lengths = longtail_lengths(rng, prompts_n * g, _MEAN_LENGTH.value, cap)
-  longest = int(lengths.max())
-  options = sampling.SamplingOptions(max_new_tokens=longest, num_samples=g)
+  static, paged = _longtail_runs(params, config, prompts, g, lengths, engine)
+  rows = prompts_n * g
+  agree = greedy_agreement.agreement(
+      params,
+      config,
+      [prompts[r // g] for r in range(rows)],
+      [static.run.ids[r, :n] for r, n in enumerate(lengths)],
+      [paged.run.ids[r, :n] for r, n in enumerate(lengths)],
+  )
+  _print_longtail(config, params, engine, prompt_len, g, lengths, static, paged)
+  print(_agreement_line(agree, config, "requests"))
+  step = decode_roofline.step_bytes(
+      config, params, [prompt_len] * rows, lengths, paged.run.decode_steps
+  )
+  for line in decode_roofline.report(
+      step, jax.devices()[0].device_kind, paged.seconds
+  ):
+    print(f"paged {line}")
+  print(
+      f"decode_bench: continuous_speedup={static.seconds / paged.seconds:.1f} "
+      f"pages_used={paged.run.pages_used} "
+      f"prefill_passes={paged.run.prefill_passes}/{rows}"
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Measured:
+  """One decoder's timed run: its result, seconds, and compile seconds."""
+
+  run: Any
+  seconds: float
+  compile_s: float
+
+
+def _longtail_runs(params, config, prompts, g, lengths, engine):
+  """Compiles and times the static decoder, then the paged one.
+
+  The static decoder runs every row to the longest length; the paged one
+  gives each row its own (`lengths`). With --profile_dir, the paged run is
+  traced once more, apart from the timed runs (the profiler slows what it
+  traces).
+
+  Returns:
+    (static, paged) `_Measured`.
+  """
+  options = sampling.SamplingOptions(
+      max_new_tokens=int(lengths.max()), num_samples=g
+  )
   compiles = _CompileSeconds()
 
   def static():
@@ -269,17 +317,19 @@ def _longtail(config) -> None:
   _, paged_compile = compiles.measure(paged)
   paged_run, paged_s = _timed(paged)
   if _PROFILE_DIR.value:
-    # Traced apart from the timed runs: the profiler slows what it traces.
     with jax.profiler.trace(_PROFILE_DIR.value):
       paged()
-  rows = prompts_n * g
-  agree = greedy_agreement.agreement(
-      params,
-      config,
-      [prompts[r // g] for r in range(rows)],
-      [static_run.ids[r, :n] for r, n in enumerate(lengths)],
-      [paged_run.ids[r, :n] for r, n in enumerate(lengths)],
+  return (
+      _Measured(static_run, static_s, static_compile),
+      _Measured(paged_run, paged_s, paged_compile),
   )
+
+
+def _print_longtail(
+    config, params, engine, prompt_len, g, lengths, static, paged
+) -> None:
+  """The long-tail comparison's header line and table."""
+  rows = len(lengths)
   useful = int(lengths.sum())
   per_token = kv_cache.bytes_per_token(config)
   # Each row's keys and values, and its recurrent states (a hybrid's).
@@ -288,9 +338,10 @@ def _longtail(config) -> None:
   print(
       f"decode_bench: longtail, {transformer.num_params(params) / 1e6:.1f}M "
       f"parameters (emb {config.emb_dim}, {config.num_layers} layers, "
-      f"{config.attention_type}), {prompts_n} prompts of {prompt_len} x G={g}, "
-      f"completion lengths geometric mean {_MEAN_LENGTH.value} capped at "
-      f"{cap} (drawn: mean {lengths.mean():.1f}, max {longest}), greedy, "
+      f"{config.attention_type}), {rows // g} prompts of {prompt_len} x "
+      f"G={g}, completion lengths geometric mean {_MEAN_LENGTH.value} capped "
+      f"at {_MAX_LENGTH.value} (drawn: mean {lengths.mean():.1f}, max "
+      f"{int(lengths.max())}), greedy, "
       f"{engine.num_slots} slots, pages of {engine.page_size}, "
       f"attention {engine.attention}, "
       f"{jax.devices()[0].platform} x{jax.device_count()}"
@@ -301,33 +352,20 @@ def _longtail(config) -> None:
       f"{'prefills':>9}"
   )
   print(
-      f"{'static':<8} {useful:>7} {static_s:>9.3f} "
-      f"{useful / static_s:>10.1f} {static_compile:>10.2f} "
-      f"{static_run.cache_bytes:>12} {needed:>12} {rows:>9}"
+      f"{'static':<8} {useful:>7} {static.seconds:>9.3f} "
+      f"{useful / static.seconds:>10.1f} {static.compile_s:>10.2f} "
+      f"{static.run.cache_bytes:>12} {needed:>12} {rows:>9}"
   )
   print(
-      f"{'paged':<8} {useful:>7} {paged_s:>9.3f} "
-      f"{useful / paged_s:>10.1f} {paged_compile:>10.2f} "
-      f"{paged_run.cache_bytes:>12} {paged_run.peak_bytes:>12} "
-      f"{paged_run.prefill_passes:>9}"
+      f"{'paged':<8} {useful:>7} {paged.seconds:>9.3f} "
+      f"{useful / paged.seconds:>10.1f} {paged.compile_s:>10.2f} "
+      f"{paged.run.cache_bytes:>12} {paged.run.peak_bytes:>12} "
+      f"{paged.run.prefill_passes:>9}"
   )
   print(
-      f"paged: {paged_run.decode_steps} decode steps in "
-      f"{paged_run.decode_calls} calls, {paged_run.page_copies} partial "
-      f"pages copied; static: {longest} steps of {rows} rows"
-  )
-  print(_agreement_line(agree, config, "requests"))
-  step = decode_roofline.step_bytes(
-      config, params, [prompt_len] * rows, lengths, paged_run.decode_steps
-  )
-  for line in decode_roofline.report(
-      step, jax.devices()[0].device_kind, paged_s
-  ):
-    print(f"paged {line}")
-  print(
-      f"decode_bench: continuous_speedup={static_s / paged_s:.1f} "
-      f"pages_used={paged_run.pages_used} "
-      f"prefill_passes={paged_run.prefill_passes}/{rows}"
+      f"paged: {paged.run.decode_steps} decode steps in "
+      f"{paged.run.decode_calls} calls, {paged.run.page_copies} partial "
+      f"pages copied; static: {int(lengths.max())} steps of {rows} rows"
   )
 
 
@@ -339,6 +377,11 @@ def main(argv: list[str]) -> None:
   if _LENGTHS.value == "longtail":
     _longtail(config)
     return
+  _uniform(config)
+
+
+def _uniform(config) -> None:
+  """The cached decoder against the windowed sampler on equal lengths."""
   batch, prompt_len = _BATCH.value, _PROMPT_LEN.value
   new, windowed = _NEW_TOKENS.value, _WINDOWED_TOKENS.value
   _check(config, batch, prompt_len, new, windowed)
@@ -373,8 +416,34 @@ def main(argv: list[str]) -> None:
   agree = greedy_agreement.agreement(
       params, config, prompts, generation.ids[:, :windowed], window_ids
   )
-  cached_rate = batch * new / cached_s
-  window_rate = batch * windowed / window_s
+  cached_rate, window_rate = _print_uniform(
+      config,
+      params,
+      prompt_len,
+      _Measured(generation, cached_s, cached_compile),
+      _Measured(window_ids, window_s, window_compile),
+  )
+  print(_agreement_line(agree, config, f"rows, the first {windowed} tokens"))
+  step = decode_roofline.step_bytes(
+      config, params, [prompt_len] * batch, [new] * batch, new
+  )
+  for line in decode_roofline.report(
+      step, jax.devices()[0].device_kind, cached_s
+  ):
+    print(f"cached {line}")
+  print(f"decode_bench: speedup={cached_rate / window_rate:.1f}")
+
+
+def _print_uniform(config, params, prompt_len, cached, window):
+  """The uniform comparison's header line, table and cache line.
+
+  Returns:
+    (the cached decoder's tokens/s, the windowed sampler's).
+  """
+  batch, new, windowed = _BATCH.value, _NEW_TOKENS.value, _WINDOWED_TOKENS.value
+  generation = cached.run
+  cached_rate = batch * new / cached.seconds
+  window_rate = batch * windowed / window.seconds
   print(
       f"decode_bench: {transformer.num_params(params) / 1e6:.1f}M parameters "
       f"(emb {config.emb_dim}, {config.num_layers} layers, "
@@ -389,12 +458,13 @@ def main(argv: list[str]) -> None:
       f"{'compile_s':>10} {'cache_bytes':>12}"
   )
   print(
-      f"{'cached':<10} {batch * new:>7} {cached_s:>9.3f} {cached_rate:>10.1f} "
-      f"{cached_compile:>10.2f} {generation.cache_bytes:>12}"
+      f"{'cached':<10} {batch * new:>7} {cached.seconds:>9.3f} "
+      f"{cached_rate:>10.1f} {cached.compile_s:>10.2f} "
+      f"{generation.cache_bytes:>12}"
   )
   print(
-      f"{'windowed':<10} {batch * windowed:>7} {window_s:>9.3f} "
-      f"{window_rate:>10.1f} {window_compile:>10.2f} {'-':>12}"
+      f"{'windowed':<10} {batch * windowed:>7} {window.seconds:>9.3f} "
+      f"{window_rate:>10.1f} {window.compile_s:>10.2f} {'-':>12}"
   )
   print(
       f"cache: {generation.cache_length} positions x {batch} rows, "
@@ -406,15 +476,7 @@ def main(argv: list[str]) -> None:
           else ""
       )
   )
-  print(_agreement_line(agree, config, f"rows, the first {windowed} tokens"))
-  step = decode_roofline.step_bytes(
-      config, params, [prompt_len] * batch, [new] * batch, new
-  )
-  for line in decode_roofline.report(
-      step, jax.devices()[0].device_kind, cached_s
-  ):
-    print(f"cached {line}")
-  print(f"decode_bench: speedup={cached_rate / window_rate:.1f}")
+  return cached_rate, window_rate
 
 
 if __name__ == "__main__":

@@ -288,6 +288,26 @@ def main(argv):
         "need --rounds >= 1 and --steps > --warmup_steps + 1 >= 1"
     )
   output_dir = tempfile.mkdtemp(prefix="engine_bench_")
+  config = _bench_config(steps, output_dir)
+  devices = jax.devices()
+  run = throughput.StepThroughput.for_run(
+      config, [d.device_kind for d in devices]
+  )
+  try:
+    bare = BareLoop(config)
+    bare.block(0, warmup)  # Compiles the bare loop's functions.
+    rows = [
+        _round(config, bare, output_dir, r, warmup, steps)
+        for r in range(rounds)
+    ]
+  finally:
+    shutil.rmtree(output_dir, ignore_errors=True)
+  _report(config, devices, run, rows, steps)
+
+
+def _bench_config(steps: int, output_dir: str):
+  """The run config of every block: --config with `steps` steps, its full
+  budget each, and a compilation cache (in `output_dir` unless set)."""
   config = _CONFIG.value.copy_and_resolve_references()
   # The config's learning-rate schedule whatever the block length, so short
   # blocks stay valid (warmup within the schedule).
@@ -298,53 +318,52 @@ def main(argv):
   if not config.jax_compilation_cache_dir:
     config.jax_compilation_cache_dir = os.path.join(output_dir, "jax_cache")
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  return config
 
-  devices = jax.devices()
-  run = throughput.StepThroughput.for_run(
-      config, [d.device_kind for d in devices]
-  )
-  tokens_per_step = run.tokens_per_step
-  try:
-    bare = BareLoop(config)
-    bare.block(0, warmup)  # Compiles the bare loop's functions.
-    rows = []
-    for r in range(rounds):
-      got = {}
-      if _PAIRING.value == "step":
-        got["trainer"], got["bare"] = paired_round(
-            config,
-            bare,
-            output_dir,
-            f"round{r}",
-            warmup,
-            warmup + r * (steps + 1),
-        )
-        ratio = statistics.median(
-            t / b for t, b in zip(got["trainer"], got["bare"])
-        )
+
+def _round(config, bare, output_dir: str, r: int, warmup: int, steps: int):
+  """Round `r`: the trainer's and the bare loop's step times.
+
+  --pairing=step interleaves them step by step; otherwise each runs a
+  block, in alternating order from round to round.
+
+  Returns:
+    (r, trainer's median step, bare's median step, their ratio, the
+    trainer's timed steps, the bare loop's).
+  """
+  got = {}
+  if _PAIRING.value == "step":
+    got["trainer"], got["bare"] = paired_round(
+        config,
+        bare,
+        output_dir,
+        f"round{r}",
+        warmup,
+        warmup + r * (steps + 1),
+    )
+    ratio = statistics.median(
+        t / b for t, b in zip(got["trainer"], got["bare"])
+    )
+  else:
+    order = ("trainer", "bare") if r % 2 == 0 else ("bare", "trainer")
+    for way in order:
+      if way == "trainer":
+        got[way] = trainer_block(config, output_dir, f"round{r}", warmup)
       else:
-        order = ("trainer", "bare") if r % 2 == 0 else ("bare", "trainer")
-        for way in order:
-          if way == "trainer":
-            got[way] = trainer_block(config, output_dir, f"round{r}", warmup)
-          else:
-            got[way] = bare.block(warmup + r * steps, steps)[warmup:]
-        ratio = statistics.median(got["trainer"]) / statistics.median(
-            got["bare"]
-        )
-      rows.append(
-          (
-              r,
-              statistics.median(got["trainer"]),
-              statistics.median(got["bare"]),
-              ratio,
-              len(got["trainer"]),
-              len(got["bare"]),
-          )
-      )
-  finally:
-    shutil.rmtree(output_dir, ignore_errors=True)
+        got[way] = bare.block(warmup + r * steps, steps)[warmup:]
+    ratio = statistics.median(got["trainer"]) / statistics.median(got["bare"])
+  return (
+      r,
+      statistics.median(got["trainer"]),
+      statistics.median(got["bare"]),
+      ratio,
+      len(got["trainer"]),
+      len(got["bare"]),
+  )
 
+
+def _report(config, devices, run, rows, steps: int) -> None:
+  """The header, one line a round, the medians and the closing line."""
   print(
       f"engine_bench: {len(devices)} x {devices[0].device_kind} "
       f"({jax.default_backend()}), emb {config.emb_dim}, {config.num_layers} "
@@ -370,7 +389,7 @@ def main(argv):
   )
   print(
       f"median ratio {ratio:.3f} (min {min(ratios):.3f}, "
-      f"max {max(ratios):.3f}) over {rounds} rounds"
+      f"max {max(ratios):.3f}) over {len(rows)} rounds"
   )
   print(
       f"trainer: median step {trainer_step * 1e3:.2f} ms, {tokens_per_s:,.0f} "
@@ -379,7 +398,7 @@ def main(argv):
   )
   print(
       f"bare:    median step {bare_step * 1e3:.2f} ms, "
-      f"{tokens_per_step / bare_step:,.0f} tokens/s"
+      f"{run.tokens_per_step / bare_step:,.0f} tokens/s"
   )
   print(f"engine_bench: ratio={ratio:.3f} tokens_per_s={tokens_per_s:.0f}")
 

@@ -182,28 +182,8 @@ def main(argv):
   )
   previous_host = os.environ.get("STORAGE_EMULATOR_HOST")
   os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
-  rng = random.Random(_SEED.value)
-  step_times = {way: [] for way in _WAYS}
-  process_cpu = {way: [] for way in _WAYS}
-  thread_cpu = {way: [] for way in _WAYS}
-  slowest = {way: [] for way in _WAYS}
-  compiles = {way: [] for way in _WAYS}
   try:
-    # One untimed run per way: fills the compilation cache, starts threads.
-    for way in _WAYS:
-      _run_once(way, f"warmup-{way}", out, os.path.join(out, "jax_cache"))
-    for block in range(_BLOCKS.value):
-      order = list(_WAYS)
-      rng.shuffle(order)
-      for way in order:
-        wall, cpu, main_cpu, worst_step, compiled = _run_once(
-            way, f"{way}-{block}", out, os.path.join(out, "jax_cache")
-        )
-        slowest[way].append(worst_step)
-        compiles[way].append(compiled)
-        step_times[way].append(wall)
-        process_cpu[way].append(cpu)
-        thread_cpu[way].append(main_cpu)
+    measured = _measure(out)
   finally:
     if previous_host is None:
       os.environ.pop("STORAGE_EMULATOR_HOST", None)
@@ -212,7 +192,51 @@ def main(argv):
     proxy.close()
     emulator.cleanup()
     shutil.rmtree(out, ignore_errors=True)
+  _report(measured)
 
+
+def _measure(out: str) -> dict[str, dict[str, list]]:
+  """Runs every way once untimed, then --blocks blocks of every way in a
+  shuffled order.
+
+  Returns:
+    {"step_times", "process_cpu", "thread_cpu", "slowest", "compiles":
+    {way: one value a block}}: `_run_once`'s figures.
+  """
+  rng = random.Random(_SEED.value)
+  measured = {
+      name: {way: [] for way in _WAYS}
+      for name in (
+          "step_times",
+          "process_cpu",
+          "thread_cpu",
+          "slowest",
+          "compiles",
+      )
+  }
+  # One untimed run per way: fills the compilation cache, starts threads.
+  for way in _WAYS:
+    _run_once(way, f"warmup-{way}", out, os.path.join(out, "jax_cache"))
+  for block in range(_BLOCKS.value):
+    order = list(_WAYS)
+    rng.shuffle(order)
+    for way in order:
+      wall, cpu, main_cpu, worst_step, compiled = _run_once(
+          way, f"{way}-{block}", out, os.path.join(out, "jax_cache")
+      )
+      measured["slowest"][way].append(worst_step)
+      measured["compiles"][way].append(compiled)
+      measured["step_times"][way].append(wall)
+      measured["process_cpu"][way].append(cpu)
+      measured["thread_cpu"][way].append(main_cpu)
+  return measured
+
+
+def _report(measured: dict[str, dict[str, list]]) -> None:
+  """The header, one line a way against `off`, and the closing line."""
+  step_times, process_cpu = measured["step_times"], measured["process_cpu"]
+  thread_cpu, slowest = measured["thread_cpu"], measured["slowest"]
+  compiles = measured["compiles"]
   off = np.asarray(step_times["off"])
   print(
       f"mllog_bench: {_BLOCKS.value} interleaved blocks x {len(_WAYS)} ways,"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from mlperf_logging import benchmark_meta
 
@@ -238,26 +238,117 @@ def build_package(
   layout.check_no_results(out_dir, org, system, benchmark)
   if build is None:
     build = build_info_lib.loaded()
-  warnings = provenance.check_runs(runs, build)
-  for warning in warnings:
-    emit(f"mlperf_package: WARNING: {warning}")
+  warnings, compliance_output = _check_runs(
+      runs, build, compliance_checked, emit
+  )
   work_dir = os.path.join(out_dir, "checker_logs")
-  compliance_output = None
-  if not compliance_checked:
-    emit(f"mlperf_package: compliance checker on {len(runs)} logs")
-    compliance_output = check_compliance(runs)
-
   results = layout.write_results(
       out_dir, org, system, benchmark, [run.log_path for run in runs]
   )
   if compliance_output is not None:
-    os.makedirs(work_dir, exist_ok=True)
-    path = os.path.join(work_dir, "compliance_checker.log")
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(compliance_output)
+    _write_log(work_dir, "compliance_checker.log", compliance_output)
+  system_json, desc = _write_system_json(out_dir, first)
+  impl_dir = layout.implementation_dir(out_dir, org, benchmark, implementation)
+  copied, build_info_json = _write_implementation(
+      impl_dir, source_root, build, runs, warnings, emit
+  )
+  org_dir = layout.org_dir(out_dir, org)
+  emit(
+      f"mlperf_package: wrote {org_dir} "
+      f"({len(results)} results; sources: {', '.join(copied)})"
+  )
+  _report_manual_fields(system_json, desc, emit)
+  checker, rcp, summary = _check_package(out_dir, first, work_dir, emit)
+  return PackageResult(
+      org_dir=org_dir,
+      system_json=system_json,
+      result_files=tuple(results),
+      implementation_dir=impl_dir,
+      checker=checker,
+      rcp=rcp,
+      summary=summary,
+      runs=len(runs),
+      build_info_json=build_info_json,
+      provenance_warnings=tuple(warnings),
+  )
+
+
+def _check_runs(
+    runs: Sequence[run_logs.RunLog],
+    build: build_info_lib.BuildInfo,
+    compliance_checked: bool,
+    emit: Callable[[str], None],
+) -> tuple[list[str], Optional[str]]:
+  """The runs' provenance and compliance checks, before anything is written.
+
+  Returns:
+    (provenance warnings, each also emitted; the compliance checker's
+    output, or None when `compliance_checked`).
+
+  Raises:
+    provenance.ProvenanceError, PackageError: as `build_package`.
+  """
+  warnings = provenance.check_runs(runs, build)
+  for warning in warnings:
+    emit(f"mlperf_package: WARNING: {warning}")
+  if compliance_checked:
+    return warnings, None
+  emit(f"mlperf_package: compliance checker on {len(runs)} logs")
+  return warnings, check_compliance(runs)
+
+
+def _write_implementation(
+    impl_dir: str,
+    source_root: Optional[str],
+    build: build_info_lib.BuildInfo,
+    runs: Sequence[run_logs.RunLog],
+    warnings: Sequence[str],
+    emit: Callable[[str], None],
+) -> tuple[Sequence[str], str]:
+  """Copies the sources into `impl_dir` with their build_info.json.
+
+  Returns:
+    (what was copied, the build_info.json's path).
+  """
+  copied = layout.copy_implementation(impl_dir, source_root)
+  build_info_json = provenance.write_build_info(impl_dir, build, runs, warnings)
+  emit(
+      f"mlperf_package: implementation revision {build.git_revision} "
+      f"({build.source}; {build_info_json})"
+  )
+  return copied, build_info_json
+
+
+def _write_log(work_dir: str, name: str, text: str) -> None:
+  """Writes a checker's output to `<work_dir>/<name>`."""
+  os.makedirs(work_dir, exist_ok=True)
+  with open(os.path.join(work_dir, name), "w", encoding="utf-8") as f:
+    f.write(text)
+
+
+def _report_manual_fields(
+    system_json: str, desc: dict[str, Any], emit: Callable[[str], None]
+) -> None:
+  """Names the system description's fields left for a person to fill in."""
+  empty = [f for f in system_desc.MANUAL_FIELDS if not desc[f]]
+  if empty:
+    emit(
+        f"mlperf_package: fill in by hand in {system_json}: "
+        f"{', '.join(empty)}"
+    )
+
+
+def _write_system_json(
+    out_dir: str, first: run_logs.RunLog
+) -> tuple[str, dict[str, Any]]:
+  """Writes the system description of `first`'s system and host.
+
+  Returns:
+    (the system JSON's path, its contents).
+  """
   desc = system_desc.describe(
-      org=org,
-      system=system,
+      org=first.org,
+      system=first.system,
       division=first.division,
       log_status=first.status,
       provenance=first.provenance,
@@ -266,26 +357,29 @@ def build_package(
           first.provenance.get("devices")
       ),
   )
-  system_json = layout.system_json(out_dir, org, system)
+  system_json = layout.system_json(out_dir, first.org, first.system)
   layout.write_system_json(system_json, desc)
-  impl_dir = layout.implementation_dir(out_dir, org, benchmark, implementation)
-  copied = layout.copy_implementation(impl_dir, source_root)
-  build_info_json = provenance.write_build_info(impl_dir, build, runs, warnings)
-  emit(
-      f"mlperf_package: implementation revision {build.git_revision} "
-      f"({build.source}; {build_info_json})"
-  )
-  emit(
-      f"mlperf_package: wrote {layout.org_dir(out_dir, org)} "
-      f"({len(results)} results; sources: {', '.join(copied)})"
-  )
-  empty = [f for f in system_desc.MANUAL_FIELDS if not desc[f]]
-  if empty:
-    emit(
-        f"mlperf_package: fill in by hand in {system_json}: "
-        f"{', '.join(empty)}"
-    )
+  return system_json, desc
 
+
+def _check_package(
+    out_dir: str,
+    first: run_logs.RunLog,
+    work_dir: str,
+    emit: Callable[[str], None],
+) -> tuple[
+    checkers.ToolResult, Optional[checkers.ToolResult], checkers.Summary
+]:
+  """Runs MLPerf's checkers on the written package and reports each.
+
+  The package checker, the RCP checker (closed division only) and the
+  result summarizer, their logs in `work_dir`.
+
+  Returns:
+    (package checker, RCP checker or None, summary); a failure is reported
+    through `emit`, not raised.
+  """
+  org, benchmark = first.org, first.benchmark
   org_dir = layout.org_dir(out_dir, org)
   checker = checkers.package_checker(org_dir, first.ruleset, work_dir)
   emit(
@@ -298,7 +392,7 @@ def build_package(
   rcp = None
   if first.division == "closed":
     rcp = checkers.rcp_checker(
-        layout.results_dir(out_dir, org, system, benchmark),
+        layout.results_dir(out_dir, org, first.system, benchmark),
         first.ruleset,
         work_dir,
     )
@@ -316,15 +410,4 @@ def build_package(
         f"mlperf_package: the result summarizer gave no score for "
         f"{benchmark}:\n{summary.tool.problems()}"
     )
-  return PackageResult(
-      org_dir=org_dir,
-      system_json=system_json,
-      result_files=tuple(results),
-      implementation_dir=impl_dir,
-      checker=checker,
-      rcp=rcp,
-      summary=summary,
-      runs=len(runs),
-      build_info_json=build_info_json,
-      provenance_warnings=tuple(warnings),
-  )
+  return checker, rcp, summary
