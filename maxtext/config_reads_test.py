@@ -33,7 +33,8 @@ SETTINGS = {
     "maxtext.config": {"maxtext.config.optimizer": ("OptimizerConfig",)},
     "maxtext.runtime": {"maxtext.runtime.mesh": ("MeshConfig", "BatchLayout")},
     "maxtext.storage": {
-        "maxtext.storage.checkpoint_config": ("CheckpointConfig",)
+        "maxtext.storage.checkpoint_config": ("CheckpointConfig",),
+        "maxtext.storage.run_dir": ("RunDirConfig",),
     },
 }
 
@@ -115,8 +116,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.run.workload",
         "maxtext.runtime.distributed",
         "maxtext.sft.sft_workload",
-        "maxtext.storage.run_dir",
-        "maxtext.storage.run_record",
         "maxtext.text.chat",
     }
 )
@@ -321,6 +320,7 @@ class ConfigReadsTest(absltest.TestCase):
     self.assertIn("grpo_generation_devices", owned["maxtext.runtime"][1])
     self.assertIn("schedule_steps", owned["maxtext.config"][1])
     self.assertIn("save_period", owned["maxtext.storage"][1])
+    self.assertIn("base_output_directory", owned["maxtext.storage"][1])
     for package, declared in SETTINGS.items():
       for module, names in declared.items():
         with self.subTest(module):

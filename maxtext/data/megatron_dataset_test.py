@@ -194,10 +194,13 @@ class MegatronDatasetTest(absltest.TestCase):
 
   def test_relative_prefixes_of_a_blend_are_the_callers(self):
     config = self._config(train_data_path="0.3 data/a 0.7 /abs/b")
-    resolved = run_dir.with_input_paths_resolved(
-        config, {caller_paths.CALLER_DIR_ENV: "/home/me"}
+    resolved = run_dir.resolved_input_paths(
+        run_dir.RunDirConfig.from_config(config),
+        {caller_paths.CALLER_DIR_ENV: "/home/me"},
     )
-    self.assertEqual(resolved.train_data_path, "0.3 /home/me/data/a 0.7 /abs/b")
+    self.assertEqual(
+        resolved["train_data_path"], "0.3 /home/me/data/a 0.7 /abs/b"
+    )
 
   def test_bad_data_path_lists(self):
     for text, pattern in (

@@ -573,7 +573,7 @@ def import_checkpoint(
     record.checkpoint_directory = output_dir
     run_dir.write_config_json(
         os.path.join(checkpoint_dir, run_record.CONFIG_JSON),
-        record,
+        config_lib.to_json_dict(record),
         {"imported_from": os.path.abspath(input_dir)},
     )
     if os.path.isdir(output_dir):

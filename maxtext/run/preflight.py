@@ -199,7 +199,9 @@ def _check_output(config) -> None:
   # make_run_paths is the one place that says where a run writes; a default
   # run name (the trainer chooses one later) stands in for an unnamed run.
   name = config.run_name or run_dir_lib.default_run_name()
-  paths = run_dir_lib.make_run_paths(config, name)
+  paths = run_dir_lib.make_run_paths(
+      run_dir_lib.RunDirConfig.from_config(config), name
+  )
   if paths.remote_url:
     field, value = "local_staging_directory", config.local_staging_directory
   else:
