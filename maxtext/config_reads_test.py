@@ -31,6 +31,7 @@ from maxtext import layering_test
 # Package -> the settings classes it owns, by the module that declares them.
 SETTINGS = {
     "maxtext.config": {"maxtext.config.optimizer": ("OptimizerConfig",)},
+    "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.runtime": {"maxtext.runtime.mesh": ("MeshConfig", "BatchLayout")},
     "maxtext.storage": {
         "maxtext.storage.checkpoint_config": ("CheckpointConfig",),
@@ -95,7 +96,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.hf.logits_check",
         "maxtext.hf.qwen3",
         "maxtext.hf.qwen35",
-        "maxtext.metrics.throughput",
         "maxtext.mllog.eval_set",
         "maxtext.mllog.header_proof",
         "maxtext.mllog.hyperparameters",

@@ -382,7 +382,10 @@ def flops_step_time(
   if mfu > 1:
     raise ValueError(f"mfu={mfu}: must be in (0, 1]")
   num_devices = checks.check_int("num_devices", num_devices, 1)
-  run = throughput.StepThroughput.for_run(config, [device_kind] * num_devices)
+  run = throughput.StepThroughput.for_run(
+      throughput.ThroughputConfig.from_config(config),
+      [device_kind] * num_devices,
+  )
   if run.peak_flops_per_device is None:
     raise ValueError(
         f"device_kind={device_kind!r}: no {config.compute_dtype} peak in "
@@ -539,7 +542,9 @@ def measure_shape(
   """
   base = shape_config(name, data_dir, vocab, 0, overrides, dataset_type)
   flop_step = flops_step_time(base, device_kind, mfu, num_devices)
-  flops = throughput.StepThroughput.for_run(base, ["cpu"]).flops_per_step
+  flops = throughput.StepThroughput.for_run(
+      throughput.ThroughputConfig.from_config(base), ["cpu"]
+  ).flops_per_step
   tokens = base.global_batch_size * base.max_sequence_length
   line = (
       f"{name}: global batch {base.global_batch_size} x seq "

@@ -301,7 +301,8 @@ def main(argv):
 
   devices = jax.devices()
   run = throughput.StepThroughput.for_run(
-      config, [d.device_kind for d in devices]
+      throughput.ThroughputConfig.from_config(config),
+      [d.device_kind for d in devices],
   )
   tokens_per_step = run.tokens_per_step
   try:
