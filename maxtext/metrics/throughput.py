@@ -235,7 +235,9 @@ def matmul_params(settings: ThroughputConfig) -> int:
     attention = e * h * d + 2 * e * k * d + h * d * e
   experts = settings.num_experts
   if not experts:
-    return settings.num_layers * (attention + 3 * e * m) + e * settings.vocab_size
+    return (
+        settings.num_layers * (attention + 3 * e * m) + e * settings.vocab_size
+    )
   dense = settings.num_dense_layers
   width = settings.moe_mlp_dim or m
   active = settings.num_experts_per_token + settings.num_shared_experts
@@ -279,7 +281,9 @@ def training_flops_per_token(settings: ThroughputConfig) -> int:
   """
   if _is_mla(settings):
     widths = (
-        settings.qk_nope_head_dim + settings.qk_rope_head_dim + settings.v_head_dim
+        settings.qk_nope_head_dim
+        + settings.qk_rope_head_dim
+        + settings.v_head_dim
     )
   else:
     widths = 2 * settings.head_dim
@@ -383,7 +387,9 @@ class StepThroughput:
     Raises:
       ValueError, TypeError: no devices, or a field out of range.
     """
-    samples = checks.check_int("global_batch_size", settings.global_batch_size, 1)
+    samples = checks.check_int(
+        "global_batch_size", settings.global_batch_size, 1
+    )
     seq = (
         checks.check_int("max_sequence_length", settings.max_sequence_length, 1)
         if row_length is None

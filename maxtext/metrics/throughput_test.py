@@ -166,7 +166,8 @@ class FlopsTest(parameterized.TestCase):
     self.assertEqual(throughput.matmul_params(_settings(config)), 2**30)
     attention = 12 * 16 * 16 * 128 * 1024  # Full sequence, no causal half.
     self.assertEqual(
-        throughput.training_flops_per_token(_settings(config)), 6 * 2**30 + attention
+        throughput.training_flops_per_token(_settings(config)),
+        6 * 2**30 + attention,
     )
 
   @parameterized.named_parameters(
@@ -195,7 +196,8 @@ class FlopsTest(parameterized.TestCase):
     )
     self.assertEqual(throughput.matmul_params(_settings(config)), matmul_params)
     self.assertEqual(
-        throughput.training_flops_per_token(_settings(config)), 6 * matmul_params + 480
+        throughput.training_flops_per_token(_settings(config)),
+        6 * matmul_params + 480,
     )
 
   @parameterized.named_parameters(
@@ -218,7 +220,8 @@ class FlopsTest(parameterized.TestCase):
     # The accelerators issue measured this model at 44,233 tokens/s on one
     # H200 and reported MFU 30.6% with the same convention and peak.
     run = throughput.StepThroughput.for_run(
-        _settings(_one_b()), ["NVIDIA H200"])
+        _settings(_one_b()), ["NVIDIA H200"]
+    )
     step_time = run.tokens_per_step / 44233
     self.assertAlmostEqual(
         run.figures(step_time)[throughput.MFU_KEY], 0.306, delta=0.0005
@@ -283,8 +286,7 @@ class StepThroughputTest(parameterized.TestCase):
 
   def test_for_run_on_cpu_devices(self):
     config = _config(global_batch_size=4, max_sequence_length=16)
-    run = throughput.StepThroughput.for_run(
-        _settings(config), ["cpu"] * 2)
+    run = throughput.StepThroughput.for_run(_settings(config), ["cpu"] * 2)
     self.assertEqual(
         (
             run.samples_per_step,
@@ -295,7 +297,8 @@ class StepThroughputTest(parameterized.TestCase):
         (4, 64, 2, None),
     )
     self.assertEqual(
-        run.flops_per_step, 64 * throughput.training_flops_per_token(_settings(config))
+        run.flops_per_step,
+        64 * throughput.training_flops_per_token(_settings(config)),
     )
     self.assertNotIn(throughput.MFU_KEY, run.figures(1.0))
 
@@ -312,8 +315,7 @@ class StepThroughputTest(parameterized.TestCase):
 
   def test_for_run_without_devices(self):
     with self.assertRaisesRegex(ValueError, "device_kinds"):
-      throughput.StepThroughput.for_run(
-        _settings(_config()), [])
+      throughput.StepThroughput.for_run(_settings(_config()), [])
 
   @parameterized.named_parameters(
       ("samples", dict(samples_per_step=0), ValueError, "samples_per_step"),

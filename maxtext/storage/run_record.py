@@ -10,8 +10,9 @@ The run record holds the config as its values by field name
 whole config, compared and written whole, not settings this package reads.
 
 - `check_resume(recorded, new)` compares the new config's record with the
-  run's recorded one. Only the fields of `RESUMABLE_FIELDS` may change; a change to
-  any other field is refused, naming each field with its old and new value.
+  run's recorded one. Only the fields of `RESUMABLE_FIELDS` may change; a
+  change to any other field is refused, naming each field with its old and
+  new value.
   The learning-rate schedule is compared by its resolved length, so `steps`
   may change only while the schedule stays the same (see `check_resume`).
 - `record_attempt(...)` keeps each attempt's resolved config: `config.json`
