@@ -31,6 +31,7 @@ from maxtext import layering_test
 # Package -> the settings classes it owns, by the module that declares them.
 SETTINGS = {
     "maxtext.config": {"maxtext.config.optimizer": ("OptimizerConfig",)},
+    "maxtext.data": {"maxtext.data.data_config": ("DataConfig",)},
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.runtime": {"maxtext.runtime.mesh": ("MeshConfig", "BatchLayout")},
     "maxtext.storage": {
@@ -56,11 +57,6 @@ NOT_CONVERTED = frozenset(
     {
         "maxtext.config.eval_schedule",
         "maxtext.core.eval_metrics",
-        "maxtext.data.builtin_datasets",
-        "maxtext.data.chat_dataset",
-        "maxtext.data.dataset_kinds",
-        "maxtext.data.grain_dataset",
-        "maxtext.data.megatron_dataset",
         "maxtext.engine.model_setup",
         "maxtext.engine.saved_step",
         "maxtext.engine.train_compile_lib",

@@ -11,6 +11,7 @@ import numpy as np
 
 from maxtext.config import config_lib
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.configs import base
 from maxtext.storage import run_record
 
@@ -133,7 +134,9 @@ class CheckResumeTest(parameterized.TestCase):
       run_record.check_resume(recorded, dict(recorded, enable_mllog=0))
 
   def test_seed_minus_one_reuses_the_recorded_seed(self):
-    self.assertEqual(run_record.check_resume(_recorded(), _recorded(seed=-1)), [])
+    self.assertEqual(
+        run_record.check_resume(_recorded(), _recorded(seed=-1)), []
+    )
     with self.assertRaisesRegex(ValueError, r"seed: 1234 -> 5"):
       run_record.check_resume(_recorded(), _recorded(seed=5))
 
@@ -159,7 +162,8 @@ class CheckResumeTest(parameterized.TestCase):
         changes, [("lr_schedule_steps", 0, 60), ("steps", 60, 100)]
     )
     changes = run_record.check_resume(
-        _recorded(lr_schedule_steps=60), _recorded(steps=30, lr_schedule_steps=60)
+        _recorded(lr_schedule_steps=60),
+        _recorded(steps=30, lr_schedule_steps=60),
     )
     self.assertEqual(changes, [("steps", 60, 30)])
 
@@ -362,9 +366,7 @@ class SeedTest(absltest.TestCase):
     first = config_lib.with_seed(
         first, run_record.resolve_seed(first.seed, None)
     )
-    run_record.record_attempt(
-        run_dir, config_lib.to_json_dict(first), {}, 0
-    )
+    run_record.record_attempt(run_dir, config_lib.to_json_dict(first), {}, 0)
     recorded = run_record.load_recorded_config(run_dir)
     self.assertEqual(recorded["seed"], first.seed)
 
@@ -378,12 +380,16 @@ class SeedTest(absltest.TestCase):
     )
     self.assertEqual(again.seed, first.seed)
     batches = [
-        builtin_datasets.SyntheticDataset(c).get_batch(3)
+        builtin_datasets.SyntheticDataset(
+            data_config.DataConfig.from_config(c)
+        ).get_batch(3)
         for c in (first, again)
     ]
     np.testing.assert_array_equal(batches[0]["inputs"], batches[1]["inputs"])
     other = builtin_datasets.SyntheticDataset(
-        config_lib.with_seed(first, first.seed + 1)
+        data_config.DataConfig.from_config(
+            config_lib.with_seed(first, first.seed + 1)
+        )
     )
     self.assertFalse(
         np.array_equal(other.get_batch(3)["inputs"], batches[0]["inputs"])

@@ -95,6 +95,7 @@ import numpy as np
 
 from maxtext.core import checks
 from maxtext.config import config_lib
+from maxtext.data import data_config
 from maxtext.data import dataset_kinds
 from maxtext.config import optimizer
 from maxtext.run import trainer
@@ -400,7 +401,9 @@ def pipeline_rate(config, batches: int, warmup: int) -> float:
 
   Reads steps 0 .. warmup + batches - 1 and times the last `batches`.
   """
-  dataset = dataset_kinds.make_dataset(config)
+  dataset = dataset_kinds.make_dataset(
+      data_config.DataConfig.from_config(config)
+  )
   try:
     for step in range(warmup):
       dataset.get_batch(step)
@@ -509,7 +512,9 @@ def paced_loop(
 
 def paced_times(config, step_s: float, steps: int, warmup: int) -> LoopTimes:
   """`paced_loop` over a fresh pipeline of `config`, read from step 0."""
-  dataset = dataset_kinds.make_dataset(config)
+  dataset = dataset_kinds.make_dataset(
+      data_config.DataConfig.from_config(config)
+  )
   try:
     return paced_loop(dataset.get_batch, step_s, steps, warmup)
   finally:
