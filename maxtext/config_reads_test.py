@@ -31,9 +31,12 @@ from maxtext import layering_test
 # Package -> the settings classes it owns, by the module that declares them.
 SETTINGS = {
     "maxtext.config": {"maxtext.config.optimizer": ("OptimizerConfig",)},
+    "maxtext.data": {"maxtext.data.data_config": ("DataConfig",)},
+    "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.runtime": {"maxtext.runtime.mesh": ("MeshConfig", "BatchLayout")},
     "maxtext.storage": {
-        "maxtext.storage.checkpoint_config": ("CheckpointConfig",)
+        "maxtext.storage.checkpoint_config": ("CheckpointConfig",),
+        "maxtext.storage.run_dir": ("RunDirConfig",),
     },
 }
 
@@ -54,11 +57,6 @@ NOT_CONVERTED = frozenset(
     {
         "maxtext.config.eval_schedule",
         "maxtext.core.eval_metrics",
-        "maxtext.data.builtin_datasets",
-        "maxtext.data.chat_dataset",
-        "maxtext.data.dataset_kinds",
-        "maxtext.data.grain_dataset",
-        "maxtext.data.megatron_dataset",
         "maxtext.engine.model_setup",
         "maxtext.engine.saved_step",
         "maxtext.engine.train_compile_lib",
@@ -94,7 +92,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.hf.logits_check",
         "maxtext.hf.qwen3",
         "maxtext.hf.qwen35",
-        "maxtext.metrics.throughput",
         "maxtext.mllog.eval_set",
         "maxtext.mllog.header_proof",
         "maxtext.mllog.hyperparameters",
@@ -115,8 +112,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.run.workload",
         "maxtext.runtime.distributed",
         "maxtext.sft.sft_workload",
-        "maxtext.storage.run_dir",
-        "maxtext.storage.run_record",
         "maxtext.text.chat",
     }
 )
@@ -321,6 +316,7 @@ class ConfigReadsTest(absltest.TestCase):
     self.assertIn("grpo_generation_devices", owned["maxtext.runtime"][1])
     self.assertIn("schedule_steps", owned["maxtext.config"][1])
     self.assertIn("save_period", owned["maxtext.storage"][1])
+    self.assertIn("base_output_directory", owned["maxtext.storage"][1])
     for package, declared in SETTINGS.items():
       for module, names in declared.items():
         with self.subTest(module):

@@ -861,6 +861,26 @@ def to_json_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return values
 
 
+def with_values(
+    config: ml_collections.ConfigDict, values: dict[str, Any]
+) -> ml_collections.ConfigDict:
+  """A copy of `config` with the fields of `values` set; `config` itself
+  when `values` is empty. The original is left alone, and the copy keeps its
+  lock (a misspelt field stays an error)."""
+  if not values:
+    return config
+  copy = config.copy_and_resolve_references()
+  copy.update(values)
+  return copy
+
+
+def with_seed(
+    config: ml_collections.ConfigDict, seed: int
+) -> ml_collections.ConfigDict:
+  """A copy of `config` with its resolved `seed` (`run_record.resolve_seed`)."""
+  return with_values(config, {"seed": checks.check_int("seed", seed, 0)})
+
+
 def load_config_file(
     path: str, argument: str = ""
 ) -> ml_collections.ConfigDict:

@@ -527,6 +527,27 @@ class ValidateTest(parameterized.TestCase):
 
 class HelpersTest(absltest.TestCase):
 
+  def test_with_seed_copies_and_keeps_the_lock(self):
+    config = base.get_config()
+    config.seed = -1
+    config.lock()
+    copy = config_lib.with_seed(config, 42)
+    self.assertEqual((config.seed, copy.seed), (-1, 42))
+    with self.assertRaises(AttributeError):
+      copy.sede = 1
+    with self.assertRaisesRegex(ValueError, "seed"):
+      config_lib.with_seed(config, -1)
+
+  def test_with_values_sets_fields_of_a_copy(self):
+    config = base.get_config()
+    config.lock()
+    self.assertIs(config_lib.with_values(config, {}), config)
+    copy = config_lib.with_values(config, {"tokenizer_path": "/t"})
+    self.assertEqual((config.tokenizer_path, copy.tokenizer_path), ("", "/t"))
+    self.assertTrue(copy.is_locked)
+    with self.assertRaisesRegex(KeyError, "tokenizer_pth"):
+      config_lib.with_values(config, {"tokenizer_pth": "/t"})
+
   def test_validate_grpo_relations(self):
     config = _load("default")
     config_lib.validate_grpo(config)

@@ -28,6 +28,7 @@ import numpy as np
 
 from maxtext.core import checks
 from maxtext.core import choices
+from maxtext.data import data_config
 from maxtext.data import dataset
 from maxtext.data import packing
 
@@ -81,19 +82,21 @@ def _local_rows(
   return slice(process_index * local, (process_index + 1) * local)
 
 
-def process_shares(config, process_index: int, process_count: int):
+def process_shares(
+    settings: data_config.DataConfig, process_index: int, process_count: int
+):
   """(train batch, eval batch, train rows, eval rows) of one process."""
   return (
-      config.global_batch_size,
-      config.eval_batch_size,
+      settings.global_batch_size,
+      settings.eval_batch_size,
       _local_rows(
-          config.global_batch_size,
+          settings.global_batch_size,
           process_index,
           process_count,
           "global_batch_size",
       ),
       _local_rows(
-          config.eval_batch_size,
+          settings.eval_batch_size,
           process_index,
           process_count,
           "eval_batch_size",
@@ -164,11 +167,16 @@ class SyntheticDataset(dataset.Dataset):
   count.
   """
 
-  def __init__(self, config, process_index: int = 0, process_count: int = 1):
+  def __init__(
+      self,
+      settings: data_config.DataConfig,
+      process_index: int = 0,
+      process_count: int = 1,
+  ):
     """Creates the dataset.
 
     Args:
-      config: the run configuration (vocab_size, max_sequence_length, seed,
+      settings: the data settings (vocab_size, max_sequence_length, seed,
         global_batch_size, eval_batch_size).
       process_index: this process's index.
       process_count: number of processes sharing each global batch.
@@ -177,11 +185,11 @@ class SyntheticDataset(dataset.Dataset):
       ValueError: if a batch size is not divisible by process_count, or the
         process arguments are out of range.
     """
-    self._vocab = config.vocab_size
-    self._seq = config.max_sequence_length
-    self._seed = config.seed
+    self._vocab = settings.vocab_size
+    self._seq = settings.max_sequence_length
+    self._seed = settings.seed
     self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
-        process_shares(config, process_index, process_count)
+        process_shares(settings, process_index, process_count)
     )
 
   def _windows(self, stream: int, index: int, batch: int) -> np.ndarray:
@@ -337,11 +345,11 @@ def _open_tokens(path: str, name: str) -> np.ndarray:
     raise _fail(name, path, f"cannot be read: {e.strerror or e}") from None
 
 
-def _open_checked(config, name: str) -> np.ndarray:
+def _open_checked(settings: data_config.DataConfig, name: str) -> np.ndarray:
   """`_open_tokens` of `config.<name>`, long enough for one sequence."""
-  path = config[name]
+  path = settings.data_path(name)
   tokens = _open_tokens(path, name)
-  needed = config.max_sequence_length + 1
+  needed = settings.max_sequence_length + 1
   if tokens.shape[0] < needed:
     raise _fail(
         name,
@@ -352,23 +360,23 @@ def _open_checked(config, name: str) -> np.ndarray:
   return tokens
 
 
-def check_token_files(config) -> None:
+def check_token_files(settings: data_config.DataConfig) -> None:
   """Checks the tokens_file dataset's files as `TokensFileDataset` does.
 
   Reads only the files' headers and sizes. For `maxtext/run/preflight.py`: a
   bad file is reported before any device work.
 
   Args:
-    config: the run configuration (dataset_type, train_data_path,
+    settings: the data settings (dataset_type, train_data_path,
       eval_data_path, max_sequence_length).
 
   Raises:
     ValueError: `config.<field>=<path>: <problem>` for the first bad file.
   """
-  if config.dataset_type != "tokens_file":
+  if settings.dataset_type != "tokens_file":
     return
   for name in ("train_data_path", "eval_data_path"):
-    _open_checked(config, name)
+    _open_checked(settings, name)
 
 
 def file_fingerprint(path: str) -> dict[str, object]:
@@ -449,11 +457,16 @@ class TokensFileDataset(dataset.Dataset):
   the eval file's windows in order, wrapping around.
   """
 
-  def __init__(self, config, process_index: int = 0, process_count: int = 1):
+  def __init__(
+      self,
+      settings: data_config.DataConfig,
+      process_index: int = 0,
+      process_count: int = 1,
+  ):
     """Opens both token files and checks them.
 
     Args:
-      config: the run configuration (train_data_path, eval_data_path,
+      settings: the data settings (train_data_path, eval_data_path,
         vocab_size, max_sequence_length, data_shuffle_seed, global_batch_size,
         eval_batch_size).
       process_index: this process's index.
@@ -464,16 +477,16 @@ class TokensFileDataset(dataset.Dataset):
         file, a bad dtype, or batch sizes not divisible by process_count; a
         file's message is `config.<field>=<path>: <problem>`.
     """
-    self._vocab = config.vocab_size
-    self._seq = config.max_sequence_length
-    self._shuffle_seed = config.data_shuffle_seed
+    self._vocab = settings.vocab_size
+    self._seq = settings.max_sequence_length
+    self._shuffle_seed = settings.data_shuffle_seed
     self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
-        process_shares(config, process_index, process_count)
+        process_shares(settings, process_index, process_count)
     )
-    self._train_path = config.train_data_path
-    self._eval_path = config.eval_data_path
-    self._train = _open_checked(config, "train_data_path")
-    self._eval = _open_checked(config, "eval_data_path")
+    self._train_path = settings.train_data_path
+    self._eval_path = settings.eval_data_path
+    self._train = _open_checked(settings, "train_data_path")
+    self._eval = _open_checked(settings, "eval_data_path")
     self._train_windows = (self._train.shape[0] - 1) // self._seq
     self._eval_windows = (self._eval.shape[0] - 1) // self._seq
     self._perm_cache: dict[int, np.ndarray] = {}
@@ -547,7 +560,9 @@ class TokensFileDataset(dataset.Dataset):
 
 
 def placeholder_batches(
-    config, process_index: int = 0, process_count: int = 1
+    settings: data_config.DataConfig,
+    process_index: int = 0,
+    process_count: int = 1,
 ) -> tuple[Batch, Batch]:
   """(train batch, eval batch) of zeros with this process's real shapes.
 
@@ -557,21 +572,21 @@ def placeholder_batches(
   "segment_ids" and "positions" for the kinds `packing` packs) without
   reading the data set (MLPerf forbids touching it before `run_start`).
   """
-  train_rows, eval_rows = process_shares(config, process_index, process_count)[
-      2:
-  ]
-  weighted = config.dataset_type in choices.WEIGHTED_DATASET_TYPES
-  packed = getattr(config, "packing", False)
+  train_rows, eval_rows = process_shares(
+      settings, process_index, process_count
+  )[2:]
+  weighted = settings.dataset_type in choices.WEIGHTED_DATASET_TYPES
+  packed = settings.packing
 
   def zeros(rows: slice, kinds: tuple[str, ...]) -> Batch:
     batch = to_batch(
         np.zeros(
-            (rows.stop - rows.start, config.max_sequence_length + 1), np.int32
+            (rows.stop - rows.start, settings.max_sequence_length + 1), np.int32
         )
     )
     if weighted:
       batch["weights"] = np.zeros(batch["targets"].shape, np.float32)
-    if packed and config.dataset_type in kinds:
+    if packed and settings.dataset_type in kinds:
       batch["segment_ids"] = np.zeros(batch["targets"].shape, np.int32)
       batch["positions"] = np.zeros(batch["targets"].shape, np.int32)
     return batch

@@ -9,6 +9,7 @@ import chex
 import numpy as np
 
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.configs import base
 
 
@@ -45,7 +46,9 @@ def _npy_bytes(array, allow_pickle=False) -> bytes:
 class SyntheticDatasetTest(parameterized.TestCase):
 
   def test_has_no_state_provenance_or_resources(self):
-    dataset = builtin_datasets.SyntheticDataset(_config())
+    dataset = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(_config())
+    )
     expected = dataset.get_batch(3)
     self.assertIsNone(dataset.checkpoint_state(3))
     self.assertIsNone(dataset.provenance())
@@ -55,7 +58,9 @@ class SyntheticDatasetTest(parameterized.TestCase):
 
   def test_shapes_and_progressions(self):
     config = _config()
-    dataset = builtin_datasets.SyntheticDataset(config)
+    dataset = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(config)
+    )
     batch = dataset.get_batch(0)
     _check_batch(self, batch, 4, 8)
     diffs = (batch["targets"] - batch["inputs"]) % config.vocab_size
@@ -68,9 +73,15 @@ class SyntheticDatasetTest(parameterized.TestCase):
     _check_batch(self, dataset.get_eval_batch(3), 2, 8)
 
   def test_deterministic_by_seed_and_step(self):
-    a = builtin_datasets.SyntheticDataset(_config(seed=1))
-    b = builtin_datasets.SyntheticDataset(_config(seed=1))
-    c = builtin_datasets.SyntheticDataset(_config(seed=2))
+    a = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(_config(seed=1))
+    )
+    b = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(_config(seed=1))
+    )
+    c = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(_config(seed=2))
+    )
     chex.assert_trees_all_equal(a.get_batch(7), b.get_batch(7))
     chex.assert_trees_all_equal(a.get_eval_batch(2), b.get_eval_batch(2))
     self.assertFalse(
@@ -81,7 +92,9 @@ class SyntheticDatasetTest(parameterized.TestCase):
     )
 
   def test_eval_stream_differs_from_train(self):
-    dataset = builtin_datasets.SyntheticDataset(_config(eval_batch_size=4))
+    dataset = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(_config(eval_batch_size=4))
+    )
     self.assertFalse(
         np.array_equal(
             dataset.get_batch(0)["inputs"], dataset.get_eval_batch(0)["inputs"]
@@ -90,9 +103,13 @@ class SyntheticDatasetTest(parameterized.TestCase):
 
   def test_processes_split_the_global_batch(self):
     config = _config()
-    whole = builtin_datasets.SyntheticDataset(config).get_batch(5)
+    whole = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(config)
+    ).get_batch(5)
     parts = [
-        builtin_datasets.SyntheticDataset(config, i, 2).get_batch(5)
+        builtin_datasets.SyntheticDataset(
+            data_config.DataConfig.from_config(config), i, 2
+        ).get_batch(5)
         for i in range(2)
     ]
     for part in parts:
@@ -127,10 +144,14 @@ class SyntheticDatasetTest(parameterized.TestCase):
   )
   def test_bad_process_arguments(self, kwargs, pattern):
     with self.assertRaisesRegex(ValueError, pattern):
-      builtin_datasets.SyntheticDataset(_config(), **kwargs)
+      builtin_datasets.SyntheticDataset(
+          data_config.DataConfig.from_config(_config()), **kwargs
+      )
 
   def test_bad_step(self):
-    dataset = builtin_datasets.SyntheticDataset(_config())
+    dataset = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(_config())
+    )
     with self.assertRaisesRegex(ValueError, "step"):
       dataset.get_batch(-1)
     with self.assertRaisesRegex(ValueError, "index"):
@@ -176,7 +197,7 @@ class TokensFileDatasetTest(parameterized.TestCase):
         **overrides,
     )
     return builtin_datasets.TokensFileDataset(
-        config, process_index, process_count
+        data_config.DataConfig.from_config(config), process_index, process_count
     )
 
   def test_batches_are_windows_of_the_file(self):
@@ -344,10 +365,12 @@ class TokensFileDatasetTest(parameterized.TestCase):
     good = self._write("good.npy", np.arange(100, dtype=np.int32) % 50)
     bad = self.tempdir.create_file("bad.bin", b"\x01" * 7).full_path
     builtin_datasets.check_token_files(
-        _config(
-            dataset_type="tokens_file",
-            train_data_path=good,
-            eval_data_path=good,
+        data_config.DataConfig.from_config(
+            _config(
+                dataset_type="tokens_file",
+                train_data_path=good,
+                eval_data_path=good,
+            )
         )
     )
     with self.assertRaisesRegex(
@@ -355,14 +378,18 @@ class TokensFileDatasetTest(parameterized.TestCase):
         r"^config\.eval_data_path='.*bad\.bin': raw token file " "has 7 bytes",
     ):
       builtin_datasets.check_token_files(
-          _config(
-              dataset_type="tokens_file",
-              train_data_path=good,
-              eval_data_path=bad,
+          data_config.DataConfig.from_config(
+              _config(
+                  dataset_type="tokens_file",
+                  train_data_path=good,
+                  eval_data_path=bad,
+              )
           )
       )
     # Nothing to check for synthetic data, whatever the paths say.
-    builtin_datasets.check_token_files(_config(train_data_path=bad))
+    builtin_datasets.check_token_files(
+        data_config.DataConfig.from_config(_config(train_data_path=bad))
+    )
 
   def test_bad_extension_and_odd_raw_size(self):
     path = self._write("tokens.txt", np.arange(100, dtype=np.int32))
@@ -453,7 +480,7 @@ class SplitMicroBatchesTest(parameterized.TestCase):
 
   def test_split_and_rejoin(self):
     batch = builtin_datasets.SyntheticDataset(
-        _config(global_batch_size=6)
+        data_config.DataConfig.from_config(_config(global_batch_size=6))
     ).get_batch(0)
     parts = builtin_datasets.split_micro_batches(batch, 3)
     self.assertLen(parts, 3)
@@ -472,7 +499,7 @@ class SplitMicroBatchesTest(parameterized.TestCase):
   )
   def test_bad_count(self, k, pattern):
     batch = builtin_datasets.SyntheticDataset(
-        _config(global_batch_size=6)
+        data_config.DataConfig.from_config(_config(global_batch_size=6))
     ).get_batch(0)
     with self.assertRaisesRegex(ValueError, pattern):
       builtin_datasets.split_micro_batches(batch, k)

@@ -50,6 +50,7 @@ import numpy as np
 
 from maxtext.core import caller_paths
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.data import dataset
 from maxtext.data import packing
 from maxtext.text import chat
@@ -96,7 +97,7 @@ def tokenizer_directory(tokenizer_path: str, load_parameters_path: str) -> str:
   return caller_paths.resolve_local_path(path)
 
 
-def load_tokenizer(config) -> chat.ChatTokenizer:
+def load_tokenizer(settings: data_config.DataConfig) -> chat.ChatTokenizer:
   """`chat.ChatTokenizer.load` of the config's tokenizer directory, checked
   against the model's vocabulary and, when `tokenizer_path` names a
   directory, against the tokenizer files of load_parameters_path's
@@ -107,20 +108,22 @@ def load_tokenizer(config) -> chat.ChatTokenizer:
     ValueError: one line naming the field.
   """
   directory = tokenizer_directory(
-      config.tokenizer_path, config.load_parameters_path
+      settings.tokenizer_path, settings.load_parameters_path
   )
-  field = "tokenizer_path" if config.tokenizer_path else "load_parameters_path"
+  field = (
+      "tokenizer_path" if settings.tokenizer_path else "load_parameters_path"
+  )
   try:
     tokenizer = chat.ChatTokenizer.load(directory)
   except ValueError as e:
     raise _fail(field, directory, str(e)) from None
-  if tokenizer.vocab_size > config.vocab_size:
+  if tokenizer.vocab_size > settings.vocab_size:
     raise ValueError(
-        f"config.vocab_size={config.vocab_size}: smaller than the "
+        f"config.vocab_size={settings.vocab_size}: smaller than the "
         f"vocabulary of {field}={directory!r} ({tokenizer.vocab_size} ids)"
     )
-  if config.tokenizer_path and config.load_parameters_path:
-    imported = tokenizer_directory("", config.load_parameters_path)
+  if settings.tokenizer_path and settings.load_parameters_path:
+    imported = tokenizer_directory("", settings.load_parameters_path)
     if os.path.isfile(os.path.join(imported, chat.TOKENIZER_FILE)):
       try:
         theirs = chat.ChatTokenizer.load(imported)
@@ -129,10 +132,10 @@ def load_tokenizer(config) -> chat.ChatTokenizer:
       if theirs is not None and theirs.fingerprint != tokenizer.fingerprint:
         raise _fail(
             "tokenizer_path",
-            config.tokenizer_path,
+            settings.tokenizer_path,
             "its tokenizer or chat template differs from the one imported "
             "beside load_parameters_path="
-            f"{config.load_parameters_path!r} ({imported}); set "
+            f"{settings.load_parameters_path!r} ({imported}); set "
             "tokenizer_path='' to use the checkpoint's",
         )
   return tokenizer
@@ -218,7 +221,7 @@ def _read_examples(
 
 
 def load_examples(
-    config, field: str, tokenizer: chat.ChatTokenizer
+    settings: data_config.DataConfig, field: str, tokenizer: chat.ChatTokenizer
 ) -> Examples:
   """The encoded examples of `config.<field>`, from the cache when the file,
   the tokenizer and the row length are those of an earlier read.
@@ -227,8 +230,8 @@ def load_examples(
     ValueError: `config.<field>=<path>: line <n>: <problem>` for the first
       bad line, or a missing, unreadable or empty file.
   """
-  path = config[field]
-  row_tokens = config.max_sequence_length + 1
+  path = settings.data_path(field)
+  row_tokens = settings.max_sequence_length + 1
   local = caller_paths.resolve_local_path(path) if path else ""
   try:
     info = os.stat(local) if local else None
@@ -250,18 +253,18 @@ def load_examples(
   return examples
 
 
-def check_config(config) -> None:
+def check_config(settings: data_config.DataConfig) -> None:
   """The pre-flight of a chat run: the tokenizer and every line of both
   files, as the data set reads them (nothing for other kinds).
 
   Raises:
     ValueError: one line naming the field (and the line of a bad example).
   """
-  if config.dataset_type != "chat":
+  if settings.dataset_type != "chat":
     return
-  tokenizer = load_tokenizer(config)
+  tokenizer = load_tokenizer(settings)
   for field in _FIELDS:
-    load_examples(config, field, tokenizer)
+    load_examples(settings, field, tokenizer)
 
 
 def _rows(examples: Examples, indices, seq: int) -> Batch:
@@ -311,11 +314,16 @@ def _packed_rows(examples: Examples, rows, seq: int) -> Batch:
 class ChatDataset(dataset.Dataset):
   """Chat examples, one padded row each, loss on the assistant's tokens."""
 
-  def __init__(self, config, process_index: int = 0, process_count: int = 1):
+  def __init__(
+      self,
+      settings: data_config.DataConfig,
+      process_index: int = 0,
+      process_count: int = 1,
+  ):
     """Reads and encodes both files.
 
     Args:
-      config: the run configuration (train_data_path, eval_data_path,
+      settings: the data settings (train_data_path, eval_data_path,
         tokenizer_path, load_parameters_path, vocab_size,
         max_sequence_length, data_shuffle_seed, global_batch_size,
         eval_batch_size).
@@ -326,23 +334,23 @@ class ChatDataset(dataset.Dataset):
       ValueError: as `check_config`, or batch sizes not divisible by the
         process count.
     """
-    self._seq = config.max_sequence_length
-    self._shuffle_seed = config.data_shuffle_seed
+    self._seq = settings.max_sequence_length
+    self._shuffle_seed = settings.data_shuffle_seed
     self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
-        builtin_datasets.process_shares(config, process_index, process_count)
+        builtin_datasets.process_shares(settings, process_index, process_count)
     )
-    self.tokenizer = load_tokenizer(config)
+    self.tokenizer = load_tokenizer(settings)
     self._tokenizer_dir = tokenizer_directory(
-        config.tokenizer_path, config.load_parameters_path
+        settings.tokenizer_path, settings.load_parameters_path
     )
     self._paths = {
-        field: caller_paths.resolve_local_path(config[field])
+        field: caller_paths.resolve_local_path(settings.data_path(field))
         for field in _FIELDS
     }
-    self.train = load_examples(config, "train_data_path", self.tokenizer)
-    self.eval = load_examples(config, "eval_data_path", self.tokenizer)
+    self.train = load_examples(settings, "train_data_path", self.tokenizer)
+    self.eval = load_examples(settings, "eval_data_path", self.tokenizer)
     self._perm_cache: dict[int, np.ndarray] = {}
-    self._packing = bool(config.packing)
+    self._packing = bool(settings.packing)
     self._epoch_rows: dict[int, list[list[int]]] = {}
 
   def provenance(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from maxtext.config import config_lib
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.data import dataset_kinds
 from maxtext.run import preflight
 from maxtext.configs import sft_tiny
@@ -43,7 +44,9 @@ class ChatDatasetTest(parameterized.TestCase):
   def setUp(self):
     super().setUp()
     self.config = _config()
-    self.dataset = dataset_kinds.make_dataset(self.config)
+    self.dataset = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(self.config)
+    )
     self.tokenizer = chat.ChatTokenizer.load(sft_tiny.DATA_DIR)
 
   def _lines(self, field):
@@ -84,7 +87,9 @@ class ChatDatasetTest(parameterized.TestCase):
       )
 
   def test_order_is_a_function_of_the_step(self):
-    again = dataset_kinds.make_dataset(self.config)
+    again = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(self.config)
+    )
     for step in (0, 7, 20):
       for key in ("inputs", "targets", "weights"):
         np.testing.assert_array_equal(
@@ -99,7 +104,9 @@ class ChatDatasetTest(parameterized.TestCase):
   def test_processes_share_the_global_batch(self):
     whole = self.dataset.get_batch(5)
     parts = [
-        dataset_kinds.make_dataset(self.config, index, 2).get_batch(5)
+        dataset_kinds.make_dataset(
+            data_config.DataConfig.from_config(self.config), index, 2
+        ).get_batch(5)
         for index in range(2)
     ]
     for key in whole:
@@ -120,7 +127,9 @@ class ChatDatasetTest(parameterized.TestCase):
         )
 
   def test_placeholder_batches_have_the_weights(self):
-    train, evaluation = builtin_datasets.placeholder_batches(self.config)
+    train, evaluation = builtin_datasets.placeholder_batches(
+        data_config.DataConfig.from_config(self.config)
+    )
     real = self.dataset.get_batch(0)
     for key in real:
       self.assertEqual(train[key].shape, real[key].shape)
@@ -128,9 +137,11 @@ class ChatDatasetTest(parameterized.TestCase):
     self.assertIn("weights", evaluation)
     self.assertNotIn(
         "weights",
-        builtin_datasets.placeholder_batches(_config(dataset_type="synthetic"))[
-            0
-        ],
+        builtin_datasets.placeholder_batches(
+            data_config.DataConfig.from_config(
+                _config(dataset_type="synthetic")
+            )
+        )[0],
     )
 
   def test_provenance_names_files_and_tokenizer(self):
@@ -158,9 +169,11 @@ class ChatDatasetTest(parameterized.TestCase):
     ) as f:
       f.write("{# another template #}")
     other = dataset_kinds.make_dataset(
-        _config(
-            train_data_path=os.path.join(directory, "train.jsonl"),
-            tokenizer_path=directory,
+        data_config.DataConfig.from_config(
+            _config(
+                train_data_path=os.path.join(directory, "train.jsonl"),
+                tokenizer_path=directory,
+            )
         )
     )
     changes = builtin_datasets.changed_files(provenance, other.provenance())
@@ -229,7 +242,7 @@ class ChatDatasetTest(parameterized.TestCase):
       preflight.check(config)
     self.assertNotIn("\n", str(caught.exception))
     with self.assertRaisesRegex(ValueError, expected):
-      dataset_kinds.make_dataset(config)
+      dataset_kinds.make_dataset(data_config.DataConfig.from_config(config))
 
   def test_bad_files(self):
     cases = (
@@ -241,7 +254,9 @@ class ChatDatasetTest(parameterized.TestCase):
       with self.assertRaisesRegex(
           ValueError, f"^config.eval_data_path='{path}': {problem}"
       ):
-        chat_dataset.check_config(_config(eval_data_path=path))
+        chat_dataset.check_config(
+            data_config.DataConfig.from_config(_config(eval_data_path=path))
+        )
 
   def test_tokenizer_fields(self):
     with self.assertRaisesRegex(
@@ -253,12 +268,16 @@ class ChatDatasetTest(parameterized.TestCase):
         "config.vocab_size=256: smaller than the vocabulary of "
         "tokenizer_path=.* \\(384 ids\\)",
     ):
-      chat_dataset.check_config(_config(vocab_size=256))
+      chat_dataset.check_config(
+          data_config.DataConfig.from_config(_config(vocab_size=256))
+      )
     empty = self.create_tempdir().full_path
     with self.assertRaisesRegex(
         ValueError, f"config.tokenizer_path='{empty}': {empty}: no tokenizer"
     ):
-      chat_dataset.check_config(_config(tokenizer_path=empty))
+      chat_dataset.check_config(
+          data_config.DataConfig.from_config(_config(tokenizer_path=empty))
+      )
 
   def test_tokenizer_must_be_the_imported_one(self):
     # An imported checkpoint's directory (step 0 beside its tokenizer files).
@@ -279,15 +298,19 @@ class ChatDatasetTest(parameterized.TestCase):
         "from the one imported beside load_parameters_path=",
     ):
       chat_dataset.check_config(
-          _config(load_parameters_path=os.path.join(imported, "0"))
+          data_config.DataConfig.from_config(
+              _config(load_parameters_path=os.path.join(imported, "0"))
+          )
       )
     # tokenizer_path "" takes the checkpoint's files (the step's parent).
     config = _config(
         load_parameters_path=os.path.join(imported, "0"), tokenizer_path=""
     )
-    chat_dataset.check_config(config)
+    chat_dataset.check_config(data_config.DataConfig.from_config(config))
     self.assertEqual(
-        dataset_kinds.make_dataset(config).tokenizer.template_source,
+        dataset_kinds.make_dataset(
+            data_config.DataConfig.from_config(config)
+        ).tokenizer.template_source,
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
         "{% endfor %}",
     )
@@ -298,8 +321,12 @@ class PackedChatTest(absltest.TestCase):
 
   def test_packed_rows_hold_fewer_rows_and_the_same_loss(self):
     config = _config(packing=True)
-    data = dataset_kinds.make_dataset(config)
-    plain = dataset_kinds.make_dataset(_config())
+    data = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(config)
+    )
+    plain = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(_config())
+    )
     seq = config.max_sequence_length
     batch = data.get_batch(2)
     rows = data.packed_rows(2)
@@ -338,7 +365,9 @@ class PromptGradientTest(absltest.TestCase):
 
   def test_prompt_targets_do_not_move_the_gradient(self):
     config = _config()
-    batch = dataset_kinds.make_dataset(config).get_batch(0)
+    batch = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(config)
+    ).get_batch(0)
     params = transformer.init_params(config, jax.random.PRNGKey(0))
 
     @jax.jit

@@ -16,38 +16,47 @@ this module sits above both.
                  datasets (.idx/.bin), blended by weight.
 """
 
-from typing import Any, Callable
+from typing import Callable
 
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.data import dataset
 from maxtext.data import packing
 
-# (config, process_index, process_count) -> this process's data set.
-Factory = Callable[[Any, int, int], dataset.Dataset]
+# (settings, process_index, process_count) -> this process's data set.
+Factory = Callable[[data_config.DataConfig, int, int], dataset.Dataset]
 
 
-def _grain(config: Any, process_index: int, process_count: int):
+def _grain(
+    settings: data_config.DataConfig, process_index: int, process_count: int
+):
   # Imported here: Grain is needed only by runs that read prepared text.
   # pylint: disable-next=import-outside-toplevel
   from maxtext.data import grain_dataset
 
-  return grain_dataset.GrainDataset(config, process_index, process_count)
+  return grain_dataset.GrainDataset(settings, process_index, process_count)
 
 
-def _chat(config: Any, process_index: int, process_count: int):
+def _chat(
+    settings: data_config.DataConfig, process_index: int, process_count: int
+):
   # Imported here: Jinja and the tokenizer are needed only by chat runs.
   # pylint: disable-next=import-outside-toplevel
   from maxtext.data import chat_dataset
 
-  return chat_dataset.ChatDataset(config, process_index, process_count)
+  return chat_dataset.ChatDataset(settings, process_index, process_count)
 
 
-def _megatron(config: Any, process_index: int, process_count: int):
+def _megatron(
+    settings: data_config.DataConfig, process_index: int, process_count: int
+):
   # Imported here, as Grain is: only runs that read Megatron files need it.
   # pylint: disable-next=import-outside-toplevel
   from maxtext.data import megatron_dataset
 
-  return megatron_dataset.MegatronDataset(config, process_index, process_count)
+  return megatron_dataset.MegatronDataset(
+      settings, process_index, process_count
+  )
 
 
 KINDS: dict[str, Factory] = {
@@ -60,12 +69,14 @@ KINDS: dict[str, Factory] = {
 
 
 def make_dataset(
-    config: Any, process_index: int = 0, process_count: int = 1
+    settings: data_config.DataConfig,
+    process_index: int = 0,
+    process_count: int = 1,
 ) -> dataset.Dataset:
   """The data set that `config.dataset_type` names, for one process.
 
   Args:
-    config: the run configuration (`dataset_type` and the fields its data
+    settings: the data settings (`dataset_type` and the fields its data
       set reads).
     process_index: this process's index.
     process_count: processes sharing each global batch.
@@ -80,23 +91,23 @@ def make_dataset(
     ValueError: an unknown dataset_type, packing a token stream with no
       end-of-document id, and as the data set constructors.
   """
-  factory = KINDS.get(config.dataset_type)
+  factory = KINDS.get(settings.dataset_type)
   if factory is None:
     *others, last = [repr(k) for k in KINDS]
     raise ValueError(
-        f"dataset_type={config.dataset_type!r}: must be "
+        f"dataset_type={settings.dataset_type!r}: must be "
         f"{', '.join(others)} or {last}"
     )
-  eod_id = getattr(config, "eod_id", -1)
-  streamed = config.dataset_type in packing.STREAM_KINDS
-  if streamed and config.packing and eod_id < 0:
-    if config.dataset_type != "grain":
+  eod_id = settings.eod_id
+  streamed = settings.dataset_type in packing.STREAM_KINDS
+  if streamed and settings.packing and eod_id < 0:
+    if settings.dataset_type != "grain":
       raise ValueError(
-          f"packing=True with dataset_type={config.dataset_type!r} needs "
+          f"packing=True with dataset_type={settings.dataset_type!r} needs "
           "config.eod_id, the end-of-document id that ends each document"
       )
-  data = factory(config, process_index, process_count)
-  if not (streamed and config.packing):
+  data = factory(settings, process_index, process_count)
+  if not (streamed and settings.packing):
     return data
   if eod_id < 0:
     eod_id = int(data.metadata["eod_id"])

@@ -6,6 +6,7 @@ from absl.testing import absltest
 import numpy as np
 
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.data import dataset
 from maxtext.data import dataset_kinds
 from maxtext.configs import base
@@ -35,19 +36,26 @@ class DatasetKindsTest(absltest.TestCase):
 
   def test_synthetic_and_tokens_file(self):
     self.assertIsInstance(
-        dataset_kinds.make_dataset(_config()), builtin_datasets.SyntheticDataset
+        dataset_kinds.make_dataset(
+            data_config.DataConfig.from_config(_config())
+        ),
+        builtin_datasets.SyntheticDataset,
     )
     path = os.path.join(self.create_tempdir().full_path, "train.npy")
     np.save(path, np.arange(100, dtype=np.int32) % 50)
     config = _config(
         dataset_type="tokens_file", train_data_path=path, eval_data_path=path
     )
-    built = dataset_kinds.make_dataset(config, 1, 2)
+    built = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(config), 1, 2
+    )
     self.assertIsInstance(built, builtin_datasets.TokensFileDataset)
     # Process 1 of 2 gets the second half of the global batch's rows.
     np.testing.assert_array_equal(
         built.get_batch(0)["inputs"],
-        builtin_datasets.TokensFileDataset(config).get_batch(0)["inputs"][2:],
+        builtin_datasets.TokensFileDataset(
+            data_config.DataConfig.from_config(config)
+        ).get_batch(0)["inputs"][2:],
     )
 
   def test_packing_restarts_token_file_rows_at_each_document(self):
@@ -58,12 +66,16 @@ class DatasetKindsTest(absltest.TestCase):
     config = _config(
         dataset_type="tokens_file", train_data_path=path, eval_data_path=path
     )
-    plain = dataset_kinds.make_dataset(config)
+    plain = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(config)
+    )
     config.packing = True
     with self.assertRaisesRegex(ValueError, "needs config.eod_id"):
-      dataset_kinds.make_dataset(config)
+      dataset_kinds.make_dataset(data_config.DataConfig.from_config(config))
     config.eod_id = 0
-    packed = dataset_kinds.make_dataset(config)
+    packed = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(config)
+    )
     for batch, want in (
         (packed.get_batch(3), plain.get_batch(3)),
         (packed.get_eval_batch(0), plain.get_eval_batch(0)),
@@ -82,10 +94,12 @@ class DatasetKindsTest(absltest.TestCase):
     missing = os.path.join(self.create_tempdir().full_path, "absent")
     with self.assertRaisesRegex(ValueError, "train_data_path"):
       dataset_kinds.make_dataset(
-          _config(
-              dataset_type="grain",
-              train_data_path=missing,
-              eval_data_path=missing,
+          data_config.DataConfig.from_config(
+              _config(
+                  dataset_type="grain",
+                  train_data_path=missing,
+                  eval_data_path=missing,
+              )
           )
       )
 
@@ -95,9 +109,15 @@ class DatasetKindsTest(absltest.TestCase):
         r"^dataset_type='csv': must be 'synthetic', 'tokens_file', "
         r"'grain', 'chat' or 'megatron'$",
     ):
-      dataset_kinds.make_dataset(_config(dataset_type="csv"))
+      dataset_kinds.make_dataset(
+          data_config.DataConfig.from_config(_config(dataset_type="csv"))
+      )
     with self.assertRaisesRegex(ValueError, "train_data_path"):
-      dataset_kinds.make_dataset(_config(dataset_type="tokens_file"))
+      dataset_kinds.make_dataset(
+          data_config.DataConfig.from_config(
+              _config(dataset_type="tokens_file")
+          )
+      )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import grain
 import numpy as np
 
 from maxtext.core import checks
+from maxtext.data import data_config
 from maxtext.data import dataset
 from maxtext.text import metadata as metadata_lib
 
@@ -86,24 +87,59 @@ def _to_batch(windows: np.ndarray) -> Batch:
   return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
 
 
-def load_checked_metadata(config) -> tuple[dict[str, Any], dict[str, Any], str]:
+def load_checked_metadata(
+    settings: data_config.DataConfig,
+) -> tuple[dict[str, Any], dict[str, Any], str]:
   """`metadata.check_config` of a grain config's fields."""
   return metadata_lib.check_config(
-      config.train_data_path,
-      config.eval_data_path,
-      config.vocab_size,
-      config.max_sequence_length,
+      settings.train_data_path,
+      settings.eval_data_path,
+      settings.vocab_size,
+      settings.max_sequence_length,
   )
+
+
+def _checked_processes(
+    settings: data_config.DataConfig, process_index: int, process_count: int
+) -> tuple[int, int]:
+  """`(process_index, process_count)`, checked: an index within the count
+  and both batch sizes divisible by the count.
+
+  Raises:
+    ValueError: naming the value that is not.
+  """
+  process_count = checks.check_int("process_count", process_count, 1)
+  process_index = checks.check_int("process_index", process_index, 0)
+  if process_index >= process_count:
+    raise ValueError(
+        f"process_index must be in [0, {process_count}), got "
+        f"{process_index}"
+    )
+  for name, rows in (
+      ("global_batch_size", settings.global_batch_size),
+      ("eval_batch_size", settings.eval_batch_size),
+  ):
+    if rows % process_count:
+      raise ValueError(
+          f"{name}={rows} is not divisible by the "
+          f"process count {process_count}"
+      )
+  return process_index, process_count
 
 
 class GrainDataset(dataset.Dataset):
   """Prepared text shards through a Grain pipeline (see the module doc)."""
 
-  def __init__(self, config, process_index: int = 0, process_count: int = 1):
+  def __init__(
+      self,
+      settings: data_config.DataConfig,
+      process_index: int = 0,
+      process_count: int = 1,
+  ):
     """Opens the prepared data and builds the pipeline.
 
     Args:
-      config: the run configuration (train_data_path, eval_data_path,
+      settings: the data settings (train_data_path, eval_data_path,
         vocab_size, max_sequence_length, data_shuffle_seed,
         global_batch_size, eval_batch_size, grain_worker_count).
       process_index: this process's index.
@@ -113,32 +149,24 @@ class GrainDataset(dataset.Dataset):
       ValueError: as `load_checked_metadata`, or batch sizes not divisible by
         the process count.
     """
-    process_count = checks.check_int("process_count", process_count, 1)
-    process_index = checks.check_int("process_index", process_index, 0)
-    if process_index >= process_count:
-      raise ValueError(
-          f"process_index must be in [0, {process_count}), got "
-          f"{process_index}"
-      )
-    for name in ("global_batch_size", "eval_batch_size"):
-      if config[name] % process_count:
-        raise ValueError(
-            f"{name}={config[name]} is not divisible by the "
-            f"process count {process_count}"
-        )
-    self._train_meta, self._eval_meta, eval_dir = load_checked_metadata(config)
-    self._data_dir = config.train_data_path
-    self._seq = config.max_sequence_length
-    self._seed = config.data_shuffle_seed
-    self._workers = config.grain_worker_count
+    process_index, process_count = _checked_processes(
+        settings, process_index, process_count
+    )
+    self._train_meta, self._eval_meta, eval_dir = load_checked_metadata(
+        settings
+    )
+    self._data_dir = settings.train_data_path
+    self._seq = settings.max_sequence_length
+    self._seed = settings.data_shuffle_seed
+    self._workers = settings.grain_worker_count
     self._index = process_index
     self._count = process_count
-    self._local = config.global_batch_size // process_count
-    self._eval_local = config.eval_batch_size // process_count
+    self._local = settings.global_batch_size // process_count
+    self._eval_local = settings.eval_batch_size // process_count
     self._eval_rows = range(
         process_index * self._eval_local, (process_index + 1) * self._eval_local
     )
-    self._eval_batch = config.eval_batch_size
+    self._eval_batch = settings.eval_batch_size
     self._train_reader = WindowReader(
         self._data_dir, self._train_meta, "train", self._seq
     )

@@ -9,6 +9,7 @@ import numpy as np
 from maxtext.config import config_lib
 from maxtext.run import preflight
 from maxtext.mllog import hyperparameters
+from maxtext.data import data_config
 from maxtext.data import grain_dataset
 from maxtext.text import prepare
 from testing import stdlib_corpus
@@ -60,7 +61,9 @@ def _batches(dataset, steps, start=0):
 class GrainDatasetTest(parameterized.TestCase):
 
   def test_batches_are_shuffled_windows_of_the_stream(self):
-    dataset = grain_dataset.GrainDataset(_config())
+    dataset = grain_dataset.GrainDataset(
+        data_config.DataConfig.from_config(_config())
+    )
     reader = grain_dataset.WindowReader(_DATA, dataset.metadata, "train", _SEQ)
     windows = dataset.num_train_windows
     steps = -(-2 * windows // 8)  # Past the end of the second epoch.
@@ -86,9 +89,19 @@ class GrainDatasetTest(parameterized.TestCase):
     self.assertNotEqual(read[:windows], contents)
 
   def test_processes_read_disjoint_shares_of_the_same_global_batch(self):
-    whole = _batches(grain_dataset.GrainDataset(_config()), 3)
+    whole = _batches(
+        grain_dataset.GrainDataset(
+            data_config.DataConfig.from_config(_config())
+        ),
+        3,
+    )
     shares = [
-        _batches(grain_dataset.GrainDataset(_config(), p, 2), 3)
+        _batches(
+            grain_dataset.GrainDataset(
+                data_config.DataConfig.from_config(_config()), p, 2
+            ),
+            3,
+        )
         for p in range(2)
     ]
     for step in range(3):
@@ -98,45 +111,66 @@ class GrainDatasetTest(parameterized.TestCase):
           mine[0] | mine[1], {r.tobytes() for r in whole[step]["inputs"]}
       )
     evals = [
-        grain_dataset.GrainDataset(_config(), p, 2).get_eval_batch(1)
+        grain_dataset.GrainDataset(
+            data_config.DataConfig.from_config(_config()), p, 2
+        ).get_eval_batch(1)
         for p in range(2)
     ]
     np.testing.assert_array_equal(
         np.concatenate([e["inputs"] for e in evals]),
-        grain_dataset.GrainDataset(_config()).get_eval_batch(1)["inputs"],
+        grain_dataset.GrainDataset(
+            data_config.DataConfig.from_config(_config())
+        ).get_eval_batch(1)["inputs"],
     )
 
   @parameterized.named_parameters(("threads", 0), ("worker_process", 1))
   def test_restored_state_continues_with_the_same_batches(self, workers):
     config = _config(grain_worker_count=workers)
-    reference = grain_dataset.GrainDataset(config)
+    reference = grain_dataset.GrainDataset(
+        data_config.DataConfig.from_config(config)
+    )
     expected = _batches(reference, 6)
     reference.close()
-    first = grain_dataset.GrainDataset(config)
+    first = grain_dataset.GrainDataset(
+        data_config.DataConfig.from_config(config)
+    )
     _batches(first, 4)  # The trainer reads a batch ahead of its checkpoint.
     state = first.checkpoint_state(3)
     first.close()
     self.assertEqual((state["step"], state["process_count"]), (3, 1))
-    resumed = grain_dataset.GrainDataset(config)
+    resumed = grain_dataset.GrainDataset(
+        data_config.DataConfig.from_config(config)
+    )
     resumed.restore_checkpoint_state(state)
     for step, batch in zip(range(3, 6), _batches(resumed, 3, start=3)):
       np.testing.assert_array_equal(batch["inputs"], expected[step]["inputs"])
     resumed.close()
 
   def test_resume_without_state_starts_at_the_step(self):
-    expected = _batches(grain_dataset.GrainDataset(_config()), 5)
-    late = grain_dataset.GrainDataset(_config())
+    expected = _batches(
+        grain_dataset.GrainDataset(
+            data_config.DataConfig.from_config(_config())
+        ),
+        5,
+    )
+    late = grain_dataset.GrainDataset(
+        data_config.DataConfig.from_config(_config())
+    )
     np.testing.assert_array_equal(
         late.get_batch(4)["inputs"], expected[4]["inputs"]
     )
 
   def test_refusals(self):
-    dataset = grain_dataset.GrainDataset(_config())
+    dataset = grain_dataset.GrainDataset(
+        data_config.DataConfig.from_config(_config())
+    )
     dataset.get_batch(0)
     with self.assertRaisesRegex(ValueError, r"^step=2: .* next one is 1$"):
       dataset.get_batch(2)
     state = dataset.checkpoint_state(1)
-    two = grain_dataset.GrainDataset(_config(), 0, 2)
+    two = grain_dataset.GrainDataset(
+        data_config.DataConfig.from_config(_config()), 0, 2
+    )
     with self.assertRaisesRegex(
         ValueError, r"saved by 1 process\(es\); this run has 2"
     ):
@@ -163,7 +197,9 @@ class GrainDatasetTest(parameterized.TestCase):
     config = _config()
     self.assertEqual(
         hyperparameters.train_samples_of(config),
-        grain_dataset.GrainDataset(config).num_train_windows,
+        grain_dataset.GrainDataset(
+            data_config.DataConfig.from_config(config)
+        ).num_train_windows,
     )
 
 

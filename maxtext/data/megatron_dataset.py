@@ -48,6 +48,7 @@ import numpy as np
 from maxtext.core import caller_paths
 from maxtext.core import checks
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.data import dataset
 from maxtext.text import megatron_index
 
@@ -183,28 +184,28 @@ def _open(
   return tokens
 
 
-def eval_samples(config) -> int:
+def eval_samples(settings: data_config.DataConfig) -> int:
   """N: megatron_eval_samples, or eval_steps * eval_batch_size for 0."""
-  return config.megatron_eval_samples or (
-      config.eval_steps * config.eval_batch_size
+  return settings.megatron_eval_samples or (
+      settings.eval_steps * settings.eval_batch_size
   )
 
 
-def _open_all(config):
+def _open_all(settings: data_config.DataConfig):
   """([(weight, opened training prefix)], opened validation prefix), checked
   as `check_config` says."""
-  seq, vocab = config.max_sequence_length, config.vocab_size
+  seq, vocab = settings.max_sequence_length, settings.vocab_size
   blend = [
       (weight, _open(prefix, "train_data_path", seq, vocab))
-      for weight, prefix in parse_data_path(config.train_data_path)
+      for weight, prefix in parse_data_path(settings.train_data_path)
   ]
-  if len(str(config.eval_data_path).split()) != 1:
+  if len(str(settings.eval_data_path).split()) != 1:
     raise ValueError(
-        f"config.eval_data_path={config.eval_data_path!r}: one validation "
+        f"config.eval_data_path={settings.eval_data_path!r}: one validation "
         "prefix (no blend) when dataset_type='megatron'"
     )
-  validation = _open(config.eval_data_path, "eval_data_path", seq, vocab)
-  wanted = eval_samples(config)
+  validation = _open(settings.eval_data_path, "eval_data_path", seq, vocab)
+  wanted = eval_samples(settings)
   if _rows(validation, seq) < wanted:
     raise ValueError(
         f"config.eval_data_path: {validation.bin_path}: holds "
@@ -214,7 +215,7 @@ def _open_all(config):
   return blend, validation
 
 
-def check_config(config) -> None:
+def check_config(settings: data_config.DataConfig) -> None:
   """The pre-flight of a megatron run: every prefix's files, read as the
   data set reads them (index, sizes), every token an id of the model's
   vocabulary (each .bin read once), and enough validation rows for the
@@ -223,8 +224,8 @@ def check_config(config) -> None:
   Raises:
     ValueError: one line naming the field and the file.
   """
-  if config.dataset_type == KIND:
-    _open_all(config)
+  if settings.dataset_type == KIND:
+    _open_all(settings)
 
 
 def _fingerprint(text: str, prefixes: Sequence[str]):
@@ -248,7 +249,12 @@ def _fingerprint(text: str, prefixes: Sequence[str]):
 class MegatronDataset(dataset.Dataset):
   """Blended Megatron indexed datasets (see the module docstring)."""
 
-  def __init__(self, config, process_index: int = 0, process_count: int = 1):
+  def __init__(
+      self,
+      settings: data_config.DataConfig,
+      process_index: int = 0,
+      process_count: int = 1,
+  ):
     """Opens and checks every prefix.
 
     Raises:
@@ -257,19 +263,19 @@ class MegatronDataset(dataset.Dataset):
         few validation rows for the eval set, or batch sizes not divisible
         by process_count.
     """
-    self._vocab = config.vocab_size
-    self._seq = config.max_sequence_length
-    self._seed = config.data_shuffle_seed
+    self._vocab = settings.vocab_size
+    self._seq = settings.max_sequence_length
+    self._seed = settings.data_shuffle_seed
     self._train_batch, self._eval_batch, self._train_rows, self._eval_rows = (
-        builtin_datasets.process_shares(config, process_index, process_count)
+        builtin_datasets.process_shares(settings, process_index, process_count)
     )
-    self._train_text = config.train_data_path
-    self._eval_text = config.eval_data_path
-    blend, self._eval = _open_all(config)
+    self._train_text = settings.train_data_path
+    self._eval_text = settings.eval_data_path
+    blend, self._eval = _open_all(settings)
     self._weights = [w for w, _ in blend]
     self._train = [t for _, t in blend]
     self._train_counts = [_rows(t, self._seq) for t in self._train]
-    self._eval_samples = eval_samples(config)
+    self._eval_samples = eval_samples(settings)
     self._blend_ids, self._blend_within, self._per_period = blend_schedule(
         self._weights
     )

@@ -8,6 +8,7 @@ import numpy as np
 
 from maxtext.core import caller_paths
 from maxtext.config import config_lib
+from maxtext.data import data_config
 from maxtext.data import dataset_kinds
 from maxtext.run import preflight
 from maxtext.run import trainer
@@ -70,7 +71,9 @@ class MegatronDatasetTest(absltest.TestCase):
     )
 
   def test_rows_are_the_stream_cut_with_shared_boundary_tokens(self):
-    ds = dataset_kinds.make_dataset(self._config(train_data_path=self.a))
+    ds = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(self._config(train_data_path=self.a))
+    )
     stream = _stream(self.a_docs)
     rows = (len(stream) - 1) // _SEQ
     self.assertEqual(ds.num_train_rows, [rows])
@@ -91,7 +94,9 @@ class MegatronDatasetTest(absltest.TestCase):
     self.assertLen(seen, (rows // 8) * 8)
 
   def test_blend_follows_the_weights(self):
-    ds = megatron_dataset.MegatronDataset(self._config())
+    ds = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config())
+    )
     prefixes = [ds.sample_source(n)[0] for n in range(400)]
     self.assertEqual(prefixes.count(0), 100)
     self.assertEqual(prefixes.count(1), 300)
@@ -100,7 +105,9 @@ class MegatronDatasetTest(absltest.TestCase):
     self.assertLessEqual(max(len(r) for r in runs), 4)
 
   def test_each_prefix_counts_its_samples_across_blend_periods(self):
-    ds = megatron_dataset.MegatronDataset(self._config())
+    ds = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config())
+    )
     period = megatron_dataset.BLEND_PERIOD
     seen = {0: [], 1: []}
     for n in range(2 * period + 10):
@@ -120,9 +127,15 @@ class MegatronDatasetTest(absltest.TestCase):
       np.testing.assert_array_equal(within[ids == d], np.arange(per[d]))
 
   def test_order_is_seeded(self):
-    first = megatron_dataset.MegatronDataset(self._config())
-    again = megatron_dataset.MegatronDataset(self._config())
-    other = megatron_dataset.MegatronDataset(self._config(data_shuffle_seed=1))
+    first = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config())
+    )
+    again = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config())
+    )
+    other = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config(data_shuffle_seed=1))
+    )
     for step in (0, 3):
       np.testing.assert_array_equal(
           first.get_batch(step)["inputs"], again.get_batch(step)["inputs"]
@@ -135,15 +148,21 @@ class MegatronDatasetTest(absltest.TestCase):
 
   def test_processes_read_their_share_of_the_global_batch(self):
     config = self._config()
-    whole = megatron_dataset.MegatronDataset(config).get_batch(2)["inputs"]
+    whole = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(config)
+    ).get_batch(2)["inputs"]
     halves = [
-        megatron_dataset.MegatronDataset(config, i, 2).get_batch(2)["inputs"]
+        megatron_dataset.MegatronDataset(
+            data_config.DataConfig.from_config(config), i, 2
+        ).get_batch(2)["inputs"]
         for i in range(2)
     ]
     np.testing.assert_array_equal(np.concatenate(halves), whole)
 
   def test_eval_set_is_the_first_n_validation_rows_in_order(self):
-    ds = megatron_dataset.MegatronDataset(self._config())
+    ds = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config())
+    )
     stream = _stream(self.val_docs)
     batch = ds.get_eval_batch(0)
     for r in range(8):
@@ -194,10 +213,13 @@ class MegatronDatasetTest(absltest.TestCase):
 
   def test_relative_prefixes_of_a_blend_are_the_callers(self):
     config = self._config(train_data_path="0.3 data/a 0.7 /abs/b")
-    resolved = run_dir.with_input_paths_resolved(
-        config, {caller_paths.CALLER_DIR_ENV: "/home/me"}
+    resolved = run_dir.resolved_input_paths(
+        run_dir.RunDirConfig.from_config(config),
+        {caller_paths.CALLER_DIR_ENV: "/home/me"},
     )
-    self.assertEqual(resolved.train_data_path, "0.3 /home/me/data/a 0.7 /abs/b")
+    self.assertEqual(
+        resolved["train_data_path"], "0.3 /home/me/data/a 0.7 /abs/b"
+    )
 
   def test_bad_data_path_lists(self):
     for text, pattern in (
@@ -244,12 +266,16 @@ class MegatronDatasetTest(absltest.TestCase):
       ):
         preflight.check(config)
       with self.assertRaisesRegex(ValueError, f"^config.{field}: {path}.bin"):
-        megatron_dataset.MegatronDataset(config)
+        megatron_dataset.MegatronDataset(
+            data_config.DataConfig.from_config(config)
+        )
 
   def test_a_file_changed_after_it_was_checked_is_caught_in_its_rows(self):
     path = os.path.join(self.create_tempdir().full_path, "changed")
     megatron_index.write(path, [[list(range(30)) * 2]], np.int32)
-    ds = megatron_dataset.MegatronDataset(self._config(train_data_path=path))
+    ds = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config(train_data_path=path))
+    )
     ds.get_batch(0)
     with open(path + ".bin", "r+b") as f:
       f.write(np.full((60,), 99, np.int32).tobytes())
@@ -262,13 +288,19 @@ class MegatronDatasetTest(absltest.TestCase):
     with self.assertRaisesRegex(
         ValueError, f"^config.train_data_path: {path}.bin: token 0 of its "
     ):
-      megatron_dataset.MegatronDataset(self._config(train_data_path=path))
+      megatron_dataset.MegatronDataset(
+          data_config.DataConfig.from_config(self._config(train_data_path=path))
+      )
 
   def test_restored_state_is_where_the_next_batch_starts(self):
-    ds = megatron_dataset.MegatronDataset(self._config())
+    ds = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config())
+    )
     state = ds.checkpoint_state(3)
     self.assertEqual(state["next_sample"], 24)
-    fresh = megatron_dataset.MegatronDataset(self._config())
+    fresh = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config())
+    )
     fresh.restore_checkpoint_state(state)
     with self.assertRaisesRegex(ValueError, "reads on at sample 24; step 2"):
       fresh.get_batch(2)
@@ -280,11 +312,13 @@ class MegatronDatasetTest(absltest.TestCase):
         ValueError, "global_batch_size=8; this run has 16"
     ):
       megatron_dataset.MegatronDataset(
-          self._config(global_batch_size=16)
+          data_config.DataConfig.from_config(self._config(global_batch_size=16))
       ).restore_checkpoint_state(state)
 
   def test_provenance_fingerprints_every_file(self):
-    prov = megatron_dataset.MegatronDataset(self._config()).provenance()
+    prov = megatron_dataset.MegatronDataset(
+        data_config.DataConfig.from_config(self._config())
+    ).provenance()
     paths = sorted(f["path"] for f in prov["megatron"]["files"])
     self.assertEqual(
         paths,

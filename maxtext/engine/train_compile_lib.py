@@ -31,6 +31,7 @@ import jax
 
 from maxtext.core import progress as progress_lib
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
 
@@ -144,7 +145,9 @@ def _shapes(tree: Any) -> Any:
 
 def abstract_micro_batch(config) -> Any:
   """One micro-batch's shapes (the whole mesh's, as one process feeds it)."""
-  train, _ = builtin_datasets.placeholder_batches(config)
+  train, _ = builtin_datasets.placeholder_batches(
+      data_config.DataConfig.from_config(config)
+  )
   return _shapes(
       builtin_datasets.split_micro_batches(
           train, config.gradient_accumulation_steps
@@ -154,7 +157,11 @@ def abstract_micro_batch(config) -> Any:
 
 def abstract_eval_batch(config) -> Any:
   """One eval batch's shapes (the whole mesh's, as one process feeds it)."""
-  return _shapes(builtin_datasets.placeholder_batches(config)[1])
+  return _shapes(
+      builtin_datasets.placeholder_batches(
+          data_config.DataConfig.from_config(config)
+      )[1]
+  )
 
 
 @dataclasses.dataclass(frozen=True)

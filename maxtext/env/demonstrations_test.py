@@ -8,6 +8,7 @@ from absl.testing import absltest
 
 from maxtext.core import progress
 from maxtext.data import chat_dataset
+from maxtext.data import data_config
 from maxtext.env import demonstrations
 from maxtext.env import math_task
 from maxtext.env import repair_task
@@ -43,7 +44,9 @@ class DemonstrationsTest(absltest.TestCase):
       )
       tokenizer = chat.ChatTokenizer.load(directory)
       examples = chat_dataset.load_examples(
-          config, "train_data_path", tokenizer
+          data_config.DataConfig.from_config(config),
+          "train_data_path",
+          tokenizer,
       )
       self.assertGreater(examples.assistant_tokens, 0)
       self.assertLess(examples.assistant_tokens, examples.tokens)

@@ -619,7 +619,7 @@ def _write_run_record(
   record.checkpoint_directory = output_dir
   run_dir.write_config_json(
       os.path.join(checkpoint_dir, run_record.CONFIG_JSON),
-      record,
+      config_lib.to_json_dict(record),
       {"imported_from": os.path.abspath(input_dir)},
   )
 

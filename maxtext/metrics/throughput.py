@@ -27,14 +27,21 @@ the compute dtype (`peak_flops_per_device`); None where the peak is unknown
 
 The module needs neither JAX nor a device: callers pass device kind strings
 (`jax.Device.device_kind`).
+
+The figures' settings are `ThroughputConfig`: the config's fields of its
+names (`maxtext/core/component_config.py`), the model shape the FLOP
+convention counts and the step's batch. The model's own config
+(`maxtext/model/model_config.py`) sits on a layer above this one, so the
+shape fields the count reads are declared here again.
 """
 
 from collections.abc import Sequence
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Optional
 
 from maxtext.core import checks
+from maxtext.core import component_config
 
 # Keys of the figures, in `metrics.jsonl` train records, TensorBoard
 # (`train/<key>`) and the MLPerf log's `tracked_stats`.
@@ -157,7 +164,49 @@ def mean_peak_flops_per_device(
   return math.fsum(peaks) / len(peaks)
 
 
-def matmul_params(config: Any) -> int:
+@dataclasses.dataclass(frozen=True)
+class ThroughputConfig(component_config.ComponentConfig):
+  """What the FLOP count and the step's figures read
+  (`maxtext/configs/base.py` documents each field; `config_lib.validate`
+  checks them).
+
+  Attributes:
+    emb_dim, num_heads, num_kv_heads, head_dim, mlp_dim, num_layers,
+      vocab_size: the model's shape (`matmul_params`).
+    attention_type, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+      qk_rope_head_dim, v_head_dim: multi-head latent attention's shape
+      (`attention_type` "mla").
+    num_experts, num_dense_layers, moe_mlp_dim, num_experts_per_token,
+      num_shared_experts: the mixture of experts' shape (`num_experts` > 0).
+    max_sequence_length: tokens of a pretraining row.
+    global_batch_size: rows of an optimizer step, all processes.
+    compute_dtype: the dtype whose peak the MFU divides by.
+  """
+
+  emb_dim: int = 128
+  num_heads: int = 4
+  num_kv_heads: int = 4
+  head_dim: int = 32
+  mlp_dim: int = 512
+  num_layers: int = 2
+  vocab_size: int = 256
+  attention_type: str = "gqa"
+  q_lora_rank: int = 0
+  kv_lora_rank: int = 0
+  qk_nope_head_dim: int = 0
+  qk_rope_head_dim: int = 0
+  v_head_dim: int = 0
+  num_experts: int = 0
+  num_dense_layers: int = 0
+  moe_mlp_dim: int = 0
+  num_experts_per_token: int = 1
+  num_shared_experts: int = 0
+  max_sequence_length: int = 64
+  global_batch_size: int = 16
+  compute_dtype: str = "float32"
+
+
+def matmul_params(settings: ThroughputConfig) -> int:
   """Parameters that take part in a matmul per token (N of the convention).
 
   Per layer the query, key, value and output projections (grouped-query
@@ -171,40 +220,40 @@ def matmul_params(config: Any) -> int:
   `mlp_dim`).
 
   Args:
-    config: a config with `emb_dim`, `num_heads`, `num_kv_heads`, `head_dim`,
-      `mlp_dim`, `num_layers` and `vocab_size`, and optionally the MoE
-      and MLA fields.
+    settings: the model's shape.
   """
   e, h, k, d, m = (
-      config.emb_dim,
-      config.num_heads,
-      config.num_kv_heads,
-      config.head_dim,
-      config.mlp_dim,
+      settings.emb_dim,
+      settings.num_heads,
+      settings.num_kv_heads,
+      settings.head_dim,
+      settings.mlp_dim,
   )
-  if _is_mla(config):
-    attention = _mla_params(config)
+  if _is_mla(settings):
+    attention = _mla_params(settings)
   else:
     attention = e * h * d + 2 * e * k * d + h * d * e
-  experts = getattr(config, "num_experts", 0)
+  experts = settings.num_experts
   if not experts:
-    return config.num_layers * (attention + 3 * e * m) + e * config.vocab_size
-  dense = config.num_dense_layers
-  width = config.moe_mlp_dim or m
-  active = config.num_experts_per_token + config.num_shared_experts
+    return (
+        settings.num_layers * (attention + 3 * e * m) + e * settings.vocab_size
+    )
+  dense = settings.num_dense_layers
+  width = settings.moe_mlp_dim or m
+  active = settings.num_experts_per_token + settings.num_shared_experts
   moe_layer = attention + e * experts + 3 * e * width * active
   return (
       dense * (attention + 3 * e * m)
-      + (config.num_layers - dense) * moe_layer
-      + e * config.vocab_size
+      + (settings.num_layers - dense) * moe_layer
+      + e * settings.vocab_size
   )
 
 
-def _is_mla(config: Any) -> bool:
-  return getattr(config, "attention_type", "gqa") == "mla"
+def _is_mla(settings: ThroughputConfig) -> bool:
+  return settings.attention_type == "mla"
 
 
-def _mla_params(config: Any) -> int:
+def _mla_params(settings: ThroughputConfig) -> int:
   """Matmul parameters of one multi-head latent attention layer.
 
   Queries: E x Q down and Q x H(N+R) up (`q_lora_rank` Q > 0), or E x H(N+R);
@@ -212,38 +261,40 @@ def _mla_params(config: Any) -> int:
   C x H(N+D) up; output: H D x E (C kv_lora_rank, N qk_nope_head_dim,
   R qk_rope_head_dim, D v_head_dim; `maxtext.mla`).
   """
-  e, h = config.emb_dim, config.num_heads
-  q, c = config.q_lora_rank, config.kv_lora_rank
+  e, h = settings.emb_dim, settings.num_heads
+  q, c = settings.q_lora_rank, settings.kv_lora_rank
   n, r, d = (
-      config.qk_nope_head_dim,
-      config.qk_rope_head_dim,
-      config.v_head_dim,
+      settings.qk_nope_head_dim,
+      settings.qk_rope_head_dim,
+      settings.v_head_dim,
   )
   query = e * q + q * h * (n + r) if q else e * h * (n + r)
   return query + e * (c + r) + c * h * (n + d) + h * d * e
 
 
-def training_flops_per_token(config: Any) -> int:
+def training_flops_per_token(settings: ThroughputConfig) -> int:
   """Model FLOPs of one training token, forward and backward.
 
-  `6 * matmul_params(config) + 6 * num_layers * num_heads * (D_qk + D_v) *
+  `6 * matmul_params(settings) + 6 * num_layers * num_heads * (D_qk + D_v) *
   max_sequence_length`, D_qk = D_v = head_dim for grouped-query attention
   (the module docstring states the convention).
   """
-  if _is_mla(config):
+  if _is_mla(settings):
     widths = (
-        config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
+        settings.qk_nope_head_dim
+        + settings.qk_rope_head_dim
+        + settings.v_head_dim
     )
   else:
-    widths = 2 * config.head_dim
+    widths = 2 * settings.head_dim
   attention = (
       6
-      * config.num_layers
-      * config.num_heads
+      * settings.num_layers
+      * settings.num_heads
       * widths
-      * config.max_sequence_length
+      * settings.max_sequence_length
   )
-  return 6 * matmul_params(config) + attention
+  return 6 * matmul_params(settings) + attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,20 +367,19 @@ class StepThroughput:
   @classmethod
   def for_run(
       cls,
-      config: Any,
+      settings: ThroughputConfig,
       device_kinds: Sequence[str],
       dtype: Optional[str] = None,
       row_length: Optional[int] = None,
   ) -> "StepThroughput":
-    """The constants of a run of `config` on devices of `device_kinds`.
+    """The constants of a run of `settings` on devices of `device_kinds`.
 
     Args:
-      config: the run's config: the model fields of `matmul_params`,
-        `max_sequence_length`, `global_batch_size` and `compute_dtype`.
+      settings: the run's model shape and batch.
       device_kinds: `device_kind` of every device of the run, all processes
         (e.g. `[d.device_kind for d in jax.devices()]`).
       dtype: the compute dtype for the peak; None means
-        `config.compute_dtype`.
+        `settings.compute_dtype`.
       row_length: tokens of each of a step's `global_batch_size` trained
         rows; None means `max_sequence_length` (pretraining). A GRPO step
         trains on its rollout's rows, prompt plus completion.
@@ -337,9 +387,11 @@ class StepThroughput:
     Raises:
       ValueError, TypeError: no devices, or a field out of range.
     """
-    samples = checks.check_int("global_batch_size", config.global_batch_size, 1)
+    samples = checks.check_int(
+        "global_batch_size", settings.global_batch_size, 1
+    )
     seq = (
-        checks.check_int("max_sequence_length", config.max_sequence_length, 1)
+        checks.check_int("max_sequence_length", settings.max_sequence_length, 1)
         if row_length is None
         else checks.check_int("row_length", row_length, 1)
     )
@@ -347,10 +399,10 @@ class StepThroughput:
     return cls(
         samples_per_step=samples,
         tokens_per_step=tokens,
-        flops_per_step=float(training_flops_per_token(config) * tokens),
+        flops_per_step=float(training_flops_per_token(settings) * tokens),
         num_devices=len(device_kinds),
         peak_flops_per_device=mean_peak_flops_per_device(
-            device_kinds, config.compute_dtype if dtype is None else dtype
+            device_kinds, settings.compute_dtype if dtype is None else dtype
         ),
     )
 

@@ -11,6 +11,7 @@ import numpy as np
 from maxtext.model import transformer
 from maxtext.configs import base
 from maxtext.configs import gpu_1b
+from maxtext.core import component_config
 from maxtext.metrics import throughput
 from testing import tiny_configs
 
@@ -31,6 +32,10 @@ def _one_b() -> ml_collections.ConfigDict:
   config = gpu_1b.get_config()
   config.update(dict(max_sequence_length=1024, global_batch_size=8))
   return config
+
+
+def _settings(config) -> throughput.ThroughputConfig:
+  return throughput.ThroughputConfig.from_config(config)
 
 
 def _abstract_params(config):
@@ -122,7 +127,7 @@ class FlopsTest(parameterized.TestCase):
         - _size(layers["attn_norm"])
         - _size(layers["mlp_norm"])
     )
-    self.assertEqual(throughput.matmul_params(config), expected)
+    self.assertEqual(throughput.matmul_params(_settings(config)), expected)
 
   @parameterized.named_parameters(
       (
@@ -153,15 +158,16 @@ class FlopsTest(parameterized.TestCase):
     expected -= inactive * sum(
         _size(moe[n]) for n in ("w_gate", "w_up", "w_down")
     )
-    self.assertEqual(throughput.matmul_params(config), expected)
+    self.assertEqual(throughput.matmul_params(_settings(config)), expected)
 
   def test_flops_per_token_convention(self):
     config = _one_b()
     # The 1B-class model has exactly 2**30 matmul parameters.
-    self.assertEqual(throughput.matmul_params(config), 2**30)
+    self.assertEqual(throughput.matmul_params(_settings(config)), 2**30)
     attention = 12 * 16 * 16 * 128 * 1024  # Full sequence, no causal half.
     self.assertEqual(
-        throughput.training_flops_per_token(config), 6 * 2**30 + attention
+        throughput.training_flops_per_token(_settings(config)),
+        6 * 2**30 + attention,
     )
 
   @parameterized.named_parameters(
@@ -188,9 +194,10 @@ class FlopsTest(parameterized.TestCase):
         vocab_size=10,
         max_sequence_length=4,
     )
-    self.assertEqual(throughput.matmul_params(config), matmul_params)
+    self.assertEqual(throughput.matmul_params(_settings(config)), matmul_params)
     self.assertEqual(
-        throughput.training_flops_per_token(config), 6 * matmul_params + 480
+        throughput.training_flops_per_token(_settings(config)),
+        6 * matmul_params + 480,
     )
 
   @parameterized.named_parameters(
@@ -207,16 +214,26 @@ class FlopsTest(parameterized.TestCase):
         for path, x in jax.tree_util.tree_leaves_with_path(shapes)
         if path[-1].key not in norms + ("embedding",)
     )
-    self.assertEqual(throughput.matmul_params(config), expected)
+    self.assertEqual(throughput.matmul_params(_settings(config)), expected)
 
   def test_reproduces_the_issues_h200_measurement(self):
     # The accelerators issue measured this model at 44,233 tokens/s on one
     # H200 and reported MFU 30.6% with the same convention and peak.
-    run = throughput.StepThroughput.for_run(_one_b(), ["NVIDIA H200"])
+    run = throughput.StepThroughput.for_run(
+        _settings(_one_b()), ["NVIDIA H200"]
+    )
     step_time = run.tokens_per_step / 44233
     self.assertAlmostEqual(
         run.figures(step_time)[throughput.MFU_KEY], 0.306, delta=0.0005
     )
+
+
+class ThroughputConfigTest(absltest.TestCase):
+
+  def test_defaults_are_base_configs(self):
+    defaults = component_config.defaults(throughput.ThroughputConfig)
+    config = base.get_config()
+    self.assertEqual(defaults, {name: config[name] for name in defaults})
 
 
 class StepThroughputTest(parameterized.TestCase):
@@ -269,7 +286,7 @@ class StepThroughputTest(parameterized.TestCase):
 
   def test_for_run_on_cpu_devices(self):
     config = _config(global_batch_size=4, max_sequence_length=16)
-    run = throughput.StepThroughput.for_run(config, ["cpu"] * 2)
+    run = throughput.StepThroughput.for_run(_settings(config), ["cpu"] * 2)
     self.assertEqual(
         (
             run.samples_per_step,
@@ -280,24 +297,25 @@ class StepThroughputTest(parameterized.TestCase):
         (4, 64, 2, None),
     )
     self.assertEqual(
-        run.flops_per_step, 64 * throughput.training_flops_per_token(config)
+        run.flops_per_step,
+        64 * throughput.training_flops_per_token(_settings(config)),
     )
     self.assertNotIn(throughput.MFU_KEY, run.figures(1.0))
 
   def test_for_run_peak_follows_the_compute_dtype(self):
     kinds = ["NVIDIA H200"] * 8
     fp32 = throughput.StepThroughput.for_run(
-        _config(compute_dtype="float32"), kinds
+        _settings(_config(compute_dtype="float32")), kinds
     )
     self.assertEqual(fp32.peak_flops_per_device, 494.5e12)
     bf16 = throughput.StepThroughput.for_run(
-        _config(compute_dtype="float32"), kinds, dtype="bfloat16"
+        _settings(_config(compute_dtype="float32")), kinds, dtype="bfloat16"
     )
     self.assertEqual(bf16.peak_flops_per_device, 989e12)
 
   def test_for_run_without_devices(self):
     with self.assertRaisesRegex(ValueError, "device_kinds"):
-      throughput.StepThroughput.for_run(_config(), [])
+      throughput.StepThroughput.for_run(_settings(_config()), [])
 
   @parameterized.named_parameters(
       ("samples", dict(samples_per_step=0), ValueError, "samples_per_step"),

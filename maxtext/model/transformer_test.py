@@ -13,6 +13,7 @@ import optax
 
 from maxtext.core import choices
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.engine import engine as engine_lib
 from maxtext.config import optimizer
 from maxtext.model import layers
@@ -644,7 +645,9 @@ class ModelTest(parameterized.TestCase):
 
   def test_jitted_step_lowers_loss_on_synthetic_data(self):
     config = tiny_configs.model_config(num_layers=1)
-    dataset = builtin_datasets.SyntheticDataset(config)
+    dataset = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(config)
+    )
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     tx = optax.adam(1e-2)
     opt_state = tx.init(params)

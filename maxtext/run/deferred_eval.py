@@ -30,6 +30,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from maxtext.config import config_lib
 from maxtext.core import eval_metrics
 from maxtext.core import progress as progress_lib
 from maxtext.listeners import multi_listener
@@ -136,7 +137,9 @@ def _the_run(config):
     raise Refused(
         "config.run_name is empty: give the run_name of the run to evaluate"
     )
-  paths = run_dir_lib.make_run_paths(config, config.run_name)
+  paths = run_dir_lib.make_run_paths(
+      run_dir_lib.RunDirConfig.from_config(config), config.run_name
+  )
   recorded = run_record.load_recorded_config(paths.run_dir)
   if recorded is None:
     raise Refused(
@@ -149,7 +152,9 @@ def _the_run(config):
         " its log holds its evaluations already"
     )
   try:
-    run_record.check_resume(recorded, config, run_name=config.run_name)
+    run_record.check_resume(
+        recorded, config_lib.to_json_dict(config), run_name=config.run_name
+    )
   except run_record.ResumeRefusedError as e:
     fields = "; ".join(line.strip() for line in str(e).splitlines()[1:])
     raise Refused(
@@ -163,8 +168,8 @@ def _the_run(config):
           f" with {recorded.get(key)!r}: the evaluation must measure what the"
           " run's would have"
       )
-  config = run_record.with_seed(
-      config, run_record.resolve_seed(config, recorded)
+  config = config_lib.with_seed(
+      config, run_record.resolve_seed(config.seed, recorded)
   )
   return config, paths
 

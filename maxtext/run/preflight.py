@@ -25,6 +25,7 @@ from maxtext.data import builtin_datasets
 from maxtext.mllog import mlperf_preflight as mllog_preflight
 from maxtext.storage import gcs_mirror
 from maxtext.data import chat_dataset
+from maxtext.data import data_config
 from maxtext.data import megatron_dataset
 from maxtext.text import metadata as text_metadata
 from maxtext.storage import run_dir as run_dir_lib
@@ -199,7 +200,9 @@ def _check_output(config) -> None:
   # make_run_paths is the one place that says where a run writes; a default
   # run name (the trainer chooses one later) stands in for an unnamed run.
   name = config.run_name or run_dir_lib.default_run_name()
-  paths = run_dir_lib.make_run_paths(config, name)
+  paths = run_dir_lib.make_run_paths(
+      run_dir_lib.RunDirConfig.from_config(config), name
+  )
   if paths.remote_url:
     field, value = "local_staging_directory", config.local_staging_directory
   else:
@@ -357,6 +360,7 @@ def check(config, *, grpo: bool = False) -> None:
   _check_mllog(config)
   _check_compilation_cache(config)
   _check_load_parameters(config)
-  builtin_datasets.check_token_files(config)
-  chat_dataset.check_config(config)
-  megatron_dataset.check_config(config)
+  data = data_config.DataConfig.from_config(config)
+  builtin_datasets.check_token_files(data)
+  chat_dataset.check_config(data)
+  megatron_dataset.check_config(data)

@@ -28,6 +28,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
+from maxtext.config import config_lib
 from maxtext.data import builtin_datasets
 from maxtext.data import dataset as dataset_lib
 from maxtext.engine import engine as engine_lib
@@ -484,11 +485,13 @@ def build(
   mesh_lib.check_batch_layout(mesh_lib.BatchLayout.from_config(config), mesh)
   workload.check_devices(config, mesh)
   step_throughput = throughput.StepThroughput.for_run(
-      config,
+      throughput.ThroughputConfig.from_config(config),
       [d.device_kind for d in mesh.devices.flat],
       row_length=workload.row_length(config),
   )
-  paths = run_dir_lib.make_run_paths(config, _run_name(config))
+  paths = run_dir_lib.make_run_paths(
+      run_dir_lib.RunDirConfig.from_config(config), _run_name(config)
+  )
   # What is opened is closed again, in reverse order, if building fails.
   with contextlib.ExitStack() as opened:
     locks = _lock_run(config, paths, is_primary)
@@ -699,11 +702,13 @@ def _check_resume(
   if finished:
     raise AlreadyFinished(finished, latest_step, paths.run_dir)
   if recorded is not None:
-    changes = run_record.check_resume(recorded, config, run_name=paths.run_name)
+    changes = run_record.check_resume(
+        recorded, config_lib.to_json_dict(config), run_name=paths.run_name
+    )
     if changes:
       logging.info("%s", run_record.describe_changes(changes))
-  return run_record.with_seed(
-      config, run_record.resolve_seed(config, recorded, draw=_draw_seed)
+  return config_lib.with_seed(
+      config, run_record.resolve_seed(config.seed, recorded, draw=_draw_seed)
   )
 
 
@@ -774,4 +779,6 @@ def _record_attempt(
   data_provenance = dataset.provenance()
   if data_provenance is not None:
     provenance["data"] = data_provenance
-  run_record.record_attempt(paths.run_dir, config, provenance, start_step)
+  run_record.record_attempt(
+      paths.run_dir, config_lib.to_json_dict(config), provenance, start_step
+  )

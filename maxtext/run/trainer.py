@@ -170,7 +170,12 @@ def check(
           f"{workload.name!r} workload"
       )
     workload.check(config)
-    config = run_dir_lib.with_input_paths_resolved(config)
+    config = config_lib.with_values(
+        config,
+        run_dir_lib.resolved_input_paths(
+            run_dir_lib.RunDirConfig.from_config(config)
+        ),
+    )
     preflight.check(config, grpo=workload.name == "grpo")
   except (ValueError, TypeError) as e:
     raise ConfigError(str(e)) from e

@@ -25,6 +25,7 @@ from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 from maxtext.config import config_lib
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.metrics import jsonl
 from maxtext.model import transformer
 from maxtext.config import optimizer as optimizer_lib
@@ -541,7 +542,9 @@ class TrainerTest(parameterized.TestCase):
 
     # Step 0 trained on the loaded parameters: its loss is theirs on batch 0.
     params = self.ref_state["params"]
-    batch = builtin_datasets.SyntheticDataset(config).get_batch(0)
+    batch = builtin_datasets.SyntheticDataset(
+        data_config.DataConfig.from_config(config)
+    ).get_batch(0)
     micro_losses = [
         transformer.loss_fn(
             params, jax.tree_util.tree_map(jnp.asarray, micro), config

@@ -19,6 +19,7 @@ import time
 import jax
 
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.runtime import mesh as mesh_lib
 
 
@@ -42,7 +43,9 @@ def warm_up(state, steps: int) -> float:
   # donated). Only the step counter advances; it is set back at the end.
   step = engine.step
   train, evaluation = builtin_datasets.placeholder_batches(
-      config, jax.process_index(), jax.process_count()
+      data_config.DataConfig.from_config(config),
+      jax.process_index(),
+      jax.process_count(),
   )
   micro_batches = [
       mesh_lib.global_batch(micro, state.setup.batch_sharding)

@@ -48,6 +48,7 @@ from typing import Optional
 
 import ml_collections
 
+from maxtext.data import data_config
 from maxtext.data import dataset as dataset_lib
 from maxtext.data import dataset_kinds
 from maxtext.core import eval_metrics
@@ -116,7 +117,9 @@ class Workload:
       self, config, process_index: int, process_count: int
   ) -> dataset_lib.Dataset:
     """This process's share of the run's inputs (`config.dataset_type`)."""
-    return dataset_kinds.make_dataset(config, process_index, process_count)
+    return dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(config), process_index, process_count
+    )
 
   def row_length(self, config) -> Optional[int]:
     """Tokens per trained row; None = `max_sequence_length`."""

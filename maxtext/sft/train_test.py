@@ -25,6 +25,7 @@ import torch
 # pylint: disable-next=import-error  # In the @pypi_torch lock, not lint's.
 import transformers
 
+from maxtext.data import data_config
 from maxtext.data import dataset_kinds
 from maxtext import workloads
 from maxtext.configs import sft_tiny
@@ -136,9 +137,9 @@ class SftTrainTest(absltest.TestCase):
 
     # Step 0 trains the imported parameters on the assistant's tokens only:
     # its loss is transformers' mean cross entropy over those tokens.
-    batch = dataset_kinds.make_dataset(self._config("reference", 1)).get_batch(
-        0
-    )
+    batch = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(self._config("reference", 1))
+    ).get_batch(0)
     with torch.no_grad():
       logits = self.model(torch.tensor(batch["inputs"])).logits.double()
     nll = torch.nn.functional.cross_entropy(

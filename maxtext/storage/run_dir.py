@@ -9,6 +9,10 @@ A run writes into `<base_output_directory>/<run_name>/`. For a local
 Relative local paths resolve against the directory the user ran the command
 from: `bazel run` changes the working directory to the runfiles tree and says
 where the caller was in BUILD_WORKING_DIRECTORY.
+
+The run directory's settings are `RunDirConfig`: the config's fields of its
+names (`maxtext/core/component_config.py`), where the run writes and the
+input paths that resolve against the caller's directory.
 """
 
 import dataclasses
@@ -24,7 +28,7 @@ from typing import Any, Mapping, Optional
 import jax
 
 from maxtext.core import caller_paths
-from maxtext.config import config_lib
+from maxtext.core import component_config
 from maxtext.storage import build_info
 from maxtext.storage import gcs_mirror
 
@@ -52,20 +56,53 @@ INPUT_PATH_FIELDS = (
 )
 
 
-def with_input_paths_resolved(config, environ: Mapping[str, str] = os.environ):
-  """A copy of `config` whose relative input paths are absolute.
+@dataclasses.dataclass(frozen=True)
+class RunDirConfig(component_config.ComponentConfig):
+  """Where a run writes and the paths it reads (`maxtext/configs/base.py`
+  documents each field; `config_lib.validate` checks them).
+
+  Attributes:
+    base_output_directory: local path or gs:// URL holding run directories.
+    local_staging_directory: local copy of a gs:// run directory; "" = a
+      directory under the system temp dir.
+    checkpoint_directory: the checkpoints' own place; "" = the run
+      directory's checkpoints/.
+    train_data_path, eval_data_path, tokenizer_path, load_parameters_path,
+      compiled_step_file: the files the run reads (`INPUT_PATH_FIELDS`).
+    dataset_type: "megatron" makes train_data_path a weighted prefix list.
+  """
+
+  base_output_directory: str = "maxtext_runs"
+  local_staging_directory: str = ""
+  checkpoint_directory: str = ""
+  train_data_path: str = ""
+  eval_data_path: str = ""
+  tokenizer_path: str = ""
+  load_parameters_path: str = ""
+  compiled_step_file: str = ""
+  dataset_type: str = "synthetic"
+
+  @property
+  def input_paths(self) -> dict[str, str]:
+    """The input path fields (`INPUT_PATH_FIELDS`) and their values."""
+    return {field: getattr(self, field) for field in INPUT_PATH_FIELDS}
+
+
+def resolved_input_paths(
+    settings: RunDirConfig, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+  """The input paths that resolve to another path: field -> absolute path.
 
   Relative paths are the caller's: under `bazel run` the process starts in
   the runfiles tree, and BUILD_WORKING_DIRECTORY names where the command was
   typed (see `caller_paths`). gs:// paths and empty fields stay as they
-  are. The config's lock state is kept.
+  are, and are left out, like paths already absolute.
   """
   updates = {}
-  for field in INPUT_PATH_FIELDS:
-    value = config[field]
+  for field, value in settings.input_paths.items():
     if (
         field == "train_data_path"
-        and config.get("dataset_type") == "megatron"
+        and settings.dataset_type == "megatron"
         and len(value.split()) > 1
     ):
       # Megatron's data-path list, "W1 PREFIX1 W2 PREFIX2 ...": the
@@ -74,17 +111,14 @@ def with_input_paths_resolved(config, environ: Mapping[str, str] = os.environ):
       words[1::2] = [
           caller_paths.resolve_local_path(w, environ) for w in words[1::2]
       ]
-      updates[field] = " ".join(words)
+      resolved = " ".join(words)
     elif value and not gcs_mirror.is_gs_url(value):
       resolved = caller_paths.resolve_local_path(value, environ)
-      if resolved != value:
-        updates[field] = resolved
-  if not updates:
-    return config
-  copy = config.copy_and_resolve_references()
-  with copy.unlocked():
-    copy.update(updates)
-  return copy
+    else:
+      continue
+    if resolved != value:
+      updates[field] = resolved
+  return updates
 
 
 _SUFFIX_CHARS = frozenset(string.ascii_lowercase + string.digits)
@@ -175,21 +209,23 @@ class RunPaths:
 
 
 def make_run_paths(
-    config, run_name: str, environ: Mapping[str, str] = os.environ
+    settings: RunDirConfig,
+    run_name: str,
+    environ: Mapping[str, str] = os.environ,
 ) -> RunPaths:
-  """Resolves the run's paths from the config (no directory is created).
+  """Resolves the run's paths from its settings (no directory is created).
 
   Args:
-    config: the validated run config.
+    settings: the run directory's settings (of a validated config).
     run_name: the run's name (config.run_name, or a generated one).
     environ: the process environment, for relative paths under bazel run.
 
   Returns:
     The run's RunPaths.
   """
-  base = config.base_output_directory
+  base = settings.base_output_directory
   if gcs_mirror.is_gs_url(base):
-    staging = config.local_staging_directory or os.path.join(
+    staging = settings.local_staging_directory or os.path.join(
         tempfile.gettempdir(), "maxtext_staging"
     )
     run_dir = os.path.join(
@@ -201,8 +237,8 @@ def make_run_paths(
         caller_paths.resolve_local_path(base, environ), run_name
     )
     remote_url = None
-  if config.checkpoint_directory:
-    checkpoint_dir = config.checkpoint_directory
+  if settings.checkpoint_directory:
+    checkpoint_dir = settings.checkpoint_directory
     if not gcs_mirror.is_gs_url(checkpoint_dir):
       checkpoint_dir = caller_paths.resolve_local_path(checkpoint_dir, environ)
   else:
@@ -249,18 +285,28 @@ def provenance() -> dict[str, Any]:
   }
 
 
-def write_config_json(path: str, config, extra: Mapping[str, Any]) -> None:
+def write_config_json(
+    path: str, record: Mapping[str, Any], extra: Mapping[str, Any]
+) -> None:
   """Writes the resolved config and provenance, atomically (write then rename).
 
   `maxtext.storage.run_record.record_attempt` calls this for a run's first
   attempt only and keeps every attempt in config_history.jsonl.
+
+  Args:
+    path: the config.json file to write.
+    record: the config's values by field name (`config_lib.to_json_dict`).
+    extra: the provenance.
+
+  Raises:
+    TypeError: a value cannot be written as JSON (nothing is written).
   """
   document = {
-      "config": config_lib.to_json_dict(config),
+      "config": dict(record),
       "provenance": dict(extra),
   }
+  text = json.dumps(document, indent=2, sort_keys=True)
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(document, f, indent=2, sort_keys=True)
-    f.write("\n")
+    f.write(text + "\n")
   os.replace(tmp, path)

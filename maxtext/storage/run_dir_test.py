@@ -6,21 +6,33 @@ import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import ml_collections
 
+from maxtext.configs import base
+from maxtext.core import component_config
 from maxtext.storage import run_dir
 
 
-def _config(**overrides):
-  config = ml_collections.ConfigDict(
-      dict(
-          base_output_directory="runs",
-          local_staging_directory="",
-          checkpoint_directory="",
-      )
+def _config(**overrides) -> run_dir.RunDirConfig:
+  return run_dir.RunDirConfig(
+      **dict(dict(base_output_directory="runs"), **overrides)
   )
-  config.update(overrides)
-  return config
+
+
+class RunDirConfigTest(absltest.TestCase):
+
+  def test_defaults_are_base_configs(self):
+    defaults = component_config.defaults(run_dir.RunDirConfig)
+    config = base.get_config()
+    self.assertEqual(defaults, {name: config[name] for name in defaults})
+
+  def test_from_config_takes_the_configs_fields(self):
+    config = base.get_config()
+    config.update(dict(base_output_directory="/o", dataset_type="megatron"))
+    settings = run_dir.RunDirConfig.from_config(config)
+    self.assertEqual(
+        (settings.base_output_directory, settings.dataset_type),
+        ("/o", "megatron"),
+    )
 
 
 class RunPathsTest(absltest.TestCase):
@@ -108,7 +120,9 @@ class ConfigJsonTest(absltest.TestCase):
 
   def test_writes_config_and_provenance(self):
     path = os.path.join(self.create_tempdir().full_path, "config.json")
-    run_dir.write_config_json(path, _config(), run_dir.provenance())
+    run_dir.write_config_json(
+        path, {"base_output_directory": "runs"}, run_dir.provenance()
+    )
     with open(path, encoding="utf-8") as f:
       document = json.load(f)
     self.assertEqual(document["config"]["base_output_directory"], "runs")
@@ -122,42 +136,38 @@ class ConfigJsonTest(absltest.TestCase):
     self.assertIn("git_revision", provenance)
     self.assertFalse(os.path.exists(path + ".tmp"))
 
+  def test_unwritable_value_writes_nothing(self):
+    path = os.path.join(self.create_tempdir().full_path, "config.json")
+    with self.assertRaisesRegex(TypeError, "object"):
+      run_dir.write_config_json(path, {"seed": object()}, {})
+    self.assertEqual(os.listdir(os.path.dirname(path)), [])
+
 
 class InputPathsTest(absltest.TestCase):
 
   def test_relative_inputs_resolve_against_the_callers_directory(self):
-    config = ml_collections.ConfigDict(
+    settings = _config(
+        train_data_path="data/train.npy",
+        tokenizer_path="tok",
+        load_parameters_path="gs://bucket/ckpt",
+        compiled_step_file="step.pickle",
+    )
+    self.assertEqual(
+        run_dir.resolved_input_paths(
+            settings, {"BUILD_WORKING_DIRECTORY": "/caller"}
+        ),
         {
-            "train_data_path": "data/train.npy",
-            "eval_data_path": "",
-            "tokenizer_path": "tok",
-            "load_parameters_path": "gs://bucket/ckpt",
-            "compiled_step_file": "step.pickle",
-        }
+            "train_data_path": "/caller/data/train.npy",
+            "tokenizer_path": "/caller/tok",
+            "compiled_step_file": "/caller/step.pickle",
+        },
     )
-    config.lock()
-    resolved = run_dir.with_input_paths_resolved(
-        config, {"BUILD_WORKING_DIRECTORY": "/caller"}
-    )
-    self.assertEqual(resolved.train_data_path, "/caller/data/train.npy")
-    self.assertEqual(resolved.eval_data_path, "")
-    self.assertEqual(resolved.tokenizer_path, "/caller/tok")
-    self.assertEqual(resolved.load_parameters_path, "gs://bucket/ckpt")
-    self.assertEqual(resolved.compiled_step_file, "/caller/step.pickle")
-    self.assertTrue(resolved.is_locked)
-    self.assertEqual(config.train_data_path, "data/train.npy")  # A copy.
 
-  def test_absolute_inputs_give_the_same_config(self):
-    config = ml_collections.ConfigDict(
-        {
-            "train_data_path": "/d/t.npy",
-            "eval_data_path": "",
-            "tokenizer_path": "",
-            "load_parameters_path": "",
-            "compiled_step_file": "/s.pickle",
-        }
+  def test_absolute_inputs_resolve_to_nothing(self):
+    settings = _config(
+        train_data_path="/d/t.npy", compiled_step_file="/s.pickle"
     )
-    self.assertIs(run_dir.with_input_paths_resolved(config, {}), config)
+    self.assertEqual(run_dir.resolved_input_paths(settings, {}), {})
 
 
 if __name__ == "__main__":

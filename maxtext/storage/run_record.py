@@ -5,9 +5,14 @@ preempted or stopped run is started again with the same `run_name`). This
 module keeps what each attempt ran with and refuses an attempt that would
 continue the run with something else:
 
-- `check_resume(recorded, new)` compares the new config with the run's
-  recorded one. Only the fields of `RESUMABLE_FIELDS` may change; a change to
-  any other field is refused, naming each field with its old and new value.
+The run record holds the config as its values by field name
+(`config_lib.to_json_dict`), the document config.json keeps: a record of the
+whole config, compared and written whole, not settings this package reads.
+
+- `check_resume(recorded, new)` compares the new config's record with the
+  run's recorded one. Only the fields of `RESUMABLE_FIELDS` may change; a
+  change to any other field is refused, naming each field with its old and
+  new value.
   The learning-rate schedule is compared by its resolved length, so `steps`
   may change only while the schedule stays the same (see `check_resume`).
 - `record_attempt(...)` keeps each attempt's resolved config: `config.json`
@@ -15,8 +20,8 @@ continue the run with something else:
   one line to `config_history.jsonl`.
 - `resolve_seed(...)` turns `seed = -1` into a seed drawn from `os.urandom`
   on a fresh run and reuses the recorded seed on a resume, so a run is
-  reproducible from its record. `with_seed` gives the config copy the run
-  then works on (and records).
+  reproducible from its record. `config_lib.with_seed` gives the config
+  copy the run then works on (and records).
 - `finished_message(...)` says when a run's checkpoints are already past the
   step budget, so that the trainer can stop before it opens any output.
 
@@ -32,7 +37,6 @@ import os
 from typing import Any, Callable, Mapping, Optional
 
 from absl import logging
-import ml_collections
 
 from maxtext.core import checks
 from maxtext.config import config_lib
@@ -156,20 +160,16 @@ class ResumeRefusedError(ValueError):
   """The new config changes fields that may not change on resume."""
 
 
-def _as_dict(config: Any, name: str) -> dict[str, Any]:
-  """A plain dict of a ConfigDict or mapping, values as JSON gives them."""
-  if isinstance(config, ml_collections.ConfigDict):
-    values = config_lib.to_json_dict(config)
-  elif isinstance(config, Mapping):
-    values = dict(config)
-  else:
+def _as_dict(record: Any, name: str) -> dict[str, Any]:
+  """A plain dict of a config's record, values as JSON gives them."""
+  if not isinstance(record, Mapping):
     raise TypeError(
-        f"{name} must be a ConfigDict or a mapping, got "
-        f"{type(config).__name__}"
+        f"{name} must be a config's record (a mapping of field names to "
+        f"values: config_lib.to_json_dict), got {type(record).__name__}"
     )
   # The recorded side went through JSON; so does this one, so that a tuple
   # and the list it was recorded as compare equal.
-  return json.loads(json.dumps(values))
+  return json.loads(json.dumps(dict(record)))
 
 
 def _same(old: Any, new: Any) -> bool:
@@ -186,7 +186,7 @@ def _schedule_length(values: Mapping[str, Any]) -> Optional[int]:
 
 
 def check_resume(
-    recorded: Mapping[str, Any], new: Any, *, run_name: str = ""
+    recorded: Mapping[str, Any], new: Mapping[str, Any], *, run_name: str = ""
 ) -> list[tuple[str, Any, Any]]:
   """Compares a resuming attempt's config with the run's recorded config.
 
@@ -208,7 +208,7 @@ def check_resume(
 
   Args:
     recorded: the run's recorded config (`load_recorded_config`).
-    new: the new attempt's config (ConfigDict or mapping).
+    new: the new attempt's config's record (`config_lib.to_json_dict`).
     run_name: named in the refusal's first line.
 
   Returns:
@@ -219,7 +219,7 @@ def check_resume(
   Raises:
     ResumeRefusedError (a ValueError): fields that may not change differ;
       the first line says so, then one line per field "name: old -> new".
-    TypeError: an argument is not a config.
+    TypeError: an argument is not a config's record.
   """
   old = _as_dict(recorded, "recorded")
   values = _as_dict(new, "new")
@@ -400,7 +400,7 @@ def recorded_run_id(run_dir: str) -> Optional[str]:
 
 def record_attempt(
     run_dir: str,
-    config: Any,
+    record: Mapping[str, Any],
     provenance: Mapping[str, Any],
     start_step: int,
     *,
@@ -416,7 +416,8 @@ def record_attempt(
 
   Args:
     run_dir: the local run directory (it must exist).
-    config: the attempt's resolved config (its seed resolved).
+    record: the attempt's resolved config (its seed resolved) as its
+      values by field name (`config_lib.to_json_dict`).
     provenance: what produced the attempt (`run_dir.provenance()` plus the
       run's name and mirror URL); JSON-serialisable.
     start_step: completed steps when the attempt starts.
@@ -437,7 +438,7 @@ def record_attempt(
     now = datetime.datetime.now(datetime.timezone.utc)
   if not isinstance(now, datetime.datetime):
     raise TypeError(f"now must be a datetime.datetime, got {now!r}")
-  values = _as_dict(config, "config")
+  values = _as_dict(record, "record")
   history_path = os.path.join(run_dir, CONFIG_HISTORY)
   attempts = _read_history(history_path)
   config_path = os.path.join(run_dir, CONFIG_JSON)
@@ -489,7 +490,7 @@ def new_seed() -> int:
 
 
 def resolve_seed(
-    config: Any,
+    seed: Any,
     recorded: Optional[Mapping[str, Any]],
     *,
     draw: Callable[[], int] = new_seed,
@@ -499,10 +500,10 @@ def resolve_seed(
   - Resuming (`recorded` is not None): the recorded seed (the new config's
     seed is -1 or the same; `check_resume` refuses anything else).
   - A fresh run with seed = -1: a new seed from `draw()`.
-  - Otherwise: config.seed.
+  - Otherwise: `seed`.
 
   Args:
-    config: the attempt's config (ConfigDict or mapping) with `seed`.
+    seed: the attempt's config.seed.
     recorded: the run's recorded config, None for a fresh run.
     draw: where a fresh seed comes from (multi-process runs pass one that
       draws on process 0 and broadcasts; tests pass a fake).
@@ -514,7 +515,6 @@ def resolve_seed(
     ValueError: the recorded seed is not a seed, differs from a concrete new
       seed, or `draw` returned something outside [0, 2**SEED_BITS).
   """
-  seed = _as_dict(config, "config").get("seed")
   if recorded is not None:
     old = recorded.get("seed")
     if not checks.is_int(old) or isinstance(old, bool) or old < 0:
@@ -540,19 +540,6 @@ def resolve_seed(
   seed = checks.check_int("config.seed", seed, 0)
   logging.info("Seed %d, from the config.", seed)
   return seed
-
-
-def with_seed(
-    config: ml_collections.ConfigDict, seed: int
-) -> ml_collections.ConfigDict:
-  """A copy of `config` with `seed` set; the original is left alone.
-
-  The copy keeps the original's lock (a misspelt field stays an error).
-  """
-  seed = checks.check_int("seed", seed, 0)
-  copy = config.copy_and_resolve_references()
-  copy.seed = seed
-  return copy
 
 
 def finished_message(

@@ -11,6 +11,7 @@ import numpy as np
 
 from maxtext.config import config_lib
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.configs import base
 from maxtext.storage import run_record
 
@@ -47,10 +48,10 @@ _REFUSED_FIELDS = sorted(
 class CheckResumeTest(parameterized.TestCase):
 
   def test_same_config_has_no_changes(self):
-    self.assertEqual(run_record.check_resume(_recorded(), _config()), [])
+    self.assertEqual(run_record.check_resume(_recorded(), _recorded()), [])
 
   def test_refused_fields_are_each_named_with_old_and_new_values(self):
-    new = _config(emb_dim=256, weight_dtype="bfloat16", eval_interval=7)
+    new = _recorded(emb_dim=256, weight_dtype="bfloat16", eval_interval=7)
     with self.assertRaises(run_record.ResumeRefusedError) as raised:
       run_record.check_resume(_recorded(), new, run_name="r1")
     lines = str(raised.exception).splitlines()
@@ -93,7 +94,7 @@ class CheckResumeTest(parameterized.TestCase):
 
   def test_allowed_changes_are_listed_for_the_console(self):
     recorded = _recorded(lr_schedule_steps=60)
-    new = _config(
+    new = _recorded(
         lr_schedule_steps=60,
         steps=80,
         eval_interval=5,
@@ -133,15 +134,17 @@ class CheckResumeTest(parameterized.TestCase):
       run_record.check_resume(recorded, dict(recorded, enable_mllog=0))
 
   def test_seed_minus_one_reuses_the_recorded_seed(self):
-    self.assertEqual(run_record.check_resume(_recorded(), _config(seed=-1)), [])
+    self.assertEqual(
+        run_record.check_resume(_recorded(), _recorded(seed=-1)), []
+    )
     with self.assertRaisesRegex(ValueError, r"seed: 1234 -> 5"):
-      run_record.check_resume(_recorded(), _config(seed=5))
+      run_record.check_resume(_recorded(), _recorded(seed=5))
 
   def test_steps_change_with_schedule_following_steps_is_refused(self):
     # lr_schedule_steps = 0: the schedule is `steps` long, so a new `steps`
     # would bend the learning rate of the steps still to run.
     with self.assertRaises(ValueError) as raised:
-      run_record.check_resume(_recorded(), _config(steps=40))
+      run_record.check_resume(_recorded(), _recorded(steps=40))
     message = str(raised.exception)
     self.assertIn("1 field(s)", message.splitlines()[0])
     self.assertIn(
@@ -153,13 +156,14 @@ class CheckResumeTest(parameterized.TestCase):
 
   def test_steps_may_change_once_the_schedule_length_is_pinned(self):
     changes = run_record.check_resume(
-        _recorded(), _config(steps=100, lr_schedule_steps=60)
+        _recorded(), _recorded(steps=100, lr_schedule_steps=60)
     )
     self.assertEqual(
         changes, [("lr_schedule_steps", 0, 60), ("steps", 60, 100)]
     )
     changes = run_record.check_resume(
-        _recorded(lr_schedule_steps=60), _config(steps=30, lr_schedule_steps=60)
+        _recorded(lr_schedule_steps=60),
+        _recorded(steps=30, lr_schedule_steps=60),
     )
     self.assertEqual(changes, [("steps", 60, 30)])
 
@@ -167,31 +171,31 @@ class CheckResumeTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r"60 -> 70 .*lr_schedule_steps=60"):
       run_record.check_resume(
           _recorded(lr_schedule_steps=60),
-          _config(lr_schedule_steps=70, steps=70),
+          _recorded(lr_schedule_steps=70, steps=70),
       )
 
   def test_field_added_since_the_run_started(self):
     recorded = _recorded()
     del recorded["eval_steps"], recorded["emb_dim"]
     self.assertEqual(
-        run_record.check_resume(recorded, _config()),
+        run_record.check_resume(recorded, _recorded()),
         [("emb_dim", "<absent>", 128), ("eval_steps", "<absent>", 4)],
     )
     with self.assertRaisesRegex(
         ValueError, r"emb_dim: <absent> \(base default 128\) -> 64"
     ):
-      run_record.check_resume(recorded, _config(emb_dim=64))
+      run_record.check_resume(recorded, _recorded(emb_dim=64))
 
   def test_field_removed_since_the_run_started_is_listed(self):
     recorded = dict(_recorded(), old_knob=3)
     self.assertEqual(
-        run_record.check_resume(recorded, _config()),
+        run_record.check_resume(recorded, _recorded()),
         [("old_knob", 3, "<absent>")],
     )
 
   def test_bad_arguments(self):
     with self.assertRaisesRegex(TypeError, "recorded"):
-      run_record.check_resume(None, _config())
+      run_record.check_resume(None, _recorded())
     with self.assertRaisesRegex(TypeError, "new"):
       run_record.check_resume(_recorded(), 5)
 
@@ -214,7 +218,7 @@ class RecordAttemptTest(absltest.TestCase):
   def test_first_attempt_writes_config_json_and_history(self):
     number = run_record.record_attempt(
         self.run_dir,
-        _config(),
+        _recorded(),
         {"run_name": "r", "git_revision": "abc"},
         0,
         now=_T0,
@@ -238,7 +242,7 @@ class RecordAttemptTest(absltest.TestCase):
     )
 
   def test_config_json_stays_the_first_while_history_grows(self):
-    run_record.record_attempt(self.run_dir, _config(), {"n": 1}, 0, now=_T0)
+    run_record.record_attempt(self.run_dir, _recorded(), {"n": 1}, 0, now=_T0)
     with open(self.config_json, "rb") as f:
       first = f.read()
     for number, steps in ((2, 80), (3, 90)):
@@ -246,7 +250,7 @@ class RecordAttemptTest(absltest.TestCase):
       self.assertEqual(
           run_record.record_attempt(
               self.run_dir,
-              _config(steps=steps),
+              _recorded(steps=steps),
               {"n": number},
               10 * number,
               now=later,
@@ -266,13 +270,13 @@ class RecordAttemptTest(absltest.TestCase):
     self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 90)
 
   def test_attempt_cut_short_mid_append_is_skipped(self):
-    run_record.record_attempt(self.run_dir, _config(), {}, 0, now=_T0)
+    run_record.record_attempt(self.run_dir, _recorded(), {}, 0, now=_T0)
     with open(self.history, "a", encoding="utf-8") as f:
       f.write('{"attempt": 2, "conf')  # The writer died here.
     self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 60)
     self.assertEqual(
         run_record.record_attempt(
-            self.run_dir, _config(steps=70), {}, 5, now=_T0
+            self.run_dir, _recorded(steps=70), {}, 5, now=_T0
         ),
         2,
     )
@@ -283,10 +287,10 @@ class RecordAttemptTest(absltest.TestCase):
     self.assertEqual(run_record.load_recorded_config(self.run_dir)["steps"], 70)
 
   def test_lost_config_json_is_written_again_from_the_first_attempt(self):
-    run_record.record_attempt(self.run_dir, _config(), {"n": 1}, 0, now=_T0)
+    run_record.record_attempt(self.run_dir, _recorded(), {"n": 1}, 0, now=_T0)
     os.remove(self.config_json)
     run_record.record_attempt(
-        self.run_dir, _config(steps=70), {"n": 2}, 9, now=_T0
+        self.run_dir, _recorded(steps=70), {"n": 2}, 9, now=_T0
     )
     with open(self.config_json, encoding="utf-8") as f:
       document = json.load(f)
@@ -310,9 +314,9 @@ class RecordAttemptTest(absltest.TestCase):
 
   def test_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, "start_step"):
-      run_record.record_attempt(self.run_dir, _config(), {}, -1)
+      run_record.record_attempt(self.run_dir, _recorded(), {}, -1)
     with self.assertRaisesRegex(TypeError, "provenance"):
-      run_record.record_attempt(self.run_dir, _config(), None, 0)
+      run_record.record_attempt(self.run_dir, _recorded(), None, 0)
     self.assertFalse(os.path.exists(self.history))
 
 
@@ -320,11 +324,11 @@ class SeedTest(absltest.TestCase):
 
   def test_minus_one_draws_a_different_seed_each_time(self):
     config = _config(seed=-1)
-    seeds = [run_record.resolve_seed(config, None) for _ in range(2)]
+    seeds = [run_record.resolve_seed(config.seed, None) for _ in range(2)]
     self.assertNotEqual(seeds[0], seeds[1])
     for seed in seeds:
       self.assertBetween(seed, 0, 2**run_record.SEED_BITS - 1)
-      config_lib.validate(run_record.with_seed(config, seed))
+      config_lib.validate(config_lib.with_seed(config, seed))
 
   def test_drawn_seeds_use_all_bits(self):
     seeds = [run_record.new_seed() for _ in range(64)]
@@ -332,67 +336,64 @@ class SeedTest(absltest.TestCase):
     self.assertGreaterEqual(max(seeds), 2 ** (run_record.SEED_BITS - 1))
 
   def test_given_seed_is_kept(self):
-    self.assertEqual(run_record.resolve_seed(_config(seed=7), None), 7)
+    self.assertEqual(run_record.resolve_seed(7, None), 7)
 
   def test_resume_reuses_the_recorded_seed(self):
     recorded = _recorded(seed=987654321)
     for seed in (-1, 987654321):
       self.assertEqual(
-          run_record.resolve_seed(_config(seed=seed), recorded, draw=lambda: 5),
+          run_record.resolve_seed(seed, recorded, draw=lambda: 5),
           987654321,
       )
     with self.assertRaisesRegex(
         ValueError, "config.seed=3 differs .*987654321"
     ):
-      run_record.resolve_seed(_config(seed=3), recorded)
+      run_record.resolve_seed(3, recorded)
 
   def test_unresolved_recorded_seed_is_an_error(self):
     with self.assertRaisesRegex(ValueError, "recorded config has seed=-1"):
-      run_record.resolve_seed(_config(seed=-1), _recorded(seed=-1))
+      run_record.resolve_seed(-1, _recorded(seed=-1))
 
   def test_bad_draw_is_an_error(self):
     with self.assertRaisesRegex(ValueError, "drawn seed"):
-      run_record.resolve_seed(_config(seed=-1), None, draw=lambda: 2**31)
+      run_record.resolve_seed(-1, None, draw=lambda: 2**31)
 
   def test_resumed_run_records_and_reads_the_same_seed(self):
     # First attempt: seed -1 is drawn and recorded; a resume with seed -1
     # passes the guard, gets the recorded seed and so the same data.
     run_dir = self.create_tempdir().full_path
     first = _config(seed=-1)
-    first = run_record.with_seed(first, run_record.resolve_seed(first, None))
-    run_record.record_attempt(run_dir, first, {}, 0)
+    first = config_lib.with_seed(
+        first, run_record.resolve_seed(first.seed, None)
+    )
+    run_record.record_attempt(run_dir, config_lib.to_json_dict(first), {}, 0)
     recorded = run_record.load_recorded_config(run_dir)
     self.assertEqual(recorded["seed"], first.seed)
 
     again = _config(seed=-1, resume=True)
     self.assertEqual(
-        run_record.check_resume(recorded, again), [("resume", False, True)]
+        run_record.check_resume(recorded, config_lib.to_json_dict(again)),
+        [("resume", False, True)],
     )
-    again = run_record.with_seed(
-        again, run_record.resolve_seed(again, recorded)
+    again = config_lib.with_seed(
+        again, run_record.resolve_seed(again.seed, recorded)
     )
     self.assertEqual(again.seed, first.seed)
     batches = [
-        builtin_datasets.SyntheticDataset(c).get_batch(3)
+        builtin_datasets.SyntheticDataset(
+            data_config.DataConfig.from_config(c)
+        ).get_batch(3)
         for c in (first, again)
     ]
     np.testing.assert_array_equal(batches[0]["inputs"], batches[1]["inputs"])
     other = builtin_datasets.SyntheticDataset(
-        run_record.with_seed(first, first.seed + 1)
+        data_config.DataConfig.from_config(
+            config_lib.with_seed(first, first.seed + 1)
+        )
     )
     self.assertFalse(
         np.array_equal(other.get_batch(3)["inputs"], batches[0]["inputs"])
     )
-
-  def test_with_seed_copies_and_keeps_the_lock(self):
-    config = _config(seed=-1)
-    config.lock()
-    copy = run_record.with_seed(config, 42)
-    self.assertEqual((config.seed, copy.seed), (-1, 42))
-    with self.assertRaises(AttributeError):
-      copy.sede = 1
-    with self.assertRaisesRegex(ValueError, "seed"):
-      run_record.with_seed(config, -1)
 
 
 class FinishedTest(parameterized.TestCase):

@@ -95,6 +95,7 @@ import numpy as np
 
 from maxtext.core import checks
 from maxtext.config import config_lib
+from maxtext.data import data_config
 from maxtext.data import dataset_kinds
 from maxtext.config import optimizer
 from maxtext.run import trainer
@@ -382,7 +383,10 @@ def flops_step_time(
   if mfu > 1:
     raise ValueError(f"mfu={mfu}: must be in (0, 1]")
   num_devices = checks.check_int("num_devices", num_devices, 1)
-  run = throughput.StepThroughput.for_run(config, [device_kind] * num_devices)
+  run = throughput.StepThroughput.for_run(
+      throughput.ThroughputConfig.from_config(config),
+      [device_kind] * num_devices,
+  )
   if run.peak_flops_per_device is None:
     raise ValueError(
         f"device_kind={device_kind!r}: no {config.compute_dtype} peak in "
@@ -397,7 +401,9 @@ def pipeline_rate(config, batches: int, warmup: int) -> float:
 
   Reads steps 0 .. warmup + batches - 1 and times the last `batches`.
   """
-  dataset = dataset_kinds.make_dataset(config)
+  dataset = dataset_kinds.make_dataset(
+      data_config.DataConfig.from_config(config)
+  )
   try:
     for step in range(warmup):
       dataset.get_batch(step)
@@ -506,11 +512,37 @@ def paced_loop(
 
 def paced_times(config, step_s: float, steps: int, warmup: int) -> LoopTimes:
   """`paced_loop` over a fresh pipeline of `config`, read from step 0."""
-  dataset = dataset_kinds.make_dataset(config)
+  dataset = dataset_kinds.make_dataset(
+      data_config.DataConfig.from_config(config)
+  )
   try:
     return paced_loop(dataset.get_batch, step_s, steps, warmup)
   finally:
     dataset.close()
+
+
+def _shape_line(
+    name: str,
+    base,
+    flop_step: float,
+    device_kind: str,
+    mfu: float,
+    num_devices: int,
+) -> str:
+  """The first part of a shape's description line: its batch, FLOPs a
+  step and the FLOP-based step time on `num_devices` x `device_kind`."""
+  flops = throughput.StepThroughput.for_run(
+      throughput.ThroughputConfig.from_config(base), ["cpu"]
+  ).flops_per_step
+  tokens = base.global_batch_size * base.max_sequence_length
+  return (
+      f"{name}: global batch {base.global_batch_size} x seq "
+      f"{base.max_sequence_length} ({tokens:,} tokens) in "
+      f"K={base.gradient_accumulation_steps}, vocab {base.vocab_size}, "
+      f"{flops / 1e9:,.3g} GFLOP/step; {num_devices} x {device_kind} at "
+      f"{mfu:.0%} MFU ({base.compute_dtype}): {flop_step * 1e3:,.4g} "
+      "ms/step; "
+  )
 
 
 def measure_shape(
@@ -539,16 +571,7 @@ def measure_shape(
   """
   base = shape_config(name, data_dir, vocab, 0, overrides, dataset_type)
   flop_step = flops_step_time(base, device_kind, mfu, num_devices)
-  flops = throughput.StepThroughput.for_run(base, ["cpu"]).flops_per_step
-  tokens = base.global_batch_size * base.max_sequence_length
-  line = (
-      f"{name}: global batch {base.global_batch_size} x seq "
-      f"{base.max_sequence_length} ({tokens:,} tokens) in "
-      f"K={base.gradient_accumulation_steps}, vocab {base.vocab_size}, "
-      f"{flops / 1e9:,.3g} GFLOP/step; {num_devices} x {device_kind} at "
-      f"{mfu:.0%} MFU ({base.compute_dtype}): {flop_step * 1e3:,.4g} "
-      "ms/step; "
-  )
+  line = _shape_line(name, base, flop_step, device_kind, mfu, num_devices)
   if train:
     line += (
         f"trained here by trainer.run ({warmup_steps + steps} steps per "

@@ -111,7 +111,9 @@ class DataBenchTest(absltest.TestCase):
     # gpu_1b's demand: its FLOPs per step at 40% of an H200's bf16 peak.
     config = gpu_1b.get_config()
     config.global_batch_size = _GPU_BATCH
-    run = throughput.StepThroughput.for_run(config, ["NVIDIA H200"])
+    run = throughput.StepThroughput.for_run(
+        throughput.ThroughputConfig.from_config(config), ["NVIDIA H200"]
+    )
     demand = 0.4 * run.peak_flops_per_device / run.flops_per_step
     for row in rows:
       shape, workers, rate, need, ratio, steps = row[:6]

@@ -70,6 +70,7 @@ from ml_collections import config_flags
 import optax
 
 from maxtext.data import builtin_datasets
+from maxtext.data import data_config
 from maxtext.data import dataset_kinds
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import transformer
@@ -117,7 +118,9 @@ class BareLoop:
         settings, optimizer_lib.make_schedule(settings)
     )
     self.opt_state = jax.jit(optimizer.init)(self.params)
-    self.dataset = dataset_kinds.make_dataset(config)
+    self.dataset = dataset_kinds.make_dataset(
+        data_config.DataConfig.from_config(config)
+    )
     loss_fn = functools.partial(transformer.loss_fn, config=config)
     k = self.k
 
@@ -291,7 +294,8 @@ def main(argv):
   config = _bench_config(steps, output_dir)
   devices = jax.devices()
   run = throughput.StepThroughput.for_run(
-      config, [d.device_kind for d in devices]
+      throughput.ThroughputConfig.from_config(config),
+      [d.device_kind for d in devices],
   )
   try:
     bare = BareLoop(config)
