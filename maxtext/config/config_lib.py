@@ -194,6 +194,12 @@ def _check_moe(v) -> None:
         f"DeltaNet's linear_conv_kernel_dim - 1 = "
         f"{v['linear_conv_kernel_dim'] - 1}",
     )
+  _check_router(v)
+  _check_expert_counts(v)
+
+
+def _check_router(v) -> None:
+  """The router's fields: score, top-k normalisation, balance and bias."""
   _one_of(v, "router_score", choices.ROUTER_SCORES)
   if v["router_norm_topk"] and v["router_score"] != "softmax":
     raise _fail(
@@ -217,6 +223,11 @@ def _check_moe(v) -> None:
   for key in ("load_balance_loss_weight", "capacity_factor"):
     if v[key] < 0:
       raise _fail(key, v[key], "must be >= 0")
+
+
+def _check_expert_counts(v) -> None:
+  """The experts a token takes, the dense layers and the expert axis
+  against num_experts (a dense model: no expert axis)."""
   experts = v["num_experts"]
   if not experts:
     if v["expert_parallelism"] != 1:
@@ -560,6 +571,12 @@ def _check_grpo(v) -> None:
         v["grpo_reward_timeout_seconds"],
         "must be > 0",
     )
+  _check_grpo_sampling(v)
+  _check_grpo_eval_and_gates(v)
+
+
+def _check_grpo_sampling(v) -> None:
+  """GRPO's generation fields: lengths, sampling, decoder, devices, pages."""
   _at_least(v, "grpo_max_completion_length", 1)
   _at_least(v, "grpo_prompt_length", 1)
   if v["grpo_temperature"] <= 0:
@@ -597,6 +614,11 @@ def _check_grpo(v) -> None:
   size = v["grpo_decode_page_size"]
   if not isinstance(size, int) or size < 1 or size & (size - 1):
     raise _fail("grpo_decode_page_size", size, "must be a power of two")
+
+
+def _check_grpo_eval_and_gates(v) -> None:
+  """GRPO's eval fields, its importance-sampling and log-prob gates, its
+  target and stop ids."""
   _at_least(v, "grpo_eval_prompts", 1)
   _at_least(v, "grpo_eval_samples_per_prompt", 0)
   metric = v["grpo_eval_target_metric"]
@@ -718,6 +740,22 @@ def validate_grpo(config) -> None:
         f"plus grpo_prompt_length={v['grpo_prompt_length']} must be <= "
         f"max_sequence_length={v['max_sequence_length']}",
     )
+  _check_grpo_one_update(v)
+  _check_grpo_eval(v)
+  _check_decode_sizes(v)
+  if v["router_bias_update_rate"] > 0:
+    raise _fail(
+        "router_bias_update_rate",
+        v["router_bias_update_rate"],
+        "must be 0 in a GRPO run (its loss reports no expert loads; the "
+        "bias is held as loaded)",
+    )
+
+
+def _check_grpo_one_update(v) -> None:
+  """The choices that need the trained policy's log-probabilities to be
+  the rollout's (one update a rollout), and what they need beside."""
+  passes = v["grpo_num_iterations"]
   one_update = (
       "grpo_force_on_policy_ratio",
       "grpo_logprob_error_threshold",
@@ -745,6 +783,10 @@ def validate_grpo(config) -> None:
         "needs grpo_stop_ids: without a stop id every completion reaches "
         "grpo_max_completion_length and would train nothing",
     )
+
+
+def _check_grpo_eval(v) -> None:
+  """The eval's target metric against its samples per prompt."""
   samples = eval_samples_per_prompt(v)
   metric = v["grpo_eval_target_metric"]
   if int(metric[5:]) not in (1, samples):
@@ -760,14 +802,6 @@ def validate_grpo(config) -> None:
         "grpo_eval_samples_per_prompt",
         samples,
         "a greedy eval (grpo_eval_temperature=0) draws one sample per prompt",
-    )
-  _check_decode_sizes(v)
-  if v["router_bias_update_rate"] > 0:
-    raise _fail(
-        "router_bias_update_rate",
-        v["router_bias_update_rate"],
-        "must be 0 in a GRPO run (its loss reports no expert loads; the "
-        "bias is held as loaded)",
     )
 
 
