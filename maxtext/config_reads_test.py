@@ -313,7 +313,7 @@ class ConfigReadsTest(absltest.TestCase):
 
   def test_settings_classes_exist(self):
     owned = owned_members(self.sources, SETTINGS)
-    self.assertIn("grpo_generation_devices", owned["maxtext.runtime"][1])
+    self.assertIn("generation_devices", owned["maxtext.runtime"][1])
     self.assertIn("schedule_steps", owned["maxtext.config"][1])
     self.assertIn("save_period", owned["maxtext.storage"][1])
     self.assertIn("base_output_directory", owned["maxtext.storage"][1])

@@ -40,7 +40,7 @@ class WorkloadsTest(absltest.TestCase):
       with self.subTest(name):
         self.assertEqual(settings.fsdp_parallelism, 4)
         self.assertEqual(
-            settings.grpo_generation_devices, 2 if name == "grpo" else 0
+            settings.generation_devices, 2 if name == "grpo" else 0
         )
 
   def test_unknown_name_is_one_line(self):

@@ -12,7 +12,7 @@ what a package reads is what its dataclass declares.
 `from_config` is the one builder of every such dataclass: each field is the
 config's field of the same name, so no package keeps a copy of another's
 field list. The caller's keyword arguments set a field the config does not
-hold or one the caller decides (the mesh's `grpo_generation_devices`, which
+hold or one the caller decides (the mesh's `generation_devices`, which
 only a GRPO run keeps); a field neither names takes its default.
 """
 

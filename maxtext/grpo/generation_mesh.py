@@ -258,7 +258,7 @@ class GenerationMesh:
 
 def make(config, mesh_config: mesh_lib.MeshConfig) -> Optional[GenerationMesh]:
   """The run's `GenerationMesh`, or None when generation shares the
-  training devices (`mesh_config.grpo_generation_devices` 0).
+  training devices (`mesh_config.generation_devices` 0).
 
   Raises:
     ValueError: as `mesh.generation_split`.

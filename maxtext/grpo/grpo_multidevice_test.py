@@ -120,7 +120,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         grpo_logprob_error_threshold=2.0,
         **tiny_configs.TINY_GRPO,
     )
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+    mesh = mesh_lib.make_mesh(grpo_workload.GrpoWorkload().mesh_config(config))
     sharded = _steps(config, mesh, model_setup.setup_model(config, mesh), 3)
     single = _steps(config, None, None, 3)
     for step, ((ids8, m8), (ids1, m1)) in enumerate(zip(sharded, single)):
@@ -150,7 +150,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         grpo_generation_replicas=2,
         **tiny_configs.TINY_GRPO,
     )
-    mesh_config = mesh_lib.MeshConfig.from_config(config)
+    mesh_config = grpo_workload.GrpoWorkload().mesh_config(config)
     mesh = mesh_lib.make_mesh(mesh_config)
     setup = model_setup.setup_model(config, mesh)
     generation = generation_mesh.make(config, mesh_config)
@@ -191,7 +191,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
           grpo_generation_replicas=replicas,
           **tiny_configs.TINY_GRPO,
       )
-      mesh_config = mesh_lib.MeshConfig.from_config(config)
+      mesh_config = grpo_workload.GrpoWorkload().mesh_config(config)
       mesh = mesh_lib.make_mesh(mesh_config)
       params = model_setup.init_params(
           config, model_setup.setup_model(config, mesh)

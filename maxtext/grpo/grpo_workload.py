@@ -331,7 +331,9 @@ class GrpoWorkload(workload.Workload):
   def mesh_config(self, config) -> mesh_lib.MeshConfig:
     """The training mesh's settings: `grpo_generation_devices` generate
     (`generation_mesh`), the rest train."""
-    return mesh_lib.MeshConfig.from_config(config)
+    return mesh_lib.MeshConfig.from_config(
+        config, generation_devices=config.grpo_generation_devices
+    )
 
   @property
   def reads_ahead(self) -> bool:

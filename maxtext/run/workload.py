@@ -93,12 +93,12 @@ class Workload:
 
   def mesh_config(self, config) -> mesh_lib.MeshConfig:
     """The training mesh's settings: the config's, every device trains
-    (GRPO's `grpo_generation_devices` are GRPO's alone).
+    (only GRPO's workload gives devices to generation).
 
     Raises:
       ValueError: as `mesh.MeshConfig.validate`.
     """
-    return mesh_lib.MeshConfig.from_config(config, grpo_generation_devices=0)
+    return mesh_lib.MeshConfig.from_config(config)
 
   def check_devices(self, config, mesh) -> None:
     """The workload's checks that need the devices (the training `mesh`;

@@ -38,9 +38,9 @@ data-center network, each axis within a slice as `data_parallelism` and
 only its gradient reduction crosses the slower network.
 
 The mesh's settings are `MeshConfig`: the config's parallelism fields and
-`grpo_generation_devices`, which the run's workload sets (GRPO's own, 0 for
-every other workload: `Workload.mesh_config`), so the mesh reads no
-workload's name.
+`generation_devices`, which the run's workload sets (a GRPO run's
+`grpo_generation_devices`, 0 for every other workload:
+`Workload.mesh_config`), so the mesh reads no workload's name or field.
 """
 
 import dataclasses
@@ -77,7 +77,7 @@ class MeshConfig(component_config.ComponentConfig):
     dcn_data_parallelism: slices holding data-parallel replicas; -1 = all
       slices the other leaves.
     dcn_fsdp_parallelism: slices FSDP shards over; -1 as above.
-    grpo_generation_devices: devices that generate instead of training
+    generation_devices: devices that generate instead of training
       (`generation_split`); 0 = all train. The workload decides
       (`Workload.mesh_config`): the config's for a GRPO run, else 0.
   """
@@ -89,7 +89,7 @@ class MeshConfig(component_config.ComponentConfig):
   context_parallelism: int = 1
   dcn_data_parallelism: int = -1
   dcn_fsdp_parallelism: int = 1
-  grpo_generation_devices: int = 0
+  generation_devices: int = 0
 
   def validate(self) -> None:
     """The axes' sizes on their own (against the devices: `make_mesh`).
@@ -175,7 +175,7 @@ def num_slices(devices: Sequence[jax.Device]) -> int:
 
 def generation_split(settings: MeshConfig) -> tuple[list, list]:
   """(training devices, generation devices): each process's last
-  `settings.grpo_generation_devices` / `jax.process_count()` devices
+  `settings.generation_devices` / `jax.process_count()` devices
   generate and the rest train (a job of one process: the last N devices);
   all train when it is 0. Both lists are in `jax.devices()` order (process
   by process), so every process holds a part of both meshes and takes part
@@ -186,7 +186,7 @@ def generation_split(settings: MeshConfig) -> tuple[list, list]:
       number (or processes of devices) that cannot be shared evenly.
   """
   devices = list(jax.devices())
-  n = settings.grpo_generation_devices
+  n = settings.generation_devices
   if not n:
     return devices, []
   if n >= len(devices):
@@ -224,7 +224,7 @@ def make_mesh(
     settings: MeshConfig, devices: Optional[Sequence[jax.Device]] = None
 ) -> Mesh:
   """The run's mesh over the training devices (`generation_split`: all of
-  them unless `settings.grpo_generation_devices` generate), or the given
+  them unless `settings.generation_devices` generate), or the given
   ones.
 
   ("data", "fsdp"), plus "expert" (last, so expert groups are neighbouring

@@ -37,6 +37,8 @@ class MeshConfigTest(parameterized.TestCase):
   def test_defaults_are_base_configs(self):
     for settings in (mesh_lib.MeshConfig, mesh_lib.BatchLayout):
       defaults = component_config.defaults(settings)
+      # The workload decides the generation devices; the config has none.
+      self.assertEqual(defaults.pop("generation_devices", 0), 0)
       config = base.get_config()
       with self.subTest(settings.__name__):
         self.assertEqual(defaults, {name: config[name] for name in defaults})
@@ -45,11 +47,10 @@ class MeshConfigTest(parameterized.TestCase):
     config = base.get_config()
     config.fsdp_parallelism = -1
     config.data_parallelism = 2
-    config.grpo_generation_devices = 4
     self.assertEqual(
-        mesh_lib.MeshConfig.from_config(config),
+        mesh_lib.MeshConfig.from_config(config, generation_devices=4),
         mesh_lib.MeshConfig(
-            data_parallelism=2, fsdp_parallelism=-1, grpo_generation_devices=4
+            data_parallelism=2, fsdp_parallelism=-1, generation_devices=4
         ),
     )
 

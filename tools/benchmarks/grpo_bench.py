@@ -151,7 +151,8 @@ def _grpo_step(config, functions):
     (the `step.GrpoStep`, its engine).
   """
   engine, setup = grpo_workload.engine_factory(
-      config, mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+      config,
+      mesh_lib.make_mesh(grpo_workload.GrpoWorkload().mesh_config(config)),
   )
   mesh = setup.mesh
   frozen = ml_collections.FrozenConfigDict(config)
@@ -279,7 +280,7 @@ def main(argv):
   k = config.gradient_accumulation_steps
   warmup_s = grpo.warm_up(0)
   shards = mesh_lib.make_mesh(
-      mesh_lib.MeshConfig.from_config(config)
+      grpo_workload.GrpoWorkload().mesh_config(config)
   ).devices.size
   records, rollouts, padding, sync_s = _timed_steps(
       grpo, engine, _STEPS.value, k, shards
