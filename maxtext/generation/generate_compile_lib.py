@@ -11,8 +11,9 @@ compiler runs on this host and its memory analysis says whether the
 rollout fits the slice's HBM, as `train_compile_lib` does for the training
 step (whose `ProgramMemory` figures these are).
 
-The parameters are the generation mesh's copy: in the compute dtype (the
-dtype the model computes in; training keeps them in `weight_dtype`), split
+The parameters are the generation mesh's copy: the matrices in the compute
+dtype (the dtype the model computes in; training keeps them in
+`weight_dtype`; `decode_weights`), split
 as the trainer splits them on that mesh (`model_setup`: FSDP, the expert
 and tensor axes). The engine's own arrays are placed as
 `paged_decoder.generate` places them (`replica_layout`): on a mesh with a
@@ -46,6 +47,7 @@ import jax.numpy as jnp
 from maxtext.core import progress as progress_lib
 from maxtext.engine import model_setup
 from maxtext.engine import train_compile_lib
+from maxtext.generation import decode_weights
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
 
@@ -110,19 +112,17 @@ class GenerationCompile:
 
 def generation_params(config, mesh: jax.sharding.Mesh) -> Any:
   """The parameters' `jax.ShapeDtypeStruct`s as a generation mesh holds
-  them: floating leaves in the compute dtype, each split as the trainer
-  splits it on `mesh` (`model_setup.setup_model`)."""
+  them: the leaves the model reads only in the compute dtype in it
+  (`decode_weights.dtypes`), each split as the trainer splits it on `mesh`
+  (`model_setup.setup_model`)."""
   setup = model_setup.setup_model(config, mesh)
-  dtype = jnp.dtype(config.compute_dtype)
-
-  def cast(leaf, sharding):
-    floating = jnp.issubdtype(leaf.dtype, jnp.floating)
-    return jax.ShapeDtypeStruct(
-        leaf.shape, dtype if floating else leaf.dtype, sharding=sharding
-    )
-
   return jax.tree_util.tree_map(
-      cast, setup.abstract_params, setup.param_shardings
+      lambda leaf, dtype, sharding: jax.ShapeDtypeStruct(
+          leaf.shape, dtype, sharding=sharding
+      ),
+      setup.abstract_params,
+      decode_weights.dtypes(setup.abstract_params, config),
+      setup.param_shardings,
   )
 
 

@@ -13,14 +13,15 @@ cpu_devices.request(4)
 # pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
 from absl.testing import absltest
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from maxtext.engine import model_setup
+from maxtext.generation import decode_weights
 from maxtext.generation import generate_compile_lib
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
 from maxtext.generation import paged_model
+from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
 from testing import tiny_configs
 
@@ -41,19 +42,13 @@ class WeightCopyTest(absltest.TestCase):
 
   def _check_against_arrays(self, config):
     """The copy's bytes equal those of the parameters themselves, made on
-    the mesh and cast to the compute dtype there."""
+    the mesh and copied for decoding there (`decode_weights.cast`)."""
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     setup = model_setup.setup_model(config, mesh)
     params = model_setup.init_params(config, setup)
-    copy_dtype = jnp.dtype(config.compute_dtype)
-    copied = jax.jit(
-        lambda p: jax.tree_util.tree_map(lambda x: x.astype(copy_dtype), p),
-        out_shardings=setup.param_shardings,
-    )(params)
-    leaves = jax.tree_util.tree_leaves(copied)
+    leaves = jax.tree_util.tree_leaves(decode_weights.cast(params, config))
     per_device = {d: 0 for d in mesh.devices.flat}
     for leaf in leaves:
-      self.assertEqual(leaf.dtype, copy_dtype)
       for shard in leaf.addressable_shards:
         per_device[shard.device] += shard.data.nbytes
 
@@ -61,10 +56,13 @@ class WeightCopyTest(absltest.TestCase):
 
     self.assertEqual(copy.dtype, "bfloat16")
     self.assertEqual(copy.total_bytes, sum(leaf.nbytes for leaf in leaves))
-    # Half of the float32 parameters' bytes.
+    # The float32 parameters' bytes, less half of the matrices'.
+    matrices = jax.tree_util.tree_leaves(transformer.compute_dtype_mask(params))
+    float32 = jax.tree_util.tree_leaves(params)
     self.assertEqual(
-        2 * copy.total_bytes,
-        sum(x.nbytes for x in jax.tree_util.tree_leaves(params)),
+        copy.total_bytes,
+        sum(x.nbytes for x in float32)
+        - sum(x.nbytes for x, m in zip(float32, matrices) if m) // 2,
     )
     self.assertEqual(copy.devices, 4)
     self.assertEqual(set(per_device.values()), {copy.device_bytes})

@@ -32,8 +32,9 @@ replica's free slots take (up to `EngineOptions.prefill_tokens` tokens);
 one admit call starts every continuation given a slot from one prefill
 call's contexts (their logits, recurrent states and partial pages' copies);
 a decode call runs up to `EngineOptions.chunk` steps on the device and
-returns early once a slot has finished while sequences wait, so a slot is
-refilled within a step of freeing. A rollout whose rows all have slots is
+returns early once `EngineOptions.refill` slots (1 by default) have
+finished while sequences wait, so a slot is refilled within a step of
+freeing. A rollout whose rows all have slots is
 thus one prefill, one admit and one decode call, however many contexts and
 samples it has. Each call takes its host values as one array or a few (a
 transfer each, not a program). Prefill is compiled once per length bucket
@@ -73,7 +74,7 @@ rows of a replica with fewer are empty and write nothing). Its
 continuations run in that replica's slots only, sharing its pages, and
 each replica fills its own free slots from its own ready continuations.
 The decode program's replicas step together: the call stops once any
-replica with work waiting has finished a sequence (the one value they
+replica with work waiting has finished its `refill` sequences (the one value they
 exchange, an integer pair a step), or when no replica has a running one.
 Draws are keyed by (row, step), so the ids do not depend on the replica
 either. `EngineGeneration`'s pages and bytes are summed over the replicas
@@ -94,6 +95,7 @@ import numpy as np
 
 from maxtext.core import checks
 from maxtext.generation import cached_model
+from maxtext.generation import decode_weights
 from maxtext.generation import decoder
 from maxtext.generation import kv_cache
 from maxtext.generation import page_pool
@@ -128,8 +130,13 @@ class EngineOptions:
       context per replica, for R = 1 the static decoder's cache for
       num_slots + 1 rows.
     chunk: most decode steps one program call runs before the host
-      refills slots (it returns early when a slot frees while sequences
-      wait).
+      refills slots (it returns early when slots free while sequences
+      wait: `refill`).
+    refill: while sequences wait for a slot, a replica's decode call
+      returns when this many of its sequences have finished (or as many
+      as wait, if fewer): 1 refills each slot within a step of its
+      freeing; more trades idle slot steps for fewer calls, and so for
+      less of the host's work between calls.
     prefill_tokens: most context tokens one prefill call writes per
       replica (its contexts x their length bucket): a call prefills as
       many waiting contexts as the replica's free slots take, up to this,
@@ -145,6 +152,7 @@ class EngineOptions:
   page_size: int = 16
   num_pages: int = 0
   chunk: int = 32
+  refill: int = 1
   prefill_tokens: int = 2048
   attention: str = "auto"
 
@@ -159,6 +167,7 @@ class EngineOptions:
       raise ValueError(f"page_size={size}: must be a power of two")
     checks.check_int("num_pages", self.num_pages, 0)
     checks.check_int("chunk", self.chunk, 1)
+    checks.check_int("refill", self.refill, 1)
     checks.check_int("prefill_tokens", self.prefill_tokens, 1)
 
 
@@ -1292,18 +1301,22 @@ class _Run:
           max(len(self.in_slot[s].pages) for s in running), self.width
       )
       self.slot_values[:, _ACTIVE] = [seq is not None for seq in self.in_slot]
-      # A replica with work waiting stops the call at its first finished
-      # sequence, so its slot is refilled within a step.
-      stop_after = np.array(
-          [
-              1
-              if self.ready[replica] or self.to_prefill
-              else self.local_slots + 1
-              for replica in range(replicas)
-          ],
-          np.int32,
-      )
-      self.collect(running, self.decode(view, stop_after))
+      self.collect(running, self.decode(view, self.stop_after()))
+
+  def stop_after(self) -> np.ndarray:
+    """Each replica's finished sequences at which a decode call returns:
+    with work waiting, `engine.refill` or as many as wait (so a slot is
+    refilled within a step at refill 1); else never (its slots + 1)."""
+    waiting_contexts = len(self.to_prefill) * self.g
+    return np.array(
+        [
+            min(self.engine.refill, len(ready) + waiting_contexts)
+            if ready or waiting_contexts
+            else self.local_slots + 1
+            for ready in self.ready
+        ],
+        np.int32,
+    )
 
   def result(self) -> "EngineGeneration":
     """The rows and the run's figures."""
@@ -1393,7 +1406,7 @@ def generate(
   )
   layout = replica_layout.for_model(config, mesh)
   run = _Run(
-      params,
+      decode_weights.cast(params, config),
       config,
       contexts,
       budgets,

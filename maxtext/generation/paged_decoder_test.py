@@ -146,6 +146,35 @@ class EngineTest(parameterized.TestCase):
     for run in runs[1:]:
       self._assert_same(run, runs[0])
 
+  def test_refilling_several_slots_a_call_keeps_the_ids_in_fewer_calls(self):
+    config, params = _model()
+    prompts = _prompts(np.random.default_rng(5), (3, 5, 2, 4))
+    options = sampling.SamplingOptions(
+        max_new_tokens=12,
+        num_samples=4,
+        temperature=1.0,
+        seed=2,
+        stop_ids=(4, 9),
+    )
+    runs = [
+        paged_decoder.generate(
+            params,
+            config,
+            prompts,
+            options,
+            engine=paged_decoder.EngineOptions(
+                num_slots=4, page_size=4, refill=refill
+            ),
+        )
+        for refill in (1, 4)
+    ]
+    self._assert_same(runs[1], runs[0])
+    # Rows stop early and the slots are refilled: waiting for four
+    # finished sequences a call takes fewer calls (and more steps).
+    self.assertLess(int(np.min(runs[0].lengths)), 12)
+    self.assertLess(runs[1].decode_calls, runs[0].decode_calls)
+    self.assertGreaterEqual(runs[1].decode_steps, runs[0].decode_steps)
+
   def test_each_context_is_prefilled_once_and_shares_its_pages(self):
     config, params = _model()
     # Lengths 5 and 9 end in a partial page of 4, 8 fills two pages.
@@ -320,6 +349,8 @@ class EngineTest(parameterized.TestCase):
       )
     with self.assertRaisesRegex(ValueError, "page_size=3"):
       paged_decoder.EngineOptions(page_size=3)
+    with self.assertRaisesRegex(ValueError, "refill"):
+      paged_decoder.EngineOptions(refill=0)
 
 
 if __name__ == "__main__":

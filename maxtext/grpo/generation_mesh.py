@@ -57,11 +57,11 @@ import time
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from maxtext.engine import model_setup
+from maxtext.generation import decode_weights
 from maxtext.runtime import mesh as mesh_lib
 
 # The axes of the laid-out source (step 1 with s < a) and of the copies.
@@ -208,7 +208,7 @@ class GenerationMesh:
     setup = model_setup.setup_model(gen_config, self.mesh)
     self._shardings = setup.param_shardings
     self._route = _Route(train_devices, devices)
-    self._dtype = jnp.dtype(config.compute_dtype)
+    self._config = config
     self._cast = None
     # Each leaf's source and transit layouts, made by the first copy.
     self._layouts = None
@@ -218,14 +218,13 @@ class GenerationMesh:
     """The jitted cast to the compute dtype, output in the parameters' own
     layout (each leaf's `NamedSharding`, the route's source)."""
     if self._cast is None:
-      dtype = self._dtype
+      config = self._config
 
       def cast(tree):
         return jax.tree.map(
-            lambda x: (
-                x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-            ),
+            lambda x, dtype: x.astype(dtype),
             tree,
+            decode_weights.dtypes(tree, config),
         )
 
       self._cast = jax.jit(

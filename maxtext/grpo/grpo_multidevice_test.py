@@ -26,6 +26,7 @@ import optax
 from maxtext.engine import engine as engine_lib
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
+from maxtext.generation import decode_weights
 from maxtext.grpo import generation_mesh
 from maxtext.grpo import prompts
 from maxtext.grpo import rewards
@@ -180,7 +181,8 @@ class GrpoMultiDeviceTest(absltest.TestCase):
     # Training + generation devices 6 + 2 (laid out over 2 of the 6
     # first), 4 + 4 (each training device's shards to one generation
     # device) and 2 + 6 (to three): the generation mesh holds the
-    # parameters in the compute dtype, exactly.
+    # parameters as a decoder reads them (`decode_weights`: the matrices
+    # in the compute dtype), exactly.
     # The last two with 2 replicas on the generation mesh's data axis.
     for n, copies, replicas in ((2, None, 1), (4, 1, 2), (6, 3, 2)):
       config = tiny_configs.model_config(
@@ -202,19 +204,27 @@ class GrpoMultiDeviceTest(absltest.TestCase):
           set(generation.mesh.devices.flat), set(jax.devices()[8 - n :])
       )
       self.assertEqual(generation.mesh.shape["data"], replicas)
+      dtypes = decode_weights.dtypes(params, config)
       for path, got in jax.tree_util.tree_leaves_with_path(copied):
         want = functools.reduce(lambda t, k: t[k.key], path, params)
-        self.assertEqual(got.dtype, np.dtype("bfloat16"), path)
+        dtype = functools.reduce(lambda t, k: t[k.key], path, dtypes)
+        self.assertEqual(got.dtype, dtype, path)
         self.assertEqual(
             set(got.sharding.device_set), set(jax.devices()[8 - n :])
         )
         np.testing.assert_array_equal(
-            np.asarray(got), np.asarray(want.astype("bfloat16")), str(path)
+            np.asarray(got), np.asarray(want.astype(dtype)), str(path)
         )
+      # Matrices in bfloat16, norm scales in float32.
+      self.assertEqual(
+          {str(x.dtype) for x in jax.tree.leaves(copied)},
+          {"bfloat16", "float32"},
+      )
       if copies is not None:
-        # Each training device's shards, in bfloat16, to `copies` devices.
+        # Each training device's shards, as copied, to `copies` devices.
         self.assertEqual(
-            generation.copy_bytes, copies * _held_bytes(params) // 2
+            generation.copy_bytes,
+            copies * _held_bytes(decode_weights.cast(params, config)),
         )
 
   def test_generation_devices_must_leave_training_some(self):

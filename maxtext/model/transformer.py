@@ -1197,8 +1197,35 @@ def weight_decay_mask(params: Params) -> Params:
   stacked "layers" one: projections, experts and embeddings are; norm
   scales, which the layer stack makes [layers, embed], are not.
   """
+  return _axes_mask(params, _is_matrix)
+
+
+def compute_dtype_mask(params: Params) -> Params:
+  """True for the parameters the model reads only in its compute dtype.
+
+  Every matrix (`weight_decay_mask`) is cast to the compute dtype where the
+  model multiplies by it, except the Gated DeltaNet's short convolution
+  kernels (the "conv_kernel" axis), which it applies in float32, as it does
+  its norm scales, router biases and decay parameters. A copy of the
+  parameters with these leaves in the compute dtype therefore gives the
+  same outputs as the parameters in `weight_dtype` (what a decoder reads:
+  `generation.decode_weights`).
+  """
+  return _axes_mask(
+      params, lambda names: _is_matrix(names) and "conv_kernel" not in names
+  )
+
+
+def _is_matrix(names: tuple) -> bool:
+  """Whether a parameter with these logical axes is a matrix: two or more
+  dimensions besides the stacked "layers" one."""
+  return sum(name != "layers" for name in names) >= 2
+
+
+def _axes_mask(params: Params, predicate) -> Params:
+  """A pytree like `params` of `predicate(logical axes)` for each leaf."""
   return jax.tree_util.tree_map(
-      lambda names: sum(name != "layers" for name in names) >= 2,
+      predicate,
       param_logical_axes(params),
       is_leaf=lambda x: isinstance(x, tuple),
   )

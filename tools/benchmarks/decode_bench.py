@@ -130,6 +130,12 @@ _MAX_LENGTH = flags.DEFINE_integer(
     "max_length", 1024, "longtail: cap on a completion's length."
 )
 _SLOTS = flags.DEFINE_integer("slots", 16, "longtail: paged decoder slots.")
+_REFILL = flags.DEFINE_integer(
+    "refill",
+    1,
+    "longtail: finished sequences a decode call waits for before it returns "
+    "to refill slots (paged_decoder.EngineOptions.refill).",
+)
 _PAGE_SIZE = flags.DEFINE_integer(
     "page_size", 16, "longtail: positions per page."
 )
@@ -230,6 +236,7 @@ def _longtail(config) -> None:
   engine = paged_decoder.EngineOptions(
       num_slots=_SLOTS.value,
       page_size=_PAGE_SIZE.value,
+      refill=_REFILL.value,
       attention=_ATTENTION.value,
   )
   why_not = paged_decoder.kernel_fits(
