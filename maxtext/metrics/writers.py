@@ -107,6 +107,65 @@ def _format_number(value: float, fmt: str) -> str:
   return format(value, fmt) if math.isfinite(value) else str(value)
 
 
+def _check_throughput(
+    throughput: throughput_lib.StepThroughput | None, tokens_per_step: int
+) -> None:
+  """Raises TypeError or ValueError unless `throughput` is None or a
+  StepThroughput of `tokens_per_step` tokens per step."""
+  if throughput is None:
+    return
+  if not isinstance(throughput, throughput_lib.StepThroughput):
+    raise TypeError(
+        "throughput must be a throughput.StepThroughput or "
+        f"None, got {throughput!r}"
+    )
+  if throughput.tokens_per_step != tokens_per_step:
+    raise ValueError(
+        f"throughput.tokens_per_step ({throughput.tokens_per_step}) must "
+        f"equal tokens_per_step ({tokens_per_step})"
+    )
+
+
+def _open_jsonl(path: str, first_step: int) -> TextIO:
+  """metrics.jsonl at `path` opened for appending, its records at steps >=
+  `first_step` dropped first (an earlier attempt's, on a resume)."""
+  jsonl.truncate_jsonl(path, first_step)
+  # Held open for the logger's life and closed by MetricLogger.close().
+  return open(path, "a", encoding="utf-8")
+
+
+def _open_event_file(
+    directory: str, first_step: int, event_pb2: Any
+) -> event_file.EventFile:
+  """A new TensorBoard event file in `directory` whose session starts at
+  `first_step`.
+
+  The session start makes TensorBoard discard the events at steps >=
+  `first_step` that an interrupted earlier attempt left in older event
+  files.
+
+  Args:
+    directory: the TensorBoard directory.
+    first_step: the first step the logger will write.
+    event_pb2: tensorboardX's event proto module (imported by the caller,
+      the primary process only).
+  """
+  events = event_file.EventFile(
+      directory,
+      event_pb2.Event(
+          wall_time=time.time(), file_version="brain.Event:2"
+      ).SerializeToString(),
+  )
+  events.write(
+      event_pb2.Event(
+          step=first_step,
+          wall_time=time.time(),
+          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+      ).SerializeToString()
+  )
+  return events
+
+
 class MetricLogger:
   """Console, JSONL and TensorBoard writer for one run (see module docstring).
 
@@ -150,17 +209,7 @@ class MetricLogger:
     first_step = checks.check_int("first_step", first_step, 0)
     if not callable(time_fn):
       raise TypeError(f"time_fn must be callable, got {time_fn!r}")
-    if throughput is not None:
-      if not isinstance(throughput, throughput_lib.StepThroughput):
-        raise TypeError(
-            "throughput must be a throughput.StepThroughput or "
-            f"None, got {throughput!r}"
-        )
-      if throughput.tokens_per_step != tokens_per_step:
-        raise ValueError(
-            f"throughput.tokens_per_step ({throughput.tokens_per_step}) must "
-            f"equal tokens_per_step ({tokens_per_step})"
-        )
+    _check_throughput(throughput, tokens_per_step)
     self._throughput = throughput
     self._run_dir = os.fspath(run_dir)
     self._is_primary = bool(is_primary)
@@ -179,12 +228,7 @@ class MetricLogger:
     if not self._is_primary:
       return
     os.makedirs(self._run_dir, exist_ok=True)
-    jsonl_path = os.path.join(self._run_dir, jsonl.METRICS_FILENAME)
-    jsonl.truncate_jsonl(jsonl_path, first_step)
-    # Held open for the logger's life and closed by close().
-    self._jsonl = open(  # pylint: disable=consider-using-with
-        jsonl_path, "a", encoding="utf-8"
-    )
+    self._jsonl = _open_jsonl(self.jsonl_path, first_step)
     # Imported here so that non-primary processes never load tensorboardX.
     from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
     # Imported here for the same reason.
@@ -193,22 +237,7 @@ class MetricLogger:
     self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
     # One Summary per record holds all its scalars (one event per scalar
     # costs about ten times the host time per step).
-    self._tb = event_file.EventFile(
-        self.tensorboard_dir,
-        event_pb2.Event(
-            wall_time=time.time(), file_version="brain.Event:2"
-        ).SerializeToString(),
-    )
-    # A session start at first_step makes TensorBoard discard the events at
-    # steps >= first_step that an interrupted earlier attempt left in older
-    # event files.
-    self._tb.write(
-        event_pb2.Event(
-            step=first_step,
-            wall_time=time.time(),
-            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
-        ).SerializeToString()
-    )
+    self._tb = _open_event_file(self.tensorboard_dir, first_step, event_pb2)
     # Real time, not time_fn: the flush cadence is no metric.
     self._tb_flushed_at = time.monotonic()
 
