@@ -437,10 +437,13 @@ class GcsMirror:
     self._in_pass = False
     self._final_ok = False
     self._closed = False
-    self._thread = threading.Thread(
-        target=self._loop, name="gcs-mirror", daemon=True
-    )
-    self._thread.start()
+    self._thread = self._start_loop()
+
+  def _start_loop(self) -> threading.Thread:
+    """Starts the background thread that runs the passes (`_loop`)."""
+    thread = threading.Thread(target=self._loop, name="gcs-mirror", daemon=True)
+    thread.start()
+    return thread
 
   # --- caller side ------------------------------------------------------------
 
