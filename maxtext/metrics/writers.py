@@ -134,36 +134,68 @@ def _open_jsonl(path: str, first_step: int) -> TextIO:
   return open(path, "a", encoding="utf-8")
 
 
-def _open_event_file(
-    directory: str, first_step: int, event_pb2: Any
-) -> event_file.EventFile:
-  """A new TensorBoard event file in `directory` whose session starts at
-  `first_step`.
+class _TensorBoardEvents:
+  """The run's TensorBoard event file (primary process only).
 
-  The session start makes TensorBoard discard the events at steps >=
-  `first_step` that an interrupted earlier attempt left in older event
-  files.
-
-  Args:
-    directory: the TensorBoard directory.
-    first_step: the first step the logger will write.
-    event_pb2: tensorboardX's event proto module (imported by the caller,
-      the primary process only).
+  Each record is one event whose Summary holds all its scalars (one event
+  per scalar costs about ten times the host time per step). Events reach
+  the disk every _TB_FLUSH_SECONDS (a flush syncs the file), at `flush()`
+  and at `close()`.
   """
-  events = event_file.EventFile(
-      directory,
-      event_pb2.Event(
-          wall_time=time.time(), file_version="brain.Event:2"
-      ).SerializeToString(),
-  )
-  events.write(
-      event_pb2.Event(
-          step=first_step,
-          wall_time=time.time(),
-          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
-      ).SerializeToString()
-  )
-  return events
+
+  def __init__(self, directory: str, first_step: int):
+    """Opens a new event file in `directory` whose session starts at
+    `first_step`: TensorBoard then discards the events at steps >=
+    `first_step` that an interrupted earlier attempt left in older event
+    files."""
+    # Imported here so that non-primary processes never load tensorboardX.
+    from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+    # Imported here for the same reason.
+    from tensorboardX.proto import summary_pb2  # pylint: disable=import-outside-toplevel
+
+    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+    self._file = event_file.EventFile(
+        directory,
+        event_pb2.Event(
+            wall_time=time.time(), file_version="brain.Event:2"
+        ).SerializeToString(),
+    )
+    self._file.write(
+        event_pb2.Event(
+            step=first_step,
+            wall_time=time.time(),
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+        ).SerializeToString()
+    )
+    # Real time, not time_fn: the flush cadence is no metric.
+    self._flushed_at = time.monotonic()
+
+  def write(
+      self, step: int, kind: str, values: Mapping[str, int | float]
+  ) -> None:
+    """Appends the record's event: each value tagged `<kind>/<name>`."""
+    value_pb = self._summary_pb2.Summary.Value
+    self._file.write(
+        self._event_pb2.Event(
+            step=step,
+            wall_time=time.time(),
+            summary=self._summary_pb2.Summary(
+                value=[
+                    value_pb(tag=f"{kind}/{name}", simple_value=float(value))
+                    for name, value in values.items()
+                ]
+            ),
+        ).SerializeToString()
+    )
+    if time.monotonic() - self._flushed_at >= _TB_FLUSH_SECONDS:
+      self.flush()
+
+  def flush(self) -> None:
+    self._file.flush()
+    self._flushed_at = time.monotonic()
+
+  def close(self) -> None:
+    self._file.close()
 
 
 class MetricLogger:
@@ -219,7 +251,7 @@ class MetricLogger:
     self._time_fn = time_fn
     self._closed = False
     self._jsonl: TextIO | None = None
-    self._tb = None
+    self._tb: _TensorBoardEvents | None = None
     # Timing: the clock at the previous train write (or at construction), and
     # the time and step count accumulated since the last console line.
     self._last_time = time_fn()
@@ -229,17 +261,7 @@ class MetricLogger:
       return
     os.makedirs(self._run_dir, exist_ok=True)
     self._jsonl = _open_jsonl(self.jsonl_path, first_step)
-    # Imported here so that non-primary processes never load tensorboardX.
-    from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
-    # Imported here for the same reason.
-    from tensorboardX.proto import summary_pb2  # pylint: disable=import-outside-toplevel
-
-    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
-    # One Summary per record holds all its scalars (one event per scalar
-    # costs about ten times the host time per step).
-    self._tb = _open_event_file(self.tensorboard_dir, first_step, event_pb2)
-    # Real time, not time_fn: the flush cadence is no metric.
-    self._tb_flushed_at = time.monotonic()
+    self._tb = _TensorBoardEvents(self.tensorboard_dir, first_step)
 
   @staticmethod
   @contextlib.contextmanager
@@ -403,32 +425,12 @@ class MetricLogger:
     with self._naming(self.jsonl_path):
       self._jsonl.write(jsonl.encode_record(step, kind, values) + "\n")
       self._jsonl.flush()
-    value_pb = self._summary_pb2.Summary.Value
-    self._tb.write(
-        self._event_pb2.Event(
-            step=step,
-            wall_time=time.time(),
-            summary=self._summary_pb2.Summary(
-                value=[
-                    value_pb(tag=f"{kind}/{name}", simple_value=float(value))
-                    for name, value in values.items()
-                ]
-            ),
-        ).SerializeToString()
-    )
-    # Events reach the disk every _TB_FLUSH_SECONDS (a flush syncs the
-    # file), at flush() and at close().
-    if time.monotonic() - self._tb_flushed_at >= _TB_FLUSH_SECONDS:
-      self._flush_tb()
-
-  def _flush_tb(self) -> None:
-    self._tb.flush()
-    self._tb_flushed_at = time.monotonic()
+    self._tb.write(step, kind, values)
 
   def flush(self) -> None:
     """Pushes buffered TensorBoard events to disk (the JSONL always is)."""
     if self._tb is not None and not self._closed:
-      self._flush_tb()
+      self._tb.flush()
 
   def close(self) -> None:
     """Flushes and closes every output. Safe to call more than once."""
