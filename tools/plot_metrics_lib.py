@@ -294,16 +294,8 @@ def plot_runs(
     raise ValueError("metrics_paths: name at least one metrics.jsonl")
   if not metrics:
     raise ValueError("metrics: name at least one metric to plot")
-  several = len(paths) > 1
-  runs = [
-      (
-          run_label(path) if several else "",
-          {metric: load_loss_curves(path, metric) for metric in metrics},
-      )
-      for path in paths
-  ]
   fig = make_runs_figure(
-      runs,
+      _load_runs(paths, metrics),
       list(metrics),
       target=target,
       title=title if title is not None else ", ".join(paths),
@@ -314,7 +306,31 @@ def plot_runs(
     output_path = os.path.join(
         os.path.dirname(os.path.abspath(paths[0])), DEFAULT_OUTPUT_NAME
     )
-  output_path = os.fspath(output_path)
+  return _save_png(fig, os.fspath(output_path))
+
+
+def _load_runs(
+    paths: Sequence[str], metrics: Sequence[str]
+) -> list[tuple[str, dict[str, LossCurves]]]:
+  """(label, curves by metric) of each metrics.jsonl of `paths`, for
+  `make_runs_figure`; the label is "" for a single run.
+
+  Raises:
+    FileNotFoundError, ValueError: see `load_loss_curves`.
+  """
+  several = len(paths) > 1
+  return [
+      (
+          run_label(path) if several else "",
+          {metric: load_loss_curves(path, metric) for metric in metrics},
+      )
+      for path in paths
+  ]
+
+
+def _save_png(fig, output_path: str) -> str:
+  """Writes `fig` as a PNG to `output_path` (its directory made if
+  missing); returns the path."""
   os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
   fig.savefig(output_path, format="png", dpi=_DPI)
   return output_path

@@ -253,48 +253,8 @@ def main(argv):
   command_line.check(argv, _CONFIG, _TOPOLOGY)
   config = _CONFIG.value
   with command_line.user_errors(_PROGRAM, (TypeError, ValueError)):
-    if _SEARCH.value and _COMPILED_STEP_FILE.value is not None:
-      raise ValueError(
-          "--compiled_step_file: give it without --search, with the "
-          "setting the search chose"
-      )
-    if _HLO_DIR.value is not None and (
-        _SEARCH.value or _COMPILE.value == "generate"
-    ):
-      raise ValueError(
-          f"--hlo_dir={_HLO_DIR.value}: for the training step of one "
-          "setting (not with --search or --program=generate)"
-      )
-    if _HLO_DIR.value is not None:
-      # Made before any compile: a path under a file is one line, not a
-      # traceback after minutes of compiling.
-      try:
-        os.makedirs(_hlo_dir(), exist_ok=True)
-      except OSError as e:
-        raise ValueError(f"--hlo_dir={_HLO_DIR.value}: {e.strerror}") from None
-    if _COMPILE.value == "generate":
-      if _SEARCH.value or _COMPILED_STEP_FILE.value is not None:
-        raise ValueError(
-            "--program=generate: --search and --compiled_step_file are for "
-            "the training step"
-        )
-      slots = _SLOTS.value or config.grpo_decode_slots
-      if slots < 1:
-        raise ValueError(
-            f"--slots={_SLOTS.value}: give the slots (>= 1); the config's "
-            f"grpo_decode_slots is {config.grpo_decode_slots}"
-        )
-    tpu_slice = topology.parse(_TOPOLOGY.value)
-    hbm = tpu_slice.generation.hbm_bytes
-    if _HBM_GIB.value is not None:
-      if _HBM_GIB.value <= 0:
-        raise ValueError(f"--hbm_gib={_HBM_GIB.value}: must be > 0")
-      hbm = int(_HBM_GIB.value * 2**30)
-    if not hbm:
-      raise ValueError(
-          f"--topology={_TOPOLOGY.value}: fake CPU devices have no HBM; "
-          "give --hbm_gib"
-      )
+    _check_flags(config)
+    tpu_slice, hbm = _slice_and_hbm()
   devices = _devices(tpu_slice)
   # Imported once JAX has its platform (see _devices).
   # pylint: disable=import-outside-toplevel
@@ -325,6 +285,64 @@ def main(argv):
     _generate(config, mesh, tpu_slice, devices, hbm, *rollout)
     return
   _train(config, mesh, tpu_slice, devices, hbm, inputs)
+
+
+def _check_flags(config) -> None:
+  """Raises ValueError for flags that do not go together, an --hlo_dir that
+  cannot be made (it is made here, before any compile), or --program=generate
+  without decode slots."""
+  if _SEARCH.value and _COMPILED_STEP_FILE.value is not None:
+    raise ValueError(
+        "--compiled_step_file: give it without --search, with the "
+        "setting the search chose"
+    )
+  if _HLO_DIR.value is not None and (
+      _SEARCH.value or _COMPILE.value == "generate"
+  ):
+    raise ValueError(
+        f"--hlo_dir={_HLO_DIR.value}: for the training step of one "
+        "setting (not with --search or --program=generate)"
+    )
+  if _HLO_DIR.value is not None:
+    # Made before any compile: a path under a file is one line, not a
+    # traceback after minutes of compiling.
+    try:
+      os.makedirs(_hlo_dir(), exist_ok=True)
+    except OSError as e:
+      raise ValueError(f"--hlo_dir={_HLO_DIR.value}: {e.strerror}") from None
+  if _COMPILE.value == "generate":
+    if _SEARCH.value or _COMPILED_STEP_FILE.value is not None:
+      raise ValueError(
+          "--program=generate: --search and --compiled_step_file are for "
+          "the training step"
+      )
+    slots = _SLOTS.value or config.grpo_decode_slots
+    if slots < 1:
+      raise ValueError(
+          f"--slots={_SLOTS.value}: give the slots (>= 1); the config's "
+          f"grpo_decode_slots is {config.grpo_decode_slots}"
+      )
+
+
+def _slice_and_hbm():
+  """The --topology's slice and the HBM bytes of one of its devices
+  (--hbm_gib where given).
+
+  Raises:
+    ValueError: a bad --topology or --hbm_gib, or no HBM to assume.
+  """
+  tpu_slice = topology.parse(_TOPOLOGY.value)
+  hbm = tpu_slice.generation.hbm_bytes
+  if _HBM_GIB.value is not None:
+    if _HBM_GIB.value <= 0:
+      raise ValueError(f"--hbm_gib={_HBM_GIB.value}: must be > 0")
+    hbm = int(_HBM_GIB.value * 2**30)
+  if not hbm:
+    raise ValueError(
+        f"--topology={_TOPOLOGY.value}: fake CPU devices have no HBM; "
+        "give --hbm_gib"
+    )
+  return tpu_slice, hbm
 
 
 def _hlo_dir():

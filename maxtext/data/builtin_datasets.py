@@ -293,6 +293,31 @@ def _open_tokens(path: str, name: str) -> np.ndarray:
   """
   if not path:
     raise ValueError(f"{name} is required for dataset_type='tokens_file'")
+  size = _token_file_size(path, name)
+  dtype, shape, offset = _token_layout(path, name, size)
+  if not np.issubdtype(dtype, np.integer):
+    raise _fail(name, path, f"has dtype {dtype}; token ids must be integers")
+  if len(shape) != 1:
+    raise _fail(
+        name,
+        path,
+        f"has shape {shape}; expected a flat 1-D array " "of token ids",
+    )
+  if shape[0] == 0:
+    return np.zeros((0,), dtype)  # mmap cannot map zero bytes.
+  try:
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+  except OSError as e:
+    raise _fail(name, path, f"cannot be read: {e.strerror or e}") from None
+
+
+def _token_file_size(path: str, name: str) -> int:
+  """The size of the token file at `path`, checked to be a non-empty regular
+  file named .npy or .bin.
+
+  Raises:
+    ValueError: as `_open_tokens`.
+  """
   try:
     info = os.stat(path)
   except OSError as e:
@@ -314,6 +339,18 @@ def _open_tokens(path: str, name: str) -> np.ndarray:
   size = info.st_size
   if size == 0:
     raise _fail(name, path, "is empty")
+  return size
+
+
+def _token_layout(
+    path: str, name: str, size: int
+) -> tuple[np.dtype, tuple[int, ...], int]:
+  """The dtype, shape and data offset of the token file at `path` of `size`
+  bytes, from its .npy header or its raw uint16 size.
+
+  Raises:
+    ValueError: as `_open_tokens`.
+  """
   try:
     with open(path, "rb") as f:
       if path.endswith(".npy"):
@@ -329,20 +366,7 @@ def _open_tokens(path: str, name: str) -> np.ndarray:
         dtype, shape, offset = RAW_TOKEN_DTYPE, (size // 2,), 0
   except OSError as e:
     raise _fail(name, path, f"cannot be read: {e.strerror or e}") from None
-  if not np.issubdtype(dtype, np.integer):
-    raise _fail(name, path, f"has dtype {dtype}; token ids must be integers")
-  if len(shape) != 1:
-    raise _fail(
-        name,
-        path,
-        f"has shape {shape}; expected a flat 1-D array " "of token ids",
-    )
-  if shape[0] == 0:
-    return np.zeros((0,), dtype)  # mmap cannot map zero bytes.
-  try:
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
-  except OSError as e:
-    raise _fail(name, path, f"cannot be read: {e.strerror or e}") from None
+  return dtype, shape, offset
 
 
 def _open_checked(settings: data_config.DataConfig, name: str) -> np.ndarray:

@@ -274,31 +274,10 @@ def compile_step(
   """
   setup = model_setup.setup_model(config, mesh)
   engine = inputs.make_engine(config, setup, setup.abstract_params)
-  # The training state that stays on the device while a program runs
-  # without being one of its arguments: with K > 1 the micro-step takes
-  # all of it; with K = 1 the optimizer state stays beside the micro-step
-  # (its argument is the parameters) and the update takes all of it; the
-  # optimizer state stays beside the eval.
-  opt_bytes = device_bytes(engine.opt_state)
-  separate_update = "update" in engine.program_names()
-  resident_bytes = {
-      "micro_step": opt_bytes if separate_update else 0,
-      "update": 0,
-  }
+  opt_bytes, resident_bytes = _resident_bytes(engine)
   done = []
   kept = {}
-  micro_batch = inputs.micro_batch(config)
-  if every_program:
-    if inputs.eval_batch is None:
-      raise ValueError(
-          f"config.workload={config.workload!r}: its step's programs are "
-          "not saved ahead of time (its eval is not the engine's)"
-      )
-    lowered_programs = engine.lower_programs(
-        micro_batch, inputs.eval_batch(config)
-    )
-  else:
-    lowered_programs = engine.lower(micro_batch)
+  lowered_programs = _lower(config, engine, inputs, every_program)
   for name, lowered in lowered_programs.items():
     if programs is not None and not programs(name):
       continue
@@ -313,6 +292,44 @@ def compile_step(
       kept[name] = compiled
     done.append(memory)
   return StepCompile(tuple(done), None, kept)
+
+
+def _resident_bytes(engine: Any) -> tuple[int, dict[str, int]]:
+  """The bytes of the training state that stay on the device while a
+  program runs without being one of its arguments: (the optimizer state's,
+  by program name where that differs).
+
+  With K > 1 the micro-step takes all of it; with K = 1 the optimizer state
+  stays beside the micro-step (its argument is the parameters) and the
+  update takes all of it; the optimizer state stays beside the eval.
+  """
+  opt_bytes = device_bytes(engine.opt_state)
+  separate_update = "update" in engine.program_names()
+  return opt_bytes, {
+      "micro_step": opt_bytes if separate_update else 0,
+      "update": 0,
+  }
+
+
+def _lower(
+    config, engine: Any, inputs: StepInputs, every_program: bool
+) -> dict[str, Any]:
+  """The lowered programs of `engine` by name: the step's, or with
+  `every_program` every program a run needs (`compile_step`).
+
+  Raises:
+    ValueError: `every_program` for a workload whose eval is not the
+      engine's.
+  """
+  micro_batch = inputs.micro_batch(config)
+  if not every_program:
+    return engine.lower(micro_batch)
+  if inputs.eval_batch is None:
+    raise ValueError(
+        f"config.workload={config.workload!r}: its step's programs are "
+        "not saved ahead of time (its eval is not the engine's)"
+    )
+  return engine.lower_programs(micro_batch, inputs.eval_batch(config))
 
 
 def write_hlo(compiled: Any, name: str, directory: str) -> str:

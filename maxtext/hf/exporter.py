@@ -174,24 +174,7 @@ def export_checkpoint(
   document, hf_tensors = hf_config_and_tensors(config, params, dtype)
   output_dir = staging_lib.resolve(output_dir)
   staging_lib.check_output(output_dir)
-  np_dtype = safetensors_io.DTYPES["BF16" if dtype == "bfloat16" else "F32"]
-  parts = {}
-  for t in hf_tensors:
-    leaf = params
-    for key in t.path:
-      leaf = leaf[key]
-    parts.setdefault(t.hf_name, []).append((leaf, t))
-  tensors = {
-      name: _Converted(
-          group,
-          (
-              np.dtype(np.float32)
-              if group[0][1].path[-1] in _FLOAT32
-              else np_dtype
-          ),
-      )
-      for name, group in parts.items()
-  }
+  tensors = _converted_tensors(params, hf_tensors, dtype)
   staging = staging_lib.make(output_dir, "exporting", log)
   try:
     _write_shards(staging, tensors, max_shard_bytes, progress)
@@ -204,6 +187,32 @@ def export_checkpoint(
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
+
+
+def _converted_tensors(
+    params, hf_tensors: list[llama.Tensor], dtype: str
+) -> dict[str, _Converted]:
+  """Each Hugging Face tensor of `hf_tensors` by name, from its parameter
+  parts in `params`, in `dtype` ("bfloat16" or "float32"; float32 for the
+  parameters of _FLOAT32 whatever `dtype` says)."""
+  np_dtype = safetensors_io.DTYPES["BF16" if dtype == "bfloat16" else "F32"]
+  parts = {}
+  for t in hf_tensors:
+    leaf = params
+    for key in t.path:
+      leaf = leaf[key]
+    parts.setdefault(t.hf_name, []).append((leaf, t))
+  return {
+      name: _Converted(
+          group,
+          (
+              np.dtype(np.float32)
+              if group[0][1].path[-1] in _FLOAT32
+              else np_dtype
+          ),
+      )
+      for name, group in parts.items()
+  }
 
 
 def _nbytes(tensor) -> int:

@@ -488,34 +488,17 @@ def import_checkpoint(
   Raises:
     ConversionError: bad input, before anything is written.
   """
-  # Resolved up front: a symbolic link to an empty directory is replaced
-  # by the finished checkpoint where it points.
-  output_dir = staging_lib.resolve(output_dir)
-  try:
-    staging_lib.check_output(output_dir)
-  except ValueError as e:
-    raise ConversionError(str(e)) from None
+  output_dir = _checked_output(output_dir)
   hf, module, fields = _read_source(input_dir)
   config = _checked_config(config, fields, input_dir, log)
   abstract, tensors = plan(hf, config)
   check_unused(hf, module, tensors, allow_unused_tensors, log)
-  if module is deepseek:
-    for line in deepseek.notes(hf.config):
-      log(line)
-  if module is qwen35:
-    for line in qwen35.notes(hf.config, hf.names()):
-      log(line)
+  _log_notes(module, hf, log)
 
   staging = staging_lib.make(output_dir, "importing", log)
   try:
     checkpoint_dir = _write_parameters(
-        hf,
-        abstract,
-        tensors,
-        staging,
-        input_dir,
-        allow_non_finite,
-        progress,
+        hf, abstract, tensors, staging, input_dir, allow_non_finite, progress
     )
     _write_sources(checkpoint_dir, hf, fields, input_dir)
     _copy_tokenizer(input_dir, checkpoint_dir, log)
@@ -526,6 +509,33 @@ def import_checkpoint(
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return config
+
+
+def _checked_output(output_dir: str) -> str:
+  """`output_dir` resolved, checked to be absent or an empty directory.
+
+  Raises:
+    ConversionError: it is not; one line.
+  """
+  # Resolved up front: a symbolic link to an empty directory is replaced
+  # by the finished checkpoint where it points.
+  output_dir = staging_lib.resolve(output_dir)
+  try:
+    staging_lib.check_output(output_dir)
+  except ValueError as e:
+    raise ConversionError(str(e)) from None
+  return output_dir
+
+
+def _log_notes(module, hf, log: Callable[[str], None]) -> None:
+  """Logs the parts of the model `hf` that the import leaves out, one line
+  each, where its family `module` (DeepSeek-V3, Qwen3.5-MoE) names them."""
+  if module is deepseek:
+    for line in deepseek.notes(hf.config):
+      log(line)
+  if module is qwen35:
+    for line in qwen35.notes(hf.config, hf.names()):
+      log(line)
 
 
 def _read_source(input_dir: str):

@@ -57,21 +57,7 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     UnsupportedError: another architecture, or a Llama option the model
       lacks (biases, another activation or rotary scaling); one line.
   """
-  architectures = hf.get("architectures") or [hf.get("model_type")]
-  if ARCHITECTURE not in architectures:
-    raise UnsupportedError(
-        f"{source}: architecture {architectures[0]!r} is not supported "
-        f"(supported: {ARCHITECTURE})"
-    )
-  for key, wanted in (
-      ("attention_bias", False),
-      ("mlp_bias", False),
-      ("hidden_act", "silu"),
-  ):
-    if hf.get(key, wanted) != wanted:
-      raise UnsupportedError(
-          f"{source}: {key}={hf[key]!r} is not supported (only {wanted!r})"
-      )
+  _check_llama(hf, source)
   heads = int(hf["num_attention_heads"])
   theta, scaling = rope_config(hf)
   fields = {
@@ -91,22 +77,55 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
       ),
       "rope_scaling": "none",
   }
-  kind = scaling.get("rope_type", scaling.get("type", "default"))
-  if kind == "llama3":
-    fields.update(
-        rope_scaling="llama3",
-        rope_scaling_factor=float(scaling["factor"]),
-        rope_low_freq_factor=float(scaling["low_freq_factor"]),
-        rope_high_freq_factor=float(scaling["high_freq_factor"]),
-        rope_original_max_position=int(
-            scaling["original_max_position_embeddings"]
-        ),
+  fields.update(_rope_scaling_fields(scaling, source))
+  return fields
+
+
+def _check_llama(hf: Mapping[str, Any], source: str) -> None:
+  """Raises UnsupportedError unless config.json `hf` (at `source`) is a
+  Llama without biases, with SiLU."""
+  architectures = hf.get("architectures") or [hf.get("model_type")]
+  if ARCHITECTURE not in architectures:
+    raise UnsupportedError(
+        f"{source}: architecture {architectures[0]!r} is not supported "
+        f"(supported: {ARCHITECTURE})"
     )
-  elif kind != "default":
+  for key, wanted in (
+      ("attention_bias", False),
+      ("mlp_bias", False),
+      ("hidden_act", "silu"),
+  ):
+    if hf.get(key, wanted) != wanted:
+      raise UnsupportedError(
+          f"{source}: {key}={hf[key]!r} is not supported (only {wanted!r})"
+      )
+
+
+def _rope_scaling_fields(
+    scaling: Mapping[str, Any], source: str
+) -> dict[str, Any]:
+  """The project's rotary scaling fields of a Llama config.json's scaling
+  dict (`rope_config`): none for the default, Llama 3's otherwise.
+
+  Raises:
+    UnsupportedError: another rope_type; one line.
+  """
+  kind = scaling.get("rope_type", scaling.get("type", "default"))
+  if kind == "default":
+    return {}
+  if kind != "llama3":
     raise UnsupportedError(
         f"{source}: rope_type {kind!r} is not supported (default or llama3)"
     )
-  return fields
+  return dict(
+      rope_scaling="llama3",
+      rope_scaling_factor=float(scaling["factor"]),
+      rope_low_freq_factor=float(scaling["low_freq_factor"]),
+      rope_high_freq_factor=float(scaling["high_freq_factor"]),
+      rope_original_max_position=int(
+          scaling["original_max_position_embeddings"]
+      ),
+  )
 
 
 def hf_config(config, dtype: str) -> dict[str, Any]:

@@ -107,6 +107,97 @@ def _format_number(value: float, fmt: str) -> str:
   return format(value, fmt) if math.isfinite(value) else str(value)
 
 
+def _check_throughput(
+    throughput: throughput_lib.StepThroughput | None, tokens_per_step: int
+) -> None:
+  """Raises TypeError or ValueError unless `throughput` is None or a
+  StepThroughput of `tokens_per_step` tokens per step."""
+  if throughput is None:
+    return
+  if not isinstance(throughput, throughput_lib.StepThroughput):
+    raise TypeError(
+        "throughput must be a throughput.StepThroughput or "
+        f"None, got {throughput!r}"
+    )
+  if throughput.tokens_per_step != tokens_per_step:
+    raise ValueError(
+        f"throughput.tokens_per_step ({throughput.tokens_per_step}) must "
+        f"equal tokens_per_step ({tokens_per_step})"
+    )
+
+
+def _open_jsonl(path: str, first_step: int) -> TextIO:
+  """metrics.jsonl at `path` opened for appending, its records at steps >=
+  `first_step` dropped first (an earlier attempt's, on a resume)."""
+  jsonl.truncate_jsonl(path, first_step)
+  # Held open for the logger's life and closed by MetricLogger.close().
+  return open(path, "a", encoding="utf-8")
+
+
+class _TensorBoardEvents:
+  """The run's TensorBoard event file (primary process only).
+
+  Each record is one event whose Summary holds all its scalars (one event
+  per scalar costs about ten times the host time per step). Events reach
+  the disk every _TB_FLUSH_SECONDS (a flush syncs the file), at `flush()`
+  and at `close()`.
+  """
+
+  def __init__(self, directory: str, first_step: int):
+    """Opens a new event file in `directory` whose session starts at
+    `first_step`: TensorBoard then discards the events at steps >=
+    `first_step` that an interrupted earlier attempt left in older event
+    files."""
+    # Imported here so that non-primary processes never load tensorboardX.
+    from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+    # Imported here for the same reason.
+    from tensorboardX.proto import summary_pb2  # pylint: disable=import-outside-toplevel
+
+    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+    self._file = event_file.EventFile(
+        directory,
+        event_pb2.Event(
+            wall_time=time.time(), file_version="brain.Event:2"
+        ).SerializeToString(),
+    )
+    self._file.write(
+        event_pb2.Event(
+            step=first_step,
+            wall_time=time.time(),
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+        ).SerializeToString()
+    )
+    # Real time, not time_fn: the flush cadence is no metric.
+    self._flushed_at = time.monotonic()
+
+  def write(
+      self, step: int, kind: str, values: Mapping[str, int | float]
+  ) -> None:
+    """Appends the record's event: each value tagged `<kind>/<name>`."""
+    value_pb = self._summary_pb2.Summary.Value
+    self._file.write(
+        self._event_pb2.Event(
+            step=step,
+            wall_time=time.time(),
+            summary=self._summary_pb2.Summary(
+                value=[
+                    value_pb(tag=f"{kind}/{name}", simple_value=float(value))
+                    for name, value in values.items()
+                ]
+            ),
+        ).SerializeToString()
+    )
+    if time.monotonic() - self._flushed_at >= _TB_FLUSH_SECONDS:
+      self.flush()
+
+  def flush(self) -> None:
+    self._file.flush()
+    self._flushed_at = time.monotonic()
+
+  def close(self) -> None:
+    self._file.close()
+
+
 class MetricLogger:
   """Console, JSONL and TensorBoard writer for one run (see module docstring).
 
@@ -150,17 +241,7 @@ class MetricLogger:
     first_step = checks.check_int("first_step", first_step, 0)
     if not callable(time_fn):
       raise TypeError(f"time_fn must be callable, got {time_fn!r}")
-    if throughput is not None:
-      if not isinstance(throughput, throughput_lib.StepThroughput):
-        raise TypeError(
-            "throughput must be a throughput.StepThroughput or "
-            f"None, got {throughput!r}"
-        )
-      if throughput.tokens_per_step != tokens_per_step:
-        raise ValueError(
-            f"throughput.tokens_per_step ({throughput.tokens_per_step}) must "
-            f"equal tokens_per_step ({tokens_per_step})"
-        )
+    _check_throughput(throughput, tokens_per_step)
     self._throughput = throughput
     self._run_dir = os.fspath(run_dir)
     self._is_primary = bool(is_primary)
@@ -170,7 +251,7 @@ class MetricLogger:
     self._time_fn = time_fn
     self._closed = False
     self._jsonl: TextIO | None = None
-    self._tb = None
+    self._tb: _TensorBoardEvents | None = None
     # Timing: the clock at the previous train write (or at construction), and
     # the time and step count accumulated since the last console line.
     self._last_time = time_fn()
@@ -179,38 +260,8 @@ class MetricLogger:
     if not self._is_primary:
       return
     os.makedirs(self._run_dir, exist_ok=True)
-    jsonl_path = os.path.join(self._run_dir, jsonl.METRICS_FILENAME)
-    jsonl.truncate_jsonl(jsonl_path, first_step)
-    # Held open for the logger's life and closed by close().
-    self._jsonl = open(  # pylint: disable=consider-using-with
-        jsonl_path, "a", encoding="utf-8"
-    )
-    # Imported here so that non-primary processes never load tensorboardX.
-    from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
-    # Imported here for the same reason.
-    from tensorboardX.proto import summary_pb2  # pylint: disable=import-outside-toplevel
-
-    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
-    # One Summary per record holds all its scalars (one event per scalar
-    # costs about ten times the host time per step).
-    self._tb = event_file.EventFile(
-        self.tensorboard_dir,
-        event_pb2.Event(
-            wall_time=time.time(), file_version="brain.Event:2"
-        ).SerializeToString(),
-    )
-    # A session start at first_step makes TensorBoard discard the events at
-    # steps >= first_step that an interrupted earlier attempt left in older
-    # event files.
-    self._tb.write(
-        event_pb2.Event(
-            step=first_step,
-            wall_time=time.time(),
-            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
-        ).SerializeToString()
-    )
-    # Real time, not time_fn: the flush cadence is no metric.
-    self._tb_flushed_at = time.monotonic()
+    self._jsonl = _open_jsonl(self.jsonl_path, first_step)
+    self._tb = _TensorBoardEvents(self.tensorboard_dir, first_step)
 
   @staticmethod
   @contextlib.contextmanager
@@ -374,32 +425,12 @@ class MetricLogger:
     with self._naming(self.jsonl_path):
       self._jsonl.write(jsonl.encode_record(step, kind, values) + "\n")
       self._jsonl.flush()
-    value_pb = self._summary_pb2.Summary.Value
-    self._tb.write(
-        self._event_pb2.Event(
-            step=step,
-            wall_time=time.time(),
-            summary=self._summary_pb2.Summary(
-                value=[
-                    value_pb(tag=f"{kind}/{name}", simple_value=float(value))
-                    for name, value in values.items()
-                ]
-            ),
-        ).SerializeToString()
-    )
-    # Events reach the disk every _TB_FLUSH_SECONDS (a flush syncs the
-    # file), at flush() and at close().
-    if time.monotonic() - self._tb_flushed_at >= _TB_FLUSH_SECONDS:
-      self._flush_tb()
-
-  def _flush_tb(self) -> None:
-    self._tb.flush()
-    self._tb_flushed_at = time.monotonic()
+    self._tb.write(step, kind, values)
 
   def flush(self) -> None:
     """Pushes buffered TensorBoard events to disk (the JSONL always is)."""
     if self._tb is not None and not self._closed:
-      self._flush_tb()
+      self._tb.flush()
 
   def close(self) -> None:
     """Flushes and closes every output. Safe to call more than once."""

@@ -236,12 +236,44 @@ def make_mesh(
       divide the number of devices (of one slice).
   """
   devices = list(generation_split(settings)[0] if devices is None else devices)
+  slices = num_slices(devices)
+  within, names = _slice_axes(settings, len(devices) // slices, slices > 1)
+  if devices[0].platform != "tpu":
+    # Processes own contiguous blocks of the device list, so data-parallel
+    # groups line up with hosts and FSDP collectives stay within a host
+    # where they can.
+    return Mesh(np.asarray(devices).reshape(within), names)
+  if slices == 1:
+    return Mesh(_torus_mesh(within, devices), names)
+  across = mesh_shape(
+      settings.dcn_data_parallelism,
+      settings.dcn_fsdp_parallelism,
+      slices,
+      prefix="dcn_",
+      unit="slices",
+  )
+  across += (1,) * (len(within) - 2)
+  return Mesh(
+      mesh_utils.create_hybrid_device_mesh(
+          within, across, devices, allow_split_physical_axes=True
+      ),
+      names,
+  )
+
+
+def _slice_axes(
+    settings: MeshConfig, per_slice: int, multislice: bool
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+  """The mesh's sizes and axis names within one slice of `per_slice`
+  devices: the batch axes, then expert, context and tensor where > 1.
+
+  Raises:
+    ValueError: as `make_mesh`; "of a slice" when `multislice`.
+  """
   experts = settings.expert_parallelism
   tensor = settings.tensor_parallelism
   context = settings.context_parallelism
-  slices = num_slices(devices)
-  per_slice = len(devices) // slices
-  where = " of a slice" if slices > 1 else ""
+  where = " of a slice" if multislice else ""
   if experts < 1 or per_slice % experts:
     raise ValueError(
         f"expert_parallelism={experts} must be >= 1 and divide "
@@ -265,36 +297,15 @@ def make_mesh(
       per_slice // (experts * tensor * context),
   )
   names = BATCH_AXES
-  if experts > 1:
-    within += (experts,)
-    names += (EXPERT_AXIS,)
-  if context > 1:
-    within += (context,)
-    names += (CONTEXT_AXIS,)
-  if tensor > 1:
-    within += (tensor,)
-    names += (TENSOR_AXIS,)
-  if devices[0].platform != "tpu":
-    # Processes own contiguous blocks of the device list, so data-parallel
-    # groups line up with hosts and FSDP collectives stay within a host
-    # where they can.
-    return Mesh(np.asarray(devices).reshape(within), names)
-  if slices == 1:
-    return Mesh(_torus_mesh(within, devices), names)
-  across = mesh_shape(
-      settings.dcn_data_parallelism,
-      settings.dcn_fsdp_parallelism,
-      slices,
-      prefix="dcn_",
-      unit="slices",
-  )
-  across += (1,) * (len(within) - 2)
-  return Mesh(
-      mesh_utils.create_hybrid_device_mesh(
-          within, across, devices, allow_split_physical_axes=True
-      ),
-      names,
-  )
+  for size, name in (
+      (experts, EXPERT_AXIS),
+      (context, CONTEXT_AXIS),
+      (tensor, TENSOR_AXIS),
+  ):
+    if size > 1:
+      within += (size,)
+      names += (name,)
+  return within, names
 
 
 def _torus_mesh(shape: tuple[int, ...], devices: list) -> np.ndarray:

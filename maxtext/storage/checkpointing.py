@@ -75,7 +75,7 @@ import os
 import re
 import shutil
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from absl import logging
 import jax
@@ -482,7 +482,13 @@ class Checkpointer:
     if not _is_url(self._directory):
       self._remove_tmp_directories(None)
       self._partial = self._set_aside_partial()
-    self._manager = ocp.CheckpointManager(
+    self._manager = self._open_manager()
+
+  def _open_manager(self) -> ocp.CheckpointManager:
+    """The orbax manager of the directory: the state and metadata items,
+    saves on the save period, asynchronous, checksums.json written before
+    each commit."""
+    return ocp.CheckpointManager(
         self._directory,
         # Handlers rather than names, so that item_metadata() reads the
         # state's tree metadata before any restore.
@@ -597,6 +603,23 @@ class Checkpointer:
     self._check_open()
     step = checks.check_int("step", step, 0)
     metadata = _check_metadata(metadata)
+    if not self._wanted(step, force):
+      return False
+    if self._fence is not None:
+      self._fence()
+    # orbax would wait for the previous save inside save(); waiting here
+    # attributes its failure to its own step.
+    self.wait()
+    self._check_room(step, state)
+    self._saving_step = step
+    saved = self._start_save(step, state, metadata, force)
+    if saved:
+      self._pending_step = step
+      logging.info("Saving checkpoint step %d to %s", step, self._directory)
+    return saved
+
+  def _wanted(self, step: int, force: bool) -> bool:
+    """Whether `save` writes `step`: due (or forced), and not saved yet."""
     if not force and not self.due(step):
       # Decided here, without asking orbax: its manager's bookkeeping costs
       # about a millisecond per call, and the loop asks after every step.
@@ -608,19 +631,23 @@ class Checkpointer:
           self._directory,
       )
       return False
-    if self._fence is not None:
-      self._fence()
-    # orbax would wait for the previous save inside save(); waiting here
-    # attributes its failure to its own step.
-    self.wait()
-    self._check_room(step, state)
-    self._saving_step = step
+    return True
+
+  def _start_save(
+      self, step: int, state: Any, metadata: dict[str, Any], force: bool
+  ) -> bool:
+    """Has orbax start writing `step`; returns whether it started a save.
+
+    Raises:
+      CheckpointError: the write failed on storage (see `_save_failed`).
+      Exception: any other failure, unchanged.
+    """
     try:
       with self._progress.waiting(
           f"checkpoint step {step}: saving ({_size_text(_array_bytes(state))})",
           quiet_if_short=True,
       ):
-        saved = self._manager.save(
+        return self._manager.save(
             step,
             args=ocp.args.Composite(
                 **{
@@ -634,10 +661,6 @@ class Checkpointer:
     # names the step.
     except Exception as e:  # pylint: disable=broad-exception-caught
       self._save_failed(step, e)
-    if saved:
-      self._pending_step = step
-      logging.info("Saving checkpoint step %d to %s", step, self._directory)
-    return saved
 
   def _check_room(self, step: int, state: Any) -> None:
     """Refuses a save that the local disk has no room for, before writing.
@@ -757,7 +780,7 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-exception-caught
       self._save_failed(step, e)
 
-  def _save_failed(self, step: Optional[int], error: Exception) -> None:
+  def _save_failed(self, step: Optional[int], error: Exception) -> NoReturn:
     """Removes the failed save's temporary files and raises.
 
     Args:
@@ -944,26 +967,11 @@ class Checkpointer:
     self.wait()
     set_aside = []
     for step in sorted(self._manager.all_steps(), reverse=True):
-      try:
-        # Before anything of the step is read: a damaged _METADATA must
-        # not pass for a config change.
-        self._verify(step, (STATE_ITEM, METADATA_ITEM))
-        stored = self._tree_metadata(step)
-      # Damage shows as many error types; all others are re-raised.
-      except Exception as e:  # pylint: disable=broad-exception-caught
-        if not _is_damage(e):
-          raise
-        set_aside.append(self._set_aside(step, _reason(e)))
+      restored = self._restore_undamaged(step, abstract_state)
+      if isinstance(restored, SetAside):
+        set_aside.append(restored)
         continue
-      _check_matches(abstract_state, stored, step)
-      try:
-        state, metadata = self._restore_unchecked(step, abstract_state)
-      # Damage shows as many error types; all others are re-raised.
-      except Exception as e:  # pylint: disable=broad-exception-caught
-        if not _is_damage(e):
-          raise
-        set_aside.append(self._set_aside(step, _reason(e)))
-        continue
+      state, metadata = restored
       return Restored(step, state, metadata, tuple(set_aside))
     if not set_aside:
       return None
@@ -976,6 +984,40 @@ class Checkpointer:
     raise CheckpointError(
         f"no checkpoint in {self._directory} could be restored: {steps}"
     )
+
+  def _restore_undamaged(
+      self, step: int, abstract_state: Any
+  ) -> tuple[Any, dict[str, Any]] | SetAside:
+    """Restores `step` as `restore_newest` does, or sets it aside.
+
+    Returns:
+      `(state, metadata)`, or how the step was set aside when it is damaged
+      (`_is_damage`).
+
+    Raises:
+      ValueError: the step's tree or an array shape differs from
+        `abstract_state`.
+      CheckpointError: a damaged step in a multi-process run.
+      Exception: an error that is not damage, unchanged.
+    """
+    try:
+      # Before anything of the step is read: a damaged _METADATA must
+      # not pass for a config change.
+      self._verify(step, (STATE_ITEM, METADATA_ITEM))
+      stored = self._tree_metadata(step)
+    # Damage shows as many error types; all others are re-raised.
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      if not _is_damage(e):
+        raise
+      return self._set_aside(step, _reason(e))
+    _check_matches(abstract_state, stored, step)
+    try:
+      return self._restore_unchecked(step, abstract_state)
+    # Damage shows as many error types; all others are re-raised.
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      if not _is_damage(e):
+        raise
+      return self._set_aside(step, _reason(e))
 
   def _set_aside(self, step: int, reason: str) -> SetAside:
     """Logs that `step` is damaged and moves it out of orbax's sight."""
@@ -1123,28 +1165,40 @@ def restore_params_only(
     stored = _stored_params(manager, step)
     if stored is not None:
       _check_matches(item, {PARAMS_KEY: stored}, step)
-    with progress.waiting(
-        f"checkpoint step {step}: restoring the parameters "
-        f"({_size_text(_array_bytes(abstract_params))})",
-        quiet_if_short=True,
-    ):
-      restored = manager.restore(
-          step,
-          args=ocp.args.Composite(
-              **{
-                  STATE_ITEM: ocp.args.PyTreeRestore(
-                      item=item,
-                      restore_args=ocp.checkpoint_utils.construct_restore_args(
-                          item
-                      ),
-                      partial_restore=True,
-                  ),
-              }
-          ),
-      )
+    params = _restore_params(manager, step, item, progress)
   finally:
     manager.close()
   logging.info("Loaded parameters from step %d of %s", step, path)
+  return params
+
+
+def _restore_params(
+    manager: ocp.CheckpointManager,
+    step: int,
+    item: dict[str, Any],
+    progress: progress_lib.Reporter,
+) -> Any:
+  """Reads the params of `step` into `item` ({"params": abstract params}),
+  nothing else of the state."""
+  with progress.waiting(
+      f"checkpoint step {step}: restoring the parameters "
+      f"({_size_text(_array_bytes(item[PARAMS_KEY]))})",
+      quiet_if_short=True,
+  ):
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            **{
+                STATE_ITEM: ocp.args.PyTreeRestore(
+                    item=item,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(
+                        item
+                    ),
+                    partial_restore=True,
+                ),
+            }
+        ),
+    )
   return restored[STATE_ITEM][PARAMS_KEY]
 
 

@@ -324,6 +324,36 @@ class MirrorStats:
   fenced: Optional[str] = None
 
 
+def _check_not_negative(**bounds: float) -> None:
+  """Raises ValueError naming the first of `bounds` (name=value) below 0."""
+  for name, value in bounds.items():
+    if value < 0:
+      raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _check_positive(**bounds: Optional[float]) -> None:
+  """Raises ValueError naming the first of `bounds` (name=value) that is not
+  above 0; a None bound (none asked for) passes."""
+  for name, value in bounds.items():
+    if value is not None and value <= 0:
+      raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def _fresh_stats() -> dict[str, Any]:
+  """A new mirror's counters: `MirrorStats`' fields but `pending`."""
+  return dict(
+      passes=0,
+      failed_passes=0,
+      files_uploaded=0,
+      files_deleted=0,
+      files_seeded=0,
+      last_error=None,
+      unreachable=False,
+      not_uploaded=(),
+      fenced=None,
+  )
+
+
 class GcsMirror:
   """Uploads a local directory to a `gs://` prefix from one background thread.
 
@@ -372,20 +402,11 @@ class GcsMirror:
       ValueError: a bad URL or a negative or zero bound.
     """
     self._bucket_name, self._prefix = parse_gs_url(gs_url)
-    for name, value in (
-        ("min_interval_s", min_interval_s),
-        ("backoff_s", backoff_s),
-    ):
-      if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    for name, value in (
-        ("request_timeout_s", request_timeout_s),
-        ("final_timeout_s", final_timeout_s),
-    ):
-      if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    if max_retries < 0:
-      raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    _check_not_negative(min_interval_s=min_interval_s, backoff_s=backoff_s)
+    _check_positive(
+        request_timeout_s=request_timeout_s, final_timeout_s=final_timeout_s
+    )
+    _check_not_negative(max_retries=max_retries)
     self.local_dir = os.path.abspath(local_dir)
     self.gs_url = gs_url
     self._client_factory = client_factory or default_client_factory
@@ -408,17 +429,7 @@ class GcsMirror:
     self._wake = threading.Event()
     self._closing = threading.Event()
     self._stats_lock = threading.Lock()
-    self._stats = dict(
-        passes=0,
-        failed_passes=0,
-        files_uploaded=0,
-        files_deleted=0,
-        files_seeded=0,
-        last_error=None,
-        unreachable=False,
-        not_uploaded=(),
-        fenced=None,
-    )
+    self._stats = _fresh_stats()
     # The short text of the newest failure when it was an unreachable
     # endpoint, for close()'s warning; None otherwise.
     self._unreachable_cause: Optional[str] = None
@@ -426,10 +437,13 @@ class GcsMirror:
     self._in_pass = False
     self._final_ok = False
     self._closed = False
-    self._thread = threading.Thread(
-        target=self._loop, name="gcs-mirror", daemon=True
-    )
-    self._thread.start()
+    self._thread = self._start_loop()
+
+  def _start_loop(self) -> threading.Thread:
+    """Starts the background thread that runs the passes (`_loop`)."""
+    thread = threading.Thread(target=self._loop, name="gcs-mirror", daemon=True)
+    thread.start()
+    return thread
 
   # --- caller side ------------------------------------------------------------
 
@@ -884,51 +898,43 @@ def download_prefix(
       `list_timeout_s`, or listing or downloading failed within its retries.
   """
   bucket_name, prefix = parse_gs_url(gs_url)
-  for name, value in (
-      ("request_timeout_s", request_timeout_s),
-      ("list_timeout_s", list_timeout_s),
-  ):
-    if value is not None and value <= 0:
-      raise ValueError(f"{name} must be > 0, got {value}")
+  _check_positive(
+      request_timeout_s=request_timeout_s, list_timeout_s=list_timeout_s
+  )
   list_deadline = (
       None if list_timeout_s is None else time.monotonic() + list_timeout_s
   )
   list_prefix = _object_name(prefix, "")
   local_dir = os.path.abspath(local_dir)
   retry = bounded_retry(request_timeout_s)
-  written = []
   try:
     client = (client_factory or default_client_factory)()
     blobs = _list_blobs(
         client, bucket_name, list_prefix, request_timeout_s, list_deadline
     )
     wanted = _to_download(blobs, list_prefix, local_dir, overwrite, exclude)
-    with (progress or progress_lib.logged()).start(
+    written = _download_all(
+        wanted,
+        local_dir,
+        request_timeout_s,
+        retry,
+        progress or progress_lib.logged(),
         f"download of {gs_url}",
-        sum(blob.size or 0 for blob, _ in wanted),
-        progress_lib.BYTES,
-        quiet_if_short=True,
-    ) as job:
-      for i, (blob, rel) in enumerate(wanted, 1):
-        _download(
-            blob,
-            os.path.join(local_dir, *rel.split("/")),
-            request_timeout_s,
-            retry,
-        )
-        written.append(rel)
-        job.advance(blob.size or 0, f"objects {i}/{len(wanted)}")
-  except Exception as e:
-    cause = _unreachable_cause(e)
-    what = (
-        f"unreachable endpoint ({cause})"
-        if cause
-        else f"{type(e).__name__}: {e}"
     )
+  except Exception as e:
     raise GcsError(
-        f"download of {gs_url} into {local_dir} failed: {what}"
+        f"download of {gs_url} into {local_dir} failed: {_failure_text(e)}"
     ) from e
   return sorted(written)
+
+
+def _failure_text(error: BaseException) -> str:
+  """What went wrong, in short: the unreachable endpoint's cause, or the
+  error's type and message."""
+  cause = _unreachable_cause(error)
+  if cause:
+    return f"unreachable endpoint ({cause})"
+  return f"{type(error).__name__}: {error}"
 
 
 def _to_download(
@@ -953,6 +959,39 @@ def _to_download(
       continue
     wanted.append((blob, rel))
   return wanted
+
+
+def _download_all(
+    wanted: list[tuple[Any, str]],
+    local_dir: str,
+    request_timeout_s: float,
+    retry,
+    progress: progress_lib.Reporter,
+    label: str,
+) -> list[str]:
+  """Downloads each (blob, relative path) of `wanted` under `local_dir` in
+  turn, reporting the objects and bytes to `progress` as job `label`.
+
+  Returns:
+    The relative paths written, in the order of `wanted`.
+  """
+  written = []
+  with progress.start(
+      label,
+      sum(blob.size or 0 for blob, _ in wanted),
+      progress_lib.BYTES,
+      quiet_if_short=True,
+  ) as job:
+    for i, (blob, rel) in enumerate(wanted, 1):
+      _download(
+          blob,
+          os.path.join(local_dir, *rel.split("/")),
+          request_timeout_s,
+          retry,
+      )
+      written.append(rel)
+      job.advance(blob.size or 0, f"objects {i}/{len(wanted)}")
+  return written
 
 
 def _download(blob, path: str, request_timeout_s: float, retry) -> None:

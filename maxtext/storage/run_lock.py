@@ -672,13 +672,7 @@ def acquire_run_locks(
     TypeError, ValueError: bad arguments (named in the message).
     OSError: a local directory or lock file cannot be created.
   """
-  if isinstance(locations, str) or not isinstance(locations, Sequence):
-    raise TypeError(f"locations must be a sequence of str, got {locations!r}")
-  if not locations:
-    raise ValueError("locations must name at least one directory")
-  for location in locations:
-    if not isinstance(location, str) or not location:
-      raise TypeError(f"locations must hold non-empty str, got {location!r}")
+  _check_locations(locations)
   refresh_interval_s = checks.check_number(
       "refresh_interval_s", refresh_interval_s, positive=True
   )
@@ -686,6 +680,45 @@ def acquire_run_locks(
       "request_timeout_s", request_timeout_s, positive=True
   )
   holder = Holder.for_this_process(refresh_interval_s)
+  local, remote = _distinct_locations(locations)
+  locks = RunLocks(holder, [])
+  try:
+    _take_locks(
+        locks,
+        local,
+        remote,
+        refresh_interval_s=refresh_interval_s,
+        request_timeout_s=request_timeout_s,
+        client_factory=client_factory,
+        clock=clock,
+    )
+  except BaseException:
+    locks.release()
+    raise
+  return locks
+
+
+def _check_locations(locations: Sequence[str]) -> None:
+  """Raises TypeError or ValueError unless `locations` is a non-empty
+  sequence (not a str) of non-empty strs."""
+  if isinstance(locations, str) or not isinstance(locations, Sequence):
+    raise TypeError(f"locations must be a sequence of str, got {locations!r}")
+  if not locations:
+    raise ValueError("locations must name at least one directory")
+  for location in locations:
+    if not isinstance(location, str) or not location:
+      raise TypeError(f"locations must hold non-empty str, got {location!r}")
+
+
+def _distinct_locations(
+    locations: Sequence[str],
+) -> tuple[list[str], list[str]]:
+  """The local directories (real paths) and the gs:// URLs (without a
+  trailing "/") of `locations`, each once, in the order given.
+
+  Raises:
+    ValueError: a bad gs:// URL, before any lock is taken.
+  """
   local, remote = [], []
   for location in locations:
     if gcs_mirror.is_gs_url(location):
@@ -698,26 +731,37 @@ def acquire_run_locks(
       path = os.path.realpath(location)
       if path not in local:
         local.append(path)
-  locks = RunLocks(holder, [])
-  try:
-    for path in local:
-      lock = LocalLock(path, holder)
-      lock.acquire()
-      # RunLocks is filled here, in its own module, as each lock is taken.
-      locks._locks.append(lock)  # pylint: disable=protected-access
-    for url in remote:
-      lock = RemoteLock(
-          url,
-          holder,
-          refresh_interval_s=refresh_interval_s,
-          request_timeout_s=request_timeout_s,
-          client_factory=client_factory,
-          clock=clock,
-      )
-      # As above: RunLocks is filled here, in its own module.
-      locks._locks.append(lock)  # pylint: disable=protected-access
-      lock.acquire()
-  except BaseException:
-    locks.release()
-    raise
-  return locks
+  return local, remote
+
+
+def _take_locks(
+    locks: RunLocks,
+    local: Sequence[str],
+    remote: Sequence[str],
+    **remote_settings: Any,
+) -> None:
+  """Locks each local directory, then each gs:// URL, for `locks`' holder.
+
+  Each lock joins `locks` as it is taken (a remote one just before, so that
+  releasing `locks` also ends a remote lock whose taking failed half-way).
+
+  Args:
+    locks: the run's locks so far (empty), filled in place.
+    local: the local directories to lock.
+    remote: the gs:// URLs to lock.
+    **remote_settings: `RemoteLock`'s keyword arguments.
+
+  Raises:
+    RunLockError: a location is locked by another run (or this process).
+    OSError: a local directory or lock file cannot be created.
+  """
+  # RunLocks is filled here, in its own module, as each lock is taken.
+  held = locks._locks  # pylint: disable=protected-access
+  for path in local:
+    lock = LocalLock(path, locks.holder)
+    lock.acquire()
+    held.append(lock)
+  for url in remote:
+    lock = RemoteLock(url, locks.holder, **remote_settings)
+    held.append(lock)
+    lock.acquire()

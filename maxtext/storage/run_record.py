@@ -224,6 +224,40 @@ def check_resume(
   old = _as_dict(recorded, "recorded")
   values = _as_dict(new, "new")
   defaults = config_lib.to_json_dict(base.get_config())
+  allowed, refused = _compare_fields(old, values, defaults)
+  schedule_change = _schedule_change(old, values)
+  if schedule_change is not None:
+    allowed = [c for c in allowed if c[0] != "lr_schedule_steps"]
+    refused.append(schedule_change)
+    refused.sort()
+  if refused:
+    run = f"run {run_name!r}" if run_name else "the run"
+    raise ResumeRefusedError(
+        f"Refusing to resume {run}: {len(refused)} field(s) differ from the "
+        f"run's recorded config and may not change on resume (start a new "
+        f"run_name to change them):\n  " + "\n  ".join(refused)
+    )
+  return allowed
+
+
+def _compare_fields(
+    old: Mapping[str, Any],
+    values: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+  """Judges each field of either config by `check_resume`'s rules, the
+  schedule's length aside.
+
+  Args:
+    old: the recorded config's fields.
+    values: the new config's fields.
+    defaults: base.py's fields, for a field the recorded config lacks.
+
+  Returns:
+    The allowed changes as (field, recorded value, new value) and the
+    refused ones as "name: old -> new" lines, both sorted by field; a raw
+    lr_schedule_steps change is allowed here.
+  """
   allowed, refused = [], []
   for key in sorted(set(old) | set(values)):
     if key not in old:
@@ -245,34 +279,30 @@ def check_resume(
     if key == "seed" and values[key] == RANDOM_SEED:
       continue  # The recorded seed is reused.
     if key in RESUMABLE_FIELDS or key == "lr_schedule_steps":
-      # lr_schedule_steps is judged below, by the schedule it resolves to.
+      # lr_schedule_steps is judged by check_resume, by the schedule it
+      # resolves to.
       allowed.append((key, old[key], values[key]))
     else:
       refused.append(f"{key}: {old[key]!r} -> {values[key]!r}")
+  return allowed, refused
+
+
+def _schedule_change(
+    old: Mapping[str, Any], values: Mapping[str, Any]
+) -> Optional[str]:
+  """The refusal line of a changed learning-rate schedule length, or None
+  when it is unchanged (or a side does not resolve one)."""
   old_length, new_length = _schedule_length(old), _schedule_length(values)
-  if (
-      old_length is not None
-      and new_length is not None
-      and old_length != new_length
-  ):
-    allowed = [c for c in allowed if c[0] != "lr_schedule_steps"]
-    refused.append(
-        f"learning-rate schedule length (lr_schedule_steps, 0 = steps): "
-        f"{old_length} -> {new_length} (recorded lr_schedule_steps="
-        f"{old['lr_schedule_steps']}, steps={old['steps']}; new "
-        f"lr_schedule_steps={values['lr_schedule_steps']}, steps="
-        f"{values['steps']}); set lr_schedule_steps={old_length} to change "
-        f"steps and keep the schedule"
-    )
-    refused.sort()
-  if refused:
-    run = f"run {run_name!r}" if run_name else "the run"
-    raise ResumeRefusedError(
-        f"Refusing to resume {run}: {len(refused)} field(s) differ from the "
-        f"run's recorded config and may not change on resume (start a new "
-        f"run_name to change them):\n  " + "\n  ".join(refused)
-    )
-  return allowed
+  if old_length is None or new_length is None or old_length == new_length:
+    return None
+  return (
+      f"learning-rate schedule length (lr_schedule_steps, 0 = steps): "
+      f"{old_length} -> {new_length} (recorded lr_schedule_steps="
+      f"{old['lr_schedule_steps']}, steps={old['steps']}; new "
+      f"lr_schedule_steps={values['lr_schedule_steps']}, steps="
+      f"{values['steps']}); set lr_schedule_steps={old_length} to change "
+      f"steps and keep the schedule"
+  )
 
 
 def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
@@ -441,24 +471,49 @@ def record_attempt(
   values = _as_dict(record, "record")
   history_path = os.path.join(run_dir, CONFIG_HISTORY)
   attempts = _read_history(history_path)
-  config_path = os.path.join(run_dir, CONFIG_JSON)
   if read_config_json(run_dir) is None:
-    # The run holds its directory's lock: nobody else writes config.json.
-    first = (
-        attempts[0]
-        if attempts
-        else dict(config=values, provenance=provenance, start_step=start_step)
-    )
-    run_dir_lib.write_config_json(
-        config_path,
-        first["config"],
-        dict(
-            first.get("provenance") or {}, start_step=first.get("start_step", 0)
+    _write_first_config(
+        run_dir,
+        (
+            attempts[0]
+            if attempts
+            else dict(
+                config=values, provenance=provenance, start_step=start_step
+            )
         ),
     )
+  _append_history(
+      history_path, len(attempts) + 1, now, start_step, values, provenance
+  )
+  return len(attempts) + 1
+
+
+def _write_first_config(run_dir: str, first: Mapping[str, Any]) -> None:
+  """Writes config.json from the first attempt's history entry (its config,
+  and its provenance with its start_step)."""
+  # The run holds its directory's lock: nobody else writes config.json.
+  run_dir_lib.write_config_json(
+      os.path.join(run_dir, CONFIG_JSON),
+      first["config"],
+      dict(
+          first.get("provenance") or {}, start_step=first.get("start_step", 0)
+      ),
+  )
+
+
+def _append_history(
+    path: str,
+    attempt: int,
+    now: datetime.datetime,
+    start_step: int,
+    values: Mapping[str, Any],
+    provenance: Mapping[str, Any],
+) -> None:
+  """Appends the attempt's line to config_history.jsonl at `path`, synced
+  to disk (see `record_attempt`)."""
   line = json.dumps(
       {
-          "attempt": len(attempts) + 1,
+          "attempt": attempt,
           "time_utc": now.astimezone(datetime.timezone.utc).isoformat(),
           "start_step": start_step,
           "config": values,
@@ -466,7 +521,7 @@ def record_attempt(
       },
       sort_keys=True,
   )
-  with open(history_path, "a+b") as f:
+  with open(path, "a+b") as f:
     # A previous attempt that died mid-append left no newline; start afresh
     # so that its fragment stays one unreadable line, not two.
     f.seek(0, os.SEEK_END)
@@ -477,7 +532,6 @@ def record_attempt(
     f.write(line.encode() + b"\n")
     f.flush()
     os.fsync(f.fileno())
-  return len(attempts) + 1
 
 
 def new_seed() -> int:

@@ -180,6 +180,18 @@ def read_index(idx_path: str):
       malformed index, or an unknown dtype code.
   """
   size = _stat_file(idx_path, "Megatron index (.idx)")
+  code, sequences, documents = _read_header(idx_path, size)
+  sizes, pointers, doc = _map_arrays(idx_path, sequences, documents)
+  return DTYPES[code], sizes, pointers, doc
+
+
+def _read_header(idx_path: str, size: int) -> tuple[int, int, int]:
+  """The dtype code and the sequence and document index counts of the .idx
+  file at `idx_path` of `size` bytes, its header and size checked.
+
+  Raises:
+    FormatError: as `read_index`.
+  """
   if size < HEADER_BYTES:
     raise _fail(
         idx_path,
@@ -216,6 +228,20 @@ def read_index(idx_path: str):
     )
   if documents < 1:
     raise _fail(idx_path, "malformed Megatron index: no document index entry")
+  return code, sequences, documents
+
+
+def _map_arrays(
+    idx_path: str, sequences: int, documents: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The sizes, pointers and document index of the .idx file at
+  `idx_path`, memory-mapped read-only after its header; the lengths and
+  the document index checked.
+
+  Raises:
+    FormatError: a negative sequence length, or a document index that does
+      not rise from 0 to `sequences`.
+  """
   offset = HEADER_BYTES
   sizes = pointers = np.zeros((0,), np.int64)
   if sequences:
@@ -238,7 +264,7 @@ def read_index(idx_path: str):
         "malformed Megatron index: the document index must rise from 0 to "
         f"the sequence count {sequences}",
     )
-  return DTYPES[code], sizes, pointers, doc
+  return sizes, pointers, doc
 
 
 def open_prefix(prefix: str, chunk: int = CHECK_CHUNK) -> IndexedTokens:
@@ -257,6 +283,62 @@ def open_prefix(prefix: str, chunk: int = CHECK_CHUNK) -> IndexedTokens:
   dtype, sizes, pointers, doc = read_index(idx_path)
   bin_size = _stat_file(bin_path, "Megatron token file (.bin)")
   itemsize = dtype.itemsize
+  layout = _scan_layout(sizes, pointers, itemsize, chunk)
+  if layout.lowest < 0 or layout.highest > bin_size:
+    raise _fail(
+        bin_path,
+        f"shorter than its index says: {prefix}.idx places tokens up to "
+        f"byte {layout.highest}, the file has {bin_size} bytes",
+    )
+  if layout.misaligned:
+    raise _fail(
+        idx_path,
+        f"malformed Megatron index: a sequence offset is not a multiple "
+        f"of the {dtype.name} token size {itemsize}",
+    )
+  starts = None
+  if not layout.contiguous:
+    # Where each sequence begins in the stream, to find a span's pieces.
+    starts = np.zeros((sizes.shape[0] + 1,), np.int64)
+    np.cumsum(sizes, dtype=np.int64, out=starts[1:])
+  return IndexedTokens(
+      prefix=prefix,
+      dtype=dtype,
+      sizes=sizes,
+      pointers=pointers,
+      document_index=doc,
+      tokens=_map_tokens(bin_path, dtype, bin_size),
+      contiguous=layout.contiguous,
+      total_tokens=layout.total,
+      starts=starts,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """Where an index places its sequences in the .bin file.
+
+  Attributes:
+    total: the tokens of all sequences.
+    lowest: the lowest byte offset of a sequence (0 when there is none).
+    highest: the highest byte a sequence ends at (0 when there is none).
+    contiguous: the sequences follow each other in index order, without
+      gaps, from the first one's offset.
+    misaligned: a sequence offset is not a multiple of the token size.
+  """
+
+  total: int
+  lowest: int
+  highest: int
+  contiguous: bool
+  misaligned: bool
+
+
+def _scan_layout(
+    sizes: np.ndarray, pointers: np.ndarray, itemsize: int, chunk: int
+) -> _Layout:
+  """The layout of the sequences of `sizes` (tokens) at `pointers` (bytes)
+  with tokens of `itemsize` bytes, read `chunk` index entries at a time."""
   count = sizes.shape[0]
   first = int(pointers[0]) if count else 0
   total, lowest, highest = 0, 0, 0
@@ -274,39 +356,16 @@ def open_prefix(prefix: str, chunk: int = CHECK_CHUNK) -> IndexedTokens:
       starts = total + np.cumsum(lengths) - lengths
       contiguous = bool(np.array_equal(offsets, first + starts * itemsize))
     total += int(lengths.sum())
-  if lowest < 0 or highest > bin_size:
-    raise _fail(
-        bin_path,
-        f"shorter than its index says: {prefix}.idx places tokens up to "
-        f"byte {highest}, the file has {bin_size} bytes",
-    )
-  if misaligned:
-    raise _fail(
-        idx_path,
-        f"malformed Megatron index: a sequence offset is not a multiple "
-        f"of the {dtype.name} token size {itemsize}",
-    )
-  starts = None
-  if not contiguous:
-    # Where each sequence begins in the stream, to find a span's pieces.
-    starts = np.zeros((count + 1,), np.int64)
-    np.cumsum(sizes, dtype=np.int64, out=starts[1:])
-  usable = bin_size - bin_size % itemsize
+  return _Layout(total, lowest, highest, contiguous, misaligned)
+
+
+def _map_tokens(bin_path: str, dtype: np.dtype, bin_size: int) -> np.ndarray:
+  """The whole tokens of the .bin file at `bin_path` (of `bin_size` bytes),
+  memory-mapped read-only; a trailing partial token is left out."""
+  usable = bin_size - bin_size % dtype.itemsize
   if usable:
-    tokens = np.memmap(bin_path, dtype, "r", 0, (usable // itemsize,))
-  else:
-    tokens = np.zeros((0,), dtype)  # mmap cannot map zero bytes.
-  return IndexedTokens(
-      prefix=prefix,
-      dtype=dtype,
-      sizes=sizes,
-      pointers=pointers,
-      document_index=doc,
-      tokens=tokens,
-      contiguous=contiguous,
-      total_tokens=total,
-      starts=starts,
-  )
+    return np.memmap(bin_path, dtype, "r", 0, (usable // dtype.itemsize,))
+  return np.zeros((0,), dtype)  # mmap cannot map zero bytes.
 
 
 def ids_outside(values: np.ndarray, vocab_size: int) -> np.ndarray:

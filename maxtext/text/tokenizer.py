@@ -8,7 +8,7 @@ sentencepiece BPE tokenizer for users who have text but no tokenizer.
 import hashlib
 import io
 import os
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import sentencepiece
 import tokenizers
@@ -142,6 +142,35 @@ def load(path: str, eod_token: Optional[str] = None) -> Tokenizer:
   return Tokenizer(path, kind, impl, int(eod), int(vocab))
 
 
+# The sentencepiece trainer's settings of every model `train_sentencepiece`
+# trains: byte-fallback BPE that keeps text exactly, ids 0 <unk>, 1 <s>,
+# 2 </s>, no padding id; a shuffled sample of the lines; errors only.
+_TRAINER_SETTINGS = dict(
+    model_type="bpe",
+    byte_fallback=True,
+    character_coverage=0.9995,
+    normalization_rule_name="identity",
+    remove_extra_whitespaces=False,
+    add_dummy_prefix=False,
+    allow_whitespace_only_pieces=True,
+    split_digits=True,
+    unk_id=0,
+    bos_id=1,
+    eos_id=2,
+    pad_id=-1,
+    shuffle_input_sentence=True,
+    minloglevel=2,
+)
+
+
+def _training_lines(texts: Iterable[str]) -> Iterator[str]:
+  """The lines of `texts` that hold more than whitespace, in order."""
+  for text in texts:
+    for line in text.splitlines():
+      if line.strip():
+        yield line
+
+
 def train_sentencepiece(
     texts: Iterable[str],
     vocab_size: int,
@@ -172,35 +201,15 @@ def train_sentencepiece(
         f"train_tokenizer_vocab_size={vocab_size}: must be >= "
         "260 (3 special ids + 256 byte pieces + 1)"
     )
-
-  def lines():
-    for text in texts:
-      for line in text.splitlines():
-        if line.strip():
-          yield line
-
   model = io.BytesIO()
   try:
     sentencepiece.SentencePieceTrainer.Train(
-        sentence_iterator=lines(),
+        sentence_iterator=_training_lines(texts),
         model_writer=model,
         vocab_size=vocab_size,
-        model_type="bpe",
-        byte_fallback=True,
-        character_coverage=0.9995,
-        normalization_rule_name="identity",
-        remove_extra_whitespaces=False,
-        add_dummy_prefix=False,
-        allow_whitespace_only_pieces=True,
-        split_digits=True,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
         input_sentence_size=max_sentences,
-        shuffle_input_sentence=True,
         num_threads=num_threads or os.cpu_count() or 1,
-        minloglevel=2,
+        **_TRAINER_SETTINGS,
     )
   except RuntimeError as e:
     raise ValueError(

@@ -322,14 +322,7 @@ def shape_config(
         f"--shapes: {name!r} is no maxtext/configs/ file"
     ) from None
   config = module.get_config()
-  config.dataset_type = dataset_type
-  if dataset_type == "megatron":
-    config.train_data_path = os.path.join(data_dir, MEGATRON_PREFIX)
-    config.eval_data_path = config.train_data_path
-    config.megatron_eval_samples = 0
-  else:
-    config.train_data_path = data_dir
-    config.eval_data_path = ""
+  _read_data_dir(config, data_dir, dataset_type)
   config.vocab_size = max(config.vocab_size, vocab)
   config.grain_worker_count = workers
   # A training step of this benchmark runs on this host's devices.
@@ -348,13 +341,35 @@ def shape_config(
     config.eval_batch_size = math.gcd(
         config.global_batch_size // config.gradient_accumulation_steps, 8
     )
-  # The model, batch and step fields; GrainDataset checks the data's own
-  # (the data may not be prepared yet).
+  _validate_shape(config)
+  return config
+
+
+def _read_data_dir(config, data_dir: str, dataset_type: str) -> None:
+  """Points `config`'s train data at `data_dir` read as `dataset_type`
+  ("grain" or "megatron": the prefix `write_megatron` wrote), with no eval
+  data of its own."""
+  config.dataset_type = dataset_type
+  if dataset_type == "megatron":
+    config.train_data_path = os.path.join(data_dir, MEGATRON_PREFIX)
+    config.eval_data_path = config.train_data_path
+    config.megatron_eval_samples = 0
+  else:
+    config.train_data_path = data_dir
+    config.eval_data_path = ""
+
+
+def _validate_shape(config) -> None:
+  """Validates `config`'s model, batch and step fields; GrainDataset checks
+  the data's own (the data may not be prepared yet).
+
+  Raises:
+    ValueError, TypeError: as `config_lib.validate`.
+  """
   check = config.copy_and_resolve_references()
   check.dataset_type = "synthetic"
   check.enable_mllog = False  # No MLPerf log: its rules do not apply.
   config_lib.validate(check)
-  return config
 
 
 def shape_workers(
@@ -545,6 +560,20 @@ def _shape_line(
   )
 
 
+def _loop_note(train: bool, train_steps: int) -> str:
+  """The end of a shape's description line: where its wait share comes
+  from (the trainer's `train_steps` steps a row, or a paced stand-in)."""
+  if train:
+    return (
+        f"trained here by trainer.run ({train_steps} steps per "
+        "row): wait share from its metrics.jsonl"
+    )
+  return (
+      "not trained here: wait share from a paced stand-in for the device "
+      "step, not from the trainer"
+  )
+
+
 def measure_shape(
     name: str,
     data_dir: str,
@@ -571,17 +600,9 @@ def measure_shape(
   """
   base = shape_config(name, data_dir, vocab, 0, overrides, dataset_type)
   flop_step = flops_step_time(base, device_kind, mfu, num_devices)
-  line = _shape_line(name, base, flop_step, device_kind, mfu, num_devices)
-  if train:
-    line += (
-        f"trained here by trainer.run ({warmup_steps + steps} steps per "
-        "row): wait share from its metrics.jsonl"
-    )
-  else:
-    line += (
-        "not trained here: wait share from a paced stand-in for the device "
-        "step, not from the trainer"
-    )
+  line = _shape_line(
+      name, base, flop_step, device_kind, mfu, num_devices
+  ) + _loop_note(train, warmup_steps + steps)
   device = device_kind.replace(" ", "_") + f"@{mfu:.0%}MFU"
   rows = []
   for count in shape_workers(workers, overrides):
@@ -604,16 +625,7 @@ def measure_shape(
     else:
       times = paced_times(config, flop_step, steps, warmup_steps)
       demand, demand_from, times_from = 1.0 / flop_step, device, FROM_PACED
-    row = Row(
-        shape=name,
-        workers=count,
-        pipeline_rate=rate,
-        demand_rate=demand,
-        demand_from=demand_from,
-        times=times,
-        times_from=times_from,
-    )
-    rows.append(row)
+    rows.append(Row(name, count, rate, demand, demand_from, times, times_from))
   return rows, line
 
 

@@ -233,6 +233,73 @@ def _state_report(config, mesh_text: str, memories: list[float]) -> None:
   )
 
 
+def _print_header(
+    base, devices: list, backend: str, memories: list[float]
+) -> None:
+  """Prints the run's devices and shape, the units and the table's header."""
+  print(
+      f"memory_bench: {len(devices)} x {devices[0].device_kind} "
+      f"({backend}); emb {base.emb_dim}, {base.num_layers} "
+      f"layers, seq {base.max_sequence_length}, global batch "
+      f"{base.global_batch_size} in K={base.gradient_accumulation_steps}, "
+      f"mesh data={base.data_parallelism} fsdp={base.fsdp_parallelism}, "
+      f"weights {base.weight_dtype}, compute {base.compute_dtype}, "
+      f"loss_chunk_size {base.loss_chunk_size}"
+  )
+  print(
+      f"per-device {_UNIT.value}; fits = peak <= {_USABLE.value:g} x "
+      f"{', '.join(f'{m:g}' for m in memories)} GB"
+  )
+  print(
+      f"{'attention/remat':<24} {'program':<22} {'args':>9} {'out':>9} "
+      f"{'alias':>9} {'temp':>9} {'resident':>9} {'peak':>9}  fits"
+  )
+  sys.stdout.flush()
+
+
+def _sweep(
+    base, attentions: list[str], memories: list[float]
+) -> tuple[dict, dict]:
+  """Prints the micro-step's row of each attention and --remat policy.
+
+  Returns:
+    (its temporary bytes, its peak bytes), each by (attention, remat).
+  """
+  micro_temp = {}
+  peaks = {}
+  for attention in attentions:
+    for remat in _REMAT.value:
+      config = base.copy_and_resolve_references()
+      with config.unlocked():
+        config.attention = attention
+        config.remat_policy = remat
+      rows = analyse(config, programs=lambda name: name == "micro_step")
+      _print_rows(f"{attention}/{remat}", rows, memories)
+      sys.stdout.flush()
+      micro_temp[(attention, remat)] = max(r["temp"] for r in rows)
+      peaks[(attention, remat)] = max(r["peak"] for r in rows)
+  return micro_temp, peaks
+
+
+def _update_peak(base, memories: list[float]) -> int:
+  """Prints the rows of the program that takes the update, donating the
+  state and not; returns its peak bytes when donating.
+
+  With K = 1 that program is the update, a program of its own (the attention
+  and remat policy do not change it); with K > 1 the config's micro-step,
+  whose last call in a step takes it.
+  """
+  takes = "update" if base.gradient_accumulation_steps == 1 else "micro_step"
+  peaks = {}
+  for donate in (True, False):
+    rows = analyse(base, donate=donate, programs=lambda name: name == takes)
+    _print_rows(
+        f"{takes}/{'donated' if donate else 'not_donated'}", rows, memories
+    )
+    peaks[donate] = rows[0]["peak"]
+  return peaks[True]
+
+
 def main(argv):
   command_line.check(argv)
   if _MESH.value:
@@ -259,51 +326,10 @@ def main(argv):
   config_lib.validate(base)
   memories = [float(m) for m in _DEVICE_MEMORY_GB.value]
   attentions = _ATTENTION.value or _attentions(base)
-  devices = jax.devices()
-  print(
-      f"memory_bench: {len(devices)} x {devices[0].device_kind} "
-      f"({jax.default_backend()}); emb {base.emb_dim}, {base.num_layers} "
-      f"layers, seq {base.max_sequence_length}, global batch "
-      f"{base.global_batch_size} in K={base.gradient_accumulation_steps}, "
-      f"mesh data={base.data_parallelism} fsdp={base.fsdp_parallelism}, "
-      f"weights {base.weight_dtype}, compute {base.compute_dtype}, "
-      f"loss_chunk_size {base.loss_chunk_size}"
-  )
-  print(
-      f"per-device {_UNIT.value}; fits = peak <= {_USABLE.value:g} x "
-      f"{', '.join(f'{m:g}' for m in memories)} GB"
-  )
-  print(
-      f"{'attention/remat':<24} {'program':<22} {'args':>9} {'out':>9} "
-      f"{'alias':>9} {'temp':>9} {'resident':>9} {'peak':>9}  fits"
-  )
-  sys.stdout.flush()
+  _print_header(base, jax.devices(), jax.default_backend(), memories)
   own = transformer.attention_implementation(base)
-  micro_temp = {}
-  peaks = {}
-  for attention in attentions:
-    for remat in _REMAT.value:
-      config = base.copy_and_resolve_references()
-      with config.unlocked():
-        config.attention = attention
-        config.remat_policy = remat
-      rows = analyse(config, programs=lambda name: name == "micro_step")
-      _print_rows(f"{attention}/{remat}", rows, memories)
-      sys.stdout.flush()
-      micro_temp[(attention, remat)] = max(r["temp"] for r in rows)
-      peaks[(attention, remat)] = max(r["peak"] for r in rows)
-  # The program that takes the update, donating the state or not: with
-  # K = 1 the update, a program of its own (the attention and remat policy
-  # do not change it); with K > 1 the config's micro-step, whose last call
-  # in a step takes it.
-  takes = "update" if base.gradient_accumulation_steps == 1 else "micro_step"
-  for donate in (True, False):
-    rows = analyse(base, donate=donate, programs=lambda name: name == takes)
-    _print_rows(
-        f"{takes}/{'donated' if donate else 'not_donated'}", rows, memories
-    )
-    if donate:
-      update_peak = rows[0]["peak"]
+  micro_temp, peaks = _sweep(base, attentions, memories)
+  update_peak = _update_peak(base, memories)
   print(
       "step peak (largest program) with the donating update: "
       + ", ".join(

@@ -144,19 +144,7 @@ def read_run(run_dir: str) -> RunLog:
   run_dir = os.path.abspath(run_dir)
   document = _read_config_json(run_dir)
   config = document["config"]
-  log_path = config.get("mllog_file") or os.path.join(run_dir, "mllog.log")
-  if not os.path.isfile(log_path):
-    raise RunDirError(
-        f"run directory {run_dir!r} has no MLPerf log "
-        f"{log_path!r} (was enable_mllog on?)"
-    )
-  if os.path.exists(_second_attempt(log_path)):
-    raise RunDirError(
-        f"run directory {run_dir!r} was resumed ({_second_attempt(log_path)} "
-        f"exists): a result must be one uninterrupted run"
-    )
-  found: dict[str, Any] = {}
-  seed = log_revision = None
+  log_path = _log_path(run_dir, config)
   events = read_numbered_events(log_path)
   try:
     cross_check.check_run(
@@ -164,17 +152,7 @@ def read_run(run_dir: str) -> RunLog:
     )
   except cross_check.MismatchError as e:
     raise RunDirError(str(e)) from e
-  for _, event in events:
-    key = event.get("key")
-    if key == mllog_logger.REVISION_EVENT and log_revision is None:
-      metadata = event.get("metadata")
-      if isinstance(metadata, dict):
-        revision = metadata.get(mllog_logger.REVISION_METADATA)
-        log_revision = str(revision) if revision is not None else None
-    if key in _SUBMISSION_KEYS and _SUBMISSION_KEYS[key] not in found:
-      found[_SUBMISSION_KEYS[key]] = event.get("value")
-    elif key == "seed" and seed is None and isinstance(event.get("value"), int):
-      seed = event["value"]
+  found, seed, log_revision = _submission_facts(events)
   missing = [k for k, field in _SUBMISSION_KEYS.items() if field not in found]
   if missing:
     raise RunDirError(f"{log_path}: the log has no {', '.join(missing)}")
@@ -188,3 +166,46 @@ def read_run(run_dir: str) -> RunLog:
       log_revision=log_revision,
       **{k: str(v) for k, v in found.items()},
   )
+
+
+def _log_path(run_dir: str, config: dict[str, Any]) -> str:
+  """The path of the run's one MLPerf log.
+
+  Raises:
+    RunDirError: there is none, or the run was resumed (a second attempt's
+      log exists).
+  """
+  log_path = config.get("mllog_file") or os.path.join(run_dir, "mllog.log")
+  if not os.path.isfile(log_path):
+    raise RunDirError(
+        f"run directory {run_dir!r} has no MLPerf log "
+        f"{log_path!r} (was enable_mllog on?)"
+    )
+  if os.path.exists(_second_attempt(log_path)):
+    raise RunDirError(
+        f"run directory {run_dir!r} was resumed ({_second_attempt(log_path)} "
+        f"exists): a result must be one uninterrupted run"
+    )
+  return log_path
+
+
+def _submission_facts(
+    events: list[tuple[int, dict[str, Any]]],
+) -> tuple[dict[str, Any], Optional[int], Optional[str]]:
+  """What a log's (line number, event) pairs say: (the first value of each
+  submission key by RunLog field, the first integer seed, the first
+  revision event's revision), None where the log does not say."""
+  found: dict[str, Any] = {}
+  seed = log_revision = None
+  for _, event in events:
+    key = event.get("key")
+    if key == mllog_logger.REVISION_EVENT and log_revision is None:
+      metadata = event.get("metadata")
+      if isinstance(metadata, dict):
+        revision = metadata.get(mllog_logger.REVISION_METADATA)
+        log_revision = str(revision) if revision is not None else None
+    if key in _SUBMISSION_KEYS and _SUBMISSION_KEYS[key] not in found:
+      found[_SUBMISSION_KEYS[key]] = event.get("value")
+    elif key == "seed" and seed is None and isinstance(event.get("value"), int):
+      seed = event["value"]
+  return found, seed, log_revision

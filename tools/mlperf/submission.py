@@ -230,23 +230,93 @@ def build_package(
     FileExistsError: `out_dir` already holds this package (checked first:
       a refused packaging writes nothing into it).
   """
+  build, warnings, compliance_output = _check_before_writing(
+      out_dir, runs, implementation, build, compliance_checked, emit
+  )
+  written = _write_package(
+      out_dir,
+      runs,
+      implementation,
+      source_root,
+      build,
+      warnings,
+      compliance_output,
+      emit,
+  )
+  checker, rcp, summary = _check_package(out_dir, runs[0], emit)
+  return PackageResult(
+      **written,
+      checker=checker,
+      rcp=rcp,
+      summary=summary,
+      runs=len(runs),
+      provenance_warnings=tuple(warnings),
+  )
+
+
+def checker_logs(out_dir: str) -> str:
+  """The directory of the official tools' logs: `<out_dir>/checker_logs`
+  (the package's checks, and each run's compliance check)."""
+  return os.path.join(out_dir, "checker_logs")
+
+
+def _check_before_writing(
+    out_dir: str,
+    runs: Sequence[run_logs.RunLog],
+    implementation: str,
+    build: Optional[build_info_lib.BuildInfo],
+    compliance_checked: bool,
+    emit: Callable[[str], None],
+) -> tuple[build_info_lib.BuildInfo, list[str], Optional[str]]:
+  """Everything `build_package` refuses, checked before anything is written.
+
+  Returns:
+    (the build info, this packager's own when `build` is None; the
+    provenance warnings; the compliance checker's output, or None when
+    `compliance_checked`).
+
+  Raises:
+    PackageError, provenance.ProvenanceError, FileExistsError: as
+      `build_package`.
+  """
   check_consistent(runs)
   layout.check_name("implementation", implementation)
   first = runs[0]
-  org, system, benchmark = first.org, first.system, first.benchmark
   # Refused before anything is written: an existing package stays as it is.
-  layout.check_no_results(out_dir, org, system, benchmark)
+  layout.check_no_results(out_dir, first.org, first.system, first.benchmark)
   if build is None:
     build = build_info_lib.loaded()
   warnings, compliance_output = _check_runs(
       runs, build, compliance_checked, emit
   )
-  work_dir = os.path.join(out_dir, "checker_logs")
+  return build, warnings, compliance_output
+
+
+def _write_package(
+    out_dir: str,
+    runs: Sequence[run_logs.RunLog],
+    implementation: str,
+    source_root: Optional[str],
+    build: build_info_lib.BuildInfo,
+    warnings: Sequence[str],
+    compliance_output: Optional[str],
+    emit: Callable[[str], None],
+) -> dict[str, Any]:
+  """Writes the submission tree of `runs` (see `build_package`).
+
+  Returns:
+    PackageResult's fields of what was written: org_dir, system_json,
+    result_files, implementation_dir, build_info_json.
+  """
+  first = runs[0]
+  org, system, benchmark = first.org, first.system, first.benchmark
   results = layout.write_results(
       out_dir, org, system, benchmark, [run.log_path for run in runs]
   )
   if compliance_output is not None:
-    _write_log(work_dir, "compliance_checker.log", compliance_output)
+    _write_log(
+        checker_logs(out_dir), "compliance_checker.log", compliance_output
+    )
   system_json, desc = _write_system_json(out_dir, first)
   impl_dir = layout.implementation_dir(out_dir, org, benchmark, implementation)
   copied, build_info_json = _write_implementation(
@@ -258,18 +328,12 @@ def build_package(
       f"({len(results)} results; sources: {', '.join(copied)})"
   )
   _report_manual_fields(system_json, desc, emit)
-  checker, rcp, summary = _check_package(out_dir, first, work_dir, emit)
-  return PackageResult(
+  return dict(
       org_dir=org_dir,
       system_json=system_json,
       result_files=tuple(results),
       implementation_dir=impl_dir,
-      checker=checker,
-      rcp=rcp,
-      summary=summary,
-      runs=len(runs),
       build_info_json=build_info_json,
-      provenance_warnings=tuple(warnings),
   )
 
 
@@ -365,7 +429,6 @@ def _write_system_json(
 def _check_package(
     out_dir: str,
     first: run_logs.RunLog,
-    work_dir: str,
     emit: Callable[[str], None],
 ) -> tuple[
     checkers.ToolResult, Optional[checkers.ToolResult], checkers.Summary
@@ -373,13 +436,14 @@ def _check_package(
   """Runs MLPerf's checkers on the written package and reports each.
 
   The package checker, the RCP checker (closed division only) and the
-  result summarizer, their logs in `work_dir`.
+  result summarizer, their logs in `<out_dir>/checker_logs`.
 
   Returns:
     (package checker, RCP checker or None, summary); a failure is reported
     through `emit`, not raised.
   """
   org, benchmark = first.org, first.benchmark
+  work_dir = checker_logs(out_dir)
   org_dir = layout.org_dir(out_dir, org)
   checker = checkers.package_checker(org_dir, first.ruleset, work_dir)
   emit(

@@ -231,14 +231,7 @@ def describe(
     ValueError: an unknown `log_status`, or a provenance without device
       counts.
   """
-  try:
-    nodes = int(provenance["process_count"])
-    devices = int(provenance["device_count"])
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(
-        f"run provenance has no usable process_count/"
-        f"device_count: {dict(provenance)!r}"
-    ) from e
+  nodes, devices = _node_and_device_counts(provenance)
   backend = str(provenance.get("jax_backend", ""))
   kinds = ", ".join(str(k) for k in provenance.get("devices") or ())
   desc = {field: "" for field in FIELDS}
@@ -252,30 +245,74 @@ def describe(
           "status": availability(log_status),
           "system_name": system,
           "number_of_nodes": str(nodes),
-          "framework": f"JAX {provenance.get('jax_version', _version('jax'))}",
-          "other_software_stack": (
-              f"jaxlib {_version('jaxlib')}, "
-              f"Python {platform.python_version()}, "
-              f"mlperf-logging {_version('mlperf-logging')}, maxtext_engine "
-              f"{provenance.get('git_revision', 'unknown')}"
-          ),
-          "sw_notes": (
-              f"Dependencies pinned by "
-              f"{provenance.get('requirements_lock', 'unknown')}."
-          ),
+          **_software_fields(provenance),
       }
   )
-  if backend == "cpu":
-    desc["accelerators_per_node"] = "0"
-    for field in _ACCELERATOR_FIELDS:
-      desc[field] = _NOT_APPLICABLE
-    desc["hw_notes"] = f"CPU only ({kinds or 'cpu'} devices)."
-  else:
-    desc["accelerators_per_node"] = str(devices // max(nodes, 1))
-    desc["accelerator_model_name"] = kinds
-    if accelerator_memory_bytes:
-      desc["accelerator_memory_capacity"] = _gib(accelerator_memory_bytes)
+  desc.update(
+      _accelerator_fields(
+          backend, kinds, devices // max(nodes, 1), accelerator_memory_bytes
+      )
+  )
   return desc
+
+
+def _node_and_device_counts(provenance: Mapping[str, Any]) -> tuple[int, int]:
+  """The run's process and device counts from its provenance.
+
+  Raises:
+    ValueError: the provenance has no usable counts.
+  """
+  try:
+    nodes = int(provenance["process_count"])
+    devices = int(provenance["device_count"])
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(
+        f"run provenance has no usable process_count/"
+        f"device_count: {dict(provenance)!r}"
+    ) from e
+  return nodes, devices
+
+
+def _software_fields(provenance: Mapping[str, Any]) -> dict[str, str]:
+  """The framework and software stack fields: the run's JAX and revision,
+  this host's jaxlib, Python and mlperf-logging, the requirements lock."""
+  return {
+      "framework": f"JAX {provenance.get('jax_version', _version('jax'))}",
+      "other_software_stack": (
+          f"jaxlib {_version('jaxlib')}, "
+          f"Python {platform.python_version()}, "
+          f"mlperf-logging {_version('mlperf-logging')}, maxtext_engine "
+          f"{provenance.get('git_revision', 'unknown')}"
+      ),
+      "sw_notes": (
+          f"Dependencies pinned by "
+          f"{provenance.get('requirements_lock', 'unknown')}."
+      ),
+  }
+
+
+def _accelerator_fields(
+    backend: str,
+    kinds: str,
+    per_node: int,
+    accelerator_memory_bytes: Optional[int],
+) -> dict[str, str]:
+  """The accelerator fields of a run on JAX `backend` with devices of
+  `kinds`, `per_node` on each node: "N/A" for a CPU-only run, else the
+  devices per node, their kinds and (when known) one's memory."""
+  if backend == "cpu":
+    fields = {"accelerators_per_node": "0"}
+    for field in _ACCELERATOR_FIELDS:
+      fields[field] = _NOT_APPLICABLE
+    fields["hw_notes"] = f"CPU only ({kinds or 'cpu'} devices)."
+    return fields
+  fields = {
+      "accelerators_per_node": str(per_node),
+      "accelerator_model_name": kinds,
+  }
+  if accelerator_memory_bytes:
+    fields["accelerator_memory_capacity"] = _gib(accelerator_memory_bytes)
+  return fields
 
 
 def live_accelerator_memory(device_kinds) -> Optional[int]:

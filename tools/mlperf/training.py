@@ -75,28 +75,12 @@ def train_runs(
   """
   checks.check_int("runs", count, 1)
   submission.check_run_count(config.submission_benchmark, count)
-  seeds = list(seeds) if seeds is not None else draw_seeds(count)
-  if len(seeds) != count or len(set(seeds)) != count:
-    raise submission.PackageError(
-        f"seeds={seeds!r}: need {count} distinct seeds, one per run"
-    )
+  seeds = _checked_seeds(count, seeds)
   base = runs_dir(out_dir)
-  for i in range(count):
-    if os.path.exists(os.path.join(base, f"run_{i}")):
-      raise submission.PackageError(
-          f"{os.path.join(base, f'run_{i}')} exists: --runs needs a fresh "
-          f"--output_dir (a run directory would be resumed, not run anew)"
-      )
+  _check_fresh(base, count)
   runs = []
   for i, seed in enumerate(seeds):
-    run_config = config.copy_and_resolve_references()
-    with run_config.unlocked():
-      run_config.base_output_directory = base
-      run_config.run_name = f"run_{i}"
-      run_config.seed = seed
-      run_config.enable_mllog = True
-      run_config.mllog_file = ""
-      run_config.resume = False
+    run_config = _run_config(config, base, i, seed)
     emit(f"mlperf_package: run {i + 1}/{count} (seed {seed})")
     result = workloads.run(run_config, config_filename=config_filename)
     run = run_logs.read_run(result.run_dir)
@@ -104,6 +88,45 @@ def train_runs(
         f"mlperf_package: run {i + 1}/{count} {result.status.value} after "
         f"step {result.final_step}; {run.log_path}"
     )
-    submission.check_compliance([run], os.path.join(out_dir, "checker_logs"))
+    submission.check_compliance([run], submission.checker_logs(out_dir))
     runs.append(run)
   return runs
+
+
+def _checked_seeds(count: int, seeds: Optional[Sequence[int]]) -> list[int]:
+  """`seeds` as a list, or `count` drawn ones when None.
+
+  Raises:
+    submission.PackageError: not `count` distinct seeds.
+  """
+  seeds = list(seeds) if seeds is not None else draw_seeds(count)
+  if len(seeds) != count or len(set(seeds)) != count:
+    raise submission.PackageError(
+        f"seeds={seeds!r}: need {count} distinct seeds, one per run"
+    )
+  return seeds
+
+
+def _check_fresh(base: str, count: int) -> None:
+  """Raises submission.PackageError when a run directory of the `count`
+  runs exists under `base` (it would be resumed, not run anew)."""
+  for i in range(count):
+    if os.path.exists(os.path.join(base, f"run_{i}")):
+      raise submission.PackageError(
+          f"{os.path.join(base, f'run_{i}')} exists: --runs needs a fresh "
+          f"--output_dir (a run directory would be resumed, not run anew)"
+      )
+
+
+def _run_config(config, base: str, i: int, seed: int):
+  """Run `i`'s copy of `config`: its own run directory under `base`, `seed`,
+  its own MLPerf log, never a resume."""
+  run_config = config.copy_and_resolve_references()
+  with run_config.unlocked():
+    run_config.base_output_directory = base
+    run_config.run_name = f"run_{i}"
+    run_config.seed = seed
+    run_config.enable_mllog = True
+    run_config.mllog_file = ""
+    run_config.resume = False
+  return run_config
