@@ -32,7 +32,9 @@ from maxtext import layering_test
 SETTINGS = {
     "maxtext.config": {"maxtext.config.optimizer": ("OptimizerConfig",)},
     "maxtext.data": {"maxtext.data.data_config": ("DataConfig",)},
+    "maxtext.grpo": {"maxtext.grpo.mlperf_header": ("GrpoMlperfConfig",)},
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
+    "maxtext.mllog": {"maxtext.mllog.mlperf_config": ("MlperfConfig",)},
     "maxtext.runtime": {"maxtext.runtime.mesh": ("MeshConfig", "BatchLayout")},
     "maxtext.storage": {
         "maxtext.storage.checkpoint_config": ("CheckpointConfig",),
@@ -92,13 +94,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.hf.logits_check",
         "maxtext.hf.qwen3",
         "maxtext.hf.qwen35",
-        "maxtext.mllog.eval_set",
-        "maxtext.mllog.header_proof",
-        "maxtext.mllog.hyperparameters",
-        "maxtext.mllog.logger",
-        "maxtext.mllog.mllog_listener",
-        "maxtext.mllog.mlperf_preflight",
-        "maxtext.mllog.rules",
         "maxtext.model.gated_deltanet",
         "maxtext.model.layers",
         "maxtext.model.mla",

@@ -15,11 +15,17 @@ from maxtext.mllog import hyperparameters
 from maxtext.mllog import rules
 from testing import compliance_checker
 from testing import tiny_configs
+from maxtext.mllog import mlperf_config
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
 
 
 def _hyperparameters(config):
   return hyperparameters.hyperparameters_from_config(
-      config,
+      _mlperf(config),
       warmup_steps=1,
       schedule_steps=2,
       train_samples=16,

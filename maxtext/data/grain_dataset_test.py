@@ -14,6 +14,12 @@ from maxtext.data import grain_dataset
 from maxtext.text import prepare
 from testing import stdlib_corpus
 from testing import tiny_configs
+from maxtext.mllog import mlperf_config
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
 
 _SEQ = 16
 
@@ -196,7 +202,7 @@ class GrainDatasetTest(parameterized.TestCase):
     # MLPerf sample counts come from the prepared data.
     config = _config()
     self.assertEqual(
-        hyperparameters.train_samples_of(config),
+        hyperparameters.train_samples_of(_mlperf(config)),
         grain_dataset.GrainDataset(
             data_config.DataConfig.from_config(config)
         ).num_train_windows,

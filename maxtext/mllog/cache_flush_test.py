@@ -18,12 +18,18 @@ from maxtext.mllog import logger as mllog_logger
 from testing import compliance_checker
 from testing import multiprocess
 from testing import tiny_configs
+from maxtext.mllog import mlperf_config
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
 
 
 def _start(config, out):
   """The MLPerf listener of a single-process run of `config` in `out`."""
   return mllog_listener.start(
-      config,
+      _mlperf(config),
       out,
       process_index=0,
       data_parallelism=1,
