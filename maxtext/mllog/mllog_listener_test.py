@@ -166,7 +166,7 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, "throughput must be"):
       mllog_listener.MLLogListener(
           mllog_logger.MLLogger.disabled(),
-          _mlperf(None),
+          mlperf_config.MlperfConfig(),
           data_parallelism=1,
           config_filename="x",
           throughput={"mfu": 1.0},
