@@ -7,6 +7,7 @@ from absl.testing import absltest
 import jax
 
 from maxtext.config import config_lib
+from maxtext.mllog import mlperf_config
 from maxtext.model import transformer
 from maxtext.run import trainer
 from maxtext.configs import default
@@ -15,7 +16,6 @@ from maxtext.mllog import hyperparameters
 from maxtext.mllog import rules
 from testing import compliance_checker
 from testing import tiny_configs
-from maxtext.mllog import mlperf_config
 
 
 def _mlperf(config):

@@ -7,6 +7,7 @@ from absl.testing import parameterized
 import numpy as np
 
 from maxtext.config import config_lib
+from maxtext.mllog import mlperf_config
 from maxtext.run import preflight
 from maxtext.mllog import hyperparameters
 from maxtext.data import data_config
@@ -14,12 +15,12 @@ from maxtext.data import grain_dataset
 from maxtext.text import prepare
 from testing import stdlib_corpus
 from testing import tiny_configs
-from maxtext.mllog import mlperf_config
 
 
 def _mlperf(config):
   """The run config's MLPerf log settings."""
   return mlperf_config.MlperfConfig.from_config(config)
+
 
 _SEQ = 16
 

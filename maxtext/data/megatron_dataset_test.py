@@ -10,6 +10,7 @@ from maxtext.core import caller_paths
 from maxtext.config import config_lib
 from maxtext.data import data_config
 from maxtext.data import dataset_kinds
+from maxtext.mllog import mlperf_config
 from maxtext.run import preflight
 from maxtext.run import trainer
 from maxtext.configs import deepseekv3_671b
@@ -20,12 +21,12 @@ from maxtext.data import megatron_dataset
 from maxtext.text import megatron_index
 from testing import run_layout
 from testing import tiny_configs
-from maxtext.mllog import mlperf_config
 
 
 def _mlperf(config):
   """The run config's MLPerf log settings."""
   return mlperf_config.MlperfConfig.from_config(config)
+
 
 _SEQ = 16  # tiny_config's max_sequence_length.
 _VOCAB = 32

@@ -9,6 +9,7 @@ from maxtext.mllog import hyperparameters
 
 
 def _config(**overrides):
+  """A GRPO config's MLPerf settings: base.py with small numbers."""
   config = base.get_config()
   config.update(
       dict(

@@ -15,10 +15,10 @@ from maxtext.listeners import interface
 from maxtext.mllog import cache_flush
 from maxtext.mllog import mllog_listener
 from maxtext.mllog import logger as mllog_logger
+from maxtext.mllog import mlperf_config
 from testing import compliance_checker
 from testing import multiprocess
 from testing import tiny_configs
-from maxtext.mllog import mlperf_config
 
 
 def _mlperf(config):

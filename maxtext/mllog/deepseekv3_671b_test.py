@@ -27,6 +27,7 @@ def _mlperf(config):
   """The run config's MLPerf log settings."""
   return mlperf_config.MlperfConfig.from_config(config)
 
+
 _RULESETS = ("6.1.0", "6.0.0")
 _BENCHMARK = "deepseekv3_671b"
 
@@ -58,7 +59,9 @@ class DeepseekV3MllogTest(parameterized.TestCase):
       config_lib.validate(_config(ruleset))
       mlperf_preflight.check(_mlperf(_config(ruleset)))
       # At a reference batch size the config is the reference point's.
-      self.assertEqual(rules.reference_mismatches(_mlperf(_config(ruleset))), [])
+      self.assertEqual(
+          rules.reference_mismatches(_mlperf(_config(ruleset))), []
+      )
 
   @parameterized.named_parameters(
       (f"{r.replace('.', '_')}_batch_{b}", r, b)

@@ -25,6 +25,7 @@ def _mlperf(config):
   """The run config's MLPerf log settings."""
   return mlperf_config.MlperfConfig.from_config(config)
 
+
 _RULESETS = ("6.1.0", "6.0.0")
 _BATCHES = ("15360", "16384", "17408", "18432")
 
@@ -47,7 +48,9 @@ def _config(ruleset, batch=""):
 
 def _header(config):
   """The header a fresh run of `config` logs."""
-  return header_proof.fresh_run_header(_mlperf(config), "deepseekv3_671b_tpu.py")
+  return header_proof.fresh_run_header(
+      _mlperf(config), "deepseekv3_671b_tpu.py"
+  )
 
 
 class DeepseekV3TpuTest(parameterized.TestCase):
@@ -68,7 +71,9 @@ class DeepseekV3TpuTest(parameterized.TestCase):
 
   def test_reference_batch_is_the_reference_point(self):
     for ruleset in _RULESETS:
-      self.assertEqual(rules.reference_mismatches(_mlperf(_config(ruleset))), [])
+      self.assertEqual(
+          rules.reference_mismatches(_mlperf(_config(ruleset))), []
+      )
 
   @parameterized.parameters(*_BATCHES)
   def test_differs_from_the_gpu_file_only_where_a_tpu_needs(self, batch):

@@ -16,14 +16,15 @@ from maxtext.listeners import interface
 from maxtext.mllog import deferred_log
 from maxtext.mllog import logger as mllog_logger
 from maxtext.mllog import mllog_listener
+from maxtext.mllog import mlperf_config
 from testing import compliance_checker
 from testing import tiny_configs
-from maxtext.mllog import mlperf_config
 
 
 def _mlperf(config):
   """The run config's MLPerf log settings."""
   return mlperf_config.MlperfConfig.from_config(config)
+
 
 _STEPS = 10
 _START = 1.7e9  # The fake clock's first reading, seconds since the epoch.

@@ -19,9 +19,9 @@ from maxtext.configs import deepseekv3_671b
 from maxtext.configs import default
 from maxtext.configs import llama31_8b
 from maxtext.mllog import header_proof
+from maxtext.mllog import mlperf_config
 from maxtext.mllog import rules
 from testing import compliance_checker
-from maxtext.mllog import mlperf_config
 
 
 def _mlperf(config):

@@ -26,6 +26,7 @@ def _mlperf(config):
   """The run config's MLPerf log settings."""
   return mlperf_config.MlperfConfig.from_config(config)
 
+
 _BENCHMARK = "llama31_8b"
 _SUBMISSION_KEYS = frozenset(
     {

@@ -13,14 +13,15 @@ from maxtext.listeners import interface
 from maxtext.metrics import throughput
 from maxtext.mllog import mllog_listener
 from maxtext.mllog import logger as mllog_logger
+from maxtext.mllog import mlperf_config
 from testing import compliance_checker
 from testing import tiny_configs
-from maxtext.mllog import mlperf_config
 
 
 def _mlperf(config):
   """The run config's MLPerf log settings."""
   return mlperf_config.MlperfConfig.from_config(config)
+
 
 _STEPS = 10
 _LOWER = eval_metrics.Direction.LOWER_IS_BETTER

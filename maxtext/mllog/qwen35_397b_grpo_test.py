@@ -44,6 +44,7 @@ def _grpo(config):
   """The GRPO run's part of its MLPerf log (its workload's)."""
   return grpo_workload.GrpoWorkload().mlperf_header(config)
 
+
 _RULESET = "6.1.0"
 _BENCHMARK = "qwen35_397b_grpo"
 

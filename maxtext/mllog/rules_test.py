@@ -215,9 +215,7 @@ class ReferencePointsTest(parameterized.TestCase):
   def test_batch_between_reference_points_passes(self):
     low, high = _LLAMA_POINTS[0].batch_size, _LLAMA_POINTS[1].batch_size
     self.assertGreater(high - low, 1)
-    _check_reference(
-        _run_config(global_batch_size=low + 1, learning_rate=1.0)
-    )
+    _check_reference(_run_config(global_batch_size=low + 1, learning_rate=1.0))
 
   @parameterized.named_parameters(("below", -1), ("above", +1))
   def test_batch_outside_the_range_is_refused_in_closed(self, side):
@@ -229,9 +227,7 @@ class ReferencePointsTest(parameterized.TestCase):
         f"{re.escape(rules.rcp_file('6.1.0', 'llama31_8b'))}"
     )
     with self.assertRaisesRegex(ValueError, pattern):
-      _check_reference(
-          _run_config(global_batch_size=batch)
-      )
+      _check_reference(_run_config(global_batch_size=batch))
 
   def test_batch_outside_the_range_is_a_warning_in_open(self):
     config = _run_config(submission_division="open", global_batch_size=8)
@@ -281,16 +277,12 @@ class ReferencePointsTest(parameterized.TestCase):
         (below + 2, False),
     ):
       with self.subTest(warmup_steps=steps):
-        problems = _mismatches(
-            _at_point(point) | {"warmup_steps": steps}
-        )
+        problems = _mismatches(_at_point(point) | {"warmup_steps": steps})
         self.assertEqual(not problems, ok, problems)
 
   def test_all_mismatches_are_named_at_once(self):
     with self.assertRaises(ValueError) as raised:
-      _check_reference(
-          _run_config(learning_rate=1e-3, warmup_steps=1)
-      )
+      _check_reference(_run_config(learning_rate=1e-3, warmup_steps=1))
     self.assertIn("config.learning_rate", str(raised.exception))
     self.assertIn("config.warmup_steps", str(raised.exception))
 
@@ -298,9 +290,7 @@ class ReferencePointsTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, "no reference convergence points for no_such_benchmark"
     ):
-      _check_reference(
-          _run_config(submission_benchmark="no_such_benchmark")
-      )
+      _check_reference(_run_config(submission_benchmark="no_such_benchmark"))
 
 
 if __name__ == "__main__":
