@@ -35,6 +35,7 @@ SETTINGS = {
     "maxtext.grpo": {"maxtext.grpo.mlperf_header": ("GrpoMlperfConfig",)},
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.mllog": {"maxtext.mllog.mlperf_config": ("MlperfConfig",)},
+    "maxtext.model": {"maxtext.model.model_config": ("ModelConfig",)},
     "maxtext.runtime": {"maxtext.runtime.mesh": ("MeshConfig", "BatchLayout")},
     "maxtext.storage": {
         "maxtext.storage.checkpoint_config": ("CheckpointConfig",),
@@ -97,7 +98,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.model.gated_deltanet",
         "maxtext.model.layers",
         "maxtext.model.mla",
-        "maxtext.model.model_config",
         "maxtext.model.moe",
         "maxtext.model.transformer",
         "maxtext.run.deferred_eval",
