@@ -9,9 +9,10 @@ relations between fields. Errors are `TypeError` (wrong type) or `ValueError`
 The expected type of each field is the type of its default in `base.py`; the
 values a choice field takes are `maxtext.core.choices`', and the schedule's
 length is `maxtext.config.optimizer`'s. `validate` reads no file: paths, data
-files and the MLPerf submission rules are checked by `maxtext.run.preflight`
-(the rules through `maxtext.mllog.mlperf_preflight`, against what the installed
-`mlperf_logging` package knows).
+files, the MLPerf log's own fields (`maxtext.mllog.mlperf_config`) and the
+submission rules are checked by `maxtext.run.preflight` (the log's through
+`maxtext.mllog.mlperf_preflight`, against what the installed `mlperf_logging`
+package knows).
 """
 
 import importlib.util
@@ -495,24 +496,9 @@ def _check_distribution(v) -> None:
 
 
 def _check_runtime(v) -> None:
-  """The hardware, the MLPerf log's local fields and the warm-up."""
+  """The hardware and the warm-up (the MLPerf log's fields:
+  maxtext.mllog.mlperf_config, checked by the pre-flight)."""
   _one_of(v, "hardware", choices.HARDWARE)
-  # The submission fields and the header: maxtext.mllog.mlperf_preflight.
-  _at_least(v, "mllog_train_samples", 0)
-  command = v["cache_clear_command"]
-  if "\0" in command or (command and not command.strip()):
-    raise _fail(
-        "cache_clear_command",
-        command,
-        "must be '' (the default flush) or a shell command",
-    )
-  if v["mllog_file"].startswith("gs://"):
-    raise _fail(
-        "mllog_file",
-        v["mllog_file"],
-        "must be a local path: the log is staged locally and mirrored to "
-        "gs:// with the run directory when base_output_directory is gs://",
-    )
   _at_least(v, "warmup_steps_before_run_start", -1)
 
 

@@ -12,7 +12,6 @@ import numpy as np
 import optax
 
 from maxtext.core import choices
-from maxtext.core import component_config
 from maxtext.config import optimizer
 from maxtext.configs import base
 
@@ -116,11 +115,6 @@ class ScheduleTest(parameterized.TestCase):
       optimizer.make_schedule(unchecked)
     with self.assertRaisesRegex(ValueError, pattern):
       optimizer.schedule_facts(unchecked)
-
-  def test_defaults_are_base_configs(self):
-    defaults = component_config.defaults(optimizer.OptimizerConfig)
-    base_values = base.get_config()
-    self.assertEqual(defaults, {name: base_values[name] for name in defaults})
 
 
 def _hand_written_cosine(config):

@@ -7,6 +7,7 @@ from absl.testing import absltest
 import jax
 
 from maxtext.config import config_lib
+from maxtext.mllog import mlperf_config
 from maxtext.model import transformer
 from maxtext.run import trainer
 from maxtext.configs import default
@@ -17,9 +18,14 @@ from testing import compliance_checker
 from testing import tiny_configs
 
 
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
+
 def _hyperparameters(config):
   return hyperparameters.hyperparameters_from_config(
-      config,
+      _mlperf(config),
       warmup_steps=1,
       schedule_steps=2,
       train_samples=16,

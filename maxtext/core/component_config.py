@@ -13,10 +13,14 @@ what a package reads is what its dataclass declares.
 config's field of the same name, so no package keeps a copy of another's
 field list. The caller's keyword arguments set a field the config does not
 hold or one the caller decides (the mesh's `generation_devices`, which
-only a GRPO run keeps); a field neither names takes its default.
+only a GRPO run keeps); a field neither names takes its default. A field
+typed with another package's settings class (the MLPerf log's `optimizer`,
+an `OptimizerConfig`) is that class's own `from_config` of the same config,
+so a package that works with another's settings holds them whole.
 """
 
 import dataclasses
+import typing
 from typing import Any, Mapping, TypeVar
 
 _Config = TypeVar("_Config", bound="ComponentConfig")
@@ -44,8 +48,9 @@ class ComponentConfig:
       **given: fields the caller sets, whatever the config holds.
 
     Returns:
-      An instance of `cls`: each field from `given`, else the config's field
-      of its name, else the dataclass default.
+      An instance of `cls`: each field from `given`, else (a field typed
+      with a settings class) that class's `from_config(config)`, else the
+      config's field of its name, else the dataclass default.
 
     Raises:
       TypeError: `cls` is no dataclass, or `given` names a field it lacks.
@@ -56,14 +61,31 @@ class ComponentConfig:
     if unknown:
       raise TypeError(f"{cls.__name__} has no field(s) {unknown}")
     values = _values(config)
+    nested = _nested(cls)
     taken = {
-        name: values[name]
+        name: nested[name].from_config(config)
         for name in fields
-        if name not in given and name in values
+        if name not in given and name in nested
     }
+    taken.update(
+        (name, values[name])
+        for name in fields
+        if name not in given and name not in taken and name in values
+    )
     settings = cls(**taken, **given)
     settings.validate()
     return settings
+
+
+def _nested(cls: type) -> dict[str, type[ComponentConfig]]:
+  """`cls`'s fields typed with a settings class, by name."""
+  hints = typing.get_type_hints(cls)
+  return {
+      field.name: hints[field.name]
+      for field in dataclasses.fields(cls)
+      if isinstance(hints.get(field.name), type)
+      and issubclass(hints[field.name], ComponentConfig)
+  }
 
 
 def _values(config: Any) -> Mapping[str, Any]:

@@ -19,6 +19,12 @@ class _Settings(component_config.ComponentConfig):
       raise component_config.fail("size", self.size, "must be >= 1")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Holder(component_config.ComponentConfig):
+  name: str = "h"
+  inner: _Settings = dataclasses.field(default_factory=_Settings)
+
+
 def _config(**values):
   config = ml_collections.ConfigDict({"size": 3, "name": "b", "other": 1.5})
   config.update(values)
@@ -52,6 +58,16 @@ class FromConfigTest(absltest.TestCase):
         expected,
     )
     self.assertEqual(_Settings.from_config(dict(_config())), expected)
+
+  def test_a_field_of_a_settings_class_is_built_from_the_same_config(self):
+    self.assertEqual(
+        _Holder.from_config(_config()),
+        _Holder(name="b", inner=_Settings(size=3, name="b")),
+    )
+    given = _Settings(size=7)
+    self.assertIs(_Holder.from_config(_config(), inner=given).inner, given)
+    with self.assertRaisesRegex(ValueError, r"^config\.size=0: must be >= 1$"):
+      _Holder.from_config(_config(size=0))
 
   def test_a_bad_value_is_one_line_naming_the_field(self):
     with self.assertRaisesRegex(ValueError, r"^config\.size=0: must be >= 1$"):

@@ -3,16 +3,10 @@
 from absl.testing import absltest
 
 from maxtext.configs import base
-from maxtext.core import component_config
 from maxtext.data import data_config
 
 
 class DataConfigTest(absltest.TestCase):
-
-  def test_defaults_are_base_configs(self):
-    defaults = component_config.defaults(data_config.DataConfig)
-    config = base.get_config()
-    self.assertEqual(defaults, {name: config[name] for name in defaults})
 
   def test_from_config_takes_the_configs_fields(self):
     config = base.get_config()

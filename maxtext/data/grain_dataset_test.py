@@ -7,6 +7,7 @@ from absl.testing import parameterized
 import numpy as np
 
 from maxtext.config import config_lib
+from maxtext.mllog import mlperf_config
 from maxtext.run import preflight
 from maxtext.mllog import hyperparameters
 from maxtext.data import data_config
@@ -14,6 +15,12 @@ from maxtext.data import grain_dataset
 from maxtext.text import prepare
 from testing import stdlib_corpus
 from testing import tiny_configs
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
 
 _SEQ = 16
 
@@ -196,7 +203,7 @@ class GrainDatasetTest(parameterized.TestCase):
     # MLPerf sample counts come from the prepared data.
     config = _config()
     self.assertEqual(
-        hyperparameters.train_samples_of(config),
+        hyperparameters.train_samples_of(_mlperf(config)),
         grain_dataset.GrainDataset(
             data_config.DataConfig.from_config(config)
         ).num_train_windows,

@@ -10,6 +10,7 @@ from maxtext.core import caller_paths
 from maxtext.config import config_lib
 from maxtext.data import data_config
 from maxtext.data import dataset_kinds
+from maxtext.mllog import mlperf_config
 from maxtext.run import preflight
 from maxtext.run import trainer
 from maxtext.configs import deepseekv3_671b
@@ -20,6 +21,12 @@ from maxtext.data import megatron_dataset
 from maxtext.text import megatron_index
 from testing import run_layout
 from testing import tiny_configs
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
 
 _SEQ = 16  # tiny_config's max_sequence_length.
 _VOCAB = 32
@@ -340,15 +347,15 @@ class MegatronDatasetTest(absltest.TestCase):
 
   def test_deepseekv3_671b_names_the_benchmarks_eval_set(self):
     config = deepseekv3_671b.get_config()
-    self.assertEqual(eval_set.problem(config), "")
+    self.assertEqual(eval_set.problem(_mlperf(config)), "")
     self.assertEqual(config.megatron_eval_samples, 1024)
     config.dataset_type = "tokens_file"
     with self.assertRaisesRegex(ValueError, "dataset_type='tokens_file'"):
-      eval_set.check(config)
+      eval_set.check(_mlperf(config))
     config.dataset_type = "megatron"
     config.megatron_eval_samples = 0
     with self.assertRaisesRegex(ValueError, "megatron_eval_samples=0"):
-      eval_set.check(config)
+      eval_set.check(_mlperf(config))
 
   def test_resume_reads_the_batches_of_an_uninterrupted_run(self):
     reference = trainer.run(self._config("reference", 6))

@@ -73,6 +73,7 @@ from maxtext.grpo import decode_footprint
 from maxtext.grpo import evaluation
 from maxtext.grpo import frozen_router
 from maxtext.grpo import logprob_gate
+from maxtext.grpo import mlperf_header
 from maxtext.grpo import generation_mesh
 from maxtext.grpo import pending_rollout
 from maxtext.grpo import policy_loss
@@ -87,6 +88,7 @@ from maxtext.grpo import train_loss
 from maxtext.grpo import episode_rollout
 from maxtext.grpo import text_task
 from maxtext.metrics import recorder as metrics_recorder
+from maxtext.mllog import workload_header
 from maxtext.model import transformer
 from maxtext.generation import sampling
 from maxtext.runtime import device_memory
@@ -549,6 +551,11 @@ class GrpoWorkload(workload.Workload):
     # MLPerf's eval_accuracy.
     return eval_metrics.Target(
         config.grpo_eval_target_metric, config.grpo_target_pass_rate or None
+    )
+
+  def mlperf_header(self, config) -> workload_header.WorkloadHeader:
+    return mlperf_header.header(
+        mlperf_header.GrpoMlperfConfig.from_config(config)
     )
 
   def close(self) -> None:

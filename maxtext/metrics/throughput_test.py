@@ -11,7 +11,6 @@ import numpy as np
 from maxtext.model import transformer
 from maxtext.configs import base
 from maxtext.configs import gpu_1b
-from maxtext.core import component_config
 from maxtext.metrics import throughput
 from testing import tiny_configs
 
@@ -226,14 +225,6 @@ class FlopsTest(parameterized.TestCase):
     self.assertAlmostEqual(
         run.figures(step_time)[throughput.MFU_KEY], 0.306, delta=0.0005
     )
-
-
-class ThroughputConfigTest(absltest.TestCase):
-
-  def test_defaults_are_base_configs(self):
-    defaults = component_config.defaults(throughput.ThroughputConfig)
-    config = base.get_config()
-    self.assertEqual(defaults, {name: config[name] for name in defaults})
 
 
 class StepThroughputTest(parameterized.TestCase):

@@ -112,6 +112,12 @@ def flush_cache(
     command, why_not = _default_command(platform, euid)
     if not command:
       return FlushResult(False, why_not)
+  return _run(command, timeout_s)
+
+
+def _run(command: str, timeout_s: float) -> FlushResult:
+  """Runs the flush `command` with `/bin/sh -c`; its outcome, never an
+  error."""
   try:
     proc = subprocess.run(
         command,

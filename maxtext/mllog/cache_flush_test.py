@@ -15,15 +15,21 @@ from maxtext.listeners import interface
 from maxtext.mllog import cache_flush
 from maxtext.mllog import mllog_listener
 from maxtext.mllog import logger as mllog_logger
+from maxtext.mllog import mlperf_config
 from testing import compliance_checker
 from testing import multiprocess
 from testing import tiny_configs
 
 
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
+
 def _start(config, out):
   """The MLPerf listener of a single-process run of `config` in `out`."""
   return mllog_listener.start(
-      config,
+      _mlperf(config),
       out,
       process_index=0,
       data_parallelism=1,

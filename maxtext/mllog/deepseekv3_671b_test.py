@@ -20,6 +20,13 @@ from maxtext.configs import deepseekv3_671b
 from maxtext.mllog import header_proof
 from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
+from maxtext.mllog import mlperf_config
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
 
 _RULESETS = ("6.1.0", "6.0.0")
 _BENCHMARK = "deepseekv3_671b"
@@ -33,11 +40,11 @@ def _config(ruleset, batch="", **overrides):
 
 def _header(config):
   """The header a fresh run of `config` logs."""
-  return header_proof.fresh_run_header(config, "deepseekv3_671b.py")
+  return header_proof.fresh_run_header(_mlperf(config), "deepseekv3_671b.py")
 
 
 def _prove(config):
-  return header_proof.prove(config, _header(config))
+  return header_proof.prove(_mlperf(config), _header(config))
 
 
 class DeepseekV3MllogTest(parameterized.TestCase):
@@ -50,9 +57,11 @@ class DeepseekV3MllogTest(parameterized.TestCase):
       self.assertIn(ruleset, rules.rulesets())
       self.assertIn(_BENCHMARK, rules.benchmarks(ruleset))
       config_lib.validate(_config(ruleset))
-      mlperf_preflight.check(_config(ruleset))
+      mlperf_preflight.check(_mlperf(_config(ruleset)))
       # At a reference batch size the config is the reference point's.
-      self.assertEqual(rules.reference_mismatches(_config(ruleset)), [])
+      self.assertEqual(
+          rules.reference_mismatches(_mlperf(_config(ruleset))), []
+      )
 
   @parameterized.named_parameters(
       (f"{r.replace('.', '_')}_batch_{b}", r, b)
@@ -62,7 +71,7 @@ class DeepseekV3MllogTest(parameterized.TestCase):
   def test_header_satisfies_the_closed_rules(self, ruleset, batch):
     config = _config(ruleset, batch)
     config_lib.validate(config)
-    mlperf_preflight.check(config)
+    mlperf_preflight.check(_mlperf(config))
     hparams = _header(config)
     self.assertEqual(hparams["moe_aux_loss_coeff"], 0.01)
     self.assertEqual(
@@ -116,7 +125,7 @@ class DeepseekV3MllogTest(parameterized.TestCase):
         17408,
         [p.batch_size for p in rules.reference_points("6.1.0", _BENCHMARK)],
     )
-    self.assertEqual(rules.reference_mismatches(config), [])
+    self.assertEqual(rules.reference_mismatches(_mlperf(config)), [])
     self.assertEqual(
         [f.key for f in _prove(config).failures], ["opt_base_learning_rate"]
     )

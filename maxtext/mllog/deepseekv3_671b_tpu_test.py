@@ -18,6 +18,13 @@ from maxtext.configs import deepseekv3_671b_tpu
 from maxtext.mllog import header_proof
 from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
+from maxtext.mllog import mlperf_config
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
 
 _RULESETS = ("6.1.0", "6.0.0")
 _BATCHES = ("15360", "16384", "17408", "18432")
@@ -41,7 +48,9 @@ def _config(ruleset, batch=""):
 
 def _header(config):
   """The header a fresh run of `config` logs."""
-  return header_proof.fresh_run_header(config, "deepseekv3_671b_tpu.py")
+  return header_proof.fresh_run_header(
+      _mlperf(config), "deepseekv3_671b_tpu.py"
+  )
 
 
 class DeepseekV3TpuTest(parameterized.TestCase):
@@ -56,13 +65,15 @@ class DeepseekV3TpuTest(parameterized.TestCase):
     self.assertEqual(config.submission_division, "closed")
     self.assertEqual(config.submission_benchmark, "deepseekv3_671b")
     config_lib.validate(config)
-    mlperf_preflight.check(config)
-    verdict = header_proof.prove(config, _header(config))
+    mlperf_preflight.check(_mlperf(config))
+    verdict = header_proof.prove(_mlperf(config), _header(config))
     self.assertTrue(verdict.passed, verdict)
 
   def test_reference_batch_is_the_reference_point(self):
     for ruleset in _RULESETS:
-      self.assertEqual(rules.reference_mismatches(_config(ruleset)), [])
+      self.assertEqual(
+          rules.reference_mismatches(_mlperf(_config(ruleset))), []
+      )
 
   @parameterized.parameters(*_BATCHES)
   def test_differs_from_the_gpu_file_only_where_a_tpu_needs(self, batch):

@@ -16,8 +16,15 @@ from maxtext.listeners import interface
 from maxtext.mllog import deferred_log
 from maxtext.mllog import logger as mllog_logger
 from maxtext.mllog import mllog_listener
+from maxtext.mllog import mlperf_config
 from testing import compliance_checker
 from testing import tiny_configs
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
 
 _STEPS = 10
 _START = 1.7e9  # The fake clock's first reading, seconds since the epoch.
@@ -42,7 +49,7 @@ class DeferredLogTest(absltest.TestCase):
     self.batch = config.global_batch_size
     clock = itertools.count(_START, 1.0)
     log = mllog_logger.create_mllogger(
-        config,
+        _mlperf(config),
         os.path.join(out, "mllog.log"),
         process_index=0,
         time_fn=lambda: next(clock),
@@ -51,7 +58,7 @@ class DeferredLogTest(absltest.TestCase):
     log.init_start()
     log.submission_info()
     listener = mllog_listener.MLLogListener(
-        log, config, data_parallelism=1, config_filename="default.py"
+        log, _mlperf(config), data_parallelism=1, config_filename="default.py"
     )
     listener.on_run_start(interface.RunStart(start_step=0, samples=0))
     update_times = []

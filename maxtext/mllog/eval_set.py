@@ -10,47 +10,47 @@ prefix through dataset_type="megatron" and its eval set is exactly the
 first `eval_samples` sequences, all read at each evaluation.
 """
 
-from typing import Any
-
 from absl import logging
+
+from maxtext.mllog import mlperf_config
 
 # Benchmarks whose eval set is the first eval_samples sequences of the
 # reference's validation prefix.
 FIRST_N_OF_VALIDATION = frozenset({"deepseekv3_671b"})
 
 
-def problem(config: Any) -> str:
-  """What keeps the config's eval set from being the benchmark's, or ""."""
-  if config.submission_benchmark not in FIRST_N_OF_VALIDATION:
+def problem(mlperf: mlperf_config.MlperfConfig) -> str:
+  """What keeps the run's eval set from being the benchmark's, or ""."""
+  if mlperf.submission_benchmark not in FIRST_N_OF_VALIDATION:
     return ""
-  if config.dataset_type != "megatron":
+  if mlperf.dataset_type != "megatron":
     return (
-        f"config.dataset_type={config.dataset_type!r}: "
-        f"{config.submission_benchmark}'s eval set is the first sequences "
+        f"mlperf.dataset_type={mlperf.dataset_type!r}: "
+        f"{mlperf.submission_benchmark}'s eval set is the first sequences "
         "of the reference's validation Megatron dataset; read it with "
         "dataset_type='megatron' and eval_data_path=<validation prefix>"
     )
-  logged = config.eval_steps * config.eval_batch_size
-  if config.megatron_eval_samples != logged:
+  logged = mlperf.eval_steps * mlperf.eval_batch_size
+  if mlperf.megatron_eval_samples != logged:
     return (
-        f"config.megatron_eval_samples={config.megatron_eval_samples}: "
-        f"{config.submission_benchmark}'s eval set is the validation "
+        f"mlperf.megatron_eval_samples={mlperf.megatron_eval_samples}: "
+        f"{mlperf.submission_benchmark}'s eval set is the validation "
         f"prefix's first eval_samples = eval_steps * eval_batch_size = "
         f"{logged} sequences; name it (megatron_eval_samples={logged})"
     )
   return ""
 
 
-def check(config: Any) -> None:
+def check(mlperf: mlperf_config.MlperfConfig) -> None:
   """Refuses (closed division) or warns about (open) a config whose eval
   set is not its benchmark's.
 
   Raises:
-    ValueError: closed division, `problem(config)`.
+    ValueError: closed division, `problem(mlperf)`.
   """
-  found = problem(config)
+  found = problem(mlperf)
   if not found:
     return
-  if config.submission_division == "closed":
+  if mlperf.submission_division == "closed":
     raise ValueError(found)
   logging.warning("MLPerf open division: %s", found)

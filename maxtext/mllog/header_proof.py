@@ -8,25 +8,27 @@ decay steps as a function of the warm-up) and a check of the first
 evaluation's sample count. This module lets the checker judge a config
 before the run, so that no rule is ever repeated here:
 
-  `write_log(config, path, hyperparameters)` writes the log a run of the
-  config starts with, as the trainer's logger writes it (`cache_clear`,
-  `init_start`, the `submission_*` keys, the hyperparameters, `init_stop`),
+  `write_log(mlperf, path, hyperparameters)` writes the log a run starts
+  with (its settings: `mlperf_config.MlperfConfig`), as the trainer's
+  logger writes it (`cache_clear`, `init_start`, the `submission_*` keys,
+  the hyperparameters, `init_stop`),
   then run events marked `"synthetic": true` in their metadata: blocks and
   evaluations at the completed steps where the run's eval schedule
   (`maxtext.config.eval_schedule`) puts its first two evaluations, the last at
-  the config's target (`target_eval_loss`; for a GRPO benchmark
-  `grpo_target_pass_rate`, a pass rate: `target`), then `run_stop`.
+  the run's target (`target_eval_loss`, or the workload's:
+  `workload_header.WorkloadHeader`, e.g. a GRPO run's pass rate), then
+  `run_stop`.
 
   `check_log(path, ruleset)` runs the installed checker on a log in this
   process (its rule files, its parser, its `ComplianceChecker`) and returns
   every message as a `Failure` naming its log key.
 
-  `prove(config, hyperparameters)` does both in a temporary directory; its
+  `prove(mlperf, hyperparameters)` does both in a temporary directory; its
   `Verdict.config_failures()` are the failures that concern the config (the
   header keys and `eval_accuracy`: the first evaluation's point and the
   target), not the synthetic events' own sequence.
 
-  `check_config(config)` is the pre-flight of a run with a log: it proves
+  `check_config(mlperf)` is the pre-flight of a run with a log: it proves
   the header of a fresh run (`fresh_run_header`) and refuses a closed
   config whose log would fail (an open one: a warning per failure).
 
@@ -57,7 +59,9 @@ from maxtext.config import config_lib
 from maxtext.config import eval_schedule
 from maxtext.mllog import hyperparameters as hyperparameters_lib
 from maxtext.mllog import logger as mllog_logger
+from maxtext.mllog import mlperf_config
 from maxtext.mllog import rules
+from maxtext.mllog import workload_header
 from maxtext.storage import build_info as build_info_lib
 
 # Keys of the run phase (the synthetic part of a proof's log); every other
@@ -205,70 +209,68 @@ def rule_keys(ruleset: str, division: str, benchmark: str) -> frozenset[str]:
   return frozenset(keys)
 
 
-def updates_per_batch(config: Any) -> int:
-  """Optimizer updates one batch feeds: `grpo_num_iterations` for a GRPO
-  benchmark (a rollout feeds that many), else 1."""
-  if hyperparameters_lib.is_grpo_benchmark(config):
-    return config.grpo_num_iterations
-  return 1
+def samples_after(
+    mlperf: mlperf_config.MlperfConfig,
+    step: int,
+    header: Optional[workload_header.WorkloadHeader] = None,
+) -> int:
+  """The samples_count after `step` completed updates (a batch counts once,
+  however many updates it feeds: `WorkloadHeader.updates_per_batch`)."""
+  per_batch = workload_header.of_run(mlperf, header).updates_per_batch
+  return step // per_batch * mlperf.global_batch_size
 
 
-def samples_after(config: Any, step: int) -> int:
-  """The samples_count after `step` completed updates (a batch counts once)."""
-  return step // updates_per_batch(config) * config.global_batch_size
-
-
-def target(config: Any) -> float:
-  """The value of the quality metric at which the run stops with success:
-  `grpo_target_pass_rate` for a GRPO benchmark, else `target_eval_loss`."""
-  if hyperparameters_lib.is_grpo_benchmark(config):
-    return float(config.grpo_target_pass_rate)
-  return float(config.target_eval_loss)
-
-
-def eval_points(config: Any) -> tuple[int, ...]:
+def eval_points(
+    mlperf: mlperf_config.MlperfConfig,
+    header: Optional[workload_header.WorkloadHeader] = None,
+) -> tuple[int, ...]:
   """Completed steps of the synthetic run's evaluations: at most two.
 
-  The first evaluation the run's schedule makes (`eval_schedule`), and the
-  next one if the budget (`steps`) goes on after it.
+  The first evaluation the run's schedule makes (`eval_schedule`, which
+  reads `eval_interval`, `first_eval_samples`, `global_batch_size` and
+  `steps`), and the next one if the budget (`steps`) goes on after it.
 
   Args:
-    config: a validated config.
+    mlperf: the run's MLPerf log settings.
+    header: the workload's part of the log; None = pretraining's.
 
   Returns:
     One or two step counts, increasing, each due by `eval_schedule.eval_due`.
   """
-  per_batch = updates_per_batch(config)
-  first = min(eval_schedule.first_eval_step(config, per_batch), config.steps)
+  per_batch = workload_header.of_run(mlperf, header).updates_per_batch
+  first = min(eval_schedule.first_eval_step(mlperf, per_batch), mlperf.steps)
   points = [first]
-  if first < config.steps:
-    points.append(min(first + config.eval_interval, config.steps))
+  if first < mlperf.steps:
+    points.append(min(first + mlperf.eval_interval, mlperf.steps))
   for step in points:
     # eval_due decides; the arithmetic above only finds the candidates.
-    if not eval_schedule.eval_due(config, step, per_batch):
+    if not eval_schedule.eval_due(mlperf, step, per_batch):
       raise AssertionError(
           f"eval_schedule does not evaluate after {step} steps, although "
           "first_eval_step is "
-          f"{eval_schedule.first_eval_step(config, per_batch)}"
+          f"{eval_schedule.first_eval_step(mlperf, per_batch)}"
       )
   return tuple(points)
 
 
 def write_log(
-    config: Any,
+    mlperf: mlperf_config.MlperfConfig,
     path: str,
     hyperparameters: Mapping[str, Any],
     *,
+    header: Optional[workload_header.WorkloadHeader] = None,
     build: Optional[build_info_lib.BuildInfo] = None,
 ) -> str:
-  """Writes a run's header from the config, then synthetic run events.
+  """Writes a run's header from its settings, then synthetic run events.
 
   Args:
-    config: a validated config with `enable_mllog` on.
+    mlperf: the run's MLPerf log settings, `enable_mllog` on.
     path: the log to write (an existing file makes it the next attempt's
       name, as for a run; see `logger.next_attempt_path`).
     hyperparameters: the run's hyperparameter events, in order
       (`hyperparameters.run_hyperparameters`).
+    header: the workload's part of the log (its target, the updates a
+      batch feeds); None = pretraining's.
     build: the revision the submission_platform event names; default
       "unknown".
 
@@ -277,33 +279,20 @@ def write_log(
 
   Raises:
     ValueError: `enable_mllog` is off (a run without a log has no header),
-      or the logger refuses the config or the hyperparameters.
+      or the logger refuses the settings or the hyperparameters.
   """
-  if not config.enable_mllog:
+  if not mlperf.enable_mllog:
     raise ValueError(
-        f"config.enable_mllog={config.enable_mllog!r}: a run without an "
+        f"config.enable_mllog={mlperf.enable_mllog!r}: a run without an "
         "MLPerf log has no header to prove"
     )
   logger = mllog_logger.create_mllogger(
-      config,
+      mlperf,
       path,
       process_index=0,
       time_fn=lambda: _CLOCK_S,
       build=build or _NO_BUILD,
   )
-  goal = target(config)
-  miss = (
-      _MISSED_PASS_RATE
-      if hyperparameters_lib.is_grpo_benchmark(config)
-      else goal + _MISS_MARGIN
-  )
-  points = eval_points(config)
-
-  def synthetic(key, value, samples, event_type=mllog_logger.POINT_IN_TIME):
-    logger.event(
-        key, value, {"samples_count": samples, **SYNTHETIC}, event_type
-    )
-
   with logger:
     # The trainer's order: listener.start, then the listener's on_run_start.
     logger.cache_clear(True)
@@ -311,32 +300,52 @@ def write_log(
     logger.submission_info()
     logger.hyperparameters(hyperparameters)
     logger.init_stop()
-    logger.event("run_start", None, SYNTHETIC, mllog_logger.INTERVAL_START)
-    start = 0
-    for i, step in enumerate(points):
-      samples = samples_after(config, step)
-      last = i == len(points) - 1
-      # Only the last evaluation reaches the target (without one, 0, every
-      # evaluation reports 0): the checker's rule on the reported accuracy
-      # then judges the config's target.
-      value = goal if last or not goal else miss
-      synthetic("block_start", None, start, mllog_logger.INTERVAL_START)
-      synthetic("block_stop", None, samples, mllog_logger.INTERVAL_END)
-      synthetic("eval_start", None, samples, mllog_logger.INTERVAL_START)
-      synthetic(EVAL_ACCURACY, value, samples)
-      synthetic("eval_stop", None, samples, mllog_logger.INTERVAL_END)
-      start = samples
-    logger.event(
-        "run_stop",
-        None,
-        {
-            "status": (mllog_logger.SUCCESS if goal else mllog_logger.ABORTED),
-            "samples_count": start,
-            **SYNTHETIC,
-        },
-        mllog_logger.INTERVAL_END,
-    )
+    _write_run(logger, mlperf, workload_header.of_run(mlperf, header))
     return logger.path
+
+
+def _write_run(
+    logger: mllog_logger.MLLogger,
+    mlperf: mlperf_config.MlperfConfig,
+    header: workload_header.WorkloadHeader,
+) -> None:
+  """The synthetic run events: a block and an evaluation at each of
+  `eval_points`, the last at the target, then `run_stop`."""
+  goal = header.target
+  # Before the evaluation that reaches the target, a run's metric misses it.
+  miss = _MISSED_PASS_RATE if header.higher_is_better else goal + _MISS_MARGIN
+
+  def synthetic(key, value, samples, event_type=mllog_logger.POINT_IN_TIME):
+    logger.event(
+        key, value, {"samples_count": samples, **SYNTHETIC}, event_type
+    )
+
+  logger.event("run_start", None, SYNTHETIC, mllog_logger.INTERVAL_START)
+  points = eval_points(mlperf, header)
+  start = 0
+  for i, step in enumerate(points):
+    samples = samples_after(mlperf, step, header)
+    last = i == len(points) - 1
+    # Only the last evaluation reaches the target (without one, 0, every
+    # evaluation reports 0): the checker's rule on the reported accuracy
+    # then judges the config's target.
+    value = goal if last or not goal else miss
+    synthetic("block_start", None, start, mllog_logger.INTERVAL_START)
+    synthetic("block_stop", None, samples, mllog_logger.INTERVAL_END)
+    synthetic("eval_start", None, samples, mllog_logger.INTERVAL_START)
+    synthetic(EVAL_ACCURACY, value, samples)
+    synthetic("eval_stop", None, samples, mllog_logger.INTERVAL_END)
+    start = samples
+  logger.event(
+      "run_stop",
+      None,
+      {
+          "status": (mllog_logger.SUCCESS if goal else mllog_logger.ABORTED),
+          "samples_count": start,
+          **SYNTHETIC,
+      },
+      mllog_logger.INTERVAL_END,
+  )
 
 
 class _CheckerProgress(logging.Filter):
@@ -410,64 +419,73 @@ def _check_text(text: str, ruleset: str) -> Verdict:
     return check_log(path, ruleset)
 
 
-def prove(config: Any, hyperparameters: Mapping[str, Any]) -> Verdict:
-  """Checks the log a run of the config would write, with its ruleset.
+def prove(
+    mlperf: mlperf_config.MlperfConfig,
+    hyperparameters: Mapping[str, Any],
+    header: Optional[workload_header.WorkloadHeader] = None,
+) -> Verdict:
+  """Checks the log a run would write, with its ruleset.
 
   The log (`write_log`) is written in a temporary directory, removed after.
-  The checker applies the rules of the config's own division and benchmark
+  The checker applies the rules of the run's own division and benchmark
   (the header names them), as it will after the run.
 
   Args:
-    config: a validated config with `enable_mllog` on.
+    mlperf: the run's MLPerf log settings, `enable_mllog` on.
     hyperparameters: the run's hyperparameter events
       (`hyperparameters.run_hyperparameters`).
+    header: the workload's part of the log; None = pretraining's.
 
   Returns:
-    The verdict of the config's `mllog_ruleset`.
+    The verdict of the run's `mllog_ruleset`.
   """
   with tempfile.TemporaryDirectory(prefix="header_proof_") as tmp:
-    path = write_log(config, os.path.join(tmp, "mllog.log"), hyperparameters)
+    path = write_log(
+        mlperf, os.path.join(tmp, "mllog.log"), hyperparameters, header=header
+    )
     with open(path, encoding="utf-8") as f:
       text = f.read()
-  return _check_text(text, config.mllog_ruleset)
+  return _check_text(text, mlperf.mllog_ruleset)
 
 
-def describe(failure: Failure, config: Any, source: str = "") -> str:
+def describe(
+    failure: Failure,
+    mlperf: mlperf_config.MlperfConfig,
+    source: str = "",
+    header: Optional[workload_header.WorkloadHeader] = None,
+) -> str:
   """One line on a config failure: the key, the logged value, the rule.
 
   Args:
     failure: one of `Verdict.config_failures()`.
-    config: the config the proof's log came from.
+    mlperf: the settings the proof's log came from.
     source: what in the config sets the key's value, e.g.
       "config.learning_rate"; named after the value when given.
+    header: the workload's part of the log; None = pretraining's.
 
   Returns:
     E.g. "opt_base_learning_rate=2.4e-05 fails `abs(v['value'] - ...)`",
     or for the first evaluation "eval_accuracy: the first evaluation, after
     44 steps (first_eval_samples=..., ...) at samples_count=... fails `...`".
   """
+  header = workload_header.of_run(mlperf, header)
   test = failure.failed_test
   record = failure.logged
   if failure.key == EVAL_ACCURACY:
-    first = eval_points(config)[0]
+    first = eval_points(mlperf, header)[0]
     samples = (record or {}).get("metadata", {}).get("samples_count")
-    if record is not None and samples == samples_after(config, first):
+    if record is not None and samples == samples_after(mlperf, first, header):
       return (
           f"{EVAL_ACCURACY}: the first evaluation, after {first} steps "
-          f"(config.first_eval_samples={config.first_eval_samples}, "
-          f"eval_interval={config.eval_interval}, "
-          f"global_batch_size={config.global_batch_size}), at "
+          f"(config.first_eval_samples={mlperf.first_eval_samples}, "
+          f"eval_interval={mlperf.eval_interval}, "
+          f"global_batch_size={mlperf.global_batch_size}), at "
           f"samples_count={samples} fails `{test}`"
       )
     if test and record is None:
-      field = (
-          "grpo_target_pass_rate"
-          if hyperparameters_lib.is_grpo_benchmark(config)
-          else "target_eval_loss"
-      )
       return (
-          f"{EVAL_ACCURACY}: the run stops at config.{field}="
-          f"{config[field]!r}, and no evaluation passes `{test}`"
+          f"{EVAL_ACCURACY}: the run stops at config.{header.target_field}="
+          f"{header.target!r}, and no evaluation passes `{test}`"
       )
   if record is not None and test:
     where = f" ({source})" if source else ""
@@ -476,50 +494,58 @@ def describe(failure: Failure, config: Any, source: str = "") -> str:
 
 
 def fresh_run_header(
-    config: Any, config_filename: str = PROOF_CONFIG_FILENAME
+    mlperf: mlperf_config.MlperfConfig,
+    config_filename: str = PROOF_CONFIG_FILENAME,
+    header: Optional[workload_header.WorkloadHeader] = None,
 ) -> dict[str, Any]:
-  """`hyperparameters.run_hyperparameters` of a fresh run of `config`,
-  before its mesh exists: the header the pre-flight proves.
+  """`hyperparameters.run_hyperparameters` of a fresh run, before its mesh
+  exists: the header the pre-flight proves.
 
   The mesh decides a data axis of -1; the rules ask only for a positive
   micro batch, which the mesh code guarantees, so -1 counts as 1 here.
   """
   return hyperparameters_lib.run_hyperparameters(
-      config,
-      data_parallelism=max(config.data_parallelism, 1),
+      mlperf,
+      data_parallelism=max(mlperf.data_parallelism, 1),
       start_step=0,
       config_filename=config_filename,
+      header=header,
   )
 
 
-def _source(key: str, config: Any) -> str:
+def _source(key: str, header: workload_header.WorkloadHeader) -> str:
   """What in the config sets header key `key`, or ""."""
-  sources = hyperparameters_lib.header_sources(config)
+  sources = hyperparameters_lib.header_sources(header)
   if key in sources:
     return sources[key]
   # A key named as a config field is set by that field.
   return f"config.{key}" if key in config_lib.FIELD_TYPES else ""
 
 
-def check_config(config: Any) -> None:
+def check_config(
+    mlperf: mlperf_config.MlperfConfig,
+    header: Optional[workload_header.WorkloadHeader] = None,
+) -> None:
   """The MLPerf pre-flight: the official checker on the run's header.
 
-  The log a run of `config` starts with (its real header,
-  `fresh_run_header`) plus synthetic run events at the run's own
-  evaluation points goes through the installed compliance checker with the
-  rules of the config's ruleset, division and benchmark (`prove`). Every
-  failure about a header key or `eval_accuracy` (the first evaluation's
-  samples, the target) is one the run's log would fail after the run.
-  Closed division: an error; open: a warning each.
+  The log a run starts with (its real header, `fresh_run_header`) plus
+  synthetic run events at the run's own evaluation points goes through the
+  installed compliance checker with the rules of the run's ruleset,
+  division and benchmark (`prove`). Every failure about a header key or
+  `eval_accuracy` (the first evaluation's samples, the target) is one the
+  run's log would fail after the run. Closed division: an error; open: a
+  warning each.
 
   Args:
-    config: a validated config, `enable_mllog` on.
+    mlperf: the run's MLPerf log settings, `enable_mllog` on.
+    header: the workload's part of the log; None = pretraining's.
 
   Raises:
     ValueError: closed division and the checker fails the header; the
       message names each failing key, its logged value and the rule.
   """
-  verdict = prove(config, fresh_run_header(config))
+  header = workload_header.of_run(mlperf, header)
+  verdict = prove(mlperf, fresh_run_header(mlperf, header=header), header)
   for failure in verdict.run_failures():
     # The synthetic events are this engine's, not the config's: a bug to
     # report, not a reason to refuse the run.
@@ -529,16 +555,23 @@ def check_config(config: Any) -> None:
         failure.message,
     )
   problems = [
-      describe(f, config, _source(f.key, config))
+      describe(f, mlperf, _source(f.key, header), header)
       for f in verdict.config_failures()
   ]
-  if not problems:
-    return
+  if problems:
+    _refuse_or_warn(mlperf, problems)
+
+
+def _refuse_or_warn(
+    mlperf: mlperf_config.MlperfConfig, problems: list[str]
+) -> None:
+  """Closed division: one error naming every problem; open: a warning
+  each."""
   rules_name = (
-      f"mlperf_logging training_{config.mllog_ruleset} "
-      f"{config.submission_division} {config.submission_benchmark} rules"
+      f"mlperf_logging training_{mlperf.mllog_ruleset} "
+      f"{mlperf.submission_division} {mlperf.submission_benchmark} rules"
   )
-  if config.submission_division == "closed":
+  if mlperf.submission_division == "closed":
     raise ValueError(
         f"closed-division pre-flight: the MLPerf log this config writes "
         f"fails the official compliance checker ({rules_name}): "

@@ -19,8 +19,14 @@ from maxtext.configs import deepseekv3_671b
 from maxtext.configs import default
 from maxtext.configs import llama31_8b
 from maxtext.mllog import header_proof
+from maxtext.mllog import mlperf_config
 from maxtext.mllog import rules
 from testing import compliance_checker
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
 
 
 def _with(config, **overrides):
@@ -32,7 +38,7 @@ def _with(config, **overrides):
 
 def _header(config):
   """The header a fresh run of `config` logs."""
-  return header_proof.fresh_run_header(config, "config.py")
+  return header_proof.fresh_run_header(_mlperf(config), "config.py")
 
 
 def _events(path):
@@ -124,11 +130,11 @@ class EvalPointsTest(parameterized.TestCase):
         default.get_config(), global_batch_size=16, warmup_steps=1, **overrides
     )
     config_lib.validate(config)
-    self.assertEqual(header_proof.eval_points(config), points)
+    self.assertEqual(header_proof.eval_points(_mlperf(config)), points)
 
   def test_deepseek_first_point_is_the_rules(self):
     config = deepseekv3_671b.get_config()
-    first = header_proof.eval_points(config)[0]
+    first = header_proof.eval_points(_mlperf(config))[0]
     self.assertEqual(
         first * config.global_batch_size, config.first_eval_samples
     )
@@ -143,7 +149,7 @@ class WriteLogTest(absltest.TestCase):
   def test_only_run_events_are_synthetic(self):
     config = deepseekv3_671b.get_config()
     path = header_proof.write_log(
-        config, os.path.join(self.out, "mllog.log"), _header(config)
+        _mlperf(config), os.path.join(self.out, "mllog.log"), _header(config)
     )
     events = _events(path)
     synthetic = {e["key"] for e in events if e["metadata"].get("synthetic")}
@@ -170,7 +176,7 @@ class WriteLogTest(absltest.TestCase):
         [e["metadata"]["samples_count"] for e in accuracy],
         [
             p * config.global_batch_size
-            for p in header_proof.eval_points(config)
+            for p in header_proof.eval_points(_mlperf(config))
         ],
     )
     self.assertEqual(accuracy[-1]["value"], config.target_eval_loss)
@@ -180,7 +186,7 @@ class WriteLogTest(absltest.TestCase):
     config = _with(deepseekv3_671b.get_config(), enable_mllog=False)
     with self.assertRaisesRegex(ValueError, "config.enable_mllog=False"):
       header_proof.write_log(
-          config, os.path.join(self.out, "x.log"), _header(config)
+          _mlperf(config), os.path.join(self.out, "x.log"), _header(config)
       )
 
 
@@ -212,18 +218,18 @@ class CheckerTest(parameterized.TestCase):
   def test_verdict_matches_the_command_line(self, make_config, ruleset):
     config = _with(make_config(), mllog_ruleset=ruleset)
     path = header_proof.write_log(
-        config, os.path.join(self.out, "mllog.log"), _header(config)
+        _mlperf(config), os.path.join(self.out, "mllog.log"), _header(config)
     )
     ours = header_proof.check_log(path, ruleset)
     official = compliance_checker.run_checker(path, ruleset=ruleset)
     self.assertEqual(ours.passed, official.passed, official.output)
     self.assertEqual(ours.failed_keys(), official.failed_keys())
-    self.assertEqual(ours, header_proof.prove(config, _header(config)))
+    self.assertEqual(ours, header_proof.prove(_mlperf(config), _header(config)))
 
   def test_a_line_that_does_not_parse_is_a_failure(self):
     config = llama31_8b.get_config()
     path = header_proof.write_log(
-        config, os.path.join(self.out, "mllog.log"), _header(config)
+        _mlperf(config), os.path.join(self.out, "mllog.log"), _header(config)
     )
     with open(path, "a", encoding="utf-8") as f:
       f.write(":::MLLOG {not json\n")
@@ -235,7 +241,7 @@ class CheckerTest(parameterized.TestCase):
   def test_a_broken_run_sequence_is_no_config_failure(self):
     config = llama31_8b.get_config()
     path = header_proof.write_log(
-        config, os.path.join(self.out, "mllog.log"), _header(config)
+        _mlperf(config), os.path.join(self.out, "mllog.log"), _header(config)
     )
     with open(path, encoding="utf-8") as f:
       lines = [l for l in f if '"key": "run_stop"' not in l]
@@ -263,7 +269,7 @@ class ProveTest(parameterized.TestCase):
   def test_shipped_configs_pass(self, benchmark, ruleset):
     module = {"llama31_8b": llama31_8b, "deepseekv3_671b": deepseekv3_671b}
     config = _with(module[benchmark].get_config(), mllog_ruleset=ruleset)
-    verdict = header_proof.prove(config, _header(config))
+    verdict = header_proof.prove(_mlperf(config), _header(config))
     self.assertTrue(verdict.passed, verdict)
 
   def test_a_proof_logs_nothing(self):
@@ -271,17 +277,17 @@ class ProveTest(parameterized.TestCase):
     # nor the logger's path of the throw-away log may reach the run's log.
     config = _with(default.get_config(), steps=12345)  # Not in the cache.
     with self.assertNoLogs(level="INFO"):
-      verdict = header_proof.prove(config, _header(config))
+      verdict = header_proof.prove(_mlperf(config), _header(config))
     self.assertTrue(verdict.passed, verdict)
 
   def test_first_evaluation_late_is_named(self):
     config = _deepseek_late()
-    verdict = header_proof.prove(config, _header(config))
+    verdict = header_proof.prove(_mlperf(config), _header(config))
     failures = verdict.config_failures()
     self.assertEqual([f.key for f in failures], ["eval_accuracy"])
     self.assertEqual(verdict.run_failures(), ())
     self.assertRegex(
-        header_proof.describe(failures[0], config),
+        header_proof.describe(failures[0], _mlperf(config)),
         r"^eval_accuracy: the first evaluation, after 44 steps "
         r"\(config.first_eval_samples=720896, eval_interval=1, "
         r"global_batch_size=16384\), at samples_count=720896 fails "
@@ -290,10 +296,10 @@ class ProveTest(parameterized.TestCase):
 
   def test_formula_off_is_named_with_its_value_and_source(self):
     config = _with(deepseekv3_671b.get_config("17408"), learning_rate=2.4e-5)
-    (failure,) = header_proof.prove(config, _header(config)).failures
+    (failure,) = header_proof.prove(_mlperf(config), _header(config)).failures
     self.assertEqual(failure.key, "opt_base_learning_rate")
     self.assertRegex(
-        header_proof.describe(failure, config, "config.learning_rate"),
+        header_proof.describe(failure, _mlperf(config), "config.learning_rate"),
         r"^opt_base_learning_rate=2\.4e-05 \(config\.learning_rate\) fails "
         r"`abs\(v\['value'\] - ",
     )
@@ -301,11 +307,11 @@ class ProveTest(parameterized.TestCase):
   @parameterized.named_parameters(("above", 3.7), ("none", 0.0))
   def test_target_the_rule_does_not_accept_is_named(self, target):
     config = _with(deepseekv3_671b.get_config(), target_eval_loss=target)
-    (failure,) = header_proof.prove(config, _header(config)).failures
+    (failure,) = header_proof.prove(_mlperf(config), _header(config)).failures
     self.assertEqual(failure.key, "eval_accuracy")
     self.assertTrue(failure.concerns_config)
     self.assertRegex(
-        header_proof.describe(failure, config),
+        header_proof.describe(failure, _mlperf(config)),
         rf"^eval_accuracy: the run stops at config\.target_eval_loss="
         rf"{target!r}, and no evaluation passes `",
     )

@@ -5,13 +5,16 @@ hold (`REQUIRED_HYPERPARAMETERS`, in order) from the config and the run's
 real values, naming precisions as MLPerf spells them (`precision_name`);
 `check_values` checks that each value is of the kind its key takes (a count,
 a precision name, a non-empty name).
-`run_hyperparameters` gives a run's header from its config: the schedule as
+`run_hyperparameters` gives a run's header from its settings
+(`mlperf_config.MlperfConfig`): the schedule as
 `maxtext.config.optimizer.schedule_facts` states it (the schedule the run trains
 with), the samples from the config and its prepared data (`train_samples_of`,
 `eval_samples_of`); `HEADER_SOURCES` says which config fields set a key.
-A GRPO benchmark (`is_grpo_benchmark`: its rules require
-`num_generations_per_prompt`) gets a GRPO run's header: `grpo_values` (the
-rows, the evaluation's prompts, the samples, P, G and the sampling options).
+A workload that logs otherwise states its own values
+(`workload_header.WorkloadHeader`: a GRPO run's rows, evaluation prompts,
+samples, P, G and sampling options), keyed by the log's keys; a GRPO
+benchmark (`is_grpo_benchmark`: its rules require
+`num_generations_per_prompt`) is logged only by a run that states them.
 `maxtext.mllog.logger` writes the log; this module only decides its contents.
 The submission fields are checked by `maxtext.mllog.rules`.
 
@@ -33,7 +36,9 @@ import yaml
 from maxtext.core import checks
 from maxtext.config import config_lib
 from maxtext.config import optimizer
+from maxtext.mllog import mlperf_config
 from maxtext.mllog import rules
+from maxtext.mllog import workload_header
 from maxtext.text import metadata as text_metadata
 
 # Precision names the 6.1 disclosure keys accept.
@@ -184,7 +189,7 @@ def _lowest_precision(*names: str) -> str:
 
 
 def hyperparameters_from_config(
-    config: Any,
+    mlperf: mlperf_config.MlperfConfig,
     *,
     warmup_steps: int,
     schedule_steps: int,
@@ -200,83 +205,106 @@ def hyperparameters_from_config(
     context_parallelism: int = 1,
     expert_parallelism: Optional[int] = None,
 ) -> dict[str, Any]:
-  """Builds the hyperparameter events of a run from its config and real values.
-
-  Fields read from `config`: `global_batch_size`,
-  `gradient_accumulation_steps`, `max_sequence_length`, `seed`,
-  `learning_rate`, `lr_end_fraction` (only when `end_learning_rate` is None),
-  `adam_b1`, `adam_b2`, `adam_eps`, `weight_decay`, `grad_clip_norm`, `steps`,
-  `weight_dtype`, `compute_dtype`; `num_experts`,
-  `load_balance_loss_weight` and `expert_parallelism` where the config has
-  them.
-
-  Args:
-    config: the run's resolved config.
-    warmup_steps: the learning-rate schedule's real number of warmup steps.
-    schedule_steps: the schedule's total steps (warmup + decay).
-    train_samples: samples in the training set (or the disclosed number).
-    eval_samples: samples one evaluation reads.
-    init_checkpoint_step: the step the run starts from (0 for a fresh run).
-    micro_batch_size: samples per micro-batch per data-parallel replica.
-    config_filename: the config file the run was started from.
-    end_learning_rate: the schedule's final learning rate; defaults to
-      `learning_rate * lr_end_fraction`.
-    decay_schedule: the schedule's description as MLPerf spells it.
-    tensor_parallelism: tensor-parallel degree.
-    pipeline_parallelism: pipeline-parallel degree.
-    context_parallelism: context-parallel degree.
-    expert_parallelism: expert-parallel degree; None = the config's
-      `expert_parallelism` (1 when it has none).
+  """The hyperparameter events of a run from its settings (`mlperf`: the
+  batch, seed, steps, precisions, experts and optimizer) and real values:
+  the schedule's warm-up and total (warm-up + decay) steps, the samples in
+  the training set (or the disclosed number) and in one evaluation, the
+  step the run starts from, the micro batch per data-parallel replica, the
+  config file's name, the final learning rate (None = `learning_rate *
+  lr_end_fraction`) and the decay's MLPerf name, and the parallel degrees
+  (expert: None = `mlperf`'s).
 
   Returns:
-    A dict with every key of `REQUIRED_HYPERPARAMETERS`, in that order, then
-    `moe_aux_loss_coeff` when the config's model has experts.
+    Every key of `REQUIRED_HYPERPARAMETERS`, in that order, then
+    `moe_aux_loss_coeff` when the model has experts.
   """
-  if expert_parallelism is None:
-    expert_parallelism = getattr(config, "expert_parallelism", 1)
+  opt = mlperf.optimizer
+  values = {
+      **_batch(mlperf),
+      "opt_name": "adamw",
+      **_schedule(
+          opt, warmup_steps, schedule_steps, end_learning_rate, decay_schedule
+      ),
+      **_adamw(opt),
+      "max_steps": mlperf.steps,
+      "train_samples": train_samples,
+      "eval_samples": eval_samples,
+      "init_checkpoint_step": init_checkpoint_step,
+      **_precisions(mlperf),
+      "tensor_parallelism": tensor_parallelism,
+      "pipeline_parallelism": pipeline_parallelism,
+      "context_parallelism": context_parallelism,
+      "expert_parallelism": (
+          mlperf.expert_parallelism
+          if expert_parallelism is None
+          else expert_parallelism
+      ),
+      "micro_batch_size": micro_batch_size,
+      "config_filename": config_filename,
+  }
+  out = {key: values[key] for key in REQUIRED_HYPERPARAMETERS}
+  if mlperf.num_experts > 0:
+    out[MOE_AUX_LOSS_COEFF] = mlperf.load_balance_loss_weight
+  return out
+
+
+def _batch(mlperf: mlperf_config.MlperfConfig) -> dict[str, Any]:
+  """The header's batch keys and the seed."""
+  return {
+      "global_batch_size": mlperf.global_batch_size,
+      "gradient_accumulation_steps": mlperf.gradient_accumulation_steps,
+      "max_sequence_length": mlperf.max_sequence_length,
+      "seed": mlperf.seed,
+  }
+
+
+def _schedule(
+    opt: optimizer.OptimizerConfig,
+    warmup_steps: int,
+    schedule_steps: int,
+    end_learning_rate: Optional[float],
+    decay_schedule: str,
+) -> dict[str, Any]:
+  """The header's learning-rate keys (`hyperparameters_from_config`'s
+  arguments of the same names)."""
   if not 0 <= warmup_steps <= schedule_steps:
     raise ValueError(
         f"warmup_steps must be in [0, schedule_steps="
         f"{schedule_steps}], got {warmup_steps}"
     )
   if end_learning_rate is None:
-    end_learning_rate = config.learning_rate * config.lr_end_fraction
-  linear = precision_name(config.compute_dtype)
-  comm = _lowest_precision(linear, precision_name(config.weight_dtype))
-  values = {
-      "global_batch_size": config.global_batch_size,
-      "gradient_accumulation_steps": config.gradient_accumulation_steps,
-      "max_sequence_length": config.max_sequence_length,
-      "seed": config.seed,
-      "opt_name": "adamw",
-      "opt_base_learning_rate": config.learning_rate,
+    end_learning_rate = opt.learning_rate * opt.lr_end_fraction
+  return {
+      "opt_base_learning_rate": opt.learning_rate,
       "opt_end_learning_rate": end_learning_rate,
       "opt_learning_rate_warmup_steps": warmup_steps,
       "opt_learning_rate_decay_steps": schedule_steps - warmup_steps,
       "opt_learning_rate_decay_schedule": decay_schedule,
-      "opt_adamw_beta_1": config.adam_b1,
-      "opt_adamw_beta_2": config.adam_b2,
-      "opt_adamw_epsilon": config.adam_eps,
-      "opt_adamw_weight_decay": config.weight_decay,
-      "opt_gradient_clip_norm": config.grad_clip_norm,
-      "max_steps": config.steps,
-      "train_samples": train_samples,
-      "eval_samples": eval_samples,
-      "init_checkpoint_step": init_checkpoint_step,
+  }
+
+
+def _adamw(opt: optimizer.OptimizerConfig) -> dict[str, Any]:
+  """The header's AdamW keys and gradient clipping."""
+  return {
+      "opt_adamw_beta_1": opt.adam_b1,
+      "opt_adamw_beta_2": opt.adam_b2,
+      "opt_adamw_epsilon": opt.adam_eps,
+      "opt_adamw_weight_decay": opt.weight_decay,
+      "opt_gradient_clip_norm": opt.grad_clip_norm,
+  }
+
+
+def _precisions(mlperf: mlperf_config.MlperfConfig) -> dict[str, str]:
+  """The lowest precisions in the linear layers, attention and
+  communication: the compute dtype's, and the lower of it and the
+  weights' for what is communicated."""
+  linear = precision_name(mlperf.compute_dtype)
+  comm = _lowest_precision(linear, precision_name(mlperf.weight_dtype))
+  return {
       "lowest_numerical_precision_in_linear": linear,
       "lowest_numerical_precision_in_attn": linear,
       "lowest_numerical_precision_in_comm": comm,
-      "tensor_parallelism": tensor_parallelism,
-      "pipeline_parallelism": pipeline_parallelism,
-      "context_parallelism": context_parallelism,
-      "expert_parallelism": expert_parallelism,
-      "micro_batch_size": micro_batch_size,
-      "config_filename": config_filename,
   }
-  out = {key: values[key] for key in REQUIRED_HYPERPARAMETERS}
-  if getattr(config, "num_experts", 0) > 0:
-    out[MOE_AUX_LOSS_COEFF] = config.load_balance_loss_weight
-  return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -334,153 +362,97 @@ HEADER_SOURCES = {
 }
 
 
-# What sets a GRPO header key (`is_grpo_benchmark`): where it differs from
-# a pretraining run's, or is a GRPO key.
-GRPO_HEADER_SOURCES = {
-    "max_sequence_length": (
-        "config.grpo_prompt_length + grpo_max_completion_length"
-    ),
-    "eval_samples": "config.grpo_eval_prompts",
-    "train_samples": (
-        "config.mllog_train_samples (0 = steps / grpo_num_iterations * "
-        "global_batch_size)"
-    ),
-    "num_prompts_per_step": ("config.global_batch_size / grpo_num_generations"),
-    "num_generations_per_prompt": "config.grpo_num_generations",
-    "generation_training_rollout_temperature": "config.grpo_temperature",
-    "generation_training_rollout_top_p": "config.grpo_top_p",
-    "generation_validation_rollout_temperature": (
-        "config.grpo_eval_temperature"
-    ),
-    "generation_validation_rollout_top_p": "config.grpo_eval_top_p",
-}
+def is_grpo_benchmark(mlperf: mlperf_config.MlperfConfig) -> bool:
+  """Whether the log's benchmark is one of GRPO post-training.
 
-
-def is_grpo_benchmark(config: Any) -> bool:
-  """Whether the config's benchmark is one of GRPO post-training.
-
-  True when the installed checker's rules for the config's ruleset,
-  division and benchmark require `GRPO_RULE_KEY` (6.1.0:
-  qwen35_397b_grpo). Its log holds the GRPO header (`grpo_values`), and
-  only a GRPO run may write it (`maxtext.mllog.mlperf_preflight`).
+  True when the installed checker's rules for the ruleset, division and
+  benchmark require `GRPO_RULE_KEY` (6.1.0: qwen35_397b_grpo). Only a run
+  whose workload states that key (`workload_header.WorkloadHeader`) may
+  write its log (`maxtext.mllog.mlperf_preflight`).
   """
   return rules_require_key(
-      rules.ruleset_dir(config.mllog_ruleset),
-      config.submission_division,
-      config.submission_benchmark,
+      rules.ruleset_dir(mlperf.mllog_ruleset),
+      mlperf.submission_division,
+      mlperf.submission_benchmark,
       GRPO_RULE_KEY,
   )
 
 
-def header_sources(config: Any) -> dict[str, str]:
-  """`HEADER_SOURCES`, with `GRPO_HEADER_SOURCES` for a GRPO benchmark."""
-  if is_grpo_benchmark(config):
-    return {**HEADER_SOURCES, **GRPO_HEADER_SOURCES}
-  return dict(HEADER_SOURCES)
+def header_sources(header: workload_header.WorkloadHeader) -> dict[str, str]:
+  """`HEADER_SOURCES`, with what sets the keys the workload states."""
+  return {**HEADER_SOURCES, **header.sources}
 
 
-def grpo_values(config: Any) -> dict[str, Any]:
-  """What a GRPO run's header says differently, then the GRPO keys.
-
-  The values the GRPO run (`maxtext.grpo.grpo_workload`) uses: its sequences are
-  a prompt and a completion (`grpo_prompt_length` +
-  `grpo_max_completion_length` tokens), an evaluation continues
-  `grpo_eval_prompts` held-out prompts, a step's batch is
-  `global_batch_size / grpo_num_generations` prompts of
-  `grpo_num_generations` completions (the samples a rollout adds), drawn
-  with the rollout's and the evaluation's temperature and top-p.
-
-  Args:
-    config: a validated GRPO config.
-
-  Returns:
-    `max_sequence_length`, `eval_samples`, `train_samples`, then
-    `GRPO_HYPERPARAMETERS` in that order.
-  """
-  generations = config.grpo_num_generations
-  rollouts = config.steps // config.grpo_num_iterations
-  values = {
-      "max_sequence_length": (
-          config.grpo_prompt_length + config.grpo_max_completion_length
-      ),
-      "eval_samples": config.grpo_eval_prompts,
-      "train_samples": (
-          config.mllog_train_samples or rollouts * config.global_batch_size
-      ),
-      "num_prompts_per_step": config.global_batch_size // generations,
-      "num_generations_per_prompt": generations,
-      "generation_training_rollout_temperature": config.grpo_temperature,
-      "generation_training_rollout_top_p": config.grpo_top_p,
-      "generation_validation_rollout_temperature": (
-          config.grpo_eval_temperature
-      ),
-      "generation_validation_rollout_top_p": config.grpo_eval_top_p,
-  }
-  return values
-
-
-def train_samples_of(config: Any) -> int:
+def train_samples_of(mlperf: mlperf_config.MlperfConfig) -> int:
   """`train_samples` for the MLPerf log: mllog_train_samples; 0 = the
   prepared data's training sequences (grain), else the budget."""
-  if config.mllog_train_samples:
-    return config.mllog_train_samples
-  if config.dataset_type == "grain":
-    meta = text_metadata.load(config.train_data_path)
-    return text_metadata.windows(meta, "train", config.max_sequence_length)
-  return config.steps * config.global_batch_size
+  if mlperf.mllog_train_samples:
+    return mlperf.mllog_train_samples
+  if mlperf.dataset_type == "grain":
+    meta = text_metadata.load(mlperf.train_data_path)
+    return text_metadata.windows(meta, "train", mlperf.max_sequence_length)
+  return mlperf.steps * mlperf.global_batch_size
 
 
-def eval_samples_of(config: Any) -> int:
+def eval_samples_of(mlperf: mlperf_config.MlperfConfig) -> int:
   """Distinct sequences in one evaluation: eval_steps * eval_batch_size, at
   most the prepared eval split's sequences (grain)."""
-  samples = config.eval_steps * config.eval_batch_size
-  if config.dataset_type == "grain":
+  samples = mlperf.eval_steps * mlperf.eval_batch_size
+  if mlperf.dataset_type == "grain":
     meta = text_metadata.load(
-        config.eval_data_path or config.train_data_path,
-        "eval_data_path" if config.eval_data_path else "train_data_path",
+        mlperf.eval_data_path or mlperf.train_data_path,
+        "eval_data_path" if mlperf.eval_data_path else "train_data_path",
     )
     samples = min(
-        samples, text_metadata.windows(meta, "eval", config.max_sequence_length)
+        samples, text_metadata.windows(meta, "eval", mlperf.max_sequence_length)
     )
   return samples
 
 
 def run_hyperparameters(
-    config: Any, *, data_parallelism: int, start_step: int, config_filename: str
+    mlperf: mlperf_config.MlperfConfig,
+    *,
+    data_parallelism: int,
+    start_step: int,
+    config_filename: str,
+    header: Optional[workload_header.WorkloadHeader] = None,
 ) -> dict[str, Any]:
   """The hyperparameter events of a run's MLPerf log.
 
   The trainer's MLPerf listener logs exactly these; the header proof of a
-  run with a log checks them before training. For a GRPO benchmark
-  (`is_grpo_benchmark`; the pre-flight lets only a GRPO run log one) the
-  header says what the GRPO run uses (`grpo_values`).
+  run with a log checks them before training. The values the workload
+  states (`header`: a GRPO run's sequences, samples and sampling) replace
+  the config's; `mllog_train_samples`, when set, is the logged
+  `train_samples` whoever states it.
 
   Args:
-    config: the run's validated config.
+    mlperf: the run's MLPerf log settings.
     data_parallelism: the mesh's data axis size (the micro batch size is per
       data-parallel replica).
     start_step: the step the attempt starts from (init_checkpoint_step).
     config_filename: the config file's name, for the 6.1 disclosure.
+    header: the workload's own part of the log; None = pretraining's.
   """
-  schedule = optimizer.schedule_facts(
-      optimizer.OptimizerConfig.from_config(config)
-  )
-  grpo = is_grpo_benchmark(config)
+  schedule = optimizer.schedule_facts(mlperf.optimizer)
+  stated = workload_header.of_run(mlperf, header).values
   values = hyperparameters_from_config(
-      config,
+      mlperf,
       warmup_steps=schedule.warmup_steps,
       schedule_steps=schedule.schedule_steps,
       end_learning_rate=schedule.end_learning_rate,
       decay_schedule=schedule.decay_schedule,
-      # A GRPO run reads no data set: grpo_values states its samples.
-      train_samples=0 if grpo else train_samples_of(config),
-      eval_samples=0 if grpo else eval_samples_of(config),
+      # Samples the workload states are not counted from a data set.
+      train_samples=(
+          0 if "train_samples" in stated else train_samples_of(mlperf)
+      ),
+      eval_samples=0 if "eval_samples" in stated else eval_samples_of(mlperf),
       init_checkpoint_step=start_step,
-      micro_batch_size=config_lib.micro_batch_size(config) // data_parallelism,
+      micro_batch_size=config_lib.micro_batch_size(mlperf) // data_parallelism,
       config_filename=config_filename,
-      tensor_parallelism=config.tensor_parallelism,
-      context_parallelism=config.context_parallelism,
+      tensor_parallelism=mlperf.tensor_parallelism,
+      context_parallelism=mlperf.context_parallelism,
   )
-  if grpo:
-    values.update(grpo_values(config))
+  values.update(stated)
+  if mlperf.mllog_train_samples:
+    values["train_samples"] = mlperf.mllog_train_samples
   return values

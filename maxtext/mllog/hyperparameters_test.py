@@ -7,6 +7,8 @@ import ml_collections
 from maxtext.config import optimizer
 from maxtext.configs import base
 from maxtext.mllog import hyperparameters
+from maxtext.mllog import mlperf_config
+from maxtext.mllog import workload_header
 
 
 def _config(**overrides):
@@ -23,15 +25,18 @@ def _config(**overrides):
       eval_batch_size=7,
   )
   values.update(overrides)
-  return ml_collections.ConfigDict(values)
+  return mlperf_config.MlperfConfig.from_config(
+      ml_collections.ConfigDict(values)
+  )
 
 
-def _header(config, data_parallelism=1, start_step=0):
+def _header(config, data_parallelism=1, start_step=0, header=None):
   return hyperparameters.run_hyperparameters(
       config,
       data_parallelism=data_parallelism,
       start_step=start_step,
       config_filename="x.py",
+      header=header,
   )
 
 
@@ -76,9 +81,7 @@ class RunHyperparametersTest(parameterized.TestCase):
   def test_schedule_keys_are_the_optimizers_facts(self, kind, name):
     config = _config(lr_schedule=kind, warmup_steps=5, lr_schedule_steps=40)
     header = _header(config)
-    facts = optimizer.schedule_facts(
-        optimizer.OptimizerConfig.from_config(config)
-    )
+    facts = optimizer.schedule_facts(config.optimizer)
     self.assertEqual(header["opt_learning_rate_decay_schedule"], name)
     self.assertEqual(header["opt_learning_rate_warmup_steps"], 5)
     self.assertEqual(header["opt_learning_rate_decay_steps"], 35)
@@ -88,43 +91,46 @@ class RunHyperparametersTest(parameterized.TestCase):
     header = _header(_config(num_experts=4, num_experts_per_token=2))
     self.assertLessEqual(set(hyperparameters.HEADER_SOURCES), set(header))
 
-  def test_grpo_benchmark_header_is_the_grpo_runs(self):
-    pretraining = _header(_config())
-    self.assertNotIn("num_generations_per_prompt", pretraining)
-    self.assertEqual(pretraining["max_sequence_length"], 64)
-    config = _config(
-        submission_benchmark="qwen35_397b_grpo",
-        grpo_num_generations=4,
-        grpo_num_iterations=2,
-        grpo_prompt_length=5,
-        grpo_max_completion_length=9,
-        grpo_eval_prompts=30,
-        grpo_temperature=0.7,
-        grpo_top_p=0.8,
-        grpo_eval_temperature=0.2,
-        grpo_eval_top_p=0.9,
-    )
-    self.assertTrue(hyperparameters.is_grpo_benchmark(config))
-    header = _header(config)
-    self.assertEqual(
-        {k: header[k] for k in hyperparameters.GRPO_HYPERPARAMETERS},
-        {
-            "num_prompts_per_step": 3,
+  def test_a_workloads_values_replace_the_configs_and_follow_them(self):
+    stated = workload_header.WorkloadHeader(
+        values={
+            "max_sequence_length": 14,
+            "eval_samples": 30,
+            "train_samples": 300,
             "num_generations_per_prompt": 4,
-            "generation_training_rollout_temperature": 0.7,
-            "generation_training_rollout_top_p": 0.8,
-            "generation_validation_rollout_temperature": 0.2,
-            "generation_validation_rollout_top_p": 0.9,
         },
+        sources={"num_generations_per_prompt": "config.g"},
     )
-    self.assertEqual(header["max_sequence_length"], 14)
-    self.assertEqual(header["eval_samples"], 30)
-    # 50 updates, 2 per rollout: 25 rollouts of 12 samples.
-    self.assertEqual(header["train_samples"], 300)
-    self.assertLessEqual(
-        set(hyperparameters.header_sources(config))
-        - {hyperparameters.MOE_AUX_LOSS_COEFF},
-        set(header),
+    header = _header(_config(), header=stated)
+    hyperparameters.check_values(header)
+    self.assertEqual(
+        list(header)[: len(hyperparameters.REQUIRED_HYPERPARAMETERS)],
+        list(hyperparameters.REQUIRED_HYPERPARAMETERS),
+    )
+    self.assertEqual(list(header)[-1], "num_generations_per_prompt")
+    self.assertEqual(
+        (
+            header["max_sequence_length"],
+            header["eval_samples"],
+            header["train_samples"],
+            header["num_generations_per_prompt"],
+        ),
+        (14, 30, 300, 4),
+    )
+    self.assertEqual(
+        hyperparameters.header_sources(stated)["num_generations_per_prompt"],
+        "config.g",
+    )
+    # The log's own train_samples, when set, is logged whoever states it.
+    header = _header(_config(mllog_train_samples=999), header=stated)
+    self.assertEqual(header["train_samples"], 999)
+
+  def test_a_benchmark_is_grpos_when_its_rules_require_the_grpo_key(self):
+    self.assertFalse(hyperparameters.is_grpo_benchmark(_config()))
+    self.assertTrue(
+        hyperparameters.is_grpo_benchmark(
+            _config(submission_benchmark="qwen35_397b_grpo")
+        )
     )
 
 

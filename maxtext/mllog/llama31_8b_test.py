@@ -19,6 +19,13 @@ from maxtext.configs import llama31_8b
 from maxtext.mllog import header_proof
 from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
+from maxtext.mllog import mlperf_config
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
 
 _BENCHMARK = "llama31_8b"
 _SUBMISSION_KEYS = frozenset(
@@ -40,7 +47,7 @@ def _config(ruleset="6.1.0", **overrides):
 
 def _header(config):
   """The header a fresh run of `config` logs."""
-  return header_proof.fresh_run_header(config, "llama31_8b.py")
+  return header_proof.fresh_run_header(_mlperf(config), "llama31_8b.py")
 
 
 class Llama318bMllogTest(parameterized.TestCase):
@@ -48,7 +55,7 @@ class Llama318bMllogTest(parameterized.TestCase):
   def test_config_is_a_closed_llama31_8b_submission(self):
     config = llama31_8b.get_config()
     config_lib.validate(config)
-    mlperf_preflight.check(config)
+    mlperf_preflight.check(_mlperf(config))
     self.assertEqual(config.submission_division, "closed")
     self.assertEqual(config.submission_benchmark, _BENCHMARK)
     self.assertTrue(config.enable_mllog)
@@ -59,8 +66,8 @@ class Llama318bMllogTest(parameterized.TestCase):
   def test_header_satisfies_the_closed_rules(self, ruleset):
     config = _config(ruleset)
     config_lib.validate(config)
-    mlperf_preflight.check(config)
-    verdict = header_proof.prove(config, _header(config))
+    mlperf_preflight.check(_mlperf(config))
+    verdict = header_proof.prove(_mlperf(config), _header(config))
     self.assertEqual(verdict.config_failures(), ())
     self.assertTrue(verdict.passed, verdict)
 
@@ -68,7 +75,7 @@ class Llama318bMllogTest(parameterized.TestCase):
     # A schedule one step longer than the rules': the closed rule rejects
     # the logged decay steps, naming the key.
     config = _config(lr_schedule_steps=llama31_8b.get_config().steps + 1)
-    verdict = header_proof.prove(config, _header(config))
+    verdict = header_proof.prove(_mlperf(config), _header(config))
     self.assertEqual(
         [f.key for f in verdict.config_failures()],
         ["opt_learning_rate_decay_steps"],

@@ -40,6 +40,7 @@ import numpy as np
 
 from maxtext.core import checks
 from maxtext.mllog import hyperparameters as mllog_config
+from maxtext.mllog import mlperf_config
 from maxtext.mllog import rules
 from maxtext.storage import build_info as build_info_lib
 
@@ -75,13 +76,7 @@ REVISION_METADATA = "git_revision"
 
 # The submission events, in the order they are logged; each key is also the
 # config field its value comes from.
-SUBMISSION_KEYS = (
-    "submission_org",
-    "submission_platform",
-    "submission_division",
-    "submission_status",
-    "submission_benchmark",
-)
+SUBMISSION_KEYS = tuple(mlperf_config.MlperfConfig().submission())
 
 # `run_stop` statuses.
 SUCCESS = "success"
@@ -108,9 +103,9 @@ def next_attempt_path(path: str) -> str:
   return f"{stem}.{attempt}{ext}"
 
 
-def default_log_path(config: Any, run_dir: str) -> str:
-  """The first attempt's log: `config.mllog_file` or `<run_dir>/mllog.log`."""
-  return getattr(config, "mllog_file", "") or os.path.join(run_dir, "mllog.log")
+def default_log_path(mlperf: mlperf_config.MlperfConfig, run_dir: str) -> str:
+  """The first attempt's log: `mllog_file` or `<run_dir>/mllog.log`."""
+  return mlperf.mllog_file or os.path.join(run_dir, "mllog.log")
 
 
 def attempt_paths(path: str) -> list[str]:
@@ -515,7 +510,7 @@ class MLLogger:
 
 
 def create_mllogger(
-    config: Any,
+    mlperf: mlperf_config.MlperfConfig,
     path: str,
     *,
     process_index: Optional[int] = None,
@@ -525,7 +520,7 @@ def create_mllogger(
   """Returns the run attempt's logger (disabled when off or not process 0).
 
   Args:
-    config: the run's config: `enable_mllog` and the fields
+    mlperf: the log's settings: `enable_mllog` and the fields
       `rules.validate_submission` reads.
     path: the first attempt's log path (e.g. `<run dir>/mllog.log`); this
       attempt writes to `next_attempt_path(path)`, see `MLLogger.path`.
@@ -545,9 +540,9 @@ def create_mllogger(
       the OS error).
     TypeError: `build` is not a BuildInfo.
   """
-  if not config.enable_mllog:
+  if not mlperf.enable_mllog:
     return MLLogger.disabled()
-  rules.validate_submission(config)
+  rules.validate_submission(mlperf)
   if process_index is None:
     # Imported only here: a caller that passes process_index never loads jax.
     import jax  # pylint: disable=import-outside-toplevel
@@ -562,7 +557,17 @@ def create_mllogger(
     raise TypeError(
         f"build must be a build_info.BuildInfo, got {type(build).__name__}"
     )
-  submission = {key: config[key] for key in SUBMISSION_KEYS}
+  file, attempt_path = _create_attempt_file(path, mlperf.mllog_file)
+  return MLLogger(file, attempt_path, mlperf.submission(), time_fn, build)
+
+
+def _create_attempt_file(path: str, mllog_file: str) -> tuple[TextIO, str]:
+  """Creates this attempt's log file next to `path`: (its file, its path).
+
+  Raises:
+    ValueError: it cannot be created (naming `mllog_file`, the path and the
+      OS error).
+  """
   try:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -571,19 +576,17 @@ def create_mllogger(
     for _ in range(100):
       attempt_path = next_attempt_path(path)
       try:
-        # The MLLogger returned below holds the file open and closes it.
+        # The MLLogger made of it holds the file open and closes it.
         file = open(  # pylint: disable=consider-using-with
             attempt_path, "x", encoding="utf-8"
         )
-        break
+        return file, attempt_path
       except FileExistsError:
         continue
-    else:
-      raise OSError(f"no free attempt file name next to {path}")
+    raise OSError(f"no free attempt file name next to {path}")
   except OSError as e:
     # A run asked to write an MLPerf log must not train without one.
     raise ValueError(
-        f"config.mllog_file={getattr(config, 'mllog_file', '')!r}: the MLPerf "
+        f"config.mllog_file={mllog_file!r}: the MLPerf "
         f"log {path} cannot be created: {e.strerror or e}"
     ) from e
-  return MLLogger(file, attempt_path, submission, time_fn, build)

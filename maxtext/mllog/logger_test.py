@@ -19,6 +19,7 @@ from maxtext.configs import llama31_8b
 from maxtext.mllog import header_proof
 from maxtext.mllog import hyperparameters
 from maxtext.mllog import logger as mllog_utils
+from maxtext.mllog import mlperf_config
 from maxtext.storage import build_info
 from testing import bad_submissions
 from testing import compliance_checker
@@ -33,7 +34,7 @@ def _config(**overrides):
   config = default.get_config()
   config.steps = 24
   config.update(overrides)
-  return config
+  return mlperf_config.MlperfConfig.from_config(config)
 
 
 def _hparams(config, start_step=0):
@@ -145,11 +146,12 @@ class MllogUtilsTest(parameterized.TestCase):
     self.assertEqual(stops[0]["metadata"]["status"], "success")
     by_key = {e["key"]: e["value"] for e in events}
     self.assertEqual(
-        by_key["opt_learning_rate_warmup_steps"], config.warmup_steps
+        by_key["opt_learning_rate_warmup_steps"],
+        config.optimizer.warmup_steps,
     )
     self.assertEqual(
         by_key["opt_learning_rate_decay_steps"],
-        config.steps - config.warmup_steps,
+        config.steps - config.optimizer.warmup_steps,
     )
     counts = [
         e["metadata"]["samples_count"]
@@ -214,7 +216,7 @@ class MllogUtilsTest(parameterized.TestCase):
   def test_closed_rules_judge_decay_steps(self):
     # The closed llama31_8b config's real header; the rule's numbers live
     # only in the config, never in an assertion.
-    config = llama31_8b.get_config()
+    config = mlperf_config.MlperfConfig.from_config(llama31_8b.get_config())
     hparams = header_proof.fresh_run_header(config, "llama31_8b.py")
     hparam_keys = set(mllog_utils.REQUIRED_HYPERPARAMETERS)
 

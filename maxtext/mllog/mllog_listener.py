@@ -1,6 +1,6 @@
 """The MLPerf log as a run listener: run events become `:::MLLOG` events.
 
-`start(config, ...)` opens the attempt's log and writes what precedes the
+`start(mlperf, ...)` opens the attempt's log and writes what precedes the
 model's initialisation (`cache_clear`, `init_start`, the `submission_*`
 keys, the platform's metadata naming the source revision); the listener then
 writes the rest as the run reports it:
@@ -29,7 +29,7 @@ Every value comes from the run: samples counts from the samples trained,
 warmup and decay steps from the real schedule.
 """
 
-from typing import Any, Optional
+from typing import Optional
 
 from absl import logging
 
@@ -40,6 +40,8 @@ from maxtext.mllog import cache_flush
 from maxtext.mllog import deferred_log
 from maxtext.mllog import hyperparameters
 from maxtext.mllog import logger as mllog_logger
+from maxtext.mllog import mlperf_config
+from maxtext.mllog import workload_header
 from maxtext.storage import build_info
 
 
@@ -51,22 +53,24 @@ class MLLogListener(interface.RunListener):
   def __init__(
       self,
       logger: mllog_logger.MLLogger,
-      config: Any,
+      mlperf: mlperf_config.MlperfConfig,
       *,
       data_parallelism: int,
       config_filename: str,
       throughput: Optional[throughput_lib.StepThroughput] = None,
+      header: Optional[workload_header.WorkloadHeader] = None,
   ):
     """Builds the listener over an opened log.
 
     Args:
       logger: the attempt's MLPerf logger.
-      config: the run's config.
+      mlperf: the run's MLPerf log settings.
       data_parallelism: the mesh's data axis size.
       config_filename: the config file's name, for the 6.1 disclosure.
       throughput: the run's per-step constants; when given, each step's
         tracked_stats add samples_per_s, tokens_per_s, tflops_per_device and
         mfu (where the peak is known).
+      header: the workload's part of the log; None = pretraining's.
 
     Raises:
       TypeError: `throughput` is neither None nor a StepThroughput.
@@ -81,7 +85,8 @@ class MLLogListener(interface.RunListener):
       )
     self._throughput = throughput
     self._logger = logger
-    self._config = config
+    self._mlperf = mlperf
+    self._header = header
     self._data_parallelism = data_parallelism
     self._config_filename = config_filename
     self._started = False  # on_run_start has logged the run's start.
@@ -99,10 +104,11 @@ class MLLogListener(interface.RunListener):
     log = self._logger
     log.hyperparameters(
         hyperparameters.run_hyperparameters(
-            self._config,
+            self._mlperf,
             data_parallelism=self._data_parallelism,
             start_step=start.start_step,
             config_filename=self._config_filename,
+            header=self._header,
         )
     )
     if start.warmup_time:
@@ -154,7 +160,7 @@ class MLLogListener(interface.RunListener):
       self.on_run_start(interface.RunStart(end.final_step, end.samples))
     elif (
         end.outcome == interface.RunOutcome.COMPLETED
-        and self._config.deferred_eval
+        and self._mlperf.deferred_eval
     ):
       # The result is decided by the deferred evaluation, which closes it.
       deferred_log.log_pending(self._logger, end.samples, end.final_step)
@@ -166,16 +172,16 @@ class MLLogListener(interface.RunListener):
     self._logger.close()
 
 
-def first_log_path(config: Any, run_dir: str) -> str:
+def first_log_path(mlperf: mlperf_config.MlperfConfig, run_dir: str) -> str:
   """The path of a run's first attempt's log (`mllog_file`, a local path,
   or `<run_dir>/mllog.log`); later attempts' are `next_attempt_path`'s."""
-  if config.mllog_file:  # A local path (config_lib refuses gs:// here).
-    return caller_paths.resolve_local_path(config.mllog_file)
-  return mllog_logger.default_log_path(config, run_dir)
+  if mlperf.mllog_file:  # A local path (MlperfConfig refuses gs:// here).
+    return caller_paths.resolve_local_path(mlperf.mllog_file)
+  return mllog_logger.default_log_path(mlperf, run_dir)
 
 
 def start(
-    config: Any,
+    mlperf: mlperf_config.MlperfConfig,
     run_dir: str,
     *,
     process_index: Optional[int],
@@ -183,6 +189,7 @@ def start(
     config_filename: str,
     throughput: Optional[throughput_lib.StepThroughput] = None,
     build: Optional[build_info.BuildInfo] = None,
+    header: Optional[workload_header.WorkloadHeader] = None,
 ) -> MLLogListener:
   """Opens the attempt's MLPerf log and writes its initialisation events.
 
@@ -191,7 +198,7 @@ def start(
   `cache_clear` is logged True only if all of them succeeded.
 
   Args:
-    config: the run's config.
+    mlperf: the run's MLPerf log settings.
     run_dir: the local run directory (the default log lives there).
     process_index: this process's index (only process 0 writes), or None for
       jax.process_index().
@@ -203,29 +210,22 @@ def start(
     build: the source the run was built from, named in the log's
       submission_platform metadata; pass the one config.json records
       (default: `build_info.loaded()`, this process's code).
+    header: the workload's part of the log (`Workload.mlperf_header`);
+      None = pretraining's.
 
   Returns:
     The listener; its logger writes nothing when `enable_mllog` is off or
     this is not process 0.
   """
-  path = first_log_path(config, run_dir)
-  flushed = False
-  if config.enable_mllog:
-    # Every host flushes (a collective), before the log exists, so that the
-    # log's cache_clear states what happened on all of them.
-    flush = cache_flush.flush_all_hosts(config.cache_clear_command)
-    flushed = flush.flushed
-    if not flushed:
-      logging.warning(
-          "MLPerf log: cache_clear is logged False: %s", flush.reason
-      )
-  if hyperparameters.is_grpo_benchmark(config):
+  path = first_log_path(mlperf, run_dir)
+  flushed = _flush_caches(mlperf)
+  if hyperparameters.is_grpo_benchmark(mlperf):
     # A GRPO step generates before it trains, on rows of a prompt and a
     # completion: the pretraining step's token and FLOP counts are not its
     # own, so its tracked_stats carry the loss and the step time only.
     throughput = None
   logger = mllog_logger.create_mllogger(
-      config, path, process_index=process_index, build=build
+      mlperf, path, process_index=process_index, build=build
   )
   if logger.enabled:
     logging.info("MLPerf log: %s", logger.path)
@@ -234,8 +234,22 @@ def start(
   logger.submission_info()
   return MLLogListener(
       logger,
-      config,
+      mlperf,
       data_parallelism=data_parallelism,
       config_filename=config_filename,
       throughput=throughput,
+      header=header,
   )
+
+
+def _flush_caches(mlperf: mlperf_config.MlperfConfig) -> bool:
+  """Whether every host flushed its caches (a collective with the log on;
+  off, nothing is flushed)."""
+  if not mlperf.enable_mllog:
+    return False
+  # Every host flushes (a collective), before the log exists, so that the
+  # log's cache_clear states what happened on all of them.
+  flush = cache_flush.flush_all_hosts(mlperf.cache_clear_command)
+  if not flush.flushed:
+    logging.warning("MLPerf log: cache_clear is logged False: %s", flush.reason)
+  return flush.flushed

@@ -13,8 +13,15 @@ from maxtext.listeners import interface
 from maxtext.metrics import throughput
 from maxtext.mllog import mllog_listener
 from maxtext.mllog import logger as mllog_logger
+from maxtext.mllog import mlperf_config
 from testing import compliance_checker
 from testing import tiny_configs
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
 
 _STEPS = 10
 _LOWER = eval_metrics.Direction.LOWER_IS_BETTER
@@ -34,14 +41,14 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
         out, steps=_STEPS, **tiny_configs.MLPERF_SHAPE
     )
     log = mllog_logger.create_mllogger(
-        config, f"{out}/mllog.log", process_index=0
+        _mlperf(config), f"{out}/mllog.log", process_index=0
     )
     log.cache_clear()
     log.init_start()
     log.submission_info()
     listener = mllog_listener.MLLogListener(
         log,
-        config,
+        _mlperf(config),
         data_parallelism=1,
         config_filename="default.py",
         throughput=run,
@@ -160,7 +167,7 @@ class MLLogListenerThroughputTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, "throughput must be"):
       mllog_listener.MLLogListener(
           mllog_logger.MLLogger.disabled(),
-          None,
+          mlperf_config.MlperfConfig(),
           data_parallelism=1,
           config_filename="x",
           throughput={"mfu": 1.0},

@@ -1,4 +1,4 @@
-"""The MLPerf pre-flight of a config: `check(config)`, before device work.
+"""The MLPerf pre-flight of a run: `check(mlperf, header)`, before device work.
 
 `maxtext.run.preflight.check` calls it. The submission fields are checked
 whether the log is on or off, so that turning it on cannot fail later; with
@@ -10,47 +10,55 @@ header goes through the official compliance checker
 A GRPO benchmark (`hyperparameters.is_grpo_benchmark`, e.g.
 qwen35_397b_grpo) is logged by GRPO runs only, and a GRPO run logs only
 such a benchmark: the header of the one kind of run says nothing true of
-the other (`grpo=` says which kind of run is starting).
+the other (the workload's `header` says which kind of run is starting: a
+GRPO run's states `num_generations_per_prompt`).
 """
 
-from typing import Any
+from typing import Optional
 
 from maxtext.mllog import eval_set
 from maxtext.mllog import header_proof
 from maxtext.mllog import hyperparameters
+from maxtext.mllog import mlperf_config
 from maxtext.mllog import rules
+from maxtext.mllog import workload_header
 
 
-def _check_experts(config: Any) -> None:
+def _check_experts(mlperf: mlperf_config.MlperfConfig) -> None:
   """Refuses a closed run of a dense model whose benchmark's rules require
   moe_aux_loss_coeff: a dense model has no honest value for it."""
-  if config.submission_division != "closed" or config.num_experts:
+  if mlperf.submission_division != "closed" or mlperf.num_experts:
     return
   if hyperparameters.rules_require_key(
-      rules.ruleset_dir(config.mllog_ruleset),
+      rules.ruleset_dir(mlperf.mllog_ruleset),
       "closed",
-      config.submission_benchmark,
+      mlperf.submission_benchmark,
       hyperparameters.MOE_AUX_LOSS_COEFF,
   ):
     raise ValueError(
-        f"config.num_experts=0: a closed {config.submission_benchmark} run "
+        f"config.num_experts=0: a closed {mlperf.submission_benchmark} run "
         f"needs a model with experts (its rules require moe_aux_loss_coeff)"
     )
 
 
-def _check_run_kind(config: Any, grpo: bool) -> None:
-  """Refuses a log whose benchmark is not of the run's kind (GRPO or not)."""
-  if hyperparameters.is_grpo_benchmark(config) == grpo:
+def _check_run_kind(
+    mlperf: mlperf_config.MlperfConfig, header: workload_header.WorkloadHeader
+) -> None:
+  """Refuses a log whose benchmark is not of the run's kind: a GRPO
+  benchmark's rules require a key (`GRPO_RULE_KEY`) only a GRPO run's
+  header states."""
+  grpo = hyperparameters.GRPO_RULE_KEY in header.values
+  if hyperparameters.is_grpo_benchmark(mlperf) == grpo:
     return
-  benchmark = config.submission_benchmark
+  benchmark = mlperf.submission_benchmark
   if grpo:
-    ruleset = config.mllog_ruleset
+    ruleset = mlperf.mllog_ruleset
     fitting = [
         b
         for b in rules.benchmarks(ruleset)
         if hyperparameters.rules_require_key(
             rules.ruleset_dir(ruleset),
-            config.submission_division,
+            mlperf.submission_division,
             b,
             hyperparameters.GRPO_RULE_KEY,
         )
@@ -65,12 +73,17 @@ def _check_run_kind(config: Any, grpo: bool) -> None:
   )
 
 
-def check(config: Any, *, grpo: bool = False) -> None:
-  """Checks what the MLPerf rules say about a validated config.
+def check(
+    mlperf: mlperf_config.MlperfConfig,
+    header: Optional[workload_header.WorkloadHeader] = None,
+) -> None:
+  """Checks what the MLPerf rules say about a run's validated settings.
 
   Args:
-    config: the run's validated config.
-    grpo: the run is a GRPO run (`maxtext.grpo.grpo_workload`), not pretraining.
+    mlperf: the run's MLPerf log settings (`MlperfConfig.from_config` of
+      the validated config).
+    header: the workload's part of the log (`Workload.mlperf_header`: a
+      GRPO run's); None = pretraining's.
 
   Raises:
     ValueError: a submission field the checker would refuse, a closed
@@ -80,11 +93,12 @@ def check(config: Any, *, grpo: bool = False) -> None:
       the field or key and the value.
     TypeError: a submission field of the wrong type.
   """
-  rules.validate_submission(config)
-  _check_experts(config)
-  if not config.enable_mllog:
+  rules.validate_submission(mlperf)
+  _check_experts(mlperf)
+  if not mlperf.enable_mllog:
     return  # A run without a log submits nothing.
-  _check_run_kind(config, grpo)
-  eval_set.check(config)
-  rules.check_reference_hyperparameters(config)
-  header_proof.check_config(config)
+  header = workload_header.of_run(mlperf, header)
+  _check_run_kind(mlperf, header)
+  eval_set.check(mlperf)
+  rules.check_reference_hyperparameters(mlperf)
+  header_proof.check_config(mlperf, header)

@@ -15,6 +15,12 @@ from maxtext.configs import llama31_8b
 from maxtext.mllog import hyperparameters
 from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
+from maxtext.mllog import mlperf_config
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
 
 
 def _with(config, **overrides):
@@ -26,7 +32,7 @@ def _with(config, **overrides):
 
 def _check(config):
   config_lib.validate(config)
-  mlperf_preflight.check(config)
+  mlperf_preflight.check(_mlperf(config))
 
 
 class SubmissionTest(parameterized.TestCase):
@@ -182,7 +188,7 @@ class ReferenceAndHeaderTest(parameterized.TestCase):
     shipped = deepseekv3_671b.get_config("17408")
     _check(shipped)
     config = _with(shipped, learning_rate=2.4e-5)
-    self.assertEqual(rules.reference_mismatches(config), [])
+    self.assertEqual(rules.reference_mismatches(_mlperf(config)), [])
     with self.assertRaisesRegex(
         ValueError,
         r"closed-division pre-flight: .*: opt_base_learning_rate=2.4e-05 "

@@ -32,6 +32,18 @@ from maxtext.mllog import mlperf_preflight
 from maxtext.mllog import rules
 from maxtext.text import byte_chat
 from maxtext.text import chat
+from maxtext.mllog import mlperf_config
+
+
+def _mlperf(config):
+  """The run config's MLPerf log settings."""
+  return mlperf_config.MlperfConfig.from_config(config)
+
+
+def _grpo(config):
+  """The GRPO run's part of its MLPerf log (its workload's)."""
+  return grpo_workload.GrpoWorkload().mlperf_header(config)
+
 
 _RULESET = "6.1.0"
 _BENCHMARK = "qwen35_397b_grpo"
@@ -67,11 +79,13 @@ def _benchmark_inputs(directory):
 
 
 def _header(config):
-  return header_proof.fresh_run_header(config, "qwen35_397b_grpo.py")
+  return header_proof.fresh_run_header(
+      _mlperf(config), "qwen35_397b_grpo.py", _grpo(config)
+  )
 
 
 def _prove(config):
-  return header_proof.prove(config, _header(config))
+  return header_proof.prove(_mlperf(config), _header(config), _grpo(config))
 
 
 class Qwen35GrpoMllogTest(parameterized.TestCase):
@@ -81,8 +95,8 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     self.assertEqual(config.submission_division, "closed")
     self.assertEqual(config.submission_benchmark, _BENCHMARK)
     self.assertIn(_BENCHMARK, rules.benchmarks(_RULESET))
-    self.assertTrue(hyperparameters.is_grpo_benchmark(config))
-    self.assertEqual(rules.reference_mismatches(config), [])
+    self.assertTrue(hyperparameters.is_grpo_benchmark(_mlperf(config)))
+    self.assertEqual(rules.reference_mismatches(_mlperf(config)), [])
     # Every check a GRPO run makes before device work (grpo_main's), on
     # the benchmark's inputs.
     inputs = _benchmark_inputs(self.create_tempdir().full_path)
@@ -91,7 +105,7 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, "submission_benchmark='qwen35_397b_grpo': a GRPO benchmark"
     ):
-      mlperf_preflight.check(config)
+      mlperf_preflight.check(_mlperf(config))
 
   def test_a_run_without_its_inputs_is_refused_in_one_line(self):
     inputs = _benchmark_inputs(self.create_tempdir().full_path)
@@ -196,7 +210,7 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     config = _config(batch)
     config_lib.validate(config)
     config_lib.validate_grpo(config)
-    mlperf_preflight.check(config, grpo=True)
+    mlperf_preflight.check(_mlperf(config), _grpo(config))
     hparams = _header(config)
     gbs = int(batch)
     # The values the run uses, from the fields that drive it.
@@ -226,9 +240,12 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
         set(),
     )
     # The first evaluation at the rule's samples, the next one step later.
-    points = header_proof.eval_points(config)
+    points = header_proof.eval_points(_mlperf(config), _grpo(config))
     self.assertEqual(
-        [header_proof.samples_after(config, p) for p in points],
+        [
+            header_proof.samples_after(_mlperf(config), p, _grpo(config))
+            for p in points
+        ],
         [
             gbs * math.ceil(2.5 + 3840 / gbs),
             gbs * math.ceil(2.5 + 3840 / gbs) + gbs,
@@ -241,10 +258,13 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     # Two updates per rollout: the evaluations fall after every rollout,
     # at the same samples_count (a rollout's samples count once).
     config = _config(grpo_num_iterations=2, eval_interval=2, steps=200)
-    points = header_proof.eval_points(config)
+    points = header_proof.eval_points(_mlperf(config), _grpo(config))
     self.assertEqual(points, (2 * 18, 2 * 19))
     self.assertEqual(
-        [header_proof.samples_after(config, p) for p in points],
+        [
+            header_proof.samples_after(_mlperf(config), p, _grpo(config))
+            for p in points
+        ],
         [256 * 18, 256 * 19],
     )
     self.assertTrue(_prove(config).passed)

@@ -30,6 +30,8 @@ from mlperf_logging import benchmark_meta
 from mlperf_logging import rcp_checker
 from mlperf_logging.mllog import constants as mllog_constants
 
+from maxtext.mllog import mlperf_config
+
 # Rulesets whose event sequence and disclosure keys `maxtext.mllog.logger`
 # writes. This is a fact about our logger, not about the package: a ruleset is
 # usable only if it is also installed (see `rulesets`).
@@ -111,23 +113,25 @@ def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
     raise ValueError(f"config.{key}={value!r}: must be one of {list(allowed)}")
 
 
-def validate_submission(config: Any) -> None:
+def validate_submission(mlperf: mlperf_config.MlperfConfig) -> None:
   """Checks the fields an MLPerf log takes its submission info from.
 
   Args:
-    config: a ConfigDict or dict with `mllog_ruleset`, `submission_org`,
+    mlperf: the log's settings; read: `mllog_ruleset`, `submission_org`,
       `submission_platform`, `submission_division`, `submission_status` and
-      `submission_benchmark`; other fields are not read.
+      `submission_benchmark`.
 
   Raises:
     TypeError: the org or platform is not a str.
     ValueError: a value the official compliance checker would reject (or
       crash on); the message names the field and the value.
   """
-  ruleset = config["mllog_ruleset"]
+  ruleset = mlperf.mllog_ruleset
   _one_of("mllog_ruleset", ruleset, rulesets())
-  for key in ("submission_org", "submission_platform"):
-    value = config[key]
+  for key, value in (
+      ("submission_org", mlperf.submission_org),
+      ("submission_platform", mlperf.submission_platform),
+  ):
     if not isinstance(value, str):
       raise TypeError(
           f"config.{key}={value!r}: expected str, got "
@@ -138,11 +142,11 @@ def validate_submission(config: Any) -> None:
           f"config.{key}={value!r}: must not be empty (the "
           f"checker requires it)"
       )
-  _one_of("submission_division", config["submission_division"], DIVISIONS)
-  _one_of("submission_status", config["submission_status"], STATUSES)
+  _one_of("submission_division", mlperf.submission_division, DIVISIONS)
+  _one_of("submission_status", mlperf.submission_status, STATUSES)
   _one_of(
       "submission_benchmark",
-      config["submission_benchmark"],
+      mlperf.submission_benchmark,
       benchmarks(ruleset),
   )
 
@@ -199,21 +203,22 @@ def reference_points(
 
 
 def _reference_mismatches(
-    config: Any, point: ReferencePoint, where: str
+    mlperf: mlperf_config.MlperfConfig, point: ReferencePoint, where: str
 ) -> list[str]:
-  """The learning rate and warm-up of `config` that differ from `point`'s."""
-  batch = config["global_batch_size"]
+  """The learning rate and warm-up of `mlperf` that differ from `point`'s."""
+  batch = mlperf.global_batch_size
+  learning_rate = mlperf.optimizer.learning_rate
   stated = point.hyperparameters
   problems = []
   if "opt_base_learning_rate" in stated:
     reference = float(stated["opt_base_learning_rate"])
-    if not math.isclose(config["learning_rate"], reference, rel_tol=1e-6):
+    if not math.isclose(learning_rate, reference, rel_tol=1e-6):
       problems.append(
-          f"config.learning_rate={config['learning_rate']!r} differs from the "
+          f"config.learning_rate={learning_rate!r} differs from the "
           f"reference opt_base_learning_rate={reference!r} at "
           f"global_batch_size={batch} ({where})"
       )
-  warmup = config["warmup_steps"]
+  warmup = mlperf.optimizer.warmup_steps
   if "opt_learning_rate_warmup_samples" in stated:
     reference = int(stated["opt_learning_rate_warmup_samples"])
     # Warm-up is whole steps: a reference that is not a multiple of the batch
@@ -236,7 +241,7 @@ def _reference_mismatches(
   return problems
 
 
-def reference_mismatches(config: Any) -> list[str]:
+def reference_mismatches(mlperf: mlperf_config.MlperfConfig) -> list[str]:
   """How a config departs from its benchmark's reference convergence points.
 
   Gradient accumulation is not compared: the closed rules only require it to
@@ -245,15 +250,16 @@ def reference_mismatches(config: Any) -> list[str]:
   the batch range is checked there.
 
   Args:
-    config: a ConfigDict or dict with `mllog_ruleset`, `submission_benchmark`,
-      `global_batch_size`, `learning_rate` and `warmup_steps`.
+    mlperf: the log's settings; read: `mllog_ruleset`,
+      `submission_benchmark`, `global_batch_size`, and the optimizer's
+      `learning_rate` and `warmup_steps`.
 
   Returns:
     One message per mismatch, each naming the config field, its value, the
     reference value and the RCP file; empty when the config agrees.
   """
-  ruleset = config["mllog_ruleset"]
-  benchmark = config["submission_benchmark"]
+  ruleset = mlperf.mllog_ruleset
+  benchmark = mlperf.submission_benchmark
   path = rcp_file(ruleset, benchmark)
   try:
     points = reference_points(ruleset, benchmark)
@@ -263,7 +269,7 @@ def reference_mismatches(config: Any) -> list[str]:
         f"points for {benchmark} in ruleset {ruleset} ({path} is "
         f"missing), so the RCP checker cannot judge the run"
     ]
-  batch = config["global_batch_size"]
+  batch = mlperf.global_batch_size
   low, high = points[0].batch_size, points[-1].batch_size
   if not low <= batch <= high:
     return [
@@ -273,27 +279,29 @@ def reference_mismatches(config: Any) -> list[str]:
     ]
   for point in points:
     if point.batch_size == batch:
-      return _reference_mismatches(config, point, f"{point.name} in {path}")
+      return _reference_mismatches(mlperf, point, f"{point.name} in {path}")
   return []
 
 
-def check_reference_hyperparameters(config: Any) -> None:
+def check_reference_hyperparameters(
+    mlperf: mlperf_config.MlperfConfig,
+) -> None:
   """The closed-division pre-flight: refuses a config off the reference.
 
   See `reference_mismatches` for what is compared. In the closed division a
   mismatch is an error; in the open division each one is a warning.
 
   Args:
-    config: as for `reference_mismatches`, plus `submission_division`.
+    mlperf: as for `reference_mismatches`, plus `submission_division`.
 
   Raises:
     ValueError: closed division and the config departs from the reference;
       the message names each field, value, reference and the RCP file.
   """
-  problems = reference_mismatches(config)
+  problems = reference_mismatches(mlperf)
   if not problems:
     return
-  if config["submission_division"] == mllog_constants.CLOSED:
+  if mlperf.submission_division == mllog_constants.CLOSED:
     raise ValueError(
         "closed-division pre-flight against the reference convergence "
         "points: "

@@ -10,6 +10,7 @@ from mlperf_logging.rcp_checker import rcp_checker
 import yaml
 
 from testing import bad_submissions
+from maxtext.mllog import mlperf_config
 from maxtext.mllog import rules
 
 
@@ -25,6 +26,23 @@ def _submission(**overrides):
   )
   values.update(overrides)
   return values
+
+
+def _mlperf(values):
+  """`values` (fields by name) as the log's settings."""
+  return mlperf_config.MlperfConfig.from_config(values)
+
+
+def _validate(values):
+  rules.validate_submission(_mlperf(values))
+
+
+def _mismatches(values):
+  return rules.reference_mismatches(_mlperf(values))
+
+
+def _check_reference(values):
+  rules.check_reference_hyperparameters(_mlperf(values))
 
 
 def _check_list(path, name):
@@ -86,7 +104,7 @@ class RulesTest(parameterized.TestCase):
       for division in rules.DIVISIONS:
         for status in rules.STATUSES:
           for benchmark in rules.benchmarks(ruleset):
-            rules.validate_submission(
+            _validate(
                 _submission(
                     mllog_ruleset=ruleset,
                     submission_division=division,
@@ -100,13 +118,13 @@ class RulesTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, f"config.{field}={re.escape(repr(value))}"
     ):
-      rules.validate_submission(_submission(**{field: value}))
+      _validate(_submission(**{field: value}))
 
   def test_benchmark_of_another_ruleset_is_refused(self):
     only_600 = set(rules.benchmarks("6.0.0")) - set(rules.benchmarks("6.1.0"))
     self.assertNotEmpty(only_600)
     with self.assertRaisesRegex(ValueError, "submission_benchmark"):
-      rules.validate_submission(
+      _validate(
           _submission(
               mllog_ruleset="6.1.0", submission_benchmark=sorted(only_600)[0]
           )
@@ -114,7 +132,7 @@ class RulesTest(parameterized.TestCase):
 
   def test_org_of_wrong_type_raises_type_error(self):
     with self.assertRaisesRegex(TypeError, "config.submission_org=3"):
-      rules.validate_submission(_submission(submission_org=3))
+      _validate(_submission(submission_org=3))
 
 
 def _run_config(**overrides):
@@ -184,8 +202,8 @@ class ReferencePointsTest(parameterized.TestCase):
   )
   def test_closed_config_at_a_reference_point_passes(self, point):
     config = _at_point(point, gradient_accumulation_steps=1)
-    self.assertEqual(rules.reference_mismatches(config), [])
-    rules.check_reference_hyperparameters(config)
+    self.assertEqual(_mismatches(config), [])
+    _check_reference(config)
 
   def test_reference_batch_32_is_what_llama31_8b_states(self):
     point = next(p for p in _LLAMA_POINTS if p.batch_size == 32)
@@ -197,9 +215,7 @@ class ReferencePointsTest(parameterized.TestCase):
   def test_batch_between_reference_points_passes(self):
     low, high = _LLAMA_POINTS[0].batch_size, _LLAMA_POINTS[1].batch_size
     self.assertGreater(high - low, 1)
-    rules.check_reference_hyperparameters(
-        _run_config(global_batch_size=low + 1, learning_rate=1.0)
-    )
+    _check_reference(_run_config(global_batch_size=low + 1, learning_rate=1.0))
 
   @parameterized.named_parameters(("below", -1), ("above", +1))
   def test_batch_outside_the_range_is_refused_in_closed(self, side):
@@ -211,14 +227,12 @@ class ReferencePointsTest(parameterized.TestCase):
         f"{re.escape(rules.rcp_file('6.1.0', 'llama31_8b'))}"
     )
     with self.assertRaisesRegex(ValueError, pattern):
-      rules.check_reference_hyperparameters(
-          _run_config(global_batch_size=batch)
-      )
+      _check_reference(_run_config(global_batch_size=batch))
 
   def test_batch_outside_the_range_is_a_warning_in_open(self):
     config = _run_config(submission_division="open", global_batch_size=8)
     with self.assertLogs(level="WARNING") as logs:
-      rules.check_reference_hyperparameters(config)
+      _check_reference(config)
     self.assertLen(logs.records, 1)
     self.assertIn("config.global_batch_size=8", logs.output[0])
     self.assertIn("rcps_llama31_8b.json", logs.output[0])
@@ -230,11 +244,11 @@ class ReferencePointsTest(parameterized.TestCase):
         r"opt_base_learning_rate=0.0008 at global_batch_size=32 "
         r"\(llama31_8b_ref_32 in .*rcps_llama31_8b.json\)",
     ):
-      rules.check_reference_hyperparameters(_run_config(learning_rate=1e-3))
+      _check_reference(_run_config(learning_rate=1e-3))
 
   def test_learning_rate_off_the_reference_is_a_warning_in_open(self):
     with self.assertLogs(level="WARNING") as logs:
-      rules.check_reference_hyperparameters(
+      _check_reference(
           _run_config(submission_division="open", learning_rate=1e-3)
       )
     self.assertLen(logs.records, 1)
@@ -246,7 +260,7 @@ class ReferencePointsTest(parameterized.TestCase):
         r"config.warmup_steps=100 is 3200 warm-up samples .*"
         r"opt_learning_rate_warmup_samples is 4096 \(warmup_steps=128\)",
     ):
-      rules.check_reference_hyperparameters(_run_config(warmup_steps=100))
+      _check_reference(_run_config(warmup_steps=100))
 
   def test_warmup_not_a_multiple_of_the_batch_takes_either_whole_step(self):
     point = next(
@@ -263,16 +277,12 @@ class ReferencePointsTest(parameterized.TestCase):
         (below + 2, False),
     ):
       with self.subTest(warmup_steps=steps):
-        problems = rules.reference_mismatches(
-            _at_point(point) | {"warmup_steps": steps}
-        )
+        problems = _mismatches(_at_point(point) | {"warmup_steps": steps})
         self.assertEqual(not problems, ok, problems)
 
   def test_all_mismatches_are_named_at_once(self):
     with self.assertRaises(ValueError) as raised:
-      rules.check_reference_hyperparameters(
-          _run_config(learning_rate=1e-3, warmup_steps=1)
-      )
+      _check_reference(_run_config(learning_rate=1e-3, warmup_steps=1))
     self.assertIn("config.learning_rate", str(raised.exception))
     self.assertIn("config.warmup_steps", str(raised.exception))
 
@@ -280,9 +290,7 @@ class ReferencePointsTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, "no reference convergence points for no_such_benchmark"
     ):
-      rules.check_reference_hyperparameters(
-          _run_config(submission_benchmark="no_such_benchmark")
-      )
+      _check_reference(_run_config(submission_benchmark="no_such_benchmark"))
 
 
 if __name__ == "__main__":

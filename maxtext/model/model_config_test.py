@@ -38,10 +38,21 @@ class ModelConfigTest(absltest.TestCase):
   def test_holds_the_model_fields_only(self):
     config = _run_config()
     model = model_config.of(config)
-    self.assertEqual(set(model.keys()), set(model_config.FIELDS))
-    self.assertEqual(model.emb_dim, config.emb_dim)
-    self.assertNotIn("run_name", model)
+    self.assertIsInstance(model, model_config.ModelConfig)
+    self.assertEqual(
+        {name: getattr(model, name) for name in model_config.FIELDS},
+        {name: config[name] for name in model_config.FIELDS},
+    )
+    self.assertFalse(hasattr(model, "run_name"))
     self.assertIs(model_config.of(model), model)
+
+  def test_a_combination_the_model_lacks_is_one_line(self):
+    with self.assertRaisesRegex(
+        ValueError, r"^config\.attention_output_gate=True: needs attention_type"
+    ):
+      model_config.of(
+          _run_config(attention_type="mla", attention_output_gate=True)
+      )
 
   def test_equal_and_hashed_alike_whatever_the_run_fields(self):
     a = model_config.of(_run_config(run_name="a", learning_rate=1e-3))

@@ -91,6 +91,7 @@ from maxtext.metrics import buffer as metrics_buffer
 from maxtext.model import gated_deltanet
 from maxtext.model import layers
 from maxtext.model import mla
+from maxtext.model import model_config
 from maxtext.model import moe
 from maxtext.model import zigzag
 from maxtext.runtime import axis_rules
@@ -186,8 +187,7 @@ def init_params(config, rng: jax.Array) -> Params:
   Raises:
     ValueError: unknown `config.attention_type`.
   """
-  _check_attention_type(config)
-  check_layer_pattern(config)
+  config = model_config.of(config)  # Checked: model_config.check.
   if config.num_experts:
     return _init_moe_params(config, rng)
   v, e, l, m = (
@@ -257,72 +257,6 @@ def output_projection(params: Params) -> jax.Array:
   if "unembedding" in params:
     return params["unembedding"]
   return params["embedding"].T
-
-
-def _check_attention_type(config) -> None:
-  if config.attention_type not in choices.ATTENTION_TYPES:
-    raise ValueError(
-        f"config.attention_type={config.attention_type!r}: must be one of "
-        f"{list(choices.ATTENTION_TYPES)}"
-    )
-
-
-def check_layer_pattern(config) -> None:
-  """Refuses, in one line naming the field, a combination of the Qwen3.5
-  fields (module docstring) the model does not implement.
-
-  Raises:
-    ValueError: the first unsupported combination.
-  """
-  n = config.full_attention_interval
-  if not isinstance(n, int) or n < 0:
-    raise ValueError(
-        f"config.full_attention_interval={n!r}: must be an int >= 0"
-    )
-  factor = config.partial_rotary_factor
-  if config.attention_type != "gqa":
-    for field in ("attention_output_gate", "full_attention_interval"):
-      if config[field]:
-        raise ValueError(
-            f"config.{field}={config[field]!r}: needs attention_type 'gqa', "
-            f"got {config.attention_type!r}"
-        )
-    if factor != 1.0:
-      raise ValueError(
-          f"config.partial_rotary_factor={factor!r}: needs attention_type "
-          f"'gqa', got {config.attention_type!r}"
-      )
-  elif not 0.0 < factor <= 1.0 or int(config.head_dim * factor) % 2:
-    raise ValueError(
-        f"config.partial_rotary_factor={factor!r}: must be in (0, 1] and "
-        f"turn an even number of head_dim={config.head_dim} dimensions"
-    )
-  if config.shared_expert_gate and not config.num_shared_experts:
-    raise ValueError(
-        "config.shared_expert_gate=True: needs num_shared_experts > 0"
-    )
-  if not n:
-    return
-  if not config.num_experts:
-    raise ValueError(
-        f"config.full_attention_interval={n}: needs experts in every layer "
-        "(num_experts > 0)"
-    )
-  if config.num_dense_layers:
-    raise ValueError(
-        f"config.num_dense_layers={config.num_dense_layers}: must be 0 with "
-        f"full_attention_interval={n} (every layer has experts)"
-    )
-  if config.num_layers % n:
-    raise ValueError(
-        f"config.num_layers={config.num_layers}: must be a multiple of "
-        f"full_attention_interval={n}"
-    )
-  if config.router_bias:
-    raise ValueError(
-        "config.router_bias=True: not supported with full_attention_interval"
-        f"={n} (its statistics are kept for moe_layers alone)"
-    )
 
 
 def num_linear_layers(config) -> int:

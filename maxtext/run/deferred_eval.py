@@ -37,6 +37,7 @@ from maxtext.listeners import multi_listener
 from maxtext.mllog import deferred_log
 from maxtext.mllog import logger as mllog_logger
 from maxtext.mllog import mllog_listener
+from maxtext.mllog import mlperf_config
 from maxtext.run import run_state as run_state_lib
 from maxtext.run import trainer
 from maxtext.run import workload as workload_lib
@@ -176,14 +177,12 @@ def _the_run(config):
 
 def _pending_log(config, run_dir: str) -> deferred_log.Pending:
   """The run's newest attempt's log, awaiting its evaluation."""
-  attempts = mllog_logger.attempt_paths(
-      mllog_listener.first_log_path(config, run_dir)
+  first = mllog_listener.first_log_path(
+      mlperf_config.MlperfConfig.from_config(config), run_dir
   )
+  attempts = mllog_logger.attempt_paths(first)
   if not attempts:
-    raise Refused(
-        f"{mllog_listener.first_log_path(config, run_dir)} does not exist:"
-        " the run wrote no MLPerf log"
-    )
+    raise Refused(f"{first} does not exist: the run wrote no MLPerf log")
   try:
     return deferred_log.read(attempts[-1])
   except deferred_log.LogError as e:

@@ -22,6 +22,7 @@ from typing import Optional
 from maxtext.core import caller_paths
 from maxtext.core import checks
 from maxtext.data import builtin_datasets
+from maxtext.mllog import mlperf_config
 from maxtext.mllog import mlperf_preflight as mllog_preflight
 from maxtext.storage import gcs_mirror
 from maxtext.data import chat_dataset
@@ -325,7 +326,7 @@ def _check_prepared_data(config) -> None:
   )
 
 
-def check(config, *, grpo: bool = False) -> None:
+def check(config, header=None) -> None:
   """Checks every path of a validated config, creating nothing.
 
   Local output directories (the run directory's parent and the run
@@ -347,15 +348,16 @@ def check(config, *, grpo: bool = False) -> None:
 
   Args:
     config: the run's config, already validated by `config_lib.validate`.
-    grpo: the run is a GRPO run, not pretraining (the MLPerf benchmark must
-      be of its kind).
+    header: the workload's part of the MLPerf log
+      (`Workload.mlperf_header`: a GRPO run's; the benchmark must be of its
+      kind); None = pretraining's.
 
   Raises:
     ValueError: one line, `config.<field>=<value>: <problem>`, for the first
       problem found.
   """
   _check_prepared_data(config)
-  mllog_preflight.check(config, grpo=grpo)
+  mllog_preflight.check(mlperf_config.MlperfConfig.from_config(config), header)
   _check_output(config)
   _check_mllog(config)
   _check_compilation_cache(config)

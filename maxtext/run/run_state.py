@@ -45,6 +45,7 @@ from maxtext.metrics import metrics_listener
 from maxtext.metrics import throughput
 from maxtext.metrics import writers
 from maxtext.mllog import mllog_listener
+from maxtext.mllog import mlperf_config
 from maxtext.storage import checkpoint_config
 from maxtext.storage import checkpointing
 from maxtext.storage import data_state
@@ -514,12 +515,13 @@ def build(
       opened.callback(weights.close)
     outputs.listeners.add(
         mllog_listener.start(
-            config,
+            mlperf_config.MlperfConfig.from_config(config),
             paths.run_dir,
             process_index=jax.process_index(),
             data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
             config_filename=config_filename,
             throughput=step_throughput,
+            header=workload.mlperf_header(config),
         )
     )
     engine, setup = workload.engine_factory(config, mesh)

@@ -176,7 +176,7 @@ def check(
             run_dir_lib.RunDirConfig.from_config(config)
         ),
     )
-    preflight.check(config, grpo=workload.name == "grpo")
+    preflight.check(config, workload.mlperf_header(config))
   except (ValueError, TypeError) as e:
     raise ConfigError(str(e)) from e
   return config, workload

@@ -34,6 +34,8 @@ A workload supplies only what differs between kinds of training:
   finish_record    completes a step's flushed record on the host: values
                    measured there, how its metrics reduce over micro-batches
   evaluate/target  its eval metrics and the one that ends a run
+  mlperf_header    what its MLPerf log states beyond the config's (a GRPO
+                   run's sequences, samples, sampling and target)
   keeps_state_on   errors of user code (a reward function) after which the
                    loop checkpoints the last completed step before raising
   close            releases what it holds (a reward worker process)
@@ -53,6 +55,7 @@ from maxtext.data import dataset as dataset_lib
 from maxtext.data import dataset_kinds
 from maxtext.core import eval_metrics
 from maxtext.engine import model_setup
+from maxtext.mllog import workload_header
 from maxtext.run import warmup
 from maxtext.runtime import mesh as mesh_lib
 
@@ -175,6 +178,11 @@ class Workload:
   def target(self, config) -> eval_metrics.Target:
     """The eval metric that ends the run once it reaches its threshold."""
     return eval_metrics.target(config)
+
+  def mlperf_header(self, config) -> Optional[workload_header.WorkloadHeader]:
+    """What the run's MLPerf log states beyond the config's; None = the
+    config's own (pretraining's)."""
+    del config
 
   def close(self) -> None:
     """Releases what the workload holds (processes, files) once the run

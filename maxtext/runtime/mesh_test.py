@@ -14,7 +14,6 @@ import jax
 import numpy as np
 
 from maxtext.configs import base
-from maxtext.core import component_config
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.runtime import topology
 
@@ -33,15 +32,6 @@ _BATCH = mesh_lib.BatchLayout(
 
 
 class MeshConfigTest(parameterized.TestCase):
-
-  def test_defaults_are_base_configs(self):
-    for settings in (mesh_lib.MeshConfig, mesh_lib.BatchLayout):
-      defaults = component_config.defaults(settings)
-      # The workload decides the generation devices; the config has none.
-      self.assertEqual(defaults.pop("generation_devices", 0), 0)
-      config = base.get_config()
-      with self.subTest(settings.__name__):
-        self.assertEqual(defaults, {name: config[name] for name in defaults})
 
   def test_made_from_the_run_config_by_name(self):
     config = base.get_config()

@@ -4,7 +4,6 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from maxtext.configs import base
-from maxtext.core import component_config
 from maxtext.storage import checkpoint_config
 
 
@@ -15,11 +14,6 @@ def _settings(**overrides) -> checkpoint_config.CheckpointConfig:
 
 
 class CheckpointConfigTest(parameterized.TestCase):
-
-  def test_defaults_are_base_configs(self):
-    defaults = component_config.defaults(checkpoint_config.CheckpointConfig)
-    config = base.get_config()
-    self.assertEqual(defaults, {name: config[name] for name in defaults})
 
   def test_save_period_is_the_period_or_the_run_length(self):
     self.assertEqual(_settings(checkpoint_period=7, steps=20).save_period, 7)

@@ -8,7 +8,6 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from maxtext.configs import base
-from maxtext.core import component_config
 from maxtext.storage import run_dir
 
 
@@ -19,11 +18,6 @@ def _config(**overrides) -> run_dir.RunDirConfig:
 
 
 class RunDirConfigTest(absltest.TestCase):
-
-  def test_defaults_are_base_configs(self):
-    defaults = component_config.defaults(run_dir.RunDirConfig)
-    config = base.get_config()
-    self.assertEqual(defaults, {name: config[name] for name in defaults})
 
   def test_from_config_takes_the_configs_fields(self):
     config = base.get_config()
