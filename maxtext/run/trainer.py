@@ -8,9 +8,10 @@ in-process. One run:
   validate config (and the workload's own checks) -> jax.distributed ->
   run_state.build (mesh, run directory, outputs, the workload's engine and
   data, checkpoint restore) -> the workload's start (e.g. GRPO's eval of the
-  starting parameters) -> warm-up (compilation before the timed region) ->
-  on_run_start -> steps (K micro-batches, update, records, evals as
-  `eval_schedule` says, checkpoint between steps) -> on_run_end -> close.
+  starting parameters) and its batch source -> warm-up (compilation before
+  the timed region) -> on_run_start -> steps (K micro-batches pulled from
+  the batch source, update, records, evals as `eval_schedule` says,
+  checkpoint between steps) -> on_run_end -> close.
 
 With `deferred_eval` the evals are not run: at each point the schedule
 names, the loop saves the weights (`RunState.save_weights`) and reports the
@@ -20,8 +21,9 @@ after the run with this module's `evaluate`.
 The loop knows no output: it reports to the run's listeners (console, JSONL,
 TensorBoard, MLPerf log, GCS mirror, profiler; see `maxtext/listeners/`),
 which write from host values the step already fetched. A critical listener
-that fails, or a workload's user code that fails (a GRPO reward function),
-stops the run after a checkpoint of the last completed step.
+that fails, or user code that fails (`batch_source.UserCodeError`: a GRPO
+reward function), stops the run after a checkpoint of the last completed
+step.
 """
 
 import dataclasses

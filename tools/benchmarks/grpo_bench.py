@@ -214,7 +214,7 @@ def _run(config, max_age: int, directory: str) -> _Run:
 def _padding(rollout, k: int, shards: int) -> tuple[float, float]:
   """(padded, packed) padding fractions of a rollout's K micro-batches:
   one row per sequence, and first-fit packed rows (`packed_batches`, the
-  row count `GrpoStep` would use)."""
+  row count `RolloutBatches` uses)."""
   batches = rollout_lib.micro_batches(rollout, k)
   multiple = packed_batches.row_multiple(
       len(batches[0]["prompt_lengths"]), shards
