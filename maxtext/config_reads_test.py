@@ -84,7 +84,7 @@ NOT_CONVERTED = frozenset(
         "maxtext.grpo.grpo_workload",
         "maxtext.grpo.logprob_gate",
         "maxtext.grpo.prompts",
-        "maxtext.grpo.step",
+        "maxtext.grpo.rollout_batches",
         "maxtext.grpo.text_task",
         "maxtext.grpo.train_loss",
         "maxtext.hf.config_json",

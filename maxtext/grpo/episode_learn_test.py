@@ -4,7 +4,8 @@ The policy is the tiny model with the byte-level ChatML tokenizer, at its
 random start. Each episode is a chat: the task's prompt, rendered by the
 template, then the model's turn, decoded and answered by the environment
 (`maxtext.env.episodes`), rolled out by `episode_rollout.rollout` and
-trained by the GRPO step (`step.GrpoStep`) with the loss of the benchmark's
+made into micro-batches (`rollout_batches.RolloutBatches`) and trained by
+the engine, one update per rollout, with the loss of the benchmark's
 config (the leave-one-out normalised advantage, token_mean). The reward is
 a harmless marker, the byte "!", in the model's text: the random policy
 writes it in about a third of its turns (uniform over 259 ids, 96 of them).
@@ -44,11 +45,12 @@ from maxtext.generation import sampling
 from maxtext.grpo import episode_rollout
 from maxtext.grpo import policy_loss
 from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import step as step_lib
+from maxtext.grpo import rollout_batches
 from maxtext.grpo import text_task
 from maxtext.grpo import train_loss
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
+from maxtext.run import batch_source
 from testing import tiny_configs
 
 _MARKER = "!"
@@ -244,7 +246,7 @@ class EpisodeLearnTest(absltest.TestCase):
         1,
     )
     rollout_fn = functools.partial(episode_rollout.rollout, setup=setup)
-    step = step_lib.GrpoStep(
+    step = rollout_batches.RolloutBatches(
         engine,
         frozen,
         lambda s: setup.task.train_records(s, _PROMPTS),
@@ -265,8 +267,13 @@ class EpisodeLearnTest(absltest.TestCase):
     )
     means = []
     for s in range(steps):
-      result = step.run(s)
-      means.append(float(np.mean(result.rollout.rewards.total)))
+      prepared = step.prepare(
+          s, batch_source.Policy(engine.params, engine.step)
+      )
+      for micro_batch in prepared.batches:
+        engine.fwd_bwd(micro_batch)
+      engine.update(release=True)
+      means.append(float(np.mean(prepared.rollout.rewards.total)))
       logging.info("step %d: mean training reward %.3f", s, means[-1])
       if stop_when is not None and stop_when(np.array(means)):
         break

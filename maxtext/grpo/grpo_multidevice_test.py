@@ -16,6 +16,7 @@ cpu_devices.request(8)
 # JAX reads the device count when it starts, so the imports follow.
 # pylint: disable=wrong-import-position,wrong-import-order,ungrouped-imports
 import functools
+import time
 
 from absl.testing import absltest
 import jax
@@ -30,11 +31,12 @@ from maxtext.generation import decode_weights
 from maxtext.grpo import generation_mesh
 from maxtext.grpo import prompts
 from maxtext.grpo import rewards
-from maxtext.grpo import step as step_lib
+from maxtext.grpo import rollout_batches
 from maxtext.grpo import train_loss
 from maxtext.grpo import grpo_workload
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
+from maxtext.run import batch_source
 from maxtext.run import workload
 from testing import tiny_configs
 
@@ -71,7 +73,7 @@ def _steps(config, mesh, setup, steps, generation=None):
       **shardings,
   )
   task = prompts.make_task(config)
-  grpo = step_lib.GrpoStep(
+  grpo = rollout_batches.RolloutBatches(
       engine,
       frozen,
       lambda s: task.train_prompts(s, 4),
@@ -86,12 +88,17 @@ def _steps(config, mesh, setup, steps, generation=None):
   )
   out = []
   for step in range(steps):
-    result = grpo.run(step)
+    # One update on the rollout, as the training loop dispatches it.
+    start = time.perf_counter()
+    prepared = grpo.prepare(
+        step, batch_source.Policy(engine.params, engine.step)
+    )
+    for micro_batch in prepared.batches:
+      engine.fwd_bwd(micro_batch)
+    record = engine.update(release=True)
+    grpo.complete(record, start, prepared)
     out.append(
-        (
-            result.rollout.completions,
-            recorder_lib.reduce_buffer(result.records[0]),
-        )
+        (prepared.rollout.completions, recorder_lib.reduce_buffer(record))
     )
   return out
 

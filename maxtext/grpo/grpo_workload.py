@@ -10,39 +10,32 @@ What GRPO supplies (see `maxtext/run/workload.py`):
                    the task, the loss options
   engine_factory   the model with `train_loss.loss_fn`
   make_dataset     the prompts (`prompts.PromptDataset`), by rollout
-  start            the frozen reference (grpo_beta > 0: the starting
-                   parameters, loaded again, never saved), the step
-                   (`step.GrpoStep`), and an eval of the starting parameters
-  warm_up          `GrpoStep.warm_up`: every program of a step compiled,
-                   nothing trained
-  batches          step s's micro-batches: at the first update of a rollout
-                   (s a multiple of grpo_num_iterations), the rollout of
-                   the current parameters, with the reference's
-                   log-probabilities; later updates reuse it. With
-                   grpo_max_age 0 a rollout needs the newest parameters,
-                   so nothing is read ahead; with grpo_max_age 1 the loop
-                   reads step s + 1's batches once step s's micro-batches
-                   but the last are dispatched, before the last, which
-                   takes update s (`reads_parameters`), so rollout s + 1
-                   is drawn with the parameters before update s (its
-                   samples one update old when they train) and kept beside
-                   each checkpoint (`pending_rollout`).
-  updates_per_batch
-                   grpo_num_iterations: `steps`, `eval_interval` and
-                   `checkpoint_period` count updates, and evals,
-                   checkpoints and stops fall between rollouts
-  finish_record    the rollout's statistics (rewards, lengths, advantages)
-                   and the phase timings, straight into the step's record,
-                   and the loss's extremes reduced to the step's
+  start            the frozen reference (grpo_beta > 0:
+                   `run/frozen_reference`, the starting parameters, loaded
+                   again, never saved), the rollouts' batch source, and an
+                   eval of the starting parameters
+  batch_source     `rollout_source.RolloutSource`: update s's micro-batches
+                   from rollout s // grpo_num_iterations, drawn with the
+                   engine's parameters, with the reference's
+                   log-probabilities; with grpo_max_age 1 drawn one update
+                   ahead and kept beside each checkpoint
+                   (`pending_rollout`); its records get the rollout's
+                   statistics and the phase timings
+  warm_up          one update on a rollout drawn with placeholder reward
+                   functions, discarded (`warmup.discarded_steps`): every
+                   program of a step compiled, nothing trained
   evaluate/target  held-out pass@1 / grouped pass@k; the one that
                    grpo_eval_target_metric names (MLPerf's eval_accuracy)
                    reaching grpo_target_pass_rate ends the run
-  keeps_state_on   a reward function's RewardError
+
+A reward function's failure (`rewards.RewardError`, a
+`batch_source.UserCodeError`) stops the run after a checkpoint of the last
+completed step.
 
 The starting parameters come from `load_parameters_path` (a pretraining
 run's checkpoint) or the seed. The frozen KL reference (grpo_beta > 0) is
 those starting parameters, loaded again, never saved, and pinned by the
-first attempt (`reference_pin`): a resume whose reference changed is
+first attempt (`run/frozen_reference`): a resume whose reference changed is
 refused in one line unless `grpo_allow_reference_change`. The prompts and
 the rollout's draws are functions of (seed, rollout), so a resumed run
 continues with the prompts and draws an uninterrupted run would have used.
@@ -68,6 +61,9 @@ from maxtext.engine import engine as engine_lib
 from maxtext.core import eval_metrics
 from maxtext.engine import model_setup
 from maxtext.config import optimizer as optimizer_lib
+from maxtext.run import batch_source
+from maxtext.run import frozen_reference
+from maxtext.run import warmup
 from maxtext.run import workload
 from maxtext.grpo import decode_footprint
 from maxtext.grpo import evaluation
@@ -79,11 +75,11 @@ from maxtext.grpo import pending_rollout
 from maxtext.grpo import policy_loss
 from maxtext.grpo import progression_task
 from maxtext.grpo import prompts as prompts_lib
-from maxtext.grpo import reference_pin
 from maxtext.grpo import rewards as rewards_lib
 from maxtext.generation import paged_decoder
 from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import step as step_lib
+from maxtext.grpo import rollout_batches
+from maxtext.grpo import rollout_source
 from maxtext.grpo import train_loss
 from maxtext.grpo import episode_rollout
 from maxtext.grpo import text_task
@@ -304,31 +300,20 @@ class GrpoWorkload(workload.Workload):
   """GRPO post-training (module docstring)."""
 
   name = "grpo"
-  keeps_state_on = (rewards_lib.RewardError,)
 
   def __init__(self):
     self._rewards: list[rewards_lib.RewardFunction] = []
     # A text task's episodes (config.grpo_task), else None.
     self._episodes: Optional[episode_rollout.EpisodeSetup] = None
-    self._step: Optional[step_lib.GrpoStep] = None
+    self._source: Optional[rollout_source.RolloutSource] = None
     self._frozen = None
     # `_generation_mesh`'s, once made (None: generation shares the
     # training devices).
     self._generation = _UNSET
-    self._batches: list = []  # The newest rollout's micro-batches.
-    self._ready = 0.0  # perf_counter() when a step's batches were ready.
-    # grpo_max_age (`check`), and with 1: the rollouts made (rollout
-    # index -> step.Prepared: the one training and the one drawn ahead),
-    # the encoded rollouts a restored checkpoint holds (`pending_rollout`),
-    # and perf_counter() when each update's micro-batches were dispatched.
+    # grpo_max_age (`check`), and with 1 the encoded rollouts a restored
+    # checkpoint holds (`pending_rollout`), until the source takes them.
     self._max_age = 0
-    self._passes = 1
-    self._prepared: dict[int, step_lib.Prepared] = {}
     self._restored: dict[int, tuple] = {}
-    self._dispatched: dict[int, float] = {}
-
-  # A rollout is drawn with the engine's parameters.
-  reads_parameters = True
 
   def mesh_config(self, config) -> mesh_lib.MeshConfig:
     """The training mesh's settings: `grpo_generation_devices` generate
@@ -339,14 +324,13 @@ class GrpoWorkload(workload.Workload):
 
   @property
   def reads_ahead(self) -> bool:
-    """Whether the loop reads step s + 1's batches before update s: with
-    grpo_max_age 1, the rollout drawn ahead."""
+    """Whether rollouts are drawn one update ahead (grpo_max_age 1; the
+    source's `draws_ahead`)."""
     return self._max_age >= 1
 
   def check(self, config) -> None:
     config_lib.validate_grpo(config)
     self._max_age = config.grpo_max_age
-    self._passes = config.grpo_num_iterations
     if config.grpo_task:
       self._episodes = text_task.episode_setup(config)
     # A text task's verifier may be its whole reward: no function needed.
@@ -388,30 +372,50 @@ class GrpoWorkload(workload.Workload):
     if not self.reads_ahead:
       return prompts
     return pending_rollout.WithPendingRollout(
-        prompts,
-        functools.partial(self._pending_state, config.grpo_num_iterations),
-        self._restore_pending,
+        prompts, self._pending_state, self._restore_pending
     )
 
   def row_length(self, config) -> int:
     # Throughput counts the trained rows: prompt plus completion.
     return config.grpo_prompt_length + config.grpo_max_completion_length
 
-  def updates_per_batch(self, config) -> int:
-    return config.grpo_num_iterations
-
   def start(self, state) -> dict[str, float]:
-    """Builds the step and evaluates the starting parameters."""
+    """Builds the rollouts' source and evaluates the starting parameters."""
     config = state.config
-    frozen = self._model_config(state)
     reference = (
-        model_setup.init_params(config, state.setup)
+        frozen_reference.load(
+            state, allow_change=config.grpo_allow_reference_change
+        )
         if config.grpo_beta > 0
         else None
     )
-    self._step = step_lib.GrpoStep(
+    self._source = rollout_source.RolloutSource(
+        self._rollout_batches(state, reference),
+        updates_per_batch=config.grpo_num_iterations,
+        max_age=config.grpo_max_age,
+        start_step=state.start_step,
+        steps=config.steps,
+        restored=self._restored,
+    )
+    self._restored = {}
+    # The eval's programs compile here, before the timed region.
+    values = self._pass_rates(state)
+    logging.info(
+        "GRPO eval of the starting parameters (step %d): %s",
+        state.start_step,
+        values,
+    )
+    return values
+
+  def _rollout_batches(
+      self, state, reference
+  ) -> rollout_batches.RolloutBatches:
+    """What makes the run's rollouts into micro-batches (its prompts, its
+    sampling, its rewards, the reference or None, its decoder)."""
+    config = state.config
+    return rollout_batches.RolloutBatches(
         state.engine,
-        frozen,
+        self._model_config(state),
         lambda rollout: state.dataset.get_batch(rollout)["prompts"].tolist(),
         options_of_step(config, self._episodes),
         self._rewards,
@@ -435,101 +439,34 @@ class GrpoWorkload(workload.Workload):
         generation=self._generation_mesh(state),
         logprob_error_threshold=loss_options(config).logprob_error_threshold,
     )
-    if reference is not None:
-      _check_reference(config, state, reference)
-    # The eval's programs compile here, before the timed region.
-    values = self._pass_rates(state)
-    logging.info(
-        "GRPO eval of the starting parameters (step %d): %s",
-        state.start_step,
-        values,
-    )
-    return values
+
+  def batch_source(self, state) -> rollout_source.RolloutSource:
+    del state  # Built by `start`.
+    return self._source
 
   def warm_up(self, state) -> float:
+    """One update on the first rollout's shapes, drawn with placeholder
+    reward functions, discarded: parameters, optimizer state, step counter
+    and recorder end as they were."""
     if state.start_step >= state.config.steps:
       return 0.0
-    return self._step.warm_up(self._rollout_of(state.config, state.start_step))
-
-  def batches(self, state, step: int) -> tuple[list, float]:
-    if self.reads_ahead:
-      return self._batches_ahead(state, step), 0.0
-    if step % state.config.grpo_num_iterations == 0:
-      _, self._batches = self._step.rollout(
-          self._rollout_of(state.config, step)
-      )
-    self._ready = time.perf_counter()
-    return self._batches, 0.0
-
-  def _batches_ahead(self, state, step: int) -> list:
-    """Step `step`'s micro-batches when rollouts are drawn ahead.
-
-    Called by the loop for the first step of the attempt, then for step
-    s + 1 once step s's micro-batches but its last are dispatched, before
-    the last one, which takes update s (`reads_parameters`): a rollout it
-    draws then has the parameters before update s. A resumed
-    attempt's first rollout is the checkpoint's (drawn as the uninterrupted
-    run drew it), else, with a warning, one drawn now.
-    """
-    config = state.config
-    if step > state.start_step:
-      # Update step - 1's micro-batches but its last were dispatched just
-      # before.
-      self._dispatched[step - 1] = time.perf_counter()
-    if step >= config.steps:
-      return []  # Nothing is left to draw for.
-    index = self._rollout_of(config, step)
-    if index not in self._prepared:
-      restored = self._restored.pop(index, None)
-      if restored is not None:
-        prepared = self._step.prepare(index, restored=restored)
-      else:
-        if step == state.start_step and step > 0:
-          logging.warning(
-              "GRPO: the checkpoint of step %d holds no rollout drawn ahead "
-              "(grpo_max_age=1); rollout %d is drawn now, with the "
-              "parameters of step %d, not of the step before as an "
-              "uninterrupted run draws it.",
-              step,
-              index,
-              step,
-          )
-        prepared = self._step.prepare(index, ahead=step > state.start_step)
-      self._prepared[index] = prepared
-      # Keep the rollout training and the one drawn ahead.
-      for old in [i for i in self._prepared if i < index - 1]:
-        del self._prepared[old]
-    return self._prepared[index].batches
-
-  def finish_record(self, step: int, record) -> None:
-    if not self.reads_ahead:
-      # The newest rollout's, whichever update of it this is.
-      self._step.finish(record, self._ready)
-      return
-    self._step.finish(
-        record,
-        self._dispatched.pop(step),
-        self._prepared[step // self._passes],
-        step,
+    start = time.perf_counter()
+    engine = state.engine
+    batches = self._source.warm_up_batches(
+        state.start_step, batch_source.Policy(engine.params, engine.step)
     )
+    warmup.discarded_steps(engine, batches, 1)
+    return time.perf_counter() - start
 
-  def _pending_state(self, n: int, step: int) -> Optional[dict]:
+  def _pending_state(self, step: int) -> Optional[dict]:
     """The encoded rollout that feeds update `step` (checkpoint of `step`
     updates done), or None when none was drawn."""
-    prepared = self._prepared.get(step // n)
-    if prepared is None:
+    if self._source is None:
       return None
-    rollout = prepared.rollout
-    # The saved statistics carry the drawing's time too.
-    stats = dict(
-        rollout.stats, **{"timing/rollout": prepared.values["timing/rollout"]}
-    )
-    return pending_rollout.encode(
-        step // n, dataclasses.replace(rollout, stats=stats), prepared.versions
-    )
+    return self._source.pending_state(step)
 
   def _restore_pending(self, value: dict) -> None:
-    """Keeps a restored checkpoint's rollout for `_batches_ahead`.
+    """Keeps a restored checkpoint's rollout for the rollouts' source.
 
     Raises:
       ValueError: the saved rollout is malformed (one line).
@@ -562,11 +499,6 @@ class GrpoWorkload(workload.Workload):
     """Stops the reward functions' worker process."""
     for worker in {f.worker for f in self._rewards if f.worker is not None}:
       worker.close()
-
-  @staticmethod
-  def _rollout_of(config, step: int) -> int:
-    """The rollout that feeds update `step`."""
-    return step // config.grpo_num_iterations
 
   def _model_config(self, state) -> ml_collections.FrozenConfigDict:
     """The run's config, frozen: the decoder's static model argument.
@@ -617,23 +549,3 @@ class GrpoWorkload(workload.Workload):
         engine=paged_options(state.config),
         mesh=mesh,
     )
-
-
-def _check_reference(config, state, reference) -> None:
-  """Pins the KL reference on a first attempt, refuses a changed one later.
-
-  Raises:
-    workload.RefusedStart: the reference is not the one the run pinned (one
-      line).
-  """
-  try:
-    allowed = reference_pin.check_and_record(
-        state.paths.run_dir,
-        reference_pin.pin_of(config.load_parameters_path, reference),
-        allow_change=config.grpo_allow_reference_change,
-        write=jax.process_index() == 0,
-    )
-  except ValueError as e:
-    raise workload.RefusedStart(str(e)) from e
-  if allowed:
-    logging.warning("%s", allowed)

@@ -12,7 +12,7 @@ import numpy as np
 
 from maxtext.runtime import preemption
 from maxtext.run import trainer
-from maxtext.grpo import reference_pin
+from maxtext.run import reference_pin
 from maxtext import workloads
 from maxtext.grpo import rewards
 from maxtext.listeners import interface as listener_interface

@@ -11,7 +11,7 @@ from maxtext.generation import scoring
 from maxtext.grpo import packed_batches
 from maxtext.grpo import policy_loss
 from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import step as step_lib
+from maxtext.grpo import rollout_batches
 from maxtext.grpo import train_loss
 from testing import progression_rollouts
 from testing import tiny_configs
@@ -113,7 +113,7 @@ class PackedBatchesTest(absltest.TestCase):
         # The step's reference pass is step.py's own; its cut of the
         # stacked rows is what this checks.
         # pylint: disable-next=protected-access
-        step_lib._micro_batches_with_reference,
+        rollout_batches._micro_batches_with_reference,
         num_micro_batches=_K,
         config=self.config,
         mesh=None,

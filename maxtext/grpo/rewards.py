@@ -47,12 +47,15 @@ import numpy as np
 from maxtext.env import share
 from maxtext.grpo import reward_call
 from maxtext.grpo import reward_worker
+from maxtext.run import batch_source
 
 _FIELD = reward_call.FIELD
 
 
-class RewardError(RuntimeError):
-  """A reward function raised or returned a non-finite value (one line)."""
+class RewardError(batch_source.UserCodeError):
+  """A reward function raised or returned a non-finite value (one line);
+  the training loop checkpoints the last completed step before it goes
+  on."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,8 +5,9 @@ right-padded) gives the policy's log-probability and entropy at every
 completion token; `policy_loss.policy_loss` turns them, with the rollout's
 behaviour log-probabilities and advantages, into the loss and its metrics.
 Its metrics ride the engine's packed array; the rollout's statistics
-(rewards, lengths, timings) are host values that the step puts straight
-into its record (`step.GrpoStep`), never through the devices.
+(rewards, lengths, timings) are host values that go straight into the
+step's record (`rollout_batches.RolloutBatches.complete`), never through
+the devices.
 
 Log-probabilities and entropy are of the temperature-scaled distribution
 softmax(logits / `options.temperature`), the rollout's, as the decoder's

@@ -481,66 +481,79 @@ def build(
     AlreadyFinished: the run's newest checkpoint is at or past `steps`.
   """
   workload = workload or workload_lib.Workload()
-  is_primary = jax.process_index() == 0
-  mesh = mesh_lib.make_mesh(workload.mesh_config(config))
-  mesh_lib.check_batch_layout(mesh_lib.BatchLayout.from_config(config), mesh)
-  workload.check_devices(config, mesh)
-  step_throughput = throughput.StepThroughput.for_run(
-      throughput.ThroughputConfig.from_config(config),
-      [d.device_kind for d in mesh.devices.flat],
-      row_length=workload.row_length(config),
-  )
+  mesh, step_throughput = _mesh_and_throughput(config, workload)
   paths = run_dir_lib.make_run_paths(
       run_dir_lib.RunDirConfig.from_config(config), _run_name(config)
   )
   # What is opened is closed again, in reverse order, if building fails.
   with contextlib.ExitStack() as opened:
-    locks = _lock_run(config, paths, is_primary)
-    if locks is not None:
-      opened.callback(locks.release)  # Last: after the outputs closed.
-    outputs = _Outputs()
-    opened.callback(outputs.abandon)
-    # The data and the checkpoint directory are opened (and checked) before
-    # the MLPerf log exists: a mistake there leaves no log behind.
-    config, checkpointer, dataset = _open_inputs(
-        config, paths, is_primary, locks, outputs, opened, workload
-    )
-    weights = None
-    if config.deferred_eval:
-      weights = weights_checkpoints.open_checkpointer(
-          paths.run_dir,
-          fence=locks.check if locks is not None else None,
-          progress=progress.logged(config.progress_interval_s),
-      )
-      opened.callback(weights.close)
-    outputs.listeners.add(
-        mllog_listener.start(
-            mlperf_config.MlperfConfig.from_config(config),
-            paths.run_dir,
-            process_index=jax.process_index(),
-            data_parallelism=mesh.shape[mesh_lib.DATA_AXIS],
-            config_filename=config_filename,
-            throughput=step_throughput,
-            header=workload.mlperf_header(config),
-        )
-    )
-    engine, setup = workload.engine_factory(config, mesh)
-    opened.callback(engine.close)
-    _resume(config, engine, dataset, checkpointer, paths, mesh, outputs)
-    if is_primary:
-      _record_attempt(
-          config, paths, dataset, outputs.start_step, checkpointer.run_id
-      )
-    listeners = outputs.complete(
-        [
-            *_output_listeners(
-                config, paths, is_primary, outputs.start_step, step_throughput
-            ),
-            *extra_listeners,
-        ],
-        locks,
+    state = _open_run(
+        config,
+        paths,
+        _Devices(mesh, step_throughput),
+        workload,
+        opened,
+        config_filename=config_filename,
+        extra_listeners=extra_listeners,
     )
     opened.pop_all()  # The run state owns everything from here on.
+  return state
+
+
+@dataclasses.dataclass(frozen=True)
+class _Devices:
+  """The training mesh and the throughput figures of a step on it."""
+
+  mesh: jax.sharding.Mesh
+  throughput: throughput.StepThroughput
+
+
+def _open_run(
+    config,
+    paths: run_dir_lib.RunPaths,
+    devices: _Devices,
+    workload: workload_lib.Workload,
+    opened: contextlib.ExitStack,
+    *,
+    config_filename: str,
+    extra_listeners: Sequence[interface.RunListener],
+) -> RunState:
+  """`build`'s steps once the mesh and the paths are known: the lock, the
+  inputs, the MLPerf log, the engine, the restore, the record, the other
+  outputs; what is opened is closed by `opened`."""
+  is_primary = jax.process_index() == 0
+  locks = _lock_run(config, paths, is_primary)
+  if locks is not None:
+    opened.callback(locks.release)  # Last: after the outputs closed.
+  outputs = _Outputs()
+  opened.callback(outputs.abandon)
+  # The data and the checkpoint directory are opened (and checked) before
+  # the MLPerf log exists: a mistake there leaves no log behind.
+  config, checkpointer, dataset = _open_inputs(
+      config, paths, is_primary, locks, outputs, opened, workload
+  )
+  weights = _open_weights(config, paths, locks, opened)
+  outputs.listeners.add(
+      mllog_listener.start(
+          mlperf_config.MlperfConfig.from_config(config),
+          paths.run_dir,
+          process_index=jax.process_index(),
+          data_parallelism=devices.mesh.shape[mesh_lib.DATA_AXIS],
+          config_filename=config_filename,
+          throughput=devices.throughput,
+          header=workload.mlperf_header(config),
+      )
+  )
+  engine, setup = workload.engine_factory(config, devices.mesh)
+  opened.callback(engine.close)
+  _resume(config, engine, dataset, checkpointer, paths, devices.mesh, outputs)
+  if is_primary:
+    _record_attempt(
+        config, paths, dataset, outputs.start_step, checkpointer.run_id
+    )
+  outputs_of_run = _output_listeners(
+      config, paths, is_primary, outputs.start_step, devices.throughput
+  )
   return RunState(
       config=config,
       paths=paths,
@@ -549,11 +562,51 @@ def build(
       engine=engine,
       dataset=dataset,
       checkpointer=checkpointer,
-      listeners=listeners,
+      listeners=outputs.complete([*outputs_of_run, *extra_listeners], locks),
       start_step=outputs.start_step,
       samples=outputs.samples,
       weights=weights,
   )
+
+
+def _mesh_and_throughput(
+    config, workload: workload_lib.Workload
+) -> tuple[jax.sharding.Mesh, throughput.StepThroughput]:
+  """The training mesh (the batch's layout and the workload's device checks
+  passed) and the throughput figures of a step on its devices.
+
+  Raises:
+    ValueError/TypeError: the batch does not fit the mesh, or the workload
+      refuses the devices.
+  """
+  mesh = mesh_lib.make_mesh(workload.mesh_config(config))
+  mesh_lib.check_batch_layout(mesh_lib.BatchLayout.from_config(config), mesh)
+  workload.check_devices(config, mesh)
+  step_throughput = throughput.StepThroughput.for_run(
+      throughput.ThroughputConfig.from_config(config),
+      [d.device_kind for d in mesh.devices.flat],
+      row_length=workload.row_length(config),
+  )
+  return mesh, step_throughput
+
+
+def _open_weights(
+    config,
+    paths: run_dir_lib.RunPaths,
+    locks: Optional[run_lock.RunLocks],
+    opened: contextlib.ExitStack,
+) -> Optional[checkpointing.Checkpointer]:
+  """The weights-only checkpoints of a `deferred_eval` run, else None;
+  closed by `opened`."""
+  if not config.deferred_eval:
+    return None
+  weights = weights_checkpoints.open_checkpointer(
+      paths.run_dir,
+      fence=locks.check if locks is not None else None,
+      progress=progress.logged(config.progress_interval_s),
+  )
+  opened.callback(weights.close)
+  return weights
 
 
 class _Outputs:

@@ -8,9 +8,10 @@ in-process. One run:
   validate config (and the workload's own checks) -> jax.distributed ->
   run_state.build (mesh, run directory, outputs, the workload's engine and
   data, checkpoint restore) -> the workload's start (e.g. GRPO's eval of the
-  starting parameters) -> warm-up (compilation before the timed region) ->
-  on_run_start -> steps (K micro-batches, update, records, evals as
-  `eval_schedule` says, checkpoint between steps) -> on_run_end -> close.
+  starting parameters) and its batch source -> warm-up (compilation before
+  the timed region) -> on_run_start -> steps (K micro-batches pulled from
+  the batch source, update, records, evals as `eval_schedule` says,
+  checkpoint between steps) -> on_run_end -> close.
 
 With `deferred_eval` the evals are not run: at each point the schedule
 names, the loop saves the weights (`RunState.save_weights`) and reports the
@@ -20,8 +21,9 @@ after the run with this module's `evaluate`.
 The loop knows no output: it reports to the run's listeners (console, JSONL,
 TensorBoard, MLPerf log, GCS mirror, profiler; see `maxtext/listeners/`),
 which write from host values the step already fetched. A critical listener
-that fails, or a workload's user code that fails (a GRPO reward function),
-stops the run after a checkpoint of the last completed step.
+that fails, or user code that fails (`batch_source.UserCodeError`: a GRPO
+reward function), stops the run after a checkpoint of the last completed
+step.
 """
 
 import dataclasses
@@ -38,6 +40,7 @@ from maxtext.runtime import distributed
 from maxtext.core import eval_metrics
 from maxtext.config import eval_schedule
 from maxtext.runtime import preemption
+from maxtext.run import batch_source as batch_source_lib
 from maxtext.run import preflight
 from maxtext.run import run_state as run_state_lib
 from maxtext.run import workload as workload_lib
@@ -214,26 +217,16 @@ def run(
     TrainingError: the run could not go on (e.g. non-finite gradients).
     ListenerError: an output failed; a checkpoint of the last completed step
       was written first.
-    Any of `workload.keeps_state_on` (e.g. a GRPO reward function's
-    RewardError), after a checkpoint of the last completed step.
+    batch_source.UserCodeError: user code the run called failed (e.g. a
+      GRPO reward function's RewardError), after a checkpoint of the last
+      completed step.
   """
   config, workload = check(config, workload)
   start_jax(config)
-
   stop = stop_request or preemption.StopRequest()
   try:
     try:
-      state = run_state_lib.build(
-          config,
-          config_filename=config_filename,
-          extra_listeners=extra_listeners,
-          workload=workload,
-      )
-    except ValueError as e:
-      # Building checks what needs the devices, the run directory or the
-      # checkpoints: the batch against the mesh, the run's record, a
-      # resume without a checkpoint, parameters of another shape.
-      raise ConfigError(str(e)) from e
+      state = _build(config, workload, config_filename, extra_listeners)
     except run_state_lib.AlreadyFinished as done:
       logging.warning("%s", done)
       return RunResult(
@@ -244,41 +237,68 @@ def run(
           last_eval_loss=None,
           last_train_loss=None,
       )
-    outcome = RunOutcome.FAILED
-    start_eval = None
-    try:
-      try:
-        start_eval = workload.start(state)
-      except workload_lib.RefusedStart as e:
-        raise ConfigError(str(e)) from e
-      warmup_time = workload.warm_up(state)
-      state.listeners.on_run_start(
-          interface.RunStart(state.start_step, state.samples, warmup_time)
-      )
-      outcome, last_eval, last_train = _train_loop(state, workload, stop)
-    except (ListenerError, *workload.keeps_state_on):
-      # An output or the workload's user code failed: keep what was
-      # trained. The engine holds the last completed step's state even
-      # mid-step (update() not yet called).
-      _checkpoint_quietly(state)
-      raise
-    finally:
-      _end(state, outcome)
-    return RunResult(
-        status=outcome,
-        run_dir=state.paths.run_dir,
-        start_step=state.start_step,
-        final_step=state.engine.step,
-        last_eval_loss=_eval_loss(last_eval),
-        last_train_loss=last_train,
-        stop_reason=stop.reason,
-        last_eval=_values(last_eval),
-        start_eval=start_eval,
-    )
+    return _train(state, workload, stop)
   finally:
     workload.close()
     if stop_request is None:
       stop.close()
+
+
+def _build(config, workload, config_filename, extra_listeners):
+  """`run_state.build`, a config problem it finds a ConfigError.
+
+  Building checks what needs the devices, the run directory or the
+  checkpoints: the batch against the mesh, the run's record, a resume
+  without a checkpoint, parameters of another shape.
+
+  Raises:
+    ConfigError: as `run_state.build`'s ValueError.
+    run_state.AlreadyFinished: the run trained its steps already.
+  """
+  try:
+    return run_state_lib.build(
+        config,
+        config_filename=config_filename,
+        extra_listeners=extra_listeners,
+        workload=workload,
+    )
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+
+
+def _train(state, workload, stop) -> RunResult:
+  """Starts the workload, warms up, trains and ends the built run."""
+  outcome = RunOutcome.FAILED
+  try:
+    try:
+      start_eval = workload.start(state)
+    except workload_lib.RefusedStart as e:
+      raise ConfigError(str(e)) from e
+    source = workload.batch_source(state)
+    warmup_time = workload.warm_up(state)
+    state.listeners.on_run_start(
+        interface.RunStart(state.start_step, state.samples, warmup_time)
+    )
+    outcome, last_eval, last_train = _train_loop(state, workload, source, stop)
+  except (ListenerError, batch_source_lib.UserCodeError):
+    # An output or user code failed: keep what was trained. The engine
+    # holds the last completed step's state even mid-step (update() not
+    # yet called).
+    _checkpoint_quietly(state)
+    raise
+  finally:
+    _end(state, outcome)
+  return RunResult(
+      status=outcome,
+      run_dir=state.paths.run_dir,
+      start_step=state.start_step,
+      final_step=state.engine.step,
+      last_eval_loss=_eval_loss(last_eval),
+      last_train_loss=last_train,
+      stop_reason=stop.reason,
+      last_eval=_values(last_eval),
+      start_eval=start_eval,
+  )
 
 
 def start_jax(config) -> None:
@@ -404,128 +424,189 @@ class _SkipGuard:
     )
 
 
-def _train_loop(state: run_state_lib.RunState, workload, stop):
+def _train_loop(state: run_state_lib.RunState, workload, source, stop):
   """Runs steps until the target, the budget or a stop request.
 
-  The host keeps ahead of the device: it writes the previous step's
-  records once all but the step's last micro-batch are dispatched (the last
-  one takes the step's update), and reads the next step's batch (when the
-  workload `reads_ahead`) once the last is dispatched (before it, when the
-  workload `reads_parameters`: a rollout drawn ahead must see the
-  parameters before the update), both while the device computes, and only
-  then waits in `update()` for the step's metrics. A step followed by
-  more than the next step (an eval, a checkpoint, a stop, the end) writes
-  its records first, so every output keeps step order.
-
-  With `updates_per_batch` = n > 1 (GRPO's passes over one rollout), a
-  batch feeds steps b * n .. b * n + n - 1, its samples count once, and
-  evals, checkpoints and stops fall only after a batch's last update.
+  Each step is `_Steps.train` (the step's micro-batches from `source`, its
+  update and its record), then `_Steps.after` (what falls between steps:
+  evals, checkpoints, the stop).
 
   Returns:
     (outcome, last eval record or None, last train loss).
   """
-  config, engine, listeners = state.config, state.engine, state.listeners
-  target = workload.target(config)
-  passes = workload.updates_per_batch(config)
-  skips = _SkipGuard(config.max_consecutive_skipped_steps, state.checkpointer)
-  last_eval = last_train = None
-  unwritten = None  # A _Finished step, written after the next dispatch.
-  step_start = time.monotonic()
-  # The first step's time holds the read of its own batch; every later
-  # step's holds the read of the next one, which overlaps it (when the
-  # workload reads ahead; otherwise each step reads its own).
-  ahead = workload.reads_ahead
-  batches, data_wait = (
-      workload.batches(state, state.start_step) if ahead else ([], 0.0)
-  )
+  steps = _Steps(state, workload.target(state.config), source, stop)
   try:
-    for step in range(state.start_step, config.steps):
-      listeners.on_step_start(step)
-      if not ahead:
-        batches, data_wait = workload.batches(state, step)
-      *head, last = batches
-      for micro in head:
-        engine.fwd_bwd(micro)
-      # The previous step's records are written before the step's last
-      # micro-batch, which takes its update: a failing output then finds
-      # the engine between updates, holding the completed steps' state.
-      if unwritten is not None:
-        finished, unwritten = unwritten, None
-        last_train = _write(listeners, finished)
-      # A read drawn with the parameters (a rollout drawn ahead) comes
-      # before the last micro-batch, which updates them; any other read
-      # overlaps it.
-      if ahead and workload.reads_parameters:
-        batches, next_wait = workload.batches(state, step + 1)
-        data_wait += next_wait
-      engine.fwd_bwd(last)
-      if ahead and not workload.reads_parameters:
-        batches, next_wait = workload.batches(state, step + 1)
-        data_wait += next_wait
-      # The step's buffer leaves the recorder: it lives on in its record.
-      buffer = engine.update(release=True)
-      workload.finish_record(step, buffer)
-      if step % passes == 0:
-        state.samples += config.global_batch_size
-      completed, now = step + 1, time.monotonic()
-      unwritten = _Finished(
-          step, buffer, now - step_start, state.samples, data_wait
-      )
-      step_start, data_wait = now, 0.0
-      skips.check(step, buffer)
-      if completed % passes:
-        continue  # The batch feeds more updates: nothing falls between.
-
-      eval_due = eval_schedule.eval_due(
-          config, completed, updates_per_batch=passes
-      )
-      stopping = stop.should_stop(completed)
-      save_due = state.checkpointer.due(completed) or completed == config.steps
-      if not (eval_due or stopping or save_due):
-        continue  # Its records are written once the next step is dispatched.
-      finished, unwritten = unwritten, None
-      last_train = _write(listeners, finished)
-      if eval_due and config.deferred_eval:
-        _defer_eval(state, step)
-        step_start = time.monotonic()  # Saving is not step time.
-      elif eval_due:
-        last_eval = _evaluate(state, workload, step, target)
-        if last_eval.target_reached:
-          metric = last_eval.metrics[target.metric]
-          logging.info(
-              "Eval %s %.4f %s target %.4f at step %d: success.",
-              target.metric,
-              metric.value,
-              metric.direction.symbol,
-              target.threshold,
-              step,
-          )
-          _checkpoint(state, force=True)
-          return RunOutcome.SUCCESS, last_eval, last_train
-        step_start = time.monotonic()  # Eval time is not step time.
-      _checkpoint(state, force=stopping or completed == config.steps)
-      if stopping:
-        # "After step N" counts completed steps, as the checkpoint's step,
-        # the stop request's log line and RunResult.final_step do.
-        logging.warning(
-            "Stopped by %s after step %d; checkpoint step %d saved in %s.",
-            stop.reason,
-            completed,
-            completed,
-            state.paths.checkpoint_dir,
-        )
-        return RunOutcome.INTERRUPTED, last_eval, last_train
+    for step in range(state.start_step, state.config.steps):
+      steps.train(step)
+      outcome = steps.after(step, workload)
+      if outcome is not None:
+        return outcome, steps.last_eval, steps.last_train
   finally:
-    # A step that finished before an error still gets its records.
-    if unwritten is not None:
-      try:
-        listeners.on_step(unwritten.record())
-      # The error already on its way out is the one to report.
-      except Exception:  # pylint: disable=broad-except
-        logging.exception(
-            "Could not write the records of step %d.", unwritten.step
-        )
-  return RunOutcome.COMPLETED, last_eval, last_train
+    steps.write_unwritten()
+  return RunOutcome.COMPLETED, steps.last_eval, steps.last_train
+
+
+class _Steps:
+  """The training steps of one attempt, pulled from the batch source.
+
+  The host keeps ahead of the device: it writes the previous step's
+  records once all but the step's last micro-batch are dispatched (the last
+  one takes the step's update), and draws the next step's batch (when the
+  source `draws_ahead`) once the last is dispatched (before it, when the
+  source `reads_parameters`: a rollout drawn ahead must see the parameters
+  before the update), both while the device computes, and only then waits
+  in `update()` for the step's metrics. A step followed by more than the
+  next step (an eval, a checkpoint, a stop, the end) writes its records
+  first, so every output keeps step order.
+
+  With the source's `updates_per_batch` = n > 1 (GRPO's passes over one
+  rollout), a batch feeds steps b * n .. b * n + n - 1, its samples count
+  once, and evals, checkpoints and stops fall only after a batch's last
+  update.
+
+  Attributes:
+    last_eval: the newest eval's record, or None.
+    last_train: the newest written train loss, or None.
+  """
+
+  def __init__(self, state, target, source, stop):
+    self._state = state
+    self._target = target
+    self._source = source
+    self._stop = stop
+    self._skips = _SkipGuard(
+        state.config.max_consecutive_skipped_steps, state.checkpointer
+    )
+    self.last_eval = self.last_train = None
+    self._unwritten = None  # A _Finished step, written after the next dispatch.
+    self._step_start = time.monotonic()
+    # The first step's time holds the draw of its own batch; every later
+    # step's holds the draw of the next one, which overlaps it (when the
+    # source draws ahead; otherwise each step draws its own).
+    self._batch = self._draw(state.start_step) if source.draws_ahead else None
+    self._data_wait = 0.0 if self._batch is None else self._batch.data_wait
+
+  def _draw(self, step: int) -> batch_source_lib.Batch:
+    """Step `step`'s batch, drawn with the engine's parameters now."""
+    engine = self._state.engine
+    return self._source.draw(
+        step, batch_source_lib.Policy(engine.params, engine.step)
+    )
+
+  def _draw_next(self, step: int) -> None:
+    """Draws step `step + 1`'s batch ahead, its wait counted into step's."""
+    self._batch = self._draw(step + 1)
+    self._data_wait += self._batch.data_wait
+
+  def train(self, step: int) -> None:
+    """Step `step`: its micro-batches, its update, its record."""
+    state, source = self._state, self._source
+    engine = state.engine
+    state.listeners.on_step_start(step)
+    if not source.draws_ahead:
+      self._batch = self._draw(step)
+      self._data_wait = self._batch.data_wait
+    *head, last = self._batch.micro_batches
+    for micro in head:
+      engine.fwd_bwd(micro)
+    # The previous step's records are written before the step's last
+    # micro-batch, which takes its update: a failing output then finds
+    # the engine between updates, holding the completed steps' state.
+    self._write_unwritten()
+    # A draw with the parameters (a rollout drawn ahead) comes before the
+    # last micro-batch, which updates them; any other draw overlaps it.
+    if source.draws_ahead and source.reads_parameters:
+      self._draw_next(step)
+    engine.fwd_bwd(last)
+    if source.draws_ahead and not source.reads_parameters:
+      self._draw_next(step)
+    # The step's buffer leaves the recorder: it lives on in its record.
+    buffer = engine.update(release=True)
+    source.complete_record(step, buffer)
+    if step % source.updates_per_batch == 0:
+      state.samples += state.config.global_batch_size
+    now = time.monotonic()
+    self._unwritten = _Finished(
+        step, buffer, now - self._step_start, state.samples, self._data_wait
+    )
+    self._step_start, self._data_wait = now, 0.0
+    self._skips.check(step, buffer)
+
+  def after(self, step: int, workload) -> Optional[RunOutcome]:
+    """What falls after step `step`: an eval, a checkpoint, a stop.
+
+    Returns:
+      How the run ends after this step (SUCCESS, INTERRUPTED), or None if
+      it goes on.
+    """
+    state, config = self._state, self._state.config
+    completed = step + 1
+    passes = self._source.updates_per_batch
+    if completed % passes:
+      return None  # The batch feeds more updates: nothing falls between.
+    eval_due = eval_schedule.eval_due(
+        config, completed, updates_per_batch=passes
+    )
+    stopping = self._stop.should_stop(completed)
+    save_due = state.checkpointer.due(completed) or completed == config.steps
+    if not (eval_due or stopping or save_due):
+      return None  # Its records are written once the next step is dispatched.
+    self._write_unwritten()
+    if eval_due and config.deferred_eval:
+      _defer_eval(state, step)
+      self._step_start = time.monotonic()  # Saving is not step time.
+    elif eval_due:
+      self.last_eval = _evaluate(state, workload, step, self._target)
+      if self.last_eval.target_reached:
+        self._log_success(step)
+        _checkpoint(state, force=True)
+        return RunOutcome.SUCCESS
+      self._step_start = time.monotonic()  # Eval time is not step time.
+    _checkpoint(state, force=stopping or completed == config.steps)
+    if not stopping:
+      return None
+    # "After step N" counts completed steps, as the checkpoint's step, the
+    # stop request's log line and RunResult.final_step do.
+    logging.warning(
+        "Stopped by %s after step %d; checkpoint step %d saved in %s.",
+        self._stop.reason,
+        completed,
+        completed,
+        state.paths.checkpoint_dir,
+    )
+    return RunOutcome.INTERRUPTED
+
+  def _log_success(self, step: int) -> None:
+    """Logs the eval after step `step` that reached the target."""
+    metric = self.last_eval.metrics[self._target.metric]
+    logging.info(
+        "Eval %s %.4f %s target %.4f at step %d: success.",
+        self._target.metric,
+        metric.value,
+        metric.direction.symbol,
+        self._target.threshold,
+        step,
+    )
+
+  def _write_unwritten(self) -> None:
+    """Writes the finished step's records, if any wait."""
+    if self._unwritten is not None:
+      finished, self._unwritten = self._unwritten, None
+      self.last_train = _write(self._state.listeners, finished)
+
+  def write_unwritten(self) -> None:
+    """On the way out: a step that finished before an error still gets its
+    records (a failing output is logged: the error already on its way out
+    is the one to report)."""
+    if self._unwritten is None:
+      return
+    try:
+      self._state.listeners.on_step(self._unwritten.record())
+    # The error already on its way out is the one to report.
+    except Exception:  # pylint: disable=broad-except
+      logging.exception(
+          "Could not write the records of step %d.", self._unwritten.step
+      )
 
 
 def _write(listeners, finished: _Finished) -> Optional[float]:

@@ -36,12 +36,7 @@ def warm_up(state, steps: int) -> float:
   if steps <= 0:
     return 0.0
   start = time.monotonic()
-  engine, config = state.engine, state.config
-  # The warm-up's updates are discarded: every program of a real step
-  # runs, but parameters and optimizer state keep their values (the last
-  # micro-step computes the update and keeps the state, in place when it is
-  # donated). Only the step counter advances; it is set back at the end.
-  step = engine.step
+  config = state.config
   train, evaluation = builtin_datasets.placeholder_batches(
       data_config.DataConfig.from_config(config),
       jax.process_index(),
@@ -53,15 +48,30 @@ def warm_up(state, steps: int) -> float:
           train, config.gradient_accumulation_steps
       )
   ]
+  discarded_steps(state.engine, micro_batches, steps)
+  metrics = state.engine.eval_step(
+      mesh_lib.global_batch(evaluation, state.setup.batch_sharding)
+  )
+  jax.block_until_ready(metrics)
+  return time.monotonic() - start
+
+
+def discarded_steps(engine, micro_batches, steps: int) -> None:
+  """Runs `steps` training steps on `micro_batches` whose updates are
+  discarded, and waits for them.
+
+  Every program of a real step runs, but parameters and optimizer state
+  keep their values (each micro-step runs with `discard=True`: the last one
+  computes the update and keeps the state, in place when it is donated);
+  the step counter, which the updates advance, is set back at the end. The
+  recorder's step buffers are released by each update.
+  """
+  step = engine.step
   for _ in range(steps):
     for micro in micro_batches:
       engine.fwd_bwd(micro, discard=True)
     engine.update(release=True)
-  metrics = engine.eval_step(
-      mesh_lib.global_batch(evaluation, state.setup.batch_sharding)
-  )
-  jax.block_until_ready((metrics, engine.params, engine.opt_state))
+  jax.block_until_ready((engine.params, engine.opt_state))
   engine.set_state(
       {"params": engine.params, "opt_state": engine.opt_state, "step": step}
   )
-  return time.monotonic() - start

@@ -3,10 +3,12 @@
 `trainer.run(config)` is the only training loop. It owns everything every
 run needs: config checks, `jax.distributed`, the run state (mesh, run
 directory and its lock, outputs, checkpoints, resume checks), warm-up before
-`run_start`, the step (K `engine.fwd_bwd` calls and one `engine.update()`,
-whose single flush carries the step's metrics), the records, evaluation on
-`eval_schedule`, checkpoints between steps, SIGTERM/SIGINT stops, the
-non-finite skip guard, a checkpoint when an output fails, and the run's end.
+`run_start`, the step (K `engine.fwd_bwd` calls on the micro-batches its
+batch source gives and one `engine.update()`, whose single flush carries the
+step's metrics), the records, evaluation on `eval_schedule`, checkpoints
+between steps, SIGTERM/SIGINT stops, the non-finite skip guard, a checkpoint
+when an output or user code fails (`batch_source.UserCodeError`), and the
+run's end.
 
 A workload supplies only what differs between kinds of training:
 
@@ -14,36 +16,28 @@ A workload supplies only what differs between kinds of training:
   mesh_config      the training mesh's settings (`mesh.MeshConfig`): the
                    config's parallelism, and the devices a GRPO run keeps
                    for generation
+  check_devices    its checks that need the devices
   engine_factory   its engine: the model with its loss
-  make_dataset     where a step's inputs come from (a data set, or prompts
-                   a rollout turns into micro-batches)
+  make_dataset     its inputs (a data set, or the prompts a rollout turns
+                   into micro-batches)
   row_length       tokens per trained row, for the throughput figures
   start            what it builds once the run state exists (a frozen
                    reference, a rollout producer) and an optional eval of
                    the starting parameters
+  batch_source     where each step's micro-batches come from
+                   (`batch_source.BatchSource`: a data set's, or GRPO's
+                   rollouts drawn with the engine's parameters)
   warm_up          compiles every program of a step before `run_start`
-  batches          a step's micro-batches on the devices; `reads_ahead`
-                   says whether step s + 1's may be read before step s's
-                   update (a data set: yes; a rollout of the current
-                   policy: no; GRPO's rollout drawn one update ahead,
-                   grpo_max_age 1: yes, with the parameters before it)
-  updates_per_batch
-                   optimizer updates fed by one batch (GRPO's
-                   `grpo_num_iterations`); evals, checkpoints and stops
-                   fall only between batches
-  finish_record    completes a step's flushed record on the host: values
-                   measured there, how its metrics reduce over micro-batches
   evaluate/target  its eval metrics and the one that ends a run
   mlperf_header    what its MLPerf log states beyond the config's (a GRPO
                    run's sequences, samples, sampling and target)
-  keeps_state_on   errors of user code (a reward function) after which the
-                   loop checkpoints the last completed step before raising
   close            releases what it holds (a reward worker process)
 
-`Pretraining` is the language-model workload; `maxtext/workloads.py` maps a
-config's `workload` field to each workload. A new kind of training (DPO,
-say) is a subclass with its loss, its batches and its eval, and one entry
-there; it inherits every guarantee of the loop.
+`Workload` itself is the language-model (pretraining) workload;
+`maxtext/workloads.py` maps a config's `workload` field to each workload. A
+new kind of training (DPO, say) is a subclass with its loss, its batch
+source and its eval, and one entry there; it inherits every guarantee of the
+loop, and a frozen reference policy from `maxtext/run/frozen_reference.py`.
 """
 
 from typing import Optional
@@ -56,6 +50,7 @@ from maxtext.data import dataset_kinds
 from maxtext.core import eval_metrics
 from maxtext.engine import model_setup
 from maxtext.mllog import workload_header
+from maxtext.run import batch_source as batch_source_lib
 from maxtext.run import warmup
 from maxtext.runtime import mesh as mesh_lib
 
@@ -71,20 +66,9 @@ class Workload:
 
   Attributes:
     name: the workload's name (the config's `workload` field).
-    reads_ahead: whether the loop may read step s + 1's batches while step
-      s runs on the devices.
-    reads_parameters: whether reading batches reads the engine's
-      parameters (a rollout drawn with them): the loop then reads ahead
-      before step s's last micro-batch, which takes its update, so the
-      batches see the parameters before update s.
-    keeps_state_on: exception types after which the loop checkpoints the
-      last completed step, then lets the error go on.
   """
 
   name = "pretraining"
-  reads_ahead = True
-  reads_parameters = False
-  keeps_state_on: tuple[type[BaseException], ...] = ()
 
   def check(self, config: ml_collections.ConfigDict) -> None:
     """The workload's own checks of a validated config (no device work).
@@ -128,11 +112,6 @@ class Workload:
     """Tokens per trained row; None = `max_sequence_length`."""
     del config  # Pretraining's rows are max_sequence_length long.
 
-  def updates_per_batch(self, config) -> int:
-    """Optimizer updates each batch feeds (1: one batch, one update)."""
-    del config
-    return 1
-
   def start(self, state) -> Optional[dict[str, float]]:
     """Called once the run state is built, before the warm-up.
 
@@ -145,6 +124,11 @@ class Workload:
         ConfigError).
     """
     del state  # Pretraining evaluates on the eval schedule only.
+
+  def batch_source(self, state) -> batch_source_lib.BatchSource:
+    """Where the steps' micro-batches come from, called once `start`
+    returned: the run's data set, read ahead."""
+    return batch_source_lib.DatasetSource(state)
 
   def warm_up(self, state) -> float:
     """Compiles a step's programs before `run_start`; returns seconds.
@@ -159,17 +143,6 @@ class Workload:
     if steps < 0:
       steps = 1 if config.enable_mllog else 0
     return warmup.warm_up(state, steps)
-
-  def batches(self, state, step: int) -> tuple[list, float]:
-    """Step `step`'s micro-batches on the devices, and the seconds spent
-    waiting for their inputs; ([], 0.0) past the last step."""
-    return state.device_batches(step)
-
-  def finish_record(self, step: int, record) -> None:
-    """Completes step `step`'s flushed record (a `MetricsBuffer`) on the
-    host: values measured there, and `aggregation_fns` for metrics that are
-    not means over the micro-batches. Pretraining's record is complete."""
-    del step, record  # Every pretraining metric comes from the engine.
 
   def evaluate(self, state) -> dict[str, eval_metrics.EvalMetric]:
     """The eval's metrics: the mean eval loss over `eval_steps` batches."""

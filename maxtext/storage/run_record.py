@@ -104,7 +104,7 @@ RESUMABLE_FIELDS = frozenset(
         # fingerprints are in each attempt's provenance.
         "allow_data_change",
         # Whether this attempt may start from another KL reference than the
-        # one the GRPO run pinned (maxtext/grpo/reference_pin.py records it).
+        # one the GRPO run pinned (maxtext/run/reference_pin.py records it).
         "grpo_allow_reference_change",
         # The machines. The state is restored into the new mesh's shardings,
         # and the data does not depend on the process count: each step's

@@ -12,25 +12,29 @@ Runbook:
 
 One process on the default devices (the CPU here), the config's model with
 random parameters (or `load_parameters_path`'s: a benchmark of speed, not of
-learning) and the GRPO step of `maxtext.grpo.step.GrpoStep` on the built-in
-progression task. `GrpoStep.warm_up` compiles every program first; then
-`--steps` steps run, each a rollout and one update, and the step's own
-timings (the `timing/*` metrics of its record, `maxtext/grpo/step.py`) are
-averaged: the table gives each phase's mean seconds and share of
-`timing/step` (rollout = generation + rewards + advantages; reference; old
-log-probs, which generation computes, so 0; update), generated tokens/s
-(the completions' tokens over `timing/generate`), trained tokens/s (the
-padded rows' tokens, N x (prompt + completion columns), over
-`timing/update`) and the padding fraction of the model's input: the share
-of the micro-batches' tokens that hold no sequence, one padded row per
-sequence and packed first-fit (`maxtext.grpo.packed_batches`, the rows
-`--config.packing=true` trains). Then the rollouts' decode step against
-the bandwidth limit (`maxtext.generation.decode_roofline`): the bytes a
-step reads (the weights in the compute dtype, the mean visible key/value
-cache and recurrent states of a step's rows, over every timed rollout's
-decode steps) and, where the device's HBM bandwidth is known, the step time
-it allows against the measured one (`timing/generate` summed over the
-decode steps summed); multi-turn episodes count no decode steps.
+learning), trained by the one training loop (`maxtext.run.trainer.run` with
+the GRPO workload, in a temporary run directory, without the MLPerf log),
+watched by a run listener. The workload's warm-up compiles every program
+first; then `--steps` steps run, each a rollout and one update, and the
+step's own timings (the `timing/*` metrics of its record,
+`maxtext/grpo/rollout_batches.py`) are averaged: the table gives each
+phase's mean seconds and share of `timing/step` (rollout = generation +
+rewards + advantages; reference; old log-probs, which generation computes,
+so 0; update), generated tokens/s (the completions' tokens over
+`timing/generate`), trained tokens/s (the padded rows' tokens, N x (prompt
++ completion columns), over `timing/update`) and the padding fraction of
+the model's input: the share of the micro-batches' tokens that hold no
+sequence, one padded row per sequence and packed first-fit
+(`maxtext.grpo.packed_batches`, the rows `--config.packing=true` trains).
+The rollouts themselves (their lengths and tokens) come from the workload's
+batch source (`RolloutSource.rollout_for`) as each update's record is
+completed. Then the rollouts' decode step against the bandwidth limit
+(`maxtext.generation.decode_roofline`): the bytes a step reads (the weights
+in the compute dtype, the mean visible key/value cache and recurrent states
+of a step's rows, over every timed rollout's decode steps) and, where the
+device's HBM bandwidth is known, the step time it allows against the
+measured one (`timing/generate` summed over the decode steps summed);
+multi-turn episodes count no decode steps.
 
 With a config whose `grpo_task` is set (multi-turn mode), the steps play the
 task's episodes (`maxtext/grpo/episode_rollout.py`) and the rollout splits
@@ -39,16 +43,16 @@ execution (`timing/tools`: the environments' tools, verifiers and
 rendering) and the reward functions; generated tokens/s then counts every
 id after the prompts (the environment's too) over generation's seconds.
 
-Then the step with rollouts drawn ahead: `--steps` more steps with each
-rollout drawn while the update before runs its micro-batches but the last,
-which takes the update (grpo_max_age = 1, the training loop's order:
-`GrpoStep.train_ahead`), on the same engine, and the line
+Then a second run of `--steps` steps with each rollout drawn while the
+update before runs its micro-batches but the last, which takes the update
+(grpo_max_age = 1, the loop's order for a source that draws ahead), and
+the line
 
   step by grpo_max_age: 0 A s, 1 B s, speedup S (age_max 1)
 
-gives each mode's wall seconds per step (its steps' own time, until the
-last update's parameters are ready; the table's steps for 0), S = A / B,
-and the oldest trained sample's age in updates.
+gives each mode's seconds per step (the loop's step time, eval and
+checkpoint time left out, averaged over the steps), S = A / B, and the
+oldest trained sample's age in updates (`rollout/age_max`).
 
 Then the device dispatches of one step's metrics, counted with
 `tools.benchmarks.metric_ways` (as `metrics_bench` counts them) on the GRPO
@@ -66,31 +70,27 @@ reward function among them, and the 7 timings); D the recorder's dispatches
 per step (the same for any M); A the appends' dispatches per step (m x K).
 """
 
-import functools
+import dataclasses
 import os
-import time
+import tempfile
 
 from absl import app
 from absl import flags
 import jax
-import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
 from maxtext.config import config_lib
-from maxtext.generation import decode_roofline
-from maxtext.runtime import mesh as mesh_lib
-from maxtext.engine import model_setup
 from maxtext.configs import grpo_tiny
-from maxtext.grpo import packed_batches
-from maxtext.grpo import rewards
-from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import step as step_lib
-from maxtext.grpo import prompts as prompts_lib
+from maxtext.generation import decode_roofline
 from maxtext.grpo import grpo_workload
-from maxtext.grpo import episode_rollout
-from maxtext.grpo import text_task
-from maxtext.metrics import recorder as metrics_recorder
+from maxtext.grpo import packed_batches
+from maxtext.grpo import rollout as rollout_lib
+from maxtext.listeners import interface
+from maxtext.model import transformer
+from maxtext.run import batch_source
+from maxtext.run import trainer
+from maxtext.runtime import mesh as mesh_lib
 from tools import command_line
 from tools.benchmarks import metric_ways
 
@@ -117,8 +117,9 @@ _PHASES = (
 _WAYS = ("baseline", "a/append", "c/engine")
 
 
-def _check(config) -> list:
-  """The config's checks before any device work; the reward functions."""
+def _check(config) -> None:
+  """The bench's own checks before any device work (the run checks the
+  config itself)."""
   if _STEPS.value < 1:
     raise ValueError(f"--steps={_STEPS.value}: must be >= 1")
   config_lib.validate(config)
@@ -128,75 +129,92 @@ def _check(config) -> list:
         f"grpo_num_iterations={config.grpo_num_iterations}: the bench times "
         "one update per rollout; give 1"
     )
-  if config.grpo_task and not config.grpo_reward_functions.strip():
-    return []
-  return rewards.load(config.grpo_reward_functions)
 
 
-def _records(task, count: int, step: int) -> list[dict]:
-  """A text task's `count` records of step `step`."""
-  return task.train_records(step, count)
+class _Records(interface.RunListener):
+  """Keeps a run's warm-up seconds and its steps' records."""
+
+  name = "grpo_bench"
+
+  def __init__(self):
+    self.warmup_time = 0.0
+    self.records: list[interface.StepRecord] = []
+
+  def on_run_start(self, start: interface.RunStart) -> None:
+    self.warmup_time = start.warmup_time
+
+  def on_step(self, record: interface.StepRecord) -> None:
+    self.records.append(record)
 
 
-def _prompts(task, count: int, step: int) -> list[list[int]]:
-  """The progression task's `count` prompts of step `step`."""
-  return task.train_prompts(step, count)
+class _WatchedSource(batch_source.BatchSource):
+  """The GRPO run's batch source, keeping each update's rollout."""
+
+  def __init__(self, source, rollouts: list):
+    self._source = source
+    self._rollouts = rollouts
+    self.draws_ahead = source.draws_ahead
+    self.reads_parameters = source.reads_parameters
+    self.updates_per_batch = source.updates_per_batch
+
+  def draw(self, step, policy):
+    return self._source.draw(step, policy)
+
+  def complete_record(self, step, record):
+    self._source.complete_record(step, record)
+    self._rollouts.append(self._source.rollout_for(step).rollout)
 
 
-def _grpo_step(config, functions):
-  """The GRPO run's step and engine (as `maxtext.grpo.grpo_workload` builds
-  them), without its run directory and outputs.
+class _WatchedGrpo(grpo_workload.GrpoWorkload):
+  """The GRPO workload, its rollouts kept (`rollouts`, one per update)."""
 
-  Returns:
-    (the `step.GrpoStep`, its engine).
-  """
-  engine, setup = grpo_workload.engine_factory(
+  def __init__(self):
+    super().__init__()
+    self.rollouts: list[rollout_lib.Rollout] = []
+
+  def batch_source(self, state):
+    return _WatchedSource(super().batch_source(state), self.rollouts)
+
+
+@dataclasses.dataclass
+class _Run:
+  """One benchmark run: its steps' records and rollouts."""
+
+  warmup_time: float
+  records: list[dict]  # Each step's reduced metrics.
+  rollouts: list[rollout_lib.Rollout]
+  step_time: float  # Mean seconds per step (the loop's step time).
+
+
+def _run(config, max_age: int, directory: str) -> _Run:
+  """Trains `--steps` GRPO steps with `grpo_max_age` = max_age through the
+  training loop, in a run directory under `directory`."""
+  config = config_lib.with_values(
       config,
-      mesh_lib.make_mesh(grpo_workload.GrpoWorkload().mesh_config(config)),
-  )
-  mesh = setup.mesh
-  frozen = ml_collections.FrozenConfigDict(config)
-  prompts = config.global_batch_size // config.grpo_num_generations
-  if config.grpo_task:
-    # Multi-turn (or text) episodes: the task's records, its environments.
-    episodes = text_task.episode_setup(config)
-    prompts_of = functools.partial(_records, episodes.task, prompts)
-    rollout_fn = functools.partial(episode_rollout.rollout, setup=episodes)
-  else:
-    episodes = None
-    prompts_of = functools.partial(
-        _prompts, prompts_lib.make_task(config), prompts
-    )
-    rollout_fn = rollout_lib.rollout
-  grpo = step_lib.GrpoStep(
-      engine,
-      frozen,
-      prompts_of,
-      grpo_workload.options_of_step(config, episodes),
-      functions,
-      num_micro_batches=config.gradient_accumulation_steps,
-      width=config.grpo_prompt_length + config.grpo_max_completion_length,
-      estimator=config.grpo_advantage_estimator,
-      advantage_eps=config.grpo_advantage_eps,
-      reference_params=(
-          model_setup.init_params(config, setup)
-          if config.grpo_beta > 0
-          else None
-      ),
-      mesh=mesh,
-      rollout_fn=rollout_fn,
-      packing=config.packing,
-      logprob_error_threshold=(
-          grpo_workload.loss_options(config).logprob_error_threshold
+      dict(
+          base_output_directory=directory,
+          run_name=f"grpo_bench_age{max_age}",
+          steps=_STEPS.value,
+          grpo_max_age=max_age,
+          enable_mllog=False,
+          checkpoint_period=0,
+          eval_interval=_STEPS.value,
       ),
   )
-  return grpo, engine
+  watch, workload = _Records(), _WatchedGrpo()
+  trainer.run(config, workload=workload, extra_listeners=[watch])
+  return _Run(
+      warmup_time=watch.warmup_time,
+      records=[dict(r.metrics) for r in watch.records],
+      rollouts=workload.rollouts,
+      step_time=float(np.mean([r.step_time for r in watch.records])),
+  )
 
 
 def _padding(rollout, k: int, shards: int) -> tuple[float, float]:
   """(padded, packed) padding fractions of a rollout's K micro-batches:
   one row per sequence, and first-fit packed rows (`packed_batches`, the
-  row count `GrpoStep` would use)."""
+  row count `RolloutBatches` uses)."""
   batches = rollout_lib.micro_batches(rollout, k)
   multiple = packed_batches.row_multiple(
       len(batches[0]["prompt_lengths"]), shards
@@ -206,30 +224,6 @@ def _padding(rollout, k: int, shards: int) -> tuple[float, float]:
       packed_batches.padding_fraction(batches),
       packed_batches.padding_fraction(batches, rows),
   )
-
-
-def _timed_steps(
-    grpo, engine, steps: int, k: int, shards: int
-) -> tuple[list[dict], list, list, float]:
-  """Runs `steps` synchronous steps (grpo_max_age 0) after the warm-up.
-
-  Returns:
-    (each step's record reduced, each step's rollout, each step's (padded,
-    packed) padding fractions, wall seconds per step: the steps' own time,
-    until the last update's parameters are ready).
-  """
-  records, rollouts, padding, wall = [], [], [], 0.0
-  for step in range(steps):
-    start = time.perf_counter()
-    result = grpo.run(step)
-    wall += time.perf_counter() - start
-    records.append(metrics_recorder.reduce_buffer(result.records[0]))
-    rollouts.append(result.rollout)
-    padding.append(_padding(result.rollout, k, shards))
-  start = time.perf_counter()
-  jax.block_until_ready(engine.params)
-  wall += time.perf_counter() - start
-  return records, rollouts, padding, wall / steps
 
 
 def _decode_lines(config, params, rollouts, generate_s: float) -> list[str]:
@@ -249,48 +243,11 @@ def _decode_lines(config, params, rollouts, generate_s: float) -> list[str]:
   return decode_roofline.report(step, jax.devices()[0].device_kind, generate_s)
 
 
-def _timed_steps_ahead(grpo, engine, first: int, steps: int):
-  """Runs steps first .. first + steps - 1 with each rollout drawn while
-  the update before runs (grpo_max_age 1: `GrpoStep.train_ahead`, the
-  training loop's order): the same rollouts and updates as `steps`
-  synchronous steps.
-
-  Returns:
-    (wall seconds per step, until the last update's parameters are ready;
-    the oldest trained sample's age in updates).
-  """
-  start = time.perf_counter()
-  prepared = grpo.prepare(first)
-  age = 0
-  for i in range(steps):
-    # The update about to run is the engine's step `engine.step`.
-    age = max(age, int(np.max(engine.step - prepared.versions)))
-    last = i + 1 == steps
-    _, prepared = grpo.train_ahead(prepared, None if last else first + i + 1)
-  jax.block_until_ready(engine.params)
-  return (time.perf_counter() - start) / steps, age
-
-
-def main(argv):
-  command_line.check(argv)
-  config = _CONFIG.value
-  with command_line.user_errors("grpo_bench"):
-    functions = _check(config)
-  grpo, engine = _grpo_step(config, functions)
-  k = config.gradient_accumulation_steps
-  warmup_s = grpo.warm_up(0)
-  shards = mesh_lib.make_mesh(
-      grpo_workload.GrpoWorkload().mesh_config(config)
-  ).devices.size
-  records, rollouts, padding, sync_s = _timed_steps(
-      grpo, engine, _STEPS.value, k, shards
-  )
-  generated = sum(int(r.completion_lengths.sum()) for r in rollouts)
-  trained = sum(r.tokens.size for r in rollouts)
-  ahead_s, age = _timed_steps_ahead(grpo, engine, _STEPS.value, _STEPS.value)
+def _print_phases(config, sync: _Run, k: int) -> dict[str, float]:
+  """The run's header and its phase table; returns each phase's mean."""
   # timing/tools is 0 without a task's environments.
   mean = {
-      name: float(np.mean([r.get(name, 0.0) for r in records]))
+      name: float(np.mean([r.get(name, 0.0) for r in sync.records]))
       for _, name in _PHASES
   }
   print(
@@ -298,7 +255,7 @@ def main(argv):
       f" prompts x {config.grpo_num_generations} completions of up to "
       f"{config.grpo_max_completion_length} tokens, K={k}, "
       f"beta={config.grpo_beta}, {_STEPS.value} steps after a "
-      f"{warmup_s:.1f} s warm-up; jax {jax.__version__} on "
+      f"{sync.warmup_time:.1f} s warm-up; jax {jax.__version__} on "
       f"{jax.devices()[0].platform} x {jax.device_count()}"
   )
   print(f"{'phase':<13} {'mean_s':>9} {'share':>7}")
@@ -307,29 +264,36 @@ def main(argv):
         f"{label:<13} {mean[name]:>9.4f} "
         f"{mean[name] / mean['timing/step']:>7.1%}"
     )
+  return mean
+
+
+def _print_tokens(config, sync: _Run, k: int, shards: int) -> None:
+  """Generated and trained tokens/s, the decode roofline, the padding."""
+  rollouts, records = sync.rollouts, sync.records
+  generated = sum(int(r.completion_lengths.sum()) for r in rollouts)
+  trained = sum(r.tokens.size for r in rollouts)
   generate_s = sum(r["timing/generate"] for r in records)
   update_s = sum(r["timing/update"] for r in records)
   print(f"generated tokens/s {generated / generate_s:.1f}")
   print(f"trained tokens/s {trained / update_s:.1f}")
-  for line in _decode_lines(config, engine.params, rollouts, generate_s):
+  # The weights' shapes: what a decode step reads of them.
+  params = transformer.abstract_params(config)
+  for line in _decode_lines(config, params, rollouts, generate_s):
     print(line)
-  padded, packed = np.mean(padding, axis=0)
+  padded, packed = np.mean([_padding(r, k, shards) for r in rollouts], axis=0)
   print(
       f"padding fraction: padded {padded:.4f} packed {packed:.4f} "
       f"(packing={config.packing})"
   )
 
-  print(
-      f"step by grpo_max_age: 0 {sync_s:.4f} s, 1 {ahead_s:.4f} s, "
-      f"speedup {sync_s / ahead_s:.3f} (age_max {age})"
-  )
 
+def _print_dispatches(config, k: int, metrics: int, rollout_share) -> None:
+  """The metrics' dispatches per step, and the closing line."""
   problem = metric_ways.grpo_problem(config)
   dispatches = metric_ways.dispatches_per_step(
       metric_ways.make_ways(problem, k, _WAYS), problem.batch
   )
   m = len(problem.names)
-  metrics = len(records[-1])
   recorder = dispatches["c/engine"] - dispatches["baseline"]
   appends = dispatches["a/append"] - dispatches["baseline"]
   print(
@@ -337,10 +301,37 @@ def main(argv):
       + ", ".join(f"{w} {dispatches[w]}" for w in _WAYS)
   )
   print(
-      f"grpo_bench: rollout_share="
-      f"{mean['timing/rollout'] / mean['timing/step']:.4f} "
+      f"grpo_bench: rollout_share={rollout_share:.4f} "
       f"metrics={metrics} recorder_dispatches={recorder} "
       f"append_dispatches={appends}"
+  )
+
+
+def main(argv):
+  command_line.check(argv)
+  config = _CONFIG.value
+  with command_line.user_errors("grpo_bench"):
+    _check(config)
+  k = config.gradient_accumulation_steps
+  shards = mesh_lib.make_mesh(
+      grpo_workload.GrpoWorkload().mesh_config(config)
+  ).devices.size
+  with tempfile.TemporaryDirectory(prefix="grpo_bench_") as directory:
+    sync = _run(config, 0, directory)
+    ahead = _run(config, 1, directory)
+  mean = _print_phases(config, sync, k)
+  _print_tokens(config, sync, k, shards)
+  age = int(max(r["rollout/age_max"] for r in ahead.records))
+  print(
+      f"step by grpo_max_age: 0 {sync.step_time:.4f} s, 1 "
+      f"{ahead.step_time:.4f} s, speedup "
+      f"{sync.step_time / ahead.step_time:.3f} (age_max {age})"
+  )
+  _print_dispatches(
+      config,
+      k,
+      len(sync.records[-1]),
+      mean["timing/rollout"] / mean["timing/step"],
   )
 
 

@@ -6,7 +6,7 @@ import os
 from absl.testing import absltest
 import jax.numpy as jnp
 
-from maxtext.grpo import reference_pin
+from maxtext.run import reference_pin
 
 
 def _params(value=0.5):

@@ -1,34 +1,30 @@
-"""One GRPO step on the training engine: rollout, then the policy updates.
+"""A GRPO rollout as micro-batches on the devices: `RolloutBatches`.
 
-A step draws its prompts, generates with the engine's current parameters
-(`rollout`), computes the frozen reference's log-probabilities when the KL
-term is on, and runs `num_iterations` passes over the rollout's K
-micro-batches: each pass is K `engine.fwd_bwd` calls and one
-`engine.update()`, so the engine's one packed flush carries every metric of
-the loss. The behaviour log-probabilities stay those of the parameters that
-generated, so later passes are off-policy by exactly the updates in between,
-which the clipped ratio bounds. A step consumes P x G samples whatever
-`num_iterations` is.
+`prepare` draws a rollout's prompts, generates with the parameters it is
+given (`rollout`), computes the frozen reference's log-probabilities when
+the KL term is on, and cuts the K micro-batches the loss
+(`train_loss.loss_fn`) reads; `complete` puts the rollout's host values into
+the flushed record of an update that trained on them. The training loop
+(`maxtext/run/trainer.py`) dispatches the micro-batches: the GRPO workload's
+batch source (`rollout_source.RolloutSource`) says which rollout feeds which
+update and when it is drawn. Each of `grpo_num_iterations` updates over one
+rollout is K `engine.fwd_bwd` calls and one `engine.update()`, so the
+engine's one packed flush carries every metric of the loss. The behaviour
+log-probabilities stay those of the parameters that generated, so later
+passes are off-policy by exactly the updates in between, which the clipped
+ratio bounds.
 
-The training loop (`maxtext/run/trainer.py`, through the GRPO workload) calls
-`prepare` for a step's micro-batches, dispatches them itself and lets
-`finish` complete the step's record; `rollout`, `train` and `run` do the
-same for callers without the loop (the benchmark, tests).
-
-Rollouts drawn ahead (grpo_max_age = 1; docs/grpo.md): the loop dispatches
-update t's micro-batches but its last, then draws rollout t + 1 with the
-parameters they read, then dispatches the last micro-batch, which takes
-update t (`train_ahead` is the same order without the loop). Every sample
-keeps the version of the parameters that drew it (`Prepared.versions`: the
-engine's step counter then), and the records give
-the trained samples' ages in updates (`rollout/age_max`,
-`rollout/age_mean`). The behaviour log-probabilities are the decoder's at
-generation, so the importance ratio of an update compares the trained
-parameters with the older ones that drew its samples.
+Every sample keeps the version of the parameters that drew it
+(`Prepared.versions`: the updates they had taken), and with `record_age`
+(rollouts drawn ahead, grpo_max_age = 1; docs/grpo.md) the records give the
+trained samples' ages in updates (`rollout/age_max`, `rollout/age_mean`).
+The behaviour log-probabilities are the decoder's at generation, so the
+importance ratio of an update compares the trained parameters with the
+older ones that drew its samples.
 
 Each value stays where it is made. The rollout's statistics (rewards,
 lengths, advantages: `rollout.rollout_stats`) are host values and go
-straight into the record (`finish`), never through the devices. The
+straight into the record (`complete`), never through the devices. The
 reference's log-probabilities stay on the devices: one program computes
 them over the placed rollout and cuts it into the K micro-batches the loss
 reads.
@@ -47,15 +43,16 @@ times has come back to the host, so no synchronisation is added for them):
                         generation (the decoder's log-softmax of each drawn
                         id), so no separate pass computes them; their cost is
                         inside timing/generate, whatever num_iterations is.
-  timing/update         from the rollout's micro-batches being ready to the
-                        engine's one metrics flush, which waits for every
-                        micro-batch, the last of which also takes the
-                        optimizer step (the update's metrics come out of
-                        the same program), so the update is complete (with
-                        a rollout drawn ahead, the next rollout's drawing
-                        falls inside it; with a log-prob-error threshold,
-                        the gate's forward pass over the micro-batches,
-                        `logprob_gate`, too).
+  timing/update         from the update's micro-batches being ready (drawn
+                        ahead: from its micro-batches but the last being
+                        dispatched) to the engine's one metrics flush, which
+                        waits for every micro-batch, the last of which also
+                        takes the optimizer step (the update's metrics come
+                        out of the same program), so the update is complete
+                        (with a rollout drawn ahead, the next rollout's
+                        drawing falls inside it; with a log-prob-error
+                        threshold, the gate's forward pass over the
+                        micro-batches, `logprob_gate`, too).
   timing/step           the record's whole step: from the rollout's start to
                         the update's flush for the first pass over a rollout,
                         the update alone for the later passes
@@ -63,8 +60,6 @@ times has come back to the host, so no synchronisation is added for them):
                         rollout's statistics and timings, and for a rollout
                         drawn ahead, whose time overlapped the update
                         before.
-
-`warm_up` compiles every program of a step before a run's timed region.
 """
 
 import dataclasses
@@ -87,6 +82,7 @@ from maxtext.grpo import rewards as rewards_lib
 from maxtext.grpo import rollout as rollout_lib
 from maxtext.grpo import train_loss
 from maxtext.metrics import buffer
+from maxtext.run import batch_source
 from maxtext.generation import sampling
 from maxtext.model import model_config as model_config_lib
 
@@ -200,21 +196,8 @@ def _placeholder_reward(prompt, completion, **fields) -> float:
 
 
 @dataclasses.dataclass
-class StepResult:
-  """What one GRPO step did.
-
-  Attributes:
-    rollout: its rollout.
-    records: one flushed MetricsBuffer per pass (num_iterations of them).
-  """
-
-  rollout: rollout_lib.Rollout
-  records: list[buffer.MetricsBuffer]
-
-
-@dataclasses.dataclass
 class Prepared:
-  """A rollout ready to train: what `GrpoStep.prepare` makes.
+  """A rollout ready to train: what `RolloutBatches.prepare` makes.
 
   Attributes:
     rollout: the rollout (host arrays).
@@ -223,8 +206,8 @@ class Prepared:
     values: its host statistics and phase timings, for each record of the
       updates it feeds.
     versions: int64 [N]: per sample, the updates the parameters that drew
-      it had taken (the engine's step counter at generation); a sample's
-      age in an update is that update's index minus its version.
+      it had taken (`Policy.version` at generation); a sample's age in an
+      update is that update's index minus its version.
     start: perf_counter() at the rollout's start while its first update's
       timing/step is still to count it; None once counted, and for a
       rollout drawn while the previous update ran (`prepare(ahead=True)`),
@@ -238,17 +221,18 @@ class Prepared:
   start: Optional[float]
 
 
-class GrpoStep:
-  """Runs GRPO steps on an engine whose loss is `train_loss.loss_fn`.
+class RolloutBatches:
+  """Makes GRPO rollouts into micro-batches for an engine whose loss is
+  `train_loss.loss_fn`.
 
   Args:
-    engine: the training engine (its params are generated with in place).
+    engine: the training engine; the log-prob-error gate reads its
+      parameters when an update first reads a rollout's micro-batches.
     model_config: the model's config, frozen.
     prompts_of_step: step -> the step's P prompts.
     options_of_step: step -> the rollout's SamplingOptions (num_samples = G).
     reward_functions: from `rewards.load`.
     num_micro_batches: K (the engine's gradient_accumulation_steps).
-    num_iterations: passes over each rollout.
     estimator: the advantage estimator.
     advantage_eps: the "grpo" estimator's eps.
     width: the rollout's token columns (fixed, so programs compile once).
@@ -283,7 +267,6 @@ class GrpoStep:
       reward_functions: Sequence[rewards_lib.RewardFunction],
       *,
       num_micro_batches: int,
-      num_iterations: int = 1,
       estimator: str = "grpo",
       advantage_eps: float = 1e-4,
       width: int,
@@ -299,8 +282,6 @@ class GrpoStep:
       generation: Optional[generation_mesh.GenerationMesh] = None,
       logprob_error_threshold: Optional[float] = None,
   ):
-    if num_iterations < 1:
-      raise ValueError(f"num_iterations={num_iterations}: must be >= 1")
     self._engine = engine
     # Only the model's fields: the reference's program and the decoder's
     # compile once per model, whatever the run's other fields.
@@ -310,7 +291,6 @@ class GrpoStep:
     self._options_of_step = options_of_step
     self._rewards = list(reward_functions)
     self._k = num_micro_batches
-    self._iterations = num_iterations
     self._estimator = estimator
     self._eps = advantage_eps
     self._width = width
@@ -321,9 +301,6 @@ class GrpoStep:
       self._with_reference = _reference_program(
           num_micro_batches, model_config, mesh, packing
       )
-    # The rollout the updates of `train` and `finish` take by default: the
-    # newest of `rollout`.
-    self._current: Optional[Prepared] = None
     self._overlong_filtering = overlong_filtering
     self._rollout_fn = rollout_fn
     self._paged = paged
@@ -335,35 +312,30 @@ class GrpoStep:
         else logprob_gate.Gate(logprob_error_threshold, model_config, mesh)
     )
 
-  def rollout(
-      self,
-      step: int,
-      reward_functions: Optional[Sequence[rewards_lib.RewardFunction]] = None,
-  ) -> tuple[rollout_lib.Rollout, list[dict]]:
-    """Step `step`'s rollout and its K micro-batches on the devices, drawn
-    with the engine's current parameters; the rollout the next updates
-    (`train`, `finish`) take. Its statistics and timings wait for `finish`.
-
-    Args:
-      step: the step (its prompts and its draws).
-      reward_functions: instead of the step's own (the warm-up's).
-    """
-    self._current = self.prepare(step, reward_functions)
-    return self._current.rollout, self._current.batches
+  def placeholder_rewards(self) -> list[rewards_lib.RewardFunction]:
+    """The warm-up's reward functions: the names and weights of the run's,
+    each scoring 0, so the metric set is the real one and no user code runs
+    before the run starts."""
+    return [
+        rewards_lib.RewardFunction(f.name, _placeholder_reward, f.weight)
+        for f in self._rewards
+    ]
 
   def prepare(
       self,
       step: int,
+      policy: batch_source.Policy,
       reward_functions: Optional[Sequence[rewards_lib.RewardFunction]] = None,
       *,
       restored: Optional[tuple[rollout_lib.Rollout, np.ndarray]] = None,
       ahead: bool = False,
   ) -> Prepared:
-    """Rollout `step` drawn with the engine's current parameters, as
-    micro-batches on the devices; the step's state is left as it was.
+    """Rollout `step` drawn with `policy`'s parameters, as micro-batches on
+    the devices.
 
     Args:
       step: the rollout (its prompts and its draws).
+      policy: the parameters to generate with, and their version.
       reward_functions: instead of the step's own (the warm-up's).
       restored: (rollout, versions) drawn earlier (a checkpoint's pending
         rollout): only its micro-batches are made again.
@@ -374,7 +346,7 @@ class GrpoStep:
     options = self._options_of_step(step)
     if restored is None:
       result, versions, copy_values = self._draw(
-          step, options, reward_functions
+          step, policy, options, reward_functions
       )
     else:
       (result, versions), copy_values = restored, {}
@@ -407,12 +379,12 @@ class GrpoStep:
         start=None if ahead else start,
     )
 
-  def _draw(self, step, options, reward_functions):
+  def _draw(self, step, policy, options, reward_functions):
     """(the rollout, its versions, the weight copy's values) of `step`,
-    drawn with the engine's current parameters (on the generation devices'
-    copy of them when they are separate)."""
-    version = self._engine.step
-    params, mesh = self._engine.params, self._mesh
+    drawn with `policy`'s parameters (on the generation devices' copy of
+    them when they are separate)."""
+    version = policy.version
+    params, mesh = policy.params, self._mesh
     copy_values = {}
     if self._generation is not None:
       params, seconds = self._generation.copy(params)
@@ -509,11 +481,11 @@ class GrpoStep:
 
     return jax.tree_util.tree_map(place, batch)
 
-  def finish(
+  def complete(
       self,
       record: buffer.MetricsBuffer,
       update_start: float,
-      prepared: Optional[Prepared] = None,
+      prepared: Prepared,
       step: Optional[int] = None,
   ) -> None:
     """Completes an update's flushed record on the host: its rollout's
@@ -525,12 +497,10 @@ class GrpoStep:
       record: the update's flushed record (`Engine.update`'s).
       update_start: perf_counter() when the update's micro-batches were
         ready to dispatch.
-      prepared: the rollout the update trained on; None = the newest of
-        `rollout`.
+      prepared: the rollout the update trained on.
       step: the update's index (for the ages); None = the record's step.
     """
     end = time.perf_counter()
-    prepared = self._current if prepared is None else prepared
     began = update_start if prepared.start is None else prepared.start
     prepared.start = None  # Later updates of the rollout time themselves.
     values = dict(
@@ -550,90 +520,3 @@ class GrpoStep:
             if name in record.scalar_metrics
         }
     )
-
-  def train(self, batches: list[dict]) -> buffer.MetricsBuffer:
-    """One pass over a rollout's micro-batches: K fwd_bwd, one update.
-
-    Returns:
-      The flushed record, completed by `finish`.
-    """
-    start = time.perf_counter()
-    for micro_batch in batches:
-      self._engine.fwd_bwd(micro_batch)
-    record = self._engine.update(release=True)
-    # update() returned after its flush fetched the metrics: the K
-    # micro-batches' work, the optimizer step included, is done.
-    self.finish(record, start)
-    return record
-
-  def train_ahead(
-      self, prepared: Prepared, next_step: Optional[int]
-  ) -> tuple[buffer.MetricsBuffer, Optional[Prepared]]:
-    """One update on `prepared` with rollout `next_step` drawn meanwhile.
-
-    The training loop's order for grpo_max_age = 1 (the GRPO workload's
-    read-ahead): the first K - 1 micro-batches are dispatched, rollout
-    `next_step` is drawn with the parameters they read (the last
-    micro-batch, which takes the update, is not yet dispatched, so those
-    parameters are neither changed nor donated, and no copy of them is
-    made), then the last micro-batch is dispatched and the update flushes.
-
-    Args:
-      prepared: the rollout this update trains on.
-      next_step: the rollout to draw ahead, or None (none is left).
-
-    Returns:
-      (the update's flushed record, completed by `finish`; rollout
-      `next_step`, or None).
-    """
-    start = time.perf_counter()
-    *head, last = prepared.batches
-    for micro_batch in head:
-      self._engine.fwd_bwd(micro_batch)
-    ahead = None if next_step is None else self.prepare(next_step, ahead=True)
-    self._engine.fwd_bwd(last)
-    record = self._engine.update(release=True)
-    self.finish(record, start, prepared)
-    return record, ahead
-
-  def run(self, step: int) -> StepResult:
-    """Runs GRPO step `step` (a rollout and num_iterations updates)."""
-    result, batches = self.rollout(step)
-    records = [self.train(batches) for _ in range(self._iterations)]
-    return StepResult(result, records)
-
-  def warm_up(self, step: int) -> float:
-    """Compiles every program of step `step` without taking it.
-
-    Runs the step's rollout (its prompts and sampling: the decoder's
-    programs of the rollout's shapes), the reference's scoring when there
-    is a reference, and one pass of K fwd_bwd calls with a discarded update
-    (`Engine.fwd_bwd(..., discard=True)`, as the pretraining warm-up,
-    `maxtext/run/warmup.py`), so that the first real step compiles nothing. The
-    reward functions are not called (a placeholder of the same names
-    scores 0, so the metric set is the real one); parameters, optimizer
-    state, step counter and recorder end as they were.
-
-    Returns:
-      The seconds it took, device work included.
-    """
-    start = time.perf_counter()
-    engine = self._engine
-    counter = engine.step
-    placeholders = [
-        rewards_lib.RewardFunction(f.name, _placeholder_reward, f.weight)
-        for f in self._rewards
-    ]
-    batches = self.prepare(step, placeholders).batches
-    for micro_batch in batches:
-      engine.fwd_bwd(micro_batch, discard=True)
-    engine.update(release=True)
-    jax.block_until_ready((engine.params, engine.opt_state))
-    engine.set_state(
-        {
-            "params": engine.params,
-            "opt_state": engine.opt_state,
-            "step": counter,
-        }
-    )
-    return time.perf_counter() - start

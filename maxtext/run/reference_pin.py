@@ -1,6 +1,7 @@
-"""The KL reference a GRPO run pinned, and the resume that would change it.
+"""The frozen reference a run pinned, and the resume that would change it.
 
-With `grpo_beta` > 0 the frozen reference policy is the checkpoint that
+A frozen reference policy (`frozen_reference`; GRPO's KL reference with
+`grpo_beta` > 0) is the checkpoint that
 `load_parameters_path` resolves to, read again at every start: the newest
 step of a checkpoint directory. If that directory gains a checkpoint (its
 pretraining run went on), a resumed run would silently regularise towards
