@@ -1,0 +1,293 @@
+"""The ray executor: episodes' environments on a pool of Ray actors.
+
+`RayExecutor(settings)` (config `grpo_tool_executor="ray"`) connects to the
+Ray cluster at `grpo_ray_address` ("" starts a Ray instance on this host) on
+its first use and starts `grpo_ray_actors` actors, each a process that
+holds one CPU of the cluster and runs one call at a time. Each episode is
+opened on one actor (round robin over the step's episodes) and every later
+call of that episode, its tools and its verifier, goes to the same actor:
+the environment object and its sandbox's scratch directory live in that
+process, on that node, for the whole episode. (Moving the files with each
+call instead would copy an episode's whole scratch, up to its size limit,
+twice per call, and lose the environment's own state between calls.)
+
+Calls of different actors are in flight at once: a step's rollout takes
+about the pool's share of the tools' time, not their sum. Each actor has at
+most one call in flight, and every call has a deadline,
+`grpo_ray_call_timeout_seconds` from its submission; the driver waits on
+nothing without one, so a rollout never hangs on the pool.
+
+Faults end the episode, not the run (`executor.Fault`, the runner's
+`Episode.executor_error`): an actor that dies (its process, or its node
+leaving the cluster) fails the call in flight; a call past its deadline
+fails, and its actor is killed, since it may be stuck; Ray restarts a
+dead or killed actor (on any node with a free CPU), and the episodes it
+held find their environments gone (their files were on it), so their next
+call fails too. Opening an episode is the only call retried, once, on the
+next actor: it changes nothing until it succeeds, and without its first
+messages the episode has no prompt; an episode that cannot be opened twice
+raises `executor.ExecutorError`. An exception the environment itself
+raises is a bug: it propagates with its remote traceback, as from the
+local executor.
+
+The actors make their environments with the same code as the local
+executor, so tools run in the same bubblewrap sandbox on the actor's node
+(`sandbox.py`: no network, a clean environment, a user that owns nothing,
+the same limits): the policy's commands reach neither the cluster's ports
+nor its credentials. With `check_sandbox` each actor refuses to start, in
+one line, where bubblewrap cannot run.
+"""
+
+import collections
+import os
+import socket
+import time
+from typing import Any, Callable, Optional
+import uuid
+
+# pylint: disable-next=import-error  # In the @pypi_ray lock, not lint's.
+import ray
+
+from maxtext.env import executor as executor_lib
+from maxtext.env import sandbox
+
+_LOST = "its environment is gone: the actor that held it was restarted"
+
+
+class _Host:
+  """One actor of the pool: the environments of the episodes it holds,
+  keyed by (batch, episode)."""
+
+  def __init__(self, check_sandbox: bool):
+    self._envs = {}
+    self._problem = ""
+    if check_sandbox:
+      try:
+        sandbox.check_available()
+      except sandbox.SandboxUnavailable as e:
+        self._problem = str(e)
+
+  def ready(self) -> tuple[str, int, str]:
+    """(its node's host name, its process id, why it cannot run tools or
+    "")."""
+    return socket.gethostname(), os.getpid(), self._problem
+
+  def open(self, key, make_environment, task, seconds: float):
+    env = make_environment(task)
+    try:
+      env.deadline = time.monotonic() + seconds
+      started = executor_lib.Started(env.kind, env.tools, env.start())
+    except BaseException:
+      env.close()
+      raise
+    self._envs[key] = env
+    return started
+
+  def step(self, key, text: str):
+    env = self._envs.get(key)
+    return executor_lib.Fault(_LOST) if env is None else env.step(text)
+
+  def reward(self, key, timed_out: bool):
+    env = self._envs.get(key)
+    if env is None:
+      return executor_lib.Fault(_LOST)
+    return env.timed_out_reward() if timed_out else env.reward()
+
+  def close(self, keys) -> None:
+    for key in keys:
+      env = self._envs.pop(key, None)
+      if env is not None:
+        env.close()
+
+
+# A call: (the actor's index, what to submit to it).
+_Submit = Callable[[Any], "ray.ObjectRef"]
+
+
+class RayExecutor(executor_lib.Executor):
+  """A pool of Ray actors holding episodes' environments (module doc).
+
+  Attributes:
+    where: per actor, (host name, process id) when the pool started.
+  """
+
+  def __init__(self, settings: executor_lib.Settings):
+    self._settings = settings
+    self._actors: list[Any] = []
+    self.where: list[tuple[str, int]] = []
+
+  def _pool(self) -> list[Any]:
+    """The actors, started (and Ray connected) on first use.
+
+    Raises:
+      ExecutorError: one line naming the field: Ray cannot be reached,
+        the actors did not start within the call deadline, or an actor's
+        node cannot run the sandbox.
+    """
+    if self._actors:
+      return self._actors
+    s = self._settings
+    if not ray.is_initialized():
+      try:
+        if s.address:
+          ray.init(address=s.address, log_to_driver=False)
+        else:
+          ray.init(
+              num_cpus=s.actors, include_dashboard=False, log_to_driver=False
+          )
+      except (ConnectionError, RuntimeError, ValueError) as e:
+        raise executor_lib.ExecutorError(
+            f"config.grpo_ray_address={s.address!r}: Ray cannot be "
+            f"reached: {e}"
+        ) from None
+    host = ray.remote(_Host).options(
+        num_cpus=1, max_restarts=-1, max_task_retries=0, max_concurrency=1
+    )
+    actors = [host.remote(s.check_sandbox) for _ in range(s.actors)]
+    refs = [a.ready.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=s.call_seconds)
+    if len(ready) < len(refs):
+      for a in actors:
+        ray.kill(a, no_restart=True)
+      raise executor_lib.ExecutorError(
+          f"config.grpo_ray_actors={s.actors}: {len(ready)} actors started "
+          f"within {s.call_seconds:g} s (grpo_ray_call_timeout_seconds); "
+          f"the cluster has {ray.cluster_resources().get('CPU', 0):g} CPUs"
+      )
+    for name, pid, problem in ray.get(refs):
+      if problem:
+        for a in actors:
+          ray.kill(a, no_restart=True)
+        raise executor_lib.ExecutorError(
+            f"config.grpo_tool_executor='ray': the actor on {name}: {problem}"
+        )
+      self.where.append((name, pid))
+    self._actors = actors
+    return actors
+
+  def open(self, make_environment, tasks, episode_seconds, clock):
+    actors = self._pool()
+    return _RayBatch(
+        self, actors, make_environment, tasks, episode_seconds, clock
+    )
+
+  def calls(self, calls: dict[int, tuple[int, _Submit]]) -> dict[int, Any]:
+    """Runs `calls` (episode -> (actor index, submit)), one in flight per
+    actor, each within the call deadline: episode -> its value or a Fault.
+    An actor whose call passed its deadline is killed (Ray restarts it).
+
+    Raises:
+      ray.exceptions.RayTaskError: the environment itself raised.
+    """
+    queues = collections.defaultdict(collections.deque)
+    for i, (actor, submit) in calls.items():
+      queues[actor].append((i, submit))
+    inflight, out = {}, {}
+    while queues or inflight:
+      busy = {actor for _, actor, _ in inflight.values()}
+      for actor in [a for a in queues if a not in busy]:
+        i, submit = queues[actor].popleft()
+        if not queues[actor]:
+          del queues[actor]
+        deadline = time.monotonic() + self._settings.call_seconds
+        inflight[submit(self._actors[actor])] = (i, actor, deadline)
+      first = min(deadline for _, _, deadline in inflight.values())
+      ready, _ = ray.wait(
+          list(inflight),
+          num_returns=1,
+          timeout=max(0.0, first - time.monotonic()),
+      )
+      for ref in ready:
+        i, _, _ = inflight.pop(ref)
+        out[i] = _value(ref)
+      now = time.monotonic()
+      for ref, (i, actor, deadline) in list(inflight.items()):
+        if deadline <= now:
+          del inflight[ref]
+          out[i] = executor_lib.Fault(
+              f"no answer within {self._settings.call_seconds:g} s "
+              "(grpo_ray_call_timeout_seconds): its actor was restarted"
+          )
+          ray.kill(self._actors[actor], no_restart=False)
+    return out
+
+  def close(self) -> None:
+    """Ends the pool's actors (Ray is left running)."""
+    for a in self._actors:
+      ray.kill(a, no_restart=True)
+    self._actors, self.where = [], []
+
+
+def _value(ref) -> Any:
+  """A finished call's value, or a Fault when its actor failed it."""
+  try:
+    return ray.get(ref)
+  except ray.exceptions.RayTaskError:
+    raise  # The environment's own exception, with its remote traceback.
+  except ray.exceptions.RayError as e:
+    lines = str(e).strip().splitlines()
+    return executor_lib.Fault(
+        f"{type(e).__name__}: {lines[0] if lines else 'the call failed'}"
+    )
+
+
+class _RayBatch(executor_lib.Batch):
+  """One run's episodes on the pool: episode i lives on `home[i]`."""
+
+  def __init__(
+      self, pool, actors, make_environment, tasks, episode_seconds, clock
+  ):
+    self._pool = pool
+    self._actors = actors
+    self._batch = uuid.uuid4().hex
+    self.opened_at = [clock()] * len(tasks)
+    maker = ray.put(make_environment)
+    n = len(actors)
+    self.home: list[Optional[int]] = [None] * len(tasks)
+
+    def opener(i):
+      return lambda a: a.open.remote(
+          (self._batch, i), maker, tasks[i], episode_seconds
+      )
+
+    started = pool.calls({i: (i % n, opener(i)) for i in range(len(tasks))})
+    failed = [i for i, s in started.items() if _fault(s)]
+    retried = pool.calls({i: ((i + 1) % n, opener(i)) for i in failed})
+    for i in range(len(tasks)):
+      self.home[i] = (i + 1) % n if i in retried else i % n
+    started.update(retried)
+    for i, s in started.items():
+      if _fault(s):
+        self.close()
+        raise executor_lib.ExecutorError(
+            f"config.grpo_tool_executor='ray': episode {i}'s environment "
+            f"could not be opened, twice: {s.reason}"
+        )
+    self.started = [started[i] for i in range(len(tasks))]
+
+  def _calls(self, method: str, arguments: dict[int, Any]):
+    def submit(i, argument):
+      return lambda a: getattr(a, method).remote((self._batch, i), argument)
+
+    return self._pool.calls(
+        {i: (self.home[i], submit(i, x)) for i, x in arguments.items()}
+    )
+
+  def step(self, turns):
+    return self._calls("step", turns)
+
+  def rewards(self, timed_out):
+    return self._calls("reward", timed_out)
+
+  def close(self):
+    keys = collections.defaultdict(list)
+    for i, actor in enumerate(self.home):
+      if actor is not None:
+        keys[actor].append((self._batch, i))
+    for actor, held in keys.items():
+      # Not waited for: a dead actor held nothing any more.
+      self._actors[actor].close.remote(held)
+
+
+def _fault(value) -> bool:
+  return isinstance(value, executor_lib.Fault)
