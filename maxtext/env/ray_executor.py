@@ -42,7 +42,7 @@ import collections
 import os
 import socket
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 import uuid
 
 # pylint: disable-next=import-error  # In the @pypi_ray lock, not lint's.
@@ -60,6 +60,8 @@ class _Host:
 
   def __init__(self, check_sandbox: bool):
     self._envs = {}
+    # The last batch's make_environment: (its object's id, the function).
+    self._maker = ("", None)
     self._problem = ""
     if check_sandbox:
       try:
@@ -72,8 +74,15 @@ class _Host:
     "")."""
     return socket.gethostname(), os.getpid(), self._problem
 
-  def open(self, key, make_environment, task, seconds: float):
-    env = make_environment(task)
+  def open(self, key, maker: list, task, seconds: float):
+    """Makes and starts episode `key`'s environment; `maker` holds the
+    object of the batch's make_environment (in a list, so Ray hands over
+    the reference and the function is read once per actor and batch, not
+    once per episode: it holds the task, e.g. a whole curriculum)."""
+    (ref,) = maker
+    if self._maker[0] != ref.hex():
+      self._maker = (ref.hex(), ray.get(ref))
+    env = self._maker[1](task)
     try:
       env.deadline = time.monotonic() + seconds
       started = executor_lib.Started(env.kind, env.tools, env.start())
@@ -243,22 +252,28 @@ class _RayBatch(executor_lib.Batch):
     self.opened_at = [clock()] * len(tasks)
     maker = ray.put(make_environment)
     n = len(actors)
-    self.home: list[Optional[int]] = [None] * len(tasks)
+    # Episode i's actor: i % n, or the next one where its opening failed.
+    self.home: list[int] = []
 
     def opener(i):
       return lambda a: a.open.remote(
-          (self._batch, i), maker, tasks[i], episode_seconds
+          (self._batch, i), [maker], tasks[i], episode_seconds
       )
 
-    started = pool.calls({i: (i % n, opener(i)) for i in range(len(tasks))})
-    failed = [i for i, s in started.items() if _fault(s)]
-    retried = pool.calls({i: ((i + 1) % n, opener(i)) for i in failed})
-    for i in range(len(tasks)):
-      self.home[i] = (i + 1) % n if i in retried else i % n
-    started.update(retried)
+    try:
+      started = pool.calls({i: (i % n, opener(i)) for i in range(len(tasks))})
+      failed = [i for i, s in started.items() if _fault(s)]
+      started.update(pool.calls({i: ((i + 1) % n, opener(i)) for i in failed}))
+    except BaseException:
+      self.home = [i % n for i in range(len(tasks))]
+      self._close_everywhere()
+      raise
+    self.home = [
+        (i + 1) % n if i in failed else i % n for i in range(len(tasks))
+    ]
     for i, s in started.items():
       if _fault(s):
-        self.close()
+        self._close_everywhere()
         raise executor_lib.ExecutorError(
             f"config.grpo_tool_executor='ray': episode {i}'s environment "
             f"could not be opened, twice: {s.reason}"
@@ -282,11 +297,17 @@ class _RayBatch(executor_lib.Batch):
   def close(self):
     keys = collections.defaultdict(list)
     for i, actor in enumerate(self.home):
-      if actor is not None:
-        keys[actor].append((self._batch, i))
+      keys[actor].append((self._batch, i))
     for actor, held in keys.items():
       # Not waited for: a dead actor held nothing any more.
       self._actors[actor].close.remote(held)
+
+  def _close_everywhere(self) -> None:
+    """Frees the batch's environments on every actor (an opening that
+    failed may have left some on either of its two actors)."""
+    keys = [(self._batch, i) for i in range(len(self.home))]
+    for actor in self._actors:
+      actor.close.remote(keys)
 
 
 def _fault(value) -> bool:

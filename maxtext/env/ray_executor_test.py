@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import tempfile
+import time
 
 from absl.testing import absltest
 
@@ -237,6 +238,19 @@ class RayExecutorTest(absltest.TestCase):
       # Each answer is its own episode's, from the one actor.
       self.assertIn(f"I am {name} in process {pool.where[0][1]}", said)
       self.assertEqual(said.count("I am episode-"), 1)
+
+  def test_an_opening_on_a_dead_actor_is_retried_on_the_next(self):
+    pool = self._pool(2)
+    pool.open(Probe, [], 60.0, time.monotonic).close()  # Starts the actors.
+    # Actor 0 is gone for good (its node left, none to restart it on).
+    ray.kill(pool._actors[0], no_restart=True)  # pylint: disable=protected-access
+    names = [f"episode-{k}." for k in range(3)]
+    scripts = {n: [call("whoami"), call("submit")] for n in names}
+    played = self._run([{"prompt": n} for n in names], Probe, scripts, pool)
+    for name, e in zip(names, played):
+      self.assertTrue(e.done and not e.executor_error)
+      said = self.chat.tokenizer.decode(e.ids, skip_special_tokens=False)
+      self.assertIn(f"I am {name} in process {pool.where[1][1]}", said)
 
   def test_a_pool_the_cluster_cannot_hold_is_refused_in_one_line(self):
     pool = self._pool(9, call_seconds=3.0)
