@@ -42,6 +42,8 @@ def setUpModule():
       num_cpus=5,
       include_dashboard=False,
       log_to_driver=False,
+      # Nothing large travels: Ray's least object store.
+      object_store_memory=80 << 20,
       _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
   )
 

@@ -154,6 +154,8 @@ def main(argv):
       num_cpus=max(sizes),
       include_dashboard=False,
       log_to_driver=False,
+      # Nothing large travels: Ray's least object store.
+      object_store_memory=80 << 20,
       _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
   )
   try:
