@@ -11,8 +11,8 @@ from maxtext.env import executor
 
 RAY_INSTALL = (
     "pip install --require-hashes --no-deps -r "
-    "third_party/py/requirements_ray_lock.txt, or under Bazel a binary that "
-    "depends on //maxtext/env:ray_executor"
+    "third_party/py/requirements_ray_lock.txt; under Bazel, run "
+    "//maxtext:grpo_ray_main"
 )
 
 
