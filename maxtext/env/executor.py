@@ -17,7 +17,7 @@ land on another episode, whatever order the calls end in.
 
 `LocalExecutor` (config `grpo_tool_executor="local"`, the default) keeps the
 environments in this process and calls them one after another, in the
-episodes' order: today's single-host behaviour. `ray_executor.RayExecutor`
+episodes' order, on process 0's host alone. `ray_executor.RayExecutor`
 (`"ray"`) keeps them on a pool of Ray actors and has many episodes' calls in
 flight at once. Only a remote executor returns a `Fault`: the call did not
 end with an answer (its actor died or was lost with its node, or it did
@@ -63,8 +63,8 @@ class Fault:
 
 
 class ExecutorError(RuntimeError):
-  """An executor cannot go on at all (one line): no episode could be
-  opened, or the pool cannot be reached."""
+  """An executor cannot go on at all (one line): an episode could not be
+  opened, or the pool cannot start."""
 
 
 class Batch(abc.ABC):
