@@ -40,7 +40,9 @@ one line, where bubblewrap cannot run.
 
 import collections
 import os
+import shutil
 import socket
+import tempfile
 import time
 from typing import Any, Callable
 import uuid
@@ -56,12 +58,25 @@ _LOST = "its environment is gone: the actor that held it was restarted"
 
 class _Host:
   """One actor of the pool: the environments of the episodes it holds,
-  keyed by (batch, episode)."""
+  keyed by (batch, episode).
 
-  def __init__(self, check_sandbox: bool):
+  Its sandboxes' scratch directories are made under a directory of its
+  own, named by its pool and place in it (`name`), where the sandbox makes
+  them on its node (`sandbox.scratch_parent`): emptied when the actor
+  starts, so a restarted actor removes what the episodes of the process it
+  replaces left there, and removed by `shutdown`.
+  """
+
+  def __init__(self, check_sandbox: bool, name: str):
     self._envs = {}
     # The last batch's make_environment: (its object's id, the function).
     self._maker = ("", None)
+    self._root = os.path.join(sandbox.scratch_parent(), name)
+    shutil.rmtree(self._root, ignore_errors=True)
+    os.makedirs(self._root)
+    # Searchable by the sandbox's user, like the temporary directory.
+    os.chmod(self._root, 0o755)
+    tempfile.tempdir = self._root
     self._problem = ""
     if check_sandbox:
       try:
@@ -108,6 +123,11 @@ class _Host:
       if env is not None:
         env.close()
 
+  def shutdown(self) -> None:
+    """Frees every environment and removes the actor's directory."""
+    self.close(list(self._envs))
+    shutil.rmtree(self._root, ignore_errors=True)
+
 
 # A call: (the actor's index, what to submit to it).
 _Submit = Callable[[Any], "ray.ObjectRef"]
@@ -117,11 +137,15 @@ class RayExecutor(executor_lib.Executor):
   """A pool of Ray actors holding episodes' environments (module doc).
 
   Attributes:
+    settings: the executor's settings.
+    name: the pool's name (its actors' directories are `<name>_<k>`), set
+      when it starts.
     where: per actor, (host name, process id) when the pool started.
   """
 
   def __init__(self, settings: executor_lib.Settings):
-    self._settings = settings
+    self.settings = settings
+    self.name = ""
     self._actors: list[Any] = []
     self.where: list[tuple[str, int]] = []
 
@@ -135,7 +159,7 @@ class RayExecutor(executor_lib.Executor):
     """
     if self._actors:
       return self._actors
-    s = self._settings
+    s = self.settings
     if not ray.is_initialized():
       try:
         if s.address:
@@ -152,11 +176,16 @@ class RayExecutor(executor_lib.Executor):
     host = ray.remote(_Host).options(
         num_cpus=1, max_restarts=-1, max_task_retries=0, max_concurrency=1
     )
-    actors = [host.remote(s.check_sandbox) for _ in range(s.actors)]
+    self.name = f"maxtext_ray_{uuid.uuid4().hex[:12]}"
+    actors = [
+        host.remote(s.check_sandbox, f"{self.name}_{k}")
+        for k in range(s.actors)
+    ]
     refs = [a.ready.remote() for a in actors]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=s.call_seconds)
     if len(ready) < len(refs):
-      for a in actors:
+      _end([a for a, r in zip(actors, refs) if r in ready], s)
+      for a in actors:  # Those not started yet never start.
         ray.kill(a, no_restart=True)
       raise executor_lib.ExecutorError(
           f"config.grpo_ray_actors={s.actors}: {len(ready)} actors started "
@@ -165,8 +194,7 @@ class RayExecutor(executor_lib.Executor):
       )
     for name, pid, problem in ray.get(refs):
       if problem:
-        for a in actors:
-          ray.kill(a, no_restart=True)
+        _end(actors, s)
         raise executor_lib.ExecutorError(
             f"config.grpo_tool_executor='ray': the actor on {name}: {problem}"
         )
@@ -198,7 +226,7 @@ class RayExecutor(executor_lib.Executor):
         i, submit = queues[actor].popleft()
         if not queues[actor]:
           del queues[actor]
-        deadline = time.monotonic() + self._settings.call_seconds
+        deadline = time.monotonic() + self.settings.call_seconds
         inflight[submit(self._actors[actor])] = (i, actor, deadline)
       first = min(deadline for _, _, deadline in inflight.values())
       ready, _ = ray.wait(
@@ -214,17 +242,32 @@ class RayExecutor(executor_lib.Executor):
         if deadline <= now:
           del inflight[ref]
           out[i] = executor_lib.Fault(
-              f"no answer within {self._settings.call_seconds:g} s "
+              f"no answer within {self.settings.call_seconds:g} s "
               "(grpo_ray_call_timeout_seconds): its actor was restarted"
           )
           ray.kill(self._actors[actor], no_restart=False)
     return out
 
   def close(self) -> None:
-    """Ends the pool's actors (Ray is left running)."""
-    for a in self._actors:
-      ray.kill(a, no_restart=True)
+    """Ends the pool's actors, each after freeing what it holds (within
+    the call deadline); Ray is left running."""
+    _end(self._actors, self.settings)
     self._actors, self.where = [], []
+
+
+def _end(actors, settings: executor_lib.Settings) -> None:
+  """Ends `actors`, each after freeing what it holds (`_Host.shutdown`,
+  within the call deadline)."""
+  _wait([a.shutdown.remote() for a in actors], settings)
+  for a in actors:
+    ray.kill(a, no_restart=True)
+
+
+def _wait(refs, settings: executor_lib.Settings) -> None:
+  """Waits for `refs` within the call deadline, whatever they return (a
+  dead actor's call fails: it holds nothing any more)."""
+  if refs:
+    ray.wait(refs, num_returns=len(refs), timeout=settings.call_seconds)
 
 
 def _value(ref) -> Any:
@@ -298,16 +341,16 @@ class _RayBatch(executor_lib.Batch):
     keys = collections.defaultdict(list)
     for i, actor in enumerate(self.home):
       keys[actor].append((self._batch, i))
-    for actor, held in keys.items():
-      # Not waited for: a dead actor held nothing any more.
-      self._actors[actor].close.remote(held)
+    _wait(
+        [self._actors[a].close.remote(held) for a, held in keys.items()],
+        self._pool.settings,
+    )
 
   def _close_everywhere(self) -> None:
     """Frees the batch's environments on every actor (an opening that
     failed may have left some on either of its two actors)."""
     keys = [(self._batch, i) for i in range(len(self.home))]
-    for actor in self._actors:
-      actor.close.remote(keys)
+    _wait([a.close.remote(keys) for a in self._actors], self._pool.settings)
 
 
 def _fault(value) -> bool:

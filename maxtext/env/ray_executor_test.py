@@ -8,7 +8,9 @@ turn.
 """
 
 import functools
+import glob
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -35,8 +37,12 @@ from maxtext.text import chat
 _TOOLS = tasks.ToolSettings(sandbox.Limits(wall_seconds=120), True, 60.0)
 
 
+# Ray's directory: a short one, for the Unix sockets under it.
+_RAY_DIR = []
+
+
 def setUpModule():
-  # A short directory: Ray's Unix sockets live under it.
+  _RAY_DIR.append(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
   # CPUs for the shared pair of actors and one test's pool at a time.
   ray.init(
       num_cpus=5,
@@ -44,16 +50,26 @@ def setUpModule():
       log_to_driver=False,
       # Nothing large travels: Ray's least object store.
       object_store_memory=80 << 20,
-      _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+      _temp_dir=_RAY_DIR[0],
   )
 
 
 def tearDownModule():
   ray.shutdown()
+  shutil.rmtree(_RAY_DIR[0], ignore_errors=True)
 
 
 def call(name, **arguments) -> str:
   return tool_calls.format_xml(tool_calls.ToolCall(name, arguments))
+
+
+def _scratches(pool) -> list[str]:
+  """The sandbox scratch directories under `pool`'s actors' directories."""
+  return glob.glob(
+      os.path.join(
+          sandbox.scratch_parent(), f"{pool.name}_*", "maxtext_sandbox_*"
+      )
+  )
 
 
 class Probe(environment.ToolEnvironment):
@@ -81,7 +97,7 @@ class Probe(environment.ToolEnvironment):
     )
 
   def whoami(self) -> str:
-    return f"I am {self._name} in process {os.getpid()}"
+    return f"I am {self._name} in process {os.getpid()} at {self._box.scratch}"
 
   def die(self) -> str:
     os.kill(os.getpid(), signal.SIGKILL)
@@ -189,6 +205,8 @@ class RayExecutorTest(absltest.TestCase):
     pids = {pid for _, pid in self.pair.where}
     self.assertLen(pids, 2)
     self.assertNotIn(os.getpid(), pids)
+    # The rollout's end freed the episodes' sandboxes on the actors.
+    self.assertEqual(_scratches(self.pair), [])
 
   def test_faults_end_their_episodes_and_the_run_goes_on(self):
     pool = self._pool(3, call_seconds=10.0)
@@ -215,6 +233,8 @@ class RayExecutorTest(absltest.TestCase):
       self.assertIsNone(e.env_reward)
       self.assertEqual(e.turns, 2)  # The turn that failed is kept.
       self.assertFalse(e.done or e.timed_out or e.turn_limit)
+    # The restarted actors removed what the dead processes' episodes left.
+    self.assertEqual(_scratches(pool), [])
     # The pool restarted its actors: the next rollout plays on them.
     again = self._run(
         [{"prompt": k} for k in scripts],
@@ -224,6 +244,12 @@ class RayExecutorTest(absltest.TestCase):
     )
     self.assertEqual([e.env_reward for e in again], [1.0] * 4)
     self.assertTrue(all(not e.executor_error for e in again))
+    directories = glob.glob(
+        os.path.join(sandbox.scratch_parent(), f"{pool.name}_*")
+    )
+    self.assertLen(directories, 3)
+    pool.close()
+    self.assertFalse(any(os.path.exists(d) for d in directories))
 
   def test_a_pool_smaller_than_the_episodes_plays_them_all(self):
     pool = self._pool(1)
@@ -240,12 +266,20 @@ class RayExecutorTest(absltest.TestCase):
       # Each answer is its own episode's, from the one actor.
       self.assertIn(f"I am {name} in process {pool.where[0][1]}", said)
       self.assertEqual(said.count("I am episode-"), 1)
+      # Its sandbox was under the actor's own directory.
+      home = os.path.join(sandbox.scratch_parent(), f"{pool.name}_0")
+      self.assertIn(f" at {home}/maxtext_sandbox_", said)
 
   def test_an_opening_on_a_dead_actor_is_retried_on_the_next(self):
     pool = self._pool(2)
     pool.open(Probe, [], 60.0, time.monotonic).close()  # Starts the actors.
-    # Actor 0 is gone for good (its node left, none to restart it on).
+    # Actor 0 is gone for good (its node left, none to restart it on); its
+    # directory stays on this host, as on a node that left.
     ray.kill(pool._actors[0], no_restart=True)  # pylint: disable=protected-access
+    self.addCleanup(
+        shutil.rmtree,
+        os.path.join(sandbox.scratch_parent(), f"{pool.name}_0"),
+    )
     names = [f"episode-{k}." for k in range(3)]
     scripts = {n: [call("whoami"), call("submit")] for n in names}
     played = self._run([{"prompt": n} for n in names], Probe, scripts, pool)
@@ -262,6 +296,11 @@ class RayExecutorTest(absltest.TestCase):
         r"the cluster has 5 CPUs$",
     ):
       self._run([{"prompt": "episode-Z."}], Probe, {}, pool)
+    # The actors that had started removed their directories.
+    self.assertEqual(
+        glob.glob(os.path.join(sandbox.scratch_parent(), f"{pool.name}_*")),
+        [],
+    )
 
   def test_tools_on_an_actor_reach_neither_ray_nor_its_token(self):
     host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)

@@ -23,6 +23,7 @@ Where bubblewrap cannot run, `--isolated=false` runs the tools unisolated.
 """
 
 import os
+import shutil
 import tempfile
 import time
 
@@ -138,7 +139,8 @@ def main(argv):
   if _ISOLATED.value:
     sandbox.check_available()
   sizes = [int(a) for a in _ACTORS.value]
-  tokenizer = chat.ChatTokenizer.load(byte_chat.write(tempfile.mkdtemp()))
+  with tempfile.TemporaryDirectory() as directory:
+    tokenizer = chat.ChatTokenizer.load(byte_chat.write(directory))
   print(
       f"tool_executor_bench: {_EPISODES.value} episodes x {_TURNS.value} "
       f"tool calls of {_SLEEP.value:g} s; {os.cpu_count()} CPUs here"
@@ -150,13 +152,14 @@ def main(argv):
   local_wall, errors = measure(executor.LocalExecutor(), tokenizer)
   print(_row("local", "-", local_wall, errors, local_wall), flush=True)
   summary = [f"local_episodes_per_s={_EPISODES.value / local_wall:.3f}"]
+  ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Short: sockets.
   ray.init(
       num_cpus=max(sizes),
       include_dashboard=False,
       log_to_driver=False,
       # Nothing large travels: Ray's least object store.
       object_store_memory=80 << 20,
-      _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+      _temp_dir=ray_dir,
   )
   try:
     for size in sizes:
@@ -173,6 +176,7 @@ def main(argv):
       summary.append(f"ray{size}_episodes_per_s={_EPISODES.value / wall:.3f}")
   finally:
     ray.shutdown()
+    shutil.rmtree(ray_dir, ignore_errors=True)
   print("tool_executor_bench: " + " ".join(summary))
 
 
