@@ -38,6 +38,7 @@ nor its credentials. With `check_sandbox` each actor refuses to start, in
 one line, where bubblewrap cannot run.
 """
 
+import atexit
 import collections
 import os
 import shutil
@@ -62,9 +63,9 @@ class _Host:
 
   Its sandboxes' scratch directories are made under a directory of its
   own, named by its pool and place in it (`name`), where the sandbox makes
-  them on its node (`sandbox.scratch_parent`): emptied when the actor
-  starts, so a restarted actor removes what the episodes of the process it
-  replaces left there, and removed by `shutdown`.
+  them on its node (`sandbox.scratch_parent`), made by its first episode:
+  removed when the actor starts, so a restarted actor removes what the
+  episodes of the process it replaces left there, and by `shutdown`.
   """
 
   def __init__(self, check_sandbox: bool, name: str):
@@ -73,10 +74,6 @@ class _Host:
     self._maker = ("", None)
     self._root = os.path.join(sandbox.scratch_parent(), name)
     shutil.rmtree(self._root, ignore_errors=True)
-    os.makedirs(self._root)
-    # Searchable by the sandbox's user, like the temporary directory.
-    os.chmod(self._root, 0o755)
-    tempfile.tempdir = self._root
     self._problem = ""
     if check_sandbox:
       try:
@@ -94,6 +91,11 @@ class _Host:
     object of the batch's make_environment (in a list, so Ray hands over
     the reference and the function is read once per actor and batch, not
     once per episode: it holds the task, e.g. a whole curriculum)."""
+    if not os.path.isdir(self._root):
+      os.makedirs(self._root)
+      # Searchable by the sandbox's user, like the temporary directory.
+      os.chmod(self._root, 0o755)
+      tempfile.tempdir = self._root
     (ref,) = maker
     if self._maker[0] != ref.hex():
       self._maker = (ref.hex(), ray.get(ref))
@@ -200,6 +202,8 @@ class RayExecutor(executor_lib.Executor):
         )
       self.where.append((name, pid))
     self._actors = actors
+    # Before Ray's own exit handler (registered earlier, run later).
+    atexit.register(self.close)
     return actors
 
   def open(self, make_environment, tasks, episode_seconds, clock):
@@ -250,8 +254,9 @@ class RayExecutor(executor_lib.Executor):
 
   def close(self) -> None:
     """Ends the pool's actors, each after freeing what it holds (within
-    the call deadline); Ray is left running."""
-    _end(self._actors, self.settings)
+    the call deadline); Ray is left running. Run at exit too."""
+    if self._actors and ray.is_initialized():
+      _end(self._actors, self.settings)
     self._actors, self.where = [], []
 
 
