@@ -34,6 +34,9 @@ def maxtext_repositories():
     # the default set-up and train_main never fetch it. Its lock holds only what the
     # CPU lock lacks; the shared packages come from @pypi.
     pip_repository(name = "pypi_torch", lock = "//third_party/py:requirements_torch_lock.txt")
+    # The GRPO ray tool executor's Ray, likewise a hub of its own that only
+    # //third_party/py:ray names (maxtext/env/ray_executor.py, its tests, its benchmark).
+    pip_repository(name = "pypi_ray", lock = "//third_party/py:requirements_ray_lock.txt")
     pip_alias_repository(
         name = "pypi",
         locks = {lock: platform for platform, lock in locks.items()},

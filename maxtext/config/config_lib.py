@@ -548,7 +548,13 @@ def _check_grpo(v) -> None:
     )
   _at_least(v, "grpo_max_turns", 1)
   _at_least(v, "grpo_max_turn_tokens", 0)
-  for key in ("grpo_episode_timeout_seconds", "grpo_tool_timeout_seconds"):
+  _one_of(v, "grpo_tool_executor", choices.GRPO_TOOL_EXECUTORS)
+  _at_least(v, "grpo_ray_actors", 1)
+  for key in (
+      "grpo_episode_timeout_seconds",
+      "grpo_tool_timeout_seconds",
+      "grpo_ray_call_timeout_seconds",
+  ):
     if not v[key] > 0:
       raise _fail(key, v[key], "must be > 0")
   if not v["grpo_reward_timeout_seconds"] > 0:

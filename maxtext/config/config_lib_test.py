@@ -308,6 +308,9 @@ class ValidateTest(parameterized.TestCase):
       ("grpo_top_k", {"grpo_top_k": -1}, "grpo_top_k=-1"),
       ("grpo_top_k_vocab", {"grpo_top_k": 100000}, "grpo_top_k=100000"),
       ("grpo_decoder", {"grpo_decoder": "vllm"}, "grpo_decoder='vllm'"),
+      ("grpo_executor", {"grpo_tool_executor": "dask"}, "grpo_tool_exec"),
+      ("grpo_ray_actors", {"grpo_ray_actors": 0}, "grpo_ray_actors=0"),
+      ("grpo_ray_call", {"grpo_ray_call_timeout_seconds": 0}, "grpo_ray_call"),
       ("grpo_slots", {"grpo_decode_slots": -1}, "grpo_decode_slots=-1"),
       ("grpo_replicas", {"grpo_generation_replicas": 0}, "grpo_generation_r"),
       (

@@ -586,6 +586,19 @@ def get_config() -> ml_collections.ConfigDict:
   # start. True runs them unisolated (trusted tools only; recorded in the
   # run's config.json).
   config.grpo_allow_unisolated_tools = False
+  # Where episodes' environments (their tools and verifiers) run
+  # (maxtext/env/executor.py, docs/ray_tools.md): "local" in process 0, one
+  # call after another; "ray" on a pool of Ray actors, many episodes' calls
+  # at once (needs Ray: third_party/py/requirements_ray_lock.txt).
+  config.grpo_tool_executor = "local"
+  # The Ray cluster's address (as ray.init takes it, e.g. "10.0.0.2:6379"
+  # or "auto"); "" starts a Ray instance on this host.
+  config.grpo_ray_address = ""
+  # The pool's actors: each holds one CPU and runs one call at a time.
+  config.grpo_ray_actors = 4
+  # The most one remote call (an episode's opening, a turn's tools, its
+  # verifier) may take; past it the episode ends as an executor error.
+  config.grpo_ray_call_timeout_seconds = 900.0
   # Input files of a task that reads them (maxtext/env/benchmark_task.py,
   # the MLPerf benchmark's inputs; docs/grpo.md); all "" for the built-in
   # tasks. Each file is refused unless its SHA-256 (hex) is the one given.

@@ -41,6 +41,9 @@ LR_SCHEDULES = ("cosine", "constant")
 # config.grpo_decoder: the rollout's decoder, the paged one or the static
 # one (maxtext.generation.rollout_decoder).
 GRPO_DECODERS = ("paged", "static")
+# config.grpo_tool_executor: where episodes' environments live, in the
+# trainer's process or on a pool of Ray actors (maxtext.env.executor).
+GRPO_TOOL_EXECUTORS = ("local", "ray")
 # The GRPO choices below are implemented by registries of maxtext/grpo/
 # (maxtext.grpo.registry): a new one is its name here and its function
 # registered there under that name.

@@ -3,15 +3,22 @@
 `run(tasks, make_environment, chat, generate, options, limits)` plays one
 episode per task record (a GRPO group is G copies of a record, in order):
 
-1. process 0 makes each episode's environment and renders its first
-   messages with the policy's chat template (and the environment's tools)
-   followed by the generation prompt: the episode's prompt ids;
+1. process 0 has its executor (`executor.py`: in this process, or on a
+   pool of Ray actors) make each episode's environment, and renders its
+   first messages with the policy's chat template (and the environment's
+   tools) followed by the generation prompt: the episode's prompt ids;
 2. every turn, the active episodes' contexts (their prompt, then every
    token so far) go to `generate` in one call, which continues each once
    and stops on the template's end-of-turn id;
-3. process 0 decodes each model turn, lets its environment answer it, and
-   renders the answer: the tokens the template writes after the model's
-   stop id and for the new messages, up to the next generation prompt;
+3. process 0 decodes each model turn, hands all of the turn's texts to the
+   executor, whose environments answer them (the local executor one after
+   another, a remote one many at once), and renders each answer: the
+   tokens the template writes after the model's stop id and for the new
+   messages, up to the next generation prompt. An answer the executor
+   could not get (`executor.Fault`: its actor died, it missed its
+   deadline) ends that episode `executor_error`: it keeps its tokens,
+   gets no reward function and reward 0, and stays a sample of its group,
+   as a timed-out one;
 4. every result of process 0 (prompt ids, environment tokens, ends, counts,
    rewards) is shared with every process (`share.from_lead`), so all
    processes hold the same episodes and call `generate` alike.
@@ -64,6 +71,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from maxtext.env import environment as environment_lib
+from maxtext.env import executor as executor_lib
 from maxtext.env import share
 from maxtext.generation import sampling
 
@@ -128,6 +136,9 @@ class Episode:
     timed_out: its wall time ended it (scored with the environment's
       `timed_out_reward`, trained).
     env_reward: the environment's verifier reward (None: none).
+    executor_error: why a call of its environment ended without an answer
+      (a remote executor's fault: its actor died or it missed its
+      deadline), or "": the episode ended there, invalid, with reward 0.
   """
 
   kind: str
@@ -143,6 +154,7 @@ class Episode:
   turn_limit: bool = False
   timed_out: bool = False
   env_reward: Optional[float] = None
+  executor_error: str = ""
   done: bool = False
 
   @property
@@ -161,25 +173,32 @@ class Episode:
   @property
   def active(self) -> bool:
     return not (
-        self.done or self.truncated or self.turn_limit or self.timed_out
+        self.done
+        or self.truncated
+        or self.turn_limit
+        or self.timed_out
+        or self.executor_error
     )
 
 
 class _Conversation:
-  """Process 0's side of one episode: its environment and messages."""
+  """Process 0's side of one episode: its environment's kind, tools and
+  the messages so far (the environment itself lives in the executor)."""
 
-  def __init__(self, env: environment_lib.Environment, chat):
-    self.env = env
+  def __init__(self, started: executor_lib.Started, chat):
+    self.kind = started.kind
+    self.tools = started.tools
     self.chat = chat
-    self.messages = env.start()
+    self.messages = list(started.messages)
 
   def prompt_ids(self) -> list[int]:
-    return self.chat.encode_prompt(self.messages, tools=self.env.tools)
+    return self.chat.encode_prompt(self.messages, tools=self.tools)
 
-  def answer(self, model_ids: Sequence[int]) -> dict[str, Any]:
-    """The environment's answer to a model turn, in tokens."""
-    text = self.chat.decode(model_ids)
-    reply = self.env.step(text)
+  def answer(
+      self, model_ids: Sequence[int], text: str, reply: environment_lib.Reply
+  ) -> dict[str, Any]:
+    """The environment's answer `reply` to the model turn `model_ids`
+    (decoded: `text`), in tokens."""
     assistant = {"role": "assistant", "content": text}
     out = {
         "text": text,
@@ -192,7 +211,7 @@ class _Conversation:
     self.messages = history + [assistant] + reply.messages
     if reply.done:
       return out
-    tools = self.env.tools
+    tools = self.tools
     head = self.chat.render(history, add_generation_prompt=True, tools=tools)
     base = self.chat.render(history + [assistant], tools=tools)
     full = self.chat.render(
@@ -231,12 +250,14 @@ def run(
     *,
     clock: Callable[[], float] = time.monotonic,
     timings: Optional[dict[str, float]] = None,
+    executor: Optional[executor_lib.Executor] = None,
 ) -> list[Episode]:
   """Plays one episode per task (module docstring).
 
   Args:
     tasks: task records, one per episode (process 0's are used).
-    make_environment: task record -> its Environment (called on process 0).
+    make_environment: task record -> its Environment (called on process 0,
+      or where `executor` keeps the environments).
     chat: the policy's `chat.ChatTokenizer`.
     generate: the generation function (module docstring).
     options: the sampling options; its seed and stop ids are used,
@@ -244,74 +265,76 @@ def run(
     limits: the episodes' limits.
     clock: seconds (the wall-time limit reads it).
     timings: if given, gets "generate" (seconds in `generate`) and
-      "environment" (seconds process 0 spent in the environments: starting
+      "environment" (seconds process 0 spent on the environments: starting
       them, their answers and tools, their rewards), on the host clock.
+    executor: where the environments live (`executor.py`); None: here.
 
   Returns:
     The episodes, in the order of `tasks`, equal on every process.
   """
-  lead = share.is_lead()
-  conversations: list[_Conversation] = []
-  # Process 0's clock reading at each episode's start (its own time limit).
-  started: list[float] = []
+  batch = None
   spent = {"generate": 0.0, "environment": 0.0}
   try:
-    first = None
-    if lead:
+    first, conversations = None, []
+    if share.is_lead():
       began = time.perf_counter()
-      _open(
-          tasks, make_environment, chat, limits, clock, conversations, started
+      batch = (executor or executor_lib.LocalExecutor()).open(
+          make_environment, tasks, limits.episode_seconds, clock
       )
-      first = [(c.env.kind, c.prompt_ids()) for c in conversations]
+      conversations = [_Conversation(s, chat) for s in batch.started]
+      first = [(c.kind, c.prompt_ids()) for c in conversations]
       spent["environment"] += time.perf_counter() - began
-    first = share.from_lead(first)
-    episodes = [Episode(kind, list(ids)) for kind, ids in first]
+    episodes = [Episode(k, list(ids)) for k, ids in share.from_lead(first)]
     _check_prompts(episodes, limits)
-    turn = _Turns(episodes, conversations, started, generate, options, limits)
+    turn = _Turns(episodes, conversations, batch, generate, options, limits)
     for number in range(limits.max_turns):
       if not turn.play(number, clock, spent):
         break
     for e in episodes:
       if e.active:  # The last turn was used.
         e.turn_limit = True
-    _set_rewards(episodes, conversations, spent)
+    _set_rewards(episodes, batch, spent)
     if timings is not None:
       timings.update(spent)
     return episodes
   finally:
-    for c in conversations:
-      c.env.close()
+    if batch is not None:
+      batch.close()
 
 
-def _set_rewards(episodes, conversations, spent: dict[str, float]) -> None:
+def _set_rewards(episodes, batch, spent: dict[str, float]) -> None:
   """Each episode's environment reward, asked on process 0 (the timed-out
-  reward for an episode past its wall time) and shared."""
+  reward for an episode past its wall time; none for one its executor
+  failed, whose environment may be gone) and shared, with the executor's
+  faults."""
   rewards = None
   if share.is_lead():
     began = time.perf_counter()
+    asked = batch.rewards(
+        {i: e.timed_out for i, e in enumerate(episodes) if not e.executor_error}
+    )
     rewards = [
-        c.env.timed_out_reward() if e.timed_out else c.env.reward()
-        for e, c in zip(episodes, conversations)
+        [None, r.reason] if isinstance(r, executor_lib.Fault) else [r, ""]
+        for r in (asked.get(i) for i in range(len(episodes)))
     ]
     spent["environment"] += time.perf_counter() - began
-  for e, reward in zip(episodes, share.from_lead(rewards)):
+  for e, (reward, error) in zip(episodes, share.from_lead(rewards)):
     e.env_reward = reward
+    e.executor_error = e.executor_error or error
 
 
 class _Turns:
   """The turns of `run`'s episodes (on process 0, with their conversations).
 
   Attributes are `run`'s: the episodes, process 0's conversations and
-  their start times (empty elsewhere), the generation function, the
+  executor batch (empty and None elsewhere), the generation function, the
   sampling options and the limits.
   """
 
-  def __init__(
-      self, episodes, conversations, started, generate, options, limits
-  ):
+  def __init__(self, episodes, conversations, batch, generate, options, limits):
     self._episodes = episodes
     self._conversations = conversations
-    self._started = started
+    self._batch = batch
     self._generate = generate
     self._options = options
     self._limits = limits
@@ -347,7 +370,7 @@ class _Turns:
       began = time.perf_counter()
       answers = _answers(
           episodes,
-          self._conversations,
+          (self._conversations, self._batch),
           active,
           completions,
           self._options,
@@ -356,22 +379,13 @@ class _Turns:
       spent["environment"] += time.perf_counter() - began
       now = clock()
       answers["timed_out"] = [
-          i for i in active if now - self._started[i] > limits.episode_seconds
+          i
+          for i in active
+          if now - self._batch.opened_at[i] > limits.episode_seconds
       ]
     answers = share.from_lead(answers)
     _apply(episodes, active, completions, answers, limits, turn)
     return True
-
-
-def _open(tasks, make_environment, chat, limits, clock, conversations, started):
-  """Makes each task's environment (its tools' deadline its episode's own
-  time limit) and conversation, appended to `conversations`, and each
-  episode's start time by `clock`, appended to `started`."""
-  for task in tasks:
-    started.append(clock())
-    env = make_environment(task)
-    env.deadline = time.monotonic() + limits.episode_seconds
-    conversations.append(_Conversation(env, chat))
 
 
 def _check_prompts(episodes, limits):
@@ -400,24 +414,32 @@ def _turn_request(active, options, limits, turn):
   return budgets, turn_options
 
 
-def _answers(episodes, conversations, active, completions, options, limits):
-  """Process 0: every active episode's answer to its model turn."""
+def _answers(episodes, environments, active, completions, options, limits):
+  """Process 0: every active episode's answer to its model turn, their
+  environments (`environments`: the conversations and the executor's
+  batch) asked all at once."""
+  conversations, batch = environments
   stop_ids = set(options.stop_ids)
-  turns = []
+  turns, texts, kept = {}, {}, {}
   for i, completion in zip(active, completions):
-    e = episodes[i]
-    ids = list(completion.ids)
-    room = limits.room(e)
-    ids = ids[:room]
-    if len(ids) == room and not (ids and ids[-1] in stop_ids):
+    room = limits.room(episodes[i])
+    kept[i] = list(completion.ids)[:room]
+    turns[i] = {"keep": len(kept[i])}
+    if len(kept[i]) == room and not (kept[i] and kept[i][-1] in stop_ids):
       # The turn filled the episode's length without ending: the
       # conversation reached the limit; the environment does not see a
       # half turn.
-      turns.append({"cut": True, "keep": len(ids), "text": ""})
+      turns[i].update(cut=True, text="")
       continue
-    answer = conversations[i].answer(ids)
-    answer["keep"] = len(ids)
-    left = room - len(ids) - len(answer["env_ids"])
+    texts[i] = conversations[i].chat.decode(kept[i])
+  replies = batch.step(texts)
+  for i, text in texts.items():
+    if isinstance(replies[i], executor_lib.Fault):
+      turns[i].update(text=text, fault=replies[i].reason)
+      continue
+    answer = conversations[i].answer(kept[i], text, replies[i])
+    answer["keep"] = len(kept[i])
+    left = limits.room(episodes[i]) - len(kept[i]) - len(answer["env_ids"])
     if not answer["done"] and left <= 0:
       # The answer does not fit, or fills the length with no room for
       # another turn.
@@ -425,8 +447,8 @@ def _answers(episodes, conversations, active, completions, options, limits):
       answer["full"] = left == 0
       if left < 0:
         answer["env_ids"] = []
-    turns.append(answer)
-  return {"turns": turns}
+    turns[i] = answer
+  return {"turns": [turns[i] for i in active]}
 
 
 def _apply(episodes, active, completions, answers, limits, turn):
@@ -442,6 +464,9 @@ def _apply(episodes, active, completions, answers, limits, turn):
     e.model_text.append(answer.get("text", ""))
     e.tool_calls += answer.get("tool_calls", 0)
     e.tool_errors += answer.get("tool_errors", 0)
+    if answer.get("fault"):
+      e.executor_error = answer["fault"]
+      continue
     if answer.get("cut"):
       e.truncated = True
       continue

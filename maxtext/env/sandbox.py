@@ -315,11 +315,12 @@ def unreachable(path: str) -> str:
     path = os.path.dirname(path)
 
 
-def _scratch_parent() -> Optional[str]:
+def scratch_parent() -> str:
   """Where scratch copies are made: the caller's temporary directory, or
   SHARED_TMP when the sandbox's user could not reach it (root's own
   temporary directories are often under /root)."""
-  return SHARED_TMP if unreachable(tempfile.gettempdir()) else None
+  temporary = tempfile.gettempdir()
+  return SHARED_TMP if unreachable(temporary) else temporary
 
 
 def _hand_over(path: str) -> None:
@@ -392,7 +393,7 @@ class Sandbox:
     self.workdir = os.path.normpath(workdir)
     self._privileged = _drops_privileges(isolated)
     self.scratch = tempfile.mkdtemp(
-        prefix="maxtext_sandbox_", dir=_scratch_parent()
+        prefix="maxtext_sandbox_", dir=scratch_parent()
     )
     try:
       if source is not None:

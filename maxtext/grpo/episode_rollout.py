@@ -24,9 +24,12 @@ plugs in by giving `rollout` its own. The episodes become the same
   reference: one its time limit ended has the reward its environment gives
   a timed-out episode (`Environment.timed_out_reward`, 0 by default; no
   reward function sees it), takes its place in its group's baseline and
-  trains, and `episode/timeouts` counts it. Only an episode whose
-  conversation reached the length limit is truncated (overlong filtering
-  then masks it; it stays in its group's baseline).
+  trains, and `episode/timeouts` counts it. One whose executor failed a
+  call (`Episode.executor_error`: a remote actor died, a call missed its
+  deadline) likewise, with reward 0, counted in `episode/executor_errors`.
+  Only an episode whose conversation reached the length limit is
+  truncated (overlong filtering then masks it; it stays in its group's
+  baseline).
 
 Timings: timing/generate (the generation function's seconds), timing/tools
 (the environments': tools, verifiers, rendering), timing/episodes (both and
@@ -34,13 +37,15 @@ the runner's bookkeeping), timing/reward (the reward functions).
 
 Statistics beside `rollout.rollout_stats`': episode/turns,
 episode/tool_calls, episode/tool_errors (means per episode),
-episode/timeouts (a count), episode/truncated (the share that reached the
-length limit), episode/turn_limit (the share that used the last turn),
+episode/timeouts and episode/executor_errors (counts), episode/truncated
+(the share that reached the length limit), episode/turn_limit (the share
+that used the last turn),
 episode/model_tokens and episode/env_tokens (means per episode),
 rewards/kind/<task kind> (mean total reward per kind).
 """
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -48,6 +53,7 @@ import jax
 import numpy as np
 
 from maxtext.env import episodes as episodes_lib
+from maxtext.env import executor as executor_lib
 from maxtext.env import share
 from maxtext.env import tasks as tasks_lib
 from maxtext.generation import decoder
@@ -192,6 +198,8 @@ class EpisodeSetup:
     limits: the episodes' limits.
     tools: how tools and verifiers run.
     clock: seconds, for the episodes' wall-time limit.
+    executor: where the environments live (`grpo_tool_executor`); None:
+      in this process.
   """
 
   task: tasks_lib.Task
@@ -199,6 +207,7 @@ class EpisodeSetup:
   limits: episodes_lib.Limits
   tools: tasks_lib.ToolSettings
   clock: Callable[[], float] = time.monotonic
+  executor: Optional[executor_lib.Executor] = None
 
 
 def play(
@@ -213,13 +222,15 @@ def play(
   g = options.num_samples
   return episodes_lib.run(
       [dict(r) for r in records for _ in range(g)],
-      lambda record: setup.task.make_environment(record, setup.tools),
+      # A remote executor pickles it: the task and the tool settings.
+      functools.partial(setup.task.make_environment, tools=setup.tools),
       setup.chat,
       generate,
       options,
       setup.limits,
       clock=setup.clock,
       timings=timings,
+      executor=setup.executor,
   )
 
 
@@ -229,7 +240,9 @@ def _score(functions, records, played, g):
   is its environment's timed-out reward alone (no reward function sees
   it)."""
   n = len(played)
-  scored = [r for r, e in enumerate(played) if not e.timed_out]
+  scored = [
+      r for r, e in enumerate(played) if not (e.timed_out or e.executor_error)
+  ]
   answer = None
   if share.is_lead():
     try:
@@ -284,6 +297,9 @@ def episode_stats(played, rewards) -> dict[str, float]:
       "episode/tool_calls": mean([e.tool_calls for e in played]),
       "episode/tool_errors": mean([e.tool_errors for e in played]),
       "episode/timeouts": float(sum(e.timed_out for e in played)),
+      "episode/executor_errors": float(
+          sum(bool(e.executor_error) for e in played)
+      ),
       "episode/truncated": mean([e.truncated for e in played]),
       "episode/turn_limit": mean([e.turn_limit for e in played]),
       "episode/model_tokens": mean([e.model_tokens for e in played]),

@@ -12,6 +12,7 @@ import numpy as np
 
 from maxtext.env import environment
 from maxtext.env import episodes
+from maxtext.env import executor
 from maxtext.env import math_task
 from maxtext.env import repair_task
 from maxtext.env import sandbox
@@ -354,6 +355,62 @@ class EpisodeRolloutTest(absltest.TestCase):
     self.assertEqual(result.stats["rewards/verifier"], 0.25)
     # Their tokens train: the model's turns are in the loss's mask.
     self.assertTrue(np.all(result.mask.sum(axis=1) > 0))
+
+  def test_episodes_their_executor_failed_score_zero_and_are_counted(self):
+    # The executor fails episode 1's first turn and episode 2's verifier
+    # (as a dead or late Ray actor does); episodes 0 and 3 play on.
+    ids = self.chat.tokenizer.encode("ok", add_special_tokens=False).ids
+    ids.append(self.chat.end_of_turn_id)
+
+    def generate(contexts, options, budgets):
+      del options, budgets
+      return [episodes.Completion(ids, [-1.0] * len(ids)) for _ in contexts]
+
+    setup = episode_rollout.EpisodeSetup(
+        _Endless(),
+        self.chat,
+        episodes.Limits(max_turns=2, max_tokens=256, max_turn_tokens=64),
+        _SETTINGS,
+        executor=_Failing(step={1}, reward={2}),
+    )
+    result = episode_rollout.rollout(
+        self.params, self.config, [{"prompt": "Go on."}],
+        sampling.SamplingOptions(max_new_tokens=64, num_samples=4,
+                                 stop_ids=self.chat.stop_ids),
+        [], setup=setup, width=512, generate=generate,
+    )  # fmt: skip
+    np.testing.assert_array_equal(result.rewards.total, [1, 0, 0, 1])
+    self.assertEqual(result.stats["episode/executor_errors"], 2.0)
+    self.assertEqual(result.stats["episode/timeouts"], 0.0)
+    # Episode 1 ended at the turn that failed; the others played both.
+    self.assertEqual(result.stats["episode/turns"], 1.75)
+
+
+class _Failing(executor.LocalExecutor):
+  """The local executor, with a Fault for the episodes in `step` at their
+  first turn and for those in `reward` at their verifier."""
+
+  def __init__(self, step, reward):
+    self._step, self._reward = step, reward
+
+  def open(self, *args):
+    batch = super().open(*args)
+    step, verify = batch.step, batch.rewards
+    fault = executor.Fault("the actor died")
+
+    def failing_step(turns):
+      out = step(turns)
+      out.update({i: fault for i in self._step if i in out})
+      self._step = set()
+      return out
+
+    def failing_rewards(timed_out):
+      out = verify(timed_out)
+      out.update({i: fault for i in self._reward if i in out})
+      return out
+
+    batch.step, batch.rewards = failing_step, failing_rewards
+    return batch
 
 
 def _reference_rloo_normalized(group, eps):

@@ -496,9 +496,12 @@ class GrpoWorkload(workload.Workload):
     )
 
   def close(self) -> None:
-    """Stops the reward functions' worker process."""
+    """Stops the reward functions' worker process and the tool executor's
+    pool."""
     for worker in {f.worker for f in self._rewards if f.worker is not None}:
       worker.close()
+    if self._episodes is not None and self._episodes.executor is not None:
+      self._episodes.executor.close()
 
   def _model_config(self, state) -> ml_collections.FrozenConfigDict:
     """The run's config, frozen: the decoder's static model argument.

@@ -19,7 +19,10 @@ work, each error one line naming the field:
   grpo_max_turn_tokens per turn; grpo_episode_timeout_seconds);
 * the tool settings: a task whose tools run in the sandbox
   (`task.uses_sandbox`) needs bubblewrap, or the run refuses to start,
-  unless `grpo_allow_unisolated_tools` says the tools are trusted.
+  unless `grpo_allow_unisolated_tools` says the tools are trusted;
+* the executor the environments live in (`grpo_tool_executor`): "ray"
+  without the ray package is refused here; its pool starts on the first
+  rollout, each actor checking bubblewrap on its own node.
 """
 
 import tempfile
@@ -31,6 +34,8 @@ import numpy as np
 from maxtext.data import chat_dataset
 from maxtext.data import dataset
 from maxtext.env import episodes
+from maxtext.env import executor
+from maxtext.env import executors
 from maxtext.env import sandbox
 from maxtext.env import tasks
 from maxtext.grpo import episode_rollout
@@ -124,7 +129,8 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
   except ValueError as e:
     raise ValueError(f"config: {e}") from None
   isolated = not config.grpo_allow_unisolated_tools
-  if getattr(task, "uses_sandbox", False):
+  uses_sandbox = getattr(task, "uses_sandbox", False)
+  if uses_sandbox:
     if isolated:
       try:
         sandbox.check_available()
@@ -144,6 +150,9 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
       limits,
       tasks.ToolSettings(
           tool_limits, isolated, config.grpo_reward_timeout_seconds
+      ),
+      executor=executors.create(
+          executor.Settings.from_config(config, uses_sandbox and isolated)
       ),
   )
 

@@ -1,6 +1,7 @@
 """GRPO on the built-in text tasks end to end through the one loop: the math
 task (one turn) and the repair task (tools in the sandbox), from their
-config files, shrunk; and the refusal when bubblewrap cannot run."""
+config files, shrunk; and the refusals when bubblewrap cannot run or the
+ray tool executor has no Ray."""
 
 import json
 import os
@@ -101,6 +102,19 @@ class TextTasksTest(absltest.TestCase):
         workloads.run(config)
     finally:
       os.environ["PATH"] = path
+    self.assertFalse(os.path.exists(os.path.join(out, "grpo_repair_tiny")))
+
+  def test_refuses_the_ray_executor_without_ray(self):
+    # This target carries no Ray (its own lock): the run stops in one line
+    # naming the field and the install, and writes nothing.
+    out = self.create_tempdir().full_path
+    config = _shrunk(grpo_repair_tiny.get_config(), out)
+    config.grpo_tool_executor = "ray"
+    with self.assertRaisesRegex(
+        trainer.ConfigError,
+        r"^config.grpo_tool_executor='ray': .*requirements_ray_lock.txt",
+    ):
+      workloads.run(config)
     self.assertFalse(os.path.exists(os.path.join(out, "grpo_repair_tiny")))
 
 
