@@ -32,14 +32,17 @@ go to --work_dir, which must not hold an earlier experiment.
 
 import json
 import logging as std_logging
+import math
 import os
 import tarfile
 import tempfile
 import time
+from typing import Optional
 
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 from ml_collections import config_flags
 
 from maxtext import workloads
@@ -82,6 +85,12 @@ _SFT_STEPS = flags.DEFINE_integer(
     0,
     "SFT steps of every seed; 0 = found from the first seed's SFT run "
     "(--target_pass_at_1).",
+)
+_TIME_LIMIT_S = flags.DEFINE_float(
+    "time_limit_s",
+    0.0,
+    "Seconds the experiment may take (0 = no limit): a seed that would end "
+    "past it, judging by the seed before, is left out (the summary says so).",
 )
 _TARGET = flags.DEFINE_float(
     "target_pass_at_1",
@@ -309,39 +318,79 @@ class _Experiment:
     self._save()
     return result
 
-  def run(self) -> None:
-    """Every phase in order (module docstring)."""
+  def run(self, deadline: float) -> None:
+    """Every phase in order (module docstring); a seed that would end past
+    `deadline` (time.monotonic()) is left out, judging by the seed before."""
     first, *others = self.seeds
     given = _SFT_STEPS.value
     longest = given or self.sft_config.steps
     self.write_demonstrations(longest * self.sft_config.global_batch_size)
+    started = time.monotonic()
     checkpoints = self.sft(first, longest)
+    sft_seconds = time.monotonic() - started
     steps = given or self.sft_length(checkpoints, first)
     self.record["sft_steps"] = steps
-    self.results.append(self.arms(first, os.path.join(checkpoints, str(steps))))
+    started = time.monotonic()
+    self._seed_done(self.arms(first, os.path.join(checkpoints, str(steps))))
+    # The first seed's SFT ran longest: an upper bound for the next ones.
+    seed_seconds = sft_seconds + time.monotonic() - started
     for seed in others:
+      if time.monotonic() + seed_seconds > deadline:
+        left = max(0.0, deadline - time.monotonic())
+        self.record["left_out"] = (
+            f"seeds {others[others.index(seed):]} left out: the last seed took"
+            f" {seed_seconds:.0f} s and {left:.0f} s of --time_limit_s remain"
+        )
+        self._say(self.record["left_out"])
+        return
+      started = time.monotonic()
       checkpoints = self.sft(seed, steps)
-      self.results.append(
-          self.arms(seed, os.path.join(checkpoints, str(steps)))
-      )
+      self._seed_done(self.arms(seed, os.path.join(checkpoints, str(steps))))
+      seed_seconds = time.monotonic() - started
+
+  def _seed_done(self, result: lib.SeedResult) -> None:
+    self.results.append(result)
+    self.write_summary()
+
+  def write_summary(self, total_seconds: Optional[float] = None) -> str:
+    """summary.md as it stands; returns its text."""
+    text = self.summary()
+    if total_seconds is not None:
+      text += f"\nWhole experiment: {total_seconds:.1f} s\n"
+    path = os.path.join(self.output_dir, "summary.md")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    return text
+
+  def _plan_line(self) -> str:
+    """What was trained and how it was evaluated, in one paragraph."""
+    probes = self.record.get("sft_probes")
+    how = (
+        f" (the first checkpoint of seed {self.seeds[0]}'s SFT run with"
+        f" held-out pass@1 >= {_TARGET.value}; pass@1 of the probed steps:"
+        f" {probes})"
+        if probes
+        else ""
+    )
+    sft, grpo = self.sft_config, self.grpo_config
+    return (
+        f"SFT {self.record['sft_steps']} steps of {sft.global_batch_size}"
+        f"{how}; GRPO {grpo.steps} steps of {grpo.global_batch_size}"
+        f" completions ({self.record['grpo_samples']} samples); control"
+        f" {self.control_steps} SFT steps of {sft.global_batch_size} (as many"
+        f" samples). Eval: {grpo.grpo_eval_prompts} held-out problems x"
+        f" {grpo.grpo_eval_samples_per_prompt} samples at temperature"
+        f" {grpo.grpo_eval_temperature}, top-p {grpo.grpo_eval_top_p}."
+    )
 
   def summary(self) -> str:
-    """The table and the verdicts (Markdown)."""
+    """The plan, the table and the verdicts (Markdown)."""
     metrics = sorted(self.results[0].grpo)
     target = self.record["metric"]
     lines = [
         "# Held-out math: GRPO against an SFT-only control",
         "",
-        f"SFT {self.record['sft_steps']} steps of "
-        f"{self.sft_config.global_batch_size}; GRPO {self.grpo_config.steps} "
-        f"steps of {self.grpo_config.global_batch_size} completions "
-        f"({self.record['grpo_samples']} samples); control "
-        f"{self.control_steps} SFT steps of "
-        f"{self.sft_config.global_batch_size} (as many samples). Eval: "
-        f"{self.grpo_config.grpo_eval_prompts} held-out problems x "
-        f"{self.grpo_config.grpo_eval_samples_per_prompt} samples at "
-        f"temperature {self.grpo_config.grpo_eval_temperature}, top-p "
-        f"{self.grpo_config.grpo_eval_top_p}.",
+        self._plan_line(),
         "",
         lib.table(self.results, metrics, _TABLE_KEYS),
         "",
@@ -351,12 +400,20 @@ class _Experiment:
           ("Verdict, " if metric == target else "Also, ")
           + lib.verdict(self.results, metric).line()
       )
+    if "left_out" in self.record:
+      lines += ["", self.record["left_out"] + "."]
     lines += ["", "Seconds per run:", ""]
     lines += [
         f"- {name} ({run['phase']}): {run['seconds']}"
         for name, run in self.record["runs"].items()
     ]
     return "\n".join(lines) + "\n"
+
+
+def _share_compilations() -> None:
+  """Every program goes to the runs' shared compilation cache, however fast
+  it compiled (JAX caches only those over a second by default)."""
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def _archive_runs(runs_dir: str, output: str) -> None:
@@ -396,17 +453,15 @@ def main(argv):
     experiment = _Experiment(places, output_dir)
     experiment.check()
   _log_to(os.path.join(output_dir, f"{_PROGRAM}.log"))
+  _share_compilations()
   start = time.monotonic()
+  limit = _TIME_LIMIT_S.value
   try:
-    experiment.run()
+    experiment.run(start + limit if limit > 0 else math.inf)
   finally:
     if os.path.isdir(places.runs):
       _archive_runs(places.runs, os.path.join(output_dir, "runs.tar.gz"))
-  summary = experiment.summary()
-  summary += f"\nWhole experiment: {time.monotonic() - start:.1f} s\n"
-  with open(os.path.join(output_dir, "summary.md"), "w", encoding="utf-8") as f:
-    f.write(summary)
-  print(summary, flush=True)
+  print(experiment.write_summary(time.monotonic() - start), flush=True)
   return 0
 
 
