@@ -86,6 +86,12 @@ _SFT_STEPS = flags.DEFINE_integer(
     "SFT steps of every seed; 0 = found from the first seed's SFT run "
     "(--target_pass_at_1).",
 )
+_DEMONSTRATIONS = flags.DEFINE_integer(
+    "demonstrations",
+    12800,
+    "Training demonstrations written (every SFT run and the controls read "
+    "them, epoch after epoch).",
+)
 _TIME_LIMIT_S = flags.DEFINE_float(
     "time_limit_s",
     0.0,
@@ -175,6 +181,11 @@ class _Experiment:
     Raises:
       ValueError: one line naming the field and the value.
     """
+    if _DEMONSTRATIONS.value < 1 or _SFT_STEPS.value < 0:
+      raise ValueError(
+          f"--demonstrations={_DEMONSTRATIONS.value} and --sft_steps="
+          f"{_SFT_STEPS.value}: give at least 1 demonstration and steps >= 0"
+      )
     start = os.path.join(self.places.runs, "checkpoints")
     steps = _SFT_STEPS.value or self.sft_config.steps
     runs = {
@@ -324,7 +335,7 @@ class _Experiment:
     first, *others = self.seeds
     given = _SFT_STEPS.value
     longest = given or self.sft_config.steps
-    self.write_demonstrations(longest * self.sft_config.global_batch_size)
+    self.write_demonstrations(_DEMONSTRATIONS.value)
     started = time.monotonic()
     checkpoints = self.sft(first, longest)
     sft_seconds = time.monotonic() - started

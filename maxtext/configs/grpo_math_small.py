@@ -1,7 +1,7 @@
 """GRPO on the built-in math task with a 16M-parameter model, for one chip.
 
 grpo_math_tiny.py's task (word problems with integer answers, the byte-level
-ChatML tokenizer, `math-verify` as the reward) with a model 27 times larger
+ChatML tokenizer, `math-verify` as the reward) with a model 28 times larger
 (4 layers of width 512, 16.1M parameters) and the held-out eval the MLPerf
 qwen35_397b_grpo benchmark runs: grouped pass@4 of 4 samples at temperature
 0.1 / top-p 0.95, here over 256 held-out problems. Start it from an SFT run
