@@ -189,7 +189,7 @@ class _Experiment:
     start = os.path.join(self.places.runs, "checkpoints")
     steps = _SFT_STEPS.value or self.sft_config.steps
     runs = {
-        "SFT": lib.sft_run(self.sft_config, self.places, 0, steps),
+        "SFT": lib.sft_run(self.sft_config, self.places, 0, steps, steps),
         "control": lib.control_run(
             self.sft_config, self.places, 0, start, self.control_steps
         ),
@@ -251,9 +251,12 @@ class _Experiment:
         f"held-out in {seconds:.1f} s ({self.places.demos})"
     )
 
-  def sft(self, seed: int, steps: int) -> str:
-    """SFT of `seed` for `steps` steps; its checkpoints' directory."""
-    config = lib.sft_run(self.sft_config, self.places, seed, steps)
+  def sft(self, seed: int, steps: int, schedule_steps: int) -> str:
+    """SFT of `seed` for `steps` steps along the schedule of
+    `schedule_steps`; its checkpoints' directory."""
+    config = lib.sft_run(
+        self.sft_config, self.places, seed, steps, schedule_steps
+    )
     result = self._train(config, "sft")
     return os.path.join(result.run_dir, "checkpoints")
 
@@ -337,7 +340,7 @@ class _Experiment:
     longest = given or self.sft_config.steps
     self.write_demonstrations(_DEMONSTRATIONS.value)
     started = time.monotonic()
-    checkpoints = self.sft(first, longest)
+    checkpoints = self.sft(first, longest, longest)
     sft_seconds = time.monotonic() - started
     steps = given or self.sft_length(checkpoints, first)
     self.record["sft_steps"] = steps
@@ -355,7 +358,7 @@ class _Experiment:
         self._say(self.record["left_out"])
         return
       started = time.monotonic()
-      checkpoints = self.sft(seed, steps)
+      checkpoints = self.sft(seed, steps, longest)
       self._seed_done(self.arms(seed, os.path.join(checkpoints, str(steps))))
       seed_seconds = time.monotonic() - started
 

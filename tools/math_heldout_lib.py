@@ -32,6 +32,7 @@ import statistics
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from maxtext.config import config_lib
+from maxtext.config import optimizer
 
 # The control's demonstrations come in another order than its SFT run's:
 # data_shuffle_seed = this + the seed.
@@ -95,15 +96,22 @@ def _run(config, places: Places, name: str, seed: int, **values: Any):
   )
 
 
-def sft_run(sft_config, places: Places, seed: int, steps: int):
+def sft_run(
+    sft_config, places: Places, seed: int, steps: int, schedule_steps: int
+):
   """The SFT run of `seed`: from the seed's random parameters, `steps` steps
-  on the demonstrations in the seed's order."""
+  on the demonstrations in the seed's order, along the learning-rate
+  schedule of a run of `schedule_steps` (every seed's SFT run follows the
+  longest one's schedule, so a shorter run is that run's first steps)."""
   return _run(
       sft_config,
       places,
       f"sft_s{seed}",
       seed,
       steps=steps,
+      lr_schedule_steps=optimizer.schedule_length(
+          sft_config.lr_schedule_steps, schedule_steps
+      ),
       data_shuffle_seed=seed,
       **_demonstrations(places),
   )

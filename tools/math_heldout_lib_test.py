@@ -59,7 +59,7 @@ class PlanTest(absltest.TestCase):
 
   def test_the_runs_differ_where_the_plan_says(self):
     sft, grpo = sft_math_small.get_config(), grpo_math_small.get_config()
-    first = lib.sft_run(sft, _PLACES, 2, 300)
+    first = lib.sft_run(sft, _PLACES, 2, 300, 800)
     control = lib.control_run(sft, _PLACES, 2, "/w/runs/sft_s2/c/300", 200)
     arm = lib.grpo_run(grpo, _PLACES, 2, "/w/runs/sft_s2/c/300")
     probe = lib.eval_run(grpo, _PLACES, "probe", 2, "/w/runs/sft_s2/c/100")
@@ -69,6 +69,7 @@ class PlanTest(absltest.TestCase):
       self.assertEqual(config.base_output_directory, "/w/runs")
       self.assertEqual(config.jax_compilation_cache_dir, "/w/cache")
     self.assertEqual((first.steps, first.load_parameters_path), (300, ""))
+    self.assertEqual(first.lr_schedule_steps, 800)
     self.assertEqual(first.train_data_path, "/w/demos/train.jsonl")
     self.assertEqual(control.train_data_path, first.train_data_path)
     self.assertNotEqual(control.data_shuffle_seed, first.data_shuffle_seed)
@@ -83,6 +84,18 @@ class PlanTest(absltest.TestCase):
     self.assertEqual(
         sft.base_output_directory,
         sft_math_small.get_config().base_output_directory,
+    )
+
+  def test_every_sft_run_follows_the_longest_ones_schedule(self):
+    sft = sft_math_small.get_config()
+    cosine = config_lib.with_values(sft, {"lr_schedule": "cosine"})
+    longest = lib.sft_run(cosine, _PLACES, 0, 800, 800)
+    shorter = lib.sft_run(cosine, _PLACES, 1, 300, 800)
+    self.assertEqual(longest.lr_schedule_steps, shorter.lr_schedule_steps)
+    config_lib.validate(shorter)
+    fixed = config_lib.with_values(cosine, {"lr_schedule_steps": 1000})
+    self.assertEqual(
+        lib.sft_run(fixed, _PLACES, 1, 300, 800).lr_schedule_steps, 1000
     )
 
   def test_checkpoint_steps(self):

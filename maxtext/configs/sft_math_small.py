@@ -38,8 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.steps = 800
   # Every step runs (default.py's target would stop at the first eval).
   config.target_eval_loss = 0.0
-  # Constant after the warm-up, so the first N steps of a longer run are a
-  # run of N steps: any of its checkpoints is where that shorter run ends.
+  # Constant after the warm-up: a checkpoint part-way through is as
+  # trained as the run's end, not one of a decay cut short.
   config.lr_schedule = "constant"
   config.learning_rate = 1e-3
   config.warmup_steps = 20
