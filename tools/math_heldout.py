@@ -200,6 +200,8 @@ class _Experiment:
         config_lib.validate(config)
       except ValueError as e:
         raise ValueError(f"the {name} runs' config: {e}") from None
+    lib.check_full_length(self.sft_config, self.grpo_config)
+    lib.check_same_model(self.sft_config, self.grpo_config)
     workloads.check(self.grpo_config)
 
   def _say(self, message: str) -> None:
@@ -216,10 +218,10 @@ class _Experiment:
     start = time.monotonic()
     result = workloads.run(config, config_filename=f"{_PROGRAM}:{what}")
     seconds = time.monotonic() - start
-    if result.status.value not in ("completed", "success"):
+    if result.final_step != config.steps:
       raise RuntimeError(
           f"run {config.run_name} ended {result.status.value} after step "
-          f"{result.final_step}"
+          f"{result.final_step} of {config.steps}"
       )
     self.record["runs"][config.run_name] = {
         "phase": what,

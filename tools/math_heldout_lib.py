@@ -26,13 +26,18 @@ GRPO starts where its groups hold both right and wrong answers.
 """
 
 import dataclasses
+import functools
 import math
 import os
 import statistics
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import jax
+import numpy as np
+
 from maxtext.config import config_lib
 from maxtext.config import optimizer
+from maxtext.model import transformer
 
 # The control's demonstrations come in another order than its SFT run's:
 # data_shuffle_seed = this + the seed.
@@ -166,6 +171,55 @@ def _demonstrations(places: Places) -> dict[str, str]:
       eval_data_path=os.path.join(places.demos, "eval.jsonl"),
       tokenizer_path=places.demos,
   )
+
+
+def _shapes(config) -> dict[str, str]:
+  """The model's parameters' shapes and dtypes by path (nothing allocated)."""
+  abstract = jax.eval_shape(
+      functools.partial(transformer.init_params, config),
+      jax.ShapeDtypeStruct((2,), np.uint32),
+  )
+  return {
+      jax.tree_util.keystr(path): f"{leaf.dtype}{list(leaf.shape)}"
+      for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)
+  }
+
+
+def check_same_model(sft_config, grpo_config) -> None:
+  """GRPO and the evaluations start from the SFT runs' checkpoints: both
+  configs must describe one model.
+
+  Raises:
+    ValueError: naming the first parameter whose shape differs.
+  """
+  sft, grpo = _shapes(sft_config), _shapes(grpo_config)
+  for path in sorted(set(sft) | set(grpo)):
+    if sft.get(path) != grpo.get(path):
+      raise ValueError(
+          f"the SFT and GRPO configs describe different models: parameter "
+          f"{path} is {sft.get(path, 'absent')} in the SFT config, "
+          f"{grpo.get(path, 'absent')} in the GRPO config"
+      )
+
+
+def check_full_length(sft_config, grpo_config) -> None:
+  """Every run trains all its steps: a quality target would end one early
+  and the arms would not train as many samples.
+
+  Raises:
+    ValueError: naming the target field.
+  """
+  if sft_config.target_eval_loss > 0:
+    raise ValueError(
+        f"--sft_config.target_eval_loss={sft_config.target_eval_loss}: an "
+        "SFT run would stop at it; give 0"
+    )
+  if grpo_config.grpo_target_pass_rate > 0:
+    raise ValueError(
+        f"--grpo_config.grpo_target_pass_rate="
+        f"{grpo_config.grpo_target_pass_rate}: a GRPO run would stop at it; "
+        "give 0"
+    )
 
 
 def checkpoint_steps(steps: int, period: int) -> list[int]:

@@ -6,6 +6,7 @@ from absl.testing import absltest
 
 from maxtext.config import config_lib
 from maxtext.configs import grpo_math_small
+from maxtext.configs import grpo_math_tiny
 from maxtext.configs import sft_math_small
 from tools import math_heldout_lib as lib
 
@@ -97,6 +98,31 @@ class PlanTest(absltest.TestCase):
     self.assertEqual(
         lib.sft_run(fixed, _PLACES, 1, 300, 800).lr_schedule_steps, 1000
     )
+
+  def test_the_configs_must_describe_one_model(self):
+    sft = sft_math_small.get_config()
+    lib.check_same_model(sft, grpo_math_small.get_config())
+    with self.assertRaisesRegex(ValueError, r"different models: parameter"):
+      lib.check_same_model(sft, grpo_math_tiny.get_config())
+    wider = config_lib.with_values(sft, {"mlp_dim": 1024})
+    with self.assertRaisesRegex(
+        ValueError,
+        r"w_down'\] is float32\[4, 1024, 512\] in the SFT config, "
+        r"float32\[4, 2048, 512\] in the GRPO config",
+    ):
+      lib.check_same_model(wider, grpo_math_small.get_config())
+
+  def test_a_target_that_would_end_a_run_early_is_refused(self):
+    sft, grpo = sft_math_small.get_config(), grpo_math_small.get_config()
+    lib.check_full_length(sft, grpo)
+    with self.assertRaisesRegex(ValueError, "target_eval_loss=0.5"):
+      lib.check_full_length(
+          config_lib.with_values(sft, {"target_eval_loss": 0.5}), grpo
+      )
+    with self.assertRaisesRegex(ValueError, "grpo_target_pass_rate=0.9"):
+      lib.check_full_length(
+          sft, config_lib.with_values(grpo, {"grpo_target_pass_rate": 0.9})
+      )
 
   def test_checkpoint_steps(self):
     self.assertEqual(lib.checkpoint_steps(400, 100), [100, 200, 300, 400])
