@@ -40,9 +40,9 @@ class PlanTest(absltest.TestCase):
         steps * sft.global_batch_size,
         lib.grpo_samples(grpo.steps, grpo.global_batch_size, 1),
     )
-    self.assertEqual(steps, 200)
+    self.assertEqual(steps, 150)
     halved = config_lib.with_values(sft, {"global_batch_size": 32})
-    self.assertEqual(lib.control_steps(grpo, halved), 400)
+    self.assertEqual(lib.control_steps(grpo, halved), 300)
 
   def test_samples_count_once_a_rollout(self):
     self.assertEqual(lib.grpo_samples(200, 64, 1), 12800)
