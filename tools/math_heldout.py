@@ -30,6 +30,7 @@ metrics.jsonl and config.json). The runs themselves (checkpoints included)
 go to --work_dir, which must not hold an earlier experiment.
 """
 
+import dataclasses
 import json
 import logging as std_logging
 import math
@@ -376,6 +377,9 @@ class _Experiment:
     path = os.path.join(self.output_dir, "summary.md")
     with open(path, "w", encoding="utf-8") as f:
       f.write(text)
+    if total_seconds is not None:
+      self.record["seconds"] = round(total_seconds, 1)
+    self._save()
     return text
 
   def _plan_line(self) -> str:
@@ -411,10 +415,12 @@ class _Experiment:
         lib.table(self.results, metrics, _TABLE_KEYS),
         "",
     ]
+    self.record["verdicts"] = {}
     for metric in [target] + [m for m in metrics if m != target]:
+      verdict = lib.verdict(self.results, metric)
+      self.record["verdicts"][metric] = dataclasses.asdict(verdict)
       lines.append(
-          ("Verdict, " if metric == target else "Also, ")
-          + lib.verdict(self.results, metric).line()
+          ("Verdict, " if metric == target else "Also, ") + verdict.line()
       )
     if "left_out" in self.record:
       lines += ["", self.record["left_out"] + "."]
