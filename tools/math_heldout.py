@@ -15,12 +15,12 @@ On one TPU v5e chip, from the source tree:
 
   python3 tools/math_heldout.py --output_dir=/tmp/math_heldout_out \
       --sft_config=maxtext/configs/sft_math_small.py \
-      --grpo_config=maxtext/configs/grpo_math_small.py
+      --grpo_config=maxtext/configs/grpo_math_small.py --time_limit_s=480
 
 or `tools/bazel run //tools:math_heldout -- ...` (relative paths resolve
-against the runfiles tree there: give absolute ones). --config.<field>
-overrides go to both configs' flags: --sft_config.steps=400,
---grpo_config.learning_rate=2e-4.
+against the runfiles tree there: give absolute ones). --sft_config.<field>
+and --grpo_config.<field> override either config's fields
+(--sft_config.steps=400, --grpo_config.learning_rate=2e-4).
 
 --output_dir receives at most four files: summary.md (the table and the
 verdict, also printed at the end), summary.json (every figure, rewritten
@@ -202,6 +202,8 @@ class _Experiment:
       except ValueError as e:
         raise ValueError(f"the {name} runs' config: {e}") from None
     lib.check_full_length(self.sft_config, self.grpo_config)
+    if not _SFT_STEPS.value:
+      lib.check_keeps_candidates(self.sft_config)
     lib.check_same_model(self.sft_config, self.grpo_config)
     workloads.check(self.grpo_config)
 
@@ -242,6 +244,8 @@ class _Experiment:
     return result
 
   def write_demonstrations(self, num_train: int) -> None:
+    """The task's demonstrations: `num_train` of training problems, and
+    those of the GRPO config's held-out problems (the SFT eval set)."""
     start = time.monotonic()
     task = tasks.load(
         self.grpo_config.grpo_task, self.grpo_config.grpo_eval_prompts, 0

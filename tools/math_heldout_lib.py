@@ -234,6 +234,24 @@ def checkpoint_steps(steps: int, period: int) -> list[int]:
   return sorted(set(range(period, steps + 1, period)) | {steps})
 
 
+def check_keeps_candidates(sft_config) -> None:
+  """Finding the SFT length evaluates the first SFT run's checkpoints: the
+  run must keep them all.
+
+  Raises:
+    ValueError: naming max_checkpoints_to_keep and the checkpoints needed.
+  """
+  needed = len(checkpoint_steps(sft_config.steps, sft_config.checkpoint_period))
+  keep = sft_config.max_checkpoints_to_keep
+  if 0 < keep < needed:
+    raise ValueError(
+        f"--sft_config.max_checkpoints_to_keep={keep}: finding the SFT length"
+        f" evaluates the first SFT run's {needed} checkpoints (steps="
+        f"{sft_config.steps}, checkpoint_period="
+        f"{sft_config.checkpoint_period}); give 0 (keep all) or --sft_steps"
+    )
+
+
 def first_reaching(
     candidates: Sequence[int],
     value_of: Callable[[int], float],

@@ -124,6 +124,18 @@ class PlanTest(absltest.TestCase):
           sft, config_lib.with_values(grpo, {"grpo_target_pass_rate": 0.9})
       )
 
+  def test_finding_the_sft_length_needs_every_checkpoint(self):
+    sft = sft_math_small.get_config()
+    lib.check_keeps_candidates(sft)  # Keeps all.
+    keeps_3 = config_lib.with_values(sft, {"max_checkpoints_to_keep": 3})
+    with self.assertRaisesRegex(
+        ValueError, "max_checkpoints_to_keep=3: .* 12 checkpoints"
+    ):
+      lib.check_keeps_candidates(keeps_3)
+    lib.check_keeps_candidates(
+        config_lib.with_values(keeps_3, {"checkpoint_period": 200})
+    )
+
   def test_checkpoint_steps(self):
     self.assertEqual(lib.checkpoint_steps(400, 100), [100, 200, 300, 400])
     self.assertEqual(lib.checkpoint_steps(250, 100), [100, 200, 250])
