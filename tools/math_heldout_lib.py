@@ -9,7 +9,8 @@ then from that SFT checkpoint two arms trained on as many samples:
   the same demonstrations in another order) for as many samples.
 
 A sample is a sequence through the training loss, as the training loop
-counts `samples` (metrics.jsonl): a GRPO step trains global_batch_size
+counts samples (`samples_per_s` in metrics.jsonl, the MLPerf log's sample
+counts): a GRPO step trains global_batch_size
 completions (grpo_num_generations of each of its problems) once per rollout,
 an SFT step global_batch_size demonstrations; `control_steps` gives the
 control's steps.
