@@ -190,7 +190,9 @@ class _Experiment:
     start = os.path.join(self.places.runs, "checkpoints")
     steps = _SFT_STEPS.value or self.sft_config.steps
     runs = {
-        "SFT": lib.sft_run(self.sft_config, self.places, 0, steps, steps),
+        "SFT": lib.sft_run(
+            self.sft_config, self.places, 0, steps, steps, probed=True
+        ),
         "control": lib.control_run(
             self.sft_config, self.places, 0, start, self.control_steps
         ),
@@ -258,11 +260,12 @@ class _Experiment:
         f"held-out in {seconds:.1f} s ({self.places.demos})"
     )
 
-  def sft(self, seed: int, steps: int, schedule_steps: int) -> str:
-    """SFT of `seed` for `steps` steps along the schedule of
-    `schedule_steps`; its checkpoints' directory."""
+  def sft(
+      self, seed: int, steps: int, schedule_steps: int, probed: bool
+  ) -> str:
+    """SFT of `seed` (`lib.sft_run`); its checkpoints' directory."""
     config = lib.sft_run(
-        self.sft_config, self.places, seed, steps, schedule_steps
+        self.sft_config, self.places, seed, steps, schedule_steps, probed
     )
     result = self._train(config, "sft")
     return os.path.join(result.run_dir, "checkpoints")
@@ -347,7 +350,7 @@ class _Experiment:
     longest = given or self.sft_config.steps
     self.write_demonstrations(_DEMONSTRATIONS.value)
     started = time.monotonic()
-    checkpoints = self.sft(first, longest, longest)
+    checkpoints = self.sft(first, longest, longest, probed=not given)
     sft_seconds = time.monotonic() - started
     steps = given or self.sft_length(checkpoints, first)
     self.record["sft_steps"] = steps
@@ -365,7 +368,7 @@ class _Experiment:
         self._say(self.record["left_out"])
         return
       started = time.monotonic()
-      checkpoints = self.sft(seed, steps, longest)
+      checkpoints = self.sft(seed, steps, longest, probed=False)
       self._seed_done(self.arms(seed, os.path.join(checkpoints, str(steps))))
       seed_seconds = time.monotonic() - started
 

@@ -103,12 +103,20 @@ def _run(config, places: Places, name: str, seed: int, **values: Any):
 
 
 def sft_run(
-    sft_config, places: Places, seed: int, steps: int, schedule_steps: int
+    sft_config,
+    places: Places,
+    seed: int,
+    steps: int,
+    schedule_steps: int,
+    probed: bool = False,
 ):
   """The SFT run of `seed`: from the seed's random parameters, `steps` steps
   on the demonstrations in the seed's order, along the learning-rate
   schedule of a run of `schedule_steps` (every seed's SFT run follows the
-  longest one's schedule, so a shorter run is that run's first steps)."""
+  longest one's schedule, so a shorter run is that run's first steps). A
+  `probed` run keeps the config's checkpoints (the SFT length is chosen
+  among them); any other saves its last only, where the arms start."""
+  checkpoints = {} if probed else dict(checkpoint_period=steps)
   return _run(
       sft_config,
       places,
@@ -119,6 +127,7 @@ def sft_run(
           sft_config.lr_schedule_steps, schedule_steps
       ),
       data_shuffle_seed=seed,
+      **checkpoints,
       **_demonstrations(places),
   )
 
@@ -132,6 +141,7 @@ def control_run(sft_config, places: Places, seed: int, start: str, steps: int):
       f"control_s{seed}",
       seed,
       steps=steps,
+      checkpoint_period=steps,
       load_parameters_path=start,
       data_shuffle_seed=CONTROL_SHUFFLE_OFFSET + seed,
       **_demonstrations(places),

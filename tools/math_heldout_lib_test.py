@@ -71,6 +71,11 @@ class PlanTest(absltest.TestCase):
       self.assertEqual(config.jax_compilation_cache_dir, "/w/cache")
     self.assertEqual((first.steps, first.load_parameters_path), (300, ""))
     self.assertEqual(first.lr_schedule_steps, 800)
+    # Only the probed SFT run keeps its checkpoints part-way.
+    self.assertEqual(first.checkpoint_period, 300)
+    probed = lib.sft_run(sft, _PLACES, 2, 800, 800, probed=True)
+    self.assertEqual(probed.checkpoint_period, sft.checkpoint_period)
+    self.assertEqual(control.checkpoint_period, 200)
     self.assertEqual(first.train_data_path, "/w/demos/train.jsonl")
     self.assertEqual(control.train_data_path, first.train_data_path)
     self.assertNotEqual(control.data_shuffle_seed, first.data_shuffle_seed)
