@@ -31,6 +31,7 @@ go to --work_dir, which must not hold an earlier experiment.
 """
 
 import dataclasses
+import importlib
 import json
 import logging as std_logging
 import math
@@ -203,6 +204,7 @@ class _Experiment:
         config_lib.validate(config)
       except ValueError as e:
         raise ValueError(f"the {name} runs' config: {e}") from None
+    _check_verifier()
     lib.check_full_length(self.sft_config, self.grpo_config)
     if not _SFT_STEPS.value:
       lib.check_keeps_candidates(self.sft_config)
@@ -437,6 +439,22 @@ class _Experiment:
         for name, run in self.record["runs"].items()
     ]
     return "\n".join(lines) + "\n"
+
+
+def _check_verifier() -> None:
+  """The math task's verifier imports (the reward worker imports it only at
+  the first reward, after the first SFT run).
+
+  Raises:
+    ValueError: naming the packages to install.
+  """
+  try:
+    importlib.import_module("math_verify")
+  except ImportError as e:
+    raise ValueError(
+        f"the math task's verifier does not import ({e}): install math-verify"
+        " 0.9.0 with latex2sympy2-extended, antlr4-python3-runtime and sympy"
+    ) from None
 
 
 def _share_compilations() -> None:
