@@ -17,7 +17,10 @@ from maxtext.configs import base
 from maxtext.core import component_config
 
 # Fields the caller decides, which the config does not hold: their default.
-GIVEN_BY_THE_CALLER = {("MeshConfig", "generation_devices"): 0}
+GIVEN_BY_THE_CALLER = {
+    ("MeshConfig", "generation_devices"): 0,
+    ("ExecutorConfig", "check_sandbox"): False,
+}
 
 
 def _settings_classes() -> list[type]:

@@ -32,6 +32,7 @@ from maxtext import layering_test
 SETTINGS = {
     "maxtext.config": {"maxtext.config.optimizer": ("OptimizerConfig",)},
     "maxtext.data": {"maxtext.data.data_config": ("DataConfig",)},
+    "maxtext.env": {"maxtext.env.executor": ("ExecutorConfig",)},
     "maxtext.grpo": {"maxtext.grpo.mlperf_header": ("GrpoMlperfConfig",)},
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.mllog": {"maxtext.mllog.mlperf_config": ("MlperfConfig",)},

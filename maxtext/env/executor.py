@@ -31,6 +31,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+from maxtext.core import component_config
 from maxtext.env import environment
 
 # The executors a config may name (`grpo_tool_executor`).
@@ -166,33 +167,23 @@ class LocalExecutor(Executor):
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class ExecutorConfig(component_config.ComponentConfig):
   """Which executor a run's episodes use (the config's fields).
 
   Attributes:
-    kind: LOCAL or RAY (`grpo_tool_executor`).
-    address: the Ray cluster's address; "" starts a Ray instance on this
-      host (`grpo_ray_address`).
-    actors: the Ray pool's actors, one call at a time each
-      (`grpo_ray_actors`).
-    call_seconds: the most one remote call may take before its episode
-      ends as invalid (`grpo_ray_call_timeout_seconds`).
+    grpo_tool_executor: LOCAL or RAY.
+    grpo_ray_address: the Ray cluster's address; "" starts a Ray instance
+      on this host.
+    grpo_ray_actors: the Ray pool's actors, one call at a time each.
+    grpo_ray_call_timeout_seconds: the most one remote call may take
+      before its episode ends as invalid.
     check_sandbox: each actor checks at its start that bubblewrap runs on
-      its node (the tools run isolated and the task uses the sandbox).
+      its node (the tools run isolated and the task uses the sandbox); the
+      caller's to set.
   """
 
-  kind: str = LOCAL
-  address: str = ""
-  actors: int = 4
-  call_seconds: float = 900.0
+  grpo_tool_executor: str = LOCAL
+  grpo_ray_address: str = ""
+  grpo_ray_actors: int = 4
+  grpo_ray_call_timeout_seconds: float = 900.0
   check_sandbox: bool = False
-
-  @classmethod
-  def from_config(cls, config, check_sandbox: bool = False) -> "Settings":
-    return cls(
-        config.grpo_tool_executor,
-        config.grpo_ray_address,
-        config.grpo_ray_actors,
-        config.grpo_ray_call_timeout_seconds,
-        check_sandbox,
-    )

@@ -113,7 +113,7 @@ class SettingsTest(absltest.TestCase):
         choices.GRPO_TOOL_EXECUTORS, (executor.LOCAL, executor.RAY)
     )
     self.assertIsInstance(
-        executors.create(executor.Settings(executor.LOCAL)),
+        executors.create(executor.ExecutorConfig(executor.LOCAL)),
         executor.LocalExecutor,
     )
 
@@ -123,11 +123,11 @@ class SettingsTest(absltest.TestCase):
         ValueError,
         r"^config.grpo_tool_executor='ray': .*requirements_ray_lock.txt",
     ):
-      executors.create(executor.Settings(executor.RAY))
+      executors.create(executor.ExecutorConfig(executor.RAY))
 
   def test_an_unknown_executor_is_refused(self):
     with self.assertRaisesRegex(ValueError, "grpo_tool_executor='dask'"):
-      executors.create(executor.Settings("dask"))
+      executors.create(executor.ExecutorConfig("dask"))
 
 
 if __name__ == "__main__":

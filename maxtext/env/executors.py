@@ -1,4 +1,4 @@
-"""The executor a config names, made: `create(Settings.from_config(c))`.
+"""The executor a config names, made: `create(ExecutorConfig.from_config(c))`.
 
 `"local"` is `executor.LocalExecutor`; `"ray"` is
 `ray_executor.RayExecutor`, imported only here and only when asked for, so
@@ -16,33 +16,34 @@ RAY_INSTALL = (
 )
 
 
-def check(settings: executor.Settings) -> None:
+def check(settings: executor.ExecutorConfig) -> None:
   """Refuses (ValueError, one line naming the field) an executor that
   cannot run in this process: an unknown one, or the ray executor without
   the `ray` package."""
-  if settings.kind not in (executor.LOCAL, executor.RAY):
+  kind = settings.grpo_tool_executor
+  if kind not in (executor.LOCAL, executor.RAY):
     raise ValueError(
-        f"config.grpo_tool_executor={settings.kind!r}: must be one of "
+        f"config.grpo_tool_executor={kind!r}: must be one of "
         f"{(executor.LOCAL, executor.RAY)}"
     )
-  if settings.kind == executor.RAY:
+  if kind == executor.RAY:
     try:
       # pylint: disable-next=import-outside-toplevel,unused-import  # Ray only when asked for.
       from maxtext.env import ray_executor
     except ImportError as e:
       raise ValueError(
-          f"config.grpo_tool_executor={settings.kind!r}: {e} ({RAY_INSTALL})"
+          f"config.grpo_tool_executor={kind!r}: {e} ({RAY_INSTALL})"
       ) from None
 
 
-def create(settings: executor.Settings) -> executor.Executor:
+def create(settings: executor.ExecutorConfig) -> executor.Executor:
   """The executor `settings` names (a Ray pool starts on its first use).
 
   Raises:
     ValueError: as `check`.
   """
   check(settings)
-  if settings.kind == executor.LOCAL:
+  if settings.grpo_tool_executor == executor.LOCAL:
     return executor.LocalExecutor()
   # pylint: disable-next=import-outside-toplevel  # Ray only when asked for.
   from maxtext.env import ray_executor

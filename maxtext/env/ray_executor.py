@@ -145,7 +145,7 @@ class RayExecutor(executor_lib.Executor):
     where: per actor, (host name, process id) when the pool started.
   """
 
-  def __init__(self, settings: executor_lib.Settings):
+  def __init__(self, settings: executor_lib.ExecutorConfig):
     self.settings = settings
     self.name = ""
     self._actors: list[Any] = []
@@ -164,15 +164,17 @@ class RayExecutor(executor_lib.Executor):
     s = self.settings
     if not ray.is_initialized():
       try:
-        if s.address:
-          ray.init(address=s.address, log_to_driver=False)
+        if s.grpo_ray_address:
+          ray.init(address=s.grpo_ray_address, log_to_driver=False)
         else:
           ray.init(
-              num_cpus=s.actors, include_dashboard=False, log_to_driver=False
+              num_cpus=s.grpo_ray_actors,
+              include_dashboard=False,
+              log_to_driver=False,
           )
       except (ConnectionError, RuntimeError, ValueError) as e:
         raise executor_lib.ExecutorError(
-            f"config.grpo_ray_address={s.address!r}: Ray cannot be "
+            f"config.grpo_ray_address={s.grpo_ray_address!r}: Ray cannot be "
             f"reached: {e}"
         ) from None
     host = ray.remote(_Host).options(
@@ -181,17 +183,20 @@ class RayExecutor(executor_lib.Executor):
     self.name = f"maxtext_ray_{uuid.uuid4().hex[:12]}"
     actors = [
         host.remote(s.check_sandbox, f"{self.name}_{k}")
-        for k in range(s.actors)
+        for k in range(s.grpo_ray_actors)
     ]
     refs = [a.ready.remote() for a in actors]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=s.call_seconds)
+    ready, _ = ray.wait(
+        refs, num_returns=len(refs), timeout=s.grpo_ray_call_timeout_seconds
+    )
     if len(ready) < len(refs):
       _end([a for a, r in zip(actors, refs) if r in ready], s)
       for a in actors:  # Those not started yet never start.
         ray.kill(a, no_restart=True)
       raise executor_lib.ExecutorError(
-          f"config.grpo_ray_actors={s.actors}: {len(ready)} actors started "
-          f"within {s.call_seconds:g} s (grpo_ray_call_timeout_seconds); "
+          f"config.grpo_ray_actors={s.grpo_ray_actors}: {len(ready)} actors "
+          f"started within {s.grpo_ray_call_timeout_seconds:g} s "
+          "(grpo_ray_call_timeout_seconds); "
           f"the cluster has {ray.cluster_resources().get('CPU', 0):g} CPUs"
       )
     for name, pid, problem in ray.get(refs):
@@ -230,7 +235,9 @@ class RayExecutor(executor_lib.Executor):
         i, submit = queues[actor].popleft()
         if not queues[actor]:
           del queues[actor]
-        deadline = time.monotonic() + self.settings.call_seconds
+        deadline = (
+            time.monotonic() + self.settings.grpo_ray_call_timeout_seconds
+        )
         inflight[submit(self._actors[actor])] = (i, actor, deadline)
       first = min(deadline for _, _, deadline in inflight.values())
       ready, _ = ray.wait(
@@ -246,7 +253,8 @@ class RayExecutor(executor_lib.Executor):
         if deadline <= now:
           del inflight[ref]
           out[i] = executor_lib.Fault(
-              f"no answer within {self.settings.call_seconds:g} s "
+              "no answer within "
+              f"{self.settings.grpo_ray_call_timeout_seconds:g} s "
               "(grpo_ray_call_timeout_seconds): its actor was restarted"
           )
           ray.kill(self._actors[actor], no_restart=False)
@@ -260,7 +268,7 @@ class RayExecutor(executor_lib.Executor):
     self._actors, self.where = [], []
 
 
-def _end(actors, settings: executor_lib.Settings) -> None:
+def _end(actors, settings: executor_lib.ExecutorConfig) -> None:
   """Ends `actors`, each after freeing what it holds (`_Host.shutdown`,
   within the call deadline)."""
   _wait([a.shutdown.remote() for a in actors], settings)
@@ -268,11 +276,15 @@ def _end(actors, settings: executor_lib.Settings) -> None:
     ray.kill(a, no_restart=True)
 
 
-def _wait(refs, settings: executor_lib.Settings) -> None:
+def _wait(refs, settings: executor_lib.ExecutorConfig) -> None:
   """Waits for `refs` within the call deadline, whatever they return (a
   dead actor's call fails: it holds nothing any more)."""
   if refs:
-    ray.wait(refs, num_returns=len(refs), timeout=settings.call_seconds)
+    ray.wait(
+        refs,
+        num_returns=len(refs),
+        timeout=settings.grpo_ray_call_timeout_seconds,
+    )
 
 
 def _value(ref) -> Any:

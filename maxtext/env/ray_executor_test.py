@@ -146,7 +146,9 @@ class RayExecutorTest(absltest.TestCase):
     )
     # Two actor processes, shared by the tests that do not break them.
     cls.pair = executors.create(
-        executor.Settings(executor.RAY, actors=2, check_sandbox=True)
+        executor.ExecutorConfig(
+            executor.RAY, grpo_ray_actors=2, check_sandbox=True
+        )
     )
 
   @classmethod
@@ -167,7 +169,7 @@ class RayExecutorTest(absltest.TestCase):
 
   def _pool(self, actors, call_seconds=900.0):
     pool = ray_executor.RayExecutor(
-        executor.Settings(executor.RAY, "", actors, call_seconds, True)
+        executor.ExecutorConfig(executor.RAY, "", actors, call_seconds, True)
     )
     self.addCleanup(pool.close)
     return pool

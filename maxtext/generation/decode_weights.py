@@ -28,11 +28,12 @@ import jax.numpy as jnp
 from maxtext.model import transformer
 
 
-def cast(params: Any, config) -> Any:
-  """`params` with the leaves the model reads only in `config.compute_dtype`
-  in that dtype (new arrays, each placed as its source), the others the
-  same arrays; `params` itself when no leaf needs a cast."""
-  dtype = jnp.dtype(config.compute_dtype)
+def cast(params: Any, compute_dtype: str) -> Any:
+  """`params` with the leaves the model reads only in its compute dtype
+  (the config's `compute_dtype`) in that dtype (new arrays, each placed as
+  its source), the others the same arrays; `params` itself when no leaf
+  needs a cast."""
+  dtype = jnp.dtype(compute_dtype)
   leaves, tree = jax.tree_util.tree_flatten(params)
   mask = jax.tree_util.tree_leaves(transformer.compute_dtype_mask(params))
   which = [
@@ -46,10 +47,10 @@ def cast(params: Any, config) -> Any:
   return jax.tree_util.tree_unflatten(tree, leaves)
 
 
-def dtypes(abstract_params: Any, config) -> Any:
+def dtypes(abstract_params: Any, compute_dtype: str) -> Any:
   """The dtype of each leaf of `cast`'s copy of parameters shaped as
   `abstract_params` (arrays or `jax.ShapeDtypeStruct`s)."""
-  dtype = jnp.dtype(config.compute_dtype)
+  dtype = jnp.dtype(compute_dtype)
   return jax.tree_util.tree_map(
       lambda leaf, w: dtype if w else leaf.dtype,
       abstract_params,

@@ -65,7 +65,9 @@ class DecodeWeightsTest(parameterized.TestCase):
     np.testing.assert_array_equal(
         np.asarray(
             transformer.apply(
-                decode_weights.cast(params, config), tokens, config
+                decode_weights.cast(params, config.compute_dtype),
+                tokens,
+                config,
             )
         ),
         np.asarray(transformer.apply(params, tokens, config)),
@@ -81,7 +83,10 @@ class DecodeWeightsTest(parameterized.TestCase):
     options = sampling.SamplingOptions(max_new_tokens=3, num_samples=2)
     prompts = [[1, 2, 3], [4, 5]]
     ours = decoder.generate(
-        decode_weights.cast(params, config), config, prompts, options
+        decode_weights.cast(params, config.compute_dtype),
+        config,
+        prompts,
+        options,
     )
     theirs = decoder.generate(params, config, prompts, options)
     np.testing.assert_array_equal(ours.ids, theirs.ids)
@@ -90,7 +95,7 @@ class DecodeWeightsTest(parameterized.TestCase):
   @parameterized.named_parameters(*_KINDS)
   def test_matrices_are_cast_and_the_rest_kept(self, presets, overrides):
     config, params = _model(presets, overrides)
-    copy = decode_weights.cast(params, config)
+    copy = decode_weights.cast(params, config.compute_dtype)
     flat = dict(jax.tree_util.tree_leaves_with_path(copy))
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
       name = jax.tree_util.keystr(path)
@@ -103,15 +108,15 @@ class DecodeWeightsTest(parameterized.TestCase):
         self.assertIs(flat[path], leaf, name)
     self.assertEqual(
         jax.tree.map(lambda x: x.dtype, copy),
-        decode_weights.dtypes(params, config),
+        decode_weights.dtypes(params, config.compute_dtype),
     )
 
   def test_parameters_already_in_the_compute_dtype_are_returned_as_they_are(
       self,
   ):
     config, params = _model((), {})
-    copy = decode_weights.cast(params, config)
-    self.assertIs(decode_weights.cast(copy, config), copy)
+    copy = decode_weights.cast(params, config.compute_dtype)
+    self.assertIs(decode_weights.cast(copy, config.compute_dtype), copy)
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def generation_params(config, mesh: jax.sharding.Mesh) -> Any:
           leaf.shape, dtype, sharding=sharding
       ),
       setup.abstract_params,
-      decode_weights.dtypes(setup.abstract_params, config),
+      decode_weights.dtypes(setup.abstract_params, config.compute_dtype),
       setup.param_shardings,
   )
 

@@ -46,7 +46,9 @@ class WeightCopyTest(absltest.TestCase):
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     setup = model_setup.setup_model(config, mesh)
     params = model_setup.init_params(config, setup)
-    leaves = jax.tree_util.tree_leaves(decode_weights.cast(params, config))
+    leaves = jax.tree_util.tree_leaves(
+        decode_weights.cast(params, config.compute_dtype)
+    )
     per_device = {d: 0 for d in mesh.devices.flat}
     for leaf in leaves:
       for shard in leaf.addressable_shards:

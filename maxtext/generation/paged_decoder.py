@@ -74,8 +74,9 @@ rows of a replica with fewer are empty and write nothing). Its
 continuations run in that replica's slots only, sharing its pages, and
 each replica fills its own free slots from its own ready continuations.
 The decode program's replicas step together: the call stops once any
-replica with work waiting has finished its `refill` sequences (the one value they
-exchange, an integer pair a step), or when no replica has a running one.
+replica with work waiting has finished its `refill` sequences (the one
+value they exchange, an integer pair a step), or when no replica has a
+running one.
 Draws are keyed by (row, step), so the ids do not depend on the replica
 either. `EngineGeneration`'s pages and bytes are summed over the replicas
 (`pages_used`: the sum of each replica's most pages in use, the pages the
@@ -1406,7 +1407,7 @@ def generate(
   )
   layout = replica_layout.for_model(config, mesh)
   run = _Run(
-      decode_weights.cast(params, config),
+      decode_weights.cast(params, config.compute_dtype),
       config,
       contexts,
       budgets,

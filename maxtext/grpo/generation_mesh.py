@@ -208,7 +208,7 @@ class GenerationMesh:
     setup = model_setup.setup_model(gen_config, self.mesh)
     self._shardings = setup.param_shardings
     self._route = _Route(train_devices, devices)
-    self._config = config
+    self._compute_dtype = config.compute_dtype
     self._cast = None
     # Each leaf's source and transit layouts, made by the first copy.
     self._layouts = None
@@ -218,13 +218,13 @@ class GenerationMesh:
     """The jitted cast to the compute dtype, output in the parameters' own
     layout (each leaf's `NamedSharding`, the route's source)."""
     if self._cast is None:
-      config = self._config
+      compute_dtype = self._compute_dtype
 
       def cast(tree):
         return jax.tree.map(
             lambda x, dtype: x.astype(dtype),
             tree,
-            decode_weights.dtypes(tree, config),
+            decode_weights.dtypes(tree, compute_dtype),
         )
 
       self._cast = jax.jit(

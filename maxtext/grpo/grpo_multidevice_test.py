@@ -211,7 +211,7 @@ class GrpoMultiDeviceTest(absltest.TestCase):
           set(generation.mesh.devices.flat), set(jax.devices()[8 - n :])
       )
       self.assertEqual(generation.mesh.shape["data"], replicas)
-      dtypes = decode_weights.dtypes(params, config)
+      dtypes = decode_weights.dtypes(params, config.compute_dtype)
       for path, got in jax.tree_util.tree_leaves_with_path(copied):
         want = functools.reduce(lambda t, k: t[k.key], path, params)
         dtype = functools.reduce(lambda t, k: t[k.key], path, dtypes)
@@ -231,7 +231,8 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         # Each training device's shards, as copied, to `copies` devices.
         self.assertEqual(
             generation.copy_bytes,
-            copies * _held_bytes(decode_weights.cast(params, config)),
+            copies
+            * _held_bytes(decode_weights.cast(params, config.compute_dtype)),
         )
 
   def test_generation_devices_must_leave_training_some(self):

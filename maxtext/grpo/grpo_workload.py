@@ -447,10 +447,13 @@ class GrpoWorkload(workload.Workload):
   def warm_up(self, state) -> float:
     """One update on the first rollout's shapes, drawn with placeholder
     reward functions, discarded: parameters, optimizer state, step counter
-    and recorder end as they were."""
+    and recorder end as they were; the reward functions' worker process
+    started (its imports are not the first step's)."""
     if state.start_step >= state.config.steps:
       return 0.0
     start = time.perf_counter()
+    for worker in self._reward_workers():
+      worker.start()
     engine = state.engine
     batches = self._source.warm_up_batches(
         state.start_step, batch_source.Policy(engine.params, engine.step)
@@ -495,10 +498,14 @@ class GrpoWorkload(workload.Workload):
         mlperf_header.GrpoMlperfConfig.from_config(config)
     )
 
+  def _reward_workers(self) -> set:
+    """The worker processes the reward functions run in (none in-process)."""
+    return {f.worker for f in self._rewards if f.worker is not None}
+
   def close(self) -> None:
     """Stops the reward functions' worker process and the tool executor's
     pool."""
-    for worker in {f.worker for f in self._rewards if f.worker is not None}:
+    for worker in self._reward_workers():
       worker.close()
     if self._episodes is not None and self._episodes.executor is not None:
       self._episodes.executor.close()

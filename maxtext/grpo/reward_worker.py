@@ -55,6 +55,14 @@ class Worker:
     """The most seconds one call may take."""
     return self._timeout_s
 
+  def start(self) -> None:
+    """Starts the child (and waits for its imports) unless it runs: a
+    run's warm-up calls it, so the start-up falls before the timed steps
+    rather than in the first step's rewards."""
+    if self._process is None or self._process.poll() is not None:
+      self.close()
+      self._start()
+
   def _start(self) -> None:
     """Starts the child and waits for it to have imported the functions."""
     child_reads, parent_writes = os.pipe()
@@ -99,9 +107,7 @@ class Worker:
       Timeout: a call took longer than the timeout; the worker is killed.
       Died: the worker ended (its exit status is in the message).
     """
-    if self._process is None or self._process.poll() is not None:
-      self.close()
-      self._start()
+    self.start()
     request = {
         "function": function,
         "pairs": [

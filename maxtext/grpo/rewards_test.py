@@ -167,6 +167,19 @@ class ScoreTest(absltest.TestCase):
     np.testing.assert_array_equal(here.total, there.total)
     np.testing.assert_array_equal(here.total, [1.5, 2.5, 0.5, 1.5])
 
+  def test_a_started_worker_serves_the_calls_after_it(self):
+    # pylint: disable=protected-access
+    functions = rewards.load("testing.hostile_rewards:constant", 30.0)
+    worker = functions[0].worker
+    self.assertIsNone(worker._process)
+    worker.start()
+    child = worker._process
+    self.assertIsNone(child.poll())
+    worker.start()  # Running: not started again.
+    rewards.score(functions, [[1]], [[2], [3]], 2)
+    self.assertIs(worker._process, child)
+    worker.close()
+
   def test_a_hung_reward_is_stopped_at_the_timeout(self):
     functions = rewards.load(
         "testing.hostile_rewards:constant,testing.hostile_rewards:hangs", 1.0

@@ -152,7 +152,9 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
           tool_limits, isolated, config.grpo_reward_timeout_seconds
       ),
       executor=executors.create(
-          executor.Settings.from_config(config, uses_sandbox and isolated)
+          executor.ExecutorConfig.from_config(
+              config, check_sandbox=uses_sandbox and isolated
+          )
       ),
   )
 

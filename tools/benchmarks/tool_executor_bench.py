@@ -164,7 +164,9 @@ def main(argv):
   try:
     for size in sizes:
       pool = ray_executor.RayExecutor(
-          executor.Settings(executor.RAY, "", size, 600.0, _ISOLATED.value)
+          executor.ExecutorConfig(
+              executor.RAY, "", size, 600.0, _ISOLATED.value
+          )
       )
       try:
         # The actors start before the clock runs.
