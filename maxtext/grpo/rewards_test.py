@@ -168,6 +168,8 @@ class ScoreTest(absltest.TestCase):
     np.testing.assert_array_equal(here.total, [1.5, 2.5, 0.5, 1.5])
 
   def test_a_started_worker_serves_the_calls_after_it(self):
+    # The child process is the worker's own; the test reads it to see it
+    # started once.
     # pylint: disable=protected-access
     functions = rewards.load("testing.hostile_rewards:constant", 30.0)
     worker = functions[0].worker
