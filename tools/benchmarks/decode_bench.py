@@ -228,10 +228,10 @@ def _longtail(config) -> None:
   """The static decoder against the paged one on long-tailed lengths."""
   prompts_n, g = _PROMPTS.value, _NUM_GENERATIONS.value
   prompt_len, cap = _PROMPT_LEN.value, _MAX_LENGTH.value
-  if min(prompts_n, g, prompt_len, cap, _MEAN_LENGTH.value) < 1:
+  if min(prompts_n, g, prompt_len, cap, _MEAN_LENGTH.value, _REFILL.value) < 1:
     raise app.UsageError(
-        "--prompts, --num_generations, --prompt_len, --mean_length and "
-        "--max_length must be >= 1"
+        "--prompts, --num_generations, --prompt_len, --mean_length, "
+        "--max_length and --refill must be >= 1"
     )
   engine = paged_decoder.EngineOptions(
       num_slots=_SLOTS.value,
