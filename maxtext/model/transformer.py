@@ -93,6 +93,7 @@ from maxtext.model import layers
 from maxtext.model import mla
 from maxtext.model import model_config
 from maxtext.model import moe
+from maxtext.model import vocab_loss
 from maxtext.model import zigzag
 from maxtext.runtime import axis_rules
 from maxtext.runtime import mesh as mesh_lib
@@ -759,14 +760,8 @@ def grouped_linear_layers(params: Params, config) -> Params:
   )
 
 
-def unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
-  """[B, S, E] hidden states -> float32 [B, S, V] logits."""
-  return jnp.einsum(
-      "bse,ev->bsv",
-      x,
-      unembedding.astype(x.dtype),
-      preferred_element_type=jnp.float32,
-  )
+# [B, S, E] hidden states -> float32 [B, S, V] logits.
+unembed = vocab_loss.unembed
 
 
 def apply(
@@ -794,62 +789,6 @@ def apply(
       zigzag.from_zigzag(x, mesh_lib.context_size(mesh)),
       output_projection(params),
   )
-
-
-def _token_sums(
-    logits: jax.Array, targets: jax.Array, weights: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-  """Weighted sums of cross entropy and argmax hits over [B, S] positions."""
-  log_probs = jax.nn.log_softmax(logits, axis=-1)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-  return jnp.sum(nll * weights), jnp.sum(correct * weights)
-
-
-def _chunked_token_sums(
-    x: jax.Array,
-    unembedding: jax.Array,
-    targets: jax.Array,
-    weights: jax.Array,
-    chunk: int,
-) -> tuple[jax.Array, jax.Array]:
-  """`_token_sums` of `unembed(x)`, `chunk` sequence positions at a time.
-
-  Only one chunk's float32 logits [B, chunk, V] exist at once, forward and
-  backward: each chunk is rematerialised in the backward pass. The sequence
-  is padded to a multiple of `chunk` with weight-0 positions.
-
-  Args:
-    x: [B, S, E] final hidden states.
-    unembedding: [E, V].
-    targets: int32 [B, S].
-    weights: float32 [B, S].
-    chunk: positions per chunk, >= 1.
-  """
-
-  @functools.partial(jax.checkpoint, prevent_cse=False)
-  def sums(x_c, targets_c, weights_c):
-    return _token_sums(unembed(x_c, unembedding), targets_c, weights_c)
-
-  def body(totals, inputs):
-    loss_sum, num_correct = sums(*inputs)
-    return (totals[0] + loss_sum, totals[1] + num_correct), None
-
-  zero = jnp.zeros((), jnp.float32)
-  totals, _ = jax.lax.scan(
-      body,
-      (zero, zero),
-      tuple(_position_chunks(a, chunk) for a in (x, targets, weights)),
-  )
-  return totals
-
-
-def _position_chunks(a: jax.Array, chunk: int) -> jax.Array:
-  """[B, S, ...] -> [n, B, chunk, ...], S zero-padded to n x chunk."""
-  b, s = a.shape[:2]
-  n = -(-s // chunk)
-  a = jnp.pad(a, [(0, 0), (0, n * chunk - s)] + [(0, 0)] * (a.ndim - 2))
-  return jnp.swapaxes(a.reshape(b, n, chunk, *a.shape[2:]), 0, 1)
 
 
 def next_token_log_probs(
@@ -902,7 +841,10 @@ def next_token_log_probs(
     b, s = tokens.shape
     scored = jax.lax.map(
         lambda inputs: jax.checkpoint(score, prevent_cse=False)(*inputs),
-        (_position_chunks(x, chunk), _position_chunks(following, chunk)),
+        (
+            vocab_loss.position_chunks(x, chunk),
+            vocab_loss.position_chunks(following, chunk),
+        ),
     )
     log_probs, entropy = (
         jnp.swapaxes(a, 0, 1).reshape(b, -1)[:, :s] for a in scored
@@ -951,10 +893,12 @@ def loss_fn(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean next-token cross entropy.
 
-  With `config.loss_chunk_size` > 0 (and below the sequence length), the
-  logits are computed and reduced that many sequence positions at a time, so
-  the full float32 [B, S, V] logits never exist; the result is the same up to
-  float32 summation order.
+  With `config.loss_chunk_size` > 0, the logits are computed and reduced
+  that many sequence positions at a time, so the full float32 [B, S, V]
+  logits never exist (above S: one chunk), and their gradients are computed
+  in the forward pass (`vocab_loss`: three vocabulary-sized products a chunk,
+  not four); the loss is the same up to float32 summation order. With 0 the
+  loss is differentiated as written, the reference.
 
   Args:
     params: the parameter pytree.
@@ -997,12 +941,12 @@ def loss_fn(
   context = mesh_lib.context_size(mesh)
   targets = zigzag.to_zigzag(targets, context)
   weights = zigzag.to_zigzag(weights, context)
-  if 0 < chunk < targets.shape[1]:
-    loss_sum, num_correct = _chunked_token_sums(
+  if chunk > 0:
+    loss_sum, num_correct = vocab_loss.token_sums(
         x, output_projection(params), targets, weights, chunk
     )
   else:
-    loss_sum, num_correct = _token_sums(
+    loss_sum, num_correct = vocab_loss.token_sums_of_logits(
         unembed(x, output_projection(params)), targets, weights
     )
   num_tokens = jnp.sum(weights)
