@@ -915,9 +915,9 @@ def loss_fn(
     (loss, aux): loss is the weighted mean cross entropy in nats per token
     (float32 scalar, 0 when every weight is 0). aux holds float32 scalars:
     "loss_sum" (weighted sum of cross entropies), "num_tokens" (sum of
-    weights), "num_correct" (weighted count of argmax hits) and "accuracy"
-    (num_correct / num_tokens), so micro-batch results combine exactly by
-    summing the sums.
+    weights), "num_correct" (weighted count of positions whose target has
+    the largest logit) and "accuracy" (num_correct / num_tokens), so
+    micro-batch results combine exactly by summing the sums.
 
   Raises:
     ValueError: `config.loss_chunk_size` < 0.

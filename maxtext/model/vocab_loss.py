@@ -20,8 +20,8 @@ evaluation) it computes the sums alone.
 
 The gradient products take bfloat16 (the hidden states' dtype) operands with
 float32 accumulation, as the projection forward does; the weighted softmax
-gradient is rounded to that dtype before them. The values (loss sum, argmax
-hits) are computed exactly as `token_sums_of_logits` computes them.
+gradient is rounded to that dtype before them. The values (loss sum, hits)
+are computed exactly as `token_sums_of_logits` computes them.
 """
 
 import functools
@@ -40,13 +40,29 @@ def unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
   )
 
 
+def _per_position(
+    logits: jax.Array, targets: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per position of float32 [..., V] logits: the log of the softmax's
+  denominator (log-sum-exp), the cross entropy, and whether the target's logit
+  is the largest (a tie counts as a hit).
+
+  Written as passes over the logits that the compiler fuses: the largest logit
+  (shared by the log-sum-exp and the hit), the sum of exponentials, and the
+  target's logit, a gather; no [..., V] log-probabilities are written out.
+  """
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return lse, lse - picked, (picked >= top).astype(jnp.float32)
+
+
 def token_sums_of_logits(
     logits: jax.Array, targets: jax.Array, weights: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-  """Weighted sums of cross entropy and argmax hits over [B, S] positions."""
-  log_probs = jax.nn.log_softmax(logits, axis=-1)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  """Weighted sums of cross entropy and of hits (the target's logit is the
+  largest) over [B, S] positions."""
+  _, nll, correct = _per_position(logits, targets)
   return jnp.sum(nll * weights), jnp.sum(correct * weights)
 
 
@@ -72,14 +88,11 @@ def _chunk_sums_and_grads(x_c, unembedding, targets_c, weights_c):
     [E, V]).
   """
   logits = unembed(x_c, unembedding)
-  log_probs = jax.nn.log_softmax(logits, axis=-1)
-  nll = -jnp.take_along_axis(log_probs, targets_c[..., None], axis=-1)[..., 0]
-  correct = (jnp.argmax(logits, axis=-1) == targets_c).astype(jnp.float32)
+  lse, nll, correct = _per_position(logits, targets_c)
   # d(sum_t w_t * nll_t) / d logits_t = w_t * (softmax_t - onehot(target_t)).
   hot = jax.nn.one_hot(targets_c, logits.shape[-1], dtype=jnp.float32)
-  dlogits = ((jnp.exp(log_probs) - hot) * weights_c[..., None]).astype(
-      x_c.dtype
-  )
+  dlogits = (jnp.exp(logits - lse[..., None]) - hot) * weights_c[..., None]
+  dlogits = dlogits.astype(x_c.dtype)
   dx_c = jnp.einsum(
       "bsv,ev->bse",
       dlogits,
@@ -137,7 +150,7 @@ def token_sums(
 ) -> tuple[jax.Array, jax.Array]:
   """`token_sums_of_logits(unembed(x, unembedding), ...)`, `chunk` positions
   at a time, differentiable in `x` and `unembedding` (the loss sum; the
-  argmax hits have no gradient, and neither have `targets` and `weights`).
+  hits have no gradient, and neither have `targets` and `weights`).
 
   Only one chunk's float32 logits [B, chunk, V] exist at once; the sequence is
   padded to a multiple of `chunk` with weight-0 positions.
@@ -165,7 +178,7 @@ def _token_sums_fwd(x, unembedding, targets, weights, chunk):
 def _token_sums_bwd(chunk, residuals, cotangents):
   del chunk
   (dx, du), (x_dtype, u_dtype) = residuals
-  scale = cotangents[0]  # the loss sum's; the argmax hits have none.
+  scale = cotangents[0]  # the loss sum's; the hits have none.
   return (
       (dx * scale).astype(x_dtype.dtype),
       (du * scale).astype(u_dtype.dtype),

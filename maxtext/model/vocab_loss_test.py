@@ -97,7 +97,24 @@ class TokenSumsTest(parameterized.TestCase):
     self.assertEqual(float(jnp.abs(dx[1]).max()), 0.0)
     self.assertGreater(float(jnp.abs(dx[0]).max()), 0.0)
 
-  def test_argmax_hits_have_no_gradient(self):
+  def test_hits_are_argmax_hits_and_ties_count(self):
+    x, unembedding, targets, weights = _inputs()
+    logits = vocab_loss.unembed(x, unembedding)
+    _, correct = vocab_loss.token_sums_of_logits(logits, targets, weights)
+    argmax = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    self.assertEqual(float(correct), float(jnp.sum(argmax * weights)))
+    # Targets that are the argmax everywhere: every weighted position a hit.
+    best = jnp.argmax(logits, axis=-1)
+    _, correct = vocab_loss.token_sums_of_logits(logits, best, weights)
+    self.assertEqual(float(correct), float(jnp.sum(weights)))
+    # A tie between the target and a lower id counts as a hit.
+    tied = jnp.zeros((1, 1, V)).at[0, 0, 3].set(1.0).at[0, 0, 7].set(1.0)
+    _, correct = vocab_loss.token_sums_of_logits(
+        tied, jnp.array([[7]]), jnp.ones((1, 1))
+    )
+    self.assertEqual(float(correct), 1.0)
+
+  def test_hits_have_no_gradient(self):
     x, unembedding, targets, weights = _inputs()
     dx = jax.grad(
         lambda x: vocab_loss.token_sums(x, unembedding, targets, weights, 4)[1]
