@@ -374,72 +374,57 @@ class MetricsRecorder:
           f"{metrics_buffer.describe(names)}"
       )
     target = self._target(step)
-    known = target is not None and names in target.packed_names
-    if not known:
-      if names not in self._valid_names:
-        if not names:
-          raise ValueError("names must not be empty")
-        for name in names:
-          _check_name(name)
-        if len(set(names)) != len(names):
-          dup = sorted(n for n in set(names) if names.count(n) > 1)
-          raise ValueError(f"names must be distinct; repeated: {dup}")
-        if len(self._valid_names) >= _MAX_VALID_NAMES:
-          self._valid_names.clear()
-        self._valid_names.add(names)
-      if target is not None:
-        for name in names:
-          if target.kinds.get(name, _SCALAR) != _SCALAR:
-            raise ValueError(
-                f"metric {name!r}: is weighted in step {step}, cannot buffer "
-                "a scalar value through buffer_packed"
-            )
-    label = f"{names[0]}... (packed)"
-    if isinstance(packed, jax.Array):
-      if isinstance(packed, jax.core.Tracer):
-        raise metric_values.error(
-            TypeError,
-            label,
-            "packed is a traced value; buffer metrics outside jit",
-            packed,
-        )
-      value = packed
-    elif isinstance(packed, np.ndarray):
-      value = np.array(packed, copy=True)
-    else:
-      raise metric_values.error(
-          TypeError, label, "packed must be a JAX or NumPy array", packed
-      )
-    problem = metric_values.dtype_problem(value.dtype)
-    if problem:
-      raise metric_values.error(TypeError, label, f"packed {problem}", packed)
-    if value.shape != (len(names),):
-      raise metric_values.error(
-          ValueError, label, f"packed must have shape ({len(names)},)", packed
-      )
-    if isinstance(value, jax.Array) and value.is_deleted():
-      raise metric_values.error(
-          ValueError, label, "packed has a deleted device buffer", packed
-      )
+    self._check_packed_names(step, names, target)
+    value = _packed_value(names, packed)
     if aggregation_fns is not None:
-      if not isinstance(aggregation_fns, Mapping):
-        raise TypeError(
-            "aggregation_fns must be None or a mapping; got "
-            f"{metrics_buffer.describe(aggregation_fns)}"
-        )
-      for name, fn in aggregation_fns.items():
-        if name not in names:
-          raise ValueError(
-              f"aggregation_fns names {name!r}, which is not in names"
-          )
-        _check_aggregation_fn(name, fn)
-        self._check_fn_conflict(target, name, fn)
+      self._check_packed_fns(target, names, aggregation_fns)
     target = self._open(step)
     target.add_packed(names, value)
     if aggregation_fns:
       for name, fn in aggregation_fns.items():
         if fn is not None:
           target.buffer.aggregation_fns[name] = fn
+
+  def _check_packed_names(self, step: int, names: tuple, target) -> None:
+    """`buffer_packed`'s names: valid, distinct, and scalars in `step`.
+
+    A tuple seen before (in this step's target, or among the recently
+    validated ones) is not checked again."""
+    if target is not None and names in target.packed_names:
+      return
+    if names not in self._valid_names:
+      if not names:
+        raise ValueError("names must not be empty")
+      for name in names:
+        _check_name(name)
+      if len(set(names)) != len(names):
+        dup = sorted(n for n in set(names) if names.count(n) > 1)
+        raise ValueError(f"names must be distinct; repeated: {dup}")
+      if len(self._valid_names) >= _MAX_VALID_NAMES:
+        self._valid_names.clear()
+      self._valid_names.add(names)
+    if target is not None:
+      for name in names:
+        if target.kinds.get(name, _SCALAR) != _SCALAR:
+          raise ValueError(
+              f"metric {name!r}: is weighted in step {step}, cannot buffer "
+              "a scalar value through buffer_packed"
+          )
+
+  def _check_packed_fns(self, target, names: tuple, aggregation_fns) -> None:
+    """`buffer_packed`'s aggregation functions: a mapping over `names`."""
+    if not isinstance(aggregation_fns, Mapping):
+      raise TypeError(
+          "aggregation_fns must be None or a mapping; got "
+          f"{metrics_buffer.describe(aggregation_fns)}"
+      )
+    for name, fn in aggregation_fns.items():
+      if name not in names:
+        raise ValueError(
+            f"aggregation_fns names {name!r}, which is not in names"
+        )
+      _check_aggregation_fn(name, fn)
+      self._check_fn_conflict(target, name, fn)
 
   # -- flushing and reading ------------------------------------------------
 
@@ -586,3 +571,36 @@ def _to_float(name: str, value) -> float:
         f"got shape {np.shape(value)}"
     )
   return float(np.asarray(value).reshape(()))
+
+
+def _packed_value(names: tuple, packed):
+  """`buffer_packed`'s array, checked: a concrete JAX array (kept) or a NumPy
+  array (copied) of shape (len(names),) and a numeric dtype."""
+  label = f"{names[0]}... (packed)"
+  if isinstance(packed, jax.Array):
+    if isinstance(packed, jax.core.Tracer):
+      raise metric_values.error(
+          TypeError,
+          label,
+          "packed is a traced value; buffer metrics outside jit",
+          packed,
+      )
+    value = packed
+  elif isinstance(packed, np.ndarray):
+    value = np.array(packed, copy=True)
+  else:
+    raise metric_values.error(
+        TypeError, label, "packed must be a JAX or NumPy array", packed
+    )
+  problem = metric_values.dtype_problem(value.dtype)
+  if problem:
+    raise metric_values.error(TypeError, label, f"packed {problem}", packed)
+  if value.shape != (len(names),):
+    raise metric_values.error(
+        ValueError, label, f"packed must have shape ({len(names)},)", packed
+    )
+  if isinstance(value, jax.Array) and value.is_deleted():
+    raise metric_values.error(
+        ValueError, label, "packed has a deleted device buffer", packed
+    )
+  return value
