@@ -91,7 +91,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.grpo.rollout_batches",
         "maxtext.grpo.text_task",
         "maxtext.grpo.train_loss",
-        "maxtext.hf.config_json",
         "maxtext.hf.deepseek",
         "maxtext.hf.exporter",
         "maxtext.hf.importer",
@@ -106,7 +105,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.run.workload",
         "maxtext.runtime.distributed",
         "maxtext.sft.sft_workload",
-        "maxtext.text.chat",
     }
 )
 
