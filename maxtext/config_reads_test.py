@@ -40,7 +40,10 @@ SETTINGS = {
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.mllog": {"maxtext.mllog.mlperf_config": ("MlperfConfig",)},
     "maxtext.model": {"maxtext.model.model_config": ("ModelConfig",)},
-    "maxtext.runtime": {"maxtext.runtime.mesh": ("MeshConfig", "BatchLayout")},
+    "maxtext.runtime": {
+        "maxtext.runtime.distributed": ("DistributedConfig",),
+        "maxtext.runtime.mesh": ("MeshConfig", "BatchLayout"),
+    },
     "maxtext.storage": {
         "maxtext.storage.checkpoint_config": ("CheckpointConfig",),
         "maxtext.storage.run_dir": ("RunDirConfig",),
@@ -63,7 +66,6 @@ _SETTINGS_NAMES = _CONFIG_NAMES + ("settings",)
 NOT_CONVERTED = frozenset(
     {
         "maxtext.config.eval_schedule",
-        "maxtext.core.eval_metrics",
         "maxtext.engine.model_setup",
         "maxtext.engine.saved_step",
         "maxtext.engine.train_compile_lib",
@@ -97,7 +99,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.run.run_state",
         "maxtext.run.trainer",
         "maxtext.run.workload",
-        "maxtext.runtime.distributed",
         "maxtext.sft.sft_workload",
     }
 )

@@ -308,7 +308,7 @@ def start_jax(config) -> None:
   Raises:
     HardwareError: the accelerator the config asks for is not there.
   """
-  distributed.initialize(config)
+  distributed.initialize(distributed.DistributedConfig.from_config(config))
   if config.jax_compilation_cache_dir:
     jax.config.update(
         "jax_compilation_cache_dir",
