@@ -69,8 +69,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.engine.model_setup",
         "maxtext.engine.saved_step",
         "maxtext.engine.train_compile_lib",
-        "maxtext.env.benchmark_task",
-        "maxtext.env.repair_task",
         "maxtext.env.tasks",
         "maxtext.generation.cached_model",
         "maxtext.generation.decode_roofline",
