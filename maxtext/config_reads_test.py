@@ -33,7 +33,10 @@ from maxtext import layering_test
 
 # Package -> the settings classes it owns, by the module that declares them.
 SETTINGS = {
-    "maxtext.config": {"maxtext.config.optimizer": ("OptimizerConfig",)},
+    "maxtext.config": {
+        "maxtext.config.eval_schedule": ("EvalSchedule",),
+        "maxtext.config.optimizer": ("OptimizerConfig",),
+    },
     "maxtext.data": {"maxtext.data.data_config": ("DataConfig",)},
     "maxtext.env": {"maxtext.env.executor": ("ExecutorConfig",)},
     "maxtext.grpo": {"maxtext.grpo.mlperf_header": ("GrpoMlperfConfig",)},
@@ -65,7 +68,6 @@ _SETTINGS_NAMES = _CONFIG_NAMES + ("settings",)
 # them package by package, and this list shrinks.
 NOT_CONVERTED = frozenset(
     {
-        "maxtext.config.eval_schedule",
         "maxtext.engine.model_setup",
         "maxtext.engine.saved_step",
         "maxtext.engine.train_compile_lib",
