@@ -8,11 +8,14 @@ modules take that dataclass, not the run's `ConfigDict`. Read statically
 
 - never names `ml_collections` (no import, no `ConfigDict` annotation);
 - has no parameter `config` or `cfg` (the run config's names) unless it is
-  annotated with one of its package's settings classes;
+  annotated with a settings class: one of its package's, or another
+  package's that the caller passes whole (the model's `ModelConfig` to the
+  checkpoint converters);
 - reads from a parameter annotated with a settings class, or named
-  `config`/`cfg`/`settings`, only the fields, properties and methods its
-  package's settings classes declare (`x.field`, `getattr(x, "field")`;
-  a computed name or `x["field"]` is refused).
+  `config`/`cfg`/`settings`, only the fields, properties and methods that
+  class declares (its package's classes, for one named but not annotated)
+  (`x.field`, `getattr(x, "field")`; a computed name or `x["field"]` is
+  refused).
 
 The config files, the top (`maxtext/`'s binaries and `workloads`), the
 validator (`config_lib`) and the builder hold the whole config by design.
@@ -22,7 +25,7 @@ pass. Converting a package shrinks the list.
 """
 
 import ast
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional
 
 from absl.testing import absltest
 
@@ -30,14 +33,23 @@ from maxtext import layering_test
 
 # Package -> the settings classes it owns, by the module that declares them.
 SETTINGS = {
-    "maxtext.config": {"maxtext.config.optimizer": ("OptimizerConfig",)},
+    "maxtext.config": {
+        "maxtext.config.eval_schedule": ("EvalSchedule",),
+        "maxtext.config.optimizer": ("OptimizerConfig",),
+    },
     "maxtext.data": {"maxtext.data.data_config": ("DataConfig",)},
-    "maxtext.env": {"maxtext.env.executor": ("ExecutorConfig",)},
+    "maxtext.env": {
+        "maxtext.env.executor": ("ExecutorConfig",),
+        "maxtext.env.tasks": ("TaskFilesConfig",),
+    },
     "maxtext.grpo": {"maxtext.grpo.mlperf_header": ("GrpoMlperfConfig",)},
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.mllog": {"maxtext.mllog.mlperf_config": ("MlperfConfig",)},
     "maxtext.model": {"maxtext.model.model_config": ("ModelConfig",)},
-    "maxtext.runtime": {"maxtext.runtime.mesh": ("MeshConfig", "BatchLayout")},
+    "maxtext.runtime": {
+        "maxtext.runtime.distributed": ("DistributedConfig",),
+        "maxtext.runtime.mesh": ("MeshConfig", "BatchLayout"),
+    },
     "maxtext.storage": {
         "maxtext.storage.checkpoint_config": ("CheckpointConfig",),
         "maxtext.storage.run_dir": ("RunDirConfig",),
@@ -59,14 +71,9 @@ _SETTINGS_NAMES = _CONFIG_NAMES + ("settings",)
 # them package by package, and this list shrinks.
 NOT_CONVERTED = frozenset(
     {
-        "maxtext.config.eval_schedule",
-        "maxtext.core.eval_metrics",
         "maxtext.engine.model_setup",
         "maxtext.engine.saved_step",
         "maxtext.engine.train_compile_lib",
-        "maxtext.env.benchmark_task",
-        "maxtext.env.repair_task",
-        "maxtext.env.tasks",
         "maxtext.generation.cached_model",
         "maxtext.generation.decode_roofline",
         "maxtext.generation.decoder",
@@ -88,27 +95,13 @@ NOT_CONVERTED = frozenset(
         "maxtext.grpo.rollout_batches",
         "maxtext.grpo.text_task",
         "maxtext.grpo.train_loss",
-        "maxtext.hf.config_json",
-        "maxtext.hf.deepseek",
-        "maxtext.hf.exporter",
         "maxtext.hf.importer",
-        "maxtext.hf.llama",
-        "maxtext.hf.logits_check",
-        "maxtext.hf.qwen3",
-        "maxtext.hf.qwen35",
-        "maxtext.model.gated_deltanet",
-        "maxtext.model.layers",
-        "maxtext.model.mla",
-        "maxtext.model.moe",
-        "maxtext.model.transformer",
         "maxtext.run.deferred_eval",
         "maxtext.run.preflight",
         "maxtext.run.run_state",
         "maxtext.run.trainer",
         "maxtext.run.workload",
-        "maxtext.runtime.distributed",
         "maxtext.sft.sft_workload",
-        "maxtext.text.chat",
     }
 )
 
@@ -144,6 +137,19 @@ def owned_members(
   return owned
 
 
+def class_members(
+    sources: Mapping[str, str],
+    settings: Mapping[str, Mapping[str, tuple]],
+    name: str,
+) -> set[str]:
+  """The members of the one settings class `name` that `settings` lists."""
+  for declared in settings.values():
+    for module, names in declared.items():
+      if name in names:
+        return _class_members(ast.parse(sources[module]), (name,))
+  raise KeyError(name)
+
+
 def _annotation_names(annotation) -> set[str]:
   """Every identifier an annotation mentions (`a.B[C]` -> a, B, C)."""
   if annotation is None:
@@ -159,32 +165,44 @@ def _annotation_names(annotation) -> set[str]:
   return found
 
 
-def _settings_params(function, classes: set[str]) -> tuple[set, list[str]]:
-  """(names of `function`'s parameters holding settings, problems)."""
+def _settings_params(
+    function,
+    classes: set[str],
+    members: set[str],
+    others: Mapping[str, set[str]],
+) -> tuple[dict[str, tuple[str, set[str]]], list[str]]:
+  """({parameter holding settings: (what holds it, the members it may
+  read)}, problems) of `function`; `classes` and `others` as for
+  `read_problems`."""
   args = function.args
   params = args.posonlyargs + args.args + args.kwonlyargs
   params += [a for a in (args.vararg, args.kwarg) if a is not None]
-  held, problems = set(), []
+  held, problems = {}, []
+  own = f"its package's settings ({', '.join(sorted(classes)) or 'none'})"
   for arg in params:
     mentioned = _annotation_names(arg.annotation)
+    foreign = sorted(mentioned & set(others))
     if mentioned & {"ConfigDict", "FrozenConfigDict", "ml_collections"}:
       problems.append(
           f"{function.name}({arg.arg}) takes the run's config "
           f"(annotated {ast.unparse(arg.annotation)})"
       )
     elif mentioned & classes:
-      held.add(arg.arg)
+      held[arg.arg] = (own, members)
+    elif foreign:
+      readable = set().union(*(others[name] for name in foreign))
+      held[arg.arg] = (", ".join(foreign), readable)
     elif arg.arg in _CONFIG_NAMES:
       problems.append(
           f"{function.name}({arg.arg}) takes the run's config (a parameter "
-          f"{arg.arg!r} not annotated with a settings class of its package)"
+          f"{arg.arg!r} not annotated with a settings class)"
       )
     elif arg.arg in _SETTINGS_NAMES:
-      held.add(arg.arg)
+      held[arg.arg] = (own, members)
   return held, problems
 
 
-def _read(node, held: set[str]):
+def _read(node, held: Mapping[str, tuple]):
   """(parameter name, field read or None for an unreadable one), or None
   when `node` reads nothing from a held parameter."""
   if (
@@ -215,16 +233,22 @@ def _read(node, held: set[str]):
 
 
 def read_problems(
-    module: str, source: str, classes: set[str], members: set[str]
+    module: str,
+    source: str,
+    classes: set[str],
+    members: set[str],
+    others: Optional[Mapping[str, set[str]]] = None,
 ) -> list[str]:
   """Every way `source` takes the run's config or reads a field its
-  package does not own, one line each (empty: the module is converted).
+  settings do not hold, one line each (empty: the module is converted).
 
   Args:
     module: the module's dotted name, for the lines.
     source: its text.
     classes: its package's settings classes.
     members: their fields, properties and methods.
+    others: the settings classes of other packages, which a caller may pass
+      whole, by name -> each one's members.
   """
   tree = ast.parse(source)
   problems = []
@@ -241,21 +265,22 @@ def read_problems(
   for function in ast.walk(tree):
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
       continue
-    held, found = _settings_params(function, classes)
+    held, found = _settings_params(function, classes, members, others or {})
     problems += found
     for node in ast.walk(function):
       read = _read(node, held)
       if read is None:
         continue
       name, field = read
+      holder, readable = held[name]
       if field is None:
         problems.append(
             f"{function.name} reads {name} by a computed name or as a dict"
         )
-      elif field not in members:
+      elif field not in readable:
         problems.append(
-            f"{function.name} reads {name}.{field}, a field its package's "
-            f"settings ({', '.join(sorted(classes)) or 'none'}) do not hold"
+            f"{function.name} reads {name}.{field}, a field {holder} do "
+            "not hold"
         )
   return [f"{module}: {p}" for p in dict.fromkeys(problems)]
 
@@ -278,7 +303,13 @@ def _problems_of(sources: Mapping[str, str]) -> dict[str, list[str]]:
     if package in DICT_PACKAGES or module in DICT_MODULES:
       continue
     classes, members = owned.get(package, (set(), set()))
-    problems[module] = read_problems(module, source, classes, members)
+    others = {
+        name: class_members(sources, SETTINGS, name)
+        for other, (names, _) in owned.items()
+        if other != package
+        for name in names
+    }
+    problems[module] = read_problems(module, source, classes, members, others)
   return problems
 
 
@@ -330,8 +361,12 @@ class CheckSeesOffendersTest(absltest.TestCase):
   _CLASSES = {"MeshConfig"}
   _MEMBERS = {"data_parallelism", "validate", "from_config"}
 
+  _OTHERS = {"ModelConfig": {"num_layers", "validate", "from_config"}}
+
   def _problems(self, source):
-    return read_problems("pkg.mod", source, self._CLASSES, self._MEMBERS)
+    return read_problems(
+        "pkg.mod", source, self._CLASSES, self._MEMBERS, self._OTHERS
+    )
 
   def test_own_fields_pass(self):
     source = (
@@ -339,8 +374,27 @@ class CheckSeesOffendersTest(absltest.TestCase):
         "  return settings.data_parallelism * n\n"
         "def g(mesh_config: 'mesh.MeshConfig'):\n"
         "  return getattr(mesh_config, 'data_parallelism')\n"
+        "def h(config: model_config.ModelConfig):\n"
+        "  return config.num_layers\n"
     )
     self.assertEqual(self._problems(source), [])
+
+  def test_another_packages_settings_are_read_by_their_own_fields(self):
+    source = (
+        "def a(config: model_config.ModelConfig):\n"
+        "  return config.data_parallelism\n"
+        "def b(model: 'ModelConfig', settings: MeshConfig):\n"
+        "  return model.num_layers, settings.num_layers\n"
+    )
+    self.assertEqual(
+        self._problems(source),
+        [
+            "pkg.mod: a reads config.data_parallelism, a field ModelConfig"
+            " do not hold",
+            "pkg.mod: b reads settings.num_layers, a field its package's"
+            " settings (MeshConfig) do not hold",
+        ],
+    )
 
   def test_offenders_are_named(self):
     source = (
@@ -363,7 +417,7 @@ class CheckSeesOffendersTest(absltest.TestCase):
         [
             "pkg.mod: imports ml_collections",
             "pkg.mod: a(config) takes the run's config (a parameter 'config'"
-            " not annotated with a settings class of its package)",
+            " not annotated with a settings class)",
             "pkg.mod: b(c) takes the run's config (annotated"
             " ml_collections.ConfigDict)",
             "pkg.mod: d reads settings.grpo_num_generations, a field its"
@@ -372,7 +426,7 @@ class CheckSeesOffendersTest(absltest.TestCase):
             "pkg.mod: f reads settings.workload, a field its package's"
             " settings (MeshConfig) do not hold",
             "pkg.mod: g(config) takes the run's config (a parameter 'config'"
-            " not annotated with a settings class of its package)",
+            " not annotated with a settings class)",
         ],
     )
 

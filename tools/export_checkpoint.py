@@ -38,6 +38,7 @@ from maxtext.core import progress
 from maxtext.hf import exporter
 from maxtext.hf import tokenizer_files
 from maxtext.generation import generate
+from maxtext.model import model_config
 from tools import command_line
 
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "The run directory.")
@@ -85,7 +86,7 @@ def _export() -> None:
       run.tokenizer.path if run.tokenizer else None,
   )
   exporter.export_checkpoint(
-      run.config,
+      model_config.of(run.config),
       run.params,
       output_dir,
       _DTYPE.value,

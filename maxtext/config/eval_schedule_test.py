@@ -10,7 +10,7 @@ from maxtext.configs import base
 def _config(**overrides):
   config = base.get_config()
   config.update(overrides)
-  return config
+  return eval_schedule.EvalSchedule.from_config(config)
 
 
 def _due_steps(config):

@@ -60,7 +60,7 @@ class ComponentConfig:
     unknown = sorted(set(given) - fields)
     if unknown:
       raise TypeError(f"{cls.__name__} has no field(s) {unknown}")
-    values = _values(config)
+    values = _values(config, fields)
     nested = _nested(cls)
     taken = {
         name: nested[name].from_config(config)
@@ -88,11 +88,11 @@ def _nested(cls: type) -> dict[str, type[ComponentConfig]]:
   }
 
 
-def _values(config: Any) -> Mapping[str, Any]:
-  """`config`'s fields by name (field references resolved)."""
-  if isinstance(config, Mapping):
-    return config
-  return {name: config[name] for name in config.keys()}
+def _values(config: Any, names: set[str]) -> Mapping[str, Any]:
+  """`config`'s fields of `names` that it holds, by name (field references
+  resolved); only those are read, so building a settings object costs a
+  few lookups whatever the config's size."""
+  return {name: config[name] for name in names if name in config}
 
 
 def defaults(cls: type[ComponentConfig]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ No JAX here: the model, the engine, the loop and the listeners all use it.
 import dataclasses
 import enum
 import types
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 
 class Direction(enum.Enum):
@@ -78,9 +78,7 @@ class Target:
     return metric.direction.reaches(metric.value, self.threshold)
 
 
-def target(config: Any) -> Target:
-  """The config's quality target: the eval loss at `target_eval_loss`.
-
-  `target_eval_loss` = 0 means no target.
-  """
-  return Target(LOSS, config.target_eval_loss or None)
+def target(target_eval_loss: float) -> Target:
+  """A run's quality target: the eval loss at the config's
+  `target_eval_loss` (0 = no target)."""
+  return Target(LOSS, target_eval_loss or None)

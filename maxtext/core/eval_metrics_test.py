@@ -33,14 +33,10 @@ class DirectionTest(parameterized.TestCase):
 class TargetTest(parameterized.TestCase):
 
   def test_config_target_is_the_eval_loss(self):
-    config = base.get_config()
-    config.target_eval_loss = 3.3
-    self.assertEqual(
-        eval_metrics.target(config), eval_metrics.Target("loss", 3.3)
-    )
-    config.target_eval_loss = 0.0  # No target.
-    self.assertEqual(
-        eval_metrics.target(config), eval_metrics.Target("loss", None)
+    self.assertEqual(eval_metrics.target(3.3), eval_metrics.Target("loss", 3.3))
+    self.assertEqual(  # 0, base.py's default: no target.
+        eval_metrics.target(base.get_config().target_eval_loss),
+        eval_metrics.Target("loss", None),
     )
 
   def test_reached_in_the_metric_direction(self):

@@ -15,6 +15,7 @@ import jax
 
 from maxtext.engine import engine as engine_lib
 from maxtext.runtime import mesh as mesh_lib
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.config import optimizer as optimizer_lib
 from maxtext.engine import saved_step
@@ -101,8 +102,9 @@ def make_engine(
   """
   settings = optimizer_lib.OptimizerConfig.from_config(config)
   schedule = optimizer_lib.make_schedule(settings)
+  model = model_config.of(config)
   return engine_lib.Engine(
-      functools.partial(transformer.loss_fn, config=config, mesh=setup.mesh),
+      functools.partial(transformer.loss_fn, config=model, mesh=setup.mesh),
       params,
       make_optimizer(settings, schedule),
       schedule,
@@ -112,10 +114,10 @@ def make_engine(
       batch_sharding=setup.batch_sharding,
       grad_clip_norm=config.grad_clip_norm,
       donate_state=config.donate_state,
-      eval_fn=functools.partial(transformer.eval_fn, config=config),
+      eval_fn=functools.partial(transformer.eval_fn, config=model),
       eval_directions=transformer.EVAL_DIRECTIONS,
       executables=executables,
-      statistic_rules=transformer.statistic_rules(config),
+      statistic_rules=transformer.statistic_rules(model),
   )
 
 

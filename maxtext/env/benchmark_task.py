@@ -337,16 +337,16 @@ class SoftwareEnvironment(environment.ToolEnvironment):
       self,
       record: dict[str, Any],
       prompt: Prompt,
-      settings: tasks.ToolSettings,
+      tool_settings: tasks.ToolSettings,
   ):
     super().__init__(KIND)
     self._record = record
     self._prompt = prompt
-    self._settings = settings
+    self._tool_settings = tool_settings
     self._box = sandbox.Sandbox(
         {},
-        settings.limits,
-        settings.isolated,
+        tool_settings.limits,
+        tool_settings.isolated,
         root=record["rootfs"],
         workdir=record["workdir"],
         source=record["source"],
@@ -507,7 +507,7 @@ class SoftwareEnvironment(environment.ToolEnvironment):
         return 0.0
     result = self._box.run(
         ["/bin/bash", "-c", self._record["test_command"]],
-        self._settings.verifier_seconds,
+        self._tool_settings.verifier_seconds,
     )
     return float(result.ok)
 

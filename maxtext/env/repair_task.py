@@ -150,12 +150,12 @@ def _tail(text: str, limit: int = 1500) -> str:
 class RepairEnvironment(environment.ToolEnvironment):
   """One repair episode on a scratch copy of the record's files."""
 
-  def __init__(self, record: dict[str, Any], settings: tasks.ToolSettings):
+  def __init__(self, record: dict[str, Any], tool_settings: tasks.ToolSettings):
     super().__init__("repair")
     self._record = record
-    self._settings = settings
+    self._tool_settings = tool_settings
     self._box = sandbox.Sandbox(
-        record["files"], settings.limits, settings.isolated
+        record["files"], tool_settings.limits, tool_settings.isolated
     )
     self.add_tool("view_file", self.view_file, "Shows a file.")
     self.add_tool(
@@ -221,7 +221,7 @@ class RepairEnvironment(environment.ToolEnvironment):
         logging.warning("%s scored 0: %s", self._record["instance_id"], why)
         return 0.0
     result = self._box.run(
-        self._record["test_command"], self._settings.verifier_seconds
+        self._record["test_command"], self._tool_settings.verifier_seconds
     )
     return float(result.ok)
 

@@ -24,6 +24,7 @@ import importlib
 import inspect
 from typing import Any, Optional
 
+from maxtext.core import component_config
 from maxtext.env import environment
 from maxtext.env import sandbox
 
@@ -47,8 +48,24 @@ class ToolSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskFilesConfig(component_config.ComponentConfig):
+  """The config's `grpo_task_*` fields: the files a task reads
+  (`maxtext/configs/base.py` documents each; `TaskInputs.of` names them
+  for the task)."""
+
+  grpo_task_curriculum_path: str = ""
+  grpo_task_curriculum_sha256: str = ""
+  grpo_task_validation_path: str = ""
+  grpo_task_validation_sha256: str = ""
+  grpo_task_rootfs_dir: str = ""
+  grpo_task_prompt_path: str = ""
+  grpo_task_prompt_sha256: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskInputs:
-  """The files a task reads, from the config's `grpo_task_*` fields.
+  """The files a task reads (`TaskFilesConfig`'s fields, named for the
+  task).
 
   Attributes:
     curriculum_path: the training records, in order (JSONL).
@@ -69,12 +86,16 @@ class TaskInputs:
   prompt_sha256: str = ""
 
   @classmethod
-  def from_config(cls, config) -> "TaskInputs":
+  def of(cls, files: TaskFilesConfig) -> "TaskInputs":
+    """The inputs `files` names."""
     return cls(
-        **{
-            field.name: getattr(config, f"grpo_task_{field.name}")
-            for field in dataclasses.fields(cls)
-        }
+        curriculum_path=files.grpo_task_curriculum_path,
+        curriculum_sha256=files.grpo_task_curriculum_sha256,
+        validation_path=files.grpo_task_validation_path,
+        validation_sha256=files.grpo_task_validation_sha256,
+        rootfs_dir=files.grpo_task_rootfs_dir,
+        prompt_path=files.grpo_task_prompt_path,
+        prompt_sha256=files.grpo_task_prompt_sha256,
     )
 
   def given(self) -> bool:

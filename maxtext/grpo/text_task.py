@@ -108,7 +108,7 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
       config.grpo_task,
       config.grpo_eval_prompts,
       config.seed,
-      tasks.TaskInputs.from_config(config),
+      tasks.TaskInputs.of(tasks.TaskFilesConfig.from_config(config)),
   )
   turn = config.grpo_max_turn_tokens or config.grpo_max_completion_length
   if turn > config.grpo_max_completion_length:

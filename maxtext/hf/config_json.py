@@ -74,11 +74,11 @@ def _kind_of(value: Any) -> str:
   return type(value).__name__
 
 
-def check(config: Mapping[str, Any], source: str) -> None:
-  """Raises ValueError naming the first field of `config` of a wrong type.
+def check(hf_config: Mapping[str, Any], source: str) -> None:
+  """Raises ValueError naming the first field of `hf_config` of a wrong type.
 
   Args:
-    config: the parsed config.json (an object).
+    hf_config: the parsed config.json (an object).
     source: its path, named in the message.
   """
   wanted = {}
@@ -88,7 +88,7 @@ def check(config: Mapping[str, Any], source: str) -> None:
   wanted.update({key: ("object",) for key in _OBJECT})
   wanted.update({key: ("string",) for key in _STRING})
   for key, kinds in wanted.items():
-    value = config.get(key)
+    value = hf_config.get(key)
     if value is None:
       continue
     kind = _kind_of(value)
@@ -101,7 +101,7 @@ def check(config: Mapping[str, Any], source: str) -> None:
       )
     if kind == "integer" and value < 0:
       raise ValueError(f"{source}: {key}={value} is negative")
-  architectures = config.get("architectures")
+  architectures = hf_config.get("architectures")
   if architectures is not None and not (
       isinstance(architectures, list)
       and all(isinstance(a, str) for a in architectures)

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from maxtext.hf import llama
+from maxtext.model import model_config
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 UnsupportedError = llama.UnsupportedError
@@ -131,7 +132,7 @@ _NULL_WHEN_ZERO = ("q_lora_rank",)
 _MAX_SEQUENCE = 8192
 
 
-def _written(config, table) -> dict[str, Any]:
+def _written(config: model_config.ModelConfig, table) -> dict[str, Any]:
   """The config.json keys of `table` from the project's `config`."""
   document = llama.written_fields(config, table)
   for key in _NULL_WHEN_ZERO:
@@ -202,15 +203,10 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
   return fields
 
 
-def check_exportable(config) -> None:
+def check_exportable(config: model_config.ModelConfig) -> None:
   """Raises UnsupportedError (one line naming the field) unless
   DeepseekV3ForCausalLM can hold the model `config`."""
-  for field, wanted in _FIXED.items():
-    if config[field] != wanted:
-      raise UnsupportedError(
-          f"config.{field}={config[field]!r}: a DeepseekV3ForCausalLM needs "
-          f"{wanted!r}"
-      )
+  llama.check_fixed(config, _FIXED, ARCHITECTURE)
   if not config.num_experts:
     raise UnsupportedError(
         "config.num_experts=0: a DeepseekV3ForCausalLM has routed experts"
@@ -227,7 +223,7 @@ def check_exportable(config) -> None:
     )
 
 
-def hf_config(config, dtype: str) -> dict[str, Any]:
+def hf_config(config: model_config.ModelConfig, dtype: str) -> dict[str, Any]:
   """A DeepSeek-V3 config.json for the project's `config` with weights in
   `dtype`: what `config_fields` reads back as the same fields.
 
@@ -306,7 +302,9 @@ _SAME, _LINEAR = llama.SAME, llama.LINEAR
 _HEADS_OUT, _HEADS_IN = llama.HEADS_OUT, llama.HEADS_IN
 
 
-def _attention_tensors(config, interleaved: bool) -> dict[str, tuple]:
+def _attention_tensors(
+    config: model_config.ModelConfig, interleaved: bool
+) -> dict[str, tuple]:
   """Attention and norm parameters: name -> (tensor name suffix, layout)."""
   nope, rope = config.qk_nope_head_dim, config.qk_rope_head_dim
   names = {
@@ -356,7 +354,9 @@ _EXPERTS = {
 
 
 def tensors(
-    params: Mapping[str, Any], config, hf: Mapping[str, Any]
+    params: Mapping[str, Any],
+    config: model_config.ModelConfig,
+    hf: Mapping[str, Any],
 ) -> Iterator[Tensor]:
   """Every Hugging Face tensor of the model `params` (a pytree of arrays or
   shapes from `transformer.init_params`) for `config`, read from a

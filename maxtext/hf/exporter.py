@@ -45,20 +45,26 @@ from maxtext.hf import qwen35
 from maxtext.hf import safetensors_io
 from maxtext.hf import staging as staging_lib
 from maxtext.hf import tokenizer_files as tokenizer_files_lib
+from maxtext.model import model_config
 
 DTYPES = ("bfloat16", "float32")
 # Hugging Face's default shard size (`save_pretrained(max_shard_size="5GB")`).
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
-# Model fields only Qwen3.5-MoE's layout holds, with their plain values.
-_QWEN35_ONLY = {
-    "norm_zero_centered": False,
-    "attention_output_gate": False,
-    "partial_rotary_factor": 1.0,
-    "shared_expert_gate": False,
-    "shared_expert_mlp_dim": 0,
-}
+
 # Parameters written in float32 whatever the dtype asked for.
 _FLOAT32 = ("router_bias",)
+
+
+def _qwen35_only(config: model_config.ModelConfig) -> dict[str, tuple]:
+  """The model fields only Qwen3.5-MoE's layout holds: field -> (its value
+  in `config`, the plain value every other family has)."""
+  return {
+      "norm_zero_centered": (config.norm_zero_centered, False),
+      "attention_output_gate": (config.attention_output_gate, False),
+      "partial_rotary_factor": (config.partial_rotary_factor, 1.0),
+      "shared_expert_gate": (config.shared_expert_gate, False),
+      "shared_expert_mlp_dim": (config.shared_expert_mlp_dim, 0),
+  }
 
 
 class _Converted:
@@ -92,7 +98,7 @@ class _Converted:
     return np.ascontiguousarray(arrays[0], dtype=self.dtype)
 
 
-def family(config):
+def family(config: model_config.ModelConfig):
   """The conversion module that holds the model `config`: DeepSeek-V3 for
   latent attention, Qwen3.5-MoE for the Gated DeltaNet layer pattern,
   Qwen3 for grouped-query attention with per-head q/k norms or experts,
@@ -106,7 +112,7 @@ def family(config):
   return llama
 
 
-def hf_config_and_tensors(config, params, dtype: str):
+def hf_config_and_tensors(config: model_config.ModelConfig, params, dtype: str):
   """(config.json document, the Hugging Face tensors) of `params`.
 
   Raises:
@@ -115,10 +121,10 @@ def hf_config_and_tensors(config, params, dtype: str):
   module = family(config)
   try:
     if module is not qwen35:
-      for field, plain in _QWEN35_ONLY.items():
-        if config[field] != plain:
+      for field, (value, plain) in _qwen35_only(config).items():
+        if value != plain:
           raise llama.UnsupportedError(
-              f"config.{field}={config[field]!r}: only a "
+              f"config.{field}={value!r}: only a "
               f"{qwen35.ARCHITECTURE} (full_attention_interval > 0) holds it"
           )
     document = module.hf_config(config, dtype)
@@ -141,7 +147,7 @@ def hf_config_and_tensors(config, params, dtype: str):
 
 
 def export_checkpoint(
-    config,
+    config: model_config.ModelConfig,
     params,
     output_dir: str,
     dtype: str,
@@ -153,7 +159,7 @@ def export_checkpoint(
   """Writes `params` of the model `config` as a Hugging Face model.
 
   Args:
-    config: the run's config.
+    config: the model's config.
     params: its parameters (`transformer.init_params`' structure).
     output_dir: absent or empty directory to write.
     dtype: "bfloat16" or "float32".

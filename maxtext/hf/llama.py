@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from maxtext.model import model_config
+
 ARCHITECTURE = "LlamaForCausalLM"
 
 
@@ -128,7 +130,7 @@ def _rope_scaling_fields(
   )
 
 
-def hf_config(config, dtype: str) -> dict[str, Any]:
+def hf_config(config: model_config.ModelConfig, dtype: str) -> dict[str, Any]:
   """A Llama config.json for the project's `config` with weights in `dtype`.
 
   Raises:
@@ -211,9 +213,33 @@ def read_fields(hf: Mapping[str, Any], table) -> dict[str, Any]:
   return fields
 
 
-def written_fields(config, table) -> dict[str, Any]:
+def field_values(config: model_config.ModelConfig) -> dict[str, Any]:
+  """The model config's fields by name, for the tables of fields a family
+  writes or fixes (a run's config gives its model fields:
+  `model_config.of`)."""
+  return dataclasses.asdict(model_config.of(config))
+
+
+def check_fixed(
+    config: model_config.ModelConfig,
+    fixed: Mapping[str, Any],
+    architecture: str,
+) -> None:
+  """Raises UnsupportedError naming the first field of `fixed` whose value
+  in `config` is not the one `architecture` holds."""
+  values = field_values(config)
+  for field, wanted in fixed.items():
+    if values[field] != wanted:
+      raise UnsupportedError(
+          f"config.{field}={values[field]!r}: a {architecture} needs "
+          f"{wanted!r}"
+      )
+
+
+def written_fields(config: model_config.ModelConfig, table) -> dict[str, Any]:
   """The config.json keys of a config `table` from the project's `config`."""
-  return {key: kind(config[field]) for key, field, kind, _ in table}
+  values = field_values(config)
+  return {key: kind(values[field]) for key, field, kind, _ in table}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import numpy as np
 
 from maxtext.hf import importer
 from maxtext.hf import safetensors_io
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
 
@@ -23,7 +24,7 @@ from maxtext.storage import checkpointing
 RELATIVE = 1e-5
 
 
-def restore_on_one_device(path: str, config):
+def restore_on_one_device(path: str, config: model_config.ModelConfig):
   """The parameters of the checkpoint at `path`, on the first device."""
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return checkpointing.restore_params_only(

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from maxtext.hf import llama
+from maxtext.model import model_config
 
 ARCHITECTURE = "Qwen3ForCausalLM"
 MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
@@ -165,21 +166,17 @@ def config_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
   return fields
 
 
-def check_exportable(config) -> None:
+def check_exportable(config: model_config.ModelConfig) -> None:
   """Raises UnsupportedError (one line naming the field) unless a Qwen3
   (dense) or Qwen3-MoE model can hold the model `config`."""
   fixed = dict(_FIXED)
   if config.num_experts:
     fixed.update(_MOE_FIXED)
   name = MOE_ARCHITECTURE if config.num_experts else ARCHITECTURE
-  for field, wanted in fixed.items():
-    if config[field] != wanted:
-      raise UnsupportedError(
-          f"config.{field}={config[field]!r}: a {name} needs {wanted!r}"
-      )
+  llama.check_fixed(config, fixed, name)
 
 
-def hf_config(config, dtype: str) -> dict[str, Any]:
+def hf_config(config: model_config.ModelConfig, dtype: str) -> dict[str, Any]:
   """A Qwen3 (num_experts 0) or Qwen3-MoE config.json for the project's
   `config` with weights in `dtype`: what `config_fields` reads back as the
   same fields.
@@ -230,7 +227,9 @@ _EXPERTS = {
 }
 
 
-def tensors(params: Mapping[str, Any], config) -> Iterator[Tensor]:
+def tensors(
+    params: Mapping[str, Any], config: model_config.ModelConfig
+) -> Iterator[Tensor]:
   """Every Hugging Face tensor of the model `params` (a pytree of arrays or
   shapes from `transformer.init_params`) for `config`, in file order."""
   outer = llama.OUTER_TENSORS

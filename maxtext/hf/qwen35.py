@@ -61,6 +61,7 @@ from typing import Any
 from maxtext.hf import config_json
 from maxtext.hf import llama
 from maxtext.hf import qwen3
+from maxtext.model import model_config
 
 ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 VLM_ARCHITECTURE = "Qwen3_5MoeForConditionalGeneration"
@@ -228,15 +229,10 @@ def notes(hf: Mapping[str, Any], names) -> list[str]:
   return lines
 
 
-def check_exportable(config) -> None:
+def check_exportable(config: model_config.ModelConfig) -> None:
   """Raises UnsupportedError (one line naming the field) unless a
   Qwen3_5MoeForCausalLM can hold the model `config`."""
-  for field, wanted in _FIXED.items():
-    if config[field] != wanted:
-      raise UnsupportedError(
-          f"config.{field}={config[field]!r}: a {ARCHITECTURE} needs "
-          f"{wanted!r}"
-      )
+  llama.check_fixed(config, _FIXED, ARCHITECTURE)
   if config.full_attention_interval < 2:
     raise UnsupportedError(
         f"config.full_attention_interval={config.full_attention_interval}: "
@@ -244,7 +240,7 @@ def check_exportable(config) -> None:
     )
 
 
-def hf_config(config, dtype: str) -> dict[str, Any]:
+def hf_config(config: model_config.ModelConfig, dtype: str) -> dict[str, Any]:
   """A Qwen3_5MoeForCausalLM config.json of `config` with weights in
   `dtype`, which `config_fields` reads back as the same fields."""
   check_exportable(config)
@@ -330,7 +326,9 @@ def _attention_table() -> dict[str, tuple[str, llama.Layout, Any]]:
   return table
 
 
-def _linear_table(config) -> dict[str, tuple[str, llama.Layout, Any]]:
+def _linear_table(
+    config: model_config.ModelConfig,
+) -> dict[str, tuple[str, llama.Layout, Any]]:
   """name -> (suffix, layout, join axis) of a Gated DeltaNet layer."""
   kd = config.linear_num_key_heads * config.linear_key_head_dim
   vd = config.linear_num_value_heads * config.linear_value_head_dim
@@ -363,7 +361,9 @@ def _linear_table(config) -> dict[str, tuple[str, llama.Layout, Any]]:
 
 
 def tensors(
-    params: Mapping[str, Any], config, name_prefix: str = "model."
+    params: Mapping[str, Any],
+    config: model_config.ModelConfig,
+    name_prefix: str = "model.",
 ) -> Iterator[Tensor]:
   """Every Hugging Face tensor of the hybrid model `params` (arrays or
   shapes of `transformer.init_params`) for `config`, the text model's

@@ -238,17 +238,23 @@ def eval_points(
     One or two step counts, increasing, each due by `eval_schedule.eval_due`.
   """
   per_batch = workload_header.of_run(mlperf, header).updates_per_batch
-  first = min(eval_schedule.first_eval_step(mlperf, per_batch), mlperf.steps)
+  schedule = eval_schedule.EvalSchedule(
+      steps=mlperf.steps,
+      eval_interval=mlperf.eval_interval,
+      first_eval_samples=mlperf.first_eval_samples,
+      global_batch_size=mlperf.global_batch_size,
+  )
+  first = min(eval_schedule.first_eval_step(schedule, per_batch), mlperf.steps)
   points = [first]
   if first < mlperf.steps:
     points.append(min(first + mlperf.eval_interval, mlperf.steps))
   for step in points:
     # eval_due decides; the arithmetic above only finds the candidates.
-    if not eval_schedule.eval_due(mlperf, step, per_batch):
+    if not eval_schedule.eval_due(schedule, step, per_batch):
       raise AssertionError(
           f"eval_schedule does not evaluate after {step} steps, although "
           "first_eval_step is "
-          f"{eval_schedule.first_eval_step(mlperf, per_batch)}"
+          f"{eval_schedule.first_eval_step(schedule, per_batch)}"
       )
   return tuple(points)
 

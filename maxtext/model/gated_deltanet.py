@@ -75,6 +75,7 @@ import numpy as np
 
 from maxtext.model import context_recurrence
 from maxtext.model import layers
+from maxtext.model import model_config
 from maxtext.runtime import mesh as mesh_lib
 
 # Logical axis names of the parameters (one per dimension).
@@ -112,7 +113,7 @@ class State(NamedTuple):
   recurrent: jax.Array
 
 
-def _dims(config) -> tuple[int, int, int, int, int]:
+def _dims(config: model_config.ModelConfig) -> tuple[int, int, int, int, int]:
   """(Hk, Hv, Dk, Dv, K), checked.
 
   Raises:
@@ -139,7 +140,7 @@ def _dims(config) -> tuple[int, int, int, int, int]:
 
 
 def init_params(
-    config,
+    config: model_config.ModelConfig,
     num_layers: int,
     normal: Callable[[tuple[int, ...], int], jax.Array],
     dtype,
@@ -184,7 +185,7 @@ def init_params(
   return params
 
 
-def init_state(config, batch: int, dtype) -> State:
+def init_state(config: model_config.ModelConfig, batch: int, dtype) -> State:
   """The state before a sequence's first token: zeros.
 
   Args:
@@ -202,7 +203,7 @@ def init_state(config, batch: int, dtype) -> State:
   )
 
 
-def state_bytes(config, dtype) -> int:
+def state_bytes(config: model_config.ModelConfig, dtype) -> int:
   """Bytes of one sequence's `State` (`init_state`'s arrays for one row):
   the convolution windows in `dtype`, the recurrent state in float32."""
   hk, hv, dk, dv, kernel = _dims(config)
@@ -553,7 +554,7 @@ def recurrent_delta_rule(
 def apply(
     x: jax.Array,
     layer: Mapping[str, jax.Array],
-    config,
+    config: model_config.ModelConfig,
     state: Optional[State] = None,
     *,
     recurrent: bool = False,
@@ -630,7 +631,15 @@ def apply(
 
 
 def _delta_rule(
-    q, k, v, g, beta, initial_state, segment_ids, recurrent, config
+    q,
+    k,
+    v,
+    g,
+    beta,
+    initial_state,
+    segment_ids,
+    recurrent,
+    config: model_config.ModelConfig,
 ):
   """`recurrent_delta_rule` when `recurrent`, else `chunked_delta_rule` in
   chunks of `config.linear_chunk_size`."""
@@ -648,7 +657,9 @@ def _delta_rule(
   )
 
 
-def _apply_across_context(project, x, layer, config, mesh, segment_ids):
+def _apply_across_context(
+    project, x, layer, config: model_config.ModelConfig, mesh, segment_ids
+):
   """`apply` with the rows split over the mesh's context axis (no state)."""
   out = _context_delta_rule(
       *_tagged_projections(project),
@@ -706,7 +717,9 @@ def _decays(project, layer, lengths, seq_len) -> tuple[jax.Array, jax.Array]:
   return g, beta
 
 
-def _output(out, project, layer, config, cdt) -> jax.Array:
+def _output(
+    out, project, layer, config: model_config.ModelConfig, cdt
+) -> jax.Array:
   """The layer's output [B, S, E] from the rule's o [B, S, Hv, Dv]: the
   gated RMSNorm and the output projection."""
   tag = jax.ad_checkpoint.checkpoint_name
@@ -720,7 +733,7 @@ def _output(out, project, layer, config, cdt) -> jax.Array:
 
 
 def _context_delta_rule(
-    q, k, v, g, beta, layer, config, mesh, segment_ids
+    q, k, v, g, beta, layer, config: model_config.ModelConfig, mesh, segment_ids
 ) -> jax.Array:
   """The convolutions and the delta rule with each row's tokens split
   over the mesh's context axis (C devices, the zig-zag layout).
@@ -902,7 +915,10 @@ def _context_start_states(
 
 
 def step(
-    x: jax.Array, layer: Mapping[str, jax.Array], config, state: State
+    x: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config: model_config.ModelConfig,
+    state: State,
 ) -> tuple[jax.Array, State]:
   """One decoding step: the layer on one token per sequence.
 

@@ -21,6 +21,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 import jax.numpy as jnp
 
 from maxtext.core import choices
+from maxtext.model import model_config
 from maxtext.model import zigzag
 from maxtext.runtime import mesh as mesh_lib
 
@@ -158,7 +159,7 @@ class YarnScaling:
 RopeScaling = Llama3Scaling | YarnScaling
 
 
-def rope_scaling(config) -> Optional[RopeScaling]:
+def rope_scaling(config: model_config.ModelConfig) -> Optional[RopeScaling]:
   """The rotary scaling `config.rope_scaling` names (None for "none").
 
   Raises:

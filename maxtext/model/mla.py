@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from maxtext.model import layers
+from maxtext.model import model_config
 
 # Logical axis names of the MLA parameters (one per dimension).
 LOGICAL_AXES = {
@@ -62,7 +63,7 @@ _LOW_RANK_QUERY = ("wq_a", "q_norm", "wq_b")
 _FULL_RANK_QUERY = ("wq",)
 
 
-def qk_head_dim(config) -> int:
+def qk_head_dim(config: model_config.ModelConfig) -> int:
   """Width of one head's queries and keys: nope + rope."""
   return config.qk_nope_head_dim + config.qk_rope_head_dim
 
@@ -83,7 +84,7 @@ def logical_axes(low_rank_query: bool) -> dict[str, tuple[str, ...]]:
 
 
 def init_params(
-    config,
+    config: model_config.ModelConfig,
     num_layers: int,
     normal: Callable[[tuple[int, ...], int], jax.Array],
     dtype,
@@ -94,7 +95,7 @@ def init_params(
   or wq, then wkv_a, wkv_b, wo); the norm scales start at 1.
 
   Args:
-    config: the run configuration (`emb_dim`, `num_heads` and the MLA
+    config: the model's config (`emb_dim`, `num_heads` and the MLA
       fields).
     num_layers: layers in the stack.
     normal: `normal(shape, fan_in)` draws a scaled truncated normal.
@@ -124,14 +125,17 @@ def init_params(
 
 
 def queries(
-    x: jax.Array, layer: Mapping[str, jax.Array], config, positions: jax.Array
+    x: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config: model_config.ModelConfig,
+    positions: jax.Array,
 ) -> jax.Array:
   """Per-head queries [q_nope, RoPE(q_rope)]: [B, S, E] -> [B, S, H, N + R].
 
   Args:
     x: [B, S, E] normalised input, in the compute dtype.
     layer: one layer's parameters.
-    config: the run configuration.
+    config: the model's config.
     positions: int [B, S] (or [1, S]) positions of x's tokens.
   """
   cdt = x.dtype
@@ -149,7 +153,10 @@ def queries(
 
 
 def latent_keys(
-    x: jax.Array, layer: Mapping[str, jax.Array], config, positions: jax.Array
+    x: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config: model_config.ModelConfig,
+    positions: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
   """What MLA keeps per position: the normalised latent and the rotary key.
 
@@ -180,7 +187,7 @@ def expand_keys_values(
     kv_latent: jax.Array,
     k_rope: jax.Array,
     layer: Mapping[str, jax.Array],
-    config,
+    config: model_config.ModelConfig,
 ) -> tuple[jax.Array, jax.Array]:
   """Per-head keys and values from the latent and the shared rotary key.
 
@@ -188,7 +195,7 @@ def expand_keys_values(
     kv_latent: [B, T, C] normalised latent.
     k_rope: [B, T, R] rotated key part, shared by the heads.
     layer: one layer's parameters.
-    config: the run configuration.
+    config: the model's config.
 
   Returns:
     (k [B, T, H, N + R], v [B, T, H, Dv]) in kv_latent's dtype.
@@ -213,7 +220,7 @@ def expand_keys_values(
 def attention(
     x: jax.Array,
     layer: Mapping[str, jax.Array],
-    config,
+    config: model_config.ModelConfig,
     implementation: str,
     mesh: Optional[jax.sharding.Mesh] = None,
     positions: Optional[jax.Array] = None,
@@ -228,7 +235,7 @@ def attention(
   Args:
     x: [B, S, E] normalised input, in the compute dtype.
     layer: one layer's parameters (the module docstring's, without L).
-    config: the run configuration (`num_heads`, the MLA fields,
+    config: the model's config (`num_heads`, the MLA fields,
       `rope_theta`, `norm_epsilon`).
     implementation: a resolved attention implementation
       (`maxtext.layers.KERNELS`).

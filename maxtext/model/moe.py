@@ -61,6 +61,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from maxtext.core import choices
+from maxtext.model import model_config
 from maxtext.runtime import mesh as mesh_lib
 
 # Logical axis names of the MoE parameters (one per dimension).
@@ -87,12 +88,12 @@ STAT_NAMES = (
 )
 
 
-def expert_width(config) -> int:
+def expert_width(config: model_config.ModelConfig) -> int:
   """Hidden width of one expert: `moe_mlp_dim`, or `mlp_dim` when 0."""
   return config.moe_mlp_dim or config.mlp_dim
 
 
-def shared_width(config) -> int:
+def shared_width(config: model_config.ModelConfig) -> int:
   """Hidden width of the shared experts together: `shared_expert_mlp_dim`,
   or num_shared_experts x `expert_width` when that is 0."""
   return config.shared_expert_mlp_dim or (
@@ -101,12 +102,14 @@ def shared_width(config) -> int:
 
 
 def init_params(
-    config, num_layers: int, normal: Callable[[tuple[int, ...], int], jax.Array]
+    config: model_config.ModelConfig,
+    num_layers: int,
+    normal: Callable[[tuple[int, ...], int], jax.Array],
 ) -> dict[str, jax.Array]:
   """The MoE feed-forward parameters of `num_layers` stacked layers.
 
   Args:
-    config: the run configuration (model fields).
+    config: the model's config.
     num_layers: layers in the stack.
     normal: `normal(shape, fan_in)` draws a scaled truncated normal.
 
@@ -134,7 +137,9 @@ def init_params(
 
 
 def route(
-    logits: jax.Array, config, bias: Optional[jax.Array] = None
+    logits: jax.Array,
+    config: model_config.ModelConfig,
+    bias: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Router scores and each token's top-k experts.
 
@@ -180,7 +185,7 @@ def route(
   return probs, weights * config.routed_scaling_factor, experts
 
 
-def _eligible(choice: jax.Array, config) -> jax.Array:
+def _eligible(choice: jax.Array, config: model_config.ModelConfig) -> jax.Array:
   """`choice` [T, X] with experts outside each token's best groups at -inf."""
   groups = config.num_expert_groups
   if groups <= 1:
@@ -240,7 +245,7 @@ def balance_loss(
   return mean(jnp.mean(per_sequence))
 
 
-def capacity(num_tokens: int, config) -> int:
+def capacity(num_tokens: int, config: model_config.ModelConfig) -> int:
   """Assignments one expert takes at most; 0 = unlimited."""
   if not config.capacity_factor:
     return 0
@@ -351,7 +356,7 @@ def _statistics(
     probs: jax.Array,
     experts: jax.Array,
     dropped: jax.Array,
-    config,
+    config: model_config.ModelConfig,
     mean: Callable[[jax.Array], jax.Array],
     total: Callable[[jax.Array], jax.Array],
 ) -> dict[str, jax.Array]:
@@ -361,7 +366,7 @@ def _statistics(
     probs: float32 [B, S, X] normalised router scores of these tokens.
     experts: int32 [B, S, k] their chosen experts.
     dropped: float32 assignments dropped here.
-    config: the run configuration.
+    config: the model's config.
     mean: the mean over devices holding equal parts of the micro-batch.
     total: the sum over the devices that dropped disjoint assignments.
   """
@@ -382,7 +387,11 @@ def _statistics(
   }
 
 
-def _route_tokens(tokens: jax.Array, router: Mapping[str, jax.Array], config):
+def _route_tokens(
+    tokens: jax.Array,
+    router: Mapping[str, jax.Array],
+    config: model_config.ModelConfig,
+):
   """`route` of [T, E] tokens with the layer's router (and its bias)."""
   logits = jnp.einsum(
       "te,ex->tx",
@@ -396,7 +405,7 @@ def _route_tokens(tokens: jax.Array, router: Mapping[str, jax.Array], config):
 def moe_mlp(
     x: jax.Array,
     layer: Mapping[str, jax.Array],
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The MoE feed-forward layer.
@@ -418,7 +427,7 @@ def moe_mlp(
   Args:
     x: [B, S, E] normalised hidden states (compute dtype).
     layer: this layer's parameters (module docstring, without `L`).
-    config: the run configuration.
+    config: the model's config.
     mesh: the mesh the program is compiled for, or None.
 
   Returns:
@@ -512,7 +521,7 @@ def _sharded(
     x: jax.Array,
     router: Mapping[str, jax.Array],
     routed: Mapping[str, jax.Array],
-    config,
+    config: model_config.ModelConfig,
     mesh: jax.sharding.Mesh,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The routed experts on a mesh (`moe_mlp`'s docstring): [B, S, E] out."""
@@ -613,7 +622,9 @@ def update_router_bias(
 
 
 def dense_reference(
-    x: jax.Array, layer: Mapping[str, jax.Array], config
+    x: jax.Array,
+    layer: Mapping[str, jax.Array],
+    config: model_config.ModelConfig,
 ) -> jax.Array:
   """`moe_mlp`'s output computed densely: every expert on every token.
 

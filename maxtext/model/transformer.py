@@ -165,7 +165,7 @@ def _truncated_normal_init(rng: jax.Array, count: int, dtype):
   return normal
 
 
-def init_params(config, rng: jax.Array) -> Params:
+def init_params(config: model_config.ModelConfig, rng: jax.Array) -> Params:
   """Initialises the parameters.
 
   Matrices are drawn from a truncated normal with standard deviation
@@ -179,7 +179,7 @@ def init_params(config, rng: jax.Array) -> Params:
   `jax.eval_shape` of this is cheap at any size.
 
   Args:
-    config: the run configuration (model fields and `weight_dtype`).
+    config: the model's config.
     rng: a JAX PRNG key.
 
   Returns:
@@ -188,7 +188,9 @@ def init_params(config, rng: jax.Array) -> Params:
   Raises:
     ValueError: unknown `config.attention_type`.
   """
-  config = model_config.of(config)  # Checked: model_config.check.
+  # A caller holding a run's config may pass it: `of` makes it the model's
+  # config and checks it (model_config.check).
+  config = model_config.of(config)
   if config.num_experts:
     return _init_moe_params(config, rng)
   v, e, l, m = (
@@ -217,7 +219,7 @@ def init_params(config, rng: jax.Array) -> Params:
   return _untie(params, config)
 
 
-def _embedding_fan_in(config) -> int:
+def _embedding_fan_in(config: model_config.ModelConfig) -> int:
   """The fan-in the embedding's initial standard deviation is 1/sqrt of.
 
   Tied, the embedding is also the [E, V] output projection: emb_dim, so
@@ -229,7 +231,8 @@ def _embedding_fan_in(config) -> int:
 
 
 def abstract_params(
-    config, sharding: Optional[jax.sharding.Sharding] = None
+    config: model_config.ModelConfig,
+    sharding: Optional[jax.sharding.Sharding] = None,
 ) -> Params:
   """The parameters' shapes and dtypes (`init_params` traced, nothing
   allocated), each placed on `sharding` when one is given: what a
@@ -245,7 +248,7 @@ def abstract_params(
   )
 
 
-def _untie(params: Params, config) -> Params:
+def _untie(params: Params, config: model_config.ModelConfig) -> Params:
   """`params` without "unembedding" when `config.tie_word_embeddings`."""
   if config.tie_word_embeddings:
     del params["unembedding"]
@@ -260,13 +263,15 @@ def output_projection(params: Params) -> jax.Array:
   return params["embedding"].T
 
 
-def num_linear_layers(config) -> int:
+def num_linear_layers(config: model_config.ModelConfig) -> int:
   """Gated DeltaNet layers of the model (0 without a layer pattern)."""
   n = config.full_attention_interval
   return config.num_layers - config.num_layers // n if n else 0
 
 
-def norm(x: jax.Array, scale: jax.Array, config) -> jax.Array:
+def norm(
+    x: jax.Array, scale: jax.Array, config: model_config.ModelConfig
+) -> jax.Array:
   """RMSNorm of x with a layer, final or q/k norm's `scale`: applied as
   1 + scale (in float32) with `norm_zero_centered`, else as it is."""
   if config.norm_zero_centered:
@@ -274,14 +279,16 @@ def norm(x: jax.Array, scale: jax.Array, config) -> jax.Array:
   return layers.rms_norm(x, scale, config.norm_epsilon)
 
 
-def _norm_init(shape, config, dtype) -> jax.Array:
+def _norm_init(shape, config: model_config.ModelConfig, dtype) -> jax.Array:
   """Norm scales that start as the identity: zeros when zero-centred."""
   if config.norm_zero_centered:
     return jnp.zeros(shape, dtype)
   return jnp.ones(shape, dtype)
 
 
-def _attention_params(config, l: int, normal, dtype) -> Params:
+def _attention_params(
+    config: model_config.ModelConfig, l: int, normal, dtype
+) -> Params:
   """A stack's norm scales and attention parameters (of `attention_type`)."""
   e, h = config.emb_dim, config.num_heads
   params = {
@@ -304,7 +311,9 @@ def _attention_params(config, l: int, normal, dtype) -> Params:
   return params
 
 
-def _init_moe_params(config, rng: jax.Array) -> Params:
+def _init_moe_params(
+    config: model_config.ModelConfig, rng: jax.Array
+) -> Params:
   """`init_params` of a model with experts: a dense and an MoE stack."""
   v, e, m = config.vocab_size, config.emb_dim, config.mlp_dim
   dtype = _dtype(config.weight_dtype)
@@ -349,7 +358,7 @@ def _cuda_capability() -> float:
 
 
 def attention_implementation(
-    config, mesh: Optional[jax.sharding.Mesh] = None
+    config: model_config.ModelConfig, mesh: Optional[jax.sharding.Mesh] = None
 ) -> str:
   """The attention implementation a run uses: `config.attention` resolved.
 
@@ -366,7 +375,7 @@ def attention_implementation(
   implementation serves both attention types.
 
   Args:
-    config: the run configuration (`attention`, `compute_dtype`, `head_dim`
+    config: the model's config (`attention`, `compute_dtype`, `head_dim`
       or the MLA head widths).
     mesh: the mesh the program is compiled for, or None.
 
@@ -417,7 +426,7 @@ def attention_implementation(
   return "einsum"
 
 
-def _kernel_head_width(config) -> int:
+def _kernel_head_width(config: model_config.ModelConfig) -> int:
   """Head width the fused kernels see: head_dim, or for MLA the wider of the
   query/key and value widths (`layers.attend` pads to it)."""
   if config.attention_type == "mla":
@@ -428,7 +437,7 @@ def _kernel_head_width(config) -> int:
 def gqa_projections(
     x: jax.Array,
     layer: Mapping[str, jax.Array],
-    config,
+    config: model_config.ModelConfig,
     positions: jax.Array,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Grouped-query attention's q [B, S, H, D], k and v [B, S, K, D] of the
@@ -445,7 +454,9 @@ def gqa_projections(
   return _rotary(q, positions, config), _rotary(k, positions, config), v
 
 
-def _rotary(x: jax.Array, positions: jax.Array, config) -> jax.Array:
+def _rotary(
+    x: jax.Array, positions: jax.Array, config: model_config.ModelConfig
+) -> jax.Array:
   """`layers.rope` on the first head_dim x partial_rotary_factor dimensions
   of each head of x [B, S, N, D] (with that part's own frequencies, its
   halves rotated together, as transformers' partial rotary does); the rest
@@ -472,7 +483,7 @@ def output_gate(
 def _attention(
     x: jax.Array,
     layer: Mapping[str, jax.Array],
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh],
     rows: "Rows",
 ) -> jax.Array:
@@ -591,7 +602,7 @@ def _remat(block, policy: str):
 def _final_hidden(
     params: Params,
     tokens: jax.Array,
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh] = None,
     rows: Rows = Rows(),
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -600,7 +611,7 @@ def _final_hidden(
   Args:
     params: the parameter pytree.
     tokens: int32 [B, S].
-    config: the run configuration.
+    config: the model's config.
     mesh: the mesh the program is compiled for, or None (see `loss_fn`).
     rows: the rows' sequences (`Rows`).
 
@@ -635,7 +646,12 @@ def _final_hidden(
 class _Blocks:
   """The layer kinds of `_final_hidden`, over one call's mesh and rows."""
 
-  def __init__(self, config, mesh: Optional[jax.sharding.Mesh], rows: "Rows"):
+  def __init__(
+      self,
+      config: model_config.ModelConfig,
+      mesh: Optional[jax.sharding.Mesh],
+      rows: "Rows",
+  ):
     self._config = config
     self._mesh = mesh
     self._rows = rows
@@ -682,7 +698,9 @@ class _Blocks:
     return self.moe_ffn(x + out, layer)
 
 
-def _hybrid_stack(blocks: _Blocks, x, params: Params, config):
+def _hybrid_stack(
+    blocks: _Blocks, x, params: Params, config: model_config.ModelConfig
+):
   """The hybrid model's layers: each group's DeltaNet layers, then its
   attention layer, scanned over the groups.
 
@@ -750,7 +768,9 @@ def _split_tokens(x: jax.Array, mesh: Optional[jax.sharding.Mesh]) -> jax.Array:
   )
 
 
-def grouped_linear_layers(params: Params, config) -> Params:
+def grouped_linear_layers(
+    params: Params, config: model_config.ModelConfig
+) -> Params:
   """The `linear_layers` stack viewed as [groups, n - 1, ...] (n the
   full_attention_interval): the DeltaNet layers before each attention
   layer, group g's attention layer being moe_layers[g]."""
@@ -767,7 +787,7 @@ unembed = vocab_loss.unembed
 def apply(
     params: Params,
     tokens: jax.Array,
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh] = None,
     rows: Rows = Rows(),
 ) -> jax.Array:
@@ -776,7 +796,7 @@ def apply(
   Args:
     params: the parameter pytree from `init_params`.
     tokens: int32 [B, S] token ids, S <= config.max_sequence_length.
-    config: the run configuration.
+    config: the model's config.
     mesh: as in `loss_fn`.
     rows: packed sequences' segment ids and positions (`Rows`); the
       default is one sequence per row.
@@ -794,7 +814,7 @@ def apply(
 def next_token_log_probs(
     params: Params,
     tokens: jax.Array,
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh] = None,
     rows: "Rows" = Rows(),
     temperature: float = 1.0,
@@ -862,14 +882,16 @@ EVAL_DIRECTIONS = eval_metrics.LOSS_DIRECTIONS
 
 
 def eval_fn(
-    params: Params, batch: Mapping[str, jax.Array], config
+    params: Params,
+    batch: Mapping[str, jax.Array],
+    config: model_config.ModelConfig,
 ) -> dict[str, jax.Array]:
   """The eval metrics of one batch, named as `EVAL_DIRECTIONS` names them.
 
   Args:
     params: the parameter pytree.
     batch: as for `loss_fn`.
-    config: the run configuration.
+    config: the model's config.
 
   Returns:
     {"loss": the weighted mean cross entropy in nats per token (float32
@@ -888,7 +910,7 @@ def eval_fn(
 def loss_fn(
     params: Params,
     batch: Mapping[str, jax.Array],
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean next-token cross entropy.
@@ -906,7 +928,7 @@ def loss_fn(
       token after inputs[:, t]), optional "weights" [B, S] (0 masks a
       position), optional "segment_ids" and "positions" int32 [B, S] of
       packed rows (`Rows`; the last token of a sequence has weight 0).
-    config: the run configuration.
+    config: the model's config.
     mesh: the mesh the program is compiled for (its batch split over every
       axis), or None for one device of the default backend: what "auto"
       choices resolve for, and where per-device kernels run.
@@ -970,7 +992,9 @@ def loss_fn(
 ROUTER_BIAS = "moe_layers/router_bias"
 
 
-def statistic_rules(config) -> dict[str, param_statistics.Rule]:
+def statistic_rules(
+    config: model_config.ModelConfig,
+) -> dict[str, param_statistics.Rule]:
   """The parameters the engine moves by statistics (param_statistics):
   the router bias, by `moe.update_router_bias` at
   `router_bias_update_rate`, when that rate is > 0; else none."""

@@ -308,7 +308,7 @@ def start_jax(config) -> None:
   Raises:
     HardwareError: the accelerator the config asks for is not there.
   """
-  distributed.initialize(config)
+  distributed.initialize(distributed.DistributedConfig.from_config(config))
   if config.jax_compilation_cache_dir:
     jax.config.update(
         "jax_compilation_cache_dir",
@@ -545,7 +545,9 @@ class _Steps:
     if completed % passes:
       return None  # The batch feeds more updates: nothing falls between.
     eval_due = eval_schedule.eval_due(
-        config, completed, updates_per_batch=passes
+        eval_schedule.EvalSchedule.from_config(config),
+        completed,
+        updates_per_batch=passes,
     )
     stopping = self._stop.should_stop(completed)
     save_due = state.checkpointer.due(completed) or completed == config.steps

@@ -150,7 +150,7 @@ class Workload:
 
   def target(self, config) -> eval_metrics.Target:
     """The eval metric that ends the run once it reaches its threshold."""
-    return eval_metrics.target(config)
+    return eval_metrics.target(config.target_eval_loss)
 
   def mlperf_header(self, config) -> Optional[workload_header.WorkloadHeader]:
     """What the run's MLPerf log states beyond the config's; None = the

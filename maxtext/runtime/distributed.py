@@ -1,4 +1,4 @@
-"""Starting JAX's multi-controller runtime from the config.
+"""Starting JAX's multi-controller runtime from its settings.
 
 Must run before any other JAX call of the process. One process (the default)
 needs no runtime and this is a no-op. With `num_processes > 1` every process
@@ -7,14 +7,30 @@ passes the same `coordinator_address` and its own `process_id`; with
 pods, SLURM, ...).
 """
 
+import dataclasses
 import sys
 import threading
 
 from absl import logging
 import jax
 
+from maxtext.core import component_config
 
-def _explain_if_stuck(done: threading.Event, timeout: int, config) -> None:
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig(component_config.ComponentConfig):
+  """How the process joins the runtime (`maxtext/configs/base.py`
+  documents each field; `config_lib.validate` checks them)."""
+
+  num_processes: int = 1
+  coordinator_address: str = ""
+  process_id: int = -1
+  distributed_init_timeout_seconds: int = 300
+
+
+def _explain_if_stuck(
+    done: threading.Event, timeout: int, config: DistributedConfig
+) -> None:
   """Prints what went wrong just before JAX gives up waiting for the processes.
 
   JAX ends a process whose peers never join with a fatal error (SIGABRT) from
@@ -35,12 +51,11 @@ def _explain_if_stuck(done: threading.Event, timeout: int, config) -> None:
     )
 
 
-def initialize(config) -> None:
-  """Initialises jax.distributed as the config asks.
+def initialize(config: DistributedConfig) -> None:
+  """Initialises jax.distributed as the settings ask.
 
   Args:
-    config: the validated run config (num_processes, coordinator_address,
-      process_id, distributed_init_timeout_seconds).
+    config: the run's distributed settings (from a validated config).
 
   Raises:
     ValueError: an explicit multi-process setup lacks its coordinator or
@@ -70,8 +85,10 @@ def initialize(config) -> None:
   )
 
 
-def _initialize(config, num_processes: int, timeout: int) -> None:
-  """Calls jax.distributed.initialize with the config's or detected setup."""
+def _initialize(
+    config: DistributedConfig, num_processes: int, timeout: int
+) -> None:
+  """Calls jax.distributed.initialize with the settings' or detected setup."""
   if num_processes == 0:
     logging.info("Initialising jax.distributed from the cluster environment.")
     jax.distributed.initialize(initialization_timeout=timeout)

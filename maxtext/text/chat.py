@@ -300,14 +300,14 @@ def _token_text(value: Any) -> Optional[str]:
   return None
 
 
-def _template_source(directory: str, config: dict[str, Any]) -> str:
+def _template_source(directory: str, tokenizer_config: dict[str, Any]) -> str:
   """chat_template.jinja, else tokenizer_config.json's chat_template (a
   string, or a list of named templates of which "default" is used)."""
   path = os.path.join(directory, TEMPLATE_FILE)
   if os.path.isfile(path):
     with open(path, encoding="utf-8") as f:
       return f.read()
-  template = config.get("chat_template")
+  template = tokenizer_config.get("chat_template")
   if isinstance(template, list):
     named = {
         t.get("name"): t.get("template")
