@@ -42,12 +42,12 @@ from maxtext.env import tasks
 from maxtext.env import tool_calls
 from maxtext.generation import paged_decoder
 from maxtext.generation import sampling
-from maxtext.grpo import episode_rollout
-from maxtext.grpo import policy_loss
-from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import rollout_batches
-from maxtext.grpo import text_task
-from maxtext.grpo import train_loss
+from maxtext.grpo.rollout import episode_rollout
+from maxtext.grpo.loss import policy_loss
+from maxtext.grpo.rollout import rollout as rollout_lib
+from maxtext.grpo.rollout import rollout_batches
+from maxtext.grpo.tasks import text_task
+from maxtext.grpo.loss import train_loss
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
 from maxtext.run import batch_source

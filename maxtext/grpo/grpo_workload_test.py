@@ -14,7 +14,7 @@ from maxtext.runtime import preemption
 from maxtext.run import trainer
 from maxtext.run import reference_pin
 from maxtext import workloads
-from maxtext.grpo import rewards
+from maxtext.grpo.rewards import rewards
 from maxtext.listeners import interface as listener_interface
 from maxtext.metrics import jsonl
 from maxtext.storage import checkpointing
