@@ -46,9 +46,13 @@ LAYERS = {
     "maxtext.mllog": 5,
     "maxtext.env": 5,
     "maxtext.run": 6,
-    "maxtext.grpo": 7,
+    "maxtext.grpo.loss": 7,
+    "maxtext.grpo.rewards": 7,
     "maxtext.sft": 7,
-    "maxtext": 8,
+    "maxtext.grpo.rollout": 8,
+    "maxtext.grpo.tasks": 9,
+    "maxtext.grpo": 10,
+    "maxtext": 11,
 }
 
 

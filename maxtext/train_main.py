@@ -37,7 +37,7 @@ from maxtext.core import caller_paths
 from maxtext.config import config_lib
 from maxtext import workloads
 from maxtext.run import trainer
-from maxtext.grpo import rewards
+from maxtext.grpo.rewards import rewards
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 

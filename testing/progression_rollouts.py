@@ -4,9 +4,9 @@ import jax
 import ml_collections
 
 from maxtext.generation import sampling
-from maxtext.grpo import progression_task
-from maxtext.grpo import rewards
-from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo.tasks import progression_task
+from maxtext.grpo.rewards import rewards
+from maxtext.grpo.rollout import rollout as rollout_lib
 from maxtext.model import transformer
 
 
@@ -29,7 +29,7 @@ def rollout(config: ml_collections.ConfigDict, stop_ids, width: int):
       frozen,
       task.train_prompts(0, 4),
       options,
-      rewards.load("maxtext.grpo.progression_task:prefix_match"),
+      rewards.load("maxtext.grpo.tasks.progression_task:prefix_match"),
       width=width,
   )
   return frozen, params, result

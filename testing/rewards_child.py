@@ -1,16 +1,17 @@
 """One process of a two-process job that scores completions.
 
-Run by `//maxtext/grpo:rewards_multiprocess_test` as every process of a job
-(`multiprocess.run_children`, `job_child`): it scores the same completions
-with a reward whose value depends on the process that calls it, then with
-one that fails on process 0 only, and hands what it got to the test.
+Run by `//maxtext/grpo/rewards:rewards_multiprocess_test` as every process
+of a job (`multiprocess.run_children`, `job_child`): it scores the same
+completions with a reward whose value depends on the process that calls it,
+then with one that fails on process 0 only, and hands what it got to the
+test.
 """
 
 import sys
 
 import jax
 
-from maxtext.grpo import rewards
+from maxtext.grpo.rewards import rewards
 from testing import hostile_rewards
 from testing import job_child
 

@@ -209,8 +209,8 @@ TINY_GRPO = dict(
     grpo_eval_prompts=8,
     grpo_beta=0.04,
     grpo_reward_functions=(
-        "maxtext.grpo.progression_task:exact_match,"
-        "maxtext.grpo.progression_task:prefix_match=0.5"
+        "maxtext.grpo.tasks.progression_task:exact_match,"
+        "maxtext.grpo.tasks.progression_task:prefix_match=0.5"
     ),
 )
 

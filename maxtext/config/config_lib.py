@@ -520,7 +520,7 @@ def _check_grpo(v) -> None:
 
   Every config has them, so only their own ranges are checked here; how
   they relate to the batch and the model is `validate_grpo`'s, which a GRPO
-  run calls, and the reward names' imports are `maxtext.grpo.rewards`'.
+  run calls, and the reward names' imports are `maxtext.grpo.rewards.rewards`'.
   """
   _at_least(v, "grpo_num_generations", 2)
   _at_least(v, "grpo_num_iterations", 1)

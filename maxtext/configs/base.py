@@ -453,7 +453,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_num_iterations = 1
   # "grpo" | "dr_grpo" | "rloo" | "rloo_normalized" (the MLPerf reference's
   # leave-one-out baseline over the others' std, ddof 1;
-  # maxtext/grpo/advantages.py). A group of equal rewards is 0 under each.
+  # maxtext/grpo/loss/advantages.py). A group of equal rewards is 0 under each.
   config.grpo_advantage_estimator = "grpo"
   # Added to the std by "grpo" and "rloo_normalized" (>= 0; 0 is safe).
   config.grpo_advantage_eps = 1e-4
@@ -467,9 +467,10 @@ def get_config() -> ml_collections.ConfigDict:
   # "token_mean" | "sequence_mean_token_mean" | "dr_grpo" (a constant
   # normaliser: sequences x grpo_max_completion_length).
   config.grpo_loss_aggregation = "token_mean"
-  # The MLPerf qwen35_397b_grpo reference's loss (maxtext/grpo/policy_loss.py;
-  # docs/grpo.md): the PPO ratio forced to 1 with each token weighted by
-  # pi_train / pi_generator (needs grpo_num_iterations 1).
+  # The MLPerf qwen35_397b_grpo reference's loss
+  # (maxtext/grpo/loss/policy_loss.py; docs/grpo.md): the PPO ratio forced to
+  # 1 with each token weighted by pi_train / pi_generator (needs
+  # grpo_num_iterations 1).
   config.grpo_force_on_policy_ratio = False
   # Sequence-mask truncated importance sampling: a sequence whose
   # geometric-mean pi_train / pi_generator leaves [min, max] trains nothing
@@ -483,7 +484,7 @@ def get_config() -> ml_collections.ConfigDict:
   # nothing; it still counts in its group's advantages.
   config.grpo_overlong_filtering = False
   # The MoE router gets no gradient and no optimizer update
-  # (maxtext/grpo/frozen_router.py); a dense model has none to freeze.
+  # (maxtext/grpo/loss/frozen_router.py); a dense model has none to freeze.
   config.grpo_freeze_router = False
   # A resume whose KL reference (grpo_beta > 0) is not the one the run
   # pinned at its start (checkpoint step and fingerprint) is refused unless
@@ -491,8 +492,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_allow_reference_change = False
   # Reward functions, comma-separated "module:function=weight" (weight 1
   # when "=weight" is left out), each called on every completion
-  # (maxtext/grpo/rewards.py).
-  config.grpo_reward_functions = "maxtext.grpo.progression_task:exact_match"
+  # (maxtext/grpo/rewards/rewards.py).
+  config.grpo_reward_functions = (
+      "maxtext.grpo.tasks.progression_task:exact_match"
+  )
   # The most seconds one reward call may take; the functions run in a worker
   # process, and a call past this is stopped and stops the run (with a
   # checkpoint), naming the function and the prompt. > 0.
@@ -551,7 +554,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The run ends with success once an eval's grpo_eval_target_metric reaches
   # this (higher is better); 0 = no target.
   config.grpo_target_pass_rate = 0.0
-  # The built-in task (maxtext/grpo/progression_task.py): prompt tokens
+  # The built-in task (maxtext/grpo/tasks/progression_task.py): prompt tokens
   # given of each progression. With grpo_task: grpo_prompt_length +
   # grpo_max_completion_length is an episode's whole length, its first
   # prompt counted, and a first prompt of at least grpo_prompt_length tokens

@@ -51,8 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.grpo_temperature = 0.5
   config.grpo_eval_temperature = 0.5
   config.grpo_reward_functions = (
-      "maxtext.grpo.progression_task:exact_match=1.0,"
-      "maxtext.grpo.progression_task:prefix_match=0.5"
+      "maxtext.grpo.tasks.progression_task:exact_match=1.0,"
+      "maxtext.grpo.tasks.progression_task:prefix_match=0.5"
   )
   config.grpo_beta = 0.0
   config.grpo_eval_prompts = 64

@@ -45,14 +45,14 @@ GRPO_DECODERS = ("paged", "static")
 # trainer's process or on a pool of Ray actors (maxtext.env.executor).
 GRPO_TOOL_EXECUTORS = ("local", "ray")
 # The GRPO choices below are implemented by registries of maxtext/grpo/
-# (maxtext.grpo.registry): a new one is its name here and its function
+# (maxtext.grpo.loss.registry): a new one is its name here and its function
 # registered there under that name.
 # config.grpo_advantage_estimator: how a group's rewards become advantages
-# (maxtext.grpo.advantages).
+# (maxtext.grpo.loss.advantages).
 GRPO_ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "rloo_normalized")
 # config.grpo_kl_estimator: the per-token estimate of KL(policy || reference)
-# (maxtext.grpo.policy_loss).
+# (maxtext.grpo.loss.policy_loss).
 GRPO_KL_ESTIMATORS = ("k1", "k3")
 # config.grpo_loss_aggregation: how per-token losses become one number
-# (maxtext.grpo.policy_loss).
+# (maxtext.grpo.loss.policy_loss).
 GRPO_LOSS_AGGREGATIONS = ("token_mean", "sequence_mean_token_mean", "dr_grpo")

@@ -16,8 +16,8 @@ import numpy as np
 from maxtext.core import choices
 from maxtext.data import dataset_kinds
 from maxtext.config import optimizer
-from maxtext.grpo import advantages
-from maxtext.grpo import policy_loss
+from maxtext.grpo.loss import advantages
+from maxtext.grpo.loss import policy_loss
 from maxtext.mllog import hyperparameters
 from maxtext.model import layers
 from maxtext.model import moe

@@ -130,7 +130,7 @@ def make_optimizer(
   AdamW without its clipping stage (the engine clips with the gradient norm
   it measures for the metrics), weight decay on the model's matrices only
   (`transformer.weight_decay_mask`), or on those `decay_mask` names (a
-  frozen router's leaves left out: `maxtext.grpo.frozen_router`)."""
+  frozen router's leaves left out: `maxtext.grpo.loss.frozen_router`)."""
   return optimizer_lib.make_optimizer(
       settings,
       schedule,

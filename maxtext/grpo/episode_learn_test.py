@@ -42,12 +42,12 @@ from maxtext.env import tasks
 from maxtext.env import tool_calls
 from maxtext.generation import paged_decoder
 from maxtext.generation import sampling
-from maxtext.grpo import episode_rollout
-from maxtext.grpo import policy_loss
-from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import rollout_batches
-from maxtext.grpo import text_task
-from maxtext.grpo import train_loss
+from maxtext.grpo.rollout import episode_rollout
+from maxtext.grpo.loss import policy_loss
+from maxtext.grpo.rollout import rollout as rollout_lib
+from maxtext.grpo.rollout import rollout_batches
+from maxtext.grpo.tasks import text_task
+from maxtext.grpo.loss import train_loss
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
 from maxtext.run import batch_source
@@ -200,6 +200,12 @@ def _tool_calls_risen(rewards):
   return len(rewards) >= 5 and rewards[-5:].mean() - rewards[0] >= 0.3
 
 
+def _unlearned(rewards):
+  """Whether the mean reward of the last 5 steps is 0.1 or more below that
+  of the first 3."""
+  return len(rewards) >= 8 and rewards[-5:].mean() < rewards[:3].mean() - 0.1
+
+
 def _second_turn_risen(rewards):
   """Whether the mean reward of the last 5 steps is 0.3 or more above that
   of the first 3."""
@@ -286,9 +292,9 @@ class EpisodeLearnTest(absltest.TestCase):
     self.assertGreaterEqual(rewards[-1], 0.9, rewards)
 
   def test_negated_advantages_unlearn_the_marker(self):
-    rewards = self._rewards(20, negate=True)
+    rewards = self._rewards(20, negate=True, stop_when=_unlearned)
     self.assertTrue(0.2 <= rewards[:3].mean() <= 0.5, rewards)
-    self.assertLess(rewards[-5:].mean(), rewards[:3].mean() - 0.1, rewards)
+    self.assertTrue(_unlearned(rewards), rewards)
 
   def test_learns_to_call_the_tool(self):
     # Fine-tuned to call `mark` in a quarter of its turns; the reward needs

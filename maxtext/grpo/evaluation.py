@@ -15,7 +15,7 @@ import jax
 
 from maxtext.generation import paged_decoder
 from maxtext.generation import rollout_decoder
-from maxtext.grpo import pass_rate
+from maxtext.grpo.rewards import pass_rate
 from maxtext.generation import sampling
 
 

@@ -28,11 +28,11 @@ from maxtext.engine import engine as engine_lib
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
 from maxtext.generation import decode_weights
-from maxtext.grpo import generation_mesh
-from maxtext.grpo import prompts
-from maxtext.grpo import rewards
-from maxtext.grpo import rollout_batches
-from maxtext.grpo import train_loss
+from maxtext.grpo.rollout import generation_mesh
+from maxtext.grpo.tasks import prompts
+from maxtext.grpo.rewards import rewards
+from maxtext.grpo.rollout import rollout_batches
+from maxtext.grpo.loss import train_loss
 from maxtext.grpo import grpo_workload
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer

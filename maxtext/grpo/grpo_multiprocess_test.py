@@ -1,10 +1,10 @@
 """GRPO as one job of two real `grpo_main` processes (jax.distributed on the
-CPU, one device each): the records of a one-process run, written once, with
-rollouts drawn synchronously and one update ahead (grpo_max_age 1: every
-process dispatches the rollout's programs in the loop's one order); and with
-four devices each, two of which generate (grpo_generation_devices 4: each
-process copies its training devices' parameters to its generation
-devices)."""
+CPU): the records of a one-process run, written once. With one device each
+and rollouts drawn synchronously; and with four devices each, two of which
+generate (grpo_generation_devices 4: each process copies its training
+devices' parameters to its generation devices), with rollouts drawn one
+update ahead (grpo_max_age 1: every process dispatches the rollout's
+programs, the copy included, in the loop's one order)."""
 
 import os
 
@@ -45,9 +45,9 @@ class GrpoMultiProcessTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    # One pretrained start and one one-process run per `grpo_max_age`, shared
-    # by the cases: a job's records depend on max_age alone, not on how many
-    # devices generate.
+    # One pretrained start, shared by the cases, and one one-process run per
+    # `grpo_max_age`: a job's records depend on max_age alone, not on how
+    # many devices generate.
     cls.root = absltest.get_default_test_tmpdir()
     cls.start = grpo_start.pretrained_checkpoints(cls.root)
     cls.alone = {}
@@ -68,8 +68,7 @@ class GrpoMultiProcessTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("synchronous", 0, 0),
-      ("one_rollout_ahead", 1, 0),
-      ("generation_devices_of_their_own", 1, 4),
+      ("one_rollout_ahead_on_generation_devices", 1, 4),
   )
   def test_two_processes_give_the_one_process_records(
       self, max_age, generation_devices

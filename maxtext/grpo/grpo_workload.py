@@ -65,24 +65,24 @@ from maxtext.run import batch_source
 from maxtext.run import frozen_reference
 from maxtext.run import warmup
 from maxtext.run import workload
-from maxtext.grpo import decode_footprint
+from maxtext.grpo.rollout import decode_footprint
 from maxtext.grpo import evaluation
-from maxtext.grpo import frozen_router
-from maxtext.grpo import logprob_gate
+from maxtext.grpo.loss import frozen_router
+from maxtext.grpo.loss import logprob_gate
 from maxtext.grpo import mlperf_header
-from maxtext.grpo import generation_mesh
-from maxtext.grpo import pending_rollout
-from maxtext.grpo import policy_loss
-from maxtext.grpo import progression_task
-from maxtext.grpo import prompts as prompts_lib
-from maxtext.grpo import rewards as rewards_lib
+from maxtext.grpo.rollout import generation_mesh
+from maxtext.grpo.rollout import pending_rollout
+from maxtext.grpo.loss import policy_loss
+from maxtext.grpo.tasks import progression_task
+from maxtext.grpo.tasks import prompts as prompts_lib
+from maxtext.grpo.rewards import rewards as rewards_lib
 from maxtext.generation import paged_decoder
-from maxtext.grpo import rollout as rollout_lib
-from maxtext.grpo import rollout_batches
-from maxtext.grpo import rollout_source
-from maxtext.grpo import train_loss
-from maxtext.grpo import episode_rollout
-from maxtext.grpo import text_task
+from maxtext.grpo.rollout import rollout as rollout_lib
+from maxtext.grpo.rollout import rollout_batches
+from maxtext.grpo.rollout import rollout_source
+from maxtext.grpo.loss import train_loss
+from maxtext.grpo.rollout import episode_rollout
+from maxtext.grpo.tasks import text_task
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.mllog import workload_header
 from maxtext.model import transformer

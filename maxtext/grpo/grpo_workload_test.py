@@ -14,7 +14,7 @@ from maxtext.runtime import preemption
 from maxtext.run import trainer
 from maxtext.run import reference_pin
 from maxtext import workloads
-from maxtext.grpo import rewards
+from maxtext.grpo.rewards import rewards
 from maxtext.listeners import interface as listener_interface
 from maxtext.metrics import jsonl
 from maxtext.storage import checkpointing
@@ -429,30 +429,11 @@ class GrpoRunTest(parameterized.TestCase):
     self.assertEqual(record["pinned"]["step"], last + 1)
     self.assertEqual([c["from"]["step"] for c in record["changes"]], [last])
 
-  def test_two_passes_per_rollout(self):
-    out = self.create_tempdir().full_path
-    result = workloads.run(
-        _grpo_config(out, self.checkpoints, grpo_num_iterations=2, steps=4)
-    )
-    self.assertEqual(result.final_step, 4)
-    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
-    train = [r for r in records if r["kind"] == "train"]
-    self.assertEqual([r["step"] for r in train], [0, 1, 2, 3])
-    # Updates 0 and 1 share rollout 0 (the same rewards); the second pass
-    # is off-policy.
-    self.assertEqual(train[0]["rewards/mean"], train[1]["rewards/mean"])
-    self.assertEqual(
-        train[0]["completions/mean_length"], train[1]["completions/mean_length"]
-    )
-    self.assertAlmostEqual(train[0]["is_ratio/mean"], 1.0, places=3)
-    self.assertNotAlmostEqual(train[1]["is_ratio/max"], 1.0, places=4)
-    evals = [r for r in records if r["kind"] == "eval"]
-    self.assertEqual([r["step"] for r in evals], [1, 3])
-
-  def test_nothing_compiles_after_run_start(self):
+  def test_two_passes_per_rollout_and_no_compile_after_run_start(self):
     # Rollouts, the reference's scoring (beta > 0), two passes per rollout,
     # evals and checkpoints after run_start: the warm-up and the start eval
-    # compiled every program before it.
+    # compiled every program before it. The same run's records show the two
+    # passes over each rollout.
     counter = compile_counter.RunStartCounter()
     began = time.monotonic()
     out = self.create_tempdir().full_path
@@ -471,6 +452,19 @@ class GrpoRunTest(parameterized.TestCase):
     self.assertGreater(compile_counter.count_after(began) - after, 0)
     self.assertEqual(compile_counter.backend_compiles_after(counter.at), [])
     self.assertEqual(after, 0)
+    records = jsonl.read_jsonl(os.path.join(result.run_dir, "metrics.jsonl"))
+    train = [r for r in records if r["kind"] == "train"]
+    self.assertEqual([r["step"] for r in train], [0, 1, 2, 3])
+    # Updates 0 and 1 share rollout 0 (the same rewards); the second pass
+    # is off-policy.
+    self.assertEqual(train[0]["rewards/mean"], train[1]["rewards/mean"])
+    self.assertEqual(
+        train[0]["completions/mean_length"], train[1]["completions/mean_length"]
+    )
+    self.assertAlmostEqual(train[0]["is_ratio/mean"], 1.0, places=3)
+    self.assertNotAlmostEqual(train[1]["is_ratio/max"], 1.0, places=4)
+    evals = [r for r in records if r["kind"] == "eval"]
+    self.assertEqual([r["step"] for r in evals], [1, 3])
 
   @parameterized.named_parameters(
       ("one_generation", {"grpo_num_generations": 1}, "grpo_num_generations=1"),

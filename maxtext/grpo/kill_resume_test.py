@@ -86,8 +86,8 @@ class KillResumeTest(absltest.TestCase):
     )
     self.addCleanup(victim.kill)
     victim.wait_until(
-        lambda: 4 in _finished_checkpoints(run_dir),
-        "the checkpoint of step 4",
+        lambda: 2 in _finished_checkpoints(run_dir),
+        "the checkpoint of step 2",
         _TIMEOUT_S,
     )
     victim.send_signal(signal.SIGKILL)

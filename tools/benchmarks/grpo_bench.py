@@ -17,7 +17,7 @@ the GRPO workload, in a temporary run directory, without the MLPerf log),
 watched by a run listener. The workload's warm-up compiles every program
 first; then `--steps` steps run, each a rollout and one update, and the
 step's own timings (the `timing/*` metrics of its record,
-`maxtext/grpo/rollout_batches.py`) are averaged: the table gives each
+`maxtext/grpo/rollout/rollout_batches.py`) are averaged: the table gives each
 phase's mean seconds and share of `timing/step` (rollout = generation +
 rewards + advantages; reference; old log-probs, which generation computes,
 so 0; update), generated tokens/s (the completions' tokens over
@@ -25,7 +25,8 @@ so 0; update), generated tokens/s (the completions' tokens over
 + completion columns), over `timing/update`) and the padding fraction of
 the model's input: the share of the micro-batches' tokens that hold no
 sequence, one padded row per sequence and packed first-fit
-(`maxtext.grpo.packed_batches`, the rows `--config.packing=true` trains).
+(`maxtext.grpo.rollout.packed_batches`, the rows `--config.packing=true`
+trains).
 The rollouts themselves (their lengths and tokens) come from the workload's
 batch source (`RolloutSource.rollout_for`) as each update's record is
 completed. Then the rollouts' decode step against the bandwidth limit
@@ -37,8 +38,8 @@ measured one (`timing/generate` summed over the decode steps summed);
 multi-turn episodes count no decode steps.
 
 With a config whose `grpo_task` is set (multi-turn mode), the steps play the
-task's episodes (`maxtext/grpo/episode_rollout.py`) and the rollout splits
-into generation (`timing/generate`: the generation function alone), tool
+task's episodes (`maxtext/grpo/rollout/episode_rollout.py`) and the rollout
+splits into generation (`timing/generate`: the generation function alone), tool
 execution (`timing/tools`: the environments' tools, verifiers and
 rendering) and the reward functions; generated tokens/s then counts every
 id after the prompts (the environment's too) over generation's seconds.
@@ -84,8 +85,8 @@ from maxtext.config import config_lib
 from maxtext.configs import grpo_tiny
 from maxtext.generation import decode_roofline
 from maxtext.grpo import grpo_workload
-from maxtext.grpo import packed_batches
-from maxtext.grpo import rollout as rollout_lib
+from maxtext.grpo.rollout import packed_batches
+from maxtext.grpo.rollout import rollout as rollout_lib
 from maxtext.listeners import interface
 from maxtext.model import transformer
 from maxtext.run import batch_source

@@ -37,7 +37,7 @@ _SMALL = (
     "--config.grpo_eval_prompts=8",
     "--steps=2",
 )
-_TASK = "maxtext.grpo.progression_task"
+_TASK = "maxtext.grpo.tasks.progression_task"
 # Metrics of a step's record besides one per reward function: on the
 # devices, the loss, the policy loss's 26 (pg_loss, kl, kl_loss, 3 clip
 # fractions, ppo_kl, entropy, 3 ratio and 5 advantage statistics, and the

@@ -35,7 +35,7 @@ import optax
 
 from maxtext.config import config_lib
 from maxtext.engine import engine as engine_lib
-from maxtext.grpo import train_loss
+from maxtext.grpo.loss import train_loss
 from maxtext.grpo import grpo_workload
 from maxtext.model import transformer
 from maxtext.metrics import recorder as metrics_recorder

@@ -66,7 +66,7 @@ _GRPO = flags.DEFINE_bool(
     "grpo",
     False,
     "With --model_config: the micro-step is the GRPO loss "
-    "(maxtext/grpo/train_loss.py) of that model on a synthetic rollout "
+    "(maxtext/grpo/loss/train_loss.py) of that model on a synthetic rollout "
     "micro-batch of the config's grpo_* shape; M = a GRPO step's device "
     "metric set.",
 )

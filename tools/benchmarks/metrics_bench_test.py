@@ -137,7 +137,7 @@ class MetricsBenchTest(absltest.TestCase):
     # fractions, ppo_kl, entropy, 3 ratio and 5 advantage statistics, and
     # the reference loss's 10) and completion tokens. The rollout's
     # statistics are host values that never reach the devices
-    # (maxtext/grpo/rollout_batches.py).
+    # (maxtext/grpo/rollout/rollout_batches.py).
     self.assertEqual(m, 1 + 26 + 1)
     self.assert_dispatches(dispatches, m, ks=_KS[:1])
 
