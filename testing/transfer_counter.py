@@ -59,9 +59,7 @@ class Transfers:
 
 
 def _device_arrays(tree) -> int:
-  return sum(
-      isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(tree)
-  )
+  return sum(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(tree))
 
 
 def _host_values(tree) -> int:

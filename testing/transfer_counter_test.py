@@ -17,9 +17,7 @@ class CountTransfersTest(absltest.TestCase):
       jax.device_get((a, b, a))
       jax.device_put({"x": np.ones((2,)), "y": np.int32(3)})
       jax.device_put(a)  # Already on the device: nothing moves.
-    self.assertEqual(
-        counts.calls, {"jax.device_get": 1, "jax.device_put": 2}
-    )
+    self.assertEqual(counts.calls, {"jax.device_get": 1, "jax.device_put": 2})
     self.assertEqual((counts.to_host, counts.to_device), (3, 2))
 
   def test_host_reads_count_outside_transfer_calls_only(self):

@@ -88,6 +88,7 @@ class HostProfile:
   result: Any
 
   def per_call(self, count: float) -> float:
+    """`count` (of the whole rollout) per decode call."""
     return count / max(self.decode_calls, 1)
 
 
@@ -103,6 +104,7 @@ class _Phases:
 
   @contextlib.contextmanager
   def phase(self, name: str):
+    """Counts the block's seconds, less its inner phases', in `name`."""
     entry = [name, time.perf_counter(), time.thread_time(), 0.0, 0.0]
     self._stack.append(entry)
     try:

@@ -78,6 +78,7 @@ _SKIP = flags.DEFINE_integer(
     "skip_steps", 10, "Leading steps left out of both runs."
 )
 
+
 class _Tally:
   """Per-label wall and main-thread CPU seconds and calls, once on."""
 
