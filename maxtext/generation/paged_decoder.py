@@ -37,7 +37,13 @@ finished while sequences wait, so a slot is refilled within a step of
 freeing. A rollout whose rows all have slots is
 thus one prefill, one admit and one decode call, however many contexts and
 samples it has. Each call takes its host values as one array or a few (a
-transfer each, not a program). Prefill is compiled once per length bucket
+transfer each, not a program); a decode call takes one (its slots' values
+and page tables, `_SLOT_COLUMNS`) and returns its results to the host as
+one (`_pack_decoded`). Between two decode calls the host thus makes a
+transfer each way, an admit call (a program and a transfer) for the slots
+it refills, and bookkeeping whose loops run over the slots that finished,
+are refilled or take pages (the new ids go into their rows as whole
+arrays). Prefill is compiled once per length bucket
 of a call's longest context (the decoder's `cache_length` buckets) and
 power-of-two number of contexts; the decode program once per power-of-two
 number of pages a slot may see (`view` buckets up to the pages of the
