@@ -9,9 +9,12 @@ the devices:
   * the arrays they move (`to_host`, `to_device`): a `jax.device_get` of a
     tuple of four device arrays is one call and four device-to-host
     transfers;
-  * host reads of a device array outside those calls (`np.asarray`,
-    `float`, `int`, `bool`, `.item()`, `.tolist()`), each a call of its own
-    (`calls["host read (__array__)"]` ...) and one array to the host.
+  * host reads of a device array outside those calls through its Python
+    methods (`float`, `int`, `bool`, `.item()`, `.tolist()`, `__array__`),
+    each a call of its own (`calls["host read (item)"]` ...) and one array
+    to the host. NumPy can read a device array through the buffer protocol
+    without calling `__array__` (`np.asarray` of a CPU array does): such a
+    read is not counted.
 
 A value given to a program as a host array is placed by the launch itself;
 `dispatch_counter.record_launches(host_arguments=...)` counts those.

@@ -29,8 +29,8 @@ no batch ahead):
            fast path off, hence a run of its own), and the transfers:
            `jax.device_get`, `jax.device_put` and
            `jax.make_array_from_process_local_data` calls and host reads of
-           a device array outside them (`np.asarray`, `float`, `int`,
-           `bool`, `.item()`, `.tolist()`).
+           a device array outside them (`float`, `int`, `bool`, `.item()`,
+           `.tolist()`, `__array__`; `testing/transfer_counter`).
 
 The last line is:
 
