@@ -33,8 +33,11 @@ This reaches into JAX internals (`jax._src`), which is why it lives in a
 version in use.
 """
 
+import collections
 import contextlib
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
+
+import jax
 
 from jax._src import pjit as jax_pjit
 from jax._src.interpreters import pxla
@@ -51,15 +54,16 @@ def _clear_cpp_dispatch_caches() -> None:
 
 
 @contextlib.contextmanager
-def _on_launch(callback: Callable[[str], None]) -> Iterator[None]:
-  """Calls callback(executable name) at every launch inside the block."""
+def _on_launch(callback: Callable[[str, tuple], None]) -> Iterator[None]:
+  """Calls callback(executable name, its arguments as given) at every
+  launch inside the block."""
   # jax has no public launch hook: this patches its internals for the block.
   # pylint: disable=protected-access
   original_call = pxla.ExecuteReplicated.__call__
   original_fastpath = jax_pjit._get_fastpath_data
 
   def reporting_call(self, *args):
-    callback(self.name)
+    callback(self.name, args)
     return original_call(self, *args)
 
   _clear_cpp_dispatch_caches()
@@ -87,23 +91,43 @@ def count_dispatches() -> Iterator[list[int]]:
   """
   count = [0]
 
-  def add(_):
+  def add(unused_name, unused_args):
     count[0] += 1
 
   with _on_launch(add):
     yield count
 
 
+def _host_values(args: tuple) -> int:
+  return sum(
+      not isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(args)
+  )
+
+
 @contextlib.contextmanager
-def record_launches() -> Iterator[list[str]]:
+def record_launches(
+    host_arguments: Optional[collections.Counter] = None,
+) -> Iterator[list[str]]:
   """Records the executables launched, in order, with the fast path off.
 
   Not thread-safe, like `count_dispatches`.
+
+  Args:
+    host_arguments: where given, counts by executable name the arguments
+      a launch was given as host values (NumPy arrays, Python scalars)
+      rather than device arrays: each one the launch places on the device,
+      a host-to-device transfer of its own.
 
   Yields:
     A list that grows with the name of each launched executable: "jit(f)"
     for a jitted function f, e.g. "jit(apply)" or "jit(_concat_groups)".
   """
   names = []
-  with _on_launch(names.append):
+
+  def record(name: str, args: Any) -> None:
+    names.append(name)
+    if host_arguments is not None:
+      host_arguments[name] += _host_values(args)
+
+  with _on_launch(record):
     yield names

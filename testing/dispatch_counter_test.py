@@ -1,11 +1,14 @@
 """Tests for testing.dispatch_counter."""
 
+import collections
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 from jax._src import pjit as jax_pjit
 from jax._src.interpreters import pxla
 import jax.numpy as jnp
+import numpy as np
 
 from testing import dispatch_counter
 
@@ -106,6 +109,18 @@ class CountDispatchesTest(parameterized.TestCase):
       x = increment_fn(double_fn(increment_fn(x)))
       jax.block_until_ready(x)
     self.assertEqual(names, ["jit(increment)", "jit(double)", "jit(increment)"])
+
+  def test_record_launches_counts_host_arguments(self):
+    add = jax.jit(lambda x, y, z: x + y + z)
+    x = jax.block_until_ready(add(jnp.ones((2,)), np.ones((2,)), 1.0))
+    host = collections.Counter()
+    with dispatch_counter.record_launches(host_arguments=host) as names:
+      # A NumPy array and a Python scalar are placed by the launch; the
+      # device array is not.
+      jax.block_until_ready(add(x, np.ones((2,), np.float32), 2.0))
+      jax.block_until_ready(add(x, x, x))
+    self.assertEqual(names, ["jit(<lambda>)", "jit(<lambda>)"])
+    self.assertEqual(host, {"jit(<lambda>)": 2})
 
 
 if __name__ == "__main__":

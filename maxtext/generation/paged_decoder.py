@@ -37,7 +37,13 @@ finished while sequences wait, so a slot is refilled within a step of
 freeing. A rollout whose rows all have slots is
 thus one prefill, one admit and one decode call, however many contexts and
 samples it has. Each call takes its host values as one array or a few (a
-transfer each, not a program). Prefill is compiled once per length bucket
+transfer each, not a program); a decode call takes one (its slots' values
+and page tables, `_SLOT_COLUMNS`) and returns its results to the host as
+one (`_pack_decoded`). Between two decode calls the host thus makes a
+transfer each way, an admit call (a program and a transfer) for the slots
+it refills, and bookkeeping whose loops run over the slots that finished,
+are refilled or take pages (the new ids go into their rows as whole
+arrays). Prefill is compiled once per length bucket
 of a call's longest context (the decoder's `cache_length` buckets) and
 power-of-two number of contexts; the decode program once per power-of-two
 number of pages a slot may see (`view` buckets up to the pages of the
@@ -455,10 +461,41 @@ def _admit(
   )
 
 
-# The columns of the decode program's per-slot values ([S, 5] int32, one
-# array so a call moves them to the device at once).
-_STEPS, _POSITIONS, _BUDGETS, _ROWS, _ACTIVE = range(5)
-_SLOT_COLUMNS = 5
+# The columns of the decode program's per-slot values: one int32 array
+# [S, _SLOT_COLUMNS + view], so a call moves them to the device at once:
+# each slot's steps (the ids its sequence has so far), position (where its
+# next id goes), budget (its max_new_tokens), row (its draws' key), active
+# (1: it holds a running sequence), its replica's stop_after (the
+# sequences finished at which the call returns), then its page table's
+# first `view` pages (local page ids of the slot's replica).
+_STEPS, _POSITIONS, _BUDGETS, _ROWS, _ACTIVE, _STOP_AFTER = range(6)
+_SLOT_COLUMNS = 6
+
+
+def _pack_decoded(ids, log_probs, steps, active):
+  """A decode call's results as one int32 array [S, 2 * chunk + 2] (one
+  transfer to the host): ids, log-probabilities (their float32 bits),
+  steps, active."""
+  return jnp.concatenate(
+      [
+          ids,
+          jax.lax.bitcast_convert_type(log_probs, jnp.int32),
+          steps[:, None],
+          active[:, None].astype(jnp.int32),
+      ],
+      axis=1,
+  )
+
+
+def _unpack_decoded(packed: np.ndarray, chunk: int) -> tuple:
+  """`_pack_decoded`'s array on the host: (ids int32 [S, chunk], log_probs
+  float32 [S, chunk], steps [S], active [S])."""
+  return (
+      packed[:, :chunk],
+      packed[:, chunk : 2 * chunk].view(np.float32),
+      packed[:, 2 * chunk],
+      packed[:, 2 * chunk + 1] > 0,
+  )
 
 
 def _decode_body(
@@ -466,9 +503,7 @@ def _decode_body(
     pool,
     states,
     logits,
-    tables,
-    slot_values,
-    stop_after,
+    slot_inputs,
     seed_key,
     temperature,
     top_k,
@@ -483,15 +518,19 @@ def _decode_body(
     replicas: int,
     attention,
 ):
-  """One replica's `_decode` on its blocks (stop_after [1]).
+  """One replica's `_decode` on its blocks (its slots' rows of
+  `slot_inputs`).
 
   A while loop of `_decode_step`s, as long as `_keep_decoding` says.
   """
   slots = logits.shape[0]
   steps, positions, budgets, rows = (
-      slot_values[:, column] for column in (_STEPS, _POSITIONS, _BUDGETS, _ROWS)
+      slot_inputs[:, column] for column in (_STEPS, _POSITIONS, _BUDGETS, _ROWS)
   )
-  active = slot_values[:, _ACTIVE] > 0
+  active = slot_inputs[:, _ACTIVE] > 0
+  tables = slot_inputs[:, _SLOT_COLUMNS:]
+  # Every slot of a replica holds the replica's value.
+  stop_after = slot_inputs[0, _STOP_AFTER]
   step = functools.partial(
       _decode_step,
       params=params,
@@ -526,10 +565,7 @@ def _decode_body(
       out.pool,
       out.states,
       out.logits,
-      out.ids,
-      out.log_probs,
-      out.steps,
-      out.active,
+      _pack_decoded(out.ids, out.log_probs, out.steps, out.active),
   )
 
 
@@ -567,9 +603,9 @@ def _keep_decoding(
   """Whether the decode loop takes another step.
 
   While fewer than `chunk` steps are taken, some slot runs, and fewer than
-  `stop_after[0]` sequences have finished.
+  `stop_after` sequences have finished.
   """
-  going = jnp.stack([jnp.any(carry.active), carry.finished >= stop_after[0]])
+  going = jnp.stack([jnp.any(carry.active), carry.finished >= stop_after])
   if replicas > 1:
     # Every replica steps while any has a running slot and none has
     # finished the sequences its host waits for: the one integer pair
@@ -657,9 +693,7 @@ def _decode(
     pool,
     states,
     logits,
-    tables,
-    slot_values,
-    stop_after,
+    slot_inputs,
     seed_key,
     temperature,
     top_k,
@@ -681,14 +715,10 @@ def _decode(
     pool: the page pool.
     states: the slots' recurrent states ({} without recurrent layers).
     logits: float32 [S, V]: each slot's next-token logits.
-    tables: int32 [S, W] page tables (local page ids of the slot's
-      replica).
-    slot_values: int32 [S, 5]: each slot's steps (the ids its sequence
-      has so far), position (where its next id goes), budget (its
-      max_new_tokens), row (its draws' key) and active (1: it holds a
-      running sequence), in the columns `_STEPS` .. `_ACTIVE`.
-    stop_after: int32 [R]: return once replica r has finished this many
-      sequences (any replica).
+    slot_inputs: int32 [S, _SLOT_COLUMNS + W]: each slot's values in the
+      columns `_STEPS` .. `_STOP_AFTER` (the call returns once any replica
+      has finished its slots' stop_after sequences), then its page table
+      (W pages, local ids of the slot's replica).
     seed_key, temperature, top_k, top_p, stop_ids, allowed_vocab: as
       `decoder._generate`.
     config, chunk, greedy, filtered: static.
@@ -697,23 +727,21 @@ def _decode(
     attention: static: `attention_of`'s.
 
   Returns:
-    (pool, states, logits, ids int32 [S, chunk], log_probs float32
-    [S, chunk], steps, active): a slot's new ids are the first (new steps -
-    old steps) of its row; ids, log_probs, steps and active whole on every
-    device.
+    (pool, states, logits, decoded): decoded is `_pack_decoded`'s int32
+    [S, 2 * chunk + 2] of the ids, log-probabilities, steps and active
+    flags (a slot's new ids are the first (new steps - old steps) of its
+    row), whole on every device.
   """
   split = layout.split
   per_replica = _decode_per_replica(
       layout, config, chunk, greedy, filtered, attention
   )
-  pool, states, logits, ids, log_probs, steps, active = per_replica(
+  pool, states, logits, decoded = per_replica(
       params,
       pool,
       states,
       logits,
-      tables,
-      slot_values,
-      stop_after,
+      slot_inputs,
       seed_key,
       temperature,
       top_k,
@@ -727,7 +755,7 @@ def _decode(
       layout.constrain(pool, layout.pool_spec()),
       layout.constrain(states, split(1)),
       layout.constrain(logits, split(0)),
-      *layout.constrain((ids, log_probs, steps, active), P()),
+      layout.constrain(decoded, P()),
   )
 
 
@@ -739,7 +767,6 @@ def _decode_per_replica(layout, config, chunk, greedy, filtered, attention):
   are whole on every replica.
   """
   split = layout.split
-  slot_specs = (split(0),) * 3  # tables, slot_values, stop_after
   return layout.per_replica(
       functools.partial(
           _decode_body,
@@ -750,8 +777,9 @@ def _decode_per_replica(layout, config, chunk, greedy, filtered, attention):
           replicas=layout.replicas,
           attention=attention,
       ),
-      in_specs=(P(), split(1), split(1), split(0)) + slot_specs + (P(),) * 6,
-      out_specs=(split(1), split(1)) + (split(0),) * 5,
+      # params, pool, states, logits, slot_inputs, the draw's six values.
+      in_specs=(P(), split(1), split(1), split(0), split(0)) + (P(),) * 6,
+      out_specs=(split(1), split(1), split(0), split(0)),
   )
 
 
@@ -943,10 +971,18 @@ class _Run:
     # Pages promised to each replica's admitted sequences, not yet taken.
     self.reserved = [0] * replicas
     # Slot s belongs to replica s // local_slots; its table holds local
-    # ids.
-    self.tables = np.zeros((self.slots, self.width), np.int32)
-    self.slot_values = np.zeros((self.slots, _SLOT_COLUMNS), np.int32)
+    # ids. The decode program's per-slot values and tables are one array
+    # (`_SLOT_COLUMNS`), of which these are views.
+    self.slot_inputs = np.zeros(
+        (self.slots, _SLOT_COLUMNS + self.width), np.int32
+    )
+    self.slot_values = self.slot_inputs[:, :_SLOT_COLUMNS]
+    self.tables = self.slot_inputs[:, _SLOT_COLUMNS:]
     self.slot_values[:, _BUDGETS] = 1
+    # Each slot's pages in its table, and the last position its sequence
+    # may write (context + budget - 1).
+    self.slot_pages = np.zeros((self.slots,), np.int64)
+    self.slot_ends = np.zeros((self.slots,), np.int64)
     self.in_slot: list[Optional[_Sequence]] = [None] * self.slots
     self.to_prefill = collections.deque(range(len(contexts)))
     # Each replica's continuations of its prefilled contexts, waiting for
@@ -1058,6 +1094,8 @@ class _Run:
     self.reserved[replica] += fresh
     self.tables[slot] = 0
     self.tables[slot, : len(pages)] = pages
+    self.slot_pages[slot] = len(pages)
+    self.slot_ends[slot] = context.length + budget - 1
     self.slot_values[slot, _STEPS] = 0
     self.slot_values[slot, _POSITIONS] = context.length
     self.slot_values[slot, _BUDGETS] = budget
@@ -1178,17 +1216,19 @@ class _Run:
         del wanting[replica]
     return assigned
 
-  def decode(self, view: int, stop_after) -> tuple:
-    """One `_decode` call over the tables' first `view` pages."""
-    put, split = self.layout.put, self.layout.split
-    self.pool, self.states, self.logits, *out = _decode(
+  def decode(self, view: int, stop_after) -> jax.Array:
+    """One `_decode` call over the tables' first `view` pages, each
+    replica returning once stop_after[r] of its sequences have finished;
+    returns its packed results (`_pack_decoded`)."""
+    self.slot_values[:, _STOP_AFTER] = np.repeat(stop_after, self.local_slots)
+    self.pool, self.states, self.logits, out = _decode(
         self.params,
         self.pool,
         self.states,
         self.logits,
-        put(self.tables[:, :view], split(0)),
-        put(self.slot_values, split(0)),
-        put(stop_after, split(0)),
+        self.layout.put(
+            self.slot_inputs[:, : _SLOT_COLUMNS + view], self.layout.split(0)
+        ),
         *self.sampling_args,
         config=self.config,
         chunk=self.engine.chunk,
@@ -1241,42 +1281,51 @@ class _Run:
     """Takes from the pool the pages the running slots' next chunk may
     write (reserved for them at admission)."""
     size = self.engine.page_size
-    for slot in running:
-      seq = self.in_slot[slot]
+    last = np.minimum(
+        self.slot_values[running, _POSITIONS] + self.engine.chunk,
+        self.slot_ends[running],
+    )
+    more = -(-last // size) - self.slot_pages[running]
+    for slot, count in zip(np.asarray(running)[more > 0], more[more > 0]):
+      seq, count = self.in_slot[slot], int(count)
       replica = slot // self.local_slots
-      last = min(
-          self.slot_values[slot, _POSITIONS] + self.engine.chunk,
-          seq.length + seq.budget - 1,
-      )
-      more = _pages(last, size) - len(seq.pages)
-      if more > 0:
-        pages = self.books[replica].allocate(more)
-        self.tables[slot, len(seq.pages) : len(seq.pages) + more] = pages
-        seq.pages.extend(pages)
-        seq.unallocated -= more
-        self.reserved[replica] -= more
+      pages = self.books[replica].allocate(count)
+      self.tables[slot, len(seq.pages) : len(seq.pages) + count] = pages
+      seq.pages.extend(pages)
+      self.slot_pages[slot] += count
+      seq.unallocated -= count
+      self.reserved[replica] -= count
 
-  def collect(self, running: list, out) -> None:
+  def collect(self, out) -> None:
     """A decode call's new ids into their rows; finished sequences leave
     their slots and pages."""
-    ids, log_probs, new_steps, still = jax.device_get(out)
-    steps = self.slot_values[:, _STEPS]
+    chunk = self.engine.chunk
+    ids, log_probs, new_steps, still = _unpack_decoded(
+        jax.device_get(out), chunk
+    )
+    steps = self.slot_values[:, _STEPS].copy()
+    # Slots without a running sequence made none (their steps stay).
+    made = new_steps - steps
     self.figures["decode_calls"] += 1
-    self.figures["decode_steps"] += int(np.max(new_steps - steps))
-    for slot in running:
+    self.figures["decode_steps"] += int(np.max(made))
+    slots = np.flatnonzero(made)
+    # Slot s's ids 0 .. made[s] - 1 go to its row from its step on.
+    new = np.arange(chunk)[None] < made[slots, None]
+    rows = np.broadcast_to(self.slot_values[slots, _ROWS, None], new.shape)
+    at = steps[slots, None] + np.arange(chunk)[None]
+    self.ids[rows[new], at[new]] = ids[slots][new]
+    self.log_probs[rows[new], at[new]] = log_probs[slots][new]
+    self.slot_values[:, _STEPS] = new_steps
+    self.slot_values[:, _POSITIONS] += made
+    finished = self.slot_values[:, _ACTIVE].astype(bool) & ~still
+    for slot in np.flatnonzero(finished):
       seq = self.in_slot[slot]
-      start = int(steps[slot])
-      made = int(new_steps[slot]) - start
-      self.ids[seq.row, start : start + made] = ids[slot, :made]
-      self.log_probs[seq.row, start : start + made] = log_probs[slot, :made]
-      self.slot_values[slot, _STEPS] = new_steps[slot]
-      self.slot_values[slot, _POSITIONS] = seq.length + new_steps[slot]
-      if not still[slot]:
-        replica = slot // self.local_slots
-        self.lengths[seq.row] = new_steps[slot]
-        self.books[replica].release(seq.pages)
-        self.reserved[replica] -= seq.unallocated
-        self.in_slot[slot] = None
+      replica = slot // self.local_slots
+      self.lengths[seq.row] = new_steps[slot]
+      self.books[replica].release(seq.pages)
+      self.reserved[replica] -= seq.unallocated
+      self.in_slot[slot] = None
+      self.slot_pages[slot] = 0
 
   def run(self) -> None:
     """Decodes until every row has finished."""
@@ -1298,11 +1347,9 @@ class _Run:
           )
         return
       self.reserve_chunk(running)
-      view = _bucket(
-          max(len(self.in_slot[s].pages) for s in running), self.width
-      )
+      view = _bucket(int(np.max(self.slot_pages)), self.width)
       self.slot_values[:, _ACTIVE] = [seq is not None for seq in self.in_slot]
-      self.collect(running, self.decode(view, self.stop_after()))
+      self.collect(self.decode(view, self.stop_after()))
 
   def stop_after(self) -> np.ndarray:
     """Each replica's finished sequences at which a decode call returns:
@@ -1649,9 +1696,7 @@ def _lower_decode(
       pool,
       states,
       logits,
-      abstract.array(i32, num_slots, width, spec=split(0)),
-      abstract.array(i32, num_slots, _SLOT_COLUMNS, spec=split(0)),
-      abstract.array(i32, layout.replicas, spec=split(0)),  # stop_after
+      abstract.array(i32, num_slots, _SLOT_COLUMNS + width, spec=split(0)),
       abstract.array(key.dtype, *key.shape),
       abstract.array(jnp.float32),  # temperature
       abstract.array(i32),  # top_k

@@ -57,6 +57,14 @@ with S = paged useful tokens/s / static useful tokens/s, U the most pages
 in use at once, P the paged decoder's prefill passes and Q the static
 decoder's prefilled rows.
 
+With `--host_profile` (longtail) the paged decoder runs twice more
+(`tools/benchmarks/decode_host_profile`): its host work by phase (admit,
+prefill, decode dispatch, the wait for a call's results, bookkeeping), and
+its programs launched, arrays moved host->device and device->host, and
+programs compiled, per decode call, in lines that start with "paged host
+profile" (the last: `paged host profile: launches=L to_device=D
+to_host=H compiles=C host_cpu_us=U (per decode call)`).
+
 Greedy agreement (`maxtext.generation.greedy_agreement`): "same ids: N/M"
 counts the requests (rows) whose two id sequences are equal; "agree within
 <compute dtype> rounding: K/M" adds those whose first difference is a
@@ -96,6 +104,7 @@ from maxtext.generation import paged_decoder
 from maxtext.generation import replica_layout
 from maxtext.model import transformer
 from maxtext.generation import sampling
+from tools.benchmarks import decode_host_profile
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -152,6 +161,14 @@ _PROFILE_DIR = flags.DEFINE_string(
     None,
     "longtail: after the timed runs, trace one more paged run into this "
     "directory with the JAX profiler (summarise it with trace_summary).",
+)
+
+_HOST_PROFILE = flags.DEFINE_bool(
+    "host_profile",
+    False,
+    "longtail: after the timed runs, run the paged decoder twice more to "
+    "time its host work by phase and count its launches and transfers per "
+    "decode call (decode_host_profile).",
 )
 
 _COMPILE_EVENTS = "/jax/core/compile/"
@@ -256,7 +273,9 @@ def _longtail(config) -> None:
       for _ in range(prompts_n)
   ]
   lengths = longtail_lengths(rng, prompts_n * g, _MEAN_LENGTH.value, cap)
-  static, paged = _longtail_runs(params, config, prompts, g, lengths, engine)
+  static, paged, host_lines = _longtail_runs(
+      params, config, prompts, g, lengths, engine
+  )
   rows = prompts_n * g
   agree = greedy_agreement.agreement(
       params,
@@ -273,6 +292,8 @@ def _longtail(config) -> None:
   for line in decode_roofline.report(
       step, jax.devices()[0].device_kind, paged.seconds
   ):
+    print(f"paged {line}")
+  for line in host_lines:
     print(f"paged {line}")
   print(
       f"decode_bench: continuous_speedup={static.seconds / paged.seconds:.1f} "
@@ -296,10 +317,12 @@ def _longtail_runs(params, config, prompts, g, lengths, engine):
   The static decoder runs every row to the longest length; the paged one
   gives each row its own (`lengths`). With --profile_dir, the paged run is
   traced once more, apart from the timed runs (the profiler slows what it
-  traces).
+  traces). With --host_profile, the paged run is run twice more to profile
+  its host work (`decode_host_profile`).
 
   Returns:
-    (static, paged) `_Measured`.
+    (static, paged) `_Measured`, and the host profile's lines (none
+    without --host_profile).
   """
   options = sampling.SamplingOptions(
       max_new_tokens=int(lengths.max()), num_samples=g
@@ -326,9 +349,13 @@ def _longtail_runs(params, config, prompts, g, lengths, engine):
   if _PROFILE_DIR.value:
     with jax.profiler.trace(_PROFILE_DIR.value):
       paged()
+  host_lines = []
+  if _HOST_PROFILE.value:
+    host_lines = decode_host_profile.report(decode_host_profile.profile(paged))
   return (
       _Measured(static_run, static_s, static_compile),
       _Measured(paged_run, paged_s, paged_compile),
+      host_lines,
   )
 
 

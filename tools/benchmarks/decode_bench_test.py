@@ -128,6 +128,36 @@ class DecodeBenchTest(absltest.TestCase):
     self.assertEqual(int(rows["paged"][5]), int(match.group(2)) * 4 * 256)
     self.assertLessEqual(int(rows["paged"][5]), int(rows["paged"][4]))
 
+  def test_host_profile_counts_a_decode_calls_work(self):
+    proc = _run(
+        "--lengths=longtail",
+        "--prompts=2",
+        "--num_generations=4",
+        "--prompt_len=5",
+        "--mean_length=4",
+        "--max_length=12",
+        "--slots=3",
+        "--page_size=4",
+        "--host_profile",
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    lines = proc.stdout.strip().splitlines()
+    calls = int(
+        re.match(r"^paged: \d+ decode steps in (\d+) calls", lines[4])[1]
+    )
+    profile = [l for l in lines if l.startswith("paged host profile")]
+    self.assertLen(profile, 2, lines)
+    self.assertIn(f"paged host profile: {calls} decode calls", profile[0])
+    # One decode program and one transfer of its results a call; warm
+    # programs, nothing compiled.
+    self.assertIn("jit(_decode) 1.00", proc.stdout)
+    self.assertRegex(
+        profile[1],
+        r"^paged host profile: launches=\d+\.\d\d to_device=\d+\.\d\d "
+        r"to_host=1\.00 compiles=0 host_cpu_us=\d+ \(per decode call\)$",
+    )
+    self.assertRegex(lines[-1], _LONGTAIL_LINE)
+
   def test_runs_and_reports(self):
     proc = _run(
         "--batch=2", "--prompt_len=5", "--new_tokens=9", "--windowed_tokens=3"

@@ -29,8 +29,8 @@ no batch ahead):
            fast path off, hence a run of its own), and the transfers:
            `jax.device_get`, `jax.device_put` and
            `jax.make_array_from_process_local_data` calls and host reads of
-           a device array outside them (`np.asarray`, `float`, `int`,
-           `bool`, `.item()`, `.tolist()`).
+           a device array outside them (`float`, `int`, `bool`, `.item()`,
+           `.tolist()`, `__array__`; `testing/transfer_counter`).
 
 The last line is:
 
@@ -52,7 +52,6 @@ import time
 from absl import app
 from absl import flags
 import jax
-from jax._src import array as jax_array
 from ml_collections import config_flags
 
 from maxtext.configs import default
@@ -63,6 +62,7 @@ from maxtext.listeners import multi_listener
 from maxtext.run import run_state
 from maxtext.run import trainer
 from testing import dispatch_counter
+from testing import transfer_counter
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -76,15 +76,6 @@ _COUNT_STEPS = flags.DEFINE_integer(
 )
 _SKIP = flags.DEFINE_integer(
     "skip_steps", 10, "Leading steps left out of both runs."
-)
-
-_HOST_READS = (
-    "__array__",
-    "__float__",
-    "__int__",
-    "__bool__",
-    "item",
-    "tolist",
 )
 
 
@@ -193,36 +184,6 @@ def _instrument(stack, tally):
   _patch(stack, multi_listener.MultiListener, "_dispatch", dispatch)
 
 
-def _count_transfers(stack, tally, counts):
-  """Counts transfer calls and host reads of device arrays (those outside
-  a transfer call: `jax.device_get` reads its arrays itself)."""
-  depth = [0]
-
-  def counting(label):
-    def make(original):
-      def wrapper(*args, **kwargs):
-        if tally.on and not depth[0]:
-          counts[label] += 1
-        depth[0] += 1
-        try:
-          return original(*args, **kwargs)
-        finally:
-          depth[0] -= 1
-
-      return wrapper
-
-    return make
-
-  for name in (
-      "device_get",
-      "device_put",
-      "make_array_from_process_local_data",
-  ):
-    _patch(stack, jax, name, counting(f"jax.{name}"))
-  for name in _HOST_READS:
-    _patch(stack, jax_array.ArrayImpl, name, counting(f"host read ({name})"))
-
-
 class _Window(interface.RunListener):
   """Counts steps `skip` to `stop` - 1: turns the tally on as step `skip`
   starts and off as step `stop` starts, calling `on_start` and `on_stop`
@@ -291,7 +252,7 @@ def timed_run(steps, skip):
 
 def counted_run(steps, skip):
   """Runs the counted run; returns (launch names, transfer counts, steps)."""
-  tally, transfers = _Tally(), collections.Counter()
+  tally = _Tally()
   launches = []
   with contextlib.ExitStack() as stack, contextlib.ExitStack() as counting:
     window = _Window(
@@ -303,11 +264,17 @@ def counted_run(steps, skip):
         ),
         on_stop=counting.close,
     )
-    _count_transfers(stack, tally, transfers)
+    transfers = stack.enter_context(
+        transfer_counter.count_transfers(lambda: tally.on)
+    )
     trainer.run(
         _config(steps), config_filename="default.py", extra_listeners=[window]
     )
-  return collections.Counter(launches[0]), transfers, len(window.starts) - 1
+  return (
+      collections.Counter(launches[0]),
+      transfers.calls,
+      len(window.starts) - 1,
+  )
 
 
 def main(argv):
