@@ -14,6 +14,13 @@ import numpy as np
 FIELD = "config.grpo_reward_functions"
 _FIELD = FIELD
 
+# Modules of this project's own reward functions under the names earlier
+# versions of it had (and wrote into runs' recorded configs), by their names
+# now: a run recorded with an old name resumes with that name.
+MOVED_MODULES = {
+    "maxtext.grpo.progression_task": "maxtext.grpo.tasks.progression_task",
+}
+
 
 def import_function(name: str) -> Callable[..., float]:
   """The function "module:function" names, imported.
@@ -24,7 +31,9 @@ def import_function(name: str) -> Callable[..., float]:
   """
   module_name, function_name = name.split(":")
   try:
-    module = importlib.import_module(module_name)
+    module = importlib.import_module(
+        MOVED_MODULES.get(module_name, module_name)
+    )
   except Exception as exc:
     # Whatever the import raises, the user's answer is the same line.
     raise ValueError(

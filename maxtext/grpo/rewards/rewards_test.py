@@ -74,6 +74,16 @@ class LoadTest(absltest.TestCase):
     self.assertEqual([f.weight for f in loaded], [2.0, 1.0])
     self.assertEqual(loaded[0].short_name, "length_reward")
 
+  def test_moved_module_names_load_the_same_function(self):
+    old, new = (
+        f"{module}:exact_match"
+        for module in (
+            "maxtext.grpo.progression_task",
+            "maxtext.grpo.tasks.progression_task",
+        )
+    )
+    self.assertIs(rewards.load(old)[0].fn, rewards.load(new)[0].fn)
+
   def test_module_that_does_not_import(self):
     with self.assertRaisesRegex(
         ValueError,
