@@ -46,6 +46,7 @@ SETTINGS = {
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.mllog": {"maxtext.mllog.mlperf_config": ("MlperfConfig",)},
     "maxtext.model": {"maxtext.model.model_config": ("ModelConfig",)},
+    "maxtext.run": {"maxtext.run.preflight": ("PreflightConfig",)},
     "maxtext.runtime": {
         "maxtext.runtime.distributed": ("DistributedConfig",),
         "maxtext.runtime.mesh": ("MeshConfig", "BatchLayout"),
@@ -97,7 +98,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.grpo.train_loss",
         "maxtext.hf.importer",
         "maxtext.run.deferred_eval",
-        "maxtext.run.preflight",
         "maxtext.run.run_state",
         "maxtext.run.trainer",
         "maxtext.run.workload",
