@@ -73,7 +73,6 @@ _SETTINGS_NAMES = _CONFIG_NAMES + ("settings",)
 NOT_CONVERTED = frozenset(
     {
         "maxtext.engine.model_setup",
-        "maxtext.engine.saved_step",
         "maxtext.engine.train_compile_lib",
         "maxtext.generation.cached_model",
         "maxtext.generation.decode_roofline",
