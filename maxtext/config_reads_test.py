@@ -46,6 +46,7 @@ SETTINGS = {
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.mllog": {"maxtext.mllog.mlperf_config": ("MlperfConfig",)},
     "maxtext.model": {"maxtext.model.model_config": ("ModelConfig",)},
+    "maxtext.run": {"maxtext.run.preflight": ("PreflightConfig",)},
     "maxtext.runtime": {
         "maxtext.runtime.distributed": ("DistributedConfig",),
         "maxtext.runtime.mesh": ("MeshConfig", "BatchLayout"),
@@ -72,7 +73,6 @@ _SETTINGS_NAMES = _CONFIG_NAMES + ("settings",)
 NOT_CONVERTED = frozenset(
     {
         "maxtext.engine.model_setup",
-        "maxtext.engine.saved_step",
         "maxtext.engine.train_compile_lib",
         "maxtext.generation.cached_model",
         "maxtext.generation.decode_roofline",
@@ -97,7 +97,6 @@ NOT_CONVERTED = frozenset(
         "maxtext.grpo.loss.train_loss",
         "maxtext.hf.importer",
         "maxtext.run.deferred_eval",
-        "maxtext.run.preflight",
         "maxtext.run.run_state",
         "maxtext.run.trainer",
         "maxtext.run.workload",

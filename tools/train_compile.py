@@ -405,7 +405,7 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
     saved_step.save(
         path,
         step.executables,
-        config,
+        config.to_dict(),
         mesh,
         f"{tpu_slice.name} x {_NUM_SLICES.value}",
     )

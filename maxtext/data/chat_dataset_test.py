@@ -239,7 +239,7 @@ class ChatDatasetTest(parameterized.TestCase):
     config_lib.validate(config)
     expected = f"^config.train_data_path='{path}': {pattern}"
     with self.assertRaisesRegex(ValueError, expected) as caught:
-      preflight.check(config)
+      preflight.check(preflight.PreflightConfig.from_config(config))
     self.assertNotIn("\n", str(caught.exception))
     with self.assertRaisesRegex(ValueError, expected):
       dataset_kinds.make_dataset(data_config.DataConfig.from_config(config))

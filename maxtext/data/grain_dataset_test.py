@@ -185,21 +185,29 @@ class GrainDatasetTest(parameterized.TestCase):
 
   def test_preflight_checks_the_prepared_data(self):
     config_lib.validate(_config())
-    preflight.check(_config())
+    preflight.check(preflight.PreflightConfig.from_config(_config()))
     with self.assertRaisesRegex(
         ValueError,
         r"^config.vocab_size=300: smaller than the vocabulary of "
         r"train_data_path=.* \(512 ids\)",
     ):
-      preflight.check(_config(vocab_size=300))
+      preflight.check(
+          preflight.PreflightConfig.from_config(_config(vocab_size=300))
+      )
     empty = self.create_tempdir().full_path
     with self.assertRaisesRegex(
         ValueError,
         rf"^config.train_data_path='{empty}': has no " r"metadata.json",
     ):
-      preflight.check(_config(train_data_path=empty))
+      preflight.check(
+          preflight.PreflightConfig.from_config(_config(train_data_path=empty))
+      )
     with self.assertRaisesRegex(ValueError, r"one sequence needs"):
-      preflight.check(_config(max_sequence_length=100_000))
+      preflight.check(
+          preflight.PreflightConfig.from_config(
+              _config(max_sequence_length=100_000)
+          )
+      )
     # MLPerf sample counts come from the prepared data.
     config = _config()
     self.assertEqual(

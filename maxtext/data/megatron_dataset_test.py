@@ -200,7 +200,7 @@ class MegatronDatasetTest(absltest.TestCase):
         ValueError,
         f"^config.eval_data_path: {self.val}.bin: holds {rows} sequences",
     ):
-      preflight.check(config)
+      preflight.check(preflight.PreflightConfig.from_config(config))
 
   def test_preflight_names_a_bad_file(self):
     broken = os.path.join(self.create_tempdir().full_path, "broken")
@@ -210,7 +210,7 @@ class MegatronDatasetTest(absltest.TestCase):
     config = self._config(train_data_path=f"0.5 {self.a} 0.5 {broken}")
     config_lib.validate(config)
     with self.assertRaises(ValueError) as caught:
-      preflight.check(config)
+      preflight.check(preflight.PreflightConfig.from_config(config))
     message = str(caught.exception)
     self.assertNotIn("\n", message)
     self.assertRegex(
@@ -271,7 +271,7 @@ class MegatronDatasetTest(absltest.TestCase):
       with self.assertRaisesRegex(
           ValueError, re.escape(f"config.{field}: {path}.bin: {problem}; ")
       ):
-        preflight.check(config)
+        preflight.check(preflight.PreflightConfig.from_config(config))
       with self.assertRaisesRegex(ValueError, f"^config.{field}: {path}.bin"):
         megatron_dataset.MegatronDataset(
             data_config.DataConfig.from_config(config)

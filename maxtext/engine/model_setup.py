@@ -151,7 +151,7 @@ def build_engine(
   if mesh is None:
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
   executables = (
-      saved_step.load(config.compiled_step_file, config, mesh)
+      saved_step.load(config.compiled_step_file, config.to_dict(), mesh)
       if config.compiled_step_file
       else None
   )

@@ -14,7 +14,8 @@ runs (`Engine.lower_programs`, in `maxtext/engine/step_lowering.py`) and
             their platform and kind, and the topology as the user named it;
   versions  jax, jaxlib and libtpu (None where not installed).
 
-A run with `compiled_step_file` set gives `load` its config and mesh:
+A run with `compiled_step_file` set gives `load` its config's values and
+its mesh:
 anything that differs is refused with one line naming it, before the
 parameters are made, and otherwise the engine runs the loaded executables
 and compiles none of its programs.
@@ -22,6 +23,10 @@ and compiles none of its programs.
 The programs must be compiled anew, not taken from JAX's persistent
 compilation cache: an executable the cache hands back serializes into a
 file whose programs fail to run (train_compile turns the cache off).
+
+What the programs were compiled for is every field of the config, so this
+module takes the config as a record: its values by field name (a plain
+mapping, `ConfigDict.to_dict()`), never the `ConfigDict` itself.
 
 The file is two pickles: the description (plain values), then the programs.
 Unpickling can run any code the file names: load only files you made.
@@ -109,16 +114,15 @@ NOT_SHAPING = frozenset(
 )
 
 
-def shaping_fields(config) -> dict[str, Any]:
-  """The config's fields that shape the compiled programs, by name."""
+def shaping_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+  """The fields that shape the compiled programs, by name, of a config's
+  values by field name."""
   fields = {
-      name: value
-      for name, value in config.to_dict().items()
-      if name not in NOT_SHAPING
+      name: value for name, value in values.items() if name not in NOT_SHAPING
   }
   # The schedule traced into the programs runs over lr_schedule_steps,
   # or `steps` when that is 0.
-  fields["lr_schedule_steps"] = config.lr_schedule_steps or config.steps
+  fields["lr_schedule_steps"] = values["lr_schedule_steps"] or values["steps"]
   return fields
 
 
@@ -149,7 +153,7 @@ def versions() -> dict[str, Optional[str]]:
 def save(
     path: str,
     executables: Mapping[str, jax.stages.Compiled],
-    config,
+    values: Mapping[str, Any],
     mesh: jax.sharding.Mesh,
     topology: str,
 ) -> None:
@@ -158,14 +162,14 @@ def save(
   Args:
     path: the file (replaced whole: written beside it, then renamed).
     executables: `Engine.lower_programs`' names -> their compiled programs.
-    config: the config they were compiled for.
+    values: the values by field name of the config they were compiled for.
     mesh: the mesh they were compiled for.
     topology: the slice as the user named it (for messages).
   """
   description = {
       "format": FORMAT,
       "topology": topology,
-      "fields": shaping_fields(config),
+      "fields": shaping_fields(values),
       "devices": describe_devices(mesh),
       "versions": versions(),
       "programs": tuple(executables),
@@ -195,9 +199,10 @@ def _differences(kind: str, saved: Mapping, live: Mapping) -> list[str]:
 
 
 def load(
-    path: str, config, mesh: jax.sharding.Mesh
+    path: str, values: Mapping[str, Any], mesh: jax.sharding.Mesh
 ) -> dict[str, jax.stages.Compiled]:
-  """The saved programs, if they were compiled for `config` on `mesh`.
+  """The saved programs, if they were compiled for the config of `values`
+  (its values by field name) on `mesh`.
 
   Raises:
     ValueError: one line naming the file and what differs (versions,
@@ -216,7 +221,7 @@ def load(
         "devices", description["devices"], describe_devices(mesh)
     )
     differences += _differences(
-        "field", description["fields"], shaping_fields(config)
+        "field", description["fields"], shaping_fields(values)
     )
     if differences:
       raise ValueError(

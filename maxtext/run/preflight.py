@@ -1,6 +1,6 @@
 """Checks a run's paths, data and MLPerf rules before any device work.
 
-`trainer.run` calls `check(config)` right after `config_lib.validate`: a
+`trainer.run` calls `check(settings)` right after `config_lib.validate`: a
 path the run cannot create, write or read, a malformed data file, prepared
 data that does not fit the model, and a config the MLPerf rules refuse
 (`maxtext.mllog.mlperf_preflight`) are then refused with one line,
@@ -11,8 +11,13 @@ Nothing is created here. Whether a directory can be written is tried with a
 temporary file in the directory (or its nearest existing ancestor, where the
 run would create it), removed at once: permission bits say nothing for root,
 and a read-only mount shows only when written to.
+
+Its settings are `PreflightConfig`: the few fields of its own, and the run
+directory's, the data's and the MLPerf log's settings whole, which it hands
+to their packages' checks.
 """
 
+import dataclasses
 import errno
 import os
 import stat
@@ -21,6 +26,7 @@ from typing import Optional
 
 from maxtext.core import caller_paths
 from maxtext.core import checks
+from maxtext.core import component_config
 from maxtext.data import builtin_datasets
 from maxtext.mllog import mlperf_config
 from maxtext.mllog import mlperf_preflight as mllog_preflight
@@ -41,6 +47,36 @@ _ATTEMPT_ROOM = 4
 _DEFAULT_NAME_MAX = 255
 _DEFAULT_PATH_MAX = 4096
 _PROBE_PREFIX = ".maxtext_preflight_"
+
+
+@dataclasses.dataclass(frozen=True)
+class PreflightConfig(component_config.ComponentConfig):
+  """What the pre-flight checks read (`maxtext/configs/base.py` documents
+  each field; `config_lib.validate` checks them).
+
+  Attributes:
+    run_name: the run directory's name; "" = a default name, chosen later.
+    num_processes, process_id: which process this is (only process 0 writes
+      the MLPerf log).
+    jax_compilation_cache_dir: JAX's persistent compilation cache; "" = none.
+    run_dir: where the run writes and the paths it reads.
+    data: the data set's settings (its files are checked by their readers).
+    mlperf: the MLPerf log's settings (its rules: `mlperf_preflight`).
+  """
+
+  run_name: str = ""
+  num_processes: int = 1
+  process_id: int = -1
+  jax_compilation_cache_dir: str = ""
+  run_dir: run_dir_lib.RunDirConfig = dataclasses.field(
+      default_factory=run_dir_lib.RunDirConfig
+  )
+  data: data_config.DataConfig = dataclasses.field(
+      default_factory=data_config.DataConfig
+  )
+  mlperf: mlperf_config.MlperfConfig = dataclasses.field(
+      default_factory=mlperf_config.MlperfConfig
+  )
 
 
 def _fail(
@@ -159,7 +195,7 @@ def _nearest_directory(path: str) -> str:
   return path
 
 
-def _check_run_name(config, run_dir: str) -> None:
+def _check_run_name(config: PreflightConfig, run_dir: str) -> None:
   """The named run directory: a name the file system takes, not a file."""
   name_max = _limit(
       _nearest_directory(os.path.dirname(run_dir)),
@@ -195,19 +231,19 @@ def _check_run_name(config, run_dir: str) -> None:
     )
 
 
-def _check_output(config) -> None:
+def _check_output(config: PreflightConfig) -> None:
   """The run directory (where it goes, and itself when named) and the
   checkpoint directory."""
   # make_run_paths is the one place that says where a run writes; a default
   # run name (the trainer chooses one later) stands in for an unnamed run.
   name = config.run_name or run_dir_lib.default_run_name()
-  paths = run_dir_lib.make_run_paths(
-      run_dir_lib.RunDirConfig.from_config(config), name
-  )
+  paths = run_dir_lib.make_run_paths(config.run_dir, name)
   if paths.remote_url:
-    field, value = "local_staging_directory", config.local_staging_directory
+    field = "local_staging_directory"
+    value = config.run_dir.local_staging_directory
   else:
-    field, value = "base_output_directory", config.base_output_directory
+    field = "base_output_directory"
+    value = config.run_dir.base_output_directory
   parent = os.path.dirname(paths.run_dir)
   problem = _directory_problem(parent, write=False)
   if problem:
@@ -225,15 +261,15 @@ def _check_output(config) -> None:
   if problem:
     raise _fail(
         "checkpoint_directory",
-        config.checkpoint_directory,
+        config.run_dir.checkpoint_directory,
         paths.checkpoint_dir,
         problem,
     )
 
 
-def _check_load_parameters(config) -> None:
+def _check_load_parameters(paths: run_dir_lib.RunDirConfig) -> None:
   """Raises when a local load_parameters_path is not a readable directory."""
-  value = config.load_parameters_path
+  value = paths.load_parameters_path
   if not value or gcs_mirror.is_gs_url(value):
     return  # gs:// is read by orbax at restore time; no access here.
   # As the restore opens it: relative to the working directory.
@@ -278,31 +314,31 @@ def _check_load_parameters(config) -> None:
     )
 
 
-def _check_mllog(config) -> None:
+def _check_mllog(config: PreflightConfig) -> None:
   """The MLPerf log's directory, when the log is on and not in the run dir."""
-  if not config.enable_mllog or not config.mllog_file:
+  mllog_file = config.mlperf.mllog_file
+  if not config.mlperf.enable_mllog or not mllog_file:
     return  # The default log is in the run directory, checked above.
   if config.num_processes > 1 and config.process_id != 0:
     return  # Only process 0 writes the log.
-  path = caller_paths.resolve_local_path(config.mllog_file)
+  path = caller_paths.resolve_local_path(mllog_file)
   directory, name = os.path.split(path)
   problem = _directory_problem(directory)
   if problem:
-    raise _fail("mllog_file", config.mllog_file, directory, problem)
+    raise _fail("mllog_file", mllog_file, directory, problem)
   name_max = _limit(directory, "PC_NAME_MAX", _DEFAULT_NAME_MAX)
   length = len(os.fsencode(name))
   if length + _ATTEMPT_ROOM > name_max:
     raise _fail(
         "mllog_file",
-        config.mllog_file,
+        mllog_file,
         None,
         f"name too long ({length} characters, and an attempt number "
         f"adds {_ATTEMPT_ROOM}; the limit is {name_max})",
     )
 
 
-def _check_compilation_cache(config) -> None:
-  value = config.jax_compilation_cache_dir
+def _check_compilation_cache(value: str) -> None:
   if not value:
     return
   path = caller_paths.resolve_local_path(value)
@@ -313,20 +349,20 @@ def _check_compilation_cache(config) -> None:
     raise _fail("jax_compilation_cache_dir", value, path, problem)
 
 
-def _check_prepared_data(config) -> None:
+def _check_prepared_data(data: data_config.DataConfig) -> None:
   """A grain run's prepared data: reads only its metadata.json. A directory
   without one, or a vocabulary larger than the model's, is refused."""
-  if config.dataset_type != "grain":
+  if data.dataset_type != "grain":
     return
   text_metadata.check_config(
-      config.train_data_path,
-      config.eval_data_path,
-      config.vocab_size,
-      config.max_sequence_length,
+      data.train_data_path,
+      data.eval_data_path,
+      data.vocab_size,
+      data.max_sequence_length,
   )
 
 
-def check(config, header=None) -> None:
+def check(config: PreflightConfig, header=None) -> None:
   """Checks every path of a validated config, creating nothing.
 
   Local output directories (the run directory's parent and the run
@@ -347,7 +383,8 @@ def check(config, header=None) -> None:
   reference points and the header proof when enable_mllog is on).
 
   Args:
-    config: the run's config, already validated by `config_lib.validate`.
+    config: the pre-flight's settings, from a config already validated by
+      `config_lib.validate` (`PreflightConfig.from_config`).
     header: the workload's part of the MLPerf log
       (`Workload.mlperf_header`: a GRPO run's; the benchmark must be of its
       kind); None = pretraining's.
@@ -356,13 +393,12 @@ def check(config, header=None) -> None:
     ValueError: one line, `config.<field>=<value>: <problem>`, for the first
       problem found.
   """
-  _check_prepared_data(config)
-  mllog_preflight.check(mlperf_config.MlperfConfig.from_config(config), header)
+  _check_prepared_data(config.data)
+  mllog_preflight.check(config.mlperf, header)
   _check_output(config)
   _check_mllog(config)
-  _check_compilation_cache(config)
-  _check_load_parameters(config)
-  data = data_config.DataConfig.from_config(config)
-  builtin_datasets.check_token_files(data)
-  chat_dataset.check_config(data)
-  megatron_dataset.check_config(data)
+  _check_compilation_cache(config.jax_compilation_cache_dir)
+  _check_load_parameters(config.run_dir)
+  builtin_datasets.check_token_files(config.data)
+  chat_dataset.check_config(config.data)
+  megatron_dataset.check_config(config.data)

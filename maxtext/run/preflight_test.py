@@ -51,7 +51,7 @@ class PreflightTest(parameterized.TestCase):
     """check(config) raises one line matching `pattern`, creating nothing."""
     before = self.listing()
     with self.assertRaises(ValueError) as raised:
-      preflight.check(config)
+      preflight.check(preflight.PreflightConfig.from_config(config))
     message = str(raised.exception)
     self.assertRegex(message, pattern)
     self.assertNotIn("\n", message)
@@ -86,12 +86,16 @@ class PreflightTest(parameterized.TestCase):
   )
   def test_good_config_passes_and_creates_nothing(self, overrides):
     before = self.listing()
-    preflight.check(self.config(**overrides(self.tmp)))
+    preflight.check(
+        preflight.PreflightConfig.from_config(
+            self.config(**overrides(self.tmp))
+        )
+    )
     self.assertEqual(self.listing(), before)
 
   def test_existing_run_directory_passes(self):
     os.makedirs(os.path.join(self.out, "run", "checkpoints"))
-    preflight.check(self.config())
+    preflight.check(preflight.PreflightConfig.from_config(self.config()))
 
   # --- output directories -----------------------------------------------------
 
@@ -222,7 +226,7 @@ class PreflightTest(parameterized.TestCase):
         f"config.base_output_directory = {os.path.join(mount, 'runs')!r}\n"
         "config.run_name = 'run'\n"
         "try:\n"
-        "  preflight.check(config)\n"
+        "  preflight.check(preflight.PreflightConfig.from_config(config))\n"
         "except ValueError as e:\n"
         "  print(e)\n"
         "  sys.exit(3)\n"
@@ -272,7 +276,9 @@ class PreflightTest(parameterized.TestCase):
 
   def test_mllog_file_ignored_when_off(self):
     preflight.check(
-        self.config(mllog_file=os.path.join(self.file, "mllog.log"))
+        preflight.PreflightConfig.from_config(
+            self.config(mllog_file=os.path.join(self.file, "mllog.log"))
+        )
     )
 
   def test_submission_fields_checked_when_off(self):
@@ -316,7 +322,9 @@ class PreflightTest(parameterized.TestCase):
     raw = self.tempdir.create_file(
         "eval.bin", np.arange(100, dtype="<u2").tobytes()
     ).full_path
-    preflight.check(self.tokens_config(path, raw))
+    preflight.check(
+        preflight.PreflightConfig.from_config(self.tokens_config(path, raw))
+    )
 
   def test_missing_train_data(self):
     path = os.path.join(self.tmp, "absent.npy")
@@ -385,12 +393,22 @@ class PreflightTest(parameterized.TestCase):
         rf"^config\.load_parameters_path='{empty}': holds no checkpoint",
     )
     os.mkdir(os.path.join(empty, "500"))
-    preflight.check(self.config(load_parameters_path=empty))
     preflight.check(
-        self.config(load_parameters_path=os.path.join(empty, "500"))
+        preflight.PreflightConfig.from_config(
+            self.config(load_parameters_path=empty)
+        )
+    )
+    preflight.check(
+        preflight.PreflightConfig.from_config(
+            self.config(load_parameters_path=os.path.join(empty, "500"))
+        )
     )
     # Read by orbax at restore time, where GCS trouble is retried.
-    preflight.check(self.config(load_parameters_path="gs://bucket/ckpt"))
+    preflight.check(
+        preflight.PreflightConfig.from_config(
+            self.config(load_parameters_path="gs://bucket/ckpt")
+        )
+    )
 
 
 def _npy_bytes(array, allow_pickle=False):

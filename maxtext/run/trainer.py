@@ -179,7 +179,10 @@ def check(
             run_dir_lib.RunDirConfig.from_config(config)
         ),
     )
-    preflight.check(config, workload.mlperf_header(config))
+    preflight.check(
+        preflight.PreflightConfig.from_config(config),
+        workload.mlperf_header(config),
+    )
   except (ValueError, TypeError) as e:
     raise ConfigError(str(e)) from e
   return config, workload
