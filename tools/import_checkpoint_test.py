@@ -1,6 +1,11 @@
 """//tools:import_checkpoint and //tools:export_checkpoint through their
 binaries: bad input, shape checks, and a run that starts from an import.
 
+A refusal of bad input runs the import's `main` in this process
+(`testing/absl_main.py`): the line it prints and its exit status are the
+program's, without a fresh interpreter each; every import that must succeed,
+and the export's refusals, start the binary.
+
 The Hugging Face directories are written with the project's own exporter
 from a random tiny model (no torch here; llama_logits_test checks the
 layout against transformers).
@@ -23,8 +28,10 @@ from maxtext.hf import safetensors_io
 from maxtext.model import transformer
 from maxtext.generation import generate
 from maxtext.generation import sampling
+from testing import absl_main
 from testing import runfiles
 from testing import tiny_configs
+from tools import import_checkpoint
 
 
 def _get(tree, path):
@@ -53,11 +60,20 @@ class ImportCheckpointTest(absltest.TestCase):
     shutil.copytree(self.hf_dir, path)
     return path
 
+  def refuse(self, args, output_dir):
+    """Imports in this process; returns the refusal's stderr."""
+    code, _, stderr = absl_main.run(
+        import_checkpoint,
+        import_checkpoint.main,
+        [*args, f"--output_dir={output_dir}"],
+    )
+    self.assertEqual(code, 2, stderr)
+    return stderr
+
   def assert_refused(self, args, message, output_dir):
-    done = _run("import_checkpoint", *args, f"--output_dir={output_dir}")
-    self.assertEqual(done.returncode, 2, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    self.assertLen(lines, 1, done.stderr)
+    stderr = self.refuse(args, output_dir)
+    lines = stderr.strip().splitlines()
+    self.assertLen(lines, 1, stderr)
     self.assertEqual(lines[0], "import_checkpoint: error: " + message)
     self.assertFalse(os.path.exists(output_dir))
     parent = os.path.dirname(output_dir)
@@ -117,10 +133,8 @@ class ImportCheckpointTest(absltest.TestCase):
     out = os.path.join(self.create_tempdir().full_path, "out")
     # Tensors are written in name order: the last one is cut.
     last = "model.norm.weight"
-    done = _run("import_checkpoint", f"--input={hf}", f"--output_dir={out}")
-    self.assertEqual(done.returncode, 2, done.stderr)
     self.assertRegex(
-        done.stderr,
+        self.refuse([f"--input={hf}"], out),
         rf"^import_checkpoint: error: {path}: truncated: tensor "
         rf"{last} ends at byte \d+ of a \d+-byte file\n$",
     )

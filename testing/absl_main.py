@@ -1,0 +1,46 @@
+"""Runs an absl program's `main` inside a test's own process.
+
+A case about what a program's code decides (which input it refuses, with
+which line) need not pay for a fresh interpreter and its imports: the
+program's flags are parsed from the same arguments, `main` runs with stdout
+and stderr captured, and the exit status is what its SystemExit carries (0
+when it returns). Cases about the process itself (a kill, a traceback at
+exit, what a killed run left) start the real binary instead.
+"""
+
+import contextlib
+import io
+import types
+from typing import Callable, Sequence
+
+from absl import flags
+
+
+def run(
+    module: types.ModuleType,
+    main: Callable[[list[str]], None],
+    args: Sequence[str],
+) -> tuple[int, str, str]:
+  """Runs `main` with `args` parsed into the flags `module` defines.
+
+  Args:
+    module: the program's module (imported, not run as __main__).
+    main: its absl main, taking the arguments absl leaves (name first).
+    args: the command line after the program's name.
+
+  Returns:
+    (exit status, stdout, stderr). An exception other than SystemExit
+    propagates with its traceback.
+  """
+  # Flags an earlier call set fall back to their defaults first.
+  for flag in flags.FLAGS.get_key_flags_for_module(module):
+    flag.unparse()
+  argv = flags.FLAGS([module.__name__, *args])
+  stdout, stderr = io.StringIO(), io.StringIO()
+  status = 0
+  with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    try:
+      main(argv)
+    except SystemExit as e:
+      status = e.code
+  return status, stdout.getvalue(), stderr.getvalue()
