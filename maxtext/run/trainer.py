@@ -481,6 +481,7 @@ class _Steps:
         state.config.max_consecutive_skipped_steps, state.checkpointer
     )
     self.last_eval = self.last_train = None
+    self._evals = eval_schedule.EvalSchedule.from_config(state.config)
     self._unwritten = None  # A _Finished step, written after the next dispatch.
     self._step_start = time.monotonic()
     # The first step's time holds the draw of its own batch; every later
@@ -548,9 +549,7 @@ class _Steps:
     if completed % passes:
       return None  # The batch feeds more updates: nothing falls between.
     eval_due = eval_schedule.eval_due(
-        eval_schedule.EvalSchedule.from_config(config),
-        completed,
-        updates_per_batch=passes,
+        self._evals, completed, updates_per_batch=passes
     )
     stopping = self._stop.should_stop(completed)
     save_due = state.checkpointer.due(completed) or completed == config.steps
