@@ -36,6 +36,17 @@ _WEIGHT_BYTES = (
 ) * 4
 # 2 layers x (k, v) of 2 heads of 8 float32.
 _BYTES_PER_TOKEN = 2 * 2 * 2 * 8 * 4
+# A longtail run small enough for a test: 2 prompts x 4 samples in 3 slots.
+_TINY_LONGTAIL = (
+    "--lengths=longtail",
+    "--prompts=2",
+    "--num_generations=4",
+    "--prompt_len=5",
+    "--mean_length=4",
+    "--max_length=12",
+    "--slots=3",
+    "--page_size=4",
+)
 _STEP_BYTES = re.compile(
     r"^(paged|cached) decode step reads: (\d+) weight bytes \+ (\d+) cache "
     r"bytes \+ (\d+) state bytes = (\d+) bytes \(mean of (\d+) steps\)$"
@@ -77,16 +88,7 @@ class DecodeBenchTest(absltest.TestCase):
     )
 
   def test_longtail_compares_the_static_and_paged_decoders(self):
-    proc = _run(
-        "--lengths=longtail",
-        "--prompts=2",
-        "--num_generations=4",
-        "--prompt_len=5",
-        "--mean_length=4",
-        "--max_length=12",
-        "--slots=3",
-        "--page_size=4",
-    )
+    proc = _run(*_TINY_LONGTAIL)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     lines = proc.stdout.strip().splitlines()
     self.assertIn("2 prompts of 5 x G=4", lines[0])
@@ -129,17 +131,7 @@ class DecodeBenchTest(absltest.TestCase):
     self.assertLessEqual(int(rows["paged"][5]), int(rows["paged"][4]))
 
   def test_host_profile_counts_a_decode_calls_work(self):
-    proc = _run(
-        "--lengths=longtail",
-        "--prompts=2",
-        "--num_generations=4",
-        "--prompt_len=5",
-        "--mean_length=4",
-        "--max_length=12",
-        "--slots=3",
-        "--page_size=4",
-        "--host_profile",
-    )
+    proc = _run(*_TINY_LONGTAIL, "--host_profile")
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     lines = proc.stdout.strip().splitlines()
     calls = int(
