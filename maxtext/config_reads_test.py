@@ -38,19 +38,34 @@ SETTINGS = {
         "maxtext.config.optimizer": ("OptimizerConfig",),
     },
     "maxtext.data": {"maxtext.data.data_config": ("DataConfig",)},
+    "maxtext.engine": {
+        "maxtext.engine.compile_config": ("CompileConfig",),
+        "maxtext.engine.engine_config": ("EngineConfig",),
+    },
     "maxtext.env": {
         "maxtext.env.executor": ("ExecutorConfig",),
-        "maxtext.env.tasks": ("TaskFilesConfig",),
     },
-    "maxtext.grpo": {"maxtext.grpo.mlperf_header": ("GrpoMlperfConfig",)},
+    "maxtext.grpo": {
+        "maxtext.grpo.grpo_config": ("GrpoConfig",),
+        "maxtext.grpo.mlperf_header": ("GrpoMlperfConfig",),
+    },
+    "maxtext.grpo.loss": {"maxtext.grpo.loss.loss_config": ("LossConfig",)},
+    "maxtext.grpo.rollout": {
+        "maxtext.grpo.rollout.rollout_config": ("RolloutConfig",)
+    },
+    "maxtext.grpo.tasks": {"maxtext.grpo.tasks.task_config": ("TaskConfig",)},
     "maxtext.metrics": {"maxtext.metrics.throughput": ("ThroughputConfig",)},
     "maxtext.mllog": {"maxtext.mllog.mlperf_config": ("MlperfConfig",)},
     "maxtext.model": {"maxtext.model.model_config": ("ModelConfig",)},
-    "maxtext.run": {"maxtext.run.preflight": ("PreflightConfig",)},
+    "maxtext.run": {
+        "maxtext.run.preflight": ("PreflightConfig",),
+        "maxtext.run.run_settings": ("RunSettings",),
+    },
     "maxtext.runtime": {
         "maxtext.runtime.distributed": ("DistributedConfig",),
         "maxtext.runtime.mesh": ("MeshConfig", "BatchLayout"),
     },
+    "maxtext.sft": {"maxtext.sft.sft_workload": ("SftConfig",)},
     "maxtext.storage": {
         "maxtext.storage.checkpoint_config": ("CheckpointConfig",),
         "maxtext.storage.run_dir": ("RunDirConfig",),
@@ -72,35 +87,7 @@ _SETTINGS_NAMES = _CONFIG_NAMES + ("settings",)
 # them package by package, and this list shrinks.
 NOT_CONVERTED = frozenset(
     {
-        "maxtext.engine.model_setup",
-        "maxtext.engine.train_compile_lib",
-        "maxtext.generation.cached_model",
-        "maxtext.generation.decode_roofline",
-        "maxtext.generation.decoder",
-        "maxtext.generation.generate",
-        "maxtext.generation.generate_compile_lib",
-        "maxtext.generation.greedy_agreement",
-        "maxtext.generation.kv_cache",
-        "maxtext.generation.paged_decoder",
-        "maxtext.generation.paged_model",
-        "maxtext.generation.replica_layout",
-        "maxtext.generation.rollout_decoder",
-        "maxtext.generation.sampling",
-        "maxtext.generation.scoring",
-        "maxtext.grpo.rollout.decode_footprint",
-        "maxtext.grpo.rollout.generation_mesh",
         "maxtext.grpo.grpo_workload",
-        "maxtext.grpo.loss.logprob_gate",
-        "maxtext.grpo.tasks.prompts",
-        "maxtext.grpo.rollout.rollout_batches",
-        "maxtext.grpo.tasks.text_task",
-        "maxtext.grpo.loss.train_loss",
-        "maxtext.hf.importer",
-        "maxtext.run.deferred_eval",
-        "maxtext.run.run_state",
-        "maxtext.run.trainer",
-        "maxtext.run.workload",
-        "maxtext.sft.sft_workload",
     }
 )
 

@@ -7,6 +7,7 @@ subprocess.
 
 import os
 
+from maxtext import workloads
 from maxtext.runtime import cpu_devices
 
 cpu_devices.request(8)
@@ -23,8 +24,8 @@ import numpy as np
 
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import transformer
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
-from maxtext.run import trainer
 from maxtext.storage import checkpointing
 from maxtext.configs import default
 from testing import runfiles
@@ -80,7 +81,9 @@ class MultiDeviceTest(absltest.TestCase):
     )
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 4})
-    engine, setup = model_setup.build_engine(config, mesh)
+    engine, setup = model_setup.build_engine(
+        engine_config.EngineConfig.from_config(config), config.to_dict(), mesh
+    )
     abstract = setup.abstract_params
     fsdp_dims = transformer.param_fsdp_axis(abstract, 4)
     sharded = 0
@@ -104,7 +107,7 @@ class MultiDeviceTest(absltest.TestCase):
 
   def test_matches_the_single_device_run(self):
     root = self.create_tempdir().full_path
-    multi = trainer.run(
+    multi = workloads.run(
         _tiny_config(
             os.path.join(root, "multi"), data_parallelism=2, fsdp_parallelism=4
         )
@@ -112,12 +115,12 @@ class MultiDeviceTest(absltest.TestCase):
     self.assertEqual(multi.final_step, _STEPS)
     # The reference: the same config in a fresh process that sees one device.
     script = (
-        "import json, sys, jax; from maxtext.run import trainer; "
+        "import json, sys, jax; from maxtext import workloads; "
         "from maxtext.configs import default; "
         "assert jax.device_count() == 1, jax.devices(); "
         "config = default.get_config(); "
         "config.update(json.loads(sys.argv[1])); "
-        "trainer.run(config)"
+        "workloads.run(config)"
     )
     proc = runfiles.run_python(
         script,

@@ -4,6 +4,7 @@ from absl.testing import absltest
 import ml_collections
 
 from maxtext.core import choices
+from maxtext.run import run_settings
 from maxtext.run import workload
 from maxtext import workloads
 from maxtext.configs import base
@@ -14,10 +15,25 @@ class WorkloadsTest(absltest.TestCase):
   def test_every_choice_has_a_workload_of_its_name(self):
     self.assertEqual(set(workloads.WORKLOADS), set(choices.WORKLOADS))
     for name in choices.WORKLOADS:
-      config = ml_collections.ConfigDict({"workload": name})
+      # SFT's settings require a chat data set.
+      config = ml_collections.ConfigDict(
+          {"workload": name, "dataset_type": "chat"}
+      )
       made = workloads.for_config(config)
       self.assertIsInstance(made, workload.Workload)
       self.assertEqual(made.name, name)
+
+  def test_a_workload_gets_its_settings_from_the_config(self):
+    config = base.get_config()
+    config.workload = "grpo"
+    config.grpo_num_generations = 8
+    config.steps = 7
+    made = workloads.for_config(config)
+    self.assertEqual(made.settings.grpo_num_generations, 8)
+    self.assertEqual(made.settings.mlperf.grpo_num_generations, 8)
+    self.assertEqual(made.settings.mlperf.steps, 7)
+    config.workload, config.dataset_type = "sft", "chat"
+    self.assertEqual(workloads.for_config(config).settings.dataset_type, "chat")
 
   def test_each_run_gets_its_own_workload(self):
     config = ml_collections.ConfigDict({"workload": "grpo"})
@@ -36,7 +52,10 @@ class WorkloadsTest(absltest.TestCase):
       config.workload = name
       config.grpo_generation_devices = 2
       config.fsdp_parallelism = 4
-      settings = workloads.for_config(config).mesh_config(config)
+      config.dataset_type = "chat"  # SFT's settings require it.
+      settings = workloads.for_config(config).mesh_config(
+          run_settings.RunSettings.from_config(config)
+      )
       with self.subTest(name):
         self.assertEqual(settings.fsdp_parallelism, 4)
         self.assertEqual(

@@ -11,7 +11,7 @@ qwen35_397b_grpo log, of which the official checker fails exactly
 import os
 from typing import Optional
 
-from maxtext.run import trainer
+from maxtext import workloads
 from testing import tiny_configs
 
 PRETRAIN_STEPS = 20
@@ -113,7 +113,7 @@ def tiny_log_problems(checked) -> Optional[str]:
 def pretrained_checkpoints(root: str) -> str:
   """Pretrains the tiny config under `root`/pretrain; its checkpoint
   directory (a GRPO run's `load_parameters_path`)."""
-  trainer.run(
+  workloads.run(
       tiny_configs.tiny_config(root, run_name="pretrain", steps=PRETRAIN_STEPS)
   )
   return os.path.join(root, "pretrain", "checkpoints")

@@ -11,7 +11,9 @@ import functools
 import jax
 import numpy as np
 
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
 from testing import tiny_configs
@@ -69,7 +71,7 @@ def assert_matches_one_device(
   1.7e-3 differs from one device's by 2e-6), and that the rules split at
   least three parameters over the mesh axis `axis`."""
   grad_atol = 4e-6 if config.full_attention_interval else 1e-6
-  setup = model_setup.setup_model(config, device_mesh)
+  setup = model_setup.setup_model(model_config.of(config), device_mesh)
   specs = jax.tree_util.tree_leaves(
       jax.tree_util.tree_map(lambda s: s.spec, setup.param_shardings),
       is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
@@ -84,7 +86,9 @@ def assert_matches_one_device(
       ),
       3,
   )
-  params = model_setup.init_params(config, setup)
+  params = model_setup.init_params(
+      engine_config.EngineConfig.from_config(config), setup
+  )
   single = jax.device_get(params)
   rows = batch(config, packed)
   placed = mesh_lib.global_batch(rows, setup.batch_sharding)

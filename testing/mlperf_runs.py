@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 
 import jax
 
+from maxtext import workloads
+
 from maxtext.run import trainer
 from testing import tiny_configs
 
@@ -64,7 +66,7 @@ def make_runs(
     config = tiny_mlperf_config(
         out_dir, run_name=f"{prefix}_{i}", seed=seeds[i], **overrides
     )
-    result = trainer.run(config, config_filename="default.py")
+    result = workloads.run(config, config_filename="default.py")
     if result.status != trainer.RunOutcome.SUCCESS:
       raise AssertionError(
           f"tiny MLPerf run {i} (seed {seeds[i]}) ended "

@@ -3,7 +3,8 @@ grain), for tests that need a real run on real text."""
 
 import os
 
-from maxtext.run import trainer
+from maxtext import workloads
+
 from maxtext.text import prepare
 from testing import stdlib_corpus
 from testing import tiny_configs
@@ -51,4 +52,4 @@ def config(root: str, data: str, run_name: str, steps: int, **overrides):
 
 def train(root: str, data: str, run_name: str, steps: int, **overrides):
   """Trains (or resumes) the run; returns trainer.run's result."""
-  return trainer.run(config(root, data, run_name, steps, **overrides))
+  return workloads.run(config(root, data, run_name, steps, **overrides))

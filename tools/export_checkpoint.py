@@ -38,7 +38,6 @@ from maxtext.core import progress
 from maxtext.hf import exporter
 from maxtext.hf import tokenizer_files
 from maxtext.generation import generate
-from maxtext.model import model_config
 from tools import command_line
 
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "The run directory.")
@@ -79,14 +78,14 @@ def _export() -> None:
       caller_paths.resolve_local_path(_RUN_DIR.value), _STEP.value
   )
   output_dir = caller_paths.resolve_local_path(_OUTPUT_DIR.value)
-  start = run.config.get("load_parameters_path") or ""
+  start = run.paths.load_parameters_path or ""
   selection = tokenizer_files.for_export(
       run.run_dir,
       caller_paths.resolve_local_path(start) if start else "",
       run.tokenizer.path if run.tokenizer else None,
   )
   exporter.export_checkpoint(
-      model_config.of(run.config),
+      run.config,
       run.params,
       output_dir,
       _DTYPE.value,

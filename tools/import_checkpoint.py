@@ -109,7 +109,7 @@ def _import() -> None:
   importer.import_checkpoint(
       caller_paths.resolve_local_path(_INPUT.value),
       output_dir,
-      config,
+      None if config is None else config_lib.to_json_dict(config),
       allow_non_finite=_ALLOW_NON_FINITE.value,
       progress=reporter,
       allow_unused_tensors=_ALLOW_UNUSED_TENSORS.value,

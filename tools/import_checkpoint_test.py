@@ -25,6 +25,7 @@ from maxtext.hf import exporter
 from maxtext.hf import hf_directory
 from maxtext.hf import importer
 from maxtext.hf import safetensors_io
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.generation import generate
 from maxtext.generation import sampling
@@ -193,7 +194,7 @@ class ImportCheckpointTest(absltest.TestCase):
         self.hf_dir, out, log=lambda _: None, progress=reporter
     )
     hf = hf_directory.HfDirectory(self.hf_dir)
-    _, tensors = importer.plan(hf, self.config)
+    _, tensors = importer.plan(hf, model_config.of(self.config))
     tensor_bytes = sum(
         int(np.prod(hf.shape(t.hf_name))) * hf.dtype(t.hf_name).itemsize
         for t in tensors

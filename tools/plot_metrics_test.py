@@ -16,7 +16,8 @@ from absl.testing import parameterized
 from matplotlib import image as mpl_image
 import numpy as np
 
-from maxtext.run import trainer
+from maxtext import workloads
+
 from maxtext.metrics import jsonl
 from testing import tiny_configs
 from tools import plot_metrics
@@ -61,7 +62,7 @@ class RealRunPlotTest(absltest.TestCase):
         enable_mllog=False,
         checkpoint_period=0,
     )
-    cls.result = trainer.run(config)
+    cls.result = workloads.run(config)
     cls.metrics = os.path.join(cls.result.run_dir, jsonl.METRICS_FILENAME)
 
   def test_curves_of_a_real_run_have_train_and_eval_points(self):

@@ -229,10 +229,12 @@ def _step_inputs(config):
       --compiled_step_file with one.
   """
   # pylint: disable=import-outside-toplevel  # After JAX has its platform.
+  from maxtext.config import config_lib
   from maxtext.engine import train_compile_lib
 
   if config.workload != "grpo":
     return train_compile_lib.PRETRAINING
+  from maxtext.grpo import grpo_config
   from maxtext.grpo import grpo_workload
 
   # pylint: enable=import-outside-toplevel
@@ -242,9 +244,21 @@ def _step_inputs(config):
         "generates, it is not the engine's eval program)"
     )
   grpo_workload.abstract_micro_batch(config)  # Checks packing.
+
+  def chosen(settings):
+    """The run's config with the compile's choices (a search's)."""
+    return config_lib.with_values(config, settings.chosen_fields())
+
   return train_compile_lib.StepInputs(
-      make_engine=grpo_workload.make_engine,
-      micro_batch=grpo_workload.abstract_micro_batch,
+      make_engine=lambda settings, setup, params: grpo_workload.make_engine(
+          chosen(settings),
+          setup,
+          params,
+          settings=grpo_config.GrpoConfig.from_config(chosen(settings)),
+      ),
+      micro_batch=lambda settings: grpo_workload.abstract_micro_batch(
+          chosen(settings)
+      ),
       eval_batch=None,
   )
 
@@ -365,6 +379,7 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
   search), prints the table and the last line, saves --compiled_step_file;
   exits 1 when it does not fit."""
   # pylint: disable=import-outside-toplevel  # After JAX has its platform.
+  from maxtext.engine import compile_config
   from maxtext.engine import saved_step
   from maxtext.engine import train_compile_lib
 
@@ -374,11 +389,12 @@ def _train(config, mesh, tpu_slice, devices, hbm, inputs) -> None:
   def log(line):
     print(f"{_PROGRAM}: {line}", flush=True)
 
+  settings = compile_config.CompileConfig.from_config(config)
   if _SEARCH.value:
-    step, compile_s = _search(config, mesh, hbm, inputs, log)
+    step, compile_s = _search(settings, mesh, hbm, inputs, log)
   else:
     step = train_compile_lib.compile_step(
-        config,
+        settings,
         mesh,
         log=log,
         every_program=_COMPILED_STEP_FILE.value is not None,
@@ -426,7 +442,7 @@ def _print_setup(config, mesh, tpu_slice, devices) -> None:
   )
 
 
-def _search(config, mesh, hbm, inputs, log):
+def _search(settings, mesh, hbm, inputs, log):
   """--search: compiles the candidates, prints each and the choice.
 
   Returns:
@@ -438,7 +454,7 @@ def _search(config, mesh, hbm, inputs, log):
 
   # pylint: enable=import-outside-toplevel
   tried, choice = train_compile_lib.search(
-      config,
+      settings,
       mesh,
       hbm,
       log=log,
@@ -478,12 +494,15 @@ def _rollout_shape(config):
   # Imported once JAX has its platform (see _devices).
   # pylint: disable=import-outside-toplevel
   from maxtext.generation import paged_decoder
+  from maxtext.grpo import grpo_config
   from maxtext.grpo import grpo_workload
 
   # pylint: enable=import-outside-toplevel
   slots = _SLOTS.value or config.grpo_decode_slots
   length = _LENGTH.value or config.max_sequence_length
-  prompt_length = _PROMPT_LENGTH.value or grpo_workload.longest_context(config)
+  prompt_length = _PROMPT_LENGTH.value or grpo_workload.longest_context(
+      grpo_config.GrpoConfig.from_config(config)
+  )
   engine = paged_decoder.EngineOptions(
       page_size=_PAGE_SIZE.value or config.grpo_decode_page_size,
       num_pages=_NUM_PAGES.value,
@@ -498,8 +517,10 @@ def _generate(
   """--program=generate: compiles and reports a rollout's programs."""
   # Imported once JAX has its platform (see _devices).
   # pylint: disable=import-outside-toplevel
+  from maxtext.engine import model_setup
   from maxtext.engine import train_compile_lib
   from maxtext.generation import generate_compile_lib
+  from maxtext.model import model_config
 
   # pylint: enable=import-outside-toplevel
   print(
@@ -512,8 +533,8 @@ def _generate(
       flush=True,
   )
   result = generate_compile_lib.compile_generation(
-      config,
-      mesh,
+      model_config.of(config),
+      model_setup.setup_model(model_config.of(config), mesh),
       num_slots=slots,
       length=length,
       prompt_length=prompt_length,

@@ -19,7 +19,7 @@ import importlib.util
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import ml_collections
 
@@ -870,6 +870,19 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def micro_batch_size(config) -> int:
   """Sequences per micro-batch over all processes: global batch / K."""
   return config.global_batch_size // config.gradient_accumulation_steps
+
+
+def base_with(fields: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """base.py's config with `fields` set, validated (`validate`).
+
+  Raises:
+    TypeError, ValueError: as `validate`.
+  """
+  config = base.get_config()
+  for key, value in fields.items():
+    config[key] = value
+  validate(config)
+  return config
 
 
 def to_json_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import os
 from absl.testing import absltest
 import jax
 
+from maxtext import workloads
 from maxtext.config import config_lib
 from maxtext.mllog import mlperf_config
 from maxtext.model import transformer
@@ -44,7 +45,7 @@ class MoeTinyTest(absltest.TestCase):
     config.run_name = "moe"
     config.jax_compilation_cache_dir = tiny_configs.compilation_cache_dir()
     config.checkpoint_period = 0
-    result = trainer.run(config)
+    result = workloads.run(config)
     self.assertEqual(result.status, trainer.RunOutcome.SUCCESS)
     self.assertLessEqual(result.last_eval_loss, config.target_eval_loss)
     with open(

@@ -6,6 +6,7 @@ import re
 from absl.testing import absltest
 import numpy as np
 
+from maxtext import workloads
 from maxtext.core import caller_paths
 from maxtext.config import config_lib
 from maxtext.data import data_config
@@ -243,7 +244,7 @@ class MegatronDatasetTest(absltest.TestCase):
     megatron_index.write(path, docs, np.int32)
     config = self._config("oov", train_data_path=f"0.5 {self.a} 0.5 {path}")
     with self.assertRaises(trainer.ConfigError) as caught:
-      trainer.run(config)
+      workloads.run(config)
     message = str(caught.exception)
     self.assertNotIn("\n", message)
     self.assertEqual(
@@ -358,13 +359,13 @@ class MegatronDatasetTest(absltest.TestCase):
       eval_set.check(_mlperf(config))
 
   def test_resume_reads_the_batches_of_an_uninterrupted_run(self):
-    reference = trainer.run(self._config("reference", 6))
+    reference = workloads.run(self._config("reference", 6))
     self.assertEqual(reference.final_step, 6)
-    first = trainer.run(self._config("resumed", 3))
+    first = workloads.run(self._config("resumed", 3))
     self.assertEqual(first.final_step, 3)
     state = data_state.load(os.path.join(first.run_dir, "checkpoints"), 3, 0)
     self.assertEqual((state["kind"], state["next_sample"]), ("megatron", 24))
-    second = trainer.run(self._config("resumed", 6))
+    second = workloads.run(self._config("resumed", 6))
     self.assertEqual(second.start_step, 3)
     self.assertEqual(
         run_layout.untimed_records(second.run_dir),
@@ -374,12 +375,12 @@ class MegatronDatasetTest(absltest.TestCase):
   def test_resume_on_changed_data_is_refused(self):
     path = os.path.join(self.create_tempdir().full_path, "c")
     megatron_index.write(path, self.a_docs)
-    trainer.run(self._config("changed", 3, train_data_path=path))
+    workloads.run(self._config("changed", 3, train_data_path=path))
     megatron_index.write(path, self.b_docs)
     with self.assertRaisesRegex(
         ValueError, f"config.train_data_path='{path}': .*bytes recorded"
     ):
-      trainer.run(self._config("changed", 6, train_data_path=path))
+      workloads.run(self._config("changed", 6, train_data_path=path))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Builds a model's training state from a config: one place for every caller.
+"""Builds a model's training state from its settings, for every caller.
 
 The trainer, the benchmarks and the multi-device tests all set a model up the
-same way: the mesh's parameter and batch shardings, parameters initialised
-from `config.seed` directly into their shardings (or loaded from
-`load_parameters_path`), and an `Engine` with the configured optimizer.
+same way: the mesh's parameter and batch shardings (from the model's
+settings alone), parameters initialised from the engine settings' `seed`
+directly into their shardings (or loaded from `load_parameters_path`), and
+an `Engine` with the configured optimizer. The engine's settings are
+`engine_config.EngineConfig`, which the caller builds from the run's config.
 """
 
 import dataclasses
@@ -14,6 +16,7 @@ from absl import logging
 import jax
 
 from maxtext.engine import engine as engine_lib
+from maxtext.engine import engine_config
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import model_config
 from maxtext.model import transformer
@@ -40,11 +43,14 @@ class ModelSetup:
   batch_sharding: jax.sharding.NamedSharding
 
 
-def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
-  """Shapes and shardings of the config's model on `mesh`; allocates nothing."""
+def setup_model(
+    model: model_config.ModelConfig, mesh: jax.sharding.Mesh
+) -> ModelSetup:
+  """Shapes and shardings of the model on `mesh`; allocates nothing (the
+  shapes are the same for every seed)."""
   abstract = jax.eval_shape(
-      functools.partial(transformer.init_params, config),
-      jax.random.PRNGKey(config.seed),
+      functools.partial(transformer.init_params, model),
+      jax.random.PRNGKey(0),
   )
   fsdp = mesh.shape[mesh_lib.FSDP_AXIS]
   return ModelSetup(
@@ -64,35 +70,35 @@ def setup_model(config: Any, mesh: jax.sharding.Mesh) -> ModelSetup:
   )
 
 
-def init_params(config: Any, setup: ModelSetup) -> Any:
+def init_params(settings: engine_config.EngineConfig, setup: ModelSetup) -> Any:
   """The initial parameters, placed on their shardings.
 
   From `load_parameters_path` (another run's newest checkpoint, or one step
-  directory) when set, else initialised from `config.seed`.
+  directory) when set, else initialised from `seed`.
   """
-  if config.load_parameters_path:
+  if settings.load_parameters_path:
     return checkpointing.restore_params_only(
-        config.load_parameters_path,
+        settings.load_parameters_path,
         jax.tree_util.tree_map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             setup.abstract_params,
             setup.param_shardings,
         ),
     )
-  init = functools.partial(transformer.init_params, config)
+  init = functools.partial(transformer.init_params, settings.model)
   return jax.jit(init, out_shardings=setup.param_shardings)(
-      jax.random.PRNGKey(config.seed)
+      jax.random.PRNGKey(settings.seed)
   )
 
 
 def make_engine(
-    config: Any,
+    settings: engine_config.EngineConfig,
     setup: ModelSetup,
     params: Any,
     recorder: Optional[metrics_recorder.MetricsRecorder] = None,
     executables: Optional[Mapping[str, Any]] = None,
 ) -> engine_lib.Engine:
-  """An engine training `params` with the config's optimizer and schedule.
+  """An engine training `params` with the settings' optimizer and schedule.
 
   The model is compiled for `setup.mesh`: its "auto" choices resolve for
   the mesh's devices, and per-device kernels run over it.
@@ -100,20 +106,19 @@ def make_engine(
   the optimizer itself has no clipping stage. `executables`: the engine's
   programs compiled already (`Engine`'s argument), or None.
   """
-  settings = optimizer_lib.OptimizerConfig.from_config(config)
-  schedule = optimizer_lib.make_schedule(settings)
-  model = model_config.of(config)
+  schedule = optimizer_lib.make_schedule(settings.optimizer)
+  model = settings.model
   return engine_lib.Engine(
       functools.partial(transformer.loss_fn, config=model, mesh=setup.mesh),
       params,
-      make_optimizer(settings, schedule),
+      make_optimizer(settings.optimizer, schedule),
       schedule,
       recorder or metrics_recorder.MetricsRecorder(mode="train"),
-      config.gradient_accumulation_steps,
+      settings.gradient_accumulation_steps,
       param_shardings=setup.param_shardings,
       batch_sharding=setup.batch_sharding,
-      grad_clip_norm=config.grad_clip_norm,
-      donate_state=config.donate_state,
+      grad_clip_norm=settings.grad_clip_norm,
+      donate_state=settings.donate_state,
       eval_fn=functools.partial(transformer.eval_fn, config=model),
       eval_directions=transformer.EVAL_DIRECTIONS,
       executables=executables,
@@ -140,22 +145,31 @@ def make_optimizer(
 
 
 def build_engine(
-    config: Any, mesh: Optional[jax.sharding.Mesh] = None
+    settings: engine_config.EngineConfig,
+    values: Mapping[str, Any],
+    mesh: Optional[jax.sharding.Mesh] = None,
 ) -> tuple[engine_lib.Engine, ModelSetup]:
-  """The config's model on `mesh` (default: the config's mesh), as an engine.
+  """The settings' model on `mesh` (default: the settings' mesh), as an
+  engine.
 
   With `compiled_step_file` set, the engine runs the programs saved there
   (`saved_step.load`, which raises ValueError naming what differs before
   anything is allocated) and compiles none.
+
+  Args:
+    settings: the engine's settings.
+    values: the run's config's values by field name (`config.to_dict()`):
+      what a saved step must have been compiled for (`saved_step.load`).
+    mesh: the mesh, or None for the one `settings.mesh` describes.
   """
   if mesh is None:
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+    mesh = mesh_lib.make_mesh(settings.mesh)
   executables = (
-      saved_step.load(config.compiled_step_file, config.to_dict(), mesh)
-      if config.compiled_step_file
+      saved_step.load(settings.compiled_step_file, values, mesh)
+      if settings.compiled_step_file
       else None
   )
-  setup = setup_model(config, mesh)
-  params = init_params(config, setup)
+  setup = setup_model(settings.model, mesh)
+  params = init_params(settings, setup)
   logging.info("Model: %s parameters.", f"{transformer.num_params(params):,}")
-  return make_engine(config, setup, params, executables=executables), setup
+  return make_engine(settings, setup, params, executables=executables), setup

@@ -8,6 +8,7 @@ the engine's may be among them, while the control run, compiling in
 process, compiles each; both runs' losses are the same.
 """
 
+from maxtext import workloads
 from maxtext.runtime import cpu_devices
 
 cpu_devices.request(4)
@@ -115,7 +116,7 @@ class SavedStepTest(absltest.TestCase):
 
     loaded_losses = _Losses()
     began = time.monotonic()
-    result = trainer.run(
+    result = workloads.run(
         _config(base, "loaded", compiled_step_file=path),
         extra_listeners=[loaded_losses],
     )
@@ -124,7 +125,7 @@ class SavedStepTest(absltest.TestCase):
 
     compiled_losses = _Losses()
     began = time.monotonic()
-    trainer.run(_config(base, "compiled"), extra_listeners=[compiled_losses])
+    workloads.run(_config(base, "compiled"), extra_listeners=[compiled_losses])
     own_compiles = compile_counter.backend_compiles_after(began)
 
     # The control compiles every program of the engine at its K > 1 (so
@@ -145,7 +146,7 @@ class SavedStepTest(absltest.TestCase):
     config = _config(base, "other", compiled_step_file=path, mlp_dim=48)
     began = time.monotonic()
     with self.assertRaises(trainer.ConfigError) as caught:
-      trainer.run(config)
+      workloads.run(config)
     message = str(caught.exception)
     self.assertNotIn("\n", message)
     self.assertIn(f"compiled_step_file={path}", message)
@@ -164,7 +165,7 @@ class SavedStepTest(absltest.TestCase):
     config.data_parallelism = 4
     config.fsdp_parallelism = 1
     with self.assertRaises(trainer.ConfigError) as caught:
-      trainer.run(config)
+      workloads.run(config)
     self.assertIn("devices mesh=", str(caught.exception))
 
   def test_a_damaged_file_is_one_line_naming_it(self):
@@ -200,7 +201,7 @@ class SavedStepTest(absltest.TestCase):
     ):
       with self.subTest(damaged):
         with self.assertRaises(trainer.ConfigError) as caught:
-          trainer.run(_config(base, "other", compiled_step_file=damaged))
+          workloads.run(_config(base, "other", compiled_step_file=damaged))
         message = str(caught.exception)
         self.assertNotIn("\n", message)
         self.assertIn(f"compiled_step_file={damaged}: {expected}", message)
@@ -209,7 +210,7 @@ class SavedStepTest(absltest.TestCase):
     base = self.create_tempdir().full_path
     path = os.path.join(base, "absent.pickle")
     with self.assertRaises(trainer.ConfigError) as caught:
-      trainer.run(_config(base, "other", compiled_step_file=path))
+      workloads.run(_config(base, "other", compiled_step_file=path))
     self.assertEqual(
         str(caught.exception),
         f"compiled_step_file={path}: cannot open: No such file or directory",

@@ -4,6 +4,7 @@ The programs are the trainer's own: the mesh of `mesh.make_mesh` on the
 given devices, the model of `model_setup.setup_model` and the engine of
 `model_setup.make_engine`, built on abstract parameters (nothing is
 allocated), lowered by `Engine.lower` and compiled by the devices' compiler.
+What it reads of the run is its settings (`compile_config.CompileConfig`).
 The devices may be libtpu's description of a TPU slice
 (`topology.abstract_devices`): then the real TPU compiler runs on this host
 and its memory analysis says whether the step fits the slice's HBM.
@@ -31,8 +32,8 @@ import jax
 
 from maxtext.core import progress as progress_lib
 from maxtext.data import builtin_datasets
-from maxtext.data import data_config
 from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import compile_config
 from maxtext.engine import model_setup
 
 _GIB = 2**30
@@ -143,41 +144,46 @@ def _shapes(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-def abstract_micro_batch(config) -> Any:
+def abstract_micro_batch(settings: compile_config.CompileConfig) -> Any:
   """One micro-batch's shapes (the whole mesh's, as one process feeds it)."""
-  train, _ = builtin_datasets.placeholder_batches(
-      data_config.DataConfig.from_config(config)
-  )
+  train, _ = builtin_datasets.placeholder_batches(settings.data)
   return _shapes(
       builtin_datasets.split_micro_batches(
-          train, config.gradient_accumulation_steps
+          train, settings.engine.gradient_accumulation_steps
       )[0]
   )
 
 
-def abstract_eval_batch(config) -> Any:
+def abstract_eval_batch(settings: compile_config.CompileConfig) -> Any:
   """One eval batch's shapes (the whole mesh's, as one process feeds it)."""
-  return _shapes(
-      builtin_datasets.placeholder_batches(
-          data_config.DataConfig.from_config(config)
-      )[1]
-  )
+  return _shapes(builtin_datasets.placeholder_batches(settings.data)[1])
+
+
+def pretraining_engine(
+    settings: compile_config.CompileConfig, setup: Any, params: Any
+) -> Any:
+  """Pretraining's engine (`model_setup.make_engine`)."""
+  return model_setup.make_engine(settings.engine, setup, params)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepInputs:
   """What a workload's training step is built from, for `compile_step`.
 
+  Each takes the step's settings (a `CompileConfig`, as a search varies
+  them); a workload whose step is built from the run's config sets their
+  `chosen_fields` on it.
+
   Attributes:
-    make_engine: (config, setup, params) -> the workload's `Engine` on
+    make_engine: (settings, setup, params) -> the workload's `Engine` on
       `model_setup.ModelSetup` `setup`; params may be shapes.
-    micro_batch: config -> one micro-batch's shapes (the whole mesh's).
-    eval_batch: config -> an eval batch's shapes for the engine's eval
+    micro_batch: settings -> one micro-batch's shapes (the whole mesh's).
+    eval_batch: settings -> an eval batch's shapes for the engine's eval
       program, or None when the workload evaluates otherwise (GRPO
       generates).
   """
 
-  make_engine: Callable[..., Any] = model_setup.make_engine
+  make_engine: Callable[..., Any] = pretraining_engine
   micro_batch: Callable[[Any], Any] = abstract_micro_batch
   eval_batch: Optional[Callable[[Any], Any]] = abstract_eval_batch
 
@@ -239,7 +245,7 @@ def compile_program(
 
 
 def compile_step(
-    config,
+    settings: compile_config.CompileConfig,
     mesh: jax.sharding.Mesh,
     programs: Optional[Callable[[str], bool]] = None,
     log: Callable[[str], None] = lambda _: None,
@@ -248,10 +254,10 @@ def compile_step(
     progress: progress_lib.Reporter = progress_lib.SILENT,
     hlo_dir: Optional[str] = None,
 ) -> StepCompile:
-  """Compiles the programs one training step of `config` runs on `mesh`.
+  """Compiles the programs one training step of `settings` runs on `mesh`.
 
   Args:
-    config: a validated run config.
+    settings: the step's settings, of a validated run config.
     mesh: the run's mesh (`mesh.make_mesh`) on the devices to compile for
       (abstract TPU devices, or this host's), its batch layout checked
       (`mesh.check_batch_layout`).
@@ -272,12 +278,12 @@ def compile_step(
     The compiled programs' memory; a program the compiler refuses for memory
     (RESOURCE_EXHAUSTED) ends the compile and is reported, not raised.
   """
-  setup = model_setup.setup_model(config, mesh)
-  engine = inputs.make_engine(config, setup, setup.abstract_params)
+  setup = model_setup.setup_model(settings.engine.model, mesh)
+  engine = inputs.make_engine(settings, setup, setup.abstract_params)
   opt_bytes, resident_bytes = _resident_bytes(engine)
   done = []
   kept = {}
-  lowered_programs = _lower(config, engine, inputs, every_program)
+  lowered_programs = _lower(settings, engine, inputs, every_program)
   for name, lowered in lowered_programs.items():
     if programs is not None and not programs(name):
       continue
@@ -312,7 +318,10 @@ def _resident_bytes(engine: Any) -> tuple[int, dict[str, int]]:
 
 
 def _lower(
-    config, engine: Any, inputs: StepInputs, every_program: bool
+    settings: compile_config.CompileConfig,
+    engine: Any,
+    inputs: StepInputs,
+    every_program: bool,
 ) -> dict[str, Any]:
   """The lowered programs of `engine` by name: the step's, or with
   `every_program` every program a run needs (`compile_step`).
@@ -321,15 +330,15 @@ def _lower(
     ValueError: `every_program` for a workload whose eval is not the
       engine's.
   """
-  micro_batch = inputs.micro_batch(config)
+  micro_batch = inputs.micro_batch(settings)
   if not every_program:
     return engine.lower(micro_batch)
   if inputs.eval_batch is None:
     raise ValueError(
-        f"config.workload={config.workload!r}: its step's programs are "
+        f"config.workload={settings.workload!r}: its step's programs are "
         "not saved ahead of time (its eval is not the engine's)"
     )
-  return engine.lower_programs(micro_batch, inputs.eval_batch(config))
+  return engine.lower_programs(micro_batch, inputs.eval_batch(settings))
 
 
 def write_hlo(compiled: Any, name: str, directory: str) -> str:
@@ -391,12 +400,14 @@ class Candidate:
     return self.step.out_of_memory is None and self.step.peak <= hbm
 
 
-def accumulation_choices(config, mesh: jax.sharding.Mesh) -> list[int]:
+def accumulation_choices(
+    settings: compile_config.CompileConfig, mesh: jax.sharding.Mesh
+) -> list[int]:
   """The micro-steps K (ascending) whose micro-batch splits over `mesh`."""
   shards = 1
   for name in mesh_lib.batch_axes(mesh):
     shards *= mesh.shape[name]
-  batch = config.global_batch_size
+  batch = settings.data.global_batch_size
   return [
       k
       for k in range(1, batch + 1)
@@ -404,25 +415,31 @@ def accumulation_choices(config, mesh: jax.sharding.Mesh) -> list[int]:
   ]
 
 
-def tensor_choices(config, mesh: jax.sharding.Mesh) -> list[int]:
-  """The tensor parallelism sizes a search tries, ascending: the config's,
+def tensor_choices(
+    settings: compile_config.CompileConfig, mesh: jax.sharding.Mesh
+) -> list[int]:
+  """The tensor parallelism sizes a search tries, ascending: the mesh's,
   then each doubling that divides the devices the expert axis leaves on a
   slice and the model's query and key/value heads (the MLP widths are
   checked when the mesh is built)."""
   slices = mesh_lib.num_slices(list(mesh.devices.flat))
   room = mesh.devices.size // slices // mesh_lib.expert_size(mesh)
   room *= mesh_lib.tensor_size(mesh)
-  sizes, t = [], config.tensor_parallelism
+  model = settings.engine.model
+  tensor = settings.engine.mesh.tensor_parallelism
+  sizes, t = [], tensor
   while t <= room and room % t == 0:
-    if config.attention_type == "mla" or config.num_kv_heads % t == 0:
-      if config.num_heads % t == 0:
+    if model.attention_type == "mla" or model.num_kv_heads % t == 0:
+      if model.num_heads % t == 0:
         sizes.append(t)
     t *= 2
-  return sizes or [config.tensor_parallelism]
+  return sizes or [tensor]
 
 
-def layout_choices(config, mesh: jax.sharding.Mesh) -> list[tuple[int, int]]:
-  """The (context, tensor) parallelism pairs a search tries: the config's
+def layout_choices(
+    settings: compile_config.CompileConfig, mesh: jax.sharding.Mesh
+) -> list[tuple[int, int]]:
+  """The (context, tensor) parallelism pairs a search tries: the mesh's
   and their doublings whose product with the expert axis divides a slice's
   devices, tensor one of `tensor_choices` and 2 x context dividing the
   rows; by the devices a row is split over (context x tensor), then the
@@ -432,19 +449,20 @@ def layout_choices(config, mesh: jax.sharding.Mesh) -> list[tuple[int, int]]:
   bytes than the keys and values of grouped-query attention."""
   slices = mesh_lib.num_slices(list(mesh.devices.flat))
   room = mesh.devices.size // slices // mesh_lib.expert_size(mesh)
-  pairs, c = [], config.context_parallelism
+  axes = settings.engine.mesh
+  pairs, c = [], axes.context_parallelism
   while c <= room and room % c == 0:
-    if config.max_sequence_length % (2 * c) == 0:
-      for t in tensor_choices(config, mesh):
+    if settings.engine.model.max_sequence_length % (2 * c) == 0:
+      for t in tensor_choices(settings, mesh):
         if room % (c * t) == 0:
           pairs.append((c, t))
     c *= 2
   pairs.sort(key=lambda pair: (pair[0] * pair[1], pair[1]))
-  return pairs or [(config.context_parallelism, config.tensor_parallelism)]
+  return pairs or [(axes.context_parallelism, axes.tensor_parallelism)]
 
 
 def search(
-    config,
+    settings: compile_config.CompileConfig,
     mesh: jax.sharding.Mesh,
     hbm: int,
     log: Callable[[str], None] = lambda _: None,
@@ -464,8 +482,9 @@ def search(
   the same devices.
 
   Args:
-    config: a validated run config (its remat policy and K, and with
-      `tensor` its context and tensor parallelism, are replaced).
+    settings: the step's settings, of a validated run config (its remat
+      policy and K, and with `tensor` its context and tensor parallelism,
+      are varied).
     mesh: as `compile_step`'s.
     hbm: bytes one device may use.
     log: as `compile_step`'s.
@@ -477,40 +496,42 @@ def search(
     (the settings tried, in order; the one that fits, or None).
   """
   tried = []
-  pairs = layout_choices(config, mesh) if tensor else [None]
+  pairs = layout_choices(settings, mesh) if tensor else [None]
   devices = list(mesh.devices.flat)
   for pair in pairs:
     here = (mesh_lib.context_size(mesh), mesh_lib.tensor_size(mesh))
     if pair is not None and pair != here:
-      config = config.copy_and_resolve_references()
-      with config.unlocked():
-        config.context_parallelism, config.tensor_parallelism = pair
-      mesh = mesh_lib.make_mesh(
-          mesh_lib.MeshConfig.from_config(config), devices
-      )
-    found = _search_mesh(config, mesh, hbm, log, tried, inputs, progress)
+      settings = settings.with_layout(*pair)
+      mesh = mesh_lib.make_mesh(settings.engine.mesh, devices)
+    found = _search_mesh(settings, mesh, hbm, log, tried, inputs, progress)
     if found is not None:
       return tried, found
   return tried, None
 
 
 def _search_mesh(
-    config, mesh, hbm, log, tried, inputs, progress
+    settings: compile_config.CompileConfig,
+    mesh,
+    hbm,
+    log,
+    tried,
+    inputs,
+    progress,
 ) -> Optional[Candidate]:
   """`search` on one mesh: appends to `tried`; the first that fits."""
   for remat in REMAT_BY_RECOMPUTATION:
-    for k in accumulation_choices(config, mesh):
-      candidate_config = config.copy_and_resolve_references()
-      with candidate_config.unlocked():
-        candidate_config.remat_policy = remat
-        candidate_config.gradient_accumulation_steps = k
+    for k in accumulation_choices(settings, mesh):
       log(
           f"trying context_parallelism={mesh_lib.context_size(mesh)} "
           f"tensor_parallelism={mesh_lib.tensor_size(mesh)} "
           f"remat_policy={remat} gradient_accumulation_steps={k}"
       )
       step = compile_step(
-          candidate_config, mesh, log=log, inputs=inputs, progress=progress
+          settings.with_step(remat, k),
+          mesh,
+          log=log,
+          inputs=inputs,
+          progress=progress,
       )
       candidate = Candidate(
           remat,

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from maxtext.config import config_lib
 from maxtext.core import progress
 from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import compile_config
 from maxtext.engine import train_compile_lib
 from testing import tiny_configs
 
@@ -107,6 +108,10 @@ class CompileProgramProgressTest(absltest.TestCase):
     self.assertEqual(lines, [])
 
 
+def _settings(config) -> compile_config.CompileConfig:
+  return compile_config.CompileConfig.from_config(config)
+
+
 class CompileStepTest(absltest.TestCase):
 
   def _config(self, k):
@@ -126,7 +131,9 @@ class CompileStepTest(absltest.TestCase):
       with self.subTest(k=k):
         config, mesh = self._config(k)
         lines = []
-        step = train_compile_lib.compile_step(config, mesh, log=lines.append)
+        step = train_compile_lib.compile_step(
+            _settings(config), mesh, log=lines.append
+        )
         self.assertIsNone(step.out_of_memory)
         self.assertEqual([p.program for p in step.programs], names)
         self.assertEqual(lines[0::2], [f"compiling {n}" for n in names])
@@ -164,7 +171,9 @@ class CompileStepTest(absltest.TestCase):
     ):
       with self.subTest(k=k):
         config, mesh = self._config(k)
-        step = train_compile_lib.compile_step(config, mesh, every_program=True)
+        step = train_compile_lib.compile_step(
+            _settings(config), mesh, every_program=True
+        )
         self.assertEqual([p.program for p in step.programs], names)
         self.assertEqual(list(step.executables), names)
         for compiled in step.executables.values():
@@ -184,9 +193,9 @@ class CompileStepTest(absltest.TestCase):
     )
     # 8 sequences over 4 devices: 1 or 2 micro-steps.
     self.assertEqual(
-        train_compile_lib.accumulation_choices(config, mesh), [1, 2]
+        train_compile_lib.accumulation_choices(_settings(config), mesh), [1, 2]
     )
-    tried, choice = train_compile_lib.search(config, mesh, 2**40)
+    tried, choice = train_compile_lib.search(_settings(config), mesh, 2**40)
     self.assertLen(tried, 1)
     self.assertEqual(
         (choice.remat_policy, choice.gradient_accumulation_steps), ("none", 1)
@@ -195,7 +204,7 @@ class CompileStepTest(absltest.TestCase):
     # to settings that recompute more or accumulate, and stops at the first
     # that fits (or tries them all).
     hbm = choice.step.peak - 1
-    tried, choice = train_compile_lib.search(config, mesh, hbm)
+    tried, choice = train_compile_lib.search(_settings(config), mesh, hbm)
     order = [
         (r, k) for r in train_compile_lib.REMAT_BY_RECOMPUTATION for k in (1, 2)
     ]
@@ -233,11 +242,16 @@ class CompileStepTest(absltest.TestCase):
         mesh_lib.MeshConfig.from_config(config), jax.devices()
     )
     # 4 devices, 4 query and 2 key/value heads: tensor 1 or 2.
-    self.assertEqual(train_compile_lib.tensor_choices(config, mesh), [1, 2])
     self.assertEqual(
-        train_compile_lib.layout_choices(config, mesh), [(1, 1), (1, 2)]
+        train_compile_lib.tensor_choices(_settings(config), mesh), [1, 2]
     )
-    tried, choice = train_compile_lib.search(config, mesh, 1, tensor=True)
+    self.assertEqual(
+        train_compile_lib.layout_choices(_settings(config), mesh),
+        [(1, 1), (1, 2)],
+    )
+    tried, choice = train_compile_lib.search(
+        _settings(config), mesh, 1, tensor=True
+    )
     self.assertIsNone(choice)
     # Every remat policy with K in 1, 2 (8 rows over 4 batch shards), then
     # with tensor 2 K in 1, 2, 4 (the rows split over 2 shards only).
@@ -265,7 +279,7 @@ class CompileStepTest(absltest.TestCase):
     # 16 tokens over 4 devices: context 1, 2, 4 (2C chunks divide 16),
     # tensor 1, 2 (the heads).
     self.assertEqual(
-        train_compile_lib.layout_choices(config, mesh),
+        train_compile_lib.layout_choices(_settings(config), mesh),
         [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2)],
     )
 
@@ -287,9 +301,12 @@ class CompileStepTest(absltest.TestCase):
         mesh_lib.MeshConfig.from_config(config), jax.devices()
     )
     self.assertEqual(
-        train_compile_lib.layout_choices(config, mesh), [(1, 1), (2, 1)]
+        train_compile_lib.layout_choices(_settings(config), mesh),
+        [(1, 1), (2, 1)],
     )
-    tried, choice = train_compile_lib.search(config, mesh, 1, tensor=True)
+    tried, choice = train_compile_lib.search(
+        _settings(config), mesh, 1, tensor=True
+    )
     self.assertIsNone(choice)
     # Every remat policy with K = 1 (4 rows over 4 batch shards), then with
     # context 2 K in 1, 2 (the rows split over 2 shards only).

@@ -24,7 +24,6 @@ import importlib
 import inspect
 from typing import Any, Optional
 
-from maxtext.core import component_config
 from maxtext.env import environment
 from maxtext.env import sandbox
 
@@ -48,24 +47,9 @@ class ToolSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskFilesConfig(component_config.ComponentConfig):
-  """The config's `grpo_task_*` fields: the files a task reads
-  (`maxtext/configs/base.py` documents each; `TaskInputs.of` names them
-  for the task)."""
-
-  grpo_task_curriculum_path: str = ""
-  grpo_task_curriculum_sha256: str = ""
-  grpo_task_validation_path: str = ""
-  grpo_task_validation_sha256: str = ""
-  grpo_task_rootfs_dir: str = ""
-  grpo_task_prompt_path: str = ""
-  grpo_task_prompt_sha256: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
 class TaskInputs:
-  """The files a task reads (`TaskFilesConfig`'s fields, named for the
-  task).
+  """The files a task reads (a GRPO run's `grpo_task_*` fields:
+  `grpo/tasks/task_config.TaskConfig.task_inputs`).
 
   Attributes:
     curriculum_path: the training records, in order (JSONL).
@@ -84,19 +68,6 @@ class TaskInputs:
   rootfs_dir: str = ""
   prompt_path: str = ""
   prompt_sha256: str = ""
-
-  @classmethod
-  def of(cls, files: TaskFilesConfig) -> "TaskInputs":
-    """The inputs `files` names."""
-    return cls(
-        curriculum_path=files.grpo_task_curriculum_path,
-        curriculum_sha256=files.grpo_task_curriculum_sha256,
-        validation_path=files.grpo_task_validation_path,
-        validation_sha256=files.grpo_task_validation_sha256,
-        rootfs_dir=files.grpo_task_rootfs_dir,
-        prompt_path=files.grpo_task_prompt_path,
-        prompt_sha256=files.grpo_task_prompt_sha256,
-    )
 
   def given(self) -> bool:
     """Whether any field is set."""

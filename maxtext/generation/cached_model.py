@@ -35,6 +35,7 @@ from maxtext.generation import kv_cache
 from maxtext.model import gated_deltanet
 from maxtext.model import layers
 from maxtext.model import mla
+from maxtext.model import model_config
 from maxtext.model import moe
 from maxtext.model import transformer
 
@@ -70,7 +71,16 @@ def dense_store(entries, index, new, positions):
   return written, view
 
 
-def _attention(x, layer, entries, index, positions, config, store, attend):
+def _attention(
+    x,
+    layer,
+    entries,
+    index,
+    positions,
+    config: model_config.ModelConfig,
+    store,
+    attend,
+):
   """Layer `index`'s attention over the stack's cache; returns (out,
   entries)."""
   if config.attention_type == "mla":
@@ -109,7 +119,7 @@ def forward(
     tokens: jax.Array,
     positions: jax.Array,
     cache: kv_cache.Cache,
-    config,
+    config: model_config.ModelConfig,
     store: Optional[Store] = None,
     lengths: Optional[jax.Array] = None,
     attend: Optional[Attend] = None,
@@ -122,7 +132,7 @@ def forward(
     positions: int32 [B, S] their positions, each < the cache length; a
       row's earlier positions must already be in the cache (or in `tokens`).
     cache: `kv_cache.init(config, B, T)` or a cache a call returned.
-    config: the run configuration.
+    config: the model's config.
     store: how a layer writes its new entries and what it attends to
       (`dense_store`, the default: slot j of row b is position j of row b;
       `maxtext.generation.paged_model` passes a page table's).
@@ -170,7 +180,7 @@ class _Blocks:
 
   def __init__(
       self,
-      config,
+      config: model_config.ModelConfig,
       tokens: jax.Array,
       positions: jax.Array,
       store: Store,

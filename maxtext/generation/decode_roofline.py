@@ -35,6 +35,7 @@ import numpy as np
 
 from maxtext.generation import kv_cache
 from maxtext.metrics import hbm_bandwidth
+from maxtext.model import model_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +59,7 @@ class StepBytes:
     return self.weights + self.cache + self.states
 
 
-def weight_bytes(config, params: Any) -> int:
+def weight_bytes(config: model_config.ModelConfig, params: Any) -> int:
   """The bytes a step reads of `params` (arrays or shapes), each element in
   `config.compute_dtype`: all but an untied input embedding table."""
   count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
@@ -68,7 +69,7 @@ def weight_bytes(config, params: Any) -> int:
 
 
 def step_bytes(
-    config,
+    config: model_config.ModelConfig,
     params: Any,
     context_lengths: Sequence[int],
     new_tokens: Sequence[int],

@@ -114,7 +114,11 @@ def check_rows(mesh: Optional[jax.sharding.Mesh], rows: int, what: str):
 
 
 def check_cache_fits(
-    config, rows: int, shards: int, length: int, limit: Optional[int]
+    config: model_config.ModelConfig,
+    rows: int,
+    shards: int,
+    length: int,
+    limit: Optional[int],
 ) -> None:
   """Refuses, in one line before anything is allocated, a cache whose
   share on one device (rows / shards rows of `length` positions, with a
@@ -152,7 +156,7 @@ def _generate(
     stop_ids,
     allowed_vocab,
     *,
-    config,
+    config: model_config.ModelConfig,
     length: int,
     greedy: bool,
     filtered: bool,
@@ -220,7 +224,9 @@ def _generate(
   return ids, log_probs
 
 
-def _prefill(params, tokens, lengths, config, length: int, mesh):
+def _prefill(
+    params, tokens, lengths, config: model_config.ModelConfig, length: int, mesh
+):
   """`_generate`'s prefill: the prompts into a fresh cache of `length`
   positions (its rows split over `mesh`'s batch axes).
 
@@ -254,7 +260,7 @@ def _decode_step(
     row_keys,
     draw,
     stop_ids,
-    config,
+    config: model_config.ModelConfig,
     greedy: bool,
     filtered: bool,
 ):
@@ -286,7 +292,7 @@ def _decode_step(
 
 def check_prompts(
     prompts: Sequence[Sequence[int]],
-    config,
+    config: model_config.ModelConfig,
     reserved: Union[int, Sequence[int]],
 ) -> list[list[int]]:
   """The prompts as lists of ints, checked against the model.
@@ -329,7 +335,7 @@ def check_prompts(
 
 def generate(
     params: Any,
-    config: Any,
+    config: model_config.ModelConfig,
     prompts: Sequence[Sequence[int]],
     options: sampling.SamplingOptions,
     *,
@@ -409,7 +415,9 @@ def generate(
   )
 
 
-def _check_cache(config, rows: int, length: int, mesh) -> None:
+def _check_cache(
+    config: model_config.ModelConfig, rows: int, length: int, mesh
+) -> None:
   """`check_cache_fits` for `rows` rows of `length` positions, split over
   `mesh`'s batch axes, on its first device (or JAX's first)."""
   shards = 1
@@ -454,7 +462,7 @@ def _stop_slots(stop_ids: Sequence[int]) -> np.ndarray:
   return padded
 
 
-def _cache_bytes(config, length: int) -> int:
+def _cache_bytes(config: model_config.ModelConfig, length: int) -> int:
   """A row's cache bytes at `length` positions, recurrent state included."""
   return kv_cache.bytes_per_token(config) * length + (
       kv_cache.state_bytes_per_row(config)

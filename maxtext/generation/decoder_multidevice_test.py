@@ -20,7 +20,9 @@ import ml_collections
 import numpy as np
 
 from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
+from maxtext.model import model_config
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import scoring
@@ -55,8 +57,10 @@ class DecoderMultiDeviceTest(parameterized.TestCase):
         tiny_configs.model_config(*presets, **layout)
     )
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
-    setup = model_setup.setup_model(config, mesh)
-    sharded = model_setup.init_params(config, setup)
+    setup = model_setup.setup_model(model_config.of(config), mesh)
+    sharded = model_setup.init_params(
+        engine_config.EngineConfig.from_config(config), setup
+    )
     # The parameters are split over the devices as in training.
     self.assertTrue(
         any(
@@ -104,8 +108,10 @@ class DecoderMultiDeviceTest(parameterized.TestCase):
         paged_decoder.pool_sharding(config, mesh).spec,
         jax.sharding.PartitionSpec(None, None, None, "tensor", None),
     )
-    setup = model_setup.setup_model(config, mesh)
-    sharded = model_setup.init_params(config, setup)
+    setup = model_setup.setup_model(model_config.of(config), mesh)
+    sharded = model_setup.init_params(
+        engine_config.EngineConfig.from_config(config), setup
+    )
     single = jax.device_put(
         transformer.init_params(config, jax.random.PRNGKey(config.seed)),
         jax.devices()[0],

@@ -2,8 +2,10 @@
 
 `load_run(run_dir, step=None)` reads what a run directory holds:
 
-* the model's config from the run's record (`config.json` and
-  `config_history.jsonl`, `maxtext.storage.run_record`);
+* the model's config (`model_config.ModelConfig`) and the run's paths
+  (`run_dir.RunDirConfig`: its checkpoints, its data) from the run's
+  record (`config.json` and `config_history.jsonl`,
+  `maxtext.storage.run_record`);
 * the parameters of the newest checkpoint, or of `step`, restored alone
   (`checkpointing.restore_params_only`: no optimizer state is read) onto
   this process's first device, whatever mesh the run trained on;
@@ -27,14 +29,15 @@ import os
 from typing import Any, Optional, Sequence
 
 import jax
-import ml_collections
 
 from maxtext.core import caller_paths
 from maxtext.core import checks
 from maxtext.generation import decoder
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
 from maxtext.storage import gcs_mirror
+from maxtext.storage import run_dir as run_dir_lib
 from maxtext.storage import run_record
 from maxtext.text import metadata as metadata_lib
 from maxtext.generation import sampling
@@ -48,7 +51,8 @@ class LoadedRun:
   Attributes:
     run_dir: the run directory.
     step: the checkpoint's step (training steps completed).
-    config: the run's config (frozen), its attention set to "auto".
+    config: the run's model config, its attention set to "auto".
+    paths: the paths the run wrote and read (its checkpoints, its data).
     params: the model's parameters on one device.
     tokenizer: the tokenizer of the run's data, or None for a run not
       trained on prepared text.
@@ -57,7 +61,8 @@ class LoadedRun:
 
   run_dir: str
   step: int
-  config: ml_collections.FrozenConfigDict
+  config: model_config.ModelConfig
+  paths: run_dir_lib.RunDirConfig
   params: Any
   tokenizer: Optional[tokenizer_lib.Tokenizer]
   eod_id: Optional[int]
@@ -84,8 +89,8 @@ def _read_record(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
   return config, document.get("provenance") or {}
 
 
-def _checkpoint_dir(run_dir: str, config: dict[str, Any]) -> str:
-  directory = config.get("checkpoint_directory") or ""
+def _checkpoint_dir(run_dir: str, paths: run_dir_lib.RunDirConfig) -> str:
+  directory = paths.checkpoint_directory or ""
   if not directory:
     return os.path.join(run_dir, "checkpoints")
   if gcs_mirror.is_gs_url(directory):
@@ -133,13 +138,13 @@ def _choose_step(checkpoint_dir: str, step: Optional[int]) -> str:
 
 
 def _load_tokenizer(
-    config: dict[str, Any], provenance: dict[str, Any]
+    paths: run_dir_lib.RunDirConfig, provenance: dict[str, Any]
 ) -> tuple[Optional[tokenizer_lib.Tokenizer], Optional[int]]:
   """The tokenizer and end-of-document id of a grain run's data."""
-  if config.get("dataset_type") != "grain":
+  if paths.dataset_type != "grain":
     return None, None
   data = provenance.get("data") or {}
-  data_dir = data.get("data_dir") or config.get("train_data_path") or ""
+  data_dir = data.get("data_dir") or paths.train_data_path or ""
   try:
     meta = metadata_lib.load(data_dir)
   except ValueError as e:
@@ -183,12 +188,12 @@ def load_run(run_dir: str, step: Optional[int] = None) -> LoadedRun:
     step = checks.check_int("step", step, 0)
   run_dir = os.path.abspath(run_dir)
   values, provenance = _read_record(run_dir)
+  paths = run_dir_lib.RunDirConfig.from_config(values)
+  tokenizer, eod_id = _load_tokenizer(paths, provenance)
+  path = _choose_step(_checkpoint_dir(run_dir, paths), step)
   # What the run trained with runs here on one device of any backend: the
   # attention the run chose (e.g. a TPU kernel) may not exist here.
-  values = dict(values, attention="auto")
-  config = ml_collections.FrozenConfigDict(values)
-  tokenizer, eod_id = _load_tokenizer(values, provenance)
-  path = _choose_step(_checkpoint_dir(run_dir, values), step)
+  config = model_config.ModelConfig.from_config(values, attention="auto")
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = transformer.abstract_params(config, device)
   try:
@@ -199,7 +204,9 @@ def load_run(run_dir: str, step: Optional[int] = None) -> LoadedRun:
   if restored_step is None:
     name = os.path.basename(path.rstrip("/"))
     restored_step = int(name) if name.isdigit() else -1
-  return LoadedRun(run_dir, restored_step, config, params, tokenizer, eod_id)
+  return LoadedRun(
+      run_dir, restored_step, config, paths, params, tokenizer, eod_id
+  )
 
 
 def generate_ids(
@@ -240,7 +247,7 @@ def encode_prompt(run: LoadedRun, prompt: str) -> list[int]:
   if run.tokenizer is None:
     raise ValueError(
         f"run_dir={run.run_dir!r}: trained on dataset_type="
-        f"{run.config.dataset_type!r}, which has no tokenizer; give the "
+        f"{run.paths.dataset_type!r}, which has no tokenizer; give the "
         "prompt as token ids (--prompt_ids=1,2,3)"
     )
   return run.tokenizer.encode(prompt) if prompt else [run.eod_id]

@@ -50,6 +50,7 @@ from maxtext.engine import train_compile_lib
 from maxtext.generation import decode_weights
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
+from maxtext.model import model_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,12 +111,14 @@ class GenerationCompile:
   copy: WeightCopy
 
 
-def generation_params(config, mesh: jax.sharding.Mesh) -> Any:
+def generation_params(
+    config: model_config.ModelConfig, setup: model_setup.ModelSetup
+) -> Any:
   """The parameters' `jax.ShapeDtypeStruct`s as a generation mesh holds
   them: the leaves the model reads only in the compute dtype in it
-  (`decode_weights.dtypes`), each split as the trainer splits it on `mesh`
-  (`model_setup.setup_model`)."""
-  setup = model_setup.setup_model(config, mesh)
+  (`decode_weights.dtypes`), each split as the trainer splits it on the
+  mesh (`setup`: `model_setup.setup_model` of the run's config on the
+  generation mesh)."""
   return jax.tree_util.tree_map(
       lambda leaf, dtype, sharding: jax.ShapeDtypeStruct(
           leaf.shape, dtype, sharding=sharding
@@ -126,10 +129,12 @@ def generation_params(config, mesh: jax.sharding.Mesh) -> Any:
   )
 
 
-def weight_copy(config, mesh: jax.sharding.Mesh) -> WeightCopy:
-  """The bytes one copy of `config`'s parameters to `mesh` moves, from the
-  parameters' shapes (`generation_params`)."""
-  params = generation_params(config, mesh)
+def weight_copy(
+    config: model_config.ModelConfig, setup: model_setup.ModelSetup
+) -> WeightCopy:
+  """The bytes one copy of `config`'s parameters to `setup`'s mesh moves,
+  from the parameters' shapes (`generation_params`)."""
+  params = generation_params(config, setup)
   total = sum(
       x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params)
   )
@@ -137,13 +142,13 @@ def weight_copy(config, mesh: jax.sharding.Mesh) -> WeightCopy:
       dtype=jnp.dtype(config.compute_dtype).name,
       total_bytes=int(total),
       device_bytes=train_compile_lib.device_bytes(params),
-      devices=mesh.devices.size,
+      devices=setup.mesh.devices.size,
   )
 
 
 def compile_generation(
-    config,
-    mesh: jax.sharding.Mesh,
+    config: model_config.ModelConfig,
+    setup: model_setup.ModelSetup,
     *,
     num_slots: int,
     length: int,
@@ -152,12 +157,13 @@ def compile_generation(
     log: Callable[[str], None] = lambda _: None,
     progress: progress_lib.Reporter = progress_lib.SILENT,
 ) -> GenerationCompile:
-  """Compiles a rollout's prefill and decode programs on `mesh`.
+  """Compiles a rollout's prefill and decode programs on `setup.mesh`.
 
   Args:
-    config: a validated run config.
-    mesh: the generation mesh (`mesh.make_mesh`) on the devices to compile
-      for (abstract TPU devices, or this host's).
+    config: the model's config.
+    setup: the model on the generation mesh (`model_setup.setup_model` of
+      the run's config on `mesh.make_mesh`'s mesh of the devices to compile
+      for: abstract TPU devices, or this host's).
     num_slots: sequences decoded together (>= 1).
     length: positions of the longest sequence: context plus completion
       (<= max_sequence_length).
@@ -176,7 +182,7 @@ def compile_generation(
     ValueError: a slot count or length out of range (one line), before
       anything compiles.
   """
-  params = generation_params(config, mesh)
+  params = generation_params(config, setup)
   lowered = paged_decoder.lower(
       params,
       config,
@@ -184,7 +190,7 @@ def compile_generation(
       length=length,
       prompt_length=prompt_length,
       engine=engine,
-      mesh=mesh,
+      mesh=setup.mesh,
   )
   device_bytes = train_compile_lib.device_bytes
   state_bytes = device_bytes(lowered.states)
@@ -215,5 +221,5 @@ def compile_generation(
       pool_bytes=device_bytes(lowered.pool),
       state_bytes=state_bytes,
       state_bytes_per_slot=kv_cache.state_bytes_per_row(config),
-      copy=weight_copy(config, mesh),
+      copy=weight_copy(config, setup),
   )

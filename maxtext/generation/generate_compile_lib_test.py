@@ -15,12 +15,14 @@ from absl.testing import absltest
 import jax
 import ml_collections
 
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
 from maxtext.generation import decode_weights
 from maxtext.generation import generate_compile_lib
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
 from maxtext.generation import paged_model
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
 from testing import tiny_configs
@@ -44,8 +46,10 @@ class WeightCopyTest(absltest.TestCase):
     """The copy's bytes equal those of the parameters themselves, made on
     the mesh and copied for decoding there (`decode_weights.cast`)."""
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
-    setup = model_setup.setup_model(config, mesh)
-    params = model_setup.init_params(config, setup)
+    setup = model_setup.setup_model(model_config.of(config), mesh)
+    params = model_setup.init_params(
+        engine_config.EngineConfig.from_config(config), setup
+    )
     leaves = jax.tree_util.tree_leaves(
         decode_weights.cast(params, config.compute_dtype)
     )
@@ -54,7 +58,7 @@ class WeightCopyTest(absltest.TestCase):
       for shard in leaf.addressable_shards:
         per_device[shard.device] += shard.data.nbytes
 
-    copy = generate_compile_lib.weight_copy(config, mesh)
+    copy = generate_compile_lib.weight_copy(model_config.of(config), setup)
 
     self.assertEqual(copy.dtype, "bfloat16")
     self.assertEqual(copy.total_bytes, sum(leaf.nbytes for leaf in leaves))
@@ -94,8 +98,8 @@ class CompileGenerationTest(absltest.TestCase):
     engine = paged_decoder.EngineOptions(page_size=4)
 
     result = generate_compile_lib.compile_generation(
-        config,
-        mesh,
+        model_config.of(config),
+        model_setup.setup_model(model_config.of(config), mesh),
         num_slots=3,
         length=16,
         prompt_length=5,
@@ -148,8 +152,8 @@ class CompileGenerationTest(absltest.TestCase):
     self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 1, "tensor": 2})
 
     result = generate_compile_lib.compile_generation(
-        config,
-        mesh,
+        model_config.of(config),
+        model_setup.setup_model(model_config.of(config), mesh),
         num_slots=3,
         length=16,
         prompt_length=5,
@@ -179,18 +183,21 @@ class CompileGenerationTest(absltest.TestCase):
 
   def test_bad_shape_is_one_line(self):
     config = _config()
-    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+    model = model_config.of(config)
+    setup = model_setup.setup_model(
+        model, mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+    )
     with self.assertRaisesRegex(
         ValueError, r"^prompt_length=16 leaves no new token of length=16$"
     ):
       generate_compile_lib.compile_generation(
-          config, mesh, num_slots=2, length=16, prompt_length=16
+          model, setup, num_slots=2, length=16, prompt_length=16
       )
     with self.assertRaisesRegex(
         ValueError, r"^length=32 exceeds max_sequence_length=16$"
     ):
       generate_compile_lib.compile_generation(
-          config, mesh, num_slots=2, length=32, prompt_length=4
+          model, setup, num_slots=2, length=32, prompt_length=4
       )
 
 

@@ -8,7 +8,7 @@ import shutil
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from maxtext.run import trainer
+from maxtext import workloads
 from maxtext.generation import generate
 from maxtext.generation import sampling
 from testing import stdlib_run
@@ -155,7 +155,7 @@ class GenerateTest(parameterized.TestCase):
       generate.load_run(run_dir)
 
   def test_a_run_without_tokenizer_samples_ids(self):
-    result = trainer.run(
+    result = workloads.run(
         tiny_configs.tiny_config(
             self.root, run_name="synthetic", steps=3, enable_mllog=False
         )

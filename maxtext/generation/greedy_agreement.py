@@ -47,9 +47,9 @@ from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from maxtext.model import model_config
 from maxtext.model import transformer
 
 ROUNDING_ULPS = 4
@@ -81,11 +81,11 @@ class Agreement:
   total: int
 
 
-def _float32(config) -> ml_collections.FrozenConfigDict:
-  values = config.to_dict()
-  values["compute_dtype"] = "float32"
-  values["weight_dtype"] = "float32"
-  return ml_collections.FrozenConfigDict(values)
+def _float32(config: model_config.ModelConfig) -> model_config.ModelConfig:
+  """`config` computing and keeping its weights in float32."""
+  return dataclasses.replace(
+      config, compute_dtype="float32", weight_dtype="float32"
+  )
 
 
 def _bucket(length: int, cap: int) -> int:
@@ -96,7 +96,9 @@ def _bucket(length: int, cap: int) -> int:
   return min(size, cap)
 
 
-def float32_logits(params: Any, config, context: Sequence[int]) -> np.ndarray:
+def float32_logits(
+    params: Any, config: model_config.ModelConfig, context: Sequence[int]
+) -> np.ndarray:
   """The float32 model's [vocab] logits for the id after `context`, at the
   highest matmul precision."""
   config32 = _float32(config)
@@ -110,14 +112,14 @@ def float32_logits(params: Any, config, context: Sequence[int]) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _last_logits(params, tokens, position, config):
+def _last_logits(params, tokens, position, config: model_config.ModelConfig):
   # The mask is causal: the padding after `position` changes nothing there.
   return transformer.apply(params, tokens, config)[0, position]
 
 
 def agreement(
     params: Any,
-    config,
+    config: model_config.ModelConfig,
     contexts: Sequence[Sequence[int]],
     ids_a: Sequence[Sequence[int]],
     ids_b: Sequence[Sequence[int]],
@@ -148,7 +150,9 @@ def agreement(
   return Agreement(same=same, within_rounding=within, total=len(contexts))
 
 
-def rounding_errors(params: Any, config, tokens: np.ndarray) -> np.ndarray:
+def rounding_errors(
+    params: Any, config: model_config.ModelConfig, tokens: np.ndarray
+) -> np.ndarray:
   """How far the compute dtype moves the top-2 logit difference.
 
   Args:
@@ -180,5 +184,5 @@ def rounding_errors(params: Any, config, tokens: np.ndarray) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _logits(params, tokens, config):
+def _logits(params, tokens, config: model_config.ModelConfig):
   return transformer.apply(params, tokens, config)

@@ -1,22 +1,22 @@
 """The agreement rule: a near-tie within the rounding, and nothing wider."""
 
+import dataclasses
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from maxtext.generation import greedy_agreement
+from maxtext.model import model_config
 from maxtext.model import transformer
 from testing import tiny_configs
 
 _BF16_EPS = 2.0**-7  # bfloat16: 8 significant bits.
 
 
-def _config():
-  return ml_collections.FrozenConfigDict(
-      tiny_configs.model_config(compute_dtype="bfloat16")
-  )
+def _config() -> model_config.ModelConfig:
+  return model_config.of(tiny_configs.model_config(compute_dtype="bfloat16"))
 
 
 class NearTieTest(absltest.TestCase):
@@ -61,9 +61,7 @@ class AgreementTest(absltest.TestCase):
     self.context = [3, 1, 4, 1, 5]
 
   def test_float32_logits_are_the_full_pass_at_the_last_position(self):
-    config32 = ml_collections.FrozenConfigDict(
-        {**self.config.to_dict(), "compute_dtype": "float32"}
-    )
+    config32 = dataclasses.replace(self.config, compute_dtype="float32")
     with jax.default_matmul_precision("highest"):
       full = transformer.apply(
           self.params, jnp.asarray([self.context], jnp.int32), config32
@@ -126,9 +124,7 @@ class AgreementTest(absltest.TestCase):
         .set(self.params["unembedding"][:, a] * (1 - 3 * _BF16_EPS)),
     }
     for dtype, within in (("bfloat16", 1), ("float32", 0)):
-      config = ml_collections.FrozenConfigDict(
-          {**self.config.to_dict(), "compute_dtype": dtype}
-      )
+      config = dataclasses.replace(self.config, compute_dtype=dtype)
       result = greedy_agreement.agreement(
           params, config, [self.context], [[x, a]], [[x, b]]
       )

@@ -30,12 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.model import gated_deltanet
+from maxtext.model import model_config
 from maxtext.model import transformer
 
 Cache = dict[str, dict[str, jax.Array]]
 
 
-def _stack_sizes(config) -> dict[str, int]:
+def _stack_sizes(config: model_config.ModelConfig) -> dict[str, int]:
   """Attention layers of each block stack, named as the parameter tree
   names them (a hybrid model's Gated DeltaNet layers are not among them)."""
   if not config.num_experts:
@@ -50,12 +51,14 @@ def _stack_sizes(config) -> dict[str, int]:
   return sizes
 
 
-def attention_layers(config) -> int:
+def attention_layers(config: model_config.ModelConfig) -> int:
   """Layers that keep keys and values (all but Gated DeltaNet ones)."""
   return sum(_stack_sizes(config).values())
 
 
-def entry_shapes(config) -> dict[str, tuple[int, ...]]:
+def entry_shapes(
+    config: model_config.ModelConfig,
+) -> dict[str, tuple[int, ...]]:
   """The per-token, per-layer shape of each cache entry."""
   if config.attention_type == "mla":
     return {
@@ -66,7 +69,9 @@ def entry_shapes(config) -> dict[str, tuple[int, ...]]:
   return {"k": kv, "v": kv}
 
 
-def init_entries(config, batch: int, length: int) -> Cache:
+def init_entries(
+    config: model_config.ModelConfig, batch: int, length: int
+) -> Cache:
   """The attention layers' zero entries: `batch` rows (or pages) of
   `length` positions."""
   dtype = jnp.dtype(config.compute_dtype)
@@ -79,7 +84,7 @@ def init_entries(config, batch: int, length: int) -> Cache:
   }
 
 
-def init_states(config, batch: int) -> Cache:
+def init_states(config: model_config.ModelConfig, batch: int) -> Cache:
   """The Gated DeltaNet layers' states before any token, `batch` rows:
   {"linear_layers": State of [L, B, ...] leaves}, or {} without them."""
   count = transformer.num_linear_layers(config)
@@ -95,13 +100,13 @@ def init_states(config, batch: int) -> Cache:
   }
 
 
-def init(config, batch: int, length: int) -> Cache:
+def init(config: model_config.ModelConfig, batch: int, length: int) -> Cache:
   """A zero cache of `batch` rows and `length` positions (with a hybrid
   model's zero recurrent states)."""
   return {**init_entries(config, batch, length), **init_states(config, batch)}
 
 
-def bytes_per_token(config) -> int:
+def bytes_per_token(config: model_config.ModelConfig) -> int:
   """Key/value bytes one token of one row takes, over all layers."""
   per_layer = sum(int(np.prod(s)) for s in entry_shapes(config).values())
   return (
@@ -111,7 +116,7 @@ def bytes_per_token(config) -> int:
   )
 
 
-def state_bytes_per_row(config) -> int:
+def state_bytes_per_row(config: model_config.ModelConfig) -> int:
   """Bytes of one row's Gated DeltaNet states over all layers (0 for a
   model without them): fixed, whatever the sequence's length. Arithmetic
   only (no tracing), so a decoder may ask it on every call."""
@@ -123,7 +128,7 @@ def state_bytes_per_row(config) -> int:
   )
 
 
-def expanded_bytes_per_token(config) -> int:
+def expanded_bytes_per_token(config: model_config.ModelConfig) -> int:
   """What caching MLA's expanded keys and values would take per token: the
   grouped-query cache of the same width (one key/value head per query head,
   keys N + R wide, values Dv wide). For a gqa config, `bytes_per_token`."""

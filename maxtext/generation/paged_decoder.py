@@ -28,27 +28,35 @@ summation order), computed differently:
   share a step, or on the number of slots.
 
 Programs and calls: a prefill call writes as many waiting contexts as a
-replica's free slots take (up to `EngineOptions.prefill_tokens` tokens);
-one admit call starts every continuation given a slot from one prefill
-call's contexts (their logits, recurrent states and partial pages' copies);
-a decode call runs up to `EngineOptions.chunk` steps on the device and
-returns early once `EngineOptions.refill` slots (1 by default) have
-finished while sequences wait, so a slot is refilled within a step of
-freeing. A rollout whose rows all have slots is
-thus one prefill, one admit and one decode call, however many contexts and
-samples it has. Each call takes its host values as one array or a few (a
-transfer each, not a program); a decode call takes one (its slots' values
-and page tables, `_SLOT_COLUMNS`) and returns its results to the host as
-one (`_pack_decoded`). Between two decode calls the host thus makes a
-transfer each way, an admit call (a program and a transfer) for the slots
-it refills, and bookkeeping whose loops run over the slots that finished,
-are refilled or take pages (the new ids go into their rows as whole
-arrays). Prefill is compiled once per length bucket
-of a call's longest context (the decoder's `cache_length` buckets) and
-power-of-two number of contexts; the decode program once per power-of-two
-number of pages a slot may see (`view` buckets up to the pages of the
-longest sequence's bucket): all of them on a process's first call of its
-shapes (`_Run.warm_up`). None depends on a request.
+replica's free slots take (up to `EngineOptions.prefill_tokens` tokens),
+and one stage call copies their logits and recurrent states into the
+engine's ready buffers. Each replica's continuations of prefilled
+contexts wait in its queue (their pages taken: the context's shared
+ones, a partial page's copy, their first chunk's), which travels with
+every decode call: at the call's start and after each step, the slots
+that are free take the queue's next continuations on the device (their
+values, page tables, logits and states from the ready buffers, their
+partial pages' copies). A decode call runs up to `EngineOptions.chunk`
+steps and returns early once `EngineOptions.refill` sequences (1 by
+default) have finished with no queued continuation to take their slots
+while others wait for a prefill, so a slot waits at most a step for a
+context the host has yet to prefill, and none for one already
+prefilled. A rollout whose rows all have slots is thus one prefill, one
+stage and one decode call, however many contexts and samples it has.
+Each call takes its host values as one array or a few (a transfer each,
+not a program); a decode call takes one (its slots' values, page tables
+and queue, `_SLOT_COLUMNS`, `_QUEUE_COLUMNS`) and returns its results to
+the host as one (`_unpack_decoded`: each step's id, log-probability, row
+and step per slot, and the slots' values after the call). Between two
+decode calls the host thus makes a transfer each way and bookkeeping
+whose loops run over the sequences that finished or started, and the
+slots that take pages (the new ids go into their rows as whole arrays).
+Prefill is compiled once per length bucket of a call's longest context
+(the decoder's `cache_length` buckets) and power-of-two number of
+contexts; the decode program once per power-of-two number of pages a
+slot may see (`view` buckets up to the pages of the longest sequence's
+bucket): all of them on a process's first call of its shapes
+(`_Run.warm_up`). None depends on a request.
 
 Admission reserves, for every admitted sequence, the pages it may still
 need (its context plus its `max_new_tokens`), so a running sequence never
@@ -136,14 +144,15 @@ class EngineOptions:
       max_new_tokens: every slot's longest sequence plus one waiting
       context per replica, for R = 1 the static decoder's cache for
       num_slots + 1 rows.
-    chunk: most decode steps one program call runs before the host
-      refills slots (it returns early when slots free while sequences
-      wait: `refill`).
-    refill: while sequences wait for a slot, a replica's decode call
-      returns when this many of its sequences have finished (or as many
-      as wait, if fewer): 1 refills each slot within a step of its
-      freeing; more trades idle slot steps for fewer calls, and so for
-      less of the host's work between calls.
+    chunk: most decode steps one program call runs (its freed slots
+      take queued continuations within the call; it returns early when
+      slots free while sequences wait for a prefill: `refill`).
+    refill: while sequences wait beyond a replica's queue (for a prefill,
+      or for pages), its decode call returns when this many of its
+      sequences have finished with no queued continuation to take their
+      slots (or as many as wait, if fewer): 1 refills each such slot
+      within a step of its freeing; more trades idle slot steps for fewer
+      calls, and so for less of the host's work between calls.
     prefill_tokens: most context tokens one prefill call writes per
       replica (its contexts x their length bucket): a call prefills as
       many waiting contexts as the replica's free slots take, up to this,
@@ -218,7 +227,7 @@ def _pages(positions: int, page_size: int) -> int:
 
 
 def pool_sharding(
-    config, mesh: Optional[jax.sharding.Mesh]
+    config: model_config.ModelConfig, mesh: Optional[jax.sharding.Mesh]
 ) -> Optional[jax.sharding.NamedSharding]:
   """Where the page pool's [L, N, P, K, D] leaves live on `mesh` (None:
   one device): the pages split over the data-parallel replicas (the mesh's
@@ -228,7 +237,7 @@ def pool_sharding(
   return layout.sharding(layout.pool_spec())
 
 
-def kernel_fits(config, layout) -> Optional[str]:
+def kernel_fits(config: model_config.ModelConfig, layout) -> Optional[str]:
   """Why the ragged paged attention kernel cannot serve this model and
   layout, or None when it can: grouped-query attention (MLA's latents are
   not keys and values), a pool whose heads are not split over a tensor
@@ -245,7 +254,9 @@ def kernel_fits(config, layout) -> Optional[str]:
   return None
 
 
-def attention_of(engine: EngineOptions, config, layout):
+def attention_of(
+    engine: EngineOptions, config: model_config.ModelConfig, layout
+):
   """`engine.attention` resolved: "gather" or the kernel
   (`paged_model.Attention`).
 
@@ -263,7 +274,16 @@ def attention_of(engine: EngineOptions, config, layout):
 
 
 def _prefill_body(
-    params, pool, states, logits, tokens, bounds, tables, *, config, attention
+    params,
+    pool,
+    states,
+    logits,
+    tokens,
+    bounds,
+    tables,
+    *,
+    config: model_config.ModelConfig,
+    attention,
 ):
   """One replica's prefill of a chunk of its C contexts.
 
@@ -323,7 +343,7 @@ def _prefill(
     bounds,
     tables,
     *,
-    config,
+    config: model_config.ModelConfig,
     layout,
     attention,
 ):
@@ -379,7 +399,9 @@ def _prefill(
     jax.jit,
     static_argnames=("config", "num_pages", "page_size", "layout", "attention"),
 )
-def _empty_pool(*, config, num_pages, page_size, layout, attention):
+def _empty_pool(
+    *, config: model_config.ModelConfig, num_pages, page_size, layout, attention
+):
   """A zero pool for `attention`, placed by `layout`."""
   return layout.constrain(
       paged_model.init_pool(config, num_pages, page_size, attention),
@@ -387,185 +409,113 @@ def _empty_pool(*, config, num_pages, page_size, layout, attention):
   )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "slots", "layout"))
-def _empty_slots(*, config, slots, layout):
-  """Every slot's zero recurrent states ({} for a model without recurrent
-  layers) and next-token logits, split over the replicas."""
-  return (
-      layout.constrain(kv_cache.init_states(config, slots), layout.split(1)),
-      layout.constrain(
-          jnp.zeros((slots, config.vocab_size), jnp.float32), layout.split(0)
-      ),
-  )
-
-
 @functools.partial(
-    jax.jit, static_argnames=("layout", "copies"), donate_argnums=(0, 1, 2)
+    jax.jit, static_argnames=("config", "slots", "ready", "layout")
 )
-def _admit(
-    pool,
-    states,
-    logits,
-    context_logits,
-    context_states,
-    entries,
-    *,
-    layout,
-    copies,
-):
-  """Starts admitted continuations in their slots: every replica's, from
-  one prefill call's contexts, in one call.
+def _empty_slots(*, config: model_config.ModelConfig, slots, ready, layout):
+  """Every slot's zero recurrent states ({} for a model without recurrent
+  layers) and next-token logits, and the same for `ready` rows of the
+  ready buffers (`_stage`), split over the replicas: (states, logits,
+  ready states, ready logits)."""
+
+  def zeros(rows):
+    return (
+        layout.constrain(kv_cache.init_states(config, rows), layout.split(1)),
+        layout.constrain(
+            jnp.zeros((rows, config.vocab_size), jnp.float32), layout.split(0)
+        ),
+    )
+
+  return zeros(slots) + zeros(ready)
+
+
+@functools.partial(jax.jit, static_argnames=("layout",), donate_argnums=(0, 1))
+def _stage(ready_logits, ready_states, logits, states, rows, *, layout):
+  """Copies a prefill call's contexts' logits and recurrent states into the
+  engine's ready buffers, where decode calls start their continuations.
 
   Args:
-    pool, states, logits: the engine's.
-    context_logits, context_states: a `_prefill` call's logits [R * C, V]
-      and recurrent states [L, R * C, ...].
-    entries: int32 [R * A, 4]: replica r's A entries in rows r * A ..
-      (r + 1) * A - 1, each (slot, source, copy_from, copy_to): a local
-      slot (S / R for none: the scatters drop it), its context's local row
-      of the prefill call (C rows a replica), and its partial page's copy
-      (local page ids; copy_to N / R for none).
+    ready_logits, ready_states: the engine's [R * 2C, V] and
+      [L, R * 2C, ...] (each replica's 2C rows: two generations of its C
+      contexts, `_Run.prefill`).
+    logits, states: a `_prefill` call's [R * c, V] and [L, R * c, ...].
+    rows: int32 [R * c]: each prefilled row's local ready row (2C for
+      none: the scatter drops it).
     layout: static (`replica_layout.Layout`).
-    copies: static: whether any entry copies a page (else the pool is
-      returned untouched).
 
   Returns:
-    (pool, states, logits): each entry's slot holds its context's logits
-    and states, its copied page its context's partial page.
+    (ready_logits, ready_states).
   """
 
-  def body(pool, states, logits, context_logits, context_states, entries):
-    slots, sources, copy_from, copy_to = (entries[:, i] for i in range(4))
-    logits = logits.at[slots].set(context_logits[sources], mode="drop")
-    states = jax.tree_util.tree_map(
-        lambda x, c: x.at[:, slots].set(c[:, sources], mode="drop"),
-        states,
-        context_states,
+  def body(ready_logits, ready_states, logits, states, rows):
+    ready_logits = ready_logits.at[rows].set(logits, mode="drop")
+    ready_states = jax.tree_util.tree_map(
+        lambda x, c: x.at[:, rows].set(c, mode="drop"), ready_states, states
     )
-    if copies:
-      pool = jax.tree_util.tree_map(
-          lambda x: x.at[:, copy_to].set(x[:, copy_from], mode="drop"), pool
-      )
-    return pool, states, logits
+    return ready_logits, ready_states
 
   split = layout.split
-  pool, states, logits = layout.per_replica(
+  ready_logits, ready_states = layout.per_replica(
       body,
-      in_specs=(split(1), split(1), split(0), split(0), split(1), split(0)),
-      out_specs=(split(1), split(1), split(0)),
-  )(pool, states, logits, context_logits, context_states, entries)
+      in_specs=(split(0), split(1), split(0), split(1), split(0)),
+      out_specs=(split(0), split(1)),
+  )(ready_logits, ready_states, logits, states, rows)
   return (
-      layout.constrain(pool, layout.pool_spec()),
-      layout.constrain(states, split(1)),
-      layout.constrain(logits, split(0)),
+      layout.constrain(ready_logits, split(0)),
+      layout.constrain(ready_states, split(1)),
   )
 
 
-# The columns of the decode program's per-slot values: one int32 array
-# [S, _SLOT_COLUMNS + view], so a call moves them to the device at once:
-# each slot's steps (the ids its sequence has so far), position (where its
-# next id goes), budget (its max_new_tokens), row (its draws' key), active
-# (1: it holds a running sequence), its replica's stop_after (the
-# sequences finished at which the call returns), then its page table's
-# first `view` pages (local page ids of the slot's replica).
-_STEPS, _POSITIONS, _BUDGETS, _ROWS, _ACTIVE, _STOP_AFTER = range(6)
-_SLOT_COLUMNS = 6
+# The decode program's per-slot values: one int32 array [S, _SLOT_COLUMNS
+# + view + _QUEUE_COLUMNS + view], so a call moves them to the device at
+# once. Each slot's steps (the ids its sequence has so far), position
+# (where its next id goes), budget (its max_new_tokens), row (its draws'
+# key), active (1: it holds a running sequence), its replica's stop_after
+# (the finished sequences left without a successor at which the call
+# returns) and queued (the replica's continuations waiting in its queue),
+# then its page table's first `view` pages (local page ids of the slot's
+# replica). Then row i of a replica's block is the i-th continuation of its
+# queue: the first slot to free takes it on the device, within the call.
+_STEPS, _POSITIONS, _BUDGETS, _ROWS, _ACTIVE, _STOP_AFTER, _QUEUED = range(7)
+_SLOT_COLUMNS = 7
+# A queued continuation: its position, budget and row (a slot's), its
+# context's row in the ready buffers, its partial page's copy (local page
+# ids; copy_to N / R for none), then its page table's first `view` pages.
+_Q_POSITION, _Q_BUDGET, _Q_ROW, _Q_SOURCE, _Q_COPY_FROM, _Q_COPY_TO = range(6)
+_QUEUE_COLUMNS = 6
+# A decode call's results, per slot: `_RECORDS` [S, chunk] int32 arrays
+# (the id drawn at step k, its log-probability's float32 bits, the row and
+# step it belongs to (row -1: the slot held none), 1 where it ended its
+# sequence), then `_FINALS` values after the call (steps, position,
+# active, row, the replica's continuations taken from its queue, the steps
+# the call ran).
+_RECORDS = 5
+_FINAL_STEPS, _FINAL_POSITIONS, _FINAL_ACTIVE, _FINAL_ROWS = range(4)
+_FINAL_TAKEN, _FINAL_CALL_STEPS = 4, 5
+_FINALS = 6
 
 
-def _pack_decoded(ids, log_probs, steps, active):
-  """A decode call's results as one int32 array [S, 2 * chunk + 2] (one
-  transfer to the host): ids, log-probabilities (their float32 bits),
-  steps, active."""
-  return jnp.concatenate(
-      [
-          ids,
-          jax.lax.bitcast_convert_type(log_probs, jnp.int32),
-          steps[:, None],
-          active[:, None].astype(jnp.int32),
-      ],
-      axis=1,
-  )
+class _Decoded(NamedTuple):
+  """A decode call's results on the host (`_unpack_decoded`)."""
+
+  ids: np.ndarray  # int32 [S, chunk]
+  log_probs: np.ndarray  # float32 [S, chunk]
+  rows: np.ndarray  # int32 [S, chunk]: -1 where the slot held no sequence
+  steps: np.ndarray  # int32 [S, chunk]: the id's step in its row
+  done: np.ndarray  # bool [S, chunk]: the id ended its sequence
+  finals: np.ndarray  # int32 [S, _FINALS]
 
 
-def _unpack_decoded(packed: np.ndarray, chunk: int) -> tuple:
-  """`_pack_decoded`'s array on the host: (ids int32 [S, chunk], log_probs
-  float32 [S, chunk], steps [S], active [S])."""
-  return (
-      packed[:, :chunk],
-      packed[:, chunk : 2 * chunk].view(np.float32),
-      packed[:, 2 * chunk],
-      packed[:, 2 * chunk + 1] > 0,
-  )
-
-
-def _decode_body(
-    params,
-    pool,
-    states,
-    logits,
-    slot_inputs,
-    seed_key,
-    temperature,
-    top_k,
-    top_p,
-    stop_ids,
-    allowed_vocab,
-    *,
-    config,
-    chunk: int,
-    greedy: bool,
-    filtered: bool,
-    replicas: int,
-    attention,
-):
-  """One replica's `_decode` on its blocks (its slots' rows of
-  `slot_inputs`).
-
-  A while loop of `_decode_step`s, as long as `_keep_decoding` says.
-  """
-  slots = logits.shape[0]
-  steps, positions, budgets, rows = (
-      slot_inputs[:, column] for column in (_STEPS, _POSITIONS, _BUDGETS, _ROWS)
-  )
-  active = slot_inputs[:, _ACTIVE] > 0
-  tables = slot_inputs[:, _SLOT_COLUMNS:]
-  # Every slot of a replica holds the replica's value.
-  stop_after = slot_inputs[0, _STOP_AFTER]
-  step = functools.partial(
-      _decode_step,
-      params=params,
-      tables=tables,
-      rows=rows,
-      budgets=budgets,
-      seed_key=seed_key,
-      draw=(temperature, top_k, top_p, allowed_vocab),
-      stop_ids=stop_ids,
-      config=config,
-      greedy=greedy,
-      filtered=filtered,
-      attention=attention,
-  )
-  keep_decoding = functools.partial(
-      _keep_decoding, stop_after=stop_after, chunk=chunk, replicas=replicas
-  )
-  carry = _DecodeCarry(
-      k=jnp.int32(0),
-      pool=pool,
-      states=states,
-      logits=logits,
-      steps=steps,
-      positions=positions,
-      active=active,
-      finished=jnp.int32(0),
-      ids=jnp.full((slots, chunk), sampling.PAD_ID, jnp.int32),
-      log_probs=jnp.zeros((slots, chunk), jnp.float32),
-  )
-  out = jax.lax.while_loop(keep_decoding, step, carry)
-  return (
-      out.pool,
-      out.states,
-      out.logits,
-      _pack_decoded(out.ids, out.log_probs, out.steps, out.active),
+def _unpack_decoded(packed: np.ndarray, chunk: int) -> _Decoded:
+  """`_decode`'s packed int32 [S, _RECORDS * chunk + _FINALS] on the host."""
+  parts = [packed[:, i * chunk : (i + 1) * chunk] for i in range(_RECORDS)]
+  return _Decoded(
+      ids=parts[0],
+      log_probs=parts[1].view(np.float32),
+      rows=parts[2],
+      steps=parts[3],
+      done=parts[4] > 0,
+      finals=packed[:, _RECORDS * chunk :],
   )
 
 
@@ -579,10 +529,14 @@ class _DecodeCarry(NamedTuple):
     logits: float32 [S, V]: each slot's next-token logits.
     steps: int32 [S]: the ids each slot's sequence has so far.
     positions: int32 [S]: where each slot's next id goes.
+    budgets: int32 [S]: each slot's sequence's max_new_tokens.
+    rows: int32 [S]: each slot's sequence's row (its draws' key).
+    tables: int32 [S, view]: each slot's pages.
     active: bool [S]: the slots whose sequence is still running.
     finished: int32: sequences finished in this call.
-    ids: int32 [S, chunk]: the ids drawn, step k in column k.
-    log_probs: float32 [S, chunk]: their log-probabilities.
+    refilled: int32: slots the queue refilled after the call's first step.
+    taken: int32: continuations taken from the queue in this call.
+    records: int32 [_RECORDS, S, chunk]: `_unpack_decoded`'s records.
   """
 
   k: Any
@@ -591,10 +545,181 @@ class _DecodeCarry(NamedTuple):
   logits: Any
   steps: Any
   positions: Any
+  budgets: Any
+  rows: Any
+  tables: Any
   active: Any
   finished: Any
-  ids: Any
-  log_probs: Any
+  refilled: Any
+  taken: Any
+  records: Any
+
+
+class _Queue(NamedTuple):
+  """A replica's queued continuations and its ready buffers, on the device
+  (`_decode_body`)."""
+
+  entries: Any  # int32 [S, _QUEUE_COLUMNS + view]
+  length: Any  # int32: entries queued
+  logits: Any  # float32 [2C, V]
+  states: Any  # [L, 2C, ...]
+
+
+def _take_queued(carry: _DecodeCarry, queue: _Queue, refill: bool):
+  """The free slots take the queue's next continuations, in slot order:
+  their values, pages, logits and states, and their partial pages' copies.
+  A step that frees no slot, or leaves the queue empty, changes nothing
+  (`lax.cond`: no copies run)."""
+  free = ~carry.active
+  index = carry.taken + jnp.cumsum(free) - 1
+  take = free & (index < queue.length)
+
+  def start(carry):
+    entry = queue.entries[jnp.clip(index, 0, queue.entries.shape[0] - 1)]
+    source = entry[:, _Q_SOURCE]
+    pages = jax.tree_util.tree_leaves(carry.pool)[0].shape[1]
+    copy_to = jnp.where(take, entry[:, _Q_COPY_TO], pages)
+    copy_from = entry[:, _Q_COPY_FROM]
+    pool = jax.tree_util.tree_map(
+        lambda x: x.at[:, copy_to].set(x[:, copy_from], mode="drop"),
+        carry.pool,
+    )
+
+    # The taking slots' rows of [L, S, ...] from [L, 2C, ...]; a slot that
+    # takes nothing scatters to row S, which is dropped.
+    into = jnp.where(take, jnp.arange(take.shape[0]), take.shape[0])
+
+    def per_slot(x, ready):
+      return x.at[:, into].set(ready[:, source], mode="drop")
+
+    count = jnp.sum(take).astype(jnp.int32)
+    return carry._replace(
+        pool=pool,
+        states=jax.tree_util.tree_map(per_slot, carry.states, queue.states),
+        logits=jnp.where(take[:, None], queue.logits[source], carry.logits),
+        steps=jnp.where(take, 0, carry.steps),
+        positions=jnp.where(take, entry[:, _Q_POSITION], carry.positions),
+        budgets=jnp.where(take, entry[:, _Q_BUDGET], carry.budgets),
+        rows=jnp.where(take, entry[:, _Q_ROW], carry.rows),
+        tables=jnp.where(
+            take[:, None], entry[:, _QUEUE_COLUMNS:], carry.tables
+        ),
+        active=carry.active | take,
+        refilled=carry.refilled + count if refill else carry.refilled,
+        taken=carry.taken + count,
+    )
+
+  return jax.lax.cond(jnp.any(take), start, lambda carry: carry, carry)
+
+
+def _decode_body(
+    params,
+    pool,
+    states,
+    logits,
+    ready_logits,
+    ready_states,
+    slot_inputs,
+    seed_key,
+    temperature,
+    top_k,
+    top_p,
+    stop_ids,
+    allowed_vocab,
+    *,
+    config: model_config.ModelConfig,
+    chunk: int,
+    greedy: bool,
+    filtered: bool,
+    replicas: int,
+    attention,
+):
+  """One replica's `_decode` on its blocks (its slots' rows of
+  `slot_inputs`, its ready buffers).
+
+  The free slots take queued continuations, then a while loop of
+  `_decode_step`s, each followed by the freed slots taking the queue's
+  next ones, as long as `_keep_decoding` says.
+  """
+  view = (slot_inputs.shape[1] - _SLOT_COLUMNS - _QUEUE_COLUMNS) // 2
+  queue = _Queue(
+      entries=slot_inputs[:, _SLOT_COLUMNS + view :],
+      length=slot_inputs[0, _QUEUED],
+      logits=ready_logits,
+      states=ready_states,
+  )
+  # Every slot of a replica holds the replica's stop_after and queued.
+  step = functools.partial(
+      _decode_step,
+      params=params,
+      seed_key=seed_key,
+      draw=(temperature, top_k, top_p, allowed_vocab),
+      stop_ids=stop_ids,
+      config=config,
+      greedy=greedy,
+      filtered=filtered,
+      attention=attention,
+  )
+  keep_decoding = functools.partial(
+      _keep_decoding,
+      stop_after=slot_inputs[0, _STOP_AFTER],
+      chunk=chunk,
+      replicas=replicas,
+  )
+  carry = _first_carry(
+      pool, states, logits, slot_inputs[:, : _SLOT_COLUMNS + view], chunk
+  )
+  carry = _take_queued(carry, queue, refill=False)
+  out = jax.lax.while_loop(
+      keep_decoding,
+      lambda carry: _take_queued(step(carry), queue, refill=True),
+      carry,
+  )
+  return out.pool, out.states, out.logits, _results(out)
+
+
+def _first_carry(pool, states, logits, slot_inputs, chunk: int):
+  """The decode loop's `_DecodeCarry` at a call's start, from its slots'
+  values and tables (`slot_inputs` [S, _SLOT_COLUMNS + view])."""
+  column = functools.partial(jnp.take, slot_inputs, axis=1)
+  return _DecodeCarry(
+      k=jnp.int32(0),
+      pool=pool,
+      states=states,
+      logits=logits,
+      steps=column(_STEPS),
+      positions=column(_POSITIONS),
+      budgets=column(_BUDGETS),
+      rows=column(_ROWS),
+      tables=slot_inputs[:, _SLOT_COLUMNS:],
+      active=column(_ACTIVE) > 0,
+      finished=jnp.int32(0),
+      refilled=jnp.int32(0),
+      taken=jnp.int32(0),
+      # Rows -1 in the columns of steps the call does not take.
+      records=jnp.full((_RECORDS, logits.shape[0], chunk), 0, jnp.int32)
+      .at[2]
+      .set(-1),
+  )
+
+
+def _results(out):
+  """A replica's results of a call (`_DecodeCarry` after its loop): int32
+  [S, _RECORDS * chunk + _FINALS] (`_unpack_decoded`)."""
+  slots = out.steps.shape[0]
+  finals = jnp.stack(
+      [
+          out.steps,
+          out.positions,
+          out.active.astype(jnp.int32),
+          out.rows,
+          jnp.full((slots,), out.taken, jnp.int32),
+          jnp.full((slots,), out.k, jnp.int32),
+      ],
+      axis=1,
+  )
+  records = jnp.concatenate(list(out.records), axis=1)
+  return jnp.concatenate([records, finals], axis=1)
 
 
 def _keep_decoding(
@@ -603,13 +728,16 @@ def _keep_decoding(
   """Whether the decode loop takes another step.
 
   While fewer than `chunk` steps are taken, some slot runs, and fewer than
-  `stop_after` sequences have finished.
+  `stop_after` sequences have finished without a queued continuation to
+  take their slots.
   """
-  going = jnp.stack([jnp.any(carry.active), carry.finished >= stop_after])
+  going = jnp.stack(
+      [jnp.any(carry.active), carry.finished - carry.refilled >= stop_after]
+  )
   if replicas > 1:
     # Every replica steps while any has a running slot and none has
-    # finished the sequences its host waits for: the one integer pair
-    # the replicas exchange a step.
+    # left the slots its host waits for idle: the one integer pair the
+    # replicas exchange a step.
     going = jax.lax.psum(going.astype(jnp.int32), mesh_lib.DATA_AXIS)
   return (carry.k < chunk) & (going[0] > 0) & (going[1] == 0)
 
@@ -618,13 +746,10 @@ def _decode_step(
     carry: _DecodeCarry,
     *,
     params,
-    tables,
-    rows,
-    budgets,
     seed_key,
     draw,
     stop_ids,
-    config,
+    config: model_config.ModelConfig,
     greedy: bool,
     filtered: bool,
     attention,
@@ -632,24 +757,32 @@ def _decode_step(
   """One decode step of every slot: draw an id, then run the model on it.
 
   Each active slot draws its next id (the key folded from its row and
-  step), records it and its log-probability in column k, and finishes on
-  a stop id or its budget; the others run the model on their id.
+  step), records it, its log-probability, its row and step in column k,
+  and finishes on a stop id or its budget; the others run the model on
+  their id.
   """
   keys = jax.vmap(
       lambda r, s: jax.random.fold_in(jax.random.fold_in(seed_key, r), s)
-  )(rows, carry.steps)
+  )(carry.rows, carry.steps)
   token, log_prob = sampling.choose_with_log_prob(
       carry.logits, keys, *draw, greedy=greedy, filtered=filtered
   )
   active = carry.active
   token = jnp.where(active, token, sampling.PAD_ID)
-  ids = carry.ids.at[:, carry.k].set(token)
-  log_probs = carry.log_probs.at[:, carry.k].set(
-      jnp.where(active, log_prob, 0.0)
-  )
   steps = carry.steps + active
-  done = active & (jnp.isin(token, stop_ids) | (steps >= budgets))
+  done = active & (jnp.isin(token, stop_ids) | (steps >= carry.budgets))
   live = active & ~done
+  column = jnp.stack(
+      [
+          token,
+          jax.lax.bitcast_convert_type(
+              jnp.where(active, log_prob, 0.0).astype(jnp.float32), jnp.int32
+          ),
+          jnp.where(active, carry.rows, -1),
+          carry.steps,
+          done.astype(jnp.int32),
+      ]
+  )
   # A finished sequence's last id needs no entry: nothing reads it.
   hidden, pool, states = paged_model.forward(
       params,
@@ -657,12 +790,12 @@ def _decode_step(
       carry.positions[:, None],
       live[:, None],
       carry.pool,
-      tables,
+      carry.tables,
       config,
       carry.states,
       attention,
   )
-  return _DecodeCarry(
+  return carry._replace(
       k=carry.k + 1,
       pool=pool,
       states=states,
@@ -670,9 +803,8 @@ def _decode_step(
       steps=steps,
       positions=carry.positions + live,
       active=live,
-      finished=carry.finished + jnp.sum(done),
-      ids=ids,
-      log_probs=log_probs,
+      finished=carry.finished + jnp.sum(done).astype(jnp.int32),
+      records=carry.records.at[:, :, carry.k].set(column),
   )
 
 
@@ -693,6 +825,8 @@ def _decode(
     pool,
     states,
     logits,
+    ready_logits,
+    ready_states,
     slot_inputs,
     seed_key,
     temperature,
@@ -701,24 +835,30 @@ def _decode(
     stop_ids,
     allowed_vocab,
     *,
-    config,
+    config: model_config.ModelConfig,
     chunk: int,
     greedy: bool,
     filtered: bool,
     layout,
     attention,
 ):
-  """Up to `chunk` decode steps of every slot.
+  """Up to `chunk` decode steps of every slot, each freed slot taking its
+  replica's next queued continuation.
 
   Args:
     params: the model's parameters.
     pool: the page pool.
     states: the slots' recurrent states ({} without recurrent layers).
     logits: float32 [S, V]: each slot's next-token logits.
-    slot_inputs: int32 [S, _SLOT_COLUMNS + W]: each slot's values in the
-      columns `_STEPS` .. `_STOP_AFTER` (the call returns once any replica
-      has finished its slots' stop_after sequences), then its page table
-      (W pages, local ids of the slot's replica).
+    ready_logits, ready_states: the prefilled contexts' logits [R * 2C, V]
+      and states [L, R * 2C, ...] (`_stage`), which queued continuations
+      start from.
+    slot_inputs: int32 [S, _SLOT_COLUMNS + W + _QUEUE_COLUMNS + W]: each
+      slot's values in the columns `_STEPS` .. `_QUEUED` (the call returns
+      once any replica has left its slots' stop_after finished sequences
+      without a successor), then its page table (W pages, local ids of the
+      slot's replica), then its replica's queue (`_Q_POSITION` ..; one
+      continuation a row).
     seed_key, temperature, top_k, top_p, stop_ids, allowed_vocab: as
       `decoder._generate`.
     config, chunk, greedy, filtered: static.
@@ -727,10 +867,8 @@ def _decode(
     attention: static: `attention_of`'s.
 
   Returns:
-    (pool, states, logits, decoded): decoded is `_pack_decoded`'s int32
-    [S, 2 * chunk + 2] of the ids, log-probabilities, steps and active
-    flags (a slot's new ids are the first (new steps - old steps) of its
-    row), whole on every device.
+    (pool, states, logits, decoded): decoded is the int32 [S, _RECORDS *
+    chunk + _FINALS] of `_unpack_decoded`, whole on every device.
   """
   split = layout.split
   per_replica = _decode_per_replica(
@@ -741,6 +879,8 @@ def _decode(
       pool,
       states,
       logits,
+      ready_logits,
+      ready_states,
       slot_inputs,
       seed_key,
       temperature,
@@ -759,12 +899,14 @@ def _decode(
   )
 
 
-def _decode_per_replica(layout, config, chunk, greedy, filtered, attention):
+def _decode_per_replica(
+    layout, config: model_config.ModelConfig, chunk, greedy, filtered, attention
+):
   """`_decode_body` run on each replica's blocks of `_decode`'s arguments.
 
-  The per-slot arrays and the recurrent states are split on their slot
-  dimension, the pool on its pages; parameters and the draw's settings
-  are whole on every replica.
+  The per-slot arrays, the ready buffers and the recurrent states are
+  split on their slot (row) dimension, the pool on its pages; parameters
+  and the draw's settings are whole on every replica.
   """
   split = layout.split
   return layout.per_replica(
@@ -777,57 +919,53 @@ def _decode_per_replica(layout, config, chunk, greedy, filtered, attention):
           replicas=layout.replicas,
           attention=attention,
       ),
-      # params, pool, states, logits, slot_inputs, the draw's six values.
-      in_specs=(P(), split(1), split(1), split(0), split(0)) + (P(),) * 6,
+      # params, pool, states, logits, ready logits and states, slot_inputs,
+      # the draw's six values.
+      in_specs=(P(), split(1), split(1), split(0), split(0), split(1))
+      + (split(0),)
+      + (P(),) * 6,
       out_specs=(split(1), split(1), split(0), split(0)),
   )
 
 
 @dataclasses.dataclass
-class _Prefilled:
-  """One prefill call's outputs, on the device: its contexts' logits
-  [R * C, V] and recurrent states [L, R * C, ...] ({} without them)."""
-
-  logits: Any
-  states: Any
-
-
-@dataclasses.dataclass
 class _Context:
-  """A prefilled context: its replica, pages and the continuations yet to
-  start."""
+  """A prefilled context: its replica, pages, row in its replica's ready
+  buffers and the continuations yet to queue."""
 
   replica: int
   length: int
   pages: list  # Local ids in its replica's block.
-  prefilled: _Prefilled
-  row: int  # Its row among its replica's C rows of the prefill call.
+  row: int  # Its local row in the ready buffers.
   waiting: int
 
 
 @dataclasses.dataclass
 class _Sequence:
-  """A continuation in a slot."""
+  """A continuation, queued or in a slot."""
 
   row: int
   length: int  # Its context's.
   budget: int
   pages: list
   unallocated: int  # Pages reserved for it, not yet taken from the pool.
+  replica: int
 
 
 @dataclasses.dataclass
-class _Admission:
-  """A continuation given a slot, whose logits (and states, and partial
-  page's copy) the device has yet to set."""
+class _Queued:
+  """A continuation in its replica's queue: the first slot to free on the
+  device takes it, with its context's logits and states from the ready
+  buffers' row `source` and its partial page's copy."""
 
-  replica: int
-  slot: int  # Local to the replica.
-  context: _Context
+  seq: _Sequence
+  source: int
   copy: Optional[tuple[int, int]]  # (source, target) local page ids.
 
 
-def table_width(config, length: int, page_size: int) -> int:
+def table_width(
+    config: model_config.ModelConfig, length: int, page_size: int
+) -> int:
   """The pages of a slot's table for sequences of up to `length` positions
   (context plus max_new_tokens): the pages of the length bucket
   (`decoder.cache_length`), so the pool's and tables' shapes, and the
@@ -860,7 +998,9 @@ def pool_pages(
   return (slots + replicas) * width
 
 
-def prefill_length(config, longest: int, page_size: int) -> int:
+def prefill_length(
+    config: model_config.ModelConfig, longest: int, page_size: int
+) -> int:
   """The prefill program's tokens for contexts of up to `longest` ids: their
   length bucket, in whole pages."""
   bucket = decoder.cache_length(longest, config.max_sequence_length)
@@ -936,14 +1076,28 @@ class _Run:
   sequences, the rows' ids) and the device's pool, states and logits.
 
   Device calls: a prefill writes up to `most_contexts` contexts per
-  replica; one admit call starts every continuation admitted from one
-  prefill call's contexts (their logits, states and partial pages); a
-  decode call runs up to `engine.chunk` steps. Each takes its host values
-  as one array or a few.
+  replica, and one stage call copies their logits and states into the
+  ready buffers; a decode call runs up to `engine.chunk` steps, its free
+  slots taking the continuations queued for them. Each takes its host
+  values as one array or a few.
+
+  Each replica's ready buffers hold two generations of its prefilled
+  contexts (rows g * C .. (g + 1) * C - 1), written in turn: a replica is
+  prefilled when it has more free slots than queued continuations, none
+  ready, and no queued continuation starting from the generation the
+  prefill writes. (The next decode call starts every continuation queued
+  before then: they lead the queue, and there are free slots for them.)
   """
 
   def __init__(
-      self, params, config, contexts, budgets, options, shape, allowed_vocab
+      self,
+      params,
+      config: model_config.ModelConfig,
+      contexts,
+      budgets,
+      options,
+      shape,
+      allowed_vocab,
   ):
     self.params, self.config, self.contexts = params, config, contexts
     self.budgets, self.options = budgets, options
@@ -986,8 +1140,13 @@ class _Run:
     self.in_slot: list[Optional[_Sequence]] = [None] * self.slots
     self.to_prefill = collections.deque(range(len(contexts)))
     # Each replica's continuations of its prefilled contexts, waiting for
-    # a slot: (context index, sample, _Context).
+    # a place in its queue: (context index, sample, _Context).
     self.ready = [collections.deque() for _ in range(replicas)]
+    # Each replica's queued continuations (pages taken), in queue order.
+    self.queued = [collections.deque() for _ in range(replicas)]
+    # The generation (0 or 1) of each replica's ready buffer rows that
+    # its next prefill writes.
+    self.generation = [0] * replicas
     self.figures = collections.Counter()
     new = options.max_new_tokens
     self.ids = np.full((rows, new), sampling.PAD_ID, np.int32)
@@ -1000,8 +1159,13 @@ class _Run:
         layout=self.layout,
         attention=self.attention,
     )
-    self.states, self.logits = _empty_slots(
-        config=config, slots=self.slots, layout=self.layout
+    self.states, self.logits, self.ready_states, self.ready_logits = (
+        _empty_slots(
+            config=config,
+            slots=self.slots,
+            ready=replicas * 2 * self.most_contexts,
+            layout=self.layout,
+        )
     )
     self.sampling_args = _sampling_args(options, allowed_vocab, self.layout)
 
@@ -1018,22 +1182,27 @@ class _Run:
     takes_over = context.length % size and context.waiting == 1
     return lifetime - full - int(takes_over)
 
-  def prefill(self, assigned: dict, count: int, calls: int = 0) -> _Prefilled:
+  def prefill(self, assigned: dict, count: int, calls: int = 0) -> None:
     """Prefills the contexts assigned[r] (a list of (context index,
     pages)) into each replica r given, in calls of `count` contexts a
     replica and `self.chunk` positions, one per chunk of the longest (or
-    `calls`); returns their outputs."""
+    `calls`), and stages them in the ready buffers' next generation of
+    their replicas' rows."""
     rows = self.layout.replicas * count
     size = self.engine.page_size
     ids = np.full((rows, self.bucket), sampling.PAD_ID, np.int32)
     bounds = np.zeros((rows, 2), np.int32)
     table = np.zeros((rows, self.bucket // size), np.int32)
+    # Each prefilled row's ready row (2C: none).
+    ready_rows = np.full((rows,), 2 * self.most_contexts, np.int32)
     for replica, taken in assigned.items():
+      first = self.generation[replica] * self.most_contexts
       for c, (index, pages) in enumerate(taken):
         row = replica * count + c
         ids[row, : len(self.contexts[index])] = self.contexts[index]
         bounds[row, 1] = len(self.contexts[index])
         table[row, : len(pages)] = pages
+        ready_rows[row] = first + c
     put, split = self.layout.put, self.layout.split
     table = put(table, split(0))
     states, logits = None, None
@@ -1054,24 +1223,36 @@ class _Run:
       )
       if assigned:
         self.figures["prefill_calls"] += 1
-    prefilled = _Prefilled(logits, states)
+    self.ready_logits, self.ready_states = _stage(
+        self.ready_logits,
+        self.ready_states,
+        logits,
+        states,
+        put(ready_rows, split(0)),
+        layout=self.layout,
+    )
     for replica, taken in assigned.items():
       for c, (index, pages) in enumerate(taken):
         self.figures["prefill_passes"] += 1
         context = _Context(
-            replica, len(self.contexts[index]), pages, prefilled, c, self.g
+            replica,
+            len(self.contexts[index]),
+            pages,
+            int(ready_rows[replica * count + c]),
+            self.g,
         )
         self.ready[replica].extend(
             (index, sample, context) for sample in range(self.g)
         )
-    return prefilled
+      self.generation[replica] ^= 1
 
-  def admit(self, slot, index, sample, context) -> _Admission:
-    """Gives continuation `sample` of context `index` the slot, on the
-    host; returns the `_Admission` the device has yet to carry out."""
+  def queue(self, index, sample, context) -> _Queued:
+    """Queues continuation `sample` of context `index`: its pages (the
+    context's full pages shared, its partial page copied or taken over,
+    the pages of its first chunk) and its values for the slot that takes
+    it."""
     size = self.engine.page_size
-    replica = context.replica
-    book = self.books[replica]
+    book = self.books[context.replica]
     row = index * self.g + sample
     budget = self.budgets[row]
     full = context.length // size
@@ -1085,89 +1266,67 @@ class _Run:
         fresh -= 1
         copy = (context.pages[full], target)
         pages = pages + [target]
+        self.figures["page_copies"] += 1
       else:
         pages = pages + [context.pages[full]]
     context.waiting -= 1
     if not context.waiting:
       book.release(context.pages[:full])
-    self.in_slot[slot] = _Sequence(row, context.length, budget, pages, fresh)
-    self.reserved[replica] += fresh
-    self.tables[slot] = 0
-    self.tables[slot, : len(pages)] = pages
-    self.slot_pages[slot] = len(pages)
-    self.slot_ends[slot] = context.length + budget - 1
-    self.slot_values[slot, _STEPS] = 0
-    self.slot_values[slot, _POSITIONS] = context.length
-    self.slot_values[slot, _BUDGETS] = budget
-    self.slot_values[slot, _ROWS] = row
-    return _Admission(replica, slot % self.local_slots, context, copy)
+    self.reserved[context.replica] += fresh
+    seq = _Sequence(row, context.length, budget, pages, fresh, context.replica)
+    # The pages of its first chunk, which it may write in the call that
+    # starts it, at any of the call's steps.
+    self.take_pages(context.replica, seq, context.length + self.engine.chunk)
+    queued = _Queued(seq, context.row, copy)
+    self.queued[context.replica].append(queued)
+    return queued
 
-  def set_slots(self, admissions: list) -> None:
-    """Sets the admitted slots' logits and states, and copies their
-    partial pages, on the device: one call per prefill call the
-    admissions' contexts came from."""
-    groups = collections.defaultdict(list)
-    for admission in admissions:
-      groups[id(admission.context.prefilled)].append(admission)
-    width = self.local_slots
-    for group in groups.values():
-      # Columns: slot, source row, copy_from, copy_to; entries past a
-      # replica's slots or pages set nothing.
-      entries = np.zeros((self.layout.replicas * width, 4), np.int32)
-      entries[:, 0] = self.local_slots
-      entries[:, 3] = self.local_pages
-      used = collections.Counter()
-      for admission in group:
-        at = admission.replica * width + used[admission.replica]
-        used[admission.replica] += 1
-        entries[at, :2] = admission.slot, admission.context.row
-        if admission.copy is not None:
-          entries[at, 2:] = admission.copy
-          self.figures["page_copies"] += 1
-      prefilled = group[0].context.prefilled
-      self.call_admit(
-          prefilled, entries, any(a.copy is not None for a in group)
-      )
-
-  def call_admit(self, prefilled: _Prefilled, entries, copies: bool) -> None:
-    """One `_admit` call: entries int32 [R * S / R, 4] (slot, source row,
-    copy_from, copy_to)."""
-    self.pool, self.states, self.logits = _admit(
-        self.pool,
-        self.states,
-        self.logits,
-        prefilled.logits,
-        prefilled.states,
-        self.layout.put(entries, self.layout.split(0)),
-        layout=self.layout,
-        copies=copies,
-    )
+  def take_pages(self, replica: int, seq: _Sequence, positions: int) -> int:
+    """Takes from the pool the pages `seq` needs for its first `positions`
+    positions (at most its own), reserved for it at its admission; returns
+    how many."""
+    size = self.engine.page_size
+    last = min(positions, seq.length + seq.budget - 1)
+    count = max(-(-last // size) - len(seq.pages), 0)
+    if count:
+      seq.pages.extend(self.books[replica].allocate(count))
+      seq.unallocated -= count
+      self.reserved[replica] -= count
+    return count
 
   def fill_slots(self) -> None:
-    """Fills free slots from each replica's ready continuations, and
-    prefills waiting contexts for replicas with free slots and none
-    ready, until neither makes progress."""
+    """Queues each replica's ready continuations (as many as its pages
+    take, up to its slots), and prefills waiting contexts for replicas
+    with more free slots than queued continuations and none ready, until
+    neither makes progress."""
     while True:
-      admissions = []
-      # Each replica's free slots with no continuation ready for them.
+      # Each replica's free slots that no continuation will take.
       wanting = {}
       for replica in range(self.layout.replicas):
-        first = replica * self.local_slots
-        free_slots = [
-            s
-            for s in range(first, first + self.local_slots)
-            if self.in_slot[s] is None
-        ]
-        for n, slot in enumerate(free_slots):
-          if not self.ready[replica]:
-            wanting[replica] = len(free_slots) - n
-            break
-          index, sample, context = self.ready[replica][0]
+        ready, queued = self.ready[replica], self.queued[replica]
+        while ready and len(queued) < self.local_slots:
+          index, sample, context = ready[0]
           budget = self.budgets[index * self.g + sample]
           if self.free(replica) < self.new_pages(context, budget):
             break
-          admissions.append(self.admit(slot, *self.ready[replica].popleft()))
-      self.set_slots(admissions)
+          self.queue(*ready.popleft())
+        first = replica * self.local_slots
+        free = sum(
+            self.in_slot[s] is None
+            for s in range(first, first + self.local_slots)
+        )
+        # A prefill writes the replica's next generation of ready rows:
+        # not while a queued continuation still starts from them.
+        rows = range(
+            self.generation[replica] * self.most_contexts,
+            (self.generation[replica] + 1) * self.most_contexts,
+        )
+        if (
+            free > len(queued)
+            and not ready
+            and not any(q.source in rows for q in queued)
+        ):
+          wanting[replica] = free - len(queued)
       assigned = self.assign(wanting)
       if not assigned:
         return
@@ -1216,19 +1375,45 @@ class _Run:
         del wanting[replica]
     return assigned
 
+  def queue_inputs(self, view: int) -> np.ndarray:
+    """Each replica's queue as the decode program's rows
+    (`_QUEUE_COLUMNS` and `view` pages): its first local_slots queued
+    continuations, one a row of its slots' block."""
+    rows = np.zeros((self.slots, _QUEUE_COLUMNS + view), np.int32)
+    rows[:, _Q_COPY_TO] = self.local_pages
+    for replica, queued in enumerate(self.queued):
+      first = replica * self.local_slots
+      for i, entry in enumerate(queued):
+        seq, at = entry.seq, first + i
+        rows[at, _Q_POSITION] = seq.length
+        rows[at, _Q_BUDGET] = seq.budget
+        rows[at, _Q_ROW] = seq.row
+        rows[at, _Q_SOURCE] = entry.source
+        if entry.copy is not None:
+          rows[at, _Q_COPY_FROM : _Q_COPY_TO + 1] = entry.copy
+        pages = seq.pages[:view]
+        rows[at, _QUEUE_COLUMNS : _QUEUE_COLUMNS + len(pages)] = pages
+      self.slot_values[first : first + self.local_slots, _QUEUED] = len(queued)
+    return rows
+
   def decode(self, view: int, stop_after) -> jax.Array:
     """One `_decode` call over the tables' first `view` pages, each
-    replica returning once stop_after[r] of its sequences have finished;
-    returns its packed results (`_pack_decoded`)."""
+    replica's free slots taking its queued continuations, each replica
+    returning once stop_after[r] of its sequences have finished with no
+    queued successor; returns its packed results (`_unpack_decoded`)."""
     self.slot_values[:, _STOP_AFTER] = np.repeat(stop_after, self.local_slots)
+    queue = self.queue_inputs(view)
+    inputs = np.concatenate(
+        [self.slot_inputs[:, : _SLOT_COLUMNS + view], queue], axis=1
+    )
     self.pool, self.states, self.logits, out = _decode(
         self.params,
         self.pool,
         self.states,
         self.logits,
-        self.layout.put(
-            self.slot_inputs[:, : _SLOT_COLUMNS + view], self.layout.split(0)
-        ),
+        self.ready_logits,
+        self.ready_states,
+        self.layout.put(inputs, self.layout.split(0)),
         *self.sampling_args,
         config=self.config,
         chunk=self.engine.chunk,
@@ -1241,12 +1426,12 @@ class _Run:
 
   def warm_up(self) -> None:
     """Runs every program this call's shapes can need, once per process
-    and shapes: each view bucket's decode program with no slot active (it
-    stops before its first step), each prefill size's with no context (it
-    writes nothing) and its admit programs with no entry. A call then
-    compiles all its programs up front, and a warm-up call leaves nothing
-    to compile for later calls of the same buckets, however long their
-    sequences grow."""
+    and shapes: each view bucket's decode program with no slot active and
+    nothing queued (it stops before its first step), and each prefill
+    size's with no context (it writes nothing) and its stage program (it
+    stages nothing). A call then compiles all its programs up front, and a
+    warm-up call leaves nothing to compile for later calls of the same
+    buckets, however long their sequences grow."""
     key = (
         self.config,
         self.engine,
@@ -1266,15 +1451,10 @@ class _Run:
     idle = np.ones((self.layout.replicas,), np.int32)
     for view in _buckets(self.width):
       self.decode(view, idle)
-    empty = np.zeros((self.layout.replicas * self.local_slots, 4), np.int32)
-    empty[:, 0] = self.local_slots
-    empty[:, 3] = self.local_pages
     # A first chunk's program, and one running on from a chunk before.
     calls = 1 if self.bucket <= self.chunk else 2
     for count in _buckets(self.most_contexts):
-      prefilled = self.prefill({}, count, calls)
-      for copies in (False, True):
-        self.call_admit(prefilled, empty, copies)
+      self.prefill({}, count, calls)
     _WARM.add(key)
 
   def reserve_chunk(self, running: list) -> None:
@@ -1286,46 +1466,72 @@ class _Run:
         self.slot_ends[running],
     )
     more = -(-last // size) - self.slot_pages[running]
-    for slot, count in zip(np.asarray(running)[more > 0], more[more > 0]):
-      seq, count = self.in_slot[slot], int(count)
-      replica = slot // self.local_slots
-      pages = self.books[replica].allocate(count)
-      self.tables[slot, len(seq.pages) : len(seq.pages) + count] = pages
-      seq.pages.extend(pages)
-      self.slot_pages[slot] += count
-      seq.unallocated -= count
-      self.reserved[replica] -= count
-
-  def collect(self, out) -> None:
-    """A decode call's new ids into their rows; finished sequences leave
-    their slots and pages."""
-    chunk = self.engine.chunk
-    ids, log_probs, new_steps, still = _unpack_decoded(
-        jax.device_get(out), chunk
-    )
-    steps = self.slot_values[:, _STEPS].copy()
-    # Slots without a running sequence made none (their steps stay).
-    made = new_steps - steps
-    self.figures["decode_calls"] += 1
-    self.figures["decode_steps"] += int(np.max(made))
-    slots = np.flatnonzero(made)
-    # Slot s's ids 0 .. made[s] - 1 go to its row from its step on.
-    new = np.arange(chunk)[None] < made[slots, None]
-    rows = np.broadcast_to(self.slot_values[slots, _ROWS, None], new.shape)
-    at = steps[slots, None] + np.arange(chunk)[None]
-    self.ids[rows[new], at[new]] = ids[slots][new]
-    self.log_probs[rows[new], at[new]] = log_probs[slots][new]
-    self.slot_values[:, _STEPS] = new_steps
-    self.slot_values[:, _POSITIONS] += made
-    finished = self.slot_values[:, _ACTIVE].astype(bool) & ~still
-    for slot in np.flatnonzero(finished):
+    for slot in np.asarray(running)[more > 0]:
       seq = self.in_slot[slot]
       replica = slot // self.local_slots
-      self.lengths[seq.row] = new_steps[slot]
+      before = len(seq.pages)
+      count = self.take_pages(
+          replica,
+          seq,
+          int(self.slot_values[slot, _POSITIONS]) + self.engine.chunk,
+      )
+      self.tables[slot, before : before + count] = seq.pages[before:]
+      self.slot_pages[slot] += count
+
+  def collect(self, out) -> None:
+    """A decode call's new ids into their rows; the queued continuations
+    it started into their slots; finished sequences leave their slots
+    and pages."""
+    decoded = _unpack_decoded(jax.device_get(out), self.engine.chunk)
+    finals = decoded.finals
+    self.figures["decode_calls"] += 1
+    self.figures["decode_steps"] += int(np.max(finals[:, _FINAL_CALL_STEPS]))
+    drawn = decoded.rows >= 0
+    rows, at = decoded.rows[drawn], decoded.steps[drawn]
+    self.ids[rows, at] = decoded.ids[drawn]
+    self.log_probs[rows, at] = decoded.log_probs[drawn]
+    # The sequences that ran in this call: those in slots before it, and
+    # those it took from the queues.
+    running = {seq.row: seq for seq in self.in_slot if seq is not None}
+    for replica, queued in enumerate(self.queued):
+      taken = int(finals[replica * self.local_slots, _FINAL_TAKEN])
+      for _ in range(taken):
+        entry = queued.popleft()
+        running[entry.seq.row] = entry.seq
+    for row, step in zip(
+        decoded.rows[decoded.done], decoded.steps[decoded.done]
+    ):
+      seq = running.pop(int(row))
+      replica = seq.replica
+      self.lengths[seq.row] = step + 1
       self.books[replica].release(seq.pages)
       self.reserved[replica] -= seq.unallocated
-      self.in_slot[slot] = None
-      self.slot_pages[slot] = 0
+    self.set_slots(finals, running)
+
+  def set_slots(self, finals: np.ndarray, running: dict) -> None:
+    """The host's slot values and tables after a decode call: each slot's
+    running sequence (`running`, by row) at its final step and position."""
+    active = finals[:, _FINAL_ACTIVE] > 0
+    for slot in range(self.slots):
+      seq = (
+          running.get(int(finals[slot, _FINAL_ROWS])) if active[slot] else None
+      )
+      if seq is self.in_slot[slot]:
+        continue
+      self.in_slot[slot] = seq
+      self.tables[slot] = 0
+      if seq is None:
+        self.slot_pages[slot] = 0
+        self.slot_values[slot, _BUDGETS] = 1
+        continue
+      self.tables[slot, : len(seq.pages)] = seq.pages
+      self.slot_pages[slot] = len(seq.pages)
+      self.slot_ends[slot] = seq.length + seq.budget - 1
+      self.slot_values[slot, _BUDGETS] = seq.budget
+      self.slot_values[slot, _ROWS] = seq.row
+    self.slot_values[:, _STEPS] = finals[:, _FINAL_STEPS]
+    self.slot_values[:, _POSITIONS] = finals[:, _FINAL_POSITIONS]
+    self.slot_values[:, _ACTIVE] = active
 
   def run(self) -> None:
     """Decodes until every row has finished."""
@@ -1333,7 +1539,7 @@ class _Run:
     while True:
       self.fill_slots()
       running = [s for s in range(self.slots) if self.in_slot[s] is not None]
-      if not running:
+      if not running and not any(self.queued):
         if any(self.ready) or self.to_prefill:
           each = (
               f" ({self.local_pages} for each of {replicas} data replicas)"
@@ -1347,14 +1553,17 @@ class _Run:
           )
         return
       self.reserve_chunk(running)
-      view = _bucket(int(np.max(self.slot_pages)), self.width)
-      self.slot_values[:, _ACTIVE] = [seq is not None for seq in self.in_slot]
-      self.collect(self.decode(view, self.stop_after()))
+      widest = max(
+          [len(self.in_slot[s].pages) for s in running]
+          + [len(q.seq.pages) for queued in self.queued for q in queued]
+      )
+      self.collect(self.decode(_bucket(widest, self.width), self.stop_after()))
 
   def stop_after(self) -> np.ndarray:
-    """Each replica's finished sequences at which a decode call returns:
-    with work waiting, `engine.refill` or as many as wait (so a slot is
-    refilled within a step at refill 1); else never (its slots + 1)."""
+    """Each replica's finished sequences without a queued successor at
+    which a decode call returns: with work waiting beyond its queue,
+    `engine.refill` or as many as wait (so a slot is refilled within a
+    step of its freeing at refill 1); else never (its slots + 1)."""
     waiting_contexts = len(self.to_prefill) * self.g
     return np.array(
         [
@@ -1390,7 +1599,7 @@ class _Run:
 
 def generate(
     params: Any,
-    config: Any,
+    config: model_config.ModelConfig,
     contexts: Sequence[Sequence[int]],
     options: sampling.SamplingOptions,
     *,
@@ -1497,7 +1706,10 @@ class LoweredEngine:
 
 
 def check_lowering(
-    config, num_slots: int, length: int, prompt_length: int
+    config: model_config.ModelConfig,
+    num_slots: int,
+    length: int,
+    prompt_length: int,
 ) -> None:
   """`lower`'s shape arguments, checked.
 
@@ -1521,7 +1733,7 @@ def check_lowering(
 
 def lower(
     params: Any,
-    config: Any,
+    config: model_config.ModelConfig,
     *,
     num_slots: int,
     length: int,
@@ -1579,7 +1791,15 @@ def lower(
         params, pool, config, layout, attention, engine, num_slots, bucket
     )
     decode = _lower_decode(
-        params, pool, states, logits, config, layout, attention, engine, width
+        params,
+        pool,
+        states,
+        logits,
+        config,
+        layout,
+        attention,
+        engine,
+        (width, bucket),
     )
   return LoweredEngine(
       programs={"prefill": prefill, "decode": decode},
@@ -1614,7 +1834,13 @@ class _Abstract:
         dims, dtype, sharding=self._layout.sharding(spec)
     )
 
-  def pool(self, config, num_pages: int, page_size: int, attention):
+  def pool(
+      self,
+      config: model_config.ModelConfig,
+      num_pages: int,
+      page_size: int,
+      attention,
+  ):
     """The page pool of `num_pages` pages, sharded as the layout's pool."""
     return self.tree(
         jax.eval_shape(
@@ -1625,7 +1851,7 @@ class _Abstract:
         self._layout.pool_spec(),
     )
 
-  def states(self, config, rows: int):
+  def states(self, config: model_config.ModelConfig, rows: int):
     """The recurrent states of `rows` sequences, split over the replicas."""
     return self.tree(
         jax.eval_shape(functools.partial(kv_cache.init_states, config, rows)),
@@ -1645,7 +1871,14 @@ def _lowering_device(mesh: Optional[jax.sharding.Mesh]):
 
 
 def _lower_prefill(
-    params, pool, config, layout, attention, engine, num_slots, bucket
+    params,
+    pool,
+    config: model_config.ModelConfig,
+    layout,
+    attention,
+    engine,
+    num_slots,
+    bucket,
 ):
   """The largest prefill program `lower` describes, lowered.
 
@@ -1681,22 +1914,48 @@ def _lower_prefill(
 
 
 def _lower_decode(
-    params, pool, states, logits, config, layout, attention, engine, width
+    params,
+    pool,
+    states,
+    logits,
+    config: model_config.ModelConfig,
+    layout,
+    attention,
+    engine,
+    shape: tuple[int, int],
 ):
   """The decode program `lower` describes, lowered.
 
-  Every slot over the widest table (`width` pages), drawing by temperature
-  without top-k or top-p.
+  Every slot over the widest table (`shape`: its `width` pages, and the
+  prefill `bucket`, whose most contexts the ready buffers hold), drawing
+  by temperature without top-k or top-p.
   """
+  width, bucket = shape
   abstract, split, i32 = _Abstract(layout), layout.split, jnp.int32
   num_slots = logits.shape[0]
   key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  # The ready buffers: two generations of a replica's most contexts a
+  # prefill call takes (one sample each, as `_lower_prefill`).
+  ready = (
+      layout.replicas
+      * 2
+      * prefill_contexts(
+          engine, prefill_chunk(engine, bucket), num_slots // layout.replicas, 1
+      )
+  )
   return _decode.lower(
       params,
       pool,
       states,
       logits,
-      abstract.array(i32, num_slots, _SLOT_COLUMNS + width, spec=split(0)),
+      abstract.array(jnp.float32, ready, config.vocab_size, spec=split(0)),
+      abstract.states(config, ready),
+      abstract.array(
+          i32,
+          num_slots,
+          _SLOT_COLUMNS + _QUEUE_COLUMNS + 2 * width,
+          spec=split(0),
+      ),
       abstract.array(key.dtype, *key.shape),
       abstract.array(jnp.float32),  # temperature
       abstract.array(i32),  # top_k

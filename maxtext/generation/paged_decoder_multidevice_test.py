@@ -21,7 +21,9 @@ import jax
 import ml_collections
 import numpy as np
 
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
+from maxtext.model import model_config
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import paged_model
@@ -47,7 +49,8 @@ def _setup(presets, layout):
   )
   mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
   sharded = model_setup.init_params(
-      config, model_setup.setup_model(config, mesh)
+      engine_config.EngineConfig.from_config(config),
+      model_setup.setup_model(model_config.of(config), mesh),
   )
   single = jax.device_put(
       transformer.init_params(config, jax.random.PRNGKey(config.seed)),

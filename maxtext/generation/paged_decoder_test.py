@@ -147,11 +147,16 @@ class EngineTest(parameterized.TestCase):
       self._assert_same(run, runs[0])
 
   def test_refilling_several_slots_a_call_keeps_the_ids_in_fewer_calls(self):
+    # One sample a prompt: every slot a finished sequence frees waits for
+    # a prefill, which the host runs between calls (a queued continuation
+    # of a prefilled context takes a freed slot within the call).
     config, params = _model()
-    prompts = _prompts(np.random.default_rng(5), (3, 5, 2, 4))
+    prompts = _prompts(
+        np.random.default_rng(5), (3, 5, 2, 4, 6, 3, 2, 5, 4, 3, 5, 2)
+    )
     options = sampling.SamplingOptions(
         max_new_tokens=12,
-        num_samples=4,
+        num_samples=1,
         temperature=1.0,
         seed=2,
         stop_ids=(4, 9),
@@ -207,11 +212,10 @@ class EngineTest(parameterized.TestCase):
   def test_a_rollout_that_fits_its_slots_is_a_few_launches(self):
     # A GRPO step's rollout: every completion has a slot. Warm, the call
     # launches a zero pool, zero slots, the draws' key (its seed staged and
-    # hashed), one prefill of
-    # every context, one admit of every continuation and one decode call:
-    # the same count for
-    # any number of contexts and samples that fit (no launch per context,
-    # per continuation or per page copy).
+    # hashed), one prefill of every context, one stage of their logits and
+    # one decode call, whose slots start every continuation: the same
+    # count for any number of contexts and samples that fit (no launch per
+    # context, per continuation or per page copy).
     config, params = _model(num_layers=1)
     prompts = _prompts(np.random.default_rng(7), (3, 5, 2, 6, 4, 3, 5, 1))
     options = sampling.SamplingOptions(max_new_tokens=4, num_samples=4)
@@ -225,11 +229,11 @@ class EngineTest(parameterized.TestCase):
     self.assertEqual(
         programs,
         [
-            "jit(_admit)",
             "jit(_decode)",
             "jit(_empty_pool)",
             "jit(_empty_slots)",
             "jit(_prefill)",
+            "jit(_stage)",
             "jit(_threefry_seed)",
             "jit(stage)",
         ],
@@ -285,7 +289,7 @@ class EngineTest(parameterized.TestCase):
     names = (
         "jit(_decode)",
         "jit(_prefill)",
-        "jit(_admit)",
+        "jit(_stage)",
         "jit(_empty_pool)",
         "jit(_empty_slots)",
     )
@@ -317,10 +321,9 @@ class EngineTest(parameterized.TestCase):
         [],
     )
     # One prefill program per number of contexts a call may take (1 or 2:
-    # 5 slots take 2 contexts of 3 samples), and its admit programs, with
-    # and without page copies.
+    # 5 slots take 2 contexts of 3 samples), and its stage program.
     self.assertEqual(first.count("jit(_prefill)"), 2)
-    self.assertEqual(first.count("jit(_admit)"), 4)
+    self.assertEqual(first.count("jit(_stage)"), 2)
     # One decode program per page-view bucket: 1, 2, 4, 8 pages (sequences
     # up to 32 positions), all compiled by the first call.
     self.assertEqual(first.count("jit(_decode)"), 4)

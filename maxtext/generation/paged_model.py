@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from maxtext.generation import cached_model
 from maxtext.generation import kv_cache
 from maxtext.model import layers
+from maxtext.model import model_config
 
 # A ragged paged attention function: (queries [T, H, D], pages [N, P, 2K,
 # D], kv_lens [B], page_indices [B, W], cu_q_lens [B + 1], num_seqs [1],
@@ -149,7 +150,10 @@ def _interleaved(k: jax.Array, v: jax.Array, width: int) -> jax.Array:
 
 
 def init_pool(
-    config, num_pages: int, page_size: int, attention: Attention = "gather"
+    config: model_config.ModelConfig,
+    num_pages: int,
+    page_size: int,
+    attention: Attention = "gather",
 ) -> kv_cache.Cache:
   """A zero pool of `num_pages` pages of `page_size` positions, laid out
   for `attention` (`forward`'s): a kernel's keeps grouped-query keys and
@@ -167,7 +171,10 @@ def page_size_of(pool: kv_cache.Cache) -> int:
 
 
 def pool_bytes(
-    config, num_pages: int, page_size: int, attention: Attention = "gather"
+    config: model_config.ModelConfig,
+    num_pages: int,
+    page_size: int,
+    attention: Attention = "gather",
 ) -> int:
   """Bytes of a pool of `num_pages` pages of `page_size` positions, laid
   out for `attention` (`init_pool`: a kernel's grouped-query heads padded
@@ -287,7 +294,7 @@ def forward(
     valid: jax.Array,
     pool: kv_cache.Cache,
     tables: jax.Array,
-    config,
+    config: model_config.ModelConfig,
     states: kv_cache.Cache,
     attention: Attention = "gather",
 ) -> tuple[jax.Array, kv_cache.Cache, kv_cache.Cache]:

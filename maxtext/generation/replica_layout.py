@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
+from maxtext.model import model_config
 from maxtext.runtime import mesh as mesh_lib
 
 P = jax.sharding.PartitionSpec
@@ -128,7 +129,9 @@ class Layout:
     )
 
 
-def for_model(config, mesh: Optional[jax.sharding.Mesh]) -> Layout:
+def for_model(
+    config: model_config.ModelConfig, mesh: Optional[jax.sharding.Mesh]
+) -> Layout:
   """The engine's layout of `config`'s pool on `mesh` (None: one device).
 
   A grouped-query pool's heads (K) split over the mesh's tensor axis when

@@ -16,11 +16,12 @@ import jax
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import sampling
+from maxtext.model import model_config
 
 
 def generate(
     params: Any,
-    config: Any,
+    config: model_config.ModelConfig,
     prompts: Sequence[Sequence[int]],
     options: sampling.SamplingOptions,
     *,

@@ -255,7 +255,9 @@ def choose_with_log_prob(
 
 
 def check_for_model(
-    options: "SamplingOptions", config: Any, allowed_vocab: int
+    options: "SamplingOptions",
+    config: model_config.ModelConfig,
+    allowed_vocab: int,
 ) -> int:
   """Checks `options` against a model's vocabulary; returns the allowed
   vocabulary (`allowed_vocab`, 0 meaning config.vocab_size).
@@ -316,7 +318,7 @@ def _sample_loop(
     top_p,
     allowed_vocab,
     *,
-    config,
+    config: model_config.ModelConfig,
     max_new_tokens: int,
     greedy: bool,
     filtered: bool,
@@ -332,7 +334,7 @@ def _sample_loop(
     top_k: int32 scalar (0 = all ids).
     top_p: float32 scalar (1 = all ids).
     allowed_vocab: int32 scalar; ids at or above it are never chosen.
-    config: the model's config (hashable: a frozen ConfigDict).
+    config: the model's config (static: JAX hashes it).
     max_new_tokens: ids to add to each row.
     greedy: argmax instead of drawing.
     filtered: whether top_k or top_p restrict the draws.
@@ -373,7 +375,7 @@ def _sample_loop(
 
 def sample(
     params: Any,
-    config: Any,
+    config: model_config.ModelConfig,
     prompt_ids: Sequence[int],
     options: SamplingOptions,
     *,
@@ -407,7 +409,7 @@ def sample(
 
 def sample_many(
     params: Any,
-    config: Any,
+    config: model_config.ModelConfig,
     prompts: Sequence[Sequence[int]],
     options: SamplingOptions,
     *,

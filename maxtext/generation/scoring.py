@@ -31,7 +31,7 @@ def completion_log_probs_and_entropy(
     tokens: jax.Array,
     prompt_lengths: jax.Array,
     completion_width: int,
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh] = None,
     temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
@@ -78,7 +78,7 @@ def packed_completion_log_probs_and_entropy(
     segment_ids: jax.Array,
     positions: jax.Array,
     completion_at: jax.Array,
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh] = None,
     temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
@@ -124,7 +124,7 @@ def completion_log_probs(
     tokens: jax.Array,
     prompt_lengths: jax.Array,
     completion_lengths: jax.Array,
-    config,
+    config: model_config.ModelConfig,
     mesh: Optional[jax.sharding.Mesh] = None,
     temperature: float = 1.0,
 ) -> jax.Array:
@@ -158,7 +158,7 @@ def _score(
     prompt_lengths,
     completion_lengths,
     temperature,
-    config,
+    config: model_config.ModelConfig,
     mesh,
 ):
   """`completion_log_probs`, compiled (`temperature` traced, not static)."""
@@ -175,7 +175,7 @@ def _score(
 
 def score(
     params: Any,
-    config: Any,
+    config: model_config.ModelConfig,
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
     *,

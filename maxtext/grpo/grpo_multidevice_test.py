@@ -24,37 +24,61 @@ import ml_collections
 import numpy as np
 import optax
 
+from maxtext import workloads
 from maxtext.engine import engine as engine_lib
 from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
+from maxtext.model import model_config
 from maxtext.generation import decode_weights
 from maxtext.grpo.rollout import generation_mesh
+from maxtext.grpo.rollout import rollout_config
 from maxtext.grpo.tasks import prompts
+from maxtext.grpo.tasks import task_config
 from maxtext.grpo.rewards import rewards
 from maxtext.grpo.rollout import rollout_batches
 from maxtext.grpo.loss import train_loss
+from maxtext.grpo import grpo_config
 from maxtext.grpo import grpo_workload
 from maxtext.metrics import recorder as recorder_lib
 from maxtext.model import transformer
 from maxtext.run import batch_source
-from maxtext.run import workload
+from maxtext.run import run_settings
 from testing import tiny_configs
 
 _ATOL = 1e-4
+
+
+def _run(config) -> run_settings.RunSettings:
+  """The run's settings, as the top builds them."""
+  return run_settings.RunSettings.from_config(config)
+
+
+def _grpo(config) -> grpo_workload.GrpoWorkload:
+  """The GRPO workload of `config`, as the top builds it."""
+  return grpo_workload.GrpoWorkload(
+      grpo_config.GrpoConfig.from_config(config), config
+  )
 
 
 def _steps(config, mesh, setup, steps, generation=None):
   """Runs `steps` GRPO steps (generating on `generation`'s devices when
   given); returns (completions, metrics) per step."""
   frozen = ml_collections.FrozenConfigDict(config)
-  options = grpo_workload.loss_options(config)
+  options = grpo_workload.loss_options(
+      grpo_config.GrpoConfig.from_config(config)
+  )
   if setup is None:
     params = transformer.init_params(config, jax.random.PRNGKey(config.seed))
     reference = transformer.init_params(config, jax.random.PRNGKey(config.seed))
     shardings = {}
   else:
-    params = model_setup.init_params(config, setup)
-    reference = model_setup.init_params(config, setup)
+    params = model_setup.init_params(
+        engine_config.EngineConfig.from_config(config), setup
+    )
+    reference = model_setup.init_params(
+        engine_config.EngineConfig.from_config(config), setup
+    )
     shardings = dict(
         param_shardings=setup.param_shardings,
         batch_sharding=grpo_workload.batch_shardings(
@@ -72,7 +96,7 @@ def _steps(config, mesh, setup, steps, generation=None):
       2,
       **shardings,
   )
-  task = prompts.make_task(config)
+  task = prompts.make_task(task_config.TaskConfig.from_config(config))
   grpo = rollout_batches.RolloutBatches(
       engine,
       frozen,
@@ -128,8 +152,10 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         grpo_logprob_error_threshold=2.0,
         **tiny_configs.TINY_GRPO,
     )
-    mesh = mesh_lib.make_mesh(grpo_workload.GrpoWorkload().mesh_config(config))
-    sharded = _steps(config, mesh, model_setup.setup_model(config, mesh), 3)
+    mesh = mesh_lib.make_mesh(_grpo(config).mesh_config(_run(config)))
+    sharded = _steps(
+        config, mesh, model_setup.setup_model(model_config.of(config), mesh), 3
+    )
     single = _steps(config, None, None, 3)
     for step, ((ids8, m8), (ids1, m1)) in enumerate(zip(sharded, single)):
       self.assertEqual(ids8, ids1, f"step {step}")
@@ -158,10 +184,12 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         grpo_generation_replicas=2,
         **tiny_configs.TINY_GRPO,
     )
-    mesh_config = grpo_workload.GrpoWorkload().mesh_config(config)
+    mesh_config = _grpo(config).mesh_config(_run(config))
     mesh = mesh_lib.make_mesh(mesh_config)
-    setup = model_setup.setup_model(config, mesh)
-    generation = generation_mesh.make(config, mesh_config)
+    setup = model_setup.setup_model(model_config.of(config), mesh)
+    generation = generation_mesh.make(
+        rollout_config.RolloutConfig.from_config(config), mesh_config
+    )
     train_devices = set(mesh.devices.flat)
     generation_devices = set(generation.mesh.devices.flat)
     self.assertEqual(train_devices, set(jax.devices()[:4]))
@@ -180,7 +208,11 @@ class GrpoMultiDeviceTest(absltest.TestCase):
       # (float32, the compute dtype) go to one generation device.
       self.assertEqual(
           m8["rollout/weight_copy_bytes"],
-          _held_bytes(model_setup.init_params(config, setup)),
+          _held_bytes(
+              model_setup.init_params(
+                  engine_config.EngineConfig.from_config(config), setup
+              )
+          ),
       )
       self.assertGreater(m8["timing/weight_copy"], 0.0)
 
@@ -200,12 +232,15 @@ class GrpoMultiDeviceTest(absltest.TestCase):
           grpo_generation_replicas=replicas,
           **tiny_configs.TINY_GRPO,
       )
-      mesh_config = grpo_workload.GrpoWorkload().mesh_config(config)
+      mesh_config = _grpo(config).mesh_config(_run(config))
       mesh = mesh_lib.make_mesh(mesh_config)
       params = model_setup.init_params(
-          config, model_setup.setup_model(config, mesh)
+          engine_config.EngineConfig.from_config(config),
+          model_setup.setup_model(model_config.of(config), mesh),
       )
-      generation = generation_mesh.make(config, mesh_config)
+      generation = generation_mesh.make(
+          rollout_config.RolloutConfig.from_config(config), mesh_config
+      )
       copied, _ = generation.copy(params)
       self.assertEqual(
           set(generation.mesh.devices.flat), set(jax.devices()[8 - n :])
@@ -244,12 +279,12 @@ class GrpoMultiDeviceTest(absltest.TestCase):
         "^grpo_generation_devices=8 must leave training at least one of the "
         "8 devices$",
     ):
-      mesh_lib.make_mesh(grpo_workload.GrpoWorkload().mesh_config(config))
+      mesh_lib.make_mesh(_grpo(config).mesh_config(_run(config)))
     # Only GRPO generates: pretraining trains on every device.
     config.workload = "pretraining"
     self.assertEqual(
         mesh_lib.make_mesh(
-            workload.Workload().mesh_config(config)
+            workloads.for_config(config).mesh_config(_run(config))
         ).devices.size,
         8,
     )

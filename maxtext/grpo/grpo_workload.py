@@ -59,14 +59,17 @@ import ml_collections
 from maxtext.config import config_lib
 from maxtext.engine import engine as engine_lib
 from maxtext.core import eval_metrics
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
 from maxtext.config import optimizer as optimizer_lib
 from maxtext.run import batch_source
 from maxtext.run import frozen_reference
+from maxtext.run import run_settings
 from maxtext.run import warmup
 from maxtext.run import workload
 from maxtext.grpo.rollout import decode_footprint
 from maxtext.grpo import evaluation
+from maxtext.grpo import grpo_config
 from maxtext.grpo.loss import frozen_router
 from maxtext.grpo.loss import logprob_gate
 from maxtext.grpo import mlperf_header
@@ -79,37 +82,24 @@ from maxtext.grpo.rewards import rewards as rewards_lib
 from maxtext.generation import paged_decoder
 from maxtext.grpo.rollout import rollout as rollout_lib
 from maxtext.grpo.rollout import rollout_batches
+from maxtext.grpo.rollout import rollout_config
 from maxtext.grpo.rollout import rollout_source
 from maxtext.grpo.loss import train_loss
 from maxtext.grpo.rollout import episode_rollout
+from maxtext.grpo.tasks import task_config
 from maxtext.grpo.tasks import text_task
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.mllog import workload_header
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.generation import sampling
 from maxtext.runtime import device_memory
 from maxtext.runtime import mesh as mesh_lib
 
 
-def loss_options(config) -> policy_loss.LossOptions:
-  """The policy loss's options from the config's grpo_* fields."""
-  return policy_loss.LossOptions(
-      epsilon=config.grpo_epsilon,
-      epsilon_high=config.grpo_epsilon_high or None,
-      beta=config.grpo_beta,
-      kl_estimator=config.grpo_kl_estimator,
-      aggregation=config.grpo_loss_aggregation,
-      max_completion_length=config.grpo_max_completion_length,
-      temperature=config.grpo_temperature,
-      force_on_policy_ratio=config.grpo_force_on_policy_ratio,
-      # Truncated importance sampling is on when its upper bound is set
-      # (its lower bound may be 0).
-      tis_ratio_min=(
-          config.grpo_tis_ratio_min if config.grpo_tis_ratio_max else None
-      ),
-      tis_ratio_max=config.grpo_tis_ratio_max or None,
-      logprob_error_threshold=config.grpo_logprob_error_threshold or None,
-  )
+def loss_options(settings: grpo_config.GrpoConfig) -> policy_loss.LossOptions:
+  """The policy loss's options from GRPO's settings."""
+  return settings.loss.options()
 
 
 def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
@@ -141,40 +131,50 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
   return out
 
 
-def engine_factory(config, mesh):
+def engine_factory(config, settings: grpo_config.GrpoConfig, mesh):
   """run_state's engine factory: the model with the GRPO loss.
+
+  Args:
+    config: the run's config (the model's, the optimizer's fields).
+    settings: GRPO's settings (the loss's).
+    mesh: the training mesh.
 
   Returns:
     (engine, its model setup).
   """
-  setup = model_setup.setup_model(config, mesh)
-  params = model_setup.init_params(config, setup)
-  if config.grpo_freeze_router:
+  setup = model_setup.setup_model(model_config.of(config), mesh)
+  params = model_setup.init_params(
+      engine_config.EngineConfig.from_config(config), setup
+  )
+  if settings.loss.grpo_freeze_router:
     logging.info(
         "GRPO: the MoE router is frozen (%d parameter arrays).",
         frozen_router.count(params),
     )
-  return make_engine(config, setup, params), setup
+  return make_engine(config, setup, params, settings=settings), setup
 
 
-def make_engine(config, setup, params) -> engine_lib.Engine:
+def make_engine(
+    config, setup, params, *, settings: grpo_config.GrpoConfig
+) -> engine_lib.Engine:
   """The engine training `params` (arrays, or their shapes for an ahead-of-
-  time compile: `train_compile`) with the GRPO loss on `setup`'s mesh."""
-  frozen = ml_collections.FrozenConfigDict(config)
-  settings = optimizer_lib.OptimizerConfig.from_config(config)
-  schedule = optimizer_lib.make_schedule(settings)
-  freeze = config.grpo_freeze_router
+  time compile: `train_compile`) with the GRPO loss of `settings` on
+  `setup`'s mesh."""
+  model = model_config.of(config)
+  optimizer = optimizer_lib.OptimizerConfig.from_config(config)
+  schedule = optimizer_lib.make_schedule(optimizer)
+  freeze = settings.loss.grpo_freeze_router
   return engine_lib.Engine(
       functools.partial(
           train_loss.loss_fn,
-          config=frozen,
-          options=loss_options(config),
+          config=model,
+          options=loss_options(settings),
           mesh=setup.mesh,
           freeze_router=freeze,
       ),
       params,
       model_setup.make_optimizer(
-          settings,
+          optimizer,
           schedule,
           decay_mask=(
               frozen_router.decay_mask(transformer.weight_decay_mask)
@@ -233,15 +233,15 @@ def abstract_micro_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
   return out
 
 
-def longest_context(config) -> int:
+def longest_context(settings: grpo_config.GrpoConfig) -> int:
   """Ids of the longest context a rollout's generation prefills: the
   built-in task's prompt (grpo_prompt_length); with grpo_task, a turn
   continues the whole conversation so far (the paged decoder prefills it
   anew each turn), which may hold all of an episode's grpo_prompt_length +
   grpo_max_completion_length tokens but the one the turn writes."""
-  if not config.grpo_task:
-    return config.grpo_prompt_length
-  return config.grpo_prompt_length + config.grpo_max_completion_length - 1
+  if not settings.grpo_task:
+    return settings.grpo_prompt_length
+  return settings.row_length - 1
 
 
 def rollout_options(config, step: int) -> sampling.SamplingOptions:
@@ -269,13 +269,15 @@ def options_of_step(config, episodes=None):
   return functools.partial(_episode_options, config, episodes.chat.stop_ids)
 
 
-def paged_options(config) -> Optional[paged_decoder.EngineOptions]:
+def paged_options(
+    settings: grpo_config.GrpoConfig,
+) -> Optional[paged_decoder.EngineOptions]:
   """The rollout's paged decoder, or None for the static decoder."""
-  if config.grpo_decoder == "static":
+  if settings.grpo_decoder == "static":
     return None
   return paged_decoder.EngineOptions(
-      num_slots=config.grpo_decode_slots,
-      page_size=config.grpo_decode_page_size,
+      num_slots=settings.grpo_decode_slots,
+      page_size=settings.grpo_decode_page_size,
   )
 
 
@@ -297,11 +299,24 @@ _UNSET = object()
 
 
 class GrpoWorkload(workload.Workload):
-  """GRPO post-training (module docstring)."""
+  """GRPO post-training (module docstring).
+
+  Args:
+    settings: GRPO's settings (`grpo_config.GrpoConfig.from_config` of
+      `config`).
+    config: the run's config, its input paths resolved: what GRPO's
+      modules, the engine's set-up and the generation still read whole
+      (with the attempt's seed: `_config_of`).
+  """
 
   name = "grpo"
 
-  def __init__(self):
+  def __init__(self, settings: grpo_config.GrpoConfig, config):
+    super().__init__(self._engine)
+    self.settings = settings
+    self._config = config
+    # (seed, the config with it): `_config_of`'s, made once per attempt.
+    self._seeded = None
     self._rewards: list[rewards_lib.RewardFunction] = []
     # A text task's episodes (config.grpo_task), else None.
     self._episodes: Optional[episode_rollout.EpisodeSetup] = None
@@ -315,12 +330,29 @@ class GrpoWorkload(workload.Workload):
     self._max_age = 0
     self._restored: dict[int, tuple] = {}
 
-  def mesh_config(self, config) -> mesh_lib.MeshConfig:
+  def mesh_config(self, run: run_settings.RunSettings) -> mesh_lib.MeshConfig:
     """The training mesh's settings: `grpo_generation_devices` generate
-    (`generation_mesh`), the rest train."""
-    return mesh_lib.MeshConfig.from_config(
-        config, generation_devices=config.grpo_generation_devices
+    (`generation_mesh`), the rest train.
+
+    Raises:
+      ValueError: as `mesh.MeshConfig.validate`.
+    """
+    settings = dataclasses.replace(
+        run.mesh, generation_devices=self.settings.grpo_generation_devices
     )
+    settings.validate()
+    return settings
+
+  def _config_of(self, seed: int):
+    """The run's config with the attempt's `seed` (`RunSettings.seed`)."""
+    if self._seeded is None or self._seeded[0] != seed:
+      self._seeded = (seed, config_lib.with_seed(self._config, seed))
+    return self._seeded[1]
+
+  def _engine(self, seed: int, mesh):
+    """The engine builder (`workload.EngineBuilder`): the model with the
+    GRPO loss."""
+    return engine_factory(self._config_of(seed), self.settings, mesh)
 
   @property
   def reads_ahead(self) -> bool:
@@ -328,73 +360,85 @@ class GrpoWorkload(workload.Workload):
     source's `draws_ahead`)."""
     return self._max_age >= 1
 
-  def check(self, config) -> None:
+  def check(self) -> None:
+    config = self._config
     config_lib.validate_grpo(config)
-    self._max_age = config.grpo_max_age
-    if config.grpo_task:
-      self._episodes = text_task.episode_setup(config)
+    settings = self.settings
+    self._max_age = settings.grpo_max_age
+    if settings.grpo_task:
+      self._episodes = text_task.episode_setup(
+          task_config.TaskConfig.from_config(config)
+      )
     # A text task's verifier may be its whole reward: no function needed.
-    if config.grpo_task and not config.grpo_reward_functions.strip():
+    if settings.grpo_task and not settings.grpo_reward_functions.strip():
       self._rewards = []
     else:
       self._rewards = rewards_lib.load(
-          config.grpo_reward_functions, config.grpo_reward_timeout_seconds
+          settings.grpo_reward_functions, settings.grpo_reward_timeout_seconds
       )
-    if not config.grpo_task:
-      prompts_lib.make_task(config)
-    loss_options(config)
+    if not settings.grpo_task:
+      prompts_lib.make_task(task_config.TaskConfig.from_config(config))
+    loss_options(settings)
 
-  def check_devices(self, config, mesh) -> None:
+  def check_devices(self, run: run_settings.RunSettings, mesh) -> None:
     """Refuses paged decoder settings whose pool or page book cannot fit
     the generation devices or the host (`decode_footprint.check`)."""
+    del run  # The pool's sizes are GRPO's and the model's fields.
     device = jax.local_devices()[0]
     decode_footprint.check(
-        config,
-        devices=config.grpo_generation_devices or mesh.devices.size,
+        rollout_config.RolloutConfig.from_config(self._config),
+        devices=self.settings.grpo_generation_devices or mesh.devices.size,
         device_bytes=device_memory.bytes_limit(device),
         host_bytes=device_memory.host_bytes(),
         pool_on_host=device.platform == "cpu",
         processes=jax.process_count(),
     )
 
-  def engine_factory(self, config, mesh):
-    return engine_factory(config, mesh)
-
-  def make_dataset(self, config, process_index, process_count):
+  def make_dataset(
+      self, run: run_settings.RunSettings, process_index, process_count
+  ):
     # Every process holds the same prompts: each scores the whole rollout.
     del process_index, process_count
+    settings = task_config.TaskConfig.from_config(self._config_of(run.seed))
     if self._episodes is not None:
       prompts = text_task.TaskDataset(
-          config, self._episodes.task, self._episodes.chat
+          settings, self._episodes.task, self._episodes.chat
       )
     else:
-      prompts = prompts_lib.PromptDataset(config)
+      prompts = prompts_lib.PromptDataset(settings)
     if not self.reads_ahead:
       return prompts
     return pending_rollout.WithPendingRollout(
         prompts, self._pending_state, self._restore_pending
     )
 
-  def row_length(self, config) -> int:
+  def row_length(self) -> int:
     # Throughput counts the trained rows: prompt plus completion.
-    return config.grpo_prompt_length + config.grpo_max_completion_length
+    return self.settings.row_length
 
   def start(self, state) -> dict[str, float]:
     """Builds the rollouts' source and evaluates the starting parameters."""
-    config = state.config
+    settings = self.settings
+    config = self._config_of(state.settings.seed)
     reference = (
         frozen_reference.load(
-            state, allow_change=config.grpo_allow_reference_change
+            state,
+            functools.partial(
+                model_setup.init_params,
+                engine_config.EngineConfig.from_config(config),
+            ),
+            source=config.load_parameters_path,
+            allow_change=settings.grpo_allow_reference_change,
         )
-        if config.grpo_beta > 0
+        if settings.loss.grpo_beta > 0
         else None
     )
     self._source = rollout_source.RolloutSource(
         self._rollout_batches(state, reference),
-        updates_per_batch=config.grpo_num_iterations,
-        max_age=config.grpo_max_age,
+        updates_per_batch=settings.grpo_num_iterations,
+        max_age=settings.grpo_max_age,
         start_step=state.start_step,
-        steps=config.steps,
+        steps=state.settings.steps,
         restored=self._restored,
     )
     self._restored = {}
@@ -412,20 +456,20 @@ class GrpoWorkload(workload.Workload):
   ) -> rollout_batches.RolloutBatches:
     """What makes the run's rollouts into micro-batches (its prompts, its
     sampling, its rewards, the reference or None, its decoder)."""
-    config = state.config
+    run, settings = state.settings, self.settings
     return rollout_batches.RolloutBatches(
         state.engine,
         self._model_config(state),
         lambda rollout: state.dataset.get_batch(rollout)["prompts"].tolist(),
-        options_of_step(config, self._episodes),
+        options_of_step(self._config_of(run.seed), self._episodes),
         self._rewards,
-        num_micro_batches=config.gradient_accumulation_steps,
-        width=config.grpo_prompt_length + config.grpo_max_completion_length,
-        estimator=config.grpo_advantage_estimator,
-        advantage_eps=config.grpo_advantage_eps,
+        num_micro_batches=run.gradient_accumulation_steps,
+        width=settings.row_length,
+        estimator=settings.grpo_advantage_estimator,
+        advantage_eps=settings.grpo_advantage_eps,
         reference_params=reference,
         mesh=state.setup.mesh,
-        overlong_filtering=config.grpo_overlong_filtering,
+        overlong_filtering=settings.grpo_overlong_filtering,
         rollout_fn=(
             rollout_lib.rollout
             if self._episodes is None
@@ -433,11 +477,11 @@ class GrpoWorkload(workload.Workload):
                 episode_rollout.rollout, setup=self._episodes
             )
         ),
-        packing=config.packing,
-        paged=paged_options(config),
+        packing=run.data.packing,
+        paged=paged_options(settings),
         record_age=self.reads_ahead,
         generation=self._generation_mesh(state),
-        logprob_error_threshold=loss_options(config).logprob_error_threshold,
+        logprob_error_threshold=loss_options(settings).logprob_error_threshold,
     )
 
   def batch_source(self, state) -> rollout_source.RolloutSource:
@@ -449,7 +493,7 @@ class GrpoWorkload(workload.Workload):
     reward functions, discarded: parameters, optimizer state, step counter
     and recorder end as they were; the reward functions' worker process
     started (its imports are not the first step's)."""
-    if state.start_step >= state.config.steps:
+    if state.start_step >= state.settings.steps:
       return 0.0
     start = time.perf_counter()
     for worker in self._reward_workers():
@@ -486,17 +530,18 @@ class GrpoWorkload(workload.Workload):
         for name, value in values.items()
     }
 
-  def target(self, config) -> eval_metrics.Target:
+  def target(self, run: run_settings.RunSettings) -> eval_metrics.Target:
     # pass@1, or grouped pass@k of grpo_eval_samples_per_prompt samples:
     # MLPerf's eval_accuracy.
+    del run  # GRPO's own settings name it.
     return eval_metrics.Target(
-        config.grpo_eval_target_metric, config.grpo_target_pass_rate or None
+        self.settings.grpo_eval_target_metric,
+        self.settings.grpo_target_pass_rate or None,
     )
 
-  def mlperf_header(self, config) -> workload_header.WorkloadHeader:
-    return mlperf_header.header(
-        mlperf_header.GrpoMlperfConfig.from_config(config)
-    )
+  def mlperf_header(self) -> workload_header.WorkloadHeader:
+    # GRPO's own settings hold what its log states.
+    return mlperf_header.header(self.settings.mlperf)
 
   def _reward_workers(self) -> set:
     """The worker processes the reward functions run in (none in-process)."""
@@ -517,7 +562,9 @@ class GrpoWorkload(workload.Workload):
     deferred evaluation evaluates without starting the run).
     """
     if self._frozen is None:
-      self._frozen = ml_collections.FrozenConfigDict(state.config)
+      self._frozen = ml_collections.FrozenConfigDict(
+          self._config_of(state.settings.seed)
+      )
     return self._frozen
 
   def _generation_mesh(self, state) -> Optional[generation_mesh.GenerationMesh]:
@@ -525,7 +572,8 @@ class GrpoWorkload(workload.Workload):
     once per workload; None when it shares the training devices."""
     if self._generation is _UNSET:
       self._generation = generation_mesh.make(
-          state.config, self.mesh_config(state.config)
+          rollout_config.RolloutConfig.from_config(self._config),
+          self.mesh_config(state.settings),
       )
     return self._generation
 
@@ -533,6 +581,7 @@ class GrpoWorkload(workload.Workload):
     """The held-out prompts' pass rates under the current parameters
     (generated on the generation mesh where the run has one)."""
     params, mesh = state.engine.params, state.setup.mesh
+    config = self._config_of(state.settings.seed)
     generation = self._generation_mesh(state)
     if generation is not None:
       params, _ = generation.copy(params)
@@ -543,19 +592,19 @@ class GrpoWorkload(workload.Workload):
           self._model_config(state),
           self._episodes,
           dataclasses.replace(
-              eval_options(state.config),
+              eval_options(config),
               stop_ids=self._episodes.chat.stop_ids,
           ),
           self._rewards,
-          paged=paged_options(state.config),
+          paged=paged_options(self.settings),
           mesh=mesh,
       )
     return evaluation.evaluate(
         params,
         self._model_config(state),
         state.dataset.get_eval_batch(0)["prompts"].tolist(),
-        eval_options(state.config),
+        eval_options(config),
         progression_task.exact_match,
-        engine=paged_options(state.config),
+        engine=paged_options(self.settings),
         mesh=mesh,
     )

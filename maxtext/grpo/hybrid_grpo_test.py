@@ -22,7 +22,6 @@ from maxtext.configs import qwen35_397b_grpo
 from maxtext.metrics import jsonl
 from maxtext.model import model_config
 from maxtext.model import transformer
-from maxtext.run import trainer
 from maxtext.storage import checkpointing
 from testing import grpo_start
 from testing import tiny_configs
@@ -58,7 +57,7 @@ class HybridGrpoTest(absltest.TestCase):
 
   def test_grpo_trains_the_hybrid_model(self):
     root = self.create_tempdir().full_path
-    trainer.run(
+    workloads.run(
         tiny_configs.tiny_config(
             root,
             run_name="pretrain",

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 
 from maxtext.configs import deepseekv3_671b
+from maxtext.config import config_lib
 from maxtext.hf import deepseek
-from maxtext.hf import importer
 from maxtext.model import layers
 from maxtext.model import transformer
 
@@ -70,7 +70,7 @@ class DeepseekTest(absltest.TestCase):
 
   def test_published_config_gives_the_671b_config(self):
     fields = deepseek.config_fields(PUBLISHED, "config.json")
-    config = importer.derived_config(fields)  # Validates.
+    config = config_lib.base_with(fields)  # Validates.
     reference = deepseekv3_671b.get_config()
     for key, value in fields.items():
       if key == "max_sequence_length":  # The run's choice, not the model's.
@@ -81,7 +81,7 @@ class DeepseekTest(absltest.TestCase):
 
   def test_exported_config_reads_back_as_the_same_fields(self):
     fields = deepseek.config_fields(PUBLISHED, "config.json")
-    config = importer.derived_config(fields)
+    config = config_lib.base_with(fields)
     document = deepseek.hf_config(config, "bfloat16")
     self.assertEqual(deepseek.config_fields(document, "exported"), fields)
     for key in ("n_group", "topk_group", "first_k_dense_replace"):
@@ -90,7 +90,7 @@ class DeepseekTest(absltest.TestCase):
     self.assertEqual(document["rope_parameters"]["factor"], 40.0)
     self.assertEqual(document["num_nextn_predict_layers"], 0)
     self.assertTrue(document["rope_interleave"])
-    no_bottleneck = importer.derived_config({**fields, "q_lora_rank": 0})
+    no_bottleneck = config_lib.base_with({**fields, "q_lora_rank": 0})
     self.assertIsNone(
         deepseek.hf_config(no_bottleneck, "float32")["q_lora_rank"]
     )
@@ -103,7 +103,7 @@ class DeepseekTest(absltest.TestCase):
         ("capacity_factor", 1.25, "config.capacity_factor=1.25"),
         ("rope_scaling", "llama3", "config.rope_scaling='llama3'"),
     ):
-      config = importer.derived_config({**fields, key: value})
+      config = config_lib.base_with({**fields, key: value})
       with self.assertRaisesRegex(deepseek.UnsupportedError, message):
         deepseek.hf_config(config, "float32")
 
@@ -175,7 +175,7 @@ class DeepseekTest(absltest.TestCase):
         "v_head_dim": 8,
         "vocab_size": 64,
     }
-    config = importer.derived_config(deepseek.config_fields(hf, "c"))
+    config = config_lib.base_with(deepseek.config_fields(hf, "c"))
     self.assertEqual(config.q_lora_rank, 0)
     abstract = jax.eval_shape(
         lambda key: transformer.init_params(config, key),

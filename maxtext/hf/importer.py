@@ -8,18 +8,21 @@ Qwen3_5MoeForConditionalGeneration (`maxtext.hf.qwen35`: the text model;
 the vision tower and multi-token-prediction layers are left out, one log
 line each).
 
-`import_checkpoint(input_dir, output_dir, config)` writes `output_dir` as a
+`import_checkpoint(input_dir, output_dir, values)` writes `output_dir` as a
 checkpoint directory of this project (`maxtext.storage.checkpointing`):
 step 0 holds the "state" item {"params": ...}, which
 `checkpointing.restore_params_only` reads, so a run starts from it with
 `--config.load_parameters_path=output_dir`. Beside it, `config.py` (a
 `get_config()` file usable with `--config=`) states the model fields, and
-`config.json` records the config as a run directory does, with
-`checkpoint_directory` naming `output_dir` itself, so
+`config.json` records the run config's values (`values`, or base.py's
+config with the model fields config.json gives) as a run directory does,
+with `checkpoint_directory` naming `output_dir` itself, so
 `tools/generate --run_dir=output_dir` samples from the imported model.
-The model's tokenizer files (`maxtext.hf.tokenizer_files.FILES`: those
-present) are copied beside them, and the log says which; an export of a run
-started from the import writes them back.
+Every shape is checked against the model's settings (`ModelConfig`) of
+those values, which the import returns. The model's tokenizer files
+(`maxtext.hf.tokenizer_files.FILES`: those present) are copied beside
+them, and the log says which; an export of a run started from the import
+writes them back.
 
 Everything is checked before anything is written: config.json, every
 shard's header (a truncated shard is found there), every tensor's presence
@@ -42,16 +45,14 @@ import mmap
 import os
 import re
 import shutil
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
 from maxtext.core import progress as progress_lib
 from maxtext.config import config_lib
-from maxtext.configs import base
 from maxtext.hf import config_json
 from maxtext.hf import deepseek
 from maxtext.hf import fp8
@@ -61,6 +62,7 @@ from maxtext.hf import qwen3
 from maxtext.hf import qwen35
 from maxtext.hf import staging as staging_lib
 from maxtext.hf import tokenizer_files
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.storage import checkpointing
 from maxtext.storage import run_dir
@@ -73,15 +75,6 @@ _ROW_BLOCK = 4096
 
 class ConversionError(ValueError):
   """Bad input to a conversion: one line naming the file, tensor or field."""
-
-
-def derived_config(fields: dict[str, Any]) -> ml_collections.ConfigDict:
-  """base.py's config with `fields` set, validated."""
-  config = base.get_config()
-  for key, value in fields.items():
-    config[key] = value
-  config_lib.validate(config)
-  return config
 
 
 def config_file_text(fields: dict[str, Any], source: str) -> str:
@@ -131,10 +124,12 @@ def family(hf_config, source: str):
   )
 
 
-def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
+def plan(
+    hf: hf_directory.HfDirectory, config: model_config.ModelConfig
+) -> tuple[Any, list]:
   """(abstract params, tensors) after checking every tensor's presence and
-  shape (and an FP8 tensor's scale) against `config`; raises
-  ConversionError on the first problem."""
+  shape (and an FP8 tensor's scale) against the model's settings `config`;
+  raises ConversionError on the first problem."""
   source = os.path.join(hf.path, "config.json")
   module = family(hf.config, source)
   if module is llama and (config.num_experts or config.attention_type != "gqa"):
@@ -191,7 +186,9 @@ def plan(hf: hf_directory.HfDirectory, config) -> tuple[Any, list]:
 _LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
 
 
-def _check_layer_count(hf: hf_directory.HfDirectory, config) -> None:
+def _check_layer_count(
+    hf: hf_directory.HfDirectory, config: model_config.ModelConfig
+) -> None:
   """Refuses a config with more layers than the tensors hold, before the
   plan (one entry per layer and tensor) is built."""
   held = {
@@ -459,20 +456,22 @@ def _write_parameters(
 def import_checkpoint(
     input_dir: str,
     output_dir: str,
-    config: Optional[ml_collections.ConfigDict] = None,
+    values: Optional[Mapping[str, Any]] = None,
     log: Callable[[str], None] = print,
     allow_non_finite: bool = False,
     progress: progress_lib.Reporter = progress_lib.SILENT,
     allow_unused_tensors: bool = False,
-) -> ml_collections.ConfigDict:
+) -> model_config.ModelConfig:
   """Converts the Hugging Face model at `input_dir` into `output_dir`.
 
   Args:
     input_dir: a directory with config.json and *.safetensors (and
       model.safetensors.index.json when sharded).
     output_dir: where the checkpoint goes: absent or an empty directory.
-    config: the run config to check every shape against; None = derive the
-      model fields from config.json (and write them as config.py).
+    values: the run config to check every shape against and to record, by
+      field name (`config_lib.to_json_dict`); None = base.py's config with
+      the model fields config.json gives (logged, and written as
+      config.py).
     log: where the derived fields are printed.
     allow_non_finite: import tensors holding NaN or Inf; by default the
       first such tensor is refused (after the checks above: the weights
@@ -483,15 +482,19 @@ def import_checkpoint(
       has no place for (warned about); by default refused.
 
   Returns:
-    The config the parameters were written for.
+    The model's settings the parameters were written for.
 
   Raises:
     ConversionError: bad input, before anything is written.
   """
   output_dir = _checked_output(output_dir)
   hf, module, fields = _read_source(input_dir)
-  config = _checked_config(config, fields, input_dir, log)
-  abstract, tensors = plan(hf, config)
+  values = _checked_values(values, fields, input_dir, log)
+  try:
+    model = model_config.ModelConfig.from_config(values)
+  except ValueError as e:
+    raise ConversionError(f"config: {e}") from None
+  abstract, tensors = plan(hf, model)
   check_unused(hf, module, tensors, allow_unused_tensors, log)
   _log_notes(module, hf, log)
 
@@ -502,13 +505,13 @@ def import_checkpoint(
     )
     _write_sources(checkpoint_dir, hf, fields, input_dir)
     _copy_tokenizer(input_dir, checkpoint_dir, log)
-    _write_run_record(checkpoint_dir, config, input_dir, output_dir)
+    _write_run_record(checkpoint_dir, values, input_dir, output_dir)
     if os.path.isdir(output_dir):
       os.rmdir(output_dir)
     os.rename(checkpoint_dir, output_dir)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
-  return config
+  return model
 
 
 def _checked_output(output_dir: str) -> str:
@@ -565,38 +568,38 @@ def _read_source(input_dir: str):
   return hf, module, fields
 
 
-def _checked_config(
-    config: Optional[ml_collections.ConfigDict],
+def _checked_values(
+    values: Optional[Mapping[str, Any]],
     fields: dict,
     input_dir: str,
     log: Callable[[str], None],
-) -> ml_collections.ConfigDict:
-  """The run config the import writes for.
+) -> dict[str, Any]:
+  """The run config's values the import writes for, by field name.
 
-  Without `config`, the one derived from config.json's `fields` (each
-  field logged); with it, `config` itself, with a warning for each field
-  that differs from config.json's without changing a shape (shapes are
-  checked by the plan).
+  Without `values`, those of base.py's config with config.json's `fields`
+  (`config_lib.base_with`; each field logged); with them, `values`
+  themselves, with a warning for each field that differs from
+  config.json's without changing a shape (shapes are checked by the plan).
 
   Raises:
     ConversionError: fields no config can be derived from.
   """
   source = os.path.join(input_dir, "config.json")
-  if config is None:
+  if values is None:
     try:
-      config = derived_config(fields)
+      values = config_lib.to_json_dict(config_lib.base_with(fields))
     except (TypeError, ValueError) as e:
       raise ConversionError(f"{source}: {e}") from None
     for key, value in fields.items():
       log(f"config.{key} = {value!r}")
-    return config
+    return values
   for key, value in fields.items():
-    if key != "max_sequence_length" and config[key] != value:
+    if key != "max_sequence_length" and values[key] != value:
       log(
-          f"warning: config.{key} = {config[key]!r} but config.json gives "
+          f"warning: config.{key} = {values[key]!r} but config.json gives "
           f"{value!r}"
       )
-  return config
+  return dict(values)
 
 
 def _write_sources(
@@ -619,17 +622,16 @@ def _write_sources(
 
 def _write_run_record(
     checkpoint_dir: str,
-    config: ml_collections.ConfigDict,
+    values: Mapping[str, Any],
     input_dir: str,
     output_dir: str,
 ) -> None:
-  """Writes the run's config record beside the parameters, its checkpoint
-  directory `output_dir`, naming the source it was imported from."""
-  record = config.copy_and_resolve_references()
-  record.checkpoint_directory = output_dir
+  """Writes the run's config record (its `values` by field name) beside the
+  parameters, its checkpoint directory `output_dir`, naming the source it
+  was imported from."""
   run_dir.write_config_json(
       os.path.join(checkpoint_dir, run_record.CONFIG_JSON),
-      config_lib.to_json_dict(record),
+      config_lib.to_json_dict(dict(values, checkpoint_directory=output_dir)),
       {"imported_from": os.path.abspath(input_dir)},
   )
 

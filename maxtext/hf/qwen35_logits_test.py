@@ -34,6 +34,7 @@ model's 3-D (mrope) positions equals the 1-D partial rotary when the three
 position rows are equal, as they are for text.
 """
 
+import dataclasses
 import json
 import os
 
@@ -345,8 +346,7 @@ class Qwen35LogitsTest(parameterized.TestCase):
         expected,
     )
     # And the other norms scaled by w are wrong too.
-    plain = config.copy_and_resolve_references()
-    plain.norm_zero_centered = False
+    plain = dataclasses.replace(config, norm_zero_centered=False)
     _assert_differs(self, _logits(params, plain, ids), expected)
 
   def test_trap_query_and_gate_rows_interleave_per_head(self):
@@ -387,8 +387,7 @@ class Qwen35LogitsTest(parameterized.TestCase):
     expected = _hf_logits(model, ids)
     _, config, params, _ = _imported(self, model)
     _close(self, _logits(params, config, ids), expected)
-    plain = config.copy_and_resolve_references()
-    plain.router_norm_topk = False
+    plain = dataclasses.replace(config, router_norm_topk=False)
     _assert_differs(self, _logits(params, plain, ids), expected)
 
   def test_text_positions_give_the_one_dimensional_partial_rotary(self):

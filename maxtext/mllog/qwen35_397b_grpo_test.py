@@ -21,6 +21,7 @@ from maxtext.config import config_lib
 from maxtext.configs import grpo_tiny
 from maxtext.configs import qwen35_397b_grpo
 from maxtext.run import trainer
+from maxtext.grpo import grpo_config
 from maxtext.grpo import grpo_workload
 from maxtext import workloads
 from maxtext.env import benchmark_task
@@ -42,7 +43,14 @@ def _mlperf(config):
 
 def _grpo(config):
   """The GRPO run's part of its MLPerf log (its workload's)."""
-  return grpo_workload.GrpoWorkload().mlperf_header(config)
+  return _workload(config).mlperf_header()
+
+
+def _workload(config) -> grpo_workload.GrpoWorkload:
+  """The GRPO run's workload, with its settings as the top builds them."""
+  return grpo_workload.GrpoWorkload(
+      grpo_config.GrpoConfig.from_config(config), config
+  )
 
 
 _RULESET = "6.1.0"
@@ -165,7 +173,9 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     }
     self.assertEqual({key: config[key] for key in want}, want)
     # The loss those fields build (the run's, through loss_options).
-    options = grpo_workload.loss_options(config)
+    options = grpo_workload.loss_options(
+        grpo_config.GrpoConfig.from_config(config)
+    )
     self.assertTrue(options.force_on_policy_ratio)
     self.assertEqual(
         (options.tis_ratio_min, options.tis_ratio_max), (0.999, 1.002)
@@ -177,8 +187,9 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     # benchmark's episodes: 65,536 tokens in all, the first prompt counted,
     # a turn taking what is left, with the checkpoint's chat template.
     inputs = _benchmark_inputs(self.create_tempdir().full_path)
-    workload = grpo_workload.GrpoWorkload()
-    workload.check(_config(**inputs))
+    benchmark = _config(**inputs)
+    workload = _workload(benchmark)
+    workload.check()
     self.assertTrue(workload.reads_ahead)
     # The workload's episode setup, as its rollouts receive it.
     setup = workload._episodes  # pylint: disable=protected-access
@@ -202,7 +213,9 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     )
     self.assertTrue(setup.tools.isolated)
     # A lower bound of 0 is a bound (the upper one turns TIS on).
-    low = grpo_workload.loss_options(_config(grpo_tis_ratio_min=0.0))
+    low = grpo_workload.loss_options(
+        grpo_config.GrpoConfig.from_config(_config(grpo_tis_ratio_min=0.0))
+    )
     self.assertEqual((low.tis_ratio_min, low.tis_ratio_max), (0.0, 1.002))
 
   @parameterized.parameters("256", "384", "512", "1024")

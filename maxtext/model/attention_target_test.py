@@ -20,7 +20,9 @@ import numpy as np
 
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
+from maxtext.model import model_config
 from maxtext.runtime import topology
+from maxtext.model import layers
 from maxtext.model import transformer
 from testing import tiny_configs
 
@@ -87,7 +89,7 @@ def _grad_program(config, mesh):
 class SplashRematTest(parameterized.TestCase):
   """The splash kernel's residuals (its output and log-sum-exp) carry the
   context's name, so "save_named" keeps them: the backward pass runs the
-  kernel's two backward kernels and not its forward kernel again."""
+  kernel's fused backward kernel and not its forward kernel again."""
 
   @parameterized.named_parameters(("gqa", "gqa"), ("mla", "mla"))
   def test_save_named_runs_the_forward_kernel_once(self, kind):
@@ -123,6 +125,30 @@ class SplashRematTest(parameterized.TestCase):
     )
 
 
+class SplashBlocksTest(parameterized.TestCase):
+  """The splash kernel's blocks: the longest of 1,024, 512 and 128
+  dividing the queries' length; one fused backward kernel while the keys
+  span at most two blocks, else the two backward kernels."""
+
+  @parameterized.named_parameters(
+      ("short", 256, None, 128, True),
+      ("three_short_blocks", 384, None, 128, False),
+      ("two_blocks", 2048, None, 1024, True),
+      ("three_blocks", 1536, None, 512, False),
+      ("long", 8192, None, 1024, False),
+      ("context_parallel", 4096, 65536, 1024, False),
+      ("context_parallel_short", 512, 1024, 512, True),
+  )
+  def test_blocks(self, length, kv_length, block, fused):
+    # pylint: disable-next=protected-access  # The rule itself, not a run.
+    sizes = layers._splash_blocks(length, kv_length)
+    self.assertEqual(
+        (sizes.block_q, sizes.block_kv, sizes.block_q_dkv), (block,) * 3
+    )
+    self.assertEqual(sizes.use_fused_bwd_kernel, fused)
+    self.assertEqual(sizes.block_q_dq, None if fused else block)
+
+
 class TpuSliceTest(parameterized.TestCase):
   """Compiles for a v5p-8 described by libtpu (TPU package set only)."""
 
@@ -146,7 +172,7 @@ class TpuSliceTest(parameterized.TestCase):
     self.assertEqual(
         transformer.attention_implementation(config, mesh), "splash"
     )
-    setup = model_setup.setup_model(config, mesh)
+    setup = model_setup.setup_model(model_config.of(config), mesh)
     params = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         setup.abstract_params,
@@ -182,7 +208,7 @@ class TpuSliceTest(parameterized.TestCase):
     mesh = mesh_lib.make_mesh(
         mesh_lib.MeshConfig.from_config(config), self.devices
     )
-    setup = model_setup.setup_model(config, mesh)
+    setup = model_setup.setup_model(model_config.of(config), mesh)
     params = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         setup.abstract_params,
@@ -205,16 +231,12 @@ class TpuSliceTest(parameterized.TestCase):
         .as_text()
     )
     # The kernels are custom calls named after them: the forward kernel in
-    # the layers' forward scan only, the two backward kernels in the
-    # backward scan.
+    # the layers' forward scan only, the one fused backward kernel (named
+    # for dk and dv; it computes dq too) in the backward scan.
     kernels = re.findall(r"%(splash_mha_\w+?)\.\d+ = ", text)
     self.assertEqual(
         sorted(kernels),
-        [
-            "splash_mha_dkv_no_residuals",
-            "splash_mha_dq_no_residuals",
-            "splash_mha_fwd_residuals",
-        ],
+        ["splash_mha_dkv_no_residuals", "splash_mha_fwd_residuals"],
     )
 
 

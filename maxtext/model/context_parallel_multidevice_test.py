@@ -13,6 +13,7 @@ without a context axis; and the refusals. The device
 count is fixed when JAX starts, so this test has its own target.
 """
 
+from maxtext import workloads
 from maxtext.runtime import cpu_devices
 
 cpu_devices.request(8)
@@ -33,7 +34,6 @@ from maxtext.config import config_lib
 from maxtext.model import gated_deltanet
 from maxtext.model import layers
 from maxtext.model import zigzag
-from maxtext.run import trainer
 from maxtext.runtime import mesh as mesh_lib
 from testing import mesh_equality
 from testing import random_init
@@ -327,7 +327,7 @@ class TrainingTest(absltest.TestCase):
           enable_mllog=False,
           **mesh,
       )
-      run = trainer.run(config)
+      run = workloads.run(config)
       self.assertEqual(run.final_step, 3)
       path = os.path.join(run.run_dir, "metrics.jsonl")
       with open(path, encoding="utf-8") as f:

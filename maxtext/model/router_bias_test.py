@@ -6,10 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext import workloads
 from maxtext.runtime import mesh as mesh_lib
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
+from maxtext.model import model_config
 from maxtext.model import param_statistics
-from maxtext.run import trainer
 from maxtext.model import moe
 from maxtext.model import transformer
 from maxtext.generation import generate
@@ -82,16 +84,23 @@ class EngineStepTest(absltest.TestCase):
     config = _config()
     batches = _batches(config)
     setup = model_setup.setup_model(
-        config, mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+        model_config.of(config),
+        mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config)),
     )
-    params = model_setup.init_params(config, setup)
+    params = model_setup.init_params(
+        engine_config.EngineConfig.from_config(config), setup
+    )
     # Each engine its own copy: the step donates the parameters.
     moved = model_setup.make_engine(
-        config, setup, jax.tree.map(jnp.copy, params)
+        engine_config.EngineConfig.from_config(config),
+        setup,
+        jax.tree.map(jnp.copy, params),
     )
     held_config = _config(router_bias_update_rate=0.0)
     held = model_setup.make_engine(
-        held_config, setup, jax.tree.map(jnp.copy, params)
+        engine_config.EngineConfig.from_config(held_config),
+        setup,
+        jax.tree.map(jnp.copy, params),
     )
     self.assertEqual(transformer.statistic_rules(held_config), {})
     # The step's loads, from the loss the engine runs, per micro-batch.
@@ -170,7 +179,7 @@ class TrainingTest(absltest.TestCase):
         router_bias_update_rate=RATE,
         enable_mllog=False,
     )
-    result = trainer.run(config)
+    result = workloads.run(config)
     self.assertEqual(result.final_step, steps)
     bias = np.asarray(
         generate.load_run(result.run_dir).params["moe_layers"]["router_bias"]

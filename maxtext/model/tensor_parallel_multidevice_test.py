@@ -21,6 +21,7 @@ cpu_devices.request(8)
 from absl.testing import absltest
 from absl.testing import parameterized
 from maxtext.engine import model_setup
+from maxtext.model import model_config
 from maxtext.runtime import mesh as mesh_lib
 from testing import mesh_equality
 from testing import tiny_configs
@@ -114,7 +115,8 @@ class TensorParallelTest(parameterized.TestCase):
         ValueError, "tensor_parallelism=2 does not divide the 1 kv_heads"
     ):
       model_setup.setup_model(
-          config, mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+          model_config.of(config),
+          mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config)),
       )
 
   def test_tensor_must_divide_the_devices(self):

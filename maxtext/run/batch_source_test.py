@@ -12,9 +12,9 @@ import os
 from absl.testing import absltest
 import numpy as np
 
+from maxtext import workloads
 from maxtext.listeners import interface
 from maxtext.run import batch_source
-from maxtext.run import trainer
 from maxtext.run import workload as workload_lib
 from maxtext.storage import checkpointing
 from testing import tiny_configs
@@ -45,9 +45,11 @@ class _Source(batch_source.DatasetSource):
 
 
 class _Workload(workload_lib.Workload):
-  """Pretraining, its batches from `_Source(state, **source_args)`."""
+  """Pretraining of `config`, its batches from `_Source(state,
+  **source_args)`."""
 
-  def __init__(self, **source_args):
+  def __init__(self, config, **source_args):
+    super().__init__(workloads.engine_builder(config))
     self._args = source_args
     self.source = None
 
@@ -68,11 +70,11 @@ class _Records(interface.RunListener):
 
 def _run(output_dir, **source_args):
   """Trains the tiny model `_STEPS` steps; (workload, records, result)."""
-  workload, records = _Workload(**source_args), _Records()
   config = tiny_configs.tiny_config(
       output_dir, steps=_STEPS, eval_interval=_STEPS
   )
-  result = trainer.run(config, workload=workload, extra_listeners=[records])
+  workload, records = _Workload(config, **source_args), _Records()
+  result = workloads.run(config, workload=workload, extra_listeners=[records])
   return workload, records.records, result
 
 

@@ -10,9 +10,11 @@ eval_start/eval_accuracy/eval_stop at each point's samples count, then
 run_stop `success` dated at the passing step's update time, or `aborted`
 if none passed (`//tools/mlperf:deferred_eval` is the command).
 
-It is given the run's training config (the same command line), and refuses,
-in one line and before anything is appended: a run that is not there, a
-config that differs from the run's record (as a resume would refuse it, and
+It is given the run's settings and workload, built from its training config
+(the same command line) as for training (`maxtext/workloads.py`'s `check`,
+whose refusals come first), and refuses, in one line and before anything is
+appended: a run that is not there, a config that differs from the run's
+record (as a resume would refuse it, and
 in the fields that decide what an evaluation measures), a log already
 closed or whose training did not finish, and weights-only checkpoints that
 are missing, carry no checksums, fail them or are not the log's (their
@@ -30,14 +32,13 @@ from absl import logging
 import jax
 import numpy as np
 
-from maxtext.config import config_lib
 from maxtext.core import eval_metrics
 from maxtext.core import progress as progress_lib
 from maxtext.listeners import multi_listener
 from maxtext.mllog import deferred_log
 from maxtext.mllog import logger as mllog_logger
 from maxtext.mllog import mllog_listener
-from maxtext.mllog import mlperf_config
+from maxtext.run import run_settings
 from maxtext.run import run_state as run_state_lib
 from maxtext.run import trainer
 from maxtext.run import workload as workload_lib
@@ -74,7 +75,7 @@ class Result:
 
 
 def evaluate_run(
-    config,
+    settings: run_settings.RunSettings,
     workload: workload_lib.Workload,
     *,
     time_fn: Callable[[], float] = time.time,
@@ -83,12 +84,13 @@ def evaluate_run(
   """Evaluates a finished deferred_eval run's weights and closes its log.
 
   Args:
-    config: the run's training config (its run_name names the run).
-    workload: the workload `config.workload` names.
+    settings: the run's settings, from its checked training config (its
+      run_name names the run).
+    workload: the workload its config names.
     time_fn: seconds since the epoch, for the eval lines' times.
     progress: where the checkpoints evaluated (of the log's points) and
       each checkpoint's verification and restore report their progress;
-      default: the log, every `config.progress_interval_s`.
+      default: the log, every `progress_interval_s`.
 
   Returns:
     The Result.
@@ -98,17 +100,13 @@ def evaluate_run(
     OSError: the log could not be written.
   """
   try:
-    config, workload = trainer.check(config, workload)
-  except trainer.ConfigError as e:
-    raise Refused(str(e)) from e
-  try:
-    config, paths = _the_run(config)
-    pending = _pending_log(config, paths.run_dir)
+    settings, paths = _the_run(settings)
+    pending = _pending_log(settings, paths.run_dir)
     weights_dir = weights_checkpoints.directory(paths.run_dir)
     _check_weights_present(weights_dir, pending.points)
-    trainer.start_jax(config)
-    progress = progress or progress_lib.logged(config.progress_interval_s)
-    state = _eval_state(config, paths, workload, progress)
+    trainer.start_jax(settings)
+    progress = progress or progress_lib.logged(settings.progress_interval_s)
+    state = _eval_state(settings, paths, workload, progress)
     try:
       evaluations = _evaluate_points(
           state, workload, pending, time_fn, progress
@@ -124,62 +122,60 @@ def evaluate_run(
       status=status,
       log_path=pending.path,
       evaluations=tuple(evaluations),
-      target=workload.target(config),
+      target=workload.target(settings),
   )
 
 
-def _the_run(config):
-  """The run's paths, once the config is checked against its record.
+def _the_run(settings: run_settings.RunSettings):
+  """The run's paths, once its config is checked against its record.
 
   Returns:
-    (the config with the run's recorded seed, the run's paths).
+    (the settings with the run's recorded seed, the run's paths).
   """
-  if not config.run_name:
+  run_name = settings.run_name
+  if not run_name:
     raise Refused(
         "config.run_name is empty: give the run_name of the run to evaluate"
     )
-  paths = run_dir_lib.make_run_paths(
-      run_dir_lib.RunDirConfig.from_config(config), config.run_name
-  )
+  paths = run_dir_lib.make_run_paths(settings.run_dir, run_name)
   recorded = run_record.load_recorded_config(paths.run_dir)
   if recorded is None:
     raise Refused(
-        f"no run {config.run_name!r} in {paths.run_dir}: it holds no"
+        f"no run {run_name!r} in {paths.run_dir}: it holds no"
         f" {run_record.CONFIG_JSON}"
     )
   if not recorded.get("deferred_eval"):
     raise Refused(
-        f"run {config.run_name!r} was not trained with deferred_eval=True:"
+        f"run {run_name!r} was not trained with deferred_eval=True:"
         " its log holds its evaluations already"
     )
   try:
-    run_record.check_resume(
-        recorded, config_lib.to_json_dict(config), run_name=config.run_name
-    )
+    run_record.check_resume(recorded, dict(settings.record), run_name=run_name)
   except run_record.ResumeRefusedError as e:
     fields = "; ".join(line.strip() for line in str(e).splitlines()[1:])
     raise Refused(
-        f"the config differs from run {config.run_name!r}'s recorded config"
+        f"the config differs from run {run_name!r}'s recorded config"
         f" in {fields}: evaluate with the config the run trained with"
     ) from e
   for key in EVAL_FIELDS:
-    if recorded.get(key) != config[key]:
+    value = settings.record[key]
+    if recorded.get(key) != value:
       raise Refused(
-          f"config.{key}={config[key]!r} but run {config.run_name!r} trained"
+          f"config.{key}={value!r} but run {run_name!r} trained"
           f" with {recorded.get(key)!r}: the evaluation must measure what the"
           " run's would have"
       )
-  config = config_lib.with_seed(
-      config, run_record.resolve_seed(config.seed, recorded)
+  settings = settings.with_seed(
+      run_record.resolve_seed(settings.seed, recorded)
   )
-  return config, paths
+  return settings, paths
 
 
-def _pending_log(config, run_dir: str) -> deferred_log.Pending:
+def _pending_log(
+    settings: run_settings.RunSettings, run_dir: str
+) -> deferred_log.Pending:
   """The run's newest attempt's log, awaiting its evaluation."""
-  first = mllog_listener.first_log_path(
-      mlperf_config.MlperfConfig.from_config(config), run_dir
-  )
+  first = mllog_listener.first_log_path(settings.mlperf, run_dir)
   attempts = mllog_logger.attempt_paths(first)
   if not attempts:
     raise Refused(f"{first} does not exist: the run wrote no MLPerf log")
@@ -221,25 +217,28 @@ def _check_weights_present(
 
 
 def _eval_state(
-    config, paths, workload, progress: progress_lib.Reporter
+    settings: run_settings.RunSettings,
+    paths,
+    workload,
+    progress: progress_lib.Reporter,
 ) -> run_state_lib.RunState:
   """A run state to evaluate in: the run's model, engine and data, no
   outputs; its checkpointer is the run's weights-only one."""
-  mesh = mesh_lib.make_mesh(workload.mesh_config(config))
-  mesh_lib.check_batch_layout(mesh_lib.BatchLayout.from_config(config), mesh)
+  mesh = mesh_lib.make_mesh(workload.mesh_config(settings))
+  mesh_lib.check_batch_layout(settings.batch, mesh)
   weights = weights_checkpoints.open_checkpointer(
       paths.run_dir, progress=progress
   )
   try:
-    engine, setup = workload.engine_factory(config, mesh)
+    engine, setup = workload.engine_factory(settings, mesh)
     dataset = workload.make_dataset(
-        config, jax.process_index(), jax.process_count()
+        settings, jax.process_index(), jax.process_count()
     )
   except BaseException:
     weights.close()
     raise
   return run_state_lib.RunState(
-      config=config,
+      settings=settings,
       paths=paths,
       is_primary=jax.process_index() == 0,
       setup=setup,
@@ -262,7 +261,7 @@ def _evaluate_points(
 ) -> list[deferred_log.Evaluation]:
   """Evaluates the points in order up to the first that reaches the target,
   reporting the checkpoints evaluated of the log's points."""
-  target = workload.target(state.config)
+  target = workload.target(state.settings)
   abstract = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
       state.engine.params,
@@ -293,7 +292,7 @@ def _evaluate_point(
     time_fn: Callable[[], float],
 ) -> deferred_log.Evaluation:
   """Restores one point's weights and evaluates them."""
-  target = workload.target(state.config)
+  target = workload.target(state.settings)
   params = _restore(state.weights, point, abstract)
   state.engine.set_state(
       dict(

@@ -9,21 +9,30 @@ pins what it read (`reference_pin`) and every later attempt of the run
 must read the same reference, or be allowed to read another.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import jax
 
-from maxtext.engine import model_setup
 from maxtext.run import reference_pin
 from maxtext.run import workload
 
 
-def load(state, *, allow_change: bool) -> Any:
+def load(
+    state,
+    init_params: Callable[[Any], Any],
+    *,
+    source: str,
+    allow_change: bool,
+) -> Any:
   """The run's frozen reference parameters, pinned in its run directory.
 
   Args:
-    state: the run state (its config, mesh and run directory).
+    state: the run state (its model setup and run directory).
+    init_params: `setup -> parameters`: the starting parameters as the
+      run's engine first read them, on the setup's mesh (the workload's
+      `model_setup.init_params` of the attempt's config).
+    source: where they come from (`load_parameters_path`; "" = the seed).
     allow_change: a resume may read another reference than the one the
       run pinned (logged, and recorded as the new pin).
 
@@ -34,12 +43,11 @@ def load(state, *, allow_change: bool) -> Any:
     workload.RefusedStart: the reference is not the one the run pinned
       (one line).
   """
-  config = state.config
-  params = model_setup.init_params(config, state.setup)
+  params = init_params(state.setup)
   try:
     allowed = reference_pin.check_and_record(
         state.paths.run_dir,
-        reference_pin.pin_of(config.load_parameters_path, params),
+        reference_pin.pin_of(source, params),
         allow_change=allow_change,
         write=jax.process_index() == 0,
     )

@@ -1,6 +1,6 @@
 """Checks a run's paths, data and MLPerf rules before any device work.
 
-`trainer.run` calls `check(settings)` right after `config_lib.validate`: a
+`workloads.check` calls `check(settings)` after `config_lib.validate`: a
 path the run cannot create, write or read, a malformed data file, prepared
 data that does not fit the model, and a config the MLPerf rules refuse
 (`maxtext.mllog.mlperf_preflight`) are then refused with one line,

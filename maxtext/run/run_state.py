@@ -1,6 +1,7 @@
-"""Everything one run holds, built from its config by one function.
+"""Everything one run holds, built from its settings by one function.
 
-`build(config, ...)` turns a validated config into a `RunState`: the mesh,
+`build(settings, ...)` turns the run's checked settings
+(`run_settings.RunSettings`) into a `RunState`: the mesh,
 the run directory (fetched from its GCS mirror on a new machine), the
 outputs as listeners (MLPerf log, console/JSONL/TensorBoard, profiler, GCS
 mirror), the model and its engine, the data, the checkpointer, and the
@@ -25,10 +26,8 @@ from typing import Optional, Sequence
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import numpy as np
 
-from maxtext.config import config_lib
 from maxtext.data import builtin_datasets
 from maxtext.data import dataset as dataset_lib
 from maxtext.engine import engine as engine_lib
@@ -36,6 +35,7 @@ from maxtext.core import eval_metrics
 from maxtext.core import progress
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.engine import model_setup
+from maxtext.run import run_settings
 from maxtext.run import workload as workload_lib
 from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
@@ -45,8 +45,6 @@ from maxtext.metrics import metrics_listener
 from maxtext.metrics import throughput
 from maxtext.metrics import writers
 from maxtext.mllog import mllog_listener
-from maxtext.mllog import mlperf_config
-from maxtext.storage import checkpoint_config
 from maxtext.storage import checkpointing
 from maxtext.storage import data_state
 from maxtext.storage import gcs_mirror
@@ -72,7 +70,7 @@ class RunState:
   """One run's state; see the module docstring.
 
   Attributes:
-    config: the run's validated config.
+    settings: the attempt's settings (its seed resolved).
     paths: the run's directories.
     is_primary: whether this is process 0 (the one that writes outputs).
     setup: the model's mesh and shardings.
@@ -86,7 +84,7 @@ class RunState:
       (`storage/weights_checkpoints.py`), else None.
   """
 
-  config: ml_collections.ConfigDict  # The attempt's, its seed resolved.
+  settings: run_settings.RunSettings
   paths: run_dir_lib.RunPaths
   is_primary: bool
   setup: model_setup.ModelSetup
@@ -106,7 +104,7 @@ class RunState:
       batch, its transfer to the devices left out); ([], 0.0) past the last
       step.
     """
-    if step >= self.config.steps:
+    if step >= self.settings.steps:
       return [], 0.0
     start = time.monotonic()
     batch = self.dataset.get_batch(step)
@@ -114,7 +112,7 @@ class RunState:
     micro_batches = [
         mesh_lib.global_batch(micro, self.setup.batch_sharding)
         for micro in builtin_datasets.split_micro_batches(
-            batch, self.config.gradient_accumulation_steps
+            batch, self.settings.gradient_accumulation_steps
         )
     ]
     return micro_batches, wait
@@ -131,7 +129,7 @@ class RunState:
                     self.dataset.get_eval_batch(i), self.setup.batch_sharding
                 )
             )
-            for i in range(self.config.eval_steps)
+            for i in range(self.settings.eval_steps)
         ]
     )
     return {
@@ -216,10 +214,10 @@ class RunState:
         logging.warning("Closing the run: %s", e)
 
 
-def _run_name(config) -> str:
-  """config.run_name, or a timestamp that every process agrees on."""
-  if config.run_name:
-    return config.run_name
+def _run_name(settings: run_settings.RunSettings) -> str:
+  """The run's run_name, or a timestamp that every process agrees on."""
+  if settings.run_name:
+    return settings.run_name
   if jax.process_count() == 1:
     return run_dir_lib.default_run_name()
   stamp = multihost_utils.broadcast_one_to_all(
@@ -269,7 +267,9 @@ def _draw_seed() -> int:
 
 
 def _lock_run(
-    config, paths: run_dir_lib.RunPaths, is_primary: bool
+    settings: run_settings.RunSettings,
+    paths: run_dir_lib.RunPaths,
+    is_primary: bool,
 ) -> Optional[run_lock.RunLocks]:
   """Process 0 locks the run's directories; every process learns the outcome.
 
@@ -280,15 +280,15 @@ def _lock_run(
   locations = [paths.run_dir]
   if paths.remote_url:
     locations.append(paths.remote_url)
-  if config.checkpoint_directory:
+  if settings.run_dir.checkpoint_directory:
     locations.append(paths.checkpoint_dir)
   locks, error = None, None
   if is_primary:
     try:
       locks = run_lock.acquire_run_locks(
           locations,
-          refresh_interval_s=config.run_lock_refresh_interval_seconds,
-          request_timeout_s=config.gcs_request_timeout_seconds,
+          refresh_interval_s=settings.run_lock_refresh_interval_seconds,
+          request_timeout_s=settings.gcs_request_timeout_seconds,
       )
     except run_lock.RunLockError as e:
       error = e
@@ -305,7 +305,9 @@ def _lock_run(
   return locks
 
 
-def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
+def _fetch_remote_run(
+    settings: run_settings.RunSettings, paths: run_dir_lib.RunPaths
+) -> None:
   """On a new machine, a gs:// run's files come from its mirror."""
   if not paths.remote_url:
     return
@@ -316,10 +318,10 @@ def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
     files = gcs_mirror.download_prefix(
         paths.remote_url,
         paths.run_dir,
-        request_timeout_s=config.gcs_request_timeout_seconds,
-        list_timeout_s=config.gcs_startup_timeout_seconds,
+        request_timeout_s=settings.gcs_request_timeout_seconds,
+        list_timeout_s=settings.gcs_startup_timeout_seconds,
         exclude=_MIRROR_EXCLUDE,
-        progress=progress.logged(config.progress_interval_s),
+        progress=progress.logged(settings.progress_interval_s),
     )
   except gcs_mirror.GcsError as e:
     # GCS trouble never stops a run: it starts from what is local (nothing),
@@ -339,7 +341,9 @@ def _fetch_remote_run(config, paths: run_dir_lib.RunPaths) -> None:
     )
 
 
-def _check_start_over(config, paths, checkpointer) -> None:
+def _check_start_over(
+    settings: run_settings.RunSettings, paths, checkpointer
+) -> None:
   """A start from step 0 over an earlier attempt's records needs start_over.
 
   Raises:
@@ -349,7 +353,7 @@ def _check_start_over(config, paths, checkpointer) -> None:
   """
   latest = checkpointer.latest_step()
   if latest is not None:
-    if config.start_over:
+    if settings.start_over:
       raise ValueError(
           f"start_over=True but {paths.checkpoint_dir} holds the checkpoint of"
           f" step {latest}, which this run would resume from; drop start_over"
@@ -368,7 +372,7 @@ def _check_start_over(config, paths, checkpointer) -> None:
             fnmatch.fnmatch(name, p) for p in checkpointing.SET_ASIDE_PATTERNS
         )
     )
-  if found and not config.start_over:
+  if found and not settings.start_over:
     raise ValueError(
         f"run directory {paths.run_dir} holds records of an earlier attempt"
         f" ({', '.join(found)}) but no checkpoint to resume from; set"
@@ -420,7 +424,7 @@ def _restore(engine, checkpointer, paths, mesh) -> dict:
 
 
 def _output_listeners(
-    config,
+    settings: run_settings.RunSettings,
     paths,
     is_primary: bool,
     start_step: int,
@@ -432,42 +436,42 @@ def _output_listeners(
           writers.MetricLogger(
               paths.run_dir,
               is_primary=is_primary,
-              log_period=config.log_period,
-              total_steps=config.steps,
+              log_period=settings.log_period,
+              total_steps=settings.steps,
               tokens_per_step=step_throughput.tokens_per_step,
               first_step=start_step,
               throughput=step_throughput,
           )
       )
   ]
-  if config.profiler_steps and is_primary:
+  if settings.profiler_steps and is_primary:
     listeners.append(
         profiler.ProfilerListener(
             paths.tensorboard_dir,
-            config.profiler_start_step,
-            config.profiler_steps,
+            settings.profiler_start_step,
+            settings.profiler_steps,
         )
     )
   return listeners
 
 
 def build(
-    config: ml_collections.ConfigDict,
+    settings: run_settings.RunSettings,
     *,
+    workload: workload_lib.Workload,
     config_filename: str = "unknown",
     extra_listeners: Sequence[interface.RunListener] = (),
-    workload: Optional[workload_lib.Workload] = None,
 ) -> RunState:
-  """Builds the run's state from its (validated) config.
+  """Builds the run's state from its (checked) settings.
 
   Args:
-    config: the run's config, already validated.
+    settings: the run's settings, built from its checked config.
+    workload: the run's kind of training (`maxtext/run/workload.py`): its
+      engine, its data set and its rows' length for the throughput
+      figures.
     config_filename: the config file's name, for the MLPerf log.
     extra_listeners: more outputs, called after the built-in ones (and
       before the GCS mirror), under the same failure policy.
-    workload: the run's kind of training (`maxtext/run/workload.py`): its
-      engine, its data set and its rows' length for the throughput
-      figures; None = pretraining.
 
   Returns:
     The RunState, with every listener added; the caller calls
@@ -480,15 +484,12 @@ def build(
     RunLockError: another run holds the run directory.
     AlreadyFinished: the run's newest checkpoint is at or past `steps`.
   """
-  workload = workload or workload_lib.Workload()
-  mesh, step_throughput = _mesh_and_throughput(config, workload)
-  paths = run_dir_lib.make_run_paths(
-      run_dir_lib.RunDirConfig.from_config(config), _run_name(config)
-  )
+  mesh, step_throughput = _mesh_and_throughput(settings, workload)
+  paths = run_dir_lib.make_run_paths(settings.run_dir, _run_name(settings))
   # What is opened is closed again, in reverse order, if building fails.
   with contextlib.ExitStack() as opened:
     state = _open_run(
-        config,
+        settings,
         paths,
         _Devices(mesh, step_throughput),
         workload,
@@ -509,7 +510,7 @@ class _Devices:
 
 
 def _open_run(
-    config,
+    settings: run_settings.RunSettings,
     paths: run_dir_lib.RunPaths,
     devices: _Devices,
     workload: workload_lib.Workload,
@@ -522,40 +523,40 @@ def _open_run(
   inputs, the MLPerf log, the engine, the restore, the record, the other
   outputs; what is opened is closed by `opened`."""
   is_primary = jax.process_index() == 0
-  locks = _lock_run(config, paths, is_primary)
+  locks = _lock_run(settings, paths, is_primary)
   if locks is not None:
     opened.callback(locks.release)  # Last: after the outputs closed.
   outputs = _Outputs()
   opened.callback(outputs.abandon)
   # The data and the checkpoint directory are opened (and checked) before
   # the MLPerf log exists: a mistake there leaves no log behind.
-  config, checkpointer, dataset = _open_inputs(
-      config, paths, is_primary, locks, outputs, opened, workload
+  settings, checkpointer, dataset = _open_inputs(
+      settings, paths, is_primary, locks, outputs, opened, workload
   )
-  weights = _open_weights(config, paths, locks, opened)
+  weights = _open_weights(settings, paths, locks, opened)
   outputs.listeners.add(
       mllog_listener.start(
-          mlperf_config.MlperfConfig.from_config(config),
+          settings.mlperf,
           paths.run_dir,
           process_index=jax.process_index(),
           data_parallelism=devices.mesh.shape[mesh_lib.DATA_AXIS],
           config_filename=config_filename,
           throughput=devices.throughput,
-          header=workload.mlperf_header(config),
+          header=workload.mlperf_header(),
       )
   )
-  engine, setup = workload.engine_factory(config, devices.mesh)
+  engine, setup = workload.engine_factory(settings, devices.mesh)
   opened.callback(engine.close)
-  _resume(config, engine, dataset, checkpointer, paths, devices.mesh, outputs)
+  _resume(settings, engine, dataset, checkpointer, paths, devices.mesh, outputs)
   if is_primary:
     _record_attempt(
-        config, paths, dataset, outputs.start_step, checkpointer.run_id
+        settings, paths, dataset, outputs.start_step, checkpointer.run_id
     )
   outputs_of_run = _output_listeners(
-      config, paths, is_primary, outputs.start_step, devices.throughput
+      settings, paths, is_primary, outputs.start_step, devices.throughput
   )
   return RunState(
-      config=config,
+      settings=settings,
       paths=paths,
       is_primary=is_primary,
       setup=setup,
@@ -570,7 +571,7 @@ def _open_run(
 
 
 def _mesh_and_throughput(
-    config, workload: workload_lib.Workload
+    settings: run_settings.RunSettings, workload: workload_lib.Workload
 ) -> tuple[jax.sharding.Mesh, throughput.StepThroughput]:
   """The training mesh (the batch's layout and the workload's device checks
   passed) and the throughput figures of a step on its devices.
@@ -579,31 +580,31 @@ def _mesh_and_throughput(
     ValueError/TypeError: the batch does not fit the mesh, or the workload
       refuses the devices.
   """
-  mesh = mesh_lib.make_mesh(workload.mesh_config(config))
-  mesh_lib.check_batch_layout(mesh_lib.BatchLayout.from_config(config), mesh)
-  workload.check_devices(config, mesh)
+  mesh = mesh_lib.make_mesh(workload.mesh_config(settings))
+  mesh_lib.check_batch_layout(settings.batch, mesh)
+  workload.check_devices(settings, mesh)
   step_throughput = throughput.StepThroughput.for_run(
-      throughput.ThroughputConfig.from_config(config),
+      settings.throughput,
       [d.device_kind for d in mesh.devices.flat],
-      row_length=workload.row_length(config),
+      row_length=workload.row_length(),
   )
   return mesh, step_throughput
 
 
 def _open_weights(
-    config,
+    settings: run_settings.RunSettings,
     paths: run_dir_lib.RunPaths,
     locks: Optional[run_lock.RunLocks],
     opened: contextlib.ExitStack,
 ) -> Optional[checkpointing.Checkpointer]:
   """The weights-only checkpoints of a `deferred_eval` run, else None;
   closed by `opened`."""
-  if not config.deferred_eval:
+  if not settings.deferred_eval:
     return None
   weights = weights_checkpoints.open_checkpointer(
       paths.run_dir,
       fence=locks.check if locks is not None else None,
-      progress=progress.logged(config.progress_interval_s),
+      progress=progress.logged(settings.progress_interval_s),
   )
   opened.callback(weights.close)
   return weights
@@ -659,7 +660,7 @@ class _Outputs:
 
 
 def _open_inputs(
-    config: ml_collections.ConfigDict,
+    settings: run_settings.RunSettings,
     paths: run_dir_lib.RunPaths,
     is_primary: bool,
     locks: Optional[run_lock.RunLocks],
@@ -667,7 +668,7 @@ def _open_inputs(
     opened: contextlib.ExitStack,
     workload: workload_lib.Workload,
 ) -> tuple[
-    ml_collections.ConfigDict, checkpointing.Checkpointer, dataset_lib.Dataset
+    run_settings.RunSettings, checkpointing.Checkpointer, dataset_lib.Dataset
 ]:
   """Opens the run directory, its checkpoints and the data.
 
@@ -675,46 +676,47 @@ def _open_inputs(
   goes to `outputs`.
 
   Returns:
-    (the attempt's config with its resolved seed, checkpointer, data set).
+    (the attempt's settings with its resolved seed, checkpointer, data set).
 
   Raises:
     AlreadyFinished: the newest checkpoint is at or past `steps`.
     ValueError: the resume changes a field the run's record fixes, or
       resume=True finds no checkpoint; and as the data set.
   """
-  _fetch_remote_run(config, paths)
+  _fetch_remote_run(settings, paths)
   os.makedirs(paths.run_dir, exist_ok=True)
-  settings = checkpoint_config.CheckpointConfig.from_config(config)
   checkpointer = checkpointing.Checkpointer(
       paths.checkpoint_dir,
-      save_period=settings.save_period,
-      max_to_keep=settings.max_checkpoints_to_keep,
+      save_period=settings.checkpoint.save_period,
+      max_to_keep=settings.checkpoint.max_checkpoints_to_keep,
       # No checkpoint once another run took the run's lock over.
       fence=locks.check if locks is not None else None,
-      progress=progress.logged(config.progress_interval_s),
+      progress=progress.logged(settings.progress_interval_s),
       # Only this run's own checkpoints are restored.
       run_id=_run_id(paths),
   )
   opened.callback(checkpointer.close)
-  config = _check_resume(config, paths, checkpointer.latest_own_step())
+  settings = _check_resume(settings, paths, checkpointer.latest_own_step())
   if paths.remote_url and is_primary:
-    outputs.mirror = _mirror(config, paths, locks)
+    outputs.mirror = _mirror(settings, paths, locks)
   dataset = workload.make_dataset(
-      config, jax.process_index(), jax.process_count()
+      settings, jax.process_index(), jax.process_count()
   )
   opened.callback(dataset.close)
-  if config.resume and checkpointer.latest_step() is None:
+  if settings.resume and checkpointer.latest_step() is None:
     raise ValueError(
         f"config.resume=True but {paths.checkpoint_dir} holds no checkpoint "
         "(set run_name to the run to resume)"
     )
-  _check_start_over(config, paths, checkpointer)
+  _check_start_over(settings, paths, checkpointer)
   if checkpointer.latest_step() is not None:
-    _check_data(config, paths, dataset)
-  return config, checkpointer, dataset
+    _check_data(settings, paths, dataset)
+  return settings, checkpointer, dataset
 
 
-def _check_data(config, paths, dataset: dataset_lib.Dataset) -> None:
+def _check_data(
+    settings: run_settings.RunSettings, paths, dataset: dataset_lib.Dataset
+) -> None:
   """A resume reads the data files the run recorded, or says it may not.
 
   Raises:
@@ -726,7 +728,7 @@ def _check_data(config, paths, dataset: dataset_lib.Dataset) -> None:
   )
   if not changes:
     return
-  if not config.allow_data_change:
+  if not settings.allow_data_change:
     raise ValueError(
         f"{changes[0]}; the run {paths.run_name!r} trained on other data."
         " Resume with the recorded file, or set allow_data_change=True if"
@@ -737,14 +739,14 @@ def _check_data(config, paths, dataset: dataset_lib.Dataset) -> None:
 
 
 def _check_resume(
-    config: ml_collections.ConfigDict,
+    settings: run_settings.RunSettings,
     paths: run_dir_lib.RunPaths,
     latest_step: Optional[int],
-) -> ml_collections.ConfigDict:
+) -> run_settings.RunSettings:
   """Checks a resume against the run's record; resolves the seed.
 
   Returns:
-    The attempt's config, with its resolved seed.
+    The attempt's settings, with its resolved seed.
 
   Raises:
     AlreadyFinished: the newest checkpoint is at or past `steps`.
@@ -752,23 +754,23 @@ def _check_resume(
   """
   recorded = run_record.load_recorded_config(paths.run_dir)
   finished = run_record.finished_message(
-      paths.run_name, latest_step, config.steps
+      paths.run_name, latest_step, settings.steps
   )
   if finished:
     raise AlreadyFinished(finished, latest_step, paths.run_dir)
   if recorded is not None:
     changes = run_record.check_resume(
-        recorded, config_lib.to_json_dict(config), run_name=paths.run_name
+        recorded, dict(settings.record), run_name=paths.run_name
     )
     if changes:
       logging.info("%s", run_record.describe_changes(changes))
-  return config_lib.with_seed(
-      config, run_record.resolve_seed(config.seed, recorded, draw=_draw_seed)
+  return settings.with_seed(
+      run_record.resolve_seed(settings.seed, recorded, draw=_draw_seed)
   )
 
 
 def _mirror(
-    config: ml_collections.ConfigDict,
+    settings: run_settings.RunSettings,
     paths: run_dir_lib.RunPaths,
     locks: Optional[run_lock.RunLocks],
 ) -> mirror_listener.MirrorListener:
@@ -777,18 +779,18 @@ def _mirror(
       gcs_mirror.GcsMirror(
           paths.run_dir,
           paths.remote_url,
-          min_interval_s=config.gcs_sync_interval_seconds,
-          request_timeout_s=config.gcs_request_timeout_seconds,
-          final_timeout_s=config.gcs_final_timeout_seconds,
+          min_interval_s=settings.gcs_sync_interval_seconds,
+          request_timeout_s=settings.gcs_request_timeout_seconds,
+          final_timeout_s=settings.gcs_final_timeout_seconds,
           exclude=_MIRROR_EXCLUDE,
           fence=locks.fence if locks is not None else None,
-          progress=progress.logged(config.progress_interval_s),
+          progress=progress.logged(settings.progress_interval_s),
       )
   )
 
 
 def _resume(
-    config: ml_collections.ConfigDict,
+    settings: run_settings.RunSettings,
     engine: engine_lib.Engine,
     dataset: dataset_lib.Dataset,
     checkpointer: checkpointing.Checkpointer,
@@ -811,13 +813,13 @@ def _resume(
     dataset.restore_checkpoint_state(state)
   outputs.samples = int(
       metadata.get(
-          "samples_count", outputs.start_step * config.global_batch_size
+          "samples_count", outputs.start_step * settings.global_batch_size
       )
   )
 
 
 def _record_attempt(
-    config: ml_collections.ConfigDict,
+    settings: run_settings.RunSettings,
     paths: run_dir_lib.RunPaths,
     dataset: dataset_lib.Dataset,
     start_step: int,
@@ -835,5 +837,5 @@ def _record_attempt(
   if data_provenance is not None:
     provenance["data"] = data_provenance
   run_record.record_attempt(
-      paths.run_dir, config_lib.to_json_dict(config), provenance, start_step
+      paths.run_dir, dict(settings.record), provenance, start_step
   )

@@ -1,11 +1,15 @@
-"""The training loop: `run(config)` trains, evaluates, checkpoints one run.
+"""The training loop: `run(settings, workload=...)` trains, evaluates,
+checkpoints one run.
 
 The one loop of every workload (pretraining, SFT, GRPO; see
-`maxtext/run/workload.py` for what a workload supplies). `train_main` and
-`grpo_main` parse flags and call `run`; tests and benchmarks call it
-in-process. One run:
+`maxtext/run/workload.py` for what a workload supplies). It takes the run's
+settings (`run_settings.RunSettings`), which the caller that holds the
+run's config builds once it is checked (`maxtext/workloads.py`: `check`
+makes every check a run makes before any device work, and `run` calls this
+module's); `train_main` and `grpo_main` parse flags and call
+`workloads.run`, as tests and benchmarks do in-process. One run:
 
-  validate config (and the workload's own checks) -> jax.distributed ->
+  jax.distributed ->
   run_state.build (mesh, run directory, outputs, the workload's engine and
   data, checkpoint restore) -> the workload's start (e.g. GRPO's eval of the
   starting parameters) and its batch source -> warm-up (compilation before
@@ -32,23 +36,19 @@ from typing import Optional, Sequence
 
 from absl import logging
 import jax
-import ml_collections
 
 from maxtext.core import caller_paths
-from maxtext.config import config_lib
 from maxtext.runtime import distributed
 from maxtext.core import eval_metrics
 from maxtext.config import eval_schedule
 from maxtext.runtime import preemption
 from maxtext.run import batch_source as batch_source_lib
-from maxtext.run import preflight
+from maxtext.run import run_settings
 from maxtext.run import run_state as run_state_lib
 from maxtext.run import workload as workload_lib
 from maxtext.listeners import interface
 from maxtext.listeners import multi_listener
 from maxtext.metrics import recorder as metrics_recorder
-from maxtext.storage import checkpoint_config
-from maxtext.storage import run_dir as run_dir_lib
 
 RunOutcome = interface.RunOutcome
 ListenerError = multi_listener.ListenerError
@@ -98,7 +98,7 @@ class RunResult:
   start_eval: Optional[dict[str, float]] = None
 
 
-def _check_hardware(config) -> None:
+def _check_hardware(settings: run_settings.RunSettings) -> None:
   """Logs the backend and devices; a missing accelerator is an error unless
   allowed. hardware="auto" runs on whatever JAX found."""
   backend = jax.default_backend()
@@ -109,101 +109,43 @@ def _check_hardware(config) -> None:
       len(devices),
       ", ".join(sorted({d.device_kind for d in devices})),
       jax.process_count(),
-      " (hardware='auto')" if config.hardware == "auto" else "",
+      " (hardware='auto')" if settings.hardware == "auto" else "",
   )
-  if config.hardware not in ("auto", backend):
+  if settings.hardware not in ("auto", backend):
     if (
-        config.hardware != "cpu"
+        settings.hardware != "cpu"
         and backend == "cpu"
-        and config.allow_cpu_fallback
+        and settings.allow_cpu_fallback
     ):
       logging.warning(
           "hardware=%r requested but JAX found only the CPU; "
           "running on the CPU because allow_cpu_fallback=True.",
-          config.hardware,
+          settings.hardware,
       )
     else:
       raise HardwareError(
-          f"hardware={config.hardware!r} requested but JAX's backend is "
-          f"{backend!r} (devices: {devices}). Install the {config.hardware} "
+          f"hardware={settings.hardware!r} requested but JAX's backend is "
+          f"{backend!r} (devices: {devices}). Install the {settings.hardware} "
           "packages or set --config.allow_cpu_fallback=True to run on the CPU."
       )
 
 
-def _pretraining(config) -> workload_lib.Workload:
-  """Pretraining's workload, the one a caller that names none gets.
-
-  Raises:
-    ValueError: the config names another workload, which lives above the
-      loop (`maxtext/workloads.py` resolves every name).
-  """
-  if config.workload != workload_lib.Workload.name:
-    raise ValueError(
-        f"config.workload={config.workload!r}: trainer.run was given no "
-        "workload; maxtext.workloads.run(config) runs the one a config names"
-    )
-  return workload_lib.Workload()
-
-
-def check(
-    config, workload: Optional[workload_lib.Workload] = None
-) -> tuple[ml_collections.ConfigDict, workload_lib.Workload]:
-  """Every check a run makes before any device work.
-
-  Args:
-    config: the run's config.
-    workload: as for `run`.
-
-  Returns:
-    (the config with its input paths resolved, the run's workload).
-
-  Raises:
-    ConfigError: one line naming the field and the value.
-  """
-  try:
-    config_lib.validate(config)
-    # Checkpointing's settings: maxtext/config/ sits below maxtext/storage/
-    # and cannot check them, so they are checked here, before device work.
-    checkpoint_config.CheckpointConfig.from_config(config)
-    if workload is None:
-      workload = _pretraining(config)
-    elif workload.name != config.workload:
-      raise ValueError(
-          f"config.workload={config.workload!r}: the run was given the "
-          f"{workload.name!r} workload"
-      )
-    workload.check(config)
-    config = config_lib.with_values(
-        config,
-        run_dir_lib.resolved_input_paths(
-            run_dir_lib.RunDirConfig.from_config(config)
-        ),
-    )
-    preflight.check(
-        preflight.PreflightConfig.from_config(config),
-        workload.mlperf_header(config),
-    )
-  except (ValueError, TypeError) as e:
-    raise ConfigError(str(e)) from e
-  return config, workload
-
-
 def run(
-    config,
+    settings: run_settings.RunSettings,
     *,
-    workload: Optional[workload_lib.Workload] = None,
+    workload: workload_lib.Workload,
     config_filename: str = "unknown",
     stop_request: Optional[preemption.StopRequest] = None,
     extra_listeners: Sequence[interface.RunListener] = (),
 ) -> RunResult:
-  """Trains one run as the config says.
+  """Trains one run as its settings say.
 
   Args:
-    config: the run's ml_collections config (base.py's fields). It is
-      validated here, before any device work.
-    workload: the kind of training, of the name `config.workload` gives;
-      None = pretraining (`workload.Workload`). The loop sits below every
-      workload: `maxtext.workloads.run(config)` resolves the name.
+    settings: the run's settings, built from its checked config
+      (`maxtext.workloads.check`: every check before any device work).
+    workload: the kind of training its config names, with its own
+      settings. The loop sits below every workload:
+      `maxtext.workloads.run(config)` builds both and calls this.
     config_filename: the config file's name, for the MLPerf log's disclosure.
     stop_request: where stop requests come from; by default SIGTERM/SIGINT
       handlers are installed for the duration of the run.
@@ -216,7 +158,8 @@ def run(
     The RunResult.
 
   Raises:
-    ConfigError: a bad config field, path or run directory, named.
+    ConfigError: a config problem found while building the run (the batch
+      against the mesh, its run directory, a resume), named.
     TrainingError: the run could not go on (e.g. non-finite gradients).
     ListenerError: an output failed; a checkpoint of the last completed step
       was written first.
@@ -224,12 +167,11 @@ def run(
       GRPO reward function's RewardError), after a checkpoint of the last
       completed step.
   """
-  config, workload = check(config, workload)
-  start_jax(config)
+  start_jax(settings)
   stop = stop_request or preemption.StopRequest()
   try:
     try:
-      state = _build(config, workload, config_filename, extra_listeners)
+      state = _build(settings, workload, config_filename, extra_listeners)
     except run_state_lib.AlreadyFinished as done:
       logging.warning("%s", done)
       return RunResult(
@@ -247,7 +189,7 @@ def run(
       stop.close()
 
 
-def _build(config, workload, config_filename, extra_listeners):
+def _build(settings, workload, config_filename, extra_listeners):
   """`run_state.build`, a config problem it finds a ConfigError.
 
   Building checks what needs the devices, the run directory or the
@@ -260,7 +202,7 @@ def _build(config, workload, config_filename, extra_listeners):
   """
   try:
     return run_state_lib.build(
-        config,
+        settings,
         config_filename=config_filename,
         extra_listeners=extra_listeners,
         workload=workload,
@@ -304,20 +246,20 @@ def _train(state, workload, stop) -> RunResult:
   )
 
 
-def start_jax(config) -> None:
-  """Starts JAX as the config says: `jax.distributed`, the persistent
-  compilation cache, and the hardware check.
+def start_jax(settings: run_settings.RunSettings) -> None:
+  """Starts JAX as the run's settings say: `jax.distributed`, the
+  persistent compilation cache, and the hardware check.
 
   Raises:
-    HardwareError: the accelerator the config asks for is not there.
+    HardwareError: the accelerator the run asks for is not there.
   """
-  distributed.initialize(distributed.DistributedConfig.from_config(config))
-  if config.jax_compilation_cache_dir:
+  distributed.initialize(settings.distributed)
+  if settings.jax_compilation_cache_dir:
     jax.config.update(
         "jax_compilation_cache_dir",
-        caller_paths.resolve_local_path(config.jax_compilation_cache_dir),
+        caller_paths.resolve_local_path(settings.jax_compilation_cache_dir),
     )
-  _check_hardware(config)
+  _check_hardware(settings)
 
 
 def _checkpoint_quietly(state: run_state_lib.RunState) -> None:
@@ -437,9 +379,9 @@ def _train_loop(state: run_state_lib.RunState, workload, source, stop):
   Returns:
     (outcome, last eval record or None, last train loss).
   """
-  steps = _Steps(state, workload.target(state.config), source, stop)
+  steps = _Steps(state, workload.target(state.settings), source, stop)
   try:
-    for step in range(state.start_step, state.config.steps):
+    for step in range(state.start_step, state.settings.steps):
       steps.train(step)
       outcome = steps.after(step, workload)
       if outcome is not None:
@@ -478,10 +420,10 @@ class _Steps:
     self._source = source
     self._stop = stop
     self._skips = _SkipGuard(
-        state.config.max_consecutive_skipped_steps, state.checkpointer
+        state.settings.max_consecutive_skipped_steps, state.checkpointer
     )
     self.last_eval = self.last_train = None
-    self._evals = eval_schedule.EvalSchedule.from_config(state.config)
+    self._evals = state.settings.eval_schedule
     self._unwritten = None  # A _Finished step, written after the next dispatch.
     self._step_start = time.monotonic()
     # The first step's time holds the draw of its own batch; every later
@@ -528,7 +470,7 @@ class _Steps:
     buffer = engine.update(release=True)
     source.complete_record(step, buffer)
     if step % source.updates_per_batch == 0:
-      state.samples += state.config.global_batch_size
+      state.samples += state.settings.global_batch_size
     now = time.monotonic()
     self._unwritten = _Finished(
         step, buffer, now - self._step_start, state.samples, self._data_wait
@@ -543,7 +485,7 @@ class _Steps:
       How the run ends after this step (SUCCESS, INTERRUPTED), or None if
       it goes on.
     """
-    state, config = self._state, self._state.config
+    state, settings = self._state, self._state.settings
     completed = step + 1
     passes = self._source.updates_per_batch
     if completed % passes:
@@ -552,11 +494,11 @@ class _Steps:
         self._evals, completed, updates_per_batch=passes
     )
     stopping = self._stop.should_stop(completed)
-    save_due = state.checkpointer.due(completed) or completed == config.steps
+    save_due = state.checkpointer.due(completed) or completed == settings.steps
     if not (eval_due or stopping or save_due):
       return None  # Its records are written once the next step is dispatched.
     self._write_unwritten()
-    if eval_due and config.deferred_eval:
+    if eval_due and settings.deferred_eval:
       _defer_eval(state, step)
       self._step_start = time.monotonic()  # Saving is not step time.
     elif eval_due:
@@ -566,7 +508,7 @@ class _Steps:
         _checkpoint(state, force=True)
         return RunOutcome.SUCCESS
       self._step_start = time.monotonic()  # Eval time is not step time.
-    _checkpoint(state, force=stopping or completed == config.steps)
+    _checkpoint(state, force=stopping or completed == settings.steps)
     if not stopping:
       return None
     # "After step N" counts completed steps, as the checkpoint's step, the
@@ -651,7 +593,7 @@ def evaluate(
       eval_time=time.monotonic() - start,
       samples=state.samples,
       target_reached=reached,
-      continues=not reached and step + 1 < state.config.steps,
+      continues=not reached and step + 1 < state.settings.steps,
   )
 
 

@@ -15,7 +15,7 @@ import threading
 from absl.testing import absltest
 import jax
 
-from maxtext.run import trainer
+from maxtext import workloads
 from maxtext.listeners import interface
 from maxtext.storage import run_lock
 from testing import gcs_emulator
@@ -96,7 +96,7 @@ class TrainerGcsTest(absltest.TestCase):
 
   def test_bucket_holds_the_run_directory_at_the_end(self):
     config = self.config("plain")
-    result = trainer.run(config, config_filename="default.py")
+    result = workloads.run(config, config_filename="default.py")
     self.assertEqual(result.final_step, config.steps)
     self.assertEqual(result.run_dir, os.path.join(self.staging, "plain"))
     self.assert_run_dir_complete(result.run_dir, config.steps)
@@ -108,7 +108,7 @@ class TrainerGcsTest(absltest.TestCase):
         "down", gcs_request_timeout_seconds=0.5, gcs_final_timeout_seconds=2.0
     )
     with self.assertLogs(level="WARNING") as logs:
-      result = trainer.run(config, config_filename="default.py")
+      result = workloads.run(config, config_filename="default.py")
     self.assertEqual(result.final_step, config.steps)
     self.assert_run_dir_complete(result.run_dir, config.steps)
     # Warned at the start (no mirror to resume from) and at the end (the
@@ -162,7 +162,7 @@ class TrainerGcsTest(absltest.TestCase):
         # Slow steps, so that training goes on through the outage.
         threading.Event().wait(0.2)
 
-    result = trainer.run(
+    result = workloads.run(
         config, config_filename="default.py", extra_listeners=[Outage()]
     )
     restarter.join(30.0)
@@ -181,14 +181,14 @@ class TrainerGcsTest(absltest.TestCase):
 
   def test_resume_from_the_mirror_without_local_staging(self):
     config = self.config("moved")
-    first = trainer.run(config, config_filename="default.py")
+    first = workloads.run(config, config_filename="default.py")
     self.assertEqual(first.final_step, config.steps)
     self.assertEqual(self.objects("moved"), _mirrored_files(first.run_dir))
     # A new machine: the local staging is gone, the bucket holds the run.
     shutil.rmtree(first.run_dir)
 
     config2 = self.config("moved", steps=config.steps + 5)
-    second = trainer.run(config2, config_filename="default.py")
+    second = workloads.run(config2, config_filename="default.py")
     self.assertEqual(second.start_step, first.final_step)
     self.assertEqual(second.final_step, config2.steps)
     files = _mirrored_files(second.run_dir)

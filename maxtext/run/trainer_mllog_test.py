@@ -15,6 +15,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 
+from maxtext import workloads
 from maxtext.config import optimizer
 from maxtext.run import trainer
 from testing import compliance_checker
@@ -75,7 +76,7 @@ class TrainerMllogTest(parameterized.TestCase):
     config = tiny_configs.tiny_config(
         self.out, run_name=run_name, **{**_TINY, **overrides}
     )
-    result = trainer.run(config, config_filename="default.py")
+    result = workloads.run(config, config_filename="default.py")
     return config, result
 
   def assert_checker_passes(self, path, ruleset):

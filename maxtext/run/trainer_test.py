@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext import workloads
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 from maxtext.config import config_lib
@@ -171,7 +172,7 @@ class TrainerTest(parameterized.TestCase):
         profiler_steps=1,
         profiler_start_step=1,
     )
-    cls.ref = trainer.run(cls.ref_config)
+    cls.ref = workloads.run(cls.ref_config)
     cls.ref_records = run_layout.untimed_records(cls.ref.run_dir)
     cls.ref_state, _ = _restore_state(cls.ref_config, cls.ref.run_dir, _STEPS)
 
@@ -280,7 +281,7 @@ class TrainerTest(parameterized.TestCase):
         target_eval_loss=1.0,
         checkpoint_period=0,
     )
-    result = trainer.run(config)
+    result = workloads.run(config)
     self.assertEqual(result.status, trainer.RunOutcome.SUCCESS)
     self.assertLess(result.final_step, 60)
     self.assertLessEqual(result.last_eval_loss, 1.0)
@@ -303,7 +304,7 @@ class TrainerTest(parameterized.TestCase):
         first_eval_samples=16,
         checkpoint_period=0,
     )
-    result = trainer.run(config)
+    result = workloads.run(config)
     self.assertEqual(result.status, trainer.RunOutcome.COMPLETED)
     records = run_layout.untimed_records(result.run_dir)
     self.assertEqual(_steps(records, "eval"), [1, 4, 6])
@@ -317,12 +318,12 @@ class TrainerTest(parameterized.TestCase):
     self.assertEqual(evals, [16, 40, 56])
 
   def test_resume_equals_uninterrupted(self):
-    first = trainer.run(_config(self.root, "resumed", steps=_HALF))
+    first = workloads.run(_config(self.root, "resumed", steps=_HALF))
     self.assertEqual(
         (first.status, first.final_step), (trainer.RunOutcome.COMPLETED, _HALF)
     )
     config = _config(self.root, "resumed", steps=_STEPS)
-    second = trainer.run(config)
+    second = workloads.run(config)
     self.assertEqual(second.status, trainer.RunOutcome.COMPLETED)
     self.assertEqual(second.start_step, _HALF)
     self.assert_matches_reference(second, config)
@@ -335,7 +336,7 @@ class TrainerTest(parameterized.TestCase):
     stopped = _STEPS - 1
     stop = preemption.StopRequest(signals=())
     config = _config(self.root, "damaged", steps=_STEPS)
-    first = trainer.run(
+    first = workloads.run(
         config,
         stop_request=stop,
         extra_listeners=[_StopAt(stop, stopped - 1)],
@@ -345,7 +346,7 @@ class TrainerTest(parameterized.TestCase):
     os.remove(os.path.join(checkpoints, str(stopped), "state", "_METADATA"))
 
     with self.assertLogs(level="WARNING") as logs:
-      second = trainer.run(config)
+      second = workloads.run(config)
     self.assertEqual(second.start_step, _HALF)
     self.assertRegex(
         "\n".join(logs.output),
@@ -366,11 +367,11 @@ class TrainerTest(parameterized.TestCase):
           run_lock.RunLockError,
           rf"^run directory {run_dir} is locked by another run \(host=",
       ):
-        trainer.run(config)
+        workloads.run(config)
     # Refused before any output: no MLPerf log, no metrics, no checkpoints.
     self.assertEqual(os.listdir(run_dir), [run_lock.LOCK_FILE_NAME])
     # Once released, the directory is free again.
-    self.assertEqual(trainer.run(config).final_step, _STEPS)
+    self.assertEqual(workloads.run(config).final_step, _STEPS)
 
   @parameterized.named_parameters(("none", 0), ("three_steps", 3))
   def test_warm_up_before_run_start_leaves_the_run_unchanged(self, steps):
@@ -382,7 +383,7 @@ class TrainerTest(parameterized.TestCase):
         steps=_STEPS,
         warmup_steps_before_run_start=steps,
     )
-    result = trainer.run(config)
+    result = workloads.run(config)
     self.assert_matches_reference(result, config)
     with open(os.path.join(result.run_dir, "mllog.log"), encoding="utf-8") as f:
       events = [
@@ -401,7 +402,7 @@ class TrainerTest(parameterized.TestCase):
     # The reference trained 6 steps; asking for 4 writes nothing new.
     before = sorted(os.listdir(self.ref.run_dir))
     config = _config(self.root, "reference", steps=_STEPS - 2)
-    result = trainer.run(config)
+    result = workloads.run(config)
     self.assertEqual(
         (result.status, result.start_step, result.final_step),
         (trainer.RunOutcome.COMPLETED, _STEPS, _STEPS),
@@ -412,7 +413,7 @@ class TrainerTest(parameterized.TestCase):
     )
 
   def test_resume_refuses_a_changed_model_and_keeps_the_first_config(self):
-    first = trainer.run(_config(self.root, "guarded", steps=_HALF))
+    first = workloads.run(_config(self.root, "guarded", steps=_HALF))
     with open(
         os.path.join(first.run_dir, "config.json"), encoding="utf-8"
     ) as f:
@@ -425,9 +426,9 @@ class TrainerTest(parameterized.TestCase):
         r"(?s)^Refusing to resume run 'guarded'.*emb_dim: 32 -> 64.*"
         r"weight_dtype: 'float32' -> 'bfloat16'",
     ):
-      trainer.run(changed)
+      workloads.run(changed)
     # Allowed changes resume; config.json keeps the first attempt.
-    second = trainer.run(
+    second = workloads.run(
         _config(self.root, "guarded", steps=_STEPS, log_period=2)
     )
     self.assertEqual(second.start_step, _HALF)
@@ -448,7 +449,7 @@ class TrainerTest(parameterized.TestCase):
   def test_seed_minus_one_draws_a_seed_that_the_record_keeps(self):
     seeds = []
     for name in ("drawn_a", "drawn_b"):
-      result = trainer.run(_config(self.root, name, steps=_HALF, seed=-1))
+      result = workloads.run(_config(self.root, name, steps=_HALF, seed=-1))
       with open(
           os.path.join(result.run_dir, "config.json"), encoding="utf-8"
       ) as f:
@@ -457,8 +458,10 @@ class TrainerTest(parameterized.TestCase):
     self.assertGreaterEqual(min(seeds), 0)
     # A resume with seed=-1 reuses the recorded seed: it continues exactly
     # as a run that had that seed from the start.
-    resumed = trainer.run(_config(self.root, "drawn_a", steps=_STEPS, seed=-1))
-    fixed = trainer.run(
+    resumed = workloads.run(
+        _config(self.root, "drawn_a", steps=_STEPS, seed=-1)
+    )
+    fixed = workloads.run(
         _config(self.root, "fixed_seed", steps=_STEPS, seed=seeds[0])
     )
     self.assertEqual(
@@ -469,7 +472,7 @@ class TrainerTest(parameterized.TestCase):
   def test_resume_without_checkpoint_is_an_error(self):
     config = _config(self.root, "nothing_to_resume", steps=_STEPS, resume=True)
     with self.assertRaisesRegex(ValueError, "resume=True.*no checkpoint"):
-      trainer.run(config)
+      workloads.run(config)
 
   def test_stop_request_checkpoints_and_resumes(self):
     stop_after = 2  # Not a multiple of checkpoint_period (3).
@@ -477,7 +480,7 @@ class TrainerTest(parameterized.TestCase):
     events = _Events()
 
     # The stop falls inside the profiler window (steps 1-3).
-    result = trainer.run(
+    result = workloads.run(
         _config(
             self.root,
             "stopped",
@@ -528,7 +531,7 @@ class TrainerTest(parameterized.TestCase):
     )
 
     config = _config(self.root, "stopped", steps=_STEPS)
-    resumed = trainer.run(config)
+    resumed = workloads.run(config)
     self.assertEqual(resumed.start_step, stop_after)
     self.assert_matches_reference(resumed, config)
 
@@ -537,7 +540,7 @@ class TrainerTest(parameterized.TestCase):
     config = _config(
         self.root, "finetune", steps=_HALF, load_parameters_path=source
     )
-    result = trainer.run(config)
+    result = workloads.run(config)
     self.assertEqual((result.start_step, result.final_step), (0, _HALF))
 
     # Step 0 trained on the loaded parameters: its loss is theirs on batch 0.
@@ -586,7 +589,7 @@ class TrainerTest(parameterized.TestCase):
         r"Checkpoint step 3 in \S+ holds the last good state; a resume "
         r"starts from it\.$",
     ):
-      trainer.run(config)
+      workloads.run(config)
 
     run_dir = os.path.join(self.root, "nan")
     train = [
@@ -635,7 +638,7 @@ class TrainerTest(parameterized.TestCase):
         r"^output 'full_disk' failed \(on_step\): OSError: \[Errno 28\] No "
         r"space left on device: '/full/metrics'$",
     ):
-      trainer.run(config, extra_listeners=[output])
+      workloads.run(config, extra_listeners=[output])
     self.assertTrue(output.closed)
     run_dir = os.path.join(self.root, "full")
     # Step 2's record is written once step 3 is dispatched, before its
@@ -692,7 +695,7 @@ class TrainerTest(parameterized.TestCase):
     config = _config(output, "bad", steps=_STEPS)
     config.update(overrides)
     with self.assertRaisesRegex(error, message):
-      trainer.run(config)
+      workloads.run(config)
     self.assertFalse(os.path.exists(output))
 
 

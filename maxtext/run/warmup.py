@@ -19,7 +19,6 @@ import time
 import jax
 
 from maxtext.data import builtin_datasets
-from maxtext.data import data_config
 from maxtext.runtime import mesh as mesh_lib
 
 
@@ -36,16 +35,14 @@ def warm_up(state, steps: int) -> float:
   if steps <= 0:
     return 0.0
   start = time.monotonic()
-  config = state.config
+  settings = state.settings
   train, evaluation = builtin_datasets.placeholder_batches(
-      data_config.DataConfig.from_config(config),
-      jax.process_index(),
-      jax.process_count(),
+      settings.data, jax.process_index(), jax.process_count()
   )
   micro_batches = [
       mesh_lib.global_batch(micro, state.setup.batch_sharding)
       for micro in builtin_datasets.split_micro_batches(
-          train, config.gradient_accumulation_steps
+          train, settings.gradient_accumulation_steps
       )
   ]
   discarded_steps(state.engine, micro_batches, steps)

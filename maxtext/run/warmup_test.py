@@ -13,6 +13,7 @@ import time
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from maxtext import workloads
 from maxtext.run import trainer
 from testing import compile_counter
 from testing import tiny_configs
@@ -33,7 +34,7 @@ class WarmUpTest(parameterized.TestCase):
     )
     counter = compile_counter.RunStartCounter()
     began = time.monotonic()
-    result = trainer.run(config, extra_listeners=[counter])
+    result = workloads.run(config, extra_listeners=[counter])
     self.assertEqual(result.status, trainer.RunOutcome.COMPLETED)
     self.assertIsNotNone(counter.at)
     after = counter.count()

@@ -1,7 +1,7 @@
 """What a kind of training supplies to the one training loop: `Workload`.
 
-`trainer.run(config)` is the only training loop. It owns everything every
-run needs: config checks, `jax.distributed`, the run state (mesh, run
+`trainer.run(settings, workload=...)` is the only training loop. It owns
+everything every run needs: `jax.distributed`, the run state (mesh, run
 directory and its lock, outputs, checkpoints, resume checks), warm-up before
 `run_start`, the step (K `engine.fwd_bwd` calls on the micro-batches its
 batch source gives and one `engine.update()`, whose single flush carries the
@@ -10,14 +10,19 @@ between steps, SIGTERM/SIGINT stops, the non-finite skip guard, a checkpoint
 when an output or user code fails (`batch_source.UserCodeError`), and the
 run's end.
 
-A workload supplies only what differs between kinds of training:
+A workload is built by the caller that holds the run's config
+(`maxtext/workloads.py`), with its own settings, and takes the loop's
+(`run_settings.RunSettings`, the attempt's) where it needs them. It supplies
+only what differs between kinds of training:
 
-  check            its own config checks, before any device work
+  check            its own checks beyond its settings' `validate`, before
+                   any device work
   mesh_config      the training mesh's settings (`mesh.MeshConfig`): the
                    config's parallelism, and the devices a GRPO run keeps
                    for generation
   check_devices    its checks that need the devices
-  engine_factory   its engine: the model with its loss
+  engine_factory   its engine: the model with its loss (pretraining's from
+                   the builder its caller gives: `EngineBuilder`)
   make_dataset     its inputs (a data set, or the prompts a rollout turns
                    into micro-batches)
   row_length       tokens per trained row, for the throughput figures
@@ -34,25 +39,31 @@ A workload supplies only what differs between kinds of training:
   close            releases what it holds (a reward worker process)
 
 `Workload` itself is the language-model (pretraining) workload;
-`maxtext/workloads.py` maps a config's `workload` field to each workload. A
+`maxtext/workloads.py` maps a config's `workload` field to each workload,
+which it builds with the workload's own settings (SFT's `SftConfig`, GRPO's
+`GrpoConfig`), checked by their `validate` as they are built. A
 new kind of training (DPO, say) is a subclass with its loss, its batch
 source and its eval, and one entry there; it inherits every guarantee of the
 loop, and a frozen reference policy from `maxtext/run/frozen_reference.py`.
 """
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
-import ml_collections
+import jax
 
-from maxtext.data import data_config
 from maxtext.data import dataset as dataset_lib
 from maxtext.data import dataset_kinds
 from maxtext.core import eval_metrics
-from maxtext.engine import model_setup
 from maxtext.mllog import workload_header
 from maxtext.run import batch_source as batch_source_lib
+from maxtext.run import run_settings
 from maxtext.run import warmup
 from maxtext.runtime import mesh as mesh_lib
+
+# `(seed, mesh) -> (engine, model setup)`: the model with its loss on
+# `mesh`, its parameters loaded or drawn from `seed` (the attempt's); the
+# caller that holds the run's config makes it (`workloads.engine_builder`).
+EngineBuilder = Callable[[int, jax.sharding.Mesh], tuple[Any, Any]]
 
 
 class RefusedStart(ValueError):
@@ -64,53 +75,64 @@ class RefusedStart(ValueError):
 class Workload:
   """The language-model (pretraining) workload; the base of every other.
 
+  Args:
+    build_engine: its engine's builder (`EngineBuilder`).
+
   Attributes:
     name: the workload's name (the config's `workload` field).
   """
 
   name = "pretraining"
 
-  def check(self, config: ml_collections.ConfigDict) -> None:
-    """The workload's own checks of a validated config (no device work).
+  def __init__(self, build_engine: EngineBuilder):
+    self._build_engine = build_engine
+
+  def check(self) -> None:
+    """The workload's own checks beyond its settings' (no device work).
 
     Raises:
       ValueError/TypeError: one line naming the field and the value.
     """
-    del config
 
-  def mesh_config(self, config) -> mesh_lib.MeshConfig:
-    """The training mesh's settings: the config's, every device trains
-    (only GRPO's workload gives devices to generation).
+  def mesh_config(self, run: run_settings.RunSettings) -> mesh_lib.MeshConfig:
+    """The training mesh's settings: the run's, every device trains (only
+    GRPO's workload gives devices to generation).
 
     Raises:
       ValueError: as `mesh.MeshConfig.validate`.
     """
-    return mesh_lib.MeshConfig.from_config(config)
+    return run.mesh
 
-  def check_devices(self, config, mesh) -> None:
+  def check_devices(
+      self, run: run_settings.RunSettings, mesh: jax.sharding.Mesh
+  ) -> None:
     """The workload's checks that need the devices (the training `mesh`;
     nothing allocated), before the run's directory is opened.
 
     Raises:
       ValueError/TypeError: one line naming the field and the value.
     """
-    del config, mesh
+    del run, mesh
 
-  def engine_factory(self, config, mesh):
-    """`(config, mesh) -> (engine, ModelSetup)`: the model with its loss."""
-    return model_setup.build_engine(config, mesh)
+  def engine_factory(
+      self, run: run_settings.RunSettings, mesh: jax.sharding.Mesh
+  ):
+    """`(engine, ModelSetup)`: the model with its loss on `mesh`, its
+    parameters drawn from the attempt's seed (or loaded)."""
+    return self._build_engine(run.seed, mesh)
 
   def make_dataset(
-      self, config, process_index: int, process_count: int
+      self,
+      run: run_settings.RunSettings,
+      process_index: int,
+      process_count: int,
   ) -> dataset_lib.Dataset:
-    """This process's share of the run's inputs (`config.dataset_type`)."""
-    return dataset_kinds.make_dataset(
-        data_config.DataConfig.from_config(config), process_index, process_count
-    )
+    """This process's share of the run's inputs (its `dataset_type`)."""
+    return dataset_kinds.make_dataset(run.data, process_index, process_count)
 
-  def row_length(self, config) -> Optional[int]:
-    """Tokens per trained row; None = `max_sequence_length`."""
-    del config  # Pretraining's rows are max_sequence_length long.
+  def row_length(self) -> Optional[int]:
+    """Tokens per trained row; None = `max_sequence_length` (pretraining's
+    rows)."""
 
   def start(self, state) -> Optional[dict[str, float]]:
     """Called once the run state is built, before the warm-up.
@@ -136,26 +158,25 @@ class Workload:
     Pretraining runs `warmup_steps_before_run_start` throw-away steps (by
     default one when the MLPerf log is on, else none): `warmup.warm_up`.
     """
-    config = state.config
-    if state.start_step >= config.steps:
+    run = state.settings
+    if state.start_step >= run.steps:
       return 0.0  # Nothing left to train.
-    steps = config.warmup_steps_before_run_start
+    steps = run.warmup_steps_before_run_start
     if steps < 0:
-      steps = 1 if config.enable_mllog else 0
+      steps = 1 if run.mlperf.enable_mllog else 0
     return warmup.warm_up(state, steps)
 
   def evaluate(self, state) -> dict[str, eval_metrics.EvalMetric]:
     """The eval's metrics: the mean eval loss over `eval_steps` batches."""
     return state.evaluate()
 
-  def target(self, config) -> eval_metrics.Target:
+  def target(self, run: run_settings.RunSettings) -> eval_metrics.Target:
     """The eval metric that ends the run once it reaches its threshold."""
-    return eval_metrics.target(config.target_eval_loss)
+    return eval_metrics.target(run.target_eval_loss)
 
-  def mlperf_header(self, config) -> Optional[workload_header.WorkloadHeader]:
+  def mlperf_header(self) -> Optional[workload_header.WorkloadHeader]:
     """What the run's MLPerf log states beyond the config's; None = the
     config's own (pretraining's)."""
-    del config
 
   def close(self) -> None:
     """Releases what the workload holds (processes, files) once the run

@@ -18,7 +18,7 @@ class SftWorkloadTest(absltest.TestCase):
     made = workloads.for_config(config)
     self.assertIsInstance(made, sft_workload.SftWorkload)
     self.assertIsInstance(made, workload.Workload)
-    made.check(config)
+    self.assertEqual(made.settings, sft_workload.SftConfig("chat"))
 
   def test_refuses_data_that_is_not_chat(self):
     config = sft_tiny.get_config()
@@ -29,6 +29,12 @@ class SftWorkloadTest(absltest.TestCase):
         r"examples; set dataset_type='chat' \(docs/sft.md\)$",
     ):
       workloads.check(config)
+
+  def test_settings_refuse_data_that_is_not_chat(self):
+    with self.assertRaisesRegex(
+        ValueError, r"^config.dataset_type='megatron': workload='sft' "
+    ):
+      sft_workload.SftConfig.from_config({"dataset_type": "megatron"})
 
 
 if __name__ == "__main__":

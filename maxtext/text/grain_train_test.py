@@ -4,7 +4,7 @@ import os
 
 from absl.testing import absltest
 
-from maxtext.run import trainer
+from maxtext import workloads
 from maxtext.storage import data_state
 from maxtext.text import prepare
 from testing import stdlib_corpus
@@ -48,7 +48,7 @@ class GrainTrainTest(absltest.TestCase):
     )
 
   def test_learns_and_resumes_with_the_same_batches(self):
-    reference = trainer.run(self._config("reference", _STEPS))
+    reference = workloads.run(self._config("reference", _STEPS))
     self.assertEqual(reference.final_step, _STEPS)
     evals = [
         r["eval_loss"]
@@ -58,7 +58,7 @@ class GrainTrainTest(absltest.TestCase):
     self.assertLen(evals, 2)
     self.assertLess(evals[1], evals[0])
 
-    first = trainer.run(self._config("resumed", _HALF))
+    first = workloads.run(self._config("resumed", _HALF))
     self.assertEqual(first.final_step, _HALF)
     # The checkpoint carries the pipeline's position, which the resume
     # restores (a different tokenizer or process count would be refused).
@@ -66,7 +66,7 @@ class GrainTrainTest(absltest.TestCase):
         os.path.join(first.run_dir, "checkpoints"), _HALF, 0
     )
     self.assertEqual((state["kind"], state["step"]), ("grain", _HALF))
-    second = trainer.run(self._config("resumed", _STEPS))
+    second = workloads.run(self._config("resumed", _STEPS))
     self.assertEqual(second.start_step, _HALF)
     self.assertEqual(
         run_layout.untimed_records(second.run_dir),

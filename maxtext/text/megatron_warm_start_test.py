@@ -15,7 +15,8 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
-from maxtext.run import trainer
+from maxtext import workloads
+from maxtext.config import config_lib
 from maxtext.hf import exporter
 from maxtext.hf import importer
 from maxtext.model import transformer
@@ -72,10 +73,12 @@ class MegatronWarmStartTest(absltest.TestCase):
     hf = os.path.join(root, "hf")
     exporter.export_checkpoint(config, params, hf, "float32")
     imported = os.path.join(root, "imported")
-    importer.import_checkpoint(hf, imported, config, log=lambda line: None)
+    importer.import_checkpoint(
+        hf, imported, config_lib.to_json_dict(config), log=lambda line: None
+    )
 
     config.load_parameters_path = imported
-    result = trainer.run(config)
+    result = workloads.run(config)
     self.assertEqual((result.start_step, result.final_step), (0, 2))
 
     # It trained from the import: two steps at 1e-5 move no weight by more

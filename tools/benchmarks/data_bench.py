@@ -45,7 +45,7 @@ Per row:
                 `--warmup_steps`: steps counted, mean step time, mean data
                 wait per step, sum(waits) / sum(step times). `times_from`:
     metrics.jsonl   (shapes in `--train_shapes`) the trainer's own timing:
-        `trainer.run(config)` trains the shape on the prepared data, and
+        `workloads.run(config)` trains the shape on the prepared data, and
         the figures are its train records' `step_time_s` and `data_wait_s`
         (the step's seconds in the data set's `get_batch`; see
         `maxtext/run/trainer.py`). The config's model, batch, K and learning
@@ -98,7 +98,7 @@ from maxtext.config import config_lib
 from maxtext.data import data_config
 from maxtext.data import dataset_kinds
 from maxtext.config import optimizer
-from maxtext.run import trainer
+from maxtext import workloads
 from maxtext.metrics import jsonl
 from maxtext.metrics import throughput
 from maxtext.text import megatron_index
@@ -490,7 +490,7 @@ def record_times(run_dir: str, warmup: int) -> LoopTimes:
 
 def trainer_times(config, warmup: int) -> LoopTimes:
   """Trains `config` with the trainer; its records' times past `warmup`."""
-  result = trainer.run(config, config_filename="data_bench")
+  result = workloads.run(config, config_filename="data_bench")
   if result.final_step != config.steps:
     raise RuntimeError(
         f"{result.run_dir}: the run ended at step {result.final_step} of "

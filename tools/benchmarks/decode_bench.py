@@ -91,7 +91,6 @@ from absl import app
 from absl import flags
 import jax
 from jax import monitoring
-import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
@@ -102,6 +101,7 @@ from maxtext.generation import greedy_agreement
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
 from maxtext.generation import replica_layout
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.generation import sampling
 from tools.benchmarks import decode_host_profile
@@ -241,7 +241,7 @@ def longtail_lengths(
   return np.minimum(rng.geometric(1.0 / mean, size=count), cap).astype(int)
 
 
-def _longtail(config) -> None:
+def _longtail(config: model_config.ModelConfig) -> None:
   """The static decoder against the paged one on long-tailed lengths."""
   prompts_n, g = _PROMPTS.value, _NUM_GENERATIONS.value
   prompt_len, cap = _PROMPT_LEN.value, _MAX_LENGTH.value
@@ -261,9 +261,10 @@ def _longtail(config) -> None:
   )
   if _ATTENTION.value == "kernel" and why_not:
     raise app.UsageError(f"--attention=kernel: {why_not}")
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.max_sequence_length = max(config.max_sequence_length, prompt_len + cap)
-  config = ml_collections.FrozenConfigDict(config)
+  config = dataclasses.replace(
+      config,
+      max_sequence_length=max(config.max_sequence_length, prompt_len + cap),
+  )
   params = jax.jit(lambda k: transformer.init_params(config, k))(
       jax.random.PRNGKey(_SEED.value)
   )
@@ -407,14 +408,14 @@ def main(argv: list[str]) -> None:
   """Runs both samplers and prints the table and the closing line."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = ml_collections.FrozenConfigDict(_CONFIG.value)
+  config = model_config.of(_CONFIG.value)
   if _LENGTHS.value == "longtail":
     _longtail(config)
     return
   _uniform(config)
 
 
-def _uniform(config) -> None:
+def _uniform(config: model_config.ModelConfig) -> None:
   """The cached decoder against the windowed sampler on equal lengths."""
   batch, prompt_len = _BATCH.value, _PROMPT_LEN.value
   new, windowed = _NEW_TOKENS.value, _WINDOWED_TOKENS.value

@@ -16,14 +16,17 @@ from tools.benchmarks import decode_host_profile
 
 
 def _rollout(refill: int):
-  """A warm rollout of 3 contexts x 2 samples in 2 slots: slots refilled
-  several times, each context prefilled in a call of its own."""
+  """A warm rollout of 6 contexts x 1 sample in 2 slots: slots refilled
+  several times, each freed slot waiting for a context's prefill between
+  decode calls."""
   config = ml_collections.FrozenConfigDict(
       tiny_configs.model_config(max_sequence_length=64)
   )
   params = transformer.init_params(config, jax.random.PRNGKey(0))
   rng = np.random.default_rng(3)
-  prompts = [[int(i) for i in rng.integers(0, 32, size=n)] for n in (5, 8, 3)]
+  prompts = [
+      [int(i) for i in rng.integers(0, 32, size=n)] for n in (5, 8, 3, 6, 4, 7)
+  ]
   engine = paged_decoder.EngineOptions(
       num_slots=2, page_size=4, chunk=8, refill=refill
   )
@@ -33,7 +36,7 @@ def _rollout(refill: int):
         params,
         config,
         prompts,
-        sampling.SamplingOptions(max_new_tokens=12, num_samples=2),
+        sampling.SamplingOptions(max_new_tokens=12, num_samples=1),
         max_new_tokens=[12, 3, 7, 1, 9, 5],
         engine=engine,
     )
@@ -55,13 +58,12 @@ class DecodeHostProfileTest(absltest.TestCase):
     self.assertEqual(got.launches["jit(_prefill)"], got.result.prefill_calls)
     # A call's results come back as one array; nothing else is read.
     self.assertEqual(got.to_host, calls)
-    # Placed: one array a decode call, one an admit call, three a prefill
-    # call (ids, bounds, tables), and once a rollout the draw's six values
-    # and the seed its key's program is given.
-    self.assertEqual(
-        got.to_device,
-        calls + got.launches["jit(_admit)"] + 3 * got.result.prefill_calls + 7,
-    )
+    # Placed: one array a decode call, three a prefill call (ids, bounds,
+    # tables), one a stage call (the ready rows), and once a rollout the
+    # draw's six values and the seed its key's program is given. Nothing
+    # is launched to start a continuation: the decode call does.
+    self.assertEqual(got.launches["jit(_stage)"], got.result.prefill_calls)
+    self.assertEqual(got.to_device, calls + 4 * got.result.prefill_calls + 7)
     self.assertEqual(set(got.wall), set(decode_host_profile.PHASES))
     self.assertGreater(got.wall["wait"], 0)
 

@@ -47,6 +47,7 @@ from ml_collections import config_flags
 from maxtext.configs import decode_bench
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
+from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
 
@@ -150,7 +151,7 @@ def static(config, device, rows, length, prompt) -> dict:
       shape((), jnp.int32),
       shape((8,), jnp.int32),
       shape((), jnp.int32),
-      config=config,
+      config=model_config.of(config),
       length=length,
       greedy=True,
       filtered=False,

@@ -74,9 +74,11 @@ from maxtext.data import data_config
 from maxtext.data import dataset_kinds
 from maxtext.runtime import mesh as mesh_lib
 from maxtext.model import transformer
+from maxtext.engine import engine_config
 from maxtext.engine import model_setup
+from maxtext.model import model_config
 from maxtext.config import optimizer as optimizer_lib
-from maxtext.run import trainer
+from maxtext import workloads
 from maxtext.configs import default
 from maxtext.listeners import interface
 from maxtext.metrics import throughput
@@ -109,10 +111,13 @@ class BareLoop:
     self.config = config
     self.k = config.gradient_accumulation_steps
     setup = model_setup.setup_model(
-        config, mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+        model_config.of(config),
+        mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config)),
     )
     self.batch_sharding = setup.batch_sharding
-    self.params = model_setup.init_params(config, setup)
+    self.params = model_setup.init_params(
+        engine_config.EngineConfig.from_config(config), setup
+    )
     settings = optimizer_lib.OptimizerConfig.from_config(config)
     optimizer = optimizer_lib.make_optimizer(
         settings, optimizer_lib.make_schedule(settings)
@@ -204,7 +209,7 @@ def _run_trainer(
   config = config.copy_and_resolve_references()
   config.run_name = name
   config.base_output_directory = output_dir
-  result = trainer.run(
+  result = workloads.run(
       config, config_filename="engine_bench", extra_listeners=[listener]
   )
   if result.final_step != config.steps:

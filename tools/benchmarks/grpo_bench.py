@@ -84,13 +84,15 @@ import numpy as np
 from maxtext.config import config_lib
 from maxtext.configs import grpo_tiny
 from maxtext.generation import decode_roofline
+from maxtext.grpo import grpo_config
 from maxtext.grpo import grpo_workload
 from maxtext.grpo.rollout import packed_batches
 from maxtext.grpo.rollout import rollout as rollout_lib
 from maxtext.listeners import interface
 from maxtext.model import transformer
 from maxtext.run import batch_source
-from maxtext.run import trainer
+from maxtext.run import run_settings
+from maxtext import workloads
 from maxtext.runtime import mesh as mesh_lib
 from tools import command_line
 from tools.benchmarks import metric_ways
@@ -169,8 +171,8 @@ class _WatchedSource(batch_source.BatchSource):
 class _WatchedGrpo(grpo_workload.GrpoWorkload):
   """The GRPO workload, its rollouts kept (`rollouts`, one per update)."""
 
-  def __init__(self):
-    super().__init__()
+  def __init__(self, settings: grpo_config.GrpoConfig, config):
+    super().__init__(settings, config)
     self.rollouts: list[rollout_lib.Rollout] = []
 
   def batch_source(self, state):
@@ -202,8 +204,9 @@ def _run(config, max_age: int, directory: str) -> _Run:
           eval_interval=_STEPS.value,
       ),
   )
-  watch, workload = _Records(), _WatchedGrpo()
-  trainer.run(config, workload=workload, extra_listeners=[watch])
+  watch = _Records()
+  workload = _WatchedGrpo(grpo_config.GrpoConfig.from_config(config), config)
+  workloads.run(config, workload=workload, extra_listeners=[watch])
   return _Run(
       warmup_time=watch.warmup_time,
       records=[dict(r.metrics) for r in watch.records],
@@ -315,7 +318,9 @@ def main(argv):
     _check(config)
   k = config.gradient_accumulation_steps
   shards = mesh_lib.make_mesh(
-      grpo_workload.GrpoWorkload().mesh_config(config)
+      workloads.for_config(config).mesh_config(
+          run_settings.RunSettings.from_config(config)
+      )
   ).devices.size
   with tempfile.TemporaryDirectory(prefix="grpo_bench_") as directory:
     sync = _run(config, 0, directory)

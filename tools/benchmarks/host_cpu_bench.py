@@ -76,7 +76,7 @@ def measure(overrides: dict, skip: int) -> dict:
   """Trains one run in this process; returns its CPU times per step (ms)."""
   # Imported here: the tree on sys.path decides which maxtext this is.
   # pylint: disable=import-outside-toplevel
-  from maxtext.run import trainer
+  from maxtext import workloads
   from maxtext.configs import default
   from maxtext.listeners import interface
   # pylint: enable=import-outside-toplevel
@@ -95,7 +95,7 @@ def measure(overrides: dict, skip: int) -> dict:
       thread.append(time.thread_time())
       process.append(time.process_time())
 
-  trainer.run(
+  workloads.run(
       config, config_filename="default.py", extra_listeners=[StepStarts()]
   )
 

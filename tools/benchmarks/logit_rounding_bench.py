@@ -24,12 +24,12 @@ import os
 from absl import app
 from absl import flags
 import jax
-import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
 from maxtext.configs import decode_bench
 from maxtext.generation import greedy_agreement
+from maxtext.model import model_config
 from maxtext.model import transformer
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
   """Measures the errors and prints their percentiles and the bound."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = ml_collections.FrozenConfigDict(_CONFIG.value)
+  config = model_config.of(_CONFIG.value)
   length = _LENGTH.value or config.max_sequence_length
   if _ROWS.value < 1 or not 1 <= length <= config.max_sequence_length:
     raise app.UsageError(

@@ -146,13 +146,14 @@ def analyse(config, donate: bool = True, programs=None) -> list[dict]:
   # XLA_FLAGS (--host_devices), which the CPU backend reads once.
   # pylint: disable=import-outside-toplevel
   from maxtext.runtime import mesh as mesh_lib
+  from maxtext.engine import compile_config
   from maxtext.engine import train_compile_lib
   # pylint: enable=import-outside-toplevel
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.donate_state = donate
   step = train_compile_lib.compile_step(
-      config,
+      compile_config.CompileConfig.from_config(config),
       mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config)),
       programs,
   )

@@ -36,6 +36,7 @@ import optax
 from maxtext.config import config_lib
 from maxtext.engine import engine as engine_lib
 from maxtext.grpo.loss import train_loss
+from maxtext.grpo import grpo_config
 from maxtext.grpo import grpo_workload
 from maxtext.model import transformer
 from maxtext.metrics import recorder as metrics_recorder
@@ -142,7 +143,9 @@ def grpo_problem(config) -> Problem:
     config: a GRPO config, validated (`config_lib.validate_grpo`).
   """
   frozen = ml_collections.FrozenConfigDict(config)
-  options = grpo_workload.loss_options(config)
+  options = grpo_workload.loss_options(
+      grpo_config.GrpoConfig.from_config(config)
+  )
 
   def loss_fn(params, batch):
     loss, aux = train_loss.loss_fn(params, batch, frozen, options)

@@ -52,7 +52,8 @@ from absl import logging
 import jax
 import numpy as np
 
-from maxtext.run import trainer
+from maxtext import workloads
+
 from maxtext.configs import default
 from maxtext.listeners import interface
 from testing import compile_counter
@@ -144,7 +145,7 @@ def _run_once(
       process.append(time.process_time())
       thread.append(time.thread_time())
 
-  trainer.run(
+  workloads.run(
       _config(way, run_name, out, cache_dir),
       config_filename="default.py",
       extra_listeners=[compiles, StepTimes()],

@@ -54,6 +54,7 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
+from maxtext import workloads
 from maxtext.configs import default
 from maxtext.engine import engine as engine_lib
 from maxtext.engine import step_programs
@@ -243,7 +244,7 @@ def timed_run(steps, skip):
   window = _Window(tally, skip, steps - 1)
   with contextlib.ExitStack() as stack:
     _instrument(stack, tally)
-    trainer.run(
+    workloads.run(
         _config(steps), config_filename="default.py", extra_listeners=[window]
     )
   cpu = [b[1] - a[1] for a, b in zip(window.starts, window.starts[1:])]
@@ -267,7 +268,7 @@ def counted_run(steps, skip):
     transfers = stack.enter_context(
         transfer_counter.count_transfers(lambda: tally.on)
     )
-    trainer.run(
+    workloads.run(
         _config(steps), config_filename="default.py", extra_listeners=[window]
     )
   return (

@@ -59,7 +59,8 @@ def main(argv):
   command_line.check(argv, _CONFIG)
   config = _CONFIG.value
   with command_line.user_errors(_PROGRAM):
-    result = deferred_eval.evaluate_run(config, workloads.for_config(config))
+    settings, workload = workloads.check(config)
+    result = deferred_eval.evaluate_run(settings, workload)
   target = result.target
   for evaluation in result.evaluations:
     print(

@@ -37,12 +37,20 @@ import jax.numpy as jnp
 from maxtext.generation import decoder
 from maxtext.grpo.loss import policy_loss
 from maxtext.grpo.loss import train_loss
+from maxtext.model import model_config
 
 # The fields the gate adds to every micro-batch (float32 [B] each).
 ADDED = ("logprob_error_mask", "counted_sequence_normaliser")
 
 
-def _gated_sequences(params, micro_batch, temperature, threshold, config, mesh):
+def _gated_sequences(
+    params,
+    micro_batch,
+    temperature,
+    threshold,
+    config: model_config.ModelConfig,
+    mesh,
+):
   """float32 [B]: 1 where a counted sequence's error exceeds the threshold."""
   log_probs = train_loss.completion_log_probs_and_entropy(
       params, micro_batch, config, temperature, mesh
@@ -87,7 +95,7 @@ class Gate:
 
   Args:
     threshold: the error above which a sequence is masked (> 1).
-    model_config: the model's config.
+    model: the model's config.
     mesh: the engine's mesh (the micro-batches are split by rows over it),
       or None for one device.
   """
@@ -95,7 +103,7 @@ class Gate:
   def __init__(
       self,
       threshold: float,
-      model_config: Any,
+      model: model_config.ModelConfig,
       mesh: Optional[jax.sharding.Mesh] = None,
   ):
     self._mesh = mesh
@@ -103,7 +111,7 @@ class Gate:
         functools.partial(
             _gated_sequences,
             threshold=threshold,
-            config=model_config,
+            config=model,
             mesh=mesh,
         )
     )

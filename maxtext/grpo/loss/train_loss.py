@@ -31,12 +31,13 @@ from maxtext.generation import scoring
 from maxtext.grpo.loss import frozen_router
 from maxtext.grpo.loss import policy_loss
 from maxtext.metrics import buffer
+from maxtext.model import model_config
 
 
 def completion_log_probs_and_entropy(
     params: Any,
     micro_batch: dict,
-    config,
+    config: model_config.ModelConfig,
     temperature: float,
     mesh: Optional[jax.sharding.Mesh] = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -67,7 +68,7 @@ def completion_log_probs_and_entropy(
 def loss_fn(
     params: Any,
     micro_batch: dict,
-    config,
+    config: model_config.ModelConfig,
     options: policy_loss.LossOptions,
     mesh: Optional[jax.sharding.Mesh] = None,
     freeze_router: bool = False,

@@ -9,7 +9,8 @@ book. `least` gives the smallest pool and book a run's rollouts and
 evaluations can have, taking every favourable case: one data replica,
 contexts of one id followed by the fewest new tokens a first call asks
 for, `grpo_decode_slots` slots (0: one per row of the largest decode,
-`config_lib.decoded_rows`). `check` refuses, in one line naming the field
+`RolloutConfig.decoded_rows`). Both read the run's generation settings
+(`rollout_config.RolloutConfig`). `check` refuses, in one line naming the field
 and before any parameter exists, settings for which even that cannot fit:
 
   grpo_decode_slots      the pool's share of one device (spread evenly
@@ -30,11 +31,11 @@ the decoder is not sure to run out of memory.
 import dataclasses
 from typing import Optional
 
-from maxtext.config import config_lib
 from maxtext.generation import kv_cache
 from maxtext.generation import page_pool
 from maxtext.generation import paged_decoder
 from maxtext.generation import paged_model
+from maxtext.grpo.rollout import rollout_config
 
 # Host bytes per page beside its book's: its entry in the list of pages
 # its sequence holds.
@@ -64,33 +65,36 @@ class Footprint:
   book_bytes: int
 
 
-def fewest_new_tokens(config) -> int:
+def fewest_new_tokens(settings: rollout_config.RolloutConfig) -> int:
   """The fewest new tokens a run's first decode call asks for: a text
   task's first turn gets grpo_max_turn_tokens (0: all of the completion),
   a single-turn rollout grpo_max_completion_length."""
-  completion = config.grpo_max_completion_length
-  return min(config.grpo_max_turn_tokens or completion, completion)
+  completion = settings.grpo_max_completion_length
+  return min(settings.grpo_max_turn_tokens or completion, completion)
 
 
-def least(config, slots: int, page_size: int) -> Footprint:
+def least(
+    settings: rollout_config.RolloutConfig, slots: int, page_size: int
+) -> Footprint:
   """The smallest pool and book of `slots` slots (0: one per row) of pages
-  of `page_size` positions, for a GRPO run's `config`."""
-  slots = slots or config_lib.decoded_rows(config)
+  of `page_size` positions, for a GRPO run's generation settings."""
+  slots = slots or settings.decoded_rows()
+  model = settings.model
   width = paged_decoder.table_width(
-      config, 1 + fewest_new_tokens(config), page_size
+      model, 1 + fewest_new_tokens(settings), page_size
   )
   pages = paged_decoder.pool_pages(
       paged_decoder.EngineOptions(page_size=page_size), slots, width
   )
-  pool = paged_model.pool_bytes(config, pages, page_size)
-  pool += kv_cache.state_bytes_per_row(config) * slots
+  pool = paged_model.pool_bytes(model, pages, page_size)
+  pool += kv_cache.state_bytes_per_row(model) * slots
   book = pages * (page_pool.BOOK_BYTES_PER_PAGE + _HELD_BYTES)
   book += slots * width * _TABLE_BYTES
   return Footprint(slots, width, pages, pool, book)
 
 
 def check(
-    config,
+    settings: rollout_config.RolloutConfig,
     *,
     devices: int,
     device_bytes: Optional[int],
@@ -101,7 +105,8 @@ def check(
   """Refuses paged decoder settings that cannot fit (module docstring).
 
   Args:
-    config: a GRPO run's config, validated (`config_lib.validate_grpo`).
+    settings: a GRPO run's generation settings, of a config validated by
+      `config_lib.validate_grpo`.
     devices: the generation devices, all processes'.
     device_bytes: one generation device's memory; None: unknown (the
       devices are not checked).
@@ -113,36 +118,44 @@ def check(
   Raises:
     ValueError: one line naming grpo_decode_slots or grpo_decode_page_size.
   """
-  if config.grpo_decoder != "paged":
+  if settings.grpo_decoder != "paged":
     return
   smallest = least(
-      config, config.grpo_decode_slots, config.grpo_decode_page_size
+      settings, settings.grpo_decode_slots, settings.grpo_decode_page_size
   )
   if pool_on_host:
     if host_bytes is not None:
-      _check_pool(config, smallest, processes, host_bytes, "host")
+      _check_pool(settings, smallest, processes, host_bytes, "host")
   elif device_bytes is not None:
-    _check_pool(config, smallest, devices, device_bytes, "device")
+    _check_pool(settings, smallest, devices, device_bytes, "device")
   if host_bytes is not None:
-    _check_book(config, smallest, host_bytes)
+    _check_book(settings, smallest, host_bytes)
 
 
-def _slots_text(config, footprint: Footprint) -> str:
-  if config.grpo_decode_slots:
+def _slots_text(
+    settings: rollout_config.RolloutConfig, footprint: Footprint
+) -> str:
+  if settings.grpo_decode_slots:
     return f"{footprint.slots} slots"
   return f"{footprint.slots} slots (0: one per row)"
 
 
-def _check_pool(config, smallest: Footprint, ways: int, limit: int, what):
+def _check_pool(
+    settings: rollout_config.RolloutConfig,
+    smallest: Footprint,
+    ways: int,
+    limit: int,
+    what,
+):
   """Refuses a pool whose share of each of `ways` memories of `limit`
   bytes is more than that."""
   share = -(-smallest.pool_bytes // ways)
   if share <= limit:
     return
-  size = config.grpo_decode_page_size
+  size = settings.grpo_decode_page_size
   # The pool is (slots + 1) tables of pages and a state per slot.
-  table = paged_model.pool_bytes(config, smallest.width, size)
-  per_slot = table + kv_cache.state_bytes_per_row(config)
+  table = paged_model.pool_bytes(settings.model, smallest.width, size)
+  per_slot = table + kv_cache.state_bytes_per_row(settings.model)
   most = (limit * ways - table) // per_slot
   advice = (
       f"at most {most} slots fit beside nothing else"
@@ -150,37 +163,39 @@ def _check_pool(config, smallest: Footprint, ways: int, limit: int, what):
       else "not one slot fits: fewer new tokens or more devices"
   )
   raise ValueError(
-      f"config.grpo_decode_slots={config.grpo_decode_slots}: the paged "
-      f"decoder's page pool for {_slots_text(config, smallest)} of "
+      f"config.grpo_decode_slots={settings.grpo_decode_slots}: the paged "
+      f"decoder's page pool for {_slots_text(settings, smallest)} of "
       f"{smallest.width} pages of {size} positions takes at least "
       f"{smallest.pool_bytes / _GIB:.2f} GiB, {share / _GIB:.2f} GiB on each "
       f"of {ways} {what}(s), more than one's {limit / _GIB:.2f} GiB: {advice}"
   )
 
 
-def _check_book(config, smallest: Footprint, limit: int) -> None:
+def _check_book(
+    settings: rollout_config.RolloutConfig, smallest: Footprint, limit: int
+) -> None:
   """Refuses a page book larger than the host's `limit` bytes, naming the
   smallest page that fits it, or else the most slots."""
   if smallest.book_bytes <= limit:
     return
-  size, slots = config.grpo_decode_page_size, config.grpo_decode_slots
+  size, slots = settings.grpo_decode_page_size, settings.grpo_decode_slots
   text = (
       f"the paged decoder's page book of {smallest.pages} pages "
-      f"({_slots_text(config, smallest)} of {smallest.width} pages) takes at "
+      f"({_slots_text(settings, smallest)} of {smallest.width} pages) takes at "
       f"least {smallest.book_bytes / _GIB:.2f} GiB, more than the host's "
       f"{limit / _GIB:.2f} GiB"
   )
-  largest = config_lib.largest_decode_page(config)
+  largest = settings.largest_decode_page()
   larger = size * 2
   while larger <= largest:
-    if least(config, slots, larger).book_bytes <= limit:
+    if least(settings, slots, larger).book_bytes <= limit:
       raise ValueError(
           f"config.grpo_decode_page_size={size}: {text}: pages of {larger} "
           "positions or more fit"
       )
     larger *= 2
   # The book is (slots + 1) tables' pages and a table per slot.
-  width = least(config, slots, largest).width
+  width = least(settings, slots, largest).width
   held = page_pool.BOOK_BYTES_PER_PAGE + _HELD_BYTES
   most = (limit - width * held) // (width * (held + _TABLE_BYTES))
   raise ValueError(

@@ -8,6 +8,7 @@ from maxtext.config import config_lib
 from maxtext.generation import kv_cache
 from maxtext.generation import page_pool
 from maxtext.grpo.rollout import decode_footprint
+from maxtext.grpo.rollout import rollout_config
 from testing import tiny_configs
 
 # A page's bytes in the host's book: the pool's entries and the sequence's.
@@ -26,6 +27,11 @@ def _config(**overrides):
   return config
 
 
+def _settings(config) -> rollout_config.RolloutConfig:
+  """The generation settings of `config` as it is now."""
+  return rollout_config.RolloutConfig.from_config(config)
+
+
 def _most(message: str) -> int:
   return int(re.search(r"at most (\d+) slots fit", message).group(1))
 
@@ -38,7 +44,7 @@ class DecodeFootprintTest(absltest.TestCase):
     per_token = kv_cache.bytes_per_token(config)
     self.assertEqual(per_token, 2 * 16 * 4)
     rows = config_lib.decoded_rows(config)
-    least = decode_footprint.least(config, 0, 4)
+    least = decode_footprint.least(_settings(config), 0, 4)
     # A context of one id and 4 new tokens: the 16-position bucket, 4 pages.
     self.assertEqual((least.slots, least.width), (rows, 4))
     self.assertEqual(least.pages, (rows + 1) * 4)
@@ -46,16 +52,16 @@ class DecodeFootprintTest(absltest.TestCase):
     self.assertEqual(least.book_bytes, least.pages * _HELD + rows * 4 * 4)
     # A text task's first turn may ask for fewer new tokens.
     config.grpo_max_turn_tokens = 2
-    self.assertEqual(decode_footprint.fewest_new_tokens(config), 2)
+    self.assertEqual(decode_footprint.fewest_new_tokens(_settings(config)), 2)
 
   def test_a_pool_over_the_devices_names_the_most_slots_that_fit(self):
     config = _config(grpo_decode_page_size=4, grpo_decode_slots=8)
-    table = decode_footprint.least(config, 1, 4).pool_bytes // 2
+    table = decode_footprint.least(_settings(config), 1, 4).pool_bytes // 2
     # Two devices of 3 tables each: 6 tables, 5 slots and the spare one.
     limit = 3 * table
     with self.assertRaises(ValueError) as caught:
       decode_footprint.check(
-          config, devices=2, device_bytes=limit, host_bytes=None
+          _settings(config), devices=2, device_bytes=limit, host_bytes=None
       )
     message = str(caught.exception)
     self.assertRegex(
@@ -66,27 +72,27 @@ class DecodeFootprintTest(absltest.TestCase):
     )
     config.grpo_decode_slots = _most(message)
     decode_footprint.check(
-        config, devices=2, device_bytes=limit, host_bytes=None
+        _settings(config), devices=2, device_bytes=limit, host_bytes=None
     )
     config.grpo_decode_slots += 1
     with self.assertRaisesRegex(ValueError, "at most 5 slots fit"):
       decode_footprint.check(
-          config, devices=2, device_bytes=limit, host_bytes=None
+          _settings(config), devices=2, device_bytes=limit, host_bytes=None
       )
     # Less than one slot's pages: none fits.
     with self.assertRaisesRegex(ValueError, "not one slot fits"):
       decode_footprint.check(
-          config, devices=1, device_bytes=table, host_bytes=None
+          _settings(config), devices=1, device_bytes=table, host_bytes=None
       )
 
   def test_on_the_cpu_the_pool_lies_in_each_process_host(self):
     config = _config(grpo_decode_page_size=4, grpo_decode_slots=8)
-    pool = decode_footprint.least(config, 8, 4).pool_bytes
+    pool = decode_footprint.least(_settings(config), 8, 4).pool_bytes
     host = pool // 2 + 1  # Room for the book, not for the whole pool.
 
     def check(processes):
       decode_footprint.check(
-          config,
+          _settings(config),
           devices=64,
           device_bytes=None,
           host_bytes=host,
@@ -106,7 +112,9 @@ class DecodeFootprintTest(absltest.TestCase):
         for size in (1, 2, 4)
     }
     for size, book in books.items():
-      self.assertEqual(decode_footprint.least(config, 8, size).book_bytes, book)
+      self.assertEqual(
+          decode_footprint.least(_settings(config), 8, size).book_bytes, book
+      )
     host = books[2]
     with self.assertRaisesRegex(
         ValueError,
@@ -115,17 +123,17 @@ class DecodeFootprintTest(absltest.TestCase):
         r"host's .* GiB: pages of 2 positions or more fit$",
     ):
       decode_footprint.check(
-          config, devices=1, device_bytes=None, host_bytes=host
+          _settings(config), devices=1, device_bytes=None, host_bytes=host
       )
     config.grpo_decode_page_size = 2
     decode_footprint.check(
-        config, devices=1, device_bytes=None, host_bytes=host
+        _settings(config), devices=1, device_bytes=None, host_bytes=host
     )
     # Too small for the largest page (16 positions, one page a table).
     host = 9 * _HELD + 8 * 4 - 1
     with self.assertRaises(ValueError) as caught:
       decode_footprint.check(
-          config, devices=1, device_bytes=None, host_bytes=host
+          _settings(config), devices=1, device_bytes=None, host_bytes=host
       )
     message = str(caught.exception)
     self.assertRegex(message, r"^config.grpo_decode_slots=8: .* positions$")
@@ -133,12 +141,14 @@ class DecodeFootprintTest(absltest.TestCase):
     config.grpo_decode_slots = _most(message)
     self.assertEqual(config.grpo_decode_slots, 7)
     decode_footprint.check(
-        config, devices=1, device_bytes=None, host_bytes=host
+        _settings(config), devices=1, device_bytes=None, host_bytes=host
     )
 
   def test_the_static_decoder_is_not_checked(self):
     config = _config(grpo_decoder="static", grpo_decode_slots=8)
-    decode_footprint.check(config, devices=1, device_bytes=1, host_bytes=1)
+    decode_footprint.check(
+        _settings(config), devices=1, device_bytes=1, host_bytes=1
+    )
 
 
 if __name__ == "__main__":

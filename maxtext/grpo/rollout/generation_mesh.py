@@ -62,31 +62,39 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from maxtext.engine import model_setup
 from maxtext.generation import decode_weights
+from maxtext.grpo.rollout import rollout_config
 from maxtext.runtime import mesh as mesh_lib
 
 # The axes of the laid-out source (step 1 with s < a) and of the copies.
 _REPLICA, _FLAT, _REPEAT = "replica", "flat", "repeat"
 
 
-def _generation_config(config, num_devices: int):
-  """`config` with the generation mesh's fields: `grpo_generation_replicas`
-  on the data axis, FSDP over each replica's devices, the config's tensor
-  parallelism where it divides them."""
-  tensor = getattr(config, "tensor_parallelism", 1)
-  replicas = getattr(config, "grpo_generation_replicas", 1)
-  out = config.copy_and_resolve_references()
-  with out.unlocked():
-    out.data_parallelism = replicas
-    out.fsdp_parallelism = -1
-    out.dcn_data_parallelism = 1
-    out.dcn_fsdp_parallelism = 1
-    out.expert_parallelism = 1
-    out.context_parallelism = 1
-    out.tensor_parallelism = (
-        tensor if (num_devices // replicas) % tensor == 0 else 1
-    )
-    out.grpo_generation_devices = 0
-  return out
+def _generation_mesh_config(
+    settings: rollout_config.RolloutConfig, num_devices: int
+) -> mesh_lib.MeshConfig:
+  """The generation mesh's settings: `grpo_generation_replicas` on the
+  data axis, FSDP over each replica's devices, the training mesh's tensor
+  parallelism where it divides them, no other axis.
+
+  Raises:
+    ValueError: as `mesh.MeshConfig.validate`.
+  """
+  tensor = settings.tensor_parallelism
+  replicas = settings.grpo_generation_replicas
+  mesh_config = mesh_lib.MeshConfig(
+      data_parallelism=replicas,
+      fsdp_parallelism=-1,
+      expert_parallelism=1,
+      tensor_parallelism=(
+          tensor if (num_devices // replicas) % tensor == 0 else 1
+      ),
+      context_parallelism=1,
+      dcn_data_parallelism=1,
+      dcn_fsdp_parallelism=1,
+      generation_devices=0,
+  )
+  mesh_config.validate()
+  return mesh_config
 
 
 def _by_process(devices: list) -> list[list]:
@@ -200,15 +208,19 @@ class GenerationMesh:
       docstring's step 2); set by the first `copy`.
   """
 
-  def __init__(self, config, train_devices: list, devices: list):
-    gen_config = _generation_config(config, len(devices))
+  def __init__(
+      self,
+      settings: rollout_config.RolloutConfig,
+      train_devices: list,
+      devices: list,
+  ):
     self.mesh = mesh_lib.make_mesh(
-        mesh_lib.MeshConfig.from_config(gen_config), devices
+        _generation_mesh_config(settings, len(devices)), devices
     )
-    setup = model_setup.setup_model(gen_config, self.mesh)
+    setup = model_setup.setup_model(settings.model, self.mesh)
     self._shardings = setup.param_shardings
     self._route = _Route(train_devices, devices)
-    self._compute_dtype = config.compute_dtype
+    self._compute_dtype = settings.model.compute_dtype
     self._cast = None
     # Each leaf's source and transit layouts, made by the first copy.
     self._layouts = None
@@ -255,12 +267,15 @@ class GenerationMesh:
     return copied, time.perf_counter() - start
 
 
-def make(config, mesh_config: mesh_lib.MeshConfig) -> Optional[GenerationMesh]:
-  """The run's `GenerationMesh`, or None when generation shares the
-  training devices (`mesh_config.generation_devices` 0).
+def make(
+    settings: rollout_config.RolloutConfig, mesh_config: mesh_lib.MeshConfig
+) -> Optional[GenerationMesh]:
+  """The run's `GenerationMesh` for its generation settings, or None when
+  generation shares the training devices (`mesh_config.generation_devices`
+  0).
 
   Raises:
     ValueError: as `mesh.generation_split`.
   """
   train, devices = mesh_lib.generation_split(mesh_config)
-  return GenerationMesh(config, train, devices) if devices else None
+  return GenerationMesh(settings, train, devices) if devices else None

@@ -104,7 +104,12 @@ _PACKED_NDIMS = {"segment_ids": 2, "positions": 2, "completion_at": 2}
 
 
 def _micro_batches_with_reference(
-    reference, whole, temperature, num_micro_batches, config, mesh
+    reference,
+    whole,
+    temperature,
+    num_micro_batches,
+    config: model_config_lib.ModelConfig,
+    mesh,
 ):
   """The rollout's K micro-batches, each with the reference's masked
   completion log-probabilities at the rollout's temperature, as the

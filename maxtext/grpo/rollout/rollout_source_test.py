@@ -8,11 +8,12 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
+from maxtext import workloads
+from maxtext.grpo import grpo_config
 from maxtext.grpo import grpo_workload
 from maxtext.grpo.rollout import rollout_batches
 from maxtext.listeners import interface
 from maxtext.run import run_state
-from maxtext.run import trainer
 from testing import compile_counter
 from testing import dispatch_counter
 from testing import grpo_start
@@ -47,6 +48,13 @@ def _config(output_dir, **overrides):
   for key, value in dict(grpo_start.RUN_FIELDS, **overrides).items():
     config[key] = value
   return config
+
+
+def _grpo(config) -> grpo_workload.GrpoWorkload:
+  """The GRPO workload of `config`, as the top builds it."""
+  return grpo_workload.GrpoWorkload(
+      grpo_config.GrpoConfig.from_config(config), config
+  )
 
 
 class _Watch(interface.RunListener):
@@ -84,16 +92,15 @@ class RolloutSourceRunTest(absltest.TestCase):
     # Two passes over one rollout: update 0 on-policy, update 1 not; the
     # second draws nothing, so its launches are the update's alone.
     cls.watch = _Watch(launches_of=1)
-    cls.result = trainer.run(
-        _config(
-            absltest.get_default_test_tmpdir(),
-            grpo_num_iterations=2,
-            learning_rate=3e-2,
-            eval_interval=2,
-            checkpoint_period=2,
-        ),
-        workload=grpo_workload.GrpoWorkload(),
-        extra_listeners=[cls.watch],
+    config = _config(
+        absltest.get_default_test_tmpdir(),
+        grpo_num_iterations=2,
+        learning_rate=3e-2,
+        eval_interval=2,
+        checkpoint_period=2,
+    )
+    cls.result = workloads.run(
+        config, workload=_grpo(config), extra_listeners=[cls.watch]
     )
 
   def test_first_pass_is_on_policy_and_records_every_metric(self):
@@ -153,11 +160,10 @@ class WarmUpTest(absltest.TestCase):
 
   def test_warm_up_compiles_the_step_and_changes_nothing(self):
     compile_counter.install()
-    workload = grpo_workload.GrpoWorkload()
-    config, _ = trainer.check(
-        _config(self.create_tempdir().full_path), workload
-    )
-    state = run_state.build(config, workload=workload)
+    config = _config(self.create_tempdir().full_path)
+    workload = _grpo(config)
+    settings, _ = workloads.check(config, workload)
+    state = run_state.build(settings, workload=workload)
     try:
       workload.start(state)
       engine = state.engine

@@ -16,16 +16,19 @@ import numpy as np
 
 from maxtext.data import dataset
 from maxtext.grpo.tasks import progression_task
+from maxtext.grpo.tasks import task_config
 
 
-def make_task(config) -> progression_task.ProgressionTask:
-  """The config's progression task (raises ValueError naming the field)."""
+def make_task(
+    settings: task_config.TaskConfig,
+) -> progression_task.ProgressionTask:
+  """The settings' progression task (raises ValueError naming the field)."""
   return progression_task.ProgressionTask(
-      config.vocab_size,
-      config.grpo_prompt_length,
-      config.grpo_max_completion_length,
-      config.grpo_eval_prompts,
-      seed=config.seed,
+      settings.vocab_size,
+      settings.grpo_prompt_length,
+      settings.grpo_max_completion_length,
+      settings.grpo_eval_prompts,
+      seed=settings.seed,
   )
 
 
@@ -33,20 +36,20 @@ class PromptDataset(dataset.Dataset):
   """The progression task's prompts, by rollout.
 
   Args:
-    config: the run's config (the task's fields, global_batch_size and
-      grpo_num_generations).
+    settings: the run's task settings (the task's fields and the prompts a
+      rollout holds).
   """
 
-  def __init__(self, config):
-    self._task = make_task(config)
-    self._count = config.global_batch_size // config.grpo_num_generations
+  def __init__(self, settings: task_config.TaskConfig):
+    self._task = make_task(settings)
+    self._count = settings.prompts_per_rollout
     self._provenance = {
         "kind": "progression_task",
-        "vocab_size": config.vocab_size,
-        "prompt_length": config.grpo_prompt_length,
-        "completion_length": config.grpo_max_completion_length,
-        "eval_prompts": config.grpo_eval_prompts,
-        "seed": config.seed,
+        "vocab_size": settings.vocab_size,
+        "prompt_length": settings.grpo_prompt_length,
+        "completion_length": settings.grpo_max_completion_length,
+        "eval_prompts": settings.grpo_eval_prompts,
+        "seed": settings.seed,
     }
 
   @property

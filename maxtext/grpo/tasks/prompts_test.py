@@ -5,12 +5,15 @@ import numpy as np
 
 from maxtext.grpo.tasks import progression_task
 from maxtext.grpo.tasks import prompts
+from maxtext.grpo.tasks import task_config
 from testing import tiny_configs
 
 
-def _config(**overrides):
-  return tiny_configs.model_config(
-      tiny_configs.TINY_GRPO, global_batch_size=8, **overrides
+def _config(**overrides) -> task_config.TaskConfig:
+  return task_config.TaskConfig.from_config(
+      tiny_configs.model_config(
+          tiny_configs.TINY_GRPO, global_batch_size=8, **overrides
+      )
   )
 
 

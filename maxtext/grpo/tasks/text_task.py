@@ -1,12 +1,13 @@
 """A GRPO run's text task from its config: records, tokenizer, limits.
 
-With `config.grpo_task` set, the run's prompts are the task's records
+With `grpo_task` set, the run's prompts are the task's records
 (`TaskDataset`, by rollout, as `prompts.PromptDataset` for the progression
 task) and each step plays them as episodes (`episode_rollout`).
-`episode_setup(config)` loads what the episodes need, before any device
-work, each error one line naming the field:
+`episode_setup(settings)` (the run's `task_config.TaskConfig`) loads what
+the episodes need, before any device work, each error one line naming the
+field:
 
-* the task (`tasks.load(config.grpo_task)`, with the input files the
+* the task (`tasks.load(grpo_task)`, with the input files the
   `grpo_task_*` fields name, checked against their digests);
 * the policy's tokenizer and chat template (`grpo_tokenizer_path`: a
   Hugging Face tokenizer directory; "" for the one imported beside
@@ -25,6 +26,7 @@ work, each error one line naming the field:
   rollout, each actor checking bubblewrap on its own node.
 """
 
+import dataclasses
 import tempfile
 from typing import Any, Optional
 
@@ -34,11 +36,11 @@ import numpy as np
 from maxtext.data import chat_dataset
 from maxtext.data import dataset
 from maxtext.env import episodes
-from maxtext.env import executor
 from maxtext.env import executors
 from maxtext.env import sandbox
 from maxtext.env import tasks
 from maxtext.grpo.rollout import episode_rollout
+from maxtext.grpo.tasks import task_config
 from maxtext.text import byte_chat
 from maxtext.text import chat
 
@@ -59,7 +61,7 @@ def load_tokenizer(
     raise ValueError(f"config.{field}={path!r}: {e}") from None
 
 
-def policy_tokenizer(config) -> chat.ChatTokenizer:
+def policy_tokenizer(settings: task_config.TaskConfig) -> chat.ChatTokenizer:
   """The policy's tokenizer and chat template: `grpo_tokenizer_path`, or
   ("") the tokenizer files `tools/import_checkpoint` copied beside
   `load_parameters_path`'s checkpoint (a published model's own template),
@@ -68,23 +70,23 @@ def policy_tokenizer(config) -> chat.ChatTokenizer:
   Raises:
     ValueError: one line naming the field.
   """
-  path, field = config.grpo_tokenizer_path, "grpo_tokenizer_path"
+  path, field = settings.grpo_tokenizer_path, "grpo_tokenizer_path"
   if not path:
-    if not config.load_parameters_path:
+    if not settings.load_parameters_path:
       raise ValueError(
           "config.grpo_tokenizer_path='': a text task needs the policy's "
           "tokenizer and chat template: set grpo_tokenizer_path, or "
           "load_parameters_path to an imported checkpoint with its "
           "tokenizer files beside it"
       )
-    path = chat_dataset.tokenizer_directory("", config.load_parameters_path)
+    path = chat_dataset.tokenizer_directory("", settings.load_parameters_path)
     field = "load_parameters_path"
   elif path != BYTE_CHATML:
     path = chat_dataset.tokenizer_directory(path, "")
   tokenizer = load_tokenizer(path, field)
-  if tokenizer.vocab_size > config.vocab_size:
+  if tokenizer.vocab_size > settings.vocab_size:
     raise ValueError(
-        f"config.vocab_size={config.vocab_size}: the tokenizer "
+        f"config.vocab_size={settings.vocab_size}: the tokenizer "
         f"({path}) has {tokenizer.vocab_size} ids"
     )
   if tokenizer.end_of_turn_id is None:
@@ -95,7 +97,9 @@ def policy_tokenizer(config) -> chat.ChatTokenizer:
   return tokenizer
 
 
-def episode_setup(config) -> episode_rollout.EpisodeSetup:
+def episode_setup(
+    settings: task_config.TaskConfig,
+) -> episode_rollout.EpisodeSetup:
   """The run's task, tokenizer, limits and tool settings (module doc).
 
   Raises:
@@ -103,32 +107,34 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
   """
   # The tokenizer first: it reads a few small files, the task may hash and
   # check large ones.
-  tokenizer = policy_tokenizer(config)
+  tokenizer = policy_tokenizer(settings)
   task = tasks.load(
-      config.grpo_task,
-      config.grpo_eval_prompts,
-      config.seed,
-      tasks.TaskInputs.of(tasks.TaskFilesConfig.from_config(config)),
+      settings.grpo_task,
+      settings.grpo_eval_prompts,
+      settings.seed,
+      settings.task_inputs(),
   )
-  turn = config.grpo_max_turn_tokens or config.grpo_max_completion_length
-  if turn > config.grpo_max_completion_length:
+  completion = settings.grpo_max_completion_length
+  turn = settings.grpo_max_turn_tokens or completion
+  if turn > completion:
     raise ValueError(
         f"config.grpo_max_turn_tokens={turn}: must be <= "
-        f"grpo_max_completion_length={config.grpo_max_completion_length}"
+        f"grpo_max_completion_length={completion}"
     )
   try:
     limits = episodes.Limits(
-        max_turns=config.grpo_max_turns,
-        max_tokens=config.grpo_max_completion_length,
-        max_length=config.grpo_prompt_length
-        + config.grpo_max_completion_length,
+        max_turns=settings.grpo_max_turns,
+        max_tokens=completion,
+        max_length=settings.grpo_prompt_length + completion,
         max_turn_tokens=turn,
-        episode_seconds=config.grpo_episode_timeout_seconds,
+        episode_seconds=settings.grpo_episode_timeout_seconds,
     )
-    tool_limits = sandbox.Limits(wall_seconds=config.grpo_tool_timeout_seconds)
+    tool_limits = sandbox.Limits(
+        wall_seconds=settings.grpo_tool_timeout_seconds
+    )
   except ValueError as e:
     raise ValueError(f"config: {e}") from None
-  isolated = not config.grpo_allow_unisolated_tools
+  isolated = not settings.grpo_allow_unisolated_tools
   uses_sandbox = getattr(task, "uses_sandbox", False)
   if uses_sandbox:
     if isolated:
@@ -136,7 +142,7 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
         sandbox.check_available()
       except sandbox.SandboxUnavailable as e:
         raise ValueError(
-            f"config.grpo_task={config.grpo_task!r}: {e} (trusted tools may "
+            f"config.grpo_task={settings.grpo_task!r}: {e} (trusted tools may "
             "run unisolated: config.grpo_allow_unisolated_tools=True)"
         ) from None
     else:
@@ -149,11 +155,11 @@ def episode_setup(config) -> episode_rollout.EpisodeSetup:
       tokenizer,
       limits,
       tasks.ToolSettings(
-          tool_limits, isolated, config.grpo_reward_timeout_seconds
+          tool_limits, isolated, settings.grpo_reward_timeout_seconds
       ),
       executor=executors.create(
-          executor.ExecutorConfig.from_config(
-              config, check_sandbox=uses_sandbox and isolated
+          dataclasses.replace(
+              settings.executor, check_sandbox=uses_sandbox and isolated
           )
       ),
   )
@@ -163,16 +169,21 @@ class TaskDataset(dataset.Dataset):
   """A text task's records, by rollout: {"prompts": object array of
   records}; eval batch 0 is the held-out records."""
 
-  def __init__(self, config, task: tasks.Task, tokenizer: chat.ChatTokenizer):
+  def __init__(
+      self,
+      settings: task_config.TaskConfig,
+      task: tasks.Task,
+      tokenizer: chat.ChatTokenizer,
+  ):
     self._task = task
-    self._count = config.global_batch_size // config.grpo_num_generations
+    self._count = settings.prompts_per_rollout
     self._provenance = {
         "kind": task.kind,
-        "task": config.grpo_task,
-        "tokenizer": config.grpo_tokenizer_path,
+        "task": settings.grpo_task,
+        "tokenizer": settings.grpo_tokenizer_path,
         "tokenizer_fingerprint": tokenizer.fingerprint,
-        "eval_prompts": config.grpo_eval_prompts,
-        "seed": config.seed,
+        "eval_prompts": settings.grpo_eval_prompts,
+        "seed": settings.seed,
     }
 
   @staticmethod
