@@ -465,7 +465,7 @@ class GrpoWorkload(workload.Workload):
                 episode_rollout.rollout, setup=self._episodes
             )
         ),
-        packing=run.data.packing,
+        packing=settings.packing,
         paged=paged_options(settings),
         record_age=self.reads_ahead,
         generation=self._generation_mesh(state),
