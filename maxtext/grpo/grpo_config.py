@@ -36,7 +36,8 @@ class GrpoConfig(component_config.ComponentConfig):
 
   # The rollouts' and the eval's sampling seed (the attempt's: `with_seed`).
   seed: int = 0
-  # Rows of a step's micro-batches are packed (`packed_batches`).
+  # The data's field, declared here again: a step's micro-batches pack
+  # their rows (`packed_batches`).
   packing: bool = False
   # The algorithm: groups, passes over a rollout, rollouts drawn ahead.
   grpo_num_generations: int = 4
