@@ -7,9 +7,10 @@ here checks the config, builds the settings and the workload `config.workload`
 names, once, and trains it, for the binaries, tests and tools. Each name of
 `choices.WORKLOADS` has its builder here (`workloads_test` checks both ways):
 it makes the workload with its own settings (SFT's `SftConfig`, GRPO's
-`GrpoConfig`), and what reads the run's config whole (the engine's set-up,
-GRPO's modules) gets it from here. A workload object holds one run's state:
-`for_config` makes a new one per run.
+`GrpoConfig`, which holds every component's settings GRPO builds), and the
+language model's engine builder (`engine_builder`) reads the run's config
+whole from here. A workload object holds one run's state: `for_config` makes
+a new one per run.
 """
 
 import types
@@ -53,9 +54,7 @@ def _sft(config) -> sft_workload.SftWorkload:
 
 
 def _grpo(config) -> grpo_workload.GrpoWorkload:
-  return grpo_workload.GrpoWorkload(
-      grpo_config.GrpoConfig.from_config(config), config
-  )
+  return grpo_workload.GrpoWorkload(grpo_config.GrpoConfig.from_config(config))
 
 
 # The workload's name -> the builder of a new one from the run's config.
@@ -95,8 +94,8 @@ def check(
 
   The config's fields (`config_lib.validate`), its input paths resolved
   against the caller's directory, the settings of every component the loop
-  builds (their `validate`), the workload's own checks and the pre-flight's
-  (files, the MLPerf rules).
+  builds (their `validate`), a GRPO run's fields (`config_lib.validate_grpo`),
+  the workload's own checks and the pre-flight's (files, the MLPerf rules).
 
   Args:
     config: the run's config.
@@ -128,6 +127,9 @@ def check(
           f"config.workload={config.workload!r}: the run was given the "
           f"{made.name!r} workload"
       )
+    if is_grpo(config):
+      # GRPO's fields across each other, the model and the batch.
+      config_lib.validate_grpo(config)
     made.check()
     preflight.check(
         preflight.PreflightConfig.from_config(config), made.mlperf_header()

@@ -28,10 +28,17 @@ class WorkloadsTest(absltest.TestCase):
     config.workload = "grpo"
     config.grpo_num_generations = 8
     config.steps = 7
+    config.warmup_steps = 0  # Within the 7 steps' schedule (`engine`'s).
+    config.seed = 5
     made = workloads.for_config(config)
     self.assertEqual(made.settings.grpo_num_generations, 8)
     self.assertEqual(made.settings.mlperf.grpo_num_generations, 8)
     self.assertEqual(made.settings.mlperf.steps, 7)
+    # Every component's settings GRPO builds, from the same config.
+    self.assertEqual(made.settings.rollout.grpo_num_generations, 8)
+    self.assertEqual(made.settings.task.grpo_num_generations, 8)
+    self.assertEqual(made.settings.engine.optimizer.warmup_steps, 0)
+    self.assertEqual(made.settings.engine.seed, 5)
     config.workload, config.dataset_type = "sft", "chat"
     self.assertEqual(workloads.for_config(config).settings.dataset_type, "chat")
 

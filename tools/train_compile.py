@@ -243,18 +243,19 @@ def _step_inputs(config):
         "--compiled_step_file: not for config.workload='grpo' (its eval "
         "generates, it is not the engine's eval program)"
     )
-  grpo_workload.abstract_micro_batch(config)  # Checks packing.
+  # Checks packing.
+  grpo_workload.abstract_micro_batch(grpo_config.GrpoConfig.from_config(config))
 
   def chosen(settings):
-    """The run's config with the compile's choices (a search's)."""
-    return config_lib.with_values(config, settings.chosen_fields())
+    """GRPO's settings of the run's config with the compile's choices (a
+    search's)."""
+    return grpo_config.GrpoConfig.from_config(
+        config_lib.with_values(config, settings.chosen_fields())
+    )
 
   return train_compile_lib.StepInputs(
       make_engine=lambda settings, setup, params: grpo_workload.make_engine(
-          chosen(settings),
-          setup,
-          params,
-          settings=grpo_config.GrpoConfig.from_config(chosen(settings)),
+          chosen(settings), setup, params
       ),
       micro_batch=lambda settings: grpo_workload.abstract_micro_batch(
           chosen(settings)

@@ -56,18 +56,15 @@ def _run(config) -> run_settings.RunSettings:
 
 def _grpo(config) -> grpo_workload.GrpoWorkload:
   """The GRPO workload of `config`, as the top builds it."""
-  return grpo_workload.GrpoWorkload(
-      grpo_config.GrpoConfig.from_config(config), config
-  )
+  return grpo_workload.GrpoWorkload(grpo_config.GrpoConfig.from_config(config))
 
 
 def _steps(config, mesh, setup, steps, generation=None):
   """Runs `steps` GRPO steps (generating on `generation`'s devices when
   given); returns (completions, metrics) per step."""
   frozen = ml_collections.FrozenConfigDict(config)
-  options = grpo_workload.loss_options(
-      grpo_config.GrpoConfig.from_config(config)
-  )
+  settings = grpo_config.GrpoConfig.from_config(config)
+  options = grpo_workload.loss_options(settings)
   if setup is None:
     params = transformer.init_params(config, jax.random.PRNGKey(config.seed))
     reference = transformer.init_params(config, jax.random.PRNGKey(config.seed))
@@ -82,7 +79,7 @@ def _steps(config, mesh, setup, steps, generation=None):
     shardings = dict(
         param_shardings=setup.param_shardings,
         batch_sharding=grpo_workload.batch_shardings(
-            config, setup.batch_sharding
+            settings, setup.batch_sharding
         ),
     )
   engine = engine_lib.Engine(
@@ -101,7 +98,7 @@ def _steps(config, mesh, setup, steps, generation=None):
       engine,
       frozen,
       lambda s: task.train_prompts(s, 4),
-      functools.partial(grpo_workload.rollout_options, config),
+      functools.partial(grpo_workload.rollout_options, settings),
       rewards.load(config.grpo_reward_functions),
       num_micro_batches=2,
       width=config.grpo_prompt_length + config.grpo_max_completion_length,

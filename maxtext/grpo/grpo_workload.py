@@ -6,8 +6,9 @@ set it) post-trains a model with GRPO under every guarantee of the loop
 output's failure, resume checks, MLPerf log, one metrics flush per step).
 What GRPO supplies (see `maxtext/run/workload.py`):
 
-  check            config_lib.validate_grpo, the reward functions' imports,
-                   the task, the loss options
+  check            the reward functions' imports, the task, the loss
+                   options (`workloads.check` runs config_lib.validate_grpo
+                   on the config first)
   engine_factory   the model with `train_loss.loss_fn`
   make_dataset     the prompts (`prompts.PromptDataset`), by rollout
   start            the frozen reference (grpo_beta > 0:
@@ -54,12 +55,9 @@ from typing import Optional
 
 from absl import logging
 import jax
-import ml_collections
 
-from maxtext.config import config_lib
 from maxtext.engine import engine as engine_lib
 from maxtext.core import eval_metrics
-from maxtext.engine import engine_config
 from maxtext.engine import model_setup
 from maxtext.config import optimizer as optimizer_lib
 from maxtext.run import batch_source
@@ -82,15 +80,12 @@ from maxtext.grpo.rewards import rewards as rewards_lib
 from maxtext.generation import paged_decoder
 from maxtext.grpo.rollout import rollout as rollout_lib
 from maxtext.grpo.rollout import rollout_batches
-from maxtext.grpo.rollout import rollout_config
 from maxtext.grpo.rollout import rollout_source
 from maxtext.grpo.loss import train_loss
 from maxtext.grpo.rollout import episode_rollout
-from maxtext.grpo.tasks import task_config
 from maxtext.grpo.tasks import text_task
 from maxtext.metrics import recorder as metrics_recorder
 from maxtext.mllog import workload_header
-from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.generation import sampling
 from maxtext.runtime import device_memory
@@ -102,11 +97,14 @@ def loss_options(settings: grpo_config.GrpoConfig) -> policy_loss.LossOptions:
   return settings.loss.options()
 
 
-def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
+def batch_shardings(
+    settings: grpo_config.GrpoConfig, rows_2d: jax.sharding.NamedSharding
+) -> dict:
   """The GRPO micro-batch's shardings: every leaf split by rows.
 
   Args:
-    config: the run's config (whether reference log-probs are carried).
+    settings: GRPO's settings (which leaves the micro-batch carries: the
+      loss's, packing).
     rows_2d: the pretraining batch's sharding (rows split, columns whole).
   """
   rows_1d = jax.sharding.NamedSharding(
@@ -122,52 +120,51 @@ def batch_shardings(config, rows_2d: jax.sharding.NamedSharding) -> dict:
       "token_normaliser": rows_1d,
       "sequence_normaliser": rows_1d,
   }
-  if config.grpo_beta > 0:
+  if settings.loss.grpo_beta > 0:
     out["ref_log_probs"] = rows_2d
-  if config.grpo_logprob_error_threshold:  # `logprob_gate`'s fields.
+  if settings.loss.grpo_logprob_error_threshold:  # `logprob_gate`'s fields.
     out.update({name: rows_1d for name in logprob_gate.ADDED})
-  if config.packing:  # `packed_batches`: the packed rows' layout.
+  if settings.packing:  # `packed_batches`: the packed rows' layout.
     out.update(segment_ids=rows_2d, positions=rows_2d, completion_at=rows_2d)
   return out
 
 
-def engine_factory(config, settings: grpo_config.GrpoConfig, mesh):
+def engine_factory(settings: grpo_config.GrpoConfig, mesh):
   """run_state's engine factory: the model with the GRPO loss.
 
   Args:
-    config: the run's config (the model's, the optimizer's fields).
-    settings: GRPO's settings (the loss's).
+    settings: GRPO's settings, the attempt's (`GrpoConfig.with_seed`): the
+      engine's set-up (the model's, the optimizer's, the seed) and the
+      loss's.
     mesh: the training mesh.
 
   Returns:
     (engine, its model setup).
   """
-  setup = model_setup.setup_model(model_config.of(config), mesh)
-  params = model_setup.init_params(
-      engine_config.EngineConfig.from_config(config), setup
-  )
+  setup = model_setup.setup_model(settings.engine.model, mesh)
+  params = model_setup.init_params(settings.engine, setup)
   if settings.loss.grpo_freeze_router:
     logging.info(
         "GRPO: the MoE router is frozen (%d parameter arrays).",
         frozen_router.count(params),
     )
-  return make_engine(config, setup, params, settings=settings), setup
+  return make_engine(settings, setup, params), setup
 
 
 def make_engine(
-    config, setup, params, *, settings: grpo_config.GrpoConfig
+    settings: grpo_config.GrpoConfig, setup, params
 ) -> engine_lib.Engine:
   """The engine training `params` (arrays, or their shapes for an ahead-of-
   time compile: `train_compile`) with the GRPO loss of `settings` on
   `setup`'s mesh."""
-  model = model_config.of(config)
-  optimizer = optimizer_lib.OptimizerConfig.from_config(config)
+  engine = settings.engine
+  optimizer = engine.optimizer
   schedule = optimizer_lib.make_schedule(optimizer)
   freeze = settings.loss.grpo_freeze_router
   return engine_lib.Engine(
       functools.partial(
           train_loss.loss_fn,
-          config=model,
+          config=engine.model,
           options=loss_options(settings),
           mesh=setup.mesh,
           freeze_router=freeze,
@@ -184,32 +181,37 @@ def make_engine(
       ),
       schedule,
       metrics_recorder.MetricsRecorder(mode="train"),
-      config.gradient_accumulation_steps,
+      engine.gradient_accumulation_steps,
       param_shardings=setup.param_shardings,
-      batch_sharding=batch_shardings(config, setup.batch_sharding),
-      grad_clip_norm=config.grad_clip_norm,
-      donate_state=config.donate_state,
+      batch_sharding=batch_shardings(settings, setup.batch_sharding),
+      grad_clip_norm=engine.grad_clip_norm,
+      donate_state=engine.donate_state,
   )
 
 
-def abstract_micro_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_micro_batch(
+    settings: grpo_config.GrpoConfig,
+) -> dict[str, jax.ShapeDtypeStruct]:
   """One unpacked GRPO micro-batch's shapes, the whole mesh's (the
   `rollout.micro_batches` layout): R = global_batch_size / K rows of
   W = grpo_prompt_length + grpo_max_completion_length tokens, L =
   grpo_max_completion_length completion columns.
 
   Raises:
-    ValueError: config.packing (a packed micro-batch's shapes depend on the
-      rollout's lengths).
+    ValueError: settings.packing (a packed micro-batch's shapes depend on
+      the rollout's lengths).
   """
-  if config.packing:
+  if settings.packing:
     raise ValueError(
         "config.packing=True: a packed GRPO micro-batch has no fixed shape "
         "to compile ahead of time; compile with packing=False"
     )
-  rows = config.global_batch_size // config.gradient_accumulation_steps
-  completion = config.grpo_max_completion_length
-  width = config.grpo_prompt_length + completion
+  rows = (
+      settings.rollout.global_batch_size
+      // settings.engine.gradient_accumulation_steps
+  )
+  completion = settings.grpo_max_completion_length
+  width = settings.row_length
   i32, f32 = jax.numpy.int32, jax.numpy.float32
   out = {
       "tokens": jax.ShapeDtypeStruct((rows, width), i32),
@@ -221,9 +223,9 @@ def abstract_micro_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
       "token_normaliser": jax.ShapeDtypeStruct((rows,), f32),
       "sequence_normaliser": jax.ShapeDtypeStruct((rows,), f32),
   }
-  if config.grpo_beta > 0:
+  if settings.loss.grpo_beta > 0:
     out["ref_log_probs"] = jax.ShapeDtypeStruct((rows, completion), f32)
-  if config.grpo_logprob_error_threshold:
+  if settings.loss.grpo_logprob_error_threshold:
     out.update(
         {
             name: jax.ShapeDtypeStruct((rows,), f32)
@@ -244,29 +246,33 @@ def longest_context(settings: grpo_config.GrpoConfig) -> int:
   return settings.row_length - 1
 
 
-def rollout_options(config, step: int) -> sampling.SamplingOptions:
+def rollout_options(
+    settings: grpo_config.GrpoConfig, step: int
+) -> sampling.SamplingOptions:
   """The rollout's sampling at step `step` (seeded by (seed, step))."""
   return sampling.SamplingOptions(
-      max_new_tokens=config.grpo_max_completion_length,
-      temperature=config.grpo_temperature,
-      top_k=config.grpo_top_k,
-      top_p=config.grpo_top_p,
-      seed=rollout_lib.step_seed(config.seed, step),
-      num_samples=config.grpo_num_generations,
-      stop_ids=config_lib.stop_ids(config),
+      max_new_tokens=settings.grpo_max_completion_length,
+      temperature=settings.grpo_temperature,
+      top_k=settings.grpo_top_k,
+      top_p=settings.grpo_top_p,
+      seed=rollout_lib.step_seed(settings.seed, step),
+      num_samples=settings.grpo_num_generations,
+      stop_ids=settings.stop_ids,
   )
 
 
-def _episode_options(config, stop_ids, step: int) -> sampling.SamplingOptions:
-  return dataclasses.replace(rollout_options(config, step), stop_ids=stop_ids)
+def _episode_options(
+    settings: grpo_config.GrpoConfig, stop_ids, step: int
+) -> sampling.SamplingOptions:
+  return dataclasses.replace(rollout_options(settings, step), stop_ids=stop_ids)
 
 
-def options_of_step(config, episodes=None):
+def options_of_step(settings: grpo_config.GrpoConfig, episodes=None):
   """step -> the rollout's sampling; a text task's turns (`episodes`, its
   `episode_rollout.EpisodeSetup`) stop on its template's end of turn."""
   if episodes is None:
-    return functools.partial(rollout_options, config)
-  return functools.partial(_episode_options, config, episodes.chat.stop_ids)
+    return functools.partial(rollout_options, settings)
+  return functools.partial(_episode_options, settings, episodes.chat.stop_ids)
 
 
 def paged_options(
@@ -281,16 +287,16 @@ def paged_options(
   )
 
 
-def eval_options(config) -> sampling.SamplingOptions:
+def eval_options(settings: grpo_config.GrpoConfig) -> sampling.SamplingOptions:
   """The held-out eval's sampling: greedy (one sample) at temperature 0,
-  else `config_lib.eval_samples_per_prompt` samples of each prompt."""
+  else `RolloutConfig.eval_samples_per_prompt` samples of each prompt."""
   return sampling.SamplingOptions(
-      max_new_tokens=config.grpo_max_completion_length,
-      temperature=config.grpo_eval_temperature,
-      top_p=config.grpo_eval_top_p,
-      seed=config.seed,
-      num_samples=config_lib.eval_samples_per_prompt(config),
-      stop_ids=config_lib.stop_ids(config),
+      max_new_tokens=settings.grpo_max_completion_length,
+      temperature=settings.grpo_eval_temperature,
+      top_p=settings.grpo_eval_top_p,
+      seed=settings.seed,
+      num_samples=settings.rollout.eval_samples_per_prompt(),
+      stop_ids=settings.stop_ids,
   )
 
 
@@ -302,26 +308,21 @@ class GrpoWorkload(workload.Workload):
   """GRPO post-training (module docstring).
 
   Args:
-    settings: GRPO's settings (`grpo_config.GrpoConfig.from_config` of
-      `config`).
-    config: the run's config, its input paths resolved: what GRPO's
-      modules, the engine's set-up and the generation still read whole
-      (with the attempt's seed: `_config_of`).
+    settings: GRPO's settings (`grpo_config.GrpoConfig.from_config` of the
+      run's config, its input paths resolved), with every component's it
+      builds; an attempt's are `settings.with_seed` of its seed
+      (`RunSettings.seed`).
   """
 
   name = "grpo"
 
-  def __init__(self, settings: grpo_config.GrpoConfig, config):
+  def __init__(self, settings: grpo_config.GrpoConfig):
     super().__init__(self._engine)
     self.settings = settings
-    self._config = config
-    # (seed, the config with it): `_config_of`'s, made once per attempt.
-    self._seeded = None
     self._rewards: list[rewards_lib.RewardFunction] = []
     # A text task's episodes (config.grpo_task), else None.
     self._episodes: Optional[episode_rollout.EpisodeSetup] = None
     self._source: Optional[rollout_source.RolloutSource] = None
-    self._frozen = None
     # `_generation_mesh`'s, once made (None: generation shares the
     # training devices).
     self._generation = _UNSET
@@ -343,16 +344,10 @@ class GrpoWorkload(workload.Workload):
     settings.validate()
     return settings
 
-  def _config_of(self, seed: int):
-    """The run's config with the attempt's `seed` (`RunSettings.seed`)."""
-    if self._seeded is None or self._seeded[0] != seed:
-      self._seeded = (seed, config_lib.with_seed(self._config, seed))
-    return self._seeded[1]
-
   def _engine(self, seed: int, mesh):
     """The engine builder (`workload.EngineBuilder`): the model with the
-    GRPO loss."""
-    return engine_factory(self._config_of(seed), self.settings, mesh)
+    GRPO loss, initialised with the attempt's `seed`."""
+    return engine_factory(self.settings.with_seed(seed), mesh)
 
   @property
   def reads_ahead(self) -> bool:
@@ -361,14 +356,10 @@ class GrpoWorkload(workload.Workload):
     return self._max_age >= 1
 
   def check(self) -> None:
-    config = self._config
-    config_lib.validate_grpo(config)
     settings = self.settings
     self._max_age = settings.grpo_max_age
     if settings.grpo_task:
-      self._episodes = text_task.episode_setup(
-          task_config.TaskConfig.from_config(config)
-      )
+      self._episodes = text_task.episode_setup(settings.task)
     # A text task's verifier may be its whole reward: no function needed.
     if settings.grpo_task and not settings.grpo_reward_functions.strip():
       self._rewards = []
@@ -377,7 +368,7 @@ class GrpoWorkload(workload.Workload):
           settings.grpo_reward_functions, settings.grpo_reward_timeout_seconds
       )
     if not settings.grpo_task:
-      prompts_lib.make_task(task_config.TaskConfig.from_config(config))
+      prompts_lib.make_task(settings.task)
     loss_options(settings)
 
   def check_devices(self, run: run_settings.RunSettings, mesh) -> None:
@@ -386,7 +377,7 @@ class GrpoWorkload(workload.Workload):
     del run  # The pool's sizes are GRPO's and the model's fields.
     device = jax.local_devices()[0]
     decode_footprint.check(
-        rollout_config.RolloutConfig.from_config(self._config),
+        self.settings.rollout,
         devices=self.settings.grpo_generation_devices or mesh.devices.size,
         device_bytes=device_memory.bytes_limit(device),
         host_bytes=device_memory.host_bytes(),
@@ -399,7 +390,7 @@ class GrpoWorkload(workload.Workload):
   ):
     # Every process holds the same prompts: each scores the whole rollout.
     del process_index, process_count
-    settings = task_config.TaskConfig.from_config(self._config_of(run.seed))
+    settings = self.settings.with_seed(run.seed).task
     if self._episodes is not None:
       prompts = text_task.TaskDataset(
           settings, self._episodes.task, self._episodes.chat
@@ -418,16 +409,12 @@ class GrpoWorkload(workload.Workload):
 
   def start(self, state) -> dict[str, float]:
     """Builds the rollouts' source and evaluates the starting parameters."""
-    settings = self.settings
-    config = self._config_of(state.settings.seed)
+    settings = self.settings.with_seed(state.settings.seed)
     reference = (
         frozen_reference.load(
             state,
-            functools.partial(
-                model_setup.init_params,
-                engine_config.EngineConfig.from_config(config),
-            ),
-            source=config.load_parameters_path,
+            functools.partial(model_setup.init_params, settings.engine),
+            source=settings.engine.load_parameters_path,
             allow_change=settings.grpo_allow_reference_change,
         )
         if settings.loss.grpo_beta > 0
@@ -456,12 +443,13 @@ class GrpoWorkload(workload.Workload):
   ) -> rollout_batches.RolloutBatches:
     """What makes the run's rollouts into micro-batches (its prompts, its
     sampling, its rewards, the reference or None, its decoder)."""
-    run, settings = state.settings, self.settings
+    run = state.settings
+    settings = self.settings.with_seed(run.seed)
     return rollout_batches.RolloutBatches(
         state.engine,
-        self._model_config(state),
+        settings.engine.model,
         lambda rollout: state.dataset.get_batch(rollout)["prompts"].tolist(),
-        options_of_step(self._config_of(run.seed), self._episodes),
+        options_of_step(settings, self._episodes),
         self._rewards,
         num_micro_batches=run.gradient_accumulation_steps,
         width=settings.row_length,
@@ -477,7 +465,7 @@ class GrpoWorkload(workload.Workload):
                 episode_rollout.rollout, setup=self._episodes
             )
         ),
-        packing=run.data.packing,
+        packing=settings.packing,
         paged=paged_options(settings),
         record_age=self.reads_ahead,
         generation=self._generation_mesh(state),
@@ -555,24 +543,12 @@ class GrpoWorkload(workload.Workload):
     if self._episodes is not None and self._episodes.executor is not None:
       self._episodes.executor.close()
 
-  def _model_config(self, state) -> ml_collections.FrozenConfigDict:
-    """The run's config, frozen: the decoder's static model argument.
-
-    Made once per workload, by `start` or by the first `evaluate` (the
-    deferred evaluation evaluates without starting the run).
-    """
-    if self._frozen is None:
-      self._frozen = ml_collections.FrozenConfigDict(
-          self._config_of(state.settings.seed)
-      )
-    return self._frozen
-
   def _generation_mesh(self, state) -> Optional[generation_mesh.GenerationMesh]:
     """The devices generation has to itself (`generation_mesh.make`), made
     once per workload; None when it shares the training devices."""
     if self._generation is _UNSET:
       self._generation = generation_mesh.make(
-          rollout_config.RolloutConfig.from_config(self._config),
+          self.settings.rollout,
           self.mesh_config(state.settings),
       )
     return self._generation
@@ -581,7 +557,7 @@ class GrpoWorkload(workload.Workload):
     """The held-out prompts' pass rates under the current parameters
     (generated on the generation mesh where the run has one)."""
     params, mesh = state.engine.params, state.setup.mesh
-    config = self._config_of(state.settings.seed)
+    settings = self.settings.with_seed(state.settings.seed)
     generation = self._generation_mesh(state)
     if generation is not None:
       params, _ = generation.copy(params)
@@ -589,22 +565,22 @@ class GrpoWorkload(workload.Workload):
     if self._episodes is not None:
       return episode_rollout.evaluate(
           params,
-          self._model_config(state),
+          settings.engine.model,
           self._episodes,
           dataclasses.replace(
-              eval_options(config),
+              eval_options(settings),
               stop_ids=self._episodes.chat.stop_ids,
           ),
           self._rewards,
-          paged=paged_options(self.settings),
+          paged=paged_options(settings),
           mesh=mesh,
       )
     return evaluation.evaluate(
         params,
-        self._model_config(state),
+        settings.engine.model,
         state.dataset.get_eval_batch(0)["prompts"].tolist(),
-        eval_options(config),
+        eval_options(settings),
         progression_task.exact_match,
-        engine=paged_options(self.settings),
+        engine=paged_options(settings),
         mesh=mesh,
     )

@@ -48,9 +48,7 @@ def _grpo(config):
 
 def _workload(config) -> grpo_workload.GrpoWorkload:
   """The GRPO run's workload, with its settings as the top builds them."""
-  return grpo_workload.GrpoWorkload(
-      grpo_config.GrpoConfig.from_config(config), config
-  )
+  return grpo_workload.GrpoWorkload(grpo_config.GrpoConfig.from_config(config))
 
 
 _RULESET = "6.1.0"
@@ -182,7 +180,12 @@ class Qwen35GrpoMllogTest(parameterized.TestCase):
     )
     self.assertEqual(options.logprob_error_threshold, 2.0)
     self.assertEqual(options.temperature, 1.0)
-    self.assertEqual(grpo_workload.eval_options(config).num_samples, 4)
+    self.assertEqual(
+        grpo_workload.eval_options(
+            grpo_config.GrpoConfig.from_config(config)
+        ).num_samples,
+        4,
+    )
     # The run is accepted with rollouts drawn one step ahead, and plays the
     # benchmark's episodes: 65,536 tokens in all, the first prompt counted,
     # a turn taking what is left, with the checkpoint's chat template.

@@ -171,8 +171,8 @@ class _WatchedSource(batch_source.BatchSource):
 class _WatchedGrpo(grpo_workload.GrpoWorkload):
   """The GRPO workload, its rollouts kept (`rollouts`, one per update)."""
 
-  def __init__(self, settings: grpo_config.GrpoConfig, config):
-    super().__init__(settings, config)
+  def __init__(self, settings: grpo_config.GrpoConfig):
+    super().__init__(settings)
     self.rollouts: list[rollout_lib.Rollout] = []
 
   def batch_source(self, state):
@@ -205,7 +205,7 @@ def _run(config, max_age: int, directory: str) -> _Run:
       ),
   )
   watch = _Records()
-  workload = _WatchedGrpo(grpo_config.GrpoConfig.from_config(config), config)
+  workload = _WatchedGrpo(grpo_config.GrpoConfig.from_config(config))
   workloads.run(config, workload=workload, extra_listeners=[watch])
   return _Run(
       warmup_time=watch.warmup_time,

@@ -1,11 +1,13 @@
 """A GRPO run's generation settings: `RolloutConfig`.
 
 The rollout package's settings class (`maxtext/core/component_config.py`):
-what the paged decoder's footprint check (`decode_footprint`) and the
-generation devices' mesh (`generation_mesh`) read. The decodes' sizes are
-the config's facts as `config_lib` states them (`decoded_rows`,
-`largest_decode_page`), asked of these fields; their checks are
-`config_lib.validate_grpo`'s, which runs before any of them is built.
+what the paged decoder's footprint check (`decode_footprint`), the
+generation devices' mesh (`generation_mesh`) and the eval's sampling
+(`grpo_workload.eval_options`) read. The decodes' sizes and the eval's
+samples of each prompt are the config's facts as `config_lib` states them
+(`decoded_rows`, `largest_decode_page`, `eval_samples_per_prompt`), asked of
+these fields; their checks are `config_lib.validate_grpo`'s, which runs
+before any of them is built.
 `tensor_parallelism` is the training mesh's, declared here again: the
 generation mesh keeps it where it divides a replica's devices.
 """
@@ -56,6 +58,17 @@ class RolloutConfig(component_config.ComponentConfig):
   model: model_config.ModelConfig = dataclasses.field(
       default_factory=model_config.ModelConfig
   )
+
+  def eval_samples_per_prompt(self) -> int:
+    """The eval's samples of each held-out prompt
+    (`config_lib.eval_samples_per_prompt`)."""
+    return config_lib.eval_samples_per_prompt(
+        {
+            "grpo_eval_samples_per_prompt": self.grpo_eval_samples_per_prompt,
+            "grpo_eval_temperature": self.grpo_eval_temperature,
+            "grpo_num_generations": self.grpo_num_generations,
+        }
+    )
 
   def decoded_rows(self) -> int:
     """The most sequences one decode holds (`config_lib.decoded_rows`)."""

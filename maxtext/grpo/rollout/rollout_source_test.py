@@ -52,9 +52,7 @@ def _config(output_dir, **overrides):
 
 def _grpo(config) -> grpo_workload.GrpoWorkload:
   """The GRPO workload of `config`, as the top builds it."""
-  return grpo_workload.GrpoWorkload(
-      grpo_config.GrpoConfig.from_config(config), config
-  )
+  return grpo_workload.GrpoWorkload(grpo_config.GrpoConfig.from_config(config))
 
 
 class _Watch(interface.RunListener):

@@ -8,6 +8,7 @@ import numpy as np
 from maxtext.generation import paged_decoder
 from maxtext.generation import scoring
 from maxtext.grpo.loss import advantages
+from maxtext.grpo import grpo_config
 from maxtext.grpo import grpo_workload
 from maxtext.grpo.loss import logprob_gate
 from maxtext.grpo.tasks import progression_task
@@ -62,7 +63,9 @@ class RolloutTest(absltest.TestCase):
     )
     want = jax.tree.map(
         lambda a: (a.shape, a.dtype),
-        grpo_workload.abstract_micro_batch(config),
+        grpo_workload.abstract_micro_batch(
+            grpo_config.GrpoConfig.from_config(config)
+        ),
     )
     for batch in rollout_lib.micro_batches(self.result, 2):
       self.assertEqual(
@@ -72,7 +75,9 @@ class RolloutTest(absltest.TestCase):
     config.grpo_logprob_error_threshold = 2.0
     want = jax.tree.map(
         lambda a: (a.shape, a.dtype),
-        grpo_workload.abstract_micro_batch(config),
+        grpo_workload.abstract_micro_batch(
+            grpo_config.GrpoConfig.from_config(config)
+        ),
     )
     gate = logprob_gate.Gate(2.0, self.config)
     for batch in gate(
@@ -83,7 +88,9 @@ class RolloutTest(absltest.TestCase):
       )
     config.packing = True
     with self.assertRaisesRegex(ValueError, "config.packing=True: a packed"):
-      grpo_workload.abstract_micro_batch(config)
+      grpo_workload.abstract_micro_batch(
+          grpo_config.GrpoConfig.from_config(config)
+      )
 
   def test_rows_hold_prompt_then_completion(self):
     r = self.result
