@@ -38,10 +38,11 @@ devices (with --hbm_gib), to try the tool without libtpu.
 
 --program=generate compiles a rollout's generation programs instead: the
 paged decoder's prefill and decode programs (`maxtext.generation.
-paged_decoder`, the programs GRPO's rollouts run) for --slots sequences of
-up to --length positions, contexts of up to --prompt_length ids (by
-default the config's rollout's: its prompts, or for a text task's episodes
-the whole conversation a turn continues), pages of --page_size positions
+paged_programs`, the programs GRPO's rollouts run, lowered by
+`paged_lowering`) for --slots sequences of up to --length positions,
+contexts of up to --prompt_length ids (by default the config's rollout's:
+its prompts, or for a text task's episodes the whole conversation a turn
+continues), pages of --page_size positions
 (--num_pages of them; by default the engine's), with the parameters in
 the compute dtype split over the config's mesh as the
 trainer splits them; on a mesh with a data axis of R devices, R replicas
@@ -495,6 +496,7 @@ def _rollout_shape(config):
   # Imported once JAX has its platform (see _devices).
   # pylint: disable=import-outside-toplevel
   from maxtext.generation import paged_decoder
+  from maxtext.generation import paged_lowering
   from maxtext.grpo import grpo_config
   from maxtext.grpo import grpo_workload
 
@@ -508,7 +510,7 @@ def _rollout_shape(config):
       page_size=_PAGE_SIZE.value or config.grpo_decode_page_size,
       num_pages=_NUM_PAGES.value,
   )
-  paged_decoder.check_lowering(config, slots, length, prompt_length)
+  paged_lowering.check_lowering(config, slots, length, prompt_length)
   return slots, length, prompt_length, engine
 
 

@@ -1,6 +1,6 @@
 """Compiles a rollout's generation programs for given devices, ahead of time.
 
-The programs are the paged decoder's own (`paged_decoder.lower`): a
+The programs are the paged decoder's own (`paged_lowering.lower`): a
 prefill call (a chunk of `EngineOptions.prefill_tokens` positions at most of
 its most contexts per data-parallel replica, running on from the chunk
 before where a context takes more than one) and the decode program of every
@@ -50,6 +50,7 @@ from maxtext.engine import train_compile_lib
 from maxtext.generation import decode_weights
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_decoder
+from maxtext.generation import paged_lowering
 from maxtext.model import model_config
 
 
@@ -183,7 +184,7 @@ def compile_generation(
       anything compiles.
   """
   params = generation_params(config, setup)
-  lowered = paged_decoder.lower(
+  lowered = paged_lowering.lower(
       params,
       config,
       num_slots=num_slots,

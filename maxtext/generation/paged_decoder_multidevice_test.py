@@ -27,6 +27,7 @@ from maxtext.model import model_config
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import paged_model
+from maxtext.generation import paged_sizes
 from maxtext.generation import sampling
 from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
@@ -171,7 +172,7 @@ class PagedReplicasTest(parameterized.TestCase):
     # One slot rounded up to one per replica; the default pool holds each
     # replica's slot's longest sequence and one waiting context: two
     # tables' pages per replica.
-    width = paged_decoder.table_width(config, 6 + 7, 4)
+    width = paged_sizes.table_width(config, 6 + 7, 4)
     self.assertEqual(
         got.cache_bytes, paged_model.pool_bytes(config, 4 * 2 * width, 4)
     )

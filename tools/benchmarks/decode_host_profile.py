@@ -5,7 +5,7 @@
 
   timed    The wall and main-thread CPU seconds (`time.thread_time`: the
            host's own work, not XLA's threads) of each phase of the
-           engine's loop (`paged_decoder._Run`'s methods), each second
+           engine's loop (`paged_scheduler.Scheduler`'s methods), each second
            counted in the innermost phase running:
              setup        `generate` outside the loop: checks, the weights'
                           cast, the pool, the sampling values, warm-up
@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import jax
 
-from maxtext.generation import paged_decoder
+from maxtext.generation import paged_scheduler
 from testing import compile_counter
 from testing import dispatch_counter
 from testing import transfer_counter
@@ -51,8 +51,7 @@ from testing import transfer_counter
 PHASES = ("setup", "admit", "prefill", "decode", "wait", "bookkeeping")
 
 # The engine loop's methods and the phase each runs in.
-# pylint: disable-next=protected-access  # The loop's own steps, timed.
-_RUN = paged_decoder._Run
+_RUN = paged_scheduler.Scheduler
 _METHODS = {
     "fill_slots": "admit",
     "prefill": "prefill",

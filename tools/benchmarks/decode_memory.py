@@ -14,7 +14,7 @@ For the model of `--config` (parameters as `jax.ShapeDtypeStruct`s:
 nothing is allocated) it lowers and compiles, on one device (the first of
 `--topology`'s TPU slice description, or the default backend's):
 
-  paged   the paged decoder's decode program (`paged_decoder.lower`: the
+  paged   the paged decoder's decode program (`paged_lowering.lower`: the
           widest page table of `--length` positions, `--slots` slots) with
           the pool read as `--attention` says;
   static  the static decoder's program (`decoder._generate`: prefill of
@@ -47,6 +47,7 @@ from ml_collections import config_flags
 from maxtext.configs import decode_bench
 from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
+from maxtext.generation import paged_lowering
 from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
@@ -114,7 +115,7 @@ def _figures(compiled) -> dict:
 def paged(config, device, slots, length, prompt, attention) -> dict:
   """The paged decode program's `_figures`."""
   mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config), [device])
-  lowered = paged_decoder.lower(
+  lowered = paged_lowering.lower(
       _abstract_params(config, mesh),
       config,
       num_slots=slots,
@@ -173,7 +174,7 @@ def main(argv: list[str]) -> None:
   config = ml_collections.FrozenConfigDict(_CONFIG.value)
   length, prompt = _LENGTH.value, _PROMPT.value
   try:
-    paged_decoder.check_lowering(config, _SLOTS.value, length, prompt)
+    paged_lowering.check_lowering(config, _SLOTS.value, length, prompt)
   except (TypeError, ValueError) as e:
     raise app.UsageError(str(e)) from None
   try:

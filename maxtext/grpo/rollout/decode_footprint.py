@@ -35,6 +35,7 @@ from maxtext.generation import kv_cache
 from maxtext.generation import page_pool
 from maxtext.generation import paged_decoder
 from maxtext.generation import paged_model
+from maxtext.generation import paged_sizes
 from maxtext.grpo.rollout import rollout_config
 
 # Host bytes per page beside its book's: its entry in the list of pages
@@ -80,10 +81,10 @@ def least(
   of `page_size` positions, for a GRPO run's generation settings."""
   slots = slots or settings.decoded_rows()
   model = settings.model
-  width = paged_decoder.table_width(
+  width = paged_sizes.table_width(
       model, 1 + fewest_new_tokens(settings), page_size
   )
-  pages = paged_decoder.pool_pages(
+  pages = paged_sizes.pool_pages(
       paged_decoder.EngineOptions(page_size=page_size), slots, width
   )
   pool = paged_model.pool_bytes(model, pages, page_size)
