@@ -39,9 +39,10 @@ from testing import run_compile_level
 # The model's logits are held to 1e-4 of transformers' scale: a margin
 # measured with XLA's CPU programs compiled as a run's (the router trap's
 # model reaches 0.97 of it there, 1.5 with the suite's cheap compiles), so
-# this test compiles as runs do. XLA reads the flags when JAX starts.
+# this test compiles as runs do.
 run_compile_level.request()
 
+# XLA reads the flags when JAX starts, so the imports follow.
 # pylint: disable=wrong-import-position,wrong-import-order
 import dataclasses
 import json
