@@ -8,15 +8,16 @@ its queue (their pages taken: the context's shared ones, a partial page's
 copy, their first chunk's), which travels with every decode call
 (`decode`): at the call's start and after each step, the slots that are
 free take the queue's next continuations on the device (their values,
-page tables, logits and states from the ready buffers, their partial
-pages' copies). A decode call runs up to `chunk` steps and returns early
-once a replica's `stop_after` sequences have finished with no queued
-continuation to take their slots. Each call takes its host values as one
-array or a few (a transfer each, not a program); a decode call takes one
-(its slots' values, page tables and queue, `SLOT_COLUMNS`,
-`QUEUE_COLUMNS`) and returns its results to the host as one
-(`unpack_decoded`: each step's id, log-probability, row and step per
-slot, and the slots' values after the call).
+page tables, logits and states from the ready buffers; the queued
+continuations' partial pages are copied once, at the call's start). A
+decode call runs up to `chunk` steps and returns early once a replica's
+`stop_after` sequences have finished with no queued continuation to take
+their slots. Each call takes its host values as one array or a few (a
+transfer each, not a program); a decode call takes one (its slots'
+values, page tables and queue, `SLOT_COLUMNS`, `QUEUE_COLUMNS`) and
+returns its results to the host as one (`unpack_decoded`: each step's id,
+log-probability, row and step per slot, and the slots' values after the
+call).
 
 Per-request randomness. Row r's draw at its step s uses the key
 fold_in(fold_in(PRNGKey(seed), r), s), the static decoder's: the ids
@@ -371,11 +372,35 @@ class _Queue(NamedTuple):
   states: Any  # [L, 2C, ...]
 
 
+def _copy_partial_pages(pool, queue: _Queue):
+  """The queued continuations' partial pages, copied once at the call's
+  start, before any step.
+
+  Every entry of the queue is a continuation no slot has taken yet, so its
+  context's partial page holds the context's positions (a continuation
+  that owns that page is queued after the ones that copy it, and at worst
+  wrote positions past the context's, which the copy's own continuation
+  overwrites before it reads them). An entry without a copy names page N
+  (one past the replica's pages), which the scatter drops. Copying here
+  rather than when a slot takes the entry keeps the pool out of the decode
+  loop's conditional: with the pool in both branches of a `lax.cond` the
+  TPU compiler copied the whole pool twice a step to reconcile the
+  branches' layouts (`tools/benchmarks/decode_memory_test` counts the
+  pool's copies in the program compiled for a v5e).
+  """
+  copy_to = queue.entries[:, Q_COPY_TO]
+  copy_from = queue.entries[:, Q_COPY_FROM]
+  return jax.tree_util.tree_map(
+      lambda x: x.at[:, copy_to].set(x[:, copy_from], mode="drop"), pool
+  )
+
+
 def _take_queued(carry: _DecodeCarry, queue: _Queue, refill: bool):
   """The free slots take the queue's next continuations, in slot order:
-  their values, pages, logits and states, and their partial pages' copies.
-  A step that frees no slot, or leaves the queue empty, changes nothing
-  (`lax.cond`: no copies run)."""
+  their values, pages, logits and states (their partial pages were copied
+  at the call's start, `_copy_partial_pages`). A step that frees no slot,
+  or leaves the queue empty, changes nothing (`lax.cond`: no copies run);
+  the pool does not pass through the conditional."""
   free = ~carry.active
   index = carry.taken + jnp.cumsum(free) - 1
   take = free & (index < queue.length)
@@ -383,14 +408,6 @@ def _take_queued(carry: _DecodeCarry, queue: _Queue, refill: bool):
   def start(carry):
     entry = queue.entries[jnp.clip(index, 0, queue.entries.shape[0] - 1)]
     source = entry[:, Q_SOURCE]
-    pages = jax.tree_util.tree_leaves(carry.pool)[0].shape[1]
-    copy_to = jnp.where(take, entry[:, Q_COPY_TO], pages)
-    copy_from = entry[:, Q_COPY_FROM]
-    pool = jax.tree_util.tree_map(
-        lambda x: x.at[:, copy_to].set(x[:, copy_from], mode="drop"),
-        carry.pool,
-    )
-
     # The taking slots' rows of [L, S, ...] from [L, 2C, ...]; a slot that
     # takes nothing scatters to row S, which is dropped.
     into = jnp.where(take, jnp.arange(take.shape[0]), take.shape[0])
@@ -400,7 +417,6 @@ def _take_queued(carry: _DecodeCarry, queue: _Queue, refill: bool):
 
     count = jnp.sum(take).astype(jnp.int32)
     return carry._replace(
-        pool=pool,
         states=jax.tree_util.tree_map(per_slot, carry.states, queue.states),
         logits=jnp.where(take[:, None], queue.logits[source], carry.logits),
         steps=jnp.where(take, 0, carry.steps),
@@ -413,7 +429,10 @@ def _take_queued(carry: _DecodeCarry, queue: _Queue, refill: bool):
         taken=carry.taken + count,
     )
 
-  return jax.lax.cond(jnp.any(take), start, lambda carry: carry, carry)
+  taken = jax.lax.cond(
+      jnp.any(take), start, lambda carry: carry, carry._replace(pool=None)
+  )
+  return taken._replace(pool=carry.pool)
 
 
 def _decode_body(
@@ -441,7 +460,8 @@ def _decode_body(
   """One replica's `decode` on its blocks (its slots' rows of
   `slot_inputs`, its ready buffers).
 
-  The free slots take queued continuations, then a while loop of
+  The queued continuations' partial pages are copied, the free slots take
+  queued continuations, then a while loop of
   `_decode_step`s, each followed by the freed slots taking the queue's
   next ones, as long as `_keep_decoding` says.
   """
@@ -471,7 +491,11 @@ def _decode_body(
       replicas=replicas,
   )
   carry = _first_carry(
-      pool, states, logits, slot_inputs[:, : SLOT_COLUMNS + view], chunk
+      _copy_partial_pages(pool, queue),
+      states,
+      logits,
+      slot_inputs[:, : SLOT_COLUMNS + view],
+      chunk,
   )
   carry = _take_queued(carry, queue, refill=False)
   out = jax.lax.while_loop(

@@ -19,8 +19,9 @@ has finished.
 * Shared prefixes. A context is prefilled once; its `num_samples`
   continuations list the context's full pages in their tables (each page
   counts its holders). The last, partial page is written by every
-  continuation, so each gets its own copy when it takes a slot (copy on
-  write; the last one to start takes the context's own page, with no copy).
+  continuation, so each gets its own copy (copy on write; the last one to
+  start takes the context's own page, with no copy), made on the device at
+  the start of each decode call whose queue holds it.
   A context whose length is a multiple of the page size shares every page.
 
 Calls: a prefill call writes as many waiting contexts as a replica's free

@@ -24,17 +24,21 @@ nothing is allocated) it lowers and compiles, on one device (the first of
 and prints one line each:
 
   decode_memory: paged slots=S length=T attention=A temp_mib=X args_mib=Y
-      bytes_accessed_mib=Z
+      bytes_accessed_mib=Z pool_copies_call=N pool_copies_step=M
   decode_memory: static rows=R length=T prompt=P temp_mib=X args_mib=Y
 
 temp is XLA's temporaries, args the arguments' bytes (parameters, cache or
 pool); "bytes accessed" is the compiler's cost analysis, which counts a
 loop's body once and knows nothing of a custom call's (the ragged paged
 attention kernel's) own reads: a figure to compare programs by, not a
-step's traffic.
+step's traffic. pool_copies_call and _step count the decode program's
+copies of a whole pool leaf (`pool_copies`) outside its loop (once a call:
+the TPU compiler's layout changes around the gather path's loop) and in it
+(every step: 0 is right, since the loop updates the pool in place).
 """
 
 import os
+import re
 
 from absl import app
 from absl import flags
@@ -76,6 +80,8 @@ _ATTENTION = flags.DEFINE_enum(
 )
 
 MIB = 2**20
+# HLO's names of the pool's element types.
+_HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
 def target_device(topology: str):
@@ -112,8 +118,30 @@ def _figures(compiled) -> dict:
   }
 
 
+def pool_copies(text: str, pool) -> tuple[int, int]:
+  """Copies of a whole pool leaf in the compiled program `text` (its
+  optimized HLO): `copy` and `copy-start` instructions whose result holds a
+  leaf's type and shape, as (in the entry computation: once a call, in the
+  computations it calls: the decode loop's body and its conditionals, once
+  a step). Each is a pass over all of a leaf's bytes."""
+  shapes = {
+      f"{_HLO_TYPES[jnp.dtype(leaf.dtype).name]}"
+      f"[{','.join(map(str, leaf.shape))}]"
+      for leaf in jax.tree_util.tree_leaves(pool)
+  }
+  counts = [0, 0]
+  entry = False
+  for line in text.splitlines():
+    if line and not line[0].isspace():  # A computation's first line.
+      entry = line.startswith("ENTRY ")
+    result = re.search(r"= (.*?) copy(?:-start)?\(", line)
+    if result and any(shape in result.group(1) for shape in shapes):
+      counts[0 if entry else 1] += 1
+  return counts[0], counts[1]
+
+
 def paged(config, device, slots, length, prompt, attention) -> dict:
-  """The paged decode program's `_figures`."""
+  """The paged decode program's `_figures`, and its `pool_copies`."""
   mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config), [device])
   lowered = paged_lowering.lower(
       _abstract_params(config, mesh),
@@ -124,7 +152,12 @@ def paged(config, device, slots, length, prompt, attention) -> dict:
       engine=paged_decoder.EngineOptions(attention=attention),
       mesh=mesh,
   )
-  return _figures(lowered.programs["decode"].compile())
+  compiled = lowered.programs["decode"].compile()
+  per_call, per_step = pool_copies(compiled.as_text(), lowered.pool)
+  return _figures(compiled) | {
+      "pool_copies_call": per_call,
+      "pool_copies_step": per_step,
+  }
 
 
 def static(config, device, rows, length, prompt) -> dict:
@@ -163,7 +196,10 @@ def static(config, device, rows, length, prompt) -> dict:
 
 def _line(kind: str, settings: dict, figures: dict) -> str:
   parts = [f"{k}={v}" for k, v in settings.items()]
-  parts += [f"{k}={v:.1f}" for k, v in figures.items()]
+  parts += [
+      f"{k}={v}" if isinstance(v, int) else f"{k}={v:.1f}"
+      for k, v in figures.items()
+  ]
   return f"decode_memory: {kind} " + " ".join(parts)
 
 
