@@ -263,6 +263,17 @@ def output_projection(params: Params) -> jax.Array:
   return params["embedding"].T
 
 
+def stored_output_projection(params: Params) -> tuple[jax.Array, bool]:
+  """The output projection as it is stored, and whether it is vocabulary-
+  major: ("unembedding" [E, V], False), or ("embedding" [V, E], True) when
+  the model ties them. Products that name their axes
+  (`vocab_loss.token_sums`) take it without `output_projection`'s
+  transpose, which a TPU program makes as a copy of the whole matrix."""
+  if "unembedding" in params:
+    return params["unembedding"], False
+  return params["embedding"], True
+
+
 def num_linear_layers(config: model_config.ModelConfig) -> int:
   """Gated DeltaNet layers of the model (0 without a layer pattern)."""
   n = config.full_attention_interval
@@ -964,8 +975,9 @@ def loss_fn(
   targets = zigzag.to_zigzag(targets, context)
   weights = zigzag.to_zigzag(weights, context)
   if chunk > 0:
+    projection, vocab_major = stored_output_projection(params)
     loss_sum, num_correct = vocab_loss.token_sums(
-        x, output_projection(params), targets, weights, chunk
+        x, projection, targets, weights, chunk, vocab_major
     )
   else:
     loss_sum, num_correct = vocab_loss.token_sums_of_logits(

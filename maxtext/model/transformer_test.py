@@ -224,6 +224,22 @@ class ChunkedLossTest(parameterized.TestCase):
       self.assertEqual(float(aux[key]), float(ref_aux[key]), key)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
 
+  def test_tied_embedding_chunked_as_unchunked(self):
+    # The chunked loss takes a tied embedding as stored ([V, E]); its
+    # gradient joins the lookup's, as the unchunked loss's transpose does.
+    reference = tiny_configs.model_config(tie_word_embeddings=True)
+    config = tiny_configs.model_config(
+        tie_word_embeddings=True, loss_chunk_size=4
+    )
+    params = transformer.init_params(reference, jax.random.PRNGKey(6))
+    self.assertEqual(transformer.stored_output_projection(params)[1], True)
+    batch = _batch(reference, batch=3, weights=True)
+    (loss, aux), grads = _loss_and_grads(config, params, batch)
+    (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    self.assertEqual(float(aux["num_correct"]), float(ref_aux["num_correct"]))
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
+
   def test_negative_chunk_is_refused(self):
     config = tiny_configs.model_config(loss_chunk_size=-1)
     params = transformer.init_params(config, jax.random.PRNGKey(0))

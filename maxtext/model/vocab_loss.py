@@ -22,6 +22,13 @@ The gradient products take bfloat16 (the hidden states' dtype) operands with
 float32 accumulation, as the projection forward does; the weighted softmax
 gradient is rounded to that dtype before them. The values (loss sum, hits)
 are computed exactly as `token_sums_of_logits` computes them.
+
+The projection comes in either orientation: [E, V] (an untied output
+projection), or [V, E] with `vocab_major` (a tied embedding as it is
+stored), whose gradient is then [V, E] too. Each product names its
+operands' axes, so neither orientation is transposed: on a TPU, handing the
+loss a tied embedding's transpose cost two layout copies of the whole
+matrix a step (the bfloat16 projection and its float32 gradient).
 """
 
 import functools
@@ -29,11 +36,21 @@ import functools
 import jax
 import jax.numpy as jnp
 
+# The three products' einsum specs by orientation (`vocab_major`): the
+# logits, the hidden states' gradient, the projection's gradient.
+_SPECS = {
+    False: ("bse,ev->bsv", "bsv,ev->bse", "bse,bsv->ev"),
+    True: ("bse,ve->bsv", "bsv,ve->bse", "bse,bsv->ve"),
+}
 
-def unembed(x: jax.Array, unembedding: jax.Array) -> jax.Array:
-  """[B, S, E] hidden states -> float32 [B, S, V] logits."""
+
+def unembed(
+    x: jax.Array, unembedding: jax.Array, vocab_major: bool = False
+) -> jax.Array:
+  """[B, S, E] hidden states -> float32 [B, S, V] logits, the projection
+  [E, V] (or [V, E] with `vocab_major`)."""
   return jnp.einsum(
-      "bse,ev->bsv",
+      _SPECS[vocab_major][0],
       x,
       unembedding.astype(x.dtype),
       preferred_element_type=jnp.float32,
@@ -80,27 +97,30 @@ def _unchunk(a: jax.Array, length: int) -> jax.Array:
   return a.reshape(a.shape[0], -1, *a.shape[3:])[:, :length]
 
 
-def _chunk_sums_and_grads(x_c, unembedding, targets_c, weights_c):
+def _chunk_sums_and_grads(
+    x_c, unembedding, targets_c, weights_c, vocab_major: bool
+):
   """One chunk's sums and the gradients of its loss sum.
 
   Returns:
     (loss_sum, num_correct, dx_c float32 [B, c, E], dunembedding float32
-    [E, V]).
+    in `unembedding`'s shape).
   """
-  logits = unembed(x_c, unembedding)
+  _, dx_spec, du_spec = _SPECS[vocab_major]
+  logits = unembed(x_c, unembedding, vocab_major)
   lse, nll, correct = _per_position(logits, targets_c)
   # d(sum_t w_t * nll_t) / d logits_t = w_t * (softmax_t - onehot(target_t)).
   hot = jax.nn.one_hot(targets_c, logits.shape[-1], dtype=jnp.float32)
   dlogits = (jnp.exp(logits - lse[..., None]) - hot) * weights_c[..., None]
   dlogits = dlogits.astype(x_c.dtype)
   dx_c = jnp.einsum(
-      "bsv,ev->bse",
+      dx_spec,
       dlogits,
       unembedding.astype(x_c.dtype),
       preferred_element_type=jnp.float32,
   )
   dunembedding = jnp.einsum(
-      "bse,bsv->ev", x_c, dlogits, preferred_element_type=jnp.float32
+      du_spec, x_c, dlogits, preferred_element_type=jnp.float32
   )
   return (
       jnp.sum(nll * weights_c),
@@ -111,7 +131,13 @@ def _chunk_sums_and_grads(x_c, unembedding, targets_c, weights_c):
 
 
 def _scan_chunks(
-    x, unembedding, targets, weights, chunk: int, with_grads: bool
+    x,
+    unembedding,
+    targets,
+    weights,
+    chunk: int,
+    vocab_major: bool,
+    with_grads: bool,
 ):
   """The sums over every chunk, and with `with_grads` their gradients."""
   zero = jnp.zeros((), jnp.float32)
@@ -119,13 +145,13 @@ def _scan_chunks(
 
   def sums_only(totals, inputs):
     loss_sum, num_correct = token_sums_of_logits(
-        unembed(inputs[0], unembedding), *inputs[1:]
+        unembed(inputs[0], unembedding, vocab_major), *inputs[1:]
     )
     return (totals[0] + loss_sum, totals[1] + num_correct), None
 
   def sums_and_grads(carry, inputs):
     loss_sum, num_correct, dx_c, du = _chunk_sums_and_grads(
-        inputs[0], unembedding, *inputs[1:]
+        inputs[0], unembedding, *inputs[1:], vocab_major
     )
     return (carry[0] + loss_sum, carry[1] + num_correct, carry[2] + du), dx_c
 
@@ -140,43 +166,50 @@ def _scan_chunks(
   return (loss_sum, num_correct), (_unchunk(dx, x.shape[1]), du)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def token_sums(
     x: jax.Array,
     unembedding: jax.Array,
     targets: jax.Array,
     weights: jax.Array,
     chunk: int,
+    vocab_major: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-  """`token_sums_of_logits(unembed(x, unembedding), ...)`, `chunk` positions
-  at a time, differentiable in `x` and `unembedding` (the loss sum; the
-  hits have no gradient, and neither have `targets` and `weights`).
+  """`token_sums_of_logits(unembed(x, unembedding, vocab_major), ...)`,
+  `chunk` positions at a time, differentiable in `x` and `unembedding`
+  (the loss sum; the hits have no gradient, and neither have `targets` and
+  `weights`).
 
   Only one chunk's float32 logits [B, chunk, V] exist at once; the sequence is
   padded to a multiple of `chunk` with weight-0 positions.
 
   Args:
     x: [B, S, E] final hidden states.
-    unembedding: [E, V].
+    unembedding: [E, V], or [V, E] with `vocab_major`.
     targets: int32 [B, S].
     weights: float32 [B, S].
     chunk: positions per chunk, >= 1 (above S: one chunk).
+    vocab_major: `unembedding` is [V, E] (a tied embedding).
 
   Returns:
     (loss_sum, num_correct), float32 scalars.
   """
-  return _scan_chunks(x, unembedding, targets, weights, chunk, False)
+  return _scan_chunks(
+      x, unembedding, targets, weights, chunk, vocab_major, False
+  )
 
 
-def _token_sums_fwd(x, unembedding, targets, weights, chunk):
-  sums, grads = _scan_chunks(x, unembedding, targets, weights, chunk, True)
+def _token_sums_fwd(x, unembedding, targets, weights, chunk, vocab_major):
+  sums, grads = _scan_chunks(
+      x, unembedding, targets, weights, chunk, vocab_major, True
+  )
   # The dtypes ride along as zero-size arrays: residuals must be arrays.
   dtypes = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), unembedding.dtype))
   return sums, (grads, dtypes)
 
 
-def _token_sums_bwd(chunk, residuals, cotangents):
-  del chunk
+def _token_sums_bwd(chunk, vocab_major, residuals, cotangents):
+  del chunk, vocab_major
   (dx, du), (x_dtype, u_dtype) = residuals
   scale = cotangents[0]  # the loss sum's; the hits have none.
   return (

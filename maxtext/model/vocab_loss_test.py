@@ -71,6 +71,30 @@ class TokenSumsTest(parameterized.TestCase):
       self.assertEqual(grad.dtype, ref.dtype)
       np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6)
 
+  @parameterized.named_parameters(("chunks", 4), ("one", S))
+  def test_a_vocab_major_projection_is_its_transpose(self, chunk):
+    x, unembedding, targets, weights = _inputs()
+    (loss, correct), (dx, du) = _loss_and_grads(
+        lambda *a: vocab_loss.token_sums(*a, chunk, True),
+        x,
+        unembedding.T,
+        targets,
+        weights,
+    )
+    (ref_loss, ref_correct), (ref_dx, ref_du) = _loss_and_grads(
+        _reference, x, unembedding, targets, weights
+    )
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    self.assertEqual(float(correct), float(ref_correct))
+    np.testing.assert_allclose(dx, ref_dx, rtol=1e-5, atol=1e-6)
+    self.assertEqual(du.shape, (V, E))
+    np.testing.assert_allclose(du, ref_du.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        vocab_loss.unembed(x, unembedding.T, vocab_major=True),
+        vocab_loss.unembed(x, unembedding),
+        rtol=1e-6,
+    )
+
   def test_bfloat16_hidden_states(self):
     inputs = _inputs(jnp.bfloat16)
     (loss, _), grads = _loss_and_grads(
