@@ -55,6 +55,7 @@ from maxtext.generation import paged_lowering
 from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
+from tools import command_line
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -86,12 +87,22 @@ _HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 def target_device(topology: str):
   """The first device of `topology`'s TPU slice description, or of the
-  default backend."""
+  default backend.
+
+  Raises:
+    ValueError: naming `topology`, when libtpu cannot describe it (a name
+      it lacks, or no TPU package set).
+  """
   if not topology:
     return jax.devices()[0]
-  return topologies.get_topology_desc(
-      platform="tpu", topology_name=topology
-  ).devices[0]
+  try:
+    description = topologies.get_topology_desc(
+        platform="tpu", topology_name=topology
+    )
+  except Exception as e:  # libtpu's own types; its first line says why.
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ValueError(f"--topology={topology!r}: {first}") from None
+  return description.devices[0]
 
 
 def _abstract_params(config, mesh):
@@ -205,19 +216,12 @@ def _line(kind: str, settings: dict, figures: dict) -> str:
 
 def main(argv: list[str]) -> None:
   """Compiles the programs and prints their lines."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  command_line.check(argv)
   config = ml_collections.FrozenConfigDict(_CONFIG.value)
   length, prompt = _LENGTH.value, _PROMPT.value
-  try:
+  with command_line.user_errors("decode_memory", (TypeError, ValueError)):
     paged_lowering.check_lowering(config, _SLOTS.value, length, prompt)
-  except (TypeError, ValueError) as e:
-    raise app.UsageError(str(e)) from None
-  try:
     device = target_device(_TOPOLOGY.value)
-  except Exception as e:  # libtpu's own: a name it lacks, no TPU package set.
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
-    raise app.UsageError(f"--topology={_TOPOLOGY.value!r}: {first}") from None
   count = transformer.num_params(
       _abstract_params(
           config,
