@@ -258,9 +258,8 @@ def _untie(params: Params, config: model_config.ModelConfig) -> Params:
 def output_projection(params: Params) -> jax.Array:
   """The [E, V] output projection: "unembedding", or the embedding
   transposed when the model ties them (no "unembedding" parameter)."""
-  if "unembedding" in params:
-    return params["unembedding"]
-  return params["embedding"].T
+  projection, vocab_major = stored_output_projection(params)
+  return projection.T if vocab_major else projection
 
 
 def stored_output_projection(params: Params) -> tuple[jax.Array, bool]:
