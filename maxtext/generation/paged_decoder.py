@@ -62,7 +62,14 @@ class EngineOptions:
       num_slots + 1 rows.
     chunk: most decode steps one program call runs (its freed slots
       take queued continuations within the call; it returns early when
-      slots free while sequences wait for a prefill: `refill`).
+      slots free while sequences wait for a prefill: `refill`). Between
+      two calls the device waits for the host (a transfer each way and
+      its bookkeeping, about 3 ms a call on a TPU v5e), so the default
+      lets a call run until the queue needs the host; a longer chunk
+      costs the [slots, chunk] records a call returns, and takes each
+      running sequence's pages for the chunk's positions earlier (from
+      the pages reserved for it at admission, so no fewer sequences are
+      admitted).
     refill: while sequences wait beyond a replica's queue (for a prefill,
       or for pages), its decode call returns when this many of its
       sequences have finished with no queued continuation to take their
@@ -83,7 +90,7 @@ class EngineOptions:
   num_slots: int = 0
   page_size: int = 16
   num_pages: int = 0
-  chunk: int = 32
+  chunk: int = 256
   refill: int = 1
   prefill_tokens: int = 2048
   attention: str = "auto"

@@ -145,6 +145,12 @@ _REFILL = flags.DEFINE_integer(
     "longtail: finished sequences a decode call waits for before it returns "
     "to refill slots (paged_decoder.EngineOptions.refill).",
 )
+_CHUNK = flags.DEFINE_integer(
+    "chunk",
+    paged_decoder.EngineOptions.chunk,
+    "longtail: most decode steps one paged decode call runs "
+    "(paged_decoder.EngineOptions.chunk).",
+)
 _PAGE_SIZE = flags.DEFINE_integer(
     "page_size", 16, "longtail: positions per page."
 )
@@ -245,15 +251,27 @@ def _longtail(config: model_config.ModelConfig) -> None:
   """The static decoder against the paged one on long-tailed lengths."""
   prompts_n, g = _PROMPTS.value, _NUM_GENERATIONS.value
   prompt_len, cap = _PROMPT_LEN.value, _MAX_LENGTH.value
-  if min(prompts_n, g, prompt_len, cap, _MEAN_LENGTH.value, _REFILL.value) < 1:
+  if (
+      min(
+          prompts_n,
+          g,
+          prompt_len,
+          cap,
+          _MEAN_LENGTH.value,
+          _REFILL.value,
+          _CHUNK.value,
+      )
+      < 1
+  ):
     raise app.UsageError(
         "--prompts, --num_generations, --prompt_len, --mean_length, "
-        "--max_length and --refill must be >= 1"
+        "--max_length, --refill and --chunk must be >= 1"
     )
   engine = paged_decoder.EngineOptions(
       num_slots=_SLOTS.value,
       page_size=_PAGE_SIZE.value,
       refill=_REFILL.value,
+      chunk=_CHUNK.value,
       attention=_ATTENTION.value,
   )
   why_not = paged_decoder.kernel_fits(
