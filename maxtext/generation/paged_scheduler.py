@@ -34,7 +34,11 @@ with no queued continuation to take their slots while others wait for a
 prefill, so a slot waits at most a step for a context the host has yet to
 prefill, and none for one already prefilled. A rollout whose rows all
 have slots is thus one prefill, one stage and one decode call, however
-many contexts and samples it has. Between two decode calls the host makes
+many contexts and samples it has. While a decode call runs, the host
+prefills ahead the contexts whose continuations its queue may run out
+of (`Scheduler.prefill_ahead`), so a call that returns for them is
+followed by the next without a prefill between the two. Between two
+decode calls the host makes
 a transfer each way and bookkeeping whose loops run over the sequences
 that finished or started, and the slots that take pages (the new ids go
 into their rows as whole arrays).
@@ -386,23 +390,53 @@ class Scheduler:
             self.in_slot[s] is None
             for s in range(first, first + self.local_slots)
         )
-        # A prefill writes the replica's next generation of ready rows:
-        # not while a queued continuation still starts from them.
-        rows = range(
-            self.generation[replica] * self.most_contexts,
-            (self.generation[replica] + 1) * self.most_contexts,
-        )
-        if (
-            free > len(queued)
-            and not ready
-            and not any(q.source in rows for q in queued)
-        ):
+        if free > len(queued) and not ready and self.writable(replica):
           wanting[replica] = free - len(queued)
-      assigned = self.assign(wanting)
-      if not assigned:
+      if not self.prefill_assigned(wanting):
         return
-      most = max(len(taken) for taken in assigned.values())
-      self.prefill(assigned, paged_sizes.power_bucket(most, self.most_contexts))
+
+  def prefill_ahead(self) -> None:
+    """Prefills, while a decode call runs, waiting contexts for each
+    replica whose queue the call may empty: as many continuations as its
+    slots less those that stay queued once the call's free slots have
+    taken theirs, for a replica with none ready. Their continuations are
+    ready when the call returns, so the host queues them and starts the
+    next call without a prefill between the two (the prefill's programs
+    run after the call's: they take its pool)."""
+    wanting = {}
+    for replica in range(self.layout.replicas):
+      first = replica * self.local_slots
+      free = sum(
+          self.in_slot[s] is None
+          for s in range(first, first + self.local_slots)
+      )
+      staying = max(len(self.queued[replica]) - free, 0)
+      if (
+          staying < self.local_slots
+          and not self.ready[replica]
+          and self.writable(replica)
+      ):
+        wanting[replica] = self.local_slots - staying
+    self.prefill_assigned(wanting)
+
+  def writable(self, replica: int) -> bool:
+    """Whether a prefill may write the replica's next generation of ready
+    rows: no queued continuation still starts from them."""
+    rows = range(
+        self.generation[replica] * self.most_contexts,
+        (self.generation[replica] + 1) * self.most_contexts,
+    )
+    return not any(q.source in rows for q in self.queued[replica])
+
+  def prefill_assigned(self, wanting: dict) -> bool:
+    """Prefills the waiting contexts `assign` gives the wanting replicas
+    in one call; returns whether it gave any."""
+    assigned = self.assign(wanting)
+    if not assigned:
+      return False
+    most = max(len(taken) for taken in assigned.values())
+    self.prefill(assigned, paged_sizes.power_bucket(most, self.most_contexts))
+    return True
 
   def assign(self, wanting: dict) -> dict:
     """Waiting contexts for the replicas with free slots and nothing ready,
@@ -650,11 +684,11 @@ class Scheduler:
           [len(self.in_slot[s].pages) for s in running]
           + [len(q.seq.pages) for queued in self.queued for q in queued]
       )
-      self.collect(
-          self.decode(
-              paged_sizes.power_bucket(widest, self.width), self.stop_after()
-          )
+      out = self.decode(
+          paged_sizes.power_bucket(widest, self.width), self.stop_after()
       )
+      self.prefill_ahead()
+      self.collect(out)
 
   def stop_after(self) -> np.ndarray:
     """Each replica's finished sequences without a queued successor at

@@ -55,6 +55,7 @@ _RUN = paged_scheduler.Scheduler
 _METHODS = {
     "fill_slots": "admit",
     "prefill": "prefill",
+    "prefill_ahead": "prefill",
     "decode": "decode",
     "collect": "bookkeeping",
     "reserve_chunk": "bookkeeping",

@@ -17,8 +17,9 @@ from tools.benchmarks import decode_host_profile
 
 def _rollout(refill: int):
   """A warm rollout of 6 contexts x 1 sample in 2 slots: slots refilled
-  several times, each freed slot waiting for a context's prefill between
-  decode calls."""
+  several times, a freed slot whose queue is empty waiting for the next
+  decode call to start a context prefilled (ahead, while the call ran)
+  for it."""
   config = ml_collections.FrozenConfigDict(
       tiny_configs.model_config(max_sequence_length=64)
   )
@@ -28,7 +29,7 @@ def _rollout(refill: int):
       [int(i) for i in rng.integers(0, 32, size=n)] for n in (5, 8, 3, 6, 4, 7)
   ]
   engine = paged_decoder.EngineOptions(
-      num_slots=2, page_size=4, chunk=8, refill=refill
+      num_slots=2, page_size=4, chunk=16, refill=refill
   )
 
   def rollout():
