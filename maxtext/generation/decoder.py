@@ -290,6 +290,32 @@ def _decode_step(
   return step + 1, cache, logits, done, ids, log_probs
 
 
+def _prompt_ids(index: int, prompt: Sequence[int]) -> list[int]:
+  """Prompt `index`'s ids as a list of Python ints.
+
+  A rollout's contexts grow to tens of thousands of ids, so the common
+  forms are read at C speed: a NumPy integer array, or a sequence whose
+  elements are all ints or all NumPy integers. Anything else is read id by
+  id with `checks.check_int`, which names the first that is not an
+  integer (a bool is not).
+  """
+  if isinstance(prompt, np.ndarray):
+    if prompt.ndim == 1 and prompt.dtype.kind in "iu":
+      return prompt.tolist()
+    return _slow_ids(index, prompt)
+  kinds = set(map(type, prompt))
+  if kinds <= {int}:
+    return list(prompt)
+  if all(issubclass(kind, np.integer) for kind in kinds):
+    return np.asarray(prompt).tolist()
+  return _slow_ids(index, prompt)
+
+
+def _slow_ids(index: int, prompt) -> list[int]:
+  """The ids checked one by one: the first that is not an int is named."""
+  return [checks.check_int(f"prompt {index} id", i) for i in prompt]
+
+
 def check_prompts(
     prompts: Sequence[Sequence[int]],
     config: model_config.ModelConfig,
@@ -312,13 +338,13 @@ def check_prompts(
   vocab, limit = config.vocab_size, config.max_sequence_length
   checked = []
   for index, prompt in enumerate(prompts):
-    ids = [checks.check_int(f"prompt {index} id", i) for i in prompt]
+    ids = _prompt_ids(index, prompt)
     if not ids:
       raise ValueError(f"prompt {index} is empty: give at least one token")
-    bad = [i for i in ids if not 0 <= i < vocab]
-    if bad:
+    if min(ids) < 0 or max(ids) >= vocab:
+      bad = next(i for i in ids if not 0 <= i < vocab)
       raise ValueError(
-          f"prompt {index} id {bad[0]} is outside the model's vocabulary "
+          f"prompt {index} id {bad} is outside the model's vocabulary "
           f"[0, {vocab})"
       )
     free = reserved if isinstance(reserved, int) else reserved[index]

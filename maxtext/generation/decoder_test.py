@@ -241,6 +241,28 @@ class StopAndOptionsTest(parameterized.TestCase):
           sampling.SamplingOptions(max_new_tokens=2),
       )
 
+  @parameterized.named_parameters(
+      ("bool", [[1, True]], "got True"),
+      ("float", [[1, 2.0]], "got 2.0"),
+      ("text", ["ab"], "got 'a'"),
+      ("float_array", [np.array([1.0, 2.0])], "got np.float64"),
+  )
+  def test_an_id_that_is_not_an_int_is_named(self, prompts, message):
+    with self.assertRaisesRegex(
+        TypeError, "prompt 0 id must be an int, " + message
+    ):
+      decoder.check_prompts(prompts, self.config, 2)
+
+  def test_integer_arrays_and_numpy_ids_are_read_as_ints(self):
+    ids = np.array([3, 1, 4], np.int32)
+    got = decoder.check_prompts(
+        [ids, list(ids), [3, 1, 4], ids.astype(np.uint8)], self.config, 2
+    )
+    self.assertEqual(got, [[3, 1, 4]] * 4)
+    self.assertTrue(all(type(i) is int for prompt in got for i in prompt))
+    with self.assertRaisesRegex(ValueError, "prompt 1 id 40 is outside"):
+      decoder.check_prompts([ids, np.array([1, 40])], self.config, 2)
+
   def test_a_stop_id_outside_the_vocabulary_is_named(self):
     with self.assertRaisesRegex(ValueError, "stop id 99 is outside"):
       decoder.generate(
