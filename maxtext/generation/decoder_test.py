@@ -259,7 +259,13 @@ class StopAndOptionsTest(parameterized.TestCase):
         [ids, list(ids), [3, 1, 4], ids.astype(np.uint8)], self.config, 2
     )
     self.assertEqual(got, [[3, 1, 4]] * 4)
-    self.assertTrue(all(type(i) is int for prompt in got for i in prompt))
+    self.assertTrue(
+        all(
+            isinstance(i, int) and not isinstance(i, bool)
+            for prompt in got
+            for i in prompt
+        )
+    )
     with self.assertRaisesRegex(ValueError, "prompt 1 id 40 is outside"):
       decoder.check_prompts([ids, np.array([1, 40])], self.config, 2)
 

@@ -104,6 +104,7 @@ from maxtext.generation import replica_layout
 from maxtext.model import model_config
 from maxtext.model import transformer
 from maxtext.generation import sampling
+from tools import command_line
 from tools.benchmarks import decode_host_profile
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -247,26 +248,31 @@ def longtail_lengths(
   return np.minimum(rng.geometric(1.0 / mean, size=count), cap).astype(int)
 
 
+_LONGTAIL_COUNTS = (
+    _PROMPTS,
+    _NUM_GENERATIONS,
+    _PROMPT_LEN,
+    _MAX_LENGTH,
+    _MEAN_LENGTH,
+    _REFILL,
+    _CHUNK,
+)
+
+
+def _check_longtail_counts() -> None:
+  """Raises app.UsageError unless each of `_LONGTAIL_COUNTS` is >= 1."""
+  if min(flag.value for flag in _LONGTAIL_COUNTS) < 1:
+    raise app.UsageError(
+        ", ".join(f"--{flag.name}" for flag in _LONGTAIL_COUNTS)
+        + " must be >= 1"
+    )
+
+
 def _longtail(config: model_config.ModelConfig) -> None:
   """The static decoder against the paged one on long-tailed lengths."""
+  _check_longtail_counts()
   prompts_n, g = _PROMPTS.value, _NUM_GENERATIONS.value
   prompt_len, cap = _PROMPT_LEN.value, _MAX_LENGTH.value
-  if (
-      min(
-          prompts_n,
-          g,
-          prompt_len,
-          cap,
-          _MEAN_LENGTH.value,
-          _REFILL.value,
-          _CHUNK.value,
-      )
-      < 1
-  ):
-    raise app.UsageError(
-        "--prompts, --num_generations, --prompt_len, --mean_length, "
-        "--max_length, --refill and --chunk must be >= 1"
-    )
   engine = paged_decoder.EngineOptions(
       num_slots=_SLOTS.value,
       page_size=_PAGE_SIZE.value,
@@ -423,14 +429,16 @@ def _print_longtail(
 
 
 def main(argv: list[str]) -> None:
-  """Runs both samplers and prints the table and the closing line."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = model_config.of(_CONFIG.value)
-  if _LENGTHS.value == "longtail":
-    _longtail(config)
-    return
-  _uniform(config)
+  """Runs both samplers and prints the table and the closing line; a
+  mistake in the flags is one line and exit status 2."""
+  with command_line.user_errors("decode_bench", (app.UsageError,)):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = model_config.of(_CONFIG.value)
+    if _LENGTHS.value == "longtail":
+      _longtail(config)
+      return
+    _uniform(config)
 
 
 def _uniform(config: model_config.ModelConfig) -> None:
