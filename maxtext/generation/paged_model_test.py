@@ -1,5 +1,7 @@
 """Tests for paged_model: the pool read through a view and in place."""
 
+import functools
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -66,50 +68,69 @@ class RaggedReferenceTest(parameterized.TestCase):
     )
 
 
-_KINDS = (
-    ("dense", (), dict(num_kv_heads=4)),
-    ("gqa", (), {}),
-    ("shared_kv_heads", (), dict(num_kv_heads=1)),
-    ("mla", (tiny_configs.TINY_MLA,), {}),
-    ("moe", (tiny_configs.TINY_MOE,), {}),
+_KINDS = {
+    "dense": ((), dict(num_kv_heads=4)),
+    "gqa": ((), {}),
+    "shared_kv_heads": ((), dict(num_kv_heads=1)),
+    "mla": ((tiny_configs.TINY_MLA,), {}),
+    "moe": ((tiny_configs.TINY_MOE,), {}),
     # Qwen3.5's hybrid: per-slot Gated DeltaNet states beside the pages,
     # its attention layers a second stack.
-    ("hybrid", (tiny_configs.TINY_QWEN35,), {}),
-)
+    "hybrid": ((tiny_configs.TINY_QWEN35,), {}),
+}
 # Each kind read through the gathered view and in place (MLA's latents are
 # always gathered).
 _CASES = tuple(
-    (f"{name}_{how}", presets, overrides, attention)
-    for name, presets, overrides in _KINDS
+    (f"{name}_{how}", name, attention)
+    for name in _KINDS
     for how, attention in (("gather", "gather"), ("in_place", None))
 )
+# Two rows of 12 random ids: prompts of 5 and 8 ids, then 4 decode steps.
+_PROMPT = np.array([5, 8])
+_DECODE_STEPS = 4
+
+
+@functools.cache
+def _dense_reference(kind):
+  """(config, params, ids, hidden states of the prompts, logits of each
+  decode step) of the kind's model over the dense cache: the reference of
+  both of its cases, computed once."""
+  presets, overrides = _KINDS[kind]
+  config = ml_collections.FrozenConfigDict(
+      tiny_configs.model_config(*presets, max_sequence_length=64, **overrides)
+  )
+  params = transformer.init_params(config, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(2)
+  ids = rng.integers(0, config.vocab_size, size=(2, 12)).astype(np.int32)
+  dense = kv_cache.init(config, 2, 16)
+  positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
+  tokens = jnp.asarray(np.where(positions < _PROMPT[:, None], ids[:, :8], 0))
+  prefill, dense = cached_model.forward(
+      params, tokens, positions, dense, config, lengths=jnp.asarray(_PROMPT)
+  )
+  steps = []
+  for step in range(_DECODE_STEPS):
+    at = jnp.asarray(_PROMPT + step, jnp.int32)[:, None]
+    token = jnp.asarray(ids[np.arange(2), _PROMPT + step])[:, None]
+    hidden, dense = cached_model.forward(params, token, at, dense, config)
+    steps.append(cached_model.logits(params, hidden))
+  return config, params, ids, prefill, steps
 
 
 class RaggedAttendTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*_CASES)
-  def test_paged_logits_equal_the_dense_cache(
-      self, presets, overrides, attention
-  ):
+  def test_paged_logits_equal_the_dense_cache(self, kind, attention):
     attention = attention or ragged_reference
-    config = ml_collections.FrozenConfigDict(
-        tiny_configs.model_config(*presets, max_sequence_length=64, **overrides)
-    )
-    params = transformer.init_params(config, jax.random.PRNGKey(0))
-    rng = np.random.default_rng(2)
-    ids = rng.integers(0, config.vocab_size, size=(2, 12)).astype(np.int32)
-    prompt = np.array([5, 8])
+    config, params, ids, want, want_steps = _dense_reference(kind)
+    prompt = _PROMPT
     # Pages of 4 positions, each row's scattered over the pool; the unused
     # table entry 99 lies outside it.
     tables = jnp.asarray([[6, 1, 3, 99], [2, 7, 4, 5]], jnp.int32)
     pool = paged_model.init_pool(config, 8, 4, attention)
-    dense = kv_cache.init(config, 2, 16)
     states = kv_cache.init_states(config, 2)
     positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
     tokens = jnp.asarray(np.where(positions < prompt[:, None], ids[:, :8], 0))
-    want, dense = cached_model.forward(
-        params, tokens, positions, dense, config, lengths=jnp.asarray(prompt)
-    )
     got, pool, states = paged_model.forward(
         params,
         tokens,
@@ -125,10 +146,9 @@ class RaggedAttendTest(parameterized.TestCase):
       np.testing.assert_allclose(
           got[row, :length], want[row, :length], atol=1e-4
       )
-    for step in range(4):
+    for step in range(_DECODE_STEPS):
       at = jnp.asarray(prompt + step, jnp.int32)[:, None]
       token = jnp.asarray(ids[np.arange(2), prompt + step])[:, None]
-      want, dense = cached_model.forward(params, token, at, dense, config)
       got, pool, states = paged_model.forward(
           params,
           token,
@@ -141,9 +161,7 @@ class RaggedAttendTest(parameterized.TestCase):
           attention=attention,
       )
       np.testing.assert_allclose(
-          cached_model.logits(params, got),
-          cached_model.logits(params, want),
-          atol=1e-4,
+          cached_model.logits(params, got), want_steps[step], atol=1e-4
       )
 
   def test_kernel_query_blocks_hold_a_sequences_share_of_the_queries(self):
