@@ -93,15 +93,20 @@ class PagedReplicasTest(parameterized.TestCase):
     # continuations, the others end in a partial page each continuation
     # copies.
     prompts = [
-        [int(i) for i in rng.integers(0, 32, size=n)] for n in (9, 4, 2, 8, 5)
+        [int(i) for i in rng.integers(0, 32, size=n)] for n in (6, 4, 2, 8, 5)
     ]
     g = 2
+    # The longest context and max_new_tokens fit the shortest cache length
+    # bucket (16 positions, 4 pages): each engine compiles a decode program
+    # for table views of 1, 2 and 4 pages (a bucket of 8 pages would add a
+    # fourth).
     options = sampling.SamplingOptions(
-        max_new_tokens=10, temperature=1.0, seed=4, num_samples=g
+        max_new_tokens=8, temperature=1.0, seed=4, num_samples=g
     )
     # Long-tailed limits: most rows stop within a step or two, a few run
-    # on, so replicas empty at different times.
-    limits = (10, 1, 1, 2, 1, 9, 1, 1, 3, 1)
+    # on past a decode call's chunk of 4 steps, so replicas empty at
+    # different times.
+    limits = (8, 1, 1, 2, 1, 7, 1, 1, 3, 1)
     want = decoder.generate(single, config, prompts, options)
     # 1 slot: one per replica; 2R + 1: rounded up to 3 per replica, more
     # slots than rows on 4 replicas.
@@ -130,7 +135,7 @@ class PagedReplicasTest(parameterized.TestCase):
         )
       self.assertTrue(np.all(got.ids[got.ids != sampling.PAD_ID] >= 0))
       self.assertEqual(got.prefill_passes, len(prompts))
-      # The three contexts of 9, 2 and 5 ids copy their partial last page
+      # The three contexts of 6, 2 and 5 ids copy their partial last page
       # for all but their last continuation.
       self.assertEqual(got.page_copies, 3 * (g - 1))
       if slots == 1:
