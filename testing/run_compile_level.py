@@ -1,4 +1,5 @@
-"""XLA's CPU compiles as a run's, for a test that compares numbers.
+"""XLA's CPU compiles as a run's, for a test that compares numbers or
+trains many steps.
 
 The suite's tests compile XLA CPU programs without LLVM's optimisations
 (`.bazelrc`'s XLA_FLAGS: `--xla_backend_optimization_level=0` and
@@ -7,7 +8,9 @@ cheap and their float32 results slightly different from a run's: other
 code for the same elementwise functions and reductions. A test that holds
 the model's numbers to a reference implementation within a tolerance
 measured at XLA's default level (the transformers comparisons) calls
-`request()` before JAX starts, so it compiles as a run does. XLA reads
+`request()` before JAX starts, so it compiles as a run does; so does a
+test whose programs run long enough that the cheap compiles' slower code
+costs more than they save (`episode_learn_test`'s GRPO runs). XLA reads
 XLA_FLAGS once, when the backend starts; this module imports no JAX.
 """
 
