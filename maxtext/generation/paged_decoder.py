@@ -13,7 +13,8 @@ per device of that axis.
 This module is the engine's public entry point: its options
 (`EngineOptions`, checked when built), its result (`EngineGeneration`),
 `generate`, and how the options resolve on a model and mesh
-(`attention_of`, `kernel_fits`, `pool_sharding`). The engine's parts:
+(`attention_of`, `configured`, `kernel_fits`, `pool_sharding`). The
+engine's parts:
 
 * `paged_scheduler`: the host's scheduler (`Scheduler`): slots, pages,
   shared prefixes, admission and the replicas' books, one `generate` call
@@ -62,14 +63,17 @@ class EngineOptions:
       num_slots + 1 rows.
     chunk: most decode steps one program call runs (its freed slots
       take queued continuations within the call; it returns early when
-      slots free while sequences wait for a prefill: `refill`). Between
-      two calls the device waits for the host (a transfer each way and
-      its bookkeeping, about 3 ms a call on a TPU v5e), so the default
-      lets a call run until the queue needs the host; a longer chunk
-      costs the [slots, chunk] records a call returns, and takes each
-      running sequence's pages for the chunk's positions earlier (from
-      the pages reserved for it at admission, so no fewer sequences are
-      admitted).
+      slots free while sequences wait for a prefill: `refill`); 0 = by
+      the attention path (`configured`): 256 where the kernel reads the
+      pool in place, 32 where each layer gathers its rows' pages into a
+      view. Between two calls the device waits for the host (a transfer
+      each way and its bookkeeping, about 2 ms a call on a TPU v5e), so
+      the kernel's calls run until the queue needs the host. A gathered
+      view spans every position the call may write, so there each step's
+      attention grows with the chunk. A longer chunk also costs the
+      [slots, chunk] records a call returns, and takes each running
+      sequence's pages for the chunk's positions earlier (from the pages
+      reserved for it at admission, so no fewer sequences are admitted).
     refill: while sequences wait beyond a replica's queue (for a prefill,
       or for pages), its decode call returns when this many of its
       sequences have finished with no queued continuation to take their
@@ -90,7 +94,7 @@ class EngineOptions:
   num_slots: int = 0
   page_size: int = 16
   num_pages: int = 0
-  chunk: int = 256
+  chunk: int = 0
   refill: int = 1
   prefill_tokens: int = 2048
   attention: str = "auto"
@@ -105,7 +109,7 @@ class EngineOptions:
     if size & (size - 1):
       raise ValueError(f"page_size={size}: must be a power of two")
     checks.check_int("num_pages", self.num_pages, 0)
-    checks.check_int("chunk", self.chunk, 1)
+    checks.check_int("chunk", self.chunk, 0)
     checks.check_int("refill", self.refill, 1)
     checks.check_int("prefill_tokens", self.prefill_tokens, 1)
 
@@ -192,6 +196,29 @@ def attention_of(
   return "gather"
 
 
+# Decode steps a call runs where `EngineOptions.chunk` is 0, by how the
+# grouped-query layers read the pool (docs/PERFORMANCE.md, "The decode
+# call's chunk").
+_KERNEL_CHUNK = 256
+_GATHER_CHUNK = 32
+
+
+def configured(
+    engine: EngineOptions, config: model_config.ModelConfig, layout
+) -> tuple[EngineOptions, Any]:
+  """The engine as its programs run it, and its attention (`attention_of`):
+  a chunk of 0 chosen by the attention path (`EngineOptions.chunk`).
+
+  Raises:
+    ValueError: as `attention_of`.
+  """
+  attention = attention_of(engine, config, layout)
+  if engine.chunk:
+    return engine, attention
+  chunk = _GATHER_CHUNK if attention == "gather" else _KERNEL_CHUNK
+  return dataclasses.replace(engine, chunk=chunk), attention
+
+
 def generate(
     params: Any,
     config: model_config.ModelConfig,
@@ -257,13 +284,14 @@ def generate(
       [max(budgets[i * g : (i + 1) * g]) for i in range(len(contexts))],
   )
   layout = replica_layout.for_model(config, mesh)
+  engine, attention = configured(engine, config, layout)
   scheduler = paged_scheduler.Scheduler(
       decode_weights.cast(params, config.compute_dtype),
       config,
       contexts,
       budgets,
       options,
-      (engine, layout, attention_of(engine, config, layout)),
+      (engine, layout, attention),
       allowed_vocab,
   )
   scheduler.warm_up()

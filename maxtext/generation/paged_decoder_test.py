@@ -9,6 +9,7 @@ sampled (temperature, top-k, top-p, stop ids). Each row's draws are keyed by
 (seed, row, step), so the ids also do not depend on the number of slots.
 """
 
+import dataclasses
 import time
 
 from absl.testing import absltest
@@ -22,7 +23,9 @@ from maxtext.generation import decoder
 from maxtext.generation import paged_decoder
 from maxtext.generation import kv_cache
 from maxtext.generation import paged_model
+from maxtext.generation import replica_layout
 from maxtext.generation import sampling
+from maxtext.model import model_config
 from maxtext.model import transformer
 from testing import compile_counter
 from testing import dispatch_counter
@@ -208,6 +211,24 @@ class EngineTest(parameterized.TestCase):
     self.assertEqual(
         got.peak_bytes, got.pages_used * 4 * kv_cache.bytes_per_token(config)
     )
+
+  def test_a_chunk_of_zero_follows_the_attention_path(self):
+    config = model_config.of(_model()[0])
+    layout = replica_layout.for_model(config, None)
+    engine, attention = paged_decoder.configured(
+        paged_decoder.EngineOptions(), config, layout
+    )
+    # On this CPU host the layers gather their pages: 32-step calls.
+    self.assertEqual((attention, engine.chunk), ("gather", 32))
+    self.assertEqual(
+        engine, dataclasses.replace(paged_decoder.EngineOptions(), chunk=32)
+    )
+    engine, _ = paged_decoder.configured(
+        paged_decoder.EngineOptions(chunk=7), config, layout
+    )
+    self.assertEqual(engine.chunk, 7)
+    with self.assertRaisesRegex(ValueError, "chunk must be >= 0"):
+      paged_decoder.EngineOptions(chunk=-1)
 
   def test_a_rollout_that_fits_its_slots_is_a_few_launches(self):
     # A GRPO step's rollout: every completion has a slot. Warm, the call

@@ -48,6 +48,7 @@ class LoweredEngine:
     num_pages: the pool's pages (all replicas').
     width: pages of a slot's table.
     prefill_length: tokens of the prefill program.
+    chunk: most steps of a decode call (`paged_decoder.configured`).
   """
 
   programs: dict
@@ -58,6 +59,7 @@ class LoweredEngine:
   num_pages: int
   width: int
   prefill_length: int
+  chunk: int
 
 
 def check_lowering(
@@ -129,7 +131,7 @@ def lower(
   config = model_config.of(config)
   check_lowering(config, num_slots, length, prompt_length)
   layout = replica_layout.for_model(config, mesh)
-  attention = paged_decoder.attention_of(engine, config, layout)
+  engine, attention = paged_decoder.configured(engine, config, layout)
   num_slots = paged_sizes.replica_slots(num_slots, layout.replicas)
   width = paged_sizes.table_width(config, length, engine.page_size)
   num_pages = paged_sizes.pool_pages(engine, num_slots, width, layout.replicas)
@@ -164,6 +166,7 @@ def lower(
       num_pages=num_pages,
       width=width,
       prefill_length=bucket,
+      chunk=engine.chunk,
   )
 
 

@@ -149,8 +149,8 @@ _REFILL = flags.DEFINE_integer(
 _CHUNK = flags.DEFINE_integer(
     "chunk",
     paged_decoder.EngineOptions.chunk,
-    "longtail: most decode steps one paged decode call runs "
-    "(paged_decoder.EngineOptions.chunk).",
+    "longtail: most decode steps one paged decode call runs; 0 = the "
+    "engine's choice by attention path (paged_decoder.EngineOptions.chunk).",
 )
 _PAGE_SIZE = flags.DEFINE_integer(
     "page_size", 16, "longtail: positions per page."
@@ -255,16 +255,20 @@ _LONGTAIL_COUNTS = (
     _MAX_LENGTH,
     _MEAN_LENGTH,
     _REFILL,
-    _CHUNK,
 )
 
 
 def _check_longtail_counts() -> None:
-  """Raises app.UsageError unless each of `_LONGTAIL_COUNTS` is >= 1."""
+  """Raises app.UsageError unless each of `_LONGTAIL_COUNTS` is >= 1 and
+  --chunk >= 0."""
   if min(flag.value for flag in _LONGTAIL_COUNTS) < 1:
     raise app.UsageError(
         ", ".join(f"--{flag.name}" for flag in _LONGTAIL_COUNTS)
         + " must be >= 1"
+    )
+  if _CHUNK.value < 0:
+    raise app.UsageError(
+        f"--chunk={_CHUNK.value} must be >= 0 (0: the engine's choice)"
     )
 
 

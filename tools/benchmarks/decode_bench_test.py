@@ -223,12 +223,12 @@ class DecodeBenchTest(absltest.TestCase):
     )
 
   def test_a_count_below_one_is_one_line(self):
-    proc = _run("--lengths=longtail", "--chunk=0")
+    proc = _run("--lengths=longtail", "--refill=0")
     self.assertEqual(proc.returncode, 2)
     self.assertEqual(
         proc.stderr.strip().splitlines()[-1],
         "decode_bench: error: --prompts, --num_generations, --prompt_len, "
-        "--max_length, --mean_length, --refill, --chunk must be >= 1",
+        "--max_length, --mean_length, --refill must be >= 1",
     )
     # Not absl's usage text (the flags' help) before it.
     self.assertNotIn("most decode steps one paged decode call", proc.stderr)

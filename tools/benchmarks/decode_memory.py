@@ -24,7 +24,7 @@ nothing is allocated) it lowers and compiles, on one device (the first of
 and prints one line each:
 
   decode_memory: paged slots=S length=T attention=A temp_mib=X args_mib=Y
-      bytes_accessed_mib=Z pool_copies_call=N pool_copies_step=M
+      bytes_accessed_mib=Z pool_copies_call=N pool_copies_step=M chunk=C
   decode_memory: static rows=R length=T prompt=P temp_mib=X args_mib=Y
 
 temp is XLA's temporaries, args the arguments' bytes (parameters, cache or
@@ -34,7 +34,8 @@ attention kernel's) own reads: a figure to compare programs by, not a
 step's traffic. pool_copies_call and _step count the decode program's
 copies of a whole pool leaf (`pool_copies`) outside its loop (once a call:
 the TPU compiler's layout changes around the gather path's loop) and in it
-(every step: 0 is right, since the loop updates the pool in place).
+(every step: 0 is right, since the loop updates the pool in place);
+chunk is the program's most steps a call (`paged_decoder.configured`).
 """
 
 import os
@@ -168,6 +169,7 @@ def paged(config, device, slots, length, prompt, attention) -> dict:
   return _figures(compiled) | {
       "pool_copies_call": per_call,
       "pool_copies_step": per_step,
+      "chunk": lowered.chunk,
   }
 
 

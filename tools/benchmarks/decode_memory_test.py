@@ -90,6 +90,9 @@ class TpuDecodeProgramTest(parameterized.TestCase):
     )
     self.assertGreater(figures["temp_mib"], 0)
     self.assertEqual(figures["pool_copies_step"], 0)
+    # Calls run until the queue needs the host where the kernel reads the
+    # pool; a gathered view spans the chunk's positions, so shorter there.
+    self.assertEqual(figures["chunk"], 256 if attention == "kernel" else 32)
 
 
 if __name__ == "__main__":
