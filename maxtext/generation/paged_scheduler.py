@@ -38,10 +38,9 @@ many contexts and samples it has. While a decode call runs, the host
 prefills ahead the contexts whose continuations its queue may run out
 of (`Scheduler.prefill_ahead`), so a call that returns for them is
 followed by the next without a prefill between the two. Between two
-decode calls the host makes
-a transfer each way and bookkeeping whose loops run over the sequences
-that finished or started, and the slots that take pages (the new ids go
-into their rows as whole arrays).
+decode calls the host makes a transfer each way and bookkeeping whose
+loops run over the sequences that finished or started, and the slots
+that take pages (the new ids go into their rows as whole arrays).
 
 Admission reserves, for every admitted sequence, the pages it may still
 need (its context plus its `max_new_tokens`), so a running sequence never
