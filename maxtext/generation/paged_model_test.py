@@ -90,6 +90,14 @@ _PROMPT = np.array([5, 8])
 _DECODE_STEPS = 4
 
 
+# The forward passes jitted, each for its config (and attention): an eager
+# call traces its layer scan's body anew and compiles it again, once a call.
+_dense_forward = jax.jit(cached_model.forward, static_argnames="config")
+_paged_forward = jax.jit(
+    paged_model.forward, static_argnames=("config", "attention")
+)
+
+
 @functools.cache
 def _dense_reference(kind):
   """(config, params, ids, hidden states of the prompts, logits of each
@@ -105,14 +113,14 @@ def _dense_reference(kind):
   dense = kv_cache.init(config, 2, 16)
   positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
   tokens = jnp.asarray(np.where(positions < _PROMPT[:, None], ids[:, :8], 0))
-  prefill, dense = cached_model.forward(
+  prefill, dense = _dense_forward(
       params, tokens, positions, dense, config, lengths=jnp.asarray(_PROMPT)
   )
   steps = []
   for step in range(_DECODE_STEPS):
     at = jnp.asarray(_PROMPT + step, jnp.int32)[:, None]
     token = jnp.asarray(ids[np.arange(2), _PROMPT + step])[:, None]
-    hidden, dense = cached_model.forward(params, token, at, dense, config)
+    hidden, dense = _dense_forward(params, token, at, dense, config)
     steps.append(cached_model.logits(params, hidden))
   return config, params, ids, prefill, steps
 
@@ -131,7 +139,7 @@ class RaggedAttendTest(parameterized.TestCase):
     states = kv_cache.init_states(config, 2)
     positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
     tokens = jnp.asarray(np.where(positions < prompt[:, None], ids[:, :8], 0))
-    got, pool, states = paged_model.forward(
+    got, pool, states = _paged_forward(
         params,
         tokens,
         positions,
@@ -149,7 +157,7 @@ class RaggedAttendTest(parameterized.TestCase):
     for step in range(_DECODE_STEPS):
       at = jnp.asarray(prompt + step, jnp.int32)[:, None]
       token = jnp.asarray(ids[np.arange(2), prompt + step])[:, None]
-      got, pool, states = paged_model.forward(
+      got, pool, states = _paged_forward(
           params,
           token,
           at,
