@@ -38,7 +38,11 @@ leaves more than twice that for deeper models and other chips' orders of
 summation. (Between bfloat16 logits near 10 it is a difference of 0.3.)
 
 The float32 reference runs at the highest matmul precision: on a TPU a
-float32 matmul otherwise runs in bfloat16 passes.
+float32 matmul otherwise runs in one bfloat16 pass (its operands rounded to
+bfloat16, the products summed in float32). For the same reason a decoder
+that computes in float32 on a TPU at JAX's default matmul precision rounds
+as a bfloat16 one does where it matters most, in its matmuls' operands:
+`rounding_dtype` says so, and its dtype's eps is the one the rule uses.
 """
 
 import dataclasses
@@ -53,6 +57,35 @@ from maxtext.model import model_config
 from maxtext.model import transformer
 
 ROUNDING_ULPS = 4
+
+# Values of jax_default_matmul_precision under which a TPU runs a float32
+# matmul in one bfloat16 pass (None: JAX's default).
+_ONE_BFLOAT16_PASS = (None, "default", "fastest", "bfloat16")
+
+
+def rounding_dtype(
+    compute_dtype: Any,
+    platform: Optional[str] = None,
+    matmul_precision: Any = "unset",
+) -> str:
+  """The dtype whose rounding a decoder computing in `compute_dtype` carries.
+
+  The compute dtype, but float32 on a TPU at a matmul precision of one
+  bfloat16 pass, which rounds as bfloat16. `platform` defaults to JAX's
+  default backend and `matmul_precision` to `jax_default_matmul_precision`.
+  """
+  name = jnp.dtype(compute_dtype).name
+  if platform is None:
+    platform = jax.default_backend()
+  if matmul_precision == "unset":
+    matmul_precision = jax.config.jax_default_matmul_precision
+  if (
+      name == "float32"
+      and platform == "tpu"
+      and matmul_precision in _ONE_BFLOAT16_PASS
+  ):
+    return "bfloat16"
+  return name
 
 
 def near_tie(
@@ -128,12 +161,14 @@ def agreement(
 
   Args:
     params: the model's parameters (any dtype: cast to float32 here).
-    config: the model's config; its compute dtype sets the rounding.
+    config: the model's config; its compute dtype sets the rounding
+      (`rounding_dtype`).
     contexts: each request's context ids.
     ids_a, ids_b: each request's ids from the two decodings, cut to the
       request's own length.
   """
   same = within = 0
+  dtype = rounding_dtype(config.compute_dtype)
   for context, a, b in zip(contexts, ids_a, ids_b, strict=True):
     a, b = [int(i) for i in a], [int(i) for i in b]
     i = first_difference(a, b)
@@ -144,9 +179,7 @@ def agreement(
     if i == min(len(a), len(b)):
       continue  # One stopped where the other went on: not a tie of ids.
     logits = float32_logits(params, config, list(context) + a[:i])
-    within += near_tie(
-        float(logits[a[i]]), float(logits[b[i]]), config.compute_dtype
-    )
+    within += near_tie(float(logits[a[i]]), float(logits[b[i]]), dtype)
   return Agreement(same=same, within_rounding=within, total=len(contexts))
 
 

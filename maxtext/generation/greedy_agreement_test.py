@@ -131,6 +131,33 @@ class AgreementTest(absltest.TestCase):
       self.assertEqual(result.within_rounding, within, dtype)
 
 
+class RoundingDtypeTest(absltest.TestCase):
+
+  def test_float32_on_a_tpu_rounds_as_bfloat16_at_one_pass(self):
+    rounding = greedy_agreement.rounding_dtype
+    for precision in (None, "default", "bfloat16", "fastest"):
+      self.assertEqual(rounding("float32", "tpu", precision), "bfloat16")
+    for precision in ("highest", "float32", "tensorfloat32", "bfloat16_3x"):
+      self.assertEqual(rounding("float32", "tpu", precision), "float32")
+    self.assertEqual(rounding("float32", "cpu", None), "float32")
+    self.assertEqual(rounding(jnp.float32, "cpu", None), "float32")
+    self.assertEqual(rounding("bfloat16", "tpu", "highest"), "bfloat16")
+
+  def test_the_defaults_are_this_process_s(self):
+    # The suite runs on the CPU at JAX's default precision.
+    self.assertEqual(greedy_agreement.rounding_dtype("float32"), "float32")
+    with jax.default_matmul_precision("bfloat16"):
+      self.assertEqual(
+          greedy_agreement.rounding_dtype("float32", platform="tpu"),
+          "bfloat16",
+      )
+    with jax.default_matmul_precision("highest"):
+      self.assertEqual(
+          greedy_agreement.rounding_dtype("float32", platform="tpu"),
+          "float32",
+      )
+
+
 class RoundingErrorsTest(absltest.TestCase):
 
   def test_the_bound_holds_the_measured_bfloat16_error(self):

@@ -67,9 +67,10 @@ to_host=H compiles=C host_cpu_us=U (per decode call)`).
 
 Greedy agreement (`maxtext.generation.greedy_agreement`): "same ids: N/M"
 counts the requests (rows) whose two id sequences are equal; "agree within
-<compute dtype> rounding: K/M" adds those whose first difference is a
-near-tie of the float32 model's logits over the common context, which the
-compute dtype's rounding may order either way.
+<dtype> rounding: K/M" adds those whose first difference is a near-tie of
+the float32 model's logits over the common context, which the rounding may
+order either way: the compute dtype's, but bfloat16's for float32 on a TPU at
+JAX's default matmul precision (`greedy_agreement.rounding_dtype`).
 
 The step against the limit (`maxtext.generation.decode_roofline`): the
 bytes a decode step reads (the weights in the compute dtype, the mean
@@ -233,10 +234,11 @@ def _check(config, batch: int, prompt_len: int, new: int, windowed: int):
 
 def _agreement_line(agree, config, of: str) -> str:
   """The two decoders' greedy agreement (`greedy_agreement`): exactly and
-  within the compute dtype's rounding."""
+  within the rounding the compute dtype carries on this device."""
+  dtype = greedy_agreement.rounding_dtype(config.compute_dtype)
   return (
       f"same ids: {agree.same}/{agree.total} {of}; agree within "
-      f"{config.compute_dtype} rounding: {agree.within_rounding}/{agree.total}"
+      f"{dtype} rounding: {agree.within_rounding}/{agree.total}"
   )
 
 
