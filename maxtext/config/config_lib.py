@@ -365,6 +365,7 @@ def _check_model(v) -> None:
   _check_attention(v)
   _one_of(v, "remat_policy", choices.REMAT_POLICIES)
   _at_least(v, "loss_chunk_size", 0)
+  _one_of(v, "logits_dtype", choices.LOGITS_DTYPES)
   _at_least(v, "mlp_chunks", 1)
   _check_mla(v)
   _check_moe(v)

@@ -213,6 +213,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute the loss this many sequence positions at a time, so the float32
   # [batch, seq, vocab] logits never exist at once. 0 = all at once.
   config.loss_chunk_size = 0
+  # The dtype the training loss's logits are written in: "float32", or
+  # "bfloat16" (MaxText's and Megatron-LM's numerics: the output projection
+  # accumulates in float32 and rounds its output; every reduction over the
+  # logits stays float32), which halves the loss's memory traffic over the
+  # vocabulary. Log-probabilities for GRPO and evaluation stay float32.
+  config.logits_dtype = "float32"
   # Compute the dense MLP's [batch, seq, mlp_dim] hidden activations for
   # this many groups of sequence positions one after another, forward and
   # backward (each group rematerialised), so they never exist whole.

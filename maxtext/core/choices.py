@@ -26,6 +26,8 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 LOAD_BALANCE_LOSSES = ("switch", "sequence")
 # config.weight_dtype and config.compute_dtype.
 DTYPES = ("float32", "bfloat16", "float16")
+# The dtypes the training loss writes its logits in (`logits_dtype`).
+LOGITS_DTYPES = ("float32", "bfloat16")
 # config.workload: the kind of training (maxtext.workloads.WORKLOADS).
 WORKLOADS = ("pretraining", "sft", "grpo")
 # config.dataset_type (maxtext.data.dataset_kinds.KINDS).

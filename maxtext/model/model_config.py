@@ -46,6 +46,7 @@ class ModelConfig(component_config.ComponentConfig):
   linear_value_head_dim: int = 128
   load_balance_loss: str = "switch"
   load_balance_loss_weight: float = 0.01
+  logits_dtype: str = "float32"
   loss_chunk_size: int = 0
   max_sequence_length: int = 64
   mlp_chunks: int = 1

@@ -930,7 +930,8 @@ def loss_fn(
   logits never exist (above S: one chunk), and their gradients are computed
   in the forward pass (`vocab_loss`: three vocabulary-sized products a chunk,
   not four); the loss is the same up to float32 summation order. With 0 the
-  loss is differentiated as written, the reference.
+  loss is differentiated as written, the reference. The logits are written
+  in `config.logits_dtype` and reduced in float32.
 
   Args:
     params: the parameter pytree.
@@ -976,11 +977,13 @@ def loss_fn(
   if chunk > 0:
     projection, vocab_major = stored_output_projection(params)
     loss_sum, num_correct = vocab_loss.token_sums(
-        x, projection, targets, weights, chunk, vocab_major
+        x, projection, targets, weights, chunk, vocab_major, config.logits_dtype
     )
   else:
     loss_sum, num_correct = vocab_loss.token_sums_of_logits(
-        unembed(x, output_projection(params)), targets, weights
+        unembed(x, output_projection(params), False, config.logits_dtype),
+        targets,
+        weights,
     )
   num_tokens = jnp.sum(weights)
   denom = jnp.maximum(num_tokens, 1e-8)

@@ -240,6 +240,28 @@ class ChunkedLossTest(parameterized.TestCase):
     self.assertEqual(float(aux["num_correct"]), float(ref_aux["num_correct"]))
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
 
+  def test_bfloat16_logits_chunked_as_unchunked(self):
+    # Both loss paths write the logits in config.logits_dtype: the chunked
+    # loss is the unchunked one of the same rounded logits, and the
+    # rounding moves the loss off the float32 logits' loss.
+    def config(**kwargs):
+      return tiny_configs.model_config(
+          tie_word_embeddings=True, compute_dtype="bfloat16", **kwargs
+      )
+
+    reference = config(logits_dtype="bfloat16")
+    params = transformer.init_params(reference, jax.random.PRNGKey(6))
+    batch = _batch(reference, batch=3, weights=True)
+    (loss, aux), _ = _loss_and_grads(
+        config(logits_dtype="bfloat16", loss_chunk_size=4), params, batch
+    )
+    (ref_loss, ref_aux), _ = _loss_and_grads(reference, params, batch)
+    (f32_loss, _), _ = _loss_and_grads(config(), params, batch)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    self.assertEqual(float(aux["num_correct"]), float(ref_aux["num_correct"]))
+    self.assertNotEqual(float(loss), float(f32_loss))
+    np.testing.assert_allclose(loss, f32_loss, rtol=1e-2)
+
   def test_negative_chunk_is_refused(self):
     config = tiny_configs.model_config(loss_chunk_size=-1)
     params = transformer.init_params(config, jax.random.PRNGKey(0))

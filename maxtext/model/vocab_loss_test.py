@@ -50,6 +50,23 @@ def _vocab_products(jaxpr) -> int:
   return count
 
 
+def _vocab_output_dtypes(jaxpr) -> set:
+  """The dtypes of the [..., V] outputs of dot_generals (the logits), in
+  every sub-jaxpr."""
+  dtypes = set()
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      out = eqn.outvars[0].aval
+      if out.shape[-1] == V and len(out.shape) == 3:
+        dtypes.add(out.dtype)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          dtypes |= _vocab_output_dtypes(sub)
+  return dtypes
+
+
 class TokenSumsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -107,6 +124,48 @@ class TokenSumsTest(parameterized.TestCase):
       grad, ref = np.asarray(grad, np.float32), np.asarray(ref, np.float32)
       # One bfloat16 rounding of the softmax gradient: relative to the scale.
       self.assertLess(np.abs(grad - ref).max(), 2e-2 * np.abs(ref).max())
+
+  @parameterized.named_parameters(("chunks", 4), ("one", S))
+  def test_bfloat16_logits_are_the_rounded_logits_reduced_in_float32(
+      self, chunk
+  ):
+    inputs = _inputs(jnp.bfloat16)
+    (loss, correct), grads = _loss_and_grads(
+        lambda *a: vocab_loss.token_sums(*a, chunk, False, "bfloat16"),
+        *inputs,
+    )
+
+    def rounded(x, unembedding, targets, weights):
+      logits = vocab_loss.unembed(x, unembedding, logits_dtype="bfloat16")
+      self.assertEqual(logits.dtype, jnp.bfloat16)
+      return vocab_loss.token_sums_of_logits(logits, targets, weights)
+
+    (ref_loss, ref_correct), ref_grads = _loss_and_grads(rounded, *inputs)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    self.assertEqual(float(correct), float(ref_correct))
+    for grad, ref in zip(grads, ref_grads):
+      grad, ref = np.asarray(grad, np.float32), np.asarray(ref, np.float32)
+      self.assertLess(np.abs(grad - ref).max(), 2e-2 * np.abs(ref).max())
+    # The rounding is there: not the float32 logits' loss, but near it.
+    (f32_loss, _), _ = _loss_and_grads(_reference, *inputs)
+    self.assertNotEqual(float(loss), float(f32_loss))
+    np.testing.assert_allclose(loss, f32_loss, rtol=1e-2)
+
+  def test_bfloat16_logits_products_write_bfloat16(self):
+    inputs = _inputs(jnp.bfloat16)
+    for logits_dtype in ("float32", "bfloat16"):
+      jaxpr = jax.make_jaxpr(
+          lambda x, u, t, w: _loss_and_grads(
+              lambda *a: vocab_loss.token_sums(*a, 4, False, logits_dtype),
+              x,
+              u,
+              t,
+              w,
+          )
+      )(*inputs)
+      self.assertEqual(
+          _vocab_output_dtypes(jaxpr.jaxpr), {jnp.dtype(logits_dtype)}
+      )
 
   def test_masked_positions_have_no_gradient(self):
     x, unembedding, targets, weights = _inputs()
