@@ -217,7 +217,8 @@ def get_config() -> ml_collections.ConfigDict:
   # "bfloat16" (MaxText's and Megatron-LM's numerics: the output projection
   # accumulates in float32 and rounds its output; every reduction over the
   # logits stays float32), which halves the loss's memory traffic over the
-  # vocabulary. Log-probabilities for GRPO and evaluation stay float32.
+  # vocabulary. The cross-entropy loss only (training and its evaluation):
+  # GRPO's log-probabilities and the decoders' logits stay float32.
   config.logits_dtype = "float32"
   # Compute the dense MLP's [batch, seq, mlp_dim] hidden activations for
   # this many groups of sequence positions one after another, forward and
