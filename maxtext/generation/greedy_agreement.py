@@ -78,6 +78,9 @@ def rounding_dtype(
   if platform is None:
     platform = jax.default_backend()
   if matmul_precision == "unset":
+    # The flag's value in this context (`jax.default_matmul_precision`);
+    # `jax.config.read` refuses context-managed flags.
+    # pylint: disable-next=no-member
     matmul_precision = jax.config.jax_default_matmul_precision
   if (
       name == "float32"

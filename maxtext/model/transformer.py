@@ -974,17 +974,7 @@ def loss_fn(
   context = mesh_lib.context_size(mesh)
   targets = zigzag.to_zigzag(targets, context)
   weights = zigzag.to_zigzag(weights, context)
-  if chunk > 0:
-    projection, vocab_major = stored_output_projection(params)
-    loss_sum, num_correct = vocab_loss.token_sums(
-        x, projection, targets, weights, chunk, vocab_major, config.logits_dtype
-    )
-  else:
-    loss_sum, num_correct = vocab_loss.token_sums_of_logits(
-        unembed(x, output_projection(params), False, config.logits_dtype),
-        targets,
-        weights,
-    )
+  loss_sum, num_correct = _token_sums(params, x, targets, weights, config)
   num_tokens = jnp.sum(weights)
   denom = jnp.maximum(num_tokens, 1e-8)
   loss = jnp.where(num_tokens > 0, loss_sum / denom, 0.0)
@@ -1000,6 +990,35 @@ def loss_fn(
     if statistic_rules(config):
       aux[param_statistics.KEY] = {ROUTER_BIAS: moe_stats["expert_load"]}
   return loss, aux
+
+
+def _token_sums(
+    params: Params,
+    x: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    config: model_config.ModelConfig,
+) -> tuple[jax.Array, jax.Array]:
+  """The weighted sums of cross entropy and of hits over [B, S] positions
+  of the final hidden states `x`: `loss_chunk_size` positions at a time
+  (`vocab_loss.token_sums`), or all at once when it is 0, the logits in
+  `logits_dtype`."""
+  if config.loss_chunk_size > 0:
+    projection, vocab_major = stored_output_projection(params)
+    return vocab_loss.token_sums(
+        x,
+        projection,
+        targets,
+        weights,
+        config.loss_chunk_size,
+        vocab_major,
+        config.logits_dtype,
+    )
+  return vocab_loss.token_sums_of_logits(
+      unembed(x, output_projection(params), False, config.logits_dtype),
+      targets,
+      weights,
+  )
 
 
 # The router correction bias's path in the parameter tree.

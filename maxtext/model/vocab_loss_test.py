@@ -1,5 +1,7 @@
 """Tests for the chunked cross entropy with gradients in the forward pass."""
 
+import functools
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -154,15 +156,13 @@ class TokenSumsTest(parameterized.TestCase):
   def test_bfloat16_logits_products_write_bfloat16(self):
     inputs = _inputs(jnp.bfloat16)
     for logits_dtype in ("float32", "bfloat16"):
-      jaxpr = jax.make_jaxpr(
-          lambda x, u, t, w: _loss_and_grads(
-              lambda *a: vocab_loss.token_sums(*a, 4, False, logits_dtype),
-              x,
-              u,
-              t,
-              w,
-          )
-      )(*inputs)
+      sums = functools.partial(
+          vocab_loss.token_sums,
+          chunk=4,
+          vocab_major=False,
+          logits_dtype=logits_dtype,
+      )
+      jaxpr = jax.make_jaxpr(functools.partial(_loss_and_grads, sums))(*inputs)
       self.assertEqual(
           _vocab_output_dtypes(jaxpr.jaxpr), {jnp.dtype(logits_dtype)}
       )
