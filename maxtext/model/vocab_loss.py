@@ -28,8 +28,9 @@ bfloat16, MaxText's and Megatron-LM's numerics (the product accumulates in
 float32 and rounds its output), which halves the loss's traffic over the
 vocabulary: the product writes the logits once and the log-sum-exp and the
 two gradient products each read them, about 20 GB a step in float32 for
-Qwen3-0.6B at 4 x 2,048 positions. Every reduction over them (largest logit,
-log-sum-exp, the target's logit, the softmax gradient) is in float32.
+Qwen3-0.6B at 4 x 2,048 positions. The largest and the target's logit are
+read in the logits' own dtype (exact there); every sum over them (the
+log-sum-exp, the softmax gradient's products) is in float32.
 
 The projection comes in either orientation: [E, V] (an untied output
 projection), or [V, E] with `vocab_major` (a tied embedding as it is
