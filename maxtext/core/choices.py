@@ -14,7 +14,7 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "dot_product", "cudnn", "splash")
 ATTENTION_TYPES = ("gqa", "mla")
 # config.remat_policy: what the scanned block keeps for the backward pass
 # (maxtext.model.transformer).
-REMAT_POLICIES = ("none", "full", "save_dots", "save_named")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_named", "save_context")
 # config.rope_scaling: the rotary frequencies as they are, or rescaled as
 # Llama 3.1's or by YaRN (maxtext.model.layers.rope_scaling).
 ROPE_SCALINGS = ("none", "llama3", "yarn")

@@ -381,8 +381,15 @@ def table(step: StepCompile) -> list[str]:
 # Remat policies from the least recomputation to the most: "none" recomputes
 # nothing; "save_dots" keeps every projection's output and recomputes the
 # element-wise work; "save_named" also recomputes the MLP's hidden layer and
-# the attention scores; "full" recomputes the whole block.
-REMAT_BY_RECOMPUTATION = ("none", "save_dots", "save_named", "full")
+# the attention scores; "save_context" keeps only the attention's context;
+# "full" recomputes the whole block.
+REMAT_BY_RECOMPUTATION = (
+    "none",
+    "save_dots",
+    "save_named",
+    "save_context",
+    "full",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,15 +88,16 @@ def _grad_program(config, mesh):
 
 class SplashRematTest(parameterized.TestCase):
   """The splash kernel's residuals (its output and log-sum-exp) carry the
-  context's name, so "save_named" keeps them: the backward pass runs the
-  kernel's fused backward kernel and not its forward kernel again."""
+  context's name, so "save_named" and "save_context" keep them: the
+  backward pass runs the kernel's fused backward kernel and not its forward
+  kernel again."""
 
   @parameterized.named_parameters(("gqa", "gqa"), ("mla", "mla"))
-  def test_save_named_runs_the_forward_kernel_once(self, kind):
+  def test_saved_context_runs_the_forward_kernel_once(self, kind):
     """`kind` is the attention type."""
     presets = [tiny_configs.TINY_MLA] if kind == "mla" else []
     loops = {}
-    for policy in ("none", "save_named", "full"):
+    for policy in ("none", "save_named", "save_context", "full"):
       config = _config(*presets, attention="splash", remat_policy=policy)
       mesh = mesh_lib.make_mesh(
           mesh_lib.MeshConfig.from_config(config), jax.devices()
@@ -107,22 +108,24 @@ class SplashRematTest(parameterized.TestCase):
     # Full remat reruns the forward kernel to recompute the block; with the
     # residuals kept the backward pass runs as many kernels as without remat.
     self.assertEqual(loops["save_named"], loops["none"])
+    self.assertEqual(loops["save_context"], loops["none"])
     self.assertEqual(loops["full"], loops["none"] + 1)
 
-  def test_save_named_gradients_match_no_remat(self):
+  def test_saved_context_gradients_match_no_remat(self):
     grads = {}
-    for policy in ("none", "save_named"):
+    for policy in ("none", "save_named", "save_context"):
       config = _config(attention="splash", remat_policy=policy)
       mesh = mesh_lib.make_mesh(
           mesh_lib.MeshConfig.from_config(config), jax.devices()
       )
       grad, args = _grad_program(config, mesh)
       grads[policy] = grad(*args)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-        grads["save_named"],
-        grads["none"],
-    )
+    for policy in ("save_named", "save_context"):
+      jax.tree.map(
+          lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+          grads[policy],
+          grads["none"],
+      )
 
 
 class SplashBlocksTest(parameterized.TestCase):
@@ -196,14 +199,18 @@ class TpuSliceTest(parameterized.TestCase):
     # The Mosaic kernel (forward and backward), not the interpreter.
     self.assertIn("tpu_custom_call", compiled.as_text())
 
-  @parameterized.named_parameters(("gqa", "gqa"), ("mla", "mla"))
-  def test_save_named_compiles_the_forward_kernel_once(self, kind):
-    """`kind` is the attention type."""
+  @parameterized.named_parameters(
+      ("gqa", "gqa", "save_named"),
+      ("mla", "mla", "save_named"),
+      ("gqa_context", "gqa", "save_context"),
+  )
+  def test_saved_context_compiles_the_forward_kernel_once(self, kind, policy):
+    """`kind` is the attention type, `policy` the remat policy."""
     config = _config(
         *([tiny_configs.TINY_MLA] if kind == "mla" else []),
         compute_dtype="bfloat16",
         max_sequence_length=256,
-        remat_policy="save_named",
+        remat_policy=policy,
     )
     mesh = mesh_lib.make_mesh(
         mesh_lib.MeshConfig.from_config(config), self.devices

@@ -587,7 +587,11 @@ def _remat(block, policy: str):
   "none" keeps every intermediate for the backward pass; "full" keeps only
   the block's input and recomputes the rest; "save_dots" keeps the matmul
   outputs that have no batch dimension (the projections, not the [S, S]
-  attention scores); "save_named" keeps the values named in `SAVED_NAMES`.
+  attention scores); "save_named" keeps the values named in `SAVED_NAMES`;
+  "save_context" keeps only the attention's context (`layers.CONTEXT_NAME`:
+  with the splash kernel its output and log-sum-exp, so the backward pass
+  runs the kernel's backward and not its forward again) and recomputes the
+  rest as "full" does, for about one [B, S, H, D] array a layer more.
 
   Raises:
     ValueError: unknown policy.
@@ -596,6 +600,9 @@ def _remat(block, policy: str):
       "full": None,
       "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
       "save_named": jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES),
+      "save_context": jax.checkpoint_policies.save_only_these_names(
+          layers.CONTEXT_NAME
+      ),
   }
   if policy == "none":
     return block

@@ -168,7 +168,10 @@ class AttentionImplementationTest(parameterized.TestCase):
 class RematTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ("full", "full"), ("save_dots", "save_dots"), ("save_named", "save_named")
+      ("full", "full"),
+      ("save_dots", "save_dots"),
+      ("save_named", "save_named"),
+      ("save_context", "save_context"),
   )
   def test_grads_match_no_remat(self, policy):
     reference = tiny_configs.model_config(num_layers=3)
@@ -188,19 +191,23 @@ class RematTest(parameterized.TestCase):
       transformer.apply(params, _tokens(config), config)
 
   def test_policies_order_compiled_temp_memory(self):
-    # Activations dominate: wide MLP, several layers, no big vocabulary. Each
+    # Activations dominate: wide MLP, several layers, no big vocabulary, short
+    # rows (at 64 positions the [S, S] scores full remat recomputes in the
+    # backward pass outweigh the context save_context keeps instead). Each
     # saving policy keeps more than full and less than none (were the block's
-    # names missing, save_named would equal full).
-    kwargs = dict(num_layers=4, emb_dim=64, mlp_dim=512, max_sequence_length=64)
+    # names missing, save_named and save_context would equal full), and the
+    # context alone is less than save_named's six names.
+    kwargs = dict(num_layers=4, emb_dim=64, mlp_dim=512, max_sequence_length=16)
     temp = {
         policy: _grad_temp_bytes(
             tiny_configs.model_config(remat_policy=policy, **kwargs), batch=8
         )
         for policy in choices.REMAT_POLICIES
     }
-    for policy in ("save_dots", "save_named"):
+    for policy in ("save_dots", "save_named", "save_context"):
       self.assertLess(temp["full"], temp[policy], policy)
       self.assertLess(temp[policy], temp["none"], policy)
+    self.assertLess(temp["save_context"], temp["save_named"])
 
 
 class ChunkedLossTest(parameterized.TestCase):
