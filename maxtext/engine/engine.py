@@ -193,6 +193,13 @@ class Engine:
     statistic_rules: parameter path -> rule, for the parameters that the
       loss's statistics move instead of gradients
       (`maxtext/model/param_statistics.py`); None or {} for none.
+    compute_copy: None, or `compute_copy(params) -> params`: the copy of
+      the parameters the micro-step differentiates the loss in, some leaves
+      cast to a narrower dtype, whose gradients then come out (with K = 1:
+      go to the update) in that dtype. For a leaf the loss reads only
+      through one cast to that dtype (`transformer.gradient_copy`), the
+      gradient's values are the parameter's, in fewer bytes; the update
+      takes them in the parameters' dtype.
   """
 
   def __init__(
@@ -212,6 +219,7 @@ class Engine:
       eval_directions: Optional[Mapping[str, eval_metrics.Direction]] = None,
       executables: Optional[Mapping[str, Any]] = None,
       statistic_rules: Optional[Mapping[str, param_statistics.Rule]] = None,
+      compute_copy: Optional[Callable[[Any], Any]] = None,
   ):
     """Creates the engine and the optimizer state; the class docstring
     says what each argument is.
@@ -230,6 +238,7 @@ class Engine:
         eval_fn,
         eval_directions,
         statistic_rules,
+        compute_copy,
     )
     _check_wiring(recorder, param_shardings, batch_sharding)
     self._recorder = recorder

@@ -954,6 +954,93 @@ class StatisticRulesTest(parameterized.TestCase):
       make_engine(statistic_rules={"b": 1.0})
 
 
+def bf16_loss_fn(params, batch):
+  """`make_loss_fn`'s regression with "w" read through one bfloat16 cast,
+  as the model reads its layers' matrices: its gradient is that cast's
+  bfloat16 cotangent."""
+  x = batch["x"].astype(jnp.bfloat16)
+  pred = (x @ params["w"].astype(jnp.bfloat16)).astype(jnp.float32)
+  loss = jnp.mean((pred + params["b"] - batch["y"]) ** 2)
+  return loss, {}
+
+
+def w_in_bfloat16(params):
+  return {**params, "w": params["w"].astype(jnp.bfloat16)}
+
+
+class ComputeCopyTest(parameterized.TestCase):
+  """A loss differentiated in a compute copy trains as the parameters do,
+  its narrower gradients leaving the K = 1 micro-step in their dtype (the
+  model's gradients equal: `maxtext/model/gradient_copy_test.py`)."""
+
+  @parameterized.product(k=(1, 3), clip=(0.0, 0.5))
+  def test_same_steps_as_the_parameters(self, k, clip):
+    trained = {}
+    for copy in (None, w_in_bfloat16):
+      eng = engine_lib.Engine(
+          bf16_loss_fn,
+          make_params(),
+          optax.adam(0.05),
+          0.1,
+          mr.MetricsRecorder(),
+          k,
+          grad_clip_norm=clip,
+          compute_copy=copy,
+      )
+      for i, batch in enumerate(make_batches(4 * k, seed=3)):
+        eng.fwd_bwd(batch)
+        if (i + 1) % k == 0:
+          eng.update()
+      trained[copy] = jax.device_get(eng.params)
+    # The optimizer sees the same gradients; its arithmetic, fused with a
+    # widening of "w"'s gradient, may round an update differently in the
+    # last bit.
+    chex.assert_trees_all_close(
+        trained[None], trained[w_in_bfloat16], rtol=1e-6, atol=0
+    )
+    self.assertEqual(trained[w_in_bfloat16]["w"].dtype, np.float32)
+
+  def test_k1_gradients_leave_in_the_copys_dtype(self):
+    batch = make_batches(1)[0]
+
+    def engine(copy, executables=None):
+      return engine_lib.Engine(
+          bf16_loss_fn,
+          make_params(),
+          optax.adam(0.05),
+          0.1,
+          mr.MetricsRecorder(),
+          1,
+          compute_copy=copy,
+          executables=executables,
+      )
+
+    outputs = {}
+    for copy in (None, w_in_bfloat16):
+      grads = engine(copy).lower(batch)["micro_step"].out_info[0]
+      outputs[copy] = {name: g.dtype for name, g in grads.items()}
+    self.assertEqual(outputs[None], {"w": jnp.float32, "b": jnp.float32})
+    self.assertEqual(
+        outputs[w_in_bfloat16], {"w": jnp.bfloat16, "b": jnp.float32}
+    )
+    # The update compiled ahead of time takes those gradients.
+    compiled = {
+        name: lowered.compile()
+        for name, lowered in engine(w_in_bfloat16)
+        .lower_programs(batch, batch)
+        .items()
+    }
+    given, own = engine(w_in_bfloat16, compiled), engine(w_in_bfloat16)
+    for eng in (given, own):
+      eng.fwd_bwd(batch)
+      eng.update()
+    chex.assert_trees_all_equal(given.params, own.params)
+
+  def test_a_copy_that_is_not_callable_is_refused(self):
+    with self.assertRaisesRegex(TypeError, "compute_copy must be callable"):
+      make_engine(k=1, compute_copy="bf16")
+
+
 class ExecutablesTest(parameterized.TestCase):
   """An engine given its programs compiled runs them and compiles none."""
 

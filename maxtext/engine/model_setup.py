@@ -123,6 +123,7 @@ def make_engine(
       eval_directions=transformer.EVAL_DIRECTIONS,
       executables=executables,
       statistic_rules=transformer.statistic_rules(model),
+      compute_copy=functools.partial(transformer.gradient_copy, config=model),
   )
 
 

@@ -61,13 +61,21 @@ def lower_step(
     args = (params, opt_state, acc, step, flag, flag, flag, batch)
     return {"micro_step": jitted["micro_step"].lower(*args)}
   micro_step = jitted["micro_step"].lower(params, batch)
-  # The update takes the micro-step's packed metrics (K = 1).
+  # The update takes the micro-step's gradients (in the dtypes it returns
+  # them in, sharded as the accumulator would be) and packed metrics.
+  grads = jax.tree.map(
+      lambda out, a: jax.ShapeDtypeStruct(
+          a.shape, out.dtype, sharding=a.sharding
+      ),
+      micro_step.out_info[0],
+      acc,
+  )
   packed = micro_step.out_info[1].values
   packed = jax.ShapeDtypeStruct(packed.shape, packed.dtype)
   return {
       "micro_step": micro_step,
       "update": jitted["update"].lower(
-          params, opt_state, acc, step, flag, packed
+          params, opt_state, grads, step, flag, packed
       ),
   }
 

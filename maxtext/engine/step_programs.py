@@ -28,6 +28,12 @@ programs the engine (`maxtext/engine/engine.py`) runs, and runs them for it:
   two gradients' size more temporaries than the two programs' larger one,
   while with K > 1 the fused last micro-step costs nothing over a plain
   one (docs/PERFORMANCE.md, "The update in the step's last micro-step").
+* With a compute copy (`StepSpec.compute_copy`, e.g. the layers' matrices
+  in bfloat16: `transformer.gradient_copy`) the loss is differentiated in
+  the copy, so those gradients are computed in its dtype: the accumulator
+  (K > 1) adds them in float32, the K = 1 micro-step returns them as they
+  are (a bfloat16 gradient is half a float32 one's bytes to write, and for
+  the update to read), and the update widens them.
 * The step's update (`finish`, in either program): the mean gradient's
   global norm, whether it is finite, the learning rate, and, only when the
   norm is finite (and `commit`: a warm-up computes the update and keeps
@@ -156,12 +162,14 @@ class _StepFunctions:
   computes); `_jit` jits them with their shardings and donation.
   """
 
-  def __init__(self, spec: step_spec.StepSpec, acc_shapes):
-    """Args: the step's spec; the accumulator's `ShapeDtypeStruct`s."""
+  def __init__(self, spec: step_spec.StepSpec, acc_shapes, grad_dtypes):
+    """Args: the step's spec; the accumulator's `ShapeDtypeStruct`s; the
+    dtypes of the K = 1 micro-step's gradients (`_gradient_dtypes`)."""
     self._spec = spec
     self._k = spec.k
     self._slots = spec.statistics
     self._acc_shapes = acc_shapes
+    self._grad_dtypes = grad_dtypes
 
   def allocate(self):
     """The accumulator, zeros never read: a step's first micro-batch
@@ -170,8 +178,9 @@ class _StepFunctions:
 
   def gradients(self, params, micro_batch):
     """The micro-batch's gradients (statistics in their slots) and metrics."""
+    copy = self._spec.compute_copy
     (loss, aux), grads = jax.value_and_grad(self._spec.loss_fn, has_aux=True)(
-        params, micro_batch
+        params if copy is None else copy(params), micro_batch
     )
     packed, weighted = metric_packing.pack(loss, aux)
     return self._slots.with_statistics(grads, aux), packed, weighted
@@ -179,7 +188,10 @@ class _StepFunctions:
   def optimizer_step(self, params, opt_state, grads, grad_norm):
     """The optimizer's step of the mean gradient, clipped with `grad_norm`."""
     spec, slots = self._spec, self._slots
-    # `grads`: the step's mean gradient in the parameters' dtypes.
+    # `grads`: the step's mean gradient, in the parameters' dtypes from
+    # here: cast inside the update's branch, so that the compiler reads a
+    # narrower gradient where the optimizer does, not from a widened copy.
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     # The step's mean statistics; the optimizer sees zeros in their slots.
     statistics = slots.only(grads)
     grads = slots.map(grads, lambda _, g: jnp.zeros_like(g))
@@ -213,14 +225,14 @@ class _StepFunctions:
     with the state donated, leaves it in place.
     """
     mean = jax.tree.map(lambda a: a / self._k, grad_sum)
-    grad_norm = optax.tree.norm(self._slots.gradients_only(mean)).astype(
-        jnp.float32
-    )
-    grads = jax.tree.map(lambda m, p: m.astype(p.dtype), mean, params)
+    # Summed in float32 or wider, whatever dtype a gradient came in.
+    grad_norm = optax.tree.norm(
+        [_widened(g) for g in self._slots.gradients_only(mean)]
+    ).astype(jnp.float32)
     finite = jnp.isfinite(grad_norm)
     params, opt_state = jax.lax.cond(
         jnp.logical_and(finite, commit),
-        lambda: self.optimizer_step(params, opt_state, grads, grad_norm),
+        lambda: self.optimizer_step(params, opt_state, mean, grad_norm),
         lambda: (params, opt_state),
     )
     update_packed = jnp.stack(
@@ -263,12 +275,12 @@ class _StepFunctions:
     """K = 1: the micro-batch's gradients are the step's sum.
 
     Taking no accumulator lets them be the output as XLA computes them;
-    adding into a donated one would cost a gradient-sized temporary.
+    adding into a donated one would cost a gradient-sized temporary. They
+    leave in `_gradient_dtypes`: a compute copy's narrower leaves as
+    computed, the others in the accumulator's dtype.
     """
     grads, packed, weighted = self.gradients(params, micro_batch)
-    grads = jax.tree.map(
-        lambda g, s: g.astype(s.dtype), grads, self._acc_shapes
-    )
+    grads = jax.tree.map(lambda g, d: g.astype(d), grads, self._grad_dtypes)
     return grads, packed, weighted
 
   def update(self, params, opt_state, grad_sum, step, commit, packed_values):
@@ -309,6 +321,24 @@ def _accumulator_shapes(params, param_shardings):
           if param_shardings is not None
           else jax.tree.map(lambda _: None, params)
       ),
+  )
+
+
+def _widened(x: jax.Array) -> jax.Array:
+  """`x` in float32, or as it is where wider."""
+  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _gradient_dtypes(spec: step_spec.StepSpec, params, acc_shapes):
+  """The dtypes the K = 1 micro-step returns its gradients in: the
+  accumulator's, but where `spec.compute_copy` casts a parameter to
+  another dtype, that dtype (the loss's gradient of the copy as computed)."""
+  acc = jax.tree.map(lambda s: s.dtype, acc_shapes)
+  if spec.compute_copy is None:
+    return acc
+  copy = jax.eval_shape(spec.compute_copy, params)
+  return jax.tree.map(
+      lambda c, p, a: c.dtype if c.dtype != p.dtype else a, copy, params, acc
   )
 
 
@@ -368,7 +398,9 @@ def _jit(
     rep = _replicated(ps)
     opt_shardings = jax.tree.map(lambda x: x.sharding, opt_state)
   acc_shapes = _accumulator_shapes(params, ps)
-  fns = _StepFunctions(spec, acc_shapes)
+  fns = _StepFunctions(
+      spec, acc_shapes, _gradient_dtypes(spec, params, acc_shapes)
+  )
   jits = _program_table(fns, spec.k, spec.donate, ps, bs, rep, opt_shardings)
   jitted = {}
   for name, (fn, kwargs, in_shardings, out_shardings) in jits.items():

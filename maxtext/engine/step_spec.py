@@ -119,6 +119,8 @@ class StepSpec:
     donate: the step donates parameters and optimizer state to the
       program that updates them.
     statistics: the statistic-moved parameters.
+    compute_copy: None, or `compute_copy(params) -> params`, the copy the
+      loss is differentiated in (`Engine`'s argument).
   """
 
   loss_fn: LossFn
@@ -130,6 +132,7 @@ class StepSpec:
   clip: float
   donate: bool
   statistics: StatisticSlots
+  compute_copy: Optional[Callable[[Any], Any]] = None
 
 
 def _check_arguments(loss_fn, optimizer, learning_rate_fn, k, clip, donate):
@@ -178,6 +181,7 @@ def make_spec(
     eval_fn: Optional[EvalFn],
     eval_directions: Optional[Mapping[str, eval_metrics.Direction]],
     statistic_rules: Optional[Mapping[str, param_statistics.Rule]],
+    compute_copy: Optional[Callable[[Any], Any]] = None,
 ) -> StepSpec:
   """The `StepSpec` of an `Engine`'s arguments, checked.
 
@@ -187,6 +191,8 @@ def make_spec(
   _check_arguments(
       loss_fn, optimizer, learning_rate_fn, k, grad_clip_norm, donate
   )
+  if compute_copy is not None and not callable(compute_copy):
+    raise TypeError(f"compute_copy must be callable; got {compute_copy!r}")
   eval_fn, eval_directions = eval_program(loss_fn, eval_fn, eval_directions)
   shapes = {
       param_statistics.path_name(path): leaf.shape
@@ -207,4 +213,5 @@ def make_spec(
       clip=float(grad_clip_norm),
       donate=donate,
       statistics=StatisticSlots(rules, {path: shapes[path] for path in rules}),
+      compute_copy=compute_copy,
   )

@@ -186,6 +186,9 @@ def make_engine(
       batch_sharding=batch_shardings(settings, setup.batch_sharding),
       grad_clip_norm=engine.grad_clip_norm,
       donate_state=engine.donate_state,
+      compute_copy=functools.partial(
+          transformer.gradient_copy, config=engine.model
+      ),
   )
 
 

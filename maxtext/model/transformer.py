@@ -1158,6 +1158,48 @@ def compute_dtype_mask(params: Params) -> Params:
   )
 
 
+def gradient_copy_mask(params: Params) -> Params:
+  """True for the parameters whose gradient the model computes in its
+  compute dtype: the layer stacks' matrices of `compute_dtype_mask`.
+
+  Each is read once a layer, cast to the compute dtype where the model
+  multiplies by it, so its gradient in `weight_dtype` is that cast's
+  compute-dtype cotangent, converted. Not the embedding (its gathered
+  rows' gradients are summed per token, and a tied one is read by the loss
+  too), the output projection (whose gradient the loss sums over chunks in
+  float32) or what has an `EXPERT_LOGICAL_AXIS` (the routed experts, whose
+  gradients the MoE dispatch sums, and the router): their gradients are
+  finer than the compute dtype (`transformer_test.GradientCopyTest` checks
+  every model kind).
+  """
+  return _axes_mask(
+      params,
+      lambda names: "layers" in names
+      and _is_matrix(names)
+      and "conv_kernel" not in names
+      and EXPERT_LOGICAL_AXIS not in names,
+  )
+
+
+def gradient_copy(params: Params, config: model_config.ModelConfig) -> Params:
+  """`params` with the `gradient_copy_mask` leaves cast to the compute dtype
+  where it is narrower: the parameters the loss is differentiated in.
+
+  The loss of this copy is the loss of `params`, and its gradient is the
+  same values, the masked leaves' in the compute dtype (half the bytes of
+  float32 ones for the step to write and the update to read;
+  `transformer_test.GradientCopyTest` holds them equal for every model
+  kind).
+  """
+  cdt = _dtype(config.compute_dtype)
+
+  def cast(p, masked):
+    narrower = jnp.finfo(cdt).bits < jnp.finfo(p.dtype).bits
+    return p.astype(cdt) if masked and narrower else p
+
+  return jax.tree.map(cast, params, gradient_copy_mask(params))
+
+
 def _is_matrix(names: tuple) -> bool:
   """Whether a parameter with these logical axes is a matrix: two or more
   dimensions besides the stacked "layers" one."""
