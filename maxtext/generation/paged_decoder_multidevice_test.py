@@ -29,7 +29,6 @@ from maxtext.generation import paged_decoder
 from maxtext.generation import paged_model
 from maxtext.generation import paged_sizes
 from maxtext.generation import sampling
-from maxtext.model import transformer
 from maxtext.runtime import mesh as mesh_lib
 from testing import tiny_configs
 
@@ -37,27 +36,41 @@ from testing import tiny_configs
 # (absolute): only the order of sums differs.
 _ATOL = 1e-4
 
+# The engines' pages and decode chunk (`paged_decoder.EngineOptions`).
+_PAGE = 8
+_CHUNK = 4
+
 _DATA2_FSDP2_TENSOR2 = dict(
     data_parallelism=2, fsdp_parallelism=2, tensor_parallelism=2
 )
 
 
+# repr((presets, layout)) -> _setup's result: the cases of one model and mesh
+# share its parameters (no case changes them) and so the programs compiled
+# for them.
+_SETUPS = {}
+
+
 def _setup(presets, layout):
   """(config, mesh, parameters split as the trainer splits them, the same
-  parameters on one device)."""
-  config = ml_collections.FrozenConfigDict(
-      tiny_configs.model_config(*presets, max_sequence_length=32, **layout)
-  )
-  mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
-  sharded = model_setup.init_params(
-      engine_config.EngineConfig.from_config(config),
-      model_setup.setup_model(model_config.of(config), mesh),
-  )
-  single = jax.device_put(
-      transformer.init_params(config, jax.random.PRNGKey(config.seed)),
-      jax.devices()[0],
-  )
-  return config, mesh, sharded, single
+  parameters gathered onto one device)."""
+  key = repr((presets, sorted(layout.items())))
+  if key not in _SETUPS:
+    config = ml_collections.FrozenConfigDict(
+        tiny_configs.model_config(*presets, max_sequence_length=32, **layout)
+    )
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.from_config(config))
+    sharded = model_setup.init_params(
+        engine_config.EngineConfig.from_config(config),
+        model_setup.setup_model(model_config.of(config), mesh),
+    )
+    # Uncommitted, on the default device, as a one-device run's parameters
+    # are: committed ones would make the one-device engine compile some of
+    # its decode programs again after its warm-up (they meet a pool its own
+    # programs committed).
+    single = jax.device_put(jax.device_get(sharded))
+    _SETUPS[key] = config, mesh, sharded, single
+  return _SETUPS[key]
 
 
 class PagedReplicasTest(parameterized.TestCase):
@@ -89,7 +102,7 @@ class PagedReplicasTest(parameterized.TestCase):
     replicas = mesh.shape["data"]
     self.assertGreater(replicas, 1)
     rng = np.random.default_rng(8)
-    # Pages of 4: contexts of 4 and 8 ids share all their pages with their
+    # Pages of 8: the context of 8 ids shares all its pages with its
     # continuations, the others end in a partial page each continuation
     # copies.
     prompts = [
@@ -97,9 +110,9 @@ class PagedReplicasTest(parameterized.TestCase):
     ]
     g = 2
     # The longest context and max_new_tokens fit the shortest cache length
-    # bucket (16 positions, 4 pages): each engine compiles a decode program
-    # for table views of 1, 2 and 4 pages (a bucket of 8 pages would add a
-    # fourth).
+    # bucket (16 positions, 2 pages): each engine compiles a decode program
+    # for table views of 1 and 2 pages (pages of 4 would add a view of 4,
+    # a program more per engine, and check the replicas no differently).
     options = sampling.SamplingOptions(
         max_new_tokens=8, temperature=1.0, seed=4, num_samples=g
     )
@@ -112,7 +125,7 @@ class PagedReplicasTest(parameterized.TestCase):
     # slots than rows on 4 replicas.
     for slots in (1, 2 * replicas + 1):
       engine = paged_decoder.EngineOptions(
-          num_slots=slots, page_size=4, chunk=4
+          num_slots=slots, page_size=_PAGE, chunk=_CHUNK
       )
       got = paged_decoder.generate(
           sharded,
@@ -135,9 +148,9 @@ class PagedReplicasTest(parameterized.TestCase):
         )
       self.assertTrue(np.all(got.ids[got.ids != sampling.PAD_ID] >= 0))
       self.assertEqual(got.prefill_passes, len(prompts))
-      # The three contexts of 6, 2 and 5 ids copy their partial last page
-      # for all but their last continuation.
-      self.assertEqual(got.page_copies, 3 * (g - 1))
+      # The four contexts of 6, 4, 2 and 5 ids copy their partial last
+      # page for all but their last continuation.
+      self.assertEqual(got.page_copies, 4 * (g - 1))
       if slots == 1:
         one = paged_decoder.generate(
             single,
@@ -146,7 +159,7 @@ class PagedReplicasTest(parameterized.TestCase):
             options,
             max_new_tokens=limits,
             engine=paged_decoder.EngineOptions(
-                num_slots=replicas, page_size=4, chunk=4
+                num_slots=replicas, page_size=_PAGE, chunk=_CHUNK
             ),
         )
         np.testing.assert_array_equal(got.ids, one.ids)
@@ -162,12 +175,15 @@ class PagedReplicasTest(parameterized.TestCase):
         max_new_tokens=7, temperature=1.0, seed=9, stop_ids=(5,)
     )
     prompts = [[3, 1, 4, 1, 5, 9]]
+    # The pages and chunk of test_replicas_match_one_device's engines: on
+    # this model and mesh its one-slot engine's programs serve this call
+    # too (one slot per replica, the same pool, buckets and draws' shapes).
     got = paged_decoder.generate(
         sharded,
         config,
         prompts,
         options,
-        engine=paged_decoder.EngineOptions(page_size=4),
+        engine=paged_decoder.EngineOptions(page_size=_PAGE, chunk=_CHUNK),
         mesh=mesh,
     )
     want = decoder.generate(single, config, prompts, options)
@@ -177,9 +193,9 @@ class PagedReplicasTest(parameterized.TestCase):
     # One slot rounded up to one per replica; the default pool holds each
     # replica's slot's longest sequence and one waiting context: two
     # tables' pages per replica.
-    width = paged_sizes.table_width(config, 6 + 7, 4)
+    width = paged_sizes.table_width(config, 6 + 7, _PAGE)
     self.assertEqual(
-        got.cache_bytes, paged_model.pool_bytes(config, 4 * 2 * width, 4)
+        got.cache_bytes, paged_model.pool_bytes(config, 4 * 2 * width, _PAGE)
     )
     self.assertEqual(got.prefill_passes, 1)
 
