@@ -35,6 +35,12 @@ from testing import tiny_configs
 _ATOL = 1e-4
 
 
+def _on_one_device(sharded):
+  """The same parameters gathered onto one (the default) device: the same
+  values exactly, and no eager initialisation compiling op by op."""
+  return jax.device_put(jax.device_get(sharded))
+
+
 class DecoderMultiDeviceTest(parameterized.TestCase):
 
   def setUp(self):
@@ -68,10 +74,7 @@ class DecoderMultiDeviceTest(parameterized.TestCase):
             for x in jax.tree_util.tree_leaves(sharded)
         )
     )
-    single = jax.device_put(
-        transformer.init_params(config, jax.random.PRNGKey(config.seed)),
-        jax.devices()[0],
-    )
+    single = _on_one_device(sharded)
     rng = np.random.default_rng(6)
     prompts = [list(rng.integers(0, 32, size=n)) for n in (1, 3, 5, 7)]
     for options in (
@@ -112,16 +115,16 @@ class DecoderMultiDeviceTest(parameterized.TestCase):
     sharded = model_setup.init_params(
         engine_config.EngineConfig.from_config(config), setup
     )
-    single = jax.device_put(
-        transformer.init_params(config, jax.random.PRNGKey(config.seed)),
-        jax.devices()[0],
-    )
+    single = _on_one_device(sharded)
     rng = np.random.default_rng(7)
     prompts = [list(rng.integers(0, 32, size=n)) for n in (2, 5, 3)]
     options = sampling.SamplingOptions(
         max_new_tokens=6, temperature=1.0, seed=3, num_samples=2
     )
-    engine = paged_decoder.EngineOptions(num_slots=4, page_size=4)
+    # Sequences of up to 11 positions, the 16-position bucket: tables of 2
+    # pages of 8 (decode programs for views of 1 and 2 pages; pages of 4
+    # would add a view of 4).
+    engine = paged_decoder.EngineOptions(num_slots=4, page_size=8)
     got = paged_decoder.generate(
         sharded, config, prompts, options, engine=engine, mesh=mesh
     )
