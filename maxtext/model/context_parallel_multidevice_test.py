@@ -70,6 +70,36 @@ def _config(preset, mesh):
   )
 
 
+# test_deltanet_layer_equals_one_devices' layer.
+_DELTANET = ml_collections.FrozenConfigDict(
+    dict(
+        emb_dim=12,
+        norm_epsilon=1e-6,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=6,
+        linear_conv_kernel_dim=4,
+        linear_chunk_size=3,
+    )
+)
+
+
+def _deltanet_loss(layer, x, ids, mesh):
+  out, _ = gated_deltanet.apply(x, layer, _DELTANET, segment_ids=ids, mesh=mesh)
+  return jnp.sum(jnp.sin(out)), out
+
+
+# The layer's loss and gradients, compiled: one device's (mesh None) as one
+# program, not op by op (an eager call traced and compiled its scans again
+# each time), and shared by the cases whose one-device inputs are the same
+# (c2 and c4_tensor).
+_deltanet_grad = jax.jit(
+    jax.value_and_grad(_deltanet_loss, (0, 1), has_aux=True),
+    static_argnums=3,
+)
+
+
 class ZigzagTest(absltest.TestCase):
 
   def test_each_device_holds_chunk_i_and_its_mirror(self):
@@ -206,18 +236,7 @@ class ContextParallelTest(parameterized.TestCase):
   def test_deltanet_layer_equals_one_devices(self, context, ids, tensor=1):
     # The Gated DeltaNet alone: chunk states composed across the context
     # axis, each chunk's convolution reading the chunk before's last inputs.
-    config = ml_collections.ConfigDict(
-        dict(
-            emb_dim=12,
-            norm_epsilon=1e-6,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            linear_key_head_dim=8,
-            linear_value_head_dim=6,
-            linear_conv_kernel_dim=4,
-            linear_chunk_size=3,
-        )
-    )
+    config = _DELTANET
     normal = random_init.scaled_normal(3, count=16)
     layer = jax.tree.map(
         lambda a: a[0],
@@ -233,19 +252,12 @@ class ContextParallelTest(parameterized.TestCase):
         ("fsdp", "context", "tensor"),
     )
 
-    def loss(layer, x, ids, mesh):
-      out, _ = gated_deltanet.apply(
-          x, layer, config, segment_ids=ids, mesh=mesh
-      )
-      return jnp.sum(jnp.sin(out)), out
-
-    grad = jax.value_and_grad(loss, (0, 1), has_aux=True)
-    (want, want_out), want_grads = grad(layer, x, segment_ids, None)
+    (want, want_out), want_grads = _deltanet_grad(layer, x, segment_ids, None)
 
     def laid(a):
       return None if a is None else zigzag.to_zigzag(a, context)
 
-    (got, got_out), got_grads = jax.jit(grad, static_argnums=3)(
+    (got, got_out), got_grads = _deltanet_grad(
         layer, laid(x), laid(segment_ids), mesh
     )
     np.testing.assert_allclose(got, want, rtol=1e-5)
