@@ -66,6 +66,10 @@ from testing import tiny_configs
 _MARKER = "!"
 _TURN = 96  # Ids per model turn.
 _PROMPTS, _GENERATIONS = 4, 8
+# 167 ids with the template's tool description: over 160, so a first turn
+# (96 ids) needs the 512-position length bucket, as the marker task's second
+# turns do; their paged decoder then compiles one set of programs for both.
+_MARK_PROMPT = "Task: mark this one, please."
 
 
 class _MarkerEnvironment(environment.Environment):
@@ -135,13 +139,13 @@ class _MarkEnvironment(environment.ToolEnvironment):
 
 
 class _MarkTask(tasks.Task):
-  """One prompt, "Task."; each episode a `_MarkEnvironment`."""
+  """One prompt, `_MARK_PROMPT`; each episode a `_MarkEnvironment`."""
 
   kind = "mark"
 
   def train_records(self, step, count):
     del step
-    return [{"prompt": "Task."}] * count
+    return [{"prompt": _MARK_PROMPT}] * count
 
   def eval_records(self):
     return []
@@ -161,7 +165,7 @@ def _fine_tuned(params, config, chat, steps, call_share):
   # One row of each reply in that share: the loss is the weighted mean over
   # the rows' tokens, so copies of these rows would not change it.
   for i in range(round(1 / call_share)):
-    env = _MarkEnvironment({"prompt": "Task."})
+    env = _MarkEnvironment({"prompt": _MARK_PROMPT})
     reply = call if i == 0 else "ok"
     encoded = chat.encode(
         env.start() + [{"role": "assistant", "content": reply}],
@@ -234,12 +238,13 @@ class EpisodeLearnTest(absltest.TestCase):
     `stop_when` holds for the rewards so far): the marker task of `turns`
     turns, or with `tool_call` the `mark` task from a fine-tuned start."""
     learning_rate = 3e-3
-    # For the first prompt: the marker task's is 41 ids, the mark task's 144
+    # For the first prompt: the marker task's is 41 ids, the mark task's 167
     # (the template's tool description).
     room = 256 if tool_call else 96
-    config = tiny_configs.model_config(
-        vocab_size=320, max_sequence_length=512 + (room if tool_call else 0)
-    )
+    # One model config for every case (the mark task's episodes need 768
+    # positions; the parameters do not depend on it): runs whose turns fall
+    # in the same length buckets share the decoder's compiled programs.
+    config = tiny_configs.model_config(vocab_size=320, max_sequence_length=768)
     frozen = ml_collections.FrozenConfigDict(config)
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     chat = text_task.load_tokenizer(text_task.BYTE_CHATML)
