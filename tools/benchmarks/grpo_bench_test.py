@@ -181,6 +181,9 @@ class GrpoBenchTest(absltest.TestCase):
             "--config.grpo_max_turn_tokens=16",
             "--config.grpo_max_completion_length=64",
             "--config.max_sequence_length=600",
+            # The held-out evaluations (the bench times none of them): one
+            # prompt's 4 episodes, not 8 prompts' 32.
+            "--config.grpo_eval_prompts=1",
             "--steps=1",
         ],
         timeout_s=900,
