@@ -12,6 +12,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from maxtext.metrics import jsonl
+from maxtext.runtime import cpu_devices
 from testing import grpo_start
 from testing import multiprocess
 from testing import runfiles
@@ -34,6 +35,16 @@ def _flags(root, start, run_name, max_age):
           grpo_max_age=max_age,
       ),
   )
+
+
+def _four_devices():
+  """The processes' environment for 4 CPU devices each: this process's
+  XLA_FLAGS (the suite's compile level) with the device count."""
+  return {
+      "XLA_FLAGS": cpu_devices.with_device_count(
+          os.environ.get("XLA_FLAGS", ""), 4
+      )
+  }
 
 
 def _records(root, run_name):
@@ -78,7 +89,7 @@ class GrpoMultiProcessTest(parameterized.TestCase):
     job_flags, env = _flags(root, self.start, "job", max_age), None
     if generation_devices:
       job_flags.append(f"--config.grpo_generation_devices={generation_devices}")
-      env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+      env = _four_devices()
     processes = multiprocess.launch(
         2, job_flags, os.path.join(root, "logs"), command=command, env=env
     )
@@ -127,7 +138,7 @@ class GrpoMultiProcessTest(parameterized.TestCase):
         flags,
         os.path.join(root, "logs"),
         command=runfiles.binary_command("maxtext/grpo_main"),
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+        env=_four_devices(),
     )
     self.assertEqual(multiprocess.wait_all(processes, _TIMEOUT_S), [2, 2])
     for process in processes:
