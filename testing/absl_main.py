@@ -10,8 +10,10 @@ exit, what a killed run left) start the real binary instead.
 
 import contextlib
 import io
+import sys
 import types
 from typing import Callable, Sequence
+from unittest import mock
 
 from absl import flags
 
@@ -32,13 +34,26 @@ def run(
     (exit status, stdout, stderr). An exception other than SystemExit
     propagates with its traceback.
   """
-  # Flags an earlier call set fall back to their defaults first.
+  # Flags an earlier call set fall back to their defaults first. A config
+  # flag (ml_collections) defines a flag per --config.<field> override as
+  # it parses; an earlier call's are removed, or parsing would define them
+  # twice.
   for flag in flags.FLAGS.get_key_flags_for_module(module):
     flag.unparse()
-  argv = flags.FLAGS([module.__name__, *args])
+    for name in list(flags.FLAGS):
+      if name.startswith(flag.name + "."):
+        delattr(flags.FLAGS, name)
+  command_line = [module.__name__, *args]
   stdout, stderr = io.StringIO(), io.StringIO()
   status = 0
-  with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+  # ml_collections' config flags read their --config.<field> overrides from
+  # sys.argv, not from the list parsed: it holds the same command line.
+  with (
+      mock.patch.object(sys, "argv", command_line),
+      contextlib.redirect_stdout(stdout),
+      contextlib.redirect_stderr(stderr),
+  ):
+    argv = flags.FLAGS(command_line)
     try:
       main(argv)
     except SystemExit as e:

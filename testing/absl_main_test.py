@@ -40,6 +40,19 @@ class AbslMainTest(absltest.TestCase):
         (2, "", "unexpected ['extra']\n"),
     )
 
+  def test_sys_argv_is_the_command_line_during_main(self):
+    # ml_collections' config flags read their overrides from sys.argv.
+    module = sys.modules[__name__]
+    before = list(sys.argv)
+    seen = []
+    absl_main.run(
+        module,
+        lambda argv: seen.append(list(sys.argv)),
+        ["--absl_main_test_name=ann"],
+    )
+    self.assertEqual(seen, [[__name__, "--absl_main_test_name=ann"]])
+    self.assertEqual(sys.argv, before)
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -11,7 +11,9 @@ first checkpoint that reaches the target and date run_stop at its update
 time, or end aborted when none does; the official checker then fails
 exactly the checks a tiny run fails (`grpo_start.TINY_LOG_FAILURES`, as
 `maxtext/grpo/mllog_test.py` pins them).
-The binary's refusals leave the log as it was.
+The binary's refusals leave the log as it was: all but the last run its
+`main` in this process (`testing/absl_main.py`), which imported what it
+needs for the pretraining already; the last starts the binary.
 """
 
 import json
@@ -25,6 +27,8 @@ from maxtext.metrics import jsonl
 from maxtext.mllog import deferred_log
 from maxtext.mllog import logger as mllog_logger
 from maxtext.storage import weights_checkpoints
+from tools.mlperf import deferred_eval as deferred_eval_main
+from testing import absl_main
 from testing import compliance_checker
 from testing import grpo_start
 from testing import runfiles
@@ -103,6 +107,14 @@ class DeferredEvalTest(absltest.TestCase):
         "tools/mlperf/deferred_eval",
         self.flags(run_name, True, deferred_target) + list(extra),
     )
+
+  def evaluate_here(self, run_name: str, deferred_target: float, *extra: str):
+    """`evaluate`, with deferred_eval's `main` run in this process."""
+    args = self.flags(run_name, True, deferred_target) + list(extra)
+    code, stdout, stderr = absl_main.run(
+        deferred_eval_main, deferred_eval_main.main, args
+    )
+    return subprocess.CompletedProcess(args, code, stdout, stderr)
 
   def assert_refused(self, done, message: str, log: str, before: bytes):
     """One line of refusal holding `message`, exit 2, the log as `before`."""
@@ -201,10 +213,12 @@ class DeferredEvalTest(absltest.TestCase):
       before = f.read()
     # Refusals: each one line, the log left as it was.
     self.assert_refused(
-        self.evaluate("nosuch", target), "no run 'nosuch'", log, before
+        self.evaluate_here("nosuch", target), "no run 'nosuch'", log, before
     )
     self.assert_refused(
-        self.evaluate("passes", target, "--config.grpo_eval_temperature=0.7"),
+        self.evaluate_here(
+            "passes", target, "--config.grpo_eval_temperature=0.7"
+        ),
         "grpo_eval_temperature: 0.5 -> 0.7",
         log,
         before,
@@ -213,7 +227,7 @@ class DeferredEvalTest(absltest.TestCase):
     moved = os.path.join(self.root, "moved_aside")
     shutil.move(os.path.join(weights, "4"), moved)
     self.assert_refused(
-        self.evaluate("passes", target), "step(s) 4 missing", log, before
+        self.evaluate_here("passes", target), "step(s) 4 missing", log, before
     )
     shutil.move(moved, os.path.join(weights, "4"))
     # A data file of the first point's checkpoint, changed in one byte.
@@ -230,7 +244,7 @@ class DeferredEvalTest(absltest.TestCase):
     with open(data, "wb") as f:
       f.write(original[:-1] + bytes([original[-1] ^ 0xFF]))
     self.assert_refused(
-        self.evaluate("passes", target),
+        self.evaluate_here("passes", target),
         "weights-only checkpoint step 2",
         log,
         before,
