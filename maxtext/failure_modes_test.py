@@ -1,12 +1,15 @@
 """Runs that never lose or mix data, proved through the real `train_main`.
 
-Every case starts the binary (the `//maxtext:train_main` py_binary under
-Bazel, `python -m maxtext.train_main` otherwise; see `testing/runfiles.py`)
-on the tiny config, makes the failure happen for real (a second process on
+Every case but the user mistakes starts the binary (the
+`//maxtext:train_main` py_binary under Bazel, `python -m maxtext.train_main`
+otherwise; see `testing/runfiles.py`) on the tiny config, makes the failure
+happen for real (a second process on
 the same run directory, `kill -9`, a checkpoint damaged on disk, a full
 tmpfs, a closed port for the GCS endpoint), and checks what the user sees
 (exit status, one `train_main: error:` line, no traceback) and what is left
-on disk.
+on disk. A user mistake is what the program decides before it trains: its
+`main` runs in this process (`testing/absl_main.py`), as the binary parses
+the same flags.
 """
 
 import glob
@@ -21,10 +24,12 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from maxtext import train_main
 from maxtext.metrics import jsonl
 from maxtext.storage import checkpointing
 from maxtext.storage import run_lock
 from maxtext.text import megatron_index
+from testing import absl_main
 from testing import child
 from testing import compliance_checker
 from testing import gcs_emulator
@@ -108,6 +113,13 @@ class FailureModesTest(parameterized.TestCase):
         timeout=_TIMEOUT_S,
         check=False,
     )
+
+  def run_here(self, args):
+    """`run_main` with train_main's `main` in this process; its config file
+    the binary's default."""
+    args = [f"--config={train_main.DEFAULT_CONFIG}", *args]
+    code, stdout, stderr = absl_main.run(train_main, train_main.main, args)
+    return subprocess.CompletedProcess(args, code, stdout, stderr)
 
   def signal_after_checkpoint(self, run_name, step, signum):
     """Runs `run_name` without end until the checkpoint of `step` is
@@ -528,7 +540,7 @@ class FailureModesTest(parameterized.TestCase):
   def test_user_mistake_is_one_line(self, make, pattern):
     _, extra = make(self)
     before = _tree(self.tmp)
-    proc = self.run_main(self.flags("run", **extra))
+    proc = self.run_here(self.flags("run", **extra))
     self.assert_one_error(proc.returncode, proc.stderr, 2, pattern)
     self.assertEqual(_tree(self.tmp), before)
 

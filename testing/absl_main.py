@@ -3,9 +3,10 @@
 A case about what a program's code decides (which input it refuses, with
 which line) need not pay for a fresh interpreter and its imports: the
 program's flags are parsed from the same arguments, `main` runs with stdout
-and stderr captured, and the exit status is what its SystemExit carries (0
-when it returns). Cases about the process itself (a kill, a traceback at
-exit, what a killed run left) start the real binary instead.
+and stderr captured, and the exit status is what its SystemExit carries or
+what it returns (None: 0), as `absl.app.run` exits with it. Cases about the
+process itself (a kill, a traceback at exit, what a killed run left) start
+the real binary instead.
 """
 
 import contextlib
@@ -45,7 +46,6 @@ def run(
         delattr(flags.FLAGS, name)
   command_line = [module.__name__, *args]
   stdout, stderr = io.StringIO(), io.StringIO()
-  status = 0
   # ml_collections' config flags read their --config.<field> overrides from
   # sys.argv, not from the list parsed: it holds the same command line.
   with (
@@ -55,7 +55,7 @@ def run(
   ):
     argv = flags.FLAGS(command_line)
     try:
-      main(argv)
+      status = main(argv) or 0
     except SystemExit as e:
       status = e.code
   return status, stdout.getvalue(), stderr.getvalue()

@@ -40,6 +40,11 @@ class AbslMainTest(absltest.TestCase):
         (2, "", "unexpected ['extra']\n"),
     )
 
+  def test_a_returned_status_is_the_exit_status(self):
+    # absl.app.run exits with what main returns.
+    module = sys.modules[__name__]
+    self.assertEqual(absl_main.run(module, lambda argv: 3, []), (3, "", ""))
+
   def test_sys_argv_is_the_command_line_during_main(self):
     # ml_collections' config flags read their overrides from sys.argv.
     module = sys.modules[__name__]
