@@ -5,7 +5,10 @@ few seconds each with the persistent compilation cache), packages them, and
 the official package checker and result summarizer pass on the tree (open
 division). The same run directories are then packaged again as arguments, and
 altered copies of them are refused, or packaged with a warning: among them
-copies recording another git revision than the packager's.
+copies recording another git revision than the packager's. A refusal of run
+directories is what the packager decides: its `main` runs in this process
+(`testing/absl_main.py`); the refusals of --runs mode and of an existing
+package start the binary.
 """
 
 import glob
@@ -20,6 +23,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from maxtext.configs import default
+from testing import absl_main
 from testing import mlperf_runs
 from testing import runfiles
 from tools.mlperf import layout
@@ -46,6 +50,17 @@ def run_package(args, timeout_s=900):
       timeout=timeout_s,
       check=False,
   )
+
+
+def package_here(args):
+  """`run_package` with the packager's `main` in this process."""
+  # Imported once this test's own flags are parsed: the packager's
+  # --output_dir is required, and absl_main's calls give it.
+  # pylint: disable-next=import-outside-toplevel
+  from tools.mlperf import package
+
+  code, stdout, stderr = absl_main.run(package, package.main, args)
+  return subprocess.CompletedProcess(args, code, stdout, stderr)
 
 
 def set_revision(run_dir, revision):
@@ -224,8 +239,11 @@ class PackageTest(parameterized.TestCase):
     mlperf_runs.edit_log(os.path.join(copy, "mllog.log"), **edit)
     return copy
 
-  def assert_refused(self, args, pattern):
-    proc = run_package([f"--output_dir={self.new_out}", *args])
+  def assert_refused(self, args, pattern, binary=False):
+    """Refused in one line matching `pattern`, nothing written; by the
+    packager's `main` in this process, or with `binary` by the binary."""
+    run = run_package if binary else package_here
+    proc = run([f"--output_dir={self.new_out}", *args])
     self.assertEqual(proc.returncode, 2, output_of(proc))
     self.assertRegex(proc.stderr, pattern)
     self.assertFalse(os.path.exists(os.path.join(self.new_out, _ORG)))
@@ -288,6 +306,7 @@ class PackageTest(parameterized.TestCase):
     self.assert_refused(
         ["--runs=2", f"--config={os.path.abspath(default.__file__)}"],
         r"wrong number of runs for llama31_8b: got 2",
+        binary=True,
     )
     self.assertFalse(os.path.exists(os.path.join(self.new_out, "runs")))
 
