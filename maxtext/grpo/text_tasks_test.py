@@ -40,11 +40,13 @@ class TextTasksTest(absltest.TestCase):
 
   def test_math(self):
     out = self.create_tempdir().full_path
+    # The held-out eval draws a step's prompts x samples (2 x 4): it runs
+    # the rollout's compiled generation programs, not a set of its own.
     config = _shrunk(
         grpo_math_tiny.get_config(), out, steps=2, eval_interval=2,
         checkpoint_period=2, global_batch_size=8, grpo_num_generations=4,
-        grpo_eval_prompts=2, grpo_eval_samples_per_prompt=2,
-        grpo_eval_target_metric="pass@2", grpo_max_completion_length=8,
+        grpo_eval_prompts=2, grpo_eval_samples_per_prompt=4,
+        grpo_eval_target_metric="pass@4", grpo_max_completion_length=8,
     )  # fmt: skip
     result = workloads.run(config)
     self.assertEqual(result.final_step, 2)
@@ -59,7 +61,7 @@ class TextTasksTest(absltest.TestCase):
     self.assertEqual(train[0]["episode/turns"], 1.0)
     self.assertEqual(train[0]["episode/env_tokens"], 0.0)
     (evaluation,) = _records(result.run_dir, "eval")
-    self.assertIn("eval_pass@2", evaluation)
+    self.assertIn("eval_pass@4", evaluation)
     with open(
         os.path.join(result.run_dir, "config.json"), encoding="utf-8"
     ) as f:
@@ -68,10 +70,11 @@ class TextTasksTest(absltest.TestCase):
 
   def test_repair_runs_tools_in_the_sandbox(self):
     out = self.create_tempdir().full_path
+    # The eval, as in test_math, a step's prompts x samples (2 x 2).
     config = _shrunk(
         grpo_repair_tiny.get_config(), out, steps=1, eval_interval=1,
         checkpoint_period=1, global_batch_size=4, grpo_num_generations=2,
-        grpo_eval_prompts=1, grpo_eval_samples_per_prompt=2,
+        grpo_eval_prompts=2, grpo_eval_samples_per_prompt=2,
         grpo_eval_target_metric="pass@2", grpo_max_turns=2,
         grpo_max_turn_tokens=24, grpo_max_completion_length=96,
         max_sequence_length=640,
