@@ -360,6 +360,42 @@ class EngineTest(parameterized.TestCase):
     # up to 32 positions), all compiled by the first call.
     self.assertEqual(first.count("jit(_decode)"), 4)
 
+  @parameterized.named_parameters(
+      ("dense", ()), ("hybrid", (tiny_configs.TINY_QWEN35,))
+  )
+  def test_committed_parameters_compile_nothing_after_the_warm_up(
+      self, presets
+  ):
+    # Parameters committed to their device (as a trainer's are): the
+    # engine's first arrays must be placed as its programs' outputs are, or
+    # a later call meets them placed otherwise than its warm-up did and
+    # compiles its programs again.
+    config, params = _model(presets, num_layers=2)
+    params = jax.device_put(params, jax.devices()[0])
+    compile_counter.install()
+
+    def run(seed):
+      paged_decoder.generate(
+          params,
+          config,
+          _prompts(np.random.default_rng(seed), (9, 3, 12, 5)),
+          sampling.SamplingOptions(
+              num_samples=2, seed=seed, max_new_tokens=12, temperature=1.0
+          ),
+          engine=paged_decoder.EngineOptions(num_slots=3, page_size=4, chunk=4),
+      )
+
+    start = time.monotonic()
+    run(1)
+    first = compile_counter.backend_compiles_after(start)
+    middle = time.monotonic()
+    run(2)
+    again = compile_counter.backend_compiles_after(middle)
+    # One decode program per page view (1, 2, 4 and 8 pages), none twice.
+    self.assertEqual(first.count("jit(_decode)"), 4, first)
+    self.assertNotIn("jit(_decode)", again)
+    self.assertNotIn("jit(_stage)", again)
+
   def test_a_pool_too_small_for_one_sequence_is_refused(self):
     config, params = _model()
     with self.assertRaisesRegex(ValueError, "num_pages=2 pages of 4 cannot"):

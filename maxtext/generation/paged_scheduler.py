@@ -124,6 +124,26 @@ def _signature(tree: Any) -> tuple:
 _WARM: set = set()
 
 
+def _committed(arrays: tuple, params, layout) -> tuple:
+  """The engine's first pool, states and logits, placed as its programs'
+  outputs will be.
+
+  On a mesh the programs that make them place them. On one device
+  without a mesh a program with no committed input returns uncommitted
+  arrays, while the decode, prefill and stage programs return committed
+  ones once the parameters are (a trainer's are): a warm-up on the first
+  arrays would then compile programs that later calls, given the outputs,
+  compile again. Committed here, to the parameters' device (or the default
+  one), every call sees them placed alike.
+  """
+  if layout.mesh is not None:
+    return arrays
+  leaf = jax.tree_util.tree_leaves(params)[0]
+  committed = getattr(leaf, "committed", False)
+  device = next(iter(leaf.devices())) if committed else jax.devices()[0]
+  return jax.device_put(arrays, device)
+
+
 class Scheduler:
   """One `paged_decoder.generate` call: the host's books (slots, pages,
   waiting sequences, the rows' ids) and the device's pool, states and
@@ -241,7 +261,9 @@ class Scheduler:
     sampling_args = paged_programs.sampling_args(
         self.options, allowed_vocab, self.layout
     )
-    return (pool,) + slots + (sampling_args,)
+    return _committed((pool,) + slots, self.params, self.layout) + (
+        sampling_args,
+    )
 
   def free(self, replica: int) -> int:
     """A replica's pages neither held nor promised."""
