@@ -977,15 +977,8 @@ class ComputeCopyTest(parameterized.TestCase):
   def test_same_steps_as_the_parameters(self, k, clip):
     trained = {}
     for copy in (None, w_in_bfloat16):
-      eng = engine_lib.Engine(
-          bf16_loss_fn,
-          make_params(),
-          optax.adam(0.05),
-          0.1,
-          mr.MetricsRecorder(),
-          k,
-          grad_clip_norm=clip,
-          compute_copy=copy,
+      eng = make_engine(
+          bf16_loss_fn, k=k, grad_clip_norm=clip, compute_copy=copy
       )
       for i, batch in enumerate(make_batches(4 * k, seed=3)):
         eng.fwd_bwd(batch)
@@ -1004,15 +997,8 @@ class ComputeCopyTest(parameterized.TestCase):
     batch = make_batches(1)[0]
 
     def engine(copy, executables=None):
-      return engine_lib.Engine(
-          bf16_loss_fn,
-          make_params(),
-          optax.adam(0.05),
-          0.1,
-          mr.MetricsRecorder(),
-          1,
-          compute_copy=copy,
-          executables=executables,
+      return make_engine(
+          bf16_loss_fn, k=1, compute_copy=copy, executables=executables
       )
 
     outputs = {}
