@@ -1169,8 +1169,8 @@ def gradient_copy_mask(params: Params) -> Params:
   too), the output projection (whose gradient the loss sums over chunks in
   float32) or what has an `EXPERT_LOGICAL_AXIS` (the routed experts, whose
   gradients the MoE dispatch sums, and the router): their gradients are
-  finer than the compute dtype (`transformer_test.GradientCopyTest` checks
-  every model kind).
+  finer than the compute dtype (`gradient_copy_test.GradientCopyTest` checks
+  each model kind).
   """
   return _axes_mask(
       params,
@@ -1188,7 +1188,7 @@ def gradient_copy(params: Params, config: model_config.ModelConfig) -> Params:
   The loss of this copy is the loss of `params`, and its gradient is the
   same values, the masked leaves' in the compute dtype (half the bytes of
   float32 ones for the step to write and the update to read;
-  `transformer_test.GradientCopyTest` holds them equal for every model
+  `gradient_copy_test.GradientCopyTest` holds them equal for each model
   kind).
   """
   cdt = _dtype(config.compute_dtype)
