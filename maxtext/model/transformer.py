@@ -1153,9 +1153,12 @@ def compute_dtype_mask(params: Params) -> Params:
   same outputs as the parameters in `weight_dtype` (what a decoder reads:
   `generation.decode_weights`).
   """
-  return _axes_mask(
-      params, lambda names: _is_matrix(names) and "conv_kernel" not in names
-  )
+  return _axes_mask(params, _read_in_compute_dtype)
+
+
+def _read_in_compute_dtype(names: tuple) -> bool:
+  """`compute_dtype_mask`'s rule, by a parameter's logical axes."""
+  return _is_matrix(names) and "conv_kernel" not in names
 
 
 def gradient_copy_mask(params: Params) -> Params:
@@ -1175,8 +1178,7 @@ def gradient_copy_mask(params: Params) -> Params:
   return _axes_mask(
       params,
       lambda names: "layers" in names
-      and _is_matrix(names)
-      and "conv_kernel" not in names
+      and _read_in_compute_dtype(names)
       and EXPERT_LOGICAL_AXIS not in names,
   )
 
