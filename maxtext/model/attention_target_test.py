@@ -130,23 +130,28 @@ class SplashRematTest(parameterized.TestCase):
 
 class SplashBlocksTest(parameterized.TestCase):
   """The splash kernel's blocks: the longest of 1,024, 512 and 128
-  dividing the queries' length; one fused backward kernel while the keys
-  span at most two blocks, else the two backward kernels."""
+  dividing the queries' length, the forward kernel's key steps at most 512
+  of them; one fused backward kernel while the keys span at most two
+  blocks, else the two backward kernels."""
 
   @parameterized.named_parameters(
-      ("short", 256, None, 128, True),
-      ("three_short_blocks", 384, None, 128, False),
-      ("two_blocks", 2048, None, 1024, True),
-      ("three_blocks", 1536, None, 512, False),
-      ("long", 8192, None, 1024, False),
-      ("context_parallel", 4096, 65536, 1024, False),
-      ("context_parallel_short", 512, 1024, 512, True),
+      ("short", 256, None, 128, 128, True),
+      ("three_short_blocks", 384, None, 128, 128, False),
+      ("two_blocks", 2048, None, 1024, 512, True),
+      ("three_blocks", 1536, None, 512, 512, False),
+      ("long", 8192, None, 1024, 512, False),
+      ("context_parallel", 4096, 65536, 1024, 512, False),
+      ("context_parallel_short", 512, 1024, 512, 512, True),
   )
-  def test_blocks(self, length, kv_length, block, fused):
+  def test_blocks(self, length, kv_length, block, forward_step, fused):
     # pylint: disable-next=protected-access  # The rule itself, not a run.
     sizes = layers._splash_blocks(length, kv_length)
     self.assertEqual(
         (sizes.block_q, sizes.block_kv, sizes.block_q_dkv), (block,) * 3
+    )
+    self.assertEqual(
+        (sizes.block_kv_compute, sizes.block_kv_dkv_compute),
+        (forward_step, block),
     )
     self.assertEqual(sizes.use_fused_bwd_kernel, fused)
     self.assertEqual(sizes.block_q_dq, None if fused else block)

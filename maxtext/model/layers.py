@@ -39,8 +39,11 @@ CONTEXT_NAME = "context"
 # Splash kernel block length: its blocks must be multiples of 128 lanes.
 _SPLASH_BLOCK = 128
 # The longest block the splash kernel takes: each query block against each
-# key block of 1,024 positions (a float32 [1024, 1024] score tile a step).
+# key block of 1,024 positions.
 _SPLASH_LONGEST_BLOCK = 1024
+# The forward kernel's longest key step inside a key block: a query block's
+# float32 scores against 512 keys at a time.
+_SPLASH_LONGEST_FORWARD_STEP = 512
 # The most key blocks for which the splash kernel's backward pass is one
 # fused kernel (`_splash_blocks`): its query gradient is one partial sum a
 # key block, so its memory grows with the keys' length.
@@ -561,7 +564,11 @@ def _splash_blocks(
 ) -> "splash_kernel.BlockSizes":
   """The splash kernel's block sizes for queries `length` long against
   keys `kv_length` long (default `length`; multiples of 128): every block
-  the longest of 1,024, 512 and 128 positions that divides `length`.
+  the longest of 1,024, 512 and 128 positions that divides `length`; the
+  forward kernel walks a key block 512 keys at a time at most
+  (`block_kv_compute`): on one TPU v5e chip Qwen3-0.6B's 4 x 2,048 step at
+  full remat took 0.3638 s against 0.3682 s with 1,024 (docs/PERFORMANCE.md,
+  "The splash kernel's blocks").
 
   The backward pass is one fused kernel where the keys span at most
   `_FUSED_MOST_KEY_BLOCKS` blocks, else two kernels (dq; dk and dv), each
@@ -583,7 +590,7 @@ def _splash_blocks(
   sizes = dict(
       block_q=block,
       block_kv=block,
-      block_kv_compute=block,
+      block_kv_compute=min(block, _SPLASH_LONGEST_FORWARD_STEP),
       block_q_dkv=block,
       block_kv_dkv=block,
       block_kv_dkv_compute=block,
