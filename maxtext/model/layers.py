@@ -568,7 +568,7 @@ def _splash_blocks(
   forward kernel walks a key block 512 keys at a time at most
   (`block_kv_compute`): on one TPU v5e chip Qwen3-0.6B's 4 x 2,048 step at
   full remat took 0.3638 s against 0.3682 s with 1,024 (docs/PERFORMANCE.md,
-  "The splash kernel's blocks").
+  "The splash forward kernel's key steps").
 
   The backward pass is one fused kernel where the keys span at most
   `_FUSED_MOST_KEY_BLOCKS` blocks, else two kernels (dq; dk and dv), each
