@@ -32,6 +32,18 @@ def _packed(lengths=_LENGTHS, row=_ROW):
   )
 
 
+def _alone(row):
+  """[len(_LENGTHS), _ROW]: each sequence of `row` ([1, _ROW]) at the start
+  of a row of its own, the rest of `row` after it (wrapped round).
+
+  The model is causal, so a sequence's logits and losses there are those it
+  has alone; one call of one shape gives every sequence's (a call per length
+  compiled a program per length).
+  """
+  starts = np.cumsum((0,) + _LENGTHS[:-1])
+  return jnp.concatenate([jnp.roll(row, -start, axis=1) for start in starts])
+
+
 def _config(preset, attention):
   config = tiny_configs.model_config(
       *preset, max_sequence_length=_ROW, attention=attention
@@ -82,15 +94,19 @@ class PackedRowsTest(parameterized.TestCase):
     packed = apply(
         params, tokens, rows=transformer.Rows(segment_ids, positions)
     )
+    # Without rows, in one call: the row as it is, then each sequence alone.
+    plain = apply(params, jnp.concatenate([tokens, _alone(tokens)]))
+    unpacked, alone = plain[:1], plain[1:]
     start = 0
-    for length in _LENGTHS:
-      alone = apply(params, tokens[:, start : start + length])
+    for i, length in enumerate(_LENGTHS):
       np.testing.assert_allclose(
-          packed[:, start : start + length], alone, rtol=2e-5, atol=2e-5
+          packed[:, start : start + length],
+          alone[i : i + 1, :length],
+          rtol=2e-5,
+          atol=2e-5,
       )
       start += length
     # Without the rows the later sequences see the earlier ones.
-    unpacked = apply(params, tokens)
     self.assertGreater(
         float(
             jnp.max(
@@ -124,17 +140,22 @@ class PackedRowsTest(parameterized.TestCase):
             "positions": positions,
         },
     )
-    loss_sum, tokens, start = 0.0, 0.0, 0
-    for length in _LENGTHS:
-      window = slice(start, start + length)
-      _, alone = loss(
-          params, {"inputs": inputs[:, window], "targets": targets[:, window]}
-      )
-      loss_sum += alone["loss_sum"]
-      tokens += alone["num_tokens"]
-      start += length
-    np.testing.assert_allclose(packed["loss_sum"], loss_sum, rtol=1e-5)
-    self.assertEqual(float(packed["num_tokens"]), float(tokens))
+    # The sequences alone, in one call: the sums over the rows of `_alone`,
+    # each weighted over its sequence's positions only.
+    _, alone = loss(
+        params,
+        {
+            "inputs": _alone(inputs),
+            "targets": _alone(targets),
+            "weights": jnp.asarray(
+                np.arange(_ROW)[None] < np.asarray(_LENGTHS)[:, None],
+                jnp.float32,
+            ),
+        },
+    )
+    np.testing.assert_allclose(packed["loss_sum"], alone["loss_sum"], rtol=1e-5)
+    self.assertEqual(float(packed["num_tokens"]), sum(_LENGTHS))
+    self.assertEqual(float(alone["num_tokens"]), sum(_LENGTHS))
 
   def test_cudnn_takes_no_segment_ids(self):
     q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)

@@ -81,17 +81,46 @@ def _loss_and_grads(config, params, batch):
   )(params, batch)
 
 
-def _grad_temp_bytes(config, batch):
-  """Compiled (not run) temp bytes of the loss gradient at this shape."""
-  params = jax.eval_shape(
-      lambda: transformer.init_params(config, jax.random.PRNGKey(0))
-  )
-  tokens = jax.ShapeDtypeStruct((batch, config.max_sequence_length), jnp.int32)
-  grad_fn = jax.jit(jax.grad(lambda p, b: transformer.loss_fn(p, b, config)[0]))
-  compiled = grad_fn.lower(
-      params, {"inputs": tokens, "targets": tokens}
-  ).compile()
-  return compiled.memory_analysis().temp_size_in_bytes
+# value_and_grad of the loss, compiled once per process for each (batch,
+# overrides): the cases that run a config and those that read its compiled
+# temp memory share one program (each compile is seconds of CPU).
+_COMPILED_LOSS_AND_GRADS = {}
+
+
+def _compiled_loss_and_grads(batch, **overrides):
+  """`model_config(**overrides)` and its compiled loss value_and_grad.
+
+  Args:
+    batch: the batch size of the [batch, S] inputs, targets and weights
+      (`_batch(config, batch, weights=True)`) it takes.
+    **overrides: tiny_configs.model_config's overrides.
+
+  Returns:
+    (config, compiled): compiled(params, batch) is `_loss_and_grads`'s
+    ((loss, aux), grads); compiled.memory_analysis() its temp memory.
+  """
+  key = (batch, tuple(sorted(overrides.items())))
+  if key not in _COMPILED_LOSS_AND_GRADS:
+    config = tiny_configs.model_config(**overrides)
+    params = jax.eval_shape(
+        lambda: transformer.init_params(config, jax.random.PRNGKey(0))
+    )
+    tokens = jax.ShapeDtypeStruct(
+        (batch, config.max_sequence_length), jnp.int32
+    )
+    weights = jax.ShapeDtypeStruct(tokens.shape, jnp.float32)
+    loss_and_grads = jax.jit(
+        jax.value_and_grad(
+            functools.partial(transformer.loss_fn, config=config), has_aux=True
+        )
+    )
+    _COMPILED_LOSS_AND_GRADS[key] = (
+        config,
+        loss_and_grads.lower(
+            params, {"inputs": tokens, "targets": tokens, "weights": weights}
+        ).compile(),
+    )
+  return _COMPILED_LOSS_AND_GRADS[key]
 
 
 # (name, seq, heads, kv_heads, head_dim): grouped, one kv head, full heads;
@@ -121,7 +150,9 @@ class AttentionImplementationTest(parameterized.TestCase):
     _assert_same_logits(
         config, params, reference, params, _tokens(reference, batch=2)
     )
-    batch = _batch(reference, weights=True)
+    # Three rows, as ChunkedLossTest's: the tiny model's shape ("grouped")
+    # then shares its einsum gradient program.
+    batch = _batch(reference, batch=3, weights=True)
     (loss, _), grads = _loss_and_grads(config, params, batch)
     (ref_loss, _), ref_grads = _loss_and_grads(reference, params, batch)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
@@ -165,6 +196,16 @@ class AttentionImplementationTest(parameterized.TestCase):
       transformer.apply(params, _tokens(config), config)
 
 
+# Activations dominate: wide MLP, several layers, no big vocabulary, short
+# rows (at 64 positions the [S, S] scores full remat recomputes in the
+# backward pass outweigh the context save_context keeps instead). The
+# gradient cases run the programs whose temp memory the ordering case reads.
+_REMAT_SHAPE = dict(
+    num_layers=4, emb_dim=64, mlp_dim=512, max_sequence_length=16
+)
+_REMAT_BATCH = 8
+
+
 class RematTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -174,12 +215,18 @@ class RematTest(parameterized.TestCase):
       ("save_context", "save_context"),
   )
   def test_grads_match_no_remat(self, policy):
-    reference = tiny_configs.model_config(num_layers=3)
-    config = tiny_configs.model_config(num_layers=3, remat_policy=policy)
+    reference, reference_fn = _compiled_loss_and_grads(
+        _REMAT_BATCH, remat_policy="none", **_REMAT_SHAPE
+    )
+    config, fn = _compiled_loss_and_grads(
+        _REMAT_BATCH, remat_policy=policy, **_REMAT_SHAPE
+    )
+    self.assertEqual(config.remat_policy, policy)
+    self.assertEqual(reference.remat_policy, "none")
     params = transformer.init_params(reference, jax.random.PRNGKey(5))
-    batch = _batch(reference, weights=True)
-    (loss, aux), grads = _loss_and_grads(config, params, batch)
-    (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
+    batch = _batch(reference, batch=_REMAT_BATCH, weights=True)
+    (loss, aux), grads = fn(params, batch)
+    (ref_loss, ref_aux), ref_grads = reference_fn(params, batch)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     chex.assert_trees_all_close(aux, ref_aux, rtol=1e-6)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-7)
@@ -191,17 +238,15 @@ class RematTest(parameterized.TestCase):
       transformer.apply(params, _tokens(config), config)
 
   def test_policies_order_compiled_temp_memory(self):
-    # Activations dominate: wide MLP, several layers, no big vocabulary, short
-    # rows (at 64 positions the [S, S] scores full remat recomputes in the
-    # backward pass outweigh the context save_context keeps instead). Each
-    # saving policy keeps more than full and less than none (were the block's
-    # names missing, save_named and save_context would equal full), and the
-    # context alone is less than save_named's six names.
-    kwargs = dict(num_layers=4, emb_dim=64, mlp_dim=512, max_sequence_length=16)
+    # Each saving policy keeps more than full and less than none (were the
+    # block's names missing, save_named and save_context would equal full),
+    # and the context alone is less than save_named's six names.
     temp = {
-        policy: _grad_temp_bytes(
-            tiny_configs.model_config(remat_policy=policy, **kwargs), batch=8
-        )
+        policy: _compiled_loss_and_grads(
+            _REMAT_BATCH, remat_policy=policy, **_REMAT_SHAPE
+        )[1]
+        .memory_analysis()
+        .temp_size_in_bytes
         for policy in choices.REMAT_POLICIES
     }
     for policy in ("save_dots", "save_named", "save_context"):
@@ -210,21 +255,33 @@ class RematTest(parameterized.TestCase):
     self.assertLess(temp["save_context"], temp["save_named"])
 
 
+# (batch, overrides) where logits dominate the gradient's temp memory:
+# [4, 64, 4096] float32 is 4 MiB, the rest is small.
+_LOGITS_MEMORY = (
+    4,
+    dict(vocab_size=4096, num_layers=1, max_sequence_length=64),
+)
+
+
 class ChunkedLossTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ("divides", 4),
+      # At the temp memory case's shape (64 positions), running its programs.
+      ("divides", 8, _LOGITS_MEMORY),
       ("does_not_divide", 5),
       ("whole_sequence", 16),
       ("longer_than_sequence", 40),
   )
-  def test_same_loss_accuracy_and_grads(self, chunk):
-    reference = tiny_configs.model_config()
-    config = tiny_configs.model_config(loss_chunk_size=chunk)
+  def test_same_loss_accuracy_and_grads(self, chunk, shape=(3, {})):
+    batch_size, overrides = shape
+    reference, reference_fn = _compiled_loss_and_grads(batch_size, **overrides)
+    config, fn = _compiled_loss_and_grads(
+        batch_size, loss_chunk_size=chunk, **overrides
+    )
     params = transformer.init_params(reference, jax.random.PRNGKey(6))
-    batch = _batch(reference, batch=3, weights=True)
-    (loss, aux), grads = _loss_and_grads(config, params, batch)
-    (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
+    batch = _batch(reference, batch=batch_size, weights=True)
+    (loss, aux), grads = fn(params, batch)
+    (ref_loss, ref_aux), ref_grads = reference_fn(params, batch)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     np.testing.assert_allclose(aux["loss_sum"], ref_aux["loss_sum"], rtol=1e-6)
     for key in ("num_tokens", "num_correct", "accuracy"):
@@ -262,8 +319,11 @@ class ChunkedLossTest(parameterized.TestCase):
     (loss, aux), _ = _loss_and_grads(
         config(logits_dtype="bfloat16", loss_chunk_size=4), params, batch
     )
-    (ref_loss, ref_aux), _ = _loss_and_grads(reference, params, batch)
-    (f32_loss, _), _ = _loss_and_grads(config(), params, batch)
+    # The unchunked losses differentiate as written: their gradient
+    # programs compute the loss as the loss alone does (seconds less to
+    # compile); the chunked one computes it in its own forward rule.
+    ref_loss, ref_aux = _jit_loss(reference)(params, batch)
+    f32_loss, _ = _jit_loss(config())(params, batch)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     self.assertEqual(float(aux["num_correct"]), float(ref_aux["num_correct"]))
     self.assertNotEqual(float(loss), float(f32_loss))
@@ -276,14 +336,19 @@ class ChunkedLossTest(parameterized.TestCase):
       transformer.loss_fn(params, _batch(config), config)
 
   def test_chunked_loss_compiles_to_less_temp_memory(self):
-    # Logits dominate: [4, 64, 4096] float32 is 4 MiB, the rest is small.
-    kwargs = dict(vocab_size=4096, num_layers=1, max_sequence_length=64)
-    whole = _grad_temp_bytes(tiny_configs.model_config(**kwargs), batch=4)
-    chunked = _grad_temp_bytes(
-        tiny_configs.model_config(loss_chunk_size=8, **kwargs), batch=4
-    )
+    batch, kwargs = _LOGITS_MEMORY
+    whole = _compiled_loss_and_grads(batch, **kwargs)[1]
+    chunked = _compiled_loss_and_grads(batch, loss_chunk_size=8, **kwargs)[1]
+    whole = whole.memory_analysis().temp_size_in_bytes
+    chunked = chunked.memory_analysis().temp_size_in_bytes
     self.assertLess(chunked, whole)
     self.assertLess(chunked, 4 * 64 * 4096 * 4)
+
+
+# (batch, overrides) where the MLP's hidden activations dominate the
+# gradient's temp memory: [4, 64, 2048] float32 is 2 MiB each. Two layers,
+# as the tiny model, so the full-remat gradient cases here scan as it does.
+_MLP_MEMORY = (4, dict(mlp_dim=2048, max_sequence_length=64))
 
 
 class MlpChunksTest(parameterized.TestCase):
@@ -291,18 +356,25 @@ class MlpChunksTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ("divides", 4, "none"),
       ("does_not_divide", 5, "none"),
-      ("divides_full_remat", 2, "full"),
-      ("does_not_divide_full_remat", 3, "full"),
+      # At the temp memory case's shape (64 positions), running its programs.
+      ("divides_full_remat", 4, "full", _MLP_MEMORY),
+      ("does_not_divide_full_remat", 3, "full", _MLP_MEMORY),
       ("one_position_a_group", 16, "save_dots"),
       ("more_groups_than_positions", 40, "none"),
   )
-  def test_same_loss_and_grads(self, chunks, policy):
-    reference = tiny_configs.model_config(remat_policy=policy)
-    config = tiny_configs.model_config(remat_policy=policy, mlp_chunks=chunks)
+  def test_same_loss_and_grads(self, chunks, policy, shape=(3, {})):
+    batch_size, overrides = shape
+    reference, reference_fn = _compiled_loss_and_grads(
+        batch_size, remat_policy=policy, **overrides
+    )
+    config, fn = _compiled_loss_and_grads(
+        batch_size, remat_policy=policy, mlp_chunks=chunks, **overrides
+    )
+    self.assertEqual(config.mlp_chunks, chunks)
     params = transformer.init_params(reference, jax.random.PRNGKey(7))
-    batch = _batch(reference, batch=3, weights=True)
-    (loss, aux), grads = _loss_and_grads(config, params, batch)
-    (ref_loss, ref_aux), ref_grads = _loss_and_grads(reference, params, batch)
+    batch = _batch(reference, batch=batch_size, weights=True)
+    (loss, aux), grads = fn(params, batch)
+    (ref_loss, ref_aux), ref_grads = reference_fn(params, batch)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     np.testing.assert_allclose(aux["loss_sum"], ref_aux["loss_sum"], rtol=1e-6)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
@@ -330,14 +402,13 @@ class MlpChunksTest(parameterized.TestCase):
       self.assertEqual(np.argwhere(changed).tolist(), [[1, 5]], chunks)
 
   def test_chunked_mlp_compiles_to_less_temp_memory(self):
-    # The hidden activations dominate: [4, 64, 2048] float32 is 2 MiB each.
-    kwargs = dict(
-        mlp_dim=2048, num_layers=1, max_sequence_length=64, remat_policy="full"
-    )
-    whole = _grad_temp_bytes(tiny_configs.model_config(**kwargs), batch=4)
-    chunked = _grad_temp_bytes(
-        tiny_configs.model_config(mlp_chunks=4, **kwargs), batch=4
-    )
+    batch, kwargs = _MLP_MEMORY
+    whole = _compiled_loss_and_grads(batch, remat_policy="full", **kwargs)[1]
+    chunked = _compiled_loss_and_grads(
+        batch, remat_policy="full", mlp_chunks=4, **kwargs
+    )[1]
+    whole = whole.memory_analysis().temp_size_in_bytes
+    chunked = chunked.memory_analysis().temp_size_in_bytes
     self.assertLess(chunked, whole)
 
 
@@ -391,7 +462,9 @@ class ModelTest(parameterized.TestCase):
         rtol=1e-5,
         atol=1e-5,
     )
-    batch = _batch(tied)
+    # ChunkedLossTest's batch: its unchunked programs compile once (the
+    # persistent compilation cache) for both tests.
+    batch = _batch(tied, batch=3, weights=True)
     (loss, _), grads = _loss_and_grads(tied, params, batch)
     (reference_loss, _), _ = _loss_and_grads(untied, reference, batch)
     self.assertAlmostEqual(float(loss), float(reference_loss), places=5)
@@ -675,10 +748,13 @@ class ModelTest(parameterized.TestCase):
     )
     params = transformer.init_params(config, jax.random.PRNGKey(0))
     batch = _batch(config)
-    loss, aux = _jit_loss(config)(params, batch)
-    metrics = jax.jit(functools.partial(transformer.eval_fn, config=config))(
-        params, batch
-    )
+    # One program for both (the same forward pass twice, one compile).
+    (loss, aux), metrics = jax.jit(
+        lambda params, batch: (
+            transformer.loss_fn(params, batch, config),
+            transformer.eval_fn(params, batch, config),
+        )
+    )(params, batch)
     self.assertEqual(set(metrics), set(transformer.EVAL_DIRECTIONS))
     cross_entropy = aux["loss_sum"] / aux["num_tokens"]
     np.testing.assert_allclose(metrics["loss"], cross_entropy, rtol=1e-6)
@@ -761,8 +837,15 @@ class ShardingTest(parameterized.TestCase):
         optimizer.make_schedule(optimizer_config),
         decay_mask=transformer.weight_decay_mask,
     )
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-    updates, _ = tx.update(zeros, tx.init(params), params)
+    # Jitted, as the engine's step runs it: one compile, not one per
+    # operation and leaf shape.
+    updates = jax.jit(
+        lambda params: tx.update(
+            jax.tree_util.tree_map(jnp.zeros_like, params),
+            tx.init(params),
+            params,
+        )[0]
+    )(params)
     np.testing.assert_array_equal(updates["layers"]["attn_norm"], 0.0)
     np.testing.assert_allclose(
         updates["layers"]["wq"], -0.1 * 0.5 * params["layers"]["wq"], rtol=1e-5
