@@ -286,21 +286,33 @@ class GatedDeltaNetTest(parameterized.TestCase):
             x, p, config, recurrent=recurrent, segment_ids=ids
         )
     )(x, p, segment_ids)
-    start = 0
-    for length in lengths:
-      alone, alone_state = _apply(config, recurrent)(
-          x[:, start : start + length], p
-      )
+    # Without the ids, in one call: the row as it is, then each sequence but
+    # the last at the start of a row of its own, the rest of the row after
+    # it (wrapped round). The layer is causal, so a sequence's outputs there
+    # are those it has alone; one shape, not one program per length.
+    starts = np.cumsum((0,) + lengths[:-1])
+    plain, _ = _apply(config, recurrent)(
+        jnp.concatenate([x] + [jnp.roll(x, -n, axis=1) for n in starts[:-1]]),
+        p,
+    )
+    unpacked = plain[:1]
+    for i, (start, length) in enumerate(zip(starts[:-1], lengths[:-1])):
       np.testing.assert_allclose(
-          packed[:, start : start + length], alone, rtol=2e-5, atol=2e-5
+          packed[:, start : start + length],
+          plain[i + 1 : i + 2, :length],
+          rtol=2e-5,
+          atol=2e-5,
       )
-      start += length
-    # The state after the row is the last sequence's own.
+    # The last sequence alone, for its state too: the state after the row is
+    # the last sequence's own.
+    alone, alone_state = _apply(config, recurrent)(x[:, starts[-1] :], p)
+    np.testing.assert_allclose(
+        packed[:, starts[-1] :], alone, rtol=2e-5, atol=2e-5
+    )
     np.testing.assert_allclose(
         state.recurrent, alone_state.recurrent, rtol=2e-5, atol=2e-5
     )
     # Without the ids the sequences see each other: the test can fail.
-    unpacked, _ = _apply(config, recurrent)(x, p)
     self.assertGreater(
         float(
             jnp.max(
