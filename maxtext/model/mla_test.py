@@ -173,7 +173,7 @@ class MlaLayerTest(parameterized.TestCase):
     x = jax.random.normal(jax.random.PRNGKey(9), (1, 9, config.emb_dim))
     np.testing.assert_allclose(
         jax.jit(lambda x, p: mla.attention(x, p, config, "splash"))(x, params),
-        mla.attention(x, params, config, "einsum"),
+        jax.jit(lambda x, p: mla.attention(x, p, config, "einsum"))(x, params),
         rtol=1e-5,
         atol=1e-5,
     )

@@ -175,9 +175,12 @@ class MoeTest(parameterized.TestCase):
         total = total + 4 * jnp.sum(fraction * jnp.mean(probs, axis=0))
       return total / len(groups)
 
-    np.testing.assert_allclose(loss(logits), reference(logits), rtol=1e-6)
+    # The layer's loss jitted, value and gradient in one program (eagerly,
+    # each of its operations compiled apart); the reference stays eager.
+    value, grad = jax.jit(jax.value_and_grad(loss))(logits)
+    np.testing.assert_allclose(value, reference(logits), rtol=1e-6)
     np.testing.assert_allclose(
-        jax.grad(loss)(logits),
+        grad,
         jax.grad(reference)(logits),
         rtol=1e-5,
         atol=1e-7,
@@ -245,7 +248,14 @@ class MoeTest(parameterized.TestCase):
   def test_stats(self):
     config = _config(capacity_factor=0.5)
     layer, x = _layer(config), _inputs()
-    _, stats = moe.moe_mlp(x, layer, config)
+
+    def stats_of(config):
+      # Jitted: one compile, not one per operation of the layer.
+      return jax.jit(lambda x, layer: moe.moe_mlp(x, layer, config)[1])(
+          x, layer
+      )
+
+    stats = stats_of(config)
     self.assertEqual(set(stats), set(moe.STAT_NAMES) | {"expert_load"})
     self.assertEqual(stats["expert_load"].shape, (4,))
     self.assertAlmostEqual(float(jnp.sum(stats["expert_load"])), 1.0, 6)
@@ -256,7 +266,7 @@ class MoeTest(parameterized.TestCase):
     self.assertGreaterEqual(float(stats["load_max"]), 0.25)
     self.assertGreater(float(stats["router_entropy"]), 0.0)
     self.assertLessEqual(float(stats["router_entropy"]), math.log(4) + 1e-6)
-    _, no_drop = moe.moe_mlp(x, layer, _config())
+    no_drop = stats_of(_config())
     self.assertEqual(float(no_drop["dropped"]), 0.0)
 
   def test_summarize_reduces_over_layers(self):
