@@ -278,6 +278,7 @@ class ChunkedLossTest(parameterized.TestCase):
     config, fn = _compiled_loss_and_grads(
         batch_size, loss_chunk_size=chunk, **overrides
     )
+    self.assertEqual(config.loss_chunk_size, chunk)
     params = transformer.init_params(reference, jax.random.PRNGKey(6))
     batch = _batch(reference, batch=batch_size, weights=True)
     (loss, aux), grads = fn(params, batch)
