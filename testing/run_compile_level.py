@@ -2,10 +2,12 @@
 trains many steps.
 
 The suite's tests compile XLA CPU programs without LLVM's optimisations
-(`.bazelrc`'s XLA_FLAGS: `--xla_backend_optimization_level=0` and
-`--xla_llvm_disable_expensive_passes=true`), which makes their compiles
-cheap and their float32 results slightly different from a run's: other
-code for the same elementwise functions and reductions. A test that holds
+and with XLA's older fusion emitters (`.bazelrc`'s XLA_FLAGS:
+`--xla_backend_optimization_level=0`,
+`--xla_llvm_disable_expensive_passes=true` and
+`--xla_cpu_use_fusion_emitters=false`), which makes their compiles cheap
+and their float32 results slightly different from a run's: other code for
+the same elementwise functions and reductions. A test that holds
 the model's numbers to a reference implementation within a tolerance
 measured at XLA's default level (the transformers comparisons) calls
 `request()` before JAX starts, so it compiles as a run does; so does a
@@ -21,6 +23,7 @@ import os
 LEVEL_FLAGS = (
     "--xla_backend_optimization_level",
     "--xla_llvm_disable_expensive_passes",
+    "--xla_cpu_use_fusion_emitters",
 )
 
 

@@ -27,7 +27,8 @@ class RunCompileLevelTest(absltest.TestCase):
     environ = {
         "XLA_FLAGS": "--xla_backend_optimization_level=0 "
         "--xla_force_host_platform_device_count=2 "
-        "--xla_llvm_disable_expensive_passes=true --xla_dump_to=/tmp/x"
+        "--xla_llvm_disable_expensive_passes=true --xla_dump_to=/tmp/x "
+        "--xla_cpu_use_fusion_emitters=false"
     }
     run_compile_level.request(environ)
     self.assertEqual(
