@@ -70,6 +70,22 @@ _PROMPTS, _GENERATIONS = 4, 8
 # (96 ids) needs the 512-position length bucket, as the marker task's second
 # turns do; their paged decoder then compiles one set of programs for both.
 _MARK_PROMPT = "Task: mark this one, please."
+# The paged decoder's pool and prefill sizes, the same for every turn of
+# every case, so that all the runs share one set of decode programs (one a
+# table view). Its defaults size both by each call's longest context: the
+# pool by its length bucket (528 pages for a 256-position one, 1056 for
+# 512) and the buffer of prefilled contexts by prefill_tokens / its prefill
+# bucket, so the first turns, the marker task's second turns and the mark
+# task's second turns each compiled their own. Here the pool is the
+# default's for the widest table (32 slots and one waiting context, 32
+# pages of 16 each: the 512 bucket), and prefill_tokens lets every
+# prefill bucket (up to 512) take all 32 contexts in one call. The
+# rollouts' tokens do not depend on either: each row draws with its own
+# key.
+_ENGINE = paged_decoder.EngineOptions(
+    num_pages=(_PROMPTS * _GENERATIONS + 1) * 512 // 16,
+    prefill_tokens=_PROMPTS * _GENERATIONS * 512,
+)
 
 
 class _MarkerEnvironment(environment.Environment):
@@ -286,7 +302,7 @@ class EpisodeLearnTest(absltest.TestCase):
         advantage_eps=1e-6,
         width=room + turns * (_TURN + 64),
         rollout_fn=_negated(rollout_fn) if negate else rollout_fn,
-        paged=paged_decoder.EngineOptions(),
+        paged=_ENGINE,
     )
     means = []
     for s in range(steps):
