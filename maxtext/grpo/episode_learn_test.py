@@ -77,13 +77,16 @@ _MARK_PROMPT = "Task: mark this one, please."
 # 512) and the buffer of prefilled contexts by prefill_tokens / its prefill
 # bucket, so the first turns, the marker task's second turns and the mark
 # task's second turns each compiled their own. Here the pool is the
-# default's for the widest table (32 slots and one waiting context, 32
-# pages of 16 each: the 512 bucket), and prefill_tokens lets every
-# prefill bucket (up to 512) take all 32 contexts in one call. The
-# rollouts' tokens do not depend on either: each row draws with its own
-# key.
+# default's for the widest table (32 slots and one waiting context, 8
+# pages of 64 each: the 512 bucket), and prefill_tokens lets every
+# prefill bucket (up to 512) take all 32 contexts in one call. Pages of 64
+# positions make 4 table views (1, 2, 4 and 8 pages), so 4 decode programs.
+# The rollouts' tokens do not depend on these sizes: each row draws with
+# its own key.
+_PAGE = 64
 _ENGINE = paged_decoder.EngineOptions(
-    num_pages=(_PROMPTS * _GENERATIONS + 1) * 512 // 16,
+    page_size=_PAGE,
+    num_pages=(_PROMPTS * _GENERATIONS + 1) * 512 // _PAGE,
     prefill_tokens=_PROMPTS * _GENERATIONS * 512,
 )
 
@@ -254,9 +257,11 @@ class EpisodeLearnTest(absltest.TestCase):
     `stop_when` holds for the rewards so far): the marker task of `turns`
     turns, or with `tool_call` the `mark` task from a fine-tuned start."""
     learning_rate = 3e-3
-    # For the first prompt: the marker task's is 41 ids, the mark task's 167
-    # (the template's tool description).
-    room = 256 if tool_call else 96
+    # For the first prompt: the marker task's is 39 to 41 ids, the mark
+    # task's 165 (the template's tool description). The rows are no wider
+    # than the prompt and the episode's max_tokens need: a training step's
+    # cost grows with the square of their width (its attention).
+    room = 176 if tool_call else 48
     # One model config for every case (the mark task's episodes need 768
     # positions; the parameters do not depend on it): runs whose turns fall
     # in the same length buckets share the decoder's compiled programs.
