@@ -11,8 +11,11 @@ import os
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from maxtext import grpo_main
+from maxtext import train_main
 from maxtext.metrics import jsonl
 from maxtext.runtime import cpu_devices
+from testing import absl_main
 from testing import grpo_start
 from testing import multiprocess
 from testing import runfiles
@@ -58,7 +61,10 @@ class GrpoMultiProcessTest(parameterized.TestCase):
     super().setUpClass()
     # One pretrained start, shared by the cases, and one one-process run per
     # `grpo_max_age`: a job's records depend on max_age alone, not on how
-    # many devices generate.
+    # many devices generate. The one-process runs are grpo_main's `main` in
+    # this process (its flags and default config), which has one device:
+    # the second reuses the first's traced and compiled programs, where a
+    # fresh grpo_main process would import JAX and trace them again.
     cls.root = absltest.get_default_test_tmpdir()
     cls.start = grpo_start.pretrained_checkpoints(cls.root)
     cls.alone = {}
@@ -67,13 +73,16 @@ class GrpoMultiProcessTest(parameterized.TestCase):
     """The records of the one-process run with `max_age`."""
     if max_age not in self.alone:
       run_name = f"single_{max_age}"
-      single = runfiles.run_binary(
-          "maxtext/grpo_main",
-          _flags(self.root, self.start, run_name, max_age),
-          timeout_s=_TIMEOUT_S,
-          cache_compilations=True,
+      code, stdout, stderr = absl_main.run(
+          train_main,
+          train_main.main,
+          [
+              f"--config={grpo_main.DEFAULT_CONFIG}",
+              *_flags(self.root, self.start, run_name, max_age),
+          ],
       )
-      self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+      self.assertEqual(code, 0, stderr[-3000:])
+      self.assertIn("completed after step 4", stdout)
       self.alone[max_age] = _records(self.root, run_name)
     return self.alone[max_age]
 
