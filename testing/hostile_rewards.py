@@ -8,10 +8,17 @@ import os
 import sys
 import time
 
-import jax
-
 # Calls this process has seen, per function.
 _CALLS = {}
+
+
+def _process_index() -> int:
+  """jax.process_index(), JAX imported on the first call: the reward worker
+  imports this module for every hostile function, and JAX would add 1.5 s
+  or so of CPU to its start (the worker itself imports none)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  return jax.process_index()
 
 
 def _count(name: str) -> int:
@@ -77,13 +84,13 @@ def where_called(prompt, completion):
   (the ids form): a value that depends on where it runs."""
   del prompt
   _count("where_called")
-  return float(jax.process_index()) + len(completion)
+  return float(_process_index()) + len(completion)
 
 
 def fails_on_process_0(prompt, completion):
   """Raises on process 0 only; 1.0 elsewhere."""
   del prompt, completion
-  if jax.process_index() == 0:
+  if _process_index() == 0:
     raise RuntimeError(f"judge unreachable from pid {os.getpid()}")
   return 1.0
 
