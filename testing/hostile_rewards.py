@@ -16,7 +16,8 @@ def _process_index() -> int:
   """jax.process_index(), JAX imported on the first call: the reward worker
   imports this module for every hostile function, and JAX would add 1.5 s
   or so of CPU to its start (the worker itself imports none)."""
-  import jax  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel  # JAX only when called.
+  import jax
 
   return jax.process_index()
 
