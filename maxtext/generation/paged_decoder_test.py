@@ -33,13 +33,16 @@ from testing import tiny_configs
 
 _ATOL = 1e-4
 
+# (name, presets, overrides, committed): the kinds whose config no other
+# case uses take their parameters committed to their device, as a trainer's
+# are (`test_greedy_equals_the_static_decoder`).
 _KINDS = (
-    ("dense", (), dict(num_kv_heads=4)),
-    ("gqa", (), {}),
-    ("mla", (tiny_configs.TINY_MLA,), {}),
-    ("moe", (tiny_configs.TINY_MOE,), {}),
+    ("dense", (), dict(num_kv_heads=4), True),
+    ("gqa", (), {}, False),
+    ("mla", (tiny_configs.TINY_MLA,), {}, False),
+    ("moe", (tiny_configs.TINY_MOE,), {}, False),
     # Qwen3.5's hybrid: per-slot Gated DeltaNet states beside the pages.
-    ("hybrid", (tiny_configs.TINY_QWEN35,), {}),
+    ("hybrid", (tiny_configs.TINY_QWEN35,), {}, True),
 )
 
 # Contexts longer than 6 ids are prefilled in chunks of 6 positions, which
@@ -48,6 +51,10 @@ _KINDS = (
 _SMALL = paged_decoder.EngineOptions(
     num_slots=3, page_size=4, chunk=5, prefill_tokens=6
 )
+
+# The greedy cases' contexts, 2 rows each, 12 new ids: sequences of up to
+# 28 positions (the 32-position bucket).
+_GREEDY_LENGTHS = (5, 16, 9, 2)
 
 
 def _model(presets=(), seed=0, **overrides):
@@ -94,16 +101,42 @@ class EngineTest(parameterized.TestCase):
     np.testing.assert_allclose(got.log_probs, want.log_probs, atol=_ATOL)
 
   @parameterized.named_parameters(*_KINDS)
-  def test_greedy_equals_the_static_decoder(self, presets, overrides):
+  def test_greedy_equals_the_static_decoder(
+      self, presets, overrides, committed
+  ):
     config, params = _model(presets, **overrides)
-    prompts = _prompts(np.random.default_rng(0), (5, 16, 9, 2))
+    if committed:
+      # Parameters committed to their device (as a trainer's are): the
+      # engine's first arrays must be placed as its programs' outputs are,
+      # or a later call meets them placed otherwise than its warm-up did and
+      # compiles its programs again. (Their own case once: the same
+      # engine's programs compiled for each placement cost as much again.)
+      params = jax.device_put(params, jax.devices()[0])
+      compile_counter.install()
+    prompts = _prompts(np.random.default_rng(0), _GREEDY_LENGTHS)
     options = sampling.SamplingOptions(max_new_tokens=12, num_samples=2)
+    start = time.monotonic()
     got = paged_decoder.generate(
         params, config, prompts, options, engine=_SMALL
     )
+    first = compile_counter.backend_compiles_after(start)
     self._assert_same(got, decoder.generate(params, config, prompts, options))
     # One context a call (6 positions), 5, 16, 9 and 2 ids in chunks of 6.
     self.assertEqual(got.prefill_calls, 1 + 3 + 2 + 1)
+    if committed:
+      middle = time.monotonic()
+      paged_decoder.generate(
+          params,
+          config,
+          _prompts(np.random.default_rng(1), _GREEDY_LENGTHS),
+          options,
+          engine=_SMALL,
+      )
+      again = compile_counter.backend_compiles_after(middle)
+      # One decode program per page view (1, 2, 4 and 8 pages), none twice.
+      self.assertEqual(first.count("jit(_decode)"), 4, first)
+      self.assertNotIn("jit(_decode)", again)
+      self.assertNotIn("jit(_stage)", again)
 
   @parameterized.named_parameters(
       ("temperature", dict(temperature=1.0)),
@@ -270,19 +303,22 @@ class EngineTest(parameterized.TestCase):
     self.assertEqual(got.page_copies, 7 * 3)
 
   def test_each_row_has_its_own_max_new_tokens(self):
+    # The shapes of the gqa kind's greedy case (contexts, rows, length
+    # buckets, engine): its programs, compiled once for both.
     config, params = _model()
-    prompts = _prompts(np.random.default_rng(5), (4, 6, 3))
-    options = sampling.SamplingOptions(max_new_tokens=10, num_samples=2)
+    prompts = _prompts(np.random.default_rng(5), _GREEDY_LENGTHS)
+    options = sampling.SamplingOptions(max_new_tokens=12, num_samples=2)
     want = decoder.generate(params, config, prompts, options)
+    budgets = [12, 4, 3, 3, 1, 7, 10, 2]
     got = paged_decoder.generate(
         params,
         config,
         prompts,
         options,
-        max_new_tokens=(10, 4, 3, 3, 1, 7),
+        max_new_tokens=budgets,
         engine=_SMALL,
     )
-    np.testing.assert_array_equal(got.lengths, [10, 4, 3, 3, 1, 7])
+    np.testing.assert_array_equal(got.lengths, budgets)
     for row, length in enumerate(got.lengths):
       np.testing.assert_array_equal(
           got.ids[row, :length], want.ids[row, :length]
@@ -359,42 +395,6 @@ class EngineTest(parameterized.TestCase):
     # One decode program per page-view bucket: 1, 2, 4, 8 pages (sequences
     # up to 32 positions), all compiled by the first call.
     self.assertEqual(first.count("jit(_decode)"), 4)
-
-  @parameterized.named_parameters(
-      ("dense", ()), ("hybrid", (tiny_configs.TINY_QWEN35,))
-  )
-  def test_committed_parameters_compile_nothing_after_the_warm_up(
-      self, presets
-  ):
-    # Parameters committed to their device (as a trainer's are): the
-    # engine's first arrays must be placed as its programs' outputs are, or
-    # a later call meets them placed otherwise than its warm-up did and
-    # compiles its programs again.
-    config, params = _model(presets, num_layers=2)
-    params = jax.device_put(params, jax.devices()[0])
-    compile_counter.install()
-
-    def run(seed):
-      paged_decoder.generate(
-          params,
-          config,
-          _prompts(np.random.default_rng(seed), (9, 3, 12, 5)),
-          sampling.SamplingOptions(
-              num_samples=2, seed=seed, max_new_tokens=12, temperature=1.0
-          ),
-          engine=paged_decoder.EngineOptions(num_slots=3, page_size=4, chunk=4),
-      )
-
-    start = time.monotonic()
-    run(1)
-    first = compile_counter.backend_compiles_after(start)
-    middle = time.monotonic()
-    run(2)
-    again = compile_counter.backend_compiles_after(middle)
-    # One decode program per page view (1, 2, 4 and 8 pages), none twice.
-    self.assertEqual(first.count("jit(_decode)"), 4, first)
-    self.assertNotIn("jit(_decode)", again)
-    self.assertNotIn("jit(_stage)", again)
 
   def test_a_pool_too_small_for_one_sequence_is_refused(self):
     config, params = _model()
