@@ -301,8 +301,11 @@ class Qwen35LogitsTest(parameterized.TestCase):
     # Prompts of 7 and 19 tokens continued 16 tokens greedily: by
     # transformers' `generate` (its cache: chunked prefill, then the
     # token-by-token delta rule on carried states), by the static cached
-    # decoder and by the paged engine (one slot, pages of 4: prompts and
-    # the DeltaNet states moved between programs).
+    # decoder and by the paged engine (one slot, the default pages of 16:
+    # prompts and the DeltaNet states moved between programs; the longer
+    # sequence spans 3 pages). Pages of 4 made tables of up to 16 pages,
+    # 5 decode programs compiled at XLA's default level (1 to 16 pages);
+    # pages of 16 make 3.
     model = _causal_lm(3)
     _, config, params, _ = _imported(self, model)
     ids = _ids(5)
@@ -316,7 +319,7 @@ class Qwen35LogitsTest(parameterized.TestCase):
             config,
             prompts,
             options,
-            engine=paged_decoder.EngineOptions(num_slots=1, page_size=4),
+            engine=paged_decoder.EngineOptions(num_slots=1),
         ).ids,
     }
     for row, prompt in enumerate(prompts):
