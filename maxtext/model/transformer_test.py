@@ -73,12 +73,17 @@ def _batch(config, batch=2, weights=False):
   return out
 
 
-def _loss_and_grads(config, params, batch):
+def _jitted_loss_and_grads(config):
+  """The jitted ((loss, aux), grads) of `config`'s loss_fn."""
   return jax.jit(
       jax.value_and_grad(
           functools.partial(transformer.loss_fn, config=config), has_aux=True
       )
-  )(params, batch)
+  )
+
+
+def _loss_and_grads(config, params, batch):
+  return _jitted_loss_and_grads(config)(params, batch)
 
 
 # value_and_grad of the loss, compiled once per process for each (batch,
@@ -109,16 +114,13 @@ def _compiled_loss_and_grads(batch, **overrides):
         (batch, config.max_sequence_length), jnp.int32
     )
     weights = jax.ShapeDtypeStruct(tokens.shape, jnp.float32)
-    loss_and_grads = jax.jit(
-        jax.value_and_grad(
-            functools.partial(transformer.loss_fn, config=config), has_aux=True
-        )
-    )
     _COMPILED_LOSS_AND_GRADS[key] = (
         config,
-        loss_and_grads.lower(
+        _jitted_loss_and_grads(config)
+        .lower(
             params, {"inputs": tokens, "targets": tokens, "weights": weights}
-        ).compile(),
+        )
+        .compile(),
     )
   return _COMPILED_LOSS_AND_GRADS[key]
 
